@@ -1,0 +1,55 @@
+"""Configuration dataclasses and stable fingerprints.
+
+A fingerprint is a short hash of everything that changes a result. Records store the
+fingerprint they were computed with; a rerun recomputes records whose fingerprint differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+
+def stable_hash(value) -> str:
+    """sha256 hex digest of a JSON-able value (dataclasses allowed), independent of dict order."""
+    if dataclasses.is_dataclass(value):
+        value = dataclasses.asdict(value)
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def fingerprint(*parts) -> str:
+    """Short stable fingerprint (16 hex characters) of several JSON-able parts."""
+    return stable_hash(list(parts))[:16]
+
+
+def file_sha256(path, chunk_size: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(chunk_size), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class FeatureConfig:
+    """Settings that change a feature record; all of them go into its fingerprint."""
+
+    max_msa_rows: int = 16384          # rows kept in the assembled MSA (query included)
+    max_paired_rows: int = 8192        # rows paired by species across chains
+    max_templates: int = 4             # templates featurized per target
+    max_template_hits: int = 20        # template hits considered per chain
+    template_max_release_gap_days: int = 0  # template must be released before the target minus this
+    min_template_align_ratio: float = 0.1   # AlphaFold: hit must cover >= 10 % of the query
+    max_template_subsequence_ratio: float = 0.95  # AlphaFold: drop near-identical subsequences
+    drop_hydrogens: bool = True
+    zstd_level: int = 3                # 0 disables compression
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    num_shards: int = 4
+    map_size_bytes: int = 1 << 28      # initial LMDB map size per shard; grows when full
+    batch_records: int = 64            # records per write transaction

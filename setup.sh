@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# One-command setup on a fresh Debian machine with Python 3.11 (run as root, or with sudo rights).
+# Installs the search tools from Debian packages, the CPU build of PyTorch, then featurecache.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
+    hmmer hhsuite mmseqs2 mmseqs2-examples kalign >/dev/null
+
+PYTHON="${PYTHON:-python3}"
+# The CPU build first: an unpinned torch would pull a multi-GB CUDA build.
+"$PYTHON" -m pip install -q "torch==2.13.0" || "$PYTHON" -m pip install -q "torch>=2.4"
+"$PYTHON" -m pip install -q -e ".[test]"
+echo "featurecache setup done: $("$PYTHON" -c 'import featurecache, torch, triton; print(featurecache.__version__, "torch", torch.__version__, "triton", triton.__version__)')"
