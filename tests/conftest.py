@@ -1,0 +1,37 @@
+"""Shared test setup.
+
+Without a GPU the Triton kernels run under the interpreter; the variable must be set before
+triton is imported anywhere.
+"""
+
+import os
+import pathlib
+import shutil
+
+import pytest
+
+try:
+    import torch
+
+    _has_cuda = torch.cuda.is_available()
+except ImportError:  # pragma: no cover - torch is a hard dependency
+    _has_cuda = False
+if not _has_cuda:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+SHARED_DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> pathlib.Path:
+    if not SHARED_DATA.is_dir():
+        pytest.fail(f"sample data not found at {SHARED_DATA}: clone next to ../shared")
+    return SHARED_DATA
+
+
+@pytest.fixture
+def sample_copy(tmp_path, shared_data) -> pathlib.Path:
+    """A writable copy of ../shared/data (the original is read-only)."""
+    target = tmp_path / "data"
+    shutil.copytree(shared_data, target)
+    return target
