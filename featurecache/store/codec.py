@@ -1,0 +1,292 @@
+"""Record codec: named numpy arrays + a small header, as one checksummed msgpack map.
+
+A record is a msgpack map with these entries, always in this order::
+
+    format       FORMAT_VERSION of this codec
+    schema       schema version of the arrays (featurecache.features.schema.SCHEMA_VERSION)
+    key          the record's key (target id, sequence hash, ...)
+    fingerprint  fingerprint of everything that produced the record
+    input_hash   hash of the input it was computed from
+    meta         plain msgpack map (str keys; str, int, float, bool, None, list, map values)
+    arrays       {name: {"dtype": "<f4", "shape": [...], "codec": "raw" | "zstd", "data": bin}}
+    checksum     CRC-32 of every byte before it, always encoded as msgpack uint32 (5 bytes)
+
+The checksum is the last entry with a fixed-width encoding, so it covers every byte of the
+blob before its own 5 bytes and a reader checks it before parsing anything. CRC-32 detects
+every error burst up to 32 bits (so every single flipped byte) and runs at 2.3 GB/s here,
+against 0.7 GB/s for blake2b (64 MiB buffer, 2026-12-02); it guards against storage and copy
+errors, not against deliberate tampering.
+
+Array bytes are stored little-endian and C-ordered; decoded arrays are read-only views over
+the unpacked bytes (np.frombuffer, no further copy). Nothing here can execute code on load:
+no pickle, msgpack ext types are refused, and dtypes are limited to plain numeric and string
+kinds.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+import zstandard
+
+FORMAT_VERSION = 1
+
+CODEC_RAW = "raw"
+CODEC_ZSTD = "zstd"
+
+# b: bool, i/u: integers, f: floats, c: complex, S/U: fixed-width bytes / unicode.
+ALLOWED_DTYPE_KINDS = frozenset("biufcSU")
+
+# Arrays smaller than this are stored raw: a zstd frame header alone is ~10 bytes and the
+# decompressor call costs more than copying a few hundred bytes.
+_MIN_COMPRESS_BYTES = 256
+# Keep zstd output only if it saves at least this fraction; float coordinates barely
+# compress, and decompressing them would cost time on every load for ~nothing.
+_MIN_COMPRESS_SAVING = 0.1
+
+_CHECKSUM_KEY = msgpack.packb("checksum")
+_UINT32_MARKER = 0xCE
+_CHECKSUM_TAIL = 5  # msgpack uint32: marker byte + 4 bytes big-endian
+_HEADER_FIELDS = ("format", "schema", "key", "fingerprint", "input_hash", "meta", "arrays")
+
+
+class CorruptRecordError(Exception):
+    """A stored record failed its checksum or does not have the record structure."""
+
+    def __init__(self, key: str | None, where: str, reason: str = "checksum mismatch"):
+        self.key = key
+        self.where = where
+        self.reason = reason
+        name = "record" if key is None else f"record {key!r}"
+        super().__init__(f"{where}: {name} is damaged ({reason})")
+
+    def __reduce__(self):
+        return (type(self), (self.key, self.where, self.reason))
+
+
+class RecordFormatError(ValueError):
+    """A record written by another codec version."""
+
+
+@dataclass(frozen=True)
+class RecordHeader:
+    key: str
+    meta: dict[str, Any]
+    fingerprint: str
+    input_hash: str
+    schema_version: int
+    array_names: tuple[str, ...]
+    format_version: int = FORMAT_VERSION
+
+
+@dataclass(frozen=True, eq=False)
+class Record:
+    key: str
+    arrays: dict[str, np.ndarray]
+    meta: dict[str, Any]
+    fingerprint: str
+    input_hash: str
+    schema_version: int
+    format_version: int = FORMAT_VERSION
+
+
+_local = threading.local()  # zstd contexts are not safe to share between threads
+
+
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    cache = _local.__dict__.setdefault("compressors", {})
+    if level not in cache:
+        cache[level] = zstandard.ZstdCompressor(level=level)
+    return cache[level]
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    if not hasattr(_local, "decompressor"):
+        _local.decompressor = zstandard.ZstdDecompressor()
+    return _local.decompressor
+
+
+def _plain_default(value):
+    # numpy scalars show up in meta dicts easily (e.g. int(array.max()) forgotten).
+    if isinstance(value, np.generic) and value.dtype.kind in "biuf":
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not a plain msgpack value")
+
+
+def _refuse_ext(code: int, data: bytes):
+    raise ValueError(f"msgpack ext type {code} is not allowed in the cache")
+
+
+def pack_plain(value: Any, where: str = "value") -> bytes:
+    """msgpack-encode a plain value (dict/list/str/int/float/bool/None/bytes)."""
+    try:
+        return msgpack.packb(value, use_bin_type=True, default=_plain_default, strict_types=False)
+    except (TypeError, ValueError, OverflowError) as error:
+        raise ValueError(f"{where}: cannot store {value!r:.200}: {error}") from None
+
+
+def unpack_plain(blob, where: str = "value") -> Any:
+    """Decode what pack_plain wrote; refuses ext types and non-string map keys."""
+    try:
+        return msgpack.unpackb(blob, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
+    except (ValueError, msgpack.UnpackException, TypeError) as error:
+        raise ValueError(f"{where}: not a plain msgpack value: {error}") from None
+
+
+def _encode_array(name: str, value, zstd_level: int, key: str) -> dict:
+    array = np.asarray(value)
+    if array.dtype.kind not in ALLOWED_DTYPE_KINDS:
+        raise ValueError(
+            f"record {key!r}: array {name!r} has dtype {array.dtype}, expected one of the kinds "
+            f"{''.join(sorted(ALLOWED_DTYPE_KINDS))} (bool, int, uint, float, complex, bytes, str)"
+        )
+    little = array.dtype.newbyteorder("<")
+    if array.dtype != little:  # big-endian input
+        array = array.astype(little)
+    # reshape(-1) turns 0-d arrays into 1-d so the byte view works; it copies only
+    # non-contiguous input.
+    raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    codec, data = CODEC_RAW, memoryview(raw)
+    if zstd_level > 0 and raw.nbytes >= _MIN_COMPRESS_BYTES:
+        compressed = _compressor(zstd_level).compress(data)
+        if len(compressed) <= raw.nbytes * (1.0 - _MIN_COMPRESS_SAVING):
+            codec, data = CODEC_ZSTD, compressed
+    return {"dtype": array.dtype.str, "shape": list(array.shape), "codec": codec, "data": data}
+
+
+def encode_record(
+    key: str,
+    arrays: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    fingerprint: str,
+    input_hash: str,
+    schema_version: int,
+    zstd_level: int = 3,
+) -> bytes:
+    """Encode one record; arrays keep their dtype (big-endian input is stored little-endian)."""
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"record key must be a non-empty str, got {key!r}")
+    for name in arrays:
+        if not isinstance(name, str):
+            raise ValueError(f"record {key!r}: array names must be str, got {name!r}")
+    encoded_arrays = {name: _encode_array(name, value, zstd_level, key) for name, value in arrays.items()}
+    header = {
+        "format": FORMAT_VERSION,
+        "schema": int(schema_version),
+        "key": key,
+        "fingerprint": str(fingerprint),
+        "input_hash": str(input_hash),
+        "meta": dict(meta),
+        "arrays": encoded_arrays,
+    }
+    packer = msgpack.Packer(use_bin_type=True, default=_plain_default)
+    parts = [packer.pack_map_header(len(header) + 1)]
+    try:
+        for field, value in header.items():
+            parts.append(packer.pack(field))
+            parts.append(packer.pack(value))
+    except (TypeError, ValueError, OverflowError) as error:
+        raise ValueError(f"record {key!r}: {field} cannot be stored: {error}") from None
+    parts.append(_CHECKSUM_KEY)
+    body = b"".join(parts)
+    checksum = zlib.crc32(body)
+    return body + bytes([_UINT32_MARKER]) + checksum.to_bytes(4, "big")
+
+
+def verify_checksum(blob, key: str | None = None, where: str = "record") -> None:
+    """Raise CorruptRecordError unless the blob's trailing CRC-32 matches its bytes."""
+    view = memoryview(blob)
+    if view.nbytes <= _CHECKSUM_TAIL or view[-_CHECKSUM_TAIL] != _UINT32_MARKER:
+        raise CorruptRecordError(key, where, "no checksum at the end")
+    stored = int.from_bytes(view[-4:], "big")
+    if zlib.crc32(view[:-_CHECKSUM_TAIL]) != stored:
+        raise CorruptRecordError(key, where)
+
+
+def _decode_array(name: str, spec, key: str, where: str) -> np.ndarray:
+    try:
+        dtype = np.dtype(spec["dtype"])
+        shape = tuple(int(size) for size in spec["shape"])
+        codec = spec["codec"]
+        data = spec["data"]
+    except (KeyError, TypeError, ValueError) as error:
+        raise CorruptRecordError(key, where, f"array {name!r} has a bad header: {error}") from None
+    if dtype.kind not in ALLOWED_DTYPE_KINDS or not isinstance(data, bytes):
+        raise CorruptRecordError(key, where, f"array {name!r} has dtype {spec['dtype']!r}")
+    expected = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    if codec == CODEC_ZSTD:
+        try:
+            data = _decompressor().decompress(data, max_output_size=expected)
+        except zstandard.ZstdError as error:
+            raise CorruptRecordError(key, where, f"array {name!r}: {error}") from None
+    elif codec != CODEC_RAW:
+        raise CorruptRecordError(key, where, f"array {name!r} has unknown codec {codec!r}")
+    if len(data) != expected:
+        raise CorruptRecordError(
+            key, where, f"array {name!r} has {len(data)} bytes, shape {shape} {dtype} needs {expected}"
+        )
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def _unpack_fields(blob, where: str, key: str | None) -> dict:
+    verify_checksum(blob, key, where)
+    try:
+        fields = msgpack.unpackb(blob, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
+    except (ValueError, msgpack.UnpackException, TypeError) as error:
+        raise CorruptRecordError(key, where, f"not msgpack: {error}") from None
+    if not isinstance(fields, dict) or any(field not in fields for field in _HEADER_FIELDS):
+        raise CorruptRecordError(key, where, "missing record header fields")
+    if fields["format"] != FORMAT_VERSION:
+        raise RecordFormatError(
+            f"{where}: record {fields.get('key', key)!r} has format {fields['format']}, "
+            f"expected {FORMAT_VERSION}"
+        )
+    record_key = fields["key"]
+    if key is not None and record_key != key:
+        raise CorruptRecordError(key, where, f"stored under {key!r} but names {record_key!r}")
+    if not isinstance(fields["arrays"], dict) or not isinstance(fields["meta"], dict):
+        raise CorruptRecordError(record_key, where, "arrays or meta is not a map")
+    return fields
+
+
+def decode_record(blob, where: str = "record", key: str | None = None) -> Record:
+    """Check the checksum and decode a record.
+
+    `blob` may be bytes or any buffer (an LMDB memoryview is read without a copy). `key`, when
+    given, is the key the record was stored under; a record naming another key is damaged.
+    Raises CorruptRecordError on damage and RecordFormatError for another codec version.
+    """
+    fields = _unpack_fields(blob, where, key)
+    record_key = fields["key"]
+    arrays = {
+        name: _decode_array(name, spec, record_key, where) for name, spec in fields["arrays"].items()
+    }
+    return Record(
+        key=record_key,
+        arrays=arrays,
+        meta=fields["meta"],
+        fingerprint=fields["fingerprint"],
+        input_hash=fields["input_hash"],
+        schema_version=fields["schema"],
+        format_version=fields["format"],
+    )
+
+
+def read_header(blob, where: str = "record", key: str | None = None) -> RecordHeader:
+    """Check the checksum and read a record's header without decoding its arrays."""
+    fields = _unpack_fields(blob, where, key)
+    return RecordHeader(
+        key=fields["key"],
+        meta=fields["meta"],
+        fingerprint=fields["fingerprint"],
+        input_hash=fields["input_hash"],
+        schema_version=fields["schema"],
+        array_names=tuple(fields["arrays"]),
+        format_version=fields["format"],
+    )
