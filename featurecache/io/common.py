@@ -1,0 +1,51 @@
+"""Shared pieces of the parsers: the error type and reading plain or gzipped files."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+class ParseError(ValueError):
+    """A file could not be parsed; the message names the file, the line and what was wrong."""
+
+    def __init__(self, source: str, message: str, line: int | None = None):
+        self.source = str(source)
+        self.line = line
+        self.detail = message
+        where = f"{self.source}:{line}" if line is not None else self.source
+        super().__init__(f"{where}: {message}")
+
+
+def read_bytes(path: str | os.PathLike) -> bytes:
+    """Bytes of a file, decompressed when it is gzipped (detected by magic number, not name)."""
+    data = Path(path).read_bytes()
+    if data[:2] == GZIP_MAGIC:
+        try:
+            return gzip.decompress(data)
+        except (OSError, EOFError) as error:
+            raise ParseError(str(path), f"corrupt gzip data: {error}") from error
+    return data
+
+
+def decode_text(data: bytes | str, source: str) -> str:
+    """Text of a file's bytes; binary content (NUL bytes, invalid UTF-8) is a ParseError."""
+    if isinstance(data, str):
+        text = data
+    else:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            line = data[: error.start].count(b"\n") + 1
+            raise ParseError(source, f"not UTF-8 text (byte {error.start})", line) from error
+    nul = text.find("\0")
+    if nul >= 0:
+        raise ParseError(source, "binary content (NUL byte)", text.count("\n", 0, nul) + 1)
+    return text
+
+
+def read_text(path: str | os.PathLike) -> str:
+    return decode_text(read_bytes(path), str(path))
