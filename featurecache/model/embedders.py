@@ -1,0 +1,175 @@
+"""Input, relative-position and template embedders (AF3 Algorithms 1-3 and 16).
+
+The per-token input features are the ones the feature cache stores: restype, MSA profile,
+deletion mean and the molecule-type flags. AF3's atom-attention encoder, which adds per-atom
+information to them, belongs to the diffusion side and is not part of this trunk.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from featurecache.features.schema import NUM_RESTYPES
+from featurecache.model.config import ModelConfig
+from featurecache.model.pairformer import PairStack, run_blocks
+
+# restype one-hot, MSA profile, deletion mean, is_protein/rna/dna/ligand
+SINGLE_INPUT_DIM = NUM_RESTYPES + NUM_RESTYPES + 1 + 4
+
+# AF3's template distogram: 38 edges from 3.25 to 50.75 Angstrom, 39 bins.
+TEMPLATE_DISTOGRAM_EDGES = (3.25, 50.75, 38)
+TEMPLATE_FEATURE_DIM = 39 + 1 + 3 + 1 + 2 * NUM_RESTYPES
+
+
+def single_inputs(batch: dict) -> torch.Tensor:
+    """[B, N, SINGLE_INPUT_DIM] float features of every token."""
+    flags = torch.stack([batch[name] for name in ("is_protein", "is_rna", "is_dna", "is_ligand")], dim=-1)
+    return torch.cat(
+        [
+            F.one_hot(batch["restype"].long(), NUM_RESTYPES).float(),
+            batch["msa_profile"].float(),
+            batch["deletion_mean"].float().unsqueeze(-1),
+            flags.float(),
+        ],
+        dim=-1,
+    )
+
+
+class RelativePositionEncoding(nn.Module):
+    """Algorithm 3: residue, token and chain offsets, clipped and one-hot, projected to c_z."""
+
+    def __init__(self, c_z: int, max_residue: int = 32, max_chain: int = 2) -> None:
+        super().__init__()
+        self.max_residue = max_residue
+        self.max_chain = max_chain
+        in_dim = 2 * (2 * max_residue + 2) + 1 + (2 * max_chain + 2)
+        self.linear = nn.Linear(in_dim, c_z, bias=False)
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        def pairwise(name):
+            value = batch[name].long()
+            return value[:, :, None], value[:, None, :]
+
+        asym_i, asym_j = pairwise("asym_id")
+        res_i, res_j = pairwise("residue_index")
+        tok_i, tok_j = pairwise("token_index")
+        ent_i, ent_j = pairwise("entity_id")
+        sym_i, sym_j = pairwise("sym_id")
+        same_chain = asym_i == asym_j
+        same_residue = res_i == res_j
+        r, c = self.max_residue, self.max_chain
+        d_residue = torch.where(same_chain, (res_i - res_j + r).clamp(0, 2 * r), 2 * r + 1)
+        d_token = torch.where(same_chain & same_residue, (tok_i - tok_j + r).clamp(0, 2 * r), 2 * r + 1)
+        d_chain = torch.where(~same_chain, (sym_i - sym_j + c).clamp(0, 2 * c), 2 * c + 1)
+        features = torch.cat(
+            [
+                F.one_hot(d_residue, 2 * r + 2),
+                F.one_hot(d_token, 2 * r + 2),
+                (ent_i == ent_j).unsqueeze(-1),
+                F.one_hot(d_chain, 2 * c + 2),
+            ],
+            dim=-1,
+        ).to(self.linear.weight.dtype)
+        return self.linear(features)
+
+
+class InputEmbedder(nn.Module):
+    """Initial single and pair representations from the token features (Algorithms 1-2)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.to_single = nn.Linear(SINGLE_INPUT_DIM, config.c_s, bias=False)
+        self.to_pair_i = nn.Linear(SINGLE_INPUT_DIM, config.c_z, bias=False)
+        self.to_pair_j = nn.Linear(SINGLE_INPUT_DIM, config.c_z, bias=False)
+        self.relpos = RelativePositionEncoding(config.c_z, config.relpos_max_residue, config.relpos_max_chain)
+
+    def forward(self, batch: dict, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.to_single(inputs)
+        z = self.to_pair_i(inputs)[:, :, None] + self.to_pair_j(inputs)[:, None, :] + self.relpos(batch)
+        return s, z
+
+
+def _backbone_frames(backbone: torch.Tensor) -> torch.Tensor:
+    """Rotation [.., 3, 3] (columns e1, e2, e3) of each residue from N, CA, C by Gram-Schmidt."""
+    n_pos, ca_pos, c_pos = backbone.unbind(-2)
+    e1 = F.normalize(c_pos - ca_pos, dim=-1, eps=1e-6)
+    u2 = n_pos - ca_pos
+    e2 = F.normalize(u2 - (u2 * e1).sum(-1, keepdim=True) * e1, dim=-1, eps=1e-6)
+    return torch.stack([e1, e2, torch.cross(e1, e2, dim=-1)], dim=-1)
+
+
+def template_pair_features(batch: dict, index: int) -> torch.Tensor:
+    """[B, N, N, TEMPLATE_FEATURE_DIM] features of template `index` (Algorithm 16, lines 1-7)."""
+    pos = batch["template_pseudo_beta_pos"][:, index].float()
+    pb_mask = batch["template_pseudo_beta_mask"][:, index]
+    backbone = batch["template_backbone_pos"][:, index].float()
+    bb_mask = batch["template_backbone_mask"][:, index].all(dim=-1)
+    restype = batch["template_restype"][:, index].long()
+    asym = batch["asym_id"]
+    same_chain = (asym[:, :, None] == asym[:, None, :]).unsqueeze(-1).float()
+
+    distance = (pos[:, :, None, :] - pos[:, None, :, :]).norm(dim=-1)
+    low, high, count = TEMPLATE_DISTOGRAM_EDGES
+    edges = torch.linspace(low, high, count, device=pos.device)
+    distogram = F.one_hot(torch.bucketize(distance, edges), count + 1).float()
+    pb_pair = (pb_mask[:, :, None] & pb_mask[:, None, :]).unsqueeze(-1).float()
+    distogram = distogram * pb_pair
+
+    # direction of CA_j in the backbone frame of residue i
+    frames = _backbone_frames(backbone)
+    ca = backbone[..., 1, :]
+    offset = ca[:, None, :, :] - ca[:, :, None, :]
+    local = torch.einsum("bidk,bijd->bijk", frames, offset)
+    bb_pair = (bb_mask[:, :, None] & bb_mask[:, None, :]).unsqueeze(-1).float()
+    unit = F.normalize(local, dim=-1, eps=1e-6) * bb_pair
+
+    onehot = F.one_hot(restype, NUM_RESTYPES).float()
+    length = restype.shape[1]
+    geometry = torch.cat([distogram, pb_pair, unit, bb_pair], dim=-1) * same_chain
+    return torch.cat(
+        [
+            geometry,
+            onehot[:, :, None, :].expand(-1, -1, length, -1),
+            onehot[:, None, :, :].expand(-1, length, -1, -1),
+        ],
+        dim=-1,
+    )
+
+
+class TemplateEmbedder(nn.Module):
+    """Algorithm 16: each template's pair features through a small pair stack, averaged."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        c_t = config.c_template
+        self.checkpoint_blocks = config.checkpoint_blocks
+        self.pair_norm = nn.LayerNorm(config.c_z)
+        self.from_pair = nn.Linear(config.c_z, c_t, bias=False)
+        self.from_features = nn.Linear(TEMPLATE_FEATURE_DIM, c_t, bias=False)
+        self.blocks = nn.ModuleList(
+            PairStack(c_t, config.template_pair_heads, config.template_pair_head_dim,
+                      config.template_transition_expansion, impl=config.kernels)
+            for _ in range(config.num_template_blocks)
+        )
+        self.out_norm = nn.LayerNorm(c_t)
+        self.linear_out = nn.Linear(c_t, config.c_z, bias=False)
+
+    def forward(self, batch: dict, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
+        """Update [B, N, N, c_z] to add to z; zeros where a sample has no template."""
+        template_mask = batch["template_mask"]  # [B, T]
+        num_templates = template_mask.shape[1]
+        if num_templates == 0:
+            return torch.zeros_like(z)
+        z_in = self.from_pair(self.pair_norm(z))
+        total = None
+        # one template at a time: T pair stacks at once would multiply the peak memory by T
+        for index in range(num_templates):
+            features = template_pair_features(batch, index).to(z_in.dtype)
+            v = z_in + self.from_features(features)
+            (v,) = run_blocks(self.blocks, self.checkpoint_blocks and self.training, v, masks=(pair_mask,))
+            v = self.out_norm(v) * template_mask[:, index, None, None, None].to(v.dtype)
+            total = v if total is None else total + v
+        count = template_mask.sum(dim=1).clamp(min=1).to(total.dtype)
+        return self.linear_out(torch.relu(total / count[:, None, None, None]))

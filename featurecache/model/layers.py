@@ -1,0 +1,173 @@
+"""Building blocks of the trunk that sit on top of the kernels.
+
+Every module takes `impl` ("triton" or "torch"). Both build the same parameters, so a state_dict
+moves between them; "triton" runs `featurecache.kernels` (EvoAttention and the fused small ops),
+"torch" runs the pure-PyTorch references. The glue is fused where it pays: each attention
+computes all of its projections (queries, keys, values, gate, and the bias where it comes from
+the same input) with one LayerNorm and one matrix product, and the kernels read q/k/v as strided
+views of that product instead of copies.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+import torch
+from torch import nn
+
+from featurecache.model.config import KERNEL_IMPLS
+
+_KERNEL_MODULES = {
+    "LayerNormLinear": "featurecache.kernels.layernorm_linear",
+    "Transition": "featurecache.kernels.transition",
+    "TriangleMultiplication": "featurecache.kernels.triangle_mult",
+}
+
+
+def _check_impl(impl: str) -> None:
+    if impl not in KERNEL_IMPLS:
+        raise ValueError(f"kernel impl is {impl!r}, expected one of {KERNEL_IMPLS}")
+
+
+def kernel_module(name: str, *args, impl: str, **kwargs) -> nn.Module:
+    """Build one of the fused-op modules of featurecache.kernels (imported at construction)."""
+    _check_impl(impl)
+    module = import_module(_KERNEL_MODULES[name])
+    return getattr(module, name)(*args, impl=impl, **kwargs)
+
+
+def attention_fn(impl: str):
+    """evo_attention for "triton", its pure-PyTorch reference for "torch"."""
+    _check_impl(impl)
+    if impl == "torch":
+        from featurecache.kernels.reference import evo_attention_reference
+
+        return evo_attention_reference
+    from featurecache.kernels import evo_attention
+
+    return evo_attention
+
+
+class TriangleAttention(nn.Module):
+    """Triangle self-attention around the starting or the ending node (AF3 Algorithms 14, 15).
+
+    The ending node is the starting node on the transposed pair; the transpose is taken on views
+    of the projections, so neither z nor q/k/v is copied.
+    """
+
+    def __init__(self, c_z: int, num_heads: int, head_dim: int, node: str = "starting",
+                 eps: float = 1e-5, impl: str = "triton") -> None:
+        super().__init__()
+        if node not in ("starting", "ending"):
+            raise ValueError(f"TriangleAttention node is {node!r}, expected 'starting' or 'ending'")
+        self.node = node
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        inner = num_heads * head_dim
+        # q, k, v, gate and the per-head pair bias from one LayerNorm + one matrix product.
+        self.proj = kernel_module("LayerNormLinear", c_z, 4 * inner + num_heads, bias=False, eps=eps, impl=impl)
+        self.linear_out = nn.Linear(inner, c_z)
+        self.attention = attention_fn(impl)
+
+    def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
+        """z [B, L, L, C], pair_mask [B, L, L] bool -> update [B, L, L, C] (caller adds it)."""
+        batch, length = z.shape[0], z.shape[1]
+        heads, dim = self.num_heads, self.head_dim
+        inner = heads * dim
+        proj = self.proj(z)
+        q, k, v, gate = (proj[..., i * inner:(i + 1) * inner].unflatten(-1, (heads, dim)) for i in range(4))
+        bias = proj[..., 4 * inner:]  # [B, L, L, H]
+        if self.node == "starting":
+            # rows i, queries j, keys k: bias b_jk, mask on (i, k)
+            bias = bias.permute(0, 3, 1, 2)
+            mask = pair_mask
+        else:
+            # o_ij = sum_k softmax_k(q_ij . k_kj + b_ki) v_kj: the starting node on z^T
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+            bias = bias.permute(0, 3, 2, 1)
+            mask = pair_mask.transpose(1, 2)
+        out = self.attention(q, k, v, bias=bias.unsqueeze(1).contiguous(), mask=mask.contiguous())
+        if self.node == "ending":
+            out = out.transpose(1, 2)
+        out = torch.sigmoid(gate) * out
+        return self.linear_out(out.reshape(batch, length, length, inner))
+
+
+class AttentionPairBias(nn.Module):
+    """Gated self-attention on the single representation with a bias from the pair (Algorithm 24)."""
+
+    def __init__(self, c_s: int, c_z: int, num_heads: int, head_dim: int, eps: float = 1e-5,
+                 impl: str = "triton") -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        inner = num_heads * head_dim
+        self.proj = kernel_module("LayerNormLinear", c_s, 4 * inner, bias=True, eps=eps, impl=impl)
+        self.pair_bias = kernel_module("LayerNormLinear", c_z, num_heads, bias=False, eps=eps, impl=impl)
+        self.linear_out = nn.Linear(inner, c_s, bias=False)
+        self.attention = attention_fn(impl)
+
+    def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+        """s [B, L, C_s], z [B, L, L, C_z], token_mask [B, L] bool -> update [B, L, C_s]."""
+        heads, dim = self.num_heads, self.head_dim
+        inner = heads * dim
+        proj = self.proj(s).unsqueeze(1)  # [B, 1, L, 4 * H * D]: one "row" for evo_attention
+        q, k, v, gate = (proj[..., i * inner:(i + 1) * inner].unflatten(-1, (heads, dim)) for i in range(4))
+        bias = self.pair_bias(z).permute(0, 3, 1, 2).unsqueeze(1).contiguous()  # [B, 1, H, L, L]
+        out = self.attention(q, k, v, bias=bias, mask=token_mask.unsqueeze(1))
+        out = (torch.sigmoid(gate) * out).squeeze(1)
+        return self.linear_out(out.flatten(-2))
+
+
+class PairWeightedAveraging(nn.Module):
+    """MSA pair-weighted averaging (Algorithm 10): rows mix values with weights from the pair only.
+
+    The weights do not depend on the MSA row, so they are one softmax per head over [L, L] and the
+    averaging is a batched matrix product, already the fastest form on either path.
+    """
+
+    def __init__(self, c_m: int, c_z: int, num_heads: int, head_dim: int, eps: float = 1e-5,
+                 impl: str = "triton") -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        inner = num_heads * head_dim
+        self.proj = kernel_module("LayerNormLinear", c_m, 2 * inner, bias=False, eps=eps, impl=impl)
+        self.pair_bias = kernel_module("LayerNormLinear", c_z, num_heads, bias=False, eps=eps, impl=impl)
+        self.linear_out = nn.Linear(inner, c_m, bias=False)
+
+    def forward(self, m: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+        """m [B, S, L, C_m], z [B, L, L, C_z], token_mask [B, L] -> update [B, S, L, C_m]."""
+        inner = self.num_heads * self.head_dim
+        proj = self.proj(m)
+        value = proj[..., :inner].unflatten(-1, (self.num_heads, self.head_dim))
+        gate = proj[..., inner:]
+        logits = self.pair_bias(z).float().permute(0, 3, 1, 2)  # [B, H, L, L]
+        logits = logits.masked_fill(~token_mask[:, None, None, :], float("-inf"))
+        # Padded query rows see only -inf: give them uniform weights instead of NaN.
+        logits = logits.masked_fill(~token_mask[:, None, :, None], 0.0)
+        weights = torch.softmax(logits, dim=-1).to(value.dtype)
+        out = torch.einsum("bhij,bsjhd->bsihd", weights, value).flatten(-2)
+        return self.linear_out(torch.sigmoid(gate) * out)
+
+
+class OuterProductMean(nn.Module):
+    """MSA -> pair update: mean over valid rows of outer products (Algorithm 9)."""
+
+    def __init__(self, c_m: int, c_z: int, hidden_dim: int, eps: float = 1e-5, impl: str = "triton") -> None:
+        super().__init__()
+        self.hidden_dim = hidden_dim
+        self.proj = kernel_module("LayerNormLinear", c_m, 2 * hidden_dim, bias=True, eps=eps, impl=impl)
+        self.linear_out = nn.Linear(hidden_dim * hidden_dim, c_z)
+
+    def forward(self, m: torch.Tensor, msa_mask: torch.Tensor) -> torch.Tensor:
+        """m [B, S, L, C_m], msa_mask [B, S, L] bool -> update [B, L, L, C_z]."""
+        mask = msa_mask.unsqueeze(-1).to(m.dtype)
+        proj = self.proj(m)
+        a = proj[..., :self.hidden_dim] * mask
+        b = proj[..., self.hidden_dim:] * mask
+        outer = torch.einsum("bsic,bsjd->bijcd", a, b).flatten(-2)
+        # rows where both positions are valid; 1e-3 keeps fully padded pairs finite
+        count = torch.einsum("bsi,bsj->bij", mask.squeeze(-1).float(), mask.squeeze(-1).float())
+        outer = outer / (count.unsqueeze(-1) + 1e-3).to(outer.dtype)
+        return self.linear_out(outer)
