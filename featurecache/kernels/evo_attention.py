@@ -1,0 +1,835 @@
+"""EvoAttention: attention with pair bias and key mask, as Triton kernels.
+
+q, k, v: [B, N, L, H, D] with any strides; bias: [B, 1 or N, H, L, L] (fp32 or the input dtype);
+mask: [B, N, L] bool (True = attend). Output [B, N, L, H, D]. Used by triangle attention (N = L
+rows of the pair map), single attention with pair bias (N = 1) and template / MSA attention.
+
+Kernels, flash-attention style with fp32 accumulation:
+  forward   one program per (q block, row n, b*h): online softmax, writes out and the row's
+            logsumexp (kept in log2 units, the kernels' working domain).
+  backward  delta = rowsum(dO * O); dK/dV per (k block, row n, b*h) looping over q blocks;
+            dQ per (q block, row n, b*h) looping over k blocks, which also writes dBias when the
+            bias is per row; dBias of a broadcast bias per (k block, q block, b*h) looping over
+            the N rows in a fixed order, so the sum over N is bitwise reproducible (no atomics).
+
+Programs of one row n and head are launched next to each other (q block is the fastest grid
+axis) so k and v of that row stay in L2 for all its q blocks; a broadcast bias of one head is
+L * L elements (1.2 MB in bf16 at L = 768), small enough to stay in L2 for every row that reads
+it, which is what keeps the forward from moving the ~7 GB that re-reading an fp32 bias from
+memory once per row would cost at L = 768.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import pathlib
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from featurecache.kernels.reference import evo_attention_reference
+
+SUPPORTED_HEAD_DIMS = (8, 16, 24, 32, 48, 64, 128)
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_CONFIG_FILE = pathlib.Path(__file__).with_name("configs") / "evo_attention.json"
+_LOG2E = 1.4426950408889634
+
+
+# --------------------------------------------------------------------------------------------
+# Triton kernels
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _evo_attention_fwd_kernel(
+    Q, K, V, Bias, Mask, Out, Lse,
+    stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
+    stride_bb, stride_bn, stride_bh, stride_bq, stride_bk,
+    stride_mb, stride_mn, stride_ml,
+    stride_ob, stride_on, stride_ol, stride_oh, stride_od,
+    num_heads, seq_len, head_dim, scale_log2,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    pid_bh = tl.program_id(2)
+    batch = (pid_bh // num_heads).to(tl.int64)
+    head = (pid_bh % num_heads).to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    valid_m = offs_m < seq_len
+    valid_d = offs_d < head_dim
+
+    q_base = Q + batch * stride_qb + row * stride_qn + head * stride_qh
+    k_base = K + batch * stride_kb + row * stride_kn + head * stride_kh
+    v_base = V + batch * stride_vb + row * stride_vn + head * stride_vh
+    bias_base = Bias + batch * stride_bb + row * stride_bn + head * stride_bh
+    mask_base = Mask + batch * stride_mb + row * stride_mn
+
+    q = tl.load(
+        q_base + offs_m[:, None] * stride_ql + offs_d[None, :] * stride_qd,
+        mask=valid_m[:, None] & valid_d[None, :],
+        other=0.0,
+    )
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    for start_n in range(0, seq_len, BLOCK_N):
+        cols = start_n + offs_n
+        valid_n = cols < seq_len
+        # [BLOCK_D, BLOCK_N]: k read transposed through its strides, no copy.
+        k_t = tl.load(
+            k_base + cols[None, :] * stride_kl + offs_d[:, None] * stride_kd,
+            mask=valid_d[:, None] & valid_n[None, :],
+            other=0.0,
+        )
+        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
+        if HAS_BIAS:
+            b = tl.load(
+                bias_base + offs_m[:, None] * stride_bq + cols[None, :] * stride_bk,
+                mask=valid_m[:, None] & valid_n[None, :],
+                other=0.0,
+            )
+            s += b.to(tl.float32) * 1.4426950408889634
+        attend = valid_n
+        if HAS_MASK:
+            attend = attend & (tl.load(mask_base + cols * stride_ml, mask=valid_n, other=0) != 0)
+        s = tl.where(attend[None, :], s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row with no key seen yet keeps m = -inf; shift by 0 there so exp2 gives 0, not NaN.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_shift[:, None])
+        alpha = tl.math.exp2(m_i - m_shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            v_base + cols[:, None] * stride_vl + offs_d[None, :] * stride_vd,
+            mask=valid_n[:, None] & valid_d[None, :],
+            other=0.0,
+        )
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    # +inf for fully masked rows makes every recomputed probability exactly 0 in the backward.
+    lse = tl.where(empty, float("inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
+    o_base = Out + batch * stride_ob + row * stride_on + head * stride_oh
+    tl.store(
+        o_base + offs_m[:, None] * stride_ol + offs_d[None, :] * stride_od,
+        out.to(Out.dtype.element_ty),
+        mask=valid_m[:, None] & valid_d[None, :],
+    )
+    # Lse is contiguous [B, N, H, L].
+    lse_base = Lse + ((batch * tl.num_programs(1) + row) * num_heads + head) * seq_len
+    tl.store(lse_base + offs_m, lse, mask=valid_m)
+
+
+@triton.jit
+def _evo_attention_bwd_delta_kernel(
+    Out, DOut, Delta,
+    stride_ob, stride_on, stride_ol, stride_oh, stride_od,
+    stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
+    num_heads, seq_len, head_dim,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    pid_bh = tl.program_id(2)
+    batch = (pid_bh // num_heads).to(tl.int64)
+    head = (pid_bh % num_heads).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    tile = (offs_m < seq_len)[:, None] & (offs_d < head_dim)[None, :]
+    o = tl.load(
+        Out + batch * stride_ob + row * stride_on + head * stride_oh
+        + offs_m[:, None] * stride_ol + offs_d[None, :] * stride_od,
+        mask=tile,
+        other=0.0,
+    )
+    do = tl.load(
+        DOut + batch * stride_gb + row * stride_gn + head * stride_gh
+        + offs_m[:, None] * stride_gl + offs_d[None, :] * stride_gd,
+        mask=tile,
+        other=0.0,
+    )
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    delta_base = Delta + ((batch * tl.num_programs(1) + row) * num_heads + head) * seq_len
+    tl.store(delta_base + offs_m, delta, mask=offs_m < seq_len)
+
+
+@triton.jit
+def _evo_attention_bwd_kv_kernel(
+    Q, K, V, Bias, Mask, DOut, Lse, Delta, DK, DV,
+    stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
+    stride_bb, stride_bn, stride_bh, stride_bq, stride_bk,
+    stride_mb, stride_mn, stride_ml,
+    stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
+    stride_xb, stride_xn, stride_xl, stride_xh, stride_xd,
+    num_heads, seq_len, head_dim, scale, scale_log2,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # One program owns a block of keys of one row and head and loops over all queries;
+    # probabilities are built transposed ([keys, queries]) so no tile needs tl.trans.
+    pid_n = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    pid_bh = tl.program_id(2)
+    batch = (pid_bh // num_heads).to(tl.int64)
+    head = (pid_bh % num_heads).to(tl.int64)
+
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    valid_n = cols < seq_len
+    valid_d = offs_d < head_dim
+    kv_tile = valid_n[:, None] & valid_d[None, :]
+
+    k = tl.load(
+        K + batch * stride_kb + row * stride_kn + head * stride_kh
+        + cols[:, None] * stride_kl + offs_d[None, :] * stride_kd,
+        mask=kv_tile,
+        other=0.0,
+    )
+    v = tl.load(
+        V + batch * stride_vb + row * stride_vn + head * stride_vh
+        + cols[:, None] * stride_vl + offs_d[None, :] * stride_vd,
+        mask=kv_tile,
+        other=0.0,
+    )
+    attend = valid_n
+    if HAS_MASK:
+        attend = attend & (
+            tl.load(Mask + batch * stride_mb + row * stride_mn + cols * stride_ml, mask=valid_n, other=0)
+            != 0
+        )
+
+    q_base = Q + batch * stride_qb + row * stride_qn + head * stride_qh
+    do_base = DOut + batch * stride_gb + row * stride_gn + head * stride_gh
+    bias_base = Bias + batch * stride_bb + row * stride_bn + head * stride_bh
+    stat_base = ((batch * tl.num_programs(1) + row) * num_heads + head) * seq_len
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for start_m in range(0, seq_len, BLOCK_M):
+        rows_m = start_m + offs_m
+        valid_m = rows_m < seq_len
+        q_tile = valid_m[:, None] & valid_d[None, :]
+        q = tl.load(q_base + rows_m[:, None] * stride_ql + offs_d[None, :] * stride_qd, mask=q_tile, other=0.0)
+        q_t = tl.load(q_base + rows_m[None, :] * stride_ql + offs_d[:, None] * stride_qd, mask=valid_d[:, None] & valid_m[None, :], other=0.0)
+        do = tl.load(do_base + rows_m[:, None] * stride_gl + offs_d[None, :] * stride_gd, mask=q_tile, other=0.0)
+        do_t = tl.load(do_base + rows_m[None, :] * stride_gl + offs_d[:, None] * stride_gd, mask=valid_d[:, None] & valid_m[None, :], other=0.0)
+        lse = tl.load(Lse + stat_base + rows_m, mask=valid_m, other=float("inf"))
+        delta = tl.load(Delta + stat_base + rows_m, mask=valid_m, other=0.0)
+
+        s_t = tl.dot(k, q_t, input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_N, BLOCK_M]
+        if HAS_BIAS:
+            b_t = tl.load(
+                bias_base + rows_m[None, :] * stride_bq + cols[:, None] * stride_bk,
+                mask=valid_n[:, None] & valid_m[None, :],
+                other=0.0,
+            )
+            s_t += b_t.to(tl.float32) * 1.4426950408889634
+        s_t = tl.where(attend[:, None], s_t, float("-inf"))
+        p_t = tl.math.exp2(s_t - lse[None, :])
+        dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)
+        dp_t = tl.dot(v, do_t, input_precision=DOT_PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)
+
+    dk *= scale
+    # dK and dV are fresh tensors of one layout (stride_x*), whatever the layout of k and v.
+    out_offs = (batch * stride_xb + row * stride_xn + head * stride_xh
+                + cols[:, None] * stride_xl + offs_d[None, :] * stride_xd)
+    tl.store(DK + out_offs, dk.to(DK.dtype.element_ty), mask=kv_tile)
+    tl.store(DV + out_offs, dv.to(DV.dtype.element_ty), mask=kv_tile)
+
+
+@triton.jit
+def _evo_attention_bwd_q_kernel(
+    Q, K, V, Bias, Mask, DOut, Lse, Delta, DQ, DBias,
+    stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
+    stride_bb, stride_bn, stride_bh, stride_bq, stride_bk,
+    stride_mb, stride_mn, stride_ml,
+    stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
+    stride_dbb, stride_dbn, stride_dbh, stride_dbq, stride_dbk,
+    stride_xb, stride_xn, stride_xl, stride_xh, stride_xd,
+    num_heads, seq_len, head_dim, scale, scale_log2,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    STORE_DBIAS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    pid_bh = tl.program_id(2)
+    batch = (pid_bh // num_heads).to(tl.int64)
+    head = (pid_bh % num_heads).to(tl.int64)
+
+    rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    valid_m = rows_m < seq_len
+    valid_d = offs_d < head_dim
+    q_tile = valid_m[:, None] & valid_d[None, :]
+
+    q = tl.load(
+        Q + batch * stride_qb + row * stride_qn + head * stride_qh
+        + rows_m[:, None] * stride_ql + offs_d[None, :] * stride_qd,
+        mask=q_tile,
+        other=0.0,
+    )
+    do = tl.load(
+        DOut + batch * stride_gb + row * stride_gn + head * stride_gh
+        + rows_m[:, None] * stride_gl + offs_d[None, :] * stride_gd,
+        mask=q_tile,
+        other=0.0,
+    )
+    stat_base = ((batch * tl.num_programs(1) + row) * num_heads + head) * seq_len
+    lse = tl.load(Lse + stat_base + rows_m, mask=valid_m, other=float("inf"))
+    delta = tl.load(Delta + stat_base + rows_m, mask=valid_m, other=0.0)
+
+    k_base = K + batch * stride_kb + row * stride_kn + head * stride_kh
+    v_base = V + batch * stride_vb + row * stride_vn + head * stride_vh
+    bias_base = Bias + batch * stride_bb + row * stride_bn + head * stride_bh
+    dbias_base = DBias + batch * stride_dbb + row * stride_dbn + head * stride_dbh
+    mask_base = Mask + batch * stride_mb + row * stride_mn
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, seq_len, BLOCK_N):
+        cols = start_n + offs_n
+        valid_n = cols < seq_len
+        k = tl.load(k_base + cols[:, None] * stride_kl + offs_d[None, :] * stride_kd,
+                    mask=valid_n[:, None] & valid_d[None, :], other=0.0)
+        k_t = tl.load(k_base + cols[None, :] * stride_kl + offs_d[:, None] * stride_kd,
+                      mask=valid_d[:, None] & valid_n[None, :], other=0.0)
+        v_t = tl.load(v_base + cols[None, :] * stride_vl + offs_d[:, None] * stride_vd,
+                      mask=valid_d[:, None] & valid_n[None, :], other=0.0)
+        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
+        bias_tile = valid_m[:, None] & valid_n[None, :]
+        if HAS_BIAS:
+            b = tl.load(bias_base + rows_m[:, None] * stride_bq + cols[None, :] * stride_bk,
+                        mask=bias_tile, other=0.0)
+            s += b.to(tl.float32) * 1.4426950408889634
+        attend = valid_n
+        if HAS_MASK:
+            attend = attend & (tl.load(mask_base + cols * stride_ml, mask=valid_n, other=0) != 0)
+        s = tl.where(attend[None, :], s, float("-inf"))
+        p = tl.math.exp2(s - lse[:, None])
+        dp = tl.dot(do, v_t, input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+        if STORE_DBIAS:
+            # Per-row bias: dBias of this (row, head) tile is dS itself, owned by this program.
+            tl.store(dbias_base + rows_m[:, None] * stride_dbq + cols[None, :] * stride_dbk,
+                     ds.to(DBias.dtype.element_ty), mask=bias_tile)
+
+    dq *= scale
+    tl.store(
+        DQ + batch * stride_xb + row * stride_xn + head * stride_xh
+        + rows_m[:, None] * stride_xl + offs_d[None, :] * stride_xd,
+        dq.to(DQ.dtype.element_ty),
+        mask=q_tile,
+    )
+
+
+@triton.jit
+def _evo_attention_bwd_bias_kernel(
+    Q, K, V, Bias, Mask, DOut, Lse, Delta, DBias,
+    stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
+    stride_bb, stride_bh, stride_bq, stride_bk,
+    stride_mb, stride_mn, stride_ml,
+    stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
+    stride_dbb, stride_dbh, stride_dbq, stride_dbk,
+    num_heads, num_rows, seq_len, head_dim, scale_log2,
+    HAS_MASK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # dBias of a bias broadcast over N is sum_n dS[n]. Each program owns one bias tile, loads it
+    # once, and walks the rows n = 0..N-1 in order: the sum is reproducible bit for bit and the
+    # bias tile is read once instead of N times.
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    batch = (pid_bh // num_heads).to(tl.int64)
+    head = (pid_bh % num_heads).to(tl.int64)
+
+    rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    valid_m = rows_m < seq_len
+    valid_n = cols < seq_len
+    valid_d = offs_d < head_dim
+    bias_tile = valid_m[:, None] & valid_n[None, :]
+
+    b = tl.load(Bias + batch * stride_bb + head * stride_bh
+                + rows_m[:, None] * stride_bq + cols[None, :] * stride_bk,
+                mask=bias_tile, other=0.0)
+    b = b.to(tl.float32) * 1.4426950408889634
+
+    # Row pointers advance by one row stride per step (64-bit pointer arithmetic, no row * stride).
+    q_ptrs = (Q + batch * stride_qb + head * stride_qh
+              + rows_m[:, None] * stride_ql + offs_d[None, :] * stride_qd)
+    do_ptrs = (DOut + batch * stride_gb + head * stride_gh
+               + rows_m[:, None] * stride_gl + offs_d[None, :] * stride_gd)
+    k_t_ptrs = (K + batch * stride_kb + head * stride_kh
+                + cols[None, :] * stride_kl + offs_d[:, None] * stride_kd)
+    v_t_ptrs = (V + batch * stride_vb + head * stride_vh
+                + cols[None, :] * stride_vl + offs_d[:, None] * stride_vd)
+    mask_ptrs = Mask + batch * stride_mb + cols * stride_ml
+    stat_ptrs = Lse + (batch * num_rows * num_heads + head) * seq_len + rows_m
+    delta_ptrs = Delta + (batch * num_rows * num_heads + head) * seq_len + rows_m
+    q_mask = valid_m[:, None] & valid_d[None, :]
+    kv_mask = valid_d[:, None] & valid_n[None, :]
+
+    dbias = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for _ in range(0, num_rows):
+        q = tl.load(q_ptrs, mask=q_mask, other=0.0)
+        do = tl.load(do_ptrs, mask=q_mask, other=0.0)
+        k_t = tl.load(k_t_ptrs, mask=kv_mask, other=0.0)
+        v_t = tl.load(v_t_ptrs, mask=kv_mask, other=0.0)
+        lse = tl.load(stat_ptrs, mask=valid_m, other=float("inf"))
+        delta = tl.load(delta_ptrs, mask=valid_m, other=0.0)
+        attend = valid_n
+        if HAS_MASK:
+            attend = attend & (tl.load(mask_ptrs, mask=valid_n, other=0) != 0)
+        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2 + b
+        s = tl.where(attend[None, :], s, float("-inf"))
+        p = tl.math.exp2(s - lse[:, None])
+        dp = tl.dot(do, v_t, input_precision=DOT_PRECISION)
+        dbias += p * (dp - delta[:, None])
+        q_ptrs += stride_qn
+        do_ptrs += stride_gn
+        k_t_ptrs += stride_kn
+        v_t_ptrs += stride_vn
+        mask_ptrs += stride_mn
+        stat_ptrs += num_heads * seq_len
+        delta_ptrs += num_heads * seq_len
+
+    tl.store(DBias + batch * stride_dbb + head * stride_dbh
+             + rows_m[:, None] * stride_dbq + cols[None, :] * stride_dbk,
+             dbias.to(DBias.dtype.element_ty), mask=bias_tile)
+
+
+# --------------------------------------------------------------------------------------------
+# Block configurations
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """Tile sizes and launch options of one kernel."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class EvoAttentionConfig:
+    """Block configurations of the four main kernels for one shape class."""
+
+    fwd: BlockConfig
+    bwd_kv: BlockConfig
+    bwd_q: BlockConfig
+    bwd_bias: BlockConfig
+
+
+_KERNEL_NAMES = ("fwd", "bwd_kv", "bwd_q", "bwd_bias")
+
+
+def _padded_head_dim(head_dim: int) -> int:
+    # tl.dot needs an inner dimension of at least 16 and tiles are powers of two.
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _parse_block(raw: dict, where: str) -> BlockConfig:
+    try:
+        return BlockConfig(
+            block_m=int(raw["block_m"]),
+            block_n=int(raw["block_n"]),
+            num_warps=int(raw["num_warps"]),
+            num_stages=int(raw["num_stages"]),
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{_CONFIG_FILE}: bad block config at {where}: {raw!r} ({err})") from err
+
+
+@functools.lru_cache(maxsize=None)
+def _load_tuned_configs() -> dict[str, list[tuple[int, int, EvoAttentionConfig]]]:
+    """GPU name -> [(max padded head dim, max sequence length, config)], most specific first."""
+    if not _CONFIG_FILE.is_file():
+        return {}
+    with open(_CONFIG_FILE) as handle:
+        raw = json.load(handle)
+    tuned: dict[str, list[tuple[int, int, EvoAttentionConfig]]] = {}
+    for gpu, entries in raw.get("gpus", {}).items():
+        parsed = []
+        for index, entry in enumerate(entries):
+            where = f"gpus[{gpu!r}][{index}]"
+            missing = [name for name in ("head_dim_max", "seq_len_max", *_KERNEL_NAMES) if name not in entry]
+            if missing:
+                raise ValueError(f"{_CONFIG_FILE}: {where} lacks {missing}")
+            blocks = {name: _parse_block(entry[name], f"{where}.{name}") for name in _KERNEL_NAMES}
+            parsed.append((int(entry["head_dim_max"]), int(entry["seq_len_max"]), EvoAttentionConfig(**blocks)))
+        tuned[gpu] = sorted(parsed, key=lambda item: (item[0], item[1]))
+    return tuned
+
+
+def _heuristic_config(padded_dim: int, seq_len: int, interpreted: bool) -> EvoAttentionConfig:
+    if interpreted:
+        # Small tiles make the interpreter cover several blocks and ragged edges at test sizes.
+        small = BlockConfig(16, 16, 1, 1)
+        return EvoAttentionConfig(small, small, small, small)
+    wide = 64 if padded_dim <= 64 else 32
+    short = 32 if seq_len <= 64 else 64
+    block = min(wide, short)
+    return EvoAttentionConfig(
+        fwd=BlockConfig(min(64, short), block, 4, 3 if padded_dim <= 64 else 2),
+        bwd_kv=BlockConfig(min(32, block), block, 4, 2),
+        bwd_q=BlockConfig(block, min(32, block), 4, 2),
+        bwd_bias=BlockConfig(min(64, short), min(64, short), 4, 2),
+    )
+
+
+def select_config(head_dim: int, seq_len: int, device: torch.device) -> EvoAttentionConfig:
+    """Tuned block sizes for this GPU and shape class, else a heuristic; never autotunes."""
+    padded = _padded_head_dim(head_dim)
+    interpreted = _interpreting() or device.type != "cuda"
+    if not interpreted:
+        for dim_max, len_max, config in _load_tuned_configs().get(torch.cuda.get_device_name(device), []):
+            if padded <= dim_max and seq_len <= len_max:
+                return config
+    return _heuristic_config(padded, seq_len, interpreted)
+
+
+# --------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 inputs ask for fp32 products: tf32 would make fp32 no more accurate than bf16.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _check_inputs(q, k, v, bias, mask) -> None:
+    if q.dim() != 5:
+        raise ValueError(f"evo_attention: q must be [B, N, L, H, D], got shape {tuple(q.shape)}")
+    for name, tensor in (("k", k), ("v", v)):
+        if tensor.shape != q.shape:
+            raise ValueError(f"evo_attention: {name} has shape {tuple(tensor.shape)}, q has {tuple(q.shape)}")
+        if tensor.dtype != q.dtype or tensor.device != q.device:
+            raise ValueError(
+                f"evo_attention: {name} is {tensor.dtype} on {tensor.device}, q is {q.dtype} on {q.device}"
+            )
+    if q.dtype not in _SUPPORTED_DTYPES:
+        raise ValueError(f"evo_attention: dtype {q.dtype} not supported, use one of {_SUPPORTED_DTYPES}")
+    batch, rows, seq_len, heads, head_dim = q.shape
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"evo_attention: head dim {head_dim} not supported, use one of {SUPPORTED_HEAD_DIMS}")
+    if bias is not None:
+        if bias.dim() != 5 or bias.shape[1] not in (1, rows) or (
+            (bias.shape[0], bias.shape[2], bias.shape[3], bias.shape[4]) != (batch, heads, seq_len, seq_len)
+        ):
+            raise ValueError(
+                f"evo_attention: bias has shape {tuple(bias.shape)}, expected "
+                f"[{batch}, 1 or {rows}, {heads}, {seq_len}, {seq_len}]"
+            )
+        if bias.dtype not in (torch.float32, q.dtype) or bias.device != q.device:
+            raise ValueError(
+                f"evo_attention: bias is {bias.dtype} on {bias.device}, expected float32 or {q.dtype} on {q.device}"
+            )
+    if mask is not None:
+        if tuple(mask.shape) != (batch, rows, seq_len) or mask.dtype != torch.bool or mask.device != q.device:
+            raise ValueError(
+                f"evo_attention: mask is {mask.dtype} {tuple(mask.shape)} on {mask.device}, "
+                f"expected bool [{batch}, {rows}, {seq_len}] on {q.device}"
+            )
+
+
+def _bias_strides(bias: Optional[torch.Tensor]) -> tuple[int, int, int, int, int]:
+    if bias is None:
+        return (0, 0, 0, 0, 0)
+    # A bias shared by all rows gets row stride 0: the kernels then read one tile for every row.
+    row_stride = 0 if bias.shape[1] == 1 else bias.stride(1)
+    return (bias.stride(0), row_stride, bias.stride(2), bias.stride(3), bias.stride(4))
+
+
+def _mask_arg(mask: Optional[torch.Tensor], q: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    if mask is None:
+        return q, (0, 0, 0)
+    # bool and uint8 share a layout; Triton reads uint8 pointers more predictably than int1.
+    as_bytes = mask.view(torch.uint8)
+    return as_bytes, tuple(as_bytes.stride())
+
+
+def evo_attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    mask: Optional[torch.Tensor],
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel. Returns out [B, N, L, H, D] and lse [B, N, H, L] (fp32, log2 units)."""
+    batch, rows, seq_len, heads, head_dim = q.shape
+    config = select_config(head_dim, seq_len, q.device).fwd
+    out = q.new_empty(q.shape)
+    lse = torch.empty((batch, rows, heads, seq_len), device=q.device, dtype=torch.float32)
+    mask_tensor, mask_strides = _mask_arg(mask, q)
+    grid = (triton.cdiv(seq_len, config.block_m), rows, batch * heads)
+    _evo_attention_fwd_kernel[grid](
+        q, k, v, bias if bias is not None else q, mask_tensor, out, lse,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *_bias_strides(bias),
+        *mask_strides,
+        *out.stride(),
+        heads, seq_len, head_dim, scale * _LOG2E,
+        HAS_BIAS=bias is not None,
+        HAS_MASK=mask is not None,
+        DOT_PRECISION=_dot_precision(q.dtype),
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_D=_padded_head_dim(head_dim),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    return out, lse
+
+
+def evo_attention_backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    mask: Optional[torch.Tensor],
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    scale: float,
+    bias_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Launch the backward kernels. Returns dq, dk, dv and dbias (None unless bias_grad)."""
+    batch, rows, seq_len, heads, head_dim = q.shape
+    config = select_config(head_dim, seq_len, q.device)
+    padded_dim = _padded_head_dim(head_dim)
+    precision = _dot_precision(q.dtype)
+    has_bias = bias is not None
+    bias_arg = bias if has_bias else q
+    bias_strides = _bias_strides(bias)
+    mask_tensor, mask_strides = _mask_arg(mask, q)
+
+    delta = torch.empty_like(lse)
+    delta_block = 64
+    _evo_attention_bwd_delta_kernel[(triton.cdiv(seq_len, delta_block), rows, batch * heads)](
+        out, grad_out, delta,
+        *out.stride(),
+        *grad_out.stride(),
+        heads, seq_len, head_dim,
+        BLOCK_M=delta_block,
+        BLOCK_D=padded_dim,
+    )
+
+    dk = k.new_empty(k.shape)
+    dv = v.new_empty(v.shape)
+    kv = config.bwd_kv
+    _evo_attention_bwd_kv_kernel[(triton.cdiv(seq_len, kv.block_n), rows, batch * heads)](
+        q, k, v, bias_arg, mask_tensor, grad_out, lse, delta, dk, dv,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *bias_strides,
+        *mask_strides,
+        *grad_out.stride(),
+        *dk.stride(),
+        heads, seq_len, head_dim, scale, scale * _LOG2E,
+        HAS_BIAS=has_bias,
+        HAS_MASK=mask is not None,
+        DOT_PRECISION=precision,
+        BLOCK_M=kv.block_m,
+        BLOCK_N=kv.block_n,
+        BLOCK_D=padded_dim,
+        num_warps=kv.num_warps,
+        num_stages=kv.num_stages,
+    )
+
+    dbias = None
+    per_row_dbias = bias_grad and bias.shape[1] == rows
+    if bias_grad:
+        dbias = bias.new_empty(bias.shape)
+    dbias_strides = dbias.stride() if per_row_dbias else (0, 0, 0, 0, 0)
+
+    dq = q.new_empty(q.shape)
+    qc = config.bwd_q
+    _evo_attention_bwd_q_kernel[(triton.cdiv(seq_len, qc.block_m), rows, batch * heads)](
+        q, k, v, bias_arg, mask_tensor, grad_out, lse, delta, dq, dbias if per_row_dbias else q,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *bias_strides,
+        *mask_strides,
+        *grad_out.stride(),
+        *dbias_strides,
+        *dq.stride(),
+        heads, seq_len, head_dim, scale, scale * _LOG2E,
+        HAS_BIAS=has_bias,
+        HAS_MASK=mask is not None,
+        STORE_DBIAS=per_row_dbias,
+        DOT_PRECISION=precision,
+        BLOCK_M=qc.block_m,
+        BLOCK_N=qc.block_n,
+        BLOCK_D=padded_dim,
+        num_warps=qc.num_warps,
+        num_stages=qc.num_stages,
+    )
+
+    if bias_grad and not per_row_dbias:
+        bc = config.bwd_bias
+        _evo_attention_bwd_bias_kernel[(triton.cdiv(seq_len, bc.block_n), triton.cdiv(seq_len, bc.block_m), batch * heads)](
+            q, k, v, bias, mask_tensor, grad_out, lse, delta, dbias,
+            *q.stride(),
+            *k.stride(),
+            *v.stride(),
+            bias.stride(0), bias.stride(2), bias.stride(3), bias.stride(4),
+            *mask_strides,
+            *grad_out.stride(),
+            dbias.stride(0), dbias.stride(2), dbias.stride(3), dbias.stride(4),
+            heads, rows, seq_len, head_dim, scale * _LOG2E,
+            HAS_MASK=mask is not None,
+            DOT_PRECISION=precision,
+            BLOCK_M=bc.block_m,
+            BLOCK_N=bc.block_n,
+            BLOCK_D=padded_dim,
+            num_warps=bc.num_warps,
+            num_stages=bc.num_stages,
+        )
+    return dq, dk, dv, dbias
+
+
+# --------------------------------------------------------------------------------------------
+# Custom ops and autograd: torch.compile sees two opaque ops and keeps them in the graph.
+# --------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("featurecache::evo_attention_fwd", mutates_args=())
+def _evo_attention_fwd_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    mask: Optional[torch.Tensor],
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return evo_attention_forward(q, k, v, bias, mask, scale)
+
+
+@_evo_attention_fwd_op.register_fake
+def _(q, k, v, bias, mask, scale):
+    batch, rows, seq_len, heads, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((batch, rows, heads, seq_len), dtype=torch.float32)
+
+
+@torch.library.custom_op("featurecache::evo_attention_bwd", mutates_args=())
+def _evo_attention_bwd_op(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    mask: Optional[torch.Tensor],
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    scale: float,
+    bias_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv, dbias = evo_attention_backward(grad_out, q, k, v, bias, mask, out, lse, scale, bias_grad)
+    # Custom ops cannot return None: an empty tensor stands for "no bias gradient".
+    return dq, dk, dv, dbias if dbias is not None else q.new_empty(0)
+
+
+@_evo_attention_bwd_op.register_fake
+def _(grad_out, q, k, v, bias, mask, out, lse, scale, bias_grad):
+    dbias = bias.new_empty(bias.shape) if bias_grad else q.new_empty(0)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, bias, mask, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, bias, mask, out, lse)
+    ctx.scale = scale
+    ctx.bias_grad = bias is not None and ctx.needs_input_grad[3]
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, bias, mask, out, lse = ctx.saved_tensors
+    dq, dk, dv, dbias = _evo_attention_bwd_op(grad_out, q, k, v, bias, mask, out, lse, ctx.scale, ctx.bias_grad)
+    return dq, dk, dv, dbias if ctx.bias_grad else None, None, None
+
+
+_evo_attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def evo_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    mask: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+) -> torch.Tensor:
+    """Attention over L with pair bias and key mask, independently for each of the N rows.
+
+    q, k, v: [B, N, L, H, D], any strides; bias: [B, 1 or N, H, L, L] in fp32 or q's dtype;
+    mask: [B, N, L] bool, True = attend. Returns [B, N, L, H, D] in q's dtype; rows with every
+    key masked give zeros. scale defaults to D ** -0.5. On CUDA (or on CPU under
+    TRITON_INTERPRET=1) this runs the Triton kernels; otherwise the PyTorch reference.
+    """
+    _check_inputs(q, k, v, bias, mask)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if q.device.type != "cuda" and not _interpreting():
+        return evo_attention_reference(q, k, v, bias, mask, scale)
+    out, _ = _evo_attention_fwd_op(q, k, v, bias, mask, float(scale))
+    return out
