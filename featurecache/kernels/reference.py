@@ -31,3 +31,71 @@ def evo_attention_reference(q, k, v, bias=None, mask=None, scale=None):
     weights = weights / torch.where(denom > 0, denom, torch.ones_like(denom))
     out = torch.einsum("bnhqk,bnkhd->bnqhd", weights, v.float())
     return out.to(q.dtype)
+
+
+# Fused small ops (layernorm_linear, transition, triangle_mult). Convention shared with the Triton
+# kernels: LayerNorm statistics and affine in fp32, its output rounded to the input dtype, and
+# every matmul run in the input dtype with weights cast to it (parameters may stay fp32).
+
+
+def _layer_norm(x, weight, bias, eps):
+    out = torch.nn.functional.layer_norm(
+        x.float(), x.shape[-1:], weight.float(), None if bias is None else bias.float(), eps
+    )
+    return out.to(x.dtype)
+
+
+def _linear(x, weight, bias=None):
+    return torch.nn.functional.linear(
+        x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype)
+    )
+
+
+def layernorm_linear_reference(x, norm_weight, norm_bias, weight, bias=None, eps=1e-5):
+    """linear(layer_norm(x)): x [..., K], weight [N, K], bias [N] or None -> [..., N]."""
+    return _linear(_layer_norm(x, norm_weight, norm_bias, eps), weight, bias)
+
+
+def transition_reference(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps=1e-5):
+    """AF3 Transition (Algorithm 11): x [..., C]; weight_a, weight_b [n*C, C]; weight_out [C, n*C]."""
+    xn = _layer_norm(x, norm_weight, norm_bias, eps)
+    hidden = torch.nn.functional.silu(_linear(xn, weight_a)) * _linear(xn, weight_b)
+    return _linear(hidden, weight_out)
+
+
+def triangle_mult_reference(
+    z,
+    mask,
+    norm_in_weight,
+    norm_in_bias,
+    weight_a_p,
+    weight_a_g,
+    weight_b_p,
+    weight_b_g,
+    weight_g,
+    norm_out_weight,
+    norm_out_bias,
+    weight_z,
+    direction="outgoing",
+    eps=1e-5,
+):
+    """AF3 triangle multiplicative update (Algorithms 12/13) without the residual.
+
+    z [B, L, L, C]; mask [B, L, L] bool or None; weight_{a,b}_{p,g} [H, C]; weight_g [C, C];
+    norm_out over H; weight_z [C, H]. Returns [B, L, L, C] in z's dtype.
+    """
+    if direction not in ("outgoing", "incoming"):
+        raise ValueError(f"direction must be 'outgoing' or 'incoming', got {direction!r}")
+    zn = _layer_norm(z, norm_in_weight, norm_in_bias, eps)
+    a = torch.sigmoid(_linear(zn, weight_a_g)) * _linear(zn, weight_a_p)
+    b = torch.sigmoid(_linear(zn, weight_b_g)) * _linear(zn, weight_b_p)
+    if mask is not None:
+        keep = mask.unsqueeze(-1).to(a.dtype)
+        a = a * keep
+        b = b * keep
+    if direction == "outgoing":
+        x = torch.einsum("bikc,bjkc->bijc", a, b)
+    else:
+        x = torch.einsum("bkic,bkjc->bijc", a, b)
+    gate = torch.sigmoid(_linear(zn, weight_g))
+    return gate * _linear(_layer_norm(x, norm_out_weight, norm_out_bias, eps), weight_z)

@@ -1,0 +1,277 @@
+"""LayerNorm fused into the prologue of a Linear: y = linear(layer_norm(x)).
+
+The normalized input never goes to memory: the forward normalizes each [BLOCK_M, K] tile in
+registers and feeds it to tl.dot; the backward recomputes it from x and the saved per-row mean
+and rstd (8 bytes a row) instead of storing a [rows, K] copy.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import nn
+
+from featurecache.kernels import _common
+from featurecache.kernels._common import (
+    _layernorm_rows,
+    _layernorm_rows_bwd,
+    _mma,
+    _normalize_saved,
+)
+from featurecache.kernels.reference import layernorm_linear_reference
+
+_OP = "layernorm_linear"
+
+
+@triton.jit
+def _layernorm_linear_fwd_kernel(
+    X, NORM_W, NORM_B, W, BIAS, Y, MEAN, RSTD,
+    n_rows, n_in, n_out, eps,
+    HAS_BIAS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols_k = tl.arange(0, BLOCK_K)
+    cols_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < n_rows
+    k_mask = cols_k < n_in
+    n_mask = cols_n < n_out
+
+    # x [BLOCK_M, BLOCK_K]
+    x = tl.load(X + rows[:, None] * n_in + cols_k[None, :],
+                mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+    xhat, mean, rstd = _layernorm_rows(x.to(tl.float32), k_mask, n_in, eps)
+    norm_w = tl.load(NORM_W + cols_k, mask=k_mask, other=0.0).to(tl.float32)
+    norm_b = tl.load(NORM_B + cols_k, mask=k_mask, other=0.0).to(tl.float32)
+    xn = (xhat * norm_w[None, :] + norm_b[None, :]).to(x.dtype)
+
+    # W [BLOCK_N, BLOCK_K]
+    w = tl.load(W + cols_n[:, None] * n_in + cols_k[None, :],
+                mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(x.dtype)
+    acc = _mma(xn, tl.trans(w), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(BIAS + cols_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(Y + rows[:, None] * n_out + cols_n[None, :], acc.to(Y.dtype.element_ty),
+             mask=row_mask[:, None] & n_mask[None, :])
+    if pid_n == 0:
+        tl.store(MEAN + rows, mean, mask=row_mask)
+        tl.store(RSTD + rows, rstd, mask=row_mask)
+
+
+@triton.jit
+def _layernorm_linear_bwd_dx_kernel(
+    X, DY, NORM_W, W, MEAN, RSTD, DX, DNORM_W_PART, DNORM_B_PART,
+    n_rows, n_in, n_out,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """dx and per-program partial LayerNorm weight/bias gradients; one program per row tile."""
+    pid_m = tl.program_id(0)
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols_k = tl.arange(0, BLOCK_K)
+    row_mask = rows < n_rows
+    k_mask = cols_k < n_in
+
+    x = tl.load(X + rows[:, None] * n_in + cols_k[None, :],
+                mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+    mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+    xhat = _normalize_saved(x.to(tl.float32), mean, rstd, k_mask)
+
+    # d(normalized input) = dy @ W, accumulated over output-feature tiles
+    d_xn = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    for n_start in range(0, n_out, BLOCK_N):
+        cols_n = n_start + tl.arange(0, BLOCK_N)
+        n_mask = cols_n < n_out
+        dy = tl.load(DY + rows[:, None] * n_out + cols_n[None, :],
+                     mask=row_mask[:, None] & n_mask[None, :], other=0.0)
+        w = tl.load(W + cols_n[:, None] * n_in + cols_k[None, :],
+                    mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(dy.dtype)
+        d_xn = _mma(dy, w, d_xn, PRECISION)
+
+    norm_w = tl.load(NORM_W + cols_k, mask=k_mask, other=0.0).to(tl.float32)
+    dx = _layernorm_rows_bwd(d_xn, xhat, norm_w, rstd, n_in)
+    tl.store(DX + rows[:, None] * n_in + cols_k[None, :], dx.to(DX.dtype.element_ty),
+             mask=row_mask[:, None] & k_mask[None, :])
+    tl.store(DNORM_W_PART + pid_m * n_in + cols_k, tl.sum(d_xn * xhat, axis=0), mask=k_mask)
+    tl.store(DNORM_B_PART + pid_m * n_in + cols_k, tl.sum(d_xn, axis=0), mask=k_mask)
+
+
+@triton.jit
+def _layernorm_linear_bwd_dw_kernel(
+    X, DY, NORM_W, NORM_B, MEAN, RSTD, DW_PART, DBIAS_PART,
+    n_rows, n_in, n_out, n_splits,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Partial dW = dy^T @ xn over the row tiles pid_s, pid_s + n_splits, ...; xn recomputed."""
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    cols_k = tl.arange(0, BLOCK_K)
+    cols_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_mask = cols_k < n_in
+    n_mask = cols_n < n_out
+    norm_w = tl.load(NORM_W + cols_k, mask=k_mask, other=0.0).to(tl.float32)
+    norm_b = tl.load(NORM_B + cols_k, mask=k_mask, other=0.0).to(tl.float32)
+
+    dw = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    dbias = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for tile in range(pid_s, tl.cdiv(n_rows, BLOCK_M), n_splits):
+        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        row_mask = rows < n_rows
+        x = tl.load(X + rows[:, None] * n_in + cols_k[None, :],
+                    mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        xhat = _normalize_saved(x.to(tl.float32), mean, rstd, k_mask)
+        xn = (xhat * norm_w[None, :] + norm_b[None, :]).to(x.dtype)
+        # padded rows give xn = norm_b but dy = 0 there, so they add nothing
+        dy = tl.load(DY + rows[:, None] * n_out + cols_n[None, :],
+                     mask=row_mask[:, None] & n_mask[None, :], other=0.0)
+        dw = _mma(tl.trans(dy), xn, dw, PRECISION)
+        dbias += tl.sum(dy.to(tl.float32), axis=0)
+    part = pid_s * n_out * n_in
+    tl.store(DW_PART + part + cols_n[:, None] * n_in + cols_k[None, :], dw,
+             mask=n_mask[:, None] & k_mask[None, :])
+    tl.store(DBIAS_PART + pid_s * n_out + cols_n, dbias, mask=n_mask)
+
+
+def _launch_opts(config: dict[str, int]) -> dict[str, int]:
+    return {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+
+
+def layernorm_linear_fwd(x2d, norm_weight, norm_bias, weight, bias, eps):
+    """x2d [M, K] contiguous -> (y [M, N], mean [M], rstd [M])."""
+    n_rows, n_in = x2d.shape
+    n_out = weight.shape[0]
+    y = torch.empty((n_rows, n_out), device=x2d.device, dtype=x2d.dtype)
+    mean = torch.empty(n_rows, device=x2d.device, dtype=torch.float32)
+    rstd = torch.empty_like(mean)
+    config = _common.kernel_config(_OP, "fwd")
+    block_k = _common.block_for(n_in)
+    block_m = _common.fit_block_m(config["BLOCK_M"], block_k)
+    block_n = min(config["BLOCK_N"], _common.block_for(n_out))
+    grid = (triton.cdiv(n_rows, block_m), triton.cdiv(n_out, block_n))
+    _layernorm_linear_fwd_kernel[grid](
+        x2d, norm_weight, norm_bias, weight, bias if bias is not None else weight, y, mean, rstd,
+        n_rows, n_in, n_out, eps,
+        HAS_BIAS=bias is not None,
+        PRECISION=_common.dot_precision(x2d.dtype),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        **_launch_opts(config),
+    )
+    return y, mean, rstd
+
+
+def layernorm_linear_bwd(dy, x2d, norm_weight, norm_bias, weight, mean, rstd, has_bias):
+    """Gradients (dx, d_norm_weight, d_norm_bias, d_weight, d_bias or None)."""
+    n_rows, n_in = x2d.shape
+    n_out = weight.shape[0]
+    precision = _common.dot_precision(x2d.dtype)
+    block_k = _common.block_for(n_in)
+
+    config = _common.kernel_config(_OP, "bwd_dx")
+    block_m = _common.fit_block_m(config["BLOCK_M"], block_k)
+    n_tiles = triton.cdiv(n_rows, block_m)
+    dx = torch.empty_like(x2d)
+    dnorm_w_part = torch.empty((n_tiles, n_in), device=x2d.device, dtype=torch.float32)
+    dnorm_b_part = torch.empty_like(dnorm_w_part)
+    _layernorm_linear_bwd_dx_kernel[(n_tiles,)](
+        x2d, dy, norm_weight, weight, mean, rstd, dx, dnorm_w_part, dnorm_b_part,
+        n_rows, n_in, n_out,
+        PRECISION=precision,
+        BLOCK_M=block_m, BLOCK_N=min(config["BLOCK_N"], _common.block_for(n_out)), BLOCK_K=block_k,
+        **_launch_opts(config),
+    )
+
+    config = _common.kernel_config(_OP, "bwd_dw")
+    block_m = _common.fit_block_m(config["BLOCK_M"], block_k)
+    block_n = min(config["BLOCK_N"], _common.block_for(n_out))
+    n_col_tiles = triton.cdiv(n_out, block_n)
+    n_splits = _common.row_splits(triton.cdiv(n_rows, block_m), n_col_tiles, x2d.device)
+    dw_part = torch.empty((n_splits, n_out, n_in), device=x2d.device, dtype=torch.float32)
+    dbias_part = torch.empty((n_splits, n_out), device=x2d.device, dtype=torch.float32)
+    _layernorm_linear_bwd_dw_kernel[(n_col_tiles, n_splits)](
+        x2d, dy, norm_weight, norm_bias, mean, rstd, dw_part, dbias_part,
+        n_rows, n_in, n_out, n_splits,
+        PRECISION=precision,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        **_launch_opts(config),
+    )
+    return (
+        dx,
+        dnorm_w_part.sum(0).to(norm_weight.dtype),
+        dnorm_b_part.sum(0).to(norm_bias.dtype),
+        dw_part.sum(0).to(weight.dtype),
+        dbias_part.sum(0) if has_bias else None,
+    )
+
+
+class _LayerNormLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, norm_weight, norm_bias, weight, bias, eps):
+        x2d = x.reshape(-1, x.shape[-1]).contiguous()
+        y, mean, rstd = layernorm_linear_fwd(x2d, norm_weight, norm_bias, weight, bias, eps)
+        ctx.save_for_backward(x2d, norm_weight, norm_bias, weight, mean, rstd)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.x_shape = x.shape
+        return y.view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2d, norm_weight, norm_bias, weight, mean, rstd = ctx.saved_tensors
+        dy2d = dy.reshape(-1, weight.shape[0]).contiguous()
+        dx, dnw, dnb, dw, dbias = layernorm_linear_bwd(
+            dy2d, x2d, norm_weight, norm_bias, weight, mean, rstd, ctx.bias_dtype is not None
+        )
+        if dbias is not None:
+            dbias = dbias.to(ctx.bias_dtype)
+        return dx.view(ctx.x_shape), dnw, dnb, dw, dbias, None
+
+
+def layernorm_linear(x, norm_weight, norm_bias, weight, bias=None, eps=1e-5):
+    """Triton linear(layer_norm(x)); same signature and numerics as layernorm_linear_reference."""
+    _common.check_triton_inputs(_OP, x)
+    _common.max_channels_check(_OP, "in_features", x.shape[-1])
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"{_OP}: x has {x.shape[-1]} features, weight expects {weight.shape[1]}")
+    if x.numel() == 0:
+        # no rows: nothing to launch; the result stays connected to the graph for autograd
+        return layernorm_linear_reference(x, norm_weight, norm_bias, weight, bias, eps)
+    return _LayerNormLinearFunction.apply(x, norm_weight, norm_bias, weight, bias, eps)
+
+
+class LayerNormLinear(nn.Module):
+    """linear(norm(x)) with parameters named as nn.LayerNorm `norm` and nn.Linear `linear`.
+
+    impl="triton" runs the fused kernels; impl="torch" runs the PyTorch reference. Both hold
+    identical parameters, so a state_dict moves between them.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        eps: float = 1e-5,
+        impl: str = "triton",
+    ) -> None:
+        super().__init__()
+        self.impl = _common.check_impl(impl)
+        self.norm = nn.LayerNorm(in_features, eps=eps)
+        self.linear = nn.Linear(in_features, out_features, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fn = layernorm_linear if self.impl == "triton" else layernorm_linear_reference
+        return fn(x, self.norm.weight, self.norm.bias, self.linear.weight, self.linear.bias,
+                  self.norm.eps)
