@@ -1,0 +1,61 @@
+"""FASTA: multi-record, ``>id description`` headers, sequences possibly wrapped over lines."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from featurecache.io.common import ParseError, decode_text, read_bytes
+
+# Letters plus '*' (stop / terminator) and '-' (some tools emit gapped FASTA).
+_SEQUENCE_LINE = re.compile(r"^[A-Za-z*\-]+$")
+
+
+@dataclass(frozen=True)
+class FastaRecord:
+    id: str
+    description: str
+    sequence: str  # upper case, no trailing '*'
+
+
+def read_fasta(path: str | os.PathLike) -> list[FastaRecord]:
+    return parse_fasta(read_bytes(path), str(path))
+
+
+def parse_fasta(data: str | bytes, source: str) -> list[FastaRecord]:
+    """Parse FASTA text; an empty file, a record without sequence or a stray line is a ParseError."""
+    text = decode_text(data, source)
+    records: list[FastaRecord] = []
+    header: tuple[str, str, int] | None = None
+    chunks: list[str] = []
+
+    def finish() -> None:
+        record_id, description, line_number = header
+        sequence = "".join(chunks).upper().rstrip("*")
+        if not sequence:
+            raise ParseError(source, f"record {record_id!r} has no sequence", line_number)
+        records.append(FastaRecord(record_id, description, sequence))
+
+    for line_number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith(";"):
+            continue
+        if line.startswith(">"):
+            if header is not None:
+                finish()
+            record_id, _, description = line[1:].strip().partition(" ")
+            if not record_id:
+                raise ParseError(source, "header without an id", line_number)
+            header, chunks = (record_id, description.strip(), line_number), []
+        elif header is None:
+            raise ParseError(source, "sequence before the first '>' header (not FASTA?)", line_number)
+        elif not _SEQUENCE_LINE.match(line):
+            bad = next(c for c in line if not (c.isalpha() or c in "*-"))
+            raise ParseError(source, f"invalid character {bad!r} in sequence of {header[0]!r}", line_number)
+        else:
+            chunks.append(line)
+    if header is None:
+        raise ParseError(source, "no FASTA records (empty file?)")
+    finish()
+    return records
