@@ -1,0 +1,260 @@
+"""manifest.json: the versioned index of a finished cache, written last and atomically.
+
+Its presence marks a cache (or a published generation) as finished. It names the format
+versions, every shard file with its size and sha256, the fingerprints the cache was built with,
+record counts per table, and per-record index entries (for feature records: num_tokens,
+msa_depth, weight, and the shard), so the loader builds its index and length filter from this
+one file instead of reading every record.
+
+Example (abridged)::
+
+    {"format": 1, "record_format": 1, "store_format": 1, "schema_version": 1,
+     "created": "2026-12-02T11:00:00+00:00", "updated": "2026-12-02T11:42:10+00:00",
+     "generation": null,
+     "fingerprints": {"features": "3f2a9c0d1e2b4a5c"},
+     "counts": {"msa": 12, "features": 5, "errors": 1},
+     "shards": [{"file": "shard-00000.lmdb", "size": 1052672, "sha256": "9b1f...",
+                 "counts": {"msa": 7, "features": 2, "errors": 0}}, ...],
+     "index": {"features": {"7a4d": {"num_tokens": 611, "msa_depth": 4096, "weight": 1.0,
+                                      "shard": 1}}, "msa": {}, "errors": {}}}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from featurecache.config import file_sha256
+from featurecache.features.schema import SCHEMA_VERSION
+from featurecache.store.codec import FORMAT_VERSION as RECORD_FORMAT
+
+MANIFEST_FORMAT = 1
+MANIFEST_NAME = "manifest.json"
+STORE_FORMAT = 1  # layout of the shard files (tables, meta entry); see shards.py
+_SHARD_FILE = re.compile(r"^shard-(\d{5})\.lmdb$")
+
+
+class CacheNotFinishedError(ValueError):
+    """A cache folder whose writer has not finished (no manifest.json yet)."""
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    file: str  # file name inside the cache folder
+    size: int
+    sha256: str
+    counts: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    path: Path
+    schema_version: int
+    created: str
+    updated: str
+    shards: tuple[ShardInfo, ...]
+    fingerprints: dict[str, str]
+    counts: dict[str, int]
+    index: dict[str, dict[str, dict[str, Any]]]  # table -> key -> entry (with "shard")
+    generation: str | None = None  # set in published generations
+    format: int = MANIFEST_FORMAT
+    record_format: int = RECORD_FORMAT
+    store_format: int = STORE_FORMAT
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.path.parent
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    @property
+    def targets(self) -> dict[str, dict[str, Any]]:
+        """Feature records' index entries: target id -> {num_tokens, msa_depth, weight, shard, ...}."""
+        return self.index.get("features", {})
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        del data["path"]
+        return data
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or unlink inside `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Readers see the old file or the new one, never a partial one, even across a crash."""
+    path = Path(path)
+    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temp_name, 0o644)  # mkstemp creates 0600; a cache is shared with trainers
+        os.replace(temp_name, path)
+    except BaseException:
+        if os.path.exists(temp_name):
+            os.unlink(temp_name)
+        raise
+    fsync_dir(path.parent)
+
+
+def save_manifest(manifest: Manifest, directory: str | os.PathLike) -> Manifest:
+    """Write `manifest` as directory/manifest.json atomically; returns it with its new path."""
+    path = Path(directory) / MANIFEST_NAME
+    manifest = dataclasses.replace(manifest, path=path)
+    write_text_atomic(path, json.dumps(manifest.to_json(), indent=1, sort_keys=True, allow_nan=False) + "\n")
+    return manifest
+
+
+def remove_manifest(cache_dir: str | os.PathLike) -> None:
+    """Mark a cache unfinished (a writer is about to change it)."""
+    path = Path(cache_dir) / MANIFEST_NAME
+    if path.exists():
+        path.unlink()
+        fsync_dir(path.parent)
+
+
+def shard_info(path: Path, counts: Mapping[str, int]) -> ShardInfo:
+    return ShardInfo(file=path.name, size=path.stat().st_size, sha256=file_sha256(path), counts=dict(counts))
+
+
+def write_manifest(
+    cache_dir: str | os.PathLike,
+    summaries: Sequence[Mapping[str, Any]],
+    fingerprints: Mapping[str, str],
+    schema_version: int | None = None,
+    created: str | None = None,
+) -> Manifest:
+    """Build and atomically write the manifest of a cache whose shard files are closed.
+
+    `summaries[i]` is shard i's {"counts": {table: n}, "index": {table: {key: entry}}}
+    (ShardWriter.summary()). Call only while holding the shard locks (StoreWriter.finish does).
+    """
+    cache_dir = Path(cache_dir)
+    shards, counts, index = [], {}, {}
+    for shard_index, summary in enumerate(summaries):
+        path = cache_dir / f"shard-{shard_index:05d}.lmdb"
+        shards.append(shard_info(path, summary["counts"]))
+        for table, count in summary["counts"].items():
+            counts[table] = counts.get(table, 0) + count
+        for table, entries in summary["index"].items():
+            table_index = index.setdefault(table, {})
+            for key, entry in entries.items():
+                table_index[key] = {**entry, "shard": shard_index}
+    manifest = Manifest(
+        path=cache_dir / MANIFEST_NAME,
+        schema_version=SCHEMA_VERSION if schema_version is None else int(schema_version),
+        created=created or _now(),
+        updated=_now(),
+        shards=tuple(shards),
+        fingerprints={str(name): str(value) for name, value in fingerprints.items()},
+        counts=counts,
+        index=index,
+    )
+    return save_manifest(manifest, cache_dir)
+
+
+def _require(data: Mapping, field: str, kind, path: Path):
+    if field not in data:
+        raise ValueError(f"{path} has no {field!r} field: not a featurecache manifest or damaged")
+    value = data[field]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise ValueError(f"{path}: field {field!r} is {type(value).__name__}, expected {kind}")
+    return value
+
+
+def _parse_shards(raw: list, path: Path) -> tuple[ShardInfo, ...]:
+    shards = []
+    for position, entry in enumerate(raw):
+        where = f"{path} shards[{position}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where} is not an object")
+        file = _require(entry, "file", str, path)
+        match = _SHARD_FILE.match(file)
+        if match is None or int(match.group(1)) != position:
+            raise ValueError(f"{where} names {file!r}, expected shard-{position:05d}.lmdb")
+        shards.append(ShardInfo(
+            file=file,
+            size=_require(entry, "size", int, path),
+            sha256=_require(entry, "sha256", str, path),
+            counts=_require(entry, "counts", dict, path),
+        ))
+    if not shards:
+        raise ValueError(f"{path} lists no shards")
+    return tuple(shards)
+
+
+def read_manifest(cache_dir: str | os.PathLike, expected_schema: int | None = SCHEMA_VERSION) -> Manifest:
+    """Read and validate cache_dir/manifest.json.
+
+    Raises FileNotFoundError for a missing folder, CacheNotFinishedError (a ValueError) for a
+    cache without a manifest, and ValueError naming the file and the field for anything else.
+    `expected_schema=None` accepts any feature schema version (for verify and stats).
+    """
+    cache_dir = Path(cache_dir)
+    path = cache_dir / MANIFEST_NAME
+    if not cache_dir.is_dir():
+        raise FileNotFoundError(f"cache folder {cache_dir} does not exist")
+    if not path.is_file():
+        if any(_SHARD_FILE.match(entry.name) for entry in cache_dir.iterdir()):
+            raise CacheNotFinishedError(
+                f"{cache_dir} has shard files but no {MANIFEST_NAME}: the cache is not finished "
+                f"(a writer is running or was interrupted); rerun precompute to finish it"
+            )
+        raise ValueError(f"{cache_dir} is not a featurecache cache: it has no {MANIFEST_NAME}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    for field, expected in (("format", MANIFEST_FORMAT), ("record_format", RECORD_FORMAT),
+                            ("store_format", STORE_FORMAT)):
+        found = _require(data, field, int, path)
+        if found != expected:
+            raise ValueError(f"{path} has {field} {found}, expected {expected}")
+    schema_version = _require(data, "schema_version", int, path)
+    if expected_schema is not None and schema_version != expected_schema:
+        raise ValueError(
+            f"{path} has schema_version {schema_version}, expected {expected_schema}: "
+            f"the cache was built by another featurecache version; rebuild it"
+        )
+    index = _require(data, "index", dict, path)
+    for table, entries in index.items():
+        if not isinstance(entries, dict) or not all(isinstance(entry, dict) for entry in entries.values()):
+            raise ValueError(f"{path}: index of table {table!r} is not a map of objects")
+    generation = data.get("generation")
+    if generation is not None and not isinstance(generation, str):
+        raise ValueError(f"{path}: field 'generation' is {type(generation).__name__}, expected str")
+    return Manifest(
+        path=path,
+        schema_version=schema_version,
+        created=_require(data, "created", str, path),
+        updated=_require(data, "updated", str, path),
+        shards=_parse_shards(_require(data, "shards", list, path), path),
+        fingerprints=_require(data, "fingerprints", dict, path),
+        counts=_require(data, "counts", dict, path),
+        index=index,
+        generation=generation,
+    )
