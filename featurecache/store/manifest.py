@@ -139,6 +139,19 @@ def shard_info(path: Path, counts: Mapping[str, int]) -> ShardInfo:
     return ShardInfo(file=path.name, size=path.stat().st_size, sha256=file_sha256(path), counts=dict(counts))
 
 
+def check_shard_file(path: Path, info: ShardInfo) -> str | None:
+    """What is wrong with the shard file at `path` compared with its manifest entry, or None."""
+    if not path.is_file():
+        return "file is missing"
+    size = path.stat().st_size
+    if size != info.size:
+        return f"size is {size} bytes, manifest says {info.size}"
+    digest = file_sha256(path)
+    if digest != info.sha256:
+        return f"sha256 is {digest}, manifest says {info.sha256}"
+    return None
+
+
 def write_manifest(
     cache_dir: str | os.PathLike,
     summaries: Sequence[Mapping[str, Any]],

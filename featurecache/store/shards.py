@@ -108,6 +108,37 @@ def _check_index_entry(table: str, key: str, index: Mapping[str, Any]) -> dict:
     return entry
 
 
+class ShardLock:
+    """Exclusive, non-blocking flock on `<shard>.lock`; the kernel drops it if the holder dies."""
+
+    def __init__(self, shard_path: str | os.PathLike):
+        self.shard_path = Path(shard_path)
+        self.path = self.shard_path.with_name(self.shard_path.name + LOCK_SUFFIX)
+        self._file = open(self.path, "a+")
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            self._file.seek(0)
+            holder = self._file.read().strip() or "unknown"
+            self._file.close()
+            if error.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                raise StoreLockedError(
+                    f"{self.shard_path} is being written by another writer ({holder}); "
+                    f"one writer per shard at a time (lock {self.path})"
+                ) from None
+            raise
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(f"pid {os.getpid()}\n")  # named in the error a second writer gets
+        self._file.flush()
+
+    def release(self) -> None:
+        if self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
+
+
 class ShardWriter:
     """The one writer of one shard file; holds an exclusive flock while open."""
 
@@ -118,7 +149,7 @@ class ShardWriter:
         self.shard_index = shard_index
         self.num_shards = num_shards
         self.batch_records = config.batch_records
-        self._lock_file = self._acquire_lock()
+        self._lock = ShardLock(self.path)
         self._env = None
         try:
             self._env = lmdb.open(
@@ -136,36 +167,9 @@ class ShardWriter:
         except BaseException:
             if self._env is not None:
                 self._env.close()
-            self._release_lock()
+            self._lock.release()
             raise
         self._pending: list[tuple[str, str, bytes | None, dict | None]] = []
-
-    def _acquire_lock(self):
-        lock_path = self.path.with_name(self.path.name + LOCK_SUFFIX)
-        lock_file = open(lock_path, "a+")
-        try:
-            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            lock_file.seek(0)
-            holder = lock_file.read().strip() or "unknown"
-            lock_file.close()
-            if error.errno in (errno.EWOULDBLOCK, errno.EACCES):
-                raise StoreLockedError(
-                    f"{self.path} is being written by another writer ({holder}); "
-                    f"one writer per shard at a time (lock {lock_path})"
-                ) from None
-            raise
-        lock_file.seek(0)
-        lock_file.truncate()
-        lock_file.write(f"pid {os.getpid()}\n")
-        lock_file.flush()
-        return lock_file
-
-    def _release_lock(self) -> None:
-        if self._lock_file is not None:
-            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
-            self._lock_file.close()
-            self._lock_file = None
 
     def _check_shard_meta(self) -> None:
         with self._env.begin(write=True, db=self._dbs[_META_TABLE]) as txn:
@@ -272,7 +276,7 @@ class ShardWriter:
         try:
             self.close_env()
         finally:
-            self._release_lock()
+            self._lock.release()
 
 
 def check_shard_meta(meta: Any, path: Path, shard_index: int, num_shards: int) -> None:
@@ -395,13 +399,18 @@ class StoreReader:
     handed to DataLoader workers started by fork or spawn.
     """
 
-    def __init__(self, cache_dir: str | os.PathLike, readahead: bool = False):
+    def __init__(self, cache_dir: str | os.PathLike, readahead: bool = False, num_shards: int | None = None):
+        """`num_shards` (e.g. from the manifest) skips listing the folder; a missing shard file
+        then fails when that shard is first read."""
         self.cache_dir = Path(cache_dir)
         if not self.cache_dir.is_dir():
             raise FileNotFoundError(f"cache folder {self.cache_dir} does not exist")
-        self.shard_paths = find_shards(self.cache_dir)
-        if not self.shard_paths:
-            raise ValueError(f"{self.cache_dir} is not a cache: it has no shard-*.lmdb files")
+        if num_shards is None:
+            self.shard_paths = find_shards(self.cache_dir)
+            if not self.shard_paths:
+                raise ValueError(f"{self.cache_dir} is not a cache: it has no shard-*.lmdb files")
+        else:
+            self.shard_paths = [self.cache_dir / shard_name(index) for index in range(num_shards)]
         self.num_shards = len(self.shard_paths)
         # readahead=False: training reads are random, and readahead would evict useful pages.
         self.readahead = readahead
@@ -483,7 +492,7 @@ class StoreReader:
         _check_table(table)
         for shard_index in range(self.num_shards):
             for key in self._cursor_items(shard_index, table, values=False):
-                yield key.decode("utf-8")
+                yield key.decode("utf-8", "surrogateescape")
 
     def items(self, table: str, shard_index: int | None = None) -> Iterator[tuple[str, bytes]]:
         """(key, blob) pairs of a table, of one shard or all."""
@@ -491,14 +500,14 @@ class StoreReader:
         shards = range(self.num_shards) if shard_index is None else [shard_index]
         for index in shards:
             for key, blob in self._cursor_items(index, table, values=True):
-                yield key.decode("utf-8"), blob
+                yield key.decode("utf-8", "surrogateescape"), blob
 
     def index_entries(self, table: str, shard_index: int) -> Iterator[tuple[str, Any]]:
         """(key, index entry) pairs stored beside a table's records in one shard."""
         _check_table(table)
         where = f"{self.shard_paths[shard_index]}/{_index_table(table)}"
         for key, value in self._cursor_items(shard_index, _index_table(table), values=True):
-            yield key.decode("utf-8"), unpack_plain(value, where)
+            yield key.decode("utf-8", "surrogateescape"), unpack_plain(value, where)
 
     def count(self, table: str) -> int:
         _check_table(table)

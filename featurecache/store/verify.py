@@ -1,0 +1,126 @@
+"""verify_cache: decode and checksum every record; compare every shard file with the manifest.
+
+Damage is reported, never raised: the report names each damaged key with its table and shard,
+and each shard whose file no longer matches the manifest (size, sha256, counts) or cannot be
+opened. Only a cache that cannot be read at all (missing folder, no or invalid manifest)
+raises. Bytes flipped inside a record are caught by the record checksum; a flip in LMDB's own
+page structure shows up as a sha256 mismatch, and LMDB reports most such pages as corrupt.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from featurecache.store.codec import CorruptRecordError, RecordFormatError, decode_record
+from featurecache.store.manifest import Manifest, check_shard_file, read_manifest
+from featurecache.store.shards import TABLES, StoreReader, shard_of
+
+
+@dataclass(frozen=True)
+class DamagedRecord:
+    table: str
+    key: str
+    shard: str  # shard file name
+    reason: str
+
+
+@dataclass(frozen=True)
+class ShardProblem:
+    shard: str
+    reason: str
+
+
+@dataclass
+class VerifyReport:
+    cache_dir: Path
+    records_checked: dict[str, int] = field(default_factory=dict)  # table -> records decoded
+    damaged: list[DamagedRecord] = field(default_factory=list)
+    shard_problems: list[ShardProblem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.damaged and not self.shard_problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cache_dir": str(self.cache_dir),
+            "ok": self.ok,
+            "records_checked": dict(self.records_checked),
+            "damaged": [asdict(record) for record in self.damaged],
+            "shard_problems": [asdict(problem) for problem in self.shard_problems],
+        }
+
+    def format(self) -> str:
+        checked = ", ".join(f"{table} {count}" for table, count in self.records_checked.items())
+        lines = [f"{self.cache_dir}: checked {sum(self.records_checked.values())} records ({checked})"]
+        lines += [f"  damaged shard {problem.shard}: {problem.reason}" for problem in self.shard_problems]
+        lines += [f"  damaged record {record.table}/{record.key} in {record.shard}: {record.reason}"
+                  for record in self.damaged]
+        lines.append("OK" if self.ok else
+                     f"DAMAGED: {len(self.damaged)} records, {len(self.shard_problems)} shard problems")
+        return "\n".join(lines)
+
+
+def _scan_table(reader: StoreReader, manifest: Manifest, shard_index: int, table: str,
+                report: VerifyReport) -> int:
+    shard_file = manifest.shards[shard_index].file
+    where = f"{reader.shard_paths[shard_index]}/{table}"
+    count = 0
+    for key, blob in reader.items(table, shard_index=shard_index):
+        count += 1
+        try:
+            decode_record(blob, where=where, key=key)
+        except CorruptRecordError as error:
+            report.damaged.append(DamagedRecord(table, key, shard_file, error.reason))
+            continue
+        except RecordFormatError as error:
+            report.damaged.append(DamagedRecord(table, key, shard_file, str(error)))
+            continue
+        if shard_of(key, manifest.num_shards) != shard_index:
+            report.damaged.append(DamagedRecord(
+                table, key, shard_file, f"belongs in shard {shard_of(key, manifest.num_shards)}"))
+    indexed = {key for key, _ in reader.index_entries(table, shard_index)}
+    listed = {key for key, entry in manifest.index.get(table, {}).items() if entry.get("shard") == shard_index}
+    for key in sorted(listed - indexed):
+        if reader.get(table, key) is None:
+            report.damaged.append(DamagedRecord(table, key, shard_file, "listed in the manifest but missing"))
+    return count
+
+
+def verify_cache(cache_dir: str | os.PathLike, check_files: bool = True) -> VerifyReport:
+    """Check every record of every table, and (check_files) every shard file against the manifest.
+
+    Raises FileNotFoundError / ValueError only when the cache itself cannot be read.
+    """
+    cache_dir = Path(cache_dir)
+    manifest = read_manifest(cache_dir, expected_schema=None)
+    report = VerifyReport(cache_dir=cache_dir, records_checked={table: 0 for table in TABLES})
+    # readahead: verify reads every page in order.
+    reader = StoreReader(cache_dir, readahead=True, num_shards=manifest.num_shards)
+    try:
+        for shard_index, shard in enumerate(manifest.shards):
+            path = cache_dir / shard.file
+            if check_files:
+                problem = check_shard_file(path, shard)
+                if problem is not None:
+                    report.shard_problems.append(ShardProblem(shard.file, problem))
+                    if not path.is_file():
+                        continue
+            try:
+                for table in TABLES:
+                    found = _scan_table(reader, manifest, shard_index, table, report)
+                    report.records_checked[table] += found
+                    expected = shard.counts.get(table, 0)
+                    if found != expected:
+                        report.shard_problems.append(ShardProblem(
+                            shard.file, f"table {table} has {found} records, manifest says {expected}"))
+            except (lmdb.Error, ValueError, OSError) as error:
+                report.shard_problems.append(ShardProblem(shard.file, f"unreadable: {error}"))
+    finally:
+        reader.close()
+    return report
