@@ -47,6 +47,16 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _mma(a, b, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    # Triton's interpreter multiplies bf16 tiles as raw uint16 bits; upcasting the (already
+    # bf16-rounded) operands there gives the GPU's result: bf16 products, fp32 accumulation.
+    if UPCAST_DOT:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, input_precision=DOT_PRECISION)
+
+
+@triton.jit
 def _evo_attention_fwd_kernel(
     Q, K, V, Bias, Mask, Out, Lse,
     stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
@@ -59,6 +69,7 @@ def _evo_attention_fwd_kernel(
     HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -99,7 +110,7 @@ def _evo_attention_fwd_kernel(
             mask=valid_d[:, None] & valid_n[None, :],
             other=0.0,
         )
-        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
+        s = _mma(q, k_t, DOT_PRECISION, UPCAST_DOT) * scale_log2
         if HAS_BIAS:
             b = tl.load(
                 bias_base + offs_m[:, None] * stride_bq + cols[None, :] * stride_bk,
@@ -123,7 +134,7 @@ def _evo_attention_fwd_kernel(
             mask=valid_n[:, None] & valid_d[None, :],
             other=0.0,
         )
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + _mma(p.to(v.dtype), v, DOT_PRECISION, UPCAST_DOT)
         m_i = m_new
 
     empty = l_i == 0.0
@@ -189,6 +200,7 @@ def _evo_attention_bwd_kv_kernel(
     HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -245,7 +257,7 @@ def _evo_attention_bwd_kv_kernel(
         lse = tl.load(Lse + stat_base + rows_m, mask=valid_m, other=float("inf"))
         delta = tl.load(Delta + stat_base + rows_m, mask=valid_m, other=0.0)
 
-        s_t = tl.dot(k, q_t, input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_N, BLOCK_M]
+        s_t = _mma(k, q_t, DOT_PRECISION, UPCAST_DOT) * scale_log2  # [BLOCK_N, BLOCK_M]
         if HAS_BIAS:
             b_t = tl.load(
                 bias_base + rows_m[None, :] * stride_bq + cols[:, None] * stride_bk,
@@ -255,10 +267,10 @@ def _evo_attention_bwd_kv_kernel(
             s_t += b_t.to(tl.float32) * 1.4426950408889634
         s_t = tl.where(attend[:, None], s_t, float("-inf"))
         p_t = tl.math.exp2(s_t - lse[None, :])
-        dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)
-        dp_t = tl.dot(v, do_t, input_precision=DOT_PRECISION)
+        dv += _mma(p_t.to(do.dtype), do, DOT_PRECISION, UPCAST_DOT)
+        dp_t = _mma(v, do_t, DOT_PRECISION, UPCAST_DOT)
         ds_t = p_t * (dp_t - delta[None, :])
-        dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)
+        dk += _mma(ds_t.to(q.dtype), q, DOT_PRECISION, UPCAST_DOT)
 
     dk *= scale
     # dK and dV are fresh tensors of one layout (stride_x*), whatever the layout of k and v.
@@ -284,6 +296,7 @@ def _evo_attention_bwd_q_kernel(
     HAS_MASK: tl.constexpr,
     STORE_DBIAS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -333,7 +346,7 @@ def _evo_attention_bwd_q_kernel(
                       mask=valid_d[:, None] & valid_n[None, :], other=0.0)
         v_t = tl.load(v_base + cols[None, :] * stride_vl + offs_d[:, None] * stride_vd,
                       mask=valid_d[:, None] & valid_n[None, :], other=0.0)
-        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
+        s = _mma(q, k_t, DOT_PRECISION, UPCAST_DOT) * scale_log2
         bias_tile = valid_m[:, None] & valid_n[None, :]
         if HAS_BIAS:
             b = tl.load(bias_base + rows_m[:, None] * stride_bq + cols[None, :] * stride_bk,
@@ -344,9 +357,9 @@ def _evo_attention_bwd_q_kernel(
             attend = attend & (tl.load(mask_base + cols * stride_ml, mask=valid_n, other=0) != 0)
         s = tl.where(attend[None, :], s, float("-inf"))
         p = tl.math.exp2(s - lse[:, None])
-        dp = tl.dot(do, v_t, input_precision=DOT_PRECISION)
+        dp = _mma(do, v_t, DOT_PRECISION, UPCAST_DOT)
         ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+        dq += _mma(ds.to(k.dtype), k, DOT_PRECISION, UPCAST_DOT)
         if STORE_DBIAS:
             # Per-row bias: dBias of this (row, head) tile is dS itself, owned by this program.
             tl.store(dbias_base + rows_m[:, None] * stride_dbq + cols[None, :] * stride_dbk,
@@ -374,6 +387,7 @@ def _evo_attention_bwd_bias_kernel(
     num_heads, num_rows, seq_len, head_dim, scale_log2,
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -426,10 +440,10 @@ def _evo_attention_bwd_bias_kernel(
         attend = valid_n
         if HAS_MASK:
             attend = attend & (tl.load(mask_ptrs, mask=valid_n, other=0) != 0)
-        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2 + b
+        s = _mma(q, k_t, DOT_PRECISION, UPCAST_DOT) * scale_log2 + b
         s = tl.where(attend[None, :], s, float("-inf"))
         p = tl.math.exp2(s - lse[:, None])
-        dp = tl.dot(do, v_t, input_precision=DOT_PRECISION)
+        dp = _mma(do, v_t, DOT_PRECISION, UPCAST_DOT)
         dbias += p * (dp - delta[:, None])
         q_ptrs += stride_qn
         do_ptrs += stride_gn
@@ -551,6 +565,10 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _upcast_dot(q: torch.Tensor) -> bool:
+    return q.dtype == torch.bfloat16 and q.device.type != "cuda"
+
+
 def _check_inputs(q, k, v, bias, mask) -> None:
     if q.dim() != 5:
         raise ValueError(f"evo_attention: q must be [B, N, L, H, D], got shape {tuple(q.shape)}")
@@ -629,6 +647,7 @@ def evo_attention_forward(
         HAS_BIAS=bias is not None,
         HAS_MASK=mask is not None,
         DOT_PRECISION=_dot_precision(q.dtype),
+        UPCAST_DOT=_upcast_dot(q),
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         BLOCK_D=_padded_head_dim(head_dim),
@@ -655,6 +674,7 @@ def evo_attention_backward(
     config = select_config(head_dim, seq_len, q.device)
     padded_dim = _padded_head_dim(head_dim)
     precision = _dot_precision(q.dtype)
+    upcast = _upcast_dot(q)
     has_bias = bias is not None
     bias_arg = bias if has_bias else q
     bias_strides = _bias_strides(bias)
@@ -687,6 +707,7 @@ def evo_attention_backward(
         HAS_BIAS=has_bias,
         HAS_MASK=mask is not None,
         DOT_PRECISION=precision,
+            UPCAST_DOT=upcast,
         BLOCK_M=kv.block_m,
         BLOCK_N=kv.block_n,
         BLOCK_D=padded_dim,
@@ -717,6 +738,7 @@ def evo_attention_backward(
         HAS_MASK=mask is not None,
         STORE_DBIAS=per_row_dbias,
         DOT_PRECISION=precision,
+            UPCAST_DOT=upcast,
         BLOCK_M=qc.block_m,
         BLOCK_N=qc.block_n,
         BLOCK_D=padded_dim,
@@ -738,6 +760,7 @@ def evo_attention_backward(
             heads, rows, seq_len, head_dim, scale * _LOG2E,
             HAS_MASK=mask is not None,
             DOT_PRECISION=precision,
+            UPCAST_DOT=upcast,
             BLOCK_M=bc.block_m,
             BLOCK_N=bc.block_n,
             BLOCK_D=padded_dim,

@@ -1,0 +1,246 @@
+"""EvoAttention kernels against a float64 eager attention.
+
+Without CUDA the Triton kernels run under TRITON_INTERPRET=1 (set in conftest), so shapes stay
+small (L <= 40, N <= 3, H <= 2) but odd, to cover ragged blocks. Each error is held to a small
+multiple of the error that plain PyTorch makes in the same dtype.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from featurecache.kernels import evo_attention as evo_module
+from featurecache.kernels.evo_attention import (
+    SUPPORTED_HEAD_DIMS,
+    BlockConfig,
+    evo_attention,
+    select_config,
+)
+from featurecache.kernels.reference import evo_attention_reference
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Relative error allowed even when PyTorch's own error is smaller still (fp32 rounding paths differ).
+ERROR_FLOOR = {torch.float32: 2e-6, torch.bfloat16: 1e-4, torch.float16: 1e-5}
+ERROR_FACTOR = 3.0
+
+
+def _eager_attention(q, k, v, bias, mask, scale):
+    """Plain attention computed entirely in the inputs' dtype, as eager PyTorch code would."""
+    logits = torch.einsum("bnqhd,bnkhd->bnhqk", q, k) * scale
+    if bias is not None:
+        logits = logits + bias.to(q.dtype)
+    row_has_key = torch.ones(q.shape[:2], dtype=torch.bool, device=q.device)[:, :, None, None, None]
+    if mask is not None:
+        keep = mask[:, :, None, None, :]
+        # A finite fill keeps gradients of fully masked rows finite; those rows are zeroed below.
+        logits = logits.masked_fill(~keep, torch.finfo(q.dtype).min)
+        row_has_key = keep.any(dim=-1, keepdim=True)
+    weights = torch.softmax(logits, dim=-1) * row_has_key
+    return torch.einsum("bnhqk,bnkhd->bnqhd", weights, v)
+
+
+def _relative_error(value: torch.Tensor, truth: torch.Tensor) -> float:
+    assert not torch.isnan(value).any(), "NaN in result"
+    return ((value.double() - truth).norm() / truth.norm().clamp_min(1e-30)).item()
+
+
+def _make_inputs(batch, rows, seq_len, heads, head_dim, bias_rows, masked, strided, dtype):
+    """Fresh random inputs; `strided` gives q, k, v, bias and mask non-contiguous layouts."""
+    if strided:
+        # q, k, v as slices of one [B, L, N, H, 3D] tensor read with rows and positions swapped,
+        # the way triangle attention around the ending node sees the pair map.
+        qkv = torch.randn(batch, seq_len, rows, heads, 3 * head_dim, device=DEVICE, dtype=dtype).transpose(1, 2)
+        q, k, v = qkv.split(head_dim, dim=-1)
+    else:
+        q, k, v = (torch.randn(batch, rows, seq_len, heads, head_dim, device=DEVICE, dtype=dtype) for _ in range(3))
+    bias = None
+    if bias_rows is not None:
+        count = 1 if bias_rows == "shared" else rows
+        if strided:
+            # Stored heads-last, as a linear projection of the pair map produces it.
+            bias = torch.randn(batch, count, seq_len, seq_len, heads, device=DEVICE).permute(0, 1, 4, 2, 3)
+        else:
+            bias = torch.randn(batch, count, heads, seq_len, seq_len, device=DEVICE)
+    mask = None
+    if masked:
+        mask = torch.rand(batch, seq_len, rows, device=DEVICE) > 0.25
+        mask[0, :, rows - 1] = False  # one fully masked row
+        mask = mask.transpose(1, 2) if strided else mask.contiguous().transpose(1, 2).contiguous()
+    return q, k, v, bias, mask
+
+
+def _check_against_truth(q, k, v, bias, mask, scale=None):
+    """Run kernel and eager PyTorch in the inputs' dtype and float64 truth; compare all grads."""
+    dtype = q.dtype
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    grad_out = torch.randn(q.shape, device=DEVICE)
+
+    def run(fn, cast):
+        leaves = [x.detach().to(cast).requires_grad_() for x in (q, k, v)]
+        bias_leaf = None if bias is None else bias.detach().to(cast if cast == torch.float64 else bias.dtype)
+        if bias_leaf is not None:
+            bias_leaf.requires_grad_()
+        out = fn(*leaves, bias_leaf, mask, scale)
+        out.backward(grad_out.to(out.dtype))
+        grads = [leaf.grad for leaf in leaves] + ([bias_leaf.grad] if bias_leaf is not None else [])
+        return [out] + grads
+
+    truth = run(_eager_attention, torch.float64)
+    eager = run(_eager_attention, dtype)
+    kernel = run(lambda q_, k_, v_, b_, m_, s_: evo_attention(q_, k_, v_, bias=b_, mask=m_, scale=s_), dtype)
+    names = ["out", "dq", "dk", "dv", "dbias"]
+    for name, mine, theirs, exact in zip(names, kernel, eager, truth):
+        assert mine.shape == exact.shape, f"{name}: shape {tuple(mine.shape)} != {tuple(exact.shape)}"
+        assert mine.dtype == theirs.dtype, f"{name}: dtype {mine.dtype}, eager gives {theirs.dtype}"
+        mine_error = _relative_error(mine, exact)
+        eager_error = _relative_error(theirs, exact)
+        bound = ERROR_FACTOR * eager_error + ERROR_FLOOR[dtype]
+        assert mine_error <= bound, (
+            f"{name} ({dtype}): kernel error {mine_error:.2e} > {bound:.2e} (eager error {eager_error:.2e})"
+        )
+    if mask is not None:
+        empty_rows = ~mask.any(dim=-1)  # [B, N]
+        assert torch.all(kernel[0][empty_rows] == 0), "fully masked rows must give zeros"
+        assert torch.all(kernel[1][empty_rows] == 0), "fully masked rows must give zero dq"
+    return kernel
+
+
+@pytest.mark.parametrize(
+    "dtype, head_dim, seq_len, bias_rows, masked",
+    [
+        (torch.float32, 8, 17, "shared", True),
+        (torch.float32, 24, 33, "per_row", True),
+        (torch.float32, 48, 19, None, False),
+        (torch.bfloat16, 24, 33, "shared", True),
+        (torch.bfloat16, 32, 40, "per_row", False),
+        (torch.bfloat16, 16, 23, None, True),
+        (torch.float16, 48, 21, "shared", True),
+        (torch.float16, 8, 9, "per_row", True),
+    ],
+)
+def test_matches_float64_in_every_dtype(dtype, head_dim, seq_len, bias_rows, masked):
+    q, k, v, bias, mask = _make_inputs(1, 3, seq_len, 2, head_dim, bias_rows, masked, strided=False, dtype=dtype)
+    _check_against_truth(q, k, v, bias, mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias_rows", ["shared", "per_row"])
+def test_non_contiguous_inputs(dtype, bias_rows):
+    q, k, v, bias, mask = _make_inputs(2, 2, 27, 2, 24, bias_rows, True, strided=True, dtype=dtype)
+    assert not q.is_contiguous() and not bias.is_contiguous() and not mask.is_contiguous()
+    _check_against_truth(q, k, v, bias, mask)
+
+
+def test_bias_in_input_dtype_and_custom_scale():
+    q, k, v, bias, mask = _make_inputs(1, 2, 25, 2, 16, "shared", True, strided=False, dtype=torch.bfloat16)
+    _check_against_truth(q, k, v, bias.to(torch.bfloat16), mask, scale=0.37)
+
+
+def test_broadcast_bias_equals_expanded_bias():
+    q, k, v, bias, mask = _make_inputs(1, 3, 18, 2, 8, "shared", True, strided=False, dtype=torch.float32)
+    shared = evo_attention(q, k, v, bias=bias, mask=mask)
+    expanded = evo_attention(q, k, v, bias=bias.expand(-1, 3, -1, -1, -1).contiguous(), mask=mask)
+    torch.testing.assert_close(shared, expanded, rtol=0, atol=0)
+
+
+def test_bias_gradient_is_deterministic():
+    q, k, v, bias, mask = _make_inputs(1, 3, 35, 2, 16, "shared", True, strided=False, dtype=torch.bfloat16)
+    grad_out = torch.randn(q.shape, device=DEVICE, dtype=q.dtype)
+    grads = []
+    for _ in range(2):
+        bias_leaf = bias.detach().clone().requires_grad_()
+        evo_attention(q, k, v, bias=bias_leaf, mask=mask).backward(grad_out)
+        grads.append(bias_leaf.grad)
+    assert torch.equal(grads[0], grads[1]), "bias gradient differs between two identical runs"
+
+
+def test_fully_masked_batch_gives_zeros_and_zero_grads():
+    q, k, v, bias, _ = _make_inputs(1, 2, 13, 1, 8, "shared", False, strided=False, dtype=torch.float32)
+    mask = torch.zeros(1, 2, 13, dtype=torch.bool, device=DEVICE)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v, bias)]
+    out = evo_attention(*leaves[:3], bias=leaves[3], mask=mask)
+    out.backward(torch.randn_like(out))
+    assert torch.all(out == 0)
+    for leaf in leaves:
+        assert torch.all(leaf.grad == 0) and not torch.isnan(leaf.grad).any()
+
+
+def test_reference_matches_float64_eager():
+    q, k, v, bias, mask = _make_inputs(1, 2, 15, 2, 8, "shared", True, strided=False, dtype=torch.float32)
+    scale = 8 ** -0.5
+    truth = _eager_attention(q.double(), k.double(), v.double(), bias.double(), mask, scale)
+    assert _relative_error(evo_attention_reference(q, k, v, bias, mask, scale), truth) < 1e-6
+
+
+def test_cpu_without_interpreter_uses_reference(monkeypatch):
+    if DEVICE == "cuda":
+        pytest.skip("the reference fallback is the CPU path; this machine runs the kernels on CUDA")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k, v, bias, mask = _make_inputs(1, 2, 11, 1, 8, "shared", True, strided=False, dtype=torch.float32)
+    torch.testing.assert_close(
+        evo_attention(q, k, v, bias=bias, mask=mask), evo_attention_reference(q, k, v, bias, mask), rtol=0, atol=0
+    )
+
+
+def test_opcheck_forward_and_backward_ops():
+    q, k, v, bias, mask = _make_inputs(1, 2, 9, 1, 8, "shared", True, strided=False, dtype=torch.float32)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v, bias)]
+    torch.library.opcheck(torch.ops.featurecache.evo_attention_fwd.default, (*leaves, mask, 0.35))
+    torch.library.opcheck(torch.ops.featurecache.evo_attention_fwd.default, (q, k, v, None, None, 0.35))
+    out, lse = torch.ops.featurecache.evo_attention_fwd(q, k, v, bias, mask, 0.35)
+    grad_out = torch.randn_like(out)
+    torch.library.opcheck(
+        torch.ops.featurecache.evo_attention_bwd.default,
+        (grad_out, q, k, v, bias, mask, out, lse, 0.35, True),
+    )
+
+
+def test_compiles_without_graph_break():
+    q, k, v, bias, mask = _make_inputs(1, 2, 10, 1, 8, "per_row", True, strided=False, dtype=torch.float32)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v, bias)]
+
+    def layer(q_, k_, v_, bias_):
+        return evo_attention(q_ * 2.0, k_, v_, bias=bias_, mask=mask).sum()
+
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    compiled(*leaves).backward()
+    expected = [x.detach().requires_grad_() for x in (q, k, v, bias)]
+    layer(*expected).backward()
+    for got, want in zip(leaves, expected):
+        torch.testing.assert_close(got.grad, want.grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda q, k, v, b, m: (q[..., :5], k[..., :5], v[..., :5], None, None), "head dim 5"),
+        (lambda q, k, v, b, m: (q, k[:, :1], v, b, m), "k has shape"),
+        (lambda q, k, v, b, m: (q, k, v, b[..., :-1], m), "bias has shape"),
+        (lambda q, k, v, b, m: (q, k, v, b.half(), m), "bias is torch.float16"),
+        (lambda q, k, v, b, m: (q, k, v, b, m.float()), "mask is torch.float32"),
+        (lambda q, k, v, b, m: (q.double(), k.double(), v.double(), None, None), "dtype torch.float64"),
+    ],
+)
+def test_rejects_bad_inputs_with_named_reason(change, message):
+    inputs = _make_inputs(1, 2, 7, 1, 8, "shared", True, strided=False, dtype=torch.float32)
+    with pytest.raises(ValueError, match=message):
+        evo_attention(*change(*inputs)[:3], bias=change(*inputs)[3], mask=change(*inputs)[4])
+
+
+def test_tuned_config_file_parses_and_covers_every_head_dim():
+    tuned = evo_module._load_tuned_configs()
+    assert tuned, f"no tuned GPU configs in {evo_module._CONFIG_FILE}"
+    for gpu, entries in tuned.items():
+        largest_dim = max(dim_max for dim_max, _, _ in entries)
+        assert largest_dim >= max(evo_module._padded_head_dim(d) for d in SUPPORTED_HEAD_DIMS), gpu
+        for _, _, config in entries:
+            for block in (config.fwd, config.bwd_kv, config.bwd_q, config.bwd_bias):
+                assert block.block_m >= 16 and block.block_n >= 16, f"{gpu}: {block}"
+                assert block.block_m & (block.block_m - 1) == 0, f"{gpu}: {block} not a power of two"
+
+
+def test_heuristic_config_for_unseen_device():
+    config = select_config(24, 1000, torch.device("cpu"))
+    assert isinstance(config.fwd, BlockConfig) and config.fwd.block_m >= 16
