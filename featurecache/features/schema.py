@@ -105,6 +105,8 @@ METADATA_FIELDS = {
     "msa_depth": "M",
     "num_templates": "T",
     "warnings": "list of warning strings (e.g. chain with no alignment)",
+    "template_names": "templates used, '<chain id>:<pdb id>_<chain>', in template row order per chain",
+    "template_hits_without_coordinates": "template hits skipped because their structure was not available",
 }
 
 

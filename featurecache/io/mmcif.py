@@ -118,6 +118,30 @@ class Structure:
         raise KeyError(f"{self.source}: no chain {chain_id!r}; chains are {[c.chain_id for c in self.chains]}")
 
 
+_LETTER_TO_PARENT = {
+    "protein": {letter: name for name, letter in PROTEIN_3TO1.items()},
+    "dna": {letter: name for name, letter in DNA_STANDARD.items()},
+    "rna": {letter: name for name, letter in RNA_STANDARD.items()},
+}
+_UNKNOWN_RESIDUE = {"protein": "UNK", "dna": "DN", "rna": "N"}
+
+
+def structure_from_sequences(target_id: str, chains: list[tuple[str, str, str]], release_date: str | None = None) -> Structure:
+    """A structure with no coordinates from (chain id, molecule type, one-letter sequence) triples,
+    for targets known only by sequence (FASTA inputs): every residue is unresolved."""
+    built = []
+    for chain_id, molecule_type, sequence in chains:
+        if molecule_type not in _LETTER_TO_PARENT:
+            raise ValueError(f"chain {chain_id}: molecule type {molecule_type!r} is not protein, dna or rna")
+        letters = _LETTER_TO_PARENT[molecule_type]
+        residues = []
+        for position, letter in enumerate(sequence.upper(), start=1):
+            name = letters.get(letter, _UNKNOWN_RESIDUE[molecule_type])
+            residues.append(_unresolved_residue(name, name, position))
+        built.append(Chain(chain_id, chain_id, "", molecule_type, tuple(residues)))
+    return Structure(target_id, target_id, None, release_date, None, tuple(built))
+
+
 def residue_letter(parent: str, molecule_type: str, unknown: str) -> str:
     if molecule_type == "protein":
         return PROTEIN_3TO1.get(parent, unknown)

@@ -1,0 +1,272 @@
+"""Assemble a target's MSA from per-chain MSAs (AF-Multimer / AF3 style).
+
+Row order: the query row, then rows paired across chains by species, then each entity's unpaired
+rows. Columns are tokens.
+
+- Per chain, the MSA's query is aligned onto the chain sequence (`map_query_to_chain`), so an
+  MSA computed for a slightly different construct still lands on the right residues; chain
+  residues the MSA does not cover are gaps. A chain without an MSA gets its query row only and a
+  warning.
+- Chains with the same sequence (homomer copies) share one MSA: an entity's unpaired rows fill
+  the columns of every copy, so depth does not grow with the copy number.
+- Pairing: when two or more protein entities have MSAs whose rows carry species, each species
+  present in at least two entities contributes one paired row made of the best-ranked (first)
+  row of that species in each entity; entities without the species are gaps in that row.
+  Paired rows are ordered by the number of entities they cover, then by rank.
+- Unpaired rows identical to a row already kept (for that entity's columns) are dropped.
+- Rows are capped: paired rows (query included) by `max_paired_rows`, all rows by
+  `max_msa_rows`; the unpaired budget is shared evenly between entities (water-filling).
+- Ligand tokens are gaps in every row but the query. Per-atom tokens of a modified residue
+  repeat their residue's column.
+- `msa_profile` and `deletion_mean` are computed over all kept rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from featurecache.config import FeatureConfig
+from featurecache.features import schema
+from featurecache.features.tokenize import Tokens
+from featurecache.io.alignments import map_query_to_chain
+from featurecache.io.mmcif import Structure
+from featurecache.io.msa import Msa
+
+_PROFILE_CHUNK_ROWS = 1024
+
+
+def _letter_table(molecule_type: str) -> np.ndarray:
+    """uint8 ASCII -> RESTYPES class for one molecule type; '-' -> GAP, anything else unknown."""
+    if molecule_type == "protein":
+        table = np.full(256, schema.UNK_PROTEIN, dtype=np.int8)
+        for index, letter in enumerate(schema.PROTEIN_LETTERS):
+            table[ord(letter)] = index
+    elif molecule_type == "dna":
+        table = np.full(256, schema.UNK_DNA, dtype=np.int8)
+        for letter in "AGCT":
+            table[ord(letter)] = schema.RESTYPE_INDEX["D" + letter]
+    else:
+        table = np.full(256, schema.UNK_RNA, dtype=np.int8)
+        for letter in "AGCU":
+            table[ord(letter)] = schema.RESTYPE_INDEX[letter]
+    table[ord("-")] = schema.GAP
+    return table
+
+
+_LETTER_TABLES = {kind: _letter_table(kind) for kind in ("protein", "dna", "rna")}
+
+
+class _EntityMsa:
+    """One entity's MSA on its chain residues: classes [R, L], deletions [R, L], species [R]."""
+
+    def __init__(self, classes: np.ndarray, deletions: np.ndarray, species: list[str]):
+        self.classes = classes
+        self.deletions = deletions
+        self.species = species
+
+
+def _entity_msa(msa: Msa, sequence: str, molecule_type: str, query_classes: np.ndarray, chain_id: str, warnings: list[str]):
+    """Rows of `msa` moved onto the chain's residues; None (with a warning) if they do not match."""
+    query = msa.query.replace("-", "")
+    mapping = map_query_to_chain(query, sequence)
+    if mapping is None:
+        warnings.append(
+            f"chain {chain_id}: MSA {msa.source} query {query} does not match the chain sequence {sequence}; query-only MSA"
+        )
+        return None
+    query_columns = np.flatnonzero(msa.aligned[0] != ord("-"))  # MSA columns that hold query residues
+    positions = mapping.chain_positions
+    mapped = positions >= 0
+    source_columns = query_columns[mapped]
+    target_columns = positions[mapped]
+    rows = msa.depth
+    classes = np.full((rows, len(sequence)), schema.GAP, dtype=np.int8)
+    deletions = np.zeros((rows, len(sequence)), dtype=np.int32)
+    classes[:, target_columns] = _LETTER_TABLES[molecule_type][msa.aligned[:, source_columns]]
+    deletions[:, target_columns] = msa.deletion_matrix[:, source_columns]
+    classes[0] = query_classes  # the query row is the chain itself, whatever the MSA's query says
+    deletions[0] = 0
+    return _EntityMsa(classes, deletions, list(msa.species))
+
+
+def build_msa_features(
+    structure: Structure,
+    tokens: Tokens,
+    chain_msas: dict[str, Msa | None],
+    config: FeatureConfig,
+    warnings: list[str],
+) -> dict[str, np.ndarray]:
+    """msa, deletion_matrix, msa_species, msa_is_paired, msa_profile, deletion_mean."""
+    chains = structure.chains
+    token_chain, token_residue = tokens.token_chain, tokens.token_residue
+    restype = tokens.arrays["restype"]
+
+    # Residue classes of each polymer chain (query rows), from the first token of each residue.
+    entity_chains: dict[int, list[int]] = {}
+    chain_query: dict[int, np.ndarray] = {}
+    for chain_index, chain in enumerate(chains):
+        if not chain.is_polymer:
+            continue
+        entity_chains.setdefault(tokens.chain_entity[chain_index], []).append(chain_index)
+        in_chain = np.flatnonzero(token_chain == chain_index)
+        classes = np.empty(len(chain.residues), dtype=np.int8)
+        # Later tokens of a per-atom residue overwrite with the same class.
+        classes[token_residue[in_chain]] = restype[in_chain]
+        chain_query[chain_index] = classes
+
+    # One MSA per entity: the first copy with an MSA provides it.
+    entity_msas: dict[int, _EntityMsa | None] = {}
+    for entity, members in entity_chains.items():
+        first = chains[members[0]]
+        msa = next((chain_msas.get(chains[c].chain_id) for c in members if chain_msas.get(chains[c].chain_id) is not None), None)
+        if msa is None:
+            warnings.append(f"chain {', '.join(chains[c].chain_id for c in members)}: no alignment, query-only MSA")
+            entity_msas[entity] = None
+            continue
+        entity_msas[entity] = _entity_msa(
+            msa, first.sequence, first.molecule_type, chain_query[members[0]], first.chain_id, warnings
+        )
+
+    # Residue-level layout: every polymer chain's residues side by side, then one gap column
+    # that ligand tokens point to.
+    offsets, total = {}, 0
+    for chain_index in chain_query:
+        offsets[chain_index] = total
+        total += len(chain_query[chain_index])
+    gap_column = total
+
+    species_ids: dict[str, int] = {}
+
+    def species_id(name: str) -> int:
+        return species_ids.setdefault(name, len(species_ids) + 1) if name else 0
+
+    paired_rows = _paired_rows(entity_chains, entity_msas, chains, config.max_paired_rows - 1)
+    budget = max(0, config.max_msa_rows - 1 - len(paired_rows))
+
+    # Blocks of rows: the query row, the paired rows, then each entity's unpaired rows.
+    query_row = np.concatenate([chain_query[c] for c in chain_query] + [np.array([schema.GAP], np.int8)])
+    class_blocks = [query_row[None, :]]
+    deletion_blocks = [np.zeros((1, total + 1), dtype=np.int32)]
+    row_species, row_paired = [0], [True]
+    kept_rows: dict[int, set[bytes]] = {entity: {chain_query[members[0]].tobytes()} for entity, members in entity_chains.items()}
+
+    if paired_rows:
+        classes = np.full((len(paired_rows), total + 1), schema.GAP, dtype=np.int8)
+        deletions = np.zeros((len(paired_rows), total + 1), dtype=np.int32)
+        for index, (species, picks) in enumerate(paired_rows):
+            for entity, row in picks.items():
+                source = entity_msas[entity]
+                kept_rows[entity].add(source.classes[row].tobytes())
+                width = source.classes.shape[1]
+                for chain_index in entity_chains[entity]:
+                    start = offsets[chain_index]
+                    classes[index, start : start + width] = source.classes[row]
+                    deletions[index, start : start + width] = source.deletions[row]
+            row_species.append(species_id(species))
+            row_paired.append(True)
+        class_blocks.append(classes)
+        deletion_blocks.append(deletions)
+
+    unpaired: dict[int, list[int]] = {}
+    for entity, source in entity_msas.items():
+        if source is None:
+            continue
+        rows = []
+        for row in range(1, source.classes.shape[0]):
+            key = source.classes[row].tobytes()
+            if key in kept_rows[entity]:
+                continue
+            kept_rows[entity].add(key)
+            rows.append(row)
+        unpaired[entity] = rows
+    quotas = _water_fill({entity: len(rows) for entity, rows in unpaired.items()}, budget)
+    for entity, rows in unpaired.items():
+        source = entity_msas[entity]
+        chosen = rows[: quotas[entity]]
+        if not chosen:
+            continue
+        block_classes = np.full((len(chosen), total + 1), schema.GAP, dtype=np.int8)
+        block_deletions = np.zeros((len(chosen), total + 1), dtype=np.int32)
+        width = source.classes.shape[1]
+        for chain_index in entity_chains[entity]:
+            start = offsets[chain_index]
+            block_classes[:, start : start + width] = source.classes[chosen]
+            block_deletions[:, start : start + width] = source.deletions[chosen]
+        class_blocks.append(block_classes)
+        deletion_blocks.append(block_deletions)
+        row_species.extend(species_id(source.species[row]) for row in chosen)
+        row_paired.extend([False] * len(chosen))
+
+    residue_msa = np.concatenate(class_blocks)
+    residue_deletions = np.concatenate(deletion_blocks)
+
+    # Tokens -> residue columns (ligand tokens -> the gap column; their query row is their class).
+    columns = np.full(tokens.num_tokens, gap_column, dtype=np.int64)
+    polymer = token_residue >= 0
+    columns[polymer] = np.array([offsets[c] for c in token_chain[polymer]], dtype=np.int64) + token_residue[polymer]
+    msa = residue_msa[:, columns]
+    msa[0] = restype
+    deletion_matrix = np.minimum(residue_deletions[:, columns], np.iinfo(np.uint16).max).astype(np.uint16)
+    return {
+        "msa": msa,
+        "deletion_matrix": deletion_matrix,
+        "msa_species": np.asarray(row_species, dtype=np.int32),
+        "msa_is_paired": np.asarray(row_paired, dtype=bool),
+        "msa_profile": msa_profile(msa),
+        "deletion_mean": deletion_matrix.mean(axis=0, dtype=np.float64).astype(np.float32),
+    }
+
+
+def msa_profile(msa: np.ndarray) -> np.ndarray:
+    """[M, N] classes -> [N, NUM_RESTYPES] class frequencies, in row chunks to bound memory."""
+    rows, width = msa.shape
+    counts = np.zeros(width * schema.NUM_RESTYPES, dtype=np.int64)
+    base = np.arange(width, dtype=np.int64) * schema.NUM_RESTYPES
+    for start in range(0, rows, _PROFILE_CHUNK_ROWS):
+        chunk = msa[start : start + _PROFILE_CHUNK_ROWS].astype(np.int64) + base
+        counts += np.bincount(chunk.ravel(), minlength=counts.size)
+    return (counts.reshape(width, schema.NUM_RESTYPES) / max(rows, 1)).astype(np.float32)
+
+
+def _paired_rows(entity_chains, entity_msas, chains, max_rows: int) -> list[tuple[str, dict[int, int]]]:
+    """(species, {entity: row}) for species seen in >= 2 protein entities; best-ranked row each."""
+    candidates = {
+        entity: source
+        for entity, source in entity_msas.items()
+        if source is not None and chains[entity_chains[entity][0]].molecule_type == "protein"
+    }
+    if len(candidates) < 2 or max_rows <= 0:
+        return []
+    first_row: dict[int, dict[str, int]] = {}
+    for entity, source in candidates.items():
+        rows: dict[str, int] = {}
+        for row, species in enumerate(source.species):
+            if row > 0 and species and species not in rows:
+                rows[species] = row
+        first_row[entity] = rows
+    species_entities: dict[str, dict[int, int]] = {}
+    for entity, rows in first_row.items():
+        for species, row in rows.items():
+            species_entities.setdefault(species, {})[entity] = row
+    shared = [(species, picks) for species, picks in species_entities.items() if len(picks) >= 2]
+    shared.sort(key=lambda item: (-len(item[1]), min(item[1].values()), item[0]))
+    return shared[:max_rows]
+
+
+def _water_fill(sizes: dict[int, int], budget: int) -> dict[int, int]:
+    """Split `budget` rows between entities: small MSAs keep everything, big ones share the rest."""
+    quotas = {entity: 0 for entity in sizes}
+    remaining = budget
+    pending = sorted(sizes, key=lambda entity: sizes[entity])
+    while pending and remaining > 0:
+        share = remaining // len(pending)
+        entity = pending[0]
+        if sizes[entity] <= share:
+            quotas[entity] = sizes[entity]
+            remaining -= sizes[entity]
+            pending.pop(0)
+        else:
+            for index, entity in enumerate(pending):
+                quotas[entity] = share + (1 if index < remaining - share * len(pending) else 0)
+            remaining = 0
+    return quotas
