@@ -25,8 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import lmdb
-
 from featurecache.store.manifest import (
     MANIFEST_NAME,
     CacheNotFinishedError,
@@ -37,7 +35,7 @@ from featurecache.store.manifest import (
     shard_info,
     write_text_atomic,
 )
-from featurecache.store.shards import SHARD_PATTERN, ShardLock
+from featurecache.store.shards import SHARD_PATTERN, ShardLock, readonly_environment
 
 LATEST_NAME = "LATEST"
 GENERATIONS_DIR = "generations"
@@ -75,11 +73,8 @@ def publish(cache_dir: str | os.PathLike, dest: str | os.PathLike) -> Path:
             if problem is not None:
                 raise ValueError(f"cannot publish {cache_dir}: shard {source} {problem}; run verify")
             copy = temp_dir / shard.file
-            env = lmdb.open(str(source), subdir=False, readonly=True, lock=False, max_dbs=16)
-            try:
+            with readonly_environment(source) as env:
                 env.copy(str(copy), compact=True)  # drops free pages left by overwrites
-            finally:
-                env.close()
             _fsync_file(copy)
             os.chmod(copy, _READ_ONLY_FILE)
             shards.append(shard_info(copy, shard.counts))

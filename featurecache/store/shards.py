@@ -26,6 +26,7 @@ finished caches or published generations, never a cache a writer is still changi
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import fcntl
@@ -33,6 +34,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -392,11 +394,82 @@ class StoreWriter:
         self.close()
 
 
+def _open_readonly(path: Path, readahead: bool) -> tuple[lmdb.Environment, dict]:
+    try:
+        env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, max_dbs=_MAX_DBS,
+                        readahead=readahead)
+    except lmdb.Error as error:
+        if "already open" in str(error):
+            raise RuntimeError(
+                f"{path} is open for writing in this process; read it through the StoreWriter"
+            ) from None
+        raise
+    dbs = {}
+    for name in (*TABLES, *map(_index_table, TABLES), _META_TABLE):
+        try:
+            dbs[name] = env.open_db(name.encode(), create=False)
+        except lmdb.NotFoundError:
+            dbs[name] = None  # a table nothing was ever written to
+    return env, dbs
+
+
+class _SharedEnvironments:
+    """Read-only environments shared by all readers of this process.
+
+    py-lmdb allows one Environment per file per process, so two readers of one cache (a
+    dataset and a stats call, say) share it; it closes when its last reader closes. The
+    registry is emptied in a forked child, which must open its own.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, list] = {}  # real path -> [env, dbs, number of users]
+
+    def acquire(self, path: Path, readahead: bool) -> tuple[lmdb.Environment, dict]:
+        key = os.path.realpath(path)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = [*_open_readonly(path, readahead), 0]
+            entry[2] += 1
+            return entry[0], entry[1]
+
+    def release(self, path: Path) -> None:
+        key = os.path.realpath(path)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return
+            entry[2] -= 1
+            if entry[2] == 0:
+                entry[0].close()
+                del self._entries[key]
+
+
+_SHARED = _SharedEnvironments()
+
+
+@contextlib.contextmanager
+def readonly_environment(path: str | os.PathLike) -> Iterator[lmdb.Environment]:
+    """A shard opened read-only through the process-wide registry (for copies and scans)."""
+    path = Path(path)
+    env, _ = _SHARED.acquire(path, readahead=True)
+    try:
+        yield env
+    finally:
+        _SHARED.release(path)
+
+
 class StoreReader:
     """Read-only access to a finished cache folder or a published generation.
 
-    Environments open lazily, once per process; the object pickles without them, so it can be
-    handed to DataLoader workers started by fork or spawn.
+    Environments open lazily, once per process (shared with other readers of the same files in
+    the process; the first opener's readahead applies); the object pickles without them, so it
+    can be handed to DataLoader workers started by fork or spawn.
     """
 
     def __init__(self, cache_dir: str | os.PathLike, readahead: bool = False, num_shards: int | None = None):
@@ -428,28 +501,24 @@ class StoreReader:
 
     def _open(self, shard_index: int) -> tuple[lmdb.Environment, dict]:
         if self._pid != os.getpid():
-            # Inherited through fork: LMDB handles must not be used across fork. Dropping them
-            # only unmaps the child's copy; the parent's stay valid.
+            # Inherited through fork: LMDB handles must not be used across fork; the child's
+            # registry is empty and it opens its own. The parent's handles stay valid.
             self._envs = {}
             self._pid = os.getpid()
         opened = self._envs.get(shard_index)
         if opened is not None:
             return opened
         path = self.shard_paths[shard_index]
-        env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, max_dbs=_MAX_DBS,
-                        readahead=self.readahead)
-        dbs = {}
-        for name in (*TABLES, *map(_index_table, TABLES), _META_TABLE):
-            try:
-                dbs[name] = env.open_db(name.encode(), create=False)
-            except lmdb.NotFoundError:
-                dbs[name] = None  # a table nothing was ever written to
-        if dbs[_META_TABLE] is None:
-            env.close()
-            raise ValueError(f"shard {path} has no meta table: not a featurecache shard")
-        with env.begin(db=dbs[_META_TABLE]) as txn:
-            meta = unpack_plain(txn.get(_SHARD_META_KEY) or b"\xc0", str(path))
-        check_shard_meta(meta, path, shard_index, self.num_shards)
+        env, dbs = _SHARED.acquire(path, self.readahead)
+        try:
+            if dbs[_META_TABLE] is None:
+                raise ValueError(f"shard {path} has no meta table: not a featurecache shard")
+            with env.begin(db=dbs[_META_TABLE]) as txn:
+                meta = unpack_plain(txn.get(_SHARD_META_KEY) or b"\xc0", str(path))
+            check_shard_meta(meta, path, shard_index, self.num_shards)
+        except BaseException:
+            _SHARED.release(path)
+            raise
         self._envs[shard_index] = (env, dbs)
         return env, dbs
 
@@ -520,8 +589,9 @@ class StoreReader:
         return total
 
     def close(self) -> None:
-        for env, _ in self._envs.values():
-            env.close()
+        if self._pid == os.getpid():
+            for shard_index in self._envs:
+                _SHARED.release(self.shard_paths[shard_index])
         self._envs = {}
 
     def __enter__(self) -> StoreReader:
