@@ -63,7 +63,7 @@ PRESETS: dict[str, ModelConfig] = {
         num_pairformer_blocks=2, num_msa_blocks=1, num_template_blocks=1,
         single_heads=2, single_head_dim=8,
         pair_heads=2, pair_head_dim=8,
-        template_pair_heads=2, template_pair_head_dim=4,
+        template_pair_heads=2, template_pair_head_dim=8,
         msa_heads=2, msa_head_dim=4,
         outer_product_dim=4,
     ),

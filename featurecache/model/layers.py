@@ -43,7 +43,8 @@ def attention_fn(impl: str):
         from featurecache.kernels.reference import evo_attention_reference
 
         return evo_attention_reference
-    from featurecache.kernels import evo_attention
+    # the submodule, not the package attribute: importing the submodule rebinds that name to it
+    from featurecache.kernels.evo_attention import evo_attention
 
     return evo_attention
 
