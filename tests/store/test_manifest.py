@@ -1,0 +1,130 @@
+"""manifest.json: contents, atomic replacement, and validation errors that name the problem."""
+
+import json
+import os
+import random
+
+import pytest
+
+from featurecache.config import StoreConfig, file_sha256
+from featurecache.features.schema import SCHEMA_VERSION
+from featurecache.store.codec import FORMAT_VERSION
+from featurecache.store.manifest import (
+    MANIFEST_FORMAT,
+    MANIFEST_NAME,
+    CacheNotFinishedError,
+    read_manifest,
+    write_text_atomic,
+)
+from featurecache.store.shards import StoreWriter, shard_of
+from tests.store._cache import build_cache, sample_arrays, sample_blob
+
+
+def _seed() -> int:
+    return random.randrange(1 << 30)
+
+
+def test_manifest_describes_the_finished_cache(tmp_path):
+    seed = _seed()
+    keys = [f"t{i}" for i in range(17)]
+    written = build_cache(tmp_path, keys, seed, num_shards=3)
+    manifest = read_manifest(tmp_path)
+    assert manifest == written
+    assert manifest.format == MANIFEST_FORMAT and manifest.record_format == FORMAT_VERSION
+    assert manifest.schema_version == SCHEMA_VERSION and manifest.generation is None
+    assert manifest.fingerprints == {"seed": str(seed)}
+    assert manifest.counts == {"msa": 0, "features": 17, "errors": 0}
+    assert [shard.file for shard in manifest.shards] == [f"shard-0000{i}.lmdb" for i in range(3)]
+    for shard in manifest.shards:
+        path = tmp_path / shard.file
+        assert shard.size == path.stat().st_size and shard.sha256 == file_sha256(path)
+    assert sum(shard.counts["features"] for shard in manifest.shards) == 17
+    for key in keys:
+        expected = sample_arrays(key, seed)
+        entry = manifest.targets[key]
+        assert entry["shard"] == shard_of(key, 3)
+        assert (entry["num_tokens"], entry["msa_depth"]) == expected["msa"].shape[::-1]
+        assert entry["weight"] == pytest.approx(1.0 / expected["msa"].shape[0])
+
+
+def test_reopening_for_writing_unfinishes_the_cache_and_keeps_created(tmp_path):
+    seed = _seed()
+    first = build_cache(tmp_path, ["a", "b"], seed, num_shards=2)
+    with StoreWriter(tmp_path, StoreConfig(num_shards=2)) as writer:
+        with pytest.raises(CacheNotFinishedError, match="not finished"):
+            read_manifest(tmp_path)
+        blob, index = sample_blob("c", seed)
+        writer.put("features", "c", blob, index=index)
+        writer.put("errors", "d", b"error record")
+        second = writer.finish(fingerprints={"seed": str(seed)})
+    assert second.created == first.created and second.updated >= first.updated
+    assert second.counts == {"msa": 0, "features": 3, "errors": 1}
+    assert set(second.targets) == {"a", "b", "c"} and read_manifest(tmp_path) == second
+
+
+def test_atomic_write_leaves_the_old_file_when_interrupted(tmp_path, monkeypatch):
+    path = tmp_path / MANIFEST_NAME
+    write_text_atomic(path, '{"old": true}\n')
+
+    def crash(source, target):
+        raise OSError("disk went away")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="disk went away"):
+        write_text_atomic(path, '{"new": true}\n')
+    assert path.read_text() == '{"old": true}\n'
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == [MANIFEST_NAME]
+    monkeypatch.undo()
+    write_text_atomic(path, '{"new": true}\n')
+    assert path.read_text() == '{"new": true}\n' and oct(path.stat().st_mode & 0o777) == "0o644"
+
+
+def _rewrite(cache_dir, change) -> None:
+    path = cache_dir / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.update(format=MANIFEST_FORMAT + 1),
+         f"manifest.json has format {MANIFEST_FORMAT + 1}, expected {MANIFEST_FORMAT}"),
+        (lambda d: d.update(record_format=99), f"has record_format 99, expected {FORMAT_VERSION}"),
+        (lambda d: d.update(schema_version=SCHEMA_VERSION + 1),
+         f"has schema_version {SCHEMA_VERSION + 1}, expected {SCHEMA_VERSION}: .* rebuild it"),
+        (lambda d: d.pop("shards"), "has no 'shards' field"),
+        (lambda d: d.update(shards=[]), "lists no shards"),
+        (lambda d: d["shards"][1].update(file="shard-00007.lmdb"),
+         r"shards\[1\] names 'shard-00007.lmdb', expected shard-00001.lmdb"),
+        (lambda d: d["shards"][0].update(size="12"), "field 'size' is str"),
+        (lambda d: d.update(counts=[1, 2]), "field 'counts' is list"),
+        (lambda d: d["index"].update(features=[]), "index of table 'features' is not a map"),
+        (lambda d: d.update(format=True), "field 'format' is bool"),
+    ],
+)
+def test_invalid_manifests_are_refused_with_the_reason(tmp_path, change, message):
+    build_cache(tmp_path, ["a", "b", "c"], _seed(), num_shards=2)
+    _rewrite(tmp_path, change)
+    with pytest.raises(ValueError, match=message):
+        read_manifest(tmp_path)
+
+
+def test_other_schema_is_accepted_when_asked(tmp_path):
+    build_cache(tmp_path, ["a"], _seed(), num_shards=1)
+    _rewrite(tmp_path, lambda d: d.update(schema_version=SCHEMA_VERSION + 1))
+    assert read_manifest(tmp_path, expected_schema=None).schema_version == SCHEMA_VERSION + 1
+
+
+def test_unreadable_manifest_and_missing_cache_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_manifest(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="is not a featurecache cache: it has no manifest.json"):
+        read_manifest(tmp_path)
+    (tmp_path / MANIFEST_NAME).write_text('{"format": 1,')
+    with pytest.raises(ValueError, match="manifest.json is not valid JSON"):
+        read_manifest(tmp_path)
+    (tmp_path / MANIFEST_NAME).write_text("[1, 2]")
+    with pytest.raises(ValueError, match="manifest.json is not a JSON object"):
+        read_manifest(tmp_path)
