@@ -242,34 +242,38 @@ def _check_sequence(tool: str, sequence: str) -> str:
 def truncate_stockholm(path: str | os.PathLike, max_sequences: int | None) -> tuple[str, int]:
     """Read a Stockholm file keeping only its first ``max_sequences`` sequences (all when None).
 
-    Streams the file, so a multi-gigabyte jackhmmer output is never held whole in memory. Returns
-    the kept text and the number of sequences in it. Per-sequence annotation (#=GS, #=GR) of
-    dropped sequences is dropped too; file and column annotation is kept.
+    Order is that of the sequence rows (jackhmmer writes the query row first, then the hits by
+    E-value; the #=GS lines come in another order). Streams the file twice, so a multi-gigabyte
+    output is never held whole in memory. Returns the kept text and its number of sequences.
+    Per-sequence annotation (#=GS, #=GR) of dropped sequences is dropped too; file and column
+    annotation is kept.
     """
-    kept: set[str] = set()
+    order: list[str] = []
     seen: set[str] = set()
+    with open(path, errors="replace") as handle:
+        for line in handle:
+            if line.startswith("#") or not line.strip() or line.startswith("//"):
+                continue
+            name = line.split(maxsplit=1)[0]
+            if name not in seen:
+                seen.add(name)
+                order.append(name)
+                if max_sequences is not None and len(order) >= max_sequences:
+                    break
+    kept = set(order)
     lines: list[str] = []
     with open(path, errors="replace") as handle:
         for line in handle:
             stripped = line.strip()
-            if not stripped or stripped == "//" or stripped.startswith(("#=GF", "#=GC", "# STOCKHOLM")):
-                lines.append(line)
-                continue
             if stripped.startswith(("#=GS", "#=GR")):
                 parts = stripped.split(maxsplit=2)
-                name = parts[1] if len(parts) > 1 else ""
-            elif stripped.startswith("#"):
+                if len(parts) > 1 and parts[1] in kept:
+                    lines.append(line)
+            elif not stripped or stripped.startswith("#") or stripped == "//":
                 lines.append(line)
-                continue
-            else:
-                name = stripped.split(maxsplit=1)[0]
-            if name not in seen:
-                seen.add(name)
-                if max_sequences is None or len(kept) < max_sequences:
-                    kept.add(name)
-            if name in kept:
+            elif stripped.split(maxsplit=1)[0] in kept:
                 lines.append(line)
-    return "".join(lines), len(kept)
+    return "".join(lines), len(order)
 
 
 def truncate_a3m(text: str, max_sequences: int | None) -> tuple[str, int]:
@@ -299,8 +303,8 @@ def stockholm_to_a3m(sto_text: str, query_sequence: str) -> str:
 
     Match columns are taken from ``#=GC RF`` (HMMER writes it for -A output); residues there
     become upper case or '-', insert columns become lower-case letters with their gaps removed.
-    Rows are added in file order. The query row is prepended because HMMER lists the query only
-    when the database happens to contain it.
+    Rows are added in file order. The query is prepended unless the first row already is the
+    query (jackhmmer's output starts with it; hmmsearch's does not).
     """
     sequences: dict[str, list[str]] = {}
     reference: list[str] = []
@@ -313,9 +317,8 @@ def stockholm_to_a3m(sto_text: str, query_sequence: str) -> str:
             if len(parts) == 2:
                 sequences.setdefault(parts[0], []).append(parts[1])
     query = "".join(query_sequence.split()).upper()
-    rows = [f">query\n{query}\n"]
     if not sequences:
-        return "".join(rows)
+        return f">query\n{query}\n"
     if not reference:
         raise ValueError("Stockholm alignment has no '#=GC RF' line: cannot tell match from insert columns")
     match_columns = [char not in ".-~" for char in "".join(reference)]
@@ -324,6 +327,7 @@ def stockholm_to_a3m(sto_text: str, query_sequence: str) -> str:
             f"Stockholm alignment has {sum(match_columns)} match columns but the query has {len(query)} "
             "residues: it was not built on this query (jackhmmer -N 1 keeps one column per residue)"
         )
+    rows: list[str] = []
     for name, parts in sequences.items():
         aligned = "".join(parts)
         if len(aligned) != len(match_columns):
@@ -337,6 +341,8 @@ def stockholm_to_a3m(sto_text: str, query_sequence: str) -> str:
             elif char not in ".-~":
                 row.append(char.lower())
         rows.append(f">{name}\n{''.join(row)}\n")
+    if rows[0].split("\n")[1] != query:
+        rows.insert(0, f">query\n{query}\n")
     return "".join(rows)
 
 
@@ -519,8 +525,10 @@ class Hhsearch(Tool):
             command = [self.binary, "-i", str(work / "query.a3m"), "-o", str(output), "-cpu", str(self.threads),
                        *self.flags]
             if max_hits is not None:
-                # hhsearch lists 500 hits and alignments by default; -Z / -B set both lists' lengths.
-                command += ["-Z", str(max_hits), "-B", str(max_hits)]
+                # The hit list and the alignment list hold between -z/-b (default 10) and -Z/-B
+                # (default 500) entries; cap both maxima and keep the minima within them.
+                floor = str(min(10, max_hits))
+                command += ["-Z", str(max_hits), "-B", str(max_hits), "-z", floor, "-b", floor]
             for database in databases:
                 command += ["-d", _absolute(database)]
             wall = _run(self.name, command, work, self.timeout_s)

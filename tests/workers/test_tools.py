@@ -1,0 +1,248 @@
+"""The tool wrappers, run for real on the small databases of conftest.py."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import re
+import stat
+
+import pytest
+
+from featurecache.workers.tools import (
+    Hhblits,
+    Hhsearch,
+    Hmmsearch,
+    Jackhmmer,
+    Kalign,
+    MmseqsSearch,
+    Nhmmer,
+    ToolError,
+    ToolNotFoundError,
+    ToolSettings,
+    ToolTimeoutError,
+    a3m_to_stockholm,
+    stockholm_to_a3m,
+    truncate_a3m,
+    truncate_stockholm,
+)
+
+pytestmark = pytest.mark.tools
+
+AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
+# mmseqs' ColabFold defaults (3 iterations at -s 8) take seconds per query; one fast pass is enough here.
+FAST_MMSEQS = ToolSettings(threads=2, flags=("-s", "4", "-e", "0.1"))
+
+
+def _stockholm_names(text: str) -> list[str]:
+    names: list[str] = []
+    for line in text.splitlines():
+        if line.strip() and not line.startswith(("#", "//")):
+            name = line.split()[0]
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def _a3m_sequences(text: str) -> list[str]:
+    return [chunk.split("\n", 1)[1].replace("\n", "") for chunk in text.split(">")[1:]]
+
+
+def test_jackhmmer_finds_ras_homologs_and_caps_hits(test_databases, ras_sequence, tmp_path):
+    tool = Jackhmmer(ToolSettings(threads=2), tmp_root=tmp_path)
+    result = tool.search(ras_sequence, str(test_databases.protein_fasta))
+    assert result.output_format == "sto" and result.text.startswith("# STOCKHOLM 1.0")
+    assert result.num_hits == len(_stockholm_names(result.text)) > 20
+    assert re.fullmatch(r"HMMER 3\.\d+(\.\d+)?", result.version)
+    # AlphaFold's jackhmmer flags, as run.
+    assert "--F1 0.0005 --F2 0.00005 --F3 0.0000005" in " ".join(result.command)
+    assert result.wall_seconds > 0
+
+    capped = tool.search(ras_sequence, str(test_databases.protein_fasta), max_hits=7)
+    assert capped.num_hits == 7
+    assert _stockholm_names(capped.text) == _stockholm_names(result.text)[:7]
+    assert not os.listdir(tmp_path), "temporary folders must be removed"
+
+
+def test_hhblits_searches_hhsuite_database(test_databases, ras_sequence):
+    result = Hhblits(ToolSettings(threads=2)).search(ras_sequence, [str(test_databases.hhsuite_msa)], max_hits=10)
+    assert result.output_format == "a3m"
+    sequences = _a3m_sequences(result.text)
+    assert sequences[0] == ras_sequence  # query first
+    assert result.num_hits == len(sequences) - 1 == 10
+    assert result.version.startswith("HHblits 3.")
+    assert "-min_prefilter_hits 1000" in " ".join(result.command)
+
+
+def test_hhsearch_and_hmmsearch_find_template_chains(test_databases, template_query):
+    chains = {line[1:].split()[0] for line in test_databases.template_seqres.read_text().splitlines()
+              if line.startswith(">")}
+    query_msa = f">query\n{template_query}\n"
+
+    hhr = Hhsearch(ToolSettings(threads=2)).search(query_msa, [str(test_databases.template_hhsuite)], max_hits=5)
+    assert hhr.output_format == "hhr" and hhr.text.startswith("Query")
+    hit_names = re.findall(r"^\s*\d+ (\S+)", hhr.text.split("No Hit", 1)[1], re.MULTILINE)
+    assert 1 <= hhr.num_hits <= 5 and set(hit_names[: hhr.num_hits]) <= chains
+
+    sto = Hmmsearch(ToolSettings(threads=2)).search(query_msa, str(test_databases.template_seqres), max_hits=3)
+    assert sto.output_format == "sto"
+    names = {name.split("/")[0] for name in _stockholm_names(sto.text)}
+    assert 1 <= sto.num_hits <= 3 and names <= chains
+    assert "--incdomE 100" in " ".join(sto.command)
+
+
+def test_mmseqs_gives_a3m_and_m8(test_databases, ras_sequence):
+    tool = MmseqsSearch(FAST_MMSEQS)
+    msa = tool.search(ras_sequence, str(test_databases.protein_mmseqs), max_hits=25)
+    sequences = _a3m_sequences(msa.text)
+    assert msa.output_format == "a3m" and sequences[0] == ras_sequence
+    assert msa.num_hits == len(sequences) - 1 == 25
+
+    # 3ZEE and 4I6P are the same protein (chains 4i6p_A, 4i6p_B): each finds the other.
+    seqres = test_databases.template_seqres.read_text().split(">")[1:]
+    query = next(entry.split("\n", 1)[1].replace("\n", "") for entry in seqres if entry.startswith("3zee_A"))
+    hits = tool.search(query, str(test_databases.template_mmseqs), output_format="m8")
+    rows = [line.split("\t") for line in hits.text.splitlines()]
+    assert hits.num_hits == len(rows) >= 3
+    assert {"3zee_A", "4i6p_A", "4i6p_B"} <= {row[1] for row in rows}
+    assert all(len(row) == 13 and re.fullmatch(r"(\d+[MID])+", row[12]) for row in rows)
+
+
+def test_nhmmer_finds_rna_homologs(test_databases, rna_sequence):
+    result = Nhmmer(ToolSettings(threads=2)).search(rna_sequence, str(test_databases.nucleotide_fasta), "rna")
+    assert result.output_format == "sto" and result.num_hits >= 1
+    assert "--rna" in result.command and "--F3" in result.command
+    with pytest.raises(ValueError, match="rna or dna"):
+        Nhmmer().search(rna_sequence, str(test_databases.nucleotide_fasta), "protein")
+
+
+def test_kalign_aligns_fresh_sequences():
+    rng = random.Random()
+    core = "".join(rng.choice(AMINO_ACIDS) for _ in range(rng.randint(40, 80)))
+    sequences = [("a", core), ("b", core[5:] + "W" * 3), ("c", core[:20] + core[25:])]
+    result = Kalign().align(sequences)
+    aligned = dict(zip("abc", _a3m_sequences(result.text)))
+    assert result.num_hits == 3 and len({len(row) for row in aligned.values()}) == 1
+    assert {name: row.replace("-", "") for name, row in aligned.items()} == dict(sequences)
+    assert result.version.startswith("kalign 3")
+
+
+def test_timeout_kills_the_tool_and_cleans_up(test_databases, ras_sequence, tmp_path):
+    # hhblits with three iterations takes seconds; a 0.2 s limit always trips.
+    tool = Hhblits(ToolSettings(timeout_s=0.2), tmp_root=tmp_path)
+    with pytest.raises(ToolTimeoutError, match="timed out after 0.2 s") as caught:
+        tool.search(ras_sequence, [str(test_databases.hhsuite_msa)])
+    assert caught.value.tool == "hhblits" and caught.value.command[0] == tool.binary
+    assert not os.listdir(tmp_path)
+
+
+def test_failing_tool_raises_with_stderr_tail(tmp_path, ras_sequence):
+    corrupt = tmp_path / "corrupt.fasta"
+    corrupt.write_bytes(b"this is not a FASTA file\n\x00\x01\x02")
+    work = tmp_path / "work"
+    with pytest.raises(ToolError) as caught:
+        Jackhmmer(tmp_root=work).search(ras_sequence, str(corrupt))
+    error = caught.value
+    assert error.tool == "jackhmmer" and error.returncode not in (0, None)
+    assert "corrupt.fasta" in error.stderr_tail or "format" in error.stderr_tail.lower()
+    assert str(corrupt) in error.command
+    assert "stderr" in str(error)
+    copy = pickle.loads(pickle.dumps(error))  # crosses Ray's process boundary intact
+    assert (copy.tool, copy.returncode, copy.stderr_tail, copy.command) == (
+        error.tool, error.returncode, error.stderr_tail, error.command)
+    assert not os.listdir(work)
+
+
+def test_corrupt_hhsuite_database_raises(tmp_path, test_databases, ras_sequence):
+    prefix = tmp_path / "broken"
+    for suffix in ("_a3m.ffdata", "_a3m.ffindex", "_cs219.ffdata", "_cs219.ffindex"):
+        (tmp_path / f"broken{suffix}").write_text("garbage\tnot\tan\tindex\n")
+    with pytest.raises(ToolError) as caught:
+        Hhblits().search(ras_sequence, [str(prefix)])
+    assert caught.value.returncode != 0 and caught.value.stderr_tail
+
+
+def test_missing_binary_is_named(tmp_path):
+    with pytest.raises(ToolNotFoundError, match="does not exist"):
+        Jackhmmer(ToolSettings(binary=str(tmp_path / "jackhmmer")))
+    with pytest.raises(ToolNotFoundError, match="not found on PATH"):
+        Hhblits(ToolSettings(binary="featurecache-no-such-hhblits"))
+    script = tmp_path / "not-executable"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(stat.S_IRUSR)
+    with pytest.raises(ToolNotFoundError):
+        Kalign(ToolSettings(binary=str(script)))
+
+
+def test_flags_override_and_extend_defaults():
+    default = Jackhmmer()
+    replaced = Jackhmmer(ToolSettings(flags=("-N", "3"), extra_flags=("--seed", "7")))
+    assert default.flags == Jackhmmer.default_flags
+    assert replaced.flags == ("-N", "3", "--seed", "7")
+    assert default.identity() != replaced.identity()
+    assert default.identity()["version"] == replaced.identity()["version"]
+    # threads do not change results, so they stay out of the identity
+    assert Jackhmmer(ToolSettings(threads=8)).identity() == default.identity()
+
+
+def test_truncate_stockholm_keeps_annotation_of_kept_rows(tmp_path):
+    rng = random.Random()
+    names = [f"seq{index}_{rng.randrange(10**6)}/1-{rng.randint(10, 99)}" for index in range(rng.randint(5, 12))]
+    annotated = names[::-1]  # #=GS order differs from row order, as in jackhmmer output
+    rows = {name: "".join(rng.choice(AMINO_ACIDS + "-") for _ in range(30)) for name in names}
+    lines = ["# STOCKHOLM 1.0", "#=GF ID test"]
+    lines += [f"#=GS {name} DE description {index}" for index, name in enumerate(annotated)]
+    for block in range(2):  # interleaved blocks repeat every name
+        lines.append("")
+        lines += [f"{name} {rows[name][block * 15:(block + 1) * 15]}" for name in names]
+        lines += [f"#=GR {names[0]} PP {'9' * 15}", f"#=GR {names[-1]} PP {'8' * 15}", f"#=GC RF {'x' * 15}"]
+    lines.append("//")
+    path = tmp_path / "input.sto"
+    path.write_text("\n".join(lines) + "\n")
+    keep = rng.randint(1, len(names) - 1)
+    text, count = truncate_stockholm(path, keep)
+    assert count == keep and _stockholm_names(text) == names[:keep]
+    assert text.count("#=GC RF") == 2 and text.count("#=GS") == keep and text.rstrip().endswith("//")
+    assert text.count("#=GR") == 2 and f"#=GR {names[-1]}" not in text
+    assert truncate_stockholm(path, None)[1] == len(names)
+
+
+def _random_a3m(rng: random.Random) -> tuple[str, list[str]]:
+    length = rng.randint(5, 30)
+    query = "".join(rng.choice(AMINO_ACIDS) for _ in range(length))
+    rows = [query]
+    for _ in range(rng.randint(1, 8)):
+        row = []
+        for _ in range(length):
+            row.append(rng.choice(AMINO_ACIDS + "--"))
+            if rng.random() < 0.2:
+                row.append("".join(rng.choice(AMINO_ACIDS.lower()) for _ in range(rng.randint(1, 4))))
+        rows.append("".join(row))
+    return "".join(f">s{index}\n{row}\n" for index, row in enumerate(rows)), rows
+
+
+def test_a3m_stockholm_round_trip():
+    rng = random.Random()
+    for _ in range(20):
+        a3m, rows = _random_a3m(rng)
+        sto = a3m_to_stockholm(a3m)
+        widths = {len(line.split()[-1]) for line in sto.splitlines() if line and not line.startswith(("# ", "//"))}
+        assert len(widths) == 1, "every Stockholm row and the RF line have one width"
+        back = _a3m_sequences(stockholm_to_a3m(sto, rows[0]))
+        assert back == rows  # the first row is the query already: it is not repeated
+        other_query = rows[0][1:] + rows[0][0]
+        assert _a3m_sequences(stockholm_to_a3m(sto, other_query)) == [other_query] + rows
+
+
+def test_stockholm_to_a3m_rejects_foreign_alignment():
+    sto = "# STOCKHOLM 1.0\nx ACDE\n#=GC RF xxxx\n//\n"
+    with pytest.raises(ValueError, match="4 match columns but the query has 6"):
+        stockholm_to_a3m(sto, "ACDEFG")
+    assert stockholm_to_a3m("# STOCKHOLM 1.0\n//\n", "ACDEFG") == ">query\nACDEFG\n"
+
+
+def test_truncate_a3m_counts_records():
+    text = ">q\nACD\n>a\nAC-\n>b\nA-D\n"
+    assert truncate_a3m(text, 2) == (">q\nACD\n>a\nAC-\n", 2)
+    assert truncate_a3m(text + "\x00", None)[1] == 3
