@@ -35,3 +35,21 @@ def sample_copy(tmp_path, shared_data) -> pathlib.Path:
     target = tmp_path / "data"
     shutil.copytree(shared_data, target)
     return target
+
+
+@pytest.fixture(scope="session")
+def sample_cache(tmp_path_factory, shared_data) -> pathlib.Path:
+    """A finished cache of every sample structure with its ingested alignments (built once)."""
+    from featurecache.workers.pipeline import PrecomputeOptions, precompute
+
+    cache_dir = tmp_path_factory.mktemp("sample-cache") / "cache"
+    summary = precompute(PrecomputeOptions(
+        inputs=[shared_data / "structures"],
+        cache_dir=cache_dir,
+        alignments_dir=shared_data / "alignments",
+        template_dir=shared_data / "templates" / "mmcif",
+        num_workers=2,
+        progress=False,
+    ))
+    assert summary.failed == 0, summary.format()
+    return cache_dir

@@ -1,0 +1,181 @@
+"""Command line: thin click commands over the library.
+
+Exit codes: 0 all done; 1 some inputs failed (the rest are cached); 2 usage or setup error
+(missing tool, missing database, unreadable cache) reported before any work starts.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+import click
+
+EXIT_PARTIAL = 1
+EXIT_SETUP = 2
+
+
+class SetupError(click.ClickException):
+    """A problem found before any work starts (exit code 2)."""
+
+    exit_code = EXIT_SETUP
+
+
+def _existing_cache(path: str) -> pathlib.Path:
+    from featurecache.store.publish import resolve_generation
+
+    try:
+        return resolve_generation(pathlib.Path(path))
+    except (OSError, ValueError) as error:
+        raise SetupError(str(error)) from error
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="featurecache")
+def cli():
+    """featurecache: precompute AlphaFold3 features once, serve them to trainers fast."""
+
+
+@cli.command()
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=pathlib.Path))
+@click.option("--cache", "cache_dir", required=True, type=click.Path(path_type=pathlib.Path),
+              help="Cache folder to create or update (LMDB shards + manifest.json).")
+@click.option("--config", "config_path", type=click.Path(path_type=pathlib.Path),
+              help="Pipeline TOML: search databases, tools, feature and store settings. "
+                   "Without it, alignments are only ingested from --alignments.")
+@click.option("--alignments", "alignments_dir", type=click.Path(path_type=pathlib.Path),
+              help="Folder of precomputed alignments (A3M/A2M/Stockholm/HHR/m8) to ingest.")
+@click.option("--templates", "template_dir", type=click.Path(path_type=pathlib.Path),
+              help="Folder of template mmCIF files for template hits (overrides the config's).")
+@click.option("--address", default=None,
+              help="Ray cluster address to join (e.g. 'auto' or 'ray://host:10001'); default: start Ray locally.")
+@click.option("--workers", "num_workers", type=int, default=None,
+              help="CPUs Ray may use when started locally (default: all).")
+@click.option("--shards", "num_shards", type=int, default=None,
+              help="Number of LMDB shard files for a new cache (default 4; an existing cache keeps its own).")
+@click.option("--max-msa-rows", type=int, default=None, help="Rows kept in each target's assembled MSA.")
+@click.option("--retry-failed/--no-retry-failed", default=True, show_default=True,
+              help="Retry inputs that failed in an earlier run.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, address, num_workers,
+               num_shards, max_msa_rows, retry_failed, progress, as_json):
+    """Parse INPUTS (mmCIF / FASTA files or folders), search or ingest alignments, featurize,
+    and write the records into the cache. Resumable: current records are skipped."""
+    from featurecache.workers.pipeline import PipelineSetupError, PrecomputeOptions, precompute as run
+
+    options = PrecomputeOptions(
+        inputs=list(inputs),
+        cache_dir=cache_dir,
+        config_path=config_path,
+        alignments_dir=alignments_dir,
+        template_dir=template_dir,
+        address=address,
+        num_workers=num_workers,
+        num_shards=num_shards,
+        max_msa_rows=max_msa_rows,
+        retry_failed=retry_failed,
+        progress=progress,
+    )
+    try:
+        summary = run(options)
+    except PipelineSetupError as error:
+        raise SetupError(str(error)) from error
+    if as_json:
+        click.echo(json.dumps(summary.to_dict(), indent=2))
+    else:
+        click.echo(summary.format())
+    sys.exit(EXIT_PARTIAL if summary.failed else 0)
+
+
+@cli.command()
+@click.argument("cache_dir", type=click.Path(path_type=pathlib.Path))
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=pathlib.Path),
+              help="Write a PNG with length and MSA-depth histograms and failures by stage.")
+def stats(cache_dir, as_json, plot_path):
+    """Counts, sizes, length and MSA-depth distributions, warnings and failures by stage."""
+    from featurecache.stats import cache_stats, format_stats, plot_stats
+
+    report = cache_stats(_existing_cache(cache_dir))
+    click.echo(json.dumps(report, indent=2) if as_json else format_stats(report))
+    if plot_path:
+        plot_stats(report, plot_path)
+        if not as_json:
+            click.echo(f"plot written to {plot_path}")
+
+
+@cli.command()
+@click.argument("cache_dir", type=click.Path(path_type=pathlib.Path))
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def verify(cache_dir, as_json):
+    """Recompute every record's checksum; name each damaged key and shard (exit 1 if any)."""
+    from featurecache.store.verify import verify_cache
+
+    report = verify_cache(_existing_cache(cache_dir))
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.format())
+    sys.exit(0 if report.ok else EXIT_PARTIAL)
+
+
+@cli.command()
+@click.argument("cache_dir", type=click.Path(path_type=pathlib.Path))
+@click.argument("key")
+@click.option("--table", default="features", show_default=True, type=click.Choice(["features", "msa", "errors"]),
+              help="Table to read the key from.")
+def show(cache_dir, key, table):
+    """One record's arrays: names, dtypes, shapes and summary values."""
+    from featurecache.stats import format_record
+
+    try:
+        click.echo(format_record(_existing_cache(cache_dir), table, key))
+    except KeyError as error:
+        raise click.ClickException(str(error.args[0])) from error
+
+
+@cli.command()
+@click.argument("cache_dir", type=click.Path(path_type=pathlib.Path))
+@click.argument("dest", type=click.Path(path_type=pathlib.Path))
+def publish(cache_dir, dest):
+    """Seal a finished cache into a new immutable generation under DEST (shared storage)."""
+    from featurecache.store.publish import publish as run_publish
+
+    generation = run_publish(_existing_cache(cache_dir), dest)
+    click.echo(f"published {cache_dir} as {generation}")
+
+
+@cli.command()
+@click.argument("dest", type=click.Path(path_type=pathlib.Path))
+@click.option("--keep", type=int, default=2, show_default=True, help="Newest generations to keep.")
+def gc(dest, keep):
+    """Remove old generations under DEST, keeping the newest KEEP (never the one LATEST names)."""
+    from featurecache.store.publish import gc as run_gc
+
+    removed = run_gc(dest, keep=keep)
+    for path in removed:
+        click.echo(f"removed {path}")
+    click.echo(f"{len(removed)} generation(s) removed")
+
+
+def _register_train():
+    try:
+        from featurecache.train import train_command
+    except ImportError as error:  # only when the training module itself is broken
+        @cli.command("train")
+        def train_unavailable():
+            """Train the AF3 trunk (unavailable: see the error)."""
+            raise SetupError(f"training is unavailable: {error}")
+
+        return
+    cli.add_command(train_command, "train")
+
+
+_register_train()
+
+
+def main():
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""Training-time access to a cache: CacheDataset (crop + MSA subsample per sample) and collate.
+
+Records are read from the LMDB shards without parsing anything: one LMDB lookup, one msgpack
+decode, numpy views over the stored bytes, then a crop. The LMDB environments are opened lazily
+in each process, so DataLoader workers work with both fork and spawn.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from featurecache.features import crop as cropping
+from featurecache.features.schema import FEATURES, FEATURES_BY_NAME, GAP
+from featurecache.store.codec import CorruptRecordError, decode_record
+from featurecache.store.manifest import read_manifest
+from featurecache.store.publish import resolve_generation
+from featurecache.store.shards import StoreReader
+
+log = logging.getLogger(__name__)
+
+FEATURES_TABLE = "features"
+
+# Padding value per array in `collate`; everything not listed pads with zeros / False.
+_PAD_VALUES = {"msa": GAP, "template_restype": GAP, "restype": GAP}
+
+# Axes that `collate` pads to the largest size in the batch, and the mask it adds for each.
+_PAD_MASKS = {
+    "token": ("token_pad_mask", "restype"),
+    "atom": ("atom_pad_mask", "atom_to_token"),
+    "msa": ("msa_row_mask", "msa_species"),
+    "template": ("template_mask", "template_pseudo_beta_mask"),
+}
+
+
+def _to_torch(name: str, value: np.ndarray) -> torch.Tensor:
+    """Integer classes become long (embedding indices), counts become float, the rest as stored."""
+    if name == "deletion_matrix":
+        return torch.from_numpy(value.astype(np.float32))
+    if value.dtype == np.bool_:
+        return torch.from_numpy(np.array(value))  # records are read-only views: copy
+    if np.issubdtype(value.dtype, np.integer):
+        return torch.from_numpy(value.astype(np.int64))
+    return torch.from_numpy(np.array(value, dtype=np.float32))
+
+
+class CacheDataset(torch.utils.data.Dataset):
+    """Map-style dataset over the feature records of a cache (or a published generation).
+
+    Each item is one target, cropped to `crop_size` tokens (contiguous or spatial, AF3's recipe,
+    chosen at random per sample with `spatial_crop_prob`) with at most `max_msa_rows` MSA rows
+    (query first). The crop changes with the epoch: call `set_epoch` (DistributedSampler users
+    already do this for the sampler) so that every epoch sees new crops, reproducibly per seed.
+    """
+
+    def __init__(
+        self,
+        cache_dir: str | pathlib.Path,
+        crop_size: int | None = 384,
+        max_msa_rows: int = 1024,
+        seed: int = 0,
+        spatial_crop_prob: float = 0.5,
+        min_tokens: int = 0,
+        max_tokens: int | None = None,
+        ids: Sequence[str] | None = None,
+        on_error: str = "raise",
+    ):
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if crop_size is not None and crop_size <= 0:
+            raise ValueError(f"crop_size must be positive or None, got {crop_size}")
+        if max_msa_rows < 1:
+            raise ValueError(f"max_msa_rows must be at least 1, got {max_msa_rows}")
+        if not 0.0 <= spatial_crop_prob <= 1.0:
+            raise ValueError(f"spatial_crop_prob must be in [0, 1], got {spatial_crop_prob}")
+        self.cache_dir = resolve_generation(pathlib.Path(cache_dir))
+        self.crop_size = crop_size
+        self.max_msa_rows = max_msa_rows
+        self.seed = seed
+        self.spatial_crop_prob = spatial_crop_prob
+        self.on_error = on_error
+        self.epoch = 0
+        self.skipped = 0
+
+        manifest = read_manifest(self.cache_dir)
+        targets = manifest.targets
+        wanted = set(ids) if ids is not None else None
+        if wanted is not None:
+            unknown = sorted(wanted - set(targets))
+            if unknown:
+                raise KeyError(f"{self.cache_dir}: targets not in the cache: {unknown[:10]}")
+        self.ids = [
+            target_id
+            for target_id, info in sorted(targets.items())
+            if (wanted is None or target_id in wanted)
+            and info["num_tokens"] >= min_tokens
+            and (max_tokens is None or info["num_tokens"] <= max_tokens)
+        ]
+        self._info = {target_id: targets[target_id] for target_id in self.ids}
+        self._reader: StoreReader | None = None
+
+    @property
+    def reader(self) -> StoreReader:
+        if self._reader is None:
+            self._reader = StoreReader(self.cache_dir)
+        return self._reader
+
+    def __getstate__(self):
+        # The reader holds LMDB handles: each process opens its own.
+        state = dict(self.__dict__)
+        state["_reader"] = None
+        return state
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def sample_weights(self) -> torch.Tensor:
+        """Per-target sampling weights from the manifest (for WeightedRandomSampler)."""
+        return torch.tensor([float(self._info[t].get("weight", 1.0)) for t in self.ids], dtype=torch.float64)
+
+    def num_tokens(self, index: int) -> int:
+        return int(self._info[self.ids[index]]["num_tokens"])
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def load_arrays(self, target_id: str) -> tuple[dict[str, np.ndarray], dict]:
+        """The whole, uncropped record of one target."""
+        blob = self.reader.get(FEATURES_TABLE, target_id)
+        if blob is None:
+            raise KeyError(f"{self.cache_dir}: no features record for target {target_id!r}")
+        record = decode_record(blob, where=f"{self.cache_dir} features/{target_id}")
+        return record.arrays, record.meta
+
+    def __getitem__(self, index: int) -> dict:
+        target_id = self.ids[index]
+        try:
+            arrays, meta = self.load_arrays(target_id)
+        except CorruptRecordError:
+            if self.on_error == "raise":
+                raise
+            self.skipped += 1
+            log.warning("skipping damaged record %s (%d skipped so far)", target_id, self.skipped)
+            return self[(index + 1) % len(self)]
+        rng = np.random.default_rng([self.seed, self.epoch, index])
+        return self.crop_sample(target_id, arrays, rng)
+
+    def crop_sample(self, target_id: str, arrays: dict[str, np.ndarray], rng: np.random.Generator) -> dict:
+        num_tokens = arrays["restype"].shape[0]
+        if self.crop_size is not None and num_tokens > self.crop_size:
+            use_spatial = rng.random() < self.spatial_crop_prob and arrays["token_center_mask"].any()
+            if use_spatial:
+                token_indices = cropping.spatial_crop(
+                    arrays["token_center_pos"], arrays["token_center_mask"], arrays["asym_id"], self.crop_size, rng
+                )
+            else:
+                token_indices = cropping.contiguous_crop(arrays["asym_id"], self.crop_size, rng)
+            arrays = cropping.crop_arrays(arrays, token_indices)
+        arrays = cropping.subsample_msa(arrays, self.max_msa_rows, rng)
+        sample = {name: _to_torch(name, arrays[name]) for name in FEATURES_BY_NAME}
+        sample["id"] = target_id
+        return sample
+
+
+def _pad_to(tensor: torch.Tensor, axes: Iterable[tuple[int, int]], value) -> torch.Tensor:
+    """Pad `tensor` at the end of each (dim, size) pair to that size."""
+    shape = list(tensor.shape)
+    for dim, size in axes:
+        shape[dim] = size
+    if list(tensor.shape) == shape:
+        return tensor
+    out = torch.full(shape, value, dtype=tensor.dtype)
+    out[tuple(slice(0, s) for s in tensor.shape)] = tensor
+    return out
+
+
+def collate(samples: list[dict]) -> dict:
+    """Stack samples into a batch, padding token / atom / msa / template axes to the batch max.
+
+    Adds `token_pad_mask` [B, N], `atom_pad_mask` [B, A], `msa_row_mask` [B, M] and
+    `template_mask` [B, T] (True = real), and `id` (list of target ids).
+    """
+    if not samples:
+        raise ValueError("collate got an empty list of samples")
+    max_sizes: dict[str, int] = {}
+    for spec in FEATURES:
+        for dim, axis in enumerate(spec.axes):
+            if isinstance(axis, str):
+                size = max(sample[spec.name].shape[dim] for sample in samples)
+                max_sizes[axis] = max(max_sizes.get(axis, 0), size)
+    batch: dict = {}
+    for spec in FEATURES:
+        pad_axes = [(dim, max_sizes[axis]) for dim, axis in enumerate(spec.axes) if isinstance(axis, str)]
+        value = _PAD_VALUES.get(spec.name, 0)
+        batch[spec.name] = torch.stack([_pad_to(sample[spec.name], pad_axes, value) for sample in samples])
+    for axis, (mask_name, probe) in _PAD_MASKS.items():
+        dim = FEATURES_BY_NAME[probe].axes.index(axis)
+        mask = torch.zeros(len(samples), max_sizes[axis], dtype=torch.bool)
+        for row, sample in enumerate(samples):
+            mask[row, : sample[probe].shape[dim]] = True
+        batch[mask_name] = mask
+    batch["id"] = [sample["id"] for sample in samples]
+    return batch

@@ -1,0 +1,143 @@
+"""What is in a cache: counts, sizes, distributions, warnings and failures (`stats`, `show`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from featurecache.store.codec import decode_record
+from featurecache.store.manifest import read_manifest
+from featurecache.store.shards import StoreReader
+
+_PERCENTILES = (0, 10, 50, 90, 100)
+
+
+def _distribution(values: list[int]) -> dict:
+    if not values:
+        return {"count": 0}
+    data = np.asarray(values)
+    return {"count": int(data.size), "mean": float(data.mean()),
+            **{f"p{q}": float(np.percentile(data, q)) for q in _PERCENTILES}}
+
+
+def cache_stats(cache_dir: Path) -> dict:
+    """Everything `featurecache stats` shows, as plain JSON-able values."""
+    manifest = read_manifest(cache_dir)
+    targets = manifest.targets
+    failures = []
+    with StoreReader(cache_dir, num_shards=manifest.num_shards) as reader:
+        for key, blob in reader.items("errors"):
+            meta = decode_record(blob, where=reader.where("errors", key), key=key).meta
+            failures.append({key_: meta.get(key_) for key_ in ("stage", "key", "message", "attempts")})
+        warnings = []
+        for target_id, entry in targets.items():
+            if entry.get("warnings"):
+                meta = decode_record(reader.get("features", target_id), where=reader.where("features", target_id)).meta
+                warnings.extend(f"{target_id}: {warning}" for warning in meta.get("warnings", []))
+    return {
+        "cache": str(cache_dir),
+        "generation": manifest.generation,
+        "schema_version": manifest.schema_version,
+        "updated": manifest.updated,
+        "shards": len(manifest.shards),
+        "bytes": sum(shard.size for shard in manifest.shards),
+        "counts": dict(manifest.counts),
+        "num_tokens": _distribution([entry["num_tokens"] for entry in targets.values()]),
+        "msa_depth": _distribution([entry["msa_depth"] for entry in targets.values()]),
+        "num_templates": _distribution([entry.get("num_templates", 0) for entry in targets.values()]),
+        "targets": {target_id: {name: entry.get(name) for name in ("num_tokens", "num_atoms", "msa_depth",
+                                                                   "num_templates", "num_chains")}
+                    for target_id, entry in sorted(targets.items())},
+        "warnings": warnings,
+        "failures_by_stage": dict(Counter(failure["stage"] for failure in failures)),
+        "failures": failures,
+        "fingerprints": dict(manifest.fingerprints),
+    }
+
+
+def _format_distribution(name: str, dist: dict) -> str:
+    if not dist.get("count"):
+        return f"{name:<14} (none)"
+    return (f"{name:<14} min {dist['p0']:>7.0f}  median {dist['p50']:>7.0f}  p90 {dist['p90']:>7.0f}  "
+            f"max {dist['p100']:>7.0f}  mean {dist['mean']:>8.1f}")
+
+
+def format_stats(report: dict) -> str:
+    counts = report["counts"]
+    lines = [
+        f"cache        {report['cache']}" + (f" (generation {report['generation']})" if report["generation"] else ""),
+        f"updated      {report['updated']}   schema v{report['schema_version']}   "
+        f"{report['shards']} shards, {report['bytes'] / 2**20:.1f} MiB",
+        f"records      features {counts.get('features', 0)}   msa {counts.get('msa', 0)}   "
+        f"errors {counts.get('errors', 0)}",
+        _format_distribution("tokens", report["num_tokens"]),
+        _format_distribution("msa depth", report["msa_depth"]),
+        _format_distribution("templates", report["num_templates"]),
+        "",
+        f"{'target':<28} {'tokens':>7} {'atoms':>7} {'chains':>6} {'msa':>7} {'tmpl':>5}",
+    ]
+    for target_id, info in report["targets"].items():
+        lines.append(f"{target_id:<28} {info['num_tokens']:>7} {info['num_atoms'] or 0:>7} "
+                     f"{info['num_chains'] or 0:>6} {info['msa_depth']:>7} {info['num_templates'] or 0:>5}")
+    lines.append("")
+    lines.append(f"warnings     {len(report['warnings'])}")
+    for warning in report["warnings"][:20]:
+        lines.append(f"  {warning}")
+    by_stage = ", ".join(f"{stage} {count}" for stage, count in sorted(report["failures_by_stage"].items()))
+    lines.append(f"failures     {len(report['failures'])}" + (f" ({by_stage})" if by_stage else ""))
+    for failure in report["failures"][:20]:
+        lines.append(f"  [{failure['stage']}] {failure['key']}: {failure['message']} (attempts {failure['attempts']})")
+    return "\n".join(lines)
+
+
+def plot_stats(report: dict, path: Path) -> None:
+    """PNG with the token-count and MSA-depth histograms and failures by stage."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    targets = report["targets"].values()
+    figure, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    axes[0].hist([t["num_tokens"] for t in targets], bins=30, color="#3b75af")
+    axes[0].set(title="tokens per target", xlabel="tokens", ylabel="targets")
+    axes[1].hist([t["msa_depth"] for t in targets], bins=30, color="#519e3e")
+    axes[1].set(title="MSA depth per target", xlabel="rows", ylabel="targets")
+    stages = report["failures_by_stage"] or {"(none)": 0}
+    axes[2].bar(list(stages), list(stages.values()), color="#c53a32")
+    axes[2].set(title="failures by stage", ylabel="records")
+    figure.suptitle(report["cache"], fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _summarize_array(value: np.ndarray) -> str:
+    if value.size == 0:
+        return "(empty)"
+    if value.dtype.kind == "b":
+        return f"true {int(value.sum())}/{value.size}"
+    if value.dtype.kind in "iuf":
+        data = value.astype(np.float64)
+        return f"min {data.min():.4g}  max {data.max():.4g}  mean {data.mean():.4g}"
+    return ""
+
+
+def format_record(cache_dir: Path, table: str, key: str) -> str:
+    """`featurecache show`: one record's arrays and metadata."""
+    manifest = read_manifest(cache_dir)
+    with StoreReader(cache_dir, num_shards=manifest.num_shards) as reader:
+        blob = reader.get(table, key)
+        if blob is None:
+            raise KeyError(f"{cache_dir}: no {table} record {key!r}")
+        record = decode_record(blob, where=reader.where(table, key), key=key)
+    lines = [f"{table}/{key}   fingerprint {record.fingerprint}   schema v{record.schema_version}   "
+             f"{len(blob) / 1024:.1f} KiB stored"]
+    for name, value in record.arrays.items():
+        lines.append(f"  {name:<28} {str(value.dtype):<8} {str(tuple(value.shape)):<18} {_summarize_array(value)}")
+    for name, value in record.meta.items():
+        text = repr(value)
+        lines.append(f"  meta.{name:<23} {text if len(text) < 100 else text[:97] + '...'}")
+    return "\n".join(lines)

@@ -1,0 +1,371 @@
+"""The units of precompute work, as plain functions (Ray wraps them in pipeline.py).
+
+- `read_target` parses one input file (mmCIF, or FASTA for sequence-only targets).
+- `search_chain` runs the configured search tools for one unique chain sequence and returns
+  its MSA record (MSA + template hits), ready for the `msa` table.
+- `featurize_target` builds one target's feature record from its structure and the MSAs of
+  its chains, either ingested from an alignments folder or decoded from `msa` records.
+
+Every function returns encoded records (bytes), so workers never touch LMDB: the driver is
+the only writer, as LMDB requires. Failures raise `TaskError` carrying the stage and, for
+tools, the stderr tail; the driver turns them into `errors` records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from featurecache.config import FeatureConfig, fingerprint
+from featurecache.features.featurize import featurize_target as build_features
+from featurecache.features.schema import SCHEMA_VERSION
+from featurecache.io.alignments import AlignmentIndex
+from featurecache.io.common import ParseError
+from featurecache.io.fasta import read_fasta
+from featurecache.io.hits import TemplateHit, parse_hhr, parse_m8
+from featurecache.io.mmcif import Chain, Residue, Structure, read_mmcif, target_id_from_path
+from featurecache.io.msa import Msa, parse_a3m, parse_stockholm
+from featurecache.store.codec import decode_record, encode_record
+
+MSA_TABLE = "msa"
+FEATURES_TABLE = "features"
+ERRORS_TABLE = "errors"
+
+MMCIF_SUFFIXES = (".cif", ".mmcif", ".cif.gz", ".mmcif.gz")
+FASTA_SUFFIXES = (".fasta", ".fa", ".faa", ".fna", ".fasta.gz", ".fa.gz")
+INPUT_SUFFIXES = MMCIF_SUFFIXES + FASTA_SUFFIXES
+SEARCHED_TYPES = ("protein", "dna", "rna")
+
+
+class TaskError(Exception):
+    """A failed unit of work: what stage, which key, what went wrong (and the tool's stderr)."""
+
+    def __init__(self, stage: str, key: str, message: str, stderr_tail: str = ""):
+        super().__init__(f"{stage} {key}: {message}")
+        self.stage = stage
+        self.key = key
+        self.message = message
+        self.stderr_tail = stderr_tail
+
+    def __reduce__(self):
+        return (TaskError, (self.stage, self.key, self.message, self.stderr_tail))
+
+
+@dataclass(frozen=True)
+class TargetInput:
+    path: str
+    target_id: str
+    input_hash: str
+
+
+@dataclass(frozen=True)
+class ChainSequence:
+    chain_id: str
+    molecule_type: str
+    sequence: str
+
+
+@dataclass
+class FeaturizeResult:
+    target_id: str
+    features_blob: bytes
+    index_entry: dict
+    msa_blobs: dict[str, bytes] = field(default_factory=dict)  # msa key -> record (ingest mode)
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class SearchOutcome:
+    msa_key: str
+    msa_blob: bytes
+    tool_seconds: float
+    seconds: float
+
+
+def is_input_file(path: Path) -> bool:
+    return path.name.lower().endswith(INPUT_SUFFIXES)
+
+
+def target_id_for(path: str | os.PathLike) -> str:
+    """Record key of an input file: the file name without its suffixes, lower case."""
+    name = os.path.basename(str(path)).lower()
+    for suffix in sorted(FASTA_SUFFIXES, key=len, reverse=True):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return target_id_from_path(path)
+
+
+# --- reading inputs ---------------------------------------------------------------------------
+
+
+def _fasta_molecule_type(description: str, sequence: str) -> str:
+    """'mol:protein' / 'mol:na' (PDB seqres style) or '|dna' / '|rna' hints, else by letters."""
+    lowered = description.lower()
+    for molecule_type in SEARCHED_TYPES:
+        if f"mol:{molecule_type}" in lowered or f"|{molecule_type}" in lowered:
+            return molecule_type
+    letters = set(sequence.upper())
+    if letters and letters <= set("ACGTUN"):  # nucleotides only: a header can still say mol:protein
+        return "rna" if "U" in letters else "dna"
+    return "protein"
+
+
+_ONE_TO_THREE = {
+    "protein": dict(zip("ARNDCQEGHILKMFPSTWYV", (
+        "ALA", "ARG", "ASN", "ASP", "CYS", "GLN", "GLU", "GLY", "HIS", "ILE",
+        "LEU", "LYS", "MET", "PHE", "PRO", "SER", "THR", "TRP", "TYR", "VAL"))),
+    "dna": {"A": "DA", "C": "DC", "G": "DG", "T": "DT"},
+    "rna": {"A": "A", "C": "C", "G": "G", "U": "U"},
+}
+_UNKNOWN_CODE = {"protein": "UNK", "dna": "DN", "rna": "N"}
+
+
+def structure_from_fasta(path: str | os.PathLike) -> Structure:
+    """A sequence-only target: one chain per FASTA record, every residue unresolved."""
+    records = read_fasta(path)
+    chains = []
+    empty = np.zeros(0, dtype=np.int8)
+    for number, record in enumerate(records):
+        molecule_type = _fasta_molecule_type(record.description, record.sequence)
+        table = _ONE_TO_THREE[molecule_type]
+        residues = []
+        for seq_id, letter in enumerate(record.sequence.upper(), start=1):
+            code = table.get(letter, _UNKNOWN_CODE[molecule_type])
+            residues.append(Residue(
+                name=code, parent=code, seq_id=seq_id, auth_seq_id=str(seq_id), atom_names=(),
+                elements=empty, charges=empty, positions=np.zeros((0, 3), np.float32),
+                occupancies=np.zeros(0, np.float32), b_factors=np.zeros(0, np.float32),
+            ))
+        chain_id = _chain_label(number)
+        chains.append(Chain(chain_id, chain_id, str(number + 1), molecule_type, tuple(residues)))
+    return Structure(target_id_for(path), str(path), None, None, None, tuple(chains))
+
+
+def _chain_label(number: int) -> str:
+    """0 -> 'A', 25 -> 'Z', 26 -> 'AA': mmCIF-style chain labels."""
+    label = ""
+    number += 1
+    while number:
+        number, remainder = divmod(number - 1, 26)
+        label = chr(ord("A") + remainder) + label
+    return label
+
+
+def read_target(path: str | os.PathLike) -> Structure:
+    """Parse one input file; raises TaskError(stage='parse') naming the file."""
+    name = os.path.basename(str(path)).lower()
+    try:
+        if name.endswith(FASTA_SUFFIXES):
+            return structure_from_fasta(path)
+        return read_mmcif(path)
+    except (ParseError, ValueError, OSError) as error:
+        raise TaskError("parse", target_id_for(path), str(error)) from None
+
+
+def chain_sequences(structure: Structure) -> list[ChainSequence]:
+    return [
+        ChainSequence(chain.chain_id, chain.molecule_type, chain.sequence)
+        for chain in structure.chains
+        if chain.molecule_type in SEARCHED_TYPES
+    ]
+
+
+# --- MSA records ------------------------------------------------------------------------------
+
+_HIT_SCALARS = ("name", "index", "aligned_cols", "sum_probs", "e_value", "identity", "query_start",
+                "query_end", "hit_start", "hit_end", "hit_sequence", "hit_length", "description", "source")
+
+
+def encode_msa_record(key: str, msa: Msa, hits: tuple[TemplateHit, ...] | list[TemplateHit], meta: dict,
+                      record_fingerprint: str, zstd_level: int) -> bytes:
+    """One chain's MSA and template hits as a record of the `msa` table."""
+    offsets = np.cumsum([0] + [len(hit.query_indices) for hit in hits]).astype(np.int64)
+    arrays = {
+        "aligned": msa.aligned,
+        "deletion_matrix": msa.deletion_matrix.astype(np.int32),
+        "hit_offsets": offsets,
+        "hit_query_indices": np.concatenate([hit.query_indices for hit in hits]).astype(np.int32)
+        if hits else np.zeros(0, np.int32),
+        "hit_hit_indices": np.concatenate([hit.hit_indices for hit in hits]).astype(np.int32)
+        if hits else np.zeros(0, np.int32),
+    }
+    meta = dict(meta)
+    meta["descriptions"] = list(msa.descriptions)
+    meta["msa_source"] = msa.source
+    meta["hits"] = [{name: getattr(hit, name) for name in _HIT_SCALARS} for hit in hits]
+    return encode_record(key, arrays, meta, record_fingerprint, "", SCHEMA_VERSION, zstd_level)
+
+
+def decode_msa_record(blob: bytes, where: str) -> tuple[Msa, list[TemplateHit]]:
+    record = decode_record(blob, where=where)
+    arrays, meta = record.arrays, record.meta
+    msa = Msa(arrays["aligned"], arrays["deletion_matrix"], tuple(meta["descriptions"]), meta["msa_source"])
+    offsets = arrays["hit_offsets"]
+    hits = [
+        TemplateHit(
+            **fields,
+            query_indices=arrays["hit_query_indices"][offsets[i]:offsets[i + 1]],
+            hit_indices=arrays["hit_hit_indices"][offsets[i]:offsets[i + 1]],
+        )
+        for i, fields in enumerate(meta["hits"])
+    ]
+    return msa, hits
+
+
+def query_only_msa(sequence: str, source: str) -> Msa:
+    aligned = np.frombuffer(sequence.upper().encode("ascii"), dtype=np.uint8)[None, :].copy()
+    return Msa(aligned, np.zeros(aligned.shape, np.int32), ("query",), source)
+
+
+# --- search -----------------------------------------------------------------------------------
+
+
+def parse_search_result(result) -> tuple[Msa, list[TemplateHit]]:
+    """Turn a SearchResult's raw tool outputs into one MSA (databases in config order) and hits."""
+    msas = []
+    for item in result.msas:
+        source = f"{item.database}:{item.tool}"
+        if item.output_format == "sto":
+            msas.append(parse_stockholm(item.text, source))
+        elif item.output_format == "a3m":
+            msas.append(parse_a3m(item.text, source))
+        else:
+            raise ValueError(f"{source}: cannot read MSA output format {item.output_format!r}")
+    msas = [msa for msa in msas if msa.depth > 0]
+    query = result.sequence.upper()
+    combined = query_only_msa(query, "query")
+    if msas:
+        rows = [combined.aligned] + [msa.aligned[1:] for msa in msas]
+        deletions = [combined.deletion_matrix] + [msa.deletion_matrix[1:] for msa in msas]
+        descriptions = combined.descriptions + sum((msa.descriptions[1:] for msa in msas), ())
+        for msa in msas:
+            if msa.length != len(query):
+                raise ValueError(f"{msa.source}: MSA has {msa.length} columns, query has {len(query)} residues")
+        combined = Msa(np.concatenate(rows), np.concatenate(deletions), descriptions,
+                       "+".join(msa.source for msa in msas))
+    hits: list[TemplateHit] = []
+    for item in result.templates:
+        source = f"{item.database}:{item.tool}"
+        parse = parse_hhr if item.output_format == "hhr" else parse_m8
+        if item.output_format == "sto":
+            continue  # hmmsearch output needs realignment to the query; not featurized
+        hits.extend(parse(item.text, source))
+    return combined, hits
+
+
+def search_chain(sequence: ChainSequence, msa_key: str, plan, zstd_level: int) -> SearchOutcome:
+    """Run every configured search for one unique chain sequence; raises TaskError on failure."""
+    from featurecache.workers.tools import ToolError
+
+    started = time.perf_counter()
+    try:
+        result = plan.search(sequence.sequence, sequence.molecule_type)
+        msa, hits = parse_search_result(result)
+    except ToolError as error:
+        raise TaskError("search", msa_key, str(error), getattr(error, "stderr_tail", "")) from None
+    except (ParseError, ValueError, OSError) as error:
+        raise TaskError("search", msa_key, str(error)) from None
+    meta = {
+        "molecule_type": sequence.molecule_type,
+        "sequence": sequence.sequence,
+        "databases": {item.database: {"tool": item.tool, "version": item.tool_version, "hits": item.num_hits,
+                                      "seconds": round(item.wall_seconds, 3)}
+                      for item in result.msas + result.templates},
+    }
+    blob = encode_msa_record(msa_key, msa, hits, meta, result.fingerprint, zstd_level)
+    return SearchOutcome(msa_key, blob, result.tool_seconds, time.perf_counter() - started)
+
+
+# --- featurization ----------------------------------------------------------------------------
+
+
+def _index_entry(arrays: dict, meta: dict, record_fingerprint: str, input_hash: str) -> dict:
+    return {
+        "num_tokens": int(arrays["restype"].shape[0]),
+        "num_atoms": int(arrays["atom_to_token"].shape[0]),
+        "msa_depth": int(arrays["msa"].shape[0]),
+        "num_templates": int(arrays["template_restype"].shape[0]),
+        "num_chains": len(meta.get("chain_ids", [])),
+        "warnings": len(meta.get("warnings", [])),
+        "weight": 1.0,
+        "fingerprint": record_fingerprint,
+        "input_hash": input_hash,
+    }
+
+
+def _encode_features(target: TargetInput, structure: Structure, chain_msas: dict, chain_hits: dict,
+                     config: FeatureConfig, template_dir: str | None, record_fingerprint: str,
+                     extra_warnings: list[str]) -> tuple[bytes, dict, list[str]]:
+    try:
+        arrays, meta = build_features(structure, chain_msas, chain_hits, config, template_dir=template_dir,
+                                      source_hash=target.input_hash, warnings=extra_warnings)
+    except (ValueError, KeyError, IndexError) as error:
+        raise TaskError("featurize", target.target_id, f"{target.path}: {error}") from None
+    blob = encode_record(target.target_id, arrays, meta, record_fingerprint, target.input_hash, SCHEMA_VERSION,
+                         config.zstd_level)
+    return blob, _index_entry(arrays, meta, record_fingerprint, target.input_hash), meta["warnings"]
+
+
+def featurize_ingested(target: TargetInput, alignments: AlignmentIndex | None, config: FeatureConfig,
+                       template_dir: str | None, record_fingerprint: str, msa_key) -> FeaturizeResult:
+    """Featurize one target with alignments ingested from files (or none: query-only MSAs).
+
+    `msa_key(chain_sequence, files_fingerprint)` names the chain's record in the `msa` table;
+    homomer chains share it, so it is stored once.
+    """
+    started = time.perf_counter()
+    structure = read_target(target.path)
+    warnings: list[str] = []
+    chain_msas: dict[str, Msa | None] = {}
+    chain_hits: dict[str, list[TemplateHit]] = {}
+    msa_blobs: dict[str, bytes] = {}
+    if alignments is not None:
+        try:
+            found, found_warnings = alignments.for_structure(structure)
+        except (ParseError, ValueError, OSError) as error:
+            raise TaskError("alignments", target.target_id, str(error)) from None
+        warnings.extend(found_warnings)
+        for chain_id, chain_alignments in found.items():
+            chain_msas[chain_id] = chain_alignments.msa
+            chain_hits[chain_id] = list(chain_alignments.hits)
+            if chain_alignments.msa is None:
+                continue
+            chain = structure.chain(chain_id)
+            files_fingerprint = fingerprint(sorted(chain_alignments.msa_files), sorted(chain_alignments.hit_files))
+            key = msa_key(ChainSequence(chain_id, chain.molecule_type, chain.sequence), files_fingerprint)
+            if key not in msa_blobs:
+                meta = {"molecule_type": chain.molecule_type, "sequence": chain.sequence,
+                        "files": list(chain_alignments.msa_files) + list(chain_alignments.hit_files)}
+                msa_blobs[key] = encode_msa_record(key, chain_alignments.msa, chain_alignments.hits, meta,
+                                                   files_fingerprint, config.zstd_level)
+    blob, entry, all_warnings = _encode_features(target, structure, chain_msas, chain_hits, config, template_dir,
+                                                 record_fingerprint, warnings)
+    return FeaturizeResult(target.target_id, blob, entry, msa_blobs, all_warnings, time.perf_counter() - started)
+
+
+def featurize_searched(target: TargetInput, msa_blobs: dict[str, bytes], chain_keys: dict[str, str],
+                       config: FeatureConfig, template_dir: str | None, record_fingerprint: str) -> FeaturizeResult:
+    """Featurize one target from the `msa` records of its chains (chain id -> msa key)."""
+    started = time.perf_counter()
+    structure = read_target(target.path)
+    chain_msas: dict[str, Msa | None] = {}
+    chain_hits: dict[str, list[TemplateHit]] = {}
+    decoded: dict[str, tuple[Msa, list[TemplateHit]]] = {}
+    for chain_id, key in chain_keys.items():
+        if key not in decoded:
+            decoded[key] = decode_msa_record(msa_blobs[key], where=f"msa/{key}")
+        chain_msas[chain_id], chain_hits[chain_id] = decoded[key]
+    blob, entry, warnings = _encode_features(target, structure, chain_msas, chain_hits, config, template_dir,
+                                             record_fingerprint, [])
+    return FeaturizeResult(target.target_id, blob, entry, {}, warnings, time.perf_counter() - started)
+
+
+def replace_fields(config, **changes):
+    """dataclasses.replace that ignores None values (options left unset on the command line)."""
+    return dataclasses.replace(config, **{name: value for name, value in changes.items() if value is not None})
