@@ -66,6 +66,23 @@ def _mma(a, b, acc, PRECISION: tl.constexpr):
         return tl.dot(a, b, acc, input_precision=PRECISION)
 
 
+@triton.jit
+def _cast(x, dtype: tl.constexpr, PRECISION: tl.constexpr):
+    """x.to(dtype) with round-to-nearest-even, as the GPU does.
+
+    The interpreter truncates fp32 -> bf16 (twice the error, and biased), which would make the
+    CPU tests measure the interpreter rather than the kernel; there the rounding is done on the
+    bits first, so the truncating cast that follows is exact.
+    """
+    out = x.to(dtype)
+    if PRECISION == "interpret":
+        if dtype == tl.bfloat16:
+            bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+            bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+            out = bits.to(tl.float32, bitcast=True).to(dtype)
+    return out
+
+
 def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 

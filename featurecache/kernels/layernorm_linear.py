@@ -14,6 +14,7 @@ from torch import nn
 
 from featurecache.kernels import _common
 from featurecache.kernels._common import (
+    _cast,
     _layernorm_rows,
     _layernorm_rows_bwd,
     _mma,
@@ -49,15 +50,15 @@ def _layernorm_linear_fwd_kernel(
     xhat, mean, rstd = _layernorm_rows(x.to(tl.float32), k_mask, n_in, eps)
     norm_w = tl.load(NORM_W + cols_k, mask=k_mask, other=0.0).to(tl.float32)
     norm_b = tl.load(NORM_B + cols_k, mask=k_mask, other=0.0).to(tl.float32)
-    xn = (xhat * norm_w[None, :] + norm_b[None, :]).to(x.dtype)
+    xn = _cast(xhat * norm_w[None, :] + norm_b[None, :], x.dtype, PRECISION)
 
     # W [BLOCK_N, BLOCK_K]
-    w = tl.load(W + cols_n[:, None] * n_in + cols_k[None, :],
-                mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(x.dtype)
+    w = _cast(tl.load(W + cols_n[:, None] * n_in + cols_k[None, :],
+                mask=n_mask[:, None] & k_mask[None, :], other=0.0), x.dtype, PRECISION)
     acc = _mma(xn, tl.trans(w), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), PRECISION)
     if HAS_BIAS:
         acc += tl.load(BIAS + cols_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(Y + rows[:, None] * n_out + cols_n[None, :], acc.to(Y.dtype.element_ty),
+    tl.store(Y + rows[:, None] * n_out + cols_n[None, :], _cast(acc, Y.dtype.element_ty, PRECISION),
              mask=row_mask[:, None] & n_mask[None, :])
     if pid_n == 0:
         tl.store(MEAN + rows, mean, mask=row_mask)
@@ -93,13 +94,13 @@ def _layernorm_linear_bwd_dx_kernel(
         n_mask = cols_n < n_out
         dy = tl.load(DY + rows[:, None] * n_out + cols_n[None, :],
                      mask=row_mask[:, None] & n_mask[None, :], other=0.0)
-        w = tl.load(W + cols_n[:, None] * n_in + cols_k[None, :],
-                    mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(dy.dtype)
+        w = _cast(tl.load(W + cols_n[:, None] * n_in + cols_k[None, :],
+                    mask=n_mask[:, None] & k_mask[None, :], other=0.0), dy.dtype, PRECISION)
         d_xn = _mma(dy, w, d_xn, PRECISION)
 
     norm_w = tl.load(NORM_W + cols_k, mask=k_mask, other=0.0).to(tl.float32)
     dx = _layernorm_rows_bwd(d_xn, xhat, norm_w, rstd, n_in)
-    tl.store(DX + rows[:, None] * n_in + cols_k[None, :], dx.to(DX.dtype.element_ty),
+    tl.store(DX + rows[:, None] * n_in + cols_k[None, :], _cast(dx, DX.dtype.element_ty, PRECISION),
              mask=row_mask[:, None] & k_mask[None, :])
     tl.store(DNORM_W_PART + pid_m * n_in + cols_k, tl.sum(d_xn * xhat, axis=0), mask=k_mask)
     tl.store(DNORM_B_PART + pid_m * n_in + cols_k, tl.sum(d_xn, axis=0), mask=k_mask)
@@ -134,7 +135,7 @@ def _layernorm_linear_bwd_dw_kernel(
         mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
         rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
         xhat = _normalize_saved(x.to(tl.float32), mean, rstd, k_mask)
-        xn = (xhat * norm_w[None, :] + norm_b[None, :]).to(x.dtype)
+        xn = _cast(xhat * norm_w[None, :] + norm_b[None, :], x.dtype, PRECISION)
         # padded rows give xn = norm_b but dy = 0 there, so they add nothing
         dy = tl.load(DY + rows[:, None] * n_out + cols_n[None, :],
                      mask=row_mask[:, None] & n_mask[None, :], other=0.0)

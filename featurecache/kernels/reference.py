@@ -57,7 +57,10 @@ def layernorm_linear_reference(x, norm_weight, norm_bias, weight, bias=None, eps
 
 
 def transition_reference(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps=1e-5):
-    """AF3 Transition (Algorithm 11): x [..., C]; weight_a, weight_b [n*C, C]; weight_out [C, n*C]."""
+    """AF3 Transition (Algorithm 11).
+
+    x [..., C]; weight_a, weight_b [n*C, C]; weight_out [C, n*C] -> [..., C].
+    """
     xn = _layer_norm(x, norm_weight, norm_bias, eps)
     hidden = torch.nn.functional.silu(_linear(xn, weight_a)) * _linear(xn, weight_b)
     return _linear(hidden, weight_out)

@@ -18,6 +18,7 @@ from torch import nn
 
 from featurecache.kernels import _common
 from featurecache.kernels._common import (
+    _cast,
     _layernorm_rows,
     _layernorm_rows_bwd,
     _mma,
@@ -48,7 +49,7 @@ def _transition_fwd_kernel(
     xhat, mean, rstd = _layernorm_rows(x.to(tl.float32), col_mask, n_ch, eps)
     norm_w = tl.load(NORM_W + cols, mask=col_mask, other=0.0).to(tl.float32)
     norm_b = tl.load(NORM_B + cols, mask=col_mask, other=0.0).to(tl.float32)
-    xn = (xhat * norm_w[None, :] + norm_b[None, :]).to(x.dtype)
+    xn = _cast(xhat * norm_w[None, :] + norm_b[None, :], x.dtype, PRECISION)
 
     acc = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
     zeros_h = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
@@ -59,11 +60,12 @@ def _transition_fwd_kernel(
         wa = tl.load(WA + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
         wb = tl.load(WB + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
         wo = tl.load(WO + cols[None, :] * n_hidden + hids[:, None], mask=w_mask, other=0.0)
-        a = _mma(xn, tl.trans(wa.to(x.dtype)), zeros_h, PRECISION)
-        b = _mma(xn, tl.trans(wb.to(x.dtype)), zeros_h, PRECISION)
-        hidden = (a * tl.sigmoid(a) * b).to(x.dtype)
-        acc = _mma(hidden, wo.to(x.dtype), acc, PRECISION)
-    tl.store(Y + rows[:, None] * n_ch + cols[None, :], acc.to(Y.dtype.element_ty), mask=tile_mask)
+        a = _mma(xn, tl.trans(_cast(wa, x.dtype, PRECISION)), zeros_h, PRECISION)
+        b = _mma(xn, tl.trans(_cast(wb, x.dtype, PRECISION)), zeros_h, PRECISION)
+        hidden = _cast(a * tl.sigmoid(a) * b, x.dtype, PRECISION)
+        acc = _mma(hidden, _cast(wo, x.dtype, PRECISION), acc, PRECISION)
+    tl.store(Y + rows[:, None] * n_ch + cols[None, :], _cast(acc, Y.dtype.element_ty, PRECISION),
+             mask=tile_mask)
     tl.store(MEAN + rows, mean, mask=row_mask)
     tl.store(RSTD + rows, rstd, mask=row_mask)
 
@@ -103,7 +105,7 @@ def _transition_bwd_dx_kernel(
     xhat = _normalize_saved(x.to(tl.float32), mean, rstd, col_mask)
     norm_w = tl.load(NORM_W + cols, mask=col_mask, other=0.0).to(tl.float32)
     norm_b = tl.load(NORM_B + cols, mask=col_mask, other=0.0).to(tl.float32)
-    xn = (xhat * norm_w[None, :] + norm_b[None, :]).to(x.dtype)
+    xn = _cast(xhat * norm_w[None, :] + norm_b[None, :], x.dtype, PRECISION)
     dy = tl.load(DY + rows[:, None] * n_ch + cols[None, :], mask=tile_mask, other=0.0)
 
     d_xn = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
@@ -111,15 +113,19 @@ def _transition_bwd_dx_kernel(
     for h_start in range(0, n_hidden, BLOCK_H):
         hids = h_start + tl.arange(0, BLOCK_H)
         w_mask = (hids < n_hidden)[:, None] & col_mask[None, :]
-        wa = tl.load(WA + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0).to(x.dtype)
-        wb = tl.load(WB + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0).to(x.dtype)
-        wo = tl.load(WO + cols[None, :] * n_hidden + hids[:, None], mask=w_mask, other=0.0).to(x.dtype)
+        wa = tl.load(WA + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
+        wb = tl.load(WB + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
+        wo = tl.load(WO + cols[None, :] * n_hidden + hids[:, None], mask=w_mask, other=0.0)
+        wa = _cast(wa, x.dtype, PRECISION)
+        wb = _cast(wb, x.dtype, PRECISION)
+        wo = _cast(wo, x.dtype, PRECISION)
         _, d_a, d_b = _swiglu_bwd(xn, dy, wa, wb, wo, zeros_h, PRECISION)
-        d_xn = _mma(d_a.to(x.dtype), wa, d_xn, PRECISION)
-        d_xn = _mma(d_b.to(x.dtype), wb, d_xn, PRECISION)
+        d_xn = _mma(_cast(d_a, x.dtype, PRECISION), wa, d_xn, PRECISION)
+        d_xn = _mma(_cast(d_b, x.dtype, PRECISION), wb, d_xn, PRECISION)
 
     dx = _layernorm_rows_bwd(d_xn, xhat, norm_w, rstd, n_ch)
-    tl.store(DX + rows[:, None] * n_ch + cols[None, :], dx.to(DX.dtype.element_ty), mask=tile_mask)
+    tl.store(DX + rows[:, None] * n_ch + cols[None, :], _cast(dx, DX.dtype.element_ty, PRECISION),
+             mask=tile_mask)
     tl.store(DNORM_W_PART + pid * n_ch + cols, tl.sum(d_xn * xhat, axis=0), mask=col_mask)
     tl.store(DNORM_B_PART + pid * n_ch + cols, tl.sum(d_xn, axis=0), mask=col_mask)
 
@@ -142,9 +148,13 @@ def _transition_bwd_dw_kernel(
     w_mask = (hids < n_hidden)[:, None] & col_mask[None, :]
     norm_w = tl.load(NORM_W + cols, mask=col_mask, other=0.0).to(tl.float32)
     norm_b = tl.load(NORM_B + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dtype = X.dtype.element_ty
     wa = tl.load(WA + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
     wb = tl.load(WB + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
     wo = tl.load(WO + cols[None, :] * n_hidden + hids[:, None], mask=w_mask, other=0.0)
+    wa = _cast(wa, dtype, PRECISION)
+    wb = _cast(wb, dtype, PRECISION)
+    wo = _cast(wo, dtype, PRECISION)
 
     # accumulated as [BLOCK_H, BLOCK_C]; d_wo is stored transposed into WO's [C, n_hidden]
     d_wa = tl.zeros((BLOCK_H, BLOCK_C), dtype=tl.float32)
@@ -159,15 +169,13 @@ def _transition_bwd_dw_kernel(
         mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
         rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
         xhat = _normalize_saved(x.to(tl.float32), mean, rstd, col_mask)
-        xn = (xhat * norm_w[None, :] + norm_b[None, :]).to(x.dtype)
+        xn = _cast(xhat * norm_w[None, :] + norm_b[None, :], x.dtype, PRECISION)
         # padded rows have dy = 0, hence zero d_a, d_b and no contribution to d_wo
         dy = tl.load(DY + rows[:, None] * n_ch + cols[None, :], mask=tile_mask, other=0.0)
-        hidden, d_a, d_b = _swiglu_bwd(
-            xn, dy, wa.to(x.dtype), wb.to(x.dtype), wo.to(x.dtype), zeros_h, PRECISION
-        )
-        d_wa = _mma(tl.trans(d_a.to(x.dtype)), xn, d_wa, PRECISION)
-        d_wb = _mma(tl.trans(d_b.to(x.dtype)), xn, d_wb, PRECISION)
-        d_wo = _mma(tl.trans(hidden.to(x.dtype)), dy, d_wo, PRECISION)
+        hidden, d_a, d_b = _swiglu_bwd(xn, dy, wa, wb, wo, zeros_h, PRECISION)
+        d_wa = _mma(tl.trans(_cast(d_a, x.dtype, PRECISION)), xn, d_wa, PRECISION)
+        d_wb = _mma(tl.trans(_cast(d_b, x.dtype, PRECISION)), xn, d_wb, PRECISION)
+        d_wo = _mma(tl.trans(_cast(hidden, x.dtype, PRECISION)), dy, d_wo, PRECISION)
     part = pid_s * n_hidden * n_ch
     tl.store(DWA_PART + part + hids[:, None] * n_ch + cols[None, :], d_wa, mask=w_mask)
     tl.store(DWB_PART + part + hids[:, None] * n_ch + cols[None, :], d_wb, mask=w_mask)

@@ -24,6 +24,7 @@ from torch import nn
 
 from featurecache.kernels import _common
 from featurecache.kernels._common import (
+    _cast,
     _layernorm_rows,
     _layernorm_rows_bwd,
     _mma,
@@ -43,7 +44,8 @@ def _channel_first_base(rows, n_hidden, pair_rows):
 
 
 @triton.jit
-def _load_zn(Z, NORM_W, NORM_B, MEAN, RSTD, rows, cols, row_mask, col_mask, n_ch):
+def _load_zn(Z, NORM_W, NORM_B, MEAN, RSTD, rows, cols, row_mask, col_mask, n_ch,
+             PRECISION: tl.constexpr):
     """LayerNorm(z) of one row tile from saved statistics, in z's dtype: [BLOCK_M, BLOCK_C]."""
     z = tl.load(Z + rows[:, None] * n_ch + cols[None, :],
                 mask=row_mask[:, None] & col_mask[None, :], other=0.0)
@@ -52,11 +54,12 @@ def _load_zn(Z, NORM_W, NORM_B, MEAN, RSTD, rows, cols, row_mask, col_mask, n_ch
     zhat = _normalize_saved(z.to(tl.float32), mean, rstd, col_mask)
     norm_w = tl.load(NORM_W + cols, mask=col_mask, other=0.0).to(tl.float32)
     norm_b = tl.load(NORM_B + cols, mask=col_mask, other=0.0).to(tl.float32)
-    return (zhat * norm_w[None, :] + norm_b[None, :]).to(z.dtype), zhat, rstd
+    return _cast(zhat * norm_w[None, :] + norm_b[None, :], z.dtype, PRECISION), zhat, rstd
 
 
 @triton.jit
-def _load_xn(X, NORM_W, NORM_B, MEAN, RSTD, rows, hids, row_mask, hid_mask, n_hidden, pair_rows):
+def _load_xn(X, NORM_W, NORM_B, MEAN, RSTD, rows, hids, row_mask, hid_mask, n_hidden, pair_rows,
+             PRECISION: tl.constexpr):
     """LayerNorm(x) of one row tile, x read channel-first; returns (xn, xhat, rstd)."""
     base = _channel_first_base(rows, n_hidden, pair_rows)
     x = tl.load(X + base[:, None] + hids[None, :].to(tl.int64) * pair_rows,
@@ -66,14 +69,15 @@ def _load_xn(X, NORM_W, NORM_B, MEAN, RSTD, rows, hids, row_mask, hid_mask, n_hi
     xhat = _normalize_saved(x.to(tl.float32), mean, rstd, hid_mask)
     norm_w = tl.load(NORM_W + hids, mask=hid_mask, other=0.0).to(tl.float32)
     norm_b = tl.load(NORM_B + hids, mask=hid_mask, other=0.0).to(tl.float32)
-    return (xhat * norm_w[None, :] + norm_b[None, :]).to(x.dtype), xhat, rstd
+    return _cast(xhat * norm_w[None, :] + norm_b[None, :], x.dtype, PRECISION), xhat, rstd
 
 
 @triton.jit
-def _load_weight(W, out_idx, in_idx, out_mask, in_mask, n_in, dtype: tl.constexpr):
+def _load_weight(W, out_idx, in_idx, out_mask, in_mask, n_in, dtype: tl.constexpr,
+                 PRECISION: tl.constexpr):
     """Tile W[out_idx, in_idx] of a row-major [n_out, n_in] weight, cast to the compute dtype."""
-    return tl.load(W + out_idx[:, None] * n_in + in_idx[None, :],
-                   mask=out_mask[:, None] & in_mask[None, :], other=0.0).to(dtype)
+    return _cast(tl.load(W + out_idx[:, None] * n_in + in_idx[None, :],
+                   mask=out_mask[:, None] & in_mask[None, :], other=0.0), dtype, PRECISION)
 
 
 @triton.jit
@@ -99,7 +103,7 @@ def _triangle_proj_kernel(
     zhat, mean, rstd = _layernorm_rows(z.to(tl.float32), col_mask, n_ch, eps)
     norm_w = tl.load(NORM_W + cols, mask=col_mask, other=0.0).to(tl.float32)
     norm_b = tl.load(NORM_B + cols, mask=col_mask, other=0.0).to(tl.float32)
-    zn = (zhat * norm_w[None, :] + norm_b[None, :]).to(z.dtype)
+    zn = _cast(zhat * norm_w[None, :] + norm_b[None, :], z.dtype, PRECISION)
     if STORE_STATS:
         tl.store(MEAN + rows, mean, mask=row_mask)
         tl.store(RSTD + rows, rstd, mask=row_mask)
@@ -112,20 +116,20 @@ def _triangle_proj_kernel(
     for h_start in range(0, n_hidden, BLOCK_H):
         hids = h_start + tl.arange(0, BLOCK_H)
         hid_mask = hids < n_hidden
-        a_p = _mma(zn, tl.trans(_load_weight(WAP, hids, cols, hid_mask, col_mask, n_ch, z.dtype)),
-                   zeros_h, PRECISION)
-        a_g = _mma(zn, tl.trans(_load_weight(WAG, hids, cols, hid_mask, col_mask, n_ch, z.dtype)),
-                   zeros_h, PRECISION)
-        b_p = _mma(zn, tl.trans(_load_weight(WBP, hids, cols, hid_mask, col_mask, n_ch, z.dtype)),
-                   zeros_h, PRECISION)
-        b_g = _mma(zn, tl.trans(_load_weight(WBG, hids, cols, hid_mask, col_mask, n_ch, z.dtype)),
-                   zeros_h, PRECISION)
+        w_a_p = _load_weight(WAP, hids, cols, hid_mask, col_mask, n_ch, z.dtype, PRECISION)
+        a_p = _mma(zn, tl.trans(w_a_p), zeros_h, PRECISION)
+        w_a_g = _load_weight(WAG, hids, cols, hid_mask, col_mask, n_ch, z.dtype, PRECISION)
+        a_g = _mma(zn, tl.trans(w_a_g), zeros_h, PRECISION)
+        w_b_p = _load_weight(WBP, hids, cols, hid_mask, col_mask, n_ch, z.dtype, PRECISION)
+        b_p = _mma(zn, tl.trans(w_b_p), zeros_h, PRECISION)
+        w_b_g = _load_weight(WBG, hids, cols, hid_mask, col_mask, n_ch, z.dtype, PRECISION)
+        b_g = _mma(zn, tl.trans(w_b_g), zeros_h, PRECISION)
         out_offsets = base[:, None] + hids[None, :].to(tl.int64) * pair_rows
         out_mask = row_mask[:, None] & hid_mask[None, :]
         a = tl.sigmoid(a_g) * a_p * keep[:, None]
         b = tl.sigmoid(b_g) * b_p * keep[:, None]
-        tl.store(A + out_offsets, a.to(A.dtype.element_ty), mask=out_mask)
-        tl.store(B + out_offsets, b.to(B.dtype.element_ty), mask=out_mask)
+        tl.store(A + out_offsets, _cast(a, A.dtype.element_ty, PRECISION), mask=out_mask)
+        tl.store(B + out_offsets, _cast(b, B.dtype.element_ty, PRECISION), mask=out_mask)
 
 
 @triton.jit
@@ -155,16 +159,17 @@ def _triangle_out_kernel(
     tl.store(RSTD_OUT + rows, rstd, mask=row_mask)
     norm_w = tl.load(NORM_OUT_W + hids, mask=hid_mask, other=0.0).to(tl.float32)
     norm_b = tl.load(NORM_OUT_B + hids, mask=hid_mask, other=0.0).to(tl.float32)
-    xn = (xhat * norm_w[None, :] + norm_b[None, :]).to(x.dtype)
+    xn = _cast(xhat * norm_w[None, :] + norm_b[None, :], x.dtype, PRECISION)
     zn, _, _ = _load_zn(Z, NORM_IN_W, NORM_IN_B, MEAN_IN, RSTD_IN, rows, cols, row_mask,
-                        col_mask, n_ch)
+                        col_mask, n_ch, PRECISION)
 
     zeros_c = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
-    wz = _load_weight(WZ, cols, hids, col_mask, hid_mask, n_hidden, x.dtype)
-    wg = _load_weight(WG, cols, cols, col_mask, col_mask, n_ch, x.dtype)
+    wz = _load_weight(WZ, cols, hids, col_mask, hid_mask, n_hidden, x.dtype, PRECISION)
+    wg = _load_weight(WG, cols, cols, col_mask, col_mask, n_ch, x.dtype, PRECISION)
     y = _mma(xn, tl.trans(wz), zeros_c, PRECISION)
     gate = tl.sigmoid(_mma(zn, tl.trans(wg), zeros_c, PRECISION))
-    tl.store(OUT + rows[:, None] * n_ch + cols[None, :], (gate * y).to(OUT.dtype.element_ty),
+    out = _cast(gate * y, OUT.dtype.element_ty, PRECISION)
+    tl.store(OUT + rows[:, None] * n_ch + cols[None, :], out,
              mask=row_mask[:, None] & col_mask[None, :])
 
 
@@ -188,23 +193,23 @@ def _triangle_bwd_out_kernel(
     hid_mask = hids < n_hidden
 
     zn, _, _ = _load_zn(Z, NORM_IN_W, NORM_IN_B, MEAN_IN, RSTD_IN, rows, cols, row_mask,
-                        col_mask, n_ch)
+                        col_mask, n_ch, PRECISION)
     _, xhat, rstd = _load_xn(X, NORM_OUT_W, NORM_OUT_B, MEAN_OUT, RSTD_OUT, rows, hids, row_mask,
-                             hid_mask, n_hidden, pair_rows)
+                             hid_mask, n_hidden, pair_rows, PRECISION)
     dout = tl.load(DOUT + rows[:, None] * n_ch + cols[None, :],
                    mask=row_mask[:, None] & col_mask[None, :], other=0.0)
-    wg = _load_weight(WG, cols, cols, col_mask, col_mask, n_ch, zn.dtype)
-    wz = _load_weight(WZ, cols, hids, col_mask, hid_mask, n_hidden, zn.dtype)
+    wg = _load_weight(WG, cols, cols, col_mask, col_mask, n_ch, zn.dtype, PRECISION)
+    wz = _load_weight(WZ, cols, hids, col_mask, hid_mask, n_hidden, zn.dtype, PRECISION)
     gate = tl.sigmoid(_mma(zn, tl.trans(wg), tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32),
                            PRECISION))
-    d_y = (dout.to(tl.float32) * gate).to(zn.dtype)
+    d_y = _cast(dout.to(tl.float32) * gate, zn.dtype, PRECISION)
     d_xn = _mma(d_y, wz, tl.zeros((BLOCK_M, BLOCK_HF), dtype=tl.float32), PRECISION)
 
     norm_w = tl.load(NORM_OUT_W + hids, mask=hid_mask, other=0.0).to(tl.float32)
     dx = _layernorm_rows_bwd(d_xn, xhat, norm_w, rstd, n_hidden)
     base = _channel_first_base(rows, n_hidden, pair_rows)
     tl.store(DX + base[:, None] + hids[None, :].to(tl.int64) * pair_rows,
-             dx.to(DX.dtype.element_ty), mask=row_mask[:, None] & hid_mask[None, :])
+             _cast(dx, DX.dtype.element_ty, PRECISION), mask=row_mask[:, None] & hid_mask[None, :])
     tl.store(DNORM_W_PART + pid * n_hidden + hids, tl.sum(d_xn * xhat, axis=0), mask=hid_mask)
     tl.store(DNORM_B_PART + pid * n_hidden + hids, tl.sum(d_xn, axis=0), mask=hid_mask)
 
@@ -213,8 +218,8 @@ def _triangle_bwd_out_kernel(
 def _gated_projection_bwd(zn, d_out, keep, WP, WG, hids, cols, hid_mask, col_mask, n_ch,
                           zeros_h, PRECISION: tl.constexpr):
     """For out = sigmoid(zn Wg^T) * (zn Wp^T) * keep: gradients wrt the two projections (fp32)."""
-    w_p = _load_weight(WP, hids, cols, hid_mask, col_mask, n_ch, zn.dtype)
-    w_g = _load_weight(WG, hids, cols, hid_mask, col_mask, n_ch, zn.dtype)
+    w_p = _load_weight(WP, hids, cols, hid_mask, col_mask, n_ch, zn.dtype, PRECISION)
+    w_g = _load_weight(WG, hids, cols, hid_mask, col_mask, n_ch, zn.dtype, PRECISION)
     proj = _mma(zn, tl.trans(w_p), zeros_h, PRECISION)
     gate = tl.sigmoid(_mma(zn, tl.trans(w_g), zeros_h, PRECISION))
     d_masked = d_out * keep[:, None]
@@ -242,7 +247,7 @@ def _triangle_bwd_proj_kernel(
     col_mask = cols < n_ch
 
     zn, zhat, rstd_in = _load_zn(Z, NORM_IN_W, NORM_IN_B, MEAN_IN, RSTD_IN, rows, cols, row_mask,
-                                 col_mask, n_ch)
+                                 col_mask, n_ch, PRECISION)
     keep = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
     if HAS_MASK:
         keep = tl.load(MASK + rows, mask=row_mask, other=0).to(tl.float32)
@@ -260,32 +265,32 @@ def _triangle_bwd_proj_kernel(
         d_ap, d_ag, w_ap, w_ag = _gated_projection_bwd(zn, d_a, keep, WAP, WAG, hids, cols,
                                                        hid_mask, col_mask, n_ch, zeros_h,
                                                        PRECISION)
-        d_zn = _mma(d_ap.to(zn.dtype), w_ap, d_zn, PRECISION)
-        d_zn = _mma(d_ag.to(zn.dtype), w_ag, d_zn, PRECISION)
+        d_zn = _mma(_cast(d_ap, zn.dtype, PRECISION), w_ap, d_zn, PRECISION)
+        d_zn = _mma(_cast(d_ag, zn.dtype, PRECISION), w_ag, d_zn, PRECISION)
         d_bp, d_bg, w_bp, w_bg = _gated_projection_bwd(zn, d_b, keep, WBP, WBG, hids, cols,
                                                        hid_mask, col_mask, n_ch, zeros_h,
                                                        PRECISION)
-        d_zn = _mma(d_bp.to(zn.dtype), w_bp, d_zn, PRECISION)
-        d_zn = _mma(d_bg.to(zn.dtype), w_bg, d_zn, PRECISION)
+        d_zn = _mma(_cast(d_bp, zn.dtype, PRECISION), w_bp, d_zn, PRECISION)
+        d_zn = _mma(_cast(d_bg, zn.dtype, PRECISION), w_bg, d_zn, PRECISION)
 
     # output gate: d(zn @ Wg^T) = dout * y * gate * (1 - gate), y recomputed from x
     hids_full = tl.arange(0, BLOCK_HF)
     hid_full_mask = hids_full < n_hidden
     xn, _, _ = _load_xn(X, NORM_OUT_W, NORM_OUT_B, MEAN_OUT, RSTD_OUT, rows, hids_full, row_mask,
-                        hid_full_mask, n_hidden, pair_rows)
+                        hid_full_mask, n_hidden, pair_rows, PRECISION)
     zeros_c = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
-    wz = _load_weight(WZ, cols, hids_full, col_mask, hid_full_mask, n_hidden, zn.dtype)
-    wg = _load_weight(WG, cols, cols, col_mask, col_mask, n_ch, zn.dtype)
+    wz = _load_weight(WZ, cols, hids_full, col_mask, hid_full_mask, n_hidden, zn.dtype, PRECISION)
+    wg = _load_weight(WG, cols, cols, col_mask, col_mask, n_ch, zn.dtype, PRECISION)
     y = _mma(xn, tl.trans(wz), zeros_c, PRECISION)
     gate = tl.sigmoid(_mma(zn, tl.trans(wg), zeros_c, PRECISION))
     dout = tl.load(DOUT + rows[:, None] * n_ch + cols[None, :],
                    mask=row_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
     d_gate_logit = dout * y * gate * (1.0 - gate)
-    d_zn = _mma(d_gate_logit.to(zn.dtype), wg, d_zn, PRECISION)
+    d_zn = _mma(_cast(d_gate_logit, zn.dtype, PRECISION), wg, d_zn, PRECISION)
 
     norm_w = tl.load(NORM_IN_W + cols, mask=col_mask, other=0.0).to(tl.float32)
     dz = _layernorm_rows_bwd(d_zn, zhat, norm_w, rstd_in, n_ch)
-    tl.store(DZ + rows[:, None] * n_ch + cols[None, :], dz.to(DZ.dtype.element_ty),
+    tl.store(DZ + rows[:, None] * n_ch + cols[None, :], _cast(dz, DZ.dtype.element_ty, PRECISION),
              mask=row_mask[:, None] & col_mask[None, :])
     tl.store(DNORM_W_PART + pid * n_ch + cols, tl.sum(d_zn * zhat, axis=0), mask=col_mask)
     tl.store(DNORM_B_PART + pid * n_ch + cols, tl.sum(d_zn, axis=0), mask=col_mask)
@@ -319,7 +324,7 @@ def _triangle_bwd_dw_proj_kernel(
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         row_mask = rows < n_rows
         zn, _, _ = _load_zn(Z, NORM_IN_W, NORM_IN_B, MEAN_IN, RSTD_IN, rows, cols, row_mask,
-                            col_mask, n_ch)
+                            col_mask, n_ch, PRECISION)
         keep = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
         if HAS_MASK:
             keep = tl.load(MASK + rows, mask=row_mask, other=0).to(tl.float32)
@@ -333,10 +338,10 @@ def _triangle_bwd_dw_proj_kernel(
                                                  col_mask, n_ch, zeros_h, PRECISION)
         d_bp, d_bg, _, _ = _gated_projection_bwd(zn, d_b, keep, WBP, WBG, hids, cols, hid_mask,
                                                  col_mask, n_ch, zeros_h, PRECISION)
-        d_wap = _mma(tl.trans(d_ap.to(zn.dtype)), zn, d_wap, PRECISION)
-        d_wag = _mma(tl.trans(d_ag.to(zn.dtype)), zn, d_wag, PRECISION)
-        d_wbp = _mma(tl.trans(d_bp.to(zn.dtype)), zn, d_wbp, PRECISION)
-        d_wbg = _mma(tl.trans(d_bg.to(zn.dtype)), zn, d_wbg, PRECISION)
+        d_wap = _mma(tl.trans(_cast(d_ap, zn.dtype, PRECISION)), zn, d_wap, PRECISION)
+        d_wag = _mma(tl.trans(_cast(d_ag, zn.dtype, PRECISION)), zn, d_wag, PRECISION)
+        d_wbp = _mma(tl.trans(_cast(d_bp, zn.dtype, PRECISION)), zn, d_wbp, PRECISION)
+        d_wbg = _mma(tl.trans(_cast(d_bg, zn.dtype, PRECISION)), zn, d_wbg, PRECISION)
     offsets = pid_s * n_hidden * n_ch + hids[:, None] * n_ch + cols[None, :]
     w_mask = hid_mask[:, None] & col_mask[None, :]
     tl.store(DWAP_PART + offsets, d_wap, mask=w_mask)
@@ -373,18 +378,18 @@ def _triangle_bwd_dw_out_kernel(
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         row_mask = rows < n_rows
         zn, _, _ = _load_zn(Z, NORM_IN_W, NORM_IN_B, MEAN_IN, RSTD_IN, rows, cols, row_mask,
-                            col_mask, n_ch)
+                            col_mask, n_ch, PRECISION)
         xn, _, _ = _load_xn(X, NORM_OUT_W, NORM_OUT_B, MEAN_OUT, RSTD_OUT, rows, hids, row_mask,
-                            hid_mask, n_hidden, pair_rows)
-        wg = _load_weight(WG, outs, cols, out_mask, col_mask, n_ch, zn.dtype)
-        wz = _load_weight(WZ, outs, hids, out_mask, hid_mask, n_hidden, zn.dtype)
+                            hid_mask, n_hidden, pair_rows, PRECISION)
+        wg = _load_weight(WG, outs, cols, out_mask, col_mask, n_ch, zn.dtype, PRECISION)
+        wz = _load_weight(WZ, outs, hids, out_mask, hid_mask, n_hidden, zn.dtype, PRECISION)
         gate = tl.sigmoid(_mma(zn, tl.trans(wg), zeros_n, PRECISION))
         y = _mma(xn, tl.trans(wz), zeros_n, PRECISION)
         # padded rows load dout = 0 and add nothing
         dout = tl.load(DOUT + rows[:, None] * n_ch + outs[None, :],
                        mask=row_mask[:, None] & out_mask[None, :], other=0.0).to(tl.float32)
-        d_y = (dout * gate).to(zn.dtype)
-        d_gate_logit = (dout * y * gate * (1.0 - gate)).to(zn.dtype)
+        d_y = _cast(dout * gate, zn.dtype, PRECISION)
+        d_gate_logit = _cast(dout * y * gate * (1.0 - gate), zn.dtype, PRECISION)
         d_wz = _mma(tl.trans(d_y), xn, d_wz, PRECISION)
         d_wg = _mma(tl.trans(d_gate_logit), zn, d_wg, PRECISION)
     part = pid_s * n_ch

@@ -1,0 +1,101 @@
+"""LayerNormLinear: Triton kernels (interpreted on CPU) against the PyTorch reference."""
+
+import pytest
+import torch
+
+from featurecache.kernels.layernorm_linear import LayerNormLinear, layernorm_linear
+from featurecache.kernels.reference import layernorm_linear_reference
+
+# Triton's error against an fp64 truth may be at most this multiple of PyTorch's own error in the
+# same dtype, plus a floor for cases where PyTorch happens to be (near) exact.
+ERROR_MULTIPLE = 3.0
+ERROR_FLOOR = {torch.float32: 1e-6, torch.bfloat16: 1e-3}
+
+
+def _rel_error(value: torch.Tensor, truth: torch.Tensor) -> float:
+    return ((value.double() - truth).norm() / truth.norm().clamp_min(1e-30)).item()
+
+
+def _random_params(in_features, out_features, bias, generator):
+    def rand(*shape, scale=1.0):
+        return torch.randn(*shape, generator=generator) * scale
+
+    return [
+        1.0 + 0.5 * rand(in_features),
+        0.5 * rand(in_features),
+        rand(out_features, in_features, scale=in_features**-0.5),
+        0.5 * rand(out_features) if bias else None,
+    ]
+
+
+def _check(shape, out_features, bias, dtype, seed):
+    generator = torch.Generator().manual_seed(seed)
+    in_features = shape[-1]
+    x = torch.randn(*shape, generator=generator) * 2.0 + 0.5
+    params = _random_params(in_features, out_features, bias, generator)
+    grad_out = torch.randn(*shape[:-1], out_features, generator=generator)
+
+    def run(fn, x_dtype, param_dtype):
+        leaves = [x.to(x_dtype).requires_grad_()]
+        leaves += [None if p is None else p.to(param_dtype).requires_grad_() for p in params]
+        out = fn(*leaves, eps=1e-5)
+        used = [t for t in leaves if t is not None]
+        grads = torch.autograd.grad(out, used, grad_out.to(out.dtype))
+        return [out, *grads]
+
+    truth = run(layernorm_linear_reference, torch.float64, torch.float64)
+    torch_result = run(layernorm_linear_reference, dtype, torch.float32)
+    triton_result = run(layernorm_linear, dtype, torch.float32)
+    names = ["out", "dx", "d_norm_weight", "d_norm_bias", "d_weight", "d_bias"]
+    for name, mine, ref, exact in zip(names, triton_result, torch_result, truth):
+        assert mine.dtype == ref.dtype and mine.shape == ref.shape, name
+        assert torch.isfinite(mine).all(), name
+        mine_err, torch_err = _rel_error(mine, exact), _rel_error(ref, exact)
+        assert mine_err <= ERROR_MULTIPLE * torch_err + ERROR_FLOOR[dtype], (
+            f"{name}: triton error {mine_err:.2e} vs torch {torch_err:.2e} ({dtype}, {shape}, seed {seed})"
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "shape, out_features, bias",
+    [((37, 24), 40, True), ((3, 5, 7, 16), 16, False), ((1, 24), 17, True)],
+)
+def test_matches_reference(shape, out_features, bias, dtype):
+    _check(shape, out_features, bias, dtype, seed=torch.seed() % 2**31)
+
+
+def test_state_dict_moves_between_impls():
+    fused = LayerNormLinear(24, 33, impl="triton")
+    with torch.no_grad():
+        fused.norm.weight.normal_(1.0, 0.3)
+        fused.norm.bias.normal_(0.0, 0.3)
+    plain = LayerNormLinear(24, 33, impl="torch")
+    plain.load_state_dict(fused.state_dict())
+    assert list(fused.state_dict()) == ["norm.weight", "norm.bias", "linear.weight", "linear.bias"]
+    x = torch.randn(2, 19, 24)
+    torch.testing.assert_close(fused(x), plain(x), rtol=1e-5, atol=1e-5)
+    reference = torch.nn.Sequential(torch.nn.LayerNorm(24), torch.nn.Linear(24, 33))
+    reference.load_state_dict({k.replace("norm.", "0.").replace("linear.", "1."): v
+                               for k, v in fused.state_dict().items()})
+    torch.testing.assert_close(fused(x), reference(x), rtol=1e-5, atol=1e-5)
+
+
+def test_zero_rows_give_empty_output_and_zero_grads():
+    module = LayerNormLinear(16, 20)
+    x = torch.randn(0, 16, requires_grad=True)
+    out = module(x)
+    assert out.shape == (0, 20)
+    out.sum().backward()
+    assert module.linear.weight.grad.abs().sum() == 0
+
+
+def test_rejects_bad_arguments(monkeypatch):
+    with pytest.raises(ValueError, match="impl"):
+        LayerNormLinear(16, 16, impl="cuda")
+    module = LayerNormLinear(16, 16)
+    with pytest.raises(ValueError, match="16"):
+        module(torch.randn(4, 15))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="impl='torch'"):
+        module(torch.randn(4, 16))
