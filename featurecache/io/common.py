@@ -36,6 +36,9 @@ def decode_text(data: bytes | str, source: str) -> str:
     if isinstance(data, str):
         text = data
     else:
+        nul = data.find(b"\0")
+        if nul >= 0:
+            raise ParseError(source, "binary content (NUL byte)", data.count(b"\n", 0, nul) + 1)
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as error:

@@ -170,7 +170,8 @@ def parse_mmcif(data: str | bytes, source: str) -> Structure:
     try:
         document = gemmi.cif.read_string(text)
     except (RuntimeError, ValueError) as error:
-        raise ParseError(source, f"invalid mmCIF: {error}", _gemmi_error_line(str(error))) from error
+        detail = re.sub(r"^string:\d+:\S*\s*", "", str(error))
+        raise ParseError(source, f"invalid mmCIF: {detail}", _gemmi_error_line(str(error))) from error
     if len(document) == 0:
         raise ParseError(source, "no data block (empty file?)")
     block = document[0]

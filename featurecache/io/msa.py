@@ -150,7 +150,7 @@ def _a3m_rows_to_msa(headers, records, first_line, sequences, source) -> Msa:
     kept = is_upper | is_gap
     kept_per_row = np.add.reduceat(kept.astype(np.int64), starts)
     width = int(kept_per_row[0])
-    if width == 0:
+    if not is_upper[: lengths[0]].any():
         raise ParseError(source, "query has no aligned residues", first_line)
     wrong = np.flatnonzero(kept_per_row != width)
     if wrong.size:
