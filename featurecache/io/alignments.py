@@ -158,8 +158,8 @@ class AlignmentIndex:
     def for_structure(self, structure: Structure) -> tuple[dict[str, ChainAlignments], list[str]]:
         """Alignments of every polymer chain of `structure`, and warnings (mismatches, misses)."""
         warnings: list[str] = []
-        parsed: dict[str, Msa] = {}
         by_sha: dict[str, Msa] = {}
+        merged: dict[str, tuple[Msa | None, list[str]]] = {}
         result: dict[str, ChainAlignments] = {}
         entry = structure.id[:4].lower()
         for chain in structure.chains:
@@ -176,30 +176,33 @@ class AlignmentIndex:
                 continue
             query, mapping = best
             files = _ordered([entry_ for entry_ in self.msa_files if entry_.query == query])
-            msas, used = [], []
-            seen_sha: set[str] = set()
-            for file in files:
-                if file.sha256 in seen_sha:
-                    continue
-                seen_sha.add(file.sha256)
-                if file.sha256 not in by_sha:
-                    by_sha[file.sha256] = _parse_msa(read_bytes(file.path), file.path)
-                parsed[file.path] = by_sha[file.sha256]
-                msas.append(by_sha[file.sha256])
-                used.append(file.path)
-            hits, hit_paths = self._hits_for(files, mapping, warnings)
+            if query not in merged:
+                msas, used = [], []
+                seen_sha: set[str] = set()
+                for file in files:
+                    if file.sha256 in seen_sha:
+                        continue
+                    seen_sha.add(file.sha256)
+                    if file.sha256 not in by_sha:
+                        by_sha[file.sha256] = _parse_msa(read_bytes(file.path), file.path)
+                    msas.append(by_sha[file.sha256])
+                    used.append(file.path)
+                # Homomer copies get the very same Msa object.
+                merged[query] = (concatenate_msas(msas), used)
+            msa, used = merged[query]
+            hits, hit_paths = self._hits_for(files, mapping)
             if mapping.kind == "similar":
                 warnings.append(
                     f"chain {chain.chain_id}: alignments matched by similarity ({mapping.identity:.3f} identity) "
                     f"from {used[0]}"
                 )
             result[chain.chain_id] = ChainAlignments(
-                chain.chain_id, concatenate_msas(msas), tuple(hits), tuple(used), tuple(hit_paths), mapping
+                chain.chain_id, msa, tuple(hits), tuple(used), tuple(hit_paths), mapping
             )
         warnings.extend(self._claim_mismatches(structure, entry))
         return result, warnings
 
-    def _hits_for(self, msa_files, mapping: SequenceMapping, warnings: list[str]):
+    def _hits_for(self, msa_files: list[AlignmentFile], mapping: SequenceMapping):
         folders = {str(Path(file.path).parent) for file in msa_files}
         stems = {_stem(file.path) for file in msa_files}
         hits: list[TemplateHit] = []

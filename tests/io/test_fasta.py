@@ -1,0 +1,43 @@
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from featurecache.io.common import ParseError
+from featurecache.io.fasta import parse_fasta, read_fasta
+
+
+def test_sample_fasta(shared_data):
+    (record,) = read_fasta(shared_data / "alignments" / "openfold" / "short.fasta")
+    assert record.id == "query" and len(record.sequence) == 73
+
+
+def test_multi_record_wrapped_lines_and_descriptions():
+    text = ">sp|P1|A_HUMAN first protein\nMKT\nlla*\n\n; comment\n>second\nACGU\n"
+    first, second = parse_fasta(text, "two.fasta")
+    assert (first.id, first.description, first.sequence) == ("sp|P1|A_HUMAN", "first protein", "MKTLLA")
+    assert (second.id, second.description, second.sequence) == ("second", "", "ACGU")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "no FASTA records"),
+        ("MKT\n", "two.fasta:1: sequence before the first"),
+        (">a\n>b\nMK\n", "two.fasta:1: record 'a' has no sequence"),
+        (">a\nMK1T\n", "two.fasta:2: invalid character '1'"),
+        ("> \nMK\n", "header without an id"),
+    ],
+)
+def test_malformed_fasta(text, message):
+    with pytest.raises(ParseError, match=message):
+        parse_fasta(text, "two.fasta")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=120))
+def test_garbage_only_raises_parse_error(text):
+    try:
+        records = parse_fasta(text, "fuzz.fasta")
+    except ParseError:
+        return
+    assert all(record.sequence for record in records)
