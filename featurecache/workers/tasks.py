@@ -231,6 +231,8 @@ def parse_search_result(result) -> tuple[Msa, list[TemplateHit]]:
     msas = []
     for item in result.msas:
         source = f"{item.database}:{item.tool}"
+        if item.num_hits == 0 or not item.text.strip():
+            continue  # no hits: tools then write an empty alignment, or none at all
         if item.output_format == "sto":
             msas.append(parse_stockholm(item.text, source))
         elif item.output_format == "a3m":
@@ -252,9 +254,9 @@ def parse_search_result(result) -> tuple[Msa, list[TemplateHit]]:
     hits: list[TemplateHit] = []
     for item in result.templates:
         source = f"{item.database}:{item.tool}"
+        if item.num_hits == 0 or not item.text.strip() or item.output_format == "sto":
+            continue  # hmmsearch's Stockholm hits are not mapped to the query yet
         parse = parse_hhr if item.output_format == "hhr" else parse_m8
-        if item.output_format == "sto":
-            continue  # hmmsearch output needs realignment to the query; not featurized
         hits.extend(parse(item.text, source))
     return combined, hits
 
