@@ -18,6 +18,18 @@ and commit durably (fsync per commit). A second writer on a shard fails at once 
 StoreLockedError instead of interleaving with the first. A record is visible only after its
 transaction commits, so a writer killed mid-batch leaves whole records or nothing.
 
+Typical use::
+
+    with StoreWriter(cache_dir, StoreConfig(num_shards=4)) as writer:
+        if writer.get("features", target_id) is None:          # resume: skip finished work
+            blob = encode_record(target_id, arrays, meta, fingerprint, input_hash, SCHEMA_VERSION)
+            writer.put("features", target_id, blob,
+                       index={"num_tokens": n, "msa_depth": m, "weight": w})
+        writer.finish(fingerprints={"features": fingerprint})  # manifest.json, last
+
+    reader = StoreReader(resolve_generation(path))             # in the loader
+    record = reader.get_record("features", target_id)          # Record or None
+
 Readers open each shard lazily, read-only and without LMDB's lock file (lock=False), once per
 process: a reader object that crossed a fork or a pickle (DataLoader workers, spawn or fork)
 opens its own environments. lock=False means readers do not register with writers, so read
@@ -154,15 +166,23 @@ class ShardWriter:
         self._lock = ShardLock(self.path)
         self._env = None
         try:
-            self._env = lmdb.open(
-                str(self.path),
-                subdir=False,
-                map_size=config.map_size_bytes,
-                max_dbs=_MAX_DBS,
-                writemap=False,
-                sync=True,
-                metasync=True,
-            )
+            try:
+                self._env = lmdb.open(
+                    str(self.path),
+                    subdir=False,
+                    map_size=config.map_size_bytes,
+                    max_dbs=_MAX_DBS,
+                    writemap=False,
+                    sync=True,
+                    metasync=True,
+                )
+            except lmdb.Error as error:
+                if "already open" in str(error):
+                    raise RuntimeError(
+                        f"{self.path} is open for reading in this process; close its StoreReader "
+                        f"(and anything holding one) before writing"
+                    ) from None
+                raise
             names = [*TABLES, *map(_index_table, TABLES), _META_TABLE]
             self._dbs = {name: self._env.open_db(name.encode(), create=True) for name in names}
             self._check_shard_meta()

@@ -250,6 +250,8 @@ def test_readers_in_one_process_share_environments(tmp_path):
     assert_record_matches(second.get_record("features", "a"), "a", seed)
     first.close()  # the second reader keeps its environments
     assert_record_matches(second.get_record("features", "b"), "b", seed)
+    with pytest.raises(RuntimeError, match="open for reading in this process"):
+        StoreWriter(tmp_path, StoreConfig(num_shards=3))
     second.close()
     with StoreWriter(tmp_path, StoreConfig(num_shards=3)) as writer:
         with pytest.raises(RuntimeError, match="open for writing in this process"):
