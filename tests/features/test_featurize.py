@@ -1,0 +1,72 @@
+import numpy as np
+import pytest
+
+from featurecache.config import FeatureConfig, file_sha256
+from featurecache.features import schema
+from featurecache.features.featurize import featurize_from_files, featurize_target
+from featurecache.io.alignments import AlignmentIndex
+from featurecache.io.mmcif import read_mmcif
+
+STRUCTURES = ["209d-assembly1.cif", "721p-assembly1.cif", "7a4d-assembly1.cif", "2q2k.cif", "AF-P01112-F1-model_v4.cif.gz"]
+CONFIG = FeatureConfig(max_msa_rows=2048, max_paired_rows=512)
+
+
+@pytest.fixture(scope="module")
+def index(shared_data):
+    return AlignmentIndex(shared_data / "alignments")
+
+
+@pytest.fixture(scope="module")
+def records(shared_data, index):
+    return {
+        name: featurize_from_files(shared_data / "structures" / name, index, CONFIG, shared_data / "templates" / "mmcif")
+        for name in STRUCTURES
+    }
+
+
+@pytest.mark.parametrize("name", STRUCTURES)
+def test_every_structure_featurizes_to_the_schema(records, shared_data, name):
+    arrays, metadata = records[name]
+    schema.check_record(arrays, where=name)
+    assert set(metadata) == set(schema.METADATA_FIELDS)
+    assert metadata["source_hash"] == file_sha256(shared_data / "structures" / name)
+    assert metadata["num_tokens"] == arrays["restype"].shape[0]
+    assert metadata["num_atoms"] == arrays["atom_to_token"].shape[0]
+    assert metadata["msa_depth"] == arrays["msa"].shape[0] <= CONFIG.max_msa_rows
+    assert len(metadata["chain_ids"]) == len(metadata["sequences"]) == arrays["asym_id"].max()
+    np.testing.assert_array_equal(arrays["msa"][0], arrays["restype"])
+    assert np.isfinite(arrays["atom_pos"]).all() and np.isfinite(arrays["msa_profile"]).all()
+    assert (arrays["atom_to_token"] < metadata["num_tokens"]).all()
+
+
+def test_metadata_of_each_target(records):
+    assert records["721p-assembly1.cif"][1]["msa_depth"] == CONFIG.max_msa_rows
+    assert records["721p-assembly1.cif"][1]["warnings"] == []
+    assert records["2q2k.cif"][1]["warnings"] == ["chain A: no alignment, query-only MSA"]
+    af_metadata = records["AF-P01112-F1-model_v4.cif.gz"][1]
+    assert af_metadata["resolution"] is None and af_metadata["id"] == "af-p01112-f1-model_v4"
+    assert any("similarity" in w for w in af_metadata["warnings"])
+    assert records["209d-assembly1.cif"][1]["chain_ids"] == ["A", "B", "C", "C:PXA6"]
+
+
+def test_af_model_and_721p_share_msa_rows(records):
+    """H-Ras: the AlphaFold model uses 721p's MSA, mapped onto its longer sequence."""
+    model, _ = records["AF-P01112-F1-model_v4.cif.gz"]
+    crystal, _ = records["721p-assembly1.cif"]
+    chain_a = crystal["asym_id"] == 1
+    # The first 166 residues of the model line up with 721p chain A in the rows both kept.
+    np.testing.assert_array_equal(model["msa"][1:50, :166], crystal["msa"][1:50][:, chain_a])
+    assert (model["msa"][1:, 166:] == schema.GAP).all()
+
+
+def test_unknown_chain_in_inputs(shared_data):
+    structure = read_mmcif(shared_data / "structures" / "2q2k.cif")
+    with pytest.raises(ValueError, match=r"chains \['Z'\]"):
+        featurize_target(structure, {"Z": None}, {}, CONFIG)
+
+
+def test_without_alignments_every_chain_is_query_only(shared_data):
+    arrays, metadata = featurize_from_files(shared_data / "structures" / "7a4d-assembly1.cif", None, CONFIG)
+    assert arrays["msa"].shape[0] == 1 and metadata["num_templates"] == 0
+    # Six protein chains in five entities: the capped peptides E and F are one entity.
+    assert metadata["warnings"] == [f"chain {c}: no alignment, query-only MSA" for c in ("A", "B", "C", "D", "E, F")]

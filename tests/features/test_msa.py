@@ -1,0 +1,114 @@
+import numpy as np
+import pytest
+
+from featurecache.config import FeatureConfig
+from featurecache.features import schema
+from featurecache.features.msa import build_msa_features, msa_profile
+from featurecache.features.tokenize import tokenize
+from featurecache.io.alignments import AlignmentIndex
+from featurecache.io.mmcif import read_mmcif, structure_from_sequences
+from featurecache.io.msa import parse_a3m
+
+P = {letter: index for index, letter in enumerate(schema.PROTEIN_LETTERS)}
+
+
+def _features(structure, chain_msas, **config):
+    warnings: list[str] = []
+    tokens = tokenize(structure)
+    features = build_msa_features(structure, tokens, chain_msas, FeatureConfig(**config), warnings)
+    return tokens, features, warnings
+
+
+def _row(features, row, columns):
+    return "".join(schema.PROTEIN_LETTERS[c] if c < 20 else "-" for c in features["msa"][row, columns])
+
+
+@pytest.fixture
+def heteromer():
+    structure = structure_from_sequences("het", [("A", "protein", "ACDE"), ("B", "protein", "FGHIK"), ("C", "protein", "ACDE")])
+    msa_a = parse_a3m(
+        ">q\nACDE\n>a1 OX=1\nACDD\n>a2 OX=2\nAC-E\n>a3 OX=1\nWCDE\n>a4 nospecies\nACDW\n>dup\nACDE\n", "a.a3m"
+    )
+    msa_b = parse_a3m(">q\nFGHIK\n>b1 OX=3\nFGHIW\n>b2 OX=1\nFGHWW\n>b3 OX=2\nFGWWk\nK\n", "b.a3m")
+    return structure, {"A": msa_a, "B": msa_b}
+
+
+def test_species_pairing_block_diagonal_and_homomer_sharing(heteromer):
+    structure, msas = heteromer
+    tokens, features, warnings = _features(structure, msas)
+    assert warnings == []
+    a, b, c = (np.flatnonzero(tokens.arrays["asym_id"] == k) for k in (1, 2, 3))
+    # Query row, then species 1 and 2 (in both entities), each with the best-ranked row per entity.
+    assert _row(features, 0, a) + _row(features, 0, b) == "ACDEFGHIK"
+    assert (_row(features, 1, a), _row(features, 1, b)) == ("ACDD", "FGHWW"[:5])
+    assert (_row(features, 2, a), _row(features, 2, b)) == ("AC-E", "FGWWK")
+    assert features["msa_is_paired"].tolist()[:3] == [True, True, True]
+    assert not features["msa_is_paired"][3:].any()
+    species = features["msa_species"]
+    assert species[0] == 0 and species[1] != species[2] and species[1] > 0
+    # Chain C is a copy of A: it shares A's rows in every row.
+    np.testing.assert_array_equal(features["msa"][:, a], features["msa"][:, c])
+    # Unpaired rows: A's a3 and a4 (a1, a2 already paired, dup equals the query), then B's b1.
+    unpaired = [(_row(features, r, a), _row(features, r, b)) for r in range(3, features["msa"].shape[0])]
+    assert unpaired == [("WCDE", "-----"), ("ACDW", "-----"), ("----", "FGHIW")]
+    # The deletion before the last column of b3 (lower-case k) travels with the paired row.
+    assert features["deletion_matrix"][2, b].tolist() == [0, 0, 0, 0, 1]
+
+
+def test_row_caps(heteromer):
+    structure, msas = heteromer
+    _, features, _ = _features(structure, msas, max_msa_rows=4, max_paired_rows=2)
+    assert features["msa"].shape[0] == 4
+    assert features["msa_is_paired"].tolist() == [True, True, False, False]
+
+
+def test_chain_without_msa_gets_query_row_and_warning(heteromer):
+    structure, msas = heteromer
+    tokens, features, warnings = _features(structure, {"A": msas["A"]})
+    assert any("chain B: no alignment" in warning for warning in warnings)
+    b = np.flatnonzero(tokens.arrays["asym_id"] == 2)
+    assert _row(features, 0, b) == "FGHIK"
+    assert (features["msa"][1:, b] == schema.GAP).all()
+    assert not features["msa_is_paired"][1:].any()  # nothing to pair with
+
+
+def test_mismatched_msa_query_is_a_warning_not_a_crash(heteromer):
+    structure, msas = heteromer
+    _, features, warnings = _features(structure, {"A": msas["B"]})
+    assert any("does not match the chain sequence" in warning for warning in warnings)
+    assert features["msa"].shape[0] == 1
+
+
+def test_721p_homodimer_ligands_are_gaps(shared_data):
+    structure = read_mmcif(shared_data / "structures" / "721p-assembly1.cif")
+    found, _ = AlignmentIndex(shared_data / "alignments" / "pdb").for_structure(structure)
+    tokens, features, warnings = _features(structure, {c: found[c].msa for c in found}, max_msa_rows=512)
+    assert warnings == []
+    msa = features["msa"]
+    assert msa.shape == (512, tokens.num_tokens)
+    np.testing.assert_array_equal(msa[0], tokens.arrays["restype"])
+    ligand = tokens.arrays["is_ligand"]
+    assert (msa[1:, ligand] == schema.GAP).all()
+    a, b = tokens.arrays["asym_id"] == 1, tokens.arrays["asym_id"] == 4
+    np.testing.assert_array_equal(msa[:, a], msa[:, b])
+    assert not features["msa_is_paired"][1:].any()  # one entity: no pairing
+    # No duplicate rows survive.
+    assert len({row.tobytes() for row in msa}) == msa.shape[0]
+    assert features["deletion_matrix"].dtype == np.uint16 and features["deletion_matrix"].max() > 0
+
+
+def test_profile_and_deletion_mean(heteromer):
+    structure, msas = heteromer
+    _, features, _ = _features(structure, msas)
+    profile = features["msa_profile"]
+    np.testing.assert_allclose(profile.sum(axis=1), 1.0, rtol=1e-6)
+    expected = np.stack([(features["msa"] == k).mean(axis=0) for k in range(schema.NUM_RESTYPES)], axis=1)
+    np.testing.assert_allclose(profile, expected, rtol=1e-6)
+    np.testing.assert_allclose(features["deletion_mean"], features["deletion_matrix"].mean(axis=0), rtol=1e-6)
+
+
+def test_profile_of_random_msa_in_chunks():
+    generator = np.random.default_rng()
+    msa = generator.integers(0, schema.NUM_RESTYPES, size=(2500, 37)).astype(np.int8)
+    expected = np.stack([(msa == k).mean(axis=0) for k in range(schema.NUM_RESTYPES)], axis=1)
+    np.testing.assert_allclose(msa_profile(msa), expected, rtol=1e-6)

@@ -1,0 +1,91 @@
+import numpy as np
+import pytest
+
+from featurecache.features import schema
+from featurecache.features.atoms import STANDARD_ATOMS, encode_atom_names
+from featurecache.features.tokenize import tokenize
+from featurecache.io.mmcif import read_mmcif, structure_from_sequences
+
+
+@pytest.fixture(scope="module")
+def structures(shared_data):
+    names = ["209d-assembly1.cif", "721p-assembly1.cif", "7a4d-assembly1.cif", "2q2k.cif", "AF-P01112-F1-model_v4.cif.gz"]
+    return {name.split("-")[0].split(".")[0]: read_mmcif(shared_data / "structures" / name) for name in names}
+
+
+def test_721p_tokens(structures):
+    tokens = tokenize(structures["721p"])
+    arrays = tokens.arrays
+    # Two chains of 166 residues, each with one MG and a 32-atom GNP tokenized per atom.
+    assert tokens.num_tokens == 2 * (166 + 1 + 32)
+    assert arrays["is_ligand"].sum() == 2 * 33 and arrays["is_protein"].sum() == 2 * 166
+    assert (arrays["restype"][arrays["is_ligand"]] == schema.UNK_PROTEIN).all()
+    assert tokens.chain_entity == (1, 2, 3, 1, 2, 3)
+    assert arrays["sym_id"][arrays["asym_id"] == 4].tolist() == [2] * 166
+    np.testing.assert_array_equal(arrays["token_index"], np.arange(tokens.num_tokens))
+    # The first token is MET 1 of chain A, centred on its CA.
+    chain_a = structures["721p"].chains[0]
+    met = chain_a.residues[0]
+    assert arrays["restype"][0] == schema.RESTYPE_INDEX["MET"] and arrays["residue_index"][0] == 1
+    np.testing.assert_allclose(arrays["token_center_pos"][0], met.positions[met.atom_names.index("CA")])
+    # Atoms of a standard residue follow the fixed table, grouped by token.
+    first_atoms = arrays["atom_to_token"] == 0
+    assert first_atoms.sum() == len(STANDARD_ATOMS["MET"])
+    assert (np.diff(arrays["atom_to_token"]) >= 0).all()
+
+
+def test_209d_modified_residues_are_per_atom_tokens_of_the_peptide(structures):
+    structure = structures["209d"]
+    arrays = tokenize(structure).arrays
+    peptide = arrays["asym_id"] == 3
+    # THR, PRO (x2 each) and the unresolved UNK are single tokens; DVA, SAR, MVA are per atom.
+    residues = structure.chains[2].residues
+    per_atom = sum(len(r.atom_names) for r in residues if r.name in ("DVA", "SAR", "MVA"))
+    assert peptide.sum() == 5 + per_atom
+    assert arrays["is_protein"][peptide].all() and not arrays["is_ligand"][peptide].any()
+    dva_tokens = peptide & (arrays["residue_index"] == 2)
+    assert (arrays["restype"][dva_tokens] == schema.RESTYPE_INDEX["VAL"]).all()
+    # The unresolved residue 6 is one masked UNK token.
+    unresolved = peptide & (arrays["residue_index"] == 6)
+    assert unresolved.sum() == 1 and not arrays["token_center_mask"][unresolved].any()
+    pxa = arrays["asym_id"] == 4
+    assert pxa.sum() == 22 and arrays["is_ligand"][pxa].all()
+    dna = arrays["asym_id"] == 1
+    assert arrays["restype"][dna].tolist() == [schema.RESTYPE_INDEX[f"D{b}"] for b in "GAAGCTTC"]
+
+
+def test_2q2k_unresolved_residues_are_masked(structures):
+    arrays = tokenize(structures["2q2k"]).arrays
+    protein = arrays["asym_id"] == 2
+    assert protein.sum() == 70
+    assert arrays["token_center_mask"][protein].sum() == 45
+    unresolved_atoms = np.isin(arrays["atom_to_token"], np.flatnonzero(protein & ~arrays["token_center_mask"]))
+    assert not arrays["atom_mask"][unresolved_atoms].any()
+    assert (arrays["atom_pos"][unresolved_atoms] == 0).all()
+    # 5-iodouracil nucleotides are per-atom DNA tokens with the unknown-DNA class.
+    iodine = arrays["atom_element"] == 53
+    assert iodine.sum() == 2
+    tokens = arrays["atom_to_token"][iodine]
+    assert arrays["is_dna"][tokens].all() and (arrays["restype"][tokens] == schema.UNK_DNA).all()
+
+
+def test_nucleotide_centre_is_c1_prime(structures):
+    structure = structures["209d"]
+    arrays = tokenize(structure).arrays
+    residue = structure.chains[0].residues[0]
+    np.testing.assert_allclose(arrays["token_center_pos"][0], residue.positions[residue.atom_names.index("C1'")])
+
+
+def test_sequence_only_structure_has_masked_atoms():
+    structure = structure_from_sequences("t", [("A", "protein", "MG"), ("B", "rna", "AU")])
+    arrays = tokenize(structure).arrays
+    assert arrays["restype"].tolist() == [schema.RESTYPE_INDEX[n] for n in ("MET", "GLY", "A", "U")]
+    assert not arrays["atom_mask"].any() and not arrays["token_center_mask"].any()
+    assert arrays["atom_to_token"].size == sum(len(STANDARD_ATOMS[n]) for n in ("MET", "GLY", "A", "U"))
+
+
+def test_atom_name_encoding():
+    encoded = encode_atom_names(["CA", "O5'", "C1'"])
+    assert encoded.dtype == np.uint8 and encoded.shape == (3, 4)
+    assert encoded[0].tolist() == [ord("C") - 32, ord("A") - 32, 0, 0]
+    assert encoded[1].tolist() == [ord("O") - 32, ord("5") - 32, ord("'") - 32, 0]
