@@ -114,6 +114,8 @@ def _check_index_entry(table: str, key: str, index: Mapping[str, Any]) -> dict:
     # Index entries end up in manifest.json, so they must be JSON as well as msgpack.
     try:
         entry = dict(index)
+        if not all(isinstance(name, str) for name in entry):
+            raise TypeError("field names must be str")
         json.dumps(entry, allow_nan=False)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{table}/{key}: index entry {index!r:.200} is not plain JSON: {error}") from None
@@ -153,6 +155,20 @@ class ShardLock:
             self._file = None
 
 
+def _open_writable(path: Path, map_size: int) -> lmdb.Environment:
+    try:
+        # sync + metasync: a commit returns only once it is on disk.
+        return lmdb.open(str(path), subdir=False, map_size=map_size, max_dbs=_MAX_DBS,
+                         writemap=False, sync=True, metasync=True)
+    except lmdb.Error as error:
+        if "already open" in str(error):
+            raise RuntimeError(
+                f"{path} is open for reading in this process; close its StoreReader "
+                f"(and anything holding one) before writing"
+            ) from None
+        raise
+
+
 class ShardWriter:
     """The one writer of one shard file; holds an exclusive flock while open."""
 
@@ -166,23 +182,7 @@ class ShardWriter:
         self._lock = ShardLock(self.path)
         self._env = None
         try:
-            try:
-                self._env = lmdb.open(
-                    str(self.path),
-                    subdir=False,
-                    map_size=config.map_size_bytes,
-                    max_dbs=_MAX_DBS,
-                    writemap=False,
-                    sync=True,
-                    metasync=True,
-                )
-            except lmdb.Error as error:
-                if "already open" in str(error):
-                    raise RuntimeError(
-                        f"{self.path} is open for reading in this process; close its StoreReader "
-                        f"(and anything holding one) before writing"
-                    ) from None
-                raise
+            self._env = _open_writable(self.path, config.map_size_bytes)
             names = [*TABLES, *map(_index_table, TABLES), _META_TABLE]
             self._dbs = {name: self._env.open_db(name.encode(), create=True) for name in names}
             self._check_shard_meta()
@@ -350,6 +350,7 @@ class StoreWriter:
         """Store `blob` under (table, key); `index` is a small plain dict copied into the manifest.
 
         For feature records the loader expects index fields num_tokens, msa_depth and weight.
+        A put without `index` drops the key's previous index entry.
         """
         self._shard(key).put(table, key, blob, index)
 
