@@ -1,0 +1,124 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from featurecache.config import FeatureConfig
+from featurecache.features import schema
+from featurecache.features.crop import contiguous_crop, crop_arrays, spatial_crop, subsample_msa
+from featurecache.features.featurize import featurize_from_files
+from featurecache.io.alignments import AlignmentIndex
+
+
+@pytest.fixture(scope="module")
+def record(shared_data):
+    index = AlignmentIndex(shared_data / "alignments" / "pdb")
+    arrays, _ = featurize_from_files(
+        shared_data / "structures" / "7a4d-assembly1.cif", index, FeatureConfig(max_msa_rows=300), None
+    )
+    return arrays
+
+
+def _check_crop(arrays, indices, crop_size):
+    num_tokens = arrays["restype"].shape[0]
+    assert indices.size == min(crop_size, num_tokens)
+    assert (np.diff(indices) > 0).all()
+    assert indices.min() >= 0 and indices.max() < num_tokens
+    cropped = crop_arrays(arrays, indices)
+    schema.check_record(cropped, where="crop")
+    np.testing.assert_array_equal(cropped["token_index"], arrays["token_index"][indices])
+    # Exactly the atoms of the kept tokens, remapped to positions in the crop.
+    kept_atoms = np.isin(arrays["atom_to_token"], indices)
+    assert cropped["atom_to_token"].size == kept_atoms.sum()
+    np.testing.assert_array_equal(indices[cropped["atom_to_token"]], arrays["atom_to_token"][kept_atoms])
+    np.testing.assert_array_equal(cropped["atom_pos"], arrays["atom_pos"][kept_atoms])
+    np.testing.assert_array_equal(cropped["msa"], arrays["msa"][:, indices])
+    np.testing.assert_array_equal(cropped["template_restype"], arrays["template_restype"][:, indices])
+    return cropped
+
+
+@settings(max_examples=25, deadline=None)
+@given(crop_size=st.integers(1, 700), seed=st.integers(0, 2**32 - 1))
+def test_contiguous_crop_properties(record, crop_size, seed):
+    indices = contiguous_crop(record["asym_id"], crop_size, np.random.default_rng(seed))
+    _check_crop(record, indices, crop_size)
+    # Within each chain the kept tokens are one contiguous run.
+    for chain in np.unique(record["asym_id"][indices]):
+        kept = indices[record["asym_id"][indices] == chain]
+        assert (np.diff(kept) == 1).all()
+
+
+@settings(max_examples=25, deadline=None)
+@given(crop_size=st.integers(1, 700), seed=st.integers(0, 2**32 - 1), interface_bias=st.booleans())
+def test_spatial_crop_properties(record, crop_size, seed, interface_bias):
+    indices = spatial_crop(
+        record["token_center_pos"], record["token_center_mask"], record["asym_id"], crop_size,
+        np.random.default_rng(seed), interface_bias,
+    )
+    _check_crop(record, indices, crop_size)
+    # Resolved tokens are taken before unresolved ones.
+    num_tokens = record["restype"].shape[0]
+    if crop_size < record["token_center_mask"].sum():
+        assert record["token_center_mask"][indices].all()
+    # The kept resolved tokens form a ball: some kept token is a centre such that every kept
+    # resolved token is at most as far as every dropped resolved token (ties up to 1e-3 * N).
+    if 0 < crop_size < num_tokens:
+        positions = record["token_center_pos"].astype(np.float64)
+        dropped = np.setdiff1d(np.flatnonzero(record["token_center_mask"]), indices)
+        kept = indices[record["token_center_mask"][indices]]
+        if dropped.size:
+            slack = num_tokens * 1e-3 + 1e-4
+            assert any(
+                np.linalg.norm(positions[kept] - positions[c], axis=1).max()
+                <= np.linalg.norm(positions[dropped] - positions[c], axis=1).min() + slack
+                for c in kept
+            )
+
+
+def test_interface_bias_picks_a_centre_at_an_interface():
+    # Three straight chains far apart, except that chain 2's first token touches chain 1's start.
+    line = np.stack([np.arange(20) * 3.8, np.zeros(20), np.zeros(20)], axis=1)
+    positions = np.concatenate([line, line + [200.0, 0, 0], line + [0, 500.0, 0]])
+    positions[20] = [0.0, 5.0, 0.0]
+    asym = np.repeat([1, 2, 3], 20)
+    mask = np.ones(60, dtype=bool)
+    distances = np.linalg.norm(positions[:, None] - positions[None], axis=-1)
+    interface = np.flatnonzero(((distances < 15.0) & (asym[:, None] != asym[None])).any(axis=1))
+    assert 0 in interface and 20 in interface and 30 not in interface
+    generator = np.random.default_rng()
+    for _ in range(20):
+        indices = spatial_crop(positions, mask, asym, 3, generator, interface_bias=True)
+        assert np.intersect1d(indices, interface).size > 0
+        assert not np.isin(indices, np.arange(40, 60)).any()
+
+
+def test_spatial_crop_without_resolved_tokens_falls_back_to_contiguous():
+    asym = np.repeat([1, 2], 10)
+    indices = spatial_crop(np.zeros((20, 3)), np.zeros(20, bool), asym, 8, np.random.default_rng())
+    assert indices.size == 8
+
+
+def test_crop_rejects_bad_indices(record):
+    with pytest.raises(ValueError, match="out of range"):
+        crop_arrays(record, np.array([0, 10**6]))
+    with pytest.raises(ValueError, match="unique"):
+        crop_arrays(record, np.array([1, 1]))
+    with pytest.raises(ValueError, match="crop_size"):
+        contiguous_crop(record["asym_id"], 0, np.random.default_rng())
+
+
+def test_subsample_msa_keeps_query_first(record):
+    generator = np.random.default_rng()
+    subsampled = subsample_msa(record, 17, generator)
+    schema.check_record(subsampled, where="subsample")
+    assert subsampled["msa"].shape[0] == 17
+    np.testing.assert_array_equal(subsampled["msa"][0], record["msa"][0])
+    # Every kept row is a row of the original, in the original order, with its deletions.
+    rows = {row.tobytes(): index for index, row in enumerate(record["msa"])}
+    order = [rows[row.tobytes()] for row in subsampled["msa"]]
+    assert order == sorted(order) and len(set(order)) == 17
+    np.testing.assert_array_equal(subsampled["deletion_matrix"], record["deletion_matrix"][order])
+    np.testing.assert_array_equal(subsampled["msa_profile"], record["msa_profile"])
+    assert subsample_msa(record, 10**6, generator)["msa"].shape == record["msa"].shape
+    with pytest.raises(ValueError, match="max_rows"):
+        subsample_msa(record, 0, generator)
