@@ -52,6 +52,8 @@ def cli():
               help="Ray cluster address to join (e.g. 'auto' or 'ray://host:10001'); default: start Ray locally.")
 @click.option("--workers", "num_workers", type=int, default=None,
               help="CPUs Ray may use when started locally (default: all).")
+@click.option("--executor", type=click.Choice(["ray", "inline"]), default="ray", show_default=True,
+              help="'inline' runs every task in this process, one at a time (debugging).")
 @click.option("--shards", "num_shards", type=int, default=None,
               help="Number of LMDB shard files for a new cache (default 4; an existing cache keeps its own).")
 @click.option("--max-msa-rows", type=int, default=None, help="Rows kept in each target's assembled MSA.")
@@ -59,7 +61,7 @@ def cli():
               help="Retry inputs that failed in an earlier run.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, address, num_workers,
+def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, address, num_workers, executor,
                num_shards, max_msa_rows, retry_failed, progress, as_json):
     """Parse INPUTS (mmCIF / FASTA files or folders), search or ingest alignments, featurize,
     and write the records into the cache. Resumable: current records are skipped."""
@@ -73,6 +75,7 @@ def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, add
         template_dir=template_dir,
         address=address,
         num_workers=num_workers,
+        executor=executor,
         num_shards=num_shards,
         max_msa_rows=max_msa_rows,
         retry_failed=retry_failed,

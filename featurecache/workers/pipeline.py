@@ -48,6 +48,7 @@ class PrecomputeOptions:
     alignments_dir: Path | None = None
     template_dir: Path | None = None
     address: str | None = None         # Ray cluster address; None starts Ray locally
+    executor: str = "ray"              # "ray", or "inline": every task in this process (debugging, tests)
     num_workers: int | None = None     # CPUs for a local Ray; None = all
     num_shards: int | None = None
     max_msa_rows: int | None = None
@@ -151,6 +152,8 @@ class _Plan:
 
 
 def _prepare(options: PrecomputeOptions) -> _Plan:
+    if options.executor not in ("ray", "inline"):
+        raise PipelineSetupError(f"executor must be 'ray' or 'inline', got {options.executor!r}")
     if not options.inputs:
         raise PipelineSetupError("no inputs given")
     inputs = discover_inputs(options.inputs)
@@ -250,7 +253,10 @@ def _search_task(sequence, msa_key, pipeline_config, zstd_level):
 
 
 class _Runner:
-    """Submits tasks with a bound on work in flight and hands finished results to a callback."""
+    """Submits tasks with a bound on work in flight and hands finished results to a callback.
+
+    With `ray=None` tasks run inline, one after another, in this process.
+    """
 
     def __init__(self, ray, max_in_flight: int, on_result, on_crash):
         self.ray = ray
@@ -258,11 +264,18 @@ class _Runner:
         self.on_result = on_result
         self.on_crash = on_crash
         self.pending: dict = {}  # ObjectRef -> (stage, key)
+        self._remotes: dict = {}
 
-    def submit(self, remote_function, options: dict, stage: str, key: str, *args) -> None:
+    def submit(self, function, num_cpus: int, stage: str, key: str, *args) -> None:
+        if self.ray is None:
+            self.on_result(stage, key, function(*args))
+            return
+        if function not in self._remotes:
+            # Retries cover crashed workers; a TaskError is a returned value, never retried.
+            self._remotes[function] = self.ray.remote(max_retries=2)(function)
         while len(self.pending) >= self.max_in_flight:
             self._collect_one()
-        self.pending[remote_function.options(**options).remote(*args)] = (stage, key)
+        self.pending[self._remotes[function].options(num_cpus=num_cpus).remote(*args)] = (stage, key)
 
     def _collect_one(self) -> None:
         ready, _ = self.ray.wait(list(self.pending), num_returns=1)
@@ -352,10 +365,12 @@ def _run(options: PrecomputeOptions, plan: _Plan, writer: StoreWriter, feature_f
     if not todo:
         return
 
-    ray = _start_ray(options.address, options.num_workers)
-    cpus = max(1, int(ray.available_resources().get("CPU", 1)))
+    if options.executor == "inline":
+        ray, cpus = None, 1
+    else:
+        ray = _start_ray(options.address, options.num_workers)
+        cpus = max(1, int(ray.available_resources().get("CPU", 1)))
     max_in_flight = options.max_in_flight or 4 * cpus
-    featurize_remote = ray.remote(max_retries=2)(_featurize_task)
     progress = _progress(options.progress)
 
     def on_featurized(stage, key, result):
@@ -388,15 +403,15 @@ def _run(options: PrecomputeOptions, plan: _Plan, writer: StoreWriter, feature_f
 
     bar = progress(total=len(todo), desc="featurize", unit="target")
     runner = _Runner(ray, max_in_flight, on_featurized, on_crash)
-    shared_index = ray.put(plan.alignment_index)
+    shared_index = plan.alignment_index if ray is None else ray.put(plan.alignment_index)
     for target in todo:
         if plan.pipeline_config is not None:
             keys = chain_keys[target.target_id]
             blobs = {key: msa_blobs[key] for key in set(keys.values())}
-            runner.submit(featurize_remote, {"num_cpus": 1}, "featurize", target.target_id, tasks.featurize_searched,
+            runner.submit(_featurize_task, 1, "featurize", target.target_id, tasks.featurize_searched,
                           target, blobs, keys, plan.feature_config, plan.template_dir, feature_fingerprint)
         else:
-            runner.submit(featurize_remote, {"num_cpus": 1}, "featurize", target.target_id, tasks.featurize_ingested,
+            runner.submit(_featurize_task, 1, "featurize", target.target_id, tasks.featurize_ingested,
                           target, shared_index, plan.feature_config, plan.template_dir, feature_fingerprint,
                           _ingested_msa_key)
     runner.drain()
@@ -464,13 +479,12 @@ def _search_stage(ray, plan: _Plan, todo: list[TargetInput], writer: StoreWriter
         failed_keys.add(key)
         record_failure("search", key, f"worker crashed: {type(error).__name__}: {error}")
 
-    search_remote = ray.remote(max_retries=2)(_search_task)
     runner = _Runner(ray, max_in_flight, on_searched, on_crash)
     for key, chain in to_search:
         databases = sum(search_plan.databases(chain.molecule_type), ())
         # Ask Ray for the CPUs the hungriest tool of this chain uses, so tools do not oversubscribe.
         threads = max((search_plan.tool(db.tool).threads for db in databases), default=1)
-        runner.submit(search_remote, {"num_cpus": threads}, "search", key, chain, key, plan.pipeline_config,
+        runner.submit(_search_task, threads, "search", key, chain, key, plan.pipeline_config,
                       plan.feature_config.zstd_level)
     runner.drain()
     bar.close()

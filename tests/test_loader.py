@@ -1,0 +1,98 @@
+"""CacheDataset and collate on a real cache built from ../shared/data."""
+
+import numpy as np
+import pytest
+import torch
+
+from featurecache import CacheDataset, collate
+from featurecache.features.schema import FEATURES, GAP
+
+
+def test_ids_lengths_and_filters(sample_cache):
+    dataset = CacheDataset(sample_cache, crop_size=64)
+    assert dataset.ids == sorted(dataset.ids) and len(dataset) == 5
+    assert "721p-assembly1" in dataset.ids
+    small = CacheDataset(sample_cache, crop_size=64, max_tokens=250)
+    assert all(small.num_tokens(i) <= 250 for i in range(len(small)))
+    assert 0 < len(small) < len(dataset)
+    assert torch.all(dataset.sample_weights > 0)
+    with pytest.raises(KeyError, match="not in the cache"):
+        CacheDataset(sample_cache, ids=["no-such-target"])
+
+
+def test_sample_is_cropped_and_consistent(sample_cache):
+    dataset = CacheDataset(sample_cache, crop_size=48, max_msa_rows=32, seed=3)
+    for index in range(len(dataset)):
+        sample = dataset[index]
+        tokens = sample["restype"].shape[0]
+        assert tokens == min(48, dataset.num_tokens(index))
+        assert sample["msa"].shape == (min(32, sample["msa"].shape[0]), tokens)
+        assert sample["msa"].shape[0] >= 1
+        # The query row is kept first and equals the restype of the cropped tokens (polymers).
+        polymer = ~sample["is_ligand"]
+        assert torch.equal(sample["msa"][0][polymer], sample["restype"][polymer])
+        assert int(sample["atom_to_token"].max()) < tokens
+        assert sample["restype"].dtype == torch.long and sample["deletion_matrix"].dtype == torch.float32
+
+
+def test_crops_are_reproducible_and_change_with_epoch(sample_cache):
+    dataset = CacheDataset(sample_cache, crop_size=40, seed=11)
+    index = dataset.ids.index("7a4d-assembly1")
+    first = dataset[index]["token_index"]
+    assert torch.equal(first, CacheDataset(sample_cache, crop_size=40, seed=11)[index]["token_index"])
+    changed = False
+    for epoch in range(1, 6):
+        dataset.set_epoch(epoch)
+        changed |= not torch.equal(first, dataset[index]["token_index"])
+    assert changed
+
+
+def test_collate_pads_and_masks(sample_cache):
+    dataset = CacheDataset(sample_cache, crop_size=64, max_msa_rows=16)
+    samples = [dataset[i] for i in range(len(dataset))]
+    batch = collate(samples)
+    assert batch["id"] == dataset.ids
+    size = max(s["restype"].shape[0] for s in samples)
+    assert batch["restype"].shape == (len(samples), size)
+    for row, sample in enumerate(samples):
+        tokens = sample["restype"].shape[0]
+        assert batch["token_pad_mask"][row].sum() == tokens
+        assert torch.equal(batch["restype"][row, :tokens], sample["restype"])
+        assert torch.all(batch["restype"][row, tokens:] == GAP)
+        assert batch["msa_row_mask"][row].sum() == sample["msa"].shape[0]
+        assert batch["atom_pad_mask"][row].sum() == sample["atom_to_token"].shape[0]
+    for spec in FEATURES:
+        assert batch[spec.name].shape[0] == len(samples)
+    with pytest.raises(ValueError, match="empty"):
+        collate([])
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_with_workers(sample_cache, context):
+    dataset = CacheDataset(sample_cache, crop_size=32, max_msa_rows=8)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=2, num_workers=2, collate_fn=collate,
+                                         multiprocessing_context=context)
+    seen = [target for batch in loader for target in batch["id"]]
+    assert seen == dataset.ids
+    expected = [dataset[i]["token_index"] for i in range(len(dataset))]
+    again = [s for batch in loader for s in batch["token_index"]]
+    for want, got in zip(expected, again):
+        assert torch.equal(want, got[: want.shape[0]])
+
+
+def test_distributed_sampler_splits_targets(sample_cache):
+    dataset = CacheDataset(sample_cache, crop_size=32)
+    seen = []
+    for rank in range(2):
+        sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=True, seed=0)
+        seen.append({dataset.ids[i] for i in sampler})
+    assert seen[0] | seen[1] == set(dataset.ids)
+
+
+def test_bad_options(sample_cache, tmp_path):
+    with pytest.raises(ValueError, match="crop_size"):
+        CacheDataset(sample_cache, crop_size=0)
+    with pytest.raises(ValueError, match="on_error"):
+        CacheDataset(sample_cache, on_error="ignore")
+    with pytest.raises((ValueError, FileNotFoundError)):
+        CacheDataset(tmp_path)

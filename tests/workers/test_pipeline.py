@@ -1,0 +1,201 @@
+"""End-to-end precompute: ingest and search modes, resume, stale records, failures, exit codes."""
+
+import gzip
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from featurecache.cli import cli
+from featurecache.store.codec import decode_record, read_header
+from featurecache.store.manifest import read_manifest
+from featurecache.store.shards import StoreReader
+from featurecache.store.verify import verify_cache
+from featurecache.workers.pipeline import PipelineSetupError, PrecomputeOptions, precompute
+
+SMALL = ("209d-assembly1.cif", "2q2k.cif")
+
+
+@pytest.fixture
+def small_inputs(tmp_path, shared_data):
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    for name in SMALL:
+        shutil.copy(shared_data / "structures" / name, folder / name)
+    return folder
+
+
+def _options(inputs, cache, shared_data, **changes):
+    values = dict(inputs=[inputs], cache_dir=cache, alignments_dir=shared_data / "alignments",
+                  executor="inline", progress=False)
+    values.update(changes)
+    return PrecomputeOptions(**values)
+
+
+def _fingerprints(cache):
+    with StoreReader(cache) as reader:
+        return {key: read_header(blob).fingerprint for key, blob in reader.items("features")}
+
+
+def test_rerun_skips_current_and_recomputes_stale(tmp_path, small_inputs, shared_data):
+    cache = tmp_path / "cache"
+    first = precompute(_options(small_inputs, cache, shared_data))
+    assert first.stages["featurize"].done == 2 and first.failed == 0
+    before = _fingerprints(cache)
+
+    again = precompute(_options(small_inputs, cache, shared_data))
+    assert again.stages["featurize"].skipped == 2 and again.stages["featurize"].done == 0
+
+    # A feature setting changes every fingerprint: both records are recomputed.
+    changed = precompute(_options(small_inputs, cache, shared_data, max_msa_rows=7))
+    assert changed.stages["featurize"].done == 2
+    after = _fingerprints(cache)
+    assert all(before[key] != after[key] for key in before)
+    with StoreReader(cache) as reader:
+        record = decode_record(reader.get("features", "2q2k"))
+    assert record.arrays["msa"].shape[0] <= 7
+
+    # A changed input file (same name) is stale too; the other target stays current.
+    path = small_inputs / "2q2k.cif"
+    path.write_text(path.read_text().replace("2Q2K", "2Q2K", 1) + "\n#\n")
+    edited = precompute(_options(small_inputs, cache, shared_data, max_msa_rows=7))
+    assert edited.stages["featurize"].done == 1 and edited.stages["featurize"].skipped == 1
+    assert verify_cache(cache).ok
+    assert read_manifest(cache).counts["features"] == 2
+
+
+def test_bad_inputs_are_recorded_and_the_rest_completes(tmp_path, small_inputs, shared_data):
+    (small_inputs / "truncated.cif").write_text((small_inputs / "2q2k.cif").read_text()[:5000])
+    (small_inputs / "binary.cif").write_bytes(os.urandom(2000))
+    (small_inputs / "empty.fasta").write_text("")
+    with gzip.open(small_inputs / "notgzip.cif.gz", "wb") as handle:
+        handle.write(b"this is not an mmCIF file\n")
+    cache = tmp_path / "cache"
+    summary = precompute(_options(small_inputs, cache, shared_data))
+    assert summary.stages["featurize"].done == 2
+    assert summary.failed == 4
+    failed = {failure["key"]: failure["message"] for failure in summary.failures}
+    assert set(failed) == {"truncated", "binary", "empty", "notgzip"}
+    for key, message in failed.items():
+        assert key in message or "truncated" in message or str(small_inputs) in message, message
+
+    with StoreReader(cache) as reader:
+        errors = {key: decode_record(blob).meta for key, blob in reader.items("errors")}
+    assert {meta["key"] for meta in errors.values()} == set(failed)
+    # A rerun retries the failures (and counts the attempts), and skips what is cached.
+    rerun = precompute(_options(small_inputs, cache, shared_data))
+    assert rerun.stages["featurize"].skipped == 2 and rerun.failed == 4
+    with StoreReader(cache) as reader:
+        attempts = {decode_record(blob).meta["attempts"] for _, blob in reader.items("errors")}
+    assert attempts == {2}
+
+
+def test_setup_errors_exit_2_before_any_work(tmp_path, small_inputs, shared_data):
+    runner = CliRunner()
+    cache = tmp_path / "cache"
+    result = runner.invoke(cli, ["precompute", str(tmp_path / "missing"), "--cache", str(cache)])
+    assert result.exit_code == 2 and "does not exist" in result.output
+    result = runner.invoke(cli, ["precompute", str(small_inputs), "--cache", str(cache),
+                                 "--alignments", str(tmp_path / "nowhere")])
+    assert result.exit_code == 2 and "nowhere" in result.output
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    result = runner.invoke(cli, ["precompute", str(small_inputs), "--cache", str(blocker / "cache")])
+    assert result.exit_code == 2 and "--cache" in result.output
+    config = tmp_path / "pipeline.toml"
+    config.write_text('[[databases]]\nname = "gone"\ntool = "jackhmmer"\nrole = "msa"\n'
+                      f'path = "{tmp_path / "no-such.fasta"}"\n')
+    result = runner.invoke(cli, ["precompute", str(small_inputs), "--cache", str(cache), "--config", str(config)])
+    assert result.exit_code == 2 and "no-such.fasta" in result.output
+    assert not cache.exists() or not any(cache.iterdir())
+    with pytest.raises(PipelineSetupError, match="executor"):
+        precompute(_options(small_inputs, cache, shared_data, executor="threads"))
+
+
+def test_cli_main_job_with_ray(tmp_path, small_inputs, shared_data):
+    """The README's main job through the command line, with Ray started locally."""
+    runner = CliRunner()
+    cache = tmp_path / "cache"
+    result = runner.invoke(cli, ["precompute", str(small_inputs), "--cache", str(cache), "--alignments",
+                                 str(shared_data / "alignments"), "--workers", "2", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "done      2" in result.output
+    stats = runner.invoke(cli, ["stats", str(cache), "--plot", str(tmp_path / "stats.png")])
+    assert stats.exit_code == 0, stats.output
+    assert "2q2k" in stats.output and "209d-assembly1" in stats.output
+    assert (tmp_path / "stats.png").stat().st_size > 1000
+    verify = runner.invoke(cli, ["verify", str(cache)])
+    assert verify.exit_code == 0 and "OK" in verify.output
+    show = runner.invoke(cli, ["show", str(cache), "2q2k"])
+    assert show.exit_code == 0 and "msa_profile" in show.output
+    missing = runner.invoke(cli, ["show", str(cache), "nope"])
+    assert missing.exit_code == 1 and "nope" in missing.output
+
+
+def test_kill_during_precompute_then_rerun(tmp_path, shared_data):
+    """kill -9 of the driver mid-run: the rerun caches every target once and verify is clean."""
+    cache = tmp_path / "cache"
+    command = [sys.executable, "-m", "featurecache.cli", "precompute", str(shared_data / "structures"),
+               "--cache", str(cache), "--alignments", str(shared_data / "alignments"), "--executor", "inline",
+               "--no-progress"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    # Kill once at least one record is committed (the shard files grow past their empty size).
+    while time.time() < deadline and process.poll() is None:
+        shards = list(cache.glob("shard-*.lmdb")) if cache.exists() else []
+        if shards and sum(path.stat().st_size for path in shards) > 600_000:
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    summary = precompute(PrecomputeOptions(inputs=[shared_data / "structures"], cache_dir=cache,
+                                           alignments_dir=shared_data / "alignments", executor="inline",
+                                           progress=False))
+    stages = summary.stages["featurize"]
+    assert stages.done + stages.skipped == 5 and summary.failed == 0
+    assert verify_cache(cache).ok
+    assert read_manifest(cache).counts["features"] == 5
+
+
+@pytest.mark.tools
+def test_search_mode_end_to_end_and_one_failing_search(tmp_path, shared_data, test_databases):
+    """Real searches (jackhmmer, hhblits, hhsearch, nhmmer) on small real databases.
+
+    The nucleotide database is replaced by a corrupt file: the DNA target's search fails and is
+    recorded, while the protein target is searched, featurized with templates and cached.
+    """
+    from featurecache.workers.testdb import write_pipeline_config
+
+    broken = tmp_path / "broken-nucleotides.fasta"
+    broken.write_bytes(b"\x00\x01 not a sequence database \xff\n" * 50)
+    config_path = write_pipeline_config(test_databases, tmp_path / "pipeline.toml", threads=1,
+                                        template_tool="hhsearch")
+    text = config_path.read_text().replace(str(test_databases.nucleotide_fasta), str(broken))
+    config_path.write_text(text)
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    shutil.copy(shared_data / "structures" / "721p-assembly1.cif", inputs)
+    (inputs / "dna_only.fasta").write_text(">chain_a mol:dna\nCGCGAATTCGCG\n")
+
+    cache = tmp_path / "cache"
+    result = CliRunner().invoke(cli, ["precompute", str(inputs), "--cache", str(cache), "--config", str(config_path),
+                                      "--executor", "inline", "--no-progress", "--json"])
+    assert result.exit_code == 1, result.output
+    with StoreReader(cache) as reader:
+        record = decode_record(reader.get("features", "721p-assembly1"))
+        errors = {key: decode_record(blob).meta for key, blob in reader.items("errors")}
+        msa_keys = list(reader.keys("msa"))
+    # The homodimer's two identical chains were searched once.
+    assert len(msa_keys) == 1
+    assert record.arrays["msa"].shape[0] > 10
+    assert record.meta["warnings"] == []
+    stages = {meta["stage"] for meta in errors.values()}
+    assert stages == {"search", "featurize"}
+    search_error = next(meta for meta in errors.values() if meta["stage"] == "search")
+    assert "nhmmer" in search_error["message"] or "nucleotide" in search_error["message"]
+    assert search_error["stderr_tail"] or "Stockholm" in search_error["message"]
