@@ -151,6 +151,8 @@ class CacheDataset(torch.utils.data.Dataset):
         return self.crop_sample(target_id, arrays, rng)
 
     def crop_sample(self, target_id: str, arrays: dict[str, np.ndarray], rng: np.random.Generator) -> dict:
+        # Rows first: gathering 1k of 16k MSA rows before cutting columns moves 16x fewer bytes.
+        arrays = cropping.subsample_msa(arrays, self.max_msa_rows, rng)
         num_tokens = arrays["restype"].shape[0]
         if self.crop_size is not None and num_tokens > self.crop_size:
             use_spatial = rng.random() < self.spatial_crop_prob and arrays["token_center_mask"].any()
@@ -161,7 +163,6 @@ class CacheDataset(torch.utils.data.Dataset):
             else:
                 token_indices = cropping.contiguous_crop(arrays["asym_id"], self.crop_size, rng)
             arrays = cropping.crop_arrays(arrays, token_indices)
-        arrays = cropping.subsample_msa(arrays, self.max_msa_rows, rng)
         sample = {name: _to_torch(name, arrays[name]) for name in FEATURES_BY_NAME}
         sample["id"] = target_id
         return sample

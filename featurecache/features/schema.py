@@ -76,7 +76,7 @@ FEATURES: tuple[ArraySpec, ...] = (
     _spec("atom_mask", np.bool_, ["atom"], "atom resolved in the structure (present with occupancy > 0)"),
     # --- MSA ---------------------------------------------------------------------------
     _spec("msa", np.int8, ["msa", "token"], "MSA class per position (RESTYPES index, GAP for gaps)"),
-    _spec("deletion_matrix", np.uint16, ["msa", "token"], "number of deleted residues before each position"),
+    _spec("deletion_matrix", np.uint8, ["msa", "token"], "number of deleted residues before each position (clipped at 255)"),
     _spec("msa_species", np.int32, ["msa"], "species id per row for pairing (0 = unknown / unpaired)"),
     _spec("msa_is_paired", np.bool_, ["msa"], "row was paired across chains by species"),
     _spec("msa_profile", np.float32, ["token", NUM_RESTYPES], "class distribution over all MSA rows"),

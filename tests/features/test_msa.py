@@ -94,7 +94,7 @@ def test_721p_homodimer_ligands_are_gaps(shared_data):
     assert not features["msa_is_paired"][1:].any()  # one entity: no pairing
     # No duplicate rows survive.
     assert len({row.tobytes() for row in msa}) == msa.shape[0]
-    assert features["deletion_matrix"].dtype == np.uint16 and features["deletion_matrix"].max() > 0
+    assert features["deletion_matrix"].dtype == np.uint8 and features["deletion_matrix"].max() > 0
 
 
 def test_profile_and_deletion_mean(heteromer):
