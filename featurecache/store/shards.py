@@ -592,12 +592,17 @@ class StoreReader:
             for key, blob in self._cursor_items(index, table, values=True):
                 yield key.decode("utf-8", "surrogateescape"), blob
 
-    def index_entries(self, table: str, shard_index: int) -> Iterator[tuple[str, Any]]:
-        """(key, index entry) pairs stored beside a table's records in one shard."""
+    def index_blobs(self, table: str, shard_index: int) -> Iterator[tuple[str, bytes]]:
+        """(key, packed index entry) pairs stored beside a table's records in one shard."""
         _check_table(table)
-        where = f"{self.shard_paths[shard_index]}/{_index_table(table)}"
         for key, value in self._cursor_items(shard_index, _index_table(table), values=True):
-            yield key.decode("utf-8", "surrogateescape"), unpack_plain(value, where)
+            yield key.decode("utf-8", "surrogateescape"), value
+
+    def index_entries(self, table: str, shard_index: int) -> Iterator[tuple[str, Any]]:
+        """(key, index entry) pairs of one shard, decoded; ValueError names a damaged entry."""
+        where = f"{self.shard_paths[shard_index]}/{_index_table(table)}"
+        for key, value in self.index_blobs(table, shard_index):
+            yield key, unpack_plain(value, f"{where}/{key}")
 
     def count(self, table: str) -> int:
         _check_table(table)

@@ -16,7 +16,7 @@ from typing import Any
 
 import lmdb
 
-from featurecache.store.codec import CorruptRecordError, RecordFormatError, decode_record
+from featurecache.store.codec import CorruptRecordError, RecordFormatError, decode_record, unpack_plain
 from featurecache.store.manifest import Manifest, check_shard_file, read_manifest
 from featurecache.store.shards import TABLES, StoreReader, shard_of
 
@@ -84,9 +84,22 @@ def _scan_table(reader: StoreReader, manifest: Manifest, shard_index: int, table
         if shard_of(key, manifest.num_shards) != shard_index:
             report.damaged.append(DamagedRecord(
                 table, key, shard_file, f"belongs in shard {shard_of(key, manifest.num_shards)}"))
-    indexed = {key for key, _ in reader.index_entries(table, shard_index)}
-    listed = {key for key, entry in manifest.index.get(table, {}).items() if entry.get("shard") == shard_index}
-    for key in sorted(listed - indexed):
+    # Index entries carry no checksum of their own: they must parse and agree with the manifest.
+    manifest_index = manifest.index.get(table, {})
+    indexed = set()
+    for key, packed in reader.index_blobs(table, shard_index):
+        indexed.add(key)
+        try:
+            entry = unpack_plain(packed, f"{where} index")
+        except ValueError as error:
+            report.damaged.append(DamagedRecord(f"index.{table}", key, shard_file, str(error)))
+            continue
+        listed = manifest_index.get(key)
+        if listed is not None and {**entry, "shard": shard_index} != listed:
+            report.damaged.append(DamagedRecord(
+                f"index.{table}", key, shard_file, f"index entry {entry} differs from the manifest's {listed}"))
+    listed_here = {key for key, entry in manifest_index.items() if entry.get("shard") == shard_index}
+    for key in sorted(listed_here - indexed):
         if reader.get(table, key) is None:
             report.damaged.append(DamagedRecord(table, key, shard_file, "listed in the manifest but missing"))
     return count

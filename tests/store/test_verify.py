@@ -6,7 +6,7 @@ import random
 import pytest
 
 from featurecache.config import StoreConfig
-from featurecache.store.codec import CorruptRecordError
+from featurecache.store.codec import CorruptRecordError, pack_plain
 from featurecache.store.manifest import MANIFEST_NAME, CacheNotFinishedError
 from featurecache.store.shards import StoreReader, StoreWriter, shard_name, shard_of
 from featurecache.store.verify import DamagedRecord, verify_cache
@@ -110,3 +110,21 @@ def test_unreadable_caches_raise(tmp_path):
         writer.put("errors", "x", b"unfinished")
     with pytest.raises(CacheNotFinishedError, match="not finished"):
         verify_cache(tmp_path)
+
+
+def test_damaged_index_entries_are_reported(tmp_path):
+    seed = random.randrange(1 << 30)
+    keys = _build(tmp_path, 10, seed)
+    key = random.choice(keys)
+    packed = pack_plain(sample_blob(key, seed, num_tokens=300)[1])
+    path = tmp_path / shard_name(shard_of(key, NUM_SHARDS))
+    data = bytearray(path.read_bytes())
+    position = data.find(packed)
+    assert position >= 0
+    while position >= 0:  # every copy LMDB keeps; the last byte belongs to the float weight
+        data[position + len(packed) - 1] ^= 0x5A
+        position = data.find(packed, position + 1)
+    path.write_bytes(bytes(data))
+    report = verify_cache(tmp_path)
+    assert [(record.table, record.key) for record in report.damaged] == [("index.features", key)]
+    assert "differs from the manifest's" in report.damaged[0].reason
