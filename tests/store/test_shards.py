@@ -87,6 +87,21 @@ def test_put_get_keys_delete_round_trip(tmp_path):
     assert targets["t5"]["num_tokens"] == sample_arrays("t5", seed)["msa"].shape[1]
 
 
+def test_queued_records_are_committed_when_the_writer_exits(tmp_path):
+    seed = _seed()
+    config = StoreConfig(num_shards=2, batch_records=1000)  # nothing reaches a full batch
+    with pytest.raises(KeyboardInterrupt):
+        with StoreWriter(tmp_path, config) as writer:
+            for key in ("a", "b", "c"):
+                writer.put("features", key, sample_blob(key, seed)[0])
+            raise KeyboardInterrupt  # an interrupted precompute keeps what it finished
+    with StoreReader(tmp_path) as reader:
+        assert sorted(reader.keys("features")) == ["a", "b", "c"]
+        assert_record_matches(reader.get_record("features", "b"), "b", seed)
+    with pytest.raises(ValueError, match="not finished"):
+        read_manifest(tmp_path)
+
+
 def test_bad_keys_tables_and_index_entries_are_refused(tmp_path):
     with StoreWriter(tmp_path, StoreConfig(num_shards=1)) as writer:
         with pytest.raises(ValueError, match="unknown table 'feature'"):
