@@ -77,6 +77,8 @@ class RecordFormatError(ValueError):
 
 @dataclass(frozen=True)
 class RecordHeader:
+    """A record without its arrays (read_header): enough to decide whether it is current."""
+
     key: str
     meta: dict[str, Any]
     fingerprint: str
@@ -88,6 +90,8 @@ class RecordHeader:
 
 @dataclass(frozen=True, eq=False)
 class Record:
+    """A decoded record. `arrays` are read-only numpy views: copy one before writing into it."""
+
     key: str
     arrays: dict[str, np.ndarray]
     meta: dict[str, Any]
