@@ -9,8 +9,8 @@ example packages:
   files, each cut to its first rows,
 - a nucleotide FASTA (HMMER's tutorial MADE1 transposon family and human DNA fragment, and the
   sample RNA alignment's sequences),
-- a template seqres FASTA (pdb_seqres style), its MMseqs2 database and a single-sequence HH-suite
-  database (PDB70 style) from ``templates/mmcif``.
+- a template mmCIF folder (``templates/mmcif`` plus the PDB entries of ``structures``), its seqres
+  FASTA (pdb_seqres style), MMseqs2 database and single-sequence HH-suite database (PDB70 style).
 
 ``write_pipeline_config`` then writes a pipeline TOML that points at them, so
 ``featurecache precompute --config`` can be run on ``../shared/data/structures`` end to end:
@@ -24,19 +24,21 @@ import argparse
 import gzip
 import json
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-import gemmi
 
+from featurecache.io.mmcif import read_mmcif
 from featurecache.workers.tools import ToolNotFoundError, resolve_binary
 
 UNIPROT_EXAMPLE = Path("/usr/share/doc/mmseqs2/example-data/DB.fasta.gz")
 HMMER_TUTORIAL = Path("/usr/share/doc/hmmer/examples/tutorial")
 HHSUITE_DATA_DIRS = (Path("/usr/share/hhsuite/data"), Path("/usr/lib/hhsuite/data"))
 # Debian ships cstranslate as per-CPU builds under libexec (its bin wrapper only works from /usr/bin).
+OUTPUT_FOLDERS = ("protein_mmseqs", "hhsuite_msa", "template_mmcif", "template_mmseqs", "template_hhsuite")
 CSTRANSLATE_BUILDS = ("avx2", "avx", "sse4.1", "ssse3", "sse3", "plain")
 
 
@@ -61,10 +63,13 @@ def build_test_databases(
     """Build every test database under ``out_dir`` (created) from the sample data in ``data_dir``."""
     out = Path(out_dir)
     data = Path(data_dir)
-    for required in (data / "alignments", data / "templates" / "mmcif"):
+    for required in (data / "alignments", data / "templates" / "mmcif", data / "structures"):
         if not required.is_dir():
             raise FileNotFoundError(f"sample data folder {required} not found")
     out.mkdir(parents=True, exist_ok=True)
+    # Rebuilding replaces an earlier build (ffindex_build and mmseqs refuse to overwrite).
+    for folder in OUTPUT_FOLDERS:
+        shutil.rmtree(out / folder, ignore_errors=True)
     a3m_files = sorted((data / "alignments").rglob("*.a3m")) + sorted((data / "alignments").rglob("*.a3m.gz"))
 
     protein_fasta = out / "protein.fasta"
@@ -78,7 +83,7 @@ def build_test_databases(
     nucleotide_fasta = out / "nucleotide.fasta"
     _write_nucleotide_fasta(nucleotide_fasta, data)
 
-    template_dir = data / "templates" / "mmcif"
+    template_dir = _collect_template_mmcifs(data, out / "template_mmcif")
     template_seqres = out / "pdb_seqres.fasta"
     chains = _template_chains(template_dir)
     with open(template_seqres, "w") as handle:
@@ -105,10 +110,10 @@ def write_pipeline_config(
     path: str | os.PathLike,
     threads: int = 1,
     timeout_s: float = 600.0,
-    template_tool: str = "hmmsearch",
+    template_tool: str = "hhsearch",
 ) -> Path:
     """A pipeline TOML searching the test databases: jackhmmer + hhblits for proteins, nhmmer for
-    RNA and DNA, and ``template_tool`` ("hmmsearch", "hhsearch" or "mmseqs") for templates."""
+    RNA and DNA, and ``template_tool`` ("hhsearch", "hmmsearch" or "mmseqs") for templates."""
     template_paths = {
         "hmmsearch": databases.template_seqres,
         "hhsearch": databases.template_hhsuite,
@@ -243,20 +248,31 @@ def _write_nucleotide_fasta(path: Path, data: Path) -> None:
 
 
 def _template_chains(mmcif_dir: Path) -> list[tuple[str, str]]:
-    """(pdbid_chain, canonical sequence) of every protein chain, as in PDB's pdb_seqres.txt."""
-    chains: list[tuple[str, str]] = []
+    """(pdbid_chain, sequence) of every protein chain, named as in PDB's pdb_seqres.txt."""
+    chains: dict[str, str] = {}
     for path in sorted(mmcif_dir.glob("*.cif")):
-        block = gemmi.cif.read(str(path)).sole_block()
-        table = block.find("_entity_poly.", ["type", "pdbx_seq_one_letter_code_can", "pdbx_strand_id"])
-        for row in table:
-            if gemmi.cif.as_string(row[0]) != "polypeptide(L)":
-                continue
-            sequence = "".join(gemmi.cif.as_string(row[1]).split())
-            for chain in gemmi.cif.as_string(row[2]).split(","):
-                chains.append((f"{path.stem.lower()}_{chain.strip()}", sequence))
+        for chain in read_mmcif(path).chains:
+            if chain.molecule_type == "protein":
+                chains.setdefault(f"{path.stem.lower()}_{chain.auth_chain_id}", chain.sequence)
     if not chains:
         raise ValueError(f"no protein chains found in the mmCIF files of {mmcif_dir}")
-    return chains
+    return list(chains.items())
+
+
+def _collect_template_mmcifs(data: Path, folder: Path) -> Path:
+    """The sample templates plus the sample PDB structures, as <pdb_id>.cif (the template folder layout).
+
+    With the structures among the templates, their homologs (the AlphaFold DB H-Ras model and
+    721P) get template features; a structure's own entry is dropped by the release-date filter.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in sorted((data / "templates" / "mmcif").glob("*.cif")):
+        shutil.copy(path, folder / path.name.lower())
+    for path in sorted((data / "structures").glob("*.cif")):
+        pdb_id = path.stem.split("-")[0].lower()
+        if re.fullmatch(r"\d[a-z0-9]{3}", pdb_id):
+            shutil.copy(path, folder / f"{pdb_id}.cif")
+    return folder
 
 
 def _run(command: list[str], cwd: Path | None = None) -> None:
@@ -312,7 +328,8 @@ def main() -> None:
     parser.add_argument("--data", default=str(Path(__file__).resolve().parents[3] / "shared" / "data"),
                         help="the sample data folder (default: ../shared/data next to the repository)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per tool run")
-    parser.add_argument("--template-tool", default="hmmsearch", choices=["hmmsearch", "hhsearch", "mmseqs"])
+    parser.add_argument("--template-tool", default="hhsearch", choices=["hhsearch", "hmmsearch", "mmseqs"],
+                        help="template search tool written into pipeline.toml (default: hhsearch, as AlphaFold2)")
     args = parser.parse_args()
     databases = build_test_databases(args.out_dir, args.data)
     config = write_pipeline_config(databases, Path(args.out_dir) / "pipeline.toml", threads=args.threads,

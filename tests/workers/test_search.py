@@ -36,8 +36,10 @@ def test_protein_chain_from_structures_gets_msas_and_templates(pipeline_config, 
     assert jackhmmer.num_hits > 20 and hhblits.num_hits >= 1
     assert f"721p-assembly1A_protein|0|101/1-{len(ras_sequence)}" in jackhmmer.text
     assert [(item.database, item.role, item.output_format) for item in result.templates] == [
-        ("pdb_seqres_sample", "template", "sto")
+        ("pdb_seqres_sample", "template", "hhr")
     ]
+    # 721P is among the test templates (its structure is in ../shared/data/structures).
+    assert re.search(r"^\s*1 721p_[AB] ", result.templates[0].text, re.MULTILINE)
     fingerprints = plan.database_fingerprints("protein")
     assert {item.database: item.fingerprint for item in result.msas + result.templates} == fingerprints
     assert len(set(fingerprints.values())) == 3
