@@ -40,7 +40,7 @@ def assert_record_matches(record, key: str, seed: int, num_tokens: int | None = 
     assert record.key == key and record.meta["seed"] == seed, (record.key, record.meta)
     assert list(record.arrays) == list(expected)
     for name, value in expected.items():
-        np.testing.assert_array_equal(record.arrays[name], value, err_msg=f"{key}/{name}")
+        np.testing.assert_array_equal(record.arrays[name], value, err_msg=f"{key}/{name} (seed {seed})")
 
 
 def build_cache(cache_dir: Path, keys: list[str], seed: int, num_shards: int = 3,
