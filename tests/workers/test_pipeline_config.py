@@ -199,3 +199,30 @@ def test_hhsuite_fingerprint_covers_every_file(test_databases, tmp_path):
     (tmp_path / "db_a3m.ffdata").unlink()
     with pytest.raises(FileNotFoundError, match="database hh: missing file"):
         database_fingerprint(config.databases[0])
+
+
+def test_precompute_reports_every_missing_tool_and_database_before_any_work(shared_data, tmp_path):
+    from click.testing import CliRunner
+
+    from featurecache.cli import cli
+
+    config = _write(tmp_path, """
+[tools.hhblits]
+binary = "featurecache-no-such-hhblits"
+[[databases]]
+name = "uniref90"
+tool = "jackhmmer"
+path = "missing/uniref90.fasta"
+[[databases]]
+name = "bfd"
+tool = "hhblits"
+path = "missing/bfd"
+""")
+    cache = tmp_path / "cache"
+    result = CliRunner().invoke(cli, ["precompute", str(shared_data / "structures"), "--cache", str(cache),
+                                      "--config", str(config), "--no-progress"])
+    assert result.exit_code == 2, result.output
+    assert "featurecache-no-such-hhblits" in result.output
+    assert str(tmp_path / "missing" / "uniref90.fasta") in result.output
+    assert str(tmp_path / "missing" / "bfd_a3m.ffdata") in result.output
+    assert not cache.exists(), "nothing may be written before the preflight passes"

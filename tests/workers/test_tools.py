@@ -92,6 +92,7 @@ def test_hhsearch_and_hmmsearch_find_template_chains(test_databases, template_qu
     assert "--incdomE 100" in " ".join(sto.command)
 
 
+@pytest.mark.slow  # MMseqs2 workflows write and reread several databases per query: ~5-20 s here
 def test_mmseqs_gives_a3m_and_m8(test_databases, ras_sequence):
     tool = MmseqsSearch(FAST_MMSEQS)
     msa = tool.search(ras_sequence, str(test_databases.protein_mmseqs), max_hits=25)
