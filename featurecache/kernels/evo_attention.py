@@ -250,14 +250,13 @@ def _evo_attention_bwd_kv_kernel(
         rows_m = start_m + offs_m
         valid_m = rows_m < seq_len
         q_tile = valid_m[:, None] & valid_d[None, :]
+        # Each tile is loaded once; tl.trans of a dot operand is a shared-memory layout, not a copy.
         q = tl.load(q_base + rows_m[:, None] * stride_ql + offs_d[None, :] * stride_qd, mask=q_tile, other=0.0)
-        q_t = tl.load(q_base + rows_m[None, :] * stride_ql + offs_d[:, None] * stride_qd, mask=valid_d[:, None] & valid_m[None, :], other=0.0)
         do = tl.load(do_base + rows_m[:, None] * stride_gl + offs_d[None, :] * stride_gd, mask=q_tile, other=0.0)
-        do_t = tl.load(do_base + rows_m[None, :] * stride_gl + offs_d[:, None] * stride_gd, mask=valid_d[:, None] & valid_m[None, :], other=0.0)
         lse = tl.load(Lse + stat_base + rows_m, mask=valid_m, other=float("inf"))
         delta = tl.load(Delta + stat_base + rows_m, mask=valid_m, other=0.0)
 
-        s_t = _mma(k, q_t, DOT_PRECISION, UPCAST_DOT) * scale_log2  # [BLOCK_N, BLOCK_M]
+        s_t = _mma(k, tl.trans(q), DOT_PRECISION, UPCAST_DOT) * scale_log2  # [BLOCK_N, BLOCK_M]
         if HAS_BIAS:
             b_t = tl.load(
                 bias_base + rows_m[None, :] * stride_bq + cols[:, None] * stride_bk,
@@ -268,7 +267,7 @@ def _evo_attention_bwd_kv_kernel(
         s_t = tl.where(attend[:, None], s_t, float("-inf"))
         p_t = tl.math.exp2(s_t - lse[None, :])
         dv += _mma(p_t.to(do.dtype), do, DOT_PRECISION, UPCAST_DOT)
-        dp_t = _mma(v, do_t, DOT_PRECISION, UPCAST_DOT)
+        dp_t = _mma(v, tl.trans(do), DOT_PRECISION, UPCAST_DOT)
         ds_t = p_t * (dp_t - delta[None, :])
         dk += _mma(ds_t.to(q.dtype), q, DOT_PRECISION, UPCAST_DOT)
 
@@ -340,13 +339,10 @@ def _evo_attention_bwd_q_kernel(
     for start_n in range(0, seq_len, BLOCK_N):
         cols = start_n + offs_n
         valid_n = cols < seq_len
-        k = tl.load(k_base + cols[:, None] * stride_kl + offs_d[None, :] * stride_kd,
-                    mask=valid_n[:, None] & valid_d[None, :], other=0.0)
-        k_t = tl.load(k_base + cols[None, :] * stride_kl + offs_d[:, None] * stride_kd,
-                      mask=valid_d[:, None] & valid_n[None, :], other=0.0)
-        v_t = tl.load(v_base + cols[None, :] * stride_vl + offs_d[:, None] * stride_vd,
-                      mask=valid_d[:, None] & valid_n[None, :], other=0.0)
-        s = _mma(q, k_t, DOT_PRECISION, UPCAST_DOT) * scale_log2
+        kv_tile = valid_n[:, None] & valid_d[None, :]
+        k = tl.load(k_base + cols[:, None] * stride_kl + offs_d[None, :] * stride_kd, mask=kv_tile, other=0.0)
+        v = tl.load(v_base + cols[:, None] * stride_vl + offs_d[None, :] * stride_vd, mask=kv_tile, other=0.0)
+        s = _mma(q, tl.trans(k), DOT_PRECISION, UPCAST_DOT) * scale_log2
         bias_tile = valid_m[:, None] & valid_n[None, :]
         if HAS_BIAS:
             b = tl.load(bias_base + rows_m[:, None] * stride_bq + cols[None, :] * stride_bk,
@@ -357,7 +353,7 @@ def _evo_attention_bwd_q_kernel(
             attend = attend & (tl.load(mask_base + cols * stride_ml, mask=valid_n, other=0) != 0)
         s = tl.where(attend[None, :], s, float("-inf"))
         p = tl.math.exp2(s - lse[:, None])
-        dp = _mma(do, v_t, DOT_PRECISION, UPCAST_DOT)
+        dp = _mma(do, tl.trans(v), DOT_PRECISION, UPCAST_DOT)
         ds = p * (dp - delta[:, None])
         dq += _mma(ds.to(k.dtype), k, DOT_PRECISION, UPCAST_DOT)
         if STORE_DBIAS:
@@ -627,10 +623,14 @@ def evo_attention_forward(
     bias: Optional[torch.Tensor],
     mask: Optional[torch.Tensor],
     scale: float,
+    config: Optional[EvoAttentionConfig] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the forward kernel. Returns out [B, N, L, H, D] and lse [B, N, H, L] (fp32, log2 units)."""
+    """Launch the forward kernel. Returns out [B, N, L, H, D] and lse [B, N, H, L] (fp32, log2 units).
+
+    config overrides the tuned block sizes (for tuning runs); inputs are assumed checked.
+    """
     batch, rows, seq_len, heads, head_dim = q.shape
-    config = select_config(head_dim, seq_len, q.device).fwd
+    config = (config or select_config(head_dim, seq_len, q.device)).fwd
     out = q.new_empty(q.shape)
     lse = torch.empty((batch, rows, heads, seq_len), device=q.device, dtype=torch.float32)
     mask_tensor, mask_strides = _mask_arg(mask, q)
@@ -668,10 +668,11 @@ def evo_attention_backward(
     lse: torch.Tensor,
     scale: float,
     bias_grad: bool,
+    config: Optional[EvoAttentionConfig] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Launch the backward kernels. Returns dq, dk, dv and dbias (None unless bias_grad)."""
     batch, rows, seq_len, heads, head_dim = q.shape
-    config = select_config(head_dim, seq_len, q.device)
+    config = config or select_config(head_dim, seq_len, q.device)
     padded_dim = _padded_head_dim(head_dim)
     precision = _dot_precision(q.dtype)
     upcast = _upcast_dot(q)
