@@ -39,6 +39,8 @@ def featurize_target(
     of them. chain_template_hits: {chain_id: hits} with query indices in chain residue positions.
     source_hash: sha256 of the input file (None when the structure did not come from a file).
     """
+    if not config.drop_hydrogens:
+        raise ValueError("FeatureConfig.drop_hydrogens=False is not supported: the record's atom axis holds heavy atoms only")
     known = {chain.chain_id for chain in structure.chains}
     unknown = sorted((set(chain_msas) | set(chain_template_hits)) - known)
     if unknown:

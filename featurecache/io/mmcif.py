@@ -262,7 +262,9 @@ def _parse_chains(block: gemmi.cif.Block, source: str) -> list[Chain]:
     if missing:
         raise ParseError(source, f"_atom_site lacks {missing}")
     count = len(atoms["label_asym_id"])
-    column = lambda tag: atoms[tag] if tag in atoms else [None] * count  # noqa: E731
+
+    def column(tag: str) -> list:
+        return atoms[tag] if tag in atoms else [None] * count
 
     names = atoms.get("label_atom_id") or atoms["auth_atom_id"]
     comps = atoms["label_comp_id"]

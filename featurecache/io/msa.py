@@ -91,100 +91,126 @@ def read_msa(path: str | os.PathLike) -> Msa:
 # --- A3M / A2M ------------------------------------------------------------------------------
 
 
+# Byte classes for A3M / A2M sequence characters, ordered so that "kept" is one comparison:
+# the record separator and the match / gap columns are the classes <= _GAP_CLASS.
+_SEPARATOR, _MATCH, _GAP_CLASS, _INSERT, _IGNORED, _INVALID = 0, 1, 2, 3, 4, 5
+_A3M_CLASSES = np.full(256, _INVALID, dtype=np.uint8)
+_A3M_CLASSES[ord("A") : ord("Z") + 1] = _MATCH
+_A3M_CLASSES[_GAP] = _GAP_CLASS
+_A3M_CLASSES[ord("a") : ord("z") + 1] = _INSERT
+_A3M_CLASSES[[_DOT, _STAR]] = _IGNORED  # A2M insert-state gaps; trailing stop codons
+_A3M_CLASSES[ord(">")] = _SEPARATOR
+_HEADER_LINE = re.compile(rb"^>", re.MULTILINE)
+
+
 def parse_a3m(data: str | bytes, source: str) -> Msa:
-    """Parse A3M or A2M (FASTA-like, multi-line records allowed); the first record is the query."""
-    text = decode_text(data, source)
-    if "\r" in text:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-    body_start = 0
-    # hhblits may write '#' comment lines before the first record.
-    while text.startswith("#", body_start):
-        newline = text.find("\n", body_start)
-        body_start = len(text) if newline < 0 else newline + 1
-    body = text[body_start:].lstrip("\n")
-    if not body.strip():
+    """Parse A3M or A2M (FASTA-like, multi-line records allowed); the first record is the query.
+
+    No Python loop runs per character. Header lines become a one-byte separator ('>') in list
+    operations over lines; the separator is then treated as an extra kept column in front of
+    every row, so that one binary search assigns every lowercase letter (a deletion) to the next
+    kept column, and letters trailing a row's last column land on the next row's separator
+    column, which is dropped.
+    """
+    text = decode_text(data, source)  # validates: no NUL bytes, UTF-8
+    raw = data if isinstance(data, bytes) else text.encode("utf-8")
+    if b"\r" in raw:
+        raw = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    first = 0 if raw.startswith(b">") else raw.find(b"\n>") + 1
+    if first == 0 and not raw.startswith(b">"):
+        if not _only_comments(raw):
+            raise ParseError(source, "sequence before the first '>' header (not A3M/A2M?)", _first_content_line(raw))
         raise ParseError(source, "no records (empty file or not A3M/A2M)")
-    if not body.startswith(">"):
-        line = text.count("\n", 0, len(text) - len(body)) + 1
-        raise ParseError(source, "sequence before the first '>' header (not A3M/A2M?)", line)
-    records = body[1:].split("\n>")
-    headers: list[str] = []
-    sequences: list[str] = []
-    for record in records:
-        header, _, sequence = record.partition("\n")
-        headers.append(header.strip())
-        sequences.append(sequence.replace("\n", "").replace(" ", ""))
-    first_line = text.count("\n", 0, len(text) - len(body)) + 1
-    for index, sequence in enumerate(sequences):
-        if not sequence:
-            raise ParseError(source, f"record {headers[index]!r} has no sequence", _record_line(records, index, first_line))
-    return _a3m_rows_to_msa(headers, records, first_line, sequences, source)
+    if not _only_comments(raw[:first]):  # hhblits may write '#' comment lines first
+        raise ParseError(source, "sequence before the first '>' header (not A3M/A2M?)", _first_content_line(raw[:first]))
+    header_lines, stream = _split_records(raw[first:])
+    headers = list(map(str.strip, b"\n".join(header_lines).decode("utf-8").split("\n")))
+    rows = len(headers)
+    chars = np.frombuffer(stream, dtype=np.uint8)
+    classes = _A3M_CLASSES[chars]
+    if classes.max() == _INVALID:
+        offset = int(np.argmax(classes == _INVALID))
+        row = stream.count(b">", 0, offset) - 1
+        bad = stream[offset : offset + 1].decode("latin-1")
+        raise ParseError(source, f"invalid character {bad!r} in record {headers[row]!r}", _header_line(raw, first, row) + 1)
+
+    kept_positions = np.flatnonzero(classes <= _GAP_CLASS)
+    query_end = stream.find(b">", 1)
+    width = int(np.count_nonzero(classes[1 : query_end if query_end > 0 else len(stream)] <= _GAP_CLASS))
+    if width == 0 or not (classes[1 : query_end if query_end > 0 else len(stream)] == _MATCH).any():
+        raise ParseError(source, "query has no aligned residues", _header_line(raw, first, 0))
+    if kept_positions.size != rows * (width + 1) or (chars[kept_positions[:: width + 1]] != ord(">")).any():
+        _raise_row_width_error(chars, classes, headers, width, raw, first, source)
+    # Kept column k (separators included) is row k // (width + 1), column k % (width + 1) - 1.
+    target = np.searchsorted(kept_positions, np.flatnonzero(classes == _INSERT))
+    row, column = np.divmod(target, width + 1)
+    counted = (column > 0) & (row < rows)
+    flat = row[counted] * width + column[counted] - 1  # sorted: inserts and columns both ascend
+    deletions = np.zeros(rows * width, dtype=np.int32)
+    if flat.size:
+        run_starts = np.concatenate([[0], np.flatnonzero(np.diff(flat)) + 1])
+        deletions[flat[run_starts]] = np.diff(np.concatenate([run_starts, [flat.size]]))
+    aligned = chars[kept_positions].reshape(rows, width + 1)[:, 1:].copy()
+    return Msa(aligned, deletions.reshape(rows, width), tuple(headers), source)
 
 
-def _record_line(records: list[str], index: int, first_line: int) -> int:
-    """Line number of record `index`'s header (computed only for error messages)."""
-    return first_line + sum(record.count("\n") + 1 for record in records[:index])
+def _split_records(body: bytes) -> tuple[list[bytes], bytes]:
+    """Header lines (without '>') and the sequence stream with a '>' before every record."""
+    lines = body.split(b"\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
+    headers, sequences = lines[0::2], lines[1::2]
+    # Common case, one line per record: every even line is a header and no odd line is, which
+    # joined-bytes searches (in C) can check without a loop over lines.
+    joined_sequences = b"\n".join(sequences)
+    if (
+        len(lines) % 2 == 0
+        and body.count(b"\n>") + 1 == len(headers)
+        and not joined_sequences.startswith(b">")
+        and b"\n>" not in joined_sequences
+    ):
+        stream = b">" + b">".join(sequences)
+        header_lines = [header[1:] for header in headers]
+    else:  # records over several lines (A2M, wrapped FASTA)
+        is_header = [line[:1] == b">" for line in lines]
+        header_lines = [line[1:] for line, header in zip(lines, is_header) if header]
+        stream = b"".join([b">" if header else line for line, header in zip(lines, is_header)])
+    return header_lines, stream.replace(b" ", b"")
 
 
-def _a3m_rows_to_msa(headers, records, first_line, sequences, source) -> Msa:
-    try:
-        joined = "".join(sequences).encode("ascii")
-    except UnicodeEncodeError as error:
-        row = _row_of_offset(sequences, error.start)
-        raise ParseError(source, f"non-ASCII character in record {headers[row]!r}", _record_line(records, row, first_line)) from error
-    chars = np.frombuffer(joined, dtype=np.uint8)
-    lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-
-    is_upper = (chars >= 65) & (chars <= 90)
-    is_lower = (chars >= 97) & (chars <= 122)
-    is_gap = chars == _GAP
-    valid = is_upper | is_lower | is_gap | (chars == _DOT) | (chars == _STAR)
-    if not valid.all():
-        offset = int(np.flatnonzero(~valid)[0])
-        row = _row_of_offset(sequences, offset)
-        raise ParseError(
-            source, f"invalid character {chr(chars[offset])!r} in record {headers[row]!r}", _record_line(records, row, first_line) + 1
-        )
-
-    kept = is_upper | is_gap
-    kept_per_row = np.add.reduceat(kept.astype(np.int64), starts)
-    width = int(kept_per_row[0])
-    if not is_upper[: lengths[0]].any():
-        raise ParseError(source, "query has no aligned residues", first_line)
-    wrong = np.flatnonzero(kept_per_row != width)
-    if wrong.size:
-        row = int(wrong[0])
-        raise ParseError(
-            source,
-            f"record {headers[row]!r} has {kept_per_row[row]} aligned columns, the query has {width}",
-            _record_line(records, row, first_line),
-        )
-
-    # Deletions before each kept column: lowercase letters since the previous kept column of the
-    # same row. A running count of lowercase letters, differenced at kept positions, gives that.
-    lower_count = np.cumsum(is_lower, dtype=np.int64)
-    kept_positions = np.flatnonzero(kept)
-    at_kept = lower_count[kept_positions] - is_lower[kept_positions]
-    previous = np.empty_like(at_kept)
-    previous[1:] = at_kept[:-1]
-    row_first = np.arange(0, kept_positions.size, width)
-    # Lowercase letters before the first kept column of a row (counted from the row start).
-    before_row = lower_count[starts] - is_lower[starts]
-    previous[row_first] = before_row
-    deletions = (at_kept - previous).reshape(-1, width).astype(np.int32)
-    aligned = chars[kept_positions].reshape(-1, width).copy()
-
-    return Msa(aligned, deletions, tuple(headers), source)
+def _raise_row_width_error(chars, classes, headers, width, raw, first, source) -> None:
+    """Name the first record whose aligned length differs from the query's (or that is empty)."""
+    separators = np.flatnonzero(classes == _SEPARATOR)
+    bounds = np.concatenate([separators, [chars.size]])
+    kept = np.concatenate([[0], np.cumsum(classes <= _GAP_CLASS)])
+    per_row = kept[bounds[1:]] - kept[bounds[:-1] + 1]
+    for row, count in enumerate(per_row.tolist()):
+        if bounds[row + 1] - bounds[row] == 1:
+            raise ParseError(source, f"record {headers[row]!r} has no sequence", _header_line(raw, first, row))
+        if count != width:
+            raise ParseError(
+                source, f"record {headers[row]!r} has {count} aligned columns, the query has {width}", _header_line(raw, first, row)
+            )
+    raise AssertionError("row width check failed without a faulty row")
 
 
-def _row_of_offset(sequences: list[str], offset: int) -> int:
-    total = 0
-    for row, sequence in enumerate(sequences):
-        total += len(sequence)
-        if offset < total:
-            return row
-    return len(sequences) - 1
+def _only_comments(raw: bytes) -> bool:
+    return all(not line.strip() or line.startswith(b"#") for line in raw.split(b"\n"))
+
+
+def _first_content_line(raw: bytes) -> int:
+    for number, line in enumerate(raw.split(b"\n"), start=1):
+        if line.strip() and not line.startswith(b"#"):
+            return number
+    return 1
+
+
+def _header_line(raw: bytes, first: int, row: int) -> int:
+    """Line number of record `row`'s header (computed only for error messages)."""
+    for index, match in enumerate(_HEADER_LINE.finditer(raw, first)):
+        if index == row:
+            return raw.count(b"\n", 0, match.start()) + 1
+    return 1
 
 
 # --- Stockholm ------------------------------------------------------------------------------
