@@ -543,8 +543,10 @@ def _count_hhr_hits(text: str) -> int:
 class Hmmsearch(Tool):
     """Profile HMM from the query MSA (hmmbuild) searched against a template seqres FASTA (hmmsearch).
 
-    AlphaFold2's multimer and AlphaFold3's template search. The output is hmmsearch's Stockholm
-    alignment of the hits to the profile.
+    AlphaFold2-multimer's and AlphaFold3's template search. hmmbuild ``--hand`` keeps one match
+    state per query residue, so hmmsearch's alignment maps every hit residue onto the query; the
+    result is that mapping as 13-column m8 (one line per hit domain, CIGAR included, E-value and
+    bit score from ``--domtblout``), the format MMseqs2 template hits come in too.
     """
 
     name = "hmmsearch"
@@ -569,23 +571,111 @@ class Hmmsearch(Tool):
         identity = super().identity()
         identity["hmmbuild"] = {"version": tool_version(self.hmmbuild_binary, self.version_args),
                                 "flags": list(self.hmmbuild_flags)}
+        identity["output"] = "m8 from -A and --domtblout"
         return identity
 
     def search(self, msa_a3m: str, database: str, max_hits: int | None = None) -> ToolResult:
+        """Hits of the profile built from ``msa_a3m`` (A3M, query first), at most ``max_hits`` domains."""
+        query_msa = a3m_to_stockholm(msa_a3m)
+        query = "".join(char for char in _fasta_records(msa_a3m)[0][1] if char.isupper())
         with self._workdir() as tmp:
             work = Path(tmp)
-            (work / "query.sto").write_text(a3m_to_stockholm(msa_a3m))
+            (work / "query.sto").write_text(query_msa)
             profile = work / "query.hmm"
             build = [self.hmmbuild_binary, *self.hmmbuild_flags, "--cpu", str(self.threads), str(profile),
                      str(work / "query.sto")]
             wall = _run("hmmbuild", build, work, self.timeout_s)
-            output = work / "output.sto"
-            command = [self.binary, "--noali", "-o", os.devnull, "-A", str(output), "--cpu", str(self.threads),
-                       *self.flags, str(profile), _absolute(database)]
+            output, domains = work / "output.sto", work / "domains.tbl"
+            command = [self.binary, "--noali", "-o", os.devnull, "-A", str(output), "--domtblout", str(domains),
+                       "--cpu", str(self.threads), *self.flags, str(profile), _absolute(database)]
             remaining = None if self.timeout_s is None else max(self.timeout_s - wall, 1e-3)
             wall += _run(self.name, command, work, remaining)
-            text, count = truncate_stockholm(output, max_hits) if output.exists() else ("", 0)
-        return self._result("sto", text, count, wall, command)
+            if not output.exists():  # hmmsearch writes no alignment when nothing passes the thresholds
+                return self._result("m8", "", 0, wall, command)
+            sto_text, _ = truncate_stockholm(output, max_hits)
+            try:
+                text = hmmsearch_to_m8(sto_text, domains.read_text(), query)
+            except ValueError as error:
+                raise ToolError(self.name, 0, "", command, f"hmmsearch output cannot be mapped to the query: {error}") from None
+        return self._result("m8", text, text.count("\n"), wall, command)
+
+
+def hmmsearch_to_m8(sto_text: str, domain_table: str, query: str) -> str:
+    """hmmsearch's ``-A`` alignment of a query-length profile as m8 lines with CIGAR.
+
+    Columns: query, target, fident, alnlen, mismatch, gapopen, qstart, qend, tstart, tend, evalue
+    (the domain's independent E-value), bits, cigar (M: both, I: query residue only, D: target
+    residue only), in the alignment's row order. Rows are named ``target/start-end`` by HMMER.
+    """
+    scores: dict[tuple[str, int, int], tuple[str, str]] = {}
+    for line in domain_table.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        fields = line.split()
+        if len(fields) < 22:
+            raise ValueError(f"--domtblout line has {len(fields)} fields, expected at least 22: {line[:80]!r}")
+        scores[(fields[0], int(fields[17]), int(fields[18]))] = (fields[12], fields[13])
+
+    rows: dict[str, list[str]] = {}
+    reference: list[str] = []
+    for line in sto_text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#=GC RF"):
+            reference.append(stripped.split()[2])
+        elif stripped and not stripped.startswith("#") and stripped != "//":
+            name, aligned = stripped.split()
+            rows.setdefault(name, []).append(aligned)
+    if not rows:
+        return ""
+    match_columns = [char not in ".-~" for char in "".join(reference)]
+    if sum(match_columns) != len(query):
+        raise ValueError(f"the profile has {sum(match_columns)} match states, the query {len(query)} residues")
+
+    lines = []
+    for name, parts in rows.items():
+        target, _, span = name.rpartition("/")
+        try:
+            start, end = (int(value) for value in span.split("-"))
+        except ValueError:
+            raise ValueError(f"row {name!r} is not named target/start-end") from None
+        if (target, start, end) not in scores:
+            raise ValueError(f"row {name!r} has no line in the domain table")
+        evalue, bits = scores[(target, start, end)]
+        ops: list[tuple[str, int, int, str]] = []  # (op, query position, target position, target residue)
+        query_position, target_position = 0, start - 1
+        for char, is_match in zip("".join(parts), match_columns):
+            residue = char not in ".-~"
+            if is_match:
+                query_position += 1
+            if residue:
+                target_position += 1
+            if is_match and residue:
+                ops.append(("M", query_position, target_position, char.upper()))
+            elif is_match:
+                ops.append(("I", query_position, target_position, ""))
+            elif residue:
+                ops.append(("D", query_position, target_position, char.upper()))
+        if target_position != end:
+            raise ValueError(f"row {name!r} holds {target_position - start + 1} residues, its name says {end - start + 1}")
+        aligned = [index for index, op in enumerate(ops) if op[0] == "M"]
+        if not aligned:
+            continue
+        ops = ops[aligned[0]: aligned[-1] + 1]
+        matches = [op for op in ops if op[0] == "M"]
+        identical = sum(1 for _, q, _, residue in matches if query[q - 1] == residue)
+        cigar, gap_opens = [], 0
+        for op in ops:
+            if cigar and cigar[-1][0] == op[0]:
+                cigar[-1][1] += 1
+            else:
+                cigar.append([op[0], 1])
+                gap_opens += op[0] != "M"
+        lines.append("\t".join(str(value) for value in (
+            "query", target, f"{identical / len(ops):.3f}", len(ops), len(matches) - identical, gap_opens,
+            ops[0][1], ops[-1][1], ops[0][2], ops[-1][2], evalue, bits,
+            "".join(f"{count}{op}" for op, count in cigar),
+        )))
+    return "".join(line + "\n" for line in lines)
 
 
 class MmseqsSearch(Tool):

@@ -48,7 +48,7 @@ def test_protein_chain_from_structures_gets_msas_and_templates(pipeline_config, 
     assert not os.listdir(tmp_path)
 
 
-@pytest.mark.parametrize(("template_tool", "output_format"), [("hmmsearch", "sto"), ("hhsearch", "hhr")])
+@pytest.mark.parametrize(("template_tool", "output_format"), [("hmmsearch", "m8"), ("hhsearch", "hhr")])
 def test_template_search_finds_the_sample_templates(test_databases, template_query, template_tool, output_format):
     path = test_databases.template_seqres if template_tool == "hmmsearch" else test_databases.template_hhsuite
     config = parse_pipeline_config({

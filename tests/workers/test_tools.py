@@ -85,11 +85,46 @@ def test_hhsearch_and_hmmsearch_find_template_chains(test_databases, template_qu
     hit_names = re.findall(r"^\s*\d+ (\S+)", hhr.text.split("No Hit", 1)[1], re.MULTILINE)
     assert 1 <= hhr.num_hits <= 5 and set(hit_names[: hhr.num_hits]) <= chains
 
-    sto = Hmmsearch(ToolSettings(threads=2)).search(query_msa, str(test_databases.template_seqres), max_hits=3)
-    assert sto.output_format == "sto"
-    names = {name.split("/")[0] for name in _stockholm_names(sto.text)}
-    assert 1 <= sto.num_hits <= 3 and names <= chains
-    assert "--incdomE 100" in " ".join(sto.command)
+    m8 = Hmmsearch(ToolSettings(threads=2)).search(query_msa, str(test_databases.template_seqres), max_hits=3)
+    assert m8.output_format == "m8" and "--incdomE 100" in " ".join(m8.command)
+    rows = [line.split("\t") for line in m8.text.splitlines()]
+    assert 1 <= m8.num_hits == len(rows) <= 3 and {row[1] for row in rows} <= chains
+
+
+def _seqres(test_databases) -> dict[str, str]:
+    entries = test_databases.template_seqres.read_text().split(">")[1:]
+    return {entry.split()[0]: "".join(entry.split("\n", 1)[1].split()) for entry in entries}
+
+
+def _check_m8_against_sequences(row: list[str], query: str, target: str) -> None:
+    """Walk the CIGAR: every column's residues must exist, and the identity column must agree."""
+    query_position, target_position = int(row[6]) - 1, int(row[8]) - 1
+    identical = columns = 0
+    for count, op in re.findall(r"(\d+)([MID])", row[12]):
+        for _ in range(int(count)):
+            columns += 1
+            if op == "M":
+                identical += query[query_position] == target[target_position]
+            query_position += op in "MI"
+            target_position += op in "MD"
+    assert (query_position, target_position) == (int(row[7]), int(row[9]))
+    assert columns == int(row[3]) and abs(identical / columns - float(row[2])) < 1e-3
+
+
+def test_hmmsearch_maps_hits_onto_the_query(test_databases, ras_sequence, template_query):
+    seqres = _seqres(test_databases)
+    tool = Hmmsearch(ToolSettings(threads=2))
+    # H-Ras against the template set, which holds 721P (H-Ras) itself: an exact full-length hit.
+    ras = [line.split("\t") for line in tool.search(f">q\n{ras_sequence}\n", str(test_databases.template_seqres)).text.splitlines()]
+    assert ras[0][1] in ("721p_A", "721p_B") and ras[0][2] == "1.000"
+    assert ras[0][6:10] == ["1", str(len(ras_sequence)), "1", str(len(ras_sequence))]
+    assert ras[0][12] == f"{len(ras_sequence)}M"
+    # A remote query: gapped local hits whose CIGARs must agree with the sequences.
+    rows = [line.split("\t") for line in tool.search(f">q\n{template_query}\n", str(test_databases.template_seqres)).text.splitlines()]
+    assert rows
+    for row in rows:
+        _check_m8_against_sequences(row, template_query, seqres[row[1]])
+        assert float(row[10]) >= 0 and float(row[11]) != 0
 
 
 @pytest.mark.slow  # MMseqs2 workflows write and reread several databases per query: ~5-20 s here
