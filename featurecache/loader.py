@@ -16,7 +16,7 @@ import torch
 
 from featurecache.features import crop as cropping
 from featurecache.features.schema import FEATURES, FEATURES_BY_NAME, GAP
-from featurecache.store.codec import CorruptRecordError, decode_record
+from featurecache.store.codec import CorruptRecordError
 from featurecache.store.manifest import read_manifest
 from featurecache.store.publish import resolve_generation
 from featurecache.store.shards import StoreReader
@@ -68,6 +68,7 @@ class CacheDataset(torch.utils.data.Dataset):
         max_tokens: int | None = None,
         ids: Sequence[str] | None = None,
         on_error: str = "raise",
+        follow_latest: bool = False,
     ):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -77,7 +78,8 @@ class CacheDataset(torch.utils.data.Dataset):
             raise ValueError(f"max_msa_rows must be at least 1, got {max_msa_rows}")
         if not 0.0 <= spatial_crop_prob <= 1.0:
             raise ValueError(f"spatial_crop_prob must be in [0, 1], got {spatial_crop_prob}")
-        self.cache_dir = resolve_generation(pathlib.Path(cache_dir))
+        self.source = pathlib.Path(cache_dir)
+        self.follow_latest = follow_latest
         self.crop_size = crop_size
         self.max_msa_rows = max_msa_rows
         self.seed = seed
@@ -85,14 +87,22 @@ class CacheDataset(torch.utils.data.Dataset):
         self.on_error = on_error
         self.epoch = 0
         self.skipped = 0
+        self._filters = (set(ids) if ids is not None else None, min_tokens, max_tokens)
+        self._reader: StoreReader | None = None
+        self._open_generation(resolve_generation(self.source))
 
-        manifest = read_manifest(self.cache_dir)
+    def _open_generation(self, cache_dir: pathlib.Path) -> None:
+        """Index the targets of one finished cache or published generation."""
+        wanted, min_tokens, max_tokens = self._filters
+        manifest = read_manifest(cache_dir)
         targets = manifest.targets
-        wanted = set(ids) if ids is not None else None
         if wanted is not None:
             unknown = sorted(wanted - set(targets))
             if unknown:
-                raise KeyError(f"{self.cache_dir}: targets not in the cache: {unknown[:10]}")
+                raise KeyError(f"{cache_dir}: targets not in the cache: {unknown[:10]}")
+        self.cache_dir = cache_dir
+        self.generation = manifest.generation
+        self.num_shards = manifest.num_shards
         self.ids = [
             target_id
             for target_id, info in sorted(targets.items())
@@ -101,12 +111,14 @@ class CacheDataset(torch.utils.data.Dataset):
             and (max_tokens is None or info["num_tokens"] <= max_tokens)
         ]
         self._info = {target_id: targets[target_id] for target_id in self.ids}
-        self._reader: StoreReader | None = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     @property
     def reader(self) -> StoreReader:
         if self._reader is None:
-            self._reader = StoreReader(self.cache_dir)
+            self._reader = StoreReader(self.cache_dir, num_shards=self.num_shards)
         return self._reader
 
     def __getstate__(self):
@@ -127,28 +139,44 @@ class CacheDataset(torch.utils.data.Dataset):
         return int(self._info[self.ids[index]]["num_tokens"])
 
     def set_epoch(self, epoch: int) -> None:
+        """New crops for a new epoch; with `follow_latest`, also switch to the newest generation.
+
+        Switching changes `ids` and the length: build the sampler (and DataLoader iterator)
+        after calling this, as a per-epoch training loop does anyway.
+        """
         self.epoch = epoch
+        if self.follow_latest:
+            newest = resolve_generation(self.source)
+            if newest != self.cache_dir:
+                log.info("switching from %s to the newest generation %s", self.cache_dir, newest)
+                self._open_generation(newest)
 
     def load_arrays(self, target_id: str) -> tuple[dict[str, np.ndarray], dict]:
         """The whole, uncropped record of one target."""
-        blob = self.reader.get(FEATURES_TABLE, target_id)
-        if blob is None:
+        record = self.reader.get_record(FEATURES_TABLE, target_id)
+        if record is None:
             raise KeyError(f"{self.cache_dir}: no features record for target {target_id!r}")
-        record = decode_record(blob, where=f"{self.cache_dir} features/{target_id}")
         return record.arrays, record.meta
 
     def __getitem__(self, index: int) -> dict:
-        target_id = self.ids[index]
-        try:
-            arrays, meta = self.load_arrays(target_id)
-        except CorruptRecordError:
-            if self.on_error == "raise":
-                raise
-            self.skipped += 1
-            log.warning("skipping damaged record %s (%d skipped so far)", target_id, self.skipped)
-            return self[(index + 1) % len(self)]
-        rng = np.random.default_rng([self.seed, self.epoch, index])
-        return self.crop_sample(target_id, arrays, rng)
+        """One cropped sample. A damaged record raises CorruptRecordError (naming key, shard and
+        generation) or, with on_error="skip", is counted in `skipped` (per worker process) and
+        replaced by the next intact record."""
+        for offset in range(len(self)):
+            position = (index + offset) % len(self)
+            target_id = self.ids[position]
+            try:
+                arrays, _ = self.load_arrays(target_id)
+            except CorruptRecordError:
+                if self.on_error == "raise":
+                    raise
+                self.skipped += 1
+                log.warning("skipping damaged record %s in %s (%d skipped so far)", target_id, self.cache_dir,
+                            self.skipped)
+                continue
+            rng = np.random.default_rng([self.seed, self.epoch, position])
+            return self.crop_sample(target_id, arrays, rng)
+        raise CorruptRecordError(None, str(self.cache_dir), f"all {len(self)} records are damaged")
 
     def crop_sample(self, target_id: str, arrays: dict[str, np.ndarray], rng: np.random.Generator) -> dict:
         # Rows first: gathering 1k of 16k MSA rows before cutting columns moves 16x fewer bytes.

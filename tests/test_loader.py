@@ -96,3 +96,41 @@ def test_bad_options(sample_cache, tmp_path):
         CacheDataset(sample_cache, on_error="ignore")
     with pytest.raises((ValueError, FileNotFoundError)):
         CacheDataset(tmp_path)
+
+
+def test_follow_latest_generation_and_damaged_records(sample_cache, tmp_path):
+    from featurecache.store.codec import CorruptRecordError
+    from featurecache.store.publish import publish
+
+    root = tmp_path / "shared-storage"
+    first = publish(sample_cache, root)
+    dataset = CacheDataset(root, crop_size=32, follow_latest=True)
+    assert dataset.cache_dir == first and dataset.generation
+    dataset.set_epoch(1)
+    assert dataset.cache_dir == first
+    second = publish(sample_cache, root)
+    dataset.set_epoch(2)
+    assert dataset.cache_dir == second and len(dataset) == 5
+
+    # Damage one record of the newest generation in a copy: its read names key and shard.
+    import shutil
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(second, damaged)
+    for path in damaged.iterdir():
+        path.chmod(0o644)
+    probe = CacheDataset(damaged, crop_size=32)
+    target = "2q2k"
+    shard = probe.reader.where("features", target).rsplit("/", 1)[0]
+    blob = probe.reader.get("features", target)
+    data = bytearray(open(shard, "rb").read())
+    offset = data.find(blob[100:160])
+    assert offset > 0
+    data[offset + 10] ^= 0xFF
+    open(shard, "wb").write(bytes(data))
+    strict = CacheDataset(damaged, crop_size=32)
+    with pytest.raises(CorruptRecordError, match="2q2k"):
+        strict[strict.ids.index(target)]
+    lenient = CacheDataset(damaged, crop_size=32, on_error="skip")
+    sample = lenient[lenient.ids.index(target)]
+    assert sample["id"] != target and lenient.skipped == 1

@@ -1,0 +1,125 @@
+"""Search-mode precompute on this machine: tool time versus pipeline overhead, 1 versus 2 workers.
+
+Builds the small real search databases from ../shared/data (featurecache.workers.testdb),
+then runs `precompute --config` over the sample structures plus protein sequences taken from
+the mmseqs2-examples UniProt FASTA (as FASTA targets), into a fresh cache each time:
+
+- with 1 Ray worker: wall time, time inside the tools (summed over tasks), and the overhead
+  (everything else: Ray scheduling, parsing, featurization, encoding, LMDB writes);
+- with 2 Ray workers: the speed-up of the wall time.
+
+Ray's own start-up (a few seconds, once per job) is timed separately and not counted as
+overhead. Run: python3 benchmarks/precompute.py [--extra-sequences 12] [--record]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gzip
+import pathlib
+import platform
+import subprocess
+import tempfile
+import time
+
+import ray
+
+from featurecache.workers.pipeline import PrecomputeOptions, precompute
+from featurecache.workers.testdb import build_test_databases, write_pipeline_config
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+UNIPROT = pathlib.Path("/usr/share/doc/mmseqs2/example-data/DB.fasta.gz")
+
+
+def _uniprot_targets(folder: pathlib.Path, count: int, skip: int = 5000) -> None:
+    """Write `count` single-chain FASTA targets (100-400 residues) from the UniProt example set."""
+    written, seen = 0, 0
+    name, sequence = None, []
+    with gzip.open(UNIPROT, "rt") as handle:
+        for line in list(handle) + [">end\n"]:
+            if line.startswith(">"):
+                if name is not None and 100 <= len("".join(sequence)) <= 400:
+                    seen += 1
+                    if seen > skip:
+                        (folder / f"uniprot_{written:03d}.fasta").write_text(
+                            f">{name} mol:protein\n{''.join(sequence)}\n")
+                        written += 1
+                        if written == count:
+                            return
+                name, sequence = line[1:].split()[0], []
+            else:
+                sequence.append(line.strip())
+
+
+def _run(inputs: pathlib.Path, config: pathlib.Path, cache: pathlib.Path, workers: int) -> dict:
+    ray.shutdown()
+    started = time.perf_counter()
+    ray.init(num_cpus=workers, include_dashboard=False, logging_level="WARNING")
+    ray_startup = time.perf_counter() - started
+    started = time.perf_counter()
+    summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=cache, config_path=config, progress=False))
+    wall = time.perf_counter() - started
+    ray.shutdown()
+    return {
+        "workers": workers,
+        "ray_startup_s": ray_startup,
+        "wall_s": wall,
+        "tool_s": summary.tool_seconds,
+        "featurize_s": summary.featurize_seconds,
+        "write_s": summary.write_seconds,
+        "searched": summary.stages["search"].done,
+        "targets": summary.stages["featurize"].done,
+        "failed": summary.failed + summary.stages["search"].failed,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--extra-sequences", type=int, default=12, help="UniProt FASTA targets added to the structures")
+    parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    args = parser.parse_args()
+
+    work = pathlib.Path(tempfile.mkdtemp(prefix="fc-precompute-bench-"))
+    databases = build_test_databases(work / "databases", DATA)
+    config = write_pipeline_config(databases, work / "pipeline.toml", threads=1, template_tool="hhsearch")
+    inputs = work / "inputs"
+    inputs.mkdir()
+    for path in (DATA / "structures").iterdir():
+        (inputs / path.name).write_bytes(path.read_bytes())
+    if args.extra_sequences:
+        _uniprot_targets(inputs, args.extra_sequences)
+
+    runs = [_run(inputs, config, work / f"cache-{workers}", workers) for workers in (1, 2)]
+    one, two = runs
+    lines = [
+        "| workers | targets | sequences searched | failed | wall s | in tools s | featurize s | LMDB write s | "
+        "overhead s (wall - tools) | overhead / tools | Ray start-up s |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for run in runs:
+        overhead = run["wall_s"] - run["tool_s"] / run["workers"]
+        lines.append(
+            f"| {run['workers']} | {run['targets']} | {run['searched']} | {run['failed']} | {run['wall_s']:.1f} | "
+            f"{run['tool_s']:.1f} | {run['featurize_s']:.1f} | {run['write_s']:.2f} | {overhead:.1f} | "
+            f"{overhead / run['tool_s']:.1%} | {run['ray_startup_s']:.1f} |")
+    lines.append("")
+    lines.append(f"Speed-up from 1 to 2 workers (wall time): **{one['wall_s'] / two['wall_s']:.2f}x**; "
+                 f"pipeline overhead with 1 worker: **{(one['wall_s'] - one['tool_s']) / one['tool_s']:.1%}** of tool time.")
+    table = "\n".join(lines)
+    print(table)
+    if args.record:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                                text=True).stdout.strip()
+        with open(REPO / "benchmarks" / "RESULTS.md", "a") as handle:
+            handle.write(
+                f"\n## Precompute: tool time vs pipeline overhead ({datetime.date.today().isoformat()})\n\n"
+                f"`python3 benchmarks/precompute.py --record` on the development machine "
+                f"({platform.machine()}, 2 cores, shared), commit {commit}: jackhmmer + hhblits + nhmmer + "
+                f"hhsearch on the small test databases; the 5 sample structures + {args.extra_sequences} UniProt "
+                f"sequences. With 2 workers the wall time is compared with tool time / 2.\n\n{table}\n")
+
+
+if __name__ == "__main__":
+    main()
