@@ -290,6 +290,9 @@ def _parse_chains(block: gemmi.cif.Block, source: str) -> list[Chain]:
         )
     except (TypeError, ValueError) as error:
         raise ParseError(source, f"non-numeric coordinate, occupancy or B-factor in _atom_site: {error}") from error
+    if not np.isfinite(xyz).all():
+        row = int(np.flatnonzero(~np.isfinite(xyz).all(axis=1))[0])
+        raise ParseError(source, f"_atom_site row {row + 1} has a non-finite coordinate {xyz[row].tolist()}")
 
     first_model = next((_text(m) for m in models if _text(m)), "")
     chem_types = _chem_comp_types(block)
@@ -328,9 +331,12 @@ def _parse_chains(block: gemmi.cif.Block, source: str) -> list[Chain]:
         for row in kept:
             value = _text(charges_raw[row])
             try:
-                charges.append(int(float(value)) if value else 0)
-            except ValueError as error:
+                charge = int(float(value)) if value else 0
+            except (ValueError, OverflowError) as error:
                 raise ParseError(source, f"atom {_text(names[row])} of {comp}: formal charge {value!r} is not a number") from error
+            if not -16 <= charge <= 16:
+                raise ParseError(source, f"atom {_text(names[row])} of {comp}: formal charge {charge} is out of range")
+            charges.append(charge)
         parent = parent_hint or _parent(comp)
         return Residue(
             name=comp,
@@ -345,7 +351,7 @@ def _parse_chains(block: gemmi.cif.Block, source: str) -> list[Chain]:
             b_factors=b_factor[kept],
         )
 
-    scheme = _polymer_scheme(block, groups, entities, comps, chem_types)
+    scheme = _polymer_scheme(block, groups, entities, comps, chem_types, source)
     mod_parents = _mod_residue_parents(block)
 
     # Each chain is keyed by the first atom row that belongs to it, which orders chains as the file does.
@@ -443,19 +449,28 @@ def _is_non_polymer(comp: str, chem_types: dict[str, str]) -> bool:
     return info is None or not (info.is_amino_acid() or info.is_nucleic_acid())
 
 
-def _polymer_scheme(block, groups, entities, comps, chem_types) -> dict[str, list[tuple[int, str]]]:
+def _as_int(value, what: str, source: str) -> int:
+    try:
+        return int(_text(value))
+    except ValueError:
+        raise ParseError(source, f"{what} {_text(value) or '?'!r} is not an integer") from None
+
+
+def _polymer_scheme(block, groups, entities, comps, chem_types, source) -> dict[str, list[tuple[int, str]]]:
     """Full sequence (seq_id, CCD code) per polymer asym, in seq_id order."""
     scheme: dict[str, dict[int, str]] = {}
     table = _category(block, "_pdbx_poly_seq_scheme.")
     if table and {"asym_id", "seq_id", "mon_id"} <= table.keys():
         for asym, seq_id, mon_id in zip(table["asym_id"], table["seq_id"], table["mon_id"]):
-            scheme.setdefault(_text(asym), {}).setdefault(int(seq_id), _text(mon_id))
+            seq = _as_int(seq_id, f"_pdbx_poly_seq_scheme.seq_id of chain {_text(asym)}", source)
+            scheme.setdefault(_text(asym), {}).setdefault(seq, _text(mon_id))
     else:
         entity_seq = _category(block, "_entity_poly_seq.")
         by_entity: dict[str, dict[int, str]] = {}
         if entity_seq and {"entity_id", "num", "mon_id"} <= entity_seq.keys():
             for entity, num, mon_id in zip(entity_seq["entity_id"], entity_seq["num"], entity_seq["mon_id"]):
-                by_entity.setdefault(_text(entity), {}).setdefault(int(num), _text(mon_id))
+                position = _as_int(num, f"_entity_poly_seq.num of entity {_text(entity)}", source)
+                by_entity.setdefault(_text(entity), {}).setdefault(position, _text(mon_id))
         for key, rows in groups.items():
             asym, seq_id = key[0], key[1]
             if not seq_id:
@@ -465,7 +480,8 @@ def _polymer_scheme(block, groups, entities, comps, chem_types) -> dict[str, lis
                 scheme.setdefault(asym, dict(by_entity[entity]))
             elif not _is_non_polymer(_text(comps[rows[0]]), chem_types):
                 # No sequence tables at all: the modelled residues are the sequence.
-                scheme.setdefault(asym, {}).setdefault(int(seq_id), _text(comps[rows[0]]))
+                position = _as_int(seq_id, f"_atom_site.label_seq_id of chain {asym}", source)
+                scheme.setdefault(asym, {}).setdefault(position, _text(comps[rows[0]]))
     return {asym: sorted(positions.items()) for asym, positions in scheme.items()}
 
 

@@ -204,3 +204,27 @@ def test_structure_from_sequences_is_unresolved():
     assert not any(residue.is_resolved for residue in protein.residues + dna.residues)
     with pytest.raises(ValueError, match="molecule type"):
         structure_from_sequences("t", [("A", "ligand", "X")])
+
+
+_MUTATIONS = ["?", ".", "A", "1", "-1", "x", "'a b'", "nan", "inf", "1e999", "HOH", "MSE", "DA", "ATOM", "loop_", "data_y"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 40), st.sampled_from(_MUTATIONS)), min_size=1, max_size=12))
+def test_mutated_real_file_only_raises_parse_error(shared_data, edits):
+    """Random token substitutions in a real file: parsed, or a ParseError naming the file."""
+    lines = (shared_data / "structures" / "209d-assembly1.cif").read_text().splitlines()
+    for line_choice, field_choice, token in edits:
+        index = line_choice % len(lines)
+        fields = lines[index].split()
+        if fields:
+            fields[field_choice % len(fields)] = token
+            lines[index] = " ".join(fields)
+    try:
+        structure = parse_mmcif("\n".join(lines), "mutated.cif")
+    except ParseError as error:
+        assert "mutated.cif" in str(error)
+        return
+    for chain in structure.chains:
+        for residue in chain.residues:
+            assert np.isfinite(residue.positions).all()
