@@ -13,8 +13,9 @@ hhsearch; MMseqs2; kalign). Each wrapper
 - raises ``ToolError`` carrying the tail of the tool's stderr when the tool fails.
 
 Outputs are returned as raw text (Stockholm, A3M, HHR or m8); parsing belongs to
-``featurecache.io``. The few format conversions here exist only to feed one tool's output into
-another tool's input (an MSA into hmmbuild or hhsearch).
+``featurecache.io``. The few format conversions here feed one tool's output into another tool's
+input (an MSA into hmmbuild or hhsearch), and turn hmmsearch's alignment to the query profile
+into m8 hits with CIGAR, the residue mapping every template hit needs.
 """
 
 from __future__ import annotations
@@ -441,8 +442,24 @@ class Jackhmmer(Tool):
             command = [self.binary, "-o", os.devnull, "-A", str(output), "--noali", "--cpu", str(self.threads),
                        *self.flags, str(work / "query.fasta"), _absolute(database)]
             wall = _run(self.name, command, work, self.timeout_s)
-            text, count = truncate_stockholm(output, max_hits)
+            text, count = _capped_hmmer_alignment(output, max_hits)
         return self._result("sto", text, count, wall, command)
+
+
+def _capped_hmmer_alignment(path: Path, max_hits: int | None) -> tuple[str, int]:
+    """jackhmmer/nhmmer ``-A`` output capped at ``max_hits`` hits, and its hit count.
+
+    HMMER writes the query itself as the first row (named "query" here) even with no hits; it is
+    kept on top of the cap and not counted, as the query row of A3M outputs is not.
+    """
+    if not path.exists():  # nothing passed the inclusion thresholds
+        return "", 0
+    first, _ = truncate_stockholm(path, 1)
+    has_query = any(line.split(maxsplit=1)[0] == "query" for line in first.splitlines()
+                    if line.strip() and not line.startswith(("#", "//")))
+    cap = None if max_hits is None else max_hits + has_query
+    text, count = truncate_stockholm(path, cap)
+    return text, count - has_query
 
 
 class Nhmmer(Tool):
@@ -476,7 +493,7 @@ class Nhmmer(Tool):
             command = [self.binary, "-o", os.devnull, "-A", str(output), "--noali", "--cpu", str(self.threads),
                        f"--{molecule_type}", *flags, str(work / "query.fasta"), _absolute(database)]
             wall = _run(self.name, command, work, self.timeout_s)
-            text, count = truncate_stockholm(output, max_hits)
+            text, count = _capped_hmmer_alignment(output, max_hits)
         return self._result("sto", text, count, wall, command)
 
 

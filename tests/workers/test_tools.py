@@ -53,7 +53,9 @@ def test_jackhmmer_finds_ras_homologs_and_caps_hits(test_databases, ras_sequence
     tool = Jackhmmer(ToolSettings(threads=2), tmp_root=tmp_path)
     result = tool.search(ras_sequence, str(test_databases.protein_fasta))
     assert result.output_format == "sto" and result.text.startswith("# STOCKHOLM 1.0")
-    assert result.num_hits == len(_stockholm_names(result.text)) > 20
+    names = _stockholm_names(result.text)
+    assert names[0] == "query"  # HMMER writes the query row first; it is not counted as a hit
+    assert result.num_hits == len(names) - 1 > 20
     assert re.fullmatch(r"HMMER 3\.\d+(\.\d+)?", result.version)
     # AlphaFold's jackhmmer flags, as run.
     assert "--F1 0.0005 --F2 0.00005 --F3 0.0000005" in " ".join(result.command)
@@ -61,7 +63,7 @@ def test_jackhmmer_finds_ras_homologs_and_caps_hits(test_databases, ras_sequence
 
     capped = tool.search(ras_sequence, str(test_databases.protein_fasta), max_hits=7)
     assert capped.num_hits == 7
-    assert _stockholm_names(capped.text) == _stockholm_names(result.text)[:7]
+    assert _stockholm_names(capped.text) == names[:8]
     assert not os.listdir(tmp_path), "temporary folders must be removed"
 
 
@@ -143,6 +145,15 @@ def test_mmseqs_gives_a3m_and_m8(test_databases, ras_sequence):
     assert hits.num_hits == len(rows) >= 3
     assert {"3zee_A", "4i6p_A", "4i6p_B"} <= {row[1] for row in rows}
     assert all(len(row) == 13 and re.fullmatch(r"(\d+[MID])+", row[12]) for row in rows)
+
+
+def test_jackhmmer_without_hits_counts_none(tmp_path):
+    rng = random.Random()
+    database = tmp_path / "one.fasta"
+    database.write_text(">1psm_A\nEAYKKAKQASQDAEQAAKDAENASKEAEEAAKEAVNLK\n")
+    query = "".join(rng.choice(AMINO_ACIDS) for _ in range(60))
+    result = Jackhmmer().search(query, str(database), max_hits=3)
+    assert result.num_hits == 0 and "1psm_A" not in result.text
 
 
 def test_nhmmer_finds_rna_homologs(test_databases, rna_sequence):
