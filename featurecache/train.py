@@ -1,0 +1,495 @@
+"""Training loop for the AF3 trunk: one process, or DDP under torchrun.
+
+    featurecache train --cache DIR --preset tiny --steps 100 --out runs/tiny
+    torchrun --nproc-per-node 8 -m featurecache.train --cache DIR --preset af3 --out runs/af3
+
+Each step logs one JSON line to RUN_DIR/log.jsonl (loss, step time, time spent waiting for data,
+peak memory) and a readable line on stdout. Checkpoints hold everything needed to continue
+exactly where the run stopped: model, optimizer, scheduler, step, data position and the RNG
+states of every rank; they are written to a temporary file and renamed, so a crash never leaves
+a half-written checkpoint behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import random
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import click
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from featurecache.model import AF3Trunk, preset
+from featurecache.model.config import KERNEL_IMPLS, PRESETS
+
+CHECKPOINT_PREFIX = "checkpoint-"
+LOG_FILE = "log.jsonl"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    cache: str | None = None           # feature cache (or published generation) to read
+    online: str | None = None          # raw files to featurize at load time instead
+    alignments: str | None = None      # alignment files for --online (as precompute --alignments)
+    template_dir: str | None = None    # template mmCIF folder for --online
+    out: str = "runs/train"
+    preset: str = "tiny"
+    kernels: str = "triton"
+    steps: int = 100
+    crop_size: int = 384
+    max_msa_rows: int = 1024
+    batch_size: int = 1
+    lr: float = 1.8e-3                 # AF3's peak learning rate
+    warmup: int = 1000                 # linear warmup steps (AF3: 1000)
+    weight_decay: float = 0.0
+    grad_clip: float = 10.0            # AF3 clips the global gradient norm at 10
+    num_workers: int = 2
+    prefetch_factor: int = 2
+    checkpoint_every: int = 1000
+    resume: str | None = None
+    compile: bool = False
+    seed: int = 0
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if (self.cache is None) == (self.online is None):
+            raise ValueError("give exactly one of --cache DIR or --online DIR")
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}, expected one of {sorted(PRESETS)}")
+        if self.kernels not in KERNEL_IMPLS:
+            raise ValueError(f"unknown kernels {self.kernels!r}, expected one of {KERNEL_IMPLS}")
+        for name in ("steps", "crop_size", "batch_size", "checkpoint_every", "max_msa_rows"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.warmup < 0 or self.num_workers < 0:
+            raise ValueError("--warmup and --num-workers must be >= 0")
+
+
+# --- distributed -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed(device: str) -> Dist:
+    """Join the process group torchrun describes in the environment (gloo on CPU, nccl on GPU)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+        target = torch.device("cuda", local_rank)
+    else:
+        target = torch.device(device)
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if target.type == "cuda" else "gloo")
+    return Dist(rank=rank, world_size=world_size, device=target)
+
+
+# --- data ------------------------------------------------------------------------------------
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """Shuffled indices per epoch, split across ranks, that can start part-way into an epoch.
+
+    Same shuffle on every rank (seeded by seed and epoch), each rank taking every world_size-th
+    index, padded by wrapping so that all ranks run the same number of steps. Starting at
+    `start` is how a resumed run skips the samples it already trained on without loading them.
+    """
+
+    def __init__(self, num_samples: int, rank: int, world_size: int, seed: int) -> None:
+        if num_samples == 0:
+            raise ValueError("the dataset is empty")
+        self.num_samples = num_samples
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.epoch = 0
+        self.start = 0
+
+    def set_position(self, epoch: int, start: int) -> None:
+        self.epoch = epoch
+        self.start = start
+
+    def __len__(self) -> int:
+        return math.ceil(self.num_samples / self.world_size) - self.start
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(self.num_samples, generator=generator).tolist()
+        per_rank = math.ceil(self.num_samples / self.world_size)
+        order = (order * math.ceil(per_rank * self.world_size / self.num_samples))[: per_rank * self.world_size]
+        return iter(order[self.rank::self.world_size][self.start:])
+
+
+class OnlineDataset(torch.utils.data.Dataset):
+    """Features built from the raw files each time a sample is read: what training pays per
+    example without a cache (parse the mmCIF, parse its alignments, featurize), followed by the
+    same crop and MSA subsampling as CacheDataset, so the two feed the model identical samples.
+    """
+
+    spatial_crop_prob = 0.5  # as CacheDataset's default
+
+    def __init__(self, inputs_dir: str | os.PathLike, alignments_dir: str | os.PathLike | None = None,
+                 template_dir: str | os.PathLike | None = None, crop_size: int | None = 384,
+                 max_msa_rows: int = 1024, seed: int = 0) -> None:
+        from featurecache.workers.pipeline import PipelineSetupError, discover_inputs
+        from featurecache.workers.tasks import target_id_for
+
+        inputs_dir = pathlib.Path(inputs_dir)
+        if not inputs_dir.is_dir():
+            raise click.UsageError(f"--online {inputs_dir}: no such directory")
+        for option, folder in (("--alignments", alignments_dir), ("--template-dir", template_dir)):
+            if folder is not None and not pathlib.Path(folder).is_dir():
+                raise click.UsageError(f"{option} {folder}: no such directory")
+        try:
+            found = discover_inputs([inputs_dir])
+        except PipelineSetupError as error:
+            raise click.UsageError(f"--online {inputs_dir}: {error}") from error
+        # featurize_from_files reads mmCIF; FASTA inputs carry no structure to train on
+        self.paths = [path for path in found if ".cif" in path.name.lower()]
+        if not self.paths:
+            raise click.UsageError(f"--online {inputs_dir}: no mmCIF files in it")
+        self.ids = [target_id_for(path) for path in self.paths]
+        self.alignments_dir = alignments_dir
+        self.template_dir = template_dir
+        self.crop_size = crop_size
+        self.max_msa_rows = max_msa_rows
+        self.seed = seed
+        self.epoch = 0
+        self._alignments = None
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_alignments"] = None  # each worker indexes the alignment folder itself
+        return state
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __getitem__(self, index: int) -> dict:
+        from featurecache.config import FeatureConfig
+        from featurecache.features.featurize import featurize_from_files
+        from featurecache.io.alignments import AlignmentIndex
+        from featurecache.loader import CacheDataset
+
+        if self._alignments is None and self.alignments_dir is not None:
+            self._alignments = AlignmentIndex(self.alignments_dir)
+        arrays, _ = featurize_from_files(self.paths[index], self._alignments, FeatureConfig(), self.template_dir)
+        rng = np.random.default_rng([self.seed, self.epoch, index])
+        # CacheDataset's crop and subsampling, so both datasets yield the same samples
+        return CacheDataset.crop_sample(self, self.ids[index], arrays, rng)
+
+
+def build_dataset(config: TrainConfig):
+    from featurecache.loader import CacheDataset
+
+    if config.cache is not None:
+        cache = pathlib.Path(config.cache)
+        if not cache.is_dir():
+            raise click.UsageError(f"--cache {cache}: no such directory")
+        return CacheDataset(cache, crop_size=config.crop_size, max_msa_rows=config.max_msa_rows, seed=config.seed)
+    return OnlineDataset(config.online, config.alignments, config.template_dir, crop_size=config.crop_size,
+                         max_msa_rows=config.max_msa_rows, seed=config.seed)
+
+
+def make_loader(dataset, sampler: EpochSampler, config: TrainConfig, device: torch.device):
+    from featurecache.loader import collate
+
+    extra = {}
+    if config.num_workers > 0:
+        extra["prefetch_factor"] = config.prefetch_factor
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=config.batch_size,
+        sampler=sampler,
+        num_workers=config.num_workers,
+        collate_fn=collate,
+        pin_memory=device.type == "cuda",
+        drop_last=True,
+        **extra,
+    )
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {
+        name: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+        for name, value in batch.items()
+    }
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+
+def rng_state() -> dict:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def checkpoint_path(run_dir: pathlib.Path, step: int) -> pathlib.Path:
+    return run_dir / f"{CHECKPOINT_PREFIX}{step:08d}.pt"
+
+
+def latest_checkpoint(path: pathlib.Path) -> pathlib.Path:
+    """`path` itself if it is a file, else the newest checkpoint in that run directory."""
+    if path.is_file():
+        return path
+    found = sorted(path.glob(f"{CHECKPOINT_PREFIX}*.pt")) if path.is_dir() else []
+    if not found:
+        raise click.UsageError(f"--resume {path}: no checkpoint file and no {CHECKPOINT_PREFIX}*.pt in it")
+    return found[-1]
+
+
+def save_checkpoint(path: pathlib.Path, state: dict) -> None:
+    """Write to a temporary file beside `path`, then rename: readers never see a partial file."""
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "wb") as handle:
+        torch.save(state, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(partial, path)
+
+
+def gather_rng_states(world: Dist) -> list[dict]:
+    """Every rank's RNG states, on every rank (each rank restores its own on resume)."""
+    local = rng_state()
+    if not world.enabled:
+        return [local]
+    gathered: list = [None] * world.world_size
+    dist.all_gather_object(gathered, local)
+    return gathered
+
+
+# --- the loop --------------------------------------------------------------------------------
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak accelerator memory of this step, or the process's peak resident set on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kib / 1e6
+
+
+def warmup_schedule(warmup: int):
+    return lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+
+
+def train(config: TrainConfig) -> list[dict]:
+    """Run the loop; returns this rank's per-step log records."""
+    world = setup_distributed(config.device)
+    run_dir = pathlib.Path(config.out)
+    if world.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+
+    random.seed(config.seed + world.rank)
+    np.random.seed(config.seed + world.rank)
+    torch.manual_seed(config.seed)  # same initial weights on every rank
+
+    dataset = build_dataset(config)
+    sampler = EpochSampler(len(dataset), world.rank, world.world_size, config.seed)
+    steps_per_epoch = len(sampler) // config.batch_size
+    if steps_per_epoch == 0:
+        raise click.UsageError(
+            f"{len(dataset)} samples over {world.world_size} ranks give no full batch of {config.batch_size}")
+
+    model = AF3Trunk(preset(config.preset, kernels=config.kernels)).to(world.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), eps=1e-8,
+                                  weight_decay=config.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_schedule(config.warmup))
+
+    step, epoch, batch_in_epoch = 0, 0, 0
+    if config.resume:
+        source = latest_checkpoint(pathlib.Path(config.resume))
+        state = torch.load(source, map_location="cpu", weights_only=False)
+        if state["world_size"] != world.world_size:
+            raise click.UsageError(
+                f"--resume {source}: written by {state['world_size']} ranks, this run has {world.world_size}")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        set_rng_state(state["rng"][world.rank])
+
+    # Only the pair track feeds the distogram loss; the single track's parameters get no gradient.
+    trained = model
+    if world.enabled:
+        trained = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[world.device.index] if world.device.type == "cuda" else None,
+            find_unused_parameters=True)
+    forward = torch.compile(trained) if config.compile else trained
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if world.device.type == "cuda"
+                else contextlib.nullcontext())
+
+    log_file = open(run_dir / LOG_FILE, "a") if world.is_main else None
+    records: list[dict] = []
+    model.train()
+    try:
+        while step < config.steps:
+            dataset_epoch = getattr(dataset, "set_epoch", None)
+            if dataset_epoch is not None:
+                dataset_epoch(epoch)  # before the iterator exists: workers copy the dataset
+            sampler.set_position(epoch, batch_in_epoch * config.batch_size)
+            loader = make_loader(dataset, sampler, config, world.device)
+            batches = iter(loader)
+            while step < config.steps and batch_in_epoch < steps_per_epoch:
+                start = time.perf_counter()
+                if world.device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(world.device)
+                batch = to_device(next(batches), world.device)
+                data_wait = time.perf_counter() - start
+
+                with autocast:
+                    outputs = forward(batch)
+                loss = model.loss(batch, outputs)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+                optimizer.step()
+                scheduler.step()
+                step += 1
+                batch_in_epoch += 1
+
+                loss_value = loss.detach()
+                ids = [batch["id"]]
+                if world.enabled:
+                    dist.all_reduce(loss_value)
+                    loss_value /= world.world_size
+                    ids = [None] * world.world_size
+                    dist.all_gather_object(ids, batch["id"])
+                record = {
+                    "step": step,
+                    "epoch": epoch,
+                    "loss": loss_value.item(),
+                    "grad_norm": grad_norm.item(),
+                    "lr": scheduler.get_last_lr()[0],
+                    "step_time_s": time.perf_counter() - start,
+                    "data_wait_s": data_wait,
+                    "peak_memory_gb": peak_memory_gb(world.device),
+                    "tokens": int(batch["token_pad_mask"].sum()),
+                    "ids": ids,  # per rank
+                    "world_size": world.world_size,
+                }
+                records.append(record)
+                if log_file is not None:
+                    log_file.write(json.dumps(record) + "\n")
+                    log_file.flush()
+                    print(
+                        f"step {step:>6d}  loss {record['loss']:.4f}  step {record['step_time_s'] * 1e3:8.1f} ms"
+                        f"  data wait {data_wait * 1e3:7.1f} ms  peak {record['peak_memory_gb']:.2f} GB",
+                        flush=True,
+                    )
+
+                if step % config.checkpoint_every == 0 or step == config.steps:
+                    end_of_epoch = batch_in_epoch >= steps_per_epoch
+                    rng_states = gather_rng_states(world)
+                    if world.is_main:
+                        save_checkpoint(checkpoint_path(run_dir, step), {
+                            "model": model.state_dict(),
+                            "optimizer": optimizer.state_dict(),
+                            "scheduler": scheduler.state_dict(),
+                            "step": step,
+                            "epoch": epoch + 1 if end_of_epoch else epoch,
+                            "batch_in_epoch": 0 if end_of_epoch else batch_in_epoch,
+                            "rng": rng_states,
+                            "world_size": world.world_size,
+                            "train_config": dataclasses.asdict(config),
+                            "model_config": dataclasses.asdict(model.config),
+                        })
+                    if world.enabled:
+                        dist.barrier()
+            if batch_in_epoch >= steps_per_epoch:
+                epoch += 1
+                batch_in_epoch = 0
+            del batches, loader
+    finally:
+        if log_file is not None:
+            log_file.close()
+        if world.enabled:
+            dist.destroy_process_group()
+    return records
+
+
+@click.command("train")
+@click.option("--cache", type=click.Path(file_okay=False), help="Feature cache (or published generation) to train from.")
+@click.option("--online", type=click.Path(file_okay=False),
+              help="Featurize raw files from this folder at load time instead of reading a cache (to measure what caching saves).")
+@click.option("--alignments", type=click.Path(file_okay=False),
+              help="With --online: folder of alignment files, as for precompute --alignments.")
+@click.option("--template-dir", type=click.Path(file_okay=False), help="With --online: template mmCIF folder.")
+@click.option("--out", default="runs/train", show_default=True, type=click.Path(file_okay=False),
+              help="Run directory: log.jsonl and checkpoints.")
+@click.option("--preset", default="tiny", show_default=True, type=click.Choice(sorted(PRESETS)), help="Model size.")
+@click.option("--kernels", default="triton", show_default=True, type=click.Choice(KERNEL_IMPLS),
+              help="triton: featurecache's kernels; torch: the pure-PyTorch references.")
+@click.option("--steps", default=100, show_default=True, type=int, help="Optimizer steps to run in total (a resumed run continues to this step).")
+@click.option("--crop-size", default=384, show_default=True, type=int, help="Tokens per cropped sample.")
+@click.option("--max-msa-rows", default=1024, show_default=True, type=int, help="MSA rows kept per sample.")
+@click.option("--batch-size", default=1, show_default=True, type=int, help="Samples per step and rank.")
+@click.option("--lr", default=1.8e-3, show_default=True, type=float, help="Peak learning rate (AdamW).")
+@click.option("--warmup", default=1000, show_default=True, type=int, help="Linear warmup steps.")
+@click.option("--num-workers", default=2, show_default=True, type=int, help="DataLoader worker processes per rank.")
+@click.option("--checkpoint-every", default=1000, show_default=True, type=int, help="Steps between checkpoints (and one at the end).")
+@click.option("--resume", type=click.Path(exists=True), help="Checkpoint file, or a run directory to resume from its newest checkpoint.")
+@click.option("--compile", "compile_model", is_flag=True, help="torch.compile the model.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed for weights, shuffling, crops and MSA subsampling.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda (torchrun: cuda:LOCAL_RANK).")
+def train_command(cache, online, alignments, template_dir, out, preset, kernels, steps, crop_size, max_msa_rows, batch_size, lr, warmup,
+                  num_workers, checkpoint_every, resume, compile_model, seed, device) -> None:
+    """Train the AF3 trunk from a feature cache."""
+    try:
+        config = TrainConfig(
+            cache=cache, online=online, alignments=alignments, template_dir=template_dir, out=out, preset=preset, kernels=kernels, steps=steps,
+            crop_size=crop_size, max_msa_rows=max_msa_rows, batch_size=batch_size, lr=lr, warmup=warmup,
+            num_workers=num_workers, checkpoint_every=checkpoint_every, resume=resume,
+            compile=compile_model, seed=seed, device=device,
+        )
+    except ValueError as error:
+        raise click.UsageError(str(error)) from error
+    train(config)
+
+
+if __name__ == "__main__":
+    train_command(sys.argv[1:], prog_name="python -m featurecache.train")

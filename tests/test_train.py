@@ -1,0 +1,158 @@
+"""The training loop on a real cache built from ../shared/data (CPU, tiny preset)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from featurecache.loader import CacheDataset, collate
+from featurecache.model import AF3Trunk, preset
+from featurecache.train import OnlineDataset, TrainConfig, train, train_command
+
+STRUCTURES = ("209d-assembly1.cif", "721p-assembly1.cif", "7a4d-assembly1.cif")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matrices on a shared CI machine: OpenMP threads only wait on each other (30x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def raw_inputs(tmp_path_factory, shared_data) -> Path:
+    folder = tmp_path_factory.mktemp("inputs")
+    for name in STRUCTURES:
+        shutil.copy(shared_data / "structures" / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory, raw_inputs, shared_data) -> Path:
+    from featurecache.workers.pipeline import PrecomputeOptions, precompute
+
+    cache_dir = tmp_path_factory.mktemp("cache") / "cache"
+    summary = precompute(PrecomputeOptions(
+        inputs=[raw_inputs], cache_dir=cache_dir, alignments_dir=shared_data / "alignments",
+        template_dir=shared_data / "templates" / "mmcif", num_workers=1, progress=False,
+    ))
+    assert summary.failed == 0, summary.format()
+    return cache_dir
+
+
+def _config(cache: Path, out: Path, **changes) -> TrainConfig:
+    settings = dict(cache=str(cache), out=str(out), preset="tiny", kernels="torch", steps=3, crop_size=16,
+                    max_msa_rows=8, num_workers=0, warmup=2, lr=1e-3, checkpoint_every=2, device="cpu")
+    settings.update(changes)
+    return TrainConfig(**settings)
+
+
+def _log(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+
+
+def test_tiny_preset_trains_from_the_cache(cache, tmp_path):
+    records = train(_config(cache, tmp_path / "run", num_workers=1))
+    assert [r["step"] for r in records] == [1, 2, 3]
+    logged = _log(tmp_path / "run")
+    assert [r["loss"] for r in logged] == [r["loss"] for r in records]
+    for record in logged:
+        assert record["loss"] > 0 and record["step_time_s"] >= record["data_wait_s"] >= 0
+        assert record["peak_memory_gb"] > 0 and 0 < record["tokens"] <= 16
+    # one epoch of three targets: every target once
+    assert sorted(r["ids"][0][0] for r in logged) == sorted(Path(s).stem for s in STRUCTURES)
+    # checkpoints at step 2 (checkpoint_every) and at the last step, no partial files left
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        "checkpoint-00000002.pt", "checkpoint-00000003.pt", "log.jsonl"]
+
+
+def test_resume_reproduces_the_next_losses(cache, tmp_path):
+    straight = train(_config(cache, tmp_path / "straight", steps=5))
+    # resume from step 2; steps 3-5 cross the end of the first epoch (3 targets, batch 1)
+    resumed = train(_config(cache, tmp_path / "resumed", steps=5,
+                            resume=str(tmp_path / "straight" / "checkpoint-00000002.pt")))
+    assert [r["step"] for r in resumed] == [3, 4, 5]
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in straight[2:]]
+    assert [r["ids"] for r in resumed] == [r["ids"] for r in straight[2:]]
+
+
+def test_resume_refuses_a_different_world_size(cache, tmp_path):
+    train(_config(cache, tmp_path / "run", steps=2))
+    state = torch.load(tmp_path / "run" / "checkpoint-00000002.pt", weights_only=False)
+    state["world_size"] = 4
+    torch.save(state, tmp_path / "run" / "checkpoint-00000002.pt")
+    with pytest.raises(Exception, match="written by 4 ranks"):
+        train(_config(cache, tmp_path / "again", steps=3, resume=str(tmp_path / "run")))
+
+
+def test_loss_falls_when_overfitting_one_real_example(cache):
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+    dataset = CacheDataset(cache, crop_size=16, max_msa_rows=8, seed=int(torch.randint(0, 1000, ())))
+    batch = collate([dataset[dataset.ids.index("721p-assembly1")]])
+    model = AF3Trunk(preset("tiny", kernels="torch", checkpoint_blocks=False))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(20):
+        loss = model.loss(batch, model(batch))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_online_featurization_yields_the_cached_samples(cache, raw_inputs, shared_data):
+    cached = CacheDataset(cache, crop_size=16, max_msa_rows=8, seed=3)
+    online = OnlineDataset(raw_inputs, shared_data / "alignments", shared_data / "templates" / "mmcif",
+                           crop_size=16, max_msa_rows=8, seed=3)
+    assert online.ids == cached.ids
+    index = online.ids.index("209d-assembly1")
+    from_cache, from_files = cached[index], online[index]
+    assert from_cache.keys() == from_files.keys()
+    for name, value in from_cache.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, from_files[name]), name
+
+
+def test_online_training_runs(raw_inputs, shared_data, tmp_path):
+    records = train(TrainConfig(online=str(raw_inputs), alignments=str(shared_data / "alignments"),
+                                out=str(tmp_path / "online"), kernels="torch", steps=1, crop_size=16,
+                                max_msa_rows=8, num_workers=0, device="cpu"))
+    assert len(records) == 1 and records[0]["data_wait_s"] > 0
+
+
+def test_command_line_errors_exit_2(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(train_command, ["--out", str(tmp_path / "run")])
+    assert result.exit_code == 2 and "exactly one of --cache DIR or --online DIR" in result.output
+    result = runner.invoke(train_command, ["--cache", str(tmp_path / "missing"), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2 and "missing" in result.output
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_gloo(cache, tmp_path):
+    """torchrun, 2 CPU processes, gloo: both ranks train, on different samples."""
+    run_dir = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "featurecache.train", "--cache", str(cache), "--out", str(run_dir), "--kernels", "torch",
+               "--steps", "2", "--crop-size", "16", "--max-msa-rows", "8", "--num-workers", "0",
+               "--device", "cpu", "--checkpoint-every", "2"]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    logged = _log(run_dir)
+    assert [r["step"] for r in logged] == [1, 2]
+    for record in logged:
+        assert record["world_size"] == 2
+        rank0, rank1 = record["ids"]
+        assert rank0 != rank1, record["ids"]
+    state = torch.load(run_dir / "checkpoint-00000002.pt", weights_only=False)
+    assert state["world_size"] == 2 and len(state["rng"]) == 2
