@@ -33,6 +33,7 @@ from featurecache.io.mmcif import Structure
 from featurecache.io.msa import Msa
 
 _PROFILE_CHUNK_ROWS = 1024
+_MAX_DELETIONS = np.iinfo(np.uint16).max  # working precision; the record stores uint8
 
 
 def _letter_table(molecule_type: str) -> np.ndarray:
@@ -81,9 +82,9 @@ def _entity_msa(msa: Msa, sequence: str, molecule_type: str, query_classes: np.n
     target_columns = positions[mapped]
     rows = msa.depth
     classes = np.full((rows, len(sequence)), schema.GAP, dtype=np.int8)
-    deletions = np.zeros((rows, len(sequence)), dtype=np.int32)
+    deletions = np.zeros((rows, len(sequence)), dtype=np.uint16)
     classes[:, target_columns] = _LETTER_TABLES[molecule_type][msa.aligned[:, source_columns]]
-    deletions[:, target_columns] = msa.deletion_matrix[:, source_columns]
+    deletions[:, target_columns] = np.minimum(msa.deletion_matrix[:, source_columns], _MAX_DELETIONS)
     classes[0] = query_classes  # the query row is the chain itself, whatever the MSA's query says
     deletions[0] = 0
     return _EntityMsa(classes, deletions, list(msa.species))
@@ -127,13 +128,28 @@ def build_msa_features(
             msa, first.sequence, first.molecule_type, chain_query[members[0]], first.chain_id, warnings
         )
 
-    # Residue-level layout: every polymer chain's residues side by side, then one gap column
-    # that ligand tokens point to.
-    offsets, total = {}, 0
+    # Token columns of each polymer chain and the residue each of them shows (per-atom tokens of
+    # a modified residue repeat its column; ligand tokens are in no chain's columns: gaps).
+    # A chain's tokens are contiguous (tokenize emits chains in order): a column slice each.
+    chain_span = {}
+    chain_columns = {}
     for chain_index in chain_query:
-        offsets[chain_index] = total
-        total += len(chain_query[chain_index])
-    gap_column = total
+        in_chain = np.flatnonzero(token_chain == chain_index)
+        assert in_chain[-1] - in_chain[0] + 1 == in_chain.size, "tokens of a chain must be contiguous"
+        chain_span[chain_index] = slice(int(in_chain[0]), int(in_chain[-1]) + 1)
+        columns = token_residue[in_chain]
+        identity = columns.size == len(chain_query[chain_index]) and (columns == np.arange(columns.size)).all()
+        chain_columns[chain_index] = None if identity else columns
+    size = tokens.num_tokens
+
+    def place(entity: int, rows: np.ndarray, out_classes: np.ndarray, out_deletions: np.ndarray, out_rows) -> None:
+        """Copy `rows` of an entity's MSA into the token columns of every copy of the entity."""
+        source = entity_msas[entity]
+        classes, deletions = source.classes[rows], source.deletions[rows]
+        for chain_index in entity_chains[entity]:
+            columns, span = chain_columns[chain_index], chain_span[chain_index]
+            out_classes[out_rows, span] = classes if columns is None else classes[:, columns]
+            out_deletions[out_rows, span] = deletions if columns is None else deletions[:, columns]
 
     species_ids: dict[str, int] = {}
 
@@ -144,69 +160,49 @@ def build_msa_features(
     budget = max(0, config.max_msa_rows - 1 - len(paired_rows))
 
     # Blocks of rows: the query row, the paired rows, then each entity's unpaired rows.
-    query_row = np.concatenate([chain_query[c] for c in chain_query] + [np.array([schema.GAP], np.int8)])
-    class_blocks = [query_row[None, :]]
-    deletion_blocks = [np.zeros((1, total + 1), dtype=np.int32)]
+    class_blocks = [restype[None, :].astype(np.int8)]
+    deletion_blocks = [np.zeros((1, size), dtype=np.uint16)]
     row_species, row_paired = [0], [True]
-    kept_rows: dict[int, set[bytes]] = {entity: {chain_query[members[0]].tobytes()} for entity, members in entity_chains.items()}
+    used_rows: dict[int, list[int]] = {entity: [0] for entity in entity_chains}  # rows already shown
 
     if paired_rows:
-        classes = np.full((len(paired_rows), total + 1), schema.GAP, dtype=np.int8)
-        deletions = np.zeros((len(paired_rows), total + 1), dtype=np.int32)
+        classes = np.full((len(paired_rows), size), schema.GAP, dtype=np.int8)
+        deletions = np.zeros((len(paired_rows), size), dtype=np.uint16)
+        by_entity: dict[int, tuple[list[int], list[int]]] = {}
         for index, (species, picks) in enumerate(paired_rows):
             for entity, row in picks.items():
-                source = entity_msas[entity]
-                kept_rows[entity].add(source.classes[row].tobytes())
-                width = source.classes.shape[1]
-                for chain_index in entity_chains[entity]:
-                    start = offsets[chain_index]
-                    classes[index, start : start + width] = source.classes[row]
-                    deletions[index, start : start + width] = source.deletions[row]
+                out_rows, rows = by_entity.setdefault(entity, ([], []))
+                out_rows.append(index)
+                rows.append(row)
             row_species.append(species_id(species))
             row_paired.append(True)
+        for entity, (out_rows, rows) in by_entity.items():
+            place(entity, np.asarray(rows), classes, deletions, np.asarray(out_rows))
+            used_rows[entity].extend(rows)
         class_blocks.append(classes)
         deletion_blocks.append(deletions)
 
-    unpaired: dict[int, list[int]] = {}
-    for entity, source in entity_msas.items():
-        if source is None:
-            continue
-        rows = []
-        for row in range(1, source.classes.shape[0]):
-            key = source.classes[row].tobytes()
-            if key in kept_rows[entity]:
-                continue
-            kept_rows[entity].add(key)
-            rows.append(row)
-        unpaired[entity] = rows
-    quotas = _water_fill({entity: len(rows) for entity, rows in unpaired.items()}, budget)
+    unpaired = {
+        entity: _new_unique_rows(source.classes, used_rows[entity])
+        for entity, source in entity_msas.items()
+        if source is not None
+    }
+    quotas = _water_fill({entity: rows.size for entity, rows in unpaired.items()}, budget)
     for entity, rows in unpaired.items():
-        source = entity_msas[entity]
         chosen = rows[: quotas[entity]]
-        if not chosen:
+        if not chosen.size:
             continue
-        block_classes = np.full((len(chosen), total + 1), schema.GAP, dtype=np.int8)
-        block_deletions = np.zeros((len(chosen), total + 1), dtype=np.int32)
-        width = source.classes.shape[1]
-        for chain_index in entity_chains[entity]:
-            start = offsets[chain_index]
-            block_classes[:, start : start + width] = source.classes[chosen]
-            block_deletions[:, start : start + width] = source.deletions[chosen]
-        class_blocks.append(block_classes)
-        deletion_blocks.append(block_deletions)
-        row_species.extend(species_id(source.species[row]) for row in chosen)
-        row_paired.extend([False] * len(chosen))
+        classes = np.full((chosen.size, size), schema.GAP, dtype=np.int8)
+        deletions = np.zeros((chosen.size, size), dtype=np.uint16)
+        place(entity, chosen, classes, deletions, slice(None))
+        class_blocks.append(classes)
+        deletion_blocks.append(deletions)
+        species = entity_msas[entity].species
+        row_species.extend(species_id(species[row]) for row in chosen.tolist())
+        row_paired.extend([False] * chosen.size)
 
-    residue_msa = np.concatenate(class_blocks)
-    residue_deletions = np.concatenate(deletion_blocks)
-
-    # Tokens -> residue columns (ligand tokens -> the gap column; their query row is their class).
-    columns = np.full(tokens.num_tokens, gap_column, dtype=np.int64)
-    polymer = token_residue >= 0
-    columns[polymer] = np.array([offsets[c] for c in token_chain[polymer]], dtype=np.int64) + token_residue[polymer]
-    msa = residue_msa[:, columns]
-    msa[0] = restype
-    deletions = residue_deletions[:, columns]
+    msa = np.concatenate(class_blocks)
+    deletions = np.concatenate(deletion_blocks)
     # uint8 halves the bytes the loader decompresses; counts past 255 are clipped (AF3's
     # 2/pi * arctan(d / 3) transform is within 0.008 of 1 there). The mean uses exact counts.
     deletion_matrix = np.minimum(deletions, np.iinfo(np.uint8).max).astype(np.uint8)
@@ -218,6 +214,14 @@ def build_msa_features(
         "msa_profile": msa_profile(msa),
         "deletion_mean": deletions.mean(axis=0, dtype=np.float64).astype(np.float32),
     }
+
+
+def _new_unique_rows(classes: np.ndarray, used: list[int]) -> np.ndarray:
+    """Rows (in rank order) whose content is new: first copies only, none equal to a used row."""
+    rows_as_bytes = np.ascontiguousarray(classes).view(np.dtype((np.void, classes.shape[1])))[:, 0]
+    _, first = np.unique(rows_as_bytes, return_index=True)
+    first = np.sort(first)
+    return first[~np.isin(rows_as_bytes[first], rows_as_bytes[np.asarray(used)])]
 
 
 def msa_profile(msa: np.ndarray) -> np.ndarray:
