@@ -162,15 +162,19 @@ class AlignmentIndex:
         merged: dict[str, tuple[Msa | None, list[str]]] = {}
         result: dict[str, ChainAlignments] = {}
         entry = structure.id[:4].lower()
+        queries = sorted(self.queries())
         for chain in structure.chains:
             if not chain.is_polymer:
                 continue
             sequence = chain.sequence
             best: tuple | None = None
-            for query in sorted(self.queries()):
-                mapping = map_query_to_chain(query, sequence)
-                if mapping is not None and (best is None or mapping.rank > best[1].rank):
-                    best = (query, mapping)
+            if sequence in queries:  # exact match: nothing can rank higher, skip the scan
+                best = (sequence, map_query_to_chain(sequence, sequence))
+            else:
+                for query in queries:
+                    mapping = map_query_to_chain(query, sequence)
+                    if mapping is not None and (best is None or mapping.rank > best[1].rank):
+                        best = (query, mapping)
             if best is None:
                 result[chain.chain_id] = ChainAlignments(chain.chain_id, None, (), (), (), None)
                 continue
