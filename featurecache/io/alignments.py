@@ -162,13 +162,14 @@ class AlignmentIndex:
         merged: dict[str, tuple[Msa | None, list[str]]] = {}
         result: dict[str, ChainAlignments] = {}
         entry = structure.id[:4].lower()
-        queries = sorted(self.queries())
+        query_set = self.queries()
+        queries = sorted(query_set)
         for chain in structure.chains:
             if not chain.is_polymer:
                 continue
             sequence = chain.sequence
             best: tuple | None = None
-            if sequence in queries:  # exact match: nothing can rank higher, skip the scan
+            if sequence in query_set:  # exact match: nothing can rank higher, skip the scan
                 best = (sequence, map_query_to_chain(sequence, sequence))
             else:
                 for query in queries:
