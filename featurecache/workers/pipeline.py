@@ -396,9 +396,8 @@ def _run(options: PrecomputeOptions, plan: _Plan, writer: StoreWriter, feature_f
             bar.update(1)
 
     chain_keys: dict[str, dict[str, str]] = {}
-    msa_blobs: dict[str, bytes] = {}
     if plan.pipeline_config is not None:
-        todo, chain_keys, msa_blobs = _search_stage(ray, plan, todo, writer, summary, record_failure, clear_errors,
+        todo, chain_keys = _search_stage(ray, plan, todo, writer, summary, record_failure, clear_errors,
                                                     max_in_flight, progress)
 
     bar = progress(total=len(todo), desc="featurize", unit="target")
@@ -407,7 +406,7 @@ def _run(options: PrecomputeOptions, plan: _Plan, writer: StoreWriter, feature_f
     for target in todo:
         if plan.pipeline_config is not None:
             keys = chain_keys[target.target_id]
-            blobs = {key: msa_blobs[key] for key in set(keys.values())}
+            blobs = {key: writer.get(MSA_TABLE, key) for key in set(keys.values())}
             runner.submit(_featurize_task, 1, "featurize", target.target_id, tasks.featurize_searched,
                           target, blobs, keys, plan.feature_config, plan.template_dir, feature_fingerprint)
         else:
@@ -424,36 +423,55 @@ def _ingested_msa_key(chain: ChainSequence, files_fingerprint: str) -> str:
     return f"{sequence_key(chain.molecule_type, chain.sequence)}-{files_fingerprint}"
 
 
+def _parse_task(target: TargetInput):
+    """Ray task body: the chain sequences of one input (a TaskError is returned, not raised)."""
+    try:
+        return tasks.chain_sequences(tasks.read_target(target.path))
+    except TaskError as error:
+        return error
+
+
 def _search_stage(ray, plan: _Plan, todo: list[TargetInput], writer: StoreWriter, summary: PrecomputeSummary,
                   record_failure, clear_errors, max_in_flight: int, progress):
-    """Search every unique chain sequence once; returns the targets whose chains all have MSAs."""
+    """Search every unique chain sequence once.
+
+    Returns the targets whose chains all have MSAs and, per target, chain id -> msa key. Only
+    keys stay in the driver; the MSA records themselves are read back from the writer when
+    each featurize task is submitted, so the driver's memory does not grow with the inputs.
+    """
     from featurecache.workers.search import SearchPlan, sequence_key
 
     search_plan = SearchPlan(plan.pipeline_config)
     chain_keys: dict[str, dict[str, str]] = {}
     unique: dict[str, ChainSequence] = {}
-    parsed: list[TargetInput] = []
-    for target in todo:
-        try:
-            structure = tasks.read_target(target.path)
-        except TaskError as error:
-            record_failure(error.stage, error.key, error.message, target=target.target_id)
-            continue
+    parse_bar = progress(total=len(todo), desc="parse", unit="target")
+
+    def on_parsed(stage, target_id, result):
+        parse_bar.update(1)
+        if isinstance(result, TaskError):
+            record_failure(result.stage, result.key, result.message, target=target_id)
+            return
         keys = {}
-        for chain in tasks.chain_sequences(structure):
+        for chain in result:
             key = f"{sequence_key(chain.molecule_type, chain.sequence)}-{search_plan.fingerprint(chain.molecule_type)}"
             keys[chain.chain_id] = key
             unique.setdefault(key, chain)
-        chain_keys[target.target_id] = keys
-        parsed.append(target)
+        chain_keys[target_id] = keys
 
-    msa_blobs: dict[str, bytes] = {}
+    def on_parse_crash(stage, target_id, error):
+        parse_bar.update(1)
+        record_failure("parse", target_id, f"worker crashed: {type(error).__name__}: {error}", target=target_id)
+
+    parser = _Runner(ray, max_in_flight, on_parsed, on_parse_crash)
+    for target in todo:
+        parser.submit(_parse_task, 1, "parse", target.target_id, target)
+    parser.drain()
+    parse_bar.close()
+
     failed_keys: set[str] = set()
     to_search = []
     for key, chain in unique.items():
-        blob = writer.get(MSA_TABLE, key)
-        if blob is not None:
-            msa_blobs[key] = blob
+        if writer.get(MSA_TABLE, key) is not None:
             summary.stages["search"].skipped += 1
         else:
             to_search.append((key, chain))
@@ -472,7 +490,6 @@ def _search_stage(ray, plan: _Plan, todo: list[TargetInput], writer: StoreWriter
         summary.write_seconds += time.perf_counter() - write_started
         summary.tool_seconds += result.tool_seconds
         summary.stages["search"].done += 1
-        msa_blobs[key] = result.msa_blob
 
     def on_crash(stage, key, error):
         bar.update(1)
@@ -491,14 +508,16 @@ def _search_stage(ray, plan: _Plan, todo: list[TargetInput], writer: StoreWriter
     writer.flush()
 
     ready = []
-    for target in parsed:
+    for target in todo:
+        if target.target_id not in chain_keys:
+            continue  # failed to parse: already recorded
         missing = sorted(chain for chain, key in chain_keys[target.target_id].items() if key in failed_keys)
         if missing:
             record_failure("featurize", target.target_id, f"search failed for chain(s) {', '.join(missing)}",
                            target=target.target_id)
         else:
             ready.append(target)
-    return ready, chain_keys, msa_blobs
+    return ready, chain_keys
 
 
 def _previous_attempts(writer: StoreWriter) -> dict[str, int]:
