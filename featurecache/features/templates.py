@@ -139,7 +139,7 @@ def select_templates(
         if hit_positions is None:
             reject("template sequence does not match the hit")
             continue
-        template_sequence = template_chain.sequence[hit.hit_start - 1 : hit.hit_end]
+        template_sequence = hit.hit_sequence or template_chain.sequence[hit.hit_start - 1 : hit.hit_end]
         if template_sequence and template_sequence in sequence and (
             len(template_sequence) / max(len(sequence), 1) > config.max_template_subsequence_ratio
         ):

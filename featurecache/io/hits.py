@@ -126,7 +126,9 @@ def _parse_hhr_block(lines: list[str], start: int, end: int, index: int, source:
     hit_aligned = "".join(hit_parts)
     if len(query_aligned) != len(hit_aligned):
         raise ParseError(
-            source, f"hit {name}: query and template rows differ in length ({len(query_aligned)} vs {len(hit_aligned)})", line_number
+            source,
+            f"hit {name}: query and template rows differ in length ({len(query_aligned)} vs {len(hit_aligned)})",
+            line_number,
         )
     query_indices, hit_indices, hit_sequence = _walk_alignment(query_aligned, hit_aligned, query_start, hit_start)
     if query_start + len(query_aligned) - query_aligned.count("-") - 1 != query_end:

@@ -333,7 +333,9 @@ def _parse_chains(block: gemmi.cif.Block, source: str) -> list[Chain]:
             try:
                 charge = int(float(value)) if value else 0
             except (ValueError, OverflowError) as error:
-                raise ParseError(source, f"atom {_text(names[row])} of {comp}: formal charge {value!r} is not a number") from error
+                raise ParseError(
+                    source, f"atom {_text(names[row])} of {comp}: formal charge {value!r} is not a number"
+                ) from error
             if not -16 <= charge <= 16:
                 raise ParseError(source, f"atom {_text(names[row])} of {comp}: formal charge {charge} is out of range")
             charges.append(charge)
@@ -379,7 +381,8 @@ def _parse_chains(block: gemmi.cif.Block, source: str) -> list[Chain]:
                 residues.append(_unresolved_residue(name, parent_hint or _parent(name), seq_id))
         molecule_type = _molecule_type([r.parent or r.name for r in residues], chem_types, block, asym_entity.get(asym, ""))
         first_row = asym_first_row.get(asym, count)
-        chains.append((first_row, Chain(asym, asym_auth.get(asym, asym), asym_entity.get(asym, ""), molecule_type, tuple(residues))))
+        chain = Chain(asym, asym_auth.get(asym, asym), asym_entity.get(asym, ""), molecule_type, tuple(residues))
+        chains.append((first_row, chain))
 
     # Everything not placed in a polymer: ligands. Whole non-polymer asyms stay one chain;
     # ligand residues written inside a polymer asym become chains of their own.
@@ -397,7 +400,8 @@ def _parse_chains(block: gemmi.cif.Block, source: str) -> list[Chain]:
     for chain_id, keys in ligand_groups.items():
         residues = tuple(build_residue(groups[key], index + 1, "") for index, key in enumerate(keys))
         asym = keys[0][0]
-        chains.append((groups[keys[0]][0], Chain(chain_id, asym_auth.get(asym, asym), asym_entity.get(asym, ""), "ligand", residues)))
+        chain = Chain(chain_id, asym_auth.get(asym, asym), asym_entity.get(asym, ""), "ligand", residues)
+        chains.append((groups[keys[0]][0], chain))
 
     chains.sort(key=lambda item: item[0])
     if not chains:

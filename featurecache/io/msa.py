@@ -189,7 +189,9 @@ def _raise_row_width_error(chars, classes, headers, width, raw, first, source) -
             raise ParseError(source, f"record {headers[row]!r} has no sequence", _header_line(raw, first, row))
         if count != width:
             raise ParseError(
-                source, f"record {headers[row]!r} has {count} aligned columns, the query has {width}", _header_line(raw, first, row)
+                source,
+                f"record {headers[row]!r} has {count} aligned columns, the query has {width}",
+                _header_line(raw, first, row),
             )
     raise AssertionError("row width check failed without a faulty row")
 

@@ -74,7 +74,8 @@ def test_near_identical_subsequence_is_dropped(shared_data):
 def test_m8_hits_without_structures_are_listed(shared_data):
     structure = read_mmcif(shared_data / "structures" / "721p-assembly1.cif")
     hits = read_hits(shared_data / "alignments" / "pdb_templates_m8" / "721p-assembly1A_protein_pdball_230102_db.m8")
-    arrays, metadata = featurize_target(structure, {}, {"A": hits, "B": hits}, FeatureConfig(max_msa_rows=8), shared_data / "templates" / "mmcif")
+    config = FeatureConfig(max_msa_rows=8)
+    arrays, metadata = featurize_target(structure, {}, {"A": hits, "B": hits}, config, shared_data / "templates" / "mmcif")
     assert metadata["num_templates"] == 0
     assert metadata["template_hits_without_coordinates"][:2] == ["4g3x_A", "721p_A"]
     assert len(metadata["template_hits_without_coordinates"]) == len(set(metadata["template_hits_without_coordinates"]))

@@ -29,7 +29,11 @@ ALIGNMENT_FILES = sorted(
         "openfold/2q2k_A/bfd_uniclust_hits.a3m",
         "openfold/2q2k_B/uniprot_hits.sto",
     ]
-    + [f"afdb/{chain}/{db}_hits.a3m" for chain in ("1a00_A", "1a02_F", "1a2y_B", "1a3p_A") for db in ("uniref90", "mgnify", "bfd_uniclust")]
+    + [
+        f"afdb/{chain}/{db}_hits.a3m"
+        for chain in ("1a00_A", "1a02_F", "1a2y_B", "1a3p_A")
+        for db in ("uniref90", "mgnify", "bfd_uniclust")
+    ]
     + ["afdb/1a0g_A/mgnify_hits.a3m", "afdb/1a0g_A/bfd_uniclust_hits.a3m"]
 )
 
@@ -71,7 +75,9 @@ def test_every_alignment_file_parses_aligned_to_its_query(shared_data, relative)
     assert (msa.deletion_matrix >= 0).all()
 
 
-@pytest.mark.parametrize("relative", ["afdb/1a3p_A/bfd_uniclust_hits.a3m", "openfold/bfd_uniclust_hits.a3m", "pdb/6pb6-assembly1B_dna.a2m"])
+@pytest.mark.parametrize(
+    "relative", ["afdb/1a3p_A/bfd_uniclust_hits.a3m", "openfold/bfd_uniclust_hits.a3m", "pdb/6pb6-assembly1B_dna.a2m"]
+)
 def test_fast_path_matches_naive_parser(shared_data, relative):
     text = (shared_data / "alignments" / relative).read_text()
     msa = parse_a3m(text, relative)
