@@ -41,7 +41,11 @@ OUTPUT_FORMATS = ("sto", "a3m", "hhr", "m8", "fasta")
 
 
 class ToolError(RuntimeError):
-    """A search tool failed: which tool, its exit status, the end of its stderr, the command."""
+    """A search tool failed: which tool, its exit status, the end of its output, the command.
+
+    ``stderr_tail`` holds the last few KB of stderr, followed by stdout's under a ``[stdout]``
+    line when the tool wrote any there (HMMER prints command-line errors on stdout).
+    """
 
     def __init__(
         self,
@@ -181,16 +185,20 @@ def _read_tail(path: Path, limit: int = STDERR_TAIL_BYTES) -> str:
 
 
 def _run(tool: str, command: Sequence[str], workdir: Path, timeout_s: float | None) -> float:
-    """Run one command in ``workdir``; return its wall time. stdout is discarded, stderr kept in a file."""
-    stderr_path = workdir / f"{tool}.stderr"
+    """Run one command in ``workdir``; return its wall time.
+
+    stdout and stderr go to files in ``workdir`` (never pipes a chatty tool could fill); on
+    failure the error carries both tails, since HMMER reports command-line errors on stdout.
+    """
+    stdout_path, stderr_path = workdir / f"{tool}.stdout", workdir / f"{tool}.stderr"
     start = time.perf_counter()
-    with open(stderr_path, "wb") as stderr:
+    with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
         try:
             process = subprocess.Popen(
                 list(command),
                 cwd=workdir,
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
+                stdout=stdout,
                 stderr=stderr,
                 start_new_session=True,  # own process group, so a timeout kills the wrapper's children too
             )
@@ -201,14 +209,23 @@ def _run(tool: str, command: Sequence[str], workdir: Path, timeout_s: float | No
         except subprocess.TimeoutExpired:
             _kill_group(process)
             raise ToolTimeoutError(
-                tool, None, _read_tail(stderr_path), command, f"{tool} timed out after {timeout_s:g} s and was killed"
+                tool, None, _output_tail(stdout_path, stderr_path), command,
+                f"{tool} timed out after {timeout_s:g} s and was killed",
             ) from None
         except BaseException:
             _kill_group(process)
             raise
     if returncode != 0:
-        raise ToolError(tool, returncode, _read_tail(stderr_path), command)
+        raise ToolError(tool, returncode, _output_tail(stdout_path, stderr_path), command)
     return time.perf_counter() - start
+
+
+def _output_tail(stdout_path: Path, stderr_path: Path) -> str:
+    stderr = _read_tail(stderr_path).strip("\n")
+    stdout = _read_tail(stdout_path).strip("\n")
+    if not stdout:
+        return stderr
+    return f"{stderr}\n[stdout]\n{stdout}" if stderr else f"[stdout]\n{stdout}"
 
 
 def _kill_group(process: subprocess.Popen) -> None:

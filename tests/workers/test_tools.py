@@ -201,6 +201,13 @@ def test_failing_tool_raises_with_stderr_tail(tmp_path, ras_sequence):
     assert not os.listdir(work)
 
 
+def test_bad_flag_error_names_the_flag(test_databases, ras_sequence):
+    # HMMER reports command-line errors on stdout, not stderr.
+    with pytest.raises(ToolError) as caught:
+        Jackhmmer(ToolSettings(extra_flags=("--no-such-option",))).search(ras_sequence, str(test_databases.protein_fasta))
+    assert "No such option" in caught.value.stderr_tail and "No such option" in str(caught.value)
+
+
 def test_corrupt_hhsuite_database_raises(tmp_path, test_databases, ras_sequence):
     prefix = tmp_path / "broken"
     for suffix in ("_a3m.ffdata", "_a3m.ffindex", "_cs219.ffdata", "_cs219.ffindex"):
