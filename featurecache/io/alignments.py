@@ -215,14 +215,15 @@ class AlignmentIndex:
         seen_sha: set[str] = set()
         for file in self.hit_files:
             path = Path(file.path)
-            tied = (path.suffix.lower() == ".hhr" and str(path.parent) in folders) or any(
+            is_hhr = path.name.lower().removesuffix(".gz").endswith(".hhr")
+            tied = (is_hhr and str(path.parent) in folders) or any(
                 path.name.startswith(stem + "_") or _stem(file.path) == stem for stem in stems
             )
             if not tied or file.sha256 in seen_sha:
                 continue
             seen_sha.add(file.sha256)
             data = read_bytes(file.path)
-            file_hits = parse_hhr(data, file.path) if path.name.lower().endswith(".hhr") else parse_m8(data, file.path)
+            file_hits = parse_hhr(data, file.path) if is_hhr else parse_m8(data, file.path)
             paths.append(file.path)
             for hit in file_hits:
                 remapped = _remap_hit(hit, mapping)

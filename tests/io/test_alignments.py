@@ -1,10 +1,12 @@
+import gzip
 import shutil
 
 import numpy as np
 import pytest
 
 from featurecache.io.alignments import AlignmentIndex, concatenate_msas, map_query_to_chain
-from featurecache.io.mmcif import read_mmcif
+from featurecache.io.fasta import read_fasta
+from featurecache.io.mmcif import read_mmcif, structure_from_sequences
 from featurecache.io.msa import parse_a3m
 
 
@@ -127,3 +129,19 @@ def test_concatenate_msas_keeps_one_query_row():
     other = parse_a3m(">q\nACE\n", "other.a3m")
     with pytest.raises(ValueError, match="cannot concatenate"):
         concatenate_msas([first, other])
+
+
+def test_gzipped_openfold_folder(shared_data, tmp_path):
+    """A chain folder with every file gzipped: MSAs and the HHR are still found and tied."""
+    folder = tmp_path / "alignments" / "query_A"
+    folder.mkdir(parents=True)
+    for name in ("bfd_uniclust_hits.a3m", "uniref90_hits.sto", "pdb70_hits.hhr"):
+        data = (shared_data / "alignments" / "openfold" / name).read_bytes()
+        (folder / f"{name}.gz").write_bytes(gzip.compress(data))
+    (record,) = read_fasta(shared_data / "alignments" / "openfold" / "short.fasta")
+    structure = structure_from_sequences("query", [("A", "protein", record.sequence)])
+    found, warnings = AlignmentIndex(tmp_path / "alignments").for_structure(structure)
+    assert warnings == []
+    assert [path.rsplit("/", 1)[1] for path in found["A"].msa_files] == ["uniref90_hits.sto.gz", "bfd_uniclust_hits.a3m.gz"]
+    assert found["A"].msa.depth == 57 + 1023
+    assert [hit.name for hit in found["A"].hits][:2] == ["1hf9_B", "2crb_A"]
