@@ -228,3 +228,15 @@ def test_mutated_real_file_only_raises_parse_error(shared_data, edits):
     for chain in structure.chains:
         for residue in chain.residues:
             assert np.isfinite(residue.positions).all()
+
+
+def test_entity_poly_seq_is_the_fallback_sequence_table(shared_data):
+    """Without _pdbx_poly_seq_scheme the full sequence comes from _entity_poly_seq."""
+    text = (shared_data / "structures" / "2q2k.cif").read_text()
+    start = text.index("loop_\n_pdbx_poly_seq_scheme.")
+    end = text.index("#", start)
+    structure = parse_mmcif(text[:start] + text[end:], "no-scheme.cif")
+    reference = read_mmcif(shared_data / "structures" / "2q2k.cif")
+    assert [c.sequence for c in structure.chains] == [c.sequence for c in reference.chains]
+    protein = _chains(structure)["B"]
+    assert len(protein.residues) == 70 and sum(r.is_resolved for r in protein.residues) == 45
