@@ -8,7 +8,7 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 $SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
-    hmmer hhsuite mmseqs2 mmseqs2-examples kalign >/dev/null
+    hmmer hmmer-examples hhsuite mmseqs2 mmseqs2-examples kalign >/dev/null
 
 PYTHON="${PYTHON:-python3}"
 # The CPU build first: an unpinned torch would pull a multi-GB CUDA build.

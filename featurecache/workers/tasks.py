@@ -254,8 +254,10 @@ def parse_search_result(result) -> tuple[Msa, list[TemplateHit]]:
     hits: list[TemplateHit] = []
     for item in result.templates:
         source = f"{item.database}:{item.tool}"
-        if item.num_hits == 0 or not item.text.strip() or item.output_format == "sto":
-            continue  # hmmsearch's Stockholm hits are not mapped to the query yet
+        if item.num_hits == 0 or not item.text.strip():
+            continue
+        if item.output_format not in ("hhr", "m8"):
+            raise ValueError(f"{source}: cannot read template output format {item.output_format!r}")
         parse = parse_hhr if item.output_format == "hhr" else parse_m8
         hits.extend(parse(item.text, source))
     return combined, hits
