@@ -114,6 +114,7 @@ def test_kill_9_at_random_points_then_rerun(tmp_path, kill_inputs, seed, reliabi
             assert blob == reference[record_id], f"{where}: {record_id} differs from the reference"
         manifest_left = (cache / MANIFEST_NAME).exists()
         committed = sum(table == "features" for table, _ in left)
+        committed_msa = sum(table == "msa" for table, _ in left)
 
         summary = precompute(options(cache))
         stages = summary.stages["featurize"]
@@ -124,7 +125,8 @@ def test_kill_9_at_random_points_then_rerun(tmp_path, kill_inputs, seed, reliabi
         assert report.ok, f"{where}: {report.format()}"
         assert _stored(cache) == reference, f"{where}: records lost, duplicated or changed"
         assert read_manifest(cache).counts == read_manifest(tmp_path / "reference").counts, where
-        rows.append({"trial": trial, "delay_s": delay, "committed": committed, "manifest": manifest_left,
+        rows.append({"trial": trial, "delay_s": delay, "committed": committed, "committed_msa": committed_msa,
+                     "manifest": manifest_left, "exit_code": process.exitcode,
                      "done": stages.done, "skipped": stages.skipped})
         shutil.rmtree(cache)
 
@@ -132,4 +134,5 @@ def test_kill_9_at_random_points_then_rerun(tmp_path, kill_inputs, seed, reliabi
     assert any(0 < row["committed"] < targets for row in rows) or any(
         row["committed"] == 0 and row["delay_s"] > 0.2 * full_run_s for row in rows), rows
     reliability_report["kill"] = {"seed": seed, "trials": TRIALS, "targets": targets, "num_shards": NUM_SHARDS,
-                                  "batch_records": BATCH_RECORDS, "rows": rows}
+                                  "batch_records": BATCH_RECORDS, "full_run_s": full_run_s,
+                                  "msa_records": sum(table == "msa" for table, _ in reference), "rows": rows}
