@@ -1,15 +1,39 @@
 """Pure parsers: mmCIF (gemmi), A3M / A2M / Stockholm MSAs, HHR / m8 template hits, FASTA, and
-the alignment-folder index. Every parse error is a `ParseError` naming the file and line."""
+the alignment-folder index. Every parse error is a `ParseError` naming the file and line.
 
-from featurecache.io.alignments import AlignmentIndex, map_query_to_chain
-from featurecache.io.common import ParseError
-from featurecache.io.fasta import FastaRecord, parse_fasta, read_fasta
-from featurecache.io.hits import TemplateHit, parse_hhr, parse_m8, read_hits
-from featurecache.io.mmcif import Chain, Residue, Structure, parse_mmcif, read_mmcif, structure_from_sequences
-from featurecache.io.msa import Msa, parse_a3m, parse_stockholm, read_msa
+Names are imported lazily: `featurecache.io.msa` and the other text parsers work where gemmi
+is not installed (only `io.mmcif` and `io.alignments` need it).
+"""
 
-__all__ = [
-    "AlignmentIndex", "Chain", "FastaRecord", "Msa", "ParseError", "Residue", "Structure", "TemplateHit",
-    "map_query_to_chain", "parse_a3m", "parse_fasta", "parse_hhr", "parse_m8", "parse_mmcif", "parse_stockholm",
-    "read_fasta", "read_hits", "read_mmcif", "read_msa", "structure_from_sequences",
-]
+_EXPORTS = {
+    "AlignmentIndex": "featurecache.io.alignments",
+    "map_query_to_chain": "featurecache.io.alignments",
+    "ParseError": "featurecache.io.common",
+    "FastaRecord": "featurecache.io.fasta",
+    "parse_fasta": "featurecache.io.fasta",
+    "read_fasta": "featurecache.io.fasta",
+    "TemplateHit": "featurecache.io.hits",
+    "parse_hhr": "featurecache.io.hits",
+    "parse_m8": "featurecache.io.hits",
+    "read_hits": "featurecache.io.hits",
+    "Chain": "featurecache.io.mmcif",
+    "Residue": "featurecache.io.mmcif",
+    "Structure": "featurecache.io.mmcif",
+    "parse_mmcif": "featurecache.io.mmcif",
+    "read_mmcif": "featurecache.io.mmcif",
+    "structure_from_sequences": "featurecache.io.mmcif",
+    "Msa": "featurecache.io.msa",
+    "parse_a3m": "featurecache.io.msa",
+    "parse_stockholm": "featurecache.io.msa",
+    "read_msa": "featurecache.io.msa",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'featurecache.io' has no attribute {name!r}")
