@@ -7,6 +7,8 @@ multiple of the error that plain PyTorch makes in the same dtype.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -244,3 +246,17 @@ def test_tuned_config_file_parses_and_covers_every_head_dim():
 def test_heuristic_config_for_unseen_device():
     config = select_config(24, 1000, torch.device("cpu"))
     assert isinstance(config.fwd, BlockConfig) and config.fwd.block_m >= 16
+
+
+@pytest.mark.parametrize("rows_per_program", [1, 4])
+def test_row_group_forward_matches_plain_forward(rows_per_program):
+    # N = 5 rows in groups of 4 leaves a partial last group; one row is fully masked.
+    q, k, v, bias, mask = _make_inputs(1, 5, 21, 2, 24, "shared", True, strided=True, dtype=torch.bfloat16)
+    base = select_config(24, 21, q.device)
+    config = dataclasses.replace(base, fwd=dataclasses.replace(base.fwd, rows=rows_per_program))
+    out, lse = evo_module.evo_attention_forward(q, k, v, bias, mask, 24 ** -0.5, config)
+    truth = _eager_attention(q.double(), k.double(), v.double(), bias.double(), mask, 24 ** -0.5)
+    eager = _eager_attention(q, k, v, bias, mask, 24 ** -0.5)
+    assert _relative_error(out, truth) <= ERROR_FACTOR * _relative_error(eager, truth) + ERROR_FLOOR[q.dtype]
+    empty = ~mask.any(dim=-1)  # [B, N]
+    assert torch.all(torch.isinf(lse[empty])) and torch.all(torch.isfinite(lse[~empty]))
