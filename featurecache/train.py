@@ -45,6 +45,7 @@ class TrainConfig:
     template_dir: str | None = None    # template mmCIF folder for --online
     out: str = "runs/train"
     preset: str = "tiny"
+    pairformer_blocks: int | None = None  # override the preset's depth (benchmarks on a time budget)
     kernels: str = "triton"
     steps: int = 100
     crop_size: int = 384
@@ -335,7 +336,12 @@ def train(config: TrainConfig) -> list[dict]:
         raise click.UsageError(
             f"{len(dataset)} samples over {world.world_size} ranks give no full batch of {config.batch_size}")
 
-    model = AF3Trunk(preset(config.preset, kernels=config.kernels)).to(world.device)
+    overrides = {"kernels": config.kernels}
+    if config.pairformer_blocks is not None:
+        overrides["num_pairformer_blocks"] = config.pairformer_blocks
+    model = AF3Trunk(preset(config.preset, **overrides)).to(world.device)
+    if config.compile:
+        model.compile_blocks()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), eps=1e-8,
                                   weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_schedule(config.warmup))
@@ -359,7 +365,6 @@ def train(config: TrainConfig) -> list[dict]:
         trained = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[world.device.index] if world.device.type == "cuda" else None,
             find_unused_parameters=True)
-    forward = torch.compile(trained) if config.compile else trained
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if world.device.type == "cuda"
                 else contextlib.nullcontext())
 
@@ -382,7 +387,7 @@ def train(config: TrainConfig) -> list[dict]:
                 data_wait = time.perf_counter() - start
 
                 with autocast:
-                    outputs = forward(batch)
+                    outputs = trained(batch)
                 loss = model.loss(batch, outputs)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -462,6 +467,7 @@ def train(config: TrainConfig) -> list[dict]:
 @click.option("--out", default="runs/train", show_default=True, type=click.Path(file_okay=False),
               help="Run directory: log.jsonl and checkpoints.")
 @click.option("--preset", default="tiny", show_default=True, type=click.Choice(sorted(PRESETS)), help="Model size.")
+@click.option("--pairformer-blocks", type=int, help="Override the preset's number of Pairformer blocks.")
 @click.option("--kernels", default="triton", show_default=True, type=click.Choice(KERNEL_IMPLS),
               help="triton: featurecache's kernels; torch: the pure-PyTorch references.")
 @click.option("--steps", default=100, show_default=True, type=int, help="Optimizer steps to run in total (a resumed run continues to this step).")
@@ -473,15 +479,17 @@ def train(config: TrainConfig) -> list[dict]:
 @click.option("--num-workers", default=2, show_default=True, type=int, help="DataLoader worker processes per rank.")
 @click.option("--checkpoint-every", default=1000, show_default=True, type=int, help="Steps between checkpoints (and one at the end).")
 @click.option("--resume", type=click.Path(exists=True), help="Checkpoint file, or a run directory to resume from its newest checkpoint.")
-@click.option("--compile", "compile_model", is_flag=True, help="torch.compile the model.")
+@click.option("--compile", "compile_model", is_flag=True, help="torch.compile every block of the trunk.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed for weights, shuffling, crops and MSA subsampling.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda (torchrun: cuda:LOCAL_RANK).")
-def train_command(cache, online, alignments, template_dir, out, preset, kernels, steps, crop_size, max_msa_rows, batch_size, lr, warmup,
-                  num_workers, checkpoint_every, resume, compile_model, seed, device) -> None:
+def train_command(cache, online, alignments, template_dir, out, preset, pairformer_blocks, kernels, steps,
+                  crop_size, max_msa_rows, batch_size, lr, warmup, num_workers, checkpoint_every, resume,
+                  compile_model, seed, device) -> None:
     """Train the AF3 trunk from a feature cache."""
     try:
         config = TrainConfig(
-            cache=cache, online=online, alignments=alignments, template_dir=template_dir, out=out, preset=preset, kernels=kernels, steps=steps,
+            cache=cache, online=online, alignments=alignments, template_dir=template_dir, out=out,
+            preset=preset, pairformer_blocks=pairformer_blocks, kernels=kernels, steps=steps,
             crop_size=crop_size, max_msa_rows=max_msa_rows, batch_size=batch_size, lr=lr, warmup=warmup,
             num_workers=num_workers, checkpoint_every=checkpoint_every, resume=resume,
             compile=compile_model, seed=seed, device=device,

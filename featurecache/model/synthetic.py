@@ -1,4 +1,5 @@
-"""A schema-valid random batch, shaped as featurecache.loader.collate returns it.
+"""A schema-valid random batch, shaped as featurecache.loader.collate returns it: for tests, and
+for benchmarks on machines that have no cache.
 
 Integer arrays are torch.long, deletion_matrix float32, booleans bool; every sample but the
 longest is padded along tokens, MSA rows and templates, with the pad masks collate adds.

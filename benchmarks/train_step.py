@@ -1,0 +1,401 @@
+"""Training-step benchmark of the AF3 trunk: featurecache's Triton kernels vs PyTorch eager vs
+torch.compile of the PyTorch path, in one run.
+
+    python benchmarks/train_step.py --out results/ [--depth 8] [--cache DIR --online DIR ...]
+
+Sections (each one is skipped, with the reason in the table, when the time budget runs out):
+
+1. one Pairformer block (c_s 384, c_z 128, bf16 autocast, 10 % padding, no checkpointing),
+   forward + backward at L = 384 and 768: the issue's reference table;
+2. a whole training iteration (forward, distogram loss, backward, AdamW) of the `af3` preset at
+   crop 384, with its Pairformer cut to --depth blocks to fit the device time;
+3. the largest crop (multiples of 64) that trains without running out of memory, per variant,
+   bounded by time: a crop whose predicted time (cubic in L) exceeds the budget is not tried,
+   and the result is then a lower bound, marked ">=";
+4. the share of step time spent waiting for data, reading the cache vs featurizing online,
+   through the real training loop (featurecache.train) with DataLoader workers.
+
+The table is printed last and written, with every number, to OUT/train_step.json and
+OUT/train_step.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import math
+import os
+import pathlib
+import statistics
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from featurecache.model import AF3Trunk, preset  # noqa: E402
+from featurecache.model.pairformer import PairformerBlock  # noqa: E402
+from featurecache.model.synthetic import random_batch  # noqa: E402
+
+VARIANTS = {
+    # name: (kernel impl, torch.compile the blocks)
+    "triton": ("triton", False),
+    "eager": ("torch", False),
+    "compile": ("torch", True),
+}
+
+
+class Budget:
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.perf_counter() + seconds
+
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_gb(device: torch.device) -> float:
+    return torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else float("nan")
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def autocast(device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+def timed(step, device: torch.device, warmup: int, reps: int) -> tuple[float, float]:
+    """Median milliseconds of `step` after warm-up, and the peak memory (GB) of one call."""
+    for _ in range(warmup):
+        step()
+    sync(device)
+    reset_peak(device)
+    step()
+    sync(device)
+    peak = peak_gb(device)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        step()
+        sync(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times), peak
+
+
+# --- 1. one Pairformer block ---------------------------------------------------------------------
+
+
+def bench_block(variant: str, length: int, dims: dict, device: torch.device, warmup: int, reps: int) -> dict:
+    impl, compiled = VARIANTS[variant]
+    block = PairformerBlock(dims["c_s"], dims["c_z"], dims["single_heads"], dims["single_head_dim"],
+                            dims["pair_heads"], dims["pair_head_dim"], 4, impl=impl).to(device)
+    if compiled:
+        block.compile()
+    generator = torch.Generator(device=device).manual_seed(length)
+    s = torch.randn(1, length, dims["c_s"], device=device, generator=generator, requires_grad=True)
+    z = torch.randn(1, length, length, dims["c_z"], device=device, generator=generator, requires_grad=True)
+    token_mask = torch.arange(length, device=device)[None] < math.ceil(0.9 * length)  # 10 % padding
+    pair_mask = token_mask[:, :, None] & token_mask[:, None, :]
+    grad_s = torch.randn_like(s)
+    grad_z = torch.randn_like(z)
+
+    def step():
+        s.grad = z.grad = None
+        block.zero_grad(set_to_none=True)
+        with autocast(device):
+            s_out, z_out = block(s, z, token_mask, pair_mask)
+        torch.autograd.backward([s_out, z_out], [grad_s.to(s_out.dtype), grad_z.to(z_out.dtype)])
+
+    ms, peak = timed(step, device, warmup, reps)
+    return {"ms": ms, "peak_gb": peak}
+
+
+# --- 2. and 3. whole training iterations -----------------------------------------------------------
+
+
+class TrunkRunner:
+    """One model and optimizer per variant, reused across crop sizes (compiled graphs too)."""
+
+    def __init__(self, variant: str, config_overrides: dict, device: torch.device) -> None:
+        impl, compiled = VARIANTS[variant]
+        self.device = device
+        self.model = AF3Trunk(preset("af3", kernels=impl, **config_overrides)).to(device)
+        if compiled:
+            # dynamic shapes from the start: the crop search must not recompile per size
+            self.model.compile_blocks(dynamic=True)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+
+    def batch(self, length: int, msa_rows: int, templates: int) -> dict:
+        generator = torch.Generator().manual_seed(length)
+        batch = random_batch([length], [msa_rows], [templates], generator)
+        return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    def iteration(self, batch: dict) -> None:
+        with autocast(self.device):
+            outputs = self.model(batch)
+        loss = self.model.loss(batch, outputs)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 10.0)
+        self.optimizer.step()
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"non-finite loss {loss.item()}")
+
+    def fits(self, length: int, msa_rows: int, templates: int) -> tuple[bool, float, float]:
+        """One iteration at `length`: (fits in memory, seconds, peak GB)."""
+        free_memory()
+        reset_peak(self.device)
+        start = time.perf_counter()
+        try:
+            self.iteration(self.batch(length, msa_rows, templates))
+            sync(self.device)
+        except torch.cuda.OutOfMemoryError:
+            self.optimizer.zero_grad(set_to_none=True)
+            free_memory()
+            return False, time.perf_counter() - start, float("nan")
+        return True, time.perf_counter() - start, peak_gb(self.device)
+
+
+def max_crop(runner: TrunkRunner, start: int, limit: int, msa_rows: int, templates: int,
+             budget_s: float) -> dict:
+    """Largest multiple of 64 in [start, limit] that trains; doubling, then bisection."""
+    deadline = time.perf_counter() + budget_s
+    ok, seconds, _ = runner.fits(start, msa_rows, templates)
+    if not ok:
+        return {"max_crop": None, "bound": "none fits", "tried": [(start, False)]}
+    tried = [(start, True)]
+    good, bad, last_time = start, None, seconds
+
+    def affordable(length: int) -> bool:
+        # compute is cubic in L (triangle updates); an OOM usually fails faster than that
+        predicted = last_time * (length / good) ** 3
+        return time.perf_counter() + predicted < deadline
+
+    while bad is None and good < limit:
+        candidate = min(limit, good * 2)
+        if not affordable(candidate):
+            break
+        ok, seconds, _ = runner.fits(candidate, msa_rows, templates)
+        tried.append((candidate, ok))
+        if ok:
+            good, last_time = candidate, seconds
+        else:
+            bad = candidate
+    while bad is not None and bad - good > 64:
+        candidate = (good + bad) // 2 // 64 * 64
+        if not affordable(candidate):
+            break
+        ok, seconds, _ = runner.fits(candidate, msa_rows, templates)
+        tried.append((candidate, ok))
+        if ok:
+            good, last_time = candidate, seconds
+        else:
+            bad = candidate
+    exact = bad is not None and bad - good <= 64
+    return {"max_crop": good, "bound": "exact" if exact else ">=", "first_oom": bad, "tried": tried}
+
+
+# --- 4. data wait through the training loop --------------------------------------------------------
+
+
+def data_wait_share(args, device: torch.device, source: str, out_dir: pathlib.Path) -> dict:
+    from featurecache.train import TrainConfig, train
+
+    common = dict(out=str(out_dir / f"run-{source}"), preset="af3", pairformer_blocks=args.depth,
+                  kernels="triton" if device.type == "cuda" else "torch", steps=args.data_steps,
+                  crop_size=args.crop, max_msa_rows=args.msa_rows, num_workers=args.num_workers,
+                  checkpoint_every=10**9, warmup=10, lr=1e-4, device=device.type)
+    if args.smoke:
+        common.update(preset="tiny", pairformer_blocks=1)
+    if source == "cache":
+        config = TrainConfig(cache=args.cache, **common)
+    else:
+        config = TrainConfig(online=args.online, alignments=args.alignments, template_dir=args.template_dir,
+                             **common)
+    records = train(config)
+    steady = records[1:]  # the first step also starts the workers
+    wait = sum(r["data_wait_s"] for r in steady)
+    total = sum(r["step_time_s"] for r in steady)
+    return {"share": wait / total, "wait_ms": 1e3 * wait / len(steady), "step_ms": 1e3 * total / len(steady),
+            "steps": len(steady)}
+
+
+# --- driver ---------------------------------------------------------------------------------------
+
+
+def run_section(results: dict, key: str, budget: Budget, reserve_s: float, function, *args) -> None:
+    if budget.left() < reserve_s:
+        results[key] = {"skipped": f"time budget ({budget.left():.0f} s left)"}
+        print(f"[skip] {key}: time budget", flush=True)
+        return
+    start = time.perf_counter()
+    try:
+        results[key] = function(*args)
+    except torch.cuda.OutOfMemoryError:
+        results[key] = {"oom": True}
+    except Exception as error:  # one broken variant must not lose the others' numbers
+        results[key] = {"error": f"{type(error).__name__}: {error}"}
+        traceback.print_exc()
+    free_memory()
+    print(f"[{time.perf_counter() - start:6.1f} s] {key}: {results[key]}", flush=True)
+
+
+def cell(result: dict | None, fmt) -> str:
+    if result is None:
+        return "-"
+    for flag in ("skipped", "error"):
+        if flag in result:
+            return f"{flag}: {str(result[flag])[:60]}"
+    if result.get("oom"):
+        return "OOM"
+    return fmt(result)
+
+
+def ratio(numerator, denominator) -> str:
+    try:
+        return f"{numerator / denominator:.2f}x"
+    except (TypeError, ZeroDivisionError, KeyError):
+        return "-"
+
+
+def table(results: dict, args) -> str:
+    rows = ["| measure | triton | eager | torch.compile | triton vs eager | triton vs compile |",
+            "| --- | --- | --- | --- | --- | --- |"]
+
+    def get(key, field):
+        value = results.get(key, {})
+        return value.get(field) if isinstance(value, dict) else None
+
+    def time_row(label, prefix):
+        cells = [cell(results.get(f"{prefix}/{v}"), lambda r: f"{r['ms']:.1f} ms / {r['peak_gb']:.1f} GB")
+                 for v in VARIANTS]
+        t, e, c = (get(f"{prefix}/{v}", "ms") for v in VARIANTS)
+        rows.append(f"| {label} | {' | '.join(cells)} | {ratio(e, t)} faster | {ratio(c, t)} faster |")
+        tm, em, cm = (get(f"{prefix}/{v}", "peak_gb") for v in VARIANTS)
+        rows.append(f"| {label}: memory | | | | {ratio(em, tm)} less | {ratio(cm, tm)} less |")
+
+    for length in args.block_lengths:
+        time_row(f"Pairformer block fwd+bwd, L={length}", f"block{length}")
+    time_row(f"training iteration, af3 depth {args.depth}, crop {args.crop}", "step")
+    crops = [cell(results.get(f"maxcrop/{v}"), lambda r: f"{'' if r['bound'] == 'exact' else '>= '}{r['max_crop']}")
+             for v in VARIANTS]
+    t, e, c = (get(f"maxcrop/{v}", "max_crop") for v in VARIANTS)
+    rows.append(f"| largest crop without OOM, depth {args.depth} | {' | '.join(crops)} | {ratio(t, e)} | {ratio(t, c)} |")
+    for source in ("cache", "online"):
+        result = results.get(f"datawait/{source}")
+        rows.append(f"| data wait share, {source} | "
+                    + cell(result, lambda r: f"{100 * r['share']:.2f} % ({r['wait_ms']:.0f} of {r['step_ms']:.0f} ms)")
+                    + " | | | | |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT", "bench-out")))
+    parser.add_argument("--depth", type=int, default=8, help="Pairformer blocks of the af3 trunk (paper: 48)")
+    parser.add_argument("--crop", type=int, default=384)
+    parser.add_argument("--msa-rows", type=int, default=1024)
+    parser.add_argument("--templates", type=int, default=4)
+    parser.add_argument("--block-lengths", type=int, nargs="*", default=[384, 768])
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--crop-limit", type=int, default=3072, help="largest crop the search tries")
+    parser.add_argument("--crop-budget-s", type=float, default=60.0, help="time per variant for the crop search")
+    parser.add_argument("--budget-s", type=float, default=450.0, help="whole-run time budget")
+    parser.add_argument("--cache", help="feature cache for the data-wait measurement")
+    parser.add_argument("--online", help="raw mmCIF folder for the online data-wait measurement")
+    parser.add_argument("--alignments")
+    parser.add_argument("--template-dir")
+    parser.add_argument("--data-steps", type=int, default=8)
+    parser.add_argument("--num-workers", type=int, default=4)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes on any device: checks the script runs")
+    args = parser.parse_args()
+
+    budget = Budget(args.budget_s)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dims = dict(c_s=384, c_z=128, single_heads=16, single_head_dim=24, pair_heads=4, pair_head_dim=32)
+    overrides = dict(num_pairformer_blocks=args.depth)
+    warmup, reps = 3, 10
+    if args.smoke:
+        dims = dict(c_s=32, c_z=16, single_heads=2, single_head_dim=8, pair_heads=2, pair_head_dim=8)
+        overrides = {k: v for k, v in dataclasses.asdict(preset("tiny")).items() if k != "kernels"}
+        overrides["num_pairformer_blocks"] = args.depth
+        warmup, reps = 1, 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "commit": os.environ.get("FC_COMMIT", "unknown"),
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
+    try:
+        import triton
+
+        results["triton"] = triton.__version__
+    except ImportError:
+        results["triton"] = None
+    print(json.dumps({k: results[k] for k in ("date", "device", "torch", "triton", "commit")}), flush=True)
+
+    for length in args.block_lengths:
+        for variant in args.variants:
+            run_section(results, f"block{length}/{variant}", budget, 30, bench_block, variant, length, dims,
+                        device, warmup, reps)
+
+    runners = {}
+    for variant in args.variants:
+        def step_bench(variant=variant):
+            runners[variant] = runner = TrunkRunner(variant, overrides, device)
+            batch = runner.batch(args.crop, args.msa_rows, args.templates)
+            ms, peak = timed(lambda: runner.iteration(batch), device, 2 if not args.smoke else 1,
+                             5 if not args.smoke else 2)
+            return {"ms": ms, "peak_gb": peak}
+        run_section(results, f"step/{variant}", budget, 40, step_bench)
+
+    for variant in args.variants:
+        runner = runners.get(variant)
+        if runner is None:
+            continue
+        share = min(args.crop_budget_s, max(0.0, budget.left() - 60) / max(1, len(args.variants)))
+        run_section(results, f"maxcrop/{variant}", budget, 20, max_crop, runner, args.crop, args.crop_limit,
+                    args.msa_rows, args.templates, share)
+        runners.pop(variant)
+        del runner
+        free_memory()
+
+    for source, option in (("cache", args.cache), ("online", args.online)):
+        if option:
+            run_section(results, f"datawait/{source}", budget, 20, data_wait_share, args, device, source, args.out)
+
+    text = table(results, args)
+    trunk = preset("af3", **overrides)
+    header = (f"{results['date']}, {results['device']}, torch {results['torch']}, triton {results['triton']}, "
+              f"commit {results['commit']}; {'tiny (smoke)' if args.smoke else 'af3'} trunk with "
+              f"{trunk.num_pairformer_blocks} Pairformer blocks, {trunk.num_msa_blocks} MSA blocks "
+              f"({args.msa_rows} rows), {trunk.num_template_blocks} template blocks ({args.templates} templates)")
+    (args.out / "train_step.json").write_text(json.dumps(results, indent=1, default=str))
+    (args.out / "train_step.md").write_text(header + "\n\n" + text + "\n")
+    print()
+    print(header)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
