@@ -75,6 +75,18 @@ def render_report(figures: dict) -> str:
         named = sum(row["verify_named"] for row in corruption["rows"])
         lines += ["", f"Corruptions detected: {named} of {total} damaged records.", "",
                   f"Example loader error: `{_cell(corruption['example_error'])}`", ""]
+    anywhere = figures.get("corruption_anywhere")
+    if anywhere:
+        lines += [
+            f"Flips anywhere in the files (seed {anywhere['seed']}): {anywhere['rounds']} rounds, "
+            f"{anywhere['flips']} bytes flipped at random offsets of the shard files, {anywhere['in_records']} of them "
+            f"inside records and the rest in LMDB's own pages, keys and free space. verify (run in a child process, "
+            f"so a crash would count as a failure; none happened) flagged {anywhere['shards_flagged']} of "
+            f"{anywhere['shards_hit']} flipped shard files by sha256 and named {anywhere['records_named']} of the "
+            f"{anywhere['records_hit']} records whose bytes were hit (a record is allowed to go unnamed only when "
+            f"its shard is reported unreadable).",
+            "",
+        ]
     sections = [("bad_inputs", "(c) bad inputs in one batch"), ("tool_failures", "(c) failing search tools"),
                 ("setup_errors", "(c) setup problems (exit status 2, nothing written)"),
                 ("full_disk", "(c) full disk")]

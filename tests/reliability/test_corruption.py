@@ -10,6 +10,7 @@ target (on_error="raise") or skips and counts it (on_error="skip").
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import random
 import shutil
@@ -116,3 +117,73 @@ def test_every_flipped_record_is_detected(tmp_path, published, seed, caplog, rel
         dataset.reader.close()
         skipping.reader.close()
     reliability_report["corruption"] = {"seed": seed, "rows": rows, "example_error": example_error}
+
+
+def _verify_in_child(generation: Path, connection) -> None:
+    connection.send(verify_cache(generation).to_dict())
+
+
+def test_flips_anywhere_in_shard_files_are_detected(tmp_path, published, seed, reliability_report):
+    """Flips at random file offsets: inside records, but also in LMDB's pages and keys.
+
+    Every shard with a flip fails its sha256 check, and every record whose bytes were hit is
+    named. verify runs in a forked child, so that LMDB meeting a damaged page cannot take the
+    test process down with it: a crash is a failure like any other.
+    """
+    rng = random.Random(seed)
+    generation = resolve_generation(published)
+    with StoreReader(generation) as reader:
+        num_shards = reader.num_shards
+        spans = {}  # shard file -> [(start, end, table, key)] of every record's bytes
+        for table in ("features", "msa", "errors"):
+            for key, blob in reader.items(table):
+                path = generation / shard_name(shard_of(key, num_shards))
+                data = path.read_bytes()
+                start = data.find(bytes(blob))
+                assert start >= 0 and data.find(bytes(blob), start + 1) < 0
+                spans.setdefault(path.name, []).append((start, start + len(blob), table, key))
+    context = multiprocessing.get_context("fork")
+    totals = {"rounds": 20, "flips": 0, "in_records": 0, "records_hit": 0, "records_named": 0, "shards_hit": 0,
+              "shards_flagged": 0}
+    for round_number in range(totals["rounds"]):
+        copy = tmp_path / f"round-{round_number}"
+        copy.mkdir()
+        shutil.copy(generation / "manifest.json", copy)
+        for index in range(num_shards):
+            shutil.copy(generation / shard_name(index), copy)
+            os.chmod(copy / shard_name(index), stat.S_IRUSR | stat.S_IWUSR)
+        hit_records, hit_shards = set(), set()
+        for _ in range(rng.randint(1, 4)):
+            name = shard_name(rng.randrange(num_shards))
+            data = bytearray((copy / name).read_bytes())
+            offset = rng.randrange(len(data))
+            data[offset] ^= rng.randrange(1, 256)
+            (copy / name).write_bytes(bytes(data))
+            hit_shards.add(name)
+            totals["flips"] += 1
+            for start, end, table, key in spans.get(name, []):
+                if start <= offset < end:
+                    hit_records.add((table, key))
+                    totals["in_records"] += 1
+        receive, send = context.Pipe(duplex=False)
+        child = context.Process(target=_verify_in_child, args=(copy, send))
+        child.start()
+        send.close()
+        report = receive.recv() if receive.poll(120) else None
+        child.join(60)
+        where = f"seed {seed}, round {round_number}"
+        assert child.exitcode == 0 and report is not None, f"{where}: verify died with exit code {child.exitcode}"
+        assert not report["ok"], where
+        flagged = {problem["shard"] for problem in report["shard_problems"]}
+        unreadable = {problem["shard"] for problem in report["shard_problems"] if "unreadable" in problem["reason"]}
+        assert flagged == hit_shards, f"{where}: flipped {sorted(hit_shards)}, flagged {sorted(flagged)}"
+        named = {(record["table"], record["key"]) for record in report["damaged"]}
+        missed = {(table, key) for table, key in hit_records - named
+                  if shard_name(shard_of(key, num_shards)) not in unreadable}
+        assert not missed, f"{where}: damaged records not named: {sorted(missed)}"
+        totals["records_hit"] += len(hit_records)
+        totals["records_named"] += len(hit_records & named)
+        totals["shards_hit"] += len(hit_shards)
+        totals["shards_flagged"] += len(flagged)
+        shutil.rmtree(copy)
+    reliability_report["corruption_anywhere"] = {"seed": seed, **totals}
