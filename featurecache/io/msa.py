@@ -91,15 +91,7 @@ def read_msa(path: str | os.PathLike) -> Msa:
 # --- A3M / A2M ------------------------------------------------------------------------------
 
 
-# Byte classes for A3M / A2M sequence characters, ordered so that "kept" is one comparison:
-# the record separator and the match / gap columns are the classes <= _GAP_CLASS.
-_SEPARATOR, _MATCH, _GAP_CLASS, _INSERT, _IGNORED, _INVALID = 0, 1, 2, 3, 4, 5
-_A3M_CLASSES = np.full(256, _INVALID, dtype=np.uint8)
-_A3M_CLASSES[ord("A") : ord("Z") + 1] = _MATCH
-_A3M_CLASSES[_GAP] = _GAP_CLASS
-_A3M_CLASSES[ord("a") : ord("z") + 1] = _INSERT
-_A3M_CLASSES[[_DOT, _STAR]] = _IGNORED  # A2M insert-state gaps; trailing stop codons
-_A3M_CLASSES[ord(">")] = _SEPARATOR
+_SEPARATOR = ord(">")  # stands for a header line in the byte stream of all records
 _HEADER_LINE = re.compile(rb"^>", re.MULTILINE)
 
 
@@ -110,7 +102,8 @@ def parse_a3m(data: str | bytes, source: str) -> Msa:
     operations over lines; the separator is then treated as an extra kept column in front of
     every row, so that one binary search assigns every lowercase letter (a deletion) to the next
     kept column, and letters trailing a row's last column land on the next row's separator
-    column, which is dropped.
+    column, which is dropped. Byte classes come from wrapping uint8 comparisons, several times
+    faster than a lookup table indexed by every byte.
     """
     text = decode_text(data, source)  # validates: no NUL bytes, UTF-8
     raw = data if isinstance(data, bytes) else text.encode("utf-8")
@@ -127,22 +120,25 @@ def parse_a3m(data: str | bytes, source: str) -> Msa:
     headers = list(map(str.strip, b"\n".join(header_lines).decode("utf-8").split("\n")))
     rows = len(headers)
     chars = np.frombuffer(stream, dtype=np.uint8)
-    classes = _A3M_CLASSES[chars]
-    if classes.max() == _INVALID:
-        offset = int(np.argmax(classes == _INVALID))
+    # Byte masks by wrapping uint8 arithmetic: (c - 'A') < 26 is true exactly for 'A'..'Z'.
+    upper = (chars - np.uint8(ord("A"))) < 26
+    lower = (chars - np.uint8(ord("a"))) < 26
+    kept = upper | (chars == _GAP) | (chars == _SEPARATOR)
+    if not (kept | lower | (chars == _DOT) | (chars == _STAR)).all():
+        offset = int(np.argmin(kept | lower | (chars == _DOT) | (chars == _STAR)))
         row = stream.count(b">", 0, offset) - 1
         bad = stream[offset : offset + 1].decode("latin-1")
         raise ParseError(source, f"invalid character {bad!r} in record {headers[row]!r}", _header_line(raw, first, row) + 1)
 
-    kept_positions = np.flatnonzero(classes <= _GAP_CLASS)
-    query_end = stream.find(b">", 1)
-    width = int(np.count_nonzero(classes[1 : query_end if query_end > 0 else len(stream)] <= _GAP_CLASS))
-    if width == 0 or not (classes[1 : query_end if query_end > 0 else len(stream)] == _MATCH).any():
+    kept_positions = np.flatnonzero(kept)
+    query = slice(1, stream.find(b">", 1) if rows > 1 else len(stream))
+    width = int(np.count_nonzero(kept[query]))
+    if not upper[query].any():
         raise ParseError(source, "query has no aligned residues", _header_line(raw, first, 0))
-    if kept_positions.size != rows * (width + 1) or (chars[kept_positions[:: width + 1]] != ord(">")).any():
-        _raise_row_width_error(chars, classes, headers, width, raw, first, source)
+    if kept_positions.size != rows * (width + 1) or (chars[kept_positions[:: width + 1]] != _SEPARATOR).any():
+        _raise_row_width_error(chars, kept, headers, width, raw, first, source)
     # Kept column k (separators included) is row k // (width + 1), column k % (width + 1) - 1.
-    target = np.searchsorted(kept_positions, np.flatnonzero(classes == _INSERT))
+    target = np.searchsorted(kept_positions, np.flatnonzero(lower))
     row, column = np.divmod(target, width + 1)
     counted = (column > 0) & (row < rows)
     flat = row[counted] * width + column[counted] - 1  # sorted: inserts and columns both ascend
@@ -178,12 +174,12 @@ def _split_records(body: bytes) -> tuple[list[bytes], bytes]:
     return header_lines, stream.replace(b" ", b"")
 
 
-def _raise_row_width_error(chars, classes, headers, width, raw, first, source) -> None:
+def _raise_row_width_error(chars, kept, headers, width, raw, first, source) -> None:
     """Name the first record whose aligned length differs from the query's (or that is empty)."""
-    separators = np.flatnonzero(classes == _SEPARATOR)
+    separators = np.flatnonzero(chars == _SEPARATOR)
     bounds = np.concatenate([separators, [chars.size]])
-    kept = np.concatenate([[0], np.cumsum(classes <= _GAP_CLASS)])
-    per_row = kept[bounds[1:]] - kept[bounds[:-1] + 1]
+    kept_before = np.concatenate([[0], np.cumsum(kept)])
+    per_row = kept_before[bounds[1:]] - kept_before[bounds[:-1] + 1]
     for row, count in enumerate(per_row.tolist()):
         if bounds[row + 1] - bounds[row] == 1:
             raise ParseError(source, f"record {headers[row]!r} has no sequence", _header_line(raw, first, row))
