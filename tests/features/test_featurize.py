@@ -70,3 +70,14 @@ def test_without_alignments_every_chain_is_query_only(shared_data):
     assert arrays["msa"].shape[0] == 1 and metadata["num_templates"] == 0
     # Six protein chains in five entities: the capped peptides E and F are one entity.
     assert metadata["warnings"] == [f"chain {c}: no alignment, query-only MSA" for c in ("A", "B", "C", "D", "E, F")]
+
+
+@pytest.mark.parametrize("name", ["1psm", "3u8v", "4zey", "5kc1"])
+def test_template_structures_featurize_as_targets(shared_data, name):
+    """NMR ensembles, waters, selenomethionine, a 12-chain mostly unresolved assembly."""
+    arrays, metadata = featurize_from_files(shared_data / "templates" / "mmcif" / f"{name}.cif", None, CONFIG)
+    schema.check_record(arrays, where=name)
+    protein = arrays["is_protein"]
+    # Standard protein tokens have their full atom table, resolved or not.
+    assert (np.bincount(arrays["atom_to_token"], minlength=metadata["num_tokens"])[protein] >= 4).all()
+    assert arrays["atom_mask"].sum() <= metadata["num_atoms"]
