@@ -469,6 +469,164 @@ def _evo_attention_bwd_q_kernel(
 
 
 @triton.jit
+def _evo_attention_bwd_kv_rows_kernel(
+    Q, K, V, Bias, Mask, DOut, Lse, Delta, DK, DV,
+    stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
+    stride_bb, stride_bh, stride_bq, stride_bk,
+    stride_mb, stride_mn, stride_ml,
+    stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
+    stride_xb, stride_xn, stride_xl, stride_xh, stride_xd,
+    num_heads, num_rows, seq_len, head_dim, scale, scale_log2,
+    HAS_MASK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # dK/dV for ROWS rows at once with a shared bias: one bias tile per q block serves all rows.
+    pid_n = tl.program_id(0)
+    pid_r = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    batch = (pid_bh // num_heads).to(tl.int64)
+    head = (pid_bh % num_heads).to(tl.int64)
+
+    rows = (pid_r * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    valid_r = rows < num_rows
+    valid_n = cols < seq_len
+    valid_d = offs_d < head_dim
+    kv_mask = valid_r[:, None, None] & valid_n[None, :, None] & valid_d[None, None, :]
+
+    k = tl.load(K + batch * stride_kb + head * stride_kh + rows[:, None, None] * stride_kn
+                + cols[None, :, None] * stride_kl + offs_d[None, None, :] * stride_kd, mask=kv_mask, other=0.0)
+    v = tl.load(V + batch * stride_vb + head * stride_vh + rows[:, None, None] * stride_vn
+                + cols[None, :, None] * stride_vl + offs_d[None, None, :] * stride_vd, mask=kv_mask, other=0.0)
+    attend = valid_r[:, None] & valid_n[None, :]
+    if HAS_MASK:
+        attend = attend & (
+            tl.load(Mask + batch * stride_mb + rows[:, None] * stride_mn + cols[None, :] * stride_ml,
+                    mask=attend, other=0) != 0
+        )
+    q_base = Q + batch * stride_qb + head * stride_qh + rows[:, None, None] * stride_qn
+    do_base = DOut + batch * stride_gb + head * stride_gh + rows[:, None, None] * stride_gn
+    bias_base = Bias + batch * stride_bb + head * stride_bh
+    stat_base = ((batch * num_rows + rows[:, None]) * num_heads + head) * seq_len
+
+    dk = tl.zeros([ROWS, BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([ROWS, BLOCK_N, BLOCK_D], tl.float32)
+    for start_m in range(0, seq_len, BLOCK_M):
+        rows_m = start_m + offs_m
+        valid_m = rows_m < seq_len
+        q_mask = valid_r[:, None, None] & valid_m[None, :, None] & valid_d[None, None, :]
+        q = tl.load(q_base + rows_m[None, :, None] * stride_ql + offs_d[None, None, :] * stride_qd,
+                    mask=q_mask, other=0.0)
+        do = tl.load(do_base + rows_m[None, :, None] * stride_gl + offs_d[None, None, :] * stride_gd,
+                     mask=q_mask, other=0.0)
+        stat_mask = valid_r[:, None] & valid_m[None, :]
+        lse = tl.load(Lse + stat_base + rows_m[None, :], mask=stat_mask, other=float("inf"))
+        delta = tl.load(Delta + stat_base + rows_m[None, :], mask=stat_mask, other=0.0)
+        b_t = tl.load(bias_base + rows_m[None, :] * stride_bq + cols[:, None] * stride_bk,
+                      mask=valid_n[:, None] & valid_m[None, :], other=0.0)
+        s_t = _mma(k, tl.permute(q, (0, 2, 1)), DOT_PRECISION, UPCAST_DOT) * scale_log2  # [R, N, M]
+        s_t += (b_t.to(tl.float32) * 1.4426950408889634)[None, :, :]
+        s_t = tl.where(attend[:, :, None], s_t, float("-inf"))
+        p_t = tl.math.exp2(s_t - lse[:, None, :])
+        dv += _mma(p_t.to(do.dtype), do, DOT_PRECISION, UPCAST_DOT)
+        dp_t = _mma(v, tl.permute(do, (0, 2, 1)), DOT_PRECISION, UPCAST_DOT)
+        ds_t = p_t * (dp_t - delta[:, None, :])
+        dk += _mma(ds_t.to(q.dtype), q, DOT_PRECISION, UPCAST_DOT)
+
+    dk *= scale
+    out_offs = (batch * stride_xb + head * stride_xh + rows[:, None, None] * stride_xn
+                + cols[None, :, None] * stride_xl + offs_d[None, None, :] * stride_xd)
+    tl.store(DK + out_offs, dk.to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + out_offs, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _evo_attention_bwd_q_rows_kernel(
+    Q, K, V, Bias, Mask, DOut, Lse, Delta, DQ,
+    stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
+    stride_bb, stride_bh, stride_bq, stride_bk,
+    stride_mb, stride_mn, stride_ml,
+    stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
+    stride_xb, stride_xn, stride_xl, stride_xh, stride_xd,
+    num_heads, num_rows, seq_len, head_dim, scale, scale_log2,
+    HAS_MASK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # dQ for ROWS rows at once with a shared bias: one bias tile per k block serves all rows.
+    pid_m = tl.program_id(0)
+    pid_r = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    batch = (pid_bh // num_heads).to(tl.int64)
+    head = (pid_bh % num_heads).to(tl.int64)
+
+    rows = (pid_r * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    valid_r = rows < num_rows
+    valid_m = rows_m < seq_len
+    valid_d = offs_d < head_dim
+    q_mask = valid_r[:, None, None] & valid_m[None, :, None] & valid_d[None, None, :]
+
+    q = tl.load(Q + batch * stride_qb + head * stride_qh + rows[:, None, None] * stride_qn
+                + rows_m[None, :, None] * stride_ql + offs_d[None, None, :] * stride_qd, mask=q_mask, other=0.0)
+    do = tl.load(DOut + batch * stride_gb + head * stride_gh + rows[:, None, None] * stride_gn
+                 + rows_m[None, :, None] * stride_gl + offs_d[None, None, :] * stride_gd, mask=q_mask, other=0.0)
+    stat_offs = ((batch * num_rows + rows[:, None]) * num_heads + head) * seq_len + rows_m[None, :]
+    stat_mask = valid_r[:, None] & valid_m[None, :]
+    lse = tl.load(Lse + stat_offs, mask=stat_mask, other=float("inf"))
+    delta = tl.load(Delta + stat_offs, mask=stat_mask, other=0.0)
+
+    k_base = K + batch * stride_kb + head * stride_kh + rows[:, None, None] * stride_kn
+    v_base = V + batch * stride_vb + head * stride_vh + rows[:, None, None] * stride_vn
+    bias_base = Bias + batch * stride_bb + head * stride_bh
+    mask_base = Mask + batch * stride_mb + rows[:, None] * stride_mn
+
+    dq = tl.zeros([ROWS, BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, seq_len, BLOCK_N):
+        cols = start_n + offs_n
+        valid_n = cols < seq_len
+        kv_mask = valid_r[:, None, None] & valid_n[None, :, None] & valid_d[None, None, :]
+        k = tl.load(k_base + cols[None, :, None] * stride_kl + offs_d[None, None, :] * stride_kd,
+                    mask=kv_mask, other=0.0)
+        v = tl.load(v_base + cols[None, :, None] * stride_vl + offs_d[None, None, :] * stride_vd,
+                    mask=kv_mask, other=0.0)
+        b = tl.load(bias_base + rows_m[:, None] * stride_bq + cols[None, :] * stride_bk,
+                    mask=valid_m[:, None] & valid_n[None, :], other=0.0)
+        s = _mma(q, tl.permute(k, (0, 2, 1)), DOT_PRECISION, UPCAST_DOT) * scale_log2  # [R, M, N]
+        s += (b.to(tl.float32) * 1.4426950408889634)[None, :, :]
+        attend = valid_r[:, None] & valid_n[None, :]
+        if HAS_MASK:
+            attend = attend & (tl.load(mask_base + cols[None, :] * stride_ml, mask=attend, other=0) != 0)
+        s = tl.where(attend[:, None, :], s, float("-inf"))
+        p = tl.math.exp2(s - lse[:, :, None])
+        dp = _mma(do, tl.permute(v, (0, 2, 1)), DOT_PRECISION, UPCAST_DOT)
+        ds = p * (dp - delta[:, :, None])
+        dq += _mma(ds.to(k.dtype), k, DOT_PRECISION, UPCAST_DOT)
+
+    dq *= scale
+    tl.store(DQ + batch * stride_xb + head * stride_xh + rows[:, None, None] * stride_xn
+             + rows_m[None, :, None] * stride_xl + offs_d[None, None, :] * stride_xd,
+             dq.to(DQ.dtype.element_ty), mask=q_mask)
+
+
+@triton.jit
 def _evo_attention_bwd_bias_kernel(
     Q, K, V, Bias, Mask, DOut, Lse, Delta, DBias,
     stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
@@ -565,7 +723,8 @@ class BlockConfig:
     block_n: int
     num_warps: int
     num_stages: int
-    # Forward only: rows of N per program when the bias is shared (1 = the plain kernel).
+    # Rows of N per program when the bias is shared by all rows (1 = the plain kernels); the
+    # dBias kernel ignores it (it walks all rows already).
     rows: int = 1
 
 
@@ -624,9 +783,10 @@ def _load_tuned_configs() -> dict[str, list[tuple[int, int, EvoAttentionConfig]]
 def _heuristic_config(padded_dim: int, seq_len: int, interpreted: bool) -> EvoAttentionConfig:
     if interpreted:
         # Small tiles make the interpreter cover several blocks and ragged edges at test sizes;
-        # two rows per forward program exercise the row-group kernel whenever the bias is shared.
+        # two rows per program exercise the row-group kernels whenever the bias is shared.
         small = BlockConfig(16, 16, 1, 1)
-        return EvoAttentionConfig(BlockConfig(16, 16, 1, 1, rows=2), small, small, small)
+        grouped = BlockConfig(16, 16, 1, 1, rows=2)
+        return EvoAttentionConfig(grouped, grouped, grouped, small)
     wide = 64 if padded_dim <= 64 else 32
     short = 32 if seq_len <= 64 else 64
     block = min(wide, short)
@@ -826,26 +986,49 @@ def evo_attention_backward(
     dk = k.new_empty(k.shape)
     dv = v.new_empty(v.shape)
     kv = config.bwd_kv
-    _evo_attention_bwd_kv_kernel[(triton.cdiv(seq_len, kv.block_n), rows, batch * heads)](
-        q, k, v, bias_arg, mask_tensor, grad_out, lse, delta, dk, dv,
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *bias_strides,
-        *mask_strides,
-        *grad_out.stride(),
-        *dk.stride(),
-        heads, seq_len, head_dim, scale, scale * _LOG2E,
-        HAS_BIAS=has_bias,
-        HAS_MASK=mask is not None,
-        DOT_PRECISION=precision,
+    shared_bias = has_bias and bias.shape[1] == 1 and rows > 1
+    if shared_bias and kv.rows > 1:
+        _evo_attention_bwd_kv_rows_kernel[(triton.cdiv(seq_len, kv.block_n), triton.cdiv(rows, kv.rows), batch * heads)](
+            q, k, v, bias, mask_tensor, grad_out, lse, delta, dk, dv,
+            *q.stride(),
+            *k.stride(),
+            *v.stride(),
+            bias.stride(0), bias.stride(2), bias.stride(3), bias.stride(4),
+            *mask_strides,
+            *grad_out.stride(),
+            *dk.stride(),
+            heads, rows, seq_len, head_dim, scale, scale * _LOG2E,
+            HAS_MASK=mask is not None,
+            DOT_PRECISION=precision,
             UPCAST_DOT=upcast,
-        BLOCK_M=kv.block_m,
-        BLOCK_N=kv.block_n,
-        BLOCK_D=padded_dim,
-        num_warps=kv.num_warps,
-        num_stages=kv.num_stages,
-    )
+            ROWS=kv.rows,
+            BLOCK_M=kv.block_m,
+            BLOCK_N=kv.block_n,
+            BLOCK_D=padded_dim,
+            num_warps=kv.num_warps,
+            num_stages=kv.num_stages,
+        )
+    else:
+        _evo_attention_bwd_kv_kernel[(triton.cdiv(seq_len, kv.block_n), rows, batch * heads)](
+            q, k, v, bias_arg, mask_tensor, grad_out, lse, delta, dk, dv,
+            *q.stride(),
+            *k.stride(),
+            *v.stride(),
+            *bias_strides,
+            *mask_strides,
+            *grad_out.stride(),
+            *dk.stride(),
+            heads, seq_len, head_dim, scale, scale * _LOG2E,
+            HAS_BIAS=has_bias,
+            HAS_MASK=mask is not None,
+            DOT_PRECISION=precision,
+            UPCAST_DOT=upcast,
+            BLOCK_M=kv.block_m,
+            BLOCK_N=kv.block_n,
+            BLOCK_D=padded_dim,
+            num_warps=kv.num_warps,
+            num_stages=kv.num_stages,
+        )
 
     dbias = None
     per_row_dbias = bias_grad and bias.shape[1] == rows
@@ -855,28 +1038,50 @@ def evo_attention_backward(
 
     dq = q.new_empty(q.shape)
     qc = config.bwd_q
-    _evo_attention_bwd_q_kernel[(triton.cdiv(seq_len, qc.block_m), rows, batch * heads)](
-        q, k, v, bias_arg, mask_tensor, grad_out, lse, delta, dq, dbias if per_row_dbias else q,
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *bias_strides,
-        *mask_strides,
-        *grad_out.stride(),
-        *dbias_strides,
-        *dq.stride(),
-        heads, seq_len, head_dim, scale, scale * _LOG2E,
-        HAS_BIAS=has_bias,
-        HAS_MASK=mask is not None,
-        STORE_DBIAS=per_row_dbias,
-        DOT_PRECISION=precision,
+    if shared_bias and qc.rows > 1:
+        _evo_attention_bwd_q_rows_kernel[(triton.cdiv(seq_len, qc.block_m), triton.cdiv(rows, qc.rows), batch * heads)](
+            q, k, v, bias, mask_tensor, grad_out, lse, delta, dq,
+            *q.stride(),
+            *k.stride(),
+            *v.stride(),
+            bias.stride(0), bias.stride(2), bias.stride(3), bias.stride(4),
+            *mask_strides,
+            *grad_out.stride(),
+            *dq.stride(),
+            heads, rows, seq_len, head_dim, scale, scale * _LOG2E,
+            HAS_MASK=mask is not None,
+            DOT_PRECISION=precision,
             UPCAST_DOT=upcast,
-        BLOCK_M=qc.block_m,
-        BLOCK_N=qc.block_n,
-        BLOCK_D=padded_dim,
-        num_warps=qc.num_warps,
-        num_stages=qc.num_stages,
-    )
+            ROWS=qc.rows,
+            BLOCK_M=qc.block_m,
+            BLOCK_N=qc.block_n,
+            BLOCK_D=padded_dim,
+            num_warps=qc.num_warps,
+            num_stages=qc.num_stages,
+        )
+    else:
+        _evo_attention_bwd_q_kernel[(triton.cdiv(seq_len, qc.block_m), rows, batch * heads)](
+            q, k, v, bias_arg, mask_tensor, grad_out, lse, delta, dq, dbias if per_row_dbias else q,
+            *q.stride(),
+            *k.stride(),
+            *v.stride(),
+            *bias_strides,
+            *mask_strides,
+            *grad_out.stride(),
+            *dbias_strides,
+            *dq.stride(),
+            heads, seq_len, head_dim, scale, scale * _LOG2E,
+            HAS_BIAS=has_bias,
+            HAS_MASK=mask is not None,
+            STORE_DBIAS=per_row_dbias,
+            DOT_PRECISION=precision,
+            UPCAST_DOT=upcast,
+            BLOCK_M=qc.block_m,
+            BLOCK_N=qc.block_n,
+            BLOCK_D=padded_dim,
+            num_warps=qc.num_warps,
+            num_stages=qc.num_stages,
+        )
 
     if bias_grad and not per_row_dbias:
         bc = config.bwd_bias
