@@ -3,6 +3,7 @@ import pytest
 
 from featurecache.config import FeatureConfig, file_sha256
 from featurecache.features import schema
+from featurecache.features.atoms import STANDARD_ATOMS
 from featurecache.features.featurize import featurize_from_files, featurize_target
 from featurecache.io.alignments import AlignmentIndex
 from featurecache.io.mmcif import read_mmcif
@@ -80,4 +81,11 @@ def test_template_structures_featurize_as_targets(shared_data, name):
     protein = arrays["is_protein"]
     # Standard protein tokens have their full atom table, resolved or not.
     assert (np.bincount(arrays["atom_to_token"], minlength=metadata["num_tokens"])[protein] >= 4).all()
-    assert arrays["atom_mask"].sum() <= metadata["num_atoms"]
+    # Every resolved atom of a standard residue in the model appears, masked in, in the record.
+    structure = read_mmcif(shared_data / "templates" / "mmcif" / f"{name}.cif")
+    expected = sum(
+        sum(atom in STANDARD_ATOMS[residue.name] for atom in residue.atom_names)
+        for chain in structure.chains if chain.molecule_type == "protein"
+        for residue in chain.residues if residue.name in STANDARD_ATOMS
+    )
+    assert arrays["atom_mask"][protein[arrays["atom_to_token"]]].sum() == expected
