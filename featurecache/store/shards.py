@@ -69,6 +69,10 @@ _MAX_KEY_BYTES = 511  # LMDB's compiled-in key size limit
 _MAX_MAP_SIZE = 1 << 44
 
 
+class StoreWriteError(OSError):
+    """A shard could not be written (disk full, file size limit, permissions); names the shard."""
+
+
 class StoreLockedError(RuntimeError):
     """Another process holds the writer lock of a shard."""
 
@@ -268,6 +272,15 @@ class ShardWriter:
                 if map_size > _MAX_MAP_SIZE:
                     raise RuntimeError(f"{self.path}: LMDB map would exceed {_MAX_MAP_SIZE} bytes") from None
                 self._env.set_mapsize(map_size)
+            except (lmdb.Error, OSError) as error:
+                # The batch is lost (its records are recomputed by the next run); dropping it
+                # keeps close() from failing the same way again.
+                lost = len(self._pending)
+                self._pending.clear()
+                raise StoreWriteError(
+                    f"cannot write to shard {self.path}: {error} (disk full or not writable?); "
+                    f"{lost} queued record(s) not written, committed records are intact"
+                ) from None
         self._pending.clear()
 
     def summary(self) -> dict:

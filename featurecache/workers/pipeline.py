@@ -24,7 +24,7 @@ from pathlib import Path
 from featurecache.config import FeatureConfig, StoreConfig, file_sha256, fingerprint
 from featurecache.features.schema import SCHEMA_VERSION
 from featurecache.store.codec import encode_record, read_header
-from featurecache.store.shards import StoreLockedError, StoreWriter, find_shards
+from featurecache.store.shards import StoreLockedError, StoreWriteError, StoreWriter, find_shards
 from featurecache.workers import tasks
 from featurecache.workers.tasks import (
     ERRORS_TABLE, FEATURES_TABLE, MSA_TABLE, ChainSequence, TargetInput, TaskError,
@@ -38,6 +38,11 @@ _STDERR_TAIL_CHARS = 2000
 
 class PipelineSetupError(Exception):
     """A problem found before any work starts: bad option, missing tool, database or folder."""
+
+
+class CacheWriteError(PipelineSetupError):
+    """The cache stopped accepting writes mid-run (disk full, permissions). What was committed
+    stays intact and the manifest is not written, so a rerun with space finishes the job."""
 
 
 @dataclass
@@ -114,6 +119,13 @@ def discover_inputs(paths: list[Path]) -> list[Path]:
             found.setdefault(str(path.resolve()), path)
         else:
             raise PipelineSetupError(f"input {path} does not exist")
+    by_target: dict[str, list[Path]] = {}
+    for path in found.values():
+        by_target.setdefault(tasks.target_id_for(path), []).append(path)
+    clashes = {target: paths for target, paths in by_target.items() if len(paths) > 1}
+    if clashes:
+        listed = "; ".join(f"{target!r}: {', '.join(map(str, sorted(paths)))}" for target, paths in sorted(clashes.items()))
+        raise PipelineSetupError(f"inputs with the same target id (rename or remove one of each): {listed}")
     return sorted(found.values(), key=lambda p: tasks.target_id_for(p))
 
 
@@ -319,8 +331,13 @@ def precompute(options: PrecomputeOptions) -> PrecomputeSummary:
         fingerprints = {"features": feature_fingerprint, "feature_config": fingerprint(plan.feature_config),
                         "mode": plan.mode_fingerprint}
         writer.finish(fingerprints=fingerprints, schema_version=SCHEMA_VERSION)
+    except (StoreWriteError, OSError) as error:
+        raise CacheWriteError(f"--cache {options.cache_dir}: {error}") from None
     finally:
-        writer.close()
+        try:
+            writer.close()
+        except (StoreWriteError, OSError) as error:
+            log.error("closing %s: %s", options.cache_dir, error)
     summary.seconds = time.perf_counter() - started
     return summary
 

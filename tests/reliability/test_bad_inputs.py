@@ -269,8 +269,6 @@ def test_full_disk_run_fails_and_the_rerun_completes(full_disk_run, shared_data,
         "stage": "write", "message": last_line}]
 
 
-@pytest.mark.xfail(strict=True, reason="a failed LMDB write escapes precompute as a raw lmdb.Error traceback "
-                                        "(exit 1, the code for 'some inputs failed') naming neither cache nor shard")
 def test_full_disk_message_names_the_cache(full_disk_run):
     result, _, cache = full_disk_run
     output = result.stdout + result.stderr
@@ -278,8 +276,6 @@ def test_full_disk_message_names_the_cache(full_disk_run):
     assert str(cache) in output and "shard-0000" in output, output
 
 
-@pytest.mark.xfail(strict=True, reason="two inputs with one target id (dup.cif, dup.fasta): the second silently "
-                                        "overwrites the first, and every rerun recomputes one of them")
 def test_two_inputs_with_one_target_id_are_refused(tmp_path, shared_data):
     inputs = tmp_path / "inputs"
     inputs.mkdir()
