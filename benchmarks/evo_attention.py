@@ -3,11 +3,11 @@
     PYTHONUNBUFFERED=1 python3 benchmarks/evo_attention.py [--tune] [--out DIR]
 
 Steps, in one process so every provider is measured on the same machine in the same run:
-  1. correctness: the Triton kernels in bf16 against an fp32 reference (out and all four
-     gradients), next to PyTorch's own bf16 error; bitwise determinism of the bias gradient;
-     torch.compile(fullgraph=True) over the custom op.
-  2. --tune: time candidate block sizes for each kernel and case, keep the fastest, write them to
+  1. --tune: time candidate block sizes for each kernel and case, keep the fastest, write them to
      featurecache/kernels/configs/evo_attention.json (and OUT/evo_attention.json).
+  2. correctness, with the configurations chosen: the Triton kernels in bf16 against an fp32
+     reference (out and all four gradients), next to PyTorch's own bf16 error; bitwise
+     determinism of the bias gradient; torch.compile(fullgraph=True) over the custom op.
   3. timing: forward and forward+backward medians and extra peak memory for featurecache, PyTorch
      eager (the reference), SDPA with bias and mask folded into a float mask, FlexAttention
      (compiled, score_mod reading the bias) and trifast (triangle cases only).
@@ -71,12 +71,12 @@ SMOKE_CASES = [
 ]
 
 # Candidates per kernel: (block_m, block_n, num_warps, num_stages[, rows]). The top three of
-# the first H200 sweep (2026-12-02, see NOTES-evo_attention.md) plus forward row groups.
+# the first H200 sweep (2026-12-02, see NOTES-evo_attention.md) plus row groups (5th entry).
 CANDIDATES = {
     "fwd": [(128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2), (128, 64, 4, 3),
             (64, 32, 4, 2, 2), (64, 32, 4, 2, 4), (128, 32, 4, 3, 2), (64, 64, 4, 3, 2), (32, 32, 4, 2, 4)],
-    "bwd_kv": [(64, 64, 4, 2), (32, 64, 4, 2), (32, 128, 4, 2)],
-    "bwd_q": [(64, 32, 4, 2), (64, 64, 4, 3), (64, 64, 4, 2)],
+    "bwd_kv": [(64, 64, 4, 2), (32, 64, 4, 2), (32, 128, 4, 2), (32, 64, 4, 2, 2), (16, 64, 4, 2, 2), (32, 32, 4, 2, 4)],
+    "bwd_q": [(64, 32, 4, 2), (64, 64, 4, 3), (64, 64, 4, 2), (64, 32, 4, 2, 2), (32, 32, 4, 2, 4), (32, 64, 4, 2, 2)],
     "bwd_bias": [(32, 64, 4, 2), (64, 64, 4, 2), (32, 32, 4, 2), (32, 64, 2, 2)],
 }
 
@@ -203,7 +203,7 @@ def upcast(x: Inputs) -> Inputs:
     return Inputs(q, k, v, bias, x.mask, x.grad_out.float())
 
 
-def check_correctness(cases: list[Case], log: dict) -> bool:
+def check_correctness(cases: list[Case], log: dict, check_peers: bool = True) -> bool:
     names = ["out", "dq", "dk", "dv", "dbias"]
     table = Table(["case", "provider", *[f"{n} rel err" for n in names], "ok"])
     all_ok = True
@@ -220,7 +220,7 @@ def check_correctness(cases: list[Case], log: dict) -> bool:
         table.add([case.name, "featurecache", *mine, "yes" if ok else "NO"])
         table.add([case.name, "eager bf16", *eager, ""])
         # Peers compute the same function: their forward error, for the record.
-        for provider in ("sdpa (float mask)", "trifast", "flex (compiled)"):
+        for provider in ("sdpa (float mask)", "trifast", "flex (compiled)") if check_peers else ():
             if not provider_applies(provider, case):
                 continue
             try:
@@ -320,21 +320,24 @@ def tune(cases: list[Case], budget_s: float, log: dict) -> dict[tuple[int, int],
 
 
 def write_config(best: dict[tuple[int, int], EvoAttentionConfig], out_dir: pathlib.Path) -> None:
-    """Merge this GPU's tuned entries into the config file (other GPUs' entries are kept)."""
+    """Merge tuned entries into the config file: other GPUs and untuned shape classes are kept."""
     path = evo_module._CONFIG_FILE
     data = json.loads(path.read_text()) if path.is_file() else {"gpus": {}}
-    entries = [
-        {"head_dim_max": dim, "seq_len_max": length,
-         **{name: dataclasses.asdict(getattr(config, name)) for name in evo_module._KERNEL_NAMES}}
-        for (dim, length), config in sorted(best.items())
-    ]
-    # Head dims above the largest tuned class fall back to the heuristic's tiles for 128.
-    largest = max(dim for dim, _ in best)
-    if largest < 128:
-        fallback = evo_module._heuristic_config(128, 1_000_000, interpreted=False)
-        entries.append({"head_dim_max": 128, "seq_len_max": 1_000_000,
-                        **{name: dataclasses.asdict(getattr(fallback, name)) for name in evo_module._KERNEL_NAMES}})
     gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke test)"
+    by_class = {(e["head_dim_max"], e["seq_len_max"]): e for e in data.get("gpus", {}).get(gpu, [])}
+    for (dim, length), config in best.items():
+        by_class[(dim, length)] = {
+            "head_dim_max": dim, "seq_len_max": length,
+            **{name: dataclasses.asdict(getattr(config, name)) for name in evo_module._KERNEL_NAMES},
+        }
+    if max(dim for dim, _ in by_class) < 128:
+        # Head dims above the largest tuned class fall back to the heuristic's tiles for 128.
+        fallback = evo_module._heuristic_config(128, 1_000_000, interpreted=False)
+        by_class[(128, 1_000_000)] = {
+            "head_dim_max": 128, "seq_len_max": 1_000_000,
+            **{name: dataclasses.asdict(getattr(fallback, name)) for name in evo_module._KERNEL_NAMES},
+        }
+    entries = [by_class[key] for key in sorted(by_class)]
     data.setdefault("gpus", {})[gpu] = entries
     text = json.dumps(data, indent=1) + "\n"
     (out_dir / "evo_attention.json").write_text(text)
@@ -342,6 +345,7 @@ def write_config(best: dict[tuple[int, int], EvoAttentionConfig], out_dir: pathl
         # The timing step then runs with the configs just chosen, as a training run would.
         path.write_text(text)
         evo_module._load_tuned_configs.cache_clear()
+        evo_module._select_config_cached.cache_clear()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -425,6 +429,9 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, for a CPU check of this script")
     parser.add_argument("--providers", default=",".join(PROVIDERS), help="comma-separated providers to time")
     parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting new measurements after this")
+    parser.add_argument("--tune-budget-s", type=float, default=200.0, help="stop trying tuning candidates after this")
+    parser.add_argument("--tune-cases", default="", help="comma-separated case names to tune (default: all)")
+    parser.add_argument("--skip-peer-check", action="store_true", help="check only featurecache's correctness")
     parser.add_argument("--out", default=".", help="folder for results.md, log.json and the tuned config")
     args = parser.parse_args()
     started = time.perf_counter()
@@ -438,10 +445,16 @@ def main() -> int:
     log: dict = {"header": run_header()}
     print(log["header"])
 
-    correct = check_correctness(cases, log)
     if args.tune:
         print("\n## tuning")
-        write_config(tune(cases, budget_s=0.45 * args.budget_s, log=log), out_dir)
+        wanted = {name.strip() for name in args.tune_cases.split(",") if name.strip()}
+        unknown_cases = wanted - {case.name for case in cases}
+        if unknown_cases:
+            parser.error(f"unknown cases {sorted(unknown_cases)}; choose from {[c.name for c in cases]}")
+        to_tune = [case for case in cases if not wanted or case.name in wanted]
+        write_config(tune(to_tune, budget_s=args.tune_budget_s, log=log), out_dir)
+    # After tuning, so that the configurations timed below are the ones checked.
+    correct = check_correctness(cases, log, check_peers=not args.skip_peer_check)
     kernel_breakdown(cases, log)
     print("\n## timing")
     table = measure(cases, providers, started + args.budget_s, log)
