@@ -34,7 +34,7 @@ def render_report(figures: dict) -> str:
         "",
     ]
     kill = figures.get("kill")
-    if kill:
+    if kill and "rows" in kill:
         lines += [
             "## (a) kill -9 during precompute",
             "",
@@ -55,7 +55,15 @@ def render_report(figures: dict) -> str:
               f"{row['committed']} / {row['committed_msa']}", "yes" if row["manifest"] else "no",
               f"{row['done']} / {row['skipped']}", "clean"] for row in kill["rows"]],
         )
-        lines += ["", f"Trials survived: {kill['trials']} of {kill['trials']}.", ""]
+        ray = kill.get("ray")
+        if ray:
+            lines += ["", f"One more trial ran the command line on a local Ray cluster (2 CPUs) and killed the driver, "
+                          f"raylet and workers with SIGKILL while records were being committed: "
+                          f"{ray['committed']} targets and {ray['committed_msa']} MSAs were committed; the rerun "
+                          f"featurized {ray['done']} and skipped {ray['skipped']}, matched the reference and "
+                          f"`verify` was clean."]
+        survived = kill.get("trials", 0) + (1 if ray else 0)
+        lines += ["", f"Trials survived: {survived} of {survived}.", ""]
     corruption = figures.get("corruption")
     if corruption:
         lines += [

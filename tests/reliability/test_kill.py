@@ -8,12 +8,16 @@ inside and after many commits, in the search stage, the featurize stage and the 
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import random
 import shutil
 import signal
+import subprocess
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import lmdb
@@ -65,74 +69,150 @@ def _precompute_in_child(options: PrecomputeOptions) -> None:
     precompute(options)
 
 
-@pytest.fixture
-def kill_inputs(tmp_path, shared_data) -> tuple[Path, Path]:
-    inputs = tmp_path / "inputs"
+@dataclass(frozen=True)
+class _Reference:
+    inputs: Path
+    config: Path
+    cache: Path
+    records: dict[tuple[str, str], bytes]
+    targets: int
+    seconds: float  # wall time of the uninterrupted inline run
+
+    def options(self, cache: Path, executor: str = "inline") -> PrecomputeOptions:
+        return PrecomputeOptions(inputs=[self.inputs], cache_dir=cache, config_path=self.config,
+                                 executor=executor, progress=False)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, shared_data) -> _Reference:
+    """The inputs, their pipeline config and the records of one uninterrupted run."""
+    root = tmp_path_factory.mktemp("kill")
+    inputs = root / "inputs"
     inputs.mkdir()
     for number in range(COPIES):
         shutil.copy(shared_data / "structures" / "209d-assembly1.cif", inputs / f"copy{number:02d}-209d.cif")
     for name in ("2q2k.cif", "721p-assembly1.cif"):
         shutil.copy(shared_data / "structures" / name, inputs / name)
-    config = tmp_path / "pipeline.toml"
+    config = root / "pipeline.toml"
     # No search databases: every chain gets a query-only `msa` record from the search stage.
     config.write_text(f"[store]\nnum_shards = {NUM_SHARDS}\nbatch_records = {BATCH_RECORDS}\n")
-    return inputs, config
-
-
-def test_kill_9_at_random_points_then_rerun(tmp_path, kill_inputs, seed, reliability_report):
-    inputs, config = kill_inputs
-    rng = random.Random(seed)
-
-    def options(cache: Path) -> PrecomputeOptions:
-        return PrecomputeOptions(inputs=[inputs], cache_dir=cache, config_path=config, executor="inline",
-                                 progress=False)
-
+    cache = root / "reference"
     started = time.perf_counter()
-    reference_summary = precompute(options(tmp_path / "reference"))
-    full_run_s = time.perf_counter() - started
-    assert reference_summary.failed == 0, reference_summary.format()
-    reference = _stored(tmp_path / "reference")
-    targets = reference_summary.targets
-    assert sum(table == "features" for table, _ in reference) == targets == COPIES + 2
-    assert sum(table == "msa" for table, _ in reference) < targets  # shared chains stored once
+    summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=cache, config_path=config,
+                                           executor="inline", progress=False))
+    seconds = time.perf_counter() - started
+    assert summary.failed == 0, summary.format()
+    records = _stored(cache)
+    assert sum(table == "features" for table, _ in records) == summary.targets == COPIES + 2
+    assert sum(table == "msa" for table, _ in records) < summary.targets  # shared chains stored once
+    return _Reference(inputs, config, cache, records, summary.targets, seconds)
 
+
+def _check_rerun(reference: _Reference, cache: Path, where: str) -> tuple[int, int, int, int, bool]:
+    """Check what a killed run left, rerun it to the end and check the result.
+
+    Returns (features committed, msa committed, featurized by the rerun, skipped, manifest left).
+    """
+    left = _left_by_kill(cache)
+    for record_id, blob in left.items():
+        assert blob == reference.records[record_id], f"{where}: {record_id} differs from the reference"
+    manifest_left = (cache / MANIFEST_NAME).exists()
+    committed = sum(table == "features" for table, _ in left)
+    committed_msa = sum(table == "msa" for table, _ in left)
+
+    summary = precompute(reference.options(cache))
+    stages = summary.stages["featurize"]
+    assert summary.failed == 0 and stages.done + stages.skipped == reference.targets, f"{where}: {summary.format()}"
+    # Only the committed records count as done: everything else was computed again.
+    assert stages.skipped == committed, f"{where}: {committed} committed, {stages.skipped} skipped"
+    report = verify_cache(cache)
+    assert report.ok, f"{where}: {report.format()}"
+    assert _stored(cache) == reference.records, f"{where}: records lost, duplicated or changed"
+    assert read_manifest(cache).counts == read_manifest(reference.cache).counts, where
+    return committed, committed_msa, stages.done, stages.skipped, manifest_left
+
+
+def test_kill_9_at_random_points_then_rerun(tmp_path, reference, seed, reliability_report):
+    rng = random.Random(seed)
     context = multiprocessing.get_context("fork")
     rows = []
     for trial in range(TRIALS):
         cache = tmp_path / f"trial-{trial:02d}"
-        delay = rng.uniform(0.0, 1.1 * full_run_s)
-        process = context.Process(target=_precompute_in_child, args=(options(cache),))
+        delay = rng.uniform(0.0, 1.1 * reference.seconds)
+        process = context.Process(target=_precompute_in_child, args=(reference.options(cache),))
         process.start()
         time.sleep(delay)
         os.kill(process.pid, signal.SIGKILL)
         process.join()
         where = f"seed {seed}, trial {trial}, killed after {delay:.3f} s"
-
-        # What the killed run left: whole records, each equal to the reference.
-        left = _left_by_kill(cache)
-        for record_id, blob in left.items():
-            assert blob == reference[record_id], f"{where}: {record_id} differs from the reference"
-        manifest_left = (cache / MANIFEST_NAME).exists()
-        committed = sum(table == "features" for table, _ in left)
-        committed_msa = sum(table == "msa" for table, _ in left)
-
-        summary = precompute(options(cache))
-        stages = summary.stages["featurize"]
-        assert summary.failed == 0 and stages.done + stages.skipped == targets, f"{where}: {summary.format()}"
-        # Only the committed records count as done: everything else was computed again.
-        assert stages.skipped == committed, f"{where}: {committed} committed, {stages.skipped} skipped"
-        report = verify_cache(cache)
-        assert report.ok, f"{where}: {report.format()}"
-        assert _stored(cache) == reference, f"{where}: records lost, duplicated or changed"
-        assert read_manifest(cache).counts == read_manifest(tmp_path / "reference").counts, where
+        committed, committed_msa, done, skipped, manifest_left = _check_rerun(reference, cache, where)
         rows.append({"trial": trial, "delay_s": delay, "committed": committed, "committed_msa": committed_msa,
-                     "manifest": manifest_left, "exit_code": process.exitcode,
-                     "done": stages.done, "skipped": stages.skipped})
+                     "manifest": manifest_left, "exit_code": process.exitcode, "done": done, "skipped": skipped})
         shutil.rmtree(cache)
 
     # The delays must have hit the run mid-way, not only before it started or after it ended.
-    assert any(0 < row["committed"] < targets for row in rows) or any(
-        row["committed"] == 0 and row["delay_s"] > 0.2 * full_run_s for row in rows), rows
-    reliability_report["kill"] = {"seed": seed, "trials": TRIALS, "targets": targets, "num_shards": NUM_SHARDS,
-                                  "batch_records": BATCH_RECORDS, "full_run_s": full_run_s,
-                                  "msa_records": sum(table == "msa" for table, _ in reference), "rows": rows}
+    assert any(0 < row["committed"] < reference.targets for row in rows) or any(
+        row["committed"] == 0 and row["delay_s"] > 0.2 * reference.seconds for row in rows), rows
+    reliability_report.setdefault("kill", {}).update(
+        seed=seed, trials=TRIALS, targets=reference.targets, num_shards=NUM_SHARDS, batch_records=BATCH_RECORDS,
+        full_run_s=reference.seconds, msa_records=sum(table == "msa" for table, _ in reference.records), rows=rows)
+
+
+def _session_members(session_id: int) -> list[int]:
+    """Live processes of a session a test started (Ray puts its workers in process groups of their
+    own, but they stay in the session). Zombies are left out: they hold no resources."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state != "Z" and os.getsid(int(entry.name)) == session_id:
+                members.append(int(entry.name))
+        except OSError:  # exited meanwhile
+            continue
+    return members
+
+
+def _shard_bytes(cache: Path) -> int:
+    return sum(path.stat().st_size for path in cache.glob("shard-*.lmdb"))
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_ray_driver_with_tasks_in_flight(tmp_path, reference, seed, reliability_report):
+    """The CLI on a local Ray cluster, killed (driver, raylet, workers) once records are committing."""
+    rng = random.Random(seed)
+    cache = tmp_path / "cache"
+    command = [sys.executable, "-m", "featurecache.cli", "precompute", str(reference.inputs), "--cache", str(cache),
+               "--config", str(reference.config), "--workers", "2", "--no-progress"]
+    log_path = tmp_path / "precompute.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        # The shards are created before Ray starts (seconds); their size then is the baseline,
+        # and the first commit of records grows it.
+        deadline = time.monotonic() + 240
+        while process.poll() is None and len(list(cache.glob("shard-*.lmdb"))) < NUM_SHARDS:
+            assert time.monotonic() < deadline, "precompute never created its shards"
+            time.sleep(0.05)
+        time.sleep(1.0)
+        baseline = _shard_bytes(cache)
+        while process.poll() is None and _shard_bytes(cache) <= baseline:
+            assert time.monotonic() < deadline, "precompute never committed a record"
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 0.5))
+    finally:
+        for pid in _session_members(process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        process.wait()
+    assert process.returncode == -signal.SIGKILL, (
+        f"the run ended before the kill (exit {process.returncode}): {log_path.read_text()[-2000:]}")
+    for _ in range(100):
+        if not _session_members(process.pid):
+            break
+        time.sleep(0.1)
+    assert not _session_members(process.pid), "Ray processes outlived the kill"
+    committed, committed_msa, done, skipped, manifest_left = _check_rerun(reference, cache, f"seed {seed}, Ray")
+    reliability_report.setdefault("kill", {})["ray"] = {
+        "committed": committed, "committed_msa": committed_msa, "done": done, "skipped": skipped}
