@@ -126,7 +126,9 @@ _LETTER_TO_PARENT = {
 _UNKNOWN_RESIDUE = {"protein": "UNK", "dna": "DN", "rna": "N"}
 
 
-def structure_from_sequences(target_id: str, chains: list[tuple[str, str, str]], release_date: str | None = None) -> Structure:
+def structure_from_sequences(
+    target_id: str, chains: list[tuple[str, str, str]], release_date: str | None = None
+) -> Structure:
     """A structure with no coordinates from (chain id, molecule type, one-letter sequence) triples,
     for targets known only by sequence (FASTA inputs): every residue is unresolved."""
     built = []
