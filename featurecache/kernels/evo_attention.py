@@ -12,6 +12,16 @@ Kernels, flash-attention style with fp32 accumulation:
             bias is per row; dBias of a broadcast bias per (k block, q block, b*h) looping over
             the N rows in a fixed order, so the sum over N is bitwise reproducible (no atomics).
 
+Autograd: in eager mode a torch.autograd.Function calls the launchers directly (custom-op
+dispatch costs a few hundred microseconds of host time per call, as much as the kernels at N = 1);
+under torch.compile the same launchers run inside two torch.library custom ops
+(featurecache::evo_attention_fwd / _bwd) with registered fake and autograd implementations, so
+the compiled graph keeps them without a break.
+
+When the bias is shared by all rows, the "rows" option of a kernel's block config lets one
+program handle several rows at once (batched [rows, M, N] products), so each bias tile is loaded
+and scaled once for all of them; the tuned config file says where that pays.
+
 Programs of one row n and head are launched next to each other (q block is the fastest grid
 axis) so k and v of that row stay in L2 for all its q blocks; a broadcast bias of one head is
 L * L elements (1.2 MB in bf16 at L = 768), small enough to stay in L2 for every row that reads
