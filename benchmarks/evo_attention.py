@@ -25,7 +25,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import pathlib
 from dataclasses import dataclass
