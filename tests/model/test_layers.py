@@ -1,0 +1,123 @@
+"""Layers on top of the kernels: attention orientation, masking, and triton/torch agreement."""
+
+import math
+
+import pytest
+import torch
+
+from featurecache.model.layers import (
+    AttentionPairBias,
+    OuterProductMean,
+    PairWeightedAveraging,
+    TriangleAttention,
+)
+
+
+def _seed() -> None:
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+
+
+def test_ending_node_is_the_starting_node_on_the_transposed_pair():
+    _seed()
+    start = TriangleAttention(16, 2, 8, node="starting", impl="torch")
+    end = TriangleAttention(16, 2, 8, node="ending", impl="torch")
+    end.load_state_dict(start.state_dict())
+    z = torch.randn(2, 9, 9, 16)
+    mask = torch.rand(2, 9, 9) < 0.8
+    expected = start(z.transpose(1, 2), mask.transpose(1, 2)).transpose(1, 2)
+    torch.testing.assert_close(end(z, mask), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_triangle_attention_matches_a_direct_formula():
+    """Starting node, written out as in AF3 Algorithm 13 with explicit loops over heads."""
+    _seed()
+    layer = TriangleAttention(8, 2, 4, node="starting", impl="torch")
+    z = torch.randn(1, 5, 5, 8)
+    mask = torch.ones(1, 5, 5, dtype=torch.bool)
+    mask[0, :, 3] = False  # key 3 masked everywhere
+    proj = layer.proj(z)[0]
+    inner = 8
+    q, k, v, g = (proj[..., i * inner:(i + 1) * inner].unflatten(-1, (2, 4)) for i in range(4))
+    b = proj[..., 4 * inner:]
+    logits = torch.einsum("ijhd,ikhd->ijkh", q, k) / math.sqrt(4) + b[None, :, :, :]
+    logits[:, :, 3, :] = float("-inf")
+    weights = torch.softmax(logits, dim=2)
+    out = torch.einsum("ijkh,ikhd->ijhd", weights, v)
+    expected = layer.linear_out((torch.sigmoid(g) * out).flatten(-2))
+    torch.testing.assert_close(layer(z, mask)[0], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_pair_weighted_averaging_ignores_padded_tokens():
+    _seed()
+    layer = PairWeightedAveraging(8, 16, 2, 4, impl="torch")
+    m = torch.randn(1, 3, 7, 8)
+    z = torch.randn(1, 7, 7, 16)
+    token_mask = torch.arange(7)[None] < 5
+    out = layer(m, z, token_mask)
+    m2, z2 = m.clone(), z.clone()
+    m2[:, :, 5:] = torch.randn(1, 3, 2, 8)  # change only padded tokens
+    z2[:, :, 5:] = torch.randn(1, 7, 2, 16)
+    torch.testing.assert_close(layer(m2, z2, token_mask)[:, :, :5], out[:, :, :5])
+    assert torch.isfinite(out).all()
+
+
+def test_outer_product_mean_averages_over_valid_rows_only():
+    _seed()
+    layer = OuterProductMean(8, 16, 4, impl="torch")
+    m = torch.randn(1, 4, 6, 8)
+    mask = torch.ones(1, 4, 6, dtype=torch.bool)
+    mask[:, 2:] = False  # rows 2 and 3 are padding
+    out = layer(m, mask)
+    m2 = m.clone()
+    m2[:, 2:] = torch.randn(1, 2, 6, 8)
+    torch.testing.assert_close(layer(m2, mask), out)
+    # two valid rows: the same as an MSA of just those rows
+    torch.testing.assert_close(layer(m[:, :2], mask[:, :2]), out, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("layer_name", ["attention_pair_bias", "pair_weighted_averaging", "outer_product_mean",
+                                        "triangle_attention_ending"])
+def test_triton_path_matches_torch_path(layer_name):
+    _seed()
+    length = 9
+    z = torch.randn(1, length, length, 16, requires_grad=True)
+    s = torch.randn(1, length, 32, requires_grad=True)
+    m = torch.randn(1, 3, length, 8, requires_grad=True)
+    token_mask = torch.arange(length)[None] < 7
+    pair_mask = token_mask[:, :, None] & token_mask[:, None, :]
+    builders = {
+        "attention_pair_bias": (lambda impl: AttentionPairBias(32, 16, 2, 8, impl=impl),
+                                lambda layer: layer(s, z, token_mask)),
+        "pair_weighted_averaging": (lambda impl: PairWeightedAveraging(8, 16, 2, 8, impl=impl),
+                                    lambda layer: layer(m, z, token_mask)),
+        "outer_product_mean": (lambda impl: OuterProductMean(8, 16, 8, impl=impl),
+                               lambda layer: layer(m, token_mask[:, None, :].expand(1, 3, length))),
+        "triangle_attention_ending": (lambda impl: TriangleAttention(16, 2, 8, node="ending", impl=impl),
+                                      lambda layer: layer(z, pair_mask)),
+    }
+    build, call = builders[layer_name]
+    reference, fused = build("torch"), build("triton")
+    fused.load_state_dict(reference.state_dict())
+    upstream = None
+    results = []
+    for layer in (reference, fused):
+        for tensor in (z, s, m):
+            tensor.grad = None
+        out = call(layer)
+        upstream = torch.randn_like(out) if upstream is None else upstream
+        (out * upstream).sum().backward()
+        results.append((out.detach(), [t.grad.clone() for t in (z, s, m) if t.grad is not None],
+                        {n: p.grad for n, p in layer.named_parameters()}))
+    (out_ref, in_ref, par_ref), (out_fused, in_fused, par_fused) = results
+    torch.testing.assert_close(out_fused, out_ref, atol=1e-4, rtol=1e-4)
+    for got, want in zip(in_fused, in_ref):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    for name, want in par_ref.items():
+        torch.testing.assert_close(par_fused[name], want, atol=1e-4, rtol=1e-4, msg=lambda text: f"{name}: {text}")
+
+
+def test_unknown_impl_and_node_are_rejected():
+    with pytest.raises(ValueError, match="kernel impl is 'cuda'"):
+        TriangleAttention(16, 2, 8, impl="cuda")
+    with pytest.raises(ValueError, match="node is 'middle'"):
+        TriangleAttention(16, 2, 8, node="middle", impl="torch")
