@@ -6,6 +6,7 @@ Exit codes: 0 all done; 1 some inputs failed (the rest are cached); 2 usage or s
 
 from __future__ import annotations
 
+import importlib
 import json
 import pathlib
 import sys
@@ -31,7 +32,23 @@ def _existing_cache(path: str) -> pathlib.Path:
         raise SetupError(str(error)) from error
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyGroup(click.Group):
+    """Imports `train` (torch and the model) only when it is run or its help is asked for,
+    so the data commands start quickly."""
+
+    lazy_commands = {"train": ("featurecache.train", "train_command")}
+
+    def list_commands(self, ctx):
+        return sorted([*super().list_commands(ctx), *self.lazy_commands])
+
+    def get_command(self, ctx, name):
+        if name in self.lazy_commands:
+            module, attribute = self.lazy_commands[name]
+            return getattr(importlib.import_module(module), attribute)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="featurecache")
 def cli():
     """featurecache: precompute AlphaFold3 features once, serve them to trainers fast."""
@@ -158,22 +175,6 @@ def gc(dest, keep):
     for path in removed:
         click.echo(f"removed {path}")
     click.echo(f"{len(removed)} generation(s) removed")
-
-
-def _register_train():
-    try:
-        from featurecache.train import train_command
-    except ImportError as error:  # only when the training module itself is broken
-        @cli.command("train")
-        def train_unavailable():
-            """Train the AF3 trunk (unavailable: see the error)."""
-            raise SetupError(f"training is unavailable: {error}")
-
-        return
-    cli.add_command(train_command, "train")
-
-
-_register_train()
 
 
 def main():

@@ -17,7 +17,7 @@ def test_every_array_is_documented_with_its_dtype():
 
 
 def test_every_command_is_documented():
-    for name in cli.commands:
+    for name in cli.list_commands(None):
         assert re.search(rf"`featurecache {name}\b", README), f"README does not document `featurecache {name}`"
 
 

@@ -17,7 +17,6 @@ import dataclasses
 import logging
 import os
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 

@@ -28,7 +28,7 @@ from featurecache.io.alignments import AlignmentIndex
 from featurecache.io.common import ParseError
 from featurecache.io.fasta import read_fasta
 from featurecache.io.hits import TemplateHit, parse_hhr, parse_m8
-from featurecache.io.mmcif import Chain, Residue, Structure, read_mmcif, target_id_from_path
+from featurecache.io.mmcif import Structure, read_mmcif, structure_from_sequences, target_id_from_path
 from featurecache.io.msa import Msa, parse_a3m, parse_stockholm
 from featurecache.store.codec import decode_record, encode_record
 
@@ -116,35 +116,12 @@ def _fasta_molecule_type(description: str, sequence: str) -> str:
     return "protein"
 
 
-_ONE_TO_THREE = {
-    "protein": dict(zip("ARNDCQEGHILKMFPSTWYV", (
-        "ALA", "ARG", "ASN", "ASP", "CYS", "GLN", "GLU", "GLY", "HIS", "ILE",
-        "LEU", "LYS", "MET", "PHE", "PRO", "SER", "THR", "TRP", "TYR", "VAL"))),
-    "dna": {"A": "DA", "C": "DC", "G": "DG", "T": "DT"},
-    "rna": {"A": "A", "C": "C", "G": "G", "U": "U"},
-}
-_UNKNOWN_CODE = {"protein": "UNK", "dna": "DN", "rna": "N"}
-
-
 def structure_from_fasta(path: str | os.PathLike) -> Structure:
     """A sequence-only target: one chain per FASTA record, every residue unresolved."""
     records = read_fasta(path)
-    chains = []
-    empty = np.zeros(0, dtype=np.int8)
-    for number, record in enumerate(records):
-        molecule_type = _fasta_molecule_type(record.description, record.sequence)
-        table = _ONE_TO_THREE[molecule_type]
-        residues = []
-        for seq_id, letter in enumerate(record.sequence.upper(), start=1):
-            code = table.get(letter, _UNKNOWN_CODE[molecule_type])
-            residues.append(Residue(
-                name=code, parent=code, seq_id=seq_id, auth_seq_id=str(seq_id), atom_names=(),
-                elements=empty, charges=empty, positions=np.zeros((0, 3), np.float32),
-                occupancies=np.zeros(0, np.float32), b_factors=np.zeros(0, np.float32),
-            ))
-        chain_id = _chain_label(number)
-        chains.append(Chain(chain_id, chain_id, str(number + 1), molecule_type, tuple(residues)))
-    return Structure(target_id_for(path), str(path), None, None, None, tuple(chains))
+    chains = [(_chain_label(number), _fasta_molecule_type(record.description, record.sequence), record.sequence)
+              for number, record in enumerate(records)]
+    return dataclasses.replace(structure_from_sequences(target_id_for(path), chains), source=str(path))
 
 
 def _chain_label(number: int) -> str:
