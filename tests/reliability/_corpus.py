@@ -85,7 +85,12 @@ def build_corpus(shared_data: Path, inputs: Path, alignments: Path, rng: random.
         cases.append(case)
 
     # --- files that are not what their name says ----------------------------------------------
-    cut = rng.randrange(len(cif_text) // 4, len(cif_text) // 2)
+    # Cut inside an _atom_site row, before its last value: a cut at a line end would leave a
+    # shorter but valid file.
+    row_starts = [match.start() for match in re.finditer(r"^(ATOM|HETATM) ", cif_text, re.MULTILINE)]
+    row_start = rng.choice(row_starts[len(row_starts) // 4: len(row_starts) // 2])
+    row = cif_text[row_start: cif_text.index("\n", row_start)]
+    cut = row_start + rng.randrange(len("ATOM "), row.rstrip().rindex(" "))
     add("truncated.cif", cif_text[:cut], BadInput(
         "truncated", "mmCIF cut in the middle of a table", "error", ("truncated.cif",)))
     packed = gzip.compress(small_cif.encode())

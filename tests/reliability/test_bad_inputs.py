@@ -224,7 +224,7 @@ def test_setup_problems_exit_2_before_any_work(tmp_path, search_inputs, reliabil
                        ("input", "no-such-input", "does not exist"), tmp_path / "c4", tmp_path / "no-such-input")
     # Nothing was written: no shard files in the caches of the failed runs.
     assert not [path for name in ("c1", "c2", "c3", "c4") for path in (tmp_path / name).glob("shard-*")]
-    reliability_report["setup_errors"] = rows
+    reliability_report.setdefault("setup_errors", []).extend(rows)
 
 
 # --- full disk --------------------------------------------------------------------------------
@@ -252,9 +252,12 @@ def full_disk_run(tmp_path_factory, shared_data):
     return result, inputs, cache
 
 
-def test_full_disk_run_fails_and_the_rerun_completes(full_disk_run, shared_data, reliability_report):
+def test_full_disk_ends_with_a_clear_error_and_the_rerun_completes(full_disk_run, shared_data,
+                                                                      reliability_report):
     result, inputs, cache = full_disk_run
-    assert result.returncode != 0, result.stdout
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output
+    assert str(cache) in output and "shard-0000" in output, output
     assert not (cache / MANIFEST_NAME).exists()  # never mistaken for a finished cache
     summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=cache,
                                            alignments_dir=shared_data / "alignments", executor="inline",
@@ -262,30 +265,24 @@ def test_full_disk_run_fails_and_the_rerun_completes(full_disk_run, shared_data,
     assert summary.failed == 0 and summary.stages["featurize"].done == len(GOOD_TARGETS), summary.format()
     assert verify_cache(cache).ok
     assert set(_records(cache, "features")) == GOOD_KEYS
-    last_line = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1]
+    message = output.strip().removeprefix("Error: ").replace(str(cache.parent) + "/", "")
     reliability_report["full_disk"] = [{
         "key": "full_disk", "what": f"shard files capped at {_FILE_SIZE_LIMIT} bytes (RLIMIT_FSIZE)",
-        "outcome": f"exit {result.returncode}; rerun with space completes, verify clean",
-        "stage": "write", "message": last_line}]
+        "outcome": f"exit {result.returncode}; the rerun with space completes, verify clean",
+        "stage": "write", "message": message}]
 
 
-def test_full_disk_message_names_the_cache(full_disk_run):
-    result, _, cache = full_disk_run
-    output = result.stdout + result.stderr
-    assert result.returncode == 2 and "Traceback" not in output, output
-    assert str(cache) in output and "shard-0000" in output, output
-
-
-def test_two_inputs_with_one_target_id_are_refused(tmp_path, shared_data):
+def test_two_inputs_with_one_target_id_are_refused(tmp_path, shared_data, reliability_report):
+    """dup.cif and dup.fasta would both be stored as 'dup', the second overwriting the first."""
     inputs = tmp_path / "inputs"
     inputs.mkdir()
     shutil.copy(shared_data / "structures" / "209d-assembly1.cif", inputs / "dup.cif")
     (inputs / "dup.fasta").write_text(">a mol:protein\nMKVLAAGIVGLLLAAGCSS\n")
-    try:
-        summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=tmp_path / "cache",
-                                               executor="inline", progress=False))
-    except PipelineSetupError as error:
-        message = str(error)
-    else:
-        message = " ".join(failure["message"] for failure in summary.failures)
-    assert "dup.cif" in message and "dup.fasta" in message, message
+    result = _cli("precompute", inputs, "--cache", tmp_path / "cache", "--executor", "inline", "--no-progress")
+    assert result.exit_code == 2, result.output
+    assert "'dup'" in result.output and "dup.cif" in result.output and "dup.fasta" in result.output
+    assert not list((tmp_path / "cache").glob("shard-*"))
+    reliability_report.setdefault("setup_errors", []).append({
+        "key": "duplicate_target_id", "what": "two inputs with one target id (dup.cif, dup.fasta)",
+        "outcome": "exit 2", "stage": "setup",
+        "message": result.output.strip().removeprefix("Error: ").replace(str(tmp_path) + "/", "")})

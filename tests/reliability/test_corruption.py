@@ -77,9 +77,11 @@ def test_every_flipped_record_is_detected(tmp_path, published, seed, caplog, rel
                        for key, blob in reader.items(table)]
             num_shards = reader.num_shards
         features = [record for record in records if record[0] == "features"]
-        # At least one target, plus a random mix of other records.
-        chosen = [rng.choice(features)]
-        chosen += rng.sample([record for record in records if record not in chosen], rng.randint(1, 5))
+        # At least one target, plus a random mix of other records; one target stays intact, so
+        # that on_error="skip" always has a record to return.
+        intact, chosen = rng.sample(features, 2)
+        chosen = [chosen] + rng.sample([record for record in records if record not in (intact, chosen)],
+                                       rng.randint(1, 5))
         flips = _flip(generation, num_shards, chosen, rng)
         expected = {(table, key) for table, key, _ in chosen}
 

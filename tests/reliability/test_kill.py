@@ -30,7 +30,7 @@ from featurecache.store.verify import verify_cache
 from featurecache.workers.pipeline import PrecomputeOptions, precompute
 
 TRIALS = 12
-COPIES = 16  # copies of 209d under their own names: 16 targets that share their chains' MSAs
+COPIES = 24  # copies of 209d under their own names: targets that share their chains' MSAs
 NUM_SHARDS = 3
 BATCH_RECORDS = 2
 
@@ -194,13 +194,13 @@ def test_kill_9_of_a_ray_driver_with_tasks_in_flight(tmp_path, reference, seed, 
         deadline = time.monotonic() + 240
         while process.poll() is None and len(list(cache.glob("shard-*.lmdb"))) < NUM_SHARDS:
             assert time.monotonic() < deadline, "precompute never created its shards"
-            time.sleep(0.05)
+            time.sleep(0.02)
         time.sleep(1.0)
         baseline = _shard_bytes(cache)
         while process.poll() is None and _shard_bytes(cache) <= baseline:
             assert time.monotonic() < deadline, "precompute never committed a record"
-            time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, 0.5))
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.2))  # the featurize stage is still running then
     finally:
         for pid in _session_members(process.pid):
             with contextlib.suppress(ProcessLookupError):
