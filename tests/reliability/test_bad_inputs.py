@@ -27,7 +27,7 @@ from featurecache.store.codec import decode_record
 from featurecache.store.manifest import MANIFEST_NAME
 from featurecache.store.shards import StoreConfig, StoreReader, StoreWriter
 from featurecache.store.verify import verify_cache
-from featurecache.workers.pipeline import PipelineSetupError, PrecomputeOptions, precompute
+from featurecache.workers.pipeline import PrecomputeOptions, precompute
 from tests.reliability._corpus import GOOD_TARGETS, build_corpus, homolog_sequences
 
 GOOD_KEYS = {"209d-assembly1", "2q2k"}
