@@ -354,35 +354,40 @@ def main() -> None:
         results["triton"] = None
     print(json.dumps({k: results[k] for k in ("date", "device", "torch", "triton", "commit")}), flush=True)
 
-    for length in args.block_lengths:
-        for variant in args.variants:
-            run_section(results, f"block{length}/{variant}", budget, 30, bench_block, variant, length, dims,
-                        device, warmup, reps)
+    # Cheapest and most important first: when the budget runs out, torch.compile (minutes of
+    # compilation) is what is left out, and the table says so.
+    fast = [v for v in args.variants if not VARIANTS[v][1]]
+    slow = [v for v in args.variants if VARIANTS[v][1]]
+    runners: dict = {}
 
-    runners = {}
-    for variant in args.variants:
-        def step_bench(variant=variant):
-            runners[variant] = runner = TrunkRunner(variant, overrides, device)
-            batch = runner.batch(args.crop, args.msa_rows, args.templates)
-            ms, peak = timed(lambda: runner.iteration(batch), device, 2 if not args.smoke else 1,
-                             5 if not args.smoke else 2)
-            return {"ms": ms, "peak_gb": peak}
-        run_section(results, f"step/{variant}", budget, 40, step_bench)
+    def step_bench(variant: str) -> dict:
+        runners[variant] = runner = TrunkRunner(variant, overrides, device)
+        batch = runner.batch(args.crop, args.msa_rows, args.templates)
+        ms, peak = timed(lambda: runner.iteration(batch), device, 1 if args.smoke else 2, 2 if args.smoke else 5)
+        return {"ms": ms, "peak_gb": peak}
 
-    for variant in args.variants:
-        runner = runners.get(variant)
-        if runner is None:
-            continue
-        share = min(args.crop_budget_s, max(0.0, budget.left() - 60) / max(1, len(args.variants)))
-        run_section(results, f"maxcrop/{variant}", budget, 20, max_crop, runner, args.crop, args.crop_limit,
-                    args.msa_rows, args.templates, share)
-        runners.pop(variant)
-        del runner
-        free_memory()
+    def crop_search(variant: str) -> dict:
+        runner = runners.pop(variant)
+        share = min(args.crop_budget_s, max(0.0, budget.left() - 30))
+        return max_crop(runner, args.crop, args.crop_limit, args.msa_rows, args.templates, share)
 
-    for source, option in (("cache", args.cache), ("online", args.online)):
-        if option:
-            run_section(results, f"datawait/{source}", budget, 20, data_wait_share, args, device, source, args.out)
+    for group in (fast, slow):
+        for variant in group:
+            run_section(results, f"step/{variant}", budget, 20, step_bench, variant)
+        for length in args.block_lengths:
+            for variant in group:
+                run_section(results, f"block{length}/{variant}", budget, 15, bench_block, variant, length, dims,
+                            device, warmup, reps)
+        if group is fast:
+            for source, option in (("cache", args.cache), ("online", args.online)):
+                if option:
+                    run_section(results, f"datawait/{source}", budget, 20, data_wait_share, args, device, source,
+                                args.out)
+        for variant in group:
+            if variant in runners:
+                run_section(results, f"maxcrop/{variant}", budget, 20, crop_search, variant)
+            runners.pop(variant, None)
+            free_memory()
 
     text = table(results, args)
     trunk = preset("af3", **overrides)

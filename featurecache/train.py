@@ -359,12 +359,14 @@ def train(config: TrainConfig) -> list[dict]:
         step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         set_rng_state(state["rng"][world.rank])
 
-    # Only the pair track feeds the distogram loss; the single track's parameters get no gradient.
+    # static_graph: the single track feeds no loss, so its parameters never get a gradient, and
+    # reentrant checkpointing runs parts of backward inside autograd calls; a static graph
+    # handles both (recorded in the first step).
     trained = model
     if world.enabled:
         trained = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[world.device.index] if world.device.type == "cuda" else None,
-            find_unused_parameters=True)
+            static_graph=True)
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if world.device.type == "cuda"
                 else contextlib.nullcontext())
 

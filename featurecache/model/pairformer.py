@@ -54,7 +54,10 @@ def run_blocks(blocks: nn.ModuleList, checkpointed: bool, *state, masks: tuple) 
     """
     for block in blocks:
         if checkpointed and torch.is_grad_enabled():
-            state = checkpoint(block, *state, *masks, use_reentrant=False)
+            # Reentrant: the recomputation builds an ordinary autograd graph, so any custom
+            # autograd Function works inside it (the non-reentrant variant forbids reading
+            # ctx.saved_tensors twice in one backward, which plain autograd allows).
+            state = checkpoint(block, *state, *masks, use_reentrant=True)
         else:
             state = block(*state, *masks)
         if not isinstance(state, tuple):
