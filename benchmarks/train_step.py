@@ -28,8 +28,10 @@ import json
 import math
 import os
 import pathlib
+import signal
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 
@@ -46,6 +48,8 @@ VARIANTS = {
     "triton": ("triton", False),
     "eager": ("torch", False),
     "compile": ("torch", True),
+    # the kernels plus torch.compile of the glue around them (norms, gates, residual adds)
+    "triton+compile": ("triton", True),
 }
 
 
@@ -216,10 +220,12 @@ def max_crop(runner: TrunkRunner, start: int, limit: int, msa_rows: int, templat
 # --- 4. data wait through the training loop --------------------------------------------------------
 
 
-def data_wait_share(args, device: torch.device, source: str, out_dir: pathlib.Path) -> dict:
+def data_wait_share(args, device: torch.device, source: str) -> dict:
     from featurecache.train import TrainConfig, train
 
-    common = dict(out=str(out_dir / f"run-{source}"), preset="af3", pairformer_blocks=args.depth,
+    # the run's final checkpoint is large: keep it out of OUT
+    run_dir = tempfile.mkdtemp(prefix=f"train-step-{source}-")
+    common = dict(out=run_dir, preset="af3", pairformer_blocks=args.depth,
                   kernels="triton" if device.type == "cuda" else "torch", steps=args.data_steps,
                   crop_size=args.crop, max_msa_rows=args.msa_rows, num_workers=args.num_workers,
                   checkpoint_every=10**9, warmup=10, lr=1e-4, device=device.type)
@@ -241,19 +247,41 @@ def data_wait_share(args, device: torch.device, source: str, out_dir: pathlib.Pa
 # --- driver ---------------------------------------------------------------------------------------
 
 
+class OutOfTime(Exception):
+    pass
+
+
+def _out_of_time(signum, frame):
+    raise OutOfTime()
+
+
 def run_section(results: dict, key: str, budget: Budget, reserve_s: float, function, *args) -> None:
+    """Run one measurement; record its result, OOM, error, or the time budget that stopped it.
+
+    A SIGALRM at the end of the budget interrupts a section that overruns (torch.compile can take
+    minutes), so the run always ends with its table written.
+    """
     if budget.left() < reserve_s:
         results[key] = {"skipped": f"time budget ({budget.left():.0f} s left)"}
         print(f"[skip] {key}: time budget", flush=True)
         return
     start = time.perf_counter()
+    signal.signal(signal.SIGALRM, _out_of_time)
+    signal.setitimer(signal.ITIMER_REAL, max(1.0, budget.left()))
     try:
         results[key] = function(*args)
+    except OutOfTime:
+        results[key] = {"skipped": f"stopped by the time budget after {time.perf_counter() - start:.0f} s"}
     except torch.cuda.OutOfMemoryError:
         results[key] = {"oom": True}
     except Exception as error:  # one broken variant must not lose the others' numbers
-        results[key] = {"error": f"{type(error).__name__}: {error}"}
-        traceback.print_exc()
+        if budget.left() <= 1.0:  # the alarm, wrapped by the code it interrupted (dynamo does)
+            results[key] = {"skipped": f"stopped by the time budget after {time.perf_counter() - start:.0f} s"}
+        else:
+            results[key] = {"error": f"{type(error).__name__}: {error}"}
+            traceback.print_exc()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
     free_memory()
     print(f"[{time.perf_counter() - start:6.1f} s] {key}: {results[key]}", flush=True)
 
@@ -277,8 +305,8 @@ def ratio(numerator, denominator) -> str:
 
 
 def table(results: dict, args) -> str:
-    rows = ["| measure | triton | eager | torch.compile | triton vs eager | triton vs compile |",
-            "| --- | --- | --- | --- | --- | --- |"]
+    rows = ["| measure | triton | eager | torch.compile | triton + compiled glue | triton vs eager | triton vs compile |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
 
     def get(key, field):
         value = results.get(key, {})
@@ -287,23 +315,23 @@ def table(results: dict, args) -> str:
     def time_row(label, prefix):
         cells = [cell(results.get(f"{prefix}/{v}"), lambda r: f"{r['ms']:.1f} ms / {r['peak_gb']:.1f} GB")
                  for v in VARIANTS]
-        t, e, c = (get(f"{prefix}/{v}", "ms") for v in VARIANTS)
+        t, e, c, _ = (get(f"{prefix}/{v}", "ms") for v in VARIANTS)
         rows.append(f"| {label} | {' | '.join(cells)} | {ratio(e, t)} faster | {ratio(c, t)} faster |")
-        tm, em, cm = (get(f"{prefix}/{v}", "peak_gb") for v in VARIANTS)
-        rows.append(f"| {label}: memory | | | | {ratio(em, tm)} less | {ratio(cm, tm)} less |")
+        tm, em, cm, _ = (get(f"{prefix}/{v}", "peak_gb") for v in VARIANTS)
+        rows.append(f"| {label}: memory | | | | | {ratio(em, tm)} less | {ratio(cm, tm)} less |")
 
     for length in args.block_lengths:
         time_row(f"Pairformer block fwd+bwd, L={length}", f"block{length}")
     time_row(f"training iteration, af3 depth {args.depth}, crop {args.crop}", "step")
     crops = [cell(results.get(f"maxcrop/{v}"), lambda r: f"{'' if r['bound'] == 'exact' else '>= '}{r['max_crop']}")
              for v in VARIANTS]
-    t, e, c = (get(f"maxcrop/{v}", "max_crop") for v in VARIANTS)
+    t, e, c, _ = (get(f"maxcrop/{v}", "max_crop") for v in VARIANTS)
     rows.append(f"| largest crop without OOM, depth {args.depth} | {' | '.join(crops)} | {ratio(t, e)} | {ratio(t, c)} |")
     for source in ("cache", "online"):
         result = results.get(f"datawait/{source}")
         rows.append(f"| data wait share, {source} | "
                     + cell(result, lambda r: f"{100 * r['share']:.2f} % ({r['wait_ms']:.0f} of {r['step_ms']:.0f} ms)")
-                    + " | | | | |")
+                    + " | | | | | |")
     return "\n".join(rows)
 
 
@@ -315,16 +343,17 @@ def main() -> None:
     parser.add_argument("--msa-rows", type=int, default=1024)
     parser.add_argument("--templates", type=int, default=4)
     parser.add_argument("--block-lengths", type=int, nargs="*", default=[384, 768])
-    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS),
+                        help="order within the cheap (no compile) and costly (compile) groups")
     parser.add_argument("--crop-limit", type=int, default=3072, help="largest crop the search tries")
-    parser.add_argument("--crop-budget-s", type=float, default=60.0, help="time per variant for the crop search")
-    parser.add_argument("--budget-s", type=float, default=450.0, help="whole-run time budget")
+    parser.add_argument("--crop-budget-s", type=float, default=45.0, help="time per variant for the crop search")
+    parser.add_argument("--budget-s", type=float, default=360.0, help="whole-run time budget")
     parser.add_argument("--cache", help="feature cache for the data-wait measurement")
     parser.add_argument("--online", help="raw mmCIF folder for the online data-wait measurement")
     parser.add_argument("--alignments")
     parser.add_argument("--template-dir")
-    parser.add_argument("--data-steps", type=int, default=8)
-    parser.add_argument("--num-workers", type=int, default=4)
+    parser.add_argument("--data-steps", type=int, default=16)
+    parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on any device: checks the script runs")
     args = parser.parse_args()
 
@@ -371,32 +400,41 @@ def main() -> None:
         share = min(args.crop_budget_s, max(0.0, budget.left() - 30))
         return max_crop(runner, args.crop, args.crop_limit, args.msa_rows, args.templates, share)
 
-    for group in (fast, slow):
-        for variant in group:
-            run_section(results, f"step/{variant}", budget, 20, step_bench, variant)
-        for length in args.block_lengths:
-            for variant in group:
-                run_section(results, f"block{length}/{variant}", budget, 15, bench_block, variant, length, dims,
-                            device, warmup, reps)
-        if group is fast:
-            for source, option in (("cache", args.cache), ("online", args.online)):
-                if option:
-                    run_section(results, f"datawait/{source}", budget, 20, data_wait_share, args, device, source,
-                                args.out)
-        for variant in group:
-            if variant in runners:
-                run_section(results, f"maxcrop/{variant}", budget, 20, crop_search, variant)
-            runners.pop(variant, None)
-            free_memory()
-
-    text = table(results, args)
     trunk = preset("af3", **overrides)
     header = (f"{results['date']}, {results['device']}, torch {results['torch']}, triton {results['triton']}, "
               f"commit {results['commit']}; {'tiny (smoke)' if args.smoke else 'af3'} trunk with "
               f"{trunk.num_pairformer_blocks} Pairformer blocks, {trunk.num_msa_blocks} MSA blocks "
               f"({args.msa_rows} rows), {trunk.num_template_blocks} template blocks ({args.templates} templates)")
-    (args.out / "train_step.json").write_text(json.dumps(results, indent=1, default=str))
-    (args.out / "train_step.md").write_text(header + "\n\n" + text + "\n")
+
+    def section(key: str, reserve_s: float, function, *section_args) -> None:
+        run_section(results, key, budget, reserve_s, function, *section_args)
+        # written after every section: a run cut short still returns what it measured
+        (args.out / "train_step.json").write_text(json.dumps(results, indent=1, default=str))
+        (args.out / "train_step.md").write_text(header + "\n\n" + table(results, args) + "\n")
+
+    for variant in fast:
+        section(f"step/{variant}", 20, step_bench, variant)
+    for length in args.block_lengths:
+        for variant in fast:
+            section(f"block{length}/{variant}", 15, bench_block, variant, length, dims, device, warmup, reps)
+    for source, option in (("cache", args.cache), ("online", args.online)):
+        if option:
+            section(f"datawait/{source}", 20, data_wait_share, args, device, source)
+    for variant in fast:
+        if variant in runners:
+            section(f"maxcrop/{variant}", 20, crop_search, variant)
+        runners.pop(variant, None)
+        free_memory()
+    for variant in slow:
+        section(f"step/{variant}", 20, step_bench, variant)
+        for length in args.block_lengths:
+            section(f"block{length}/{variant}", 15, bench_block, variant, length, dims, device, warmup, reps)
+        if variant in runners:
+            section(f"maxcrop/{variant}", 20, crop_search, variant)
+        runners.pop(variant, None)
+        free_memory()
+
+    text = table(results, args)
     print()
     print(header)
     print(text)
