@@ -29,11 +29,29 @@ def _check_impl(impl: str) -> None:
         raise ValueError(f"kernel impl is {impl!r}, expected one of {KERNEL_IMPLS}")
 
 
+def _cast_to_autocast_dtype(module: nn.Module, args: tuple) -> tuple:
+    """Forward pre-hook: floating-point inputs in the autocast dtype while autocast is on.
+
+    The Triton ops compute and return in their input's dtype (autocast does not reach inside a
+    custom autograd Function), so without this they would run the fp32 residual stream in fp32
+    while the PyTorch path's matrix products run in bf16. Both paths take the hook, so they see
+    the same precision; the residual stream itself stays fp32.
+    """
+    cast = []
+    for value in args:
+        if isinstance(value, torch.Tensor) and value.is_floating_point() \
+                and torch.is_autocast_enabled(value.device.type):
+            value = value.to(torch.get_autocast_dtype(value.device.type))
+        cast.append(value)
+    return tuple(cast)
+
+
 def kernel_module(name: str, *args, impl: str, **kwargs) -> nn.Module:
     """Build one of the fused-op modules of featurecache.kernels (imported at construction)."""
     _check_impl(impl)
-    module = import_module(_KERNEL_MODULES[name])
-    return getattr(module, name)(*args, impl=impl, **kwargs)
+    module = getattr(import_module(_KERNEL_MODULES[name]), name)(*args, impl=impl, **kwargs)
+    module.register_forward_pre_hook(_cast_to_autocast_dtype)
+    return module
 
 
 def attention_fn(impl: str):

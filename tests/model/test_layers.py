@@ -121,3 +121,18 @@ def test_unknown_impl_and_node_are_rejected():
         TriangleAttention(16, 2, 8, impl="cuda")
     with pytest.raises(ValueError, match="node is 'middle'"):
         TriangleAttention(16, 2, 8, node="middle", impl="torch")
+
+
+def test_kernel_inputs_take_the_autocast_dtype():
+    """Under bf16 autocast the fused ops get bf16 inputs (their output dtype follows the input)."""
+    from featurecache.model.layers import kernel_module
+
+    layer = kernel_module("LayerNormLinear", 16, 8, impl="torch")
+    seen = {}
+    layer.register_forward_pre_hook(lambda module, args: seen.update(dtype=args[0].dtype))
+    x = torch.randn(3, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        layer(x)
+    assert seen["dtype"] == torch.bfloat16
+    layer(x)
+    assert seen["dtype"] == torch.float32
