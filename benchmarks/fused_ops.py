@@ -1,6 +1,6 @@
 """Fused small ops (LayerNorm+Linear, Transition, triangle multiplicative update) on the GPU.
 
-    PYTHONUNBUFFERED=1 python3 benchmarks/fused_ops.py [--sweep] [--out DIR] [--smoke]
+    PYTHONUNBUFFERED=1 python3 benchmarks/fused_ops.py [--sweep [--variants N]] [--out DIR] [--smoke]
 
 One process, so every provider is measured on the same machine in the same run:
   1. correctness at the benchmark sizes: the Triton kernels in bf16 against a float64 reference
@@ -262,6 +262,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="time candidate block sizes first")
     parser.add_argument("--out", type=pathlib.Path, default=None, help="folder for JSON results")
+    parser.add_argument("--variants", type=int, default=1,
+                        help="candidates per kernel tried by --sweep, besides the default")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes on the CPU under the Triton interpreter, no torch.compile")
     args = parser.parse_args()
@@ -303,7 +305,7 @@ def main() -> None:
                                        device=DEVICE, dtype=DTYPE)
             if args.sweep and case.sweep:
                 sweeps[case.name] = sweep(case, triton_module, inputs, extra, grad_out, winners,
-                                          variants_per_kernel=1 if args.smoke else 99)
+                                          variants_per_kernel=args.variants)
             providers = {"eager": eager}
             if case.compile_peer and not args.smoke:
                 providers["compile"] = torch.compile(copy.deepcopy(eager), dynamic=False)
