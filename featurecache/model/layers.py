@@ -35,7 +35,7 @@ def _cast_to_autocast_dtype(module: nn.Module, args: tuple) -> tuple:
     The Triton ops compute and return in their input's dtype (autocast does not reach inside a
     custom autograd Function), so without this they would run the fp32 residual stream in fp32
     while the PyTorch path's matrix products run in bf16. Both paths take the hook, so they see
-    the same precision; the residual stream itself stays fp32.
+    the same precision; residual adds keep the dtype of the stream they add to.
     """
     cast = []
     for value in args:
