@@ -47,10 +47,13 @@ def _stored(cache: Path) -> dict[tuple[str, str], bytes]:
 
 
 def _left_by_kill(cache: Path) -> dict[tuple[str, str], bytes]:
-    """What a killed run committed, read shard by shard with LMDB itself: a kill while a shard
-    file is being created leaves a shard without any table, which holds no records."""
+    """What a killed run committed, read shard by shard with LMDB itself. A kill while a shard
+    is being created leaves an empty file (LMDB has not written its header yet) or a shard
+    without tables: both hold no records, and the rerun initializes them."""
     records = {}
     for path in sorted(cache.glob("shard-*.lmdb")) if cache.is_dir() else []:
+        if path.stat().st_size == 0:
+            continue
         with lmdb.open(str(path), subdir=False, readonly=True, lock=False, max_dbs=16) as env:
             for table in TABLES:
                 try:
