@@ -42,7 +42,7 @@ def render_report(figures: dict) -> str:
             f"process ({kill['targets']} targets with {kill['msa_records']} unique chain MSAs, "
             f"{kill['num_shards']} shards, {kill['batch_records']} records per transaction; an uninterrupted run "
             f"took {kill['full_run_s']:.2f} s) killed with SIGKILL after a random delay between 0 and 1.1 times "
-            f"that, then rerun to the end. After every "
+            f"that, counted from the moment all shard files exist, then rerun to the end. After every "
             f"kill each committed record decoded and matched the uninterrupted reference byte for byte; after "
             f"every rerun the cache held each target and each unique chain MSA exactly once, equal to the "
             f"reference, and `verify` was clean.",
