@@ -41,8 +41,9 @@ def render_report(figures: dict) -> str:
             f"`tests/reliability/test_kill.py`, seed {kill['seed']}: {kill['trials']} trials, each a precompute "
             f"process ({kill['targets']} targets with {kill['msa_records']} unique chain MSAs, "
             f"{kill['num_shards']} shards, {kill['batch_records']} records per transaction; an uninterrupted run "
-            f"took {kill['full_run_s']:.2f} s) killed with SIGKILL after a random delay between 0 and 1.1 times "
-            f"that, counted from the moment all shard files exist, then rerun to the end. After every "
+            f"took {kill['full_run_s']:.2f} s) killed with SIGKILL after a random delay, one in each of "
+            f"{kill['trials']} equal slices of 1.1 times that, counted from the moment all shard files exist, "
+            f"then rerun to the end. After every "
             f"kill each committed record decoded and matched the uninterrupted reference byte for byte; after "
             f"every rerun the cache held each target and each unique chain MSA exactly once, equal to the "
             f"reference, and `verify` was clean.",
@@ -62,8 +63,11 @@ def render_report(figures: dict) -> str:
                           f"{ray['committed']} targets and {ray['committed_msa']} MSAs were committed; the rerun "
                           f"featurized {ray['done']} and skipped {ray['skipped']}, matched the reference and "
                           f"`verify` was clean."]
-        survived = kill.get("trials", 0) + (1 if ray else 0)
-        lines += ["", f"Trials survived: {survived} of {survived}.", ""]
+        killed = sum(row["exit_code"] == -9 for row in kill["rows"]) + (1 if ray else 0)
+        finished = sum(row["exit_code"] != -9 for row in kill["rows"])
+        lines += ["", f"Trials survived: {killed} killed mid-run and {finished} that finished before their "
+                      f"kill (the last slice reaches past the end of the run); every rerun completed, matched "
+                      f"the reference and verified clean.", ""]
     corruption = figures.get("corruption")
     if corruption:
         lines += [

@@ -157,7 +157,9 @@ def test_kill_9_at_random_points_then_rerun(tmp_path, reference, seed, reliabili
     rows = []
     for trial in range(TRIALS):
         cache = tmp_path / f"trial-{trial:02d}"
-        delay = rng.uniform(0.0, 1.1 * reference.seconds)
+        # One random point in each of TRIALS equal slices of the run (and a bit past its end), so
+        # the kills cover every stage whatever the seed.
+        delay = 1.1 * reference.seconds * (trial + rng.random()) / TRIALS
         process = context.Process(target=_precompute_in_child, args=(reference.options(cache),))
         process.start()
         # Delays count from the moment every shard file exists: a kill while they are being
