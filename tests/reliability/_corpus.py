@@ -9,7 +9,6 @@ alignment cases, its own query sequence (alignments are matched to chains by seq
 from __future__ import annotations
 
 import gzip
-import os
 import random
 import re
 from dataclasses import dataclass
@@ -92,25 +91,25 @@ def build_corpus(shared_data: Path, inputs: Path, alignments: Path, rng: random.
     row = cif_text[row_start: cif_text.index("\n", row_start)]
     cut = row_start + rng.randrange(len("ATOM "), row.rstrip().rindex(" "))
     add("truncated.cif", cif_text[:cut], BadInput(
-        "truncated", "mmCIF cut in the middle of a table", "error", ("truncated.cif",)))
+        "truncated", "mmCIF cut in the middle of a table", "error", ("truncated.cif", "invalid mmCIF")))
     packed = gzip.compress(small_cif.encode())
     add("truncated_gzip.cif.gz", packed[: len(packed) // 2], BadInput(
         "truncated_gzip", "gzipped mmCIF cut in half", "error", ("truncated_gzip.cif.gz", "gzip")))
     add("binary.cif", bytes(rng.randrange(256) for _ in range(4096)), BadInput(
-        "binary", "4 kB of random bytes named .cif", "error", ("binary.cif",)))
+        "binary", "4 kB of random bytes named .cif", "error", ("binary.cif", "binary content")))
     add("binary_fa.fasta", bytes(rng.randrange(256) for _ in range(4096)), BadInput(
-        "binary_fa", "4 kB of random bytes named .fasta", "error", ("binary_fa.fasta",)))
-    add("empty.cif", b"", BadInput("empty", "empty .cif file", "error", ("empty.cif",)))
+        "binary_fa", "4 kB of random bytes named .fasta", "error", ("binary_fa.fasta", "binary content")))
+    add("empty.cif", b"", BadInput("empty", "empty .cif file", "error", ("empty.cif", "empty file")))
     add("empty_fa.fa", b"", BadInput("empty_fa", "empty .fa file", "error", ("empty_fa.fa", "empty")))
     add("plain.cif.gz", small_cif[:3000], BadInput(
-        "plain", "plain text named .cif.gz, cut short", "error", ("plain.cif.gz",)))
+        "plain", "plain text named .cif.gz, cut short", "error", ("plain.cif.gz", "invalid mmCIF")))
     add("fasta_inside.cif", f">a mol:protein\n{sequences[0]}\n", BadInput(
-        "fasta_inside", "FASTA text named .cif", "error", ("fasta_inside.cif",)))
+        "fasta_inside", "FASTA text named .cif", "error", ("fasta_inside.cif", "invalid mmCIF")))
     pdb_lines = "".join(
         f"ATOM  {i + 1:5d}  CA  ALA A{i + 1:4d}    {i * 3.8:8.3f}{0.0:8.3f}{0.0:8.3f}  1.00  0.00           C\n"
         for i in range(20))
     add("pdb_format.cif", "HEADER    TEST\n" + pdb_lines + "END\n", BadInput(
-        "pdb_format", "PDB-format ATOM records named .cif", "error", ("pdb_format.cif",)))
+        "pdb_format", "PDB-format ATOM records named .cif", "error", ("pdb_format.cif", "invalid mmCIF")))
     add("header_only.cif", "data_1abc\n_entry.id 1ABC\n", BadInput(
         "header_only", "mmCIF with a header and no atoms", "error", ("header_only.cif", "_atom_site")))
     no_x = re.sub(r"_atom_site\.Cartn_x", "_atom_site.Cartn_q", small_cif, count=1)
@@ -140,7 +139,7 @@ def build_corpus(shared_data: Path, inputs: Path, alignments: Path, rng: random.
 
     # --- FASTA inputs ---------------------------------------------------------------------------
     add("utf16.fasta", f">a\n{sequences[1]}\n".encode("utf-16"), BadInput(
-        "utf16", "UTF-16 encoded FASTA", "error", ("utf16.fasta",)))
+        "utf16", "UTF-16 encoded FASTA", "error", ("utf16.fasta", "binary content")))
     add("latin1.fasta", b">a caf\xe9 protein\n" + sequences[1].encode() + b"\n", BadInput(
         "latin1", "FASTA header in Latin-1 (not UTF-8)", "error", ("latin1.fasta", "UTF-8")))
     add("no_sequence.fasta", ">a mol:protein\n>b mol:protein\nMKV\n", BadInput(
@@ -148,9 +147,9 @@ def build_corpus(shared_data: Path, inputs: Path, alignments: Path, rng: random.
     add("no_header.fasta", f"{sequences[2]}\n>b\n{sequences[2]}\n", BadInput(
         "no_header", "sequence before the first header", "error", ("no_header.fasta", "header")))
     add("digits.fasta", f">a mol:protein\n{sequences[3][:20]}12345\n", BadInput(
-        "digits", "digits inside a protein sequence", "error", ("digits.fasta",)))
+        "digits", "digits inside a protein sequence", "error", ("digits.fasta", "invalid character '1'")))
     add("empty_gzip.fasta.gz", gzip.compress(b""), BadInput(
-        "empty_gzip", "gzip of an empty file", "error", ("empty_gzip.fasta.gz",)))
+        "empty_gzip", "gzip of an empty file", "error", ("empty_gzip.fasta.gz", "no FASTA records")))
     # Unknown residues are data, not errors: they become UNK / N tokens.
     add("unknown_residues.fasta", f">a mol:protein\nXX{sequences[4][:30]}BZJOUX\n", BadInput(
         "unknown_residues", "protein with X, B, Z, J, O, U letters", "cached", ()))
@@ -173,11 +172,11 @@ def build_corpus(shared_data: Path, inputs: Path, alignments: Path, rng: random.
         add(f"{key}.fasta", f">{key} mol:protein\n{sequence}\n", BadInput(key, what, outcome, expect, stage))
         _write(alignments / "bad" / key / file_name, data)
 
-    good = [seq for seq in sequences[5:]]
+    good = sequences[5:]
     ragged = _a3m(good[0], good[1:], 5).splitlines()
     ragged[3] = ragged[3][:-7]  # a row shorter than the query
     alignment_case("ragged_a3m", good[0], "uniref90_hits.a3m", "\n".join(ragged) + "\n",
-                   "A3M row shorter than the query", "error", ("uniref90_hits.a3m",), "alignments")
+                   "A3M row shorter than the query", "error", ("uniref90_hits.a3m", "the query has"), "alignments")
     bad_char = _a3m(good[1], good[2:], 5).splitlines()
     bad_char[5] = bad_char[5][:10] + "*#" + bad_char[5][12:]
     alignment_case("bad_char_a3m", good[1], "mgnify_hits.a3m", "\n".join(bad_char) + "\n",
@@ -186,10 +185,11 @@ def build_corpus(shared_data: Path, inputs: Path, alignments: Path, rng: random.
                    "A3M with 20,000 rows (capped by max_msa_rows)", "cached", (), "alignments")
     hhr_folder_msa = _a3m(good[3], good[4:], 3)
     alignment_case("garbage_hhr", good[3], "uniref90_hits.a3m", hhr_folder_msa,
-                   "HHR template hits file that is binary garbage", "error", ("pdb70_hits.hhr",), "alignments")
+                   "HHR template hits file that is binary garbage", "error", ("pdb70_hits.hhr", "not UTF-8"),
+                   "alignments")
     _write(alignments / "bad" / "garbage_hhr" / "pdb70_hits.hhr", bytes(rng.randrange(1, 256) for _ in range(2048)))
     alignment_case("bad_m8", good[4], "badm8_protein.a3m", _a3m(good[4], good[5:], 3),
-                   "MMseqs2 m8 hits with missing columns", "error", ("badm8_protein_pdb.m8",), "alignments")
+                   "MMseqs2 m8 hits with missing columns", "error", ("badm8_protein_pdb.m8", "columns"), "alignments")
     _write(alignments / "bad" / "bad_m8" / "badm8_protein_pdb.m8", "query\t1abc_A\t0.5\n")
     sto = f"# STOCKHOLM 1.0\nquery {good[5]}\nhit1 {good[6][: len(good[5])]}\n"
     # Unreadable alignment files cannot be matched to any chain: the index reports them and
@@ -199,7 +199,8 @@ def build_corpus(shared_data: Path, inputs: Path, alignments: Path, rng: random.
                    "alignments")
     alignment_case("empty_a3m", good[6], "uniref90_hits.a3m", b"",
                    "empty A3M file", "cached", ("uniref90_hits.a3m",), "alignments")
-    alignment_case("binary_a3m", good[7], "mgnify_hits.a3m", b"\x00" + os.urandom(1000),
+    binary = b"\x00" + bytes(rng.randrange(256) for _ in range(1000))
+    alignment_case("binary_a3m", good[7], "mgnify_hits.a3m", binary,
                    "binary A3M file", "cached", ("mgnify_hits.a3m",), "alignments")
     alignment_case("corrupt_gzip_a3m", good[8], "bfd_hits.a3m.gz", gzip.compress(b">q\nMKV\n")[:-9],
                    "gzipped A3M with its end cut off", "cached", ("bfd_hits.a3m.gz",), "alignments")

@@ -21,11 +21,11 @@ import pytest
 from click.testing import CliRunner
 
 from featurecache.cli import cli
-from featurecache.config import FeatureConfig
+from featurecache.config import FeatureConfig, StoreConfig
 from featurecache.features.schema import check_record
 from featurecache.store.codec import decode_record
 from featurecache.store.manifest import MANIFEST_NAME
-from featurecache.store.shards import StoreConfig, StoreReader, StoreWriter
+from featurecache.store.shards import StoreReader, StoreWriter
 from featurecache.store.verify import verify_cache
 from featurecache.workers.pipeline import PrecomputeOptions, precompute
 from tests.reliability._corpus import GOOD_TARGETS, build_corpus, homolog_sequences
