@@ -42,7 +42,8 @@ def render_report(figures: dict) -> str:
             f"process ({kill['targets']} targets with {kill['msa_records']} unique chain MSAs, "
             f"{kill['num_shards']} shards, {kill['batch_records']} records per transaction; an uninterrupted run "
             f"took {kill['full_run_s']:.2f} s) killed with SIGKILL after a random delay, one in each of "
-            f"{kill['trials']} equal slices of 1.1 times that, counted from the moment all shard files exist, "
+            f"{kill['trials']} equal slices of {kill['span']} times that, counted from the moment all shard files "
+            f"exist, "
             f"then rerun to the end. After every "
             f"kill each committed record decoded and matched the uninterrupted reference byte for byte; after "
             f"every rerun the cache held each target and each unique chain MSA exactly once, equal to the "
@@ -66,7 +67,7 @@ def render_report(figures: dict) -> str:
         killed = sum(row["exit_code"] == -9 for row in kill["rows"]) + (1 if ray else 0)
         finished = sum(row["exit_code"] != -9 for row in kill["rows"])
         lines += ["", f"Trials survived: {killed} killed mid-run and {finished} that finished before their "
-                      f"kill (the last slice reaches past the end of the run); every rerun completed, matched "
+                      f"kill; every rerun completed, matched "
                       f"the reference and verified clean.", ""]
     corruption = figures.get("corruption")
     if corruption:
