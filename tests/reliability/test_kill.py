@@ -137,10 +137,6 @@ def _check_rerun(reference: _Reference, cache: Path, where: str) -> tuple[int, i
     return committed, committed_msa, stages.done, stages.skipped, manifest_left
 
 
-@pytest.mark.xfail(strict=True, reason="workers/pipeline.py _prepare counts the shard files a killed run "
-                                        "managed to create (1 of 3) and then refuses them: 'shard-00000.lmdb says "
-                                        "it is shard 0 of 3, expected shard 0 of 1'; the count must come from the "
-                                        "shards' own meta (num_shards), not from the files")
 @pytest.mark.parametrize("created", [1, 2])
 def test_rerun_after_a_kill_while_shards_were_being_created(tmp_path, reference, created):
     """The state a kill leaves 20-40 ms into a run: the first shards exist, the others do not."""
