@@ -96,6 +96,32 @@ def find_shards(cache_dir: Path) -> list[Path]:
     return found
 
 
+def declared_shard_count(cache_dir: Path) -> int | None:
+    """The shard count the existing shard files were created for (from their meta entry).
+
+    A run killed while creating its shards leaves only the first few files; they still say how
+    many there should be. Files too new to hold a meta entry are skipped; None if none has one.
+    """
+    for path in find_shards(cache_dir):
+        try:
+            env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, max_dbs=_MAX_DBS)
+        except lmdb.Error:
+            continue  # created but never committed to (killed before LMDB wrote its header)
+        try:
+            meta_db = env.open_db(_META_TABLE.encode(), create=False)
+            with env.begin(db=meta_db) as txn:
+                stored = txn.get(_SHARD_META_KEY)
+        except lmdb.Error:
+            continue
+        finally:
+            env.close()
+        if stored is not None:
+            meta = unpack_plain(stored, str(path))
+            if isinstance(meta, dict) and isinstance(meta.get("num_shards"), int):
+                return meta["num_shards"]
+    return None
+
+
 def _index_table(table: str) -> str:
     return f"index.{table}"
 
@@ -336,9 +362,15 @@ class StoreWriter:
         self.cache_dir = Path(cache_dir)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         existing = find_shards(self.cache_dir)
-        if existing and len(existing) != config.num_shards:
+        declared = declared_shard_count(self.cache_dir) if existing else None
+        if declared is not None and declared != config.num_shards:
             raise ValueError(
-                f"{self.cache_dir} has {len(existing)} shards but StoreConfig.num_shards is "
+                f"{self.cache_dir} was created with {declared} shards but StoreConfig.num_shards is "
+                f"{config.num_shards}; use num_shards={declared} or a new cache folder"
+            )
+        if declared is None and len(existing) > config.num_shards:
+            raise ValueError(
+                f"{self.cache_dir} has {len(existing)} shard files but StoreConfig.num_shards is "
                 f"{config.num_shards}; use num_shards={len(existing)} or a new cache folder"
             )
         if config.num_shards < 1:

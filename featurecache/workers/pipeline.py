@@ -23,7 +23,9 @@ from pathlib import Path
 from featurecache.config import FeatureConfig, StoreConfig, file_sha256, fingerprint
 from featurecache.features.schema import SCHEMA_VERSION
 from featurecache.store.codec import encode_record, read_header
-from featurecache.store.shards import StoreLockedError, StoreWriteError, StoreWriter, find_shards
+from featurecache.store.shards import (
+    StoreLockedError, StoreWriteError, StoreWriter, declared_shard_count, find_shards,
+)
 from featurecache.workers import tasks
 from featurecache.workers.tasks import (
     ERRORS_TABLE, FEATURES_TABLE, MSA_TABLE, ChainSequence, TargetInput, TaskError,
@@ -190,7 +192,10 @@ def _prepare(options: PrecomputeOptions) -> _Plan:
         if options.max_msa_rows < 1:
             raise PipelineSetupError(f"--max-msa-rows must be at least 1, got {options.max_msa_rows}")
         feature_config = dataclasses.replace(feature_config, max_msa_rows=options.max_msa_rows)
-    existing_shards = len(find_shards(options.cache_dir)) if options.cache_dir.is_dir() else 0
+    existing_shards = 0
+    if options.cache_dir.is_dir() and find_shards(options.cache_dir):
+        # What the shards were created for: a killed run may have left only some of them.
+        existing_shards = declared_shard_count(options.cache_dir) or len(find_shards(options.cache_dir))
     num_shards = options.num_shards or existing_shards or store_config.num_shards
     if options.num_shards and existing_shards and options.num_shards != existing_shards:
         raise PipelineSetupError(
