@@ -134,7 +134,7 @@ def test_map_grows_from_a_tiny_initial_size(tmp_path):
 
 def test_shard_count_must_match_existing_cache(tmp_path):
     build_cache(tmp_path, ["a", "b"], _seed(), num_shards=3)
-    with pytest.raises(ValueError, match="has 3 shards but StoreConfig.num_shards is 2"):
+    with pytest.raises(ValueError, match="created with 3 shards but StoreConfig.num_shards is 2"):
         StoreWriter(tmp_path, StoreConfig(num_shards=2))
 
 
