@@ -1,6 +1,7 @@
 """Fused small ops (LayerNorm+Linear, Transition, triangle multiplicative update) on the GPU.
 
-    PYTHONUNBUFFERED=1 python3 benchmarks/fused_ops.py [--sweep [--variants N]] [--out DIR] [--smoke]
+    PYTHONUNBUFFERED=1 python3 benchmarks/fused_ops.py [--sweep [--variants N]] [--out DIR]
+    python3 benchmarks/fused_ops.py --smoke
 
 One process, so every provider is measured on the same machine in the same run:
   1. correctness at the benchmark sizes: the Triton kernels in bf16 against a float64 reference
@@ -156,7 +157,33 @@ def check(case: Case, modules: dict[str, torch.nn.Module]) -> dict[str, float]:
     return result
 
 
-def measure(module, inputs, extra, grad_out) -> tuple[float, float]:
+def graph_ms(step: Callable[[], object], tensors: list[torch.Tensor]) -> float:
+    """Median time of one CUDA-graph replay of step: GPU time without host launch overhead.
+
+    NaN where step cannot be captured.
+    """
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                for tensor in tensors:
+                    tensor.grad = None
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        for tensor in tensors:
+            tensor.grad = None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        return time_ms(graph.replay)
+    except Exception as error:
+        print(f"  graph capture failed: {type(error).__name__}: {str(error)[:160]}")
+        return float("nan")
+
+
+def measure(module, inputs, extra, grad_out) -> tuple[float, float, float]:
+    """(fwd+bwd ms as called from Python, the same as a CUDA-graph replay, extra peak MiB)."""
     leaves = [x.detach().requires_grad_() for x in inputs]
     params = list(module.parameters())
 
@@ -168,58 +195,56 @@ def measure(module, inputs, extra, grad_out) -> tuple[float, float]:
         tensor.grad = None
     peak = extra_peak_mib(step)
     ms = time_ms(step, grad_to_none=[*leaves, *params])
-    return ms, peak
+    replay_ms = graph_ms(step, [*leaves, *params]) if DEVICE == "cuda" else float("nan")
+    return ms, replay_ms, peak
 
 
-# Candidates besides the configured default, chosen from an sm_90 compile on the CPU (register
-# use and stack frame per config, benchmarks/NOTES-fused_ops.md); two each to fit the lease.
+# Candidates besides the configured default: neighbours of the configs/fused_ops.json entry
+# (tuning history in benchmarks/NOTES-fused_ops.md); two each to fit the lease.
 SWEEPS = {
     "layernorm_linear": {
         "fwd": [
-            dict(BLOCK_M=128, BLOCK_N=128, num_warps=8),
-            dict(BLOCK_M=64, BLOCK_N=64, num_warps=4),
+            dict(BLOCK_M=128, BLOCK_N=128, num_warps=4),
+            dict(BLOCK_M=128, BLOCK_N=64, num_warps=8),
         ],
         "bwd_dx": [
-            dict(BLOCK_M=64, BLOCK_N=64, num_warps=8),
             dict(BLOCK_M=128, BLOCK_N=32, num_warps=8),
+            dict(BLOCK_M=32, BLOCK_N=32, num_warps=4),
         ],
         "bwd_dw": [
-            dict(BLOCK_M=128, BLOCK_N=64, num_warps=8),
-            dict(BLOCK_M=64, BLOCK_N=128, num_warps=8),
+            dict(BLOCK_M=128, BLOCK_N=128, num_warps=8),
+            dict(BLOCK_M=128, BLOCK_N=32, num_warps=4),
         ],
     },
     "transition": {
         "fwd": [
-            dict(BLOCK_M=128, BLOCK_H=32, num_warps=8),
-            dict(BLOCK_M=64, BLOCK_H=64, num_warps=8),
+            dict(BLOCK_M=128, BLOCK_H=64, num_warps=8),
+            dict(BLOCK_M=128, BLOCK_H=16, num_warps=8),
         ],
         "bwd_dx": [
-            dict(BLOCK_M=128, BLOCK_H=32, num_warps=8),
-            dict(BLOCK_M=64, BLOCK_H=64, num_warps=8),
-        ],
-        "bwd_dw": [
+            dict(BLOCK_M=128, BLOCK_H=64, num_warps=8),
             dict(BLOCK_M=128, BLOCK_H=16, num_warps=8),
-            dict(BLOCK_M=64, BLOCK_H=32, num_warps=8),
         ],
+        "bwd_dw": [dict(WEIGHT_GRADS="matmul"), dict(BLOCK_M=128, BLOCK_H=32, num_warps=8)],
     },
     "triangle_mult": {
         "proj": [
-            dict(BLOCK_M=128, BLOCK_H=32, num_warps=8),
-            dict(BLOCK_M=64, BLOCK_H=64, num_warps=8),
+            dict(BLOCK_M=128, BLOCK_H=64, num_warps=8),
+            dict(BLOCK_M=128, BLOCK_H=16, num_warps=4),
         ],
-        "out": [dict(BLOCK_M=64, num_warps=8), dict(BLOCK_M=128, num_warps=8)],
-        "bwd_out": [dict(BLOCK_M=64, num_warps=8)],
+        "out": [dict(BLOCK_M=128, num_warps=8), dict(BLOCK_M=64, num_warps=4)],
+        "bwd_out": [dict(BLOCK_M=64, num_warps=4), dict(BLOCK_M=128, num_warps=8)],
         "bwd_proj": [
-            dict(BLOCK_M=64, BLOCK_H=32, num_warps=8),
-            dict(BLOCK_M=32, BLOCK_H=16, num_warps=4),
-        ],
-        "bwd_dw_proj": [
             dict(BLOCK_M=128, BLOCK_H=32, num_warps=8),
             dict(BLOCK_M=64, BLOCK_H=16, num_warps=8),
         ],
+        "bwd_dw_proj": [
+            dict(BLOCK_M=128, BLOCK_H=64, num_warps=8),
+            dict(BLOCK_M=128, BLOCK_H=16, num_warps=8),
+        ],
         "bwd_dw_out": [
-            dict(BLOCK_M=128, BLOCK_N=32, num_warps=8),
-            dict(BLOCK_M=64, BLOCK_N=16, num_warps=8),
+            dict(BLOCK_M=128, BLOCK_N=64, num_warps=8),
+            dict(BLOCK_M=128, BLOCK_N=16, num_warps=8),
         ],
     },
 }
@@ -280,8 +305,8 @@ def main() -> None:
     cases = [_ln_linear_case(512), _ln_linear_case(128), _transition_case(),
              _triangle_case("outgoing", compile_peer=not args.smoke),
              _triangle_case("incoming", compile_peer=False)]
-    table = Table(["case", "provider", "fwd+bwd ms", "extra peak MiB", "vs compile",
-                   "err out", "err worst grad", "target"])
+    table = Table(["case", "provider", "fwd+bwd ms", "graph replay ms", "extra peak MiB",
+                   "vs compile", "vs compile (graph)", "err out", "err worst grad", "target"])
     records, sweeps = [], {}
     winners = contextlib.ExitStack()
     for case in cases:
@@ -313,18 +338,21 @@ def main() -> None:
             results = {}
             for name, module in providers.items():
                 results[name] = measure(module, inputs, extra, grad_out)
-                print(f"  {name}: {results[name][0]:.3f} ms, {results[name][1]:.0f} MiB")
-            for name, (ms, mib) in results.items():
+                print(f"  {name}: {results[name][0]:.3f} ms, graph {results[name][1]:.3f} ms, "
+                      f"{results[name][2]:.0f} MiB")
+            for name, (ms, replay_ms, mib) in results.items():
                 speedup = results["compile"][0] / ms if "compile" in results else None
+                graph_speedup = results["compile"][1] / replay_ms if "compile" in results else None
                 err_out = errors[f"{name}_out"] if name in ("eager", "triton") else None
                 err_grad = errors[f"{name}_grad"] if name in ("eager", "triton") else None
-                table.add([case.name, name, ms, mib, speedup, err_out, err_grad,
-                           case.target if name == "triton" else ""])
-                records.append({"case": case.name, "provider": name, "ms": ms, "peak_mib": mib,
+                table.add([case.name, name, ms, replay_ms, mib, speedup, graph_speedup, err_out,
+                           err_grad, case.target if name == "triton" else ""])
+                records.append({"case": case.name, "provider": name, "ms": ms,
+                                "graph_ms": replay_ms, "peak_mib": mib,
                                 "err_out": err_out, "err_grad": err_grad})
         except Exception:
             traceback.print_exc()
-            table.add([case.name, "FAILED", None, None, None, None, None, case.target])
+            table.add([case.name, "FAILED", *([None] * 7), case.target])
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
 

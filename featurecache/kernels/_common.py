@@ -111,7 +111,7 @@ def _config_table() -> dict[str, Any]:
         return json.load(handle)
 
 
-_overrides: dict[tuple[str, str], dict[str, int]] = {}
+_overrides: dict[tuple[str, str], dict[str, Any]] = {}
 
 
 def _device_key() -> str:
@@ -120,10 +120,11 @@ def _device_key() -> str:
     return torch.cuda.get_device_name()
 
 
-def kernel_config(op: str, kernel: str) -> dict[str, int]:
+def kernel_config(op: str, kernel: str) -> dict[str, Any]:
     """Block sizes and launch options for one kernel, for the current GPU.
 
-    Looks up configs/fused_ops.json under the device name, then "default".
+    Looks up configs/fused_ops.json under the device name, then "default". Values are block
+    sizes and launch options, and for some kernels a strategy name (e.g. WEIGHT_GRADS).
     """
     table = _config_table()
     entry = table.get(_device_key(), table["default"])
@@ -134,7 +135,7 @@ def kernel_config(op: str, kernel: str) -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def override_config(op: str, kernel: str, **values: int) -> Iterator[None]:
+def override_config(op: str, kernel: str, **values: Any) -> Iterator[None]:
     """Temporarily replace block sizes of one kernel (used by the tuning sweep in benchmarks)."""
     previous = _overrides.get((op, kernel))
     _overrides[(op, kernel)] = {**(previous or {}), **values}

@@ -86,7 +86,9 @@ def _swiglu_bwd(xn, dy, wa, wb, wo, zeros_h, PRECISION: tl.constexpr):
 @triton.jit
 def _transition_bwd_dx_kernel(
     X, DY, NORM_W, NORM_B, WA, WB, WO, MEAN, RSTD, DX, DNORM_W_PART, DNORM_B_PART,
+    D_AB, HIDDEN, XN,
     n_rows, n_ch, n_hidden,
+    STORE_FOR_WEIGHTS: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -107,6 +109,8 @@ def _transition_bwd_dx_kernel(
     norm_b = tl.load(NORM_B + cols, mask=col_mask, other=0.0).to(tl.float32)
     xn = _cast(xhat * norm_w[None, :] + norm_b[None, :], x.dtype, PRECISION)
     dy = tl.load(DY + rows[:, None] * n_ch + cols[None, :], mask=tile_mask, other=0.0)
+    if STORE_FOR_WEIGHTS:
+        tl.store(XN + rows[:, None] * n_ch + cols[None, :], xn, mask=tile_mask)
 
     d_xn = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
     zeros_h = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
@@ -119,9 +123,18 @@ def _transition_bwd_dx_kernel(
         wa = _cast(wa, x.dtype, PRECISION)
         wb = _cast(wb, x.dtype, PRECISION)
         wo = _cast(wo, x.dtype, PRECISION)
-        _, d_a, d_b = _swiglu_bwd(xn, dy, wa, wb, wo, zeros_h, PRECISION)
-        d_xn = _mma(_cast(d_a, x.dtype, PRECISION), wa, d_xn, PRECISION)
-        d_xn = _mma(_cast(d_b, x.dtype, PRECISION), wb, d_xn, PRECISION)
+        hidden, d_a, d_b = _swiglu_bwd(xn, dy, wa, wb, wo, zeros_h, PRECISION)
+        d_a = _cast(d_a, x.dtype, PRECISION)
+        d_b = _cast(d_b, x.dtype, PRECISION)
+        d_xn = _mma(d_a, wa, d_xn, PRECISION)
+        d_xn = _mma(d_b, wb, d_xn, PRECISION)
+        if STORE_FOR_WEIGHTS:
+            # D_AB [rows, 2 * n_hidden] = [d_a | d_b]; HIDDEN [rows, n_hidden]
+            h_offsets = rows[:, None] * n_hidden + hids[None, :]
+            h_mask = row_mask[:, None] & (hids < n_hidden)[None, :]
+            tl.store(D_AB + rows[:, None] * n_hidden + h_offsets, d_a, mask=h_mask)
+            tl.store(D_AB + rows[:, None] * n_hidden + h_offsets + n_hidden, d_b, mask=h_mask)
+            tl.store(HIDDEN + h_offsets, _cast(hidden, x.dtype, PRECISION), mask=h_mask)
 
     dx = _layernorm_rows_bwd(d_xn, xhat, norm_w, rstd, n_ch)
     tl.store(DX + rows[:, None] * n_ch + cols[None, :], _cast(dx, DX.dtype.element_ty, PRECISION),
@@ -219,6 +232,17 @@ def transition_bwd(dy, x2d, norm_weight, norm_bias, weight_a, weight_b, weight_o
     precision = _common.dot_precision(x2d.dtype)
     device = x2d.device
 
+    # "matmul": the dx kernel also writes [d_a | d_b], the hidden and LN(x) (at 147,456 rows,
+    # C=128, n=4 in bf16: 468 MiB) and cuBLAS forms the weight gradients; "recompute": a second
+    # Triton kernel recomputes them and nothing [rows, n*C] is written.
+    matmul_weights = _common.kernel_config(_OP, "bwd_dw")["WEIGHT_GRADS"] == "matmul"
+    if matmul_weights:
+        d_ab = torch.empty((n_rows, 2 * n_hidden), device=device, dtype=x2d.dtype)
+        hidden = torch.empty((n_rows, n_hidden), device=device, dtype=x2d.dtype)
+        xn = torch.empty_like(x2d)
+    else:
+        d_ab = hidden = xn = x2d  # unused by the kernel
+
     config, block_m, block_h, block_c = _tiles("bwd_dx", n_ch, n_hidden)
     n_tiles = triton.cdiv(n_rows, block_m)
     dx = torch.empty_like(x2d)
@@ -226,12 +250,21 @@ def transition_bwd(dy, x2d, norm_weight, norm_bias, weight_a, weight_b, weight_o
     dnorm_b_part = torch.empty_like(dnorm_w_part)
     _transition_bwd_dx_kernel[(n_tiles,)](
         x2d, dy, norm_weight, norm_bias, weight_a, weight_b, weight_out, mean, rstd,
-        dx, dnorm_w_part, dnorm_b_part,
+        dx, dnorm_w_part, dnorm_b_part, d_ab, hidden, xn,
         n_rows, n_ch, n_hidden,
+        STORE_FOR_WEIGHTS=matmul_weights,
         PRECISION=precision,
         BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_C=block_c,
         **_launch_opts(config),
     )
+
+    d_norm_w = dnorm_w_part.sum(0).to(norm_weight.dtype)
+    d_norm_b = dnorm_b_part.sum(0).to(norm_bias.dtype)
+    if matmul_weights:
+        d_wab = d_ab.t() @ xn  # [2 * n_hidden, C]
+        d_wo = dy.t() @ hidden  # [C, n_hidden]
+        return (dx, d_norm_w, d_norm_b, d_wab[:n_hidden].to(weight_a.dtype),
+                d_wab[n_hidden:].to(weight_b.dtype), d_wo.to(weight_out.dtype))
 
     config, block_m, block_h, block_c = _tiles("bwd_dw", n_ch, n_hidden)
     n_hidden_tiles = triton.cdiv(n_hidden, block_h)
@@ -249,8 +282,8 @@ def transition_bwd(dy, x2d, norm_weight, norm_bias, weight_a, weight_b, weight_o
     )
     return (
         dx,
-        dnorm_w_part.sum(0).to(norm_weight.dtype),
-        dnorm_b_part.sum(0).to(norm_bias.dtype),
+        d_norm_w,
+        d_norm_b,
         dwa_part.sum(0).to(weight_a.dtype),
         dwb_part.sum(0).to(weight_b.dtype),
         dwo_part.sum(0).to(weight_out.dtype),

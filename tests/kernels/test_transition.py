@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from featurecache.kernels import _common
 from featurecache.kernels.reference import transition_reference
 from featurecache.kernels.transition import Transition, transition
 
@@ -57,6 +58,13 @@ def _check(shape, expansion, dtype, seed):
 )
 def test_matches_reference(shape, expansion, dtype):
     _check(shape, expansion, dtype, seed=torch.seed() % 2**31)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weight_gradients_through_matmul_match_reference(dtype):
+    # the other weight-gradient strategy: [d_a | d_b], hidden and LN(x) written, cuBLAS products
+    with _common.override_config("transition", "bwd_dw", WEIGHT_GRADS="matmul"):
+        _check((2, 19, 24), 3, dtype, seed=torch.seed() % 2**31)
 
 
 def test_state_dict_moves_between_impls():
