@@ -32,6 +32,7 @@ import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -220,13 +221,12 @@ def max_crop(runner: TrunkRunner, start: int, limit: int, msa_rows: int, templat
 # --- 4. data wait through the training loop --------------------------------------------------------
 
 
-def data_wait_share(args, device: torch.device, source: str) -> dict:
+def data_wait_share(args, device: torch.device, source: str, kernels: str) -> dict:
     from featurecache.train import TrainConfig, train
 
     # the run's final checkpoint is large: keep it out of OUT
     run_dir = tempfile.mkdtemp(prefix=f"train-step-{source}-")
-    common = dict(out=run_dir, preset="af3", pairformer_blocks=args.depth,
-                  kernels="triton" if device.type == "cuda" else "torch", steps=args.data_steps,
+    common = dict(out=run_dir, preset="af3", pairformer_blocks=args.depth, kernels=kernels, steps=args.data_steps,
                   crop_size=args.crop, max_msa_rows=args.msa_rows, num_workers=args.num_workers,
                   checkpoint_every=10**9, warmup=10, lr=1e-4, device=device.type)
     if args.smoke:
@@ -247,7 +247,7 @@ def data_wait_share(args, device: torch.device, source: str) -> dict:
     inside_total = sum(r["step_time_s"] for r in inside)
     return {"share": wait / total, "wait_ms": 1e3 * wait / len(steady), "step_ms": 1e3 * total / len(steady),
             "steps": len(steady), "share_within_epoch": inside_wait / inside_total if inside else None,
-            "steps_within_epoch": len(inside)}
+            "steps_within_epoch": len(inside), "kernels": kernels}
 
 
 # --- driver ---------------------------------------------------------------------------------------
@@ -337,7 +337,7 @@ def table(results: dict, args) -> str:
         result = results.get(f"datawait/{source}")
         rows.append(f"| data wait share, {source} | "
                     + cell(result, lambda r: f"{100 * r['share']:.2f} % ({r['wait_ms']:.0f} of {r['step_ms']:.0f} ms); "
-                           f"within epochs {100 * (r['share_within_epoch'] or 0):.2f} %")
+                           f"within epochs {100 * (r['share_within_epoch'] or 0):.2f} % ({r['kernels']} kernels)")
                     + " | | | | | |")
     return "\n".join(rows)
 
@@ -413,20 +413,37 @@ def main() -> None:
               f"{trunk.num_pairformer_blocks} Pairformer blocks, {trunk.num_msa_blocks} MSA blocks "
               f"({args.msa_rows} rows), {trunk.num_template_blocks} template blocks ({args.templates} templates)")
 
-    def section(key: str, reserve_s: float, function, *section_args) -> None:
-        run_section(results, key, budget, reserve_s, function, *section_args)
-        # written after every section: a run cut short still returns what it measured
+    def write_results() -> None:
         (args.out / "train_step.json").write_text(json.dumps(results, indent=1, default=str))
         (args.out / "train_step.md").write_text(header + "\n\n" + table(results, args) + "\n")
+
+    def section(key: str, reserve_s: float, function, *section_args) -> None:
+        run_section(results, key, budget, reserve_s, function, *section_args)
+        write_results()  # after every section: a run cut short still returns what it measured
+
+    def out_of_time() -> None:
+        # SIGALRM cannot interrupt a main thread blocked in C (seen: torch.compile on the H200,
+        # run 1): end the process here, with the table of what was measured.
+        results["stopped"] = "watchdog: time budget exceeded"
+        write_results()
+        print(header + "\n" + table(results, args), flush=True)
+        os._exit(3)
+
+    watchdog = threading.Timer(max(1.0, budget.left()) + 20.0, out_of_time)
+    watchdog.daemon = True
+    watchdog.start()
 
     for variant in fast:
         section(f"step/{variant}", 20, step_bench, variant)
     for length in args.block_lengths:
         for variant in fast:
             section(f"block{length}/{variant}", 15, bench_block, variant, length, dims, device, warmup, reps)
+    # the fastest path that ran: the share of waiting depends on the step time
+    ran = [v for v in ("triton", "eager") if "ms" in results.get(f"step/{v}", {})]
+    data_kernels = VARIANTS[ran[0]][0] if ran else "torch"
     for source, option in (("cache", args.cache), ("online", args.online)):
         if option:
-            section(f"datawait/{source}", 20, data_wait_share, args, device, source)
+            section(f"datawait/{source}", 20, data_wait_share, args, device, source, data_kernels)
     for variant in fast:
         if variant in runners:
             section(f"maxcrop/{variant}", 20, crop_search, variant)
@@ -441,6 +458,7 @@ def main() -> None:
         runners.pop(variant, None)
         free_memory()
 
+    watchdog.cancel()
     text = table(results, args)
     print()
     print(header)
