@@ -204,11 +204,20 @@ def _launch_opts(config: dict[str, int]) -> dict[str, int]:
     return {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
 
 
-def _tiles(kernel: str, n_ch: int, n_hidden: int) -> tuple[dict[str, int], int, int, int]:
+# Shared memory grows with the row tile [BLOCK_M, BLOCK_C] and the three weight tiles
+# [BLOCK_H, BLOCK_C], times the element size. Compiled for sm_90 (triton 3.6 and 3.9), the
+# configured tiles need up to 540 KB for fp32 at dim 384 against the H200's 227 KB; these element
+# budgets keep every kernel under ~200 KB for dims up to 1024 (benchmarks/NOTES-fused_ops.md).
+_ROW_TILE_ELEMENTS = {2: 16384, 4: 4096}
+_WEIGHT_TILE_ELEMENTS = {2: 16384, 4: 2048}
+
+
+def _tiles(kernel: str, n_ch: int, n_hidden: int, itemsize: int) -> tuple[dict[str, int], int, int, int]:
     config = _common.kernel_config(_OP, kernel)
     block_c = _common.block_for(n_ch)
-    block_m = _common.fit_block_m(config["BLOCK_M"], block_c)
-    block_h = min(config["BLOCK_H"], _common.block_for(n_hidden))
+    block_m = _common.fit_block_m(config["BLOCK_M"], block_c, _ROW_TILE_ELEMENTS.get(itemsize, 4096))
+    block_h = min(config["BLOCK_H"], _common.block_for(n_hidden),
+                  max(16, _WEIGHT_TILE_ELEMENTS.get(itemsize, 2048) // block_c))
     return config, block_m, block_h, block_c
 
 
@@ -219,7 +228,7 @@ def transition_fwd(x2d, norm_weight, norm_bias, weight_a, weight_b, weight_out, 
     y = torch.empty_like(x2d)
     mean = torch.empty(n_rows, device=x2d.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
-    config, block_m, block_h, block_c = _tiles("fwd", n_ch, n_hidden)
+    config, block_m, block_h, block_c = _tiles("fwd", n_ch, n_hidden, x2d.element_size())
     _transition_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
         x2d, norm_weight, norm_bias, weight_a, weight_b, weight_out, y, mean, rstd,
         n_rows, n_ch, n_hidden, eps,
@@ -248,7 +257,7 @@ def transition_bwd(dy, x2d, norm_weight, norm_bias, weight_a, weight_b, weight_o
     else:
         d_ab = hidden = xn = x2d  # unused by the kernel
 
-    config, block_m, block_h, block_c = _tiles("bwd_dx", n_ch, n_hidden)
+    config, block_m, block_h, block_c = _tiles("bwd_dx", n_ch, n_hidden, x2d.element_size())
     n_tiles = triton.cdiv(n_rows, block_m)
     dx = torch.empty_like(x2d)
     dnorm_w_part = torch.empty((n_tiles, n_ch), device=device, dtype=torch.float32)
@@ -271,7 +280,7 @@ def transition_bwd(dy, x2d, norm_weight, norm_bias, weight_a, weight_b, weight_o
         return (dx, d_norm_w, d_norm_b, d_wab[:n_hidden].to(weight_a.dtype),
                 d_wab[n_hidden:].to(weight_b.dtype), d_wo.to(weight_out.dtype))
 
-    config, block_m, block_h, block_c = _tiles("bwd_dw", n_ch, n_hidden)
+    config, block_m, block_h, block_c = _tiles("bwd_dw", n_ch, n_hidden, x2d.element_size())
     n_hidden_tiles = triton.cdiv(n_hidden, block_h)
     n_splits = _common.row_splits(triton.cdiv(n_rows, block_m), n_hidden_tiles, device)
     dwa_part = torch.empty((n_splits, n_hidden, n_ch), device=device, dtype=torch.float32)
@@ -317,6 +326,9 @@ def transition(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps=1e
     """Triton Transition; same signature and numerics as transition_reference."""
     _common.check_triton_inputs(_OP, x)
     _common.max_channels_check(_OP, "dim", x.shape[-1])
+    if x.is_cuda and x.element_size() > 2 and x.shape[-1] > 512:
+        raise ValueError(f"{_OP}: dim={x.shape[-1]} in {x.dtype} needs more shared memory than a GPU has; "
+                         f"pass bf16/fp16 activations (autocast) or use impl='torch'")
     if weight_a.shape[1] != x.shape[-1] or weight_out.shape != weight_a.shape[::-1]:
         raise ValueError(
             f"{_OP}: x has {x.shape[-1]} channels but weight_a is {tuple(weight_a.shape)} and "
@@ -325,6 +337,9 @@ def transition(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps=1e
     if x.numel() == 0:
         # no rows: nothing to launch; the result stays connected to the graph for autograd
         return transition_reference(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps)
+    # The matmul operands in x's dtype, as autocast does for nn.Linear: fp32 master weights
+    # beside bf16 activations would double the weight tiles (430 KB of shared memory at dim 384).
+    weight_a, weight_b, weight_out = (w.to(x.dtype) for w in (weight_a, weight_b, weight_out))
     return _TransitionFunction.apply(x, norm_weight, norm_bias, weight_a, weight_b, weight_out,
                                      eps)
 

@@ -100,3 +100,28 @@ def test_rejects_bad_arguments():
         Transition(16, impl="triton2")
     with pytest.raises(ValueError, match="channels"):
         Transition(16)(torch.randn(5, 12))
+
+
+def test_bf16_activations_with_fp32_master_weights():
+    """Mixed precision as training runs it: fp32 parameters, bf16 activations. The kernels take
+    the weights in the activations' dtype (as autocast does) and the gradients reach the fp32
+    parameters in fp32."""
+    torch.manual_seed(5)
+    module = Transition(24, expansion=2)
+    reference = Transition(24, expansion=2, impl="torch")
+    reference.load_state_dict(module.state_dict())
+    x = torch.randn(37, 24, dtype=torch.bfloat16, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    out = module(x)
+    assert out.dtype == torch.bfloat16
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = reference(x_ref)
+    torch.testing.assert_close(out.float(), expected.float(), atol=5e-2, rtol=5e-2)
+    out.float().square().sum().backward()
+    expected.float().square().sum().backward()
+    for name, parameter in module.named_parameters():
+        assert parameter.grad.dtype == torch.float32, name
+        other = dict(reference.named_parameters())[name].grad
+        assert torch.isfinite(parameter.grad).all(), name
+        rel = (parameter.grad - other.float()).norm() / other.float().norm().clamp_min(1e-12)
+        assert rel < 5e-2, (name, float(rel))
