@@ -16,6 +16,7 @@ Inputs are bf16 with 10 % key padding (the last tenth of the keys masked in ever
 
 from __future__ import annotations
 
+import importlib
 import argparse
 import dataclasses
 import json
@@ -32,7 +33,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from common import MIB, Table, extra_peak_mib, poison_allocator, relative_error, run_header, time_ms  # noqa: E402
 
-from featurecache.kernels import evo_attention as evo_module  # noqa: E402
+evo_module = importlib.import_module("featurecache.kernels.evo_attention")  # noqa: E402 (the module)
 from featurecache.kernels.evo_attention import (  # noqa: E402
     BlockConfig,
     EvoAttentionConfig,
