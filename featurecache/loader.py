@@ -179,21 +179,27 @@ class CacheDataset(torch.utils.data.Dataset):
         raise CorruptRecordError(None, str(self.cache_dir), f"all {len(self)} records are damaged")
 
     def crop_sample(self, target_id: str, arrays: dict[str, np.ndarray], rng: np.random.Generator) -> dict:
-        # Rows first: gathering 1k of 16k MSA rows before cutting columns moves 16x fewer bytes.
-        arrays = cropping.subsample_msa(arrays, self.max_msa_rows, rng)
-        num_tokens = arrays["restype"].shape[0]
-        if self.crop_size is not None and num_tokens > self.crop_size:
-            use_spatial = rng.random() < self.spatial_crop_prob and arrays["token_center_mask"].any()
-            if use_spatial:
-                token_indices = cropping.spatial_crop(
-                    arrays["token_center_pos"], arrays["token_center_mask"], arrays["asym_id"], self.crop_size, rng
-                )
-            else:
-                token_indices = cropping.contiguous_crop(arrays["asym_id"], self.crop_size, rng)
-            arrays = cropping.crop_arrays(arrays, token_indices)
-        sample = {name: _to_torch(name, arrays[name]) for name in FEATURES_BY_NAME}
-        sample["id"] = target_id
-        return sample
+        return crop_sample(target_id, arrays, rng, self.crop_size, self.max_msa_rows, self.spatial_crop_prob)
+
+
+def crop_sample(target_id: str, arrays: dict[str, np.ndarray], rng: np.random.Generator, crop_size: int | None,
+                max_msa_rows: int, spatial_crop_prob: float = 0.5) -> dict:
+    """One training sample from a whole record: MSA rows subsampled, tokens cropped (spatial with
+    probability `spatial_crop_prob`, else contiguous), arrays as torch tensors."""
+    # Rows first: gathering 1k of 16k MSA rows before cutting columns moves 16x fewer bytes.
+    arrays = cropping.subsample_msa(arrays, max_msa_rows, rng)
+    num_tokens = arrays["restype"].shape[0]
+    if crop_size is not None and num_tokens > crop_size:
+        if rng.random() < spatial_crop_prob and arrays["token_center_mask"].any():
+            token_indices = cropping.spatial_crop(
+                arrays["token_center_pos"], arrays["token_center_mask"], arrays["asym_id"], crop_size, rng
+            )
+        else:
+            token_indices = cropping.contiguous_crop(arrays["asym_id"], crop_size, rng)
+        arrays = cropping.crop_arrays(arrays, token_indices)
+    sample = {name: _to_torch(name, arrays[name]) for name in FEATURES_BY_NAME}
+    sample["id"] = target_id
+    return sample
 
 
 def _pad_to(tensor: torch.Tensor, axes: Iterable[tuple[int, int]], value) -> torch.Tensor:

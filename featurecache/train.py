@@ -200,14 +200,14 @@ class OnlineDataset(torch.utils.data.Dataset):
         from featurecache.config import FeatureConfig
         from featurecache.features.featurize import featurize_from_files
         from featurecache.io.alignments import AlignmentIndex
-        from featurecache.loader import CacheDataset
+        from featurecache.loader import crop_sample
 
         if self._alignments is None and self.alignments_dir is not None:
             self._alignments = AlignmentIndex(self.alignments_dir)
         arrays, _ = featurize_from_files(self.paths[index], self._alignments, FeatureConfig(), self.template_dir)
         rng = np.random.default_rng([self.seed, self.epoch, index])
         # CacheDataset's crop and subsampling, so both datasets yield the same samples
-        return CacheDataset.crop_sample(self, self.ids[index], arrays, rng)
+        return crop_sample(self.ids[index], arrays, rng, self.crop_size, self.max_msa_rows, self.spatial_crop_prob)
 
 
 def build_dataset(config: TrainConfig):
