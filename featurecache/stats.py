@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from featurecache.store.codec import decode_record
+from featurecache.store.codec import decode_record, read_header
 from featurecache.store.manifest import read_manifest
 from featurecache.store.shards import StoreReader
 
@@ -29,12 +29,12 @@ def cache_stats(cache_dir: Path) -> dict:
     failures = []
     with StoreReader(cache_dir, num_shards=manifest.num_shards) as reader:
         for key, blob in reader.items("errors"):
-            meta = decode_record(blob, where=reader.where("errors", key), key=key).meta
+            meta = read_header(blob, where=reader.where("errors", key), key=key).meta
             failures.append({key_: meta.get(key_) for key_ in ("stage", "key", "message", "attempts")})
         warnings = []
         for target_id, entry in targets.items():
             if entry.get("warnings"):
-                meta = decode_record(reader.get("features", target_id), where=reader.where("features", target_id)).meta
+                meta = read_header(reader.get("features", target_id), where=reader.where("features", target_id)).meta
                 warnings.extend(f"{target_id}: {warning}" for warning in meta.get("warnings", []))
     return {
         "cache": str(cache_dir),

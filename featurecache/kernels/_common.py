@@ -153,6 +153,13 @@ def block_for(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
+def weights_like(x: torch.Tensor, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The matmul operands in x's dtype, as autocast does for nn.Linear: fp32 master weights
+    beside bf16 activations would double the weight tiles (430 KB of shared memory at dim 384).
+    Gradients still reach the parameters in their own dtype through the cast."""
+    return tuple(w.to(x.dtype) for w in weights)
+
+
 def fit_block_m(block_m: int, block_c: int, budget: int = 16384) -> int:
     """Shrink the row tile so that a [BLOCK_M, BLOCK_C] tile stays within a register budget."""
     return max(16, min(block_m, budget // block_c))

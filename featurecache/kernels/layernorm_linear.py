@@ -249,8 +249,8 @@ def layernorm_linear(x, norm_weight, norm_bias, weight, bias=None, eps=1e-5):
     if x.numel() == 0:
         # no rows: nothing to launch; the result stays connected to the graph for autograd
         return layernorm_linear_reference(x, norm_weight, norm_bias, weight, bias, eps)
-    # The matmul operand in x's dtype, as autocast does for nn.Linear (fp32 master weights).
-    return _LayerNormLinearFunction.apply(x, norm_weight, norm_bias, weight.to(x.dtype), bias, eps)
+    (weight,) = _common.weights_like(x, weight)
+    return _LayerNormLinearFunction.apply(x, norm_weight, norm_bias, weight, bias, eps)
 
 
 class LayerNormLinear(nn.Module):

@@ -337,9 +337,7 @@ def transition(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps=1e
     if x.numel() == 0:
         # no rows: nothing to launch; the result stays connected to the graph for autograd
         return transition_reference(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps)
-    # The matmul operands in x's dtype, as autocast does for nn.Linear: fp32 master weights
-    # beside bf16 activations would double the weight tiles (430 KB of shared memory at dim 384).
-    weight_a, weight_b, weight_out = (w.to(x.dtype) for w in (weight_a, weight_b, weight_out))
+    weight_a, weight_b, weight_out = _common.weights_like(x, weight_a, weight_b, weight_out)
     return _TransitionFunction.apply(x, norm_weight, norm_bias, weight_a, weight_b, weight_out,
                                      eps)
 

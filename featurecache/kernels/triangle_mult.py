@@ -607,9 +607,8 @@ def triangle_mult(z, mask, norm_in_weight, norm_in_bias, weight_a_p, weight_a_g,
     _common.max_channels_check(_OP, "dim", z.shape[-1], limit=256)
     _common.max_channels_check(_OP, "hidden_dim", weight_a_p.shape[0], limit=256)
     if z.numel() > 0:
-        # The matmul operands in z's dtype, as autocast does for nn.Linear (fp32 master weights).
-        weight_a_p, weight_a_g, weight_b_p, weight_b_g, weight_g, weight_z = (
-            w.to(z.dtype) for w in (weight_a_p, weight_a_g, weight_b_p, weight_b_g, weight_g, weight_z))
+        weight_a_p, weight_a_g, weight_b_p, weight_b_g, weight_g, weight_z = _common.weights_like(
+            z, weight_a_p, weight_a_g, weight_b_p, weight_b_g, weight_g, weight_z)
     params = (norm_in_weight, norm_in_bias, weight_a_p, weight_a_g, weight_b_p, weight_b_g,
               weight_g, norm_out_weight, norm_out_bias, weight_z)
     if z.numel() == 0:

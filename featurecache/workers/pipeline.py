@@ -141,8 +141,8 @@ def _check_writable_dir(path: Path, option: str) -> None:
         raise PipelineSetupError(f"{option} {path} is not writable")
 
 
-def _alignments_identity(root: Path) -> str:
-    """Fingerprint of an alignments folder: every file's relative path, size and mtime."""
+def _folder_identity(root: Path) -> str:
+    """Fingerprint of an input folder (alignments, templates): every file's path, size and mtime."""
     entries = []
     for path in sorted(root.rglob("*")):
         if path.is_file():
@@ -192,10 +192,9 @@ def _prepare(options: PrecomputeOptions) -> _Plan:
         if options.max_msa_rows < 1:
             raise PipelineSetupError(f"--max-msa-rows must be at least 1, got {options.max_msa_rows}")
         feature_config = dataclasses.replace(feature_config, max_msa_rows=options.max_msa_rows)
-    existing_shards = 0
-    if options.cache_dir.is_dir() and find_shards(options.cache_dir):
-        # What the shards were created for: a killed run may have left only some of them.
-        existing_shards = declared_shard_count(options.cache_dir) or len(find_shards(options.cache_dir))
+    shard_files = find_shards(options.cache_dir) if options.cache_dir.is_dir() else []
+    # What the shards were created for: a killed run may have left only some of them.
+    existing_shards = (declared_shard_count(options.cache_dir) or len(shard_files)) if shard_files else 0
     num_shards = options.num_shards or existing_shards or store_config.num_shards
     if options.num_shards and existing_shards and options.num_shards != existing_shards:
         raise PipelineSetupError(
@@ -220,14 +219,14 @@ def _prepare(options: PrecomputeOptions) -> _Plan:
         alignment_index = AlignmentIndex(options.alignments_dir)
         for problem in alignment_index.errors:
             log.warning("alignments: %s", problem)
-        mode = {"mode": "ingest", "alignments": _alignments_identity(options.alignments_dir)}
+        mode = {"mode": "ingest", "alignments": _folder_identity(options.alignments_dir)}
     if pipeline_config is not None:
         from featurecache.workers.search import SearchPlan
 
         plan = SearchPlan(pipeline_config)
         mode = {"mode": "search", **{t: plan.fingerprint(t) for t in tasks.SEARCHED_TYPES}, **mode}
     if template_dir is not None:
-        mode["templates"] = _alignments_identity(Path(template_dir))
+        mode["templates"] = _folder_identity(Path(template_dir))
     return _Plan(inputs, feature_config, store_config, template_dir, pipeline_config, alignment_index,
                  fingerprint(mode))
 

@@ -346,7 +346,3 @@ def featurize_searched(target: TargetInput, msa_blobs: dict[str, bytes], chain_k
                                              record_fingerprint, [])
     return FeaturizeResult(target.target_id, blob, entry, {}, warnings, time.perf_counter() - started)
 
-
-def replace_fields(config, **changes):
-    """dataclasses.replace that ignores None values (options left unset on the command line)."""
-    return dataclasses.replace(config, **{name: value for name, value in changes.items() if value is not None})
