@@ -67,7 +67,7 @@ def _mma(a, b, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
 
 @triton.jit
 def _evo_attention_fwd_kernel(
-    Q, K, V, Bias, Mask, Out, Lse,
+    Q, K, V, Bias, Mask, KeyEnd, Out, Lse,
     stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
     stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
@@ -110,7 +110,10 @@ def _evo_attention_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    for start_n in range(0, seq_len, BLOCK_N):
+    key_end = seq_len
+    if HAS_MASK:
+        key_end = tl.load(KeyEnd + batch * tl.num_programs(1) + row)
+    for start_n in range(0, key_end, BLOCK_N):
         cols = start_n + offs_n
         valid_n = cols < seq_len
         # [BLOCK_D, BLOCK_N]: k read transposed through its strides, no copy.
@@ -163,7 +166,7 @@ def _evo_attention_fwd_kernel(
 
 @triton.jit
 def _evo_attention_fwd_rows_kernel(
-    Q, K, V, Bias, Mask, Out, Lse,
+    Q, K, V, Bias, Mask, KeyEnd, Out, Lse,
     stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
     stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
@@ -212,7 +215,10 @@ def _evo_attention_fwd_rows_kernel(
     m_i = tl.full([ROWS, BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS, BLOCK_M], tl.float32)
     acc = tl.zeros([ROWS, BLOCK_M, BLOCK_D], tl.float32)
-    for start_n in range(0, seq_len, BLOCK_N):
+    key_end = seq_len
+    if HAS_MASK:
+        key_end = tl.max(tl.load(KeyEnd + batch * num_rows + rows, mask=valid_r, other=0), 0)
+    for start_n in range(0, key_end, BLOCK_N):
         cols = start_n + offs_n
         valid_n = cols < seq_len
         k_t = tl.load(
@@ -295,7 +301,7 @@ def _evo_attention_bwd_delta_kernel(
 
 @triton.jit
 def _evo_attention_bwd_kv_kernel(
-    Q, K, V, Bias, Mask, DOut, Lse, Delta, DK, DV,
+    Q, K, V, Bias, Mask, KeyEnd, DOut, Lse, Delta, DK, DV,
     stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
     stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
@@ -353,7 +359,12 @@ def _evo_attention_bwd_kv_kernel(
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    for start_m in range(0, seq_len, BLOCK_M):
+    query_end = seq_len
+    if HAS_MASK:
+        # A key block past the row's last attended key has zero gradients: skip the loop.
+        key_end = tl.load(KeyEnd + batch * tl.num_programs(1) + row)
+        query_end = tl.where(pid_n * BLOCK_N < key_end, seq_len, 0)
+    for start_m in range(0, query_end, BLOCK_M):
         rows_m = start_m + offs_m
         valid_m = rows_m < seq_len
         q_tile = valid_m[:, None] & valid_d[None, :]
@@ -388,7 +399,7 @@ def _evo_attention_bwd_kv_kernel(
 
 @triton.jit
 def _evo_attention_bwd_q_kernel(
-    Q, K, V, Bias, Mask, DOut, Lse, Delta, DQ, DBias,
+    Q, K, V, Bias, Mask, KeyEnd, DOut, Lse, Delta, DQ, DBias,
     stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
     stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
@@ -443,7 +454,10 @@ def _evo_attention_bwd_q_kernel(
     mask_base = Mask + batch * stride_mb + row * stride_mn
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start_n in range(0, seq_len, BLOCK_N):
+    key_end = seq_len
+    if HAS_MASK:
+        key_end = tl.load(KeyEnd + batch * tl.num_programs(1) + row)
+    for start_n in range(0, key_end, BLOCK_N):
         cols = start_n + offs_n
         valid_n = cols < seq_len
         kv_tile = valid_n[:, None] & valid_d[None, :]
@@ -467,6 +481,13 @@ def _evo_attention_bwd_q_kernel(
             # Per-row bias: dBias of this (row, head) tile is dS itself, owned by this program.
             tl.store(dbias_base + rows_m[:, None] * stride_dbq + cols[None, :] * stride_dbk,
                      ds.to(DBias.dtype.element_ty), mask=bias_tile)
+    if STORE_DBIAS:
+        # Keys past the last attended one were skipped above; their bias gradient is zero.
+        for start_n in range(tl.cdiv(key_end, BLOCK_N) * BLOCK_N, seq_len, BLOCK_N):
+            cols = start_n + offs_n
+            tl.store(dbias_base + rows_m[:, None] * stride_dbq + cols[None, :] * stride_dbk,
+                     tl.zeros([BLOCK_M, BLOCK_N], DBias.dtype.element_ty),
+                     mask=valid_m[:, None] & (cols < seq_len)[None, :])
 
     dq *= scale
     tl.store(
@@ -479,7 +500,7 @@ def _evo_attention_bwd_q_kernel(
 
 @triton.jit
 def _evo_attention_bwd_kv_rows_kernel(
-    Q, K, V, Bias, Mask, DOut, Lse, Delta, DK, DV,
+    Q, K, V, Bias, Mask, KeyEnd, DOut, Lse, Delta, DK, DV,
     stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
     stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
@@ -529,7 +550,11 @@ def _evo_attention_bwd_kv_rows_kernel(
 
     dk = tl.zeros([ROWS, BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([ROWS, BLOCK_N, BLOCK_D], tl.float32)
-    for start_m in range(0, seq_len, BLOCK_M):
+    query_end = seq_len
+    if HAS_MASK:
+        key_end = tl.max(tl.load(KeyEnd + batch * num_rows + rows, mask=valid_r, other=0), 0)
+        query_end = tl.where(pid_n * BLOCK_N < key_end, seq_len, 0)
+    for start_m in range(0, query_end, BLOCK_M):
         rows_m = start_m + offs_m
         valid_m = rows_m < seq_len
         q_mask = valid_r[:, None, None] & valid_m[None, :, None] & valid_d[None, None, :]
@@ -560,7 +585,7 @@ def _evo_attention_bwd_kv_rows_kernel(
 
 @triton.jit
 def _evo_attention_bwd_q_rows_kernel(
-    Q, K, V, Bias, Mask, DOut, Lse, Delta, DQ,
+    Q, K, V, Bias, Mask, KeyEnd, DOut, Lse, Delta, DQ,
     stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
     stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
@@ -608,7 +633,10 @@ def _evo_attention_bwd_q_rows_kernel(
     mask_base = Mask + batch * stride_mb + rows[:, None] * stride_mn
 
     dq = tl.zeros([ROWS, BLOCK_M, BLOCK_D], tl.float32)
-    for start_n in range(0, seq_len, BLOCK_N):
+    key_end = seq_len
+    if HAS_MASK:
+        key_end = tl.max(tl.load(KeyEnd + batch * num_rows + rows, mask=valid_r, other=0), 0)
+    for start_n in range(0, key_end, BLOCK_N):
         cols = start_n + offs_n
         valid_n = cols < seq_len
         kv_mask = valid_r[:, None, None] & valid_n[None, :, None] & valid_d[None, None, :]
@@ -637,7 +665,7 @@ def _evo_attention_bwd_q_rows_kernel(
 
 @triton.jit
 def _evo_attention_bwd_bias_kernel(
-    Q, K, V, Bias, Mask, DOut, Lse, Delta, DBias,
+    Q, K, V, Bias, Mask, KeyEnd, DOut, Lse, Delta, DBias,
     stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
     stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
@@ -691,7 +719,11 @@ def _evo_attention_bwd_bias_kernel(
     kv_mask = valid_d[:, None] & valid_n[None, :]
 
     dbias = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for _ in range(0, num_rows):
+    rows_to_walk = num_rows
+    if HAS_MASK:
+        # KeyEnd here is per batch: the last attended key over all rows. Past it dS is zero.
+        rows_to_walk = tl.where(pid_n * BLOCK_N < tl.load(KeyEnd + batch), num_rows, 0)
+    for _ in range(0, rows_to_walk):
         q = tl.load(q_ptrs, mask=q_mask, other=0.0)
         do = tl.load(do_ptrs, mask=q_mask, other=0.0)
         k_t = tl.load(k_t_ptrs, mask=kv_mask, other=0.0)
@@ -892,6 +924,19 @@ def _mask_arg(mask: Optional[torch.Tensor], q: torch.Tensor) -> tuple[torch.Tens
     return as_bytes, tuple(as_bytes.stride())
 
 
+def _key_ends(mask: Optional[torch.Tensor], q: torch.Tensor) -> torch.Tensor:
+    """[B, N] int32: one past the last attended key of each row, 0 for a fully masked row.
+
+    The kernels stop their key loops there: crop padding sits at the end of the keys (about 10 %
+    of them in training), and a fully padded row costs nothing. Without a mask the kernels never
+    read it, and q stands in as the pointer.
+    """
+    if mask is None:
+        return q
+    positions = torch.arange(1, mask.shape[-1] + 1, device=mask.device, dtype=torch.int32)
+    return torch.where(mask, positions, 0).amax(-1).to(torch.int32).contiguous()
+
+
 def evo_attention_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -910,11 +955,12 @@ def evo_attention_forward(
     out = q.new_empty(q.shape)
     lse = torch.empty((batch, rows, heads, seq_len), device=q.device, dtype=torch.float32)
     mask_tensor, mask_strides = _mask_arg(mask, q)
+    key_end = _key_ends(mask, q)
     shared_bias = bias is not None and bias.shape[1] == 1 and rows > 1
     if shared_bias and config.rows > 1:
         grid = (triton.cdiv(seq_len, config.block_m), triton.cdiv(rows, config.rows), batch * heads)
         _evo_attention_fwd_rows_kernel[grid](
-            q, k, v, bias, mask_tensor, out, lse,
+            q, k, v, bias, mask_tensor, key_end, out, lse,
             *q.stride(),
             *k.stride(),
             *v.stride(),
@@ -936,7 +982,7 @@ def evo_attention_forward(
         return out, lse
     grid = (triton.cdiv(seq_len, config.block_m), rows, batch * heads)
     _evo_attention_fwd_kernel[grid](
-        q, k, v, bias if bias is not None else q, mask_tensor, out, lse,
+        q, k, v, bias if bias is not None else q, mask_tensor, key_end, out, lse,
         *q.stride(),
         *k.stride(),
         *v.stride(),
@@ -980,6 +1026,7 @@ def evo_attention_backward(
     bias_arg = bias if has_bias else q
     bias_strides = _bias_strides(bias)
     mask_tensor, mask_strides = _mask_arg(mask, q)
+    key_end = _key_ends(mask, q)
 
     delta = torch.empty_like(lse)
     delta_block = 64
@@ -998,7 +1045,7 @@ def evo_attention_backward(
     shared_bias = has_bias and bias.shape[1] == 1 and rows > 1
     if shared_bias and kv.rows > 1:
         _evo_attention_bwd_kv_rows_kernel[(triton.cdiv(seq_len, kv.block_n), triton.cdiv(rows, kv.rows), batch * heads)](
-            q, k, v, bias, mask_tensor, grad_out, lse, delta, dk, dv,
+            q, k, v, bias, mask_tensor, key_end, grad_out, lse, delta, dk, dv,
             *q.stride(),
             *k.stride(),
             *v.stride(),
@@ -1019,7 +1066,7 @@ def evo_attention_backward(
         )
     else:
         _evo_attention_bwd_kv_kernel[(triton.cdiv(seq_len, kv.block_n), rows, batch * heads)](
-            q, k, v, bias_arg, mask_tensor, grad_out, lse, delta, dk, dv,
+            q, k, v, bias_arg, mask_tensor, key_end, grad_out, lse, delta, dk, dv,
             *q.stride(),
             *k.stride(),
             *v.stride(),
@@ -1049,7 +1096,7 @@ def evo_attention_backward(
     qc = config.bwd_q
     if shared_bias and qc.rows > 1:
         _evo_attention_bwd_q_rows_kernel[(triton.cdiv(seq_len, qc.block_m), triton.cdiv(rows, qc.rows), batch * heads)](
-            q, k, v, bias, mask_tensor, grad_out, lse, delta, dq,
+            q, k, v, bias, mask_tensor, key_end, grad_out, lse, delta, dq,
             *q.stride(),
             *k.stride(),
             *v.stride(),
@@ -1070,7 +1117,7 @@ def evo_attention_backward(
         )
     else:
         _evo_attention_bwd_q_kernel[(triton.cdiv(seq_len, qc.block_m), rows, batch * heads)](
-            q, k, v, bias_arg, mask_tensor, grad_out, lse, delta, dq, dbias if per_row_dbias else q,
+            q, k, v, bias_arg, mask_tensor, key_end, grad_out, lse, delta, dq, dbias if per_row_dbias else q,
             *q.stride(),
             *k.stride(),
             *v.stride(),
@@ -1095,7 +1142,8 @@ def evo_attention_backward(
     if bias_grad and not per_row_dbias:
         bc = config.bwd_bias
         _evo_attention_bwd_bias_kernel[(triton.cdiv(seq_len, bc.block_n), triton.cdiv(seq_len, bc.block_m), batch * heads)](
-            q, k, v, bias, mask_tensor, grad_out, lse, delta, dbias,
+            q, k, v, bias, mask_tensor, key_end.amax(-1) if mask is not None else q,
+            grad_out, lse, delta, dbias,
             *q.stride(),
             *k.stride(),
             *v.stride(),

@@ -136,6 +136,22 @@ def test_non_contiguous_inputs(dtype, bias_rows):
     _check_against_truth(q, k, v, bias, mask)
 
 
+@pytest.mark.parametrize("bias_rows", ["shared", "per_row"])
+def test_tail_padding_skips_keys_and_keeps_gradients(bias_rows):
+    # Crop padding: keys past each row's last valid one are masked, a block or more of them, so
+    # the kernels stop their key loops early (and write zeros where they skipped).
+    q, k, v, bias, _ = _make_inputs(1, 3, 37, 2, 16, bias_rows, False, strided=False, dtype=torch.float32)
+    mask = torch.ones(1, 3, 37, dtype=torch.bool, device=DEVICE)
+    mask[0, 0, 10:] = False  # ends inside the first block of 16
+    mask[0, 1, 20:] = False
+    mask[0, 1, 3] = False  # a hole before the end still counts
+    mask[0, 2, :] = False  # fully padded row
+    kernel = _check_against_truth(q, k, v, bias, mask)
+    dk, dv = kernel[2], kernel[3]
+    assert torch.all(dk[0, 0, 10:] == 0) and torch.all(dv[0, 1, 20:] == 0)
+    if bias_rows == "per_row":
+        assert torch.all(kernel[4][0, 0, :, :, 10:] == 0), "skipped keys need a zero bias gradient"
+
 def test_bias_in_input_dtype_and_custom_scale():
     q, k, v, bias, mask = _make_inputs(1, 2, 25, 2, 16, "shared", True, strided=False, dtype=torch.bfloat16)
     _check_against_truth(q, k, v, bias.to(torch.bfloat16), mask, scale=0.37)
