@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import triton
+import triton.language as tl
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from common import MIB, Table, extra_peak_mib, poison_allocator, relative_error, run_header, time_ms  # noqa: E402
@@ -284,7 +286,7 @@ def tune(cases: list[Case], budget_s: float, log: dict) -> dict[tuple[int, int],
         mask = x.mask
         scale = case.head_dim ** -0.5
         base = select_config(case.head_dim, case.seq_len, q.device)
-        out, lse = evo_attention_forward(q, k, v, bias, mask, scale, base)
+        out, lse, key_end = evo_attention_forward(q, k, v, bias, mask, scale, base)
         chosen = {}
         for kernel, candidates in CANDIDATES.items():
             if kernel == "bwd_bias" and case.rows == 1:
@@ -301,7 +303,7 @@ def tune(cases: list[Case], budget_s: float, log: dict) -> dict[tuple[int, int],
                     fn = lambda: evo_attention_forward(q, k, v, bias, mask, scale, config)  # noqa: E731
                 else:
                     fn = lambda: evo_attention_backward(  # noqa: E731
-                        x.grad_out, q, k, v, bias, mask, out, lse, scale, True, config
+                        x.grad_out, q, k, v, bias, mask, out, lse, key_end, scale, True, config
                     )
                 try:
                     timings.append((time_ms(fn, warmup_ms=5, rep_ms=40), cand))
@@ -316,7 +318,7 @@ def tune(cases: list[Case], budget_s: float, log: dict) -> dict[tuple[int, int],
                       f"(worst {timings[-1][0]:.3f} ms of {len(timings)})")
             chosen[kernel] = BlockConfig(*timings[0][1]) if timings else getattr(base, kernel)
         best[case.config_class] = EvoAttentionConfig(**chosen)
-        del x, out, lse
+        del x, out, lse, key_end
     return best
 
 
@@ -424,6 +426,66 @@ def kernel_breakdown(cases: list[Case], log: dict) -> None:
         del x
 
 
+@triton.jit
+def _one_store_kernel(X, VALUE):
+    tl.store(X, VALUE)
+
+
+def _host_us_per_call(fn: Callable[[], object], calls: int) -> float:
+    """Host wall time per call of a loop of calls (equals device time when the GPU is the bottleneck)."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - started) / calls * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
+def host_overhead(cases: list[Case], log: dict) -> None:
+    """Where host time goes: launch costs on this machine, then a profile of one fwd+bwd step.
+
+    At N = 1 the kernels take a fraction of a millisecond, so a step is only as fast as the host
+    can launch it; this section says how fast that is, and which calls spend the time.
+    """
+    if DEVICE != "cuda":
+        return
+    import cProfile
+    import io
+    import pstats
+
+    scratch = torch.zeros(16, device=DEVICE)
+    launch = {
+        "torch op (x.add_(1))": _host_us_per_call(lambda: scratch.add_(1), 2000),
+        "Triton kernel, 2 args": _host_us_per_call(lambda: _one_store_kernel[(1,)](scratch, 1.0), 2000),
+    }
+    print("\n## host time (us per call; a loop of calls, synchronized at the end)")
+    for name, us in launch.items():
+        print(f"  {name:40s} {us:8.1f}")
+    per_case = {}
+    for case in cases:
+        x = make_inputs(case)
+        per_case[case.name] = _host_us_per_call(lambda: forward_backward(run_featurecache, x), 50)
+        print(f"  featurecache fwd+bwd, {case.name:26s} {per_case[case.name]:8.1f}")
+        if case.rows == 1 and "profile" not in log.get("host", {}):
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(50):
+                forward_backward(run_featurecache, x)
+            torch.cuda.synchronize()
+            profiler.disable()
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(14)
+            profile = text.getvalue()
+            print(f"  cProfile of 50 steps, {case.name}, by own time:")
+            print("\n".join("    " + line for line in profile.splitlines() if line.strip()))
+            log.setdefault("host", {})["profile"] = profile
+        del x
+    log.setdefault("host", {}).update({"launch_us": launch, "fwd_bwd_us": per_case})
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tune", action="store_true", help="time candidate block sizes and write the config file")
@@ -457,6 +519,7 @@ def main() -> int:
     # After tuning, so that the configurations timed below are the ones checked.
     correct = check_correctness(cases, log, check_peers=not args.skip_peer_check)
     kernel_breakdown(cases, log)
+    host_overhead(cases, log)
     print("\n## timing")
     table = measure(cases, providers, started + args.budget_s, log)
 

@@ -7,13 +7,16 @@ rows of the pair map), single attention with pair bias (N = 1) and template / MS
 Kernels, flash-attention style with fp32 accumulation:
   forward   one program per (q block, row n, b*h): online softmax, writes out and the row's
             logsumexp (kept in log2 units, the kernels' working domain).
-  backward  delta = rowsum(dO * O); dK/dV per (k block, row n, b*h) looping over q blocks;
-            dQ per (q block, row n, b*h) looping over k blocks, which also writes dBias when the
-            bias is per row; dBias of a broadcast bias per (k block, q block, b*h) looping over
-            the N rows in a fixed order, so the sum over N is bitwise reproducible (no atomics).
+  backward  dQ per (q block, row n, b*h) looping over k blocks, which also writes
+            delta = rowsum(dO * O) and, when the bias is per row, dBias; then dK/dV per
+            (k block, row n, b*h) looping over q blocks; then, for a bias broadcast over N,
+            dBias per (k block, q block, b*h) looping over the N rows in a fixed order, so the
+            sum over N is bitwise reproducible (no atomics).
+  Key loops stop at each row's last attended key, found once by the forward kernel.
 
-Autograd: in eager mode a torch.autograd.Function calls the launchers directly (custom-op
-dispatch costs a few hundred microseconds of host time per call, as much as the kernels at N = 1);
+Host time: a launch costs tens of microseconds of host time, as much as the kernels themselves at
+N = 1, so a forward is one launch and a backward two (three with a shared bias), with no other
+device work around them. In eager mode a torch.autograd.Function calls the launchers directly;
 under torch.compile the same launchers run inside two torch.library custom ops
 (featurecache::evo_attention_fwd / _bwd) with registered fake and autograd implementations, so
 the compiled graph keeps them without a break.
@@ -66,6 +69,31 @@ def _mma(a, b, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
 
 
 @triton.jit
+def _key_end(mask_row, stride_ml, seq_len, SCAN: tl.constexpr):
+    # One past the last attended key of one mask row, 0 when none. Key loops stop there: crop
+    # padding sits at the end of the keys (about 10 % in training) and a padded row costs
+    # nothing. Scanned in the forward kernel (no extra launch) and kept for the backward.
+    end = tl.full([], 0, tl.int32)
+    for start in range(0, seq_len, SCAN):
+        idx = start + tl.arange(0, SCAN)
+        attended = tl.load(mask_row + idx * stride_ml, mask=idx < seq_len, other=0) != 0
+        end = tl.maximum(end, tl.max(tl.where(attended, idx + 1, 0), 0))
+    return end
+
+
+@triton.jit
+def _key_ends_of_rows(mask_rows, valid_r, stride_ml, seq_len, ROWS: tl.constexpr, SCAN: tl.constexpr):
+    # _key_end for a group of rows ([ROWS] pointers to their masks) at once.
+    ends = tl.zeros([ROWS], tl.int32)
+    for start in range(0, seq_len, SCAN):
+        idx = start + tl.arange(0, SCAN)
+        attended = tl.load(mask_rows[:, None] + idx[None, :] * stride_ml,
+                           mask=valid_r[:, None] & (idx < seq_len)[None, :], other=0) != 0
+        ends = tl.maximum(ends, tl.max(tl.where(attended, idx[None, :] + 1, 0), 1))
+    return ends
+
+
+@triton.jit
 def _evo_attention_fwd_kernel(
     Q, K, V, Bias, Mask, KeyEnd, Out, Lse,
     stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
@@ -79,6 +107,7 @@ def _evo_attention_fwd_kernel(
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    SCAN_MASK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -112,7 +141,9 @@ def _evo_attention_fwd_kernel(
 
     key_end = seq_len
     if HAS_MASK:
-        key_end = tl.load(KeyEnd + batch * tl.num_programs(1) + row)
+        key_end = _key_end(mask_base, stride_ml, seq_len, SCAN_MASK)
+    if pid_m == 0:
+        tl.store(KeyEnd + batch * tl.num_programs(1) + row, key_end)
     for start_n in range(0, key_end, BLOCK_N):
         cols = start_n + offs_n
         valid_n = cols < seq_len
@@ -178,6 +209,7 @@ def _evo_attention_fwd_rows_kernel(
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    SCAN_MASK: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -215,9 +247,13 @@ def _evo_attention_fwd_rows_kernel(
     m_i = tl.full([ROWS, BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS, BLOCK_M], tl.float32)
     acc = tl.zeros([ROWS, BLOCK_M, BLOCK_D], tl.float32)
-    key_end = seq_len
+    ends = tl.full([ROWS], seq_len, tl.int32)
     if HAS_MASK:
-        key_end = tl.max(tl.load(KeyEnd + batch * num_rows + rows, mask=valid_r, other=0), 0)
+        ends = _key_ends_of_rows(Mask + batch * stride_mb + rows * stride_mn, valid_r, stride_ml, seq_len,
+                                 ROWS, SCAN_MASK)
+    if pid_m == 0:
+        tl.store(KeyEnd + batch * num_rows + rows, ends, mask=valid_r)
+    key_end = tl.max(tl.where(valid_r, ends, 0), 0)
     for start_n in range(0, key_end, BLOCK_N):
         cols = start_n + offs_n
         valid_n = cols < seq_len
@@ -263,40 +299,6 @@ def _evo_attention_fwd_rows_kernel(
     )
     lse_offs = ((batch * num_rows + rows[:, None]) * num_heads + head) * seq_len + offs_m[None, :]
     tl.store(Lse + lse_offs, lse, mask=valid_r[:, None] & valid_m[None, :])
-
-
-@triton.jit
-def _evo_attention_bwd_delta_kernel(
-    Out, DOut, Delta,
-    stride_ob, stride_on, stride_ol, stride_oh, stride_od,
-    stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
-    num_heads, seq_len, head_dim,
-    BLOCK_M: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    pid_m = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
-    pid_bh = tl.program_id(2)
-    batch = (pid_bh // num_heads).to(tl.int64)
-    head = (pid_bh % num_heads).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    tile = (offs_m < seq_len)[:, None] & (offs_d < head_dim)[None, :]
-    o = tl.load(
-        Out + batch * stride_ob + row * stride_on + head * stride_oh
-        + offs_m[:, None] * stride_ol + offs_d[None, :] * stride_od,
-        mask=tile,
-        other=0.0,
-    )
-    do = tl.load(
-        DOut + batch * stride_gb + row * stride_gn + head * stride_gh
-        + offs_m[:, None] * stride_gl + offs_d[None, :] * stride_gd,
-        mask=tile,
-        other=0.0,
-    )
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    delta_base = Delta + ((batch * tl.num_programs(1) + row) * num_heads + head) * seq_len
-    tl.store(delta_base + offs_m, delta, mask=offs_m < seq_len)
 
 
 @triton.jit
@@ -399,12 +401,13 @@ def _evo_attention_bwd_kv_kernel(
 
 @triton.jit
 def _evo_attention_bwd_q_kernel(
-    Q, K, V, Bias, Mask, KeyEnd, DOut, Lse, Delta, DQ, DBias,
+    Q, K, V, Bias, Mask, KeyEnd, Out, DOut, Lse, Delta, DQ, DBias,
     stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
     stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
     stride_bb, stride_bn, stride_bh, stride_bq, stride_bk,
     stride_mb, stride_mn, stride_ml,
+    stride_ob, stride_on, stride_ol, stride_oh, stride_od,
     stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
     stride_dbb, stride_dbn, stride_dbh, stride_dbq, stride_dbk,
     stride_xb, stride_xn, stride_xl, stride_xh, stride_xd,
@@ -443,9 +446,17 @@ def _evo_attention_bwd_q_kernel(
         mask=q_tile,
         other=0.0,
     )
+    o = tl.load(
+        Out + batch * stride_ob + row * stride_on + head * stride_oh
+        + rows_m[:, None] * stride_ol + offs_d[None, :] * stride_od,
+        mask=q_tile,
+        other=0.0,
+    )
     stat_base = ((batch * tl.num_programs(1) + row) * num_heads + head) * seq_len
     lse = tl.load(Lse + stat_base + rows_m, mask=valid_m, other=float("inf"))
-    delta = tl.load(Delta + stat_base + rows_m, mask=valid_m, other=0.0)
+    # delta = rowsum(dO * O), kept for the dK/dV kernel, which runs after this one.
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(Delta + stat_base + rows_m, delta, mask=valid_m)
 
     k_base = K + batch * stride_kb + row * stride_kn + head * stride_kh
     v_base = V + batch * stride_vb + row * stride_vn + head * stride_vh
@@ -585,12 +596,13 @@ def _evo_attention_bwd_kv_rows_kernel(
 
 @triton.jit
 def _evo_attention_bwd_q_rows_kernel(
-    Q, K, V, Bias, Mask, KeyEnd, DOut, Lse, Delta, DQ,
+    Q, K, V, Bias, Mask, KeyEnd, Out, DOut, Lse, Delta, DQ,
     stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
     stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
     stride_bb, stride_bh, stride_bq, stride_bk,
     stride_mb, stride_mn, stride_ml,
+    stride_ob, stride_on, stride_ol, stride_oh, stride_od,
     stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
     stride_xb, stride_xn, stride_xl, stride_xh, stride_xd,
     num_heads, num_rows, seq_len, head_dim, scale, scale_log2,
@@ -622,10 +634,13 @@ def _evo_attention_bwd_q_rows_kernel(
                 + rows_m[None, :, None] * stride_ql + offs_d[None, None, :] * stride_qd, mask=q_mask, other=0.0)
     do = tl.load(DOut + batch * stride_gb + head * stride_gh + rows[:, None, None] * stride_gn
                  + rows_m[None, :, None] * stride_gl + offs_d[None, None, :] * stride_gd, mask=q_mask, other=0.0)
+    o = tl.load(Out + batch * stride_ob + head * stride_oh + rows[:, None, None] * stride_on
+                + rows_m[None, :, None] * stride_ol + offs_d[None, None, :] * stride_od, mask=q_mask, other=0.0)
     stat_offs = ((batch * num_rows + rows[:, None]) * num_heads + head) * seq_len + rows_m[None, :]
     stat_mask = valid_r[:, None] & valid_m[None, :]
     lse = tl.load(Lse + stat_offs, mask=stat_mask, other=float("inf"))
-    delta = tl.load(Delta + stat_offs, mask=stat_mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 2)
+    tl.store(Delta + stat_offs, delta, mask=stat_mask)
 
     k_base = K + batch * stride_kb + head * stride_kh + rows[:, None, None] * stride_kn
     v_base = V + batch * stride_vb + head * stride_vh + rows[:, None, None] * stride_vn
@@ -677,6 +692,7 @@ def _evo_attention_bwd_bias_kernel(
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    SCAN_MASK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -721,8 +737,13 @@ def _evo_attention_bwd_bias_kernel(
     dbias = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     rows_to_walk = num_rows
     if HAS_MASK:
-        # KeyEnd here is per batch: the last attended key over all rows. Past it dS is zero.
-        rows_to_walk = tl.where(pid_n * BLOCK_N < tl.load(KeyEnd + batch), num_rows, 0)
+        # Past the last attended key of every row, dS is zero: such a tile skips the walk.
+        key_max = tl.full([], 0, tl.int32)
+        for start in range(0, num_rows, SCAN_MASK):
+            idx = start + tl.arange(0, SCAN_MASK)
+            ends = tl.load(KeyEnd + batch * num_rows + idx, mask=idx < num_rows, other=0)
+            key_max = tl.maximum(key_max, tl.max(ends, 0))
+        rows_to_walk = tl.where(pid_n * BLOCK_N < key_max, num_rows, 0)
     for _ in range(0, rows_to_walk):
         q = tl.load(q_ptrs, mask=q_mask, other=0.0)
         do = tl.load(do_ptrs, mask=q_mask, other=0.0)
@@ -842,8 +863,13 @@ def _heuristic_config(padded_dim: int, seq_len: int, interpreted: bool) -> EvoAt
 def select_config(head_dim: int, seq_len: int, device: torch.device) -> EvoAttentionConfig:
     """Tuned block sizes for this GPU and shape class, else a heuristic; never autotunes."""
     interpreted = _interpreting() or device.type != "cuda"
-    gpu = None if interpreted else torch.cuda.get_device_name(device)
+    gpu = None if interpreted else _gpu_name(device.index if device.index is not None else torch.cuda.current_device())
     return _select_config_cached(_padded_head_dim(head_dim), seq_len, gpu)
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -924,17 +950,7 @@ def _mask_arg(mask: Optional[torch.Tensor], q: torch.Tensor) -> tuple[torch.Tens
     return as_bytes, tuple(as_bytes.stride())
 
 
-def _key_ends(mask: Optional[torch.Tensor], q: torch.Tensor) -> torch.Tensor:
-    """[B, N] int32: one past the last attended key of each row, 0 for a fully masked row.
-
-    The kernels stop their key loops there: crop padding sits at the end of the keys (about 10 %
-    of them in training), and a fully padded row costs nothing. Without a mask the kernels never
-    read it, and q stands in as the pointer.
-    """
-    if mask is None:
-        return q
-    positions = torch.arange(1, mask.shape[-1] + 1, device=mask.device, dtype=torch.int32)
-    return torch.where(mask, positions, 0).amax(-1).to(torch.int32).contiguous()
+_SCAN_MASK = 256  # mask bytes per step of the forward's scan for each row's last attended key
 
 
 def evo_attention_forward(
@@ -945,62 +961,52 @@ def evo_attention_forward(
     mask: Optional[torch.Tensor],
     scale: float,
     config: Optional[EvoAttentionConfig] = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the forward kernel. Returns out [B, N, L, H, D] and lse [B, N, H, L] (fp32, log2 units).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel: one launch, nothing else on the host's path.
 
+    Returns out [B, N, L, H, D], lse [B, N, H, L] (fp32, log2 units) and key_end [B, N] (int32,
+    one past each row's last attended key; L without a mask), which the backward takes.
     config overrides the tuned block sizes (for tuning runs); inputs are assumed checked.
     """
     batch, rows, seq_len, heads, head_dim = q.shape
     config = (config or select_config(head_dim, seq_len, q.device)).fwd
     out = q.new_empty(q.shape)
     lse = torch.empty((batch, rows, heads, seq_len), device=q.device, dtype=torch.float32)
+    key_end = torch.empty((batch, rows), device=q.device, dtype=torch.int32)
     mask_tensor, mask_strides = _mask_arg(mask, q)
-    key_end = _key_ends(mask, q)
     shared_bias = bias is not None and bias.shape[1] == 1 and rows > 1
-    if shared_bias and config.rows > 1:
-        grid = (triton.cdiv(seq_len, config.block_m), triton.cdiv(rows, config.rows), batch * heads)
-        _evo_attention_fwd_rows_kernel[grid](
-            q, k, v, bias, mask_tensor, key_end, out, lse,
-            *q.stride(),
-            *k.stride(),
-            *v.stride(),
-            bias.stride(0), bias.stride(2), bias.stride(3), bias.stride(4),
-            *mask_strides,
-            *out.stride(),
-            heads, rows, seq_len, head_dim, scale * _LOG2E,
-            HAS_BIAS=True,
-            HAS_MASK=mask is not None,
-            DOT_PRECISION=_dot_precision(q.dtype),
-            UPCAST_DOT=_upcast_dot(q),
-            ROWS=config.rows,
-            BLOCK_M=config.block_m,
-            BLOCK_N=config.block_n,
-            BLOCK_D=_padded_head_dim(head_dim),
-            num_warps=config.num_warps,
-            num_stages=config.num_stages,
-        )
-        return out, lse
-    grid = (triton.cdiv(seq_len, config.block_m), rows, batch * heads)
-    _evo_attention_fwd_kernel[grid](
-        q, k, v, bias if bias is not None else q, mask_tensor, key_end, out, lse,
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *_bias_strides(bias),
-        *mask_strides,
-        *out.stride(),
-        heads, seq_len, head_dim, scale * _LOG2E,
+    common = dict(
         HAS_BIAS=bias is not None,
         HAS_MASK=mask is not None,
         DOT_PRECISION=_dot_precision(q.dtype),
         UPCAST_DOT=_upcast_dot(q),
+        SCAN_MASK=_SCAN_MASK,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         BLOCK_D=_padded_head_dim(head_dim),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-    return out, lse
+    if shared_bias and config.rows > 1:
+        grid = (triton.cdiv(seq_len, config.block_m), triton.cdiv(rows, config.rows), batch * heads)
+        _evo_attention_fwd_rows_kernel[grid](
+            q, k, v, bias, mask_tensor, key_end, out, lse,
+            *q.stride(), *k.stride(), *v.stride(),
+            bias.stride(0), bias.stride(2), bias.stride(3), bias.stride(4),
+            *mask_strides, *out.stride(),
+            heads, rows, seq_len, head_dim, scale * _LOG2E,
+            ROWS=config.rows,
+            **common,
+        )
+    else:
+        grid = (triton.cdiv(seq_len, config.block_m), rows, batch * heads)
+        _evo_attention_fwd_kernel[grid](
+            q, k, v, bias if bias is not None else q, mask_tensor, key_end, out, lse,
+            *q.stride(), *k.stride(), *v.stride(), *_bias_strides(bias), *mask_strides, *out.stride(),
+            heads, seq_len, head_dim, scale * _LOG2E,
+            **common,
+        )
+    return out, lse, key_end
 
 
 def evo_attention_backward(
@@ -1012,154 +1018,96 @@ def evo_attention_backward(
     mask: Optional[torch.Tensor],
     out: torch.Tensor,
     lse: torch.Tensor,
+    key_end: torch.Tensor,
     scale: float,
     bias_grad: bool,
     config: Optional[EvoAttentionConfig] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """Launch the backward kernels. Returns dq, dk, dv and dbias (None unless bias_grad)."""
+    """Launch the backward kernels (two, three for a shared bias). Returns dq, dk, dv, dbias.
+
+    dbias is None unless bias_grad. Order matters: the dQ kernel writes delta = rowsum(dO * O),
+    which the dK/dV and dBias kernels read.
+    """
     batch, rows, seq_len, heads, head_dim = q.shape
     config = config or select_config(head_dim, seq_len, q.device)
-    padded_dim = _padded_head_dim(head_dim)
-    precision = _dot_precision(q.dtype)
-    upcast = _upcast_dot(q)
     has_bias = bias is not None
     bias_arg = bias if has_bias else q
-    bias_strides = _bias_strides(bias)
     mask_tensor, mask_strides = _mask_arg(mask, q)
-    key_end = _key_ends(mask, q)
+    shared_bias = has_bias and bias.shape[1] == 1 and rows > 1
+    per_row_dbias = bias_grad and bias.shape[1] == rows
+    common = dict(
+        HAS_MASK=mask is not None,
+        DOT_PRECISION=_dot_precision(q.dtype),
+        UPCAST_DOT=_upcast_dot(q),
+        BLOCK_D=_padded_head_dim(head_dim),
+    )
+
+    def tiles(block: BlockConfig) -> dict:
+        return dict(BLOCK_M=block.block_m, BLOCK_N=block.block_n, num_warps=block.num_warps,
+                    num_stages=block.num_stages, **common)
 
     delta = torch.empty_like(lse)
-    delta_block = 64
-    _evo_attention_bwd_delta_kernel[(triton.cdiv(seq_len, delta_block), rows, batch * heads)](
-        out, grad_out, delta,
-        *out.stride(),
-        *grad_out.stride(),
-        heads, seq_len, head_dim,
-        BLOCK_M=delta_block,
-        BLOCK_D=padded_dim,
-    )
+    dq = q.new_empty(q.shape)
+    dbias = bias.new_empty(bias.shape) if bias_grad else None
+    qc = config.bwd_q
+    if shared_bias and qc.rows > 1:
+        _evo_attention_bwd_q_rows_kernel[(triton.cdiv(seq_len, qc.block_m), triton.cdiv(rows, qc.rows), batch * heads)](
+            q, k, v, bias, mask_tensor, key_end, out, grad_out, lse, delta, dq,
+            *q.stride(), *k.stride(), *v.stride(),
+            bias.stride(0), bias.stride(2), bias.stride(3), bias.stride(4),
+            *mask_strides, *out.stride(), *grad_out.stride(), *dq.stride(),
+            heads, rows, seq_len, head_dim, scale, scale * _LOG2E,
+            ROWS=qc.rows,
+            **tiles(qc),
+        )
+    else:
+        _evo_attention_bwd_q_kernel[(triton.cdiv(seq_len, qc.block_m), rows, batch * heads)](
+            q, k, v, bias_arg, mask_tensor, key_end, out, grad_out, lse, delta, dq,
+            dbias if per_row_dbias else q,
+            *q.stride(), *k.stride(), *v.stride(), *_bias_strides(bias),
+            *mask_strides, *out.stride(), *grad_out.stride(),
+            *(dbias.stride() if per_row_dbias else (0, 0, 0, 0, 0)),
+            *dq.stride(),
+            heads, seq_len, head_dim, scale, scale * _LOG2E,
+            HAS_BIAS=has_bias,
+            STORE_DBIAS=per_row_dbias,
+            **tiles(qc),
+        )
 
     dk = k.new_empty(k.shape)
     dv = v.new_empty(v.shape)
     kv = config.bwd_kv
-    shared_bias = has_bias and bias.shape[1] == 1 and rows > 1
     if shared_bias and kv.rows > 1:
         _evo_attention_bwd_kv_rows_kernel[(triton.cdiv(seq_len, kv.block_n), triton.cdiv(rows, kv.rows), batch * heads)](
             q, k, v, bias, mask_tensor, key_end, grad_out, lse, delta, dk, dv,
-            *q.stride(),
-            *k.stride(),
-            *v.stride(),
+            *q.stride(), *k.stride(), *v.stride(),
             bias.stride(0), bias.stride(2), bias.stride(3), bias.stride(4),
-            *mask_strides,
-            *grad_out.stride(),
-            *dk.stride(),
+            *mask_strides, *grad_out.stride(), *dk.stride(),
             heads, rows, seq_len, head_dim, scale, scale * _LOG2E,
-            HAS_MASK=mask is not None,
-            DOT_PRECISION=precision,
-            UPCAST_DOT=upcast,
             ROWS=kv.rows,
-            BLOCK_M=kv.block_m,
-            BLOCK_N=kv.block_n,
-            BLOCK_D=padded_dim,
-            num_warps=kv.num_warps,
-            num_stages=kv.num_stages,
+            **tiles(kv),
         )
     else:
         _evo_attention_bwd_kv_kernel[(triton.cdiv(seq_len, kv.block_n), rows, batch * heads)](
             q, k, v, bias_arg, mask_tensor, key_end, grad_out, lse, delta, dk, dv,
-            *q.stride(),
-            *k.stride(),
-            *v.stride(),
-            *bias_strides,
-            *mask_strides,
-            *grad_out.stride(),
-            *dk.stride(),
+            *q.stride(), *k.stride(), *v.stride(), *_bias_strides(bias),
+            *mask_strides, *grad_out.stride(), *dk.stride(),
             heads, seq_len, head_dim, scale, scale * _LOG2E,
             HAS_BIAS=has_bias,
-            HAS_MASK=mask is not None,
-            DOT_PRECISION=precision,
-            UPCAST_DOT=upcast,
-            BLOCK_M=kv.block_m,
-            BLOCK_N=kv.block_n,
-            BLOCK_D=padded_dim,
-            num_warps=kv.num_warps,
-            num_stages=kv.num_stages,
-        )
-
-    dbias = None
-    per_row_dbias = bias_grad and bias.shape[1] == rows
-    if bias_grad:
-        dbias = bias.new_empty(bias.shape)
-    dbias_strides = dbias.stride() if per_row_dbias else (0, 0, 0, 0, 0)
-
-    dq = q.new_empty(q.shape)
-    qc = config.bwd_q
-    if shared_bias and qc.rows > 1:
-        _evo_attention_bwd_q_rows_kernel[(triton.cdiv(seq_len, qc.block_m), triton.cdiv(rows, qc.rows), batch * heads)](
-            q, k, v, bias, mask_tensor, key_end, grad_out, lse, delta, dq,
-            *q.stride(),
-            *k.stride(),
-            *v.stride(),
-            bias.stride(0), bias.stride(2), bias.stride(3), bias.stride(4),
-            *mask_strides,
-            *grad_out.stride(),
-            *dq.stride(),
-            heads, rows, seq_len, head_dim, scale, scale * _LOG2E,
-            HAS_MASK=mask is not None,
-            DOT_PRECISION=precision,
-            UPCAST_DOT=upcast,
-            ROWS=qc.rows,
-            BLOCK_M=qc.block_m,
-            BLOCK_N=qc.block_n,
-            BLOCK_D=padded_dim,
-            num_warps=qc.num_warps,
-            num_stages=qc.num_stages,
-        )
-    else:
-        _evo_attention_bwd_q_kernel[(triton.cdiv(seq_len, qc.block_m), rows, batch * heads)](
-            q, k, v, bias_arg, mask_tensor, key_end, grad_out, lse, delta, dq, dbias if per_row_dbias else q,
-            *q.stride(),
-            *k.stride(),
-            *v.stride(),
-            *bias_strides,
-            *mask_strides,
-            *grad_out.stride(),
-            *dbias_strides,
-            *dq.stride(),
-            heads, seq_len, head_dim, scale, scale * _LOG2E,
-            HAS_BIAS=has_bias,
-            HAS_MASK=mask is not None,
-            STORE_DBIAS=per_row_dbias,
-            DOT_PRECISION=precision,
-            UPCAST_DOT=upcast,
-            BLOCK_M=qc.block_m,
-            BLOCK_N=qc.block_n,
-            BLOCK_D=padded_dim,
-            num_warps=qc.num_warps,
-            num_stages=qc.num_stages,
+            **tiles(kv),
         )
 
     if bias_grad and not per_row_dbias:
         bc = config.bwd_bias
         _evo_attention_bwd_bias_kernel[(triton.cdiv(seq_len, bc.block_n), triton.cdiv(seq_len, bc.block_m), batch * heads)](
-            q, k, v, bias, mask_tensor, key_end.amax(-1) if mask is not None else q,
-            grad_out, lse, delta, dbias,
-            *q.stride(),
-            *k.stride(),
-            *v.stride(),
+            q, k, v, bias, mask_tensor, key_end, grad_out, lse, delta, dbias,
+            *q.stride(), *k.stride(), *v.stride(),
             bias.stride(0), bias.stride(2), bias.stride(3), bias.stride(4),
-            *mask_strides,
-            *grad_out.stride(),
+            *mask_strides, *grad_out.stride(),
             dbias.stride(0), dbias.stride(2), dbias.stride(3), dbias.stride(4),
             heads, rows, seq_len, head_dim, scale * _LOG2E,
-            HAS_MASK=mask is not None,
-            DOT_PRECISION=precision,
-            UPCAST_DOT=upcast,
-            BLOCK_M=bc.block_m,
-            BLOCK_N=bc.block_n,
-            BLOCK_D=padded_dim,
-            num_warps=bc.num_warps,
-            num_stages=bc.num_stages,
+            SCAN_MASK=_SCAN_MASK,
+            **tiles(bc),
         )
     return dq, dk, dv, dbias
 
@@ -1177,14 +1125,15 @@ def _evo_attention_fwd_op(
     bias: Optional[torch.Tensor],
     mask: Optional[torch.Tensor],
     scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return evo_attention_forward(q, k, v, bias, mask, scale)
 
 
 @_evo_attention_fwd_op.register_fake
 def _(q, k, v, bias, mask, scale):
     batch, rows, seq_len, heads, _ = q.shape
-    return q.new_empty(q.shape), q.new_empty((batch, rows, heads, seq_len), dtype=torch.float32)
+    return (q.new_empty(q.shape), q.new_empty((batch, rows, heads, seq_len), dtype=torch.float32),
+            q.new_empty((batch, rows), dtype=torch.int32))
 
 
 @torch.library.custom_op("featurecache::evo_attention_bwd", mutates_args=())
@@ -1197,31 +1146,34 @@ def _evo_attention_bwd_op(
     mask: Optional[torch.Tensor],
     out: torch.Tensor,
     lse: torch.Tensor,
+    key_end: torch.Tensor,
     scale: float,
     bias_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    dq, dk, dv, dbias = evo_attention_backward(grad_out, q, k, v, bias, mask, out, lse, scale, bias_grad)
+    dq, dk, dv, dbias = evo_attention_backward(grad_out, q, k, v, bias, mask, out, lse, key_end, scale, bias_grad)
     # Custom ops cannot return None: an empty tensor stands for "no bias gradient".
     return dq, dk, dv, dbias if dbias is not None else q.new_empty(0)
 
 
 @_evo_attention_bwd_op.register_fake
-def _(grad_out, q, k, v, bias, mask, out, lse, scale, bias_grad):
+def _(grad_out, q, k, v, bias, mask, out, lse, key_end, scale, bias_grad):
     dbias = bias.new_empty(bias.shape) if bias_grad else q.new_empty(0)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
 
 
 def _setup_context(ctx, inputs, output) -> None:
     q, k, v, bias, mask, scale = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, bias, mask, out, lse)
+    out, lse, key_end = output
+    ctx.save_for_backward(q, k, v, bias, mask, out, lse, key_end)
     ctx.scale = scale
     ctx.bias_grad = bias is not None and ctx.needs_input_grad[3]
 
 
-def _backward(ctx, grad_out, grad_lse):
-    q, k, v, bias, mask, out, lse = ctx.saved_tensors
-    dq, dk, dv, dbias = _evo_attention_bwd_op(grad_out, q, k, v, bias, mask, out, lse, ctx.scale, ctx.bias_grad)
+def _backward(ctx, grad_out, grad_lse, grad_key_end):
+    q, k, v, bias, mask, out, lse, key_end = ctx.saved_tensors
+    dq, dk, dv, dbias = _evo_attention_bwd_op(
+        grad_out, q, k, v, bias, mask, out, lse, key_end, ctx.scale, ctx.bias_grad
+    )
     return dq, dk, dv, dbias if ctx.bias_grad else None, None, None
 
 
@@ -1238,16 +1190,18 @@ class _EvoAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, mask, scale):
-        out, lse = evo_attention_forward(q, k, v, bias, mask, scale)
-        ctx.save_for_backward(q, k, v, bias, mask, out, lse)
+        out, lse, key_end = evo_attention_forward(q, k, v, bias, mask, scale)
+        ctx.save_for_backward(q, k, v, bias, mask, out, lse, key_end)
         ctx.scale = scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, bias, mask, out, lse = ctx.saved_tensors
+        q, k, v, bias, mask, out, lse, key_end = ctx.saved_tensors
         bias_grad = bias is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, dbias = evo_attention_backward(grad_out, q, k, v, bias, mask, out, lse, ctx.scale, bias_grad)
+        dq, dk, dv, dbias = evo_attention_backward(
+            grad_out, q, k, v, bias, mask, out, lse, key_end, ctx.scale, bias_grad
+        )
         return dq, dk, dv, dbias, None, None
 
 
@@ -1272,6 +1226,6 @@ def evo_attention(
     if q.device.type != "cuda" and not _interpreting():
         return evo_attention_reference(q, k, v, bias, mask, scale)
     if torch.compiler.is_compiling():
-        out, _ = _evo_attention_fwd_op(q, k, v, bias, mask, float(scale))
+        out, _, _ = _evo_attention_fwd_op(q, k, v, bias, mask, float(scale))
         return out
     return _EvoAttentionFunction.apply(q, k, v, bias, mask, float(scale))

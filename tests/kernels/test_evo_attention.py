@@ -208,11 +208,11 @@ def test_opcheck_forward_and_backward_ops():
     leaves = [x.detach().requires_grad_() for x in (q, k, v, bias)]
     torch.library.opcheck(torch.ops.featurecache.evo_attention_fwd.default, (*leaves, mask, 0.35))
     torch.library.opcheck(torch.ops.featurecache.evo_attention_fwd.default, (q, k, v, None, None, 0.35))
-    out, lse = torch.ops.featurecache.evo_attention_fwd(q, k, v, bias, mask, 0.35)
+    out, lse, key_end = torch.ops.featurecache.evo_attention_fwd(q, k, v, bias, mask, 0.35)
     grad_out = torch.randn_like(out)
     torch.library.opcheck(
         torch.ops.featurecache.evo_attention_bwd.default,
-        (grad_out, q, k, v, bias, mask, out, lse, 0.35, True),
+        (grad_out, q, k, v, bias, mask, out, lse, key_end, 0.35, True),
     )
 
 
@@ -279,8 +279,9 @@ def test_row_group_kernels_match_plain_kernels():
             bwd_kv=dataclasses.replace(base.bwd_kv, rows=rows),
             bwd_q=dataclasses.replace(base.bwd_q, rows=rows),
         )
-        out, lse = evo_module.evo_attention_forward(q, k, v, bias, mask, scale, config)
-        grads = evo_module.evo_attention_backward(grad_out, q, k, v, bias, mask, out, lse, scale, True, config)
+        out, lse, key_end = evo_module.evo_attention_forward(q, k, v, bias, mask, scale, config)
+        grads = evo_module.evo_attention_backward(grad_out, q, k, v, bias, mask, out, lse, key_end, scale, True,
+                                                  config)
         results[rows] = (out, lse, *grads)
     truth = _eager_attention(q.double(), k.double(), v.double(), bias.double(), mask, scale)
     eager = _eager_attention(q, k, v, bias, mask, scale)
@@ -300,7 +301,7 @@ def test_custom_op_autograd_matches_eager_path():
     q, k, v, bias, mask = _make_inputs(1, 3, 14, 2, 16, "shared", True, strided=False, dtype=torch.float32)
     grad_out = torch.randn(q.shape, device=DEVICE)
     via_op = [x.detach().requires_grad_() for x in (q, k, v, bias)]
-    out, _ = torch.ops.featurecache.evo_attention_fwd(*via_op, mask, 0.25)
+    out, _, _ = torch.ops.featurecache.evo_attention_fwd(*via_op, mask, 0.25)
     out.backward(grad_out)
     via_function = [x.detach().requires_grad_() for x in (q, k, v, bias)]
     evo_attention(*via_function[:3], bias=via_function[3], mask=mask, scale=0.25).backward(grad_out)
