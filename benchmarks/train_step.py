@@ -132,6 +132,44 @@ def bench_block(variant: str, length: int, dims: dict, device: torch.device, war
     return {"ms": ms, "peak_gb": peak}
 
 
+def profile_block(variant: str, length: int, dims: dict, device: torch.device) -> dict:
+    """Where one block's fwd+bwd spends device time: the top operators by their own CUDA time,
+    and device time against wall time (a gap means the host, not the GPU, sets the pace)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    impl, _ = VARIANTS[variant]
+    block = PairformerBlock(dims["c_s"], dims["c_z"], dims["single_heads"], dims["single_head_dim"],
+                            dims["pair_heads"], dims["pair_head_dim"], 4, impl=impl).to(device)
+    s = torch.randn(1, length, dims["c_s"], device=device, requires_grad=True)
+    z = torch.randn(1, length, length, dims["c_z"], device=device, requires_grad=True)
+    token_mask = torch.arange(length, device=device)[None] < math.ceil(0.9 * length)
+    pair_mask = token_mask[:, :, None] & token_mask[:, None, :]
+
+    def step():
+        with autocast(device):
+            s_out, z_out = block(s, z, token_mask, pair_mask)
+        (s_out.float().sum() + z_out.float().sum()).backward()
+
+    for _ in range(3):
+        step()
+    sync(device)
+    steps = 3
+    start = time.perf_counter()
+    activity = ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
+        for _ in range(steps):
+            step()
+        sync(device)
+    wall_ms = (time.perf_counter() - start) * 1e3 / steps
+    own = (lambda e: e.self_device_time_total) if device.type == "cuda" else (lambda e: e.self_cpu_time_total)
+    events = sorted((e for e in prof.key_averages() if own(e) > 0), key=own, reverse=True)
+    device_ms = sum(own(e) for e in events) / 1e3 / steps
+    top = [(e.key[:70], round(own(e) / 1e3 / steps, 3), e.count // steps) for e in events[:18]]
+    for name, ms, count in top:
+        print(f"    {ms:8.3f} ms  x{count:<4d} {name}", flush=True)
+    return {"wall_ms_profiled": wall_ms, "device_ms": device_ms, "top": top}
+
+
 # --- 2. and 3. whole training iterations -----------------------------------------------------------
 
 
@@ -333,6 +371,10 @@ def table(results: dict, args) -> str:
              for v in VARIANTS]
     t, e, c, _ = (get(f"maxcrop/{v}", "max_crop") for v in VARIANTS)
     rows.append(f"| largest crop without OOM, depth {args.depth} | {' | '.join(crops)} | {ratio(t, e)} | {ratio(t, c)} |")
+    for key, value in results.items():
+        if key.startswith("profile/") and "device_ms" in value:
+            rows.append(f"| {key}: device time {value['device_ms']:.1f} ms of {value['wall_ms_profiled']:.1f} ms wall "
+                        f"| | | | | | |")
     for source in ("cache", "online"):
         result = results.get(f"datawait/{source}")
         rows.append(f"| data wait share, {source} | "
@@ -361,6 +403,8 @@ def main() -> None:
     parser.add_argument("--template-dir")
     parser.add_argument("--data-steps", type=int, default=16)
     parser.add_argument("--num-workers", type=int, default=2)
+    parser.add_argument("--profile-block", action="store_true",
+                        help="profile the Triton block at the first block length (top CUDA operators)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on any device: checks the script runs")
     args = parser.parse_args()
 
@@ -438,6 +482,9 @@ def main() -> None:
     for length in args.block_lengths:
         for variant in fast:
             section(f"block{length}/{variant}", 15, bench_block, variant, length, dims, device, warmup, reps)
+    if "triton" in fast and args.profile_block:
+        section(f"profile/block{args.block_lengths[0]}/triton", 15, profile_block, "triton", args.block_lengths[0],
+                dims, device)
     # the fastest path that ran: the share of waiting depends on the step time
     ran = [v for v in ("triton", "eager") if "ms" in results.get(f"step/{v}", {})]
     data_kernels = VARIANTS[ran[0]][0] if ran else "torch"

@@ -54,7 +54,9 @@ class CacheDataset(torch.utils.data.Dataset):
     Each item is one target, cropped to `crop_size` tokens (contiguous or spatial, AF3's recipe,
     chosen at random per sample with `spatial_crop_prob`) with at most `max_msa_rows` MSA rows
     (query first). The crop changes with the epoch: call `set_epoch` (DistributedSampler users
-    already do this for the sampler) so that every epoch sees new crops, reproducibly per seed.
+    already do this for the sampler) so that every epoch sees new crops, reproducibly per seed,
+    or index with (epoch, index) pairs, as featurecache.train's batch sampler does, so that
+    long-lived workers need no set_epoch.
     """
 
     def __init__(
@@ -158,10 +160,12 @@ class CacheDataset(torch.utils.data.Dataset):
             raise KeyError(f"{self.cache_dir}: no features record for target {target_id!r}")
         return record.arrays, record.meta
 
-    def __getitem__(self, index: int) -> dict:
-        """One cropped sample. A damaged record raises CorruptRecordError (naming key, shard and
-        generation) or, with on_error="skip", is counted in `skipped` (per worker process) and
-        replaced by the next intact record."""
+    def __getitem__(self, item: int | tuple[int, int]) -> dict:
+        """One cropped sample; `item` is an index (crops of the current epoch) or an (epoch, index)
+        pair. A damaged record raises CorruptRecordError (naming key, shard and generation) or,
+        with on_error="skip", is counted in `skipped` (per worker process) and replaced by the
+        next intact record."""
+        epoch, index = item if isinstance(item, tuple) else (self.epoch, item)
         for offset in range(len(self)):
             position = (index + offset) % len(self)
             target_id = self.ids[position]
@@ -174,7 +178,7 @@ class CacheDataset(torch.utils.data.Dataset):
                 log.warning("skipping damaged record %s in %s (%d skipped so far)", target_id, self.cache_dir,
                             self.skipped)
                 continue
-            rng = np.random.default_rng([self.seed, self.epoch, position])
+            rng = np.random.default_rng([self.seed, epoch, position])
             return self.crop_sample(target_id, arrays, rng)
         raise CorruptRecordError(None, str(self.cache_dir), f"all {len(self)} records are damaged")
 

@@ -115,37 +115,50 @@ def setup_distributed(device: str) -> Dist:
 # --- data ------------------------------------------------------------------------------------
 
 
-class EpochSampler(torch.utils.data.Sampler):
-    """Shuffled indices per epoch, split across ranks, that can start part-way into an epoch.
+class EpochBatchSampler(torch.utils.data.Sampler):
+    """Batches of (epoch, index) pairs, epoch after epoch, for one DataLoader that serves a run.
 
-    Same shuffle on every rank (seeded by seed and epoch), each rank taking every world_size-th
-    index, padded by wrapping so that all ranks run the same number of steps. Starting at
-    `start` is how a resumed run skips the samples it already trained on without loading them.
+    Each epoch is a new shuffle, the same on every rank (seeded by seed and epoch); each rank
+    takes every world_size-th index, padded by wrapping so that all ranks run the same number of
+    steps, and an incomplete last batch is dropped, so no batch straddles two epochs. Iteration
+    starts at (start_epoch, start_batch), which is how a resumed run skips what it already
+    trained on without loading it, and runs on through later epochs (`epochs` of them, or without
+    end). The epoch travels with each index, so the dataset's workers pick each epoch's crops
+    without `set_epoch` and are started once per run, not once per epoch.
     """
 
-    def __init__(self, num_samples: int, rank: int, world_size: int, seed: int) -> None:
+    def __init__(self, num_samples: int, batch_size: int, rank: int, world_size: int, seed: int,
+                 start_epoch: int = 0, start_batch: int = 0, epochs: int | None = None) -> None:
         if num_samples == 0:
             raise ValueError("the dataset is empty")
         self.num_samples = num_samples
+        self.batch_size = batch_size
         self.rank = rank
         self.world_size = world_size
         self.seed = seed
-        self.epoch = 0
-        self.start = 0
+        self.start_epoch = start_epoch
+        self.start_batch = start_batch
+        self.epochs = epochs
 
-    def set_position(self, epoch: int, start: int) -> None:
-        self.epoch = epoch
-        self.start = start
+    @property
+    def steps_per_epoch(self) -> int:
+        return math.ceil(self.num_samples / self.world_size) // self.batch_size
 
-    def __len__(self) -> int:
-        return math.ceil(self.num_samples / self.world_size) - self.start
-
-    def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+    def epoch_order(self, epoch: int) -> list[int]:
+        """This rank's indices for one epoch, in order."""
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         order = torch.randperm(self.num_samples, generator=generator).tolist()
         per_rank = math.ceil(self.num_samples / self.world_size)
         order = (order * math.ceil(per_rank * self.world_size / self.num_samples))[: per_rank * self.world_size]
-        return iter(order[self.rank::self.world_size][self.start:])
+        return order[self.rank::self.world_size]
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        epoch, first = self.start_epoch, self.start_batch
+        while self.epochs is None or epoch < self.start_epoch + self.epochs:
+            order = self.epoch_order(epoch)
+            for batch in range(first, self.steps_per_epoch):
+                yield [(epoch, index) for index in order[batch * self.batch_size:(batch + 1) * self.batch_size]]
+            epoch, first = epoch + 1, 0
 
 
 class OnlineDataset(torch.utils.data.Dataset):
@@ -196,7 +209,8 @@ class OnlineDataset(torch.utils.data.Dataset):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def __getitem__(self, index: int) -> dict:
+    def __getitem__(self, item: int | tuple[int, int]) -> dict:
+        """One sample; `item` is an index (crops of the current epoch) or an (epoch, index) pair."""
         from featurecache.config import FeatureConfig
         from featurecache.features.featurize import featurize_from_files
         from featurecache.io.alignments import AlignmentIndex
@@ -204,8 +218,9 @@ class OnlineDataset(torch.utils.data.Dataset):
 
         if self._alignments is None and self.alignments_dir is not None:
             self._alignments = AlignmentIndex(self.alignments_dir)
+        epoch, index = item if isinstance(item, tuple) else (self.epoch, item)
         arrays, _ = featurize_from_files(self.paths[index], self._alignments, FeatureConfig(), self.template_dir)
-        rng = np.random.default_rng([self.seed, self.epoch, index])
+        rng = np.random.default_rng([self.seed, epoch, index])
         # CacheDataset's crop and subsampling, so both datasets yield the same samples
         return crop_sample(self.ids[index], arrays, rng, self.crop_size, self.max_msa_rows, self.spatial_crop_prob)
 
@@ -222,7 +237,7 @@ def build_dataset(config: TrainConfig):
                          max_msa_rows=config.max_msa_rows, seed=config.seed)
 
 
-def make_loader(dataset, sampler: EpochSampler, config: TrainConfig, device: torch.device):
+def make_loader(dataset, batch_sampler: EpochBatchSampler, config: TrainConfig, device: torch.device):
     from featurecache.loader import collate
 
     extra = {}
@@ -230,12 +245,10 @@ def make_loader(dataset, sampler: EpochSampler, config: TrainConfig, device: tor
         extra["prefetch_factor"] = config.prefetch_factor
     return torch.utils.data.DataLoader(
         dataset,
-        batch_size=config.batch_size,
-        sampler=sampler,
+        batch_sampler=batch_sampler,
         num_workers=config.num_workers,
         collate_fn=collate,
         pin_memory=device.type == "cuda",
-        drop_last=True,
         **extra,
     )
 
@@ -330,8 +343,8 @@ def train(config: TrainConfig) -> list[dict]:
     torch.manual_seed(config.seed)  # same initial weights on every rank
 
     dataset = build_dataset(config)
-    sampler = EpochSampler(len(dataset), world.rank, world.world_size, config.seed)
-    steps_per_epoch = len(sampler) // config.batch_size
+    steps_per_epoch = EpochBatchSampler(len(dataset), config.batch_size, world.rank, world.world_size,
+                                        config.seed).steps_per_epoch
     if steps_per_epoch == 0:
         raise click.UsageError(
             f"{len(dataset)} samples over {world.world_size} ranks give no full batch of {config.batch_size}")
@@ -372,15 +385,21 @@ def train(config: TrainConfig) -> list[dict]:
 
     log_file = open(run_dir / LOG_FILE, "a") if world.is_main else None
     records: list[dict] = []
+    # One loader (and one set of workers) for the whole run, unless the dataset must switch to a
+    # newly published generation at each epoch: then set_epoch runs here and the loader is
+    # rebuilt per epoch, since workers hold a copy of the dataset.
+    loader_per_epoch = getattr(dataset, "follow_latest", False)
+    batches = None
     model.train()
     try:
         while step < config.steps:
-            dataset_epoch = getattr(dataset, "set_epoch", None)
-            if dataset_epoch is not None:
-                dataset_epoch(epoch)  # before the iterator exists: workers copy the dataset
-            sampler.set_position(epoch, batch_in_epoch * config.batch_size)
-            loader = make_loader(dataset, sampler, config, world.device)
-            batches = iter(loader)
+            if batches is None:
+                if loader_per_epoch:
+                    dataset.set_epoch(epoch)  # before the iterator exists: workers copy the dataset
+                batch_sampler = EpochBatchSampler(len(dataset), config.batch_size, world.rank, world.world_size,
+                                                  config.seed, start_epoch=epoch, start_batch=batch_in_epoch,
+                                                  epochs=1 if loader_per_epoch else None)
+                batches = iter(make_loader(dataset, batch_sampler, config, world.device))
             while step < config.steps and batch_in_epoch < steps_per_epoch:
                 start = time.perf_counter()
                 if world.device.type == "cuda":
@@ -450,7 +469,8 @@ def train(config: TrainConfig) -> list[dict]:
             if batch_in_epoch >= steps_per_epoch:
                 epoch += 1
                 batch_in_epoch = 0
-            del batches, loader
+                if loader_per_epoch:
+                    batches = None
     finally:
         if log_file is not None:
             log_file.close()

@@ -47,6 +47,16 @@ def test_crops_are_reproducible_and_change_with_epoch(sample_cache):
     assert changed
 
 
+
+def test_epoch_index_pairs_equal_set_epoch(sample_cache):
+    # Long-lived workers get the epoch with each index instead of through set_epoch.
+    dataset = CacheDataset(sample_cache, crop_size=40, seed=11)
+    index = dataset.ids.index("7a4d-assembly1")
+    dataset.set_epoch(3)
+    expected = dataset[index]["token_index"]
+    dataset.set_epoch(0)
+    assert torch.equal(dataset[(3, index)]["token_index"], expected)
+
 def test_collate_pads_and_masks(sample_cache):
     dataset = CacheDataset(sample_cache, crop_size=64, max_msa_rows=16)
     samples = [dataset[i] for i in range(len(dataset))]

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from featurecache.loader import CacheDataset, collate
 from featurecache.model import AF3Trunk, preset
-from featurecache.train import OnlineDataset, TrainConfig, train, train_command
+from featurecache.train import EpochBatchSampler, OnlineDataset, TrainConfig, train, train_command
 
 STRUCTURES = ("209d-assembly1.cif", "721p-assembly1.cif", "7a4d-assembly1.cif")
 
@@ -58,6 +58,21 @@ def _config(cache: Path, out: Path, **changes) -> TrainConfig:
 def _log(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
 
+
+
+def test_batch_sampler_runs_on_across_epochs_from_a_resume_point():
+    # 5 samples over 2 ranks: 3 per rank (wrapped), batches of 2, one full batch per epoch.
+    ranks = [EpochBatchSampler(5, 2, rank, 2, seed=4, start_epoch=1) for rank in range(2)]
+    assert ranks[0].steps_per_epoch == 1
+    first = [next(iter(sampler)) for sampler in ranks]
+    assert all(epoch == 1 for batch in first for epoch, _ in batch)
+    assert {i for batch in first for _, i in batch} <= set(range(5)) and len(first[0]) == 2
+    # unbounded: epoch after epoch, each a new shuffle, no batch straddling two epochs
+    stream = iter(EpochBatchSampler(6, 2, 0, 1, seed=4, start_epoch=0, start_batch=2))
+    batches = [next(stream) for _ in range(4)]
+    assert [[e for e, _ in b] for b in batches] == [[0, 0], [1, 1], [1, 1], [1, 1]]
+    assert sorted(i for b in batches[1:] for _, i in b) == list(range(6))
+    assert len(list(EpochBatchSampler(6, 2, 0, 1, seed=4, epochs=2))) == 6
 
 def test_tiny_preset_trains_from_the_cache(cache, tmp_path):
     records = train(_config(cache, tmp_path / "run", num_workers=1))
