@@ -406,6 +406,8 @@ def main() -> None:
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--profile-block", action="store_true",
                         help="profile the Triton block at the first block length (top CUDA operators)")
+    parser.add_argument("--blocks-only", action="store_true",
+                        help="only the Pairformer block section (and the profile), for a short device call")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on any device: checks the script runs")
     args = parser.parse_args()
 
@@ -479,7 +481,8 @@ def main() -> None:
     watchdog.start()
 
     for variant in fast:
-        section(f"step/{variant}", 20, step_bench, variant)
+        if not args.blocks_only:
+            section(f"step/{variant}", 20, step_bench, variant)
     for length in args.block_lengths:
         for variant in fast:
             section(f"block{length}/{variant}", 15, bench_block, variant, length, dims, device, warmup, reps)
@@ -490,7 +493,7 @@ def main() -> None:
     ran = [v for v in ("triton", "eager") if "ms" in results.get(f"step/{v}", {})]
     data_kernels = VARIANTS[ran[0]][0] if ran else "torch"
     for source, option in (("cache", args.cache), ("online", args.online)):
-        if option:
+        if option and not args.blocks_only:
             section(f"datawait/{source}", 20, data_wait_share, args, device, source, data_kernels)
     for variant in fast:
         if variant in runners:
@@ -498,7 +501,8 @@ def main() -> None:
         runners.pop(variant, None)
         free_memory()
     for variant in slow:
-        section(f"step/{variant}", 20, step_bench, variant)
+        if not args.blocks_only:
+            section(f"step/{variant}", 20, step_bench, variant)
         for length in args.block_lengths:
             section(f"block{length}/{variant}", 15, bench_block, variant, length, dims, device, warmup, reps)
         if variant in runners:

@@ -153,6 +153,21 @@ def block_for(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
+def autocast_input(x: torch.Tensor) -> torch.Tensor:
+    """x in autocast's dtype when autocast is on for x's device and x is fp32, else x.
+
+    Autocast does not reach inside a custom kernel, so without this an fp32 residual stream (the
+    pair z, the single s) would send the kernels down their exact fp32 path, whose products skip
+    the tensor cores; the torch path's nn.Linear would meanwhile compute in bf16. The cast is
+    where autocast would put it: at the matrix product's input (normalization statistics are
+    still accumulated in fp32 inside the kernels).
+    """
+    device_type = x.device.type
+    if x.dtype == torch.float32 and torch.is_autocast_enabled(device_type):
+        return x.to(torch.get_autocast_dtype(device_type))
+    return x
+
+
 def weights_like(x: torch.Tensor, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The matmul operands in x's dtype, as autocast does for nn.Linear: fp32 master weights
     beside bf16 activations would double the weight tiles (430 KB of shared memory at dim 384).

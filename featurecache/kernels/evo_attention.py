@@ -45,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
+from featurecache.kernels import _common
 from featurecache.kernels.reference import evo_attention_reference
 
 SUPPORTED_HEAD_DIMS = (8, 16, 24, 32, 48, 64, 128)
@@ -1220,6 +1221,10 @@ def evo_attention(
     key masked give zeros. scale defaults to D ** -0.5. On CUDA (or on CPU under
     TRITON_INTERPRET=1) this runs the Triton kernels; otherwise the PyTorch reference.
     """
+    if q.device.type == "cuda" or _interpreting():
+        # Autocast does not reach inside the kernels: cast q, k, v where it would (an fp32
+        # bias is read as is).
+        q, k, v = (_common.autocast_input(t) for t in (q, k, v))
     _check_inputs(q, k, v, bias, mask)
     if scale is None:
         scale = q.shape[-1] ** -0.5

@@ -243,6 +243,7 @@ class _LayerNormLinearFunction(torch.autograd.Function):
 def layernorm_linear(x, norm_weight, norm_bias, weight, bias=None, eps=1e-5):
     """Triton linear(layer_norm(x)); same signature and numerics as layernorm_linear_reference."""
     _common.check_triton_inputs(_OP, x)
+    x = _common.autocast_input(x)
     _common.max_channels_check(_OP, "in_features", x.shape[-1])
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"{_OP}: x has {x.shape[-1]} features, weight expects {weight.shape[1]}")

@@ -325,6 +325,7 @@ class _TransitionFunction(torch.autograd.Function):
 def transition(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps=1e-5):
     """Triton Transition; same signature and numerics as transition_reference."""
     _common.check_triton_inputs(_OP, x)
+    x = _common.autocast_input(x)
     _common.max_channels_check(_OP, "dim", x.shape[-1])
     if x.is_cuda and x.element_size() > 2 and x.shape[-1] > 512:
         raise ValueError(f"{_OP}: dim={x.shape[-1]} in {x.dtype} needs more shared memory than a GPU has; "

@@ -598,6 +598,7 @@ def triangle_mult(z, mask, norm_in_weight, norm_in_bias, weight_a_p, weight_a_g,
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     _common.check_triton_inputs(_OP, z)
+    z = _common.autocast_input(z)
     if z.dim() != 4 or z.shape[1] != z.shape[2]:
         raise ValueError(f"{_OP}: z must be [B, L, L, C], got {tuple(z.shape)}")
     if mask is not None and (mask.shape != z.shape[:3] or mask.dtype != torch.bool):

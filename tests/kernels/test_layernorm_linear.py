@@ -99,3 +99,19 @@ def test_rejects_bad_arguments(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(RuntimeError, match="impl='torch'"):
         module(torch.randn(4, 16))
+
+
+def test_autocast_runs_the_kernel_in_its_dtype():
+    # An fp32 residual stream under autocast: the kernel computes in bf16 like nn.Linear does
+    # (not in exact fp32, which skips the tensor cores), and the gradient reaches x in fp32.
+    generator = torch.Generator().manual_seed(5)
+    x = (torch.randn(3, 7, 24, generator=generator) * 2.0).requires_grad_()
+    params = [p.requires_grad_() for p in _random_params(24, 16, True, generator)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layernorm_linear(x, *params)
+        expected = layernorm_linear_reference(x, *params)
+    assert y.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), expected.float(), rtol=3e-2, atol=3e-2)
+    y.float().sum().backward()
+    assert x.grad is not None and x.grad.dtype == torch.float32
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in params)
