@@ -27,6 +27,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
@@ -184,6 +185,18 @@ def _read_tail(path: Path, limit: int = STDERR_TAIL_BYTES) -> str:
     return ("..." if size > limit else "") + text
 
 
+@functools.lru_cache(maxsize=1)
+def _die_with_parent_prefix() -> tuple[str, ...]:
+    """A prefix that makes a tool die with the process that started it (Linux, util-linux).
+
+    A worker killed with SIGKILL (a Ray node lost, the OOM killer) runs no cleanup, and its tool,
+    in a session of its own, would otherwise search on for hours with nobody to read the result.
+    setpriv sets the parent-death signal and execs the tool, so the tool keeps its pid.
+    """
+    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+    return (setpriv, "--pdeathsig", "KILL", "--") if setpriv else ()
+
+
 def _run(tool: str, command: Sequence[str], workdir: Path, timeout_s: float | None) -> float:
     """Run one command in ``workdir``; return its wall time.
 
@@ -192,10 +205,13 @@ def _run(tool: str, command: Sequence[str], workdir: Path, timeout_s: float | No
     """
     stdout_path, stderr_path = workdir / f"{tool}.stdout", workdir / f"{tool}.stderr"
     start = time.perf_counter()
+    resolvable = os.path.isabs(command[0]) or os.sep not in command[0]  # else relative to workdir
+    if resolvable and shutil.which(command[0]) is None:  # behind setpriv: setpriv's exit 127
+        raise ToolError(tool, None, "", command, f"{tool}: cannot start {command[0]}: not found or not executable")
     with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
         try:
             process = subprocess.Popen(
-                list(command),
+                [*_die_with_parent_prefix(), *command],
                 cwd=workdir,
                 stdin=subprocess.DEVNULL,
                 stdout=stdout,

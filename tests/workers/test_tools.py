@@ -6,7 +6,11 @@ import os
 import pickle
 import random
 import re
+import signal
 import stat
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -300,3 +304,51 @@ def test_truncate_a3m_counts_records():
     text = ">q\nACD\n>a\nAC-\n>b\nA-D\n"
     assert truncate_a3m(text, 2) == (">q\nACD\n>a\nAC-\n", 2)
     assert truncate_a3m(text + "\x00", None)[1] == 3
+
+
+def _pids_running(argv: list[str]) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    cmdline = handle.read().split(b"\0")[:-1]
+                with open(f"/proc/{entry}/stat") as handle:
+                    state = handle.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if [part.decode() for part in cmdline] == argv and state != "Z":
+                found.append(int(entry))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux's")
+def test_tool_dies_with_a_worker_killed_by_sigkill(tmp_path):
+    # A worker killed with SIGKILL runs no cleanup: the tool must not search on for nobody.
+    marker = ["sleep", f"{random.randint(100_000, 999_999)}.5"]
+    worker = subprocess.Popen([sys.executable, "-c", (
+        "import pathlib, sys; from featurecache.workers.tools import _run; "
+        f"_run('sleep', {marker!r}, pathlib.Path({str(tmp_path)!r}), None)")])
+    try:
+        deadline = time.monotonic() + 30
+        while not _pids_running(marker):
+            assert worker.poll() is None, "the worker exited before starting its tool"
+            assert time.monotonic() < deadline, "the tool never started"
+            time.sleep(0.05)
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
+        deadline = time.monotonic() + 10
+        while _pids_running(marker):
+            assert time.monotonic() < deadline, "the tool outlived its killed worker"
+            time.sleep(0.05)
+    finally:
+        worker.kill()
+        for pid in _pids_running(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_missing_binary_is_named(tmp_path):
+    from featurecache.workers.tools import _run
+
+    with pytest.raises(ToolError, match="cannot start no-such-tool-xyz"):
+        _run("x", ["no-such-tool-xyz", "--help"], tmp_path, None)
