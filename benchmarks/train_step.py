@@ -107,7 +107,8 @@ def timed(step, device: torch.device, warmup: int, reps: int) -> tuple[float, fl
 # --- 1. one Pairformer block ---------------------------------------------------------------------
 
 
-def bench_block(variant: str, length: int, dims: dict, device: torch.device, warmup: int, reps: int) -> dict:
+def block_step(variant: str, length: int, dims: dict, device: torch.device):
+    """A Pairformer block of `variant` on fp32 inputs of length L (10 % padding): its fwd+bwd step."""
     impl, compiled = VARIANTS[variant]
     block = PairformerBlock(dims["c_s"], dims["c_z"], dims["single_heads"], dims["single_head_dim"],
                             dims["pair_heads"], dims["pair_head_dim"], 4, impl=impl).to(device)
@@ -128,7 +129,11 @@ def bench_block(variant: str, length: int, dims: dict, device: torch.device, war
             s_out, z_out = block(s, z, token_mask, pair_mask)
         torch.autograd.backward([s_out, z_out], [grad_s.to(s_out.dtype), grad_z.to(z_out.dtype)])
 
-    ms, peak = timed(step, device, warmup, reps)
+    return step
+
+
+def bench_block(variant: str, length: int, dims: dict, device: torch.device, warmup: int, reps: int) -> dict:
+    ms, peak = timed(block_step(variant, length, dims, device), device, warmup, reps)
     return {"ms": ms, "peak_gb": peak}
 
 
@@ -137,19 +142,7 @@ def profile_block(variant: str, length: int, dims: dict, device: torch.device) -
     and device time against wall time (a gap means the host, not the GPU, sets the pace)."""
     from torch.profiler import ProfilerActivity, profile
 
-    impl, _ = VARIANTS[variant]
-    block = PairformerBlock(dims["c_s"], dims["c_z"], dims["single_heads"], dims["single_head_dim"],
-                            dims["pair_heads"], dims["pair_head_dim"], 4, impl=impl).to(device)
-    s = torch.randn(1, length, dims["c_s"], device=device, requires_grad=True)
-    z = torch.randn(1, length, length, dims["c_z"], device=device, requires_grad=True)
-    token_mask = torch.arange(length, device=device)[None] < math.ceil(0.9 * length)
-    pair_mask = token_mask[:, :, None] & token_mask[:, None, :]
-
-    def step():
-        with autocast(device):
-            s_out, z_out = block(s, z, token_mask, pair_mask)
-        (s_out.float().sum() + z_out.float().sum()).backward()
-
+    step = block_step(variant, length, dims, device)
     for _ in range(3):
         step()
     sync(device)
@@ -232,26 +225,23 @@ def max_crop(runner: TrunkRunner, start: int, limit: int, msa_rows: int, templat
         predicted = last_time * (length / good) ** 3
         return time.perf_counter() + predicted < deadline
 
-    while bad is None and good < limit:
-        candidate = min(limit, good * 2)
+    def trial(candidate: int) -> bool:
+        """Train one iteration at `candidate` if time allows; False when it does not."""
+        nonlocal good, bad, last_time
         if not affordable(candidate):
-            break
+            return False
         ok, seconds, _ = runner.fits(candidate, msa_rows, templates)
         tried.append((candidate, ok))
         if ok:
             good, last_time = candidate, seconds
         else:
             bad = candidate
-    while bad is not None and bad - good > 64:
-        candidate = (good + bad) // 2 // 64 * 64
-        if not affordable(candidate):
-            break
-        ok, seconds, _ = runner.fits(candidate, msa_rows, templates)
-        tried.append((candidate, ok))
-        if ok:
-            good, last_time = candidate, seconds
-        else:
-            bad = candidate
+        return True
+
+    while bad is None and good < limit and trial(min(limit, good * 2)):
+        pass
+    while bad is not None and bad - good > 64 and trial((good + bad) // 2 // 64 * 64):
+        pass
     exact = bad is not None and bad - good <= 64
     return {"max_crop": good, "bound": "exact" if exact else ">=", "first_oom": bad, "tried": tried}
 

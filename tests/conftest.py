@@ -53,3 +53,14 @@ def sample_cache(tmp_path_factory, shared_data) -> pathlib.Path:
     ))
     assert summary.failed == 0, summary.format()
     return cache_dir
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny matrices on a shared CI machine: OpenMP threads only wait on each other (30x slower)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

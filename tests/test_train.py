@@ -18,13 +18,7 @@ from featurecache.train import EpochBatchSampler, OnlineDataset, TrainConfig, tr
 STRUCTURES = ("209d-assembly1.cif", "721p-assembly1.cif", "7a4d-assembly1.cif")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices on a shared CI machine: OpenMP threads only wait on each other (30x slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny matrices: see tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -332,15 +332,9 @@ def _fasta_records(text: str) -> list[tuple[str, str]]:
 # --- MSA conversions for tool inputs -----------------------------------------------------------
 
 
-def stockholm_to_a3m(sto_text: str, query_sequence: str) -> str:
-    """A3M with the query first, from a HMMER Stockholm alignment built on that query.
-
-    Match columns are taken from ``#=GC RF`` (HMMER writes it for -A output); residues there
-    become upper case or '-', insert columns become lower-case letters with their gaps removed.
-    Rows are added in file order. The query is prepended unless the first row already is the
-    query (jackhmmer's output starts with it; hmmsearch's does not).
-    """
-    sequences: dict[str, list[str]] = {}
+def _stockholm_rows(sto_text: str) -> tuple[dict[str, str], str]:
+    """Aligned rows by name (blocks joined, file order) and the ``#=GC RF`` line of a Stockholm file."""
+    rows: dict[str, list[str]] = {}
     reference: list[str] = []
     for line in sto_text.splitlines():
         stripped = line.strip()
@@ -349,21 +343,32 @@ def stockholm_to_a3m(sto_text: str, query_sequence: str) -> str:
         elif stripped and not stripped.startswith("#") and stripped != "//":
             parts = stripped.split()
             if len(parts) == 2:
-                sequences.setdefault(parts[0], []).append(parts[1])
+                rows.setdefault(parts[0], []).append(parts[1])
+    return {name: "".join(parts) for name, parts in rows.items()}, "".join(reference)
+
+
+def stockholm_to_a3m(sto_text: str, query_sequence: str) -> str:
+    """A3M with the query first, from a HMMER Stockholm alignment built on that query.
+
+    Match columns are taken from ``#=GC RF`` (HMMER writes it for -A output); residues there
+    become upper case or '-', insert columns become lower-case letters with their gaps removed.
+    Rows are added in file order. The query is prepended unless the first row already is the
+    query (jackhmmer's output starts with it; hmmsearch's does not).
+    """
+    sequences, reference = _stockholm_rows(sto_text)
     query = "".join(query_sequence.split()).upper()
     if not sequences:
         return f">query\n{query}\n"
     if not reference:
         raise ValueError("Stockholm alignment has no '#=GC RF' line: cannot tell match from insert columns")
-    match_columns = [char not in ".-~" for char in "".join(reference)]
+    match_columns = [char not in ".-~" for char in reference]
     if sum(match_columns) != len(query):
         raise ValueError(
             f"Stockholm alignment has {sum(match_columns)} match columns but the query has {len(query)} "
             "residues: it was not built on this query (jackhmmer -N 1 keeps one column per residue)"
         )
     rows: list[str] = []
-    for name, parts in sequences.items():
-        aligned = "".join(parts)
+    for name, aligned in sequences.items():
         if len(aligned) != len(match_columns):
             raise ValueError(
                 f"Stockholm row {name} has {len(aligned)} columns, the #=GC RF line has {len(match_columns)}"
@@ -666,23 +671,15 @@ def hmmsearch_to_m8(sto_text: str, domain_table: str, query: str) -> str:
             raise ValueError(f"--domtblout line has {len(fields)} fields, expected at least 22: {line[:80]!r}")
         scores[(fields[0], int(fields[17]), int(fields[18]))] = (fields[12], fields[13])
 
-    rows: dict[str, list[str]] = {}
-    reference: list[str] = []
-    for line in sto_text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("#=GC RF"):
-            reference.append(stripped.split()[2])
-        elif stripped and not stripped.startswith("#") and stripped != "//":
-            name, aligned = stripped.split()
-            rows.setdefault(name, []).append(aligned)
+    rows, reference = _stockholm_rows(sto_text)
     if not rows:
         return ""
-    match_columns = [char not in ".-~" for char in "".join(reference)]
+    match_columns = [char not in ".-~" for char in reference]
     if sum(match_columns) != len(query):
         raise ValueError(f"the profile has {sum(match_columns)} match states, the query {len(query)} residues")
 
     lines = []
-    for name, parts in rows.items():
+    for name, aligned_row in rows.items():
         target, _, span = name.rpartition("/")
         try:
             start, end = (int(value) for value in span.split("-"))
@@ -693,7 +690,7 @@ def hmmsearch_to_m8(sto_text: str, domain_table: str, query: str) -> str:
         evalue, bits = scores[(target, start, end)]
         ops: list[tuple[str, int, int, str]] = []  # (op, query position, target position, target residue)
         query_position, target_position = 0, start - 1
-        for char, is_match in zip("".join(parts), match_columns):
+        for char, is_match in zip(aligned_row, match_columns):
             residue = char not in ".-~"
             if is_match:
                 query_position += 1
