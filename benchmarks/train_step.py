@@ -154,13 +154,26 @@ def profile_block(variant: str, length: int, dims: dict, device: torch.device) -
             step()
         sync(device)
     wall_ms = (time.perf_counter() - start) * 1e3 / steps
+    # Host time to enqueue one step (no sync inside it): when it is close to the wall time, the
+    # host sets the pace and fewer launches, not faster kernels, would help.
+    host_ms = []
+    for _ in range(steps):
+        sync(device)
+        started = time.perf_counter()
+        step()
+        host_ms.append((time.perf_counter() - started) * 1e3)
+    sync(device)
     own = (lambda e: e.self_device_time_total) if device.type == "cuda" else (lambda e: e.self_cpu_time_total)
     events = sorted((e for e in prof.key_averages() if own(e) > 0), key=own, reverse=True)
     device_ms = sum(own(e) for e in events) / 1e3 / steps
+    kernels = sum(e.count for e in events) // steps
     top = [(e.key[:70], round(own(e) / 1e3 / steps, 3), e.count // steps) for e in events[:18]]
+    print(f"    wall {wall_ms:.2f} ms, device {device_ms:.2f} ms, host enqueue {statistics.median(host_ms):.2f} ms,"
+          f" {kernels} kernels per step", flush=True)
     for name, ms, count in top:
         print(f"    {ms:8.3f} ms  x{count:<4d} {name}", flush=True)
-    return {"wall_ms_profiled": wall_ms, "device_ms": device_ms, "top": top}
+    return {"wall_ms_profiled": wall_ms, "device_ms": device_ms, "host_enqueue_ms": statistics.median(host_ms),
+            "kernels_per_step": kernels, "top": top}
 
 
 # --- 2. and 3. whole training iterations -----------------------------------------------------------
