@@ -377,7 +377,8 @@ def table(results: dict, args) -> str:
     rows.append(f"| largest crop without OOM, depth {args.depth} | {' | '.join(crops)} | {ratio(t, e)} | {ratio(t, c)} |")
     for key, value in results.items():
         if key.startswith("profile/") and "device_ms" in value:
-            rows.append(f"| {key}: device time {value['device_ms']:.1f} ms of {value['wall_ms_profiled']:.1f} ms wall "
+            rows.append(f"| {key}: device time {value['device_ms']:.1f} ms of {value['wall_ms_profiled']:.1f} ms wall, "
+                        f"host enqueue {value['host_enqueue_ms']:.1f} ms, {value['kernels_per_step']} kernels "
                         f"| | | | | | |")
     for source in ("cache", "online"):
         result = results.get(f"datawait/{source}")
