@@ -76,6 +76,10 @@ def peak_gb(device: torch.device) -> float:
     return torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else float("nan")
 
 
+def total_memory_gb(device: torch.device) -> float:
+    return torch.cuda.get_device_properties(device).total_memory / 1e9 if device.type == "cuda" else float("inf")
+
+
 def free_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
@@ -227,26 +231,31 @@ def max_crop(runner: TrunkRunner, start: int, limit: int, msa_rows: int, templat
              budget_s: float) -> dict:
     """Largest multiple of 64 in [start, limit] that trains; doubling, then bisection."""
     deadline = time.perf_counter() + budget_s
-    ok, seconds, _ = runner.fits(start, msa_rows, templates)
+    ok, seconds, peak = runner.fits(start, msa_rows, templates)
     if not ok:
         return {"max_crop": None, "bound": "none fits", "tried": [(start, False)]}
     tried = [(start, True)]
-    good, bad, last_time = start, None, seconds
+    good, bad, last_time, last_peak = start, None, seconds, peak
+    capacity_gb = total_memory_gb(runner.device)
 
     def affordable(length: int) -> bool:
-        # compute is cubic in L (triangle updates); an OOM usually fails faster than that
+        # Peak memory grows at least as L² (the pair): past the device's memory the trial is a
+        # sure OOM, and an OOM fails within the first oversized block, long before a full step.
+        if last_peak * (length / good) ** 2 > capacity_gb:
+            return True
+        # compute is cubic in L (triangle updates)
         predicted = last_time * (length / good) ** 3
         return time.perf_counter() + predicted < deadline
 
     def trial(candidate: int) -> bool:
         """Train one iteration at `candidate` if time allows; False when it does not."""
-        nonlocal good, bad, last_time
+        nonlocal good, bad, last_time, last_peak
         if not affordable(candidate):
             return False
-        ok, seconds, _ = runner.fits(candidate, msa_rows, templates)
+        ok, seconds, peak = runner.fits(candidate, msa_rows, templates)
         tried.append((candidate, ok))
         if ok:
-            good, last_time = candidate, seconds
+            good, last_time, last_peak = candidate, seconds, peak
         else:
             bad = candidate
         return True
