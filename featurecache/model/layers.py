@@ -5,7 +5,10 @@ moves between them; "triton" runs `featurecache.kernels` (EvoAttention and the f
 "torch" runs the pure-PyTorch references. The glue is fused where it pays: each attention
 computes all of its projections (queries, keys, values, gate, and the bias where it comes from
 the same input) with one LayerNorm and one matrix product, and the kernels read q/k/v as strided
-views of that product instead of copies.
+views of that product instead of copies. The views come from one `split`, whose backward is a
+single concatenation; slicing each view out separately would make autograd build a zero-filled
+gradient of the whole product per slice and add them up (at L = 384, five 150 MB buffers per
+triangle attention).
 """
 
 from __future__ import annotations
@@ -94,8 +97,8 @@ class TriangleAttention(nn.Module):
         heads, dim = self.num_heads, self.head_dim
         inner = heads * dim
         proj = self.proj(z)
-        q, k, v, gate = (proj[..., i * inner:(i + 1) * inner].unflatten(-1, (heads, dim)) for i in range(4))
-        bias = proj[..., 4 * inner:]  # [B, L, L, H]
+        *qkvg, bias = proj.split([inner] * 4 + [heads], dim=-1)  # bias [B, L, L, H]
+        q, k, v, gate = (t.unflatten(-1, (heads, dim)) for t in qkvg)
         if self.node == "starting":
             # rows i, queries j, keys k: bias b_jk, mask on (i, k)
             bias = bias.permute(0, 3, 1, 2)
@@ -131,7 +134,7 @@ class AttentionPairBias(nn.Module):
         heads, dim = self.num_heads, self.head_dim
         inner = heads * dim
         proj = self.proj(s).unsqueeze(1)  # [B, 1, L, 4 * H * D]: one "row" for evo_attention
-        q, k, v, gate = (proj[..., i * inner:(i + 1) * inner].unflatten(-1, (heads, dim)) for i in range(4))
+        q, k, v, gate = (t.unflatten(-1, (heads, dim)) for t in proj.split(inner, dim=-1))
         bias = self.pair_bias(z).permute(0, 3, 1, 2).unsqueeze(1).contiguous()  # [B, 1, H, L, L]
         out = self.attention(q, k, v, bias=bias, mask=token_mask.unsqueeze(1))
         out = (torch.sigmoid(gate) * out).squeeze(1)
@@ -159,8 +162,8 @@ class PairWeightedAveraging(nn.Module):
         """m [B, S, L, C_m], z [B, L, L, C_z], token_mask [B, L] -> update [B, S, L, C_m]."""
         inner = self.num_heads * self.head_dim
         proj = self.proj(m)
-        value = proj[..., :inner].unflatten(-1, (self.num_heads, self.head_dim))
-        gate = proj[..., inner:]
+        value, gate = proj.split(inner, dim=-1)
+        value = value.unflatten(-1, (self.num_heads, self.head_dim))
         logits = self.pair_bias(z).float().permute(0, 3, 1, 2)  # [B, H, L, L]
         logits = logits.masked_fill(~token_mask[:, None, None, :], float("-inf"))
         # Padded query rows see only -inf: give them uniform weights instead of NaN.
@@ -183,8 +186,7 @@ class OuterProductMean(nn.Module):
         """m [B, S, L, C_m], msa_mask [B, S, L] bool -> update [B, L, L, C_z]."""
         mask = msa_mask.unsqueeze(-1).to(m.dtype)
         proj = self.proj(m)
-        a = proj[..., :self.hidden_dim] * mask
-        b = proj[..., self.hidden_dim:] * mask
+        a, b = (t * mask for t in proj.split(self.hidden_dim, dim=-1))
         outer = torch.einsum("bsic,bsjd->bijcd", a, b).flatten(-2)
         # rows where both positions are valid; 1e-3 keeps fully padded pairs finite
         count = torch.einsum("bsi,bsj->bij", mask.squeeze(-1).float(), mask.squeeze(-1).float())
