@@ -212,8 +212,8 @@ SWEEPS = {
             dict(BLOCK_M=32, BLOCK_N=32, num_warps=4),
         ],
         "bwd_dw": [
-            dict(BLOCK_M=128, BLOCK_N=128, num_warps=8),
-            dict(BLOCK_M=128, BLOCK_N=32, num_warps=4),
+            dict(WEIGHT_GRADS="recompute", BLOCK_M=128, BLOCK_N=32, num_warps=4),
+            dict(WEIGHT_GRADS="recompute", BLOCK_M=128, BLOCK_N=128, num_warps=8),
         ],
     },
     "transition": {

@@ -1,8 +1,13 @@
 """LayerNorm fused into the prologue of a Linear: y = linear(layer_norm(x)).
 
-The normalized input never goes to memory: the forward normalizes each [BLOCK_M, K] tile in
-registers and feeds it to tl.dot; the backward recomputes it from x and the saved per-row mean
-and rstd (8 bytes a row) instead of storing a [rows, K] copy.
+The normalized input never goes to memory in the forward: each [BLOCK_M, K] tile is normalized
+in registers and fed to tl.dot, and only the per-row mean and rstd (8 bytes a row) are saved.
+The backward's dx kernel recomputes it from x. For the weight gradient there are two strategies
+(WEIGHT_GRADS in configs/fused_ops.json): "matmul", where the dx kernel also writes LN(x) (a
+transient [rows, K] buffer, 36 MiB at 147,456 rows x 128 in bf16) and cuBLAS forms dy^T @ LN(x),
+and "recompute", a Triton kernel that re-normalizes x for every output tile and writes nothing
+[rows, K]. "recompute" re-reads x once per BLOCK_N outputs, which is why it lost at 128 -> 512
+(0.86 ms against torch.compile's 0.30; NOTES-fused_ops.md).
 """
 
 from __future__ import annotations
@@ -67,14 +72,16 @@ def _layernorm_linear_fwd_kernel(
 
 @triton.jit
 def _layernorm_linear_bwd_dx_kernel(
-    X, DY, NORM_W, W, MEAN, RSTD, DX, DNORM_W_PART, DNORM_B_PART,
+    X, DY, NORM_W, NORM_B, W, MEAN, RSTD, DX, DNORM_W_PART, DNORM_B_PART, XN,
     n_rows, n_in, n_out,
+    STORE_XN: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """dx and per-program partial LayerNorm weight/bias gradients; one program per row tile."""
+    """dx and per-program partial LayerNorm weight/bias gradients; one program per row tile.
+    With STORE_XN, also LN(x) (affine, in dy's dtype) for a cuBLAS weight gradient."""
     pid_m = tl.program_id(0)
     rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols_k = tl.arange(0, BLOCK_K)
@@ -99,6 +106,11 @@ def _layernorm_linear_bwd_dx_kernel(
         d_xn = _mma(dy, w, d_xn, PRECISION)
 
     norm_w = tl.load(NORM_W + cols_k, mask=k_mask, other=0.0).to(tl.float32)
+    if STORE_XN:
+        norm_b = tl.load(NORM_B + cols_k, mask=k_mask, other=0.0).to(tl.float32)
+        tl.store(XN + rows[:, None] * n_in + cols_k[None, :],
+                 _cast(xhat * norm_w[None, :] + norm_b[None, :], XN.dtype.element_ty, PRECISION),
+                 mask=row_mask[:, None] & k_mask[None, :])
     dx = _layernorm_rows_bwd(d_xn, xhat, norm_w, rstd, n_in)
     tl.store(DX + rows[:, None] * n_in + cols_k[None, :], _cast(dx, DX.dtype.element_ty, PRECISION),
              mask=row_mask[:, None] & k_mask[None, :])
@@ -181,6 +193,9 @@ def layernorm_linear_bwd(dy, x2d, norm_weight, norm_bias, weight, mean, rstd, ha
     precision = _common.dot_precision(x2d.dtype)
     block_k = _common.block_for(n_in)
 
+    matmul_weights = _common.kernel_config(_OP, "bwd_dw").get("WEIGHT_GRADS", "recompute") == "matmul"
+    xn = torch.empty_like(x2d) if matmul_weights else x2d  # x2d: a placeholder the kernel never writes
+
     config = _common.kernel_config(_OP, "bwd_dx")
     block_m = _common.fit_block_m(config["BLOCK_M"], block_k)
     n_tiles = triton.cdiv(n_rows, block_m)
@@ -188,12 +203,19 @@ def layernorm_linear_bwd(dy, x2d, norm_weight, norm_bias, weight, mean, rstd, ha
     dnorm_w_part = torch.empty((n_tiles, n_in), device=x2d.device, dtype=torch.float32)
     dnorm_b_part = torch.empty_like(dnorm_w_part)
     _layernorm_linear_bwd_dx_kernel[(n_tiles,)](
-        x2d, dy, norm_weight, weight, mean, rstd, dx, dnorm_w_part, dnorm_b_part,
+        x2d, dy, norm_weight, norm_bias, weight, mean, rstd, dx, dnorm_w_part, dnorm_b_part, xn,
         n_rows, n_in, n_out,
+        STORE_XN=matmul_weights,
         PRECISION=precision,
         BLOCK_M=block_m, BLOCK_N=min(config["BLOCK_N"], _common.block_for(n_out)), BLOCK_K=block_k,
         **_launch_opts(config),
     )
+    d_norm_w = dnorm_w_part.sum(0).to(norm_weight.dtype)
+    d_norm_b = dnorm_b_part.sum(0).to(norm_bias.dtype)
+    if matmul_weights:
+        # bf16 operands, fp32 accumulation inside cuBLAS: nn.Linear's weight gradient under autocast
+        d_weight = (dy.t() @ xn).to(weight.dtype)
+        return dx, d_norm_w, d_norm_b, d_weight, dy.sum(0, dtype=torch.float32) if has_bias else None
 
     config = _common.kernel_config(_OP, "bwd_dw")
     block_m = _common.fit_block_m(config["BLOCK_M"], block_k)
@@ -209,13 +231,7 @@ def layernorm_linear_bwd(dy, x2d, norm_weight, norm_bias, weight, mean, rstd, ha
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         **_launch_opts(config),
     )
-    return (
-        dx,
-        dnorm_w_part.sum(0).to(norm_weight.dtype),
-        dnorm_b_part.sum(0).to(norm_bias.dtype),
-        dw_part.sum(0).to(weight.dtype),
-        dbias_part.sum(0) if has_bias else None,
-    )
+    return dx, d_norm_w, d_norm_b, dw_part.sum(0).to(weight.dtype), dbias_part.sum(0) if has_bias else None
 
 
 class _LayerNormLinearFunction(torch.autograd.Function):

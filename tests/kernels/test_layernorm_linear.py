@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from featurecache.kernels._common import override_config
 from featurecache.kernels.layernorm_linear import LayerNormLinear, layernorm_linear
 from featurecache.kernels.reference import layernorm_linear_reference
 
@@ -56,13 +57,15 @@ def _check(shape, out_features, bias, dtype, seed):
         )
 
 
+@pytest.mark.parametrize("weight_grads", ["recompute", "matmul"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "shape, out_features, bias",
     [((37, 24), 40, True), ((3, 5, 7, 16), 16, False), ((1, 24), 17, True)],
 )
-def test_matches_reference(shape, out_features, bias, dtype):
-    _check(shape, out_features, bias, dtype, seed=torch.seed() % 2**31)
+def test_matches_reference(shape, out_features, bias, dtype, weight_grads):
+    with override_config("layernorm_linear", "bwd_dw", WEIGHT_GRADS=weight_grads):
+        _check(shape, out_features, bias, dtype, seed=torch.seed() % 2**31)
 
 
 def test_state_dict_moves_between_impls():
