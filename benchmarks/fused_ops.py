@@ -291,6 +291,9 @@ def main() -> None:
                         help="candidates per kernel tried by --sweep, besides the default")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes on the CPU under the Triton interpreter, no torch.compile")
+    parser.add_argument("--ops", nargs="+", default=None,
+                        choices=["transition", "triangle_mult", "layernorm_linear"],
+                        help="only the cases of these ops (default: all)")
     args = parser.parse_args()
     global DEVICE
     if args.smoke:
@@ -305,6 +308,7 @@ def main() -> None:
     cases = [_transition_case(), _triangle_case("outgoing", compile_peer=not args.smoke),
              _triangle_case("incoming", compile_peer=False),
              _ln_linear_case(512), _ln_linear_case(128)]
+    cases = [case for case in cases if args.ops is None or case.op in args.ops]
     table = Table(["case", "provider", "fwd+bwd ms", "graph replay ms", "extra peak MiB",
                    "vs compile", "vs compile (graph)", "err out", "err worst grad", "target"])
     records, sweeps = [], {}
