@@ -40,17 +40,21 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from featurecache.graphs import CapturedStep  # noqa: E402
 from featurecache.model import AF3Trunk, preset  # noqa: E402
 from featurecache.model.pairformer import PairformerBlock  # noqa: E402
 from featurecache.model.synthetic import random_batch  # noqa: E402
 
 VARIANTS = {
-    # name: (kernel impl, torch.compile the blocks)
-    "triton": ("triton", False),
-    "eager": ("torch", False),
-    "compile": ("torch", True),
+    # name: (kernel impl, torch.compile the blocks, replay the step as a CUDA graph)
+    "triton": ("triton", False, False),
+    "eager": ("torch", False, False),
+    "compile": ("torch", True, False),
     # the kernels plus torch.compile of the glue around them (norms, gates, residual adds)
-    "triton+compile": ("triton", True),
+    "triton+compile": ("triton", True, False),
+    # the kernels, the whole step captured once and replayed (featurecache.graphs): no host
+    # launch cost; shapes must stay fixed, so this variant has no crop search
+    "triton+graphs": ("triton", False, True),
 }
 
 
@@ -86,8 +90,9 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def autocast(device: torch.device):
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+def autocast(device: torch.device, cache: bool = True):
+    # A captured step must not use autocast's cache of cast weights (its tensors outlive the graph).
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda", cache_enabled=cache)
 
 
 def timed(step, device: torch.device, warmup: int, reps: int) -> tuple[float, float]:
@@ -113,7 +118,7 @@ def timed(step, device: torch.device, warmup: int, reps: int) -> tuple[float, fl
 
 def block_step(variant: str, length: int, dims: dict, device: torch.device):
     """A Pairformer block of `variant` on fp32 inputs of length L (10 % padding): its fwd+bwd step."""
-    impl, compiled = VARIANTS[variant]
+    impl, compiled, graphs = VARIANTS[variant]
     block = PairformerBlock(dims["c_s"], dims["c_z"], dims["single_heads"], dims["single_head_dim"],
                             dims["pair_heads"], dims["pair_head_dim"], 4, impl=impl).to(device)
     if compiled:
@@ -126,13 +131,18 @@ def block_step(variant: str, length: int, dims: dict, device: torch.device):
     grad_s = torch.randn_like(s)
     grad_z = torch.randn_like(z)
 
-    def step():
-        s.grad = z.grad = None
+    def step(inputs: dict | None = None) -> dict:
+        s_in, z_in = (s, z) if inputs is None else (inputs["s"], inputs["z"])
+        s_in.grad = z_in.grad = None
         block.zero_grad(set_to_none=True)
-        with autocast(device):
-            s_out, z_out = block(s, z, token_mask, pair_mask)
+        with autocast(device, cache=not graphs):
+            s_out, z_out = block(s_in, z_in, token_mask, pair_mask)
         torch.autograd.backward([s_out, z_out], [grad_s.to(s_out.dtype), grad_z.to(z_out.dtype)])
+        return {}
 
+    if graphs:
+        captured = CapturedStep(step, {"s": s, "z": z})
+        return lambda: captured({"s": s, "z": z})
     return step
 
 
@@ -187,28 +197,42 @@ class TrunkRunner:
     """One model and optimizer per variant, reused across crop sizes (compiled graphs too)."""
 
     def __init__(self, variant: str, config_overrides: dict, device: torch.device) -> None:
-        impl, compiled = VARIANTS[variant]
+        impl, compiled, self.graphs = VARIANTS[variant]
         self.device = device
         self.model = AF3Trunk(preset("af3", kernels=impl, **config_overrides)).to(device)
         if compiled:
             # dynamic shapes from the start: the crop search must not recompile per size
             self.model.compile_blocks(dynamic=True)
         self.model.train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        # capturable: the step counter lives on the GPU, so the update can be replayed
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, capturable=self.graphs)
+        self.captured: dict = {}
 
     def batch(self, length: int, msa_rows: int, templates: int) -> dict:
         generator = torch.Generator().manual_seed(length)
         batch = random_batch([length], [msa_rows], [templates], generator)
         return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
-    def iteration(self, batch: dict) -> None:
-        with autocast(self.device):
+    def step(self, batch: dict) -> dict:
+        with autocast(self.device, cache=not self.graphs):
             outputs = self.model(batch)
         loss = self.model.loss(batch, outputs)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 10.0)
         self.optimizer.step()
+        return {"loss": loss}
+
+    def iteration(self, batch: dict) -> None:
+        if self.graphs:
+            tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+            others = {k: v for k, v in batch.items() if not isinstance(v, torch.Tensor)}
+            shapes = tuple((k, tuple(v.shape)) for k, v in tensors.items())
+            if shapes not in self.captured:
+                self.captured[shapes] = CapturedStep(lambda inputs: self.step({**inputs, **others}), tensors)
+            loss = self.captured[shapes](tensors)["loss"]
+        else:
+            loss = self.step(batch)["loss"]
         if not torch.isfinite(loss):
             raise FloatingPointError(f"non-finite loss {loss.item()}")
 
@@ -362,8 +386,14 @@ def ratio(numerator, denominator) -> str:
 
 
 def table(results: dict, args) -> str:
-    rows = ["| measure | triton | eager | torch.compile | triton + compiled glue | triton vs eager | triton vs compile |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    names = {"triton": "triton", "eager": "eager", "compile": "torch.compile",
+             "triton+compile": "triton + compiled glue", "triton+graphs": "triton + CUDA graph"}
+    # (numerator variant, denominator variant): "a vs b" is b's time over a's
+    comparisons = [("triton", "eager"), ("triton", "compile"), ("triton+graphs", "eager"), ("triton+graphs", "compile")]
+    blank = " |" * len(comparisons)
+    rows = ["| measure | " + " | ".join(names[v] for v in VARIANTS) + " | "
+            + " | ".join(f"{names[a]} vs {names[b]}" for a, b in comparisons) + " |",
+            "| --- |" + " --- |" * (len(VARIANTS) + len(comparisons))]
 
     def get(key, field):
         value = results.get(key, {})
@@ -372,29 +402,30 @@ def table(results: dict, args) -> str:
     def time_row(label, prefix):
         cells = [cell(results.get(f"{prefix}/{v}"), lambda r: f"{r['ms']:.1f} ms / {r['peak_gb']:.1f} GB")
                  for v in VARIANTS]
-        t, e, c, _ = (get(f"{prefix}/{v}", "ms") for v in VARIANTS)
-        rows.append(f"| {label} | {' | '.join(cells)} | {ratio(e, t)} faster | {ratio(c, t)} faster |")
-        tm, em, cm, _ = (get(f"{prefix}/{v}", "peak_gb") for v in VARIANTS)
-        rows.append(f"| {label}: memory | | | | | {ratio(em, tm)} less | {ratio(cm, tm)} less |")
+        speed = [ratio(get(f"{prefix}/{b}", "ms"), get(f"{prefix}/{a}", "ms")) + " faster" for a, b in comparisons]
+        rows.append(f"| {label} | {' | '.join(cells)} | {' | '.join(speed)} |")
+        memory = [ratio(get(f"{prefix}/{b}", "peak_gb"), get(f"{prefix}/{a}", "peak_gb")) + " less"
+                  for a, b in comparisons]
+        rows.append(f"| {label}: memory |{' |' * len(VARIANTS)} {' | '.join(memory)} |")
 
     for length in args.block_lengths:
         time_row(f"Pairformer block fwd+bwd, L={length}", f"block{length}")
     time_row(f"training iteration, af3 depth {args.depth}, crop {args.crop}", "step")
     crops = [cell(results.get(f"maxcrop/{v}"), lambda r: f"{'' if r['bound'] == 'exact' else '>= '}{r['max_crop']}")
              for v in VARIANTS]
-    t, e, c, _ = (get(f"maxcrop/{v}", "max_crop") for v in VARIANTS)
-    rows.append(f"| largest crop without OOM, depth {args.depth} | {' | '.join(crops)} | {ratio(t, e)} | {ratio(t, c)} |")
+    longer = [ratio(get(f"maxcrop/{a}", "max_crop"), get(f"maxcrop/{b}", "max_crop")) for a, b in comparisons]
+    rows.append(f"| largest crop without OOM, depth {args.depth} | {' | '.join(crops)} | {' | '.join(longer)} |")
     for key, value in results.items():
         if key.startswith("profile/") and "device_ms" in value:
             rows.append(f"| {key}: device time {value['device_ms']:.1f} ms of {value['wall_ms_profiled']:.1f} ms wall, "
                         f"host enqueue {value['host_enqueue_ms']:.1f} ms, {value['kernels_per_step']} kernels "
-                        f"| | | | | | |")
+                        f"|{' |' * len(VARIANTS)}{blank}")
     for source in ("cache", "online"):
         result = results.get(f"datawait/{source}")
         rows.append(f"| data wait share, {source} | "
                     + cell(result, lambda r: f"{100 * r['share']:.2f} % ({r['wait_ms']:.0f} of {r['step_ms']:.0f} ms); "
                            f"within epochs {100 * (r['share_within_epoch'] or 0):.2f} % ({r['kernels']} kernels)")
-                    + " | | | | | |")
+                    + " |" * len(VARIANTS) + blank)
     return "\n".join(rows)
 
 
@@ -509,7 +540,7 @@ def main() -> None:
         if option and not args.blocks_only:
             section(f"datawait/{source}", 20, data_wait_share, args, device, source, data_kernels)
     for variant in fast:
-        if variant in runners:
+        if variant in runners and not VARIANTS[variant][2]:  # a graph per crop size: not searched
             section(f"maxcrop/{variant}", 20, crop_search, variant)
         runners.pop(variant, None)
         free_memory()

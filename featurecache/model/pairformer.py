@@ -56,8 +56,10 @@ def run_blocks(blocks: nn.ModuleList, checkpointed: bool, *state, masks: tuple) 
         if checkpointed and torch.is_grad_enabled():
             # Reentrant: the recomputation builds an ordinary autograd graph, so any custom
             # autograd Function works inside it (the non-reentrant variant forbids reading
-            # ctx.saved_tensors twice in one backward, which plain autograd allows).
-            state = checkpoint(block, *state, *masks, use_reentrant=True)
+            # ctx.saved_tensors twice in one backward, which plain autograd allows). The blocks
+            # draw no random numbers, so no RNG state is saved: that also keeps the step
+            # capturable as a CUDA graph, where reading the generator's state is an error.
+            state = checkpoint(block, *state, *masks, use_reentrant=True, preserve_rng_state=False)
         else:
             state = block(*state, *masks)
         if not isinstance(state, tuple):
