@@ -33,7 +33,7 @@ _OP = "layernorm_linear"
 @triton.jit
 def _layernorm_linear_fwd_kernel(
     X, NORM_W, NORM_B, W, BIAS, Y, MEAN, RSTD,
-    n_rows, n_in, n_out, eps,
+    n_rows, n_in, n_out, stride_y, eps,
     HAS_BIAS: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -63,7 +63,7 @@ def _layernorm_linear_fwd_kernel(
     acc = _mma(xn, tl.trans(w), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), PRECISION)
     if HAS_BIAS:
         acc += tl.load(BIAS + cols_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(Y + rows[:, None] * n_out + cols_n[None, :], _cast(acc, Y.dtype.element_ty, PRECISION),
+    tl.store(Y + rows[:, None] * stride_y + cols_n[None, :], _cast(acc, Y.dtype.element_ty, PRECISION),
              mask=row_mask[:, None] & n_mask[None, :])
     if pid_n == 0:
         tl.store(MEAN + rows, mean, mask=row_mask)
@@ -163,11 +163,17 @@ def _launch_opts(config: dict[str, int]) -> dict[str, int]:
     return {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
 
 
-def layernorm_linear_fwd(x2d, norm_weight, norm_bias, weight, bias, eps):
-    """x2d [M, K] contiguous -> (y [M, N], mean [M], rstd [M])."""
+def layernorm_linear_fwd(x2d, norm_weight, norm_bias, weight, bias, eps, aligned_rows=False):
+    """x2d [M, K] contiguous -> (y [M, N], mean [M], rstd [M]).
+
+    With aligned_rows, y's rows start every multiple of 16 elements (a view of a wider buffer):
+    kernels that read column slices of y as strided q/k/v (EvoAttention) then get 16-divisible
+    strides, which Triton needs to vectorize their loads.
+    """
     n_rows, n_in = x2d.shape
     n_out = weight.shape[0]
-    y = torch.empty((n_rows, n_out), device=x2d.device, dtype=x2d.dtype)
+    stride_y = -(-n_out // 16) * 16 if aligned_rows else n_out
+    y = torch.empty((n_rows, stride_y), device=x2d.device, dtype=x2d.dtype)[:, :n_out]
     mean = torch.empty(n_rows, device=x2d.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
     config = _common.kernel_config(_OP, "fwd")
@@ -177,7 +183,7 @@ def layernorm_linear_fwd(x2d, norm_weight, norm_bias, weight, bias, eps):
     grid = (triton.cdiv(n_rows, block_m), triton.cdiv(n_out, block_n))
     _layernorm_linear_fwd_kernel[grid](
         x2d, norm_weight, norm_bias, weight, bias if bias is not None else weight, y, mean, rstd,
-        n_rows, n_in, n_out, eps,
+        n_rows, n_in, n_out, stride_y, eps,
         HAS_BIAS=bias is not None,
         PRECISION=_common.dot_precision(x2d.dtype),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
@@ -236,9 +242,9 @@ def layernorm_linear_bwd(dy, x2d, norm_weight, norm_bias, weight, mean, rstd, ha
 
 class _LayerNormLinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, norm_weight, norm_bias, weight, bias, eps):
+    def forward(ctx, x, norm_weight, norm_bias, weight, bias, eps, aligned_rows):
         x2d = x.reshape(-1, x.shape[-1]).contiguous()
-        y, mean, rstd = layernorm_linear_fwd(x2d, norm_weight, norm_bias, weight, bias, eps)
+        y, mean, rstd = layernorm_linear_fwd(x2d, norm_weight, norm_bias, weight, bias, eps, aligned_rows)
         ctx.save_for_backward(x2d, norm_weight, norm_bias, weight, mean, rstd)
         ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.x_shape = x.shape
@@ -253,11 +259,14 @@ class _LayerNormLinearFunction(torch.autograd.Function):
         )
         if dbias is not None:
             dbias = dbias.to(ctx.bias_dtype)
-        return dx.view(ctx.x_shape), dnw, dnb, dw, dbias, None
+        return dx.view(ctx.x_shape), dnw, dnb, dw, dbias, None, None
 
 
-def layernorm_linear(x, norm_weight, norm_bias, weight, bias=None, eps=1e-5):
-    """Triton linear(layer_norm(x)); same signature and numerics as layernorm_linear_reference."""
+def layernorm_linear(x, norm_weight, norm_bias, weight, bias=None, eps=1e-5, aligned_rows=False):
+    """Triton linear(layer_norm(x)); same numerics as layernorm_linear_reference.
+
+    aligned_rows: return a view whose rows are 16-element aligned (see layernorm_linear_fwd)
+    instead of a contiguous tensor."""
     _common.check_triton_inputs(_OP, x)
     x = _common.autocast_input(x)
     _common.max_channels_check(_OP, "in_features", x.shape[-1])
@@ -267,7 +276,7 @@ def layernorm_linear(x, norm_weight, norm_bias, weight, bias=None, eps=1e-5):
         # no rows: nothing to launch; the result stays connected to the graph for autograd
         return layernorm_linear_reference(x, norm_weight, norm_bias, weight, bias, eps)
     (weight,) = _common.weights_like(x, weight)
-    return _LayerNormLinearFunction.apply(x, norm_weight, norm_bias, weight, bias, eps)
+    return _LayerNormLinearFunction.apply(x, norm_weight, norm_bias, weight, bias, eps, aligned_rows)
 
 
 class LayerNormLinear(nn.Module):
@@ -284,13 +293,16 @@ class LayerNormLinear(nn.Module):
         bias: bool = True,
         eps: float = 1e-5,
         impl: str = "triton",
+        aligned_rows: bool = False,
     ) -> None:
         super().__init__()
         self.impl = _common.check_impl(impl)
+        self.aligned_rows = aligned_rows
         self.norm = nn.LayerNorm(in_features, eps=eps)
         self.linear = nn.Linear(in_features, out_features, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fn = layernorm_linear if self.impl == "triton" else layernorm_linear_reference
-        return fn(x, self.norm.weight, self.norm.bias, self.linear.weight, self.linear.bias,
-                  self.norm.eps)
+        args = (x, self.norm.weight, self.norm.bias, self.linear.weight, self.linear.bias, self.norm.eps)
+        if self.impl == "triton":
+            return layernorm_linear(*args, aligned_rows=self.aligned_rows)
+        return layernorm_linear_reference(*args)

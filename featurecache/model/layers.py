@@ -87,7 +87,11 @@ class TriangleAttention(nn.Module):
         self.head_dim = head_dim
         inner = num_heads * head_dim
         # q, k, v, gate and the per-head pair bias from one LayerNorm + one matrix product.
-        self.proj = kernel_module("LayerNormLinear", c_z, 4 * inner + num_heads, bias=False, eps=eps, impl=impl)
+        # Rows of the product 16-element aligned: q/k/v are read from it as strided views, and
+        # 4 * inner + heads (516 at AF3's sizes) would leave their row stride unaligned, which
+        # keeps Triton from vectorizing EvoAttention's loads.
+        self.proj = kernel_module("LayerNormLinear", c_z, 4 * inner + num_heads, bias=False, eps=eps, impl=impl,
+                                  aligned_rows=True)
         self.linear_out = nn.Linear(inner, c_z)
         self.attention = attention_fn(impl)
 

@@ -118,3 +118,21 @@ def test_autocast_runs_the_kernel_in_its_dtype():
     y.float().sum().backward()
     assert x.grad is not None and x.grad.dtype == torch.float32
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in params)
+
+
+def test_aligned_rows_give_the_same_values_in_16_element_aligned_rows():
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 5, 7, 16, generator=generator)
+    params = [p.requires_grad_() for p in _random_params(16, 21, True, generator)]
+    grad_out = torch.randn(2, 5, 7, 21, generator=generator)
+    results = []
+    for aligned in (False, True):
+        leaf = x.clone().requires_grad_()
+        out = layernorm_linear(leaf, *params, eps=1e-5, aligned_rows=aligned)
+        grads = torch.autograd.grad(out, [leaf, *params], grad_out)
+        results.append((out, grads))
+    (plain, plain_grads), (aligned, aligned_grads) = results
+    assert plain.is_contiguous() and aligned.stride()[-2:] == (32, 1)  # 21 outputs in rows of 32
+    torch.testing.assert_close(aligned, plain, rtol=0, atol=0)
+    for mine, ref in zip(aligned_grads, plain_grads):
+        torch.testing.assert_close(mine, ref, rtol=0, atol=0)
