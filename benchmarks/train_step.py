@@ -95,12 +95,18 @@ def autocast(device: torch.device, cache: bool = True):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda", cache_enabled=cache)
 
 
-def timed(step, device: torch.device, warmup: int, reps: int) -> tuple[float, float]:
-    """Median milliseconds of `step` after warm-up, and the peak memory (GB) of one call."""
+def timed(step, device: torch.device, warmup: int, reps: int, graphs: bool = False) -> tuple[float, float]:
+    """Median milliseconds of `step` after warm-up, and the peak memory (GB) of one call.
+
+    A captured step allocates its memory once, during capture in the first warm-up call, and
+    replays reuse it: for it (`graphs`) the peak counts from before the warm-up."""
+    if graphs:
+        reset_peak(device)
     for _ in range(warmup):
         step()
     sync(device)
-    reset_peak(device)
+    if not graphs:
+        reset_peak(device)
     step()
     sync(device)
     peak = peak_gb(device)
@@ -147,7 +153,7 @@ def block_step(variant: str, length: int, dims: dict, device: torch.device):
 
 
 def bench_block(variant: str, length: int, dims: dict, device: torch.device, warmup: int, reps: int) -> dict:
-    ms, peak = timed(block_step(variant, length, dims, device), device, warmup, reps)
+    ms, peak = timed(block_step(variant, length, dims, device), device, warmup, reps, graphs=VARIANTS[variant][2])
     return {"ms": ms, "peak_gb": peak}
 
 
@@ -244,7 +250,9 @@ class TrunkRunner:
         try:
             self.iteration(self.batch(length, msa_rows, templates))
             sync(self.device)
-        except torch.cuda.OutOfMemoryError:
+        except (torch.cuda.OutOfMemoryError, ValueError) as error:  # ValueError: a kernel's size limit
+            if isinstance(error, ValueError):
+                print(f"    L={length}: {error}", flush=True)
             self.optimizer.zero_grad(set_to_none=True)
             free_memory()
             return False, time.perf_counter() - start, float("nan")
@@ -490,7 +498,8 @@ def main() -> None:
     def step_bench(variant: str) -> dict:
         runners[variant] = runner = TrunkRunner(variant, overrides, device)
         batch = runner.batch(args.crop, args.msa_rows, args.templates)
-        ms, peak = timed(lambda: runner.iteration(batch), device, 1 if args.smoke else 2, 2 if args.smoke else 5)
+        ms, peak = timed(lambda: runner.iteration(batch), device, 1 if args.smoke else 2, 2 if args.smoke else 5,
+                         graphs=runner.graphs)
         return {"ms": ms, "peak_gb": peak}
 
     def crop_search(variant: str) -> dict:

@@ -62,6 +62,7 @@ class CapturedStep:
             if value.shape != buffer.shape:
                 raise ValueError(f"captured step: input {name!r} has shape {tuple(value.shape)}, the graph was "
                                  f"captured with {tuple(buffer.shape)} (pad batches to fixed sizes)")
-            buffer.copy_(value, non_blocking=True)
+            with torch.no_grad():  # leaf buffers that require grad take new values like any other
+                buffer.copy_(value, non_blocking=True)
         self.graph.replay()
         return self.static_outputs

@@ -933,6 +933,14 @@ def _check_inputs(q, k, v, bias, mask) -> None:
                 f"evo_attention: mask is {mask.dtype} {tuple(mask.shape)} on {mask.device}, "
                 f"expected bool [{batch}, {rows}, {seq_len}] on {q.device}"
             )
+    for name, tensor in (("q", q), ("k", k), ("v", v), ("bias", bias)):
+        # The kernels add tile offsets (position x stride) in 32 bits; past 2^31 elements the
+        # address wraps (seen as an illegal memory access at L = 3072 on the H200).
+        if tensor is not None and sum((size - 1) * abs(step) for size, step in zip(tensor.shape, tensor.stride())) >= 2**31:
+            raise ValueError(
+                f"evo_attention: {name} {tuple(tensor.shape)} with strides {tensor.stride()} spans 2^31 elements or "
+                f"more; the kernels use 32-bit offsets (split the batch or rows, or use a smaller L)"
+            )
 
 
 def _bias_strides(bias: Optional[torch.Tensor]) -> tuple[int, int, int, int, int]:
