@@ -1,8 +1,8 @@
 """A training step replayed as one CUDA graph, so the host launches it with a single call.
 
 The Pairformer's kernels are short at training crops (a block at L = 384 launches ~250 kernels
-in ~14 ms of GPU time), and launching them from Python costs more than running them: on the
-H200 of 2026-12-02 one block's forward + backward took 21 ms of host time. A CUDA graph records
+in ~11 ms of GPU time), and launching them from Python costs more than running them: on the
+H200 machines of 2026-12-02 one block's forward + backward took 16-21 ms of host time. A CUDA graph records
 every launch of one step once and replays them from the GPU's own queue.
 
 What a captured step needs, and `CapturedStep` provides or checks:
@@ -30,12 +30,12 @@ class CapturedStep:
     """Capture `step(inputs) -> outputs` (dicts of tensors) once; each call copies new inputs
     into the static buffers, replays the graph and returns the static outputs.
 
-    Tensors that are parameters' gradients must not be reset between calls with
-    `zero_grad(set_to_none=True)`: the graph owns them and overwrites them at each replay.
+    A step may call `optimizer.zero_grad(set_to_none=True)` itself: that runs in the warm-up
+    and the capture only, so the gradients the capture allocates belong to the graph, which
+    overwrites them at each replay. Outside the step, leave them alone.
     """
 
-    def __init__(self, step: StepFunction, example_inputs: Mapping[str, torch.Tensor], warmup_steps: int = 3,
-                 before_capture: Callable[[], None] | None = None) -> None:
+    def __init__(self, step: StepFunction, example_inputs: Mapping[str, torch.Tensor], warmup_steps: int = 3) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("CapturedStep needs a CUDA device")
         # leaves keep requires_grad, so a step may also produce the inputs' gradients
@@ -47,14 +47,9 @@ class CapturedStep:
             for _ in range(warmup_steps):
                 step(self.static_inputs)
         torch.cuda.current_stream().wait_stream(side)
-        if before_capture is not None:
-            before_capture()  # e.g. optimizer.zero_grad(set_to_none=True): gradients born in the graph
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.static_outputs = step(self.static_inputs)
-
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {name: tuple(value.shape) for name, value in self.static_inputs.items()}
 
     def __call__(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         for name, buffer in self.static_inputs.items():
