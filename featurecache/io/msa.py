@@ -119,6 +119,8 @@ def parse_a3m(data: str | bytes, source: str) -> Msa:
     header_lines, stream = _split_records(raw[first:])
     headers = list(map(str.strip, b"\n".join(header_lines).decode("utf-8").split("\n")))
     rows = len(headers)
+    if stream.count(b">") != rows:
+        _raise_inner_header_mark(raw, first, source)
     chars = np.frombuffer(stream, dtype=np.uint8)
     # Byte masks by wrapping uint8 arithmetic: (c - 'A') < 26 is true exactly for 'A'..'Z'.
     upper = (chars - np.uint8(ord("A"))) < 26
@@ -201,6 +203,15 @@ def _first_content_line(raw: bytes) -> int:
         if line.strip() and not line.startswith(b"#"):
             return number
     return 1
+
+
+def _raise_inner_header_mark(raw: bytes, first: int, source: str) -> None:
+    """A '>' inside a sequence line would split its record in two: name the line."""
+    start = raw.count(b"\n", 0, first) + 1
+    for number, line in enumerate(raw[first:].split(b"\n"), start=start):
+        if not line.startswith(b">") and b">" in line:
+            raise ParseError(source, "'>' inside a sequence line (a header must start its line)", number)
+    raise ParseError(source, "records and headers do not match")
 
 
 def _header_line(raw: bytes, first: int, row: int) -> int:

@@ -216,6 +216,13 @@ def test_binary_file_is_a_parse_error(tmp_path):
         read_msa(path)
 
 
+@pytest.mark.parametrize("text", [">\nA>1", ">q\nAC>D\n>h\nACD\n", ">q\nACD\n>h\nA-D>\n"])
+def test_a3m_header_mark_inside_a_sequence_line_is_named(text):
+    # found by the fuzz test below: the '>' used to be taken for a record separator
+    with pytest.raises(ParseError, match=r"mid.a3m:\d+: '>' inside a sequence line"):
+        parse_a3m(text, "mid.a3m")
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.text(alphabet=st.sampled_from(">ACDEacde-.#\n \t1xX|_=*"), max_size=200))
 def test_a3m_garbage_only_raises_parse_error(text):
