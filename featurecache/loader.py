@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import pathlib
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -218,19 +218,31 @@ def _pad_to(tensor: torch.Tensor, axes: Iterable[tuple[int, int]], value) -> tor
     return out
 
 
-def collate(samples: list[dict]) -> dict:
+def collate(samples: list[dict], pad_to: Mapping[str, int] | None = None) -> dict:
     """Stack samples into a batch, padding token / atom / msa / template axes to the batch max.
 
     Adds `token_pad_mask` [B, N], `atom_pad_mask` [B, A], `msa_row_mask` [B, M] and
     `template_mask` [B, T] (True = real), and `id` (list of target ids).
+
+    `pad_to` ({axis: size}, e.g. {"token": 384, "msa": 1024, "template": 4}) pads those axes to a
+    fixed size instead, so every batch has the same shapes (torch.compile then never recompiles,
+    and a step can be captured as a CUDA graph); a sample larger than its axis's size is an error.
     """
     if not samples:
         raise ValueError("collate got an empty list of samples")
-    max_sizes: dict[str, int] = {}
+    pad_to = dict(pad_to or {})
+    unknown = sorted(set(pad_to) - set(_PAD_MASKS))
+    if unknown:
+        raise ValueError(f"collate: pad_to names unknown axes {unknown}, expected some of {sorted(_PAD_MASKS)}")
+    max_sizes: dict[str, int] = dict(pad_to)
     for spec in FEATURES:
         for dim, axis in enumerate(spec.axes):
             if isinstance(axis, str):
                 size = max(sample[spec.name].shape[dim] for sample in samples)
+                if axis in pad_to and size > pad_to[axis]:
+                    sample = max(samples, key=lambda s: s[spec.name].shape[dim])
+                    raise ValueError(f"collate: {sample['id']} has {size} along {axis!r} ({spec.name}), more than "
+                                     f"the fixed size {pad_to[axis]}")
                 max_sizes[axis] = max(max_sizes.get(axis, 0), size)
     batch: dict = {}
     for spec in FEATURES:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -60,6 +61,10 @@ class TrainConfig:
     checkpoint_every: int = 1000
     resume: str | None = None
     compile: bool = False
+    # Pad every batch to crop_size tokens, max_msa_rows rows and max_templates templates, so all
+    # steps have one shape: torch.compile compiles once (and a step could be a CUDA graph).
+    static_shapes: bool = False
+    max_templates: int = 4
     seed: int = 0
     device: str = "auto"
 
@@ -70,7 +75,7 @@ class TrainConfig:
             raise ValueError(f"unknown preset {self.preset!r}, expected one of {sorted(PRESETS)}")
         if self.kernels not in KERNEL_IMPLS:
             raise ValueError(f"unknown kernels {self.kernels!r}, expected one of {KERNEL_IMPLS}")
-        for name in ("steps", "crop_size", "batch_size", "checkpoint_every", "max_msa_rows"):
+        for name in ("steps", "crop_size", "batch_size", "checkpoint_every", "max_msa_rows", "max_templates"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if self.warmup < 0 or self.num_workers < 0:
@@ -243,11 +248,15 @@ def make_loader(dataset, batch_sampler: EpochBatchSampler, config: TrainConfig, 
     extra = {}
     if config.num_workers > 0:
         extra["prefetch_factor"] = config.prefetch_factor
+    collate_fn = collate
+    if config.static_shapes:
+        pad_to = {"token": config.crop_size, "msa": config.max_msa_rows, "template": config.max_templates}
+        collate_fn = functools.partial(collate, pad_to=pad_to)
     return torch.utils.data.DataLoader(
         dataset,
         batch_sampler=batch_sampler,
         num_workers=config.num_workers,
-        collate_fn=collate,
+        collate_fn=collate_fn,
         pin_memory=device.type == "cuda",
         **extra,
     )
@@ -502,11 +511,16 @@ def train(config: TrainConfig) -> list[dict]:
 @click.option("--checkpoint-every", default=1000, show_default=True, type=int, help="Steps between checkpoints (and one at the end).")
 @click.option("--resume", type=click.Path(exists=True), help="Checkpoint file, or a run directory to resume from its newest checkpoint.")
 @click.option("--compile", "compile_model", is_flag=True, help="torch.compile every block of the trunk.")
+@click.option("--static-shapes", is_flag=True,
+              help="Pad every batch to --crop-size tokens, --max-msa-rows rows and --max-templates templates: one "
+                   "shape for every step, so --compile compiles once.")
+@click.option("--max-templates", default=4, show_default=True, type=int,
+              help="With --static-shapes: templates per sample (precompute's max_templates).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed for weights, shuffling, crops and MSA subsampling.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda (torchrun: cuda:LOCAL_RANK).")
 def train_command(cache, online, alignments, template_dir, out, preset, pairformer_blocks, kernels, steps,
                   crop_size, max_msa_rows, batch_size, lr, warmup, num_workers, checkpoint_every, resume,
-                  compile_model, seed, device) -> None:
+                  compile_model, static_shapes, max_templates, seed, device) -> None:
     """Train the AF3 trunk from a feature cache."""
     try:
         config = TrainConfig(
@@ -514,7 +528,8 @@ def train_command(cache, online, alignments, template_dir, out, preset, pairform
             preset=preset, pairformer_blocks=pairformer_blocks, kernels=kernels, steps=steps,
             crop_size=crop_size, max_msa_rows=max_msa_rows, batch_size=batch_size, lr=lr, warmup=warmup,
             num_workers=num_workers, checkpoint_every=checkpoint_every, resume=resume,
-            compile=compile_model, seed=seed, device=device,
+            compile=compile_model, static_shapes=static_shapes, max_templates=max_templates, seed=seed,
+            device=device,
         )
     except ValueError as error:
         raise click.UsageError(str(error)) from error

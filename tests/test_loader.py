@@ -77,6 +77,25 @@ def test_collate_pads_and_masks(sample_cache):
         collate([])
 
 
+def test_collate_pads_to_fixed_sizes(sample_cache):
+    dataset = CacheDataset(sample_cache, crop_size=64, max_msa_rows=16)
+    fixed = {"token": 64, "msa": 16, "template": 4}
+    shapes = set()
+    for index in range(len(dataset)):
+        sample = dataset[index]
+        batch = collate([sample], pad_to=fixed)
+        shapes.add((batch["restype"].shape, batch["msa"].shape, batch["template_restype"].shape))
+        tokens, rows = sample["restype"].shape[0], sample["msa"].shape[0]
+        assert batch["token_pad_mask"].sum() == tokens and batch["msa_row_mask"].sum() == rows
+        assert torch.all(batch["msa"][0, rows:] == GAP) and torch.all(batch["msa"][0, :, tokens:] == GAP)
+    assert shapes == {((1, 64), (1, 16, 64), (1, 4, 64))}  # one shape for every target
+    small = dataset[0]
+    with pytest.raises(ValueError, match=rf"{small['id']} has \d+ along 'token' .* fixed size 2"):
+        collate([small], pad_to={"token": 2})
+    with pytest.raises(ValueError, match="unknown axes"):
+        collate([small], pad_to={"residue": 2})
+
+
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_dataloader_with_workers(sample_cache, context):
     dataset = CacheDataset(sample_cache, crop_size=32, max_msa_rows=8)
