@@ -41,6 +41,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from featurecache.graphs import CapturedStep  # noqa: E402
+from featurecache.kernels.evo_attention import SizeLimitError  # noqa: E402
 from featurecache.model import AF3Trunk, preset  # noqa: E402
 from featurecache.model.pairformer import PairformerBlock  # noqa: E402
 from featurecache.model.synthetic import random_batch  # noqa: E402
@@ -259,8 +260,8 @@ class TrunkRunner:
         try:
             self.iteration(self.batch(length, msa_rows, templates))
             sync(self.device)
-        except (torch.cuda.OutOfMemoryError, ValueError) as error:  # ValueError: a kernel's size limit
-            if isinstance(error, ValueError):
+        except (torch.cuda.OutOfMemoryError, SizeLimitError) as error:
+            if isinstance(error, SizeLimitError):
                 print(f"    L={length}: {error}", flush=True)
             self.optimizer.zero_grad(set_to_none=True)
             free_memory()

@@ -900,6 +900,10 @@ def _upcast_dot(q: torch.Tensor) -> bool:
     return q.dtype == torch.bfloat16 and q.device.type != "cuda"
 
 
+class SizeLimitError(ValueError):
+    """Inputs beyond what the kernels can index (32-bit offsets): a size to avoid, not a bug."""
+
+
 def _check_inputs(q, k, v, bias, mask) -> None:
     if q.dim() != 5:
         raise ValueError(f"evo_attention: q must be [B, N, L, H, D], got shape {tuple(q.shape)}")
@@ -937,7 +941,7 @@ def _check_inputs(q, k, v, bias, mask) -> None:
         # The kernels add tile offsets (position x stride) in 32 bits; past 2^31 elements the
         # address wraps (seen as an illegal memory access at L = 3072 on the H200).
         if tensor is not None and sum((size - 1) * abs(step) for size, step in zip(tensor.shape, tensor.stride())) >= 2**31:
-            raise ValueError(
+            raise SizeLimitError(
                 f"evo_attention: {name} {tuple(tensor.shape)} with strides {tensor.stride()} spans 2^31 elements or "
                 f"more; the kernels use 32-bit offsets (split the batch or rows, or use a smaller L)"
             )

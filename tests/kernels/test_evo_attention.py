@@ -319,10 +319,10 @@ def test_custom_op_autograd_matches_eager_path():
 
 def test_inputs_spanning_2_31_elements_are_refused_by_name():
     # The kernels compute tile offsets in 32 bits; meta tensors give the layout without memory.
-    from featurecache.kernels.evo_attention import _check_inputs
+    from featurecache.kernels.evo_attention import SizeLimitError, _check_inputs
 
     wide = torch.empty_strided((1, 2, 3, 1, 16), (1, 2**31, 16, 16, 1), device="meta", dtype=torch.bfloat16)
     small = torch.empty((1, 2, 3, 1, 16), device="meta", dtype=torch.bfloat16)
     _check_inputs(small, small, small, None, None)
-    with pytest.raises(ValueError, match=r"evo_attention: k \(1, 2, 3, 1, 16\) .* 32-bit offsets"):
+    with pytest.raises(SizeLimitError, match=r"evo_attention: k \(1, 2, 3, 1, 16\) .* 32-bit offsets"):
         _check_inputs(small, wide, small, None, None)
