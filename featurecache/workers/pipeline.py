@@ -258,11 +258,11 @@ def _featurize_task(function, *args):
         return error
 
 
-def _search_task(sequence, msa_key, pipeline_config, zstd_level):
+def _search_task(sequence, msa_key, pipeline_config, zstd_level, stored_blobs):
     from featurecache.workers.search import SearchPlan
 
     try:
-        return tasks.search_chain(sequence, msa_key, SearchPlan(pipeline_config), zstd_level)
+        return tasks.search_chain(sequence, msa_key, SearchPlan(pipeline_config), zstd_level, stored_blobs)
     except TaskError as error:
         return error
 
@@ -459,7 +459,7 @@ def _search_stage(ray, plan: _Plan, todo: list[TargetInput], writer: StoreWriter
     keys stay in the driver; the MSA records themselves are read back from the writer when
     each featurize task is submitted, so the driver's memory does not grow with the inputs.
     """
-    from featurecache.workers.search import SearchPlan, sequence_key
+    from featurecache.workers.search import SearchPlan, database_search_key, sequence_key
 
     search_plan = SearchPlan(plan.pipeline_config)
     chain_keys: dict[str, dict[str, str]] = {}
@@ -505,6 +505,8 @@ def _search_stage(ray, plan: _Plan, todo: list[TargetInput], writer: StoreWriter
             record_failure("search", key, result.message, result.stderr_tail)
             return
         write_started = time.perf_counter()
+        for database_key, blob in result.database_blobs.items():
+            writer.put(MSA_TABLE, database_key, blob)
         writer.put(MSA_TABLE, key, result.msa_blob)
         clear_errors(key, ("search",))
         summary.write_seconds += time.perf_counter() - write_started
@@ -521,8 +523,13 @@ def _search_stage(ray, plan: _Plan, todo: list[TargetInput], writer: StoreWriter
         databases = sum(search_plan.databases(chain.molecule_type), ())
         # Ask Ray for the CPUs the hungriest tool of this chain uses, so tools do not oversubscribe.
         threads = max((search_plan.tool(db.tool).threads for db in databases), default=1)
+        # Outputs of databases unchanged since an earlier run: only the others are searched.
+        seq_key = sequence_key(chain.molecule_type, chain.sequence)
+        stored = {db.name: writer.get(MSA_TABLE, database_search_key(seq_key, search_plan.database_fingerprint(db)))
+                  for db in databases}
+        stored = {name: blob for name, blob in stored.items() if blob is not None}
         runner.submit(_search_task, threads, "search", key, chain, key, plan.pipeline_config,
-                      plan.feature_config.zstd_level)
+                      plan.feature_config.zstd_level, stored)
     runner.drain()
     bar.close()
     writer.flush()

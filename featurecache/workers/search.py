@@ -9,12 +9,17 @@ parsing and featurization happen downstream.
 
 Sequence keys and fingerprints are what the msa table is keyed on: a sequence that appears in
 several targets (homomers, repeated entries) is searched once, and a change of tool version,
-flags, hit cap or database makes the stored result stale.
+flags, hit cap or database makes the stored result stale. Each database's raw output is also
+kept on its own (``database_search_key``), so that a change to one database re-runs that
+database's search only: ``SearchPlan.search`` takes the stored outputs whose fingerprint is still
+current and runs the rest (a template search fed an MSA is stale when that MSA is).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from featurecache.config import fingerprint, stable_hash
@@ -32,6 +37,11 @@ SEARCHED_MOLECULE_TYPES = MOLECULE_TYPES  # ligands have no sequence search
 def normalize_sequence(sequence: str) -> str:
     """Upper case without whitespace: the form that is hashed and searched."""
     return "".join(sequence.split()).upper()
+
+
+def database_search_key(sequence_key_: str, database_fingerprint: str) -> str:
+    """msa-table key of one database's raw output for one sequence."""
+    return f"{sequence_key_}-db-{database_fingerprint}"
 
 
 def sequence_key(molecule_type: str, sequence: str) -> str:
@@ -59,6 +69,7 @@ class DatabaseSearch:
     wall_seconds: float
     command: tuple[str, ...]
     tool_version: str
+    reused: bool = False       # taken from an earlier run's stored output, not searched now
 
 
 @dataclass(frozen=True)
@@ -127,13 +138,26 @@ class SearchPlan:
         """Everything that changes the search result of a ``molecule_type`` chain (16 hex characters)."""
         return fingerprint("sequence-search", molecule_type, self.database_fingerprints(molecule_type))
 
-    def search(self, sequence: str, molecule_type: str) -> SearchResult:
-        """Run every database for one sequence; a failing tool raises ToolError naming the database."""
+    def search(self, sequence: str, molecule_type: str,
+               stored: Mapping[str, DatabaseSearch] | None = None) -> SearchResult:
+        """Run every database for one sequence; a failing tool raises ToolError naming the database.
+
+        `stored` maps database names to earlier outputs for this sequence: one whose fingerprint
+        matches the database's current one is used as is (marked `reused`) instead of searching.
+        """
         sequence = normalize_sequence(sequence)
+        stored = stored or {}
         msa_databases, template_databases = self.databases(molecule_type)
-        msas = tuple(self._run_msa(db, sequence, molecule_type) for db in msa_databases)
+
+        def current(database: DatabaseConfig) -> DatabaseSearch | None:
+            item = stored.get(database.name)
+            if item is None or item.fingerprint != self.database_fingerprint(database):
+                return None
+            return dataclasses.replace(item, reused=True)
+
+        msas = tuple(current(db) or self._run_msa(db, sequence, molecule_type) for db in msa_databases)
         outputs = {item.database: item for item in msas}
-        templates = tuple(self._run_template(db, sequence, outputs) for db in template_databases)
+        templates = tuple(current(db) or self._run_template(db, sequence, outputs) for db in template_databases)
         return SearchResult(
             sequence_key=sequence_key(molecule_type, sequence),
             molecule_type=molecule_type,

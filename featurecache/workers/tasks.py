@@ -30,7 +30,7 @@ from featurecache.io.fasta import read_fasta
 from featurecache.io.hits import TemplateHit, parse_hhr, parse_m8
 from featurecache.io.mmcif import Structure, read_mmcif, structure_from_sequences, target_id_from_path
 from featurecache.io.msa import Msa, parse_a3m, parse_stockholm
-from featurecache.store.codec import decode_record, encode_record
+from featurecache.store.codec import CorruptRecordError, decode_record, encode_record
 
 MSA_TABLE = "msa"
 FEATURES_TABLE = "features"
@@ -86,6 +86,7 @@ class SearchOutcome:
     msa_blob: bytes
     tool_seconds: float
     seconds: float
+    database_blobs: dict[str, bytes] = field(default_factory=dict)  # database_search_key -> record, new ones
 
 
 def is_input_file(path: Path) -> bool:
@@ -240,13 +241,43 @@ def parse_search_result(result) -> tuple[Msa, list[TemplateHit]]:
     return combined, hits
 
 
-def search_chain(sequence: ChainSequence, msa_key: str, plan, zstd_level: int) -> SearchOutcome:
-    """Run every configured search for one unique chain sequence; raises TaskError on failure."""
+def encode_database_search(key: str, item, zstd_level: int) -> bytes:
+    """One database's raw output for one sequence, as a record of the `msa` table."""
+    meta = {name: getattr(item, name) for name in
+            ("database", "tool", "role", "output_format", "num_hits", "fingerprint", "wall_seconds", "tool_version")}
+    meta["command"] = list(item.command)
+    text = np.frombuffer(item.text.encode("utf-8"), dtype=np.uint8)
+    return encode_record(key, {"text": text}, meta, item.fingerprint, "", SCHEMA_VERSION, zstd_level)
+
+
+def decode_database_search(blob: bytes, where: str):
+    from featurecache.workers.search import DatabaseSearch
+
+    record = decode_record(blob, where=where)
+    meta = dict(record.meta)
+    meta["command"] = tuple(meta["command"])
+    return DatabaseSearch(text=record.arrays["text"].tobytes().decode("utf-8"), **meta)
+
+
+def search_chain(sequence: ChainSequence, msa_key: str, plan, zstd_level: int,
+                 stored_blobs: dict[str, bytes] | None = None) -> SearchOutcome:
+    """Run every configured search for one unique chain sequence; raises TaskError on failure.
+
+    `stored_blobs` are earlier per-database outputs for this sequence (database name -> record):
+    those still current are reused, and the outcome carries records of the searches run now.
+    """
+    from featurecache.workers.search import database_search_key, sequence_key
     from featurecache.workers.tools import ToolError
 
     started = time.perf_counter()
     try:
-        result = plan.search(sequence.sequence, sequence.molecule_type)
+        stored = {}
+        for name, blob in (stored_blobs or {}).items():
+            try:
+                stored[name] = decode_database_search(blob, where=f"msa/{msa_key} (stored {name} output)")
+            except CorruptRecordError:
+                pass  # a damaged stored output is searched again
+        result = plan.search(sequence.sequence, sequence.molecule_type, stored)
         msa, hits = parse_search_result(result)
     except ToolError as error:
         raise TaskError("search", msa_key, str(error), getattr(error, "stderr_tail", "")) from None
@@ -256,11 +287,18 @@ def search_chain(sequence: ChainSequence, msa_key: str, plan, zstd_level: int) -
         "molecule_type": sequence.molecule_type,
         "sequence": sequence.sequence,
         "databases": {item.database: {"tool": item.tool, "version": item.tool_version, "hits": item.num_hits,
-                                      "seconds": round(item.wall_seconds, 3)}
+                                      "seconds": round(item.wall_seconds, 3), "reused": item.reused}
                       for item in result.msas + result.templates},
     }
     blob = encode_msa_record(msa_key, msa, hits, meta, result.fingerprint, zstd_level)
-    return SearchOutcome(msa_key, blob, result.tool_seconds, time.perf_counter() - started)
+    seq_key = sequence_key(sequence.molecule_type, sequence.sequence)
+    database_blobs = {}
+    for item in result.msas + result.templates:
+        if not item.reused:
+            key = database_search_key(seq_key, item.fingerprint)
+            database_blobs[key] = encode_database_search(key, item, zstd_level)
+    searched_seconds = sum(item.wall_seconds for item in result.msas + result.templates if not item.reused)
+    return SearchOutcome(msa_key, blob, searched_seconds, time.perf_counter() - started, database_blobs)
 
 
 # --- featurization ----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -189,7 +190,7 @@ def test_search_mode_end_to_end_and_one_failing_search(tmp_path, shared_data, te
     with StoreReader(cache) as reader:
         record = decode_record(reader.get("features", "721p-assembly1"))
         errors = {key: decode_record(blob).meta for key, blob in reader.items("errors")}
-        msa_keys = list(reader.keys("msa"))
+        msa_keys = [key for key in reader.keys("msa") if "-db-" not in key]  # not the per-database outputs
     # The homodimer's two identical chains were searched once.
     assert len(msa_keys) == 1
     assert record.arrays["msa"].shape[0] > 10
@@ -199,3 +200,38 @@ def test_search_mode_end_to_end_and_one_failing_search(tmp_path, shared_data, te
     search_error = next(meta for meta in errors.values() if meta["stage"] == "search")
     assert "nhmmer" in search_error["message"] or "nucleotide" in search_error["message"]
     assert search_error["stderr_tail"] or "Stockholm" in search_error["message"]
+
+
+def test_changing_one_database_searches_that_database_only(tmp_path, shared_data, test_databases):
+    """A new hit cap on the template database: the MSA databases' stored outputs are reused,
+    the template search runs again, and the features match a run from scratch."""
+    from featurecache.workers.testdb import write_pipeline_config
+
+    config_path = write_pipeline_config(test_databases, tmp_path / "pipeline.toml", threads=1,
+                                        template_tool="hhsearch")
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    shutil.copy(shared_data / "structures" / "721p-assembly1.cif", inputs)
+
+    def run(cache):
+        result = CliRunner().invoke(cli, ["precompute", str(inputs), "--cache", str(cache), "--config",
+                                          str(config_path), "--executor", "inline", "--no-progress"])
+        assert result.exit_code == 0, result.output
+        with StoreReader(cache) as reader:
+            chains = [decode_record(reader.get("msa", key)).meta for key in reader.keys("msa") if "-db-" not in key]
+            features = decode_record(reader.get("features", "721p-assembly1"))
+        return chains, features
+
+    cache = tmp_path / "cache"
+    (first,), _ = run(cache)
+    assert not any(entry["reused"] for entry in first["databases"].values())
+    text = config_path.read_text()
+    assert text.count("max_hits = 20") == 1  # the template database's cap
+    config_path.write_text(text.replace("max_hits = 20", "max_hits = 19"))
+    chains, features = run(cache)
+    (second,) = [meta for meta in chains if meta["databases"] != first["databases"]]
+    reused = {name for name, entry in second["databases"].items() if entry["reused"]}
+    assert reused == set(first["databases"]) - {"pdb_seqres_sample"} and reused  # every MSA database
+    _, fresh = run(tmp_path / "fresh")
+    for name, value in fresh.arrays.items():
+        np.testing.assert_array_equal(features.arrays[name], value, err_msg=name)
