@@ -151,12 +151,12 @@ def block_step(variant: str, length: int, dims: dict, device: torch.device):
         # Captured at the first call, inside timed(): the capture's allocations then count
         # toward the peak (a replay allocates nothing new, so a peak reset after capture would
         # see only the inputs and weights).
-        captured: list[CapturedStep] = []
+        captured = CapturedStep(step, warmup_steps=2)
 
         def replay() -> None:
-            if not captured:
-                captured.append(CapturedStep(step, {"s": s, "z": z}))
-            captured[0]({"s": s, "z": z})
+            while not captured.is_captured:  # the first call warms up and captures
+                captured({"s": s, "z": z})
+            captured({"s": s, "z": z})
 
         return replay
     return step
@@ -197,7 +197,7 @@ def profile_block(variant: str, length: int, dims: dict, device: torch.device) -
     events = sorted((e for e in prof.key_averages() if own(e) > 0), key=own, reverse=True)
     device_ms = sum(own(e) for e in events) / 1e3 / steps
     kernels = sum(e.count for e in events) // steps
-    top = [(e.key[:70], round(own(e) / 1e3 / steps, 3), e.count // steps) for e in events[:18]]
+    top = [(e.key[:90], round(own(e) / 1e3 / steps, 3), e.count // steps) for e in events[:45]]
     print(f"    wall {wall_ms:.2f} ms, device {device_ms:.2f} ms, host enqueue {statistics.median(host_ms):.2f} ms,"
           f" {kernels} kernels per step", flush=True)
     for name, ms, count in top:
@@ -245,8 +245,11 @@ class TrunkRunner:
             others = {k: v for k, v in batch.items() if not isinstance(v, torch.Tensor)}
             shapes = tuple((k, tuple(v.shape)) for k, v in tensors.items())
             if shapes not in self.captured:
-                self.captured[shapes] = CapturedStep(lambda inputs: self.step({**inputs, **others}), tensors)
-            loss = self.captured[shapes](tensors)["loss"]
+                self.captured[shapes] = CapturedStep(lambda inputs: self.step({**inputs, **others}), warmup_steps=2)
+            graph = self.captured[shapes]
+            while not graph.is_captured:  # the first call at a size warms up and captures
+                graph(tensors)
+            loss = graph(tensors)["loss"]
         else:
             loss = self.step(batch)["loss"]
         if not torch.isfinite(loss):

@@ -10,11 +10,13 @@ What a captured step needs, and `CapturedStep` provides or checks:
   must be padded to fixed sizes), and outputs are tensors the graph overwrites at each replay;
 - no host synchronization inside the step (no `.item()`, no data-dependent Python branches);
 - no RNG state reads (activation checkpointing here saves none; the trunk has no dropout);
-- warm-up runs before capture, on a side stream: they compile the Triton kernels, build cuBLAS
+- warm-up steps before capture, on a side stream: they compile the Triton kernels, build cuBLAS
   workspaces and create the optimizer's state, none of which may happen during capture;
-- an optimizer built with `capturable=True` (its step counter stays on the GPU).
+- an optimizer built with `capturable=True` (its step counter stays on the GPU), and a learning
+  rate held in a GPU tensor if it changes between steps (a float would be frozen into the graph).
 
-Warm-up runs are real steps: with a training step they update the model, as eager steps would.
+Every call is one real step on that call's inputs: the first `warmup_steps` calls run eagerly,
+the next one captures the graph and replays it once, and later calls only replay.
 """
 
 from __future__ import annotations
@@ -27,36 +29,68 @@ StepFunction = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
 
 
 class CapturedStep:
-    """Capture `step(inputs) -> outputs` (dicts of tensors) once; each call copies new inputs
-    into the static buffers, replays the graph and returns the static outputs.
+    """Run `step(inputs) -> outputs` (dicts of tensors) eagerly `warmup_steps` times, then as a
+    CUDA graph: each later call copies the inputs into the graph's static buffers, replays it
+    and returns its static outputs (overwritten by the next call: copy what must outlive it).
 
-    A step may call `optimizer.zero_grad(set_to_none=True)` itself: that runs in the warm-up
-    and the capture only, so the gradients the capture allocates belong to the graph, which
-    overwrites them at each replay. Outside the step, leave them alone.
+    A step may call `optimizer.zero_grad(set_to_none=True)` itself: inside the capture that makes
+    the gradients tensors of the graph, which overwrites them at each replay. Outside the step,
+    leave them alone.
     """
 
-    def __init__(self, step: StepFunction, example_inputs: Mapping[str, torch.Tensor], warmup_steps: int = 3) -> None:
+    def __init__(self, step: StepFunction, warmup_steps: int = 3) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("CapturedStep needs a CUDA device")
-        # leaves keep requires_grad, so a step may also produce the inputs' gradients
-        self.static_inputs = {name: value.detach().clone().requires_grad_(value.requires_grad)
-                              for name, value in example_inputs.items()}
+        if warmup_steps < 1:
+            raise ValueError(f"CapturedStep: warmup_steps is {warmup_steps}, at least 1 is needed (the first "
+                             "call compiles kernels and creates optimizer state, which a capture must not do)")
+        self.step = step
+        self.warmup_steps = warmup_steps
+        self.steps_run = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_inputs: dict[str, torch.Tensor] = {}
+        self.static_outputs: dict[str, torch.Tensor] = {}
+
+    @property
+    def is_captured(self) -> bool:
+        return self.graph is not None
+
+    def __call__(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.graph is None and self.steps_run < self.warmup_steps:
+            outputs = self._run_eagerly(inputs)
+        else:
+            if self.graph is None:
+                self._capture(inputs)
+            outputs = self._replay(inputs)
+        self.steps_run += 1
+        return outputs
+
+    def _run_eagerly(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(warmup_steps):
-                step(self.static_inputs)
+            outputs = self.step(dict(inputs))
         torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.static_outputs = step(self.static_inputs)
+        return outputs
 
-    def __call__(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _capture(self, inputs: Mapping[str, torch.Tensor]) -> None:
+        # leaves keep requires_grad, so a step may also produce the inputs' gradients
+        self.static_inputs = {name: torch.empty_like(value, device="cuda").requires_grad_(value.requires_grad)
+                              for name, value in inputs.items()}
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.static_outputs = self.step(self.static_inputs)
+        self.graph = graph
+
+    def _replay(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        missing = sorted(set(self.static_inputs) - set(inputs))
+        if missing:
+            raise KeyError(f"captured step: inputs {missing} are missing (the graph was captured with them)")
         for name, buffer in self.static_inputs.items():
             value = inputs[name]
-            if value.shape != buffer.shape:
-                raise ValueError(f"captured step: input {name!r} has shape {tuple(value.shape)}, the graph was "
-                                 f"captured with {tuple(buffer.shape)} (pad batches to fixed sizes)")
+            if value.shape != buffer.shape or value.dtype != buffer.dtype:
+                raise ValueError(f"captured step: input {name!r} is {tuple(value.shape)} {value.dtype}, the graph was "
+                                 f"captured with {tuple(buffer.shape)} {buffer.dtype} (pad batches to fixed sizes)")
             with torch.no_grad():  # leaf buffers that require grad take new values like any other
                 buffer.copy_(value, non_blocking=True)
         self.graph.replay()

@@ -184,3 +184,57 @@ def test_static_shapes_pad_every_batch_to_one_shape_and_keep_the_loss(cache, tmp
     assert min(r["tokens"] for r in padded) < 96  # a padded batch was among them
     for mine, ref in zip(padded, plain):
         assert mine["loss"] == pytest.approx(ref["loss"], rel=1e-4), (mine["ids"], mine["loss"], ref["loss"])
+
+
+def test_cuda_graph_options_are_checked(cache, tmp_path):
+    with pytest.raises(ValueError, match="--cuda-graphs and --compile"):
+        _config(cache, tmp_path / "run", cuda_graphs=True, compile=True)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        _config(cache, tmp_path / "run", cuda_graphs=True, device="cpu")
+    assert _config(cache, tmp_path / "run", cuda_graphs=True, device="auto").fixed_shapes
+
+
+def test_graph_learning_rate_follows_the_schedule_and_saves_as_a_float():
+    """The tensor learning rate of CUDA-graph runs: same updates as a float one, float in checkpoints."""
+    from featurecache.train import GraphLearningRate, optimizer_state, warmup_schedule
+
+    def run(tensor_lr: bool):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(5, 2)
+        # foreach=False: the CPU stand-in for the capturable AdamW that accepts a tensor lr
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_schedule(4))
+        graph_lr = GraphLearningRate(optimizer, torch.device("cpu")) if tensor_lr else None
+        lrs = []
+        for step in range(6):
+            model(torch.full((3, 5), float(step))).square().sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            scheduler.step()
+            if graph_lr is not None:
+                graph_lr.set(scheduler.get_last_lr()[0])
+                assert optimizer.param_groups[0]["lr"] is graph_lr.value
+            lrs.append(float(optimizer.param_groups[0]["lr"]))
+        return model, optimizer, lrs
+
+    plain_model, _, plain_lrs = run(False)
+    graph_model, graph_optimizer, graph_lrs = run(True)
+    assert graph_lrs == pytest.approx(plain_lrs) and graph_lrs[0] == pytest.approx(5e-3)
+    for mine, ref in zip(graph_model.parameters(), plain_model.parameters()):
+        torch.testing.assert_close(mine, ref)
+    saved = optimizer_state(graph_optimizer)["param_groups"][0]["lr"]
+    assert type(saved) is float and saved == pytest.approx(1e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_cuda_graph_training_matches_the_launched_loop_and_resumes_without_graphs(cache, tmp_path):
+    settings = dict(kernels="triton", device="cuda", crop_size=96, steps=6, warmup=3, checkpoint_every=6)
+    launched = train(_config(cache, tmp_path / "launched", static_shapes=True, **settings))
+    graphed = train(_config(cache, tmp_path / "graphs", cuda_graphs=True, **settings))
+    assert [r["ids"] for r in graphed] == [r["ids"] for r in launched]
+    for mine, ref in zip(graphed, launched):  # steps 4-6 are replays
+        assert mine["loss"] == pytest.approx(ref["loss"], rel=2e-3), mine["step"]
+        assert mine["lr"] == pytest.approx(ref["lr"])
+    resumed = train(_config(cache, tmp_path / "graphs", static_shapes=True, resume=str(tmp_path / "graphs"),
+                            **{**settings, "steps": 8}))
+    assert [r["step"] for r in resumed] == [7, 8]

@@ -19,6 +19,8 @@ REQUIRED_INPUTS = (
     "template_restype", "template_backbone_pos", "template_backbone_mask",
     "template_pseudo_beta_pos", "template_pseudo_beta_mask", "template_mask",
 )
+# What `AF3Trunk.loss` reads besides the outputs.
+LOSS_INPUTS = ("token_center_pos", "token_center_mask", "token_pad_mask")
 
 
 class AF3Trunk(nn.Module):

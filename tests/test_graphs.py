@@ -1,0 +1,60 @@
+"""CapturedStep: a training step replayed as a CUDA graph gives the eager step's results."""
+
+import pytest
+import torch
+
+from featurecache.graphs import CapturedStep
+
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+
+
+def test_refuses_without_cuda_or_without_a_warm_up():
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA device"):
+            CapturedStep(lambda inputs: inputs)
+    else:
+        with pytest.raises(ValueError, match="warmup_steps"):
+            CapturedStep(lambda inputs: inputs, warmup_steps=0)
+
+
+def _model_and_step(seed: int):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(), torch.nn.Linear(40, 3)).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
+
+    def step(inputs: dict) -> dict:
+        loss = torch.nn.functional.mse_loss(model(inputs["x"]), inputs["y"])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return {"loss": loss.detach()}
+
+    return model, step
+
+
+@cuda_only
+def test_replays_match_eager_steps_on_new_inputs():
+    generator = torch.Generator(device="cuda").manual_seed(3)
+    batches = [{"x": torch.randn(17, 24, device="cuda", generator=generator),
+                "y": torch.randn(17, 3, device="cuda", generator=generator)} for _ in range(7)]
+    eager_model, eager_step = _model_and_step(0)
+    graph_model, graph_step = _model_and_step(0)
+    captured = CapturedStep(graph_step, warmup_steps=2)
+    for index, batch in enumerate(batches):
+        expected = eager_step(batch)["loss"].item()
+        got = captured(batch)["loss"].item()
+        assert captured.is_captured == (index >= 2)
+        assert got == pytest.approx(expected, rel=1e-5, abs=1e-6), index
+    for mine, ref in zip(graph_model.parameters(), eager_model.parameters()):
+        torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-6)
+
+
+@cuda_only
+def test_a_replay_with_another_shape_names_the_input():
+    _, step = _model_and_step(0)
+    captured = CapturedStep(step, warmup_steps=1)
+    batch = {"x": torch.randn(8, 24, device="cuda"), "y": torch.randn(8, 3, device="cuda")}
+    captured(batch)
+    captured(batch)
+    with pytest.raises(ValueError, match="'x'.*pad batches"):
+        captured({"x": torch.randn(9, 24, device="cuda"), "y": torch.randn(8, 3, device="cuda")})
