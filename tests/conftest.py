@@ -19,7 +19,9 @@ except ImportError:  # pragma: no cover - torch is a hard dependency
 if not _has_cuda:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-SHARED_DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# ../shared/data beside the checkout; FC_SHARED_DATA points elsewhere (a GPU machine's copy)
+SHARED_DATA = pathlib.Path(os.environ.get("FC_SHARED_DATA")
+                           or pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data")
 
 
 @pytest.fixture(scope="session")

@@ -37,6 +37,7 @@ def cache(tmp_path_factory, raw_inputs, shared_data) -> Path:
     summary = precompute(PrecomputeOptions(
         inputs=[raw_inputs], cache_dir=cache_dir, alignments_dir=shared_data / "alignments",
         template_dir=shared_data / "templates" / "mmcif", num_workers=1, progress=False,
+        executor="inline",  # Ray is tested with the workers; here it would only add start-up time
     ))
     assert summary.failed == 0, summary.format()
     return cache_dir
