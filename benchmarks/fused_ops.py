@@ -204,12 +204,19 @@ def measure(module, inputs, extra, grad_out) -> tuple[float, float, float]:
 SWEEPS = {
     "layernorm_linear": {
         "fwd": [
-            dict(BLOCK_M=128, BLOCK_N=128, num_warps=4),
-            dict(BLOCK_M=128, BLOCK_N=64, num_warps=8),
+            dict(BLOCK_M=128, BLOCK_N=128, num_warps=4, N_TILES=1),
+            dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, N_TILES=1),
+            # one program per row tile: x read and normalized once (N_TILES covers every tile)
+            dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, N_TILES=64),
+            dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, N_TILES=64),
+            dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, N_TILES=64),
+            dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, N_TILES=3),
         ],
         "bwd_dx": [
             dict(BLOCK_M=128, BLOCK_N=32, num_warps=8),
             dict(BLOCK_M=32, BLOCK_N=32, num_warps=4),
+            dict(BLOCK_M=128, BLOCK_N=64, num_warps=8),
+            dict(BLOCK_M=64, BLOCK_N=64, num_warps=4),
         ],
         "bwd_dw": [
             dict(WEIGHT_GRADS="recompute", BLOCK_M=128, BLOCK_N=32, num_warps=4),

@@ -56,33 +56,30 @@ class CapturedStep:
         return self.graph is not None
 
     def __call__(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if not self.static_inputs:
+            # Allocated once, before any step: warm-up steps read them too, so no second copy of
+            # the inputs (or of their gradients) stays alive beside the graph's.
+            self.static_inputs = {name: torch.empty_like(value, device="cuda").requires_grad_(value.requires_grad)
+                                  for name, value in inputs.items()}
+        self._copy_inputs(inputs)
         if self.graph is None and self.steps_run < self.warmup_steps:
-            outputs = self._run_eagerly(inputs)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                outputs = self.step(self.static_inputs)
+            torch.cuda.current_stream().wait_stream(side)
         else:
             if self.graph is None:
-                self._capture(inputs)
-            outputs = self._replay(inputs)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    self.static_outputs = self.step(self.static_inputs)
+                self.graph = graph
+            self.graph.replay()
+            outputs = self.static_outputs
         self.steps_run += 1
         return outputs
 
-    def _run_eagerly(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            outputs = self.step(dict(inputs))
-        torch.cuda.current_stream().wait_stream(side)
-        return outputs
-
-    def _capture(self, inputs: Mapping[str, torch.Tensor]) -> None:
-        # leaves keep requires_grad, so a step may also produce the inputs' gradients
-        self.static_inputs = {name: torch.empty_like(value, device="cuda").requires_grad_(value.requires_grad)
-                              for name, value in inputs.items()}
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.static_outputs = self.step(self.static_inputs)
-        self.graph = graph
-
-    def _replay(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _copy_inputs(self, inputs: Mapping[str, torch.Tensor]) -> None:
         missing = sorted(set(self.static_inputs) - set(inputs))
         if missing:
             raise KeyError(f"captured step: inputs {missing} are missing (the graph was captured with them)")
@@ -93,5 +90,3 @@ class CapturedStep:
                                  f"captured with {tuple(buffer.shape)} {buffer.dtype} (pad batches to fixed sizes)")
             with torch.no_grad():  # leaf buffers that require grad take new values like any other
                 buffer.copy_(value, non_blocking=True)
-        self.graph.replay()
-        return self.static_outputs

@@ -39,15 +39,17 @@ def _layernorm_linear_fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    N_TILES: tl.constexpr,
 ):
+    """Programs own a row tile and N_TILES output tiles: x is loaded and normalized once per
+    program, so with few programs per row tile x is read from memory about once, not once per
+    BLOCK_N outputs."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols_k = tl.arange(0, BLOCK_K)
-    cols_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < n_rows
     k_mask = cols_k < n_in
-    n_mask = cols_n < n_out
 
     # x [BLOCK_M, BLOCK_K]
     x = tl.load(X + rows[:, None] * n_in + cols_k[None, :],
@@ -57,14 +59,19 @@ def _layernorm_linear_fwd_kernel(
     norm_b = tl.load(NORM_B + cols_k, mask=k_mask, other=0.0).to(tl.float32)
     xn = _cast(xhat * norm_w[None, :] + norm_b[None, :], x.dtype, PRECISION)
 
-    # W [BLOCK_N, BLOCK_K]
-    w = _cast(tl.load(W + cols_n[:, None] * n_in + cols_k[None, :],
-                mask=n_mask[:, None] & k_mask[None, :], other=0.0), x.dtype, PRECISION)
-    acc = _mma(xn, tl.trans(w), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), PRECISION)
-    if HAS_BIAS:
-        acc += tl.load(BIAS + cols_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(Y + rows[:, None] * stride_y + cols_n[None, :], _cast(acc, Y.dtype.element_ty, PRECISION),
-             mask=row_mask[:, None] & n_mask[None, :])
+    first_tile = pid_n * N_TILES
+    last_tile = tl.minimum(first_tile + N_TILES, tl.cdiv(n_out, BLOCK_N))
+    for tile in range(first_tile, last_tile):
+        cols_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = cols_n < n_out
+        # W [BLOCK_N, BLOCK_K]
+        w = _cast(tl.load(W + cols_n[:, None] * n_in + cols_k[None, :],
+                    mask=n_mask[:, None] & k_mask[None, :], other=0.0), x.dtype, PRECISION)
+        acc = _mma(xn, tl.trans(w), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), PRECISION)
+        if HAS_BIAS:
+            acc += tl.load(BIAS + cols_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(Y + rows[:, None] * stride_y + cols_n[None, :], _cast(acc, Y.dtype.element_ty, PRECISION),
+                 mask=row_mask[:, None] & n_mask[None, :])
     if pid_n == 0:
         tl.store(MEAN + rows, mean, mask=row_mask)
         tl.store(RSTD + rows, rstd, mask=row_mask)
@@ -180,13 +187,14 @@ def layernorm_linear_fwd(x2d, norm_weight, norm_bias, weight, bias, eps, aligned
     block_k = _common.block_for(n_in)
     block_m = _common.fit_block_m(config["BLOCK_M"], block_k)
     block_n = min(config["BLOCK_N"], _common.block_for(n_out))
-    grid = (triton.cdiv(n_rows, block_m), triton.cdiv(n_out, block_n))
+    n_tiles = min(config.get("N_TILES", 1), triton.cdiv(n_out, block_n))
+    grid = (triton.cdiv(n_rows, block_m), triton.cdiv(triton.cdiv(n_out, block_n), n_tiles))
     _layernorm_linear_fwd_kernel[grid](
         x2d, norm_weight, norm_bias, weight, bias if bias is not None else weight, y, mean, rstd,
         n_rows, n_in, n_out, stride_y, eps,
         HAS_BIAS=bias is not None,
         PRECISION=_common.dot_precision(x2d.dtype),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, N_TILES=n_tiles,
         **_launch_opts(config),
     )
     return y, mean, rstd

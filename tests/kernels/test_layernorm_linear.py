@@ -68,6 +68,13 @@ def test_matches_reference(shape, out_features, bias, dtype, weight_grads):
         _check(shape, out_features, bias, dtype, seed=torch.seed() % 2**31)
 
 
+@pytest.mark.parametrize("n_tiles", [1, 3, 64])
+def test_forward_programs_owning_several_output_tiles_match_reference(n_tiles):
+    # 40 outputs in tiles of 16: 3 tiles, shared by programs n_tiles at a time
+    with override_config("layernorm_linear", "fwd", N_TILES=n_tiles):
+        _check((37, 24), 40, True, torch.bfloat16, seed=torch.seed() % 2**31)
+
+
 def test_state_dict_moves_between_impls():
     fused = LayerNormLinear(24, 33, impl="triton")
     with torch.no_grad():
