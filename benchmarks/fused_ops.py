@@ -340,7 +340,7 @@ def main() -> None:
                 grad_out = torch.randn(inputs[0].shape[0], triton_module.linear.out_features,
                                        device=DEVICE, dtype=DTYPE)
             if args.sweep and case.sweep:
-                sweeps[case.name] = sweep(case, triton_module, inputs, extra, grad_out, winners,
+                sweeps[case.op] = sweep(case, triton_module, inputs, extra, grad_out, winners,
                                           variants_per_kernel=args.variants)
             # ours first: a failed graph capture of a peer cannot spoil its numbers
             providers = {"triton": triton_module, "eager": eager}

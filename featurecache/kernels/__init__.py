@@ -12,6 +12,8 @@ from featurecache.kernels.evo_attention import evo_attention
 
 _EXPORTS = {
     "evo_attention_reference": "featurecache.kernels.reference",
+    "gated_pair_attention": "featurecache.kernels.gated_attention",
+    "gated_pair_attention_reference": "featurecache.kernels.reference",
     "LayerNormLinear": "featurecache.kernels.layernorm_linear",
     "Transition": "featurecache.kernels.transition",
     "TriangleMultiplication": "featurecache.kernels.triangle_mult",

@@ -1035,11 +1035,13 @@ def evo_attention_backward(
     scale: float,
     bias_grad: bool,
     config: Optional[EvoAttentionConfig] = None,
+    grads: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Launch the backward kernels (two, three for a shared bias). Returns dq, dk, dv, dbias.
 
     dbias is None unless bias_grad. Order matters: the dQ kernel writes delta = rowsum(dO * O),
-    which the dK/dV and dBias kernels read.
+    which the dK/dV and dBias kernels read. `grads`: tensors of q's shape to write dq, dk, dv
+    into (views of a packed gradient, say); dk and dv must share their strides.
     """
     batch, rows, seq_len, heads, head_dim = q.shape
     config = config or select_config(head_dim, seq_len, q.device)
@@ -1060,7 +1062,12 @@ def evo_attention_backward(
                     num_stages=block.num_stages, **common)
 
     delta = torch.empty_like(lse)
-    dq = q.new_empty(q.shape)
+    if grads is not None:
+        dq, dk, dv = grads
+        if not (dq.shape == dk.shape == dv.shape == q.shape) or dk.stride() != dv.stride():
+            raise ValueError("evo_attention_backward: grads must have q's shape, and dk and dv equal strides")
+    else:
+        dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     dbias = bias.new_empty(bias.shape) if bias_grad else None
     qc = config.bwd_q
     if shared_bias and qc.rows > 1:
@@ -1087,8 +1094,6 @@ def evo_attention_backward(
             **tiles(qc),
         )
 
-    dk = k.new_empty(k.shape)
-    dv = v.new_empty(v.shape)
     kv = config.bwd_kv
     if shared_bias and kv.rows > 1:
         _evo_attention_bwd_kv_rows_kernel[(triton.cdiv(seq_len, kv.block_n), triton.cdiv(rows, kv.rows), batch * heads)](

@@ -80,7 +80,7 @@ def _layernorm_linear_fwd_kernel(
 @triton.jit
 def _layernorm_linear_bwd_dx_kernel(
     X, DY, NORM_W, NORM_B, W, MEAN, RSTD, DX, DNORM_W_PART, DNORM_B_PART, XN,
-    n_rows, n_in, n_out,
+    n_rows, n_in, n_out, stride_dy,
     STORE_XN: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -106,7 +106,7 @@ def _layernorm_linear_bwd_dx_kernel(
     for n_start in range(0, n_out, BLOCK_N):
         cols_n = n_start + tl.arange(0, BLOCK_N)
         n_mask = cols_n < n_out
-        dy = tl.load(DY + rows[:, None] * n_out + cols_n[None, :],
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols_n[None, :],
                      mask=row_mask[:, None] & n_mask[None, :], other=0.0)
         w = _cast(tl.load(W + cols_n[:, None] * n_in + cols_k[None, :],
                     mask=n_mask[:, None] & k_mask[None, :], other=0.0), dy.dtype, PRECISION)
@@ -128,7 +128,7 @@ def _layernorm_linear_bwd_dx_kernel(
 @triton.jit
 def _layernorm_linear_bwd_dw_kernel(
     X, DY, NORM_W, NORM_B, MEAN, RSTD, DW_PART, DBIAS_PART,
-    n_rows, n_in, n_out, n_splits,
+    n_rows, n_in, n_out, stride_dy, n_splits,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -156,7 +156,7 @@ def _layernorm_linear_bwd_dw_kernel(
         xhat = _normalize_saved(x.to(tl.float32), mean, rstd, k_mask)
         xn = _cast(xhat * norm_w[None, :] + norm_b[None, :], x.dtype, PRECISION)
         # padded rows give xn = norm_b but dy = 0 there, so they add nothing
-        dy = tl.load(DY + rows[:, None] * n_out + cols_n[None, :],
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols_n[None, :],
                      mask=row_mask[:, None] & n_mask[None, :], other=0.0)
         dw = _mma(tl.trans(dy), xn, dw, PRECISION)
         dbias += tl.sum(dy.to(tl.float32), axis=0)
@@ -201,7 +201,10 @@ def layernorm_linear_fwd(x2d, norm_weight, norm_bias, weight, bias, eps, aligned
 
 
 def layernorm_linear_bwd(dy, x2d, norm_weight, norm_bias, weight, mean, rstd, has_bias):
-    """Gradients (dx, d_norm_weight, d_norm_bias, d_weight, d_bias or None)."""
+    """Gradients (dx, d_norm_weight, d_norm_bias, d_weight, d_bias or None).
+
+    dy [M, N] may have any row stride (a view of a wider, aligned gradient buffer) if its
+    columns are contiguous."""
     n_rows, n_in = x2d.shape
     n_out = weight.shape[0]
     precision = _common.dot_precision(x2d.dtype)
@@ -218,7 +221,7 @@ def layernorm_linear_bwd(dy, x2d, norm_weight, norm_bias, weight, mean, rstd, ha
     dnorm_b_part = torch.empty_like(dnorm_w_part)
     _layernorm_linear_bwd_dx_kernel[(n_tiles,)](
         x2d, dy, norm_weight, norm_bias, weight, mean, rstd, dx, dnorm_w_part, dnorm_b_part, xn,
-        n_rows, n_in, n_out,
+        n_rows, n_in, n_out, dy.stride(0),
         STORE_XN=matmul_weights,
         PRECISION=precision,
         BLOCK_M=block_m, BLOCK_N=min(config["BLOCK_N"], _common.block_for(n_out)), BLOCK_K=block_k,
@@ -240,7 +243,7 @@ def layernorm_linear_bwd(dy, x2d, norm_weight, norm_bias, weight, mean, rstd, ha
     dbias_part = torch.empty((n_splits, n_out), device=x2d.device, dtype=torch.float32)
     _layernorm_linear_bwd_dw_kernel[(n_col_tiles, n_splits)](
         x2d, dy, norm_weight, norm_bias, mean, rstd, dw_part, dbias_part,
-        n_rows, n_in, n_out, n_splits,
+        n_rows, n_in, n_out, dy.stride(0), n_splits,
         PRECISION=precision,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         **_launch_opts(config),
@@ -261,7 +264,10 @@ class _LayerNormLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x2d, norm_weight, norm_bias, weight, mean, rstd = ctx.saved_tensors
-        dy2d = dy.reshape(-1, weight.shape[0]).contiguous()
+        # A gradient written into an aligned buffer (gated_pair_attention) is read in place.
+        dy2d = dy.reshape(-1, weight.shape[0])
+        if dy2d.stride(1) != 1:
+            dy2d = dy2d.contiguous()
         dx, dnw, dnb, dw, dbias = layernorm_linear_bwd(
             dy2d, x2d, norm_weight, norm_bias, weight, mean, rstd, ctx.bias_dtype is not None
         )

@@ -33,6 +33,34 @@ def evo_attention_reference(q, k, v, bias=None, mask=None, scale=None):
     return out.to(q.dtype)
 
 
+def gated_pair_attention_reference(packed, mask, heads, head_dim, transpose=False, scale=None,
+                                   attention=evo_attention_reference):
+    """Gated attention over a pair representation, from one packed projection.
+
+    packed [B, L, L, P >= 4 * H * D + H]: per pair, the columns [q | k | v | gate | bias]
+    (heads-major, D per head; the bias has one column per head). mask [B, L, L] bool.
+    Row i attends over its keys (i, k) with the bias of pair (j, k) (triangle attention around
+    the starting node); transpose=True attends down the columns instead (the ending node).
+    Returns sigmoid(gate) * attention, [B, L, L, H * D]. `attention` is the attention function
+    (this reference, or evo_attention where the packed op itself is not used).
+    """
+    inner = heads * head_dim
+    # one split: its backward is a single concatenation (see featurecache.model.layers)
+    *qkvg, bias, _ = packed.split([inner] * 4 + [heads, packed.shape[-1] - 4 * inner - heads], dim=-1)
+    q, k, v, gate = (t.unflatten(-1, (heads, head_dim)) for t in qkvg)
+    if transpose:
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        bias = bias.permute(0, 3, 2, 1)
+        mask = None if mask is None else mask.transpose(1, 2)
+    else:
+        bias = bias.permute(0, 3, 1, 2)
+    mask = None if mask is None else mask.contiguous()
+    out = attention(q, k, v, bias=bias.unsqueeze(1).contiguous(), mask=mask, scale=scale)
+    if transpose:
+        out = out.transpose(1, 2)
+    return (torch.sigmoid(gate) * out).flatten(-2)
+
+
 # Fused small ops (layernorm_linear, transition, triangle_mult). Convention shared with the Triton
 # kernels: LayerNorm statistics and affine in fp32, its output rounded to the input dtype, and
 # every matmul run in the input dtype with weights cast to it (parameters may stay fp32).

@@ -70,11 +70,24 @@ def attention_fn(impl: str):
     return evo_attention
 
 
+def gated_pair_attention_fn(impl: str):
+    """The packed triangle-attention core (featurecache.kernels.gated_attention) or its reference."""
+    _check_impl(impl)
+    if impl == "torch":
+        from featurecache.kernels.reference import gated_pair_attention_reference
+
+        return gated_pair_attention_reference
+    from featurecache.kernels.gated_attention import gated_pair_attention
+
+    return gated_pair_attention
+
+
 class TriangleAttention(nn.Module):
     """Triangle self-attention around the starting or the ending node (AF3 Algorithms 14, 15).
 
     The ending node is the starting node on the transposed pair; the transpose is taken on views
-    of the projections, so neither z nor q/k/v is copied.
+    of the projections, so neither z nor q/k/v is copied. Everything between the two
+    projections (attention with bias and mask, the gate) is one op on the packed projection.
     """
 
     def __init__(self, c_z: int, num_heads: int, head_dim: int, node: str = "starting",
@@ -93,30 +106,15 @@ class TriangleAttention(nn.Module):
         self.proj = kernel_module("LayerNormLinear", c_z, 4 * inner + num_heads, bias=False, eps=eps, impl=impl,
                                   aligned_rows=True)
         self.linear_out = nn.Linear(inner, c_z)
-        self.attention = attention_fn(impl)
+        self.gated_attention = gated_pair_attention_fn(impl)
 
     def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
         """z [B, L, L, C], pair_mask [B, L, L] bool -> update [B, L, L, C] (caller adds it)."""
-        batch, length = z.shape[0], z.shape[1]
-        heads, dim = self.num_heads, self.head_dim
-        inner = heads * dim
-        proj = self.proj(z)
-        *qkvg, bias = proj.split([inner] * 4 + [heads], dim=-1)  # bias [B, L, L, H]
-        q, k, v, gate = (t.unflatten(-1, (heads, dim)) for t in qkvg)
-        if self.node == "starting":
-            # rows i, queries j, keys k: bias b_jk, mask on (i, k)
-            bias = bias.permute(0, 3, 1, 2)
-            mask = pair_mask
-        else:
-            # o_ij = sum_k softmax_k(q_ij . k_kj + b_ki) v_kj: the starting node on z^T
-            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-            bias = bias.permute(0, 3, 2, 1)
-            mask = pair_mask.transpose(1, 2)
-        out = self.attention(q, k, v, bias=bias.unsqueeze(1).contiguous(), mask=mask.contiguous())
-        if self.node == "ending":
-            out = out.transpose(1, 2)
-        out = torch.sigmoid(gate) * out
-        return self.linear_out(out.reshape(batch, length, length, inner))
+        # Starting node: rows i, queries j, keys k, bias b_jk, mask on (i, k). Ending node:
+        # o_ij = sum_k softmax_k(q_ij . k_kj + b_ki) v_kj, the starting node on z^T.
+        out = self.gated_attention(self.proj(z), pair_mask, self.num_heads, self.head_dim,
+                                   transpose=self.node == "ending")
+        return self.linear_out(out)
 
 
 class AttentionPairBias(nn.Module):

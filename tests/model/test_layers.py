@@ -76,7 +76,7 @@ def test_outer_product_mean_averages_over_valid_rows_only():
 
 
 @pytest.mark.parametrize("layer_name", ["attention_pair_bias", "pair_weighted_averaging", "outer_product_mean",
-                                        "triangle_attention_ending"])
+                                        "triangle_attention_starting", "triangle_attention_ending"])
 def test_triton_path_matches_torch_path(layer_name):
     _seed()
     length = 9
@@ -92,6 +92,8 @@ def test_triton_path_matches_torch_path(layer_name):
                                     lambda layer: layer(m, z, token_mask)),
         "outer_product_mean": (lambda impl: OuterProductMean(8, 16, 8, impl=impl),
                                lambda layer: layer(m, token_mask[:, None, :].expand(1, 3, length))),
+        "triangle_attention_starting": (lambda impl: TriangleAttention(16, 2, 8, node="starting", impl=impl),
+                                        lambda layer: layer(z, pair_mask)),
         "triangle_attention_ending": (lambda impl: TriangleAttention(16, 2, 8, node="ending", impl=impl),
                                       lambda layer: layer(z, pair_mask)),
     }
