@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from featurecache.kernels import _common
+from featurecache.kernels._common import _cast
 from featurecache.kernels.evo_attention import (
     _check_inputs,
     _interpreting,
@@ -40,6 +41,7 @@ def _gate_fwd_kernel(
     length, inner,
     stride_gb, stride_gi, stride_gj,
     stride_ob, stride_oi, stride_oj,
+    PRECISION: tl.constexpr,
     BLOCK_J: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
@@ -53,7 +55,7 @@ def _gate_fwd_kernel(
     g = tl.load(G + b * stride_gb + i * stride_gi + j[:, None] * stride_gj + c[None, :], mask=m, other=0.0)
     o = tl.load(O + b * stride_ob + i * stride_oi + j[:, None] * stride_oj + c[None, :], mask=m, other=0.0)
     y = tl.sigmoid(g.to(tl.float32)) * o.to(tl.float32)
-    tl.store(Y + (pid_bi * length + j[:, None]) * inner + c[None, :], y.to(Y.dtype.element_ty), mask=m)
+    tl.store(Y + (pid_bi * length + j[:, None]) * inner + c[None, :], _cast(y, Y.dtype.element_ty, PRECISION), mask=m)
 
 
 @triton.jit
@@ -63,6 +65,7 @@ def _gate_bwd_kernel(
     stride_gb, stride_gi, stride_gj,
     stride_ob, stride_oi, stride_oj,
     stride_dgb, stride_dgi, stride_dgj,
+    PRECISION: tl.constexpr,
     BLOCK_J: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
@@ -78,9 +81,9 @@ def _gate_bwd_kernel(
     o_offsets = b * stride_ob + i * stride_oi + j[:, None] * stride_oj + c[None, :]
     o = tl.load(O + o_offsets, mask=m, other=0.0).to(tl.float32)
     s = tl.sigmoid(g.to(tl.float32))
-    tl.store(DO + o_offsets, (dy * s).to(DO.dtype.element_ty), mask=m)
+    tl.store(DO + o_offsets, _cast(dy * s, DO.dtype.element_ty, PRECISION), mask=m)
     tl.store(DG + b * stride_dgb + i * stride_dgi + j[:, None] * stride_dgj + c[None, :],
-             (dy * o * s * (1.0 - s)).to(DG.dtype.element_ty), mask=m)
+             _cast(dy * o * s * (1.0 - s), DG.dtype.element_ty, PRECISION), mask=m)
 
 
 def _gate_grid(batch: int, length: int, inner: int) -> tuple[tuple[int, int], int, int]:
@@ -130,7 +133,7 @@ class _GatedPairAttention(torch.autograd.Function):
         gated = packed.new_empty((batch, length, length, inner))
         grid, block_j, block_c = _gate_grid(batch, length, inner)
         _gate_fwd_kernel[grid](gate, out_pair, gated, length, inner, *_pair_strides(gate), *_pair_strides(out_pair),
-                               BLOCK_J=block_j, BLOCK_C=block_c)
+                               PRECISION=_common.dot_precision(packed.dtype), BLOCK_J=block_j, BLOCK_C=block_c)
         ctx.save_for_backward(packed, bias, mask, out, lse, key_end)
         ctx.shape = (heads, head_dim, transpose, scale)
         return gated
@@ -157,7 +160,7 @@ class _GatedPairAttention(torch.autograd.Function):
         grid, block_j, block_c = _gate_grid(batch, length, inner)
         _gate_bwd_kernel[grid](d_gated, gate, out_pair, d_out_pair, d_gate, length, inner,
                                *_pair_strides(gate), *_pair_strides(out_pair), *_pair_strides(d_gate),
-                               BLOCK_J=block_j, BLOCK_C=block_c)
+                               PRECISION=_common.dot_precision(packed.dtype), BLOCK_J=block_j, BLOCK_C=block_c)
         _, _, _, dbias = evo_attention_backward(d_out, q, k, v, bias, mask, out, lse, key_end, scale,
                                                 bias_grad=True, grads=(dq, dk, dv))
         d_bias.copy_(dbias.squeeze(1))

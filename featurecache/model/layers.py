@@ -70,6 +70,14 @@ def attention_fn(impl: str):
     return evo_attention
 
 
+def residual_fn(impl: str):
+    """featurecache.kernels.residual's fused residual add (sum in fp32 and in bf16) or its reference."""
+    _check_impl(impl)
+    from featurecache.kernels import residual
+
+    return residual.residual_add_reference if impl == "torch" else residual.residual_add
+
+
 def gated_pair_attention_fn(impl: str):
     """The packed triangle-attention core (featurecache.kernels.gated_attention) or its reference."""
     _check_impl(impl)
