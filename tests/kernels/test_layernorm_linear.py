@@ -11,6 +11,7 @@ from featurecache.kernels.reference import layernorm_linear_reference
 # same dtype, plus a floor for cases where PyTorch happens to be (near) exact.
 ERROR_MULTIPLE = 3.0
 ERROR_FLOOR = {torch.float32: 1e-6, torch.bfloat16: 1e-3}
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _rel_error(value: torch.Tensor, truth: torch.Tensor) -> float:
@@ -34,7 +35,9 @@ def _check(shape, out_features, bias, dtype, seed):
     in_features = shape[-1]
     x = torch.randn(*shape, generator=generator) * 2.0 + 0.5
     params = _random_params(in_features, out_features, bias, generator)
-    grad_out = torch.randn(*shape[:-1], out_features, generator=generator)
+    grad_out = torch.randn(*shape[:-1], out_features, generator=generator).to(DEVICE)
+    x = x.to(DEVICE)
+    params = [None if p is None else p.to(DEVICE) for p in params]
 
     def run(fn, x_dtype, param_dtype):
         leaves = [x.to(x_dtype).requires_grad_()]

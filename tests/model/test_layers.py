@@ -80,10 +80,11 @@ def test_outer_product_mean_averages_over_valid_rows_only():
 def test_triton_path_matches_torch_path(layer_name):
     _seed()
     length = 9
-    z = torch.randn(1, length, length, 16, requires_grad=True)
-    s = torch.randn(1, length, 32, requires_grad=True)
-    m = torch.randn(1, 3, length, 8, requires_grad=True)
-    token_mask = torch.arange(length)[None] < 7
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the kernels run interpreted
+    z = torch.randn(1, length, length, 16, device=device, requires_grad=True)
+    s = torch.randn(1, length, 32, device=device, requires_grad=True)
+    m = torch.randn(1, 3, length, 8, device=device, requires_grad=True)
+    token_mask = torch.arange(length, device=device)[None] < 7
     pair_mask = token_mask[:, :, None] & token_mask[:, None, :]
     builders = {
         "attention_pair_bias": (lambda impl: AttentionPairBias(32, 16, 2, 8, impl=impl),
@@ -98,7 +99,7 @@ def test_triton_path_matches_torch_path(layer_name):
                                       lambda layer: layer(z, pair_mask)),
     }
     build, call = builders[layer_name]
-    reference, fused = build("torch"), build("triton")
+    reference, fused = build("torch").to(device), build("triton").to(device)
     fused.load_state_dict(reference.state_dict())
     upstream = None
     results = []
