@@ -36,6 +36,25 @@ _ALIGN = 16  # row alignment of the packed gradient, as LayerNormLinear(aligned_
 
 
 @triton.jit
+def _pair_tile(length, inner, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's tile, pairs (b, i, j..j + BLOCK_J) x channels: their indices, their
+    offsets in a contiguous [B, L, L, inner] tensor, and the mask."""
+    pid_bi = tl.program_id(0).to(tl.int64)
+    b = pid_bi // length
+    i = pid_bi % length
+    j = (tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)).to(tl.int64)
+    c = tl.arange(0, BLOCK_C)
+    m = (j < length)[:, None] & (c < inner)[None, :]
+    return b, i, j, c, (pid_bi * length + j[:, None]) * inner + c[None, :], m
+
+
+@triton.jit
+def _strided(b, i, j, c, stride_b, stride_i, stride_j):
+    """Offsets of the tile in a [B, L, L, C] view with these strides and contiguous channels."""
+    return b * stride_b + i * stride_i + j[:, None] * stride_j + c[None, :]
+
+
+@triton.jit
 def _gate_fwd_kernel(
     G, O, Y,
     length, inner,
@@ -46,16 +65,11 @@ def _gate_fwd_kernel(
     BLOCK_C: tl.constexpr,
 ):
     """y[b, i, j] = sigmoid(g[b, i, j]) * o[b, i, j] over the channels; y contiguous."""
-    pid_bi = tl.program_id(0).to(tl.int64)
-    b = pid_bi // length
-    i = pid_bi % length
-    j = (tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)).to(tl.int64)
-    c = tl.arange(0, BLOCK_C)
-    m = (j < length)[:, None] & (c < inner)[None, :]
-    g = tl.load(G + b * stride_gb + i * stride_gi + j[:, None] * stride_gj + c[None, :], mask=m, other=0.0)
-    o = tl.load(O + b * stride_ob + i * stride_oi + j[:, None] * stride_oj + c[None, :], mask=m, other=0.0)
+    b, i, j, c, dense, m = _pair_tile(length, inner, BLOCK_J, BLOCK_C)
+    g = tl.load(G + _strided(b, i, j, c, stride_gb, stride_gi, stride_gj), mask=m, other=0.0)
+    o = tl.load(O + _strided(b, i, j, c, stride_ob, stride_oi, stride_oj), mask=m, other=0.0)
     y = tl.sigmoid(g.to(tl.float32)) * o.to(tl.float32)
-    tl.store(Y + (pid_bi * length + j[:, None]) * inner + c[None, :], _cast(y, Y.dtype.element_ty, PRECISION), mask=m)
+    tl.store(Y + dense, _cast(y, Y.dtype.element_ty, PRECISION), mask=m)
 
 
 @triton.jit
@@ -70,19 +84,14 @@ def _gate_bwd_kernel(
     BLOCK_C: tl.constexpr,
 ):
     """do = dy * sigmoid(g) (written with o's strides), dg = dy * o * sigmoid'(g)."""
-    pid_bi = tl.program_id(0).to(tl.int64)
-    b = pid_bi // length
-    i = pid_bi % length
-    j = (tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)).to(tl.int64)
-    c = tl.arange(0, BLOCK_C)
-    m = (j < length)[:, None] & (c < inner)[None, :]
-    dy = tl.load(DY + (pid_bi * length + j[:, None]) * inner + c[None, :], mask=m, other=0.0).to(tl.float32)
-    g = tl.load(G + b * stride_gb + i * stride_gi + j[:, None] * stride_gj + c[None, :], mask=m, other=0.0)
-    o_offsets = b * stride_ob + i * stride_oi + j[:, None] * stride_oj + c[None, :]
+    b, i, j, c, dense, m = _pair_tile(length, inner, BLOCK_J, BLOCK_C)
+    dy = tl.load(DY + dense, mask=m, other=0.0).to(tl.float32)
+    g = tl.load(G + _strided(b, i, j, c, stride_gb, stride_gi, stride_gj), mask=m, other=0.0)
+    o_offsets = _strided(b, i, j, c, stride_ob, stride_oi, stride_oj)
     o = tl.load(O + o_offsets, mask=m, other=0.0).to(tl.float32)
     s = tl.sigmoid(g.to(tl.float32))
     tl.store(DO + o_offsets, _cast(dy * s, DO.dtype.element_ty, PRECISION), mask=m)
-    tl.store(DG + b * stride_dgb + i * stride_dgi + j[:, None] * stride_dgj + c[None, :],
+    tl.store(DG + _strided(b, i, j, c, stride_dgb, stride_dgi, stride_dgj),
              _cast(dy * o * s * (1.0 - s), DG.dtype.element_ty, PRECISION), mask=m)
 
 
