@@ -11,6 +11,7 @@ from featurecache.kernels.transition import Transition, transition
 # same dtype, plus a floor for cases where PyTorch happens to be (near) exact.
 ERROR_MULTIPLE = 3.0
 ERROR_FLOOR = {torch.float32: 1e-6, torch.bfloat16: 1e-3}
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _rel_error(value: torch.Tensor, truth: torch.Tensor) -> float:
@@ -29,7 +30,8 @@ def _check(shape, expansion, dtype, seed):
         torch.randn(hidden, dim, generator=generator) * dim**-0.5,
         torch.randn(dim, hidden, generator=generator) * hidden**-0.5,
     ]
-    grad_out = torch.randn(*shape, generator=generator)
+    grad_out = torch.randn(*shape, generator=generator).to(DEVICE)
+    x, params = x.to(DEVICE), [p.to(DEVICE) for p in params]
 
     def run(fn, x_dtype, param_dtype):
         leaves = [x.to(x_dtype).requires_grad_()]

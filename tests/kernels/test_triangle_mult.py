@@ -10,6 +10,7 @@ from featurecache.kernels.triangle_mult import TriangleMultiplication, triangle_
 # same dtype, plus a floor for cases where PyTorch happens to be (near) exact.
 ERROR_MULTIPLE = 3.0
 ERROR_FLOOR = {torch.float32: 1e-6, torch.bfloat16: 1e-3}
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PARAM_NAMES = ["norm_in_weight", "norm_in_bias", "weight_a_p", "weight_a_g", "weight_b_p",
                "weight_b_g", "weight_g", "norm_out_weight", "norm_out_bias", "weight_z"]
 
@@ -39,7 +40,9 @@ def _check(batch, length, dim, hidden, direction, masked, dtype, seed):
         mask = torch.rand(batch, length, length, generator=generator) > 0.25
         mask[0, :, -1] = False  # a fully masked column of pairs
     params = _random_params(dim, hidden, generator)
-    grad_out = torch.randn(batch, length, length, dim, generator=generator)
+    grad_out = torch.randn(batch, length, length, dim, generator=generator).to(DEVICE)
+    z, params = z.to(DEVICE), [p.to(DEVICE) for p in params]
+    mask = None if mask is None else mask.to(DEVICE)
 
     def run(fn, z_dtype, param_dtype):
         leaves = [z.to(z_dtype).requires_grad_()]
