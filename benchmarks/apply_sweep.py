@@ -3,9 +3,9 @@
     python3 benchmarks/apply_sweep.py OUT/fused_ops_sweep.json [KERNEL ...]
 
 The winners go under the running GPU's name (torch.cuda.get_device_name()), kernel by kernel
-(only the KERNELs named, e.g. `fwd`, if any); other entries are kept. A sweep runs at one shape:
-check a winner at the model's other shapes before committing it. Run on the machine that ran the sweep, before the benchmarks that
-should use the new block sizes; commit the file if the numbers hold.
+(only the KERNELs named, e.g. `fwd`, if any); other entries are kept. Run it on the machine that
+ran the sweep, before the benchmarks that should use the new block sizes. A sweep runs at one
+shape: check a winner at the model's other shapes before committing the file.
 """
 
 from __future__ import annotations

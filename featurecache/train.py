@@ -480,10 +480,13 @@ def train(config: TrainConfig) -> list[dict]:
                 start = time.perf_counter()
                 if world.device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(world.device)
-                batch = to_device(next(batches), world.device)
+                batch = next(batches)
+                if captured is None:
+                    batch = to_device(batch, world.device)
                 data_wait = time.perf_counter() - start
 
                 if captured is not None:
+                    # straight from the pinned batch into the graph's input buffers
                     result = captured(graph_inputs(batch))
                 else:
                     result = train_step(batch)

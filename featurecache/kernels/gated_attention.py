@@ -32,8 +32,6 @@ from featurecache.kernels.evo_attention import (
 )
 from featurecache.kernels.reference import gated_pair_attention_reference
 
-_ALIGN = 16  # row alignment of the packed gradient, as LayerNormLinear(aligned_rows=True)'s output
-
 
 @triton.jit
 def _pair_tile(length, inner, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -154,10 +152,11 @@ class _GatedPairAttention(torch.autograd.Function):
         batch, length, width = packed.shape[0], packed.shape[1], packed.shape[-1]
         inner = heads * head_dim
         d_gated = d_gated.contiguous()
-        # The packed gradient, rows aligned as the projection's output, so its backward reads
-        # it in place and the kernels writing into it store aligned rows. The columns past
-        # `width` are outside the view: nothing reads them.
-        row = -(-width // _ALIGN) * _ALIGN
+        # The packed gradient, rows as wide as the packed input's (16-element aligned when it is
+        # LayerNormLinear(aligned_rows=True)'s output), so the projection's backward reads it in
+        # place and the kernels writing into it store aligned rows. The columns past `width`
+        # are outside the view: nothing reads them.
+        row = max(width, packed.stride(2)) if packed.stride(-1) == 1 else width
         d_packed = packed.new_empty((batch, length, length, row))[..., :width]
         q, k, v, gate, _ = _views(packed, heads, head_dim, transpose)
         dq, dk, dv, d_gate, d_bias = _views(d_packed, heads, head_dim, transpose)

@@ -19,7 +19,6 @@ import triton.language as tl
 
 from featurecache.kernels import _common
 from featurecache.kernels._common import _cast
-from featurecache.kernels.evo_attention import _interpreting
 
 _BLOCK = 2048
 
@@ -90,6 +89,6 @@ def residual_add(z: torch.Tensor, update: torch.Tensor) -> tuple[torch.Tensor, t
     composition itself)."""
     if (z.dtype != torch.float32 or not torch.is_autocast_enabled(z.device.type)
             or z.shape != update.shape or not z.is_contiguous() or not update.is_contiguous()
-            or torch.compiler.is_compiling() or (z.device.type != "cuda" and not _interpreting())):
+            or torch.compiler.is_compiling() or (z.device.type != "cuda" and not _common.interpreted())):
         return residual_add_reference(z, update)
     return _ResidualAdd.apply(z, update, torch.get_autocast_dtype(z.device.type))
