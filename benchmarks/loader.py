@@ -34,7 +34,7 @@ from featurecache.config import FeatureConfig
 from featurecache.features.featurize import featurize_from_files
 from featurecache.io.alignments import AlignmentIndex
 from featurecache.io.mmcif import read_mmcif
-from featurecache.workers.pipeline import PrecomputeOptions, precompute
+from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"

@@ -1,6 +1,6 @@
 """Search-mode precompute on this machine: tool time versus pipeline overhead, 1 versus 2 workers.
 
-Builds the small real search databases from ../shared/data (featurecache.workers.testdb),
+Builds the small real search databases from ../shared/data (featurecache.testing.testdb),
 then runs `precompute --config` over the sample structures plus protein sequences taken from
 the mmseqs2-examples UniProt FASTA (as FASTA targets), into a fresh cache each time:
 
@@ -25,8 +25,8 @@ import time
 
 import ray
 
-from featurecache.workers.pipeline import PrecomputeOptions, precompute
-from featurecache.workers.testdb import build_test_databases, write_pipeline_config
+from featurecache.precompute.pipeline import PrecomputeOptions, precompute
+from featurecache.testing.testdb import build_test_databases, write_pipeline_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"

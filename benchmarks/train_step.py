@@ -13,7 +13,7 @@ Sections (each one is skipped, with the reason in the table, when the time budge
    bounded by time: a crop whose predicted time (cubic in L) exceeds the budget is not tried,
    and the result is then a lower bound, marked ">=";
 4. the share of step time spent waiting for data, reading the cache vs featurizing online,
-   through the real training loop (featurecache.train) with DataLoader workers.
+   through the real training loop (featurecache.training) with DataLoader workers.
 
 The table is printed last and written, with every number, to OUT/train_step.json and
 OUT/train_step.md.
@@ -40,11 +40,11 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from featurecache.graphs import CapturedStep  # noqa: E402
+from featurecache.training.cuda_graph import CapturedStep  # noqa: E402
 from featurecache.kernels.evo_attention import SizeLimitError  # noqa: E402
 from featurecache.model import AF3Trunk, preset  # noqa: E402
 from featurecache.model.pairformer import PairformerBlock  # noqa: E402
-from featurecache.model.synthetic import random_batch  # noqa: E402
+from featurecache.testing.synthetic import random_batch  # noqa: E402
 
 VARIANTS = {
     # name: (kernel impl, torch.compile the blocks, replay the step as a CUDA graph)
@@ -53,7 +53,7 @@ VARIANTS = {
     "compile": ("torch", True, False),
     # the kernels plus torch.compile of the glue around them (norms, gates, residual adds)
     "triton+compile": ("triton", True, False),
-    # the kernels, the whole step captured once and replayed (featurecache.graphs): no host
+    # the kernels, the whole step captured once and replayed (featurecache.training.cuda_graph): no host
     # launch cost; shapes must stay fixed, so this variant has no crop search
     "triton+graphs": ("triton", False, True),
 }
@@ -317,7 +317,7 @@ def max_crop(runner: TrunkRunner, start: int, limit: int, msa_rows: int, templat
 
 
 def data_wait_share(args, device: torch.device, source: str, kernels: str) -> dict:
-    from featurecache.train import TrainConfig, train
+    from featurecache.training.loop import TrainConfig, train
 
     # the run's final checkpoint is large: keep it out of OUT
     run_dir = tempfile.mkdtemp(prefix=f"train-step-{source}-")

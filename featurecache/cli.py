@@ -36,7 +36,7 @@ class _LazyGroup(click.Group):
     """Imports `train` (torch and the model) only when it is run or its help is asked for,
     so the data commands start quickly."""
 
-    lazy_commands = {"train": ("featurecache.train", "train_command")}
+    lazy_commands = {"train": ("featurecache.training", "train_command")}
 
     def list_commands(self, ctx):
         return sorted([*super().list_commands(ctx), *self.lazy_commands])
@@ -82,7 +82,7 @@ def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, add
                num_shards, max_msa_rows, retry_failed, progress, as_json):
     """Parse INPUTS (mmCIF / FASTA files or folders), search or ingest alignments, featurize,
     and write the records into the cache. Resumable: current records are skipped."""
-    from featurecache.workers.pipeline import PipelineSetupError, PrecomputeOptions, precompute as run
+    from featurecache.precompute.pipeline import PipelineSetupError, PrecomputeOptions, precompute as run
 
     options = PrecomputeOptions(
         inputs=list(inputs),
@@ -116,7 +116,7 @@ def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, add
               help="Write a PNG with length and MSA-depth histograms and failures by stage.")
 def stats(cache_dir, as_json, plot_path):
     """Counts, sizes, length and MSA-depth distributions, warnings and failures by stage."""
-    from featurecache.stats import cache_stats, format_stats, plot_stats
+    from featurecache.store.inspect import cache_stats, format_stats, plot_stats
 
     report = cache_stats(_existing_cache(cache_dir))
     click.echo(json.dumps(report, indent=2) if as_json else format_stats(report))
@@ -145,7 +145,7 @@ def verify(cache_dir, as_json):
               help="Table to read the key from.")
 def show(cache_dir, key, table):
     """One record's arrays: names, dtypes, shapes and summary values."""
-    from featurecache.stats import format_record
+    from featurecache.store.inspect import format_record
 
     try:
         click.echo(format_record(_existing_cache(cache_dir), table, key))

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from featurecache.features import crop as cropping
-from featurecache.features.schema import FEATURES, FEATURES_BY_NAME, GAP
+from featurecache.schema import FEATURES, FEATURES_BY_NAME, GAP
 from featurecache.store.codec import CorruptRecordError
 from featurecache.store.manifest import read_manifest
 from featurecache.store.publish import resolve_generation
@@ -55,7 +55,7 @@ class CacheDataset(torch.utils.data.Dataset):
     chosen at random per sample with `spatial_crop_prob`) with at most `max_msa_rows` MSA rows
     (query first). The crop changes with the epoch: call `set_epoch` (DistributedSampler users
     already do this for the sampler) so that every epoch sees new crops, reproducibly per seed,
-    or index with (epoch, index) pairs, as featurecache.train's batch sampler does, so that
+    or index with (epoch, index) pairs, as featurecache.training's batch sampler does, so that
     long-lived workers need no set_epoch.
     """
 

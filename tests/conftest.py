@@ -42,7 +42,7 @@ def sample_copy(tmp_path, shared_data) -> pathlib.Path:
 @pytest.fixture(scope="session")
 def sample_cache(tmp_path_factory, shared_data) -> pathlib.Path:
     """A finished cache of every sample structure with its ingested alignments (built once)."""
-    from featurecache.workers.pipeline import PrecomputeOptions, precompute
+    from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 
     cache_dir = tmp_path_factory.mktemp("sample-cache") / "cache"
     summary = precompute(PrecomputeOptions(

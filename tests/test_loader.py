@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from featurecache import CacheDataset, collate
-from featurecache.features.schema import FEATURES, GAP
+from featurecache.schema import FEATURES, GAP
 
 
 def test_ids_lengths_and_filters(sample_cache):

@@ -4,7 +4,7 @@ import pathlib
 import re
 
 from featurecache.cli import cli
-from featurecache.features.schema import FEATURES
+from featurecache.schema import FEATURES
 
 README = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
 

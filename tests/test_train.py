@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from featurecache.loader import CacheDataset, collate
 from featurecache.model import AF3Trunk, preset
-from featurecache.train import EpochBatchSampler, OnlineDataset, TrainConfig, train, train_command
+from featurecache.training.loop import EpochBatchSampler, OnlineDataset, TrainConfig, train, train_command
 
 STRUCTURES = ("209d-assembly1.cif", "721p-assembly1.cif", "7a4d-assembly1.cif")
 
@@ -31,7 +31,7 @@ def raw_inputs(tmp_path_factory, shared_data) -> Path:
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory, raw_inputs, shared_data) -> Path:
-    from featurecache.workers.pipeline import PrecomputeOptions, precompute
+    from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 
     cache_dir = tmp_path_factory.mktemp("cache") / "cache"
     summary = precompute(PrecomputeOptions(
@@ -153,7 +153,7 @@ def test_ddp_two_processes_gloo(cache, tmp_path):
     run_dir = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "featurecache.train", "--cache", str(cache), "--out", str(run_dir), "--kernels", "torch",
+               "-m", "featurecache.training", "--cache", str(cache), "--out", str(run_dir), "--kernels", "torch",
                "--steps", "2", "--crop-size", "16", "--max-msa-rows", "8", "--num-workers", "0",
                "--device", "cpu", "--checkpoint-every", "2"]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -172,7 +172,7 @@ def test_static_shapes_pad_every_batch_to_one_shape_and_keep_the_loss(cache, tmp
     # crop 96: the smallest target (79 tokens) is padded along tokens too
     config = _config(cache, tmp_path / "static", num_workers=0, static_shapes=True, max_msa_rows=8, crop_size=96)
     dataset = CacheDataset(cache, crop_size=config.crop_size, max_msa_rows=config.max_msa_rows)
-    from featurecache.train import make_loader
+    from featurecache.training.loop import make_loader
 
     sampler = EpochBatchSampler(len(dataset), 1, 0, 1, 0, epochs=1)
     shapes = {(batch["restype"].shape, batch["msa"].shape, batch["template_restype"].shape)
@@ -197,7 +197,7 @@ def test_cuda_graph_options_are_checked(cache, tmp_path):
 
 def test_graph_learning_rate_follows_the_schedule_and_saves_as_a_float():
     """The tensor learning rate of CUDA-graph runs: same updates as a float one, float in checkpoints."""
-    from featurecache.train import GraphLearningRate, optimizer_state, warmup_schedule
+    from featurecache.training.loop import GraphLearningRate, optimizer_state, warmup_schedule
 
     def run(tensor_lr: bool):
         torch.manual_seed(0)

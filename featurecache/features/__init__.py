@@ -1,6 +1,6 @@
 """Featurization: tokenize, MSA assembly, templates, crops. `schema` is the record contract.
 
-The entry points are imported lazily so that `featurecache.features.schema` (used by the store
+The entry points are imported lazily so that `featurecache.schema` (used by the store
 and the loader) does not pull in gemmi and the parsers.
 """
 

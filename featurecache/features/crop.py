@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from featurecache.features import schema
+from featurecache import schema
 
 INTERFACE_DISTANCE = 15.0  # Angstrom, AF-Multimer's interface definition for crop centres
 _TIE_BREAK = 1e-3  # AF3 adds index * 1e-3 to distances so ties resolve deterministically

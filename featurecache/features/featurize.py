@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from featurecache.config import FeatureConfig, file_sha256
-from featurecache.features import schema
+from featurecache import schema
 from featurecache.features.msa import build_msa_features
 from featurecache.features.templates import TemplateReport, build_template_features
 from featurecache.features.tokenize import tokenize

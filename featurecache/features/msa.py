@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from featurecache.config import FeatureConfig
-from featurecache.features import schema
+from featurecache import schema
 from featurecache.features.tokenize import Tokens
 from featurecache.io.alignments import map_query_to_chain
 from featurecache.io.mmcif import Structure

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from featurecache.config import FeatureConfig
-from featurecache.features import schema
+from featurecache import schema
 from featurecache.features.tokenize import Tokens, residue_class
 from featurecache.io.alignments import map_query_to_chain
 from featurecache.io.common import ParseError

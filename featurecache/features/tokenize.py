@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from featurecache.features import schema
+from featurecache import schema
 from featurecache.features.atoms import (
     NUCLEIC_CENTER_ATOM,
     PROTEIN_CENTER_ATOM,

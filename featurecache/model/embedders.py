@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from featurecache.features.schema import NUM_RESTYPES
+from featurecache.schema import NUM_RESTYPES
 from featurecache.model.config import ModelConfig
 from featurecache.model.pairformer import PairStack, run_blocks
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from featurecache.features.schema import NUM_RESTYPES
+from featurecache.schema import NUM_RESTYPES
 from featurecache.model.config import ModelConfig
 from featurecache.model.embedders import SINGLE_INPUT_DIM
 from featurecache.model.layers import OuterProductMean, PairWeightedAveraging, kernel_module

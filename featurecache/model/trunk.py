@@ -11,7 +11,7 @@ from featurecache.model.heads import DistogramHead, distogram_loss
 from featurecache.model.msa import MSAModule
 from featurecache.model.pairformer import Pairformer
 
-# What the trunk reads from a collated batch (see featurecache.features.schema and loader.collate).
+# What the trunk reads from a collated batch (see featurecache.schema and loader.collate).
 REQUIRED_INPUTS = (
     "restype", "residue_index", "token_index", "asym_id", "entity_id", "sym_id",
     "is_protein", "is_rna", "is_dna", "is_ligand", "msa_profile", "deletion_mean",

@@ -3,7 +3,7 @@
 A record is a msgpack map with these entries, always in this order::
 
     format       FORMAT_VERSION of this codec
-    schema       schema version of the arrays (featurecache.features.schema.SCHEMA_VERSION)
+    schema       schema version of the arrays (featurecache.schema.SCHEMA_VERSION)
     key          the record's key (target id, sequence hash, ...)
     fingerprint  fingerprint of everything that produced the record
     input_hash   hash of the input it was computed from

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from featurecache.config import file_sha256
-from featurecache.features.schema import SCHEMA_VERSION
+from featurecache.schema import SCHEMA_VERSION
 from featurecache.store.codec import FORMAT_VERSION as RECORD_FORMAT
 
 MANIFEST_FORMAT = 1

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from featurecache.config import FeatureConfig
-from featurecache.features import schema
+from featurecache import schema
 from featurecache.features.crop import contiguous_crop, crop_arrays, spatial_crop, subsample_msa
 from featurecache.features.featurize import featurize_from_files
 from featurecache.io.alignments import AlignmentIndex

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from featurecache.config import FeatureConfig, file_sha256
-from featurecache.features import schema
+from featurecache import schema
 from featurecache.features.atoms import STANDARD_ATOMS
 from featurecache.features.featurize import featurize_from_files, featurize_target
 from featurecache.io.alignments import AlignmentIndex

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from featurecache.config import FeatureConfig
-from featurecache.features import schema
+from featurecache import schema
 from featurecache.features.msa import build_msa_features, msa_profile
 from featurecache.features.tokenize import tokenize
 from featurecache.io.alignments import AlignmentIndex

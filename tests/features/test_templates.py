@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from featurecache.config import FeatureConfig
-from featurecache.features import schema
+from featurecache import schema
 from featurecache.features.featurize import featurize_target
 from featurecache.io.fasta import read_fasta
 from featurecache.io.hits import read_hits

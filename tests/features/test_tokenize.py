@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from featurecache.features import schema
+from featurecache import schema
 from featurecache.features.atoms import STANDARD_ATOMS, encode_atom_names
 from featurecache.features.tokenize import tokenize
 from featurecache.io.mmcif import read_mmcif, structure_from_sequences

@@ -6,7 +6,7 @@ from featurecache.model.embedders import (
     RelativePositionEncoding,
     template_pair_features,
 )
-from featurecache.model.synthetic import random_batch
+from featurecache.testing.synthetic import random_batch
 
 
 def _generator() -> torch.Generator:

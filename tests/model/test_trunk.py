@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from featurecache.model import AF3Trunk, ModelConfig, preset
-from featurecache.model.synthetic import random_batch
+from featurecache.testing.synthetic import random_batch
 
 
 def _generator() -> torch.Generator:

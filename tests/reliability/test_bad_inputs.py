@@ -22,12 +22,12 @@ from click.testing import CliRunner
 
 from featurecache.cli import cli
 from featurecache.config import FeatureConfig, StoreConfig
-from featurecache.features.schema import check_record
+from featurecache.schema import check_record
 from featurecache.store.codec import decode_record
 from featurecache.store.manifest import MANIFEST_NAME
 from featurecache.store.shards import StoreReader, StoreWriter
 from featurecache.store.verify import verify_cache
-from featurecache.workers.pipeline import PrecomputeOptions, precompute
+from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 from tests.reliability._corpus import GOOD_TARGETS, build_corpus, homolog_sequences
 
 GOOD_KEYS = {"209d-assembly1", "2q2k"}
@@ -46,7 +46,7 @@ def test_bad_input_corpus_each_named_and_the_rest_completes(tmp_path, shared_dat
     cases = build_corpus(shared_data, inputs, alignments, rng)
     assert len(cases) >= 30 and len({case.key for case in cases}) == len(cases)
 
-    with caplog.at_level(logging.WARNING, logger="featurecache.workers.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="featurecache.precompute.pipeline"):
         summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=cache, alignments_dir=alignments,
                                                executor="inline", progress=False))
     logged = [record.getMessage() for record in caplog.records]

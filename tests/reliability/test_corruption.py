@@ -24,7 +24,7 @@ from featurecache.store.codec import CorruptRecordError
 from featurecache.store.publish import publish, resolve_generation
 from featurecache.store.shards import StoreReader, shard_name, shard_of
 from featurecache.store.verify import verify_cache
-from featurecache.workers.pipeline import PrecomputeOptions, precompute
+from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 
 ROUNDS = 4
 

@@ -28,7 +28,7 @@ from featurecache.store.manifest import MANIFEST_NAME, read_manifest
 from featurecache.config import StoreConfig
 from featurecache.store.shards import TABLES, ShardWriter, StoreReader, shard_name
 from featurecache.store.verify import verify_cache
-from featurecache.workers.pipeline import PrecomputeOptions, precompute
+from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 
 TRIALS = 12
 COPIES = 24  # copies of 209d under their own names: targets that share their chains' MSAs

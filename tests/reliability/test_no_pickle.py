@@ -28,12 +28,12 @@ from featurecache.store.codec import CorruptRecordError, decode_record
 from featurecache.store.publish import publish
 from featurecache.store.shards import StoreReader
 from featurecache.store.verify import verify_cache
-from featurecache.workers.pipeline import PrecomputeOptions, precompute
+from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 
 PACKAGE = Path(featurecache.__file__).resolve().parent
 # The cache's whole data path: codec, shards, manifest, verify, publish, the loader, stats and CLI.
 DATA_PATH_SOURCES = sorted((PACKAGE / "store").glob("*.py")) + [
-    PACKAGE / "loader.py", PACKAGE / "stats.py", PACKAGE / "cli.py"]
+    PACKAGE / "loader.py", PACKAGE / "store" / "inspect.py", PACKAGE / "cli.py"]
 FORBIDDEN = re.compile(r"\bimport\s+(c?pickle|dill|marshal|shelve|joblib)\b|\bfrom\s+(c?pickle|dill|marshal)\b|"
                        r"\b(c?pickle|dill|marshal)\.|allow_pickle\s*=\s*True|\bnp\.load\(|\bnumpy\.load\(|"
                        r"\btorch\.load\(")

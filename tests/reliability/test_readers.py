@@ -18,7 +18,7 @@ from featurecache import CacheDataset
 from featurecache.store.manifest import read_manifest
 from featurecache.store.publish import gc, publish, resolve_generation
 from featurecache.store.shards import StoreReader
-from featurecache.workers.pipeline import PrecomputeOptions, precompute
+from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 
 READERS = 8
 READS = 1000

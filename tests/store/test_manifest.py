@@ -7,7 +7,7 @@ import random
 import pytest
 
 from featurecache.config import StoreConfig, file_sha256
-from featurecache.features.schema import SCHEMA_VERSION
+from featurecache.schema import SCHEMA_VERSION
 from featurecache.store.codec import FORMAT_VERSION
 from featurecache.store.manifest import (
     MANIFEST_FORMAT,

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from featurecache.workers.tools import (
+from featurecache.precompute.tools import (
     Hhblits,
     Hhsearch,
     Hmmsearch,
@@ -327,7 +327,7 @@ def test_tool_dies_with_a_worker_killed_by_sigkill(tmp_path):
     # A worker killed with SIGKILL runs no cleanup: the tool must not search on for nobody.
     marker = ["sleep", f"{random.randint(100_000, 999_999)}.5"]
     worker = subprocess.Popen([sys.executable, "-c", (
-        "import pathlib, sys; from featurecache.workers.tools import _run; "
+        "import pathlib, sys; from featurecache.precompute.tools import _run; "
         f"_run('sleep', {marker!r}, pathlib.Path({str(tmp_path)!r}), None)")])
     try:
         deadline = time.monotonic() + 30
@@ -348,7 +348,7 @@ def test_tool_dies_with_a_worker_killed_by_sigkill(tmp_path):
 
 
 def test_missing_binary_is_named(tmp_path):
-    from featurecache.workers.tools import _run
+    from featurecache.precompute.tools import _run
 
     with pytest.raises(ToolError, match="cannot start no-such-tool-xyz"):
         _run("x", ["no-such-tool-xyz", "--help"], tmp_path, None)

@@ -17,7 +17,7 @@ from featurecache.store.codec import decode_record, read_header
 from featurecache.store.manifest import read_manifest
 from featurecache.store.shards import StoreReader
 from featurecache.store.verify import verify_cache
-from featurecache.workers.pipeline import PipelineSetupError, PrecomputeOptions, precompute
+from featurecache.precompute.pipeline import PipelineSetupError, PrecomputeOptions, precompute
 
 SMALL = ("209d-assembly1.cif", "2q2k.cif")
 
@@ -170,7 +170,7 @@ def test_search_mode_end_to_end_and_one_failing_search(tmp_path, shared_data, te
     The nucleotide database is replaced by a corrupt file: the DNA target's search fails and is
     recorded, while the protein target is searched, featurized with templates and cached.
     """
-    from featurecache.workers.testdb import write_pipeline_config
+    from featurecache.testing.testdb import write_pipeline_config
 
     broken = tmp_path / "broken-nucleotides.fasta"
     broken.write_bytes(b"\x00\x01 not a sequence database \xff\n" * 50)
@@ -205,7 +205,7 @@ def test_search_mode_end_to_end_and_one_failing_search(tmp_path, shared_data, te
 def test_changing_one_database_searches_that_database_only(tmp_path, shared_data, test_databases):
     """A new hit cap on the template database: the MSA databases' stored outputs are reused,
     the template search runs again, and the features match a run from scratch."""
-    from featurecache.workers.testdb import write_pipeline_config
+    from featurecache.testing.testdb import write_pipeline_config
 
     config_path = write_pipeline_config(test_databases, tmp_path / "pipeline.toml", threads=1,
                                         template_tool="hhsearch")

@@ -15,7 +15,7 @@ example packages:
 ``write_pipeline_config`` then writes a pipeline TOML that points at them, so
 ``featurecache precompute --config`` can be run on ``../shared/data/structures`` end to end:
 
-    python -m featurecache.workers.testdb OUT_DIR [--data ../shared/data]
+    python -m featurecache.testing.testdb OUT_DIR [--data ../shared/data]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 
 
 from featurecache.io.mmcif import read_mmcif
-from featurecache.workers.tools import ToolNotFoundError, resolve_binary
+from featurecache.precompute.tools import ToolNotFoundError, resolve_binary
 
 UNIPROT_EXAMPLE = Path("/usr/share/doc/mmseqs2/example-data/DB.fasta.gz")
 HMMER_TUTORIAL = Path("/usr/share/doc/hmmer/examples/tutorial")
@@ -122,7 +122,7 @@ def write_pipeline_config(
     if template_tool not in template_paths:
         raise ValueError(f"template_tool must be one of {sorted(template_paths)}, got {template_tool!r}")
     text = f"""\
-# Test databases built by featurecache.workers.testdb from ../shared/data.
+# Test databases built by featurecache.testing.testdb from ../shared/data.
 [search]
 threads = {threads}
 timeout_s = {timeout_s}

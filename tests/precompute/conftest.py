@@ -1,6 +1,6 @@
 """Small real search databases, built once per test session from ../shared/data.
 
-The databases come from featurecache.workers.testdb (the same builder the examples use): a
+The databases come from featurecache.testing.testdb (the same builder the examples use): a
 protein FASTA of real UniProt/UniRef sequences and its MMseqs2 database, an HH-suite database
 made with ffindex_build + cstranslate from the sample A3M files, a nucleotide FASTA, and a
 template seqres FASTA (plus MMseqs2 and HH-suite versions) from the sample template mmCIFs.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import gemmi
 import pytest
 
-from featurecache.workers.pipeline_config import PipelineConfig, load_pipeline_config
-from featurecache.workers.testdb import TestDatabases, build_test_databases, write_pipeline_config
+from featurecache.precompute.pipeline_config import PipelineConfig, load_pipeline_config
+from featurecache.testing.testdb import TestDatabases, build_test_databases, write_pipeline_config
 
 
 @pytest.fixture(scope="session")

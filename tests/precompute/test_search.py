@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from featurecache.workers.pipeline_config import parse_pipeline_config
-from featurecache.workers.search import SearchPlan, search_sequence, sequence_key
-from featurecache.workers.tools import ToolError
+from featurecache.precompute.pipeline_config import parse_pipeline_config
+from featurecache.precompute.search import SearchPlan, search_sequence, sequence_key
+from featurecache.precompute.tools import ToolError
 
 pytestmark = pytest.mark.tools
 

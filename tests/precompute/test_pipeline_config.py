@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from featurecache.config import FeatureConfig, StoreConfig
-from featurecache.workers.pipeline_config import (
+from featurecache.precompute.pipeline_config import (
     PipelineConfigError,
     database_files,
     database_fingerprint,
@@ -18,7 +18,7 @@ from featurecache.workers.pipeline_config import (
     preflight,
     search_fingerprint,
 )
-from featurecache.workers.tools import Hmmsearch, Jackhmmer, ToolSettings
+from featurecache.precompute.tools import Hmmsearch, Jackhmmer, ToolSettings
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "pipeline.toml"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from featurecache.features.schema import FEATURES, GAP, NUM_RESTYPES
+from featurecache.schema import FEATURES, GAP, NUM_RESTYPES
 
 
 def random_batch(lengths: list[int], msa_depths: list[int], num_templates: list[int],

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from featurecache.graphs import CapturedStep
+from featurecache.training.cuda_graph import CapturedStep
 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 

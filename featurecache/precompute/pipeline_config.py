@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from featurecache.config import FeatureConfig, StoreConfig, fingerprint
-from featurecache.workers.tools import (
+from featurecache.precompute.tools import (
     TOOLS,
     Hmmsearch,
     Tool,

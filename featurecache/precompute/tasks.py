@@ -13,22 +13,20 @@ tools, the stderr tail; the driver turns them into `errors` records.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from featurecache.config import FeatureConfig, fingerprint
 from featurecache.features.featurize import featurize_target as build_features
-from featurecache.features.schema import SCHEMA_VERSION
+from featurecache.schema import SCHEMA_VERSION
 from featurecache.io.alignments import AlignmentIndex
 from featurecache.io.common import ParseError
-from featurecache.io.fasta import read_fasta
+from featurecache.io.inputs import FASTA_SUFFIXES, structure_from_fasta, target_id_for
 from featurecache.io.hits import TemplateHit, parse_hhr, parse_m8
-from featurecache.io.mmcif import Structure, read_mmcif, structure_from_sequences, target_id_from_path
+from featurecache.io.mmcif import Structure, read_mmcif
 from featurecache.io.msa import Msa, parse_a3m, parse_stockholm
 from featurecache.store.codec import CorruptRecordError, decode_record, encode_record
 
@@ -36,9 +34,6 @@ MSA_TABLE = "msa"
 FEATURES_TABLE = "features"
 ERRORS_TABLE = "errors"
 
-MMCIF_SUFFIXES = (".cif", ".mmcif", ".cif.gz", ".mmcif.gz")
-FASTA_SUFFIXES = (".fasta", ".fa", ".faa", ".fna", ".fasta.gz", ".fa.gz")
-INPUT_SUFFIXES = MMCIF_SUFFIXES + FASTA_SUFFIXES
 SEARCHED_TYPES = ("protein", "dna", "rna")
 
 
@@ -87,52 +82,6 @@ class SearchOutcome:
     tool_seconds: float
     seconds: float
     database_blobs: dict[str, bytes] = field(default_factory=dict)  # database_search_key -> record, new ones
-
-
-def is_input_file(path: Path) -> bool:
-    return path.name.lower().endswith(INPUT_SUFFIXES)
-
-
-def target_id_for(path: str | os.PathLike) -> str:
-    """Record key of an input file: the file name without its suffixes, lower case."""
-    name = os.path.basename(str(path)).lower()
-    for suffix in sorted(FASTA_SUFFIXES, key=len, reverse=True):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return target_id_from_path(path)
-
-
-# --- reading inputs ---------------------------------------------------------------------------
-
-
-def _fasta_molecule_type(description: str, sequence: str) -> str:
-    """'mol:protein' / 'mol:na' (PDB seqres style) or '|dna' / '|rna' hints, else by letters."""
-    lowered = description.lower()
-    for molecule_type in SEARCHED_TYPES:
-        if f"mol:{molecule_type}" in lowered or f"|{molecule_type}" in lowered:
-            return molecule_type
-    letters = set(sequence.upper())
-    if letters and letters <= set("ACGTUN"):  # nucleotides only: a header can still say mol:protein
-        return "rna" if "U" in letters else "dna"
-    return "protein"
-
-
-def structure_from_fasta(path: str | os.PathLike) -> Structure:
-    """A sequence-only target: one chain per FASTA record, every residue unresolved."""
-    records = read_fasta(path)
-    chains = [(_chain_label(number), _fasta_molecule_type(record.description, record.sequence), record.sequence)
-              for number, record in enumerate(records)]
-    return dataclasses.replace(structure_from_sequences(target_id_for(path), chains), source=str(path))
-
-
-def _chain_label(number: int) -> str:
-    """0 -> 'A', 25 -> 'Z', 26 -> 'AA': mmCIF-style chain labels."""
-    label = ""
-    number += 1
-    while number:
-        number, remainder = divmod(number - 1, 26)
-        label = chr(ord("A") + remainder) + label
-    return label
 
 
 def read_target(path: str | os.PathLike) -> Structure:
@@ -251,7 +200,7 @@ def encode_database_search(key: str, item, zstd_level: int) -> bytes:
 
 
 def decode_database_search(blob: bytes, where: str):
-    from featurecache.workers.search import DatabaseSearch
+    from featurecache.precompute.search import DatabaseSearch
 
     record = decode_record(blob, where=where)
     meta = dict(record.meta)
@@ -266,8 +215,8 @@ def search_chain(sequence: ChainSequence, msa_key: str, plan, zstd_level: int,
     `stored_blobs` are earlier per-database outputs for this sequence (database name -> record):
     those still current are reused, and the outcome carries records of the searches run now.
     """
-    from featurecache.workers.search import database_search_key, sequence_key
-    from featurecache.workers.tools import ToolError
+    from featurecache.precompute.search import database_search_key, sequence_key
+    from featurecache.precompute.tools import ToolError
 
     started = time.perf_counter()
     try:

@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from featurecache.config import FeatureConfig, StoreConfig, file_sha256, fingerprint
-from featurecache.features.schema import SCHEMA_VERSION
+from featurecache.schema import SCHEMA_VERSION
 from featurecache.store.codec import encode_record, read_header
 from featurecache.store.shards import (
     StoreLockedError, StoreWriteError, StoreWriter, declared_shard_count, find_shards,
 )
-from featurecache.workers import tasks
-from featurecache.workers.tasks import (
+from featurecache.io import inputs
+from featurecache.precompute import tasks
+from featurecache.precompute.tasks import (
     ERRORS_TABLE, FEATURES_TABLE, MSA_TABLE, ChainSequence, TargetInput, TaskError,
 )
 
@@ -108,26 +109,11 @@ class PrecomputeSummary:
 
 
 def discover_inputs(paths: list[Path]) -> list[Path]:
-    """Input files from files and folders (searched recursively), sorted and deduplicated."""
-    found: dict[str, Path] = {}
-    for path in paths:
-        path = Path(path)
-        if path.is_dir():
-            for candidate in sorted(path.rglob("*")):
-                if candidate.is_file() and tasks.is_input_file(candidate):
-                    found.setdefault(str(candidate.resolve()), candidate)
-        elif path.is_file():
-            found.setdefault(str(path.resolve()), path)
-        else:
-            raise PipelineSetupError(f"input {path} does not exist")
-    by_target: dict[str, list[Path]] = {}
-    for path in found.values():
-        by_target.setdefault(tasks.target_id_for(path), []).append(path)
-    clashes = {target: paths for target, paths in by_target.items() if len(paths) > 1}
-    if clashes:
-        listed = "; ".join(f"{target!r}: {', '.join(map(str, sorted(paths)))}" for target, paths in sorted(clashes.items()))
-        raise PipelineSetupError(f"inputs with the same target id (rename or remove one of each): {listed}")
-    return sorted(found.values(), key=lambda p: tasks.target_id_for(p))
+    """Input files from files and folders; a missing input or a target-id clash is a setup error."""
+    try:
+        return inputs.discover_inputs(paths)
+    except inputs.InputError as error:
+        raise PipelineSetupError(str(error)) from None
 
 
 def _check_writable_dir(path: Path, option: str) -> None:
@@ -177,7 +163,7 @@ def _prepare(options: PrecomputeOptions) -> _Plan:
     feature_config, store_config = FeatureConfig(), StoreConfig()
     template_dir = None
     if options.config_path is not None:
-        from featurecache.workers.pipeline_config import PipelineConfigError, load_pipeline_config, preflight
+        from featurecache.precompute.pipeline_config import PipelineConfigError, load_pipeline_config, preflight
 
         try:
             pipeline_config = load_pipeline_config(options.config_path)
@@ -221,7 +207,7 @@ def _prepare(options: PrecomputeOptions) -> _Plan:
             log.warning("alignments: %s", problem)
         mode = {"mode": "ingest", "alignments": _folder_identity(options.alignments_dir)}
     if pipeline_config is not None:
-        from featurecache.workers.search import SearchPlan
+        from featurecache.precompute.search import SearchPlan
 
         plan = SearchPlan(pipeline_config)
         mode = {"mode": "search", **{t: plan.fingerprint(t) for t in tasks.SEARCHED_TYPES}, **mode}
@@ -259,7 +245,7 @@ def _featurize_task(function, *args):
 
 
 def _search_task(sequence, msa_key, pipeline_config, zstd_level, stored_blobs):
-    from featurecache.workers.search import SearchPlan
+    from featurecache.precompute.search import SearchPlan
 
     try:
         return tasks.search_chain(sequence, msa_key, SearchPlan(pipeline_config), zstd_level, stored_blobs)
@@ -367,7 +353,7 @@ def _run(options: PrecomputeOptions, plan: _Plan, writer: StoreWriter, feature_f
     # Which targets are already current?
     todo: list[TargetInput] = []
     for path in plan.inputs:
-        target_id = tasks.target_id_for(path)
+        target_id = inputs.target_id_for(path)
         try:
             input_hash = file_sha256(path)
         except OSError as error:
@@ -438,7 +424,7 @@ def _run(options: PrecomputeOptions, plan: _Plan, writer: StoreWriter, feature_f
 
 
 def _ingested_msa_key(chain: ChainSequence, files_fingerprint: str) -> str:
-    from featurecache.workers.search import sequence_key
+    from featurecache.precompute.search import sequence_key
 
     return f"{sequence_key(chain.molecule_type, chain.sequence)}-{files_fingerprint}"
 
@@ -459,7 +445,7 @@ def _search_stage(ray, plan: _Plan, todo: list[TargetInput], writer: StoreWriter
     keys stay in the driver; the MSA records themselves are read back from the writer when
     each featurize task is submitted, so the driver's memory does not grow with the inputs.
     """
-    from featurecache.workers.search import SearchPlan, database_search_key, sequence_key
+    from featurecache.precompute.search import SearchPlan, database_search_key, sequence_key
 
     search_plan = SearchPlan(plan.pipeline_config)
     chain_keys: dict[str, dict[str, str]] = {}

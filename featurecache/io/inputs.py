@@ -1,0 +1,89 @@
+"""Input files of a precompute or an online training run: which files are targets, their ids,
+and a sequence-only Structure from a FASTA file.
+
+Shared by the precompute pipeline and `OnlineDataset`, so training never imports precompute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from featurecache.io.fasta import read_fasta
+from featurecache.io.mmcif import Structure, structure_from_sequences, target_id_from_path
+
+MMCIF_SUFFIXES = (".cif", ".mmcif", ".cif.gz", ".mmcif.gz")
+FASTA_SUFFIXES = (".fasta", ".fa", ".faa", ".fna", ".fasta.gz", ".fa.gz")
+INPUT_SUFFIXES = MMCIF_SUFFIXES + FASTA_SUFFIXES
+POLYMER_TYPES = ("protein", "dna", "rna")
+
+
+class InputError(ValueError):
+    """An input path that does not exist, or two inputs with the same target id."""
+
+
+def is_input_file(path: Path) -> bool:
+    return path.name.lower().endswith(INPUT_SUFFIXES)
+
+
+def target_id_for(path: str | os.PathLike) -> str:
+    """Record key of an input file: the file name without its suffixes, lower case."""
+    name = os.path.basename(str(path)).lower()
+    for suffix in sorted(FASTA_SUFFIXES, key=len, reverse=True):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return target_id_from_path(path)
+
+
+def _fasta_molecule_type(description: str, sequence: str) -> str:
+    """'mol:protein' / 'mol:na' (PDB seqres style) or '|dna' / '|rna' hints, else by letters."""
+    lowered = description.lower()
+    for molecule_type in POLYMER_TYPES:
+        if f"mol:{molecule_type}" in lowered or f"|{molecule_type}" in lowered:
+            return molecule_type
+    letters = set(sequence.upper())
+    if letters and letters <= set("ACGTUN"):  # nucleotides only: a header can still say mol:protein
+        return "rna" if "U" in letters else "dna"
+    return "protein"
+
+
+def structure_from_fasta(path: str | os.PathLike) -> Structure:
+    """A sequence-only target: one chain per FASTA record, every residue unresolved."""
+    records = read_fasta(path)
+    chains = [(_chain_label(number), _fasta_molecule_type(record.description, record.sequence), record.sequence)
+              for number, record in enumerate(records)]
+    return dataclasses.replace(structure_from_sequences(target_id_for(path), chains), source=str(path))
+
+
+def _chain_label(number: int) -> str:
+    """0 -> 'A', 25 -> 'Z', 26 -> 'AA': mmCIF-style chain labels."""
+    label = ""
+    number += 1
+    while number:
+        number, remainder = divmod(number - 1, 26)
+        label = chr(ord("A") + remainder) + label
+    return label
+
+
+def discover_inputs(paths: list[Path]) -> list[Path]:
+    """Input files from files and folders (searched recursively), sorted and deduplicated."""
+    found: dict[str, Path] = {}
+    for path in paths:
+        path = Path(path)
+        if path.is_dir():
+            for candidate in sorted(path.rglob("*")):
+                if candidate.is_file() and is_input_file(candidate):
+                    found.setdefault(str(candidate.resolve()), candidate)
+        elif path.is_file():
+            found.setdefault(str(path.resolve()), path)
+        else:
+            raise InputError(f"input {path} does not exist")
+    by_target: dict[str, list[Path]] = {}
+    for path in found.values():
+        by_target.setdefault(target_id_for(path), []).append(path)
+    clashes = {target: paths for target, paths in by_target.items() if len(paths) > 1}
+    if clashes:
+        listed = "; ".join(f"{target!r}: {', '.join(map(str, sorted(paths)))}" for target, paths in sorted(clashes.items()))
+        raise InputError(f"inputs with the same target id (rename or remove one of each): {listed}")
+    return sorted(found.values(), key=lambda p: target_id_for(p))
