@@ -1,7 +1,8 @@
 """Command line: thin click commands over the library.
 
-Exit codes: 0 all done; 1 some inputs failed (the rest are cached); 2 usage or setup error
-(missing tool, missing database, unreadable cache) reported before any work starts.
+Exit codes and the error boundary (one line per failure, tracebacks behind --debug) are in
+featurecache/errors.py: 0 all done; 1 some inputs failed (the rest are cached); 2 usage or setup
+error reported before any work starts; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -13,26 +14,54 @@ import sys
 
 import click
 
-EXIT_PARTIAL = 1
-EXIT_SETUP = 2
+from featurecache.errors import DEBUG_FLAG, EXIT_PARTIAL, BoundaryGroup, UserError
 
-
-class SetupError(click.ClickException):
-    """A problem found before any work starts (exit code 2)."""
-
-    exit_code = EXIT_SETUP
+# Formats matplotlib writes without extra backends.
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 
 
 def _existing_cache(path: str) -> pathlib.Path:
+    """The cache folder, generation or publish root at PATH, with its manifest read and checked."""
+    from featurecache.store.manifest import read_manifest
     from featurecache.store.publish import resolve_generation
 
     try:
-        return resolve_generation(pathlib.Path(path))
-    except (OSError, ValueError) as error:
-        raise SetupError(str(error)) from error
+        cache_dir = resolve_generation(pathlib.Path(path))
+        read_manifest(cache_dir)
+    except (OSError, ValueError, UnicodeError) as error:
+        raise UserError(f"cache {path}: {error}") from error
+    return cache_dir
 
 
-class _LazyGroup(click.Group):
+def _utf8_file(option: str, path: pathlib.Path | None) -> pathlib.Path | None:
+    """Refuse a text input that is missing, a folder, or not UTF-8, naming the option and file."""
+    if path is None:
+        return None
+    try:
+        path.read_bytes().decode("utf-8")
+    except IsADirectoryError:
+        raise UserError(f"{option} {path}: is a folder, expected a file") from None
+    except OSError as error:
+        raise UserError(f"{option} {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise UserError(f"{option} {path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    return path
+
+
+def _plot_path(path: pathlib.Path | None) -> pathlib.Path | None:
+    """Check --plot before any work: a known image suffix in a folder that exists."""
+    if path is None:
+        return None
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise UserError(f"--plot {path}: use one of {', '.join(PLOT_SUFFIXES)}")
+    if not path.parent.is_dir():
+        raise UserError(f"--plot {path}: folder {path.parent} does not exist")
+    if path.is_dir():
+        raise UserError(f"--plot {path}: is a folder, expected a file name")
+    return path
+
+
+class _LazyGroup(BoundaryGroup):
     """Imports `train` (torch and the model) only when it is run or its help is asked for,
     so the data commands start quickly."""
 
@@ -50,7 +79,8 @@ class _LazyGroup(click.Group):
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="featurecache")
-def cli():
+@click.option(DEBUG_FLAG, is_flag=True, help="Show Python tracebacks (may appear anywhere on the command line).")
+def cli(debug):
     """featurecache: precompute AlphaFold3 features once, serve them to trainers fast."""
 
 
@@ -67,13 +97,13 @@ def cli():
               help="Folder of template mmCIF files for template hits (overrides the config's).")
 @click.option("--address", default=None,
               help="Ray cluster address to join (e.g. 'auto' or 'ray://host:10001'); default: start Ray locally.")
-@click.option("--workers", "num_workers", type=int, default=None,
+@click.option("--workers", "num_workers", type=click.IntRange(min=1), default=None,
               help="CPUs Ray may use when started locally (default: all).")
 @click.option("--executor", type=click.Choice(["ray", "inline"]), default="ray", show_default=True,
               help="'inline' runs every task in this process, one at a time (debugging).")
-@click.option("--shards", "num_shards", type=int, default=None,
+@click.option("--shards", "num_shards", type=click.IntRange(min=1), default=None,
               help="Number of LMDB shard files for a new cache (default 4; an existing cache keeps its own).")
-@click.option("--max-msa-rows", type=int, default=None, help="Rows kept in each target's assembled MSA.")
+@click.option("--max-msa-rows", type=click.IntRange(min=1), default=None, help="Rows kept in each target's assembled MSA.")
 @click.option("--retry-failed/--no-retry-failed", default=True, show_default=True,
               help="Retry inputs that failed in an earlier run.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
@@ -84,6 +114,10 @@ def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, add
     and write the records into the cache. Resumable: current records are skipped."""
     from featurecache.precompute.pipeline import PipelineSetupError, PrecomputeOptions, precompute as run
 
+    if config_path is not None and alignments_dir is not None:
+        raise click.UsageError("--alignments cannot be combined with --config: --config searches with the "
+                               "configured tools, --alignments ingests precomputed files; choose one")
+    _utf8_file("--config", config_path)
     options = PrecomputeOptions(
         inputs=list(inputs),
         cache_dir=cache_dir,
@@ -101,7 +135,7 @@ def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, add
     try:
         summary = run(options)
     except PipelineSetupError as error:
-        raise SetupError(str(error)) from error
+        raise UserError(str(error)) from error
     if as_json:
         click.echo(json.dumps(summary.to_dict(), indent=2))
     else:
@@ -118,6 +152,7 @@ def stats(cache_dir, as_json, plot_path):
     """Counts, sizes, length and MSA-depth distributions, warnings and failures by stage."""
     from featurecache.store.inspect import cache_stats, format_stats, plot_stats
 
+    _plot_path(plot_path)
     report = cache_stats(_existing_cache(cache_dir))
     click.echo(json.dumps(report, indent=2) if as_json else format_stats(report))
     if plot_path:
@@ -150,7 +185,7 @@ def show(cache_dir, key, table):
     try:
         click.echo(format_record(_existing_cache(cache_dir), table, key))
     except KeyError as error:
-        raise click.ClickException(str(error.args[0])) from error
+        raise UserError(str(error.args[0])) from error
 
 
 @cli.command()
@@ -166,7 +201,7 @@ def publish(cache_dir, dest):
 
 @cli.command()
 @click.argument("dest", type=click.Path(path_type=pathlib.Path))
-@click.option("--keep", type=int, default=2, show_default=True, help="Newest generations to keep.")
+@click.option("--keep", type=click.IntRange(min=1), default=2, show_default=True, help="Newest generations to keep.")
 def gc(dest, keep):
     """Remove old generations under DEST, keeping the newest KEEP (never the one LATEST names)."""
     from featurecache.store.publish import gc as run_gc
@@ -178,7 +213,7 @@ def gc(dest, keep):
 
 
 def main():
-    cli()
+    cli(prog_name="featurecache")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,92 @@
+"""The command line's one error boundary: every failure becomes one line and an exit code.
+
+Exit codes (the same for `featurecache ...` and `python -m featurecache.training`):
+    0    all done
+    1    some inputs failed (the rest are cached), or a verify found damage
+    2    usage or setup error: bad option value, unreadable file, foreign or unfinished cache,
+         missing tool or database, Ray refusing to start — reported in one line naming the thing
+    130  interrupted (Ctrl-C), as shells report SIGINT
+
+A Python traceback is shown only with `--debug` (anywhere on the command line) or
+FEATURECACHE_DEBUG=1; without it an unexpected exception is still one line, naming its type.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import click
+
+EXIT_OK = 0
+EXIT_PARTIAL = 1
+EXIT_SETUP = 2
+EXIT_INTERRUPTED = 130
+
+DEBUG_FLAG = "--debug"
+
+
+class UserError(click.ClickException):
+    """A problem with what the user gave us (a file, an option, a cache): exit 2, one line."""
+
+    exit_code = EXIT_SETUP
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    if isinstance(error, UnicodeDecodeError):
+        text = f"not UTF-8 text ({error.reason} at byte {error.start})"
+    if isinstance(error, OSError) and error.filename and str(error.filename) not in text:
+        text = f"{error.filename}: {error.strerror or text}"
+    return " ".join(text.split())
+
+
+def _debug_requested(args: list[str]) -> bool:
+    return DEBUG_FLAG in args or os.environ.get("FEATURECACHE_DEBUG", "").lower() in ("1", "true", "yes", "on")
+
+
+class ErrorBoundary:
+    """Mixin for click commands and groups: `main` runs the command inside the boundary.
+
+    Used as `class Group(ErrorBoundary, click.Group)`, so `featurecache ...`, `python -m
+    featurecache.training` and click's CliRunner in the tests all get the same behaviour.
+    """
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        args = list(sys.argv[1:] if args is None else args)
+        debug = _debug_requested(args)
+        args = [arg for arg in args if arg != DEBUG_FLAG]
+        try:
+            result = super().main(args, prog_name, complete_var, False, **extra)
+        except click.exceptions.Exit as done:
+            sys.exit(done.exit_code)
+        except (KeyboardInterrupt, click.exceptions.Abort):
+            click.echo("featurecache: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except click.ClickException as error:
+            if debug:
+                raise
+            error.show()
+            # click's generic ClickException exits 1, which here means "some inputs failed"
+            sys.exit(EXIT_SETUP if error.exit_code == 1 else error.exit_code)
+        except (OSError, ValueError, LookupError, UnicodeError) as error:
+            if debug:
+                raise
+            click.echo(f"Error: {_one_line(error)}", err=True)
+            sys.exit(EXIT_SETUP)
+        except Exception as error:  # a bug: still one line, the traceback behind --debug
+            if debug:
+                raise
+            click.echo(f"Error: unexpected {type(error).__name__}: {_one_line(error)} "
+                       f"(run again with {DEBUG_FLAG} for the traceback)", err=True)
+            sys.exit(EXIT_SETUP)
+        sys.exit(result if isinstance(result, int) else EXIT_OK)
+
+
+class BoundaryGroup(ErrorBoundary, click.Group):
+    """A click group whose commands run inside the error boundary."""
+
+
+class BoundaryCommand(ErrorBoundary, click.Command):
+    """A stand-alone click command (e.g. `python -m featurecache.training`) inside the boundary."""
