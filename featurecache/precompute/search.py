@@ -23,13 +23,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from featurecache.config import fingerprint, stable_hash
+from featurecache.io.convert import stockholm_to_a3m
 from featurecache.precompute.pipeline_config import (
     MOLECULE_TYPES,
     DatabaseConfig,
     PipelineConfig,
     search_fingerprint,
 )
-from featurecache.precompute.tools import Tool, ToolError, ToolResult, stockholm_to_a3m
+from featurecache.precompute.tools import Tool, ToolError, ToolResult
 
 SEARCHED_MOLECULE_TYPES = MOLECULE_TYPES  # ligands have no sequence search
 

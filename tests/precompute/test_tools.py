@@ -26,11 +26,8 @@ from featurecache.precompute.tools import (
     ToolNotFoundError,
     ToolSettings,
     ToolTimeoutError,
-    a3m_to_stockholm,
-    stockholm_to_a3m,
-    truncate_a3m,
-    truncate_stockholm,
 )
+from featurecache.precompute.tools.base import run_command
 
 pytestmark = pytest.mark.tools
 
@@ -244,68 +241,6 @@ def test_flags_override_and_extend_defaults():
     assert Jackhmmer(ToolSettings(threads=8)).identity() == default.identity()
 
 
-def test_truncate_stockholm_keeps_annotation_of_kept_rows(tmp_path):
-    rng = random.Random()
-    names = [f"seq{index}_{rng.randrange(10**6)}/1-{rng.randint(10, 99)}" for index in range(rng.randint(5, 12))]
-    annotated = names[::-1]  # #=GS order differs from row order, as in jackhmmer output
-    rows = {name: "".join(rng.choice(AMINO_ACIDS + "-") for _ in range(30)) for name in names}
-    lines = ["# STOCKHOLM 1.0", "#=GF ID test"]
-    lines += [f"#=GS {name} DE description {index}" for index, name in enumerate(annotated)]
-    for block in range(2):  # interleaved blocks repeat every name
-        lines.append("")
-        lines += [f"{name} {rows[name][block * 15:(block + 1) * 15]}" for name in names]
-        lines += [f"#=GR {names[0]} PP {'9' * 15}", f"#=GR {names[-1]} PP {'8' * 15}", f"#=GC RF {'x' * 15}"]
-    lines.append("//")
-    path = tmp_path / "input.sto"
-    path.write_text("\n".join(lines) + "\n")
-    keep = rng.randint(1, len(names) - 1)
-    text, count = truncate_stockholm(path, keep)
-    assert count == keep and _stockholm_names(text) == names[:keep]
-    assert text.count("#=GC RF") == 2 and text.count("#=GS") == keep and text.rstrip().endswith("//")
-    assert text.count("#=GR") == 2 and f"#=GR {names[-1]}" not in text
-    assert truncate_stockholm(path, None)[1] == len(names)
-
-
-def _random_a3m(rng: random.Random) -> tuple[str, list[str]]:
-    length = rng.randint(5, 30)
-    query = "".join(rng.choice(AMINO_ACIDS) for _ in range(length))
-    rows = [query]
-    for _ in range(rng.randint(1, 8)):
-        row = []
-        for _ in range(length):
-            row.append(rng.choice(AMINO_ACIDS + "--"))
-            if rng.random() < 0.2:
-                row.append("".join(rng.choice(AMINO_ACIDS.lower()) for _ in range(rng.randint(1, 4))))
-        rows.append("".join(row))
-    return "".join(f">s{index}\n{row}\n" for index, row in enumerate(rows)), rows
-
-
-def test_a3m_stockholm_round_trip():
-    rng = random.Random()
-    for _ in range(20):
-        a3m, rows = _random_a3m(rng)
-        sto = a3m_to_stockholm(a3m)
-        widths = {len(line.split()[-1]) for line in sto.splitlines() if line and not line.startswith(("# ", "//"))}
-        assert len(widths) == 1, "every Stockholm row and the RF line have one width"
-        back = _a3m_sequences(stockholm_to_a3m(sto, rows[0]))
-        assert back == rows  # the first row is the query already: it is not repeated
-        other_query = rows[0][1:] + rows[0][0]
-        assert _a3m_sequences(stockholm_to_a3m(sto, other_query)) == [other_query] + rows
-
-
-def test_stockholm_to_a3m_rejects_foreign_alignment():
-    sto = "# STOCKHOLM 1.0\nx ACDE\n#=GC RF xxxx\n//\n"
-    with pytest.raises(ValueError, match="4 match columns but the query has 6"):
-        stockholm_to_a3m(sto, "ACDEFG")
-    assert stockholm_to_a3m("# STOCKHOLM 1.0\n//\n", "ACDEFG") == ">query\nACDEFG\n"
-
-
-def test_truncate_a3m_counts_records():
-    text = ">q\nACD\n>a\nAC-\n>b\nA-D\n"
-    assert truncate_a3m(text, 2) == (">q\nACD\n>a\nAC-\n", 2)
-    assert truncate_a3m(text + "\x00", None)[1] == 3
-
-
 def _pids_running(argv: list[str]) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
@@ -327,8 +262,8 @@ def test_tool_dies_with_a_worker_killed_by_sigkill(tmp_path):
     # A worker killed with SIGKILL runs no cleanup: the tool must not search on for nobody.
     marker = ["sleep", f"{random.randint(100_000, 999_999)}.5"]
     worker = subprocess.Popen([sys.executable, "-c", (
-        "import pathlib, sys; from featurecache.precompute.tools import _run; "
-        f"_run('sleep', {marker!r}, pathlib.Path({str(tmp_path)!r}), None)")])
+        "import pathlib, sys; from featurecache.precompute.tools.base import run_command; "
+        f"run_command('sleep', {marker!r}, pathlib.Path({str(tmp_path)!r}), None)")])
     try:
         deadline = time.monotonic() + 30
         while not _pids_running(marker):
@@ -347,8 +282,6 @@ def test_tool_dies_with_a_worker_killed_by_sigkill(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
 
-def test_missing_binary_is_named(tmp_path):
-    from featurecache.precompute.tools import _run
-
+def test_command_not_on_path_is_named(tmp_path):
     with pytest.raises(ToolError, match="cannot start no-such-tool-xyz"):
-        _run("x", ["no-such-tool-xyz", "--help"], tmp_path, None)
+        run_command("x", ["no-such-tool-xyz", "--help"], tmp_path, None)
