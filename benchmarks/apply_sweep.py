@@ -1,37 +1,65 @@
-"""Merge a fused_ops.py sweep result into configs/fused_ops.json for this GPU.
+"""Merge per-op sweep winners into featurecache/kernels/configs/fused_ops.json for one GPU.
 
-    python3 benchmarks/apply_sweep.py OUT/fused_ops_sweep.json [KERNEL ...]
+    python3 benchmarks/apply_sweep.py OUT/transition_sweep.json [OUT/triangle_mult_sweep.json ...]
+        [--kernels fwd bwd_dx | transition.fwd ...] [--device "NVIDIA H200"]
 
-The winners go under the running GPU's name (torch.cuda.get_device_name()), kernel by kernel
-(only the KERNELs named, e.g. `fwd`, if any); other entries are kept. Run it on the machine that
-ran the sweep, before the benchmarks that should use the new block sizes. A sweep runs at one
-shape: check a winner at the model's other shapes before committing the file.
+A sweep file is what `layernorm_linear.py`, `transition.py` or `triangle_mult.py --sweep --out
+OUT` writes: {op: {kernel: config}}. The winners go under the device's name (by default the
+running GPU's, torch.cuda.get_device_name()), kernel by kernel; other entries are kept. Run it on
+the machine that ran the sweep, before the benchmarks that should use the new block sizes. A
+sweep runs at one shape: check a winner at the model's other shapes before committing the file.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
-import sys
-
-import torch
 
 CONFIG = pathlib.Path(__file__).resolve().parents[1] / "featurecache" / "kernels" / "configs" / "fused_ops.json"
 
 
-def main() -> None:
-    if len(sys.argv) < 2:
-        sys.exit(__doc__)
-    only = set(sys.argv[2:])
-    winners = json.loads(pathlib.Path(sys.argv[1]).read_text())
-    table = json.loads(CONFIG.read_text())
-    entry = table.setdefault(torch.cuda.get_device_name(), {})
+def merge(table: dict, device: str, winners: dict, only: set[str]) -> list[str]:
+    """Put `winners` ({op: {kernel: config}}) into `table` under `device`; returns what changed."""
+    entry = table.setdefault(device, {})
+    changed = []
     for op, kernels in winners.items():
+        if op not in table["default"]:
+            raise ValueError(f"op {op!r} is not in {CONFIG.name}; known: {sorted(table['default'])}")
         for kernel, config in kernels.items():
-            if only and kernel not in only:
+            if only and kernel not in only and f"{op}.{kernel}" not in only:
                 continue
             entry.setdefault(op, {})[kernel] = config
-            print(f"{op}.{kernel}: {config}")
+            changed.append(f"{op}.{kernel}: {config}")
+    return changed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweeps", nargs="+", type=pathlib.Path, help="sweep files ({op: {kernel: config}})")
+    parser.add_argument("--kernels", nargs="+", default=[],
+                        help="only these kernels, as `kernel` (any op) or `op.kernel` (default: all)")
+    parser.add_argument("--device", default=None, help="the config entry to write (default: this GPU's name)")
+    args = parser.parse_args()
+    device = args.device
+    if device is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("no GPU here: name the entry with --device")
+        device = torch.cuda.get_device_name()
+    table = json.loads(CONFIG.read_text())
+    for path in args.sweeps:
+        try:
+            winners = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            parser.error(f"{path}: {error}")
+        try:
+            changed = merge(table, device, winners, set(args.kernels))
+        except ValueError as error:
+            parser.error(f"{path}: {error}")
+        for line in changed:
+            print(f"{device}: {line}")
     CONFIG.write_text(json.dumps(table, indent=2) + "\n")
 
 

@@ -1,6 +1,6 @@
 """EvoAttention: correctness at real sizes, block-size tuning, and timing against peers.
 
-    PYTHONUNBUFFERED=1 python3 benchmarks/evo_attention.py [--tune] [--out DIR]
+    PYTHONUNBUFFERED=1 python3 benchmarks/evo_attention.py [--tune] [--out DIR] [--record]
 
 Steps, in one process so every provider is measured on the same machine in the same run:
   1. --tune: time candidate block sizes for each kernel and case, keep the fastest, write them to
@@ -16,9 +16,8 @@ Inputs are bf16 with 10 % key padding (the last tenth of the keys masked in ever
 
 from __future__ import annotations
 
-import importlib
-import argparse
 import dataclasses
+import importlib
 import json
 import math
 import pathlib
@@ -32,11 +31,10 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from common import MIB, Table, extra_peak_mib, poison_allocator, relative_error, run_header, time_ms  # noqa: E402
+from harness import MIB, Table, argument_parser, extra_peak_mib, poison_allocator, run_stamp, time_ms
+from records import Row, record
 
-evo_module = importlib.import_module("featurecache.kernels.evo_attention")  # noqa: E402 (the module)
-from featurecache.kernels.evo_attention import (  # noqa: E402
+from featurecache.kernels.evo_attention import (
     BlockConfig,
     EvoAttentionConfig,
     evo_attention,
@@ -44,7 +42,11 @@ from featurecache.kernels.evo_attention import (  # noqa: E402
     evo_attention_forward,
     select_config,
 )
-from featurecache.kernels.reference import evo_attention_reference  # noqa: E402
+from featurecache.kernels.reference import evo_attention_reference
+from featurecache.testing.compare import rel_error
+
+# the module (its config file and caches), which the package's `evo_attention` function shadows
+evo_module = importlib.import_module("featurecache.kernels.evo_attention")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.bfloat16
@@ -214,8 +216,8 @@ def check_correctness(cases: list[Case], log: dict, check_peers: bool = True) ->
         x = make_inputs(case)
         truth = forward_backward(run_eager, upcast(x))
         poison_allocator()
-        mine = [relative_error(g, t) for g, t in zip(forward_backward(run_featurecache, x), truth)]
-        eager = [relative_error(g, t) for g, t in zip(forward_backward(run_eager, x), truth)]
+        mine = [rel_error(g, t) for g, t in zip(forward_backward(run_featurecache, x), truth)]
+        eager = [rel_error(g, t) for g, t in zip(forward_backward(run_eager, x), truth)]
         log.setdefault("correctness", []).append({"case": case.name, "featurecache": mine, "eager_bf16": eager})
         # bf16 results: the kernel may be a few times PyTorch's own bf16 error, and never NaN.
         ok = all(not math.isnan(m) and m <= 4 * e + 2e-3 for m, e in zip(mine, eager))
@@ -229,7 +231,7 @@ def check_correctness(cases: list[Case], log: dict, check_peers: bool = True) ->
             try:
                 with torch.no_grad():
                     out = PROVIDERS[provider](x)
-                table.add([case.name, provider, relative_error(out, truth[0]), None, None, None, None, ""])
+                table.add([case.name, provider, rel_error(out, truth[0]), None, None, None, None, ""])
             except Exception as err:  # a peer that fails is reported, not fatal
                 table.add([case.name, provider, None, None, None, None, None, f"failed: {type(err).__name__}"])
         del truth, x
@@ -257,7 +259,7 @@ def check_correctness(cases: list[Case], log: dict, check_peers: bool = True) ->
         loss = compiled(small.q, small.k, small.v, small.bias)
         loss.backward()
         expected = layer(*(t.detach() for t in small.leaves()))
-        compile_ok = relative_error(loss, expected) < 1e-3 and small.q.grad is not None
+        compile_ok = rel_error(loss, expected) < 1e-3 and small.q.grad is not None
     except Exception:
         traceback.print_exc()
         compile_ok = False
@@ -356,7 +358,9 @@ def write_config(best: dict[tuple[int, int], EvoAttentionConfig], out_dir: pathl
 # ---------------------------------------------------------------------------------------------
 
 
-def measure(cases: list[Case], providers: list[str], deadline: float, log: dict) -> Table:
+def measure(cases: list[Case], providers: list[str], deadline: float, log: dict) -> tuple[Table, list[Row]]:
+    """The timing table, and its numbers as rows for results.csv."""
+    rows = []
     table = Table(["case", "provider", "fwd ms", "fwd+bwd ms", "extra peak MiB (fwd+bwd)",
                    "of which workspace MiB", "note"])
     # Provider-major: a slow peer (FlexAttention compiles per shape) cannot starve the others.
@@ -388,6 +392,9 @@ def measure(cases: list[Case], providers: list[str], deadline: float, log: dict)
                 # Output and the four gradients are results, not workspace.
                 results = sum(t.numel() * t.element_size() for t in [x.q] + x.leaves()) / MIB
                 row += [fwd, both, peak, peak - results, ""]
+                for metric, value in (("fwd ms", fwd), ("fwd+bwd ms", both), ("extra peak MiB", peak),
+                                      ("workspace MiB", peak - results)):
+                    rows.append(Row("evo_attention", provider, case.name, metric, value))
             except Exception as err:
                 traceback.print_exc()
                 row += [None, None, None, None, f"failed: {type(err).__name__}: {str(err)[:80]}"]
@@ -397,7 +404,17 @@ def measure(cases: list[Case], providers: list[str], deadline: float, log: dict)
             del x
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
-    return table
+    return table, rows
+
+
+def error_rows(log: dict) -> list[Row]:
+    """The correctness check's errors (featurecache and eager bf16 against fp32) as rows."""
+    rows = []
+    for entry in log.get("correctness", []):
+        for variant, errors in (("featurecache", entry["featurecache"]), ("eager", entry["eager_bf16"])):
+            rows.append(Row("evo_attention", variant, entry["case"], "err out", errors[0]))
+            rows.append(Row("evo_attention", variant, entry["case"], "err worst grad", max(errors[1:])))
+    return rows
 
 
 def kernel_breakdown(cases: list[Case], log: dict) -> None:
@@ -487,7 +504,7 @@ def host_overhead(cases: list[Case], log: dict) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--tune", action="store_true", help="time candidate block sizes and write the config file")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, for a CPU check of this script")
     parser.add_argument("--providers", default=",".join(PROVIDERS), help="comma-separated providers to time")
@@ -497,6 +514,8 @@ def main() -> int:
     parser.add_argument("--skip-peer-check", action="store_true", help="check only featurecache's correctness")
     parser.add_argument("--out", default=".", help="folder for results.md, log.json and the tuned config")
     args = parser.parse_args()
+    if args.smoke and args.record:
+        parser.error("--record with --smoke: a smoke run's numbers are not measurements")
     started = time.perf_counter()
     out_dir = pathlib.Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -505,7 +524,8 @@ def main() -> int:
     unknown = [p for p in providers if p not in PROVIDERS]
     if unknown:
         parser.error(f"unknown providers {unknown}; choose from {list(PROVIDERS)}")
-    log: dict = {"header": run_header()}
+    stamp = run_stamp()
+    log: dict = {"header": stamp.header()}
     print(log["header"])
 
     if args.tune:
@@ -521,7 +541,7 @@ def main() -> int:
     kernel_breakdown(cases, log)
     host_overhead(cases, log)
     print("\n## timing")
-    table = measure(cases, providers, started + args.budget_s, log)
+    table, rows = measure(cases, providers, started + args.budget_s, log)
 
     result = (f"### EvoAttention, {log['header']}\n\nbf16, 10 % key padding, bias [B, 1, H, L, L] bf16 "
               f"with gradient, mask [B, N, L]. Times are medians (ms); extra peak memory is above the "
@@ -530,6 +550,9 @@ def main() -> int:
     (out_dir / "log.json").write_text(json.dumps(log, indent=1, default=str))
     print("\n" + result)
     print(f"correctness: {'PASS' if correct else 'FAIL'}; total {time.perf_counter() - started:.0f} s")
+    if args.record:
+        record(stamp, error_rows(log) + rows, "evo_attention", result.replace("### EvoAttention, ", "### Run of "),
+               "EvoAttention")
     return 0 if correct else 1
 
 

@@ -1,0 +1,212 @@
+"""What every benchmark script shares: the run's stamp, timing, memory, tables, the command line.
+
+Times are CUDA-event medians after warm-up (triton.testing.do_bench) on a GPU, host-clock
+medians without one (enough to check a script on the CPU, not to quote); memory is the peak a
+call allocates above what was allocated before it (inputs excluded). Tables print as markdown,
+so a run's output reads the same on the terminal and in benchmarks/RESULTS.md. Recording a run
+(RESULTS.md and results.csv) is benchmarks/records.py.
+
+Importing this module puts the repository root first on sys.path, so the scripts run from a
+checkout (the GPU machine gets one) without installing the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional, Sequence
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.testing  # noqa: E402
+
+MIB = 1024 * 1024
+
+
+# --- the run's stamp ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunStamp:
+    """When, where and on which code a run happened: the first columns of every recorded row."""
+
+    date: str  # "2026-12-02 13:36 UTC"
+    device: str  # the GPU's name, or "cpu (x86_64, 2 cores)"
+    commit: str
+    torch: str
+    triton: str
+
+    def header(self) -> str:
+        """One line for the top of a table."""
+        return f"{self.date}, {self.device}, torch {self.torch}, triton {self.triton}, commit {self.commit}"
+
+
+def git_commit() -> str:
+    # The GPU machine gets a copy of the tree whose .git may lag behind: the caller names it.
+    if os.environ.get("FC_COMMIT"):
+        return os.environ["FC_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def device_name() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return f"cpu ({platform.machine()}, {os.cpu_count()} cores)"
+
+
+def run_stamp() -> RunStamp:
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return RunStamp(now, device_name(), git_commit(), torch.__version__, triton.__version__)
+
+
+# --- the command line --------------------------------------------------------------------------
+
+
+def argument_parser(doc: str) -> argparse.ArgumentParser:
+    """A parser whose help is the script's docstring, with the --record option every script has."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--record", action="store_true",
+                        help="append the run to benchmarks/RESULTS.md and its rows to benchmarks/results.csv, "
+                             "and refresh RESULTS.md's headline table")
+    return parser
+
+
+# --- timing and memory -------------------------------------------------------------------------
+
+
+def time_ms(
+    fn: Callable[[], object],
+    warmup_ms: float = 25.0,
+    rep_ms: float = 100.0,
+    grad_to_none: Optional[Sequence[torch.Tensor]] = None,
+) -> float:
+    """Median time of fn in milliseconds: CUDA events on a GPU, the host clock without one."""
+    if torch.cuda.is_available():
+        return float(
+            triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none, return_mode="median")
+        )
+    # Host fallback, used to smoke-test benchmark scripts on CPU machines: a few calls, median.
+    samples = []
+    for _ in range(3):
+        for tensor in grad_to_none or ():
+            tensor.grad = None
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples)
+
+
+def host_median_ms(fn: Callable[[], object], rounds: int) -> float:
+    """Median host time of fn over `rounds` calls after one warm-up call (imports, page cache)."""
+    fn()
+    samples = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - started) * 1e3)
+    return statistics.median(samples)
+
+
+def graph_ms(step: Callable[[], object], tensors: list[torch.Tensor]) -> float:
+    """Median time of one CUDA-graph replay of step: GPU time without host launch overhead.
+
+    `tensors` have their .grad cleared before each warm-up call and the capture. NaN without a
+    GPU, or where step cannot be captured (the reason is printed).
+    """
+    if not torch.cuda.is_available():
+        return float("nan")
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                for tensor in tensors:
+                    tensor.grad = None
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        for tensor in tensors:
+            tensor.grad = None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        return time_ms(graph.replay)
+    except Exception as error:  # a peer that cannot be captured is reported, not fatal
+        print(f"  graph capture failed: {type(error).__name__}: {str(error)[:160]}")
+        return float("nan")
+
+
+def extra_peak_mib(fn: Callable[[], object]) -> float:
+    """Peak memory fn allocates above what is already allocated, in MiB (one call, after a sync).
+
+    NaN without a GPU: the host allocator keeps no peak statistics.
+    """
+    if not torch.cuda.is_available():
+        fn()
+        return float("nan")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    result = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del result
+    return peak / MIB
+
+
+def poison_allocator(mib: int = 1024) -> None:
+    """Leave NaN in the caching allocator's free blocks so an unwritten output shows up as NaN."""
+    if not torch.cuda.is_available():
+        return
+    block = torch.full((mib * MIB // 4,), float("nan"), device="cuda")
+    del block
+
+
+# --- tables ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Table:
+    """A markdown table built row by row; cells are formatted when added."""
+
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+
+    def add(self, cells: Iterable[object]) -> None:
+        row = [format_cell(cell) for cell in cells]
+        if len(row) != len(self.columns):
+            raise ValueError(f"row has {len(row)} cells, table has {len(self.columns)} columns: {row}")
+        self.rows.append(row)
+
+    def markdown(self) -> str:
+        lines = ["| " + " | ".join(self.columns) + " |", "|" + "---|" * len(self.columns)]
+        lines += ["| " + " | ".join(row) + " |" for row in self.rows]
+        return "\n".join(lines)
+
+
+def format_cell(cell: object) -> str:
+    if cell is None:
+        return "–"
+    if isinstance(cell, float):
+        if math.isnan(cell):
+            return "nan"
+        if cell == 0 or 1e-2 <= abs(cell) < 1e5:
+            return f"{cell:.3g}" if abs(cell) < 100 else f"{cell:.0f}"
+        return f"{cell:.2e}"
+    return str(cell)

@@ -1,0 +1,163 @@
+"""Recorded runs: benchmarks/results.csv (one row per number) and benchmarks/RESULTS.md (the prose).
+
+A script run with --record calls `record`, which
+  1. appends its rows to results.csv: date, device, commit, benchmark, variant, shape, metric,
+     value (one measured number per row; a failed or unmeasured number has no row);
+  2. puts the run's markdown section at the top of the benchmark's block in RESULTS.md (between
+     `<!-- NAME: begin -->` and `<!-- NAME: end -->`, newest run first), creating the block at
+     the end of the file the first time;
+  3. rewrites RESULTS.md's headline table from results.csv.
+
+    python3 benchmarks/records.py    # rewrite the headline table only (after editing results.csv)
+
+The headline has one line per figure in HEADLINES: the latest run's value for our variant, and
+its ratio against the best peer measured in that same run (same date and device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import pathlib
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+HERE = pathlib.Path(__file__).resolve().parent
+RESULTS_MD = HERE / "RESULTS.md"
+RESULTS_CSV = HERE / "results.csv"
+COLUMNS = ("date", "device", "commit", "benchmark", "variant", "shape", "metric", "value")
+HEADLINE_BEGIN, HEADLINE_END = "<!-- headline: begin -->", "<!-- headline: end -->"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measured number of a run (the run's date, device and commit are added on writing)."""
+
+    benchmark: str  # the script's stem: "transition", "train_step"
+    variant: str  # who computed it: "triton", "eager", "compile", "featurecache", "2 workers"
+    shape: str  # the case: "L=384 C=128 n=4"
+    metric: str  # what and its unit: "fwd+bwd ms", "extra peak MiB", "err out"
+    value: float
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One figure of the headline table: `metric` of each `ours` variant against the other variants."""
+
+    benchmark: str
+    metric: str
+    ours: tuple[str, ...]
+    lower_is_better: bool = True
+    shapes: Optional[tuple[str, ...]] = None  # None: every shape the benchmark recorded
+
+
+_KERNEL_OPS = ("layernorm_linear", "transition", "triangle_mult", "gated_attention", "residual")
+HEADLINES = [
+    Headline("evo_attention", "fwd+bwd ms", ("featurecache",)),
+    *(Headline(op, "fwd+bwd ms", ("triton",)) for op in _KERNEL_OPS),
+    Headline("train_step", "fwd+bwd ms", ("triton", "triton+graphs")),
+    Headline("train_step", "iteration ms", ("triton", "triton+graphs")),
+    Headline("train_step", "largest crop", ("triton",), lower_is_better=False),
+    Headline("train_step", "data wait %", ("cache",)),
+    Headline("loader", "read ms", ("featurecache",), shapes=("all targets",)),
+    Headline("precompute", "wall s", ("2 workers",)),
+    Headline("precompute", "overhead % of tool time", ("1 worker",)),
+]
+
+
+def record(stamp, rows: Iterable[Row], benchmark: str, section: str, title: Optional[str] = None) -> None:
+    """Append rows to results.csv and `section` (markdown, starting with a ### heading) to the
+    benchmark's block of RESULTS.md (a new block is headed `title`); then refresh the headline.
+    `stamp` is a harness.RunStamp."""
+    append_rows(stamp, rows)
+    add_section(benchmark, section, title)
+    write_headline()
+    print(f"recorded in {RESULTS_MD.name} and {RESULTS_CSV.name}")
+
+
+def append_rows(stamp, rows: Iterable[Row], path: pathlib.Path = RESULTS_CSV) -> None:
+    new_file = not path.is_file() or path.stat().st_size == 0
+    with open(path, "a", newline="") as handle:
+        writer = csv.writer(handle)
+        if new_file:
+            writer.writerow(COLUMNS)
+        for row in rows:
+            if row.value is None or math.isnan(row.value):
+                continue  # an unmeasured number has no row
+            writer.writerow([stamp.date, stamp.device, stamp.commit, row.benchmark, row.variant, row.shape,
+                             row.metric, f"{row.value:.6g}"])
+
+
+def read_rows(path: pathlib.Path = RESULTS_CSV) -> list[dict]:
+    with open(path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    for number, row in enumerate(rows, start=2):
+        try:
+            row["value"] = float(row["value"])
+        except (TypeError, ValueError):
+            raise ValueError(f"{path}:{number}: value {row['value']!r} is not a number") from None
+    return rows
+
+
+def add_section(benchmark: str, section: str, title: Optional[str] = None, path: pathlib.Path = RESULTS_MD) -> None:
+    """Put `section` first in the benchmark's block (after its introduction, before older runs)."""
+    text = path.read_text()
+    begin, end = f"<!-- {benchmark}: begin -->", f"<!-- {benchmark}: end -->"
+    section = section.strip() + "\n\n"
+    if begin not in text:
+        heading = f"{title or benchmark} (`benchmarks/{benchmark}.py`)"
+        text = text.rstrip("\n") + f"\n\n{begin}\n## {heading}\n\n{section}{end}\n"
+    else:
+        start = text.index(begin)
+        stop = text.index(end, start)
+        older = text.find("\n### ", start, stop)
+        at = older + 1 if older >= 0 else stop
+        text = text[:at] + section + text[at:]
+    path.write_text(text)
+
+
+def headline_table(rows: list[dict]) -> str:
+    lines = ["| benchmark | what | value | vs the best peer in the same run | date | device | commit |",
+             "| --- | --- | ---: | --- | --- | --- | --- |"]
+    for spec in HEADLINES:
+        measured = [r for r in rows if r["benchmark"] == spec.benchmark and r["metric"] == spec.metric
+                    and (spec.shapes is None or r["shape"] in spec.shapes)]
+        shapes = list(dict.fromkeys(r["shape"] for r in measured))  # first-recorded order
+        for shape in shapes:
+            for variant in spec.ours:
+                line = _headline_line(spec, shape, variant, [r for r in measured if r["shape"] == shape])
+                if line:
+                    lines.append(line)
+    return "\n".join(lines)
+
+
+def _headline_line(spec: Headline, shape: str, variant: str, rows: list[dict]) -> Optional[str]:
+    ours = [r for r in rows if r["variant"] == variant]
+    if not ours:
+        return None
+    latest = max(ours, key=lambda r: r["date"])
+    peers = [r for r in rows if r["variant"] not in spec.ours and r["date"] == latest["date"]
+             and r["device"] == latest["device"]]
+    comparison = "–"
+    if peers:
+        best = (min if spec.lower_is_better else max)(peers, key=lambda r: r["value"])
+        ratio = best["value"] / latest["value"] if spec.lower_is_better else latest["value"] / best["value"]
+        comparison = f"{ratio:.2f}x ({best['variant']}: {best['value']:g})"
+    return (f"| {spec.benchmark} | {shape}, {spec.metric} ({variant}) | {latest['value']:g} | {comparison} | "
+            f"{latest['date']} | {latest['device']} | {latest['commit']} |")
+
+
+def write_headline(md: pathlib.Path = RESULTS_MD, csv_path: pathlib.Path = RESULTS_CSV) -> None:
+    text = md.read_text()
+    if HEADLINE_BEGIN not in text or HEADLINE_END not in text:
+        raise ValueError(f"{md} has no headline block ({HEADLINE_BEGIN} ... {HEADLINE_END})")
+    start = text.index(HEADLINE_BEGIN) + len(HEADLINE_BEGIN)
+    stop = text.index(HEADLINE_END)
+    md.write_text(text[:start] + "\n" + headline_table(read_rows(csv_path)) + "\n" + text[stop:])
+
+
+if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    write_headline()
+    print(f"headline of {RESULTS_MD} rewritten from {RESULTS_CSV.name}")
