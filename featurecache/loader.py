@@ -15,15 +15,13 @@ import numpy as np
 import torch
 
 from featurecache.features import crop as cropping
-from featurecache.schema import FEATURES, FEATURES_BY_NAME, GAP
+from featurecache.schema import FEATURES, FEATURES_BY_NAME, FEATURES_TABLE, GAP
 from featurecache.store.codec import CorruptRecordError
 from featurecache.store.manifest import read_manifest
 from featurecache.store.publish import resolve_generation
-from featurecache.store.shards import StoreReader
+from featurecache.store.reader import StoreReader
 
 log = logging.getLogger(__name__)
-
-FEATURES_TABLE = "features"
 
 # Padding value per array in `collate`; everything not listed pads with zeros / False.
 _PAD_VALUES = {"msa": GAP, "template_restype": GAP, "restype": GAP}

@@ -11,6 +11,10 @@ A record holds one target (a whole, uncropped biological assembly). Axis names:
 
 The loader crops along ``token`` / ``atom`` and subsamples along ``msa`` using these axes, and
 the tests check every record against this table.
+
+Also here, because every layer that reads or writes records shares them: the store's table
+names (TABLES) and the version numbers a record carries (SCHEMA_VERSION of the arrays,
+RECORD_FORMAT of the codec's byte layout).
 """
 
 from __future__ import annotations
@@ -19,7 +23,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # the arrays and metadata described below (FEATURES, METADATA_FIELDS)
+RECORD_FORMAT = 1  # byte layout of an encoded record (featurecache.store.codec)
+
+# The store's tables. Every shard holds all of them; a key lives in the shard shard_of(key).
+MSA_TABLE = "msa"  # per chain sequence (and per database searched): alignments and template hits
+FEATURES_TABLE = "features"  # per target id: the feature record described by FEATURES
+ERRORS_TABLE = "errors"  # per "<stage>/<key>": a failed unit of work, retried by the next run
+TABLES = (MSA_TABLE, FEATURES_TABLE, ERRORS_TABLE)
 
 # AF3's 32 residue classes: 20 amino acids + unknown, 4 RNA + unknown, 4 DNA + unknown, gap.
 RESTYPES = (

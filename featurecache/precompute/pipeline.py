@@ -21,16 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from featurecache.config import FeatureConfig, StoreConfig, file_sha256, fingerprint
-from featurecache.schema import SCHEMA_VERSION
+from featurecache.schema import ERRORS_TABLE, FEATURES_TABLE, MSA_TABLE, SCHEMA_VERSION
 from featurecache.store.codec import encode_record, read_header
-from featurecache.store.shards import (
-    StoreLockedError, StoreWriteError, StoreWriter, declared_shard_count, find_shards,
-)
+from featurecache.store.layout import find_shards
+from featurecache.store.locks import StoreLockedError
+from featurecache.store.writer import StoreWriteError, StoreWriter, declared_shard_count
 from featurecache.io import inputs
 from featurecache.precompute import tasks
-from featurecache.precompute.tasks import (
-    ERRORS_TABLE, FEATURES_TABLE, MSA_TABLE, ChainSequence, TargetInput, TaskError,
-)
+from featurecache.precompute.tasks import ChainSequence, TargetInput, TaskError
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,6 @@ from featurecache.io.mmcif import Structure, read_mmcif
 from featurecache.io.msa import Msa, parse_a3m, parse_stockholm
 from featurecache.store.codec import CorruptRecordError, decode_record, encode_record
 
-MSA_TABLE = "msa"
-FEATURES_TABLE = "features"
-ERRORS_TABLE = "errors"
-
 SEARCHED_TYPES = ("protein", "dna", "rna")
 
 

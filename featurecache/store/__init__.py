@@ -1,17 +1,28 @@
-"""The feature store: record codec, sharded LMDB files, manifest, verification, publishing.
+"""The feature store: records in sharded LMDB files, indexed by a manifest, published as generations.
 
     codec     encode_record / decode_record (msgpack + numpy + zstd, CRC-32 checksum)
-    shards    StoreWriter / StoreReader over N LMDB files (one writer per shard, lazy readers)
+    layout    shard file names, shard_of(key), the tables inside a shard, key and table checks
+    locks     ShardLock: one writer per shard (StoreLockedError for a second)
+    writer    StoreWriter / ShardWriter: batched, durable puts; finish() writes the manifest
+    reader    StoreReader: lazy read-only shards, shared per process, safe across fork/spawn
     manifest  manifest.json, written last and atomically; read_manifest validates it
+    files     durable file writes (atomic text files, fsync of files and folders)
     verify    verify_cache: every record decoded and checksummed, every shard file compared
     publish   publish / resolve_generation / gc: immutable generations on shared storage
+    inspect   cache_stats / format_stats / plot_stats / format_record: `stats` and `show`
+
+Table names and record format versions are in featurecache.schema; this package uses that
+and featurecache.config only.
 """
 
+from featurecache.schema import TABLES
 from featurecache.store.codec import CorruptRecordError, Record, decode_record, encode_record
+from featurecache.store.locks import StoreLockedError
 from featurecache.store.manifest import CacheNotFinishedError, Manifest, read_manifest
 from featurecache.store.publish import gc, publish, resolve_generation
-from featurecache.store.shards import TABLES, StoreLockedError, StoreReader, StoreWriter
+from featurecache.store.reader import StoreReader
 from featurecache.store.verify import VerifyReport, verify_cache
+from featurecache.store.writer import StoreWriter
 
 __all__ = [
     "TABLES",

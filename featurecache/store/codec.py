@@ -2,7 +2,7 @@
 
 A record is a msgpack map with these entries, always in this order::
 
-    format       FORMAT_VERSION of this codec
+    format       RECORD_FORMAT (featurecache.schema): version of this byte layout
     schema       schema version of the arrays (featurecache.schema.SCHEMA_VERSION)
     key          the record's key (target id, sequence hash, ...)
     fingerprint  fingerprint of everything that produced the record
@@ -36,7 +36,7 @@ import msgpack
 import numpy as np
 import zstandard
 
-FORMAT_VERSION = 1
+from featurecache.schema import RECORD_FORMAT
 
 CODEC_RAW = "raw"
 CODEC_ZSTD = "zstd"
@@ -85,7 +85,7 @@ class RecordHeader:
     input_hash: str
     schema_version: int
     array_names: tuple[str, ...]
-    format_version: int = FORMAT_VERSION
+    format_version: int = RECORD_FORMAT
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,7 +98,7 @@ class Record:
     fingerprint: str
     input_hash: str
     schema_version: int
-    format_version: int = FORMAT_VERSION
+    format_version: int = RECORD_FORMAT
 
 
 _local = threading.local()  # zstd contexts are not safe to share between threads
@@ -196,7 +196,7 @@ def encode_record(
             raise ValueError(f"record {key!r}: array names must be str, got {name!r}")
     encoded_arrays = {name: _encode_array(name, value, zstd_level, key) for name, value in arrays.items()}
     header = {
-        "format": FORMAT_VERSION,
+        "format": RECORD_FORMAT,
         "schema": int(schema_version),
         "key": key,
         "fingerprint": str(fingerprint),
@@ -263,10 +263,10 @@ def _unpack_fields(blob, where: str, key: str | None) -> dict:
         raise CorruptRecordError(key, where, f"not msgpack: {error}") from None
     if not isinstance(fields, dict) or any(field not in fields for field in _HEADER_FIELDS):
         raise CorruptRecordError(key, where, "missing record header fields")
-    if fields["format"] != FORMAT_VERSION:
+    if fields["format"] != RECORD_FORMAT:
         raise RecordFormatError(
             f"{where}: record {fields.get('key', key)!r} has format {fields['format']}, "
-            f"expected {FORMAT_VERSION}"
+            f"expected {RECORD_FORMAT}"
         )
     record_key = fields["key"]
     if key is not None and record_key != key:

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
+from featurecache.schema import ERRORS_TABLE, FEATURES_TABLE, MSA_TABLE
 from featurecache.store.codec import decode_record, read_header
 from featurecache.store.manifest import read_manifest
-from featurecache.store.shards import StoreReader
+from featurecache.store.reader import StoreReader
 
 _PERCENTILES = (0, 10, 50, 90, 100)
 
@@ -28,13 +29,14 @@ def cache_stats(cache_dir: Path) -> dict:
     targets = manifest.targets
     failures = []
     with StoreReader(cache_dir, num_shards=manifest.num_shards) as reader:
-        for key, blob in reader.items("errors"):
-            meta = read_header(blob, where=reader.where("errors", key), key=key).meta
+        for key, blob in reader.items(ERRORS_TABLE):
+            meta = read_header(blob, where=reader.where(ERRORS_TABLE, key), key=key).meta
             failures.append({key_: meta.get(key_) for key_ in ("stage", "key", "message", "attempts")})
         warnings = []
         for target_id, entry in targets.items():
             if entry.get("warnings"):
-                meta = read_header(reader.get("features", target_id), where=reader.where("features", target_id)).meta
+                blob = reader.get(FEATURES_TABLE, target_id)
+                meta = read_header(blob, where=reader.where(FEATURES_TABLE, target_id)).meta
                 warnings.extend(f"{target_id}: {warning}" for warning in meta.get("warnings", []))
     return {
         "cache": str(cache_dir),
@@ -70,8 +72,8 @@ def format_stats(report: dict) -> str:
         f"cache        {report['cache']}" + (f" (generation {report['generation']})" if report["generation"] else ""),
         f"updated      {report['updated']}   schema v{report['schema_version']}   "
         f"{report['shards']} shards, {report['bytes'] / 2**20:.1f} MiB",
-        f"records      features {counts.get('features', 0)}   msa {counts.get('msa', 0)}   "
-        f"errors {counts.get('errors', 0)}",
+        "records      " + "   ".join(f"{table} {counts.get(table, 0)}"
+                                     for table in (FEATURES_TABLE, MSA_TABLE, ERRORS_TABLE)),
         _format_distribution("tokens", report["num_tokens"]),
         _format_distribution("msa depth", report["msa_depth"]),
         _format_distribution("templates", report["num_templates"]),

@@ -25,25 +25,29 @@ import dataclasses
 import datetime
 import json
 import os
-import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from featurecache.config import file_sha256
-from featurecache.schema import SCHEMA_VERSION
-from featurecache.store.codec import FORMAT_VERSION as RECORD_FORMAT
+from featurecache.schema import FEATURES_TABLE, RECORD_FORMAT, SCHEMA_VERSION
+from featurecache.store.files import fsync_dir, write_text_atomic
+from featurecache.store.layout import SHARD_PATTERN, STORE_FORMAT, has_shard_files, shard_name
 
 MANIFEST_FORMAT = 1
 MANIFEST_NAME = "manifest.json"
-STORE_FORMAT = 1  # layout of the shard files (tables, meta entry); see shards.py
-_SHARD_FILE = re.compile(r"^shard-(\d{5})\.lmdb$")
 
 
 class CacheNotFinishedError(ValueError):
     """A cache folder whose writer has not finished (no manifest.json yet)."""
+
+    @classmethod
+    def for_folder(cls, cache_dir: Path) -> CacheNotFinishedError:
+        return cls(
+            f"{cache_dir} has shard files but no {MANIFEST_NAME}: the cache is not finished "
+            f"(a writer is running or was interrupted); rerun precompute to finish it"
+        )
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,7 @@ class Manifest:
     @property
     def targets(self) -> dict[str, dict[str, Any]]:
         """Feature records' index entries: target id -> {num_tokens, msa_depth, weight, shard, ...}."""
-        return self.index.get("features", {})
+        return self.index.get(FEATURES_TABLE, {})
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -88,35 +92,9 @@ class Manifest:
         return data
 
 
-def _now() -> str:
+def utc_now() -> str:
+    """The time stamp of manifests and shard meta entries: UTC, ISO 8601, whole seconds."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a rename or unlink inside `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Readers see the old file or the new one, never a partial one, even across a crash."""
-    path = Path(path)
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp_name, 0o644)  # mkstemp creates 0600; a cache is shared with trainers
-        os.replace(temp_name, path)
-    except BaseException:
-        if os.path.exists(temp_name):
-            os.unlink(temp_name)
-        raise
-    fsync_dir(path.parent)
 
 
 def save_manifest(manifest: Manifest, directory: str | os.PathLike) -> Manifest:
@@ -167,7 +145,7 @@ def write_manifest(
     cache_dir = Path(cache_dir)
     shards, counts, index = [], {}, {}
     for shard_index, summary in enumerate(summaries):
-        path = cache_dir / f"shard-{shard_index:05d}.lmdb"
+        path = cache_dir / shard_name(shard_index)
         shards.append(shard_info(path, summary["counts"]))
         for table, count in summary["counts"].items():
             counts[table] = counts.get(table, 0) + count
@@ -178,8 +156,8 @@ def write_manifest(
     manifest = Manifest(
         path=cache_dir / MANIFEST_NAME,
         schema_version=SCHEMA_VERSION if schema_version is None else int(schema_version),
-        created=created or _now(),
-        updated=_now(),
+        created=created or utc_now(),
+        updated=utc_now(),
         shards=tuple(shards),
         fingerprints={str(name): str(value) for name, value in fingerprints.items()},
         counts=counts,
@@ -204,9 +182,9 @@ def _parse_shards(raw: list, path: Path) -> tuple[ShardInfo, ...]:
         if not isinstance(entry, dict):
             raise ValueError(f"{where} is not an object")
         file = _require(entry, "file", str, path)
-        match = _SHARD_FILE.match(file)
+        match = SHARD_PATTERN.match(file)
         if match is None or int(match.group(1)) != position:
-            raise ValueError(f"{where} names {file!r}, expected shard-{position:05d}.lmdb")
+            raise ValueError(f"{where} names {file!r}, expected {shard_name(position)}")
         shards.append(ShardInfo(
             file=file,
             size=_require(entry, "size", int, path),
@@ -230,11 +208,8 @@ def read_manifest(cache_dir: str | os.PathLike, expected_schema: int | None = SC
     if not cache_dir.is_dir():
         raise FileNotFoundError(f"cache folder {cache_dir} does not exist")
     if not path.is_file():
-        if any(_SHARD_FILE.match(entry.name) for entry in cache_dir.iterdir()):
-            raise CacheNotFinishedError(
-                f"{cache_dir} has shard files but no {MANIFEST_NAME}: the cache is not finished "
-                f"(a writer is running or was interrupted); rerun precompute to finish it"
-            )
+        if has_shard_files(cache_dir):
+            raise CacheNotFinishedError.for_folder(cache_dir)
         raise ValueError(f"{cache_dir} is not a featurecache cache: it has no {MANIFEST_NAME}")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

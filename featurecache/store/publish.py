@@ -25,17 +25,19 @@ import tempfile
 import time
 from pathlib import Path
 
+from featurecache.store.files import fsync_dir, fsync_file, write_text_atomic
+from featurecache.store.layout import has_shard_files
+from featurecache.store.locks import ShardLock
 from featurecache.store.manifest import (
     MANIFEST_NAME,
     CacheNotFinishedError,
     check_shard_file,
-    fsync_dir,
     read_manifest,
     save_manifest,
     shard_info,
-    write_text_atomic,
+    utc_now,
 )
-from featurecache.store.shards import SHARD_PATTERN, ShardLock, readonly_environment
+from featurecache.store.reader import readonly_environment
 
 LATEST_NAME = "LATEST"
 GENERATIONS_DIR = "generations"
@@ -44,11 +46,6 @@ _TEMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
 _READ_ONLY_FILE = 0o444
 _READ_ONLY_DIR = 0o555
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
 
 
 def publish(cache_dir: str | os.PathLike, dest: str | os.PathLike) -> Path:
@@ -75,7 +72,7 @@ def publish(cache_dir: str | os.PathLike, dest: str | os.PathLike) -> Path:
             copy = temp_dir / shard.file
             with readonly_environment(source) as env:
                 env.copy(str(copy), compact=True)  # drops free pages left by overwrites
-            _fsync_file(copy)
+            fsync_file(copy)
             os.chmod(copy, _READ_ONLY_FILE)
             shards.append(shard_info(copy, shard.counts))
         content = json.dumps([[shard.sha256 for shard in shards], manifest.fingerprints], sort_keys=True)
@@ -83,7 +80,7 @@ def publish(cache_dir: str | os.PathLike, dest: str | os.PathLike) -> Path:
         name = f"{stamp}-{hashlib.sha256(content.encode()).hexdigest()[:8]}"
         sealed = dataclasses.replace(
             manifest, shards=tuple(shards), generation=name,
-            updated=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            updated=utc_now(),
         )
         save_manifest(sealed, temp_dir)  # last: a generation with a manifest is complete
         os.chmod(temp_dir / MANIFEST_NAME, _READ_ONLY_FILE)
@@ -126,11 +123,8 @@ def resolve_generation(path: str | os.PathLike) -> Path:
         return latest_generation(path)
     if not path.is_dir():
         raise FileNotFoundError(f"cache folder {path} does not exist")
-    if any(SHARD_PATTERN.match(entry.name) for entry in path.iterdir()):
-        raise CacheNotFinishedError(
-            f"{path} has shard files but no {MANIFEST_NAME}: the cache is not finished "
-            f"(a writer is running or was interrupted); rerun precompute to finish it"
-        )
+    if has_shard_files(path):
+        raise CacheNotFinishedError.for_folder(path)
     raise ValueError(f"{path} is not a cache, a generation or a publish root "
                      f"(no {MANIFEST_NAME} and no {LATEST_NAME})")
 

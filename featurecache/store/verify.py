@@ -16,9 +16,11 @@ from typing import Any
 
 import lmdb
 
+from featurecache.schema import TABLES
 from featurecache.store.codec import CorruptRecordError, RecordFormatError, decode_record, unpack_plain
+from featurecache.store.layout import index_table, shard_of
 from featurecache.store.manifest import Manifest, check_shard_file, read_manifest
-from featurecache.store.shards import TABLES, StoreReader, shard_of
+from featurecache.store.reader import StoreReader
 
 
 @dataclass(frozen=True)
@@ -92,12 +94,12 @@ def _scan_table(reader: StoreReader, manifest: Manifest, shard_index: int, table
         try:
             entry = unpack_plain(packed, f"{where} index")
         except ValueError as error:
-            report.damaged.append(DamagedRecord(f"index.{table}", key, shard_file, str(error)))
+            report.damaged.append(DamagedRecord(index_table(table), key, shard_file, str(error)))
             continue
         listed = manifest_index.get(key)
         if listed is not None and {**entry, "shard": shard_index} != listed:
             report.damaged.append(DamagedRecord(
-                f"index.{table}", key, shard_file, f"index entry {entry} differs from the manifest's {listed}"))
+                index_table(table), key, shard_file, f"index entry {entry} differs from the manifest's {listed}"))
     listed_here = {key for key, entry in manifest_index.items() if entry.get("shard") == shard_index}
     for key in sorted(listed_here - indexed):
         if reader.get(table, key) is None:

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from featurecache.cli import cli
 from featurecache.store.codec import decode_record, read_header
 from featurecache.store.manifest import read_manifest
-from featurecache.store.shards import StoreReader
+from featurecache.store.reader import StoreReader
 from featurecache.store.verify import verify_cache
 from featurecache.precompute.pipeline import PipelineSetupError, PrecomputeOptions, precompute
 

@@ -25,7 +25,8 @@ from featurecache.config import FeatureConfig, StoreConfig
 from featurecache.schema import check_record
 from featurecache.store.codec import decode_record
 from featurecache.store.manifest import MANIFEST_NAME
-from featurecache.store.shards import StoreReader, StoreWriter
+from featurecache.store.reader import StoreReader
+from featurecache.store.writer import StoreWriter
 from featurecache.store.verify import verify_cache
 from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 from tests.reliability._corpus import GOOD_TARGETS, build_corpus, homolog_sequences

@@ -22,7 +22,8 @@ import pytest
 from featurecache import CacheDataset
 from featurecache.store.codec import CorruptRecordError
 from featurecache.store.publish import publish, resolve_generation
-from featurecache.store.shards import StoreReader, shard_name, shard_of
+from featurecache.store.layout import shard_name, shard_of
+from featurecache.store.reader import StoreReader
 from featurecache.store.verify import verify_cache
 from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 

@@ -26,7 +26,10 @@ import pytest
 from featurecache.store.codec import decode_record
 from featurecache.store.manifest import MANIFEST_NAME, read_manifest
 from featurecache.config import StoreConfig
-from featurecache.store.shards import TABLES, ShardWriter, StoreReader, shard_name
+from featurecache.schema import TABLES
+from featurecache.store.layout import shard_name
+from featurecache.store.reader import StoreReader
+from featurecache.store.writer import ShardWriter
 from featurecache.store.verify import verify_cache
 from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 

@@ -26,7 +26,7 @@ import featurecache
 from featurecache import CacheDataset, collate
 from featurecache.store.codec import CorruptRecordError, decode_record
 from featurecache.store.publish import publish
-from featurecache.store.shards import StoreReader
+from featurecache.store.reader import StoreReader
 from featurecache.store.verify import verify_cache
 from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from featurecache import CacheDataset
 from featurecache.store.manifest import read_manifest
 from featurecache.store.publish import gc, publish, resolve_generation
-from featurecache.store.shards import StoreReader
+from featurecache.store.reader import StoreReader
 from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 
 READERS = 8

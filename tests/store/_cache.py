@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import zlib
 from pathlib import Path
 
@@ -11,7 +12,19 @@ import numpy as np
 from featurecache.config import StoreConfig
 from featurecache.store.codec import encode_record
 from featurecache.store.manifest import Manifest
-from featurecache.store.shards import StoreWriter
+from featurecache.store.writer import StoreWriter
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def random_seed() -> int:
+    """A fresh seed per test run; the failing value appears in assertion messages."""
+    return random.randrange(1 << 30)
+
+
+def child_env() -> dict:
+    """Environment for a child Python process that imports featurecache and tests from this checkout."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
 def sample_arrays(key: str, seed: int, num_tokens: int | None = None) -> dict[str, np.ndarray]:

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from featurecache.schema import RECORD_FORMAT
 from featurecache.store.codec import (
-    FORMAT_VERSION,
     CorruptRecordError,
     RecordFormatError,
     decode_record,
@@ -69,7 +69,7 @@ def test_header_fields_and_meta_round_trip():
     blob = encode_record("7abc", {}, meta, "fp", "ih", 3)
     record = decode_record(blob)
     assert (record.key, record.fingerprint, record.input_hash) == ("7abc", "fp", "ih")
-    assert record.schema_version == 3 and record.format_version == FORMAT_VERSION
+    assert record.schema_version == 3 and record.format_version == RECORD_FORMAT
     assert record.meta == {**meta, "num_tokens": 12}
     header = read_header(blob, key="7abc")
     assert header.meta == record.meta and header.array_names == ()
@@ -177,8 +177,8 @@ def test_key_mismatch_and_other_format_are_reported():
     blob = _encode({}, key="a")
     with pytest.raises(CorruptRecordError, match="stored under 'b' but names 'a'"):
         decode_record(blob, key="b")
-    newer = _blob_from_fields({**_fields(blob), "format": FORMAT_VERSION + 1})
-    with pytest.raises(RecordFormatError, match=f"has format {FORMAT_VERSION + 1}, expected {FORMAT_VERSION}"):
+    newer = _blob_from_fields({**_fields(blob), "format": RECORD_FORMAT + 1})
+    with pytest.raises(RecordFormatError, match=f"has format {RECORD_FORMAT + 1}, expected {RECORD_FORMAT}"):
         decode_record(newer, where="cache/shard-00000.lmdb")
 
 

@@ -2,35 +2,25 @@
 
 import json
 import os
-import random
 
 import pytest
 
 from featurecache.config import StoreConfig, file_sha256
-from featurecache.schema import SCHEMA_VERSION
-from featurecache.store.codec import FORMAT_VERSION
-from featurecache.store.manifest import (
-    MANIFEST_FORMAT,
-    MANIFEST_NAME,
-    CacheNotFinishedError,
-    read_manifest,
-    write_text_atomic,
-)
-from featurecache.store.shards import StoreWriter, shard_of
-from tests.store._cache import build_cache, sample_arrays, sample_blob
-
-
-def _seed() -> int:
-    return random.randrange(1 << 30)
+from featurecache.schema import RECORD_FORMAT, SCHEMA_VERSION
+from featurecache.store.files import write_text_atomic
+from featurecache.store.layout import shard_of
+from featurecache.store.manifest import MANIFEST_FORMAT, MANIFEST_NAME, CacheNotFinishedError, read_manifest
+from featurecache.store.writer import StoreWriter
+from tests.store._cache import build_cache, random_seed, sample_arrays, sample_blob
 
 
 def test_manifest_describes_the_finished_cache(tmp_path):
-    seed = _seed()
+    seed = random_seed()
     keys = [f"t{i}" for i in range(17)]
     written = build_cache(tmp_path, keys, seed, num_shards=3)
     manifest = read_manifest(tmp_path)
     assert manifest == written
-    assert manifest.format == MANIFEST_FORMAT and manifest.record_format == FORMAT_VERSION
+    assert manifest.format == MANIFEST_FORMAT and manifest.record_format == RECORD_FORMAT
     assert manifest.schema_version == SCHEMA_VERSION and manifest.generation is None
     assert manifest.fingerprints == {"seed": str(seed)}
     assert manifest.counts == {"msa": 0, "features": 17, "errors": 0}
@@ -48,7 +38,7 @@ def test_manifest_describes_the_finished_cache(tmp_path):
 
 
 def test_reopening_for_writing_unfinishes_the_cache_and_keeps_created(tmp_path):
-    seed = _seed()
+    seed = random_seed()
     first = build_cache(tmp_path, ["a", "b"], seed, num_shards=2)
     with StoreWriter(tmp_path, StoreConfig(num_shards=2)) as writer:
         with pytest.raises(CacheNotFinishedError, match="not finished"):
@@ -91,7 +81,7 @@ def _rewrite(cache_dir, change) -> None:
     [
         (lambda d: d.update(format=MANIFEST_FORMAT + 1),
          f"manifest.json has format {MANIFEST_FORMAT + 1}, expected {MANIFEST_FORMAT}"),
-        (lambda d: d.update(record_format=99), f"has record_format 99, expected {FORMAT_VERSION}"),
+        (lambda d: d.update(record_format=99), f"has record_format 99, expected {RECORD_FORMAT}"),
         (lambda d: d.update(schema_version=SCHEMA_VERSION + 1),
          f"has schema_version {SCHEMA_VERSION + 1}, expected {SCHEMA_VERSION}: .* rebuild it"),
         (lambda d: d.pop("shards"), "has no 'shards' field"),
@@ -105,14 +95,14 @@ def _rewrite(cache_dir, change) -> None:
     ],
 )
 def test_invalid_manifests_are_refused_with_the_reason(tmp_path, change, message):
-    build_cache(tmp_path, ["a", "b", "c"], _seed(), num_shards=2)
+    build_cache(tmp_path, ["a", "b", "c"], random_seed(), num_shards=2)
     _rewrite(tmp_path, change)
     with pytest.raises(ValueError, match=message):
         read_manifest(tmp_path)
 
 
 def test_other_schema_is_accepted_when_asked(tmp_path):
-    build_cache(tmp_path, ["a"], _seed(), num_shards=1)
+    build_cache(tmp_path, ["a"], random_seed(), num_shards=1)
     _rewrite(tmp_path, lambda d: d.update(schema_version=SCHEMA_VERSION + 1))
     assert read_manifest(tmp_path, expected_schema=None).schema_version == SCHEMA_VERSION + 1
 

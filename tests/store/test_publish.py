@@ -10,15 +10,14 @@ import numpy as np
 import pytest
 
 from featurecache.config import StoreConfig, file_sha256
+from featurecache.store.layout import shard_name
+from featurecache.store.locks import ShardLock, StoreLockedError
 from featurecache.store.manifest import MANIFEST_NAME, CacheNotFinishedError, read_manifest
 from featurecache.store.publish import GENERATION_NAME, LATEST_NAME, gc, publish, resolve_generation
-from featurecache.store.shards import ShardLock, StoreLockedError, StoreReader, StoreWriter, shard_name
+from featurecache.store.reader import StoreReader
 from featurecache.store.verify import verify_cache
-from tests.store._cache import assert_record_matches, build_cache, sample_arrays, sample_blob
-
-
-def _seed() -> int:
-    return random.randrange(1 << 30)
+from featurecache.store.writer import StoreWriter
+from tests.store._cache import assert_record_matches, build_cache, random_seed, sample_arrays, sample_blob
 
 
 def _generations(dest) -> list[str]:
@@ -26,7 +25,7 @@ def _generations(dest) -> list[str]:
 
 
 def test_publish_seals_a_read_only_generation_and_points_latest_at_it(tmp_path):
-    seed, keys = _seed(), [f"t{i}" for i in range(15)]
+    seed, keys = random_seed(), [f"t{i}" for i in range(15)]
     cache, dest = tmp_path / "cache", tmp_path / "shared"
     source = build_cache(cache, keys, seed)
     generation = publish(cache, dest)
@@ -51,7 +50,7 @@ def test_publish_seals_a_read_only_generation_and_points_latest_at_it(tmp_path):
 
 
 def test_published_shards_are_compacted(tmp_path):
-    seed, keys = _seed(), [f"t{i}" for i in range(30)]
+    seed, keys = random_seed(), [f"t{i}" for i in range(30)]
     cache = tmp_path / "cache"
     build_cache(cache, keys, seed, num_shards=2)
     # rewriting every record leaves the old pages free inside the source files
@@ -75,7 +74,7 @@ def test_publish_refuses_unfinished_locked_or_changed_caches(tmp_path):
         writer.put("errors", "x", b"record")
     with pytest.raises(CacheNotFinishedError):
         publish(cache, dest)
-    build_cache(cache, ["a", "b"], _seed(), num_shards=2)
+    build_cache(cache, ["a", "b"], random_seed(), num_shards=2)
     lock = ShardLock(cache / shard_name(1))
     with pytest.raises(StoreLockedError, match="shard-00001.lmdb is being written"):
         publish(cache, dest)
@@ -89,7 +88,7 @@ def test_publish_refuses_unfinished_locked_or_changed_caches(tmp_path):
 
 def test_gc_keeps_the_newest_and_the_one_latest_names(tmp_path):
     cache, dest = tmp_path / "cache", tmp_path / "shared"
-    build_cache(cache, ["a", "b"], _seed(), num_shards=1)
+    build_cache(cache, ["a", "b"], random_seed(), num_shards=1)
     published = [publish(cache, dest) for _ in range(4)]
     assert _generations(dest) == [path.name for path in published]
     (dest / LATEST_NAME).write_text(published[0].name + "\n")  # rolled back to the oldest
@@ -158,7 +157,7 @@ def test_readers_of_old_generations_keep_working_while_new_ones_are_published(tm
     caches = {}
     for name in ("a", "b"):
         caches[name] = tmp_path / name
-        build_cache(caches[name], keys, _seed(), num_shards=2)
+        build_cache(caches[name], keys, random_seed(), num_shards=2)
     first = publish(caches["a"], dest)
     context = multiprocessing.get_context("fork")
     barrier, results = context.Barrier(9), context.Queue()

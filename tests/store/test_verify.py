@@ -7,9 +7,11 @@ import pytest
 
 from featurecache.config import StoreConfig
 from featurecache.store.codec import CorruptRecordError, pack_plain
+from featurecache.store.layout import shard_name, shard_of
 from featurecache.store.manifest import MANIFEST_NAME, CacheNotFinishedError
-from featurecache.store.shards import StoreReader, StoreWriter, shard_name, shard_of
+from featurecache.store.reader import StoreReader
 from featurecache.store.verify import DamagedRecord, verify_cache
+from featurecache.store.writer import StoreWriter
 from tests.store._cache import sample_blob
 
 NUM_SHARDS = 3

@@ -1,0 +1,44 @@
+"""Durable file writes: when a call returns, the change is on disk.
+
+Manifests, LATEST and published shard copies go through here, so a crash at any moment leaves
+the old state or the new one, never a partial file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def fsync_file(path: Path) -> None:
+    """Flush a file's contents to disk (e.g. a copy made by another library)."""
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or unlink inside `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Readers see the old file or the new one, never a partial one, even across a crash."""
+    path = Path(path)
+    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temp_name, 0o644)  # mkstemp creates 0600; a cache is shared with trainers
+        os.replace(temp_name, path)
+    except BaseException:
+        if os.path.exists(temp_name):
+            os.unlink(temp_name)
+        raise
+    fsync_dir(path.parent)

@@ -1,0 +1,134 @@
+"""What a cache folder holds on disk: shard file names, which shard a key lives in, the tables
+inside a shard, and the checks on table names, keys, index entries and a shard's meta entry.
+
+Layout of a cache folder::
+
+    shard-00000.lmdb        LMDB data file (subdir=False: one file per shard, so copying,
+    shard-00000.lmdb-lock   checksumming and publishing handle plain files); the -lock file is
+    shard-00000.lmdb.lock   LMDB's reader table, the .lock file is our one-writer flock (locks.py)
+    ...
+    manifest.json           written last by StoreWriter.finish; its presence marks a finished cache
+
+A key's shard is blake2b(key) mod N, so any process finds a record without an index. Every
+shard holds the tables in featurecache.schema.TABLES, one index table per table (small plain
+entries the loader needs, such as num_tokens, written in the same transaction as the record)
+and a "meta" table whose one entry records the shard's number, the shard count and
+STORE_FORMAT. open_shard and read_shard_meta are the two steps writer and reader share.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from featurecache.schema import TABLES
+from featurecache.store.codec import unpack_plain
+
+STORE_FORMAT = 1  # layout of the shard files (tables, meta entry); the manifest names it
+SHARD_PATTERN = re.compile(r"^shard-(\d{5})\.lmdb$")
+
+META_TABLE = "meta"
+SHARD_META_KEY = b"shard"  # the meta table's one entry
+MAX_DBS = 16  # 3 tables + 3 index tables + meta, with room for new tables
+_MAX_KEY_BYTES = 511  # LMDB's compiled-in key size limit
+
+
+def shard_name(shard_index: int) -> str:
+    return f"shard-{shard_index:05d}.lmdb"
+
+
+def shard_of(key: str, num_shards: int) -> int:
+    """Stable shard of a key: the same in every process and Python version (unlike hash())."""
+    digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % num_shards
+
+
+def has_shard_files(folder: Path) -> bool:
+    return any(SHARD_PATTERN.match(entry.name) for entry in folder.iterdir())
+
+
+def find_shards(cache_dir: Path) -> list[Path]:
+    """Shard files of a cache folder, in shard order; checks they are numbered 0..N-1."""
+    found = sorted(path for path in cache_dir.iterdir() if SHARD_PATTERN.match(path.name))
+    numbers = [int(SHARD_PATTERN.match(path.name).group(1)) for path in found]
+    if numbers != list(range(len(found))):
+        raise ValueError(f"{cache_dir}: shard files are not numbered 0..{len(found) - 1}: {numbers}")
+    return found
+
+
+def index_table(table: str) -> str:
+    """Name of the table that holds `table`'s index entries."""
+    return f"index.{table}"
+
+
+# Every named database of a shard, in the order they are opened.
+SHARD_DATABASES = (*TABLES, *map(index_table, TABLES), META_TABLE)
+
+
+def check_table(table: str) -> None:
+    if table not in TABLES:
+        raise ValueError(f"unknown table {table!r}, expected one of {TABLES}")
+
+
+def key_bytes(key: str) -> bytes:
+    """The LMDB key of a store key; ValueError for keys LMDB cannot hold."""
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"store keys are non-empty str, got {key!r}")
+    encoded = key.encode("utf-8")
+    if len(encoded) > _MAX_KEY_BYTES:
+        raise ValueError(f"key {key[:60]!r}... is {len(encoded)} bytes; LMDB keys are at most {_MAX_KEY_BYTES}")
+    return encoded
+
+
+def check_index_entry(table: str, key: str, index: Mapping[str, Any]) -> dict:
+    """`index` as a plain dict; ValueError if it is not plain JSON or uses the reserved 'shard'."""
+    # Index entries end up in manifest.json, so they must be JSON as well as msgpack.
+    try:
+        entry = dict(index)
+        if not all(isinstance(name, str) for name in entry):
+            raise TypeError("field names must be str")
+        json.dumps(entry, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{table}/{key}: index entry {index!r:.200} is not plain JSON: {error}") from None
+    if "shard" in entry:
+        raise ValueError(f"{table}/{key}: index entry field 'shard' is reserved (the store fills it in)")
+    return entry
+
+
+def open_shard(path: Path, in_use: str, **options) -> lmdb.Environment:
+    """lmdb.open of one shard file, with room for SHARD_DATABASES.
+
+    py-lmdb allows one Environment per file per process, so a second open in this process
+    fails; it becomes a RuntimeError "<path> <in_use>", where `in_use` says who holds the first.
+    """
+    try:
+        return lmdb.open(str(path), subdir=False, max_dbs=MAX_DBS, **options)
+    except lmdb.Error as error:
+        if "already open" in str(error):
+            raise RuntimeError(f"{path} {in_use}") from None
+        raise
+
+
+def read_shard_meta(env: lmdb.Environment, meta_db, path: Path) -> Any:
+    """The shard's meta entry as stored (check it with check_shard_meta), or None if it has none."""
+    with env.begin(db=meta_db) as txn:
+        stored = txn.get(SHARD_META_KEY)
+    return None if stored is None else unpack_plain(stored, str(path))
+
+
+def check_shard_meta(meta: Any, path: Path, shard_index: int, num_shards: int) -> None:
+    """ValueError unless `meta` (a shard's meta entry) says STORE_FORMAT, shard_index of num_shards."""
+    if not isinstance(meta, dict) or meta.get("format") != STORE_FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else meta
+        raise ValueError(f"shard {path} has format {found}, expected {STORE_FORMAT}")
+    if meta.get("shard_index") != shard_index or meta.get("num_shards") != num_shards:
+        raise ValueError(
+            f"shard {path} says it is shard {meta.get('shard_index')} of {meta.get('num_shards')}, "
+            f"expected shard {shard_index} of {num_shards}"
+        )

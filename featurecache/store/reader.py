@@ -1,0 +1,242 @@
+"""Reading a cache: StoreReader, and the process-wide registry of read-only LMDB environments.
+
+Readers open each shard lazily, read-only and without LMDB's lock file (lock=False), once per
+process: a reader object that crossed a fork or a pickle (DataLoader workers, spawn or fork)
+opens its own environments. lock=False means readers do not register with writers, so read
+finished caches or published generations, never a cache a writer is still changing.
+
+Typical use::
+
+    reader = StoreReader(resolve_generation(path))             # in the loader
+    record = reader.get_record(FEATURES_TABLE, target_id)      # Record or None
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from featurecache.store.codec import Record, decode_record, unpack_plain
+from featurecache.store.layout import (
+    META_TABLE,
+    SHARD_DATABASES,
+    check_shard_meta,
+    check_table,
+    find_shards,
+    index_table,
+    key_bytes,
+    open_shard,
+    read_shard_meta,
+    shard_name,
+    shard_of,
+)
+
+
+def _open_readonly(path: Path, readahead: bool) -> tuple[lmdb.Environment, dict]:
+    env = open_shard(path, "is open for writing in this process; read it through the StoreWriter",
+                     readonly=True, lock=False, readahead=readahead)
+    dbs = {}
+    for name in SHARD_DATABASES:
+        try:
+            dbs[name] = env.open_db(name.encode(), create=False)
+        except lmdb.NotFoundError:
+            dbs[name] = None  # a table nothing was ever written to
+    return env, dbs
+
+
+class _SharedEnvironments:
+    """Read-only environments shared by all readers of this process.
+
+    py-lmdb allows one Environment per file per process, so two readers of one cache (a
+    dataset and a stats call, say) share it; it closes when its last reader closes. The
+    registry is emptied in a forked child, which must open its own.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, list] = {}  # real path -> [env, dbs, number of users]
+
+    def acquire(self, path: Path, readahead: bool) -> tuple[lmdb.Environment, dict]:
+        key = os.path.realpath(path)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = [*_open_readonly(path, readahead), 0]
+            entry[2] += 1
+            return entry[0], entry[1]
+
+    def release(self, path: Path) -> None:
+        key = os.path.realpath(path)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return
+            entry[2] -= 1
+            if entry[2] == 0:
+                entry[0].close()
+                del self._entries[key]
+
+
+_SHARED = _SharedEnvironments()
+
+
+@contextlib.contextmanager
+def readonly_environment(path: str | os.PathLike) -> Iterator[lmdb.Environment]:
+    """A shard opened read-only through the process-wide registry (for copies and scans)."""
+    path = Path(path)
+    env, _ = _SHARED.acquire(path, readahead=True)
+    try:
+        yield env
+    finally:
+        _SHARED.release(path)
+
+
+class StoreReader:
+    """Read-only access to a finished cache folder or a published generation.
+
+    Environments open lazily, once per process (shared with other readers of the same files in
+    the process; the first opener's readahead applies); the object pickles without them, so it
+    can be handed to DataLoader workers started by fork or spawn.
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike, readahead: bool = False, num_shards: int | None = None):
+        """`num_shards` (e.g. from the manifest) skips listing the folder; a missing shard file
+        then fails when that shard is first read."""
+        self.cache_dir = Path(cache_dir)
+        if not self.cache_dir.is_dir():
+            raise FileNotFoundError(f"cache folder {self.cache_dir} does not exist")
+        if num_shards is None:
+            self.shard_paths = find_shards(self.cache_dir)
+            if not self.shard_paths:
+                raise ValueError(f"{self.cache_dir} is not a cache: it has no shard-*.lmdb files")
+        else:
+            self.shard_paths = [self.cache_dir / shard_name(index) for index in range(num_shards)]
+        self.num_shards = len(self.shard_paths)
+        # readahead=False: training reads are random, and readahead would evict useful pages.
+        self.readahead = readahead
+        self._pid = os.getpid()
+        self._envs: dict[int, tuple[lmdb.Environment, dict]] = {}
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_envs"] = {}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._pid = os.getpid()
+
+    def _open(self, shard_index: int) -> tuple[lmdb.Environment, dict]:
+        if self._pid != os.getpid():
+            # Inherited through fork: LMDB handles must not be used across fork; the child's
+            # registry is empty and it opens its own. The parent's handles stay valid.
+            self._envs = {}
+            self._pid = os.getpid()
+        opened = self._envs.get(shard_index)
+        if opened is not None:
+            return opened
+        path = self.shard_paths[shard_index]
+        env, dbs = _SHARED.acquire(path, self.readahead)
+        try:
+            if dbs[META_TABLE] is None:
+                raise ValueError(f"shard {path} has no meta table: not a featurecache shard")
+            meta = read_shard_meta(env, dbs[META_TABLE], path)
+            check_shard_meta(meta, path, shard_index, self.num_shards)
+        except BaseException:
+            _SHARED.release(path)
+            raise
+        self._envs[shard_index] = (env, dbs)
+        return env, dbs
+
+    def where(self, table: str, key: str) -> str:
+        """'<shard path>/<table>': how errors name a record's location."""
+        return f"{self.shard_paths[shard_of(key, self.num_shards)]}/{table}"
+
+    def get(self, table: str, key: str) -> bytes | None:
+        check_table(table)
+        env, dbs = self._open(shard_of(key, self.num_shards))
+        if dbs[table] is None:
+            return None
+        with env.begin(db=dbs[table]) as txn:
+            return txn.get(key_bytes(key))
+
+    def get_record(self, table: str, key: str) -> Record | None:
+        """Decode a record straight from the memory map (no intermediate copy of the blob)."""
+        check_table(table)
+        env, dbs = self._open(shard_of(key, self.num_shards))
+        if dbs[table] is None:
+            return None
+        with env.begin(db=dbs[table], buffers=True) as txn:
+            view = txn.get(key_bytes(key))
+            # decode_record copies what it keeps, so nothing points into the map after the txn.
+            return None if view is None else decode_record(view, where=self.where(table, key), key=key)
+
+    def __contains__(self, item: tuple[str, str]) -> bool:
+        table, key = item
+        return self.get(table, key) is not None
+
+    def _cursor_items(self, shard_index: int, db_name: str, values: bool) -> Iterator:
+        env, dbs = self._open(shard_index)
+        if dbs[db_name] is None:
+            return
+        with env.begin(db=dbs[db_name]) as txn:
+            yield from txn.cursor().iternext(keys=True, values=values)
+
+    def keys(self, table: str) -> Iterator[str]:
+        """Keys of a table, shard by shard (sorted within a shard)."""
+        check_table(table)
+        for shard_index in range(self.num_shards):
+            for key in self._cursor_items(shard_index, table, values=False):
+                yield key.decode("utf-8", "surrogateescape")
+
+    def items(self, table: str, shard_index: int | None = None) -> Iterator[tuple[str, bytes]]:
+        """(key, blob) pairs of a table, of one shard or all."""
+        check_table(table)
+        shards = range(self.num_shards) if shard_index is None else [shard_index]
+        for index in shards:
+            for key, blob in self._cursor_items(index, table, values=True):
+                yield key.decode("utf-8", "surrogateescape"), blob
+
+    def index_blobs(self, table: str, shard_index: int) -> Iterator[tuple[str, bytes]]:
+        """(key, packed index entry) pairs stored beside a table's records in one shard."""
+        check_table(table)
+        for key, value in self._cursor_items(shard_index, index_table(table), values=True):
+            yield key.decode("utf-8", "surrogateescape"), value
+
+    def index_entries(self, table: str, shard_index: int) -> Iterator[tuple[str, Any]]:
+        """(key, index entry) pairs of one shard, decoded; ValueError names a damaged entry."""
+        where = f"{self.shard_paths[shard_index]}/{index_table(table)}"
+        for key, value in self.index_blobs(table, shard_index):
+            yield key, unpack_plain(value, f"{where}/{key}")
+
+    def count(self, table: str) -> int:
+        check_table(table)
+        total = 0
+        for shard_index in range(self.num_shards):
+            env, dbs = self._open(shard_index)
+            if dbs[table] is not None:
+                with env.begin() as txn:
+                    total += txn.stat(dbs[table])["entries"]
+        return total
+
+    def close(self) -> None:
+        if self._pid == os.getpid():
+            for shard_index in self._envs:
+                _SHARED.release(self.shard_paths[shard_index])
+        self._envs = {}
+
+    def __enter__(self) -> StoreReader:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

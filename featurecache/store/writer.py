@@ -1,0 +1,331 @@
+"""Writing a cache: ShardWriter (one shard file) and StoreWriter (all shards of a cache folder).
+
+Writers batch puts into transactions of StoreConfig.batch_records, grow the map when it is full
+and commit durably (fsync per commit). Each shard writer holds the shard's lock (locks.py), so
+a second writer fails at once with StoreLockedError. A record is visible only after its
+transaction commits, so a writer killed mid-batch leaves whole records or nothing. Opening a
+cache for writing removes its manifest; `StoreWriter.finish` writes it again, last.
+
+Typical use::
+
+    with StoreWriter(cache_dir, StoreConfig(num_shards=4)) as writer:
+        if writer.get(FEATURES_TABLE, target_id) is None:       # resume: skip finished work
+            blob = encode_record(target_id, arrays, meta, fingerprint, input_hash, SCHEMA_VERSION)
+            writer.put(FEATURES_TABLE, target_id, blob,
+                       index={"num_tokens": n, "msa_depth": m, "weight": w})
+        writer.finish(fingerprints={"features": fingerprint})  # manifest.json, last
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from featurecache.config import StoreConfig
+from featurecache.schema import TABLES
+from featurecache.store.codec import Record, decode_record, pack_plain, unpack_plain
+from featurecache.store.layout import (
+    MAX_DBS,
+    META_TABLE,
+    SHARD_DATABASES,
+    SHARD_META_KEY,
+    STORE_FORMAT,
+    check_index_entry,
+    check_shard_meta,
+    check_table,
+    find_shards,
+    index_table,
+    key_bytes,
+    open_shard,
+    read_shard_meta,
+    shard_name,
+    shard_of,
+)
+from featurecache.store.locks import ShardLock
+from featurecache.store.manifest import Manifest, remove_manifest, utc_now, write_manifest
+
+# Map growth doubles; stop at 16 TiB so a runaway record fails instead of eating the disk.
+_MAX_MAP_SIZE = 1 << 44
+
+
+class StoreWriteError(OSError):
+    """A shard could not be written (disk full, file size limit, permissions); names the shard."""
+
+
+def declared_shard_count(cache_dir: Path) -> int | None:
+    """The shard count the existing shard files were created for (from their meta entry).
+
+    A run killed while creating its shards leaves only the first few files; they still say how
+    many there should be. Files too new to hold a meta entry are skipped; None if none has one.
+    """
+    for path in find_shards(cache_dir):
+        try:
+            env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, max_dbs=MAX_DBS)
+        except lmdb.Error:
+            continue  # created but never committed to (killed before LMDB wrote its header)
+        try:
+            meta = read_shard_meta(env, env.open_db(META_TABLE.encode(), create=False), path)
+        except lmdb.Error:
+            continue
+        finally:
+            env.close()
+        if isinstance(meta, dict) and isinstance(meta.get("num_shards"), int):
+            return meta["num_shards"]
+    return None
+
+
+class ShardWriter:
+    """The one writer of one shard file; holds an exclusive flock while open."""
+
+    def __init__(self, path: str | os.PathLike, shard_index: int, num_shards: int, config: StoreConfig):
+        if config.batch_records < 1:
+            raise ValueError(f"StoreConfig.batch_records must be >= 1, got {config.batch_records}")
+        self.path = Path(path)
+        self.shard_index = shard_index
+        self.num_shards = num_shards
+        self.batch_records = config.batch_records
+        self._lock = ShardLock(self.path)
+        self._env = None
+        try:
+            # sync + metasync: a commit returns only once it is on disk.
+            self._env = open_shard(
+                self.path, "is open for reading in this process; close its StoreReader "
+                "(and anything holding one) before writing",
+                map_size=config.map_size_bytes, writemap=False, sync=True, metasync=True,
+            )
+            self._dbs = {name: self._env.open_db(name.encode(), create=True) for name in SHARD_DATABASES}
+            self._check_shard_meta()
+        except BaseException:
+            if self._env is not None:
+                self._env.close()
+            self._lock.release()
+            raise
+        self._pending: list[tuple[str, str, bytes | None, dict | None]] = []
+
+    def _check_shard_meta(self) -> None:
+        """A new shard gets its meta entry; an existing one must be this shard of this many."""
+        meta = read_shard_meta(self._env, self._dbs[META_TABLE], self.path)
+        if meta is not None:
+            check_shard_meta(meta, self.path, self.shard_index, self.num_shards)
+            return
+        meta = {"format": STORE_FORMAT, "shard_index": self.shard_index,
+                "num_shards": self.num_shards, "created": utc_now()}
+        with self._env.begin(write=True, db=self._dbs[META_TABLE]) as txn:
+            txn.put(SHARD_META_KEY, pack_plain(meta))
+
+    @property
+    def created(self) -> str:
+        return read_shard_meta(self._env, self._dbs[META_TABLE], self.path)["created"]
+
+    def put(self, table: str, key: str, blob: bytes, index: Mapping[str, Any] | None = None) -> None:
+        """Queue a record; it is committed with its batch (or on flush/close)."""
+        check_table(table)
+        key_bytes(key)
+        if not isinstance(blob, (bytes, bytearray, memoryview)):
+            raise TypeError(f"{table}/{key}: blob must be bytes, got {type(blob).__name__}")
+        entry = None if index is None else check_index_entry(table, key, index)
+        self._pending.append((table, key, bytes(blob), entry))
+        if len(self._pending) >= self.batch_records:
+            self.flush()
+
+    def delete(self, table: str, key: str) -> None:
+        check_table(table)
+        key_bytes(key)
+        self._pending.append((table, key, None, None))
+        if len(self._pending) >= self.batch_records:
+            self.flush()
+
+    def get(self, table: str, key: str) -> bytes | None:
+        """The record as the writer will leave it, queued writes included."""
+        check_table(table)
+        for pending_table, pending_key, blob, _ in reversed(self._pending):
+            if pending_table == table and pending_key == key:
+                return blob
+        with self._env.begin(db=self._dbs[table]) as txn:
+            return txn.get(key_bytes(key))
+
+    def keys(self, table: str) -> list[str]:
+        check_table(table)
+        self.flush()
+        with self._env.begin(db=self._dbs[table]) as txn:
+            return [key.decode("utf-8") for key in txn.cursor().iternext(keys=True, values=False)]
+
+    def flush(self) -> None:
+        """Commit queued writes in one durable transaction, growing the map when it is full."""
+        if not self._pending:
+            return
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    for table, key, blob, entry in self._pending:
+                        encoded = key_bytes(key)
+                        index_db = self._dbs[index_table(table)]
+                        if blob is None:
+                            txn.delete(encoded, db=self._dbs[table])
+                            txn.delete(encoded, db=index_db)
+                            continue
+                        txn.put(encoded, blob, db=self._dbs[table])
+                        if entry is None:
+                            txn.delete(encoded, db=index_db)  # a stale entry would outlive the record
+                        else:
+                            txn.put(encoded, pack_plain(entry), db=index_db)
+                break
+            except lmdb.MapFullError:
+                # The transaction was aborted as a whole; grow and replay it.
+                map_size = self._env.info()["map_size"] * 2
+                if map_size > _MAX_MAP_SIZE:
+                    raise RuntimeError(f"{self.path}: LMDB map would exceed {_MAX_MAP_SIZE} bytes") from None
+                self._env.set_mapsize(map_size)
+            except (lmdb.Error, OSError) as error:
+                # The batch is lost (its records are recomputed by the next run); dropping it
+                # keeps close() from failing the same way again.
+                lost = len(self._pending)
+                self._pending.clear()
+                raise StoreWriteError(
+                    f"cannot write to shard {self.path}: {error} (disk full or not writable?); "
+                    f"{lost} queued record(s) not written, committed records are intact"
+                ) from None
+        self._pending.clear()
+
+    def summary(self) -> dict:
+        """Counts and index entries of every table, for the manifest."""
+        self.flush()
+        counts, index = {}, {}
+        with self._env.begin() as txn:
+            for table in TABLES:
+                counts[table] = txn.stat(self._dbs[table])["entries"]
+                cursor = txn.cursor(db=self._dbs[index_table(table)])
+                index[table] = {
+                    key.decode("utf-8"): unpack_plain(value, f"{self.path}/{index_table(table)}")
+                    for key, value in cursor.iternext()
+                }
+        return {"counts": counts, "index": index}
+
+    def close_env(self) -> None:
+        """Commit what is queued and close the environment; the writer lock stays held."""
+        if self._env is None:
+            return
+        try:
+            self.flush()
+        finally:
+            self._env.close()
+            self._env = None
+
+    def close(self) -> None:
+        try:
+            self.close_env()
+        finally:
+            self._lock.release()
+
+
+class StoreWriter:
+    """Writes records into the shards of one cache folder (all shard locks held while open).
+
+    Opening a cache for writing removes its manifest, so a cache that is being changed is never
+    mistaken for a finished one; `finish` writes the manifest again.
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike, config: StoreConfig = StoreConfig()):
+        self.cache_dir = Path(cache_dir)
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        existing = find_shards(self.cache_dir)
+        declared = declared_shard_count(self.cache_dir) if existing else None
+        if declared is not None and declared != config.num_shards:
+            raise ValueError(
+                f"{self.cache_dir} was created with {declared} shards but StoreConfig.num_shards is "
+                f"{config.num_shards}; use num_shards={declared} or a new cache folder"
+            )
+        if declared is None and len(existing) > config.num_shards:
+            raise ValueError(
+                f"{self.cache_dir} has {len(existing)} shard files but StoreConfig.num_shards is "
+                f"{config.num_shards}; use num_shards={len(existing)} or a new cache folder"
+            )
+        if config.num_shards < 1:
+            raise ValueError(f"StoreConfig.num_shards must be >= 1, got {config.num_shards}")
+        self.num_shards = config.num_shards
+        self._shards: list[ShardWriter] = []
+        try:
+            for shard_index in range(self.num_shards):
+                path = self.cache_dir / shard_name(shard_index)
+                self._shards.append(ShardWriter(path, shard_index, self.num_shards, config))
+        except BaseException:
+            self._close_all()
+            raise
+        remove_manifest(self.cache_dir)
+
+    def _shard(self, key: str) -> ShardWriter:
+        if not self._shards:
+            raise RuntimeError(f"writer of {self.cache_dir} is closed")
+        return self._shards[shard_of(key, self.num_shards)]
+
+    def put(self, table: str, key: str, blob: bytes, index: Mapping[str, Any] | None = None) -> None:
+        """Store `blob` under (table, key); `index` is a small plain dict copied into the manifest.
+
+        For feature records the loader expects index fields num_tokens, msa_depth and weight.
+        A put without `index` drops the key's previous index entry.
+        """
+        self._shard(key).put(table, key, blob, index)
+
+    def delete(self, table: str, key: str) -> None:
+        self._shard(key).delete(table, key)
+
+    def get(self, table: str, key: str) -> bytes | None:
+        return self._shard(key).get(table, key)
+
+    def get_record(self, table: str, key: str) -> Record | None:
+        blob = self.get(table, key)
+        where = f"{self.cache_dir / shard_name(shard_of(key, self.num_shards))}/{table}"
+        return None if blob is None else decode_record(blob, where=where, key=key)
+
+    def __contains__(self, item: tuple[str, str]) -> bool:
+        table, key = item
+        return self.get(table, key) is not None
+
+    def keys(self, table: str) -> list[str]:
+        return [key for shard in self._shards for key in shard.keys(table)]
+
+    def flush(self) -> None:
+        for shard in self._shards:
+            shard.flush()
+
+    def finish(
+        self, fingerprints: Mapping[str, str] | None = None, schema_version: int | None = None
+    ) -> Manifest:
+        """Commit everything, close the shards and write manifest.json last; returns the Manifest."""
+        try:
+            summaries = [shard.summary() for shard in self._shards]
+            created = self._shards[0].created
+            for shard in self._shards:
+                shard.close_env()
+            # Still holding the shard locks: no writer can change a shard under the checksums.
+            return write_manifest(
+                self.cache_dir, summaries, fingerprints=fingerprints or {},
+                schema_version=schema_version, created=created,
+            )
+        finally:
+            self._close_all()
+
+    def _close_all(self) -> None:
+        errors = []
+        for shard in self._shards:
+            try:
+                shard.close()
+            except Exception as error:  # close every shard even if one fails
+                errors.append(error)
+        self._shards = []
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        """Commit queued writes and release the shards; no manifest (the cache stays unfinished)."""
+        self._close_all()
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
