@@ -150,7 +150,8 @@ def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, add
               help="Write a PNG with length and MSA-depth histograms and failures by stage.")
 def stats(cache_dir, as_json, plot_path):
     """Counts, sizes, length and MSA-depth distributions, warnings and failures by stage."""
-    from featurecache.store.inspect import cache_stats, format_stats, plot_stats
+    from featurecache.store.inspect import cache_stats, format_stats
+    from featurecache.store.plot import plot_stats
 
     _plot_path(plot_path)
     report = cache_stats(_existing_cache(cache_dir))

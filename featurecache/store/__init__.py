@@ -9,7 +9,8 @@
     files     durable file writes (atomic text files, fsync of files and folders)
     verify    verify_cache: every record decoded and checksummed, every shard file compared
     publish   publish / resolve_generation / gc: immutable generations on shared storage
-    inspect   cache_stats / format_stats / plot_stats / format_record: `stats` and `show`
+    inspect   cache_stats / format_stats / format_record: the `stats` and `show` text reports
+    plot      plot_stats: the `stats --plot` figure
 
 Table names and record format versions are in featurecache.schema; this package uses that
 and featurecache.config only.

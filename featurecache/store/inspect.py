@@ -1,4 +1,10 @@
-"""What is in a cache: counts, sizes, distributions, warnings and failures (`stats`, `show`)."""
+"""What is in a cache, as text: `featurecache stats` and `featurecache show`.
+
+cache_stats gathers counts, sizes, token-count / MSA-depth / template distributions, warnings
+and failures from the manifest and the records' headers; format_stats prints that report and
+format_record one record's arrays and metadata. plot.py draws the report (`stats --plot`).
+Only records and manifests are read: nothing here knows how features are computed.
+"""
 
 from __future__ import annotations
 
@@ -92,28 +98,6 @@ def format_stats(report: dict) -> str:
     for failure in report["failures"][:20]:
         lines.append(f"  [{failure['stage']}] {failure['key']}: {failure['message']} (attempts {failure['attempts']})")
     return "\n".join(lines)
-
-
-def plot_stats(report: dict, path: Path) -> None:
-    """PNG with the token-count and MSA-depth histograms and failures by stage."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    targets = report["targets"].values()
-    figure, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    axes[0].hist([t["num_tokens"] for t in targets], bins=30, color="#3b75af")
-    axes[0].set(title="tokens per target", xlabel="tokens", ylabel="targets")
-    axes[1].hist([t["msa_depth"] for t in targets], bins=30, color="#519e3e")
-    axes[1].set(title="MSA depth per target", xlabel="rows", ylabel="targets")
-    stages = report["failures_by_stage"] or {"(none)": 0}
-    axes[2].bar(list(stages), list(stages.values()), color="#c53a32")
-    axes[2].set(title="failures by stage", ylabel="records")
-    figure.suptitle(report["cache"], fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
 
 
 def _summarize_array(value: np.ndarray) -> str:
