@@ -1,14 +1,16 @@
-"""The units of precompute work, as plain functions (Ray wraps them in pipeline.py).
+"""The units of precompute work, as plain functions (ray_executor.py runs them on Ray or inline).
 
-- `read_target` parses one input file (mmCIF, or FASTA for sequence-only targets).
+- `read_target` parses one input file (mmCIF, or FASTA for sequence-only targets);
+  `parse_chains` gives its chains that are searched.
 - `search_chain` runs the configured search tools for one unique chain sequence and returns
   its MSA record (MSA + template hits), ready for the `msa` table.
-- `featurize_target` builds one target's feature record from its structure and the MSAs of
-  its chains, either ingested from an alignments folder or decoded from `msa` records.
+- `featurize_ingested` / `featurize_searched` build one target's feature record from its
+  structure and the MSAs of its chains, ingested from an alignments folder or decoded from
+  `msa` records.
 
-Every function returns encoded records (bytes), so workers never touch LMDB: the driver is
-the only writer, as LMDB requires. Failures raise `TaskError` carrying the stage and, for
-tools, the stderr tail; the driver turns them into `errors` records.
+Search and featurization return encoded records (bytes), so workers never touch LMDB: the
+driver is the only writer, as LMDB requires. Failures raise `TaskError` carrying the stage and,
+for tools, the stderr tail; the driver turns them into `errors` records.
 """
 
 from __future__ import annotations
@@ -21,14 +23,23 @@ import numpy as np
 
 from featurecache.config import FeatureConfig, fingerprint
 from featurecache.features.featurize import featurize_target as build_features
-from featurecache.schema import SCHEMA_VERSION
 from featurecache.io.alignments import AlignmentIndex
 from featurecache.io.common import ParseError
-from featurecache.io.inputs import FASTA_SUFFIXES, structure_from_fasta, target_id_for
 from featurecache.io.hits import TemplateHit, parse_hhr, parse_m8
+from featurecache.io.inputs import FASTA_SUFFIXES, structure_from_fasta, target_id_for
 from featurecache.io.mmcif import Structure, read_mmcif
 from featurecache.io.msa import Msa, parse_a3m, parse_stockholm
-from featurecache.store.codec import CorruptRecordError, decode_record, encode_record
+from featurecache.precompute.msa_records import (
+    decode_database_search,
+    decode_msa_record,
+    encode_database_search,
+    encode_msa_record,
+)
+from featurecache.precompute.pipeline_config import PipelineConfig
+from featurecache.precompute.search import SearchPlan, database_search_key, sequence_key
+from featurecache.precompute.tools import ToolError
+from featurecache.schema import SCHEMA_VERSION
+from featurecache.store.codec import CorruptRecordError, encode_record
 
 SEARCHED_TYPES = ("protein", "dna", "rna")
 
@@ -99,46 +110,9 @@ def chain_sequences(structure: Structure) -> list[ChainSequence]:
     ]
 
 
-# --- MSA records ------------------------------------------------------------------------------
-
-_HIT_SCALARS = ("name", "index", "aligned_cols", "sum_probs", "e_value", "identity", "query_start",
-                "query_end", "hit_start", "hit_end", "hit_sequence", "hit_length", "description", "source")
-
-
-def encode_msa_record(key: str, msa: Msa, hits: tuple[TemplateHit, ...] | list[TemplateHit], meta: dict,
-                      record_fingerprint: str, zstd_level: int) -> bytes:
-    """One chain's MSA and template hits as a record of the `msa` table."""
-    offsets = np.cumsum([0] + [len(hit.query_indices) for hit in hits]).astype(np.int64)
-    arrays = {
-        "aligned": msa.aligned,
-        "deletion_matrix": msa.deletion_matrix.astype(np.int32),
-        "hit_offsets": offsets,
-        "hit_query_indices": np.concatenate([hit.query_indices for hit in hits]).astype(np.int32)
-        if hits else np.zeros(0, np.int32),
-        "hit_hit_indices": np.concatenate([hit.hit_indices for hit in hits]).astype(np.int32)
-        if hits else np.zeros(0, np.int32),
-    }
-    meta = dict(meta)
-    meta["descriptions"] = list(msa.descriptions)
-    meta["msa_source"] = msa.source
-    meta["hits"] = [{name: getattr(hit, name) for name in _HIT_SCALARS} for hit in hits]
-    return encode_record(key, arrays, meta, record_fingerprint, "", SCHEMA_VERSION, zstd_level)
-
-
-def decode_msa_record(blob: bytes, where: str) -> tuple[Msa, list[TemplateHit]]:
-    record = decode_record(blob, where=where)
-    arrays, meta = record.arrays, record.meta
-    msa = Msa(arrays["aligned"], arrays["deletion_matrix"], tuple(meta["descriptions"]), meta["msa_source"])
-    offsets = arrays["hit_offsets"]
-    hits = [
-        TemplateHit(
-            **fields,
-            query_indices=arrays["hit_query_indices"][offsets[i]:offsets[i + 1]],
-            hit_indices=arrays["hit_hit_indices"][offsets[i]:offsets[i + 1]],
-        )
-        for i, fields in enumerate(meta["hits"])
-    ]
-    return msa, hits
+def parse_chains(target: TargetInput) -> list[ChainSequence]:
+    """The searched chains of one input; raises TaskError(stage='parse') naming the file."""
+    return chain_sequences(read_target(target.path))
 
 
 def query_only_msa(sequence: str, source: str) -> Msa:
@@ -186,34 +160,13 @@ def parse_search_result(result) -> tuple[Msa, list[TemplateHit]]:
     return combined, hits
 
 
-def encode_database_search(key: str, item, zstd_level: int) -> bytes:
-    """One database's raw output for one sequence, as a record of the `msa` table."""
-    meta = {name: getattr(item, name) for name in
-            ("database", "tool", "role", "output_format", "num_hits", "fingerprint", "wall_seconds", "tool_version")}
-    meta["command"] = list(item.command)
-    text = np.frombuffer(item.text.encode("utf-8"), dtype=np.uint8)
-    return encode_record(key, {"text": text}, meta, item.fingerprint, "", SCHEMA_VERSION, zstd_level)
-
-
-def decode_database_search(blob: bytes, where: str):
-    from featurecache.precompute.search import DatabaseSearch
-
-    record = decode_record(blob, where=where)
-    meta = dict(record.meta)
-    meta["command"] = tuple(meta["command"])
-    return DatabaseSearch(text=record.arrays["text"].tobytes().decode("utf-8"), **meta)
-
-
-def search_chain(sequence: ChainSequence, msa_key: str, plan, zstd_level: int,
+def search_chain(sequence: ChainSequence, msa_key: str, config: PipelineConfig, zstd_level: int,
                  stored_blobs: dict[str, bytes] | None = None) -> SearchOutcome:
     """Run every configured search for one unique chain sequence; raises TaskError on failure.
 
     `stored_blobs` are earlier per-database outputs for this sequence (database name -> record):
     those still current are reused, and the outcome carries records of the searches run now.
     """
-    from featurecache.precompute.search import database_search_key, sequence_key
-    from featurecache.precompute.tools import ToolError
-
     started = time.perf_counter()
     try:
         stored = {}
@@ -222,7 +175,7 @@ def search_chain(sequence: ChainSequence, msa_key: str, plan, zstd_level: int,
                 stored[name] = decode_database_search(blob, where=f"msa/{msa_key} (stored {name} output)")
             except CorruptRecordError:
                 pass  # a damaged stored output is searched again
-        result = plan.search(sequence.sequence, sequence.molecule_type, stored)
+        result = SearchPlan(config).search(sequence.sequence, sequence.molecule_type, stored)
         msa, hits = parse_search_result(result)
     except ToolError as error:
         raise TaskError("search", msa_key, str(error), getattr(error, "stderr_tail", "")) from None

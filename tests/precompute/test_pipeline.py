@@ -135,7 +135,7 @@ def test_cli_main_job_with_ray(tmp_path, small_inputs, shared_data):
     show = runner.invoke(cli, ["show", str(cache), "2q2k"])
     assert show.exit_code == 0 and "msa_profile" in show.output
     missing = runner.invoke(cli, ["show", str(cache), "nope"])
-    assert missing.exit_code == 1 and "nope" in missing.output
+    assert missing.exit_code == 2 and "nope" in missing.output  # a key that is not there: a usage error
 
 
 def test_kill_during_precompute_then_rerun(tmp_path, shared_data):

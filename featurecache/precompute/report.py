@@ -1,0 +1,61 @@
+"""What a precompute run tells its user: the summary (counts per stage, failures, time spent
+where) and the progress bars."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+STAGES = ("search", "featurize")
+FAILURES_SHOWN = 20  # failures listed in the text summary; `featurecache stats` lists them all
+
+
+@dataclass
+class StageCounts:
+    done: int = 0
+    skipped: int = 0
+    failed: int = 0
+
+
+@dataclass
+class PrecomputeSummary:
+    cache_dir: str
+    targets: int = 0
+    stages: dict[str, StageCounts] = field(default_factory=lambda: {stage: StageCounts() for stage in STAGES})
+    warnings: int = 0
+    failures: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+    tool_seconds: float = 0.0       # inside the search tools (summed over tasks)
+    featurize_seconds: float = 0.0  # parsing + featurization + encoding (summed over tasks)
+    write_seconds: float = 0.0      # driver time in LMDB writes
+
+    @property
+    def failed(self) -> int:
+        return self.stages["featurize"].failed
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["failed"] = self.failed
+        return data
+
+    def format(self) -> str:
+        lines = [f"cache {self.cache_dir}: {self.targets} target(s) in {self.seconds:.1f} s"]
+        for stage, counts in self.stages.items():
+            lines.append(f"  {stage:<10} done {counts.done:>6}  skipped {counts.skipped:>6}  failed {counts.failed:>6}")
+        if self.warnings:
+            lines.append(f"  warnings: {self.warnings} (see `featurecache stats`)")
+        for failure in self.failures[:FAILURES_SHOWN]:
+            lines.append(f"  FAILED {failure['stage']} {failure['key']}: {failure['message']}")
+        if len(self.failures) > FAILURES_SHOWN:
+            lines.append(f"  ... and {len(self.failures) - FAILURES_SHOWN} more failures (see `featurecache stats`)")
+        return "\n".join(lines)
+
+
+def progress_bars(enabled: bool):
+    """A factory of tqdm bars (``make(total=..., desc=..., unit=...)``), silent when not enabled."""
+    from tqdm.auto import tqdm
+
+    def make(**kwargs):
+        return tqdm(disable=not enabled, dynamic_ncols=True, **kwargs)
+
+    return make
