@@ -12,51 +12,42 @@ over all sample structures (several rounds, after a warm-up round), bytes per sa
 speed-up of featurecache against each. CPU only; run on the development machine:
 
     python3 benchmarks/loader.py [--rounds 5] [--record]
+
+`--rounds 1` is the smallest run (a few seconds a target after the cache is built).
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import gzip
+import os
 import pathlib
-import platform
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
+from harness import REPO, argument_parser, host_median_ms, run_stamp
+from records import Row, record
 
 from featurecache import CacheDataset
 from featurecache.config import FeatureConfig
 from featurecache.features.featurize import featurize_from_files
-from featurecache.io.alignments import AlignmentIndex
-from featurecache.io.mmcif import read_mmcif
+from featurecache.io import AlignmentIndex, read_mmcif
 from featurecache.precompute.pipeline import PrecomputeOptions, precompute
+from featurecache.schema import FEATURES_TABLE
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
+DATA = pathlib.Path(os.environ.get("FC_SHARED_DATA", REPO.parent / "shared" / "data"))
 CROP_SIZE = 384
 MSA_ROWS = 1024
-
-
-def _median_ms(function, rounds: int) -> float:
-    function()  # warm-up: imports, page cache, allocator
-    samples = []
-    for _ in range(rounds):
-        started = time.perf_counter()
-        function()
-        samples.append((time.perf_counter() - started) * 1e3)
-    return statistics.median(samples)
+WAYS = (("text", "text"), ("pickle", "npy.gz"), ("cache", "featurecache"))  # row key, variant name
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per sample (median reported)")
-    parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    stamp = run_stamp()
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="fc-loader-bench-"))
     cache = work / "cache"
@@ -94,14 +85,14 @@ def main() -> None:
         def from_cache():
             return dataset[position]
 
-        record_bytes = len(dataset.reader.get("features", target_id))
+        record_bytes = len(dataset.reader.get(FEATURES_TABLE, target_id))
         rows.append({
             "target": target_id,
             "tokens": int(arrays["restype"].shape[0]),
             "msa_rows": int(arrays["msa"].shape[0]),
-            "text_ms": _median_ms(from_text, max(1, args.rounds // 2)),
-            "pickle_ms": _median_ms(from_pickle, args.rounds),
-            "cache_ms": _median_ms(from_cache, args.rounds),
+            "text_ms": host_median_ms(from_text, max(1, args.rounds // 2)),
+            "pickle_ms": host_median_ms(from_pickle, args.rounds),
+            "cache_ms": host_median_ms(from_cache, args.rounds),
             "text_bytes": text_bytes,
             "pickle_bytes": pickle_path.stat().st_size,
             "cache_bytes": record_bytes,
@@ -111,13 +102,31 @@ def main() -> None:
     table = _format(rows)
     print(table)
     if args.record:
-        _record(table)
+        section = (f"### Run of {stamp.header()}\n\n`python3 benchmarks/loader.py --record --rounds {args.rounds}`. "
+                   f"Crop {CROP_SIZE} tokens, {MSA_ROWS} MSA rows; median ms per sample; sizes per sample on disk "
+                   f"(text = mmCIF + the alignment files it uses).\n\n{table}\n")
+        record(stamp, _csv_rows(rows), "loader", section, "Loader: per-sample read + decode + crop")
+
+
+def _totals(rows: list[dict]) -> dict:
+    return {key: sum(row[key] for row in rows) for key in rows[0] if key.endswith(("_ms", "_bytes"))}
+
+
+def _csv_rows(rows: list[dict]) -> list[Row]:
+    """Per target and summed over all targets: ms and KiB of each way."""
+    total = _totals(rows)
+    out = []
+    for shape, numbers in [*((row["target"], row) for row in rows), ("all targets", total)]:
+        for key, variant in WAYS:
+            out.append(Row("loader", variant, shape, "read ms", numbers[f"{key}_ms"]))
+            out.append(Row("loader", variant, shape, "stored KiB", numbers[f"{key}_bytes"] / 1024))
+    return out
 
 
 def _format(rows: list[dict]) -> str:
     lines = [
-        f"| target | tokens | MSA rows | text ms | npy.gz ms | featurecache ms | vs text | vs npy.gz | "
-        f"text KiB | npy.gz KiB | featurecache KiB |",
+        "| target | tokens | MSA rows | text ms | npy.gz ms | featurecache ms | vs text | vs npy.gz | "
+        "text KiB | npy.gz KiB | featurecache KiB |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in rows:
@@ -126,28 +135,13 @@ def _format(rows: list[dict]) -> str:
             f"{row['cache_ms']:.2f} | {row['text_ms'] / row['cache_ms']:.0f}x | {row['pickle_ms'] / row['cache_ms']:.1f}x | "
             f"{row['text_bytes'] / 1024:.0f} | {row['pickle_bytes'] / 1024:.0f} | {row['cache_bytes'] / 1024:.0f} |"
         )
-    total = {key: sum(row[key] for row in rows) for key in rows[0] if key.endswith(("_ms", "_bytes"))}
+    total = _totals(rows)
     lines.append(
         f"| **all** | | | {total['text_ms']:.1f} | {total['pickle_ms']:.1f} | {total['cache_ms']:.2f} | "
         f"**{total['text_ms'] / total['cache_ms']:.0f}x** | **{total['pickle_ms'] / total['cache_ms']:.1f}x** | "
         f"{total['text_bytes'] / 1024:.0f} | {total['pickle_bytes'] / 1024:.0f} | {total['cache_bytes'] / 1024:.0f} |"
     )
     return "\n".join(lines)
-
-
-def _record(table: str) -> None:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    header = (
-        f"\n## Loader: per-sample read + decode + crop ({datetime.date.today().isoformat()})\n\n"
-        f"`python3 benchmarks/loader.py --record` on the development machine ({platform.processor() or platform.machine()}, "
-        f"2 cores, CPU only), commit {commit}. Crop {CROP_SIZE} tokens, {MSA_ROWS} MSA rows; median ms per sample; "
-        f"sizes per sample on disk (text = mmCIF + the alignment files it uses).\n\n"
-    )
-    results = REPO / "benchmarks" / "RESULTS.md"
-    with open(results, "a") as handle:
-        if results.stat().st_size == 0:
-            handle.write("# Benchmark results\n")
-        handle.write(header + table + "\n")
 
 
 if __name__ == "__main__":

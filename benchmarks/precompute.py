@@ -14,22 +14,20 @@ overhead. Run: python3 benchmarks/precompute.py [--extra-sequences 12] [--record
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import gzip
+import os
 import pathlib
-import platform
-import subprocess
 import tempfile
 import time
 
 import ray
+from harness import REPO, argument_parser, run_stamp
+from records import Row, record
 
 from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 from featurecache.testing.testdb import build_test_databases, write_pipeline_config
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
+DATA = pathlib.Path(os.environ.get("FC_SHARED_DATA", REPO.parent / "shared" / "data"))
 UNIPROT = pathlib.Path("/usr/share/doc/mmseqs2/example-data/DB.fasta.gz")
 
 
@@ -76,10 +74,10 @@ def _run(inputs: pathlib.Path, config: pathlib.Path, cache: pathlib.Path, worker
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--extra-sequences", type=int, default=12, help="UniProt FASTA targets added to the structures")
-    parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
+    stamp = run_stamp()
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="fc-precompute-bench-"))
     databases = build_test_databases(work / "databases", DATA)
@@ -99,7 +97,7 @@ def main() -> None:
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for run in runs:
-        overhead = run["wall_s"] - run["tool_s"] / run["workers"]
+        overhead = _overhead_s(run)
         lines.append(
             f"| {run['workers']} | {run['targets']} | {run['searched']} | {run['failed']} | {run['wall_s']:.1f} | "
             f"{run['tool_s']:.1f} | {run['featurize_s']:.1f} | {run['write_s']:.2f} | {overhead:.1f} | "
@@ -110,15 +108,30 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if args.record:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True).stdout.strip()
-        with open(REPO / "benchmarks" / "RESULTS.md", "a") as handle:
-            handle.write(
-                f"\n## Precompute: tool time vs pipeline overhead ({datetime.date.today().isoformat()})\n\n"
-                f"`python3 benchmarks/precompute.py --record` on the development machine "
-                f"({platform.machine()}, 2 cores, shared), commit {commit}: jackhmmer + hhblits + nhmmer + "
-                f"hhsearch on the small test databases; the 5 sample structures + {args.extra_sequences} UniProt "
-                f"sequences. With 2 workers the wall time is compared with tool time / 2.\n\n{table}\n")
+        section = (f"### Run of {stamp.header()}\n\n`python3 benchmarks/precompute.py --record --extra-sequences "
+                   f"{args.extra_sequences}`: jackhmmer + hhblits + nhmmer + hhsearch on the small test databases; "
+                   f"the sample structures + {args.extra_sequences} UniProt sequences. With 2 workers the wall time "
+                   f"is compared with tool time / 2.\n\n{table}\n")
+        record(stamp, _csv_rows(runs), "precompute", section, "Precompute: tool time vs pipeline overhead")
+
+
+def _overhead_s(run: dict) -> float:
+    """Wall time not spent in the tools (their summed time shared among the workers)."""
+    return run["wall_s"] - run["tool_s"] / run["workers"]
+
+
+def _csv_rows(runs: list[dict]) -> list[Row]:
+    rows = []
+    for run in runs:
+        variant = f"{run['workers']} worker{'s' if run['workers'] > 1 else ''}"
+        shape = f"{run['targets']} targets, {run['searched']} sequences searched"
+        for metric, value in (("wall s", run["wall_s"]), ("tool s", run["tool_s"]),
+                              ("featurize s", run["featurize_s"]), ("LMDB write s", run["write_s"]),
+                              ("overhead s", _overhead_s(run)),
+                              ("overhead % of tool time", 100 * _overhead_s(run) / run["tool_s"]),
+                              ("Ray start-up s", run["ray_startup_s"])):
+            rows.append(Row("precompute", variant, shape, metric, value))
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Training-step benchmark of the AF3 trunk: featurecache's Triton kernels vs PyTorch eager vs
 torch.compile of the PyTorch path, in one run.
 
-    python benchmarks/train_step.py --out results/ [--depth 8] [--cache DIR --online DIR ...]
+    python3 benchmarks/train_step.py --out results/ [--depth 8] [--cache DIR --online DIR ...] [--record]
+    python3 benchmarks/train_step.py --smoke --depth 1 --block-lengths 16 --budget-s 120   # a CPU check
 
 Sections (each one is skipped, with the reason in the table, when the time budget runs out):
 
@@ -21,7 +22,6 @@ OUT/train_step.md.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gc
 import json
@@ -37,14 +37,14 @@ import time
 import traceback
 
 import torch
+from harness import argument_parser, run_stamp
+from records import Row, record
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from featurecache.training.cuda_graph import CapturedStep  # noqa: E402
-from featurecache.kernels.evo_attention import SizeLimitError  # noqa: E402
-from featurecache.model import AF3Trunk, preset  # noqa: E402
-from featurecache.model.pairformer import PairformerBlock  # noqa: E402
-from featurecache.testing.synthetic import random_batch  # noqa: E402
+from featurecache.kernels.evo_attention import SizeLimitError
+from featurecache.model import AF3Trunk, preset
+from featurecache.model.pairformer import PairformerBlock
+from featurecache.testing.synthetic import random_batch
+from featurecache.training.cuda_graph import CapturedStep
 
 VARIANTS = {
     # name: (kernel impl, torch.compile the blocks, replay the step as a CUDA graph)
@@ -454,8 +454,33 @@ def table(results: dict, args) -> str:
     return "\n".join(rows)
 
 
+def csv_rows(results: dict, args) -> list[Row]:
+    """Every measured number of the run, keyed as the table's rows are."""
+    rows = []
+    for key, result in results.items():
+        kind, _, variant = key.partition("/")
+        if not isinstance(result, dict) or not variant or kind == "profile":
+            continue
+        if kind.startswith("block") and "ms" in result:
+            shape = f"Pairformer block L={kind[len('block'):]}"
+            rows += [Row("train_step", variant, shape, "fwd+bwd ms", result["ms"]),
+                     Row("train_step", variant, shape, "peak GB", result["peak_gb"])]
+        elif kind == "step" and "ms" in result:
+            shape = f"training iteration, af3 depth {args.depth}, crop {args.crop}"
+            rows += [Row("train_step", variant, shape, "iteration ms", result["ms"]),
+                     Row("train_step", variant, shape, "peak GB", result["peak_gb"])]
+        elif kind == "maxcrop" and result.get("max_crop") is not None:
+            metric = "largest crop" if result["bound"] == "exact" else "largest crop, at least"
+            rows.append(Row("train_step", variant, f"af3 depth {args.depth}, steps of 64", metric,
+                            result["max_crop"]))
+        elif kind == "datawait" and "share" in result:
+            shape = f"af3 depth {args.depth}, crop {args.crop}, {args.num_workers} workers"
+            rows.append(Row("train_step", variant, shape, "data wait %", 100 * result["share"]))
+    return rows
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT", "bench-out")))
     parser.add_argument("--depth", type=int, default=8, help="Pairformer blocks of the af3 trunk (paper: 48)")
     parser.add_argument("--crop", type=int, default=384)
@@ -481,6 +506,8 @@ def main() -> None:
                         help="only the Pairformer block section (and the profile), for a short device call")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on any device: checks the script runs")
     args = parser.parse_args()
+    if args.smoke and args.record:
+        parser.error("--record with --smoke: a smoke run's numbers are not measurements")
 
     budget = Budget(args.budget_s)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -493,20 +520,9 @@ def main() -> None:
         overrides["num_pairformer_blocks"] = args.depth
         warmup, reps = 1, 2
     args.out.mkdir(parents=True, exist_ok=True)
-    results: dict = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__,
-        "commit": os.environ.get("FC_COMMIT", "unknown"),
-        "args": {k: str(v) for k, v in vars(args).items()},
-    }
-    try:
-        import triton
-
-        results["triton"] = triton.__version__
-    except ImportError:
-        results["triton"] = None
-    print(json.dumps({k: results[k] for k in ("date", "device", "torch", "triton", "commit")}), flush=True)
+    stamp = run_stamp()
+    results: dict = {**dataclasses.asdict(stamp), "args": {k: str(v) for k, v in vars(args).items()}}
+    print(stamp.header(), flush=True)
 
     # Cheapest and most important first: when the budget runs out, torch.compile (minutes of
     # compilation) is what is left out, and the table says so.
@@ -527,8 +543,7 @@ def main() -> None:
         return max_crop(runner, args.crop, args.crop_limit, args.msa_rows, args.templates, share)
 
     trunk = preset("af3", **overrides)
-    header = (f"{results['date']}, {results['device']}, torch {results['torch']}, triton {results['triton']}, "
-              f"commit {results['commit']}; {'tiny (smoke)' if args.smoke else 'af3'} trunk with "
+    header = (f"{stamp.header()}; {'tiny (smoke)' if args.smoke else 'af3'} trunk with "
               f"{trunk.num_pairformer_blocks} Pairformer blocks, {trunk.num_msa_blocks} MSA blocks "
               f"({args.msa_rows} rows), {trunk.num_template_blocks} template blocks ({args.templates} templates)")
 
@@ -590,6 +605,10 @@ def main() -> None:
     print()
     print(header)
     print(text)
+    if args.record:
+        section = (f"### Run of {header}\n\n`python3 benchmarks/train_step.py "
+                   f"{' '.join(sys.argv[1:])}`\n\n{text}\n")
+        record(stamp, csv_rows(results, args), "train_step", section, "Training step")
 
 
 if __name__ == "__main__":
