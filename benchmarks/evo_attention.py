@@ -76,7 +76,7 @@ SMOKE_CASES = [
 ]
 
 # Candidates per kernel: (block_m, block_n, num_warps, num_stages[, rows]). The top three of
-# the first H200 sweep (2026-12-02, see NOTES-evo_attention.md) plus row groups (5th entry).
+# the first H200 sweep (NOTES-evo_attention.md, attempt 1) plus row groups (5th entry).
 CANDIDATES = {
     "fwd": [(128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2), (128, 64, 4, 3),
             (64, 32, 4, 2, 2), (64, 32, 4, 2, 4), (128, 32, 4, 3, 2), (64, 64, 4, 3, 2), (32, 32, 4, 2, 4)],
