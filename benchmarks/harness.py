@@ -102,15 +102,14 @@ def time_ms(
         return float(
             triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none, return_mode="median")
         )
+
     # Host fallback, used to smoke-test benchmark scripts on CPU machines: a few calls, median.
-    samples = []
-    for _ in range(3):
+    def call():
         for tensor in grad_to_none or ():
             tensor.grad = None
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
+        return fn()
+
+    return host_median_ms(call, rounds=3)
 
 
 def host_median_ms(fn: Callable[[], object], rounds: int) -> float:
