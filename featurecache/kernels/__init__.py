@@ -2,15 +2,27 @@
 
 Only torch and triton are needed to import this package. Names are resolved lazily so that
 importing one op does not compile or import the others.
+
+Every op has the same parts, in the order a call goes through them: @triton.jit kernels,
+launchers (allocate, pick block sizes, launch), the autograd Function (and custom op) with the
+entry-point function, and the nn.Module where there is one. A large op is a package with one
+file per part (evo_attention/, triangle_mult/: kernels.py, launch.py, autograd.py, module.py);
+a small one is one file with the same sections in the same order (layernorm_linear.py,
+transition.py, gated_attention.py, residual.py). Shared by all:
+  runtime.py     host side: the kernel switch (KERNEL_CHOICES), TRITON_INTERPRET, tuned block
+                 configurations (configs/*.json), launch checks and tile sizes
+  primitives.py  @triton.jit building blocks: mma, cast, the LayerNorm prologue and backward
+  reference.py   the pure-PyTorch references: the CPU path and the tests' ground truth
 """
 
 from importlib import import_module
 
-# Imported eagerly: the function shares its name with its module, and a lazy lookup would hand
-# out the module once something imported `featurecache.kernels.evo_attention` directly.
+# Imported eagerly: the function shares its name with its package, and a lazy lookup would hand
+# out the package once something imported `featurecache.kernels.evo_attention` directly.
 from featurecache.kernels.evo_attention import evo_attention
 
 _EXPORTS = {
+    "KERNEL_CHOICES": "featurecache.kernels.runtime",
     "evo_attention_reference": "featurecache.kernels.reference",
     "gated_pair_attention": "featurecache.kernels.gated_attention",
     "gated_pair_attention_reference": "featurecache.kernels.reference",

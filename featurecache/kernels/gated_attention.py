@@ -6,8 +6,8 @@ for the output projection. What it saves against composing `split`, evo_attentio
 in autograd (the reference, `gated_pair_attention_reference`):
 - the backward writes dq, dk, dv, d_gate and d_bias straight into one packed gradient laid out
   like the projection (rows 16-element aligned), which the projection's backward reads in
-  place; autograd would concatenate five gradients into a new buffer (0.29 ms per triangle
-  attention at L = 384 on the H200, profile of 2026-12-03);
+  place; autograd would concatenate five gradients into a new buffer, one more pass over the
+  largest tensor of triangle attention;
 - the gate is one kernel each way (sigmoid, product and both gradients), not four to five
   elementwise kernels, and it reads the attention output through the ending node's transpose
   instead of copying it.
@@ -21,16 +21,19 @@ import torch
 import triton
 import triton.language as tl
 
-from featurecache.kernels import _common
-from featurecache.kernels._common import _cast
+from featurecache.kernels import runtime
 from featurecache.kernels.evo_attention import (
-    _check_inputs,
-    _interpreting,
+    check_inputs,
     evo_attention,
     evo_attention_backward,
     evo_attention_forward,
 )
+from featurecache.kernels.primitives import cast
 from featurecache.kernels.reference import gated_pair_attention_reference
+
+# --------------------------------------------------------------------------------------------
+# Triton kernels
+# --------------------------------------------------------------------------------------------
 
 
 @triton.jit
@@ -67,7 +70,7 @@ def _gate_fwd_kernel(
     g = tl.load(G + _strided(b, i, j, c, stride_gb, stride_gi, stride_gj), mask=m, other=0.0)
     o = tl.load(O + _strided(b, i, j, c, stride_ob, stride_oi, stride_oj), mask=m, other=0.0)
     y = tl.sigmoid(g.to(tl.float32)) * o.to(tl.float32)
-    tl.store(Y + dense, _cast(y, Y.dtype.element_ty, PRECISION), mask=m)
+    tl.store(Y + dense, cast(y, Y.dtype.element_ty, PRECISION), mask=m)
 
 
 @triton.jit
@@ -88,9 +91,14 @@ def _gate_bwd_kernel(
     o_offsets = _strided(b, i, j, c, stride_ob, stride_oi, stride_oj)
     o = tl.load(O + o_offsets, mask=m, other=0.0).to(tl.float32)
     s = tl.sigmoid(g.to(tl.float32))
-    tl.store(DO + o_offsets, _cast(dy * s, DO.dtype.element_ty, PRECISION), mask=m)
+    tl.store(DO + o_offsets, cast(dy * s, DO.dtype.element_ty, PRECISION), mask=m)
     tl.store(DG + _strided(b, i, j, c, stride_dgb, stride_dgi, stride_dgj),
-             _cast(dy * o * s * (1.0 - s), DG.dtype.element_ty, PRECISION), mask=m)
+             cast(dy * o * s * (1.0 - s), DG.dtype.element_ty, PRECISION), mask=m)
+
+
+# --------------------------------------------------------------------------------------------
+# Launch helpers
+# --------------------------------------------------------------------------------------------
 
 
 def _gate_grid(batch: int, length: int, inner: int) -> tuple[tuple[int, int], int, int]:
@@ -121,6 +129,11 @@ def _views(packed: torch.Tensor, heads: int, head_dim: int, transpose: bool):
     return q, k, v, gate, bias
 
 
+# --------------------------------------------------------------------------------------------
+# Autograd and the entry point
+# --------------------------------------------------------------------------------------------
+
+
 class _GatedPairAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, packed, mask, heads, head_dim, transpose, scale):
@@ -132,7 +145,7 @@ class _GatedPairAttention(torch.autograd.Function):
         bias = bias.unsqueeze(1).contiguous()
         if mask is not None:
             mask = (mask.transpose(1, 2) if transpose else mask).contiguous()
-        _check_inputs(q, k, v, bias, mask)
+        check_inputs(q, k, v, bias, mask)
         out, lse, key_end = evo_attention_forward(q, k, v, bias, mask, scale)
         out_pair = out.flatten(-2)  # [B, rows, L, H*D]: the pair's layout, transposed for the ending node
         if transpose:
@@ -140,7 +153,7 @@ class _GatedPairAttention(torch.autograd.Function):
         gated = packed.new_empty((batch, length, length, inner))
         grid, block_j, block_c = _gate_grid(batch, length, inner)
         _gate_fwd_kernel[grid](gate, out_pair, gated, length, inner, *_pair_strides(gate), *_pair_strides(out_pair),
-                               PRECISION=_common.dot_precision(packed.dtype), BLOCK_J=block_j, BLOCK_C=block_c)
+                               PRECISION=runtime.dot_precision(packed.dtype), BLOCK_J=block_j, BLOCK_C=block_c)
         ctx.save_for_backward(packed, bias, mask, out, lse, key_end)
         ctx.shape = (heads, head_dim, transpose, scale)
         return gated
@@ -168,7 +181,7 @@ class _GatedPairAttention(torch.autograd.Function):
         grid, block_j, block_c = _gate_grid(batch, length, inner)
         _gate_bwd_kernel[grid](d_gated, gate, out_pair, d_out_pair, d_gate, length, inner,
                                *_pair_strides(gate), *_pair_strides(out_pair), *_pair_strides(d_gate),
-                               PRECISION=_common.dot_precision(packed.dtype), BLOCK_J=block_j, BLOCK_C=block_c)
+                               PRECISION=runtime.dot_precision(packed.dtype), BLOCK_J=block_j, BLOCK_C=block_c)
         _, _, _, dbias = evo_attention_backward(d_out, q, k, v, bias, mask, out, lse, key_end, scale,
                                                 bias_grad=True, grads=(dq, dk, dv))
         d_bias.copy_(dbias.squeeze(1))
@@ -196,7 +209,7 @@ def gated_pair_attention(
                          f"{tuple(packed.shape[:3])}")
     if scale is None:
         scale = head_dim ** -0.5
-    if torch.compiler.is_compiling() or (packed.device.type != "cuda" and not _interpreting()):
+    if torch.compiler.is_compiling() or not runtime.runs_triton(packed.device):
         return gated_pair_attention_reference(packed, mask, heads, head_dim, transpose, scale, attention=evo_attention)
-    packed = _common.autocast_input(packed)
+    packed = runtime.autocast_input(packed)
     return _GatedPairAttention.apply(packed, mask, heads, head_dim, transpose, float(scale))

@@ -6,8 +6,8 @@ The backward's dx kernel recomputes it from x. For the weight gradient there are
 (WEIGHT_GRADS in configs/fused_ops.json): "matmul", where the dx kernel also writes LN(x) (a
 transient [rows, K] buffer, 36 MiB at 147,456 rows x 128 in bf16) and cuBLAS forms dy^T @ LN(x),
 and "recompute", a Triton kernel that re-normalizes x for every output tile and writes nothing
-[rows, K]. "recompute" re-reads x once per BLOCK_N outputs, which is why it lost at 128 -> 512
-(0.86 ms against torch.compile's 0.30; NOTES-fused_ops.md).
+[rows, K]. "recompute" re-reads x once per BLOCK_N outputs, so it loses where outputs are wide
+(the sweep's figures: benchmarks/NOTES-fused_ops.md).
 """
 
 from __future__ import annotations
@@ -17,17 +17,22 @@ import triton
 import triton.language as tl
 from torch import nn
 
-from featurecache.kernels import _common
-from featurecache.kernels._common import (
-    _cast,
-    _layernorm_rows,
-    _layernorm_rows_bwd,
-    _mma,
-    _normalize_saved,
+from featurecache.kernels import runtime
+from featurecache.kernels.primitives import (
+    cast,
+    layernorm_backward,
+    layernorm_params,
+    layernorm_prologue,
+    layernorm_prologue_saved,
+    mma,
 )
 from featurecache.kernels.reference import layernorm_linear_reference
 
 _OP = "layernorm_linear"
+
+# --------------------------------------------------------------------------------------------
+# Triton kernels
+# --------------------------------------------------------------------------------------------
 
 
 @triton.jit
@@ -54,10 +59,8 @@ def _layernorm_linear_fwd_kernel(
     # x [BLOCK_M, BLOCK_K]
     x = tl.load(X + rows[:, None] * n_in + cols_k[None, :],
                 mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-    xhat, mean, rstd = _layernorm_rows(x.to(tl.float32), k_mask, n_in, eps)
-    norm_w = tl.load(NORM_W + cols_k, mask=k_mask, other=0.0).to(tl.float32)
-    norm_b = tl.load(NORM_B + cols_k, mask=k_mask, other=0.0).to(tl.float32)
-    xn = _cast(xhat * norm_w[None, :] + norm_b[None, :], x.dtype, PRECISION)
+    norm_w, norm_b = layernorm_params(NORM_W, NORM_B, cols_k, k_mask)
+    xn, _, mean, rstd = layernorm_prologue(x, norm_w, norm_b, k_mask, n_in, eps, PRECISION)
 
     first_tile = pid_n * N_TILES
     last_tile = tl.minimum(first_tile + N_TILES, tl.cdiv(n_out, BLOCK_N))
@@ -65,12 +68,12 @@ def _layernorm_linear_fwd_kernel(
         cols_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = cols_n < n_out
         # W [BLOCK_N, BLOCK_K]
-        w = _cast(tl.load(W + cols_n[:, None] * n_in + cols_k[None, :],
+        w = cast(tl.load(W + cols_n[:, None] * n_in + cols_k[None, :],
                     mask=n_mask[:, None] & k_mask[None, :], other=0.0), x.dtype, PRECISION)
-        acc = _mma(xn, tl.trans(w), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), PRECISION)
+        acc = mma(xn, tl.trans(w), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), PRECISION)
         if HAS_BIAS:
             acc += tl.load(BIAS + cols_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(Y + rows[:, None] * stride_y + cols_n[None, :], _cast(acc, Y.dtype.element_ty, PRECISION),
+        tl.store(Y + rows[:, None] * stride_y + cols_n[None, :], cast(acc, Y.dtype.element_ty, PRECISION),
                  mask=row_mask[:, None] & n_mask[None, :])
     if pid_n == 0:
         tl.store(MEAN + rows, mean, mask=row_mask)
@@ -97,9 +100,8 @@ def _layernorm_linear_bwd_dx_kernel(
 
     x = tl.load(X + rows[:, None] * n_in + cols_k[None, :],
                 mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-    mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
-    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-    xhat = _normalize_saved(x.to(tl.float32), mean, rstd, k_mask)
+    norm_w, norm_b = layernorm_params(NORM_W, NORM_B, cols_k, k_mask)
+    xn, xhat, rstd = layernorm_prologue_saved(x, MEAN, RSTD, rows, row_mask, norm_w, norm_b, k_mask, PRECISION)
 
     # d(normalized input) = dy @ W, accumulated over output-feature tiles
     d_xn = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
@@ -108,21 +110,15 @@ def _layernorm_linear_bwd_dx_kernel(
         n_mask = cols_n < n_out
         dy = tl.load(DY + rows[:, None] * stride_dy + cols_n[None, :],
                      mask=row_mask[:, None] & n_mask[None, :], other=0.0)
-        w = _cast(tl.load(W + cols_n[:, None] * n_in + cols_k[None, :],
+        w = cast(tl.load(W + cols_n[:, None] * n_in + cols_k[None, :],
                     mask=n_mask[:, None] & k_mask[None, :], other=0.0), dy.dtype, PRECISION)
-        d_xn = _mma(dy, w, d_xn, PRECISION)
+        d_xn = mma(dy, w, d_xn, PRECISION)
 
-    norm_w = tl.load(NORM_W + cols_k, mask=k_mask, other=0.0).to(tl.float32)
     if STORE_XN:
-        norm_b = tl.load(NORM_B + cols_k, mask=k_mask, other=0.0).to(tl.float32)
-        tl.store(XN + rows[:, None] * n_in + cols_k[None, :],
-                 _cast(xhat * norm_w[None, :] + norm_b[None, :], XN.dtype.element_ty, PRECISION),
-                 mask=row_mask[:, None] & k_mask[None, :])
-    dx = _layernorm_rows_bwd(d_xn, xhat, norm_w, rstd, n_in)
-    tl.store(DX + rows[:, None] * n_in + cols_k[None, :], _cast(dx, DX.dtype.element_ty, PRECISION),
+        tl.store(XN + rows[:, None] * n_in + cols_k[None, :], xn, mask=row_mask[:, None] & k_mask[None, :])
+    dx = layernorm_backward(d_xn, xhat, rstd, norm_w, cols_k, k_mask, n_in, DNORM_W_PART, DNORM_B_PART, pid_m)
+    tl.store(DX + rows[:, None] * n_in + cols_k[None, :], cast(dx, DX.dtype.element_ty, PRECISION),
              mask=row_mask[:, None] & k_mask[None, :])
-    tl.store(DNORM_W_PART + pid_m * n_in + cols_k, tl.sum(d_xn * xhat, axis=0), mask=k_mask)
-    tl.store(DNORM_B_PART + pid_m * n_in + cols_k, tl.sum(d_xn, axis=0), mask=k_mask)
 
 
 @triton.jit
@@ -141,8 +137,7 @@ def _layernorm_linear_bwd_dw_kernel(
     cols_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     k_mask = cols_k < n_in
     n_mask = cols_n < n_out
-    norm_w = tl.load(NORM_W + cols_k, mask=k_mask, other=0.0).to(tl.float32)
-    norm_b = tl.load(NORM_B + cols_k, mask=k_mask, other=0.0).to(tl.float32)
+    norm_w, norm_b = layernorm_params(NORM_W, NORM_B, cols_k, k_mask)
 
     dw = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     dbias = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -151,14 +146,11 @@ def _layernorm_linear_bwd_dw_kernel(
         row_mask = rows < n_rows
         x = tl.load(X + rows[:, None] * n_in + cols_k[None, :],
                     mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
-        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-        xhat = _normalize_saved(x.to(tl.float32), mean, rstd, k_mask)
-        xn = _cast(xhat * norm_w[None, :] + norm_b[None, :], x.dtype, PRECISION)
+        xn, _, _ = layernorm_prologue_saved(x, MEAN, RSTD, rows, row_mask, norm_w, norm_b, k_mask, PRECISION)
         # padded rows give xn = norm_b but dy = 0 there, so they add nothing
         dy = tl.load(DY + rows[:, None] * stride_dy + cols_n[None, :],
                      mask=row_mask[:, None] & n_mask[None, :], other=0.0)
-        dw = _mma(tl.trans(dy), xn, dw, PRECISION)
+        dw = mma(tl.trans(dy), xn, dw, PRECISION)
         dbias += tl.sum(dy.to(tl.float32), axis=0)
     part = pid_s * n_out * n_in
     tl.store(DW_PART + part + cols_n[:, None] * n_in + cols_k[None, :], dw,
@@ -166,8 +158,9 @@ def _layernorm_linear_bwd_dw_kernel(
     tl.store(DBIAS_PART + pid_s * n_out + cols_n, dbias, mask=n_mask)
 
 
-def _launch_opts(config: dict[str, int]) -> dict[str, int]:
-    return {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+# --------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------
 
 
 def layernorm_linear_fwd(x2d, norm_weight, norm_bias, weight, bias, eps, aligned_rows=False):
@@ -183,19 +176,19 @@ def layernorm_linear_fwd(x2d, norm_weight, norm_bias, weight, bias, eps, aligned
     y = torch.empty((n_rows, stride_y), device=x2d.device, dtype=x2d.dtype)[:, :n_out]
     mean = torch.empty(n_rows, device=x2d.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
-    config = _common.kernel_config(_OP, "fwd")
-    block_k = _common.block_for(n_in)
-    block_m = _common.fit_block_m(config["BLOCK_M"], block_k)
-    block_n = min(config["BLOCK_N"], _common.block_for(n_out))
+    config = runtime.kernel_config(_OP, "fwd")
+    block_k = runtime.block_for(n_in)
+    block_m = runtime.fit_block_m(config["BLOCK_M"], block_k)
+    block_n = min(config["BLOCK_N"], runtime.block_for(n_out))
     n_tiles = min(config.get("N_TILES", 1), triton.cdiv(n_out, block_n))
     grid = (triton.cdiv(n_rows, block_m), triton.cdiv(triton.cdiv(n_out, block_n), n_tiles))
     _layernorm_linear_fwd_kernel[grid](
         x2d, norm_weight, norm_bias, weight, bias if bias is not None else weight, y, mean, rstd,
         n_rows, n_in, n_out, stride_y, eps,
         HAS_BIAS=bias is not None,
-        PRECISION=_common.dot_precision(x2d.dtype),
+        PRECISION=runtime.dot_precision(x2d.dtype),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, N_TILES=n_tiles,
-        **_launch_opts(config),
+        **runtime.launch_options(config),
     )
     return y, mean, rstd
 
@@ -207,14 +200,14 @@ def layernorm_linear_bwd(dy, x2d, norm_weight, norm_bias, weight, mean, rstd, ha
     columns are contiguous."""
     n_rows, n_in = x2d.shape
     n_out = weight.shape[0]
-    precision = _common.dot_precision(x2d.dtype)
-    block_k = _common.block_for(n_in)
+    precision = runtime.dot_precision(x2d.dtype)
+    block_k = runtime.block_for(n_in)
 
-    matmul_weights = _common.kernel_config(_OP, "bwd_dw").get("WEIGHT_GRADS", "recompute") == "matmul"
+    matmul_weights = runtime.kernel_config(_OP, "bwd_dw").get("WEIGHT_GRADS", "recompute") == "matmul"
     xn = torch.empty_like(x2d) if matmul_weights else x2d  # x2d: a placeholder the kernel never writes
 
-    config = _common.kernel_config(_OP, "bwd_dx")
-    block_m = _common.fit_block_m(config["BLOCK_M"], block_k)
+    config = runtime.kernel_config(_OP, "bwd_dx")
+    block_m = runtime.fit_block_m(config["BLOCK_M"], block_k)
     n_tiles = triton.cdiv(n_rows, block_m)
     dx = torch.empty_like(x2d)
     dnorm_w_part = torch.empty((n_tiles, n_in), device=x2d.device, dtype=torch.float32)
@@ -224,8 +217,8 @@ def layernorm_linear_bwd(dy, x2d, norm_weight, norm_bias, weight, mean, rstd, ha
         n_rows, n_in, n_out, dy.stride(0),
         STORE_XN=matmul_weights,
         PRECISION=precision,
-        BLOCK_M=block_m, BLOCK_N=min(config["BLOCK_N"], _common.block_for(n_out)), BLOCK_K=block_k,
-        **_launch_opts(config),
+        BLOCK_M=block_m, BLOCK_N=min(config["BLOCK_N"], runtime.block_for(n_out)), BLOCK_K=block_k,
+        **runtime.launch_options(config),
     )
     d_norm_w = dnorm_w_part.sum(0).to(norm_weight.dtype)
     d_norm_b = dnorm_b_part.sum(0).to(norm_bias.dtype)
@@ -234,11 +227,11 @@ def layernorm_linear_bwd(dy, x2d, norm_weight, norm_bias, weight, mean, rstd, ha
         d_weight = (dy.t() @ xn).to(weight.dtype)
         return dx, d_norm_w, d_norm_b, d_weight, dy.sum(0, dtype=torch.float32) if has_bias else None
 
-    config = _common.kernel_config(_OP, "bwd_dw")
-    block_m = _common.fit_block_m(config["BLOCK_M"], block_k)
-    block_n = min(config["BLOCK_N"], _common.block_for(n_out))
+    config = runtime.kernel_config(_OP, "bwd_dw")
+    block_m = runtime.fit_block_m(config["BLOCK_M"], block_k)
+    block_n = min(config["BLOCK_N"], runtime.block_for(n_out))
     n_col_tiles = triton.cdiv(n_out, block_n)
-    n_splits = _common.row_splits(triton.cdiv(n_rows, block_m), n_col_tiles, x2d.device)
+    n_splits = runtime.row_splits(triton.cdiv(n_rows, block_m), n_col_tiles, x2d.device)
     dw_part = torch.empty((n_splits, n_out, n_in), device=x2d.device, dtype=torch.float32)
     dbias_part = torch.empty((n_splits, n_out), device=x2d.device, dtype=torch.float32)
     _layernorm_linear_bwd_dw_kernel[(n_col_tiles, n_splits)](
@@ -246,9 +239,14 @@ def layernorm_linear_bwd(dy, x2d, norm_weight, norm_bias, weight, mean, rstd, ha
         n_rows, n_in, n_out, dy.stride(0), n_splits,
         PRECISION=precision,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        **_launch_opts(config),
+        **runtime.launch_options(config),
     )
     return dx, d_norm_w, d_norm_b, dw_part.sum(0).to(weight.dtype), dbias_part.sum(0) if has_bias else None
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd and the entry point
+# --------------------------------------------------------------------------------------------
 
 
 class _LayerNormLinearFunction(torch.autograd.Function):
@@ -281,42 +279,48 @@ def layernorm_linear(x, norm_weight, norm_bias, weight, bias=None, eps=1e-5, ali
 
     aligned_rows: return a view whose rows are 16-element aligned (see layernorm_linear_fwd)
     instead of a contiguous tensor."""
-    _common.check_triton_inputs(_OP, x)
-    x = _common.autocast_input(x)
-    _common.max_channels_check(_OP, "in_features", x.shape[-1])
+    runtime.check_triton_inputs(_OP, x)
+    x = runtime.autocast_input(x)
+    runtime.max_channels_check(_OP, "in_features", x.shape[-1])
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"{_OP}: x has {x.shape[-1]} features, weight expects {weight.shape[1]}")
     if x.numel() == 0:
         # no rows: nothing to launch; the result stays connected to the graph for autograd
         return layernorm_linear_reference(x, norm_weight, norm_bias, weight, bias, eps)
-    (weight,) = _common.weights_like(x, weight)
+    (weight,) = runtime.weights_like(x, weight)
     return _LayerNormLinearFunction.apply(x, norm_weight, norm_bias, weight, bias, eps, aligned_rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Module
+# --------------------------------------------------------------------------------------------
 
 
 class LayerNormLinear(nn.Module):
     """linear(norm(x)) with parameters named as nn.LayerNorm `norm` and nn.Linear `linear`.
 
-    impl="triton" runs the fused kernels; impl="torch" runs the PyTorch reference. Both hold
-    identical parameters, so a state_dict moves between them.
+    kernels="triton" runs the fused kernels; kernels="torch" runs the PyTorch reference. Both
+    hold identical parameters, so a state_dict moves between them.
     """
 
+    @runtime.accepts_impl_keyword
     def __init__(
         self,
         in_features: int,
         out_features: int,
         bias: bool = True,
         eps: float = 1e-5,
-        impl: str = "triton",
+        kernels: str = "triton",
         aligned_rows: bool = False,
     ) -> None:
         super().__init__()
-        self.impl = _common.check_impl(impl)
+        self.kernels = runtime.check_kernels(kernels)
         self.aligned_rows = aligned_rows
         self.norm = nn.LayerNorm(in_features, eps=eps)
         self.linear = nn.Linear(in_features, out_features, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         args = (x, self.norm.weight, self.norm.bias, self.linear.weight, self.linear.bias, self.norm.eps)
-        if self.impl == "triton":
+        if self.kernels == "triton":
             return layernorm_linear(*args, aligned_rows=self.aligned_rows)
         return layernorm_linear_reference(*args)

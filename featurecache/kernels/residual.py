@@ -5,8 +5,8 @@ any residual stream), while every update reads it in bf16. Composed from PyTorch
 the Pairformer's five pair updates then costs four memory-bound kernels around it: the add
 (fp32 + bf16), the next module's cast to bf16, and in the backward the cast of that module's
 bf16 input gradient back to fp32 and its add to the stream's gradient (plus a cast of the
-update's gradient to bf16). On the H200 at L = 384 those were 1.05 ms of a block's 10.9 ms
-(profile of 2026-12-03). Here each direction is one kernel:
+update's gradient to bf16), each a full pass over the largest tensor of the trunk (profiles:
+benchmarks/NOTES-train_step.md). Here each direction is one kernel:
 - forward: new = z + update in fp32, written once in fp32 and once in bf16;
 - backward: d_z = d_new + d_low (fp32) and d_update = d_z in the update's dtype.
 """
@@ -17,10 +17,14 @@ import torch
 import triton
 import triton.language as tl
 
-from featurecache.kernels import _common
-from featurecache.kernels._common import _cast
+from featurecache.kernels import runtime
+from featurecache.kernels.primitives import cast
 
 _BLOCK = 2048
+
+# --------------------------------------------------------------------------------------------
+# Triton kernels
+# --------------------------------------------------------------------------------------------
 
 
 @triton.jit
@@ -29,7 +33,7 @@ def _residual_fwd_kernel(Z, U, NEW, LOW, n, PRECISION: tl.constexpr, BLOCK: tl.c
     m = offsets < n
     new = tl.load(Z + offsets, mask=m, other=0.0).to(tl.float32) + tl.load(U + offsets, mask=m, other=0.0).to(tl.float32)
     tl.store(NEW + offsets, new.to(NEW.dtype.element_ty), mask=m)
-    tl.store(LOW + offsets, _cast(new, LOW.dtype.element_ty, PRECISION), mask=m)
+    tl.store(LOW + offsets, cast(new, LOW.dtype.element_ty, PRECISION), mask=m)
 
 
 @triton.jit
@@ -43,7 +47,12 @@ def _residual_bwd_kernel(D_NEW, D_LOW, D_Z, D_U, n, HAS_D_NEW: tl.constexpr, HAS
     if HAS_D_LOW:
         grad += tl.load(D_LOW + offsets, mask=m, other=0.0).to(tl.float32)
     tl.store(D_Z + offsets, grad.to(D_Z.dtype.element_ty), mask=m)
-    tl.store(D_U + offsets, _cast(grad, D_U.dtype.element_ty, PRECISION), mask=m)
+    tl.store(D_U + offsets, cast(grad, D_U.dtype.element_ty, PRECISION), mask=m)
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd (the launches are one line each) and the entry points
+# --------------------------------------------------------------------------------------------
 
 
 class _ResidualAdd(torch.autograd.Function):
@@ -52,7 +61,7 @@ class _ResidualAdd(torch.autograd.Function):
         new = torch.empty_like(z)
         low = torch.empty_like(z, dtype=low_dtype)
         n = z.numel()
-        _residual_fwd_kernel[(triton.cdiv(n, _BLOCK),)](z, update, new, low, n, PRECISION=_common.dot_precision(low_dtype),
+        _residual_fwd_kernel[(triton.cdiv(n, _BLOCK),)](z, update, new, low, n, PRECISION=runtime.dot_precision(low_dtype),
                                                        BLOCK=_BLOCK)
         ctx.update_dtype = update.dtype
         return new, low
@@ -70,7 +79,7 @@ class _ResidualAdd(torch.autograd.Function):
         _residual_bwd_kernel[(triton.cdiv(n, _BLOCK),)](
             d_new if d_new is not None else d_z, d_low if d_low is not None else d_z, d_z, d_update, n,
             HAS_D_NEW=d_new is not None, HAS_D_LOW=d_low is not None,
-            PRECISION=_common.dot_precision(ctx.update_dtype), BLOCK=_BLOCK)
+            PRECISION=runtime.dot_precision(ctx.update_dtype), BLOCK=_BLOCK)
         return d_z, d_update, None
 
 
@@ -89,6 +98,6 @@ def residual_add(z: torch.Tensor, update: torch.Tensor) -> tuple[torch.Tensor, t
     composition itself)."""
     if (z.dtype != torch.float32 or not torch.is_autocast_enabled(z.device.type)
             or z.shape != update.shape or not z.is_contiguous() or not update.is_contiguous()
-            or torch.compiler.is_compiling() or (z.device.type != "cuda" and not _common.interpreted())):
+            or torch.compiler.is_compiling() or not runtime.runs_triton(z.device)):
         return residual_add_reference(z, update)
     return _ResidualAdd.apply(z, update, torch.get_autocast_dtype(z.device.type))

@@ -9,9 +9,10 @@ produces dx and the LayerNorm parameter gradients. The weight gradients follow t
 named by WEIGHT_GRADS in configs/fused_ops.json:
 - "recompute": a second kernel over (hidden chunk, row split) recomputes the chunks and
   accumulates the three weight gradients in registers; nothing [rows, n*C] is written.
-- "matmul": the dx kernel also writes [d_a | d_b], the hidden and LN(x), and cuBLAS forms the
-  weight gradients. On the H200 this halves the step (1.86 -> 0.97 ms at the size above) for
-  460 MiB of transient memory (benchmarks/NOTES-fused_ops.md).
+- "matmul": the dx kernel also writes [d_a | d_b], the hidden and LN(x) (460 MiB of transient
+  memory at the size above), and cuBLAS forms the weight gradients: large products run at
+  cuBLAS's speed instead of the small tiles the recompute kernel can hold in registers
+  (figures: benchmarks/NOTES-fused_ops.md).
 """
 
 from __future__ import annotations
@@ -21,17 +22,22 @@ import triton
 import triton.language as tl
 from torch import nn
 
-from featurecache.kernels import _common
-from featurecache.kernels._common import (
-    _cast,
-    _layernorm_rows,
-    _layernorm_rows_bwd,
-    _mma,
-    _normalize_saved,
+from featurecache.kernels import runtime
+from featurecache.kernels.primitives import (
+    cast,
+    layernorm_backward,
+    layernorm_params,
+    layernorm_prologue,
+    layernorm_prologue_saved,
+    mma,
 )
 from featurecache.kernels.reference import transition_reference
 
 _OP = "transition"
+
+# --------------------------------------------------------------------------------------------
+# Triton kernels
+# --------------------------------------------------------------------------------------------
 
 
 @triton.jit
@@ -51,10 +57,8 @@ def _transition_fwd_kernel(
     tile_mask = row_mask[:, None] & col_mask[None, :]
 
     x = tl.load(X + rows[:, None] * n_ch + cols[None, :], mask=tile_mask, other=0.0)
-    xhat, mean, rstd = _layernorm_rows(x.to(tl.float32), col_mask, n_ch, eps)
-    norm_w = tl.load(NORM_W + cols, mask=col_mask, other=0.0).to(tl.float32)
-    norm_b = tl.load(NORM_B + cols, mask=col_mask, other=0.0).to(tl.float32)
-    xn = _cast(xhat * norm_w[None, :] + norm_b[None, :], x.dtype, PRECISION)
+    norm_w, norm_b = layernorm_params(NORM_W, NORM_B, cols, col_mask)
+    xn, _, mean, rstd = layernorm_prologue(x, norm_w, norm_b, col_mask, n_ch, eps, PRECISION)
 
     acc = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
     zeros_h = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
@@ -65,11 +69,11 @@ def _transition_fwd_kernel(
         wa = tl.load(WA + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
         wb = tl.load(WB + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
         wo = tl.load(WO + cols[None, :] * n_hidden + hids[:, None], mask=w_mask, other=0.0)
-        a = _mma(xn, tl.trans(_cast(wa, x.dtype, PRECISION)), zeros_h, PRECISION)
-        b = _mma(xn, tl.trans(_cast(wb, x.dtype, PRECISION)), zeros_h, PRECISION)
-        hidden = _cast(a * tl.sigmoid(a) * b, x.dtype, PRECISION)
-        acc = _mma(hidden, _cast(wo, x.dtype, PRECISION), acc, PRECISION)
-    tl.store(Y + rows[:, None] * n_ch + cols[None, :], _cast(acc, Y.dtype.element_ty, PRECISION),
+        a = mma(xn, tl.trans(cast(wa, x.dtype, PRECISION)), zeros_h, PRECISION)
+        b = mma(xn, tl.trans(cast(wb, x.dtype, PRECISION)), zeros_h, PRECISION)
+        hidden = cast(a * tl.sigmoid(a) * b, x.dtype, PRECISION)
+        acc = mma(hidden, cast(wo, x.dtype, PRECISION), acc, PRECISION)
+    tl.store(Y + rows[:, None] * n_ch + cols[None, :], cast(acc, Y.dtype.element_ty, PRECISION),
              mask=tile_mask)
     tl.store(MEAN + rows, mean, mask=row_mask)
     tl.store(RSTD + rows, rstd, mask=row_mask)
@@ -78,9 +82,9 @@ def _transition_fwd_kernel(
 @triton.jit
 def _swiglu_bwd(xn, dy, wa, wb, wo, zeros_h, PRECISION: tl.constexpr):
     """Recompute one hidden chunk and its gradients: (hidden, d_a, d_b), fp32 [BLOCK_M, BLOCK_H]."""
-    a = _mma(xn, tl.trans(wa), zeros_h, PRECISION)
-    b = _mma(xn, tl.trans(wb), zeros_h, PRECISION)
-    d_hidden = _mma(dy, tl.trans(wo), zeros_h, PRECISION)
+    a = mma(xn, tl.trans(wa), zeros_h, PRECISION)
+    b = mma(xn, tl.trans(wb), zeros_h, PRECISION)
+    d_hidden = mma(dy, tl.trans(wo), zeros_h, PRECISION)
     sig = tl.sigmoid(a)
     silu = a * sig
     d_a = d_hidden * b * sig * (1.0 + a * (1.0 - sig))
@@ -107,12 +111,8 @@ def _transition_bwd_dx_kernel(
     tile_mask = row_mask[:, None] & col_mask[None, :]
 
     x = tl.load(X + rows[:, None] * n_ch + cols[None, :], mask=tile_mask, other=0.0)
-    mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
-    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-    xhat = _normalize_saved(x.to(tl.float32), mean, rstd, col_mask)
-    norm_w = tl.load(NORM_W + cols, mask=col_mask, other=0.0).to(tl.float32)
-    norm_b = tl.load(NORM_B + cols, mask=col_mask, other=0.0).to(tl.float32)
-    xn = _cast(xhat * norm_w[None, :] + norm_b[None, :], x.dtype, PRECISION)
+    norm_w, norm_b = layernorm_params(NORM_W, NORM_B, cols, col_mask)
+    xn, xhat, rstd = layernorm_prologue_saved(x, MEAN, RSTD, rows, row_mask, norm_w, norm_b, col_mask, PRECISION)
     dy = tl.load(DY + rows[:, None] * n_ch + cols[None, :], mask=tile_mask, other=0.0)
     if STORE_FOR_WEIGHTS:
         tl.store(XN + rows[:, None] * n_ch + cols[None, :], xn, mask=tile_mask)
@@ -125,27 +125,25 @@ def _transition_bwd_dx_kernel(
         wa = tl.load(WA + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
         wb = tl.load(WB + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
         wo = tl.load(WO + cols[None, :] * n_hidden + hids[:, None], mask=w_mask, other=0.0)
-        wa = _cast(wa, x.dtype, PRECISION)
-        wb = _cast(wb, x.dtype, PRECISION)
-        wo = _cast(wo, x.dtype, PRECISION)
+        wa = cast(wa, x.dtype, PRECISION)
+        wb = cast(wb, x.dtype, PRECISION)
+        wo = cast(wo, x.dtype, PRECISION)
         hidden, d_a, d_b = _swiglu_bwd(xn, dy, wa, wb, wo, zeros_h, PRECISION)
-        d_a = _cast(d_a, x.dtype, PRECISION)
-        d_b = _cast(d_b, x.dtype, PRECISION)
-        d_xn = _mma(d_a, wa, d_xn, PRECISION)
-        d_xn = _mma(d_b, wb, d_xn, PRECISION)
+        d_a = cast(d_a, x.dtype, PRECISION)
+        d_b = cast(d_b, x.dtype, PRECISION)
+        d_xn = mma(d_a, wa, d_xn, PRECISION)
+        d_xn = mma(d_b, wb, d_xn, PRECISION)
         if STORE_FOR_WEIGHTS:
             # D_AB [rows, 2 * n_hidden] = [d_a | d_b]; HIDDEN [rows, n_hidden]
             h_offsets = rows[:, None] * n_hidden + hids[None, :]
             h_mask = row_mask[:, None] & (hids < n_hidden)[None, :]
             tl.store(D_AB + rows[:, None] * n_hidden + h_offsets, d_a, mask=h_mask)
             tl.store(D_AB + rows[:, None] * n_hidden + h_offsets + n_hidden, d_b, mask=h_mask)
-            tl.store(HIDDEN + h_offsets, _cast(hidden, x.dtype, PRECISION), mask=h_mask)
+            tl.store(HIDDEN + h_offsets, cast(hidden, x.dtype, PRECISION), mask=h_mask)
 
-    dx = _layernorm_rows_bwd(d_xn, xhat, norm_w, rstd, n_ch)
-    tl.store(DX + rows[:, None] * n_ch + cols[None, :], _cast(dx, DX.dtype.element_ty, PRECISION),
+    dx = layernorm_backward(d_xn, xhat, rstd, norm_w, cols, col_mask, n_ch, DNORM_W_PART, DNORM_B_PART, pid)
+    tl.store(DX + rows[:, None] * n_ch + cols[None, :], cast(dx, DX.dtype.element_ty, PRECISION),
              mask=tile_mask)
-    tl.store(DNORM_W_PART + pid * n_ch + cols, tl.sum(d_xn * xhat, axis=0), mask=col_mask)
-    tl.store(DNORM_B_PART + pid * n_ch + cols, tl.sum(d_xn, axis=0), mask=col_mask)
 
 
 @triton.jit
@@ -164,15 +162,14 @@ def _transition_bwd_dw_kernel(
     hids = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     col_mask = cols < n_ch
     w_mask = (hids < n_hidden)[:, None] & col_mask[None, :]
-    norm_w = tl.load(NORM_W + cols, mask=col_mask, other=0.0).to(tl.float32)
-    norm_b = tl.load(NORM_B + cols, mask=col_mask, other=0.0).to(tl.float32)
+    norm_w, norm_b = layernorm_params(NORM_W, NORM_B, cols, col_mask)
     dtype = X.dtype.element_ty
     wa = tl.load(WA + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
     wb = tl.load(WB + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
     wo = tl.load(WO + cols[None, :] * n_hidden + hids[:, None], mask=w_mask, other=0.0)
-    wa = _cast(wa, dtype, PRECISION)
-    wb = _cast(wb, dtype, PRECISION)
-    wo = _cast(wo, dtype, PRECISION)
+    wa = cast(wa, dtype, PRECISION)
+    wb = cast(wb, dtype, PRECISION)
+    wo = cast(wo, dtype, PRECISION)
 
     # accumulated as [BLOCK_H, BLOCK_C]; d_wo is stored transposed into WO's [C, n_hidden]
     d_wa = tl.zeros((BLOCK_H, BLOCK_C), dtype=tl.float32)
@@ -184,39 +181,36 @@ def _transition_bwd_dw_kernel(
         row_mask = rows < n_rows
         tile_mask = row_mask[:, None] & col_mask[None, :]
         x = tl.load(X + rows[:, None] * n_ch + cols[None, :], mask=tile_mask, other=0.0)
-        mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
-        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-        xhat = _normalize_saved(x.to(tl.float32), mean, rstd, col_mask)
-        xn = _cast(xhat * norm_w[None, :] + norm_b[None, :], x.dtype, PRECISION)
+        xn, _, _ = layernorm_prologue_saved(x, MEAN, RSTD, rows, row_mask, norm_w, norm_b, col_mask, PRECISION)
         # padded rows have dy = 0, hence zero d_a, d_b and no contribution to d_wo
         dy = tl.load(DY + rows[:, None] * n_ch + cols[None, :], mask=tile_mask, other=0.0)
         hidden, d_a, d_b = _swiglu_bwd(xn, dy, wa, wb, wo, zeros_h, PRECISION)
-        d_wa = _mma(tl.trans(_cast(d_a, x.dtype, PRECISION)), xn, d_wa, PRECISION)
-        d_wb = _mma(tl.trans(_cast(d_b, x.dtype, PRECISION)), xn, d_wb, PRECISION)
-        d_wo = _mma(tl.trans(_cast(hidden, x.dtype, PRECISION)), dy, d_wo, PRECISION)
+        d_wa = mma(tl.trans(cast(d_a, x.dtype, PRECISION)), xn, d_wa, PRECISION)
+        d_wb = mma(tl.trans(cast(d_b, x.dtype, PRECISION)), xn, d_wb, PRECISION)
+        d_wo = mma(tl.trans(cast(hidden, x.dtype, PRECISION)), dy, d_wo, PRECISION)
     part = pid_s * n_hidden * n_ch
     tl.store(DWA_PART + part + hids[:, None] * n_ch + cols[None, :], d_wa, mask=w_mask)
     tl.store(DWB_PART + part + hids[:, None] * n_ch + cols[None, :], d_wb, mask=w_mask)
     tl.store(DWO_PART + part + cols[None, :] * n_hidden + hids[:, None], d_wo, mask=w_mask)
 
 
-def _launch_opts(config: dict[str, int]) -> dict[str, int]:
-    return {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
-
+# --------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------
 
 # Shared memory grows with the row tile [BLOCK_M, BLOCK_C] and the three weight tiles
-# [BLOCK_H, BLOCK_C], times the element size. Compiled for sm_90 (triton 3.6 and 3.9), the
-# configured tiles need up to 540 KB for fp32 at dim 384 against the H200's 227 KB; these element
-# budgets keep every kernel under ~200 KB for dims up to 1024 (benchmarks/NOTES-fused_ops.md).
+# [BLOCK_H, BLOCK_C], times the element size, and a Hopper SM has 227 KB of it: the configured
+# tiles would overflow it in fp32 at dim 384. These element budgets keep every kernel under
+# ~200 KB for dims up to 1024 (compiled sizes: benchmarks/NOTES-fused_ops.md).
 _ROW_TILE_ELEMENTS = {2: 16384, 4: 4096}
 _WEIGHT_TILE_ELEMENTS = {2: 16384, 4: 2048}
 
 
 def _tiles(kernel: str, n_ch: int, n_hidden: int, itemsize: int) -> tuple[dict[str, int], int, int, int]:
-    config = _common.kernel_config(_OP, kernel)
-    block_c = _common.block_for(n_ch)
-    block_m = _common.fit_block_m(config["BLOCK_M"], block_c, _ROW_TILE_ELEMENTS.get(itemsize, 4096))
-    block_h = min(config["BLOCK_H"], _common.block_for(n_hidden),
+    config = runtime.kernel_config(_OP, kernel)
+    block_c = runtime.block_for(n_ch)
+    block_m = runtime.fit_block_m(config["BLOCK_M"], block_c, _ROW_TILE_ELEMENTS.get(itemsize, 4096))
+    block_h = min(config["BLOCK_H"], runtime.block_for(n_hidden),
                   max(16, _WEIGHT_TILE_ELEMENTS.get(itemsize, 2048) // block_c))
     return config, block_m, block_h, block_c
 
@@ -232,9 +226,9 @@ def transition_fwd(x2d, norm_weight, norm_bias, weight_a, weight_b, weight_out, 
     _transition_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
         x2d, norm_weight, norm_bias, weight_a, weight_b, weight_out, y, mean, rstd,
         n_rows, n_ch, n_hidden, eps,
-        PRECISION=_common.dot_precision(x2d.dtype),
+        PRECISION=runtime.dot_precision(x2d.dtype),
         BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_C=block_c,
-        **_launch_opts(config),
+        **runtime.launch_options(config),
     )
     return y, mean, rstd
 
@@ -243,13 +237,13 @@ def transition_bwd(dy, x2d, norm_weight, norm_bias, weight_a, weight_b, weight_o
     """Gradients (dx, d_norm_weight, d_norm_bias, d_weight_a, d_weight_b, d_weight_out)."""
     n_rows, n_ch = x2d.shape
     n_hidden = weight_a.shape[0]
-    precision = _common.dot_precision(x2d.dtype)
+    precision = runtime.dot_precision(x2d.dtype)
     device = x2d.device
 
     # "matmul": the dx kernel also writes [d_a | d_b], the hidden and LN(x) (at 147,456 rows,
     # C=128, n=4 in bf16: 468 MiB) and cuBLAS forms the weight gradients; "recompute": a second
     # Triton kernel recomputes them and nothing [rows, n*C] is written.
-    matmul_weights = _common.kernel_config(_OP, "bwd_dw")["WEIGHT_GRADS"] == "matmul"
+    matmul_weights = runtime.kernel_config(_OP, "bwd_dw")["WEIGHT_GRADS"] == "matmul"
     if matmul_weights:
         d_ab = torch.empty((n_rows, 2 * n_hidden), device=device, dtype=x2d.dtype)
         hidden = torch.empty((n_rows, n_hidden), device=device, dtype=x2d.dtype)
@@ -269,7 +263,7 @@ def transition_bwd(dy, x2d, norm_weight, norm_bias, weight_a, weight_b, weight_o
         STORE_FOR_WEIGHTS=matmul_weights,
         PRECISION=precision,
         BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_C=block_c,
-        **_launch_opts(config),
+        **runtime.launch_options(config),
     )
 
     d_norm_w = dnorm_w_part.sum(0).to(norm_weight.dtype)
@@ -282,7 +276,7 @@ def transition_bwd(dy, x2d, norm_weight, norm_bias, weight_a, weight_b, weight_o
 
     config, block_m, block_h, block_c = _tiles("bwd_dw", n_ch, n_hidden, x2d.element_size())
     n_hidden_tiles = triton.cdiv(n_hidden, block_h)
-    n_splits = _common.row_splits(triton.cdiv(n_rows, block_m), n_hidden_tiles, device)
+    n_splits = runtime.row_splits(triton.cdiv(n_rows, block_m), n_hidden_tiles, device)
     dwa_part = torch.empty((n_splits, n_hidden, n_ch), device=device, dtype=torch.float32)
     dwb_part = torch.empty_like(dwa_part)
     dwo_part = torch.empty((n_splits, n_ch, n_hidden), device=device, dtype=torch.float32)
@@ -292,7 +286,7 @@ def transition_bwd(dy, x2d, norm_weight, norm_bias, weight_a, weight_b, weight_o
         n_rows, n_ch, n_hidden, n_splits,
         PRECISION=precision,
         BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_C=block_c,
-        **_launch_opts(config),
+        **runtime.launch_options(config),
     )
     return (
         dx,
@@ -302,6 +296,11 @@ def transition_bwd(dy, x2d, norm_weight, norm_bias, weight_a, weight_b, weight_o
         dwb_part.sum(0).to(weight_b.dtype),
         dwo_part.sum(0).to(weight_out.dtype),
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd and the entry point
+# --------------------------------------------------------------------------------------------
 
 
 class _TransitionFunction(torch.autograd.Function):
@@ -324,12 +323,12 @@ class _TransitionFunction(torch.autograd.Function):
 
 def transition(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps=1e-5):
     """Triton Transition; same signature and numerics as transition_reference."""
-    _common.check_triton_inputs(_OP, x)
-    x = _common.autocast_input(x)
-    _common.max_channels_check(_OP, "dim", x.shape[-1])
+    runtime.check_triton_inputs(_OP, x)
+    x = runtime.autocast_input(x)
+    runtime.max_channels_check(_OP, "dim", x.shape[-1])
     if x.is_cuda and x.element_size() > 2 and x.shape[-1] > 512:
         raise ValueError(f"{_OP}: dim={x.shape[-1]} in {x.dtype} needs more shared memory than a GPU has; "
-                         f"pass bf16/fp16 activations (autocast) or use impl='torch'")
+                         f"pass bf16/fp16 activations (autocast) or use kernels='torch'")
     if weight_a.shape[1] != x.shape[-1] or weight_out.shape != weight_a.shape[::-1]:
         raise ValueError(
             f"{_OP}: x has {x.shape[-1]} channels but weight_a is {tuple(weight_a.shape)} and "
@@ -338,27 +337,33 @@ def transition(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps=1e
     if x.numel() == 0:
         # no rows: nothing to launch; the result stays connected to the graph for autograd
         return transition_reference(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps)
-    weight_a, weight_b, weight_out = _common.weights_like(x, weight_a, weight_b, weight_out)
+    weight_a, weight_b, weight_out = runtime.weights_like(x, weight_a, weight_b, weight_out)
     return _TransitionFunction.apply(x, norm_weight, norm_bias, weight_a, weight_b, weight_out,
                                      eps)
+
+
+# --------------------------------------------------------------------------------------------
+# Module
+# --------------------------------------------------------------------------------------------
 
 
 class Transition(nn.Module):
     """AF3 Transition: linear_out(silu(linear_a(norm(x))) * linear_b(norm(x))).
 
-    impl="triton" runs the fused kernels; impl="torch" runs the PyTorch reference. Both hold
-    identical parameters, so a state_dict moves between them.
+    kernels="triton" runs the fused kernels; kernels="torch" runs the PyTorch reference. Both
+    hold identical parameters, so a state_dict moves between them.
     """
 
-    def __init__(self, dim: int, expansion: int = 4, eps: float = 1e-5, impl: str = "triton"):
+    @runtime.accepts_impl_keyword
+    def __init__(self, dim: int, expansion: int = 4, eps: float = 1e-5, kernels: str = "triton"):
         super().__init__()
-        self.impl = _common.check_impl(impl)
+        self.kernels = runtime.check_kernels(kernels)
         self.norm = nn.LayerNorm(dim, eps=eps)
         self.linear_a = nn.Linear(dim, expansion * dim, bias=False)
         self.linear_b = nn.Linear(dim, expansion * dim, bias=False)
         self.linear_out = nn.Linear(expansion * dim, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fn = transition if self.impl == "triton" else transition_reference
+        fn = transition if self.kernels == "triton" else transition_reference
         return fn(x, self.norm.weight, self.norm.bias, self.linear_a.weight, self.linear_b.weight,
                   self.linear_out.weight, self.norm.eps)

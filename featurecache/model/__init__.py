@@ -1,7 +1,8 @@
 """AF3 trunk on top of featurecache.kernels: presets `tiny` and `af3`, one switch for the kernels."""
 
-from featurecache.model.config import KERNEL_IMPLS, PRESETS, ModelConfig, preset
+from featurecache.kernels.runtime import KERNEL_CHOICES
+from featurecache.model.config import PRESETS, ModelConfig, preset
 from featurecache.model.heads import distogram_loss
 from featurecache.model.trunk import AF3Trunk
 
-__all__ = ["AF3Trunk", "KERNEL_IMPLS", "ModelConfig", "PRESETS", "distogram_loss", "preset"]
+__all__ = ["AF3Trunk", "KERNEL_CHOICES", "ModelConfig", "PRESETS", "distogram_loss", "preset"]

@@ -9,9 +9,10 @@ seconds.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 
-KERNEL_IMPLS = ("triton", "torch")
+from featurecache.kernels.runtime import KERNEL_CHOICES
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,8 @@ class ModelConfig:
     checkpoint_blocks: bool = True  # activation checkpointing per block while training
 
     def __post_init__(self) -> None:
-        if self.kernels not in KERNEL_IMPLS:
-            raise ValueError(f"ModelConfig.kernels is {self.kernels!r}, expected one of {KERNEL_IMPLS}")
+        if self.kernels not in KERNEL_CHOICES:
+            raise ValueError(f"ModelConfig.kernels is {self.kernels!r}, expected one of {KERNEL_CHOICES}")
         for name in ("c_s", "c_z", "c_m", "c_template", "single_heads", "pair_heads", "msa_heads"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
@@ -75,3 +76,12 @@ def preset(name: str, **overrides) -> ModelConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}, expected one of {sorted(PRESETS)}")
     return PRESETS[name].replace(**overrides)
+
+
+def __getattr__(name: str):
+    # KERNEL_IMPLS is the old name of featurecache.kernels.runtime.KERNEL_CHOICES.
+    if name == "KERNEL_IMPLS":
+        warnings.warn("featurecache.model.config.KERNEL_IMPLS is deprecated, use "
+                      "featurecache.kernels.runtime.KERNEL_CHOICES", DeprecationWarning, stacklevel=2)
+        return KERNEL_CHOICES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

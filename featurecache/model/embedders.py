@@ -150,7 +150,7 @@ class TemplateEmbedder(nn.Module):
         self.from_features = nn.Linear(TEMPLATE_FEATURE_DIM, c_t, bias=False)
         self.blocks = nn.ModuleList(
             PairStack(c_t, config.template_pair_heads, config.template_pair_head_dim,
-                      config.template_transition_expansion, impl=config.kernels)
+                      config.template_transition_expansion, kernels=config.kernels)
             for _ in range(config.num_template_blocks)
         )
         self.out_norm = nn.LayerNorm(c_t)

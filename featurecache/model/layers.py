@@ -1,8 +1,9 @@
 """Building blocks of the trunk that sit on top of the kernels.
 
-Every module takes `impl` ("triton" or "torch"). Both build the same parameters, so a state_dict
-moves between them; "triton" runs `featurecache.kernels` (EvoAttention and the fused small ops),
-"torch" runs the pure-PyTorch references. The glue is fused where it pays: each attention
+Every module takes `kernels` ("triton" or "torch"; `impl=`, its old name, still works with a
+DeprecationWarning). Both build the same parameters, so a state_dict moves between them;
+"triton" runs `featurecache.kernels` (EvoAttention and the fused small ops), "torch" runs the
+pure-PyTorch references. The glue is fused where it pays: each attention
 computes all of its projections (queries, keys, values, gate, and the bias where it comes from
 the same input) with one LayerNorm and one matrix product, and the kernels read q/k/v as strided
 views of that product instead of copies. The views come from one `split`, whose backward is a
@@ -18,18 +19,13 @@ from importlib import import_module
 import torch
 from torch import nn
 
-from featurecache.model.config import KERNEL_IMPLS
+from featurecache.kernels.runtime import accepts_impl_keyword, check_kernels
 
 _KERNEL_MODULES = {
     "LayerNormLinear": "featurecache.kernels.layernorm_linear",
     "Transition": "featurecache.kernels.transition",
     "TriangleMultiplication": "featurecache.kernels.triangle_mult",
 }
-
-
-def _check_impl(impl: str) -> None:
-    if impl not in KERNEL_IMPLS:
-        raise ValueError(f"kernel impl is {impl!r}, expected one of {KERNEL_IMPLS}")
 
 
 def _cast_to_autocast_dtype(module: nn.Module, args: tuple) -> tuple:
@@ -49,18 +45,18 @@ def _cast_to_autocast_dtype(module: nn.Module, args: tuple) -> tuple:
     return tuple(cast)
 
 
-def kernel_module(name: str, *args, impl: str, **kwargs) -> nn.Module:
+@accepts_impl_keyword
+def kernel_module(name: str, *args, kernels: str, **kwargs) -> nn.Module:
     """Build one of the fused-op modules of featurecache.kernels (imported at construction)."""
-    _check_impl(impl)
-    module = getattr(import_module(_KERNEL_MODULES[name]), name)(*args, impl=impl, **kwargs)
+    check_kernels(kernels)
+    module = getattr(import_module(_KERNEL_MODULES[name]), name)(*args, kernels=kernels, **kwargs)
     module.register_forward_pre_hook(_cast_to_autocast_dtype)
     return module
 
 
-def attention_fn(impl: str):
+def attention_fn(kernels: str):
     """evo_attention for "triton", its pure-PyTorch reference for "torch"."""
-    _check_impl(impl)
-    if impl == "torch":
+    if check_kernels(kernels) == "torch":
         from featurecache.kernels.reference import evo_attention_reference
 
         return evo_attention_reference
@@ -70,18 +66,16 @@ def attention_fn(impl: str):
     return evo_attention
 
 
-def residual_fn(impl: str):
+def residual_fn(kernels: str):
     """featurecache.kernels.residual's fused residual add (sum in fp32 and in bf16) or its reference."""
-    _check_impl(impl)
     from featurecache.kernels import residual
 
-    return residual.residual_add_reference if impl == "torch" else residual.residual_add
+    return residual.residual_add_reference if check_kernels(kernels) == "torch" else residual.residual_add
 
 
-def gated_pair_attention_fn(impl: str):
+def gated_pair_attention_fn(kernels: str):
     """The packed triangle-attention core (featurecache.kernels.gated_attention) or its reference."""
-    _check_impl(impl)
-    if impl == "torch":
+    if check_kernels(kernels) == "torch":
         from featurecache.kernels.reference import gated_pair_attention_reference
 
         return gated_pair_attention_reference
@@ -98,8 +92,9 @@ class TriangleAttention(nn.Module):
     projections (attention with bias and mask, the gate) is one op on the packed projection.
     """
 
+    @accepts_impl_keyword
     def __init__(self, c_z: int, num_heads: int, head_dim: int, node: str = "starting",
-                 eps: float = 1e-5, impl: str = "triton") -> None:
+                 eps: float = 1e-5, kernels: str = "triton") -> None:
         super().__init__()
         if node not in ("starting", "ending"):
             raise ValueError(f"TriangleAttention node is {node!r}, expected 'starting' or 'ending'")
@@ -111,10 +106,10 @@ class TriangleAttention(nn.Module):
         # Rows of the product 16-element aligned: q/k/v are read from it as strided views, and
         # 4 * inner + heads (516 at AF3's sizes) would leave their row stride unaligned, which
         # keeps Triton from vectorizing EvoAttention's loads.
-        self.proj = kernel_module("LayerNormLinear", c_z, 4 * inner + num_heads, bias=False, eps=eps, impl=impl,
-                                  aligned_rows=True)
+        self.proj = kernel_module("LayerNormLinear", c_z, 4 * inner + num_heads, bias=False, eps=eps,
+                                  kernels=kernels, aligned_rows=True)
         self.linear_out = nn.Linear(inner, c_z)
-        self.gated_attention = gated_pair_attention_fn(impl)
+        self.gated_attention = gated_pair_attention_fn(kernels)
 
     def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
         """z [B, L, L, C], pair_mask [B, L, L] bool -> update [B, L, L, C] (caller adds it)."""
@@ -128,16 +123,17 @@ class TriangleAttention(nn.Module):
 class AttentionPairBias(nn.Module):
     """Gated self-attention on the single representation with a bias from the pair (Algorithm 24)."""
 
+    @accepts_impl_keyword
     def __init__(self, c_s: int, c_z: int, num_heads: int, head_dim: int, eps: float = 1e-5,
-                 impl: str = "triton") -> None:
+                 kernels: str = "triton") -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim
         inner = num_heads * head_dim
-        self.proj = kernel_module("LayerNormLinear", c_s, 4 * inner, bias=True, eps=eps, impl=impl)
-        self.pair_bias = kernel_module("LayerNormLinear", c_z, num_heads, bias=False, eps=eps, impl=impl)
+        self.proj = kernel_module("LayerNormLinear", c_s, 4 * inner, bias=True, eps=eps, kernels=kernels)
+        self.pair_bias = kernel_module("LayerNormLinear", c_z, num_heads, bias=False, eps=eps, kernels=kernels)
         self.linear_out = nn.Linear(inner, c_s, bias=False)
-        self.attention = attention_fn(impl)
+        self.attention = attention_fn(kernels)
 
     def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
         """s [B, L, C_s], z [B, L, L, C_z], token_mask [B, L] bool -> update [B, L, C_s]."""
@@ -158,14 +154,15 @@ class PairWeightedAveraging(nn.Module):
     averaging is a batched matrix product, already the fastest form on either path.
     """
 
+    @accepts_impl_keyword
     def __init__(self, c_m: int, c_z: int, num_heads: int, head_dim: int, eps: float = 1e-5,
-                 impl: str = "triton") -> None:
+                 kernels: str = "triton") -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim
         inner = num_heads * head_dim
-        self.proj = kernel_module("LayerNormLinear", c_m, 2 * inner, bias=False, eps=eps, impl=impl)
-        self.pair_bias = kernel_module("LayerNormLinear", c_z, num_heads, bias=False, eps=eps, impl=impl)
+        self.proj = kernel_module("LayerNormLinear", c_m, 2 * inner, bias=False, eps=eps, kernels=kernels)
+        self.pair_bias = kernel_module("LayerNormLinear", c_z, num_heads, bias=False, eps=eps, kernels=kernels)
         self.linear_out = nn.Linear(inner, c_m, bias=False)
 
     def forward(self, m: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
@@ -186,10 +183,11 @@ class PairWeightedAveraging(nn.Module):
 class OuterProductMean(nn.Module):
     """MSA -> pair update: mean over valid rows of outer products (Algorithm 9)."""
 
-    def __init__(self, c_m: int, c_z: int, hidden_dim: int, eps: float = 1e-5, impl: str = "triton") -> None:
+    @accepts_impl_keyword
+    def __init__(self, c_m: int, c_z: int, hidden_dim: int, eps: float = 1e-5, kernels: str = "triton") -> None:
         super().__init__()
         self.hidden_dim = hidden_dim
-        self.proj = kernel_module("LayerNormLinear", c_m, 2 * hidden_dim, bias=True, eps=eps, impl=impl)
+        self.proj = kernel_module("LayerNormLinear", c_m, 2 * hidden_dim, bias=True, eps=eps, kernels=kernels)
         self.linear_out = nn.Linear(hidden_dim * hidden_dim, c_z)
 
     def forward(self, m: torch.Tensor, msa_mask: torch.Tensor) -> torch.Tensor:

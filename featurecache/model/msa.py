@@ -36,16 +36,16 @@ class MSABlock(nn.Module):
 
     def __init__(self, config: ModelConfig, last: bool) -> None:
         super().__init__()
-        impl = config.kernels
+        kernels = config.kernels
         self.last = last
-        self.outer_product_mean = OuterProductMean(config.c_m, config.c_z, config.outer_product_dim, impl=impl)
+        self.outer_product_mean = OuterProductMean(config.c_m, config.c_z, config.outer_product_dim, kernels=kernels)
         if not last:
             self.pair_weighted_averaging = PairWeightedAveraging(
-                config.c_m, config.c_z, config.msa_heads, config.msa_head_dim, impl=impl)
+                config.c_m, config.c_z, config.msa_heads, config.msa_head_dim, kernels=kernels)
             self.msa_transition = kernel_module(
-                "Transition", config.c_m, expansion=config.transition_expansion, impl=impl)
+                "Transition", config.c_m, expansion=config.transition_expansion, kernels=kernels)
         self.pair = PairStack(config.c_z, config.pair_heads, config.pair_head_dim,
-                              config.transition_expansion, impl=impl)
+                              config.transition_expansion, kernels=kernels)
 
     def forward(self, m: torch.Tensor, z: torch.Tensor, msa_mask: torch.Tensor, token_mask: torch.Tensor,
                 pair_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from featurecache.kernels.runtime import accepts_impl_keyword
 from featurecache.model.layers import AttentionPairBias, TriangleAttention, kernel_module, residual_fn
 
 
@@ -16,15 +17,16 @@ class PairStack(nn.Module):
     Each residual add also returns the new z in autocast's dtype, which the next update reads:
     one fused kernel instead of an add and a cast (featurecache.kernels.residual)."""
 
+    @accepts_impl_keyword
     def __init__(self, c_z: int, num_heads: int, head_dim: int, transition_expansion: int,
-                 impl: str = "triton") -> None:
+                 kernels: str = "triton") -> None:
         super().__init__()
-        self.tri_mul_out = kernel_module("TriangleMultiplication", c_z, direction="outgoing", impl=impl)
-        self.tri_mul_in = kernel_module("TriangleMultiplication", c_z, direction="incoming", impl=impl)
-        self.tri_att_start = TriangleAttention(c_z, num_heads, head_dim, node="starting", impl=impl)
-        self.tri_att_end = TriangleAttention(c_z, num_heads, head_dim, node="ending", impl=impl)
-        self.transition = kernel_module("Transition", c_z, expansion=transition_expansion, impl=impl)
-        self.residual = residual_fn(impl)
+        self.tri_mul_out = kernel_module("TriangleMultiplication", c_z, direction="outgoing", kernels=kernels)
+        self.tri_mul_in = kernel_module("TriangleMultiplication", c_z, direction="incoming", kernels=kernels)
+        self.tri_att_start = TriangleAttention(c_z, num_heads, head_dim, node="starting", kernels=kernels)
+        self.tri_att_end = TriangleAttention(c_z, num_heads, head_dim, node="ending", kernels=kernels)
+        self.transition = kernel_module("Transition", c_z, expansion=transition_expansion, kernels=kernels)
+        self.residual = residual_fn(kernels)
 
     def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
         return self.updates(z, pair_mask)[0]
@@ -39,12 +41,13 @@ class PairStack(nn.Module):
 
 
 class PairformerBlock(nn.Module):
+    @accepts_impl_keyword
     def __init__(self, c_s: int, c_z: int, single_heads: int, single_head_dim: int, pair_heads: int,
-                 pair_head_dim: int, transition_expansion: int, impl: str = "triton") -> None:
+                 pair_head_dim: int, transition_expansion: int, kernels: str = "triton") -> None:
         super().__init__()
-        self.pair = PairStack(c_z, pair_heads, pair_head_dim, transition_expansion, impl=impl)
-        self.attention = AttentionPairBias(c_s, c_z, single_heads, single_head_dim, impl=impl)
-        self.transition = kernel_module("Transition", c_s, expansion=transition_expansion, impl=impl)
+        self.pair = PairStack(c_z, pair_heads, pair_head_dim, transition_expansion, kernels=kernels)
+        self.attention = AttentionPairBias(c_s, c_z, single_heads, single_head_dim, kernels=kernels)
+        self.transition = kernel_module("Transition", c_s, expansion=transition_expansion, kernels=kernels)
 
     def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor,
                 pair_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,14 +79,15 @@ def run_blocks(blocks: nn.ModuleList, checkpointed: bool, *state, masks: tuple) 
 
 
 class Pairformer(nn.Module):
+    @accepts_impl_keyword
     def __init__(self, num_blocks: int, c_s: int, c_z: int, single_heads: int, single_head_dim: int,
                  pair_heads: int, pair_head_dim: int, transition_expansion: int,
-                 checkpoint_blocks: bool = True, impl: str = "triton") -> None:
+                 checkpoint_blocks: bool = True, kernels: str = "triton") -> None:
         super().__init__()
         self.checkpoint_blocks = checkpoint_blocks
         self.blocks = nn.ModuleList(
             PairformerBlock(c_s, c_z, single_heads, single_head_dim, pair_heads, pair_head_dim,
-                            transition_expansion, impl=impl)
+                            transition_expansion, kernels=kernels)
             for _ in range(num_blocks)
         )
 

@@ -35,7 +35,7 @@ class AF3Trunk(nn.Module):
         self.pairformer = Pairformer(
             config.num_pairformer_blocks, config.c_s, config.c_z, config.single_heads,
             config.single_head_dim, config.pair_heads, config.pair_head_dim,
-            config.transition_expansion, checkpoint_blocks=config.checkpoint_blocks, impl=config.kernels,
+            config.transition_expansion, checkpoint_blocks=config.checkpoint_blocks, kernels=config.kernels,
         )
         self.distogram_head = DistogramHead(config.c_z, config.distogram_bins)
 

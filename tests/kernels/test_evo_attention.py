@@ -8,19 +8,23 @@ multiple of the error that plain PyTorch makes in the same dtype.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
 import pytest
 import torch
 
-evo_module = importlib.import_module("featurecache.kernels.evo_attention")  # the module, not the function
 from featurecache.kernels.evo_attention import (
     SUPPORTED_HEAD_DIMS,
     BlockConfig,
+    SizeLimitError,
+    check_inputs,
     evo_attention,
+    evo_attention_backward,
+    evo_attention_forward,
     select_config,
 )
+from featurecache.kernels.evo_attention.config import CONFIG_FILE, load_tuned_configs, padded_head_dim
 from featurecache.kernels.reference import evo_attention_reference
+from featurecache.testing.compare import rel_error
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Relative error allowed even when PyTorch's own error is smaller still (fp32 rounding paths differ).
@@ -41,11 +45,6 @@ def _eager_attention(q, k, v, bias, mask, scale):
         row_has_key = keep.any(dim=-1, keepdim=True)
     weights = torch.softmax(logits, dim=-1) * row_has_key
     return torch.einsum("bnhqk,bnkhd->bnqhd", weights, v)
-
-
-def _relative_error(value: torch.Tensor, truth: torch.Tensor) -> float:
-    assert not torch.isnan(value).any(), "NaN in result"
-    return ((value.double() - truth).norm() / truth.norm().clamp_min(1e-30)).item()
 
 
 def _make_inputs(batch, rows, seq_len, heads, head_dim, bias_rows, masked, strided, dtype):
@@ -97,8 +96,9 @@ def _check_against_truth(q, k, v, bias, mask, scale=None):
     for name, mine, theirs, exact in zip(names, kernel, eager, truth):
         assert mine.shape == exact.shape, f"{name}: shape {tuple(mine.shape)} != {tuple(exact.shape)}"
         assert mine.dtype == theirs.dtype, f"{name}: dtype {mine.dtype}, eager gives {theirs.dtype}"
-        mine_error = _relative_error(mine, exact)
-        eager_error = _relative_error(theirs, exact)
+        assert not torch.isnan(mine).any(), f"{name}: NaN in result"
+        mine_error = rel_error(mine, exact)
+        eager_error = rel_error(theirs, exact)
         bound = ERROR_FACTOR * eager_error + ERROR_FLOOR[dtype]
         assert mine_error <= bound, (
             f"{name} ({dtype}): kernel error {mine_error:.2e} > {bound:.2e} (eager error {eager_error:.2e})"
@@ -198,7 +198,7 @@ def test_reference_matches_float64_eager():
     q, k, v, bias, mask = _make_inputs(1, 2, 15, 2, 8, "shared", True, strided=False, dtype=torch.float32)
     scale = 8 ** -0.5
     truth = _eager_attention(q.double(), k.double(), v.double(), bias.double(), mask, scale)
-    assert _relative_error(evo_attention_reference(q, k, v, bias, mask, scale), truth) < 1e-6
+    assert rel_error(evo_attention_reference(q, k, v, bias, mask, scale), truth) < 1e-6
 
 
 def test_cpu_without_interpreter_uses_reference(monkeypatch):
@@ -257,11 +257,11 @@ def test_rejects_bad_inputs_with_named_reason(change, message):
 
 
 def test_tuned_config_file_parses_and_covers_every_head_dim():
-    tuned = evo_module._load_tuned_configs()
-    assert tuned, f"no tuned GPU configs in {evo_module._CONFIG_FILE}"
+    tuned = load_tuned_configs()
+    assert tuned, f"no tuned GPU configs in {CONFIG_FILE}"
     for gpu, entries in tuned.items():
         largest_dim = max(dim_max for dim_max, _, _ in entries)
-        assert largest_dim >= max(evo_module._padded_head_dim(d) for d in SUPPORTED_HEAD_DIMS), gpu
+        assert largest_dim >= max(padded_head_dim(d) for d in SUPPORTED_HEAD_DIMS), gpu
         for _, _, config in entries:
             for block in (config.fwd, config.bwd_kv, config.bwd_q, config.bwd_bias):
                 assert block.block_m >= 16 and block.block_n >= 16, f"{gpu}: {block}"
@@ -287,14 +287,13 @@ def test_row_group_kernels_match_plain_kernels():
             bwd_kv=dataclasses.replace(base.bwd_kv, rows=rows),
             bwd_q=dataclasses.replace(base.bwd_q, rows=rows),
         )
-        out, lse, key_end = evo_module.evo_attention_forward(q, k, v, bias, mask, scale, config)
-        grads = evo_module.evo_attention_backward(grad_out, q, k, v, bias, mask, out, lse, key_end, scale, True,
-                                                  config)
+        out, lse, key_end = evo_attention_forward(q, k, v, bias, mask, scale, config)
+        grads = evo_attention_backward(grad_out, q, k, v, bias, mask, out, lse, key_end, scale, True, config)
         results[rows] = (out, lse, *grads)
     truth = _eager_attention(q.double(), k.double(), v.double(), bias.double(), mask, scale)
     eager = _eager_attention(q, k, v, bias, mask, scale)
-    bound = ERROR_FACTOR * _relative_error(eager, truth) + ERROR_FLOOR[q.dtype]
-    assert _relative_error(results[4][0], truth) <= bound
+    bound = ERROR_FACTOR * rel_error(eager, truth) + ERROR_FLOOR[q.dtype]
+    assert rel_error(results[4][0], truth) <= bound
     for name, plain, grouped in zip(["out", "lse", "dq", "dk", "dv", "dbias"], results[1], results[4]):
         finite = torch.isfinite(plain)
         assert torch.equal(finite, torch.isfinite(grouped)), f"{name}: non-finite entries differ"
@@ -319,10 +318,8 @@ def test_custom_op_autograd_matches_eager_path():
 
 def test_inputs_spanning_2_31_elements_are_refused_by_name():
     # The kernels compute tile offsets in 32 bits; meta tensors give the layout without memory.
-    from featurecache.kernels.evo_attention import SizeLimitError, _check_inputs
-
     wide = torch.empty_strided((1, 2, 3, 1, 16), (1, 2**31, 16, 16, 1), device="meta", dtype=torch.bfloat16)
     small = torch.empty((1, 2, 3, 1, 16), device="meta", dtype=torch.bfloat16)
-    _check_inputs(small, small, small, None, None)
+    check_inputs(small, small, small, None, None)
     with pytest.raises(SizeLimitError, match=r"evo_attention: k \(1, 2, 3, 1, 16\) .* 32-bit offsets"):
-        _check_inputs(small, wide, small, None, None)
+        check_inputs(small, wide, small, None, None)

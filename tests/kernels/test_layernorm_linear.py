@@ -3,19 +3,16 @@
 import pytest
 import torch
 
-from featurecache.kernels._common import override_config
 from featurecache.kernels.layernorm_linear import LayerNormLinear, layernorm_linear
 from featurecache.kernels.reference import layernorm_linear_reference
+from featurecache.kernels.runtime import override_config
+from featurecache.testing.compare import rel_error
 
 # Triton's error against an fp64 truth may be at most this multiple of PyTorch's own error in the
 # same dtype, plus a floor for cases where PyTorch happens to be (near) exact.
 ERROR_MULTIPLE = 3.0
 ERROR_FLOOR = {torch.float32: 1e-6, torch.bfloat16: 1e-3}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _rel_error(value: torch.Tensor, truth: torch.Tensor) -> float:
-    return ((value.double() - truth).norm() / truth.norm().clamp_min(1e-30)).item()
 
 
 def _random_params(in_features, out_features, bias, generator):
@@ -54,7 +51,7 @@ def _check(shape, out_features, bias, dtype, seed):
     for name, mine, ref, exact in zip(names, triton_result, torch_result, truth):
         assert mine.dtype == ref.dtype and mine.shape == ref.shape, name
         assert torch.isfinite(mine).all(), name
-        mine_err, torch_err = _rel_error(mine, exact), _rel_error(ref, exact)
+        mine_err, torch_err = rel_error(mine, exact), rel_error(ref, exact)
         assert mine_err <= ERROR_MULTIPLE * torch_err + ERROR_FLOOR[dtype], (
             f"{name}: triton error {mine_err:.2e} vs torch {torch_err:.2e} ({dtype}, {shape}, seed {seed})"
         )
@@ -78,12 +75,12 @@ def test_forward_programs_owning_several_output_tiles_match_reference(n_tiles):
         _check((37, 24), 40, True, torch.bfloat16, seed=torch.seed() % 2**31)
 
 
-def test_state_dict_moves_between_impls():
-    fused = LayerNormLinear(24, 33, impl="triton")
+def test_state_dict_moves_between_kernel_choices():
+    fused = LayerNormLinear(24, 33, kernels="triton")
     with torch.no_grad():
         fused.norm.weight.normal_(1.0, 0.3)
         fused.norm.bias.normal_(0.0, 0.3)
-    plain = LayerNormLinear(24, 33, impl="torch")
+    plain = LayerNormLinear(24, 33, kernels="torch")
     plain.load_state_dict(fused.state_dict())
     assert list(fused.state_dict()) == ["norm.weight", "norm.bias", "linear.weight", "linear.bias"]
     x = torch.randn(2, 19, 24)
@@ -104,13 +101,13 @@ def test_zero_rows_give_empty_output_and_zero_grads():
 
 
 def test_rejects_bad_arguments(monkeypatch):
-    with pytest.raises(ValueError, match="impl"):
-        LayerNormLinear(16, 16, impl="cuda")
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        LayerNormLinear(16, 16, kernels="cuda")
     module = LayerNormLinear(16, 16)
     with pytest.raises(ValueError, match="16"):
         module(torch.randn(4, 15))
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with pytest.raises(RuntimeError, match="impl='torch'"):
+    with pytest.raises(RuntimeError, match="kernels='torch'"):
         module(torch.randn(4, 16))
 
 

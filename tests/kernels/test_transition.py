@@ -3,19 +3,16 @@
 import pytest
 import torch
 
-from featurecache.kernels import _common
 from featurecache.kernels.reference import transition_reference
+from featurecache.kernels.runtime import override_config
 from featurecache.kernels.transition import Transition, transition
+from featurecache.testing.compare import rel_error
 
 # Triton's error against an fp64 truth may be at most this multiple of PyTorch's own error in the
 # same dtype, plus a floor for cases where PyTorch happens to be (near) exact.
 ERROR_MULTIPLE = 3.0
 ERROR_FLOOR = {torch.float32: 1e-6, torch.bfloat16: 1e-3}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _rel_error(value: torch.Tensor, truth: torch.Tensor) -> float:
-    return ((value.double() - truth).norm() / truth.norm().clamp_min(1e-30)).item()
 
 
 def _check(shape, expansion, dtype, seed):
@@ -47,7 +44,7 @@ def _check(shape, expansion, dtype, seed):
     for name, mine, ref, exact in zip(names, triton_result, torch_result, truth):
         assert mine.dtype == ref.dtype and mine.shape == ref.shape, name
         assert torch.isfinite(mine).all(), name
-        mine_err, torch_err = _rel_error(mine, exact), _rel_error(ref, exact)
+        mine_err, torch_err = rel_error(mine, exact), rel_error(ref, exact)
         assert mine_err <= ERROR_MULTIPLE * torch_err + ERROR_FLOOR[dtype], (
             f"{name}: triton error {mine_err:.2e} vs torch {torch_err:.2e} "
             f"({dtype}, {shape}, seed {seed})"
@@ -65,12 +62,12 @@ def test_matches_reference(shape, expansion, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_weight_gradients_through_matmul_match_reference(dtype):
     # the other weight-gradient strategy: [d_a | d_b], hidden and LN(x) written, cuBLAS products
-    with _common.override_config("transition", "bwd_dw", WEIGHT_GRADS="matmul"):
+    with override_config("transition", "bwd_dw", WEIGHT_GRADS="matmul"):
         _check((2, 19, 24), 3, dtype, seed=torch.seed() % 2**31)
 
 
-def test_state_dict_moves_between_impls():
-    fused = Transition(16, expansion=4, impl="triton")
+def test_state_dict_moves_between_kernel_choices():
+    fused = Transition(16, expansion=4, kernels="triton")
     with torch.no_grad():
         fused.norm.weight.normal_(1.0, 0.3)
         fused.norm.bias.normal_(0.0, 0.3)
@@ -78,7 +75,7 @@ def test_state_dict_moves_between_impls():
         ["norm.weight", "norm.bias", "linear_a.weight", "linear_b.weight", "linear_out.weight"]
     )
     assert fused.linear_a.weight.shape == (64, 16) and fused.linear_out.weight.shape == (16, 64)
-    plain = Transition(16, expansion=4, impl="torch")
+    plain = Transition(16, expansion=4, kernels="torch")
     plain.load_state_dict(fused.state_dict())
     x = torch.randn(3, 11, 16)
     torch.testing.assert_close(fused(x), plain(x), rtol=1e-5, atol=1e-5)
@@ -98,8 +95,8 @@ def test_zero_rows_give_empty_output():
 
 
 def test_rejects_bad_arguments():
-    with pytest.raises(ValueError, match="impl"):
-        Transition(16, impl="triton2")
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        Transition(16, kernels="triton2")
     with pytest.raises(ValueError, match="channels"):
         Transition(16)(torch.randn(5, 12))
 
@@ -110,7 +107,7 @@ def test_bf16_activations_with_fp32_master_weights():
     parameters in fp32."""
     torch.manual_seed(5)
     module = Transition(24, expansion=2)
-    reference = Transition(24, expansion=2, impl="torch")
+    reference = Transition(24, expansion=2, kernels="torch")
     reference.load_state_dict(module.state_dict())
     x = torch.randn(37, 24, dtype=torch.bfloat16, requires_grad=True)
     x_ref = x.detach().clone().requires_grad_(True)

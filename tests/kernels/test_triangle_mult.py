@@ -5,6 +5,7 @@ import torch
 
 from featurecache.kernels.reference import triangle_mult_reference
 from featurecache.kernels.triangle_mult import TriangleMultiplication, triangle_mult
+from featurecache.testing.compare import rel_error
 
 # Triton's error against an fp64 truth may be at most this multiple of PyTorch's own error in the
 # same dtype, plus a floor for cases where PyTorch happens to be (near) exact.
@@ -13,10 +14,6 @@ ERROR_FLOOR = {torch.float32: 1e-6, torch.bfloat16: 1e-3}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PARAM_NAMES = ["norm_in_weight", "norm_in_bias", "weight_a_p", "weight_a_g", "weight_b_p",
                "weight_b_g", "weight_g", "norm_out_weight", "norm_out_bias", "weight_z"]
-
-
-def _rel_error(value: torch.Tensor, truth: torch.Tensor) -> float:
-    return ((value.double() - truth).norm() / truth.norm().clamp_min(1e-30)).item()
 
 
 def _random_params(dim, hidden, generator):
@@ -57,7 +54,7 @@ def _check(batch, length, dim, hidden, direction, masked, dtype, seed):
     for name, mine, ref, exact in zip(names, triton_result, torch_result, truth):
         assert mine.dtype == ref.dtype and mine.shape == ref.shape, name
         assert torch.isfinite(mine).all(), name
-        mine_err, torch_err = _rel_error(mine, exact), _rel_error(ref, exact)
+        mine_err, torch_err = rel_error(mine, exact), rel_error(ref, exact)
         assert mine_err <= ERROR_MULTIPLE * torch_err + ERROR_FLOOR[dtype], (
             f"{name}: triton error {mine_err:.2e} vs torch {torch_err:.2e} ({dtype}, "
             f"B={batch} L={length} C={dim} H={hidden} {direction} mask={masked}, seed {seed})"
@@ -79,8 +76,8 @@ def test_matches_reference(batch, length, dim, hidden, direction, masked, dtype)
 
 
 @pytest.mark.parametrize("direction", ["outgoing", "incoming"])
-def test_state_dict_moves_between_impls(direction):
-    fused = TriangleMultiplication(16, direction=direction, impl="triton")
+def test_state_dict_moves_between_kernel_choices(direction):
+    fused = TriangleMultiplication(16, direction=direction, kernels="triton")
     with torch.no_grad():
         for norm in (fused.norm_in, fused.norm_out):
             norm.weight.normal_(1.0, 0.3)
@@ -93,7 +90,7 @@ def test_state_dict_moves_between_impls(direction):
             ("linear_z", "weight"),
         ]
     )
-    plain = TriangleMultiplication(16, direction=direction, impl="torch")
+    plain = TriangleMultiplication(16, direction=direction, kernels="torch")
     plain.load_state_dict(fused.state_dict())
     z = torch.randn(1, 9, 9, 16)
     mask = torch.rand(1, 9, 9) > 0.2

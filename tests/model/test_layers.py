@@ -19,8 +19,8 @@ def _seed() -> None:
 
 def test_ending_node_is_the_starting_node_on_the_transposed_pair():
     _seed()
-    start = TriangleAttention(16, 2, 8, node="starting", impl="torch")
-    end = TriangleAttention(16, 2, 8, node="ending", impl="torch")
+    start = TriangleAttention(16, 2, 8, node="starting", kernels="torch")
+    end = TriangleAttention(16, 2, 8, node="ending", kernels="torch")
     end.load_state_dict(start.state_dict())
     z = torch.randn(2, 9, 9, 16)
     mask = torch.rand(2, 9, 9) < 0.8
@@ -31,7 +31,7 @@ def test_ending_node_is_the_starting_node_on_the_transposed_pair():
 def test_triangle_attention_matches_a_direct_formula():
     """Starting node, written out as in AF3 Algorithm 13 with explicit loops over heads."""
     _seed()
-    layer = TriangleAttention(8, 2, 4, node="starting", impl="torch")
+    layer = TriangleAttention(8, 2, 4, node="starting", kernels="torch")
     z = torch.randn(1, 5, 5, 8)
     mask = torch.ones(1, 5, 5, dtype=torch.bool)
     mask[0, :, 3] = False  # key 3 masked everywhere
@@ -49,7 +49,7 @@ def test_triangle_attention_matches_a_direct_formula():
 
 def test_pair_weighted_averaging_ignores_padded_tokens():
     _seed()
-    layer = PairWeightedAveraging(8, 16, 2, 4, impl="torch")
+    layer = PairWeightedAveraging(8, 16, 2, 4, kernels="torch")
     m = torch.randn(1, 3, 7, 8)
     z = torch.randn(1, 7, 7, 16)
     token_mask = torch.arange(7)[None] < 5
@@ -63,7 +63,7 @@ def test_pair_weighted_averaging_ignores_padded_tokens():
 
 def test_outer_product_mean_averages_over_valid_rows_only():
     _seed()
-    layer = OuterProductMean(8, 16, 4, impl="torch")
+    layer = OuterProductMean(8, 16, 4, kernels="torch")
     m = torch.randn(1, 4, 6, 8)
     mask = torch.ones(1, 4, 6, dtype=torch.bool)
     mask[:, 2:] = False  # rows 2 and 3 are padding
@@ -87,15 +87,15 @@ def test_triton_path_matches_torch_path(layer_name):
     token_mask = torch.arange(length, device=device)[None] < 7
     pair_mask = token_mask[:, :, None] & token_mask[:, None, :]
     builders = {
-        "attention_pair_bias": (lambda impl: AttentionPairBias(32, 16, 2, 8, impl=impl),
+        "attention_pair_bias": (lambda kernels: AttentionPairBias(32, 16, 2, 8, kernels=kernels),
                                 lambda layer: layer(s, z, token_mask)),
-        "pair_weighted_averaging": (lambda impl: PairWeightedAveraging(8, 16, 2, 8, impl=impl),
+        "pair_weighted_averaging": (lambda kernels: PairWeightedAveraging(8, 16, 2, 8, kernels=kernels),
                                     lambda layer: layer(m, z, token_mask)),
-        "outer_product_mean": (lambda impl: OuterProductMean(8, 16, 8, impl=impl),
+        "outer_product_mean": (lambda kernels: OuterProductMean(8, 16, 8, kernels=kernels),
                                lambda layer: layer(m, token_mask[:, None, :].expand(1, 3, length))),
-        "triangle_attention_starting": (lambda impl: TriangleAttention(16, 2, 8, node="starting", impl=impl),
+        "triangle_attention_starting": (lambda kernels: TriangleAttention(16, 2, 8, node="starting", kernels=kernels),
                                         lambda layer: layer(z, pair_mask)),
-        "triangle_attention_ending": (lambda impl: TriangleAttention(16, 2, 8, node="ending", impl=impl),
+        "triangle_attention_ending": (lambda kernels: TriangleAttention(16, 2, 8, node="ending", kernels=kernels),
                                       lambda layer: layer(z, pair_mask)),
     }
     build, call = builders[layer_name]
@@ -119,18 +119,18 @@ def test_triton_path_matches_torch_path(layer_name):
         torch.testing.assert_close(par_fused[name], want, atol=1e-4, rtol=1e-4, msg=lambda text: f"{name}: {text}")
 
 
-def test_unknown_impl_and_node_are_rejected():
-    with pytest.raises(ValueError, match="kernel impl is 'cuda'"):
-        TriangleAttention(16, 2, 8, impl="cuda")
+def test_unknown_kernels_and_node_are_rejected():
+    with pytest.raises(ValueError, match="kernels must be one of .* got 'cuda'"):
+        TriangleAttention(16, 2, 8, kernels="cuda")
     with pytest.raises(ValueError, match="node is 'middle'"):
-        TriangleAttention(16, 2, 8, node="middle", impl="torch")
+        TriangleAttention(16, 2, 8, node="middle", kernels="torch")
 
 
 def test_kernel_inputs_take_the_autocast_dtype():
     """Under bf16 autocast the fused ops get bf16 inputs (their output dtype follows the input)."""
     from featurecache.model.layers import kernel_module
 
-    layer = kernel_module("LayerNormLinear", 16, 8, impl="torch")
+    layer = kernel_module("LayerNormLinear", 16, 8, kernels="torch")
     seen = {}
     layer.register_forward_pre_hook(lambda module, args: seen.update(dtype=args[0].dtype))
     x = torch.randn(3, 16)
@@ -139,3 +139,14 @@ def test_kernel_inputs_take_the_autocast_dtype():
     assert seen["dtype"] == torch.bfloat16
     layer(x)
     assert seen["dtype"] == torch.float32
+
+
+def test_old_impl_keyword_still_builds_the_same_module_with_a_warning():
+    with pytest.warns(DeprecationWarning, match="impl= is deprecated, use kernels="):
+        old = TriangleAttention(16, 2, 8, impl="torch")
+    new = TriangleAttention(16, 2, 8, kernels="torch")
+    assert old.gated_attention is new.gated_attention
+    assert old.proj.kernels == "torch"
+    assert old.state_dict().keys() == new.state_dict().keys()
+    with pytest.raises(TypeError, match="kernels= only"):
+        TriangleAttention(16, 2, 8, impl="torch", kernels="torch")

@@ -139,3 +139,13 @@ def test_missing_input_is_named():
     del batch["msa_profile"]
     with pytest.raises(KeyError, match="msa_profile"):
         model(batch)
+
+
+def test_kernel_choices_have_one_definition_and_the_old_name_warns():
+    from featurecache.kernels.runtime import KERNEL_CHOICES
+    from featurecache.model import config as model_config
+
+    for kernels in KERNEL_CHOICES:
+        assert ModelConfig(kernels=kernels).kernels == kernels
+    with pytest.warns(DeprecationWarning, match="KERNEL_CHOICES"):
+        assert model_config.KERNEL_IMPLS is KERNEL_CHOICES

@@ -1,72 +1,27 @@
-"""EvoAttention: attention with pair bias and key mask, as Triton kernels.
+"""EvoAttention's Triton kernels, flash-attention style with fp32 accumulation.
 
-q, k, v: [B, N, L, H, D] with any strides; bias: [B, 1 or N, H, L, L] (fp32 or the input dtype);
-mask: [B, N, L] bool (True = attend). Output [B, N, L, H, D]. Used by triangle attention (N = L
-rows of the pair map), single attention with pair bias (N = 1) and template / MSA attention.
+forward   one program per (q block, row n, b*h): online softmax, writes out and the row's
+          logsumexp (kept in log2 units, the kernels' working domain).
+backward  dQ per (q block, row n, b*h) looping over k blocks, which also writes
+          delta = rowsum(dO * O) and, when the bias is per row, dBias; then dK/dV per
+          (k block, row n, b*h) looping over q blocks; then, for a bias broadcast over N,
+          dBias per (k block, q block, b*h) looping over the N rows in a fixed order, so the
+          sum over N is bitwise reproducible (no atomics).
+Key loops stop at each row's last attended key, found once by the forward kernel.
 
-Kernels, flash-attention style with fp32 accumulation:
-  forward   one program per (q block, row n, b*h): online softmax, writes out and the row's
-            logsumexp (kept in log2 units, the kernels' working domain).
-  backward  dQ per (q block, row n, b*h) looping over k blocks, which also writes
-            delta = rowsum(dO * O) and, when the bias is per row, dBias; then dK/dV per
-            (k block, row n, b*h) looping over q blocks; then, for a bias broadcast over N,
-            dBias per (k block, q block, b*h) looping over the N rows in a fixed order, so the
-            sum over N is bitwise reproducible (no atomics).
-  Key loops stop at each row's last attended key, found once by the forward kernel.
+The `_rows` variants handle ROWS rows of N per program when the bias is shared by all rows
+(batched [ROWS, M, N] products), so each bias tile is loaded and scaled once for all of them.
 
-Host time: a launch costs tens of microseconds of host time, as much as the kernels themselves at
-N = 1, so a forward is one launch and a backward two (three with a shared bias), with no other
-device work around them. In eager mode a torch.autograd.Function calls the launchers directly;
-under torch.compile the same launchers run inside two torch.library custom ops
-(featurecache::evo_attention_fwd / _bwd) with registered fake and autograd implementations, so
-the compiled graph keeps them without a break.
-
-When the bias is shared by all rows, the "rows" option of a kernel's block config lets one
-program handle several rows at once (batched [rows, M, N] products), so each bias tile is loaded
-and scaled once for all of them; the tuned config file says where that pays.
-
-Programs of one row n and head are launched next to each other (q block is the fastest grid
-axis) so k and v of that row stay in L2 for all its q blocks; a broadcast bias of one head is
-L * L elements (1.2 MB in bf16 at L = 768), small enough to stay in L2 for every row that reads
-it, which is what keeps the forward from moving the ~7 GB that re-reading an fp32 bias from
-memory once per row would cost at L = 768.
+Logits are in log2 units (exp2 is the GPU's native exponential): scale_log2 = scale * log2(e),
+and the bias is multiplied by log2(e) = 1.4426950408889634 where it is loaded.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-import os
-import pathlib
-from dataclasses import dataclass
-from typing import Optional
-
-import torch
 import triton
 import triton.language as tl
 
-from featurecache.kernels import _common
-from featurecache.kernels.reference import evo_attention_reference
-
-SUPPORTED_HEAD_DIMS = (8, 16, 24, 32, 48, 64, 128)
-_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_CONFIG_FILE = pathlib.Path(__file__).with_name("configs") / "evo_attention.json"
-_LOG2E = 1.4426950408889634
-
-
-# --------------------------------------------------------------------------------------------
-# Triton kernels
-# --------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _mma(a, b, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
-    # Triton's interpreter multiplies bf16 tiles as raw uint16 bits; upcasting the (already
-    # bf16-rounded) operands there gives the GPU's result: bf16 products, fp32 accumulation.
-    if UPCAST_DOT:
-        a = a.to(tl.float32)
-        b = b.to(tl.float32)
-    return tl.dot(a, b, input_precision=DOT_PRECISION)
+from featurecache.kernels.primitives import mma
 
 
 @triton.jit
@@ -106,8 +61,7 @@ def _evo_attention_fwd_kernel(
     num_heads, seq_len, head_dim, scale_log2,
     HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
     SCAN_MASK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -154,7 +108,7 @@ def _evo_attention_fwd_kernel(
             mask=valid_d[:, None] & valid_n[None, :],
             other=0.0,
         )
-        s = _mma(q, k_t, DOT_PRECISION, UPCAST_DOT) * scale_log2
+        s = mma(q, k_t, None, PRECISION) * scale_log2
         if HAS_BIAS:
             b = tl.load(
                 bias_base + offs_m[:, None] * stride_bq + cols[None, :] * stride_bk,
@@ -178,7 +132,7 @@ def _evo_attention_fwd_kernel(
             mask=valid_n[:, None] & valid_d[None, :],
             other=0.0,
         )
-        acc = acc * alpha[:, None] + _mma(p.to(v.dtype), v, DOT_PRECISION, UPCAST_DOT)
+        acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, None, PRECISION)
         m_i = m_new
 
     empty = l_i == 0.0
@@ -208,8 +162,7 @@ def _evo_attention_fwd_rows_kernel(
     num_heads, num_rows, seq_len, head_dim, scale_log2,
     HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
     SCAN_MASK: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -263,7 +216,7 @@ def _evo_attention_fwd_rows_kernel(
             mask=valid_r[:, None, None] & valid_d[None, :, None] & valid_n[None, None, :],
             other=0.0,
         )
-        s = _mma(q, k_t, DOT_PRECISION, UPCAST_DOT) * scale_log2  # [ROWS, BLOCK_M, BLOCK_N]
+        s = mma(q, k_t, None, PRECISION) * scale_log2  # [ROWS, BLOCK_M, BLOCK_N]
         if HAS_BIAS:
             b = tl.load(
                 bias_base + offs_m[:, None] * stride_bq + cols[None, :] * stride_bk,
@@ -286,7 +239,7 @@ def _evo_attention_fwd_rows_kernel(
             mask=valid_r[:, None, None] & valid_n[None, :, None] & valid_d[None, None, :],
             other=0.0,
         )
-        acc = acc * alpha[:, :, None] + _mma(p.to(v.dtype), v, DOT_PRECISION, UPCAST_DOT)
+        acc = acc * alpha[:, :, None] + mma(p.to(v.dtype), v, None, PRECISION)
         m_i = m_new
 
     empty = l_i == 0.0
@@ -315,8 +268,7 @@ def _evo_attention_bwd_kv_kernel(
     num_heads, seq_len, head_dim, scale, scale_log2,
     HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -377,7 +329,7 @@ def _evo_attention_bwd_kv_kernel(
         lse = tl.load(Lse + stat_base + rows_m, mask=valid_m, other=float("inf"))
         delta = tl.load(Delta + stat_base + rows_m, mask=valid_m, other=0.0)
 
-        s_t = _mma(k, tl.trans(q), DOT_PRECISION, UPCAST_DOT) * scale_log2  # [BLOCK_N, BLOCK_M]
+        s_t = mma(k, tl.trans(q), None, PRECISION) * scale_log2  # [BLOCK_N, BLOCK_M]
         if HAS_BIAS:
             b_t = tl.load(
                 bias_base + rows_m[None, :] * stride_bq + cols[:, None] * stride_bk,
@@ -387,10 +339,10 @@ def _evo_attention_bwd_kv_kernel(
             s_t += b_t.to(tl.float32) * 1.4426950408889634
         s_t = tl.where(attend[:, None], s_t, float("-inf"))
         p_t = tl.math.exp2(s_t - lse[None, :])
-        dv += _mma(p_t.to(do.dtype), do, DOT_PRECISION, UPCAST_DOT)
-        dp_t = _mma(v, tl.trans(do), DOT_PRECISION, UPCAST_DOT)
+        dv += mma(p_t.to(do.dtype), do, None, PRECISION)
+        dp_t = mma(v, tl.trans(do), None, PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
-        dk += _mma(ds_t.to(q.dtype), q, DOT_PRECISION, UPCAST_DOT)
+        dk += mma(ds_t.to(q.dtype), q, None, PRECISION)
 
     dk *= scale
     # dK and dV are fresh tensors of one layout (stride_x*), whatever the layout of k and v.
@@ -416,8 +368,7 @@ def _evo_attention_bwd_q_kernel(
     HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr,
     STORE_DBIAS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -475,7 +426,7 @@ def _evo_attention_bwd_q_kernel(
         kv_tile = valid_n[:, None] & valid_d[None, :]
         k = tl.load(k_base + cols[:, None] * stride_kl + offs_d[None, :] * stride_kd, mask=kv_tile, other=0.0)
         v = tl.load(v_base + cols[:, None] * stride_vl + offs_d[None, :] * stride_vd, mask=kv_tile, other=0.0)
-        s = _mma(q, tl.trans(k), DOT_PRECISION, UPCAST_DOT) * scale_log2
+        s = mma(q, tl.trans(k), None, PRECISION) * scale_log2
         bias_tile = valid_m[:, None] & valid_n[None, :]
         if HAS_BIAS:
             b = tl.load(bias_base + rows_m[:, None] * stride_bq + cols[None, :] * stride_bk,
@@ -486,9 +437,9 @@ def _evo_attention_bwd_q_kernel(
             attend = attend & (tl.load(mask_base + cols * stride_ml, mask=valid_n, other=0) != 0)
         s = tl.where(attend[None, :], s, float("-inf"))
         p = tl.math.exp2(s - lse[:, None])
-        dp = _mma(do, tl.trans(v), DOT_PRECISION, UPCAST_DOT)
+        dp = mma(do, tl.trans(v), None, PRECISION)
         ds = p * (dp - delta[:, None])
-        dq += _mma(ds.to(k.dtype), k, DOT_PRECISION, UPCAST_DOT)
+        dq += mma(ds.to(k.dtype), k, None, PRECISION)
         if STORE_DBIAS:
             # Per-row bias: dBias of this (row, head) tile is dS itself, owned by this program.
             tl.store(dbias_base + rows_m[:, None] * stride_dbq + cols[None, :] * stride_dbk,
@@ -522,8 +473,7 @@ def _evo_attention_bwd_kv_rows_kernel(
     stride_xb, stride_xn, stride_xl, stride_xh, stride_xd,
     num_heads, num_rows, seq_len, head_dim, scale, scale_log2,
     HAS_MASK: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -579,14 +529,14 @@ def _evo_attention_bwd_kv_rows_kernel(
         delta = tl.load(Delta + stat_base + rows_m[None, :], mask=stat_mask, other=0.0)
         b_t = tl.load(bias_base + rows_m[None, :] * stride_bq + cols[:, None] * stride_bk,
                       mask=valid_n[:, None] & valid_m[None, :], other=0.0)
-        s_t = _mma(k, tl.permute(q, (0, 2, 1)), DOT_PRECISION, UPCAST_DOT) * scale_log2  # [R, N, M]
+        s_t = mma(k, tl.permute(q, (0, 2, 1)), None, PRECISION) * scale_log2  # [R, N, M]
         s_t += (b_t.to(tl.float32) * 1.4426950408889634)[None, :, :]
         s_t = tl.where(attend[:, :, None], s_t, float("-inf"))
         p_t = tl.math.exp2(s_t - lse[:, None, :])
-        dv += _mma(p_t.to(do.dtype), do, DOT_PRECISION, UPCAST_DOT)
-        dp_t = _mma(v, tl.permute(do, (0, 2, 1)), DOT_PRECISION, UPCAST_DOT)
+        dv += mma(p_t.to(do.dtype), do, None, PRECISION)
+        dp_t = mma(v, tl.permute(do, (0, 2, 1)), None, PRECISION)
         ds_t = p_t * (dp_t - delta[:, None, :])
-        dk += _mma(ds_t.to(q.dtype), q, DOT_PRECISION, UPCAST_DOT)
+        dk += mma(ds_t.to(q.dtype), q, None, PRECISION)
 
     dk *= scale
     out_offs = (batch * stride_xb + head * stride_xh + rows[:, None, None] * stride_xn
@@ -608,8 +558,7 @@ def _evo_attention_bwd_q_rows_kernel(
     stride_xb, stride_xn, stride_xl, stride_xh, stride_xd,
     num_heads, num_rows, seq_len, head_dim, scale, scale_log2,
     HAS_MASK: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -662,16 +611,16 @@ def _evo_attention_bwd_q_rows_kernel(
                     mask=kv_mask, other=0.0)
         b = tl.load(bias_base + rows_m[:, None] * stride_bq + cols[None, :] * stride_bk,
                     mask=valid_m[:, None] & valid_n[None, :], other=0.0)
-        s = _mma(q, tl.permute(k, (0, 2, 1)), DOT_PRECISION, UPCAST_DOT) * scale_log2  # [R, M, N]
+        s = mma(q, tl.permute(k, (0, 2, 1)), None, PRECISION) * scale_log2  # [R, M, N]
         s += (b.to(tl.float32) * 1.4426950408889634)[None, :, :]
         attend = valid_r[:, None] & valid_n[None, :]
         if HAS_MASK:
             attend = attend & (tl.load(mask_base + cols[None, :] * stride_ml, mask=attend, other=0) != 0)
         s = tl.where(attend[:, None, :], s, float("-inf"))
         p = tl.math.exp2(s - lse[:, :, None])
-        dp = _mma(do, tl.permute(v, (0, 2, 1)), DOT_PRECISION, UPCAST_DOT)
+        dp = mma(do, tl.permute(v, (0, 2, 1)), None, PRECISION)
         ds = p * (dp - delta[:, :, None])
-        dq += _mma(ds.to(k.dtype), k, DOT_PRECISION, UPCAST_DOT)
+        dq += mma(ds.to(k.dtype), k, None, PRECISION)
 
     dq *= scale
     tl.store(DQ + batch * stride_xb + head * stride_xh + rows[:, None, None] * stride_xn
@@ -691,8 +640,7 @@ def _evo_attention_bwd_bias_kernel(
     stride_dbb, stride_dbh, stride_dbq, stride_dbk,
     num_heads, num_rows, seq_len, head_dim, scale_log2,
     HAS_MASK: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
     SCAN_MASK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -755,10 +703,10 @@ def _evo_attention_bwd_bias_kernel(
         attend = valid_n
         if HAS_MASK:
             attend = attend & (tl.load(mask_ptrs, mask=valid_n, other=0) != 0)
-        s = _mma(q, k_t, DOT_PRECISION, UPCAST_DOT) * scale_log2 + b
+        s = mma(q, k_t, None, PRECISION) * scale_log2 + b
         s = tl.where(attend[None, :], s, float("-inf"))
         p = tl.math.exp2(s - lse[:, None])
-        dp = _mma(do, v_t, DOT_PRECISION, UPCAST_DOT)
+        dp = mma(do, v_t, None, PRECISION)
         dbias += p * (dp - delta[:, None])
         q_ptrs += stride_qn
         do_ptrs += stride_gn
@@ -773,481 +721,3 @@ def _evo_attention_bwd_bias_kernel(
              dbias.to(DBias.dtype.element_ty), mask=bias_tile)
 
 
-# --------------------------------------------------------------------------------------------
-# Block configurations
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BlockConfig:
-    """Tile sizes and launch options of one kernel."""
-
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-    # Rows of N per program when the bias is shared by all rows (1 = the plain kernels); the
-    # dBias kernel ignores it (it walks all rows already).
-    rows: int = 1
-
-
-@dataclass(frozen=True)
-class EvoAttentionConfig:
-    """Block configurations of the four main kernels for one shape class."""
-
-    fwd: BlockConfig
-    bwd_kv: BlockConfig
-    bwd_q: BlockConfig
-    bwd_bias: BlockConfig
-
-
-_KERNEL_NAMES = ("fwd", "bwd_kv", "bwd_q", "bwd_bias")
-
-
-def _padded_head_dim(head_dim: int) -> int:
-    # tl.dot needs an inner dimension of at least 16 and tiles are powers of two.
-    return max(16, triton.next_power_of_2(head_dim))
-
-
-def _parse_block(raw: dict, where: str) -> BlockConfig:
-    try:
-        return BlockConfig(
-            block_m=int(raw["block_m"]),
-            block_n=int(raw["block_n"]),
-            num_warps=int(raw["num_warps"]),
-            num_stages=int(raw["num_stages"]),
-            rows=int(raw.get("rows", 1)),
-        )
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{_CONFIG_FILE}: bad block config at {where}: {raw!r} ({err})") from err
-
-
-@functools.lru_cache(maxsize=None)
-def _load_tuned_configs() -> dict[str, list[tuple[int, int, EvoAttentionConfig]]]:
-    """GPU name -> [(max padded head dim, max sequence length, config)], most specific first."""
-    if not _CONFIG_FILE.is_file():
-        return {}
-    with open(_CONFIG_FILE) as handle:
-        raw = json.load(handle)
-    tuned: dict[str, list[tuple[int, int, EvoAttentionConfig]]] = {}
-    for gpu, entries in raw.get("gpus", {}).items():
-        parsed = []
-        for index, entry in enumerate(entries):
-            where = f"gpus[{gpu!r}][{index}]"
-            missing = [name for name in ("head_dim_max", "seq_len_max", *_KERNEL_NAMES) if name not in entry]
-            if missing:
-                raise ValueError(f"{_CONFIG_FILE}: {where} lacks {missing}")
-            blocks = {name: _parse_block(entry[name], f"{where}.{name}") for name in _KERNEL_NAMES}
-            parsed.append((int(entry["head_dim_max"]), int(entry["seq_len_max"]), EvoAttentionConfig(**blocks)))
-        tuned[gpu] = sorted(parsed, key=lambda item: (item[0], item[1]))
-    return tuned
-
-
-def _heuristic_config(padded_dim: int, seq_len: int, interpreted: bool) -> EvoAttentionConfig:
-    if interpreted:
-        # Small tiles make the interpreter cover several blocks and ragged edges at test sizes;
-        # two rows per program exercise the row-group kernels whenever the bias is shared.
-        small = BlockConfig(16, 16, 1, 1)
-        grouped = BlockConfig(16, 16, 1, 1, rows=2)
-        return EvoAttentionConfig(grouped, grouped, grouped, small)
-    wide = 64 if padded_dim <= 64 else 32
-    short = 32 if seq_len <= 64 else 64
-    block = min(wide, short)
-    return EvoAttentionConfig(
-        fwd=BlockConfig(min(64, short), block, 4, 3 if padded_dim <= 64 else 2),
-        bwd_kv=BlockConfig(min(32, block), block, 4, 2),
-        bwd_q=BlockConfig(block, min(32, block), 4, 2),
-        bwd_bias=BlockConfig(min(64, short), min(64, short), 4, 2),
-    )
-
-
-def select_config(head_dim: int, seq_len: int, device: torch.device) -> EvoAttentionConfig:
-    """Tuned block sizes for this GPU and shape class, else a heuristic; never autotunes."""
-    interpreted = _interpreting() or device.type != "cuda"
-    gpu = None if interpreted else _gpu_name(device.index if device.index is not None else torch.cuda.current_device())
-    return _select_config_cached(_padded_head_dim(head_dim), seq_len, gpu)
-
-
-@functools.lru_cache(maxsize=None)
-def _gpu_name(index: int) -> str:
-    return torch.cuda.get_device_name(index)
-
-
-@functools.lru_cache(maxsize=1024)
-def _select_config_cached(padded_dim: int, seq_len: int, gpu: Optional[str]) -> EvoAttentionConfig:
-    if gpu is not None:
-        for dim_max, len_max, config in _load_tuned_configs().get(gpu, []):
-            if padded_dim <= dim_max and seq_len <= len_max:
-                return config
-    return _heuristic_config(padded_dim, seq_len, interpreted=gpu is None)
-
-
-# --------------------------------------------------------------------------------------------
-# Launchers
-# --------------------------------------------------------------------------------------------
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def _dot_precision(dtype: torch.dtype) -> str:
-    # fp32 inputs ask for fp32 products: tf32 would make fp32 no more accurate than bf16.
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def _upcast_dot(q: torch.Tensor) -> bool:
-    return q.dtype == torch.bfloat16 and q.device.type != "cuda"
-
-
-class SizeLimitError(ValueError):
-    """Inputs beyond what the kernels can index (32-bit offsets): a size to avoid, not a bug."""
-
-
-def _check_inputs(q, k, v, bias, mask) -> None:
-    if q.dim() != 5:
-        raise ValueError(f"evo_attention: q must be [B, N, L, H, D], got shape {tuple(q.shape)}")
-    for name, tensor in (("k", k), ("v", v)):
-        if tensor.shape != q.shape:
-            raise ValueError(f"evo_attention: {name} has shape {tuple(tensor.shape)}, q has {tuple(q.shape)}")
-        if tensor.dtype != q.dtype or tensor.device != q.device:
-            raise ValueError(
-                f"evo_attention: {name} is {tensor.dtype} on {tensor.device}, q is {q.dtype} on {q.device}"
-            )
-    if q.dtype not in _SUPPORTED_DTYPES:
-        raise ValueError(f"evo_attention: dtype {q.dtype} not supported, use one of {_SUPPORTED_DTYPES}")
-    batch, rows, seq_len, heads, head_dim = q.shape
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"evo_attention: head dim {head_dim} not supported, use one of {SUPPORTED_HEAD_DIMS}")
-    if bias is not None:
-        if bias.dim() != 5 or bias.shape[1] not in (1, rows) or (
-            (bias.shape[0], bias.shape[2], bias.shape[3], bias.shape[4]) != (batch, heads, seq_len, seq_len)
-        ):
-            raise ValueError(
-                f"evo_attention: bias has shape {tuple(bias.shape)}, expected "
-                f"[{batch}, 1 or {rows}, {heads}, {seq_len}, {seq_len}]"
-            )
-        if bias.dtype not in (torch.float32, q.dtype) or bias.device != q.device:
-            raise ValueError(
-                f"evo_attention: bias is {bias.dtype} on {bias.device}, expected float32 or {q.dtype} on {q.device}"
-            )
-    if mask is not None:
-        if tuple(mask.shape) != (batch, rows, seq_len) or mask.dtype != torch.bool or mask.device != q.device:
-            raise ValueError(
-                f"evo_attention: mask is {mask.dtype} {tuple(mask.shape)} on {mask.device}, "
-                f"expected bool [{batch}, {rows}, {seq_len}] on {q.device}"
-            )
-    for name, tensor in (("q", q), ("k", k), ("v", v), ("bias", bias)):
-        # The kernels add tile offsets (position x stride) in 32 bits; past 2^31 elements the
-        # address wraps (seen as an illegal memory access at L = 3072 on the H200).
-        if tensor is not None and sum((size - 1) * abs(step) for size, step in zip(tensor.shape, tensor.stride())) >= 2**31:
-            raise SizeLimitError(
-                f"evo_attention: {name} {tuple(tensor.shape)} with strides {tensor.stride()} spans 2^31 elements or "
-                f"more; the kernels use 32-bit offsets (split the batch or rows, or use a smaller L)"
-            )
-
-
-def _bias_strides(bias: Optional[torch.Tensor]) -> tuple[int, int, int, int, int]:
-    if bias is None:
-        return (0, 0, 0, 0, 0)
-    # A bias shared by all rows gets row stride 0: the kernels then read one tile for every row.
-    row_stride = 0 if bias.shape[1] == 1 else bias.stride(1)
-    return (bias.stride(0), row_stride, bias.stride(2), bias.stride(3), bias.stride(4))
-
-
-def _mask_arg(mask: Optional[torch.Tensor], q: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
-    if mask is None:
-        return q, (0, 0, 0)
-    # bool and uint8 share a layout; Triton reads uint8 pointers more predictably than int1.
-    as_bytes = mask.view(torch.uint8)
-    return as_bytes, tuple(as_bytes.stride())
-
-
-_SCAN_MASK = 256  # mask bytes per step of the forward's scan for each row's last attended key
-
-
-def evo_attention_forward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    mask: Optional[torch.Tensor],
-    scale: float,
-    config: Optional[EvoAttentionConfig] = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the forward kernel: one launch, nothing else on the host's path.
-
-    Returns out [B, N, L, H, D], lse [B, N, H, L] (fp32, log2 units) and key_end [B, N] (int32,
-    one past each row's last attended key; L without a mask), which the backward takes.
-    config overrides the tuned block sizes (for tuning runs); inputs are assumed checked.
-    """
-    batch, rows, seq_len, heads, head_dim = q.shape
-    config = (config or select_config(head_dim, seq_len, q.device)).fwd
-    out = q.new_empty(q.shape)
-    lse = torch.empty((batch, rows, heads, seq_len), device=q.device, dtype=torch.float32)
-    key_end = torch.empty((batch, rows), device=q.device, dtype=torch.int32)
-    mask_tensor, mask_strides = _mask_arg(mask, q)
-    shared_bias = bias is not None and bias.shape[1] == 1 and rows > 1
-    common = dict(
-        HAS_BIAS=bias is not None,
-        HAS_MASK=mask is not None,
-        DOT_PRECISION=_dot_precision(q.dtype),
-        UPCAST_DOT=_upcast_dot(q),
-        SCAN_MASK=_SCAN_MASK,
-        BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n,
-        BLOCK_D=_padded_head_dim(head_dim),
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-    )
-    if shared_bias and config.rows > 1:
-        grid = (triton.cdiv(seq_len, config.block_m), triton.cdiv(rows, config.rows), batch * heads)
-        _evo_attention_fwd_rows_kernel[grid](
-            q, k, v, bias, mask_tensor, key_end, out, lse,
-            *q.stride(), *k.stride(), *v.stride(),
-            bias.stride(0), bias.stride(2), bias.stride(3), bias.stride(4),
-            *mask_strides, *out.stride(),
-            heads, rows, seq_len, head_dim, scale * _LOG2E,
-            ROWS=config.rows,
-            **common,
-        )
-    else:
-        grid = (triton.cdiv(seq_len, config.block_m), rows, batch * heads)
-        _evo_attention_fwd_kernel[grid](
-            q, k, v, bias if bias is not None else q, mask_tensor, key_end, out, lse,
-            *q.stride(), *k.stride(), *v.stride(), *_bias_strides(bias), *mask_strides, *out.stride(),
-            heads, seq_len, head_dim, scale * _LOG2E,
-            **common,
-        )
-    return out, lse, key_end
-
-
-def evo_attention_backward(
-    grad_out: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    mask: Optional[torch.Tensor],
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    key_end: torch.Tensor,
-    scale: float,
-    bias_grad: bool,
-    config: Optional[EvoAttentionConfig] = None,
-    grads: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """Launch the backward kernels (two, three for a shared bias). Returns dq, dk, dv, dbias.
-
-    dbias is None unless bias_grad. Order matters: the dQ kernel writes delta = rowsum(dO * O),
-    which the dK/dV and dBias kernels read. `grads`: tensors of q's shape to write dq, dk, dv
-    into (views of a packed gradient, say); dk and dv must share their strides.
-    """
-    batch, rows, seq_len, heads, head_dim = q.shape
-    config = config or select_config(head_dim, seq_len, q.device)
-    has_bias = bias is not None
-    bias_arg = bias if has_bias else q
-    mask_tensor, mask_strides = _mask_arg(mask, q)
-    shared_bias = has_bias and bias.shape[1] == 1 and rows > 1
-    per_row_dbias = bias_grad and bias.shape[1] == rows
-    common = dict(
-        HAS_MASK=mask is not None,
-        DOT_PRECISION=_dot_precision(q.dtype),
-        UPCAST_DOT=_upcast_dot(q),
-        BLOCK_D=_padded_head_dim(head_dim),
-    )
-
-    def tiles(block: BlockConfig) -> dict:
-        return dict(BLOCK_M=block.block_m, BLOCK_N=block.block_n, num_warps=block.num_warps,
-                    num_stages=block.num_stages, **common)
-
-    delta = torch.empty_like(lse)
-    if grads is not None:
-        dq, dk, dv = grads
-        if not (dq.shape == dk.shape == dv.shape == q.shape) or dk.stride() != dv.stride():
-            raise ValueError("evo_attention_backward: grads must have q's shape, and dk and dv equal strides")
-    else:
-        dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-    dbias = bias.new_empty(bias.shape) if bias_grad else None
-    qc = config.bwd_q
-    if shared_bias and qc.rows > 1:
-        _evo_attention_bwd_q_rows_kernel[(triton.cdiv(seq_len, qc.block_m), triton.cdiv(rows, qc.rows), batch * heads)](
-            q, k, v, bias, mask_tensor, key_end, out, grad_out, lse, delta, dq,
-            *q.stride(), *k.stride(), *v.stride(),
-            bias.stride(0), bias.stride(2), bias.stride(3), bias.stride(4),
-            *mask_strides, *out.stride(), *grad_out.stride(), *dq.stride(),
-            heads, rows, seq_len, head_dim, scale, scale * _LOG2E,
-            ROWS=qc.rows,
-            **tiles(qc),
-        )
-    else:
-        _evo_attention_bwd_q_kernel[(triton.cdiv(seq_len, qc.block_m), rows, batch * heads)](
-            q, k, v, bias_arg, mask_tensor, key_end, out, grad_out, lse, delta, dq,
-            dbias if per_row_dbias else q,
-            *q.stride(), *k.stride(), *v.stride(), *_bias_strides(bias),
-            *mask_strides, *out.stride(), *grad_out.stride(),
-            *(dbias.stride() if per_row_dbias else (0, 0, 0, 0, 0)),
-            *dq.stride(),
-            heads, seq_len, head_dim, scale, scale * _LOG2E,
-            HAS_BIAS=has_bias,
-            STORE_DBIAS=per_row_dbias,
-            **tiles(qc),
-        )
-
-    kv = config.bwd_kv
-    if shared_bias and kv.rows > 1:
-        _evo_attention_bwd_kv_rows_kernel[(triton.cdiv(seq_len, kv.block_n), triton.cdiv(rows, kv.rows), batch * heads)](
-            q, k, v, bias, mask_tensor, key_end, grad_out, lse, delta, dk, dv,
-            *q.stride(), *k.stride(), *v.stride(),
-            bias.stride(0), bias.stride(2), bias.stride(3), bias.stride(4),
-            *mask_strides, *grad_out.stride(), *dk.stride(),
-            heads, rows, seq_len, head_dim, scale, scale * _LOG2E,
-            ROWS=kv.rows,
-            **tiles(kv),
-        )
-    else:
-        _evo_attention_bwd_kv_kernel[(triton.cdiv(seq_len, kv.block_n), rows, batch * heads)](
-            q, k, v, bias_arg, mask_tensor, key_end, grad_out, lse, delta, dk, dv,
-            *q.stride(), *k.stride(), *v.stride(), *_bias_strides(bias),
-            *mask_strides, *grad_out.stride(), *dk.stride(),
-            heads, seq_len, head_dim, scale, scale * _LOG2E,
-            HAS_BIAS=has_bias,
-            **tiles(kv),
-        )
-
-    if bias_grad and not per_row_dbias:
-        bc = config.bwd_bias
-        _evo_attention_bwd_bias_kernel[(triton.cdiv(seq_len, bc.block_n), triton.cdiv(seq_len, bc.block_m), batch * heads)](
-            q, k, v, bias, mask_tensor, key_end, grad_out, lse, delta, dbias,
-            *q.stride(), *k.stride(), *v.stride(),
-            bias.stride(0), bias.stride(2), bias.stride(3), bias.stride(4),
-            *mask_strides, *grad_out.stride(),
-            dbias.stride(0), dbias.stride(2), dbias.stride(3), dbias.stride(4),
-            heads, rows, seq_len, head_dim, scale * _LOG2E,
-            SCAN_MASK=_SCAN_MASK,
-            **tiles(bc),
-        )
-    return dq, dk, dv, dbias
-
-
-# --------------------------------------------------------------------------------------------
-# Custom ops and autograd: torch.compile sees two opaque ops and keeps them in the graph.
-# --------------------------------------------------------------------------------------------
-
-
-@torch.library.custom_op("featurecache::evo_attention_fwd", mutates_args=())
-def _evo_attention_fwd_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    mask: Optional[torch.Tensor],
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return evo_attention_forward(q, k, v, bias, mask, scale)
-
-
-@_evo_attention_fwd_op.register_fake
-def _(q, k, v, bias, mask, scale):
-    batch, rows, seq_len, heads, _ = q.shape
-    return (q.new_empty(q.shape), q.new_empty((batch, rows, heads, seq_len), dtype=torch.float32),
-            q.new_empty((batch, rows), dtype=torch.int32))
-
-
-@torch.library.custom_op("featurecache::evo_attention_bwd", mutates_args=())
-def _evo_attention_bwd_op(
-    grad_out: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    mask: Optional[torch.Tensor],
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    key_end: torch.Tensor,
-    scale: float,
-    bias_grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    dq, dk, dv, dbias = evo_attention_backward(grad_out, q, k, v, bias, mask, out, lse, key_end, scale, bias_grad)
-    # Custom ops cannot return None: an empty tensor stands for "no bias gradient".
-    return dq, dk, dv, dbias if dbias is not None else q.new_empty(0)
-
-
-@_evo_attention_bwd_op.register_fake
-def _(grad_out, q, k, v, bias, mask, out, lse, key_end, scale, bias_grad):
-    dbias = bias.new_empty(bias.shape) if bias_grad else q.new_empty(0)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
-
-
-def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, bias, mask, scale = inputs
-    out, lse, key_end = output
-    ctx.save_for_backward(q, k, v, bias, mask, out, lse, key_end)
-    ctx.scale = scale
-    ctx.bias_grad = bias is not None and ctx.needs_input_grad[3]
-
-
-def _backward(ctx, grad_out, grad_lse, grad_key_end):
-    q, k, v, bias, mask, out, lse, key_end = ctx.saved_tensors
-    dq, dk, dv, dbias = _evo_attention_bwd_op(
-        grad_out, q, k, v, bias, mask, out, lse, key_end, ctx.scale, ctx.bias_grad
-    )
-    return dq, dk, dv, dbias if ctx.bias_grad else None, None, None
-
-
-_evo_attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _EvoAttentionFunction(torch.autograd.Function):
-    """The eager path: same launchers, without custom-op dispatch.
-
-    A custom-op call costs a few hundred microseconds of host time (H200 run of 2026-12-02: a
-    0.27 ms kernel sequence measured 1.78 ms end to end), as much as the kernels themselves at
-    N = 1. Under torch.compile the custom ops are used instead, so the graph has no break.
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, v, bias, mask, scale):
-        out, lse, key_end = evo_attention_forward(q, k, v, bias, mask, scale)
-        ctx.save_for_backward(q, k, v, bias, mask, out, lse, key_end)
-        ctx.scale = scale
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, bias, mask, out, lse, key_end = ctx.saved_tensors
-        bias_grad = bias is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, dbias = evo_attention_backward(
-            grad_out, q, k, v, bias, mask, out, lse, key_end, ctx.scale, bias_grad
-        )
-        return dq, dk, dv, dbias, None, None
-
-
-def evo_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    bias: Optional[torch.Tensor] = None,
-    mask: Optional[torch.Tensor] = None,
-    scale: Optional[float] = None,
-) -> torch.Tensor:
-    """Attention over L with pair bias and key mask, independently for each of the N rows.
-
-    q, k, v: [B, N, L, H, D], any strides; bias: [B, 1 or N, H, L, L] in fp32 or q's dtype;
-    mask: [B, N, L] bool, True = attend. Returns [B, N, L, H, D] in q's dtype; rows with every
-    key masked give zeros. scale defaults to D ** -0.5. On CUDA (or on CPU under
-    TRITON_INTERPRET=1) this runs the Triton kernels; otherwise the PyTorch reference.
-    """
-    if q.device.type == "cuda" or _interpreting():
-        # Autocast does not reach inside the kernels: cast q, k, v where it would (an fp32
-        # bias is read as is).
-        q, k, v = (_common.autocast_input(t) for t in (q, k, v))
-    _check_inputs(q, k, v, bias, mask)
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
-    if q.device.type != "cuda" and not _interpreting():
-        return evo_attention_reference(q, k, v, bias, mask, scale)
-    if torch.compiler.is_compiling():
-        out, _, _ = _evo_attention_fwd_op(q, k, v, bias, mask, float(scale))
-        return out
-    return _EvoAttentionFunction.apply(q, k, v, bias, mask, float(scale))

@@ -1,0 +1,110 @@
+"""EvoAttention's block configurations: tuned per GPU name and shape class in
+configs/evo_attention.json (written by benchmarks/evo_attention.py --tune), else a heuristic.
+Nothing autotunes at run time."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from featurecache.kernels import runtime
+
+CONFIG_FILE = runtime.CONFIG_DIR / "evo_attention.json"
+KERNEL_NAMES = ("fwd", "bwd_kv", "bwd_q", "bwd_bias")
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """Tile sizes and launch options of one kernel."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    # Rows of N per program when the bias is shared by all rows (1 = the plain kernels); the
+    # dBias kernel ignores it (it walks all rows already).
+    rows: int = 1
+
+
+@dataclass(frozen=True)
+class EvoAttentionConfig:
+    """Block configurations of the four main kernels for one shape class."""
+
+    fwd: BlockConfig
+    bwd_kv: BlockConfig
+    bwd_q: BlockConfig
+    bwd_bias: BlockConfig
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """BLOCK_D: tl.dot needs an inner dimension of at least 16 and tiles are powers of two."""
+    return runtime.block_for(head_dim)
+
+
+def _parse_block(raw: dict, where: str) -> BlockConfig:
+    try:
+        return BlockConfig(
+            block_m=int(raw["block_m"]),
+            block_n=int(raw["block_n"]),
+            num_warps=int(raw["num_warps"]),
+            num_stages=int(raw["num_stages"]),
+            rows=int(raw.get("rows", 1)),
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{CONFIG_FILE}: bad block config at {where}: {raw!r} ({err})") from err
+
+
+@functools.lru_cache(maxsize=None)
+def load_tuned_configs() -> dict[str, list[tuple[int, int, EvoAttentionConfig]]]:
+    """GPU name -> [(max padded head dim, max sequence length, config)], most specific first."""
+    if not CONFIG_FILE.is_file():
+        return {}
+    raw = runtime.read_config_file(CONFIG_FILE.name)
+    tuned: dict[str, list[tuple[int, int, EvoAttentionConfig]]] = {}
+    for gpu, entries in raw.get("gpus", {}).items():
+        parsed = []
+        for index, entry in enumerate(entries):
+            where = f"gpus[{gpu!r}][{index}]"
+            missing = [name for name in ("head_dim_max", "seq_len_max", *KERNEL_NAMES) if name not in entry]
+            if missing:
+                raise ValueError(f"{CONFIG_FILE}: {where} lacks {missing}")
+            blocks = {name: _parse_block(entry[name], f"{where}.{name}") for name in KERNEL_NAMES}
+            parsed.append((int(entry["head_dim_max"]), int(entry["seq_len_max"]), EvoAttentionConfig(**blocks)))
+        tuned[gpu] = sorted(parsed, key=lambda item: (item[0], item[1]))
+    return tuned
+
+
+def heuristic_config(padded_dim: int, seq_len: int, interpreted: bool) -> EvoAttentionConfig:
+    if interpreted:
+        # Small tiles make the interpreter cover several blocks and ragged edges at test sizes;
+        # two rows per program exercise the row-group kernels whenever the bias is shared.
+        small = BlockConfig(16, 16, 1, 1)
+        grouped = BlockConfig(16, 16, 1, 1, rows=2)
+        return EvoAttentionConfig(grouped, grouped, grouped, small)
+    wide = 64 if padded_dim <= 64 else 32
+    short = 32 if seq_len <= 64 else 64
+    block = min(wide, short)
+    return EvoAttentionConfig(
+        fwd=BlockConfig(min(64, short), block, 4, 3 if padded_dim <= 64 else 2),
+        bwd_kv=BlockConfig(min(32, block), block, 4, 2),
+        bwd_q=BlockConfig(block, min(32, block), 4, 2),
+        bwd_bias=BlockConfig(min(64, short), min(64, short), 4, 2),
+    )
+
+
+def select_config(head_dim: int, seq_len: int, device: torch.device) -> EvoAttentionConfig:
+    """Tuned block sizes for this GPU and shape class, else a heuristic."""
+    return select_config_cached(padded_head_dim(head_dim), seq_len, runtime.gpu_name(device))
+
+
+@functools.lru_cache(maxsize=1024)
+def select_config_cached(padded_dim: int, seq_len: int, gpu: Optional[str]) -> EvoAttentionConfig:
+    """select_config by GPU name (None: the interpreter's small tiles)."""
+    if gpu is not None:
+        for dim_max, len_max, config in load_tuned_configs().get(gpu, []):
+            if padded_dim <= dim_max and seq_len <= len_max:
+                return config
+    return heuristic_config(padded_dim, seq_len, interpreted=gpu is None)

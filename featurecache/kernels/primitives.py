@@ -1,0 +1,100 @@
+"""@triton.jit building blocks shared by the kernels of every op.
+
+- `mma`: a matrix product with fp32 accumulation that is also right under the interpreter;
+- `cast`: a rounding cast that rounds the same way on the interpreter as on the GPU;
+- the LayerNorm prologue (`layernorm_prologue`, or `layernorm_prologue_saved` from saved
+  statistics) that normalizes a [BLOCK_M, BLOCK_C] register tile of rows before its first
+  matrix product, `layernorm_params` that loads its weight and bias, and `layernorm_backward`,
+  its gradient.
+
+PRECISION is runtime.dot_precision(dtype): "ieee" or "tf32" on a GPU, "interpret" under the
+interpreter.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def mma(a, b, acc, PRECISION: tl.constexpr):
+    """acc + a @ b with fp32 accumulation; acc may be None (a fresh product).
+
+    Under the interpreter (triton 3.9 on CPU) a bf16 tl.dot returns garbage (values ~1e10 on
+    N(0, 1) inputs: it multiplies the raw bits), so operands are widened there first: products
+    of bf16 values are exact in fp32, so the result matches the GPU's bf16 tensor-core math up
+    to summation order.
+    """
+    if PRECISION == "interpret":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def cast(x, dtype: tl.constexpr, PRECISION: tl.constexpr):
+    """x.to(dtype) with round-to-nearest-even, as the GPU does.
+
+    The interpreter truncates fp32 -> bf16 (twice the error, and biased), which would make the
+    CPU tests measure the interpreter rather than the kernel; there the rounding is done on the
+    bits first, so the truncating cast that follows is exact.
+    """
+    out = x.to(dtype)
+    if PRECISION == "interpret":
+        if dtype == tl.bfloat16:
+            bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+            bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+            out = bits.to(tl.float32, bitcast=True).to(dtype)
+    return out
+
+
+@triton.jit
+def layernorm_params(NORM_W, NORM_B, cols, col_mask):
+    """The LayerNorm weight and bias at `cols`, fp32 [BLOCK_C], zero in padded columns.
+    Loaded once per program by the caller (outside any row loop) and passed to the functions
+    below."""
+    norm_w = tl.load(NORM_W + cols, mask=col_mask, other=0.0).to(tl.float32)
+    norm_b = tl.load(NORM_B + cols, mask=col_mask, other=0.0).to(tl.float32)
+    return norm_w, norm_b
+
+
+@triton.jit
+def layernorm_prologue(x, norm_w, norm_b, col_mask, n_cols, eps, PRECISION: tl.constexpr):
+    """LayerNorm of a row tile x [BLOCK_M, BLOCK_C] whose padded columns hold zeros.
+
+    Returns (xn in x's dtype, the next matrix product's operand; xhat, the fp32 normalized rows
+    before the affine step; mean and rstd [BLOCK_M], fp32, the statistics a backward reuses).
+    """
+    x32 = x.to(tl.float32)
+    mean = tl.sum(x32, axis=1) / n_cols
+    centered = tl.where(col_mask[None, :], x32 - mean[:, None], 0.0)
+    var = tl.sum(centered * centered, axis=1) / n_cols
+    rstd = tl.rsqrt(var + eps)
+    xhat = centered * rstd[:, None]
+    return cast(xhat * norm_w[None, :] + norm_b[None, :], x.dtype, PRECISION), xhat, mean, rstd
+
+
+@triton.jit
+def layernorm_prologue_saved(x, MEAN, RSTD, rows, row_mask, norm_w, norm_b, col_mask, PRECISION: tl.constexpr):
+    """layernorm_prologue from the statistics saved at `rows` of MEAN and RSTD, with bitwise the
+    same xhat. Returns (xn, xhat, rstd)."""
+    mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+    xhat = tl.where(col_mask[None, :], x.to(tl.float32) - mean[:, None], 0.0) * rstd[:, None]
+    return cast(xhat * norm_w[None, :] + norm_b[None, :], x.dtype, PRECISION), xhat, rstd
+
+
+@triton.jit
+def layernorm_backward(d_xn, xhat, rstd, norm_w, cols, col_mask, n_cols, DNORM_W_PART, DNORM_B_PART, part):
+    """Gradient wrt the LayerNorm input (fp32) given d_xn wrt its output; stores this program's
+    partial weight and bias gradients as row `part` of two [programs, n_cols] fp32 buffers.
+
+    Padded columns have weight 0 and xhat 0; their result is garbage and must not be stored.
+    """
+    tl.store(DNORM_W_PART + part * n_cols + cols, tl.sum(d_xn * xhat, axis=0), mask=col_mask)
+    tl.store(DNORM_B_PART + part * n_cols + cols, tl.sum(d_xn, axis=0), mask=col_mask)
+    d_xhat = d_xn * norm_w[None, :]
+    proj = tl.sum(d_xhat * xhat, axis=1) / n_cols
+    mean_d = tl.sum(d_xhat, axis=1) / n_cols
+    return (d_xhat - xhat * proj[:, None] - mean_d[:, None]) * rstd[:, None]

@@ -1,0 +1,202 @@
+"""Host-side helpers shared by every op: the kernel switch, where Triton can run, tuned block
+configurations, launch checks and tile sizes.
+
+The @triton.jit building blocks that the kernels share live in `primitives`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import math
+import os
+import pathlib
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import triton
+
+# The kernel switch, one name everywhere (modules, ModelConfig, the CLI's --kernels):
+# "triton" runs the kernels of this package, "torch" the pure-PyTorch references.
+KERNEL_CHOICES = ("triton", "torch")
+
+CONFIG_DIR = pathlib.Path(__file__).resolve().parent / "configs"
+
+# TRITON_INTERPRET values that mean "run the kernels on the CPU interpreter": the ones Triton
+# itself reads as true (case-insensitive), so this package and Triton always agree.
+_INTERPRET_VALUES = frozenset({"1", "true", "yes", "on", "y"})
+
+
+def check_kernels(kernels: str) -> str:
+    if kernels not in KERNEL_CHOICES:
+        raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
+    return kernels
+
+
+def accepts_impl_keyword(function: Callable) -> Callable:
+    """Let `function` (a constructor or factory taking `kernels=`) still take the old spelling
+    `impl=`, with a DeprecationWarning."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        if "impl" in kwargs:
+            if "kernels" in kwargs:
+                raise TypeError(f"{function.__qualname__}: pass kernels= only (impl= is its old name)")
+            warnings.warn(f"{function.__qualname__}: the keyword impl= is deprecated, use kernels=",
+                          DeprecationWarning, stacklevel=2)
+            kwargs["kernels"] = kwargs.pop("impl")
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+def interpreted() -> bool:
+    """True when TRITON_INTERPRET is 1, true, yes, on or y (any case): kernels run on the CPU."""
+    return os.environ.get("TRITON_INTERPRET", "").lower() in _INTERPRET_VALUES
+
+
+def runs_triton(device: torch.device) -> bool:
+    """Whether the Triton kernels can run on tensors of this device (CUDA, or the interpreter)."""
+    return device.type == "cuda" or interpreted()
+
+
+def check_triton_inputs(op: str, *tensors: torch.Tensor) -> None:
+    """Triton kernels need CUDA tensors, or CPU tensors under the interpreter."""
+    for tensor in tensors:
+        if not runs_triton(tensor.device):
+            raise RuntimeError(
+                f"{op} with kernels='triton' needs CUDA tensors (or TRITON_INTERPRET=1 on CPU); "
+                f"got a tensor on {tensor.device}. Use kernels='torch' for the PyTorch path."
+            )
+        if tensor.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise TypeError(f"{op}: unsupported dtype {tensor.dtype}; use float32 or bfloat16")
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """The PRECISION argument of primitives.mma and primitives.cast for inputs of this dtype."""
+    if interpreted():
+        return "interpret"
+    # fp32 inputs get exact fp32 products (tf32 would miss the fp32 reference by ~1e-3).
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+# --------------------------------------------------------------------------------------------
+# Tuned block configurations (configs/*.json), keyed by GPU name
+# --------------------------------------------------------------------------------------------
+
+
+def read_config_file(name: str) -> dict[str, Any]:
+    with open(CONFIG_DIR / name) as handle:
+        return json.load(handle)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def gpu_name(device: torch.device | None = None) -> str | None:
+    """The name tuned configurations are keyed by; None under the interpreter or off CUDA.
+
+    device None means the current CUDA device."""
+    if interpreted() or (device is not None and device.type != "cuda"):
+        return None
+    index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
+    return _cuda_device_name(index)
+
+
+@functools.lru_cache(maxsize=1)
+def _fused_config_table() -> dict[str, Any]:
+    return read_config_file("fused_ops.json")
+
+
+_overrides: dict[tuple[str, str], dict[str, Any]] = {}
+
+
+def kernel_config(op: str, kernel: str) -> dict[str, Any]:
+    """Block sizes and launch options of one fused-op kernel, for the current GPU.
+
+    Looks up configs/fused_ops.json under the GPU name ("interpreter" under the interpreter),
+    then "default". Values are block sizes and launch options, and for some kernels a strategy
+    name (e.g. WEIGHT_GRADS).
+    """
+    table = _fused_config_table()
+    entry = table.get(gpu_name() or "interpreter", table["default"])
+    config = dict(table["default"][op][kernel])
+    config.update(entry.get(op, {}).get(kernel, {}))
+    config.update(_overrides.get((op, kernel), {}))
+    return config
+
+
+@contextlib.contextmanager
+def override_config(op: str, kernel: str, **values: Any) -> Iterator[None]:
+    """Temporarily replace block sizes of one kernel (used by the tuning sweep in benchmarks)."""
+    previous = _overrides.get((op, kernel))
+    _overrides[(op, kernel)] = {**(previous or {}), **values}
+    try:
+        yield
+    finally:
+        if previous is None:
+            del _overrides[(op, kernel)]
+        else:
+            _overrides[(op, kernel)] = previous
+
+
+def launch_options(config: dict[str, Any]) -> dict[str, int]:
+    """The keyword arguments of a kernel launch that a config entry holds besides block sizes."""
+    return {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+
+
+# --------------------------------------------------------------------------------------------
+# Tile sizes and input preparation
+# --------------------------------------------------------------------------------------------
+
+
+def block_for(n: int) -> int:
+    """Power-of-two tile covering n columns; tl.dot needs at least 16."""
+    return max(16, triton.next_power_of_2(n))
+
+
+def fit_block_m(block_m: int, block_c: int, budget: int = 16384) -> int:
+    """Shrink the row tile so that a [BLOCK_M, BLOCK_C] tile stays within a register budget."""
+    return max(16, min(block_m, budget // block_c))
+
+
+def max_channels_check(op: str, name: str, value: int, limit: int = 1024) -> None:
+    # Kernels keep whole rows of this width in registers.
+    if value > limit:
+        raise ValueError(f"{op}: {name}={value} exceeds {limit}, the widest row the kernels hold")
+
+
+def row_splits(n_row_blocks: int, n_col_blocks: int, device: torch.device) -> int:
+    """Programs along rows for a weight-gradient kernel: enough to fill the GPU about twice."""
+    if device.type == "cuda":
+        target = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        target = 3  # interpreter: several splits so the strided row loop is exercised
+    return max(1, min(n_row_blocks, math.ceil(target / n_col_blocks)))
+
+
+def autocast_input(x: torch.Tensor) -> torch.Tensor:
+    """x in autocast's dtype when autocast is on for x's device and x is fp32, else x.
+
+    Autocast does not reach inside a custom kernel, so without this an fp32 residual stream (the
+    pair z, the single s) would send the kernels down their exact fp32 path, whose products skip
+    the tensor cores; the torch path's nn.Linear would meanwhile compute in bf16. The cast is
+    where autocast would put it: at the matrix product's input (normalization statistics are
+    still accumulated in fp32 inside the kernels).
+    """
+    device_type = x.device.type
+    if x.dtype == torch.float32 and torch.is_autocast_enabled(device_type):
+        return x.to(torch.get_autocast_dtype(device_type))
+    return x
+
+
+def weights_like(x: torch.Tensor, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The matmul operands in x's dtype, as autocast does for nn.Linear: fp32 master weights
+    beside bf16 activations would double the weight tiles (430 KB of shared memory at dim 384).
+    Gradients still reach the parameters in their own dtype through the cast."""
+    return tuple(w.to(x.dtype) for w in weights)

@@ -1,0 +1,62 @@
+"""The triangle multiplicative update's autograd Function and `triangle_mult`, the entry point."""
+
+from __future__ import annotations
+
+import torch
+
+from featurecache.kernels import runtime
+from featurecache.kernels.reference import triangle_mult_reference
+from featurecache.kernels.triangle_mult.launch import DIRECTIONS, OP, triangle_mult_bwd, triangle_mult_fwd
+
+
+class _TriangleMultFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z, mask, direction, eps, *params):
+        out, (z2d, mask_rows, x, stats) = triangle_mult_fwd(z.contiguous(), mask, params,
+                                                            direction, eps)
+        saved_mask = () if mask_rows is None else (mask_rows,)
+        ctx.save_for_backward(z2d, x, stats, *params, *saved_mask)
+        ctx.has_mask = mask_rows is not None
+        ctx.direction = direction
+        ctx.eps = eps
+        ctx.z_shape = z.shape
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        z2d, x, stats, *rest = ctx.saved_tensors
+        params = tuple(rest[:10])
+        mask_rows = rest[10] if ctx.has_mask else None
+        dz, dparams = triangle_mult_bwd(dout.reshape(z2d.shape).contiguous(), z2d, mask_rows, x,
+                                        stats, params, ctx.direction, ctx.eps)
+        return (dz.view(ctx.z_shape), None, None, None, *dparams)
+
+
+def triangle_mult(z, mask, norm_in_weight, norm_in_bias, weight_a_p, weight_a_g, weight_b_p,
+                  weight_b_g, weight_g, norm_out_weight, norm_out_bias, weight_z,
+                  direction="outgoing", eps=1e-5):
+    """Triton triangle multiplicative update; same signature and numerics as
+    triangle_mult_reference."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    runtime.check_triton_inputs(OP, z)
+    z = runtime.autocast_input(z)
+    if z.dim() != 4 or z.shape[1] != z.shape[2]:
+        raise ValueError(f"{OP}: z must be [B, L, L, C], got {tuple(z.shape)}")
+    if mask is not None and (mask.shape != z.shape[:3] or mask.dtype != torch.bool):
+        raise ValueError(
+            f"{OP}: mask must be bool {tuple(z.shape[:3])}, got {mask.dtype} {tuple(mask.shape)}"
+        )
+    runtime.max_channels_check(OP, "dim", z.shape[-1], limit=256)
+    runtime.max_channels_check(OP, "hidden_dim", weight_a_p.shape[0], limit=256)
+    if z.numel() > 0:
+        weight_a_p, weight_a_g, weight_b_p, weight_b_g, weight_g, weight_z = runtime.weights_like(
+            z, weight_a_p, weight_a_g, weight_b_p, weight_b_g, weight_g, weight_z)
+    params = (norm_in_weight, norm_in_bias, weight_a_p, weight_a_g, weight_b_p, weight_b_g,
+              weight_g, norm_out_weight, norm_out_bias, weight_z)
+    if z.numel() == 0:
+        # no rows: nothing to launch; the result stays connected to the graph for autograd
+        return triangle_mult_reference(z, mask, *params, direction=direction, eps=eps)
+    if mask is not None:
+        mask = mask.contiguous()
+    return _TriangleMultFunction.apply(z, mask, direction, eps, *params)

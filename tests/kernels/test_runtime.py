@@ -1,0 +1,47 @@
+"""The shared runtime helpers: what TRITON_INTERPRET means, and the old `impl=` keyword."""
+
+import pytest
+import torch
+from triton import knobs
+
+from featurecache.kernels import runtime
+from featurecache.kernels.layernorm_linear import LayerNormLinear
+
+
+@pytest.mark.parametrize("value", ["1", "true", "TRUE", "Yes", "on", "ON", "y"])
+def test_interpreter_values_that_mean_on(monkeypatch, value):
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert runtime.interpreted()
+    assert runtime.runs_triton(torch.device("cpu"))
+    assert runtime.dot_precision(torch.bfloat16) == "interpret"
+    assert runtime.gpu_name(torch.device("cuda", 0)) is None  # configs: the interpreter's entry
+
+
+@pytest.mark.parametrize("value", ["0", "", "false", "off", "no", "2", " 1"])
+def test_interpreter_values_that_mean_off(monkeypatch, value):
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert not runtime.interpreted()
+    assert not runtime.runs_triton(torch.device("cpu"))
+    assert runtime.dot_precision(torch.float32) == "ieee"
+    assert runtime.dot_precision(torch.bfloat16) == "tf32"
+
+
+@pytest.mark.parametrize("value", ["1", "true", "Yes", "on", "y", "0", "", "false", "no", "2", " 1"])
+def test_interpreter_reading_agrees_with_triton(monkeypatch, value):
+    # If the two disagreed, kernels would run interpreted while the launchers prepared GPU
+    # arguments (or the other way round).
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert runtime.interpreted() == knobs.runtime.interpret
+
+
+def test_unset_means_off(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not runtime.interpreted()
+
+
+def test_old_impl_keyword_warns_and_selects_the_same_path():
+    with pytest.warns(DeprecationWarning, match=r"LayerNormLinear.__init__: the keyword impl= is deprecated"):
+        module = LayerNormLinear(8, 4, impl="torch")
+    assert module.kernels == "torch"
+    with pytest.raises(ValueError, match=r"kernels must be one of \('triton', 'torch'\), got 'cuda'"):
+        LayerNormLinear(8, 4, kernels="cuda")
