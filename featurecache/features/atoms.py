@@ -1,13 +1,21 @@
-"""Atom tables for standard residues and the AF3 atom-name encoding.
+"""Atom tables for standard residues, the atoms of non-standard polymer residues, and the AF3
+atom-name encoding.
 
 Standard residues are featurized with a fixed heavy-atom list (the CCD component without
 hydrogens and leaving atoms such as OXT / OP3), so an unresolved residue still has its atoms,
-masked. Non-standard residues and ligands use the atoms present in the model.
+masked. A non-standard residue of a polymer (a modified residue, a 5' GTP, a cap) takes its
+atoms from its own CCD entry in the same way (`polymer_residue_atoms`). Ligands use the atoms
+present in the model.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+
+from featurecache.io import ccd
+from featurecache.io.structure import Residue
 
 _BACKBONE = ("N", "CA", "C", "O")
 PROTEIN_ATOMS: dict[str, tuple[str, ...]] = {
@@ -76,3 +84,46 @@ def encode_atom_names(names: list[str] | tuple[str, ...]) -> np.ndarray:
             code = ord(char) - 32
             encoded[row, column] = code if 0 < code < 64 else 0
     return encoded
+
+
+@dataclass(frozen=True, eq=False)
+class ResidueAtoms:
+    """The atoms one residue is featurized with, each resolved (at a model position) or masked."""
+
+    names: tuple[str, ...]
+    elements: np.ndarray  # [n] int8 atomic numbers
+    charges: np.ndarray  # [n] int8
+    positions: np.ndarray  # [n, 3] float32, zeros where masked
+    resolved: np.ndarray  # [n] bool
+
+
+def polymer_residue_atoms(residue: Residue) -> ResidueAtoms | None:
+    """A non-standard polymer residue's atoms: its CCD entry's heavy atoms in CCD order (leaving
+    atoms left out; charges and elements from the CCD), each at its model position or masked
+    where the model lacks it, then any model atom the entry does not list (kept, not dropped).
+    Without a CCD entry, the model's atoms; None when there are none either (an unresolved
+    residue of unknown chemistry)."""
+    entry = ccd.component(residue.name)
+    entry_names = entry.atom_names if entry is not None else ()
+    listed = set(entry_names)
+    extra = [index for index, name in enumerate(residue.atom_names) if name not in listed]
+    if not entry_names and not extra:
+        return None
+    present = {name: index for index, name in enumerate(residue.atom_names)}
+    count = len(entry_names) + len(extra)
+    positions = np.zeros((count, 3), np.float32)
+    resolved = np.zeros(count, bool)
+    elements = np.zeros(count, np.int8)
+    charges = np.zeros(count, np.int8)
+    for slot, name in enumerate(entry_names):
+        elements[slot], charges[slot] = entry.elements[slot], entry.charges[slot]
+        index = present.get(name)
+        if index is not None:
+            positions[slot] = residue.positions[index]
+            resolved[slot] = residue.occupancies[index] > 0
+    for slot, index in enumerate(extra, start=len(entry_names)):
+        elements[slot], charges[slot] = residue.elements[index], residue.charges[index]
+        positions[slot] = residue.positions[index]
+        resolved[slot] = residue.occupancies[index] > 0
+    names = tuple(entry_names) + tuple(residue.atom_names[index] for index in extra)
+    return ResidueAtoms(names, elements, charges, positions, resolved)

@@ -16,7 +16,7 @@ from featurecache.config import FeatureConfig, file_sha256
 from featurecache import schema
 from featurecache.features.msa import build_msa_features
 from featurecache.features.templates import TemplateReport, build_template_features
-from featurecache.features.tokenize import tokenize
+from featurecache.features.tokenize import input_warnings, tokenize
 from featurecache.io.alignments import AlignmentIndex
 from featurecache.io.hits import TemplateHit
 from featurecache.io.mmcif import Structure, read_mmcif
@@ -45,7 +45,7 @@ def featurize_target(
     unknown = sorted((set(chain_msas) | set(chain_template_hits)) - known)
     if unknown:
         raise ValueError(f"{structure.source}: alignments given for chains {unknown}, the structure has {sorted(known)}")
-    notes = list(warnings)
+    notes = list(warnings) + input_warnings(structure)
     tokens = tokenize(structure)
     arrays = dict(tokens.arrays)
     arrays.update(build_msa_features(structure, tokens, chain_msas, config, notes))

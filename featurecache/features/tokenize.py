@@ -3,11 +3,16 @@
 - A standard residue or nucleotide is one token; its atoms are the residue's fixed heavy-atom
   list (`atoms.STANDARD_ATOMS`), masked where the model lacks them; the centre atom is CA / C1'.
 - A modified residue of a polymer chain (anything not standard for the chain type, MSE is
-  already MET) is tokenized per atom, as AF3 does: one token per heavy atom present, with the
-  chain's molecule-type flag, the residue's number and the parent's residue class. An
-  unresolved modified residue has no atoms to tokenize: it is one token with its parent's
-  standard atoms (or the chain type's unknown residue's), all masked.
+  already MET; a 5' GTP or an ACE cap too) is tokenized per atom, as AF3 does: one token per
+  heavy atom of its CCD entry (`atoms.polymer_residue_atoms`; masked where the model lacks
+  the atom), with the chain's molecule-type flag, the residue's number and the parent's
+  residue class. A residue that the CCD does not know and the model does not resolve is one
+  token with its parent's standard atoms (or the chain type's unknown residue's), all masked.
 - Every heavy atom of a ligand / ion chain is one token (class UNK, `is_ligand`).
+
+`input_warnings` lists what the record's metadata should say about the input itself: the
+structure's own warnings (ambiguity codes read as X / N, a PDB file without SEQRES) and chains
+too long to be a likely training example (`LONG_CHAIN_RESIDUES`).
 
 entity_id numbers distinct (molecule type, sequence) pairs in order of appearance, so chains
 with the same sequence share it; sym_id counts copies within an entity.
@@ -24,12 +29,30 @@ from featurecache.features.atoms import (
     NUCLEIC_CENTER_ATOM,
     PROTEIN_CENTER_ATOM,
     STANDARD_ATOMS,
+    ResidueAtoms,
     encode_atom_names,
+    polymer_residue_atoms,
     standard_atom_element,
 )
-from featurecache.io.mmcif import DNA_STANDARD, PROTEIN_3TO1, RNA_STANDARD, STANDARD_RESIDUES, Chain, Structure
+from featurecache.io.residues import DNA_STANDARD, PROTEIN_3TO1, RNA_STANDARD, STANDARD_RESIDUES
+from featurecache.io.structure import Chain, Residue, Structure
 
 LIGAND_RESIDUE_POSITION = -1
+# A chain this long is past any crop and any complex in the PDB (the longest chains there hold
+# a few thousand residues); it is more often two sequences run together. Cached, with a warning.
+LONG_CHAIN_RESIDUES = 10_000
+
+
+def input_warnings(structure: Structure) -> list[str]:
+    """The structure's own warnings, then one per chain longer than LONG_CHAIN_RESIDUES."""
+    warnings = list(structure.warnings)
+    for chain in structure.chains:
+        if chain.is_polymer and len(chain.residues) > LONG_CHAIN_RESIDUES:
+            warnings.append(
+                f"chain {chain.chain_id}: {len(chain.residues):,} residues, longer than {LONG_CHAIN_RESIDUES:,} "
+                "(cached as it is; check the input is one chain)"
+            )
+    return warnings
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,11 +107,12 @@ def tokenize(structure: Structure) -> Tokens:
             klass = residue_class(residue.parent, chain.molecule_type)
             residue_index = residue.seq_id
             per_residue = (chain_index, position if chain.is_polymer else LIGAND_RESIDUE_POSITION)
-            if chain.is_polymer and (residue.name in STANDARD_RESIDUES[chain.molecule_type] or not residue.is_resolved):
+            residue_atoms = _atoms_of(chain, residue)
+            if residue_atoms is None:
                 _add_standard_token(chain, residue, klass, tokens, atoms, len(token_chain))
                 count = 1
             else:
-                count = _add_atom_tokens(residue, klass, tokens, atoms, len(token_chain))
+                count = _add_atom_tokens(residue_atoms, klass, tokens, atoms, len(token_chain))
             for _ in range(count):
                 tokens["residue_index"].append(residue_index)
                 tokens["asym_id"].append(chain_index + 1)
@@ -147,17 +171,28 @@ def _add_standard_token(chain: Chain, residue, klass: int, tokens, atoms, token:
     tokens["token_center_mask"].append(center_mask)
 
 
-def _add_atom_tokens(residue, klass: int, tokens, atoms, first_token: int) -> int:
+def _atoms_of(chain: Chain, residue: Residue) -> ResidueAtoms | None:
+    """Atoms of a residue tokenized per atom; None for a one-token (standard) residue."""
+    if not chain.is_polymer:
+        return ResidueAtoms(residue.atom_names, residue.elements, residue.charges, residue.positions,
+                            residue.occupancies > 0)
+    if residue.name in STANDARD_RESIDUES[chain.molecule_type]:
+        return None
+    return polymer_residue_atoms(residue)
+
+
+def _add_atom_tokens(residue_atoms: ResidueAtoms, klass: int, tokens, atoms, first_token: int) -> int:
     """One token per heavy atom (ligands, modified residues); returns the number of tokens."""
-    for offset, atom in enumerate(residue.atom_names):
-        resolved = bool(residue.occupancies[offset] > 0)
+    for offset, atom in enumerate(residue_atoms.names):
+        resolved = bool(residue_atoms.resolved[offset])
+        position = residue_atoms.positions[offset]
         atoms["atom_to_token"].append(first_token + offset)
-        atoms["atom_element"].append(residue.elements[offset])
+        atoms["atom_element"].append(residue_atoms.elements[offset])
         atoms["atom_names"].append(atom)
-        atoms["atom_charge"].append(residue.charges[offset])
-        atoms["atom_pos"].append(residue.positions[offset])
+        atoms["atom_charge"].append(residue_atoms.charges[offset])
+        atoms["atom_pos"].append(position)
         atoms["atom_mask"].append(resolved)
         tokens["restype"].append(klass)
-        tokens["token_center_pos"].append(residue.positions[offset])
+        tokens["token_center_pos"].append(position)
         tokens["token_center_mask"].append(resolved)
-    return len(residue.atom_names)
+    return len(residue_atoms.names)

@@ -1,5 +1,5 @@
-"""Pure parsers: mmCIF (gemmi), A3M / A2M / Stockholm MSAs, HHR / m8 template hits, FASTA, and
-the alignment-folder index. Every parse error is a `ParseError` naming the file and line.
+"""Pure parsers: mmCIF and legacy PDB (gemmi), A3M / A2M / Stockholm MSAs, HHR / m8 template
+hits, FASTA, and the alignment-folder index. Every parse error is a `ParseError` naming the file and line.
 
 Names are imported lazily: `featurecache.io.msa` and the other text parsers work where gemmi
 is not installed (only `io.mmcif` and `io.alignments` need it).
@@ -16,12 +16,12 @@ _EXPORTS = {
     "parse_hhr": "featurecache.io.hits",
     "parse_m8": "featurecache.io.hits",
     "read_hits": "featurecache.io.hits",
-    "Chain": "featurecache.io.mmcif",
-    "Residue": "featurecache.io.mmcif",
-    "Structure": "featurecache.io.mmcif",
+    "Chain": "featurecache.io.structure",
+    "Residue": "featurecache.io.structure",
+    "Structure": "featurecache.io.structure",
     "parse_mmcif": "featurecache.io.mmcif",
     "read_mmcif": "featurecache.io.mmcif",
-    "structure_from_sequences": "featurecache.io.mmcif",
+    "structure_from_sequences": "featurecache.io.structure",
     "Msa": "featurecache.io.msa",
     "parse_a3m": "featurecache.io.msa",
     "parse_stockholm": "featurecache.io.msa",

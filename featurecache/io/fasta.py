@@ -1,4 +1,11 @@
-"""FASTA: multi-record, ``>id description`` headers, sequences possibly wrapped over lines."""
+"""FASTA: multi-record, ``>id description`` headers, sequences possibly wrapped over lines.
+
+This reads the file's syntax; which letters a sequence may hold depends on its molecule type
+and is checked where the record becomes a chain (`io.inputs`, `io.residues`). Rejected here,
+naming the file, the record and the line: a record without a sequence, a sequence that is
+only gaps, a '*' anywhere but at the very end (one terminal stop is accepted and dropped),
+and characters that are neither letters nor '*' / '-'.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ class FastaRecord:
     id: str
     description: str
     sequence: str  # upper case, no trailing '*'
+    line: int = 0  # line number of the header (for messages about the record)
 
 
 def read_fasta(path: str | os.PathLike) -> list[FastaRecord]:
@@ -24,7 +32,8 @@ def read_fasta(path: str | os.PathLike) -> list[FastaRecord]:
 
 
 def parse_fasta(data: str | bytes, source: str) -> list[FastaRecord]:
-    """Parse FASTA text; an empty file, a record without sequence or a stray line is a ParseError."""
+    """Parse FASTA text; an empty file, an empty or all-gap record, an inner '*' or a stray line
+    is a ParseError."""
     text = decode_text(data, source)
     records: list[FastaRecord] = []
     header: tuple[str, str, int] | None = None
@@ -32,10 +41,19 @@ def parse_fasta(data: str | bytes, source: str) -> list[FastaRecord]:
 
     def finish() -> None:
         record_id, description, line_number = header
-        sequence = "".join(chunks).upper().rstrip("*")
+        sequence = "".join(chunks).upper()
+        if sequence.endswith("*"):
+            sequence = sequence[:-1]
         if not sequence:
             raise ParseError(source, f"record {record_id!r} has no sequence", line_number)
-        records.append(FastaRecord(record_id, description, sequence))
+        if not sequence.strip("-"):
+            raise ParseError(source, f"record {record_id!r} is all gaps ({len(sequence)} '-')", line_number)
+        stop = sequence.find("*")
+        if stop >= 0:
+            raise ParseError(
+                source, f"record {record_id!r} has a stop '*' inside its sequence (position {stop + 1})", line_number
+            )
+        records.append(FastaRecord(record_id, description, sequence, line_number))
 
     for line_number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
@@ -51,8 +69,11 @@ def parse_fasta(data: str | bytes, source: str) -> list[FastaRecord]:
         elif header is None:
             raise ParseError(source, "sequence before the first '>' header (not FASTA?)", line_number)
         elif not _SEQUENCE_LINE.match(line):
-            bad = next(c for c in line if not (c.isalpha() or c in "*-"))
-            raise ParseError(source, f"invalid character {bad!r} in sequence of {header[0]!r}", line_number)
+            column = next(i for i, c in enumerate(line) if not (c.isascii() and c.isalpha()) and c not in "*-")
+            position = sum(map(len, chunks)) + column + 1
+            raise ParseError(
+                source, f"invalid character {line[column]!r} at position {position} of record {header[0]!r}", line_number
+            )
         else:
             chunks.append(line)
     if header is None:

@@ -1,6 +1,11 @@
 """Input files of a precompute or an online training run: which files are targets, their ids,
 and a sequence-only Structure from a FASTA file.
 
+Structures are mmCIF or legacy PDB format (gemmi reads both: `io.mmcif`, `io.pdb`), plain or
+gzipped. A FASTA record becomes one chain; its letters are checked against its molecule type's
+alphabet (`io.residues`), and a bad letter is a ParseError naming the file, the record, the
+letter and its position.
+
 Shared by the precompute pipeline and `OnlineDataset`, so training never imports precompute.
 """
 
@@ -10,13 +15,17 @@ import dataclasses
 import os
 from pathlib import Path
 
+from featurecache.io.common import ParseError
 from featurecache.io.fasta import read_fasta
-from featurecache.io.mmcif import Structure, structure_from_sequences, target_id_from_path
+from featurecache.io.mmcif import target_id_from_path
+from featurecache.io.residues import POLYMER_TYPES, SequenceError
+from featurecache.io.structure import Structure, structure_from_sequences
 
 MMCIF_SUFFIXES = (".cif", ".mmcif", ".cif.gz", ".mmcif.gz")
+PDB_SUFFIXES = (".pdb", ".ent", ".pdb.gz", ".ent.gz")
+STRUCTURE_SUFFIXES = MMCIF_SUFFIXES + PDB_SUFFIXES
 FASTA_SUFFIXES = (".fasta", ".fa", ".faa", ".fna", ".fasta.gz", ".fa.gz")
-INPUT_SUFFIXES = MMCIF_SUFFIXES + FASTA_SUFFIXES
-POLYMER_TYPES = ("protein", "dna", "rna")
+INPUT_SUFFIXES = STRUCTURE_SUFFIXES + FASTA_SUFFIXES
 
 
 class InputError(ValueError):
@@ -49,11 +58,17 @@ def _fasta_molecule_type(description: str, sequence: str) -> str:
 
 
 def structure_from_fasta(path: str | os.PathLike) -> Structure:
-    """A sequence-only target: one chain per FASTA record, every residue unresolved."""
+    """A sequence-only target: one chain per FASTA record, every residue unresolved. Ambiguity
+    codes are kept as the structure's warnings (one per chain, counted)."""
     records = read_fasta(path)
     chains = [(_chain_label(number), _fasta_molecule_type(record.description, record.sequence), record.sequence)
               for number, record in enumerate(records)]
-    return dataclasses.replace(structure_from_sequences(target_id_for(path), chains), source=str(path))
+    try:
+        structure = structure_from_sequences(target_id_for(path), chains)
+    except SequenceError as error:
+        record = records[[label for label, _, _ in chains].index(error.chain_id)]
+        raise ParseError(str(path), f"record {record.id!r}: {error.detail}", record.line) from None
+    return dataclasses.replace(structure, source=str(path))
 
 
 def _chain_label(number: int) -> str:

@@ -1,4 +1,5 @@
-"""mmCIF parsing (via gemmi) into a frozen `Structure` of chains and residues.
+"""mmCIF parsing (via gemmi) into a frozen `Structure` of chains and residues. Legacy PDB-format
+files are read too: gemmi converts them (entities and full sequences from SEQRES) first.
 
 What the parser decides, so that featurization never has to look at mmCIF again:
 
@@ -9,174 +10,62 @@ What the parser decides, so that featurization never has to look at mmCIF again:
   residues in the sequence but absent from the model are kept with no atoms (unresolved).
 - The molecule type of a chain is decided by its residues' chemistry (``_chem_comp.type``, then
   gemmi's residue table), because processed assembly files carry inconsistent entity tables.
-- A residue of a polymer chain whose chemical component is a non-polymer (a ligand written into
-  a polymer chain, e.g. GNP and MG in 721p assembly files, ACE/NH2 caps, PXA in 209d) becomes its
+- A modelled residue belongs to its polymer when the sequence table lists it at its position
+  (by ``label_seq_id``, or by author number when a file leaves ``label_seq_id`` empty), whatever
+  its chemistry: a 5' GTP of an RNA, ACE / NH2 caps and PXA in actinomycin (209d) are polymer
+  residues, held once. Only a component the sequence does not list there (a ligand written into
+  a polymer chain, e.g. GNP and MG after the last residue in 721p assembly files) becomes its
   own ligand chain with id ``"<chain>:<CCD><auth number>"``.
 - Modified residues keep their CCD code and get a standard parent (``_pdbx_struct_mod_residue``,
-  then a table of common modifications, then gemmi's one-letter code) used for sequences and
-  residue classes. Selenomethionine is converted to methionine (SE -> SD), as AlphaFold 3 does.
+  then `residues.parent_of`: a table of common modifications, gemmi, the CCD) used for
+  sequences and residue classes. Selenomethionine is converted to methionine (SE -> SD), as
+  AlphaFold 3 does.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import gemmi
 import numpy as np
 
 from featurecache.io.common import ParseError, decode_text, read_bytes
+from featurecache.io.pdb import looks_like_pdb, pdb_to_mmcif_block
+from featurecache.io.residues import is_non_polymer, parent_of, residue_kind
+from featurecache.io.structure import Chain, Residue, Structure, unresolved_residue
 
-PROTEIN_3TO1 = {
-    "ALA": "A", "ARG": "R", "ASN": "N", "ASP": "D", "CYS": "C", "GLN": "Q", "GLU": "E",
-    "GLY": "G", "HIS": "H", "ILE": "I", "LEU": "L", "LYS": "K", "MET": "M", "PHE": "F",
-    "PRO": "P", "SER": "S", "THR": "T", "TRP": "W", "TYR": "Y", "VAL": "V",
-}
-PROTEIN_1TO3 = {letter: name for name, letter in PROTEIN_3TO1.items()}
-DNA_STANDARD = {"DA": "A", "DC": "C", "DG": "G", "DT": "T"}
-RNA_STANDARD = {"A": "A", "C": "C", "G": "G", "U": "U"}
-# Residues that are one token each (everything else in a polymer is tokenized per atom).
-STANDARD_RESIDUES = {
-    "protein": set(PROTEIN_3TO1) | {"UNK"},
-    "dna": set(DNA_STANDARD) | {"DN"},
-    "rna": set(RNA_STANDARD) | {"N"},
-}
-UNKNOWN_LETTER = {"protein": "X", "dna": "N", "rna": "N"}
-
-# Common modified residues and their standard parents, used when a file has no
-# _pdbx_struct_mod_residue row for them (assembly files often drop that category).
-MODIFIED_PARENTS = {
-    "MSE": "MET", "SEP": "SER", "TPO": "THR", "PTR": "TYR", "CSO": "CYS", "CSD": "CYS",
-    "CME": "CYS", "CSS": "CYS", "OCS": "CYS", "CAS": "CYS", "KCX": "LYS", "MLY": "LYS",
-    "M3L": "LYS", "ALY": "LYS", "LLP": "LYS", "HYP": "PRO", "PCA": "GLN", "MLE": "LEU",
-    "MVA": "VAL", "DVA": "VAL", "SAR": "GLY", "NLE": "LEU", "FME": "MET", "HIC": "HIS",
-    "NEP": "HIS", "AGM": "ARG", "CGU": "GLU", "TYS": "TYR", "SCY": "CYS", "CSX": "CYS",
-    "PSU": "U", "5MU": "U", "H2U": "U", "OMU": "U", "4SU": "U", "5MC": "C", "OMC": "C",
-    "1MG": "G", "2MG": "G", "7MG": "G", "M2G": "G", "OMG": "G", "YG": "G", "1MA": "A",
-    "6MA": "A", "5IU": "DU", "CBR": "DC", "5CM": "DC", "5BU": "U", "BRU": "DU",
-}
 WATER_NAMES = {"HOH", "DOD", "WAT", "H2O"}
 HYDROGEN_ELEMENTS = {"H", "D"}
 DATE_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
-@dataclass(frozen=True, eq=False)
-class Residue:
-    """One residue (or one ligand component) with its heavy atoms; no atoms when unresolved."""
-
-    name: str  # CCD code as modelled (MSE already converted to MET)
-    parent: str  # standard parent CCD code ("" when unknown); equal to name for standard residues
-    seq_id: int  # label_seq_id for polymers (1-based), position within the ligand chain otherwise
-    auth_seq_id: str
-    atom_names: tuple[str, ...]
-    elements: np.ndarray  # [n] int8 atomic numbers (0 = unknown)
-    charges: np.ndarray  # [n] int8
-    positions: np.ndarray  # [n, 3] float32
-    occupancies: np.ndarray  # [n] float32
-    b_factors: np.ndarray  # [n] float32 (pLDDT for predicted models)
-
-    @property
-    def is_resolved(self) -> bool:
-        return len(self.atom_names) > 0
-
-
-@dataclass(frozen=True, eq=False)
-class Chain:
-    chain_id: str  # label_asym_id, or "<label_asym_id>:<CCD><auth number>" for split-off ligands
-    auth_chain_id: str
-    entity_id: str  # as written in the file (may be unreliable in processed files)
-    molecule_type: str  # "protein" | "dna" | "rna" | "ligand"
-    residues: tuple[Residue, ...]
-
-    @property
-    def is_polymer(self) -> bool:
-        return self.molecule_type != "ligand"
-
-    @property
-    def sequence(self) -> str:
-        """One-letter sequence for polymers (X / N for unknown), CCD codes in brackets for ligands."""
-        if not self.is_polymer:
-            return "".join(f"({residue.name})" for residue in self.residues)
-        unknown = UNKNOWN_LETTER[self.molecule_type]
-        return "".join(residue_letter(residue.parent, self.molecule_type, unknown) for residue in self.residues)
-
-
-@dataclass(frozen=True, eq=False)
-class Structure:
-    id: str
-    source: str
-    resolution: float | None
-    release_date: str | None  # ISO date
-    method: str | None
-    chains: tuple[Chain, ...] = field(default_factory=tuple)
-
-    def chain(self, chain_id: str) -> Chain:
-        for chain in self.chains:
-            if chain.chain_id == chain_id:
-                return chain
-        raise KeyError(f"{self.source}: no chain {chain_id!r}; chains are {[c.chain_id for c in self.chains]}")
-
-
-_LETTER_TO_PARENT = {
-    "protein": {letter: name for name, letter in PROTEIN_3TO1.items()},
-    "dna": {letter: name for name, letter in DNA_STANDARD.items()},
-    "rna": {letter: name for name, letter in RNA_STANDARD.items()},
-}
-_UNKNOWN_RESIDUE = {"protein": "UNK", "dna": "DN", "rna": "N"}
-
-
-def structure_from_sequences(
-    target_id: str, chains: list[tuple[str, str, str]], release_date: str | None = None
-) -> Structure:
-    """A structure with no coordinates from (chain id, molecule type, one-letter sequence) triples,
-    for targets known only by sequence (FASTA inputs): every residue is unresolved."""
-    built = []
-    for chain_id, molecule_type, sequence in chains:
-        if molecule_type not in _LETTER_TO_PARENT:
-            raise ValueError(f"chain {chain_id}: molecule type {molecule_type!r} is not protein, dna or rna")
-        letters = _LETTER_TO_PARENT[molecule_type]
-        residues = []
-        for position, letter in enumerate(sequence.upper(), start=1):
-            name = letters.get(letter, _UNKNOWN_RESIDUE[molecule_type])
-            residues.append(_unresolved_residue(name, name, position))
-        built.append(Chain(chain_id, chain_id, "", molecule_type, tuple(residues)))
-    return Structure(target_id, target_id, None, release_date, None, tuple(built))
-
-
-def residue_letter(parent: str, molecule_type: str, unknown: str) -> str:
-    if molecule_type == "protein":
-        return PROTEIN_3TO1.get(parent, unknown)
-    if molecule_type == "dna":
-        return DNA_STANDARD.get(parent, unknown)
-    return RNA_STANDARD.get(parent, unknown)
-
-
 def target_id_from_path(path: str | os.PathLike) -> str:
-    """Target id used for records: the file name without .gz / .cif / .mmcif, lower case."""
+    """Target id used for records: the file name without .gz / .cif / .mmcif / .pdb / .ent, lower case."""
     name = os.path.basename(str(path)).lower()
-    for suffix in (".gz", ".cif", ".mmcif"):
+    for suffix in (".gz", ".cif", ".mmcif", ".pdb", ".ent"):
         if name.endswith(suffix):
             name = name[: -len(suffix)]
     return name
 
 
 def read_mmcif(path: str | os.PathLike) -> Structure:
-    """Parse an mmCIF file, plain or gzipped."""
+    """Parse an mmCIF (or legacy PDB-format) file, plain or gzipped."""
     return parse_mmcif(read_bytes(path), str(path))
 
 
 def parse_mmcif(data: str | bytes, source: str) -> Structure:
-    """Parse mmCIF text into a Structure; every problem is a ParseError naming `source`."""
+    """Parse mmCIF text into a Structure; every problem is a ParseError naming `source`.
+
+    PDB-format text (ATOM / HETATM / HEADER records, whatever the file is named) is converted
+    by gemmi first: `io.pdb` says what that keeps."""
     text = decode_text(data, source)
-    try:
-        document = gemmi.cif.read_string(text)
-    except (RuntimeError, ValueError) as error:
-        detail = re.sub(r"^string:\d+:\S*\s*", "", str(error))
-        raise ParseError(source, f"invalid mmCIF: {detail}", _gemmi_error_line(str(error))) from error
-    if len(document) == 0:
-        raise ParseError(source, "no data block (empty file?)")
-    block = document[0]
+    notes: list[str] = []
+    if looks_like_pdb(text):
+        block = pdb_to_mmcif_block(text, source, notes)
+    else:
+        block = _first_block(text, source)
     try:
         chains = _parse_chains(block, source)
     except ParseError:
@@ -190,7 +79,19 @@ def parse_mmcif(data: str | bytes, source: str) -> Structure:
         release_date=_release_date(block),
         method=_method(block),
         chains=tuple(chains),
+        warnings=tuple(notes),
     )
+
+
+def _first_block(text: str, source: str) -> gemmi.cif.Block:
+    try:
+        document = gemmi.cif.read_string(text)
+    except (RuntimeError, ValueError) as error:
+        detail = re.sub(r"^string:\d+:\S*\s*", "", str(error))
+        raise ParseError(source, f"invalid mmCIF: {detail}", _gemmi_error_line(str(error))) from error
+    if len(document) == 0:
+        raise ParseError(source, "no data block (empty file?)")
+    return document[0]
 
 
 # --- metadata -------------------------------------------------------------------------------
@@ -254,7 +155,28 @@ def _text(value) -> str:
     return str(value)
 
 
-def _parse_chains(block: gemmi.cif.Block, source: str) -> list[Chain]:
+@dataclass(frozen=True, eq=False)
+class _AtomSite:
+    """The _atom_site columns the parser reads, one entry per row; '?' / '.' read as ''."""
+
+    names: list
+    comps: list
+    asyms: list
+    seq_ids: list
+    auth_seq_ids: list
+    ins_codes: list
+    alt_ids: list
+    auth_asyms: list
+    models: list
+    entities: list
+    symbols: list
+    charges: list
+    xyz: np.ndarray  # [rows, 3] float32
+    occupancy: np.ndarray  # [rows] float32
+    b_factor: np.ndarray  # [rows] float32
+
+
+def _read_atom_site(block: gemmi.cif.Block, source: str) -> _AtomSite:
     atoms = _category(block, "_atom_site.")
     if not atoms:
         raise ParseError(source, "no _atom_site records")
@@ -268,18 +190,6 @@ def _parse_chains(block: gemmi.cif.Block, source: str) -> list[Chain]:
     def column(tag: str) -> list:
         return atoms[tag] if tag in atoms else [None] * count
 
-    names = atoms.get("label_atom_id") or atoms["auth_atom_id"]
-    comps = atoms["label_comp_id"]
-    asyms = atoms["label_asym_id"]
-    seq_ids = column("label_seq_id")
-    auth_seq_ids = column("auth_seq_id")
-    ins_codes = column("pdbx_PDB_ins_code")
-    alt_ids = column("label_alt_id")
-    auth_asyms = column("auth_asym_id")
-    models = column("pdbx_PDB_model_num")
-    entities = column("label_entity_id")
-    symbols = column("type_symbol")
-    charges_raw = column("pdbx_formal_charge")
     try:
         xyz = np.stack(
             [np.asarray(atoms[tag], dtype=np.float64) for tag in ("Cartn_x", "Cartn_y", "Cartn_z")], axis=1
@@ -295,94 +205,108 @@ def _parse_chains(block: gemmi.cif.Block, source: str) -> list[Chain]:
     if not np.isfinite(xyz).all():
         row = int(np.flatnonzero(~np.isfinite(xyz).all(axis=1))[0])
         raise ParseError(source, f"_atom_site row {row + 1} has a non-finite coordinate {xyz[row].tolist()}")
+    return _AtomSite(
+        names=[_text(v) for v in (atoms.get("label_atom_id") or atoms["auth_atom_id"])],
+        comps=[_text(v) for v in atoms["label_comp_id"]],
+        asyms=[_text(v) for v in atoms["label_asym_id"]],
+        seq_ids=[_text(v) for v in column("label_seq_id")],
+        auth_seq_ids=[_text(v) for v in column("auth_seq_id")],
+        ins_codes=[_text(v) for v in column("pdbx_PDB_ins_code")],
+        alt_ids=[_text(v) for v in column("label_alt_id")],
+        auth_asyms=[_text(v) for v in column("auth_asym_id")],
+        models=[_text(v) for v in column("pdbx_PDB_model_num")],
+        entities=[_text(v) for v in column("label_entity_id")],
+        symbols=[_text(v).upper() for v in column("type_symbol")],
+        charges=[_text(v) for v in column("pdbx_formal_charge")],
+        xyz=xyz,
+        occupancy=occupancy,
+        b_factor=b_factor,
+    )
 
-    first_model = next((_text(m) for m in models if _text(m)), "")
-    chem_types = _chem_comp_types(block)
 
-    # Group atom rows into residues: key (asym, label_seq, auth_seq, ins), in file order.
+def _group_residues(atoms: _AtomSite) -> dict[tuple, list[int]]:
+    """Heavy-atom rows of the first model by residue key (asym, label_seq, auth_seq, ins), in file order."""
+    first_model = next((model for model in atoms.models if model), "")
     groups: dict[tuple, list[int]] = {}
-    for row in range(count):
-        if _text(models[row]) != first_model:
+    for row, comp in enumerate(atoms.comps):
+        if atoms.models[row] != first_model or comp in WATER_NAMES:
             continue
-        comp = _text(comps[row])
-        if comp in WATER_NAMES:
-            continue
-        element = _text(symbols[row]).upper() or _element_from_name(_text(names[row]))
+        element = atoms.symbols[row] or _element_from_name(atoms.names[row])
         if element in HYDROGEN_ELEMENTS:
             continue
-        key = (_text(asyms[row]), _text(seq_ids[row]), _text(auth_seq_ids[row]), _text(ins_codes[row]))
+        key = (atoms.asyms[row], atoms.seq_ids[row], atoms.auth_seq_ids[row], atoms.ins_codes[row])
         groups.setdefault(key, []).append(row)
+    return groups
 
-    def build_residue(rows: list[int], seq_id: int, parent_hint: str) -> Residue:
-        rows = _resolve_alternates(rows, alt_ids, occupancy, comps)
-        comp = _text(comps[rows[0]])
-        seen: set[str] = set()
-        kept = []
-        for row in rows:
-            name = _text(names[row])
-            if name not in seen:
-                seen.add(name)
-                kept.append(row)
-        atom_names = [_text(names[row]) for row in kept]
-        elements = [_text(symbols[row]).upper() or _element_from_name(_text(names[row])) for row in kept]
-        if comp == "MSE":
-            comp = "MET"
-            atom_names = ["SD" if name == "SE" else name for name in atom_names]
-            elements = ["S" if element == "SE" else element for element in elements]
-        charges = []
-        for row in kept:
-            value = _text(charges_raw[row])
-            try:
-                charge = int(float(value)) if value else 0
-            except (ValueError, OverflowError) as error:
-                raise ParseError(
-                    source, f"atom {_text(names[row])} of {comp}: formal charge {value!r} is not a number"
-                ) from error
-            if not -16 <= charge <= 16:
-                raise ParseError(source, f"atom {_text(names[row])} of {comp}: formal charge {charge} is out of range")
-            charges.append(charge)
-        parent = parent_hint or _parent(comp)
-        return Residue(
-            name=comp,
-            parent=parent,
-            seq_id=seq_id,
-            auth_seq_id=_text(auth_seq_ids[kept[0]]),
-            atom_names=tuple(atom_names),
-            elements=np.asarray([_atomic_number(e, n) for e, n in zip(elements, atom_names)], dtype=np.int8),
-            charges=np.asarray(charges, dtype=np.int8),
-            positions=xyz[kept],
-            occupancies=occupancy[kept],
-            b_factors=b_factor[kept],
-        )
 
-    scheme = _polymer_scheme(block, groups, entities, comps, chem_types, source)
+def _build_residue(atoms: _AtomSite, rows: list[int], seq_id: int, parent: str | None, source: str) -> Residue:
+    """One residue from its atom rows; `parent` None means look it up (polymer residues only)."""
+    rows = _resolve_alternates(rows, atoms.alt_ids, atoms.occupancy, atoms.comps)
+    comp = atoms.comps[rows[0]]
+    seen: set[str] = set()
+    kept = []
+    for row in rows:
+        if atoms.names[row] not in seen:
+            seen.add(atoms.names[row])
+            kept.append(row)
+    atom_names = [atoms.names[row] for row in kept]
+    elements = [atoms.symbols[row] or _element_from_name(atoms.names[row]) for row in kept]
+    if comp == "MSE":
+        comp = "MET"
+        atom_names = ["SD" if name == "SE" else name for name in atom_names]
+        elements = ["S" if element == "SE" else element for element in elements]
+    charges = []
+    for row in kept:
+        value = atoms.charges[row]
+        try:
+            charge = int(float(value)) if value else 0
+        except (ValueError, OverflowError) as error:
+            raise ParseError(source, f"atom {atoms.names[row]} of {comp}: formal charge {value!r} is not a number") from error
+        if not -16 <= charge <= 16:
+            raise ParseError(source, f"atom {atoms.names[row]} of {comp}: formal charge {charge} is out of range")
+        charges.append(charge)
+    return Residue(
+        name=comp,
+        parent=parent_of(comp) if parent is None else parent,
+        seq_id=seq_id,
+        auth_seq_id=atoms.auth_seq_ids[kept[0]],
+        atom_names=tuple(atom_names),
+        elements=np.asarray([_atomic_number(e, n) for e, n in zip(elements, atom_names)], dtype=np.int8),
+        charges=np.asarray(charges, dtype=np.int8),
+        positions=atoms.xyz[kept],
+        occupancies=atoms.occupancy[kept],
+        b_factors=atoms.b_factor[kept],
+    )
+
+
+def _parse_chains(block: gemmi.cif.Block, source: str) -> list[Chain]:
+    atoms = _read_atom_site(block, source)
+    groups = _group_residues(atoms)
+    chem_types = _chem_comp_types(block)
+    scheme = _polymer_scheme(block, groups, atoms, chem_types, source)
     mod_parents = _mod_residue_parents(block)
 
     # Each chain is keyed by the first atom row that belongs to it, which orders chains as the file does.
     chains: list[tuple[int, Chain]] = []
     used: set[tuple] = set()
     asym_first_row: dict[str, int] = {}
-    asym_auth: dict[str, str] = {}
-    asym_entity: dict[str, str] = {}
     for key, rows in groups.items():
         asym_first_row.setdefault(key[0], rows[0])
-        asym_auth.setdefault(key[0], _text(auth_asyms[rows[0]]) or key[0])
-        asym_entity.setdefault(key[0], _text(entities[rows[0]]))
+    asym_auth = {asym: atoms.auth_asyms[row] or asym for asym, row in asym_first_row.items()}
+    asym_entity = {asym: atoms.entities[row] for asym, row in asym_first_row.items()}
 
     for asym, positions in scheme.items():
-        by_seq = {key[1]: key for key in groups if key[0] == asym and key[1]}
         residues = []
-        for seq_id, mon_id in positions:
-            key = by_seq.get(str(seq_id))
-            parent_hint = mod_parents.get((asym, seq_id), "")
-            if key is not None and not _is_non_polymer(_text(comps[groups[key][0]]), chem_types):
-                residues.append(build_residue(groups[key], seq_id, parent_hint))
+        for (seq_id, mon_id, _), key in zip(positions, _polymer_keys(asym, positions, groups, atoms, chem_types)):
+            parent_hint = mod_parents.get((asym, seq_id))
+            if key is not None:
+                residues.append(_build_residue(atoms, groups[key], seq_id, parent_hint, source))
                 used.add(key)
             else:
                 name = "MET" if mon_id == "MSE" else mon_id
-                residues.append(_unresolved_residue(name, parent_hint or _parent(name), seq_id))
+                residues.append(unresolved_residue(name, parent_hint or parent_of(name), seq_id))
         molecule_type = _molecule_type([r.parent or r.name for r in residues], chem_types, block, asym_entity.get(asym, ""))
-        first_row = asym_first_row.get(asym, count)
+        first_row = asym_first_row.get(asym, len(atoms.comps))
         chain = Chain(asym, asym_auth.get(asym, asym), asym_entity.get(asym, ""), molecule_type, tuple(residues))
         chains.append((first_row, chain))
 
@@ -393,14 +317,10 @@ def _parse_chains(block: gemmi.cif.Block, source: str) -> list[Chain]:
         if key in used:
             continue
         asym = key[0]
-        if asym in scheme:
-            comp = _text(comps[rows[0]])
-            chain_id = f"{asym}:{comp}{key[2] or key[1]}"
-        else:
-            chain_id = asym
+        chain_id = f"{asym}:{atoms.comps[rows[0]]}{key[2] or key[1]}" if asym in scheme else asym
         ligand_groups.setdefault(chain_id, []).append(key)
     for chain_id, keys in ligand_groups.items():
-        residues = tuple(build_residue(groups[key], index + 1, "") for index, key in enumerate(keys))
+        residues = tuple(_build_residue(atoms, groups[key], index + 1, "", source) for index, key in enumerate(keys))
         asym = keys[0][0]
         chain = Chain(chain_id, asym_auth.get(asym, asym), asym_entity.get(asym, ""), "ligand", residues)
         chains.append((groups[keys[0]][0], chain))
@@ -411,19 +331,42 @@ def _parse_chains(block: gemmi.cif.Block, source: str) -> list[Chain]:
     return [chain for _, chain in chains]
 
 
-def _unresolved_residue(name: str, parent: str, seq_id: int) -> Residue:
-    return Residue(
-        name=name,
-        parent=parent,
-        seq_id=seq_id,
-        auth_seq_id="",
-        atom_names=(),
-        elements=np.zeros(0, np.int8),
-        charges=np.zeros(0, np.int8),
-        positions=np.zeros((0, 3), np.float32),
-        occupancies=np.zeros(0, np.float32),
-        b_factors=np.zeros(0, np.float32),
-    )
+_UNNAMED_RESIDUES = {"UNK", "N", "DN"}  # a sequence table's placeholder for a residue it does not name
+
+
+def _polymer_keys(asym, positions, groups, atoms: _AtomSite, chem_types) -> list[tuple | None]:
+    """The modelled residue (group key) at each sequence position of a polymer asym, or None.
+
+    A residue is found by label_seq_id, or by author number (pdb_seq_num) when the file leaves
+    its label_seq_id empty. It fills the position when the sequence names it (or a residue
+    with the same standard parent, or no residue: UNK / N / DN), or when its chemistry links
+    into polymers; whatever its _chem_comp.type says, so a 5' GTP or an ACE cap that the
+    sequence lists is a polymer residue. Anything else stays for the ligands.
+    """
+    by_label: dict[str, list[tuple]] = {}
+    by_author: dict[tuple[str, str], tuple] = {}
+    for key in groups:
+        if key[0] == asym:
+            if key[1]:
+                by_label.setdefault(key[1], []).append(key)
+            else:
+                by_author.setdefault((key[2], key[3]), key)
+    found = []
+    for seq_id, mon_id, auth_number in positions:
+        candidates = by_label.get(str(seq_id), [])
+        if not candidates and auth_number in by_author:
+            candidates = [by_author[auth_number]]
+        found.append(next(
+            (key for key in candidates if _fills_position(atoms.comps[groups[key][0]], mon_id, chem_types)), None
+        ))
+    return found
+
+
+def _fills_position(comp: str, mon_id: str, chem_types: dict[str, str]) -> bool:
+    if comp == mon_id or mon_id in _UNNAMED_RESIDUES or not is_non_polymer(comp, chem_types):
+        return True
+    parent = parent_of(comp)
+    return bool(parent) and parent == parent_of(mon_id)
 
 
 def _resolve_alternates(rows: list[int], alt_ids: list, occupancy: np.ndarray, comps: list) -> list[int]:
@@ -447,14 +390,6 @@ def _chem_comp_types(block: gemmi.cif.Block) -> dict[str, str]:
     return {_text(comp): _text(kind).lower() for comp, kind in zip(table["id"], table["type"])}
 
 
-def _is_non_polymer(comp: str, chem_types: dict[str, str]) -> bool:
-    kind = chem_types.get(comp)
-    if kind is not None:
-        return kind == "non-polymer"
-    info = gemmi.find_tabulated_residue(comp)
-    return info is None or not (info.is_amino_acid() or info.is_nucleic_acid())
-
-
 def _as_int(value, what: str, source: str) -> int:
     try:
         return int(_text(value))
@@ -462,33 +397,38 @@ def _as_int(value, what: str, source: str) -> int:
         raise ParseError(source, f"{what} {_text(value) or '?'!r} is not an integer") from None
 
 
-def _polymer_scheme(block, groups, entities, comps, chem_types, source) -> dict[str, list[tuple[int, str]]]:
-    """Full sequence (seq_id, CCD code) per polymer asym, in seq_id order."""
-    scheme: dict[str, dict[int, str]] = {}
+def _polymer_scheme(block, groups, atoms: _AtomSite, chem_types, source) -> dict[str, list[tuple[int, str, tuple | None]]]:
+    """Full sequence per polymer asym, in seq_id order: (seq_id, CCD code, author number or None),
+    the author number being (pdb_seq_num, insertion code) where _pdbx_poly_seq_scheme gives it."""
+    scheme: dict[str, dict[int, tuple[str, tuple | None]]] = {}
     table = _category(block, "_pdbx_poly_seq_scheme.")
     if table and {"asym_id", "seq_id", "mon_id"} <= table.keys():
-        for asym, seq_id, mon_id in zip(table["asym_id"], table["seq_id"], table["mon_id"]):
+        count = len(table["asym_id"])
+        numbers = table.get("pdb_seq_num") or [None] * count
+        insertions = table.get("pdb_ins_code") or [None] * count
+        for asym, seq_id, mon_id, number, insertion in zip(table["asym_id"], table["seq_id"], table["mon_id"], numbers, insertions):
             seq = _as_int(seq_id, f"_pdbx_poly_seq_scheme.seq_id of chain {_text(asym)}", source)
-            scheme.setdefault(_text(asym), {}).setdefault(seq, _text(mon_id))
+            author = (_text(number), _text(insertion)) if _text(number) else None
+            scheme.setdefault(_text(asym), {}).setdefault(seq, (_text(mon_id), author))
     else:
         entity_seq = _category(block, "_entity_poly_seq.")
-        by_entity: dict[str, dict[int, str]] = {}
+        by_entity: dict[str, dict[int, tuple[str, None]]] = {}
         if entity_seq and {"entity_id", "num", "mon_id"} <= entity_seq.keys():
             for entity, num, mon_id in zip(entity_seq["entity_id"], entity_seq["num"], entity_seq["mon_id"]):
                 position = _as_int(num, f"_entity_poly_seq.num of entity {_text(entity)}", source)
-                by_entity.setdefault(_text(entity), {}).setdefault(position, _text(mon_id))
+                by_entity.setdefault(_text(entity), {}).setdefault(position, (_text(mon_id), None))
         for key, rows in groups.items():
             asym, seq_id = key[0], key[1]
             if not seq_id:
                 continue
-            entity = _text(entities[rows[0]])
+            entity = atoms.entities[rows[0]]
             if entity in by_entity:
                 scheme.setdefault(asym, dict(by_entity[entity]))
-            elif not _is_non_polymer(_text(comps[rows[0]]), chem_types):
+            elif not is_non_polymer(atoms.comps[rows[0]], chem_types):
                 # No sequence tables at all: the modelled residues are the sequence.
                 position = _as_int(seq_id, f"_atom_site.label_seq_id of chain {asym}", source)
-                scheme.setdefault(asym, {}).setdefault(position, _text(comps[rows[0]]))
-    return {asym: sorted(positions.items()) for asym, positions in scheme.items()}
+                scheme.setdefault(asym, {}).setdefault(position, (atoms.comps[rows[0]], None))
+    return {asym: [(seq, *named) for seq, named in sorted(positions.items())] for asym, positions in scheme.items()}
 
 
 def _mod_residue_parents(block: gemmi.cif.Block) -> dict[tuple[str, int], str]:
@@ -500,49 +440,6 @@ def _mod_residue_parents(block: gemmi.cif.Block) -> dict[tuple[str, int], str]:
         if _text(seq_id).isdigit() and _text(parent):
             parents[(_text(asym), int(seq_id))] = _text(parent)
     return parents
-
-
-def _parent(comp: str) -> str:
-    """Standard parent of a residue: itself if standard, the table, then gemmi's one-letter code."""
-    if comp in PROTEIN_3TO1 or comp in DNA_STANDARD or comp in RNA_STANDARD:
-        return comp
-    if comp in MODIFIED_PARENTS:
-        return MODIFIED_PARENTS[comp]
-    info = gemmi.find_tabulated_residue(comp)
-    if info is not None and info.one_letter_code.strip():
-        letter = info.one_letter_code.strip().upper()
-        if info.is_amino_acid() and letter in PROTEIN_1TO3:
-            return PROTEIN_1TO3[letter]
-        if info.kind == gemmi.ResidueKind.DNA and f"D{letter}" in DNA_STANDARD:
-            return f"D{letter}"
-        if info.kind == gemmi.ResidueKind.RNA and letter in RNA_STANDARD:
-            return letter
-    return ""
-
-
-def _residue_kind(comp: str, chem_types: dict[str, str]) -> str | None:
-    kind = chem_types.get(comp, "")
-    if "peptide" in kind:
-        return "protein"
-    if "dna" in kind:
-        return "dna"
-    if "rna" in kind:
-        return "rna"
-    if comp in PROTEIN_3TO1 or comp == "UNK":
-        return "protein"
-    if comp in DNA_STANDARD or comp == "DN":
-        return "dna"
-    if comp in RNA_STANDARD or comp == "N":
-        return "rna"
-    info = gemmi.find_tabulated_residue(comp)
-    if info is not None:
-        if info.is_amino_acid():
-            return "protein"
-        if info.kind == gemmi.ResidueKind.DNA:
-            return "dna"
-        if info.kind == gemmi.ResidueKind.RNA:
-            return "rna"
-    return None
 
 
 _ENTITY_POLY_TYPES = {
@@ -558,7 +455,7 @@ def _molecule_type(comps: list[str], chem_types: dict[str, str], block: gemmi.ci
     """Majority vote of the residues' chemistry; the entity_poly type only breaks a no-vote."""
     votes: dict[str, int] = {}
     for comp in comps:
-        kind = _residue_kind(comp, chem_types)
+        kind = residue_kind(comp, chem_types)
         if kind is not None:
             votes[kind] = votes.get(kind, 0) + 1
     if votes:

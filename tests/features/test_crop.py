@@ -14,7 +14,7 @@ from featurecache.io.alignments import AlignmentIndex
 def record(shared_data):
     index = AlignmentIndex(shared_data / "alignments" / "pdb")
     arrays, _ = featurize_from_files(
-        shared_data / "structures" / "7a4d-assembly1.cif", index, FeatureConfig(max_msa_rows=300), None
+        shared_data / "structures" / "7a4d-assembly1.cif", index, FeatureConfig(msa_rows_stored=300), None
     )
     return arrays
 

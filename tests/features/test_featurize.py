@@ -9,7 +9,7 @@ from featurecache.io.alignments import AlignmentIndex
 from featurecache.io.mmcif import read_mmcif
 
 STRUCTURES = ["209d-assembly1.cif", "721p-assembly1.cif", "7a4d-assembly1.cif", "2q2k.cif", "AF-P01112-F1-model_v4.cif.gz"]
-CONFIG = FeatureConfig(max_msa_rows=2048, max_paired_rows=512)
+CONFIG = FeatureConfig(msa_rows_stored=2048, max_paired_rows=512)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_every_structure_featurizes_to_the_schema(records, shared_data, name):
     assert metadata["source_hash"] == file_sha256(shared_data / "structures" / name)
     assert metadata["num_tokens"] == arrays["restype"].shape[0]
     assert metadata["num_atoms"] == arrays["atom_to_token"].shape[0]
-    assert metadata["msa_depth"] == arrays["msa"].shape[0] <= CONFIG.max_msa_rows
+    assert metadata["msa_depth"] == arrays["msa"].shape[0] <= CONFIG.msa_rows_stored
     assert len(metadata["chain_ids"]) == len(metadata["sequences"]) == arrays["asym_id"].max()
     np.testing.assert_array_equal(arrays["msa"][0], arrays["restype"])
     assert np.isfinite(arrays["atom_pos"]).all() and np.isfinite(arrays["msa_profile"]).all()
@@ -41,13 +41,14 @@ def test_every_structure_featurizes_to_the_schema(records, shared_data, name):
 
 
 def test_metadata_of_each_target(records):
-    assert records["721p-assembly1.cif"][1]["msa_depth"] == CONFIG.max_msa_rows
+    assert records["721p-assembly1.cif"][1]["msa_depth"] == CONFIG.msa_rows_stored
     assert records["721p-assembly1.cif"][1]["warnings"] == []
     assert records["2q2k.cif"][1]["warnings"] == ["chain A: no alignment, query-only MSA"]
     af_metadata = records["AF-P01112-F1-model_v4.cif.gz"][1]
     assert af_metadata["resolution"] is None and af_metadata["id"] == "af-p01112-f1-model_v4"
     assert any("similarity" in w for w in af_metadata["warnings"])
-    assert records["209d-assembly1.cif"][1]["chain_ids"] == ["A", "B", "C", "C:PXA6"]
+    # PXA is residue 6 of the actinomycin peptide (its sequence lists it): no ligand chain of its own.
+    assert records["209d-assembly1.cif"][1]["chain_ids"] == ["A", "B", "C"]
 
 
 def test_af_model_and_721p_share_msa_rows(records):

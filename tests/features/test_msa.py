@@ -6,7 +6,8 @@ from featurecache import schema
 from featurecache.features.msa import build_msa_features, msa_profile
 from featurecache.features.tokenize import tokenize
 from featurecache.io.alignments import AlignmentIndex
-from featurecache.io.mmcif import read_mmcif, structure_from_sequences
+from featurecache.io.mmcif import read_mmcif
+from featurecache.io.structure import structure_from_sequences
 from featurecache.io.msa import parse_a3m
 
 P = {letter: index for index, letter in enumerate(schema.PROTEIN_LETTERS)}
@@ -57,7 +58,7 @@ def test_species_pairing_block_diagonal_and_homomer_sharing(heteromer):
 
 def test_row_caps(heteromer):
     structure, msas = heteromer
-    _, features, _ = _features(structure, msas, max_msa_rows=4, max_paired_rows=2)
+    _, features, _ = _features(structure, msas, msa_rows_stored=4, max_paired_rows=2)
     assert features["msa"].shape[0] == 4
     assert features["msa_is_paired"].tolist() == [True, True, False, False]
 
@@ -82,7 +83,7 @@ def test_mismatched_msa_query_is_a_warning_not_a_crash(heteromer):
 def test_721p_homodimer_ligands_are_gaps(shared_data):
     structure = read_mmcif(shared_data / "structures" / "721p-assembly1.cif")
     found, _ = AlignmentIndex(shared_data / "alignments" / "pdb").for_structure(structure)
-    tokens, features, warnings = _features(structure, {c: found[c].msa for c in found}, max_msa_rows=512)
+    tokens, features, warnings = _features(structure, {c: found[c].msa for c in found}, msa_rows_stored=512)
     assert warnings == []
     msa = features["msa"]
     assert msa.shape == (512, tokens.num_tokens)

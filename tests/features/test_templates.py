@@ -8,7 +8,8 @@ from featurecache import schema
 from featurecache.features.featurize import featurize_target
 from featurecache.io.fasta import read_fasta
 from featurecache.io.hits import read_hits
-from featurecache.io.mmcif import read_mmcif, structure_from_sequences
+from featurecache.io.mmcif import read_mmcif
+from featurecache.io.structure import structure_from_sequences
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,7 @@ def test_near_identical_subsequence_is_dropped(shared_data):
 def test_m8_hits_without_structures_are_listed(shared_data):
     structure = read_mmcif(shared_data / "structures" / "721p-assembly1.cif")
     hits = read_hits(shared_data / "alignments" / "pdb_templates_m8" / "721p-assembly1A_protein_pdball_230102_db.m8")
-    config = FeatureConfig(max_msa_rows=8)
+    config = FeatureConfig(msa_rows_stored=8)
     arrays, metadata = featurize_target(structure, {}, {"A": hits, "B": hits}, config, shared_data / "templates" / "mmcif")
     assert metadata["num_templates"] == 0
     assert metadata["template_hits_without_coordinates"][:2] == ["4g3x_A", "721p_A"]

@@ -4,7 +4,8 @@ import pytest
 from featurecache import schema
 from featurecache.features.atoms import STANDARD_ATOMS, encode_atom_names
 from featurecache.features.tokenize import tokenize
-from featurecache.io.mmcif import read_mmcif, structure_from_sequences
+from featurecache.io.mmcif import read_mmcif
+from featurecache.io.structure import structure_from_sequences
 
 
 @pytest.fixture(scope="module")
@@ -38,18 +39,20 @@ def test_209d_modified_residues_are_per_atom_tokens_of_the_peptide(structures):
     structure = structures["209d"]
     arrays = tokenize(structure).arrays
     peptide = arrays["asym_id"] == 3
-    # THR, PRO (x2 each) and the unresolved UNK are single tokens; DVA, SAR, MVA are per atom.
-    residues = structure.chains[2].residues
-    per_atom = sum(len(r.atom_names) for r in residues if r.name in ("DVA", "SAR", "MVA"))
-    assert peptide.sum() == 5 + per_atom
-    assert arrays["is_protein"][peptide].all() and not arrays["is_ligand"][peptide].any()
+    # THR and PRO (x2 each) are single tokens; DVA (7 atoms), SAR (5), MVA (8) and PXA (22) are
+    # per atom, with their CCD atoms: the N-methyl carbons (CN) the model lacks are masked tokens.
+    assert peptide.sum() == 4 + 2 * (7 + 5 + 8) + 22
+    assert arrays["asym_id"].max() == 3  # no ligand chain: PXA is residue 6 of the peptide
+    assert arrays["is_protein"][peptide].all() and not arrays["is_ligand"].any()
     dva_tokens = peptide & (arrays["residue_index"] == 2)
     assert (arrays["restype"][dva_tokens] == schema.RESTYPE_INDEX["VAL"]).all()
-    # The unresolved residue 6 is one masked UNK token.
-    unresolved = peptide & (arrays["residue_index"] == 6)
-    assert unresolved.sum() == 1 and not arrays["token_center_mask"][unresolved].any()
-    pxa = arrays["asym_id"] == 4
-    assert pxa.sum() == 22 and arrays["is_ligand"][pxa].all()
+    sarcosine = np.flatnonzero(peptide & (arrays["residue_index"] == 4))
+    names = [bytes(row + 32).decode().rstrip(chr(32)) for row in arrays["atom_name_chars"][np.isin(arrays["atom_to_token"], sarcosine)]]
+    assert names == ["N", "CA", "C", "O", "CN"]
+    assert arrays["atom_mask"][np.isin(arrays["atom_to_token"], sarcosine)].tolist() == [True, True, True, True, False]
+    pxa = peptide & (arrays["residue_index"] == 6)
+    assert pxa.sum() == 22 and arrays["token_center_mask"][pxa].all()
+    assert (arrays["restype"][pxa] == schema.UNK_PROTEIN).all()
     dna = arrays["asym_id"] == 1
     assert arrays["restype"][dna].tolist() == [schema.RESTYPE_INDEX[f"D{b}"] for b in "GAAGCTTC"]
 

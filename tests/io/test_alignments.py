@@ -6,7 +6,8 @@ import pytest
 
 from featurecache.io.alignments import AlignmentIndex, concatenate_msas, map_query_to_chain
 from featurecache.io.fasta import read_fasta
-from featurecache.io.mmcif import read_mmcif, structure_from_sequences
+from featurecache.io.mmcif import read_mmcif
+from featurecache.io.structure import structure_from_sequences
 from featurecache.io.msa import parse_a3m
 
 

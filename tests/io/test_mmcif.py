@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from featurecache.io.common import ParseError
-from featurecache.io.mmcif import parse_mmcif, read_mmcif, structure_from_sequences, target_id_from_path
+from featurecache.io.mmcif import parse_mmcif, read_mmcif, target_id_from_path
+from featurecache.io.structure import structure_from_sequences
 
 STRUCTURES = ["209d-assembly1.cif", "721p-assembly1.cif", "7a4d-assembly1.cif", "2q2k.cif", "AF-P01112-F1-model_v4.cif.gz"]
 TEMPLATES = ["1psm", "2crb", "3u8v", "3zee", "4i6p", "4zey", "5kc1"]
@@ -38,14 +39,17 @@ def test_every_template_parses(shared_data, name):
     assert structure.release_date is not None
 
 
-def test_209d_dna_peptide_and_ligand_written_into_the_peptide_chain(shared_data):
+def test_209d_dna_and_peptide_whose_sequence_holds_a_non_polymer_component(shared_data):
     structure = read_mmcif(shared_data / "structures" / "209d-assembly1.cif")
     chains = _chains(structure)
-    assert [chains[c].molecule_type for c in ("A", "B", "C", "C:PXA6")] == ["dna", "dna", "protein", "ligand"]
+    assert [chain.molecule_type for chain in structure.chains] == ["dna", "dna", "protein"]
     assert chains["A"].sequence == "GAAGCTTC"
-    # PXA (a non-polymer component at position 6) leaves an unresolved residue in the peptide.
+    # PXA (a 'non-polymer' component) sits at position 6, where the sequence table says UNK:
+    # it is that residue, with its 22 atoms, held once (no ligand chain besides).
     assert len(chains["C"].residues) == 11
-    assert not chains["C"].residues[5].is_resolved
+    pxa = chains["C"].residues[5]
+    assert pxa.name == "PXA" and len(pxa.atom_names) == 22 and pxa.seq_id == 6
+    assert chains["C"].sequence == "TVPGVXTVPGV"
     assert chains["C"].residues[1].name == "DVA" and chains["C"].residues[1].parent == "VAL"
     assert structure.resolution == pytest.approx(3.0)
     assert structure.release_date == "1995-10-15"
