@@ -11,6 +11,7 @@ import importlib
 import json
 import pathlib
 import sys
+import warnings
 
 import click
 
@@ -84,6 +85,14 @@ def cli(debug):
     """featurecache: precompute AlphaFold3 features once, serve them to trainers fast."""
 
 
+def _old_msa_rows_flag(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    if value is not None:
+        message = "--max-msa-rows is deprecated: use --msa-rows-stored (MSA rows stored per target)"
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+        click.echo(f"featurecache: {message}", err=True)
+    return value
+
+
 @cli.command()
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=pathlib.Path))
 @click.option("--cache", "cache_dir", required=True, type=click.Path(path_type=pathlib.Path),
@@ -103,13 +112,17 @@ def cli(debug):
               help="'inline' runs every task in this process, one at a time (debugging).")
 @click.option("--shards", "num_shards", type=click.IntRange(min=1), default=None,
               help="Number of LMDB shard files for a new cache (default 4; an existing cache keeps its own).")
-@click.option("--max-msa-rows", type=click.IntRange(min=1), default=None, help="Rows kept in each target's assembled MSA.")
+@click.option("--msa-rows-stored", type=click.IntRange(min=1), default=None,
+              help="Rows stored in each target's assembled MSA, query included "
+                   "(default: the config's features.msa_rows_stored, else 16384).")
+@click.option("--max-msa-rows", type=click.IntRange(min=1), default=None, hidden=True,
+              callback=_old_msa_rows_flag, help="Deprecated spelling of --msa-rows-stored.")
 @click.option("--retry-failed/--no-retry-failed", default=True, show_default=True,
               help="Retry inputs that failed in an earlier run.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, address, num_workers, executor,
-               num_shards, max_msa_rows, retry_failed, progress, as_json):
+               num_shards, msa_rows_stored, max_msa_rows, retry_failed, progress, as_json):
     """Parse INPUTS (mmCIF / FASTA files or folders), search or ingest alignments, featurize,
     and write the records into the cache. Resumable: current records are skipped."""
     from featurecache.precompute.pipeline import PipelineSetupError, PrecomputeOptions, precompute as run
@@ -128,7 +141,7 @@ def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, add
         num_workers=num_workers,
         executor=executor,
         num_shards=num_shards,
-        max_msa_rows=max_msa_rows,
+        msa_rows_stored=max_msa_rows if msa_rows_stored is None else msa_rows_stored,
         retry_failed=retry_failed,
         progress=progress,
     )

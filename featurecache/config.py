@@ -33,11 +33,17 @@ def file_sha256(path, chunk_size: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+# Feature settings renamed since caches were first written: old name -> new name. The pipeline
+# TOML still reads the old name (with a warning), and fingerprints hash the old name, so that a
+# rename leaves every existing record current.
+FEATURE_RENAMES = {"max_msa_rows": "msa_rows_stored"}
+
+
 @dataclass(frozen=True)
 class FeatureConfig:
     """Settings that change a feature record; all of them go into its fingerprint."""
 
-    max_msa_rows: int = 16384          # rows kept in the assembled MSA (query included)
+    msa_rows_stored: int = 16384       # rows of each target's assembled MSA stored (query included)
     max_paired_rows: int = 8192        # rows paired by species across chains
     max_templates: int = 4             # templates featurized per target
     max_template_hits: int = 20        # template hits considered per chain
@@ -46,6 +52,20 @@ class FeatureConfig:
     max_template_subsequence_ratio: float = 0.95  # AlphaFold: drop near-identical subsequences
     drop_hydrogens: bool = True
     zstd_level: int = 3                # 0 disables compression
+
+    def fingerprint_fields(self) -> dict:
+        """The settings as fingerprints hash them: renamed ones under their old names."""
+        old_names = {new: old for old, new in FEATURE_RENAMES.items()}
+        return {old_names.get(name, name): value for name, value in dataclasses.asdict(self).items()}
+
+    def config_fingerprint(self) -> str:
+        """Fingerprint of these settings alone (the manifest's "feature_config").
+
+        It hashes the settings' text as FeatureConfig's repr wrote it before the renames, which
+        is what caches written before them hold.
+        """
+        settings = ", ".join(f"{name}={value!r}" for name, value in self.fingerprint_fields().items())
+        return fingerprint(f"FeatureConfig({settings})")
 
 
 @dataclass(frozen=True)

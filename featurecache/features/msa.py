@@ -15,7 +15,7 @@ rows. Columns are tokens.
   Paired rows are ordered by the number of entities they cover, then by rank.
 - Unpaired rows identical to a row already kept (for that entity's columns) are dropped.
 - Rows are capped: paired rows (query included) by `max_paired_rows`, all rows by
-  `max_msa_rows`; the unpaired budget is shared evenly between entities (water-filling).
+  `msa_rows_stored`; the unpaired budget is shared evenly between entities (water-filling).
 - Ligand tokens are gaps in every row but the query. Per-atom tokens of a modified residue
   repeat their residue's column.
 - `msa_profile` and `deletion_mean` are computed over all kept rows.
@@ -157,7 +157,7 @@ def build_msa_features(
         return species_ids.setdefault(name, len(species_ids) + 1) if name else 0
 
     paired_rows = _paired_rows(entity_chains, entity_msas, chains, config.max_paired_rows - 1)
-    budget = max(0, config.max_msa_rows - 1 - len(paired_rows))
+    budget = max(0, config.msa_rows_stored - 1 - len(paired_rows))
 
     # Blocks of rows: the query row, the paired rows, then each entity's unpaired rows.
     class_blocks = [restype[None, :].astype(np.int8)]

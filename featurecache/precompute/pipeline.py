@@ -74,7 +74,7 @@ class PrecomputeOptions:
     executor: str = "ray"              # "ray", or "inline": every task in this process (debugging, tests)
     num_workers: int | None = None     # CPUs for a local Ray; None = all
     num_shards: int | None = None
-    max_msa_rows: int | None = None
+    msa_rows_stored: int | None = None  # overrides the config's features.msa_rows_stored
     retry_failed: bool = True
     progress: bool = True
     max_in_flight: int | None = None   # tasks submitted at once; default 4 per CPU
@@ -139,10 +139,10 @@ def _prepare(options: PrecomputeOptions) -> _Plan:
     if pipeline_config is not None:
         feature_config, store_config = pipeline_config.features, pipeline_config.store
         template_dir = pipeline_config.template_mmcif_dir
-    if options.max_msa_rows is not None:
-        if options.max_msa_rows < 1:
-            raise PipelineSetupError(f"--max-msa-rows must be at least 1, got {options.max_msa_rows}")
-        feature_config = dataclasses.replace(feature_config, max_msa_rows=options.max_msa_rows)
+    if options.msa_rows_stored is not None:
+        if options.msa_rows_stored < 1:
+            raise PipelineSetupError(f"--msa-rows-stored must be at least 1, got {options.msa_rows_stored}")
+        feature_config = dataclasses.replace(feature_config, msa_rows_stored=options.msa_rows_stored)
     store_config = dataclasses.replace(store_config, num_shards=_shard_count(options, store_config))
     _check_writable_dir(options.cache_dir, "--cache")
     if options.template_dir is not None:
@@ -215,7 +215,7 @@ def precompute(options: PrecomputeOptions) -> PrecomputeSummary:
     started = time.perf_counter()
     plan = _prepare(options)
     summary = PrecomputeSummary(cache_dir=str(options.cache_dir))
-    feature_fingerprint = fingerprint(dataclasses.asdict(plan.feature_config), SCHEMA_VERSION, plan.mode_fingerprint)
+    feature_fingerprint = fingerprint(plan.feature_config.fingerprint_fields(), SCHEMA_VERSION, plan.mode_fingerprint)
     try:
         writer = StoreWriter(options.cache_dir, plan.store_config)
     except StoreLockedError as error:
@@ -224,7 +224,7 @@ def precompute(options: PrecomputeOptions) -> PrecomputeSummary:
         raise PipelineSetupError(f"--cache {options.cache_dir}: {error}") from None
     try:
         _Run(options, plan, writer, feature_fingerprint, summary).run()
-        fingerprints = {"features": feature_fingerprint, "feature_config": fingerprint(plan.feature_config),
+        fingerprints = {"features": feature_fingerprint, "feature_config": plan.feature_config.config_fingerprint(),
                         "mode": plan.mode_fingerprint}
         writer.finish(fingerprints=fingerprints, schema_version=SCHEMA_VERSION)
     except (StoreWriteError, OSError) as error:

@@ -14,11 +14,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from featurecache.config import FeatureConfig, StoreConfig, fingerprint
+from featurecache.config import FEATURE_RENAMES, FeatureConfig, StoreConfig, fingerprint
 from featurecache.precompute.tools import (
     TOOLS,
     Hmmsearch,
@@ -287,7 +288,9 @@ def parse_pipeline_config(document: Mapping, base_dir: str | os.PathLike = ".", 
         if source_db.role != "msa" or "protein" not in source_db.molecule_types:
             raise fail("templates.msa_database", f"{msa_database!r} is not a protein MSA database")
 
-    features = _dataclass_from_table(FeatureConfig, table(document.get("features", {}), "features"), "features", fail)
+    features_table = _renamed_keys(table(document.get("features", {}), "features"), FEATURE_RENAMES, "features",
+                                   source, fail)
+    features = _dataclass_from_table(FeatureConfig, features_table, "features", fail)
     store = _dataclass_from_table(StoreConfig, table(document.get("store", {}), "store"), "store", fail)
 
     return PipelineConfig(
@@ -300,6 +303,19 @@ def parse_pipeline_config(document: Mapping, base_dir: str | os.PathLike = ".", 
         store=store,
         source=source,
     )
+
+
+def _renamed_keys(values: Mapping, renames: Mapping[str, str], key: str, source: str, fail) -> dict:
+    """`values` with each old setting name replaced by its new one, warning about every old name used."""
+    values = dict(values)
+    for old, new in renames.items():
+        if old in values:
+            if new in values:
+                raise fail(f"{key}.{old}", f"old name of {key}.{new}, which is also given; keep only {key}.{new}")
+            # stacklevel 4: the line that called load_pipeline_config
+            warnings.warn(f"{source}: {key}.{old} is deprecated: use {key}.{new}", FutureWarning, stacklevel=4)
+            values[new] = values.pop(old)
+    return values
 
 
 def _dataclass_from_table(cls, values: Mapping, key: str, fail):

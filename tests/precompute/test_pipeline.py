@@ -53,7 +53,7 @@ def test_rerun_skips_current_and_recomputes_stale(tmp_path, small_inputs, shared
     assert again.stages["featurize"].skipped == 2 and again.stages["featurize"].done == 0
 
     # A feature setting changes every fingerprint: both records are recomputed.
-    changed = precompute(_options(small_inputs, cache, shared_data, max_msa_rows=7))
+    changed = precompute(_options(small_inputs, cache, shared_data, msa_rows_stored=7))
     assert changed.stages["featurize"].done == 2
     after = _fingerprints(cache)
     assert all(before[key] != after[key] for key in before)
@@ -64,7 +64,7 @@ def test_rerun_skips_current_and_recomputes_stale(tmp_path, small_inputs, shared
     # A changed input file (same name) is stale too; the other target stays current.
     path = small_inputs / "2q2k.cif"
     path.write_text(path.read_text().replace("2Q2K", "2Q2K", 1) + "\n#\n")
-    edited = precompute(_options(small_inputs, cache, shared_data, max_msa_rows=7))
+    edited = precompute(_options(small_inputs, cache, shared_data, msa_rows_stored=7))
     assert edited.stages["featurize"].done == 1 and edited.stages["featurize"].skipped == 1
     assert verify_cache(cache).ok
     assert read_manifest(cache).counts["features"] == 2
@@ -116,6 +116,24 @@ def test_setup_errors_exit_2_before_any_work(tmp_path, small_inputs, shared_data
     assert not cache.exists() or not any(cache.iterdir())
     with pytest.raises(PipelineSetupError, match="executor"):
         precompute(_options(small_inputs, cache, shared_data, executor="threads"))
+
+
+def test_old_max_msa_rows_flag_still_works_and_names_the_new_one(tmp_path, small_inputs, shared_data):
+    runner = CliRunner()
+    cache = tmp_path / "cache"
+    common = ["precompute", str(small_inputs), "--cache", str(cache), "--alignments", str(shared_data / "alignments"),
+              "--executor", "inline", "--no-progress"]
+    with pytest.warns(DeprecationWarning, match="use --msa-rows-stored"):
+        old = runner.invoke(cli, [*common, "--max-msa-rows", "5"])
+    assert old.exit_code == 0, old.output
+    assert "deprecated" in old.output and "--msa-rows-stored" in old.output
+    with StoreReader(cache) as reader:
+        assert decode_record(reader.get("features", "2q2k")).arrays["msa"].shape[0] <= 5
+    new = runner.invoke(cli, [*common, "--msa-rows-stored", "5"])
+    assert new.exit_code == 0 and "deprecated" not in new.output
+    assert "skipped      2" in new.output  # one setting, one fingerprint, whichever spelling
+    help_text = runner.invoke(cli, ["precompute", "--help"]).output
+    assert "--msa-rows-stored" in help_text and "--max-msa-rows" not in help_text
 
 
 def test_cli_main_job_with_ray(tmp_path, small_inputs, shared_data):

@@ -114,6 +114,7 @@ mmcif_dir = "no_such_folder"
         ("[templates]\nmsa_database = 'uniref'\n", "templates.msa_database", "no database named"),
         ("[features]\nmax_templates = 'four'\n", "features.max_templates", "expected int"),
         ("[features]\nmax_msa_row = 5\n", "features.max_msa_row", "unknown key"),
+        ("[features]\nmax_msa_rows = 5\nmsa_rows_stored = 6\n", "features.max_msa_rows", "keep only features.msa_rows_stored"),
         ("[store]\nnum_shards = true\n", "store.num_shards", "expected int"),
         ("[search\n", "not valid TOML", ""),
     ],
@@ -124,6 +125,13 @@ def test_errors_name_file_and_key(tmp_path, text, key, problem):
         load_pipeline_config(path)
     message = str(caught.value)
     assert message.startswith(str(path)) and key in message and problem in message
+
+
+def test_old_msa_rows_key_still_works_with_a_warning(tmp_path):
+    path = _write(tmp_path, "[features]\nmax_msa_rows = 12\n")
+    with pytest.warns(FutureWarning, match="features.max_msa_rows is deprecated: use features.msa_rows_stored"):
+        config = load_pipeline_config(path)
+    assert config.features == FeatureConfig(msa_rows_stored=12)
 
 
 def test_missing_config_file_is_named(tmp_path):

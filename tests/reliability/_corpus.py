@@ -182,7 +182,7 @@ def build_corpus(shared_data: Path, inputs: Path, alignments: Path, rng: random.
     alignment_case("bad_char_a3m", good[1], "mgnify_hits.a3m", "\n".join(bad_char) + "\n",
                    "A3M row with '*' and '#'", "error", ("mgnify_hits.a3m", "invalid character"), "alignments")
     alignment_case("huge_a3m", good[2], "bfd_uniclust_hits.a3m", _a3m(good[2], good[3:], 20000, rng),
-                   "A3M with 20,000 rows (capped by max_msa_rows)", "cached", (), "alignments")
+                   "A3M with 20,000 rows (capped by msa_rows_stored)", "cached", (), "alignments")
     hhr_folder_msa = _a3m(good[3], good[4:], 3)
     alignment_case("garbage_hhr", good[3], "uniref90_hits.a3m", hhr_folder_msa,
                    "HHR template hits file that is binary garbage", "error", ("pdb70_hits.hhr", "not UTF-8"),

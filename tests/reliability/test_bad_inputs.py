@@ -81,7 +81,7 @@ def test_bad_input_corpus_each_named_and_the_rest_completes(tmp_path, shared_dat
 
     # Data the corpus bends but does not break is featurized at its true size.
     assert features["long"].arrays["restype"].shape == (3000,)
-    assert features["huge_a3m"].arrays["msa"].shape[0] == FeatureConfig().max_msa_rows
+    assert features["huge_a3m"].arrays["msa"].shape[0] == FeatureConfig().msa_rows_stored
     assert features["unknown_residues"].arrays["restype"].shape == (38,)
     for key in GOOD_KEYS:
         assert features[key].arrays["msa"].shape[0] > 1, f"{key} lost its alignments"

@@ -76,7 +76,7 @@ def test_follow_latest_readers_during_publish(tmp_path, shared_data, seed, relia
     caches, expected = {}, {}
     for name, msa_rows in (("a", 64), ("b", 3)):  # two versions of every record
         caches[name] = tmp_path / name
-        summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=caches[name], max_msa_rows=msa_rows,
+        summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=caches[name], msa_rows_stored=msa_rows,
                                                alignments_dir=shared_data / "alignments", executor="inline",
                                                progress=False))
         assert summary.failed == 0, summary.format()
