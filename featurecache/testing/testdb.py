@@ -121,45 +121,22 @@ def write_pipeline_config(
     }
     if template_tool not in template_paths:
         raise ValueError(f"template_tool must be one of {sorted(template_paths)}, got {template_tool!r}")
-    text = f"""\
-# Test databases built by featurecache.testing.testdb from ../shared/data.
-[search]
-threads = {threads}
-timeout_s = {timeout_s}
-
-[[databases]]
-name = "uniprot_sample"
-tool = "jackhmmer"
-role = "msa"
-path = {_toml(databases.protein_fasta)}
-max_hits = 5000
-
-[[databases]]
-name = "sample_a3m"
-tool = "hhblits"
-role = "msa"
-path = {_toml(databases.hhsuite_msa)}
-max_hits = 5000
-
-[[databases]]
-name = "nucleotide_sample"
-tool = "nhmmer"
-role = "msa"
-path = {_toml(databases.nucleotide_fasta)}
-max_hits = 5000
-molecule_types = ["rna", "dna"]
-
-[[databases]]
-name = "pdb_seqres_sample"
-tool = "{template_tool}"
-role = "template"
-path = {_toml(template_paths[template_tool])}
-max_hits = 20
-
-[templates]
-mmcif_dir = {_toml(databases.template_mmcif_dir)}
-msa_database = "uniprot_sample"
-"""
+    databases_searched = [
+        ("uniprot_sample", "jackhmmer", "msa", databases.protein_fasta, 5000, None),
+        ("sample_a3m", "hhblits", "msa", databases.hhsuite_msa, 5000, None),
+        ("nucleotide_sample", "nhmmer", "msa", databases.nucleotide_fasta, 5000, ["rna", "dna"]),
+        ("pdb_seqres_sample", template_tool, "template", template_paths[template_tool], 20, None),
+    ]
+    lines = ["# Test databases built by featurecache.testing.testdb from ../shared/data.",
+             "[search]", f"threads = {threads}", f"timeout_s = {timeout_s}", ""]
+    for name, tool, role, database_path, max_hits, molecule_types in databases_searched:
+        lines += ["[[databases]]", f'name = "{name}"', f'tool = "{tool}"', f'role = "{role}"',
+                  f"path = {_toml(database_path)}", f"max_hits = {max_hits}"]
+        if molecule_types is not None:
+            lines.append(f"molecule_types = {json.dumps(molecule_types)}")
+        lines.append("")
+    lines += ["[templates]", f"mmcif_dir = {_toml(databases.template_mmcif_dir)}", 'msa_database = "uniprot_sample"']
+    text = "\n".join(lines) + "\n"
     path = Path(path)
     path.write_text(text)
     return path
