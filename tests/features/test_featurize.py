@@ -90,3 +90,19 @@ def test_template_structures_featurize_as_targets(shared_data, name):
         for residue in chain.residues if residue.name in STANDARD_ATOMS
     )
     assert arrays["atom_mask"][protein[arrays["atom_to_token"]]].sum() == expected
+
+
+def test_input_warnings_are_in_the_record_metadata(tmp_path, monkeypatch):
+    """Ambiguity codes of a FASTA chain and an over-long chain are warnings of the record."""
+    from featurecache.features import tokenize as tokenize_module
+    from featurecache.io.inputs import structure_from_fasta
+
+    path = tmp_path / "ambiguous.fasta"
+    path.write_text(">a mol:protein\nMKTAYIAKQRQISFVKSHFSRQB\n>b mol:rna\nGGACURYN\n")
+    monkeypatch.setattr(tokenize_module, "LONG_CHAIN_RESIDUES", 20)
+    _, metadata = featurize_target(structure_from_fasta(path), {}, {}, CONFIG)
+    warnings = metadata["warnings"]
+    assert "chain A: 1 B read as X (Asx: D or N)" in warnings
+    assert "chain B: 1 R read as N (IUPAC ambiguity code), 1 Y read as N (IUPAC ambiguity code)" in warnings
+    assert any(w.startswith("chain A: 23 residues, longer than 20") for w in warnings)
+    assert not any(w.startswith("chain B: 8 residues") for w in warnings)

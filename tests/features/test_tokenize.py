@@ -3,7 +3,9 @@ import pytest
 
 from featurecache import schema
 from featurecache.features.atoms import STANDARD_ATOMS, encode_atom_names
-from featurecache.features.tokenize import tokenize
+from featurecache.features.tokenize import LONG_CHAIN_RESIDUES, input_warnings, tokenize
+from featurecache.io.mmcif import parse_mmcif
+from tests.io.structure_edits import rna_with_5prime_gtp, without_residue_atoms
 from featurecache.io.mmcif import read_mmcif
 from featurecache.io.structure import structure_from_sequences
 
@@ -92,3 +94,43 @@ def test_atom_name_encoding():
     assert encoded.dtype == np.uint8 and encoded.shape == (3, 4)
     assert encoded[0].tolist() == [ord("C") - 32, ord("A") - 32, 0, 0]
     assert encoded[1].tolist() == [ord("O") - 32, ord("5") - 32, ord("'") - 32, 0]
+
+
+def _atom_names(arrays, tokens):
+    rows = arrays["atom_name_chars"][np.isin(arrays["atom_to_token"], tokens)]
+    return [bytes(row + 32).decode().rstrip() for row in rows]
+
+
+def test_5prime_gtp_is_per_atom_tokens_of_the_rna_with_its_ccd_atoms(shared_data):
+    """The RNA's first nucleotide is a GTP: one token per CCD heavy atom (32), the triphosphate
+    that the model lacks masked, all in the RNA chain; no ligand tokens, no token without atoms."""
+    structure = parse_mmcif(rna_with_5prime_gtp(shared_data), "gtp-rna.cif")
+    arrays = tokenize(structure).arrays
+    gtp = np.flatnonzero((arrays["asym_id"] == 1) & (arrays["residue_index"] == 1))
+    assert gtp.size == 32 and arrays["is_rna"][gtp].all() and not arrays["is_ligand"].any()
+    assert (arrays["restype"][gtp] == schema.RESTYPE_INDEX["G"]).all()
+    names = _atom_names(arrays, gtp)
+    assert names[:3] == ["PG", "O1G", "O2G"] and "C1'" in names
+    resolved = dict(zip(names, arrays["atom_mask"][np.isin(arrays["atom_to_token"], gtp)]))
+    assert not any(resolved[name] for name in ("PG", "PB", "PA", "O1A")) and resolved["C1'"]
+    assert sum(resolved.values()) == len(structure.chain("A").residues[0].atom_names) == 19
+    assert set(np.unique(arrays["atom_to_token"])) == set(range(len(arrays["restype"])))
+
+
+def test_unresolved_modified_residue_keeps_its_ccd_atoms_masked(shared_data):
+    text = without_residue_atoms(rna_with_5prime_gtp(shared_data), "A", 1)
+    structure = parse_mmcif(text, "gtp-unresolved.cif")
+    assert structure.chain("A").residues[0].name == "GTP" and not structure.chain("A").residues[0].is_resolved
+    arrays = tokenize(structure).arrays
+    gtp = np.flatnonzero((arrays["asym_id"] == 1) & (arrays["residue_index"] == 1))
+    assert gtp.size == 32 and not arrays["token_center_mask"][gtp].any()
+    assert not arrays["atom_mask"][np.isin(arrays["atom_to_token"], gtp)].any()
+
+
+def test_long_chains_and_structure_warnings_reach_input_warnings():
+    long = "M" + "ACDEFGHIKLMNPQRSTVWY" * (LONG_CHAIN_RESIDUES // 20)
+    structure = structure_from_sequences("t", [("A", "protein", "MKB"), ("B", "protein", long)])
+    warnings = input_warnings(structure)
+    assert warnings[0] == "chain A: 1 B read as X (Asx: D or N)"
+    assert warnings[1].startswith(f"chain B: {len(long):,} residues, longer than {LONG_CHAIN_RESIDUES:,}")
+    assert input_warnings(structure_from_sequences("t", [("A", "protein", long[:LONG_CHAIN_RESIDUES])])) == []
