@@ -153,184 +153,198 @@ def load_pipeline_config(path: str | os.PathLike) -> PipelineConfig:
 
 def parse_pipeline_config(document: Mapping, base_dir: str | os.PathLike = ".", source: str = "<config>") -> PipelineConfig:
     """Build a PipelineConfig from an already-parsed TOML mapping (``load_pipeline_config`` reads the file)."""
-    base = Path(base_dir)
-
-    def fail(key: str, problem: str) -> PipelineConfigError:
-        return PipelineConfigError(f"{source}: {key}: {problem}")
-
-    def table(value, key: str) -> Mapping:
-        if not isinstance(value, Mapping):
-            raise fail(key, f"expected a table, got {type(value).__name__}")
-        return value
-
-    def check_keys(mapping: Mapping, allowed: set[str], key: str) -> None:
-        unknown = sorted(set(mapping) - allowed)
-        if unknown:
-            where = f"{key}." if key else ""
-            raise fail(where + unknown[0], f"unknown key (expected one of: {', '.join(sorted(allowed))})")
-
-    def resolve(value, key: str) -> str:
-        if not isinstance(value, str) or not value:
-            raise fail(key, f"expected a non-empty path string, got {value!r}")
-        return str((base / Path(value).expanduser()).resolve()) if not os.path.isabs(value) else value
-
-    def positive_int(value, key: str, allow_none: bool = False) -> int | None:
-        if value is None and allow_none:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise fail(key, f"expected an integer >= 1, got {value!r}")
-        return value
-
-    def positive_number(value, key: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise fail(key, f"expected a number > 0, got {value!r}")
-        return float(value)
-
-    def string_list(value, key: str) -> tuple[str, ...]:
-        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-            raise fail(key, f"expected a list of strings, got {value!r}")
-        return tuple(value)
-
-    check_keys(document, _TOP_KEYS, "")
-
-    search = table(document.get("search", {}), "search")
-    check_keys(search, _SEARCH_KEYS, "search")
-    default_threads = positive_int(search.get("threads", 1), "search.threads")
-    default_timeout = positive_number(search["timeout_s"], "search.timeout_s") if "timeout_s" in search else None
-    tmp_dir = resolve(search["tmp_dir"], "search.tmp_dir") if "tmp_dir" in search else None
-
-    tools_table = table(document.get("tools", {}), "tools")
-    tools: dict[str, ToolSettings] = {}
-    for name in tools_table:
-        if name not in TOOL_NAMES:
-            raise fail(f"tools.{name}", f"unknown tool (expected one of: {', '.join(TOOL_NAMES)})")
-    for name in TOOL_NAMES:
-        entry = table(tools_table.get(name, {}), f"tools.{name}")
-        check_keys(entry, _TOOL_KEYS, f"tools.{name}")
-        key = f"tools.{name}"
-        binary = entry.get("binary")
-        if binary is not None:
-            if not isinstance(binary, str) or not binary:
-                raise fail(f"{key}.binary", f"expected a path or a name on PATH, got {binary!r}")
-            if os.sep in binary:
-                binary = resolve(binary, f"{key}.binary")
-        tools[name] = ToolSettings(
-            binary=binary,
-            threads=positive_int(entry.get("threads", default_threads), f"{key}.threads"),
-            timeout_s=positive_number(entry["timeout_s"], f"{key}.timeout_s") if "timeout_s" in entry else default_timeout,
-            flags=string_list(entry["flags"], f"{key}.flags") if "flags" in entry else None,
-            extra_flags=string_list(entry.get("extra_flags", []), f"{key}.extra_flags"),
-        )
-
-    raw_databases = document.get("databases", [])
-    if not isinstance(raw_databases, list):
-        raise fail("databases", "expected an array of tables ([[databases]])")
-    databases: list[DatabaseConfig] = []
-    for index, raw in enumerate(raw_databases):
-        key = f"databases[{index}]"
-        raw = table(raw, key)
-        check_keys(raw, _DATABASE_KEYS, key)
-        for required in ("name", "tool", "path"):
-            if required not in raw:
-                raise fail(f"{key}.{required}", "missing")
-        name = raw["name"]
-        if not isinstance(name, str) or not name or any(char.isspace() for char in name):
-            raise fail(f"{key}.name", f"expected a name without spaces, got {name!r}")
-        if any(db.name == name for db in databases):
-            raise fail(f"{key}.name", f"database name {name!r} is used twice")
-        tool = raw["tool"]
-        if tool not in TOOL_ROLES:
-            raise fail(f"{key}.tool", f"unknown search tool {tool!r} (expected one of: {', '.join(TOOL_ROLES)})")
-        role = raw.get("role", TOOL_ROLES[tool][0])
-        if role not in ROLES:
-            raise fail(f"{key}.role", f"expected 'msa' or 'template', got {role!r}")
-        if role not in TOOL_ROLES[tool]:
-            raise fail(f"{key}.role", f"{tool} cannot serve role {role!r} (it serves: {', '.join(TOOL_ROLES[tool])})")
-        raw_paths = raw["path"] if isinstance(raw["path"], list) else [raw["path"]]
-        if not raw_paths:
-            raise fail(f"{key}.path", "empty list")
-        if len(raw_paths) > 1 and tool not in ("hhblits", "hhsearch"):
-            raise fail(f"{key}.path", f"only hhblits and hhsearch search several databases in one run, not {tool}")
-        paths = tuple(resolve(item, f"{key}.path") for item in raw_paths)
-        version = raw.get("version")
-        if version is not None and (not isinstance(version, str) or not version):
-            raise fail(f"{key}.version", f"expected a non-empty string, got {version!r}")
-        molecule_types = (
-            string_list(raw["molecule_types"], f"{key}.molecule_types")
-            if "molecule_types" in raw
-            else DEFAULT_MOLECULE_TYPES[tool]
-        )
-        for molecule_type in molecule_types:
-            if molecule_type not in MOLECULE_TYPES:
-                raise fail(f"{key}.molecule_types", f"unknown molecule type {molecule_type!r} (expected: {', '.join(MOLECULE_TYPES)})")
-            if (tool == "nhmmer") != (molecule_type in ("rna", "dna")):
-                raise fail(f"{key}.molecule_types", f"{tool} cannot search {molecule_type} chains")
-        if role == "template" and molecule_types != ("protein",):
-            raise fail(f"{key}.molecule_types", "template search is for protein chains only")
-        databases.append(DatabaseConfig(
-            name=name,
-            tool=tool,
-            role=role,
-            paths=paths,
-            max_hits=positive_int(raw.get("max_hits"), f"{key}.max_hits", allow_none=True),
-            version=version,
-            molecule_types=tuple(molecule_types),
-        ))
-
-    templates = table(document.get("templates", {}), "templates")
-    check_keys(templates, _TEMPLATE_KEYS, "templates")
-    mmcif_dir = resolve(templates["mmcif_dir"], "templates.mmcif_dir") if "mmcif_dir" in templates else None
+    reader = _TomlReader(source, Path(base_dir))
+    reader.check_keys(document, _TOP_KEYS, "")
+    search = reader.table(document.get("search", {}), "search")
+    reader.check_keys(search, _SEARCH_KEYS, "search")
+    default_threads = reader.positive_int(search.get("threads", 1), "search.threads")
+    default_timeout = reader.positive_number(search["timeout_s"], "search.timeout_s") if "timeout_s" in search else None
+    tmp_dir = reader.resolve(search["tmp_dir"], "search.tmp_dir") if "tmp_dir" in search else None
+    tools = _tool_settings(reader, reader.table(document.get("tools", {}), "tools"), default_threads, default_timeout)
+    databases = _databases(reader, document.get("databases", []))
+    templates = reader.table(document.get("templates", {}), "templates")
+    reader.check_keys(templates, _TEMPLATE_KEYS, "templates")
+    mmcif_dir = reader.resolve(templates["mmcif_dir"], "templates.mmcif_dir") if "mmcif_dir" in templates else None
     msa_database = templates.get("msa_database")
     if msa_database is not None:
         source_db = next((db for db in databases if db.name == msa_database), None)
         if source_db is None:
-            raise fail("templates.msa_database", f"no database named {msa_database!r}")
+            raise reader.fail("templates.msa_database", f"no database named {msa_database!r}")
         if source_db.role != "msa" or "protein" not in source_db.molecule_types:
-            raise fail("templates.msa_database", f"{msa_database!r} is not a protein MSA database")
-
-    features_table = _renamed_keys(table(document.get("features", {}), "features"), FEATURE_RENAMES, "features",
-                                   source, fail)
-    features = _dataclass_from_table(FeatureConfig, features_table, "features", fail)
-    store = _dataclass_from_table(StoreConfig, table(document.get("store", {}), "store"), "store", fail)
-
+            raise reader.fail("templates.msa_database", f"{msa_database!r} is not a protein MSA database")
+    features_table = _renamed_keys(reader, reader.table(document.get("features", {}), "features"), FEATURE_RENAMES,
+                                   "features")
     return PipelineConfig(
-        databases=tuple(databases),
+        databases=databases,
         tools=tools,
         template_mmcif_dir=mmcif_dir,
         template_msa_database=msa_database,
         tmp_dir=tmp_dir,
-        features=features,
-        store=store,
+        features=_dataclass_from_table(reader, FeatureConfig, features_table, "features"),
+        store=_dataclass_from_table(reader, StoreConfig, reader.table(document.get("store", {}), "store"), "store"),
         source=source,
     )
 
 
-def _renamed_keys(values: Mapping, renames: Mapping[str, str], key: str, source: str, fail) -> dict:
+class _TomlReader:
+    """Checked reads of TOML values; every error names the file and the key."""
+
+    def __init__(self, source: str, base_dir: Path) -> None:
+        self.source = source
+        self.base_dir = base_dir
+
+    def fail(self, key: str, problem: str) -> PipelineConfigError:
+        return PipelineConfigError(f"{self.source}: {key}: {problem}")
+
+    def table(self, value, key: str) -> Mapping:
+        if not isinstance(value, Mapping):
+            raise self.fail(key, f"expected a table, got {type(value).__name__}")
+        return value
+
+    def check_keys(self, mapping: Mapping, allowed: set[str], key: str) -> None:
+        unknown = sorted(set(mapping) - allowed)
+        if unknown:
+            where = f"{key}." if key else ""
+            raise self.fail(where + unknown[0], f"unknown key (expected one of: {', '.join(sorted(allowed))})")
+
+    def resolve(self, value, key: str) -> str:
+        """A path from the file, relative ones against the file's folder."""
+        if not isinstance(value, str) or not value:
+            raise self.fail(key, f"expected a non-empty path string, got {value!r}")
+        return str((self.base_dir / Path(value).expanduser()).resolve()) if not os.path.isabs(value) else value
+
+    def positive_int(self, value, key: str, allow_none: bool = False) -> int | None:
+        if value is None and allow_none:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise self.fail(key, f"expected an integer >= 1, got {value!r}")
+        return value
+
+    def positive_number(self, value, key: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise self.fail(key, f"expected a number > 0, got {value!r}")
+        return float(value)
+
+    def string_list(self, value, key: str) -> tuple[str, ...]:
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise self.fail(key, f"expected a list of strings, got {value!r}")
+        return tuple(value)
+
+
+def _tool_settings(reader: _TomlReader, tools_table: Mapping, default_threads: int,
+                   default_timeout: float | None) -> dict[str, ToolSettings]:
+    """[tools.<name>] tables: every known tool's settings, [search] defaults where unset."""
+    for name in tools_table:
+        if name not in TOOL_NAMES:
+            raise reader.fail(f"tools.{name}", f"unknown tool (expected one of: {', '.join(TOOL_NAMES)})")
+    tools: dict[str, ToolSettings] = {}
+    for name in TOOL_NAMES:
+        key = f"tools.{name}"
+        entry = reader.table(tools_table.get(name, {}), key)
+        reader.check_keys(entry, _TOOL_KEYS, key)
+        binary = entry.get("binary")
+        if binary is not None:
+            if not isinstance(binary, str) or not binary:
+                raise reader.fail(f"{key}.binary", f"expected a path or a name on PATH, got {binary!r}")
+            if os.sep in binary:
+                binary = reader.resolve(binary, f"{key}.binary")
+        tools[name] = ToolSettings(
+            binary=binary,
+            threads=reader.positive_int(entry.get("threads", default_threads), f"{key}.threads"),
+            timeout_s=(reader.positive_number(entry["timeout_s"], f"{key}.timeout_s") if "timeout_s" in entry
+                       else default_timeout),
+            flags=reader.string_list(entry["flags"], f"{key}.flags") if "flags" in entry else None,
+            extra_flags=reader.string_list(entry.get("extra_flags", []), f"{key}.extra_flags"),
+        )
+    return tools
+
+
+def _databases(reader: _TomlReader, raw_databases) -> tuple[DatabaseConfig, ...]:
+    """The [[databases]] tables, in order; names must be unique."""
+    if not isinstance(raw_databases, list):
+        raise reader.fail("databases", "expected an array of tables ([[databases]])")
+    databases: list[DatabaseConfig] = []
+    for index, raw in enumerate(raw_databases):
+        key = f"databases[{index}]"
+        databases.append(_database(reader, reader.table(raw, key), key, {db.name for db in databases}))
+    return tuple(databases)
+
+
+def _database(reader: _TomlReader, raw: Mapping, key: str, names_taken: set[str]) -> DatabaseConfig:
+    reader.check_keys(raw, _DATABASE_KEYS, key)
+    for required in ("name", "tool", "path"):
+        if required not in raw:
+            raise reader.fail(f"{key}.{required}", "missing")
+    name = raw["name"]
+    if not isinstance(name, str) or not name or any(char.isspace() for char in name):
+        raise reader.fail(f"{key}.name", f"expected a name without spaces, got {name!r}")
+    if name in names_taken:
+        raise reader.fail(f"{key}.name", f"database name {name!r} is used twice")
+    tool = raw["tool"]
+    if tool not in TOOL_ROLES:
+        raise reader.fail(f"{key}.tool", f"unknown search tool {tool!r} (expected one of: {', '.join(TOOL_ROLES)})")
+    role = raw.get("role", TOOL_ROLES[tool][0])
+    if role not in ROLES:
+        raise reader.fail(f"{key}.role", f"expected 'msa' or 'template', got {role!r}")
+    if role not in TOOL_ROLES[tool]:
+        raise reader.fail(f"{key}.role",
+                          f"{tool} cannot serve role {role!r} (it serves: {', '.join(TOOL_ROLES[tool])})")
+    raw_paths = raw["path"] if isinstance(raw["path"], list) else [raw["path"]]
+    if not raw_paths:
+        raise reader.fail(f"{key}.path", "empty list")
+    if len(raw_paths) > 1 and tool not in ("hhblits", "hhsearch"):
+        raise reader.fail(f"{key}.path", f"only hhblits and hhsearch search several databases in one run, not {tool}")
+    version = raw.get("version")
+    if version is not None and (not isinstance(version, str) or not version):
+        raise reader.fail(f"{key}.version", f"expected a non-empty string, got {version!r}")
+    molecule_types = (reader.string_list(raw["molecule_types"], f"{key}.molecule_types")
+                      if "molecule_types" in raw else DEFAULT_MOLECULE_TYPES[tool])
+    for molecule_type in molecule_types:
+        if molecule_type not in MOLECULE_TYPES:
+            raise reader.fail(f"{key}.molecule_types",
+                              f"unknown molecule type {molecule_type!r} (expected: {', '.join(MOLECULE_TYPES)})")
+        if (tool == "nhmmer") != (molecule_type in ("rna", "dna")):
+            raise reader.fail(f"{key}.molecule_types", f"{tool} cannot search {molecule_type} chains")
+    if role == "template" and molecule_types != ("protein",):
+        raise reader.fail(f"{key}.molecule_types", "template search is for protein chains only")
+    return DatabaseConfig(
+        name=name,
+        tool=tool,
+        role=role,
+        paths=tuple(reader.resolve(item, f"{key}.path") for item in raw_paths),
+        max_hits=reader.positive_int(raw.get("max_hits"), f"{key}.max_hits", allow_none=True),
+        version=version,
+        molecule_types=tuple(molecule_types),
+    )
+
+
+def _renamed_keys(reader: _TomlReader, values: Mapping, renames: Mapping[str, str], key: str) -> dict:
     """`values` with each old setting name replaced by its new one, warning about every old name used."""
     values = dict(values)
     for old, new in renames.items():
         if old in values:
             if new in values:
-                raise fail(f"{key}.{old}", f"old name of {key}.{new}, which is also given; keep only {key}.{new}")
+                raise reader.fail(f"{key}.{old}",
+                                  f"old name of {key}.{new}, which is also given; keep only {key}.{new}")
             # stacklevel 4: the line that called load_pipeline_config
-            warnings.warn(f"{source}: {key}.{old} is deprecated: use {key}.{new}", FutureWarning, stacklevel=4)
+            warnings.warn(f"{reader.source}: {key}.{old} is deprecated: use {key}.{new}", FutureWarning, stacklevel=4)
             values[new] = values.pop(old)
     return values
 
 
-def _dataclass_from_table(cls, values: Mapping, key: str, fail):
+def _dataclass_from_table(reader: _TomlReader, cls, values: Mapping, key: str):
     fields = {item.name: item for item in dataclasses.fields(cls)}
     defaults = cls()
     for name, value in values.items():
         if name not in fields:
-            raise fail(f"{key}.{name}", f"unknown key (expected one of: {', '.join(fields)})")
+            raise reader.fail(f"{key}.{name}", f"unknown key (expected one of: {', '.join(fields)})")
         expected = type(getattr(defaults, name))
         # TOML integers are fine where a float is expected, booleans are never numbers.
         matches = isinstance(value, expected) and not (expected is not bool and isinstance(value, bool))
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             matches = True
         if not matches:
-            raise fail(f"{key}.{name}", f"expected {expected.__name__}, got {value!r}")
+            raise reader.fail(f"{key}.{name}", f"expected {expected.__name__}, got {value!r}")
     return cls(**{name: (float(v) if type(getattr(defaults, name)) is float else v) for name, v in values.items()})
 
 
