@@ -317,13 +317,14 @@ def max_crop(runner: TrunkRunner, start: int, limit: int, msa_rows: int, templat
 
 
 def data_wait_share(args, device: torch.device, source: str, kernels: str) -> dict:
-    from featurecache.training.loop import TrainConfig, train
+    from featurecache.config import SampleConfig
+    from featurecache.training import TrainConfig, train
 
     # the run's final checkpoint is large: keep it out of OUT
     run_dir = tempfile.mkdtemp(prefix=f"train-step-{source}-")
     common = dict(out=run_dir, preset="af3", pairformer_blocks=args.depth, kernels=kernels, steps=args.data_steps,
-                  crop_size=args.crop, max_msa_rows=args.msa_rows, num_workers=args.num_workers,
-                  checkpoint_every=10**9, warmup=10, lr=1e-4, device=device.type,
+                  sample=SampleConfig(crop_size=args.crop, msa_rows_per_sample=args.msa_rows),
+                  num_workers=args.num_workers, checkpoint_every=10**9, warmup=10, lr=1e-4, device=device.type,
                   cuda_graphs=args.data_graphs)
     if args.smoke:
         common.update(preset="tiny", pairformer_blocks=1)

@@ -73,3 +73,32 @@ class StoreConfig:
     num_shards: int = 4
     map_size_bytes: int = 1 << 28      # initial LMDB map size per shard; grows when full
     batch_records: int = 64            # records per write transaction
+
+
+@dataclass(frozen=True)
+class SampleConfig:
+    """How one training sample is cut from a whole feature record, every epoch anew.
+
+    Shared by CacheDataset, OnlineDataset, TrainConfig and `featurecache train`, so each setting
+    has one name and one default. Unlike FeatureConfig, nothing here changes what is stored.
+    """
+
+    crop_size: int | None = 384          # tokens per sample (AF3's initial training crop); None: whole targets
+    msa_rows_per_sample: int = 1024      # MSA rows drawn from the stored ones, query first
+    spatial_crop_prob: float = 0.5       # chance of a spatial crop (else contiguous), as in AF3
+    max_templates: int | None = None     # templates per sample; None: as many as the records hold
+    seed: int = 0                        # crops and MSA rows are drawn from (seed, epoch, index)
+
+    def __post_init__(self) -> None:
+        for name in ("crop_size", "msa_rows_per_sample", "max_templates"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        if self.crop_size is not None and self.crop_size < 1:
+            raise ValueError(f"crop_size must be at least 1 (or None for whole targets), got {self.crop_size}")
+        if self.msa_rows_per_sample < 1:
+            raise ValueError(f"msa_rows_per_sample must be at least 1, got {self.msa_rows_per_sample}")
+        if self.max_templates is not None and self.max_templates < 0:
+            raise ValueError(f"max_templates must be >= 0 (or None for all stored), got {self.max_templates}")
+        if not 0.0 <= self.spatial_crop_prob <= 1.0:
+            raise ValueError(f"spatial_crop_prob must be in [0, 1], got {self.spatial_crop_prob}")

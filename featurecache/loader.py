@@ -7,13 +7,16 @@ in each process, so DataLoader workers work with both fork and spawn.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pathlib
-from typing import Iterable, Mapping, Sequence
+import warnings
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 
+from featurecache.config import SampleConfig
 from featurecache.features import crop as cropping
 from featurecache.schema import FEATURES, FEATURES_BY_NAME, FEATURES_TABLE, GAP
 from featurecache.store.codec import CorruptRecordError
@@ -46,44 +49,66 @@ def _to_torch(name: str, value: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.array(value, dtype=np.float32))
 
 
+def sample_config(sample: SampleConfig | None, settings: Mapping[str, Any], owner: str) -> SampleConfig:
+    """`sample` (or the defaults) with the keyword `settings` a dataset was given applied.
+
+    The old keyword `max_msa_rows` still works, with a DeprecationWarning naming the new one.
+    """
+    if sample is not None and not isinstance(sample, SampleConfig):
+        raise TypeError(f"{owner}: sample must be a SampleConfig, got {sample!r} (give crop_size=... as a keyword)")
+    settings = dict(settings)
+    if "max_msa_rows" in settings:
+        if "msa_rows_per_sample" in settings:
+            raise TypeError(f"{owner}: give msa_rows_per_sample only (max_msa_rows is its old name)")
+        warnings.warn(f"{owner}(max_msa_rows=...) is deprecated: use msa_rows_per_sample=...",
+                      DeprecationWarning, stacklevel=3)
+        settings["msa_rows_per_sample"] = settings.pop("max_msa_rows")
+    known = {field.name for field in dataclasses.fields(SampleConfig)}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise TypeError(f"{owner}: unknown keyword arguments {unknown}, sample settings are {sorted(known)}")
+    return dataclasses.replace(sample or SampleConfig(), **settings)
+
+
+def stored_templates(manifest_targets: Mapping[str, Mapping[str, Any]], where: pathlib.Path) -> int:
+    """The most templates any record of a cache holds, from its manifest's index entries."""
+    counts = [entry.get("num_templates") for entry in manifest_targets.values()]
+    if any(count is None for count in counts):
+        raise ValueError(f"{where}: the manifest does not count templates per target (an older cache); "
+                         "give max_templates explicitly or rebuild the cache")
+    return max(counts, default=0)
+
+
 class CacheDataset(torch.utils.data.Dataset):
     """Map-style dataset over the feature records of a cache (or a published generation).
 
-    Each item is one target, cropped to `crop_size` tokens (contiguous or spatial, AF3's recipe,
-    chosen at random per sample with `spatial_crop_prob`) with at most `max_msa_rows` MSA rows
-    (query first). The crop changes with the epoch: call `set_epoch` (DistributedSampler users
-    already do this for the sampler) so that every epoch sees new crops, reproducibly per seed,
-    or index with (epoch, index) pairs, as featurecache.training's batch sampler does, so that
-    long-lived workers need no set_epoch.
+    Each item is one target cut as `sample` (a SampleConfig) says: cropped to `crop_size` tokens
+    (contiguous or spatial, AF3's recipe, spatial with probability `spatial_crop_prob`), with at
+    most `msa_rows_per_sample` MSA rows (query first) and `max_templates` templates. The sample
+    settings may also be given as keywords (`CacheDataset(path, crop_size=256, seed=1)`), which
+    override those of `sample`. The crop changes with the epoch: call `set_epoch`
+    (DistributedSampler users already do this for the sampler) so that every epoch sees new
+    crops, reproducibly per seed, or index with (epoch, index) pairs, as featurecache.training's
+    batch sampler does, so that long-lived workers need no set_epoch.
     """
 
     def __init__(
         self,
         cache_dir: str | pathlib.Path,
-        crop_size: int | None = 384,
-        max_msa_rows: int = 1024,
-        seed: int = 0,
-        spatial_crop_prob: float = 0.5,
+        sample: SampleConfig | None = None,
+        *,
         min_tokens: int = 0,
         max_tokens: int | None = None,
         ids: Sequence[str] | None = None,
         on_error: str = "raise",
         follow_latest: bool = False,
+        **sample_settings,
     ):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        if crop_size is not None and crop_size <= 0:
-            raise ValueError(f"crop_size must be positive or None, got {crop_size}")
-        if max_msa_rows < 1:
-            raise ValueError(f"max_msa_rows must be at least 1, got {max_msa_rows}")
-        if not 0.0 <= spatial_crop_prob <= 1.0:
-            raise ValueError(f"spatial_crop_prob must be in [0, 1], got {spatial_crop_prob}")
+        self.sample = sample_config(sample, sample_settings, "CacheDataset")
         self.source = pathlib.Path(cache_dir)
         self.follow_latest = follow_latest
-        self.crop_size = crop_size
-        self.max_msa_rows = max_msa_rows
-        self.seed = seed
-        self.spatial_crop_prob = spatial_crop_prob
         self.on_error = on_error
         self.epoch = 0
         self.skipped = 0
@@ -135,6 +160,14 @@ class CacheDataset(torch.utils.data.Dataset):
         """Per-target sampling weights from the manifest (for WeightedRandomSampler)."""
         return torch.tensor([float(self._info[t].get("weight", 1.0)) for t in self.ids], dtype=torch.float64)
 
+    @property
+    def max_templates(self) -> int:
+        """Templates a sample holds at most: the sample's max_templates, else the most any of
+        these records holds (what precompute stored, read from the manifest)."""
+        if self.sample.max_templates is not None:
+            return self.sample.max_templates
+        return stored_templates(self._info, self.cache_dir)
+
     def num_tokens(self, index: int) -> int:
         return int(self._info[self.ids[index]]["num_tokens"])
 
@@ -176,23 +209,35 @@ class CacheDataset(torch.utils.data.Dataset):
                 log.warning("skipping damaged record %s in %s (%d skipped so far)", target_id, self.cache_dir,
                             self.skipped)
                 continue
-            rng = np.random.default_rng([self.seed, epoch, position])
-            return self.crop_sample(target_id, arrays, rng)
+            return crop_sample(target_id, arrays, self.sample, epoch, position)
         raise CorruptRecordError(None, str(self.cache_dir), f"all {len(self)} records are damaged")
 
-    def crop_sample(self, target_id: str, arrays: dict[str, np.ndarray], rng: np.random.Generator) -> dict:
-        return crop_sample(target_id, arrays, rng, self.crop_size, self.max_msa_rows, self.spatial_crop_prob)
+
+def _keep_templates(arrays: dict[str, np.ndarray], count: int) -> dict[str, np.ndarray]:
+    """The first `count` templates (rows along every array's ``template`` axis)."""
+    kept = dict(arrays)
+    for spec in FEATURES:
+        if "template" in spec.axes and spec.name in arrays:
+            index = [slice(None)] * len(spec.axes)
+            index[spec.axes.index("template")] = slice(0, count)
+            kept[spec.name] = arrays[spec.name][tuple(index)]
+    return kept
 
 
-def crop_sample(target_id: str, arrays: dict[str, np.ndarray], rng: np.random.Generator, crop_size: int | None,
-                max_msa_rows: int, spatial_crop_prob: float = 0.5) -> dict:
-    """One training sample from a whole record: MSA rows subsampled, tokens cropped (spatial with
-    probability `spatial_crop_prob`, else contiguous), arrays as torch tensors."""
+def crop_sample(target_id: str, arrays: dict[str, np.ndarray], sample: SampleConfig, epoch: int,
+                index: int) -> dict:
+    """One training sample from a whole record, drawn from (seed, epoch, index): MSA rows
+    subsampled, templates capped, tokens cropped (spatial with probability
+    `spatial_crop_prob`, else contiguous), arrays as torch tensors."""
+    rng = np.random.default_rng([sample.seed, epoch, index])
     # Rows first: gathering 1k of 16k MSA rows before cutting columns moves 16x fewer bytes.
-    arrays = cropping.subsample_msa(arrays, max_msa_rows, rng)
+    arrays = cropping.subsample_msa(arrays, sample.msa_rows_per_sample, rng)
+    if sample.max_templates is not None:
+        arrays = _keep_templates(arrays, sample.max_templates)
     num_tokens = arrays["restype"].shape[0]
+    crop_size = sample.crop_size
     if crop_size is not None and num_tokens > crop_size:
-        if rng.random() < spatial_crop_prob and arrays["token_center_mask"].any():
+        if rng.random() < sample.spatial_crop_prob and arrays["token_center_mask"].any():
             token_indices = cropping.spatial_crop(
                 arrays["token_center_pos"], arrays["token_center_mask"], arrays["asym_id"], crop_size, rng
             )

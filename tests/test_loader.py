@@ -21,7 +21,7 @@ def test_ids_lengths_and_filters(sample_cache):
 
 
 def test_sample_is_cropped_and_consistent(sample_cache):
-    dataset = CacheDataset(sample_cache, crop_size=48, max_msa_rows=32, seed=3)
+    dataset = CacheDataset(sample_cache, crop_size=48, msa_rows_per_sample=32, seed=3)
     for index in range(len(dataset)):
         sample = dataset[index]
         tokens = sample["restype"].shape[0]
@@ -58,7 +58,7 @@ def test_epoch_index_pairs_equal_set_epoch(sample_cache):
     assert torch.equal(dataset[(3, index)]["token_index"], expected)
 
 def test_collate_pads_and_masks(sample_cache):
-    dataset = CacheDataset(sample_cache, crop_size=64, max_msa_rows=16)
+    dataset = CacheDataset(sample_cache, crop_size=64, msa_rows_per_sample=16)
     samples = [dataset[i] for i in range(len(dataset))]
     batch = collate(samples)
     assert batch["id"] == dataset.ids
@@ -78,7 +78,7 @@ def test_collate_pads_and_masks(sample_cache):
 
 
 def test_collate_pads_to_fixed_sizes(sample_cache):
-    dataset = CacheDataset(sample_cache, crop_size=64, max_msa_rows=16)
+    dataset = CacheDataset(sample_cache, crop_size=64, msa_rows_per_sample=16)
     fixed = {"token": 64, "msa": 16, "template": 4}
     shapes = set()
     for index in range(len(dataset)):
@@ -98,7 +98,7 @@ def test_collate_pads_to_fixed_sizes(sample_cache):
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_dataloader_with_workers(sample_cache, context):
-    dataset = CacheDataset(sample_cache, crop_size=32, max_msa_rows=8)
+    dataset = CacheDataset(sample_cache, crop_size=32, msa_rows_per_sample=8)
     loader = torch.utils.data.DataLoader(dataset, batch_size=2, num_workers=2, collate_fn=collate,
                                          multiprocessing_context=context)
     seen = [target for batch in loader for target in batch["id"]]
@@ -163,3 +163,62 @@ def test_follow_latest_generation_and_damaged_records(sample_cache, tmp_path):
     lenient = CacheDataset(damaged, crop_size=32, on_error="skip")
     sample = lenient[lenient.ids.index(target)]
     assert sample["id"] != target and lenient.skipped == 1
+
+
+def test_one_sample_config_and_the_old_keyword(sample_cache):
+    from featurecache.config import SampleConfig
+
+    sample = SampleConfig(crop_size=40, msa_rows_per_sample=16, seed=5)
+    dataset = CacheDataset(sample_cache, sample)
+    assert dataset.sample == sample
+    # keywords override the SampleConfig's fields; the old keyword warns and names the new one
+    overridden = CacheDataset(sample_cache, sample, seed=6)
+    assert overridden.sample == SampleConfig(crop_size=40, msa_rows_per_sample=16, seed=6)
+    with pytest.warns(DeprecationWarning, match="use msa_rows_per_sample"):
+        old = CacheDataset(sample_cache, crop_size=40, max_msa_rows=16, seed=5)
+    assert old.sample == sample
+    assert torch.equal(old[2]["msa"], dataset[2]["msa"])
+    with pytest.raises(TypeError, match="msa_rows_per_sample only"):
+        CacheDataset(sample_cache, max_msa_rows=16, msa_rows_per_sample=16)
+    with pytest.raises(TypeError, match="crop_sise"):
+        CacheDataset(sample_cache, crop_sise=40)
+    for bad in (dict(crop_size=0), dict(msa_rows_per_sample=0), dict(spatial_crop_prob=1.5), dict(max_templates=-1)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            SampleConfig(**bad)
+
+
+@pytest.fixture(scope="module")
+def template_cache(tmp_path_factory, shared_data):
+    """A cache of OpenFold's 73-residue query with its HHR hits: 4 templates whose structures are
+    in the sample folder (the sample structures' own hits have none there)."""
+    import shutil
+
+    from featurecache.precompute.pipeline import PrecomputeOptions, precompute
+
+    root = tmp_path_factory.mktemp("templates")
+    openfold = shared_data / "alignments" / "openfold"
+    (root / "inputs").mkdir()
+    (root / "alignments" / "query").mkdir(parents=True)  # OpenFold layout: hits beside the MSA
+    shutil.copy(openfold / "short.fasta", root / "inputs")
+    for name in ("bfd_uniclust_hits.a3m", "pdb70_hits.hhr"):
+        shutil.copy(openfold / name, root / "alignments" / "query")
+    summary = precompute(PrecomputeOptions(
+        inputs=[root / "inputs"], cache_dir=root / "cache", alignments_dir=root / "alignments",
+        template_dir=shared_data / "templates" / "mmcif", num_workers=1, progress=False, executor="inline"))
+    assert summary.failed == 0, summary.format()
+    return root / "cache"
+
+
+def test_templates_per_sample_come_from_the_manifest(template_cache, sample_cache):
+    whole = CacheDataset(template_cache, crop_size=None)
+    (target,) = whole.ids
+    held = whole.load_arrays(target)[0]["template_restype"].shape[0]
+    assert whole.max_templates == held == 4  # the manifest's count, as precompute stored it
+    assert CacheDataset(sample_cache).max_templates == 0  # no template structures for these hits
+    capped = CacheDataset(template_cache, crop_size=None, msa_rows_per_sample=4, max_templates=2)
+    assert capped.max_templates == 2
+    first, all_rows = capped[0], whole[0]
+    for name in ("template_restype", "template_backbone_pos", "template_pseudo_beta_mask"):
+        assert first[name].shape[0] == 2 and torch.equal(first[name], all_rows[name][:2]), name
+    batch = collate([first], pad_to={"token": 80, "msa": 4, "template": capped.max_templates})
+    assert batch["template_mask"].tolist() == [[True, True]]

@@ -11,9 +11,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from featurecache.config import SampleConfig
 from featurecache.loader import CacheDataset, collate
 from featurecache.model import AF3Trunk, preset
-from featurecache.training.loop import EpochBatchSampler, OnlineDataset, TrainConfig, train, train_command
+from featurecache.online import OnlineDataset
+from featurecache.training import EpochBatchSampler, TrainConfig, train, train_command
 
 STRUCTURES = ("209d-assembly1.cif", "721p-assembly1.cif", "7a4d-assembly1.cif")
 
@@ -29,13 +31,11 @@ def raw_inputs(tmp_path_factory, shared_data) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory, raw_inputs, shared_data) -> Path:
+def _build_cache(inputs: Path, cache_dir: Path, shared_data: Path) -> Path:
     from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 
-    cache_dir = tmp_path_factory.mktemp("cache") / "cache"
     summary = precompute(PrecomputeOptions(
-        inputs=[raw_inputs], cache_dir=cache_dir, alignments_dir=shared_data / "alignments",
+        inputs=[inputs], cache_dir=cache_dir, alignments_dir=shared_data / "alignments",
         template_dir=shared_data / "templates" / "mmcif", num_workers=1, progress=False,
         executor="inline",  # Ray is tested with the workers; here it would only add start-up time
     ))
@@ -43,9 +43,24 @@ def cache(tmp_path_factory, raw_inputs, shared_data) -> Path:
     return cache_dir
 
 
-def _config(cache: Path, out: Path, **changes) -> TrainConfig:
-    settings = dict(cache=str(cache), out=str(out), preset="tiny", kernels="torch", steps=3, crop_size=16,
-                    max_msa_rows=8, num_workers=0, warmup=2, lr=1e-3, checkpoint_every=2, device="cpu")
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory, raw_inputs, shared_data) -> Path:
+    return _build_cache(raw_inputs, tmp_path_factory.mktemp("cache") / "cache", shared_data)
+
+
+@pytest.fixture(scope="module")
+def small_cache(tmp_path_factory, shared_data) -> Path:
+    """Only the smallest target (79 tokens): a step at the default crop size takes a second on
+    a CPU, where 7a4d's 549 tokens cropped to 384 take about a minute."""
+    inputs = tmp_path_factory.mktemp("small-inputs")
+    shutil.copy(shared_data / "structures" / STRUCTURES[0], inputs)
+    return _build_cache(inputs, tmp_path_factory.mktemp("small-cache") / "cache", shared_data)
+
+
+def _config(cache: Path, out: Path, crop_size: int = 16, msa_rows_per_sample: int = 8, **changes) -> TrainConfig:
+    settings = dict(cache=str(cache), out=str(out), preset="tiny", kernels="torch", steps=3, num_workers=0,
+                    warmup=2, lr=1e-3, checkpoint_every=2, device="cpu",
+                    sample=SampleConfig(crop_size=crop_size, msa_rows_per_sample=msa_rows_per_sample))
     settings.update(changes)
     return TrainConfig(**settings)
 
@@ -105,7 +120,7 @@ def test_resume_refuses_a_different_world_size(cache, tmp_path):
 
 def test_loss_falls_when_overfitting_one_real_example(cache):
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, ())))
-    dataset = CacheDataset(cache, crop_size=16, max_msa_rows=8, seed=int(torch.randint(0, 1000, ())))
+    dataset = CacheDataset(cache, crop_size=16, msa_rows_per_sample=8, seed=int(torch.randint(0, 1000, ())))
     batch = collate([dataset[dataset.ids.index("721p-assembly1")]])
     model = AF3Trunk(preset("tiny", kernels="torch", checkpoint_blocks=False))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -120,9 +135,9 @@ def test_loss_falls_when_overfitting_one_real_example(cache):
 
 
 def test_online_featurization_yields_the_cached_samples(cache, raw_inputs, shared_data):
-    cached = CacheDataset(cache, crop_size=16, max_msa_rows=8, seed=3)
-    online = OnlineDataset(raw_inputs, shared_data / "alignments", shared_data / "templates" / "mmcif",
-                           crop_size=16, max_msa_rows=8, seed=3)
+    sample = SampleConfig(crop_size=16, msa_rows_per_sample=8, seed=3)
+    cached = CacheDataset(cache, sample)
+    online = OnlineDataset(raw_inputs, shared_data / "alignments", shared_data / "templates" / "mmcif", sample)
     assert online.ids == cached.ids
     index = online.ids.index("209d-assembly1")
     from_cache, from_files = cached[index], online[index]
@@ -134,9 +149,28 @@ def test_online_featurization_yields_the_cached_samples(cache, raw_inputs, share
 
 def test_online_training_runs(raw_inputs, shared_data, tmp_path):
     records = train(TrainConfig(online=str(raw_inputs), alignments=str(shared_data / "alignments"),
-                                out=str(tmp_path / "online"), kernels="torch", steps=1, crop_size=16,
-                                max_msa_rows=8, num_workers=0, device="cpu"))
+                                out=str(tmp_path / "online"), kernels="torch", steps=1, num_workers=0, device="cpu",
+                                sample=SampleConfig(crop_size=16, msa_rows_per_sample=8)))
     assert len(records) == 1 and records[0]["data_wait_s"] > 0
+
+
+def _cli(args: list[str], env: dict | None = None):
+    """`featurecache ARGS` through the real command group (its error boundary included)."""
+    from featurecache.cli import cli
+
+    return CliRunner(env=env).invoke(cli, args)
+
+
+def _error_line(result) -> str:
+    """The one line a refused command prints, checked to be the only line and no traceback."""
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert "Traceback" not in result.output, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+SMALL = ["--steps", "1", "--crop-size", "16", "--msa-rows-per-sample", "8", "--num-workers", "0"]
 
 
 def test_command_line_errors_exit_2(tmp_path):
@@ -147,6 +181,92 @@ def test_command_line_errors_exit_2(tmp_path):
     assert result.exit_code == 2 and "missing" in result.output
 
 
+def test_a_folder_that_is_not_a_cache_is_one_line_naming_it(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    garbled = tmp_path / "garbled"
+    garbled.mkdir()
+    (garbled / "manifest.json").write_bytes(b"{\"format\": 1, \xff")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "manifest.json").write_text('{"name": "someone else\'s index"}')
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("not a folder")
+    expected = {empty: "not a cache", garbled: "not valid JSON", foreign: "not a featurecache manifest",
+                tmp_path / "missing": "does not exist", a_file: "is a file"}
+    for folder, reason in expected.items():
+        line = _error_line(_cli(["train", "--cache", str(folder), "--out", str(tmp_path / "run"), *SMALL]))
+        assert str(folder) in line and reason in line, line
+    assert not (tmp_path / "run").exists()  # refused before the run directory is made
+
+
+def test_option_values_are_checked_before_anything_runs(tmp_path):
+    for option, value in [("--steps", "0"), ("--batch-size", "0"), ("--crop-size", "0"), ("--lr", "0"),
+                          ("--lr", "-1e-3"), ("--warmup", "-1"), ("--num-workers", "-1"),
+                          ("--checkpoint-every", "0"), ("--msa-rows-per-sample", "0"), ("--max-templates", "-1"),
+                          ("--spatial-crop-prob", "1.5"), ("--pairformer-blocks", "-2"), ("--steps", "many"),
+                          ("--kernels", "cuda"), ("--preset", "huge")]:
+        result = _cli(["train", "--cache", str(tmp_path), "--out", str(tmp_path / "run"), option, value])
+        assert result.exit_code == 2 and option in result.output and "Traceback" not in result.output, \
+            (option, value, result.output)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_without_cuda_the_default_kernels_are_pytorch_and_cuda_settings_are_refused(cache, tmp_path):
+    result = _cli(["train", "--cache", str(cache), "--out", str(tmp_path / "auto"), *SMALL])
+    assert result.exit_code == 0, result.output
+    assert "--kernels auto: torch" in result.output  # said once, in one line
+    state = torch.load(tmp_path / "auto" / "checkpoint-00000001.pt", weights_only=False)
+    assert state["model_config"]["kernels"] == "torch"
+    # Triton on the CPU only under its interpreter; CUDA settings on a machine without CUDA
+    no_interpreter = {"TRITON_INTERPRET": None}
+    line = _error_line(_cli(["train", "--cache", str(cache), "--out", str(tmp_path / "t"), "--kernels", "triton",
+                             "--device", "cpu", *SMALL], env=no_interpreter))
+    assert "--kernels triton needs a CUDA device" in line
+    line = _error_line(_cli(["train", "--cache", str(cache), "--out", str(tmp_path / "t"), "--kernels", "triton",
+                             *SMALL], env=no_interpreter))
+    assert "--kernels triton needs a CUDA device" in line
+    line = _error_line(_cli(["train", "--cache", str(cache), "--out", str(tmp_path / "t"), "--device", "cuda", *SMALL]))
+    assert "--device cuda: this machine has no CUDA device" in line
+    line = _error_line(_cli(["train", "--cache", str(cache), "--out", str(tmp_path / "t"), "--device", "tpu", *SMALL]))
+    assert "--device tpu" in line
+    assert not (tmp_path / "t").exists()
+
+
+def test_the_old_msa_rows_flag_still_works_and_names_the_new_one(cache, tmp_path):
+    args = ["train", "--cache", str(cache), "--out", str(tmp_path / "old"), "--kernels", "torch", "--device", "cpu",
+            "--steps", "1", "--crop-size", "16", "--num-workers", "0"]
+    with pytest.warns(DeprecationWarning, match="--msa-rows-per-sample"):
+        result = _cli([*args, "--max-msa-rows", "8"])
+    assert result.exit_code == 0, result.output
+    assert "--max-msa-rows is deprecated: use --msa-rows-per-sample" in result.output
+    state = torch.load(tmp_path / "old" / "checkpoint-00000001.pt", weights_only=False)
+    assert state["train_config"]["sample"]["msa_rows_per_sample"] == 8
+    with pytest.warns(DeprecationWarning):
+        line = _error_line(_cli([*args, "--max-msa-rows", "8", "--msa-rows-per-sample", "8"]))
+    assert "--msa-rows-per-sample only" in line
+
+
+def test_the_readme_cpu_training_command_runs(small_cache, tmp_path):
+    """The README's command as written, but for fewer steps and this test's cache (a test must not
+    write /tmp/fc-cache, which may be a user's cache); run in a temporary folder for runs/tiny."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    training = readme[readme.index("## Training"):]
+    (line,) = [text for text in training.splitlines()
+               if text.startswith("featurecache train") and "--device cpu" in text]
+    assert line == "featurecache train --cache /tmp/fc-cache --preset tiny --steps 50 --out runs/tiny --device cpu"
+    args = line.split()
+    args[args.index("--steps") + 1] = "2"
+    args[args.index("--cache") + 1] = str(small_cache)
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["OMP_NUM_THREADS"] = "1"
+    result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert [r["step"] for r in _log(tmp_path / "runs" / "tiny")] == [1, 2]
+    assert "--kernels auto: torch" in result.stdout or torch.cuda.is_available()
+
+
 @pytest.mark.slow
 def test_ddp_two_processes_gloo(cache, tmp_path):
     """torchrun, 2 CPU processes, gloo: both ranks train, on different samples."""
@@ -154,7 +274,7 @@ def test_ddp_two_processes_gloo(cache, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                "-m", "featurecache.training", "--cache", str(cache), "--out", str(run_dir), "--kernels", "torch",
-               "--steps", "2", "--crop-size", "16", "--max-msa-rows", "8", "--num-workers", "0",
+               "--steps", "2", "--crop-size", "16", "--msa-rows-per-sample", "8", "--num-workers", "0",
                "--device", "cpu", "--checkpoint-every", "2"]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -170,17 +290,21 @@ def test_ddp_two_processes_gloo(cache, tmp_path):
 
 def test_static_shapes_pad_every_batch_to_one_shape_and_keep_the_loss(cache, tmp_path):
     # crop 96: the smallest target (79 tokens) is padded along tokens too
-    config = _config(cache, tmp_path / "static", num_workers=0, static_shapes=True, max_msa_rows=8, crop_size=96)
-    dataset = CacheDataset(cache, crop_size=config.crop_size, max_msa_rows=config.max_msa_rows)
-    from featurecache.training.loop import make_loader
+    config = _config(cache, tmp_path / "static", num_workers=0, static_shapes=True, crop_size=96)
+    dataset = CacheDataset(cache, config.sample)
+    from featurecache.training.data import fixed_sizes, make_loader
 
+    pad_to = fixed_sizes(config, dataset)
+    # templates: as many as the records hold, read from the manifest
+    stored = max(dataset.load_arrays(target)[0]["template_restype"].shape[0] for target in dataset.ids)
+    assert pad_to == {"token": 96, "msa": 8, "template": stored}
     sampler = EpochBatchSampler(len(dataset), 1, 0, 1, 0, epochs=1)
     shapes = {(batch["restype"].shape, batch["msa"].shape, batch["template_restype"].shape)
-              for batch in make_loader(dataset, sampler, config, torch.device("cpu"))}
-    assert shapes == {((1, config.crop_size), (1, 8, config.crop_size), (1, 4, config.crop_size))}
+              for batch in make_loader(dataset, sampler, config, torch.device("cpu"), pad_to)}
+    assert shapes == {((1, 96), (1, 8, 96), (1, stored, 96))}
     # padding is masked everywhere: the same steps give the same losses
     padded = train(config)
-    plain = train(_config(cache, tmp_path / "plain", num_workers=0, max_msa_rows=8, crop_size=96))
+    plain = train(_config(cache, tmp_path / "plain", num_workers=0, crop_size=96))
     assert [r["ids"] for r in padded] == [r["ids"] for r in plain]
     assert min(r["tokens"] for r in padded) < 96  # a padded batch was among them
     for mine, ref in zip(padded, plain):
@@ -197,7 +321,8 @@ def test_cuda_graph_options_are_checked(cache, tmp_path):
 
 def test_graph_learning_rate_follows_the_schedule_and_saves_as_a_float():
     """The tensor learning rate of CUDA-graph runs: same updates as a float one, float in checkpoints."""
-    from featurecache.training.loop import GraphLearningRate, optimizer_state, warmup_schedule
+    from featurecache.training.checkpoint import optimizer_state
+    from featurecache.training.schedule import GraphLearningRate, warmup_schedule
 
     def run(tensor_lr: bool):
         torch.manual_seed(0)

@@ -1,8 +1,20 @@
-"""Training: config, data loading for training, distributed setup, checkpoints, CUDA graphs, loop.
+"""Training: config, distributed setup, sampler, data, checkpoints, schedule, CUDA graphs, loop, command.
 
     python -m featurecache.training --cache DIR --preset tiny --steps 100 --out runs/tiny
+
+Modules, bottom up: `config` (TrainConfig), `distributed` (devices and ranks), `sampler`
+(EpochBatchSampler), `data` (dataset and DataLoader of a run), `checkpoint` (save, load, RNG
+states), `schedule` (warmup, the CUDA-graph learning rate), `cuda_graph` (CapturedStep), `loop`
+(train) and `command` (the click command).
 """
 
-from featurecache.training.loop import TrainConfig, train, train_command
+from featurecache.config import SampleConfig
+from featurecache.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from featurecache.training.command import train_command
+from featurecache.training.config import TrainConfig, TrainSetupError
+from featurecache.training.cuda_graph import CapturedStep
+from featurecache.training.loop import train
+from featurecache.training.sampler import EpochBatchSampler
 
-__all__ = ["TrainConfig", "train", "train_command"]
+__all__ = ["CapturedStep", "EpochBatchSampler", "SampleConfig", "TrainConfig", "TrainSetupError",
+           "latest_checkpoint", "load_checkpoint", "save_checkpoint", "train", "train_command"]

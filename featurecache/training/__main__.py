@@ -2,6 +2,6 @@
 
 import sys
 
-from featurecache.training.loop import train_command
+from featurecache.training.command import train_command
 
 train_command(sys.argv[1:], prog_name="python -m featurecache.training")

@@ -1,0 +1,91 @@
+"""Checkpoints that continue a run exactly where it stopped.
+
+A checkpoint holds the model, optimizer and scheduler states, the step, the data position
+(epoch and batch within it), the RNG states of every rank, and the run's settings. It is
+written to a temporary file and renamed, so a crash never leaves a half-written checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import random
+
+import numpy as np
+import torch
+
+from featurecache.training.config import TrainSetupError
+
+CHECKPOINT_PREFIX = "checkpoint-"
+
+
+def rng_state() -> dict:
+    """This process's Python, NumPy, torch and CUDA RNG states."""
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def checkpoint_path(run_dir: pathlib.Path, step: int) -> pathlib.Path:
+    return run_dir / f"{CHECKPOINT_PREFIX}{step:08d}.pt"
+
+
+def latest_checkpoint(path: pathlib.Path) -> pathlib.Path:
+    """`path` itself if it is a file, else the newest checkpoint in that run directory."""
+    if path.is_file():
+        return path
+    found = sorted(path.glob(f"{CHECKPOINT_PREFIX}*.pt")) if path.is_dir() else []
+    if not found:
+        raise TrainSetupError(f"--resume {path}: no checkpoint file and no {CHECKPOINT_PREFIX}*.pt in it")
+    return found[-1]
+
+
+def save_checkpoint(path: pathlib.Path, state: dict) -> None:
+    """Write to a temporary file beside `path`, then rename: readers never see a partial file."""
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "wb") as handle:
+        torch.save(state, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(partial, path)
+
+
+def load_checkpoint(path: pathlib.Path, world_size: int) -> dict:
+    """The state saved in `path` (a file, or a run directory's newest), checked against this run.
+
+    Checkpoints are read with weights_only=False: they hold the RNG states (Python tuples and
+    NumPy arrays), so only resume from checkpoints you wrote.
+    """
+    source = latest_checkpoint(path)
+    try:
+        state = torch.load(source, map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError, EOFError) as error:
+        raise TrainSetupError(f"--resume {source}: not a readable checkpoint ({error})") from None
+    if not isinstance(state, dict) or "world_size" not in state:
+        raise TrainSetupError(f"--resume {source}: not a featurecache training checkpoint")
+    if state["world_size"] != world_size:
+        raise TrainSetupError(f"--resume {source}: written by {state['world_size']} ranks, this run has {world_size}")
+    return state
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's state_dict with a tensor learning rate written as a float, so that a
+    checkpoint of a CUDA-graph run resumes in any mode (a non-capturable AdamW refuses tensor lr)."""
+    state = optimizer.state_dict()
+    for group in state["param_groups"]:
+        if isinstance(group.get("lr"), torch.Tensor):
+            group["lr"] = float(group["lr"])
+    return state

@@ -1,0 +1,109 @@
+"""`featurecache train` (and `python -m featurecache.training`): the click command over train().
+
+Option values are checked by click's types and ranges before anything starts; a setting or
+input that cannot work (no CUDA for --device cuda, a folder that is not a cache, ...) is one
+line and exit 2, through featurecache.errors.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import click
+from click.core import ParameterSource
+
+from featurecache.config import SampleConfig
+from featurecache.errors import BoundaryCommand, UserError
+from featurecache.model.config import PRESETS
+from featurecache.training.config import KERNEL_OPTIONS, TrainConfig, TrainSetupError
+from featurecache.training.loop import train
+
+POSITIVE = click.IntRange(min=1)
+NON_NEGATIVE = click.IntRange(min=0)
+
+
+def _old_msa_rows_flag(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    if value is not None:
+        message = "--max-msa-rows is deprecated: use --msa-rows-per-sample (MSA rows kept per sample)"
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+        click.echo(f"featurecache: {message}", err=True)
+    return value
+
+
+@click.command("train", cls=BoundaryCommand)
+@click.option("--cache", type=click.Path(file_okay=False),
+              help="Feature cache (or published generation) to train from.")
+@click.option("--online", type=click.Path(file_okay=False),
+              help="Featurize raw files from this folder at load time instead of reading a cache "
+                   "(to measure what caching saves).")
+@click.option("--alignments", type=click.Path(file_okay=False),
+              help="With --online: folder of alignment files, as for precompute --alignments.")
+@click.option("--template-dir", type=click.Path(file_okay=False), help="With --online: template mmCIF folder.")
+@click.option("--out", default=TrainConfig.out, show_default=True, type=click.Path(file_okay=False),
+              help="Run directory: log.jsonl and checkpoints.")
+@click.option("--preset", default=TrainConfig.preset, show_default=True, type=click.Choice(sorted(PRESETS)),
+              help="Model size.")
+@click.option("--pairformer-blocks", type=NON_NEGATIVE, help="Override the preset's number of Pairformer blocks.")
+@click.option("--kernels", default=TrainConfig.kernels, show_default=True, type=click.Choice(KERNEL_OPTIONS),
+              help="triton: featurecache's kernels (CUDA); torch: the pure-PyTorch references; "
+                   "auto: triton on a CUDA device, torch on the CPU.")
+@click.option("--steps", default=TrainConfig.steps, show_default=True, type=POSITIVE,
+              help="Optimizer steps to run in total (a resumed run continues to this step).")
+@click.option("--crop-size", default=SampleConfig.crop_size, show_default=True, type=POSITIVE,
+              help="Tokens per cropped sample.")
+@click.option("--msa-rows-per-sample", default=SampleConfig.msa_rows_per_sample, show_default=True, type=POSITIVE,
+              help="MSA rows drawn per sample from the rows the cache stores.")
+@click.option("--max-msa-rows", "old_msa_rows", type=POSITIVE, hidden=True, callback=_old_msa_rows_flag,
+              help="Deprecated spelling of --msa-rows-per-sample.")
+@click.option("--spatial-crop-prob", default=SampleConfig.spatial_crop_prob, show_default=True,
+              type=click.FloatRange(0.0, 1.0), help="Chance that a sample's crop is spatial (else contiguous).")
+@click.option("--max-templates", type=NON_NEGATIVE,
+              help="Templates per sample (the first ones kept) [default: as many as the cache's records hold, "
+                   "from its manifest].")
+@click.option("--batch-size", default=TrainConfig.batch_size, show_default=True, type=POSITIVE,
+              help="Samples per step and rank.")
+@click.option("--lr", default=TrainConfig.lr, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
+              help="Peak learning rate (AdamW).")
+@click.option("--warmup", default=TrainConfig.warmup, show_default=True, type=NON_NEGATIVE,
+              help="Linear warmup steps.")
+@click.option("--num-workers", default=TrainConfig.num_workers, show_default=True, type=NON_NEGATIVE,
+              help="DataLoader worker processes per rank.")
+@click.option("--checkpoint-every", default=TrainConfig.checkpoint_every, show_default=True, type=POSITIVE,
+              help="Steps between checkpoints (and one at the end).")
+@click.option("--resume", type=click.Path(exists=True),
+              help="Checkpoint file, or a run directory to resume from its newest checkpoint.")
+@click.option("--compile", "compile_model", is_flag=True, help="torch.compile every block of the trunk.")
+@click.option("--static-shapes", is_flag=True,
+              help="Pad every batch to --crop-size tokens, --msa-rows-per-sample rows and --max-templates "
+                   "templates: one shape for every step, so --compile compiles once.")
+@click.option("--cuda-graphs", is_flag=True,
+              help="Replay each step as one CUDA graph (implies --static-shapes; one GPU, no DDP): removes the "
+                   "host's kernel-launch overhead.")
+@click.option("--seed", default=SampleConfig.seed, show_default=True, type=int,
+              help="Seed for weights, shuffling, crops and MSA subsampling.")
+@click.option("--device", default=TrainConfig.device, show_default=True,
+              help="auto (CUDA if there is one), cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
+@click.pass_context
+def train_command(ctx: click.Context, cache, online, alignments, template_dir, out, preset, pairformer_blocks,
+                  kernels, steps, crop_size, msa_rows_per_sample, old_msa_rows, spatial_crop_prob, max_templates,
+                  batch_size, lr, warmup, num_workers, checkpoint_every, resume, compile_model, static_shapes,
+                  cuda_graphs, seed, device) -> None:
+    """Train the AF3 trunk from a feature cache."""
+    rows = msa_rows_per_sample
+    if old_msa_rows is not None:
+        if ctx.get_parameter_source("msa_rows_per_sample") != ParameterSource.DEFAULT:
+            raise click.UsageError("give --msa-rows-per-sample only (--max-msa-rows is its old name)")
+        rows = old_msa_rows
+    try:
+        sample = SampleConfig(crop_size=crop_size, msa_rows_per_sample=rows, spatial_crop_prob=spatial_crop_prob,
+                              max_templates=max_templates, seed=seed)
+        config = TrainConfig(
+            cache=cache, online=online, alignments=alignments, template_dir=template_dir, out=out,
+            preset=preset, pairformer_blocks=pairformer_blocks, kernels=kernels, steps=steps, sample=sample,
+            batch_size=batch_size, lr=lr, warmup=warmup, num_workers=num_workers,
+            checkpoint_every=checkpoint_every, resume=resume, compile=compile_model,
+            static_shapes=static_shapes, cuda_graphs=cuda_graphs, device=device,
+        )
+        train(config)
+    except TrainSetupError as error:
+        raise UserError(str(error)) from error

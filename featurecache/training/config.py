@@ -1,0 +1,96 @@
+"""TrainConfig: every setting of a training run, checked once when it is made.
+
+How samples are cut (crop size, MSA rows, templates, seed) is the SampleConfig shared with the
+datasets; everything else (model, optimizer, schedule, checkpoints, devices) is here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from featurecache.config import SampleConfig
+from featurecache.kernels.runtime import KERNEL_CHOICES, interpreted
+from featurecache.model.config import PRESETS
+
+# "auto": the Triton kernels on a CUDA device, the PyTorch references on the CPU.
+KERNEL_OPTIONS = ("auto", *KERNEL_CHOICES)
+
+
+class TrainSetupError(ValueError):
+    """A setting or input that stops a run before its first step (the command's exit 2)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    cache: str | None = None           # feature cache (or published generation) to read
+    online: str | None = None          # raw files to featurize at load time instead
+    alignments: str | None = None      # alignment files for --online (as precompute --alignments)
+    template_dir: str | None = None    # template mmCIF folder for --online
+    out: str = "runs/train"
+    preset: str = "tiny"
+    pairformer_blocks: int | None = None  # override the preset's depth (benchmarks on a time budget)
+    kernels: str = "auto"
+    steps: int = 100
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    batch_size: int = 1
+    lr: float = 1.8e-3                 # AF3's peak learning rate
+    warmup: int = 1000                 # linear warmup steps (AF3: 1000)
+    weight_decay: float = 0.0
+    grad_clip: float = 10.0            # AF3 clips the global gradient norm at 10
+    num_workers: int = 2
+    prefetch_factor: int = 2
+    checkpoint_every: int = 1000
+    resume: str | None = None
+    compile: bool = False
+    # Pad every batch to the sample's crop size, MSA rows and templates, so all steps have one
+    # shape: torch.compile compiles once (and a step could be a CUDA graph).
+    static_shapes: bool = False
+    # Replay each step as one CUDA graph (featurecache.training.cuda_graph): implies static shapes; one GPU.
+    cuda_graphs: bool = False
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if (self.cache is None) == (self.online is None):
+            raise TrainSetupError("give exactly one of --cache DIR or --online DIR")
+        if self.preset not in PRESETS:
+            raise TrainSetupError(f"unknown preset {self.preset!r}, expected one of {sorted(PRESETS)}")
+        if self.kernels not in KERNEL_OPTIONS:
+            raise TrainSetupError(f"unknown kernels {self.kernels!r}, expected one of {KERNEL_OPTIONS}")
+        if not isinstance(self.sample, SampleConfig):
+            raise TrainSetupError(f"sample must be a SampleConfig, got {self.sample!r}")
+        for name in ("steps", "batch_size", "checkpoint_every", "prefetch_factor"):
+            if getattr(self, name) < 1:
+                raise TrainSetupError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.pairformer_blocks is not None and self.pairformer_blocks < 0:
+            raise TrainSetupError(f"--pairformer-blocks must be >= 0, got {self.pairformer_blocks}")
+        for name in ("warmup", "num_workers", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise TrainSetupError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if not self.lr > 0 or not self.grad_clip > 0:
+            raise TrainSetupError(f"--lr and the gradient clip must be positive, got {self.lr} and {self.grad_clip}")
+        if self.fixed_shapes and self.sample.crop_size is None:
+            raise TrainSetupError("--static-shapes and --cuda-graphs need a crop size (every batch is padded to it)")
+        if self.cuda_graphs and self.compile:
+            raise TrainSetupError("--cuda-graphs and --compile do not go together: choose one")
+        if self.cuda_graphs and self.device == "cpu":
+            raise TrainSetupError("--cuda-graphs needs a CUDA device, --device is cpu")
+
+    @property
+    def fixed_shapes(self) -> bool:
+        """Every batch padded to one shape (asked for, or needed by CUDA graphs)."""
+        return self.static_shapes or self.cuda_graphs
+
+
+def resolve_kernels(kernels: str, device: torch.device) -> str:
+    """The kernels a run uses on `device`: "auto" picks Triton on CUDA and the PyTorch path on
+    the CPU; Triton on the CPU runs only under Triton's interpreter (TRITON_INTERPRET=1)."""
+    if kernels == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if kernels == "triton" and device.type != "cuda" and not interpreted():
+        raise TrainSetupError(f"--kernels triton needs a CUDA device, this run is on {device.type} "
+                              "(leave --kernels out or give --kernels torch; TRITON_INTERPRET=1 interprets "
+                              "the kernels on the CPU, slowly)")
+    return kernels
+
