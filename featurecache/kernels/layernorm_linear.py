@@ -25,6 +25,7 @@ from featurecache.kernels.primitives import (
     layernorm_prologue,
     layernorm_prologue_saved,
     mma,
+    row_block,
 )
 from featurecache.kernels.reference import layernorm_linear_reference
 
@@ -51,9 +52,8 @@ def _layernorm_linear_fwd_kernel(
     BLOCK_N outputs."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rows, row_mask = row_block(pid_m, BLOCK_M, n_rows)
     cols_k = tl.arange(0, BLOCK_K)
-    row_mask = rows < n_rows
     k_mask = cols_k < n_in
 
     # x [BLOCK_M, BLOCK_K]
@@ -93,9 +93,8 @@ def _layernorm_linear_bwd_dx_kernel(
     """dx and per-program partial LayerNorm weight/bias gradients; one program per row tile.
     With STORE_XN, also LN(x) (affine, in dy's dtype) for a cuBLAS weight gradient."""
     pid_m = tl.program_id(0)
-    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rows, row_mask = row_block(pid_m, BLOCK_M, n_rows)
     cols_k = tl.arange(0, BLOCK_K)
-    row_mask = rows < n_rows
     k_mask = cols_k < n_in
 
     x = tl.load(X + rows[:, None] * n_in + cols_k[None, :],
@@ -142,8 +141,7 @@ def _layernorm_linear_bwd_dw_kernel(
     dw = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     dbias = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for tile in range(pid_s, tl.cdiv(n_rows, BLOCK_M), n_splits):
-        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        row_mask = rows < n_rows
+        rows, row_mask = row_block(tile, BLOCK_M, n_rows)
         x = tl.load(X + rows[:, None] * n_in + cols_k[None, :],
                     mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         xn, _, _ = layernorm_prologue_saved(x, MEAN, RSTD, rows, row_mask, norm_w, norm_b, k_mask, PRECISION)
@@ -176,9 +174,8 @@ def layernorm_linear_fwd(x2d, norm_weight, norm_bias, weight, bias, eps, aligned
     y = torch.empty((n_rows, stride_y), device=x2d.device, dtype=x2d.dtype)[:, :n_out]
     mean = torch.empty(n_rows, device=x2d.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
-    config = runtime.kernel_config(_OP, "fwd")
     block_k = runtime.block_for(n_in)
-    block_m = runtime.fit_block_m(config["BLOCK_M"], block_k)
+    config, block_m = runtime.tile_config(_OP, "fwd", block_k)
     block_n = min(config["BLOCK_N"], runtime.block_for(n_out))
     n_tiles = min(config.get("N_TILES", 1), triton.cdiv(n_out, block_n))
     grid = (triton.cdiv(n_rows, block_m), triton.cdiv(triton.cdiv(n_out, block_n), n_tiles))
@@ -203,11 +200,10 @@ def layernorm_linear_bwd(dy, x2d, norm_weight, norm_bias, weight, mean, rstd, ha
     precision = runtime.dot_precision(x2d.dtype)
     block_k = runtime.block_for(n_in)
 
-    matmul_weights = runtime.kernel_config(_OP, "bwd_dw").get("WEIGHT_GRADS", "recompute") == "matmul"
+    matmul_weights = runtime.weight_grads_by_matmul(_OP)
     xn = torch.empty_like(x2d) if matmul_weights else x2d  # x2d: a placeholder the kernel never writes
 
-    config = runtime.kernel_config(_OP, "bwd_dx")
-    block_m = runtime.fit_block_m(config["BLOCK_M"], block_k)
+    config, block_m = runtime.tile_config(_OP, "bwd_dx", block_k)
     n_tiles = triton.cdiv(n_rows, block_m)
     dx = torch.empty_like(x2d)
     dnorm_w_part = torch.empty((n_tiles, n_in), device=x2d.device, dtype=torch.float32)
@@ -227,8 +223,7 @@ def layernorm_linear_bwd(dy, x2d, norm_weight, norm_bias, weight, mean, rstd, ha
         d_weight = (dy.t() @ xn).to(weight.dtype)
         return dx, d_norm_w, d_norm_b, d_weight, dy.sum(0, dtype=torch.float32) if has_bias else None
 
-    config = runtime.kernel_config(_OP, "bwd_dw")
-    block_m = runtime.fit_block_m(config["BLOCK_M"], block_k)
+    config, block_m = runtime.tile_config(_OP, "bwd_dw", block_k)
     block_n = min(config["BLOCK_N"], runtime.block_for(n_out))
     n_col_tiles = triton.cdiv(n_out, block_n)
     n_splits = runtime.row_splits(triton.cdiv(n_rows, block_m), n_col_tiles, x2d.device)

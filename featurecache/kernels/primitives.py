@@ -7,7 +7,7 @@
   matrix product, `layernorm_params` that loads its weight and bias, and `layernorm_backward`,
   its gradient.
 
-PRECISION is runtime.dot_precision(dtype): "ieee" or "tf32" on a GPU, "interpret" under the
+`row_block` gives a program's rows. PRECISION is runtime.dot_precision(dtype): "ieee" or "tf32" on a GPU, "interpret" under the
 interpreter.
 """
 
@@ -47,6 +47,14 @@ def cast(x, dtype: tl.constexpr, PRECISION: tl.constexpr):
             bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
             out = bits.to(tl.float32, bitcast=True).to(dtype)
     return out
+
+
+@triton.jit
+def row_block(block, BLOCK_M: tl.constexpr, n_rows):
+    """Indices of row block `block` and which of them exist; int64, so that a row index times
+    the row width cannot overflow 32 bits."""
+    rows = (block * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    return rows, rows < n_rows
 
 
 @triton.jit

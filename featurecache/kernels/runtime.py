@@ -145,6 +145,18 @@ def override_config(op: str, kernel: str, **values: Any) -> Iterator[None]:
             _overrides[(op, kernel)] = previous
 
 
+def tile_config(op: str, kernel: str, row_width: int, budget: int = 16384) -> tuple[dict[str, Any], int]:
+    """kernel_config, and its BLOCK_M shrunk so that a [BLOCK_M, row_width] tile fits the budget."""
+    config = kernel_config(op, kernel)
+    return config, fit_block_m(config["BLOCK_M"], row_width, budget)
+
+
+def weight_grads_by_matmul(op: str) -> bool:
+    """The weight-gradient strategy of an op's bwd_dw: "matmul" (the dx kernel writes the operands,
+    cuBLAS multiplies) rather than "recompute" (a Triton kernel recomputes them)."""
+    return kernel_config(op, "bwd_dw").get("WEIGHT_GRADS", "recompute") == "matmul"
+
+
 def launch_options(config: dict[str, Any]) -> dict[str, int]:
     """The keyword arguments of a kernel launch that a config entry holds besides block sizes."""
     return {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}

@@ -30,6 +30,7 @@ from featurecache.kernels.primitives import (
     layernorm_prologue,
     layernorm_prologue_saved,
     mma,
+    row_block,
 )
 from featurecache.kernels.reference import transition_reference
 
@@ -38,6 +39,16 @@ _OP = "transition"
 # --------------------------------------------------------------------------------------------
 # Triton kernels
 # --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, dtype: tl.constexpr, PRECISION: tl.constexpr):
+    """The three weight tiles of one hidden chunk, [BLOCK_H, BLOCK_C] each in the compute dtype:
+    WA, WB [n_hidden, C] as stored, WO [C, n_hidden] read transposed."""
+    wa = tl.load(WA + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
+    wb = tl.load(WB + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
+    wo = tl.load(WO + cols[None, :] * n_hidden + hids[:, None], mask=w_mask, other=0.0)
+    return cast(wa, dtype, PRECISION), cast(wb, dtype, PRECISION), cast(wo, dtype, PRECISION)
 
 
 @triton.jit
@@ -50,9 +61,8 @@ def _transition_fwd_kernel(
     BLOCK_C: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rows, row_mask = row_block(pid, BLOCK_M, n_rows)
     cols = tl.arange(0, BLOCK_C)
-    row_mask = rows < n_rows
     col_mask = cols < n_ch
     tile_mask = row_mask[:, None] & col_mask[None, :]
 
@@ -65,14 +75,11 @@ def _transition_fwd_kernel(
     for h_start in range(0, n_hidden, BLOCK_H):
         hids = h_start + tl.arange(0, BLOCK_H)
         w_mask = (hids < n_hidden)[:, None] & col_mask[None, :]
-        # WA, WB [n_hidden, C]; WO [C, n_hidden], read as [BLOCK_H, BLOCK_C] tiles
-        wa = tl.load(WA + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
-        wb = tl.load(WB + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
-        wo = tl.load(WO + cols[None, :] * n_hidden + hids[:, None], mask=w_mask, other=0.0)
-        a = mma(xn, tl.trans(cast(wa, x.dtype, PRECISION)), zeros_h, PRECISION)
-        b = mma(xn, tl.trans(cast(wb, x.dtype, PRECISION)), zeros_h, PRECISION)
+        wa, wb, wo = _chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, x.dtype, PRECISION)
+        a = mma(xn, tl.trans(wa), zeros_h, PRECISION)
+        b = mma(xn, tl.trans(wb), zeros_h, PRECISION)
         hidden = cast(a * tl.sigmoid(a) * b, x.dtype, PRECISION)
-        acc = mma(hidden, cast(wo, x.dtype, PRECISION), acc, PRECISION)
+        acc = mma(hidden, wo, acc, PRECISION)
     tl.store(Y + rows[:, None] * n_ch + cols[None, :], cast(acc, Y.dtype.element_ty, PRECISION),
              mask=tile_mask)
     tl.store(MEAN + rows, mean, mask=row_mask)
@@ -104,9 +111,8 @@ def _transition_bwd_dx_kernel(
     BLOCK_C: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rows, row_mask = row_block(pid, BLOCK_M, n_rows)
     cols = tl.arange(0, BLOCK_C)
-    row_mask = rows < n_rows
     col_mask = cols < n_ch
     tile_mask = row_mask[:, None] & col_mask[None, :]
 
@@ -122,12 +128,7 @@ def _transition_bwd_dx_kernel(
     for h_start in range(0, n_hidden, BLOCK_H):
         hids = h_start + tl.arange(0, BLOCK_H)
         w_mask = (hids < n_hidden)[:, None] & col_mask[None, :]
-        wa = tl.load(WA + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
-        wb = tl.load(WB + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
-        wo = tl.load(WO + cols[None, :] * n_hidden + hids[:, None], mask=w_mask, other=0.0)
-        wa = cast(wa, x.dtype, PRECISION)
-        wb = cast(wb, x.dtype, PRECISION)
-        wo = cast(wo, x.dtype, PRECISION)
+        wa, wb, wo = _chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, x.dtype, PRECISION)
         hidden, d_a, d_b = _swiglu_bwd(xn, dy, wa, wb, wo, zeros_h, PRECISION)
         d_a = cast(d_a, x.dtype, PRECISION)
         d_b = cast(d_b, x.dtype, PRECISION)
@@ -163,13 +164,7 @@ def _transition_bwd_dw_kernel(
     col_mask = cols < n_ch
     w_mask = (hids < n_hidden)[:, None] & col_mask[None, :]
     norm_w, norm_b = layernorm_params(NORM_W, NORM_B, cols, col_mask)
-    dtype = X.dtype.element_ty
-    wa = tl.load(WA + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
-    wb = tl.load(WB + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
-    wo = tl.load(WO + cols[None, :] * n_hidden + hids[:, None], mask=w_mask, other=0.0)
-    wa = cast(wa, dtype, PRECISION)
-    wb = cast(wb, dtype, PRECISION)
-    wo = cast(wo, dtype, PRECISION)
+    wa, wb, wo = _chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, X.dtype.element_ty, PRECISION)
 
     # accumulated as [BLOCK_H, BLOCK_C]; d_wo is stored transposed into WO's [C, n_hidden]
     d_wa = tl.zeros((BLOCK_H, BLOCK_C), dtype=tl.float32)
@@ -177,8 +172,7 @@ def _transition_bwd_dw_kernel(
     d_wo = tl.zeros((BLOCK_H, BLOCK_C), dtype=tl.float32)
     zeros_h = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
     for tile in range(pid_s, tl.cdiv(n_rows, BLOCK_M), n_splits):
-        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        row_mask = rows < n_rows
+        rows, row_mask = row_block(tile, BLOCK_M, n_rows)
         tile_mask = row_mask[:, None] & col_mask[None, :]
         x = tl.load(X + rows[:, None] * n_ch + cols[None, :], mask=tile_mask, other=0.0)
         xn, _, _ = layernorm_prologue_saved(x, MEAN, RSTD, rows, row_mask, norm_w, norm_b, col_mask, PRECISION)
@@ -207,9 +201,8 @@ _WEIGHT_TILE_ELEMENTS = {2: 16384, 4: 2048}
 
 
 def _tiles(kernel: str, n_ch: int, n_hidden: int, itemsize: int) -> tuple[dict[str, int], int, int, int]:
-    config = runtime.kernel_config(_OP, kernel)
     block_c = runtime.block_for(n_ch)
-    block_m = runtime.fit_block_m(config["BLOCK_M"], block_c, _ROW_TILE_ELEMENTS.get(itemsize, 4096))
+    config, block_m = runtime.tile_config(_OP, kernel, block_c, _ROW_TILE_ELEMENTS.get(itemsize, 4096))
     block_h = min(config["BLOCK_H"], runtime.block_for(n_hidden),
                   max(16, _WEIGHT_TILE_ELEMENTS.get(itemsize, 2048) // block_c))
     return config, block_m, block_h, block_c
@@ -243,7 +236,7 @@ def transition_bwd(dy, x2d, norm_weight, norm_bias, weight_a, weight_b, weight_o
     # "matmul": the dx kernel also writes [d_a | d_b], the hidden and LN(x) (at 147,456 rows,
     # C=128, n=4 in bf16: 468 MiB) and cuBLAS forms the weight gradients; "recompute": a second
     # Triton kernel recomputes them and nothing [rows, n*C] is written.
-    matmul_weights = runtime.kernel_config(_OP, "bwd_dw")["WEIGHT_GRADS"] == "matmul"
+    matmul_weights = runtime.weight_grads_by_matmul(_OP)
     if matmul_weights:
         d_ab = torch.empty((n_rows, 2 * n_hidden), device=device, dtype=x2d.dtype)
         hidden = torch.empty((n_rows, n_hidden), device=device, dtype=x2d.dtype)

@@ -13,7 +13,7 @@ The `_rows` variants handle ROWS rows of N per program when the bias is shared b
 (batched [ROWS, M, N] products), so each bias tile is loaded and scaled once for all of them.
 
 Logits are in log2 units (exp2 is the GPU's native exponential): scale_log2 = scale * log2(e),
-and the bias is multiplied by log2(e) = 1.4426950408889634 where it is loaded.
+and the bias is multiplied by LOG2E where it is loaded.
 """
 
 from __future__ import annotations
@@ -22,6 +22,41 @@ import triton
 import triton.language as tl
 
 from featurecache.kernels.primitives import mma
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _batch_and_head(num_heads):
+    """The (batch, head) this program works on: grid axis 2 runs over batch * heads."""
+    pid_bh = tl.program_id(2)
+    return (pid_bh // num_heads).to(tl.int64), (pid_bh % num_heads).to(tl.int64)
+
+
+@triton.jit
+def _online_softmax_step(s, m_i, l_i):
+    """One key block of the online softmax over the last axis of the logits s (log2 units).
+
+    m_i, l_i: running maximum and sum of exp2 per query. Returns (p, the block's unnormalized
+    probabilities; alpha, the factor that rescales what was accumulated before; the new m_i and
+    l_i).
+    """
+    m_new = tl.maximum(m_i, tl.max(s, -1))
+    # A row with no key seen yet keeps m = -inf; shift by 0 there so exp2 gives 0, not NaN.
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - tl.expand_dims(m_shift, -1))
+    alpha = tl.math.exp2(m_i - m_shift)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, -1)
+
+
+@triton.jit
+def _online_softmax_result(acc, m_i, l_i):
+    """(out = acc / l_i, lse = log2 of the softmax denominator): zeros and +inf for a query that
+    saw no key. The +inf makes every recomputed probability exactly 0 in the backward."""
+    empty = l_i == 0.0
+    out = acc / tl.expand_dims(tl.where(empty, 1.0, l_i), -1)
+    lse = tl.where(empty, float("inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
+    return out, lse
 
 
 @triton.jit
@@ -69,9 +104,7 @@ def _evo_attention_fwd_kernel(
 ):
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
-    pid_bh = tl.program_id(2)
-    batch = (pid_bh // num_heads).to(tl.int64)
-    head = (pid_bh % num_heads).to(tl.int64)
+    batch, head = _batch_and_head(num_heads)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -115,30 +148,21 @@ def _evo_attention_fwd_kernel(
                 mask=valid_m[:, None] & valid_n[None, :],
                 other=0.0,
             )
-            s += b.to(tl.float32) * 1.4426950408889634
+            s += b.to(tl.float32) * LOG2E
         attend = valid_n
         if HAS_MASK:
             attend = attend & (tl.load(mask_base + cols * stride_ml, mask=valid_n, other=0) != 0)
         s = tl.where(attend[None, :], s, float("-inf"))
 
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row with no key seen yet keeps m = -inf; shift by 0 there so exp2 gives 0, not NaN.
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_shift[:, None])
-        alpha = tl.math.exp2(m_i - m_shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_i, l_i = _online_softmax_step(s, m_i, l_i)
         v = tl.load(
             v_base + cols[:, None] * stride_vl + offs_d[None, :] * stride_vd,
             mask=valid_n[:, None] & valid_d[None, :],
             other=0.0,
         )
         acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, None, PRECISION)
-        m_i = m_new
 
-    empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    # +inf for fully masked rows makes every recomputed probability exactly 0 in the backward.
-    lse = tl.where(empty, float("inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
+    out, lse = _online_softmax_result(acc, m_i, l_i)
     o_base = Out + batch * stride_ob + row * stride_on + head * stride_oh
     tl.store(
         o_base + offs_m[:, None] * stride_ol + offs_d[None, :] * stride_od,
@@ -174,9 +198,7 @@ def _evo_attention_fwd_rows_kernel(
     # traffic drops ROWS-fold (3.6 GB per pass at L = 768, H = 4 in bf16 with one row each).
     pid_m = tl.program_id(0)
     pid_r = tl.program_id(1)
-    pid_bh = tl.program_id(2)
-    batch = (pid_bh // num_heads).to(tl.int64)
-    head = (pid_bh % num_heads).to(tl.int64)
+    batch, head = _batch_and_head(num_heads)
 
     rows = (pid_r * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -223,28 +245,21 @@ def _evo_attention_fwd_rows_kernel(
                 mask=valid_m[:, None] & valid_n[None, :],
                 other=0.0,
             )
-            s += (b.to(tl.float32) * 1.4426950408889634)[None, :, :]
+            s += (b.to(tl.float32) * LOG2E)[None, :, :]
         attend = valid_r[:, None] & valid_n[None, :]
         if HAS_MASK:
             attend = attend & (tl.load(mask_base + cols[None, :] * stride_ml, mask=attend, other=0) != 0)
         s = tl.where(attend[:, None, :], s, float("-inf"))
 
-        m_new = tl.maximum(m_i, tl.max(s, 2))
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_shift[:, :, None])
-        alpha = tl.math.exp2(m_i - m_shift)
-        l_i = l_i * alpha + tl.sum(p, 2)
+        p, alpha, m_i, l_i = _online_softmax_step(s, m_i, l_i)
         v = tl.load(
             v_base + cols[None, :, None] * stride_vl + offs_d[None, None, :] * stride_vd,
             mask=valid_r[:, None, None] & valid_n[None, :, None] & valid_d[None, None, :],
             other=0.0,
         )
         acc = acc * alpha[:, :, None] + mma(p.to(v.dtype), v, None, PRECISION)
-        m_i = m_new
 
-    empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, :, None]
-    lse = tl.where(empty, float("inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
+    out, lse = _online_softmax_result(acc, m_i, l_i)
     tl.store(
         Out + batch * stride_ob + head * stride_oh + rows[:, None, None] * stride_on
         + offs_m[None, :, None] * stride_ol + offs_d[None, None, :] * stride_od,
@@ -277,9 +292,7 @@ def _evo_attention_bwd_kv_kernel(
     # probabilities are built transposed ([keys, queries]) so no tile needs tl.trans.
     pid_n = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
-    pid_bh = tl.program_id(2)
-    batch = (pid_bh // num_heads).to(tl.int64)
-    head = (pid_bh % num_heads).to(tl.int64)
+    batch, head = _batch_and_head(num_heads)
 
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -336,7 +349,7 @@ def _evo_attention_bwd_kv_kernel(
                 mask=valid_n[:, None] & valid_m[None, :],
                 other=0.0,
             )
-            s_t += b_t.to(tl.float32) * 1.4426950408889634
+            s_t += b_t.to(tl.float32) * LOG2E
         s_t = tl.where(attend[:, None], s_t, float("-inf"))
         p_t = tl.math.exp2(s_t - lse[None, :])
         dv += mma(p_t.to(do.dtype), do, None, PRECISION)
@@ -375,9 +388,7 @@ def _evo_attention_bwd_q_kernel(
 ):
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
-    pid_bh = tl.program_id(2)
-    batch = (pid_bh // num_heads).to(tl.int64)
-    head = (pid_bh % num_heads).to(tl.int64)
+    batch, head = _batch_and_head(num_heads)
 
     rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -431,7 +442,7 @@ def _evo_attention_bwd_q_kernel(
         if HAS_BIAS:
             b = tl.load(bias_base + rows_m[:, None] * stride_bq + cols[None, :] * stride_bk,
                         mask=bias_tile, other=0.0)
-            s += b.to(tl.float32) * 1.4426950408889634
+            s += b.to(tl.float32) * LOG2E
         attend = valid_n
         if HAS_MASK:
             attend = attend & (tl.load(mask_base + cols * stride_ml, mask=valid_n, other=0) != 0)
@@ -482,9 +493,7 @@ def _evo_attention_bwd_kv_rows_kernel(
     # dK/dV for ROWS rows at once with a shared bias: one bias tile per q block serves all rows.
     pid_n = tl.program_id(0)
     pid_r = tl.program_id(1)
-    pid_bh = tl.program_id(2)
-    batch = (pid_bh // num_heads).to(tl.int64)
-    head = (pid_bh % num_heads).to(tl.int64)
+    batch, head = _batch_and_head(num_heads)
 
     rows = (pid_r * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -530,7 +539,7 @@ def _evo_attention_bwd_kv_rows_kernel(
         b_t = tl.load(bias_base + rows_m[None, :] * stride_bq + cols[:, None] * stride_bk,
                       mask=valid_n[:, None] & valid_m[None, :], other=0.0)
         s_t = mma(k, tl.permute(q, (0, 2, 1)), None, PRECISION) * scale_log2  # [R, N, M]
-        s_t += (b_t.to(tl.float32) * 1.4426950408889634)[None, :, :]
+        s_t += (b_t.to(tl.float32) * LOG2E)[None, :, :]
         s_t = tl.where(attend[:, :, None], s_t, float("-inf"))
         p_t = tl.math.exp2(s_t - lse[:, None, :])
         dv += mma(p_t.to(do.dtype), do, None, PRECISION)
@@ -567,9 +576,7 @@ def _evo_attention_bwd_q_rows_kernel(
     # dQ for ROWS rows at once with a shared bias: one bias tile per k block serves all rows.
     pid_m = tl.program_id(0)
     pid_r = tl.program_id(1)
-    pid_bh = tl.program_id(2)
-    batch = (pid_bh // num_heads).to(tl.int64)
-    head = (pid_bh % num_heads).to(tl.int64)
+    batch, head = _batch_and_head(num_heads)
 
     rows = (pid_r * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -612,7 +619,7 @@ def _evo_attention_bwd_q_rows_kernel(
         b = tl.load(bias_base + rows_m[:, None] * stride_bq + cols[None, :] * stride_bk,
                     mask=valid_m[:, None] & valid_n[None, :], other=0.0)
         s = mma(q, tl.permute(k, (0, 2, 1)), None, PRECISION) * scale_log2  # [R, M, N]
-        s += (b.to(tl.float32) * 1.4426950408889634)[None, :, :]
+        s += (b.to(tl.float32) * LOG2E)[None, :, :]
         attend = valid_r[:, None] & valid_n[None, :]
         if HAS_MASK:
             attend = attend & (tl.load(mask_base + cols[None, :] * stride_ml, mask=attend, other=0) != 0)
@@ -651,9 +658,7 @@ def _evo_attention_bwd_bias_kernel(
     # bias tile is read once instead of N times.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
-    pid_bh = tl.program_id(2)
-    batch = (pid_bh // num_heads).to(tl.int64)
-    head = (pid_bh % num_heads).to(tl.int64)
+    batch, head = _batch_and_head(num_heads)
 
     rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -666,7 +671,7 @@ def _evo_attention_bwd_bias_kernel(
     b = tl.load(Bias + batch * stride_bb + head * stride_bh
                 + rows_m[:, None] * stride_bq + cols[None, :] * stride_bk,
                 mask=bias_tile, other=0.0)
-    b = b.to(tl.float32) * 1.4426950408889634
+    b = b.to(tl.float32) * LOG2E
 
     # Row pointers advance by one row stride per step (64-bit pointer arithmetic, no row * stride).
     q_ptrs = (Q + batch * stride_qb + head * stride_qh

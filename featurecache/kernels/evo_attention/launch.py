@@ -27,6 +27,7 @@ from featurecache.kernels.evo_attention.config import (
     select_config,
 )
 from featurecache.kernels.evo_attention.kernels import (
+    LOG2E,
     _evo_attention_bwd_bias_kernel,
     _evo_attention_bwd_kv_kernel,
     _evo_attention_bwd_kv_rows_kernel,
@@ -38,7 +39,6 @@ from featurecache.kernels.evo_attention.kernels import (
 
 SUPPORTED_HEAD_DIMS = (8, 16, 24, 32, 48, 64, 128)
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_LOG2E = 1.4426950408889634
 
 
 class SizeLimitError(ValueError):
@@ -96,6 +96,11 @@ def _bias_strides(bias: Optional[torch.Tensor]) -> tuple[int, int, int, int, int
     return (bias.stride(0), row_stride, bias.stride(2), bias.stride(3), bias.stride(4))
 
 
+def _shared_bias_strides(bias: torch.Tensor) -> tuple[int, int, int, int]:
+    # The row-group and dBias kernels take a bias shared by all rows: no row stride at all.
+    return (bias.stride(0), bias.stride(2), bias.stride(3), bias.stride(4))
+
+
 def _mask_arg(mask: Optional[torch.Tensor], q: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
     if mask is None:
         return q, (0, 0, 0)
@@ -145,9 +150,9 @@ def evo_attention_forward(
         _evo_attention_fwd_rows_kernel[grid](
             q, k, v, bias, mask_tensor, key_end, out, lse,
             *q.stride(), *k.stride(), *v.stride(),
-            bias.stride(0), bias.stride(2), bias.stride(3), bias.stride(4),
+            *_shared_bias_strides(bias),
             *mask_strides, *out.stride(),
-            heads, rows, seq_len, head_dim, scale * _LOG2E,
+            heads, rows, seq_len, head_dim, scale * LOG2E.value,
             ROWS=config.rows,
             **common,
         )
@@ -156,7 +161,7 @@ def evo_attention_forward(
         _evo_attention_fwd_kernel[grid](
             q, k, v, bias if bias is not None else q, mask_tensor, key_end, out, lse,
             *q.stride(), *k.stride(), *v.stride(), *_bias_strides(bias), *mask_strides, *out.stride(),
-            heads, seq_len, head_dim, scale * _LOG2E,
+            heads, seq_len, head_dim, scale * LOG2E.value,
             **common,
         )
     return out, lse, key_end
@@ -213,9 +218,9 @@ def evo_attention_backward(
         _evo_attention_bwd_q_rows_kernel[(triton.cdiv(seq_len, qc.block_m), triton.cdiv(rows, qc.rows), batch * heads)](
             q, k, v, bias, mask_tensor, key_end, out, grad_out, lse, delta, dq,
             *q.stride(), *k.stride(), *v.stride(),
-            bias.stride(0), bias.stride(2), bias.stride(3), bias.stride(4),
+            *_shared_bias_strides(bias),
             *mask_strides, *out.stride(), *grad_out.stride(), *dq.stride(),
-            heads, rows, seq_len, head_dim, scale, scale * _LOG2E,
+            heads, rows, seq_len, head_dim, scale, scale * LOG2E.value,
             ROWS=qc.rows,
             **tiles(qc),
         )
@@ -227,7 +232,7 @@ def evo_attention_backward(
             *mask_strides, *out.stride(), *grad_out.stride(),
             *(dbias.stride() if per_row_dbias else (0, 0, 0, 0, 0)),
             *dq.stride(),
-            heads, seq_len, head_dim, scale, scale * _LOG2E,
+            heads, seq_len, head_dim, scale, scale * LOG2E.value,
             HAS_BIAS=has_bias,
             STORE_DBIAS=per_row_dbias,
             **tiles(qc),
@@ -238,9 +243,9 @@ def evo_attention_backward(
         _evo_attention_bwd_kv_rows_kernel[(triton.cdiv(seq_len, kv.block_n), triton.cdiv(rows, kv.rows), batch * heads)](
             q, k, v, bias, mask_tensor, key_end, grad_out, lse, delta, dk, dv,
             *q.stride(), *k.stride(), *v.stride(),
-            bias.stride(0), bias.stride(2), bias.stride(3), bias.stride(4),
+            *_shared_bias_strides(bias),
             *mask_strides, *grad_out.stride(), *dk.stride(),
-            heads, rows, seq_len, head_dim, scale, scale * _LOG2E,
+            heads, rows, seq_len, head_dim, scale, scale * LOG2E.value,
             ROWS=kv.rows,
             **tiles(kv),
         )
@@ -249,7 +254,7 @@ def evo_attention_backward(
             q, k, v, bias_arg, mask_tensor, key_end, grad_out, lse, delta, dk, dv,
             *q.stride(), *k.stride(), *v.stride(), *_bias_strides(bias),
             *mask_strides, *grad_out.stride(), *dk.stride(),
-            heads, seq_len, head_dim, scale, scale * _LOG2E,
+            heads, seq_len, head_dim, scale, scale * LOG2E.value,
             HAS_BIAS=has_bias,
             **tiles(kv),
         )
@@ -259,10 +264,10 @@ def evo_attention_backward(
         _evo_attention_bwd_bias_kernel[(triton.cdiv(seq_len, bc.block_n), triton.cdiv(seq_len, bc.block_m), batch * heads)](
             q, k, v, bias, mask_tensor, key_end, grad_out, lse, delta, dbias,
             *q.stride(), *k.stride(), *v.stride(),
-            bias.stride(0), bias.stride(2), bias.stride(3), bias.stride(4),
+            *_shared_bias_strides(bias),
             *mask_strides, *grad_out.stride(),
-            dbias.stride(0), dbias.stride(2), dbias.stride(3), dbias.stride(4),
-            heads, rows, seq_len, head_dim, scale * _LOG2E,
+            *_shared_bias_strides(dbias),
+            heads, rows, seq_len, head_dim, scale * LOG2E.value,
             SCAN_MASK=_SCAN_MASK,
             **tiles(bc),
         )

@@ -17,6 +17,7 @@ from featurecache.kernels.primitives import (
     layernorm_prologue,
     layernorm_prologue_saved,
     mma,
+    row_block,
 )
 
 
@@ -57,6 +58,27 @@ def _load_weight(W, out_idx, in_idx, out_mask, in_mask, n_in, dtype: tl.constexp
 
 
 @triton.jit
+def _pair_keep(MASK, rows, row_mask, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr):
+    """1.0 for pair rows the mask keeps (all of them without a mask), 0.0 for the others: fp32."""
+    keep = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
+    if HAS_MASK:
+        keep = tl.load(MASK + rows, mask=row_mask, other=0).to(tl.float32)
+    return keep
+
+
+@triton.jit
+def _output_and_gate(zn, xn, WG, WZ, outs, out_mask, cols, col_mask, hids, hid_mask, n_ch, n_hidden, zeros,
+                     PRECISION: tl.constexpr):
+    """For the output channels `outs`: y = LayerNorm(x) @ Wz^T and gate = sigmoid(LayerNorm(z) @ Wg^T),
+    fp32 like `zeros` [BLOCK_M, len(outs)], with the weight tiles they used (Wg's, Wz's)."""
+    wg = _load_weight(WG, outs, cols, out_mask, col_mask, n_ch, zn.dtype, PRECISION)
+    wz = _load_weight(WZ, outs, hids, out_mask, hid_mask, n_hidden, zn.dtype, PRECISION)
+    y = mma(xn, tl.trans(wz), zeros, PRECISION)
+    gate = tl.sigmoid(mma(zn, tl.trans(wg), zeros, PRECISION))
+    return y, gate, wg, wz
+
+
+@triton.jit
 def _triangle_proj_kernel(
     Z, MASK, NORM_W, NORM_B, WAP, WAG, WBP, WBG, A, B, MEAN, RSTD,
     n_rows, n_ch, n_hidden, pair_rows, eps,
@@ -69,9 +91,8 @@ def _triangle_proj_kernel(
 ):
     """a, b = sigmoid(zn @ W_g^T) * (zn @ W_p^T) * mask, stored [B, H, L, L]."""
     pid = tl.program_id(0)
-    rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rows, row_mask = row_block(pid, BLOCK_M, n_rows)
     cols = tl.arange(0, BLOCK_C)
-    row_mask = rows < n_rows
     col_mask = cols < n_ch
 
     z = tl.load(Z + rows[:, None] * n_ch + cols[None, :],
@@ -81,9 +102,7 @@ def _triangle_proj_kernel(
     if STORE_STATS:
         tl.store(MEAN + rows, mean, mask=row_mask)
         tl.store(RSTD + rows, rstd, mask=row_mask)
-    keep = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
-    if HAS_MASK:
-        keep = tl.load(MASK + rows, mask=row_mask, other=0).to(tl.float32)
+    keep = _pair_keep(MASK, rows, row_mask, HAS_MASK, BLOCK_M)
 
     base = _channel_first_base(rows, n_hidden, pair_rows)
     zeros_h = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
@@ -118,10 +137,9 @@ def _triangle_out_kernel(
 ):
     """out = sigmoid(zn @ Wg^T) * (LayerNorm(x) @ Wz^T); x read channel-first."""
     pid = tl.program_id(0)
-    rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rows, row_mask = row_block(pid, BLOCK_M, n_rows)
     cols = tl.arange(0, BLOCK_C)
     hids = tl.arange(0, BLOCK_HF)
-    row_mask = rows < n_rows
     col_mask = cols < n_ch
     hid_mask = hids < n_hidden
 
@@ -135,11 +153,8 @@ def _triangle_out_kernel(
     zn, _, _ = _load_zn(Z, NORM_IN_W, NORM_IN_B, MEAN_IN, RSTD_IN, rows, cols, row_mask,
                         col_mask, n_ch, PRECISION)
 
-    zeros_c = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
-    wz = _load_weight(WZ, cols, hids, col_mask, hid_mask, n_hidden, x.dtype, PRECISION)
-    wg = _load_weight(WG, cols, cols, col_mask, col_mask, n_ch, x.dtype, PRECISION)
-    y = mma(xn, tl.trans(wz), zeros_c, PRECISION)
-    gate = tl.sigmoid(mma(zn, tl.trans(wg), zeros_c, PRECISION))
+    y, gate, _, _ = _output_and_gate(zn, xn, WG, WZ, cols, col_mask, cols, col_mask, hids, hid_mask, n_ch,
+                                     n_hidden, tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32), PRECISION)
     out = cast(gate * y, OUT.dtype.element_ty, PRECISION)
     tl.store(OUT + rows[:, None] * n_ch + cols[None, :], out,
              mask=row_mask[:, None] & col_mask[None, :])
@@ -157,23 +172,20 @@ def _triangle_bwd_out_kernel(
 ):
     """dx (channel-first, for the matmul backward) and partial LayerNorm(x) parameter grads."""
     pid = tl.program_id(0)
-    rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rows, row_mask = row_block(pid, BLOCK_M, n_rows)
     cols = tl.arange(0, BLOCK_C)
     hids = tl.arange(0, BLOCK_HF)
-    row_mask = rows < n_rows
     col_mask = cols < n_ch
     hid_mask = hids < n_hidden
 
     zn, _, _ = _load_zn(Z, NORM_IN_W, NORM_IN_B, MEAN_IN, RSTD_IN, rows, cols, row_mask,
                         col_mask, n_ch, PRECISION)
-    _, xhat, rstd = _load_xn(X, NORM_OUT_W, NORM_OUT_B, MEAN_OUT, RSTD_OUT, rows, hids, row_mask,
-                             hid_mask, n_hidden, pair_rows, PRECISION)
+    xn, xhat, rstd = _load_xn(X, NORM_OUT_W, NORM_OUT_B, MEAN_OUT, RSTD_OUT, rows, hids, row_mask,
+                              hid_mask, n_hidden, pair_rows, PRECISION)
     dout = tl.load(DOUT + rows[:, None] * n_ch + cols[None, :],
                    mask=row_mask[:, None] & col_mask[None, :], other=0.0)
-    wg = _load_weight(WG, cols, cols, col_mask, col_mask, n_ch, zn.dtype, PRECISION)
-    wz = _load_weight(WZ, cols, hids, col_mask, hid_mask, n_hidden, zn.dtype, PRECISION)
-    gate = tl.sigmoid(mma(zn, tl.trans(wg), tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32),
-                           PRECISION))
+    _, gate, _, wz = _output_and_gate(zn, xn, WG, WZ, cols, col_mask, cols, col_mask, hids, hid_mask, n_ch,
+                                      n_hidden, tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32), PRECISION)
     d_y = cast(dout.to(tl.float32) * gate, zn.dtype, PRECISION)
     d_xn = mma(d_y, wz, tl.zeros((BLOCK_M, BLOCK_HF), dtype=tl.float32), PRECISION)
 
@@ -211,16 +223,13 @@ def _triangle_bwd_proj_kernel(
 ):
     """dz through the four gated projections and the output gate, and partial LN(z) grads."""
     pid = tl.program_id(0)
-    rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rows, row_mask = row_block(pid, BLOCK_M, n_rows)
     cols = tl.arange(0, BLOCK_C)
-    row_mask = rows < n_rows
     col_mask = cols < n_ch
 
     zn, zhat, rstd_in = _load_zn(Z, NORM_IN_W, NORM_IN_B, MEAN_IN, RSTD_IN, rows, cols, row_mask,
                                  col_mask, n_ch, PRECISION)
-    keep = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
-    if HAS_MASK:
-        keep = tl.load(MASK + rows, mask=row_mask, other=0).to(tl.float32)
+    keep = _pair_keep(MASK, rows, row_mask, HAS_MASK, BLOCK_M)
     base = _channel_first_base(rows, n_hidden, pair_rows)
 
     d_zn = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
@@ -248,11 +257,8 @@ def _triangle_bwd_proj_kernel(
     hid_full_mask = hids_full < n_hidden
     xn, _, _ = _load_xn(X, NORM_OUT_W, NORM_OUT_B, MEAN_OUT, RSTD_OUT, rows, hids_full, row_mask,
                         hid_full_mask, n_hidden, pair_rows, PRECISION)
-    zeros_c = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
-    wz = _load_weight(WZ, cols, hids_full, col_mask, hid_full_mask, n_hidden, zn.dtype, PRECISION)
-    wg = _load_weight(WG, cols, cols, col_mask, col_mask, n_ch, zn.dtype, PRECISION)
-    y = mma(xn, tl.trans(wz), zeros_c, PRECISION)
-    gate = tl.sigmoid(mma(zn, tl.trans(wg), zeros_c, PRECISION))
+    y, gate, wg, _ = _output_and_gate(zn, xn, WG, WZ, cols, col_mask, cols, col_mask, hids_full, hid_full_mask,
+                                      n_ch, n_hidden, tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32), PRECISION)
     dout = tl.load(DOUT + rows[:, None] * n_ch + cols[None, :],
                    mask=row_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
     d_gate_logit = dout * y * gate * (1.0 - gate)
@@ -289,13 +295,10 @@ def _triangle_bwd_dw_proj_kernel(
     d_wbg = tl.zeros((BLOCK_H, BLOCK_C), dtype=tl.float32)
     zeros_h = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
     for tile in range(pid_s, tl.cdiv(n_rows, BLOCK_M), n_splits):
-        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        row_mask = rows < n_rows
+        rows, row_mask = row_block(tile, BLOCK_M, n_rows)
         zn, _, _ = _load_zn(Z, NORM_IN_W, NORM_IN_B, MEAN_IN, RSTD_IN, rows, cols, row_mask,
                             col_mask, n_ch, PRECISION)
-        keep = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
-        if HAS_MASK:
-            keep = tl.load(MASK + rows, mask=row_mask, other=0).to(tl.float32)
+        keep = _pair_keep(MASK, rows, row_mask, HAS_MASK, BLOCK_M)
         base = _channel_first_base(rows, n_hidden, pair_rows)
         offsets = base[:, None] + hids[None, :].to(tl.int64) * pair_rows
         tile_mask = row_mask[:, None] & hid_mask[None, :]
@@ -343,16 +346,13 @@ def _triangle_bwd_dw_out_kernel(
     d_wz = tl.zeros((BLOCK_N, BLOCK_HF), dtype=tl.float32)
     zeros_n = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for tile in range(pid_s, tl.cdiv(n_rows, BLOCK_M), n_splits):
-        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        row_mask = rows < n_rows
+        rows, row_mask = row_block(tile, BLOCK_M, n_rows)
         zn, _, _ = _load_zn(Z, NORM_IN_W, NORM_IN_B, MEAN_IN, RSTD_IN, rows, cols, row_mask,
                             col_mask, n_ch, PRECISION)
         xn, _, _ = _load_xn(X, NORM_OUT_W, NORM_OUT_B, MEAN_OUT, RSTD_OUT, rows, hids, row_mask,
                             hid_mask, n_hidden, pair_rows, PRECISION)
-        wg = _load_weight(WG, outs, cols, out_mask, col_mask, n_ch, zn.dtype, PRECISION)
-        wz = _load_weight(WZ, outs, hids, out_mask, hid_mask, n_hidden, zn.dtype, PRECISION)
-        gate = tl.sigmoid(mma(zn, tl.trans(wg), zeros_n, PRECISION))
-        y = mma(xn, tl.trans(wz), zeros_n, PRECISION)
+        y, gate, _, _ = _output_and_gate(zn, xn, WG, WZ, outs, out_mask, cols, col_mask, hids, hid_mask, n_ch,
+                                         n_hidden, zeros_n, PRECISION)
         # padded rows load dout = 0 and add nothing
         dout = tl.load(DOUT + rows[:, None] * n_ch + outs[None, :],
                        mask=row_mask[:, None] & out_mask[None, :], other=0.0).to(tl.float32)

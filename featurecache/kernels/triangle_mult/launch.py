@@ -20,11 +20,6 @@ OP = "triangle_mult"
 DIRECTIONS = ("outgoing", "incoming")
 
 
-def _block_m(kernel: str, *widths: int) -> tuple[dict[str, int], int]:
-    config = runtime.kernel_config(OP, kernel)
-    return config, runtime.fit_block_m(config["BLOCK_M"], max(widths))
-
-
 def _project(z2d, mask_rows, norm_in_weight, norm_in_bias, w_ap, w_ag, w_bp, w_bg, eps,
              batch, length, mean_in=None, rstd_in=None):
     """a, b as [B, H, L, L]; fills mean_in / rstd_in when given."""
@@ -33,7 +28,7 @@ def _project(z2d, mask_rows, norm_in_weight, norm_in_bias, w_ap, w_ag, w_bp, w_b
     a = torch.empty((batch, n_hidden, length, length), device=z2d.device, dtype=z2d.dtype)
     b = torch.empty_like(a)
     block_c = runtime.block_for(n_ch)
-    config, block_m = _block_m("proj", block_c)
+    config, block_m = runtime.tile_config(OP, "proj", block_c)
     store_stats = mean_in is not None
     _triangle_proj_kernel[(triton.cdiv(n_rows, block_m),)](
         z2d, mask_rows if mask_rows is not None else z2d,
@@ -75,7 +70,7 @@ def triangle_mult_fwd(z, mask, params, direction, eps):
 
     out = torch.empty_like(z2d)
     block_c, block_hf = runtime.block_for(n_ch), runtime.block_for(n_hidden)
-    config, block_m = _block_m("out", block_c, block_hf)
+    config, block_m = runtime.tile_config(OP, "out", max(block_c, block_hf))
     _triangle_out_kernel[(triton.cdiv(n_rows, block_m),)](
         z2d, x, norm_in_w, norm_in_b, mean_in, rstd_in, norm_out_w, norm_out_b, w_g, w_z,
         out, mean_out, rstd_out,
@@ -101,7 +96,7 @@ def triangle_mult_bwd(dout, z2d, mask_rows, x, stats, params, direction, eps):
     mask_arg = mask_rows if has_mask else z2d
 
     # 1. dx through gate * linear_z(LayerNorm(x))
-    config, block_m = _block_m("bwd_out", block_c, block_hf)
+    config, block_m = runtime.tile_config(OP, "bwd_out", max(block_c, block_hf))
     n_tiles = triton.cdiv(n_rows, block_m)
     dx = torch.empty_like(x)
     dnorm_out_part = torch.empty((2, n_tiles, n_hidden), device=device, dtype=torch.float32)
@@ -115,7 +110,7 @@ def triangle_mult_bwd(dout, z2d, mask_rows, x, stats, params, direction, eps):
     )
 
     # 2. weight gradients of linear_g and linear_z
-    config, block_m = _block_m("bwd_dw_out", block_c, block_hf)
+    config, block_m = runtime.tile_config(OP, "bwd_dw_out", max(block_c, block_hf))
     block_n = min(config["BLOCK_N"], block_c)
     n_out_tiles = triton.cdiv(n_ch, block_n)
     n_splits = runtime.row_splits(triton.cdiv(n_rows, block_m), n_out_tiles, device)
@@ -142,7 +137,7 @@ def triangle_mult_bwd(dout, z2d, mask_rows, x, stats, params, direction, eps):
     del a, b, dx
 
     # 4. dz and LayerNorm(z) gradients
-    config, block_m = _block_m("bwd_proj", block_c, block_hf)
+    config, block_m = runtime.tile_config(OP, "bwd_proj", max(block_c, block_hf))
     n_tiles = triton.cdiv(n_rows, block_m)
     dz = torch.empty_like(z2d)
     dnorm_in_part = torch.empty((2, n_tiles, n_ch), device=device, dtype=torch.float32)
@@ -159,7 +154,7 @@ def triangle_mult_bwd(dout, z2d, mask_rows, x, stats, params, direction, eps):
     )
 
     # 5. weight gradients of the four projections
-    config, block_m = _block_m("bwd_dw_proj", block_c)
+    config, block_m = runtime.tile_config(OP, "bwd_dw_proj", block_c)
     block_h = min(config["BLOCK_H"], block_hf)
     n_hidden_tiles = triton.cdiv(n_hidden, block_h)
     n_splits = runtime.row_splits(triton.cdiv(n_rows, block_m), n_hidden_tiles, device)
