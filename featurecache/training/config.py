@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from featurecache.config import SampleConfig
-from featurecache.kernels.runtime import KERNEL_CHOICES, interpreted
+from featurecache.kernels.runtime import KERNEL_CHOICES, runs_triton
 from featurecache.model.config import PRESETS
 
 # "auto": the Triton kernels on a CUDA device, the PyTorch references on the CPU.
@@ -88,7 +88,7 @@ def resolve_kernels(kernels: str, device: torch.device) -> str:
     the CPU; Triton on the CPU runs only under Triton's interpreter (TRITON_INTERPRET=1)."""
     if kernels == "auto":
         return "triton" if device.type == "cuda" else "torch"
-    if kernels == "triton" and device.type != "cuda" and not interpreted():
+    if kernels == "triton" and not runs_triton(device):
         raise TrainSetupError(f"--kernels triton needs a CUDA device, this run is on {device.type} "
                               "(leave --kernels out or give --kernels torch; TRITON_INTERPRET=1 interprets "
                               "the kernels on the CPU, slowly)")
