@@ -1,9 +1,9 @@
 """A training step replayed as one CUDA graph, so the host launches it with a single call.
 
-The Pairformer's kernels are short at training crops (a block at L = 384 launches ~230 kernels
-in 9.5 ms of GPU time), and launching them from Python costs more than running them: on the
-H200 machines of 2026-12-02/03 one block's forward + backward took 16-21 ms of host time. A CUDA
-graph records every launch of one step once and replays them from the GPU's own queue.
+The Pairformer's kernels are short at training crops (a block at L = 384 launches ~230 of
+them), so launching them from Python can take longer than running them: the GPU waits on the
+host (benchmarks/RESULTS.md has the measurements). A CUDA graph records every launch of one step
+once and replays them from the GPU's own queue.
 
 What a captured step needs, and `CapturedStep` provides or checks:
 - static shapes and addresses: inputs are copied into buffers owned by the graph (so batches
