@@ -105,8 +105,7 @@ class Component:
     def subset(self, keep: np.ndarray) -> Component:
         """The atoms where `keep` [A] is True, in the same order, with the bonds among them."""
         keep = np.asarray(keep, dtype=bool)
-        new_index = np.cumsum(keep) - 1
-        bond_kept = keep[self.bonds].all(axis=1) if len(self.bonds) else np.zeros(0, bool)
+        bonds, bond_kept = bonds_among(self.bonds, keep)
         return dataclasses.replace(
             self,
             atom_names=self.atom_names[keep],
@@ -114,7 +113,7 @@ class Component:
             charges=self.charges[keep],
             leaving=self.leaving[keep],
             aromatic=self.aromatic[keep],
-            bonds=new_index[self.bonds[bond_kept]].astype(np.int32).reshape(-1, 2),
+            bonds=bonds,
             bond_orders=self.bond_orders[bond_kept],
             bond_aromatic=self.bond_aromatic[bond_kept],
             ideal_pos=self.ideal_pos[keep],
@@ -198,8 +197,7 @@ class Ccd:
         block = blocks[code]
         if "chem_comp" not in block:
             return None
-        return tuple(block[name] if name in block else None
-                     for name in ("chem_comp", "chem_comp_atom", "chem_comp_bond"))
+        return tuple(block.get(name) for name in ("chem_comp", "chem_comp_atom", "chem_comp_bond"))
 
     @functools.cached_property
     def _file_contents(self) -> tuple[pdbx.CIFFile, str, str]:
@@ -228,6 +226,13 @@ def load_ccd(path: str | Path | None = None) -> Ccd:
     One `Ccd` per path and process, so components are parsed once.
     """
     return _load_ccd(None if path is None else str(Path(path).resolve()))
+
+
+def bonds_among(bonds: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bonds [B, 2] between kept atoms, renumbered to the kept atoms, and which bonds [B] stayed."""
+    bond_kept = keep[bonds].all(axis=1) if len(bonds) else np.zeros(0, bool)
+    new_index = np.cumsum(keep) - 1
+    return new_index[bonds[bond_kept]].astype(np.int32).reshape(-1, 2), bond_kept
 
 
 def atomic_number(symbol: str) -> int:

@@ -54,8 +54,9 @@ def link_drop_atoms(
         drop.add("OXT")
     elif chain_kind in ("dna", "rna") and not is_chain_start:
         drop.add("OP3")
-    elif chain_kind == "ligand" and is_saccharide(component) and "O1" not in bonded_atoms:
-        if bonded_atoms or not fix_standalone_glycans:
+    elif chain_kind == "ligand" and is_saccharide(component):
+        standalone = not bonded_atoms
+        if "O1" not in bonded_atoms and not (standalone and fix_standalone_glycans):
             drop.add("O1")
     return frozenset(drop.intersection(component.atom_names.tolist()))
 

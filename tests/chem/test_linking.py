@@ -2,7 +2,12 @@
 
 import pytest
 
-from featurecache.chem import is_saccharide, leaving_atoms_bonded_to, link_drop_atoms, load_ccd
+from featurecache.chem import (
+    is_saccharide,
+    leaving_atoms_bonded_to,
+    link_drop_atoms,
+    load_ccd,
+)
 
 
 @pytest.fixture(scope="module")
