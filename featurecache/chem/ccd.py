@@ -138,6 +138,10 @@ class Ccd:
         self._components: dict[str, Component] = {}
         self._lock = threading.Lock()
 
+    def __reduce__(self):
+        # Workers (Ray, DataLoader) get the path and load their own copy once per process.
+        return (load_ccd, (self.path,))
+
     @property
     def location(self) -> str:
         if self.path is None:

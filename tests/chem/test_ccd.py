@@ -1,5 +1,6 @@
 """CCD components from biotite's bundled CCD and from a user's components.cif."""
 
+import pickle
 import re
 
 import biotite.structure as struc
@@ -134,6 +135,13 @@ def test_unknown_code_names_the_code(ccd):
         ccd.component("QQQQQ")
     assert error.value.code == "QQQQQ"
     assert "QQQQQ" not in ccd and "ATP" in ccd
+
+
+def test_ccd_travels_to_workers_as_its_path(ccd, tmp_path):
+    assert pickle.loads(pickle.dumps(ccd)) is ccd
+    path = tmp_path / "components.cif"
+    write_components_cif(path, ["ZN"])
+    assert pickle.loads(pickle.dumps(load_ccd(path))) is load_ccd(path)
 
 
 def test_bundled_version_names_biotite_and_the_ccd_date(ccd):
