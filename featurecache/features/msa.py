@@ -12,7 +12,9 @@ rows. Columns are tokens.
 - Pairing: when two or more protein entities have MSAs whose rows carry species, each species
   present in at least two entities contributes one paired row made of the best-ranked (first)
   row of that species in each entity; entities without the species are gaps in that row.
-  Paired rows are ordered by the number of entities they cover, then by rank.
+  Paired rows are ordered by the number of entities they cover, then by rank. Species ids are
+  resolved over all the target's MSAs at once (`io.species.SpeciesResolver`), so one organism
+  has one id whichever header layout each chain's MSA uses, where a real mapping links them.
 - Unpaired rows identical to a row already kept (for that entity's columns) are dropped.
 - Rows are capped: paired rows (query included) by `max_paired_rows`, all rows by
   `msa_rows_stored`; the unpaired budget is shared evenly between entities (water-filling).
@@ -31,6 +33,7 @@ from featurecache.features.tokenize import Tokens
 from featurecache.io.alignments import map_query_to_chain
 from featurecache.io.mmcif import Structure
 from featurecache.io.msa import Msa
+from featurecache.io.species import SpeciesResolver, SpeciesTag
 
 _PROFILE_CHUNK_ROWS = 1024
 _MAX_DELETIONS = np.iinfo(np.uint16).max  # working precision; the record stores uint8
@@ -60,10 +63,11 @@ _LETTER_TABLES = {kind: _letter_table(kind) for kind in ("protein", "dna", "rna"
 class _EntityMsa:
     """One entity's MSA on its chain residues: classes [R, L], deletions [R, L], species [R]."""
 
-    def __init__(self, classes: np.ndarray, deletions: np.ndarray, species: list[str]):
+    def __init__(self, classes: np.ndarray, deletions: np.ndarray, species_tags: tuple[SpeciesTag, ...]):
         self.classes = classes
         self.deletions = deletions
-        self.species = species
+        self.species_tags = species_tags
+        self.species: list[str] = []  # ids, set once every entity's MSA is known (target-wide)
 
 
 def _entity_msa(msa: Msa, sequence: str, molecule_type: str, query_classes: np.ndarray, chain_id: str, warnings: list[str]):
@@ -87,7 +91,7 @@ def _entity_msa(msa: Msa, sequence: str, molecule_type: str, query_classes: np.n
     deletions[:, target_columns] = np.minimum(msa.deletion_matrix[:, source_columns], _MAX_DELETIONS)
     classes[0] = query_classes  # the query row is the chain itself, whatever the MSA's query says
     deletions[0] = 0
-    return _EntityMsa(classes, deletions, list(msa.species))
+    return _EntityMsa(classes, deletions, msa.species_tags)
 
 
 def build_msa_features(
@@ -127,6 +131,10 @@ def build_msa_features(
         entity_msas[entity] = _entity_msa(
             msa, first.sequence, first.molecule_type, chain_query[members[0]], first.chain_id, warnings
         )
+    present = [source for source in entity_msas.values() if source is not None]
+    resolver = SpeciesResolver(source.species_tags for source in present)
+    for source in present:
+        source.species = resolver.keys(source.species_tags)
 
     # Token columns of each polymer chain and the residue each of them shows (per-atom tokens of
     # a modified residue repeat its column; ligand tokens are in no chain's columns: gaps).

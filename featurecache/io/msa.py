@@ -7,13 +7,10 @@ query column j (lowercase letters in A3M / A2M, letters in the query's gap colum
 The A3M path works on the whole file's bytes with numpy (one pass of vector operations for all
 rows), not character by character: a 16k-row A3M parses in tens of milliseconds.
 
-Species, for pairing rows across chains, are read from the header / description:
-
-- ``OX=9606`` (UniProt FASTA headers) or ``TaxID=9606`` (UniRef headers)  ->  ``"tax:9606"``
-- a UniProt entry name ``XXXX_HUMAN`` (``tr|Q9XXX|Q9XXX_HUMAN``, ``RepID=D7BIZ4_MEISD``)  ->
-  ``"mnemonic:HUMAN"``
-- anything else (ColabFold headers ``>A0A8C9R134<TAB>scores``, ``UniRef100_<accession>`` without
-  a description, MGnify ids) has no species: ``""``. The query row never has one.
+Species, for pairing rows across chains, are read from the header / description by
+`io.species` (one parser for the header layouts of UniProt, UniRef, Protenix, OpenFold / AF2,
+AF3 and ColabFold): `Msa.species_tags` says what each header carries, `Msa.species` gives ids
+consistent within this MSA; assembling a target resolves them across all its chains' MSAs.
 """
 
 from __future__ import annotations
@@ -26,9 +23,7 @@ from functools import cached_property
 import numpy as np
 
 from featurecache.io.common import ParseError, decode_text, read_bytes
-
-_TAXID = re.compile(r"(?:\bOX|\bTaxID)=(\d+)")
-_MNEMONIC = re.compile(r"\b[A-Z0-9]{1,10}_((?=[A-Z0-9]*[A-Z])[A-Z0-9]{3,5})\b")
+from featurecache.io.species import SpeciesResolver, SpeciesTag, species_tag
 
 _GAP = ord("-")
 _DOT = ord(".")
@@ -55,26 +50,18 @@ class Msa:
         return self.aligned[0].tobytes().decode("ascii")
 
     @cached_property
+    def species_tags(self) -> tuple[SpeciesTag, ...]:
+        """What each row's header says about its organism (nothing for the query), parsed on first use."""
+        return (SpeciesTag(),) + tuple(species_tag(description) for description in self.descriptions[1:])
+
+    @cached_property
     def species(self) -> tuple[str, ...]:
-        """Species id per row ("" when unknown; always "" for the query), parsed on first use."""
-        return ("",) + tuple(species_from_description(d) for d in self.descriptions[1:])
+        """Species id per row ("" when unknown; always "" for the query), consistent within this MSA."""
+        return tuple(SpeciesResolver([self.species_tags]).keys(self.species_tags))
 
     @cached_property
     def sequences(self) -> tuple[str, ...]:
         return tuple(row.tobytes().decode("ascii") for row in self.aligned)
-
-
-def species_from_description(description: str) -> str:
-    """Species id from a header or Stockholm description; see the module docstring."""
-    if "=" not in description and "_" not in description:
-        return ""
-    match = _TAXID.search(description)
-    if match:
-        return f"tax:{match.group(1)}"
-    match = _MNEMONIC.search(description)
-    if match:
-        return f"mnemonic:{match.group(1)}"
-    return ""
 
 
 def read_msa(path: str | os.PathLike) -> Msa:

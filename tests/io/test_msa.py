@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from featurecache.io.common import ParseError
-from featurecache.io.msa import parse_a3m, parse_stockholm, read_msa, species_from_description
+from featurecache.io.msa import parse_a3m, parse_stockholm, read_msa
 
 ALIGNMENT_FILES = sorted(
     [
@@ -135,7 +135,7 @@ tr|Q9XXX1|Q9XXX1_MOUSE/2-8  F-
     msa = parse_stockholm(text, "hand.sto")
     assert msa.sequences == ("ACDEFG", "ACD-FG", "-CDEF-")
     assert msa.deletion_matrix.tolist() == [[0] * 6, [0, 0, 2, 0, 0, 0], [0, 0, 1, 0, 0, 0]]
-    assert msa.species == ("", "tax:9606", "mnemonic:MOUSE")
+    assert msa.species == ("", "tax:9606", "tax:10090")  # MOUSE is UniProt's code for taxid 10090
 
 
 def test_jackhmmer_stockholm_against_its_query(shared_data):
@@ -145,23 +145,6 @@ def test_jackhmmer_stockholm_against_its_query(shared_data):
     assert msa.depth == 57
     assert msa.species[1] == "tax:526227"
     assert msa.descriptions[1].startswith("UniRef90_D7BIZ4/1-73 [subseq from]")
-
-
-@pytest.mark.parametrize(
-    ("header", "species"),
-    [
-        ("tr|A0A2A6NXF8|A0A2A6NXF8_9BRAD Uncharacterized protein OS=Bradyrhizobium sp. C9 OX=142585 GN=x", "tax:142585"),
-        ("tr|A0A0Q9XW80|A0A0Q9XW80_9STAP Uncharacterized protein OS=Staphylococcus sp. GN=A PE=4 SV=1", "mnemonic:9STAP"),
-        ("UniRef90_A0A4U1FNC5/3-139 [subseq from] Hemoglobin n=1 Tax=Monodon monoceros TaxID=40151 RepID=A", "tax:40151"),
-        ("sp|P01112|RASH_HUMAN GTPase HRas", "mnemonic:HUMAN"),
-        ("A0A8C9R134\t213\t0.963\t1.414E-59\t0\t165\t166\t14\t179\t203", ""),
-        ("ERR1711976_37436\t183\t0.746\t2.938E-49", ""),
-        ("UniRef100_A0A6I8Q5C6", ""),
-        ("MGYP000048211747/1-51 [subseq from] PL=00 UP=0 BIOMES=0000000011000", ""),
-    ],
-)
-def test_species_from_headers(header, species):
-    assert species_from_description(header) == species
 
 
 def test_gzip_detected_by_content(shared_data, tmp_path):
