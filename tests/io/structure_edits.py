@@ -91,6 +91,17 @@ def without_label_seq_id(text: str, asym: str, seq_id: int) -> str:
     return _text(document)
 
 
+def as_separate_entity(text: str, asym: str, seq_id: int, new_asym: str) -> str:
+    """mmCIF text with one residue's atoms moved to a non-polymer asym of their own (label_seq_id
+    emptied), while the sequence still lists the residue: a 5' GTP deposited as a ligand entity."""
+    document = gemmi.cif.read_string(text)
+    atoms = document[0].find("_atom_site.", ["label_asym_id", "label_seq_id", "label_entity_id"])
+    for row in atoms:
+        if (row.str(0), row.str(1)) == (asym, str(seq_id)):
+            row[0], row[1], row[2] = new_asym, ".", "99"
+    return _text(document)
+
+
 def without_residue_atoms(text: str, asym: str, seq_id: int) -> str:
     """mmCIF text with one residue's atom rows removed (the residue stays in the sequence: unresolved)."""
     document = gemmi.cif.read_string(text)

@@ -7,6 +7,7 @@ import pytest
 
 from featurecache.io.mmcif import parse_mmcif, read_mmcif
 from tests.io.structure_edits import (
+    as_separate_entity,
     rna_with_5prime_gtp,
     with_chem_comp_type,
     with_sequence_extended,
@@ -39,6 +40,16 @@ def test_rna_5prime_gtp_is_the_first_nucleotide(shared_data):
 def test_5prime_gtp_without_label_seq_id_is_found_by_author_number(shared_data):
     text = without_label_seq_id(rna_with_5prime_gtp(shared_data), "A", 1)
     structure = parse_mmcif(text, "gtp-no-label-seq.cif")
+    assert [c.chain_id for c in structure.chains] == ["A", "B", "C"]
+    assert structure.chain("A").residues[0].name == "GTP" and structure.chain("A").residues[0].is_resolved
+    _held_once(structure)
+
+
+def test_5prime_gtp_deposited_as_its_own_entity_joins_its_polymer(shared_data):
+    """The sequence lists GTP at position 1 (author number 1) but its atoms sit in a non-polymer
+    asym of the same author chain: held once, in the polymer."""
+    text = as_separate_entity(rna_with_5prime_gtp(shared_data), "A", 1, "Z")
+    structure = parse_mmcif(text, "gtp-own-entity.cif")
     assert [c.chain_id for c in structure.chains] == ["A", "B", "C"]
     assert structure.chain("A").residues[0].name == "GTP" and structure.chain("A").residues[0].is_resolved
     _held_once(structure)
