@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import numbers
 from dataclasses import dataclass, field
 
 
@@ -92,7 +93,7 @@ class SampleConfig:
     def __post_init__(self) -> None:
         for name in ("crop_size", "msa_rows_per_sample", "max_templates"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
         if self.crop_size is not None and self.crop_size < 1:
             raise ValueError(f"crop_size must be at least 1 (or None for whole targets), got {self.crop_size}")

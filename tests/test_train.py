@@ -114,8 +114,16 @@ def test_resume_refuses_a_different_world_size(cache, tmp_path):
     state = torch.load(tmp_path / "run" / "checkpoint-00000002.pt", weights_only=False)
     state["world_size"] = 4
     torch.save(state, tmp_path / "run" / "checkpoint-00000002.pt")
-    with pytest.raises(Exception, match="written by 4 ranks"):
+    with pytest.raises(ValueError, match="written by 4 ranks"):
         train(_config(cache, tmp_path / "again", steps=3, resume=str(tmp_path / "run")))
+    # a file that is no checkpoint: one line naming it, before the run directory is made
+    garbled = tmp_path / "garbled.pt"
+    for content in (b"", b"not a checkpoint", b"PK\x03\x04 zip?", b"\x80\x04K\x01."):
+        garbled.write_bytes(content)
+        line = _error_line(_cli(["train", "--cache", str(cache), "--out", str(tmp_path / "new"), "--resume",
+                                 str(garbled), "--kernels", "torch", "--device", "cpu", *SMALL]))
+        assert f"--resume {garbled}: not a" in line, line
+    assert not (tmp_path / "new").exists()
 
 
 def test_loss_falls_when_overfitting_one_real_example(cache):

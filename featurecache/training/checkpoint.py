@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import pickle
 import random
 
 import numpy as np
@@ -72,8 +73,9 @@ def load_checkpoint(path: pathlib.Path, world_size: int) -> dict:
     source = latest_checkpoint(path)
     try:
         state = torch.load(source, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError, EOFError) as error:
-        raise TrainSetupError(f"--resume {source}: not a readable checkpoint ({error})") from None
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
+        reason = " ".join(str(error).split()) or type(error).__name__
+        raise TrainSetupError(f"--resume {source}: not a readable checkpoint ({reason})") from None
     if not isinstance(state, dict) or "world_size" not in state:
         raise TrainSetupError(f"--resume {source}: not a featurecache training checkpoint")
     if state["world_size"] != world_size:
