@@ -294,10 +294,18 @@ def _parse_chains(block: gemmi.cif.Block, source: str) -> list[Chain]:
         asym_first_row.setdefault(key[0], rows[0])
     asym_auth = {asym: atoms.auth_asyms[row] or asym for asym, row in asym_first_row.items()}
     asym_entity = {asym: atoms.entities[row] for asym, row in asym_first_row.items()}
+    keys_by_asym: dict[str, list[tuple]] = {}
+    unlabelled_ligands: dict[str, dict[tuple[str, str], tuple]] = {}  # author chain -> author number -> key
+    for key in groups:
+        keys_by_asym.setdefault(key[0], []).append(key)
+        if key[0] not in scheme and not key[1]:
+            unlabelled_ligands.setdefault(asym_auth[key[0]], {}).setdefault((key[2], key[3]), key)
 
     for asym, positions in scheme.items():
         residues = []
-        for (seq_id, mon_id, _), key in zip(positions, _polymer_keys(asym, positions, groups, atoms, chem_types, scheme)):
+        placed = _polymer_keys(positions, keys_by_asym.get(asym, []), unlabelled_ligands.get(asym_auth.get(asym), {}),
+                               groups, atoms, chem_types)
+        for (seq_id, mon_id, _), key in zip(positions, placed):
             parent_hint = mod_parents.get((asym, seq_id))
             if key is not None:
                 residues.append(_build_residue(atoms, groups[key], seq_id, parent_hint, source))
@@ -334,36 +342,33 @@ def _parse_chains(block: gemmi.cif.Block, source: str) -> list[Chain]:
 _UNNAMED_RESIDUES = {"UNK", "N", "DN"}  # a sequence table's placeholder for a residue it does not name
 
 
-def _polymer_keys(asym, positions, groups, atoms: _AtomSite, chem_types, scheme) -> list[tuple | None]:
+def _polymer_keys(positions, asym_keys, unlabelled_ligands, groups, atoms: _AtomSite, chem_types) -> list[tuple | None]:
     """The modelled residue (group key) at each sequence position of a polymer asym, or None.
 
-    A residue is found by label_seq_id, or, when the file leaves its label_seq_id empty, by
-    author number (pdb_seq_num): in the polymer's asym, or in a non-polymer asym of the same
-    author chain if it is the very component the sequence lists (a 5' GTP deposited as its own
-    entity). It fills the position when the sequence names it (or a residue with the same
-    standard parent, or no residue: UNK / N / DN), or when its chemistry links into polymers;
-    whatever its _chem_comp.type says, so a 5' GTP or an ACE cap that the sequence lists is a
-    polymer residue. Anything else stays for the ligands.
+    A residue is found by label_seq_id among the asym's residues (`asym_keys`), or, when the
+    file leaves its label_seq_id empty, by author number (pdb_seq_num): in the asym, or among
+    the unlabelled residues of non-polymer asyms of the same author chain (`unlabelled_ligands`)
+    if it is the very component the sequence lists (a 5' GTP deposited as its own entity). It
+    fills the position when the sequence names it (or a residue with the same standard parent,
+    or no residue: UNK / N / DN), or when its chemistry links into polymers; whatever its
+    _chem_comp.type says, so a 5' GTP or an ACE cap that the sequence lists is a polymer
+    residue. Anything else stays for the ligands.
     """
     by_label: dict[str, list[tuple]] = {}
     by_author: dict[tuple[str, str], tuple] = {}
-    elsewhere: dict[tuple[str, str], tuple] = {}  # unlabelled residues of non-polymer asyms, same author chain
-    author_chain = next((atoms.auth_asyms[rows[0]] for key, rows in groups.items() if key[0] == asym), None)
-    for key, rows in groups.items():
-        if key[0] == asym:
-            if key[1]:
-                by_label.setdefault(key[1], []).append(key)
-            else:
-                by_author.setdefault((key[2], key[3]), key)
-        elif key[0] not in scheme and not key[1] and atoms.auth_asyms[rows[0]] == author_chain:
-            elsewhere.setdefault((key[2], key[3]), key)
+    for key in asym_keys:
+        if key[1]:
+            by_label.setdefault(key[1], []).append(key)
+        else:
+            by_author.setdefault((key[2], key[3]), key)
     found = []
     for seq_id, mon_id, auth_number in positions:
         candidates = by_label.get(str(seq_id), [])
         if not candidates and auth_number in by_author:
             candidates = [by_author[auth_number]]
-        if not candidates and auth_number in elsewhere and atoms.comps[groups[elsewhere[auth_number]][0]] == mon_id:
-            candidates = [elsewhere[auth_number]]
+        elsewhere = unlabelled_ligands.get(auth_number)
+        if not candidates and elsewhere is not None and atoms.comps[groups[elsewhere][0]] == mon_id:
+            candidates = [elsewhere]
         found.append(next(
             (key for key in candidates if _fills_position(atoms.comps[groups[key][0]], mon_id, chem_types)), None
         ))
