@@ -32,7 +32,8 @@ def read_bytes(path: str | os.PathLike) -> bytes:
 
 
 def decode_text(data: bytes | str, source: str) -> str:
-    """Text of a file's bytes; binary content (NUL bytes, invalid UTF-8) is a ParseError."""
+    """Text of a file's bytes (a leading byte-order mark dropped); binary content (NUL bytes,
+    invalid UTF-8) is a ParseError."""
     if isinstance(data, str):
         text = data
     else:
@@ -47,7 +48,7 @@ def decode_text(data: bytes | str, source: str) -> str:
     nul = text.find("\0")
     if nul >= 0:
         raise ParseError(source, "binary content (NUL byte)", text.count("\n", 0, nul) + 1)
-    return text
+    return text.removeprefix("\ufeff")  # a byte-order mark, as editors on Windows write it
 
 
 def read_text(path: str | os.PathLike) -> str:

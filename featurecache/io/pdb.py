@@ -46,6 +46,7 @@ def pdb_to_mmcif_block(text: str, source: str, warnings: list[str]) -> gemmi.cif
         raise ParseError(source, f"invalid PDB format: {message}", int(line.group(1)) if line else None) from error
     if len(structure) == 0 or structure[0].count_atom_sites() == 0:
         raise ParseError(source, "PDB format without ATOM / HETATM records")
+    _name_blank_chains(structure, warnings)
     structure.setup_entities()
     model = structure[0]
     for entity in structure.entities:
@@ -81,6 +82,21 @@ def _first_release(text: str) -> str | None:
             century = 1900 if int(year) >= 70 else 2000
             dates.append(f"{century + int(year):04d}-{_MONTHS.index(month) + 1:02d}-{day}")
     return min(dates) if dates else None
+
+
+_CHAIN_NAMES = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
+
+def _name_blank_chains(structure: gemmi.Structure, warnings: list[str]) -> None:
+    """Chains with a blank id (modelling and MD tools write them) get the first free letters."""
+    used = {chain.name for model in structure for chain in model}
+    free = [name for name in _CHAIN_NAMES if name not in used]
+    for index, model in enumerate(structure):
+        blank = [chain for chain in model if not chain.name.strip()]
+        for chain, name in zip(blank, free):
+            chain.name = name
+            if index == 0:
+                warnings.append(f"chain {name}: no chain id in the PDB file; named {name}")
 
 
 def _polymer_names(model: gemmi.Model, subchains: list[str]) -> list[str]:

@@ -18,6 +18,13 @@ def test_one_terminal_stop_is_dropped(shared_data):
     assert stopped.sequence == record.sequence and stopped.line == 1
 
 
+def test_windows_file_with_byte_order_mark(shared_data):
+    (record,) = read_fasta(shared_data / "alignments" / "openfold" / "short.fasta")
+    data = ("\ufeff>query\r\n" + record.sequence[:30] + "\r\n" + record.sequence[30:] + "\r\n").encode("utf-8")
+    (parsed,) = parse_fasta(data, "windows.fasta")
+    assert (parsed.id, parsed.sequence) == ("query", record.sequence)
+
+
 def test_multi_record_wrapped_lines_and_descriptions():
     text = ">sp|P1|A_HUMAN first protein\nMKT\nlla*\n\n; comment\n>second\nACGU\n"
     first, second = parse_fasta(text, "two.fasta")

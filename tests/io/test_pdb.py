@@ -95,3 +95,30 @@ def test_pdb_and_ent_files_are_inputs(shared_data, tmp_path):
     assert [target_id_for(p) for p in found] == ["2q2k", "pdb1abc"]
     assert is_input_file(tmp_path / "X.PDB.GZ")
     assert read_mmcif(tmp_path / "pdb1abc.ent.gz").chain("A").sequence == read_mmcif(tmp_path / "2q2k.pdb").chain("A").sequence
+
+
+def test_blank_chain_ids_and_models_as_modelling_tools_write_them(shared_data):
+    """2q2k's protein chain written without a chain id, twice (MODEL 1 / MODEL 2), as MD and
+    modelling tools do: one chain named A (with a warning), first model only."""
+    reference = read_mmcif(shared_data / "structures" / "2q2k.cif").chain("B")
+    lines = [line for line in as_pdb((shared_data / "structures" / "2q2k.cif").read_text(), seqres=False).splitlines()
+             if line.startswith("ATOM") and line[21] == "A"]
+    blank = [line[:21] + " " + line[22:] for line in lines]
+    moved = [line[:30] + f"{float(line[30:38]) + 50:8.3f}" + line[38:] for line in blank]
+    text = "MODEL        1\n" + "\n".join(blank) + "\nENDMDL\nMODEL        2\n" + "\n".join(moved) + "\nENDMDL\nEND\n"
+    structure = parse_mmcif(text, "md-frame.pdb")
+    (chain,) = structure.chains
+    assert chain.chain_id == "A" and chain.sequence == "".join(
+        letter for letter, residue in zip(reference.sequence, reference.residues) if residue.is_resolved)
+    assert "chain A: no chain id in the PDB file; named A" in structure.warnings
+    np.testing.assert_allclose(chain.residues[0].positions, [r for r in reference.residues if r.is_resolved][0].positions,
+                               atol=1e-3)
+
+
+def test_byte_order_mark_is_not_content(shared_data):
+    text = (shared_data / "structures" / "2q2k.cif").read_text()
+    assert [c.sequence for c in parse_mmcif("\ufeff" + text, "bom.cif").chains] == \
+        [c.sequence for c in parse_mmcif(text, "plain.cif").chains]
+    pdb = as_pdb(text)
+    assert [c.sequence for c in parse_mmcif(("\ufeff" + pdb).encode("utf-8"), "bom.pdb").chains] == \
+        [c.sequence for c in parse_mmcif(pdb, "plain.pdb").chains]
