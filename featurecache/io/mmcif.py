@@ -12,10 +12,11 @@ What the parser decides, so that featurization never has to look at mmCIF again:
   gemmi's residue table), because processed assembly files carry inconsistent entity tables.
 - A modelled residue belongs to its polymer when the sequence table lists it at its position
   (by ``label_seq_id``, or by author number when a file leaves ``label_seq_id`` empty, even in a
-  non-polymer asym of the same author chain), whatever its chemistry: a 5' GTP of an RNA, ACE / NH2 caps and PXA in actinomycin (209d) are polymer
-  residues, held once. Only a component the sequence does not list there (a ligand written into
-  a polymer chain, e.g. GNP and MG after the last residue in 721p assembly files) becomes its
-  own ligand chain with id ``"<chain>:<CCD><auth number>"``.
+  non-polymer asym of the same author chain), whatever its chemistry: a 5' GTP of an RNA,
+  ACE / NH2 caps and PXA in actinomycin (209d) are polymer residues, held once. Only a
+  component the sequence does not list there (a ligand written into a polymer chain, e.g. GNP
+  and MG after the last residue in 721p assembly files) becomes its own ligand chain with id
+  ``"<chain>:<CCD><auth number>"``.
 - Modified residues keep their CCD code and get a standard parent (``_pdbx_struct_mod_residue``,
   then `residues.parent_of`: a table of common modifications, gemmi, the CCD) used for
   sequences and residue classes. Selenomethionine is converted to methionine (SE -> SD), as
