@@ -4,8 +4,11 @@
     layout    shard file names, shard_of(key), the tables inside a shard, key and table checks
     locks     ShardLock: one writer per shard (StoreLockedError for a second)
     writer    StoreWriter / ShardWriter: batched, durable puts; finish() writes the manifest
-    reader    StoreReader: lazy read-only shards, shared per process, safe across fork/spawn
+    reader    StoreReader: lazy read-only shards, shared per process, safe across fork/spawn,
+              registered in LMDB's reader table unless the files are sealed (published)
     manifest  manifest.json, written last and atomically; read_manifest validates it
+    update_marker  update-in-progress.json: what the last finished manifest still means while an
+              update runs or after one was interrupted (the manifest stays readable throughout)
     files     durable file writes (atomic text files, fsync of files and folders)
     verify    verify_cache: every record decoded and checksummed, every shard file compared
     publish   publish / resolve_generation / gc: immutable generations on shared storage

@@ -17,8 +17,11 @@ from featurecache.schema import ERRORS_TABLE, FEATURES_TABLE, MSA_TABLE
 from featurecache.store.codec import decode_record, read_header
 from featurecache.store.manifest import read_manifest
 from featurecache.store.reader import StoreReader
+from featurecache.store.update_marker import read_update_marker
 
 _PERCENTILES = (0, 10, 50, 90, 100)
+_HITS_WITHOUT_STRUCTURE = "template_hits_without_coordinates"  # record metadata: hit names; index: count
+_LISTED = 20  # warnings and failures listed in the text report (--json has them all)
 
 
 def _distribution(values: list[int]) -> dict:
@@ -29,9 +32,30 @@ def _distribution(values: list[int]) -> dict:
             **{f"p{q}": float(np.percentile(data, q)) for q in _PERCENTILES}}
 
 
+def _features_meta(reader: StoreReader, target_id: str) -> dict:
+    """A feature record's metadata ({} if an update deleted the record since the manifest)."""
+    blob = reader.get(FEATURES_TABLE, target_id)
+    if blob is None:
+        return {}
+    return read_header(blob, where=reader.where(FEATURES_TABLE, target_id), key=target_id).meta
+
+
+def _hits_without_structure(reader: StoreReader, targets: dict) -> dict:
+    """Template hits whose structure the template folder lacked: counts per target, and totals."""
+    per_target = {}
+    for target_id, entry in sorted(targets.items()):
+        count = entry.get(_HITS_WITHOUT_STRUCTURE)
+        if count is None:  # a cache written before the index counted them: read the record
+            count = len(_features_meta(reader, target_id).get(_HITS_WITHOUT_STRUCTURE) or [])
+        if count:
+            per_target[target_id] = count
+    return {"hits": sum(per_target.values()), "targets": len(per_target), "per_target": per_target}
+
+
 def cache_stats(cache_dir: Path) -> dict:
     """Everything `featurecache stats` shows, as plain JSON-able values."""
     manifest = read_manifest(cache_dir)
+    update = read_update_marker(cache_dir)
     targets = manifest.targets
     failures = []
     with StoreReader(cache_dir, num_shards=manifest.num_shards) as reader:
@@ -41,11 +65,12 @@ def cache_stats(cache_dir: Path) -> dict:
         warnings = []
         for target_id, entry in targets.items():
             if entry.get("warnings"):
-                blob = reader.get(FEATURES_TABLE, target_id)
-                meta = read_header(blob, where=reader.where(FEATURES_TABLE, target_id)).meta
+                meta = _features_meta(reader, target_id)
                 warnings.extend(f"{target_id}: {warning}" for warning in meta.get("warnings", []))
+        hits_without_structure = _hits_without_structure(reader, targets)
     return {
         "cache": str(cache_dir),
+        "update": None if update is None else update.describe(),
         "generation": manifest.generation,
         "schema_version": manifest.schema_version,
         "updated": manifest.updated,
@@ -59,6 +84,7 @@ def cache_stats(cache_dir: Path) -> dict:
                                                                    "num_templates", "num_chains")}
                     for target_id, entry in sorted(targets.items())},
         "warnings": warnings,
+        "template_hits_without_structure": hits_without_structure,
         "failures_by_stage": dict(Counter(failure["stage"] for failure in failures)),
         "failures": failures,
         "fingerprints": dict(manifest.fingerprints),
@@ -78,6 +104,7 @@ def format_stats(report: dict) -> str:
         f"cache        {report['cache']}" + (f" (generation {report['generation']})" if report["generation"] else ""),
         f"updated      {report['updated']}   schema v{report['schema_version']}   "
         f"{report['shards']} shards, {report['bytes'] / 2**20:.1f} MiB",
+        *([f"note         {report['update']}"] if report["update"] else []),
         "records      " + "   ".join(f"{table} {counts.get(table, 0)}"
                                      for table in (FEATURES_TABLE, MSA_TABLE, ERRORS_TABLE)),
         _format_distribution("tokens", report["num_tokens"]),
@@ -90,12 +117,19 @@ def format_stats(report: dict) -> str:
         lines.append(f"{target_id:<28} {info['num_tokens']:>7} {info['num_atoms'] or 0:>7} "
                      f"{info['num_chains'] or 0:>6} {info['msa_depth']:>7} {info['num_templates'] or 0:>5}")
     lines.append("")
-    lines.append(f"warnings     {len(report['warnings'])}")
-    for warning in report["warnings"][:20]:
+    hits = report["template_hits_without_structure"]
+    lines.append(f"warnings     {len(report['warnings']) + bool(hits['hits'])}")
+    if hits["hits"]:
+        most = sorted(hits["per_target"].items(), key=lambda item: -item[1])[:5]
+        lines.append(f"  {hits['hits']} template hits in {hits['targets']} targets have no structure in the "
+                     f"template folder (m8 hits against the whole PDB?): "
+                     + ", ".join(f"{target_id} {count}" for target_id, count in most)
+                     + (", ..." if hits["targets"] > len(most) else ""))
+    for warning in report["warnings"][:_LISTED]:
         lines.append(f"  {warning}")
     by_stage = ", ".join(f"{stage} {count}" for stage, count in sorted(report["failures_by_stage"].items()))
     lines.append(f"failures     {len(report['failures'])}" + (f" ({by_stage})" if by_stage else ""))
-    for failure in report["failures"][:20]:
+    for failure in report["failures"][:_LISTED]:
         lines.append(f"  [{failure['stage']}] {failure['key']}: {failure['message']} (attempts {failure['attempts']})")
     return "\n".join(lines)
 

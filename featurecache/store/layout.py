@@ -115,9 +115,22 @@ def open_shard(path: Path, in_use: str, **options) -> lmdb.Environment:
         raise
 
 
+def begin_read(env: lmdb.Environment, **options) -> lmdb.Transaction:
+    """A read transaction, adopting the map size if a writer in another process has grown it.
+
+    LMDB refuses a transaction once the file has outgrown the map this process opened it with
+    (MDB_MAP_RESIZED); the reader then takes the size the writer committed and begins again.
+    """
+    try:
+        return env.begin(**options)
+    except lmdb.MapResizedError:
+        env.set_mapsize(0)  # 0: the size in the file; fails only while this process has a transaction open
+        return env.begin(**options)
+
+
 def read_shard_meta(env: lmdb.Environment, meta_db, path: Path) -> Any:
     """The shard's meta entry as stored (check it with check_shard_meta), or None if it has none."""
-    with env.begin(db=meta_db) as txn:
+    with begin_read(env, db=meta_db) as txn:
         stored = txn.get(SHARD_META_KEY)
     return None if stored is None else unpack_plain(stored, str(path))
 

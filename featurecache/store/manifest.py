@@ -32,7 +32,7 @@ from typing import Any
 
 from featurecache.config import file_sha256
 from featurecache.schema import FEATURES_TABLE, RECORD_FORMAT, SCHEMA_VERSION
-from featurecache.store.files import fsync_dir, write_text_atomic
+from featurecache.store.files import write_text_atomic
 from featurecache.store.layout import SHARD_PATTERN, STORE_FORMAT, has_shard_files, shard_name
 
 MANIFEST_FORMAT = 1
@@ -103,14 +103,6 @@ def save_manifest(manifest: Manifest, directory: str | os.PathLike) -> Manifest:
     manifest = dataclasses.replace(manifest, path=path)
     write_text_atomic(path, json.dumps(manifest.to_json(), indent=1, sort_keys=True, allow_nan=False) + "\n")
     return manifest
-
-
-def remove_manifest(cache_dir: str | os.PathLike) -> None:
-    """Mark a cache unfinished (a writer is about to change it)."""
-    path = Path(cache_dir) / MANIFEST_NAME
-    if path.exists():
-        path.unlink()
-        fsync_dir(path.parent)
 
 
 def shard_info(path: Path, counts: Mapping[str, int]) -> ShardInfo:

@@ -38,6 +38,7 @@ from featurecache.store.manifest import (
     utc_now,
 )
 from featurecache.store.reader import readonly_environment
+from featurecache.store.update_marker import read_update_marker
 
 LATEST_NAME = "LATEST"
 GENERATIONS_DIR = "generations"
@@ -52,10 +53,12 @@ def publish(cache_dir: str | os.PathLike, dest: str | os.PathLike) -> Path:
     """Seal the finished cache `cache_dir` into a new generation under `dest`; returns its path.
 
     The cache's shard locks are held while copying, so no writer can change it meanwhile, and
-    every shard is checked against the manifest before it is copied.
+    every shard is checked against the manifest before it is copied. A cache whose update is in
+    progress or was interrupted is refused: its records are no longer the last finished state.
     """
     cache_dir, dest = Path(cache_dir), Path(dest)
     manifest = read_manifest(cache_dir)
+    _refuse_updating(cache_dir)  # before the locks: a running writer gets this message, not a lock error
     generations = dest / GENERATIONS_DIR
     generations.mkdir(parents=True, exist_ok=True)
     locks = []
@@ -63,6 +66,7 @@ def publish(cache_dir: str | os.PathLike, dest: str | os.PathLike) -> Path:
     try:
         for shard in manifest.shards:
             locks.append(ShardLock(cache_dir / shard.file))
+        _refuse_updating(cache_dir)  # again under the locks: an update may have begun and stopped meanwhile
         shards = []
         for shard in manifest.shards:
             source = cache_dir / shard.file
@@ -97,6 +101,12 @@ def publish(cache_dir: str | os.PathLike, dest: str | os.PathLike) -> Path:
             lock.release()
     write_text_atomic(dest / LATEST_NAME, name + "\n")
     return generation
+
+
+def _refuse_updating(cache_dir: Path) -> None:
+    update = read_update_marker(cache_dir)
+    if update is not None:
+        raise ValueError(f"cannot publish {cache_dir}: {update.describe()}, then publish")
 
 
 def latest_generation(dest: str | os.PathLike) -> Path:

@@ -1,9 +1,15 @@
 """Reading a cache: StoreReader, and the process-wide registry of read-only LMDB environments.
 
-Readers open each shard lazily, read-only and without LMDB's lock file (lock=False), once per
-process: a reader object that crossed a fork or a pickle (DataLoader workers, spawn or fork)
-opens its own environments. lock=False means readers do not register with writers, so read
-finished caches or published generations, never a cache a writer is still changing.
+Readers open each shard lazily and read-only, once per process: a reader object that crossed a
+fork or a pickle (DataLoader workers, spawn or fork) opens its own environments.
+
+A local cache may be updated while it is read, so its readers register in LMDB's reader table
+(the shard's -lock file, lock=True): a writer then never reuses a page a reader's transaction
+still sees. A reader without that table (lock=False) could read pages a concurrent commit has
+just reused. Published generations are sealed (no write permission on their shard files, and no
+writer ever opens them) and are read with lock=False, needing no -lock file on shared storage.
+A reader that may not write a local cache's -lock file (another user's cache) falls back to
+lock=False with a warning: safe only while nobody updates that cache; publish it instead.
 
 Typical use::
 
@@ -14,7 +20,9 @@ Typical use::
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +34,7 @@ from featurecache.store.codec import Record, decode_record, unpack_plain
 from featurecache.store.layout import (
     META_TABLE,
     SHARD_DATABASES,
+    begin_read,
     check_shard_meta,
     check_table,
     find_shards,
@@ -38,9 +47,29 @@ from featurecache.store.layout import (
 )
 
 
+log = logging.getLogger(__name__)
+
+_OPEN_FOR_WRITING = "is open for writing in this process; read it through the StoreWriter"
+
+
+def is_sealed(path: Path) -> bool:
+    """True for a shard file nobody may write (publish seals generations so): it never changes."""
+    return stat.S_IMODE(path.stat().st_mode) & 0o222 == 0
+
+
+def _open_env(path: Path, readahead: bool) -> lmdb.Environment:
+    if is_sealed(path):
+        return open_shard(path, _OPEN_FOR_WRITING, readonly=True, lock=False, readahead=readahead)
+    try:
+        return open_shard(path, _OPEN_FOR_WRITING, readonly=True, lock=True, readahead=readahead)
+    except lmdb.ReadonlyError as error:  # may not write the -lock file (another user's cache)
+        log.warning("%s: cannot join LMDB's reader table (%s); reading without it, which is safe only "
+                    "while no writer updates this cache (read a published generation instead)", path, error)
+        return open_shard(path, _OPEN_FOR_WRITING, readonly=True, lock=False, readahead=readahead)
+
+
 def _open_readonly(path: Path, readahead: bool) -> tuple[lmdb.Environment, dict]:
-    env = open_shard(path, "is open for writing in this process; read it through the StoreWriter",
-                     readonly=True, lock=False, readahead=readahead)
+    env = _open_env(path, readahead)
     dbs = {}
     for name in SHARD_DATABASES:
         try:
@@ -167,7 +196,7 @@ class StoreReader:
         env, dbs = self._open(shard_of(key, self.num_shards))
         if dbs[table] is None:
             return None
-        with env.begin(db=dbs[table]) as txn:
+        with begin_read(env, db=dbs[table]) as txn:
             return txn.get(key_bytes(key))
 
     def get_record(self, table: str, key: str) -> Record | None:
@@ -176,7 +205,7 @@ class StoreReader:
         env, dbs = self._open(shard_of(key, self.num_shards))
         if dbs[table] is None:
             return None
-        with env.begin(db=dbs[table], buffers=True) as txn:
+        with begin_read(env, db=dbs[table], buffers=True) as txn:
             view = txn.get(key_bytes(key))
             # decode_record copies what it keeps, so nothing points into the map after the txn.
             return None if view is None else decode_record(view, where=self.where(table, key), key=key)
@@ -189,7 +218,7 @@ class StoreReader:
         env, dbs = self._open(shard_index)
         if dbs[db_name] is None:
             return
-        with env.begin(db=dbs[db_name]) as txn:
+        with begin_read(env, db=dbs[db_name]) as txn:
             yield from txn.cursor().iternext(keys=True, values=values)
 
     def keys(self, table: str) -> Iterator[str]:
@@ -225,7 +254,7 @@ class StoreReader:
         for shard_index in range(self.num_shards):
             env, dbs = self._open(shard_index)
             if dbs[table] is not None:
-                with env.begin() as txn:
+                with begin_read(env) as txn:
                     total += txn.stat(dbs[table])["entries"]
         return total
 

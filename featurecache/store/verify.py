@@ -5,6 +5,11 @@ and each shard whose file no longer matches the manifest (size, sha256, counts) 
 opened. Only a cache that cannot be read at all (missing folder, no or invalid manifest)
 raises. Bytes flipped inside a record are caught by the record checksum; a flip in LMDB's own
 page structure shows up as a sha256 mismatch, and LMDB reports most such pages as corrupt.
+
+During an update, or after an interrupted one (update_marker.py), the last finished manifest
+still lists the records but no longer describes the shard files: their sizes, checksums, record
+counts and index entries are not compared (the report says why), every record is still checked
+by its CRC, and a record the manifest lists must still be there unless the update deleted it.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ import lmdb
 from featurecache.schema import TABLES
 from featurecache.store.codec import CorruptRecordError, RecordFormatError, decode_record, unpack_plain
 from featurecache.store.layout import index_table, shard_of
-from featurecache.store.manifest import Manifest, check_shard_file, read_manifest
+from featurecache.store.manifest import MANIFEST_NAME, Manifest, check_shard_file, read_manifest
 from featurecache.store.reader import StoreReader
+from featurecache.store.update_marker import MARKER_NAME, UpdateMarker, read_update_marker
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class VerifyReport:
     records_checked: dict[str, int] = field(default_factory=dict)  # table -> records decoded
     damaged: list[DamagedRecord] = field(default_factory=list)
     shard_problems: list[ShardProblem] = field(default_factory=list)
+    update: str | None = None  # an update in progress or interrupted, in one line
 
     @property
     def ok(self) -> bool:
@@ -55,11 +62,15 @@ class VerifyReport:
             "records_checked": dict(self.records_checked),
             "damaged": [asdict(record) for record in self.damaged],
             "shard_problems": [asdict(problem) for problem in self.shard_problems],
+            "update": self.update,
         }
 
     def format(self) -> str:
         checked = ", ".join(f"{table} {count}" for table, count in self.records_checked.items())
         lines = [f"{self.cache_dir}: checked {sum(self.records_checked.values())} records ({checked})"]
+        if self.update is not None:
+            lines.append(f"  note: {self.update}; shard checksums were not compared, every record was "
+                         f"checked by its CRC")
         lines += [f"  damaged shard {problem.shard}: {problem.reason}" for problem in self.shard_problems]
         lines += [f"  damaged record {record.table}/{record.key} in {record.shard}: {record.reason}"
                   for record in self.damaged]
@@ -69,7 +80,7 @@ class VerifyReport:
 
 
 def _scan_table(reader: StoreReader, manifest: Manifest, shard_index: int, table: str,
-                report: VerifyReport) -> int:
+                report: VerifyReport, update: UpdateMarker | None) -> int:
     shard_file = manifest.shards[shard_index].file
     where = f"{reader.shard_paths[shard_index]}/{table}"
     count = 0
@@ -97,12 +108,13 @@ def _scan_table(reader: StoreReader, manifest: Manifest, shard_index: int, table
             report.damaged.append(DamagedRecord(index_table(table), key, shard_file, str(error)))
             continue
         listed = manifest_index.get(key)
-        if listed is not None and {**entry, "shard": shard_index} != listed:
+        # An update rewrites index entries with their records; the old manifest has the old ones.
+        if update is None and listed is not None and {**entry, "shard": shard_index} != listed:
             report.damaged.append(DamagedRecord(
                 index_table(table), key, shard_file, f"index entry {entry} differs from the manifest's {listed}"))
     listed_here = {key for key, entry in manifest_index.items() if entry.get("shard") == shard_index}
     for key in sorted(listed_here - indexed):
-        if reader.get(table, key) is None:
+        if reader.get(table, key) is None and not (update is not None and update.was_deleted(table, key)):
             report.damaged.append(DamagedRecord(table, key, shard_file, "listed in the manifest but missing"))
     return count
 
@@ -113,25 +125,46 @@ def verify_cache(cache_dir: str | os.PathLike, check_files: bool = True) -> Veri
     Raises FileNotFoundError / ValueError only when the cache itself cannot be read.
     """
     cache_dir = Path(cache_dir)
+    before = _writer_trace(cache_dir)
+    report = _verify(cache_dir, check_files)
+    if not report.ok and report.update is None and _writer_trace(cache_dir) != before:
+        # A writer opened the cache while it was being checked: what differed may be its changes.
+        report = _verify(cache_dir, check_files)
+    return report
+
+
+def _writer_trace(cache_dir: Path) -> tuple:
+    """Changes whenever a writer opens the cache (update marker) or finishes (a new manifest file)."""
+    try:
+        manifest = (cache_dir / MANIFEST_NAME).stat()
+    except FileNotFoundError:
+        return None, (cache_dir / MARKER_NAME).exists()
+    return (manifest.st_ino, manifest.st_mtime_ns), (cache_dir / MARKER_NAME).exists()
+
+
+def _verify(cache_dir: Path, check_files: bool) -> VerifyReport:
     manifest = read_manifest(cache_dir, expected_schema=None)
-    report = VerifyReport(cache_dir=cache_dir, records_checked={table: 0 for table in TABLES})
+    update = read_update_marker(cache_dir)
+    report = VerifyReport(cache_dir=cache_dir, records_checked={table: 0 for table in TABLES},
+                          update=None if update is None else update.describe())
     # readahead: verify reads every page in order.
     reader = StoreReader(cache_dir, readahead=True, num_shards=manifest.num_shards)
     try:
         for shard_index, shard in enumerate(manifest.shards):
             path = cache_dir / shard.file
-            if check_files:
+            if not path.is_file():
+                report.shard_problems.append(ShardProblem(shard.file, "file is missing"))
+                continue
+            if check_files and update is None:
                 problem = check_shard_file(path, shard)
                 if problem is not None:
                     report.shard_problems.append(ShardProblem(shard.file, problem))
-                    if not path.is_file():
-                        continue
             try:
                 for table in TABLES:
-                    found = _scan_table(reader, manifest, shard_index, table, report)
+                    found = _scan_table(reader, manifest, shard_index, table, report, update)
                     report.records_checked[table] += found
                     expected = shard.counts.get(table, 0)
-                    if found != expected:
+                    if update is None and found != expected:
                         report.shard_problems.append(ShardProblem(
                             shard.file, f"table {table} has {found} records, manifest says {expected}"))
             except (lmdb.Error, ValueError, OSError) as error:

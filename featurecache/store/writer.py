@@ -3,8 +3,11 @@
 Writers batch puts into transactions of StoreConfig.batch_records, grow the map when it is full
 and commit durably (fsync per commit). Each shard writer holds the shard's lock (locks.py), so
 a second writer fails at once with StoreLockedError. A record is visible only after its
-transaction commits, so a writer killed mid-batch leaves whole records or nothing. Opening a
-cache for writing removes its manifest; `StoreWriter.finish` writes it again, last.
+transaction commits, so a writer killed mid-batch leaves whole records or nothing.
+
+A new cache gets its manifest.json from `StoreWriter.finish`, last: until then it is not a
+finished cache. A finished cache keeps its manifest while a writer updates it, so readers keep
+reading (update_marker.py says what that manifest still means); `finish` replaces it atomically.
 
 Typical use::
 
@@ -29,7 +32,6 @@ from featurecache.config import StoreConfig
 from featurecache.schema import TABLES
 from featurecache.store.codec import Record, decode_record, pack_plain, unpack_plain
 from featurecache.store.layout import (
-    MAX_DBS,
     META_TABLE,
     SHARD_DATABASES,
     SHARD_META_KEY,
@@ -46,7 +48,9 @@ from featurecache.store.layout import (
     shard_of,
 )
 from featurecache.store.locks import ShardLock
-from featurecache.store.manifest import Manifest, remove_manifest, utc_now, write_manifest
+from featurecache.store.manifest import Manifest, read_manifest, utc_now, write_manifest
+from featurecache.store.reader import is_sealed, readonly_environment
+from featurecache.store.update_marker import begin_update, end_update, mark_interrupted, record_deleted
 
 # Map growth doubles; stop at 16 TiB so a runaway record fails instead of eating the disk.
 _MAX_MAP_SIZE = 1 << 44
@@ -64,15 +68,12 @@ def declared_shard_count(cache_dir: Path) -> int | None:
     """
     for path in find_shards(cache_dir):
         try:
-            env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, max_dbs=MAX_DBS)
+            with readonly_environment(path) as env:
+                meta = read_shard_meta(env, env.open_db(META_TABLE.encode(), create=False), path)
         except lmdb.Error:
             continue  # created but never committed to (killed before LMDB wrote its header)
-        try:
-            meta = read_shard_meta(env, env.open_db(META_TABLE.encode(), create=False), path)
-        except lmdb.Error:
-            continue
-        finally:
-            env.close()
+        except RuntimeError:
+            continue  # open for writing in this process: taking its writer lock fails and says so
         if isinstance(meta, dict) and isinstance(meta.get("num_shards"), int):
             return meta["num_shards"]
     return None
@@ -88,6 +89,10 @@ class ShardWriter:
         self.shard_index = shard_index
         self.num_shards = num_shards
         self.batch_records = config.batch_records
+        if self.path.exists() and is_sealed(self.path):
+            # Readers read sealed files without LMDB's reader table: they must never change.
+            raise ValueError(f"{self.path} is read-only (a published generation?): generations are never "
+                             f"written; precompute into a cache folder, then publish it")
         self._lock = ShardLock(self.path)
         self._env = None
         try:
@@ -97,6 +102,9 @@ class ShardWriter:
                 "(and anything holding one) before writing",
                 map_size=config.map_size_bytes, writemap=False, sync=True, metasync=True,
             )
+            # Free the reader-table slots of killed readers: a stale slot pins old pages, and
+            # the file would grow for as long as it stays.
+            self._env.reader_check()
             self._dbs = {name: self._env.open_db(name.encode(), create=True) for name in SHARD_DATABASES}
             self._check_shard_meta()
         except BaseException:
@@ -225,8 +233,11 @@ class ShardWriter:
 class StoreWriter:
     """Writes records into the shards of one cache folder (all shard locks held while open).
 
-    Opening a cache for writing removes its manifest, so a cache that is being changed is never
-    mistaken for a finished one; `finish` writes the manifest again.
+    A new cache has no manifest until `finish`, so it is never mistaken for a finished one. A
+    finished cache keeps its last manifest while it is updated: opening it writes the update
+    marker (update_marker.py), a deletion of a record that manifest lists is noted in the marker
+    before it commits, and `finish` replaces the manifest atomically, then removes the marker.
+    Closing without `finish` leaves the last manifest and marks the update interrupted.
     """
 
     def __init__(self, cache_dir: str | os.PathLike, config: StoreConfig = StoreConfig()):
@@ -252,10 +263,18 @@ class StoreWriter:
             for shard_index in range(self.num_shards):
                 path = self.cache_dir / shard_name(shard_index)
                 self._shards.append(ShardWriter(path, shard_index, self.num_shards, config))
+            self._update = begin_update(self.cache_dir)
         except BaseException:
             self._close_all()
             raise
-        remove_manifest(self.cache_dir)
+        # Keys the last finished manifest lists, table -> key -> entry: deleting one is noted first.
+        self._listed = self._last_finished_index() if self._update is not None else {}
+
+    def _last_finished_index(self) -> dict[str, dict]:
+        try:
+            return read_manifest(self.cache_dir, expected_schema=None).index
+        except ValueError:  # damaged or foreign: readers refuse it anyway, and finish replaces it
+            return {}
 
     def _shard(self, key: str) -> ShardWriter:
         if not self._shards:
@@ -271,7 +290,10 @@ class StoreWriter:
         self._shard(key).put(table, key, blob, index)
 
     def delete(self, table: str, key: str) -> None:
-        self._shard(key).delete(table, key)
+        shard = self._shard(key)
+        if key in self._listed.get(table, ()):
+            self._update = record_deleted(self._update, table, key)  # durable before the delete commits
+        shard.delete(table, key)
 
     def get(self, table: str, key: str) -> bytes | None:
         return self._shard(key).get(table, key)
@@ -302,10 +324,13 @@ class StoreWriter:
             for shard in self._shards:
                 shard.close_env()
             # Still holding the shard locks: no writer can change a shard under the checksums.
-            return write_manifest(
+            manifest = write_manifest(
                 self.cache_dir, summaries, fingerprints=fingerprints or {},
                 schema_version=schema_version, created=created,
             )
+            end_update(self.cache_dir)  # after the manifest: a kill in between leaves a stale marker
+            self._update = None
+            return manifest
         finally:
             self._close_all()
 
@@ -321,8 +346,14 @@ class StoreWriter:
             raise errors[0]
 
     def close(self) -> None:
-        """Commit queued writes and release the shards; no manifest (the cache stays unfinished)."""
-        self._close_all()
+        """Commit queued writes and release the shards without finishing: a new cache stays
+        unfinished, an updated one keeps its last manifest and its update is marked interrupted."""
+        try:
+            self._close_all()
+        finally:
+            if self._update is not None:
+                marker, self._update = self._update, None
+                mark_interrupted(marker)
 
     def __enter__(self) -> StoreWriter:
         return self

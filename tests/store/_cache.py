@@ -80,3 +80,22 @@ def read_in_worker(key_and_seed: tuple[str, int]) -> tuple[int, int]:
     record = _worker_reader.get_record("features", key)
     assert_record_matches(record, key, seed)
     return os.getpid(), int(record.arrays["msa"].astype(np.int64).sum())
+
+
+def cache_state(cache_dir: Path) -> dict:
+    """What a reader sees: the manifest's keys and fingerprints, and each listed record's seed.
+
+    Run in a child process while this process writes (LMDB allows one environment per file per
+    process); every record it returns decoded (checksum included) and matched its seed's arrays.
+    """
+    from featurecache.store.manifest import read_manifest
+    from featurecache.store.reader import StoreReader
+
+    manifest = read_manifest(cache_dir)
+    seeds = {}
+    with StoreReader(cache_dir, num_shards=manifest.num_shards) as reader:
+        for key in manifest.targets:
+            record = reader.get_record("features", key)
+            assert_record_matches(record, key, record.meta["seed"])
+            seeds[key] = record.meta["seed"]
+    return {"fingerprints": manifest.fingerprints, "seeds": seeds}

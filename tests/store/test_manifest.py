@@ -9,7 +9,7 @@ from featurecache.config import StoreConfig, file_sha256
 from featurecache.schema import RECORD_FORMAT, SCHEMA_VERSION
 from featurecache.store.files import write_text_atomic
 from featurecache.store.layout import shard_of
-from featurecache.store.manifest import MANIFEST_FORMAT, MANIFEST_NAME, CacheNotFinishedError, read_manifest
+from featurecache.store.manifest import MANIFEST_FORMAT, MANIFEST_NAME, read_manifest
 from featurecache.store.writer import StoreWriter
 from tests.store._cache import build_cache, random_seed, sample_arrays, sample_blob
 
@@ -37,15 +37,15 @@ def test_manifest_describes_the_finished_cache(tmp_path):
         assert entry["weight"] == pytest.approx(1.0 / expected["msa"].shape[0])
 
 
-def test_reopening_for_writing_unfinishes_the_cache_and_keeps_created(tmp_path):
+def test_reopening_for_writing_keeps_the_last_manifest_until_finish_and_keeps_created(tmp_path):
     seed = random_seed()
     first = build_cache(tmp_path, ["a", "b"], seed, num_shards=2)
     with StoreWriter(tmp_path, StoreConfig(num_shards=2)) as writer:
-        with pytest.raises(CacheNotFinishedError, match="not finished"):
-            read_manifest(tmp_path)
         blob, index = sample_blob("c", seed)
         writer.put("features", "c", blob, index=index)
         writer.put("errors", "d", b"error record")
+        writer.flush()
+        assert read_manifest(tmp_path) == first  # readers keep the last finished state
         second = writer.finish(fingerprints={"seed": str(seed)})
     assert second.created == first.created and second.updated >= first.updated
     assert second.counts == {"msa": 0, "features": 3, "errors": 1}

@@ -1,8 +1,15 @@
-"""StoreReader: fork and spawn workers, shared environments, pickling, errors naming the folder."""
+"""StoreReader: fork and spawn workers, shared environments, pickling, errors naming the folder, LMDB's
+reader table for local caches (snapshots that a writer cannot overwrite), sealed generations."""
 
+import json
 import multiprocessing
 import os
 import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,16 +17,19 @@ import torch
 import torch.utils.data
 
 from featurecache.config import StoreConfig
-from featurecache.store.layout import shard_name
+from featurecache.store.layout import shard_name, shard_of
+from featurecache.store.publish import publish
 from featurecache.store.reader import StoreReader
 from featurecache.store.writer import StoreWriter
 from tests.store._cache import (
     assert_record_matches,
     build_cache,
+    child_env,
     init_reader_worker,
     random_seed,
     read_in_worker,
     sample_arrays,
+    sample_blob,
 )
 
 
@@ -116,3 +126,127 @@ def test_reader_errors_name_the_folder(tmp_path):
     (tmp_path / "c" / shard_name(0)).rename(tmp_path / "c" / shard_name(5))
     with pytest.raises(ValueError, match="not numbered 0..1"):
         StoreReader(tmp_path / "c")
+
+
+_HOLD_A_SNAPSHOT = r"""
+import json, sys
+from featurecache.store.codec import decode_record
+from featurecache.store.reader import StoreReader
+
+reader = StoreReader(sys.argv[1])
+items = reader.items("features")  # one read transaction over the whole iteration
+first = [next(items) for _ in range(5)]
+print("holding", flush=True)
+sys.stdin.readline()  # meanwhile a writer rewrites and deletes every record, many commits
+seeds, problems = {}, []
+for key, blob in [*first, *items]:
+    try:
+        seeds[key] = decode_record(blob, key=key).meta["seed"]
+    except Exception as error:
+        problems.append(f"{key}: {type(error).__name__}: {error}")
+print(json.dumps({"seeds": seeds, "problems": problems}), flush=True)
+"""
+
+
+def test_a_local_readers_snapshot_survives_a_writer_rewriting_every_page(tmp_path):
+    """LMDB's reader table: a writer must not reuse pages an open read transaction still sees.
+    A reader opened without it (lock=False) reads whatever the writer put in the freed pages."""
+    old_seed, new_seed = random_seed(), random_seed() + (1 << 30)
+    keys = [f"t{i:03d}" for i in range(120)]
+    build_cache(tmp_path, keys, old_seed, num_shards=1)
+    child = subprocess.Popen([sys.executable, "-c", _HOLD_A_SNAPSHOT, str(tmp_path)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=child_env())
+    try:
+        assert child.stdout.readline().strip() == "holding"
+        config = StoreConfig(num_shards=1, batch_records=8)
+        with StoreWriter(tmp_path, config) as writer:
+            for round_seed in (new_seed, new_seed + 1, new_seed + 2):
+                for key in keys:
+                    writer.delete("features", key)
+                writer.flush()
+                for key in keys:  # new sizes: freed pages are taken for other records
+                    writer.put("features", key, *sample_blob(key, round_seed))
+                writer.flush()
+            writer.finish()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        seen = json.loads(child.stdout.readline())
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    assert seen["problems"] == []
+    assert seen["seeds"] == {key: old_seed for key in keys}  # the whole snapshot, as it was
+
+
+_BIG_RECORDS = r"""
+import sys
+import numpy as np
+from featurecache.config import StoreConfig
+from featurecache.store.codec import encode_record
+from featurecache.store.writer import StoreWriter
+
+with StoreWriter(sys.argv[1], StoreConfig(num_shards=1)) as writer:
+    for index in range(8):  # 32 MB: beyond the map a reader opened the 1 MiB shard with
+        values = np.random.default_rng(index).normal(size=(500_000,))
+        writer.put("features", f"big{index}", encode_record(f"big{index}", {"x": values}, {}, "fp", "ih", 1, 0))
+    writer.finish()
+"""
+
+
+def test_readers_follow_a_map_a_writer_grew(tmp_path):
+    seed = random_seed()
+    build_cache(tmp_path, ["a"], seed, num_shards=1, map_size_bytes=1 << 20)
+    with StoreReader(tmp_path) as reader:
+        assert_record_matches(reader.get_record("features", "a"), "a", seed)
+        result = subprocess.run([sys.executable, "-c", _BIG_RECORDS, str(tmp_path)], capture_output=True, text=True,
+                                env=child_env(), timeout=300)
+        assert result.returncode == 0, result.stderr
+        for index in range(8):
+            values = reader.get_record("features", f"big{index}").arrays["x"]
+            np.testing.assert_array_equal(values, np.random.default_rng(index).normal(size=(500_000,)))
+
+
+def test_sealed_shards_are_read_without_a_reader_table_and_never_written(tmp_path):
+    seed = random_seed()
+    cache = tmp_path / "cache"
+    build_cache(cache, ["a", "b"], seed, num_shards=2)
+    for lock_file in cache.glob("*.lmdb-lock"):
+        lock_file.unlink()
+    with StoreReader(cache) as reader:  # a local cache: its readers join the reader table
+        assert_record_matches(reader.get_record("features", "a"), "a", seed)
+        assert (cache / (shard_name(shard_of("a", 2)) + "-lock")).is_file()
+    generation = publish(cache, tmp_path / "shared")
+    with StoreReader(generation) as reader:  # sealed: read as is, nothing created beside it
+        assert_record_matches(reader.get_record("features", "b"), "b", seed)
+        assert_record_matches(reader.get_record("features", "a"), "a", seed)
+    assert not list(generation.glob("*-lock"))
+    with pytest.raises(ValueError, match="shard-00000.lmdb is read-only .*generations are never written"):
+        StoreWriter(generation, StoreConfig(num_shards=2))
+
+
+_READ_AS_NOBODY = r"""
+import os, sys, tempfile
+import lmdb
+from featurecache.store.reader import StoreReader
+# Load everything first: user nobody may not read this Python's files.
+with tempfile.TemporaryDirectory() as warm_up:
+    lmdb.open(warm_up).close()
+os.setgid(65534)
+os.setuid(65534)
+with StoreReader(sys.argv[1]) as reader:
+    print(reader.get_record("features", "a").key)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to read as another user")
+def test_a_reader_that_may_not_join_the_reader_table_warns_and_reads(tmp_path):
+    cache = Path(tempfile.mkdtemp(prefix="fc-other-user-"))  # pytest's tmp_path is private to its owner
+    try:
+        os.chmod(cache, 0o755)
+        build_cache(cache, ["a"], random_seed(), num_shards=1)
+        result = subprocess.run([sys.executable, "-c", _READ_AS_NOBODY, str(cache)], capture_output=True,
+                                text=True, env=child_env(), timeout=120)
+    finally:
+        shutil.rmtree(cache)
+    assert result.returncode == 0 and result.stdout.strip() == "a", result.stderr
+    assert "cannot join LMDB's reader table" in result.stderr and "read a published generation" in result.stderr

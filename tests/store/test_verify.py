@@ -8,7 +8,8 @@ import pytest
 from featurecache.config import StoreConfig
 from featurecache.store.codec import CorruptRecordError, pack_plain
 from featurecache.store.layout import shard_name, shard_of
-from featurecache.store.manifest import MANIFEST_NAME, CacheNotFinishedError
+from featurecache.store.manifest import CacheNotFinishedError
+from featurecache.store.update_marker import MARKER_NAME
 from featurecache.store.reader import StoreReader
 from featurecache.store.verify import DamagedRecord, verify_cache
 from featurecache.store.writer import StoreWriter
@@ -93,11 +94,10 @@ def test_changed_missing_and_resized_shard_files_are_reported(tmp_path):
 
 def test_records_removed_behind_the_manifests_back_are_reported(tmp_path):
     keys = _build(tmp_path, 12, random.randrange(1 << 30))
-    manifest_text = (tmp_path / MANIFEST_NAME).read_text()
     removed = keys[5]
     with StoreWriter(tmp_path, StoreConfig(num_shards=NUM_SHARDS)) as writer:
         writer.delete("features", removed)
-    (tmp_path / MANIFEST_NAME).write_text(manifest_text)
+    (tmp_path / MARKER_NAME).unlink()  # no trace of the update that deleted it
     report = verify_cache(tmp_path)
     shard = shard_name(shard_of(removed, NUM_SHARDS))
     assert report.damaged == [DamagedRecord("features", removed, shard, "listed in the manifest but missing")]
