@@ -112,6 +112,24 @@ def without_residue_atoms(text: str, asym: str, seq_id: int) -> str:
     return _text(document)
 
 
+def with_residue_renamed(text: str, asym: str, seq_id: int, comp: str, kind: str) -> str:
+    """mmCIF text where one residue (its atoms and its sequence entry) becomes `comp`, a
+    component of _chem_comp.type `kind` (HETATM rows, as for modified residues)."""
+    document = gemmi.cif.read_string(text)
+    block = document[0]
+    atoms = block.find("_atom_site.", ["label_asym_id", "label_seq_id", "label_comp_id", "auth_comp_id", "group_PDB"])
+    for row in atoms:
+        if (row.str(0), row.str(1)) == (asym, str(seq_id)):
+            row[2] = row[3] = comp
+            row[4] = "HETATM"
+    scheme = block.find("_pdbx_poly_seq_scheme.", ["asym_id", "seq_id", "mon_id", "pdb_mon_id", "auth_mon_id"])
+    for row in scheme:
+        if (row.str(0), row.str(1)) == (asym, str(seq_id)):
+            row[2] = row[3] = row[4] = comp
+    _add_chem_comp(block, comp, kind)
+    return _text(document)
+
+
 def with_chem_comp_type(path: pathlib.Path, code: str, kind: str) -> str:
     document = _document(path)
     _add_chem_comp(document[0], code, kind)

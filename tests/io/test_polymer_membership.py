@@ -10,6 +10,7 @@ from tests.io.structure_edits import (
     as_separate_entity,
     rna_with_5prime_gtp,
     with_chem_comp_type,
+    with_residue_renamed,
     with_sequence_extended,
     without_label_seq_id,
 )
@@ -95,3 +96,30 @@ def test_ligand_after_the_last_residue_stays_a_ligand(shared_data):
 @pytest.mark.parametrize("name", ["209d-assembly1.cif", "721p-assembly1.cif", "7a4d-assembly1.cif", "2q2k.cif"])
 def test_every_sample_holds_each_atom_once(shared_data, name):
     _held_once(read_mmcif(shared_data / "structures" / name))
+
+
+@pytest.mark.parametrize("where", ["first", "inside", "last"])
+@pytest.mark.parametrize(
+    ("sample", "asym", "comp"),
+    [("721p", "A", "SEP"), ("2q2k", "A", "5CM"), ("gtp-rna", "B", "PSU")],
+    ids=["protein", "dna", "rna"],
+)
+def test_modified_residue_typed_non_polymer_anywhere_in_a_chain(shared_data, sample, asym, comp, where):
+    """A modified residue that a processed file types 'non-polymer' (phosphoserine, 5-methyl-dC,
+    pseudouridine) at the first, a middle or the last position of a protein, DNA and RNA chain:
+    the polymer's residue, held once, with its atoms."""
+    if sample == "gtp-rna":
+        text = rna_with_5prime_gtp(shared_data)
+    else:
+        text = (shared_data / "structures" / {"721p": "721p-assembly1.cif", "2q2k": "2q2k.cif"}[sample]).read_text()
+    original = parse_mmcif(text, "original.cif")
+    chain = original.chain(asym)
+    resolved = [i for i, r in enumerate(chain.residues) if r.is_resolved]
+    index = {"first": resolved[0], "inside": resolved[len(resolved) // 2], "last": resolved[-1]}[where]
+    seq_id = chain.residues[index].seq_id
+    edited = parse_mmcif(with_residue_renamed(text, asym, seq_id, comp, "non-polymer"), "edited.cif")
+    assert [c.chain_id for c in edited.chains] == [c.chain_id for c in original.chains]
+    residue = edited.chain(asym).residues[index]
+    assert residue.name == comp and residue.atom_names == chain.residues[index].atom_names
+    assert len(edited.chain(asym).residues) == len(chain.residues)
+    _held_once(edited)
