@@ -16,12 +16,13 @@ import argparse
 import json
 import pathlib
 
-CONFIG = pathlib.Path(__file__).resolve().parents[1] / "featurecache" / "kernels" / "configs" / "fused_ops.json"
+from harness import REPO
+
+CONFIG = REPO / "featurecache" / "kernels" / "configs" / "fused_ops.json"
 
 
 def merge(table: dict, device: str, winners: dict, only: set[str]) -> list[str]:
     """Put `winners` ({op: {kernel: config}}) into `table` under `device`; returns what changed."""
-    entry = table.setdefault(device, {})
     changed = []
     for op, kernels in winners.items():
         if op not in table["default"]:
@@ -29,7 +30,7 @@ def merge(table: dict, device: str, winners: dict, only: set[str]) -> list[str]:
         for kernel, config in kernels.items():
             if only and kernel not in only and f"{op}.{kernel}" not in only:
                 continue
-            entry.setdefault(op, {})[kernel] = config
+            table.setdefault(device, {}).setdefault(op, {})[kernel] = config
             changed.append(f"{op}.{kernel}: {config}")
     return changed
 
@@ -49,6 +50,7 @@ def main() -> None:
             parser.error("no GPU here: name the entry with --device")
         device = torch.cuda.get_device_name()
     table = json.loads(CONFIG.read_text())
+    changed_any = False
     for path in args.sweeps:
         try:
             winners = json.loads(path.read_text())
@@ -58,9 +60,25 @@ def main() -> None:
             changed = merge(table, device, winners, set(args.kernels))
         except ValueError as error:
             parser.error(f"{path}: {error}")
+        changed_any |= bool(changed)
         for line in changed:
             print(f"{device}: {line}")
-    CONFIG.write_text(json.dumps(table, indent=2) + "\n")
+    if not changed_any:
+        parser.error(f"nothing to apply (kernels named: {args.kernels or 'all'})")
+    CONFIG.write_text(layout(table))
+
+
+def layout(table: dict) -> str:
+    """The file's own layout: one line per kernel's config, so a change reads as one line in a diff."""
+    def block(mapping: dict, indent: int, depth: int) -> str:
+        pad = " " * indent
+        lines = []
+        for key, value in mapping.items():
+            text = block(value, indent + 2, depth + 1) if isinstance(value, dict) and depth < 2 else json.dumps(value)
+            lines.append(f"{pad}  {json.dumps(key)}: {text}")
+        return "{\n" + ",\n".join(lines) + f"\n{pad}}}"
+
+    return block(table, 0, 0) + "\n"
 
 
 if __name__ == "__main__":

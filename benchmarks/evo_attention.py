@@ -17,7 +17,6 @@ Inputs are bf16 with 10 % key padding (the last tenth of the keys masked in ever
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
 import pathlib
@@ -42,11 +41,9 @@ from featurecache.kernels.evo_attention import (
     evo_attention_forward,
     select_config,
 )
+from featurecache.kernels.evo_attention import config as evo_config
 from featurecache.kernels.reference import evo_attention_reference
 from featurecache.testing.compare import rel_error
-
-# the module (its config file and caches), which the package's `evo_attention` function shadows
-evo_module = importlib.import_module("featurecache.kernels.evo_attention")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.bfloat16
@@ -326,21 +323,21 @@ def tune(cases: list[Case], budget_s: float, log: dict) -> dict[tuple[int, int],
 
 def write_config(best: dict[tuple[int, int], EvoAttentionConfig], out_dir: pathlib.Path) -> None:
     """Merge tuned entries into the config file: other GPUs and untuned shape classes are kept."""
-    path = evo_module._CONFIG_FILE
+    path = evo_config.CONFIG_FILE
     data = json.loads(path.read_text()) if path.is_file() else {"gpus": {}}
     gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke test)"
     by_class = {(e["head_dim_max"], e["seq_len_max"]): e for e in data.get("gpus", {}).get(gpu, [])}
     for (dim, length), config in best.items():
         by_class[(dim, length)] = {
             "head_dim_max": dim, "seq_len_max": length,
-            **{name: dataclasses.asdict(getattr(config, name)) for name in evo_module._KERNEL_NAMES},
+            **{name: dataclasses.asdict(getattr(config, name)) for name in evo_config.KERNEL_NAMES},
         }
     if max(dim for dim, _ in by_class) < 128:
         # Head dims above the largest tuned class fall back to the heuristic's tiles for 128.
-        fallback = evo_module._heuristic_config(128, 1_000_000, interpreted=False)
+        fallback = evo_config.heuristic_config(128, 1_000_000, interpreted=False)
         by_class[(128, 1_000_000)] = {
             "head_dim_max": 128, "seq_len_max": 1_000_000,
-            **{name: dataclasses.asdict(getattr(fallback, name)) for name in evo_module._KERNEL_NAMES},
+            **{name: dataclasses.asdict(getattr(fallback, name)) for name in evo_config.KERNEL_NAMES},
         }
     entries = [by_class[key] for key in sorted(by_class)]
     data.setdefault("gpus", {})[gpu] = entries
@@ -349,8 +346,8 @@ def write_config(best: dict[tuple[int, int], EvoAttentionConfig], out_dir: pathl
     if DEVICE == "cuda":
         # The timing step then runs with the configs just chosen, as a training run would.
         path.write_text(text)
-        evo_module._load_tuned_configs.cache_clear()
-        evo_module._select_config_cached.cache_clear()
+        evo_config.load_tuned_configs.cache_clear()
+        evo_config.select_config_cached.cache_clear()
 
 
 # ---------------------------------------------------------------------------------------------

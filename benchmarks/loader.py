@@ -29,9 +29,10 @@ from harness import REPO, argument_parser, host_median_ms, run_stamp
 from records import Row, record
 
 from featurecache import CacheDataset
-from featurecache.config import FeatureConfig
+from featurecache.config import FeatureConfig, SampleConfig
 from featurecache.features.featurize import featurize_from_files
 from featurecache.io import AlignmentIndex, read_mmcif
+from featurecache.loader import crop_sample
 from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 from featurecache.schema import FEATURES_TABLE
 
@@ -53,14 +54,15 @@ def main() -> None:
     cache = work / "cache"
     precompute(PrecomputeOptions(inputs=[DATA / "structures"], cache_dir=cache, alignments_dir=DATA / "alignments",
                                  executor="inline", progress=False))
-    dataset = CacheDataset(cache, crop_size=CROP_SIZE, max_msa_rows=MSA_ROWS, seed=0)
+    # every way ends in the same crop: the dataset's, drawn from (seed, epoch 0, position)
+    sample = SampleConfig(crop_size=CROP_SIZE, msa_rows_per_sample=MSA_ROWS, seed=0)
+    dataset = CacheDataset(cache, sample)
     index = AlignmentIndex(DATA / "alignments")
     structure_files = {read_mmcif(path).id: path for path in sorted((DATA / "structures").iterdir())}
     config = FeatureConfig()
 
     rows = []
     for position, target_id in enumerate(dataset.ids):
-        rng_seed = [0, 0, position]
         path = next(p for p in structure_files.values() if dataset.ids[position] in p.name.lower())
 
         # The same features as a gzipped np.save pickle (MegaFold's per-example file).
@@ -75,12 +77,12 @@ def main() -> None:
 
         def from_text():
             features, _ = featurize_from_files(path, index, config)
-            return dataset.crop_sample(target_id, features, np.random.default_rng(rng_seed))
+            return crop_sample(target_id, features, sample, 0, position)
 
         def from_pickle():
             with gzip.open(pickle_path, "rb") as handle:
                 loaded = np.load(handle, allow_pickle=True).item()
-            return dataset.crop_sample(target_id, loaded["arrays"], np.random.default_rng(rng_seed))
+            return crop_sample(target_id, loaded["arrays"], sample, 0, position)
 
         def from_cache():
             return dataset[position]

@@ -38,7 +38,7 @@ import torch  # noqa: E402
 from harness import Table, argument_parser, extra_peak_mib, graph_ms, poison_allocator, run_stamp, time_ms  # noqa: E402
 from records import Row, record  # noqa: E402
 
-from featurecache.kernels import _common  # noqa: E402
+from featurecache.kernels import runtime  # noqa: E402
 from featurecache.testing.compare import rel_error  # noqa: E402
 
 DTYPE = torch.bfloat16  # modules and inputs, unless a case's inputs say otherwise
@@ -136,7 +136,7 @@ def sweep(bench: OpBenchmark, module, inputs, others, grad_outs, winners: contex
     for kernel, candidates in bench.sweeps.items():
         timings = []
         for variant in [{}, *candidates[:variants_per_kernel]]:
-            with _common.override_config(bench.op, kernel, **variant):
+            with runtime.override_config(bench.op, kernel, **variant):
                 try:
                     _step(module, leaves, others, grad_outs)
                     ms = time_ms(lambda: _step(module, leaves, others, grad_outs), warmup_ms=10, rep_ms=40,
@@ -144,14 +144,14 @@ def sweep(bench: OpBenchmark, module, inputs, others, grad_outs, winners: contex
                 except Exception as error:  # a variant may exceed shared memory or registers
                     print(f"  {bench.op}.{kernel} {variant}: failed ({type(error).__name__}: {str(error)[:120]})")
                     continue
-                config = _common.kernel_config(bench.op, kernel)
+                config = runtime.kernel_config(bench.op, kernel)
             timings.append((ms, config))
             print(f"  {bench.op}.{kernel} {config}: {ms:.3f} ms")
         if timings:
             ms, config = min(timings, key=lambda item: item[0])
             best[kernel] = config
             print(f"  best {bench.op}.{kernel}: {config} ({ms:.3f} ms)")
-            winners.enter_context(_common.override_config(bench.op, kernel, **config))
+            winners.enter_context(runtime.override_config(bench.op, kernel, **config))
     return best
 
 
