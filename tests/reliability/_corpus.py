@@ -109,7 +109,7 @@ def build_corpus(shared_data: Path, inputs: Path, alignments: Path, rng: random.
         f"ATOM  {i + 1:5d}  CA  ALA A{i + 1:4d}    {i * 3.8:8.3f}{0.0:8.3f}{0.0:8.3f}  1.00  0.00           C\n"
         for i in range(20))
     add("pdb_format.cif", "HEADER    TEST\n" + pdb_lines + "END\n", BadInput(
-        "pdb_format", "PDB-format ATOM records named .cif", "error", ("pdb_format.cif", "invalid mmCIF")))
+        "pdb_format", "PDB-format ATOM records named .cif (read as PDB by content)", "cached", ()))
     add("header_only.cif", "data_1abc\n_entry.id 1ABC\n", BadInput(
         "header_only", "mmCIF with a header and no atoms", "error", ("header_only.cif", "_atom_site")))
     no_x = re.sub(r"_atom_site\.Cartn_x", "_atom_site.Cartn_q", small_cif, count=1)
