@@ -195,11 +195,10 @@ def run_case(bench: OpBenchmark, case: Case, device: torch.device, smoke: bool, 
     for name, module in providers.items():
         ms, replay_ms, mib = measure(module, inputs, others, grad_outs)
         print(f"  {name}: {ms:.3f} ms, graph {replay_ms:.3f} ms, {mib:.0f} MiB")
-        rows += [Row(bench.op, name, case.shape, "fwd+bwd ms", ms), Row(bench.op, name, case.shape, "graph replay ms",
-                 replay_ms), Row(bench.op, name, case.shape, "extra peak MiB", mib)]
+        numbers = {"fwd+bwd ms": ms, "graph replay ms": replay_ms, "extra peak MiB": mib}
         if name in errors:
-            rows += [Row(bench.op, name, case.shape, "err out", errors[name]["out"]),
-                     Row(bench.op, name, case.shape, "err worst grad", errors[name]["grad"])]
+            numbers.update({"err out": errors[name]["out"], "err worst grad": errors[name]["grad"]})
+        rows += [Row(bench.op, name, case.shape, metric, value) for metric, value in numbers.items()]
     return rows, winners_found, errors["ok"]
 
 
