@@ -37,7 +37,11 @@ def file_sha256(path, chunk_size: int = 1 << 20) -> str:
 # Feature settings renamed since caches were first written: old name -> new name. The pipeline
 # TOML still reads the old name (with a warning), and fingerprints hash the old name, so that a
 # rename leaves every existing record current.
-FEATURE_RENAMES = {"max_msa_rows": "msa_rows_stored"}
+FEATURE_RENAMES = {
+    "max_msa_rows": "msa_rows_stored",
+    "max_templates": "max_templates_stored",
+    "template_max_release_gap_days": "template_release_gap_days",
+}
 
 
 @dataclass(frozen=True)
@@ -46,13 +50,22 @@ class FeatureConfig:
 
     msa_rows_stored: int = 16384       # rows of each target's assembled MSA stored (query included)
     max_paired_rows: int = 8192        # rows paired by species across chains
-    max_templates: int = 4             # templates featurized per target
-    max_template_hits: int = 20        # template hits considered per chain
-    template_max_release_gap_days: int = 0  # template must be released before the target minus this
-    min_template_align_ratio: float = 0.1   # AlphaFold: hit must cover >= 10 % of the query
+    # Templates (AF3 SI 2.4): up to 20 hits per chain pass the filters and are stored; the loader
+    # draws up to SampleConfig.max_templates of them per sample.
+    max_templates_stored: int = 20     # filtered template hits stored per chain (was max_templates)
+    max_template_hits: int = 100       # hits examined per chain, in file order (bounds template files read)
+    template_release_gap_days: int = 60  # AF3: template released at least this long before the target
+    min_template_align_ratio: float = 0.1   # AlphaFold: hit must cover > 10 % of the query
     max_template_subsequence_ratio: float = 0.95  # AlphaFold: drop near-identical subsequences
+    min_template_hit_length: int = 10  # AF3: drop hits of fewer template residues
+    deduplicate_templates: bool = True  # AF3: of hits placing the same residues on the query, keep the first
     drop_hydrogens: bool = True
     zstd_level: int = 3                # 0 disables compression
+
+    def __post_init__(self) -> None:
+        for name in ("max_templates_stored", "max_template_hits", "template_release_gap_days", "min_template_hit_length"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
     def fingerprint_fields(self) -> dict:
         """The settings as fingerprints hash them: renamed ones under their old names."""
@@ -87,8 +100,10 @@ class SampleConfig:
     crop_size: int | None = 384          # tokens per sample (AF3's initial training crop); None: whole targets
     msa_rows_per_sample: int = 1024      # MSA rows drawn from the stored ones, query first
     spatial_crop_prob: float = 0.5       # chance of a spatial crop (else contiguous), as in AF3
-    max_templates: int | None = None     # templates per sample; None: as many as the records hold
-    seed: int = 0                        # crops and MSA rows are drawn from (seed, epoch, index)
+    max_templates: int | None = 4        # templates per chain and sample (AF3: 4); None: every stored one
+    random_templates: bool = True        # AF3 training: a random count and choice of each chain's stored
+                                         # templates; False: the first (best-ranked) ones, as at inference
+    seed: int = 0                        # crops, MSA rows and templates are drawn from (seed, epoch, index)
 
     def __post_init__(self) -> None:
         for name in ("crop_size", "msa_rows_per_sample", "max_templates"):
@@ -100,6 +115,8 @@ class SampleConfig:
         if self.msa_rows_per_sample < 1:
             raise ValueError(f"msa_rows_per_sample must be at least 1, got {self.msa_rows_per_sample}")
         if self.max_templates is not None and self.max_templates < 0:
-            raise ValueError(f"max_templates must be >= 0 (or None for all stored), got {self.max_templates}")
+            raise ValueError(f"max_templates must be >= 0 (or None for every stored one), got {self.max_templates}")
+        if not isinstance(self.random_templates, bool):
+            raise ValueError(f"random_templates must be True or False, got {self.random_templates!r}")
         if not 0.0 <= self.spatial_crop_prob <= 1.0:
             raise ValueError(f"spatial_crop_prob must be in [0, 1], got {self.spatial_crop_prob}")

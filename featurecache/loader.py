@@ -18,6 +18,7 @@ import torch
 
 from featurecache.config import SampleConfig
 from featurecache.features import crop as cropping
+from featurecache.features.templates import sample_templates
 from featurecache.schema import FEATURES, FEATURES_BY_NAME, FEATURES_TABLE, GAP
 from featurecache.store.codec import CorruptRecordError
 from featurecache.store.manifest import read_manifest
@@ -25,6 +26,8 @@ from featurecache.store.publish import resolve_generation
 from featurecache.store.reader import StoreReader
 
 log = logging.getLogger(__name__)
+
+_TEMPLATE_STREAM = 1  # fourth seed word of the template draws (crops and MSA rows use three)
 
 # Padding value per array in `collate`; everything not listed pads with zeros / False.
 _PAD_VALUES = {"msa": GAP, "template_restype": GAP, "restype": GAP}
@@ -84,9 +87,11 @@ class CacheDataset(torch.utils.data.Dataset):
 
     Each item is one target cut as `sample` (a SampleConfig) says: cropped to `crop_size` tokens
     (contiguous or spatial, AF3's recipe, spatial with probability `spatial_crop_prob`), with at
-    most `msa_rows_per_sample` MSA rows (query first) and `max_templates` templates. The sample
-    settings may also be given as keywords (`CacheDataset(path, crop_size=256, seed=1)`), which
-    override those of `sample`. The crop changes with the epoch: call `set_epoch`
+    most `msa_rows_per_sample` MSA rows (query first) and, per chain, up to `max_templates` of
+    the templates its record stores (drawn at random, or the first ones with
+    `random_templates=False`). The sample settings may also be given as keywords
+    (`CacheDataset(path, crop_size=256, seed=1)`), which override those of `sample`. The crop
+    changes with the epoch: call `set_epoch`
     (DistributedSampler users already do this for the sampler) so that every epoch sees new
     crops, reproducibly per seed, or index with (epoch, index) pairs, as featurecache.training's
     batch sampler does, so that long-lived workers need no set_epoch.
@@ -162,11 +167,16 @@ class CacheDataset(torch.utils.data.Dataset):
 
     @property
     def max_templates(self) -> int:
-        """Templates a sample holds at most: the sample's max_templates, else the most any of
-        these records holds (what precompute stored, read from the manifest)."""
-        if self.sample.max_templates is not None:
-            return self.sample.max_templates
-        return stored_templates(self._info, self.cache_dir)
+        """Template rows a sample holds at most: the sample's max_templates, capped by the most any
+        of these records stores (precompute's count, from the manifest)."""
+        cap = self.sample.max_templates
+        try:
+            stored = stored_templates(self._info, self.cache_dir)
+        except ValueError:
+            if cap is None:
+                raise
+            return cap  # an older manifest without counts: the sample's cap bounds it anyway
+        return stored if cap is None else min(cap, stored)
 
     def num_tokens(self, index: int) -> int:
         return int(self._info[self.ids[index]]["num_tokens"])
@@ -213,27 +223,18 @@ class CacheDataset(torch.utils.data.Dataset):
         raise CorruptRecordError(None, str(self.cache_dir), f"all {len(self)} records are damaged")
 
 
-def _keep_templates(arrays: dict[str, np.ndarray], count: int) -> dict[str, np.ndarray]:
-    """The first `count` templates (rows along every array's ``template`` axis)."""
-    kept = dict(arrays)
-    for spec in FEATURES:
-        if "template" in spec.axes and spec.name in arrays:
-            index = [slice(None)] * len(spec.axes)
-            index[spec.axes.index("template")] = slice(0, count)
-            kept[spec.name] = arrays[spec.name][tuple(index)]
-    return kept
-
-
 def crop_sample(target_id: str, arrays: dict[str, np.ndarray], sample: SampleConfig, epoch: int,
                 index: int) -> dict:
     """One training sample from a whole record, drawn from (seed, epoch, index): MSA rows
-    subsampled, templates capped, tokens cropped (spatial with probability
+    subsampled, templates sampled per chain, tokens cropped (spatial with probability
     `spatial_crop_prob`, else contiguous), arrays as torch tensors."""
     rng = np.random.default_rng([sample.seed, epoch, index])
     # Rows first: gathering 1k of 16k MSA rows before cutting columns moves 16x fewer bytes.
     arrays = cropping.subsample_msa(arrays, sample.msa_rows_per_sample, rng)
-    if sample.max_templates is not None:
-        arrays = _keep_templates(arrays, sample.max_templates)
+    # Templates draw from their own stream, so the crop of a (seed, epoch, index) does not depend
+    # on how many templates a record stores.
+    template_rng = np.random.default_rng([sample.seed, epoch, index, _TEMPLATE_STREAM])
+    arrays = sample_templates(arrays, sample.max_templates, template_rng if sample.random_templates else None)
     num_tokens = arrays["restype"].shape[0]
     crop_size = sample.crop_size
     if crop_size is not None and num_tokens > crop_size:

@@ -60,10 +60,10 @@ class OnlineDataset(torch.utils.data.Dataset):
 
     @property
     def max_templates(self) -> int:
-        """Templates a sample holds at most: the sample's max_templates, else what featurization keeps."""
-        if self.sample.max_templates is not None:
-            return self.sample.max_templates
-        return self.feature_config.max_templates
+        """Template rows a sample holds at most: the sample's max_templates, capped by what
+        featurization stores per chain."""
+        stored = self.feature_config.max_templates_stored
+        return stored if self.sample.max_templates is None else min(self.sample.max_templates, stored)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

@@ -6,7 +6,11 @@ A record holds one target (a whole, uncropped biological assembly). Axis names:
   ligand, ion or non-polymer is one token.
 - ``atom``: A heavy atoms (hydrogens are dropped).
 - ``msa``: M rows of the assembled MSA, the query first.
-- ``template``: T templates.
+- ``template``: T template rows. Templates are per chain (AF-Multimer / AF3 layout): row t holds
+  the t-th template of every chain in that chain's token columns (GAP / 0 elsewhere), and
+  ``template_count`` says how many rows hold templates of each token's chain. A record stores
+  up to FeatureConfig.max_templates_stored (20) per chain, so T is the largest count of any
+  chain; the loader samples up to SampleConfig.max_templates (4) per chain from them.
 - fixed sizes are written as integers.
 
 The loader crops along ``token`` / ``atom`` and subsamples along ``msa`` using these axes, and
@@ -93,6 +97,7 @@ FEATURES: tuple[ArraySpec, ...] = (
     _spec("msa_profile", np.float32, ["token", NUM_RESTYPES], "class distribution over all MSA rows"),
     _spec("deletion_mean", np.float32, ["token"], "mean deletion count over all MSA rows"),
     # --- templates ---------------------------------------------------------------------
+    _spec("template_count", np.int16, ["token"], "template rows holding templates of this token's chain (rows 0..count-1, best hit first; 0 for non-protein chains)"),
     _spec("template_restype", np.int8, ["template", "token"], "template residue class aligned to the target (GAP where unaligned)"),
     _spec("template_backbone_pos", np.float32, ["template", "token", 3, 3], "template N, CA, C positions"),
     _spec("template_backbone_mask", np.bool_, ["template", "token", 3], "template N, CA, C present"),
@@ -114,9 +119,9 @@ METADATA_FIELDS = {
     "num_tokens": "N",
     "num_atoms": "A",
     "msa_depth": "M",
-    "num_templates": "T",
+    "num_templates": "T: template rows stored, the most templates any chain holds (a sample uses up to SampleConfig.max_templates per chain)",
     "warnings": "list of warning strings (e.g. chain with no alignment)",
-    "template_names": "templates used, '<chain id>:<pdb id>_<chain>', in template row order per chain",
+    "template_names": "templates stored, '<chain id>:<pdb id>_<chain>', in template row order per chain",
     "template_hits_without_coordinates": "template hits skipped because their structure was not available",
 }
 

@@ -210,15 +210,64 @@ def template_cache(tmp_path_factory, shared_data):
 
 
 def test_templates_per_sample_come_from_the_manifest(template_cache, sample_cache):
-    whole = CacheDataset(template_cache, crop_size=None)
-    (target,) = whole.ids
-    held = whole.load_arrays(target)[0]["template_restype"].shape[0]
-    assert whole.max_templates == held == 4  # the manifest's count, as precompute stored it
+    every = CacheDataset(template_cache, crop_size=None, max_templates=None, random_templates=False)
+    (target,) = every.ids
+    arrays, meta = every.load_arrays(target)
+    # all six hits with resolved structures are stored (not four), and the FASTA target's
+    # missing release date is a warning, since nothing could be filtered by date
+    assert arrays["template_restype"].shape[0] == 6 == every.max_templates  # the manifest's count
+    assert any("no release date" in note for note in meta["warnings"])
+    assert CacheDataset(template_cache).max_templates == 4  # AF3's per-sample cap, below what is stored
     assert CacheDataset(sample_cache).max_templates == 0  # no template structures for these hits
-    capped = CacheDataset(template_cache, crop_size=None, msa_rows_per_sample=4, max_templates=2)
+    capped = CacheDataset(template_cache, crop_size=None, msa_rows_per_sample=4, max_templates=2,
+                          random_templates=False)
     assert capped.max_templates == 2
-    first, all_rows = capped[0], whole[0]
+    first, all_rows = capped[0], every[0]
     for name in ("template_restype", "template_backbone_pos", "template_pseudo_beta_mask"):
         assert first[name].shape[0] == 2 and torch.equal(first[name], all_rows[name][:2]), name
+    assert torch.all(first["template_count"] == 2) and torch.all(all_rows["template_count"] == 6)
     batch = collate([first], pad_to={"token": 80, "msa": 4, "template": capped.max_templates})
     assert batch["template_mask"].tolist() == [[True, True]]
+
+
+def _stored_row(stored: dict, sample: dict, row: int) -> int:
+    """The stored template that row `row` of a sample is (each stored row is a different hit)."""
+    matches = [index for index in range(stored["template_restype"].shape[0])
+               if torch.equal(sample["template_restype"][row], stored["template_restype"][index])
+               and torch.equal(sample["template_backbone_pos"][row], stored["template_backbone_pos"][index])]
+    assert len(matches) == 1, f"sampled row {row} matches stored rows {matches}"
+    return matches[0]
+
+
+def test_sampled_templates_are_stored_ones_vary_by_epoch_and_repeat_by_seed(template_cache):
+    stored = CacheDataset(template_cache, crop_size=None, max_templates=None, random_templates=False)[0]
+    dataset = CacheDataset(template_cache, crop_size=None, seed=5)
+    again = CacheDataset(template_cache, crop_size=None, seed=5)
+    draws = []
+    for epoch in range(16):
+        sample = dataset[(epoch, 0)]
+        count = sample["template_restype"].shape[0]
+        assert count <= 4 and torch.all(sample["template_count"] == count)
+        rows = [_stored_row(stored, sample, row) for row in range(count)]
+        assert len(set(rows)) == count  # drawn without replacement
+        draws.append(tuple(rows))
+        repeat = again[(epoch, 0)]
+        for name in ("template_restype", "template_pseudo_beta_pos", "template_count"):
+            assert torch.equal(repeat[name], sample[name]), name
+    assert len(set(draws)) >= 4  # the draw changes with the epoch
+    assert max(len(rows) for rows in draws) == 4 and min(len(rows) for rows in draws) < 4  # AF3: a random count
+    other_seed = [tuple(_stored_row(stored, s, r) for r in range(s["template_restype"].shape[0]))
+                  for s in (CacheDataset(template_cache, crop_size=None, seed=6)[(epoch, 0)] for epoch in range(16))]
+    assert other_seed != draws
+
+
+def test_inference_takes_the_first_templates_and_crops_do_not_depend_on_templates(template_cache):
+    stored = CacheDataset(template_cache, crop_size=None, max_templates=None, random_templates=False)[0]
+    first = CacheDataset(template_cache, crop_size=None, random_templates=False)
+    for epoch in range(3):
+        sample = first[(epoch, 0)]
+        assert [_stored_row(stored, sample, row) for row in range(4)] == [0, 1, 2, 3]
+    # the template draw has its own random stream: the same crops with any template setting
+    crops = [CacheDataset(template_cache, crop_size=30, seed=2, **options)[(1, 0)]["token_index"]
+             for options in ({}, {"max_templates": None}, {"random_templates": False}, {"max_templates": 0})]
+    assert all(torch.equal(crop, crops[0]) for crop in crops)

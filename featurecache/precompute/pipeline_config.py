@@ -345,7 +345,10 @@ def _dataclass_from_table(reader: _TomlReader, cls, values: Mapping, key: str):
             matches = True
         if not matches:
             raise reader.fail(f"{key}.{name}", f"expected {expected.__name__}, got {value!r}")
-    return cls(**{name: (float(v) if type(getattr(defaults, name)) is float else v) for name, v in values.items()})
+    try:
+        return cls(**{name: (float(v) if type(getattr(defaults, name)) is float else v) for name, v in values.items()})
+    except ValueError as error:  # a value out of its range (the dataclass's own check names the setting)
+        raise reader.fail(key, str(error)) from None
 
 
 # --- database files and fingerprints -----------------------------------------------------------

@@ -57,9 +57,8 @@ def _old_msa_rows_flag(ctx: click.Context, param: click.Parameter, value: int | 
               help="Deprecated spelling of --msa-rows-per-sample.")
 @click.option("--spatial-crop-prob", default=SampleConfig.spatial_crop_prob, show_default=True,
               type=click.FloatRange(0.0, 1.0), help="Chance that a sample's crop is spatial (else contiguous).")
-@click.option("--max-templates", type=NON_NEGATIVE,
-              help="Templates per sample (the first ones kept) [default: as many as the cache's records hold, "
-                   "from its manifest].")
+@click.option("--max-templates", default=SampleConfig.max_templates, show_default=True, type=NON_NEGATIVE,
+              help="Templates per chain and sample, drawn at random (AF3) from those the cache stores.")
 @click.option("--batch-size", default=TrainConfig.batch_size, show_default=True, type=POSITIVE,
               help="Samples per step and rank.")
 @click.option("--lr", default=TrainConfig.lr, show_default=True, type=click.FloatRange(min=0.0, min_open=True),

@@ -112,7 +112,7 @@ mmcif_dir = "no_such_folder"
         ("[[databases]]\nname = 'a'\ntool = 'jackhmmer'\npath = 'x'\nmolecule_types = ['rna']\n",
          "databases[0].molecule_types", "cannot search rna"),
         ("[templates]\nmsa_database = 'uniref'\n", "templates.msa_database", "no database named"),
-        ("[features]\nmax_templates = 'four'\n", "features.max_templates", "expected int"),
+        ("[features]\nmax_templates_stored = 'four'\n", "features.max_templates_stored", "expected int"),
         ("[features]\nmax_msa_row = 5\n", "features.max_msa_row", "unknown key"),
         ("[features]\nmax_msa_rows = 5\nmsa_rows_stored = 6\n", "features.max_msa_rows", "keep only features.msa_rows_stored"),
         ("[store]\nnum_shards = true\n", "store.num_shards", "expected int"),
@@ -143,12 +143,12 @@ def test_settings_are_parsed(tmp_path):
     config = parse_pipeline_config({
         "search": {"threads": 3, "timeout_s": 60},
         "tools": {"hhblits": {"threads": 6, "flags": ["-n", "1"], "extra_flags": ["-v", "0"]}},
-        "features": {"max_templates": 2, "min_template_align_ratio": 1},
+        "features": {"max_templates_stored": 2, "min_template_align_ratio": 1},
         "store": {"num_shards": 9},
     }, base_dir=tmp_path)
     assert config.tool_settings("hhblits") == ToolSettings(None, 6, 60.0, ("-n", "1"), ("-v", "0"))
     assert config.tool_settings("nhmmer") == ToolSettings(None, 3, 60.0, None, ())
-    assert config.features.max_templates == 2 and config.features.min_template_align_ratio == 1.0
+    assert config.features.max_templates_stored == 2 and config.features.min_template_align_ratio == 1.0
     assert config.store.num_shards == 9
     assert config.make_tool("hhblits").flags == ("-n", "1", "-v", "0")
 
