@@ -19,6 +19,7 @@ import torch
 from featurecache.config import SampleConfig
 from featurecache.features import crop as cropping
 from featurecache.features.templates import sample_templates
+from featurecache.features.templates import sample_templates
 from featurecache.schema import FEATURES, FEATURES_BY_NAME, FEATURES_TABLE, GAP
 from featurecache.store.codec import CorruptRecordError
 from featurecache.store.manifest import read_manifest
@@ -26,6 +27,8 @@ from featurecache.store.publish import resolve_generation
 from featurecache.store.reader import StoreReader
 
 log = logging.getLogger(__name__)
+
+_TEMPLATE_STREAM = 1  # fourth seed word of the template draws (crops and MSA rows use three)
 
 _TEMPLATE_STREAM = 1  # fourth seed word of the template draws (crops and MSA rows use three)
 

@@ -98,6 +98,7 @@ FEATURES: tuple[ArraySpec, ...] = (
     _spec("deletion_mean", np.float32, ["token"], "mean deletion count over all MSA rows"),
     # --- templates ---------------------------------------------------------------------
     _spec("template_count", np.int16, ["token"], "template rows holding templates of this token's chain (rows 0..count-1, best hit first; 0 for non-protein chains)"),
+    _spec("template_count", np.int16, ["token"], "template rows holding templates of this token's chain (rows 0..count-1, best hit first; 0 for non-protein chains)"),
     _spec("template_restype", np.int8, ["template", "token"], "template residue class aligned to the target (GAP where unaligned)"),
     _spec("template_backbone_pos", np.float32, ["template", "token", 3, 3], "template N, CA, C positions"),
     _spec("template_backbone_mask", np.bool_, ["template", "token", 3], "template N, CA, C present"),

@@ -52,6 +52,7 @@ def featurize_target(
     report = TemplateReport()
     arrays.update(build_template_features(structure, tokens, chain_template_hits, config, template_dir, report))
     notes.extend(report.warnings)
+    notes.extend(report.warnings)
     schema.check_record(arrays, where=f"{structure.id} ({structure.source})")
     metadata = {
         "id": structure.id,

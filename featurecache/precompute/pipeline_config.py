@@ -346,7 +346,10 @@ def _dataclass_from_table(reader: _TomlReader, cls, values: Mapping, key: str):
         if not matches:
             raise reader.fail(f"{key}.{name}", f"expected {expected.__name__}, got {value!r}")
     try:
+        try:
         return cls(**{name: (float(v) if type(getattr(defaults, name)) is float else v) for name, v in values.items()})
+    except ValueError as error:  # a value out of its range (the dataclass's own check names the setting)
+        raise reader.fail(key, str(error)) from None
     except ValueError as error:  # a value out of its range (the dataclass's own check names the setting)
         raise reader.fail(key, str(error)) from None
 
