@@ -82,6 +82,33 @@ class FeatureConfig:
         return fingerprint(f"FeatureConfig({settings})")
 
 
+CONFORMER_FORCE_FIELDS = ("mmff", "none")
+
+
+@dataclass(frozen=True)
+class ChemConfig:
+    """The chemistry a record's atoms and reference conformers come from (the ``[chem]`` table).
+
+    All of it goes into feature fingerprints, the CCD by its content (chem.Ccd.version), not by
+    its path; the conformer settings also key the ``conformers`` table (chem.conformer_key).
+    """
+
+    ccd_path: str | None = None         # a newer components.cif[.gz] from wwPDB; None: biotite's bundled CCD
+    conformer_seed: int = 0             # RDKit ETKDGv3 random seed
+    conformer_timeout_s: int = 10       # ETKDG gives up after this many seconds (then CCD coordinates); 0: never
+    conformer_max_iterations: int = 0   # ETKDG embedding attempts; 0: RDKit's default
+    conformer_force_field: str = "mmff"  # "mmff": relax the ETKDG conformer with MMFF94; "none": AF3's exact recipe
+
+    def __post_init__(self) -> None:
+        if self.conformer_force_field not in CONFORMER_FORCE_FIELDS:
+            raise ValueError(f"conformer_force_field must be one of {CONFORMER_FORCE_FIELDS}, "
+                             f"got {self.conformer_force_field!r}")
+        for name in ("conformer_seed", "conformer_timeout_s", "conformer_max_iterations"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+
 @dataclass(frozen=True)
 class StoreConfig:
     num_shards: int = 4

@@ -19,7 +19,6 @@ import torch
 from featurecache.config import SampleConfig
 from featurecache.features import crop as cropping
 from featurecache.features.templates import sample_templates
-from featurecache.features.templates import sample_templates
 from featurecache.schema import FEATURES, FEATURES_BY_NAME, FEATURES_TABLE, GAP
 from featurecache.store.codec import CorruptRecordError
 from featurecache.store.manifest import read_manifest
@@ -30,15 +29,15 @@ log = logging.getLogger(__name__)
 
 _TEMPLATE_STREAM = 1  # fourth seed word of the template draws (crops and MSA rows use three)
 
-_TEMPLATE_STREAM = 1  # fourth seed word of the template draws (crops and MSA rows use three)
-
 # Padding value per array in `collate`; everything not listed pads with zeros / False.
-_PAD_VALUES = {"msa": GAP, "template_restype": GAP, "restype": GAP}
+_PAD_VALUES = {"msa": GAP, "template_restype": GAP, "restype": GAP,
+               **{spec.name: -1 for spec in FEATURES if spec.points_to and spec.name != "atom_to_token"}}
 
 # Axes that `collate` pads to the largest size in the batch, and the mask it adds for each.
 _PAD_MASKS = {
     "token": ("token_pad_mask", "restype"),
     "atom": ("atom_pad_mask", "atom_to_token"),
+    "token_bond": ("token_bond_mask", "token_bonds"),
     "msa": ("msa_row_mask", "msa_species"),
     "template": ("template_mask", "template_pseudo_beta_mask"),
 }
@@ -268,8 +267,9 @@ def _pad_to(tensor: torch.Tensor, axes: Iterable[tuple[int, int]], value) -> tor
 def collate(samples: list[dict], pad_to: Mapping[str, int] | None = None) -> dict:
     """Stack samples into a batch, padding token / atom / msa / template axes to the batch max.
 
-    Adds `token_pad_mask` [B, N], `atom_pad_mask` [B, A], `msa_row_mask` [B, M] and
-    `template_mask` [B, T] (True = real), and `id` (list of target ids).
+    Adds `token_pad_mask` [B, N], `atom_pad_mask` [B, A], `token_bond_mask` [B, E],
+    `msa_row_mask` [B, M] and `template_mask` [B, T] (True = real), and `id` (list of target
+    ids). Index arrays (schema `points_to`: token_bonds, frame / distogram atom indices) pad with -1.
 
     `pad_to` ({axis: size}, e.g. {"token": 384, "msa": 1024, "template": 4}) pads those axes to a
     fixed size instead, so every batch has the same shapes (torch.compile then never recompiles,

@@ -3,8 +3,10 @@
 A record holds one target (a whole, uncropped biological assembly). Axis names:
 
 - ``token``: N tokens. A standard residue or nucleotide is one token; each heavy atom of a
-  ligand, ion or non-polymer is one token.
-- ``atom``: A heavy atoms (hydrogens are dropped).
+  ligand, ion, glycan or modified polymer residue is one token.
+- ``atom``: A heavy atoms: every atom of every component from its CCD entry (hydrogens and the
+  leaving atoms AF3 drops left out), resolved in the structure or not (``atom_mask``).
+- ``token_bond``: B bonded token pairs (an edge list: far smaller than N x N).
 - ``msa``: M rows of the assembled MSA, the query first.
 - ``template``: T template rows. Templates are per chain (AF-Multimer / AF3 layout): row t holds
   the t-th template of every chain in that chain's token columns (GAP / 0 elsewhere), and
@@ -13,8 +15,21 @@ A record holds one target (a whole, uncropped biological assembly). Axis names:
   chain; the loader samples up to SampleConfig.max_templates (4) per chain from them.
 - fixed sizes are written as integers.
 
-The loader crops along ``token`` / ``atom`` and subsamples along ``msa`` using these axes, and
-the tests check every record against this table.
+Arrays whose ``points_to`` names an axis hold indices into that axis (-1: none). The loader
+crops along ``token`` / ``atom`` (remapping those indices into the crop: an index tuple whose
+atom or token was cropped away becomes all -1, a ``token_bond`` row is dropped), subsamples
+along ``msa``, and `collate` pads index arrays with -1; a model that wants AF3's dense
+[N, N] token_bonds scatters the edge list after collate. The tests check every record
+against this table.
+
+Schema versions and migration: a record carries the SCHEMA_VERSION it was written with, and
+every feature fingerprint includes it. Records of another version are never read as this one:
+`featurecache precompute` on an older cache names them stale and recomputes them (MSA search
+results, which the schema does not touch, are reused), and a trainer's CacheDataset refuses a
+cache whose manifest has another schema_version, in one line saying to rerun precompute.
+Version 2 (this one) added the AF3 atom inputs (ref_* reference-conformer features, atoms of
+every component from the CCD, token bonds, representative-atom indices) and replaced
+atom_element / atom_charge / atom_name_chars by ref_element / ref_charge / ref_atom_name_chars.
 
 Also here, because every layer that reads or writes records shares them: the store's table
 names (TABLES) and the version numbers a record carries (SCHEMA_VERSION of the arrays,
@@ -27,14 +42,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SCHEMA_VERSION = 1  # the arrays and metadata described below (FEATURES, METADATA_FIELDS)
+SCHEMA_VERSION = 2  # the arrays and metadata described below (FEATURES, METADATA_FIELDS)
 RECORD_FORMAT = 1  # byte layout of an encoded record (featurecache.store.codec)
 
 # The store's tables. Every shard holds all of them; a key lives in the shard shard_of(key).
 MSA_TABLE = "msa"  # per chain sequence (and per database searched): alignments and template hits
 FEATURES_TABLE = "features"  # per target id: the feature record described by FEATURES
 ERRORS_TABLE = "errors"  # per "<stage>/<key>": a failed unit of work, retried by the next run
-TABLES = (MSA_TABLE, FEATURES_TABLE, ERRORS_TABLE)
+# per chem.conformer_key (CCD code + CCD version + generator settings): one reference conformer,
+# computed once and shared by every target that uses the code (chem.CONFORMER_ARRAYS)
+CONFORMERS_TABLE = "conformers"
+TABLES = (MSA_TABLE, FEATURES_TABLE, ERRORS_TABLE, CONFORMERS_TABLE)
 
 # AF3's 32 residue classes: 20 amino acids + unknown, 4 RNA + unknown, 4 DNA + unknown, gap.
 RESTYPES = (
@@ -62,10 +80,11 @@ class ArraySpec:
     dtype: np.dtype
     axes: tuple  # axis names (str) or fixed sizes (int)
     meaning: str
+    points_to: str | None = None  # the axis this array's values index (-1: none)
 
 
-def _spec(name, dtype, axes, meaning):
-    return ArraySpec(name, np.dtype(dtype), tuple(axes), meaning)
+def _spec(name, dtype, axes, meaning, points_to=None):
+    return ArraySpec(name, np.dtype(dtype), tuple(axes), meaning, points_to)
 
 
 FEATURES: tuple[ArraySpec, ...] = (
@@ -82,13 +101,28 @@ FEATURES: tuple[ArraySpec, ...] = (
     _spec("is_ligand", np.bool_, ["token"], "token is a ligand / ion / non-polymer atom"),
     _spec("token_center_pos", np.float32, ["token", 3], "ground-truth centre atom (CA, C1', or the atom itself), Angstrom"),
     _spec("token_center_mask", np.bool_, ["token"], "centre atom resolved"),
+    _spec("distogram_atom_index", np.int32, ["token"],
+          "AF3's distogram / pseudo-beta atom: CB (CA for glycine), C4 of purines, C2 of pyrimidines, "
+          "C1' of an unknown nucleotide, a per-atom token's own atom", "atom"),
+    _spec("frame_atom_index", np.int32, ["token", 3],
+          "frame atoms (a, b, c): N, CA, C; C1', C3', C4'; per-atom tokens: nearest, itself, second nearest "
+          "atom of its residue in the reference conformer; -1 x 3 without a frame (AF3 4.3.2)", "atom"),
+    _spec("token_bonds", np.int32, ["token_bond", 2],
+          "bonded token pairs (i < j): polymer-ligand and ligand-ligand bonds (CCD bonds inside ligands and "
+          "modified residues, _struct_conn covalent links with a ligand atom), none over 2.4 A (AF3 2.8)", "token"),
     # --- atom level --------------------------------------------------------------------
-    _spec("atom_to_token", np.int32, ["atom"], "token index of each atom"),
-    _spec("atom_element", np.int8, ["atom"], "atomic number (0 = unknown element)"),
-    _spec("atom_name_chars", np.uint8, ["atom", 4], "atom name as AF3 encodes it: ord(c) - 32 per character, padded"),
-    _spec("atom_charge", np.int8, ["atom"], "formal charge"),
-    _spec("atom_pos", np.float32, ["atom", 3], "ground-truth position, Angstrom"),
-    _spec("atom_mask", np.bool_, ["atom"], "atom resolved in the structure (present with occupancy > 0)"),
+    _spec("atom_to_token", np.int32, ["atom"], "token index of each atom", "token"),
+    _spec("atom_pos", np.float32, ["atom", 3], "ground-truth position, Angstrom (0 where atom_mask is False)"),
+    _spec("atom_mask", np.bool_, ["atom"], "atom resolved in the experiment (present with occupancy > 0)"),
+    _spec("ref_pos", np.float32, ["atom", 3],
+          "reference conformer of the atom's component (RDKit, else CCD ideal / model coordinates), Angstrom"),
+    _spec("ref_mask", np.bool_, ["atom"],
+          "the atom has a reference position (AF3's 'atom slot used' is atom_pad_mask after collate: a record "
+          "has no empty slots)"),
+    _spec("ref_element", np.int8, ["atom"], "atomic number from the CCD (0 = unknown element)"),
+    _spec("ref_charge", np.int8, ["atom"], "formal charge from the CCD"),
+    _spec("ref_atom_name_chars", np.uint8, ["atom", 4], "atom name as AF3 encodes it: ord(c) - 32 per character, padded"),
+    _spec("ref_space_uid", np.int32, ["atom"], "reference space: one id per (chain, residue) instance, 0-based"),
     # --- MSA ---------------------------------------------------------------------------
     _spec("msa", np.int8, ["msa", "token"], "MSA class per position (RESTYPES index, GAP for gaps)"),
     _spec("deletion_matrix", np.uint8, ["msa", "token"], "number of deleted residues before each position (clipped at 255)"),
@@ -97,7 +131,6 @@ FEATURES: tuple[ArraySpec, ...] = (
     _spec("msa_profile", np.float32, ["token", NUM_RESTYPES], "class distribution over all MSA rows"),
     _spec("deletion_mean", np.float32, ["token"], "mean deletion count over all MSA rows"),
     # --- templates ---------------------------------------------------------------------
-    _spec("template_count", np.int16, ["token"], "template rows holding templates of this token's chain (rows 0..count-1, best hit first; 0 for non-protein chains)"),
     _spec("template_count", np.int16, ["token"], "template rows holding templates of this token's chain (rows 0..count-1, best hit first; 0 for non-protein chains)"),
     _spec("template_restype", np.int8, ["template", "token"], "template residue class aligned to the target (GAP where unaligned)"),
     _spec("template_backbone_pos", np.float32, ["template", "token", 3, 3], "template N, CA, C positions"),
@@ -119,6 +152,7 @@ METADATA_FIELDS = {
     "source_hash": "sha256 of the input file",
     "num_tokens": "N",
     "num_atoms": "A",
+    "conformer_codes": "CCD codes whose reference conformers ref_pos holds (keys of the conformers table)",
     "msa_depth": "M",
     "num_templates": "T: template rows stored, the most templates any chain holds (a sample uses up to SampleConfig.max_templates per chain)",
     "warnings": "list of warning strings (e.g. chain with no alignment)",

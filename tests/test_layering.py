@@ -33,7 +33,7 @@ LAYERS = {
 # layer -> layers it may import (itself always allowed)
 ALLOWED = {
     "base": set(),
-    "io": {"base"},
+    "io": {"base", "chem"},
     "chem": {"base"},
     "features": {"base", "io", "chem"},
     "store": {"base"},

@@ -1,83 +1,38 @@
-"""Atom tables for standard residues, the atoms of non-standard polymer residues, and the AF3
-atom-name encoding.
+"""The atoms of one residue or ligand component, as AF3 featurizes them, and the AF3 atom-name
+encoding.
 
-Standard residues are featurized with a fixed heavy-atom list (the CCD component without
-hydrogens and leaving atoms such as OXT / OP3), so an unresolved residue still has its atoms,
-masked. A non-standard residue of a polymer (a modified residue, a 5' GTP, a cap) takes its
-atoms from its own CCD entry in the same way (`polymer_residue_atoms`). Ligands use the atoms
-present in the model.
+Every component's atoms come from its CCD entry (`conformers.reference_code`), in CCD order:
+heavy atoms only, minus the leaving atoms AF3 drops (`chem.link_drop_atoms`: OXT inside a
+protein chain, OP3 after a nucleic chain's first residue, a glycan's O1 unless O1 is bonded).
+So an unresolved residue, ligand atom or modified residue keeps its own atoms, masked
+(`resolved` False), and a ligand's atom count never depends on how much of it was modelled.
+Each atom carries its element and formal charge from the CCD, its reference-conformer position
+(`ref_pos`, `ref_mask`) and the CCD bonds among the kept atoms. Model atoms the entry does not
+list are dropped (and named in `dropped`). A resolved component the CCD does not define keeps
+the model's atoms with the file's elements and charges and no reference position.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-from featurecache.io import ccd
-from featurecache.io.structure import Residue
+from featurecache.chem import link_drop_atoms
+from featurecache.features.conformers import ReferenceConformers, reference_code
+from featurecache.io.structure import Chain, Residue
 
-_BACKBONE = ("N", "CA", "C", "O")
-PROTEIN_ATOMS: dict[str, tuple[str, ...]] = {
-    "ALA": _BACKBONE + ("CB",),
-    "ARG": _BACKBONE + ("CB", "CG", "CD", "NE", "CZ", "NH1", "NH2"),
-    "ASN": _BACKBONE + ("CB", "CG", "OD1", "ND2"),
-    "ASP": _BACKBONE + ("CB", "CG", "OD1", "OD2"),
-    "CYS": _BACKBONE + ("CB", "SG"),
-    "GLN": _BACKBONE + ("CB", "CG", "CD", "OE1", "NE2"),
-    "GLU": _BACKBONE + ("CB", "CG", "CD", "OE1", "OE2"),
-    "GLY": _BACKBONE,
-    "HIS": _BACKBONE + ("CB", "CG", "ND1", "CD2", "CE1", "NE2"),
-    "ILE": _BACKBONE + ("CB", "CG1", "CG2", "CD1"),
-    "LEU": _BACKBONE + ("CB", "CG", "CD1", "CD2"),
-    "LYS": _BACKBONE + ("CB", "CG", "CD", "CE", "NZ"),
-    "MET": _BACKBONE + ("CB", "CG", "SD", "CE"),
-    "PHE": _BACKBONE + ("CB", "CG", "CD1", "CD2", "CE1", "CE2", "CZ"),
-    "PRO": _BACKBONE + ("CB", "CG", "CD"),
-    "SER": _BACKBONE + ("CB", "OG"),
-    "THR": _BACKBONE + ("CB", "OG1", "CG2"),
-    "TRP": _BACKBONE + ("CB", "CG", "CD1", "CD2", "NE1", "CE2", "CE3", "CZ2", "CZ3", "CH2"),
-    "TYR": _BACKBONE + ("CB", "CG", "CD1", "CD2", "CE1", "CE2", "CZ", "OH"),
-    "VAL": _BACKBONE + ("CB", "CG1", "CG2"),
-    "UNK": _BACKBONE + ("CB",),
-}
-
-_SUGAR_PHOSPHATE = ("P", "OP1", "OP2", "O5'", "C5'", "C4'", "O4'", "C3'", "O3'")
-_PURINE_A = ("N9", "C8", "N7", "C5", "C6", "N6", "N1", "C2", "N3", "C4")
-_PURINE_G = ("N9", "C8", "N7", "C5", "C6", "O6", "N1", "C2", "N2", "N3", "C4")
-_PYRIMIDINE_C = ("N1", "C2", "O2", "N3", "C4", "N4", "C5", "C6")
-_PYRIMIDINE_U = ("N1", "C2", "O2", "N3", "C4", "O4", "C5", "C6")
-_PYRIMIDINE_T = ("N1", "C2", "O2", "N3", "C4", "O4", "C5", "C7", "C6")
-_DNA_SUGAR = _SUGAR_PHOSPHATE + ("C2'", "C1'")
-_RNA_SUGAR = _SUGAR_PHOSPHATE + ("C2'", "O2'", "C1'")
-NUCLEIC_ATOMS: dict[str, tuple[str, ...]] = {
-    "DA": _DNA_SUGAR + _PURINE_A,
-    "DG": _DNA_SUGAR + _PURINE_G,
-    "DC": _DNA_SUGAR + _PYRIMIDINE_C,
-    "DT": _DNA_SUGAR + _PYRIMIDINE_T,
-    "DN": _DNA_SUGAR,
-    "A": _RNA_SUGAR + _PURINE_A,
-    "G": _RNA_SUGAR + _PURINE_G,
-    "C": _RNA_SUGAR + _PYRIMIDINE_C,
-    "U": _RNA_SUGAR + _PYRIMIDINE_U,
-    "N": _RNA_SUGAR,
-}
-STANDARD_ATOMS: dict[str, tuple[str, ...]] = {**PROTEIN_ATOMS, **NUCLEIC_ATOMS}
-
-ELEMENT_NUMBERS = {"C": 6, "N": 7, "O": 8, "P": 15, "S": 16}
-
-# Centre atom of a standard token (AF3): CA for amino acids, C1' for nucleotides.
+# Centre atom of a one-token residue (AF3): CA for amino acids, C1' for nucleotides.
 PROTEIN_CENTER_ATOM = "CA"
 NUCLEIC_CENTER_ATOM = "C1'"
 
 
-def standard_atom_element(atom_name: str) -> int:
-    """Atomic number of an atom of a standard residue (names start with their element)."""
-    return ELEMENT_NUMBERS[atom_name[0]]
-
-
 def encode_atom_names(names: list[str] | tuple[str, ...]) -> np.ndarray:
-    """AF3's atom-name encoding: ord(c) - 32 for up to 4 characters, 0-padded -> [n, 4] uint8."""
+    """AF3's atom-name encoding: ord(c) - 32 for up to 4 characters, 0-padded -> [n, 4] uint8.
+
+    Lenient (a model file's odd name is truncated, a character outside AF3's 64 classes is 0):
+    CCD names always fit."""
     encoded = np.zeros((len(names), 4), dtype=np.uint8)
     for row, name in enumerate(names):
         for column, char in enumerate(name[:4]):
@@ -88,42 +43,59 @@ def encode_atom_names(names: list[str] | tuple[str, ...]) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class ResidueAtoms:
-    """The atoms one residue is featurized with, each resolved (at a model position) or masked."""
+    """The atoms one residue is featurized with; arrays are [n] or [n, 3] in CCD order."""
 
+    code: str | None  # CCD code the atoms come from (None: the model's atoms)
     names: tuple[str, ...]
-    elements: np.ndarray  # [n] int8 atomic numbers
-    charges: np.ndarray  # [n] int8
-    positions: np.ndarray  # [n, 3] float32, zeros where masked
-    resolved: np.ndarray  # [n] bool
+    elements: np.ndarray  # int8 atomic numbers (CCD)
+    charges: np.ndarray  # int8 formal charges (CCD)
+    positions: np.ndarray  # float32 model positions, zeros where unresolved
+    resolved: np.ndarray  # bool: present in the model with occupancy > 0
+    ref_pos: np.ndarray  # float32 reference-conformer positions, zeros where ref_mask is False
+    ref_mask: np.ndarray  # bool: the conformer has a position for the atom
+    bonds: np.ndarray  # [b, 2] int32 local atom indices (CCD bonds among these atoms)
+    dropped: tuple[str, ...]  # model atoms the CCD entry does not list (left out)
+
+    def index(self, name: str) -> int:
+        """Local index of an atom, -1 if the residue has none of that name."""
+        return self.names.index(name) if name in self.names else -1
 
 
-def polymer_residue_atoms(residue: Residue) -> ResidueAtoms | None:
-    """A non-standard polymer residue's atoms: its CCD entry's heavy atoms in CCD order (leaving
-    atoms left out; charges and elements from the CCD), each at its model position or masked
-    where the model lacks it, then any model atom the entry does not list (kept, not dropped).
-    Without a CCD entry, the model's atoms; None when there are none either (an unresolved
-    residue of unknown chemistry)."""
-    entry = ccd.component(residue.name)
-    entry_names = entry.atom_names if entry is not None else ()
-    listed = set(entry_names)
-    extra = [index for index, name in enumerate(residue.atom_names) if name not in listed]
-    if not entry_names and not extra:
-        return None
-    present = {name: index for index, name in enumerate(residue.atom_names)}
-    count = len(entry_names) + len(extra)
+def residue_atoms(chain: Chain, position: int, conformers: ReferenceConformers,
+                  bonded_atoms: Iterable[str] = ()) -> ResidueAtoms | None:
+    """The atoms of `chain.residues[position]`; `bonded_atoms`: its atoms in bonds to other
+    residues (Structure.bonds). None for an unresolved residue of unknown chemistry."""
+    residue = chain.residues[position]
+    code = reference_code(conformers.ccd, chain, residue)
+    if code is None:
+        return _model_atoms(residue) if residue.is_resolved else None
+    kind = chain.molecule_type
+    drop = link_drop_atoms(conformers.component(code), kind, is_chain_start=position == 0,
+                           is_chain_end=position == len(chain.residues) - 1, bonded_atoms=bonded_atoms)
+    conformer = conformers.conformer(code).without(drop)
+    names = tuple(conformer.atom_names.tolist())
+    count = len(names)
     positions = np.zeros((count, 3), np.float32)
     resolved = np.zeros(count, bool)
-    elements = np.zeros(count, np.int8)
-    charges = np.zeros(count, np.int8)
-    for slot, name in enumerate(entry_names):
-        elements[slot], charges[slot] = entry.elements[slot], entry.charges[slot]
-        index = present.get(name)
-        if index is not None:
-            positions[slot] = residue.positions[index]
-            resolved[slot] = residue.occupancies[index] > 0
-    for slot, index in enumerate(extra, start=len(entry_names)):
-        elements[slot], charges[slot] = residue.elements[index], residue.charges[index]
-        positions[slot] = residue.positions[index]
-        resolved[slot] = residue.occupancies[index] > 0
-    names = tuple(entry_names) + tuple(residue.atom_names[index] for index in extra)
-    return ResidueAtoms(names, elements, charges, positions, resolved)
+    slot = {name: index for index, name in enumerate(names)}
+    dropped = []
+    for index, name in enumerate(residue.atom_names):
+        if name not in slot:
+            dropped.append(name)
+            continue
+        positions[slot[name]] = residue.positions[index]
+        resolved[slot[name]] = residue.occupancies[index] > 0
+    return ResidueAtoms(
+        code=code, names=names, elements=np.array(conformer.elements, np.int8),
+        charges=np.array(conformer.charges, np.int8), positions=positions, resolved=resolved,
+        ref_pos=np.array(conformer.positions, np.float32), ref_mask=np.array(conformer.mask, bool),
+        bonds=np.array(conformer.bonds, np.int32).reshape(-1, 2), dropped=tuple(dropped))
+
+
+def _model_atoms(residue: Residue) -> ResidueAtoms:
+    count = len(residue.atom_names)
+    return ResidueAtoms(
+        code=None, names=tuple(residue.atom_names), elements=residue.elements.astype(np.int8),
+        charges=residue.charges.astype(np.int8), positions=residue.positions.astype(np.float32),
+        resolved=residue.occupancies > 0, ref_pos=np.zeros((count, 3), np.float32),
+        ref_mask=np.zeros(count, bool), bonds=np.zeros((0, 2), np.int32), dropped=())

@@ -6,8 +6,10 @@ up to the crop size; a spatial crop keeps the tokens nearest to a random resolve
 preferring tokens at a chain interface as the centre.
 
 `crop_arrays` is generic over the schema's axes: arrays with a ``token`` axis are indexed by the
-kept tokens, arrays with an ``atom`` axis by the atoms of the kept tokens, and ``atom_to_token``
-is renumbered to positions in the crop. ``token_index`` keeps its original values (it feeds the
+kept tokens, arrays with an ``atom`` axis by the atoms of the kept tokens, and arrays whose values
+point into an axis (``schema.ArraySpec.points_to``: atom_to_token, token_bonds, the frame and
+distogram atom indices) are renumbered to positions in the crop: an index tuple that names a
+cropped-away atom becomes all -1, a ``token_bond`` row with a cropped-away token is dropped. ``token_index`` keeps its original values (it feeds the
 relative position encoding, which must see true sequence distances); ``residue_index`` as well.
 """
 
@@ -117,6 +119,9 @@ def crop_arrays(arrays: dict[str, np.ndarray], token_indices: np.ndarray) -> dic
     new_position = np.full(num_tokens, -1, dtype=np.int64)
     new_position[token_indices] = np.arange(token_indices.size)
     atom_indices = atom_indices[np.argsort(new_position[atom_to_token[atom_indices]], kind="stable")]
+    new_atom = np.full(atom_to_token.shape[0], -1, dtype=np.int64)
+    new_atom[atom_indices] = np.arange(atom_indices.size)
+    renumber = {"token": new_position, "atom": new_atom}
     cropped: dict[str, np.ndarray] = {}
     for name, value in arrays.items():
         spec = schema.FEATURES_BY_NAME.get(name)
@@ -128,9 +133,22 @@ def crop_arrays(arrays: dict[str, np.ndarray], token_indices: np.ndarray) -> dic
                 value = np.take(value, token_indices, axis=axis)
             elif axis_name == "atom":
                 value = np.take(value, atom_indices, axis=axis)
+        if spec.points_to is not None:
+            value = _renumber(value, renumber[spec.points_to], spec)
         cropped[name] = value
-    cropped["atom_to_token"] = new_position[atom_to_token[atom_indices]].astype(np.int32)
     return cropped
+
+
+def _renumber(value: np.ndarray, new_index: np.ndarray, spec: schema.ArraySpec) -> np.ndarray:
+    """Indices into a cropped axis, renumbered; a tuple (last fixed-size axis) with a cropped-away
+    entry becomes all -1, or is dropped along an edge-list axis (one the crop does not index)."""
+    renumbered = np.where(value >= 0, new_index[np.clip(value, 0, None)], -1)
+    if value.ndim > 1 and isinstance(spec.axes[-1], int):
+        lost = (renumbered < 0).any(axis=-1)
+        if spec.axes[0] not in ("token", "atom"):
+            return renumbered[~lost].astype(value.dtype)
+        renumbered[lost] = -1
+    return renumbered.astype(value.dtype)
 
 
 def subsample_msa(arrays: dict[str, np.ndarray], max_rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:

@@ -14,6 +14,7 @@ import numpy as np
 
 from featurecache.config import FeatureConfig, file_sha256
 from featurecache import schema
+from featurecache.features.conformers import ReferenceConformers
 from featurecache.features.msa import build_msa_features
 from featurecache.features.templates import TemplateReport, build_template_features
 from featurecache.features.tokenize import input_warnings, tokenize
@@ -32,12 +33,15 @@ def featurize_target(
     *,
     source_hash: str | None = None,
     warnings: Sequence[str] = (),
+    conformers: ReferenceConformers | None = None,
 ) -> tuple[dict[str, np.ndarray], dict]:
     """Arrays matching `schema.FEATURES` (checked) and metadata with `schema.METADATA_FIELDS`.
 
     chain_msas: {chain_id: Msa or None}; chains of one entity share the first MSA given for any
     of them. chain_template_hits: {chain_id: hits} with query indices in chain residue positions.
     source_hash: sha256 of the input file (None when the structure did not come from a file).
+    conformers: the CCD and reference conformers to use (precompute passes the cached ones);
+    None computes them here from the bundled CCD.
     """
     if not config.drop_hydrogens:
         raise ValueError("FeatureConfig.drop_hydrogens=False is not supported: the record's atom axis holds heavy atoms only")
@@ -46,12 +50,12 @@ def featurize_target(
     if unknown:
         raise ValueError(f"{structure.source}: alignments given for chains {unknown}, the structure has {sorted(known)}")
     notes = list(warnings) + input_warnings(structure)
-    tokens = tokenize(structure)
+    tokens = tokenize(structure, conformers)
+    notes.extend(tokens.warnings)
     arrays = dict(tokens.arrays)
     arrays.update(build_msa_features(structure, tokens, chain_msas, config, notes))
     report = TemplateReport()
     arrays.update(build_template_features(structure, tokens, chain_template_hits, config, template_dir, report))
-    notes.extend(report.warnings)
     notes.extend(report.warnings)
     schema.check_record(arrays, where=f"{structure.id} ({structure.source})")
     metadata = {
@@ -64,6 +68,7 @@ def featurize_target(
         "source_hash": source_hash,
         "num_tokens": int(arrays["restype"].shape[0]),
         "num_atoms": int(arrays["atom_to_token"].shape[0]),
+        "conformer_codes": sorted(tokens.conformer_codes),
         "msa_depth": int(arrays["msa"].shape[0]),
         "num_templates": int(arrays["template_restype"].shape[0]),
         "warnings": notes,

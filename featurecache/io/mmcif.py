@@ -21,6 +21,8 @@ What the parser decides, so that featurization never has to look at mmCIF again:
   then `residues.parent_of`: a table of common modifications, gemmi, the CCD) used for
   sequences and residue classes. Selenomethionine is converted to methionine (SE -> SD), as
   AlphaFold 3 does.
+- Covalent bonds between residues (``_struct_conn``: glycans, covalent ligands, disulfides) are
+  read by `io.connections` into `Structure.bonds`, naming atoms by chain, residue and name.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import gemmi
 import numpy as np
 
 from featurecache.io.common import ParseError, decode_text, read_bytes
+from featurecache.io.connections import read_bonds, residue_locator
 from featurecache.io.pdb import looks_like_pdb, pdb_to_mmcif_block
 from featurecache.io.residues import is_non_polymer, parent_of, residue_kind
 from featurecache.io.structure import Chain, Residue, Structure, unresolved_residue
@@ -68,7 +71,10 @@ def parse_mmcif(data: str | bytes, source: str) -> Structure:
     else:
         block = _first_block(text, source)
     try:
-        chains = _parse_chains(block, source)
+        chains, located = _parse_chains(block, source)
+        auth_of = {chain.chain_id: chain.auth_chain_id for chain in chains}
+        asym_auth = {key[0]: auth_of[chain_id] for key, (chain_id, _) in located.items()}
+        bonds, skipped = read_bonds(block, residue_locator(located, asym_auth), {"MSE": {"SE": "SD"}})
     except ParseError:
         raise
     except (RuntimeError, ValueError, KeyError, IndexError) as error:
@@ -80,7 +86,9 @@ def parse_mmcif(data: str | bytes, source: str) -> Structure:
         release_date=_release_date(block),
         method=_method(block),
         chains=tuple(chains),
-        warnings=tuple(notes),
+        warnings=tuple(notes) + ((f"{skipped} covalent _struct_conn rows name atoms outside the model "
+                                  "(symmetry mates, renamed residues): not read",) if skipped else ()),
+        bonds=bonds,
     )
 
 
@@ -280,7 +288,8 @@ def _build_residue(atoms: _AtomSite, rows: list[int], seq_id: int, parent: str |
     )
 
 
-def _parse_chains(block: gemmi.cif.Block, source: str) -> list[Chain]:
+def _parse_chains(block: gemmi.cif.Block, source: str) -> tuple[list[Chain], dict[tuple, tuple[str, int]]]:
+    """The chains in file order, and where each modelled residue (group key) went: (chain id, index)."""
     atoms = _read_atom_site(block, source)
     groups = _group_residues(atoms)
     chem_types = _chem_comp_types(block)
@@ -290,6 +299,7 @@ def _parse_chains(block: gemmi.cif.Block, source: str) -> list[Chain]:
     # Each chain is keyed by the first atom row that belongs to it, which orders chains as the file does.
     chains: list[tuple[int, Chain]] = []
     used: set[tuple] = set()
+    located: dict[tuple, tuple[str, int]] = {}
     asym_first_row: dict[str, int] = {}
     for key, rows in groups.items():
         asym_first_row.setdefault(key[0], rows[0])
@@ -309,6 +319,7 @@ def _parse_chains(block: gemmi.cif.Block, source: str) -> list[Chain]:
         for (seq_id, mon_id, _), key in zip(positions, placed):
             parent_hint = mod_parents.get((asym, seq_id))
             if key is not None:
+                located[key] = (asym, len(residues))
                 residues.append(_build_residue(atoms, groups[key], seq_id, parent_hint, source))
                 used.add(key)
             else:
@@ -330,6 +341,7 @@ def _parse_chains(block: gemmi.cif.Block, source: str) -> list[Chain]:
         ligand_groups.setdefault(chain_id, []).append(key)
     for chain_id, keys in ligand_groups.items():
         residues = tuple(_build_residue(atoms, groups[key], index + 1, "", source) for index, key in enumerate(keys))
+        located.update({key: (chain_id, index) for index, key in enumerate(keys)})
         asym = keys[0][0]
         chain = Chain(chain_id, asym_auth.get(asym, asym), asym_entity.get(asym, ""), "ligand", residues)
         chains.append((groups[keys[0]][0], chain))
@@ -337,7 +349,7 @@ def _parse_chains(block: gemmi.cif.Block, source: str) -> list[Chain]:
     chains.sort(key=lambda item: item[0])
     if not chains:
         raise ParseError(source, "no chains left after dropping waters and hydrogens")
-    return [chain for _, chain in chains]
+    return [chain for _, chain in chains], located
 
 
 _UNNAMED_RESIDUES = {"UNK", "N", "DN"}  # a sequence table's placeholder for a residue it does not name

@@ -21,8 +21,6 @@ from dataclasses import dataclass
 
 import gemmi
 
-from featurecache.io import ccd
-
 PROTEIN_3TO1 = {
     "ALA": "A", "ARG": "R", "ASN": "N", "ASP": "D", "CYS": "C", "GLN": "Q", "GLU": "E",
     "GLY": "G", "HIS": "H", "ILE": "I", "LEU": "L", "LYS": "K", "MET": "M", "PHE": "F",
@@ -160,10 +158,13 @@ def parent_of(comp: str) -> str:
             return letter
     if comp in ("UNK", "DN", "N", ""):
         return ""
-    entry = ccd.component(comp)
-    if entry is not None and is_standard_name(entry.parent):
-        return entry.parent
-    return ""
+    from featurecache.chem import load_ccd  # here: the CCD loads in seconds, only when needed
+
+    ccd = load_ccd()
+    if comp not in ccd:
+        return ""
+    parent = (ccd.component(comp).parent_code or "").split(",")[0].strip()
+    return parent if is_standard_name(parent) else ""
 
 
 def residue_kind(comp: str, chem_types: dict[str, str]) -> str | None:

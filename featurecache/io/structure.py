@@ -1,4 +1,5 @@
-"""The parsed form of an input: a frozen `Structure` of chains and residues with heavy atoms.
+"""The parsed form of an input: a frozen `Structure` of chains and residues with heavy atoms,
+and the covalent bonds between residues that the file declares.
 
 Built by the mmCIF / PDB parser (`io.mmcif`) and, for targets known only by sequence, by
 `structure_from_sequences`. Featurization reads only this, never the input file again.
@@ -61,6 +62,26 @@ class Chain:
         return "".join(residue_letter(residue.parent, self.molecule_type, unknown) for residue in self.residues)
 
 
+@dataclass(frozen=True)
+class AtomRef:
+    """One atom of a structure: its chain (Chain.chain_id), residue (index into that chain's
+    residues) and atom name (as the CCD names it; MSE's SE is SD, as for the residue)."""
+
+    chain_id: str
+    residue: int
+    atom: str
+
+
+@dataclass(frozen=True)
+class Bond:
+    """A covalent bond between residues that the file declares (mmCIF ``_struct_conn``):
+    kind "covale" (glycosidic, ligand-residue, modified-residue links) or "disulf"."""
+
+    first: AtomRef
+    second: AtomRef
+    kind: str
+
+
 @dataclass(frozen=True, eq=False)
 class Structure:
     id: str
@@ -70,6 +91,7 @@ class Structure:
     method: str | None
     chains: tuple[Chain, ...] = field(default_factory=tuple)
     warnings: tuple[str, ...] = ()  # what reading the input changed or could not know, per chain
+    bonds: tuple[Bond, ...] = ()  # covalent bonds between residues (_struct_conn), each once
 
     def chain(self, chain_id: str) -> Chain:
         for chain in self.chains:

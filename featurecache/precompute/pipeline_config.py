@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from featurecache.config import FEATURE_RENAMES, FeatureConfig, StoreConfig, fingerprint
+from featurecache.config import FEATURE_RENAMES, ChemConfig, FeatureConfig, StoreConfig, fingerprint
 from featurecache.precompute.tools import (
     TOOLS,
     Hmmsearch,
@@ -96,6 +96,7 @@ class PipelineConfig:
     template_msa_database: str | None = None  # whose MSA feeds hhsearch/hmmsearch; None: the first protein MSA database
     tmp_dir: str | None = None
     features: FeatureConfig = field(default_factory=FeatureConfig)
+    chem: ChemConfig = field(default_factory=ChemConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     source: str | None = None  # the TOML file this came from, for messages
 
@@ -131,7 +132,7 @@ class PipelineConfig:
 
 # --- loading -----------------------------------------------------------------------------------
 
-_TOP_KEYS = {"search", "tools", "databases", "templates", "features", "store"}
+_TOP_KEYS = {"search", "tools", "databases", "templates", "features", "chem", "store"}
 _SEARCH_KEYS = {"threads", "timeout_s", "tmp_dir"}
 _TOOL_KEYS = {"binary", "threads", "timeout_s", "flags", "extra_flags"}
 _DATABASE_KEYS = {"name", "tool", "role", "path", "max_hits", "version", "molecule_types"}
@@ -181,6 +182,7 @@ def parse_pipeline_config(document: Mapping, base_dir: str | os.PathLike = ".", 
         template_msa_database=msa_database,
         tmp_dir=tmp_dir,
         features=_dataclass_from_table(reader, FeatureConfig, features_table, "features"),
+        chem=_chem_config(reader, reader.table(document.get("chem", {}), "chem")),
         store=_dataclass_from_table(reader, StoreConfig, reader.table(document.get("store", {}), "store"), "store"),
         source=source,
     )
@@ -346,12 +348,17 @@ def _dataclass_from_table(reader: _TomlReader, cls, values: Mapping, key: str):
         if not matches:
             raise reader.fail(f"{key}.{name}", f"expected {expected.__name__}, got {value!r}")
     try:
-        try:
         return cls(**{name: (float(v) if type(getattr(defaults, name)) is float else v) for name, v in values.items()})
     except ValueError as error:  # a value out of its range (the dataclass's own check names the setting)
         raise reader.fail(key, str(error)) from None
-    except ValueError as error:  # a value out of its range (the dataclass's own check names the setting)
-        raise reader.fail(key, str(error)) from None
+
+
+def _chem_config(reader: _TomlReader, values: Mapping) -> ChemConfig:
+    """[chem]: ccd_path is a path (relative to the TOML file's folder), the rest plain settings."""
+    values = dict(values)
+    ccd_path = reader.resolve(values.pop("ccd_path"), "chem.ccd_path") if "ccd_path" in values else None
+    settings = _dataclass_from_table(reader, ChemConfig, values, "chem")
+    return dataclasses.replace(settings, ccd_path=ccd_path)
 
 
 # --- database files and fingerprints -----------------------------------------------------------

@@ -17,7 +17,7 @@ def random_batch(lengths: list[int], msa_depths: list[int], num_templates: list[
     batch_size = len(lengths)
     tokens, rows, temps = max(lengths), max(msa_depths), max(num_templates)
     atoms = tokens * num_atoms_per_token
-    sizes = {"token": tokens, "atom": atoms, "msa": rows, "template": temps}
+    sizes = {"token": tokens, "atom": atoms, "token_bond": tokens, "msa": rows, "template": temps}
     batch: dict = {"id": [f"sample{i}" for i in range(batch_size)]}
     for spec in FEATURES:
         shape = [batch_size] + [sizes[a] if isinstance(a, str) else a for a in spec.axes]

@@ -3,7 +3,7 @@ import pytest
 
 from featurecache.config import FeatureConfig, file_sha256
 from featurecache import schema
-from featurecache.features.atoms import STANDARD_ATOMS
+from featurecache.chem import load_ccd
 from featurecache.features.featurize import featurize_from_files, featurize_target
 from featurecache.io.alignments import AlignmentIndex
 from featurecache.io.mmcif import read_mmcif
@@ -82,12 +82,21 @@ def test_template_structures_featurize_as_targets(shared_data, name):
     protein = arrays["is_protein"]
     # Standard protein tokens have their full atom table, resolved or not.
     assert (np.bincount(arrays["atom_to_token"], minlength=metadata["num_tokens"])[protein] >= 4).all()
-    # Every resolved atom of a standard residue in the model appears, masked in, in the record.
+    # Every resolved atom of a protein residue that its CCD entry lists (OXT only at the chain's
+    # end) appears, masked in, in the record.
     structure = read_mmcif(shared_data / "templates" / "mmcif" / f"{name}.cif")
+    ccd = load_ccd()
+
+    def kept(chain, position, atom):
+        residue = chain.residues[position]
+        listed = ccd.component(residue.name).heavy_atoms().atom_names.tolist() if residue.name in ccd else []
+        return atom in listed and (atom != "OXT" or position == len(chain.residues) - 1)
+
     expected = sum(
-        sum(atom in STANDARD_ATOMS[residue.name] for atom in residue.atom_names)
+        sum(kept(chain, position, atom) and occupancy > 0
+            for atom, occupancy in zip(residue.atom_names, residue.occupancies))
         for chain in structure.chains if chain.molecule_type == "protein"
-        for residue in chain.residues if residue.name in STANDARD_ATOMS
+        for position, residue in enumerate(chain.residues)
     )
     assert arrays["atom_mask"][protein[arrays["atom_to_token"]]].sum() == expected
 

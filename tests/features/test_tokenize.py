@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from featurecache import schema
-from featurecache.features.atoms import STANDARD_ATOMS, encode_atom_names
+from featurecache.features.atoms import encode_atom_names
 from featurecache.features.tokenize import LONG_CHAIN_RESIDUES, input_warnings, tokenize
 from featurecache.io.mmcif import parse_mmcif
 from tests.io.structure_edits import rna_with_5prime_gtp, without_residue_atoms
@@ -31,9 +31,9 @@ def test_721p_tokens(structures):
     met = chain_a.residues[0]
     assert arrays["restype"][0] == schema.RESTYPE_INDEX["MET"] and arrays["residue_index"][0] == 1
     np.testing.assert_allclose(arrays["token_center_pos"][0], met.positions[met.atom_names.index("CA")])
-    # Atoms of a standard residue follow the fixed table, grouped by token.
+    # Atoms of a standard residue are its CCD heavy atoms (MET: 9, less OXT inside the chain), grouped by token.
     first_atoms = arrays["atom_to_token"] == 0
-    assert first_atoms.sum() == len(STANDARD_ATOMS["MET"])
+    assert first_atoms.sum() == 8
     assert (np.diff(arrays["atom_to_token"]) >= 0).all()
 
 
@@ -41,19 +41,21 @@ def test_209d_modified_residues_are_per_atom_tokens_of_the_peptide(structures):
     structure = structures["209d"]
     arrays = tokenize(structure).arrays
     peptide = arrays["asym_id"] == 3
-    # THR and PRO (x2 each) are single tokens; DVA (7 atoms), SAR (5), MVA (8) and PXA (22) are
+    # THR and PRO (x2 each) are single tokens; DVA (7 atoms), SAR (5), MVA (8) and PXA (23) are
     # per atom, with their CCD atoms: the N-methyl carbons (CN) the model lacks are masked tokens.
-    assert peptide.sum() == 4 + 2 * (7 + 5 + 8) + 22
+    # AF3 drops OXT inside a chain only: PXA keeps its (unresolved) leaving atom OXT', and the
+    # last MVA its OXT.
+    assert peptide.sum() == 4 + 2 * (7 + 5 + 8) + 23 + 1
     assert arrays["asym_id"].max() == 3  # no ligand chain: PXA is residue 6 of the peptide
     assert arrays["is_protein"][peptide].all() and not arrays["is_ligand"].any()
     dva_tokens = peptide & (arrays["residue_index"] == 2)
     assert (arrays["restype"][dva_tokens] == schema.RESTYPE_INDEX["VAL"]).all()
     sarcosine = np.flatnonzero(peptide & (arrays["residue_index"] == 4))
-    names = [bytes(row + 32).decode().rstrip(chr(32)) for row in arrays["atom_name_chars"][np.isin(arrays["atom_to_token"], sarcosine)]]
+    names = [bytes(row + 32).decode().rstrip(chr(32)) for row in arrays["ref_atom_name_chars"][np.isin(arrays["atom_to_token"], sarcosine)]]
     assert names == ["N", "CA", "C", "O", "CN"]
     assert arrays["atom_mask"][np.isin(arrays["atom_to_token"], sarcosine)].tolist() == [True, True, True, True, False]
     pxa = peptide & (arrays["residue_index"] == 6)
-    assert pxa.sum() == 22 and arrays["token_center_mask"][pxa].all()
+    assert pxa.sum() == 23 and arrays["token_center_mask"][pxa].sum() == 22
     assert (arrays["restype"][pxa] == schema.UNK_PROTEIN).all()
     dna = arrays["asym_id"] == 1
     assert arrays["restype"][dna].tolist() == [schema.RESTYPE_INDEX[f"D{b}"] for b in "GAAGCTTC"]
@@ -68,7 +70,7 @@ def test_2q2k_unresolved_residues_are_masked(structures):
     assert not arrays["atom_mask"][unresolved_atoms].any()
     assert (arrays["atom_pos"][unresolved_atoms] == 0).all()
     # 5-iodouracil nucleotides are per-atom DNA tokens with the unknown-DNA class.
-    iodine = arrays["atom_element"] == 53
+    iodine = arrays["ref_element"] == 53
     assert iodine.sum() == 2
     tokens = arrays["atom_to_token"][iodine]
     assert arrays["is_dna"][tokens].all() and (arrays["restype"][tokens] == schema.UNK_DNA).all()
@@ -86,7 +88,9 @@ def test_sequence_only_structure_has_masked_atoms():
     arrays = tokenize(structure).arrays
     assert arrays["restype"].tolist() == [schema.RESTYPE_INDEX[n] for n in ("MET", "GLY", "A", "U")]
     assert not arrays["atom_mask"].any() and not arrays["token_center_mask"].any()
-    assert arrays["atom_to_token"].size == sum(len(STANDARD_ATOMS[n]) for n in ("MET", "GLY", "A", "U"))
+    # CCD heavy atoms: MET 9 less OXT (not the chain's end), GLY 5 with OXT; A 23 with OP3 (the
+    # chain's start), U 21 less OP3.
+    assert arrays["atom_to_token"].size == 8 + 5 + 23 + 20
 
 
 def test_atom_name_encoding():
@@ -97,7 +101,7 @@ def test_atom_name_encoding():
 
 
 def _atom_names(arrays, tokens):
-    rows = arrays["atom_name_chars"][np.isin(arrays["atom_to_token"], tokens)]
+    rows = arrays["ref_atom_name_chars"][np.isin(arrays["atom_to_token"], tokens)]
     return [bytes(row + 32).decode().rstrip() for row in rows]
 
 
