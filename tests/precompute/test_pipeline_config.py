@@ -114,6 +114,7 @@ mmcif_dir = "no_such_folder"
         ("[templates]\nmsa_database = 'uniref'\n", "templates.msa_database", "no database named"),
         ("[features]\nmax_templates_stored = 'four'\n", "features.max_templates_stored", "expected int"),
         ("[features]\nmax_msa_row = 5\n", "features.max_msa_row", "unknown key"),
+        ("[features]\nmax_templates_stored = -1\n", "features", "max_templates_stored must be >= 0"),
         ("[features]\nmax_msa_rows = 5\nmsa_rows_stored = 6\n", "features.max_msa_rows", "keep only features.msa_rows_stored"),
         ("[store]\nnum_shards = true\n", "store.num_shards", "expected int"),
         ("[search\n", "not valid TOML", ""),
