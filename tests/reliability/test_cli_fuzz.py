@@ -77,7 +77,7 @@ def _value(draw, kind: str, files):
 COMMANDS = {
     "precompute": (["path"], {"--cache": "path", "--config": "path", "--alignments": "path",
                               "--templates": "path", "--workers": "int", "--shards": "int",
-                              "--max-msa-rows": "int", "--executor": "text"}),
+                              "--msa-rows-stored": "int", "--executor": "text"}),
     "stats": (["path"], {"--plot": "path", "--json": "flag"}),
     "verify": (["path"], {"--json": "flag"}),
     "show": (["path", "text"], {"--table": "text"}),

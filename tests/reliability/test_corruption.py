@@ -94,7 +94,7 @@ def test_every_flipped_record_is_detected(tmp_path, published, seed, caplog, rel
             shard_name(shard_of(key, num_shards)) for _, key, _ in chosen}
 
         damaged_targets = sorted(key for table, key, _ in chosen if table == "features")
-        dataset = CacheDataset(root, crop_size=48, max_msa_rows=16)
+        dataset = CacheDataset(root, crop_size=48, msa_rows_per_sample=16)
         assert dataset.cache_dir == generation
         for key in damaged_targets:
             with pytest.raises(CorruptRecordError) as raised:
@@ -107,7 +107,7 @@ def test_every_flipped_record_is_detected(tmp_path, published, seed, caplog, rel
         for key in intact:
             assert dataset[dataset.ids.index(key)]["id"] == key
 
-        skipping = CacheDataset(root, crop_size=48, max_msa_rows=16, on_error="skip")
+        skipping = CacheDataset(root, crop_size=48, msa_rows_per_sample=16, on_error="skip")
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="featurecache.loader"):
             returned = [skipping[index]["id"] for index in range(len(skipping))]

@@ -95,7 +95,7 @@ def test_cache_life_cycle_without_unpickling(tmp_path, shared_data, monkeypatch,
         with StoreReader(generation) as reader:
             decoded = {table: sum(1 for key, blob in reader.items(table) if decode_record(blob, key=key))
                        for table in ("features", "msa", "errors")}
-        dataset = CacheDataset(dest, crop_size=32, max_msa_rows=8)
+        dataset = CacheDataset(dest, crop_size=32, msa_rows_per_sample=8)
         batch = collate([dataset[index] for index in range(len(dataset))])
         assert batch["restype"].shape[0] == 2
         dataset.reader.close()
