@@ -6,9 +6,10 @@ importing one op does not compile or import the others.
 Every op has the same parts, in the order a call goes through them: @triton.jit kernels,
 launchers (allocate, pick block sizes, launch), the autograd Function (and custom op) with the
 entry-point function, and the nn.Module where there is one. A large op is a package with one
-file per part (evo_attention/, triangle_mult/: kernels.py, launch.py, autograd.py, module.py);
-a small one is one file with the same sections in the same order (layernorm_linear.py,
-transition.py, gated_attention.py, residual.py). Shared by all:
+file per part: kernels.py, launch.py, autograd.py, and module.py (triangle_mult/) or config.py
+(evo_attention/, whose block sizes are tuned per shape class). A small op is one file with the
+same sections in the same order (layernorm_linear.py, transition.py, gated_attention.py,
+residual.py). Shared by all:
   runtime.py     host side: the kernel switch (KERNEL_CHOICES), TRITON_INTERPRET, tuned block
                  configurations (configs/*.json), launch checks and tile sizes
   primitives.py  @triton.jit building blocks: mma, cast, the LayerNorm prologue and backward

@@ -5,9 +5,10 @@
 - the LayerNorm prologue (`layernorm_prologue`, or `layernorm_prologue_saved` from saved
   statistics) that normalizes a [BLOCK_M, BLOCK_C] register tile of rows before its first
   matrix product, `layernorm_params` that loads its weight and bias, and `layernorm_backward`,
-  its gradient.
+  its gradient;
+- `row_block`: a program's block of rows.
 
-`row_block` gives a program's rows. PRECISION is runtime.dot_precision(dtype): "ieee" or "tf32" on a GPU, "interpret" under the
+PRECISION is runtime.dot_precision(dtype): "ieee" or "tf32" on a GPU, "interpret" under the
 interpreter.
 """
 
