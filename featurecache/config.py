@@ -7,6 +7,7 @@ fingerprint they were computed with; a rerun recomputes records whose fingerprin
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import json
 import numbers
@@ -107,6 +108,91 @@ class ChemConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+# AF3 SI Table 9: crystallization aids, removed from structures solved by crystallography.
+CRYSTALLIZATION_AIDS = ("SO4", "GOL", "EDO", "PO4", "ACT", "PEG", "DMS", "TRS", "PGE", "PG4", "FMT", "EPE", "MPD",
+                        "MES", "CD", "IOD")
+
+
+@dataclass(frozen=True)
+class CurationConfig:
+    """What precompute removes from a parsed structure before featurizing it (AF3 SI 2.5.4).
+
+    Defaults are AlphaFold 3's. Every setting changes feature records, so all of them go into
+    the feature fingerprint. A target that fails a target filter gets no feature record; what
+    a bioassembly filter removes is listed in the record's metadata ("curation"). AF3's other
+    removals happen elsewhere: hydrogens and waters in the parser (io.mmcif), model atoms the
+    CCD does not list and leaving atoms in featurization (features.atoms).
+    """
+
+    max_resolution: float = 9.0          # Angstrom; worse structures are left out (inf: keep all)
+    min_release_date: str | None = None  # ISO date; structures released earlier are left out
+    max_release_date: str | None = None  # ISO date; later ones are left out (AF3 trained up to 2021-09-30)
+    max_polymer_chains: int = 300        # structures with more polymer chains are left out (AF3 training)
+    min_resolved_residues: int = 4       # polymer chains with fewer resolved residues are removed
+    remove_unknown_polymers: bool = True  # polymer chains of unknown residues only are removed
+    clash_distance: float = 1.7          # Angstrom; a chain with more than clash_fraction of its atoms
+    clash_fraction: float = 0.3          # this close to another chain's atoms clashes (1.0: no clash filter)
+    max_ca_gap: float = 10.0             # Angstrom; protein chains with consecutive CA atoms further apart are removed
+    crystallization_aids: tuple[str, ...] = CRYSTALLIZATION_AIDS  # ligands removed from crystal structures
+    max_chains: int = 20                 # larger assemblies keep the 20 chains nearest a random interface token
+    interface_distance: float = 5.0      # Angstrom; chains with heavy atoms closer than this form an interface
+    seed: int = 0                        # the chain-subset draw is seeded by (seed, target id)
+
+    def __post_init__(self) -> None:
+        for name in ("max_resolution", "clash_distance", "max_ca_gap", "interface_distance"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not 0.0 <= self.clash_fraction <= 1.0:
+            raise ValueError(f"clash_fraction must be in [0, 1], got {self.clash_fraction}")
+        for name in ("max_polymer_chains", "max_chains"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.min_resolved_residues < 0:
+            raise ValueError(f"min_resolved_residues must be >= 0, got {self.min_resolved_residues}")
+        for name in ("min_release_date", "max_release_date"):
+            value = getattr(self, name)
+            if value is not None and not _is_iso_date(value):
+                raise ValueError(f"{name} must be an ISO date (YYYY-MM-DD), got {value!r}")
+
+
+def _is_iso_date(value) -> bool:
+    try:
+        return isinstance(value, str) and datetime.date.fromisoformat(value).isoformat() == value
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class ClusteringConfig:
+    """How precompute clusters chains and interfaces and weighs them for sampling (AF3 SI 2.5.1,
+    2.5.3, eq. 1). Nothing here changes a feature record: clusters and weights live in the manifest.
+    """
+
+    enabled: bool = True
+    protein_min_seq_id: float = 0.4      # MMseqs2 easy-cluster --min-seq-id for protein chains
+    nucleic_min_seq_id: float = 1.0      # ... for DNA and for RNA chains (clustered apart)
+    min_coverage: float = 0.8            # MMseqs2 -c (of both sequences, its default coverage mode)
+    min_protein_length: int = 10         # shorter protein chains (peptides) cluster by identical sequence
+    min_nucleic_length: int = 20         # shorter DNA / RNA chains cluster by identical sequence
+    # AF3 eq. 1: w = beta / N_clust * (alpha_prot n_prot + alpha_nuc n_nuc + alpha_ligand n_ligand)
+    alpha_protein: float = 3.0
+    alpha_nucleic: float = 3.0
+    alpha_ligand: float = 1.0
+    beta_chain: float = 0.5
+    beta_interface: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("protein_min_seq_id", "nucleic_min_seq_id", "min_coverage"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        for name in ("min_protein_length", "min_nucleic_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("alpha_protein", "alpha_nucleic", "alpha_ligand", "beta_chain", "beta_interface"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
