@@ -26,15 +26,6 @@ from featurecache.kernels.evo_attention.launch import (
     evo_attention_forward,
 )
 
-# The names this package had as one module, read by benchmarks/evo_attention.py's tuning run.
-from featurecache.kernels.evo_attention.config import CONFIG_FILE as _CONFIG_FILE  # noqa: E402
-from featurecache.kernels.evo_attention.config import KERNEL_NAMES as _KERNEL_NAMES  # noqa: E402
-from featurecache.kernels.evo_attention.config import heuristic_config as _heuristic_config  # noqa: E402
-from featurecache.kernels.evo_attention.config import load_tuned_configs as _load_tuned_configs  # noqa: E402
-from featurecache.kernels.evo_attention.config import padded_head_dim as _padded_head_dim  # noqa: E402
-from featurecache.kernels.evo_attention.config import select_config_cached as _select_config_cached  # noqa: E402
-from featurecache.kernels.evo_attention.launch import check_inputs as _check_inputs  # noqa: E402
-
 __all__ = [
     "SUPPORTED_HEAD_DIMS",
     "BlockConfig",
