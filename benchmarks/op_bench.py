@@ -11,7 +11,7 @@ One process, so every provider is measured on the same machine in the same run:
      benchmarks/apply_sweep.py merges into featurecache/kernels/configs/fused_ops.json;
   3. timing: forward+backward median as called from Python, the same step replayed as a CUDA
      graph (GPU time alone), and extra peak memory (above inputs, weights and the upstream
-     gradient), for PyTorch eager (impl="torch"), torch.compile of that module, and Triton.
+     gradient), for PyTorch eager (kernels="torch"), torch.compile of that module, and Triton.
 --smoke runs the same steps at tiny sizes on the CPU under TRITON_INTERPRET=1 (no torch.compile),
 to check a script without a GPU; its times mean nothing.
 
@@ -50,7 +50,7 @@ Inputs = tuple[list[torch.Tensor], list]  # (differentiable inputs, other argume
 class Case:
     name: str  # row label, e.g. "Transition L=384 C=128 n=4"
     shape: str  # the shape part of the name, for results.csv
-    build: Callable[[str], torch.nn.Module]  # impl ("triton" | "torch") -> module on the CPU
+    build: Callable[[str], torch.nn.Module]  # kernels ("triton" | "torch") -> module on the CPU
     make_inputs: Callable[[torch.device], Inputs]  # fresh inputs in the benchmark dtypes
     target: str = ""  # the target for the Triton row, if any
     compile_peer: bool = True  # time torch.compile of the eager module too

@@ -47,7 +47,7 @@ from featurecache.testing.synthetic import random_batch
 from featurecache.training.cuda_graph import CapturedStep
 
 VARIANTS = {
-    # name: (kernel impl, torch.compile the blocks, replay the step as a CUDA graph)
+    # name: (kernels, torch.compile the blocks, replay the step as a CUDA graph)
     "triton": ("triton", False, False),
     "eager": ("torch", False, False),
     "compile": ("torch", True, False),
@@ -125,9 +125,9 @@ def timed(step, device: torch.device, warmup: int, reps: int, graphs: bool = Fal
 
 def block_step(variant: str, length: int, dims: dict, device: torch.device):
     """A Pairformer block of `variant` on fp32 inputs of length L (10 % padding): its fwd+bwd step."""
-    impl, compiled, graphs = VARIANTS[variant]
+    kernels, compiled, graphs = VARIANTS[variant]
     block = PairformerBlock(dims["c_s"], dims["c_z"], dims["single_heads"], dims["single_head_dim"],
-                            dims["pair_heads"], dims["pair_head_dim"], 4, impl=impl).to(device)
+                            dims["pair_heads"], dims["pair_head_dim"], 4, kernels=kernels).to(device)
     if compiled:
         block.compile()
     generator = torch.Generator(device=device).manual_seed(length)
@@ -213,9 +213,9 @@ class TrunkRunner:
     """One model and optimizer per variant, reused across crop sizes (compiled graphs too)."""
 
     def __init__(self, variant: str, config_overrides: dict, device: torch.device) -> None:
-        impl, compiled, self.graphs = VARIANTS[variant]
+        kernels, compiled, self.graphs = VARIANTS[variant]
         self.device = device
-        self.model = AF3Trunk(preset("af3", kernels=impl, **config_overrides)).to(device)
+        self.model = AF3Trunk(preset("af3", kernels=kernels, **config_overrides)).to(device)
         if compiled:
             # dynamic shapes from the start: the crop search must not recompile per size
             self.model.compile_blocks(dynamic=True)

@@ -31,7 +31,7 @@ def cases(smoke: bool) -> list[Case]:
         shape = f"{direction} L={length} C={channels}"
         outgoing = direction == "outgoing"
         return Case(f"TriangleMult {shape}", shape,
-                    lambda impl: TriangleMultiplication(channels, direction=direction, impl=impl), make_inputs,
+                    lambda kernels: TriangleMultiplication(channels, direction=direction, kernels=kernels), make_inputs,
                     target="<= 3.0 ms, <= 645 MiB" if outgoing else "", compile_peer=outgoing, sweep=outgoing)
 
     return [case("outgoing"), case("incoming")]  # the swept case first: its winners hold for the other
