@@ -1,9 +1,11 @@
 """Model configuration and the two presets.
 
 `af3` follows the AlphaFold3 supplement (Abramson et al. 2024): 48 Pairformer blocks with
-c_s = 384 and c_z = 128, 4 MSA-module blocks with c_m = 64, 2 template blocks with c = 64, and the
-paper's head counts. `tiny` keeps every module but shrinks every width so that CPU tests run in
-seconds.
+c_s = 384 and c_z = 128, 4 MSA-module blocks with c_m = 64, 2 template blocks with c = 64, atom
+attention with c_atom = 128 and c_atompair = 16 (3 blocks of 4 heads, 32-query x 128-key windows),
+a 24-block diffusion transformer of width 768 with 16 heads, and the paper's head counts, noise
+schedule and loss weights. `tiny` keeps every module but shrinks every width so that CPU tests
+run in seconds.
 """
 
 from __future__ import annotations
@@ -40,18 +42,63 @@ class ModelConfig:
     distogram_bins: int = 64
     distogram_min: float = 2.0      # Angstrom; 64 bins from 2 to 22 as in AF3
     distogram_max: float = 22.0
+    # --- atom attention (Algorithms 5-7) ---
+    c_atom: int = 128               # atom single representation
+    c_atompair: int = 16            # atom pair representation
+    atom_blocks: int = 3            # atom transformer blocks, in every encoder and decoder
+    atom_heads: int = 4
+    atom_window_queries: int = 32   # sequence-local atom attention: 32 queries ...
+    atom_window_keys: int = 128     # ... attend to the 128 keys around them
+    # --- diffusion module (Algorithms 20-24) ---
+    c_token_diffusion: int = 768    # width of the diffusion transformer's token stream
+    diffusion_blocks: int = 24
+    diffusion_heads: int = 16
+    fourier_dim: int = 256          # noise-level embedding
+    sigma_data: float = 16.0        # Angstrom; EDM's data standard deviation
+    augmentation_translation: float = 1.0  # Angstrom, s_trans of Algorithm 19
+    # training noise: sigma = sigma_data * exp(mean + std * N(0, 1)) (SI 3.7.1)
+    noise_log_mean: float = -1.2
+    noise_log_std: float = 1.5
+    # --- sampler (Algorithm 18, SI 3.7.1) ---
+    sampler_sigma_max: float = 160.0  # times sigma_data
+    sampler_sigma_min: float = 4e-4   # times sigma_data
+    sampler_rho: float = 7.0
+    sampler_gamma_0: float = 0.8
+    sampler_gamma_min: float = 1.0
+    sampler_noise_scale: float = 1.003  # lambda
+    sampler_step_scale: float = 1.5     # eta
+    sampler_steps: int = 200
+    # --- losses (SI 4.1-4.2) ---
+    diffusion_loss_weight: float = 4.0
+    distogram_loss_weight: float = 0.03
+    bond_loss_weight: float = 0.0   # AF3: 0 in initial training, 1 when fine-tuning
+    mse_weight_dna: float = 5.0
+    mse_weight_rna: float = 5.0
+    mse_weight_ligand: float = 10.0
+    max_recycling_cycles: int = 4   # training draws N_cycle uniformly from 1..this
     kernels: str = "triton"         # "triton": featurecache.kernels; "torch": pure-PyTorch references
     checkpoint_blocks: bool = True  # activation checkpointing per block while training
 
     def __post_init__(self) -> None:
         if self.kernels not in KERNEL_CHOICES:
             raise ValueError(f"ModelConfig.kernels is {self.kernels!r}, expected one of {KERNEL_CHOICES}")
-        for name in ("c_s", "c_z", "c_m", "c_template", "single_heads", "pair_heads", "msa_heads"):
+        for name in ("c_s", "c_z", "c_m", "c_template", "single_heads", "pair_heads", "msa_heads",
+                     "c_atom", "c_atompair", "atom_heads", "c_token_diffusion", "diffusion_heads",
+                     "fourier_dim", "sampler_steps", "max_recycling_cycles"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
-        for name in ("num_pairformer_blocks", "num_msa_blocks", "num_template_blocks"):
+        for name in ("num_pairformer_blocks", "num_msa_blocks", "num_template_blocks", "atom_blocks",
+                     "diffusion_blocks"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ModelConfig.{name} must be >= 0, got {getattr(self, name)}")
+        for width, heads in (("c_atom", "atom_heads"), ("c_token_diffusion", "diffusion_heads")):
+            if getattr(self, width) % getattr(self, heads):
+                raise ValueError(f"ModelConfig.{width} ({getattr(self, width)}) must be a multiple of "
+                                 f"{heads} ({getattr(self, heads)})")
+        if self.atom_window_queries % 2 or self.atom_window_keys % 2 \
+                or self.atom_window_keys < self.atom_window_queries:
+            raise ValueError(f"ModelConfig atom windows must be even with keys >= queries, got "
+                             f"{self.atom_window_queries} queries x {self.atom_window_keys} keys")
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
@@ -67,6 +114,9 @@ PRESETS: dict[str, ModelConfig] = {
         template_pair_heads=2, template_pair_head_dim=8,
         msa_heads=2, msa_head_dim=4,
         outer_product_dim=4,
+        c_atom=16, c_atompair=8, atom_blocks=1, atom_heads=2,
+        c_token_diffusion=32, diffusion_blocks=2, diffusion_heads=2, fourier_dim=16,
+        sampler_steps=20,
     ),
 }
 

@@ -1,0 +1,109 @@
+"""The structure losses of AF3 (SI 4.1-4.2, Algorithms 27-28): pure functions of tensors.
+
+Symbols: x (predicted atom positions, `predicted`), x_GT (`true`), w_l (`weights`), sigma / t-hat
+(`sigma`, the noise level of a diffusion sample), sigma_data. Shapes: B batch, S diffusion
+samples, A atoms, E token bonds. Every mask is a bool named for what is true.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def weighted_rigid_align(mobile: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Algorithm 28, weighted_rigid_align: `mobile` moved by the rotation and translation that
+    minimise sum_l w_l |R mobile_l + t - target_l|^2 (Kabsch, no reflection); no gradient.
+
+    mobile, target [..., A, 3]; weights [..., A] (0 for atoms to ignore) -> [..., A, 3].
+    """
+    with torch.no_grad():
+        dtype = mobile.dtype
+        work = torch.promote_types(dtype, torch.float32)  # the SVD needs fp32 at least
+        mobile, target, weights = mobile.to(work), target.to(work), weights.to(work).unsqueeze(-1)
+        total = weights.sum(dim=-2, keepdim=True).clamp(min=1e-8)
+        mobile_centre = (weights * mobile).sum(dim=-2, keepdim=True) / total
+        target_centre = (weights * target).sum(dim=-2, keepdim=True) / total
+        mobile, target = mobile - mobile_centre, target - target_centre
+        covariance = torch.einsum("...li,...lj->...ij", weights * mobile, target)  # [..., 3, 3]
+        u, _, vh = torch.linalg.svd(covariance)
+        v = vh.transpose(-1, -2)
+        # flip the last axis where the best orthogonal map would be a reflection
+        sign = torch.sign(torch.linalg.det(v @ u.transpose(-1, -2)))
+        sign = torch.where(sign == 0, torch.ones_like(sign), sign)
+        flip = torch.ones(*sign.shape, 3, device=sign.device, dtype=work)
+        flip[..., 2] = sign
+        rotation = (v * flip.unsqueeze(-2)) @ u.transpose(-1, -2)
+        aligned = mobile @ rotation.transpose(-1, -2) + target_centre
+        return aligned.to(dtype)
+
+
+def mse_atom_weights(is_dna: torch.Tensor, is_rna: torch.Tensor, is_ligand: torch.Tensor, resolved: torch.Tensor,
+                     weight_dna: float = 5.0, weight_rna: float = 5.0, weight_ligand: float = 10.0) -> torch.Tensor:
+    """SI 4.2, eq. 4: w_l = 1 + 5 is_dna + 5 is_rna + 10 is_ligand, 0 for unresolved atoms. [..., A] float."""
+    weights = 1.0 + weight_dna * is_dna.float() + weight_rna * is_rna.float() + weight_ligand * is_ligand.float()
+    return weights * resolved.float()
+
+
+def aligned_mse_loss(predicted: torch.Tensor, true: torch.Tensor, weights: torch.Tensor,
+                     resolved: torch.Tensor) -> torch.Tensor:
+    """SI 4.2, eqs. 2-3: the ground truth rigidly aligned onto each prediction (no gradient through
+    the alignment), then 1/3 of the weighted squared error summed over resolved atoms and divided
+    by their number.
+
+    predicted [B, S, A, 3]; true [B, A, 3]; weights [B, A]; resolved [B, A] -> [B, S].
+    """
+    true = true.unsqueeze(1).expand_as(predicted)
+    weights = weights.unsqueeze(1).expand(predicted.shape[:-1])
+    aligned = weighted_rigid_align(true, predicted, weights)
+    squared_error = (predicted.float() - aligned.float()).square().sum(dim=-1)  # [B, S, A]
+    count = resolved.sum(dim=-1, keepdim=True).clamp(min=1)  # [B, 1]
+    return (weights * squared_error).sum(dim=-1) / count / 3.0
+
+
+def smooth_lddt_loss(predicted: torch.Tensor, true: torch.Tensor, is_nucleotide: torch.Tensor,
+                     resolved: torch.Tensor) -> torch.Tensor:
+    """Algorithm 27, SmoothLDDTLoss: 1 - the mean over atom pairs l != m within the inclusion
+    radius (30 Angstrom in the truth when atom l is a nucleotide atom, else 15) of
+    mean_{c in 0.5, 1, 2, 4} sigmoid(c - |d_lm - d_GT_lm|).
+
+    predicted [B, S, A, 3]; true [B, A, 3]; is_nucleotide, resolved [B, A] -> [B, S].
+    The pair set holds A^2 entries per sample: fine at training crops, chunk it beyond.
+    """
+    predicted, true = predicted.float(), true.float()
+    true_distance = torch.cdist(true, true)  # [B, A, A]
+    predicted_distance = torch.cdist(predicted.flatten(0, 1), predicted.flatten(0, 1)).view(
+        *predicted.shape[:2], *true_distance.shape[1:])  # [B, S, A, A]
+    radius = torch.where(is_nucleotide, 30.0, 15.0).unsqueeze(-1)  # [B, A, 1]
+    eye = torch.eye(true.shape[1], dtype=torch.bool, device=true.device)
+    included = (true_distance < radius) & resolved[:, :, None] & resolved[:, None, :] & ~eye
+    error = (predicted_distance - true_distance.unsqueeze(1)).abs()
+    score = sum(torch.sigmoid(threshold - error) for threshold in (0.5, 1.0, 2.0, 4.0)) / 4.0
+    included = included.unsqueeze(1).float()
+    lddt = (score * included).sum(dim=(-1, -2)) / included.sum(dim=(-1, -2)).clamp(min=1.0)
+    return 1.0 - lddt
+
+
+def bond_loss(predicted: torch.Tensor, true: torch.Tensor, bond_atoms: torch.Tensor) -> torch.Tensor:
+    """SI 4.2, eq. 5: mean over bonded atom pairs (l, m) of (|x_l - x_m| - |x_GT_l - x_GT_m|)^2.
+
+    predicted [B, S, A, 3]; true [B, A, 3]; bond_atoms [B, E, 2] atom indices (-1: no bond) ->
+    [B, S] (0 for a sample without bonds).
+    """
+    valid = (bond_atoms >= 0).all(dim=-1)  # [B, E]
+    index = bond_atoms.long().clamp(min=0)
+
+    def bond_lengths(positions, index):  # positions [B, (S,) A, 3] -> [B, (S,) E]
+        if positions.dim() == 4:
+            index = index[:, None].expand(-1, positions.shape[1], -1, -1)
+        first = torch.gather(positions, -2, index[..., 0:1].expand(*index.shape[:-1], 3))
+        second = torch.gather(positions, -2, index[..., 1:2].expand(*index.shape[:-1], 3))
+        return (first - second).norm(dim=-1)
+
+    error = (bond_lengths(predicted.float(), index) - bond_lengths(true.float(), index).unsqueeze(1)).square()
+    valid = valid.unsqueeze(1).float()
+    return (error * valid).sum(dim=-1) / valid.sum(dim=-1).clamp(min=1.0)
+
+
+def edm_loss_weight(sigma: torch.Tensor, sigma_data: float) -> torch.Tensor:
+    """SI 4.2, eq. 6 (EDM's lambda): (sigma^2 + sigma_data^2) / (sigma * sigma_data)^2."""
+    return (sigma.square() + sigma_data**2) / (sigma * sigma_data).square()
