@@ -6,8 +6,9 @@ what produced it and the hash of its input file: a rerun skips current records, 
 ones and retries failures. A killed run loses at most the uncommitted batch; `manifest.json` is
 written last, so an unfinished cache is never mistaken for a finished one.
 
-Stages: `search` (one task per unique chain sequence, only with a pipeline config) and
-`featurize` (one task per target). Failures become `errors` records and the run carries on.
+Stages: `search` (one task per unique chain sequence, only with a pipeline config),
+`conformers` (every CCD code's reference conformer computed once into the `conformers` table;
+conformers.py) and `featurize` (one task per target). Failures become `errors` records and the run carries on.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
-from featurecache.config import FeatureConfig, StoreConfig, file_sha256, fingerprint
+from featurecache.config import ChemConfig, FeatureConfig, StoreConfig, file_sha256, fingerprint
 from featurecache.io import inputs
 from featurecache.io.alignments import AlignmentIndex
 from featurecache.precompute import tasks
+from featurecache.precompute.conformers import ConformerStage, chem_fingerprint
 from featurecache.precompute.pipeline_config import (
     PipelineConfig,
     PipelineConfigError,
@@ -215,7 +218,13 @@ def precompute(options: PrecomputeOptions) -> PrecomputeSummary:
     started = time.perf_counter()
     plan = _prepare(options)
     summary = PrecomputeSummary(cache_dir=str(options.cache_dir))
-    feature_fingerprint = fingerprint(plan.feature_config.fingerprint_fields(), SCHEMA_VERSION, plan.mode_fingerprint)
+    chem = plan.pipeline_config.chem if plan.pipeline_config is not None else ChemConfig()
+    try:  # the CCD's content and the conformer settings change atoms and ref_pos
+        chem_identity = chem_fingerprint(chem)
+    except (ValueError, OSError) as error:
+        raise PipelineSetupError(f"[chem] ccd_path: {error}") from None
+    feature_fingerprint = fingerprint(plan.feature_config.fingerprint_fields(), SCHEMA_VERSION, plan.mode_fingerprint,
+                                      chem_identity)
     try:
         writer = StoreWriter(options.cache_dir, plan.store_config)
     except StoreLockedError as error:
@@ -223,7 +232,7 @@ def precompute(options: PrecomputeOptions) -> PrecomputeSummary:
     except (OSError, ValueError) as error:
         raise PipelineSetupError(f"--cache {options.cache_dir}: {error}") from None
     try:
-        _Run(options, plan, writer, feature_fingerprint, summary).run()
+        _Run(options, plan, writer, feature_fingerprint, summary, chem).run()
         fingerprints = {"features": feature_fingerprint, "feature_config": plan.feature_config.config_fingerprint(),
                         "mode": plan.mode_fingerprint}
         writer.finish(fingerprints=fingerprints, schema_version=SCHEMA_VERSION)
@@ -242,7 +251,7 @@ class _Run:
     """One run's driver: picks the targets to do, runs the stages, writes every result."""
 
     def __init__(self, options: PrecomputeOptions, plan: _Plan, writer: StoreWriter, feature_fingerprint: str,
-                 summary: PrecomputeSummary) -> None:
+                 summary: PrecomputeSummary, chem: ChemConfig = ChemConfig()) -> None:
         self.options = options
         self.plan = plan
         self.writer = writer
@@ -252,6 +261,7 @@ class _Run:
         self.progress = progress_bars(options.progress)
         self.ray = None
         self.max_in_flight = 1
+        self.conformers = ConformerStage(self, chem)
 
     def run(self) -> None:
         todo = self._targets_to_do()
@@ -261,7 +271,8 @@ class _Run:
         chain_keys: dict[str, dict[str, str]] = {}
         if self.plan.pipeline_config is not None:
             todo, chain_keys = self._search_stage(todo)
-        self._featurize_stage(todo, chain_keys)
+        conformer_codes = self.conformers.prepare(todo, tasks.conformer_codes)
+        self._featurize_stage(todo, chain_keys, conformer_codes)
 
     # --- bookkeeping ---
 
@@ -323,18 +334,24 @@ class _Run:
 
     # --- featurize ---
 
-    def _featurize_stage(self, todo: list[TargetInput], chain_keys: dict[str, dict[str, str]]) -> None:
+    def _featurize_stage(self, todo: list[TargetInput], chain_keys: dict[str, dict[str, str]],
+                         conformer_codes: dict[str, list[str]]) -> None:
         plan = self.plan
         runner = self._runner(self._store_features, self._featurize_crashed, len(todo), "featurize", "target")
         shared_index = plan.alignment_index if self.ray is None else self.ray.put(plan.alignment_index)
         for target in todo:
+            # the stored conformers of the target's CCD codes travel with its task
+            conformers = {"conformer_blobs": self.conformers.blobs_for(conformer_codes.get(target.target_id, [])),
+                          "chem": self.conformers.chem}
             if plan.pipeline_config is not None:
                 keys = chain_keys[target.target_id]
                 blobs = {key: self.writer.get(MSA_TABLE, key) for key in set(keys.values())}
-                runner.submit("featurize", target.target_id, tasks.featurize_searched, target, blobs, keys,
+                runner.submit("featurize", target.target_id, partial(tasks.featurize_searched, **conformers),
+                              target, blobs, keys,
                               plan.feature_config, plan.template_dir, self.feature_fingerprint)
             else:
-                runner.submit("featurize", target.target_id, tasks.featurize_ingested, target, shared_index,
+                runner.submit("featurize", target.target_id, partial(tasks.featurize_ingested, **conformers),
+                              target, shared_index,
                               plan.feature_config, plan.template_dir, self.feature_fingerprint, _ingested_msa_key)
         runner.drain()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-STAGES = ("search", "featurize")
+STAGES = ("search", "conformers", "featurize")  # conformers: done = computed, skipped = already cached
 FAILURES_SHOWN = 20  # failures listed in the text summary; `featurecache stats` lists them all
 
 
@@ -27,6 +27,7 @@ class PrecomputeSummary:
     seconds: float = 0.0
     tool_seconds: float = 0.0       # inside the search tools (summed over tasks)
     featurize_seconds: float = 0.0  # parsing + featurization + encoding (summed over tasks)
+    conformer_seconds: float = 0.0  # reference conformers computed in this run (summed over tasks)
     write_seconds: float = 0.0      # driver time in LMDB writes
 
     @property

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from featurecache.config import FeatureConfig, fingerprint
+from featurecache.config import ChemConfig, FeatureConfig, fingerprint
 from featurecache.features.featurize import featurize_target as build_features
 from featurecache.io.alignments import AlignmentIndex
 from featurecache.io.common import ParseError
@@ -29,6 +29,7 @@ from featurecache.io.hits import TemplateHit, parse_hhr, parse_m8
 from featurecache.io.inputs import FASTA_SUFFIXES, structure_from_fasta, target_id_for
 from featurecache.io.mmcif import Structure, read_mmcif
 from featurecache.io.msa import Msa, parse_a3m, parse_stockholm
+from featurecache.precompute.conformers import codes_of, conformers_for
 from featurecache.precompute.msa_records import (
     decode_database_search,
     decode_msa_record,
@@ -108,6 +109,12 @@ def chain_sequences(structure: Structure) -> list[ChainSequence]:
         for chain in structure.chains
         if chain.molecule_type in SEARCHED_TYPES
     ]
+
+
+def conformer_codes(target: TargetInput, chem: ChemConfig) -> list[str]:
+    """The CCD codes whose conformers featurizing one input uses; raises TaskError(stage='parse')
+    naming the file."""
+    return codes_of(read_target(target.path), chem)
 
 
 def parse_chains(target: TargetInput) -> list[ChainSequence]:
@@ -218,11 +225,14 @@ def _index_entry(arrays: dict, meta: dict, record_fingerprint: str, input_hash: 
 
 def _encode_features(target: TargetInput, structure: Structure, chain_msas: dict, chain_hits: dict,
                      config: FeatureConfig, template_dir: str | None, record_fingerprint: str,
-                     extra_warnings: list[str]) -> tuple[bytes, dict, list[str]]:
+                     extra_warnings: list[str], conformer_blobs: dict[str, bytes] | None = None,
+                     chem: ChemConfig | None = None) -> tuple[bytes, dict, list[str]]:
     try:
+        conformers = conformers_for(conformer_blobs, chem or ChemConfig())
         arrays, meta = build_features(structure, chain_msas, chain_hits, config, template_dir=template_dir,
-                                      source_hash=target.input_hash, warnings=extra_warnings)
-    except (ValueError, KeyError, IndexError) as error:
+                                      source_hash=target.input_hash, warnings=extra_warnings,
+                                      conformers=conformers)
+    except (ValueError, KeyError, IndexError, CorruptRecordError) as error:
         raise TaskError("featurize", target.target_id, f"{target.path}: {error}") from None
     blob = encode_record(target.target_id, arrays, meta, record_fingerprint, target.input_hash, SCHEMA_VERSION,
                          config.zstd_level)
@@ -230,7 +240,9 @@ def _encode_features(target: TargetInput, structure: Structure, chain_msas: dict
 
 
 def featurize_ingested(target: TargetInput, alignments: AlignmentIndex | None, config: FeatureConfig,
-                       template_dir: str | None, record_fingerprint: str, msa_key) -> FeaturizeResult:
+                       template_dir: str | None, record_fingerprint: str, msa_key, *,
+                       conformer_blobs: dict[str, bytes] | None = None, chem: ChemConfig | None = None
+                       ) -> FeaturizeResult:
     """Featurize one target with alignments ingested from files (or none: query-only MSAs).
 
     `msa_key(chain_sequence, files_fingerprint)` names the chain's record in the `msa` table;
@@ -262,12 +274,14 @@ def featurize_ingested(target: TargetInput, alignments: AlignmentIndex | None, c
                 msa_blobs[key] = encode_msa_record(key, chain_alignments.msa, chain_alignments.hits, meta,
                                                    files_fingerprint, config.zstd_level)
     blob, entry, all_warnings = _encode_features(target, structure, chain_msas, chain_hits, config, template_dir,
-                                                 record_fingerprint, warnings)
+                                                 record_fingerprint, warnings, conformer_blobs, chem)
     return FeaturizeResult(target.target_id, blob, entry, msa_blobs, all_warnings, time.perf_counter() - started)
 
 
 def featurize_searched(target: TargetInput, msa_blobs: dict[str, bytes], chain_keys: dict[str, str],
-                       config: FeatureConfig, template_dir: str | None, record_fingerprint: str) -> FeaturizeResult:
+                       config: FeatureConfig, template_dir: str | None, record_fingerprint: str, *,
+                       conformer_blobs: dict[str, bytes] | None = None, chem: ChemConfig | None = None
+                       ) -> FeaturizeResult:
     """Featurize one target from the `msa` records of its chains (chain id -> msa key)."""
     started = time.perf_counter()
     structure = read_target(target.path)
@@ -279,6 +293,6 @@ def featurize_searched(target: TargetInput, msa_blobs: dict[str, bytes], chain_k
             decoded[key] = decode_msa_record(msa_blobs[key], where=f"msa/{key}")
         chain_msas[chain_id], chain_hits[chain_id] = decoded[key]
     blob, entry, warnings = _encode_features(target, structure, chain_msas, chain_hits, config, template_dir,
-                                             record_fingerprint, [])
+                                             record_fingerprint, [], conformer_blobs, chem)
     return FeaturizeResult(target.target_id, blob, entry, {}, warnings, time.perf_counter() - started)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from featurecache.schema import ERRORS_TABLE, FEATURES_TABLE, MSA_TABLE
+from featurecache.schema import CONFORMERS_TABLE, ERRORS_TABLE, FEATURES_TABLE, MSA_TABLE
 from featurecache.store.codec import decode_record, read_header
 from featurecache.store.manifest import read_manifest
 from featurecache.store.reader import StoreReader
@@ -77,6 +77,9 @@ def cache_stats(cache_dir: Path) -> dict:
         "shards": len(manifest.shards),
         "bytes": sum(shard.size for shard in manifest.shards),
         "counts": dict(manifest.counts),
+        # where the reference conformers' positions came from (chem.SOURCES), from their index entries
+        "conformer_sources": dict(Counter(entry.get("source", "unknown")
+                                          for entry in manifest.index.get(CONFORMERS_TABLE, {}).values())),
         "num_tokens": _distribution([entry["num_tokens"] for entry in targets.values()]),
         "msa_depth": _distribution([entry["msa_depth"] for entry in targets.values()]),
         "num_templates": _distribution([entry.get("num_templates", 0) for entry in targets.values()]),
@@ -98,6 +101,13 @@ def _format_distribution(name: str, dist: dict) -> str:
             f"max {dist['p100']:>7.0f}  mean {dist['mean']:>8.1f}")
 
 
+def _format_conformer_sources(sources: dict) -> str:
+    """'conformers   rdkit 40, ccd_ideal 2, ccd_model 0, none 1' (RDKit failed: CCD coordinates)."""
+    order = ("rdkit", "ccd_ideal", "ccd_model", "none")
+    names = list(order) + sorted(set(sources) - set(order))
+    return "conformers   " + ", ".join(f"{name} {sources.get(name, 0)}" for name in names)
+
+
 def format_stats(report: dict) -> str:
     counts = report["counts"]
     lines = [
@@ -106,7 +116,8 @@ def format_stats(report: dict) -> str:
         f"{report['shards']} shards, {report['bytes'] / 2**20:.1f} MiB",
         *([f"note         {report['update']}"] if report["update"] else []),
         "records      " + "   ".join(f"{table} {counts.get(table, 0)}"
-                                     for table in (FEATURES_TABLE, MSA_TABLE, ERRORS_TABLE)),
+                                     for table in (FEATURES_TABLE, MSA_TABLE, CONFORMERS_TABLE, ERRORS_TABLE)),
+        _format_conformer_sources(report.get("conformer_sources", {})),
         _format_distribution("tokens", report["num_tokens"]),
         _format_distribution("msa depth", report["msa_depth"]),
         _format_distribution("templates", report["num_templates"]),

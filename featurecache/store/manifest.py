@@ -217,8 +217,8 @@ def read_manifest(cache_dir: str | os.PathLike, expected_schema: int | None = SC
     schema_version = _require(data, "schema_version", int, path)
     if expected_schema is not None and schema_version != expected_schema:
         raise ValueError(
-            f"{path} has schema_version {schema_version}, expected {expected_schema}: "
-            f"the cache was built by another featurecache version; rebuild it"
+            f"{path} has schema_version {schema_version}, expected {expected_schema}: the cache was built by "
+            f"another featurecache version; rerun `featurecache precompute` into it (it recomputes those records)"
         )
     index = _require(data, "index", dict, path)
     for table, entries in index.items():

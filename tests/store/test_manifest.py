@@ -23,7 +23,7 @@ def test_manifest_describes_the_finished_cache(tmp_path):
     assert manifest.format == MANIFEST_FORMAT and manifest.record_format == RECORD_FORMAT
     assert manifest.schema_version == SCHEMA_VERSION and manifest.generation is None
     assert manifest.fingerprints == {"seed": str(seed)}
-    assert manifest.counts == {"msa": 0, "features": 17, "errors": 0}
+    assert manifest.counts == {"msa": 0, "features": 17, "errors": 0, "conformers": 0}
     assert [shard.file for shard in manifest.shards] == [f"shard-0000{i}.lmdb" for i in range(3)]
     for shard in manifest.shards:
         path = tmp_path / shard.file
@@ -48,7 +48,7 @@ def test_reopening_for_writing_keeps_the_last_manifest_until_finish_and_keeps_cr
         assert read_manifest(tmp_path) == first  # readers keep the last finished state
         second = writer.finish(fingerprints={"seed": str(seed)})
     assert second.created == first.created and second.updated >= first.updated
-    assert second.counts == {"msa": 0, "features": 3, "errors": 1}
+    assert second.counts == {"msa": 0, "features": 3, "errors": 1, "conformers": 0}
     assert set(second.targets) == {"a", "b", "c"} and read_manifest(tmp_path) == second
 
 
@@ -83,7 +83,7 @@ def _rewrite(cache_dir, change) -> None:
          f"manifest.json has format {MANIFEST_FORMAT + 1}, expected {MANIFEST_FORMAT}"),
         (lambda d: d.update(record_format=99), f"has record_format 99, expected {RECORD_FORMAT}"),
         (lambda d: d.update(schema_version=SCHEMA_VERSION + 1),
-         f"has schema_version {SCHEMA_VERSION + 1}, expected {SCHEMA_VERSION}: .* rebuild it"),
+         f"has schema_version {SCHEMA_VERSION + 1}, expected {SCHEMA_VERSION}: .* rerun `featurecache precompute`"),
         (lambda d: d.pop("shards"), "has no 'shards' field"),
         (lambda d: d.update(shards=[]), "lists no shards"),
         (lambda d: d["shards"][1].update(file="shard-00007.lmdb"),

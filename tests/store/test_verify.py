@@ -49,7 +49,7 @@ def test_clean_cache_verifies(tmp_path):
     keys = _build(tmp_path, 20, random.randrange(1 << 30))
     report = verify_cache(tmp_path)
     assert report.ok, report.format()
-    assert report.records_checked == {"msa": 1, "features": len(keys), "errors": 0}
+    assert report.records_checked == {"msa": 1, "features": len(keys), "errors": 0, "conformers": 0}
     assert report.format().endswith("OK")
     assert json.loads(json.dumps(report.to_dict()))["ok"] is True
 

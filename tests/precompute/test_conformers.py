@@ -1,0 +1,123 @@
+"""Reference conformers in the cache: computed once per CCD code across targets and runs, their
+sources counted in `stats`, and records of another schema version recomputed or refused."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from featurecache.chem import conformer_from_arrays, decode_atom_names
+from featurecache.loader import CacheDataset
+from featurecache.precompute.pipeline import PrecomputeOptions, precompute
+from featurecache.schema import CONFORMERS_TABLE, SCHEMA_VERSION
+from featurecache.config import StoreConfig
+from featurecache.store.codec import decode_record, encode_record
+from featurecache.store.inspect import cache_stats, format_stats
+from featurecache.store.manifest import read_manifest
+from featurecache.store.reader import StoreReader
+from featurecache.store.writer import StoreWriter
+
+
+def _options(inputs, cache, **changes):
+    return PrecomputeOptions(inputs=inputs, cache_dir=cache, executor="inline", progress=False, **changes)
+
+
+def _codes(cache):
+    with StoreReader(cache) as reader:
+        return [decode_record(blob).meta["name"] for _, blob in reader.items(CONFORMERS_TABLE)]
+
+
+@pytest.fixture
+def inputs(tmp_path, shared_data):
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    for name in ("209d-assembly1.cif", "2q2k.cif"):
+        shutil.copy(shared_data / "structures" / name, folder / name)
+    # 721p with its GNP renamed FEM (a ferrocene RDKit cannot embed): its atoms all come from
+    # FEM's CCD entry (masked where GNP has no atom of that name), with CCD ideal coordinates as
+    # their reference.
+    text = (shared_data / "structures" / "721p-assembly1.cif").read_text()
+    (tmp_path / "later").mkdir()
+    (tmp_path / "later" / "721p-fem.cif").write_text(text.replace(" GNP ", " FEM "))
+    return folder
+
+
+def test_each_code_is_computed_once_across_targets_and_runs(tmp_path, inputs):
+    cache = tmp_path / "cache"
+    first = precompute(_options([inputs], cache))
+    assert first.failed == 0, first.format()
+    codes = _codes(cache)
+    # Both DNA duplexes use DA, DC, DG and DT: one record each, computed once.
+    assert len(codes) == len(set(codes)) and {"DA", "DC", "DG", "DT", "PXA", "5IU"} <= set(codes)
+    assert first.stages["conformers"].done == len(codes) and first.stages["conformers"].skipped == 0
+    manifest = read_manifest(cache)
+    assert manifest.counts[CONFORMERS_TABLE] == len(codes)
+
+    # A later run adds a target: codes already cached are reused, only its new ones computed.
+    later = precompute(_options([inputs, tmp_path / "later"], cache))
+    assert later.stages["featurize"].done == 1 and later.stages["featurize"].skipped == 2
+    added = set(_codes(cache)) - set(codes)
+    assert later.stages["conformers"].done == len(added) and {"FEM", "MG"} <= added
+    assert later.stages["conformers"].skipped >= 10  # amino acids 2q2k's protein already brought
+    assert "GLY" not in added and len(_codes(cache)) == len(set(_codes(cache)))
+
+    # The record's ref_pos is the stored conformer of each code.
+    with StoreReader(cache) as reader:
+        record = decode_record(reader.get("features", "721p-fem"))
+        fem = next(decode_record(blob) for _, blob in reader.items(CONFORMERS_TABLE)
+                   if decode_record(blob).meta["name"] == "FEM")
+    conformer = conformer_from_arrays(fem.arrays, fem.meta)
+    assert fem.meta["source"] == "ccd_ideal"
+    names = decode_atom_names(record.arrays["ref_atom_name_chars"])
+    ligand_atoms = record.arrays["is_ligand"][record.arrays["atom_to_token"]]
+    first_fem = np.flatnonzero(ligand_atoms & (names == conformer.atom_names[0]))[0]
+    np.testing.assert_allclose(record.arrays["ref_pos"][first_fem:first_fem + conformer.num_atoms],
+                               conformer.positions)
+    # Only the GNP atoms whose names FEM also has are placed; the rest of FEM's atoms are masked.
+    assert 0 < record.arrays["atom_mask"][first_fem:first_fem + conformer.num_atoms].sum() < conformer.num_atoms
+    assert "FEM" in record.meta["conformer_codes"]
+
+    # stats counts the sources: the ferrocene fell back to CCD ideal coordinates.
+    report = cache_stats(cache)
+    sources = report["conformer_sources"]
+    assert sum(sources.values()) == len(_codes(cache)) and sources["ccd_ideal"] >= 1 and sources["rdkit"] > 10
+    text = format_stats(report)
+    assert f"conformers   rdkit {sources['rdkit']}, ccd_ideal {sources['ccd_ideal']}" in text
+
+
+def test_conformer_settings_key_new_records(tmp_path, inputs):
+    cache = tmp_path / "cache"
+    precompute(_options([inputs], cache))
+    config = tmp_path / "pipeline.toml"
+    config.write_text("[chem]\nconformer_seed = 7\n")
+    summary = precompute(_options([inputs], cache, config_path=config))
+    # New settings: every conformer and every record is recomputed under new keys.
+    assert summary.stages["featurize"].done == 2 and summary.stages["conformers"].skipped == 0
+    assert len(_codes(cache)) == 2 * summary.stages["conformers"].done
+
+
+def test_v1_cache_is_refused_by_the_loader_and_recomputed_by_precompute(tmp_path, inputs):
+    cache = tmp_path / "cache"
+    precompute(_options([inputs], cache))
+    manifest = cache / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["schema_version"] = 1
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"schema_version 1, expected 2: .*rerun `featurecache precompute`"):
+        CacheDataset(cache)
+    # A record written under schema 1 (its fingerprint hashed schema 1) is stale: recomputed.
+    with StoreReader(cache) as reader:
+        old = decode_record(reader.get("features", "2q2k"))
+    writer = StoreWriter(cache, StoreConfig(num_shards=read_manifest(cache, expected_schema=None).num_shards))
+    try:
+        writer.put("features", "2q2k", encode_record("2q2k", dict(old.arrays), dict(old.meta), "v1-fingerprint",
+                                                     old.input_hash, 1, 0))
+    finally:
+        writer.close()
+    summary = precompute(_options([inputs], cache))
+    assert summary.stages["featurize"].done == 1 and summary.stages["featurize"].skipped == 1
+    assert read_manifest(cache).schema_version == SCHEMA_VERSION
+    with StoreReader(cache) as reader:
+        assert decode_record(reader.get("features", "2q2k")).schema_version == SCHEMA_VERSION
+    assert len(CacheDataset(cache, crop_size=None)) == 2
