@@ -4,7 +4,7 @@
   results, errors, and ``run_command`` (process-group timeouts, output tails).
 - ``hmmer``: ``Jackhmmer``, ``Nhmmer``, ``Hmmsearch`` (hmmbuild + hmmsearch).
 - ``hhsuite``: ``Hhblits``, ``Hhsearch``.
-- ``mmseqs``: ``MmseqsSearch``.
+- ``mmseqs``: ``MmseqsSearch``, and ``MmseqsCluster`` (chain clustering, not a search tool).
 - ``kalign``: ``Kalign``.
 
 Outputs are returned as raw text (Stockholm, A3M, HHR or m8), capped at the hits asked for;
@@ -25,7 +25,7 @@ from featurecache.precompute.tools.base import (
 from featurecache.precompute.tools.hhsuite import Hhblits, Hhsearch
 from featurecache.precompute.tools.hmmer import Hmmsearch, Jackhmmer, Nhmmer
 from featurecache.precompute.tools.kalign import Kalign
-from featurecache.precompute.tools.mmseqs import MmseqsSearch
+from featurecache.precompute.tools.mmseqs import MmseqsCluster, MmseqsSearch
 
 # Every wrapper by its tool name (the names used in the pipeline config).
 TOOLS: dict[str, type[Tool]] = {
@@ -33,7 +33,8 @@ TOOLS: dict[str, type[Tool]] = {
 }
 
 __all__ = [
-    "OUTPUT_FORMATS", "TOOLS", "Hhblits", "Hhsearch", "Hmmsearch", "Jackhmmer", "Kalign", "MmseqsSearch", "Nhmmer",
+    "OUTPUT_FORMATS", "TOOLS", "Hhblits", "Hhsearch", "Hmmsearch", "Jackhmmer", "Kalign", "MmseqsCluster",
+    "MmseqsSearch", "Nhmmer",
     "Tool", "ToolError", "ToolNotFoundError", "ToolResult", "ToolSettings", "ToolTimeoutError", "resolve_binary",
     "tool_version",
 ]

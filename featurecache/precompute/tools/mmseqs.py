@@ -1,4 +1,5 @@
-"""MMseqs2: an A3M MSA (``result2msa``) or m8 template hits with CIGAR (``convertalis``)."""
+"""MMseqs2: an A3M MSA (``result2msa``) or m8 template hits with CIGAR (``convertalis``), and
+the clustering of chain sequences (``easy-cluster``) behind AF3's sampling weights."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from pathlib import Path
 from featurecache.io.convert import truncate_a3m
 from featurecache.precompute.tools.base import (
     Tool,
+    ToolError,
     ToolResult,
+    ToolSettings,
     absolute_path,
     check_sequence,
     run_command,
@@ -70,3 +73,47 @@ def _read_mmseqs_db(prefix: Path) -> str:
     # One query, so the database's data file holds one NUL-terminated entry (or several split files).
     parts = sorted(prefix.parent.glob(prefix.name + ".[0-9]*")) if not prefix.exists() else [prefix]
     return "".join(part.read_text(errors="replace") for part in parts)
+
+
+class MmseqsCluster(Tool):
+    """``mmseqs easy-cluster`` over a set of sequences of one kind (protein or nucleotide).
+
+    Only the binary, threads and timeout of the [tools.mmseqs] settings apply: the search
+    flags there are for ``mmseqs search``.
+    """
+
+    name = "mmseqs"
+    binary_name = "mmseqs"
+    version_args = ("version",)
+    # The nucleotide k-mer index at MMseqs2's default k (15) takes 8 GB even for ten sequences;
+    # k = 11 is ample for the identities nucleic acids are clustered at (100 %).
+    nucleotide_kmer = 11
+
+    def __init__(self, settings: ToolSettings | None = None, tmp_root=None) -> None:
+        settings = settings or ToolSettings()
+        super().__init__(ToolSettings(binary=settings.binary, threads=settings.threads,
+                                      timeout_s=settings.timeout_s), tmp_root)
+
+    def cluster(self, sequences: dict[str, str], min_seq_id: float, coverage: float,
+                nucleotide: bool) -> dict[str, str]:
+        """Each sequence name -> the name of its cluster's representative."""
+        if len(sequences) < 2:
+            return {name: name for name in sequences}
+        with self._workdir() as tmp:
+            work = Path(tmp)
+            write_fasta(work / "input.fasta", sequences.items())
+            command = [self.binary, "easy-cluster", str(work / "input.fasta"), str(work / "out"), str(work / "tmp"),
+                       "--min-seq-id", f"{min_seq_id:g}", "-c", f"{coverage:g}", "--cov-mode", "0",
+                       "--dbtype", "2" if nucleotide else "1", "--threads", str(self.threads), "-v", "1"]
+            if nucleotide:
+                command += ["-k", str(self.nucleotide_kmer)]
+            run_command(self.name, command, work, self.timeout_s)
+            representative = {}
+            for line in (work / "out_cluster.tsv").read_text().splitlines():
+                if line.strip():
+                    rep, member = line.split("\t")
+                    representative[member] = rep
+        missing = sorted(set(sequences) - set(representative))
+        if missing:
+            raise ToolError(self.name, 0, "", command, f"mmseqs easy-cluster left out sequences {missing[:5]}")
+        return representative
