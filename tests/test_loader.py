@@ -71,6 +71,13 @@ def test_collate_pads_and_masks(sample_cache):
         assert torch.all(batch["restype"][row, tokens:] == GAP)
         assert batch["msa_row_mask"][row].sum() == sample["msa"].shape[0]
         assert batch["atom_pad_mask"][row].sum() == sample["atom_to_token"].shape[0]
+        # Index arrays pad with -1 and point into the sample's own (unpadded) atoms and tokens.
+        bonds = sample["token_bonds"].shape[0]
+        assert batch["token_bond_mask"][row].sum() == bonds
+        assert torch.all(batch["token_bonds"][row, bonds:] == -1)
+        assert torch.all(batch["token_bonds"][row, :bonds] < tokens)
+        assert torch.all(batch["frame_atom_index"][row, tokens:] == -1)
+        assert torch.all(batch["distogram_atom_index"][row] < sample["atom_to_token"].shape[0])
     for spec in FEATURES:
         assert batch[spec.name].shape[0] == len(samples)
     with pytest.raises(ValueError, match="empty"):

@@ -8,6 +8,7 @@ import pytest
 from featurecache.chem import decode_atom_names, link_drop_atoms, load_ccd
 from featurecache.features.tokenize import tokenize
 from featurecache.io.mmcif import parse_mmcif, read_mmcif
+from tests.io.structure_edits import rna_with_5prime_gtp
 
 SAMPLES = ["structures/209d-assembly1.cif", "structures/721p-assembly1.cif", "structures/2q2k.cif",
            "bonded/1igy.cif", "bonded/1ncb.cif", "bonded/5h73.cif"]
@@ -19,6 +20,8 @@ def tokenized(shared_data):
     for name in SAMPLES:
         structure = read_mmcif(shared_data / name)
         found[name.split("/")[1].split("-")[0].split(".")[0]] = (structure, tokenize(structure))
+    rna = parse_mmcif(rna_with_5prime_gtp(shared_data), "gtp-rna.cif")  # RNA with a 5' GTP
+    found["rna"] = (rna, tokenize(rna))
     return found
 
 
@@ -32,9 +35,9 @@ def _residues(structure, arrays):
     return [(*place, np.arange(start, end)) for place, start, end in zip(placed, starts, ends)]
 
 
-@pytest.mark.parametrize("name", ["209d", "721p", "2q2k", "1igy", "1ncb", "5h73"])
+@pytest.mark.parametrize("name", ["209d", "721p", "2q2k", "1igy", "1ncb", "5h73", "rna"])
 def test_every_component_has_its_ccd_atoms_elements_charges_and_bonds(tokenized, name):
-    """Protein, DNA, modified residues (209d's PXA, DVA, SAR, MVA; 2q2k's 5-iodouracil),
+    """Protein, DNA, RNA, modified residues (209d's PXA, DVA, SAR, MVA; 2q2k's 5-iodouracil; a 5' GTP),
     ligands (GNP, HEPES, FMN, 7L7, orotate), ions (MG, CA) and glycans."""
     structure, tokens = tokenized[name]
     arrays = tokens.arrays
@@ -63,7 +66,7 @@ def test_every_component_has_its_ccd_atoms_elements_charges_and_bonds(tokenized,
                         if resolved[i] and resolved[j] and np.linalg.norm(positions[i] - positions[j]) > 2.4}
             assert pairs - too_long <= found, where
         kinds_seen.add(chain.molecule_type)
-    assert kinds_seen >= {"protein"}
+    assert kinds_seen >= ({"rna"} if name == "rna" else {"protein"})
 
 
 def test_sample_kinds_cover_protein_dna_ligands_ions_and_modified_residues(tokenized):

@@ -122,3 +122,40 @@ def test_subsample_msa_keeps_query_first(record):
     assert subsample_msa(record, 10**6, generator)["msa"].shape == record["msa"].shape
     with pytest.raises(ValueError, match="max_rows"):
         subsample_msa(record, 0, generator)
+
+
+def test_crops_keep_atom_and_token_indices_consistent(shared_data):
+    """After a crop every index array points into the cropped arrays: a distogram / frame atom
+    of token t is an atom of the crop (of token t, or of t's residue for a ligand frame), and
+    token bonds join kept tokens only."""
+    from featurecache.features.tokenize import tokenize
+    from featurecache.io.mmcif import read_mmcif
+
+    arrays = tokenize(read_mmcif(shared_data / "bonded" / "1ncb.cif")).arrays
+    rng = np.random.default_rng(3)
+    for crop_size in (64, 200, 500):
+        for kind in ("contiguous", "spatial"):
+            if kind == "spatial":
+                kept = spatial_crop(arrays["token_center_pos"], arrays["token_center_mask"], arrays["asym_id"],
+                                    crop_size, rng)
+            else:
+                kept = contiguous_crop(arrays["asym_id"], crop_size, rng)
+            cropped = crop_arrays(arrays, kept)
+            atoms, tokens = cropped["atom_to_token"].size, kept.size
+            assert cropped["ref_pos"].shape[0] == atoms and cropped["restype"].size == tokens
+            distogram = cropped["distogram_atom_index"]
+            present = distogram >= 0
+            assert (cropped["atom_to_token"][distogram[present]] == np.flatnonzero(present)).all()
+            frames = cropped["frame_atom_index"]
+            valid = (frames >= 0).all(axis=1)
+            assert ((frames >= 0).any(axis=1) == valid).all() and (frames < atoms).all()
+            assert (cropped["atom_to_token"][frames[valid, 1]] == np.flatnonzero(valid)).all()
+            space = cropped["ref_space_uid"]
+            assert (space[frames[valid]] == space[frames[valid, 1]][:, None]).all()
+            bonds = cropped["token_bonds"]
+            assert ((bonds >= 0) & (bonds < tokens)).all() and (bonds[:, 0] < bonds[:, 1]).all()
+            # Each kept original bond survives, renumbered.
+            position = {token: index for index, token in enumerate(kept.tolist())}
+            expected = {(position[i], position[j]) for i, j in arrays["token_bonds"].tolist()
+                        if i in position and j in position}
+            assert {tuple(pair) for pair in bonds.tolist()} == expected
