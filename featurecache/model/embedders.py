@@ -1,8 +1,9 @@
 """Input, relative-position and template embedders (AF3 Algorithms 1-3 and 16).
 
-The per-token input features are the ones the feature cache stores: restype, MSA profile,
-deletion mean and the molecule-type flags. AF3's atom-attention encoder, which adds per-atom
-information to them, belongs to the diffusion side and is not part of this trunk.
+Two input embedders: `InputEmbedder` (AF3Trunk) reads only per-token features (restype, MSA
+profile, deletion mean, molecule-type flags); `AtomInputEmbedder` (AF3Model) is AF3's: the atom
+attention encoder over the reference conformers gives each token its s_inputs, and the initial
+pair also gets the token bonds.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from featurecache.schema import NUM_RESTYPES
+from featurecache.model.atom_attention import AtomAttentionEncoder, AtomWindows
+from featurecache.model.atoms import dense_token_bonds
 from featurecache.model.config import ModelConfig
 from featurecache.model.pairformer import PairStack, run_blocks
 
@@ -89,6 +92,41 @@ class InputEmbedder(nn.Module):
         s = self.to_single(inputs)
         z = self.to_pair_i(inputs)[:, :, None] + self.to_pair_j(inputs)[:, None, :] + self.relpos(batch)
         return s, z
+
+
+def atom_single_input_dim(config: ModelConfig) -> int:
+    """Width of AF3's s_inputs: the atom encoder's token single (c_s), restype one-hot, MSA
+    profile and deletion mean (449 at AF3's sizes)."""
+    return config.c_s + 2 * NUM_RESTYPES + 1
+
+
+class AtomInputEmbedder(nn.Module):
+    """Algorithm 2 (InputFeatureEmbedder) and Algorithm 1, lines 2-5: s_inputs, s_init, z_init."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        inputs = atom_single_input_dim(config)
+        self.atom_encoder = AtomAttentionEncoder(config, c_token=config.c_s, with_trunk=False)
+        self.to_single = nn.Linear(inputs, config.c_s, bias=False)
+        self.to_pair_i = nn.Linear(inputs, config.c_z, bias=False)
+        self.to_pair_j = nn.Linear(inputs, config.c_z, bias=False)
+        self.relpos = RelativePositionEncoding(config.c_z, config.relpos_max_residue, config.relpos_max_chain)
+        self.from_token_bonds = nn.Linear(1, config.c_z, bias=False)
+
+    def forward(self, batch: dict, windows: AtomWindows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """s_inputs [B, N, atom_single_input_dim], s_init [B, N, c_s], z_init [B, N, N, c_z]."""
+        atom_cond, atom_pair = self.atom_encoder.condition(batch, windows)
+        token_single = self.atom_encoder(batch, windows, atom_cond, atom_pair)[0].squeeze(1)
+        s_inputs = torch.cat([
+            token_single,
+            F.one_hot(batch["restype"].long(), NUM_RESTYPES).to(token_single.dtype),
+            batch["msa_profile"].to(token_single.dtype),
+            batch["deletion_mean"].to(token_single.dtype).unsqueeze(-1),
+        ], dim=-1)
+        bonds = dense_token_bonds(batch["token_bonds"], batch["token_bond_mask"], s_inputs.shape[1])
+        z = (self.to_pair_i(s_inputs)[:, :, None] + self.to_pair_j(s_inputs)[:, None, :] + self.relpos(batch)
+             + self.from_token_bonds(bonds.unsqueeze(-1).to(s_inputs.dtype)))
+        return s_inputs, self.to_single(s_inputs), z
 
 
 def _backbone_frames(backbone: torch.Tensor) -> torch.Tensor:

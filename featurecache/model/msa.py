@@ -58,11 +58,13 @@ class MSABlock(nn.Module):
 
 
 class MSAModule(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, single_input_dim: int = SINGLE_INPUT_DIM) -> None:
+        """single_input_dim: width of the per-token inputs (the trunk's token features, or the
+        atom-aware s_inputs of AF3Model)."""
         super().__init__()
         self.checkpoint_blocks = config.checkpoint_blocks
         self.from_msa = nn.Linear(MSA_FEATURE_DIM, config.c_m, bias=False)
-        self.from_single = nn.Linear(SINGLE_INPUT_DIM, config.c_m, bias=False)
+        self.from_single = nn.Linear(single_input_dim, config.c_m, bias=False)
         num_blocks = config.num_msa_blocks
         self.blocks = nn.ModuleList(MSABlock(config, last=i == num_blocks - 1) for i in range(num_blocks))
 

@@ -1,0 +1,157 @@
+"""The conditioned transformer of AF3's diffusion side (Algorithms 23-26), shared by the
+24-block token transformer of the diffusion module and the atom transformers (Algorithm 7).
+
+Symbols: a (the stream being updated, `a` [B, S, L, C_a], S diffusion samples), s (its
+conditioning, [B, S or 1, L, C_s]), z / p (the pair representation the attention bias comes from),
+beta (an extra additive bias, `extra_bias`).
+
+Where the attention runs is a *layout*: `TokenLayout` is full attention over L (the keys masked
+by `token_mask`); `featurecache.model.atom_attention.AtomWindows` is AF3's sequence-local atom
+attention. A layout turns the per-head bias projected from the pair into evo_attention's bias,
+packs q/k/v into its [B, rows, L, H, D] layout and unpacks the result, so one attention module
+serves both, on the kernel path ("triton", EvoAttention) or the reference path ("torch") with
+the same parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from featurecache.model.layers import attention_fn, kernel_module
+
+# AF3 initialises every output gate sigmoid(Linear(s)) with bias -2 (Algorithms 24, 25).
+GATE_BIAS_INIT = -2.0
+
+
+def _gate(c_s: int, c_a: int) -> nn.Linear:
+    """sigmoid(linear(s)) gate: zero weights and bias -2, so it starts at sigmoid(-2) = 0.12
+    everywhere and learns from there (adaLN-Zero, with AF3's bias)."""
+    linear = nn.Linear(c_s, c_a)
+    nn.init.zeros_(linear.weight)
+    nn.init.constant_(linear.bias, GATE_BIAS_INIT)
+    return linear
+
+
+class TokenLayout:
+    """Full attention over the L positions of [B, S, L, ...]; the pair bias [B, L, L, H] is shared
+    by the S samples (evo_attention reads one bias for every row)."""
+
+    def __init__(self, token_mask: torch.Tensor, extra_bias: torch.Tensor | None = None) -> None:
+        self.token_mask = token_mask  # [B, L] bool
+        self.extra_bias = extra_bias  # [B, L, L] or None: beta of Algorithm 23
+
+    def bias(self, pair_bias: torch.Tensor) -> torch.Tensor:
+        """[B, L, L, H] -> [B, 1, H, L, L]"""
+        bias = pair_bias.permute(0, 3, 1, 2)
+        if self.extra_bias is not None:
+            bias = bias + self.extra_bias.unsqueeze(1).to(bias.dtype)
+        return bias.unsqueeze(1).contiguous()
+
+    def pack(self, q, k, v):
+        """q, k, v [B, S, L, H, D] as they are, and the key mask [B, S, L]."""
+        mask = self.token_mask[:, None, :].expand(-1, q.shape[1], -1).contiguous()
+        return q, k, v, mask
+
+    def unpack(self, out: torch.Tensor) -> torch.Tensor:
+        return out
+
+
+class AdaptiveLayerNorm(nn.Module):
+    """Algorithm 26, AdaLN: LayerNorm of a without affine, scaled by sigmoid(Linear(LN(s))) and
+    shifted by LinearNoBias(LN(s))."""
+
+    def __init__(self, c_a: int, c_s: int) -> None:
+        super().__init__()
+        self.norm_a = nn.LayerNorm(c_a, elementwise_affine=False)
+        self.norm_s = nn.LayerNorm(c_s, bias=False)
+        self.scale = nn.Linear(c_s, c_a)
+        self.shift = nn.Linear(c_s, c_a, bias=False)
+
+    def forward(self, a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        s = self.norm_s(s)
+        return torch.sigmoid(self.scale(s)) * self.norm_a(a) + self.shift(s)
+
+
+class ConditionedTransition(nn.Module):
+    """Algorithm 25, ConditionedTransitionBlock: a SwiGLU transition on AdaLN(a, s), gated by s."""
+
+    def __init__(self, c_a: int, c_s: int, expansion: int = 2) -> None:
+        super().__init__()
+        self.adaln = AdaptiveLayerNorm(c_a, c_s)
+        self.linear_a = nn.Linear(c_a, expansion * c_a, bias=False)
+        self.linear_b = nn.Linear(c_a, expansion * c_a, bias=False)
+        self.linear_out = nn.Linear(expansion * c_a, c_a, bias=False)
+        self.output_gate = _gate(c_s, c_a)
+
+    def forward(self, a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        x = self.adaln(a, s)
+        hidden = F.silu(self.linear_a(x)) * self.linear_b(x)
+        return torch.sigmoid(self.output_gate(s)) * self.linear_out(hidden)
+
+
+class ConditionedAttention(nn.Module):
+    """Algorithm 24, AttentionPairBias with conditioning: AdaLN(a, s), gated multi-head attention
+    with a per-head bias LinearNoBias(LayerNorm(pair)) (+ beta), and AF3's output gate on s."""
+
+    def __init__(self, c_a: int, c_s: int, c_pair: int, num_heads: int, kernels: str) -> None:
+        super().__init__()
+        if c_a % num_heads:
+            raise ValueError(f"ConditionedAttention: width {c_a} is not a multiple of {num_heads} heads")
+        self.num_heads = num_heads
+        self.head_dim = c_a // num_heads
+        self.adaln = AdaptiveLayerNorm(c_a, c_s)
+        # q, k, v and the gate from one matrix product; only q has a bias (Algorithm 24)
+        self.proj = nn.Linear(c_a, 4 * c_a, bias=False)
+        self.query_bias = nn.Parameter(torch.zeros(c_a))
+        self.pair_bias = kernel_module("LayerNormLinear", c_pair, num_heads, bias=False, kernels=kernels)
+        self.linear_out = nn.Linear(c_a, c_a, bias=False)
+        self.output_gate = _gate(c_s, c_a)
+        self.attention = attention_fn(kernels)
+
+    def forward(self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
+        """a [B, S, L, C_a], s [B, S or 1, L, C_s], pair as the layout reads it -> update of a."""
+        width = a.shape[-1]
+        q, k, v, gate = self.proj(self.adaln(a, s)).split(width, dim=-1)
+        q = q + self.query_bias
+        q, k, v, gate = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in (q, k, v, gate))
+        bias = layout.bias(self.pair_bias(pair))
+        q_rows, k_rows, v_rows, mask = layout.pack(q, k, v)
+        out = layout.unpack(self.attention(q_rows, k_rows, v_rows, bias=bias, mask=mask))  # [B, S, L, H, D]
+        out = self.linear_out((torch.sigmoid(gate) * out.to(gate.dtype)).flatten(-2))
+        return torch.sigmoid(self.output_gate(s)) * out
+
+
+class ConditionedTransformerBlock(nn.Module):
+    def __init__(self, c_a: int, c_s: int, c_pair: int, num_heads: int, kernels: str) -> None:
+        super().__init__()
+        self.attention = ConditionedAttention(c_a, c_s, c_pair, num_heads, kernels)
+        self.transition = ConditionedTransition(c_a, c_s)
+
+    def forward(self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
+        # Residual after each half, as Protenix and Boltz run Algorithm 23 (its line 3 as printed
+        # would drop a's residual path).
+        a = a + self.attention(a, s, pair, layout)
+        return a + self.transition(a, s)
+
+
+class ConditionedTransformer(nn.Module):
+    """Algorithm 23, DiffusionTransformer: N blocks of conditioned attention and transition."""
+
+    def __init__(self, c_a: int, c_s: int, c_pair: int, num_blocks: int, num_heads: int, kernels: str,
+                 checkpoint_blocks: bool = True) -> None:
+        super().__init__()
+        self.checkpoint_blocks = checkpoint_blocks
+        self.blocks = nn.ModuleList(
+            ConditionedTransformerBlock(c_a, c_s, c_pair, num_heads, kernels) for _ in range(num_blocks))
+
+    def forward(self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
+        for block in self.blocks:
+            if self.checkpoint_blocks and self.training and torch.is_grad_enabled():
+                # as featurecache.model.pairformer.run_blocks: reentrant, no RNG state
+                a = checkpoint(block, a, s, pair, layout, use_reentrant=True, preserve_rng_state=False)
+            else:
+                a = block(a, s, pair, layout)
+        return a
