@@ -190,7 +190,7 @@ def verify(cache_dir, as_json):
 @cli.command()
 @click.argument("cache_dir", type=click.Path(path_type=pathlib.Path))
 @click.argument("key")
-@click.option("--table", default="features", show_default=True, type=click.Choice(["features", "msa", "errors"]),
+@click.option("--table", default="features", show_default=True, type=click.Choice(["features", "msa", "errors", "conformers"]),
               help="Table to read the key from.")
 def show(cache_dir, key, table):
     """One record's arrays: names, dtypes, shapes and summary values."""

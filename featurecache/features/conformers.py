@@ -51,7 +51,7 @@ class ReferenceConformers:
         try:
             self.ccd = load_ccd(chem.ccd_path)
         except FileNotFoundError as error:
-            raise ValueError(f"chem.ccd_path: {error}") from None
+            raise ValueError(str(error)) from None
         self.settings = conformer_settings(chem)
         self._conformers: dict[str, Conformer] = dict(given or {})
         self.computed: list[str] = []

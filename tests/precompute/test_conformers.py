@@ -7,9 +7,12 @@ import shutil
 import numpy as np
 import pytest
 
+from click.testing import CliRunner
+
 from featurecache.chem import conformer_from_arrays, decode_atom_names
+from featurecache.cli import cli
 from featurecache.loader import CacheDataset
-from featurecache.precompute.pipeline import PrecomputeOptions, precompute
+from featurecache.precompute.pipeline import PipelineSetupError, PrecomputeOptions, precompute
 from featurecache.schema import CONFORMERS_TABLE, SCHEMA_VERSION
 from featurecache.config import StoreConfig
 from featurecache.store.codec import decode_record, encode_record
@@ -85,6 +88,17 @@ def test_each_code_is_computed_once_across_targets_and_runs(tmp_path, inputs):
     text = format_stats(report)
     assert f"conformers   rdkit {sources['rdkit']}, ccd_ideal {sources['ccd_ideal']}" in text
 
+    # `show` prints the new arrays of a feature record and a conformer record.
+    runner = CliRunner()
+    shown = runner.invoke(cli, ["show", str(cache), "721p-fem"])
+    assert shown.exit_code == 0, shown.output
+    for name in ("ref_pos", "ref_mask", "ref_element", "ref_charge", "ref_atom_name_chars", "ref_space_uid",
+                 "token_bonds", "distogram_atom_index", "frame_atom_index"):
+        assert f"  {name} " in shown.output
+    key = next(key for key, entry in read_manifest(cache).index[CONFORMERS_TABLE].items() if entry["code"] == "FEM")
+    shown = runner.invoke(cli, ["show", str(cache), key, "--table", "conformers"])
+    assert shown.exit_code == 0 and "meta.source" in shown.output and "ccd_ideal" in shown.output
+
 
 def test_conformer_settings_key_new_records(tmp_path, inputs):
     cache = tmp_path / "cache"
@@ -121,3 +135,14 @@ def test_v1_cache_is_refused_by_the_loader_and_recomputed_by_precompute(tmp_path
     with StoreReader(cache) as reader:
         assert decode_record(reader.get("features", "2q2k")).schema_version == SCHEMA_VERSION
     assert len(CacheDataset(cache, crop_size=None)) == 2
+
+
+@pytest.mark.parametrize("content", [None, "not a CIF file\n"])
+def test_bad_ccd_path_is_one_setup_error(tmp_path, inputs, content):
+    ccd = tmp_path / "components.cif"
+    if content is not None:
+        ccd.write_text(content)
+    config = tmp_path / "pipeline.toml"
+    config.write_text(f'[chem]\nccd_path = "{ccd.name}"\n')
+    with pytest.raises(PipelineSetupError, match=r"^\[chem\] ccd_path: CCD file .*components.cif"):
+        precompute(_options([inputs], tmp_path / "cache", config_path=config))
