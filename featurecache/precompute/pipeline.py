@@ -8,30 +8,34 @@ written last, so an unfinished cache is never mistaken for a finished one.
 
 Stages: `search` (one task per unique chain sequence, only with a pipeline config),
 `conformers` (every CCD code's reference conformer computed once into the `conformers` table;
-conformers.py) and `featurize` (one task per target). Failures become `errors` records and the run carries on.
+conformers.py) and `featurize` (one task per target), both on curated structures (curation.py): a target
+curation leaves out gets no record and is listed in the manifest's "excluded" table. Failures
+become `errors` records and the run carries on. Last, the driver clusters every chain and
+interface of the cache and writes AF3's sampling weights into the manifest
+(sampling_index.py); feature records are not touched by that, so adding targets re-clusters
+without recomputing features.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from featurecache.config import ChemConfig, FeatureConfig, StoreConfig, file_sha256, fingerprint
+from featurecache.config import ChemConfig, file_sha256, fingerprint
 from featurecache.io import inputs
-from featurecache.io.alignments import AlignmentIndex
 from featurecache.precompute import tasks
+from featurecache.precompute.clustering import TargetChains
 from featurecache.precompute.conformers import ConformerStage, chem_fingerprint
-from featurecache.precompute.pipeline_config import (
-    PipelineConfig,
-    PipelineConfigError,
-    load_pipeline_config,
-    preflight,
+from featurecache.precompute.plan import (
+    PipelineSetupError,
+    PrecomputeOptions,
+    RunPlan,
+    discover_inputs,
+    prepare,
 )
 from featurecache.precompute.ray_executor import TaskRunner, start_ray
 from featurecache.precompute.report import (
@@ -40,16 +44,18 @@ from featurecache.precompute.report import (
     StageCounts,
     progress_bars,
 )
+from featurecache.precompute.sampling_index import SamplingIndex
 from featurecache.precompute.search import SearchPlan, database_search_key, sequence_key
-from featurecache.precompute.tasks import ChainSequence, TargetInput, TaskError
+from featurecache.precompute.tasks import ChainSequence, ExcludedTarget, TargetInput, TaskError
+from featurecache.precompute.tools import ToolError
 from featurecache.schema import ERRORS_TABLE, FEATURES_TABLE, MSA_TABLE, SCHEMA_VERSION
 from featurecache.store.codec import encode_record, read_header
-from featurecache.store.layout import find_shards
 from featurecache.store.locks import StoreLockedError
-from featurecache.store.writer import StoreWriteError, StoreWriter, declared_shard_count
+from featurecache.store.manifest import Manifest, read_manifest
+from featurecache.store.writer import StoreWriteError, StoreWriter
 
-__all__ = ["STAGES", "CacheWriteError", "PipelineSetupError", "PrecomputeOptions", "PrecomputeSummary",
-           "StageCounts", "discover_inputs", "precompute"]
+__all__ = ["STAGES", "CacheWriteError", "ClusteringError", "PipelineSetupError", "PrecomputeOptions",
+           "PrecomputeSummary", "StageCounts", "discover_inputs", "precompute"]
 
 log = logging.getLogger(__name__)
 
@@ -57,157 +63,13 @@ _STDERR_TAIL_CHARS = 2000
 _TARGET_STAGES = ("parse", "alignments", "featurize")  # failures counted under "featurize"
 
 
-class PipelineSetupError(Exception):
-    """A problem found before any work starts: bad option, missing tool, database or folder."""
+class ClusteringError(PipelineSetupError):
+    """MMseqs2 failed while clustering the finished records; they stay, a rerun clusters again."""
 
 
 class CacheWriteError(PipelineSetupError):
     """The cache stopped accepting writes mid-run (disk full, permissions). What was committed
     stays intact and the manifest is not written, so a rerun with space finishes the job."""
-
-
-@dataclass
-class PrecomputeOptions:
-    inputs: list[Path]
-    cache_dir: Path
-    config_path: Path | None = None
-    alignments_dir: Path | None = None
-    template_dir: Path | None = None
-    address: str | None = None         # Ray cluster address; None starts Ray locally
-    executor: str = "ray"              # "ray", or "inline": every task in this process (debugging, tests)
-    num_workers: int | None = None     # CPUs for a local Ray; None = all
-    num_shards: int | None = None
-    msa_rows_stored: int | None = None  # overrides the config's features.msa_rows_stored
-    retry_failed: bool = True
-    progress: bool = True
-    max_in_flight: int | None = None   # tasks submitted at once; default 4 per CPU
-
-
-# --- inputs and preflight -----------------------------------------------------------------------
-
-
-def discover_inputs(paths: list[Path]) -> list[Path]:
-    """Input files from files and folders; a missing input or a target-id clash is a setup error."""
-    try:
-        return inputs.discover_inputs(paths)
-    except inputs.InputError as error:
-        raise PipelineSetupError(str(error)) from None
-
-
-def _check_writable_dir(path: Path, option: str) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise PipelineSetupError(f"{option} {path}: cannot create folder: {error.strerror}") from None
-    if not path.is_dir():
-        raise PipelineSetupError(f"{option} {path} is not a folder")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise PipelineSetupError(f"{option} {path} is not writable")
-
-
-def _folder_identity(root: Path) -> str:
-    """Fingerprint of an input folder (alignments, templates): every file's path, size and mtime."""
-    entries = []
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            stat = path.stat()
-            entries.append((str(path.relative_to(root)), stat.st_size, stat.st_mtime_ns))
-    return fingerprint(entries)
-
-
-@dataclass
-class _Plan:
-    """Everything resolved before work starts."""
-
-    inputs: list[Path]
-    feature_config: FeatureConfig
-    store_config: StoreConfig
-    template_dir: str | None
-    pipeline_config: PipelineConfig | None
-    alignment_index: AlignmentIndex | None
-    mode_fingerprint: str
-
-
-def _prepare(options: PrecomputeOptions) -> _Plan:
-    if options.executor not in ("ray", "inline"):
-        raise PipelineSetupError(f"executor must be 'ray' or 'inline', got {options.executor!r}")
-    if not options.inputs:
-        raise PipelineSetupError("no inputs given")
-    input_files = discover_inputs(options.inputs)
-    if not input_files:
-        raise PipelineSetupError(f"no mmCIF or FASTA files found in {', '.join(map(str, options.inputs))}")
-    pipeline_config = _load_pipeline_config(options.config_path)
-    feature_config, store_config = FeatureConfig(), StoreConfig()
-    template_dir = None
-    if pipeline_config is not None:
-        feature_config, store_config = pipeline_config.features, pipeline_config.store
-        template_dir = pipeline_config.template_mmcif_dir
-    if options.msa_rows_stored is not None:
-        if options.msa_rows_stored < 1:
-            raise PipelineSetupError(f"--msa-rows-stored must be at least 1, got {options.msa_rows_stored}")
-        feature_config = dataclasses.replace(feature_config, msa_rows_stored=options.msa_rows_stored)
-    store_config = dataclasses.replace(store_config, num_shards=_shard_count(options, store_config))
-    _check_writable_dir(options.cache_dir, "--cache")
-    if options.template_dir is not None:
-        template_dir = str(options.template_dir)
-    if template_dir is not None and not Path(template_dir).is_dir():
-        raise PipelineSetupError(f"template folder {template_dir} does not exist")
-    alignment_index = _alignment_index(options.alignments_dir)
-    mode = _mode(options.alignments_dir, pipeline_config, template_dir)
-    return _Plan(input_files, feature_config, store_config, template_dir, pipeline_config, alignment_index,
-                 fingerprint(mode))
-
-
-def _load_pipeline_config(path: Path | None) -> PipelineConfig | None:
-    """The --config file, read and preflighted (every missing tool or database named at once)."""
-    if path is None:
-        return None
-    try:
-        config = load_pipeline_config(path)
-    except (PipelineConfigError, OSError) as error:
-        raise PipelineSetupError(str(error)) from None
-    problems = preflight(config)
-    if problems:
-        raise PipelineSetupError("preflight failed:\n  " + "\n  ".join(problems))
-    return config
-
-
-def _shard_count(options: PrecomputeOptions, store_config: StoreConfig) -> int:
-    """--shards for a new cache; an existing cache keeps the count its shards were created with."""
-    shard_files = find_shards(options.cache_dir) if options.cache_dir.is_dir() else []
-    # What the shards were created for: a killed run may have left only some of them.
-    existing_shards = (declared_shard_count(options.cache_dir) or len(shard_files)) if shard_files else 0
-    num_shards = options.num_shards or existing_shards or store_config.num_shards
-    if options.num_shards and existing_shards and options.num_shards != existing_shards:
-        raise PipelineSetupError(
-            f"--shards {options.num_shards}: cache {options.cache_dir} already has {existing_shards} shards")
-    if num_shards < 1:
-        raise PipelineSetupError(f"--shards must be at least 1, got {num_shards}")
-    return num_shards
-
-
-def _alignment_index(alignments_dir: Path | None) -> AlignmentIndex | None:
-    if alignments_dir is None:
-        return None
-    if not alignments_dir.is_dir():
-        raise PipelineSetupError(f"--alignments {alignments_dir} is not a folder")
-    index = AlignmentIndex(alignments_dir)
-    for problem in index.errors:
-        log.warning("alignments: %s", problem)
-    return index
-
-
-def _mode(alignments_dir: Path | None, pipeline_config: PipelineConfig | None, template_dir: str | None) -> dict:
-    """Where the MSAs and templates come from, as fingerprints: part of every feature fingerprint."""
-    mode = {"mode": "query-only"}
-    if alignments_dir is not None:
-        mode = {"mode": "ingest", "alignments": _folder_identity(alignments_dir)}
-    if pipeline_config is not None:
-        plan = SearchPlan(pipeline_config)
-        mode = {"mode": "search", **{t: plan.fingerprint(t) for t in tasks.SEARCHED_TYPES}, **mode}
-    if template_dir is not None:
-        mode["templates"] = _folder_identity(Path(template_dir))
-    return mode
 
 
 # --- the driver ---------------------------------------------------------------------------------
@@ -216,15 +78,16 @@ def _mode(alignments_dir: Path | None, pipeline_config: PipelineConfig | None, t
 def precompute(options: PrecomputeOptions) -> PrecomputeSummary:
     """Run the whole precompute job; see the module docstring. Raises PipelineSetupError early."""
     started = time.perf_counter()
-    plan = _prepare(options)
+    plan = prepare(options)
     summary = PrecomputeSummary(cache_dir=str(options.cache_dir))
+    # Curation changes what is featurized, so its settings are part of every record's fingerprint.
     chem = plan.pipeline_config.chem if plan.pipeline_config is not None else ChemConfig()
     try:  # the CCD's content and the conformer settings change atoms and ref_pos
         chem_identity = chem_fingerprint(chem)
     except (ValueError, OSError) as error:
         raise PipelineSetupError(f"[chem] ccd_path: {error}") from None
     feature_fingerprint = fingerprint(plan.feature_config.fingerprint_fields(), SCHEMA_VERSION, plan.mode_fingerprint,
-                                      chem_identity)
+                                      dataclasses.asdict(plan.curation), chem_identity)
     try:
         writer = StoreWriter(options.cache_dir, plan.store_config)
     except StoreLockedError as error:
@@ -232,10 +95,12 @@ def precompute(options: PrecomputeOptions) -> PrecomputeSummary:
     except (OSError, ValueError) as error:
         raise PipelineSetupError(f"--cache {options.cache_dir}: {error}") from None
     try:
-        _Run(options, plan, writer, feature_fingerprint, summary, chem).run()
+        run = _Run(options, plan, writer, feature_fingerprint, summary, chem)
+        run.run()
+        derived_index, sampling_fingerprints = run.sampling_tables()
         fingerprints = {"features": feature_fingerprint, "feature_config": plan.feature_config.config_fingerprint(),
-                        "mode": plan.mode_fingerprint}
-        writer.finish(fingerprints=fingerprints, schema_version=SCHEMA_VERSION)
+                        "mode": plan.mode_fingerprint, **sampling_fingerprints}
+        writer.finish(fingerprints=fingerprints, schema_version=SCHEMA_VERSION, derived_index=derived_index)
     except (StoreWriteError, OSError) as error:
         raise CacheWriteError(f"--cache {options.cache_dir}: {error}") from None
     finally:
@@ -250,7 +115,7 @@ def precompute(options: PrecomputeOptions) -> PrecomputeSummary:
 class _Run:
     """One run's driver: picks the targets to do, runs the stages, writes every result."""
 
-    def __init__(self, options: PrecomputeOptions, plan: _Plan, writer: StoreWriter, feature_fingerprint: str,
+    def __init__(self, options: PrecomputeOptions, plan: RunPlan, writer: StoreWriter, feature_fingerprint: str,
                  summary: PrecomputeSummary, chem: ChemConfig = ChemConfig()) -> None:
         self.options = options
         self.plan = plan
@@ -262,6 +127,8 @@ class _Run:
         self.ray = None
         self.max_in_flight = 1
         self.conformers = ConformerStage(self, chem)
+        tmp_dir = plan.pipeline_config.tmp_dir if plan.pipeline_config else None
+        self.sampling = SamplingIndex(plan.clustering, plan.mmseqs, tmp_dir, _last_manifest(options.cache_dir))
 
     def run(self) -> None:
         todo = self._targets_to_do()
@@ -273,6 +140,18 @@ class _Run:
             todo, chain_keys = self._search_stage(todo)
         conformer_codes = self.conformers.prepare(todo, tasks.conformer_codes)
         self._featurize_stage(todo, chain_keys, conformer_codes)
+
+    def sampling_tables(self) -> tuple[dict, dict]:
+        """The manifest's "sampling" and "excluded" tables and their fingerprints (sampling_index.py)."""
+        started = time.perf_counter()
+        try:
+            tables = self.sampling.tables(self.writer)
+        except ToolError as error:
+            raise ClusteringError(f"--cache {self.options.cache_dir}: clustering failed (the feature records are "
+                                  f"kept; rerun to retry): {error}") from None
+        self.summary.clustered = self.sampling.clustered
+        self.summary.cluster_seconds = time.perf_counter() - started
+        return tables
 
     # --- bookkeeping ---
 
@@ -310,12 +189,27 @@ class _Run:
             self.summary.targets += 1
             target = TargetInput(str(path), target_id, input_hash)
             failed_before = any(f"{stage}/{target_id}" in self.attempts for stage in ("parse", "featurize"))
-            if _is_current(self.writer, target, self.feature_fingerprint) or (
-                    failed_before and not self.options.retry_failed):
+            current = _current_meta(self.writer, target, self.feature_fingerprint)
+            if current is not None:
+                self.sampling.add(TargetChains.from_meta(target_id, current))
+                self.summary.stages["featurize"].skipped += 1
+            elif self.sampling.was_excluded(target_id, input_hash, self.feature_fingerprint):
+                self.sampling.carry_excluded(target_id)
+                self.summary.stages["featurize"].skipped += 1
+            elif failed_before and not self.options.retry_failed:
                 self.summary.stages["featurize"].skipped += 1
             else:
                 todo.append(target)
         return todo
+
+    def _exclude(self, excluded: ExcludedTarget) -> None:
+        """A target curation leaves out: no feature record (an old one goes), listed in the manifest."""
+        with self._timed_write():
+            if self.writer.get(FEATURES_TABLE, excluded.target_id) is not None:
+                self.writer.delete(FEATURES_TABLE, excluded.target_id)
+            self._clear_errors(excluded.target_id, _TARGET_STAGES)
+        self.sampling.exclude(excluded, self.feature_fingerprint)
+        self.summary.excluded += 1
 
     def _start_executor(self) -> None:
         cpus = 1
@@ -348,16 +242,20 @@ class _Run:
                 blobs = {key: self.writer.get(MSA_TABLE, key) for key in set(keys.values())}
                 runner.submit("featurize", target.target_id, partial(tasks.featurize_searched, **conformers),
                               target, blobs, keys,
-                              plan.feature_config, plan.template_dir, self.feature_fingerprint)
+                              plan.feature_config, plan.curation, plan.template_dir, self.feature_fingerprint)
             else:
                 runner.submit("featurize", target.target_id, partial(tasks.featurize_ingested, **conformers),
                               target, shared_index,
-                              plan.feature_config, plan.template_dir, self.feature_fingerprint, _ingested_msa_key)
+                              plan.feature_config, plan.curation, plan.template_dir, self.feature_fingerprint,
+                              _ingested_msa_key)
         runner.drain()
 
     def _store_features(self, stage: str, target_id: str, result) -> None:
         if isinstance(result, TaskError):
             self._record_failure(result.stage, result.key, result.message, result.stderr_tail, target=target_id)
+            return
+        if isinstance(result, ExcludedTarget):
+            self._exclude(result)
             return
         with self._timed_write():
             for msa_key, blob in result.msa_blobs.items():
@@ -365,6 +263,7 @@ class _Run:
                     self.writer.put(MSA_TABLE, msa_key, blob)
             self.writer.put(FEATURES_TABLE, result.target_id, result.features_blob, index=result.index_entry)
             self._clear_errors(result.target_id, _TARGET_STAGES)
+        self.sampling.add(result.chains)
         self.summary.featurize_seconds += result.seconds
         self.summary.warnings += len(result.warnings)
         self.summary.stages["featurize"].done += 1
@@ -411,6 +310,9 @@ class _Run:
             if isinstance(result, TaskError):
                 self._record_failure(result.stage, result.key, result.message, target=target_id)
                 return
+            if isinstance(result, ExcludedTarget):
+                self._exclude(result)
+                return
             keys = {}
             for chain in result:
                 search_fingerprint = search_plan.fingerprint(chain.molecule_type)
@@ -424,7 +326,7 @@ class _Run:
 
         runner = self._runner(parsed, crashed, len(todo), "parse", "target")
         for target in todo:
-            runner.submit("parse", target.target_id, tasks.parse_chains, target)
+            runner.submit("parse", target.target_id, tasks.parse_chains, target, self.plan.curation)
         runner.drain()
         return chain_keys, unique
 
@@ -498,12 +400,23 @@ def _previous_attempts(writer: StoreWriter) -> dict[str, int]:
     return attempts
 
 
-def _is_current(writer: StoreWriter, target: TargetInput, feature_fingerprint: str) -> bool:
+def _current_meta(writer: StoreWriter, target: TargetInput, feature_fingerprint: str) -> dict | None:
+    """The metadata of the target's feature record if it is current (same settings and input), else None."""
     blob = writer.get(FEATURES_TABLE, target.target_id)
     if blob is None:
-        return False
+        return None
     try:
         header = read_header(blob, where=f"features/{target.target_id}", key=target.target_id)
     except Exception:  # damaged: recompute it
-        return False
-    return header.fingerprint == feature_fingerprint and header.input_hash == target.input_hash
+        return None
+    if header.fingerprint == feature_fingerprint and header.input_hash == target.input_hash:
+        return header.meta
+    return None
+
+
+def _last_manifest(cache_dir: Path) -> Manifest | None:
+    """The cache's last finished manifest (its excluded targets and sampling table), if readable."""
+    try:
+        return read_manifest(cache_dir, expected_schema=None)
+    except (OSError, ValueError):
+        return None

@@ -1,9 +1,11 @@
 """The pipeline config (``featurecache precompute --config pipeline.toml``), its fingerprints and preflight.
 
 The TOML file names the sequence databases (path, tool, role, hit cap, declared version), the
-tools' binaries, threads, timeouts and flags, the template mmCIF folder, and the feature and store
-settings. ``examples/pipeline.toml`` documents every key. Relative paths are resolved against the
-folder of the TOML file, so a config can travel with its databases.
+tools' binaries, threads, timeouts and flags, the template mmCIF folder, the feature and store
+settings, and curation and clustering (AF3's PDB filters and sampling weights; both default to
+AF3's, which runs without a config file use). ``examples/pipeline.toml`` documents every key.
+Relative paths are resolved against the folder of the TOML file, so a config can travel with
+its databases.
 
 ``preflight`` runs before any work starts and names every missing tool binary, database file or
 folder at once; the CLI exits with status 2 when it reports anything.
@@ -12,6 +14,7 @@ folder at once; the CLI exits with status 2 when it reports anything.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import tomllib
 import warnings
@@ -19,7 +22,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from featurecache.config import FEATURE_RENAMES, ChemConfig, FeatureConfig, StoreConfig, fingerprint
+from featurecache.config import (
+    FEATURE_RENAMES,
+    ChemConfig,
+    ClusteringConfig,
+    CurationConfig,
+    FeatureConfig,
+    StoreConfig,
+    fingerprint,
+)
 from featurecache.precompute.tools import (
     TOOLS,
     Hmmsearch,
@@ -98,6 +109,8 @@ class PipelineConfig:
     features: FeatureConfig = field(default_factory=FeatureConfig)
     chem: ChemConfig = field(default_factory=ChemConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    curation: CurationConfig = field(default_factory=CurationConfig)
+    clustering: ClusteringConfig = field(default_factory=ClusteringConfig)
     source: str | None = None  # the TOML file this came from, for messages
 
     def tool_settings(self, name: str) -> ToolSettings:
@@ -132,7 +145,7 @@ class PipelineConfig:
 
 # --- loading -----------------------------------------------------------------------------------
 
-_TOP_KEYS = {"search", "tools", "databases", "templates", "features", "chem", "store"}
+_TOP_KEYS = {"search", "tools", "databases", "templates", "features", "chem", "store", "curation", "clustering"}
 _SEARCH_KEYS = {"threads", "timeout_s", "tmp_dir"}
 _TOOL_KEYS = {"binary", "threads", "timeout_s", "flags", "extra_flags"}
 _DATABASE_KEYS = {"name", "tool", "role", "path", "max_hits", "version", "molecule_types"}
@@ -184,6 +197,9 @@ def parse_pipeline_config(document: Mapping, base_dir: str | os.PathLike = ".", 
         features=_dataclass_from_table(reader, FeatureConfig, features_table, "features"),
         chem=_chem_config(reader, reader.table(document.get("chem", {}), "chem")),
         store=_dataclass_from_table(reader, StoreConfig, reader.table(document.get("store", {}), "store"), "store"),
+        curation=_curation_config(reader, reader.table(document.get("curation", {}), "curation")),
+        clustering=_dataclass_from_table(reader, ClusteringConfig,
+                                         reader.table(document.get("clustering", {}), "clustering"), "clustering"),
         source=source,
     )
 
@@ -359,6 +375,29 @@ def _chem_config(reader: _TomlReader, values: Mapping) -> ChemConfig:
     ccd_path = reader.resolve(values.pop("ccd_path"), "chem.ccd_path") if "ccd_path" in values else None
     settings = _dataclass_from_table(reader, ChemConfig, values, "chem")
     return dataclasses.replace(settings, ccd_path=ccd_path)
+
+
+def _curation_config(reader: _TomlReader, values: Mapping) -> CurationConfig:
+    """[curation]: dates as TOML dates or "YYYY-MM-DD" strings, crystallization_aids a list of
+    CCD codes, the rest plain settings (max_resolution = inf keeps every resolution)."""
+    values = dict(values)
+    special = {}
+    for name in ("min_release_date", "max_release_date"):
+        if name in values:
+            value = values.pop(name)
+            if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
+                value = value.isoformat()
+            if not isinstance(value, str):
+                raise reader.fail(f"curation.{name}", f"expected a date (YYYY-MM-DD), got {value!r}")
+            special[name] = value
+    if "crystallization_aids" in values:
+        special["crystallization_aids"] = reader.string_list(values.pop("crystallization_aids"),
+                                                             "curation.crystallization_aids")
+    settings = _dataclass_from_table(reader, CurationConfig, values, "curation")
+    try:
+        return dataclasses.replace(settings, **special)
+    except ValueError as error:
+        raise reader.fail("curation", str(error)) from None
 
 
 # --- database files and fingerprints -----------------------------------------------------------

@@ -21,6 +21,7 @@ class StageCounts:
 class PrecomputeSummary:
     cache_dir: str
     targets: int = 0
+    excluded: int = 0               # targets curation left out in this run (no feature record)
     stages: dict[str, StageCounts] = field(default_factory=lambda: {stage: StageCounts() for stage in STAGES})
     warnings: int = 0
     failures: list[dict] = field(default_factory=list)
@@ -29,6 +30,8 @@ class PrecomputeSummary:
     featurize_seconds: float = 0.0  # parsing + featurization + encoding (summed over tasks)
     conformer_seconds: float = 0.0  # reference conformers computed in this run (summed over tasks)
     write_seconds: float = 0.0      # driver time in LMDB writes
+    clustered: bool = False         # chains were clustered again (False: nothing changed, or clustering off)
+    cluster_seconds: float = 0.0    # clustering and sampling weights over the whole cache
 
     @property
     def failed(self) -> int:
@@ -43,6 +46,10 @@ class PrecomputeSummary:
         lines = [f"cache {self.cache_dir}: {self.targets} target(s) in {self.seconds:.1f} s"]
         for stage, counts in self.stages.items():
             lines.append(f"  {stage:<10} done {counts.done:>6}  skipped {counts.skipped:>6}  failed {counts.failed:>6}")
+        if self.excluded:
+            lines.append(f"  excluded by curation: {self.excluded} target(s) (see `featurecache stats`)")
+        if self.clustered:
+            lines.append(f"  clustered every chain and interface of the cache in {self.cluster_seconds:.1f} s")
         if self.warnings:
             lines.append(f"  warnings: {self.warnings} (see `featurecache stats`)")
         for failure in self.failures[:FAILURES_SHOWN]:

@@ -1,12 +1,16 @@
 """The units of precompute work, as plain functions (ray_executor.py runs them on Ray or inline).
 
-- `read_target` parses one input file (mmCIF, or FASTA for sequence-only targets);
-  `parse_chains` gives its chains that are searched.
+- `read_target` parses one input file (mmCIF, or FASTA for sequence-only targets) and
+  `read_curated` applies curation (curation.py) to it; `parse_chains` gives the searched
+  chains of the curated structure. A target curation leaves out as a whole comes back as an
+  `ExcludedTarget` instead (from `parse_chains` and the featurize tasks alike).
 - `search_chain` runs the configured search tools for one unique chain sequence and returns
   its MSA record (MSA + template hits), ready for the `msa` table.
 - `featurize_ingested` / `featurize_searched` build one target's feature record from its
-  structure and the MSAs of its chains, ingested from an alignments folder or decoded from
-  `msa` records.
+  curated structure and the MSAs of its chains, ingested from an alignments folder or decoded
+  from `msa` records. The record's metadata adds what curation removed ("curation"), each
+  chain's molecule type ("chain_types") and the chain pairs in contact ("interfaces", the
+  input of clustering, which runs over the whole cache at the end of the run).
 
 Search and featurization return encoded records (bytes), so workers never touch LMDB: the
 driver is the only writer, as LMDB requires. Failures raise `TaskError` carrying the stage and,
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from featurecache.config import ChemConfig, FeatureConfig, fingerprint
+from featurecache.config import ChemConfig, CurationConfig, FeatureConfig, fingerprint
 from featurecache.features.featurize import featurize_target as build_features
 from featurecache.io.alignments import AlignmentIndex
 from featurecache.io.common import ParseError
@@ -36,6 +40,9 @@ from featurecache.precompute.msa_records import (
     encode_database_search,
     encode_msa_record,
 )
+from featurecache.precompute.clustering import TargetChains
+from featurecache.precompute.contacts import interface_pairs
+from featurecache.precompute.curation import Curated, Exclusion, curate
 from featurecache.precompute.pipeline_config import PipelineConfig
 from featurecache.precompute.search import SearchPlan, database_search_key, sequence_key
 from featurecache.precompute.tools import ToolError
@@ -73,11 +80,21 @@ class ChainSequence:
     sequence: str
 
 
+@dataclass(frozen=True)
+class ExcludedTarget:
+    """A target curation leaves out as a whole (it gets no feature record)."""
+
+    target_id: str
+    input_hash: str
+    exclusion: Exclusion
+
+
 @dataclass
 class FeaturizeResult:
     target_id: str
     features_blob: bytes
     index_entry: dict
+    chains: TargetChains  # clustering's input, as the record's metadata holds it
     msa_blobs: dict[str, bytes] = field(default_factory=dict)  # msa key -> record (ingest mode)
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -112,14 +129,22 @@ def chain_sequences(structure: Structure) -> list[ChainSequence]:
 
 
 def conformer_codes(target: TargetInput, chem: ChemConfig) -> list[str]:
-    """The CCD codes whose conformers featurizing one input uses; raises TaskError(stage='parse')
-    naming the file."""
+    """The CCD codes whose conformers featurizing one input uses (of the whole parsed structure:
+    a few more than curation keeps); raises TaskError(stage='parse') naming the file."""
     return codes_of(read_target(target.path), chem)
 
 
-def parse_chains(target: TargetInput) -> list[ChainSequence]:
-    """The searched chains of one input; raises TaskError(stage='parse') naming the file."""
-    return chain_sequences(read_target(target.path))
+def read_curated(target: TargetInput, curation: CurationConfig) -> Curated:
+    """Parse one input and curate it; raises TaskError(stage='parse') naming the file."""
+    return curate(read_target(target.path), curation)
+
+
+def parse_chains(target: TargetInput, curation: CurationConfig) -> list[ChainSequence] | ExcludedTarget:
+    """The searched chains of one curated input; raises TaskError(stage='parse') naming the file."""
+    curated = read_curated(target, curation)
+    if curated.exclusion is not None:
+        return ExcludedTarget(target.target_id, target.input_hash, curated.exclusion)
+    return chain_sequences(curated.structure)
 
 
 def query_only_msa(sequence: str, source: str) -> Msa:
@@ -209,7 +234,8 @@ def search_chain(sequence: ChainSequence, msa_key: str, config: PipelineConfig, 
 # --- featurization ----------------------------------------------------------------------------
 
 
-def _index_entry(arrays: dict, meta: dict, record_fingerprint: str, input_hash: str) -> dict:
+def _index_entry(arrays: dict, meta: dict, record_fingerprint: str, input_hash: str,
+                 removed: dict[str, int]) -> dict:
     return {
         "num_tokens": int(arrays["restype"].shape[0]),
         "num_atoms": int(arrays["atom_to_token"].shape[0]),
@@ -217,16 +243,19 @@ def _index_entry(arrays: dict, meta: dict, record_fingerprint: str, input_hash: 
         "num_templates": int(arrays["template_restype"].shape[0]),
         "num_chains": len(meta.get("chain_ids", [])),
         "warnings": len(meta.get("warnings", [])),
-        "weight": 1.0,
+        "template_hits_without_coordinates": len(meta.get("template_hits_without_coordinates", [])),
+        "curation": removed,  # removals per reason (the record's meta "curation" lists them)
         "fingerprint": record_fingerprint,
         "input_hash": input_hash,
     }
 
 
-def _encode_features(target: TargetInput, structure: Structure, chain_msas: dict, chain_hits: dict,
-                     config: FeatureConfig, template_dir: str | None, record_fingerprint: str,
-                     extra_warnings: list[str], conformer_blobs: dict[str, bytes] | None = None,
-                     chem: ChemConfig | None = None) -> tuple[bytes, dict, list[str]]:
+def _encode_features(target: TargetInput, curated: Curated, chain_msas: dict, chain_hits: dict,
+                     config: FeatureConfig, curation: CurationConfig, template_dir: str | None,
+                     record_fingerprint: str, extra_warnings: list[str], msa_blobs: dict[str, bytes],
+                     started: float, conformer_blobs: dict[str, bytes] | None, chem: ChemConfig | None
+                     ) -> FeaturizeResult:
+    structure = curated.structure
     try:
         conformers = conformers_for(conformer_blobs, chem or ChemConfig())
         arrays, meta = build_features(structure, chain_msas, chain_hits, config, template_dir=template_dir,
@@ -234,22 +263,30 @@ def _encode_features(target: TargetInput, structure: Structure, chain_msas: dict
                                       conformers=conformers)
     except (ValueError, KeyError, IndexError, CorruptRecordError) as error:
         raise TaskError("featurize", target.target_id, f"{target.path}: {error}") from None
+    meta["curation"] = [removal.to_json() for removal in curated.removals]
+    meta["chain_types"] = [chain.molecule_type for chain in structure.chains]
+    meta["interfaces"] = interface_pairs(structure, curation.interface_distance)
     blob = encode_record(target.target_id, arrays, meta, record_fingerprint, target.input_hash, SCHEMA_VERSION,
                          config.zstd_level)
-    return blob, _index_entry(arrays, meta, record_fingerprint, target.input_hash), meta["warnings"]
+    entry = _index_entry(arrays, meta, record_fingerprint, target.input_hash, curated.removed_counts())
+    return FeaturizeResult(target.target_id, blob, entry, TargetChains.from_meta(target.target_id, meta), msa_blobs,
+                           meta["warnings"], time.perf_counter() - started)
 
 
 def featurize_ingested(target: TargetInput, alignments: AlignmentIndex | None, config: FeatureConfig,
-                       template_dir: str | None, record_fingerprint: str, msa_key, *,
-                       conformer_blobs: dict[str, bytes] | None = None, chem: ChemConfig | None = None
-                       ) -> FeaturizeResult:
+                       curation: CurationConfig, template_dir: str | None, record_fingerprint: str,
+                       msa_key, *, conformer_blobs: dict[str, bytes] | None = None,
+                       chem: ChemConfig | None = None) -> FeaturizeResult | ExcludedTarget:
     """Featurize one target with alignments ingested from files (or none: query-only MSAs).
 
     `msa_key(chain_sequence, files_fingerprint)` names the chain's record in the `msa` table;
     homomer chains share it, so it is stored once.
     """
     started = time.perf_counter()
-    structure = read_target(target.path)
+    curated = read_curated(target, curation)
+    if curated.exclusion is not None:
+        return ExcludedTarget(target.target_id, target.input_hash, curated.exclusion)
+    structure = curated.structure
     warnings: list[str] = []
     chain_msas: dict[str, Msa | None] = {}
     chain_hits: dict[str, list[TemplateHit]] = {}
@@ -273,18 +310,19 @@ def featurize_ingested(target: TargetInput, alignments: AlignmentIndex | None, c
                         "files": list(chain_alignments.msa_files) + list(chain_alignments.hit_files)}
                 msa_blobs[key] = encode_msa_record(key, chain_alignments.msa, chain_alignments.hits, meta,
                                                    files_fingerprint, config.zstd_level)
-    blob, entry, all_warnings = _encode_features(target, structure, chain_msas, chain_hits, config, template_dir,
-                                                 record_fingerprint, warnings, conformer_blobs, chem)
-    return FeaturizeResult(target.target_id, blob, entry, msa_blobs, all_warnings, time.perf_counter() - started)
+    return _encode_features(target, curated, chain_msas, chain_hits, config, curation, template_dir,
+                            record_fingerprint, warnings, msa_blobs, started, conformer_blobs, chem)
 
 
 def featurize_searched(target: TargetInput, msa_blobs: dict[str, bytes], chain_keys: dict[str, str],
-                       config: FeatureConfig, template_dir: str | None, record_fingerprint: str, *,
-                       conformer_blobs: dict[str, bytes] | None = None, chem: ChemConfig | None = None
-                       ) -> FeaturizeResult:
+                       config: FeatureConfig, curation: CurationConfig, template_dir: str | None,
+                       record_fingerprint: str, *, conformer_blobs: dict[str, bytes] | None = None,
+                       chem: ChemConfig | None = None) -> FeaturizeResult | ExcludedTarget:
     """Featurize one target from the `msa` records of its chains (chain id -> msa key)."""
     started = time.perf_counter()
-    structure = read_target(target.path)
+    curated = read_curated(target, curation)
+    if curated.exclusion is not None:
+        return ExcludedTarget(target.target_id, target.input_hash, curated.exclusion)
     chain_msas: dict[str, Msa | None] = {}
     chain_hits: dict[str, list[TemplateHit]] = {}
     decoded: dict[str, tuple[Msa, list[TemplateHit]]] = {}
@@ -292,7 +330,6 @@ def featurize_searched(target: TargetInput, msa_blobs: dict[str, bytes], chain_k
         if key not in decoded:
             decoded[key] = decode_msa_record(msa_blobs[key], where=f"msa/{key}")
         chain_msas[chain_id], chain_hits[chain_id] = decoded[key]
-    blob, entry, warnings = _encode_features(target, structure, chain_msas, chain_hits, config, template_dir,
-                                             record_fingerprint, [], conformer_blobs, chem)
-    return FeaturizeResult(target.target_id, blob, entry, {}, warnings, time.perf_counter() - started)
+    return _encode_features(target, curated, chain_msas, chain_hits, config, curation, template_dir,
+                            record_fingerprint, [], {}, started, conformer_blobs, chem)
 

@@ -1,8 +1,10 @@
 """What is in a cache, as text: `featurecache stats` and `featurecache show`.
 
 cache_stats gathers counts, sizes, token-count / MSA-depth / template distributions, warnings
-and failures from the manifest and the records' headers; format_stats prints that report and
-format_record one record's arrays and metadata. plot.py draws the report (`stats --plot`).
+and failures from the manifest and the records' headers, and what curation removed and the
+cluster-size and sampling-weight distributions from the manifest's "sampling" and "excluded"
+tables; format_stats prints that report and format_record one record's arrays and metadata.
+plot.py draws the report (`stats --plot`).
 Only records and manifests are read: nothing here knows how features are computed.
 """
 
@@ -15,7 +17,7 @@ import numpy as np
 
 from featurecache.schema import CONFORMERS_TABLE, ERRORS_TABLE, FEATURES_TABLE, MSA_TABLE
 from featurecache.store.codec import decode_record, read_header
-from featurecache.store.manifest import read_manifest
+from featurecache.store.manifest import EXCLUDED_TABLE, SAMPLING_TABLE, Manifest, read_manifest
 from featurecache.store.reader import StoreReader
 from featurecache.store.update_marker import read_update_marker
 
@@ -84,8 +86,10 @@ def cache_stats(cache_dir: Path) -> dict:
         "msa_depth": _distribution([entry["msa_depth"] for entry in targets.values()]),
         "num_templates": _distribution([entry.get("num_templates", 0) for entry in targets.values()]),
         "targets": {target_id: {name: entry.get(name) for name in ("num_tokens", "num_atoms", "msa_depth",
-                                                                   "num_templates", "num_chains")}
+                                                                   "num_templates", "num_chains", "weight")}
                     for target_id, entry in sorted(targets.items())},
+        "curation": _curation_stats(manifest),
+        "sampling": _sampling_stats(manifest),
         "warnings": warnings,
         "template_hits_without_structure": hits_without_structure,
         "failures_by_stage": dict(Counter(failure["stage"] for failure in failures)),
@@ -94,11 +98,75 @@ def cache_stats(cache_dir: Path) -> dict:
     }
 
 
-def _format_distribution(name: str, dist: dict) -> str:
+def _curation_stats(manifest: Manifest) -> dict:
+    """What curation removed (per reason, over the feature records) and the targets it left out."""
+    removed: Counter = Counter()
+    for entry in manifest.index.get(FEATURES_TABLE, {}).values():
+        removed.update(entry.get("curation") or {})
+    excluded = manifest.index.get(EXCLUDED_TABLE, {})
+    return {"removed": dict(sorted(removed.items())),
+            "excluded": dict(sorted(Counter(entry.get("reason") for entry in excluded.values()).items())),
+            "excluded_targets": {target_id: entry.get("message") for target_id, entry in sorted(excluded.items())}}
+
+
+def _sampling_stats(manifest: Manifest) -> dict | None:
+    """Cluster sizes and AF3 sampling weights of chains and interfaces (None without clustering)."""
+    table = manifest.index.get(SAMPLING_TABLE)
+    if table is None:
+        return None
+    report = {"target_weight": _distribution([entry["weight"] for entry in table.values()])}
+    mass: Counter = Counter()  # total weight per item kind: what share of samples each kind gets
+    for kind in ("chains", "interfaces"):
+        items = [item for entry in table.values() for item in entry[kind]]
+        sizes = Counter(item["cluster"] for item in items)
+        for item in items:
+            mass["interface" if kind == "interfaces" else item["molecule_type"]] += item["weight"]
+        report[kind] = {
+            "items": len(items), "clusters": len(sizes),
+            "cluster_size": _distribution(list(sizes.values())),
+            "clusters_of_size": {str(size): count for size, count in sorted(Counter(sizes.values()).items())},
+            "largest": [[cluster, size] for cluster, size in sizes.most_common(3)],
+            "weight": _distribution([item["weight"] for item in items]),
+        }
+    report["weight_by_kind"] = dict(sorted(mass.items()))
+    return report
+
+
+def _format_distribution(name: str, dist: dict, digits: int = 0) -> str:
     if not dist.get("count"):
         return f"{name:<14} (none)"
-    return (f"{name:<14} min {dist['p0']:>7.0f}  median {dist['p50']:>7.0f}  p90 {dist['p90']:>7.0f}  "
-            f"max {dist['p100']:>7.0f}  mean {dist['mean']:>8.1f}")
+    width = 7 + digits
+    return (f"{name:<14} min {dist['p0']:>{width}.{digits}f}  median {dist['p50']:>{width}.{digits}f}  "
+            f"p90 {dist['p90']:>{width}.{digits}f}  max {dist['p100']:>{width}.{digits}f}  "
+            f"mean {dist['mean']:>{width + 1}.{max(digits, 1)}f}")
+
+
+def _format_curation(curation: dict) -> list[str]:
+    removed = curation["removed"]
+    excluded = curation["excluded"]
+    line = (f"curation     removed {sum(removed.values())}"
+            + (" (" + ", ".join(f"{reason} {count}" for reason, count in removed.items()) + ")" if removed else "")
+            + f"; targets left out {sum(excluded.values())}"
+            + (" (" + ", ".join(f"{reason} {count}" for reason, count in excluded.items()) + ")" if excluded else ""))
+    return [line] + [f"  {target_id}: {message}"
+                     for target_id, message in list(curation["excluded_targets"].items())[:_LISTED]]
+
+
+def _format_sampling(sampling: dict | None) -> list[str]:
+    if sampling is None:
+        return ["sampling     (no clusters: clustering was off)"]
+    chains, interfaces = sampling["chains"], sampling["interfaces"]
+    share = sum(sampling["weight_by_kind"].values()) or 1.0
+    return [
+        f"sampling     chains {chains['items']} in {chains['clusters']} clusters, interfaces {interfaces['items']} "
+        f"in {interfaces['clusters']} clusters; weight share "
+        + ", ".join(f"{kind} {mass / share:.0%}" for kind, mass in sampling["weight_by_kind"].items()),
+        _format_distribution("chain cluster", chains["cluster_size"]),
+        _format_distribution("iface cluster", interfaces["cluster_size"]),
+        _format_distribution("target weight", sampling["target_weight"], 2),
+        _format_distribution("chain weight", chains["weight"], 3),
+        _format_distribution("iface weight", interfaces["weight"], 3),
+    ]
 
 
 def _format_conformer_sources(sources: dict) -> str:
@@ -121,12 +189,16 @@ def format_stats(report: dict) -> str:
         _format_distribution("tokens", report["num_tokens"]),
         _format_distribution("msa depth", report["msa_depth"]),
         _format_distribution("templates", report["num_templates"]),
+        *_format_sampling(report["sampling"]),
+        *_format_curation(report["curation"]),
         "",
-        f"{'target':<28} {'tokens':>7} {'atoms':>7} {'chains':>6} {'msa':>7} {'tmpl':>5}",
+        f"{'target':<28} {'tokens':>7} {'atoms':>7} {'chains':>6} {'msa':>7} {'tmpl':>5} {'weight':>8}",
     ]
     for target_id, info in report["targets"].items():
+        weight = "-" if info["weight"] is None else f"{info['weight']:.3f}"
         lines.append(f"{target_id:<28} {info['num_tokens']:>7} {info['num_atoms'] or 0:>7} "
-                     f"{info['num_chains'] or 0:>6} {info['msa_depth']:>7} {info['num_templates'] or 0:>5}")
+                     f"{info['num_chains'] or 0:>6} {info['msa_depth']:>7} {info['num_templates'] or 0:>5} "
+                     f"{weight:>8}")
     lines.append("")
     hits = report["template_hits_without_structure"]
     lines.append(f"warnings     {len(report['warnings']) + bool(hits['hits'])}")

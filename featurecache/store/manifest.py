@@ -3,8 +3,8 @@
 Its presence marks a cache (or a published generation) as finished. It names the format
 versions, every shard file with its size and sha256, the fingerprints the cache was built with,
 record counts per table, and per-record index entries (for feature records: num_tokens,
-msa_depth, weight, and the shard), so the loader builds its index and length filter from this
-one file instead of reading every record.
+msa_depth, and the shard; their sampling weights below), so the loader builds its index, length
+filter and sampler from this one file instead of reading every record.
 
 Example (abridged)::
 
@@ -15,8 +15,35 @@ Example (abridged)::
      "counts": {"msa": 12, "features": 5, "errors": 1},
      "shards": [{"file": "shard-00000.lmdb", "size": 1052672, "sha256": "9b1f...",
                  "counts": {"msa": 7, "features": 2, "errors": 0}}, ...],
-     "index": {"features": {"7a4d": {"num_tokens": 611, "msa_depth": 4096, "weight": 1.0,
-                                      "shard": 1}}, "msa": {}, "errors": {}}}
+     "index": {"features": {"7a4d": {"num_tokens": 611, "msa_depth": 4096, "shard": 1}},
+               "msa": {}, "errors": {}, "sampling": {...}, "excluded": {...}}}
+
+Besides one table per shard table, the index holds tables computed over the whole cache when it
+was finished, not stored in any shard (precompute passes them to StoreWriter.finish):
+
+``index["sampling"]``: AlphaFold 3's weighted PDB sampling (SI 2.5.1, eq. 1), per target id::
+
+    {"weight": 18.0,                       # sum of the chain and interface weights below
+     "chains": [{"chain_id": "A",          # label_asym_id, as the record's meta "chain_ids"
+                 "asym_id": 1,             # the record's asym_id (1-based chain number)
+                 "molecule_type": "protein",   # protein | dna | rna | ligand
+                 "cluster": "protein:841f33346a74",
+                 "weight": 0.5}, ...],     # beta_chain / N_clust * alpha(type)
+     "interfaces": [{"chains": [1, 4],     # the two chains' asym_ids, ascending
+                     "cluster": "protein:841f33346a74|protein:841f33346a74",
+                     "weight": 6.0}, ...]}  # beta_interface / N_clust * (alpha(a) + alpha(b))
+
+Every chain of the record is listed, in asym_id order; an interface is a chain pair with heavy
+atoms closer than 5 Angstrom. N_clust is the number of chains (interfaces) of the whole cache
+that share the item's cluster, so it is the count of that cluster id over this table. Drawing
+a target by "weight", then one of its items by the items' weights, draws each item with its own
+weight. `Manifest.targets` merges these fields into the feature entries, so a loader reading
+targets[id]["weight"] gets the cluster weight (and 1.0 is the default where there is none).
+Caches built with clustering off have no "sampling" table. fingerprints["sampling"] names the
+clustering inputs and settings it was computed from.
+
+``index["excluded"]``: targets curation left out as a whole (no feature record), per target id:
+{"reason": "resolution", "message": "...", "input_hash": "...", "fingerprint": "..."}.
 """
 
 from __future__ import annotations
@@ -37,6 +64,9 @@ from featurecache.store.layout import SHARD_PATTERN, STORE_FORMAT, has_shard_fil
 
 MANIFEST_FORMAT = 1
 MANIFEST_NAME = "manifest.json"
+# Index tables computed over the whole cache at finish, kept in the manifest only.
+SAMPLING_TABLE = "sampling"
+EXCLUDED_TABLE = "excluded"
 
 
 class CacheNotFinishedError(ValueError):
@@ -83,8 +113,13 @@ class Manifest:
 
     @property
     def targets(self) -> dict[str, dict[str, Any]]:
-        """Feature records' index entries: target id -> {num_tokens, msa_depth, weight, shard, ...}."""
-        return self.index.get(FEATURES_TABLE, {})
+        """Feature records' index entries with their sampling fields merged in: target id ->
+        {num_tokens, msa_depth, shard, ..., weight, chains, interfaces}."""
+        features = self.index.get(FEATURES_TABLE, {})
+        sampling = self.index.get(SAMPLING_TABLE)
+        if not sampling:
+            return features
+        return {target_id: {**entry, **sampling.get(target_id, {})} for target_id, entry in features.items()}
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -128,11 +163,14 @@ def write_manifest(
     fingerprints: Mapping[str, str],
     schema_version: int | None = None,
     created: str | None = None,
+    derived_index: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
 ) -> Manifest:
     """Build and atomically write the manifest of a cache whose shard files are closed.
 
     `summaries[i]` is shard i's {"counts": {table: n}, "index": {table: {key: entry}}}
-    (ShardWriter.summary()). Call only while holding the shard locks (StoreWriter.finish does).
+    (ShardWriter.summary()). `derived_index` adds index tables computed over the whole cache
+    ("sampling", "excluded"; see the module docstring). Call only while holding the shard locks
+    (StoreWriter.finish does).
     """
     cache_dir = Path(cache_dir)
     shards, counts, index = [], {}, {}
@@ -145,6 +183,10 @@ def write_manifest(
             table_index = index.setdefault(table, {})
             for key, entry in entries.items():
                 table_index[key] = {**entry, "shard": shard_index}
+    for table, entries in (derived_index or {}).items():
+        if table in index:
+            raise ValueError(f"derived index table {table!r} has the name of a shard table")
+        index[table] = {str(key): dict(entry) for key, entry in entries.items()}
     manifest = Manifest(
         path=cache_dir / MANIFEST_NAME,
         schema_version=SCHEMA_VERSION if schema_version is None else int(schema_version),

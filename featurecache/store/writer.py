@@ -315,9 +315,12 @@ class StoreWriter:
             shard.flush()
 
     def finish(
-        self, fingerprints: Mapping[str, str] | None = None, schema_version: int | None = None
+        self, fingerprints: Mapping[str, str] | None = None, schema_version: int | None = None,
+        derived_index: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
     ) -> Manifest:
-        """Commit everything, close the shards and write manifest.json last; returns the Manifest."""
+        """Commit everything, close the shards and write manifest.json last; returns the Manifest.
+
+        `derived_index`: index tables computed over the whole cache (manifest.write_manifest)."""
         try:
             summaries = [shard.summary() for shard in self._shards]
             created = self._shards[0].created
@@ -326,7 +329,7 @@ class StoreWriter:
             # Still holding the shard locks: no writer can change a shard under the checksums.
             manifest = write_manifest(
                 self.cache_dir, summaries, fingerprints=fingerprints or {},
-                schema_version=schema_version, created=created,
+                schema_version=schema_version, created=created, derived_index=derived_index,
             )
             end_update(self.cache_dir)  # after the manifest: a kill in between leaves a stale marker
             self._update = None

@@ -10,7 +10,7 @@ import pytest
 
 from featurecache.config import CRYSTALLIZATION_AIDS, CurationConfig
 from featurecache.io.mmcif import read_mmcif
-from featurecache.precompute.contacts import StructureAtoms, close_pairs
+from featurecache.precompute.contacts import close_pairs
 from featurecache.precompute.curation import (
     INTERFACE_TOKEN_DISTANCE,
     REASONS,

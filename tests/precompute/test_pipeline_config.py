@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from featurecache.config import FeatureConfig, StoreConfig
+from featurecache.config import ClusteringConfig, CurationConfig, FeatureConfig, StoreConfig
 from featurecache.precompute.pipeline_config import (
     PipelineConfigError,
     database_files,
@@ -117,6 +117,13 @@ mmcif_dir = "no_such_folder"
         ("[features]\nmax_templates_stored = -1\n", "features", "max_templates_stored must be >= 0"),
         ("[features]\nmax_msa_rows = 5\nmsa_rows_stored = 6\n", "features.max_msa_rows", "keep only features.msa_rows_stored"),
         ("[store]\nnum_shards = true\n", "store.num_shards", "expected int"),
+        ("[curation]\nmax_release_date = 20210930\n", "curation.max_release_date", "expected a date"),
+        ("[curation]\nmax_release_date = '2021-02-30'\n", "curation", "max_release_date must be an ISO date"),
+        ("[curation]\nclash_fraction = 1.5\n", "curation", "clash_fraction must be in [0, 1]"),
+        ("[curation]\ncrystallization_aids = 'SO4'\n", "curation.crystallization_aids", "list of strings"),
+        ("[curation]\nmax_chain = 5\n", "curation.max_chain", "unknown key"),
+        ("[clustering]\nprotein_min_seq_id = 40\n", "clustering", "protein_min_seq_id must be in [0, 1]"),
+        ("[clustering]\nenabled = 'yes'\n", "clustering.enabled", "expected bool"),
         ("[search\n", "not valid TOML", ""),
     ],
 )
@@ -152,6 +159,19 @@ def test_settings_are_parsed(tmp_path):
     assert config.features.max_templates_stored == 2 and config.features.min_template_align_ratio == 1.0
     assert config.store.num_shards == 9
     assert config.make_tool("hhblits").flags == ("-n", "1", "-v", "0")
+
+
+def test_curation_and_clustering_settings_default_to_af3s(tmp_path):
+    example = load_pipeline_config(EXAMPLE)  # the example spells every default out
+    assert example.curation == CurationConfig() and example.clustering == ClusteringConfig()
+    config = load_pipeline_config(_write(tmp_path, (
+        "[curation]\nmax_release_date = 2021-09-30\nmin_release_date = '1990-01-01'\nmax_resolution = inf\n"
+        "crystallization_aids = ['SO4']\nmax_chains = 8\n"
+        "[clustering]\nprotein_min_seq_id = 0.3\nalpha_ligand = 2\nenabled = false\n")))
+    assert config.curation == CurationConfig(max_release_date="2021-09-30", min_release_date="1990-01-01",
+                                             max_resolution=float("inf"), crystallization_aids=("SO4",), max_chains=8)
+    assert config.clustering == ClusteringConfig(protein_min_seq_id=0.3, alpha_ligand=2.0, enabled=False)
+    assert load_pipeline_config(_write(tmp_path, "")).curation == CurationConfig()
 
 
 def _fake_hmmer(tmp_path, version: str) -> str:
