@@ -15,7 +15,7 @@ from torch import nn
 
 from featurecache.model.atoms import gather_tokens, mean_over_token_atoms
 from featurecache.model.config import ModelConfig
-from featurecache.model.layers import kernel_module
+from featurecache.model.layers import freeze_norm_bias, kernel_module
 from featurecache.model.transformer import ConditionedTransformer
 
 NUM_ELEMENTS = 128        # one-hot of the atomic number (ref_element)
@@ -192,6 +192,7 @@ class AtomAttentionDecoder(nn.Module):
         self.from_token = nn.Linear(c_token, config.c_atom, bias=False)
         self.atom_transformer = AtomTransformer(config)
         self.to_positions = kernel_module("LayerNormLinear", config.c_atom, 3, bias=False, kernels=config.kernels)
+        freeze_norm_bias(self.to_positions)  # a translation of every atom: the losses ignore it
 
     def forward(self, batch: dict, windows: AtomWindows, token_single: torch.Tensor, atom_single: torch.Tensor,
                 atom_cond: torch.Tensor, atom_pair: torch.Tensor) -> torch.Tensor:

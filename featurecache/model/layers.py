@@ -54,6 +54,19 @@ def kernel_module(name: str, *args, kernels: str, **kwargs) -> nn.Module:
     return module
 
 
+def freeze_norm_bias(layer_norm_linear: nn.Module) -> None:
+    """Freeze the LayerNorm bias of a LayerNormLinear whose every effect a later step cancels.
+
+    Two places have one: a projection to attention logits (the bias adds the same constant to
+    every logit of a head, which the softmax over keys ignores), and the diffusion decoder's
+    projection to position updates (the bias moves every atom of a sample by the same vector,
+    which the rigidly aligned MSE, the LDDT and the bond loss all ignore). Its gradient is zero
+    in exact arithmetic (float noise in practice). Frozen, it stays zero, keeps its place in the
+    state_dict, and is not mistaken for a trainable weight.
+    """
+    layer_norm_linear.norm.bias.requires_grad_(False)
+
+
 def attention_fn(kernels: str):
     """evo_attention for "triton", its pure-PyTorch reference for "torch"."""
     if check_kernels(kernels) == "torch":
@@ -132,6 +145,7 @@ class AttentionPairBias(nn.Module):
         inner = num_heads * head_dim
         self.proj = kernel_module("LayerNormLinear", c_s, 4 * inner, bias=True, eps=eps, kernels=kernels)
         self.pair_bias = kernel_module("LayerNormLinear", c_z, num_heads, bias=False, eps=eps, kernels=kernels)
+        freeze_norm_bias(self.pair_bias)
         self.linear_out = nn.Linear(inner, c_s, bias=False)
         self.attention = attention_fn(kernels)
 
@@ -163,6 +177,7 @@ class PairWeightedAveraging(nn.Module):
         inner = num_heads * head_dim
         self.proj = kernel_module("LayerNormLinear", c_m, 2 * inner, bias=False, eps=eps, kernels=kernels)
         self.pair_bias = kernel_module("LayerNormLinear", c_z, num_heads, bias=False, eps=eps, kernels=kernels)
+        freeze_norm_bias(self.pair_bias)
         self.linear_out = nn.Linear(inner, c_m, bias=False)
 
     def forward(self, m: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from featurecache.model.layers import attention_fn, kernel_module
+from featurecache.model.layers import attention_fn, freeze_norm_bias, kernel_module
 
 # AF3 initialises every output gate sigmoid(Linear(s)) with bias -2 (Algorithms 24, 25).
 GATE_BIAS_INIT = -2.0
@@ -107,6 +107,7 @@ class ConditionedAttention(nn.Module):
         self.proj = nn.Linear(c_a, 4 * c_a, bias=False)
         self.query_bias = nn.Parameter(torch.zeros(c_a))
         self.pair_bias = kernel_module("LayerNormLinear", c_pair, num_heads, bias=False, kernels=kernels)
+        freeze_norm_bias(self.pair_bias)
         self.linear_out = nn.Linear(c_a, c_a, bias=False)
         self.output_gate = _gate(c_s, c_a)
         self.attention = attention_fn(kernels)

@@ -1,0 +1,185 @@
+"""The full AF3 structure model (Algorithm 1): atom-aware input embedder, recycled trunk
+(templates, MSA module, Pairformer), distogram head and the diffusion module, with its training
+losses (SI 4) and the sampler for inference.
+
+Training:   outputs = model(batch, num_cycles=sample_num_cycles(generator, config.max_recycling_cycles),
+                            num_diffusion_samples=48, generator=generator)
+            loss, metrics = model.loss(batch, outputs)
+Inference:  positions = model.sample(batch, num_cycles=4, num_samples=5, generator=generator)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from featurecache.model.atom_attention import ATOM_INPUTS, AtomWindows
+from featurecache.model.atoms import gather_tokens, token_bond_atoms
+from featurecache.model.config import ModelConfig
+from featurecache.model.diffusion import DiffusionContext, DiffusionModule
+from featurecache.model.diffusion_sampler import (
+    centre_random_augmentation,
+    sample_diffusion,
+    sample_noise_levels,
+    standard_normal,
+)
+from featurecache.model.embedders import AtomInputEmbedder, TemplateEmbedder, atom_single_input_dim
+from featurecache.model.heads import DistogramHead, distogram_loss
+from featurecache.model.layers import kernel_module
+from featurecache.model.losses import (
+    aligned_mse_loss,
+    bond_loss,
+    edm_loss_weight,
+    mse_atom_weights,
+    smooth_lddt_loss,
+)
+from featurecache.model.msa import MSAModule
+from featurecache.model.pairformer import Pairformer
+from featurecache.model.trunk import REQUIRED_INPUTS as TOKEN_INPUTS
+
+REQUIRED_INPUTS = (*TOKEN_INPUTS, *ATOM_INPUTS, "token_bonds", "token_bond_mask")
+# What `AF3Model.loss` reads besides the outputs.
+LOSS_INPUTS = ("atom_pos", "atom_mask", "atom_pad_mask", "atom_to_token", "distogram_atom_index",
+               "token_bonds", "token_bond_mask", "is_dna", "is_rna", "is_ligand", "token_pad_mask")
+
+
+def sample_num_cycles(generator: torch.Generator | None, max_cycles: int = 4) -> int:
+    """N_cycle for one training step, uniform in 1..max_cycles (AF3 trains with 1..4)."""
+    return int(torch.randint(1, max_cycles + 1, (), generator=generator))
+
+
+class AF3Model(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        kernels = config.kernels
+        self.input_embedder = AtomInputEmbedder(config)
+        # Algorithm 1, lines 8 and 11: the previous cycle's s and z, LayerNorm + LinearNoBias
+        self.recycle_single = kernel_module("LayerNormLinear", config.c_s, config.c_s, bias=False, kernels=kernels)
+        self.recycle_pair = kernel_module("LayerNormLinear", config.c_z, config.c_z, bias=False, kernels=kernels)
+        self.template_embedder = TemplateEmbedder(config)
+        self.msa_module = MSAModule(config, single_input_dim=atom_single_input_dim(config))
+        self.pairformer = Pairformer(
+            config.num_pairformer_blocks, config.c_s, config.c_z, config.single_heads,
+            config.single_head_dim, config.pair_heads, config.pair_head_dim,
+            config.transition_expansion, checkpoint_blocks=config.checkpoint_blocks, kernels=kernels,
+        )
+        self.distogram_head = DistogramHead(config.c_z, config.distogram_bins)
+        self.diffusion_module = DiffusionModule(config, atom_single_input_dim(config))
+
+    def _windows(self, batch: dict) -> AtomWindows:
+        return AtomWindows(batch["atom_pad_mask"], self.config.atom_window_queries, self.config.atom_window_keys)
+
+    def trunk(self, batch: dict, num_cycles: int) -> dict:
+        """Algorithm 1, lines 1-13 and the distogram: s_inputs, single, pair, distogram_logits.
+
+        Only the last cycle keeps a graph: earlier cycles run without gradient (AF3).
+        """
+        missing = [name for name in REQUIRED_INPUTS if name not in batch]
+        if missing:
+            raise KeyError(f"AF3Model: batch is missing {missing}; build it with featurecache.collate")
+        if num_cycles < 1:
+            raise ValueError(f"AF3Model: num_cycles must be >= 1, got {num_cycles}")
+        token_mask = batch["token_pad_mask"]
+        pair_mask = token_mask[:, :, None] & token_mask[:, None, :]
+        s_inputs, s_init, z_init = self.input_embedder(batch, self._windows(batch))
+        grad_enabled = torch.is_grad_enabled()
+        s = z = None
+        for cycle in range(num_cycles):
+            with torch.set_grad_enabled(grad_enabled and cycle == num_cycles - 1):
+                z = z_init if z is None else z_init + self.recycle_pair(z)
+                s = s_init if s is None else s_init + self.recycle_single(s)
+                z = z + self.template_embedder(batch, z, pair_mask)
+                z = self.msa_module(batch, s_inputs, z, token_mask, pair_mask)
+                s, z = self.pairformer(s, z, token_mask, pair_mask)
+        return {"s_inputs": s_inputs, "single": s, "pair": z, "distogram_logits": self.distogram_head(z)}
+
+    def diffusion_context(self, batch: dict, trunk: dict) -> DiffusionContext:
+        return self.diffusion_module.prepare(batch, self._windows(batch), trunk["s_inputs"], trunk["single"],
+                                             trunk["pair"])
+
+    def forward(self, batch: dict, num_cycles: int = 1, num_diffusion_samples: int = 48,
+                generator: torch.Generator | None = None) -> dict:
+        """The trunk once, then the diffusion training batch (AF3 SI 3.7.1): num_diffusion_samples
+        copies of the ground truth, each randomly rotated and translated, noised at its own level
+        sigma, and denoised with the one trunk output. Adds `denoised_positions` [B, S, A, 3] and
+        `noise_level` [B, S] to the trunk's outputs (none with num_diffusion_samples = 0)."""
+        outputs = self.trunk(batch, num_cycles)
+        if num_diffusion_samples < 1:
+            return outputs
+        atom_resolved = batch["atom_mask"] & batch["atom_pad_mask"]
+        true = batch["atom_pos"].float().unsqueeze(1).expand(-1, num_diffusion_samples, -1, -1)
+        clean = centre_random_augmentation(true, atom_resolved, generator, self.config.augmentation_translation)
+        sigma = sample_noise_levels(clean.shape[:2], self.config, generator, clean.device)
+        noisy = clean + sigma[..., None, None] * standard_normal(clean.shape, generator, clean.device)
+        context = self.diffusion_context(batch, outputs)
+        outputs["denoised_positions"] = self.diffusion_module(noisy, sigma, context)
+        outputs["noise_level"] = sigma
+        return outputs
+
+    @torch.no_grad()
+    def sample(self, batch: dict, num_cycles: int = 4, num_samples: int = 5, num_steps: int | None = None,
+               generator: torch.Generator | None = None) -> dict:
+        """Inference: the trunk, then Algorithm 18 for num_samples structures ([B, S, A, 3] under
+        `positions`; padding atoms are meaningless). num_steps defaults to config.sampler_steps."""
+        outputs = self.trunk(batch, num_cycles)
+        context = self.diffusion_context(batch, outputs)
+        num_atoms = batch["atom_pad_mask"].shape[1]
+        shape = (batch["atom_pad_mask"].shape[0], num_samples, num_atoms, 3)
+        outputs["positions"] = sample_diffusion(
+            lambda noisy, sigma: self.diffusion_module(noisy, sigma, context), shape, batch["atom_pad_mask"],
+            self.config, num_steps=num_steps, generator=generator, device=outputs["pair"].device)
+        return outputs
+
+    def loss(self, batch: dict, outputs: dict) -> tuple[torch.Tensor, dict]:
+        """AF3's loss without the confidence terms (SI 4.1): diffusion_loss_weight * L_diffusion +
+        distogram_loss_weight * L_distogram, with L_diffusion = mean over samples of
+        edm_weight(sigma) (L_MSE + bond_loss_weight L_bond) + L_smooth_lddt (SI 4.2, eq. 6).
+
+        Returns the loss and a dict of detached 0-d tensors (no host sync): loss, distogram,
+        diffusion, mse, smooth_lddt, bond.
+        """
+        config = self.config
+        metrics = {"distogram": self._distogram_loss(batch, outputs)}
+        loss = config.distogram_loss_weight * metrics["distogram"]
+        if "denoised_positions" in outputs:
+            parts = self._diffusion_losses(batch, outputs)
+            metrics.update({name: value.mean() for name, value in parts.items()})
+            weight = edm_loss_weight(outputs["noise_level"].float(), config.sigma_data)
+            diffusion = (weight * (parts["mse"] + config.bond_loss_weight * parts["bond"]) + parts["smooth_lddt"])
+            metrics["diffusion"] = diffusion.mean()
+            loss = loss + config.diffusion_loss_weight * metrics["diffusion"]
+        metrics["loss"] = loss
+        return loss, {name: value.detach() for name, value in metrics.items()}
+
+    def _distogram_loss(self, batch: dict, outputs: dict) -> torch.Tensor:
+        """Distogram on AF3's representative atoms (CB, CA of glycine, C4 / C2 of nucleotides)."""
+        index = batch["distogram_atom_index"].long()
+        safe = index.clamp(min=0)
+        positions = torch.gather(batch["atom_pos"].float(), 1, safe.unsqueeze(-1).expand(-1, -1, 3))
+        resolved = torch.gather(batch["atom_mask"] & batch["atom_pad_mask"], 1, safe)
+        mask = resolved & (index >= 0) & batch["token_pad_mask"]
+        return distogram_loss(outputs["distogram_logits"], positions, mask, self.config.distogram_min,
+                              self.config.distogram_max)
+
+    def _diffusion_losses(self, batch: dict, outputs: dict) -> dict:
+        """Per diffusion sample [B, S]: mse, smooth_lddt, bond."""
+        config = self.config
+        predicted = outputs["denoised_positions"]
+        true = batch["atom_pos"].float()
+        resolved = batch["atom_mask"] & batch["atom_pad_mask"]
+        atom_to_token = batch["atom_to_token"]
+
+        def per_atom(name):  # a token flag on each atom [B, A]
+            return gather_tokens(batch[name].unsqueeze(-1), atom_to_token).squeeze(-1)
+
+        is_dna, is_rna, is_ligand = per_atom("is_dna"), per_atom("is_rna"), per_atom("is_ligand")
+        weights = mse_atom_weights(is_dna, is_rna, is_ligand, resolved, config.mse_weight_dna,
+                                   config.mse_weight_rna, config.mse_weight_ligand)
+        bonds = token_bond_atoms(batch["token_bonds"], batch["token_bond_mask"], atom_to_token,
+                                 batch["atom_pad_mask"], true, resolved, batch["restype"].shape[1])
+        return {
+            "mse": aligned_mse_loss(predicted, true, weights, resolved),
+            "smooth_lddt": smooth_lddt_loss(predicted, true, is_dna | is_rna, resolved),
+            "bond": bond_loss(predicted, true, bonds),
+        }

@@ -1,0 +1,151 @@
+"""The full AF3 model end to end: forward/backward with recycling and a diffusion batch, no dead
+weights, recycling without gradient through earlier cycles, sampling, and the kernel switch."""
+
+import pytest
+import torch
+
+from featurecache.model import preset
+from featurecache.model.af3 import AF3Model, sample_num_cycles
+from featurecache.testing.synthetic import random_batch
+
+
+def _generator(seed: int | None = None) -> torch.Generator:
+    return torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())) if seed is None else seed)
+
+
+def test_forward_backward_with_two_cycles_and_three_samples_reaches_every_parameter():
+    config = preset("tiny", kernels="torch")
+    model = AF3Model(config)
+    generator = _generator()
+    batch = random_batch([13, 9], [6, 4], [2, 0], generator, num_atoms_per_token=3)
+    outputs = model(batch, num_cycles=2, num_diffusion_samples=3, generator=generator)
+    num_atoms = batch["atom_pad_mask"].shape[1]
+    assert outputs["single"].shape == (2, 13, config.c_s)
+    assert outputs["pair"].shape == (2, 13, 13, config.c_z)
+    assert outputs["distogram_logits"].shape == (2, 13, 13, config.distogram_bins)
+    assert outputs["denoised_positions"].shape == (2, 3, num_atoms, 3)
+    assert outputs["noise_level"].shape == (2, 3)
+    loss, metrics = model.loss(batch, outputs)
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    assert set(metrics) == {"loss", "distogram", "diffusion", "mse", "smooth_lddt", "bond"}
+    assert all(value.ndim == 0 and not value.requires_grad for value in metrics.values())
+    expected = config.distogram_loss_weight * metrics["distogram"] + config.diffusion_loss_weight * metrics["diffusion"]
+    torch.testing.assert_close(metrics["loss"], expected)
+    loss.backward()
+    # A gradient that is zero in exact arithmetic shows as float noise, ~1e-11 here; the smallest
+    # real one is ~1e-6. (The LayerNorm biases of the pair-bias projections and of the decoder's
+    # position projection are such weights, see layers.freeze_norm_bias: frozen, not trainable.)
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    dead = [name for name, parameter in trainable
+            if parameter.grad is None or not parameter.grad.abs().max() > 1e-8]
+    assert not dead, f"parameters without gradient: {dead}"
+    for name, parameter in trainable:
+        assert torch.isfinite(parameter.grad).all(), name
+    frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
+    assert frozen and all(name.endswith(("pair_bias.norm.bias", "to_positions.norm.bias")) for name in frozen)
+
+
+def test_only_the_last_cycle_has_a_graph():
+    model = AF3Model(preset("tiny", kernels="torch"))
+    grad_enabled = []
+    model.pairformer.register_forward_hook(lambda *args: grad_enabled.append(torch.is_grad_enabled()))
+    batch = random_batch([6], [2], [1], _generator())
+    model(batch, num_cycles=3, num_diffusion_samples=0)
+    assert grad_enabled == [False, False, True]
+    grad_enabled.clear()
+    with torch.no_grad():
+        model(batch, num_cycles=2, num_diffusion_samples=0)
+    assert grad_enabled == [False, False]
+
+
+def test_recycling_changes_the_trunk_output():
+    model = AF3Model(preset("tiny", kernels="torch")).eval()
+    batch = random_batch([7], [3], [1], _generator())
+    with torch.no_grad():
+        one, two = (model.trunk(batch, cycles)["pair"] for cycles in (1, 2))
+    assert not torch.allclose(one, two)
+    with pytest.raises(ValueError, match="num_cycles"):
+        model.trunk(batch, 0)
+
+
+def test_num_cycles_drawn_from_one_to_max():
+    generator = _generator(0)
+    drawn = {sample_num_cycles(generator, 4) for _ in range(200)}
+    assert drawn == {1, 2, 3, 4}
+
+
+def test_sampling_gives_finite_structures():
+    model = AF3Model(preset("tiny", kernels="torch")).eval()
+    batch = random_batch([8, 5], [2, 2], [0, 0], _generator(), num_atoms_per_token=2)
+    outputs = model.sample(batch, num_cycles=1, num_samples=2, num_steps=4, generator=_generator())
+    assert outputs["positions"].shape == (2, 2, batch["atom_pad_mask"].shape[1], 3)
+    assert torch.isfinite(outputs["positions"]).all()
+
+
+def test_loss_falls_when_overfitting_one_example():
+    torch.manual_seed(0)
+    model = AF3Model(preset("tiny", kernels="torch", checkpoint_blocks=False))
+    batch = random_batch([8], [2], [0], _generator(1), num_atoms_per_token=2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for step in range(25):
+        # the same noise every step: the loss falls only by learning
+        loss, _ = model.loss(batch, model(batch, num_cycles=1, num_diffusion_samples=2, generator=_generator(7)))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0], losses
+
+
+def test_missing_atom_input_is_named():
+    model = AF3Model(preset("tiny", kernels="torch"))
+    batch = random_batch([5], [2], [0], _generator())
+    del batch["ref_space_uid"]
+    with pytest.raises(KeyError, match="ref_space_uid"):
+        model(batch)
+
+
+def test_both_kernel_paths_build_identical_parameters():
+    torch_state = AF3Model(preset("tiny", kernels="torch")).state_dict()
+    triton_model = AF3Model(preset("tiny", kernels="triton"))
+    assert list(torch_state) == list(triton_model.state_dict())
+    triton_model.load_state_dict(torch_state)  # strict: names and shapes match
+
+
+def test_triton_and_torch_paths_give_the_same_loss_and_gradients():
+    """One block of every stack on a small batch, the kernels under the interpreter on CPU."""
+    config = preset("tiny", num_pairformer_blocks=1, num_msa_blocks=0, num_template_blocks=0,
+                    diffusion_blocks=1, checkpoint_blocks=False, atom_window_queries=8, atom_window_keys=16)
+    torch_model = AF3Model(config.replace(kernels="torch"))
+    triton_model = AF3Model(config.replace(kernels="triton"))
+    triton_model.load_state_dict(torch_model.state_dict())
+    batch = random_batch([7], [2], [0], _generator(), num_atoms_per_token=2)
+    batch["token_pad_mask"][0, 6:] = False  # token padding on the kernel path too
+    batch["atom_pad_mask"][0, 11:] = False
+    seed = int(torch.randint(0, 2**31 - 1, ()))
+    losses, grads = {}, {}
+    for name, model in (("torch", torch_model), ("triton", triton_model)):
+        loss, _ = model.loss(batch, model(batch, num_cycles=2, num_diffusion_samples=2, generator=_generator(seed)))
+        loss.backward()
+        losses[name] = loss.detach()
+        grads[name] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    torch.testing.assert_close(losses["triton"], losses["torch"], atol=1e-4, rtol=1e-4)
+    assert grads["triton"].keys() == grads["torch"].keys()
+    for name, reference in grads["torch"].items():
+        error = (grads["triton"][name] - reference).norm() / reference.norm().clamp(min=1e-12)
+        assert error < 1e-3, f"{name}: relative gradient error {error:.2e}"
+
+
+def test_af3_preset_matches_the_paper():
+    config = preset("af3")
+    assert (config.c_atom, config.c_atompair, config.atom_blocks, config.atom_heads) == (128, 16, 3, 4)
+    assert (config.atom_window_queries, config.atom_window_keys) == (32, 128)
+    assert (config.c_token_diffusion, config.diffusion_blocks, config.diffusion_heads) == (768, 24, 16)
+    assert (config.sigma_data, config.sampler_sigma_max, config.sampler_sigma_min, config.sampler_rho) == (
+        16.0, 160.0, 4e-4, 7.0)
+    assert (config.sampler_gamma_0, config.sampler_gamma_min, config.sampler_noise_scale,
+            config.sampler_step_scale, config.sampler_steps) == (0.8, 1.0, 1.003, 1.5, 200)
+    assert (config.diffusion_loss_weight, config.distogram_loss_weight) == (4.0, 0.03)
+    with pytest.raises(ValueError, match="c_token_diffusion"):
+        preset("tiny", diffusion_heads=3)
