@@ -84,11 +84,11 @@ class AF3Model(nn.Module):
         pair_mask = token_mask[:, :, None] & token_mask[:, None, :]
         s_inputs, s_init, z_init = self.input_embedder(batch, self._windows(batch))
         grad_enabled = torch.is_grad_enabled()
-        s = z = None
+        s, z = torch.zeros_like(s_init), torch.zeros_like(z_init)  # the first cycle recycles zeros
         for cycle in range(num_cycles):
             with torch.set_grad_enabled(grad_enabled and cycle == num_cycles - 1):
-                z = z_init if z is None else z_init + self.recycle_pair(z)
-                s = s_init if s is None else s_init + self.recycle_single(s)
+                z = z_init + self.recycle_pair(z.detach())
+                s = s_init + self.recycle_single(s.detach())
                 z = z + self.template_embedder(batch, z, pair_mask)
                 z = self.msa_module(batch, s_inputs, z, token_mask, pair_mask)
                 s, z = self.pairformer(s, z, token_mask, pair_mask)

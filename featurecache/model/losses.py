@@ -8,6 +8,7 @@ samples, A atoms, E token bonds. Every mask is a bool named for what is true.
 from __future__ import annotations
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 
 def weighted_rigid_align(mobile: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -67,20 +68,36 @@ def smooth_lddt_loss(predicted: torch.Tensor, true: torch.Tensor, is_nucleotide:
     mean_{c in 0.5, 1, 2, 4} sigmoid(c - |d_lm - d_GT_lm|).
 
     predicted [B, S, A, 3]; true [B, A, 3]; is_nucleotide, resolved [B, A] -> [B, S].
-    The pair set holds A^2 entries per sample: fine at training crops, chunk it beyond.
+    One sample at a time, recomputed in backward: the pair terms are [B, A, A] each (at 3,000
+    atoms, 36 MB a term instead of 1.7 GB for a diffusion batch of 48).
     """
-    predicted, true = predicted.float(), true.float()
-    true_distance = torch.cdist(true, true)  # [B, A, A]
-    predicted_distance = torch.cdist(predicted.flatten(0, 1), predicted.flatten(0, 1)).view(
-        *predicted.shape[:2], *true_distance.shape[1:])  # [B, S, A, A]
+    true = true.float()
+    true_distance = _distances(true)  # [B, A, A]
     radius = torch.where(is_nucleotide, 30.0, 15.0).unsqueeze(-1)  # [B, A, 1]
     eye = torch.eye(true.shape[1], dtype=torch.bool, device=true.device)
-    included = (true_distance < radius) & resolved[:, :, None] & resolved[:, None, :] & ~eye
-    error = (predicted_distance - true_distance.unsqueeze(1)).abs()
+    included = ((true_distance < radius) & resolved[:, :, None] & resolved[:, None, :] & ~eye).float()
+    count = included.sum(dim=(-1, -2)).clamp(min=1.0)  # [B]
+    scores = []
+    for sample in predicted.float().unbind(1):
+        if torch.is_grad_enabled() and sample.requires_grad:
+            score = checkpoint(_smooth_lddt_score, sample, true_distance, included, use_reentrant=False)
+        else:
+            score = _smooth_lddt_score(sample, true_distance, included)
+        scores.append(score)
+    return 1.0 - torch.stack(scores, dim=1) / count[:, None]
+
+
+def _distances(positions: torch.Tensor) -> torch.Tensor:
+    """[B, A, 3] -> [B, A, A], computed directly: the matrix-product form loses ~1e-3 A at
+    coordinates of 100 A in fp32."""
+    return torch.cdist(positions, positions, compute_mode="donot_use_mm_for_euclid_dist")
+
+
+def _smooth_lddt_score(predicted: torch.Tensor, true_distance: torch.Tensor, included: torch.Tensor) -> torch.Tensor:
+    """Sum of the smooth LDDT pair scores over included pairs: predicted [B, A, 3] -> [B]."""
+    error = (_distances(predicted) - true_distance).abs()
     score = sum(torch.sigmoid(threshold - error) for threshold in (0.5, 1.0, 2.0, 4.0)) / 4.0
-    included = included.unsqueeze(1).float()
-    lddt = (score * included).sum(dim=(-1, -2)) / included.sum(dim=(-1, -2)).clamp(min=1.0)
-    return 1.0 - lddt
+    return (score * included).sum(dim=(-1, -2))
 
 
 def bond_loss(predicted: torch.Tensor, true: torch.Tensor, bond_atoms: torch.Tensor) -> torch.Tensor:
