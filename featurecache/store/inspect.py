@@ -154,7 +154,7 @@ def _format_curation(curation: dict) -> list[str]:
 
 def _format_sampling(sampling: dict | None) -> list[str]:
     if sampling is None:
-        return ["sampling     (no clusters: clustering was off)"]
+        return ["sampling     no clusters (built with clustering off, or before clustering existed)"]
     chains, interfaces = sampling["chains"], sampling["interfaces"]
     share = sum(sampling["weight_by_kind"].values()) or 1.0
     return [

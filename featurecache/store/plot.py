@@ -41,7 +41,7 @@ def _plot_sampling(axes, sampling: dict | None, target_weights: list) -> None:
     if sampling is None:
         for axis in axes:
             axis.set_axis_off()
-        axes[1].text(0.5, 0.5, "no clusters (clustering was off)", ha="center", va="center")
+        axes[1].text(0.5, 0.5, "no clusters in this cache", ha="center", va="center")
         return
     import numpy as np
 

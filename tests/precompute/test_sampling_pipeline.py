@@ -17,6 +17,7 @@ from featurecache.schema import FEATURES_TABLE
 from featurecache.store.codec import read_header
 from featurecache.store.inspect import cache_stats, format_stats
 from featurecache.store.manifest import EXCLUDED_TABLE, SAMPLING_TABLE, read_manifest
+from featurecache.store.plot import plot_stats
 from featurecache.store.reader import StoreReader
 from featurecache.store.verify import verify_cache
 
@@ -163,7 +164,10 @@ def test_clustering_off_and_a_missing_mmseqs(tmp_path, shared_data):
     summary = _run(inputs, tmp_path / "off", clustering=off)
     manifest = read_manifest(tmp_path / "off")
     assert not summary.clustered and SAMPLING_TABLE not in manifest.index and "sampling" not in manifest.fingerprints
-    assert cache_stats(tmp_path / "off")["sampling"] is None
+    report = cache_stats(tmp_path / "off")
+    assert report["sampling"] is None and "no clusters" in format_stats(report)
+    plot_stats(report, tmp_path / "off.png")
+    assert (tmp_path / "off.png").stat().st_size > 0
     config = tmp_path / "pipeline.toml"
     config.write_text('[tools.mmseqs]\nbinary = "/nonexistent/mmseqs"\n')
     with pytest.raises(PipelineSetupError, match="clustering .* needs MMseqs2.*enabled = false"):
