@@ -26,12 +26,12 @@ MAX_BOND_LENGTH = 2.4  # Angstrom (AF3)
 
 def token_bonds(structure: Structure, placed: dict, arrays: dict[str, np.ndarray]) -> np.ndarray:
     """[bonds, 2] int32 token pairs. `placed`: (chain index, residue index) -> (first record atom,
-    ResidueAtoms) of every featurized residue; `arrays`: the token and atom arrays so far."""
+    ResidueAtoms, one token for all its atoms) of every featurized residue; `arrays`: the token
+    and atom arrays so far."""
     chain_index = {chain.chain_id: index for index, chain in enumerate(structure.chains)}
     atom_pairs = []
-    for (chain, _), (first, atoms) in placed.items():
-        per_atom = not structure.chains[chain].is_polymer or _is_per_atom(arrays, first, len(atoms.names))
-        if per_atom and len(atoms.bonds):
+    for first, atoms, one_token in placed.values():
+        if not one_token and len(atoms.bonds):  # a ligand's or a modified residue's atom tokens
             atom_pairs.append(atoms.bonds.astype(np.int64) + first)
     is_ligand_atom = arrays["is_ligand"][arrays["atom_to_token"]]
     inter = []
@@ -56,10 +56,3 @@ def token_bonds(structure: Structure, placed: dict, arrays: dict[str, np.ndarray
     tokens = tokens[tokens[:, 0] != tokens[:, 1]]
     return np.unique(tokens, axis=0).astype(np.int32).reshape(-1, 2)
 
-
-def _is_per_atom(arrays: dict[str, np.ndarray], first: int, count: int) -> bool:
-    """A polymer residue tokenized per atom (a modified residue): its atoms are distinct tokens."""
-    if count < 2:
-        return False
-    tokens = arrays["atom_to_token"][first:first + count]
-    return tokens[0] != tokens[1]

@@ -89,14 +89,15 @@ class _Builder:
             "atom_to_token", "atom_pos", "atom_mask", "ref_pos", "ref_mask", "ref_element", "ref_charge",
             "names", "ref_space_uid")}
         self.token_atoms: list[TokenAtoms] = []
-        self.placed: dict[tuple[int, int], tuple[int, ResidueAtoms]] = {}  # (chain, residue) -> (first atom, atoms)
+        # (chain index, residue index) -> (first record atom, its atoms, one token for all of them)
+        self.placed: dict[tuple[int, int], tuple[int, ResidueAtoms, bool]] = {}
         self.num_atoms = 0
 
     def add_residue(self, chain_index: int, position: int, chain: Chain, atoms: ResidueAtoms, klass: int,
                     one_token: bool, ids: tuple[int, int, int]) -> None:
         space = len(self.placed)
         first_atom, first_token = self.num_atoms, len(self.tokens["restype"])
-        self.placed[(chain_index, position)] = (first_atom, atoms)
+        self.placed[(chain_index, position)] = (first_atom, atoms, one_token)
         count = len(atoms.names)
         per_residue = position if chain.is_polymer else LIGAND_RESIDUE_POSITION
         groups = [list(range(count))] if one_token else [[atom] for atom in range(count)]
