@@ -4,6 +4,9 @@
   `read_curated` applies curation (curation.py) to it; `parse_chains` gives the searched
   chains of the curated structure. A target curation leaves out as a whole comes back as an
   `ExcludedTarget` instead (from `parse_chains` and the featurize tasks alike).
+- `conformer_codes` lists the CCD codes whose reference conformers an input's featurization
+  uses (the conformer stage computes each once: conformers.py); the featurize tasks get those
+  stored conformers (`conformer_blobs`).
 - `search_chain` runs the configured search tools for one unique chain sequence and returns
   its MSA record (MSA + template hits), ready for the `msa` table.
 - `featurize_ingested` / `featurize_searched` build one target's feature record from its
