@@ -11,11 +11,10 @@ import importlib
 import json
 import pathlib
 import sys
-import warnings
 
 import click
 
-from featurecache.errors import DEBUG_FLAG, EXIT_PARTIAL, BoundaryGroup, UserError
+from featurecache.errors import DEBUG_FLAG, EXIT_PARTIAL, BoundaryGroup, UserError, renamed_option
 
 # Formats matplotlib writes without extra backends.
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
@@ -85,13 +84,6 @@ def cli(debug):
     """featurecache: precompute AlphaFold3 features once, serve them to trainers fast."""
 
 
-def _old_msa_rows_flag(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
-    if value is not None:
-        message = "--max-msa-rows is deprecated: use --msa-rows-stored (MSA rows stored per target)"
-        warnings.warn(message, DeprecationWarning, stacklevel=2)
-        click.echo(f"featurecache: {message}", err=True)
-    return value
-
 
 @cli.command()
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=pathlib.Path))
@@ -116,7 +108,7 @@ def _old_msa_rows_flag(ctx: click.Context, param: click.Parameter, value: int | 
               help="Rows stored in each target's assembled MSA, query included "
                    "(default: the config's features.msa_rows_stored, else 16384).")
 @click.option("--max-msa-rows", type=click.IntRange(min=1), default=None, hidden=True,
-              callback=_old_msa_rows_flag, help="Deprecated spelling of --msa-rows-stored.")
+              callback=renamed_option("--max-msa-rows", "--msa-rows-stored (MSA rows stored per target)"), help="Deprecated spelling of --msa-rows-stored.")
 @click.option("--retry-failed/--no-retry-failed", default=True, show_default=True,
               help="Retry inputs that failed in an earlier run.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 import click
 
 EXIT_OK = 0
@@ -90,3 +91,16 @@ class BoundaryGroup(ErrorBoundary, click.Group):
 
 class BoundaryCommand(ErrorBoundary, click.Command):
     """A stand-alone click command (e.g. `python -m featurecache.training`) inside the boundary."""
+
+
+def renamed_option(old: str, new: str):
+    """A click callback for an option's old spelling: it still works and names the new one."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value):
+        if value is not None:
+            message = f"{old} is deprecated: use {new}"
+            warnings.warn(message, DeprecationWarning, stacklevel=2)
+            click.echo(f"featurecache: {message}", err=True)
+        return value
+
+    return callback
