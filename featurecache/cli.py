@@ -109,12 +109,15 @@ def cli(debug):
                    "(default: the config's features.msa_rows_stored, else 16384).")
 @click.option("--max-msa-rows", type=click.IntRange(min=1), default=None, hidden=True,
               callback=renamed_option("--max-msa-rows", "--msa-rows-stored (MSA rows stored per target)"), help="Deprecated spelling of --msa-rows-stored.")
+@click.option("--ccd", "ccd_path", type=click.Path(path_type=pathlib.Path), default=None,
+              help="A newer components.cif[.gz] from wwPDB for component atoms, bonds and conformers "
+                   "(default: the config's [chem] ccd_path, else the CCD biotite ships).")
 @click.option("--retry-failed/--no-retry-failed", default=True, show_default=True,
               help="Retry inputs that failed in an earlier run.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, address, num_workers, executor,
-               num_shards, msa_rows_stored, max_msa_rows, retry_failed, progress, as_json):
+               num_shards, msa_rows_stored, max_msa_rows, ccd_path, retry_failed, progress, as_json):
     """Parse INPUTS (mmCIF / FASTA files or folders), search or ingest alignments, featurize,
     and write the records into the cache. Resumable: current records are skipped."""
     from featurecache.precompute.pipeline import PipelineSetupError, PrecomputeOptions, precompute as run
@@ -134,6 +137,7 @@ def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, add
         executor=executor,
         num_shards=num_shards,
         msa_rows_stored=max_msa_rows if msa_rows_stored is None else msa_rows_stored,
+        ccd_path=ccd_path,
         retry_failed=retry_failed,
         progress=progress,
     )

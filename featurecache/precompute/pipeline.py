@@ -81,11 +81,11 @@ def precompute(options: PrecomputeOptions) -> PrecomputeSummary:
     plan = prepare(options)
     summary = PrecomputeSummary(cache_dir=str(options.cache_dir))
     # Curation changes what is featurized, so its settings are part of every record's fingerprint.
-    chem = plan.pipeline_config.chem if plan.pipeline_config is not None else ChemConfig()
+    chem = plan.chem
     try:  # the CCD's content and the conformer settings change atoms and ref_pos
         chem_identity = chem_fingerprint(chem)
     except (ValueError, OSError) as error:
-        raise PipelineSetupError(f"[chem] ccd_path: {error}") from None
+        raise PipelineSetupError(f"--ccd / [chem] ccd_path: {error}") from None
     feature_fingerprint = fingerprint(plan.feature_config.fingerprint_fields(), SCHEMA_VERSION, plan.mode_fingerprint,
                                       dataclasses.asdict(plan.curation), chem_identity)
     try:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from featurecache.config import (
+    ChemConfig,
     ClusteringConfig,
     CurationConfig,
     FeatureConfig,
@@ -53,6 +54,7 @@ class PrecomputeOptions:
     num_workers: int | None = None     # CPUs for a local Ray; None = all
     num_shards: int | None = None
     msa_rows_stored: int | None = None  # overrides the config's features.msa_rows_stored
+    ccd_path: Path | None = None       # a newer components.cif[.gz]; overrides the config's [chem] ccd_path
     curation: CurationConfig | None = None  # overrides the config's [curation] (default: AF3's)
     clustering: ClusteringConfig | None = None  # overrides the config's [clustering] (default: AF3's)
     retry_failed: bool = True
@@ -103,6 +105,7 @@ class RunPlan:
     curation: CurationConfig
     clustering: ClusteringConfig
     mmseqs: ToolSettings  # the clustering's MMseqs2: binary, threads, timeout ([tools.mmseqs])
+    chem: ChemConfig = ChemConfig()  # the CCD and conformer settings ([chem], --ccd)
 
 
 def prepare(options: PrecomputeOptions) -> RunPlan:
@@ -136,8 +139,11 @@ def prepare(options: PrecomputeOptions) -> RunPlan:
     mmseqs = pipeline_config.tool_settings("mmseqs") if pipeline_config else ToolSettings()
     if clustering.enabled:
         _check_clustering_tool(mmseqs, pipeline_config)
+    chem = pipeline_config.chem if pipeline_config is not None else ChemConfig()
+    if options.ccd_path is not None:
+        chem = dataclasses.replace(chem, ccd_path=str(Path(options.ccd_path).resolve()))
     return RunPlan(input_files, feature_config, store_config, template_dir, pipeline_config, alignment_index,
-                 fingerprint(mode), curation, clustering, mmseqs)
+                 fingerprint(mode), curation, clustering, mmseqs, chem)
 
 
 def _check_clustering_tool(mmseqs: ToolSettings, pipeline_config: PipelineConfig | None) -> None:

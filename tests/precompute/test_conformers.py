@@ -144,5 +144,30 @@ def test_bad_ccd_path_is_one_setup_error(tmp_path, inputs, content):
         ccd.write_text(content)
     config = tmp_path / "pipeline.toml"
     config.write_text(f'[chem]\nccd_path = "{ccd.name}"\n')
-    with pytest.raises(PipelineSetupError, match=r"^\[chem\] ccd_path: CCD file .*components.cif"):
+    with pytest.raises(PipelineSetupError, match=r"^--ccd / \[chem\] ccd_path: CCD file .*components.cif"):
         precompute(_options([inputs], tmp_path / "cache", config_path=config))
+
+
+def test_a_users_components_cif_gives_its_own_conformer_keys(tmp_path, shared_data):
+    """--ccd: a components.cif with the entries 209d uses (written from real CCD entries); the
+    conformers are keyed by that file's version, apart from the bundled CCD's."""
+    from tests.chem._components import write_components_cif
+
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    shutil.copy(shared_data / "structures" / "209d-assembly1.cif", folder)
+    ccd = tmp_path / "components.cif.gz"
+    codes = ["DA", "DC", "DG", "DT", "THR", "DVA", "PRO", "SAR", "MVA", "PXA"]
+    write_components_cif(ccd, codes)
+    cache = tmp_path / "cache"
+    precompute(_options([folder], cache))
+    bundled = set(read_manifest(cache).index[CONFORMERS_TABLE])
+    result = CliRunner().invoke(cli, ["precompute", str(folder), "--cache", str(cache), "--ccd", str(ccd),
+                                      "--executor", "inline", "--no-progress", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output[result.output.index("{"):])
+    assert summary["stages"]["featurize"]["done"] == 1  # the CCD changed: the record is recomputed
+    index = read_manifest(cache).index[CONFORMERS_TABLE]
+    own = {key for key in index if key not in bundled}
+    assert sorted(index[key]["code"] for key in own) == sorted(codes)
+    assert summary["stages"]["conformers"]["done"] == len(codes)
