@@ -139,6 +139,10 @@ class AF3Model(nn.Module):
         Returns the loss and a dict of detached 0-d tensors (no host sync): loss, distogram,
         diffusion, mse, smooth_lddt, bond.
         """
+        with torch.autocast(outputs["pair"].device.type, enabled=False):  # fp32: the SVD, the distances
+            return self._loss(batch, outputs)
+
+    def _loss(self, batch: dict, outputs: dict) -> tuple[torch.Tensor, dict]:
         config = self.config
         metrics = {"distogram": self._distogram_loss(batch, outputs)}
         loss = config.distogram_loss_weight * metrics["distogram"]
@@ -165,7 +169,7 @@ class AF3Model(nn.Module):
     def _diffusion_losses(self, batch: dict, outputs: dict) -> dict:
         """Per diffusion sample [B, S]: mse, smooth_lddt, bond."""
         config = self.config
-        predicted = outputs["denoised_positions"]
+        predicted = outputs["denoised_positions"].float()
         true = batch["atom_pos"].float()
         resolved = batch["atom_mask"] & batch["atom_pad_mask"]
         atom_to_token = batch["atom_to_token"]
