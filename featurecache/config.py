@@ -11,6 +11,7 @@ import datetime
 import hashlib
 import json
 import numbers
+import warnings
 from dataclasses import dataclass, field
 
 
@@ -202,6 +203,10 @@ class StoreConfig:
     batch_records: int = 64            # records per write transaction
 
 
+# AF3's crop modes (SI 2.7), in the order of SampleConfig.crop_mode_probs.
+CROP_MODES = ("contiguous", "spatial", "spatial_interface")
+
+
 @dataclass(frozen=True)
 class SampleConfig:
     """How one training sample is cut from a whole feature record, every epoch anew.
@@ -212,13 +217,20 @@ class SampleConfig:
 
     crop_size: int | None = 384          # tokens per sample (AF3's initial training crop); None: whole targets
     msa_rows_per_sample: int = 1024      # MSA rows drawn from the stored ones, query first
-    spatial_crop_prob: float = 0.5       # chance of a spatial crop (else contiguous), as in AF3
+    # Chance of each crop mode, in CROP_MODES order (AF3 SI 2.7: contiguous 0.2, spatial 0.4,
+    # spatial interface 0.4); the spatial ones centre on the sampled chain or interface.
+    crop_mode_probs: tuple[float, float, float] = (0.2, 0.4, 0.4)
     max_templates: int | None = 4        # templates per chain and sample (AF3: 4); None: every stored one
     random_templates: bool = True        # AF3 training: a random count and choice of each chain's stored
                                          # templates; False: the first (best-ranked) ones, as at inference
     seed: int = 0                        # crops, MSA rows and templates are drawn from (seed, epoch, index)
+    # Deprecated: the old single setting, p = chance of a spatial crop. Read as
+    # crop_mode_probs = (1 - p, p / 2, p / 2), AF3's even split of the spatial modes.
+    spatial_crop_prob: dataclasses.InitVar[float | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, spatial_crop_prob: float | None) -> None:
+        if spatial_crop_prob is not None:
+            self._take_old_spatial_crop_prob(spatial_crop_prob)
         for name in ("crop_size", "msa_rows_per_sample", "max_templates"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
@@ -231,5 +243,26 @@ class SampleConfig:
             raise ValueError(f"max_templates must be >= 0 (or None for every stored one), got {self.max_templates}")
         if not isinstance(self.random_templates, bool):
             raise ValueError(f"random_templates must be True or False, got {self.random_templates!r}")
-        if not 0.0 <= self.spatial_crop_prob <= 1.0:
-            raise ValueError(f"spatial_crop_prob must be in [0, 1], got {self.spatial_crop_prob}")
+        probs = self.crop_mode_probs
+        if (not isinstance(probs, (tuple, list)) or len(probs) != len(CROP_MODES)
+                or not all(isinstance(p, numbers.Real) and 0.0 <= p <= 1.0 for p in probs)
+                or abs(sum(probs) - 1.0) > 1e-6):
+            raise ValueError(f"crop_mode_probs must be {len(CROP_MODES)} probabilities in [0, 1] summing to 1 "
+                             f"(for {', '.join(CROP_MODES)}), got {probs!r}")
+        object.__setattr__(self, "crop_mode_probs", tuple(float(p) for p in probs))
+
+    def _take_old_spatial_crop_prob(self, spatial_crop_prob: float) -> None:
+        if self.crop_mode_probs != SampleConfig.crop_mode_probs:
+            raise TypeError("give crop_mode_probs only (spatial_crop_prob is its deprecated single-number form)")
+        warnings.warn("SampleConfig(spatial_crop_prob=p) is deprecated: use crop_mode_probs=(contiguous, spatial, "
+                      "spatial_interface), read here as (1 - p, p / 2, p / 2)", DeprecationWarning, stacklevel=4)
+        object.__setattr__(self, "crop_mode_probs", crop_mode_probs_from_spatial(spatial_crop_prob))
+
+
+def crop_mode_probs_from_spatial(spatial_crop_prob: float) -> tuple[float, float, float]:
+    """crop_mode_probs for the deprecated spatial_crop_prob p: (1 - p, p / 2, p / 2)."""
+    if isinstance(spatial_crop_prob, bool) or not (isinstance(spatial_crop_prob, numbers.Real)
+                                                   and 0.0 <= spatial_crop_prob <= 1.0):
+        raise ValueError(f"spatial_crop_prob must be in [0, 1], got {spatial_crop_prob!r}")
+    spatial = float(spatial_crop_prob)
+    return (1.0 - spatial, spatial / 2, spatial / 2)

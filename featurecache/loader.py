@@ -16,9 +16,10 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
-from featurecache.config import SampleConfig
+from featurecache.config import CROP_MODES, SampleConfig, crop_mode_probs_from_spatial
 from featurecache.features import crop as cropping
 from featurecache.features.templates import sample_templates
+from featurecache.sampler import Draw, SamplingTable
 from featurecache.schema import FEATURES, FEATURES_BY_NAME, FEATURES_TABLE, GAP
 from featurecache.store.codec import CorruptRecordError
 from featurecache.store.manifest import read_manifest
@@ -57,7 +58,8 @@ def _to_torch(name: str, value: np.ndarray) -> torch.Tensor:
 def sample_config(sample: SampleConfig | None, settings: Mapping[str, Any], owner: str) -> SampleConfig:
     """`sample` (or the defaults) with the keyword `settings` a dataset was given applied.
 
-    The old keyword `max_msa_rows` still works, with a DeprecationWarning naming the new one.
+    The old keywords `max_msa_rows` and `spatial_crop_prob` still work, with a DeprecationWarning
+    naming the new one.
     """
     if sample is not None and not isinstance(sample, SampleConfig):
         raise TypeError(f"{owner}: sample must be a SampleConfig, got {sample!r} (give crop_size=... as a keyword)")
@@ -68,6 +70,12 @@ def sample_config(sample: SampleConfig | None, settings: Mapping[str, Any], owne
         warnings.warn(f"{owner}(max_msa_rows=...) is deprecated: use msa_rows_per_sample=...",
                       DeprecationWarning, stacklevel=3)
         settings["msa_rows_per_sample"] = settings.pop("max_msa_rows")
+    if "spatial_crop_prob" in settings:
+        if "crop_mode_probs" in settings:
+            raise TypeError(f"{owner}: give crop_mode_probs only (spatial_crop_prob is its deprecated form)")
+        warnings.warn(f"{owner}(spatial_crop_prob=p) is deprecated: use crop_mode_probs=(contiguous, spatial, "
+                      "spatial_interface), read here as (1 - p, p / 2, p / 2)", DeprecationWarning, stacklevel=3)
+        settings["crop_mode_probs"] = crop_mode_probs_from_spatial(settings.pop("spatial_crop_prob"))
     known = {field.name for field in dataclasses.fields(SampleConfig)}
     unknown = sorted(set(settings) - known)
     if unknown:
@@ -88,7 +96,7 @@ class CacheDataset(torch.utils.data.Dataset):
     """Map-style dataset over the feature records of a cache (or a published generation).
 
     Each item is one target cut as `sample` (a SampleConfig) says: cropped to `crop_size` tokens
-    (contiguous or spatial, AF3's recipe, spatial with probability `spatial_crop_prob`), with at
+    (contiguous, spatial or spatial interface, AF3's recipe, as `crop_mode_probs` says), with at
     most `msa_rows_per_sample` MSA rows (query first) and, per chain, up to `max_templates` of
     the templates its record stores (drawn at random, or the first ones with
     `random_templates=False`). The sample settings may also be given as keywords
@@ -168,6 +176,17 @@ class CacheDataset(torch.utils.data.Dataset):
         return torch.tensor([float(self._info[t].get("weight", 1.0)) for t in self.ids], dtype=torch.float64)
 
     @property
+    def sampling_table(self) -> SamplingTable:
+        """Every chain and interface of these targets with its AF3 weight, for a WeightedSampler
+        (featurecache.sampler), whose Draws this dataset reads."""
+        return SamplingTable.from_targets(self.ids, self._info)
+
+    @property
+    def has_cluster_weights(self) -> bool:
+        """Whether the manifest weighs chains and interfaces (precompute ran its clustering)."""
+        return any("chains" in self._info[target_id] for target_id in self.ids)
+
+    @property
     def max_templates(self) -> int:
         """Template rows a sample holds at most: the sample's max_templates, capped by the most any
         of these records stores (precompute's count, from the manifest)."""
@@ -203,12 +222,18 @@ class CacheDataset(torch.utils.data.Dataset):
             raise KeyError(f"{self.cache_dir}: no features record for target {target_id!r}")
         return record.arrays, record.meta
 
-    def __getitem__(self, item: int | tuple[int, int]) -> dict:
-        """One cropped sample; `item` is an index (crops of the current epoch) or an (epoch, index)
-        pair. A damaged record raises CorruptRecordError (naming key, shard and generation) or,
-        with on_error="skip", is counted in `skipped` (per worker process) and replaced by the
-        next intact record."""
-        epoch, index = item if isinstance(item, tuple) else (self.epoch, item)
+    def __getitem__(self, item: int | tuple[int, int] | Draw) -> dict:
+        """One cropped sample; `item` is an index (crops of the current epoch), an (epoch, index)
+        pair, or a weighted sampler's Draw (its target, cropped around its chain or interface,
+        with crops seeded by its position in the epoch). A damaged record raises
+        CorruptRecordError (naming key, shard and generation) or, with on_error="skip", is
+        counted in `skipped` (per worker process) and replaced by the next intact record."""
+        focus_chains: tuple[int, ...] = ()
+        if isinstance(item, Draw):
+            epoch, seed_index, index, focus_chains = item
+        else:
+            epoch, index = item if isinstance(item, tuple) else (self.epoch, item)
+            seed_index = None
         for offset in range(len(self)):
             position = (index + offset) % len(self)
             target_id = self.ids[position]
@@ -221,15 +246,18 @@ class CacheDataset(torch.utils.data.Dataset):
                 log.warning("skipping damaged record %s in %s (%d skipped so far)", target_id, self.cache_dir,
                             self.skipped)
                 continue
-            return crop_sample(target_id, arrays, self.sample, epoch, position)
+            focus = focus_chains if offset == 0 else ()  # a replacement record has other chains
+            return crop_sample(target_id, arrays, self.sample, epoch, position if seed_index is None else seed_index,
+                               focus)
         raise CorruptRecordError(None, str(self.cache_dir), f"all {len(self)} records are damaged")
 
 
 def crop_sample(target_id: str, arrays: dict[str, np.ndarray], sample: SampleConfig, epoch: int,
-                index: int) -> dict:
+                index: int, focus_chains: tuple[int, ...] = ()) -> dict:
     """One training sample from a whole record, drawn from (seed, epoch, index): MSA rows
-    subsampled, templates sampled per chain, tokens cropped (spatial with probability
-    `spatial_crop_prob`, else contiguous), arrays as torch tensors."""
+    subsampled, templates sampled per chain, tokens cropped in a mode drawn by
+    `crop_mode_probs` around `focus_chains` (the asym_ids of the sampled chain or interface),
+    arrays as torch tensors. "crop_mode" names the mode ("none": the target fits whole)."""
     rng = np.random.default_rng([sample.seed, epoch, index])
     # Rows first: gathering 1k of 16k MSA rows before cutting columns moves 16x fewer bytes.
     arrays = cropping.subsample_msa(arrays, sample.msa_rows_per_sample, rng)
@@ -238,17 +266,14 @@ def crop_sample(target_id: str, arrays: dict[str, np.ndarray], sample: SampleCon
     template_rng = np.random.default_rng([sample.seed, epoch, index, _TEMPLATE_STREAM])
     arrays = sample_templates(arrays, sample.max_templates, template_rng if sample.random_templates else None)
     num_tokens = arrays["restype"].shape[0]
-    crop_size = sample.crop_size
+    crop_size, mode = sample.crop_size, "none"
     if crop_size is not None and num_tokens > crop_size:
-        if rng.random() < sample.spatial_crop_prob and arrays["token_center_mask"].any():
-            token_indices = cropping.spatial_crop(
-                arrays["token_center_pos"], arrays["token_center_mask"], arrays["asym_id"], crop_size, rng
-            )
-        else:
-            token_indices = cropping.contiguous_crop(arrays["asym_id"], crop_size, rng)
+        mode = CROP_MODES[int(rng.choice(len(CROP_MODES), p=sample.crop_mode_probs))]
+        token_indices = cropping.crop_tokens(arrays, mode, crop_size, rng, tuple(focus_chains))
         arrays = cropping.crop_arrays(arrays, token_indices)
     sample = {name: _to_torch(name, arrays[name]) for name in FEATURES_BY_NAME}
     sample["id"] = target_id
+    sample["crop_mode"] = mode
     return sample
 
 

@@ -25,7 +25,8 @@ def test_sample_is_cropped_and_consistent(sample_cache):
     for index in range(len(dataset)):
         sample = dataset[index]
         tokens = sample["restype"].shape[0]
-        assert tokens == min(48, dataset.num_tokens(index))
+        # a crop never splits a residue, so it may keep fewer tokens than the crop size
+        assert 0 < tokens <= min(48, dataset.num_tokens(index))
         assert sample["msa"].shape == (min(32, sample["msa"].shape[0]), tokens)
         assert sample["msa"].shape[0] >= 1
         # The query row is kept first and equals the restype of the cropped tokens (polymers).
@@ -189,9 +190,26 @@ def test_one_sample_config_and_the_old_keyword(sample_cache):
         CacheDataset(sample_cache, max_msa_rows=16, msa_rows_per_sample=16)
     with pytest.raises(TypeError, match="crop_sise"):
         CacheDataset(sample_cache, crop_sise=40)
-    for bad in (dict(crop_size=0), dict(msa_rows_per_sample=0), dict(spatial_crop_prob=1.5), dict(max_templates=-1)):
+    for bad in (dict(crop_size=0), dict(msa_rows_per_sample=0), dict(crop_mode_probs=(0.5, 0.5, 0.5)),
+                dict(crop_mode_probs=(0.5, 0.5)), dict(max_templates=-1)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             SampleConfig(**bad)
+
+
+def test_spatial_crop_prob_is_deprecated_for_crop_mode_probs(sample_cache):
+    from featurecache.config import SampleConfig
+
+    assert SampleConfig().crop_mode_probs == (0.2, 0.4, 0.4)  # AF3 SI 2.7
+    with pytest.warns(DeprecationWarning, match="use crop_mode_probs"):
+        old = SampleConfig(crop_size=40, spatial_crop_prob=0.6)
+    assert old.crop_mode_probs == pytest.approx((0.4, 0.3, 0.3))
+    with pytest.warns(DeprecationWarning, match="use crop_mode_probs"):
+        dataset = CacheDataset(sample_cache, crop_size=40, spatial_crop_prob=1.0)
+    assert dataset.sample.crop_mode_probs == (0.0, 0.5, 0.5)
+    with pytest.raises(ValueError, match="spatial_crop_prob"), pytest.warns(DeprecationWarning):
+        SampleConfig(spatial_crop_prob=1.5)
+    with pytest.raises(TypeError, match="crop_mode_probs only"):
+        CacheDataset(sample_cache, spatial_crop_prob=0.5, crop_mode_probs=(1.0, 0.0, 0.0))
 
 
 @pytest.fixture(scope="module")

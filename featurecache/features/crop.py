@@ -1,9 +1,18 @@
 """Cropping and MSA subsampling of a feature record (run by the loader every epoch).
 
-Crops follow AF3's recipe (which reuses AF-Multimer's): a contiguous crop takes a random
-contiguous stretch of every chain, chains visited in random order, so that the kept tokens add
-up to the crop size; a spatial crop keeps the tokens nearest to a random resolved token,
-preferring tokens at a chain interface as the centre.
+Crops follow AF3's recipe (SI 2.7, which reuses AF-Multimer's), in three modes (`crop_tokens`):
+
+- contiguous (Algorithm 1): a random contiguous stretch of every chain, chains visited in
+  random order, so that the kept tokens add up to the crop size;
+- spatial: the tokens nearest a random resolved token of the sampled chain or interface;
+- spatial interface: the same around a random interface token (a resolved token within 15 A of a
+  resolved token of another chain, the partner chain for a sampled interface).
+
+Crops never split a residue: a modified residue's or a ligand component's atoms (one token
+each) share one reference space (`ref_space_uid`), and `crop_groups` makes that the unit a crop
+keeps or drops whole. A contiguous stretch widens to whole residues at its ends where the
+budget allows, else narrows; a spatial crop takes whole residues in order of their nearest
+token and skips one that no longer fits.
 
 `crop_arrays` is generic over the schema's axes: arrays with a ``token`` axis are indexed by the
 kept tokens, arrays with an ``atom`` axis by the atoms of the kept tokens, and arrays whose values
@@ -18,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from featurecache import schema
+from featurecache.config import CROP_MODES
 
 INTERFACE_DISTANCE = 15.0  # Angstrom, AF-Multimer's interface definition for crop centres
 _TIE_BREAK = 1e-3  # AF3 adds index * 1e-3 to distances so ties resolve deterministically
@@ -28,8 +38,35 @@ def _check_crop_size(crop_size: int) -> None:
         raise ValueError(f"crop_size must be positive, got {crop_size}")
 
 
-def contiguous_crop(asym_id: np.ndarray, crop_size: int, rng: np.random.Generator) -> np.ndarray:
-    """Sorted token indices of a contiguous crop (AF-Multimer Algorithm 1) of at most crop_size."""
+def crop_groups(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """Per token, the number of the unit a crop keeps or drops whole (0..G-1, in token order):
+    the residue its atoms belong to (their ref_space_uid), so that a ligand component or a
+    modified residue, whose atoms are one token each, is never split. A token without atoms is
+    a unit of its own."""
+    num_tokens = arrays["restype"].shape[0]
+    uid = np.asarray(arrays["ref_space_uid"], dtype=np.int64)
+    group = np.arange(num_tokens, dtype=np.int64) + (uid.max() + 1 if uid.size else 0)
+    group[arrays["atom_to_token"]] = uid
+    return np.unique(group, return_inverse=True)[1].reshape(-1)
+
+
+def crop_tokens(arrays: dict[str, np.ndarray], mode: str, crop_size: int, rng: np.random.Generator,
+                focus_chains: tuple[int, ...] = ()) -> np.ndarray:
+    """Sorted token indices of one crop of `mode` (config.CROP_MODES) around `focus_chains` (the
+    asym_ids of the sampled chain or interface; () for none), never splitting a residue."""
+    if mode not in CROP_MODES:
+        raise ValueError(f"crop mode must be one of {CROP_MODES}, got {mode!r}")
+    groups = crop_groups(arrays)
+    if mode == "contiguous":
+        return contiguous_crop(arrays["asym_id"], crop_size, rng, groups=groups)
+    return spatial_crop(arrays["token_center_pos"], arrays["token_center_mask"], arrays["asym_id"], crop_size, rng,
+                        interface_bias=mode == "spatial_interface", groups=groups, focus_chains=focus_chains)
+
+
+def contiguous_crop(asym_id: np.ndarray, crop_size: int, rng: np.random.Generator,
+                    groups: np.ndarray | None = None) -> np.ndarray:
+    """Sorted token indices of a contiguous crop (AF3 / AF-Multimer Algorithm 1) of at most
+    crop_size; with `groups` (crop_groups), each chain's stretch is moved to whole groups."""
     _check_crop_size(crop_size)
     asym_id = np.asarray(asym_id)
     if asym_id.size <= crop_size:
@@ -45,9 +82,32 @@ def contiguous_crop(asym_id: np.ndarray, crop_size: int, rng: np.random.Generato
         size_min = min(tokens.size, max(0, crop_size - (added + remaining_after[position])))
         size = int(rng.integers(size_min, size_max + 1))
         start = int(rng.integers(0, tokens.size - size + 1))
-        kept.append(tokens[start : start + size])
-        added += size
+        stop = start + size
+        if groups is not None and size:
+            start, stop = _whole_groups(groups[tokens], start, stop, crop_size - added)
+        kept.append(tokens[start:stop])
+        added += stop - start
     return np.sort(np.concatenate(kept))
+
+
+def _whole_groups(chain_groups: np.ndarray, start: int, stop: int, budget: int) -> tuple[int, int]:
+    """The stretch [start, stop) of one chain's tokens moved to group boundaries: each end
+    widened to take its whole group when the budget allows, else narrowed to drop it."""
+    new_run = np.concatenate([[True], chain_groups[1:] != chain_groups[:-1]])
+    run_starts = np.flatnonzero(new_run)
+    run_of = np.cumsum(new_run) - 1
+    run_stops = np.concatenate([run_starts[1:], [chain_groups.size]])
+    wide_start, narrow_start = int(run_starts[run_of[start]]), start
+    if wide_start != start:
+        narrow_start = int(run_stops[run_of[start]])
+    wide_stop, narrow_stop = int(run_stops[run_of[stop - 1]]), stop
+    if wide_stop != stop:
+        narrow_stop = int(run_starts[run_of[stop - 1]])
+    for low, high in ((wide_start, wide_stop), (wide_start, narrow_stop), (narrow_start, wide_stop),
+                      (narrow_start, narrow_stop)):
+        if high - low <= budget:
+            return low, max(low, high)
+    return start, start
 
 
 def spatial_crop(
@@ -57,12 +117,18 @@ def spatial_crop(
     crop_size: int,
     rng: np.random.Generator,
     interface_bias: bool = True,
+    groups: np.ndarray | None = None,
+    focus_chains: tuple[int, ...] = (),
 ) -> np.ndarray:
     """Sorted indices of the crop_size tokens nearest a random resolved centre token.
 
-    With `interface_bias`, the centre is drawn from resolved tokens within 15 A of a resolved
-    token of another chain when there are any. Unresolved tokens come last (infinite distance).
-    A target with no resolved token falls back to a contiguous crop.
+    The centre is drawn from the resolved tokens of `focus_chains` (asym_ids; every chain when
+    empty or when none of theirs is resolved). With `interface_bias` (AF3's spatial interface
+    crop) it is drawn from those within 15 A of a resolved token of another chain (of the other
+    focus chain, for an interface) when there are any. Unresolved tokens come last (infinite
+    distance). With `groups` (crop_groups) whole groups are taken in order of their nearest
+    token, a group that no longer fits skipped. A target with no resolved token falls back to a
+    contiguous crop.
     """
     _check_crop_size(crop_size)
     positions = np.asarray(token_center_pos, dtype=np.float64)
@@ -72,37 +138,76 @@ def spatial_crop(
         return np.arange(asym_id.size)
     resolved = np.flatnonzero(mask)
     if resolved.size == 0:
-        return contiguous_crop(asym_id, crop_size, rng)
-    candidates = resolved
-    if interface_bias:
-        interface = _interface_tokens(positions, resolved, asym_id)
-        if interface.size:
-            candidates = interface
-    centre = int(rng.choice(candidates))
+        return contiguous_crop(asym_id, crop_size, rng, groups=groups)
+    centre = int(rng.choice(_centre_candidates(positions, resolved, asym_id, focus_chains, interface_bias)))
     distances = np.linalg.norm(positions - positions[centre], axis=1)
     distances[~mask] = np.inf
     distances += np.arange(asym_id.size) * _TIE_BREAK
+    if groups is not None:
+        kept = _nearest_whole_groups(distances, groups, crop_size)
+        if kept.size:
+            return kept
     nearest = np.argsort(distances, kind="stable")[:crop_size]
     return np.sort(nearest)
 
 
-def _interface_tokens(positions: np.ndarray, resolved: np.ndarray, asym_id: np.ndarray) -> np.ndarray:
-    """Resolved tokens within INTERFACE_DISTANCE of a resolved token of another chain."""
+def _centre_candidates(positions: np.ndarray, resolved: np.ndarray, asym_id: np.ndarray,
+                       focus_chains: tuple[int, ...], interface_bias: bool) -> np.ndarray:
+    """Resolved tokens a spatial crop may centre on (see spatial_crop)."""
+    candidates = resolved
+    in_focus = resolved[np.isin(asym_id[resolved], focus_chains)]
+    if in_focus.size:
+        candidates = in_focus
+    if interface_bias:
+        partners = resolved
+        if len(focus_chains) == 2:
+            partners = resolved[np.isin(asym_id[resolved], focus_chains)]
+        interface = _interface_tokens(positions, candidates, partners, asym_id)
+        if interface.size:
+            candidates = interface
+    return candidates
+
+
+def _nearest_whole_groups(distances: np.ndarray, groups: np.ndarray, crop_size: int) -> np.ndarray:
+    """Sorted token indices of whole groups taken nearest first (a group's distance is its
+    nearest token's) while they fit in crop_size; empty if not even the nearest group fits."""
+    num_groups = int(groups.max()) + 1
+    group_distance = np.full(num_groups, np.inf)
+    np.minimum.at(group_distance, groups, distances)
+    group_size = np.bincount(groups, minlength=num_groups)
+    order = np.argsort(group_distance, kind="stable")
+    # The prefix that fits as a whole at once; past it, one group at a time (few are left to try).
+    fits = int(np.searchsorted(np.cumsum(group_size[order]), crop_size, side="right"))
+    taken = list(order[:fits])
+    room = crop_size - int(group_size[order[:fits]].sum())
+    for group in order[fits:]:
+        if room == 0:
+            break
+        if group_size[group] <= room:
+            taken.append(group)
+            room -= int(group_size[group])
+    return np.flatnonzero(np.isin(groups, np.asarray(taken, dtype=groups.dtype)))
+
+
+def _interface_tokens(positions: np.ndarray, rows: np.ndarray, columns: np.ndarray, asym_id: np.ndarray) -> np.ndarray:
+    """Tokens of `rows` within INTERFACE_DISTANCE of a token of `columns` of another chain."""
     # Centred float32 points and |a|^2 + |b|^2 - 2ab (one BLAS matmul per block): ~10x faster
     # than broadcasting differences, which cost 40 ms per sample at 549 tokens.
-    points = positions[resolved]
-    points = (points - points.mean(axis=0)).astype(np.float32)
-    norms = (points * points).sum(axis=1)
-    chains = asym_id[resolved]
-    found = np.zeros(resolved.size, dtype=bool)
+    origin = positions[columns].mean(axis=0)
+    row_points = (positions[rows] - origin).astype(np.float32)
+    column_points = (positions[columns] - origin).astype(np.float32)
+    row_norms = (row_points * row_points).sum(axis=1)
+    column_norms = (column_points * column_points).sum(axis=1)
+    row_chains, column_chains = asym_id[rows], asym_id[columns]
+    found = np.zeros(rows.size, dtype=bool)
     block = 1024  # rows per distance block: bounds memory at 1024 x N
-    for start in range(0, resolved.size, block):
-        stop = min(start + block, resolved.size)
-        squared = norms[start:stop, None] + norms[None, :] - 2.0 * (points[start:stop] @ points.T)
+    for start in range(0, rows.size, block):
+        stop = min(start + block, rows.size)
+        squared = row_norms[start:stop, None] + column_norms[None, :] - 2.0 * (row_points[start:stop] @ column_points.T)
         close = squared < INTERFACE_DISTANCE**2
-        close &= chains[start:stop, None] != chains[None, :]
+        close &= row_chains[start:stop, None] != column_chains[None, :]
         found[start:stop] = close.any(axis=1)
-    return resolved[found]
+    return rows[found]
 
 
 def crop_arrays(arrays: dict[str, np.ndarray], token_indices: np.ndarray) -> dict[str, np.ndarray]:

@@ -3,8 +3,8 @@
     python -m featurecache.training --cache DIR --preset tiny --steps 100 --out runs/tiny
 
 Modules, bottom up: `config` (TrainConfig), `distributed` (devices and ranks), `sampler`
-(EpochBatchSampler), `data` (dataset and DataLoader of a run), `checkpoint` (save, load, RNG
-states), `schedule` (warmup, the CUDA-graph learning rate), `cuda_graph` (CapturedStep), `loop`
+(EpochBatchSampler, WeightedBatchSampler), `data` (dataset and DataLoader of a run),
+`checkpoint` (save, load, RNG states), `schedule` (warmup, the CUDA-graph learning rate), `cuda_graph` (CapturedStep), `loop`
 (train) and `command` (the click command).
 """
 
@@ -14,7 +14,7 @@ from featurecache.training.command import train_command
 from featurecache.training.config import TrainConfig, TrainSetupError
 from featurecache.training.cuda_graph import CapturedStep
 from featurecache.training.loop import train
-from featurecache.training.sampler import EpochBatchSampler
+from featurecache.training.sampler import EpochBatchSampler, WeightedBatchSampler
 
 __all__ = ["CapturedStep", "EpochBatchSampler", "SampleConfig", "TrainConfig", "TrainSetupError",
-           "latest_checkpoint", "load_checkpoint", "save_checkpoint", "train", "train_command"]
+           "WeightedBatchSampler", "latest_checkpoint", "load_checkpoint", "save_checkpoint", "train", "train_command"]

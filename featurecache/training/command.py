@@ -12,7 +12,7 @@ import warnings
 import click
 from click.core import ParameterSource
 
-from featurecache.config import SampleConfig
+from featurecache.config import SampleConfig, crop_mode_probs_from_spatial
 from featurecache.errors import BoundaryCommand, UserError
 from featurecache.model.config import PRESETS
 from featurecache.training.config import KERNEL_OPTIONS, TrainConfig, TrainSetupError
@@ -55,8 +55,11 @@ def _old_msa_rows_flag(ctx: click.Context, param: click.Parameter, value: int | 
               help="MSA rows drawn per sample from the rows the cache stores.")
 @click.option("--max-msa-rows", "old_msa_rows", type=POSITIVE, hidden=True, callback=_old_msa_rows_flag,
               help="Deprecated spelling of --msa-rows-per-sample.")
-@click.option("--spatial-crop-prob", default=SampleConfig.spatial_crop_prob, show_default=True,
-              type=click.FloatRange(0.0, 1.0), help="Chance that a sample's crop is spatial (else contiguous).")
+@click.option("--crop-mode-probs", nargs=3, type=click.FloatRange(0.0, 1.0), default=SampleConfig.crop_mode_probs,
+              show_default=True, help="Chances of a contiguous, a spatial and a spatial-interface crop (AF3's; they "
+                                      "add up to 1).")
+@click.option("--spatial-crop-prob", type=click.FloatRange(0.0, 1.0), hidden=True,
+              help="Deprecated: P sets --crop-mode-probs to 1-P P/2 P/2.")
 @click.option("--max-templates", default=SampleConfig.max_templates, show_default=True, type=NON_NEGATIVE,
               help="Templates per chain and sample, drawn at random (AF3) from those the cache stores.")
 @click.option("--batch-size", default=TrainConfig.batch_size, show_default=True, type=POSITIVE,
@@ -84,17 +87,25 @@ def _old_msa_rows_flag(ctx: click.Context, param: click.Parameter, value: int | 
               help="auto (CUDA if there is one), cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
 @click.pass_context
 def train_command(ctx: click.Context, cache, online, alignments, template_dir, out, preset, pairformer_blocks,
-                  kernels, steps, crop_size, msa_rows_per_sample, old_msa_rows, spatial_crop_prob, max_templates,
-                  batch_size, lr, warmup, num_workers, checkpoint_every, resume, compile_model, static_shapes,
-                  cuda_graphs, seed, device) -> None:
+                  kernels, steps, crop_size, msa_rows_per_sample, old_msa_rows, crop_mode_probs, spatial_crop_prob,
+                  max_templates, batch_size, lr, warmup, num_workers, checkpoint_every, resume, compile_model,
+                  static_shapes, cuda_graphs, seed, device) -> None:
     """Train the AF3 trunk from a feature cache."""
     rows = msa_rows_per_sample
     if old_msa_rows is not None:
         if ctx.get_parameter_source("msa_rows_per_sample") != ParameterSource.DEFAULT:
             raise click.UsageError("give --msa-rows-per-sample only (--max-msa-rows is its old name)")
         rows = old_msa_rows
+    if spatial_crop_prob is not None:
+        if ctx.get_parameter_source("crop_mode_probs") != ParameterSource.DEFAULT:
+            raise click.UsageError("give --crop-mode-probs only (--spatial-crop-prob is its deprecated form)")
+        click.echo("featurecache: --spatial-crop-prob is deprecated: use --crop-mode-probs", err=True)
+        crop_mode_probs = crop_mode_probs_from_spatial(spatial_crop_prob)
+    if abs(sum(crop_mode_probs) - 1.0) > 1e-6:
+        raise click.BadParameter(f"{' '.join(map(str, crop_mode_probs))} do not add up to 1",
+                                 param_hint="--crop-mode-probs")
     try:
-        sample = SampleConfig(crop_size=crop_size, msa_rows_per_sample=rows, spatial_crop_prob=spatial_crop_prob,
+        sample = SampleConfig(crop_size=crop_size, msa_rows_per_sample=rows, crop_mode_probs=tuple(crop_mode_probs),
                               max_templates=max_templates, seed=seed)
         config = TrainConfig(
             cache=cache, online=online, alignments=alignments, template_dir=template_dir, out=out,

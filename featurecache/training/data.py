@@ -9,7 +9,8 @@ import torch
 
 from featurecache.loader import CacheDataset, collate
 from featurecache.training.config import TrainConfig, TrainSetupError
-from featurecache.training.sampler import EpochBatchSampler
+from featurecache.training.distributed import Dist
+from featurecache.training.sampler import EpochBatchSampler, WeightedBatchSampler
 
 
 def _setup_error(option: str, value, error: Exception) -> TrainSetupError:
@@ -50,7 +51,24 @@ def fixed_sizes(config: TrainConfig, dataset) -> dict[str, int] | None:
     return {"token": config.sample.crop_size, "msa": config.sample.msa_rows_per_sample, "template": templates}
 
 
-def make_loader(dataset, batch_sampler: EpochBatchSampler, config: TrainConfig, device: torch.device,
+def make_batch_sampler(dataset, config: TrainConfig, world: Dist, start_epoch: int = 0, start_batch: int = 0,
+                       epochs: int | None = None) -> EpochBatchSampler | WeightedBatchSampler:
+    """This rank's batches from (start_epoch, start_batch) on: AF3's weighted draws of chains and
+    interfaces when the cache's manifest weighs them (precompute's clustering), else a shuffle
+    of the targets per epoch. Both have the same steps per epoch."""
+    if getattr(dataset, "has_cluster_weights", False):
+        try:
+            table = dataset.sampling_table
+        except ValueError as error:
+            raise _setup_error("--cache", config.cache, error) from None
+        return WeightedBatchSampler(table, config.batch_size, world.rank, world.world_size, config.sample.seed,
+                                    start_epoch=start_epoch, start_batch=start_batch, epochs=epochs)
+    return EpochBatchSampler(len(dataset), config.batch_size, world.rank, world.world_size, config.sample.seed,
+                             start_epoch=start_epoch, start_batch=start_batch, epochs=epochs)
+
+
+def make_loader(dataset, batch_sampler: EpochBatchSampler | WeightedBatchSampler, config: TrainConfig,
+                device: torch.device,
                 pad_to: dict[str, int] | None = None) -> torch.utils.data.DataLoader:
     """A DataLoader over `batch_sampler`'s batches, padded to `pad_to` (see fixed_sizes) if given."""
     extra = {}

@@ -29,7 +29,7 @@ from featurecache.training.checkpoint import (checkpoint_path, load_checkpoint, 
                                               save_checkpoint, set_rng_state)
 from featurecache.training.config import TrainConfig, TrainSetupError, resolve_kernels
 from featurecache.training.cuda_graph import CapturedStep
-from featurecache.training.data import build_dataset, fixed_sizes, make_loader, to_device
+from featurecache.training.data import build_dataset, fixed_sizes, make_batch_sampler, make_loader, to_device
 from featurecache.training.distributed import Dist, all_ranks, barrier, mean_over_ranks, setup_distributed, shutdown
 from featurecache.training.sampler import EpochBatchSampler
 from featurecache.training.schedule import GraphLearningRate, warmup_schedule
@@ -238,9 +238,8 @@ def _run(config: TrainConfig, world: Dist, trainer: Trainer, dataset, pad_to: di
         if batches is None:
             if loader_per_epoch:
                 dataset.set_epoch(position.epoch)  # before the iterator exists: workers copy the dataset
-            sampler = EpochBatchSampler(len(dataset), config.batch_size, world.rank, world.world_size,
-                                        config.sample.seed, start_epoch=position.epoch,
-                                        start_batch=position.batch_in_epoch, epochs=1 if loader_per_epoch else None)
+            sampler = make_batch_sampler(dataset, config, world, start_epoch=position.epoch,
+                                         start_batch=position.batch_in_epoch, epochs=1 if loader_per_epoch else None)
             batches = iter(make_loader(dataset, sampler, config, world.device, pad_to))
         while position.step < config.steps and position.batch_in_epoch < steps_per_epoch:
             record = _step(world, trainer, batches, position)

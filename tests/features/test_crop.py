@@ -159,3 +159,84 @@ def test_crops_keep_atom_and_token_indices_consistent(shared_data):
             expected = {(position[i], position[j]) for i, j in arrays["token_bonds"].tolist()
                         if i in position and j in position}
             assert {tuple(pair) for pair in bonds.tolist()} == expected
+
+
+@pytest.fixture(scope="module")
+def glycoprotein(shared_data):
+    """1ncb: a protein with glycans (NAG / MAN / BMA: each atom a token, each residue one unit)."""
+    from featurecache.features.tokenize import tokenize
+    from featurecache.io.mmcif import read_mmcif
+
+    return tokenize(read_mmcif(shared_data / "bonded" / "1ncb.cif")).arrays
+
+
+def _split_residues(arrays, kept):
+    """Residues (reference spaces) of which a crop keeps some atoms but not all."""
+    space = arrays["ref_space_uid"]
+    in_crop = np.isin(arrays["atom_to_token"], kept)
+    return sorted(set(space[in_crop]) & set(space[~in_crop]))
+
+
+@pytest.mark.parametrize("mode", ["contiguous", "spatial", "spatial_interface"])
+def test_crops_never_split_a_ligand_or_a_residue(glycoprotein, mode):
+    from featurecache.features.crop import crop_groups, crop_tokens
+
+    groups = crop_groups(glycoprotein)
+    sizes = np.bincount(groups)
+    assert sizes.max() > 10 and glycoprotein["is_ligand"].sum() > 100  # multi-atom ligand residues to split
+    rng = np.random.default_rng(7)
+    chains = np.unique(glycoprotein["asym_id"])
+    for crop_size in (5, 17, 64, 200, 500):
+        for _ in range(10):
+            focus = tuple(int(c) for c in rng.choice(chains, size=int(rng.integers(0, 3)), replace=False))
+            kept = crop_tokens(glycoprotein, mode, crop_size, rng, focus)
+            assert 0 < kept.size <= crop_size and (np.diff(kept) > 0).all()
+            assert _split_residues(glycoprotein, kept) == []
+            if mode != "contiguous":
+                # a residue was left out only because it no longer fitted
+                dropped = np.setdiff1d(np.unique(groups), groups[kept])
+                assert (sizes[dropped] > crop_size - kept.size).all()
+    # without the groups the same draws do split glycans: the test can fail
+    plain = [contiguous_crop(glycoprotein["asym_id"], 17, np.random.default_rng(seed)) for seed in range(20)]
+    assert any(_split_residues(glycoprotein, kept) for kept in plain)
+
+
+def _three_chains():
+    """Three straight chains of 20 tokens; chain 1 touches chain 2 at its start and chain 3 at its end."""
+    line = np.stack([np.arange(20) * 3.8, np.zeros(20), np.zeros(20)], axis=1)
+    positions = np.concatenate([line, line + [0.0, 300.0, 0], line + [0, 600.0, 0]])
+    positions[20] = [0.0, 5.0, 0.0]     # chain 2's first token by chain 1's first
+    positions[40] = [72.2, 5.0, 0.0]    # chain 3's first token by chain 1's last
+    return positions, np.repeat([1, 2, 3], 20), np.ones(60, dtype=bool)
+
+
+def test_spatial_crops_centre_on_the_sampled_chain_or_interface():
+    positions, asym, mask = _three_chains()
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        # spatial around chain 2 alone: chain 2's tokens (the others are 300 A away, but its first token's contact)
+        kept = spatial_crop(positions, mask, asym, 3, rng, interface_bias=False, focus_chains=(2,))
+        assert (asym[kept] == 2).any()
+        # the interface of chains 1 and 3: the centre is at their contact, never at the 1-2 contact
+        kept = spatial_crop(positions, mask, asym, 3, rng, interface_bias=True, focus_chains=(1, 3))
+        assert set(kept) <= {15, 16, 17, 18, 19, 40}
+        # an interface crop for chain 2 alone centres at chain 2's contact with chain 1
+        kept = spatial_crop(positions, mask, asym, 2, rng, interface_bias=True, focus_chains=(2,))
+        assert set(kept) <= {0, 1, 20, 21}
+
+
+def test_crop_modes_occur_at_their_probabilities(record):
+    from scipy import stats
+
+    from featurecache.config import CROP_MODES, SampleConfig
+    from featurecache.loader import crop_sample
+
+    sample = SampleConfig(crop_size=48, msa_rows_per_sample=4, max_templates=0, seed=9)
+    draws = 1500
+    modes = [crop_sample("7a4d", record, sample, 0, index)["crop_mode"] for index in range(draws)]
+    for mode, probability in zip(CROP_MODES, sample.crop_mode_probs):
+        assert stats.binomtest(modes.count(mode), draws, probability).pvalue > 1e-3, (mode, modes.count(mode))
+    skewed = SampleConfig(crop_size=48, msa_rows_per_sample=4, max_templates=0, seed=9, crop_mode_probs=(1.0, 0.0, 0.0))
+    assert {crop_sample("7a4d", record, skewed, 0, index)["crop_mode"] for index in range(20)} == {"contiguous"}
+    whole = SampleConfig(crop_size=None, msa_rows_per_sample=4, max_templates=0)
+    assert crop_sample("7a4d", record, whole, 0, 0)["crop_mode"] == "none"
