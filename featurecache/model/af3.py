@@ -181,7 +181,7 @@ class AF3Model(nn.Module):
         weights = mse_atom_weights(is_dna, is_rna, is_ligand, resolved, config.mse_weight_dna,
                                    config.mse_weight_rna, config.mse_weight_ligand)
         bonds = token_bond_atoms(batch["token_bonds"], batch["token_bond_mask"], atom_to_token,
-                                 batch["atom_pad_mask"], true, resolved, batch["restype"].shape[1])
+                                 batch["atom_pad_mask"], true, resolved)
         return {
             "mse": aligned_mse_loss(predicted, true, weights, resolved),
             "smooth_lddt": smooth_lddt_loss(predicted, true, is_dna | is_rna, resolved),

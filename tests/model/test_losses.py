@@ -132,11 +132,16 @@ def test_token_bonds_become_the_closest_atom_pair():
     resolved = atom_pad_mask.clone()
     bonds = torch.tensor([[[0, 1], [-1, -1]]])
     bond_mask = torch.tensor([[True, False]])
-    pairs = token_bond_atoms(bonds, bond_mask, atom_to_token, atom_pad_mask, atom_pos, resolved, 2)
+    pairs = token_bond_atoms(bonds, bond_mask, atom_to_token, atom_pad_mask, atom_pos, resolved)
     assert pairs.tolist() == [[[2, 3], [-1, -1]]]
+    reversed_pairs = token_bond_atoms(bonds.flip(-1), bond_mask, atom_to_token, atom_pad_mask, atom_pos, resolved)
+    assert reversed_pairs.tolist() == [[[3, 2], [-1, -1]]]
     resolved[0, 2] = False  # its nearest atom unresolved: the next one
-    pairs = token_bond_atoms(bonds, bond_mask, atom_to_token, atom_pad_mask, atom_pos, resolved, 2)
+    pairs = token_bond_atoms(bonds, bond_mask, atom_to_token, atom_pad_mask, atom_pos, resolved)
     assert pairs.tolist() == [[[1, 3], [-1, -1]]]
+    resolved[0, 3] = False  # the ligand atom unresolved: no bond to score
+    pairs = token_bond_atoms(bonds, bond_mask, atom_to_token, atom_pad_mask, atom_pos, resolved)
+    assert pairs.tolist() == [[[-1, -1], [-1, -1]]]
     dense = dense_token_bonds(bonds, bond_mask, 3)
     assert dense[0].nonzero().tolist() == [[0, 1], [1, 0]]
 
