@@ -9,10 +9,13 @@ rows. Columns are tokens.
   warning.
 - Chains with the same sequence (homomer copies) share one MSA: an entity's unpaired rows fill
   the columns of every copy, so depth does not grow with the copy number.
-- Pairing: when two or more protein entities have MSAs whose rows carry species, each species
-  present in at least two entities contributes one paired row made of the best-ranked (first)
-  row of that species in each entity; entities without the species are gaps in that row.
-  Paired rows are ordered by the number of entities they cover, then by rank. Species ids are
+- Pairing (AF-Multimer's, which AF3 SI 2.3 reuses): when two or more protein entities have MSAs
+  whose rows carry species, each species present in at least two entities contributes paired
+  rows: each entity's rows of that species sorted by similarity to its query (identity over the
+  columns, then rank), the k-th rows of every entity paired, for k up to the fewest rows any of
+  those entities has of the species; entities without the species are gaps in those rows. Paired
+  rows are ordered by the number of entities they cover, then by the product of their rows'
+  ranks (AF-Multimer's order), so the best-ranked pairs of every species come first. Species ids are
   resolved over all the target's MSAs at once (`io.species.SpeciesResolver`), so one organism
   has one id whichever header layout each chain's MSA uses, where a real mapping links them.
 - Unpaired rows identical to a row already kept (for that entity's columns) are dropped.
@@ -24,6 +27,8 @@ rows. Columns are tokens.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -244,7 +249,7 @@ def msa_profile(msa: np.ndarray) -> np.ndarray:
 
 
 def _paired_rows(entity_chains, entity_msas, chains, max_rows: int) -> list[tuple[str, dict[int, int]]]:
-    """(species, {entity: row}) for species seen in >= 2 protein entities; best-ranked row each."""
+    """(species, {entity: row}) per paired row, best first (see the module docstring)."""
     candidates = {
         entity: source
         for entity, source in entity_msas.items()
@@ -252,20 +257,24 @@ def _paired_rows(entity_chains, entity_msas, chains, max_rows: int) -> list[tupl
     }
     if len(candidates) < 2 or max_rows <= 0:
         return []
-    first_row: dict[int, dict[str, int]] = {}
+    species_rows: dict[str, dict[int, list[int]]] = {}  # species -> entity -> rows, most similar first
     for entity, source in candidates.items():
-        rows: dict[str, int] = {}
+        similarity = (source.classes == source.classes[0]).mean(axis=1)
+        rows_of: dict[str, list[int]] = {}
         for row, species in enumerate(source.species):
-            if row > 0 and species and species not in rows:
-                rows[species] = row
-        first_row[entity] = rows
-    species_entities: dict[str, dict[int, int]] = {}
-    for entity, rows in first_row.items():
-        for species, row in rows.items():
-            species_entities.setdefault(species, {})[entity] = row
-    shared = [(species, picks) for species, picks in species_entities.items() if len(picks) >= 2]
-    shared.sort(key=lambda item: (-len(item[1]), min(item[1].values()), item[0]))
-    return shared[:max_rows]
+            if row > 0 and species:
+                rows_of.setdefault(species, []).append(row)
+        for species, rows in rows_of.items():
+            rows.sort(key=lambda row: (-similarity[row], row))
+            species_rows.setdefault(species, {})[entity] = rows
+    paired = []
+    for species, by_entity in species_rows.items():
+        if len(by_entity) < 2:
+            continue
+        for k in range(min(len(rows) for rows in by_entity.values())):
+            paired.append((species, {entity: rows[k] for entity, rows in by_entity.items()}))
+    paired.sort(key=lambda item: (-len(item[1]), math.prod(item[1].values()), item[0]))
+    return paired[:max_rows]
 
 
 def _water_fill(sizes: dict[int, int], budget: int) -> dict[int, int]:

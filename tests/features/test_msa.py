@@ -113,3 +113,52 @@ def test_profile_of_random_msa_in_chunks():
     msa = generator.integers(0, schema.NUM_RESTYPES, size=(2500, 37)).astype(np.int8)
     expected = np.stack([(msa == k).mean(axis=0) for k in range(schema.NUM_RESTYPES)], axis=1)
     np.testing.assert_allclose(msa_profile(msa), expected, rtol=1e-6)
+
+
+def test_pairing_keeps_several_rows_per_shared_species(shared_data):
+    """A heterodimer of two real chains with their UniRef90 MSAs (UniRef headers carry species):
+    every species in both gets as many paired rows as the chain with fewer rows of it has, each
+    chain's rows of the species taken most similar to its query first (AF-Multimer / AF3 2.3)."""
+    from collections import Counter
+
+    from featurecache.io.msa import read_msa
+    from featurecache.io.species import SpeciesResolver
+
+    folder = shared_data / "alignments" / "afdb"
+    msas = {chain: read_msa(folder / name / "uniref90_hits.a3m") for chain, name in (("A", "1a00_A"), ("B", "1a02_F"))}
+    sequences = [(chain, "protein", msa.query.replace("-", "")) for chain, msa in msas.items()]
+    tokens, features, warnings = _features(structure_from_sequences("het", sequences), msas)
+    assert warnings == []
+    resolver = SpeciesResolver(msa.species_tags for msa in msas.values())
+    keys = {chain: resolver.keys(msa.species_tags) for chain, msa in msas.items()}
+    counts = {chain: Counter(key for key in chain_keys[1:] if key) for chain, chain_keys in keys.items()}
+    shared = set(counts["A"]) & set(counts["B"])
+    expected = {species: min(counts["A"][species], counts["B"][species]) for species in shared}
+    paired = features["msa_is_paired"]
+    assert paired[0] and paired[: 1 + sum(expected.values())].all() and not paired[1 + sum(expected.values()):].any()
+    # species ids are numbered per record: map them back through the paired rows' content
+    rows_per_species = Counter(features["msa_species"][1:][paired[1:]].tolist())
+    assert sorted(rows_per_species.values()) == sorted(expected.values())
+    assert max(rows_per_species.values()) > 1 and sum(1 for n in rows_per_species.values() if n > 1) > 50
+    # a species' paired rows in chain A's columns are its rows in A's MSA most similar to the query
+    from featurecache.features.msa import _LETTER_TABLES
+
+    raw = msas["A"].aligned
+    raw_a = _LETTER_TABLES["protein"][raw[:, raw[0] != ord("-")]]  # A's MSA as classes on the chain
+    raw_identity = (raw_a == raw_a[0]).mean(axis=1)
+    msa_a = features["msa"][:, np.flatnonzero(tokens.arrays["asym_id"] == 1)]
+    np.testing.assert_array_equal(msa_a[0], raw_a[0])
+    checked = 0
+    for species_id in [s for s, n in rows_per_species.items() if n > 1][:20]:
+        rows = np.flatnonzero((features["msa_species"] == species_id) & paired)
+        # the species' name: the one every paired row's content has in A's MSA
+        names = set.intersection(*({keys["A"][r] for r in np.flatnonzero((raw_a == msa_a[row]).all(axis=1))}
+                                   for row in rows))
+        (name,) = names
+        of_species = [r for r, key in enumerate(keys["A"]) if key == name and r > 0]
+        best = np.sort(raw_identity[of_species])[::-1][: rows.size]
+        np.testing.assert_allclose(np.sort((msa_a[rows] == msa_a[0]).mean(axis=1))[::-1], best)
+        checked += 1
+    assert checked == 20
+    # one row per species (the old pairing) would have given fewer
+    assert sum(expected.values()) > 2 * len(shared) > 400
