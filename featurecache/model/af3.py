@@ -67,6 +67,13 @@ class AF3Model(nn.Module):
         self.distogram_head = DistogramHead(config.c_z, config.distogram_bins)
         self.diffusion_module = DiffusionModule(config, atom_single_input_dim(config))
 
+    def compile_blocks(self, **options) -> None:
+        """torch.compile every block of the trunk's stacks in place, as AF3Trunk.compile_blocks
+        (the conditioned transformers take a layout object and are left eager for now)."""
+        for stack in (self.pairformer.blocks, self.msa_module.blocks, self.template_embedder.blocks):
+            for block in stack:
+                block.compile(**options)
+
     def _windows(self, batch: dict) -> AtomWindows:
         return AtomWindows(batch["atom_pad_mask"], self.config.atom_window_queries, self.config.atom_window_keys)
 
