@@ -102,12 +102,14 @@ def render_report(figures: dict) -> str:
         ]
     sections = [("bad_inputs", "(c) bad inputs in one batch"), ("tool_failures", "(c) failing search tools"),
                 ("setup_errors", "(c) setup problems (exit status 2, nothing written)"),
-                ("full_disk", "(c) full disk")]
+                ("full_disk", "(c) full disk"),
+                ("cli_errors", "(c) command-line mistakes (exit status 2, one line, nothing written)")]
     present = [(name, title) for name, title in sections if figures.get(name)]
     if present:
         count = sum(len(figures[name]) for name, _ in present)
         lines += ["## (c) bad inputs, tools and caches", "",
-                  f"`tests/reliability/test_bad_inputs.py`: {count} bad inputs tried; each message below is the "
+                  f"`tests/reliability/test_bad_inputs.py` and `test_cli_errors.py`: {count} bad inputs tried "
+                  f"in {len(present)} classes; each message below is the "
                   f"one the pipeline produced (temporary folder prefix removed), and in every batch run the good "
                   f"targets were cached.", ""]
         for name, title in present:
@@ -116,6 +118,14 @@ def render_report(figures: dict) -> str:
                             [[row["key"], row["what"], row["outcome"], row["stage"], row["message"]]
                              for row in figures[name]])
             lines.append("")
+    fuzz = figures.get("cli_fuzz")
+    if fuzz:
+        lines += ["## (f) command-line fuzz", "",
+                  f"`tests/reliability/test_cli_fuzz.py` (hypothesis): {fuzz['examples']} random command lines over "
+                  f"{len(fuzz['commands'])} commands ({', '.join(fuzz['commands'])}) with random option values, "
+                  f"missing, binary, Latin-1, empty and garbled files; exit statuses seen "
+                  f"{fuzz['exit_codes']}; no traceback, and the cache written before the fuzz verified after every "
+                  f"example.", ""]
     pickle = figures.get("no_pickle")
     if pickle:
         lines += [

@@ -100,7 +100,7 @@ def command_lines(draw, files):
     return args
 
 
-def _run_fuzz(workspace, args):
+def _run_fuzz(workspace, args) -> int:
     cache = workspace["cache"]
     result = CliRunner().invoke(cli, args, catch_exceptions=True)
     output = result.output + (result.stderr if result.stderr_bytes is not None else "")
@@ -110,14 +110,18 @@ def _run_fuzz(workspace, args):
     assert "Traceback" not in output, f"featurecache {' '.join(args)} printed a traceback:\n{output}"
     report = verify_cache(cache)
     assert report.ok, f"after featurecache {' '.join(args)} the cache no longer verifies: {report.format()}"
+    return result.exit_code
 
 
-def test_cli_fuzz(workspace):
+def test_cli_fuzz(workspace, reliability_report):
+    seen: dict[int, int] = {}
+
     @settings(max_examples=60, deadline=None, derandomize=False,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(args=command_lines(workspace))
     def check(args):
-        _run_fuzz(workspace, args)
+        code = _run_fuzz(workspace, args)
+        seen[code] = seen.get(code, 0) + 1
         # keep the zoo intact for the next example: a publish may have created folders under it
         for leftover in ("generations", "LATEST"):
             target = workspace["folder"] / leftover
@@ -127,6 +131,8 @@ def test_cli_fuzz(workspace):
                 target.unlink()
 
     check()
+    reliability_report["cli_fuzz"] = {"examples": sum(seen.values()), "commands": sorted(COMMANDS),
+                                      "exit_codes": ", ".join(f"{code}: {n}" for code, n in sorted(seen.items()))}
 
 
 def test_debug_shows_the_traceback(workspace):
