@@ -266,6 +266,7 @@ class _Run:
         self.sampling.add(result.chains)
         self.summary.featurize_seconds += result.seconds
         self.summary.warnings += len(result.warnings)
+        self.summary.count_unplaced_templates(result.index_entry.get("template_hits_without_coordinates", 0))
         self.summary.stages["featurize"].done += 1
 
     def _featurize_crashed(self, stage: str, target_id: str, error: Exception) -> None:
@@ -326,7 +327,8 @@ class _Run:
 
         runner = self._runner(parsed, crashed, len(todo), "parse", "target")
         for target in todo:
-            runner.submit("parse", target.target_id, tasks.parse_chains, target, self.plan.curation)
+            runner.submit("parse", target.target_id, tasks.parse_chains, target, self.plan.curation,
+                          self.conformers.chem)
         runner.drain()
         return chain_keys, unique
 

@@ -32,6 +32,14 @@ class PrecomputeSummary:
     write_seconds: float = 0.0      # driver time in LMDB writes
     clustered: bool = False         # chains were clustered again (False: nothing changed, or clustering off)
     cluster_seconds: float = 0.0    # clustering and sampling weights over the whole cache
+    # template hits whose structure is not in the template folder (e.g. m8 hits against the whole PDB)
+    unplaced_template_hits: int = 0
+    targets_with_unplaced_templates: int = 0
+
+    def count_unplaced_templates(self, hits: int) -> None:
+        if hits:
+            self.unplaced_template_hits += hits
+            self.targets_with_unplaced_templates += 1
 
     @property
     def failed(self) -> int:
@@ -52,6 +60,10 @@ class PrecomputeSummary:
             lines.append(f"  clustered every chain and interface of the cache in {self.cluster_seconds:.1f} s")
         if self.warnings:
             lines.append(f"  warnings: {self.warnings} (see `featurecache stats`)")
+        if self.unplaced_template_hits:
+            lines.append(f"  template hits without a structure in the template folder: {self.unplaced_template_hits} "
+                         f"in {self.targets_with_unplaced_templates} target(s), not used as templates "
+                         "(m8 hits against the whole PDB? add their mmCIF files to --templates)")
         for failure in self.failures[:FAILURES_SHOWN]:
             lines.append(f"  FAILED {failure['stage']} {failure['key']}: {failure['message']}")
         if len(self.failures) > FAILURES_SHOWN:
