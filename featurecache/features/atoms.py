@@ -9,7 +9,8 @@ So an unresolved residue, ligand atom or modified residue keeps its own atoms, m
 Each atom carries its element and formal charge from the CCD, its reference-conformer position
 (`ref_pos`, `ref_mask`) and the CCD bonds among the kept atoms. Model atoms the entry does not
 list are dropped (and named in `dropped`). A resolved component the CCD does not define keeps
-the model's atoms with the file's elements and charges and no reference position.
+the model's atoms with the file's elements and charges and no reference position. A SMILES
+ligand (AF3 input JSON) gets its conformer's atoms, named C1, C2, O1, ... as AF3 names them.
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ def residue_atoms(chain: Chain, position: int, conformers: ReferenceConformers,
     if code is None:
         return _model_atoms(residue) if residue.is_resolved else None
     kind = chain.molecule_type
-    drop = link_drop_atoms(conformers.component(code), kind, is_chain_start=position == 0,
-                           is_chain_end=position == len(chain.residues) - 1, bonded_atoms=bonded_atoms)
+    drop = () if residue.smiles else link_drop_atoms(  # a SMILES ligand has no leaving atoms
+        conformers.component(code), kind, is_chain_start=position == 0,
+        is_chain_end=position == len(chain.residues) - 1, bonded_atoms=bonded_atoms)
     conformer = conformers.conformer(code).without(drop)
     names = tuple(conformer.atom_names.tolist())
     count = len(names)

@@ -2,7 +2,8 @@
 and a sequence-only Structure from a FASTA file.
 
 Structures are mmCIF or legacy PDB format (gemmi reads both: `io.mmcif`, `io.pdb`), plain or
-gzipped. A FASTA record becomes one chain; its letters are checked against its molecule type's
+gzipped. An AlphaFold 3 input JSON (`io.af3_json`) is a sequence-only target that may bring its
+chains' MSAs; `read_input` reads any input type. A FASTA record becomes one chain; its letters are checked against its molecule type's
 alphabet (`io.residues`), and a bad letter is a ParseError naming the file, the record, the
 letter and its position.
 
@@ -15,9 +16,10 @@ import dataclasses
 import os
 from pathlib import Path
 
+from featurecache.io.af3_json import Af3Input, GivenMsa, read_af3_json
 from featurecache.io.common import ParseError
 from featurecache.io.fasta import read_fasta
-from featurecache.io.mmcif import target_id_from_path
+from featurecache.io.mmcif import read_mmcif, target_id_from_path
 from featurecache.io.residues import POLYMER_TYPES, SequenceError
 from featurecache.io.structure import Structure, structure_from_sequences
 
@@ -25,7 +27,8 @@ MMCIF_SUFFIXES = (".cif", ".mmcif", ".cif.gz", ".mmcif.gz")
 PDB_SUFFIXES = (".pdb", ".ent", ".pdb.gz", ".ent.gz")
 STRUCTURE_SUFFIXES = MMCIF_SUFFIXES + PDB_SUFFIXES
 FASTA_SUFFIXES = (".fasta", ".fa", ".faa", ".fna", ".fasta.gz", ".fa.gz")
-INPUT_SUFFIXES = STRUCTURE_SUFFIXES + FASTA_SUFFIXES
+AF3_JSON_SUFFIXES = (".json",)
+INPUT_SUFFIXES = STRUCTURE_SUFFIXES + FASTA_SUFFIXES + AF3_JSON_SUFFIXES
 
 
 class InputError(ValueError):
@@ -39,7 +42,7 @@ def is_input_file(path: Path) -> bool:
 def target_id_for(path: str | os.PathLike) -> str:
     """Record key of an input file: the file name without its suffixes, lower case."""
     name = os.path.basename(str(path)).lower()
-    for suffix in sorted(FASTA_SUFFIXES, key=len, reverse=True):
+    for suffix in sorted(FASTA_SUFFIXES + AF3_JSON_SUFFIXES, key=len, reverse=True):
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return target_id_from_path(path)
@@ -69,6 +72,29 @@ def structure_from_fasta(path: str | os.PathLike) -> Structure:
         record = records[[label for label, _, _ in chains].index(error.chain_id)]
         raise ParseError(str(path), f"record {record.id!r}: {error.detail}", record.line) from None
     return dataclasses.replace(structure, source=str(path))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ParsedInput:
+    structure: Structure
+    msas: dict[str, GivenMsa]  # chain id -> the MSA the input gives (AF3 JSON only)
+
+
+def read_input(path: str | os.PathLike, ccd_path: str | None = None) -> ParsedInput:
+    """Parse any input file by its name (mmCIF / PDB, FASTA, AF3 JSON); ParseError or ValueError
+    naming the file. `ccd_path`: the CCD an AF3 JSON's codes are checked against (None: bundled)."""
+    name = os.path.basename(str(path)).lower()
+    if name.endswith(FASTA_SUFFIXES):
+        return ParsedInput(structure_from_fasta(path), {})
+    if name.endswith(AF3_JSON_SUFFIXES):
+        parsed = structure_from_af3_json(path, ccd_path)
+        return ParsedInput(parsed.structure, parsed.msas)
+    return ParsedInput(read_mmcif(path), {})
+
+
+def structure_from_af3_json(path: str | os.PathLike, ccd_path: str | None = None) -> Af3Input:
+    """An AlphaFold 3 input JSON as a target (io.af3_json), its id from the file name."""
+    return read_af3_json(path, target_id_for(path), ccd_path)
 
 
 def _chain_label(number: int) -> str:

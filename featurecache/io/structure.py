@@ -35,6 +35,7 @@ class Residue:
     positions: np.ndarray  # [n, 3] float32
     occupancies: np.ndarray  # [n] float32
     b_factors: np.ndarray  # [n] float32 (pLDDT for predicted models)
+    smiles: str = ""  # canonical SMILES of a ligand defined by SMILES (AF3 input JSON); name is then "UNL"
 
     @property
     def is_resolved(self) -> bool:
@@ -55,9 +56,9 @@ class Chain:
 
     @property
     def sequence(self) -> str:
-        """One-letter sequence for polymers (X / N for unknown), CCD codes in brackets for ligands."""
+        """One-letter sequence for polymers (X / N for unknown), CCD codes (or SMILES) in brackets for ligands."""
         if not self.is_polymer:
-            return "".join(f"({residue.name})" for residue in self.residues)
+            return "".join(f"({residue.smiles or residue.name})" for residue in self.residues)
         unknown = UNKNOWN_LETTER[self.molecule_type]
         return "".join(residue_letter(residue.parent, self.molecule_type, unknown) for residue in self.residues)
 

@@ -6,7 +6,9 @@ settings) up in the ``conformers`` table, computes the missing ones once each, i
 Ray (`compute_conformers`), and writes them. Each featurize task then gets the stored records of
 its target's codes (`conformers_for`), so no conformer is computed twice in a run or again in
 a later run with the same CCD and settings. A code the CCD does not define has no conformer
-(featurization keeps the model's atoms for it).
+(featurization keeps the model's atoms for it). A SMILES ligand (AF3 input JSON) is listed as
+"smiles:<canonical SMILES>" and keyed by its canonical SMILES and the settings
+(chem.conformer_key without a CCD), so every spelling of one molecule is computed once.
 """
 
 from __future__ import annotations
@@ -14,11 +16,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from featurecache.chem import UnknownComponentError, component_conformer, conformer_from_arrays, conformer_key
+from featurecache.chem import (
+    UnknownComponentError,
+    component_conformer,
+    conformer_from_arrays,
+    conformer_key,
+    smiles_conformer,
+)
 from featurecache.chem import conformer_to_arrays
 from featurecache.chem.conformer_record import CONFORMER_FORMAT, settings_fingerprint
 from featurecache.config import ChemConfig
-from featurecache.features.conformers import ReferenceConformers, conformer_settings, needed_codes
+from featurecache.features.conformers import ReferenceConformers, conformer_settings, needed_codes, smiles_of
 from featurecache.io.structure import Structure
 from featurecache.schema import CONFORMERS_TABLE
 from featurecache.store.codec import decode_record, encode_record
@@ -43,7 +51,14 @@ def codes_of(structure: Structure, chem: ChemConfig) -> list[str]:
 def keys_of(codes, chem: ChemConfig) -> dict[str, str]:
     """Code -> conformers-table key."""
     conformers = ReferenceConformers(chem)
-    return {code: conformer_key(code, conformers.settings, ccd=conformers.ccd) for code in codes}
+    return {code: _key(code, conformers) for code in codes}
+
+
+def _key(code: str, conformers: ReferenceConformers) -> str:
+    smiles = smiles_of(code)
+    if smiles is not None:
+        return conformer_key(smiles, conformers.settings)
+    return conformer_key(code, conformers.settings, ccd=conformers.ccd)
 
 
 def compute_conformers(codes: list[str], chem: ChemConfig, zstd_level: int) -> list[ComputedConformer]:
@@ -53,11 +68,13 @@ def compute_conformers(codes: list[str], chem: ChemConfig, zstd_level: int) -> l
     done = []
     for code in codes:
         started = time.perf_counter()
+        smiles = smiles_of(code)
         try:
-            conformer = component_conformer(conformers.component(code), settings)
+            conformer = (smiles_conformer(smiles, settings) if smiles is not None
+                         else component_conformer(conformers.component(code), settings))
         except UnknownComponentError:
             continue
-        key = conformer_key(code, settings, ccd=conformers.ccd)
+        key = _key(code, conformers)
         arrays, meta = conformer_to_arrays(conformer)
         meta = {**meta, "ccd_version": conformers.ccd.version}
         blob = encode_record(key, arrays, meta, key.rsplit(":", 1)[1], "", CONFORMER_FORMAT, zstd_level)

@@ -32,9 +32,10 @@ from featurecache.config import ChemConfig, CurationConfig, FeatureConfig, finge
 from featurecache.features.featurize import featurize_target as build_features
 from featurecache.io.alignments import AlignmentIndex
 from featurecache.io.common import ParseError
+from featurecache.io.af3_json import GivenMsa
 from featurecache.io.hits import TemplateHit, parse_hhr, parse_m8
-from featurecache.io.inputs import FASTA_SUFFIXES, structure_from_fasta, target_id_for
-from featurecache.io.mmcif import Structure, read_mmcif
+from featurecache.io.inputs import ParsedInput, read_input, target_id_for
+from featurecache.io.mmcif import Structure
 from featurecache.io.msa import Msa, parse_a3m, parse_stockholm
 from featurecache.precompute.conformers import codes_of, conformers_for
 from featurecache.precompute.msa_records import (
@@ -112,15 +113,18 @@ class SearchOutcome:
     database_blobs: dict[str, bytes] = field(default_factory=dict)  # database_search_key -> record, new ones
 
 
-def read_target(path: str | os.PathLike) -> Structure:
-    """Parse one input file; raises TaskError(stage='parse') naming the file."""
-    name = os.path.basename(str(path)).lower()
+def read_parsed(path: str | os.PathLike, chem: ChemConfig | None = None) -> ParsedInput:
+    """Parse one input file (with the MSAs an AF3 JSON gives); raises TaskError(stage='parse')
+    naming the file. `chem`: the CCD an AF3 JSON's codes are checked against."""
     try:
-        if name.endswith(FASTA_SUFFIXES):
-            return structure_from_fasta(path)
-        return read_mmcif(path)
+        return read_input(path, (chem or ChemConfig()).ccd_path)
     except (ParseError, ValueError, OSError) as error:
         raise TaskError("parse", target_id_for(path), str(error)) from None
+
+
+def read_target(path: str | os.PathLike, chem: ChemConfig | None = None) -> Structure:
+    """Parse one input file; raises TaskError(stage='parse') naming the file."""
+    return read_parsed(path, chem).structure
 
 
 def chain_sequences(structure: Structure) -> list[ChainSequence]:
@@ -134,20 +138,40 @@ def chain_sequences(structure: Structure) -> list[ChainSequence]:
 def conformer_codes(target: TargetInput, chem: ChemConfig) -> list[str]:
     """The CCD codes whose conformers featurizing one input uses (of the whole parsed structure:
     a few more than curation keeps); raises TaskError(stage='parse') naming the file."""
-    return codes_of(read_target(target.path), chem)
+    return codes_of(read_target(target.path, chem), chem)
 
 
-def read_curated(target: TargetInput, curation: CurationConfig) -> Curated:
+def read_curated(target: TargetInput, curation: CurationConfig, chem: ChemConfig | None = None) -> Curated:
     """Parse one input and curate it; raises TaskError(stage='parse') naming the file."""
-    return curate(read_target(target.path), curation)
+    return curate(read_target(target.path, chem), curation)
 
 
-def parse_chains(target: TargetInput, curation: CurationConfig) -> list[ChainSequence] | ExcludedTarget:
-    """The searched chains of one curated input; raises TaskError(stage='parse') naming the file."""
-    curated = read_curated(target, curation)
+def parse_chains(target: TargetInput, curation: CurationConfig,
+                 chem: ChemConfig | None = None) -> list[ChainSequence] | ExcludedTarget:
+    """The searched chains of one curated input (not those whose MSA the input gives); raises
+    TaskError(stage='parse') naming the file."""
+    parsed = read_parsed(target.path, chem)
+    curated = curate(parsed.structure, curation)
     if curated.exclusion is not None:
         return ExcludedTarget(target.target_id, target.input_hash, curated.exclusion)
-    return chain_sequences(curated.structure)
+    return [chain for chain in chain_sequences(curated.structure) if chain.chain_id not in parsed.msas]
+
+
+def _curated_input(target: TargetInput, curation: CurationConfig, chem: ChemConfig | None
+                   ) -> tuple[Curated, dict[str, GivenMsa]]:
+    parsed = read_parsed(target.path, chem)
+    return curate(parsed.structure, curation), parsed.msas
+
+
+def _use_given_msas(structure: Structure, given: dict[str, GivenMsa], chain_msas: dict, chain_hits: dict,
+                    msa_sources: dict[str, str]) -> None:
+    """The input's own MSAs replace searched or ingested ones (and their template hits)."""
+    for chain in structure.chains:
+        if chain.chain_id in given:
+            msa = given[chain.chain_id].msa
+            chain_msas[chain.chain_id] = msa or query_only_msa(chain.sequence, "input JSON (query only)")
+            chain_hits[chain.chain_id] = []
+            msa_sources[chain.chain_id] = given[chain.chain_id].origin
 
 
 def query_only_msa(sequence: str, source: str) -> Msa:
@@ -256,8 +280,8 @@ def _index_entry(arrays: dict, meta: dict, record_fingerprint: str, input_hash: 
 def _encode_features(target: TargetInput, curated: Curated, chain_msas: dict, chain_hits: dict,
                      config: FeatureConfig, curation: CurationConfig, template_dir: str | None,
                      record_fingerprint: str, extra_warnings: list[str], msa_blobs: dict[str, bytes],
-                     started: float, conformer_blobs: dict[str, bytes] | None, chem: ChemConfig | None
-                     ) -> FeaturizeResult:
+                     started: float, conformer_blobs: dict[str, bytes] | None, chem: ChemConfig | None,
+                     msa_sources: dict[str, str] | None = None) -> FeaturizeResult:
     structure = curated.structure
     try:
         conformers = conformers_for(conformer_blobs, chem or ChemConfig())
@@ -268,6 +292,8 @@ def _encode_features(target: TargetInput, curated: Curated, chain_msas: dict, ch
         raise TaskError("featurize", target.target_id, f"{target.path}: {error}") from None
     meta["curation"] = [removal.to_json() for removal in curated.removals]
     meta["chain_types"] = [chain.molecule_type for chain in structure.chains]
+    if msa_sources:  # where each polymer chain's MSA came from (the input JSON, a search, files)
+        meta["msa_sources"] = msa_sources
     meta["interfaces"] = interface_pairs(structure, curation.interface_distance)
     blob = encode_record(target.target_id, arrays, meta, record_fingerprint, target.input_hash, SCHEMA_VERSION,
                          config.zstd_level)
@@ -286,7 +312,7 @@ def featurize_ingested(target: TargetInput, alignments: AlignmentIndex | None, c
     homomer chains share it, so it is stored once.
     """
     started = time.perf_counter()
-    curated = read_curated(target, curation)
+    curated, given = _curated_input(target, curation, chem)
     if curated.exclusion is not None:
         return ExcludedTarget(target.target_id, target.input_hash, curated.exclusion)
     structure = curated.structure
@@ -294,6 +320,7 @@ def featurize_ingested(target: TargetInput, alignments: AlignmentIndex | None, c
     chain_msas: dict[str, Msa | None] = {}
     chain_hits: dict[str, list[TemplateHit]] = {}
     msa_blobs: dict[str, bytes] = {}
+    msa_sources: dict[str, str] = {}
     if alignments is not None:
         try:
             found, found_warnings = alignments.for_structure(structure)
@@ -301,7 +328,11 @@ def featurize_ingested(target: TargetInput, alignments: AlignmentIndex | None, c
             raise TaskError("alignments", target.target_id, str(error)) from None
         warnings.extend(found_warnings)
         for chain_id, chain_alignments in found.items():
+            if chain_id in given:
+                continue  # the input gives this chain's MSA
             chain_msas[chain_id] = chain_alignments.msa
+            if chain_alignments.msa is not None:
+                msa_sources[chain_id] = "alignments " + ", ".join(map(os.path.basename, chain_alignments.msa_files))
             chain_hits[chain_id] = list(chain_alignments.hits)
             if chain_alignments.msa is None:
                 continue
@@ -313,8 +344,10 @@ def featurize_ingested(target: TargetInput, alignments: AlignmentIndex | None, c
                         "files": list(chain_alignments.msa_files) + list(chain_alignments.hit_files)}
                 msa_blobs[key] = encode_msa_record(key, chain_alignments.msa, chain_alignments.hits, meta,
                                                    files_fingerprint, config.zstd_level)
+    _use_given_msas(structure, given, chain_msas, chain_hits, msa_sources)
     return _encode_features(target, curated, chain_msas, chain_hits, config, curation, template_dir,
-                            record_fingerprint, warnings, msa_blobs, started, conformer_blobs, chem)
+                            record_fingerprint, warnings, msa_blobs, started, conformer_blobs, chem,
+                            _all_sources(structure, msa_sources, "query only (no alignment files)"))
 
 
 def featurize_searched(target: TargetInput, msa_blobs: dict[str, bytes], chain_keys: dict[str, str],
@@ -323,16 +356,26 @@ def featurize_searched(target: TargetInput, msa_blobs: dict[str, bytes], chain_k
                        chem: ChemConfig | None = None) -> FeaturizeResult | ExcludedTarget:
     """Featurize one target from the `msa` records of its chains (chain id -> msa key)."""
     started = time.perf_counter()
-    curated = read_curated(target, curation)
+    curated, given = _curated_input(target, curation, chem)
     if curated.exclusion is not None:
         return ExcludedTarget(target.target_id, target.input_hash, curated.exclusion)
     chain_msas: dict[str, Msa | None] = {}
     chain_hits: dict[str, list[TemplateHit]] = {}
     decoded: dict[str, tuple[Msa, list[TemplateHit]]] = {}
+    msa_sources: dict[str, str] = {}
     for chain_id, key in chain_keys.items():
         if key not in decoded:
             decoded[key] = decode_msa_record(msa_blobs[key], where=f"msa/{key}")
         chain_msas[chain_id], chain_hits[chain_id] = decoded[key]
+        msa_sources[chain_id] = f"search (msa/{key})"
+    _use_given_msas(curated.structure, given, chain_msas, chain_hits, msa_sources)
     return _encode_features(target, curated, chain_msas, chain_hits, config, curation, template_dir,
-                            record_fingerprint, [], {}, started, conformer_blobs, chem)
+                            record_fingerprint, [], {}, started, conformer_blobs, chem,
+                            _all_sources(curated.structure, msa_sources, "query only"))
+
+
+def _all_sources(structure: Structure, sources: dict[str, str], otherwise: str) -> dict[str, str]:
+    """Chain id -> where its MSA came from, for every searched-type chain."""
+    return {chain.chain_id: sources.get(chain.chain_id, otherwise) for chain in structure.chains
+            if chain.molecule_type in SEARCHED_TYPES}
 
