@@ -49,6 +49,10 @@ def sample_num_cycles(generator: torch.Generator | None, max_cycles: int = 4) ->
 
 
 class AF3Model(nn.Module):
+    """AF3 without the confidence head: `trunk` (Algorithm 1, lines 1-13), `forward` (the trunk
+    and the diffusion training batch), `loss`, and `sample` (Algorithm 18) for inference.
+    Same parameters on both kernel paths (config.kernels)."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
