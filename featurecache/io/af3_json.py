@@ -263,7 +263,7 @@ class _Reader:
         _expect(codes, list, f"{where}.ccdCodes", "a list of CCD codes")
         if not codes:
             raise _Fail(f"{where}.ccdCodes", "is an empty list")
-        return tuple(unresolved_residue(self._ccd_code(code, f"{where}.ccdCodes[{number}]"), "", number)
+        return tuple(unresolved_residue(self._ccd_code(code, f"{where}.ccdCodes[{number - 1}]"), "", number)
                      for number, code in enumerate(codes, start=1))
 
     # --- MSAs and templates ---
