@@ -23,6 +23,11 @@ from featurecache.io.hits import TemplateHit
 from featurecache.io.mmcif import Structure, read_mmcif
 from featurecache.io.msa import Msa
 
+# Bump when featurization writes different arrays for the same inputs and settings without a
+# schema change (1: MSA pairing takes every shared species' k-th rows, not one row per species).
+# It is part of every feature record's fingerprint, so older records are recomputed, never reused.
+FEATURIZE_REVISION = 1
+
 
 def featurize_target(
     structure: Structure,

@@ -48,6 +48,7 @@ from featurecache.precompute.sampling_index import SamplingIndex
 from featurecache.precompute.search import SearchPlan, database_search_key, sequence_key
 from featurecache.precompute.tasks import ChainSequence, ExcludedTarget, TargetInput, TaskError
 from featurecache.precompute.tools import ToolError
+from featurecache.features.featurize import FEATURIZE_REVISION
 from featurecache.schema import ERRORS_TABLE, FEATURES_TABLE, MSA_TABLE, SCHEMA_VERSION
 from featurecache.store.codec import encode_record, read_header
 from featurecache.store.locks import StoreLockedError
@@ -87,7 +88,8 @@ def precompute(options: PrecomputeOptions) -> PrecomputeSummary:
     except (ValueError, OSError) as error:
         raise PipelineSetupError(f"--ccd / [chem] ccd_path: {error}") from None
     feature_fingerprint = fingerprint(plan.feature_config.fingerprint_fields(), SCHEMA_VERSION, plan.mode_fingerprint,
-                                      dataclasses.asdict(plan.curation), chem_identity)
+                                      dataclasses.asdict(plan.curation), chem_identity,
+                                      {"featurize_revision": FEATURIZE_REVISION})
     try:
         writer = StoreWriter(options.cache_dir, plan.store_config)
     except StoreLockedError as error:
