@@ -39,6 +39,7 @@ def featurize_target(
     source_hash: str | None = None,
     warnings: Sequence[str] = (),
     conformers: ReferenceConformers | None = None,
+    given_templates: dict | None = None,
 ) -> tuple[dict[str, np.ndarray], dict]:
     """Arrays matching `schema.FEATURES` (checked) and metadata with `schema.METADATA_FIELDS`.
 
@@ -47,6 +48,8 @@ def featurize_target(
     source_hash: sha256 of the input file (None when the structure did not come from a file).
     conformers: the CCD and reference conformers to use (precompute passes the cached ones);
     None computes them here from the bundled CCD.
+    given_templates: {chain_id: io.af3_json.GivenTemplate list}, an input's own templates, used
+    instead of that chain's hits.
     """
     if not config.drop_hydrogens:
         raise ValueError("FeatureConfig.drop_hydrogens=False is not supported: the record's atom axis holds heavy atoms only")
@@ -60,7 +63,8 @@ def featurize_target(
     arrays = dict(tokens.arrays)
     arrays.update(build_msa_features(structure, tokens, chain_msas, config, notes))
     report = TemplateReport()
-    arrays.update(build_template_features(structure, tokens, chain_template_hits, config, template_dir, report))
+    arrays.update(build_template_features(structure, tokens, chain_template_hits, config, template_dir, report,
+                                          given_templates))
     notes.extend(report.warnings)
     schema.check_record(arrays, where=f"{structure.id} ({structure.source})")
     metadata = {

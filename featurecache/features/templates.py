@@ -203,11 +203,21 @@ def build_template_features(
     config: FeatureConfig,
     template_dir: str | os.PathLike | None,
     report: TemplateReport,
+    given_templates: dict | None = None,
 ) -> dict[str, np.ndarray]:
-    """The record's template arrays: up to `max_templates_stored` kept hits per protein chain."""
+    """The record's template arrays: up to `max_templates_stored` kept hits per protein chain.
+
+    given_templates: chain id -> the input's own templates (io.af3_json.GivenTemplate: hit and
+    template chain), used as given, instead of that chain's hits (AF3 filters none of them)."""
     store = TemplateStore(template_dir) if template_dir is not None else None
     per_chain: dict[int, list[_Selected]] = {}
     for chain_index, chain in enumerate(structure.chains):
+        if chain.chain_id in (given_templates or {}):
+            given = given_templates[chain.chain_id][: config.max_templates_stored]
+            per_chain[chain_index] = [_Selected(item.hit, item.chain, item.hit.hit_indices, item.hit.query_indices)
+                                      for item in given]
+            report.used.extend(f"{chain.chain_id}:{item.hit.name}" for item in given)
+            continue
         hits = chain_template_hits.get(chain.chain_id) or []
         if chain.molecule_type != "protein" or not hits:
             continue
@@ -217,7 +227,9 @@ def build_template_features(
         per_chain[chain_index] = select_templates(chain, hits, store, config, structure.release_date, report)
     # Homomer copies share their hits: name each missing structure once.
     report.without_coordinates[:] = list(dict.fromkeys(report.without_coordinates))
-    if per_chain and structure.release_date is None and config.template_release_gap_days > 0:
+    filtered = set(per_chain) - {index for index, chain in enumerate(structure.chains)
+                                 if chain.chain_id in (given_templates or {})}
+    if filtered and structure.release_date is None and config.template_release_gap_days > 0:
         report.warnings.append(
             f"no release date: template hits are not filtered by release date "
             f"(template_release_gap_days={config.template_release_gap_days} needs the target's date)")

@@ -13,8 +13,9 @@ ligands (`ccdCodes`, one residue per code, or `smiles`), `bondedAtomPairs` betwe
 - MSAs (`unpairedMsa` / `pairedMsa` A3M text or `...Path` files, relative to the JSON): a
   chain with them is not searched; "" for both means query-only. Paired rows come first, then
   unpaired rows (pairing by species happens at featurization, as for searched MSAs).
-- `templates` are read and checked (single-chain mmCIF, index lists), and kept in `templates`;
-  featurization does not use them yet.
+- `templates` (mmCIF text or `mmcifPath` with one protein chain, query / template index lists)
+  are the chain's templates, used as given (no search, no filters, as AF3 does); a chain whose
+  MSA the JSON gives has no other templates.
 - `userCCD` / `userCCDPath` are refused: give a components.cif with ``--ccd`` instead.
 """
 
@@ -31,6 +32,8 @@ import numpy as np
 
 from featurecache.chem import SmilesError, canonical_smiles, load_ccd
 from featurecache.io.common import ParseError, decode_text, read_bytes
+from featurecache.io.hits import TemplateHit
+from featurecache.io.mmcif import parse_mmcif
 from featurecache.io.msa import Msa, parse_a3m
 from featurecache.io.residues import SequenceError, parent_of, read_sequence
 from featurecache.io.structure import AtomRef, Bond, Chain, Residue, Structure, unresolved_residue
@@ -65,9 +68,11 @@ class GivenMsa:
 
 @dataclass(frozen=True, eq=False)
 class GivenTemplate:
-    mmcif: str  # the template's mmCIF text (single chain)
-    query_indices: np.ndarray  # [n] int32, 0-based query positions
-    template_indices: np.ndarray  # [n] int32, 0-based template residue positions
+    """A template from the JSON: its one protein chain and the alignment as a TemplateHit
+    (query_indices / hit_indices: 0-based chain and template residue positions)."""
+
+    hit: TemplateHit
+    chain: Chain
 
 
 @dataclass(frozen=True, eq=False)
@@ -334,9 +339,10 @@ class _Reader:
             at = f"{where}[{number}]"
             _expect(template, dict, at, "an object")
             _check_keys(template, _TEMPLATE_KEYS, self.version, at)
-            mmcif, _ = self._text_or_file(template, "mmcif", at)
+            mmcif, origin = self._text_or_file(template, "mmcif", at)
             if not mmcif:
                 raise _Fail(f"{at}.mmcif", "needs the template's mmCIF (mmcif or mmcifPath)")
+            chain = self._template_chain(mmcif, f"{at}.{origin.split()[0]}")
             indices = []
             for key in ("queryIndices", "templateIndices"):
                 values = _expect(template.get(key), list, f"{at}.{key}", "a list of integers")
@@ -347,11 +353,31 @@ class _Reader:
             if len(indices[0]) != len(indices[1]):
                 raise _Fail(f"{at}.templateIndices", f"has {len(indices[1])} entries, queryIndices has "
                             f"{len(indices[0])}")
-            if len(indices[0]) and indices[0].max() >= length:
-                raise _Fail(f"{at}.queryIndices", f"index {int(indices[0].max())} is outside the sequence "
-                            f"(0-{length - 1})")
-            given.append(GivenTemplate(mmcif, indices[0], indices[1]))
+            for key, values, size, what in (("queryIndices", indices[0], length, "the sequence"),
+                                             ("templateIndices", indices[1], len(chain.residues), "the template chain")):
+                if len(values) and values.max() >= size:
+                    raise _Fail(f"{at}.{key}", f"index {int(values.max())} is outside {what} (0-{size - 1})")
+            given.append(GivenTemplate(self._template_hit(number, chain, *indices), chain))
         return tuple(given)
+
+    def _template_chain(self, mmcif: str, where: str) -> Chain:
+        try:
+            structure = parse_mmcif(mmcif, f"{self.path.name} {where}")
+        except ParseError as error:
+            raise _Fail(where, f"not a readable mmCIF: {error.detail}") from None
+        proteins = [chain for chain in structure.chains if chain.molecule_type == "protein"]
+        if len(proteins) != 1:
+            raise _Fail(where, f"must hold exactly one protein chain (as AF3 requires), has {len(proteins)}")
+        return proteins[0]
+
+    def _template_hit(self, number: int, chain: Chain, query: np.ndarray, template: np.ndarray) -> TemplateHit:
+        first, last = (int(query.min()) + 1, int(query.max()) + 1) if len(query) else (0, 0)
+        hit_first, hit_last = (int(template.min()) + 1, int(template.max()) + 1) if len(template) else (0, 0)
+        return TemplateHit(
+            name=f"input_json_{number}_{chain.auth_chain_id}", index=number, aligned_cols=len(query),
+            sum_probs=None, e_value=None, identity=None, query_start=first, query_end=last, hit_start=hit_first,
+            hit_end=hit_last, query_indices=query, hit_indices=template, hit_sequence="",
+            hit_length=len(chain.residues), description="template given in the input JSON", source="input JSON")
 
     # --- bonds ---
 

@@ -16,7 +16,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from featurecache.io.af3_json import Af3Input, GivenMsa, read_af3_json
+from featurecache.io.af3_json import Af3Input, GivenMsa, GivenTemplate, read_af3_json
 from featurecache.io.common import ParseError
 from featurecache.io.fasta import read_fasta
 from featurecache.io.mmcif import read_mmcif, target_id_from_path
@@ -78,6 +78,7 @@ def structure_from_fasta(path: str | os.PathLike) -> Structure:
 class ParsedInput:
     structure: Structure
     msas: dict[str, GivenMsa]  # chain id -> the MSA the input gives (AF3 JSON only)
+    templates: dict[str, tuple[GivenTemplate, ...]] = dataclasses.field(default_factory=dict)  # likewise
 
 
 def read_input(path: str | os.PathLike, ccd_path: str | None = None) -> ParsedInput:
@@ -88,7 +89,7 @@ def read_input(path: str | os.PathLike, ccd_path: str | None = None) -> ParsedIn
         return ParsedInput(structure_from_fasta(path), {})
     if name.endswith(AF3_JSON_SUFFIXES):
         parsed = structure_from_af3_json(path, ccd_path)
-        return ParsedInput(parsed.structure, parsed.msas)
+        return ParsedInput(parsed.structure, parsed.msas, parsed.templates)
     return ParsedInput(read_mmcif(path), {})
 
 

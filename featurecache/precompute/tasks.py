@@ -158,9 +158,9 @@ def parse_chains(target: TargetInput, curation: CurationConfig,
 
 
 def _curated_input(target: TargetInput, curation: CurationConfig, chem: ChemConfig | None
-                   ) -> tuple[Curated, dict[str, GivenMsa]]:
+                   ) -> tuple[Curated, ParsedInput]:
     parsed = read_parsed(target.path, chem)
-    return curate(parsed.structure, curation), parsed.msas
+    return curate(parsed.structure, curation), parsed
 
 
 def _use_given_msas(structure: Structure, given: dict[str, GivenMsa], chain_msas: dict, chain_hits: dict,
@@ -281,13 +281,14 @@ def _encode_features(target: TargetInput, curated: Curated, chain_msas: dict, ch
                      config: FeatureConfig, curation: CurationConfig, template_dir: str | None,
                      record_fingerprint: str, extra_warnings: list[str], msa_blobs: dict[str, bytes],
                      started: float, conformer_blobs: dict[str, bytes] | None, chem: ChemConfig | None,
-                     msa_sources: dict[str, str] | None = None) -> FeaturizeResult:
+                     msa_sources: dict[str, str] | None = None, given_templates: dict | None = None
+                     ) -> FeaturizeResult:
     structure = curated.structure
     try:
         conformers = conformers_for(conformer_blobs, chem or ChemConfig())
         arrays, meta = build_features(structure, chain_msas, chain_hits, config, template_dir=template_dir,
                                       source_hash=target.input_hash, warnings=extra_warnings,
-                                      conformers=conformers)
+                                      conformers=conformers, given_templates=given_templates)
     except (ValueError, KeyError, IndexError, CorruptRecordError) as error:
         raise TaskError("featurize", target.target_id, f"{target.path}: {error}") from None
     meta["curation"] = [removal.to_json() for removal in curated.removals]
@@ -312,7 +313,8 @@ def featurize_ingested(target: TargetInput, alignments: AlignmentIndex | None, c
     homomer chains share it, so it is stored once.
     """
     started = time.perf_counter()
-    curated, given = _curated_input(target, curation, chem)
+    curated, parsed = _curated_input(target, curation, chem)
+    given = parsed.msas
     if curated.exclusion is not None:
         return ExcludedTarget(target.target_id, target.input_hash, curated.exclusion)
     structure = curated.structure
@@ -347,7 +349,8 @@ def featurize_ingested(target: TargetInput, alignments: AlignmentIndex | None, c
     _use_given_msas(structure, given, chain_msas, chain_hits, msa_sources)
     return _encode_features(target, curated, chain_msas, chain_hits, config, curation, template_dir,
                             record_fingerprint, warnings, msa_blobs, started, conformer_blobs, chem,
-                            _all_sources(structure, msa_sources, "query only (no alignment files)"))
+                            _all_sources(structure, msa_sources, "query only (no alignment files)"),
+                            parsed.templates)
 
 
 def featurize_searched(target: TargetInput, msa_blobs: dict[str, bytes], chain_keys: dict[str, str],
@@ -356,7 +359,8 @@ def featurize_searched(target: TargetInput, msa_blobs: dict[str, bytes], chain_k
                        chem: ChemConfig | None = None) -> FeaturizeResult | ExcludedTarget:
     """Featurize one target from the `msa` records of its chains (chain id -> msa key)."""
     started = time.perf_counter()
-    curated, given = _curated_input(target, curation, chem)
+    curated, parsed = _curated_input(target, curation, chem)
+    given = parsed.msas
     if curated.exclusion is not None:
         return ExcludedTarget(target.target_id, target.input_hash, curated.exclusion)
     chain_msas: dict[str, Msa | None] = {}
@@ -371,7 +375,7 @@ def featurize_searched(target: TargetInput, msa_blobs: dict[str, bytes], chain_k
     _use_given_msas(curated.structure, given, chain_msas, chain_hits, msa_sources)
     return _encode_features(target, curated, chain_msas, chain_hits, config, curation, template_dir,
                             record_fingerprint, [], {}, started, conformer_blobs, chem,
-                            _all_sources(curated.structure, msa_sources, "query only"))
+                            _all_sources(curated.structure, msa_sources, "query only"), parsed.templates)
 
 
 def _all_sources(structure: Structure, sources: dict[str, str], otherwise: str) -> dict[str, str]:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import copy
 import json
 
+import gemmi
 import numpy as np
 import pytest
 
 from featurecache.chem import canonical_smiles
+from featurecache.io.af3_json import read_af3_json
 from featurecache.io.common import ParseError
 from featurecache.io.inputs import discover_inputs, read_input, target_id_for
 
@@ -135,7 +137,7 @@ BAD_DOCUMENTS = [
     ("name", _DELETE, r"name: must be a string, got null"),
     ("userCCD", "data_X\n", r"userCCD: a user-provided CCD is not supported"),
     ("sequences.0.protein.templates", [{"mmcif": "data_x\n", "queryIndices": [0, 1], "templateIndices": [0]}],
-     r"sequences\[0\]\.protein\.templates\[0\]\.templateIndices: has 1 entries, queryIndices has 2"),
+     r"sequences\[0\]\.protein\.templates\[0\]\.mmcif: not a readable mmCIF: no _atom_site records"),
 ]
 
 
@@ -157,12 +159,30 @@ def test_malformed_json_gives_line_and_column(tmp_path):
         read_input(server)
 
 
-def test_templates_are_read_and_checked(tmp_path, shared_data):
-    mmcif = next((shared_data / "templates" / "mmcif").glob("*.cif")).read_text()
-    templates = [{"mmcif": mmcif, "queryIndices": [0, 1, 2], "templateIndices": [4, 5, 6]}]
-    from featurecache.io.af3_json import read_af3_json
+def single_chain_mmcif(path, chain: str) -> str:
+    """The mmCIF text of one chain of a structure file (AF3 templates hold one chain)."""
+    structure = gemmi.read_structure(str(path))
+    for model in structure:
+        for name in [c.name for c in model if c.name != chain]:
+            model.remove_chain(name)
+    structure.setup_entities()
+    return structure.make_mmcif_document().as_string()
 
+
+def test_templates_are_read_and_checked(tmp_path, shared_data):
+    ras = shared_data / "structures" / "721p-assembly1.cif"
+    templates = [{"mmcif": single_chain_mmcif(ras, "A"), "queryIndices": [0, 1, 2], "templateIndices": [4, 5, 6]}]
     parsed = read_af3_json(write(tmp_path, _set("sequences.0.protein.templates", templates)), "complex")
     (template,) = parsed.templates["A"]
-    assert template.mmcif == mmcif and np.array_equal(template.template_indices, [4, 5, 6])
+    assert template.chain.sequence.startswith("MTEYKLVVVGAGGVGKSALTIQ") and template.chain.molecule_type == "protein"
+    assert np.array_equal(template.hit.hit_indices, [4, 5, 6]) and np.array_equal(template.hit.query_indices, [0, 1, 2])
+    assert template.hit.name == "input_json_0_A" and parsed.templates["B"] == parsed.templates["A"]
     assert parsed.model_seeds == (1, 2) and parsed.name == "Complex"
+
+    # AF3 refuses a template file with more than one chain; indices must fall inside both chains.
+    two_chains = [{"mmcifPath": str(ras), "queryIndices": [0], "templateIndices": [0]}]
+    with pytest.raises(ParseError, match=r"templates\[0\]\.mmcifPath: must hold exactly one protein chain .* has 2"):
+        read_af3_json(write(tmp_path, _set("sequences.0.protein.templates", two_chains)), "complex")
+    templates[0]["templateIndices"] = [4, 5, 500]
+    with pytest.raises(ParseError, match=r"templates\[0\]\.templateIndices: index 500 is outside the template chain"):
+        read_af3_json(write(tmp_path, _set("sequences.0.protein.templates", templates)), "complex")

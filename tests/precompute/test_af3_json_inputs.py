@@ -11,6 +11,7 @@ import numpy as np
 from click.testing import CliRunner
 
 from featurecache.chem import canonical_smiles, conformer_key, decode_atom_names, load_ccd, smiles_conformer
+from featurecache import schema
 from featurecache.cli import cli
 from featurecache.config import ChemConfig
 from featurecache.features.conformers import conformer_settings
@@ -126,6 +127,34 @@ def test_given_msa_is_the_chain_msa(tmp_path, shared_data):
     unique_rows = len({"".join(c for c in "".join(r.splitlines()[1:]) if not c.islower()) for r in records})
     assert record.arrays["msa"].shape[0] == unique_rows
     assert record.meta["msa_sources"] == {"A": f"input JSON unpairedMsaPath ras.a3m ({len(records)} rows)"}
+
+
+def test_given_templates_are_the_chain_templates(tmp_path, shared_data, ras_sequence):
+    """A template given as a one-chain mmCIF (721P chain A for H-Ras, residues 11-110 mapped to
+    themselves) is the record's only template of the chain: its residues and backbone."""
+    from tests.io.test_af3_json import single_chain_mmcif
+
+    mapped = list(range(10, 110))
+    template = {"mmcif": single_chain_mmcif(shared_data / "structures" / "721p-assembly1.cif", "A"),
+                "queryIndices": mapped, "templateIndices": mapped}
+    document = {"name": "ras", "modelSeeds": [1], "dialect": "alphafold3", "version": 1,
+                "sequences": [{"protein": {"id": "A", "sequence": ras_sequence, "unpairedMsa": "", "pairedMsa": "",
+                                           "templates": [template]}}]}
+    (tmp_path / "ras.json").write_text(json.dumps(document))
+    cache = tmp_path / "cache"
+    result = _run(tmp_path / "ras.json", cache)
+    assert result.exit_code == 0, result.output
+    with StoreReader(cache) as reader:
+        record = decode_record(reader.get("features", "ras"))
+    arrays, meta = record.arrays, record.meta
+    assert meta["template_names"] == ["A:input_json_0_A"] and meta["warnings"] == []
+    assert arrays["template_restype"].shape == (1, len(ras_sequence)) and (arrays["template_count"] == 1).all()
+    covered = np.zeros(len(ras_sequence), bool)
+    covered[mapped] = True
+    assert np.array_equal(arrays["template_restype"][0][covered], arrays["restype"][covered])  # same protein
+    assert (arrays["template_restype"][0][~covered] == schema.GAP).all()
+    assert np.array_equal(arrays["template_backbone_mask"][0].all(axis=1), covered)
+    assert meta["msa_sources"] == {"A": 'input JSON: MSA set to "" (query only)'} and arrays["msa"].shape[0] == 1
 
 
 BAD = {
