@@ -56,6 +56,7 @@ _ENTITY_KEYS = {
 _MODIFICATION_KEYS = {"protein": ("ptmType", "ptmPosition"), "rna": ("modificationType", "basePosition"),
                       "dna": ("modificationType", "basePosition")}
 _TEMPLATE_KEYS = {"mmcif": 1, "mmcifPath": 2, "queryIndices": 1, "templateIndices": 1}
+_PATH_FIELDS = ("unpairedMsaPath", "pairedMsaPath", "mmcifPath", "userCCDPath")
 
 
 @dataclass(frozen=True, eq=False)
@@ -106,6 +107,30 @@ def read_af3_json(path: str | os.PathLike, target_id: str, ccd_path: str | None 
         return _Reader(Path(path), target_id, ccd_path).read(document)
     except _Fail as error:
         raise ParseError(source, str(error)) from None
+
+
+def referenced_files(path: str | os.PathLike) -> list[Path]:
+    """The files an AF3 JSON names in its ...Path fields (MSAs, template mmCIFs), resolved
+    against its folder, in document order; [] when the file is not readable JSON."""
+    try:
+        document = json.loads(decode_text(read_bytes(path), str(path)))
+    except (OSError, ValueError):
+        return []
+    found: list[Path] = []
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in _PATH_FIELDS and isinstance(value, str):
+                    found.append(Path(value) if Path(value).is_absolute() else Path(path).parent / value)
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(document)
+    return found
 
 
 def _type_name(value) -> str:

@@ -13,10 +13,12 @@ Shared by the precompute pipeline and `OnlineDataset`, so training never imports
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from pathlib import Path
 
-from featurecache.io.af3_json import Af3Input, GivenMsa, GivenTemplate, read_af3_json
+from featurecache.config import file_sha256
+from featurecache.io.af3_json import Af3Input, GivenMsa, GivenTemplate, read_af3_json, referenced_files
 from featurecache.io.common import ParseError
 from featurecache.io.fasta import read_fasta
 from featurecache.io.mmcif import read_mmcif, target_id_from_path
@@ -91,6 +93,22 @@ def read_input(path: str | os.PathLike, ccd_path: str | None = None) -> ParsedIn
         parsed = structure_from_af3_json(path, ccd_path)
         return ParsedInput(parsed.structure, parsed.msas, parsed.templates)
     return ParsedInput(read_mmcif(path), {})
+
+
+def input_sha256(path: str | os.PathLike) -> str:
+    """The input's hash for records (a rerun recomputes a record whose input changed): the
+    file's sha256; for an AF3 JSON, over it and the MSA / template files it names, so editing
+    one of those makes the record stale too. OSError if the input itself cannot be read."""
+    digest = file_sha256(path)
+    if not str(path).lower().endswith(AF3_JSON_SUFFIXES):
+        return digest
+    parts = [digest]
+    for named in referenced_files(path):
+        try:
+            parts.append(file_sha256(named))
+        except OSError:
+            parts.append(f"unreadable {named}")  # parsing names the field and the problem
+    return digest if len(parts) == 1 else hashlib.sha256("|".join(parts).encode()).hexdigest()
 
 
 def structure_from_af3_json(path: str | os.PathLike, ccd_path: str | None = None) -> Af3Input:

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
-from featurecache.config import ChemConfig, file_sha256, fingerprint
+from featurecache.config import ChemConfig, fingerprint
 from featurecache.io import inputs
 from featurecache.precompute import tasks
 from featurecache.precompute.clustering import TargetChains
@@ -184,7 +184,7 @@ class _Run:
         for path in self.plan.inputs:
             target_id = inputs.target_id_for(path)
             try:
-                input_hash = file_sha256(path)
+                input_hash = inputs.input_sha256(path)  # an AF3 JSON's MSA / template files too
             except OSError as error:
                 self._record_failure("parse", target_id, f"{path}: cannot read: {error.strerror}")
                 continue

@@ -128,6 +128,14 @@ def test_given_msa_is_the_chain_msa(tmp_path, shared_data):
     assert record.arrays["msa"].shape[0] == unique_rows
     assert record.meta["msa_sources"] == {"A": f"input JSON unpairedMsaPath ras.a3m ({len(records)} rows)"}
 
+    # The record is current until the MSA file changes (the input hash covers the files a JSON names).
+    assert json.loads(_run(tmp_path / "ras.json", cache, "--json").output)["stages"]["featurize"]["skipped"] == 1
+    (tmp_path / "ras.a3m").write_text("".join(">" + record for record in records[:50]))
+    rerun = _run(tmp_path / "ras.json", cache, "--json")
+    assert json.loads(rerun.output)["stages"]["featurize"]["done"] == 1, rerun.output
+    with StoreReader(cache) as reader:
+        assert decode_record(reader.get("features", "ras")).meta["msa_sources"]["A"].endswith("(50 rows)")
+
 
 def test_given_templates_are_the_chain_templates(tmp_path, shared_data, ras_sequence):
     """A template given as a one-chain mmCIF (721P chain A for H-Ras, residues 11-110 mapped to
