@@ -1,6 +1,7 @@
 """The units of precompute work, as plain functions (ray_executor.py runs them on Ray or inline).
 
-- `read_target` parses one input file (mmCIF, or FASTA for sequence-only targets) and
+- `read_target` parses one input file (mmCIF, or FASTA / AF3 input JSON for sequence-only
+  targets; `read_parsed` also gives the MSAs and templates a JSON brings) and
   `read_curated` applies curation (curation.py) to it; `parse_chains` gives the searched
   chains of the curated structure. A target curation leaves out as a whole comes back as an
   `ExcludedTarget` instead (from `parse_chains` and the featurize tasks alike).
@@ -11,9 +12,12 @@
   its MSA record (MSA + template hits), ready for the `msa` table.
 - `featurize_ingested` / `featurize_searched` build one target's feature record from its
   curated structure and the MSAs of its chains, ingested from an alignments folder or decoded
-  from `msa` records. The record's metadata adds what curation removed ("curation"), each
-  chain's molecule type ("chain_types") and the chain pairs in contact ("interfaces", the
-  input of clustering, which runs over the whole cache at the end of the run).
+  from `msa` records. An AF3 JSON's own MSAs and templates replace those of its chains (such
+  chains are not searched). The record's metadata adds what curation removed ("curation"), each
+  chain's molecule type ("chain_types"), where each polymer chain's MSA came from
+  ("msa_sources": the input JSON, a search, alignment files, or the query alone) and the chain
+  pairs in contact ("interfaces", the input of clustering, which runs over the whole cache at
+  the end of the run).
 
 Search and featurization return encoded records (bytes), so workers never touch LMDB: the
 driver is the only writer, as LMDB requires. Failures raise `TaskError` carrying the stage and,
