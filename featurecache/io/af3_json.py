@@ -14,8 +14,8 @@ ligands (`ccdCodes`, one residue per code, or `smiles`), `bondedAtomPairs` betwe
   chain with them is not searched; "" for both means query-only. Paired rows come first, then
   unpaired rows (pairing by species happens at featurization, as for searched MSAs).
 - `templates` (mmCIF text or `mmcifPath` with one protein chain, query / template index lists)
-  are the chain's templates, used as given (no search, no filters, as AF3 does); a chain whose
-  MSA the JSON gives has no other templates.
+  are the chain's templates, used as given (no filters, as AF3 does), instead of any found by a
+  search; `[]` means none. A chain whose MSA the JSON gives has no other templates either.
 - `userCCD` / `userCCDPath` are refused: give a components.cif with ``--ccd`` instead.
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from featurecache.chem import SmilesError, canonical_smiles, load_ccd
+from featurecache.chem import SmilesError, UnknownComponentError, canonical_smiles, load_ccd
 from featurecache.io.common import ParseError, decode_text, read_bytes
 from featurecache.io.hits import TemplateHit
 from featurecache.io.mmcif import parse_mmcif
@@ -175,7 +175,7 @@ class _Reader:
         if dialect != DIALECT:
             raise _Fail("dialect", f"must be {DIALECT!r}, got {dialect!r}")
         version = document.get("version")
-        if isinstance(version, bool) or version not in VERSIONS:
+        if not isinstance(version, int) or isinstance(version, bool) or version not in VERSIONS:
             raise _Fail("version", f"must be one of {', '.join(map(str, VERSIONS))}, got {version!r}")
         self.version = version
         _check_keys(document, _TOP_KEYS, version, "")
@@ -221,7 +221,7 @@ class _Reader:
             given = self._msa(body, kind, residues, where)
             if given is not None:
                 self.msas.update({chain_id: given for chain_id in chain_ids})
-        if kind == "protein" and body.get("templates"):
+        if kind == "protein" and body.get("templates") is not None:  # [] too: template-free, as in AF3
             templates = self._templates(body["templates"], len(residues), f"{where}.templates")
             self.templates.update({chain_id: templates for chain_id in chain_ids})
 
@@ -436,7 +436,11 @@ class _Reader:
         if residue.smiles:
             raise _Fail(where, f"chain {chain_id} is a SMILES ligand, whose atoms have no names to bond (as in AF3); "
                         "define it by ccdCodes instead")
-        component = self.ccd.component(residue.name).heavy_atoms()
+        try:
+            component = self.ccd.component(residue.name).heavy_atoms()
+        except UnknownComponentError:
+            raise _Fail(where, f"residue {number} of chain {chain_id} ({residue.name}) is not in the CCD: "
+                        "its atoms have no names") from None
         if atom not in component.atom_names:
             raise _Fail(where, f"residue {number} of chain {chain_id} ({residue.name}) has no atom {atom!r}")
         return AtomRef(chain_id, number - 1, atom)

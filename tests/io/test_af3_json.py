@@ -134,6 +134,7 @@ BAD_DOCUMENTS = [
     ("modelSeeds", [], r"modelSeeds: needs at least one seed"),
     ("dialect", "alphafoldserver", r"dialect: must be 'alphafold3'"),
     ("version", 7, r"version: must be one of 1, 2, 3, 4"),
+    ("version", 2.0, r"version: must be one of 1, 2, 3, 4, got 2\.0"),
     ("name", _DELETE, r"name: must be a string, got null"),
     ("userCCD", "data_X\n", r"userCCD: a user-provided CCD is not supported"),
     ("sequences.0.protein.templates", [{"mmcif": "data_x\n", "queryIndices": [0, 1], "templateIndices": [0]}],
@@ -178,6 +179,9 @@ def test_templates_are_read_and_checked(tmp_path, shared_data):
     assert np.array_equal(template.hit.hit_indices, [4, 5, 6]) and np.array_equal(template.hit.query_indices, [0, 1, 2])
     assert template.hit.name == "input_json_0_A" and parsed.templates["B"] == parsed.templates["A"]
     assert parsed.model_seeds == (1, 2) and parsed.name == "Complex"
+    # "templates": [] is template-free (AF3); no "templates" leaves them to the search.
+    assert read_af3_json(write(tmp_path, _set("sequences.0.protein.templates", [])), "c").templates == {"A": (), "B": ()}
+    assert read_af3_json(write(tmp_path, document()), "c").templates == {}
 
     # AF3 refuses a template file with more than one chain; indices must fall inside both chains.
     two_chains = [{"mmcifPath": str(ras), "queryIndices": [0], "templateIndices": [0]}]
