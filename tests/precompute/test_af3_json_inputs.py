@@ -97,7 +97,7 @@ def test_af3_json_complex_precomputes_with_smiles_ligand_modification_and_bond(t
 
     # The protein's MSA is the JSON's (3 rows), the RNA's is the query alone; the metadata says so.
     assert meta["msa_sources"] == {"A": "input JSON unpairedMsa (3 rows)", "R": "query only (no alignment files)"}
-    assert arrays["msa"].shape[0] == 3
+    assert meta["msa_depth"] == 3
 
     # A second spelling of aspirin in another target reuses the stored conformer.
     other = _complex()
@@ -125,7 +125,7 @@ def test_given_msa_is_the_chain_msa(tmp_path, shared_data):
     with StoreReader(cache) as reader:
         record = decode_record(reader.get("features", "ras"))
     unique_rows = len({"".join(c for c in "".join(r.splitlines()[1:]) if not c.islower()) for r in records})
-    assert record.arrays["msa"].shape[0] == unique_rows
+    assert record.meta["msa_depth"] == unique_rows
     assert record.meta["msa_sources"] == {"A": f"input JSON unpairedMsaPath ras.a3m ({len(records)} rows)"}
 
     # The record is current until the MSA file changes (the input hash covers the files a JSON names).
@@ -162,7 +162,7 @@ def test_given_templates_are_the_chain_templates(tmp_path, shared_data, ras_sequ
     assert np.array_equal(arrays["template_restype"][0][covered], arrays["restype"][covered])  # same protein
     assert (arrays["template_restype"][0][~covered] == schema.GAP).all()
     assert np.array_equal(arrays["template_backbone_mask"][0].all(axis=1), covered)
-    assert meta["msa_sources"] == {"A": 'input JSON: MSA set to "" (query only)'} and arrays["msa"].shape[0] == 1
+    assert meta["msa_sources"] == {"A": 'input JSON: MSA set to "" (query only)'} and meta["msa_depth"] == 1
 
 
 BAD = {
