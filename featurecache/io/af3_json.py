@@ -378,8 +378,9 @@ class _Reader:
             if len(indices[0]) != len(indices[1]):
                 raise _Fail(f"{at}.templateIndices", f"has {len(indices[1])} entries, queryIndices has "
                             f"{len(indices[0])}")
-            for key, values, size, what in (("queryIndices", indices[0], length, "the sequence"),
-                                             ("templateIndices", indices[1], len(chain.residues), "the template chain")):
+            bounds = (("queryIndices", indices[0], length, "the sequence"),
+                      ("templateIndices", indices[1], len(chain.residues), "the template chain"))
+            for key, values, size, what in bounds:
                 if len(values) and values.max() >= size:
                     raise _Fail(f"{at}.{key}", f"index {int(values.max())} is outside {what} (0-{size - 1})")
             given.append(GivenTemplate(self._template_hit(number, chain, *indices), chain))

@@ -3,9 +3,9 @@ and a sequence-only Structure from a FASTA file.
 
 Structures are mmCIF or legacy PDB format (gemmi reads both: `io.mmcif`, `io.pdb`), plain or
 gzipped. An AlphaFold 3 input JSON (`io.af3_json`) is a sequence-only target that may bring its
-chains' MSAs; `read_input` reads any input type. A FASTA record becomes one chain; its letters are checked against its molecule type's
-alphabet (`io.residues`), and a bad letter is a ParseError naming the file, the record, the
-letter and its position.
+chains' MSAs and templates; `read_input` reads any input type. A FASTA record becomes one chain;
+its letters are checked against its molecule type's alphabet (`io.residues`), and a bad letter
+is a ParseError naming the file, the record, the letter and its position.
 
 Shared by the precompute pipeline and `OnlineDataset`, so training never imports precompute.
 """

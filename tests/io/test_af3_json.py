@@ -86,7 +86,8 @@ def test_given_msas(tmp_path):
     (tmp_path / "msas" / "a.a3m").write_text(MSA)
     entries = copy.deepcopy(document()["sequences"][:1])
     entries[0]["protein"].update(unpairedMsa="", pairedMsa="")
-    assert read_input(write(tmp_path, document(sequences=entries, bondedAtomPairs=[]), "empty.json")).msas["A"].msa is None
+    empty = write(tmp_path, document(sequences=entries, bondedAtomPairs=[]), "empty.json")
+    assert read_input(empty).msas["A"].msa is None
     del entries[0]["protein"]["unpairedMsa"]
     entries[0]["protein"].update(unpairedMsaPath="msas/a.a3m", pairedMsa=">q\nMKSNGTLLA\n>paired\nMKSNGTLLM\n")
     combined = read_input(write(tmp_path, document(sequences=entries, bondedAtomPairs=[]), "both.json")).msas["A"]
@@ -118,7 +119,8 @@ BAD_DOCUMENTS = [
      r"sequences\[0\]\.protein\.modifications\[0\]\.ptmPosition: position 10 is outside the sequence \(1-9\)"),
     ("sequences.0.protein.modifications.0.ptmType", "NOPE1",
      r"sequences\[0\]\.protein\.modifications\[0\]\.ptmType: unknown CCD code 'NOPE1'"),
-    ("bondedAtomPairs.0.1", ["G", 1, "XX"], r"bondedAtomPairs\[0\]\[1\]: residue 1 of chain G \(NAG\) has no atom 'XX'"),
+    ("bondedAtomPairs.0.1", ["G", 1, "XX"],
+     r"bondedAtomPairs\[0\]\[1\]: residue 1 of chain G \(NAG\) has no atom 'XX'"),
     ("bondedAtomPairs.0.1", ["Q", 1, "C1"], r"bondedAtomPairs\[0\]\[1\]: no chain 'Q'"),
     ("bondedAtomPairs.0.1", ["L", 1, "C1"], r"bondedAtomPairs\[0\]\[1\]: chain L is a SMILES ligand"),
     ("bondedAtomPairs.1.1", ["G", 3, "C1"], r"bondedAtomPairs\[1\]\[1\]: chain G has no residue 3 \(1-2\)"),
@@ -180,7 +182,8 @@ def test_templates_are_read_and_checked(tmp_path, shared_data):
     assert template.hit.name == "input_json_0_A" and parsed.templates["B"] == parsed.templates["A"]
     assert parsed.model_seeds == (1, 2) and parsed.name == "Complex"
     # "templates": [] is template-free (AF3); no "templates" leaves them to the search.
-    assert read_af3_json(write(tmp_path, _set("sequences.0.protein.templates", [])), "c").templates == {"A": (), "B": ()}
+    template_free = write(tmp_path, _set("sequences.0.protein.templates", []))
+    assert read_af3_json(template_free, "c").templates == {"A": (), "B": ()}
     assert read_af3_json(write(tmp_path, document()), "c").templates == {}
 
     # AF3 refuses a template file with more than one chain; indices must fall inside both chains.
