@@ -7,27 +7,17 @@ line and exit 2, through featurecache.errors.
 
 from __future__ import annotations
 
-import warnings
-
 import click
 from click.core import ParameterSource
 
 from featurecache.config import SampleConfig, crop_mode_probs_from_spatial
-from featurecache.errors import BoundaryCommand, UserError
+from featurecache.errors import BoundaryCommand, UserError, renamed_option
 from featurecache.model.config import PRESETS
 from featurecache.training.config import KERNEL_OPTIONS, TrainConfig, TrainSetupError
 from featurecache.training.loop import train
 
 POSITIVE = click.IntRange(min=1)
 NON_NEGATIVE = click.IntRange(min=0)
-
-
-def _old_msa_rows_flag(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
-    if value is not None:
-        message = "--max-msa-rows is deprecated: use --msa-rows-per-sample (MSA rows kept per sample)"
-        warnings.warn(message, DeprecationWarning, stacklevel=2)
-        click.echo(f"featurecache: {message}", err=True)
-    return value
 
 
 @click.command("train", cls=BoundaryCommand)
@@ -53,7 +43,8 @@ def _old_msa_rows_flag(ctx: click.Context, param: click.Parameter, value: int | 
               help="Tokens per cropped sample.")
 @click.option("--msa-rows-per-sample", default=SampleConfig.msa_rows_per_sample, show_default=True, type=POSITIVE,
               help="MSA rows drawn per sample from the rows the cache stores.")
-@click.option("--max-msa-rows", "old_msa_rows", type=POSITIVE, hidden=True, callback=_old_msa_rows_flag,
+@click.option("--max-msa-rows", "old_msa_rows", type=POSITIVE, hidden=True, 
+              callback=renamed_option("--max-msa-rows", "--msa-rows-per-sample (MSA rows kept per sample)"),
               help="Deprecated spelling of --msa-rows-per-sample.")
 @click.option("--crop-mode-probs", nargs=3, type=click.FloatRange(0.0, 1.0), default=SampleConfig.crop_mode_probs,
               show_default=True, help="Chances of a contiguous, a spatial and a spatial-interface crop (AF3's; they "
