@@ -1,6 +1,10 @@
-"""The feature record: every array's name, dtype, axes and meaning, in one place.
+"""The feature record and the sample: every array's name, dtype, axes and meaning, in one place.
 
-A record holds one target (a whole, uncropped biological assembly). Axis names:
+A record holds one target (a whole, uncropped biological assembly); a sample is what the loader
+cuts from it for the model. FEATURES are the sample's arrays (what `collate` batches and the model
+reads); RECORD_ARRAYS are the record's: FEATURES without the dense ``msa`` / ``deletion_matrix``,
+plus MSA_STORAGE, the MSA stored once per entity, from which the loader assembles the rows a
+sample draws (features.msa.expand_msa). Axis names:
 
 - ``token``: N tokens. A standard residue or nucleotide is one token; each heavy atom of a
   ligand, ion, glycan or modified polymer residue is one token.
@@ -8,6 +12,10 @@ A record holds one target (a whole, uncropped biological assembly). Axis names:
   leaving atoms AF3 drops left out), resolved in the structure or not (``atom_mask``).
 - ``token_bond``: B bonded token pairs (an edge list: far smaller than N x N).
 - ``msa``: M rows of the assembled MSA, the query first.
+- ``msa_entity``: E polymer entities with an alignment (homomer copies are one entity).
+- ``msa_block_row`` / ``msa_block_column``: the stored rows of every entity's MSA (each row once,
+  whatever number of assembled rows or chain copies show it) and their residue columns.
+- ``msa_deletion``: the non-zero deletion counts of the stored rows.
 - ``template``: T template rows. Templates are per chain (AF-Multimer / AF3 layout): row t holds
   the t-th template of every chain in that chain's token columns (GAP / 0 elsewhere), and
   ``template_count`` says how many rows hold templates of each token's chain. A record stores
@@ -27,9 +35,11 @@ every feature fingerprint includes it. Records of another version are never read
 `featurecache precompute` on an older cache names them stale and recomputes them (MSA search
 results, which the schema does not touch, are reused), and a trainer's CacheDataset refuses a
 cache whose manifest has another schema_version, in one line saying to rerun precompute.
-Version 2 (this one) added the AF3 atom inputs (ref_* reference-conformer features, atoms of
-every component from the CCD, token bonds, representative-atom indices) and replaced
-atom_element / atom_charge / atom_name_chars by ref_element / ref_charge / ref_atom_name_chars.
+Version 2 added the AF3 atom inputs (ref_* reference-conformer features, atoms of every
+component from the CCD, token bonds, representative-atom indices) and replaced atom_element /
+atom_charge / atom_name_chars by ref_element / ref_charge / ref_atom_name_chars. Version 3 (this
+one) stores the MSA once per entity (MSA_STORAGE) instead of the dense [msa, token] arrays, its
+rows in small zstd frames (ROW_FRAMED) so a sample decodes only the frames holding its rows.
 
 Also here, because every layer that reads or writes records shares them: the store's table
 names (TABLES) and the version numbers a record carries (SCHEMA_VERSION of the arrays,
@@ -42,7 +52,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SCHEMA_VERSION = 2  # the arrays and metadata described below (FEATURES, METADATA_FIELDS)
+SCHEMA_VERSION = 3  # the arrays and metadata described below (RECORD_ARRAYS, FEATURES, METADATA_FIELDS)
 RECORD_FORMAT = 1  # byte layout of an encoded record (featurecache.store.codec)
 
 # The store's tables. Every shard holds all of them; a key lives in the shard shard_of(key).
@@ -123,7 +133,7 @@ FEATURES: tuple[ArraySpec, ...] = (
     _spec("ref_charge", np.int8, ["atom"], "formal charge from the CCD"),
     _spec("ref_atom_name_chars", np.uint8, ["atom", 4], "atom name as AF3 encodes it: ord(c) - 32 per character, padded"),
     _spec("ref_space_uid", np.int32, ["atom"], "reference space: one id per (chain, residue) instance, 0-based"),
-    # --- MSA ---------------------------------------------------------------------------
+    # --- MSA (msa and deletion_matrix: the sample's; the record stores MSA_STORAGE) -----------
     _spec("msa", np.int8, ["msa", "token"], "MSA class per position (RESTYPES index, GAP for gaps)"),
     _spec("deletion_matrix", np.uint8, ["msa", "token"], "number of deleted residues before each position (clipped at 255)"),
     _spec("msa_species", np.int32, ["msa"], "species id per row for pairing (0 = unknown / unpaired)"),
@@ -140,6 +150,40 @@ FEATURES: tuple[ArraySpec, ...] = (
 )
 
 FEATURES_BY_NAME = {spec.name: spec for spec in FEATURES}
+
+# The sample's dense MSA arrays, which a record does not store: the loader assembles them for
+# the rows a sample draws (and the tokens it keeps) from MSA_STORAGE.
+DENSE_MSA = ("msa", "deletion_matrix")
+
+# How a record stores the MSA: each entity's rows once (homomer copies and the paired rows that
+# show a row share it), in that entity's residue columns; row r of the assembled MSA shows, in the
+# token columns of every chain of entity e, stored row msa_row_source[r, e] (GAP / 0 where -1).
+# Row 0, the query, is `restype` itself.
+MSA_STORAGE: tuple[ArraySpec, ...] = (
+    _spec("msa_block", np.int8, ["msa_block_row", "msa_block_column"],
+          "stored MSA rows of every entity (RESTYPES index), in its residue columns, GAP past its width"),
+    _spec("msa_block_deletion_count", np.int32, ["msa_block_row"], "non-zero deletion counts of each stored row"),
+    _spec("msa_block_deletion_column", np.int32, ["msa_deletion"],
+          "column of each non-zero deletion count, stored rows in order", "msa_block_column"),
+    _spec("msa_block_deletion_value", np.uint8, ["msa_deletion"], "the non-zero deletion counts (clipped at 255)"),
+    _spec("msa_row_source", np.int32, ["msa", "msa_entity"],
+          "stored row each assembled row shows in each entity's columns (-1: gaps; row 0 is the query)",
+          "msa_block_row"),
+    _spec("msa_token_entity", np.int32, ["token"], "the token's entity among msa_row_source's (-1: gaps but the query)",
+          "msa_entity"),
+    _spec("msa_token_column", np.int32, ["token"], "the token's residue column in its entity's stored rows",
+          "msa_block_column"),
+)
+
+# Arrays stored as independent zstd frames of this many rows (store.codec), so a reader decodes
+# only the frames holding the rows it needs: 1,023 random rows of 15k touch a quarter of the
+# 4-row frames, and 4-row frames cost ~20 % fewer bytes than 1-row ones (benchmarks/RESULTS.md).
+ROW_FRAMED = {"msa_block": 4}
+
+RECORD_ARRAYS: tuple[ArraySpec, ...] = tuple(spec for spec in FEATURES if spec.name not in DENSE_MSA) + MSA_STORAGE
+
+# Every array a record or a sample may hold, by name (for code that indexes along the axes).
+ARRAYS_BY_NAME = {spec.name: spec for spec in (*FEATURES, *MSA_STORAGE)}
 
 # Metadata stored beside the arrays (msgpack map of plain values).
 METADATA_FIELDS = {
@@ -161,13 +205,14 @@ METADATA_FIELDS = {
 }
 
 
-def check_record(arrays: dict, where: str = "record") -> None:
-    """Raise ValueError naming the array if `arrays` does not match FEATURES."""
+def check_record(arrays: dict, where: str = "record", specs: tuple[ArraySpec, ...] = RECORD_ARRAYS) -> None:
+    """Raise ValueError naming the array if `arrays` does not match `specs` (a record's arrays;
+    give specs=FEATURES for a sample's)."""
     sizes: dict = {}
-    missing = [spec.name for spec in FEATURES if spec.name not in arrays]
+    missing = [spec.name for spec in specs if spec.name not in arrays]
     if missing:
         raise ValueError(f"{where}: missing arrays {missing}")
-    for spec in FEATURES:
+    for spec in specs:
         value = arrays[spec.name]
         if value.dtype != spec.dtype:
             raise ValueError(f"{where}: {spec.name} has dtype {value.dtype}, expected {spec.dtype}")

@@ -296,3 +296,37 @@ def test_inference_takes_the_first_templates_and_crops_do_not_depend_on_template
     crops = [CacheDataset(template_cache, crop_size=30, seed=2, **options)[(1, 0)]["token_index"]
              for options in ({}, {"max_templates": None}, {"random_templates": False}, {"max_templates": 0})]
     assert all(torch.equal(crop, crops[0]) for crop in crops)
+
+
+def test_sampled_msa_equals_the_full_array_path(sample_cache):
+    """The loader reads only the drawn rows (RowFrames) and assembles them for the kept tokens;
+    the old path subsampled the dense record MSA with the same draws and then cropped its columns.
+    Both give the same rows in the same order: query, homomer copies sharing rows, gaps and
+    deletions (the sample data's MSAs carry no species: paired rows are checked in
+    tests/features/test_msa.py)."""
+    from featurecache.features.msa import expand_msa
+    from featurecache.store.codec import RowFrames
+
+    seed, epoch, rows_per_sample = 5, 2, 64
+    dataset = CacheDataset(sample_cache, crop_size=96, msa_rows_per_sample=rows_per_sample, seed=seed)
+    covered = {"deletions": 0, "gaps": 0, "lazy": 0}
+    for index, target_id in enumerate(dataset.ids):
+        arrays, _ = dataset.load_arrays(target_id)
+        covered["lazy"] += isinstance(arrays["msa_block"], RowFrames)
+        whole = {name: np.asarray(value) for name, value in arrays.items()}
+        dense_msa, dense_deletions = expand_msa(whole)  # the record as schema v2 stored it
+        sample = dataset[(epoch, index)]
+        rng = np.random.default_rng([seed, epoch, index])
+        depth = dense_msa.shape[0]
+        rows = np.arange(depth)
+        if depth > rows_per_sample:
+            rows = np.concatenate([[0], np.sort(rng.choice(np.arange(1, depth), size=rows_per_sample - 1,
+                                                             replace=False))])
+        kept = sample["token_index"].numpy()  # the crop's tokens (token_index keeps its values)
+        np.testing.assert_array_equal(sample["msa"].numpy(), dense_msa[rows][:, kept])
+        np.testing.assert_array_equal(sample["deletion_matrix"].numpy(), dense_deletions[rows][:, kept])
+        np.testing.assert_array_equal(sample["msa_is_paired"].numpy(), whole["msa_is_paired"][rows])
+        np.testing.assert_array_equal(sample["msa_species"].numpy(), whole["msa_species"][rows])
+        covered["deletions"] += int((sample["deletion_matrix"] > 0).sum())
+        covered["gaps"] += int((sample["msa"][1:] == GAP).sum())
+    assert all(covered.values()), covered

@@ -10,7 +10,8 @@ _EXPORTS = {
     "contiguous_crop": "featurecache.features.crop",
     "spatial_crop": "featurecache.features.crop",
     "crop_arrays": "featurecache.features.crop",
-    "subsample_msa": "featurecache.features.crop",
+    "msa_sample_rows": "featurecache.features.crop",
+    "expand_msa": "featurecache.features.msa",
 }
 
 __all__ = list(_EXPORTS)

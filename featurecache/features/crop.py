@@ -14,6 +14,9 @@ keeps or drops whole. A contiguous stretch widens to whole residues at its ends 
 budget allows, else narrows; a spatial crop takes whole residues in order of their nearest
 token and skips one that no longer fits.
 
+`msa_sample_rows` draws the MSA rows a sample keeps; the loader assembles them for the kept tokens
+(features.msa.expand_msa) after the crop, so the record's MSA is read for those rows only.
+
 `crop_arrays` is generic over the schema's axes: arrays with a ``token`` axis are indexed by the
 kept tokens, arrays with an ``atom`` axis by the atoms of the kept tokens, and arrays whose values
 point into an axis (``schema.ArraySpec.points_to``: atom_to_token, token_bonds, the frame and
@@ -229,7 +232,7 @@ def crop_arrays(arrays: dict[str, np.ndarray], token_indices: np.ndarray) -> dic
     renumber = {"token": new_position, "atom": new_atom}
     cropped: dict[str, np.ndarray] = {}
     for name, value in arrays.items():
-        spec = schema.FEATURES_BY_NAME.get(name)
+        spec = schema.ARRAYS_BY_NAME.get(name)
         if spec is None:
             cropped[name] = value
             continue
@@ -238,7 +241,7 @@ def crop_arrays(arrays: dict[str, np.ndarray], token_indices: np.ndarray) -> dic
                 value = np.take(value, token_indices, axis=axis)
             elif axis_name == "atom":
                 value = np.take(value, atom_indices, axis=axis)
-        if spec.points_to is not None:
+        if spec.points_to in renumber:
             value = _renumber(value, renumber[spec.points_to], spec)
         cropped[name] = value
     return cropped
@@ -256,21 +259,15 @@ def _renumber(value: np.ndarray, new_index: np.ndarray, spec: schema.ArraySpec) 
     return renumbered.astype(value.dtype)
 
 
-def subsample_msa(arrays: dict[str, np.ndarray], max_rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Keep the query row and up to max_rows - 1 random other rows (in their original order).
+def msa_sample_rows(depth: int, max_rows: int, rng: np.random.Generator) -> np.ndarray:
+    """Assembled MSA rows a sample keeps: the query row and up to max_rows - 1 random other rows,
+    in their original order (every row when the MSA has no more than max_rows).
 
     msa_profile and deletion_mean stay as computed over the full MSA, as in AF3.
     """
     if max_rows < 1:
         raise ValueError(f"max_rows must be at least 1, got {max_rows}")
-    depth = arrays["msa"].shape[0]
     if depth <= max_rows:
-        return dict(arrays)
+        return np.arange(depth)
     others = rng.choice(np.arange(1, depth), size=max_rows - 1, replace=False)
-    rows = np.concatenate([[0], np.sort(others)])
-    subsampled = dict(arrays)
-    for name, value in arrays.items():
-        spec = schema.FEATURES_BY_NAME.get(name)
-        if spec is not None and "msa" in spec.axes:
-            subsampled[name] = np.take(value, rows, axis=spec.axes.index("msa"))
-    return subsampled
+    return np.concatenate([[0], np.sort(others)])

@@ -78,7 +78,7 @@ def featurize_target(
         "num_tokens": int(arrays["restype"].shape[0]),
         "num_atoms": int(arrays["atom_to_token"].shape[0]),
         "conformer_codes": sorted(tokens.conformer_codes),
-        "msa_depth": int(arrays["msa"].shape[0]),
+        "msa_depth": int(arrays["msa_species"].shape[0]),
         "num_templates": int(arrays["template_restype"].shape[0]),
         "warnings": notes,
         "template_names": report.used,

@@ -24,6 +24,11 @@ rows. Columns are tokens.
 - Ligand tokens are gaps in every row but the query. Per-atom tokens of a modified residue
   repeat their residue's column.
 - `msa_profile` and `deletion_mean` are computed over all kept rows.
+
+Storage (schema.MSA_STORAGE): the record holds each entity's shown rows once, in its residue
+columns, and per assembled row which stored row each entity shows; `expand_msa` builds the dense
+[rows, token] arrays of the rows a sample draws, for the tokens it keeps. A homodimer's 15k-row
+MSA is stored once instead of twice, and a sample of 1,024 rows reads ~1/4 of it.
 """
 
 from __future__ import annotations
@@ -40,7 +45,6 @@ from featurecache.io.mmcif import Structure
 from featurecache.io.msa import Msa
 from featurecache.io.species import SpeciesResolver, SpeciesTag
 
-_PROFILE_CHUNK_ROWS = 1024
 _MAX_DELETIONS = np.iinfo(np.uint16).max  # working precision; the record stores uint8
 
 
@@ -106,7 +110,8 @@ def build_msa_features(
     config: FeatureConfig,
     warnings: list[str],
 ) -> dict[str, np.ndarray]:
-    """msa, deletion_matrix, msa_species, msa_is_paired, msa_profile, deletion_mean."""
+    """The record's MSA arrays (schema.MSA_STORAGE, msa_species, msa_is_paired, msa_profile,
+    deletion_mean); `expand_msa` makes the dense msa / deletion_matrix of any rows from them."""
     chains = structure.chains
     token_chain, token_residue = tokens.token_chain, tokens.token_residue
     restype = tokens.arrays["restype"]
@@ -155,15 +160,6 @@ def build_msa_features(
         chain_columns[chain_index] = None if identity else columns
     size = tokens.num_tokens
 
-    def place(entity: int, rows: np.ndarray, out_classes: np.ndarray, out_deletions: np.ndarray, out_rows) -> None:
-        """Copy `rows` of an entity's MSA into the token columns of every copy of the entity."""
-        source = entity_msas[entity]
-        classes, deletions = source.classes[rows], source.deletions[rows]
-        for chain_index in entity_chains[entity]:
-            columns, span = chain_columns[chain_index], chain_span[chain_index]
-            out_classes[out_rows, span] = classes if columns is None else classes[:, columns]
-            out_deletions[out_rows, span] = deletions if columns is None else deletions[:, columns]
-
     species_ids: dict[str, int] = {}
 
     def species_id(name: str) -> int:
@@ -172,29 +168,17 @@ def build_msa_features(
     paired_rows = _paired_rows(entity_chains, entity_msas, chains, config.max_paired_rows - 1)
     budget = max(0, config.msa_rows_stored - 1 - len(paired_rows))
 
-    # Blocks of rows: the query row, the paired rows, then each entity's unpaired rows.
-    class_blocks = [restype[None, :].astype(np.int8)]
-    deletion_blocks = [np.zeros((1, size), dtype=np.uint16)]
+    # Assembled rows: the query, the paired rows, then each entity's unpaired rows; per row, the
+    # entity row shown in each entity's columns.
+    row_picks: list[dict[int, int]] = [{}]
     row_species, row_paired = [0], [True]
     used_rows: dict[int, list[int]] = {entity: [0] for entity in entity_chains}  # rows already shown
-
-    if paired_rows:
-        classes = np.full((len(paired_rows), size), schema.GAP, dtype=np.int8)
-        deletions = np.zeros((len(paired_rows), size), dtype=np.uint16)
-        by_entity: dict[int, tuple[list[int], list[int]]] = {}
-        for index, (species, picks) in enumerate(paired_rows):
-            for entity, row in picks.items():
-                out_rows, rows = by_entity.setdefault(entity, ([], []))
-                out_rows.append(index)
-                rows.append(row)
-            row_species.append(species_id(species))
-            row_paired.append(True)
-        for entity, (out_rows, rows) in by_entity.items():
-            place(entity, np.asarray(rows), classes, deletions, np.asarray(out_rows))
-            used_rows[entity].extend(rows)
-        class_blocks.append(classes)
-        deletion_blocks.append(deletions)
-
+    for species, picks in paired_rows:
+        row_picks.append(picks)
+        row_species.append(species_id(species))
+        row_paired.append(True)
+        for entity, row in picks.items():
+            used_rows[entity].append(row)
     unpaired = {
         entity: _new_unique_rows(source.classes, used_rows[entity])
         for entity, source in entity_msas.items()
@@ -202,31 +186,135 @@ def build_msa_features(
     }
     quotas = _water_fill({entity: rows.size for entity, rows in unpaired.items()}, budget)
     for entity, rows in unpaired.items():
-        chosen = rows[: quotas[entity]]
-        if not chosen.size:
-            continue
-        classes = np.full((chosen.size, size), schema.GAP, dtype=np.int8)
-        deletions = np.zeros((chosen.size, size), dtype=np.uint16)
-        place(entity, chosen, classes, deletions, slice(None))
-        class_blocks.append(classes)
-        deletion_blocks.append(deletions)
         species = entity_msas[entity].species
-        row_species.extend(species_id(species[row]) for row in chosen.tolist())
-        row_paired.extend([False] * chosen.size)
+        for row in rows[: quotas[entity]].tolist():
+            row_picks.append({entity: row})
+            row_species.append(species_id(species[row]))
+            row_paired.append(False)
 
-    msa = np.concatenate(class_blocks)
-    deletions = np.concatenate(deletion_blocks)
-    # uint8 halves the bytes the loader decompresses; counts past 255 are clipped (AF3's
-    # 2/pi * arctan(d / 3) transform is within 0.008 of 1 there). The mean uses exact counts.
-    deletion_matrix = np.minimum(deletions, np.iinfo(np.uint8).max).astype(np.uint8)
+    arrays = _stored_msa(row_picks, entity_msas, entity_chains, chain_span, chain_columns, size)
+    arrays["msa_species"] = np.asarray(row_species, dtype=np.int32)
+    arrays["msa_is_paired"] = np.asarray(row_paired, dtype=bool)
+    arrays["msa_profile"], arrays["deletion_mean"] = _profile(arrays, restype)
+    return arrays
+
+
+def _stored_msa(row_picks, entity_msas, entity_chains, chain_span, chain_columns, size) -> dict:
+    """MSA_STORAGE arrays: each entity's rows that some assembled row shows, once, in rank order."""
+    entities = [entity for entity in entity_chains if entity_msas[entity] is not None]
+    shown = {entity: sorted({picks[entity] for picks in row_picks if entity in picks}) for entity in entities}
+    width = max((entity_msas[entity].classes.shape[1] for entity in entities), default=0)
+    stored_row: dict[int, dict[int, int]] = {}  # entity -> entity row -> row of msa_block
+    blocks, deletions = [], []
+    for entity in entities:
+        rows = np.asarray(shown[entity], dtype=np.int64)
+        first = sum(block.shape[0] for block in blocks)
+        stored_row[entity] = {row: first + index for index, row in enumerate(shown[entity])}
+        source = entity_msas[entity]
+        block = np.full((rows.size, width), schema.GAP, dtype=np.int8)
+        block[:, : source.classes.shape[1]] = source.classes[rows]
+        counts = np.zeros((rows.size, width), dtype=np.uint16)
+        counts[:, : source.classes.shape[1]] = source.deletions[rows]
+        blocks.append(block)
+        deletions.append(counts)
+    block = np.concatenate(blocks) if blocks else np.zeros((0, width), dtype=np.int8)
+    exact_deletions = np.concatenate(deletions) if deletions else np.zeros((0, width), dtype=np.uint16)
+    # uint8 halves what the loader reads; counts past 255 are clipped (AF3's 2/pi * arctan(d / 3)
+    # transform is within 0.008 of 1 there). deletion_mean uses the exact counts.
+    nonzero_rows, nonzero_columns = np.nonzero(exact_deletions)
+    source_rows = np.full((len(row_picks), len(entities)), -1, dtype=np.int32)
+    for index, picks in enumerate(row_picks):
+        for slot, entity in enumerate(entities):
+            if entity in picks:
+                source_rows[index, slot] = stored_row[entity][picks[entity]]
+    token_entity = np.full(size, -1, dtype=np.int32)
+    token_column = np.zeros(size, dtype=np.int32)
+    for slot, entity in enumerate(entities):
+        for chain_index in entity_chains[entity]:
+            span, columns = chain_span[chain_index], chain_columns[chain_index]
+            token_entity[span] = slot
+            token_column[span] = np.arange(span.stop - span.start) if columns is None else columns
     return {
-        "msa": msa,
-        "deletion_matrix": deletion_matrix,
-        "msa_species": np.asarray(row_species, dtype=np.int32),
-        "msa_is_paired": np.asarray(row_paired, dtype=bool),
-        "msa_profile": msa_profile(msa),
-        "deletion_mean": deletions.mean(axis=0, dtype=np.float64).astype(np.float32),
+        "msa_block": block,
+        "msa_block_deletion_count": np.bincount(nonzero_rows, minlength=block.shape[0]).astype(np.int32),
+        "msa_block_deletion_column": nonzero_columns.astype(np.int32),
+        "msa_block_deletion_value": np.minimum(exact_deletions[nonzero_rows, nonzero_columns], 255).astype(np.uint8),
+        "msa_row_source": source_rows,
+        "msa_token_entity": token_entity,
+        "msa_token_column": token_column,
+        "_exact_deletions": exact_deletions,
     }
+
+
+def _profile(arrays: dict, restype: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """msa_profile and deletion_mean over all assembled rows, from how often each stored row is shown
+    (the dense [msa, token] MSA is never built)."""
+    exact_deletions = arrays.pop("_exact_deletions")
+    block, source_rows = arrays["msa_block"], arrays["msa_row_source"]
+    token_entity, token_column = arrays["msa_token_entity"], arrays["msa_token_column"]
+    depth, size, width = source_rows.shape[0], restype.shape[0], block.shape[1]
+    counts = np.zeros((size, schema.NUM_RESTYPES), dtype=np.float64)
+    deletion_sums = np.zeros(size, dtype=np.float64)
+    counts[np.arange(size), restype] += 1  # the query row
+    counts[token_entity < 0, schema.GAP] += depth - 1
+    for slot in range(source_rows.shape[1]):
+        shown = source_rows[1:, slot]
+        times = np.bincount(shown[shown >= 0], minlength=block.shape[0]).astype(np.float64)  # [block rows]
+        rows = np.flatnonzero(times)
+        cells = (np.arange(width) * schema.NUM_RESTYPES + block[rows].astype(np.int64)).ravel()
+        column_counts = np.bincount(cells, weights=np.repeat(times[rows], width), minlength=width * schema.NUM_RESTYPES)
+        column_counts = column_counts.reshape(width, schema.NUM_RESTYPES)
+        column_counts[:, schema.GAP] += np.count_nonzero(shown < 0)
+        tokens = np.flatnonzero(token_entity == slot)
+        counts[tokens] += column_counts[token_column[tokens]]
+        deletion_sums[tokens] = (times[rows] @ exact_deletions[rows].astype(np.float64))[token_column[tokens]]
+    profile = (counts / max(depth, 1)).astype(np.float32)
+    return profile, (deletion_sums / max(depth, 1)).astype(np.float32)
+
+
+def expand_msa(arrays: dict, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The dense msa [rows, token] and deletion_matrix of assembled `rows` (all when None), for the
+    tokens `arrays` holds (a record, or a crop of one: the token arrays cropped alike). Only the
+    stored rows these show are read from msa_block (a store.codec.RowFrames decodes only those)."""
+    source_rows = arrays["msa_row_source"]
+    rows = np.arange(source_rows.shape[0]) if rows is None else np.asarray(rows, dtype=np.int64)
+    token_entity, token_column = arrays["msa_token_entity"], arrays["msa_token_column"]
+    sources = source_rows[rows]  # [S, E]
+    msa = np.full((rows.size, token_entity.size), schema.GAP, dtype=np.int8)
+    deletion_matrix = np.zeros((rows.size, token_entity.size), dtype=np.uint8)
+    needed = np.unique(sources[sources >= 0])
+    if needed.size:
+        block = arrays["msa_block"][needed]  # [K, width]
+        deletions = _dense_deletions(arrays, needed, block.shape[1])
+        for slot in range(sources.shape[1]):
+            tokens = np.flatnonzero(token_entity == slot)
+            shown = np.flatnonzero(sources[:, slot] >= 0)
+            if not tokens.size or not shown.size:
+                continue
+            picked = np.searchsorted(needed, sources[shown, slot])[:, None]
+            columns = token_column[tokens][None, :]
+            msa[shown[:, None], tokens[None, :]] = block[picked, columns]
+            deletion_matrix[shown[:, None], tokens[None, :]] = deletions[picked, columns]
+    query = rows == 0
+    msa[query] = arrays["restype"]
+    deletion_matrix[query] = 0
+    return msa, deletion_matrix
+
+
+def _dense_deletions(arrays: dict, stored_rows: np.ndarray, width: int) -> np.ndarray:
+    """[len(stored_rows), width] deletion counts of those stored rows, from the sparse arrays."""
+    counts = arrays["msa_block_deletion_count"]
+    ends = np.cumsum(counts, dtype=np.int64)
+    starts = ends[stored_rows] - counts[stored_rows]
+    lengths = counts[stored_rows].astype(np.int64)
+    out = np.zeros((stored_rows.size, width), dtype=np.uint8)
+    total = int(lengths.sum())
+    if total:
+        owner = np.repeat(np.arange(stored_rows.size), lengths)
+        offsets = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        entries = np.repeat(starts, lengths) + offsets
+        out[owner, arrays["msa_block_deletion_column"][entries]] = arrays["msa_block_deletion_value"][entries]
+    return out
 
 
 def _new_unique_rows(classes: np.ndarray, used: list[int]) -> np.ndarray:
@@ -235,17 +323,6 @@ def _new_unique_rows(classes: np.ndarray, used: list[int]) -> np.ndarray:
     _, first = np.unique(rows_as_bytes, return_index=True)
     first = np.sort(first)
     return first[~np.isin(rows_as_bytes[first], rows_as_bytes[np.asarray(used)])]
-
-
-def msa_profile(msa: np.ndarray) -> np.ndarray:
-    """[M, N] classes -> [N, NUM_RESTYPES] class frequencies, in row chunks to bound memory."""
-    rows, width = msa.shape
-    counts = np.zeros(width * schema.NUM_RESTYPES, dtype=np.int64)
-    base = np.arange(width, dtype=np.int64) * schema.NUM_RESTYPES
-    for start in range(0, rows, _PROFILE_CHUNK_ROWS):
-        chunk = msa[start : start + _PROFILE_CHUNK_ROWS].astype(np.int64) + base
-        counts += np.bincount(chunk.ravel(), minlength=counts.size)
-    return (counts.reshape(width, schema.NUM_RESTYPES) / max(rows, 1)).astype(np.float32)
 
 
 def _paired_rows(entity_chains, entity_msas, chains, max_rows: int) -> list[tuple[str, dict[int, int]]]:

@@ -270,7 +270,7 @@ def _index_entry(arrays: dict, meta: dict, record_fingerprint: str, input_hash: 
     return {
         "num_tokens": int(arrays["restype"].shape[0]),
         "num_atoms": int(arrays["atom_to_token"].shape[0]),
-        "msa_depth": int(arrays["msa"].shape[0]),
+        "msa_depth": int(arrays["msa_species"].shape[0]),
         "num_templates": int(arrays["template_restype"].shape[0]),
         "num_chains": len(meta.get("chain_ids", [])),
         "warnings": len(meta.get("warnings", [])),

@@ -8,7 +8,7 @@ A record is a msgpack map with these entries, always in this order::
     fingerprint  fingerprint of everything that produced the record
     input_hash   hash of the input it was computed from
     meta         plain msgpack map (str keys; str, int, float, bool, None, list, map values)
-    arrays       {name: {"dtype": "<f4", "shape": [...], "codec": "raw" | "zstd", "data": bin}}
+    arrays       {name: {"dtype": "<f4", "shape": [...], "codec": "raw" | "zstd" | "zstd-rows", "data": bin}}
     checksum     CRC-32 of every byte before it, always encoded as msgpack uint32 (5 bytes)
 
 The checksum is the last entry with a fixed-width encoding, so it covers every byte of the
@@ -16,6 +16,13 @@ blob before its own 5 bytes and a reader checks it before parsing anything. CRC-
 every error burst up to 32 bits (so every single flipped byte) and runs at 2.3 GB/s here,
 against 0.7 GB/s for blake2b (64 MiB buffer, 2026-12-02); it guards against storage and copy
 errors, not against deliberate tampering.
+
+Arrays named in schema.ROW_FRAMED (the MSA's stored rows) use codec "zstd-rows" when they are
+big enough: "data" holds independent zstd frames of `rows_per_frame` rows each, back to back,
+"frame_ends" the uint32 end offset of each frame, "dictionary" the zstd dictionary trained on
+them (frames of a few hundred bytes compress poorly alone). decode_record(lazy_rows=True) returns
+such an array as a RowFrames, which decodes only the frames holding the rows it is indexed
+with; every other caller gets it whole.
 
 Array bytes are stored little-endian and C-ordered; decoded arrays are read-only views over
 the unpacked bytes (np.frombuffer, no further copy). Nothing here can execute code on load:
@@ -36,10 +43,11 @@ import msgpack
 import numpy as np
 import zstandard
 
-from featurecache.schema import RECORD_FORMAT
+from featurecache.schema import RECORD_FORMAT, ROW_FRAMED
 
 CODEC_RAW = "raw"
 CODEC_ZSTD = "zstd"
+CODEC_ZSTD_ROWS = "zstd-rows"
 
 # b: bool, i/u: integers, f: floats, c: complex, S/U: fixed-width bytes / unicode.
 ALLOWED_DTYPE_KINDS = frozenset("biufcSU")
@@ -50,6 +58,14 @@ _MIN_COMPRESS_BYTES = 256
 # Keep zstd output only if it saves at least this fraction; float coordinates barely
 # compress, and decompressing them would cost time on every load for ~nothing.
 _MIN_COMPRESS_SAVING = 0.1
+
+# Row-framed arrays below this size are stored whole: decoding them whole costs microseconds.
+_MIN_FRAMED_BYTES = 64 * 1024
+# Frames are small, so they are compressed hard (level 19 writes ~8 % fewer bytes than 9 for
+# the same decode speed; ~0.5 s a 15k-row MSA at precompute) against a trained dictionary.
+_FRAME_LEVEL = 19
+_FRAME_DICTIONARY_BYTES = 32 * 1024
+_DICTIONARY_SAMPLES = 1000
 
 _CHECKSUM_KEY = msgpack.packb("checksum")
 _UINT32_MARKER = 0xCE
@@ -101,6 +117,61 @@ class Record:
     format_version: int = RECORD_FORMAT
 
 
+class RowFrames:
+    """A row-framed array (codec "zstd-rows") read lazily: indexing it with row numbers decodes
+    only the frames that hold them; np.asarray decodes it all."""
+
+    def __init__(self, name: str, dtype: np.dtype, shape: tuple, rows_per_frame: int, data: bytes,
+                 frame_ends: np.ndarray, dictionary: bytes, key: str, where: str):
+        self.name, self.dtype, self.shape, self.ndim = name, dtype, shape, len(shape)
+        self.rows_per_frame = rows_per_frame
+        self._data, self._frame_ends, self._dictionary = data, frame_ends, dictionary
+        self._key, self._where = key, where
+        self._row_bytes = dtype.itemsize * math.prod(shape[1:])
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def __getitem__(self, rows) -> np.ndarray:
+        """The rows `rows` (an integer array, any order, repeats allowed), decoded."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.ndim != 1:
+            raise IndexError(f"{self.name}: index with a 1-d array of row numbers, got shape {rows.shape}")
+        if rows.size and (rows.min() < 0 or rows.max() >= self.shape[0]):
+            raise IndexError(f"{self.name}: rows out of range 0..{self.shape[0] - 1}")
+        frames = np.unique(rows // self.rows_per_frame)
+        decoded = self._decode_frames(frames)  # [frames * rows_per_frame (last frame: fewer), ...]
+        first_row_of = np.zeros(frames.size, dtype=np.int64)  # position of each frame's first row
+        frame_rows = np.minimum(self.rows_per_frame, self.shape[0] - frames * self.rows_per_frame)
+        first_row_of[1:] = np.cumsum(frame_rows)[:-1]
+        slot = np.searchsorted(frames, rows // self.rows_per_frame)
+        return decoded[first_row_of[slot] + rows % self.rows_per_frame]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        whole = self._decode_frames(np.arange(self._frame_ends.size))
+        return whole if dtype is None else whole.astype(dtype)
+
+    def _decode_frames(self, frames: np.ndarray) -> np.ndarray:
+        starts = np.concatenate([[0], self._frame_ends[:-1]]).astype(np.uint64)[frames]
+        lengths = self._frame_ends.astype(np.uint64)[frames] - starts
+        rows = np.minimum(self.rows_per_frame, self.shape[0] - frames * self.rows_per_frame)
+        try:
+            decompressor = _dictionary_decompressor(self._dictionary)
+            segments = zstandard.BufferWithSegments(self._data, np.stack([starts, lengths], axis=1).tobytes())
+            out = decompressor.multi_decompress_to_buffer(
+                segments, decompressed_sizes=(rows * self._row_bytes).astype(np.uint64).tobytes())
+            data = b"".join(out[i].tobytes() for i in range(len(out))) if len(out) != 1 else out[0].tobytes()
+        except (zstandard.ZstdError, ValueError) as error:
+            raise CorruptRecordError(self._key, self._where, f"array {self.name!r}: {error}") from None
+        if len(data) != int(rows.sum()) * self._row_bytes:
+            raise CorruptRecordError(self._key, self._where, f"array {self.name!r}: frames hold {len(data)} bytes")
+        return np.frombuffer(data, dtype=self.dtype).reshape(-1, *self.shape[1:])
+
+
 _local = threading.local()  # zstd contexts are not safe to share between threads
 
 
@@ -117,6 +188,15 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     except AttributeError:
         _local.decompressor = zstandard.ZstdDecompressor()
         return _local.decompressor
+
+
+def _dictionary_decompressor(dictionary: bytes) -> zstandard.ZstdDecompressor:
+    """A decompressor for one record's dictionary, kept while the thread reads that record."""
+    cached = getattr(_local, "dictionary", None)
+    if cached is None or cached[0] is not dictionary:
+        _local.dictionary = (dictionary, zstandard.ZstdDecompressor(
+            dict_data=zstandard.ZstdCompressionDict(dictionary, dict_type=zstandard.DICT_TYPE_FULLDICT)))
+    return _local.dictionary[1]
 
 
 _dtype_cache: dict[str, np.dtype] = {}  # np.dtype(str) costs ~2 us; a record has ~30 arrays
@@ -158,6 +238,28 @@ def unpack_plain(blob, where: str = "value") -> Any:
         raise ValueError(f"{where}: not a plain msgpack value: {error}") from None
 
 
+def _encode_row_frames(array: np.ndarray, rows_per_frame: int) -> dict | None:
+    """Codec "zstd-rows" entries for a C-ordered little-endian array, or None when the zstd
+    library cannot train a dictionary on it (too few or too uniform rows)."""
+    frames = [array[start:start + rows_per_frame].tobytes() for start in range(0, array.shape[0], rows_per_frame)]
+    # Trained on at most ~1,000 evenly spaced frames at zstd's default level: 0.1 s for 15k rows,
+    # as good as level 19 on all of them (2.8 s) within 2 % of the bytes.
+    samples = frames[:: max(1, len(frames) // _DICTIONARY_SAMPLES)]
+    try:
+        dictionary = zstandard.train_dictionary(_FRAME_DICTIONARY_BYTES, samples)
+    except zstandard.ZstdError:
+        return None
+    compressor = zstandard.ZstdCompressor(level=_FRAME_LEVEL, dict_data=dictionary, write_checksum=False,
+                                          write_content_size=True, write_dict_id=False)
+    compressed = [compressor.compress(frame) for frame in frames]
+    frame_ends = np.cumsum([len(frame) for frame in compressed], dtype=np.uint64)
+    if frame_ends.size and frame_ends[-1] >= 2**32:
+        return None
+    return {"dtype": array.dtype.str, "shape": list(array.shape), "codec": CODEC_ZSTD_ROWS,
+            "rows_per_frame": rows_per_frame, "dictionary": dictionary.as_bytes(),
+            "frame_ends": frame_ends.astype("<u4").tobytes(), "data": b"".join(compressed)}
+
+
 def _encode_array(name: str, value, zstd_level: int, key: str) -> dict:
     array = np.asarray(value)
     if array.dtype.kind not in ALLOWED_DTYPE_KINDS:
@@ -170,6 +272,10 @@ def _encode_array(name: str, value, zstd_level: int, key: str) -> dict:
         array = array.astype(little)
     # reshape(-1) turns 0-d arrays into 1-d so the byte view works; it copies only
     # non-contiguous input.
+    if name in ROW_FRAMED and zstd_level > 0 and array.ndim >= 1 and array.nbytes >= _MIN_FRAMED_BYTES:
+        framed = _encode_row_frames(np.ascontiguousarray(array), ROW_FRAMED[name])
+        if framed is not None:
+            return framed
     raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
     codec, data = CODEC_RAW, memoryview(raw)
     if zstd_level > 0 and raw.nbytes >= _MIN_COMPRESS_BYTES:
@@ -228,7 +334,7 @@ def verify_checksum(blob, key: str | None = None, where: str = "record") -> None
         raise CorruptRecordError(key, where)
 
 
-def _decode_array(name: str, spec, key: str, where: str) -> np.ndarray:
+def _decode_array(name: str, spec, key: str, where: str, lazy_rows: bool = False) -> np.ndarray | RowFrames:
     try:
         dtype = _dtype(spec["dtype"])
         shape = tuple(spec["shape"])
@@ -241,6 +347,9 @@ def _decode_array(name: str, spec, key: str, where: str) -> np.ndarray:
     if not all(isinstance(size, int) and size >= 0 for size in shape):
         raise CorruptRecordError(key, where, f"array {name!r} has shape {list(shape)}")
     expected = dtype.itemsize * math.prod(shape)
+    if codec == CODEC_ZSTD_ROWS:
+        frames = _row_frames(name, spec, dtype, shape, key, where)
+        return frames if lazy_rows else np.asarray(frames)
     if codec == CODEC_ZSTD:
         try:
             data = _decompressor().decompress(data, max_output_size=expected)
@@ -253,6 +362,19 @@ def _decode_array(name: str, spec, key: str, where: str) -> np.ndarray:
             key, where, f"array {name!r} has {len(data)} bytes, shape {shape} {dtype} needs {expected}"
         )
     return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def _row_frames(name: str, spec: dict, dtype: np.dtype, shape: tuple, key: str, where: str) -> RowFrames:
+    """A "zstd-rows" array's frames, their layout checked (their bytes are checked on decode)."""
+    rows_per_frame, frame_ends, dictionary = spec.get("rows_per_frame"), spec.get("frame_ends"), spec.get("dictionary")
+    if not (isinstance(rows_per_frame, int) and rows_per_frame > 0 and len(shape) >= 1
+            and isinstance(frame_ends, bytes) and isinstance(dictionary, bytes) and len(frame_ends) % 4 == 0):
+        raise CorruptRecordError(key, where, f"array {name!r} has a bad row-frame header")
+    ends = np.frombuffer(frame_ends, dtype="<u4")
+    if ends.size != -(-shape[0] // rows_per_frame) or (ends.size and (ends[-1] != len(spec["data"])
+                                                                     or (np.diff(ends.astype(np.int64)) <= 0).any())):
+        raise CorruptRecordError(key, where, f"array {name!r}: frame offsets do not match its {shape[0]} rows")
+    return RowFrames(name, dtype, shape, rows_per_frame, spec["data"], ends, dictionary, key, where)
 
 
 def _unpack_fields(blob, where: str, key: str | None) -> dict:
@@ -276,17 +398,19 @@ def _unpack_fields(blob, where: str, key: str | None) -> dict:
     return fields
 
 
-def decode_record(blob, where: str = "record", key: str | None = None) -> Record:
+def decode_record(blob, where: str = "record", key: str | None = None, lazy_rows: bool = False) -> Record:
     """Check the checksum and decode a record.
 
     `blob` may be bytes or any buffer (an LMDB memoryview is read without a copy). `key`, when
     given, is the key the record was stored under; a record naming another key is damaged.
+    With `lazy_rows`, row-framed arrays come as RowFrames (decoded when indexed; a damaged frame
+    raises CorruptRecordError then), else every array is decoded here.
     Raises CorruptRecordError on damage and RecordFormatError for another codec version.
     """
     fields = _unpack_fields(blob, where, key)
     record_key = fields["key"]
     arrays = {
-        name: _decode_array(name, spec, record_key, where) for name, spec in fields["arrays"].items()
+        name: _decode_array(name, spec, record_key, where, lazy_rows) for name, spec in fields["arrays"].items()
     }
     return Record(
         key=record_key,

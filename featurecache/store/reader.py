@@ -199,7 +199,7 @@ class StoreReader:
         with begin_read(env, db=dbs[table]) as txn:
             return txn.get(key_bytes(key))
 
-    def get_record(self, table: str, key: str) -> Record | None:
+    def get_record(self, table: str, key: str, lazy_rows: bool = False) -> Record | None:
         """Decode a record straight from the memory map (no intermediate copy of the blob)."""
         check_table(table)
         env, dbs = self._open(shard_of(key, self.num_shards))
@@ -208,7 +208,8 @@ class StoreReader:
         with begin_read(env, db=dbs[table], buffers=True) as txn:
             view = txn.get(key_bytes(key))
             # decode_record copies what it keeps, so nothing points into the map after the txn.
-            return None if view is None else decode_record(view, where=self.where(table, key), key=key)
+            return None if view is None else decode_record(view, where=self.where(table, key), key=key,
+                                                                  lazy_rows=lazy_rows)
 
     def __contains__(self, item: tuple[str, str]) -> bool:
         table, key = item

@@ -5,7 +5,8 @@ from hypothesis import strategies as st
 
 from featurecache.config import FeatureConfig
 from featurecache import schema
-from featurecache.features.crop import contiguous_crop, crop_arrays, spatial_crop, subsample_msa
+from featurecache.features.crop import contiguous_crop, crop_arrays, msa_sample_rows, spatial_crop
+from featurecache.features.msa import expand_msa
 from featurecache.features.featurize import featurize_from_files
 from featurecache.io.alignments import AlignmentIndex
 
@@ -32,7 +33,9 @@ def _check_crop(arrays, indices, crop_size):
     assert cropped["atom_to_token"].size == kept_atoms.sum()
     np.testing.assert_array_equal(indices[cropped["atom_to_token"]], arrays["atom_to_token"][kept_atoms])
     np.testing.assert_array_equal(cropped["atom_pos"], arrays["atom_pos"][kept_atoms])
-    np.testing.assert_array_equal(cropped["msa"], arrays["msa"][:, indices])
+    # The MSA assembled for the kept tokens is the whole MSA's columns of those tokens.
+    np.testing.assert_array_equal(expand_msa(cropped)[0], expand_msa(arrays)[0][:, indices])
+    np.testing.assert_array_equal(expand_msa(cropped)[1], expand_msa(arrays)[1][:, indices])
     np.testing.assert_array_equal(cropped["template_restype"], arrays["template_restype"][:, indices])
     return cropped
 
@@ -107,21 +110,18 @@ def test_crop_rejects_bad_indices(record):
         contiguous_crop(record["asym_id"], 0, np.random.default_rng())
 
 
-def test_subsample_msa_keeps_query_first(record):
+def test_msa_sample_rows_keep_query_first(record):
     generator = np.random.default_rng()
-    subsampled = subsample_msa(record, 17, generator)
-    schema.check_record(subsampled, where="subsample")
-    assert subsampled["msa"].shape[0] == 17
-    np.testing.assert_array_equal(subsampled["msa"][0], record["msa"][0])
-    # Every kept row is a row of the original, in the original order, with its deletions.
-    rows = {row.tobytes(): index for index, row in enumerate(record["msa"])}
-    order = [rows[row.tobytes()] for row in subsampled["msa"]]
-    assert order == sorted(order) and len(set(order)) == 17
-    np.testing.assert_array_equal(subsampled["deletion_matrix"], record["deletion_matrix"][order])
-    np.testing.assert_array_equal(subsampled["msa_profile"], record["msa_profile"])
-    assert subsample_msa(record, 10**6, generator)["msa"].shape == record["msa"].shape
+    depth = record["msa_species"].shape[0]
+    rows = msa_sample_rows(depth, 17, generator)
+    assert rows[0] == 0 and rows.size == 17 and (np.diff(rows) > 0).all() and rows.max() < depth
+    msa, deletions = expand_msa(record, rows)
+    whole_msa, whole_deletions = expand_msa(record)
+    np.testing.assert_array_equal(msa, whole_msa[rows])
+    np.testing.assert_array_equal(deletions, whole_deletions[rows])
+    np.testing.assert_array_equal(msa_sample_rows(depth, 10**6, generator), np.arange(depth))
     with pytest.raises(ValueError, match="max_rows"):
-        subsample_msa(record, 0, generator)
+        msa_sample_rows(depth, 0, generator)
 
 
 def test_crops_keep_atom_and_token_indices_consistent(shared_data):

@@ -3,7 +3,7 @@ import pytest
 
 from featurecache.config import FeatureConfig
 from featurecache import schema
-from featurecache.features.msa import build_msa_features, msa_profile
+from featurecache.features.msa import build_msa_features, expand_msa
 from featurecache.features.tokenize import tokenize
 from featurecache.io.alignments import AlignmentIndex
 from featurecache.io.mmcif import read_mmcif
@@ -14,9 +14,13 @@ P = {letter: index for index, letter in enumerate(schema.PROTEIN_LETTERS)}
 
 
 def _features(structure, chain_msas, **config):
+    """The stored MSA arrays plus the dense msa / deletion_matrix of all rows (expand_msa)."""
     warnings: list[str] = []
     tokens = tokenize(structure)
     features = build_msa_features(structure, tokens, chain_msas, FeatureConfig(**config), warnings)
+    stored = {spec.name for spec in schema.MSA_STORAGE} | {"msa_species", "msa_is_paired", "msa_profile", "deletion_mean"}
+    assert set(features) == stored
+    features["msa"], features["deletion_matrix"] = expand_msa({**features, "restype": tokens.arrays["restype"]})
     return tokens, features, warnings
 
 
@@ -108,11 +112,27 @@ def test_profile_and_deletion_mean(heteromer):
     np.testing.assert_allclose(features["deletion_mean"], features["deletion_matrix"].mean(axis=0), rtol=1e-6)
 
 
-def test_profile_of_random_msa_in_chunks():
-    generator = np.random.default_rng()
-    msa = generator.integers(0, schema.NUM_RESTYPES, size=(2500, 37)).astype(np.int8)
-    expected = np.stack([(msa == k).mean(axis=0) for k in range(schema.NUM_RESTYPES)], axis=1)
-    np.testing.assert_allclose(msa_profile(msa), expected, rtol=1e-6)
+def test_rows_are_stored_once_per_entity(shared_data):
+    """721p: two copies of one chain; each stored row once, in the chain's residue columns, each
+    assembled row shows one stored row; deletions sparse; the profile equals the dense one exactly."""
+    structure = read_mmcif(shared_data / "structures" / "721p-assembly1.cif")
+    found, _ = AlignmentIndex(shared_data / "alignments" / "pdb").for_structure(structure)
+    tokens, features, _ = _features(structure, {c: found[c].msa for c in found}, msa_rows_stored=300)
+    chain_length = len(structure.chains[0].sequence)
+    assert features["msa_block"].shape == (299, chain_length)  # every row but the query, once
+    assert features["msa_row_source"].shape == (300, 1)
+    assert features["msa_row_source"][0, 0] == -1 and sorted(features["msa_row_source"][1:, 0]) == list(range(299))
+    polymer = ~tokens.arrays["is_ligand"]
+    assert (features["msa_token_entity"][polymer] == 0).all() and (features["msa_token_entity"][~polymer] == -1).all()
+    counts = features["msa_block_deletion_count"]
+    assert counts.sum() == features["msa_block_deletion_value"].size > 0 and (features["msa_block_deletion_value"] > 0).all()
+    msa = features["msa"]
+    expected = np.stack([(msa == k).mean(axis=0, dtype=np.float64) for k in range(schema.NUM_RESTYPES)], axis=1)
+    np.testing.assert_array_equal(features["msa_profile"], expected.astype(np.float32))
+    rows = np.array([0, 7, 150, 299])
+    partial = expand_msa({**features, "restype": tokens.arrays["restype"]}, rows)
+    np.testing.assert_array_equal(partial[0], msa[rows])
+    np.testing.assert_array_equal(partial[1], features["deletion_matrix"][rows])
 
 
 def test_pairing_keeps_several_rows_per_shared_species(shared_data):
@@ -162,3 +182,30 @@ def test_pairing_keeps_several_rows_per_shared_species(shared_data):
     assert checked == 20
     # one row per species (the old pairing) would have given fewer
     assert sum(expected.values()) > 2 * len(shared) > 400
+
+
+def test_drawn_rows_read_from_row_frames_equal_the_dense_rows(shared_data):
+    """The heterodimer of two real UniRef90 MSAs (paired and unpaired rows, deletions) stored as a
+    record: rows drawn as the loader draws them, read from the record's row frames, equal those
+    rows of the dense MSA."""
+    from featurecache.features.crop import msa_sample_rows
+    from featurecache.io.msa import read_msa
+    from featurecache.store.codec import RowFrames, decode_record, encode_record
+
+    folder = shared_data / "alignments" / "afdb"
+    msas = {chain: read_msa(folder / name / "uniref90_hits.a3m") for chain, name in (("A", "1a00_A"), ("B", "1a02_F"))}
+    sequences = [(chain, "protein", msa.query.replace("-", "")) for chain, msa in msas.items()]
+    structure = structure_from_sequences("het", sequences + [("C", "protein", sequences[0][2])])
+    tokens, features, _ = _features(structure, msas)
+    stored = {name: value for name, value in features.items() if name not in schema.DENSE_MSA}
+    record = decode_record(encode_record("het", stored, {}, "", "", schema.SCHEMA_VERSION), lazy_rows=True)
+    assert isinstance(record.arrays["msa_block"], RowFrames)
+    lazy = {**record.arrays, "restype": tokens.arrays["restype"]}
+    for seed in range(3):
+        rows = msa_sample_rows(features["msa"].shape[0], 200, np.random.default_rng(seed))
+        msa, deletions = expand_msa(lazy, rows)
+        np.testing.assert_array_equal(msa, features["msa"][rows])
+        np.testing.assert_array_equal(deletions, features["deletion_matrix"][rows])
+        assert features["msa_is_paired"][rows[1:]].any() and (deletions > 0).any()
+    a, c = tokens.arrays["asym_id"] == 1, tokens.arrays["asym_id"] == 3  # chains A and C: one entity
+    np.testing.assert_array_equal(features["msa"][:, a], features["msa"][:, c])
