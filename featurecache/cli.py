@@ -62,10 +62,11 @@ def _plot_path(path: pathlib.Path | None) -> pathlib.Path | None:
 
 
 class _LazyGroup(BoundaryGroup):
-    """Imports `train` (torch and the model) only when it is run or its help is asked for,
-    so the data commands start quickly."""
+    """Imports `train` and `predict` (torch and the model) only when one is run or its help is
+    asked for, so the data commands start quickly."""
 
-    lazy_commands = {"train": ("featurecache.training", "train_command")}
+    lazy_commands = {"train": ("featurecache.training", "train_command"),
+                     "predict": ("featurecache.prediction", "predict_command")}
 
     def list_commands(self, ctx):
         return sorted([*super().list_commands(ctx), *self.lazy_commands])

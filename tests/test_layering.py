@@ -26,6 +26,7 @@ LAYERS = {
     "kernels": ("featurecache.kernels",),
     "model": ("featurecache.model",),
     "training": ("featurecache.training",),
+    "prediction": ("featurecache.prediction",),
     "testing": ("featurecache.testing",),
     "top": ("featurecache.cli", "featurecache.train", "featurecache.__main__", "featurecache"),
 }
@@ -42,8 +43,11 @@ ALLOWED = {
     "kernels": set(),
     "model": {"base", "kernels"},
     "training": {"base", "io", "store", "loader", "kernels", "model"},
-    "testing": {"base", "io", "chem", "features", "store", "precompute", "loader", "kernels", "model", "training"},
-    "top": {"base", "io", "chem", "features", "store", "precompute", "loader", "kernels", "model", "training"},
+    "prediction": {"base", "io", "chem", "store", "loader", "kernels", "model", "training"},
+    "testing": {"base", "io", "chem", "features", "store", "precompute", "loader", "kernels", "model", "training",
+                "prediction"},
+    "top": {"base", "io", "chem", "features", "store", "precompute", "loader", "kernels", "model", "training",
+            "prediction"},
 }
 
 

@@ -39,6 +39,11 @@ NON_NEGATIVE = click.IntRange(min=0)
                    "auto: triton on a CUDA device, torch on the CPU.")
 @click.option("--steps", default=TrainConfig.steps, show_default=True, type=POSITIVE,
               help="Optimizer steps to run in total (a resumed run continues to this step).")
+@click.option("--max-recycling-cycles", type=POSITIVE,
+              help="N_cycle is drawn per step uniformly from 1 to this (AF3: 4, the presets' default); "
+                   "--cuda-graphs always runs this many.")
+@click.option("--diffusion-batch", type=POSITIVE,
+              help="Noised copies of each structure per trunk pass (AF3: 48; default 48 for af3, 4 for tiny).")
 @click.option("--crop-size", default=SampleConfig.crop_size, show_default=True, type=POSITIVE,
               help="Tokens per cropped sample.")
 @click.option("--msa-rows-per-sample", default=SampleConfig.msa_rows_per_sample, show_default=True, type=POSITIVE,
@@ -78,10 +83,10 @@ NON_NEGATIVE = click.IntRange(min=0)
               help="auto (CUDA if there is one), cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
 @click.pass_context
 def train_command(ctx: click.Context, cache, online, alignments, template_dir, out, preset, pairformer_blocks,
-                  kernels, steps, crop_size, msa_rows_per_sample, old_msa_rows, crop_mode_probs, spatial_crop_prob,
+                  kernels, steps, max_recycling_cycles, diffusion_batch, crop_size, msa_rows_per_sample, old_msa_rows, crop_mode_probs, spatial_crop_prob,
                   max_templates, batch_size, lr, warmup, num_workers, checkpoint_every, resume, compile_model,
                   static_shapes, cuda_graphs, seed, device) -> None:
-    """Train the AF3 trunk from a feature cache."""
+    """Train the AF3 structure model (trunk and diffusion module) from a feature cache."""
     rows = msa_rows_per_sample
     if old_msa_rows is not None:
         if ctx.get_parameter_source("msa_rows_per_sample") != ParameterSource.DEFAULT:
@@ -100,7 +105,8 @@ def train_command(ctx: click.Context, cache, online, alignments, template_dir, o
                               max_templates=max_templates, seed=seed)
         config = TrainConfig(
             cache=cache, online=online, alignments=alignments, template_dir=template_dir, out=out,
-            preset=preset, pairformer_blocks=pairformer_blocks, kernels=kernels, steps=steps, sample=sample,
+            preset=preset, pairformer_blocks=pairformer_blocks, kernels=kernels, steps=steps,
+            max_recycling_cycles=max_recycling_cycles, diffusion_batch=diffusion_batch, sample=sample,
             batch_size=batch_size, lr=lr, warmup=warmup, num_workers=num_workers,
             checkpoint_every=checkpoint_every, resume=resume, compile=compile_model,
             static_shapes=static_shapes, cuda_graphs=cuda_graphs, device=device,

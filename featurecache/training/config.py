@@ -16,6 +16,14 @@ from featurecache.model.config import PRESETS
 
 # "auto": the Triton kernels on a CUDA device, the PyTorch references on the CPU.
 KERNEL_OPTIONS = ("auto", *KERNEL_CHOICES)
+# Noised copies of the ground truth per trunk pass when --diffusion-batch is not given: AF3's 48
+# for its preset, a few for `tiny` so that CPU runs stay quick.
+DEFAULT_DIFFUSION_BATCH = {"af3": 48, "tiny": 4}
+# Atoms a token holds at most (a nucleotide has up to 23 heavy atoms; ligand and modified-residue
+# tokens are one atom each) and token bonds per token (heavy atoms have at most 4 covalent
+# partners, each bond counted once): the fixed atom and bond axes of --static-shapes batches.
+ATOMS_PER_TOKEN_BOUND = 24
+BONDS_PER_TOKEN_BOUND = 3
 
 
 class TrainSetupError(ValueError):
@@ -33,6 +41,9 @@ class TrainConfig:
     pairformer_blocks: int | None = None  # override the preset's depth (benchmarks on a time budget)
     kernels: str = "auto"
     steps: int = 100
+    # N_cycle is drawn per step from 1..this (AF3: 4); None keeps the preset's max_recycling_cycles
+    max_recycling_cycles: int | None = None
+    diffusion_batch: int | None = None  # noised copies per trunk pass; None: DEFAULT_DIFFUSION_BATCH
     sample: SampleConfig = field(default_factory=SampleConfig)
     batch_size: int = 1
     lr: float = 1.8e-3                 # AF3's peak learning rate
@@ -63,6 +74,9 @@ class TrainConfig:
         for name in ("steps", "batch_size", "checkpoint_every", "prefetch_factor"):
             if getattr(self, name) < 1:
                 raise TrainSetupError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        for name in ("max_recycling_cycles", "diffusion_batch"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise TrainSetupError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.pairformer_blocks is not None and self.pairformer_blocks < 0:
             raise TrainSetupError(f"--pairformer-blocks must be >= 0, got {self.pairformer_blocks}")
         for name in ("warmup", "num_workers", "weight_decay"):
@@ -76,6 +90,11 @@ class TrainConfig:
             raise TrainSetupError("--cuda-graphs and --compile do not go together: choose one")
         if self.cuda_graphs and self.device == "cpu":
             raise TrainSetupError("--cuda-graphs needs a CUDA device, --device is cpu")
+
+    @property
+    def diffusion_samples(self) -> int:
+        """The diffusion batch this run trains with."""
+        return self.diffusion_batch if self.diffusion_batch is not None else DEFAULT_DIFFUSION_BATCH.get(self.preset, 48)
 
     @property
     def fixed_shapes(self) -> bool:

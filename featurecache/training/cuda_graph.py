@@ -9,7 +9,8 @@ What a captured step needs, and `CapturedStep` provides or checks:
 - static shapes and addresses: inputs are copied into buffers owned by the graph (so batches
   must be padded to fixed sizes), and outputs are tensors the graph overwrites at each replay;
 - no host synchronization inside the step (no `.item()`, no data-dependent Python branches);
-- no RNG state reads (activation checkpointing here saves none; the trunk has no dropout);
+- random draws only from the default CUDA generator, which a graph replays with the seed it holds
+  at each replay (activation checkpointing here saves no RNG state; the model has no dropout);
 - warm-up steps before capture, on a side stream: they compile the Triton kernels, build cuBLAS
   workspaces and create the optimizer's state, none of which may happen during capture;
 - an optimizer built with `capturable=True` (its step counter stays on the GPU), and a learning

@@ -8,7 +8,7 @@ import pathlib
 import torch
 
 from featurecache.loader import CacheDataset, collate
-from featurecache.training.config import TrainConfig, TrainSetupError
+from featurecache.training.config import ATOMS_PER_TOKEN_BOUND, BONDS_PER_TOKEN_BOUND, TrainConfig, TrainSetupError
 from featurecache.training.distributed import Dist
 from featurecache.training.sampler import EpochBatchSampler, WeightedBatchSampler
 
@@ -41,14 +41,17 @@ def build_dataset(config: TrainConfig) -> torch.utils.data.Dataset:
 
 def fixed_sizes(config: TrainConfig, dataset) -> dict[str, int] | None:
     """With fixed shapes, the size each padded axis of every batch gets (collate's `pad_to`):
-    the crop size, the sample's MSA rows and the most templates a sample holds; else None."""
+    the crop size, the sample's MSA rows, the most templates a sample holds, and bounds on the
+    atoms and token bonds a crop can hold; else None."""
     if not config.fixed_shapes:
         return None
     try:
         templates = dataset.max_templates
     except ValueError as error:
         raise _setup_error("--cache", config.cache, error) from None
-    return {"token": config.sample.crop_size, "msa": config.sample.msa_rows_per_sample, "template": templates}
+    crop = config.sample.crop_size
+    return {"token": crop, "msa": config.sample.msa_rows_per_sample, "template": templates,
+            "atom": crop * ATOMS_PER_TOKEN_BOUND, "token_bond": crop * BONDS_PER_TOKEN_BOUND}
 
 
 def make_batch_sampler(dataset, config: TrainConfig, world: Dist, start_epoch: int = 0, start_batch: int = 0,

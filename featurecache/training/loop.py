@@ -1,12 +1,16 @@
-"""Training loop for the AF3 trunk: one process, or DDP under torchrun.
+"""Training loop for the AF3 structure model (trunk + diffusion): one process, or DDP under torchrun.
 
     featurecache train --cache DIR --preset tiny --steps 100 --out runs/tiny
     torchrun --nproc-per-node 8 -m featurecache.training --cache DIR --preset af3 --out runs/af3
 
 A run checks everything it was given (device, kernels, cache, checkpoint) before it creates its
-run directory, then steps until `steps`. Each step logs one JSON line to RUN_DIR/log.jsonl (loss,
-step time, time spent waiting for data, peak memory) and a readable line on stdout; checkpoints
-(featurecache.training.checkpoint) continue a run exactly where it stopped.
+run directory, then steps until `steps`. Each step draws N_cycle (1..max_recycling_cycles, the
+same on every rank) and runs the trunk once and the diffusion module on `diffusion_samples`
+noised copies of the truth; its random draws come from generators seeded by (seed, step, rank),
+so a resumed run draws what the straight run drew. Each step logs one JSON line to
+RUN_DIR/log.jsonl (the loss and its terms, N_cycle, step time, time spent waiting for data, peak
+memory) and a readable line on stdout; checkpoints (featurecache.training.checkpoint) continue a
+run exactly where it stopped.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from featurecache.model import AF3Trunk, preset
+from featurecache.model import AF3Model, preset, sample_num_cycles
+from featurecache.model.af3 import LOSS_INPUTS, REQUIRED_INPUTS
 from featurecache.training.checkpoint import (checkpoint_path, load_checkpoint, optimizer_state, rng_state,
                                               save_checkpoint, set_rng_state)
 from featurecache.training.config import TrainConfig, TrainSetupError, resolve_kernels
@@ -59,7 +64,9 @@ class Trainer:
         overrides = {"kernels": kernels}
         if config.pairformer_blocks is not None:
             overrides["num_pairformer_blocks"] = config.pairformer_blocks
-        self.model = AF3Trunk(preset(config.preset, **overrides)).to(world.device)
+        if config.max_recycling_cycles is not None:
+            overrides["max_recycling_cycles"] = config.max_recycling_cycles
+        self.model = AF3Model(preset(config.preset, **overrides)).to(world.device)
         if config.compile:
             self.model.compile_blocks()
         # capturable: AdamW's step counter stays on the GPU, so the update can be replayed by a graph
@@ -85,39 +92,50 @@ class Trainer:
         """Wrap for DDP and CUDA graphs, once the states are loaded."""
         if self.config.cuda_graphs:
             self.graph_lr = GraphLearningRate(self.optimizer, self.world.device)
-            self.captured = CapturedStep(self.update, warmup_steps=GRAPH_WARMUP_STEPS)
+            # One graph, so one N_cycle: a graph run always recycles max_recycling_cycles times.
+            # Its noise comes from the device's default generator, which the graph replays from
+            # the seed step_generators gives it before each replay.
+            cycles, noise = self.model.config.max_recycling_cycles, default_generator(self.world.device)
+            self.captured = CapturedStep(lambda inputs: self.update(inputs, cycles, noise),
+                                         warmup_steps=GRAPH_WARMUP_STEPS)
         if self.world.enabled:
-            # static_graph: the single track feeds no loss, so its parameters never get a
-            # gradient, and reentrant checkpointing runs parts of backward inside autograd
-            # calls; a static graph handles both (recorded in the first step).
+            # static_graph: reentrant checkpointing runs parts of backward inside autograd calls,
+            # which a static graph handles (recorded in the first step). The graph is the same
+            # whatever N_cycle: only the last cycle builds one.
             device_ids = [self.world.device.index] if self.world.device.type == "cuda" else None
             self.trained = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids,
                                                                      static_graph=True)
         self.model.train()
 
-    def update(self, batch: dict) -> dict[str, torch.Tensor]:
-        """Forward, loss, backward, clipping and the AdamW update: no host synchronization, so
-        that it can be captured as a CUDA graph."""
+    def update(self, batch: dict, num_cycles: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """Forward (N_cycle trunk cycles, the diffusion batch), loss, backward, clipping and the
+        AdamW update: no host synchronization, so that it can be captured as a CUDA graph.
+        Returns the loss terms (AF3Model.loss's metrics) and the gradient norm."""
         with self.autocast:
-            outputs = self.trained(batch)
-        loss = self.model.loss(batch, outputs)
+            outputs = self.trained(batch, num_cycles=num_cycles, num_diffusion_samples=self.config.diffusion_samples,
+                                   generator=generator)
+        loss, metrics = self.model.loss(batch, outputs)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         self.optimizer.step()
-        return {"loss": loss.detach(), "grad_norm": grad_norm}
+        return {**metrics, "grad_norm": grad_norm}
 
-    def step(self, batch: dict) -> dict[str, torch.Tensor]:
-        """One optimizer step; the schedule advances. A captured step copies the pinned host
-        batch straight into the graph's input buffers, an eager one takes it on the device."""
+    def step(self, batch: dict, step: int) -> tuple[dict[str, torch.Tensor], int]:
+        """Optimizer step number `step` (0-based); the schedule advances. Returns its results
+        and its N_cycle. A captured step copies the pinned host batch straight into the graph's
+        input buffers, an eager one takes it on the device."""
+        cycle_generator, noise_generator = step_generators(self.config.sample.seed, step, self.world)
         if self.captured is not None:
+            num_cycles = self.model.config.max_recycling_cycles
             result = self.captured(graph_inputs(batch))
         else:
-            result = self.update(batch)
+            num_cycles = sample_num_cycles(cycle_generator, self.model.config.max_recycling_cycles)
+            result = self.update(batch, num_cycles, noise_generator)
         self.scheduler.step()
         if self.graph_lr is not None:
             self.graph_lr.set(self.scheduler.get_last_lr()[0])
-        return result
+        return result, num_cycles
 
     def checkpoint(self, position: Position, rng_states: list[dict]) -> dict:
         return {
@@ -134,11 +152,27 @@ class Trainer:
         }
 
 
-def graph_inputs(batch: dict) -> dict[str, torch.Tensor]:
-    """The tensors a captured step reads: the trunk's and its loss's inputs. Atom-level arrays
-    vary in size even in padded batches, and the token-level trunk does not read them."""
-    from featurecache.model.trunk import LOSS_INPUTS, REQUIRED_INPUTS
+def default_generator(device: torch.device) -> torch.Generator:
+    """The default generator of a CUDA device (the one CUDA graphs replay with its current seed)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.default_generators[index]
 
+
+def step_generators(seed: int, step: int, world: Dist) -> tuple[torch.Generator, torch.Generator]:
+    """The random draws of optimizer step `step`, seeded so that a resumed run repeats them:
+    N_cycle from (seed, step), the same on every rank (ranks stay in step), and the diffusion
+    batch's rotations and noise from (seed, step, rank), on the device (on CUDA its default
+    generator, reseeded here)."""
+    cycle_seed, noise_seed = (int(np.random.SeedSequence(words).generate_state(1, dtype=np.uint64)[0])
+                              for words in ([seed, step], [seed, step, world.rank]))
+    cycles = torch.Generator().manual_seed(cycle_seed)
+    if world.device.type == "cuda":
+        return cycles, default_generator(world.device).manual_seed(noise_seed)
+    return cycles, torch.Generator().manual_seed(noise_seed)
+
+
+def graph_inputs(batch: dict) -> dict[str, torch.Tensor]:
+    """The tensors a captured step reads: the model's and its loss's inputs."""
     return {name: batch[name] for name in dict.fromkeys(REQUIRED_INPUTS + LOSS_INPUTS)}
 
 
@@ -161,7 +195,7 @@ class RunLog:
             return
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
-        print(f"step {record['step']:>6d}  loss {record['loss']:.4f}  step {record['step_time_s'] * 1e3:8.1f} ms"
+        print(f"step {record['step']:>6d}  loss {record['loss']:.4f}  cycles {record['num_cycles']}  step {record['step_time_s'] * 1e3:8.1f} ms"
               f"  data wait {record['data_wait_s'] * 1e3:7.1f} ms  peak {record['peak_memory_gb']:.2f} GB",
               flush=True)
 
@@ -264,13 +298,16 @@ def _step(world: Dist, trainer: Trainer, batches: Iterator[dict], position: Posi
     if trainer.captured is None:
         batch = to_device(batch, world.device)
     data_wait = time.perf_counter() - start
-    result = trainer.step(batch)
+    result, num_cycles = trainer.step(batch, position.step)
     position.step += 1
     position.batch_in_epoch += 1
+    terms = [name for name in result if name != "grad_norm"]  # loss, distogram, diffusion, mse, ...
+    means = mean_over_ranks(world, torch.stack([result[name].float() for name in terms])).tolist()
     return {
         "step": position.step,
         "epoch": position.epoch,
-        "loss": mean_over_ranks(world, result["loss"]).item(),
+        **dict(zip(terms, means)),
+        "num_cycles": num_cycles,
         "grad_norm": result["grad_norm"].item(),
         "lr": float(trainer.scheduler.get_last_lr()[0]),
         "step_time_s": time.perf_counter() - start,

@@ -1,0 +1,49 @@
+"""`featurecache predict`: the click command over prediction.run.predict.
+
+A key the cache lacks, a checkpoint that is not a training checkpoint, or a device that is not
+there is one line and exit 2, through featurecache.errors.
+"""
+
+from __future__ import annotations
+
+import click
+
+from featurecache.errors import BoundaryCommand, UserError
+from featurecache.prediction.run import PredictError, PredictOptions, predict
+from featurecache.training.config import KERNEL_OPTIONS
+
+POSITIVE = click.IntRange(min=1)
+
+
+@click.command("predict", cls=BoundaryCommand)
+@click.option("--cache", required=True, type=click.Path(file_okay=False),
+              help="Feature cache (or published generation) holding the targets.")
+@click.argument("keys", nargs=-1, required=True)
+@click.option("--checkpoint", required=True, type=click.Path(dir_okay=False),
+              help="A checkpoint file written by `featurecache train` (its model and model settings).")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Folder for the structures: <key>_sample_<i>.cif.")
+@click.option("--samples", default=PredictOptions.samples, show_default=True, type=POSITIVE,
+              help="Structures per target (AF3: 5 per seed).")
+@click.option("--steps", type=POSITIVE, help="Sampler steps (default: the model's, 200 in AF3; tiny: 20).")
+@click.option("--cycles", default=PredictOptions.cycles, show_default=True, type=POSITIVE,
+              help="Recycling cycles of the trunk.")
+@click.option("--max-tokens", type=POSITIVE,
+              help="Crop a larger target to this many tokens (contiguous pieces of its chains, by --seed).")
+@click.option("--seed", default=PredictOptions.seed, show_default=True, type=int,
+              help="Seed for the sampler's noise (and the crop and MSA rows).")
+@click.option("--kernels", default=PredictOptions.kernels, show_default=True, type=click.Choice(KERNEL_OPTIONS),
+              help="triton (CUDA), torch, or auto: triton on a CUDA device, torch on the CPU.")
+@click.option("--device", default=PredictOptions.device, show_default=True,
+              help="auto (CUDA if there is one), cpu, cuda or cuda:N.")
+def predict_command(cache, keys, checkpoint, out, samples, steps, cycles, max_tokens, seed, kernels, device) -> None:
+    """Predict structures of cached targets KEY... with a trained checkpoint: one mmCIF per sample."""
+    options = PredictOptions(cache=cache, keys=tuple(dict.fromkeys(keys)), checkpoint=checkpoint, out=out,
+                             samples=samples, steps=steps, cycles=cycles, seed=seed, max_tokens=max_tokens,
+                             device=device, kernels=kernels)
+    try:
+        written = predict(options)
+    except PredictError as error:
+        raise UserError(str(error)) from error
+    for path in written:
+        click.echo(str(path))

@@ -1,0 +1,113 @@
+"""Predict structures for targets of a cache with a trained checkpoint: the model its training
+saved (weights and ModelConfig), AF3Model.sample on each target's record (whole, or its first
+contiguous crop of `max_tokens`), one mmCIF per sample."""
+
+from __future__ import annotations
+
+import pathlib
+import pickle
+from dataclasses import dataclass
+
+import torch
+
+from featurecache.chem.ccd import load_ccd
+from featurecache.config import SampleConfig
+from featurecache.loader import CacheDataset, collate
+from featurecache.model import AF3Model, ModelConfig
+from featurecache.prediction.mmcif import residue_instances, write_mmcif
+from featurecache.training.config import TrainSetupError, resolve_kernels
+from featurecache.training.distributed import resolve_device
+
+# MSA rows a prediction reads (AF3 infers with up to 16,384; the cache stores fewer by default).
+PREDICT_MSA_ROWS = 16384
+
+
+class PredictError(ValueError):
+    """An input that stops a prediction (the command's exit 2), in one line naming it."""
+
+
+@dataclass(frozen=True)
+class PredictOptions:
+    cache: str
+    keys: tuple[str, ...]
+    checkpoint: str
+    out: str
+    samples: int = 5
+    steps: int | None = None       # sampler steps; None: the model config's (AF3: 200)
+    cycles: int = 4                # recycling cycles (AF3 infers with 4)
+    seed: int = 0
+    max_tokens: int | None = None  # crop larger targets to this many tokens (contiguous, seeded)
+    device: str = "auto"
+    kernels: str = "auto"
+
+
+def load_model(checkpoint: pathlib.Path, device: torch.device, kernels: str) -> AF3Model:
+    """The AF3Model a training checkpoint holds, on `device`, in eval mode, with `kernels`.
+
+    Read with weights_only=False (a checkpoint also holds RNG states): only checkpoints you wrote.
+    """
+    if not checkpoint.is_file():
+        raise PredictError(f"--checkpoint {checkpoint}: no such file")
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as error:
+        reason = " ".join(str(error).split()) or type(error).__name__
+        raise PredictError(f"--checkpoint {checkpoint}: not a readable checkpoint ({reason})") from None
+    if not isinstance(state, dict) or "model" not in state or "model_config" not in state:
+        raise PredictError(f"--checkpoint {checkpoint}: not a featurecache training checkpoint")
+    try:
+        settings = {name: value for name, value in state["model_config"].items() if name not in ("kernels", "checkpoint_blocks")}
+        config = ModelConfig(**settings, kernels=kernels, checkpoint_blocks=False)
+        model = AF3Model(config)
+        model.load_state_dict(state["model"])
+    except (TypeError, ValueError, RuntimeError) as error:
+        reason = " ".join(str(error).split())[:300]
+        raise PredictError(f"--checkpoint {checkpoint}: its model does not load as AF3Model (a trunk-only "
+                           f"checkpoint from before the diffusion module?): {reason}") from None
+    return model.to(device).eval()
+
+
+def _dataset(options: PredictOptions) -> CacheDataset:
+    sample = SampleConfig(crop_size=options.max_tokens, msa_rows_per_sample=PREDICT_MSA_ROWS,
+                          crop_mode_probs=(1.0, 0.0, 0.0), max_templates=4, random_templates=False,
+                          seed=options.seed)
+    try:
+        return CacheDataset(pathlib.Path(options.cache), sample, ids=list(options.keys))
+    except KeyError as error:
+        raise PredictError(f"--cache {options.cache}: {error.args[0]}") from None
+    except (OSError, ValueError) as error:
+        text = " ".join(str(error).split())
+        raise PredictError(text if options.cache in text else f"--cache {options.cache}: {text}") from None
+
+
+def predict(options: PredictOptions) -> list[pathlib.Path]:
+    """Write OUT/<key>_sample_<i>.cif for every key and sample; returns the paths written."""
+    try:
+        device = resolve_device(options.device)
+        kernels = resolve_kernels(options.kernels, device)
+    except (TrainSetupError, ValueError, RuntimeError) as error:
+        raise PredictError(str(error)) from None
+    model = load_model(pathlib.Path(options.checkpoint), device, kernels)
+    dataset = _dataset(options)
+    out = pathlib.Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ccd = load_ccd()
+    written = []
+    for key in options.keys:
+        index = dataset.ids.index(key)
+        sample = dataset[(0, index)]
+        _, meta = dataset.load_arrays(key)
+        batch = {name: value.to(device) if isinstance(value, torch.Tensor) else value
+                 for name, value in collate([sample]).items()}
+        generator = torch.Generator().manual_seed(options.seed)
+        with torch.no_grad():
+            positions = model.sample(batch, num_cycles=options.cycles, num_samples=options.samples,
+                                     num_steps=options.steps, generator=generator)["positions"]
+        arrays = {name: value.numpy() for name, value in sample.items() if isinstance(value, torch.Tensor)}
+        instances = residue_instances(arrays, meta, ccd)
+        for number, structure in enumerate(positions[0].float().cpu().numpy()):
+            path = out / f"{key}_sample_{number}.cif"
+            write_mmcif(path, key, arrays, meta, structure, instances)
+            written.append(path)
+    return written
+
