@@ -2,9 +2,11 @@
 
 1. text: parse the mmCIF and its alignment files (A3M / HHR / m8) and featurize, every time
    (what an online data pipeline does);
-2. npy.gz: one gzipped `np.save` pickle per example (MegaFold's cache layout), loaded with
+2. npy.gz: one gzipped `np.save` pickle per example (MegaFold's cache layout) of the same arrays
+   with the MSA dense ([msa, token] msa and deletion_matrix, as schema 2 stored it), loaded with
    `allow_pickle=True`;
-3. featurecache: one LMDB lookup + msgpack/zstd decode (CacheDataset).
+3. featurecache: one LMDB lookup + msgpack/zstd decode (CacheDataset), the MSA stored once per
+   entity and only the frames holding the drawn rows decoded.
 
 Every path ends with the same crop (384 tokens) and MSA subsample (1,024 rows), so the numbers
 differ only in how the features are stored and read. Reported: median milliseconds per sample
@@ -32,13 +34,15 @@ from featurecache import CacheDataset
 from featurecache.config import FeatureConfig, SampleConfig
 from featurecache.features.featurize import featurize_from_files
 from featurecache.io import AlignmentIndex, read_mmcif
+from featurecache.features.msa import expand_msa
 from featurecache.loader import crop_sample
 from featurecache.precompute.pipeline import PrecomputeOptions, precompute
-from featurecache.schema import FEATURES_TABLE
+from featurecache.schema import FEATURES_TABLE, MSA_STORAGE
 
 DATA = pathlib.Path(os.environ.get("FC_SHARED_DATA", REPO.parent / "shared" / "data"))
 CROP_SIZE = 384
 MSA_ROWS = 1024
+STORED_MSA = {spec.name for spec in MSA_STORAGE}
 WAYS = (("text", "text"), ("pickle", "npy.gz"), ("cache", "featurecache"))  # row key, variant name
 
 
@@ -65,11 +69,13 @@ def main() -> None:
     for position, target_id in enumerate(dataset.ids):
         path = next(p for p in structure_files.values() if dataset.ids[position] in p.name.lower())
 
-        # The same features as a gzipped np.save pickle (MegaFold's per-example file).
+        # The same features as a gzipped np.save pickle (MegaFold's per-example file), MSA dense.
         arrays, meta = dataset.load_arrays(target_id)
+        dense = {name: np.asarray(value) for name, value in arrays.items() if name not in STORED_MSA}
+        dense["msa"], dense["deletion_matrix"] = expand_msa(arrays)
         pickle_path = work / f"{target_id}.npy.gz"
         with gzip.open(pickle_path, "wb") as handle:
-            np.save(handle, {"arrays": dict(arrays), "meta": meta}, allow_pickle=True)
+            np.save(handle, {"arrays": dense, "meta": meta}, allow_pickle=True)
 
         found, _ = index.for_structure(read_mmcif(path))
         text_files = {str(path)} | {f for chain in found.values() for f in chain.msa_files + chain.hit_files}
@@ -91,7 +97,7 @@ def main() -> None:
         rows.append({
             "target": target_id,
             "tokens": int(arrays["restype"].shape[0]),
-            "msa_rows": int(arrays["msa"].shape[0]),
+            "msa_rows": int(arrays["msa_species"].shape[0]),
             "text_ms": host_median_ms(from_text, max(1, args.rounds // 2)),
             "pickle_ms": host_median_ms(from_pickle, args.rounds),
             "cache_ms": host_median_ms(from_cache, args.rounds),

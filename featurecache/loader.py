@@ -256,12 +256,15 @@ class CacheDataset(torch.utils.data.Dataset):
 
 def crop_sample(target_id: str, arrays: dict[str, np.ndarray], sample: SampleConfig, epoch: int,
                 index: int, focus_chains: tuple[int, ...] = ()) -> dict:
-    """One training sample from a whole record, drawn from (seed, epoch, index): MSA rows
-    subsampled, templates sampled per chain, tokens cropped in a mode drawn by
+    """One training sample from a whole record (or the same arrays with a dense msa /
+    deletion_matrix), drawn from (seed, epoch, index): MSA rows subsampled, templates sampled per chain, tokens cropped in a mode drawn by
     `crop_mode_probs` around `focus_chains` (the asym_ids of the sampled chain or interface),
     arrays as torch tensors. "crop_mode" names the mode ("none": the target fits whole)."""
     rng = np.random.default_rng([sample.seed, epoch, index])
     msa_rows = cropping.msa_sample_rows(arrays["msa_species"].shape[0], sample.msa_rows_per_sample, rng)
+    arrays = dict(arrays, msa_species=arrays["msa_species"][msa_rows], msa_is_paired=arrays["msa_is_paired"][msa_rows])
+    if "msa_block" not in arrays:  # dense msa / deletion_matrix (benchmarks/loader.py's npy.gz layout)
+        arrays["msa"], arrays["deletion_matrix"] = arrays["msa"][msa_rows], arrays["deletion_matrix"][msa_rows]
     # Templates draw from their own stream, so the crop of a (seed, epoch, index) does not depend
     # on how many templates a record stores.
     template_rng = np.random.default_rng([sample.seed, epoch, index, _TEMPLATE_STREAM])
@@ -272,9 +275,8 @@ def crop_sample(target_id: str, arrays: dict[str, np.ndarray], sample: SampleCon
         mode = CROP_MODES[int(rng.choice(len(CROP_MODES), p=sample.crop_mode_probs))]
         token_indices = cropping.crop_tokens(arrays, mode, crop_size, rng, tuple(focus_chains))
         arrays = cropping.crop_arrays(arrays, token_indices)
-    # The MSA last: only the drawn rows, in the kept tokens' columns, are read and assembled.
-    arrays = dict(arrays, msa_species=arrays["msa_species"][msa_rows], msa_is_paired=arrays["msa_is_paired"][msa_rows])
-    arrays["msa"], arrays["deletion_matrix"] = expand_msa(arrays, msa_rows)
+    if "msa_block" in arrays:  # a record: only the drawn rows, in the kept tokens' columns, are read
+        arrays["msa"], arrays["deletion_matrix"] = expand_msa(arrays, msa_rows)
     sample = {name: _to_torch(name, arrays[name]) for name in FEATURES_BY_NAME}
     sample["id"] = target_id
     sample["crop_mode"] = mode

@@ -280,21 +280,21 @@ def expand_msa(arrays: dict, rows: np.ndarray | None = None) -> tuple[np.ndarray
     rows = np.arange(source_rows.shape[0]) if rows is None else np.asarray(rows, dtype=np.int64)
     token_entity, token_column = arrays["msa_token_entity"], arrays["msa_token_column"]
     sources = source_rows[rows]  # [S, E]
-    msa = np.full((rows.size, token_entity.size), schema.GAP, dtype=np.int8)
-    deletion_matrix = np.zeros((rows.size, token_entity.size), dtype=np.uint8)
     needed = np.unique(sources[sources >= 0])
+    width = max(arrays["msa_block"].shape[1], 1)
+    # The needed stored rows plus one row of gaps (index K), gathered for every (row, token) with
+    # one flat index: ~4x faster than indexing each entity's rows and tokens in two dimensions.
+    classes = np.full((needed.size + 1, width), schema.GAP, dtype=np.int8)
+    deletions = np.zeros((needed.size + 1, width), dtype=np.uint8)
     if needed.size:
-        block = arrays["msa_block"][needed]  # [K, width]
-        deletions = _dense_deletions(arrays, needed, block.shape[1])
-        for slot in range(sources.shape[1]):
-            tokens = np.flatnonzero(token_entity == slot)
-            shown = np.flatnonzero(sources[:, slot] >= 0)
-            if not tokens.size or not shown.size:
-                continue
-            picked = np.searchsorted(needed, sources[shown, slot])[:, None]
-            columns = token_column[tokens][None, :]
-            msa[shown[:, None], tokens[None, :]] = block[picked, columns]
-            deletion_matrix[shown[:, None], tokens[None, :]] = deletions[picked, columns]
+        classes[:-1, : arrays["msa_block"].shape[1]] = arrays["msa_block"][needed]
+        deletions[:-1, : arrays["msa_block"].shape[1]] = _dense_deletions(arrays, needed, arrays["msa_block"].shape[1])
+    shown = np.full((rows.size, sources.shape[1] + 1), needed.size, dtype=np.int64)  # last column: no entity
+    shown[:, :-1] = np.where(sources >= 0, np.searchsorted(needed, sources), needed.size)
+    entity = np.where(token_entity >= 0, token_entity, sources.shape[1])
+    flat = np.take(shown * width, entity, axis=1) + token_column  # [S, N]
+    msa = np.take(classes.reshape(-1), flat)
+    deletion_matrix = np.take(deletions.reshape(-1), flat)
     query = rows == 0
     msa[query] = arrays["restype"]
     deletion_matrix[query] = 0

@@ -5,6 +5,7 @@ from featurecache.config import FeatureConfig, file_sha256
 from featurecache import schema
 from featurecache.chem import load_ccd
 from featurecache.features.featurize import featurize_from_files, featurize_target
+from featurecache.features.msa import expand_msa
 from featurecache.io.alignments import AlignmentIndex
 from featurecache.io.mmcif import read_mmcif
 
@@ -33,9 +34,9 @@ def test_every_structure_featurizes_to_the_schema(records, shared_data, name):
     assert metadata["source_hash"] == file_sha256(shared_data / "structures" / name)
     assert metadata["num_tokens"] == arrays["restype"].shape[0]
     assert metadata["num_atoms"] == arrays["atom_to_token"].shape[0]
-    assert metadata["msa_depth"] == arrays["msa"].shape[0] <= CONFIG.msa_rows_stored
+    assert metadata["msa_depth"] == arrays["msa_species"].shape[0] <= CONFIG.msa_rows_stored
     assert len(metadata["chain_ids"]) == len(metadata["sequences"]) == arrays["asym_id"].max()
-    np.testing.assert_array_equal(arrays["msa"][0], arrays["restype"])
+    np.testing.assert_array_equal(expand_msa(arrays, np.array([0]))[0][0], arrays["restype"])
     assert np.isfinite(arrays["atom_pos"]).all() and np.isfinite(arrays["msa_profile"]).all()
     assert (arrays["atom_to_token"] < metadata["num_tokens"]).all()
 
@@ -56,9 +57,10 @@ def test_af_model_and_721p_share_msa_rows(records):
     model, _ = records["AF-P01112-F1-model_v4.cif.gz"]
     crystal, _ = records["721p-assembly1.cif"]
     chain_a = crystal["asym_id"] == 1
+    model_msa, crystal_msa = expand_msa(model)[0], expand_msa(crystal)[0]
     # The first 166 residues of the model line up with 721p chain A in the rows both kept.
-    np.testing.assert_array_equal(model["msa"][1:50, :166], crystal["msa"][1:50][:, chain_a])
-    assert (model["msa"][1:, 166:] == schema.GAP).all()
+    np.testing.assert_array_equal(model_msa[1:50, :166], crystal_msa[1:50][:, chain_a])
+    assert (model_msa[1:, 166:] == schema.GAP).all()
 
 
 def test_unknown_chain_in_inputs(shared_data):
@@ -69,7 +71,7 @@ def test_unknown_chain_in_inputs(shared_data):
 
 def test_without_alignments_every_chain_is_query_only(shared_data):
     arrays, metadata = featurize_from_files(shared_data / "structures" / "7a4d-assembly1.cif", None, CONFIG)
-    assert arrays["msa"].shape[0] == 1 and metadata["num_templates"] == 0
+    assert arrays["msa_species"].shape[0] == 1 and arrays["msa_block"].shape[0] == 0 and metadata["num_templates"] == 0
     # Six protein chains in five entities: the capped peptides E and F are one entity.
     assert metadata["warnings"] == [f"chain {c}: no alignment, query-only MSA" for c in ("A", "B", "C", "D", "E, F")]
 

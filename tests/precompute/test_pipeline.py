@@ -59,7 +59,7 @@ def test_rerun_skips_current_and_recomputes_stale(tmp_path, small_inputs, shared
     assert all(before[key] != after[key] for key in before)
     with StoreReader(cache) as reader:
         record = decode_record(reader.get("features", "2q2k"))
-    assert record.arrays["msa"].shape[0] <= 7
+    assert record.arrays["msa_species"].shape[0] <= 7
 
     # A changed input file (same name) is stale too; the other target stays current.
     path = small_inputs / "2q2k.cif"
@@ -128,7 +128,7 @@ def test_old_max_msa_rows_flag_still_works_and_names_the_new_one(tmp_path, small
     assert old.exit_code == 0, old.output
     assert "deprecated" in old.output and "--msa-rows-stored" in old.output
     with StoreReader(cache) as reader:
-        assert decode_record(reader.get("features", "2q2k")).arrays["msa"].shape[0] <= 5
+        assert decode_record(reader.get("features", "2q2k")).arrays["msa_species"].shape[0] <= 5
     new = runner.invoke(cli, [*common, "--msa-rows-stored", "5"])
     assert new.exit_code == 0 and "deprecated" not in new.output
     assert "skipped      2" in new.output  # one setting, one fingerprint, whichever spelling
@@ -211,7 +211,7 @@ def test_search_mode_end_to_end_and_one_failing_search(tmp_path, shared_data, te
         msa_keys = [key for key in reader.keys("msa") if "-db-" not in key]  # not the per-database outputs
     # The homodimer's two identical chains were searched once.
     assert len(msa_keys) == 1
-    assert record.arrays["msa"].shape[0] > 10
+    assert record.arrays["msa_species"].shape[0] > 10
     assert record.meta["warnings"] == []
     stages = {meta["stage"] for meta in errors.values()}
     assert stages == {"search", "featurize"}

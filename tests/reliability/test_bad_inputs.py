@@ -81,10 +81,10 @@ def test_bad_input_corpus_each_named_and_the_rest_completes(tmp_path, shared_dat
 
     # Data the corpus bends but does not break is featurized at its true size.
     assert features["long"].arrays["restype"].shape == (3000,)
-    assert features["huge_a3m"].arrays["msa"].shape[0] == FeatureConfig().msa_rows_stored
+    assert features["huge_a3m"].arrays["msa_species"].shape[0] == FeatureConfig().msa_rows_stored
     assert features["unknown_residues"].arrays["restype"].shape == (38,)
     for key in GOOD_KEYS:
-        assert features[key].arrays["msa"].shape[0] > 1, f"{key} lost its alignments"
+        assert features[key].arrays["msa_species"].shape[0] > 1, f"{key} lost its alignments"
     assert verify_cache(cache).ok
 
     # A rerun retries every failure (attempt 2) and skips every cached target.

@@ -6,6 +6,7 @@ import zlib
 import msgpack
 import numpy as np
 import pytest
+import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -14,6 +15,7 @@ from featurecache.schema import RECORD_FORMAT
 from featurecache.store.codec import (
     CorruptRecordError,
     RecordFormatError,
+    RowFrames,
     decode_record,
     encode_record,
     pack_plain,
@@ -208,3 +210,49 @@ def test_hypothesis_round_trip(value, zstd_level):
     assert decoded.shape == value.shape
     assert decoded.dtype == value.dtype.newbyteorder("<")
     assert decoded.tobytes() == value.astype(decoded.dtype).tobytes()  # bitwise, NaN included
+
+
+def _msa_like_block(rows: int, width: int, seed: int) -> np.ndarray:
+    """Rows that share most columns with a query, as an MSA's rows do (random rows would not
+    train a zstd dictionary)."""
+    generator = np.random.default_rng(seed)
+    query = generator.integers(0, 20, size=width)
+    changed = generator.random((rows, width)) < 0.3
+    return np.where(changed, generator.integers(0, 32, size=(rows, width)), query).astype(np.int8)
+
+
+def test_row_framed_arrays_decode_only_the_rows_asked_for():
+    block = _msa_like_block(3001, 97, seed=1)  # 3001: the last 4-row frame holds one row
+    blob = _encode({"msa_block": block, "other": np.arange(10)})
+    assert _fields(blob)["arrays"]["msa_block"]["codec"] == "zstd-rows"
+    lazy = decode_record(blob, lazy_rows=True).arrays["msa_block"]
+    assert isinstance(lazy, RowFrames) and lazy.shape == block.shape and lazy.dtype == block.dtype
+    rows = np.array([3000, 0, 5, 5, 1234, 2999])  # any order, repeats, the short last frame
+    np.testing.assert_array_equal(lazy[rows], block[rows])
+    np.testing.assert_array_equal(np.asarray(lazy), block)
+    np.testing.assert_array_equal(decode_record(blob).arrays["msa_block"], block)  # eager by default
+    with pytest.raises(IndexError, match="out of range"):
+        lazy[np.array([3001])]
+    small = _msa_like_block(5, 7, seed=2)  # too small to frame: stored whole
+    assert _fields(_encode({"msa_block": small}))["arrays"]["msa_block"]["codec"] != "zstd-rows"
+
+
+def test_damaged_row_frames_are_reported():
+    block = _msa_like_block(2000, 64, seed=3)
+    fields = _fields(_encode({"msa_block": block}))
+    spec = fields["arrays"]["msa_block"]
+    ends = np.cumsum(np.frombuffer(zstandard.ZstdDecompressor().decompress(spec["frame_sizes"]), dtype="<u4"))
+    data = bytearray(spec["data"])
+    data[int(ends[10]) + 3] ^= 0xFF  # inside frame 11 (rows 44..47); the record's CRC recomputed
+    damaged = _blob_from_fields({**fields, "arrays": {"msa_block": {**spec, "data": bytes(data)}}})
+    lazy = decode_record(damaged, lazy_rows=True).arrays["msa_block"]
+    np.testing.assert_array_equal(lazy[np.arange(40)], block[:40])  # other frames still read
+    with pytest.raises(CorruptRecordError, match="msa_block"):
+        lazy[np.array([45])]
+    with pytest.raises(CorruptRecordError, match="msa_block"):
+        decode_record(damaged)  # verify's full decode finds it
+    for bad_sizes in (ends[:-1], ends[:-1] + 1):  # a frame missing; a frame size off by one
+        sizes = np.diff(bad_sizes, prepend=0).astype("<u4").tobytes()
+        bad = {**spec, "frame_sizes": zstandard.ZstdCompressor().compress(sizes)}
+        with pytest.raises(CorruptRecordError, match="frame sizes"):
+            decode_record(_blob_from_fields({**fields, "arrays": {"msa_block": bad}}))
