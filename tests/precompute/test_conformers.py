@@ -118,7 +118,7 @@ def test_v1_cache_is_refused_by_the_loader_and_recomputed_by_precompute(tmp_path
     data = json.loads(manifest.read_text())
     data["schema_version"] = 1
     manifest.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match=r"schema_version 1, expected 2: .*rerun `featurecache precompute`"):
+    with pytest.raises(ValueError, match=rf"schema_version 1, expected {SCHEMA_VERSION}: .*rerun `featurecache precompute`"):
         CacheDataset(cache)
     # A record written under schema 1 (its fingerprint hashed schema 1) is stale: recomputed.
     with StoreReader(cache) as reader:
