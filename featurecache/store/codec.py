@@ -164,7 +164,7 @@ class RowFrames:
             segments = zstandard.BufferWithSegments(self._data, np.stack([starts, lengths], axis=1).tobytes())
             out = decompressor.multi_decompress_to_buffer(
                 segments, decompressed_sizes=(rows * self._row_bytes).astype(np.uint64).tobytes())
-            data = b"".join(out[i].tobytes() for i in range(len(out))) if len(out) != 1 else out[0].tobytes()
+            data = b"".join([out[index] for index in range(len(out))])  # segments are buffers: one copy
         except (zstandard.ZstdError, ValueError) as error:
             raise CorruptRecordError(self._key, self._where, f"array {self.name!r}: {error}") from None
         if len(data) != int(rows.sum()) * self._row_bytes:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from featurecache.schema import CONFORMERS_TABLE, ERRORS_TABLE, FEATURES_TABLE, MSA_TABLE
-from featurecache.store.codec import decode_record, read_header
+from featurecache.store.codec import RowFrames, decode_record, read_header
 from featurecache.store.manifest import EXCLUDED_TABLE, SAMPLING_TABLE, Manifest, read_manifest
 from featurecache.store.reader import StoreReader
 from featurecache.store.update_marker import read_update_marker
@@ -235,11 +235,14 @@ def format_record(cache_dir: Path, table: str, key: str) -> str:
         blob = reader.get(table, key)
         if blob is None:
             raise KeyError(f"{cache_dir}: no {table} record {key!r}")
-        record = decode_record(blob, where=reader.where(table, key), key=key)
+        record = decode_record(blob, where=reader.where(table, key), key=key, lazy_rows=True)
     lines = [f"{table}/{key}   fingerprint {record.fingerprint}   schema v{record.schema_version}   "
              f"{len(blob) / 1024:.1f} KiB stored"]
     for name, value in record.arrays.items():
-        lines.append(f"  {name:<28} {str(value.dtype):<8} {str(tuple(value.shape)):<18} {_summarize_array(value)}")
+        summary = _summarize_array(np.asarray(value))
+        if isinstance(value, RowFrames):  # how a sample reads it: frames of a few rows
+            summary += f"  (zstd frames of {value.rows_per_frame} rows)"
+        lines.append(f"  {name:<28} {str(value.dtype):<8} {str(tuple(value.shape)):<18} {summary}")
     for name, value in record.meta.items():
         text = repr(value)
         lines.append(f"  meta.{name:<23} {text if len(text) < 100 else text[:97] + '...'}")
