@@ -3,7 +3,8 @@
 Each trial forks a precompute process (inline executor: no Ray start-up per trial) on a fresh
 cache, kills it with SIGKILL after a seeded random delay, checks what it left, and reruns to
 the end. The pipeline config keeps two records per transaction, so the kills land between,
-inside and after many commits, in the search stage, the featurize stage and the manifest write.
+inside and after many commits, in the search stage and the featurize stage; the last trials land
+in the clustering that follows (no commits, however long it takes) and the manifest write.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ TRIALS = 12
 COPIES = 24  # copies of 209d under their own names: targets that share their chains' MSAs
 NUM_SHARDS = 3
 BATCH_RECORDS = 2
-KILL_SPAN = 0.95  # kill points spread over this fraction of the uninterrupted run's time
+KILL_SPAN = 0.95  # kill points spread over this fraction of each phase of the uninterrupted run
+LATE_TRIALS = 2  # trials killed after the last commit: in the clustering or the manifest write
 
 
 def _stored(cache: Path) -> dict[tuple[str, str], bytes]:
@@ -85,6 +87,7 @@ class _Reference:
     records: dict[tuple[str, str], bytes]
     targets: int
     seconds: float  # wall time of the uninterrupted inline run
+    commit_seconds: float  # of which until its last record was committed (the rest: clustering, manifest)
 
     def options(self, cache: Path, executor: str = "inline") -> PrecomputeOptions:
         return PrecomputeOptions(inputs=[self.inputs], cache_dir=cache, config_path=self.config,
@@ -116,7 +119,7 @@ def reference(tmp_path_factory, shared_data) -> _Reference:
     records = _stored(cache)
     assert sum(table == "features" for table, _ in records) == summary.targets == COPIES + 2
     assert sum(table == "msa" for table, _ in records) < summary.targets  # shared chains stored once
-    return _Reference(inputs, config, cache, records, summary.targets, seconds)
+    return _Reference(inputs, config, cache, records, summary.targets, seconds, seconds - summary.cluster_seconds)
 
 
 def _check_rerun(reference: _Reference, cache: Path, where: str) -> tuple[int, int, int, int, bool]:
@@ -154,16 +157,26 @@ def test_rerun_after_a_kill_while_shards_were_being_created(tmp_path, reference,
     assert (committed, committed_msa, done, skipped, manifest_left) == (0, 0, reference.targets, 0, False)
 
 
+def _kill_delay(reference: _Reference, trial: int, rng: random.Random) -> float:
+    """One random point in each of equal slices of the commit phase (search, conformers,
+    featurize), so the kills cover every stage whatever the seed and however long the clustering
+    after it takes; the last LATE_TRIALS trials in slices of what follows the last commit."""
+    early = TRIALS - LATE_TRIALS
+    if trial < early:
+        return KILL_SPAN * reference.commit_seconds * (trial + rng.random()) / early
+    late = reference.seconds - reference.commit_seconds
+    return reference.commit_seconds + KILL_SPAN * late * (trial - early + rng.random()) / LATE_TRIALS
+
+
 def test_kill_9_at_random_points_then_rerun(tmp_path, reference, seed, reliability_report):
     rng = random.Random(seed)
     context = multiprocessing.get_context("fork")
     rows = []
     for trial in range(TRIALS):
         cache = tmp_path / f"trial-{trial:02d}"
-        # One random point in each of TRIALS equal slices of the run, so the kills cover every stage
-        # whatever the seed. A forked child skips the reference run's cold start, so its run is
-        # shorter: the last slices still land near the end (the manifest write) or just past it.
-        delay = KILL_SPAN * reference.seconds * (trial + rng.random()) / TRIALS
+        # A forked child skips the reference run's cold start, so its run is shorter: the last
+        # slices still land near the end (the manifest write) or just past it.
+        delay = _kill_delay(reference, trial, rng)
         process = context.Process(target=_precompute_in_child, args=(reference.options(cache),))
         process.start()
         # Delays count from the moment every shard file exists: a kill while they are being
@@ -181,10 +194,11 @@ def test_kill_9_at_random_points_then_rerun(tmp_path, reference, seed, reliabili
 
     # The delays must have hit the run mid-way, not only before it started or after it ended.
     assert any(0 < row["committed"] < reference.targets for row in rows) or any(
-        row["committed"] == 0 and row["delay_s"] > 0.2 * reference.seconds for row in rows), rows
+        row["committed"] == 0 and row["delay_s"] > 0.2 * reference.commit_seconds for row in rows), rows
     reliability_report.setdefault("kill", {}).update(
         seed=seed, trials=TRIALS, targets=reference.targets, num_shards=NUM_SHARDS, batch_records=BATCH_RECORDS,
-        full_run_s=reference.seconds, span=KILL_SPAN, rows=rows,
+        full_run_s=reference.seconds, commit_s=reference.commit_seconds, late_trials=LATE_TRIALS, span=KILL_SPAN,
+        rows=rows,
         msa_records=sum(table == "msa" for table, _ in reference.records))
 
 
