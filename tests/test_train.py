@@ -327,14 +327,19 @@ def test_static_shapes_pad_every_batch_to_one_shape_and_keep_the_loss(cache, tmp
                batch["token_bonds"].shape) for batch in make_loader(dataset, sampler, config, torch.device("cpu"), pad_to)}
     assert shapes == {((1, 96), (1, 8, 96), (1, stored, 96), (1, 96 * 24, 3), (1, 96 * 3, 2))}
     # padding is masked everywhere: the same steps give the same losses (one diffusion sample:
-    # then the noise of the real atoms is the same draw padded or not)
+    # then the real atoms' noise is, but for the last few atoms, the same draw padded or not)
     padded = train(dataclasses.replace(config, diffusion_batch=1))
     plain = train(_config(cache, tmp_path / "plain", num_workers=0, crop_size=96, diffusion_batch=1))
     assert [r["ids"] for r in padded] == [r["ids"] for r in plain]
     assert min(r["tokens"] for r in padded) < 96  # a padded batch was among them
     for mine, ref in zip(padded, plain):
-        # rel 2e-3: sums over the 2,304 padded atom slots add in another order (~3e-4 after a few steps)
-        assert mine["loss"] == pytest.approx(ref["loss"], rel=2e-3), (mine["ids"], mine["loss"], ref["loss"])
+        # The diffusion noise of the last few real atoms differs: torch's CPU randn fills a
+        # tensor's last partial block of 16 values afresh, and the padded tensor's blocks end
+        # elsewhere. So the losses agree closely, and after the first step AdamW's normalized
+        # updates carry that difference into the weights.
+        assert mine["loss"] == pytest.approx(ref["loss"], rel=2e-2), (mine["ids"], mine["loss"], ref["loss"])
+    # the first step's trunk, from the same weights: padded and unpadded give one distogram loss
+    assert padded[0]["distogram"] == pytest.approx(plain[0]["distogram"], rel=1e-4)
 
 
 def test_cuda_graph_options_are_checked(cache, tmp_path):
