@@ -49,7 +49,7 @@ NUM_SHARDS = 3
 BATCH_RECORDS = 2
 OLD_MSA_ROWS, NEW_MSA_ROWS = 8, 4  # part of the feature fingerprint: the update replaces every record
 KILL_SPAN = 0.95  # kill points spread over this fraction of an uninterrupted update's time
-READER_PAUSE_S = 0.005  # between a reader's passes: hundreds of passes per update, and a core left to the writer
+READER_PAUSE_S = 0.02  # between a reader's passes: hundreds of passes per update, and CPU left to the writer
 FAILED_TARGET = "fixme"  # not mmCIF in the first run, a valid file in the update
 
 
