@@ -48,6 +48,14 @@ def _utf8_file(option: str, path: pathlib.Path | None) -> pathlib.Path | None:
     return path
 
 
+def _shutdown_ray() -> None:
+    """Stop the Ray this command started, here inside the error boundary: left to Ray's exit
+    handler, a Ctrl-C during its shutdown printed a traceback and exited 0."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
 def _plot_path(path: pathlib.Path | None) -> pathlib.Path | None:
     """Check --plot before any work: a known image suffix in a folder that exists."""
     if path is None:
@@ -146,6 +154,8 @@ def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, add
         summary = run(options)
     except PipelineSetupError as error:
         raise UserError(str(error)) from error
+    finally:
+        _shutdown_ray()
     if as_json:
         click.echo(json.dumps(summary.to_dict(), indent=2))
     else:
