@@ -41,9 +41,11 @@ def render_report(figures: dict) -> str:
             f"`tests/reliability/test_kill.py`, seed {kill['seed']}: {kill['trials']} trials, each a precompute "
             f"process ({kill['targets']} targets with {kill['msa_records']} unique chain MSAs, "
             f"{kill['num_shards']} shards, {kill['batch_records']} records per transaction; an uninterrupted run "
-            f"took {kill['full_run_s']:.2f} s) killed with SIGKILL after a random delay, one in each of "
-            f"{kill['trials']} equal slices of {kill['span']} times that, counted from the moment all shard files "
-            f"exist, "
+            f"took {kill['full_run_s']:.2f} s, of which {kill.get('commit_s', kill['full_run_s']):.2f} s until its "
+            f"last record commit) killed with SIGKILL after a random delay: "
+            f"{kill['trials'] - kill.get('late_trials', 0)} trials one in each equal slice of {kill['span']} times "
+            f"the commit phase, {kill.get('late_trials', 0)} after it (clustering, manifest write), counted from "
+            f"the moment all shard files exist, "
             f"then rerun to the end. After every "
             f"kill each committed record decoded and matched the uninterrupted reference byte for byte; after "
             f"every rerun the cache held each target and each unique chain MSA exactly once, equal to the "
@@ -118,6 +120,19 @@ def render_report(figures: dict) -> str:
                             [[row["key"], row["what"], row["outcome"], row["stage"], row["message"]]
                              for row in figures[name]])
             lines.append("")
+    update = figures.get("interrupted_update")
+    if update:
+        lines += ["## (g) interrupted update of a finished cache", "",
+                  f"`tests/reliability/test_interrupted_update.py`, seed {update['seed']}: {update['trials']} updates "
+                  f"of a finished cache ({update['targets']} targets, an uninterrupted update took "
+                  f"{update['update_s']:.2f} s) killed by SIGKILL or SIGINT at a random point while a reader process "
+                  f"read manifests, records, CacheDataset samples and stats throughout. The reader never failed; "
+                  f"after each kill `verify` exited 0 naming the interrupted update, and the rerun's manifest "
+                  f"replaced the last finished one.", ""]
+        lines += _table(["trial", "signal", "after (s)", "exit status", "interrupted mid-update", "reader passes"],
+                        [[row["trial"], row["signal"], f"{row['delay_s']:.2f}", row["exit_code"],
+                          "yes" if row["interrupted"] else "no", row["reader_passes"]] for row in update["rows"]])
+        lines.append("")
     fuzz = figures.get("cli_fuzz")
     if fuzz:
         lines += ["## (f) command-line fuzz", "",
