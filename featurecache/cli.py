@@ -127,8 +127,9 @@ def cli(debug):
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, address, num_workers, executor,
                num_shards, msa_rows_stored, max_msa_rows, ccd_path, retry_failed, progress, as_json):
-    """Parse INPUTS (mmCIF / FASTA files or folders), search or ingest alignments, featurize,
-    and write the records into the cache. Resumable: current records are skipped."""
+    """Parse INPUTS (mmCIF, PDB, FASTA or AlphaFold3 input JSON files, or folders of them), search
+    or ingest alignments, compute reference conformers, featurize, and write the records into the
+    cache. Resumable: current records are skipped."""
     from featurecache.precompute.pipeline import PipelineSetupError, PrecomputeOptions, precompute as run
 
     if config_path is not None and alignments_dir is not None:
