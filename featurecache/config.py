@@ -12,7 +12,7 @@ import hashlib
 import json
 import numbers
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 def stable_hash(value) -> str:
