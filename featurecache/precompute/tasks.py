@@ -1,9 +1,8 @@
 """The units of precompute work, as plain functions (ray_executor.py runs them on Ray or inline).
 
 - `read_target` parses one input file (mmCIF, or FASTA / AF3 input JSON for sequence-only
-  targets; `read_parsed` also gives the MSAs and templates a JSON brings) and
-  `read_curated` applies curation (curation.py) to it; `parse_chains` gives the searched
-  chains of the curated structure. A target curation leaves out as a whole comes back as an
+  targets; `read_parsed` also gives the MSAs and templates a JSON brings); `parse_chains`
+  gives the searched chains of the structure after curation (curation.py). A target curation leaves out as a whole comes back as an
   `ExcludedTarget` instead (from `parse_chains` and the featurize tasks alike).
 - `conformer_codes` lists the CCD codes whose reference conformers an input's featurization
   uses (the conformer stage computes each once: conformers.py); the featurize tasks get those
@@ -145,17 +144,11 @@ def conformer_codes(target: TargetInput, chem: ChemConfig) -> list[str]:
     return codes_of(read_target(target.path, chem), chem)
 
 
-def read_curated(target: TargetInput, curation: CurationConfig, chem: ChemConfig | None = None) -> Curated:
-    """Parse one input and curate it; raises TaskError(stage='parse') naming the file."""
-    return curate(read_target(target.path, chem), curation)
-
-
 def parse_chains(target: TargetInput, curation: CurationConfig,
                  chem: ChemConfig | None = None) -> list[ChainSequence] | ExcludedTarget:
     """The searched chains of one curated input (not those whose MSA the input gives); raises
     TaskError(stage='parse') naming the file."""
-    parsed = read_parsed(target.path, chem)
-    curated = curate(parsed.structure, curation)
+    curated, parsed = _curated_input(target, curation, chem)
     if curated.exclusion is not None:
         return ExcludedTarget(target.target_id, target.input_hash, curated.exclusion)
     return [chain for chain in chain_sequences(curated.structure) if chain.chain_id not in parsed.msas]
@@ -163,6 +156,7 @@ def parse_chains(target: TargetInput, curation: CurationConfig,
 
 def _curated_input(target: TargetInput, curation: CurationConfig, chem: ChemConfig | None
                    ) -> tuple[Curated, ParsedInput]:
+    """Parse one input and curate it; raises TaskError(stage='parse') naming the file."""
     parsed = read_parsed(target.path, chem)
     return curate(parsed.structure, curation), parsed
 
