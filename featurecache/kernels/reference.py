@@ -33,6 +33,35 @@ def evo_attention_reference(q, k, v, bias=None, mask=None, scale=None):
     return out.to(q.dtype)
 
 
+def window_attention_reference(q, k, v, bias=None, mask=None, scale=None):
+    """Attention inside windows with a bias and key mask shared by the samples.
+
+    q [B, S, W, Q, H, D]; k, v [B, S, W, K, H, D]; bias [B, W, H, Q, K]; mask [B, W, K] bool
+    (True = attend). Returns [B, S, W, Q, H, D] in q's dtype; queries whose keys are all masked
+    give zeros. Computed in fp32 (float64 for float64 inputs), as evo_attention_reference.
+    """
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    batch, windows = q.shape[0], q.shape[2]
+
+    def rows(t):  # [B, S, W, L, H, D] -> [B * W, S, L, H, D]
+        return t.transpose(1, 2).flatten(0, 1)
+
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    logits = torch.einsum("nsqhd,nskhd->nshqk", rows(q).to(work), rows(k).to(work)) * scale
+    if bias is not None:
+        logits = logits + bias.to(work).flatten(0, 1)[:, None]
+    if mask is not None:
+        logits = logits.masked_fill(~mask.flatten(0, 1)[:, None, None, None, :], float("-inf"))
+    row_max = logits.amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    weights = torch.exp(logits - row_max)
+    denom = weights.sum(dim=-1, keepdim=True)
+    weights = weights / torch.where(denom > 0, denom, torch.ones_like(denom))
+    out = torch.einsum("nshqk,nskhd->nsqhd", weights, rows(v).to(work))
+    return out.unflatten(0, (batch, windows)).transpose(1, 2).to(q.dtype)
+
+
 def gated_pair_attention_reference(packed, mask, heads, head_dim, transpose=False, scale=None,
                                    attention=evo_attention_reference):
     """Gated attention over a pair representation, from one packed projection.

@@ -1,0 +1,44 @@
+"""Windowed attention's launch configuration: how many diffusion samples one program walks, and
+its warps. Tile sizes are not a choice here (a program holds a whole window). Nothing autotunes
+at run time; benchmarks/window_attention.py times the alternatives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from featurecache.kernels import runtime
+
+# Programs per SM that keep an H200 busy with these small tiles (about 16 KB of registers each).
+_PROGRAMS_PER_SM = 4
+# The widest window a program holds in registers: [queries, keys] fp32 logits and their gradients.
+MAX_WINDOW = 256
+
+
+@dataclass(frozen=True)
+class WindowConfig:
+    """Samples per program (the bias tile is read once per program) and launch options."""
+
+    samples_per_program: int
+    num_warps: int = 4
+    num_stages: int = 1
+
+
+def block_sizes(queries: int, keys: int, head_dim: int) -> tuple[int, int, int]:
+    """BLOCK_Q, BLOCK_K, BLOCK_D: powers of two, at least 16 (tl.dot's smallest operand)."""
+    return runtime.block_for(queries), runtime.block_for(keys), runtime.block_for(head_dim)
+
+
+def select_config(windows_times_heads: int, samples: int, device: torch.device) -> WindowConfig:
+    """As many samples per program as keeps the GPU busy: fewer when there are few windows.
+
+    Every program re-reads its bias tile, so fewer programs read less; but each SM needs a few
+    programs in flight. Under the interpreter, 2 samples per program, so that tests with three or
+    more samples cover several sample groups and the summed bias gradient."""
+    if runtime.interpreted() or device.type != "cuda":
+        return WindowConfig(samples_per_program=2)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    groups = max(1, min(samples, triton.cdiv(_PROGRAMS_PER_SM * sms, max(1, windows_times_heads))))
+    return WindowConfig(samples_per_program=triton.cdiv(samples, groups))

@@ -1,0 +1,28 @@
+"""WindowAttention, the nn.Module over window_attention and its PyTorch reference."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from featurecache.kernels import runtime
+from featurecache.kernels.reference import window_attention_reference
+from featurecache.kernels.window_attention.autograd import window_attention
+
+
+class WindowAttention(nn.Module):
+    """Attention inside windows (see window_attention for the layout); no parameters.
+
+    kernels="triton" runs the kernels, kernels="torch" the PyTorch reference."""
+
+    @runtime.accepts_impl_keyword
+    def __init__(self, kernels: str = "triton") -> None:
+        super().__init__()
+        self.kernels = runtime.check_kernels(kernels)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                mask: Optional[torch.Tensor] = None, scale: Optional[float] = None) -> torch.Tensor:
+        fn = window_attention if self.kernels == "triton" else window_attention_reference
+        return fn(q, k, v, bias=bias, mask=mask, scale=scale)
