@@ -75,6 +75,17 @@ class ModelConfig:
     mse_weight_dna: float = 5.0
     mse_weight_rna: float = 5.0
     mse_weight_ligand: float = 10.0
+    # --- confidence head (Algorithm 31, SI 4.3) ---
+    confidence_head: bool = True     # False: trunk and diffusion only (no mini-rollout, no head)
+    confidence_blocks: int = 4       # the head's own Pairformer blocks
+    confidence_rollout_steps: int = 20    # training's mini-rollout of the sampler (no gradient)
+    confidence_rollout_samples: int = 1   # structures the mini-rollout gives the head per step
+    # L = confidence_loss_weight (plddt L_plddt + pde L_pde + resolved L_resolved + pae L_pae) + ...
+    confidence_loss_weight: float = 1e-4
+    plddt_loss_weight: float = 1.0
+    pde_loss_weight: float = 1.0
+    resolved_loss_weight: float = 1.0
+    pae_loss_weight: float = 0.0    # AF3: 0 in initial training, 1 in the fine-tuning stages
     max_recycling_cycles: int = 4   # training draws N_cycle uniformly from 1..this
     kernels: str = "triton"         # "triton": featurecache.kernels; "torch": pure-PyTorch references
     checkpoint_blocks: bool = True  # activation checkpointing per block while training
@@ -84,11 +95,12 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.kernels is {self.kernels!r}, expected one of {KERNEL_CHOICES}")
         for name in ("c_s", "c_z", "c_m", "c_template", "single_heads", "pair_heads", "msa_heads",
                      "c_atom", "c_atompair", "atom_heads", "c_token_diffusion", "diffusion_heads",
-                     "fourier_dim", "sampler_steps", "max_recycling_cycles"):
+                     "fourier_dim", "sampler_steps", "max_recycling_cycles", "confidence_rollout_steps",
+                     "confidence_rollout_samples"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
         for name in ("num_pairformer_blocks", "num_msa_blocks", "num_template_blocks", "atom_blocks",
-                     "diffusion_blocks"):
+                     "diffusion_blocks", "confidence_blocks"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ModelConfig.{name} must be >= 0, got {getattr(self, name)}")
         for width, heads in (("c_atom", "atom_heads"), ("c_token_diffusion", "diffusion_heads")):
@@ -117,6 +129,8 @@ PRESETS: dict[str, ModelConfig] = {
         c_atom=16, c_atompair=8, atom_blocks=1, atom_heads=2,
         c_token_diffusion=32, diffusion_blocks=2, diffusion_heads=2, fourier_dim=16,
         sampler_steps=20,
+        # one confidence block; the PAE loss on (as AF3 fine-tunes) so that one step trains every weight
+        confidence_blocks=1, pae_loss_weight=1.0,
     ),
 }
 

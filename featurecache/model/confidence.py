@@ -1,0 +1,141 @@
+"""AF3's confidence head (SI Algorithm 31): from the trunk's representations and one or more
+predicted structures, logits for pLDDT (50 bins per atom), PAE and PDE (64 bins per token
+pair) and the experimentally-resolved flag (2 bins per atom).
+
+The trunk inputs arrive detached (AF3 trains the head without gradient into the trunk); the
+predicted structure enters as binned distances between the tokens' representative atoms (the
+distogram atoms: CB, CA of glycine, C4 / C2 of nucleotides, a ligand's own atom), as AF3's code
+embeds them (39 bins with lower edges 3.25 to 50.75 Angstrom). Its own Pairformer stack
+(4 blocks in AF3) refines s and z; per-atom logits come from the token's single vector through
+one weight matrix per atom slot of the token (AF3's LinearNoBias_token_atom_idx(l)).
+
+Shapes: B batch, S structures per batch row, N tokens, A atoms.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from featurecache.model.config import ModelConfig
+from featurecache.model.pairformer import Pairformer
+
+DISTANCE_BIN_MIN, DISTANCE_BIN_MAX, DISTANCE_BINS = 3.25, 50.75, 39
+PLDDT_BINS = 50
+PAE_BINS = 64
+PDE_BINS = 64
+RESOLVED_BINS = 2
+# Atom slots per token with their own pLDDT / resolved weights: AF3's dense atom layout has 24
+# (a standard residue has at most 23 heavy atoms); a larger token shares the last slot.
+MAX_ATOMS_PER_TOKEN = 24
+
+
+def gather_atoms(positions: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """positions [B, (S,) A, 3] at atom indices [B, N] (-1 reads atom 0) -> [B, (S,) N, 3]."""
+    index = index.long().clamp(min=0)
+    if positions.dim() == 4:
+        index = index[:, None].expand(-1, positions.shape[1], -1)
+    return torch.gather(positions, -2, index.unsqueeze(-1).expand(*index.shape, 3))
+
+
+def token_first_atom(atom_to_token: torch.Tensor, atom_pad_mask: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """[B, N] the first real atom of each token (atoms of a token are consecutive); A where none."""
+    batch_size, num_atoms = atom_to_token.shape
+    atom_index = torch.arange(num_atoms, device=atom_to_token.device).expand(batch_size, -1)
+    atom_index = torch.where(atom_pad_mask, atom_index, num_atoms)
+    first = torch.full((batch_size, num_tokens), num_atoms, dtype=torch.long, device=atom_to_token.device)
+    return first.scatter_reduce(1, atom_to_token.long(), atom_index, reduce="amin")
+
+
+def atom_slots(atom_to_token: torch.Tensor, atom_pad_mask: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """[B, A] each atom's place within its token (0 for its first atom), at most MAX_ATOMS_PER_TOKEN - 1."""
+    first = token_first_atom(atom_to_token, atom_pad_mask, num_tokens)
+    atom_index = torch.arange(atom_to_token.shape[1], device=atom_to_token.device)
+    slot = atom_index - torch.gather(first, 1, atom_to_token.long())
+    return torch.where(atom_pad_mask, slot, 0).clamp(0, MAX_ATOMS_PER_TOKEN - 1)
+
+
+def centre_atom_index(batch: dict) -> torch.Tensor:
+    """[B, N] each token's centre atom (CA, C1', a ligand's own atom): the frame's middle atom
+    b where the token has a frame, else its first atom (a one-atom token's only atom)."""
+    frame_middle = batch["frame_atom_index"][..., 1].long()
+    first = token_first_atom(batch["atom_to_token"], batch["atom_pad_mask"], frame_middle.shape[1])
+    first = first.clamp(max=batch["atom_pad_mask"].shape[1] - 1)
+    return torch.where(frame_middle >= 0, frame_middle, first)
+
+
+def representative_atom_index(batch: dict) -> torch.Tensor:
+    """[B, N] the distogram atom of each token, the centre atom where it has none."""
+    distogram = batch["distogram_atom_index"].long()
+    return torch.where(distogram >= 0, distogram, centre_atom_index(batch))
+
+
+def distance_features(distance: torch.Tensor) -> torch.Tensor:
+    """[...] distances -> [..., 39] one-hot of AF3's bins: lower edges 3.25..50.75 A, the last
+    bin open above; a distance under 3.25 A sets no bin."""
+    lower = torch.linspace(DISTANCE_BIN_MIN, DISTANCE_BIN_MAX, DISTANCE_BINS, device=distance.device)
+    upper = torch.cat([lower[1:], lower.new_full((1,), math.inf)])
+    distance = distance.unsqueeze(-1)
+    return ((distance > lower) & (distance < upper)).float()
+
+
+class ConfidenceHead(nn.Module):
+    """Algorithm 31. forward(s_inputs, single, pair, positions, batch) -> plddt_logits
+    [B, S, A, 50], pae_logits [B, S, N, N, 64], pde_logits [B, S, N, N, 64] (symmetric),
+    resolved_logits [B, S, A, 2]."""
+
+    def __init__(self, config: ModelConfig, single_input_dim: int) -> None:
+        super().__init__()
+        c_s, c_z = config.c_s, config.c_z
+        self.left_inputs = nn.Linear(single_input_dim, c_z, bias=False)
+        self.right_inputs = nn.Linear(single_input_dim, c_z, bias=False)
+        self.distance = nn.Linear(DISTANCE_BINS, c_z, bias=False)
+        self.pairformer = Pairformer(
+            config.confidence_blocks, c_s, c_z, config.single_heads, config.single_head_dim, config.pair_heads,
+            config.pair_head_dim, config.transition_expansion, checkpoint_blocks=config.checkpoint_blocks,
+            kernels=config.kernels,
+        )
+        self.pae_norm, self.pae = nn.LayerNorm(c_z), nn.Linear(c_z, PAE_BINS, bias=False)
+        self.pde_norm, self.pde = nn.LayerNorm(c_z), nn.Linear(c_z, PDE_BINS, bias=False)
+        self.plddt_norm, self.resolved_norm = nn.LayerNorm(c_s), nn.LayerNorm(c_s)
+        bound = 1.0 / math.sqrt(c_s)  # nn.Linear's initialisation, per atom slot
+        self.plddt = nn.Parameter(torch.empty(MAX_ATOMS_PER_TOKEN, c_s, PLDDT_BINS).uniform_(-bound, bound))
+        self.resolved = nn.Parameter(torch.empty(MAX_ATOMS_PER_TOKEN, c_s, RESOLVED_BINS).uniform_(-bound, bound))
+
+    def forward(self, s_inputs: torch.Tensor, single: torch.Tensor, pair: torch.Tensor, positions: torch.Tensor,
+                batch: dict) -> dict:
+        """s_inputs [B, N, C], single [B, N, c_s], pair [B, N, N, c_z]: the trunk's (detached
+        here); positions [B, S, A, 3]: the structures to judge (no gradient)."""
+        batch_size, samples = positions.shape[:2]
+        num_tokens = single.shape[1]
+        token_mask = batch["token_pad_mask"]
+        pair_mask = token_mask[:, :, None] & token_mask[:, None, :]
+        s_inputs, single, pair = s_inputs.detach(), single.detach(), pair.detach()
+        z = pair + self.left_inputs(s_inputs)[:, :, None] + self.right_inputs(s_inputs)[:, None, :]
+        represented = gather_atoms(positions.detach().float(), representative_atom_index(batch))  # [B, S, N, 3]
+        distance = torch.cdist(represented, represented, compute_mode="donot_use_mm_for_euclid_dist")
+        features = distance_features(distance) * pair_mask[:, None, :, :, None]
+        z = z[:, None] + self.distance(features)  # [B, S, N, N, c_z]
+        s = single[:, None].expand(-1, samples, -1, -1)
+        flat = batch_size * samples
+        s, z = self.pairformer(s.reshape(flat, num_tokens, -1), z.reshape(flat, num_tokens, num_tokens, -1),
+                               token_mask.repeat_interleave(samples, 0), pair_mask.repeat_interleave(samples, 0))
+        s, z = s.view(batch_size, samples, num_tokens, -1), z.view(batch_size, samples, num_tokens, num_tokens, -1)
+        pde = self.pde(self.pde_norm(z))
+        slots = atom_slots(batch["atom_to_token"], batch["atom_pad_mask"], num_tokens)
+        return {
+            "pae_logits": self.pae(self.pae_norm(z)),
+            "pde_logits": pde + pde.transpose(2, 3),
+            "plddt_logits": self._per_atom(self.plddt_norm(s), self.plddt, batch["atom_to_token"], slots),
+            "resolved_logits": self._per_atom(self.resolved_norm(s), self.resolved, batch["atom_to_token"], slots),
+        }
+
+    @staticmethod
+    def _per_atom(s: torch.Tensor, weight: torch.Tensor, atom_to_token: torch.Tensor,
+                  slots: torch.Tensor) -> torch.Tensor:
+        """s [B, S, N, c_s] through the weight of each atom's slot -> [B, S, A, bins]."""
+        per_slot = torch.einsum("bsnc,kcd->bsnkd", s, weight.to(s.dtype)).flatten(2, 3)  # [B, S, N * K, bins]
+        index = (atom_to_token.long() * MAX_ATOMS_PER_TOKEN + slots)[:, None, :, None]
+        return torch.gather(per_slot, 2, index.expand(-1, s.shape[1], -1, per_slot.shape[-1]))
