@@ -1,11 +1,12 @@
-"""The full AF3 structure model (Algorithm 1): atom-aware input embedder, recycled trunk
-(templates, MSA module, Pairformer), distogram head and the diffusion module, with its training
-losses (SI 4) and the sampler for inference.
+"""The full AF3 model (Algorithm 1): atom-aware input embedder, recycled trunk (templates, MSA
+module, Pairformer), distogram head, the diffusion module and the confidence head, with their
+training losses (SI 4) and the sampler for inference.
 
 Training:   outputs = model(batch, num_cycles=sample_num_cycles(generator, config.max_recycling_cycles),
                             num_diffusion_samples=48, generator=generator)
             loss, metrics = model.loss(batch, outputs)
-Inference:  positions = model.sample(batch, num_cycles=4, num_samples=5, generator=generator)
+Inference:  outputs = model.sample(batch, num_cycles=4, num_samples=5, generator=generator)
+            (positions, and the confidence logits of each sample)
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from torch import nn
 
 from featurecache.model.atom_attention import ATOM_INPUTS, AtomWindows
 from featurecache.model.atoms import gather_tokens, token_bond_atoms
+from featurecache.model.confidence import ConfidenceHead
+from featurecache.model.confidence_losses import confidence_losses
 from featurecache.model.config import ModelConfig
 from featurecache.model.diffusion import DiffusionContext, DiffusionModule
 from featurecache.model.diffusion_sampler import (
@@ -40,7 +43,8 @@ from featurecache.model.trunk import REQUIRED_INPUTS as TOKEN_INPUTS
 REQUIRED_INPUTS = (*TOKEN_INPUTS, *ATOM_INPUTS, "token_bonds", "token_bond_mask")
 # What `AF3Model.loss` reads besides the outputs.
 LOSS_INPUTS = ("atom_pos", "atom_mask", "atom_pad_mask", "atom_to_token", "distogram_atom_index",
-               "token_bonds", "token_bond_mask", "is_dna", "is_rna", "is_ligand", "token_pad_mask")
+               "frame_atom_index", "token_bonds", "token_bond_mask", "is_dna", "is_rna", "is_ligand",
+               "token_pad_mask")
 
 
 def sample_num_cycles(generator: torch.Generator | None, max_cycles: int = 4) -> int:
@@ -49,9 +53,10 @@ def sample_num_cycles(generator: torch.Generator | None, max_cycles: int = 4) ->
 
 
 class AF3Model(nn.Module):
-    """AF3 without the confidence head: `trunk` (Algorithm 1, lines 1-13), `forward` (the trunk
-    and the diffusion training batch), `loss`, and `sample` (Algorithm 18) for inference.
-    Same parameters on both kernel paths (config.kernels)."""
+    """AF3: `trunk` (Algorithm 1, lines 1-13), `forward` (the trunk, the diffusion training batch
+    and the confidence head on a mini-rollout), `loss`, and `sample` (Algorithm 18 and the
+    confidence head) for inference. Same parameters on both kernel paths (config.kernels);
+    config.confidence_head = False leaves the head out."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -70,6 +75,7 @@ class AF3Model(nn.Module):
         )
         self.distogram_head = DistogramHead(config.c_z, config.distogram_bins)
         self.diffusion_module = DiffusionModule(config, atom_single_input_dim(config))
+        self.confidence_head = ConfidenceHead(config, atom_single_input_dim(config)) if config.confidence_head else None
 
     def compile_blocks(self, **options) -> None:
         """torch.compile every block of the trunk's stacks in place, as AF3Trunk.compile_blocks
@@ -114,7 +120,11 @@ class AF3Model(nn.Module):
         """The trunk once, then the diffusion training batch (AF3 SI 3.7.1): num_diffusion_samples
         copies of the ground truth, each randomly rotated and translated, noised at its own level
         sigma, and denoised with the one trunk output. Adds `denoised_positions` [B, S, A, 3] and
-        `noise_level` [B, S] to the trunk's outputs (none with num_diffusion_samples = 0)."""
+        `noise_level` [B, S] to the trunk's outputs (none with num_diffusion_samples = 0).
+
+        With the confidence head (SI 4.3): a mini-rollout of the sampler (confidence_rollout_steps,
+        no gradient) gives `rollout_positions` [B, R, A, 3], and the head's logits on them
+        (`plddt_logits`, `pae_logits`, `pde_logits`, `resolved_logits`) train it."""
         outputs = self.trunk(batch, num_cycles)
         if num_diffusion_samples < 1:
             return outputs
@@ -126,29 +136,48 @@ class AF3Model(nn.Module):
         context = self.diffusion_context(batch, outputs)
         outputs["denoised_positions"] = self.diffusion_module(noisy, sigma, context)
         outputs["noise_level"] = sigma
+        if self.confidence_head is not None:
+            with torch.no_grad():
+                rollout = self._sample_positions(batch, context, self.config.confidence_rollout_samples,
+                                                 self.config.confidence_rollout_steps, generator)
+            outputs["rollout_positions"] = rollout
+            outputs.update(self._confidence(batch, outputs, rollout))
         return outputs
+
+    def _sample_positions(self, batch: dict, context: DiffusionContext, num_samples: int, num_steps: int | None,
+                          generator: torch.Generator | None) -> torch.Tensor:
+        """Algorithm 18 with the diffusion module bound to `context`: [B, num_samples, A, 3]."""
+        atom_mask = batch["atom_pad_mask"]
+        shape = (atom_mask.shape[0], num_samples, atom_mask.shape[1], 3)
+        return sample_diffusion(lambda noisy, sigma: self.diffusion_module(noisy, sigma, context), shape, atom_mask,
+                                self.config, num_steps=num_steps, generator=generator, device=atom_mask.device)
+
+    def _confidence(self, batch: dict, outputs: dict, positions: torch.Tensor) -> dict:
+        """The confidence head's logits on positions [B, S, A, 3] (the trunk detached inside)."""
+        return self.confidence_head(outputs["s_inputs"], outputs["single"], outputs["pair"], positions, batch)
 
     @torch.no_grad()
     def sample(self, batch: dict, num_cycles: int = 4, num_samples: int = 5, num_steps: int | None = None,
                generator: torch.Generator | None = None) -> dict:
         """Inference: the trunk, then Algorithm 18 for num_samples structures ([B, S, A, 3] under
-        `positions`; padding atoms are meaningless). num_steps defaults to config.sampler_steps."""
+        `positions`; padding atoms are meaningless), and with the confidence head its logits for
+        each of them. num_steps defaults to config.sampler_steps."""
         outputs = self.trunk(batch, num_cycles)
         context = self.diffusion_context(batch, outputs)
-        num_atoms = batch["atom_pad_mask"].shape[1]
-        shape = (batch["atom_pad_mask"].shape[0], num_samples, num_atoms, 3)
-        outputs["positions"] = sample_diffusion(
-            lambda noisy, sigma: self.diffusion_module(noisy, sigma, context), shape, batch["atom_pad_mask"],
-            self.config, num_steps=num_steps, generator=generator, device=outputs["pair"].device)
+        outputs["positions"] = self._sample_positions(batch, context, num_samples, num_steps, generator)
+        if self.confidence_head is not None:
+            outputs.update(self._confidence(batch, outputs, outputs["positions"]))
         return outputs
 
     def loss(self, batch: dict, outputs: dict) -> tuple[torch.Tensor, dict]:
-        """AF3's loss without the confidence terms (SI 4.1): diffusion_loss_weight * L_diffusion +
-        distogram_loss_weight * L_distogram, with L_diffusion = mean over samples of
-        edm_weight(sigma) (L_MSE + bond_loss_weight L_bond) + L_smooth_lddt (SI 4.2, eq. 6).
+        """AF3's loss (SI 4.1, eq. 2): diffusion_loss_weight * L_diffusion + distogram_loss_weight *
+        L_distogram + confidence_loss_weight * L_confidence, with L_diffusion = mean over samples of
+        edm_weight(sigma) (L_MSE + bond_loss_weight L_bond) + L_smooth_lddt (SI 4.2, eq. 6) and
+        L_confidence = the weighted sum of L_plddt, L_pde, L_resolved and L_pae (SI 4.3) on the
+        mini-rollout.
 
         Returns the loss and a dict of detached 0-d tensors (no host sync): loss, distogram,
-        diffusion, mse, smooth_lddt, bond.
+        diffusion, mse, smooth_lddt, bond, and with the head confidence, plddt, pae, pde, resolved.
         """
         with torch.autocast(outputs["pair"].device.type, enabled=False):  # fp32: the SVD, the distances
             return self._loss(batch, outputs)
@@ -164,6 +193,13 @@ class AF3Model(nn.Module):
             diffusion = (weight * (parts["mse"] + config.bond_loss_weight * parts["bond"]) + parts["smooth_lddt"])
             metrics["diffusion"] = diffusion.mean()
             loss = loss + config.diffusion_loss_weight * metrics["diffusion"]
+        if "plddt_logits" in outputs:
+            parts = confidence_losses(outputs, outputs["rollout_positions"], batch)
+            metrics.update(parts)
+            metrics["confidence"] = (config.plddt_loss_weight * parts["plddt"] + config.pde_loss_weight * parts["pde"]
+                                     + config.resolved_loss_weight * parts["resolved"]
+                                     + config.pae_loss_weight * parts["pae"])
+            loss = loss + config.confidence_loss_weight * metrics["confidence"]
         metrics["loss"] = loss
         return loss, {name: value.detach() for name, value in metrics.items()}
 

@@ -27,9 +27,11 @@ def test_forward_backward_with_two_cycles_and_three_samples_reaches_every_parame
     assert outputs["noise_level"].shape == (2, 3)
     loss, metrics = model.loss(batch, outputs)
     assert loss.ndim == 0 and torch.isfinite(loss)
-    assert set(metrics) == {"loss", "distogram", "diffusion", "mse", "smooth_lddt", "bond"}
+    assert set(metrics) == {"loss", "distogram", "diffusion", "mse", "smooth_lddt", "bond",
+                            "confidence", "plddt", "pae", "pde", "resolved"}
     assert all(value.ndim == 0 and not value.requires_grad for value in metrics.values())
-    expected = config.distogram_loss_weight * metrics["distogram"] + config.diffusion_loss_weight * metrics["diffusion"]
+    expected = (config.distogram_loss_weight * metrics["distogram"] + config.diffusion_loss_weight * metrics["diffusion"]
+                + config.confidence_loss_weight * metrics["confidence"])
     torch.testing.assert_close(metrics["loss"], expected)
     loss.backward()
     # A gradient that is zero in exact arithmetic shows as float noise, ~1e-11 here; the smallest
