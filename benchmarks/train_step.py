@@ -1,15 +1,21 @@
-"""Training-step benchmark of the AF3 trunk: featurecache's Triton kernels vs PyTorch eager vs
-torch.compile of the PyTorch path, in one run.
+"""Training-step benchmark of the AF3 trunk, or of the full AF3 model (`--model af3`: atom
+inputs, trunk, the diffusion batch and every loss): featurecache's Triton kernels vs PyTorch eager
+vs torch.compile of the PyTorch path, in one run.
 
     python3 benchmarks/train_step.py --out results/ [--depth 8] [--cache DIR --online DIR ...] [--record]
+    python3 benchmarks/train_step.py --model af3 --depth 48 --crop 384 768 --block-lengths --record
     python3 benchmarks/train_step.py --smoke --depth 1 --block-lengths 16 --budget-s 120   # a CPU check
+    python3 benchmarks/train_step.py --smoke --model af3 --depth 1 --crop 32 --block-lengths --budget-s 300
 
 Sections (each one is skipped, with the reason in the table, when the time budget runs out):
 
 1. one Pairformer block (c_s 384, c_z 128, bf16 autocast, 10 % padding, no checkpointing),
    forward + backward at L = 384 and 768: the issue's reference table;
-2. a whole training iteration (forward, distogram loss, backward, AdamW) of the `af3` preset at
-   crop 384, with its Pairformer cut to --depth blocks to fit the device time;
+2. a whole training iteration (forward, loss, backward, AdamW) of the `af3` preset at each
+   --crop, with its Pairformer cut to --depth blocks to fit the device time: the trunk with the
+   distogram loss, or with `--model af3` the full model (N_cycle 1, --diffusion-batch noised
+   copies, --atoms-per-token atoms) preceded by two checks on the device: every parameter gets a
+   non-zero gradient, and the triton and torch paths give the same fp32 loss from the same weights;
 3. the largest crop (multiples of 64) that trains without running out of memory, per variant,
    bounded by time: a crop whose predicted time (cubic in L) exceeds the budget is not tried,
    and the result is then a lower bound, marked ">=";
@@ -41,7 +47,7 @@ from harness import argument_parser, run_stamp
 from records import Row, record
 
 from featurecache.kernels.evo_attention import SizeLimitError
-from featurecache.model import AF3Trunk, preset
+from featurecache.model import AF3Model, AF3Trunk, preset
 from featurecache.model.pairformer import PairformerBlock
 from featurecache.testing.synthetic import random_batch
 from featurecache.training.cuda_graph import CapturedStep
@@ -212,10 +218,12 @@ def profile_block(variant: str, length: int, dims: dict, device: torch.device) -
 class TrunkRunner:
     """One model and optimizer per variant, reused across crop sizes (compiled graphs too)."""
 
+    atoms_per_token = 2
+
     def __init__(self, variant: str, config_overrides: dict, device: torch.device) -> None:
         kernels, compiled, self.graphs = VARIANTS[variant]
         self.device = device
-        self.model = AF3Trunk(preset("af3", kernels=kernels, **config_overrides)).to(device)
+        self.model = self.build(preset("af3", kernels=kernels, **config_overrides)).to(device)
         if compiled:
             # dynamic shapes from the start: the crop search must not recompile per size
             self.model.compile_blocks(dynamic=True)
@@ -224,9 +232,12 @@ class TrunkRunner:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, capturable=self.graphs)
         self.captured: dict = {}
 
+    def build(self, config) -> torch.nn.Module:
+        return AF3Trunk(config)
+
     def batch(self, length: int, msa_rows: int, templates: int) -> dict:
         generator = torch.Generator().manual_seed(length)
-        batch = random_batch([length], [msa_rows], [templates], generator)
+        batch = random_batch([length], [msa_rows], [templates], generator, num_atoms_per_token=self.atoms_per_token)
         return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
     def step(self, batch: dict) -> dict:
@@ -313,6 +324,65 @@ def max_crop(runner: TrunkRunner, start: int, limit: int, msa_rows: int, templat
     return {"max_crop": good, "bound": "exact" if exact else ">=", "first_oom": bad, "tried": tried}
 
 
+class FullModelRunner(TrunkRunner):
+    """The full AF3 model: N_cycle 1 (as peers report their step), the diffusion batch of
+    `diffusion_batch` noised copies drawn from the default generator (a CUDA graph replays it)."""
+
+    def __init__(self, variant: str, config_overrides: dict, device: torch.device, diffusion_batch: int,
+                 atoms_per_token: int) -> None:
+        self.atoms_per_token = atoms_per_token
+        self.diffusion_batch = diffusion_batch
+        super().__init__(variant, config_overrides, device)
+
+    def build(self, config) -> torch.nn.Module:
+        return AF3Model(config)
+
+    def step(self, batch: dict) -> dict:
+        with autocast(self.device, cache=not self.graphs):
+            outputs = self.model(batch, num_cycles=1, num_diffusion_samples=self.diffusion_batch)
+        loss, _ = self.model.loss(batch, outputs)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 10.0)
+        self.optimizer.step()
+        return {"loss": loss}
+
+
+def full_model_checks(config_overrides: dict, device: torch.device, length: int, diffusion_batch: int,
+                      atoms_per_token: int) -> dict:
+    """On the device, before timing: (1) one bf16 step of the triton model leaves no parameter
+    without a gradient (None or all zero); (2) from the same weights, batch and random draws, the
+    triton and torch paths give the same fp32 loss terms (relative difference per term)."""
+    torch.manual_seed(0)
+    models = {kernels: AF3Model(preset("af3", kernels=kernels, **config_overrides)).to(device)
+              for kernels in ("triton", "torch")}
+    models["torch"].load_state_dict(models["triton"].state_dict())
+    generator = torch.Generator().manual_seed(length)
+    batch = random_batch([length], [64], [2], generator, num_atoms_per_token=atoms_per_token)
+    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    model = models["triton"]
+    with autocast(device):
+        outputs = model(batch, num_cycles=2, num_diffusion_samples=diffusion_batch,
+                        generator=torch.Generator(device).manual_seed(1))
+    loss, _ = model.loss(batch, outputs)
+    loss.backward()
+    dead = [name for name, p in model.named_parameters() if p.grad is None or not bool(p.grad.abs().sum() > 0)]
+    terms = {}
+    for kernels, model in models.items():
+        model.zero_grad(set_to_none=True)
+        outputs = model(batch, num_cycles=1, num_diffusion_samples=diffusion_batch,
+                        generator=torch.Generator(device).manual_seed(2))
+        _, metrics = model.loss(batch, outputs)
+        terms[kernels] = {name: float(value) for name, value in metrics.items()}
+    differences = {name: abs(terms["triton"][name] - terms["torch"][name]) / max(abs(terms["torch"][name]), 1e-12)
+                   for name in terms["torch"]}
+    del models, outputs, loss
+    free_memory()
+    return {"parameters": sum(p.numel() for p in model.parameters()), "dead_parameters": dead,
+            "loss_fp32": terms, "relative_difference": differences,
+            "max_relative_difference": max(differences.values())}
+
+
 # --- 4. data wait through the training loop --------------------------------------------------------
 
 
@@ -323,7 +393,7 @@ def data_wait_share(args, device: torch.device, source: str, kernels: str) -> di
     # the run's final checkpoint is large: keep it out of OUT
     run_dir = tempfile.mkdtemp(prefix=f"train-step-{source}-")
     common = dict(out=run_dir, preset="af3", pairformer_blocks=args.depth, kernels=kernels, steps=args.data_steps,
-                  sample=SampleConfig(crop_size=args.crop, msa_rows_per_sample=args.msa_rows),
+                  sample=SampleConfig(crop_size=args.crop[0], msa_rows_per_sample=args.msa_rows),
                   num_workers=args.num_workers, checkpoint_every=10**9, warmup=10, lr=1e-4, device=device.type,
                   cuda_graphs=args.data_graphs)
     if args.smoke:
@@ -436,11 +506,19 @@ def table(results: dict, args) -> str:
 
     for length in args.block_lengths:
         time_row(f"Pairformer block fwd+bwd, L={length}", f"block{length}")
-    time_row(f"training iteration, af3 depth {args.depth}, crop {args.crop}", "step")
+    for crop in args.crop:
+        time_row(f"training iteration, {model_label(args)}, crop {crop}", f"step{crop}")
     crops = [cell(results.get(f"maxcrop/{v}"), lambda r: f"{'' if r['bound'] == 'exact' else '>= '}{r['max_crop']}")
              for v in VARIANTS]
     longer = [ratio(get(f"maxcrop/{a}", "max_crop"), get(f"maxcrop/{b}", "max_crop")) for a, b in comparisons]
-    rows.append(f"| largest crop without OOM, depth {args.depth} | {' | '.join(crops)} | {' | '.join(longer)} |")
+    rows.append(f"| largest crop without OOM, {model_label(args)} | {' | '.join(crops)} | {' | '.join(longer)} |")
+    checks = results.get("checks")
+    if isinstance(checks, dict) and "max_relative_difference" in checks:
+        rows.append(f"| checks: {checks['parameters'] / 1e6:.1f} M parameters, {len(checks['dead_parameters'])} without "
+                    f"gradient; triton vs torch fp32 loss terms, largest relative difference "
+                    f"{checks['max_relative_difference']:.2e} |{' |' * len(VARIANTS)}{blank}")
+    elif checks is not None:
+        rows.append(f"| checks | {cell(checks, str)} |{' |' * (len(VARIANTS) - 1)}{blank}")
     for key, value in results.items():
         if key.startswith("profile/") and "device_ms" in value:
             rows.append(f"| {key}: device time {value['device_ms']:.1f} ms of {value['wall_ms_profiled']:.1f} ms wall, "
@@ -455,6 +533,12 @@ def table(results: dict, args) -> str:
     return "\n".join(rows)
 
 
+def model_label(args) -> str:
+    if args.model == "af3":
+        return f"full AF3 depth {args.depth}, diffusion batch {args.diffusion_batch}"
+    return f"af3 depth {args.depth}"
+
+
 def csv_rows(results: dict, args) -> list[Row]:
     """Every measured number of the run, keyed as the table's rows are."""
     rows = []
@@ -466,16 +550,16 @@ def csv_rows(results: dict, args) -> list[Row]:
             shape = f"Pairformer block L={kind[len('block'):]}"
             rows += [Row("train_step", variant, shape, "fwd+bwd ms", result["ms"]),
                      Row("train_step", variant, shape, "peak GB", result["peak_gb"])]
-        elif kind == "step" and "ms" in result:
-            shape = f"training iteration, af3 depth {args.depth}, crop {args.crop}"
+        elif kind.startswith("step") and "ms" in result:
+            shape = f"training iteration, {model_label(args)}, crop {kind[len('step'):]}"
             rows += [Row("train_step", variant, shape, "iteration ms", result["ms"]),
                      Row("train_step", variant, shape, "peak GB", result["peak_gb"])]
         elif kind == "maxcrop" and result.get("max_crop") is not None:
             metric = "largest crop" if result["bound"] == "exact" else "largest crop, at least"
-            rows.append(Row("train_step", variant, f"af3 depth {args.depth}, steps of 64", metric,
+            rows.append(Row("train_step", variant, f"{model_label(args)}, steps of 64", metric,
                             result["max_crop"]))
         elif kind == "datawait" and "share" in result:
-            shape = f"af3 depth {args.depth}, crop {args.crop}, {args.num_workers} workers"
+            shape = f"af3 depth {args.depth}, crop {args.crop[0]}, {args.num_workers} workers"
             rows.append(Row("train_step", variant, shape, "data wait %", 100 * result["share"]))
     return rows
 
@@ -484,7 +568,12 @@ def main() -> None:
     parser = argument_parser(__doc__)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT", "bench-out")))
     parser.add_argument("--depth", type=int, default=8, help="Pairformer blocks of the af3 trunk (paper: 48)")
-    parser.add_argument("--crop", type=int, default=384)
+    parser.add_argument("--model", choices=("trunk", "af3"), default="trunk",
+                        help="trunk + distogram, or the full AF3 model (diffusion batch, every loss)")
+    parser.add_argument("--crop", type=int, nargs="+", default=[384], help="crop sizes of the iteration section")
+    parser.add_argument("--diffusion-batch", type=int, default=48, help="--model af3: noised copies per step (AF3: 48)")
+    parser.add_argument("--step-reps", type=int, default=5, help="timed iterations per variant and crop")
+    parser.add_argument("--atoms-per-token", type=int, default=8, help="--model af3: atoms per polymer token")
     parser.add_argument("--msa-rows", type=int, default=1024)
     parser.add_argument("--templates", type=int, default=4)
     parser.add_argument("--block-lengths", type=int, nargs="*", default=[384, 768])
@@ -531,20 +620,28 @@ def main() -> None:
     slow = [v for v in args.variants if VARIANTS[v][1]]
     runners: dict = {}
 
-    def step_bench(variant: str) -> dict:
-        runners[variant] = runner = TrunkRunner(variant, overrides, device)
-        batch = runner.batch(args.crop, args.msa_rows, args.templates)
-        ms, peak = timed(lambda: runner.iteration(batch), device, 1 if args.smoke else 2, 2 if args.smoke else 5,
-                         graphs=runner.graphs)
+    def make_runner(variant: str) -> TrunkRunner:
+        if args.model == "af3":
+            return FullModelRunner(variant, overrides, device, args.diffusion_batch, args.atoms_per_token)
+        return TrunkRunner(variant, overrides, device)
+
+    def step_bench(variant: str, crop: int) -> dict:
+        if variant not in runners:
+            runners[variant] = make_runner(variant)
+        runner = runners[variant]
+        batch = runner.batch(crop, args.msa_rows, args.templates)
+        ms, peak = timed(lambda: runner.iteration(batch), device, 1 if args.smoke else 2,
+                         2 if args.smoke else args.step_reps, graphs=runner.graphs)
         return {"ms": ms, "peak_gb": peak}
 
     def crop_search(variant: str) -> dict:
         runner = runners.pop(variant)
         share = min(args.crop_budget_s, max(0.0, budget.left() - 30))
-        return max_crop(runner, args.crop, args.crop_limit, args.msa_rows, args.templates, share)
+        return max_crop(runner, args.crop[0], args.crop_limit, args.msa_rows, args.templates, share)
 
     trunk = preset("af3", **overrides)
-    header = (f"{stamp.header()}; {'tiny (smoke)' if args.smoke else 'af3'} trunk with "
+    header = (f"{stamp.header()}; {'tiny (smoke)' if args.smoke else 'af3'} "
+              f"{'full model (diffusion batch ' + str(args.diffusion_batch) + ')' if args.model == 'af3' else 'trunk'} with "
               f"{trunk.num_pairformer_blocks} Pairformer blocks, {trunk.num_msa_blocks} MSA blocks "
               f"({args.msa_rows} rows), {trunk.num_template_blocks} template blocks ({args.templates} templates)")
 
@@ -577,11 +674,13 @@ def main() -> None:
     if "triton" in fast and args.profile_block:
         section(f"profile/block{args.block_lengths[0]}/triton", 15, profile_block, "triton", args.block_lengths[0],
                 dims, device)
+    if args.model == "af3" and not args.blocks_only:
+        section("checks", 30, full_model_checks, overrides, device, min(args.crop[0], 128), 4, args.atoms_per_token)
     for variant in fast:
-        if not args.blocks_only:
-            section(f"step/{variant}", 20, step_bench, variant)
+        for crop in [] if args.blocks_only else args.crop:
+            section(f"step{crop}/{variant}", 20, step_bench, variant, crop)
     # the fastest path that ran: the share of waiting depends on the step time
-    ran = [v for v in ("triton", "eager") if "ms" in results.get(f"step/{v}", {})]
+    ran = [v for v in ("triton", "eager") if "ms" in results.get(f"step{args.crop[0]}/{v}", {})]
     data_kernels = VARIANTS[ran[0]][0] if ran else "torch"
     for source, option in (("cache", args.cache), ("online", args.online)):
         if option and not args.blocks_only:
@@ -594,8 +693,8 @@ def main() -> None:
     for variant in slow:
         for length in args.block_lengths:
             section(f"block{length}/{variant}", 15, bench_block, variant, length, dims, device, warmup, reps)
-        if not args.blocks_only:
-            section(f"step/{variant}", 20, step_bench, variant)
+        for crop in [] if args.blocks_only else args.crop:
+            section(f"step{crop}/{variant}", 20, step_bench, variant, crop)
         if variant in runners:
             section(f"maxcrop/{variant}", 20, crop_search, variant)
         runners.pop(variant, None)
