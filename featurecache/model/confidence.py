@@ -73,12 +73,12 @@ def representative_atom_index(batch: dict) -> torch.Tensor:
 
 
 def distance_features(distance: torch.Tensor) -> torch.Tensor:
-    """[...] distances -> [..., 39] one-hot of AF3's bins: lower edges 3.25..50.75 A, the last
-    bin open above; a distance under 3.25 A sets no bin."""
+    """[...] distances -> [..., 39] one-hot of AF3's bins (lower edge, next lower edge]: lower
+    edges 3.25..50.75 A, the last bin open above; a distance up to 3.25 A sets no bin."""
     lower = torch.linspace(DISTANCE_BIN_MIN, DISTANCE_BIN_MAX, DISTANCE_BINS, device=distance.device)
     upper = torch.cat([lower[1:], lower.new_full((1,), math.inf)])
     distance = distance.unsqueeze(-1)
-    return ((distance > lower) & (distance < upper)).float()
+    return ((distance > lower) & (distance <= upper)).float()
 
 
 class ConfidenceHead(nn.Module):
