@@ -165,6 +165,47 @@ def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, add
 
 
 @cli.command()
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=pathlib.Path))
+@click.option("--config", "config_path", required=True, type=click.Path(path_type=pathlib.Path),
+              help="Pipeline TOML naming the search tools and databases (as for precompute).")
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=pathlib.Path),
+              help="Folder for the AlphaFold3 JSON (af3/), A3M files and template hits (msas/) and index.json.")
+@click.option("--cache", "cache_dir", type=click.Path(path_type=pathlib.Path), default=None,
+              help="Cache whose msa table stores the searches, so a later precompute --cache reuses them "
+                   "(default: OUT/cache).")
+@click.option("--max-templates", type=click.IntRange(min=0), default=4, show_default=True,
+              help="Templates per protein chain in the AlphaFold3 JSON (AF3 uses 4).")
+@click.option("--address", default=None,
+              help="Ray cluster address to join (e.g. 'auto'); default: start Ray locally.")
+@click.option("--workers", "num_workers", type=click.IntRange(min=1), default=None,
+              help="CPUs Ray may use when started locally (default: all).")
+@click.option("--executor", type=click.Choice(["ray", "inline"]), default="ray", show_default=True,
+              help="'inline' runs every task in this process, one at a time (debugging).")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def search(inputs, config_path, out_dir, cache_dir, max_templates, address, num_workers, executor, progress,
+           as_json):
+    """Run only the configured MSA and template searches for INPUTS (mmCIF, PDB, FASTA or AlphaFold3
+    JSON files, or folders of them) and write, per unique chain, A3M files and template hits,
+    and per target an AlphaFold3 input JSON with its MSAs and templates filled in."""
+    from featurecache.precompute.plan import PipelineSetupError
+    from featurecache.precompute.search_command import SearchOptions, search as run
+
+    _utf8_file("--config", config_path)
+    options = SearchOptions(inputs=list(inputs), config_path=config_path, out_dir=out_dir, cache_dir=cache_dir,
+                            address=address, executor=executor, num_workers=num_workers,
+                            max_templates=max_templates, progress=progress)
+    try:
+        summary = run(options)
+    except PipelineSetupError as error:
+        raise UserError(str(error)) from error
+    finally:
+        _shutdown_ray()
+    click.echo(json.dumps(summary.to_dict(), indent=2) if as_json else summary.format())
+    sys.exit(EXIT_PARTIAL if summary.failed else 0)
+
+
+@cli.command()
 @click.argument("cache_dir", type=click.Path(path_type=pathlib.Path))
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=pathlib.Path),

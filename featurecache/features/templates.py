@@ -79,6 +79,10 @@ class TemplateStore:
                     if name.endswith(suffix):
                         self._files.setdefault(name[: -len(suffix)], path)
 
+    def path(self, pdb_id: str) -> Path | None:
+        """The file of a template structure, or None when the folder has none."""
+        return self._files.get(pdb_id.lower())
+
     def get(self, pdb_id: str) -> Structure | None:
         pdb_id = pdb_id.lower()
         if pdb_id not in self._cache:

@@ -75,6 +75,31 @@ def read_msa(path: str | os.PathLike) -> Msa:
     return parse_a3m(data, str(path))
 
 
+# --- writing A3M ----------------------------------------------------------------------------
+
+# An Msa keeps how many residues a row inserts before each column, not which ones: written back,
+# they are lower-case "unknown residue" letters, so the deletion counts (what AF3-style models
+# read from an A3M) survive a round trip.
+INSERTED_RESIDUE = {"protein": "x", "rna": "n", "dna": "n"}
+
+
+def format_a3m(msa: Msa, rows=None, molecule_type: str = "protein") -> str:
+    """A3M text of `msa`'s rows (all when None; pass the query's row 0 first to keep it the
+    query), one line per record; insertions are written as INSERTED_RESIDUE[molecule_type]."""
+    rows = np.arange(msa.depth) if rows is None else np.asarray(rows, dtype=np.int64)
+    aligned = msa.aligned[rows]
+    repeats = msa.deletion_matrix[rows].astype(np.int64).ravel() + 1  # inserted residues, then the column
+    text = np.full(int(repeats.sum()), ord(INSERTED_RESIDUE[molecule_type]), dtype=np.uint8)
+    text[np.cumsum(repeats) - 1] = aligned.ravel()
+    ends = np.cumsum(repeats.reshape(len(rows), -1).sum(axis=1)) if len(rows) else np.zeros(0, np.int64)
+    sequences = np.split(text, ends[:-1]) if len(rows) else []
+    lines = []
+    for row, sequence in zip(rows.tolist(), sequences):
+        header = " ".join(msa.descriptions[row].split()) or f"row{row}"
+        lines.append(f">{header}\n{sequence.tobytes().decode('ascii')}\n")
+    return "".join(lines)
+
+
 # --- A3M / A2M ------------------------------------------------------------------------------
 
 

@@ -1,0 +1,198 @@
+"""Writing AlphaFold 3 input JSON (dialect "alphafold3"), the format `io/af3_json.py` reads.
+
+Field names and types follow AF3's docs/input.md: per entity `id` (upper-case letters, a list for
+several copies), `sequence` and `modifications` (protein: ptmType / ptmPosition; RNA and DNA:
+modificationType / basePosition, 1-based), protein `unpairedMsa` / `pairedMsa` (A3M text, both
+set: "" means none) and `templates` (`mmcif` text of one protein chain, 0-based `queryIndices`
+/ `templateIndices`), RNA `unpairedMsa` only, ligands `ccdCodes` or `smiles`; `bondedAtomPairs`
+as [chain id, 1-based residue, atom name] pairs.
+
+AF3 accepts only upper-case letters as chain ids. Chain ids that are such are kept; any other
+(a split-off ligand's "A:MG167", a digit) gets the first free id in AF3's own order (A, B, ...,
+Z, AA, BA, ...), and the entity's `description` names the original chains (a field of version 4).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gemmi
+
+from featurecache.io.af3_json import DIALECT
+from featurecache.io.structure import Chain, Structure
+
+_MODIFICATION_KEYS = {"protein": ("ptmType", "ptmPosition"), "rna": ("modificationType", "basePosition"),
+                      "dna": ("modificationType", "basePosition")}
+_SKIPPED_LIGANDS = {"HOH", "DOD", "WAT"}  # waters are no entity in AF3
+
+
+@dataclass(frozen=True)
+class Af3Template:
+    """One template of a protein entity: a single-chain mmCIF and its 0-based residue mapping."""
+
+    mmcif: str
+    query_indices: tuple[int, ...]
+    template_indices: tuple[int, ...]
+
+    def to_json(self) -> dict:
+        return {"mmcif": self.mmcif, "queryIndices": list(self.query_indices),
+                "templateIndices": list(self.template_indices)}
+
+
+@dataclass(frozen=True)
+class Af3Entity:
+    """One `sequences` entry: a chain and its copies (chains with the same residues)."""
+
+    kind: str  # "protein" | "rna" | "dna" | "ligand"
+    ids: tuple[str, ...]  # AF3 chain ids
+    source_chains: tuple[str, ...]  # the structure's chain ids, in the same order
+    sequence: str = ""  # polymers: one-letter codes of the standard parents
+    modifications: tuple[tuple[str, int], ...] = ()  # (CCD code, 1-based position)
+    ccd_codes: tuple[str, ...] = ()  # ligands defined by CCD codes
+    smiles: str = ""  # a ligand defined by SMILES
+    description: str = ""
+    unpaired_msa: str | None = None  # A3M text (protein, RNA); None leaves the field out
+    paired_msa: str | None = None  # A3M text (protein)
+    templates: tuple[Af3Template, ...] | None = None  # protein; None leaves the field out
+
+    def to_json(self) -> dict:
+        body: dict = {"id": self.ids[0] if len(self.ids) == 1 else list(self.ids)}
+        if self.kind == "ligand":
+            if self.smiles:
+                body["smiles"] = self.smiles
+            else:
+                body["ccdCodes"] = list(self.ccd_codes)
+        else:
+            body["sequence"] = self.sequence
+            if self.modifications:
+                type_key, position_key = _MODIFICATION_KEYS[self.kind]
+                body["modifications"] = [{type_key: code, position_key: position}
+                                         for code, position in self.modifications]
+        if self.description:
+            body["description"] = self.description
+        if self.kind in ("protein", "rna") and self.unpaired_msa is not None:
+            body["unpairedMsa"] = self.unpaired_msa
+            if self.kind == "protein":  # AF3 wants both set or both unset
+                body["pairedMsa"] = self.paired_msa if self.paired_msa is not None else ""
+        if self.kind == "protein" and self.templates is not None:
+            body["templates"] = [template.to_json() for template in self.templates]
+        return {self.kind: body}
+
+
+def af3_chain_ids(count: int) -> list[str]:
+    """AF3's ids for `count` chains: A..Z, then AA, BA, ..., ZA, AB, ... ("reverse spreadsheet")."""
+    ids = []
+    for number in range(count):
+        letters = ""
+        number_left = number
+        while True:
+            letters += chr(ord("A") + number_left % 26)
+            number_left = number_left // 26 - 1
+            if number_left < 0:
+                break
+        ids.append(letters)
+    return ids
+
+
+def _valid_id(chain_id: str) -> bool:
+    return chain_id.isascii() and chain_id.isalpha() and chain_id.isupper()
+
+
+def _renamed_chains(chain_ids: list[str]) -> dict[str, str]:
+    """New ids for the chain ids AF3 refuses: the first of AF3's ids no chain uses."""
+    taken = {chain_id for chain_id in chain_ids if _valid_id(chain_id)}
+    refused = [chain_id for chain_id in chain_ids if not _valid_id(chain_id)]
+    free = (chain_id for chain_id in af3_chain_ids(len(chain_ids) + len(taken)) if chain_id not in taken)
+    return {chain_id: next(free) for chain_id in refused}
+
+
+def af3_entities(structure: Structure) -> list[Af3Entity]:
+    """The structure's chains grouped into AF3 entities (same type and residues = copies), in
+    order of first appearance; waters are left out. MSAs and templates are left unset."""
+    chains = [chain for chain in structure.chains
+              if not (chain.molecule_type == "ligand" and all(r.name in _SKIPPED_LIGANDS for r in chain.residues))]
+    new_ids = _renamed_chains([chain.chain_id for chain in chains])
+    groups: dict[tuple, list[Chain]] = {}
+    for chain in chains:
+        residues = tuple((residue.name, residue.smiles) for residue in chain.residues)
+        groups.setdefault((chain.molecule_type, residues), []).append(chain)
+    entities = []
+    for (kind, _), members in groups.items():
+        source = tuple(chain.chain_id for chain in members)
+        ids = tuple(new_ids.get(chain_id, chain_id) for chain_id in source)
+        renamed = any(chain_id in new_ids for chain_id in source)
+        description = f"chain {', '.join(source)} of {structure.id}" if renamed else ""
+        first = members[0]
+        if kind == "ligand":
+            smiles = first.residues[0].smiles if len(first.residues) == 1 else ""
+            codes = () if smiles else tuple(residue.name for residue in first.residues)
+            entities.append(Af3Entity(kind, ids, source, ccd_codes=codes, smiles=smiles, description=description))
+            continue
+        modifications = tuple((residue.name, position) for position, residue in enumerate(first.residues, start=1)
+                              if residue.parent != residue.name)
+        entities.append(Af3Entity(kind, ids, source, sequence=first.sequence, modifications=modifications,
+                                  description=description))
+    return entities
+
+
+def af3_bonds(structure: Structure, entities: list[Af3Entity]) -> list[list[list]]:
+    """`bondedAtomPairs` for the structure's bonds that touch a ligand (AF3 models no bonds
+    between or within polymers), in AF3 chain ids and 1-based residue numbers."""
+    new_id = {source: new for entity in entities for source, new in zip(entity.source_chains, entity.ids)}
+    kinds = {chain.chain_id: chain.molecule_type for chain in structure.chains}
+    pairs = []
+    for bond in structure.bonds:
+        ends = (bond.first, bond.second)
+        if not all(end.chain_id in new_id for end in ends):
+            continue
+        if all(kinds[end.chain_id] != "ligand" for end in ends):
+            continue
+        pairs.append([[new_id[end.chain_id], end.residue + 1, end.atom] for end in ends])
+    return pairs
+
+
+def af3_document(name: str, entities: list[Af3Entity], model_seeds: tuple[int, ...] = (1,),
+                 bonds: list[list[list]] | None = None) -> dict:
+    """The whole input as a JSON-ready dict; the version is the lowest that has every field used
+    (a `description` needs 4)."""
+    document = {"name": name, "modelSeeds": list(model_seeds),
+                "sequences": [entity.to_json() for entity in entities]}
+    if bonds:
+        document["bondedAtomPairs"] = bonds
+    document["dialect"] = DIALECT
+    document["version"] = 4 if any(entity.description for entity in entities) else 1
+    return document
+
+
+def write_af3_json(path: str | os.PathLike, document: dict) -> Path:
+    """Write the document as UTF-8 JSON (written to a temporary name, then renamed)."""
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    os.replace(partial, path)
+    return path
+
+
+def single_chain_mmcif(path: str | os.PathLike, auth_chain_id: str) -> str:
+    """mmCIF text of one protein chain of a structure file (first model, no ligands or waters),
+    with its full sequence (`_entity_poly_seq`), so a template's residue indices count unresolved
+    residues as AF3 requires. Raises ValueError when the chain is not in the file."""
+    structure = gemmi.read_structure(str(path))
+    structure.setup_entities()
+    while len(structure) > 1:
+        del structure[len(structure) - 1]
+    model = structure[0]
+    if model.find_chain(auth_chain_id) is None:
+        raise ValueError(f"{path}: no chain {auth_chain_id!r}")
+    for name in sorted({chain.name for chain in model} - {auth_chain_id}):
+        model.remove_chain(name)
+    structure.remove_ligands_and_waters()
+    structure.remove_empty_chains()
+    present = {residue_span.subchain_id() for residue_span in model[auth_chain_id].subchains()}
+    for index in reversed(range(len(structure.entities))):
+        if not set(structure.entities[index].subchains) & present:
+            del structure.entities[index]
+    return structure.make_mmcif_document().as_string()

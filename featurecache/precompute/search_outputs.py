@@ -1,0 +1,156 @@
+"""What `featurecache search` writes for one target, built from its chains' stored searches.
+
+`target_outputs` is a task (run on Ray or inline like precompute's): it parses and curates the
+input as precompute does, decodes the `msa` records its chains' searches produced, and returns
+text only, so workers never write into the output folder; the driver (search_command.py) does.
+
+Per unique chain sequence (a folder named by its sequence key):
+
+- ``non_pairing.a3m``: every row of the searched MSA (databases in config order), query first;
+- ``pairing.a3m`` (protein chains whose rows name a species): the query and those rows, for a
+  predictor that pairs rows across chains by species itself (AF3's `pairedMsa`, Protenix);
+- ``template_hits.json``: every template hit with its 0-based query / template residue indices.
+
+Per target, an AlphaFold 3 input JSON (io/af3_json_writer.py) with those MSAs inline
+(`pairedMsa` only for targets of two or more different protein chains, as AF3 pairs only there)
+and the templates precompute would keep (features/templates.py's filters), each as a one-chain
+mmCIF with its residue mapping.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+
+from featurecache.config import ChemConfig, CurationConfig, FeatureConfig
+from featurecache.features.templates import TemplateReport, TemplateStore, select_templates
+from featurecache.io.af3_json_writer import (
+    Af3Entity,
+    Af3Template,
+    af3_bonds,
+    af3_document,
+    af3_entities,
+    single_chain_mmcif,
+)
+from featurecache.io.common import ParseError
+from featurecache.io.hits import TemplateHit
+from featurecache.io.mmcif import Chain, parse_mmcif
+from featurecache.io.msa import Msa, format_a3m
+from featurecache.precompute.curation import curate
+from featurecache.precompute.msa_records import decode_msa_record
+from featurecache.precompute.search import sequence_key
+from featurecache.precompute.tasks import ExcludedTarget, TargetInput, TaskError, read_parsed
+from featurecache.store.codec import CorruptRecordError
+
+UNPAIRED_A3M = "non_pairing.a3m"
+PAIRED_A3M = "pairing.a3m"
+TEMPLATE_HITS = "template_hits.json"
+
+
+@dataclass
+class TargetOutputs:
+    """One target's files, as text: the AF3 JSON and each unique chain's folder."""
+
+    target_id: str
+    document: dict  # the AlphaFold 3 input JSON
+    chain_folders: dict[str, str]  # chain id -> folder name (the chain's sequence key)
+    folder_files: dict[str, dict[str, str]]  # folder name -> file name -> text
+    warnings: list[str] = field(default_factory=list)
+
+
+def target_outputs(target: TargetInput, msa_blobs: dict[str, bytes], chain_keys: dict[str, str],
+                   curation: CurationConfig, chem: ChemConfig, features: FeatureConfig,
+                   template_dir: str | None, max_templates: int) -> TargetOutputs | ExcludedTarget:
+    """The search outputs of one target (chain id -> msa key of its searched chains); raises
+    TaskError naming the target when its input or a stored search cannot be read."""
+    parsed = read_parsed(target.path, chem)
+    curated = curate(parsed.structure, curation)
+    if curated.exclusion is not None:
+        return ExcludedTarget(target.target_id, target.input_hash, curated.exclusion)
+    structure = curated.structure
+    searched: dict[str, tuple[Msa, list[TemplateHit]]] = {}
+    for key in set(chain_keys.values()):
+        try:
+            searched[key] = decode_msa_record(msa_blobs[key], where=f"msa/{key}")
+        except CorruptRecordError as error:
+            raise TaskError("outputs", target.target_id, str(error)) from None
+    outputs = TargetOutputs(target.target_id, {}, {}, {})
+    store = TemplateStore(template_dir) if template_dir else None
+    entities = af3_entities(structure)
+    heteromer = sum(entity.kind == "protein" for entity in entities) >= 2
+    filled = []
+    for entity in entities:
+        chain = structure.chain(entity.source_chains[0])
+        if chain.chain_id in parsed.msas:  # the input JSON gives this chain's MSA: kept as given
+            given = parsed.msas[chain.chain_id].msa
+            text = format_a3m(given, molecule_type=chain.molecule_type) if given is not None else ""
+            filled.append(_with_msas(entity, text, "", []))
+            outputs.warnings.append(f"chain {chain.chain_id}: MSA taken from the input JSON, its templates not copied")
+            continue
+        key = chain_keys.get(chain.chain_id)
+        if key is None:  # DNA and ligands: nothing searched
+            filled.append(entity)
+            continue
+        msa, hits = searched[key]
+        folder = sequence_key(chain.molecule_type, chain.sequence)
+        for chain_id in entity.source_chains:
+            outputs.chain_folders[chain_id] = folder
+        files = _chain_files(msa, hits, chain.molecule_type)
+        outputs.folder_files[folder] = files
+        templates = []
+        if chain.molecule_type == "protein" and store is not None:
+            templates = _templates(chain, hits, store, features, structure.release_date, max_templates,
+                                   outputs.warnings)
+        paired = files.get(PAIRED_A3M, "") if heteromer else ""
+        filled.append(_with_msas(entity, files[UNPAIRED_A3M], paired, templates))
+    outputs.document = af3_document(target.target_id, filled, bonds=af3_bonds(structure, filled))
+    return outputs
+
+
+def _with_msas(entity: Af3Entity, unpaired: str, paired: str, templates: list[Af3Template]) -> Af3Entity:
+    if entity.kind == "protein":
+        return replace(entity, unpaired_msa=unpaired, paired_msa=paired, templates=tuple(templates))
+    if entity.kind == "rna":
+        return replace(entity, unpaired_msa=unpaired)
+    return entity
+
+
+def _chain_files(msa: Msa, hits: list[TemplateHit], molecule_type: str) -> dict[str, str]:
+    files = {UNPAIRED_A3M: format_a3m(msa, molecule_type=molecule_type),
+             TEMPLATE_HITS: "[\n" + ",\n".join(json.dumps(_hit_json(hit)) for hit in hits) + "\n]\n"}
+    if molecule_type == "protein":
+        with_species = [row for row, species in enumerate(msa.species) if row > 0 and species]
+        if with_species:
+            files[PAIRED_A3M] = format_a3m(msa, [0, *with_species], molecule_type)
+    return files
+
+
+def _hit_json(hit: TemplateHit) -> dict:
+    return {"name": hit.name, "source": hit.source, "e_value": hit.e_value, "identity": hit.identity,
+            "sum_probs": hit.sum_probs, "aligned_cols": hit.aligned_cols, "description": hit.description,
+            "query_indices": hit.query_indices.tolist(), "template_indices": hit.hit_indices.tolist()}
+
+
+def _templates(chain: Chain, hits: list[TemplateHit], store: TemplateStore, features: FeatureConfig,
+               release_date: str | None, max_templates: int, warnings: list[str]) -> list[Af3Template]:
+    """The chain's first `max_templates` hits that precompute's filters keep, as AF3 templates."""
+    report = TemplateReport()
+    templates = []
+    for selected in select_templates(chain, hits, store, features, release_date, report):
+        if len(templates) >= max_templates:
+            break
+        path = store.path(selected.hit.pdb_id)
+        try:
+            text = single_chain_mmcif(path, selected.chain.auth_chain_id)
+            written = parse_mmcif(text, f"{path} chain {selected.chain.auth_chain_id}").chains
+        except (ValueError, ParseError, RuntimeError) as error:
+            warnings.append(f"chain {chain.chain_id}: template {selected.hit.name} left out: {error}")
+            continue
+        # The indices count the chain's residues as our reader sees them; AF3 must see the same.
+        if len(written) != 1 or written[0].sequence != selected.chain.sequence:
+            warnings.append(f"chain {chain.chain_id}: template {selected.hit.name} left out: its one-chain mmCIF "
+                            "does not keep the chain's residues")
+            continue
+        templates.append(Af3Template(text, tuple(selected.query_positions.tolist()),
+                                     tuple(selected.hit_positions.tolist())))
+    return templates
