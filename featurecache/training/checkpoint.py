@@ -1,7 +1,9 @@
 """Checkpoints that continue a run exactly where it stopped.
 
-A checkpoint holds the model, optimizer and scheduler states, the step, the data position
-(epoch and batch within it), the RNG states of every rank, and the run's settings. It is
+A checkpoint holds the model, optimizer and scheduler states, the EMA of the weights
+("ema": the averaged parameters by name; `predict` loads them), the step, the data position
+(epoch and samples of it taken over all ranks), the RNG states of every rank, and the run's
+settings. It is
 written to a temporary file and renamed, so a crash never leaves a half-written checkpoint.
 """
 
@@ -64,11 +66,13 @@ def save_checkpoint(path: pathlib.Path, state: dict) -> None:
     os.replace(partial, path)
 
 
-def load_checkpoint(path: pathlib.Path, world_size: int) -> dict:
-    """The state saved in `path` (a file, or a run directory's newest), checked against this run.
+def load_checkpoint(path: pathlib.Path) -> dict:
+    """The state saved in `path` (a file, or a run directory's newest).
 
-    Checkpoints are read with weights_only=False: they hold the RNG states (Python tuples and
-    NumPy arrays), so only resume from checkpoints you wrote.
+    A checkpoint resumes on any number of ranks: its data position counts the samples of the
+    epoch taken by all ranks together (featurecache.training.sampler). Checkpoints are read with
+    weights_only=False: they hold the RNG states (Python tuples and NumPy arrays), so only
+    resume from checkpoints you wrote.
     """
     source = latest_checkpoint(path)
     try:
@@ -76,10 +80,11 @@ def load_checkpoint(path: pathlib.Path, world_size: int) -> dict:
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
         reason = " ".join(str(error).split()) or type(error).__name__
         raise TrainSetupError(f"--resume {source}: not a readable checkpoint ({reason})") from None
-    if not isinstance(state, dict) or "world_size" not in state:
+    if not isinstance(state, dict) or "world_size" not in state or "model" not in state:
         raise TrainSetupError(f"--resume {source}: not a featurecache training checkpoint")
-    if state["world_size"] != world_size:
-        raise TrainSetupError(f"--resume {source}: written by {state['world_size']} ranks, this run has {world_size}")
+    if "sample_in_epoch" not in state:  # written before positions counted samples: batches of every rank
+        config = state.get("train_config", {})
+        state["sample_in_epoch"] = state.get("batch_in_epoch", 0) * config.get("batch_size", 1) * state["world_size"]
     return state
 
 

@@ -18,6 +18,7 @@ from featurecache.training.loop import train
 
 POSITIVE = click.IntRange(min=1)
 NON_NEGATIVE = click.IntRange(min=0)
+UNIT = click.FloatRange(0.0, 1.0, max_open=True)
 
 
 @click.command("train", cls=BoundaryCommand)
@@ -60,10 +61,40 @@ NON_NEGATIVE = click.IntRange(min=0)
               help="Templates per chain and sample, drawn at random (AF3) from those the cache stores.")
 @click.option("--batch-size", default=TrainConfig.batch_size, show_default=True, type=POSITIVE,
               help="Samples per step and rank.")
+@click.option("--accumulate", default=TrainConfig.accumulate, show_default=True, type=POSITIVE,
+              help="Micro-batches per optimizer step and rank (gradient accumulation): a step trains on "
+                   "--batch-size x --accumulate x ranks samples.")
 @click.option("--lr", default=TrainConfig.lr, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
-              help="Peak learning rate (AdamW).")
+              help="Peak learning rate (AdamW; AF3: 1.8e-3).")
+@click.option("--adam-beta1", default=TrainConfig.adam_beta1, show_default=True, type=UNIT, help="AdamW beta1 (AF3: 0.9).")
+@click.option("--adam-beta2", default=TrainConfig.adam_beta2, show_default=True, type=UNIT, help="AdamW beta2 (AF3: 0.95).")
+@click.option("--adam-eps", default=TrainConfig.adam_eps, show_default=True,
+              type=click.FloatRange(min=0.0, min_open=True), help="AdamW epsilon (AF3: 1e-8).")
+@click.option("--weight-decay", default=TrainConfig.weight_decay, show_default=True, type=click.FloatRange(min=0.0),
+              help="AdamW weight decay (AF3: none).")
 @click.option("--warmup", default=TrainConfig.warmup, show_default=True, type=NON_NEGATIVE,
-              help="Linear warmup steps.")
+              help="Steps over which the learning rate rises linearly to --lr (AF3: 1000).")
+@click.option("--lr-decay-factor", default=TrainConfig.lr_decay_factor, show_default=True,
+              type=click.FloatRange(0.0, 1.0, min_open=True),
+              help="After the warm-up the learning rate is multiplied by this every --lr-decay-every steps (AF3: 0.95).")
+@click.option("--lr-decay-every", default=TrainConfig.lr_decay_every, show_default=True, type=POSITIVE,
+              help="Steps between learning-rate decays (AF3: 50000).")
+@click.option("--grad-clip", default=TrainConfig.grad_clip, show_default=True,
+              type=click.FloatRange(min=0.0, min_open=True), help="Clip the global gradient norm at this (AF3: 10).")
+@click.option("--ema-decay", default=TrainConfig.ema_decay, show_default=True, type=UNIT,
+              help="Decay of the weights' moving average, updated every step, checkpointed and used by "
+                   "predict (AF3: 0.999).")
+@click.option("--validate-every", default=TrainConfig.validate_every, show_default=True, type=NON_NEGATIVE,
+              help="Steps between validation passes on the held-out targets (0: none).")
+@click.option("--validation-keys", multiple=True, metavar="KEY[,KEY...]",
+              help="Targets held out of training for validation (repeat the option or separate keys by commas).")
+@click.option("--validation-fraction", default=TrainConfig.validation_fraction, show_default=True,
+              type=click.FloatRange(0.0, 1.0, max_open=True),
+              help="Hold out this fraction of the cache's targets for validation instead (a seeded choice).")
+@click.option("--validation-sampler-steps", default=TrainConfig.validation_sampler_steps, show_default=True,
+              type=POSITIVE, help="Diffusion sampler steps of each validation prediction.")
+@click.option("--deterministic", is_flag=True,
+              help="Bitwise reproducible steps from one seed: deterministic algorithms and a fixed cuBLAS workspace.")
 @click.option("--num-workers", default=TrainConfig.num_workers, show_default=True, type=NON_NEGATIVE,
               help="DataLoader worker processes per rank.")
 @click.option("--checkpoint-every", default=TrainConfig.checkpoint_every, show_default=True, type=POSITIVE,
@@ -84,8 +115,8 @@ NON_NEGATIVE = click.IntRange(min=0)
 @click.pass_context
 def train_command(ctx: click.Context, cache, online, alignments, template_dir, out, preset, pairformer_blocks,
                   kernels, steps, max_recycling_cycles, diffusion_batch, crop_size, msa_rows_per_sample, old_msa_rows, crop_mode_probs, spatial_crop_prob,
-                  max_templates, batch_size, lr, warmup, num_workers, checkpoint_every, resume, compile_model,
-                  static_shapes, cuda_graphs, seed, device) -> None:
+                  max_templates, batch_size, num_workers, checkpoint_every, resume, compile_model,
+                  static_shapes, cuda_graphs, seed, device, validation_keys, **recipe) -> None:
     """Train the AF3 structure model (trunk and diffusion module) from a feature cache."""
     rows = msa_rows_per_sample
     if old_msa_rows is not None:
@@ -107,9 +138,11 @@ def train_command(ctx: click.Context, cache, online, alignments, template_dir, o
             cache=cache, online=online, alignments=alignments, template_dir=template_dir, out=out,
             preset=preset, pairformer_blocks=pairformer_blocks, kernels=kernels, steps=steps,
             max_recycling_cycles=max_recycling_cycles, diffusion_batch=diffusion_batch, sample=sample,
-            batch_size=batch_size, lr=lr, warmup=warmup, num_workers=num_workers,
+            batch_size=batch_size, num_workers=num_workers,
             checkpoint_every=checkpoint_every, resume=resume, compile=compile_model,
             static_shapes=static_shapes, cuda_graphs=cuda_graphs, device=device,
+            validation_keys=tuple(key for value in validation_keys for key in value.split(",") if key),
+            **recipe,  # the optimizer, schedule, EMA, accumulation, validation and determinism options
         )
         train(config)
     except TrainSetupError as error:

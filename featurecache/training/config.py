@@ -45,11 +45,30 @@ class TrainConfig:
     max_recycling_cycles: int | None = None
     diffusion_batch: int | None = None  # noised copies per trunk pass; None: DEFAULT_DIFFUSION_BATCH
     sample: SampleConfig = field(default_factory=SampleConfig)
-    batch_size: int = 1
-    lr: float = 1.8e-3                 # AF3's peak learning rate
-    warmup: int = 1000                 # linear warmup steps (AF3: 1000)
-    weight_decay: float = 0.0
+    batch_size: int = 1                # samples per micro-batch and rank
+    # Micro-batches per optimizer step and rank (gradient accumulation): an optimizer step
+    # trains on batch_size * accumulate * world_size samples, the effective (global) batch.
+    accumulate: int = 1
+    # AF3's optimizer (SI 5.4): Adam with these settings, the learning rate rising linearly over
+    # `warmup` steps to `lr`, then multiplied by `lr_decay_factor` every `lr_decay_every` steps.
+    lr: float = 1.8e-3
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    warmup: int = 1000
+    lr_decay_factor: float = 0.95
+    lr_decay_every: int = 50_000
+    weight_decay: float = 0.0          # AF3 uses plain Adam: no weight decay
     grad_clip: float = 10.0            # AF3 clips the global gradient norm at 10
+    ema_decay: float = 0.999           # EMA of the weights, updated after every optimizer step (AF3)
+    # Validation: every `validate_every` steps (0: never), on held-out cache keys that training
+    # never samples, either named or a seeded fraction of the cache's targets.
+    validate_every: int = 0
+    validation_keys: tuple[str, ...] = ()
+    validation_fraction: float = 0.0
+    validation_sampler_steps: int = 20  # diffusion sampler steps of a validation prediction
+    # Bitwise reproducible steps: deterministic algorithms, cuBLAS workspace, seeded generators.
+    deterministic: bool = False
     num_workers: int = 2
     prefetch_factor: int = 2
     checkpoint_every: int = 1000
@@ -63,6 +82,7 @@ class TrainConfig:
     device: str = "auto"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "validation_keys", tuple(self.validation_keys))  # a list from callers
         if (self.cache is None) == (self.online is None):
             raise TrainSetupError("give exactly one of --cache DIR or --online DIR")
         if self.preset not in PRESETS:
@@ -71,7 +91,8 @@ class TrainConfig:
             raise TrainSetupError(f"unknown kernels {self.kernels!r}, expected one of {KERNEL_OPTIONS}")
         if not isinstance(self.sample, SampleConfig):
             raise TrainSetupError(f"sample must be a SampleConfig, got {self.sample!r}")
-        for name in ("steps", "batch_size", "checkpoint_every", "prefetch_factor"):
+        for name in ("steps", "batch_size", "accumulate", "checkpoint_every", "prefetch_factor",
+                     "lr_decay_every", "validation_sampler_steps"):
             if getattr(self, name) < 1:
                 raise TrainSetupError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         for name in ("max_recycling_cycles", "diffusion_batch"):
@@ -79,11 +100,26 @@ class TrainConfig:
                 raise TrainSetupError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.pairformer_blocks is not None and self.pairformer_blocks < 0:
             raise TrainSetupError(f"--pairformer-blocks must be >= 0, got {self.pairformer_blocks}")
-        for name in ("warmup", "num_workers", "weight_decay"):
+        for name in ("warmup", "num_workers", "weight_decay", "validate_every"):
             if getattr(self, name) < 0:
                 raise TrainSetupError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if not self.lr > 0 or not self.grad_clip > 0:
             raise TrainSetupError(f"--lr and the gradient clip must be positive, got {self.lr} and {self.grad_clip}")
+        for name in ("adam_beta1", "adam_beta2", "ema_decay"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise TrainSetupError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}")
+        if not 0.0 < self.lr_decay_factor <= 1.0 or not self.adam_eps > 0:
+            raise TrainSetupError(f"--lr-decay-factor must be in (0, 1] and --adam-eps positive, got "
+                                  f"{self.lr_decay_factor} and {self.adam_eps}")
+        if not 0.0 <= self.validation_fraction < 1.0:
+            raise TrainSetupError(f"--validation-fraction must be in [0, 1), got {self.validation_fraction}")
+        if self.validation_keys and self.validation_fraction:
+            raise TrainSetupError("give --validation-keys or --validation-fraction, not both")
+        if self.validate_every and not (self.validation_keys or self.validation_fraction):
+            raise TrainSetupError("--validate-every needs held-out targets: --validation-keys KEY... "
+                                  "or --validation-fraction F")
+        if self.cuda_graphs and self.accumulate > 1:
+            raise TrainSetupError("--cuda-graphs captures one micro-batch per step: it does not go with --accumulate")
         if self.fixed_shapes and self.sample.crop_size is None:
             raise TrainSetupError("--static-shapes and --cuda-graphs need a crop size (every batch is padded to it)")
         if self.cuda_graphs and self.compile:

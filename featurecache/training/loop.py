@@ -5,12 +5,16 @@
 
 A run checks everything it was given (device, kernels, cache, checkpoint) before it creates its
 run directory, then steps until `steps`. Each step draws N_cycle (1..max_recycling_cycles, the
-same on every rank) and runs the trunk once and the diffusion module on `diffusion_samples`
-noised copies of the truth; its random draws come from generators seeded by (seed, step, rank),
-so a resumed run draws what the straight run drew. Each step logs one JSON line to
-RUN_DIR/log.jsonl (the loss and its terms, N_cycle, step time, time spent waiting for data, peak
-memory) and a readable line on stdout; checkpoints (featurecache.training.checkpoint) continue a
-run exactly where it stopped.
+same on every rank) and, per micro-batch (`accumulate` of them per step and rank, gradients
+summed, DDP synchronizing only the last), runs the trunk once and the diffusion module on
+`diffusion_samples` noised copies of the truth; its random draws come from generators seeded by
+(seed, step, micro-batch slot), so a resumed run draws what the straight run drew, on any number
+of ranks (featurecache.training.sampler). Then clipping, the AdamW update, the learning-rate
+schedule (training/schedule.py) and the EMA of the weights (training/ema.py). Each step logs
+one JSON line to RUN_DIR/log.jsonl ("kind": "train": the loss and its terms, N_cycle, step time,
+time spent waiting for data, peak memory) and a readable line on stdout; every
+`validate_every` steps a "kind": "validation" line (training/validation.py). Checkpoints
+(featurecache.training.checkpoint) continue a run exactly where it stopped.
 """
 
 from __future__ import annotations
@@ -34,10 +38,13 @@ from featurecache.training.checkpoint import (checkpoint_path, load_checkpoint, 
                                               save_checkpoint, set_rng_state)
 from featurecache.training.config import TrainConfig, TrainSetupError, resolve_kernels
 from featurecache.training.cuda_graph import CapturedStep
-from featurecache.training.data import build_dataset, fixed_sizes, make_batch_sampler, make_loader, to_device
+from featurecache.training.data import build_datasets, fixed_sizes, make_batch_sampler, make_loader, to_device
+from featurecache.training.determinism import deterministic_mode
 from featurecache.training.distributed import Dist, all_ranks, barrier, mean_over_ranks, setup_distributed, shutdown
-from featurecache.training.sampler import EpochBatchSampler
-from featurecache.training.schedule import GraphLearningRate, warmup_schedule
+from featurecache.training.ema import WeightAverage
+from featurecache.training.sampler import StepLayout
+from featurecache.training.schedule import GraphLearningRate, lr_factor
+from featurecache.training.validation import validate
 
 LOG_FILE = "log.jsonl"
 # Launched steps before a CUDA graph is captured: they compile the kernels and create the
@@ -47,16 +54,17 @@ GRAPH_WARMUP_STEPS = 3
 
 @dataclass
 class Position:
-    """Where a run is: optimizer steps taken, and the next batch's epoch and place in it."""
+    """Where a run is: optimizer steps taken, the epoch, and the samples of it taken by all
+    ranks together (the same place whatever the number of ranks)."""
 
     step: int = 0
     epoch: int = 0
-    batch_in_epoch: int = 0
+    sample_in_epoch: int = 0
 
 
 class Trainer:
-    """The model and everything that updates it: optimizer, warmup schedule, bf16 autocast on
-    GPU, DDP across ranks and, with `cuda_graphs`, the step captured as one CUDA graph."""
+    """The model and everything that updates it: optimizer, learning-rate schedule, EMA, bf16
+    autocast on GPU, DDP across ranks and, with `cuda_graphs`, the step captured as one CUDA graph."""
 
     def __init__(self, config: TrainConfig, kernels: str, world: Dist) -> None:
         self.config = config
@@ -70,9 +78,13 @@ class Trainer:
         if config.compile:
             self.model.compile_blocks()
         # capturable: AdamW's step counter stays on the GPU, so the update can be replayed by a graph
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=(0.9, 0.95), eps=1e-8,
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr,
+                                           betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
                                            weight_decay=config.weight_decay, capturable=config.cuda_graphs)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_schedule(config.warmup))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_factor(config.warmup, config.lr_decay_factor, config.lr_decay_every))
+        self.average = WeightAverage(self.model, config.ema_decay)
+        self.layout = StepLayout(config.batch_size, world.world_size, config.accumulate)
         self.trained: torch.nn.Module = self.model
         self.graph_lr: GraphLearningRate | None = None
         self.captured: CapturedStep | None = None
@@ -81,12 +93,18 @@ class Trainer:
                          if world.device.type == "cuda" else contextlib.nullcontext())
 
     def restore(self, state: dict) -> Position:
-        """Load a checkpoint's model, optimizer, scheduler and this rank's RNG states."""
+        """Load a checkpoint's model, optimizer, scheduler, EMA and (a rank the writing run had)
+        this rank's RNG states; a checkpoint without EMA starts its average at its weights."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"][self.world.rank])
-        return Position(state["step"], state["epoch"], state["batch_in_epoch"])
+        if "ema" in state:
+            self.average.load_state_dict(state["ema"])
+        else:
+            self.average = WeightAverage(self.model, self.config.ema_decay)
+        if self.world.rank < len(state["rng"]):
+            set_rng_state(state["rng"][self.world.rank])
+        return Position(state["step"], state["epoch"], state["sample_in_epoch"])
 
     def start(self) -> None:
         """Wrap for DDP and CUDA graphs, once the states are loaded."""
@@ -96,7 +114,7 @@ class Trainer:
             # Its noise comes from the device's default generator, which the graph replays from
             # the seed step_generators gives it before each replay.
             cycles, noise = self.model.config.max_recycling_cycles, default_generator(self.world.device)
-            self.captured = CapturedStep(lambda inputs: self.update(inputs, cycles, noise),
+            self.captured = CapturedStep(lambda inputs: self.captured_update(inputs, cycles, noise),
                                          warmup_steps=GRAPH_WARMUP_STEPS)
         if self.world.enabled:
             # static_graph: reentrant checkpointing runs parts of backward inside autograd calls,
@@ -107,44 +125,71 @@ class Trainer:
                                                                      static_graph=True)
         self.model.train()
 
-    def update(self, batch: dict, num_cycles: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-        """Forward (N_cycle trunk cycles, the diffusion batch), loss, backward, clipping and the
-        AdamW update: no host synchronization, so that it can be captured as a CUDA graph.
-        Returns the loss terms (AF3Model.loss's metrics) and the gradient norm."""
+    def backward(self, batch: dict, num_cycles: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """Forward (N_cycle trunk cycles, the diffusion batch), loss and backward of one
+        micro-batch, its gradient scaled by 1 / accumulate (summed over the step's micro-batches,
+        a mean); returns the loss terms (AF3Model.loss's metrics)."""
         with self.autocast:
             outputs = self.trained(batch, num_cycles=num_cycles, num_diffusion_samples=self.config.diffusion_samples,
                                    generator=generator)
         loss, metrics = self.model.loss(batch, outputs)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss / self.config.accumulate if self.config.accumulate > 1 else loss).backward()
+        return metrics
+
+    def apply(self) -> torch.Tensor:
+        """Clipping, the AdamW update and the EMA step; returns the gradient norm (before clipping)."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         self.optimizer.step()
-        return {**metrics, "grad_norm": grad_norm}
+        self.average.update()
+        return grad_norm
 
-    def step(self, batch: dict, step: int) -> tuple[dict[str, torch.Tensor], int]:
-        """Optimizer step number `step` (0-based); the schedule advances. Returns its results
-        and its N_cycle. A captured step copies the pinned host batch straight into the graph's
-        input buffers, an eager one takes it on the device."""
-        cycle_generator, noise_generator = step_generators(self.config.sample.seed, step, self.world)
+    def captured_update(self, batch: dict, num_cycles: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """A whole step of one micro-batch, with no host synchronization: what a CUDA graph captures."""
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics = self.backward(batch, num_cycles, generator)
+        return {**metrics, "grad_norm": self.apply()}
+
+    def step(self, batches: list[dict], step: int) -> tuple[dict[str, torch.Tensor], int]:
+        """Optimizer step number `step` (0-based) on this rank's micro-batches; the schedule
+        advances. Returns the loss terms (mean over the micro-batches), the gradient norm and
+        N_cycle. A captured step copies the pinned host batch straight into the graph's input
+        buffers, an eager one takes them on the device."""
+        cycle_generator = cycle_generator_of(self.config.sample.seed, step)
         if self.captured is not None:
             num_cycles = self.model.config.max_recycling_cycles
-            result = self.captured(graph_inputs(batch))
+            noise_generator(self.config.sample.seed, step, self.layout.slot(self.world.rank, 0), self.world.device)
+            result = self.captured(graph_inputs(batches[0]))
         else:
             num_cycles = sample_num_cycles(cycle_generator, self.model.config.max_recycling_cycles)
-            result = self.update(batch, num_cycles, noise_generator)
+            result = self.accumulate(batches, step, num_cycles)
         self.scheduler.step()
         if self.graph_lr is not None:
             self.graph_lr.set(self.scheduler.get_last_lr()[0])
         return result, num_cycles
+
+    def accumulate(self, batches: list[dict], step: int, num_cycles: int) -> dict[str, torch.Tensor]:
+        """Backward of every micro-batch (DDP reduces gradients only after the last), then apply."""
+        self.optimizer.zero_grad(set_to_none=True)
+        terms: list[dict[str, torch.Tensor]] = []
+        for micro, batch in enumerate(batches):
+            generator = noise_generator(self.config.sample.seed, step, self.layout.slot(self.world.rank, micro),
+                                        self.world.device)
+            last = micro == len(batches) - 1
+            sync = self.trained.no_sync() if self.world.enabled and not last else contextlib.nullcontext()
+            with sync:
+                terms.append(self.backward(batch, num_cycles, generator))
+        means = {name: torch.stack([values[name] for values in terms]).mean() for name in terms[0]}
+        return {**means, "grad_norm": self.apply()}
 
     def checkpoint(self, position: Position, rng_states: list[dict]) -> dict:
         return {
             "model": self.model.state_dict(),
             "optimizer": optimizer_state(self.optimizer),
             "scheduler": self.scheduler.state_dict(),
+            "ema": self.average.state_dict(),
             "step": position.step,
             "epoch": position.epoch,
-            "batch_in_epoch": position.batch_in_epoch,
+            "sample_in_epoch": position.sample_in_epoch,
             "rng": rng_states,
             "world_size": self.world.world_size,
             "train_config": dataclasses.asdict(self.config),
@@ -158,17 +203,28 @@ def default_generator(device: torch.device) -> torch.Generator:
     return torch.cuda.default_generators[index]
 
 
+def _seed_of(*words: int) -> int:
+    return int(np.random.SeedSequence(list(words)).generate_state(1, dtype=np.uint64)[0])
+
+
+def cycle_generator_of(seed: int, step: int) -> torch.Generator:
+    """N_cycle's draw of optimizer step `step`: seeded by (seed, step), the same on every rank
+    and micro-batch (ranks stay in step), and on resume."""
+    return torch.Generator().manual_seed(_seed_of(seed, step))
+
+
+def noise_generator(seed: int, step: int, slot: int, device: torch.device) -> torch.Generator:
+    """The diffusion batch's rotations and noise of micro-batch `slot` of step `step`
+    (StepLayout.slot: the same on 2 ranks as on 1 rank accumulating 2), seeded by (seed, step,
+    slot), on the device (on CUDA its default generator, reseeded here)."""
+    if device.type == "cuda":
+        return default_generator(device).manual_seed(_seed_of(seed, step, slot))
+    return torch.Generator().manual_seed(_seed_of(seed, step, slot))
+
+
 def step_generators(seed: int, step: int, world: Dist) -> tuple[torch.Generator, torch.Generator]:
-    """The random draws of optimizer step `step`, seeded so that a resumed run repeats them:
-    N_cycle from (seed, step), the same on every rank (ranks stay in step), and the diffusion
-    batch's rotations and noise from (seed, step, rank), on the device (on CUDA its default
-    generator, reseeded here)."""
-    cycle_seed, noise_seed = (int(np.random.SeedSequence(words).generate_state(1, dtype=np.uint64)[0])
-                              for words in ([seed, step], [seed, step, world.rank]))
-    cycles = torch.Generator().manual_seed(cycle_seed)
-    if world.device.type == "cuda":
-        return cycles, default_generator(world.device).manual_seed(noise_seed)
-    return cycles, torch.Generator().manual_seed(noise_seed)
+    """N_cycle's generator and this rank's first micro-batch's noise generator of step `step`."""
+    return cycle_generator_of(seed, step), noise_generator(seed, step, world.rank, world.device)
 
 
 def graph_inputs(batch: dict) -> dict[str, torch.Tensor]:
@@ -195,6 +251,12 @@ class RunLog:
             return
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
+        if record["kind"] == "validation":
+            scores = "  ".join(f"{name} {record[name]:.3f}" for name in ("lddt", "lddt_protein", "lddt_dna",
+                                                                          "lddt_rna", "lddt_ligand")
+                               if record.get(name) is not None)
+            print(f"step {record['step']:>6d}  validation  loss {record['loss']:.4f}  {scores}", flush=True)
+            return
         print(f"step {record['step']:>6d}  loss {record['loss']:.4f}  cycles {record['num_cycles']}  step {record['step_time_s'] * 1e3:8.1f} ms"
               f"  data wait {record['data_wait_s'] * 1e3:7.1f} ms  peak {record['peak_memory_gb']:.2f} GB",
               flush=True)
@@ -207,28 +269,29 @@ class RunLog:
 def train(config: TrainConfig) -> list[dict]:
     """Run the loop; returns this rank's per-step log records. Anything wrong with what the run
     was given is a TrainSetupError (a ValueError) raised before the run directory is made."""
-    world = setup_distributed(config.device)
-    try:
-        kernels = _check_setup(config, world)
-        dataset = build_dataset(config)
-        pad_to = fixed_sizes(config, dataset)
-        steps_per_epoch = _steps_per_epoch(len(dataset), config, world)
-        resumed = load_checkpoint(pathlib.Path(config.resume), world.world_size) if config.resume else None
-
-        run_dir = pathlib.Path(config.out)
-        if world.is_main:
-            run_dir.mkdir(parents=True, exist_ok=True)
-        _seed(config.sample.seed, world.rank)
-        trainer = Trainer(config, kernels, world)
-        position = trainer.restore(resumed) if resumed is not None else Position()
-        trainer.start()
-        run_log = RunLog(run_dir, world)
+    with deterministic_mode(config.deterministic):
+        world = setup_distributed(config.device)
         try:
-            return _run(config, world, trainer, dataset, pad_to, position, steps_per_epoch, run_log, run_dir)
+            kernels = _check_setup(config, world)
+            dataset, held_out = build_datasets(config)
+            pad_to = fixed_sizes(config, dataset)
+            _check_steps_per_epoch(len(dataset), config, world)
+            resumed = load_checkpoint(pathlib.Path(config.resume)) if config.resume else None
+
+            run_dir = pathlib.Path(config.out)
+            if world.is_main:
+                run_dir.mkdir(parents=True, exist_ok=True)
+            _seed(config.sample.seed, world.rank)
+            trainer = Trainer(config, kernels, world)
+            position = trainer.restore(resumed) if resumed is not None else Position()
+            trainer.start()
+            run_log = RunLog(run_dir, world)
+            try:
+                return _run(config, world, trainer, (dataset, held_out), pad_to, position, run_log, run_dir)
+            finally:
+                run_log.close()
         finally:
-            run_log.close()
-    finally:
-        shutdown(world)
+            shutdown(world)
 
 
 def _check_setup(config: TrainConfig, world: Dist) -> str:
@@ -242,13 +305,12 @@ def _check_setup(config: TrainConfig, world: Dist) -> str:
     return kernels
 
 
-def _steps_per_epoch(num_samples: int, config: TrainConfig, world: Dist) -> int:
-    steps = EpochBatchSampler(num_samples, config.batch_size, world.rank, world.world_size,
-                              config.sample.seed).steps_per_epoch
-    if steps == 0:
-        raise TrainSetupError(f"{num_samples} samples over {world.world_size} ranks give no full batch of "
-                              f"--batch-size {config.batch_size}")
-    return steps
+def _check_steps_per_epoch(num_samples: int, config: TrainConfig, world: Dist) -> None:
+    layout = StepLayout(config.batch_size, world.world_size, config.accumulate)
+    if layout.steps_per_epoch(num_samples) == 0:
+        raise TrainSetupError(f"{num_samples} training samples give no full step of {layout.global_batch} "
+                              f"(--batch-size {config.batch_size} x --accumulate {config.accumulate} x "
+                              f"{world.world_size} ranks)")
 
 
 def _seed(seed: int, rank: int) -> None:
@@ -257,14 +319,16 @@ def _seed(seed: int, rank: int) -> None:
     torch.manual_seed(seed)  # same initial weights on every rank
 
 
-def _run(config: TrainConfig, world: Dist, trainer: Trainer, dataset, pad_to: dict[str, int] | None,
-         position: Position, steps_per_epoch: int, run_log: RunLog, run_dir: pathlib.Path) -> list[dict]:
-    """Step until `config.steps`, epoch after epoch, logging and checkpointing as configured.
+def _run(config: TrainConfig, world: Dist, trainer: Trainer, datasets: tuple, pad_to: dict[str, int] | None,
+         position: Position, run_log: RunLog, run_dir: pathlib.Path) -> list[dict]:
+    """Step until `config.steps`, epoch after epoch, logging, validating and checkpointing as
+    configured. `datasets`: the training dataset and the held-out one (or None).
 
     One loader (and one set of workers) serves the whole run, unless the dataset must switch to
     a newly published generation at each epoch: then set_epoch runs here and the loader is
     rebuilt per epoch, since workers hold a copy of the dataset.
     """
+    dataset, held_out = datasets
     loader_per_epoch = getattr(dataset, "follow_latest", False)
     records: list[dict] = []
     batches: Iterator[dict] | None = None
@@ -273,37 +337,49 @@ def _run(config: TrainConfig, world: Dist, trainer: Trainer, dataset, pad_to: di
             if loader_per_epoch:
                 dataset.set_epoch(position.epoch)  # before the iterator exists: workers copy the dataset
             sampler = make_batch_sampler(dataset, config, world, start_epoch=position.epoch,
-                                         start_batch=position.batch_in_epoch, epochs=1 if loader_per_epoch else None)
+                                         start_sample=position.sample_in_epoch,
+                                         epochs=1 if loader_per_epoch else None)
             batches = iter(make_loader(dataset, sampler, config, world.device, pad_to))
-        while position.step < config.steps and position.batch_in_epoch < steps_per_epoch:
+        while position.step < config.steps and _steps_left(trainer, dataset, position):
             record = _step(world, trainer, batches, position)
             records.append(record)
             run_log.write(record)
+            if held_out is not None and config.validate_every and position.step % config.validate_every == 0:
+                validation = validate(trainer.model, trainer.average, held_out, config, world, position.step,
+                                      trainer.autocast)
+                if validation is not None:
+                    run_log.write(validation)
             if position.step % config.checkpoint_every == 0 or position.step == config.steps:
-                _save(world, trainer, position, steps_per_epoch, run_dir)
-        if position.batch_in_epoch >= steps_per_epoch:
+                _save(world, trainer, position, len(dataset), run_dir)
+        if not _steps_left(trainer, dataset, position):
             position.epoch += 1
-            position.batch_in_epoch = 0
+            position.sample_in_epoch = 0
             if loader_per_epoch:
                 batches = None
     return records
 
 
+def _steps_left(trainer: Trainer, dataset, position: Position) -> bool:
+    return trainer.layout.steps_per_epoch(len(dataset), position.sample_in_epoch) > 0
+
+
 def _step(world: Dist, trainer: Trainer, batches: Iterator[dict], position: Position) -> dict:
-    """Fetch a batch, take one step, and return its log record (losses averaged over ranks)."""
+    """Fetch this rank's micro-batches, take one step, and return its log record (losses
+    averaged over ranks and micro-batches)."""
     start = time.perf_counter()
     if world.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(world.device)
-    batch = next(batches)
+    micro_batches = [next(batches) for _ in range(trainer.config.accumulate)]
     if trainer.captured is None:
-        batch = to_device(batch, world.device)
+        micro_batches = [to_device(batch, world.device) for batch in micro_batches]
     data_wait = time.perf_counter() - start
-    result, num_cycles = trainer.step(batch, position.step)
+    result, num_cycles = trainer.step(micro_batches, position.step)
     position.step += 1
-    position.batch_in_epoch += 1
+    position.sample_in_epoch += trainer.layout.global_batch
     terms = [name for name in result if name != "grad_norm"]  # loss, distogram, diffusion, mse, ...
     means = mean_over_ranks(world, torch.stack([result[name].float() for name in terms])).tolist()
     return {
+        "kind": "train",
         "step": position.step,
         "epoch": position.epoch,
         **dict(zip(terms, means)),
@@ -313,15 +389,16 @@ def _step(world: Dist, trainer: Trainer, batches: Iterator[dict], position: Posi
         "step_time_s": time.perf_counter() - start,
         "data_wait_s": data_wait,
         "peak_memory_gb": peak_memory_gb(world.device),
-        "tokens": int(batch["token_pad_mask"].sum()),
-        "ids": all_ranks(world, batch["id"]),  # per rank
+        "tokens": sum(int(batch["token_pad_mask"].sum()) for batch in micro_batches),
+        # per rank, that rank's samples in micro-step order
+        "ids": all_ranks(world, [key for batch in micro_batches for key in batch["id"]]),
         "world_size": world.world_size,
     }
 
 
-def _save(world: Dist, trainer: Trainer, position: Position, steps_per_epoch: int, run_dir: pathlib.Path) -> None:
+def _save(world: Dist, trainer: Trainer, position: Position, samples_per_epoch: int, run_dir: pathlib.Path) -> None:
     """A checkpoint at `position`; one that ends an epoch resumes at the next epoch's start."""
-    end_of_epoch = position.batch_in_epoch >= steps_per_epoch
+    end_of_epoch = trainer.layout.steps_per_epoch(samples_per_epoch, position.sample_in_epoch) == 0
     saved = Position(position.step, position.epoch + 1, 0) if end_of_epoch else position
     rng_states = all_ranks(world, rng_state())
     if world.is_main:

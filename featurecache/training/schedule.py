@@ -1,4 +1,4 @@
-"""The learning-rate schedule: linear warmup to the peak, and its CUDA-graph form."""
+"""The learning-rate schedule (AF3 SI 5.4: linear warm-up, then a step decay) and its CUDA-graph form."""
 
 from __future__ import annotations
 
@@ -7,9 +7,20 @@ from typing import Callable
 import torch
 
 
-def warmup_schedule(warmup: int) -> Callable[[int], float]:
-    """LambdaLR's factor: rises linearly to 1 over `warmup` steps, then stays (AF3's warmup)."""
-    return lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+def lr_factor(warmup: int, decay_factor: float = 0.95, decay_every: int = 50_000) -> Callable[[int], float]:
+    """LambdaLR's factor of the peak learning rate for optimizer step `step` (0-based).
+
+    AF3: the rate rises linearly over the first `warmup` steps, (step + 1) / warmup, so the
+    first step already moves; from step `warmup` on it is the peak times
+    decay_factor ** ((step - warmup) // decay_every): 0.95 after 50,000 steps past the warm-up,
+    0.95^2 after 100,000, and so on.
+    """
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return decay_factor ** ((step - warmup) // decay_every)
+
+    return factor
 
 
 class GraphLearningRate:
