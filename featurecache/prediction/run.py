@@ -42,7 +42,8 @@ class PredictOptions:
 
 
 def load_model(checkpoint: pathlib.Path, device: torch.device, kernels: str) -> AF3Model:
-    """The AF3Model a training checkpoint holds, on `device`, in eval mode, with `kernels`.
+    """The AF3Model a training checkpoint holds (its EMA weights, when it has them), on
+    `device`, in eval mode, with `kernels`.
 
     Read with weights_only=False (a checkpoint also holds RNG states): only checkpoints you wrote.
     """
@@ -59,7 +60,8 @@ def load_model(checkpoint: pathlib.Path, device: torch.device, kernels: str) -> 
         settings = {name: value for name, value in state["model_config"].items() if name not in ("kernels", "checkpoint_blocks")}
         config = ModelConfig(**settings, kernels=kernels, checkpoint_blocks=False)
         model = AF3Model(config)
-        model.load_state_dict(state["model"])
+        # the EMA of the weights where training kept one (AF3 predicts with it), else the weights
+        model.load_state_dict({**state["model"], **state.get("ema", {})})
     except (TypeError, ValueError, RuntimeError) as error:
         reason = " ".join(str(error).split())[:300]
         raise PredictError(f"--checkpoint {checkpoint}: its model does not load as AF3Model (a trunk-only "
