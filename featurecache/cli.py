@@ -56,16 +56,16 @@ def _shutdown_ray() -> None:
         ray.shutdown()
 
 
-def _plot_path(path: pathlib.Path | None) -> pathlib.Path | None:
-    """Check --plot before any work: a known image suffix in a folder that exists."""
+def _plot_path(path: pathlib.Path | None, option: str = "--plot") -> pathlib.Path | None:
+    """Check a plot's file name before any work: a known image suffix in a folder that exists."""
     if path is None:
         return None
     if path.suffix.lower() not in PLOT_SUFFIXES:
-        raise UserError(f"--plot {path}: use one of {', '.join(PLOT_SUFFIXES)}")
+        raise UserError(f"{option} {path}: use one of {', '.join(PLOT_SUFFIXES)}")
     if not path.parent.is_dir():
-        raise UserError(f"--plot {path}: folder {path.parent} does not exist")
+        raise UserError(f"{option} {path}: folder {path.parent} does not exist")
     if path.is_dir():
-        raise UserError(f"--plot {path}: is a folder, expected a file name")
+        raise UserError(f"{option} {path}: is a folder, expected a file name")
     return path
 
 
@@ -124,9 +124,10 @@ def cli(debug):
 @click.option("--retry-failed/--no-retry-failed", default=True, show_default=True,
               help="Retry inputs that failed in an earlier run.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
+@click.option("--verbose", is_flag=True, help="Show Ray's own messages: start-up, warnings, what its workers print.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, address, num_workers, executor,
-               num_shards, msa_rows_stored, max_msa_rows, ccd_path, retry_failed, progress, as_json):
+               num_shards, msa_rows_stored, max_msa_rows, ccd_path, retry_failed, progress, verbose, as_json):
     """Parse INPUTS (mmCIF, PDB, FASTA or AlphaFold3 input JSON files, or folders of them), search
     or ingest alignments, compute reference conformers, featurize, and write the records into the
     cache. Resumable: current records are skipped."""
@@ -150,6 +151,7 @@ def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, add
         ccd_path=ccd_path,
         retry_failed=retry_failed,
         progress=progress,
+        verbose=verbose,
     )
     try:
         summary = run(options)
@@ -209,7 +211,8 @@ def search(inputs, config_path, out_dir, cache_dir, max_templates, address, num_
 @click.argument("cache_dir", type=click.Path(path_type=pathlib.Path))
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=pathlib.Path),
-              help="Write a PNG with length and MSA-depth histograms and failures by stage.")
+              help="Also draw the report (.png, .pdf or .svg): lengths, MSA depths, templates, failures, "
+                   "conformer sources, curation and the AF3 sampling.")
 def stats(cache_dir, as_json, plot_path):
     """Counts, sizes, length and MSA-depth distributions, warnings and failures by stage."""
     from featurecache.store.inspect import cache_stats, format_stats
@@ -222,6 +225,24 @@ def stats(cache_dir, as_json, plot_path):
         plot_stats(report, plot_path)
         if not as_json:
             click.echo(f"plot written to {plot_path}")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=pathlib.Path))
+@click.option("--out", "out_path", type=click.Path(path_type=pathlib.Path),
+              help="Image to write (.png, .pdf or .svg)  [default: RUN_DIR/training.png]")
+def plot(run_dir, out_path):
+    """Draw a training run's log (RUN_DIR/log.jsonl): loss and its terms, step time, peak memory."""
+    from featurecache.training.run_plot import DEFAULT_PLOT, RunLogError, plot_run
+
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such folder (give the --out folder of a `featurecache train` run)")
+    out_path = _plot_path(out_path or run_dir / DEFAULT_PLOT, "--out")
+    try:
+        plot_run(run_dir, out_path)
+    except RunLogError as error:
+        raise UserError(str(error)) from error
+    click.echo(f"plot written to {out_path}")
 
 
 @cli.command()

@@ -217,7 +217,7 @@ class _Run:
         cpus = 1
         if self.options.executor == "ray":
             try:
-                self.ray = start_ray(self.options.address, self.options.num_workers)
+                self.ray = start_ray(self.options.address, self.options.num_workers, self.options.verbose)
             except (ConnectionError, ValueError, RuntimeError) as error:
                 raise PipelineSetupError(
                     f"cannot start or join Ray (address={self.options.address!r}): {error}") from None

@@ -59,6 +59,7 @@ class PrecomputeOptions:
     clustering: ClusteringConfig | None = None  # overrides the config's [clustering] (default: AF3's)
     retry_failed: bool = True
     progress: bool = True
+    verbose: bool = False              # show Ray's own messages (start-up, warnings, workers' output)
     max_in_flight: int | None = None   # tasks submitted at once; default 4 per CPU
 
 

@@ -15,20 +15,25 @@ from featurecache.precompute.tasks import TaskError
 RAY_TASK_RETRIES = 2  # for crashed workers only: a TaskError is a returned value, never retried
 
 
-def start_ray(address: str | None, num_workers: int | None):
+def start_ray(address: str | None, num_workers: int | None, verbose: bool = False):
     """The ray module, initialised: joining `address`, or a local Ray with `num_workers` CPUs.
 
-    Ray's own errors (ConnectionError, ValueError, RuntimeError) propagate to the caller.
+    Quiet unless `verbose`: Ray's start-up banners and warnings, and what its workers print,
+    stay out of the terminal (a task's failure still reaches the driver as its TaskError, a
+    crashed worker through the crash callback). Ray's own errors (ConnectionError, ValueError,
+    RuntimeError) propagate to the caller.
     """
     import ray
 
     if ray.is_initialized():
         return ray
-    quiet = {"logging_level": logging.WARNING, "log_to_driver": True}
+    # ERROR also hides the warning a new local Ray gives on every start that it turned token
+    # authentication on (it stays on: only the message goes).
+    settings = {"logging_level": logging.INFO if verbose else logging.ERROR, "log_to_driver": verbose}
     if address:
-        ray.init(address=address, **quiet)
+        ray.init(address=address, **settings)
     else:
-        ray.init(num_cpus=num_workers, include_dashboard=False, **quiet)
+        ray.init(num_cpus=num_workers, include_dashboard=False, **settings)
     return ray
 
 

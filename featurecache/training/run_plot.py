@@ -1,0 +1,169 @@
+"""`featurecache plot RUN_DIR`: a training run's log.jsonl drawn as one figure.
+
+Four panels over the optimizer step: the loss, its terms (distogram, diffusion and the diffusion
+loss's parts), the step time with the time spent waiting for data, and peak memory. Per-step
+values are noisy, so each curve is drawn faintly and its moving average over about 1/50 of the
+run on top. matplotlib is imported only here (Agg backend, no display needed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from featurecache.training.loop import LOG_FILE
+
+DEFAULT_PLOT = "training.png"
+# Fields of a step record that are not loss terms (everything else numeric is one).
+_NOT_LOSS_TERMS = {"step", "epoch", "loss", "num_cycles", "grad_norm", "lr", "step_time_s", "data_wait_s",
+                   "peak_memory_gb", "tokens", "world_size"}
+_SMOOTHING_POINTS = 50  # the moving average spans about 1/50 of the run
+LOG_SPAN = 20  # a panel whose values span more than this factor gets a log axis
+
+
+class RunLogError(ValueError):
+    """A run folder without a readable log of training steps (the command's exit 2)."""
+
+
+def read_steps(run_dir: Path) -> list[dict]:
+    """The run's step records in step order. A resumed run appends the steps after its checkpoint
+    again: the later record of a step wins. A last line cut short (a run killed mid-write) is
+    left out; any other line that is not JSON is an error naming the file and line."""
+    path = Path(run_dir) / LOG_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RunLogError(f"{run_dir}: no {LOG_FILE} (give the --out folder of a `featurecache train` run)") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise RunLogError(f"{path}: cannot read it ({error})") from None
+    lines = text.split("\n")
+    by_step: dict[int, dict] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            if number == len(lines):  # no newline after it: the writer was stopped mid-line
+                continue
+            raise RunLogError(f"{path} line {number}: not JSON ({error.msg})") from None
+        if isinstance(record, dict) and "loss" in record and "step_time_s" in record:
+            by_step[int(record["step"])] = record
+    if not by_step:
+        raise RunLogError(f"{path}: no training step logged yet")
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def _moving_average(values: list[float], window: int) -> list[float]:
+    """Mean of each value and the window - 1 before it (NaNs skipped), as long as the input."""
+    averaged = []
+    for index in range(len(values)):
+        finite = [value for value in values[max(0, index - window + 1):index + 1] if math.isfinite(value)]
+        averaged.append(sum(finite) / len(finite) if finite else math.nan)
+    return averaged
+
+
+def _positive(values: list[float]) -> list[float]:
+    """Values for a log axis: zero, negative and missing ones become gaps."""
+    return [value if isinstance(value, (int, float)) and value > 0 else math.nan for value in values]
+
+
+def _draw(axis, steps: list[int], values: list[float], window: int, color: str, label: str) -> None:
+    values = _positive(values)
+    if window > 1:
+        axis.plot(steps, values, color=color, alpha=0.25, linewidth=0.8)
+        axis.plot(steps, _moving_average(values, window), color=color, linewidth=1.6, label=label)
+    else:
+        axis.plot(steps, values, color=color, linewidth=1.4, marker="o", markersize=3, label=label)
+
+
+def _y_scale(axis, values: list[float], unit: str) -> None:
+    """A log axis when the values span more than LOG_SPAN (a first step that compiles, a loss that
+    falls by orders), labelled with plain numbers (0.5, 2, 100); a linear axis otherwise."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    positive = [value for value in _positive(values) if math.isfinite(value)]
+    if positive and max(positive) > LOG_SPAN * min(positive):
+        axis.set_yscale("log")
+        axis.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        axis.yaxis.set_minor_formatter(NullFormatter())
+        unit += " (log scale)"
+    axis.set_ylabel(unit)
+
+
+def loss_terms(records: list[dict]) -> list[str]:
+    """The loss terms the log has, in the order the first record lists them."""
+    return [name for name, value in records[0].items()
+            if name not in _NOT_LOSS_TERMS and isinstance(value, (int, float))]
+
+
+def _draw_terms(axis, records: list[dict], steps: list[int], window: int) -> None:
+    """Each loss term that is ever above zero; the ones that stay at zero are named in the legend."""
+    import matplotlib
+
+    palette = matplotlib.colormaps["tab10"].colors
+    drawn, zero, shown = [], [], []
+    for name in loss_terms(records):
+        values = [record.get(name) for record in records]
+        if any(isinstance(value, (int, float)) and value > 0 for value in values):
+            _draw(axis, steps, values, window, palette[len(drawn) % len(palette)], name)
+            drawn.append(name)
+            shown.extend(values)
+        else:
+            zero.append(name)
+    axis.set_title("loss terms")
+    _y_scale(axis, shown, "value")
+    if drawn:
+        axis.legend(fontsize=8, ncol=2, title=f"zero throughout: {', '.join(zero)}" if zero else None,
+                    title_fontsize=8)
+    else:
+        axis.set_yticks([])
+        axis.text(0.5, 0.5, "this log has no loss terms (only the total)", ha="center", va="center",
+                  transform=axis.transAxes)
+
+
+def plot_run(run_dir: Path, out: Path) -> Path:
+    """Write the figure of `run_dir`'s log to `out` (PNG, PDF or SVG by its suffix); returns `out`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    records = read_steps(run_dir)
+    steps = [record["step"] for record in records]
+    window = max(1, len(records) // _SMOOTHING_POINTS)
+    figure, axes = plt.subplots(2, 2, figsize=(12, 7.5), sharex=True)
+    (loss, terms), (timing, memory) = axes
+
+    losses = [record["loss"] for record in records]
+    _draw(loss, steps, losses, window, "#1f4e79", "loss")
+    loss.set_title("loss")
+    _y_scale(loss, losses, "loss")
+
+    _draw_terms(terms, records, steps, window)
+
+    step_ms = [record["step_time_s"] * 1e3 for record in records]
+    wait_ms = [record["data_wait_s"] * 1e3 for record in records]
+    _draw(timing, steps, step_ms, window, "#3b75af", "step")
+    _draw(timing, steps, wait_ms, window, "#c53a32", "waiting for data")
+    timing.set(title="step time", xlabel="step")
+    _y_scale(timing, step_ms + wait_ms, "ms")
+    timing.legend(fontsize=8)
+
+    # the loop logs the GPU's peak allocation, or on the CPU the process's peak resident set
+    memory.plot(steps, [record["peak_memory_gb"] for record in records], color="#519e3e", linewidth=1.4)
+    memory.set(title="peak memory (GPU allocated, or process RSS on CPU)", xlabel="step", ylabel="GB",
+               ylim=(0, None))
+
+    for axis in axes.flat:
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.grid(alpha=0.3)
+    smoothing = f"; bold lines: mean of the last {window} steps" if window > 1 else ""
+    figure.suptitle(f"{run_dir}: {len(records)} steps logged (last: step {steps[-1]}){smoothing}", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
+    return out
