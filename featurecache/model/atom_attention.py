@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from featurecache.kernels.reference import evo_attention_reference
+from featurecache.kernels.window_attention import window_attention
 from featurecache.model.atoms import gather_tokens, mean_over_token_atoms
 from featurecache.model.config import ModelConfig
 from featurecache.model.layers import freeze_norm_bias, kernel_module
@@ -47,11 +49,12 @@ class AtomWindows:
     atoms (32), each attending to the `keys` atoms (128) centred on its window, as AF3's subset
     centres 15.5, 47.5, ... define them. Keys outside the atoms or padding are masked.
 
-    Pair tensors live per window: [B, W, queries, keys, C]. For evo_attention (which needs as many
-    queries as keys) each window's queries are padded with zero rows to `keys` and the windows
-    go in the batch axis, the S diffusion samples in its rows, so one [keys, keys] bias per window
-    serves every sample. The padded rows cost (keys / queries)x the attention arithmetic of the
-    atoms, small beside the token transformer.
+    Pair tensors live per window: [B, W, queries, keys, C]. kernels="triton" runs
+    featurecache.kernels.window_attention on the windows as they are (queries x keys, the bias
+    read once for a group of diffusion samples). kernels="torch" runs evo_attention's reference,
+    which needs as many queries as keys: each window's queries are padded with zero rows to
+    `keys` and the windows go in the batch axis, the S diffusion samples in its rows, so one
+    [keys, keys] bias per window serves every sample.
     """
 
     def __init__(self, atom_pad_mask: torch.Tensor, queries: int = 32, keys: int = 128) -> None:
@@ -74,6 +77,21 @@ class AtomWindows:
     def keys_of(self, atom_values: torch.Tensor) -> torch.Tensor:
         """[B, ..., A, C] -> [B, ..., W, keys, C]."""
         return atom_values[..., self.key_index.flatten(), :].unflatten(-2, (self.num_windows, self.keys))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pair_bias: torch.Tensor,
+               kernels: str) -> torch.Tensor:
+        """Each window's queries over its keys: q, k, v [B, S, A, H, D], pair_bias
+        [B, W, queries, keys, H] -> [B, S, A, H, D]."""
+        if kernels == "torch":
+            q_rows, k_rows, v_rows, mask = self.pack(q, k, v)
+            return self.unpack(evo_attention_reference(q_rows, k_rows, v_rows, bias=self.bias(pair_bias), mask=mask))
+        heads = q.shape[-2:]
+        q_windows = self.queries_of(q.flatten(-2)).unflatten(-1, heads)  # [B, S, W, queries, H, D]
+        k_windows, v_windows = (self.keys_of(t.flatten(-2)).unflatten(-1, heads) for t in (k, v))
+        # Contiguous keys: the kernels read [queries, keys] bias tiles in whole cache lines.
+        bias = pair_bias.permute(0, 1, 4, 2, 3).contiguous()  # [B, W, H, queries, keys]
+        out = window_attention(q_windows, k_windows, v_windows, bias=bias, mask=self.key_mask)
+        return out.flatten(2, 3)[:, :, : self.num_atoms]
 
     def bias(self, pair_bias: torch.Tensor) -> torch.Tensor:
         """[B, W, queries, keys, H] -> evo_attention's [B * W, 1, H, keys, keys]."""

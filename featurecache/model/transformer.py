@@ -7,10 +7,10 @@ beta (an extra additive bias, `extra_bias`).
 
 Where the attention runs is a *layout*: `TokenLayout` is full attention over L (the keys masked
 by `token_mask`); `featurecache.model.atom_attention.AtomWindows` is AF3's sequence-local atom
-attention. A layout turns the per-head bias projected from the pair into evo_attention's bias,
-packs q/k/v into its [B, rows, L, H, D] layout and unpacks the result, so one attention module
-serves both, on the kernel path ("triton", EvoAttention) or the reference path ("torch") with
-the same parameters.
+attention. A layout runs the attention (`attend`): it turns the per-head bias projected from
+the pair into its kernel's bias and lays q/k/v out for it (EvoAttention for tokens, window_attention
+for atoms), so one attention module serves both, on the kernel path ("triton") or the reference
+path ("torch") with the same parameters.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from featurecache.kernels.runtime import check_kernels
 from featurecache.model.layers import attention_fn, freeze_norm_bias, kernel_module
 
 # AF3 initialises every output gate sigmoid(Linear(s)) with bias -2 (Algorithms 24, 25).
@@ -57,6 +58,12 @@ class TokenLayout:
 
     def unpack(self, out: torch.Tensor) -> torch.Tensor:
         return out
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pair_bias: torch.Tensor,
+               kernels: str) -> torch.Tensor:
+        """q, k, v [B, S, L, H, D], pair_bias [B, L, L, H] -> [B, S, L, H, D]."""
+        q_rows, k_rows, v_rows, mask = self.pack(q, k, v)
+        return self.unpack(attention_fn(kernels)(q_rows, k_rows, v_rows, bias=self.bias(pair_bias), mask=mask))
 
 
 class AdaptiveLayerNorm(nn.Module):
@@ -110,7 +117,7 @@ class ConditionedAttention(nn.Module):
         freeze_norm_bias(self.pair_bias)
         self.linear_out = nn.Linear(c_a, c_a, bias=False)
         self.output_gate = _gate(c_s, c_a)
-        self.attention = attention_fn(kernels)
+        self.kernels = check_kernels(kernels)
 
     def forward(self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
         """a [B, S, L, C_a], s [B, S or 1, L, C_s], pair as the layout reads it -> update of a."""
@@ -118,9 +125,7 @@ class ConditionedAttention(nn.Module):
         q, k, v, gate = self.proj(self.adaln(a, s)).split(width, dim=-1)
         q = q + self.query_bias
         q, k, v, gate = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in (q, k, v, gate))
-        bias = layout.bias(self.pair_bias(pair))
-        q_rows, k_rows, v_rows, mask = layout.pack(q, k, v)
-        out = layout.unpack(self.attention(q_rows, k_rows, v_rows, bias=bias, mask=mask))  # [B, S, L, H, D]
+        out = layout.attend(q, k, v, self.pair_bias(pair), self.kernels)  # [B, S, L, H, D]
         out = self.linear_out((torch.sigmoid(gate) * out.to(gate.dtype)).flatten(-2))
         return torch.sigmoid(self.output_gate(s)) * out
 

@@ -92,3 +92,33 @@ def test_atom_pair_features_only_within_a_reference_space():
 def test_gates_start_at_afs_bias():
     attention = ConditionedAttention(8, 8, 4, 2, kernels="torch")
     assert (attention.output_gate.bias == GATE_BIAS_INIT).all() and (attention.output_gate.weight == 0).all()
+
+
+@pytest.mark.parametrize("num_atoms, real_atoms, queries, keys", [
+    (45, 38, 8, 24),     # not a multiple of the window, padding atoms
+    (70, 61, 32, 128),   # AF3's windows, more keys than atoms
+])
+def test_window_kernels_match_the_torch_path_with_the_same_parameters(num_atoms, real_atoms, queries, keys):
+    """kernels="triton" (window_attention) against kernels="torch" (padded evo_attention reference):
+    same state_dict, same output, same gradient for every parameter and input."""
+    generator = torch.Generator().manual_seed(num_atoms)
+    c_a, c_s, c_pair, heads, samples = 16, 8, 4, 2, 3
+    torch_path = ConditionedAttention(c_a, c_s, c_pair, heads, kernels="torch")
+    for parameter in torch_path.parameters():
+        parameter.data.normal_(generator=generator).mul_(0.5)
+    triton_path = ConditionedAttention(c_a, c_s, c_pair, heads, kernels="triton")
+    triton_path.load_state_dict(torch_path.state_dict())
+    windows = AtomWindows(torch.arange(num_atoms)[None, :] < real_atoms, queries, keys)
+    a = torch.randn(1, samples, num_atoms, c_a, generator=generator)
+    s = torch.randn(1, 1, num_atoms, c_s, generator=generator)
+    pair = torch.randn(1, windows.num_windows, queries, keys, c_pair, generator=generator)
+    grad_out = torch.randn(1, samples, num_atoms, c_a, generator=generator)
+    results = []
+    for module in (torch_path, triton_path):
+        inputs = [x.clone().requires_grad_() for x in (a, s, pair)]
+        module(*inputs, windows).backward(grad_out)
+        grads = [x.grad for x in inputs] + [p.grad for p in module.parameters() if p.requires_grad]
+        results.append([module(*inputs, windows).detach()] + grads)
+    for index, (want, got) in enumerate(zip(*results)):
+        error = (got - want).abs().max().item()
+        assert error <= 2e-5 * (1 + want.abs().max().item()), f"result {index}: max error {error:.2e}"
