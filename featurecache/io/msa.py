@@ -95,7 +95,7 @@ def format_a3m(msa: Msa, rows=None, molecule_type: str = "protein") -> str:
     sequences = np.split(text, ends[:-1]) if len(rows) else []
     lines = []
     for row, sequence in zip(rows.tolist(), sequences):
-        header = " ".join(msa.descriptions[row].split()) or f"row{row}"
+        header = msa.descriptions[row].replace("\r", " ").replace("\n", " ").strip() or f"row{row}"
         lines.append(f">{header}\n{sequence.tobytes().decode('ascii')}\n")
     return "".join(lines)
 

@@ -1,0 +1,210 @@
+"""`featurecache search` on the small real databases: A3M files, AlphaFold 3 input JSON checked
+against AF3's documented input format (docs/input.md), and a precompute afterwards that reuses
+every search."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from featurecache.cli import cli
+from featurecache.io.af3_json import read_af3_json
+from featurecache.io.msa import parse_a3m
+from featurecache.io.species import species_tag
+from featurecache.precompute.msa_records import decode_msa_record
+from featurecache.precompute.search import sequence_key
+from featurecache.store.reader import StoreReader
+from featurecache.testing.testdb import write_pipeline_config
+
+# --- AlphaFold 3's input format, as its docs/input.md gives it ---------------------------------
+
+TOP_LEVEL = {"name": str, "modelSeeds": list, "sequences": list, "bondedAtomPairs": list, "userCCD": str,
+             "userCCDPath": str, "dialect": str, "version": int}
+REQUIRED_TOP_LEVEL = {"name", "modelSeeds", "sequences", "dialect", "version"}
+ENTITY_FIELDS = {
+    "protein": {"id", "sequence", "modifications", "description", "unpairedMsa", "unpairedMsaPath", "pairedMsa",
+                "pairedMsaPath", "templates"},
+    "rna": {"id", "sequence", "modifications", "description", "unpairedMsa", "unpairedMsaPath"},
+    "dna": {"id", "sequence", "modifications", "description"},
+    "ligand": {"id", "ccdCodes", "smiles", "description"},
+}
+MODIFICATION_FIELDS = {"protein": ("ptmType", "ptmPosition"), "rna": ("modificationType", "basePosition"),
+                       "dna": ("modificationType", "basePosition")}
+SEQUENCE_LETTERS = {"rna": set("ACGU"), "dna": set("ACGT")}
+TEMPLATE_FIELDS = {"mmcif": str, "mmcifPath": str, "queryIndices": list, "templateIndices": list}
+
+
+def check_a3m(text: str, query: str, where: str) -> None:
+    """docs/input.md: A3M, the first sequence exactly the query, and with lower-case insertions
+    removed every sequence as long as the query."""
+    records = re.findall(r">[^\n]*\n([^>]*)", text)
+    assert records, f"{where}: no A3M records"
+    assert records[0].replace("\n", "") == query, f"{where}: first sequence is not the query"
+    for sequence in records:
+        kept = re.sub(r"[a-z\n]", "", sequence)
+        assert len(kept) == len(query) and re.fullmatch(r"[A-Z-]+", kept), f"{where}: row not rectangular"
+
+
+def check_af3_input(document: dict) -> None:
+    """Field names, types and rules of an AlphaFold 3 input JSON (dialect alphafold3)."""
+    assert set(document) <= set(TOP_LEVEL) and REQUIRED_TOP_LEVEL <= set(document), sorted(document)
+    for key, kind in TOP_LEVEL.items():
+        if key in document:
+            assert isinstance(document[key], kind) and not isinstance(document[key], bool), key
+    assert document["dialect"] == "alphafold3" and document["version"] in (1, 2, 3, 4)
+    assert document["modelSeeds"] and all(type(seed) is int for seed in document["modelSeeds"])
+    ids = []
+    for entry in document["sequences"]:
+        assert isinstance(entry, dict) and len(entry) == 1
+        kind, body = next(iter(entry.items()))
+        assert kind in ENTITY_FIELDS and set(body) <= ENTITY_FIELDS[kind], (kind, sorted(body))
+        chain_ids = body["id"] if isinstance(body["id"], list) else [body["id"]]
+        # "IDs must be upper case letters" (AF3 refuses anything else)
+        assert chain_ids and all(isinstance(c, str) and c.isalpha() and c.isupper() for c in chain_ids), chain_ids
+        ids += chain_ids
+        if "description" in body:
+            assert isinstance(body["description"], str) and document["version"] >= 4
+        if kind == "ligand":
+            assert ("ccdCodes" in body) != ("smiles" in body)
+            if "ccdCodes" in body:
+                assert body["ccdCodes"] and all(isinstance(code, str) for code in body["ccdCodes"])
+            else:
+                assert isinstance(body["smiles"], str)
+            continue
+        sequence = body["sequence"]
+        assert isinstance(sequence, str) and sequence.isalpha() and sequence.isupper()
+        if kind in SEQUENCE_LETTERS:
+            assert set(sequence) <= SEQUENCE_LETTERS[kind]
+        type_key, position_key = MODIFICATION_FIELDS[kind]
+        for modification in body.get("modifications", []):
+            assert set(modification) == {type_key, position_key}
+            assert isinstance(modification[type_key], str)
+            assert type(modification[position_key]) is int and 1 <= modification[position_key] <= len(sequence)
+        if kind == "protein":  # unpairedMsa and pairedMsa: both set or both unset
+            assert ("unpairedMsa" in body) == ("pairedMsa" in body)
+        for key in ("unpairedMsa", "pairedMsa"):
+            if body.get(key):
+                check_a3m(body[key], sequence, f"{body['id']} {key}")
+            elif key in body:
+                assert body[key] == ""
+        for template in body.get("templates", []):
+            assert set(template) <= set(TEMPLATE_FIELDS) and ("mmcif" in template) != ("mmcifPath" in template)
+            for key, kind_ in TEMPLATE_FIELDS.items():
+                assert key not in template or isinstance(template[key], kind_), key
+            query, hit = template["queryIndices"], template["templateIndices"]
+            assert len(query) == len(hit) and all(type(i) is int and i >= 0 for i in query + hit)
+            assert max(query, default=0) < len(sequence)
+    assert len(ids) == len(set(ids)), "every entity needs unique ids"
+    for pair in document.get("bondedAtomPairs", []):
+        assert len(pair) == 2
+        for chain_id, residue, atom in pair:
+            assert chain_id in ids and type(residue) is int and residue >= 1 and isinstance(atom, str)
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory, shared_data, test_databases, ras_sequence, template_query):
+    """One `search` run: 721p (H-Ras homodimer with ligands) and a two-protein FASTA whose chains
+    are the OpenFold test query (templates among the sample mmCIFs) and H-Ras again."""
+    root = tmp_path_factory.mktemp("search")
+    config = write_pipeline_config(test_databases, root / "pipeline.toml", threads=1, template_tool="hhsearch")
+    inputs = root / "inputs"
+    inputs.mkdir()
+    shutil.copy(shared_data / "structures" / "721p-assembly1.cif", inputs)
+    (inputs / "pair.fasta").write_text(f">query mol:protein\n{template_query}\n>ras mol:protein\n{ras_sequence}\n")
+    out = root / "out"
+    result = CliRunner().invoke(cli, ["search", str(inputs), "--config", str(config), "--out", str(out),
+                                      "--executor", "inline", "--no-progress", "--json"])
+    assert result.exit_code == 0, result.output
+    return {"root": root, "config": config, "inputs": inputs, "out": out, "summary": json.loads(result.output)}
+
+
+def test_a3m_files_hold_every_searched_row_query_first(searched, ras_sequence, template_query):
+    out = searched["out"]
+    index = json.loads((out / "index.json").read_text())
+    assert set(index) == {"721p-assembly1", "pair"}
+    assert index["721p-assembly1"]["A"] == index["721p-assembly1"]["B"] == index["pair"]["B"]  # one search of Ras
+    assert searched["summary"]["sequences"] == {"done": 2, "skipped": 0, "failed": 0}
+    with StoreReader(out / "cache") as reader:
+        stored = {key.split("-")[0]: decode_msa_record(reader.get("msa", key), where=key)
+                  for key in reader.keys("msa") if "-db-" not in key}
+    for query in (ras_sequence, template_query):
+        folder = out / "msas" / sequence_key("protein", query)
+        assert f"msas/{folder.name}" in {path for chains in index.values() for path in chains.values()}
+        text = (folder / "non_pairing.a3m").read_text()
+        check_a3m(text, query, folder.name)
+        msa = parse_a3m(text, folder.name)
+        stored_msa, hits = stored[folder.name]
+        assert msa.depth == stored_msa.depth > 10 and msa.length == len(query)
+        np.testing.assert_array_equal(msa.aligned, stored_msa.aligned)
+        np.testing.assert_array_equal(msa.deletion_matrix, stored_msa.deletion_matrix)
+        assert msa.descriptions == stored_msa.descriptions
+        written_hits = json.loads((folder / "template_hits.json").read_text())
+        assert [hit["name"] for hit in written_hits] == [hit.name for hit in hits]
+        assert written_hits[0]["query_indices"] == hits[0].query_indices.tolist()
+    paired = parse_a3m((out / "msas" / sequence_key("protein", template_query) / "pairing.a3m").read_text(), "p")
+    assert paired.query == template_query and paired.depth > 1
+    assert all(species_tag(description) for description in paired.descriptions[1:])  # every row names a species
+
+
+def test_af3_json_follows_the_documented_input_format(searched, ras_sequence, template_query):
+    out = searched["out"]
+    documents = {path.stem: json.loads(path.read_text()) for path in (out / "af3").glob("*.json")}
+    assert set(documents) == {"721p-assembly1", "pair"}
+    for document in documents.values():
+        check_af3_input(document)
+    entities = [next(iter(entry.items())) for entry in documents["721p-assembly1"]["sequences"]]
+    protein = [body for kind, body in entities if kind == "protein"]
+    assert len(protein) == 1 and protein[0]["id"] == ["A", "B"] and protein[0]["sequence"] == ras_sequence
+    assert protein[0]["pairedMsa"] == ""  # a homodimer: AF3 pairs nothing
+    assert protein[0]["templates"] == []  # its one hit is 721p itself, dropped as a near copy
+    assert sorted(body["ccdCodes"][0] for kind, body in entities if kind == "ligand") == ["GNP", "MG"]
+    pair = [entry["protein"] for entry in documents["pair"]["sequences"]]
+    assert [body["sequence"] for body in pair] == [template_query, ras_sequence]
+    query_body = pair[0]
+    assert query_body["pairedMsa"].count(">") > 1  # two different proteins: its species rows for pairing
+    assert query_body["templates"], "the OpenFold query has hits among the sample template mmCIFs"
+    # featurecache's own AF3 reader takes it back: one protein chain per template, indices in range.
+    parsed = read_af3_json(out / "af3" / "pair.json", "pair")
+    assert parsed.msas["A"].msa.depth == query_body["unpairedMsa"].count(">") + query_body["pairedMsa"].count(">") - 1
+    for template, given in zip(query_body["templates"], parsed.templates["A"]):
+        residues = given.chain.residues
+        matched = sum(template_query[q] == given.chain.sequence[t]
+                      for q, t in zip(template["queryIndices"], template["templateIndices"]))
+        assert len(residues) > max(template["templateIndices"])
+        assert matched / len(template["queryIndices"]) >= 0.2  # aligned residues, not an offset mapping
+
+
+def test_precompute_after_search_reuses_every_search(searched):
+    cache = searched["out"] / "cache"
+    rerun = CliRunner().invoke(cli, ["search", str(searched["inputs"]), "--config", str(searched["config"]),
+                                     "--out", str(searched["out"]), "--executor", "inline", "--no-progress", "--json"])
+    assert rerun.exit_code == 0, rerun.output
+    assert json.loads(rerun.output)["sequences"] == {"done": 0, "skipped": 2, "failed": 0}
+    result = CliRunner().invoke(cli, ["precompute", str(searched["inputs"]), "--cache", str(cache), "--config",
+                                      str(searched["config"]), "--executor", "inline", "--no-progress", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output[result.output.index("{"):])
+    assert summary["stages"]["search"] == {"done": 0, "skipped": 2, "failed": 0}
+    assert summary["stages"]["featurize"]["done"] == 2
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["{inputs}", "--config", "{root}/missing.toml", "--out", "{root}/o"], "--config"),
+    (["{root}/no-such-input", "--config", "{config}", "--out", "{root}/o"], "no-such-input"),
+    (["{inputs}", "--config", "{config}", "--out", "{root}/o", "--max-templates", "-1"], "--max-templates"),
+    (["{inputs}", "--out", "{root}/o"], "--config"),
+])
+def test_bad_input_is_one_line_and_exit_2(searched, arguments, message):
+    values = {"inputs": searched["inputs"], "root": searched["root"], "config": searched["config"]}
+    result = CliRunner().invoke(cli, ["search", *[argument.format(**values) for argument in arguments]])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert len([line for line in result.output.splitlines() if line.startswith("Error")]) == 1
