@@ -274,6 +274,26 @@ def show(cache_dir, key, table):
 
 @cli.command()
 @click.argument("cache_dir", type=click.Path(path_type=pathlib.Path))
+@click.argument("keys", nargs=-1, required=True)
+@click.option("--format", "output_format", required=True, type=click.Choice(["af3-json", "a3m"]),
+              help="af3-json: one AlphaFold3 input JSON per key (MSAs, templates); a3m: one A3M per chain.")
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=pathlib.Path),
+              help="Folder to write into (KEY.json, or KEY/<chain>.a3m).")
+def export(cache_dir, keys, output_format, out_dir):
+    """Write the cached feature records of KEYS (target ids) as AlphaFold3 input JSON or A3M files."""
+    from featurecache.export import ExportError, export_records
+
+    try:
+        written = export_records(_existing_cache(cache_dir), list(keys), output_format, out_dir)
+    except ExportError as error:
+        raise UserError(str(error)) from error
+    except OSError as error:
+        raise UserError(f"--out {out_dir}: {error.strerror or error}") from error
+    click.echo(f"{len(written)} file(s) written to {out_dir}")
+
+
+@cli.command()
+@click.argument("cache_dir", type=click.Path(path_type=pathlib.Path))
 @click.argument("dest", type=click.Path(path_type=pathlib.Path))
 def publish(cache_dir, dest):
     """Seal a finished cache into a new immutable generation under DEST (shared storage)."""

@@ -22,7 +22,7 @@ LAYERS = {
     "features": ("featurecache.features",),
     "store": ("featurecache.store",),
     "precompute": ("featurecache.precompute",),
-    "loader": ("featurecache.loader", "featurecache.online", "featurecache.sampler"),
+    "loader": ("featurecache.loader", "featurecache.online", "featurecache.sampler", "featurecache.export"),
     "kernels": ("featurecache.kernels",),
     "model": ("featurecache.model",),
     "training": ("featurecache.training",),

@@ -101,7 +101,7 @@ def _valid_id(chain_id: str) -> bool:
     return chain_id.isascii() and chain_id.isalpha() and chain_id.isupper()
 
 
-def _renamed_chains(chain_ids: list[str]) -> dict[str, str]:
+def renamed_chains(chain_ids: list[str]) -> dict[str, str]:
     """New ids for the chain ids AF3 refuses: the first of AF3's ids no chain uses."""
     taken = {chain_id for chain_id in chain_ids if _valid_id(chain_id)}
     refused = [chain_id for chain_id in chain_ids if not _valid_id(chain_id)]
@@ -114,7 +114,7 @@ def af3_entities(structure: Structure) -> list[Af3Entity]:
     order of first appearance; waters are left out. MSAs and templates are left unset."""
     chains = [chain for chain in structure.chains
               if not (chain.molecule_type == "ligand" and all(r.name in _SKIPPED_LIGANDS for r in chain.residues))]
-    new_ids = _renamed_chains([chain.chain_id for chain in chains])
+    new_ids = renamed_chains([chain.chain_id for chain in chains])
     groups: dict[tuple, list[Chain]] = {}
     for chain in chains:
         residues = tuple((residue.name, residue.smiles) for residue in chain.residues)
@@ -195,4 +195,44 @@ def single_chain_mmcif(path: str | os.PathLike, auth_chain_id: str) -> str:
     for index in reversed(range(len(structure.entities))):
         if not set(structure.entities[index].subchains) & present:
             del structure.entities[index]
+    return structure.make_mmcif_document().as_string()
+
+
+_BACKBONE_ATOMS = (("N", "N"), ("CA", "C"), ("C", "C"))
+
+
+def backbone_template_mmcif(name: str, residue_names: list[str], backbone, backbone_mask, beta, beta_mask) -> str:
+    """mmCIF text of a one-chain protein template from backbone coordinates only: N, CA, C
+    (`backbone` [n, 3, 3], `backbone_mask` [n, 3]) and CB (`beta` [n, 3]; glycine has none).
+    Every residue given is in the chain's sequence, so template index i is residue i."""
+    structure = gemmi.Structure()
+    structure.name = name
+    chain = gemmi.Chain("A")
+    for number, residue_name in enumerate(residue_names):
+        residue = gemmi.Residue()
+        residue.name = residue_name
+        residue.seqid = gemmi.SeqId(number + 1, " ")
+        residue.label_seq = number + 1
+        residue.entity_type = gemmi.EntityType.Polymer
+        residue.subchain = "A"
+        atoms = [(atom, element, backbone[number][slot]) for slot, (atom, element) in enumerate(_BACKBONE_ATOMS)
+                 if backbone_mask[number][slot]]
+        if beta_mask[number] and residue_name != "GLY":
+            atoms.append(("CB", "C", beta[number]))
+        for atom_name, element, position in atoms:
+            atom = gemmi.Atom()
+            atom.name = atom_name
+            atom.element = gemmi.Element(element)
+            atom.pos = gemmi.Position(*(float(value) for value in position))
+            atom.occ = 1.0
+            residue.add_atom(atom)
+        chain.add_residue(residue)
+    model = gemmi.Model(1)
+    model.add_chain(chain)
+    structure.add_model(model)
+    structure.setup_entities()
+    entity = structure.entities[0]
+    entity.entity_type = gemmi.EntityType.Polymer
+    entity.polymer_type = gemmi.PolymerType.PeptideL
+    entity.full_sequence = list(residue_names)
     return structure.make_mmcif_document().as_string()
