@@ -1,6 +1,7 @@
 """`featurecache predict` on a real cache (209d: two DNA strands and a peptide with non-standard
 residues) with checkpoints written by the real training loop (CPU, tiny preset)."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -75,9 +76,9 @@ def test_predict_writes_one_mmcif_per_sample_with_the_targets_chains_residues_an
     result = _cli(["predict", "--cache", cache, TARGET, "--checkpoint", checkpoint, "--out", out,
                    "--samples", 2, "--steps", 4, "--cycles", 2, "--device", "cpu"])
     assert result.exit_code == 0, result.output
-    written = sorted(out.iterdir())
-    assert [path.name for path in written] == [f"{TARGET}_sample_0.cif", f"{TARGET}_sample_1.cif"]
+    written = [out / TARGET / f"seed-0_sample-{i}" / f"{TARGET}_seed-0_sample-{i}_model.cif" for i in (0, 1)]
     assert result.output.split() == [str(path) for path in written]
+    _check_confidences(out / TARGET, written)
     truth = gemmi.read_structure(str(shared_data / "structures" / f"{TARGET}.cif"))
     truth.remove_hydrogens()
     truth.remove_waters()
@@ -103,6 +104,50 @@ def test_predict_writes_one_mmcif_per_sample_with_the_targets_chains_residues_an
     assert not np.allclose(samples[0], samples[1])  # two samples of the sampler, not one copy
 
 
+SUMMARY_KEYS = {"chain_ids", "chain_iptm", "chain_pair_iptm", "chain_pair_pae_min", "chain_ptm",
+                "fraction_disordered", "has_clash", "iptm", "ptm", "ranking_score"}
+FULL_KEYS = {"atom_chain_ids", "atom_plddts", "contact_probs", "pae", "token_chain_ids", "token_res_ids"}
+
+
+def _check_confidences(folder: Path, models: list[Path]) -> None:
+    """AlphaFold 3's documented confidence files (docs/output.md) beside each mmCIF, pLDDT in
+    the B-factors, and the best sample by ranking_score copied to the top of the folder."""
+    scores = []
+    for model in models:
+        prefix = model.name.removesuffix("model.cif")
+        summary = json.loads((model.parent / f"{prefix}summary_confidences.json").read_text())
+        full = json.loads((model.parent / f"{prefix}confidences.json").read_text())
+        assert set(summary) == SUMMARY_KEYS and set(full) == FULL_KEYS
+        assert summary["chain_ids"] == ["A", "B", "C"]
+        assert np.array(summary["chain_pair_iptm"]).shape == np.array(summary["chain_pair_pae_min"]).shape == (3, 3)
+        assert len(summary["chain_ptm"]) == len(summary["chain_iptm"]) == 3
+        assert 0.0 <= summary["ptm"] <= 1.0 and 0.0 <= summary["iptm"] <= 1.0
+        assert summary["has_clash"] in (0.0, 1.0) and 0.0 <= summary["fraction_disordered"] <= 1.0
+        expected = 0.8 * summary["iptm"] + 0.2 * summary["ptm"] + 0.5 * summary["fraction_disordered"] \
+            - 100 * summary["has_clash"]
+        assert summary["ranking_score"] == pytest.approx(expected, abs=0.02)  # the file rounds to 2 decimals
+        tokens = len(full["token_chain_ids"])
+        assert np.array(full["pae"]).shape == np.array(full["contact_probs"]).shape == (tokens, tokens)
+        assert len(full["token_res_ids"]) == tokens and set(full["token_chain_ids"]) == {"A", "B", "C"}
+        assert np.all(np.array(full["pae"]) >= 0) and np.all(np.array(full["contact_probs"]) <= 1)
+        structure = gemmi.read_structure(str(model))
+        atoms = [(residue.subchain, atom.b_iso) for chain in structure[0] for residue in chain for atom in residue]
+        assert full["atom_chain_ids"] == [chain for chain, _ in atoms]
+        plddts = np.array(full["atom_plddts"])
+        assert plddts.min() >= 0 and plddts.max() <= 100
+        np.testing.assert_allclose(plddts, [b_factor for _, b_factor in atoms], atol=0.011)
+        scores.append(summary["ranking_score"])
+    ranking = (folder / f"{TARGET}_ranking_scores.csv").read_text().splitlines()
+    assert ranking[0] == "seed,sample,ranking_score" and len(ranking) == 1 + len(models)
+    exact = [float(line.split(",")[2]) for line in ranking[1:]]
+    assert exact == pytest.approx(scores, abs=0.006)
+    best = models[int(np.argmax(exact))]
+    assert (folder / f"{TARGET}_model.cif").read_bytes() == best.read_bytes()
+    prefix = best.name.removesuffix("model.cif")
+    for suffix in ("confidences.json", "summary_confidences.json"):
+        assert (folder / f"{TARGET}_{suffix}").read_bytes() == (best.parent / f"{prefix}{suffix}").read_bytes()
+
+
 def test_bad_keys_and_checkpoints_are_one_line_with_exit_2(cache, checkpoint, tmp_path):
     def error_line(args) -> str:
         result = _cli(["predict", "--cache", cache, *args, "--out", tmp_path / "out", "--steps", 2])
@@ -120,7 +165,9 @@ def test_bad_keys_and_checkpoints_are_one_line_with_exit_2(cache, checkpoint, tm
     torch.save({"weights": 1}, garbled)
     assert "not a featurecache training checkpoint" in error_line([TARGET, "--checkpoint", garbled])
     state = torch.load(checkpoint, weights_only=False)
-    del state["model"][next(name for name in state["model"] if name.startswith("diffusion_module."))]
+    name = next(name for name in state["model"] if name.startswith("diffusion_module."))
+    for weights in (state["model"], state.get("ema", {})):  # the EMA copy too, where training kept one
+        weights.pop(name, None)
     torch.save(state, garbled)
     assert "does not load as AF3Model" in error_line([TARGET, "--checkpoint", garbled])
     assert "no such file" in error_line([TARGET, "--checkpoint", tmp_path / "missing.pt"])

@@ -22,7 +22,8 @@ POSITIVE = click.IntRange(min=1)
 @click.option("--checkpoint", required=True, type=click.Path(dir_okay=False),
               help="A checkpoint file written by `featurecache train` (its model and model settings).")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
-              help="Folder for the structures: <key>_sample_<i>.cif.")
+              help="Folder for the predictions, in AlphaFold 3's layout: <key>/seed-<seed>_sample-<i>/ with the "
+                   "mmCIF (pLDDT as B-factors) and confidence JSON files, the best-ranked sample at <key>/.")
 @click.option("--samples", default=PredictOptions.samples, show_default=True, type=POSITIVE,
               help="Structures per target (AF3: 5 per seed).")
 @click.option("--steps", type=POSITIVE, help="Sampler steps (default: the model's, 200 in AF3; tiny: 20).")
@@ -37,7 +38,8 @@ POSITIVE = click.IntRange(min=1)
 @click.option("--device", default=PredictOptions.device, show_default=True,
               help="auto (CUDA if there is one), cpu, cuda or cuda:N.")
 def predict_command(cache, keys, checkpoint, out, samples, steps, cycles, max_tokens, seed, kernels, device) -> None:
-    """Predict structures of cached targets KEY... with a trained checkpoint: one mmCIF per sample."""
+    """Predict structures of cached targets KEY... with a trained checkpoint: one mmCIF and its
+    confidences per sample, ranked as AlphaFold 3 ranks them. Prints the mmCIFs written."""
     options = PredictOptions(cache=cache, keys=tuple(dict.fromkeys(keys)), checkpoint=checkpoint, out=out,
                              samples=samples, steps=steps, cycles=cycles, seed=seed, max_tokens=max_tokens,
                              device=device, kernels=kernels)

@@ -97,7 +97,7 @@ def residue_instances(sample: dict[str, np.ndarray], meta: dict, ccd: Ccd) -> li
     return instances
 
 
-def _asym_ids(chain_ids: list[str]) -> tuple[list[str], list[str]]:
+def asym_ids(chain_ids: list[str]) -> tuple[list[str], list[str]]:
     """(label_asym_id, auth_asym_id) per record chain: a split-off ligand "A:MG167" keeps its
     author chain "A" and gets a label_asym_id of its own (mmCIF gives every instance one)."""
     labels, used = [], set()
@@ -113,10 +113,21 @@ def _asym_ids(chain_ids: list[str]) -> tuple[list[str], list[str]]:
     return labels, [chain_id.split(":")[0] for chain_id in chain_ids]
 
 
+def written_order(instances: list[ResidueInstance], chain_ids: list[str]) -> list[ResidueInstance]:
+    """The residue instances in the order the mmCIF lists them: grouped by author chain (a
+    split-off ligand joins its chain), chains in order of first appearance."""
+    auths = asym_ids(chain_ids)[1]
+    rank: dict[str, int] = {}
+    for instance in instances:
+        rank.setdefault(auths[instance.chain], len(rank))
+    return sorted(instances, key=lambda instance: rank[auths[instance.chain]])
+
+
 def structure_mmcif(target_id: str, sample: dict[str, np.ndarray], meta: dict, positions: np.ndarray,
-                    instances: list[ResidueInstance]) -> gemmi.cif.Document:
-    """One predicted structure (positions [A, 3], Angstrom) as an mmCIF document."""
-    labels, auths = _asym_ids(list(meta["chain_ids"]))
+                    instances: list[ResidueInstance], b_factors: np.ndarray | None = None) -> gemmi.cif.Document:
+    """One predicted structure (positions [A, 3], Angstrom) as an mmCIF document; b_factors [A]
+    (the pLDDT, 0-100, as AlphaFold writes it) or 0."""
+    labels, auths = asym_ids(list(meta["chain_ids"]))
     names = atom_names(sample["ref_atom_name_chars"])
     structure = gemmi.Structure()
     structure.name = target_id
@@ -140,7 +151,7 @@ def structure_mmcif(target_id: str, sample: dict[str, np.ndarray], meta: dict, p
             atom.element = gemmi.Element(int(sample["ref_element"][index]))
             atom.pos = gemmi.Position(*map(float, positions[index]))
             atom.occ = 1.0
-            atom.b_iso = 0.0
+            atom.b_iso = 0.0 if b_factors is None else float(b_factors[index])
             residue.add_atom(atom)
         chains[auth].add_residue(residue)
     for chain in chains.values():
@@ -159,8 +170,8 @@ def structure_mmcif(target_id: str, sample: dict[str, np.ndarray], meta: dict, p
 
 
 def write_mmcif(path: pathlib.Path, target_id: str, sample: dict[str, np.ndarray], meta: dict,
-                positions: np.ndarray, instances: list[ResidueInstance]) -> None:
+                positions: np.ndarray, instances: list[ResidueInstance], b_factors: np.ndarray | None = None) -> None:
     """Write one predicted structure to `path` (a temporary file renamed: never half written)."""
     partial = path.with_name(path.name + ".partial")
-    structure_mmcif(target_id, sample, meta, positions, instances).write_file(str(partial))
+    structure_mmcif(target_id, sample, meta, positions, instances, b_factors).write_file(str(partial))
     partial.replace(path)

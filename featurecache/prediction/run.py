@@ -1,11 +1,13 @@
 """Predict structures for targets of a cache with a trained checkpoint: the model its training
 saved (weights and ModelConfig), AF3Model.sample on each target's record (whole, or its first
-contiguous crop of `max_tokens`), one mmCIF per sample."""
+contiguous crop of `max_tokens`), one mmCIF per sample with its confidences, ranked, in
+AlphaFold 3's output layout."""
 
 from __future__ import annotations
 
 import pathlib
 import pickle
+import shutil
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +16,8 @@ from featurecache.chem.ccd import load_ccd
 from featurecache.config import SampleConfig
 from featurecache.loader import CacheDataset, collate
 from featurecache.model import AF3Model, ModelConfig
-from featurecache.prediction.mmcif import residue_instances, write_mmcif
+from featurecache.prediction.confidences import sample_confidence, structure_labels, write_json
+from featurecache.prediction.mmcif import asym_ids, atom_names, residue_instances, write_mmcif
 from featurecache.training.config import TrainSetupError, resolve_kernels
 from featurecache.training.distributed import resolve_device
 
@@ -58,6 +61,7 @@ def load_model(checkpoint: pathlib.Path, device: torch.device, kernels: str) -> 
         raise PredictError(f"--checkpoint {checkpoint}: not a featurecache training checkpoint")
     try:
         settings = {name: value for name, value in state["model_config"].items() if name not in ("kernels", "checkpoint_blocks")}
+        settings.setdefault("confidence_head", False)  # a checkpoint from before the confidence head
         config = ModelConfig(**settings, kernels=kernels, checkpoint_blocks=False)
         model = AF3Model(config)
         # the EMA of the weights where training kept one (AF3 predicts with it), else the weights
@@ -83,7 +87,7 @@ def _dataset(options: PredictOptions) -> CacheDataset:
 
 
 def predict(options: PredictOptions) -> list[pathlib.Path]:
-    """Write OUT/<key>_sample_<i>.cif for every key and sample; returns the paths written."""
+    """Predict every key; returns the per-sample mmCIFs written (see `_predict_target` for the layout)."""
     try:
         device = resolve_device(options.device)
         kernels = resolve_kernels(options.kernels, device)
@@ -96,20 +100,58 @@ def predict(options: PredictOptions) -> list[pathlib.Path]:
     ccd = load_ccd()
     written = []
     for key in options.keys:
-        index = dataset.ids.index(key)
-        sample = dataset[(0, index)]
-        _, meta = dataset.load_arrays(key)
-        batch = {name: value.to(device) if isinstance(value, torch.Tensor) else value
-                 for name, value in collate([sample]).items()}
-        generator = torch.Generator().manual_seed(options.seed)
-        with torch.no_grad():
-            positions = model.sample(batch, num_cycles=options.cycles, num_samples=options.samples,
-                                     num_steps=options.steps, generator=generator)["positions"]
-        arrays = {name: value.numpy() for name, value in sample.items() if isinstance(value, torch.Tensor)}
-        instances = residue_instances(arrays, meta, ccd)
-        for number, structure in enumerate(positions[0].float().cpu().numpy()):
-            path = out / f"{key}_sample_{number}.cif"
-            write_mmcif(path, key, arrays, meta, structure, instances)
-            written.append(path)
+        written += _predict_target(model, dataset, key, options, ccd, out / key, device)
     return written
 
+
+def _predict_target(model: AF3Model, dataset: CacheDataset, key: str, options: PredictOptions, ccd,
+                    folder: pathlib.Path, device: torch.device) -> list[pathlib.Path]:
+    """AlphaFold 3's output layout in OUT/<key>/: per sample seed-<seed>_sample-<i>/ with
+    <key>_seed-<seed>_sample-<i>_model.cif (pLDDT in the B-factors), _confidences.json and
+    _summary_confidences.json; the best sample by ranking_score again as <key>_model.cif,
+    <key>_confidences.json and <key>_summary_confidences.json; <key>_ranking_scores.csv.
+    A model without the confidence head writes the mmCIFs only (B-factors 0)."""
+    index = dataset.ids.index(key)
+    sample = dataset[(0, index)]
+    _, meta = dataset.load_arrays(key)
+    batch = {name: value.to(device) if isinstance(value, torch.Tensor) else value
+             for name, value in collate([sample]).items()}
+    generator = torch.Generator().manual_seed(options.seed)
+    with torch.no_grad():
+        outputs = model.sample(batch, num_cycles=options.cycles, num_samples=options.samples,
+                               num_steps=options.steps, generator=generator)
+    outputs = {name: value.cpu() for name, value in outputs.items()}
+    arrays = {name: value.numpy() for name, value in sample.items() if isinstance(value, torch.Tensor)}
+    instances = residue_instances(arrays, meta, ccd)
+    labels = asym_ids(list(meta["chain_ids"]))[0]
+    structure = structure_labels(arrays, instances, list(meta["chain_ids"]), atom_names(arrays["ref_atom_name_chars"]))
+    distogram_range = (model.config.distogram_min, model.config.distogram_max)
+    written, scores = [], []
+    for number, positions in enumerate(outputs["positions"][0].float().numpy()):
+        name = f"{key}_seed-{options.seed}_sample-{number}"
+        sample_folder = folder / f"seed-{options.seed}_sample-{number}"
+        sample_folder.mkdir(parents=True, exist_ok=True)
+        confidence = None
+        if "pae_logits" in outputs:
+            confidence = sample_confidence(outputs, number, positions, arrays, structure, labels, distogram_range)
+            write_json(sample_folder / f"{name}_summary_confidences.json", confidence.summary, indent=1)
+            write_json(sample_folder / f"{name}_confidences.json", confidence.full)
+            scores.append(confidence.ranking_score)
+        path = sample_folder / f"{name}_model.cif"
+        write_mmcif(path, key, arrays, meta, positions, instances,
+                    None if confidence is None else confidence.atom_plddt)
+        written.append(path)
+    if scores:
+        _write_ranking(folder, key, options.seed, written, scores)
+    return written
+
+
+def _write_ranking(folder: pathlib.Path, key: str, seed: int, models: list[pathlib.Path], scores: list[float]) -> None:
+    """<key>_ranking_scores.csv (seed, sample, ranking_score) and copies of the best sample's
+    files at the top of the folder, as AlphaFold 3 does."""
+    lines = ["seed,sample,ranking_score"] + [f"{seed},{number},{score}" for number, score in enumerate(scores)]
+    (folder / f"{key}_ranking_scores.csv").write_text("\n".join(lines) + "\n")
+    best = max(range(len(scores)), key=lambda number: scores[number])  # the first of equals
+    prefix = models[best].name.removesuffix("model.cif")
+    for suffix in ("model.cif", "confidences.json", "summary_confidences.json"):
+        shutil.copyfile(models[best].parent / f"{prefix}{suffix}", folder / f"{key}_{suffix}")
