@@ -72,6 +72,7 @@ class AF3Model(nn.Module):
             config.num_pairformer_blocks, config.c_s, config.c_z, config.single_heads,
             config.single_head_dim, config.pair_heads, config.pair_head_dim,
             config.transition_expansion, checkpoint_blocks=config.checkpoint_blocks, kernels=kernels,
+            dropout=config.pair_dropout,
         )
         self.distogram_head = DistogramHead(config.c_z, config.distogram_bins)
         self.diffusion_module = DiffusionModule(config, atom_single_input_dim(config))
@@ -87,10 +88,11 @@ class AF3Model(nn.Module):
     def _windows(self, batch: dict) -> AtomWindows:
         return AtomWindows(batch["atom_pad_mask"], self.config.atom_window_queries, self.config.atom_window_keys)
 
-    def trunk(self, batch: dict, num_cycles: int) -> dict:
+    def trunk(self, batch: dict, num_cycles: int, generator: torch.Generator | None = None) -> dict:
         """Algorithm 1, lines 1-13 and the distogram: s_inputs, single, pair, distogram_logits.
 
-        Only the last cycle keeps a graph: earlier cycles run without gradient (AF3).
+        Only the last cycle keeps a graph: earlier cycles run without gradient (AF3). `generator`
+        seeds the dropout of every cycle while training (None: the device's default generator).
         """
         missing = [name for name in REQUIRED_INPUTS if name not in batch]
         if missing:
@@ -106,9 +108,9 @@ class AF3Model(nn.Module):
             with torch.set_grad_enabled(grad_enabled and cycle == num_cycles - 1):
                 z = z_init + self.recycle_pair(z.detach())
                 s = s_init + self.recycle_single(s.detach())
-                z = z + self.template_embedder(batch, z, pair_mask)
-                z = self.msa_module(batch, s_inputs, z, token_mask, pair_mask)
-                s, z = self.pairformer(s, z, token_mask, pair_mask)
+                z = z + self.template_embedder(batch, z, pair_mask, generator)
+                z = self.msa_module(batch, s_inputs, z, token_mask, pair_mask, generator)
+                s, z = self.pairformer(s, z, token_mask, pair_mask, generator)
         return {"s_inputs": s_inputs, "single": s, "pair": z, "distogram_logits": self.distogram_head(z)}
 
     def diffusion_context(self, batch: dict, trunk: dict) -> DiffusionContext:
@@ -125,7 +127,7 @@ class AF3Model(nn.Module):
         With the confidence head (SI 4.3): a mini-rollout of the sampler (confidence_rollout_steps,
         no gradient) gives `rollout_positions` [B, R, A, 3], and the head's logits on them
         (`plddt_logits`, `pae_logits`, `pde_logits`, `resolved_logits`) train it."""
-        outputs = self.trunk(batch, num_cycles)
+        outputs = self.trunk(batch, num_cycles, generator)
         if num_diffusion_samples < 1:
             return outputs
         atom_resolved = batch["atom_mask"] & batch["atom_pad_mask"]

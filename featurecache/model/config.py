@@ -87,6 +87,10 @@ class ModelConfig:
     resolved_loss_weight: float = 1.0
     pae_loss_weight: float = 0.0    # AF3: 0 in initial training, 1 in the fine-tuning stages
     max_recycling_cycles: int = 4   # training draws N_cycle uniformly from 1..this
+    # --- dropout while training (Algorithms 8, 16, 17) and the ground truth's permutation (SI 4.2) ---
+    pair_dropout: float = 0.25      # row/column-wise after the triangle updates (Pairformer, MSA, templates)
+    msa_dropout: float = 0.15       # rowwise after the MSA module's pair-weighted averaging
+    permutation_alignment: bool = True  # chains and symmetric atoms of the truth matched to the prediction
     kernels: str = "triton"         # "triton": featurecache.kernels; "torch": pure-PyTorch references
     checkpoint_blocks: bool = True  # activation checkpointing per block while training
 
@@ -107,6 +111,9 @@ class ModelConfig:
             if getattr(self, width) % getattr(self, heads):
                 raise ValueError(f"ModelConfig.{width} ({getattr(self, width)}) must be a multiple of "
                                  f"{heads} ({getattr(self, heads)})")
+        for name in ("pair_dropout", "msa_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"ModelConfig.{name} must be in [0, 1), got {getattr(self, name)}")
         if self.atom_window_queries % 2 or self.atom_window_keys % 2 \
                 or self.atom_window_keys < self.atom_window_queries:
             raise ValueError(f"ModelConfig atom windows must be even with keys >= queries, got "

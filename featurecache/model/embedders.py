@@ -16,6 +16,7 @@ from featurecache.schema import NUM_RESTYPES
 from featurecache.model.atom_attention import AtomAttentionEncoder, AtomWindows
 from featurecache.model.atoms import dense_token_bonds
 from featurecache.model.config import ModelConfig
+from featurecache.model.layers import derived_seeds, dropout_seed
 from featurecache.model.pairformer import PairStack, run_blocks
 
 # restype one-hot, MSA profile, deletion mean, is_protein/rna/dna/ligand
@@ -188,25 +189,30 @@ class TemplateEmbedder(nn.Module):
         self.from_features = nn.Linear(TEMPLATE_FEATURE_DIM, c_t, bias=False)
         self.blocks = nn.ModuleList(
             PairStack(c_t, config.template_pair_heads, config.template_pair_head_dim,
-                      config.template_transition_expansion, kernels=config.kernels)
+                      config.template_transition_expansion, kernels=config.kernels, dropout=config.pair_dropout)
             for _ in range(config.num_template_blocks)
         )
         self.out_norm = nn.LayerNorm(c_t)
         self.linear_out = nn.Linear(c_t, config.c_z, bias=False)
 
-    def forward(self, batch: dict, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
-        """Update [B, N, N, c_z] to add to z; zeros where a sample has no template."""
+    def forward(self, batch: dict, z: torch.Tensor, pair_mask: torch.Tensor,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+        """Update [B, N, N, c_z] to add to z; zeros where a sample has no template. `generator`:
+        the step's, for the dropout seed (None: the device's default generator)."""
         template_mask = batch["template_mask"]  # [B, T]
         num_templates = template_mask.shape[1]
         if num_templates == 0:
             return torch.zeros_like(z)
         z_in = self.from_pair(self.pair_norm(z))
+        dropout = self.training and self.blocks and self.blocks[0].dropout > 0
+        seeds = derived_seeds(dropout_seed(generator, z.device), num_templates) if dropout else [None] * num_templates
         total = None
         # one template at a time: T pair stacks at once would multiply the peak memory by T
         for index in range(num_templates):
             features = template_pair_features(batch, index).to(z_in.dtype)
             v = z_in + self.from_features(features)
-            (v,) = run_blocks(self.blocks, self.checkpoint_blocks and self.training, v, masks=(pair_mask,))
+            (v,) = run_blocks(self.blocks, self.checkpoint_blocks and self.training, v, masks=(pair_mask,),
+                              seed=seeds[index])
             v = self.out_norm(v) * template_mask[:, index, None, None, None].to(v.dtype)
             total = v if total is None else total + v
         count = template_mask.sum(dim=1).clamp(min=1).to(total.dtype)

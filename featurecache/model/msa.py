@@ -1,5 +1,7 @@
 """MSA module (AF3 Algorithm 8): the MSA talks to the pair through the outer product mean and
-reads it back through pair-weighted averaging; the pair runs the triangle updates."""
+reads it back through pair-weighted averaging; the pair runs the triangle updates. Dropout while
+training (AF3): rowwise, one mask for every MSA row, after pair-weighted averaging
+(config.msa_dropout), and the pair stack's (config.pair_dropout)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,15 @@ from torch import nn
 from featurecache.schema import NUM_RESTYPES
 from featurecache.model.config import ModelConfig
 from featurecache.model.embedders import SINGLE_INPUT_DIM
-from featurecache.model.layers import OuterProductMean, PairWeightedAveraging, kernel_module
-from featurecache.model.pairformer import PairStack, run_blocks
+from featurecache.model.layers import (
+    SITES_PER_BLOCK,
+    OuterProductMean,
+    PairWeightedAveraging,
+    dropout_seed,
+    kernel_module,
+    shared_dropout,
+)
+from featurecache.model.pairformer import ROWWISE, PairStack, run_blocks
 
 MSA_FEATURE_DIM = NUM_RESTYPES + 2  # class one-hot, has_deletion, deletion_value
 
@@ -38,6 +47,7 @@ class MSABlock(nn.Module):
         super().__init__()
         kernels = config.kernels
         self.last = last
+        self.msa_dropout = config.msa_dropout
         self.outer_product_mean = OuterProductMean(config.c_m, config.c_z, config.outer_product_dim, kernels=kernels)
         if not last:
             self.pair_weighted_averaging = PairWeightedAveraging(
@@ -45,15 +55,19 @@ class MSABlock(nn.Module):
             self.msa_transition = kernel_module(
                 "Transition", config.c_m, expansion=config.transition_expansion, kernels=kernels)
         self.pair = PairStack(config.c_z, config.pair_heads, config.pair_head_dim,
-                              config.transition_expansion, kernels=kernels)
+                              config.transition_expansion, kernels=kernels, dropout=config.pair_dropout)
 
     def forward(self, m: torch.Tensor, z: torch.Tensor, msa_mask: torch.Tensor, token_mask: torch.Tensor,
-                pair_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                pair_mask: torch.Tensor, seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`seed`: this block's dropout seed (None, or eval mode: no dropout)."""
         z = z + self.outer_product_mean(m, msa_mask)
         if not self.last:
-            m = m + self.pair_weighted_averaging(m, z, token_mask)
+            rate = self.msa_dropout if self.training else 0.0
+            # the pair stack's sites are 0-3; the MSA's mask is [B, 1, L, C_m], shared by the rows
+            m = m + shared_dropout(self.pair_weighted_averaging(m, z, token_mask), rate, seed, SITES_PER_BLOCK - 1,
+                                   ROWWISE)
             m = m + self.msa_transition(m)
-        z = self.pair(z, pair_mask)
+        z = self.pair(z, pair_mask, seed)
         return m, z
 
 
@@ -63,16 +77,19 @@ class MSAModule(nn.Module):
         atom-aware s_inputs of AF3Model)."""
         super().__init__()
         self.checkpoint_blocks = config.checkpoint_blocks
+        self.dropout = max(config.msa_dropout, config.pair_dropout)
         self.from_msa = nn.Linear(MSA_FEATURE_DIM, config.c_m, bias=False)
         self.from_single = nn.Linear(single_input_dim, config.c_m, bias=False)
         num_blocks = config.num_msa_blocks
         self.blocks = nn.ModuleList(MSABlock(config, last=i == num_blocks - 1) for i in range(num_blocks))
 
     def forward(self, batch: dict, inputs: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor,
-                pair_mask: torch.Tensor) -> torch.Tensor:
-        """Update the pair z [B, N, N, c_z] from the MSA; returns the new z."""
+                pair_mask: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Update the pair z [B, N, N, c_z] from the MSA; returns the new z. `generator`: the
+        step's, for the dropout seed (None: the device's default generator)."""
         msa_mask = batch["msa_row_mask"][:, :, None] & token_mask[:, None, :]  # [B, S, N]
         m = self.from_msa(msa_features(batch)) + self.from_single(inputs).unsqueeze(1)
+        seed = dropout_seed(generator, z.device) if self.training and self.dropout > 0 else None
         _, z = run_blocks(self.blocks, self.checkpoint_blocks and self.training, m, z,
-                          masks=(msa_mask, token_mask, pair_mask))
+                          masks=(msa_mask, token_mask, pair_mask), seed=seed)
         return z

@@ -1,4 +1,10 @@
-"""Pairformer (AF3 Algorithm 17) and the pair-only stack shared with the MSA and template modules."""
+"""Pairformer (AF3 Algorithm 17) and the pair-only stack shared with the MSA and template modules.
+
+Dropout as AF3 places it: rowwise after the triangle multiplications and the starting-node
+attention, columnwise after the ending-node attention (`dropout`, 0.25 in AF3), only while
+training. Each stack draws one seed per call from the step's generator and every block derives
+its masks from it (layers.shared_dropout), so checkpointed blocks recompute the same masks.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,17 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from featurecache.kernels.runtime import accepts_impl_keyword
-from featurecache.model.layers import AttentionPairBias, TriangleAttention, kernel_module, residual_fn
+from featurecache.model.layers import (
+    AttentionPairBias,
+    TriangleAttention,
+    derived_seeds,
+    dropout_seed,
+    kernel_module,
+    residual_fn,
+    shared_dropout,
+)
+
+ROWWISE, COLUMNWISE = 1, 2  # the axis of z [B, i, j, C] along which one dropout mask is shared
 
 
 class PairStack(nn.Module):
@@ -19,8 +35,9 @@ class PairStack(nn.Module):
 
     @accepts_impl_keyword
     def __init__(self, c_z: int, num_heads: int, head_dim: int, transition_expansion: int,
-                 kernels: str = "triton") -> None:
+                 kernels: str = "triton", dropout: float = 0.0) -> None:
         super().__init__()
+        self.dropout = dropout
         self.tri_mul_out = kernel_module("TriangleMultiplication", c_z, direction="outgoing", kernels=kernels)
         self.tri_mul_in = kernel_module("TriangleMultiplication", c_z, direction="incoming", kernels=kernels)
         self.tri_att_start = TriangleAttention(c_z, num_heads, head_dim, node="starting", kernels=kernels)
@@ -28,51 +45,58 @@ class PairStack(nn.Module):
         self.transition = kernel_module("Transition", c_z, expansion=transition_expansion, kernels=kernels)
         self.residual = residual_fn(kernels)
 
-    def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
-        return self.updates(z, pair_mask)[0]
+    def forward(self, z: torch.Tensor, pair_mask: torch.Tensor, seed: torch.Tensor | None = None) -> torch.Tensor:
+        return self.updates(z, pair_mask, seed)[0]
 
-    def updates(self, z: torch.Tensor, pair_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The updated z, and the same in autocast's dtype (z itself without autocast)."""
-        z, z_low = self.residual(z, self.tri_mul_out(z, pair_mask))
-        z, z_low = self.residual(z, self.tri_mul_in(z_low, pair_mask))
-        z, z_low = self.residual(z, self.tri_att_start(z_low, pair_mask))
-        z, z_low = self.residual(z, self.tri_att_end(z_low, pair_mask))
+    def updates(self, z: torch.Tensor, pair_mask: torch.Tensor,
+                seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The updated z, and the same in autocast's dtype (z itself without autocast). `seed`:
+        this block's dropout seed (None, or eval mode: no dropout)."""
+        rate = self.dropout if self.training else 0.0
+        z, z_low = self.residual(z, shared_dropout(self.tri_mul_out(z, pair_mask), rate, seed, 0, ROWWISE))
+        z, z_low = self.residual(z, shared_dropout(self.tri_mul_in(z_low, pair_mask), rate, seed, 1, ROWWISE))
+        z, z_low = self.residual(z, shared_dropout(self.tri_att_start(z_low, pair_mask), rate, seed, 2, ROWWISE))
+        z, z_low = self.residual(z, shared_dropout(self.tri_att_end(z_low, pair_mask), rate, seed, 3, COLUMNWISE))
         return self.residual(z, self.transition(z_low))
 
 
 class PairformerBlock(nn.Module):
     @accepts_impl_keyword
     def __init__(self, c_s: int, c_z: int, single_heads: int, single_head_dim: int, pair_heads: int,
-                 pair_head_dim: int, transition_expansion: int, kernels: str = "triton") -> None:
+                 pair_head_dim: int, transition_expansion: int, kernels: str = "triton", dropout: float = 0.0) -> None:
         super().__init__()
-        self.pair = PairStack(c_z, pair_heads, pair_head_dim, transition_expansion, kernels=kernels)
+        self.pair = PairStack(c_z, pair_heads, pair_head_dim, transition_expansion, kernels=kernels, dropout=dropout)
         self.attention = AttentionPairBias(c_s, c_z, single_heads, single_head_dim, kernels=kernels)
         self.transition = kernel_module("Transition", c_s, expansion=transition_expansion, kernels=kernels)
 
-    def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor,
-                pair_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        z, z_low = self.pair.updates(z, pair_mask)
+    def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, pair_mask: torch.Tensor,
+                seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        z, z_low = self.pair.updates(z, pair_mask, seed)
         s = s + self.attention(s, z_low, token_mask)
         s = s + self.transition(s)
         return s, z
 
 
-def run_blocks(blocks: nn.ModuleList, checkpointed: bool, *state, masks: tuple) -> tuple:
+def run_blocks(blocks: nn.ModuleList, checkpointed: bool, *state, masks: tuple,
+               seed: torch.Tensor | None = None) -> tuple:
     """Apply blocks in order; with `checkpointed`, keep only each block's input for backward.
+    `seed` (a dropout_seed): each block gets its own seed derived from it, as its last argument.
 
     Activation checkpointing per block is what lets the 48-block trunk train at crop 384+: the
     activations of one block at L = 384 are several GB, the block inputs a few hundred MB.
     """
-    for block in blocks:
+    seeds = [()] * len(blocks) if seed is None else [(block_seed,) for block_seed in derived_seeds(seed, len(blocks))]
+    for block, block_seed in zip(blocks, seeds):
         if checkpointed and torch.is_grad_enabled():
             # Reentrant: the recomputation builds an ordinary autograd graph, so any custom
             # autograd Function works inside it (the non-reentrant variant forbids reading
             # ctx.saved_tensors twice in one backward, which plain autograd allows). The blocks
-            # draw no random numbers, so no RNG state is saved: that also keeps the step
-            # capturable as a CUDA graph, where reading the generator's state is an error.
-            state = checkpoint(block, *state, *masks, use_reentrant=True, preserve_rng_state=False)
+            # read no generator (dropout masks are functions of the block's seed tensor), so no
+            # RNG state is saved: that also keeps the step capturable as a CUDA graph, where
+            # reading the generator's state is an error.
+            state = checkpoint(block, *state, *masks, *block_seed, use_reentrant=True, preserve_rng_state=False)
         else:
-            state = block(*state, *masks)
+            state = block(*state, *masks, *block_seed)
         if not isinstance(state, tuple):
             state = (state,)
     return state
@@ -82,17 +106,20 @@ class Pairformer(nn.Module):
     @accepts_impl_keyword
     def __init__(self, num_blocks: int, c_s: int, c_z: int, single_heads: int, single_head_dim: int,
                  pair_heads: int, pair_head_dim: int, transition_expansion: int,
-                 checkpoint_blocks: bool = True, kernels: str = "triton") -> None:
+                 checkpoint_blocks: bool = True, kernels: str = "triton", dropout: float = 0.0) -> None:
         super().__init__()
         self.checkpoint_blocks = checkpoint_blocks
+        self.dropout = dropout
         self.blocks = nn.ModuleList(
             PairformerBlock(c_s, c_z, single_heads, single_head_dim, pair_heads, pair_head_dim,
-                            transition_expansion, kernels=kernels)
+                            transition_expansion, kernels=kernels, dropout=dropout)
             for _ in range(num_blocks)
         )
 
-    def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor,
-                pair_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, pair_mask: torch.Tensor,
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`generator`: the step's, for the dropout seed (None: the device's default generator)."""
+        seed = dropout_seed(generator, z.device) if self.training and self.dropout > 0 else None
         s, z = run_blocks(self.blocks, self.checkpoint_blocks and self.training, s, z,
-                          masks=(token_mask, pair_mask))
+                          masks=(token_mask, pair_mask), seed=seed)
         return s, z

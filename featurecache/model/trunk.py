@@ -36,6 +36,7 @@ class AF3Trunk(nn.Module):
             config.num_pairformer_blocks, config.c_s, config.c_z, config.single_heads,
             config.single_head_dim, config.pair_heads, config.pair_head_dim,
             config.transition_expansion, checkpoint_blocks=config.checkpoint_blocks, kernels=config.kernels,
+            dropout=config.pair_dropout,
         )
         self.distogram_head = DistogramHead(config.c_z, config.distogram_bins)
 
