@@ -243,3 +243,50 @@ def test_tiny_overfits_one_real_crop_until_predict_recovers_it(shared_data, tmp_
     assert all(count == 20 for _, _, count in scores)
     assert all(0.0 < lddt <= 1.0 for lddt, _, _ in scores), scores
     assert min(rmsd for _, rmsd, _ in scores) < OVERFIT_CA_RMSD, scores
+
+
+def _protein_chain(shared_data: Path) -> dict:
+    """721p chain A (H-Ras, 166 residues) as the per-atom arrays the ranking checks read."""
+    structure = gemmi.read_structure(str(shared_data / "structures" / "721p-assembly1.cif"))
+    structure.remove_hydrogens()
+    structure.remove_ligands_and_waters()
+    atoms = [(number, residue, atom) for number, residue in enumerate(structure[0]["A"]) for atom in residue]
+    return {"positions": np.array([atom.pos.tolist() for _, _, atom in atoms]),
+            "atom_names": [atom.name for _, _, atom in atoms], "elements": [atom.element.name for _, _, atom in atoms],
+            "residue": np.array([number for number, _, _ in atoms]),
+            "residue_names": [residue.name for _, residue, _ in atoms]}
+
+
+def test_fraction_disordered_of_a_folded_protein_and_of_it_blown_apart(shared_data):
+    from featurecache.prediction.ranking import fraction_disordered, relative_accessibility
+
+    chain = _protein_chain(shared_data)
+    count = len(chain["positions"])
+    rsa = relative_accessibility(chain["positions"], chain["atom_names"], chain["elements"], chain["residue"],
+                                 chain["residue_names"])
+    assert len(rsa) == len(set(chain["residue"].tolist())) and 0.15 < rsa.mean() < 0.4  # a folded globular protein
+
+    def disorder(positions):
+        return fraction_disordered(positions, chain["atom_names"], chain["elements"], np.zeros(count, int),
+                                   chain["residue"], chain["residue_names"], np.ones(count, bool))
+
+    assert disorder(chain["positions"]) < 0.1
+    assert disorder(3.0 * chain["positions"]) == 1.0  # every atom exposed
+    assert fraction_disordered(chain["positions"], chain["atom_names"], chain["elements"], np.zeros(count, int),
+                               chain["residue"], chain["residue_names"], np.zeros(count, bool)) == 0.0
+
+
+def test_has_clash_and_ranking_score(shared_data):
+    from featurecache.prediction.ranking import has_clash, ranking_score
+
+    chain = _protein_chain(shared_data)
+    count = len(chain["positions"])
+    two = np.concatenate([chain["positions"], chain["positions"] + np.array([0.3, 0.0, 0.0])])
+    chains, residues, polymer = np.repeat([0, 1], count), np.tile(chain["residue"], 2), np.ones(2 * count, bool)
+    assert not has_clash(chain["positions"], np.zeros(count, int), chain["residue"], np.ones(count, bool))
+    assert has_clash(two, chains, residues, polymer)  # a copy 0.3 A away: every atom clashes
+    far = np.concatenate([chain["positions"], chain["positions"] + 100.0])
+    assert not has_clash(far, chains, residues, polymer)
+    assert not has_clash(two, chains, residues, np.repeat([True, False], count))  # a ligand copy is no clash
+    assert ranking_score(0.5, float("nan"), 0.2, False) == pytest.approx(0.6)
+    assert ranking_score(0.5, 0.7, 0.0, True) == pytest.approx(0.8 * 0.7 + 0.2 * 0.5 - 100.0)
