@@ -64,6 +64,9 @@ UNIT = click.FloatRange(0.0, 1.0, max_open=True)
 @click.option("--accumulate", default=TrainConfig.accumulate, show_default=True, type=POSITIVE,
               help="Micro-batches per optimizer step and rank (gradient accumulation): a step trains on "
                    "--batch-size x --accumulate x ranks samples.")
+@click.option("--pair-shards", default=TrainConfig.pair_shards, show_default=True, type=POSITIVE,
+              help="Ranks that share one sample, its Pairformer split by rows (docs/SHARDING.md); the ranks "
+                   "are data-parallel replicas x this.")
 @click.option("--lr", default=TrainConfig.lr, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
               help="Peak learning rate (AdamW; AF3: 1.8e-3).")
 @click.option("--adam-beta1", default=TrainConfig.adam_beta1, show_default=True, type=UNIT, help="AdamW beta1 (AF3: 0.9).")

@@ -49,6 +49,9 @@ class TrainConfig:
     # Micro-batches per optimizer step and rank (gradient accumulation): an optimizer step
     # trains on batch_size * accumulate * world_size samples, the effective (global) batch.
     accumulate: int = 1
+    # Ranks that hold one sample, its Pairformer's pair and single representations split by rows
+    # (featurecache.model.sharding); the world is data-parallel replicas x pair_shards.
+    pair_shards: int = 1
     # AF3's optimizer (SI 5.4): Adam with these settings, the learning rate rising linearly over
     # `warmup` steps to `lr`, then multiplied by `lr_decay_factor` every `lr_decay_every` steps.
     lr: float = 1.8e-3
@@ -91,7 +94,7 @@ class TrainConfig:
             raise TrainSetupError(f"unknown kernels {self.kernels!r}, expected one of {KERNEL_OPTIONS}")
         if not isinstance(self.sample, SampleConfig):
             raise TrainSetupError(f"sample must be a SampleConfig, got {self.sample!r}")
-        for name in ("steps", "batch_size", "accumulate", "checkpoint_every", "prefetch_factor",
+        for name in ("steps", "batch_size", "accumulate", "pair_shards", "checkpoint_every", "prefetch_factor",
                      "lr_decay_every", "validation_sampler_steps"):
             if getattr(self, name) < 1:
                 raise TrainSetupError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
@@ -118,6 +121,8 @@ class TrainConfig:
         if self.validate_every and not (self.validation_keys or self.validation_fraction):
             raise TrainSetupError("--validate-every needs held-out targets: --validation-keys KEY... "
                                   "or --validation-fraction F")
+        if self.cuda_graphs and self.pair_shards > 1:
+            raise TrainSetupError("--cuda-graphs runs on one GPU: it does not go with --pair-shards")
         if self.cuda_graphs and self.accumulate > 1:
             raise TrainSetupError("--cuda-graphs captures one micro-batch per step: it does not go with --accumulate")
         if self.fixed_shapes and self.sample.crop_size is None:

@@ -85,6 +85,7 @@ class Trainer:
             self.optimizer, lr_factor(config.warmup, config.lr_decay_factor, config.lr_decay_every))
         self.average = WeightAverage(self.model, config.ema_decay)
         self.layout = StepLayout(config.batch_size, world.world_size, config.accumulate)
+        self.steps_taken = 0  # by this process (a resumed run counts from its resume)
         self.trained: torch.nn.Module = self.model
         self.graph_lr: GraphLearningRate | None = None
         self.captured: CapturedStep | None = None
@@ -174,11 +175,14 @@ class Trainer:
         for micro, batch in enumerate(batches):
             generator = noise_generator(self.config.sample.seed, step, self.layout.slot(self.world.rank, micro),
                                         self.world.device)
-            last = micro == len(batches) - 1
-            sync = self.trained.no_sync() if self.world.enabled and not last else contextlib.nullcontext()
+            # DDP's static graph is recorded in its first backward, which must synchronize: the
+            # run's first step reduces after every micro-batch (a mean all the same, more traffic)
+            skip_sync = self.world.enabled and micro < len(batches) - 1 and self.steps_taken > 0
+            sync = self.trained.no_sync() if skip_sync else contextlib.nullcontext()
             with sync:
                 terms.append(self.backward(batch, num_cycles, generator))
         means = {name: torch.stack([values[name] for values in terms]).mean() for name in terms[0]}
+        self.steps_taken += 1
         return {**means, "grad_norm": self.apply()}
 
     def checkpoint(self, position: Position, rng_states: list[dict]) -> dict:
