@@ -1,33 +1,67 @@
-"""Devices and ranks: one process, or one process per GPU under torchrun (DDP).
+"""Devices and ranks: one process, or one process per GPU under torchrun (DDP), optionally with
+each sample's Pairformer sharded over P ranks (--pair-shards, featurecache.model.sharding).
 
 torchrun describes the job in the environment (WORLD_SIZE, RANK, LOCAL_RANK); without it a run
-is rank 0 of 1 and no process group is made.
+is rank 0 of 1 and no process group is made. With P pair shards the world is data-parallel
+replicas x P: the P consecutive ranks of a shard group (one host's GPUs) hold one sample, and
+`Dist.rank` / `Dist.world_size` count replicas, which is what the data, the seeds, the
+checkpoints and DDP see; `Dist.shard_rank` is the place within the shard group.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from featurecache.model.sharding import ShardedPairformer, shard_pairformer
 from featurecache.training.config import TrainSetupError
 
 
 @dataclass(frozen=True)
 class Dist:
-    rank: int
-    world_size: int
+    rank: int  # data-parallel replica
+    world_size: int  # data-parallel replicas
     device: torch.device
+    pair_shards: int = 1
+    shard_rank: int = 0
+    shard_group: Any = None  # the process group of this replica's shards (None: not sharded)
+    data_group: Any = None  # the ranks of every replica with this shard_rank (None: the default group)
 
     @property
     def enabled(self) -> bool:
+        """Data parallel: more than one replica (DDP)."""
         return self.world_size > 1
 
     @property
     def is_main(self) -> bool:
-        return self.rank == 0
+        return self.rank == 0 and self.shard_rank == 0
+
+
+def rank_layout(world_size: int, pair_shards: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The shard groups (consecutive ranks, one replica each) and the data-parallel groups (one
+    rank of every replica, the same shard_rank) of a world of world_size ranks."""
+    if pair_shards < 1 or world_size % pair_shards:
+        raise TrainSetupError(f"--pair-shards {pair_shards} does not divide the {world_size} ranks of this run")
+    replicas = world_size // pair_shards
+    shard_groups = [list(range(r * pair_shards, (r + 1) * pair_shards)) for r in range(replicas)]
+    data_groups = [list(range(s, world_size, pair_shards)) for s in range(pair_shards)]
+    return shard_groups, data_groups
+
+
+def _make_groups(global_rank: int, world_size: int, pair_shards: int) -> tuple[Any, Any]:
+    """This rank's shard group and data-parallel group (every rank creates every group, in one order)."""
+    shard_groups, data_groups = rank_layout(world_size, pair_shards)
+    mine = {}
+    for kind, groups in (("shard", shard_groups), ("data", data_groups)):
+        for ranks in groups:
+            group = dist.new_group(ranks)
+            if global_rank in ranks:
+                mine[kind] = group
+    return mine["shard"], mine["data"]
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -51,16 +85,39 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return device
 
 
-def setup_distributed(device: str) -> Dist:
-    """Pick the device and join the process group torchrun describes (gloo on CPU, nccl on GPU)."""
+def setup_distributed(device: str, pair_shards: int = 1) -> Dist:
+    """Pick the device and join the process group torchrun describes (gloo on CPU, nccl on GPU);
+    with pair_shards > 1, also the shard and data-parallel groups (see rank_layout)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
+    rank_layout(world_size, pair_shards)  # checks that the shards divide the world
     target = resolve_device(device, int(os.environ.get("LOCAL_RANK", "0")))
     if target.type == "cuda":
         torch.cuda.set_device(target)
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if target.type == "cuda" else "gloo")
-    return Dist(rank=rank, world_size=world_size, device=target)
+    if pair_shards == 1:
+        return Dist(rank=rank, world_size=world_size, device=target)
+    shard_group, data_group = _make_groups(rank, world_size, pair_shards)
+    if rank == 0:
+        print(f"featurecache train: {world_size} ranks, {world_size // pair_shards} data-parallel replica(s) x "
+              f"{pair_shards} pair shards", flush=True)
+    return Dist(rank=rank // pair_shards, world_size=world_size // pair_shards, device=target,
+                pair_shards=pair_shards, shard_rank=rank % pair_shards, shard_group=shard_group,
+                data_group=data_group)
+
+
+def shard_model(model: torch.nn.Module, world: Dist) -> torch.nn.Module:
+    """The model with its Pairformer sharded over the replica's shard group (as is without shards)."""
+    return shard_pairformer(model, world.shard_group) if world.pair_shards > 1 else model
+
+
+def reduce_shard_gradients(model: torch.nn.Module) -> None:
+    """Sum the sharded Pairformer's gradients over its shard group (each rank holds its rows'
+    share); once per optimizer step, after the last backward. Nothing without shards."""
+    for module in model.modules():
+        if isinstance(module, ShardedPairformer):
+            module.reduce_gradients()
 
 
 def all_ranks(world: Dist, value) -> list:
@@ -68,7 +125,7 @@ def all_ranks(world: Dist, value) -> list:
     if not world.enabled:
         return [value]
     gathered: list = [None] * world.world_size
-    dist.all_gather_object(gathered, value)
+    dist.all_gather_object(gathered, value, group=world.data_group)
     return gathered
 
 
@@ -76,16 +133,16 @@ def mean_over_ranks(world: Dist, value: torch.Tensor) -> torch.Tensor:
     """The mean of a tensor over all ranks (a copy; `value` itself is left as it was)."""
     value = value.clone()
     if world.enabled:
-        dist.all_reduce(value)
+        dist.all_reduce(value, group=world.data_group)
         value /= world.world_size
     return value
 
 
 def barrier(world: Dist) -> None:
-    if world.enabled:
+    if world.enabled or world.pair_shards > 1:
         dist.barrier()
 
 
 def shutdown(world: Dist) -> None:
-    if world.enabled and dist.is_initialized():
+    if (world.enabled or world.pair_shards > 1) and dist.is_initialized():
         dist.destroy_process_group()
