@@ -1,0 +1,101 @@
+"""`featurecache export` of a small real cache (7A4D: four nanobodies and a homodimeric peptide,
+with ingested alignments and templates): A3M rows against the record's assembled MSA, AF3 JSON
+against AF3's input format."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from featurecache.cli import cli
+from featurecache.config import ClusteringConfig
+from featurecache.features.msa import expand_msa
+from featurecache.io.af3_json import read_af3_json
+from featurecache.io.msa import parse_a3m
+from featurecache.precompute.pipeline import PrecomputeOptions, precompute
+from featurecache.store.codec import decode_record
+from featurecache.store.reader import StoreReader
+from tests.precompute.test_search_command import check_af3_input
+
+TARGET = "7a4d-assembly1"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory, shared_data):
+    cache_dir = tmp_path_factory.mktemp("export") / "cache"
+    summary = precompute(PrecomputeOptions(
+        inputs=[shared_data / "structures" / "7a4d-assembly1.cif"], cache_dir=cache_dir,
+        alignments_dir=shared_data / "alignments", template_dir=shared_data / "templates" / "mmcif",
+        executor="inline", progress=False, clustering=ClusteringConfig(enabled=False)))
+    assert summary.stages["featurize"].done == 1, summary.format()
+    with StoreReader(cache_dir) as reader:
+        record = decode_record(reader.get("features", TARGET))
+    return cache_dir, record
+
+
+def _protein_chains(record):
+    return [(number, chain_id) for number, (chain_id, kind) in
+            enumerate(zip(record.meta["chain_ids"], record.meta["chain_types"]), start=1) if kind == "protein"]
+
+
+def test_a3m_rows_are_the_assembled_rows_query_first(cache, tmp_path):
+    cache_dir, record = cache
+    out = tmp_path / "a3m"
+    result = CliRunner().invoke(cli, ["export", str(cache_dir), TARGET, "--format", "a3m", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    msa, deletions = expand_msa(record.arrays)
+    chains = _protein_chains(record)
+    assert len(chains) == 6
+    parsed = {}
+    for number, chain_id in chains:
+        sequence = record.meta["sequences"][number - 1]
+        a3m = parse_a3m((out / TARGET / f"{chain_id}.a3m").read_text(), chain_id)
+        tokens = np.flatnonzero(record.arrays["asym_id"] == number)
+        _, first = np.unique(record.arrays["residue_index"][tokens], return_index=True)
+        tokens = tokens[np.sort(first)]  # one per residue (a modified residue has a token per atom)
+        assert a3m.query == sequence and a3m.length == len(sequence) == tokens.size
+        assert a3m.depth == msa.shape[0] > 1
+        np.testing.assert_array_equal(a3m.deletion_matrix, deletions[:, tokens])
+        parsed[chain_id] = a3m
+    # Rows line up across the chains as the record assembled them: a paired row shows two or
+    # more entities, an unpaired row one entity only (other chains all gaps; copies share rows).
+    entity = record.arrays["entity_id"]
+    first_of_entity = {}
+    for number, chain_id in chains:
+        first_of_entity.setdefault(int(entity[record.arrays["asym_id"] == number][0]), chain_id)
+    shows = np.stack([(parsed[chain_id].aligned[1:] != ord("-")).any(axis=1)
+                      for chain_id in first_of_entity.values()])  # [entity, row]
+    paired = record.arrays["msa_is_paired"][1:]
+    assert (shows[:, paired].sum(axis=0) >= 2).all()
+    assert (shows[:, ~paired].sum(axis=0) == 1).all() and shows.any(axis=1).all()
+
+
+def test_af3_json_follows_the_documented_input_format(cache, tmp_path):
+    cache_dir, record = cache
+    out = tmp_path / "json"
+    result = CliRunner().invoke(cli, ["export", str(cache_dir), TARGET, "--format", "af3-json", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    document = json.loads((out / f"{TARGET}.json").read_text())
+    check_af3_input(document)
+    proteins = [entry["protein"] for entry in document["sequences"] if "protein" in entry]
+    assert all(body["pairedMsa"] == "" and body["unpairedMsa"].count(">") == record.arrays["msa_row_source"].shape[0]
+               for body in proteins)
+    parsed = read_af3_json(out / f"{TARGET}.json", TARGET)  # featurecache reads it back
+    for number, chain_id in _protein_chains(record):
+        tokens = np.flatnonzero(record.arrays["asym_id"] == number)
+        stored = int(record.arrays["template_count"][tokens].max(initial=0))
+        assert len(parsed.templates.get(chain_id, ())) == stored
+    assert sum(map(len, parsed.templates.values())) == sum(
+        int(record.arrays["template_count"][record.arrays["asym_id"] == number].max(initial=0))
+        for number, _ in _protein_chains(record))
+
+
+def test_unknown_key_is_one_line_and_exit_2(cache, tmp_path):
+    cache_dir, _ = cache
+    result = CliRunner().invoke(cli, ["export", str(cache_dir), TARGET, "nope", "--format", "a3m",
+                                      "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "'nope'" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "o").exists()  # nothing written when a key is missing
