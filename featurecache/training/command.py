@@ -32,6 +32,8 @@ UNIT = click.FloatRange(0.0, 1.0, max_open=True)
 @click.option("--template-dir", type=click.Path(file_okay=False), help="With --online: template mmCIF folder.")
 @click.option("--out", default=TrainConfig.out, show_default=True, type=click.Path(file_okay=False),
               help="Run directory: log.jsonl and checkpoints.")
+@click.option("--tensorboard", type=click.Path(file_okay=False),
+              help="Also log every step to TensorBoard event files in this folder (needs: pip install tensorboard).")
 @click.option("--preset", default=TrainConfig.preset, show_default=True, type=click.Choice(sorted(PRESETS)),
               help="Model size.")
 @click.option("--pairformer-blocks", type=NON_NEGATIVE, help="Override the preset's number of Pairformer blocks.")

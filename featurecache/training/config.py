@@ -37,6 +37,7 @@ class TrainConfig:
     alignments: str | None = None      # alignment files for --online (as precompute --alignments)
     template_dir: str | None = None    # template mmCIF folder for --online
     out: str = "runs/train"
+    tensorboard: str | None = None     # also write TensorBoard event files here (needs the tensorboard package)
     preset: str = "tiny"
     pairformer_blocks: int | None = None  # override the preset's depth (benchmarks on a time budget)
     kernels: str = "auto"

@@ -42,6 +42,7 @@ from featurecache.training.data import build_datasets, fixed_sizes, make_batch_s
 from featurecache.training.determinism import deterministic_mode
 from featurecache.training.distributed import Dist, all_ranks, barrier, mean_over_ranks, setup_distributed, shutdown
 from featurecache.training.ema import WeightAverage
+from featurecache.training.progress import TrainProgress, first_step_work
 from featurecache.training.sampler import StepLayout
 from featurecache.training.schedule import GraphLearningRate, lr_factor
 from featurecache.training.validation import validate
@@ -245,10 +246,11 @@ def peak_memory_gb(device: torch.device) -> float:
 
 
 class RunLog:
-    """log.jsonl and the stdout lines, written by the main rank only."""
+    """log.jsonl, written by the main rank only, and what a person watches (training/progress.py)."""
 
-    def __init__(self, run_dir: pathlib.Path, world: Dist) -> None:
+    def __init__(self, run_dir: pathlib.Path, world: Dist, progress: TrainProgress) -> None:
         self.file = open(run_dir / LOG_FILE, "a") if world.is_main else None
+        self.progress = progress
 
     def write(self, record: dict) -> None:
         if self.file is None:
@@ -259,13 +261,12 @@ class RunLog:
             scores = "  ".join(f"{name} {record[name]:.3f}" for name in ("lddt", "lddt_protein", "lddt_dna",
                                                                           "lddt_rna", "lddt_ligand")
                                if record.get(name) is not None)
-            print(f"step {record['step']:>6d}  validation  loss {record['loss']:.4f}  {scores}", flush=True)
+            self.progress.write_line(f"step {record['step']:>6d}  validation  loss {record['loss']:.4f}  {scores}")
             return
-        print(f"step {record['step']:>6d}  loss {record['loss']:.4f}  cycles {record['num_cycles']}  step {record['step_time_s'] * 1e3:8.1f} ms"
-              f"  data wait {record['data_wait_s'] * 1e3:7.1f} ms  peak {record['peak_memory_gb']:.2f} GB",
-              flush=True)
+        self.progress.update(record)
 
     def close(self) -> None:
+        self.progress.close()
         if self.file is not None:
             self.file.close()
 
@@ -281,15 +282,18 @@ def train(config: TrainConfig) -> list[dict]:
             pad_to = fixed_sizes(config, dataset)
             _check_steps_per_epoch(len(dataset), config, world)
             resumed = load_checkpoint(pathlib.Path(config.resume)) if config.resume else None
+            progress = TrainProgress(config, enabled=world.is_main)  # checks --tensorboard
 
             run_dir = pathlib.Path(config.out)
             if world.is_main:
                 run_dir.mkdir(parents=True, exist_ok=True)
             _seed(config.sample.seed, world.rank)
+            progress.note(f"building the {config.preset} model on {world.device}")
             trainer = Trainer(config, kernels, world)
             position = trainer.restore(resumed) if resumed is not None else Position()
             trainer.start()
-            run_log = RunLog(run_dir, world)
+            progress.begin(position.step, first_step_work(config, kernels))
+            run_log = RunLog(run_dir, world, progress)
             try:
                 return _run(config, world, trainer, (dataset, held_out), pad_to, position, run_log, run_dir)
             finally:
