@@ -40,7 +40,8 @@ from featurecache.training.config import TrainConfig, TrainSetupError, resolve_k
 from featurecache.training.cuda_graph import CapturedStep
 from featurecache.training.data import build_datasets, fixed_sizes, make_batch_sampler, make_loader, to_device
 from featurecache.training.determinism import deterministic_mode
-from featurecache.training.distributed import Dist, all_ranks, barrier, mean_over_ranks, setup_distributed, shutdown
+from featurecache.training.distributed import (Dist, all_ranks, barrier, mean_over_ranks, reduce_shard_gradients,
+                                               setup_distributed, shard_model, shutdown)
 from featurecache.training.ema import WeightAverage
 from featurecache.training.progress import TrainProgress, first_step_work
 from featurecache.training.sampler import StepLayout
@@ -75,7 +76,7 @@ class Trainer:
             overrides["num_pairformer_blocks"] = config.pairformer_blocks
         if config.max_recycling_cycles is not None:
             overrides["max_recycling_cycles"] = config.max_recycling_cycles
-        self.model = AF3Model(preset(config.preset, **overrides)).to(world.device)
+        self.model = shard_model(AF3Model(preset(config.preset, **overrides)).to(world.device), world)
         if config.compile:
             self.model.compile_blocks()
         # capturable: AdamW's step counter stays on the GPU, so the update can be replayed by a graph
@@ -123,8 +124,8 @@ class Trainer:
             # which a static graph handles (recorded in the first step). The graph is the same
             # whatever N_cycle: only the last cycle builds one.
             device_ids = [self.world.device.index] if self.world.device.type == "cuda" else None
-            self.trained = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids,
-                                                                     static_graph=True)
+            self.trained = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=device_ids, static_graph=True, process_group=self.world.data_group)
         self.model.train()
 
     def backward(self, batch: dict, num_cycles: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -140,6 +141,7 @@ class Trainer:
 
     def apply(self) -> torch.Tensor:
         """Clipping, the AdamW update and the EMA step; returns the gradient norm (before clipping)."""
+        reduce_shard_gradients(self.model)  # with --pair-shards: the shards' shares summed
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         self.optimizer.step()
         self.average.update()
@@ -275,7 +277,7 @@ def train(config: TrainConfig) -> list[dict]:
     """Run the loop; returns this rank's per-step log records. Anything wrong with what the run
     was given is a TrainSetupError (a ValueError) raised before the run directory is made."""
     with deterministic_mode(config.deterministic):
-        world = setup_distributed(config.device)
+        world = setup_distributed(config.device, config.pair_shards)
         try:
             kernels = _check_setup(config, world)
             dataset, held_out = build_datasets(config)
