@@ -212,3 +212,21 @@ def weights_like(x: torch.Tensor, *weights: torch.Tensor) -> tuple[torch.Tensor,
     beside bf16 activations would double the weight tiles (430 KB of shared memory at dim 384).
     Gradients still reach the parameters in their own dtype through the cast."""
     return tuple(w.to(x.dtype) for w in weights)
+
+
+def unaliased(tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The tensors, each later one that shares memory with an earlier one cloned.
+
+    A torch.library custom op may not return outputs that alias each other (Inductor would
+    treat them as independent buffers); launchers return slices of one partial-sum buffer for
+    small weight gradients."""
+    seen: set[int] = set()
+    result = []
+    for tensor in tensors:
+        storage = tensor.untyped_storage().data_ptr() if tensor.numel() else None
+        if storage is not None and storage in seen:
+            tensor = tensor.clone()
+        elif storage is not None:
+            seen.add(storage)
+        result.append(tensor)
+    return tuple(result)

@@ -314,6 +314,52 @@ class _TransitionFunction(torch.autograd.Function):
         return (grads[0].view(ctx.x_shape), *grads[1:], None)
 
 
+# Under torch.compile the launchers run inside custom ops, so neither Dynamo nor Inductor traces
+# into them (Dynamo would otherwise trace the launchers' host code into the graph).
+
+
+@torch.library.custom_op("featurecache::transition_fwd", mutates_args=())
+def _transition_fwd_op(x: torch.Tensor, norm_weight: torch.Tensor, norm_bias: torch.Tensor,
+                       weight_a: torch.Tensor, weight_b: torch.Tensor, weight_out: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    y, mean, rstd = transition_fwd(x.reshape(-1, x.shape[-1]).contiguous(), norm_weight, norm_bias,
+                                   weight_a, weight_b, weight_out, eps)
+    return y.view(x.shape), mean, rstd
+
+
+@_transition_fwd_op.register_fake
+def _(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps):
+    stats = x.new_empty(x.numel() // x.shape[-1], dtype=torch.float32)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), stats, torch.empty_like(stats)
+
+
+@torch.library.custom_op("featurecache::transition_bwd", mutates_args=())
+def _transition_bwd_op(dy: torch.Tensor, x: torch.Tensor, norm_weight: torch.Tensor, norm_bias: torch.Tensor,
+                       weight_a: torch.Tensor, weight_b: torch.Tensor, weight_out: torch.Tensor,
+                       mean: torch.Tensor, rstd: torch.Tensor) -> list[torch.Tensor]:
+    x2d = x.reshape(-1, x.shape[-1]).contiguous()
+    grads = transition_bwd(dy.reshape(x2d.shape).contiguous(), x2d, norm_weight, norm_bias, weight_a, weight_b,
+                           weight_out, mean, rstd)
+    return list(runtime.unaliased((grads[0].view(x.shape), *grads[1:])))
+
+
+@_transition_bwd_op.register_fake
+def _(dy, x, norm_weight, norm_bias, weight_a, weight_b, weight_out, mean, rstd):
+    return [torch.empty_like(t, memory_format=torch.contiguous_format)
+            for t in (x, norm_weight, norm_bias, weight_a, weight_b, weight_out)]
+
+
+def _transition_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs[:6], *output[1:])
+
+
+def _transition_backward(ctx, dy, _dmean, _drstd):
+    return (*_transition_bwd_op(dy, *ctx.saved_tensors), None)
+
+
+_transition_fwd_op.register_autograd(_transition_backward, setup_context=_transition_setup)
+
+
 def transition(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps=1e-5):
     """Triton Transition; same signature and numerics as transition_reference."""
     runtime.check_triton_inputs(_OP, x)
@@ -331,6 +377,8 @@ def transition(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps=1e
         # no rows: nothing to launch; the result stays connected to the graph for autograd
         return transition_reference(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps)
     weight_a, weight_b, weight_out = runtime.weights_like(x, weight_a, weight_b, weight_out)
+    if torch.compiler.is_compiling():
+        return _transition_fwd_op(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps)[0]
     return _TransitionFunction.apply(x, norm_weight, norm_bias, weight_a, weight_b, weight_out,
                                      eps)
 
