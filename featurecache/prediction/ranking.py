@@ -50,10 +50,11 @@ def has_clash(positions: np.ndarray, chain: np.ndarray, residue: np.ndarray, pol
     positions, chain, residue = positions[polymer], chain[polymer], residue[polymer]
     if not len(positions):
         return False
+    pairs = cKDTree(positions).query_pairs(CLASH_DISTANCE, output_type="ndarray")  # [K, 2]
+    first, second = pairs[:, 0], pairs[:, 1]
+    counted = (chain[first] != chain[second]) | (np.abs(residue[first].astype(np.int64) - residue[second]) > 1)
     clashing = np.zeros(len(positions), dtype=bool)
-    for first, second in cKDTree(positions).query_pairs(CLASH_DISTANCE, output_type="ndarray"):
-        if chain[first] != chain[second] or abs(int(residue[first]) - int(residue[second])) > 1:
-            clashing[first] = clashing[second] = True
+    clashing[pairs[counted].ravel()] = True
     for value in np.unique(chain):
         members = chain == value
         count = int(clashing[members].sum())
