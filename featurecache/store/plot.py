@@ -28,6 +28,15 @@ LOG_SPAN = 10  # a histogram whose values span more than this factor gets logari
 
 def plot_stats(report: dict, path: Path) -> None:
     """Write the figure of a cache_stats report to `path` (PNG, PDF or SVG by its suffix)."""
+    import matplotlib.pyplot as plt
+
+    figure = stats_figure(report)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def stats_figure(report: dict):
+    """The matplotlib Figure of a cache_stats report (Agg backend): one panel per question."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -51,8 +60,7 @@ def plot_stats(report: dict, path: Path) -> None:
         axis.set_axis_off()
     figure.suptitle(f"{report['cache']}: {len(targets)} targets, {report['bytes'] / 2**20:.1f} MiB", fontsize=10)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    return figure
 
 
 def _integer_counts(axis, which: str = "y") -> None:
@@ -70,38 +78,49 @@ def _note(axis, title: str, text: str, color: str = "0.35") -> None:
 
 
 def _bins(values: list[float]) -> tuple[np.ndarray, bool]:
-    """Histogram bins and whether they are logarithmic (values spanning more than LOG_SPAN);
-    about two bins per sqrt(count), 5 to 30."""
+    """Histogram bins and whether they are logarithmic (positive values spanning more than
+    LOG_SPAN); one bar per value for a few distinct integers, else about two bins per
+    sqrt(count), 5 to 30."""
     data = np.asarray(values, dtype=float)
     count = int(np.clip(2 * math.sqrt(data.size), 5, 30))
-    low, high = max(float(data.min()), 1.0), float(data.max())
-    if high > LOG_SPAN * low:
+    low, high = float(data.min()), float(data.max())
+    if low > 0 and high > LOG_SPAN * low:
         return np.geomspace(low, high * 1.0001, count + 1), True
-    if high - low < count and float(data.min()).is_integer() and high.is_integer():
-        return np.arange(low - 0.5, high + 1.5), False  # few distinct integers: one bar each
-    return np.linspace(float(data.min()), high + 1e-9, count + 1), False
+    if high - low < count and low.is_integer() and high.is_integer():
+        return np.arange(low - 0.5, high + 1.5), False
+    return np.linspace(low, high + 1e-9, count + 1), False
 
 
-def _histogram(axis, values: list, title: str, unit: str, color: str) -> None:
+def _histogram(axis, values: list, title: str, unit: str, color: str, ylabel: str = "targets") -> None:
     values = [value for value in values if value is not None]
     if not values:
         _note(axis, title, "no targets")
         return
     bins, logarithmic = _bins(values)
     axis.hist(values, bins=bins, color=color, edgecolor="white", linewidth=0.5)
+    if len(set(values)) == 1:  # one bar: room on both sides, not a bar as wide as the panel
+        width = bins[-1] - bins[0]
+        axis.set_xlim(bins[0] - 2 * width, bins[-1] + 2 * width)
     if logarithmic:
-        from matplotlib.ticker import FuncFormatter
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
         axis.set_xscale("log")
+        # ticks at 1, 2, 5 x 10^k over a decade or two, at powers of 10 beyond (else they crowd)
+        few_decades = bins[-1] < 100 * bins[0]
+        axis.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if few_decades else (1.0,)))
         axis.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        axis.xaxis.set_minor_formatter(NullFormatter())
         unit += " (log scale)"
-    axis.set(title=title, xlabel=unit, ylabel="targets")
+    axis.set(title=title, xlabel=unit, ylabel=ylabel)
     _integer_counts(axis)
 
 
 def _labelled_bars(axis, labels: list[str], counts: list[float], color: str, fmt: str = "{:g}") -> None:
-    bars = axis.bar(labels, counts, color=color)
+    """One bar per label with its value on top; one or two bars get room as if there were three."""
+    bars = axis.bar(labels, counts, color=color, width=0.6)
     axis.bar_label(bars, labels=[fmt.format(count) for count in counts], fontsize=8, padding=2)
+    pad = max(0.0, (3 - len(labels)) / 2)
+    axis.set_xlim(-0.5 - pad, len(labels) - 0.5 + pad)
     axis.margins(y=0.15)
 
 
@@ -191,18 +210,12 @@ def _cluster_sizes(axis, sampling: dict) -> None:
         _integer_counts(axis, "x")
     axis.set(title="cluster sizes", xlabel="members per cluster", ylabel="clusters")
     _integer_counts(axis)
-    axis.legend(fontsize=8)
+    axis.set_ylim(0, axis.get_ylim()[1] * 1.3)  # headroom for the legend
+    axis.legend(fontsize=8, loc="upper right")
 
 
 def _target_weights(axis, target_weights: list) -> None:
-    weights = [weight for weight in target_weights if weight is not None]
-    if not weights:
-        _note(axis, "AF3 sampling weight per target", "no weights")
-        return
-    axis.hist(weights, bins=int(np.clip(2 * math.sqrt(len(weights)), 5, 30)), color="#8d69b8",
-              edgecolor="white", linewidth=0.5)
-    axis.set(title="AF3 sampling weight per target", xlabel="weight (chains + interfaces)", ylabel="targets")
-    _integer_counts(axis)
+    _histogram(axis, target_weights, "AF3 sampling weight per target", "weight (chains + interfaces)", "#8d69b8")
 
 
 def _weight_shares(axis, by_kind: dict) -> None:
