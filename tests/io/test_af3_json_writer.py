@@ -1,0 +1,88 @@
+"""Writers of A3M and AlphaFold 3 input JSON: what they write reads back the same."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from featurecache.io.af3_json import read_af3_json
+from featurecache.io.af3_json_writer import (
+    Af3Entity,
+    Af3Template,
+    af3_chain_ids,
+    af3_document,
+    af3_entities,
+    backbone_template_mmcif,
+    renamed_chains,
+    single_chain_mmcif,
+    write_af3_json,
+)
+from featurecache.io.mmcif import parse_mmcif, read_mmcif
+from featurecache.io.msa import Msa, format_a3m, parse_a3m, read_msa
+
+
+def test_a3m_round_trip_keeps_rows_headers_and_deletion_counts(shared_data):
+    msa = read_msa(shared_data / "alignments" / "openfold" / "uniref90_hits.sto")
+    assert msa.deletion_matrix.any()
+    again = parse_a3m(format_a3m(msa), "written")
+    np.testing.assert_array_equal(again.aligned, msa.aligned)
+    np.testing.assert_array_equal(again.deletion_matrix, msa.deletion_matrix)
+    assert again.descriptions == msa.descriptions
+
+
+def test_a3m_rows_subset_and_unknown_inserted_residues():
+    aligned = np.frombuffer(b"ACGUA-GU", dtype=np.uint8).reshape(2, 4).copy()
+    deletions = np.array([[0, 0, 0, 0], [0, 2, 0, 1]], dtype=np.int32)
+    msa = Msa(aligned, deletions, ("query", "hit\twith a tab"), "test")
+    assert format_a3m(msa, molecule_type="rna") == ">query\nACGU\n>hit\twith a tab\nAnn-GnU\n"
+    assert format_a3m(msa, [0]) == ">query\nACGU\n"
+
+
+def test_chain_ids_follow_af3_and_only_refused_ones_are_renamed():
+    assert af3_chain_ids(28)[:3] == ["A", "B", "C"] and af3_chain_ids(28)[25:] == ["Z", "AA", "BA"]
+    assert renamed_chains(["A", "B", "A:MG167", "1"]) == {"A:MG167": "C", "1": "D"}
+
+
+def test_single_chain_mmcif_keeps_unresolved_residues(shared_data):
+    path = shared_data / "templates" / "mmcif" / "4i6p.cif"
+    original = next(chain for chain in read_mmcif(path).chains if chain.auth_chain_id == "B")
+    (written,) = parse_mmcif(single_chain_mmcif(path, "B"), "written").chains
+    assert written.sequence == original.sequence and len(written.residues) == 88
+    resolved = [bool((residue.occupancies > 0).any()) for residue in written.residues]
+    assert resolved == [bool((residue.occupancies > 0).any()) for residue in original.residues]
+    assert not all(resolved)  # unresolved residues stay in the sequence, so template indices count them
+    with pytest.raises(ValueError, match="no chain"):
+        single_chain_mmcif(path, "Q")
+
+
+def test_structure_to_json_reads_back(shared_data, tmp_path):
+    structure = read_mmcif(shared_data / "structures" / "721p-assembly1.cif")
+    entities = af3_entities(structure)
+    kinds = [entity.kind for entity in entities]
+    assert kinds.count("protein") == 1 and entities[0].ids == ("A", "B")  # one entity, two copies
+    ligand = next(entity for entity in entities if entity.ccd_codes == ("GNP",))
+    assert ligand.description and all(chain_id.isalpha() for chain_id in ligand.ids)  # "A:GNP168" renamed
+    template = Af3Template(single_chain_mmcif(shared_data / "templates" / "mmcif" / "1psm.cif", "A"), (0, 1), (3, 4))
+    protein = Af3Entity(**{**entities[0].__dict__, "unpaired_msa": f">query\n{entities[0].sequence}\n",
+                           "paired_msa": "", "templates": (template,)})
+    path = write_af3_json(tmp_path / "721p.json", af3_document("721p", [protein, *entities[1:]]))
+    document = json.loads(path.read_text())
+    assert document["version"] == 4 and document["dialect"] == "alphafold3"
+    parsed = read_af3_json(path, "721p")
+    assert [chain.sequence for chain in parsed.structure.chains if chain.molecule_type == "protein"] == \
+        [entities[0].sequence] * 2
+    (given,) = parsed.templates["A"]
+    assert given.hit.query_indices.tolist() == [0, 1] and given.hit.hit_indices.tolist() == [3, 4]
+
+
+def test_backbone_template_reads_back_with_its_atoms():
+    positions = np.arange(27, dtype=np.float32).reshape(3, 3, 3)
+    text = backbone_template_mmcif("t", ["ALA", "GLY", "MET"], positions, np.ones((3, 3), bool),
+                                   positions[:, 1] + 1.0, np.array([True, True, False]))
+    (chain,) = parse_mmcif(text, "t").chains
+    assert chain.molecule_type == "protein" and chain.sequence == "AGM"
+    assert [residue.atom_names for residue in chain.residues] == [("N", "CA", "C", "CB"), ("N", "CA", "C"),
+                                                                  ("N", "CA", "C")]
+    np.testing.assert_allclose(chain.residues[0].positions[:3], positions[0])
