@@ -6,7 +6,7 @@
   statistics) that normalizes a [BLOCK_M, BLOCK_C] register tile of rows before its first
   matrix product, `layernorm_params` that loads its weight and bias, and `layernorm_backward`,
   its gradient;
-- `row_block`: a program's block of rows.
+- `row_block`: a program's block of rows; `tile_range`: a tile's positions, 32 or 64-bit.
 
 PRECISION is runtime.dot_precision(dtype): "ieee" or "tf32" on a GPU, "interpret" under the
 interpreter.
@@ -56,6 +56,16 @@ def row_block(block, BLOCK_M: tl.constexpr, n_rows):
     the row width cannot overflow 32 bits."""
     rows = (block * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     return rows, rows < n_rows
+
+
+@triton.jit
+def tile_range(start, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+    """start + [0, BLOCK): a tile's positions, int64 when WIDE, so that position x stride cannot
+    overflow 32 bits in a tensor spanning 2^31 elements or more (int32 is cheaper otherwise)."""
+    offsets = start + tl.arange(0, BLOCK)
+    if WIDE:
+        offsets = offsets.to(tl.int64)
+    return offsets
 
 
 @triton.jit

@@ -21,7 +21,9 @@ from featurecache.kernels.evo_attention import (
     evo_attention_backward,
     evo_attention_forward,
     select_config,
+    wide_index,
 )
+from featurecache.kernels.evo_attention import launch as evo_launch
 from featurecache.kernels.evo_attention.config import CONFIG_FILE, load_tuned_configs, padded_head_dim
 from featurecache.kernels.reference import evo_attention_reference
 from featurecache.testing.compare import rel_error
@@ -316,10 +318,51 @@ def test_custom_op_autograd_matches_eager_path():
         torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0, msg=name)
 
 
-def test_inputs_spanning_2_31_elements_are_refused_by_name():
-    # The kernels compute tile offsets in 32 bits; meta tensors give the layout without memory.
-    wide = torch.empty_strided((1, 2, 3, 1, 16), (1, 2**31, 16, 16, 1), device="meta", dtype=torch.bfloat16)
+def test_wide_index_is_chosen_from_the_tile_extent_of_each_layout():
+    # Meta tensors give the layouts of L = 2048 without memory: a triangle attention projection
+    # [B, L, L, 528] (16-aligned rows of 4 x (4 x 32) + 4) read as q for either node.
+    length = 2048
+    packed = torch.empty(1, length, length, 528, device="meta", dtype=torch.bfloat16)
+    starting = packed[..., :128].unflatten(-1, (4, 32))  # [B, i, j, H, D]: positions 528 apart
+    ending = starting.transpose(1, 2)  # positions L x 528 apart: a tile spans 2.2e9 elements
+    assert not wide_index(starting, starting, starting)
+    assert wide_index(starting, ending, starting)
+    contiguous = torch.empty(1, 4096, 4096, 4, 32, device="meta", dtype=torch.bfloat16)
+    assert not wide_index(contiguous, bias=torch.empty(1, 1, 4, 4096, 4096, device="meta"))
+    assert wide_index(bias=torch.empty(1, 1, 4, 46342, 46342, device="meta"))
+
+
+def test_64_bit_tile_offsets_give_the_same_results(monkeypatch):
+    # A forced limit of one element sends every launch down the WIDE_INDEX path; the results must
+    # be bitwise those of the 32-bit path, for the plain, row-group and dBias kernels alike.
+    q, k, v, bias, mask = _make_inputs(1, 5, 21, 2, 24, "shared", True, strided=True, dtype=torch.bfloat16)
+    per_row = torch.randn(1, 5, 2, 21, 21, device=DEVICE)
+    grad_out = torch.randn(q.shape, device=DEVICE, dtype=q.dtype)
+    scale = 24 ** -0.5
+    base = select_config(24, 21, q.device)
+    grouped = dataclasses.replace(base, fwd=dataclasses.replace(base.fwd, rows=4),
+                                  bwd_kv=dataclasses.replace(base.bwd_kv, rows=4),
+                                  bwd_q=dataclasses.replace(base.bwd_q, rows=4))
+
+    def run_all():
+        results = []
+        for config, b in ((base, bias), (grouped, bias), (base, per_row)):
+            out, lse, key_end = evo_attention_forward(q, k, v, b, mask, scale, config)
+            results += [out, lse, key_end,
+                        *evo_attention_backward(grad_out, q, k, v, b, mask, out, lse, key_end, scale, True, config)]
+        return results
+
+    narrow = run_all()
+    assert not wide_index(q, k, v, bias=bias)
+    monkeypatch.setattr(evo_launch, "INDEX_LIMIT", 1)
+    assert wide_index(q, k, v, bias=bias)
+    for index, (a, b) in enumerate(zip(narrow, run_all())):
+        assert torch.equal(a, b), f"result {index} differs between 32 and 64-bit offsets"
+
+
+def test_launches_past_the_grid_limit_are_refused_by_name():
     small = torch.empty((1, 2, 3, 1, 16), device="meta", dtype=torch.bfloat16)
     check_inputs(small, small, small, None, None)
-    with pytest.raises(SizeLimitError, match=r"evo_attention: k \(1, 2, 3, 1, 16\) .* 32-bit offsets"):
-        check_inputs(small, wide, small, None, None)
+    rows = torch.empty((1, 65536, 3, 1, 16), device="meta", dtype=torch.bfloat16)
+    with pytest.raises(SizeLimitError, match=r"evo_attention: 65536 rows .* at most 65535"):
+        check_inputs(rows, rows, rows, None, None)

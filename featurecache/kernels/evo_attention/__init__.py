@@ -24,6 +24,7 @@ from featurecache.kernels.evo_attention.launch import (
     check_inputs,
     evo_attention_backward,
     evo_attention_forward,
+    wide_index,
 )
 
 __all__ = [
@@ -37,4 +38,5 @@ __all__ = [
     "evo_attention_forward",
     "load_tuned_configs",
     "select_config",
+    "wide_index",
 ]

@@ -12,6 +12,10 @@ Key loops stop at each row's last attended key, found once by the forward kernel
 The `_rows` variants handle ROWS rows of N per program when the bias is shared by all rows
 (batched [ROWS, M, N] products), so each bias tile is loaded and scaled once for all of them.
 
+Offsets: batch, row and head offsets are always 64-bit; offsets inside a tile (position x
+stride) are 32-bit unless WIDE_INDEX, which the launcher sets when a tile of some tensor spans
+2^31 elements or more (the ending node's transposed views past L ~ 2000).
+
 Logits are in log2 units (exp2 is the GPU's native exponential): scale_log2 = scale * log2(e),
 and the bias is multiplied by LOG2E where it is loaded.
 """
@@ -21,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from featurecache.kernels.primitives import mma
+from featurecache.kernels.primitives import mma, tile_range
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -101,14 +105,15 @@ def _evo_attention_fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    WIDE_INDEX: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     batch, head = _batch_and_head(num_heads)
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_m = tile_range(pid_m * BLOCK_M, BLOCK_M, WIDE_INDEX)
+    offs_n = tile_range(0, BLOCK_N, WIDE_INDEX)
+    offs_d = tile_range(0, BLOCK_D, WIDE_INDEX)
     valid_m = offs_m < seq_len
     valid_d = offs_d < head_dim
 
@@ -192,6 +197,7 @@ def _evo_attention_fwd_rows_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    WIDE_INDEX: tl.constexpr,
 ):
     # The forward for ROWS rows at once, for a bias shared by all rows: each bias tile is loaded
     # once and added to the logits of all ROWS rows (batched [ROWS, M, N] products), so bias
@@ -201,9 +207,9 @@ def _evo_attention_fwd_rows_kernel(
     batch, head = _batch_and_head(num_heads)
 
     rows = (pid_r * ROWS + tl.arange(0, ROWS)).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_m = tile_range(pid_m * BLOCK_M, BLOCK_M, WIDE_INDEX)
+    offs_n = tile_range(0, BLOCK_N, WIDE_INDEX)
+    offs_d = tile_range(0, BLOCK_D, WIDE_INDEX)
     valid_r = rows < num_rows
     valid_m = offs_m < seq_len
     valid_d = offs_d < head_dim
@@ -287,6 +293,7 @@ def _evo_attention_bwd_kv_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    WIDE_INDEX: tl.constexpr,
 ):
     # One program owns a block of keys of one row and head and loops over all queries;
     # probabilities are built transposed ([keys, queries]) so no tile needs tl.trans.
@@ -294,9 +301,9 @@ def _evo_attention_bwd_kv_kernel(
     row = tl.program_id(1).to(tl.int64)
     batch, head = _batch_and_head(num_heads)
 
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
+    cols = tile_range(pid_n * BLOCK_N, BLOCK_N, WIDE_INDEX)
+    offs_m = tile_range(0, BLOCK_M, WIDE_INDEX)
+    offs_d = tile_range(0, BLOCK_D, WIDE_INDEX)
     valid_n = cols < seq_len
     valid_d = offs_d < head_dim
     kv_tile = valid_n[:, None] & valid_d[None, :]
@@ -385,14 +392,15 @@ def _evo_attention_bwd_q_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    WIDE_INDEX: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     batch, head = _batch_and_head(num_heads)
 
-    rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
+    rows_m = tile_range(pid_m * BLOCK_M, BLOCK_M, WIDE_INDEX)
+    offs_n = tile_range(0, BLOCK_N, WIDE_INDEX)
+    offs_d = tile_range(0, BLOCK_D, WIDE_INDEX)
     valid_m = rows_m < seq_len
     valid_d = offs_d < head_dim
     q_tile = valid_m[:, None] & valid_d[None, :]
@@ -489,6 +497,7 @@ def _evo_attention_bwd_kv_rows_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    WIDE_INDEX: tl.constexpr,
 ):
     # dK/dV for ROWS rows at once with a shared bias: one bias tile per q block serves all rows.
     pid_n = tl.program_id(0)
@@ -496,9 +505,9 @@ def _evo_attention_bwd_kv_rows_kernel(
     batch, head = _batch_and_head(num_heads)
 
     rows = (pid_r * ROWS + tl.arange(0, ROWS)).to(tl.int64)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
+    cols = tile_range(pid_n * BLOCK_N, BLOCK_N, WIDE_INDEX)
+    offs_m = tile_range(0, BLOCK_M, WIDE_INDEX)
+    offs_d = tile_range(0, BLOCK_D, WIDE_INDEX)
     valid_r = rows < num_rows
     valid_n = cols < seq_len
     valid_d = offs_d < head_dim
@@ -572,6 +581,7 @@ def _evo_attention_bwd_q_rows_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    WIDE_INDEX: tl.constexpr,
 ):
     # dQ for ROWS rows at once with a shared bias: one bias tile per k block serves all rows.
     pid_m = tl.program_id(0)
@@ -579,9 +589,9 @@ def _evo_attention_bwd_q_rows_kernel(
     batch, head = _batch_and_head(num_heads)
 
     rows = (pid_r * ROWS + tl.arange(0, ROWS)).to(tl.int64)
-    rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
+    rows_m = tile_range(pid_m * BLOCK_M, BLOCK_M, WIDE_INDEX)
+    offs_n = tile_range(0, BLOCK_N, WIDE_INDEX)
+    offs_d = tile_range(0, BLOCK_D, WIDE_INDEX)
     valid_r = rows < num_rows
     valid_m = rows_m < seq_len
     valid_d = offs_d < head_dim
@@ -652,6 +662,7 @@ def _evo_attention_bwd_bias_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    WIDE_INDEX: tl.constexpr,
 ):
     # dBias of a bias broadcast over N is sum_n dS[n]. Each program owns one bias tile, loads it
     # once, and walks the rows n = 0..N-1 in order: the sum is reproducible bit for bit and the
@@ -660,9 +671,9 @@ def _evo_attention_bwd_bias_kernel(
     pid_m = tl.program_id(1)
     batch, head = _batch_and_head(num_heads)
 
-    rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
+    rows_m = tile_range(pid_m * BLOCK_M, BLOCK_M, WIDE_INDEX)
+    cols = tile_range(pid_n * BLOCK_N, BLOCK_N, WIDE_INDEX)
+    offs_d = tile_range(0, BLOCK_D, WIDE_INDEX)
     valid_m = rows_m < seq_len
     valid_n = cols < seq_len
     valid_d = offs_d < head_dim

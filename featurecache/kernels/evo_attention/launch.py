@@ -41,8 +41,16 @@ SUPPORTED_HEAD_DIMS = (8, 16, 24, 32, 48, 64, 128)
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+# Offsets inside a tile at or past this many elements switch the kernels to 64-bit tile offsets
+# (WIDE_INDEX). Tests lower it to run the 64-bit path at sizes the interpreter can take.
+INDEX_LIMIT = 2**31
+# CUDA's largest grid along axes 1 and 2 (rows, batch x heads).
+GRID_LIMIT = 65535
+
+
 class SizeLimitError(ValueError):
-    """Inputs beyond what the kernels can index (32-bit offsets): a size to avoid, not a bug."""
+    """Inputs beyond what one launch can cover (rows or batch x heads past CUDA's grid limit):
+    a size to split, not a bug."""
 
 
 def check_inputs(q, k, v, bias, mask) -> None:
@@ -78,14 +86,29 @@ def check_inputs(q, k, v, bias, mask) -> None:
                 f"evo_attention: mask is {mask.dtype} {tuple(mask.shape)} on {mask.device}, "
                 f"expected bool [{batch}, {rows}, {seq_len}] on {q.device}"
             )
-    for name, tensor in (("q", q), ("k", k), ("v", v), ("bias", bias)):
-        # The kernels add tile offsets (position x stride) in 32 bits; past 2^31 elements the
-        # offset wraps and the kernel reads or writes outside the tensor.
-        if tensor is not None and sum((size - 1) * abs(step) for size, step in zip(tensor.shape, tensor.stride())) >= 2**31:
-            raise SizeLimitError(
-                f"evo_attention: {name} {tuple(tensor.shape)} with strides {tensor.stride()} spans 2^31 elements or "
-                f"more; the kernels use 32-bit offsets (split the batch or rows, or use a smaller L)"
-            )
+    if rows > GRID_LIMIT or batch * heads > GRID_LIMIT:
+        raise SizeLimitError(
+            f"evo_attention: {rows} rows and {batch} x {heads} batch x heads; one launch covers at most "
+            f"{GRID_LIMIT} of each (split the rows or the batch)"
+        )
+
+
+def _tile_span(tensor: Optional[torch.Tensor], axes: tuple[int, ...]) -> int:
+    """The largest offset inside one tile: sum of (size - 1) x stride over the tiled axes."""
+    if tensor is None:
+        return 0
+    return sum((tensor.shape[axis] - 1) * abs(tensor.stride(axis)) for axis in axes)
+
+
+def wide_index(*tensors: Optional[torch.Tensor], bias: Optional[torch.Tensor] = None) -> bool:
+    """Whether the kernels need 64-bit tile offsets (WIDE_INDEX) for these tensors.
+
+    tensors: [B, N, L, H, D] (q, k, v, out, their gradients), tiled over L and D; bias and its
+    gradient: [B, N, H, L, L], tiled over both L. Batch, row and head offsets are 64-bit
+    always, so only a tile's own extent counts: the ending node's views (position stride
+    L x row width) pass 2^31 elements at L ~ 2000, a contiguous q never does in practice."""
+    span = max([_tile_span(t, (2, 4)) for t in tensors] + [_tile_span(bias, (3, 4))])
+    return span >= INDEX_LIMIT
 
 
 def _bias_strides(bias: Optional[torch.Tensor]) -> tuple[int, int, int, int, int]:
@@ -106,6 +129,8 @@ def _mask_arg(mask: Optional[torch.Tensor], q: torch.Tensor) -> tuple[torch.Tens
         return q, (0, 0, 0)
     # bool and uint8 share a layout; Triton reads uint8 pointers more predictably than int1.
     as_bytes = mask.view(torch.uint8)
+    if _tile_span(as_bytes, (2,)) >= INDEX_LIMIT:
+        as_bytes = as_bytes.contiguous()  # the mask scan indexes positions in 32 bits
     return as_bytes, tuple(as_bytes.stride())
 
 
@@ -139,6 +164,7 @@ def evo_attention_forward(
         HAS_MASK=mask is not None,
         PRECISION=runtime.dot_precision(q.dtype),
         SCAN_MASK=_SCAN_MASK,
+        WIDE_INDEX=wide_index(q, k, v, out, bias=bias),
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         BLOCK_D=padded_head_dim(head_dim),
@@ -213,6 +239,7 @@ def evo_attention_backward(
     else:
         dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     dbias = bias.new_empty(bias.shape) if bias_grad else None
+    common["WIDE_INDEX"] = wide_index(q, k, v, out, grad_out, dq, dk, dv, bias=bias) or wide_index(bias=dbias)
     qc = config.bwd_q
     if shared_bias and qc.rows > 1:
         _evo_attention_bwd_q_rows_kernel[(triton.cdiv(seq_len, qc.block_m), triton.cdiv(rows, qc.rows), batch * heads)](
