@@ -87,8 +87,9 @@ class TrainProgress:
         """Before the first step of this process (`start_step` steps already done)."""
         if not self.enabled:
             return
-        resumed = f"resuming at step {start_step + 1} of {self.total_steps}; " if start_step else ""
-        self.note(f"{resumed}step {start_step + 1} is the slow one: {work}")
+        resumed = "resuming; " if start_step else ""
+        self.note(f"{resumed}first step {start_step + 1}/{self.total_steps}: {work} (one-off work: later steps "
+                  "are quicker)")
         if self._writer_class is not None:
             self.writer = self._writer_class(log_dir=self.tensorboard_dir)
         if self.interactive:

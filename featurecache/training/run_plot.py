@@ -1,9 +1,10 @@
 """`featurecache plot RUN_DIR`: a training run's log.jsonl drawn as one figure.
 
-Four panels over the optimizer step: the loss, its terms (distogram, diffusion and the diffusion
-loss's parts), the step time with the time spent waiting for data, and peak memory. Per-step
-values are noisy, so each curve is drawn faintly and its moving average over about 1/50 of the
-run on top. matplotlib is imported only here (Agg backend, no display needed).
+Six panels over the optimizer step: the loss (with the validation loss where the run validated),
+its terms (distogram, diffusion and the diffusion loss's parts), the validation lDDT, the step
+time with the time spent waiting for data, peak memory, and the gradient norm with the learning
+rate. Per-step values are noisy, so each curve is drawn faintly and its moving average over
+about 1/50 of the run on top. matplotlib is imported only here (Agg backend, no display needed).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from featurecache.training.loop import LOG_FILE
 
 DEFAULT_PLOT = "training.png"
 # Fields of a step record that are not loss terms (everything else numeric is one).
-_NOT_LOSS_TERMS = {"step", "epoch", "loss", "num_cycles", "grad_norm", "lr", "step_time_s", "data_wait_s",
+_NOT_LOSS_TERMS = {"kind", "step", "epoch", "loss", "num_cycles", "grad_norm", "lr", "step_time_s", "data_wait_s",
                    "peak_memory_gb", "tokens", "world_size"}
 _SMOOTHING_POINTS = 50  # the moving average spans about 1/50 of the run
 LOG_SPAN = 20  # a panel whose values span more than this factor gets a log axis
@@ -26,10 +27,11 @@ class RunLogError(ValueError):
     """A run folder without a readable log of training steps (the command's exit 2)."""
 
 
-def read_steps(run_dir: Path) -> list[dict]:
-    """The run's step records in step order. A resumed run appends the steps after its checkpoint
-    again: the later record of a step wins. A last line cut short (a run killed mid-write) is
-    left out; any other line that is not JSON is an error naming the file and line."""
+def read_log(run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """The run's training-step records and its validation records, each in step order. A resumed
+    run appends the steps after its checkpoint again: the later record of a step wins. A last
+    line cut short (a run killed mid-write) is left out; any other line that is not JSON is an
+    error naming the file and line."""
     path = Path(run_dir) / LOG_FILE
     try:
         text = path.read_text(encoding="utf-8")
@@ -38,7 +40,7 @@ def read_steps(run_dir: Path) -> list[dict]:
     except (OSError, UnicodeDecodeError) as error:
         raise RunLogError(f"{path}: cannot read it ({error})") from None
     lines = text.split("\n")
-    by_step: dict[int, dict] = {}
+    by_kind: dict[str, dict[int, dict]] = {"train": {}, "validation": {}}
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -48,11 +50,19 @@ def read_steps(run_dir: Path) -> list[dict]:
             if number == len(lines):  # no newline after it: the writer was stopped mid-line
                 continue
             raise RunLogError(f"{path} line {number}: not JSON ({error.msg})") from None
-        if isinstance(record, dict) and "loss" in record and "step_time_s" in record:
-            by_step[int(record["step"])] = record
-    if not by_step:
+        if not isinstance(record, dict) or "step" not in record:
+            continue
+        kind = record.get("kind", "train")  # logs written before validation existed have no kind
+        if kind == "train" and "loss" in record and "step_time_s" in record or kind == "validation":
+            by_kind[kind][int(record["step"])] = record
+    if not by_kind["train"]:
         raise RunLogError(f"{path}: no training step logged yet")
-    return [by_step[step] for step in sorted(by_step)]
+    return tuple([records[step] for step in sorted(records)] for records in by_kind.values())
+
+
+def read_steps(run_dir: Path) -> list[dict]:
+    """The run's training-step records in step order (read_log's first list)."""
+    return read_log(run_dir)[0]
 
 
 def _moving_average(values: list[float], window: int) -> list[float]:
@@ -124,6 +134,28 @@ def _draw_terms(axis, records: list[dict], steps: list[int], window: int) -> Non
                   transform=axis.transAxes)
 
 
+def _draw_validation(axis, validations: list[dict]) -> None:
+    """Validation lDDT over the steps: all atoms and each molecule type that was scored."""
+    names = [name for name in ("lddt", "lddt_protein", "lddt_dna", "lddt_rna", "lddt_ligand")
+             if any(record.get(name) is not None for record in validations)]
+    if not names:
+        _note(axis, "validation lDDT", "no validation in this run\n(train --validate-every N)")
+        return
+    for name, color in zip(names, ("black", "#3b75af", "#ef8636", "#519e3e", "#8d69b8")):
+        points = [(record["step"], record[name]) for record in validations if record.get(name) is not None]
+        axis.plot(*zip(*points), color=color, marker="o", markersize=3, linewidth=1.2,
+                  label="all atoms" if name == "lddt" else name.removeprefix("lddt_"))
+    axis.set(title="validation lDDT", ylabel="lDDT", ylim=(0, 1))
+    axis.legend(fontsize=8)
+
+
+def _note(axis, title: str, text: str) -> None:
+    axis.set_title(title)
+    axis.set_xticks([])
+    axis.set_yticks([])
+    axis.text(0.5, 0.5, text, ha="center", va="center", color="0.35", transform=axis.transAxes)
+
+
 def plot_run(run_dir: Path, out: Path) -> Path:
     """Write the figure of `run_dir`'s log to `out` (PNG, PDF or SVG by its suffix); returns `out`."""
     import matplotlib
@@ -132,18 +164,23 @@ def plot_run(run_dir: Path, out: Path) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    records = read_steps(run_dir)
+    records, validations = read_log(run_dir)
     steps = [record["step"] for record in records]
     window = max(1, len(records) // _SMOOTHING_POINTS)
-    figure, axes = plt.subplots(2, 2, figsize=(12, 7.5), sharex=True)
-    (loss, terms), (timing, memory) = axes
+    figure, axes = plt.subplots(2, 3, figsize=(16, 7.5))
+    (loss, terms, validation), (timing, memory, optimizer) = axes
 
     losses = [record["loss"] for record in records]
-    _draw(loss, steps, losses, window, "#1f4e79", "loss")
+    _draw(loss, steps, losses, window, "#1f4e79", "training")
+    validated = [(record["step"], record["loss"]) for record in validations if record.get("loss") is not None]
+    if validated:
+        loss.plot(*zip(*validated), color="#c53a32", marker="o", markersize=4, linewidth=1.2, label="validation")
+        loss.legend(fontsize=8)
     loss.set_title("loss")
-    _y_scale(loss, losses, "loss")
+    _y_scale(loss, losses + [value for _, value in validated], "loss")
 
     _draw_terms(terms, records, steps, window)
+    _draw_validation(validation, validations)
 
     step_ms = [record["step_time_s"] * 1e3 for record in records]
     wait_ms = [record["data_wait_s"] * 1e3 for record in records]
@@ -158,9 +195,19 @@ def plot_run(run_dir: Path, out: Path) -> Path:
     memory.set(title="peak memory (GPU allocated, or process RSS on CPU)", xlabel="step", ylabel="GB",
                ylim=(0, None))
 
+    norms = [record.get("grad_norm") for record in records]
+    _draw(optimizer, steps, norms, window, "#7f7f7f", "gradient norm (before clipping)")
+    optimizer.set(title="gradient norm and learning rate", xlabel="step")
+    _y_scale(optimizer, norms, "gradient norm")
+    rate = optimizer.twinx()
+    rate.plot(steps, [record.get("lr", math.nan) for record in records], color="#8d69b8", linewidth=1.4)
+    rate.set_ylabel("learning rate", color="#8d69b8")
+    rate.set_ylim(0, None)
+
     for axis in axes.flat:
-        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-        axis.grid(alpha=0.3)
+        if axis.get_xticks().size:
+            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+            axis.grid(alpha=0.3)
     smoothing = f"; bold lines: mean of the last {window} steps" if window > 1 else ""
     figure.suptitle(f"{run_dir}: {len(records)} steps logged (last: step {steps[-1]}){smoothing}", fontsize=9)
     figure.tight_layout()

@@ -72,8 +72,8 @@ def test_a_terminal_gets_a_progress_bar(small_cache, tmp_path):
     code, output = _run_in_terminal(_train_args(small_cache, tmp_path / "run"))
     assert code == 0, output[-3000:]
     assert "featurecache train: building the tiny model on cpu" in output
-    assert "featurecache train: step 1 is the slow one: loading the first batch" in output
-    bar = output[output.index("step 1 is the slow one"):]
+    assert "featurecache train: first step 1/3: loading the first batch (one-off work" in output
+    bar = output[output.index("first step 1/3"):]
     # tqdm redraws one line with carriage returns: steps done, rate, ETA, loss and data-wait share
     assert "\r" in bar and "3/3" in bar and ("step/s" in bar or "s/step" in bar), bar
     assert "loss " in bar and "data wait " in bar and "%" in bar
@@ -86,7 +86,7 @@ def test_a_pipe_gets_plain_lines(small_cache, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "\r" not in result.stdout and "\r" not in result.stderr
     lines = result.stdout.splitlines()
-    assert any(line.startswith("featurecache train: step 1 is the slow one") for line in lines)
+    assert any(line.startswith("featurecache train: first step 1/3: loading the first batch") for line in lines)
     steps = [line for line in lines if line.startswith("step ")]
     assert [line.split()[1] for line in steps] == ["1/3", "2/3", "3/3"]
     assert all("loss" in line and "data wait" in line and "eta" in line for line in steps)

@@ -7,14 +7,14 @@ import pytest
 from click.testing import CliRunner
 
 from featurecache.cli import cli
-from featurecache.training.run_plot import loss_terms, read_steps
+from featurecache.training.run_plot import loss_terms, read_log, read_steps
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def _step(step: int, **changes) -> dict:
     """One step record with the fields featurecache.training.loop logs."""
-    record = {"step": step, "epoch": 0, "distogram": 4.0 / step, "mse": 50.0 / step, "smooth_lddt": 0.8,
+    record = {"kind": "train", "step": step, "epoch": 0, "distogram": 4.0 / step, "mse": 50.0 / step, "smooth_lddt": 0.8,
               "bond": 0.0, "diffusion": 1.5 / step ** 0.5, "loss": 6.0 / step ** 0.5, "num_cycles": 1 + step % 4,
               "grad_norm": 10.0 / step, "lr": 1e-3, "step_time_s": 0.15 + (20.0 if step == 1 else 0.0),
               "data_wait_s": 0.002, "peak_memory_gb": 2.0 + step / 100, "tokens": 20, "ids": [["a"]],
@@ -33,8 +33,20 @@ def _invoke(*args: str):
     return CliRunner().invoke(cli, list(args))
 
 
+def _validation(step: int) -> dict:
+    """A validation record as featurecache.training.validation writes it."""
+    return {"kind": "validation", "step": step, "targets": ["a"], "weights": "ema", "lddt": 0.2 + step / 400,
+            "lddt_protein": 0.25 + step / 400, "lddt_dna": None, "lddt_rna": None, "lddt_ligand": None,
+            "loss": 5.0 / step ** 0.5, "distogram": 4.0 / step}
+
+
 def test_plot_writes_a_png_beside_the_log(tmp_path):
-    run_dir = _write_log(tmp_path / "run", [_step(step) for step in range(1, 121)])
+    records = [_step(step) for step in range(1, 121)]
+    records[39:39] = [_validation(40)]  # a validation line after step 40
+    run_dir = _write_log(tmp_path / "run", records + [_validation(120)])
+    steps, validations = read_log(run_dir)
+    assert [record["step"] for record in steps] == list(range(1, 121))
+    assert [record["step"] for record in validations] == [40, 120]
     result = _invoke("plot", str(run_dir))
     assert result.exit_code == 0, result.output
     image = run_dir / "training.png"
