@@ -1,6 +1,7 @@
-"""Pair-representation sharding: one sample's Pairformer spread over the P ranks of a process
-group, after FastFold's dynamic axial parallelism (DAP). docs/SHARDING.md has the design, the
-communication volume and the memory it predicts.
+"""Pair-representation sharding: one sample's Pairformer and MSA module spread over the P ranks
+of a process group, after FastFold's dynamic axial parallelism (DAP). docs/SHARDING.md has the
+design, the communication volume and the memory it predicts; featurecache.model.collectives the
+collectives.
 
 Layout: each rank holds a block of n = L/P rows of the pair, z[:, rows, :, :] ([B, n, L, C];
 L padded to a multiple of P), and the same rows of the single representation ([B, n, C_s]).
@@ -12,13 +13,16 @@ Per Pairformer block:
 - the transitions are local;
 - attention with pair bias: queries are this rank's rows, whose bias rows are already local;
   only the keys and values (L x 2 x 384 numbers) are all-gathered, not the bias (L x L x 16).
+The MSA module splits the MSA by tokens, token i with the pair's row i: the outer product mean
+gathers its right factor (S x L x 32), the pair-weighted averaging its values (S x L x 64); the
+weights of token i come from the pair's row i, which is local.
 
 Gradients: every collective is an autograd Function whose backward is its adjoint (all-gather
 -> reduce-scatter, the all-to-all transpose -> itself). Inside the sharded region each rank's
-parameter gradients are its share: `ShardedPairformer.reduce_gradients` sums them over the group.
+parameter gradients are its share: `reduce_gradients` sums them over the group.
 Outside it (its input and output) the representation is whole and the same on every rank.
 
-The blocks and parameters are the Pairformer's own, so a checkpoint loads either way, on both
+The blocks and parameters are the stacks' own, so a checkpoint loads either way, on both
 kernel paths ("triton": the LayerNorm+Linear, Transition and EvoAttention kernels; "torch": the
 references), with or without activation checkpointing.
 """
@@ -33,162 +37,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from featurecache.kernels.reference import evo_attention_reference, layernorm_linear_reference
-from featurecache.model.layers import attention_fn, dropout_seed, shared_dropout
+from featurecache.model.collectives import (GatheredProduct, gather, gather_partial, group_size, own_block, scatter,
+                                            transpose_rows)
+from featurecache.model.layers import SITES_PER_BLOCK, attention_fn, dropout_seed, shared_dropout
+from featurecache.model.msa import MSAModule, msa_features
 from featurecache.model.pairformer import ROWWISE, Pairformer, PairformerBlock, run_blocks
-
-# torch >= 2.13 renamed the tensor collectives; the GPU machine's torch 2.11 has the old names.
-_all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_into = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-# The triangle products, x = einsum(forward, a, b), and their gradients for a and b.
-_PRODUCTS = {
-    # x_ij = sum_k a_ik b_jk: a local rows, b gathered rows
-    "outgoing": ("bikc,bjkc->bijc", "bijc,bjkc->bikc", "bijc,bikc->bjkc"),
-    # x_ij = sum_k aT_ik b_kj with aT = a^T's local rows (a_ki), b gathered rows
-    "incoming": ("bikc,bkjc->bijc", "bijc,bkjc->bikc", "bikc,bijc->bkjc"),
-}
-
-
-def group_size(group) -> int:
-    return dist.get_world_size(group)
-
-
-def group_rank(group) -> int:
-    return dist.get_rank(group)
-
-
-# --------------------------------------------------------------------------------------------
-# Collectives with autograd
-# --------------------------------------------------------------------------------------------
-
-
-def _gather_dim(x: torch.Tensor, dim: int, group) -> torch.Tensor:
-    """Every rank's x concatenated along dim, in rank order."""
-    front = x.movedim(dim, 0).contiguous()
-    out = front.new_empty((group_size(group) * front.shape[0], *front.shape[1:]))
-    _all_gather_into(out, front, group=group)
-    return out.movedim(0, dim)
-
-
-def _reduce_scatter_dim(x: torch.Tensor, dim: int, group) -> torch.Tensor:
-    """The sum over ranks of x, this rank's block along dim."""
-    front = x.movedim(dim, 0).contiguous()
-    out = front.new_empty((front.shape[0] // group_size(group), *front.shape[1:]))
-    _reduce_scatter_into(out, front, group=group)
-    return out.movedim(0, dim)
-
-
-def _own_block(x: torch.Tensor, dim: int, group) -> torch.Tensor:
-    size = x.shape[dim] // group_size(group)
-    return x.narrow(dim, group_rank(group) * size, size)
-
-
-class _GatherPartial(torch.autograd.Function):
-    """All-gather along dim of a tensor each rank goes on to use in full for its own rows: the
-    gradients the ranks compute are shares, so the backward sums them (reduce-scatter)."""
-
-    @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return _gather_dim(x, dim, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter_dim(grad, ctx.dim, ctx.group), None, None
-
-
-class _Scatter(torch.autograd.Function):
-    """Into the sharded region: this rank's block of a tensor every rank holds whole. Backward:
-    the rows' gradients gathered, whole on every rank again."""
-
-    @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return _own_block(x, dim, group).contiguous()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather_dim(grad, ctx.dim, ctx.group), None, None
-
-
-class _Gather(torch.autograd.Function):
-    """Out of the sharded region: the blocks gathered into the whole tensor, which every rank
-    then uses alike; so each rank's gradient is already the whole one and the backward keeps
-    this rank's block."""
-
-    @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return _gather_dim(x, dim, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _own_block(grad, ctx.dim, ctx.group).contiguous(), None, None
-
-
-def _transpose_rows(x: torch.Tensor, group) -> torch.Tensor:
-    """[B, n, L, C], rows of z -> [B, n, L, C], the same rows of z^T, by one all-to-all."""
-    size = group_size(group)
-    batch, n, length, channels = x.shape
-    send = x.movedim(2, 0).contiguous()  # [L (block q goes to rank q), B, n, C]
-    received = torch.empty_like(send)
-    dist.all_to_all_single(received, send, group=group)
-    # block r holds z[rows of r, my columns] as [my columns, B, rows of r, C]
-    received = received.view(size, n, batch, n, channels)
-    return received.permute(2, 1, 0, 3, 4).reshape(batch, n, length, channels)
-
-
-class _TransposeRows(torch.autograd.Function):
-    """The all-to-all transpose; a transpose is its own inverse and adjoint, so is the backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _transpose_rows(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _transpose_rows(grad, ctx.group), None
-
-
-class _GatheredProduct(torch.autograd.Function):
-    """x = einsum(a, all-gather(b)) for one triangle direction. Only the local a and b are kept
-    for backward, which gathers b again: the gathered b is as large as a whole-pair tensor, and
-    keeping it would undo the sharding's saving."""
-
-    @staticmethod
-    def forward(ctx, a, b, direction, group):
-        ctx.direction, ctx.group = direction, group
-        ctx.save_for_backward(a, b)
-        return torch.einsum(_PRODUCTS[direction][0], a, _gather_dim(b, 1, group))
-
-    @staticmethod
-    def backward(ctx, dx):
-        a, b = ctx.saved_tensors
-        _, grad_a, grad_b = _PRODUCTS[ctx.direction]
-        b_full = _gather_dim(b, 1, ctx.group)
-        dx = dx.to(a.dtype)
-        da = torch.einsum(grad_a, dx, b_full)
-        db = _reduce_scatter_dim(torch.einsum(grad_b, dx if ctx.direction == "outgoing" else a,
-                                              a if ctx.direction == "outgoing" else dx), 1, ctx.group)
-        return da, db, None, None
-
-
-def gather_partial(x, dim, group):
-    return _GatherPartial.apply(x, dim, group)
-
-
-def scatter(x, dim, group):
-    return _Scatter.apply(x, dim, group)
-
-
-def gather(x, dim, group):
-    return _Gather.apply(x, dim, group)
-
-
-def transpose_rows(x, group):
-    return _TransposeRows.apply(x, group)
-
 
 # --------------------------------------------------------------------------------------------
 # The Pairformer's updates on row blocks
@@ -225,7 +78,7 @@ def triangle_multiplication(module: nn.Module, z: torch.Tensor, mask: torch.Tens
     b = torch.sigmoid(b_g) * b_p * keep
     if module.direction == "incoming":
         a = transpose_rows(a, group)
-    x = _GatheredProduct.apply(a.contiguous(), b.contiguous(), module.direction, group)
+    x = GatheredProduct.apply(a.contiguous(), b.contiguous(), module.direction, group)
     out = layernorm_linear(x, module.norm_out.weight, module.norm_out.bias, module.linear_z.weight, None,
                            module.norm_out.eps)
     return torch.sigmoid(g) * out
@@ -262,16 +115,14 @@ def single_attention(module: nn.Module, s: torch.Tensor, z: torch.Tensor, token_
     return module.linear_out(out.flatten(-2))
 
 
-def block_forward(block: PairformerBlock, group, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor,
-                  rows_mask: torch.Tensor, columns_mask: torch.Tensor,
-                  seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One PairformerBlock on this rank's rows: s [B, n, C_s], z [B, n, L, C_z]; rows_mask and
-    columns_mask [B, n, L] are the pair mask's rows and its transpose's rows.
+def pair_updates(pair: nn.Module, group, z: torch.Tensor, rows_mask: torch.Tensor, columns_mask: torch.Tensor,
+                 seed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """PairStack.updates on this rank's rows z [B, n, L, C]; rows_mask and columns_mask [B, n, L]
+    are the pair mask's rows and its transpose's rows.
 
-    Dropout as PairStack.updates draws it: a mask is a function of (seed, site, indices), and a
-    rowwise mask does not depend on the row, so every rank draws the same one. The ending node's
+    Dropout as PairStack draws it: a mask is a function of (seed, site, indices), and a rowwise
+    mask does not depend on the row, so every rank draws the same one. The ending node's
     columnwise mask is the rowwise one of z^T, applied before the transpose back."""
-    pair = block.pair
     kernels = pair.tri_mul_out.kernels
     rate = pair.dropout if pair.training else 0.0
 
@@ -283,51 +134,51 @@ def block_forward(block: PairformerBlock, group, s: torch.Tensor, z: torch.Tenso
     z, z_low = pair.residual(z, dropped(triangle_attention(pair.tri_att_start, z_low, rows_mask, kernels, group), 2))
     ending = triangle_attention(pair.tri_att_end, transpose_rows(z_low, group), columns_mask, kernels, group)
     z, z_low = pair.residual(z, transpose_rows(dropped(ending, 3), group))
-    z, z_low = pair.residual(z, pair.transition(z_low))
+    return pair.residual(z, pair.transition(z_low))
+
+
+def pairformer_block(block: PairformerBlock, group, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor,
+                     rows_mask: torch.Tensor, columns_mask: torch.Tensor,
+                     seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One PairformerBlock on this rank's rows: s [B, n, C_s], z [B, n, L, C_z]."""
+    z, z_low = pair_updates(block.pair, group, z, rows_mask, columns_mask, seed)
     s = s + single_attention(block.attention, s, z_low, token_mask, group)
     s = s + block.transition(s)
     return s, z
 
 
-class ShardedPairformer(nn.Module):
-    """A Pairformer run with its pair and single representations split by rows over `group`.
+class _ShardedStack(nn.Module):
+    """What the sharded stacks share: the original stack's blocks (so the same state_dict),
+    padding to a multiple of P, the pair mask's row blocks, the dropout seed, and the gradient sum."""
 
-    Takes and returns whole s [B, L, C_s] and z [B, L, L, C_z], the same on every rank, as
-    Pairformer does; in between each rank holds L/P rows. Its `blocks` are the Pairformer's, so
-    its state_dict is the Pairformer's. After backward, call `reduce_gradients`.
-    """
-
-    def __init__(self, pairformer: Pairformer, group) -> None:
+    def __init__(self, stack: nn.Module, group) -> None:
         super().__init__()
-        self.blocks = pairformer.blocks
-        self.checkpoint_blocks = pairformer.checkpoint_blocks
-        self.dropout = pairformer.dropout
+        self.blocks = stack.blocks
+        self.checkpoint_blocks = stack.checkpoint_blocks
+        self.dropout = stack.dropout
         self.group = group
 
-    def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, pair_mask: torch.Tensor,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """As Pairformer.forward; `generator` draws the dropout seed, the same on every rank
-        (the ranks of a group run the same step with the same generators)."""
-        group, shards = self.group, group_size(self.group)
-        length = z.shape[1]
-        pad = -length % shards
-        if pad:  # padded tokens are masked out of every update, as a collated batch's padding is
-            s, z = F.pad(s, (0, 0, 0, pad)), F.pad(z, (0, 0, 0, pad, 0, pad))
-            token_mask, pair_mask = F.pad(token_mask, (0, pad)), F.pad(pair_mask, (0, pad, 0, pad))
-        rows = _own_block(pair_mask, 1, group).contiguous()
-        columns = _own_block(pair_mask, 2, group).transpose(1, 2).contiguous()
-        seed = dropout_seed(generator, z.device) if self.training and self.dropout > 0 else None
-        blocks = [functools.partial(block_forward, block, group) for block in self.blocks]
-        s, z = run_blocks(blocks, self.checkpoint_blocks and self.training, scatter(s, 1, group),
-                          scatter(z, 1, group), masks=(token_mask, rows, columns), seed=seed)
-        s, z = gather(s, 1, group), gather(z, 1, group)
-        if pad:
-            s, z = s[:, :length], z[:, :length, :length]
-        return s, z
+    def padding(self, length: int) -> int:
+        """Padded tokens are masked out of every update, as a collated batch's padding is."""
+        return -length % group_size(self.group)
+
+    def pair_masks(self, pair_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's rows of the pair mask and of its transpose."""
+        rows = own_block(pair_mask, 1, self.group).contiguous()
+        return rows, own_block(pair_mask, 2, self.group).transpose(1, 2).contiguous()
+
+    def seed(self, generator: torch.Generator | None, device: torch.device) -> torch.Tensor | None:
+        """The stack's dropout seed, drawn as the unsharded stack draws it: the ranks of a group
+        run the same step with the same generators, so they draw the same seed."""
+        return dropout_seed(generator, device) if self.training and self.dropout > 0 else None
+
+    def run(self, block_fn, *state, masks: tuple, seed: torch.Tensor | None) -> tuple:
+        blocks = [functools.partial(block_fn, block, self.group) for block in self.blocks]
+        return run_blocks(blocks, self.checkpoint_blocks and self.training, *state, masks=masks, seed=seed)
 
     def reduce_gradients(self) -> None:
         """Sum the blocks' parameter gradients over the group (each rank holds its rows' share),
-        as one all-reduce."""
+        as one all-reduce. Once per optimizer step, after the last backward."""
         grads = [p.grad for p in self.blocks.parameters() if p.grad is not None]
         if not grads:
             return
@@ -337,8 +188,114 @@ class ShardedPairformer(nn.Module):
             grad.copy_(reduced.view_as(grad))
 
 
-def shard_pairformer(model: nn.Module, group) -> nn.Module:
-    """Replace `model.pairformer` (AF3Model, AF3Trunk) by its ShardedPairformer over `group`, in place."""
+class ShardedPairformer(_ShardedStack):
+    """A Pairformer run with its pair and single representations split by rows over `group`.
+
+    Takes and returns whole s [B, L, C_s] and z [B, L, L, C_z], the same on every rank, as
+    Pairformer does; in between each rank holds L/P rows. After backward, `reduce_gradients`.
+    """
+
+    def __init__(self, pairformer: Pairformer, group) -> None:
+        super().__init__(pairformer, group)
+
+    def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, pair_mask: torch.Tensor,
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        length, group = z.shape[1], self.group
+        seed = self.seed(generator, z.device)
+        pad = self.padding(length)
+        if pad:
+            s, z = F.pad(s, (0, 0, 0, pad)), F.pad(z, (0, 0, 0, pad, 0, pad))
+            token_mask, pair_mask = F.pad(token_mask, (0, pad)), F.pad(pair_mask, (0, pad, 0, pad))
+        s, z = self.run(pairformer_block, scatter(s, 1, group), scatter(z, 1, group),
+                        masks=(token_mask, *self.pair_masks(pair_mask)), seed=seed)
+        s, z = gather(s, 1, group), gather(z, 1, group)
+        return (s[:, :length], z[:, :length, :length]) if pad else (s, z)
+
+
+# --------------------------------------------------------------------------------------------
+# The MSA module, its tokens split as the pair's rows
+# --------------------------------------------------------------------------------------------
+
+
+def outer_product_mean(module: nn.Module, m: torch.Tensor, msa_mask: torch.Tensor, group) -> torch.Tensor:
+    """OuterProductMean for this rank's tokens m [B, S, n, C_m] -> the pair's rows [B, n, L, C_z];
+    msa_mask [B, S, L] whole. The right factor b [B, S, L, c] is gathered (S x L x 32 numbers)."""
+    local_mask = own_block(msa_mask, 2, group).unsqueeze(-1).to(m.dtype)
+    a, b = (t * local_mask for t in module.proj(m).split(module.hidden_dim, dim=-1))
+    outer = torch.einsum("bsic,bsjd->bijcd", a, gather_partial(b.contiguous(), 2, group)).flatten(-2)
+    count = torch.einsum("bsi,bsj->bij", local_mask.squeeze(-1).float(), msa_mask.float())
+    return module.linear_out(outer / (count.unsqueeze(-1) + 1e-3).to(outer.dtype))
+
+
+def pair_weighted_averaging(module: nn.Module, m: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor,
+                            group) -> torch.Tensor:
+    """PairWeightedAveraging for this rank's tokens: the weights of token i come from z's row i
+    (local), the values of every token are gathered ([B, S, L, H * D])."""
+    inner = module.num_heads * module.head_dim
+    value, gate = module.proj(m).split(inner, dim=-1)
+    value = gather_partial(value.contiguous(), 2, group).unflatten(-1, (module.num_heads, module.head_dim))
+    logits = module.pair_bias(z).float().permute(0, 3, 1, 2)  # [B, H, n, L]
+    logits = logits.masked_fill(~token_mask[:, None, None, :], float("-inf"))
+    logits = logits.masked_fill(~own_block(token_mask, 1, group)[:, None, :, None], 0.0)
+    weights = torch.softmax(logits, dim=-1).to(value.dtype)
+    out = torch.einsum("bhij,bsjhd->bsihd", weights, value).flatten(-2)
+    return module.linear_out(torch.sigmoid(gate) * out)
+
+
+def msa_block(block: nn.Module, group, m: torch.Tensor, z: torch.Tensor, msa_mask: torch.Tensor,
+              token_mask: torch.Tensor, rows_mask: torch.Tensor, columns_mask: torch.Tensor,
+              seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One MSABlock on this rank's tokens m [B, S, n, C_m] and rows z [B, n, L, C_z]."""
+    z = z + outer_product_mean(block.outer_product_mean, m, msa_mask, group)
+    if not block.last:
+        update = pair_weighted_averaging(block.pair_weighted_averaging, m, z, token_mask, group)
+        rate = block.msa_dropout if block.training else 0.0
+        # MSABlock's rowwise mask over every token, then this rank's tokens of it
+        keep = shared_dropout(update.new_ones(m.shape[0], 1, token_mask.shape[1], m.shape[-1]), rate, seed,
+                              SITES_PER_BLOCK - 1, ROWWISE)
+        m = m + update * own_block(keep, 2, group)
+        m = m + block.msa_transition(m)
+    return m, pair_updates(block.pair, group, z, rows_mask, columns_mask, seed)[0]
+
+
+class ShardedMSAModule(_ShardedStack):
+    """An MSAModule run with the MSA split by tokens and the pair by rows over `group` (token i
+    of the MSA with row i of the pair). Takes and returns whole z, as MSAModule does."""
+
+    def __init__(self, msa_module: MSAModule, group) -> None:
+        super().__init__(msa_module, group)
+        self.from_msa = msa_module.from_msa
+        self.from_single = msa_module.from_single
+
+    def forward(self, batch: dict, inputs: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor,
+                pair_mask: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        length, group = z.shape[1], self.group
+        msa_mask = batch["msa_row_mask"][:, :, None] & token_mask[:, None, :]  # [B, S, L]
+        m = self.from_msa(msa_features(batch)) + self.from_single(inputs).unsqueeze(1)
+        seed = self.seed(generator, z.device)
+        pad = self.padding(length)
+        if pad:
+            m, z = F.pad(m, (0, 0, 0, pad)), F.pad(z, (0, 0, 0, pad, 0, pad))
+            msa_mask, token_mask = F.pad(msa_mask, (0, pad)), F.pad(token_mask, (0, pad))
+            pair_mask = F.pad(pair_mask, (0, pad, 0, pad))
+        _, z = self.run(msa_block, scatter(m, 2, group), scatter(z, 1, group),
+                        masks=(msa_mask, token_mask, *self.pair_masks(pair_mask)), seed=seed)
+        z = gather(z, 1, group)
+        return z[:, :length, :length] if pad else z
+
+
+def shard_trunk(model: nn.Module, group) -> nn.Module:
+    """Replace the MSA module and the Pairformer of `model` (AF3Model, AF3Trunk) by their
+    sharded forms over `group`, in place; the state_dict keeps its keys."""
+    if not isinstance(model.msa_module, ShardedMSAModule):
+        model.msa_module = ShardedMSAModule(model.msa_module, group)
     if not isinstance(model.pairformer, ShardedPairformer):
         model.pairformer = ShardedPairformer(model.pairformer, group)
     return model
+
+
+def reduce_gradients(model: nn.Module) -> None:
+    """Sum the gradients of every sharded stack in `model` over its group (nothing if none)."""
+    for module in model.modules():
+        if isinstance(module, _ShardedStack):
+            module.reduce_gradients()

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from featurecache.model.sharding import ShardedPairformer, shard_pairformer
+from featurecache.model.sharding import reduce_gradients, shard_trunk
 from featurecache.training.config import TrainSetupError
 
 
@@ -108,16 +108,15 @@ def setup_distributed(device: str, pair_shards: int = 1) -> Dist:
 
 
 def shard_model(model: torch.nn.Module, world: Dist) -> torch.nn.Module:
-    """The model with its Pairformer sharded over the replica's shard group (as is without shards)."""
-    return shard_pairformer(model, world.shard_group) if world.pair_shards > 1 else model
+    """The model with its MSA module and Pairformer sharded over the replica's shard group (as is
+    without shards)."""
+    return shard_trunk(model, world.shard_group) if world.pair_shards > 1 else model
 
 
 def reduce_shard_gradients(model: torch.nn.Module) -> None:
-    """Sum the sharded Pairformer's gradients over its shard group (each rank holds its rows'
+    """Sum the sharded stacks' gradients over their shard group (each rank holds its rows'
     share); once per optimizer step, after the last backward. Nothing without shards."""
-    for module in model.modules():
-        if isinstance(module, ShardedPairformer):
-            module.reduce_gradients()
+    reduce_gradients(model)
 
 
 def all_ranks(world: Dist, value) -> list:

@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 
 from featurecache.model import AF3Model, AF3Trunk, preset
 from featurecache.model.pairformer import Pairformer
-from featurecache.model.sharding import ShardedPairformer, shard_pairformer
+from featurecache.model.sharding import ShardedPairformer, reduce_gradients, shard_trunk
 from featurecache.testing.synthetic import random_batch
 from featurecache.training.distributed import rank_layout
 
@@ -81,18 +81,18 @@ def pairformer_case(kernels: str, checkpoint: bool, group, length: int = LENGTH)
 
 
 def trunk_case(group) -> dict:
-    """The tiny AF3 trunk on a synthetic batch (MSA, templates, padding), its Pairformer sharded
-    over `group` (or not): outputs and every parameter's gradient."""
+    """The tiny AF3 trunk on a synthetic batch (MSA, templates, padding), its MSA module and
+    Pairformer sharded over `group` (or not): outputs and every parameter's gradient."""
     torch.manual_seed(0)
-    model = AF3Trunk(preset("tiny", kernels="torch")).train()
+    model = AF3Trunk(preset("tiny", kernels="torch", num_msa_blocks=2)).train()  # the last skips the MSA updates
     if group is not None:
-        shard_pairformer(model, group)
+        shard_trunk(model, group)
     batch = random_batch([LENGTH, 8], [5, 3], [2, 0], torch.Generator().manual_seed(2))
     outputs = model(batch)
     weight = torch.randn(outputs["single"].shape, generator=torch.Generator().manual_seed(3))
     (model.loss(batch, outputs) + (outputs["single"] * weight).sum()).backward()
     if group is not None:
-        model.pairformer.reduce_gradients()
+        reduce_gradients(model)
     return {"pair": outputs["pair"].detach(), "single": outputs["single"].detach(),
             "params": {name: p.grad for name, p in model.named_parameters() if p.grad is not None}}
 
