@@ -238,7 +238,10 @@ def test_option_values_are_checked_before_anything_runs(tmp_path):
                           ("--checkpoint-every", "0"), ("--msa-rows-per-sample", "0"), ("--max-templates", "-1"),
                           ("--spatial-crop-prob", "1.5"), ("--pairformer-blocks", "-2"), ("--steps", "many"),
                           ("--max-recycling-cycles", "0"), ("--diffusion-batch", "0"),
-                          ("--kernels", "cuda"), ("--preset", "huge")]:
+                          ("--kernels", "cuda"), ("--preset", "huge"), ("--accumulate", "0"),
+                          ("--ema-decay", "1"), ("--adam-beta2", "-0.1"), ("--lr-decay-factor", "0"),
+                          ("--lr-decay-every", "0"), ("--validation-fraction", "1"), ("--validate-every", "-1"),
+                          ("--grad-clip", "0")]:
         result = _cli(["train", "--cache", str(tmp_path), "--out", str(tmp_path / "run"), option, value])
         assert result.exit_code == 2 and option in result.output and "Traceback" not in result.output, \
             (option, value, result.output)
@@ -440,7 +443,7 @@ def test_every_trainable_parameter_gets_a_gradient_in_one_loop_step(cache, tmp_p
     step = next(step for step in range(20)
                 if sample_num_cycles(step_generators(config.sample.seed, step, world)[0], 4) > 1)
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
-    result, num_cycles = trainer.step(batch, step)
+    result, num_cycles = trainer.step([batch], step)
     assert num_cycles > 1 and torch.isfinite(result["loss"])
     trainable = [(name, p) for name, p in trainer.model.named_parameters()
                  if p.requires_grad and not name.startswith("template_embedder.")]

@@ -3,9 +3,11 @@
     python -m featurecache.training --cache DIR --preset tiny --steps 100 --out runs/tiny
 
 Modules, bottom up: `config` (TrainConfig), `distributed` (devices and ranks), `sampler`
-(EpochBatchSampler, WeightedBatchSampler), `data` (dataset and DataLoader of a run),
-`checkpoint` (save, load, RNG states), `schedule` (warmup, the CUDA-graph learning rate), `cuda_graph` (CapturedStep), `loop`
-(train) and `command` (the click command).
+(EpochBatchSampler, WeightedBatchSampler: one global order of samples per epoch), `data`
+(datasets and DataLoader of a run), `checkpoint` (save, load, RNG states), `schedule` (AF3's
+warm-up and step decay, the CUDA-graph learning rate), `ema` (the weights' moving average),
+`validation` (lDDT on held-out targets), `determinism` (--deterministic), `cuda_graph`
+(CapturedStep), `loop` (train) and `command` (the click command).
 """
 
 from featurecache.config import SampleConfig

@@ -3,8 +3,8 @@
 A checkpoint holds the model, optimizer and scheduler states, the EMA of the weights
 ("ema": the averaged parameters by name; `predict` loads them), the step, the data position
 (epoch and samples of it taken over all ranks), the RNG states of every rank, and the run's
-settings. It is
-written to a temporary file and renamed, so a crash never leaves a half-written checkpoint.
+settings. It is written to a temporary file and renamed, so a crash never leaves a
+half-written checkpoint.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """--deterministic: the settings under which two runs from one seed take bitwise identical steps.
 
 Every random draw of a step already comes from generators seeded by (seed, step, micro-batch)
-(featurecache.training.loop.step_generators) and every sample's crop from (seed, epoch, index),
+(featurecache.training.loop.noise_generator) and every sample's crop from (seed, epoch, index),
 so what remains is the arithmetic: PyTorch's deterministic algorithms (an op without a
 deterministic kernel raises instead of running one that isn't), cuDNN without autotuning, and
 cuBLAS with a fixed workspace (CUBLAS_WORKSPACE_CONFIG, read when cuBLAS starts, so it is set

@@ -5,7 +5,7 @@ Each epoch is a sequence of samples, a pure function of (seed, epoch): a shuffle
 featurecache.sampler). An optimizer step takes the next `global_batch` = batch_size *
 accumulate * world_size samples of that sequence; micro-batch g of the step (g = micro-step *
 world_size + rank) is the step's samples g * batch_size ... g * batch_size + batch_size - 1, and
-its random draws are seeded by g too (featurecache.training.loop.step_generators). So a step
+its random draws are seeded by g too (featurecache.training.loop.noise_generator). So a step
 trains on the same samples with the same noise on 2 ranks as on 1 rank accumulating 2
 micro-batches: a run's place is (epoch, samples of the epoch taken), independent of the number
 of ranks, which is what a checkpoint stores and why a run resumes on any number of ranks.
