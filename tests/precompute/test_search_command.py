@@ -184,10 +184,11 @@ def test_af3_json_follows_the_documented_input_format(searched, ras_sequence, te
 
 def test_precompute_after_search_reuses_every_search(searched):
     cache = searched["out"] / "cache"
+    # The rerun on Ray (as by default), one worker: every search is found stored.
     rerun = CliRunner().invoke(cli, ["search", str(searched["inputs"]), "--config", str(searched["config"]),
-                                     "--out", str(searched["out"]), "--executor", "inline", "--no-progress", "--json"])
+                                     "--out", str(searched["out"]), "--workers", "1", "--no-progress", "--json"])
     assert rerun.exit_code == 0, rerun.output
-    assert json.loads(rerun.output)["sequences"] == {"done": 0, "skipped": 2, "failed": 0}
+    assert json.loads(rerun.output[rerun.output.index("{"):])["sequences"] == {"done": 0, "skipped": 2, "failed": 0}
     result = CliRunner().invoke(cli, ["precompute", str(searched["inputs"]), "--cache", str(cache), "--config",
                                       str(searched["config"]), "--executor", "inline", "--no-progress", "--json"])
     assert result.exit_code == 0, result.output
