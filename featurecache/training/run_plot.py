@@ -96,7 +96,9 @@ def _y_scale(axis, values: list[float], unit: str) -> None:
     positive = [value for value in _positive(values) if math.isfinite(value)]
     if positive and max(positive) > LOG_SPAN * min(positive):
         axis.set_yscale("log")
-        axis.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        # ticks at 1, 2, 5 x 10^k over up to two decades, at powers of 10 beyond (else they crowd)
+        few_decades = max(positive) < 100 * min(positive)
+        axis.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if few_decades else (1.0,)))
         axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
         axis.yaxis.set_minor_formatter(NullFormatter())
         unit += " (log scale)"
@@ -126,8 +128,11 @@ def _draw_terms(axis, records: list[dict], steps: list[int], window: int) -> Non
     axis.set_title("loss terms")
     _y_scale(axis, shown, "value")
     if drawn:
-        axis.legend(fontsize=8, ncol=2, title=f"zero throughout: {', '.join(zero)}" if zero else None,
-                    title_fontsize=8)
+        bottom, top = axis.get_ylim()  # headroom above the curves for the legend
+        axis.set_ylim(bottom, top * (top / bottom) ** (0.15 * math.ceil(len(drawn) / 3))
+                      if axis.get_yscale() == "log" else top + 0.15 * math.ceil(len(drawn) / 3) * (top - bottom))
+        axis.legend(fontsize=8, ncol=3, loc="upper center",
+                    title=f"zero throughout: {', '.join(zero)}" if zero else None, title_fontsize=8)
     else:
         axis.set_yticks([])
         axis.text(0.5, 0.5, "this log has no loss terms (only the total)", ha="center", va="center",
@@ -181,6 +186,7 @@ def plot_run(run_dir: Path, out: Path) -> Path:
 
     _draw_terms(terms, records, steps, window)
     _draw_validation(validation, validations)
+    validation.set_xlim(loss.get_xlim())  # the same steps as the training panels
 
     step_ms = [record["step_time_s"] * 1e3 for record in records]
     wait_ms = [record["data_wait_s"] * 1e3 for record in records]
