@@ -366,7 +366,8 @@ def full_model_checks(config_overrides: dict, device: torch.device, length: int,
                         generator=torch.Generator(device).manual_seed(1))
     loss, _ = model.loss(batch, outputs)
     loss.backward()
-    dead = [name for name, p in model.named_parameters() if p.grad is None or not bool(p.grad.abs().sum() > 0)]
+    dead = [name for name, p in model.named_parameters()
+            if p.requires_grad and (p.grad is None or not bool(p.grad.abs().sum() > 0))]
     terms = {}
     for kernels, model in models.items():
         model.zero_grad(set_to_none=True)
@@ -378,9 +379,43 @@ def full_model_checks(config_overrides: dict, device: torch.device, length: int,
                    for name in terms["torch"]}
     del models, outputs, loss
     free_memory()
-    return {"parameters": sum(p.numel() for p in model.parameters()), "dead_parameters": dead,
+    return {"parameters": sum(p.numel() for p in model.parameters() if p.requires_grad), "dead_parameters": dead,
             "loss_fp32": terms, "relative_difference": differences,
             "max_relative_difference": max(differences.values())}
+
+
+def profile_full_step(runner: FullModelRunner, batch: dict, device: torch.device, out: pathlib.Path) -> dict:
+    """One profiled iteration after a warm one: forward time of each top-level part (CUDA events
+    around each child module's calls) and the top CUDA operators (written to OUT/profile_step.txt)."""
+    runner.iteration(batch)
+    sync(device)
+    spans: dict = {}
+    handles = []
+    for name, module in runner.model.named_children():
+        def before(_module, _args, name=name):
+            spans.setdefault(name, []).append([torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)])
+            spans[name][-1][0].record()
+
+        def after(_module, _args, _output, name=name):
+            spans[name][-1][1].record()
+
+        handles += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.profiler.profile(activities=activities) as profiler:
+        start.record()
+        runner.iteration(batch)
+        stop.record()
+        sync(device)
+    for handle in handles:
+        handle.remove()
+    averages = profiler.key_averages()
+    text = averages.table(sort_by="cuda_time_total", row_limit=30)
+    (out / "profile_step.txt").write_text(text)
+    print(text, flush=True)
+    device_ms = sum(e.self_device_time_total for e in averages) / 1e3
+    forward = {name: {"ms": sum(a.elapsed_time(b) for a, b in calls), "calls": len(calls)} for name, calls in spans.items()}
+    return {"wall_ms_profiled": start.elapsed_time(stop), "device_ms": device_ms, "forward_ms": forward}
 
 
 # --- 4. data wait through the training loop --------------------------------------------------------
@@ -520,7 +555,11 @@ def table(results: dict, args) -> str:
     elif checks is not None:
         rows.append(f"| checks | {cell(checks, str)} |{' |' * (len(VARIANTS) - 1)}{blank}")
     for key, value in results.items():
-        if key.startswith("profile/") and "device_ms" in value:
+        if key.startswith("profile/") and "forward_ms" in value:
+            parts = ", ".join(f"{name} {v['ms']:.0f} ms ({v['calls']}x)" for name, v in value["forward_ms"].items())
+            rows.append(f"| {key}: device time {value['device_ms']:.0f} ms of {value['wall_ms_profiled']:.0f} ms wall; "
+                        f"forward by part: {parts} |{' |' * len(VARIANTS)}{blank}")
+        elif key.startswith("profile/") and "device_ms" in value:
             rows.append(f"| {key}: device time {value['device_ms']:.1f} ms of {value['wall_ms_profiled']:.1f} ms wall, "
                         f"host enqueue {value['host_enqueue_ms']:.1f} ms, {value['kernels_per_step']} kernels "
                         f"|{' |' * len(VARIANTS)}{blank}")
@@ -592,6 +631,8 @@ def main() -> None:
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--profile-block", action="store_true",
                         help="profile the Triton block at the first block length (top CUDA operators)")
+    parser.add_argument("--profile-step", action="store_true",
+                        help="--model af3: profile one triton iteration at the first crop (forward time per part)")
     parser.add_argument("--blocks-only", action="store_true",
                         help="only the Pairformer block section (and the profile), for a short device call")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on any device: checks the script runs")
@@ -676,6 +717,10 @@ def main() -> None:
                 dims, device)
     if args.model == "af3" and not args.blocks_only:
         section("checks", 30, full_model_checks, overrides, device, min(args.crop[0], 128), 4, args.atoms_per_token)
+    if args.model == "af3" and args.profile_step and device.type == "cuda":
+        runners["triton"] = make_runner("triton")
+        section("profile/step/triton", 30, profile_full_step, runners["triton"],
+                runners["triton"].batch(args.crop[0], args.msa_rows, args.templates), device, args.out)
     for variant in fast:
         for crop in [] if args.blocks_only else args.crop:
             section(f"step{crop}/{variant}", 20, step_bench, variant, crop)

@@ -41,8 +41,10 @@ def dense_token_bonds(token_bonds: torch.Tensor, token_bond_mask: torch.Tensor, 
     i = torch.where(valid, token_bonds[..., 0].long(), num_tokens)
     j = torch.where(valid, token_bonds[..., 1].long(), num_tokens)
     rows = torch.arange(batch_size, device=token_bonds.device)[:, None].expand_as(i)
-    dense[rows, i, j] = True
-    dense[rows, j, i] = True
+    # a tensor, not the Python True: a scalar would be copied from the host, which a CUDA graph capture forbids
+    bonded = torch.ones_like(i, dtype=torch.bool)
+    dense[rows, i, j] = bonded
+    dense[rows, j, i] = bonded
     return dense[:, :num_tokens, :num_tokens]
 
 
