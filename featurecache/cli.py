@@ -184,9 +184,10 @@ def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, add
 @click.option("--executor", type=click.Choice(["ray", "inline"]), default="ray", show_default=True,
               help="'inline' runs every task in this process, one at a time (debugging).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
+@click.option("--verbose", is_flag=True, help="Show Ray's own messages: start-up, warnings, what its workers print.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def search(inputs, config_path, out_dir, cache_dir, max_templates, address, num_workers, executor, progress,
-           as_json):
+           verbose, as_json):
     """Run only the configured MSA and template searches for INPUTS (mmCIF, PDB, FASTA or AlphaFold3
     JSON files, or folders of them) and write, per unique chain, A3M files and template hits,
     and per target an AlphaFold3 input JSON with its MSAs and templates filled in."""
@@ -196,7 +197,7 @@ def search(inputs, config_path, out_dir, cache_dir, max_templates, address, num_
     _utf8_file("--config", config_path)
     options = SearchOptions(inputs=list(inputs), config_path=config_path, out_dir=out_dir, cache_dir=cache_dir,
                             address=address, executor=executor, num_workers=num_workers,
-                            max_templates=max_templates, progress=progress)
+                            max_templates=max_templates, progress=progress, verbose=verbose)
     try:
         summary = run(options)
     except PipelineSetupError as error:

@@ -55,6 +55,7 @@ class SearchOptions:
     num_workers: int | None = None
     max_templates: int = SampleConfig().max_templates  # templates per chain in the AF3 JSON (AF3 uses 4)
     progress: bool = True
+    verbose: bool = False              # Ray's own messages
 
     @property
     def cache(self) -> Path:
@@ -105,7 +106,7 @@ def search(options: SearchOptions) -> SearchSummary:
         inputs=list(options.inputs), cache_dir=options.cache, config_path=options.config_path,
         address=options.address, executor=options.executor, num_workers=options.num_workers,
         clustering=ClusteringConfig(enabled=False),  # nothing is clustered: no MMseqs2 check
-        progress=options.progress)
+        progress=options.progress, verbose=options.verbose)
     plan = prepare(precompute_options)
     previous = _finished_manifest(options.cache)
     try:
@@ -118,6 +119,9 @@ def search(options: SearchOptions) -> SearchSummary:
     try:
         run = _SearchRun(precompute_options, plan, writer, options, summary)
         run.search()
+        for failure in summary.failures:  # precompute's search stage fails a target's featurize
+            if failure["stage"] == "featurize":
+                failure["stage"] = "target"
         # Only msa records changed: the last manifest's fingerprints and whole-cache tables still hold.
         fingerprints = previous.fingerprints if previous else {}
         derived = {name: previous.index[name] for name in (SAMPLING_TABLE, EXCLUDED_TABLE)

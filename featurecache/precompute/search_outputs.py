@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from featurecache.config import ChemConfig, CurationConfig, FeatureConfig
 from featurecache.features.templates import TemplateReport, TemplateStore, select_templates
@@ -34,6 +35,7 @@ from featurecache.io.af3_json_writer import (
 )
 from featurecache.io.common import ParseError
 from featurecache.io.hits import TemplateHit
+from featurecache.io.inputs import AF3_JSON_SUFFIXES
 from featurecache.io.mmcif import Chain, parse_mmcif
 from featurecache.io.msa import Msa, format_a3m
 from featurecache.precompute.curation import curate
@@ -103,8 +105,18 @@ def target_outputs(target: TargetInput, msa_blobs: dict[str, bytes], chain_keys:
                                    outputs.warnings)
         paired = files.get(PAIRED_A3M, "") if heteromer else ""
         filled.append(_with_msas(entity, files[UNPAIRED_A3M], paired, templates))
-    outputs.document = af3_document(target.target_id, filled, bonds=af3_bonds(structure, filled))
+    name, seeds = _name_and_seeds(target)
+    outputs.document = af3_document(name, filled, seeds, af3_bonds(structure, filled))
     return outputs
+
+
+def _name_and_seeds(target: TargetInput) -> tuple[str, tuple[int, ...]]:
+    """An AF3 JSON input keeps its own name and model seeds (read_parsed checked them); others
+    get the target id and seed 1."""
+    if target.path.lower().endswith(AF3_JSON_SUFFIXES):
+        document = json.loads(Path(target.path).read_text(encoding="utf-8"))
+        return document["name"], tuple(document["modelSeeds"])
+    return target.target_id, (1,)
 
 
 def _with_msas(entity: Af3Entity, unpaired: str, paired: str, templates: list[Af3Template]) -> Af3Entity:

@@ -111,14 +111,18 @@ def check_af3_input(document: dict) -> None:
 
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory, shared_data, test_databases, ras_sequence, template_query):
-    """One `search` run: 721p (H-Ras homodimer with ligands) and a two-protein FASTA whose chains
-    are the OpenFold test query (templates among the sample mmCIFs) and H-Ras again."""
+    """One `search` run: 721p (H-Ras homodimer with ligands), a two-protein FASTA whose chains
+    are the OpenFold test query (templates among the sample mmCIFs) and H-Ras again, and an AF3
+    JSON of that query with ATP."""
     root = tmp_path_factory.mktemp("search")
     config = write_pipeline_config(test_databases, root / "pipeline.toml", threads=1, template_tool="hhsearch")
     inputs = root / "inputs"
     inputs.mkdir()
     shutil.copy(shared_data / "structures" / "721p-assembly1.cif", inputs)
     (inputs / "pair.fasta").write_text(f">query mol:protein\n{template_query}\n>ras mol:protein\n{ras_sequence}\n")
+    given = {"name": "given job", "modelSeeds": [7, 11], "dialect": "alphafold3", "version": 1,
+             "sequences": [{"protein": {"id": "A", "sequence": template_query}}, {"ligand": {"id": "B", "ccdCodes": ["ATP"]}}]}
+    (inputs / "given.json").write_text(json.dumps(given))
     out = root / "out"
     result = CliRunner().invoke(cli, ["search", str(inputs), "--config", str(config), "--out", str(out),
                                       "--executor", "inline", "--no-progress", "--json"])
@@ -129,7 +133,7 @@ def searched(tmp_path_factory, shared_data, test_databases, ras_sequence, templa
 def test_a3m_files_hold_every_searched_row_query_first(searched, ras_sequence, template_query):
     out = searched["out"]
     index = json.loads((out / "index.json").read_text())
-    assert set(index) == {"721p-assembly1", "pair"}
+    assert set(index) == {"721p-assembly1", "pair", "given"}
     assert index["721p-assembly1"]["A"] == index["721p-assembly1"]["B"] == index["pair"]["B"]  # one search of Ras
     assert searched["summary"]["sequences"] == {"done": 2, "skipped": 0, "failed": 0}
     with StoreReader(out / "cache") as reader:
@@ -157,7 +161,7 @@ def test_a3m_files_hold_every_searched_row_query_first(searched, ras_sequence, t
 def test_af3_json_follows_the_documented_input_format(searched, ras_sequence, template_query):
     out = searched["out"]
     documents = {path.stem: json.loads(path.read_text()) for path in (out / "af3").glob("*.json")}
-    assert set(documents) == {"721p-assembly1", "pair"}
+    assert set(documents) == {"721p-assembly1", "pair", "given"}
     for document in documents.values():
         check_af3_input(document)
     entities = [next(iter(entry.items())) for entry in documents["721p-assembly1"]["sequences"]]
@@ -166,6 +170,10 @@ def test_af3_json_follows_the_documented_input_format(searched, ras_sequence, te
     assert protein[0]["pairedMsa"] == ""  # a homodimer: AF3 pairs nothing
     assert protein[0]["templates"] == []  # its one hit is 721p itself, dropped as a near copy
     assert sorted(body["ccdCodes"][0] for kind, body in entities if kind == "ligand") == ["GNP", "MG"]
+    given = documents["given"]  # an AF3 JSON input keeps its name and seeds
+    assert given["name"] == "given job" and given["modelSeeds"] == [7, 11]
+    assert given["sequences"][1] == {"ligand": {"id": "B", "ccdCodes": ["ATP"]}}
+    assert given["sequences"][0]["protein"]["pairedMsa"] == ""  # one protein: nothing to pair
     pair = [entry["protein"] for entry in documents["pair"]["sequences"]]
     assert [body["sequence"] for body in pair] == [template_query, ras_sequence]
     query_body = pair[0]
@@ -194,7 +202,7 @@ def test_precompute_after_search_reuses_every_search(searched):
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output[result.output.index("{"):])
     assert summary["stages"]["search"] == {"done": 0, "skipped": 2, "failed": 0}
-    assert summary["stages"]["featurize"]["done"] == 2
+    assert summary["stages"]["featurize"]["done"] == 3
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -209,3 +217,23 @@ def test_bad_input_is_one_line_and_exit_2(searched, arguments, message):
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
     assert len([line for line in result.output.splitlines() if line.startswith("Error")]) == 1
+
+
+def test_a_failing_search_fails_its_target_only(tmp_path, test_databases, ras_sequence):
+    """A corrupt nucleotide database: the DNA target fails (exit 1), the protein one is written."""
+    broken = tmp_path / "broken-nucleotides.fasta"
+    broken.write_bytes(b"\x00\x01 not a sequence database \xff\n" * 50)
+    config = write_pipeline_config(test_databases, tmp_path / "pipeline.toml", threads=1)
+    config.write_text(config.read_text().replace(str(test_databases.nucleotide_fasta), str(broken)))
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    (inputs / "dna.fasta").write_text(">a mol:dna\nCGCGAATTCGCG\n")
+    (inputs / "ras.fasta").write_text(f">a mol:protein\n{ras_sequence}\n")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["search", str(inputs), "--config", str(config), "--out", str(out),
+                                      "--executor", "inline", "--no-progress", "--json"])
+    assert result.exit_code == 1, result.output
+    summary = json.loads(result.output)
+    assert summary["sequences"] == {"done": 1, "skipped": 0, "failed": 1} and summary["written"] == 1
+    assert {(failure["stage"], failure["key"]) for failure in summary["failures"]} >= {("target", "dna")}
+    assert [path.name for path in (out / "af3").iterdir()] == ["ras.json"]
