@@ -19,9 +19,10 @@ import torch
 from featurecache.config import CROP_MODES, SampleConfig, crop_mode_probs_from_spatial
 from featurecache.features import crop as cropping
 from featurecache.features.msa import expand_msa
+from featurecache.features.symmetry import atom_permutations
 from featurecache.features.templates import sample_templates
 from featurecache.sampler import Draw, SamplingTable
-from featurecache.schema import FEATURES, FEATURES_BY_NAME, FEATURES_TABLE, GAP
+from featurecache.schema import FEATURES, FEATURES_BY_NAME, FEATURES_TABLE, GAP, LOAD_TIME_FEATURES, SAMPLE_FEATURES
 from featurecache.store.codec import CorruptRecordError
 from featurecache.store.manifest import read_manifest
 from featurecache.store.publish import resolve_generation
@@ -33,7 +34,7 @@ _TEMPLATE_STREAM = 1  # fourth seed word of the template draws (crops and MSA ro
 
 # Padding value per array in `collate`; everything not listed pads with zeros / False.
 _PAD_VALUES = {"msa": GAP, "template_restype": GAP, "restype": GAP,
-               **{spec.name: -1 for spec in FEATURES if spec.points_to and spec.name != "atom_to_token"}}
+               **{spec.name: -1 for spec in SAMPLE_FEATURES if spec.points_to and spec.name != "atom_to_token"}}
 
 # Axes that `collate` pads to the largest size in the batch, and the mask it adds for each.
 _PAD_MASKS = {
@@ -278,6 +279,7 @@ def crop_sample(target_id: str, arrays: dict[str, np.ndarray], sample: SampleCon
     if "msa_block" in arrays:  # a record: only the drawn rows, in the kept tokens' columns, are read
         arrays["msa"], arrays["deletion_matrix"] = expand_msa(arrays, msa_rows)
     sample = {name: _to_torch(name, arrays[name]) for name in FEATURES_BY_NAME}
+    sample["atom_permutations"] = _to_torch("atom_permutations", atom_permutations(arrays))
     sample["id"] = target_id
     sample["crop_mode"] = mode
     return sample
@@ -313,7 +315,9 @@ def collate(samples: list[dict], pad_to: Mapping[str, int] | None = None) -> dic
     if unknown:
         raise ValueError(f"collate: pad_to names unknown axes {unknown}, expected some of {sorted(_PAD_MASKS)}")
     max_sizes: dict[str, int] = dict(pad_to)
-    for spec in FEATURES:
+    # load-time arrays where every sample has them (a hand-built sample may not)
+    specs = FEATURES + tuple(spec for spec in LOAD_TIME_FEATURES if all(spec.name in sample for sample in samples))
+    for spec in specs:
         for dim, axis in enumerate(spec.axes):
             if isinstance(axis, str):
                 size = max(sample[spec.name].shape[dim] for sample in samples)
@@ -323,7 +327,7 @@ def collate(samples: list[dict], pad_to: Mapping[str, int] | None = None) -> dic
                                      f"the fixed size {pad_to[axis]}")
                 max_sizes[axis] = max(max_sizes.get(axis, 0), size)
     batch: dict = {}
-    for spec in FEATURES:
+    for spec in specs:
         pad_axes = [(dim, max_sizes[axis]) for dim, axis in enumerate(spec.axes) if isinstance(axis, str)]
         value = _PAD_VALUES.get(spec.name, 0)
         batch[spec.name] = torch.stack([_pad_to(sample[spec.name], pad_axes, value) for sample in samples])

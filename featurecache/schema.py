@@ -185,6 +185,16 @@ RECORD_ARRAYS: tuple[ArraySpec, ...] = tuple(spec for spec in FEATURES if spec.n
 # Every array a record or a sample may hold, by name (for code that indexes along the axes).
 ARRAYS_BY_NAME = {spec.name: spec for spec in (*FEATURES, *MSA_STORAGE)}
 
+# Sample arrays the loader computes after the crop from the record's own arrays: no record
+# stores them, so adding one changes no SCHEMA_VERSION. `collate` batches them as FEATURES.
+MAX_ATOM_PERMUTATIONS = 16  # symmetries kept per residue or ligand (fewest atoms moved first)
+LOAD_TIME_FEATURES: tuple[ArraySpec, ...] = (
+    _spec("atom_permutations", np.int32, ["atom", MAX_ATOM_PERMUTATIONS],
+          "the atom whose position each atom takes under its residue's k-th symmetric relabelling (AF3 SI 4.2: "
+          "carboxylates, aromatic rings, a ligand's automorphisms; features.symmetry); -1 past its count", "atom"),
+)
+SAMPLE_FEATURES = FEATURES + LOAD_TIME_FEATURES
+
 # Metadata stored beside the arrays (msgpack map of plain values).
 METADATA_FIELDS = {
     "id": "target id (file stem, lower case)",

@@ -37,6 +37,7 @@ from featurecache.model.losses import (
     smooth_lddt_loss,
 )
 from featurecache.model.msa import MSAModule
+from featurecache.model.permutation import align_ground_truth
 from featurecache.model.pairformer import Pairformer
 from featurecache.model.trunk import REQUIRED_INPUTS as TOKEN_INPUTS
 
@@ -44,7 +45,7 @@ REQUIRED_INPUTS = (*TOKEN_INPUTS, *ATOM_INPUTS, "token_bonds", "token_bond_mask"
 # What `AF3Model.loss` reads besides the outputs.
 LOSS_INPUTS = ("atom_pos", "atom_mask", "atom_pad_mask", "atom_to_token", "distogram_atom_index",
                "frame_atom_index", "token_bonds", "token_bond_mask", "is_dna", "is_rna", "is_ligand",
-               "token_pad_mask")
+               "token_pad_mask", "atom_permutations")
 
 
 def sample_num_cycles(generator: torch.Generator | None, max_cycles: int = 4) -> int:
@@ -182,6 +183,8 @@ class AF3Model(nn.Module):
         diffusion, mse, smooth_lddt, bond, and with the head confidence, plddt, pae, pde, resolved.
         """
         with torch.autocast(outputs["pair"].device.type, enabled=False):  # fp32: the SVD, the distances
+            if self.config.permutation_alignment:  # SI 4.2: the truth's chains and symmetric atoms matched
+                batch = align_ground_truth(batch, outputs)
             return self._loss(batch, outputs)
 
     def _loss(self, batch: dict, outputs: dict) -> tuple[torch.Tensor, dict]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from featurecache.schema import FEATURES, GAP, NUM_RESTYPES
+from featurecache.schema import FEATURES, GAP, MAX_ATOM_PERMUTATIONS, NUM_RESTYPES
 
 _ELEMENTS = torch.tensor([6, 7, 8, 16])  # C, N, O, S
 
@@ -112,3 +112,5 @@ def _add_atoms(batch: dict, samples: list[dict], atoms: int, bonds: int, generat
     batch["ref_charge"] = torch.where(real, torch.randint(-1, 2, (batch_size, atoms), generator=generator), 0)
     batch["ref_atom_name_chars"] = torch.randint(0, 64, (batch_size, atoms, 4), generator=generator) * real[..., None]
     batch["ref_space_uid"] = batch["atom_to_token"].clone()
+    # no symmetric atoms (the loader's features.symmetry computes them from real residues)
+    batch["atom_permutations"] = torch.full((batch_size, atoms, MAX_ATOM_PERMUTATIONS), -1, dtype=torch.long)
