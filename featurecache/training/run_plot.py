@@ -19,6 +19,8 @@ DEFAULT_PLOT = "training.png"
 # Fields of a step record that are not loss terms (everything else numeric is one).
 _NOT_LOSS_TERMS = {"kind", "step", "epoch", "loss", "num_cycles", "grad_norm", "lr", "step_time_s", "data_wait_s",
                    "peak_memory_gb", "tokens", "world_size"}
+# What every training-step record has (featurecache.training.loop writes them all).
+_STEP_FIELDS = ("step", "loss", "step_time_s", "data_wait_s", "peak_memory_gb")
 _SMOOTHING_POINTS = 50  # the moving average spans about 1/50 of the run
 LOG_SPAN = 20  # a panel whose values span more than this factor gets a log axis
 
@@ -50,11 +52,14 @@ def read_log(run_dir: Path) -> tuple[list[dict], list[dict]]:
             if number == len(lines):  # no newline after it: the writer was stopped mid-line
                 continue
             raise RunLogError(f"{path} line {number}: not JSON ({error.msg})") from None
-        if not isinstance(record, dict) or "step" not in record:
+        kind = record.get("kind", "train") if isinstance(record, dict) else None  # older logs have no kind
+        if kind not in by_kind:
             continue
-        kind = record.get("kind", "train")  # logs written before validation existed have no kind
-        if kind == "train" and "loss" in record and "step_time_s" in record or kind == "validation":
-            by_kind[kind][int(record["step"])] = record
+        required = _STEP_FIELDS if kind == "train" else ("step",)
+        wrong = [name for name in required if not isinstance(record.get(name), (int, float))]
+        if wrong:
+            raise RunLogError(f"{path} line {number}: a {kind} record without a number for {', '.join(wrong)}")
+        by_kind[kind][int(record["step"])] = record
     if not by_kind["train"]:
         raise RunLogError(f"{path}: no training step logged yet")
     return tuple([records[step] for step in sorted(records)] for records in by_kind.values())

@@ -73,6 +73,8 @@ def test_a_resumed_run_keeps_the_later_record_of_a_step_and_a_cut_last_line_is_l
     (lambda run: run.mkdir(), "no log.jsonl"),
     (lambda run: _write_log(run, [], tail="\n"), "no training step logged yet"),
     (lambda run: _write_log(run, [_step(1)], tail="not json\n" + json.dumps(_step(2)) + "\n"), "line 2: not JSON"),
+    (lambda run: _write_log(run, [_step(1), {**_step(2), "peak_memory_gb": None}]), "line 2: a train record without a "
+                                                                                    "number for peak_memory_gb"),
 ])
 def test_a_folder_without_a_readable_log_is_one_line(tmp_path, setup, message):
     run_dir = tmp_path / "run"
