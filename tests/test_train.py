@@ -426,7 +426,7 @@ def test_every_trainable_parameter_gets_a_gradient_in_one_loop_step(cache, tmp_p
     has both coordinates and template structures in the sample folder (a templated target without
     coordinates has no loss to carry a gradient); tests/model checks it on synthetic templates."""
     from featurecache.training.distributed import setup_distributed
-    from featurecache.training.loop import Trainer, step_generators
+    from featurecache.training.loop import Trainer, cycle_generator_of
 
     config = _config(cache, tmp_path / "run", crop_size=64, diffusion_batch=3, lr=1e-3)
     dataset = CacheDataset(cache, config.sample)
@@ -441,7 +441,7 @@ def test_every_trainable_parameter_gets_a_gradient_in_one_loop_step(cache, tmp_p
     trainer.start()
     # a step that recycles: with one cycle the recycling LayerNorms see zeros (no weight gradient)
     step = next(step for step in range(20)
-                if sample_num_cycles(step_generators(config.sample.seed, step, world)[0], 4) > 1)
+                if sample_num_cycles(cycle_generator_of(config.sample.seed, step), 4) > 1)
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     result, num_cycles = trainer.step([batch], step)
     assert num_cycles > 1 and torch.isfinite(result["loss"])

@@ -115,7 +115,7 @@ class Trainer:
             self.graph_lr = GraphLearningRate(self.optimizer, self.world.device)
             # One graph, so one N_cycle: a graph run always recycles max_recycling_cycles times.
             # Its noise comes from the device's default generator, which the graph replays from
-            # the seed step_generators gives it before each replay.
+            # the seed noise_generator gives it before each replay.
             cycles, noise = self.model.config.max_recycling_cycles, default_generator(self.world.device)
             self.captured = CapturedStep(lambda inputs: self.captured_update(inputs, cycles, noise),
                                          warmup_steps=GRAPH_WARMUP_STEPS)
@@ -227,11 +227,6 @@ def noise_generator(seed: int, step: int, slot: int, device: torch.device) -> to
     if device.type == "cuda":
         return default_generator(device).manual_seed(_seed_of(seed, step, slot))
     return torch.Generator().manual_seed(_seed_of(seed, step, slot))
-
-
-def step_generators(seed: int, step: int, world: Dist) -> tuple[torch.Generator, torch.Generator]:
-    """N_cycle's generator and this rank's first micro-batch's noise generator of step `step`."""
-    return cycle_generator_of(seed, step), noise_generator(seed, step, world.rank, world.device)
 
 
 def graph_inputs(batch: dict) -> dict[str, torch.Tensor]:
