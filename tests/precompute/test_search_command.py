@@ -18,7 +18,9 @@ from featurecache.io.msa import parse_a3m
 from featurecache.io.species import species_tag
 from featurecache.precompute.msa_records import decode_msa_record
 from featurecache.precompute.search import sequence_key
+from featurecache.store.manifest import read_manifest
 from featurecache.store.reader import StoreReader
+from featurecache.store.verify import verify_cache
 from featurecache.testing.testdb import write_pipeline_config
 
 # --- AlphaFold 3's input format, as its docs/input.md gives it ---------------------------------
@@ -203,6 +205,15 @@ def test_precompute_after_search_reuses_every_search(searched):
     summary = json.loads(result.output[result.output.index("{"):])
     assert summary["stages"]["search"] == {"done": 0, "skipped": 2, "failed": 0}
     assert summary["stages"]["featurize"]["done"] == 3
+    # A search into the finished cache keeps its features, sampling table and fingerprints.
+    before = read_manifest(cache)
+    again = CliRunner().invoke(cli, ["search", str(searched["inputs"]), "--config", str(searched["config"]),
+                                     "--out", str(searched["out"]), "--executor", "inline", "--no-progress"])
+    assert again.exit_code == 0, again.output
+    after = read_manifest(cache)
+    assert after.fingerprints == before.fingerprints and after.targets == before.targets
+    assert after.index["sampling"] == before.index["sampling"] and len(after.targets) == 3
+    assert verify_cache(cache).ok
 
 
 @pytest.mark.parametrize("arguments, message", [
