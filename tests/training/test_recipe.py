@@ -138,6 +138,17 @@ def test_validation_settings_are_checked(recipe_cache, tmp_path):
     with pytest.raises(ValueError, match="--validation-keys: not in the cache"):
         train(tiny_config(recipe_cache, tmp_path / "run", validation_keys=("nope",), validate_every=1))
     assert not (tmp_path / "run").exists()
+    # the command: keys by repeating the option or separated by commas; one line, exit 2
+    from click.testing import CliRunner
+
+    from featurecache.cli import cli
+
+    result = CliRunner().invoke(cli, ["train", "--cache", str(recipe_cache), "--out", str(tmp_path / "run"),
+                                      "--validate-every", "1", "--validation-keys", "nope,209d-assembly1",
+                                      "--validation-keys", "also-not"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "--validation-keys: not in the cache" in result.output and "also-not nope" in result.output
+    assert not (tmp_path / "run").exists()
 
 
 def test_checkpoints_hold_the_ema_which_resume_restores_and_predict_loads(recipe_cache, tmp_path):
