@@ -33,7 +33,7 @@ from featurecache.io.af3_json_writer import (
     renamed_chains,
 )
 from featurecache.io.msa import Msa, format_a3m
-from featurecache.store.codec import Record, decode_record
+from featurecache.store.codec import Record
 from featurecache.store.reader import StoreReader
 
 FORMATS = ("af3-json", "a3m")

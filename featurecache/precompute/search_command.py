@@ -83,9 +83,10 @@ class SearchSummary:
 
     def format(self) -> str:
         counts = self.sequences
+        searches = (f"  searches   done {counts.done:>6}  skipped {counts.skipped:>6}  failed {counts.failed:>6}"
+                    f"  (stored in {self.cache_dir})")
         lines = [f"search outputs in {self.out_dir}: {self.written} of {self.targets} target(s) in {self.seconds:.1f} s",
-                 f"  searches   done {counts.done:>6}  skipped {counts.skipped:>6}  failed {counts.failed:>6}"
-                 f"  (stored in {self.cache_dir})"]
+                 searches]
         if self.excluded:
             lines.append(f"  excluded by curation: {self.excluded} target(s)")
         lines += [f"  warning: {warning}" for warning in self.warnings[:_FAILURES_SHOWN]]

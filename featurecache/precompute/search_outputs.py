@@ -24,7 +24,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from featurecache.config import ChemConfig, CurationConfig, FeatureConfig
-from featurecache.features.templates import TemplateReport, TemplateStore, select_templates
+from featurecache.features.templates import (
+    TemplateReport,
+    TemplateStore,
+    select_templates,
+)
 from featurecache.io.af3_json_writer import (
     Af3Entity,
     Af3Template,
@@ -41,7 +45,12 @@ from featurecache.io.msa import Msa, format_a3m
 from featurecache.precompute.curation import curate
 from featurecache.precompute.msa_records import decode_msa_record
 from featurecache.precompute.search import sequence_key
-from featurecache.precompute.tasks import ExcludedTarget, TargetInput, TaskError, read_parsed
+from featurecache.precompute.tasks import (
+    ExcludedTarget,
+    TargetInput,
+    TaskError,
+    read_parsed,
+)
 from featurecache.store.codec import CorruptRecordError
 
 UNPAIRED_A3M = "non_pairing.a3m"
