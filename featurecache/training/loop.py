@@ -254,12 +254,6 @@ class RunLog:
             return
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
-        if record["kind"] == "validation":
-            scores = "  ".join(f"{name} {record[name]:.3f}" for name in ("lddt", "lddt_protein", "lddt_dna",
-                                                                          "lddt_rna", "lddt_ligand")
-                               if record.get(name) is not None)
-            self.progress.write_line(f"step {record['step']:>6d}  validation  loss {record['loss']:.4f}  {scores}")
-            return
         self.progress.update(record)
 
     def close(self) -> None:

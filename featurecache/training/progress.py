@@ -17,6 +17,7 @@ from collections import deque
 from typing import TextIO
 
 from featurecache.training.config import TrainConfig, TrainSetupError
+from featurecache.training.validation import LDDT_KEYS
 
 # Plain lines a log file gets over a whole run, besides the first and last step's.
 LINES_PER_RUN = 50
@@ -99,23 +100,36 @@ class TrainProgress:
                             file=self.stream, dynamic_ncols=True, smoothing=0.1)
 
     def update(self, record: dict) -> None:
-        """One step's log record (as written to log.jsonl)."""
+        """One log record (as written to log.jsonl): a training step's, or a validation pass's."""
         if not self.enabled:
+            return
+        if record.get("kind") == "validation":
+            self._validation(record)
             return
         self.steps_seen += 1
         if self.steps_seen == 2:
             self.recent.clear()  # the first step's one-off work would skew the ETA and the data-wait share
         self.recent.append((record["step_time_s"], record["data_wait_s"]))
-        if self.writer is not None:
-            for name, value in record.items():
-                if name not in _NOT_SCALARS and isinstance(value, (int, float)):
-                    self.writer.add_scalar(f"train/{name}", value, record["step"])
+        self._add_scalars("train", record)
         if self.bar is not None:
             self.bar.set_postfix_str(f"loss {record['loss']:.4f}, data wait {self.data_wait_share():.0%}",
                                      refresh=False)
             self.bar.update(1)
         elif self._prints(record["step"]):
             print(self.plain_line(record), file=self.stream, flush=True)
+
+    def _validation(self, record: dict) -> None:
+        """A validation pass: one line (above the bar) with its loss and lDDT scores, and TensorBoard."""
+        scores = "  ".join(f"{name} {record[name]:.3f}" for name in LDDT_KEYS if record.get(name) is not None)
+        self.write_line(f"step {record['step']:>6d}  validation  loss {record['loss']:.4f}  {scores}")
+        self._add_scalars("validation", record)
+
+    def _add_scalars(self, group: str, record: dict) -> None:
+        if self.writer is None:
+            return
+        for name, value in record.items():
+            if name not in _NOT_SCALARS and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(f"{group}/{name}", value, record["step"])
 
     def data_wait_share(self) -> float:
         """Share of the recent steps' time spent waiting for a batch."""

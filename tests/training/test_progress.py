@@ -104,10 +104,16 @@ def test_a_log_file_gets_a_line_every_few_steps_and_the_last():
     progress.begin(0, "loading the first batch")
     for step in range(1, steps + 1):
         progress.update(_record(step))
+        if step == 8:  # a validation pass after step 8: its own line, whatever the interval
+            progress.update({"kind": "validation", "step": 8, "loss": 3.0, "lddt": 0.25, "lddt_protein": 0.5,
+                             "lddt_dna": None, "lddt_rna": None, "lddt_ligand": None, "targets": ["a"]})
     progress.close()
-    printed = [int(line.split()[1].split("/")[0]) for line in log.getvalue().splitlines() if line.startswith("step")]
+    lines = log.getvalue().splitlines()
+    printed = [int(line.split()[1].split("/")[0]) for line in lines if line.startswith("step") and "/" in line]
     assert printed == [1, *range(4, steps, 4), steps]
-    assert log.getvalue().splitlines()[-1].endswith("(10%)  peak 1.00 GB  eta 0:00:00")
+    assert lines[-1].endswith("(10%)  peak 1.00 GB  eta 0:00:00")
+    after_step_8 = next(number for number, line in enumerate(lines) if line.startswith(f"step      8/{steps}")) + 1
+    assert lines[after_step_8] == "step      8  validation  loss 3.0000  lddt 0.250  lddt_protein 0.500"
 
 
 def _config(cache: Path, tmp_path: Path, **changes) -> TrainConfig:
