@@ -285,12 +285,14 @@ class ShardedMSAModule(_ShardedStack):
 
 
 def shard_trunk(model: nn.Module, group) -> nn.Module:
-    """Replace the MSA module and the Pairformer of `model` (AF3Model, AF3Trunk) by their
-    sharded forms over `group`, in place; the state_dict keeps its keys."""
+    """Replace the MSA module and the Pairformers of `model` (AF3Model, AF3Trunk; the confidence
+    head's too, where there is one) by their sharded forms over `group`, in place; the
+    state_dict keeps its keys."""
     if not isinstance(model.msa_module, ShardedMSAModule):
         model.msa_module = ShardedMSAModule(model.msa_module, group)
-    if not isinstance(model.pairformer, ShardedPairformer):
-        model.pairformer = ShardedPairformer(model.pairformer, group)
+    for owner in (model, getattr(model, "confidence_head", None)):
+        if owner is not None and not isinstance(owner.pairformer, ShardedPairformer):
+            owner.pairformer = ShardedPairformer(owner.pairformer, group)
     return model
 
 
