@@ -9,6 +9,8 @@ Per unique chain sequence (a folder named by its sequence key):
 - ``non_pairing.a3m``: every row of the searched MSA (databases in config order), query first;
 - ``pairing.a3m`` (protein chains whose rows name a species): the query and those rows, for a
   predictor that pairs rows across chains by species itself (AF3's `pairedMsa`, Protenix);
+- ``boltz_msa.csv`` (protein): the same rows with Boltz's pairing `key` per row (the species'
+  taxid), for Boltz, which pairs rows across chains only through such keys;
 - ``template_hits.json``: every template hit with its 0-based query / template residue indices.
 
 Per target, an AlphaFold 3 input JSON (io/af3_json_writer.py) with those MSAs inline
@@ -20,6 +22,7 @@ mmCIF with its residue mapping.
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -56,6 +59,8 @@ from featurecache.store.codec import CorruptRecordError
 UNPAIRED_A3M = "non_pairing.a3m"
 PAIRED_A3M = "pairing.a3m"
 TEMPLATE_HITS = "template_hits.json"
+BOLTZ_CSV = "boltz_msa.csv"
+_MNEMONIC_KEYS = 1 << 30  # Boltz keys are int32: mnemonic keys take [2^30, 2^31)
 
 
 @dataclass
@@ -137,13 +142,32 @@ def _with_msas(entity: Af3Entity, unpaired: str, paired: str, templates: list[Af
 
 
 def _chain_files(msa: Msa, hits: list[TemplateHit], molecule_type: str) -> dict[str, str]:
-    files = {UNPAIRED_A3M: format_a3m(msa, molecule_type=molecule_type),
+    unpaired = format_a3m(msa, molecule_type=molecule_type)
+    files = {UNPAIRED_A3M: unpaired,
              TEMPLATE_HITS: "[\n" + ",\n".join(json.dumps(_hit_json(hit)) for hit in hits) + "\n]\n"}
     if molecule_type == "protein":
         with_species = [row for row, species in enumerate(msa.species) if row > 0 and species]
         if with_species:
             files[PAIRED_A3M] = format_a3m(msa, [0, *with_species], molecule_type)
+        files[BOLTZ_CSV] = _boltz_csv(unpaired.splitlines()[1::2], msa.species)
     return files
+
+
+def _boltz_csv(rows: list[str], species: tuple[str, ...]) -> str:
+    """Boltz's MSA CSV: `key` (an integer; rows of two chains with the same key are paired, -1
+    none) and `sequence` (A3M row). The key is the NCBI taxid; a species known only by its
+    UniProt mnemonic gets a fixed number from it, at or above 2^30 (past every NCBI taxid)."""
+    lines = ["key,sequence"]
+    for row, (sequence, name) in enumerate(zip(rows, species)):
+        kind, _, value = name.partition(":")
+        if row == 0 or not name:
+            key = -1
+        elif kind == "tax":
+            key = int(value)
+        else:
+            key = _MNEMONIC_KEYS + zlib.crc32(value.encode("ascii")) % _MNEMONIC_KEYS
+        lines.append(f"{key},{sequence}")
+    return "\n".join(lines) + "\n"
 
 
 def _hit_json(hit: TemplateHit) -> dict:

@@ -4,6 +4,7 @@ every search."""
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import shutil
@@ -152,6 +153,13 @@ def test_a3m_files_hold_every_searched_row_query_first(searched, ras_sequence, t
         np.testing.assert_array_equal(msa.aligned, stored_msa.aligned)
         np.testing.assert_array_equal(msa.deletion_matrix, stored_msa.deletion_matrix)
         assert msa.descriptions == stored_msa.descriptions
+        with open(folder / "boltz_msa.csv", newline="") as handle:  # Boltz: key (int32) and A3M row
+            boltz = list(csv.DictReader(handle))
+        assert [row["sequence"] for row in boltz] == re.findall(r">[^\n]*\n([^\n]*)", text)
+        keys = [int(row["key"]) for row in boltz]
+        assert keys[0] == -1 and all(-1 <= key < 2**31 for key in keys)
+        for key, name in zip(keys[1:], msa.species[1:]):
+            assert (key == -1) == (name == "") and (not name.startswith("tax:") or key == int(name[4:]))
         written_hits = json.loads((folder / "template_hits.json").read_text())
         assert [hit["name"] for hit in written_hits] == [hit.name for hit in hits]
         assert written_hits[0]["query_indices"] == hits[0].query_indices.tolist()
