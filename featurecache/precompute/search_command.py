@@ -13,6 +13,7 @@ Then each target's outputs (search_outputs.py) are written under OUT:
     OUT/af3/<target id>.json                 AlphaFold 3 input, MSAs and templates inline
     OUT/msas/<sequence key>/non_pairing.a3m  every MSA row, query first
     OUT/msas/<sequence key>/pairing.a3m      protein: the rows that name a species
+    OUT/msas/<sequence key>/boltz_msa.csv    protein: every row with Boltz's pairing key
     OUT/msas/<sequence key>/template_hits.json
     OUT/index.json                           target -> chain id -> its msas/ folder
 """
