@@ -127,24 +127,31 @@ class AF3Model(nn.Module):
 
         With the confidence head (SI 4.3): a mini-rollout of the sampler (confidence_rollout_steps,
         no gradient) gives `rollout_positions` [B, R, A, 3], and the head's logits on them
-        (`plddt_logits`, `pae_logits`, `pde_logits`, `resolved_logits`) train it."""
+        (`plddt_logits`, `pae_logits`, `pde_logits`, `resolved_logits`) train it. The rollout comes
+        first: with config.permutation_alignment the truth is aligned to it (SI 4.2) before the
+        diffusion batch is drawn from it, and `aligned_atom_pos` / `aligned_atom_mask` carry that
+        truth to the loss."""
         outputs = self.trunk(batch, num_cycles, generator)
         if num_diffusion_samples < 1:
             return outputs
+        context = self.diffusion_context(batch, outputs)
+        if self.confidence_head is not None:
+            with torch.no_grad():
+                outputs["rollout_positions"] = self._sample_positions(
+                    batch, context, self.config.confidence_rollout_samples, self.config.confidence_rollout_steps,
+                    generator)
+            if self.config.permutation_alignment:
+                batch = align_ground_truth(batch, outputs)
+                outputs["aligned_atom_pos"], outputs["aligned_atom_mask"] = batch["atom_pos"], batch["atom_mask"]
         atom_resolved = batch["atom_mask"] & batch["atom_pad_mask"]
         true = batch["atom_pos"].float().unsqueeze(1).expand(-1, num_diffusion_samples, -1, -1)
         clean = centre_random_augmentation(true, atom_resolved, generator, self.config.augmentation_translation)
         sigma = sample_noise_levels(clean.shape[:2], self.config, generator, clean.device)
         noisy = clean + sigma[..., None, None] * standard_normal(clean.shape, generator, clean.device)
-        context = self.diffusion_context(batch, outputs)
         outputs["denoised_positions"] = self.diffusion_module(noisy, sigma, context)
         outputs["noise_level"] = sigma
         if self.confidence_head is not None:
-            with torch.no_grad():
-                rollout = self._sample_positions(batch, context, self.config.confidence_rollout_samples,
-                                                 self.config.confidence_rollout_steps, generator)
-            outputs["rollout_positions"] = rollout
-            outputs.update(self._confidence(batch, outputs, rollout))
+            outputs.update(self._confidence(batch, outputs, outputs["rollout_positions"]))
         return outputs
 
     def _sample_positions(self, batch: dict, context: DiffusionContext, num_samples: int, num_steps: int | None,
@@ -183,7 +190,9 @@ class AF3Model(nn.Module):
         diffusion, mse, smooth_lddt, bond, and with the head confidence, plddt, pae, pde, resolved.
         """
         with torch.autocast(outputs["pair"].device.type, enabled=False):  # fp32: the SVD, the distances
-            if self.config.permutation_alignment:  # SI 4.2: the truth's chains and symmetric atoms matched
+            if "aligned_atom_pos" in outputs:  # SI 4.2: aligned in forward, before the diffusion batch
+                batch = {**batch, "atom_pos": outputs["aligned_atom_pos"], "atom_mask": outputs["aligned_atom_mask"]}
+            elif self.config.permutation_alignment:  # no mini-rollout: to the least noisy denoised sample
                 batch = align_ground_truth(batch, outputs)
             return self._loss(batch, outputs)
 

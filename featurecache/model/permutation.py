@@ -14,6 +14,9 @@ other oxygen of a carboxylate.
    ligand takes the symmetric relabelling of its atoms (`atom_permutations`, from
    features.symmetry) with the least squared error, the identity on ties.
 
+Where: AF3Model.forward aligns the truth to the mini-rollout (the confidence head's, as AF3 and
+Protenix do) before it draws the diffusion batch, so the noised inputs and every loss see one
+labelling; without the head, AF3Model.loss aligns to the least noisy denoised sample.
 Everything is tensor operations on fixed shapes, without a host synchronization, so a training
 step stays capturable as a CUDA graph. Greedy matching takes one pass per chain of a multi-copy
 entity, at most MAX_MATCHED_CHAINS; a sample with more keeps its chains as they are.
@@ -49,7 +52,11 @@ def align_ground_truth(batch: dict, outputs: dict) -> dict:
     structure (no diffusion samples): the batch itself."""
     if "rollout_positions" not in outputs and "denoised_positions" not in outputs:
         return batch
-    predicted = prediction_for_alignment(outputs)
+    with torch.autocast(batch["atom_pos"].device.type, enabled=False):  # fp32 fits and distances
+        return _aligned(batch, prediction_for_alignment(outputs))
+
+
+def _aligned(batch: dict, predicted: torch.Tensor) -> dict:
     sources = chain_permutation(batch, predicted)  # [B, A]
     true = _take(batch["atom_pos"].float(), sources)
     resolved = _take(batch["atom_mask"], sources) & batch["atom_pad_mask"]

@@ -201,3 +201,16 @@ def test_af3_model_loss_aligns_when_its_setting_is_on(arrays):
     assert losses[True]["mse"] < 0.01 * losses[False]["mse"]
     assert losses[True]["smooth_lddt"] < losses[False]["smooth_lddt"]
     assert math.isfinite(losses[True]["loss"].item())
+
+
+def test_af3_model_aligns_the_truth_to_its_mini_rollout_in_forward():
+    """With the confidence head, forward aligns the truth to the mini-rollout before drawing the
+    diffusion batch from it, and the loss reads that truth."""
+    generator = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+    batch = random_batch([9], [3], [0], generator, num_atoms_per_token=2)
+    model = AF3Model(preset("tiny", kernels="torch", confidence_rollout_steps=2))
+    outputs = model(batch, num_cycles=1, num_diffusion_samples=2, generator=generator)
+    expected = align_ground_truth(batch, {"rollout_positions": outputs["rollout_positions"]})
+    assert torch.equal(outputs["aligned_atom_pos"], expected["atom_pos"])
+    assert torch.equal(outputs["aligned_atom_mask"], expected["atom_mask"])
+    assert torch.isfinite(model.loss(batch, outputs)[0])
