@@ -21,7 +21,9 @@ from featurecache.model import AF3Model, AF3Trunk, preset
 from featurecache.model.pairformer import Pairformer
 from featurecache.model.sharding import ShardedPairformer, reduce_gradients, shard_trunk
 from featurecache.testing.synthetic import random_batch
-from featurecache.training.distributed import rank_layout
+from featurecache.training.config import TrainSetupError
+from featurecache.training.distributed import (all_ranks, mean_over_ranks, rank_layout, setup_distributed,
+                                               shutdown)
 
 LENGTH = 11  # not a multiple of 2 or 4: the sharded stack pads it
 MEMORY_LENGTH = 32  # activations well above the parameter-sized tensors saved with them
@@ -61,12 +63,12 @@ def _pairformer_inputs(length: int, generator: torch.Generator) -> tuple[torch.T
     return s, z, token_mask, weights
 
 
-def pairformer_case(kernels: str, checkpoint: bool, group, length: int = LENGTH) -> dict:
+def pairformer_case(kernels: str, checkpoint: bool, group, length: int = LENGTH, inputs_seed: int = 1) -> dict:
     """Outputs, input and parameter gradients and saved bytes of a 2-block Pairformer; sharded
     over `group`, or whole with group None."""
     torch.manual_seed(0)
     model = Pairformer(**PAIRFORMER, checkpoint_blocks=checkpoint, kernels=kernels).train()
-    s, z, token_mask, (weight_s, weight_z) = _pairformer_inputs(length, torch.Generator().manual_seed(1))
+    s, z, token_mask, (weight_s, weight_z) = _pairformer_inputs(length, torch.Generator().manual_seed(inputs_seed))
     s.requires_grad_(True)
     z.requires_grad_(True)
     run = model if group is None else ShardedPairformer(model, group)
@@ -109,6 +111,22 @@ def _worker(rank: int, world: int, port: int, out_dir: str, cases: list) -> None
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def _replicas_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """A rank of a torchrun-like world of 2 replicas x 2 pair shards: each replica its own input."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
+                      LOCAL_RANK="0")
+    torch.set_num_threads(1)
+    placed = setup_distributed("cpu", pair_shards=2)
+    try:
+        result = pairformer_case("torch", checkpoint=True, group=placed.shard_group, inputs_seed=1 + placed.rank)
+        result["place"] = (placed.rank, placed.world_size, placed.shard_rank, placed.is_main)
+        result["mean"] = mean_over_ranks(placed, torch.tensor([float(placed.rank)]))
+        result["all"] = all_ranks(placed, placed.rank)
+        torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        shutdown(placed)
 
 
 def _free_port() -> int:
@@ -196,6 +214,26 @@ def test_rank_layout_puts_a_samples_shards_on_neighbouring_ranks():
     assert rank_layout(4, 1) == ([[0], [1], [2], [3]], [[0, 1, 2, 3]])
     with pytest.raises(ValueError, match="--pair-shards 3"):
         rank_layout(4, 3)
+
+
+def test_two_replicas_of_two_shards_each_compute_their_own_sample(tmp_path):
+    mp.spawn(_replicas_worker, args=(4, _free_port(), str(tmp_path)), nprocs=4, join=True)
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(4)]
+    assert [r["place"] for r in ranks] == [(0, 2, 0, True), (0, 2, 1, False), (1, 2, 0, False), (1, 2, 1, False)]
+    assert all(r["mean"].item() == 0.5 and r["all"] == [0, 1] for r in ranks)  # over the replicas
+    for rank, result in enumerate(ranks):
+        reference = pairformer_case("torch", checkpoint=True, group=None, inputs_seed=1 + rank // 2)
+        for key in ("z", "dz", "ds"):
+            assert_close(result[key], reference[key], f"rank {rank} {key}")
+        for param, grad in reference["params"].items():
+            assert_close(result["params"][param], grad, f"rank {rank} grad of {param}")
+
+
+def test_pair_shards_that_do_not_divide_the_ranks_are_refused(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(TrainSetupError, match="--pair-shards 3 does not divide the 2 ranks"):
+        setup_distributed("cpu", pair_shards=3)
 
 
 # --------------------------------------------------------------------------------------------
