@@ -37,7 +37,7 @@ from featurecache.model.losses import (
     smooth_lddt_loss,
 )
 from featurecache.model.msa import MSAModule
-from featurecache.model.permutation import align_ground_truth
+from featurecache.model.permutation import align_ground_truth, ground_truth_sources, relabelled
 from featurecache.model.pairformer import Pairformer
 from featurecache.model.trunk import REQUIRED_INPUTS as TOKEN_INPUTS
 
@@ -127,13 +127,19 @@ class AF3Model(nn.Module):
 
         With the confidence head (SI 4.3): a mini-rollout of the sampler (confidence_rollout_steps,
         no gradient) gives `rollout_positions` [B, R, A, 3], and the head's logits on them
-        (`plddt_logits`, `pae_logits`, `pde_logits`, `resolved_logits`) train it. The rollout comes
-        first: with config.permutation_alignment the truth is aligned to it (SI 4.2) before the
-        diffusion batch is drawn from it, and `aligned_atom_pos` / `aligned_atom_mask` carry that
-        truth to the loss."""
+        (`plddt_logits`, `pae_logits`, `pde_logits`, `resolved_logits`) train it. With
+        config.permutation_alignment the truth is aligned to the rollout (SI 4.2) before the
+        diffusion batch is built from it, and `aligned_atom_pos` / `aligned_atom_mask` carry that
+        truth to the loss. The random draws keep their order (augmentation, noise levels, noise,
+        then the rollout)."""
         outputs = self.trunk(batch, num_cycles, generator)
         if num_diffusion_samples < 1:
             return outputs
+        atom_resolved = batch["atom_mask"] & batch["atom_pad_mask"]
+        true = batch["atom_pos"].float().unsqueeze(1).expand(-1, num_diffusion_samples, -1, -1)
+        clean = centre_random_augmentation(true, atom_resolved, generator, self.config.augmentation_translation)
+        sigma = sample_noise_levels(clean.shape[:2], self.config, generator, clean.device)
+        noise = standard_normal(clean.shape, generator, clean.device)
         context = self.diffusion_context(batch, outputs)
         if self.confidence_head is not None:
             with torch.no_grad():
@@ -141,13 +147,14 @@ class AF3Model(nn.Module):
                     batch, context, self.config.confidence_rollout_samples, self.config.confidence_rollout_steps,
                     generator)
             if self.config.permutation_alignment:
-                batch = align_ground_truth(batch, outputs)
+                # SI 4.2: the truth relabelled to fit the rollout; its augmented copies follow (the
+                # augmentation is a rigid map of each atom about the resolved atoms' centre, which
+                # a relabelling keeps)
+                sources = ground_truth_sources(batch, outputs)
+                clean = torch.gather(clean, 2, sources[:, None, :, None].expand_as(clean))
+                batch = relabelled(batch, sources)
                 outputs["aligned_atom_pos"], outputs["aligned_atom_mask"] = batch["atom_pos"], batch["atom_mask"]
-        atom_resolved = batch["atom_mask"] & batch["atom_pad_mask"]
-        true = batch["atom_pos"].float().unsqueeze(1).expand(-1, num_diffusion_samples, -1, -1)
-        clean = centre_random_augmentation(true, atom_resolved, generator, self.config.augmentation_translation)
-        sigma = sample_noise_levels(clean.shape[:2], self.config, generator, clean.device)
-        noisy = clean + sigma[..., None, None] * standard_normal(clean.shape, generator, clean.device)
+        noisy = clean + sigma[..., None, None] * noise
         outputs["denoised_positions"] = self.diffusion_module(noisy, sigma, context)
         outputs["noise_level"] = sigma
         if self.confidence_head is not None:
@@ -245,6 +252,6 @@ class AF3Model(nn.Module):
                                  batch["atom_pad_mask"], true, resolved)
         return {
             "mse": aligned_mse_loss(predicted, true, weights, resolved),
-            "smooth_lddt": smooth_lddt_loss(predicted, true, is_dna | is_rna, resolved),
+            "smooth_lddt": smooth_lddt_loss(predicted, true, is_dna | is_rna, resolved, config.kernels),
             "bond": bond_loss(predicted, true, bonds),
         }

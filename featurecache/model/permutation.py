@@ -45,29 +45,34 @@ def prediction_for_alignment(outputs: dict) -> torch.Tensor:
     return denoised[torch.arange(denoised.shape[0], device=denoised.device), lowest]
 
 
-@torch.no_grad()
 def align_ground_truth(batch: dict, outputs: dict) -> dict:
     """The batch with `atom_pos` and `atom_mask` relabelled to match the prediction in `outputs`
     (see the module docstring); every other entry is the batch's own. Outputs without a
     structure (no diffusion samples): the batch itself."""
     if "rollout_positions" not in outputs and "denoised_positions" not in outputs:
         return batch
-    with torch.autocast(batch["atom_pos"].device.type, enabled=False):  # fp32 fits and distances
-        return _aligned(batch, prediction_for_alignment(outputs))
+    return relabelled(batch, ground_truth_sources(batch, outputs))
 
 
-def _aligned(batch: dict, predicted: torch.Tensor) -> dict:
-    sources = chain_permutation(batch, predicted)  # [B, A]
-    true = _take(batch["atom_pos"].float(), sources)
-    resolved = _take(batch["atom_mask"], sources) & batch["atom_pad_mask"]
-    if "atom_permutations" in batch:
+def relabelled(batch: dict, sources: torch.Tensor) -> dict:
+    """The batch with atom i's truth (`atom_pos`, `atom_mask`) taken from atom sources[b, i]."""
+    return {**batch, "atom_pos": _take(batch["atom_pos"], sources), "atom_mask": _take(batch["atom_mask"], sources)}
+
+
+@torch.no_grad()
+def ground_truth_sources(batch: dict, outputs: dict) -> torch.Tensor:
+    """[B, A]: the truth atom each atom takes its position and mask from, chains first, then
+    each residue's symmetric atoms (the module docstring)."""
+    predicted = prediction_for_alignment(outputs)
+    with torch.autocast(predicted.device.type, enabled=False):  # fp32 fits and distances
+        sources = chain_permutation(batch, predicted)
+        if "atom_permutations" not in batch:
+            return sources
+        true = _take(batch["atom_pos"].float(), sources)
+        resolved = _take(batch["atom_mask"], sources) & batch["atom_pad_mask"]
         within = symmetric_atom_permutation(predicted, true, resolved, batch["atom_permutations"],
                                             batch["ref_space_uid"], batch["atom_pad_mask"])
-        sources = _take(sources, within)
-    aligned = dict(batch)
-    aligned["atom_pos"] = _take(batch["atom_pos"], sources)
-    aligned["atom_mask"] = _take(batch["atom_mask"], sources)
-    return aligned
+        return _take(sources, within)
 
 
 def _take(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -256,7 +256,7 @@ def test_training_step_runs_the_mini_rollout_and_sampling_judges_every_sample():
     model.diffusion_module.forward = lambda *args, **kwargs: (steps.append(torch.is_grad_enabled()),
                                                               original(*args, **kwargs))[1]
     outputs = model(batch, num_cycles=1, num_diffusion_samples=2, generator=torch.Generator().manual_seed(0))
-    # 3 rollout steps without gradient, then the training batch (drawn from the truth aligned to the rollout)
+    # 3 rollout steps without gradient, then the training batch (built from the truth aligned to the rollout)
     assert steps == [False, False, False, True]
     assert outputs["rollout_positions"].shape == (1, 1, batch["atom_pad_mask"].shape[1], 3)
     assert not outputs["rollout_positions"].requires_grad

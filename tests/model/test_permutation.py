@@ -204,13 +204,22 @@ def test_af3_model_loss_aligns_when_its_setting_is_on(arrays):
 
 
 def test_af3_model_aligns_the_truth_to_its_mini_rollout_in_forward():
-    """With the confidence head, forward aligns the truth to the mini-rollout before drawing the
-    diffusion batch from it, and the loss reads that truth."""
-    generator = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))
-    batch = random_batch([9], [3], [0], generator, num_atoms_per_token=2)
-    model = AF3Model(preset("tiny", kernels="torch", confidence_rollout_steps=2))
-    outputs = model(batch, num_cycles=1, num_diffusion_samples=2, generator=generator)
+    """With the confidence head, forward aligns the truth to the mini-rollout and builds the
+    diffusion batch from it, drawing its noise as without the alignment; the loss reads that truth."""
+    seed = int(torch.randint(0, 2**31 - 1, ()))
+    batch = random_batch([9], [3], [0], torch.Generator().manual_seed(seed), num_atoms_per_token=2)
+    runs = {}
+    for setting in (True, False):
+        torch.manual_seed(0)
+        model = AF3Model(preset("tiny", kernels="torch", confidence_rollout_steps=2, permutation_alignment=setting))
+        runs[setting] = model(batch, num_cycles=1, num_diffusion_samples=2,
+                              generator=torch.Generator().manual_seed(seed))
+    outputs = runs[True]
     expected = align_ground_truth(batch, {"rollout_positions": outputs["rollout_positions"]})
     assert torch.equal(outputs["aligned_atom_pos"], expected["atom_pos"])
     assert torch.equal(outputs["aligned_atom_mask"], expected["atom_mask"])
+    assert "aligned_atom_pos" not in runs[False]
+    # nothing to permute here: the same draws give the same diffusion batch either way
+    assert torch.equal(outputs["denoised_positions"], runs[False]["denoised_positions"])
+    assert torch.equal(outputs["rollout_positions"], runs[False]["rollout_positions"])
     assert torch.isfinite(model.loss(batch, outputs)[0])
