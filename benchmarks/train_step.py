@@ -631,6 +631,7 @@ def main() -> None:
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--profile-block", action="store_true",
                         help="profile the Triton block at the first block length (top CUDA operators)")
+    parser.add_argument("--no-checks", action="store_true", help="--model af3: leave out the on-device checks")
     parser.add_argument("--profile-step", action="store_true",
                         help="--model af3: profile one triton iteration at the first crop (forward time per part)")
     parser.add_argument("--blocks-only", action="store_true",
@@ -715,7 +716,7 @@ def main() -> None:
     if "triton" in fast and args.profile_block:
         section(f"profile/block{args.block_lengths[0]}/triton", 15, profile_block, "triton", args.block_lengths[0],
                 dims, device)
-    if args.model == "af3" and not args.blocks_only:
+    if args.model == "af3" and not args.blocks_only and not args.no_checks:
         section("checks", 30, full_model_checks, overrides, device, min(args.crop[0], 128), 4, args.atoms_per_token)
     if args.model == "af3" and args.profile_step and device.type == "cuda":
         runners["triton"] = make_runner("triton")
