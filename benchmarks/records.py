@@ -53,7 +53,7 @@ class Headline:
     peers: Optional[tuple[str, ...]] = None  # None: every variant not in `ours`; (): no comparison
 
 
-_KERNEL_OPS = ("layernorm_linear", "transition", "triangle_mult", "gated_attention", "residual")
+_KERNEL_OPS = ("layernorm_linear", "transition", "triangle_mult", "gated_attention", "residual", "window_attention")
 HEADLINES = [
     Headline("evo_attention", "fwd+bwd ms", ("featurecache",)),
     # as called from Python (host launch cost included), and replayed as a CUDA graph (GPU time)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from featurecache.kernels.primitives import mma
+from featurecache.kernels.primitives import cast, mma
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -96,10 +96,10 @@ def _window_fwd_kernel(
         p = tl.math.exp2(s - shift[:, None])
         total = tl.sum(p, 1)
         empty = total == 0.0
-        out = mma(p.to(v.dtype), v, None, PRECISION) / tl.where(empty, 1.0, total)[:, None]
+        out = mma(cast(p, v.dtype, PRECISION), v, None, PRECISION) / tl.where(empty, 1.0, total)[:, None]
         tl.store(Out + batch * stride_ob + sample * stride_os + window * stride_ow + head * stride_oh
                  + offs_q[:, None] * stride_ol + offs_d[None, :] * stride_od,
-                 out.to(Out.dtype.element_ty), mask=q_tile)
+                 cast(out, Out.dtype.element_ty, PRECISION), mask=q_tile)
         # +inf for an empty query makes every recomputed probability exactly 0 in the backward.
         lse = tl.where(empty, float("inf"), shift + tl.math.log2(tl.where(empty, 1.0, total)))
         # Lse is contiguous [B, S, W, H, Q].
@@ -167,20 +167,20 @@ def _window_bwd_kernel(
         p = tl.math.exp2(s - lse[:, None])
         dp = mma(do, tl.trans(v), None, PRECISION)
         ds = p * (dp - delta[:, None])
-        dq = mma(ds.to(k.dtype), k, None, PRECISION) * scale
-        dk = mma(tl.trans(ds.to(q.dtype)), q, None, PRECISION) * scale
-        dv = mma(tl.trans(p.to(do.dtype)), do, None, PRECISION)
+        dq = mma(cast(ds, k.dtype, PRECISION), k, None, PRECISION) * scale
+        dk = mma(tl.trans(cast(ds, q.dtype, PRECISION)), q, None, PRECISION) * scale
+        dv = mma(tl.trans(cast(p, do.dtype, PRECISION)), do, None, PRECISION)
         dbias += ds
 
         window_index = (batch * num_samples + sample) * num_windows + window
         q_base = window_index * queries * row + head * head_dim
         k_base = window_index * keys * row + head * head_dim
-        tl.store(DQ + q_base + offs_q[:, None] * row + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=q_tile)
-        tl.store(DK + k_base + offs_k[:, None] * row + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_tile)
-        tl.store(DV + k_base + offs_k[:, None] * row + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_tile)
+        tl.store(DQ + q_base + offs_q[:, None] * row + offs_d[None, :], cast(dq, DQ.dtype.element_ty, PRECISION), mask=q_tile)
+        tl.store(DK + k_base + offs_k[:, None] * row + offs_d[None, :], cast(dk, DK.dtype.element_ty, PRECISION), mask=kv_tile)
+        tl.store(DV + k_base + offs_k[:, None] * row + offs_d[None, :], cast(dv, DV.dtype.element_ty, PRECISION), mask=kv_tile)
 
     if STORE_DBIAS:
         # One slice per sample group (summed by the launcher when there are several).
         tl.store(DBias + group * stride_dbg + batch * stride_dbb + window * stride_dbw
                  + head * stride_dbh + offs_q[:, None] * stride_dbq + offs_k[None, :] * stride_dbk,
-                 dbias.to(DBias.dtype.element_ty), mask=valid_q[:, None] & valid_k[None, :])
+                 cast(dbias, DBias.dtype.element_ty, PRECISION), mask=valid_q[:, None] & valid_k[None, :])
