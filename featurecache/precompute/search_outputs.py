@@ -40,7 +40,7 @@ from featurecache.io.af3_json_writer import (
     af3_entities,
     single_chain_mmcif,
 )
-from featurecache.io.common import ParseError
+from featurecache.io.common import ParseError, decode_text, read_bytes
 from featurecache.io.hits import TemplateHit
 from featurecache.io.inputs import AF3_JSON_SUFFIXES
 from featurecache.io.mmcif import Chain, parse_mmcif
@@ -97,11 +97,11 @@ def target_outputs(target: TargetInput, msa_blobs: dict[str, bytes], chain_keys:
     filled = []
     for entity in entities:
         chain = structure.chain(entity.source_chains[0])
+        given_templates = _given_templates(target, chain.chain_id) if chain.chain_id in parsed.templates else None
         if chain.chain_id in parsed.msas:  # the input JSON gives this chain's MSA: kept as given
             given = parsed.msas[chain.chain_id].msa
             text = format_a3m(given, molecule_type=chain.molecule_type) if given is not None else ""
-            filled.append(_with_msas(entity, text, "", []))
-            outputs.warnings.append(f"chain {chain.chain_id}: MSA taken from the input JSON, its templates not copied")
+            filled.append(_with_msas(entity, text, "", given_templates or []))
             continue
         key = chain_keys.get(chain.chain_id)
         if key is None:  # DNA and ligands: nothing searched
@@ -113,8 +113,8 @@ def target_outputs(target: TargetInput, msa_blobs: dict[str, bytes], chain_keys:
             outputs.chain_folders[chain_id] = folder
         files = _chain_files(msa, hits, chain.molecule_type)
         outputs.folder_files[folder] = files
-        templates = []
-        if chain.molecule_type == "protein" and store is not None:
+        templates = given_templates or []  # templates the input JSON gives replace searched ones
+        if chain.molecule_type == "protein" and store is not None and given_templates is None:
             templates = _templates(chain, hits, store, features, structure.release_date, max_templates,
                                    outputs.warnings)
         paired = files.get(PAIRED_A3M, "") if heteromer else ""
@@ -122,6 +122,26 @@ def target_outputs(target: TargetInput, msa_blobs: dict[str, bytes], chain_keys:
     name, seeds = _name_and_seeds(target)
     outputs.document = af3_document(name, filled, seeds, af3_bonds(structure, filled))
     return outputs
+
+
+def _given_templates(target: TargetInput, chain_id: str) -> list[Af3Template]:
+    """The templates an AF3 JSON input gives a chain, as given (read_parsed checked them); a
+    template from a file (`mmcifPath`) is written inline."""
+    document = json.loads(Path(target.path).read_text(encoding="utf-8"))
+    for entry in document["sequences"]:
+        body = entry.get("protein", {})
+        ids = body.get("id", [])
+        if chain_id in (ids if isinstance(ids, list) else [ids]):
+            templates = []
+            for given in body.get("templates") or []:
+                text = given.get("mmcif")
+                if text is None:
+                    path = Path(given["mmcifPath"])
+                    path = path if path.is_absolute() else Path(target.path).parent / path
+                    text = decode_text(read_bytes(path), str(path))
+                templates.append(Af3Template(text, tuple(given["queryIndices"]), tuple(given["templateIndices"])))
+            return templates
+    return []
 
 
 def _name_and_seeds(target: TargetInput) -> tuple[str, tuple[int, ...]]:

@@ -256,3 +256,31 @@ def test_a_failing_search_fails_its_target_only(tmp_path, test_databases, ras_se
     assert summary["sequences"] == {"done": 1, "skipped": 0, "failed": 1} and summary["written"] == 1
     assert {(failure["stage"], failure["key"]) for failure in summary["failures"]} >= {("target", "dna")}
     assert [path.name for path in (out / "af3").iterdir()] == ["ras.json"]
+
+
+def test_msas_and_templates_an_af3_json_gives_are_kept(searched, tmp_path, shared_data, template_query):
+    """As precompute does: a chain whose MSA the JSON gives is not searched, and templates the
+    JSON gives (inline or by mmcifPath) replace searched ones."""
+    mmcif = (shared_data / "templates" / "mmcif" / "1psm.cif").read_text()
+    (tmp_path / "t.cif").write_text(mmcif)
+    short = template_query[:30]
+    given_msa = f">query\n{short}\n>hit\n{short[:29]}-\n"
+    document = {"name": "kept", "modelSeeds": [3], "dialect": "alphafold3", "version": 2, "sequences": [
+        {"protein": {"id": "A", "sequence": template_query,
+                     "templates": [{"mmcifPath": "t.cif", "queryIndices": [0, 1], "templateIndices": [2, 3]}]}},
+        {"protein": {"id": "B", "sequence": short, "unpairedMsa": given_msa, "pairedMsa": "",
+                     "templates": [{"mmcif": mmcif, "queryIndices": [5], "templateIndices": [6]}]}}]}
+    (tmp_path / "kept.json").write_text(json.dumps(document))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["search", str(tmp_path / "kept.json"), "--config", str(searched["config"]),
+                                      "--out", str(out), "--cache", str(searched["out"] / "cache"),
+                                      "--executor", "inline", "--no-progress", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["sequences"]["done"] == 0  # A was searched before, B is not searched
+    written = json.loads((out / "af3" / "kept.json").read_text())
+    check_af3_input(written)
+    first, second = (entry["protein"] for entry in written["sequences"])
+    assert [(t["queryIndices"], t["templateIndices"]) for t in first["templates"]] == [([0, 1], [2, 3])]
+    assert first["templates"][0]["mmcif"] == mmcif and first["unpairedMsa"].count(">") > 10
+    assert parse_a3m(second["unpairedMsa"], "B").depth == 2 and second["pairedMsa"] == ""
+    assert [(t["queryIndices"], t["templateIndices"]) for t in second["templates"]] == [([5], [6])]
