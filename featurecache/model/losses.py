@@ -12,6 +12,7 @@ from torch.utils.checkpoint import checkpoint
 
 from featurecache.kernels.runtime import runs_triton
 from featurecache.kernels.smooth_lddt import inclusion_radius, smooth_lddt_sums
+from featurecache.model.rigid import kabsch_rotation
 
 
 def weighted_rigid_align(mobile: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -22,21 +23,14 @@ def weighted_rigid_align(mobile: torch.Tensor, target: torch.Tensor, weights: to
     """
     with torch.no_grad():
         dtype = mobile.dtype
-        work = torch.promote_types(dtype, torch.float32)  # the SVD needs fp32 at least
+        work = torch.promote_types(dtype, torch.float32)  # the covariance needs fp32 at least
         mobile, target, weights = mobile.to(work), target.to(work), weights.to(work).unsqueeze(-1)
         total = weights.sum(dim=-2, keepdim=True).clamp(min=1e-8)
         mobile_centre = (weights * mobile).sum(dim=-2, keepdim=True) / total
         target_centre = (weights * target).sum(dim=-2, keepdim=True) / total
         mobile, target = mobile - mobile_centre, target - target_centre
         covariance = torch.einsum("...li,...lj->...ij", weights * mobile, target)  # [..., 3, 3]
-        u, _, vh = torch.linalg.svd(covariance)
-        v = vh.transpose(-1, -2)
-        # flip the last axis where the best orthogonal map would be a reflection
-        sign = torch.sign(torch.linalg.det(v @ u.transpose(-1, -2)))
-        sign = torch.where(sign == 0, torch.ones_like(sign), sign)
-        flip = torch.ones(*sign.shape, 3, device=sign.device, dtype=work)
-        flip[..., 2] = sign
-        rotation = (v * flip.unsqueeze(-2)) @ u.transpose(-1, -2)
+        rotation = kabsch_rotation(covariance)  # no host sync: a CUDA graph can capture it
         aligned = mobile @ rotation.transpose(-1, -2) + target_centre
         return aligned.to(dtype)
 

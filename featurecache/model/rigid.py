@@ -1,0 +1,59 @@
+"""The optimal rotation between two weighted point sets (Kabsch), with elementwise ops only.
+
+torch.linalg.svd on CUDA reads the solver's status back to the host, which a CUDA graph capture
+forbids (seen on the H200: `featurecache train --cuda-graphs` failed in the loss's alignment).
+Horn's quaternion method gives the same rotation as the top eigenvector of a symmetric 4 x 4
+matrix; that eigenvector comes here from repeated squaring of the shifted matrix (each squaring
+squares the eigenvalue ratios, so 2^32 powers separate any two eigenvalues that float64 tells
+apart), then a column of the result. Always a proper rotation (determinant +1), as Kabsch with
+the reflection fix is.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_SQUARINGS = 32
+
+
+def kabsch_rotation(covariance: torch.Tensor) -> torch.Tensor:
+    """R [..., 3, 3] maximising sum_l w_l y_l . (R x_l) for covariance H [..., 3, 3] =
+    sum_l w_l x_l y_l^T of centred mobile points x and target points y; no gradient."""
+    with torch.no_grad():
+        h = covariance.double()
+        n = _horn_matrix(h)
+        scale = n.flatten(-2).norm(dim=-1).clamp(min=1e-30)[..., None, None]
+        eye = torch.eye(4, dtype=h.dtype, device=h.device)
+        power = n / scale + eye  # eigenvalues shifted into [0, 2]: the largest stays largest in size
+        for _ in range(_SQUARINGS):
+            power = power @ power
+            power = power / power.flatten(-2).norm(dim=-1).clamp(min=1e-300)[..., None, None]
+        # the power is (close to) a projector onto the top eigenvector(s): take its largest column
+        column = power.norm(dim=-2).argmax(dim=-1)  # [...]
+        q = torch.gather(power, -1, column[..., None, None].expand(*power.shape[:-1], 1)).squeeze(-1)
+        q = q / q.norm(dim=-1, keepdim=True).clamp(min=1e-300)
+        return _quaternion_to_rotation(q).to(covariance.dtype)
+
+
+def _horn_matrix(h: torch.Tensor) -> torch.Tensor:
+    """Horn (1987), eq. 10: the symmetric 4 x 4 matrix whose top eigenvector is the quaternion."""
+    xx, xy, xz = h[..., 0, 0], h[..., 0, 1], h[..., 0, 2]
+    yx, yy, yz = h[..., 1, 0], h[..., 1, 1], h[..., 1, 2]
+    zx, zy, zz = h[..., 2, 0], h[..., 2, 1], h[..., 2, 2]
+    rows = [
+        [xx + yy + zz, yz - zy, zx - xz, xy - yx],
+        [yz - zy, xx - yy - zz, xy + yx, zx + xz],
+        [zx - xz, xy + yx, -xx + yy - zz, yz + zy],
+        [xy - yx, zx + xz, yz + zy, -xx - yy + zz],
+    ]
+    return torch.stack([torch.stack(row, dim=-1) for row in rows], dim=-2)
+
+
+def _quaternion_to_rotation(q: torch.Tensor) -> torch.Tensor:
+    w, x, y, z = q.unbind(-1)
+    rows = [
+        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+    ]
+    return torch.stack([torch.stack(row, dim=-1) for row in rows], dim=-2)
