@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from featurecache.model.losses import weighted_rigid_align
+from featurecache.model.rigid import kabsch_rotation
 
 MAX_MATCHED_CHAINS = 32
 MIN_ANCHOR_TOKENS = 3  # a rigid fit needs three points
@@ -125,11 +126,7 @@ def _rigid_fit(mobile: torch.Tensor, target: torch.Tensor, weights: torch.Tensor
     target_centre = (weights * target).sum(dim=-2) / total
     covariance = torch.einsum("...li,...lj->...ij", weights * (mobile - mobile_centre.unsqueeze(-2)),
                               target - target_centre.unsqueeze(-2))
-    u, _, vh = torch.linalg.svd(covariance)
-    sign = torch.sign(torch.linalg.det(vh.transpose(-1, -2) @ u.transpose(-1, -2)))
-    flip = torch.ones_like(covariance[..., 0])
-    flip[..., 2] = torch.where(sign == 0, 1.0, sign)
-    rotation = (vh.transpose(-1, -2) * flip.unsqueeze(-2)) @ u.transpose(-1, -2)
+    rotation = kabsch_rotation(covariance)  # no host sync: a CUDA graph can capture it
     return rotation, target_centre - (rotation @ mobile_centre.unsqueeze(-1)).squeeze(-1)
 
 
