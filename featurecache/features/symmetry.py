@@ -35,7 +35,7 @@ def atom_permutations(arrays: dict[str, np.ndarray], max_permutations: int = MAX
     starts = np.flatnonzero(np.r_[True, uid[1:] != uid[:-1]])
     ends = np.r_[starts[1:], num_atoms]
     names = _atom_names(arrays["ref_atom_name_chars"])
-    bonds = _atom_bonds(arrays, atom_to_token)
+    bonds, linked = _atom_bonds(arrays, atom_to_token)
     is_polymer = (arrays["is_protein"] | arrays["is_rna"] | arrays["is_dna"])[atom_to_token]
     for start, end in zip(starts.tolist(), ends.tolist()):
         tokens = atom_to_token[start:end]
@@ -44,7 +44,7 @@ def atom_permutations(arrays: dict[str, np.ndarray], max_permutations: int = MAX
         if (tokens == tokens[0]).all():  # a standard residue: one token
             found = residue_swaps(RESTYPES[int(arrays["restype"][tokens[0]])], tuple(names[start:end]))
         else:
-            found = _component_symmetries(arrays, names, bonds, is_polymer, start, end)
+            found = _component_symmetries(arrays, names, bonds, linked, is_polymer, start, end)
         for column, permutation in enumerate(found[:max_permutations]):
             result[start:end, column] = start + permutation
     return result
@@ -55,26 +55,29 @@ def _atom_names(chars: np.ndarray) -> list[str]:
     return ["".join(chr(int(code) + 32) for code in row if code) for row in chars]
 
 
-def _atom_bonds(arrays: dict[str, np.ndarray], atom_to_token: np.ndarray) -> np.ndarray:
-    """[b, 2] atom pairs of the token bonds between one-atom tokens (ligand and modified-residue
-    atoms: each such token is one atom)."""
+def _atom_bonds(arrays: dict[str, np.ndarray], atom_to_token: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The token bonds between one-atom tokens (ligand and modified-residue atoms) as atom pairs
+    [b, 2], and the atoms of one-atom tokens bonded to a standard residue's token (a glycan's
+    atom on an asparagine), whose other atom the token bond does not name."""
     pairs = arrays["token_bonds"].reshape(-1, 2).astype(np.int64)
     num_tokens = len(arrays["restype"])
-    size = np.bincount(atom_to_token, minlength=num_tokens)
+    single = np.bincount(atom_to_token, minlength=num_tokens) == 1
     first = np.full(num_tokens, -1, np.int64)
     first[atom_to_token[::-1]] = np.arange(len(atom_to_token))[::-1]
     pairs = pairs[(pairs >= 0).all(axis=1)]
-    pairs = pairs[(size[pairs] == 1).all(axis=1)]
-    return first[pairs]
+    both = single[pairs].all(axis=1)
+    one = single[pairs].any(axis=1) & ~both
+    return first[pairs[both]], first[pairs[one][single[pairs[one]]]]
 
 
-def _component_symmetries(arrays: dict[str, np.ndarray], names: list[str], bonds: np.ndarray, is_polymer: np.ndarray,
-                          start: int, end: int) -> list[np.ndarray]:
+def _component_symmetries(arrays: dict[str, np.ndarray], names: list[str], bonds: np.ndarray, linked: np.ndarray,
+                          is_polymer: np.ndarray, start: int, end: int) -> list[np.ndarray]:
     """Symmetries of the per-atom residue on atoms [start, end) that keep its linked atoms fixed."""
     inside = (bonds >= start) & (bonds < end)
     local = bonds[inside.all(axis=1)] - start
     crossing = inside.any(axis=1) & ~inside.all(axis=1)  # bonds to other residues: their inner atom stays
     fixed = {int(atom) - start for atom in bonds[crossing][inside[crossing]]}
+    fixed |= {int(atom) - start for atom in linked if start <= atom < end}
     fixed |= {index for index, name in enumerate(names[start:end]) if is_polymer[start + index]
               and name in POLYMER_LINK_ATOMS}
     elements = arrays["ref_element"][start:end].astype(np.int64)
