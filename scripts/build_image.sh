@@ -54,12 +54,16 @@ stage_start=0
 begin() { stage_start=$(date +%s); echo "== $1"; }
 end() { echo "== $1 took $(( $(date +%s) - stage_start )) s" | tee -a "$STORE/build-times.txt"; }
 
-if [ "$fresh" -eq 1 ]; then
+cleared=""
+if [ "$fresh" -eq 1 ] && [ -e "$STORE" ]; then
+    begin "clean: remove $STORE"      # vfs keeps full copies: thousands of files per image
     bah rm --all >/dev/null 2>&1 || true
     rm -rf "$STORE"
+    cleared="== clean took $(( $(date +%s) - stage_start )) s"
 fi
 mkdir -p "$STORE"
 echo "== $(date -u +%FT%TZ) building $IMAGE in $STORE" >> "$STORE/build-times.txt"
+if [ -n "$cleared" ]; then echo "$cleared" | tee -a "$STORE/build-times.txt"; fi
 containers=()
 cleanup() { for c in "${containers[@]}"; do bah rm "$c" >/dev/null 2>&1 || true; done; }
 trap cleanup EXIT
@@ -106,6 +110,7 @@ if [ "$run_tests" -eq 1 ]; then
         python3 -m pytest -q -p no:cacheprovider tests/test_layering.py tests/io \
         tests/precompute/test_tools.py \
         tests/precompute/test_search.py::test_protein_chain_from_structures_gets_msas_and_templates
+    bah rm "$ctr" >/dev/null
     end "tests"
 fi
 
