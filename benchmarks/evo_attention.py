@@ -66,6 +66,10 @@ CASES = [
     Case("triangle L=768", 1, 768, 768, 4, 32, (32, 1024)),
     Case("single pair bias L=1536", 1, 1, 1536, 16, 24, (32, 1_000_000)),
     Case("B=4 H=16 D=64 L=1024", 4, 1, 1024, 16, 64, (64, 1_000_000)),
+    # The diffusion transformer: 48 samples as rows sharing one [L, L] bias per head (row groups
+    # read each bias tile once for several samples), c_token 768 in 16 heads.
+    Case("diffusion S=48 L=384 H=16 D=48", 1, 48, 384, 16, 48, (64, 512)),
+    Case("diffusion S=48 L=768 H=16 D=48", 1, 48, 768, 16, 48, (64, 768)),
 ]
 SMOKE_CASES = [
     Case("smoke triangle L=24", 1, 24, 24, 2, 16, (32, 512)),
