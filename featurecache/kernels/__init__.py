@@ -6,8 +6,12 @@ importing one op does not compile or import the others.
 Every op has the same parts, in the order a call goes through them: @triton.jit kernels,
 launchers (allocate, pick block sizes, launch), the autograd Function (and custom op) with the
 entry-point function, and the nn.Module where there is one. A large op is a package with one
-file per part: kernels.py, launch.py, autograd.py, and module.py (triangle_mult/) or config.py
-(evo_attention/, whose block sizes are tuned per shape class). A small op is one file with the
+file per part: kernels.py, launch.py, autograd.py, and module.py (triangle_mult/,
+window_attention/) and/or config.py (evo_attention/, whose block sizes are tuned per shape class;
+window_attention/). Under torch.compile every op runs as a torch.library custom op with fake and
+autograd implementations (eager calls skip that dispatch), so neither Dynamo nor Inductor traces
+a launcher; gated_pair_attention and residual_add compile as their references over those ops.
+A small op is one file with the
 same sections in the same order (layernorm_linear.py, transition.py, gated_attention.py,
 residual.py). Shared by all:
   runtime.py     host side: the kernel switch (KERNEL_CHOICES), TRITON_INTERPRET, tuned block
@@ -30,6 +34,8 @@ _EXPORTS = {
     "LayerNormLinear": "featurecache.kernels.layernorm_linear",
     "Transition": "featurecache.kernels.transition",
     "TriangleMultiplication": "featurecache.kernels.triangle_mult",
+    "WindowAttention": "featurecache.kernels.window_attention",
+    "window_attention_reference": "featurecache.kernels.reference",
 }
 
 __all__ = sorted([*_EXPORTS, "evo_attention"])
