@@ -174,6 +174,25 @@ def test_bad_keys_and_checkpoints_are_one_line_with_exit_2(cache, checkpoint, tm
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+def test_a_checkpoint_from_before_the_confidence_head_predicts_without_confidences(cache, checkpoint, tmp_path):
+    from featurecache.prediction import PredictOptions, predict
+
+    state = torch.load(checkpoint, weights_only=False)
+    for weights in (state["model"], state.get("ema", {})):
+        for name in [name for name in weights if name.startswith("confidence_head.")]:
+            del weights[name]
+    state["model_config"] = {name: value for name, value in state["model_config"].items()
+                             if not name.startswith(("confidence", "plddt", "pde", "pae", "resolved"))}
+    old = tmp_path / "old.pt"
+    torch.save(state, old)
+    written = predict(PredictOptions(cache=str(cache), keys=(TARGET,), checkpoint=str(old), out=str(tmp_path / "out"),
+                                     samples=1, steps=2, cycles=1, device="cpu", kernels="torch"))
+    assert [path.name for path in written] == [f"{TARGET}_seed-0_sample-0_model.cif"]
+    assert sorted(path.name for path in (tmp_path / "out").rglob("*") if path.is_file()) == [written[0].name]
+    structure = gemmi.read_structure(str(written[0]))
+    assert {atom.b_iso for chain in structure[0] for residue in chain for atom in residue} == {0.0}
+
+
 def _lddt_and_ca_rmsd(predicted_path: Path, truth_path: Path) -> tuple[float, float, int]:
     """All-atom lDDT (15 A inclusion radius, thresholds 0.5 / 1 / 2 / 4 A, over the atoms the
     truth resolves) and the CA RMSD after optimal superposition, matching atoms by label_asym_id,
