@@ -16,12 +16,13 @@ import torch.distributed as dist
 _all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_into = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
-# The triangle products, x = einsum(forward, a, b), and their gradients for a and b.
+# The triangle products x = einsum(product, a, b) and their gradients da = einsum(grad_a, dx, b),
+# db = einsum(grad_b, dx, a), per direction: (product, grad_a, grad_b).
 _PRODUCTS = {
     # x_ij = sum_k a_ik b_jk: a local rows, b gathered rows
     "outgoing": ("bikc,bjkc->bijc", "bijc,bjkc->bikc", "bijc,bikc->bjkc"),
     # x_ij = sum_k aT_ik b_kj with aT = a^T's local rows (a_ki), b gathered rows
-    "incoming": ("bikc,bkjc->bijc", "bijc,bkjc->bikc", "bikc,bijc->bkjc"),
+    "incoming": ("bikc,bkjc->bijc", "bijc,bkjc->bikc", "bijc,bikc->bkjc"),
 }
 
 
@@ -140,8 +141,7 @@ class GatheredProduct(torch.autograd.Function):
         b_full = _gather_dim(b, 1, ctx.group)
         dx = dx.to(a.dtype)
         da = torch.einsum(grad_a, dx, b_full)
-        db = _reduce_scatter_dim(torch.einsum(grad_b, dx if ctx.direction == "outgoing" else a,
-                                              a if ctx.direction == "outgoing" else dx), 1, ctx.group)
+        db = _reduce_scatter_dim(torch.einsum(grad_b, dx, a), 1, ctx.group)
         return da, db, None, None
 
 
