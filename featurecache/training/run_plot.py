@@ -172,7 +172,7 @@ def plot_run(run_dir: Path, out: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     records, validations = read_log(run_dir)
     steps = [record["step"] for record in records]
@@ -214,6 +214,7 @@ def plot_run(run_dir: Path, out: Path) -> Path:
     rate.plot(steps, [record.get("lr", math.nan) for record in records], color="#8d69b8", linewidth=1.4)
     rate.set_ylabel("learning rate", color="#8d69b8")
     rate.set_ylim(0, None)
+    rate.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.2g}"))  # 2e-05, not an offset
 
     for axis in axes.flat:
         if axis.get_xticks().size:
