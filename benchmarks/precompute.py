@@ -13,6 +13,9 @@ overhead. Then, inline and query-only, the reference-conformer cost per target: 
 run computes every CCD code's conformer, a rerun with changed feature settings (every record
 recomputed) finds them all in the `conformers` table.
 Run: python3 benchmarks/precompute.py [--extra-sequences 12] [--record]
+
+`--scale` measures PDB-sized ingest-mode precompute instead (precompute_scale.py):
+python3 benchmarks/precompute.py --scale --targets 1000 5000 20000 [--workers 2] [--msa-rows 2048] [--record]
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from records import Row, record
 from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 from featurecache.testing.testdb import build_test_databases, write_pipeline_config
 
+HERE = pathlib.Path(__file__).resolve().parent
 DATA = pathlib.Path(os.environ.get("FC_SHARED_DATA", REPO.parent / "shared" / "data"))
 UNIPROT = pathlib.Path("/usr/share/doc/mmseqs2/example-data/DB.fasta.gz")
 
@@ -107,8 +111,17 @@ def _conformer_table(runs: list[dict]) -> str:
 def main() -> None:
     parser = argument_parser(__doc__)
     parser.add_argument("--extra-sequences", type=int, default=12, help="UniProt FASTA targets added to the structures")
+    parser.add_argument("--scale", action="store_true", help="PDB-sized ingest-mode runs instead (precompute_scale.py)")
+    parser.add_argument("--targets", type=int, nargs="+", default=[1000, 5000, 20000], help="--scale: target counts")
+    parser.add_argument("--workers", type=int, default=2, help="--scale: local Ray workers")
+    parser.add_argument("--msa-rows", type=int, default=2048, help="--scale: rows kept of each sample A3M")
     args = parser.parse_args()
     stamp = run_stamp()
+    if args.scale:
+        from precompute_scale import scale_main
+
+        scale_main(args, stamp, DATA, HERE / "results.csv")
+        return
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="fc-precompute-bench-"))
     databases = build_test_databases(work / "databases", DATA)
