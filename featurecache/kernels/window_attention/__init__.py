@@ -4,8 +4,8 @@ atom attention (Algorithm 7), 32 queries x 128 keys per window, for every diffus
 q [B, S, W, queries, H, D], k and v [B, S, W, keys, H, D] (any strides); bias
 [B, W, H, queries, keys] (fp32 or the input dtype); mask [B, W, keys] bool. Output
 [B, S, W, queries, H, D]. Without the padding of each window's queries to `keys` rows that
-EvoAttention would need (4x the work at AF3's sizes), and with the bias read once for a group
-of samples.
+EvoAttention would need (4x the work at AF3's sizes), and with the bias read from memory once
+for a group of samples.
 
 Layout, in the order a call goes through it (the same for every op of featurecache.kernels):
   kernels.py   the @triton.jit kernels

@@ -23,6 +23,10 @@ class WindowConfig:
 
     samples_per_program: int
     num_warps: int = 4
+    # The backward forms dQ, dK, dV and dS of a window in one program (and keeps dBias's
+    # accumulator): at 4 warps ptxas spills ~2.4 KB per thread for 32 x 128 x 32 windows, at 8
+    # ~1.1 KB (sm_90a, compiled on the CPU; the forward does not spill at 4).
+    bwd_num_warps: int = 8
     num_stages: int = 1
 
 

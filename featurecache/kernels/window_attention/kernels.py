@@ -1,6 +1,7 @@
 """Windowed attention's Triton kernels: one program owns one window of one (batch, head) and
-walks the diffusion samples of its group, so the window's bias tile and key mask are loaded once
-for all of them.
+walks the diffusion samples of its group: the window's key mask is loaded once, its bias tile is
+read from memory once and from L1/L2 for the other samples (held in registers it made the
+compiler spill; see _logits).
 
 A window is small (AF3: 32 queries x 128 keys), so a program holds all of its logits at once:
 a plain softmax, no online rescaling, and a backward in one pass (dQ, dK, dV and dS of a window
@@ -23,30 +24,30 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _window_and_bias(Bias, Mask, num_heads, queries, keys,
-                     stride_bb, stride_bw, stride_bh, stride_bq, stride_bk,
-                     stride_mb, stride_mw, stride_mk,
-                     HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
-                     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
-    """This program's (window, batch, head), its bias tile in log2 units (fp32 [BLOCK_Q, BLOCK_K],
-    zero where absent) and which keys it attends to ([BLOCK_K])."""
+def _window_and_keys(Mask, num_heads, keys, stride_mb, stride_mw, stride_mk,
+                     HAS_MASK: tl.constexpr, BLOCK_K: tl.constexpr):
+    """This program's (window, batch, head) and which keys it attends to ([BLOCK_K])."""
     window = tl.program_id(0).to(tl.int64)
     pid_bh = tl.program_id(1)
     batch = (pid_bh // num_heads).to(tl.int64)
     head = (pid_bh % num_heads).to(tl.int64)
-    offs_q = tl.arange(0, BLOCK_Q)
     offs_k = tl.arange(0, BLOCK_K)
-    valid_q = offs_q < queries
     attend = offs_k < keys
-    bias = tl.zeros([BLOCK_Q, BLOCK_K], tl.float32)
-    if HAS_BIAS:
-        bias = tl.load(Bias + batch * stride_bb + window * stride_bw + head * stride_bh
-                       + offs_q[:, None] * stride_bq + offs_k[None, :] * stride_bk,
-                       mask=valid_q[:, None] & attend[None, :], other=0.0).to(tl.float32) * LOG2E
     if HAS_MASK:
         attend = attend & (tl.load(Mask + batch * stride_mb + window * stride_mw + offs_k * stride_mk,
                                    mask=attend, other=0) != 0)
-    return window, batch, head, bias, attend
+    return window, batch, head, attend
+
+
+@triton.jit
+def _logits(q, k, bias_ptrs, bias_tile, attend, scale_log2, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """The window's logits in log2 units, -inf at keys not attended. The bias tile is loaded for
+    every sample (from L1/L2 after the first) rather than held in registers across the loop: the
+    backward already keeps dBias's [queries, keys] accumulator there."""
+    s = mma(q, tl.trans(k), None, PRECISION) * scale_log2
+    if HAS_BIAS:
+        s += tl.load(bias_ptrs, mask=bias_tile, other=0.0).to(tl.float32) * LOG2E
+    return tl.where(attend[None, :], s, float("-inf"))
 
 
 @triton.jit
@@ -67,9 +68,8 @@ def _window_fwd_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    window, batch, head, bias, attend = _window_and_bias(
-        Bias, Mask, num_heads, queries, keys, stride_bb, stride_bw, stride_bh, stride_bq, stride_bk,
-        stride_mb, stride_mw, stride_mk, HAS_BIAS, HAS_MASK, BLOCK_Q, BLOCK_K)
+    window, batch, head, attend = _window_and_keys(Mask, num_heads, keys, stride_mb, stride_mw, stride_mk,
+                                                   HAS_MASK, BLOCK_K)
     offs_q = tl.arange(0, BLOCK_Q)
     offs_k = tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
@@ -78,9 +78,14 @@ def _window_fwd_kernel(
     valid_d = offs_d < head_dim
     q_tile = valid_q[:, None] & valid_d[None, :]
     kv_tile = valid_k[:, None] & valid_d[None, :]
+    bias_tile = valid_q[:, None] & valid_k[None, :]
+    bias_ptrs = (Bias + batch * stride_bb + window * stride_bw + head * stride_bh
+                 + offs_q[:, None] * stride_bq + offs_k[None, :] * stride_bk)
 
-    first = (tl.program_id(2) * SAMPLES).to(tl.int64)
-    for index in range(0, tl.minimum(SAMPLES, num_samples - first)):
+    # This program's samples: a group of SAMPLES (the last group may be shorter).
+    count = tl.minimum(num_samples - tl.program_id(2) * SAMPLES, SAMPLES)
+    first = tl.program_id(2).to(tl.int64) * SAMPLES
+    for index in range(0, count):
         sample = first + index
         q = tl.load(Q + batch * stride_qb + sample * stride_qs + window * stride_qw + head * stride_qh
                     + offs_q[:, None] * stride_ql + offs_d[None, :] * stride_qd, mask=q_tile, other=0.0)
@@ -88,8 +93,7 @@ def _window_fwd_kernel(
         k = tl.load(k_base + offs_k[:, None] * stride_kl + offs_d[None, :] * stride_kd, mask=kv_tile, other=0.0)
         v = tl.load(V + batch * stride_vb + sample * stride_vs + window * stride_vw + head * stride_vh
                     + offs_k[:, None] * stride_vl + offs_d[None, :] * stride_vd, mask=kv_tile, other=0.0)
-        s = mma(q, tl.trans(k), None, PRECISION) * scale_log2 + bias
-        s = tl.where(attend[None, :], s, float("-inf"))
+        s = _logits(q, k, bias_ptrs, bias_tile, attend, scale_log2, HAS_BIAS, PRECISION)
         row_max = tl.max(s, 1)
         # A query with every key masked keeps -inf: shift by 0 there so exp2 gives 0, not NaN.
         shift = tl.where(row_max == float("-inf"), 0.0, row_max)
@@ -130,9 +134,8 @@ def _window_bwd_kernel(
 ):
     # dq, dk, dv are fresh tensors laid out like q, k, v would be if contiguous:
     # [B, S, W, Q or K, H, D]; the strides below are derived from the sizes.
-    window, batch, head, bias, attend = _window_and_bias(
-        Bias, Mask, num_heads, queries, keys, stride_bb, stride_bw, stride_bh, stride_bq, stride_bk,
-        stride_mb, stride_mw, stride_mk, HAS_BIAS, HAS_MASK, BLOCK_Q, BLOCK_K)
+    window, batch, head, attend = _window_and_keys(Mask, num_heads, keys, stride_mb, stride_mw, stride_mk,
+                                                   HAS_MASK, BLOCK_K)
     offs_q = tl.arange(0, BLOCK_Q)
     offs_k = tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
@@ -141,12 +144,16 @@ def _window_bwd_kernel(
     valid_d = offs_d < head_dim
     q_tile = valid_q[:, None] & valid_d[None, :]
     kv_tile = valid_k[:, None] & valid_d[None, :]
+    bias_tile = valid_q[:, None] & valid_k[None, :]
+    bias_ptrs = (Bias + batch * stride_bb + window * stride_bw + head * stride_bh
+                 + offs_q[:, None] * stride_bq + offs_k[None, :] * stride_bk)
     row = num_heads * head_dim  # the contiguous gradients' stride between positions
 
     dbias = tl.zeros([BLOCK_Q, BLOCK_K], tl.float32)
+    count = tl.minimum(num_samples - tl.program_id(2) * SAMPLES, SAMPLES)
     group = tl.program_id(2).to(tl.int64)
     first = group * SAMPLES
-    for index in range(0, tl.minimum(SAMPLES, num_samples - first)):
+    for index in range(0, count):
         sample = first + index
         q = tl.load(Q + batch * stride_qb + sample * stride_qs + window * stride_qw + head * stride_qh
                     + offs_q[:, None] * stride_ql + offs_d[None, :] * stride_qd, mask=q_tile, other=0.0)
@@ -162,25 +169,27 @@ def _window_bwd_kernel(
         lse = tl.load(Lse + lse_base + offs_q, mask=valid_q, other=float("inf"))
         delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
 
-        s = mma(q, tl.trans(k), None, PRECISION) * scale_log2 + bias
-        s = tl.where(attend[None, :], s, float("-inf"))
+        s = _logits(q, k, bias_ptrs, bias_tile, attend, scale_log2, HAS_BIAS, PRECISION)
         p = tl.math.exp2(s - lse[:, None])
-        dp = mma(do, tl.trans(v), None, PRECISION)
-        ds = p * (dp - delta[:, None])
-        dq = mma(cast(ds, k.dtype, PRECISION), k, None, PRECISION) * scale
-        dk = mma(tl.trans(cast(ds, q.dtype, PRECISION)), q, None, PRECISION) * scale
-        dv = mma(tl.trans(cast(p, do.dtype, PRECISION)), do, None, PRECISION)
-        dbias += ds
-
+        # Each gradient is stored as soon as it is formed, so that fewer tiles are live at once.
         window_index = (batch * num_samples + sample) * num_windows + window
         q_base = window_index * queries * row + head * head_dim
         k_base = window_index * keys * row + head * head_dim
-        tl.store(DQ + q_base + offs_q[:, None] * row + offs_d[None, :], cast(dq, DQ.dtype.element_ty, PRECISION), mask=q_tile)
-        tl.store(DK + k_base + offs_k[:, None] * row + offs_d[None, :], cast(dk, DK.dtype.element_ty, PRECISION), mask=kv_tile)
-        tl.store(DV + k_base + offs_k[:, None] * row + offs_d[None, :], cast(dv, DV.dtype.element_ty, PRECISION), mask=kv_tile)
+        dv = mma(tl.trans(cast(p, do.dtype, PRECISION)), do, None, PRECISION)
+        tl.store(DV + k_base + offs_k[:, None] * row + offs_d[None, :], cast(dv, DV.dtype.element_ty, PRECISION),
+                 mask=kv_tile)
+        ds = p * (mma(do, tl.trans(v), None, PRECISION) - delta[:, None])
+        dbias += ds
+        ds = cast(ds, q.dtype, PRECISION)
+        dk = mma(tl.trans(ds), q, None, PRECISION) * scale
+        tl.store(DK + k_base + offs_k[:, None] * row + offs_d[None, :], cast(dk, DK.dtype.element_ty, PRECISION),
+                 mask=kv_tile)
+        dq = mma(ds, k, None, PRECISION) * scale
+        tl.store(DQ + q_base + offs_q[:, None] * row + offs_d[None, :], cast(dq, DQ.dtype.element_ty, PRECISION),
+                 mask=q_tile)
 
     if STORE_DBIAS:
         # One slice per sample group (summed by the launcher when there are several).
         tl.store(DBias + group * stride_dbg + batch * stride_dbb + window * stride_dbw
                  + head * stride_dbh + offs_q[:, None] * stride_dbq + offs_k[None, :] * stride_dbk,
-                 cast(dbias, DBias.dtype.element_ty, PRECISION), mask=valid_q[:, None] & valid_k[None, :])
+                 cast(dbias, DBias.dtype.element_ty, PRECISION), mask=bias_tile)

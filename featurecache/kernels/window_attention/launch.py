@@ -57,13 +57,15 @@ def _mask_args(mask: Optional[torch.Tensor], q: torch.Tensor) -> tuple[torch.Ten
     return as_bytes, tuple(as_bytes.stride())
 
 
-def _launch_options(q: torch.Tensor, k: torch.Tensor, config: WindowConfig) -> tuple[tuple[int, int, int], dict]:
+def _launch_options(q: torch.Tensor, k: torch.Tensor, config: WindowConfig,
+                    backward: bool = False) -> tuple[tuple[int, int, int], dict]:
     batch, samples, windows, queries, heads, head_dim = q.shape
     block_q, block_k, block_d = block_sizes(queries, k.shape[3], head_dim)
     grid = (windows, batch * heads, triton.cdiv(samples, config.samples_per_program))
     return grid, dict(SAMPLES=config.samples_per_program, PRECISION=runtime.dot_precision(q.dtype),
                       BLOCK_Q=block_q, BLOCK_K=block_k, BLOCK_D=block_d,
-                      num_warps=config.num_warps, num_stages=config.num_stages)
+                      num_warps=config.bwd_num_warps if backward else config.num_warps,
+                      num_stages=config.num_stages)
 
 
 def _config(q: torch.Tensor, config: Optional[WindowConfig]) -> WindowConfig:
@@ -109,7 +111,7 @@ def window_attention_backward(
     dk = torch.empty(k.shape, device=q.device, dtype=q.dtype)
     dv = torch.empty(k.shape, device=q.device, dtype=q.dtype)
     config = _config(q, config)
-    grid, options = _launch_options(q, k, config)
+    grid, options = _launch_options(q, k, config, backward=True)
     groups = grid[2]
     dbias = None
     if bias_grad:
