@@ -98,6 +98,11 @@ class ConfidenceHead(nn.Module):
             kernels=config.kernels,
         )
         self.pae_norm, self.pae = nn.LayerNorm(c_z), nn.Linear(c_z, PAE_BINS, bias=False)
+        if config.pae_loss_weight == 0:
+            # AF3 trains PAE only in its fine-tuning stages: with no loss the head would be a
+            # trainable weight that never gets a gradient, so it stays frozen until the weight is set
+            for parameter in (*self.pae_norm.parameters(), *self.pae.parameters()):
+                parameter.requires_grad_(False)
         self.pde_norm, self.pde = nn.LayerNorm(c_z), nn.Linear(c_z, PDE_BINS, bias=False)
         self.plddt_norm, self.resolved_norm = nn.LayerNorm(c_s), nn.LayerNorm(c_s)
         bound = 1.0 / math.sqrt(c_s)  # nn.Linear's initialisation, per atom slot

@@ -264,3 +264,13 @@ def test_training_step_runs_the_mini_rollout_and_sampling_judges_every_sample():
     sampled = model.sample(batch, num_cycles=1, num_samples=2, num_steps=2, generator=torch.Generator().manual_seed(0))
     assert sampled["plddt_logits"].shape[:3] == (1, 2, batch["atom_pad_mask"].shape[1])
     assert sampled["pae_logits"].shape[:2] == (1, 2)
+
+
+def test_pae_head_is_frozen_while_its_loss_weight_is_zero():
+    """AF3's initial training has no PAE loss: its head must not sit among the trainable weights
+    without a gradient (the `af3` preset), and trains once the weight is set (fine-tuning)."""
+    for weight, trainable in ((0.0, False), (1.0, True)):
+        model = AF3Model(preset("tiny", kernels="torch", pae_loss_weight=weight))
+        pae = [p.requires_grad for name, p in model.named_parameters() if name.startswith("confidence_head.pae")]
+        assert pae and all(flag == trainable for flag in pae)
+    assert preset("af3").pae_loss_weight == 0.0
