@@ -4,6 +4,7 @@ at run time; benchmarks/window_attention.py times the alternatives."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +44,12 @@ def select_config(windows_times_heads: int, samples: int, device: torch.device) 
     more samples cover several sample groups and the summed bias gradient."""
     if runtime.interpreted() or device.type != "cuda":
         return WindowConfig(samples_per_program=2)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
     groups = max(1, min(samples, triton.cdiv(_PROGRAMS_PER_SM * sms, max(1, windows_times_heads))))
     return WindowConfig(samples_per_program=triton.cdiv(samples, groups))
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(index: int) -> int:
+    # Asked once per device: a property query on every launch would add host time to each call.
+    return torch.cuda.get_device_properties(index).multi_processor_count
