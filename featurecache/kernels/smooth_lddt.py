@@ -103,28 +103,62 @@ def _smooth_lddt_kernel(PRED, TRUE, RADIUS, SCORE, COUNT, GRAD, samples, atoms, 
 # --------------------------------------------------------------------------------------------
 
 
+def _smooth_lddt_launch(predicted, true, radius):
+    """(score sums [B, S], pair counts [B], d(score sum)/d(predicted) [B, S, A, 3]), all fp32."""
+    batch, samples, atoms, _ = predicted.shape
+    predicted32 = predicted.float().contiguous()
+    tiles = triton.cdiv(atoms, _BLOCK_I)
+    score = torch.empty(batch * samples, tiles, device=predicted.device, dtype=torch.float32)
+    count = torch.empty_like(score)
+    grad = torch.empty_like(predicted32)
+    _smooth_lddt_kernel[(batch * samples, tiles)](
+        predicted32, true.float().contiguous(), radius.float().contiguous(), score, count, grad,
+        samples, atoms, tiles, BLOCK_I=_BLOCK_I, BLOCK_J=_BLOCK_J)
+    count = count.view(batch, samples, tiles)[:, 0].sum(-1)  # the same for every sample
+    return score.sum(-1).view(batch, samples), count, grad
+
+
 class _SmoothLddtSums(torch.autograd.Function):
     @staticmethod
     def forward(ctx, predicted, true, radius):
-        batch, samples, atoms, _ = predicted.shape
-        predicted32 = predicted.float().contiguous()
-        tiles = triton.cdiv(atoms, _BLOCK_I)
-        score = torch.empty(batch * samples, tiles, device=predicted.device, dtype=torch.float32)
-        count = torch.empty_like(score)
-        grad = torch.empty_like(predicted32)
-        _smooth_lddt_kernel[(batch * samples, tiles)](
-            predicted32, true.float().contiguous(), radius.float().contiguous(), score, count, grad,
-            samples, atoms, tiles, BLOCK_I=_BLOCK_I, BLOCK_J=_BLOCK_J)
+        score, count, grad = _smooth_lddt_launch(predicted, true, radius)
         ctx.save_for_backward(grad)
         ctx.dtype = predicted.dtype
-        count = count.view(batch, samples, tiles)[:, 0].sum(-1)  # the same for every sample
         ctx.mark_non_differentiable(count)
-        return score.sum(-1).view(batch, samples), count
+        return score, count
 
     @staticmethod
     def backward(ctx, d_score, _d_count):
         (grad,) = ctx.saved_tensors
         return (d_score[..., None, None] * grad).to(ctx.dtype), None, None
+
+
+# Under torch.compile: the same launch as a custom op, so neither Dynamo nor Inductor traces it.
+@torch.library.custom_op("featurecache::smooth_lddt_sums", mutates_args=())
+def _smooth_lddt_op(predicted: torch.Tensor, true: torch.Tensor,
+                    radius: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _smooth_lddt_launch(predicted, true, radius)
+
+
+@_smooth_lddt_op.register_fake
+def _(predicted, true, radius):
+    batch, samples = predicted.shape[:2]
+    return (predicted.new_empty((batch, samples), dtype=torch.float32),
+            predicted.new_empty(batch, dtype=torch.float32),
+            predicted.new_empty(predicted.shape, dtype=torch.float32))
+
+
+def _smooth_lddt_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(output[2])
+    ctx.dtype = inputs[0].dtype
+
+
+def _smooth_lddt_backward(ctx, d_score, _d_count, _d_grad):
+    (grad,) = ctx.saved_tensors
+    return (d_score[..., None, None] * grad).to(ctx.dtype), None, None
+
+
+_smooth_lddt_op.register_autograd(_smooth_lddt_backward, setup_context=_smooth_lddt_setup)
 
 
 def inclusion_radius(is_nucleotide: torch.Tensor, resolved: torch.Tensor) -> torch.Tensor:
@@ -156,4 +190,7 @@ def smooth_lddt_sums(predicted: torch.Tensor, true: torch.Tensor,
     `predicted`; none for `true`). On CUDA or the interpreter only."""
     if not runtime.runs_triton(predicted.device):
         raise RuntimeError("smooth_lddt_sums: Triton does not run on this device; use the reference")
+    if torch.compiler.is_compiling():
+        score, count, _ = _smooth_lddt_op(predicted, true.detach(), radius.detach())
+        return score, count
     return _SmoothLddtSums.apply(predicted, true.detach(), radius.detach())

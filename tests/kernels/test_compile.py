@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from featurecache.kernels.layernorm_linear import LayerNormLinear
+from featurecache.kernels.smooth_lddt import inclusion_radius, smooth_lddt_sums
 from featurecache.kernels.transition import Transition
 from featurecache.kernels.triangle_mult import TriangleMultiplication
 from featurecache.model.atom_attention import AtomWindows
@@ -108,3 +109,26 @@ def test_layernorm_linear_and_transition_ops_pass_opcheck():
     transition = _randomized(Transition(16, expansion=2), 3)
     params = [p.detach().requires_grad_() for p in transition.parameters()]
     _opcheck_with_grads(torch.ops.featurecache.transition_fwd.default, (x, *params, 1e-5))
+
+
+def test_smooth_lddt_compiles_and_matches_eager():
+    generator = torch.Generator().manual_seed(5)
+    true = torch.rand(1, 21, 3, generator=generator) * 15.0
+    predicted = true[:, None] + torch.randn(1, 2, 21, 3, generator=generator)
+    nucleotide, resolved = (torch.rand(1, 21, generator=generator) < share for share in (0.3, 0.9))
+    radius = inclusion_radius(nucleotide, resolved)
+
+    def loss(x):
+        scores, count = smooth_lddt_sums(x * 1.5, true, radius)
+        return (scores / count[:, None]).square().sum()
+
+    results = []
+    for fn in (loss, torch.compile(loss, backend="aot_eager", fullgraph=True)):
+        x = predicted.clone().requires_grad_()
+        value = fn(x)
+        value.backward()
+        results.append((value.detach(), x.grad))
+    for got, want in zip(*results[::-1]):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+    _opcheck_with_grads(torch.ops.featurecache.smooth_lddt_sums.default,
+                        (predicted.clone().requires_grad_(), true, radius))
