@@ -72,10 +72,13 @@ class PrecomputeSummary:
 
 
 def progress_bars(enabled: bool):
-    """A factory of tqdm bars (``make(total=..., desc=..., unit=...)``), silent when not enabled."""
+    """A factory of tqdm bars (``make(total=..., desc=..., unit=...)``), silent when not enabled
+    and when stderr is not a terminal (a log file would get every redraw as a `\r` line; the
+    summary says what was done)."""
     from tqdm.auto import tqdm
 
     def make(**kwargs):
-        return tqdm(disable=not enabled, dynamic_ncols=True, **kwargs)
+        # disable=None: tqdm's own "only on a terminal"
+        return tqdm(disable=None if enabled else True, dynamic_ncols=True, **kwargs)
 
     return make
