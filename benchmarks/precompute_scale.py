@@ -109,6 +109,7 @@ def write_targets(queries: list[str], folder: pathlib.Path, count: int, seed: in
 class Sample:
     seconds: float
     driver_mib: float
+    driver_anon_mib: float  # without file-backed pages (LMDB's memory map, libraries): the heap
     worker_peak_mib: float  # the largest single worker
     workers_mib: float      # all workers together
     services_mib: float     # raylet, GCS and Ray's other helpers
@@ -150,7 +151,8 @@ class Sampler:
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             (workers if "ray::" in name or "default_worker.py" in name else services).append(rss)
-        return Sample(time.perf_counter() - self._started, driver.memory_info().rss / MiB,
+        memory = driver.memory_info()
+        return Sample(time.perf_counter() - self._started, memory.rss / MiB, (memory.rss - memory.shared) / MiB,
                       max(workers, default=0.0), sum(workers), sum(services), disk_mib(self.cache), self.phase)
 
 
@@ -201,6 +203,7 @@ def run_scale(count: int, work: pathlib.Path, workers: int, msa_rows: int, data:
         "write_s": summary.write_seconds, "cluster_s": summary.cluster_seconds,
         "cache_mib": disk_mib(cache), "mib_per_target": disk_mib(cache) / max(1, done),
         "driver_quarters": quarters(samples, "driver_mib"),
+        "driver_anon_quarters": quarters(samples, "driver_anon_mib"),
         "worker_quarters": quarters(samples, "worker_peak_mib"),
         "workers_sum_peak": max((s.workers_mib for s in samples), default=0.0),
         "services_peak": max((s.services_mib for s in samples), default=0.0),
@@ -239,17 +242,18 @@ def _timed_cli(command: str, cache: pathlib.Path) -> float:
 
 def table(runs: list[dict]) -> str:
     lines = ["| targets (chains) | failed | wall s | targets/s | targets/s per core | featurize core-s / target | "
-             "MiB / target | cache MiB | driver RSS MiB by quarter | driver RSS MiB clustering | "
+             "MiB / target | cache MiB | driver RSS MiB by quarter | driver anonymous RSS MiB by quarter | "
+             "driver RSS MiB clustering | "
              "largest worker RSS MiB by quarter | all workers peak MiB | Ray services peak MiB | clustering s | "
              "stats s | verify s |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: "
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | ---: | ---: | ---: | ---: "
              "| ---: |"]
     for run in runs:
         lines.append(
             f"| {run['done']} ({run['chains']}) | {run['failed']} | {run['wall_s']:.0f} | {run['targets_per_s']:.2f} | "
             f"{run['targets_per_core_s']:.2f} | {run['featurize_core_s_per_target']:.3f} | {run['mib_per_target']:.3f} | "
             f"{run['cache_mib']:.0f} | {' / '.join(f'{v:.0f}' for v in run['driver_quarters'])} | "
-            f"{run['driver_clustering_peak']:.0f} | "
+            f"{' / '.join(f'{v:.0f}' for v in run['driver_anon_quarters'])} | {run['driver_clustering_peak']:.0f} | "
             f"{' / '.join(f'{v:.0f}' for v in run['worker_quarters'])} | {run['workers_sum_peak']:.0f} | "
             f"{run['services_peak']:.0f} | {run['cluster_s']:.0f} | {run['stats_s']:.1f} | {run['verify_s']:.1f} |")
     return "\n".join(lines)
@@ -330,6 +334,8 @@ def _rows(run: dict):
                "driver RSS MiB, first quarter": run["driver_quarters"][0],
                "driver RSS MiB, last quarter": run["driver_quarters"][-1],
                "driver peak RSS MiB, clustering": run["driver_clustering_peak"],
+               "driver anonymous RSS MiB, first quarter": run["driver_anon_quarters"][0],
+               "driver anonymous RSS MiB, last quarter": run["driver_anon_quarters"][-1],
                "worker peak RSS MiB": max(run["worker_quarters"]),
                "workers total peak RSS MiB": run["workers_sum_peak"], "stats s": run["stats_s"],
                "verify s": run["verify_s"], "clustering s": run["cluster_s"], "failed": run["failed"]}
