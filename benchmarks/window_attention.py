@@ -8,7 +8,8 @@ AF3's atom windows (32 queries x 128 keys) over A = 3,072 atoms (crop 384 at ~8 
 atom transformers (48 samples sharing one bias) and the input embedder's (1 sample). Forward +
 backward of q, k, v and the bias, against window_attention_reference (PyTorch) and torch.compile
 of it; what each step does: benchmarks/op_bench.py. A third case times the path the model took
-before this kernel, each window's queries padded to 128 rows for EvoAttention, on the same inputs.
+before this kernel, each window's queries padded to 128 rows for EvoAttention, on the same inputs,
+and another the one-pass backward (WindowConfig.key_block = 0) against the shipped two-pass one.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from op_bench import DTYPE, Case, OpBenchmark, main
 from featurecache.kernels.evo_attention import evo_attention
 from featurecache.kernels.reference import window_attention_reference
 from featurecache.kernels.window_attention import WindowAttention
+from featurecache.kernels.window_attention.config import override_config
 
 
 class PaddedEvoAttention(torch.nn.Module):
@@ -48,6 +50,15 @@ class PaddedEvoAttention(torch.nn.Module):
         return out.unflatten(0, (batch, windows))[:, :, :, :queries].transpose(1, 2)
 
 
+class OnePassWindowAttention(WindowAttention):
+    """window_attention with the one-pass backward (key_block 0), which ptxas compiles with
+    spills, against the shipped two-pass backward."""
+
+    def forward(self, *args, **kwargs):
+        with override_config(key_block=0):  # the forward's config also serves its backward
+            return super().forward(*args, **kwargs)
+
+
 def cases(smoke: bool) -> list[Case]:
     atoms, queries, keys, heads, head_dim = (45, 8, 24, 2, 8) if smoke else (3072, 32, 128, 4, 32)
     windows = math.ceil(atoms / queries)
@@ -66,14 +77,17 @@ def cases(smoke: bool) -> list[Case]:
             return [q, k, v, bias], [mask]
         return make
 
-    def case(samples: int, padded: bool = False) -> Case:
-        shape = f"A={atoms} S={samples} H={heads} D={head_dim}{' padded evo' if padded else ''}"
-        label = "EvoAttention, queries padded to 128 (previous path)" if padded else "window attention"
-        build = PaddedEvoAttention if padded else WindowAttention
-        return Case(f"{label}, {shape}", shape, build, make_inputs(samples), compile_peer=not padded)
+    def case(samples: int, variant: str = "") -> Case:
+        shape = f"A={atoms} S={samples} H={heads} D={head_dim}{' ' + variant if variant else ''}"
+        label, build = {
+            "": ("window attention", WindowAttention),
+            "one-pass bwd": ("window attention, one-pass backward", OnePassWindowAttention),
+            "padded evo": ("EvoAttention, queries padded to 128 (previous path)", PaddedEvoAttention),
+        }[variant]
+        return Case(f"{label}, {shape}", shape, build, make_inputs(samples), compile_peer=not variant)
 
     samples = 3 if smoke else 48
-    return [case(samples), case(1), case(samples, padded=True)]
+    return [case(samples), case(1), case(samples, "one-pass bwd"), case(samples, "padded evo")]
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from featurecache.kernels.reference import window_attention_reference
+from featurecache.kernels.window_attention.config import override_config
 from featurecache.kernels.window_attention import (
     WindowAttention,
     WindowConfig,
@@ -109,6 +110,12 @@ def test_strided_inputs_batch_of_two_and_input_dtype_bias():
     _check_against_truth(*inputs, scale=0.3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_two_pass_backward_matches_float64(dtype):
+    with override_config(key_block=16):
+        _check_against_truth(*_make_inputs(1, 3, 2, 7, 37, 2, 8, dtype))
+
+
 def test_reference_matches_float64_eager():
     q, k, v, bias, mask = _make_inputs(1, 2, 3, 5, 9, 2, 8, torch.float32)
     truth = _eager_attention(q.double(), k.double(), v.double(), bias.double(), mask, 0.4)
@@ -117,13 +124,14 @@ def test_reference_matches_float64_eager():
     assert torch.all(window_attention_reference(q, k, v, bias, mask)[:, :, -1] == 0)
 
 
-def test_sample_groups_give_the_same_result_as_one_group():
-    # dBias summed over groups (fp32 partials) against one program walking every sample.
-    q, k, v, bias, mask = _make_inputs(1, 5, 2, 6, 12, 2, 8, torch.float32)
+def test_sample_groups_and_key_blocks_give_the_same_result():
+    # dBias summed over groups (fp32 partials) against one program walking every sample; the
+    # two-pass backward over key blocks (16 of the 40 keys, a partial last block) against one pass.
+    q, k, v, bias, mask = _make_inputs(1, 5, 2, 6, 40, 2, 8, torch.float32)
     grad_out = torch.randn(q.shape, device=DEVICE)
     results = []
-    for per_program in (5, 2, 1):
-        config = WindowConfig(samples_per_program=per_program)
+    for per_program, key_block in ((5, 0), (2, 0), (1, 0), (5, 16), (2, 16)):
+        config = WindowConfig(samples_per_program=per_program, key_block=key_block)
         out, lse = window_attention_forward(q, k, v, bias, mask, 0.35, config)
         grads = window_attention_backward(grad_out, q, k, v, bias, mask, out, lse, 0.35, True, config)
         results.append((out, lse, *grads))

@@ -16,6 +16,7 @@ from featurecache.kernels import runtime
 from featurecache.kernels.reference import window_attention_reference
 from featurecache.kernels.window_attention.launch import (
     check_inputs,
+    config_for,
     window_attention_backward,
     window_attention_forward,
 )
@@ -74,7 +75,9 @@ class _WindowAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, mask, scale):
-        out, lse = window_attention_forward(q, k, v, bias, mask, scale)
+        # One configuration for both directions (the benchmarks override it around a forward).
+        ctx.config = config_for(q)
+        out, lse = window_attention_forward(q, k, v, bias, mask, scale, ctx.config)
         ctx.save_for_backward(q, k, v, bias, mask, out, lse)
         ctx.scale = scale
         return out
@@ -84,7 +87,7 @@ class _WindowAttentionFunction(torch.autograd.Function):
         q, k, v, bias, mask, out, lse = ctx.saved_tensors
         bias_grad = bias is not None and ctx.needs_input_grad[3]
         dq, dk, dv, dbias = window_attention_backward(grad_out.contiguous(), q, k, v, bias, mask, out, lse,
-                                                      ctx.scale, bias_grad)
+                                                      ctx.scale, bias_grad, ctx.config)
         return dq, dk, dv, dbias, None, None
 
 

@@ -4,7 +4,10 @@ at run time; benchmarks/window_attention.py times the alternatives."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +32,10 @@ class WindowConfig:
     # ~1.1 KB (sm_90a, compiled on the CPU; the forward does not spill at 4).
     bwd_num_warps: int = 8
     num_stages: int = 1
+    # 0: the one-pass backward (dQ, dK, dV, dS of a window in one program), which spills; else
+    # the two-pass backward over key blocks of this many keys (a power of two, at least 16),
+    # which does not at 64 (sm_90a, 8 warps). benchmarks/window_attention.py times both.
+    key_block: int = 64
 
 
 def block_sizes(queries: int, keys: int, head_dim: int) -> tuple[int, int, int]:
@@ -36,14 +43,35 @@ def block_sizes(queries: int, keys: int, head_dim: int) -> tuple[int, int, int]:
     return runtime.block_for(queries), runtime.block_for(keys), runtime.block_for(head_dim)
 
 
+_overrides: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def override_config(**fields: int) -> Iterator[None]:
+    """Temporarily replace fields of every WindowConfig that select_config returns (benchmarks)."""
+    previous = dict(_overrides)
+    _overrides.update(fields)
+    try:
+        yield
+    finally:
+        _overrides.clear()
+        _overrides.update(previous)
+
+
 def select_config(windows_times_heads: int, samples: int, device: torch.device) -> WindowConfig:
+    config = _heuristic_config(windows_times_heads, samples, device)
+    return dataclasses.replace(config, **_overrides) if _overrides else config
+
+
+def _heuristic_config(windows_times_heads: int, samples: int, device: torch.device) -> WindowConfig:
     """As many samples per program as keeps the GPU busy: fewer when there are few windows.
 
     Every program re-reads its bias tile, so fewer programs read less; but each SM needs a few
-    programs in flight. Under the interpreter, 2 samples per program, so that tests with three or
-    more samples cover several sample groups and the summed bias gradient."""
+    programs in flight. Under the interpreter, 2 samples per program and key blocks of 16, so that
+    tests with three or more samples and more than 16 keys cover several of each."""
     if runtime.interpreted() or device.type != "cuda":
-        return WindowConfig(samples_per_program=2)
+        # Small groups and key blocks: test sizes then cover several of each.
+        return WindowConfig(samples_per_program=2, key_block=16)
     sms = _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
     groups = max(1, min(samples, triton.cdiv(_PROGRAMS_PER_SM * sms, max(1, windows_times_heads))))
     return WindowConfig(samples_per_program=triton.cdiv(samples, groups))

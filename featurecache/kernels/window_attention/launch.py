@@ -9,7 +9,12 @@ import triton
 
 from featurecache.kernels import runtime
 from featurecache.kernels.window_attention.config import MAX_WINDOW, WindowConfig, block_sizes, select_config
-from featurecache.kernels.window_attention.kernels import LOG2E, _window_bwd_kernel, _window_fwd_kernel
+from featurecache.kernels.window_attention.kernels import (
+    LOG2E,
+    _window_bwd_kernel,
+    _window_bwd_split_kernel,
+    _window_fwd_kernel,
+)
 
 OP = "window_attention"
 
@@ -68,7 +73,8 @@ def _launch_options(q: torch.Tensor, k: torch.Tensor, config: WindowConfig,
                       num_stages=config.num_stages)
 
 
-def _config(q: torch.Tensor, config: Optional[WindowConfig]) -> WindowConfig:
+def config_for(q: torch.Tensor, config: Optional[WindowConfig] = None) -> WindowConfig:
+    """config, or the launch configuration select_config gives for q's shape and device."""
     batch, samples, windows, _, heads, _ = q.shape
     return config or select_config(batch * windows * heads, samples, q.device)
 
@@ -87,7 +93,7 @@ def window_attention_forward(
         return out, lse
     bias_tensor, bias_strides = _bias_args(bias, q)
     mask_tensor, mask_strides = _mask_args(mask, q)
-    grid, options = _launch_options(q, k, _config(q, config))
+    grid, options = _launch_options(q, k, config_for(q, config))
     _window_fwd_kernel[grid](
         q, k, v, bias_tensor, mask_tensor, out, lse,
         *q.stride(), *k.stride(), *v.stride(), *bias_strides, *mask_strides, *out.stride(),
@@ -110,7 +116,7 @@ def window_attention_backward(
     dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     dk = torch.empty(k.shape, device=q.device, dtype=q.dtype)
     dv = torch.empty(k.shape, device=q.device, dtype=q.dtype)
-    config = _config(q, config)
+    config = config_for(q, config)
     grid, options = _launch_options(q, k, config, backward=True)
     groups = grid[2]
     dbias = None
@@ -122,14 +128,21 @@ def window_attention_backward(
         return dq, dk, dv, None if dbias is None else bias.new_zeros(bias.shape)
     bias_tensor, bias_strides = _bias_args(bias, q)
     mask_tensor, mask_strides = _mask_args(mask, q)
-    _window_bwd_kernel[grid](
-        q, k, v, bias_tensor, mask_tensor, out, grad_out, lse, dq, dk, dv,
-        dbias if dbias is not None else q,
-        *q.stride(), *k.stride(), *v.stride(), *bias_strides, *mask_strides, *out.stride(),
-        *grad_out.stride(), *(dbias.stride() if dbias is not None else (0,) * 6),
-        heads, windows, samples, queries, k.shape[3], head_dim, scale, scale * LOG2E.value,
-        HAS_BIAS=bias is not None, HAS_MASK=mask is not None, STORE_DBIAS=dbias is not None, **options,
-    )
+    strides = (*q.stride(), *k.stride(), *v.stride(), *bias_strides, *mask_strides, *out.stride(),
+               *grad_out.stride(), *(dbias.stride() if dbias is not None else (0,) * 6))
+    sizes = (heads, windows, samples, queries, k.shape[3], head_dim, scale, scale * LOG2E.value)
+    flags = dict(HAS_BIAS=bias is not None, HAS_MASK=mask is not None, STORE_DBIAS=dbias is not None)
+    dbias_arg = dbias if dbias is not None else q
+    if config.key_block:
+        # Two passes: dQ (and delta) first, then dK, dV and dBias, which read delta.
+        delta = torch.empty_like(lse)
+        options["BLOCK_KB"] = min(options.pop("BLOCK_K"), runtime.block_for(config.key_block))
+        for dq_pass in (True, False):
+            _window_bwd_split_kernel[grid](q, k, v, bias_tensor, mask_tensor, out, grad_out, lse, delta, dq, dk, dv,
+                                           dbias_arg, *strides, *sizes, DQ_PASS=dq_pass, **flags, **options)
+    else:
+        _window_bwd_kernel[grid](q, k, v, bias_tensor, mask_tensor, out, grad_out, lse, dq, dk, dv, dbias_arg,
+                                 *strides, *sizes, **flags, **options)
     if dbias is not None:
         dbias = dbias[0] if groups == 1 else dbias.sum(0).to(bias.dtype)
     return dq, dk, dv, dbias
