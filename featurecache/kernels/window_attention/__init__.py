@@ -9,7 +9,7 @@ for a group of samples.
 
 Layout, in the order a call goes through it (the same for every op of featurecache.kernels):
   kernels.py   the @triton.jit kernels
-  config.py    samples per program and launch options (a heuristic; no tile sizes to tune)
+  config.py    samples per program, the backward's key block, launch options (a heuristic)
   launch.py    input checks and the launchers (window_attention_forward / _backward)
   autograd.py  the custom ops, the autograd Function and `window_attention`, the entry point
   module.py    WindowAttention, the nn.Module

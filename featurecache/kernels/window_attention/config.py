@@ -1,6 +1,6 @@
-"""Windowed attention's launch configuration: how many diffusion samples one program walks, and
-its warps. Tile sizes are not a choice here (a program holds a whole window). Nothing autotunes
-at run time; benchmarks/window_attention.py times the alternatives."""
+"""Windowed attention's launch configuration: how many diffusion samples one program walks, the
+backward's key block, and warps (a forward program holds a whole window). Nothing autotunes at
+run time; benchmarks/window_attention.py times the alternatives."""
 
 from __future__ import annotations
 
