@@ -12,27 +12,7 @@ from torch.utils.checkpoint import checkpoint
 
 from featurecache.kernels.runtime import runs_triton
 from featurecache.kernels.smooth_lddt import inclusion_radius, smooth_lddt_sums
-from featurecache.model.rigid import kabsch_rotation
-
-
-def weighted_rigid_align(mobile: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Algorithm 28, weighted_rigid_align: `mobile` moved by the rotation and translation that
-    minimise sum_l w_l |R mobile_l + t - target_l|^2 (Kabsch, no reflection); no gradient.
-
-    mobile, target [..., A, 3]; weights [..., A] (0 for atoms to ignore) -> [..., A, 3].
-    """
-    with torch.no_grad():
-        dtype = mobile.dtype
-        work = torch.promote_types(dtype, torch.float32)  # the covariance needs fp32 at least
-        mobile, target, weights = mobile.to(work), target.to(work), weights.to(work).unsqueeze(-1)
-        total = weights.sum(dim=-2, keepdim=True).clamp(min=1e-8)
-        mobile_centre = (weights * mobile).sum(dim=-2, keepdim=True) / total
-        target_centre = (weights * target).sum(dim=-2, keepdim=True) / total
-        mobile, target = mobile - mobile_centre, target - target_centre
-        covariance = torch.einsum("...li,...lj->...ij", weights * mobile, target)  # [..., 3, 3]
-        rotation = kabsch_rotation(covariance)  # no host sync: a CUDA graph can capture it
-        aligned = mobile @ rotation.transpose(-1, -2) + target_centre
-        return aligned.to(dtype)
+from featurecache.model.rigid import weighted_rigid_align
 
 
 def mse_atom_weights(is_dna: torch.Tensor, is_rna: torch.Tensor, is_ligand: torch.Tensor, resolved: torch.Tensor,

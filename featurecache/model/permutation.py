@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from featurecache.model.losses import weighted_rigid_align
-from featurecache.model.rigid import kabsch_rotation
+from featurecache.model.rigid import rigid_fit, weighted_rigid_align
 
 MAX_MATCHED_CHAINS = 32
 MIN_ANCHOR_TOKENS = 3  # a rigid fit needs three points
@@ -117,19 +116,6 @@ def chain_layout(batch: dict) -> dict:
             "partner": partner, "member": member}
 
 
-def _rigid_fit(mobile: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rotation R [..., 3, 3] and translation t [..., 3] minimising sum_l w_l |R x_l + t - y_l|^2
-    (Kabsch, no reflection): mobile, target [..., L, 3], weights [..., L]."""
-    weights = weights.unsqueeze(-1)
-    total = weights.sum(dim=-2).clamp(min=1e-8)  # [..., 1]
-    mobile_centre = (weights * mobile).sum(dim=-2) / total
-    target_centre = (weights * target).sum(dim=-2) / total
-    covariance = torch.einsum("...li,...lj->...ij", weights * (mobile - mobile_centre.unsqueeze(-2)),
-                              target - target_centre.unsqueeze(-2))
-    rotation = kabsch_rotation(covariance)  # no host sync: a CUDA graph can capture it
-    return rotation, target_centre - (rotation @ mobile_centre.unsqueeze(-1)).squeeze(-1)
-
-
 def chain_permutation(batch: dict, predicted: torch.Tensor) -> torch.Tensor:
     """[B, A]: for each atom, the truth atom whose position and mask it takes once the truth's
     interchangeable chains are matched to the prediction (AF-Multimer's anchor and greedy
@@ -164,7 +150,7 @@ def chain_permutation(batch: dict, predicted: torch.Tensor) -> torch.Tensor:
     from_anchor = partner[rows, :, anchor]  # [B, t]
     anchor_true = _take(rep_true, from_anchor)  # [B, t, 3]: the anchor's token matching token t
     fit_weights = member.transpose(1, 2) * (_take(rep_ok, from_anchor) & candidate.gather(1, chain)).float()[:, None]
-    rotation, shift = _rigid_fit(anchor_true[:, None], rep_pred[:, None], fit_weights)  # [B, p, 3, 3], [B, p, 3]
+    rotation, shift = rigid_fit(anchor_true[:, None], rep_pred[:, None], fit_weights)  # [B, p, 3, 3], [B, p, 3]
 
     # centroids: truth chain c [B, c, 3]; prediction of chain q over the tokens whose partner in c is resolved
     resolved_in = torch.gather(rep_ok[:, None, :].expand(-1, num_tokens, -1), 2, partner)  # [B, t, c]

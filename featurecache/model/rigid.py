@@ -1,4 +1,6 @@
-"""The optimal rotation between two weighted point sets (Kabsch), with elementwise ops only.
+"""Weighted rigid alignment (Kabsch; AF3 Algorithm 28), with elementwise ops only: the one place
+the package fits a rotation, used by the structure loss (losses.aligned_mse_loss) and the
+permutation alignment (permutation.py).
 
 torch.linalg.svd on CUDA reads the solver's status back to the host, which a CUDA graph capture
 forbids (seen on the H200: `featurecache train --cuda-graphs` failed in the loss's alignment).
@@ -14,6 +16,40 @@ from __future__ import annotations
 import torch
 
 _SQUARINGS = 32
+
+
+def rigid_fit(mobile: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotation R [..., 3, 3] and translation t [..., 3] minimising sum_l w_l |R x_l + t - y_l|^2
+    (Kabsch, no reflection): mobile x, target y [..., L, 3]; weights w [..., L] (0 to ignore)."""
+    mobile_centre, target_centre, covariance = _centred_covariance(mobile, target, weights)
+    rotation = kabsch_rotation(covariance)
+    shift = target_centre.squeeze(-2) - (rotation @ mobile_centre.squeeze(-2).unsqueeze(-1)).squeeze(-1)
+    return rotation, shift
+
+
+def weighted_rigid_align(mobile: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Algorithm 28, weighted_rigid_align: `mobile` moved by rigid_fit's rotation and translation
+    onto `target`; no gradient. mobile, target [..., A, 3]; weights [..., A] -> [..., A, 3]."""
+    with torch.no_grad():
+        dtype = mobile.dtype
+        work = torch.promote_types(dtype, torch.float32)  # the covariance needs fp32 at least
+        mobile, target, weights = mobile.to(work), target.to(work), weights.to(work)
+        mobile_centre, target_centre, covariance = _centred_covariance(mobile, target, weights)
+        rotation = kabsch_rotation(covariance)
+        aligned = (mobile - mobile_centre) @ rotation.transpose(-1, -2) + target_centre
+        return aligned.to(dtype)
+
+
+def _centred_covariance(mobile: torch.Tensor, target: torch.Tensor,
+                        weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The weighted centres [..., 1, 3] of mobile and target [..., L, 3] and the covariance
+    H [..., 3, 3] = sum_l w_l (x_l - x_c)(y_l - y_c)^T that kabsch_rotation takes."""
+    weights = weights.unsqueeze(-1)
+    total = weights.sum(dim=-2, keepdim=True).clamp(min=1e-8)
+    mobile_centre = (weights * mobile).sum(dim=-2, keepdim=True) / total
+    target_centre = (weights * target).sum(dim=-2, keepdim=True) / total
+    covariance = torch.einsum("...li,...lj->...ij", weights * (mobile - mobile_centre), target - target_centre)
+    return mobile_centre, target_centre, covariance
 
 
 def kabsch_rotation(covariance: torch.Tensor) -> torch.Tensor:

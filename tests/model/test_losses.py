@@ -4,14 +4,17 @@ import math
 
 import torch
 
-from featurecache.model.atoms import dense_token_bonds, mean_over_token_atoms, token_bond_atoms
+from featurecache.model.atoms import (
+    dense_token_bonds,
+    mean_over_token_atoms,
+    token_bond_atoms,
+)
 from featurecache.model.losses import (
     aligned_mse_loss,
     bond_loss,
     edm_loss_weight,
     mse_atom_weights,
     smooth_lddt_loss,
-    weighted_rigid_align,
 )
 
 
@@ -19,29 +22,6 @@ def _rotation(generator: torch.Generator) -> torch.Tensor:
     q, r = torch.linalg.qr(torch.randn(3, 3, generator=generator, dtype=torch.float64))
     q = q * torch.sign(torch.diagonal(r))
     return q if torch.linalg.det(q) > 0 else -q
-
-
-def test_rigid_alignment_removes_a_known_rotation_and_translation():
-    generator = torch.Generator().manual_seed(3)
-    mobile = torch.randn(2, 7, 3, generator=generator, dtype=torch.float64) * 10
-    rotation = torch.stack([_rotation(generator) for _ in range(2)])
-    translation = torch.randn(2, 1, 3, generator=generator, dtype=torch.float64) * 5
-    target = mobile @ rotation.transpose(-1, -2) + translation
-    weights = torch.ones(2, 7, dtype=torch.float64)
-    # atoms with weight 0 do not pull the fit: move them anywhere
-    weights[:, 5:] = 0
-    target[:, 5:] += 100.0
-    aligned = weighted_rigid_align(mobile, target, weights)
-    torch.testing.assert_close(aligned[:, :5], target[:, :5], atol=1e-9, rtol=0)
-
-
-def test_rigid_alignment_never_reflects():
-    points = torch.tensor([[[1.0, 0, 0], [0, 1, 0], [0, 0, 1], [0, 0, 0]]])
-    mirrored = points * torch.tensor([1.0, 1.0, -1.0])
-    aligned = weighted_rigid_align(points, mirrored, torch.ones(1, 4))
-    assert not torch.allclose(aligned, mirrored, atol=1e-3)
-    # a proper rotation keeps every distance
-    torch.testing.assert_close(torch.cdist(aligned, aligned), torch.cdist(points, points), atol=1e-5, rtol=0)
 
 
 def test_aligned_mse_on_a_stretched_pair():

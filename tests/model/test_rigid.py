@@ -1,8 +1,9 @@
-"""kabsch_rotation (Horn's quaternion by repeated squaring) against the SVD form of Kabsch."""
+"""kabsch_rotation (Horn's quaternion by repeated squaring) against the SVD form of Kabsch, and the
+fits built on it (rigid_fit, Algorithm 28's weighted_rigid_align)."""
 
 import torch
 
-from featurecache.model.rigid import kabsch_rotation
+from featurecache.model.rigid import kabsch_rotation, rigid_fit, weighted_rigid_align
 
 
 def _svd_kabsch(covariance):
@@ -57,3 +58,37 @@ def test_degenerate_inputs_give_a_rotation_that_is_still_optimal():
     centred = line - line.mean(-2, keepdim=True)
     torch.testing.assert_close(centred @ rotation.transpose(-1, -2), centred, rtol=0, atol=1e-9)
     assert kabsch_rotation(_covariance(line.float(), line.float())).dtype == torch.float32
+
+
+def test_rigid_alignment_removes_a_known_rotation_and_translation():
+    generator = torch.Generator().manual_seed(3)
+    mobile = torch.randn(2, 7, 3, generator=generator, dtype=torch.float64) * 10
+    rotation = _random_rotations(2, generator)
+    translation = torch.randn(2, 1, 3, generator=generator, dtype=torch.float64) * 5
+    target = mobile @ rotation.transpose(-1, -2) + translation
+    weights = torch.ones(2, 7, dtype=torch.float64)
+    # atoms with weight 0 do not pull the fit: move them anywhere
+    weights[:, 5:] = 0
+    target[:, 5:] += 100.0
+    aligned = weighted_rigid_align(mobile, target, weights)
+    torch.testing.assert_close(aligned[:, :5], target[:, :5], atol=1e-9, rtol=0)
+
+
+def test_rigid_alignment_never_reflects():
+    points = torch.tensor([[[1.0, 0, 0], [0, 1, 0], [0, 0, 1], [0, 0, 0]]])
+    mirrored = points * torch.tensor([1.0, 1.0, -1.0])
+    aligned = weighted_rigid_align(points, mirrored, torch.ones(1, 4))
+    assert not torch.allclose(aligned, mirrored, atol=1e-3)
+    # a proper rotation keeps every distance
+    torch.testing.assert_close(torch.cdist(aligned, aligned), torch.cdist(points, points), atol=1e-5, rtol=0)
+
+
+def test_rigid_fit_returns_the_rotation_and_translation():
+    generator = torch.Generator().manual_seed(5)
+    mobile = torch.randn(3, 9, 3, generator=generator, dtype=torch.float64) * 10
+    rotation = _random_rotations(3, generator)
+    translation = torch.randn(3, 3, generator=generator, dtype=torch.float64) * 5
+    target = mobile @ rotation.transpose(-1, -2) + translation[:, None]
+    fitted_rotation, fitted_translation = rigid_fit(mobile, target, torch.ones(3, 9, dtype=torch.float64))
+    torch.testing.assert_close(fitted_rotation, rotation, atol=1e-9, rtol=0)
+    torch.testing.assert_close(fitted_translation, translation, atol=1e-8, rtol=0)
