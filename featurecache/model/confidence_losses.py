@@ -21,16 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from featurecache.model.confidence import centre_atom_index, gather_atoms
+from featurecache.model.lddt import distances, inclusion_radius, pair_scores
 
 ERROR_BIN_WIDTH = 0.5  # Angstrom: PAE and PDE bins [0, 0.5), [0.5, 1), ..., [31.5, inf)
-LDDT_THRESHOLDS = (0.5, 1.0, 2.0, 4.0)
-INCLUSION_RADIUS = 15.0
-NUCLEOTIDE_INCLUSION_RADIUS = 30.0
 FRAME_EPS = 1e-8  # Algorithm 29-30's epsilon in norms and in the error's square root
-
-
-def _distances(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
-    return torch.cdist(first, second, compute_mode="donot_use_mm_for_euclid_dist")
 
 
 def error_bins(error: torch.Tensor, num_bins: int) -> torch.Tensor:
@@ -61,14 +55,14 @@ def plddt_target(predicted: torch.Tensor, true: torch.Tensor, atom_resolved: tor
     each token; centre_valid [B, N] (a polymer token whose centre atom is resolved);
     centre_is_nucleotide [B, N]."""
     true = true.float()
-    true_distance = _distances(true, gather_atoms(true, centre))  # [B, A, N]
-    predicted_distance = _distances(predicted.float(), gather_atoms(predicted.float(), centre))  # [B, S, A, N]
-    radius = torch.where(centre_is_nucleotide, NUCLEOTIDE_INCLUSION_RADIUS, INCLUSION_RADIUS)[:, None, :]
+    true_distance = distances(true, gather_atoms(true, centre))  # [B, A, N]
+    predicted_distance = distances(predicted.float(), gather_atoms(predicted.float(), centre))  # [B, S, A, N]
+    radius = inclusion_radius(centre_is_nucleotide)[:, None, :]
     atom_index = torch.arange(true.shape[1], device=true.device)[None, :, None]
     included = ((true_distance < radius) & centre_valid[:, None, :] & atom_resolved[:, :, None]
                 & (atom_index != centre[:, None, :]))  # [B, A, N]
     error = (predicted_distance - true_distance[:, None]).abs()
-    score = sum((error < threshold).float() for threshold in LDDT_THRESHOLDS) / len(LDDT_THRESHOLDS)
+    score = pair_scores(error)
     count = included.sum(-1)  # [B, A]
     lddt = (score * included[:, None]).sum(-1) / count[:, None].clamp(min=1)
     return lddt, count > 0
@@ -130,8 +124,8 @@ def confidence_losses(outputs: dict, positions: torch.Tensor, batch: dict) -> di
     with torch.no_grad():
         predicted_centres = gather_atoms(positions.float(), centre)
         true_centres = gather_atoms(true, centre)
-        distance_error = (_distances(predicted_centres, predicted_centres)
-                          - _distances(true_centres, true_centres)[:, None]).abs()
+        distance_error = (distances(predicted_centres, predicted_centres)
+                          - distances(true_centres, true_centres)[:, None]).abs()
     pde_logits = outputs["pde_logits"]
     pde = masked_cross_entropy(pde_logits, error_bins(distance_error, pde_logits.shape[-1]),
                                (centre_resolved[:, :, None] & centre_resolved[:, None, :])[:, None], item_dims=2)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from featurecache.kernels import smooth_lddt
 from featurecache.kernels.runtime import runs_triton
-from featurecache.kernels.smooth_lddt import inclusion_radius, smooth_lddt_sums
+from featurecache.model.lddt import distances, inclusion_radius, smooth_pair_scores
 from featurecache.model.rigid import weighted_rigid_align
 
 
@@ -52,10 +53,11 @@ def smooth_lddt_loss(predicted: torch.Tensor, true: torch.Tensor, is_nucleotide:
     """
     true = true.float()
     if kernels == "triton" and runs_triton(predicted.device):
-        scores, count = smooth_lddt_sums(predicted.float(), true, inclusion_radius(is_nucleotide, resolved))
+        scores, count = smooth_lddt.smooth_lddt_sums(predicted.float(), true,
+                                                     smooth_lddt.inclusion_radius(is_nucleotide, resolved))
         return 1.0 - scores / count.clamp(min=1.0)[:, None]
-    true_distance = _distances(true)  # [B, A, A]
-    radius = torch.where(is_nucleotide, 30.0, 15.0).unsqueeze(-1)  # [B, A, 1]
+    true_distance = distances(true, true)  # [B, A, A]
+    radius = inclusion_radius(is_nucleotide).unsqueeze(-1)  # [B, A, 1]
     eye = torch.eye(true.shape[1], dtype=torch.bool, device=true.device)
     included = ((true_distance < radius) & resolved[:, :, None] & resolved[:, None, :] & ~eye).float()
     count = included.sum(dim=(-1, -2)).clamp(min=1.0)  # [B]
@@ -69,16 +71,10 @@ def smooth_lddt_loss(predicted: torch.Tensor, true: torch.Tensor, is_nucleotide:
     return 1.0 - torch.stack(scores, dim=1) / count[:, None]
 
 
-def _distances(positions: torch.Tensor) -> torch.Tensor:
-    """[B, A, 3] -> [B, A, A], computed directly: the matrix-product form loses ~1e-3 A at
-    coordinates of 100 A in fp32."""
-    return torch.cdist(positions, positions, compute_mode="donot_use_mm_for_euclid_dist")
-
-
 def _smooth_lddt_score(predicted: torch.Tensor, true_distance: torch.Tensor, included: torch.Tensor) -> torch.Tensor:
     """Sum of the smooth LDDT pair scores over included pairs: predicted [B, A, 3] -> [B]."""
-    error = (_distances(predicted) - true_distance).abs()
-    score = sum(torch.sigmoid(threshold - error) for threshold in (0.5, 1.0, 2.0, 4.0)) / 4.0
+    error = (distances(predicted, predicted) - true_distance).abs()
+    score = smooth_pair_scores(error)
     return (score * included).sum(dim=(-1, -2))
 
 

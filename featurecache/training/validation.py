@@ -9,10 +9,8 @@ The main rank writes their means over targets as one JSON line, `"kind": "valida
 (VALIDATION_KEYS lists the keys). Draws are seeded by (seed, target), so every validation pass
 of a run sees the same crops and the same noise: its numbers move only with the weights.
 
-lDDT (Mariani et al. 2013, as AF3 scores it): over pairs of resolved atoms (l, m), l != m,
-closer than 15 A in the truth (30 A when atom l is a nucleotide atom), the fraction of the
-thresholds 0.5, 1, 2 and 4 A that |d_pred - d_true| stays under, averaged over the pairs. The
-score of a molecule type counts the pairs whose atom l has that type (m is any atom).
+lDDT is model/lddt.py's, over all atom pairs (l, m); the score of a molecule type counts the
+pairs whose atom l has that type (m is any atom).
 """
 
 from __future__ import annotations
@@ -25,40 +23,15 @@ import torch
 from featurecache.loader import collate
 from featurecache.model import AF3Model
 from featurecache.model.atoms import gather_tokens
+from featurecache.model.lddt import lddt
 from featurecache.training.config import TrainConfig
 from featurecache.training.distributed import Dist, all_ranks
 from featurecache.training.ema import WeightAverage
 
-LDDT_THRESHOLDS = (0.5, 1.0, 2.0, 4.0)
-INCLUSION_RADIUS = 15.0
-NUCLEOTIDE_INCLUSION_RADIUS = 30.0
 MOLECULE_TYPES = ("protein", "dna", "rna", "ligand")
 LDDT_KEYS = ("lddt", *(f"lddt_{kind}" for kind in MOLECULE_TYPES))
 # Keys of a validation line besides the loss terms (AF3Model.loss's metrics: loss, distogram, ...).
 VALIDATION_KEYS = ("kind", "step", "targets", "weights", *LDDT_KEYS)
-
-
-def lddt(predicted: torch.Tensor, true: torch.Tensor, resolved: torch.Tensor, is_nucleotide: torch.Tensor,
-         scored: torch.Tensor | None = None) -> torch.Tensor:
-    """lDDT of each predicted structure: predicted [S, A, 3], true [A, 3]; resolved,
-    is_nucleotide and scored (the atoms l whose pairs count; default all) [A] -> [S].
-    NaN where no pair is within the inclusion radius."""
-    true = true.float()
-    true_distance = torch.cdist(true, true, compute_mode="donot_use_mm_for_euclid_dist")
-    radius = torch.where(is_nucleotide, NUCLEOTIDE_INCLUSION_RADIUS, INCLUSION_RADIUS)[:, None]
-    scored = resolved if scored is None else scored & resolved
-    eye = torch.eye(true.shape[0], dtype=torch.bool, device=true.device)
-    pairs = (true_distance < radius) & scored[:, None] & resolved[None, :] & ~eye
-    count = pairs.sum()
-    if count == 0:
-        return torch.full(predicted.shape[:1], math.nan, device=predicted.device)
-    scores = []
-    for structure in predicted.float():  # one [A, A] distance matrix at a time
-        distance = torch.cdist(structure, structure, compute_mode="donot_use_mm_for_euclid_dist")
-        error = (distance - true_distance).abs()[pairs]
-        kept = sum((error < threshold).float() for threshold in LDDT_THRESHOLDS) / len(LDDT_THRESHOLDS)
-        scores.append(kept.sum() / count)
-    return torch.stack(scores)
 
 
 def lddt_by_molecule_type(batch: dict, predicted: torch.Tensor) -> dict[str, float]:

@@ -2,7 +2,6 @@
 with lDDT, resume on another number of ranks, deterministic mode (CPU, tiny preset, real cache)."""
 
 import dataclasses
-import math
 import os
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from featurecache.loader import CacheDataset, collate
 from featurecache.training import TrainConfig, train
 from featurecache.training.ema import WeightAverage
 from featurecache.training.schedule import lr_factor
-from featurecache.training.validation import LDDT_KEYS, VALIDATION_KEYS, lddt
+from featurecache.training.validation import LDDT_KEYS, VALIDATION_KEYS
 from tests.training.conftest import read_log, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny matrices: see tests/conftest.py
@@ -56,26 +55,6 @@ def test_ema_follows_its_formula_and_swaps_in_place():
     assert all(torch.equal(p, state[name]) for name, p in model.named_parameters())
     average.swap()
     assert all(torch.equal(p, live[name]) for name, p in model.named_parameters())
-
-
-def test_lddt_on_hand_built_structures():
-    true = torch.tensor([[0.0, 0, 0], [5, 0, 0], [10, 0, 0]])
-    resolved = torch.ones(3, dtype=torch.bool)
-    protein = torch.zeros(3, dtype=torch.bool)
-    moved = true.clone()
-    moved[2, 0] = 11.5  # pairs with atom 2 off by 1.5 A: within 2 and 4 A, not 0.5 and 1
-    rotation = torch.linalg.qr(torch.randn(3, 3, generator=torch.Generator().manual_seed(1)))[0]
-    predicted = torch.stack([true @ rotation.T + 7.0, moved])
-    assert lddt(predicted, true, resolved, protein).tolist() == pytest.approx([1.0, (2 * 1.0 + 4 * 0.5) / 6])
-    # 20 A apart: outside 15 A, inside the 30 A of a nucleotide atom l (pair (0, 1) only)
-    far = torch.tensor([[0.0, 0, 0], [20, 0, 0]])
-    stretched = torch.tensor([[[0.0, 0, 0], [20.7, 0, 0]]])
-    pair = torch.ones(2, dtype=torch.bool)
-    assert math.isnan(lddt(stretched, far, pair, torch.zeros(2, dtype=torch.bool)).item())
-    assert lddt(stretched, far, pair, torch.tensor([True, False])).item() == pytest.approx(0.75)
-    # unresolved atoms take no part; scored restricts the atoms l
-    assert lddt(predicted, true, torch.tensor([True, True, False]), protein).tolist() == [1.0, 1.0]
-    assert lddt(predicted[1:], true, resolved, protein, scored=torch.tensor([True, False, False])).item() == 0.75
 
 
 def test_two_accumulated_micro_batches_give_the_step_of_their_mean_loss(recipe_cache, tmp_path):
