@@ -159,3 +159,43 @@ def triangle_mult_reference(
         x = torch.einsum("bkic,bkjc->bijc", a, b)
     gate = torch.sigmoid(_linear(zn, weight_g))
     return gate * _linear(_layer_norm(x, norm_out_weight, norm_out_bias, eps), weight_z)
+
+
+# AF3's conditioned transition (Algorithms 25, 26). Same convention as above, except that the
+# normalization and the sigmoid modulations are computed in float64 for float64 inputs (the tests'
+# truth) rather than fp32.
+
+
+def _wide(x):
+    return x.double() if x.dtype == torch.float64 else x.float()
+
+
+def adaln_conditioning(s, norm_s_weight, scale_weight, scale_bias, shift_weight, eps=1e-5):
+    """AdaLN's s side: (Linear(LN(s)), LinearNoBias(LN(s))), the scale logits and the shift,
+    [..., C_a] each in s's dtype. LN(s) has a weight and no bias (Algorithm 26)."""
+    s_norm = torch.nn.functional.layer_norm(_wide(s), s.shape[-1:], _wide(norm_s_weight), None, eps).to(s.dtype)
+    return _linear(s_norm, scale_weight, scale_bias), _linear(s_norm, shift_weight)
+
+
+def adaln_modulate(a, scale, shift, eps=1e-5):
+    """sigmoid(scale) * LayerNorm(a) + shift, the LayerNorm without affine; a's dtype."""
+    a_norm = torch.nn.functional.layer_norm(_wide(a), a.shape[-1:], None, None, eps)
+    return (torch.sigmoid(_wide(scale)) * a_norm + _wide(shift)).to(a.dtype)
+
+
+def conditioned_transition_reference(a, s, norm_s_weight, scale_weight, scale_bias, shift_weight,
+                                     weight_a, weight_b, weight_out, gate_weight, gate_bias, eps=1e-5):
+    """AF3 ConditionedTransitionBlock (Algorithm 25) with its AdaLN (Algorithm 26).
+
+    a [..., C_a]; s [..., C_s] with a's leading shape or one broadcast to it (s [B, 1, L, C_s]
+    shared by the samples of a [B, S, L, C_a]); weight_a, weight_b [n*C_a, C_a]; weight_out
+    [C_a, n*C_a]; scale_weight, shift_weight, gate_weight [C_a, C_s]. Returns [..., C_a] in a's
+    dtype: sigmoid(Linear(s)) * LinearNoBias(swish(LinearNoBias(x)) * LinearNoBias(x)),
+    x = AdaLN(a, s).
+    """
+    scale, shift = adaln_conditioning(s, norm_s_weight, scale_weight, scale_bias, shift_weight, eps)
+    x = adaln_modulate(a, scale, shift, eps)
+    hidden = torch.nn.functional.silu(_linear(x, weight_a)) * _linear(x, weight_b)
+    out = _linear(hidden, weight_out)
+    gate = _linear(s, gate_weight, gate_bias)
+    return (torch.sigmoid(_wide(gate)) * _wide(out)).to(a.dtype)

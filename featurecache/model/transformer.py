@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from featurecache.kernels.conditioned_transition import conditioned_transition
 from featurecache.kernels.runtime import check_kernels
 from featurecache.model.layers import attention_fn, freeze_norm_bias, kernel_module
 
@@ -83,10 +84,13 @@ class AdaptiveLayerNorm(nn.Module):
 
 
 class ConditionedTransition(nn.Module):
-    """Algorithm 25, ConditionedTransitionBlock: a SwiGLU transition on AdaLN(a, s), gated by s."""
+    """Algorithm 25, ConditionedTransitionBlock: a SwiGLU transition on AdaLN(a, s), gated by s.
+    kernels="triton" runs it as one fused op (featurecache.kernels.conditioned_transition) on
+    the same parameters; "torch" runs the modules below, the reference."""
 
-    def __init__(self, c_a: int, c_s: int, expansion: int = 2) -> None:
+    def __init__(self, c_a: int, c_s: int, expansion: int = 2, kernels: str = "torch") -> None:
         super().__init__()
+        self.kernels = check_kernels(kernels)
         self.adaln = AdaptiveLayerNorm(c_a, c_s)
         self.linear_a = nn.Linear(c_a, expansion * c_a, bias=False)
         self.linear_b = nn.Linear(c_a, expansion * c_a, bias=False)
@@ -94,6 +98,12 @@ class ConditionedTransition(nn.Module):
         self.output_gate = _gate(c_s, c_a)
 
     def forward(self, a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        if self.kernels == "triton":
+            adaln = self.adaln
+            return conditioned_transition(
+                a, s, adaln.norm_s.weight, adaln.scale.weight, adaln.scale.bias, adaln.shift.weight,
+                self.linear_a.weight, self.linear_b.weight, self.linear_out.weight, self.output_gate.weight,
+                self.output_gate.bias, adaln.norm_s.eps)
         x = self.adaln(a, s)
         hidden = F.silu(self.linear_a(x)) * self.linear_b(x)
         return torch.sigmoid(self.output_gate(s)) * self.linear_out(hidden)
@@ -134,7 +144,7 @@ class ConditionedTransformerBlock(nn.Module):
     def __init__(self, c_a: int, c_s: int, c_pair: int, num_heads: int, kernels: str) -> None:
         super().__init__()
         self.attention = ConditionedAttention(c_a, c_s, c_pair, num_heads, kernels)
-        self.transition = ConditionedTransition(c_a, c_s)
+        self.transition = ConditionedTransition(c_a, c_s, kernels=kernels)
 
     def forward(self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
         # Residual after each half, as Protenix and Boltz run Algorithm 23 (its line 3 as printed

@@ -1,0 +1,352 @@
+"""AF3's conditioned transition (Algorithm 25) with its adaptive LayerNorm (Algorithm 26), fused:
+
+    x = sigmoid(scale) * LayerNorm(a) + shift          scale, shift = Linear(LN(s)), LinearNoBias(LN(s))
+    y = sigmoid(gate) * W_out (swish(W_a x) * W_b x)    gate = Linear(s), bias -2 at init
+
+Where the bytes are: a and y are [rows, C_a] (rows = 48 samples x tokens), and so are the three
+s-derived tensors scale, shift and gate when s is per sample (the token transformer: s carries
+the noise level); in the atom transformers s is [B, 1, A, C] and they are shared by the samples.
+The s side (LN(s) and three [C_s -> C_a] products, one per s row, not per sample) stays with
+PyTorch: it is a plain matmul on the smaller tensor. One kernel does the rest of the forward: it
+reads a row tile of a, normalizes and modulates it in registers (reading scale and shift at the
+tile's s rows), walks the 2*C_a hidden in chunks as transition.py does (the SwiGLU is formed in
+registers, the [rows, n*C_a] hidden never touches memory), and gates the accumulated output with
+sigmoid(gate) before the one store. It also stores the ungated output (one [rows, C_a] tensor)
+and two floats a row, what the backward needs besides a.
+
+The backward's kernel recomputes x and the hidden chunks and forms da and the gradients of
+scale, shift and gate (per a row in fp32; summed over the samples on the host where s is shared),
+and writes the operands of the weight gradients ([d_a | d_b], the hidden, x, d_out) for cuBLAS,
+the "matmul" strategy of transition.py (benchmarks/NOTES-fused_ops.md: recomputing them in a
+second Triton kernel was twice as slow on the H200).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from featurecache.kernels import runtime
+from featurecache.kernels.primitives import cast, mma, row_block
+from featurecache.kernels.reference import (
+    adaln_conditioning,
+    adaln_modulate,
+    conditioned_transition_reference,
+)
+from featurecache.kernels.transition import _chunk_weights, _swiglu_bwd
+
+_OP = "conditioned_transition"
+
+# --------------------------------------------------------------------------------------------
+# Triton kernels
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _s_rows(rows, n_tokens, n_samples, S_SHARED: tl.constexpr):
+    """The rows of the s-derived tensors that rows of a [..., S, L, C] read: the same rows, or,
+    when they are [..., 1, L, C] (shared by the S samples), the row of the same token."""
+    if S_SHARED:
+        return (rows // (n_samples * n_tokens)) * n_tokens + rows % n_tokens
+    else:
+        return rows
+
+
+@triton.jit
+def _normalized(a, col_mask, n_ch, eps):
+    """LayerNorm without affine of a row tile (padded columns zero): (xhat fp32, mean, rstd)."""
+    a32 = a.to(tl.float32)
+    mean = tl.sum(a32, axis=1) / n_ch
+    centered = tl.where(col_mask[None, :], a32 - mean[:, None], 0.0)
+    rstd = tl.rsqrt(tl.sum(centered * centered, axis=1) / n_ch + eps)
+    return centered * rstd[:, None], mean, rstd
+
+
+@triton.jit
+def _conditioned_transition_fwd_kernel(
+    A, SCALE, SHIFT, GATE, WA, WB, WO, Y, OUT, MEAN, RSTD,
+    n_rows, n_ch, n_hidden, n_tokens, n_samples, eps,
+    S_SHARED: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows, row_mask = row_block(pid, BLOCK_M, n_rows)
+    cols = tl.arange(0, BLOCK_C)
+    col_mask = cols < n_ch
+    tile_mask = row_mask[:, None] & col_mask[None, :]
+    offsets = rows[:, None] * n_ch + cols[None, :]
+    s_offsets = _s_rows(rows, n_tokens, n_samples, S_SHARED)[:, None] * n_ch + cols[None, :]
+
+    a = tl.load(A + offsets, mask=tile_mask, other=0.0)
+    xhat, mean, rstd = _normalized(a, col_mask, n_ch, eps)
+    scale = tl.load(SCALE + s_offsets, mask=tile_mask, other=0.0).to(tl.float32)
+    shift = tl.load(SHIFT + s_offsets, mask=tile_mask, other=0.0).to(tl.float32)
+    x = cast(tl.sigmoid(scale) * xhat + shift, a.dtype, PRECISION)  # padded columns: 0.5 * 0 + 0
+
+    acc = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
+    zeros_h = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
+    for h_start in range(0, n_hidden, BLOCK_H):
+        hids = h_start + tl.arange(0, BLOCK_H)
+        w_mask = (hids < n_hidden)[:, None] & col_mask[None, :]
+        wa, wb, wo = _chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, a.dtype, PRECISION)
+        ha = mma(x, tl.trans(wa), zeros_h, PRECISION)
+        hb = mma(x, tl.trans(wb), zeros_h, PRECISION)
+        acc = mma(cast(ha * tl.sigmoid(ha) * hb, a.dtype, PRECISION), wo, acc, PRECISION)
+    out = cast(acc, a.dtype, PRECISION)
+    gate = tl.sigmoid(tl.load(GATE + s_offsets, mask=tile_mask, other=0.0).to(tl.float32))
+    tl.store(OUT + offsets, out, mask=tile_mask)
+    tl.store(Y + offsets, cast(gate * out.to(tl.float32), Y.dtype.element_ty, PRECISION), mask=tile_mask)
+    tl.store(MEAN + rows, mean, mask=row_mask)
+    tl.store(RSTD + rows, rstd, mask=row_mask)
+
+
+@triton.jit
+def _conditioned_transition_bwd_kernel(
+    A, DY, SCALE, SHIFT, GATE, WA, WB, WO, OUT, MEAN, RSTD,
+    DA, DSCALE, DSHIFT, DGATE, D_AB, HIDDEN, X, D_OUT,
+    n_rows, n_ch, n_hidden, n_tokens, n_samples,
+    S_SHARED: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """da, and per a row (fp32) the gradients of the scale and gate logits and of the shift;
+    writes [d_a | d_b], the hidden, x and d_out for the weight gradients."""
+    pid = tl.program_id(0)
+    rows, row_mask = row_block(pid, BLOCK_M, n_rows)
+    cols = tl.arange(0, BLOCK_C)
+    col_mask = cols < n_ch
+    tile_mask = row_mask[:, None] & col_mask[None, :]
+    offsets = rows[:, None] * n_ch + cols[None, :]
+    s_offsets = _s_rows(rows, n_tokens, n_samples, S_SHARED)[:, None] * n_ch + cols[None, :]
+
+    a = tl.load(A + offsets, mask=tile_mask, other=0.0)
+    mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+    xhat = tl.where(col_mask[None, :], a.to(tl.float32) - mean[:, None], 0.0) * rstd[:, None]
+    scale = tl.sigmoid(tl.load(SCALE + s_offsets, mask=tile_mask, other=0.0).to(tl.float32))
+    shift = tl.load(SHIFT + s_offsets, mask=tile_mask, other=0.0).to(tl.float32)
+    x = cast(scale * xhat + shift, a.dtype, PRECISION)
+    tl.store(X + offsets, x, mask=tile_mask)
+
+    # the output gate: y = gate * out
+    dy = tl.load(DY + offsets, mask=tile_mask, other=0.0).to(tl.float32)
+    gate = tl.sigmoid(tl.load(GATE + s_offsets, mask=tile_mask, other=0.0).to(tl.float32))
+    out = tl.load(OUT + offsets, mask=tile_mask, other=0.0).to(tl.float32)
+    tl.store(DGATE + offsets, dy * out * gate * (1.0 - gate), mask=tile_mask)
+    d_out = cast(dy * gate, a.dtype, PRECISION)
+    tl.store(D_OUT + offsets, d_out, mask=tile_mask)
+
+    d_x = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
+    zeros_h = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
+    for h_start in range(0, n_hidden, BLOCK_H):
+        hids = h_start + tl.arange(0, BLOCK_H)
+        w_mask = (hids < n_hidden)[:, None] & col_mask[None, :]
+        wa, wb, wo = _chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, a.dtype, PRECISION)
+        hidden, d_a, d_b = _swiglu_bwd(x, d_out, wa, wb, wo, zeros_h, PRECISION)
+        d_a = cast(d_a, a.dtype, PRECISION)
+        d_b = cast(d_b, a.dtype, PRECISION)
+        d_x = mma(d_a, wa, d_x, PRECISION)
+        d_x = mma(d_b, wb, d_x, PRECISION)
+        # D_AB [rows, 2 * n_hidden] = [d_a | d_b]; HIDDEN [rows, n_hidden]
+        h_offsets = rows[:, None] * n_hidden + hids[None, :]
+        h_mask = row_mask[:, None] & (hids < n_hidden)[None, :]
+        tl.store(D_AB + rows[:, None] * n_hidden + h_offsets, d_a, mask=h_mask)
+        tl.store(D_AB + rows[:, None] * n_hidden + h_offsets + n_hidden, d_b, mask=h_mask)
+        tl.store(HIDDEN + h_offsets, cast(hidden, a.dtype, PRECISION), mask=h_mask)
+
+    # AdaLN: x = scale * xhat + shift (padded columns: d_x = 0 and xhat = 0)
+    tl.store(DSHIFT + offsets, d_x, mask=tile_mask)
+    tl.store(DSCALE + offsets, d_x * xhat * scale * (1.0 - scale), mask=tile_mask)
+    d_xhat = d_x * scale
+    proj = tl.sum(d_xhat * xhat, axis=1) / n_ch
+    mean_d = tl.sum(d_xhat, axis=1) / n_ch
+    da = (d_xhat - xhat * proj[:, None] - mean_d[:, None]) * rstd[:, None]
+    tl.store(DA + offsets, cast(da, DA.dtype.element_ty, PRECISION), mask=tile_mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------
+
+# Register and shared-memory budgets as transition.py's (same tiles: a row tile, three weight tiles).
+_ROW_TILE_ELEMENTS = {2: 16384, 4: 4096}
+_WEIGHT_TILE_ELEMENTS = {2: 16384, 4: 2048}
+
+
+def _tiles(kernel: str, n_ch: int, n_hidden: int, itemsize: int) -> tuple[dict, int, int, int]:
+    block_c = runtime.block_for(n_ch)
+    config, block_m = runtime.tile_config(_OP, kernel, block_c, _ROW_TILE_ELEMENTS.get(itemsize, 4096))
+    block_h = min(config["BLOCK_H"], runtime.block_for(n_hidden),
+                  max(16, _WEIGHT_TILE_ELEMENTS.get(itemsize, 2048) // block_c))
+    return config, block_m, block_h, block_c
+
+
+def _sharing(a: torch.Tensor, conditioning: torch.Tensor) -> tuple[bool, int, int]:
+    """(whether the s-derived rows are shared by a's samples, samples S, tokens L) for a
+    [..., S, L, C] and the s-derived [..., S or 1, L, C] (same shape: not shared)."""
+    if conditioning.shape == a.shape:
+        return False, 1, 1
+    return True, a.shape[-3], a.shape[-2]
+
+
+def conditioned_transition_fwd(a, scale, shift, gate, weight_a, weight_b, weight_out, eps):
+    """a [..., C] contiguous; scale, shift, gate contiguous, a's shape or shared over its dim -3
+    -> (y, out (ungated), mean [rows], rstd [rows])."""
+    n_ch = a.shape[-1]
+    n_rows = a.numel() // n_ch
+    n_hidden = weight_a.shape[0]
+    shared, n_samples, n_tokens = _sharing(a, scale)
+    y = torch.empty_like(a)
+    out = torch.empty_like(a)
+    mean = torch.empty(n_rows, device=a.device, dtype=torch.float32)
+    rstd = torch.empty_like(mean)
+    config, block_m, block_h, block_c = _tiles("fwd", n_ch, n_hidden, a.element_size())
+    _conditioned_transition_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
+        a, scale, shift, gate, weight_a, weight_b, weight_out, y, out, mean, rstd,
+        n_rows, n_ch, n_hidden, n_tokens, n_samples, eps,
+        S_SHARED=shared,
+        PRECISION=runtime.dot_precision(a.dtype),
+        BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_C=block_c,
+        **runtime.launch_options(config),
+    )
+    return y, out, mean, rstd
+
+
+def conditioned_transition_bwd(dy, a, scale, shift, gate, weight_a, weight_b, weight_out, out, mean, rstd):
+    """Gradients (da, d_scale, d_shift, d_gate (each in its tensor's shape and dtype), d_weight_a,
+    d_weight_b, d_weight_out)."""
+    n_ch = a.shape[-1]
+    n_rows = a.numel() // n_ch
+    n_hidden = weight_a.shape[0]
+    shared, n_samples, n_tokens = _sharing(a, scale)
+    device = a.device
+    da = torch.empty_like(a)
+    d_cond = torch.empty((3, *a.shape), device=device, dtype=torch.float32)  # scale, shift, gate per a row
+    d_ab = torch.empty((n_rows, 2 * n_hidden), device=device, dtype=a.dtype)
+    hidden = torch.empty((n_rows, n_hidden), device=device, dtype=a.dtype)
+    x = torch.empty((n_rows, n_ch), device=device, dtype=a.dtype)
+    d_out = torch.empty_like(x)
+    config, block_m, block_h, block_c = _tiles("bwd", n_ch, n_hidden, a.element_size())
+    _conditioned_transition_bwd_kernel[(triton.cdiv(n_rows, block_m),)](
+        a, dy, scale, shift, gate, weight_a, weight_b, weight_out, out, mean, rstd,
+        da, d_cond[0], d_cond[1], d_cond[2], d_ab, hidden, x, d_out,
+        n_rows, n_ch, n_hidden, n_tokens, n_samples,
+        S_SHARED=shared,
+        PRECISION=runtime.dot_precision(a.dtype),
+        BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_C=block_c,
+        **runtime.launch_options(config),
+    )
+    if shared:
+        d_cond = d_cond.sum(-3, keepdim=True)  # over the samples that read the same s row
+    d_scale, d_shift, d_gate = (d.to(t.dtype) for d, t in zip(d_cond, (scale, shift, gate)))
+    d_wab = d_ab.t() @ x  # [2 * n_hidden, C]
+    return (da, d_scale, d_shift, d_gate, d_wab[:n_hidden].to(weight_a.dtype), d_wab[n_hidden:].to(weight_b.dtype),
+            (d_out.t() @ hidden).to(weight_out.dtype))
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd and the entry point
+# --------------------------------------------------------------------------------------------
+
+
+class _ConditionedTransitionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, scale, shift, gate, weight_a, weight_b, weight_out, eps):
+        y, out, mean, rstd = conditioned_transition_fwd(a, scale, shift, gate, weight_a, weight_b, weight_out, eps)
+        ctx.save_for_backward(a, scale, shift, gate, weight_a, weight_b, weight_out, out, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        return (*conditioned_transition_bwd(dy.contiguous(), *ctx.saved_tensors), None)
+
+
+# Under torch.compile the launchers run inside custom ops, so neither Dynamo nor Inductor traces
+# into them (as the other ops: transition.py).
+
+
+@torch.library.custom_op("featurecache::conditioned_transition_fwd", mutates_args=())
+def _conditioned_transition_fwd_op(a: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, gate: torch.Tensor,
+                                   weight_a: torch.Tensor, weight_b: torch.Tensor, weight_out: torch.Tensor,
+                                   eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return conditioned_transition_fwd(*(t.contiguous() for t in (a, scale, shift, gate, weight_a, weight_b,
+                                                                 weight_out)), eps)
+
+
+@_conditioned_transition_fwd_op.register_fake
+def _(a, scale, shift, gate, weight_a, weight_b, weight_out, eps):
+    stats = a.new_empty(a.numel() // a.shape[-1], dtype=torch.float32)
+    like = torch.empty_like(a, memory_format=torch.contiguous_format)
+    return like, torch.empty_like(like), stats, torch.empty_like(stats)
+
+
+@torch.library.custom_op("featurecache::conditioned_transition_bwd", mutates_args=())
+def _conditioned_transition_bwd_op(dy: torch.Tensor, a: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
+                                   gate: torch.Tensor, weight_a: torch.Tensor, weight_b: torch.Tensor,
+                                   weight_out: torch.Tensor, out: torch.Tensor, mean: torch.Tensor,
+                                   rstd: torch.Tensor) -> list[torch.Tensor]:
+    tensors = (dy, a, scale, shift, gate, weight_a, weight_b, weight_out, out)
+    grads = conditioned_transition_bwd(*(t.contiguous() for t in tensors), mean, rstd)
+    return list(runtime.unaliased(grads))
+
+
+@_conditioned_transition_bwd_op.register_fake
+def _(dy, a, scale, shift, gate, weight_a, weight_b, weight_out, out, mean, rstd):
+    return [torch.empty_like(t, memory_format=torch.contiguous_format)
+            for t in (a, scale, shift, gate, weight_a, weight_b, weight_out)]
+
+
+def _conditioned_transition_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs[:7], *output[1:])
+
+
+def _conditioned_transition_backward(ctx, dy, _dout, _dmean, _drstd):
+    return (*_conditioned_transition_bwd_op(dy, *ctx.saved_tensors), None)
+
+
+_conditioned_transition_fwd_op.register_autograd(_conditioned_transition_backward,
+                                                 setup_context=_conditioned_transition_setup)
+
+
+def _check_shapes(a, s, weight_a, weight_out) -> None:
+    if weight_a.shape[1] != a.shape[-1] or weight_out.shape != weight_a.shape[::-1]:
+        raise ValueError(f"{_OP}: a has {a.shape[-1]} channels but weight_a is {tuple(weight_a.shape)} and "
+                         f"weight_out is {tuple(weight_out.shape)}")
+    leading = s.shape[:-1]
+    shared = a.dim() >= 3 and leading == (*a.shape[:-3], 1, a.shape[-2])
+    if leading != a.shape[:-1] and not shared:
+        raise ValueError(f"{_OP}: s of shape {tuple(s.shape)} neither matches a {tuple(a.shape)} row for row nor "
+                         f"is shared by its samples ([..., 1, L, C_s])")
+
+
+def conditioned_transition(a, s, norm_s_weight, scale_weight, scale_bias, shift_weight, weight_a, weight_b,
+                           weight_out, gate_weight, gate_bias, eps=1e-5):
+    """Triton ConditionedTransitionBlock; same signature and numerics as
+    conditioned_transition_reference. s is [..., S, L, C_s] like a, or [..., 1, L, C_s] shared by
+    a's S samples (then the s side runs once per token, not once per sample)."""
+    runtime.check_triton_inputs(_OP, a, s)
+    a, s = runtime.autocast_input(a), runtime.autocast_input(s)
+    runtime.max_channels_check(_OP, "dim", a.shape[-1])
+    if a.is_cuda and a.element_size() > 2 and a.shape[-1] > 512:
+        raise ValueError(f"{_OP}: dim={a.shape[-1]} in {a.dtype} needs more shared memory than a GPU has; "
+                         f"pass bf16/fp16 activations (autocast) or use kernels='torch'")
+    _check_shapes(a, s, weight_a, weight_out)
+    if a.numel() == 0:
+        # no rows: nothing to launch; the result stays connected to the graph for autograd
+        return conditioned_transition_reference(a, s, norm_s_weight, scale_weight, scale_bias, shift_weight,
+                                                weight_a, weight_b, weight_out, gate_weight, gate_bias, eps)
+    # the s side with PyTorch, once per s row; its products in a's dtype, as the kernel's
+    s = s.to(a.dtype)
+    scale, shift = adaln_conditioning(s, norm_s_weight, scale_weight, scale_bias, shift_weight, eps)
+    gate = torch.nn.functional.linear(s, gate_weight.to(s.dtype), gate_bias.to(s.dtype))
+    weight_a, weight_b, weight_out = runtime.weights_like(a, weight_a, weight_b, weight_out)
+    if torch.compiler.is_compiling():
+        return _conditioned_transition_fwd_op(a, scale, shift, gate, weight_a, weight_b, weight_out, eps)[0]
+    tensors = (t.contiguous() for t in (a, scale, shift, gate, weight_a, weight_b, weight_out))
+    return _ConditionedTransitionFunction.apply(*tensors, eps)
