@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from featurecache.model.atom_attention import ATOM_INPUTS, AtomWindows
-from featurecache.model.atoms import gather_tokens, token_bond_atoms
+from featurecache.model.atoms import atom_flags, gather_atoms, token_bond_atoms
 from featurecache.model.confidence import ConfidenceHead
 from featurecache.model.confidence_losses import confidence_losses
 from featurecache.model.config import ModelConfig
@@ -37,8 +37,8 @@ from featurecache.model.losses import (
     smooth_lddt_loss,
 )
 from featurecache.model.msa import MSAModule
-from featurecache.model.permutation import align_ground_truth, ground_truth_sources, relabelled
 from featurecache.model.pairformer import Pairformer
+from featurecache.model.permutation import align_ground_truth, ground_truth_sources, relabelled
 from featurecache.model.trunk import REQUIRED_INPUTS as TOKEN_INPUTS
 
 REQUIRED_INPUTS = (*TOKEN_INPUTS, *ATOM_INPUTS, "token_bonds", "token_bond_mask")
@@ -227,9 +227,8 @@ class AF3Model(nn.Module):
     def _distogram_loss(self, batch: dict, outputs: dict) -> torch.Tensor:
         """Distogram on AF3's representative atoms (CB, CA of glycine, C4 / C2 of nucleotides)."""
         index = batch["distogram_atom_index"].long()
-        safe = index.clamp(min=0)
-        positions = torch.gather(batch["atom_pos"].float(), 1, safe.unsqueeze(-1).expand(-1, -1, 3))
-        resolved = torch.gather(batch["atom_mask"] & batch["atom_pad_mask"], 1, safe)
+        positions = gather_atoms(batch["atom_pos"].float(), index)
+        resolved = torch.gather(batch["atom_mask"] & batch["atom_pad_mask"], 1, index.clamp(min=0))
         mask = resolved & (index >= 0) & batch["token_pad_mask"]
         return distogram_loss(outputs["distogram_logits"], positions, mask, self.config.distogram_min,
                               self.config.distogram_max)
@@ -242,10 +241,8 @@ class AF3Model(nn.Module):
         resolved = batch["atom_mask"] & batch["atom_pad_mask"]
         atom_to_token = batch["atom_to_token"]
 
-        def per_atom(name):  # a token flag on each atom [B, A]
-            return gather_tokens(batch[name].unsqueeze(-1), atom_to_token).squeeze(-1)
-
-        is_dna, is_rna, is_ligand = per_atom("is_dna"), per_atom("is_rna"), per_atom("is_ligand")
+        is_dna, is_rna, is_ligand = (atom_flags(batch[name], atom_to_token) for name in ("is_dna", "is_rna",
+                                                                                         "is_ligand"))
         weights = mse_atom_weights(is_dna, is_rna, is_ligand, resolved, config.mse_weight_dna,
                                    config.mse_weight_rna, config.mse_weight_ligand)
         bonds = token_bond_atoms(batch["token_bonds"], batch["token_bond_mask"], atom_to_token,

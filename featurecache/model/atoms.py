@@ -1,4 +1,5 @@
-"""Moving between atoms and tokens in a collated batch (schema.py: `atom_to_token`, `token_bonds`).
+"""Moving between atoms and tokens in a collated batch (schema.py: `atom_to_token`, `token_bonds`,
+`frame_atom_index`, `distogram_atom_index`): the model's one place for these gathers.
 
 Atoms of one token are consecutive (the record lists them token by token), padding atoms are
 False in `atom_pad_mask` and point to token 0, and padded edge-list rows are -1.
@@ -15,6 +16,43 @@ def gather_tokens(token_values: torch.Tensor, atom_to_token: torch.Tensor) -> to
     if token_values.dim() == 4:  # a sample axis
         index = index[:, None, :].expand(-1, token_values.shape[1], -1)
     return torch.gather(token_values, -2, index.unsqueeze(-1).expand(*index.shape, token_values.shape[-1]))
+
+
+def atom_flags(token_flags: torch.Tensor, atom_to_token: torch.Tensor) -> torch.Tensor:
+    """A token flag on each atom: token_flags [B, N] (e.g. `is_dna`) -> [B, A]."""
+    return gather_tokens(token_flags.unsqueeze(-1), atom_to_token).squeeze(-1)
+
+
+def gather_atoms(positions: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """positions [B, (S,) A, 3] at atom indices [B, N] (-1 reads atom 0) -> [B, (S,) N, 3]."""
+    index = index.long().clamp(min=0)
+    if positions.dim() == 4:
+        index = index[:, None].expand(-1, positions.shape[1], -1)
+    return torch.gather(positions, -2, index.unsqueeze(-1).expand(*index.shape, 3))
+
+
+def token_first_atom(atom_to_token: torch.Tensor, atom_pad_mask: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """[B, N] the first real atom of each token (atoms of a token are consecutive); A where none."""
+    batch_size, num_atoms = atom_to_token.shape
+    atom_index = torch.arange(num_atoms, device=atom_to_token.device).expand(batch_size, -1)
+    atom_index = torch.where(atom_pad_mask, atom_index, num_atoms)
+    first = torch.full((batch_size, num_tokens), num_atoms, dtype=torch.long, device=atom_to_token.device)
+    return first.scatter_reduce(1, atom_to_token.long(), atom_index, reduce="amin")
+
+
+def centre_atom_index(batch: dict) -> torch.Tensor:
+    """[B, N] each token's centre atom (CA, C1', a ligand's own atom): the frame's middle atom
+    b where the token has a frame, else its first atom (a one-atom token's only atom)."""
+    frame_middle = batch["frame_atom_index"][..., 1].long()
+    first = token_first_atom(batch["atom_to_token"], batch["atom_pad_mask"], frame_middle.shape[1])
+    first = first.clamp(max=batch["atom_pad_mask"].shape[1] - 1)
+    return torch.where(frame_middle >= 0, frame_middle, first)
+
+
+def representative_atom_index(batch: dict) -> torch.Tensor:
+    """[B, N] the distogram atom of each token, the centre atom where it has none."""
+    distogram = batch["distogram_atom_index"].long()
+    return torch.where(distogram >= 0, distogram, centre_atom_index(batch))
 
 
 def mean_over_token_atoms(atom_values: torch.Tensor, atom_to_token: torch.Tensor, atom_pad_mask: torch.Tensor,

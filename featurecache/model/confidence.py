@@ -19,6 +19,7 @@ import math
 import torch
 from torch import nn
 
+from featurecache.model.atoms import gather_atoms, representative_atom_index, token_first_atom
 from featurecache.model.config import ModelConfig
 from featurecache.model.pairformer import Pairformer
 
@@ -32,44 +33,12 @@ RESOLVED_BINS = 2
 MAX_ATOMS_PER_TOKEN = 24
 
 
-def gather_atoms(positions: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """positions [B, (S,) A, 3] at atom indices [B, N] (-1 reads atom 0) -> [B, (S,) N, 3]."""
-    index = index.long().clamp(min=0)
-    if positions.dim() == 4:
-        index = index[:, None].expand(-1, positions.shape[1], -1)
-    return torch.gather(positions, -2, index.unsqueeze(-1).expand(*index.shape, 3))
-
-
-def token_first_atom(atom_to_token: torch.Tensor, atom_pad_mask: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """[B, N] the first real atom of each token (atoms of a token are consecutive); A where none."""
-    batch_size, num_atoms = atom_to_token.shape
-    atom_index = torch.arange(num_atoms, device=atom_to_token.device).expand(batch_size, -1)
-    atom_index = torch.where(atom_pad_mask, atom_index, num_atoms)
-    first = torch.full((batch_size, num_tokens), num_atoms, dtype=torch.long, device=atom_to_token.device)
-    return first.scatter_reduce(1, atom_to_token.long(), atom_index, reduce="amin")
-
-
 def atom_slots(atom_to_token: torch.Tensor, atom_pad_mask: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """[B, A] each atom's place within its token (0 for its first atom), at most MAX_ATOMS_PER_TOKEN - 1."""
     first = token_first_atom(atom_to_token, atom_pad_mask, num_tokens)
     atom_index = torch.arange(atom_to_token.shape[1], device=atom_to_token.device)
     slot = atom_index - torch.gather(first, 1, atom_to_token.long())
     return torch.where(atom_pad_mask, slot, 0).clamp(0, MAX_ATOMS_PER_TOKEN - 1)
-
-
-def centre_atom_index(batch: dict) -> torch.Tensor:
-    """[B, N] each token's centre atom (CA, C1', a ligand's own atom): the frame's middle atom
-    b where the token has a frame, else its first atom (a one-atom token's only atom)."""
-    frame_middle = batch["frame_atom_index"][..., 1].long()
-    first = token_first_atom(batch["atom_to_token"], batch["atom_pad_mask"], frame_middle.shape[1])
-    first = first.clamp(max=batch["atom_pad_mask"].shape[1] - 1)
-    return torch.where(frame_middle >= 0, frame_middle, first)
-
-
-def representative_atom_index(batch: dict) -> torch.Tensor:
-    """[B, N] the distogram atom of each token, the centre atom where it has none."""
-    distogram = batch["distogram_atom_index"].long()
-    return torch.where(distogram >= 0, distogram, centre_atom_index(batch))
 
 
 def distance_features(distance: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from featurecache.model.confidence import centre_atom_index, gather_atoms
+from featurecache.model.atoms import centre_atom_index, gather_atoms
 from featurecache.model.lddt import distances, inclusion_radius, pair_scores
 
 ERROR_BIN_WIDTH = 0.5  # Angstrom: PAE and PDE bins [0, 0.5), [0.5, 1), ..., [31.5, inf)

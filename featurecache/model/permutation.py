@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from featurecache.model.atoms import token_first_atom
 from featurecache.model.rigid import rigid_fit, weighted_rigid_align
 
 MAX_MATCHED_CHAINS = 32
@@ -208,8 +209,7 @@ def _atom_sources(source_token: torch.Tensor, atom_to_token: torch.Tensor, atom_
     """[B, A]: atom k of token t takes atom k of token source_token[t] (padding atoms their own)."""
     batch_size, num_atoms = atom_to_token.shape
     atom = torch.arange(num_atoms, device=atom_to_token.device).expand(batch_size, -1)
-    first = torch.full_like(source_token, num_atoms).scatter_reduce(
-        1, atom_to_token, torch.where(atom_pad_mask, atom, num_atoms), reduce="amin")  # [B, N]
+    first = token_first_atom(atom_to_token, atom_pad_mask, source_token.shape[1])  # [B, N]
     own_first = first.gather(1, atom_to_token)
     source_first = first.gather(1, source_token.gather(1, atom_to_token))
     return torch.where(atom_pad_mask, source_first + atom - own_first, atom)

@@ -22,7 +22,7 @@ import torch
 
 from featurecache.loader import collate
 from featurecache.model import AF3Model
-from featurecache.model.atoms import gather_tokens
+from featurecache.model.atoms import atom_flags
 from featurecache.model.lddt import lddt
 from featurecache.training.config import TrainConfig
 from featurecache.training.distributed import Dist, all_ranks
@@ -39,8 +39,7 @@ def lddt_by_molecule_type(batch: dict, predicted: torch.Tensor) -> dict[str, flo
     molecule type; a type the target lacks is NaN."""
     resolved = (batch["atom_mask"] & batch["atom_pad_mask"])[0]
     atom_to_token = batch["atom_to_token"]
-    kinds = {kind: gather_tokens(batch[f"is_{kind}"].unsqueeze(-1), atom_to_token).squeeze(-1)[0].bool()
-             for kind in MOLECULE_TYPES}
+    kinds = {kind: atom_flags(batch[f"is_{kind}"], atom_to_token)[0].bool() for kind in MOLECULE_TYPES}
     is_nucleotide = kinds["dna"] | kinds["rna"]
     true, structures = batch["atom_pos"][0], predicted[0]
     scores = {"lddt": lddt(structures, true, resolved, is_nucleotide)}

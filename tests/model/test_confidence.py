@@ -8,11 +8,11 @@ import torch
 
 from featurecache.model import preset
 from featurecache.model.af3 import AF3Model
+from featurecache.model.atoms import centre_atom_index
 from featurecache.model.confidence import (
     MAX_ATOMS_PER_TOKEN,
     ConfidenceHead,
     atom_slots,
-    centre_atom_index,
     distance_features,
 )
 from featurecache.model.confidence_losses import (
