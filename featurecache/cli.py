@@ -25,6 +25,8 @@ def _existing_cache(path: str) -> pathlib.Path:
     from featurecache.store.manifest import read_manifest
     from featurecache.store.publish import resolve_generation
 
+    if pathlib.Path(path).is_file():
+        raise UserError(f"cache {path}: is a file, expected a cache folder")
     try:
         cache_dir = resolve_generation(pathlib.Path(path))
         read_manifest(cache_dir)
@@ -63,7 +65,8 @@ def _plot_path(path: pathlib.Path | None, option: str = "--plot") -> pathlib.Pat
     if path.suffix.lower() not in PLOT_SUFFIXES:
         raise UserError(f"{option} {path}: use one of {', '.join(PLOT_SUFFIXES)}")
     if not path.parent.is_dir():
-        raise UserError(f"{option} {path}: folder {path.parent} does not exist")
+        problem = "is not a folder" if path.parent.exists() else "does not exist"
+        raise UserError(f"{option} {path}: folder {path.parent} {problem}")
     if path.is_dir():
         raise UserError(f"{option} {path}: is a folder, expected a file name")
     return path
@@ -238,7 +241,8 @@ def plot(run_dir, out_path):
     from featurecache.training.run_plot import DEFAULT_PLOT, RunLogError, plot_run
 
     if not run_dir.is_dir():
-        raise UserError(f"{run_dir}: no such folder (give the --out folder of a `featurecache train` run)")
+        problem = "is a file, expected a folder" if run_dir.exists() else "no such folder"
+        raise UserError(f"{run_dir}: {problem} (give the --out folder of a `featurecache train` run)")
     out_path = _plot_path(out_path or run_dir / DEFAULT_PLOT, "--out")
     try:
         plot_run(run_dir, out_path)

@@ -13,6 +13,7 @@ FEATURECACHE_DEBUG=1; without it an unexpected exception is still one line, nami
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import warnings
@@ -24,6 +25,8 @@ EXIT_SETUP = 2
 EXIT_INTERRUPTED = 130
 
 DEBUG_FLAG = "--debug"
+# What NumPy's and torch's generators accept as a seed: 0 .. 2**32 - 1.
+SEED = click.IntRange(0, 2**32 - 1)
 
 
 class UserError(click.ClickException):
@@ -104,3 +107,16 @@ def renamed_option(old: str, new: str):
         return value
 
     return callback
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange that also refuses nan and inf: both pass its bounds checks (a comparison
+    with nan is false), and a step with a nan learning rate or an inf weight decay trains garbage."""
+
+    name = "finite float range"
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number

@@ -16,7 +16,6 @@ recorded), and templates are one-chain mmCIFs of the stored backbone and CB atom
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,9 +30,11 @@ from featurecache.io.af3_json_writer import (
     af3_document,
     backbone_template_mmcif,
     renamed_chains,
+    write_af3_json,
 )
 from featurecache.io.msa import Msa, format_a3m
 from featurecache.store.codec import Record
+from featurecache.store.files import write_text_atomic
 from featurecache.store.reader import StoreReader
 
 FORMATS = ("af3-json", "a3m")
@@ -60,8 +61,10 @@ def export_records(cache_dir: str | Path, keys: list[str], output_format: str, o
     if output_format not in FORMATS:
         raise ExportError(f"--format must be one of {', '.join(FORMATS)}, got {output_format!r}")
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ExportError(f"--out {out_dir}: is a file, expected a folder")
     with StoreReader(cache_dir) as reader:
-        missing = [key for key in keys if reader.get(schema.FEATURES_TABLE, key) is None]
+        missing = [key for key in keys if not key or reader.get(schema.FEATURES_TABLE, key) is None]
         if missing:
             raise ExportError(f"cache {cache_dir}: no feature record {', '.join(map(repr, missing))}")
         records = {key: reader.get_record(schema.FEATURES_TABLE, key) for key in keys}
@@ -71,9 +74,7 @@ def export_records(cache_dir: str | Path, keys: list[str], output_format: str, o
         if output_format == "a3m":
             written += _write_a3m(key, record, out_dir)
         else:
-            path = out_dir / f"{key}.json"
-            path.write_text(json.dumps(af3_input(key, record), indent=1) + "\n", encoding="utf-8")
-            written.append(path)
+            written.append(write_af3_json(out_dir / f"{key}.json", af3_input(key, record)))
     return written
 
 
@@ -113,7 +114,7 @@ def _write_a3m(key: str, record: Record, out_dir: Path) -> list[Path]:
     written = []
     for chain_id, msa in chain_msas(record).items():
         path = folder / f"{chain_id.replace(':', '_')}.a3m"
-        path.write_text(format_a3m(msa, molecule_type=types[chain_id]), encoding="ascii")
+        write_text_atomic(path, format_a3m(msa, molecule_type=types[chain_id]))  # whole or absent
         written.append(path)
     return written
 

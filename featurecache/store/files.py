@@ -6,6 +6,7 @@ the old state or the new one, never a partial file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -42,3 +43,18 @@ def write_text_atomic(path: Path, text: str) -> None:
             os.unlink(temp_name)
         raise
     fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path):
+    """A temporary name beside `path`, with its suffix (matplotlib picks the format by it), for
+    the block to write; renamed to `path` when the block ends, removed if it raises. An output
+    is then either whole or absent, never a half-written file that looks finished."""
+    path = Path(path)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.partial{path.suffix}")
+    try:
+        yield temp
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise

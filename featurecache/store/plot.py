@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from featurecache.store.files import atomic_path
+
 _COLORS = {"chains": "#3b75af", "interfaces": "#ef8636"}
 # chem.SOURCES, best first, as the panel names them
 _CONFORMER_SOURCES = {"rdkit": "RDKit", "ccd_ideal": "CCD\nideal", "ccd_model": "CCD\nmodel", "none": "none"}
@@ -31,7 +33,8 @@ def plot_stats(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure = stats_figure(report)
-    figure.savefig(path, dpi=110)
+    with atomic_path(path) as partial:  # an interrupted plot leaves no half-written image
+        figure.savefig(partial, dpi=110)
     plt.close(figure)
 
 

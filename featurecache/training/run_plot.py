@@ -13,6 +13,7 @@ import json
 import math
 from pathlib import Path
 
+from featurecache.store.files import atomic_path
 from featurecache.training.loop import LOG_FILE
 
 DEFAULT_PLOT = "training.png"
@@ -223,6 +224,7 @@ def plot_run(run_dir: Path, out: Path) -> Path:
     smoothing = f"; bold lines: mean of the last {window} steps" if window > 1 else ""
     figure.suptitle(f"{run_dir}: {len(records)} steps logged (last: step {steps[-1]}){smoothing}", fontsize=9)
     figure.tight_layout()
-    figure.savefig(out, dpi=110)
+    with atomic_path(out) as partial:  # an interrupted plot leaves no half-written image
+        figure.savefig(partial, dpi=110)
     plt.close(figure)
     return out
