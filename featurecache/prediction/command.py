@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from featurecache.errors import BoundaryCommand, UserError
+from featurecache.errors import SEED, BoundaryCommand, UserError
 from featurecache.prediction.run import PredictError, PredictOptions, predict
 from featurecache.training.config import KERNEL_OPTIONS
 
@@ -31,7 +31,7 @@ POSITIVE = click.IntRange(min=1)
               help="Recycling cycles of the trunk.")
 @click.option("--max-tokens", type=POSITIVE,
               help="Crop a larger target to this many tokens (contiguous pieces of its chains, by --seed).")
-@click.option("--seed", default=PredictOptions.seed, show_default=True, type=int,
+@click.option("--seed", default=PredictOptions.seed, show_default=True, type=SEED,
               help="Seed for the sampler's noise (and the crop and MSA rows).")
 @click.option("--kernels", default=PredictOptions.kernels, show_default=True, type=click.Choice(KERNEL_OPTIONS),
               help="triton (CUDA), torch, or auto: triton on a CUDA device, torch on the CPU.")

@@ -18,6 +18,7 @@ from featurecache.loader import CacheDataset, collate
 from featurecache.model import AF3Model, ModelConfig
 from featurecache.prediction.confidences import sample_confidence, structure_labels, write_json
 from featurecache.prediction.mmcif import asym_ids, atom_names, residue_instances, write_mmcif
+from featurecache.store.files import atomic_path, write_text_atomic
 from featurecache.training.config import TrainSetupError, resolve_kernels
 from featurecache.training.distributed import resolve_device
 
@@ -57,7 +58,8 @@ def load_model(checkpoint: pathlib.Path, device: torch.device, kernels: str) -> 
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as error:
         reason = " ".join(str(error).split()) or type(error).__name__
         raise PredictError(f"--checkpoint {checkpoint}: not a readable checkpoint ({reason})") from None
-    if not isinstance(state, dict) or "model" not in state or "model_config" not in state:
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict) \
+            or not isinstance(state.get("model_config"), dict):
         raise PredictError(f"--checkpoint {checkpoint}: not a featurecache training checkpoint")
     try:
         settings = {name: value for name, value in state["model_config"].items() if name not in ("kernels", "checkpoint_blocks")}
@@ -93,15 +95,25 @@ def predict(options: PredictOptions) -> list[pathlib.Path]:
         kernels = resolve_kernels(options.kernels, device)
     except (TrainSetupError, ValueError, RuntimeError) as error:
         raise PredictError(str(error)) from None
+    out = _output_folder(pathlib.Path(options.out))
     model = load_model(pathlib.Path(options.checkpoint), device, kernels)
     dataset = _dataset(options)
-    out = pathlib.Path(options.out)
-    out.mkdir(parents=True, exist_ok=True)
     ccd = load_ccd()
     written = []
     for key in options.keys:
         written += _predict_target(model, dataset, key, options, ccd, out / key, device)
     return written
+
+
+def _output_folder(out: pathlib.Path) -> pathlib.Path:
+    """--out made (before the model loads), or a PredictError naming it: a file there, or below a file."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise PredictError(f"--out {out}: is a file, expected a folder") from None
+    except OSError as error:
+        raise PredictError(f"--out {out}: cannot create the folder ({error.strerror or error})") from None
+    return out
 
 
 def _predict_target(model: AF3Model, dataset: CacheDataset, key: str, options: PredictOptions, ccd,
@@ -150,8 +162,9 @@ def _write_ranking(folder: pathlib.Path, key: str, seed: int, models: list[pathl
     """<key>_ranking_scores.csv (seed, sample, ranking_score) and copies of the best sample's
     files at the top of the folder, as AlphaFold 3 does."""
     lines = ["seed,sample,ranking_score"] + [f"{seed},{number},{score}" for number, score in enumerate(scores)]
-    (folder / f"{key}_ranking_scores.csv").write_text("\n".join(lines) + "\n")
+    write_text_atomic(folder / f"{key}_ranking_scores.csv", "\n".join(lines) + "\n")
     best = max(range(len(scores)), key=lambda number: scores[number])  # the first of equals
     prefix = models[best].name.removesuffix("model.cif")
     for suffix in ("model.cif", "confidences.json", "summary_confidences.json"):
-        shutil.copyfile(models[best].parent / f"{prefix}{suffix}", folder / f"{key}_{suffix}")
+        with atomic_path(folder / f"{key}_{suffix}") as partial:  # a stopped run leaves no half copy
+            shutil.copyfile(models[best].parent / f"{prefix}{suffix}", partial)

@@ -11,14 +11,14 @@ import click
 from click.core import ParameterSource
 
 from featurecache.config import SampleConfig, crop_mode_probs_from_spatial
-from featurecache.errors import BoundaryCommand, UserError, renamed_option
+from featurecache.errors import SEED, BoundaryCommand, FiniteFloatRange, UserError, renamed_option
 from featurecache.model.config import PRESETS
 from featurecache.training.config import KERNEL_OPTIONS, TrainConfig, TrainSetupError
 from featurecache.training.loop import train
 
 POSITIVE = click.IntRange(min=1)
 NON_NEGATIVE = click.IntRange(min=0)
-UNIT = click.FloatRange(0.0, 1.0, max_open=True)
+UNIT = FiniteFloatRange(0.0, 1.0, max_open=True)
 
 
 @click.command("train", cls=BoundaryCommand)
@@ -54,10 +54,10 @@ UNIT = click.FloatRange(0.0, 1.0, max_open=True)
 @click.option("--max-msa-rows", "old_msa_rows", type=POSITIVE, hidden=True, 
               callback=renamed_option("--max-msa-rows", "--msa-rows-per-sample (MSA rows kept per sample)"),
               help="Deprecated spelling of --msa-rows-per-sample.")
-@click.option("--crop-mode-probs", nargs=3, type=click.FloatRange(0.0, 1.0), default=SampleConfig.crop_mode_probs,
+@click.option("--crop-mode-probs", nargs=3, type=FiniteFloatRange(0.0, 1.0), default=SampleConfig.crop_mode_probs,
               show_default=True, help="Chances of a contiguous, a spatial and a spatial-interface crop (AF3's; they "
                                       "add up to 1).")
-@click.option("--spatial-crop-prob", type=click.FloatRange(0.0, 1.0), hidden=True,
+@click.option("--spatial-crop-prob", type=FiniteFloatRange(0.0, 1.0), hidden=True,
               help="Deprecated: P sets --crop-mode-probs to 1-P P/2 P/2.")
 @click.option("--max-templates", default=SampleConfig.max_templates, show_default=True, type=NON_NEGATIVE,
               help="Templates per chain and sample, drawn at random (AF3) from those the cache stores.")
@@ -69,23 +69,23 @@ UNIT = click.FloatRange(0.0, 1.0, max_open=True)
 @click.option("--pair-shards", default=TrainConfig.pair_shards, show_default=True, type=POSITIVE,
               help="Ranks that share one sample, its Pairformer split by rows (docs/SHARDING.md); the ranks "
                    "are data-parallel replicas x this.")
-@click.option("--lr", default=TrainConfig.lr, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
+@click.option("--lr", default=TrainConfig.lr, show_default=True, type=FiniteFloatRange(min=0.0, min_open=True),
               help="Peak learning rate (AdamW; AF3: 1.8e-3).")
 @click.option("--adam-beta1", default=TrainConfig.adam_beta1, show_default=True, type=UNIT, help="AdamW beta1 (AF3: 0.9).")
 @click.option("--adam-beta2", default=TrainConfig.adam_beta2, show_default=True, type=UNIT, help="AdamW beta2 (AF3: 0.95).")
 @click.option("--adam-eps", default=TrainConfig.adam_eps, show_default=True,
-              type=click.FloatRange(min=0.0, min_open=True), help="AdamW epsilon (AF3: 1e-8).")
-@click.option("--weight-decay", default=TrainConfig.weight_decay, show_default=True, type=click.FloatRange(min=0.0),
+              type=FiniteFloatRange(min=0.0, min_open=True), help="AdamW epsilon (AF3: 1e-8).")
+@click.option("--weight-decay", default=TrainConfig.weight_decay, show_default=True, type=FiniteFloatRange(min=0.0),
               help="AdamW weight decay (AF3: none).")
 @click.option("--warmup", default=TrainConfig.warmup, show_default=True, type=NON_NEGATIVE,
               help="Steps over which the learning rate rises linearly to --lr (AF3: 1000).")
 @click.option("--lr-decay-factor", default=TrainConfig.lr_decay_factor, show_default=True,
-              type=click.FloatRange(0.0, 1.0, min_open=True),
+              type=FiniteFloatRange(0.0, 1.0, min_open=True),
               help="After the warm-up the learning rate is multiplied by this every --lr-decay-every steps (AF3: 0.95).")
 @click.option("--lr-decay-every", default=TrainConfig.lr_decay_every, show_default=True, type=POSITIVE,
               help="Steps between learning-rate decays (AF3: 50000).")
 @click.option("--grad-clip", default=TrainConfig.grad_clip, show_default=True,
-              type=click.FloatRange(min=0.0, min_open=True), help="Clip the global gradient norm at this (AF3: 10).")
+              type=FiniteFloatRange(min=0.0, min_open=True), help="Clip the global gradient norm at this (AF3: 10).")
 @click.option("--ema-decay", default=TrainConfig.ema_decay, show_default=True, type=UNIT,
               help="Decay of the weights' moving average, updated every step, checkpointed and used by "
                    "predict (AF3: 0.999).")
@@ -94,7 +94,7 @@ UNIT = click.FloatRange(0.0, 1.0, max_open=True)
 @click.option("--validation-keys", multiple=True, metavar="KEY[,KEY...]",
               help="Targets held out of training for validation (repeat the option or separate keys by commas).")
 @click.option("--validation-fraction", default=TrainConfig.validation_fraction, show_default=True,
-              type=click.FloatRange(0.0, 1.0, max_open=True),
+              type=FiniteFloatRange(0.0, 1.0, max_open=True),
               help="Hold out this fraction of the cache's targets for validation instead (a seeded choice).")
 @click.option("--validation-sampler-steps", default=TrainConfig.validation_sampler_steps, show_default=True,
               type=POSITIVE, help="Diffusion sampler steps of each validation prediction.")
@@ -113,7 +113,7 @@ UNIT = click.FloatRange(0.0, 1.0, max_open=True)
 @click.option("--cuda-graphs", is_flag=True,
               help="Replay each step as one CUDA graph (implies --static-shapes; one GPU, no DDP): removes the "
                    "host's kernel-launch overhead.")
-@click.option("--seed", default=SampleConfig.seed, show_default=True, type=int,
+@click.option("--seed", default=SampleConfig.seed, show_default=True, type=SEED,
               help="Seed for weights, shuffling, crops and MSA subsampling.")
 @click.option("--device", default=TrainConfig.device, show_default=True,
               help="auto (CUDA if there is one), cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")

@@ -98,7 +98,10 @@ class Trainer:
     def restore(self, state: dict) -> Position:
         """Load a checkpoint's model, optimizer, scheduler, EMA and (a rank the writing run had)
         this rank's RNG states; a checkpoint without EMA starts its average at its weights."""
-        self.model.load_state_dict(state["model"])
+        try:
+            self.model.load_state_dict(state["model"])
+        except RuntimeError:  # another preset or model option: name the settings, not 300 tensor names
+            raise TrainSetupError(f"--resume {self.config.resume}: {model_differences(state, self.model.config)}") from None
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if "ema" in state:
@@ -202,6 +205,18 @@ class Trainer:
             "train_config": dataclasses.asdict(self.config),
             "model_config": dataclasses.asdict(self.model.config),
         }
+
+
+def model_differences(state: dict, config) -> str:
+    """Why a checkpoint's weights do not fit this run's model, as the settings that differ."""
+    saved = state.get("model_config")
+    here = dataclasses.asdict(config)
+    if not isinstance(saved, dict):
+        return "its weights do not fit this run's model (it records no model settings)"
+    differ = [f"{name} {saved[name]!r} there, {here[name]!r} here" for name in here
+              if name in saved and name not in ("kernels", "checkpoint_blocks") and saved[name] != here[name]]
+    return (f"the checkpoint holds another model ({'; '.join(differ[:6]) or 'other weights'}): resume with "
+            "the --preset and model options it was trained with")
 
 
 def default_generator(device: torch.device) -> torch.Generator:
