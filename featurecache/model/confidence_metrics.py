@@ -17,6 +17,7 @@ import math
 import torch
 
 from featurecache.model.confidence_losses import ERROR_BIN_WIDTH
+from featurecache.model.heads import distogram_bin_edges
 
 CONTACT_DISTANCE = 8.0  # Angstrom: the distogram's contact probability (AF3 output.md)
 
@@ -129,9 +130,9 @@ def confidence_summary(pae_logits: torch.Tensor, asym_id: torch.Tensor, frame_ma
 
 def contact_probabilities(distogram_logits: torch.Tensor, min_dist: float, max_dist: float) -> torch.Tensor:
     """[..., N, N, bins] -> probability that the distogram atoms lie within 8 A [..., N, N]:
-    the mass of the bins whose upper edge is at most 8 A (edges as heads.distogram_bin_edges)."""
+    the mass of the bins whose upper edge is at most 8 A."""
     bins = distogram_logits.shape[-1]
-    upper = torch.linspace(min_dist, max_dist, bins - 1, dtype=torch.float64, device=distogram_logits.device)
+    upper = distogram_bin_edges(bins, min_dist, max_dist, device=distogram_logits.device, dtype=torch.float64)
     upper = torch.cat([upper, upper.new_full((1,), math.inf)])
     probs = torch.softmax(distogram_logits.double(), dim=-1)
     return (probs * (upper <= CONTACT_DISTANCE + 1e-3)).sum(-1)

@@ -17,9 +17,9 @@ class DistogramHead(nn.Module):
         return self.linear(z + z.transpose(1, 2))
 
 
-def distogram_bin_edges(num_bins: int, min_dist: float, max_dist: float, device=None) -> torch.Tensor:
+def distogram_bin_edges(num_bins: int, min_dist: float, max_dist: float, device=None, dtype=None) -> torch.Tensor:
     """num_bins - 1 inner edges: bin 0 is below min_dist, the last bin above max_dist."""
-    return torch.linspace(min_dist, max_dist, num_bins - 1, device=device)
+    return torch.linspace(min_dist, max_dist, num_bins - 1, device=device, dtype=dtype)
 
 
 def distogram_loss(logits: torch.Tensor, positions: torch.Tensor, position_mask: torch.Tensor,
