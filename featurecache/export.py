@@ -29,7 +29,7 @@ from featurecache.io.af3_json_writer import (
     Af3Template,
     af3_document,
     backbone_template_mmcif,
-    renamed_chains,
+    group_copies,
     write_af3_json,
 )
 from featurecache.io.msa import Msa, format_a3m
@@ -123,22 +123,18 @@ def af3_input(key: str, record: Record) -> dict:
     """The record as an AlphaFold 3 input JSON (see the module docstring)."""
     chains = _chains(record)
     msas = chain_msas(record)
-    new_ids = renamed_chains([chain.chain_id for chain in chains])
-    groups: dict[tuple[str, str], list[_Chain]] = {}
-    for chain in chains:
-        groups.setdefault((chain.molecule_type, chain.sequence), []).append(chain)
+    copy_keys = [(chain.molecule_type, chain.sequence) for chain in chains]
     entities = []
-    for (kind, sequence), members in groups.items():
-        source = tuple(chain.chain_id for chain in members)
-        ids = tuple(new_ids.get(chain_id, chain_id) for chain_id in source)
-        renamed = any(chain_id in new_ids for chain_id in source)
-        description = f"chain {', '.join(source)} of {key}" if renamed else ""
+    for group in group_copies([chain.chain_id for chain in chains], copy_keys, key):
+        first = chains[group.members[0]]
+        kind, sequence, ids, source, description = (first.molecule_type, first.sequence, group.ids,
+                                                    group.source_chains, group.description)
         if kind == "ligand":
             entities.append(Af3Entity(kind, ids, source, description=description, **_ligand(sequence)))
             continue
-        msa = msas.get(members[0].chain_id)
+        msa = msas.get(first.chain_id)
         unpaired = format_a3m(msa, molecule_type=kind) if msa is not None else None
-        templates = _templates(key, record, members[0]) if kind == "protein" else None
+        templates = _templates(key, record, first) if kind == "protein" else None
         entities.append(Af3Entity(kind, ids, source, sequence=sequence, description=description,
                                   unpaired_msa=unpaired, paired_msa="", templates=templates))
     return af3_document(key, entities)

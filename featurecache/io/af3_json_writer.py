@@ -22,7 +22,7 @@ from pathlib import Path
 import gemmi
 
 from featurecache.io.af3_json import DIALECT
-from featurecache.io.structure import Chain, Structure
+from featurecache.io.structure import Structure
 
 _MODIFICATION_KEYS = {"protein": ("ptmType", "ptmPosition"), "rna": ("modificationType", "basePosition"),
                       "dna": ("modificationType", "basePosition")}
@@ -109,23 +109,44 @@ def renamed_chains(chain_ids: list[str]) -> dict[str, str]:
     return {chain_id: next(free) for chain_id in refused}
 
 
+@dataclass(frozen=True)
+class EntityChains:
+    """Chains that are copies of one entity: their places in the list given to group_copies, their
+    AF3 ids, their own ids, and a description naming the source chains where any was renamed."""
+
+    members: tuple[int, ...]
+    ids: tuple[str, ...]
+    source_chains: tuple[str, ...]
+    description: str
+
+
+def group_copies(chain_ids: list[str], copy_keys: list, name: str) -> list[EntityChains]:
+    """Chains with equal copy_keys as one entity each, in order of first appearance; the ids AF3
+    refuses renamed (renamed_chains), and such an entity's description says "chain A, B of <name>"."""
+    new_ids = renamed_chains(chain_ids)
+    groups: dict = {}
+    for place, key in enumerate(copy_keys):
+        groups.setdefault(key, []).append(place)
+    entities = []
+    for members in groups.values():
+        source = tuple(chain_ids[place] for place in members)
+        renamed = any(chain_id in new_ids for chain_id in source)
+        entities.append(EntityChains(tuple(members), tuple(new_ids.get(chain_id, chain_id) for chain_id in source),
+                                     source, f"chain {', '.join(source)} of {name}" if renamed else ""))
+    return entities
+
+
 def af3_entities(structure: Structure) -> list[Af3Entity]:
     """The structure's chains grouped into AF3 entities (same type and residues = copies), in
     order of first appearance; waters are left out. MSAs and templates are left unset."""
     chains = [chain for chain in structure.chains
               if not (chain.molecule_type == "ligand" and all(r.name in _SKIPPED_LIGANDS for r in chain.residues))]
-    new_ids = renamed_chains([chain.chain_id for chain in chains])
-    groups: dict[tuple, list[Chain]] = {}
-    for chain in chains:
-        residues = tuple((residue.name, residue.smiles) for residue in chain.residues)
-        groups.setdefault((chain.molecule_type, residues), []).append(chain)
+    copy_keys = [(chain.molecule_type, tuple((residue.name, residue.smiles) for residue in chain.residues))
+                 for chain in chains]
     entities = []
-    for (kind, _), members in groups.items():
-        source = tuple(chain.chain_id for chain in members)
-        ids = tuple(new_ids.get(chain_id, chain_id) for chain_id in source)
-        renamed = any(chain_id in new_ids for chain_id in source)
-        description = f"chain {', '.join(source)} of {structure.id}" if renamed else ""
-        first = members[0]
+    for group in group_copies([chain.chain_id for chain in chains], copy_keys, structure.id):
+        first = chains[group.members[0]]
+        kind, ids, source, description = first.molecule_type, group.ids, group.source_chains, group.description
         if kind == "ligand":
             smiles = first.residues[0].smiles if len(first.residues) == 1 else ""
             codes = () if smiles else tuple(residue.name for residue in first.residues)
