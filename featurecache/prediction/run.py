@@ -95,9 +95,13 @@ def predict(options: PredictOptions) -> list[pathlib.Path]:
         kernels = resolve_kernels(options.kernels, device)
     except (TrainSetupError, ValueError, RuntimeError) as error:
         raise PredictError(str(error)) from None
-    out = _output_folder(pathlib.Path(options.out))
+    out = _check_output_folder(pathlib.Path(options.out))
     model = load_model(pathlib.Path(options.checkpoint), device, kernels)
     dataset = _dataset(options)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise PredictError(f"--out {out}: cannot create the folder ({error.strerror or error})") from None
     ccd = load_ccd()
     written = []
     for key in options.keys:
@@ -105,14 +109,12 @@ def predict(options: PredictOptions) -> list[pathlib.Path]:
     return written
 
 
-def _output_folder(out: pathlib.Path) -> pathlib.Path:
-    """--out made (before the model loads), or a PredictError naming it: a file there, or below a file."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise PredictError(f"--out {out}: is a file, expected a folder") from None
-    except OSError as error:
-        raise PredictError(f"--out {out}: cannot create the folder ({error.strerror or error})") from None
+def _check_output_folder(out: pathlib.Path) -> pathlib.Path:
+    """--out checked before the model loads, without creating it: not a file, not below one."""
+    existing = next(folder for folder in (out, *out.absolute().parents) if folder.exists())
+    if not existing.is_dir():
+        problem = "is a file, expected a folder" if existing == out else f"{existing} is a file"
+        raise PredictError(f"--out {out}: {problem}")
     return out
 
 
