@@ -92,7 +92,7 @@ def conformers_for(conformer_blobs: dict[str, bytes] | None, chem: ChemConfig) -
 
 
 class ConformerStage:
-    """The driver's conformer stage over one run (`run`: pipeline._Run, for its writer, runner,
+    """The driver's conformer stage over one run (`run`: pipeline.PipelineRun, for its writer, runner,
     summary and failure records)."""
 
     def __init__(self, run, chem: ChemConfig) -> None:
@@ -111,7 +111,7 @@ class ConformerStage:
             if isinstance(result, list):
                 codes_by_target[target_id] = result
 
-        runner = run._runner(listed, lambda *_: None, len(todo), "components", "target")
+        runner = run.runner(listed, lambda *_: None, len(todo), "components", "target")
         for target in todo:
             runner.submit("conformers", target.target_id, conformer_codes_task, target, self.chem)
         runner.drain()
@@ -132,9 +132,9 @@ class ConformerStage:
         def computed(stage: str, batch: str, result) -> None:
             if not isinstance(result, list):  # a TaskError
                 counts.failed += 1
-                run._record_failure("conformers", batch, result.message)
+                run.record_failure("conformers", batch, result.message)
                 return
-            with run._timed_write():
+            with run.timed_write():
                 for item in result:
                     run.writer.put(CONFORMERS_TABLE, item.key, item.blob,
                                    index={"code": item.code, "source": item.source})
@@ -144,10 +144,10 @@ class ConformerStage:
 
         def crashed(stage: str, batch: str, error: Exception) -> None:
             counts.failed += 1
-            run._record_failure("conformers", batch, f"worker crashed: {type(error).__name__}: {error}")
+            run.record_failure("conformers", batch, f"worker crashed: {type(error).__name__}: {error}")
 
         batches = [codes[start:start + BATCH_CODES] for start in range(0, len(codes), BATCH_CODES)]
-        runner = run._runner(computed, crashed, len(batches), "conformers", "batch")
+        runner = run.runner(computed, crashed, len(batches), "conformers", "batch")
         for batch in batches:
             runner.submit("conformers", ",".join(batch), compute_conformers, batch, self.chem,
                           run.plan.feature_config.zstd_level)

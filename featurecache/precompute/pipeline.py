@@ -97,7 +97,7 @@ def precompute(options: PrecomputeOptions) -> PrecomputeSummary:
     except (OSError, ValueError) as error:
         raise PipelineSetupError(f"--cache {options.cache_dir}: {error}") from None
     try:
-        run = _Run(options, plan, writer, feature_fingerprint, summary, chem)
+        run = PipelineRun(options, plan, writer, feature_fingerprint, summary, chem)
         run.run()
         derived_index, sampling_fingerprints = run.sampling_tables()
         fingerprints = {"features": feature_fingerprint, "feature_config": plan.feature_config.config_fingerprint(),
@@ -114,8 +114,13 @@ def precompute(options: PrecomputeOptions) -> PrecomputeSummary:
     return summary
 
 
-class _Run:
-    """One run's driver: picks the targets to do, runs the stages, writes every result."""
+class PipelineRun:
+    """One run's driver: picks the targets to do, runs the stages, writes every result.
+
+    Its public methods are the seam other drivers build on: the conformer stage
+    (conformers.ConformerStage) calls runner, record_failure and timed_write; `featurecache
+    search` (search_command.py) subclasses it, runs start_executor and search_stage alone and
+    overrides exclude (a target curation leaves out)."""
 
     def __init__(self, options: PrecomputeOptions, plan: RunPlan, writer: StoreWriter, feature_fingerprint: str,
                  summary: PrecomputeSummary, chem: ChemConfig = ChemConfig()) -> None:
@@ -136,10 +141,10 @@ class _Run:
         todo = self._targets_to_do()
         if not todo:
             return
-        self._start_executor()
+        self.start_executor()
         chain_keys: dict[str, dict[str, str]] = {}
         if self.plan.pipeline_config is not None:
-            todo, chain_keys = self._search_stage(todo)
+            todo, chain_keys = self.search_stage(todo)
         conformer_codes = self.conformers.prepare(todo, tasks.conformer_codes)
         self._featurize_stage(todo, chain_keys, conformer_codes)
 
@@ -158,18 +163,18 @@ class _Run:
     # --- bookkeeping ---
 
     @contextmanager
-    def _timed_write(self):
+    def timed_write(self):
         started = time.perf_counter()
         yield
         self.summary.write_seconds += time.perf_counter() - started
 
-    def _record_failure(self, stage: str, key: str, message: str, stderr_tail: str = "",
+    def record_failure(self, stage: str, key: str, message: str, stderr_tail: str = "",
                         target: str | None = None) -> None:
         self.summary.stages["featurize" if stage in _TARGET_STAGES else stage].failed += 1
         self.summary.failures.append({"stage": stage, "key": key, "message": message})
         error_key = f"{stage}/{key}"
         count = self.attempts.get(error_key, 0) + 1
-        with self._timed_write():
+        with self.timed_write():
             self.writer.put(ERRORS_TABLE, error_key, _error_blob(stage, key, message, stderr_tail, count, target),
                             index={"stage": stage, "attempts": count})
 
@@ -186,7 +191,7 @@ class _Run:
             try:
                 input_hash = inputs.input_sha256(path)  # an AF3 JSON's MSA / template files too
             except OSError as error:
-                self._record_failure("parse", target_id, f"{path}: cannot read: {error.strerror}")
+                self.record_failure("parse", target_id, f"{path}: cannot read: {error.strerror}")
                 continue
             self.summary.targets += 1
             target = TargetInput(str(path), target_id, input_hash)
@@ -204,16 +209,16 @@ class _Run:
                 todo.append(target)
         return todo
 
-    def _exclude(self, excluded: ExcludedTarget) -> None:
+    def exclude(self, excluded: ExcludedTarget) -> None:
         """A target curation leaves out: no feature record (an old one goes), listed in the manifest."""
-        with self._timed_write():
+        with self.timed_write():
             if self.writer.get(FEATURES_TABLE, excluded.target_id) is not None:
                 self.writer.delete(FEATURES_TABLE, excluded.target_id)
             self._clear_errors(excluded.target_id, _TARGET_STAGES)
         self.sampling.exclude(excluded, self.feature_fingerprint)
         self.summary.excluded += 1
 
-    def _start_executor(self) -> None:
+    def start_executor(self) -> None:
         cpus = 1
         if self.options.executor == "ray":
             try:
@@ -224,7 +229,7 @@ class _Run:
             cpus = max(1, int(self.ray.available_resources().get("CPU", 1)))
         self.max_in_flight = self.options.max_in_flight or 4 * cpus
 
-    def _runner(self, on_result, on_crash, total: int, desc: str, unit: str) -> TaskRunner:
+    def runner(self, on_result, on_crash, total: int, desc: str, unit: str) -> TaskRunner:
         bar = self.progress(total=total, desc=desc, unit=unit)
         return TaskRunner(self.ray, self.max_in_flight, on_result, on_crash, bar)
 
@@ -233,7 +238,7 @@ class _Run:
     def _featurize_stage(self, todo: list[TargetInput], chain_keys: dict[str, dict[str, str]],
                          conformer_codes: dict[str, list[str]]) -> None:
         plan = self.plan
-        runner = self._runner(self._store_features, self._featurize_crashed, len(todo), "featurize", "target")
+        runner = self.runner(self._store_features, self._featurize_crashed, len(todo), "featurize", "target")
         shared_index = plan.alignment_index if self.ray is None else self.ray.put(plan.alignment_index)
         for target in todo:
             # the stored conformers of the target's CCD codes travel with its task
@@ -254,12 +259,12 @@ class _Run:
 
     def _store_features(self, stage: str, target_id: str, result) -> None:
         if isinstance(result, TaskError):
-            self._record_failure(result.stage, result.key, result.message, result.stderr_tail, target=target_id)
+            self.record_failure(result.stage, result.key, result.message, result.stderr_tail, target=target_id)
             return
         if isinstance(result, ExcludedTarget):
-            self._exclude(result)
+            self.exclude(result)
             return
-        with self._timed_write():
+        with self.timed_write():
             for msa_key, blob in result.msa_blobs.items():
                 if self.writer.get(MSA_TABLE, msa_key) is None:
                     self.writer.put(MSA_TABLE, msa_key, blob)
@@ -272,11 +277,11 @@ class _Run:
         self.summary.stages["featurize"].done += 1
 
     def _featurize_crashed(self, stage: str, target_id: str, error: Exception) -> None:
-        self._record_failure(stage, target_id, _crash_message(error), target=target_id)
+        self.record_failure(stage, target_id, _crash_message(error), target=target_id)
 
     # --- search ---
 
-    def _search_stage(self, todo: list[TargetInput]) -> tuple[list[TargetInput], dict[str, dict[str, str]]]:
+    def search_stage(self, todo: list[TargetInput]) -> tuple[list[TargetInput], dict[str, dict[str, str]]]:
         """Search every unique chain sequence once.
 
         Returns the targets whose chains all have MSAs and, per target, chain id -> msa key. Only
@@ -298,7 +303,7 @@ class _Run:
                 continue  # failed to parse: already recorded
             missing = sorted(chain for chain, key in chain_keys[target.target_id].items() if key in failed_keys)
             if missing:
-                self._record_failure("featurize", target.target_id,
+                self.record_failure("featurize", target.target_id,
                                      f"search failed for chain(s) {', '.join(missing)}", target=target.target_id)
             else:
                 ready.append(target)
@@ -311,10 +316,10 @@ class _Run:
 
         def parsed(stage: str, target_id: str, result) -> None:
             if isinstance(result, TaskError):
-                self._record_failure(result.stage, result.key, result.message, target=target_id)
+                self.record_failure(result.stage, result.key, result.message, target=target_id)
                 return
             if isinstance(result, ExcludedTarget):
-                self._exclude(result)
+                self.exclude(result)
                 return
             keys = {}
             for chain in result:
@@ -325,9 +330,9 @@ class _Run:
             chain_keys[target_id] = keys
 
         def crashed(stage: str, target_id: str, error: Exception) -> None:
-            self._record_failure("parse", target_id, _crash_message(error), target=target_id)
+            self.record_failure("parse", target_id, _crash_message(error), target=target_id)
 
-        runner = self._runner(parsed, crashed, len(todo), "parse", "target")
+        runner = self.runner(parsed, crashed, len(todo), "parse", "target")
         for target in todo:
             runner.submit("parse", target.target_id, tasks.parse_chains, target, self.plan.curation,
                           self.conformers.chem)
@@ -341,9 +346,9 @@ class _Run:
         def searched(stage: str, key: str, result) -> None:
             if isinstance(result, TaskError):
                 failed_keys.add(key)
-                self._record_failure("search", key, result.message, result.stderr_tail)
+                self.record_failure("search", key, result.message, result.stderr_tail)
                 return
-            with self._timed_write():
+            with self.timed_write():
                 for database_key, blob in result.database_blobs.items():
                     self.writer.put(MSA_TABLE, database_key, blob)
                 self.writer.put(MSA_TABLE, key, result.msa_blob)
@@ -353,9 +358,9 @@ class _Run:
 
         def crashed(stage: str, key: str, error: Exception) -> None:
             failed_keys.add(key)
-            self._record_failure("search", key, _crash_message(error))
+            self.record_failure("search", key, _crash_message(error))
 
-        runner = self._runner(searched, crashed, len(to_search), "search", "sequence")
+        runner = self.runner(searched, crashed, len(to_search), "search", "sequence")
         for key, chain in to_search:
             databases = sum(search_plan.databases(chain.molecule_type), ())
             # Ask Ray for the CPUs the hungriest tool of this chain uses, so tools do not oversubscribe.
@@ -424,3 +429,6 @@ def _last_manifest(cache_dir: Path) -> Manifest | None:
         return read_manifest(cache_dir, expected_schema=None)
     except (OSError, ValueError):
         return None
+
+
+_Run = PipelineRun  # the name benchmarks/precompute_scale.py patches; goes once it says PipelineRun

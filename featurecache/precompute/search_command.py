@@ -29,7 +29,7 @@ from pathlib import Path
 
 from featurecache.config import ClusteringConfig, SampleConfig
 from featurecache.io import inputs
-from featurecache.precompute.pipeline import CacheWriteError, _Run
+from featurecache.precompute.pipeline import CacheWriteError, PipelineRun
 from featurecache.precompute.plan import PipelineSetupError, PrecomputeOptions, prepare
 from featurecache.precompute.report import PrecomputeSummary, StageCounts
 from featurecache.precompute.search_outputs import TargetOutputs, target_outputs
@@ -110,6 +110,7 @@ def search(options: SearchOptions) -> SearchSummary:
         clustering=ClusteringConfig(enabled=False),  # nothing is clustered: no MMseqs2 check
         progress=options.progress, verbose=options.verbose)
     plan = prepare(precompute_options)
+    _make_out_dir(options.out_dir)  # after the config and inputs passed: a refused run writes nothing
     previous = _finished_manifest(options.cache)
     try:
         writer = StoreWriter(options.cache, plan.store_config)
@@ -137,7 +138,7 @@ def search(options: SearchOptions) -> SearchSummary:
     return summary
 
 
-class _SearchRun(_Run):
+class _SearchRun(PipelineRun):
     """Precompute's run, stopped after its search stage; then each target's outputs."""
 
     def __init__(self, precompute_options: PrecomputeOptions, plan, writer: StoreWriter, options: SearchOptions,
@@ -161,12 +162,12 @@ class _SearchRun(_Run):
         self.search_summary.targets = len(self.plan.inputs)
         if not todo:
             return
-        self._start_executor()
-        ready, chain_keys = self._search_stage(todo)
+        self.start_executor()
+        ready, chain_keys = self.search_stage(todo)
         self._write_outputs(ready, chain_keys)
         self._write_index()
 
-    def _exclude(self, excluded: ExcludedTarget) -> None:
+    def exclude(self, excluded: ExcludedTarget) -> None:
         """Curation leaves the target out: no outputs (and, unlike precompute, no cache change)."""
         self.search_summary.excluded += 1
 
@@ -180,14 +181,14 @@ class _SearchRun(_Run):
             if isinstance(result, TaskError):
                 self._failed(result.stage, result.key, result.message)
             elif isinstance(result, ExcludedTarget):
-                self._exclude(result)
+                self.exclude(result)
             else:
                 self._write_target(result)
 
         def crashed(stage: str, target_id: str, error: Exception) -> None:
             self._failed("outputs", target_id, f"worker crashed: {type(error).__name__}: {error}")
 
-        runner = self._runner(written, crashed, len(ready), "outputs", "target")
+        runner = self.runner(written, crashed, len(ready), "outputs", "target")
         for target in ready:
             keys = chain_keys[target.target_id]
             blobs = {key: self.writer.get(MSA_TABLE, key) for key in set(keys.values())}
@@ -235,9 +236,17 @@ def _finished_manifest(cache_dir: Path):
 
 
 def _check_out_dir(path: Path) -> None:
+    """--out refused before any work when it is a file or below one; nothing is created yet."""
+    existing = next(folder for folder in (path, *path.absolute().parents) if folder.exists())
+    if not existing.is_dir():
+        problem = "is a file, expected a folder" if existing == path else f"cannot create folder: {existing} is a file"
+        raise PipelineSetupError(f"--out {path}: {problem}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PipelineSetupError(f"--out {path}: {existing} is not writable")
+
+
+def _make_out_dir(path: Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise PipelineSetupError(f"--out {path}: cannot create folder: {error.strerror}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise PipelineSetupError(f"--out {path} is not writable")
