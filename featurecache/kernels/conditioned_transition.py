@@ -38,6 +38,11 @@ from featurecache.kernels.transition import _chunk_weights, _swiglu_bwd
 
 _OP = "conditioned_transition"
 
+# The fused kernel holds whole rows of a (and the output accumulator) in registers; compiled for
+# sm_90 at C = 768 (1024-wide tiles) its stack runs to 7-11 KB, so wider rows take the one-pass
+# AdaLN kernel and cuBLAS products instead (benchmarks/NOTES-fused_ops.md).
+FUSED_MAX_CHANNELS = 256
+
 # --------------------------------------------------------------------------------------------
 # Triton kernels
 # --------------------------------------------------------------------------------------------
@@ -126,9 +131,7 @@ def _conditioned_transition_bwd_kernel(
     s_offsets = _s_rows(rows, n_tokens, n_samples, S_SHARED)[:, None] * n_ch + cols[None, :]
 
     a = tl.load(A + offsets, mask=tile_mask, other=0.0)
-    mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
-    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-    xhat = tl.where(col_mask[None, :], a.to(tl.float32) - mean[:, None], 0.0) * rstd[:, None]
+    xhat, rstd = _normalized_saved(a, MEAN, RSTD, rows, row_mask, col_mask)
     scale = tl.sigmoid(tl.load(SCALE + s_offsets, mask=tile_mask, other=0.0).to(tl.float32))
     shift = tl.load(SHIFT + s_offsets, mask=tile_mask, other=0.0).to(tl.float32)
     x = cast(scale * xhat + shift, a.dtype, PRECISION)
@@ -160,7 +163,27 @@ def _conditioned_transition_bwd_kernel(
         tl.store(D_AB + rows[:, None] * n_hidden + h_offsets + n_hidden, d_b, mask=h_mask)
         tl.store(HIDDEN + h_offsets, cast(hidden, a.dtype, PRECISION), mask=h_mask)
 
-    # AdaLN: x = scale * xhat + shift (padded columns: d_x = 0 and xhat = 0)
+    # a and scale reloaded rather than held through the loop (registers)
+    _adaln_backward(d_x, A, SCALE, MEAN, RSTD, DA, DSCALE, DSHIFT, rows, row_mask, col_mask, offsets, s_offsets,
+                    tile_mask, n_ch, PRECISION)
+
+
+@triton.jit
+def _normalized_saved(a, MEAN, RSTD, rows, row_mask, col_mask):
+    """_normalized from the saved statistics: (xhat fp32, rstd), bitwise the same xhat."""
+    mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+    return tl.where(col_mask[None, :], a.to(tl.float32) - mean[:, None], 0.0) * rstd[:, None], rstd
+
+
+@triton.jit
+def _adaln_backward(d_x, A, SCALE, MEAN, RSTD, DA, DSCALE, DSHIFT, rows, row_mask, col_mask, offsets, s_offsets,
+                    tile_mask, n_ch, PRECISION: tl.constexpr):
+    """Given d_x for x = sigmoid(scale) * xhat + shift, store da and, per a row in fp32, the
+    gradients of the scale logits and of the shift. Padded columns have d_x = 0 and xhat = 0."""
+    a = tl.load(A + offsets, mask=tile_mask, other=0.0)
+    xhat, rstd = _normalized_saved(a, MEAN, RSTD, rows, row_mask, col_mask)
+    scale = tl.sigmoid(tl.load(SCALE + s_offsets, mask=tile_mask, other=0.0).to(tl.float32))
     tl.store(DSHIFT + offsets, d_x, mask=tile_mask)
     tl.store(DSCALE + offsets, d_x * xhat * scale * (1.0 - scale), mask=tile_mask)
     d_xhat = d_x * scale
@@ -168,6 +191,52 @@ def _conditioned_transition_bwd_kernel(
     mean_d = tl.sum(d_xhat, axis=1) / n_ch
     da = (d_xhat - xhat * proj[:, None] - mean_d[:, None]) * rstd[:, None]
     tl.store(DA + offsets, cast(da, DA.dtype.element_ty, PRECISION), mask=tile_mask)
+
+
+@triton.jit
+def _adaln_fwd_kernel(
+    A, SCALE, SHIFT, X, MEAN, RSTD,
+    n_rows, n_ch, n_tokens, n_samples, eps,
+    S_SHARED: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """AdaLN alone, one pass: x = sigmoid(scale) * LayerNorm(a) + shift (rows too wide for the
+    fused transition, and the conditioned attention's input)."""
+    rows, row_mask = row_block(tl.program_id(0), BLOCK_M, n_rows)
+    cols = tl.arange(0, BLOCK_C)
+    col_mask = cols < n_ch
+    tile_mask = row_mask[:, None] & col_mask[None, :]
+    offsets = rows[:, None] * n_ch + cols[None, :]
+    s_offsets = _s_rows(rows, n_tokens, n_samples, S_SHARED)[:, None] * n_ch + cols[None, :]
+    a = tl.load(A + offsets, mask=tile_mask, other=0.0)
+    xhat, mean, rstd = _normalized(a, col_mask, n_ch, eps)
+    scale = tl.load(SCALE + s_offsets, mask=tile_mask, other=0.0).to(tl.float32)
+    shift = tl.load(SHIFT + s_offsets, mask=tile_mask, other=0.0).to(tl.float32)
+    tl.store(X + offsets, cast(tl.sigmoid(scale) * xhat + shift, X.dtype.element_ty, PRECISION), mask=tile_mask)
+    tl.store(MEAN + rows, mean, mask=row_mask)
+    tl.store(RSTD + rows, rstd, mask=row_mask)
+
+
+@triton.jit
+def _adaln_bwd_kernel(
+    A, DX, SCALE, MEAN, RSTD, DA, DSCALE, DSHIFT,
+    n_rows, n_ch, n_tokens, n_samples,
+    S_SHARED: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    rows, row_mask = row_block(tl.program_id(0), BLOCK_M, n_rows)
+    cols = tl.arange(0, BLOCK_C)
+    col_mask = cols < n_ch
+    tile_mask = row_mask[:, None] & col_mask[None, :]
+    offsets = rows[:, None] * n_ch + cols[None, :]
+    s_offsets = _s_rows(rows, n_tokens, n_samples, S_SHARED)[:, None] * n_ch + cols[None, :]
+    d_x = tl.load(DX + offsets, mask=tile_mask, other=0.0).to(tl.float32)
+    _adaln_backward(d_x, A, SCALE, MEAN, RSTD, DA, DSCALE, DSHIFT, rows, row_mask, col_mask, offsets, s_offsets,
+                    tile_mask, n_ch, PRECISION)
 
 
 # --------------------------------------------------------------------------------------------
@@ -242,12 +311,53 @@ def conditioned_transition_bwd(dy, a, scale, shift, gate, weight_a, weight_b, we
         BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_C=block_c,
         **runtime.launch_options(config),
     )
-    if shared:
-        d_cond = d_cond.sum(-3, keepdim=True)  # over the samples that read the same s row
-    d_scale, d_shift, d_gate = (d.to(t.dtype) for d, t in zip(d_cond, (scale, shift, gate)))
+    d_scale, d_shift, d_gate = _conditioning_grads(d_cond, shared, (scale, shift, gate))
     d_wab = d_ab.t() @ x  # [2 * n_hidden, C]
     return (da, d_scale, d_shift, d_gate, d_wab[:n_hidden].to(weight_a.dtype), d_wab[n_hidden:].to(weight_b.dtype),
             (d_out.t() @ hidden).to(weight_out.dtype))
+
+
+def _conditioning_grads(d_cond, shared, tensors):
+    """The per-a-row fp32 gradients [k, *a.shape] summed over the samples where the s-derived
+    tensors are shared, each in its tensor's dtype."""
+    if shared:
+        d_cond = d_cond.sum(-3, keepdim=True)
+    return tuple(d.to(t.dtype) for d, t in zip(d_cond, tensors))
+
+
+def adaln_fwd(a, scale, shift, eps):
+    """a [..., C] contiguous; scale, shift as conditioned_transition_fwd's -> (x, mean, rstd)."""
+    n_ch = a.shape[-1]
+    n_rows = a.numel() // n_ch
+    shared, n_samples, n_tokens = _sharing(a, scale)
+    x = torch.empty_like(a)
+    mean = torch.empty(n_rows, device=a.device, dtype=torch.float32)
+    rstd = torch.empty_like(mean)
+    block_c = runtime.block_for(n_ch)
+    config, block_m = runtime.tile_config(_OP, "adaln", block_c, _ROW_TILE_ELEMENTS.get(a.element_size(), 4096))
+    _adaln_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
+        a, scale, shift, x, mean, rstd, n_rows, n_ch, n_tokens, n_samples, eps,
+        S_SHARED=shared, PRECISION=runtime.dot_precision(a.dtype), BLOCK_M=block_m, BLOCK_C=block_c,
+        **runtime.launch_options(config),
+    )
+    return x, mean, rstd
+
+
+def adaln_bwd(dx, a, scale, shift, mean, rstd):
+    """Gradients (da, d_scale, d_shift)."""
+    n_ch = a.shape[-1]
+    n_rows = a.numel() // n_ch
+    shared, n_samples, n_tokens = _sharing(a, scale)
+    da = torch.empty_like(a)
+    d_cond = torch.empty((2, *a.shape), device=a.device, dtype=torch.float32)
+    block_c = runtime.block_for(n_ch)
+    config, block_m = runtime.tile_config(_OP, "adaln", block_c, _ROW_TILE_ELEMENTS.get(a.element_size(), 4096))
+    _adaln_bwd_kernel[(triton.cdiv(n_rows, block_m),)](
+        a, dx, scale, mean, rstd, da, d_cond[0], d_cond[1], n_rows, n_ch, n_tokens, n_samples,
+        S_SHARED=shared, PRECISION=runtime.dot_precision(a.dtype), BLOCK_M=block_m, BLOCK_C=block_c,
+        **runtime.launch_options(config),
+    )
+    return (da, *_conditioning_grads(d_cond, shared, (scale, shift)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -314,8 +424,81 @@ _conditioned_transition_fwd_op.register_autograd(_conditioned_transition_backwar
                                                  setup_context=_conditioned_transition_setup)
 
 
+class _AdaLNFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, scale, shift, eps):
+        x, mean, rstd = adaln_fwd(a, scale, shift, eps)
+        ctx.save_for_backward(a, scale, shift, mean, rstd)
+        return x
+
+    @staticmethod
+    def backward(ctx, dx):
+        return (*adaln_bwd(dx.contiguous(), *ctx.saved_tensors), None)
+
+
+@torch.library.custom_op("featurecache::adaln_fwd", mutates_args=())
+def _adaln_fwd_op(a: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return adaln_fwd(a.contiguous(), scale.contiguous(), shift.contiguous(), eps)
+
+
+@_adaln_fwd_op.register_fake
+def _(a, scale, shift, eps):
+    stats = a.new_empty(a.numel() // a.shape[-1], dtype=torch.float32)
+    return torch.empty_like(a, memory_format=torch.contiguous_format), stats, torch.empty_like(stats)
+
+
+@torch.library.custom_op("featurecache::adaln_bwd", mutates_args=())
+def _adaln_bwd_op(dx: torch.Tensor, a: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, mean: torch.Tensor,
+                  rstd: torch.Tensor) -> list[torch.Tensor]:
+    return list(runtime.unaliased(adaln_bwd(*(t.contiguous() for t in (dx, a, scale, shift)), mean, rstd)))
+
+
+@_adaln_bwd_op.register_fake
+def _(dx, a, scale, shift, mean, rstd):
+    return [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (a, scale, shift)]
+
+
+def _adaln_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs[:3], *output[1:])
+
+
+def _adaln_backward_op(ctx, dx, _dmean, _drstd):
+    return (*_adaln_bwd_op(dx, *ctx.saved_tensors), None)
+
+
+_adaln_fwd_op.register_autograd(_adaln_backward_op, setup_context=_adaln_setup)
+
+
+def _adaln_modulate(a, scale, shift, eps):
+    """x = sigmoid(scale) * LayerNorm(a) + shift by the one-pass kernel."""
+    if torch.compiler.is_compiling():
+        return _adaln_fwd_op(a, scale, shift, eps)[0]
+    return _AdaLNFunction.apply(a.contiguous(), scale.contiguous(), shift.contiguous(), eps)
+
+
+def _prepared(a, s, weight_a, weight_out):
+    """Checks shared by the entry points; a and s in the dtype the kernels compute in."""
+    runtime.check_triton_inputs(_OP, a, s)
+    a, s = runtime.autocast_input(a), runtime.autocast_input(s)
+    runtime.max_channels_check(_OP, "dim", a.shape[-1])
+    _check_shapes(a, s, weight_a, weight_out)
+    return a, s.to(a.dtype)
+
+
+def adaptive_layernorm(a, s, norm_s_weight, scale_weight, scale_bias, shift_weight, eps=1e-5):
+    """Triton AdaLN (Algorithm 26): sigmoid(Linear(LN(s))) * LayerNorm(a) + LinearNoBias(LN(s)),
+    the s side with PyTorch (once per s row) and the rest in one pass over a. Shapes as
+    conditioned_transition's; returns [..., C_a] in a's dtype."""
+    a, s = _prepared(a, s, None, None)
+    scale, shift = adaln_conditioning(s, norm_s_weight, scale_weight, scale_bias, shift_weight, eps)
+    if a.numel() == 0:
+        return adaln_modulate(a, scale, shift, eps)
+    return _adaln_modulate(a, scale, shift, eps)
+
+
 def _check_shapes(a, s, weight_a, weight_out) -> None:
-    if weight_a.shape[1] != a.shape[-1] or weight_out.shape != weight_a.shape[::-1]:
+    if weight_a is not None and (weight_a.shape[1] != a.shape[-1] or weight_out.shape != weight_a.shape[::-1]):
         raise ValueError(f"{_OP}: a has {a.shape[-1]} channels but weight_a is {tuple(weight_a.shape)} and "
                          f"weight_out is {tuple(weight_out.shape)}")
     leading = s.shape[:-1]
@@ -330,22 +513,20 @@ def conditioned_transition(a, s, norm_s_weight, scale_weight, scale_bias, shift_
     """Triton ConditionedTransitionBlock; same signature and numerics as
     conditioned_transition_reference. s is [..., S, L, C_s] like a, or [..., 1, L, C_s] shared by
     a's S samples (then the s side runs once per token, not once per sample)."""
-    runtime.check_triton_inputs(_OP, a, s)
-    a, s = runtime.autocast_input(a), runtime.autocast_input(s)
-    runtime.max_channels_check(_OP, "dim", a.shape[-1])
-    if a.is_cuda and a.element_size() > 2 and a.shape[-1] > 512:
-        raise ValueError(f"{_OP}: dim={a.shape[-1]} in {a.dtype} needs more shared memory than a GPU has; "
-                         f"pass bf16/fp16 activations (autocast) or use kernels='torch'")
-    _check_shapes(a, s, weight_a, weight_out)
+    a, s = _prepared(a, s, weight_a, weight_out)
     if a.numel() == 0:
         # no rows: nothing to launch; the result stays connected to the graph for autograd
         return conditioned_transition_reference(a, s, norm_s_weight, scale_weight, scale_bias, shift_weight,
                                                 weight_a, weight_b, weight_out, gate_weight, gate_bias, eps)
     # the s side with PyTorch, once per s row; its products in a's dtype, as the kernel's
-    s = s.to(a.dtype)
     scale, shift = adaln_conditioning(s, norm_s_weight, scale_weight, scale_bias, shift_weight, eps)
     gate = torch.nn.functional.linear(s, gate_weight.to(s.dtype), gate_bias.to(s.dtype))
     weight_a, weight_b, weight_out = runtime.weights_like(a, weight_a, weight_b, weight_out)
+    if a.shape[-1] > FUSED_MAX_CHANNELS:
+        # rows too wide for registers: the one-pass AdaLN, then cuBLAS products (see the top)
+        x = _adaln_modulate(a, scale, shift, eps)
+        hidden = torch.nn.functional.silu(x @ weight_a.t()) * (x @ weight_b.t())
+        return (torch.sigmoid(gate.float()) * (hidden @ weight_out.t()).float()).to(a.dtype)
     if torch.compiler.is_compiling():
         return _conditioned_transition_fwd_op(a, scale, shift, gate, weight_a, weight_b, weight_out, eps)[0]
     tensors = (t.contiguous() for t in (a, scale, shift, gate, weight_a, weight_b, weight_out))

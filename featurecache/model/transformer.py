@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from featurecache.kernels.conditioned_transition import conditioned_transition
+from featurecache.kernels.conditioned_transition import adaptive_layernorm, conditioned_transition
 from featurecache.kernels.runtime import check_kernels
 from featurecache.model.layers import attention_fn, freeze_norm_bias, kernel_module
 
@@ -69,16 +69,21 @@ class TokenLayout:
 
 class AdaptiveLayerNorm(nn.Module):
     """Algorithm 26, AdaLN: LayerNorm of a without affine, scaled by sigmoid(Linear(LN(s))) and
-    shifted by LinearNoBias(LN(s))."""
+    shifted by LinearNoBias(LN(s)). kernels="triton": normalize and modulate in one pass
+    (featurecache.kernels.conditioned_transition.adaptive_layernorm), same parameters."""
 
-    def __init__(self, c_a: int, c_s: int) -> None:
+    def __init__(self, c_a: int, c_s: int, kernels: str = "torch") -> None:
         super().__init__()
+        self.kernels = check_kernels(kernels)
         self.norm_a = nn.LayerNorm(c_a, elementwise_affine=False)
         self.norm_s = nn.LayerNorm(c_s, bias=False)
         self.scale = nn.Linear(c_s, c_a)
         self.shift = nn.Linear(c_s, c_a, bias=False)
 
     def forward(self, a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        if self.kernels == "triton":
+            return adaptive_layernorm(a, s, self.norm_s.weight, self.scale.weight, self.scale.bias, self.shift.weight,
+                                      self.norm_s.eps)
         s = self.norm_s(s)
         return torch.sigmoid(self.scale(s)) * self.norm_a(a) + self.shift(s)
 
@@ -119,7 +124,7 @@ class ConditionedAttention(nn.Module):
             raise ValueError(f"ConditionedAttention: width {c_a} is not a multiple of {num_heads} heads")
         self.num_heads = num_heads
         self.head_dim = c_a // num_heads
-        self.adaln = AdaptiveLayerNorm(c_a, c_s)
+        self.adaln = AdaptiveLayerNorm(c_a, c_s, kernels=kernels)
         # q, k, v and the gate from one matrix product; only q has a bias (Algorithm 24)
         self.proj = nn.Linear(c_a, 4 * c_a, bias=False)
         self.query_bias = nn.Parameter(torch.zeros(c_a))

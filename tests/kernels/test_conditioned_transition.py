@@ -5,8 +5,9 @@ kernel paths."""
 import pytest
 import torch
 
-from featurecache.kernels.conditioned_transition import conditioned_transition
-from featurecache.kernels.reference import conditioned_transition_reference
+from featurecache.kernels import conditioned_transition as fused
+from featurecache.kernels.conditioned_transition import adaptive_layernorm, conditioned_transition
+from featurecache.kernels.reference import adaln_conditioning, adaln_modulate, conditioned_transition_reference
 from featurecache.model.transformer import ConditionedTransition
 from featurecache.testing.compare import rel_error
 
@@ -38,7 +39,16 @@ def _inputs(a_shape, s_shape, expansion, generator):
     return a, s, params
 
 
-def _check(a_shape, s_shape, expansion, dtype, seed):
+def adaptive_layernorm_reference(a, s, norm_s_weight, scale_weight, scale_bias, shift_weight, *_, eps):
+    return adaln_modulate(a, *adaln_conditioning(s, norm_s_weight, scale_weight, scale_bias, shift_weight, eps), eps)
+
+
+def _adaptive_layernorm(a, s, norm_s_weight, scale_weight, scale_bias, shift_weight, *_, eps):
+    return adaptive_layernorm(a, s, norm_s_weight, scale_weight, scale_bias, shift_weight, eps)
+
+
+def _check(a_shape, s_shape, expansion, dtype, seed, functions=(conditioned_transition_reference,
+                                                               conditioned_transition)):
     generator = torch.Generator().manual_seed(seed)
     a, s, params = _inputs(a_shape, s_shape, expansion, generator)
     grad_out = torch.randn(*a_shape, generator=generator).to(DEVICE)
@@ -48,12 +58,16 @@ def _check(a_shape, s_shape, expansion, dtype, seed):
         leaves = [a.to(x_dtype).requires_grad_(), s.to(x_dtype).requires_grad_()]
         leaves += [p.to(param_dtype).requires_grad_() for p in params]
         out = fn(*leaves, eps=1e-5)
-        return [out, *torch.autograd.grad(out, leaves, grad_out.to(out.dtype))]
+        # AdaLN alone uses the leading inputs only (NAMES in order)
+        grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype), allow_unused=True)
+        return [out, *(g for g in grads if g is not None)]
 
-    truth = run(conditioned_transition_reference, torch.float64, torch.float64)
-    torch_result = run(conditioned_transition_reference, dtype, torch.float32)
-    triton_result = run(conditioned_transition, dtype, torch.float32)
-    for name, mine, ref, exact in zip(NAMES, triton_result, torch_result, truth, strict=True):
+    reference, triton_fn = functions
+    truth = run(reference, torch.float64, torch.float64)
+    torch_result = run(reference, dtype, torch.float32)
+    triton_result = run(triton_fn, dtype, torch.float32)
+    assert len(triton_result) == len(torch_result) == len(truth)
+    for name, mine, ref, exact in zip(NAMES[:len(truth)], triton_result, torch_result, truth, strict=True):
         assert mine.dtype == ref.dtype and mine.shape == ref.shape, name
         assert torch.isfinite(mine).all(), name
         mine_err, torch_err = rel_error(mine, exact), rel_error(ref, exact)
@@ -70,6 +84,21 @@ def _check(a_shape, s_shape, expansion, dtype, seed):
 ])
 def test_matches_reference(a_shape, s_shape, expansion, dtype):
     _check(a_shape, s_shape, expansion, dtype, seed=torch.seed() % 2**31)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("a_shape, s_shape", [((2, 3, 7, 40), (2, 3, 7, 24)), ((1, 3, 11, 24), (1, 1, 11, 40))])
+def test_wide_rows_take_the_adaln_kernel_and_products(a_shape, s_shape, dtype, monkeypatch):
+    """Rows wider than the fused kernel holds (c_token 768): the one-pass AdaLN, then cuBLAS."""
+    monkeypatch.setattr(fused, "FUSED_MAX_CHANNELS", 16)
+    _check(a_shape, s_shape, 2, dtype, seed=torch.seed() % 2**31)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("a_shape, s_shape", [((2, 3, 7, 24), (2, 3, 7, 40)), ((1, 3, 11, 40), (1, 1, 11, 24))])
+def test_adaptive_layernorm_matches_reference(a_shape, s_shape, dtype):
+    _check(a_shape, s_shape, 2, dtype, seed=torch.seed() % 2**31,
+           functions=(adaptive_layernorm_reference, _adaptive_layernorm))
 
 
 def test_module_paths_agree_and_share_parameters():
@@ -129,6 +158,10 @@ def test_opcheck_forward_and_backward_ops():
     y, out, mean, rstd = torch.ops.featurecache.conditioned_transition_fwd(*(t.detach() for t in args[:-1]), 1e-5)
     torch.library.opcheck(torch.ops.featurecache.conditioned_transition_bwd.default,
                           (torch.randn_like(y), *(t.detach() for t in args[:-1]), out, mean, rstd))
+    torch.library.opcheck(torch.ops.featurecache.adaln_fwd.default, (*args[:3], 1e-5))
+    x, mean, rstd = torch.ops.featurecache.adaln_fwd(*(t.detach() for t in args[:3]), 1e-5)
+    torch.library.opcheck(torch.ops.featurecache.adaln_bwd.default,
+                          (torch.randn_like(x), *(t.detach() for t in args[:3]), mean, rstd))
 
 
 def test_compiles_and_matches_eager():
