@@ -13,7 +13,7 @@ autograd implementations (eager calls skip that dispatch), so neither Dynamo nor
 a launcher; gated_pair_attention and residual_add compile as their references over those ops.
 A small op is one file with the
 same sections in the same order (layernorm_linear.py, transition.py, gated_attention.py,
-residual.py). Shared by all:
+residual.py, conditioned_transition.py). Shared by all:
   runtime.py     host side: the kernel switch (KERNEL_CHOICES), TRITON_INTERPRET, tuned block
                  configurations (configs/*.json), launch checks and tile sizes
   primitives.py  @triton.jit building blocks: mma, cast, the LayerNorm prologue and backward
@@ -28,6 +28,9 @@ from featurecache.kernels.evo_attention import evo_attention
 
 _EXPORTS = {
     "KERNEL_CHOICES": "featurecache.kernels.runtime",
+    "adaptive_layernorm": "featurecache.kernels.conditioned_transition",
+    "conditioned_transition": "featurecache.kernels.conditioned_transition",
+    "conditioned_transition_reference": "featurecache.kernels.reference",
     "evo_attention_reference": "featurecache.kernels.reference",
     "gated_pair_attention": "featurecache.kernels.gated_attention",
     "gated_pair_attention_reference": "featurecache.kernels.reference",
