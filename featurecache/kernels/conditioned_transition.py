@@ -19,6 +19,10 @@ scale, shift and gate (per a row in fp32; summed over the samples on the host wh
 and writes the operands of the weight gradients ([d_a | d_b], the hidden, x, d_out) for cuBLAS,
 the "matmul" strategy of transition.py (benchmarks/NOTES-fused_ops.md: recomputing them in a
 second Triton kernel was twice as slow on the H200).
+
+Rows wider than FUSED_MAX_CHANNELS (c_token 768) do not fit registers whole: there a one-pass
+AdaLN kernel (also the conditioned attention's AdaLN, `adaptive_layernorm`) writes x, and the
+three products and the SwiGLU and gate stay with PyTorch/cuBLAS.
 """
 
 from __future__ import annotations
