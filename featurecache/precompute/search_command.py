@@ -29,7 +29,7 @@ from pathlib import Path
 
 from featurecache.config import ClusteringConfig, SampleConfig
 from featurecache.io import inputs
-from featurecache.precompute.pipeline import CacheWriteError, PipelineRun
+from featurecache.precompute.pipeline import CacheWriteError, _Run
 from featurecache.precompute.plan import PipelineSetupError, PrecomputeOptions, prepare
 from featurecache.precompute.report import PrecomputeSummary, StageCounts
 from featurecache.precompute.search_outputs import TargetOutputs, target_outputs
@@ -138,7 +138,7 @@ def search(options: SearchOptions) -> SearchSummary:
     return summary
 
 
-class _SearchRun(PipelineRun):
+class _SearchRun(_Run):
     """Precompute's run, stopped after its search stage; then each target's outputs."""
 
     def __init__(self, precompute_options: PrecomputeOptions, plan, writer: StoreWriter, options: SearchOptions,
@@ -162,12 +162,12 @@ class _SearchRun(PipelineRun):
         self.search_summary.targets = len(self.plan.inputs)
         if not todo:
             return
-        self.start_executor()
-        ready, chain_keys = self.search_stage(todo)
+        self._start_executor()
+        ready, chain_keys = self._search_stage(todo)
         self._write_outputs(ready, chain_keys)
         self._write_index()
 
-    def exclude(self, excluded: ExcludedTarget) -> None:
+    def _exclude(self, excluded: ExcludedTarget) -> None:
         """Curation leaves the target out: no outputs (and, unlike precompute, no cache change)."""
         self.search_summary.excluded += 1
 
@@ -181,14 +181,14 @@ class _SearchRun(PipelineRun):
             if isinstance(result, TaskError):
                 self._failed(result.stage, result.key, result.message)
             elif isinstance(result, ExcludedTarget):
-                self.exclude(result)
+                self._exclude(result)
             else:
                 self._write_target(result)
 
         def crashed(stage: str, target_id: str, error: Exception) -> None:
             self._failed("outputs", target_id, f"worker crashed: {type(error).__name__}: {error}")
 
-        runner = self.runner(written, crashed, len(ready), "outputs", "target")
+        runner = self._runner(written, crashed, len(ready), "outputs", "target")
         for target in ready:
             keys = chain_keys[target.target_id]
             blobs = {key: self.writer.get(MSA_TABLE, key) for key in set(keys.values())}
@@ -224,8 +224,12 @@ class _SearchRun(PipelineRun):
 
 def _write_text(path: Path, text: str) -> None:
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
+    try:
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, path)
+    except BaseException:  # a full disk or Ctrl-C: no partial file left beside the outputs
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def _finished_manifest(cache_dir: Path):
