@@ -192,8 +192,12 @@ def write_af3_json(path: str | os.PathLike, document: dict) -> Path:
     """Write the document as UTF-8 JSON (written to a temporary name, then renamed)."""
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
-    os.replace(partial, path)
+    try:
+        partial.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+        os.replace(partial, path)
+    except BaseException:  # a full disk or Ctrl-C: no partial file left beside the output
+        partial.unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -23,6 +23,7 @@ import torch
 from featurecache.model.confidence_metrics import confidence_summary, contact_probabilities, plddt
 from featurecache.prediction.mmcif import ResidueInstance, asym_ids, written_order
 from featurecache.prediction.ranking import fraction_disordered, has_clash, ranking_score
+from featurecache.store.files import write_text_atomic
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,5 @@ def _rounded(value):
 
 def write_json(path: pathlib.Path, content: dict, indent: int | None = None) -> None:
     """Write content as AlphaFold 3 does (sorted keys, 2 decimals, null for NaN), atomically."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(_rounded(content), sort_keys=True, indent=indent, separators=(",", ": ")
-                                  if indent else (",", ":")))
-    partial.replace(path)
+    text = json.dumps(_rounded(content), sort_keys=True, indent=indent, separators=(",", ": ") if indent else (",", ":"))
+    write_text_atomic(path, text)

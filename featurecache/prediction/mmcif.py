@@ -20,6 +20,7 @@ import numpy as np
 
 from featurecache.chem.ccd import Ccd
 from featurecache.schema import RESTYPES
+from featurecache.store.files import atomic_path
 
 UNKNOWN_LIGAND = "UNL"  # PDB's code for an unnamed ligand
 
@@ -172,6 +173,5 @@ def structure_mmcif(target_id: str, sample: dict[str, np.ndarray], meta: dict, p
 def write_mmcif(path: pathlib.Path, target_id: str, sample: dict[str, np.ndarray], meta: dict,
                 positions: np.ndarray, instances: list[ResidueInstance], b_factors: np.ndarray | None = None) -> None:
     """Write one predicted structure to `path` (a temporary file renamed: never half written)."""
-    partial = path.with_name(path.name + ".partial")
-    structure_mmcif(target_id, sample, meta, positions, instances, b_factors).write_file(str(partial))
-    partial.replace(path)
+    with atomic_path(path) as partial:  # removed again if the write fails
+        structure_mmcif(target_id, sample, meta, positions, instances, b_factors).write_file(str(partial))

@@ -59,11 +59,15 @@ def latest_checkpoint(path: pathlib.Path) -> pathlib.Path:
 def save_checkpoint(path: pathlib.Path, state: dict) -> None:
     """Write to a temporary file beside `path`, then rename: readers never see a partial file."""
     partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as handle:
-        torch.save(state, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(partial, path)
+    try:
+        with open(partial, "wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, path)
+    except BaseException:  # a full disk or Ctrl-C: no partial file left in the run folder
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def load_checkpoint(path: pathlib.Path) -> dict:
