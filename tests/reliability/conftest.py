@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.reliability import _tiny
 from tests.reliability._report import render_report
 
 REPORT_ENV = "FEATURECACHE_WRITE_RELIABILITY_REPORT"
@@ -47,3 +48,15 @@ def seed() -> int:
     """Fresh per run, or fixed with FEATURECACHE_RELIABILITY_SEED to replay a failure."""
     value = os.environ.get(SEED_ENV)
     return int(value) if value is not None else random.randrange(1 << 31)
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tmp_path_factory, shared_data) -> Path:
+    """A finished one-target cache (tests must not write into it)."""
+    return _tiny.build_cache(shared_data, tmp_path_factory.mktemp("tiny") / "cache")
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, tiny_cache) -> Path:
+    """A finished one-step training run of the tiny model on tiny_cache (log.jsonl, a checkpoint)."""
+    return _tiny.train_run(tiny_cache, tmp_path_factory.mktemp("tiny-run") / "run")
