@@ -66,6 +66,20 @@ def stats_figure(report: dict):
     return figure
 
 
+def log_axis(axis, which: str, low: float, high: float) -> None:
+    """A log scale on the panel's x or y axis for values from low to high, labelled with plain
+    numbers (0.5, 2, 100): ticks at 1, 2, 5 x 10^k over up to two decades, at powers of 10
+    beyond (else they crowd). Also training's run plot (training/run_plot.py)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    (axis.set_xscale if which == "x" else axis.set_yscale)("log")
+    ticks = axis.xaxis if which == "x" else axis.yaxis
+    few_decades = high < 100 * low
+    ticks.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if few_decades else (1.0,)))
+    ticks.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ticks.set_minor_formatter(NullFormatter())
+
+
 def _integer_counts(axis, which: str = "y") -> None:
     from matplotlib.ticker import MaxNLocator
 
@@ -105,14 +119,7 @@ def _histogram(axis, values: list, title: str, unit: str, color: str, ylabel: st
         width = bins[-1] - bins[0]
         axis.set_xlim(bins[0] - 2 * width, bins[-1] + 2 * width)
     if logarithmic:
-        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-        axis.set_xscale("log")
-        # ticks at 1, 2, 5 x 10^k over a decade or two, at powers of 10 beyond (else they crowd)
-        few_decades = bins[-1] < 100 * bins[0]
-        axis.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if few_decades else (1.0,)))
-        axis.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-        axis.xaxis.set_minor_formatter(NullFormatter())
+        log_axis(axis, "x", bins[0], bins[-1])
         unit += " (log scale)"
     axis.set(title=title, xlabel=unit, ylabel=ylabel)
     _integer_counts(axis)

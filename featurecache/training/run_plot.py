@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from featurecache.store.files import atomic_path
+from featurecache.store.plot import log_axis
 from featurecache.training.loop import LOG_FILE
 
 DEFAULT_PLOT = "training.png"
@@ -97,16 +98,9 @@ def _draw(axis, steps: list[int], values: list[float], window: int, color: str, 
 def _y_scale(axis, values: list[float], unit: str) -> None:
     """A log axis when the values span more than LOG_SPAN (a first step that compiles, a loss that
     falls by orders), labelled with plain numbers (0.5, 2, 100); a linear axis otherwise."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
     positive = [value for value in _positive(values) if math.isfinite(value)]
     if positive and max(positive) > LOG_SPAN * min(positive):
-        axis.set_yscale("log")
-        # ticks at 1, 2, 5 x 10^k over up to two decades, at powers of 10 beyond (else they crowd)
-        few_decades = max(positive) < 100 * min(positive)
-        axis.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if few_decades else (1.0,)))
-        axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-        axis.yaxis.set_minor_formatter(NullFormatter())
+        log_axis(axis, "y", min(positive), max(positive))
         unit += " (log scale)"
     axis.set_ylabel(unit)
 
