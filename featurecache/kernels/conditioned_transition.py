@@ -15,7 +15,7 @@ sigmoid(gate) before the one store. It also stores the ungated output (one [rows
 and two floats a row, what the backward needs besides a.
 
 The backward's kernel recomputes x and the hidden chunks and forms da and the gradients of
-scale, shift and gate (per a row in fp32; summed over the samples on the host where s is shared),
+scale, shift and gate (per a row in a's dtype; summed in fp32 over the samples where s is shared),
 and writes the operands of the weight gradients ([d_a | d_b], the hidden, x, d_out) for cuBLAS,
 the "matmul" strategy of transition.py (benchmarks/NOTES-fused_ops.md: recomputing them in a
 second Triton kernel was twice as slow on the H200).
@@ -145,7 +145,7 @@ def _conditioned_transition_bwd_kernel(
     dy = tl.load(DY + offsets, mask=tile_mask, other=0.0).to(tl.float32)
     gate = tl.sigmoid(tl.load(GATE + s_offsets, mask=tile_mask, other=0.0).to(tl.float32))
     out = tl.load(OUT + offsets, mask=tile_mask, other=0.0).to(tl.float32)
-    tl.store(DGATE + offsets, dy * out * gate * (1.0 - gate), mask=tile_mask)
+    tl.store(DGATE + offsets, cast(dy * out * gate * (1.0 - gate), DGATE.dtype.element_ty, PRECISION), mask=tile_mask)
     d_out = cast(dy * gate, a.dtype, PRECISION)
     tl.store(D_OUT + offsets, d_out, mask=tile_mask)
 
@@ -183,13 +183,14 @@ def _normalized_saved(a, MEAN, RSTD, rows, row_mask, col_mask):
 @triton.jit
 def _adaln_backward(d_x, A, SCALE, MEAN, RSTD, DA, DSCALE, DSHIFT, rows, row_mask, col_mask, offsets, s_offsets,
                     tile_mask, n_ch, PRECISION: tl.constexpr):
-    """Given d_x for x = sigmoid(scale) * xhat + shift, store da and, per a row in fp32, the
+    """Given d_x for x = sigmoid(scale) * xhat + shift, store da and, per a row, the
     gradients of the scale logits and of the shift. Padded columns have d_x = 0 and xhat = 0."""
     a = tl.load(A + offsets, mask=tile_mask, other=0.0)
     xhat, rstd = _normalized_saved(a, MEAN, RSTD, rows, row_mask, col_mask)
     scale = tl.sigmoid(tl.load(SCALE + s_offsets, mask=tile_mask, other=0.0).to(tl.float32))
-    tl.store(DSHIFT + offsets, d_x, mask=tile_mask)
-    tl.store(DSCALE + offsets, d_x * xhat * scale * (1.0 - scale), mask=tile_mask)
+    tl.store(DSHIFT + offsets, cast(d_x, DSHIFT.dtype.element_ty, PRECISION), mask=tile_mask)
+    tl.store(DSCALE + offsets, cast(d_x * xhat * scale * (1.0 - scale), DSCALE.dtype.element_ty, PRECISION),
+             mask=tile_mask)
     d_xhat = d_x * scale
     proj = tl.sum(d_xhat * xhat, axis=1) / n_ch
     mean_d = tl.sum(d_xhat, axis=1) / n_ch
@@ -300,7 +301,7 @@ def conditioned_transition_bwd(dy, a, scale, shift, gate, weight_a, weight_b, we
     shared, n_samples, n_tokens = _sharing(a, scale)
     device = a.device
     da = torch.empty_like(a)
-    d_cond = torch.empty((3, *a.shape), device=device, dtype=torch.float32)  # scale, shift, gate per a row
+    d_cond = torch.empty((3, *a.shape), device=device, dtype=a.dtype)  # scale, shift, gate per a row
     d_ab = torch.empty((n_rows, 2 * n_hidden), device=device, dtype=a.dtype)
     hidden = torch.empty((n_rows, n_hidden), device=device, dtype=a.dtype)
     x = torch.empty((n_rows, n_ch), device=device, dtype=a.dtype)
@@ -322,10 +323,10 @@ def conditioned_transition_bwd(dy, a, scale, shift, gate, weight_a, weight_b, we
 
 
 def _conditioning_grads(d_cond, shared, tensors):
-    """The per-a-row fp32 gradients [k, *a.shape] summed over the samples where the s-derived
-    tensors are shared, each in its tensor's dtype."""
+    """The per-a-row gradients [k, *a.shape] (a's dtype: half the bytes of fp32) summed in fp32
+    over the samples where the s-derived tensors are shared, each in its tensor's dtype."""
     if shared:
-        d_cond = d_cond.sum(-3, keepdim=True)
+        d_cond = d_cond.sum(-3, keepdim=True, dtype=torch.float32)
     return tuple(d.to(t.dtype) for d, t in zip(d_cond, tensors))
 
 
@@ -353,7 +354,7 @@ def adaln_bwd(dx, a, scale, shift, mean, rstd):
     n_rows = a.numel() // n_ch
     shared, n_samples, n_tokens = _sharing(a, scale)
     da = torch.empty_like(a)
-    d_cond = torch.empty((2, *a.shape), device=a.device, dtype=torch.float32)
+    d_cond = torch.empty((2, *a.shape), device=a.device, dtype=a.dtype)
     block_c = runtime.block_for(n_ch)
     config, block_m = runtime.tile_config(_OP, "adaln", block_c, _ROW_TILE_ELEMENTS.get(a.element_size(), 4096))
     _adaln_bwd_kernel[(triton.cdiv(n_rows, block_m),)](
