@@ -164,11 +164,17 @@ def test_opcheck_forward_and_backward_ops():
                           (torch.randn_like(x), *(t.detach() for t in args[:3]), mean, rstd))
 
 
-def test_compiles_and_matches_eager():
+@pytest.mark.parametrize("wide, s_samples", [(False, 2), (True, 1)])
+def test_compiles_and_matches_eager(wide, s_samples, monkeypatch):
+    """Fused (s per sample) and wide-row (AdaLN kernel + products, s shared) paths, whole-graph."""
+    if wide:
+        monkeypatch.setattr(fused, "FUSED_MAX_CHANNELS", 8)
     torch.manual_seed(2)
     module = ConditionedTransition(16, 24, kernels="triton")
+    with torch.no_grad():
+        module.output_gate.weight.normal_(0.0, 0.2)  # so that s's gradient goes through the gate too
     a = torch.randn(1, 2, 7, 16)
-    s = torch.randn(1, 2, 7, 24)
+    s = torch.randn(1, s_samples, 7, 24)
 
     def run(fn):
         a_, s_ = a.clone().requires_grad_(), s.clone().requires_grad_()
