@@ -20,6 +20,21 @@ from featurecache.errors import DEBUG_FLAG, EXIT_PARTIAL, BoundaryGroup, UserErr
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 
 
+def _ray_options(command):
+    """--address, --workers and --executor: where the tasks of precompute and search run."""
+    options = [
+        click.option("--address", default=None, help="Ray cluster address to join (e.g. 'auto' or "
+                     "'ray://host:10001'); default: start Ray locally."),
+        click.option("--workers", "num_workers", type=click.IntRange(min=1), default=None,
+                     help="CPUs Ray may use when started locally (default: all)."),
+        click.option("--executor", type=click.Choice(["ray", "inline"]), default="ray", show_default=True,
+                     help="'inline' runs every task in this process, one at a time (debugging)."),
+    ]
+    for option in reversed(options):  # click lists options in decorator order, top first
+        command = option(command)
+    return command
+
+
 def _existing_cache(path: str) -> pathlib.Path:
     """The cache folder, generation or publish root at PATH, with its manifest read and checked."""
     from featurecache.store.manifest import read_manifest
@@ -108,12 +123,7 @@ def cli(debug):
               help="Folder of precomputed alignments (A3M/A2M/Stockholm/HHR/m8) to ingest.")
 @click.option("--templates", "template_dir", type=click.Path(path_type=pathlib.Path),
               help="Folder of template mmCIF files for template hits (overrides the config's).")
-@click.option("--address", default=None,
-              help="Ray cluster address to join (e.g. 'auto' or 'ray://host:10001'); default: start Ray locally.")
-@click.option("--workers", "num_workers", type=click.IntRange(min=1), default=None,
-              help="CPUs Ray may use when started locally (default: all).")
-@click.option("--executor", type=click.Choice(["ray", "inline"]), default="ray", show_default=True,
-              help="'inline' runs every task in this process, one at a time (debugging).")
+@_ray_options
 @click.option("--shards", "num_shards", type=click.IntRange(min=1), default=None,
               help="Number of LMDB shard files for a new cache (default 4; an existing cache keeps its own).")
 @click.option("--msa-rows-stored", type=click.IntRange(min=1), default=None,
@@ -180,12 +190,7 @@ def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, add
                    "(default: OUT/cache).")
 @click.option("--max-templates", type=click.IntRange(min=0), default=4, show_default=True,
               help="Templates per protein chain in the AlphaFold3 JSON (AF3 uses 4).")
-@click.option("--address", default=None,
-              help="Ray cluster address to join (e.g. 'auto'); default: start Ray locally.")
-@click.option("--workers", "num_workers", type=click.IntRange(min=1), default=None,
-              help="CPUs Ray may use when started locally (default: all).")
-@click.option("--executor", type=click.Choice(["ray", "inline"]), default="ray", show_default=True,
-              help="'inline' runs every task in this process, one at a time (debugging).")
+@_ray_options
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @click.option("--verbose", is_flag=True, help="Show Ray's own messages: start-up, warnings, what its workers print.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
