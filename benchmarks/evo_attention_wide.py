@@ -27,7 +27,7 @@ import torch  # noqa: E402
 from harness import Table, argument_parser, run_stamp, time_ms  # noqa: E402
 
 from featurecache.kernels.evo_attention import launch, wide_index  # noqa: E402
-from featurecache.kernels.gated_attention import _views, gated_pair_attention  # noqa: E402
+from featurecache.kernels.gated_attention import packed_views, gated_pair_attention  # noqa: E402
 from featurecache.testing.compare import rel_error  # noqa: E402
 
 HEADS, HEAD_DIM, ROW = 4, 32, 528  # AF3's triangle attention; rows 16-aligned as LayerNormLinear writes them
@@ -40,7 +40,7 @@ def run(length: int, device: torch.device) -> list:
     mask = token[:, :, None] & token[:, None, :]
     transposed = packed.transpose(1, 2).contiguous()
     grad = torch.randn(1, length, length, HEADS * HEAD_DIM, device=device, dtype=torch.bfloat16)
-    q_end = _views(packed, HEADS, HEAD_DIM, True)[0]
+    q_end = packed_views(packed, HEADS, HEAD_DIM, True)[0]
     wide = wide_index(q_end)
 
     def ending():

@@ -114,7 +114,7 @@ def _pair_strides(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
-def _views(packed: torch.Tensor, heads: int, head_dim: int, transpose: bool):
+def packed_views(packed: torch.Tensor, heads: int, head_dim: int, transpose: bool):
     """q, k, v [B, rows, L, H, D] (rows: i, or j for the transpose), gate [B, L, L, H*D] and the
     bias [B, H, L, L] as strided views of a packed tensor (or of its gradient)."""
     inner = heads * head_dim
@@ -139,7 +139,7 @@ class _GatedPairAttention(torch.autograd.Function):
     def forward(ctx, packed, mask, heads, head_dim, transpose, scale):
         batch, length = packed.shape[0], packed.shape[1]
         inner = heads * head_dim
-        q, k, v, gate, bias = _views(packed, heads, head_dim, transpose)
+        q, k, v, gate, bias = packed_views(packed, heads, head_dim, transpose)
         # The bias is read as [L, L] tiles per head: a copy with contiguous keys (H * L * L
         # elements, 1/32 of q) reads far faster than the packed columns' 4-element rows.
         bias = bias.unsqueeze(1).contiguous()
@@ -171,8 +171,8 @@ class _GatedPairAttention(torch.autograd.Function):
         # are outside the view: nothing reads them.
         row = max(width, packed.stride(2)) if packed.stride(-1) == 1 else width
         d_packed = packed.new_empty((batch, length, length, row))[..., :width]
-        q, k, v, gate, _ = _views(packed, heads, head_dim, transpose)
-        dq, dk, dv, d_gate, d_bias = _views(d_packed, heads, head_dim, transpose)
+        q, k, v, gate, _ = packed_views(packed, heads, head_dim, transpose)
+        dq, dk, dv, d_gate, d_bias = packed_views(d_packed, heads, head_dim, transpose)
 
         d_out = torch.empty_like(out)
         out_pair, d_out_pair = out.flatten(-2), d_out.flatten(-2)
