@@ -65,6 +65,19 @@ def _utf8_file(option: str, path: pathlib.Path | None) -> pathlib.Path | None:
     return path
 
 
+def _run_on_ray(run, options):
+    """run(options) for precompute or search: a setup error is one line (exit 2), and Ray, if
+    this process started it, is shut down however the run ends."""
+    from featurecache.precompute.plan import PipelineSetupError
+
+    try:
+        return run(options)
+    except PipelineSetupError as error:
+        raise UserError(str(error)) from error
+    finally:
+        _shutdown_ray()
+
+
 def _shutdown_ray() -> None:
     """Stop the Ray this command started, here inside the error boundary: left to Ray's exit
     handler, a Ctrl-C during its shutdown printed a traceback and exited 0."""
@@ -144,7 +157,7 @@ def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, add
     """Parse INPUTS (mmCIF, PDB, FASTA or AlphaFold3 input JSON files, or folders of them), search
     or ingest alignments, compute reference conformers, featurize, and write the records into the
     cache. Resumable: current records are skipped."""
-    from featurecache.precompute.pipeline import PipelineSetupError, PrecomputeOptions, precompute as run
+    from featurecache.precompute.pipeline import PrecomputeOptions, precompute as run
 
     if config_path is not None and alignments_dir is not None:
         raise click.UsageError("--alignments cannot be combined with --config: --config searches with the "
@@ -166,12 +179,7 @@ def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, add
         progress=progress,
         verbose=verbose,
     )
-    try:
-        summary = run(options)
-    except PipelineSetupError as error:
-        raise UserError(str(error)) from error
-    finally:
-        _shutdown_ray()
+    summary = _run_on_ray(run, options)
     if as_json:
         click.echo(json.dumps(summary.to_dict(), indent=2))
     else:
@@ -199,19 +207,13 @@ def search(inputs, config_path, out_dir, cache_dir, max_templates, address, num_
     """Run only the configured MSA and template searches for INPUTS (mmCIF, PDB, FASTA or AlphaFold3
     JSON files, or folders of them) and write, per unique chain, A3M files and template hits,
     and per target an AlphaFold3 input JSON with its MSAs and templates filled in."""
-    from featurecache.precompute.plan import PipelineSetupError
     from featurecache.precompute.search_command import SearchOptions, search as run
 
     _utf8_file("--config", config_path)
     options = SearchOptions(inputs=list(inputs), config_path=config_path, out_dir=out_dir, cache_dir=cache_dir,
                             address=address, executor=executor, num_workers=num_workers,
                             max_templates=max_templates, progress=progress, verbose=verbose)
-    try:
-        summary = run(options)
-    except PipelineSetupError as error:
-        raise UserError(str(error)) from error
-    finally:
-        _shutdown_ray()
+    summary = _run_on_ray(run, options)
     click.echo(json.dumps(summary.to_dict(), indent=2) if as_json else summary.format())
     sys.exit(EXIT_PARTIAL if summary.failed else 0)
 
