@@ -105,12 +105,16 @@ def render_report(figures: dict) -> str:
     sections = [("bad_inputs", "(c) bad inputs in one batch"), ("tool_failures", "(c) failing search tools"),
                 ("setup_errors", "(c) setup problems (exit status 2, nothing written)"),
                 ("full_disk", "(c) full disk"),
-                ("cli_errors", "(c) command-line mistakes (exit status 2, one line, nothing written)")]
+                ("cli_errors", "(c) command-line mistakes (exit status 2, one line, nothing written)"),
+                ("cli_new_commands", "(c) mistakes with search, export, plot, train's recipe options and predict "
+                                     "(exit status 2, one line, nothing written)"),
+                ("outputs_cut_short", "(c) outputs cut short by a full disk (whole or absent, never half-written)")]
     present = [(name, title) for name, title in sections if figures.get(name)]
     if present:
         count = sum(len(figures[name]) for name, _ in present)
         lines += ["## (c) bad inputs, tools and caches", "",
-                  f"`tests/reliability/test_bad_inputs.py` and `test_cli_errors.py`: {count} bad inputs tried "
+                  f"`tests/reliability/test_bad_inputs.py`, `test_cli_errors.py` and `test_cli_new_commands.py`: "
+                  f"{count} bad inputs tried "
                   f"in {len(present)} classes; each message below is the "
                   f"one the pipeline produced (temporary folder prefix removed), and in every batch run the good "
                   f"targets were cached.", ""]

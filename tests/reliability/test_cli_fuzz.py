@@ -21,13 +21,15 @@ from hypothesis import strategies as st
 from featurecache.cli import cli
 from featurecache.store.verify import verify_cache
 from tests.conftest import SHARED_DATA as DATA
+from tests.reliability._tiny import TARGET, TINY_PREDICT, TINY_TRAIN, checkpoint_of, pipeline_config
 
 EXIT_CODES = {0, 1, 2}
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory) -> dict[str, Path]:
-    """A finished cache plus a zoo of files a user might pass by mistake."""
+def workspace(tmp_path_factory, tiny_run) -> dict[str, Path]:
+    """A finished cache, a training run with its checkpoint, a pipeline config, plus a zoo of
+    files a user might pass by mistake."""
     root = tmp_path_factory.mktemp("fuzz")
     cache = root / "cache"
     runner = CliRunner()
@@ -48,7 +50,18 @@ def workspace(tmp_path_factory) -> dict[str, Path]:
         "structure": DATA / "structures" / "2q2k.cif",
         "plot_missing_dir": root / "no" / "such" / "plot.png",
         "plot_bad_suffix": root / "plot.xyz",
+        "run": shutil.copytree(tiny_run, root / "run"),  # a copy: a fuzzed train --out may write into it
+        "checkpoint": checkpoint_of(tiny_run),
+        "truncated_checkpoint": root / "truncated.pt",
+        "cut_log_run": root / "cut-log-run",
+        "config": pipeline_config(root),
+        "out": root / "out",
+        "plot_in_file": root / "empty.cif" / "plot.png",
     }
+    files["truncated_checkpoint"].write_bytes(files["checkpoint"].read_bytes()[:2048])
+    files["cut_log_run"].mkdir()
+    log = (tiny_run / "log.jsonl").read_bytes()
+    (files["cut_log_run"] / "log.jsonl").write_bytes(log + log[:len(log) // 2])  # a run killed mid-line
     files["empty"].write_text("")
     files["latin1"].write_bytes("[search]\nname = 'caf\xe9'\n".encode("latin-1"))
     files["binary"].write_bytes(bytes(range(256)))
@@ -60,14 +73,21 @@ def workspace(tmp_path_factory) -> dict[str, Path]:
 
 
 PATH_NAMES = ["cache", "missing", "folder", "empty", "latin1", "binary", "garbled_json", "fasta",
-              "gap_fasta", "structure", "plot_missing_dir", "plot_bad_suffix"]
+              "gap_fasta", "structure", "plot_missing_dir", "plot_bad_suffix", "run", "checkpoint",
+              "truncated_checkpoint", "cut_log_run", "config", "out", "plot_in_file"]
 INTS = st.sampled_from(["-1", "0", "1", "3", "999999999999", "x", "1.5", ""])
+FLOATS = st.sampled_from(["-1", "0", "1e-3", "0.5", "1", "2", "nan", "inf", "-inf", "1e400", "x", ""])
+KEYS = st.sampled_from([TARGET, TARGET.upper(), "no-such-target", "", "../2q2k", "2q2k/../x"])
 TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
 
 
 def _value(draw, kind: str, files):
     if kind == "int":
         return draw(INTS)
+    if kind == "float":
+        return draw(FLOATS)
+    if kind == "key":
+        return draw(st.one_of(KEYS, TEXT))
     if kind == "path":
         return str(files[draw(st.sampled_from(PATH_NAMES))])
     return draw(TEXT)
@@ -83,6 +103,28 @@ COMMANDS = {
     "show": (["path", "text"], {"--table": "text"}),
     "publish": (["path", "path"], {}),
     "gc": (["path"], {"--keep": "int"}),
+    "search": (["path"], {"--config": "path", "--out": "path", "--cache": "path", "--max-templates": "int"}),
+    "export": (["path", "key"], {"--format": "text", "--out": "path"}),
+    "plot": (["path"], {"--out": "path"}),
+    "train": ([], {"--cache": "path", "--out": "path", "--resume": "path", "--tensorboard": "path",
+                   "--accumulate": "int", "--pair-shards": "int", "--validate-every": "int",
+                   "--validation-keys": "key", "--validation-fraction": "float", "--validation-sampler-steps": "int",
+                   "--deterministic": "flag", "--lr": "float", "--adam-beta1": "float", "--adam-beta2": "float",
+                   "--adam-eps": "float", "--weight-decay": "float", "--warmup": "int", "--lr-decay-factor": "float",
+                   "--lr-decay-every": "int", "--grad-clip": "float", "--ema-decay": "float", "--seed": "int",
+                   "--crop-size": "int", "--batch-size": "int"}),
+    "predict": (["key"], {"--cache": "path", "--checkpoint": "path", "--out": "path", "--samples": "int",
+                          "--max-tokens": "int", "--seed": "int", "--kernels": "text"}),
+}
+# Required options a command gets before the drawn ones (a drawn value given later wins), and the
+# smallest work: a tiny training step, a two-step prediction, searches run in this process.
+BASE_ARGS = {
+    "search": lambda files: ["--config", str(files["config"]), "--out", str(files["out"]),
+                             "--executor", "inline", "--no-progress"],
+    "export": lambda files: ["--format", "a3m", "--out", str(files["out"])],
+    "train": lambda files: ["--cache", str(files["cache"]), "--out", str(files["out"]), *TINY_TRAIN],
+    "predict": lambda files: ["--cache", str(files["cache"]), "--checkpoint", str(files["checkpoint"]),
+                              "--out", str(files["out"]), *TINY_PREDICT],
 }
 
 
@@ -91,6 +133,7 @@ def command_lines(draw, files):
     name = draw(st.sampled_from(sorted(COMMANDS)))
     positional, options = COMMANDS[name]
     args = [name] + [_value(draw, kind, files) for kind in positional]
+    args += BASE_ARGS[name](files) if name in BASE_ARGS else []
     chosen = draw(st.lists(st.sampled_from(sorted(options)), unique=True, max_size=3)) if options else []
     for option in chosen:
         kind = options[option]
@@ -116,13 +159,16 @@ def _run_fuzz(workspace, args) -> int:
 def test_cli_fuzz(workspace, reliability_report):
     seen: dict[int, int] = {}
 
-    @settings(max_examples=60, deadline=None, derandomize=False,
+    @settings(max_examples=80, deadline=None, derandomize=False,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(args=command_lines(workspace))
     def check(args):
         code = _run_fuzz(workspace, args)
         seen[code] = seen.get(code, 0) + 1
-        # keep the zoo intact for the next example: a publish may have created folders under it
+        # keep the zoo intact for the next example: a publish may have created folders under it,
+        # a search, export, train or predict its --out
+        if workspace["out"].is_dir():
+            shutil.rmtree(workspace["out"])
         for leftover in ("generations", "LATEST"):
             target = workspace["folder"] / leftover
             if target.is_dir():
