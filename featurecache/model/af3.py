@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from featurecache.model.atom_attention import ATOM_INPUTS, AtomWindows
-from featurecache.model.atoms import atom_flags, gather_atoms, token_bond_atoms
+from featurecache.model.atoms import atom_flags, distogram_atoms, token_bond_atoms
 from featurecache.model.confidence import ConfidenceHead
 from featurecache.model.confidence_losses import confidence_losses
 from featurecache.model.config import ModelConfig
@@ -226,10 +226,7 @@ class AF3Model(nn.Module):
 
     def _distogram_loss(self, batch: dict, outputs: dict) -> torch.Tensor:
         """Distogram on AF3's representative atoms (CB, CA of glycine, C4 / C2 of nucleotides)."""
-        index = batch["distogram_atom_index"].long()
-        positions = gather_atoms(batch["atom_pos"].float(), index)
-        resolved = torch.gather(batch["atom_mask"] & batch["atom_pad_mask"], 1, index.clamp(min=0))
-        mask = resolved & (index >= 0) & batch["token_pad_mask"]
+        positions, mask = distogram_atoms(batch)
         return distogram_loss(outputs["distogram_logits"], positions, mask, self.config.distogram_min,
                               self.config.distogram_max)
 

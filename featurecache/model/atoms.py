@@ -31,6 +31,15 @@ def gather_atoms(positions: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return torch.gather(positions, -2, index.unsqueeze(-1).expand(*index.shape, 3))
 
 
+def distogram_atoms(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's distogram atom (CB, CA of glycine, C4 / C2 of nucleotides) in the ground
+    truth: positions [B, N, 3] (fp32) and resolved [B, N] (a real, resolved atom of a real token)."""
+    index = batch["distogram_atom_index"].long()
+    positions = gather_atoms(batch["atom_pos"].float(), index)
+    resolved = torch.gather(batch["atom_mask"] & batch["atom_pad_mask"], 1, index.clamp(min=0))
+    return positions, resolved & (index >= 0) & batch["token_pad_mask"]
+
+
 def token_first_atom(atom_to_token: torch.Tensor, atom_pad_mask: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """[B, N] the first real atom of each token (atoms of a token are consecutive); A where none."""
     batch_size, num_atoms = atom_to_token.shape

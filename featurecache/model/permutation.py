@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from featurecache.model.atoms import token_first_atom
+from featurecache.model.atoms import distogram_atoms, gather_atoms, token_first_atom
 from featurecache.model.rigid import rigid_fit, weighted_rigid_align
 
 MAX_MATCHED_CHAINS = 32
@@ -130,11 +130,8 @@ def chain_permutation(batch: dict, predicted: torch.Tensor) -> torch.Tensor:
     token = torch.arange(num_tokens, device=device)
     rows = torch.arange(batch_size, device=device)
     # representative atoms: truth and prediction [B, N, 3], resolved [B, N]
-    index = batch["distogram_atom_index"].long()
-    safe = index.clamp(min=0)
-    rep_true = _take(batch["atom_pos"].float(), safe)
-    rep_pred = _take(predicted, safe)
-    rep_ok = _take(batch["atom_mask"] & batch["atom_pad_mask"], safe) & (index >= 0) & batch["token_pad_mask"]
+    rep_true, rep_ok = distogram_atoms(batch)
+    rep_pred = gather_atoms(predicted, batch["distogram_atom_index"])
 
     # the anchor: resolved enough, a polymer first, then the fewest copies, then the most resolved
     copies = interchangeable.sum(dim=-1)  # [B, c], itself included
