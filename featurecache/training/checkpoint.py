@@ -20,6 +20,8 @@ import torch
 from featurecache.training.config import TrainSetupError
 
 CHECKPOINT_PREFIX = "checkpoint-"
+# What a resumed run reads from a checkpoint (its data position "sample_in_epoch" is derived when absent).
+_RESUMED_PARTS = ("model", "optimizer", "scheduler", "step", "epoch", "rng", "world_size")
 
 
 def rng_state() -> dict:
@@ -84,8 +86,11 @@ def load_checkpoint(path: pathlib.Path) -> dict:
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
         reason = " ".join(str(error).split()) or type(error).__name__
         raise TrainSetupError(f"--resume {source}: not a readable checkpoint ({reason})") from None
-    if not isinstance(state, dict) or "world_size" not in state or "model" not in state:
+    if not isinstance(state, dict):
         raise TrainSetupError(f"--resume {source}: not a featurecache training checkpoint")
+    missing = [name for name in _RESUMED_PARTS if name not in state]
+    if missing:
+        raise TrainSetupError(f"--resume {source}: not a featurecache training checkpoint (no {', '.join(missing)})")
     if "sample_in_epoch" not in state:  # written before positions counted samples: batches of every rank
         config = state.get("train_config", {})
         state["sample_in_epoch"] = state.get("batch_in_epoch", 0) * config.get("batch_size", 1) * state["world_size"]

@@ -102,8 +102,13 @@ class Trainer:
             self.model.load_state_dict(state["model"])
         except RuntimeError:  # another preset or model option: name the settings, not 300 tensor names
             raise TrainSetupError(f"--resume {self.config.resume}: {model_differences(state, self.model.config)}") from None
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            reason = " ".join(str(error).split()) or type(error).__name__
+            raise TrainSetupError(f"--resume {self.config.resume}: its optimizer state does not fit this run "
+                                  f"({reason})") from None
         if "ema" in state:
             self.average.load_state_dict(state["ema"])
         else:

@@ -58,7 +58,8 @@ def read_log(run_dir: Path) -> tuple[list[dict], list[dict]]:
         if kind not in by_kind:
             continue
         required = _STEP_FIELDS if kind == "train" else ("step",)
-        wrong = [name for name in required if not isinstance(record.get(name), (int, float))]
+        wrong = [name for name in required if not isinstance(record.get(name), (int, float))
+                 or (name == "step" and not math.isfinite(record[name]))]
         if wrong:
             raise RunLogError(f"{path} line {number}: a {kind} record without a number for {', '.join(wrong)}")
         by_kind[kind][int(record["step"])] = record
