@@ -29,7 +29,7 @@ from pathlib import Path
 
 from featurecache.config import ClusteringConfig, SampleConfig
 from featurecache.io import inputs
-from featurecache.precompute.pipeline import CacheWriteError, _Run
+from featurecache.precompute.pipeline import CacheWriteError, PipelineRun
 from featurecache.precompute.plan import PipelineSetupError, PrecomputeOptions, prepare
 from featurecache.precompute.report import PrecomputeSummary, StageCounts
 from featurecache.precompute.search_outputs import TargetOutputs, target_outputs
@@ -138,7 +138,7 @@ def search(options: SearchOptions) -> SearchSummary:
     return summary
 
 
-class _SearchRun(_Run):
+class _SearchRun(PipelineRun):
     """Precompute's run, stopped after its search stage; then each target's outputs."""
 
     def __init__(self, precompute_options: PrecomputeOptions, plan, writer: StoreWriter, options: SearchOptions,
@@ -162,12 +162,12 @@ class _SearchRun(_Run):
         self.search_summary.targets = len(self.plan.inputs)
         if not todo:
             return
-        self._start_executor()
-        ready, chain_keys = self._search_stage(todo)
+        self.start_executor()
+        ready, chain_keys = self.search_stage(todo)
         self._write_outputs(ready, chain_keys)
         self._write_index()
 
-    def _exclude(self, excluded: ExcludedTarget) -> None:
+    def exclude(self, excluded: ExcludedTarget) -> None:
         """Curation leaves the target out: no outputs (and, unlike precompute, no cache change)."""
         self.search_summary.excluded += 1
 
@@ -181,14 +181,14 @@ class _SearchRun(_Run):
             if isinstance(result, TaskError):
                 self._failed(result.stage, result.key, result.message)
             elif isinstance(result, ExcludedTarget):
-                self._exclude(result)
+                self.exclude(result)
             else:
                 self._write_target(result)
 
         def crashed(stage: str, target_id: str, error: Exception) -> None:
             self._failed("outputs", target_id, f"worker crashed: {type(error).__name__}: {error}")
 
-        runner = self._runner(written, crashed, len(ready), "outputs", "target")
+        runner = self.runner(written, crashed, len(ready), "outputs", "target")
         for target in ready:
             keys = chain_keys[target.target_id]
             blobs = {key: self.writer.get(MSA_TABLE, key) for key in set(keys.values())}
