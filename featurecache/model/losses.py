@@ -17,9 +17,12 @@ from featurecache.model.rigid import weighted_rigid_align
 
 
 def mse_atom_weights(is_dna: torch.Tensor, is_rna: torch.Tensor, is_ligand: torch.Tensor, resolved: torch.Tensor,
-                     weight_dna: float = 5.0, weight_rna: float = 5.0, weight_ligand: float = 10.0) -> torch.Tensor:
-    """SI 4.2, eq. 4: w_l = 1 + 5 is_dna + 5 is_rna + 10 is_ligand, 0 for unresolved atoms. [..., A] float."""
-    weights = 1.0 + weight_dna * is_dna.float() + weight_rna * is_rna.float() + weight_ligand * is_ligand.float()
+                     mse_weight_dna: float = 5.0, mse_weight_rna: float = 5.0,
+                     mse_weight_ligand: float = 10.0) -> torch.Tensor:
+    """SI 4.2, eq. 4: w_l = 1 + 5 is_dna + 5 is_rna + 10 is_ligand, 0 for unresolved atoms. [..., A] float.
+    The weights are ModelConfig's of the same names."""
+    weights = (1.0 + mse_weight_dna * is_dna.float() + mse_weight_rna * is_rna.float()
+               + mse_weight_ligand * is_ligand.float())
     return weights * resolved.float()
 
 
