@@ -68,6 +68,11 @@ def _bad_files(tmp: Path, run: Path, cache: Path) -> dict[str, Path]:
     files["mislabelled_checkpoint"] = tmp / "mislabelled.pt"
     torch.save({**state, "model_config": {**state["model_config"], "num_pairformer_blocks": 2}},
                files["mislabelled_checkpoint"])
+    files["no_optimizer_checkpoint"] = tmp / "no-optimizer.pt"
+    torch.save({name: value for name, value in state.items() if name != "optimizer"}, files["no_optimizer_checkpoint"])
+    files["nan_step_log"] = tmp / "nan_step_log"
+    files["nan_step_log"].mkdir()
+    (files["nan_step_log"] / "log.jsonl").write_bytes(log.replace(b'"step": 1,', b'"step": NaN,', 1))
     files["config"] = pipeline_config(tmp)
     files["query"] = tmp / "query.fasta"
     files["query"].write_text(">A mol:protein\nMKTAYIAKQRQISFVKSHFSRQ\n")
@@ -90,6 +95,8 @@ def _cases(f: dict[str, Path], run: Path, cache: Path) -> list[tuple[str, str, l
          ("log.jsonl",)),
         ("plot_wrong_type", "plot of a log whose loss is text, not a number",
          ["plot", f["text_loss_log"], "--out", never.with_suffix(".png")], ("log.jsonl", "line 1", "loss")),
+        ("plot_nan_step", "plot of a log whose step is NaN", ["plot", f["nan_step_log"], "--out", never.with_suffix(".png")],
+         ("log.jsonl", "line 1", "step")),
         ("plot_no_log", "plot of a folder that is no training run", ["plot", f["plain_folder"]], ("log.jsonl",)),
         ("plot_run_is_file", "plot of a file instead of a run folder", ["plot", f["a_file"]], ("a-file.txt", "file")),
         ("plot_out_below_file", "plot --out inside a path that is a file",
@@ -148,6 +155,8 @@ def _cases(f: dict[str, Path], run: Path, cache: Path) -> list[tuple[str, str, l
          ("--resume", "empty.pt")),
         ("train_resume_foreign", "train --resume of a torch file that is no training checkpoint",
          [*train, "--resume", f["foreign_checkpoint"]], ("--resume", "foreign.pt", "not a featurecache")),
+        ("train_resume_no_optimizer", "train --resume of a checkpoint without its optimizer state",
+         [*train, "--resume", f["no_optimizer_checkpoint"]], ("--resume", "no-optimizer.pt", "optimizer")),
         ("predict_missing_key", "predict a key the cache does not hold",
          [*predict[:3], "no-such-target", *predict[4:]], ("no-such-target",)),
         ("predict_not_a_cache", "predict from a folder that is not a cache", [*predict, "--cache", f["plain_folder"]],
