@@ -20,7 +20,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from featurecache.kernels.conditioned_transition import adaptive_layernorm, conditioned_transition
+from featurecache.kernels.conditioned_transition import (
+    adaptive_layernorm,
+    conditioned_transition,
+)
 from featurecache.kernels.runtime import check_kernels
 from featurecache.model.layers import attention_fn, freeze_norm_bias, kernel_module
 

@@ -6,8 +6,15 @@ import pytest
 import torch
 
 from featurecache.kernels import conditioned_transition as fused
-from featurecache.kernels.conditioned_transition import adaptive_layernorm, conditioned_transition
-from featurecache.kernels.reference import adaln_conditioning, adaln_modulate, conditioned_transition_reference
+from featurecache.kernels.conditioned_transition import (
+    adaptive_layernorm,
+    conditioned_transition,
+)
+from featurecache.kernels.reference import (
+    adaln_conditioning,
+    adaln_modulate,
+    conditioned_transition_reference,
+)
 from featurecache.model.transformer import ConditionedTransition
 from featurecache.testing.compare import rel_error
 
@@ -149,7 +156,7 @@ def test_rejects_bad_shapes():
 
 def test_opcheck_forward_and_backward_ops():
     generator = torch.Generator().manual_seed(11)
-    a, s, params = _inputs((1, 2, 5, 16), (1, 1, 5, 16), 2, generator)
+    a, _, params = _inputs((1, 2, 5, 16), (1, 1, 5, 16), 2, generator)
     scale = torch.randn(1, 1, 5, 16, generator=generator)
     shift, gate = torch.randn_like(scale), torch.randn_like(scale)
     args = (a.requires_grad_(), scale.requires_grad_(), shift.requires_grad_(), gate.requires_grad_(),
