@@ -151,8 +151,9 @@ def test_a_file_that_is_no_checkpoint_is_one_line_naming_it(cache, tmp_path):
 
 
 def test_loss_falls_when_overfitting_one_real_example(cache):
-    torch.manual_seed(int(torch.randint(0, 2**31 - 1, ())))
-    dataset = CacheDataset(cache, crop_size=16, msa_rows_per_sample=8, seed=int(torch.randint(0, 1000, ())))
+    # fixed seeds (weights, crop): a test must give the same result on every run
+    torch.manual_seed(0)
+    dataset = CacheDataset(cache, crop_size=16, msa_rows_per_sample=8, seed=0)
     batch = collate([dataset[dataset.ids.index("721p-assembly1")]])
     model = AF3Trunk(preset("tiny", kernels="torch", checkpoint_blocks=False))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
