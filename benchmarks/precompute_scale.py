@@ -216,13 +216,13 @@ def run_scale(count: int, work: pathlib.Path, workers: int, msa_rows: int, data:
 @contextmanager
 def _marking_clustering(sampler: Sampler):
     """Tell the sampler when the run's last step (clustering the whole cache) starts."""
-    original = pipeline._Run.sampling_tables
+    original = pipeline.PipelineRun.sampling_tables
 
     def marked(run):
         sampler.phase = "clustering"
         return original(run)
 
-    with mock.patch.object(pipeline._Run, "sampling_tables", marked):
+    with mock.patch.object(pipeline.PipelineRun, "sampling_tables", marked):
         yield
 
 

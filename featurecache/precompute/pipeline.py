@@ -431,4 +431,3 @@ def _last_manifest(cache_dir: Path) -> Manifest | None:
         return None
 
 
-_Run = PipelineRun  # the name benchmarks/precompute_scale.py patches; goes once it says PipelineRun
