@@ -429,5 +429,3 @@ def _last_manifest(cache_dir: Path) -> Manifest | None:
         return read_manifest(cache_dir, expected_schema=None)
     except (OSError, ValueError):
         return None
-
-
