@@ -240,10 +240,13 @@ class TrunkRunner:
         batch = random_batch([length], [msa_rows], [templates], generator, num_atoms_per_token=self.atoms_per_token)
         return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
-    def step(self, batch: dict) -> dict:
+    def forward_loss(self, batch: dict) -> torch.Tensor:
         with autocast(self.device, cache=not self.graphs):
             outputs = self.model(batch)
-        loss = self.model.loss(batch, outputs)
+        return self.model.loss(batch, outputs)
+
+    def step(self, batch: dict) -> dict:
+        loss = self.forward_loss(batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 10.0)
@@ -337,15 +340,10 @@ class FullModelRunner(TrunkRunner):
     def build(self, config) -> torch.nn.Module:
         return AF3Model(config)
 
-    def step(self, batch: dict) -> dict:
+    def forward_loss(self, batch: dict) -> torch.Tensor:
         with autocast(self.device, cache=not self.graphs):
             outputs = self.model(batch, num_cycles=1, num_diffusion_samples=self.diffusion_batch)
-        loss, _ = self.model.loss(batch, outputs)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 10.0)
-        self.optimizer.step()
-        return {"loss": loss}
+        return self.model.loss(batch, outputs)[0]
 
 
 def full_model_checks(config_overrides: dict, device: torch.device, length: int, diffusion_batch: int,
