@@ -32,13 +32,20 @@ import triton
 import triton.language as tl
 
 from featurecache.kernels import runtime
-from featurecache.kernels.primitives import cast, mma, row_block
+from featurecache.kernels.primitives import (
+    cast,
+    mma,
+    row_block,
+    store_swiglu_grads,
+    swiglu_chunk,
+    swiglu_chunk_bwd,
+    swiglu_chunk_weights,
+)
 from featurecache.kernels.reference import (
     adaln_conditioning,
     adaln_modulate,
     conditioned_transition_reference,
 )
-from featurecache.kernels.transition import _chunk_weights, _swiglu_bwd
 
 _OP = "conditioned_transition"
 
@@ -101,10 +108,8 @@ def _conditioned_transition_fwd_kernel(
     for h_start in range(0, n_hidden, BLOCK_H):
         hids = h_start + tl.arange(0, BLOCK_H)
         w_mask = (hids < n_hidden)[:, None] & col_mask[None, :]
-        wa, wb, wo = _chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, a.dtype, PRECISION)
-        ha = mma(x, tl.trans(wa), zeros_h, PRECISION)
-        hb = mma(x, tl.trans(wb), zeros_h, PRECISION)
-        acc = mma(cast(ha * tl.sigmoid(ha) * hb, a.dtype, PRECISION), wo, acc, PRECISION)
+        wa, wb, wo = swiglu_chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, a.dtype, PRECISION)
+        acc = mma(swiglu_chunk(x, wa, wb, zeros_h, PRECISION), wo, acc, PRECISION)
     out = cast(acc, a.dtype, PRECISION)
     gate = tl.sigmoid(tl.load(GATE + s_offsets, mask=tile_mask, other=0.0).to(tl.float32))
     tl.store(OUT + offsets, out, mask=tile_mask)
@@ -154,18 +159,13 @@ def _conditioned_transition_bwd_kernel(
     for h_start in range(0, n_hidden, BLOCK_H):
         hids = h_start + tl.arange(0, BLOCK_H)
         w_mask = (hids < n_hidden)[:, None] & col_mask[None, :]
-        wa, wb, wo = _chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, a.dtype, PRECISION)
-        hidden, d_a, d_b = _swiglu_bwd(x, d_out, wa, wb, wo, zeros_h, PRECISION)
+        wa, wb, wo = swiglu_chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, a.dtype, PRECISION)
+        hidden, d_a, d_b = swiglu_chunk_bwd(x, d_out, wa, wb, wo, zeros_h, PRECISION)
         d_a = cast(d_a, a.dtype, PRECISION)
         d_b = cast(d_b, a.dtype, PRECISION)
         d_x = mma(d_a, wa, d_x, PRECISION)
         d_x = mma(d_b, wb, d_x, PRECISION)
-        # D_AB [rows, 2 * n_hidden] = [d_a | d_b]; HIDDEN [rows, n_hidden]
-        h_offsets = rows[:, None] * n_hidden + hids[None, :]
-        h_mask = row_mask[:, None] & (hids < n_hidden)[None, :]
-        tl.store(D_AB + rows[:, None] * n_hidden + h_offsets, d_a, mask=h_mask)
-        tl.store(D_AB + rows[:, None] * n_hidden + h_offsets + n_hidden, d_b, mask=h_mask)
-        tl.store(HIDDEN + h_offsets, cast(hidden, a.dtype, PRECISION), mask=h_mask)
+        store_swiglu_grads(D_AB, HIDDEN, d_a, d_b, hidden, rows, row_mask, hids, n_hidden, PRECISION)
 
     # a and scale reloaded rather than held through the loop (registers)
     _adaln_backward(d_x, A, SCALE, MEAN, RSTD, DA, DSCALE, DSHIFT, rows, row_mask, col_mask, offsets, s_offsets,

@@ -117,3 +117,48 @@ def layernorm_backward(d_xn, xhat, rstd, norm_w, cols, col_mask, n_cols, DNORM_W
     proj = tl.sum(d_xhat * xhat, axis=1) / n_cols
     mean_d = tl.sum(d_xhat, axis=1) / n_cols
     return (d_xhat - xhat * proj[:, None] - mean_d[:, None]) * rstd[:, None]
+
+
+@triton.jit
+def swiglu_chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, dtype: tl.constexpr,
+                         PRECISION: tl.constexpr):
+    """The three weight tiles of one hidden chunk of a SwiGLU MLP (the transitions), [BLOCK_H,
+    BLOCK_C] each in the compute dtype: WA, WB [n_hidden, C] as stored, WO [C, n_hidden] read
+    transposed."""
+    wa = tl.load(WA + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
+    wb = tl.load(WB + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
+    wo = tl.load(WO + cols[None, :] * n_hidden + hids[:, None], mask=w_mask, other=0.0)
+    return cast(wa, dtype, PRECISION), cast(wb, dtype, PRECISION), cast(wo, dtype, PRECISION)
+
+
+@triton.jit
+def swiglu_chunk(x, wa, wb, zeros_h, PRECISION: tl.constexpr):
+    """One hidden chunk silu(x @ wa^T) * (x @ wb^T) of row tile x, in x's dtype [BLOCK_M, BLOCK_H]."""
+    a = mma(x, tl.trans(wa), zeros_h, PRECISION)
+    b = mma(x, tl.trans(wb), zeros_h, PRECISION)
+    return cast(a * tl.sigmoid(a) * b, x.dtype, PRECISION)
+
+
+@triton.jit
+def swiglu_chunk_bwd(x, dy, wa, wb, wo, zeros_h, PRECISION: tl.constexpr):
+    """Recompute one hidden chunk and its gradients given dy wrt the output projection:
+    (hidden, d_a, d_b), fp32 [BLOCK_M, BLOCK_H]."""
+    a = mma(x, tl.trans(wa), zeros_h, PRECISION)
+    b = mma(x, tl.trans(wb), zeros_h, PRECISION)
+    d_hidden = mma(dy, tl.trans(wo), zeros_h, PRECISION)
+    sig = tl.sigmoid(a)
+    silu = a * sig
+    d_a = d_hidden * b * sig * (1.0 + a * (1.0 - sig))
+    d_b = d_hidden * silu
+    return silu * b, d_a, d_b
+
+
+@triton.jit
+def store_swiglu_grads(D_AB, HIDDEN, d_a, d_b, hidden, rows, row_mask, hids, n_hidden, PRECISION: tl.constexpr):
+    """Store one hidden chunk's operands of the weight gradients: D_AB [rows, 2 * n_hidden] =
+    [d_a | d_b] and HIDDEN [rows, n_hidden], all in d_a's dtype."""
+    h_offsets = rows[:, None] * n_hidden + hids[None, :]
+    h_mask = row_mask[:, None] & (hids < n_hidden)[None, :]
+    tl.store(D_AB + rows[:, None] * n_hidden + h_offsets, d_a, mask=h_mask)
+    tl.store(D_AB + rows[:, None] * n_hidden + h_offsets + n_hidden, d_b, mask=h_mask)
+    tl.store(HIDDEN + h_offsets, cast(hidden, d_a.dtype, PRECISION), mask=h_mask)

@@ -31,6 +31,10 @@ from featurecache.kernels.primitives import (
     layernorm_prologue_saved,
     mma,
     row_block,
+    store_swiglu_grads,
+    swiglu_chunk,
+    swiglu_chunk_bwd,
+    swiglu_chunk_weights,
 )
 from featurecache.kernels.reference import transition_reference
 
@@ -39,16 +43,6 @@ _OP = "transition"
 # --------------------------------------------------------------------------------------------
 # Triton kernels
 # --------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, dtype: tl.constexpr, PRECISION: tl.constexpr):
-    """The three weight tiles of one hidden chunk, [BLOCK_H, BLOCK_C] each in the compute dtype:
-    WA, WB [n_hidden, C] as stored, WO [C, n_hidden] read transposed."""
-    wa = tl.load(WA + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
-    wb = tl.load(WB + hids[:, None] * n_ch + cols[None, :], mask=w_mask, other=0.0)
-    wo = tl.load(WO + cols[None, :] * n_hidden + hids[:, None], mask=w_mask, other=0.0)
-    return cast(wa, dtype, PRECISION), cast(wb, dtype, PRECISION), cast(wo, dtype, PRECISION)
 
 
 @triton.jit
@@ -75,28 +69,12 @@ def _transition_fwd_kernel(
     for h_start in range(0, n_hidden, BLOCK_H):
         hids = h_start + tl.arange(0, BLOCK_H)
         w_mask = (hids < n_hidden)[:, None] & col_mask[None, :]
-        wa, wb, wo = _chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, x.dtype, PRECISION)
-        a = mma(xn, tl.trans(wa), zeros_h, PRECISION)
-        b = mma(xn, tl.trans(wb), zeros_h, PRECISION)
-        hidden = cast(a * tl.sigmoid(a) * b, x.dtype, PRECISION)
-        acc = mma(hidden, wo, acc, PRECISION)
+        wa, wb, wo = swiglu_chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, x.dtype, PRECISION)
+        acc = mma(swiglu_chunk(xn, wa, wb, zeros_h, PRECISION), wo, acc, PRECISION)
     tl.store(Y + rows[:, None] * n_ch + cols[None, :], cast(acc, Y.dtype.element_ty, PRECISION),
              mask=tile_mask)
     tl.store(MEAN + rows, mean, mask=row_mask)
     tl.store(RSTD + rows, rstd, mask=row_mask)
-
-
-@triton.jit
-def _swiglu_bwd(xn, dy, wa, wb, wo, zeros_h, PRECISION: tl.constexpr):
-    """Recompute one hidden chunk and its gradients: (hidden, d_a, d_b), fp32 [BLOCK_M, BLOCK_H]."""
-    a = mma(xn, tl.trans(wa), zeros_h, PRECISION)
-    b = mma(xn, tl.trans(wb), zeros_h, PRECISION)
-    d_hidden = mma(dy, tl.trans(wo), zeros_h, PRECISION)
-    sig = tl.sigmoid(a)
-    silu = a * sig
-    d_a = d_hidden * b * sig * (1.0 + a * (1.0 - sig))
-    d_b = d_hidden * silu
-    return silu * b, d_a, d_b
 
 
 @triton.jit
@@ -128,19 +106,14 @@ def _transition_bwd_dx_kernel(
     for h_start in range(0, n_hidden, BLOCK_H):
         hids = h_start + tl.arange(0, BLOCK_H)
         w_mask = (hids < n_hidden)[:, None] & col_mask[None, :]
-        wa, wb, wo = _chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, x.dtype, PRECISION)
-        hidden, d_a, d_b = _swiglu_bwd(xn, dy, wa, wb, wo, zeros_h, PRECISION)
+        wa, wb, wo = swiglu_chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, x.dtype, PRECISION)
+        hidden, d_a, d_b = swiglu_chunk_bwd(xn, dy, wa, wb, wo, zeros_h, PRECISION)
         d_a = cast(d_a, x.dtype, PRECISION)
         d_b = cast(d_b, x.dtype, PRECISION)
         d_xn = mma(d_a, wa, d_xn, PRECISION)
         d_xn = mma(d_b, wb, d_xn, PRECISION)
         if STORE_FOR_WEIGHTS:
-            # D_AB [rows, 2 * n_hidden] = [d_a | d_b]; HIDDEN [rows, n_hidden]
-            h_offsets = rows[:, None] * n_hidden + hids[None, :]
-            h_mask = row_mask[:, None] & (hids < n_hidden)[None, :]
-            tl.store(D_AB + rows[:, None] * n_hidden + h_offsets, d_a, mask=h_mask)
-            tl.store(D_AB + rows[:, None] * n_hidden + h_offsets + n_hidden, d_b, mask=h_mask)
-            tl.store(HIDDEN + h_offsets, cast(hidden, x.dtype, PRECISION), mask=h_mask)
+            store_swiglu_grads(D_AB, HIDDEN, d_a, d_b, hidden, rows, row_mask, hids, n_hidden, PRECISION)
 
     dx = layernorm_backward(d_xn, xhat, rstd, norm_w, cols, col_mask, n_ch, DNORM_W_PART, DNORM_B_PART, pid)
     tl.store(DX + rows[:, None] * n_ch + cols[None, :], cast(dx, DX.dtype.element_ty, PRECISION),
@@ -164,7 +137,7 @@ def _transition_bwd_dw_kernel(
     col_mask = cols < n_ch
     w_mask = (hids < n_hidden)[:, None] & col_mask[None, :]
     norm_w, norm_b = layernorm_params(NORM_W, NORM_B, cols, col_mask)
-    wa, wb, wo = _chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, X.dtype.element_ty, PRECISION)
+    wa, wb, wo = swiglu_chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, X.dtype.element_ty, PRECISION)
 
     # accumulated as [BLOCK_H, BLOCK_C]; d_wo is stored transposed into WO's [C, n_hidden]
     d_wa = tl.zeros((BLOCK_H, BLOCK_C), dtype=tl.float32)
@@ -178,7 +151,7 @@ def _transition_bwd_dw_kernel(
         xn, _, _ = layernorm_prologue_saved(x, MEAN, RSTD, rows, row_mask, norm_w, norm_b, col_mask, PRECISION)
         # padded rows have dy = 0, hence zero d_a, d_b and no contribution to d_wo
         dy = tl.load(DY + rows[:, None] * n_ch + cols[None, :], mask=tile_mask, other=0.0)
-        hidden, d_a, d_b = _swiglu_bwd(xn, dy, wa, wb, wo, zeros_h, PRECISION)
+        hidden, d_a, d_b = swiglu_chunk_bwd(xn, dy, wa, wb, wo, zeros_h, PRECISION)
         d_wa = mma(tl.trans(cast(d_a, x.dtype, PRECISION)), xn, d_wa, PRECISION)
         d_wb = mma(tl.trans(cast(d_b, x.dtype, PRECISION)), xn, d_wb, PRECISION)
         d_wo = mma(tl.trans(cast(hidden, x.dtype, PRECISION)), dy, d_wo, PRECISION)
