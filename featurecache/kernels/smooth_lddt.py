@@ -118,6 +118,13 @@ def _smooth_lddt_launch(predicted, true, radius):
     return score.sum(-1).view(batch, samples), count, grad
 
 
+def _smooth_lddt_backward(ctx, d_score, *_other_grads):
+    """The saved d(score sum)/d(predicted) [B, S, A, 3] scaled by d_score [B, S]; the pair
+    counts (and, under compile, the saved gradient itself) take no gradient, nor do true and radius."""
+    (grad,) = ctx.saved_tensors
+    return (d_score[..., None, None] * grad).to(ctx.dtype), None, None
+
+
 class _SmoothLddtSums(torch.autograd.Function):
     @staticmethod
     def forward(ctx, predicted, true, radius):
@@ -127,10 +134,7 @@ class _SmoothLddtSums(torch.autograd.Function):
         ctx.mark_non_differentiable(count)
         return score, count
 
-    @staticmethod
-    def backward(ctx, d_score, _d_count):
-        (grad,) = ctx.saved_tensors
-        return (d_score[..., None, None] * grad).to(ctx.dtype), None, None
+    backward = staticmethod(_smooth_lddt_backward)
 
 
 # Under torch.compile: the same launch as a custom op, so neither Dynamo nor Inductor traces it.
@@ -151,11 +155,6 @@ def _(predicted, true, radius):
 def _smooth_lddt_setup(ctx, inputs, output) -> None:
     ctx.save_for_backward(output[2])
     ctx.dtype = inputs[0].dtype
-
-
-def _smooth_lddt_backward(ctx, d_score, _d_count, _d_grad):
-    (grad,) = ctx.saved_tensors
-    return (d_score[..., None, None] * grad).to(ctx.dtype), None, None
 
 
 _smooth_lddt_op.register_autograd(_smooth_lddt_backward, setup_context=_smooth_lddt_setup)
