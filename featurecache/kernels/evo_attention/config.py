@@ -14,6 +14,12 @@ from featurecache.kernels import runtime
 
 CONFIG_FILE = runtime.CONFIG_DIR / "evo_attention.json"
 KERNEL_NAMES = ("fwd", "bwd_kv", "bwd_q", "bwd_bias")
+# How the backward gets dQ and the gradient of a bias shared by all rows:
+#   "split"        dQ kernel, dK/dV kernel, then a dBias kernel that walks the rows (deterministic);
+#   "atomic_dbias" dQ kernel, then the dK/dV kernel adds dBias with fp32 atomics (no dBias pass);
+#   "fused"        one kernel: dK/dV, adding dQ and dBias with fp32 atomics (no dQ or dBias pass).
+# The atomic modes are not bitwise reproducible; a per-row bias always takes "split".
+BWD_MODES = ("split", "atomic_dbias", "fused")
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,11 @@ class EvoAttentionConfig:
     bwd_kv: BlockConfig
     bwd_q: BlockConfig
     bwd_bias: BlockConfig
+    bwd_mode: str = "split"
+
+    def __post_init__(self) -> None:
+        if self.bwd_mode not in BWD_MODES:
+            raise ValueError(f"EvoAttentionConfig: bwd_mode {self.bwd_mode!r} is not one of {BWD_MODES}")
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -72,7 +83,11 @@ def load_tuned_configs() -> dict[str, list[tuple[int, int, EvoAttentionConfig]]]
             if missing:
                 raise ValueError(f"{CONFIG_FILE}: {where} lacks {missing}")
             blocks = {name: _parse_block(entry[name], f"{where}.{name}") for name in KERNEL_NAMES}
-            parsed.append((int(entry["head_dim_max"]), int(entry["seq_len_max"]), EvoAttentionConfig(**blocks)))
+            try:
+                config = EvoAttentionConfig(**blocks, bwd_mode=str(entry.get("bwd_mode", "split")))
+            except ValueError as err:
+                raise ValueError(f"{CONFIG_FILE}: {where}: {err}") from err
+            parsed.append((int(entry["head_dim_max"]), int(entry["seq_len_max"]), config))
         tuned[gpu] = sorted(parsed, key=lambda item: (item[0], item[1]))
     return tuned
 

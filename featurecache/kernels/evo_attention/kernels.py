@@ -737,3 +737,131 @@ def _evo_attention_bwd_bias_kernel(
              dbias.to(DBias.dtype.element_ty), mask=bias_tile)
 
 
+
+
+@triton.jit
+def _evo_attention_delta_kernel(
+    Out, DOut, Delta,
+    stride_ob, stride_on, stride_ol, stride_oh, stride_od,
+    stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
+    num_heads, seq_len, head_dim,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    WIDE_INDEX: tl.constexpr,
+):
+    # delta = rowsum(dO * O) for the fused backward, which has no dQ kernel to compute it.
+    pid_m = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    batch, head = _batch_and_head(num_heads)
+    rows_m = tile_range(pid_m * BLOCK_M, BLOCK_M, WIDE_INDEX)
+    offs_d = tile_range(0, BLOCK_D, WIDE_INDEX)
+    valid_m = rows_m < seq_len
+    tile = valid_m[:, None] & (offs_d < head_dim)[None, :]
+    o = tl.load(Out + batch * stride_ob + row * stride_on + head * stride_oh
+                + rows_m[:, None] * stride_ol + offs_d[None, :] * stride_od, mask=tile, other=0.0)
+    do = tl.load(DOut + batch * stride_gb + row * stride_gn + head * stride_gh
+                 + rows_m[:, None] * stride_gl + offs_d[None, :] * stride_gd, mask=tile, other=0.0)
+    stat_base = ((batch * tl.num_programs(1) + row) * num_heads + head) * seq_len
+    tl.store(Delta + stat_base + rows_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=valid_m)
+
+
+@triton.jit
+def _evo_attention_bwd_fused_kernel(
+    Q, K, V, Bias, Mask, KeyEnd, DOut, Lse, Delta, DK, DV, DQAcc, DBiasAcc,
+    stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
+    stride_bb, stride_bn, stride_bh, stride_bq, stride_bk,
+    stride_mb, stride_mn, stride_ml,
+    stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
+    stride_xb, stride_xn, stride_xl, stride_xh, stride_xd,
+    stride_ab, stride_an, stride_al, stride_ah, stride_ad,
+    stride_cb, stride_ch, stride_cq, stride_ck,
+    num_heads, seq_len, head_dim, scale, scale_log2,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
+    ATOMIC_DBIAS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    WIDE_INDEX: tl.constexpr,
+):
+    # The dK/dV kernel that also adds its share of dQ (ATOMIC_DQ) and of the shared bias's
+    # gradient (ATOMIC_DBIAS) with fp32 atomics, so the backward needs no second pass over the
+    # scores for dQ or dBias. Sums by atomics are not bitwise reproducible run to run.
+    # The query loop of each program starts at a different block ((row + key block) mod count),
+    # so programs running at the same time add into different addresses.
+    pid_n = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    batch, head = _batch_and_head(num_heads)
+
+    cols = tile_range(pid_n * BLOCK_N, BLOCK_N, WIDE_INDEX)
+    offs_m = tile_range(0, BLOCK_M, WIDE_INDEX)
+    offs_d = tile_range(0, BLOCK_D, WIDE_INDEX)
+    valid_n = cols < seq_len
+    valid_d = offs_d < head_dim
+    kv_tile = valid_n[:, None] & valid_d[None, :]
+
+    k = tl.load(K + batch * stride_kb + row * stride_kn + head * stride_kh
+                + cols[:, None] * stride_kl + offs_d[None, :] * stride_kd, mask=kv_tile, other=0.0)
+    v = tl.load(V + batch * stride_vb + row * stride_vn + head * stride_vh
+                + cols[:, None] * stride_vl + offs_d[None, :] * stride_vd, mask=kv_tile, other=0.0)
+    attend = valid_n
+    if HAS_MASK:
+        attend = attend & (
+            tl.load(Mask + batch * stride_mb + row * stride_mn + cols * stride_ml, mask=valid_n, other=0) != 0
+        )
+
+    q_base = Q + batch * stride_qb + row * stride_qn + head * stride_qh
+    do_base = DOut + batch * stride_gb + row * stride_gn + head * stride_gh
+    bias_base = Bias + batch * stride_bb + row * stride_bn + head * stride_bh
+    dq_base = DQAcc + batch * stride_ab + row * stride_an + head * stride_ah
+    db_base = DBiasAcc + batch * stride_cb + head * stride_ch
+    stat_base = ((batch * tl.num_programs(1) + row) * num_heads + head) * seq_len
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    q_blocks = tl.cdiv(seq_len, BLOCK_M)
+    loop_blocks = q_blocks
+    if HAS_MASK:
+        key_end = tl.load(KeyEnd + batch * tl.num_programs(1) + row)
+        loop_blocks = tl.where(pid_n * BLOCK_N < key_end, q_blocks, 0)
+    first = (row + pid_n) % q_blocks
+    for step in range(0, loop_blocks):
+        block = first + step
+        block = tl.where(block >= q_blocks, block - q_blocks, block)
+        rows_m = block * BLOCK_M + offs_m
+        valid_m = rows_m < seq_len
+        q_tile = valid_m[:, None] & valid_d[None, :]
+        q = tl.load(q_base + rows_m[:, None] * stride_ql + offs_d[None, :] * stride_qd, mask=q_tile, other=0.0)
+        do = tl.load(do_base + rows_m[:, None] * stride_gl + offs_d[None, :] * stride_gd, mask=q_tile, other=0.0)
+        lse = tl.load(Lse + stat_base + rows_m, mask=valid_m, other=float("inf"))
+        delta = tl.load(Delta + stat_base + rows_m, mask=valid_m, other=0.0)
+
+        s_t = mma(k, tl.trans(q), None, PRECISION) * scale_log2  # [BLOCK_N, BLOCK_M]
+        if HAS_BIAS:
+            b_t = tl.load(bias_base + rows_m[None, :] * stride_bq + cols[:, None] * stride_bk,
+                          mask=valid_n[:, None] & valid_m[None, :], other=0.0)
+            s_t += b_t.to(tl.float32) * LOG2E
+        s_t = tl.where(attend[:, None], s_t, float("-inf"))
+        p_t = tl.math.exp2(s_t - lse[None, :])
+        dv += mma(p_t.to(do.dtype), do, None, PRECISION)
+        dp_t = mma(v, tl.trans(do), None, PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        ds_low = ds_t.to(q.dtype)
+        dk += mma(ds_low, q, None, PRECISION)
+        if ATOMIC_DQ:
+            dq_part = mma(tl.trans(ds_low), k, None, PRECISION) * scale  # [BLOCK_M, BLOCK_D]
+            tl.atomic_add(dq_base + rows_m[:, None] * stride_al + offs_d[None, :] * stride_ad, dq_part,
+                          mask=q_tile, sem="relaxed")
+        if ATOMIC_DBIAS:
+            tl.atomic_add(db_base + rows_m[None, :] * stride_cq + cols[:, None] * stride_ck, ds_t,
+                          mask=valid_n[:, None] & valid_m[None, :], sem="relaxed")
+
+    dk *= scale
+    out_offs = (batch * stride_xb + row * stride_xn + head * stride_xh
+                + cols[:, None] * stride_xl + offs_d[None, :] * stride_xd)
+    tl.store(DK + out_offs, dk.to(DK.dtype.element_ty), mask=kv_tile)
+    tl.store(DV + out_offs, dv.to(DV.dtype.element_ty), mask=kv_tile)

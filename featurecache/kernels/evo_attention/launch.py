@@ -29,10 +29,12 @@ from featurecache.kernels.evo_attention.config import (
 from featurecache.kernels.evo_attention.kernels import (
     LOG2E,
     _evo_attention_bwd_bias_kernel,
+    _evo_attention_bwd_fused_kernel,
     _evo_attention_bwd_kv_kernel,
     _evo_attention_bwd_kv_rows_kernel,
     _evo_attention_bwd_q_kernel,
     _evo_attention_bwd_q_rows_kernel,
+    _evo_attention_delta_kernel,
     _evo_attention_fwd_kernel,
     _evo_attention_fwd_rows_kernel,
 )
@@ -240,6 +242,11 @@ def evo_attention_backward(
         dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     dbias = bias.new_empty(bias.shape) if bias_grad else None
     common["WIDE_INDEX"] = wide_index(q, k, v, out, grad_out, dq, dk, dv, bias=bias) or wide_index(bias=dbias)
+    mode = "split" if per_row_dbias else config.bwd_mode
+    if mode == "fused":
+        _launch_fused_backward(grad_out, q, k, v, bias, mask_tensor, mask_strides, out, lse, key_end, delta,
+                               dq, dk, dv, dbias, scale, config.bwd_kv, common)
+        return dq, dk, dv, dbias
     qc = config.bwd_q
     if shared_bias and qc.rows > 1:
         _evo_attention_bwd_q_rows_kernel[(triton.cdiv(seq_len, qc.block_m), triton.cdiv(rows, qc.rows), batch * heads)](
@@ -266,6 +273,10 @@ def evo_attention_backward(
         )
 
     kv = config.bwd_kv
+    if mode == "atomic_dbias" and bias_grad:
+        _launch_fused_backward(grad_out, q, k, v, bias, mask_tensor, mask_strides, out, lse, key_end, delta,
+                               None, dk, dv, dbias, scale, kv, common)
+        return dq, dk, dv, dbias
     if shared_bias and kv.rows > 1:
         _evo_attention_bwd_kv_rows_kernel[(triton.cdiv(seq_len, kv.block_n), triton.cdiv(rows, kv.rows), batch * heads)](
             q, k, v, bias, mask_tensor, key_end, grad_out, lse, delta, dk, dv,
@@ -300,3 +311,47 @@ def evo_attention_backward(
         )
     return dq, dk, dv, dbias
 
+
+
+def _launch_fused_backward(grad_out, q, k, v, bias, mask_tensor, mask_strides, out, lse, key_end, delta,
+                           dq, dk, dv, dbias, scale, block: BlockConfig, common: dict) -> None:
+    """The dK/dV kernel that adds dQ (when dq is given; delta is then computed here first) and
+    the shared bias's gradient (when dbias is given) by fp32 atomics; dq and dbias are written
+    in place from their fp32 sums."""
+    batch, rows, seq_len, heads, head_dim = q.shape
+    has_bias = bias is not None
+    if dq is not None:
+        delta_block = 64
+        _evo_attention_delta_kernel[(triton.cdiv(seq_len, delta_block), rows, batch * heads)](
+            out, grad_out, delta, *out.stride(), *grad_out.stride(), heads, seq_len, head_dim,
+            BLOCK_M=delta_block, BLOCK_D=common["BLOCK_D"], WIDE_INDEX=common["WIDE_INDEX"],
+        )
+        # Contiguous fp32 sums: one layout whatever dq's, and 64-bit tile offsets only if q needed them.
+        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    else:
+        dq_acc = lse  # unused: ATOMIC_DQ is off
+    if dbias is not None:
+        # An fp32 bias gradient is its own accumulator; a bf16 / fp16 one is rounded from an fp32 sum.
+        dbias_acc = dbias if dbias.dtype == torch.float32 else torch.empty(dbias.shape, device=q.device,
+                                                                           dtype=torch.float32)
+        dbias_acc.zero_()
+        dbias_strides = _shared_bias_strides(dbias_acc)
+    else:
+        dbias_acc, dbias_strides = lse, (0, 0, 0, 0)
+    _evo_attention_bwd_fused_kernel[(triton.cdiv(seq_len, block.block_n), rows, batch * heads)](
+        q, k, v, bias if has_bias else q, mask_tensor, key_end, grad_out, lse, delta, dk, dv, dq_acc, dbias_acc,
+        *q.stride(), *k.stride(), *v.stride(), *_bias_strides(bias),
+        *mask_strides, *grad_out.stride(), *dk.stride(),
+        *(dq_acc.stride() if dq is not None else (0, 0, 0, 0, 0)),
+        *dbias_strides,
+        heads, seq_len, head_dim, scale, scale * LOG2E.value,
+        HAS_BIAS=has_bias,
+        ATOMIC_DQ=dq is not None,
+        ATOMIC_DBIAS=dbias is not None,
+        BLOCK_M=block.block_m, BLOCK_N=block.block_n, num_warps=block.num_warps, num_stages=block.num_stages,
+        **common,
+    )
+    if dq is not None:
+        dq.copy_(dq_acc)
+    if dbias is not None and dbias_acc is not dbias:
+        dbias.copy_(dbias_acc)
