@@ -28,9 +28,9 @@ from featurecache.io.af3_json_writer import (
     Af3Entity,
     Af3Template,
     af3_document,
+    af3_json_text,
     backbone_template_mmcif,
     group_copies,
-    write_af3_json,
 )
 from featurecache.io.msa import Msa, format_a3m
 from featurecache.store.codec import Record
@@ -74,7 +74,9 @@ def export_records(cache_dir: str | Path, keys: list[str], output_format: str, o
         if output_format == "a3m":
             written += _write_a3m(key, record, out_dir)
         else:
-            written.append(write_af3_json(out_dir / f"{key}.json", af3_input(key, record)))
+            path = out_dir / f"{key}.json"
+            write_text_atomic(path, af3_json_text(af3_input(key, record)))
+            written.append(path)
     return written
 
 

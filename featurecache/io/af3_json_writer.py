@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import gemmi
 
@@ -188,17 +187,10 @@ def af3_document(name: str, entities: list[Af3Entity], model_seeds: tuple[int, .
     return document
 
 
-def write_af3_json(path: str | os.PathLike, document: dict) -> Path:
-    """Write the document as UTF-8 JSON (written to a temporary name, then renamed)."""
-    path = Path(path)
-    partial = path.with_name(path.name + ".partial")
-    try:
-        partial.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
-        os.replace(partial, path)
-    except BaseException:  # a full disk or Ctrl-C: no partial file left beside the output
-        partial.unlink(missing_ok=True)
-        raise
-    return path
+def af3_json_text(document: dict) -> str:
+    """The document as the text of an AF3 input file (callers write it with
+    store/files.write_text_atomic: io/ only converts)."""
+    return json.dumps(document, indent=1) + "\n"
 
 
 def single_chain_mmcif(path: str | os.PathLike, auth_chain_id: str) -> str:

@@ -29,12 +29,14 @@ from pathlib import Path
 
 from featurecache.config import ClusteringConfig, SampleConfig
 from featurecache.io import inputs
+from featurecache.io.af3_json_writer import af3_json_text
 from featurecache.precompute.pipeline import CacheWriteError, PipelineRun
 from featurecache.precompute.plan import PipelineSetupError, PrecomputeOptions, prepare
 from featurecache.precompute.report import PrecomputeSummary, StageCounts
 from featurecache.precompute.search_outputs import TargetOutputs, target_outputs
 from featurecache.precompute.tasks import ExcludedTarget, TargetInput, TaskError
 from featurecache.schema import MSA_TABLE, SCHEMA_VERSION
+from featurecache.store.files import write_text_atomic
 from featurecache.store.locks import StoreLockedError
 from featurecache.store.manifest import EXCLUDED_TABLE, SAMPLING_TABLE, read_manifest
 from featurecache.store.writer import StoreWriteError, StoreWriter
@@ -201,9 +203,9 @@ class _SearchRun(PipelineRun):
         for folder, files in outputs.folder_files.items():
             (out / MSA_FOLDER / folder).mkdir(parents=True, exist_ok=True)
             for name, text in files.items():
-                _write_text(out / MSA_FOLDER / folder / name, text)
+                write_text_atomic(out / MSA_FOLDER / folder / name, text)
         (out / AF3_FOLDER).mkdir(exist_ok=True)
-        _write_text(out / AF3_FOLDER / f"{outputs.target_id}.json", json.dumps(outputs.document, indent=1) + "\n")
+        write_text_atomic(out / AF3_FOLDER / f"{outputs.target_id}.json", af3_json_text(outputs.document))
         self.index[outputs.target_id] = {chain: f"{MSA_FOLDER}/{folder}" for chain, folder in
                                          outputs.chain_folders.items()}
         self.search_summary.warnings += [f"{outputs.target_id}: {warning}" for warning in outputs.warnings]
@@ -219,17 +221,7 @@ class _SearchRun(PipelineRun):
             except (OSError, ValueError):
                 index = {}
         index.update(self.index)
-        _write_text(path, json.dumps(index, indent=1, sort_keys=True) + "\n")
-
-
-def _write_text(path: Path, text: str) -> None:
-    partial = path.with_name(path.name + ".partial")
-    try:
-        partial.write_text(text, encoding="utf-8")
-        os.replace(partial, path)
-    except BaseException:  # a full disk or Ctrl-C: no partial file left beside the outputs
-        partial.unlink(missing_ok=True)
-        raise
+        write_text_atomic(path, json.dumps(index, indent=1, sort_keys=True) + "\n")
 
 
 def _finished_manifest(cache_dir: Path):

@@ -14,10 +14,10 @@ from featurecache.io.af3_json_writer import (
     af3_chain_ids,
     af3_document,
     af3_entities,
+    af3_json_text,
     backbone_template_mmcif,
     renamed_chains,
     single_chain_mmcif,
-    write_af3_json,
 )
 from featurecache.io.mmcif import parse_mmcif, read_mmcif
 from featurecache.io.msa import Msa, format_a3m, parse_a3m, read_msa
@@ -67,7 +67,8 @@ def test_structure_to_json_reads_back(shared_data, tmp_path):
     template = Af3Template(single_chain_mmcif(shared_data / "templates" / "mmcif" / "1psm.cif", "A"), (0, 1), (3, 4))
     protein = Af3Entity(**{**entities[0].__dict__, "unpaired_msa": f">query\n{entities[0].sequence}\n",
                            "paired_msa": "", "templates": (template,)})
-    path = write_af3_json(tmp_path / "721p.json", af3_document("721p", [protein, *entities[1:]]))
+    path = tmp_path / "721p.json"
+    path.write_text(af3_json_text(af3_document("721p", [protein, *entities[1:]])), encoding="utf-8")
     document = json.loads(path.read_text())
     assert document["version"] == 4 and document["dialect"] == "alphafold3"
     parsed = read_af3_json(path, "721p")
