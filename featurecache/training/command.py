@@ -111,8 +111,9 @@ UNIT = FiniteFloatRange(0.0, 1.0, max_open=True)
               help="Pad every batch to --crop-size tokens, --msa-rows-per-sample rows and --max-templates "
                    "templates: one shape for every step, so --compile compiles once.")
 @click.option("--cuda-graphs", is_flag=True,
-              help="Replay each step as one CUDA graph (implies --static-shapes; one GPU, no DDP): removes the "
-                   "host's kernel-launch overhead.")
+              help="Replay each step from CUDA graphs (implies --static-shapes; one GPU or several ranks under "
+                   "torchrun, with --accumulate; not with --pair-shards or --compile): removes the host's "
+                   "kernel-launch overhead.")
 @click.option("--seed", default=SampleConfig.seed, show_default=True, type=SEED,
               help="Seed for weights, shuffling, crops and MSA subsampling.")
 @click.option("--device", default=TrainConfig.device, show_default=True,

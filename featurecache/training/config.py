@@ -81,7 +81,8 @@ class TrainConfig:
     # Pad every batch to the sample's crop size, MSA rows and templates, so all steps have one
     # shape: torch.compile compiles once (and a step could be a CUDA graph).
     static_shapes: bool = False
-    # Replay each step as one CUDA graph (featurecache.training.cuda_graph): implies static shapes; one GPU.
+    # Replay each step from CUDA graphs (featurecache.training.cuda_graph): implies static shapes; one GPU
+    # or data-parallel ranks (gradients all-reduced between the graphs), not with pair shards.
     cuda_graphs: bool = False
     device: str = "auto"
 
@@ -123,9 +124,8 @@ class TrainConfig:
             raise TrainSetupError("--validate-every needs held-out targets: --validation-keys KEY... "
                                   "or --validation-fraction F")
         if self.cuda_graphs and self.pair_shards > 1:
-            raise TrainSetupError("--cuda-graphs runs on one GPU: it does not go with --pair-shards")
-        if self.cuda_graphs and self.accumulate > 1:
-            raise TrainSetupError("--cuda-graphs captures one micro-batch per step: it does not go with --accumulate")
+            raise TrainSetupError("--cuda-graphs does not go with --pair-shards (the shards' collectives run "
+                                  "inside the step, which is not captured)")
         if self.fixed_shapes and self.sample.crop_size is None:
             raise TrainSetupError("--static-shapes and --cuda-graphs need a crop size (every batch is padded to it)")
         if self.cuda_graphs and self.compile:

@@ -18,13 +18,22 @@ What a captured step needs, and `CapturedStep` provides or checks:
 
 Every call is one real step on that call's inputs: the first `warmup_steps` calls run eagerly,
 the next one captures the graph and replays it once, and later calls only replay.
+
+`GraphedUpdate` is the optimizer step of a `--cuda-graphs` run, on one GPU or data-parallel:
+two graphs, one for a micro-batch's forward, loss and backward (replayed once per micro-batch,
+accumulating into fixed gradient buffers), one for clipping, the AdamW update and the EMA; in
+between, outside any graph, the gradients are all-reduced over the ranks
+(training/distributed.py's GradientBuckets). The same update runs without capture
+(`capture=False`) on the CPU, which is how tests check it against DDP.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
+
+from featurecache.training.distributed import GradientBuckets
 
 StepFunction = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
 
@@ -37,10 +46,14 @@ class CapturedStep:
     A step may call `optimizer.zero_grad(set_to_none=True)` itself: inside the capture that makes
     the gradients tensors of the graph, which overwrites them at each replay. Outside the step,
     leave them alone.
+
+    With capture=False every call runs `step` eagerly on the inputs as given (on their device,
+    no static buffers): the same code path without a graph, for the CPU.
     """
 
-    def __init__(self, step: StepFunction, warmup_steps: int = 3) -> None:
-        if not torch.cuda.is_available():
+    def __init__(self, step: StepFunction, warmup_steps: int = 3, capture: bool = True) -> None:
+        self.capture = capture
+        if capture and not torch.cuda.is_available():
             raise RuntimeError("CapturedStep needs a CUDA device")
         if warmup_steps < 1:
             raise ValueError(f"CapturedStep: warmup_steps is {warmup_steps}, at least 1 is needed (the first "
@@ -57,6 +70,9 @@ class CapturedStep:
         return self.graph is not None
 
     def __call__(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if not self.capture:
+            self.steps_run += 1
+            return self.step(dict(inputs))
         if not self.static_inputs:
             # Allocated once, before any step: warm-up steps read them too, so no second copy of
             # the inputs (or of their gradients) stays alive beside the graph's.
@@ -72,7 +88,9 @@ class CapturedStep:
         else:
             if self.graph is None:
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
+                # thread_local: other threads' CUDA calls (NCCL's watchdog polling its events, the
+                # loader's pinning thread) may go on during the capture
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                     self.static_outputs = self.step(self.static_inputs)
                 self.graph = graph
             self.graph.replay()
@@ -91,3 +109,37 @@ class CapturedStep:
                                  f"captured with {tuple(buffer.shape)} {buffer.dtype} (pad batches to fixed sizes)")
             with torch.no_grad():  # leaf buffers that require grad take new values like any other
                 buffer.copy_(value, non_blocking=True)
+
+
+class GraphedUpdate:
+    """One optimizer step from gradient buffers: `backward(inputs)` (forward, loss, backward of
+    one micro-batch, accumulating into `gradients`; returns its loss terms) for each micro-batch,
+    then `gradients.all_reduce()` outside any graph, then `apply()` (clipping, update, EMA;
+    returns the gradient norm). Each of the two functions is a CapturedStep of its own.
+
+    `before_micro(micro)` runs before each micro-batch's backward, outside the graph (it reseeds
+    the generator the replay draws from).
+    """
+
+    def __init__(self, backward: StepFunction, apply: Callable[[], torch.Tensor], gradients: GradientBuckets,
+                 warmup_steps: int = 3, capture: bool = True) -> None:
+        self.gradients = gradients
+        self.backward = CapturedStep(backward, warmup_steps, capture)
+        self.apply = CapturedStep(lambda _: {"grad_norm": apply()}, warmup_steps, capture)
+
+    @property
+    def is_captured(self) -> bool:
+        return self.backward.is_captured and self.apply.is_captured
+
+    def __call__(self, micro_batches: Sequence[Mapping[str, torch.Tensor]],
+                 before_micro: Callable[[int], None]) -> dict[str, torch.Tensor]:
+        """The step's loss terms (mean over the micro-batches) and `grad_norm`: copies, not the
+        graphs' outputs, which the next replay overwrites."""
+        self.gradients.zero()
+        terms: list[dict[str, torch.Tensor]] = []
+        for micro, inputs in enumerate(micro_batches):
+            before_micro(micro)
+            terms.append({name: value.clone() for name, value in self.backward(inputs).items()})
+        self.gradients.all_reduce()
+        means = {name: torch.stack([values[name] for values in terms]).mean() for name in terms[0]}
+        return {**means, "grad_norm": self.apply({})["grad_norm"].clone()}

@@ -6,13 +6,18 @@ is rank 0 of 1 and no process group is made. With P pair shards the world is dat
 replicas x P: the P consecutive ranks of a shard group (one host's GPUs) hold one sample, and
 `Dist.rank` / `Dist.world_size` count replicas, which is what the data, the seeds, the
 checkpoints and DDP see; `Dist.shard_rank` is the place within the shard group.
+
+CUDA-graph runs do not use DDP (its reducer hooks run host code inside backward, which a graph
+cannot hold, and gloo cannot be captured): `GradientBuckets` keeps the gradients in a few flat
+buffers that are all-reduced between a step's backward and its update, outside any graph, and
+`broadcast_from_rank_0` starts every rank from rank 0's weights, as DDP's constructor does.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 import torch.distributed as dist
@@ -111,6 +116,88 @@ def shard_model(model: torch.nn.Module, world: Dist) -> torch.nn.Module:
     """The model with its MSA module and Pairformer sharded over the replica's shard group (as is
     without shards)."""
     return shard_trunk(model, world.shard_group) if world.pair_shards > 1 else model
+
+
+# Bytes per gradient bucket (DDP's default is 25 MiB): large enough that a step's all-reduces
+# are a handful of calls, small enough that no single buffer holds a large share of the weights.
+BUCKET_BYTES = 25 * 1024 * 1024
+
+
+class GradientBuckets:
+    """The gradients of `model`'s trainable parameters as views into a few flat buffers, so
+    that a backward (launched or replayed from a graph) accumulates into fixed addresses and
+    one all-reduce per buffer averages them over the data-parallel ranks.
+
+    Every trainable parameter has a gradient from here on (zeros where a step does not reach
+    it, as DDP gives a parameter that only some ranks used); frozen ones (requires_grad False,
+    e.g. the PAE head while its loss weight is 0) are left out. Never call
+    optimizer.zero_grad(): `zero()` clears the buffers in place.
+    """
+
+    def __init__(self, model: torch.nn.Module, world: Dist, bucket_bytes: int = BUCKET_BYTES) -> None:
+        self.world = world
+        self.parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
+        self.buffers: list[torch.Tensor] = []
+        for bucket in _buckets(self.parameters, bucket_bytes):
+            flat = torch.zeros(sum(p.numel() for p in bucket), dtype=bucket[0].dtype, device=bucket[0].device)
+            offset = 0
+            for parameter in bucket:
+                parameter.grad = flat[offset:offset + parameter.numel()].view_as(parameter)
+                offset += parameter.numel()
+            self.buffers.append(flat)
+        self.addresses = [parameter.grad.data_ptr() for parameter in self.parameters]
+
+    def zero(self) -> None:
+        for flat in self.buffers:
+            flat.zero_()
+
+    def all_reduce(self) -> None:
+        """The mean of every gradient over the data-parallel ranks, in place (nothing on one rank).
+        Divided before the sum, as DDP does."""
+        self._check_attached()
+        if not self.world.enabled:
+            return
+        for flat in self.buffers:
+            flat.div_(self.world.world_size)
+            dist.all_reduce(flat, group=self.world.data_group)
+
+    def _check_attached(self) -> None:
+        # a zero_grad(set_to_none=True) would leave gradients outside the buffers, which the
+        # all-reduce would then silently skip
+        for parameter, address in zip(self.parameters, self.addresses):
+            if parameter.grad is None or parameter.grad.data_ptr() != address:
+                raise RuntimeError("GradientBuckets: a gradient was replaced outside its buffer "
+                                   "(do not call optimizer.zero_grad with these buckets)")
+
+
+def _buckets(parameters: list[torch.Tensor], bucket_bytes: int) -> Iterable[list[torch.Tensor]]:
+    """Consecutive parameters of one dtype and device, about bucket_bytes each."""
+    bucket: list[torch.Tensor] = []
+    size = 0
+    for parameter in parameters:
+        if bucket and (size >= bucket_bytes or parameter.dtype != bucket[0].dtype
+                       or parameter.device != bucket[0].device):
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(parameter)
+        size += parameter.numel() * parameter.element_size()
+    if bucket:
+        yield bucket
+
+
+@torch.no_grad()
+def broadcast_from_rank_0(tensors: list[torch.Tensor], world: Dist) -> None:
+    """Rank 0's values of `tensors` on every data-parallel rank, in place, one broadcast per
+    dtype (DDP's constructor does this for the parameters and buffers)."""
+    if not world.enabled:
+        return
+    source = dist.get_global_rank(world.data_group, 0) if world.data_group is not None else 0
+    for dtype in dict.fromkeys(tensor.dtype for tensor in tensors):
+        same = [tensor for tensor in tensors if tensor.dtype == dtype]
+        flat = torch.cat([tensor.reshape(-1) for tensor in same])
+        dist.broadcast(flat, source, group=world.data_group)
+        for tensor, value in zip(same, flat.split([tensor.numel() for tensor in same])):
+            tensor.copy_(value.view_as(tensor))
 
 
 def reduce_shard_gradients(model: torch.nn.Module) -> None:

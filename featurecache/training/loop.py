@@ -37,11 +37,12 @@ from featurecache.model.af3 import LOSS_INPUTS, REQUIRED_INPUTS
 from featurecache.training.checkpoint import (checkpoint_path, load_checkpoint, optimizer_state, rng_state,
                                               save_checkpoint, set_rng_state)
 from featurecache.training.config import TrainConfig, TrainSetupError, resolve_kernels
-from featurecache.training.cuda_graph import CapturedStep
+from featurecache.training.cuda_graph import GraphedUpdate
 from featurecache.training.data import build_datasets, fixed_sizes, make_batch_sampler, make_loader, to_device
 from featurecache.training.determinism import deterministic_mode
-from featurecache.training.distributed import (Dist, all_ranks, barrier, mean_over_ranks, reduce_shard_gradients,
-                                               setup_distributed, shard_model, shutdown)
+from featurecache.training.distributed import (Dist, GradientBuckets, all_ranks, barrier, broadcast_from_rank_0,
+                                               mean_over_ranks, reduce_shard_gradients, setup_distributed,
+                                               shard_model, shutdown)
 from featurecache.training.ema import WeightAverage
 from featurecache.training.progress import TrainProgress, first_step_work
 from featurecache.training.sampler import StepLayout
@@ -66,11 +67,18 @@ class Position:
 
 class Trainer:
     """The model and everything that updates it: optimizer, learning-rate schedule, EMA, bf16
-    autocast on GPU, DDP across ranks and, with `cuda_graphs`, the step captured as one CUDA graph."""
+    autocast on GPU, DDP across ranks and, with `cuda_graphs`, the step as CUDA graphs.
 
-    def __init__(self, config: TrainConfig, kernels: str, world: Dist) -> None:
+    Gradients reach the ranks in one of two ways: DDP (launched steps), or `manual_sync`
+    (cuda_graphs' way, training/cuda_graph.py's GraphedUpdate): the plain module's gradients
+    land in fixed buffers that are all-reduced after the step's last backward. manual_sync
+    without cuda_graphs runs that same update launched (tests compare it with DDP on the CPU);
+    it recycles max_recycling_cycles times at every step, as a graph does."""
+
+    def __init__(self, config: TrainConfig, kernels: str, world: Dist, manual_sync: bool | None = None) -> None:
         self.config = config
         self.world = world
+        self.manual_sync = config.cuda_graphs if manual_sync is None else manual_sync
         overrides = {"kernels": kernels}
         if config.pairformer_blocks is not None:
             overrides["num_pairformer_blocks"] = config.pairformer_blocks
@@ -90,7 +98,8 @@ class Trainer:
         self.steps_taken = 0  # by this process (a resumed run counts from its resume)
         self.trained: torch.nn.Module = self.model
         self.graph_lr: GraphLearningRate | None = None
-        self.captured: CapturedStep | None = None
+        self.graphed: GraphedUpdate | None = None
+        self.noise: torch.Generator | None = None  # the generator of the graphed update's micro-batch
         # A captured step must not use autocast's cache of cast weights (its tensors outlive the graph).
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not config.cuda_graphs)
                          if world.device.type == "cuda" else contextlib.nullcontext())
@@ -118,16 +127,22 @@ class Trainer:
         return Position(state["step"], state["epoch"], state["sample_in_epoch"])
 
     def start(self) -> None:
-        """Wrap for DDP and CUDA graphs, once the states are loaded."""
-        if self.config.cuda_graphs:
-            self.graph_lr = GraphLearningRate(self.optimizer, self.world.device)
+        """Wrap for DDP or CUDA graphs, once the states are loaded."""
+        # Every rank starts from rank 0's weights (DDP's constructor broadcasts the model; the
+        # EMA, made from each rank's initial weights, follows)
+        shared = [*self.model.parameters(), *self.model.buffers()] if self.manual_sync else []
+        broadcast_from_rank_0(shared + self.average.averages, self.world)
+        if self.manual_sync:
+            if self.config.cuda_graphs:
+                self.graph_lr = GraphLearningRate(self.optimizer, self.world.device)
             # One graph, so one N_cycle: a graph run always recycles max_recycling_cycles times.
             # Its noise comes from the device's default generator, which the graph replays from
-            # the seed noise_generator gives it before each replay.
-            cycles, noise = self.model.config.max_recycling_cycles, default_generator(self.world.device)
-            self.captured = CapturedStep(lambda inputs: self.captured_update(inputs, cycles, noise),
-                                         warmup_steps=GRAPH_WARMUP_STEPS)
-        if self.world.enabled:
+            # the seed noise_generator gives it before each replay (self.noise is that generator).
+            cycles = self.model.config.max_recycling_cycles
+            self.graphed = GraphedUpdate(lambda inputs: self.backward(inputs, cycles, self.noise), self.apply,
+                                         GradientBuckets(self.model, self.world), GRAPH_WARMUP_STEPS,
+                                         capture=self.config.cuda_graphs)
+        elif self.world.enabled:
             # static_graph: reentrant checkpointing runs parts of backward inside autograd calls,
             # which a static graph handles (recorded in the first step). The graph is the same
             # whatever N_cycle: only the last cycle builds one.
@@ -155,22 +170,16 @@ class Trainer:
         self.average.update()
         return grad_norm
 
-    def captured_update(self, batch: dict, num_cycles: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-        """A whole step of one micro-batch, with no host synchronization: what a CUDA graph captures."""
-        self.optimizer.zero_grad(set_to_none=True)
-        metrics = self.backward(batch, num_cycles, generator)
-        return {**metrics, "grad_norm": self.apply()}
-
     def step(self, batches: list[dict], step: int) -> tuple[dict[str, torch.Tensor], int]:
         """Optimizer step number `step` (0-based) on this rank's micro-batches; the schedule
         advances. Returns the loss terms (mean over the micro-batches), the gradient norm and
         N_cycle. A captured step copies the pinned host batch straight into the graph's input
-        buffers, an eager one takes them on the device."""
+        buffers, an eager one takes them on the device (takes_host_batches)."""
         cycle_generator = cycle_generator_of(self.config.sample.seed, step)
-        if self.captured is not None:
+        if self.graphed is not None:
             num_cycles = self.model.config.max_recycling_cycles
-            noise_generator(self.config.sample.seed, step, self.layout.slot(self.world.rank, 0), self.world.device)
-            result = self.captured(graph_inputs(batches[0]))
+            result = self.graphed([graph_inputs(batch) for batch in batches],
+                                  lambda micro: self._seed_noise(step, micro))
         else:
             num_cycles = sample_num_cycles(cycle_generator, self.model.config.max_recycling_cycles)
             result = self.accumulate(batches, step, num_cycles)
@@ -178,6 +187,15 @@ class Trainer:
         if self.graph_lr is not None:
             self.graph_lr.set(self.scheduler.get_last_lr()[0])
         return result, num_cycles
+
+    @property
+    def takes_host_batches(self) -> bool:
+        """Whether step() takes its batches on the host (a graph copies them to its buffers)."""
+        return self.graphed is not None and self.config.cuda_graphs
+
+    def _seed_noise(self, step: int, micro: int) -> None:
+        self.noise = noise_generator(self.config.sample.seed, step, self.layout.slot(self.world.rank, micro),
+                                     self.world.device)
 
     def accumulate(self, batches: list[dict], step: int, num_cycles: int) -> dict[str, torch.Tensor]:
         """Backward of every micro-batch (DDP reduces gradients only after the last), then apply."""
@@ -315,8 +333,8 @@ def train(config: TrainConfig) -> list[dict]:
 
 def _check_setup(config: TrainConfig, world: Dist) -> str:
     """The kernels this run uses; device settings that cannot work are a TrainSetupError."""
-    if config.cuda_graphs and (world.device.type != "cuda" or world.enabled):
-        raise TrainSetupError("--cuda-graphs runs on one CUDA device (not on the CPU, not under DDP yet)")
+    if config.cuda_graphs and world.device.type != "cuda":
+        raise TrainSetupError(f"--cuda-graphs needs a CUDA device, this run is on {world.device.type}")
     kernels = resolve_kernels(config.kernels, world.device)
     if config.kernels == "auto" and world.is_main:
         path = "featurecache's Triton kernels" if kernels == "triton" else "the PyTorch path (no CUDA device)"
@@ -389,7 +407,7 @@ def _step(world: Dist, trainer: Trainer, batches: Iterator[dict], position: Posi
     if world.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(world.device)
     micro_batches = [next(batches) for _ in range(trainer.config.accumulate)]
-    if trainer.captured is None:
+    if not trainer.takes_host_batches:
         micro_batches = [to_device(batch, world.device) for batch in micro_batches]
     data_wait = time.perf_counter() - start
     result, num_cycles = trainer.step(micro_batches, position.step)
