@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from featurecache.kernels.conditioned_transition import (
+    FUSED_MAX_CHANNELS,
     adaptive_layernorm,
     conditioned_transition,
 )
@@ -106,7 +107,10 @@ class ConditionedTransition(nn.Module):
         self.output_gate = _gate(c_s, c_a)
 
     def forward(self, a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        if self.kernels == "triton":
+        # Past FUSED_MAX_CHANNELS (the token width, 768) the kernel module's AdaLN + cuBLAS split
+        # measured slower than these modules, launched and replayed (H200, 2026-12-04 03:21 UTC,
+        # benchmarks/RESULTS.md): the fused op is used only where it fuses the whole block.
+        if self.kernels == "triton" and a.shape[-1] <= FUSED_MAX_CHANNELS:
             adaln = self.adaln
             return conditioned_transition(
                 a, s, adaln.norm_s.weight, adaln.scale.weight, adaln.scale.bias, adaln.shift.weight,
