@@ -67,15 +67,20 @@ def _utf8_file(option: str, path: pathlib.Path | None) -> pathlib.Path | None:
 
 def _run_on_ray(run, options):
     """run(options) for precompute or search: a setup error is one line (exit 2), and Ray, if
-    this process started it, is shut down however the run ends."""
+    this process started it, is shut down however the run ends. Until Ray is down, stdout goes to
+    stderr: Ray's error thread prints notices such as a lost node's ("(raylet) Raylet is
+    terminated ...") on stdout, which carries only the command's result (--json)."""
+    from contextlib import redirect_stdout
+
     from featurecache.precompute.plan import PipelineSetupError
 
-    try:
-        return run(options)
-    except PipelineSetupError as error:
-        raise UserError(str(error)) from error
-    finally:
-        _shutdown_ray()
+    with redirect_stdout(sys.stderr):
+        try:
+            return run(options)
+        except PipelineSetupError as error:
+            raise UserError(str(error)) from error
+        finally:
+            _shutdown_ray()
 
 
 def _shutdown_ray() -> None:

@@ -56,10 +56,12 @@ def _watch(cluster: LocalRayCluster, run: subprocess.Popen, seen: dict[str, bool
 
 
 def _summary(stdout: str) -> dict:
-    """The run's --json summary. Ray itself prints a lost node's notice ("(raylet) Raylet is
-    terminated ...") on the driver's stdout, before it, even with log_to_driver off."""
-    start = stdout.find("\n{") + 1 if not stdout.startswith("{") else 0
-    return json.loads(stdout[start:])
+    """The run's --json summary: stdout holds it alone. Ray prints a lost node's notice ("(raylet)
+    Raylet is terminated ...") on the driver's stdout; the CLI sends it to stderr."""
+    try:
+        return json.loads(stdout)
+    except json.JSONDecodeError as error:
+        raise AssertionError(f"stdout is not exactly the JSON summary ({error}):\n{stdout[:2000]}") from None
 
 
 def test_precompute_on_two_nodes_survives_a_killed_raylet(tmp_path, shared_data):
