@@ -293,12 +293,14 @@ def show(cache_dir, key, table):
 @cli.command()
 @click.argument("cache_dir", type=click.Path(path_type=pathlib.Path))
 @click.argument("keys", nargs=-1, required=True)
-@click.option("--format", "output_format", required=True, type=click.Choice(["af3-json", "a3m"]),
-              help="af3-json: one AlphaFold3 input JSON per key (MSAs, templates); a3m: one A3M per chain.")
+@click.option("--format", "output_format", required=True, type=click.Choice(["af3-json", "a3m", "boltz-csv"]),
+              help="af3-json: one AlphaFold3 input JSON per key (MSAs, templates); a3m: one A3M per chain; "
+                   "boltz-csv: one Boltz MSA CSV per protein chain (key, sequence; paired rows share a key).")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=pathlib.Path),
-              help="Folder to write into (KEY.json, or KEY/<chain>.a3m).")
+              help="Folder to write into (KEY.json, KEY/<chain>.a3m or KEY/<chain>.csv).")
 def export(cache_dir, keys, output_format, out_dir):
-    """Write the cached feature records of KEYS (target ids) as AlphaFold3 input JSON or A3M files."""
+    """Write the cached feature records of KEYS (target ids) as AlphaFold3 input JSON, A3M files or Boltz
+    MSA CSV files."""
     from featurecache.export import ExportError, export_records
 
     try:

@@ -1,4 +1,5 @@
-"""`featurecache export`: cached feature records as A3M files or AlphaFold 3 input JSON.
+"""`featurecache export`: cached feature records as A3M files, Boltz MSA CSV files or AlphaFold 3
+input JSON.
 
 A record keeps its MSA assembled for the whole target (features/msa.py): the query, the rows
 paired across chains by species, then each entity's own rows. Exported per chain, every
@@ -6,7 +7,10 @@ assembled row is kept, restricted to the chain's residues (all gaps where the ch
 sequence), so the k-th rows of all chains of a target are the k-th assembled row: the pairing
 featurecache made survives. In the AF3 JSON these rows are each protein's `unpairedMsa` with
 `pairedMsa` "", the layout AF3's docs/input.md recommends for pairing done ahead of time (run AF3
-with ``--resolve_msa_overlaps=false`` so it keeps the rows where they are).
+with ``--resolve_msa_overlaps=false`` so it keeps the rows where they are). Boltz pairs rows only
+by its CSV's `key` column (io/boltz_csv.py): there a protein chain's rows are the query and the
+assembled rows it shows residues in, a row paired across chains keyed by its assembled row number
+(the same in every chain that shows it), every other row -1.
 
 What a record does not keep is not invented: inserted residues are written as unknown-residue
 letters (their count is kept, io/msa.py `format_a3m`), rows have no headers but their number
@@ -32,12 +36,15 @@ from featurecache.io.af3_json_writer import (
     backbone_template_mmcif,
     group_copies,
 )
+from featurecache.io.boltz_csv import UNPAIRED, format_boltz_csv
 from featurecache.io.msa import Msa, format_a3m
 from featurecache.store.codec import Record
 from featurecache.store.files import write_text_atomic
 from featurecache.store.reader import StoreReader
 
-FORMATS = ("af3-json", "a3m")
+FORMATS = ("af3-json", "a3m", "boltz-csv")
+# Per-chain formats: the file suffix under OUT/KEY/.
+_CHAIN_FILE_SUFFIX = {"a3m": ".a3m", "boltz-csv": ".csv"}
 # Residue class (schema.RESTYPES index) -> one-letter code; GAP -> '-'.
 _LETTERS = np.frombuffer((schema.PROTEIN_LETTERS + "X" + "AGCUN" + "AGCTN" + "-").encode("ascii"), dtype=np.uint8)
 _CCD_CODE = re.compile(r"^[A-Z0-9]{1,5}$")
@@ -71,12 +78,13 @@ def export_records(cache_dir: str | Path, keys: list[str], output_format: str, o
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for key, record in records.items():
-        if output_format == "a3m":
-            written += _write_a3m(key, record, out_dir)
-        else:
+        if output_format == "af3-json":
             path = out_dir / f"{key}.json"
             write_text_atomic(path, af3_json_text(af3_input(key, record)))
             written.append(path)
+        else:
+            texts = chain_a3m(record) if output_format == "a3m" else chain_boltz_csv(record)
+            written += _write_chain_files(out_dir / key, texts, _CHAIN_FILE_SUFFIX[output_format])
     return written
 
 
@@ -109,14 +117,32 @@ def chain_msas(record: Record) -> dict[str, Msa]:
     return result
 
 
-def _write_a3m(key: str, record: Record, out_dir: Path) -> list[Path]:
-    folder = out_dir / key
-    folder.mkdir(exist_ok=True)
+def chain_a3m(record: Record) -> dict[str, str]:
+    """Per protein / RNA chain, chain_msas as A3M text."""
     types = dict(zip(record.meta["chain_ids"], record.meta["chain_types"]))
-    written = []
+    return {chain_id: format_a3m(msa, molecule_type=types[chain_id]) for chain_id, msa in chain_msas(record).items()}
+
+
+def chain_boltz_csv(record: Record) -> dict[str, str]:
+    """Per protein chain (Boltz reads MSAs of proteins only), its Boltz MSA CSV (module docstring)."""
+    types = dict(zip(record.meta["chain_ids"], record.meta["chain_types"]))
+    paired = record.arrays["msa_is_paired"]
+    texts = {}
     for chain_id, msa in chain_msas(record).items():
-        path = folder / f"{chain_id.replace(':', '_')}.a3m"
-        write_text_atomic(path, format_a3m(msa, molecule_type=types[chain_id]))  # whole or absent
+        if types[chain_id] != "protein":
+            continue
+        shown = [0, *(np.flatnonzero((msa.aligned[1:] != ord("-")).any(axis=1)) + 1).tolist()]
+        keys = [UNPAIRED, *(row if paired[row] else UNPAIRED for row in shown[1:])]
+        texts[chain_id] = format_boltz_csv(msa, keys, shown)
+    return texts
+
+
+def _write_chain_files(folder: Path, texts: dict[str, str], suffix: str) -> list[Path]:
+    folder.mkdir(exist_ok=True)
+    written = []
+    for chain_id, text in texts.items():
+        path = folder / f"{chain_id.replace(':', '_')}{suffix}"
+        write_text_atomic(path, text)  # whole or absent
         written.append(path)
     return written
 

@@ -4,7 +4,9 @@ against AF3's input format."""
 
 from __future__ import annotations
 
+import csv
 import json
+import re
 
 import numpy as np
 import pytest
@@ -91,6 +93,58 @@ def test_af3_json_follows_the_documented_input_format(cache, tmp_path):
     assert sum(map(len, parsed.templates.values())) == sum(
         int(record.arrays["template_count"][record.arrays["asym_id"] == number].max(initial=0))
         for number, _ in _protein_chains(record))
+
+
+@pytest.fixture(scope="module")
+def dimer_cache(tmp_path_factory, shared_data):
+    """A heterodimer whose chains' MSAs pair (7A4D's do not: their headers name no species):
+    hemoglobin alpha and EGF as a FASTA target, each with the first rows of its UniRef90 MSA."""
+    folder = tmp_path_factory.mktemp("dimer")
+    (folder / "alignments").mkdir()
+    queries = []
+    for name in ("1a00_A", "1a3p_A"):
+        records = (shared_data / "alignments" / "afdb" / name / "uniref90_hits.a3m").read_text().split("\n>")
+        (folder / "alignments" / f"{name}.a3m").write_text("\n>".join(records[:1200]) + "\n")
+        queries.append(records[0].split("\n")[1])
+    (folder / "dimer.fasta").write_text("".join(f">{chain} mol:protein\n{query}\n" for chain, query in zip("AB", queries)))
+    summary = precompute(PrecomputeOptions(
+        inputs=[folder / "dimer.fasta"], cache_dir=folder / "cache", alignments_dir=folder / "alignments",
+        executor="inline", progress=False, clustering=ClusteringConfig(enabled=False)))
+    assert summary.stages["featurize"].done == 1, summary.format()
+    with StoreReader(folder / "cache") as reader:
+        record = decode_record(reader.get("features", "dimer"))
+    assert record.arrays["msa_is_paired"][1:].sum() > 10
+    return folder / "cache", record
+
+
+def test_boltz_csv_has_boltz_columns_and_pairs_by_key(dimer_cache, tmp_path):
+    """Boltz reads exactly the columns key and sequence (A3M rows, query first); rows of two chains
+    with the same key are paired, -1 pairs with nothing (and is the query's: Boltz sets the queries
+    side by side itself). A paired row's key is its assembled row, the same in both chains."""
+    cache_dir, record = dimer_cache
+    for output_format in ("a3m", "boltz-csv"):
+        result = CliRunner().invoke(cli, ["export", str(cache_dir), "dimer", "--format", output_format,
+                                          "--out", str(tmp_path / output_format)])
+        assert result.exit_code == 0, result.output
+    paired = record.arrays["msa_is_paired"]
+    assert sorted(path.name for path in (tmp_path / "boltz-csv" / "dimer").iterdir()) == ["A.csv", "B.csv"]
+    keys_of_chain = {}
+    for chain_id, sequence in zip("AB", record.meta["sequences"]):
+        with open(tmp_path / "boltz-csv" / "dimer" / f"{chain_id}.csv", newline="") as handle:
+            reader = csv.DictReader(handle)
+            rows = list(reader)
+        assert reader.fieldnames == ["key", "sequence"]
+        keys = [int(row["key"]) for row in rows]  # integers, as Boltz reads them
+        a3m_rows = re.findall(r">[^\n]*\n([^\n]*)", (tmp_path / "a3m" / "dimer" / f"{chain_id}.a3m").read_text())
+        shown = [row for row, text in enumerate(a3m_rows) if row == 0 or re.search("[A-Z]", text)]
+        assert len(shown) < len(a3m_rows)  # the other chain's own rows, all gaps here, are left out
+        assert [row["sequence"] for row in rows] == [a3m_rows[row] for row in shown]
+        assert rows[0]["sequence"] == sequence and keys[0] == -1
+        assert keys[1:] == [row if paired[row] else -1 for row in shown[1:]]
+        keys_of_chain[chain_id] = [key for key in keys if key != -1]
+        assert len(set(keys_of_chain[chain_id])) == len(keys_of_chain[chain_id])  # once per chain
+    # every row the record paired is a key both chains hold, so Boltz pairs exactly those rows
+    assert keys_of_chain["A"] == keys_of_chain["B"] == (np.flatnonzero(paired[1:]) + 1).tolist()
 
 
 def test_unknown_key_is_one_line_and_exit_2(cache, tmp_path):

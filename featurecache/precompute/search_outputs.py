@@ -22,7 +22,6 @@ mmCIF with its residue mapping.
 from __future__ import annotations
 
 import json
-import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -40,6 +39,7 @@ from featurecache.io.af3_json_writer import (
     af3_entities,
     single_chain_mmcif,
 )
+from featurecache.io.boltz_csv import UNPAIRED, format_boltz_csv, species_key
 from featurecache.io.common import ParseError, decode_text, read_bytes
 from featurecache.io.hits import TemplateHit
 from featurecache.io.inputs import AF3_JSON_SUFFIXES
@@ -60,7 +60,6 @@ UNPAIRED_A3M = "non_pairing.a3m"
 PAIRED_A3M = "pairing.a3m"
 TEMPLATE_HITS = "template_hits.json"
 BOLTZ_CSV = "boltz_msa.csv"
-_MNEMONIC_KEYS = 1 << 30  # Boltz keys are int32: mnemonic keys take [2^30, 2^31)
 
 
 @dataclass
@@ -169,25 +168,8 @@ def _chain_files(msa: Msa, hits: list[TemplateHit], molecule_type: str) -> dict[
         with_species = [row for row, species in enumerate(msa.species) if row > 0 and species]
         if with_species:
             files[PAIRED_A3M] = format_a3m(msa, [0, *with_species], molecule_type)
-        files[BOLTZ_CSV] = _boltz_csv(unpaired.splitlines()[1::2], msa.species)
+        files[BOLTZ_CSV] = format_boltz_csv(msa, [UNPAIRED, *map(species_key, msa.species[1:])])
     return files
-
-
-def _boltz_csv(rows: list[str], species: tuple[str, ...]) -> str:
-    """Boltz's MSA CSV: `key` (an integer; rows of two chains with the same key are paired, -1
-    none) and `sequence` (A3M row). The key is the NCBI taxid; a species known only by its
-    UniProt mnemonic gets a fixed number from it, at or above 2^30 (past every NCBI taxid)."""
-    lines = ["key,sequence"]
-    for row, (sequence, name) in enumerate(zip(rows, species)):
-        kind, _, value = name.partition(":")
-        if row == 0 or not name:
-            key = -1
-        elif kind == "tax":
-            key = int(value)
-        else:
-            key = _MNEMONIC_KEYS + zlib.crc32(value.encode("ascii")) % _MNEMONIC_KEYS
-        lines.append(f"{key},{sequence}")
-    return "\n".join(lines) + "\n"
 
 
 def _hit_json(hit: TemplateHit) -> dict:
