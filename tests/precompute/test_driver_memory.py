@@ -1,0 +1,79 @@
+"""The precompute driver's last step must not read the whole cache into its memory.
+
+Clustering lists the cache's feature keys (sampling_index.py). py-lmdb's cursor touches every
+page of each value it passes, so listing the features table itself mapped every record into the
+driver: its RSS grew by the cache's size (1.8 -> 3.8 GiB from 5k to 20k targets in
+benchmarks/precompute_scale.py). The writer lists keys from the table's index instead. These
+tests measure the shard file's resident pages in this process (/proc/self/smaps), and check that
+the measurement sees a full read, so they can fail.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from featurecache.config import StoreConfig
+from featurecache.schema import FEATURES_TABLE
+from featurecache.store.writer import StoreWriter
+
+RECORDS = 24
+RECORD_BYTES = 1 << 20  # large records: LMDB keeps each on its own overflow pages
+MiB = 1 << 20
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps (Linux)")
+
+
+def _mapped_bytes(folder: Path) -> int:
+    """Resident bytes of this process's mappings of files under `folder`."""
+    total, current = 0, False
+    prefix = str(folder.resolve())
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            first = line.split(" ", 1)[0]
+            if "-" in first and all(c in "0123456789abcdef-" for c in first):
+                current = prefix in line
+            elif current and line.startswith("Rss:"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def _write_cache(folder: Path, with_index: bool = True) -> StoreWriter:
+    writer = StoreWriter(folder, StoreConfig(num_shards=1, batch_records=4))
+    for number in range(RECORDS):
+        index = {"num_tokens": number} if with_index or number else None  # record 0 lacks its entry
+        writer.put(FEATURES_TABLE, f"target{number:03d}", os.urandom(RECORD_BYTES), index=index)
+    writer.flush()
+    return writer
+
+
+def test_listing_feature_keys_reads_no_records(tmp_path):
+    writer = _write_cache(tmp_path / "cache")
+    try:
+        before = _mapped_bytes(tmp_path)
+        keys = writer.keys(FEATURES_TABLE)
+        listed = _mapped_bytes(tmp_path) - before
+        for key in keys:  # what listing the records table did: every record's pages
+            writer.get(FEATURES_TABLE, key)
+        read_all = _mapped_bytes(tmp_path) - before
+    finally:
+        writer.close()
+    assert keys == [f"target{number:03d}" for number in range(RECORDS)]
+    assert read_all > RECORDS * RECORD_BYTES // 2, "the measurement does not see records read"
+    assert listed < 4 * MiB, f"listing {RECORDS} keys mapped {listed / MiB:.1f} MiB of records"
+
+
+def test_keys_of_records_without_index_entries_are_all_listed(tmp_path):
+    """A record put without an index entry: the index does not name every key, so the table
+    itself is listed (correct, just slower)."""
+    writer = _write_cache(tmp_path / "cache", with_index=False)
+    try:
+        keys = writer.keys(FEATURES_TABLE)
+        writer.delete(FEATURES_TABLE, "target005")
+        after_delete = writer.keys(FEATURES_TABLE)
+    finally:
+        writer.close()
+    assert keys == [f"target{number:03d}" for number in range(RECORDS)]
+    assert after_delete == [key for key in keys if key != "target005"]
