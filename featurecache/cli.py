@@ -91,10 +91,15 @@ def _shutdown_ray() -> None:
         ray.shutdown()
 
 
-def _plot_path(path: pathlib.Path | None, option: str = "--plot") -> pathlib.Path | None:
-    """Check a plot's file name before any work: a known image suffix in a folder that exists."""
+def _plot_path(path: pathlib.Path | None, option: str = "--plot",
+               cache: pathlib.Path | None = None) -> pathlib.Path | None:
+    """Check a plot's file name before any work: a known image suffix in a folder that exists,
+    outside the cache (`cache` or any other)."""
+    from featurecache.store.layout import refuse_output_in_cache
+
     if path is None:
         return None
+    refuse_output_in_cache(option, path, cache)
     if path.suffix.lower() not in PLOT_SUFFIXES:
         raise UserError(f"{option} {path}: use one of {', '.join(PLOT_SUFFIXES)}")
     if not path.parent.is_dir():
@@ -213,7 +218,9 @@ def search(inputs, config_path, out_dir, cache_dir, max_templates, address, num_
     JSON files, or folders of them) and write, per unique chain, A3M files and template hits,
     and per target an AlphaFold3 input JSON with its MSAs and templates filled in."""
     from featurecache.precompute.search_command import SearchOptions, search as run
+    from featurecache.store.layout import refuse_output_in_cache
 
+    refuse_output_in_cache("--out", out_dir, cache_dir)
     _utf8_file("--config", config_path)
     options = SearchOptions(inputs=list(inputs), config_path=config_path, out_dir=out_dir, cache_dir=cache_dir,
                             address=address, executor=executor, num_workers=num_workers,
@@ -234,7 +241,7 @@ def stats(cache_dir, as_json, plot_path):
     from featurecache.store.inspect import cache_stats, format_stats
     from featurecache.store.plot import plot_stats
 
-    _plot_path(plot_path)
+    _plot_path(plot_path, cache=cache_dir)
     report = cache_stats(_existing_cache(cache_dir))
     click.echo(json.dumps(report, indent=2) if as_json else format_stats(report))
     if plot_path:
@@ -302,7 +309,9 @@ def export(cache_dir, keys, output_format, out_dir):
     """Write the cached feature records of KEYS (target ids) as AlphaFold3 input JSON, A3M files or Boltz
     MSA CSV files."""
     from featurecache.export import ExportError, export_records
+    from featurecache.store.layout import refuse_output_in_cache
 
+    refuse_output_in_cache("--out", out_dir, cache_dir)
     try:
         written = export_records(_existing_cache(cache_dir), list(keys), output_format, out_dir)
     except ExportError as error:

@@ -10,6 +10,7 @@ import click
 
 from featurecache.errors import SEED, BoundaryCommand, UserError
 from featurecache.prediction.run import PredictError, PredictOptions, predict
+from featurecache.store.layout import refuse_output_in_cache
 from featurecache.training.config import KERNEL_OPTIONS
 
 POSITIVE = click.IntRange(min=1)
@@ -40,6 +41,7 @@ POSITIVE = click.IntRange(min=1)
 def predict_command(cache, keys, checkpoint, out, samples, steps, cycles, max_tokens, seed, kernels, device) -> None:
     """Predict structures of cached targets KEY... with a trained checkpoint: one mmCIF and its
     confidences per sample, ranked as AlphaFold 3 ranks them. Prints the mmCIFs written."""
+    refuse_output_in_cache("--out", out, cache)
     options = PredictOptions(cache=cache, keys=tuple(dict.fromkeys(keys)), checkpoint=checkpoint, out=out,
                              samples=samples, steps=steps, cycles=cycles, seed=seed, max_tokens=max_tokens,
                              device=device, kernels=kernels)

@@ -53,6 +53,19 @@ def has_shard_files(folder: Path) -> bool:
     return any(SHARD_PATTERN.match(entry.name) for entry in folder.iterdir())
 
 
+def refuse_output_in_cache(option: str, output: str | Path, cache: str | Path | None = None) -> None:
+    """ValueError naming `option` and the cache when a command's output (a file or folder, existing
+    or not) is, or lies inside, the cache `cache` (as given: a cache folder, generation or publish
+    root) or any cache folder (one holding shard 0): outputs written there would mix with the
+    cache's own files, or overwrite them."""
+    target = Path(output).resolve()
+    caches = [Path(cache)] if cache is not None else []
+    caches += [folder for folder in (target, *target.parents) if (folder / shard_name(0)).exists()]
+    for found in caches:
+        if target == found.resolve() or found.resolve() in target.parents:
+            raise ValueError(f"{option} {output}: inside the cache {found}; write outputs outside it")
+
+
 def find_shards(cache_dir: Path) -> list[Path]:
     """Shard files of a cache folder, in shard order; checks they are numbered 0..N-1."""
     found = sorted(path for path in cache_dir.iterdir() if SHARD_PATTERN.match(path.name))

@@ -13,6 +13,7 @@ from click.core import ParameterSource
 from featurecache.config import SampleConfig, crop_mode_probs_from_spatial
 from featurecache.errors import SEED, BoundaryCommand, FiniteFloatRange, UserError, renamed_option
 from featurecache.model.config import PRESETS
+from featurecache.store.layout import refuse_output_in_cache
 from featurecache.training.config import KERNEL_OPTIONS, TrainConfig, TrainSetupError
 from featurecache.training.loop import train
 
@@ -124,6 +125,7 @@ def train_command(ctx: click.Context, cache, online, alignments, template_dir, o
                   max_templates, batch_size, num_workers, checkpoint_every, resume, compile_model,
                   static_shapes, cuda_graphs, seed, device, validation_keys, **recipe) -> None:
     """Train the AF3 structure model (trunk and diffusion module) from a feature cache."""
+    refuse_output_in_cache("--out", out, cache)
     rows = msa_rows_per_sample
     if old_msa_rows is not None:
         if ctx.get_parameter_source("msa_rows_per_sample") != ParameterSource.DEFAULT:
