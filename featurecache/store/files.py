@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 
 def fsync_file(path: Path) -> None:
@@ -29,11 +31,17 @@ def fsync_dir(directory: Path) -> None:
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Readers see the old file or the new one, never a partial one, even across a crash."""
+    write_atomic(path, lambda handle: handle.write(text))
+
+
+def write_atomic(path: Path, write: Callable[[TextIO], object]) -> None:
+    """write_text_atomic for text that `write(handle)` writes in pieces (a large JSON document
+    streamed by json.dump, never held whole in memory)."""
     path = Path(path)
     fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(temp_name, 0o644)  # mkstemp creates 0600; a cache is shared with trainers

@@ -59,7 +59,7 @@ from typing import Any
 
 from featurecache.config import file_sha256
 from featurecache.schema import FEATURES_TABLE, RECORD_FORMAT, SCHEMA_VERSION
-from featurecache.store.files import write_text_atomic
+from featurecache.store.files import write_atomic
 from featurecache.store.layout import SHARD_PATTERN, STORE_FORMAT, has_shard_files, shard_name
 
 MANIFEST_FORMAT = 1
@@ -122,8 +122,9 @@ class Manifest:
         return {target_id: {**entry, **sampling.get(target_id, {})} for target_id, entry in features.items()}
 
     def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        del data["path"]
+        # Not dataclasses.asdict: it deep-copies the index, a copy of every entry per target.
+        data = {field.name: getattr(self, field.name) for field in dataclasses.fields(self) if field.name != "path"}
+        data["shards"] = [dataclasses.asdict(shard) for shard in self.shards]
         return data
 
 
@@ -136,7 +137,13 @@ def save_manifest(manifest: Manifest, directory: str | os.PathLike) -> Manifest:
     """Write `manifest` as directory/manifest.json atomically; returns it with its new path."""
     path = Path(directory) / MANIFEST_NAME
     manifest = dataclasses.replace(manifest, path=path)
-    write_text_atomic(path, json.dumps(manifest.to_json(), indent=1, sort_keys=True, allow_nan=False) + "\n")
+
+    def write(handle) -> None:
+        # json.dump streams the text; json.dumps would hold it whole, and all its pieces, at once
+        json.dump(manifest.to_json(), handle, indent=1, sort_keys=True, allow_nan=False)
+        handle.write("\n")
+
+    write_atomic(path, write)
     return manifest
 
 
