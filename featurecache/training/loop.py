@@ -45,11 +45,11 @@ from featurecache.training.distributed import (Dist, GradientBuckets, all_ranks,
                                                shard_model, shutdown)
 from featurecache.training.ema import WeightAverage
 from featurecache.training.progress import TrainProgress, first_step_work
+from featurecache.training.run_plot import LOG_FILE
 from featurecache.training.sampler import StepLayout
 from featurecache.training.schedule import GraphLearningRate, lr_factor
 from featurecache.training.validation import validate
 
-LOG_FILE = "log.jsonl"
 # Launched steps before a CUDA graph is captured: they compile the kernels and create the
 # optimizer state, neither of which may happen during a capture.
 GRAPH_WARMUP_STEPS = 3

@@ -15,8 +15,10 @@ from pathlib import Path
 
 from featurecache.store.files import atomic_path
 from featurecache.store.plot import log_axis
-from featurecache.training.loop import LOG_FILE
 
+# The run's log: training/loop.py appends one JSON record a step (and one a validation) to
+# RUN_DIR/log.jsonl; this module reads it. Defined here, so reading a log imports no torch.
+LOG_FILE = "log.jsonl"
 DEFAULT_PLOT = "training.png"
 # Fields of a step record that are not loss terms (everything else numeric is one).
 _NOT_LOSS_TERMS = {"kind", "step", "epoch", "loss", "num_cycles", "grad_norm", "lr", "step_time_s", "data_wait_s",

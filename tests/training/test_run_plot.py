@@ -1,6 +1,8 @@
 """`featurecache plot RUN_DIR`: a training run's log.jsonl drawn as a PNG; bad run folders are one line."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,8 +75,8 @@ def test_a_resumed_run_keeps_the_later_record_of_a_step_and_a_cut_last_line_is_l
     (lambda run: run.mkdir(), "no log.jsonl"),
     (lambda run: _write_log(run, [], tail="\n"), "no training step logged yet"),
     (lambda run: _write_log(run, [_step(1)], tail="not json\n" + json.dumps(_step(2)) + "\n"), "line 2: not JSON"),
-    (lambda run: _write_log(run, [_step(1), {**_step(2), "peak_memory_gb": None}]), "line 2: a train record without a "
-                                                                                    "number for peak_memory_gb"),
+    (lambda run: _write_log(run, [_step(1), {**_step(2), "peak_memory_gb": None}]),
+     "line 2: a train record without a number for peak_memory_gb"),
 ])
 def test_a_folder_without_a_readable_log_is_one_line(tmp_path, setup, message):
     run_dir = tmp_path / "run"
@@ -89,3 +91,20 @@ def test_out_must_be_an_image_name(tmp_path):
     run_dir = _write_log(tmp_path / "run", [_step(1)])
     result = _invoke("plot", str(run_dir), "--out", str(tmp_path / "plot.txt"))
     assert result.exit_code == 2 and "--out" in result.output and ".png" in result.output
+
+
+def test_plot_imports_no_torch(tmp_path):
+    """The plot command reads a log and draws it: torch (~2 s to import) stays out of the process."""
+    run_dir = _write_log(tmp_path / "run", [_step(step) for step in range(1, 6)])
+    script = ("import sys\n"
+              "import featurecache.training.run_plot\n"
+              "assert 'torch' not in sys.modules, 'importing run_plot imported torch'\n"
+              "from click.testing import CliRunner\n"
+              "from featurecache.cli import cli\n"
+              "result = CliRunner().invoke(cli, ['plot', sys.argv[1]])\n"
+              "assert result.exit_code == 0, result.output\n"
+              "print(sorted(name for name in ('torch', 'matplotlib') if name in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", script, str(run_dir)], check=False, capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-2] == "['matplotlib']"  # the figure drawn, torch never imported
