@@ -38,7 +38,7 @@ from featurecache.kernels.primitives import (
     row_block,
     store_swiglu_grads,
     swiglu_chunk,
-    swiglu_chunk_bwd,
+    swiglu_chunk_input_grad,
     swiglu_chunk_weights,
 )
 from featurecache.kernels.reference import (
@@ -80,6 +80,16 @@ def _normalized(a, col_mask, n_ch, eps):
 
 
 @triton.jit
+def _adaln(a, SCALE, SHIFT, s_offsets, tile_mask, col_mask, n_ch, eps):
+    """x = sigmoid(scale) * LayerNorm(a) + shift of a row tile, fp32 (padded columns: 0.5 * 0 + 0),
+    with the LayerNorm's (mean, rstd)."""
+    xhat, mean, rstd = _normalized(a, col_mask, n_ch, eps)
+    scale = tl.load(SCALE + s_offsets, mask=tile_mask, other=0.0).to(tl.float32)
+    shift = tl.load(SHIFT + s_offsets, mask=tile_mask, other=0.0).to(tl.float32)
+    return tl.sigmoid(scale) * xhat + shift, mean, rstd
+
+
+@triton.jit
 def _conditioned_transition_fwd_kernel(
     A, SCALE, SHIFT, GATE, WA, WB, WO, Y, OUT, MEAN, RSTD,
     n_rows, n_ch, n_hidden, n_tokens, n_samples, eps,
@@ -98,10 +108,8 @@ def _conditioned_transition_fwd_kernel(
     s_offsets = _s_rows(rows, n_tokens, n_samples, S_SHARED)[:, None] * n_ch + cols[None, :]
 
     a = tl.load(A + offsets, mask=tile_mask, other=0.0)
-    xhat, mean, rstd = _normalized(a, col_mask, n_ch, eps)
-    scale = tl.load(SCALE + s_offsets, mask=tile_mask, other=0.0).to(tl.float32)
-    shift = tl.load(SHIFT + s_offsets, mask=tile_mask, other=0.0).to(tl.float32)
-    x = cast(tl.sigmoid(scale) * xhat + shift, a.dtype, PRECISION)  # padded columns: 0.5 * 0 + 0
+    x, mean, rstd = _adaln(a, SCALE, SHIFT, s_offsets, tile_mask, col_mask, n_ch, eps)
+    x = cast(x, a.dtype, PRECISION)
 
     acc = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
     zeros_h = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
@@ -160,11 +168,7 @@ def _conditioned_transition_bwd_kernel(
         hids = h_start + tl.arange(0, BLOCK_H)
         w_mask = (hids < n_hidden)[:, None] & col_mask[None, :]
         wa, wb, wo = swiglu_chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, a.dtype, PRECISION)
-        hidden, d_a, d_b = swiglu_chunk_bwd(x, d_out, wa, wb, wo, zeros_h, PRECISION)
-        d_a = cast(d_a, a.dtype, PRECISION)
-        d_b = cast(d_b, a.dtype, PRECISION)
-        d_x = mma(d_a, wa, d_x, PRECISION)
-        d_x = mma(d_b, wb, d_x, PRECISION)
+        d_x, hidden, d_a, d_b = swiglu_chunk_input_grad(x, d_out, wa, wb, wo, d_x, zeros_h, PRECISION)
         store_swiglu_grads(D_AB, HIDDEN, d_a, d_b, hidden, rows, row_mask, hids, n_hidden, PRECISION)
 
     # a and scale reloaded rather than held through the loop (registers)
@@ -216,10 +220,8 @@ def _adaln_fwd_kernel(
     offsets = rows[:, None] * n_ch + cols[None, :]
     s_offsets = _s_rows(rows, n_tokens, n_samples, S_SHARED)[:, None] * n_ch + cols[None, :]
     a = tl.load(A + offsets, mask=tile_mask, other=0.0)
-    xhat, mean, rstd = _normalized(a, col_mask, n_ch, eps)
-    scale = tl.load(SCALE + s_offsets, mask=tile_mask, other=0.0).to(tl.float32)
-    shift = tl.load(SHIFT + s_offsets, mask=tile_mask, other=0.0).to(tl.float32)
-    tl.store(X + offsets, cast(tl.sigmoid(scale) * xhat + shift, X.dtype.element_ty, PRECISION), mask=tile_mask)
+    x, mean, rstd = _adaln(a, SCALE, SHIFT, s_offsets, tile_mask, col_mask, n_ch, eps)
+    tl.store(X + offsets, cast(x, X.dtype.element_ty, PRECISION), mask=tile_mask)
     tl.store(MEAN + rows, mean, mask=row_mask)
     tl.store(RSTD + rows, rstd, mask=row_mask)
 

@@ -162,3 +162,16 @@ def store_swiglu_grads(D_AB, HIDDEN, d_a, d_b, hidden, rows, row_mask, hids, n_h
     tl.store(D_AB + rows[:, None] * n_hidden + h_offsets, d_a, mask=h_mask)
     tl.store(D_AB + rows[:, None] * n_hidden + h_offsets + n_hidden, d_b, mask=h_mask)
     tl.store(HIDDEN + h_offsets, cast(hidden, d_a.dtype, PRECISION), mask=h_mask)
+
+
+@triton.jit
+def swiglu_chunk_input_grad(x, dy, wa, wb, wo, d_x, zeros_h, PRECISION: tl.constexpr):
+    """One hidden chunk's share of the gradient wrt the MLP's input x, added to d_x (fp32
+    [BLOCK_M, BLOCK_C]); returns (d_x, hidden fp32, d_a, d_b in x's dtype: the weight gradients'
+    operands)."""
+    hidden, d_a, d_b = swiglu_chunk_bwd(x, dy, wa, wb, wo, zeros_h, PRECISION)
+    d_a = cast(d_a, x.dtype, PRECISION)
+    d_b = cast(d_b, x.dtype, PRECISION)
+    d_x = mma(d_a, wa, d_x, PRECISION)
+    d_x = mma(d_b, wb, d_x, PRECISION)
+    return d_x, hidden, d_a, d_b

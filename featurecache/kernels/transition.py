@@ -34,6 +34,7 @@ from featurecache.kernels.primitives import (
     store_swiglu_grads,
     swiglu_chunk,
     swiglu_chunk_bwd,
+    swiglu_chunk_input_grad,
     swiglu_chunk_weights,
 )
 from featurecache.kernels.reference import transition_reference
@@ -107,11 +108,7 @@ def _transition_bwd_dx_kernel(
         hids = h_start + tl.arange(0, BLOCK_H)
         w_mask = (hids < n_hidden)[:, None] & col_mask[None, :]
         wa, wb, wo = swiglu_chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, x.dtype, PRECISION)
-        hidden, d_a, d_b = swiglu_chunk_bwd(xn, dy, wa, wb, wo, zeros_h, PRECISION)
-        d_a = cast(d_a, x.dtype, PRECISION)
-        d_b = cast(d_b, x.dtype, PRECISION)
-        d_xn = mma(d_a, wa, d_xn, PRECISION)
-        d_xn = mma(d_b, wb, d_xn, PRECISION)
+        d_xn, hidden, d_a, d_b = swiglu_chunk_input_grad(xn, dy, wa, wb, wo, d_xn, zeros_h, PRECISION)
         if STORE_FOR_WEIGHTS:
             store_swiglu_grads(D_AB, HIDDEN, d_a, d_b, hidden, rows, row_mask, hids, n_hidden, PRECISION)
 
