@@ -166,8 +166,8 @@ class GradientBuckets:
         # all-reduce would then silently skip
         for parameter, address in zip(self.parameters, self.addresses):
             if parameter.grad is None or parameter.grad.data_ptr() != address:
-                raise RuntimeError("GradientBuckets: a gradient was replaced outside its buffer "
-                                   "(do not call optimizer.zero_grad with these buckets)")
+                raise RuntimeError("GradientBuckets: a gradient is no longer a view of its bucket (replaced by "
+                                   "optimizer.zero_grad(set_to_none=True)?), so the all-reduce would skip it")
 
 
 def _buckets(parameters: list[torch.Tensor], bucket_bytes: int) -> Iterable[list[torch.Tensor]]:

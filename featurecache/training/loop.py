@@ -6,7 +6,8 @@
 A run checks everything it was given (device, kernels, cache, checkpoint) before it creates its
 run directory, then steps until `steps`. Each step draws N_cycle (1..max_recycling_cycles, the
 same on every rank) and, per micro-batch (`accumulate` of them per step and rank, gradients
-summed, DDP synchronizing only the last), runs the trunk once and the diffusion module on
+summed and averaged over the ranks after the last: by DDP, or with --cuda-graphs by an all-reduce
+between the step's graphs, training/cuda_graph.py), runs the trunk once and the diffusion module on
 `diffusion_samples` noised copies of the truth; its random draws come from generators seeded by
 (seed, step, micro-batch slot), so a resumed run draws what the straight run drew, on any number
 of ranks (featurecache.training.sampler). Then clipping, the AdamW update, the learning-rate
