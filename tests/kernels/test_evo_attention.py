@@ -305,19 +305,22 @@ def test_row_group_kernels_match_plain_kernels():
 
 
 @pytest.mark.parametrize(
-    "mode, bias_rows, bias_dtype, strided",
+    "mode, paired, bias_rows, bias_dtype, strided",
     [
-        ("atomic_dbias", "shared", torch.float32, True),
-        ("fused", "shared", torch.float32, False),
-        ("fused", "shared", torch.bfloat16, True),
-        ("fused", "per_row", torch.float32, False),
-        ("fused", None, None, False),
+        ("atomic_dbias", False, "shared", torch.float32, True),
+        ("atomic_dbias", True, "shared", torch.bfloat16, False),
+        ("fused", False, "shared", torch.float32, False),
+        ("fused", False, "shared", torch.bfloat16, True),
+        ("fused", True, "shared", torch.float32, True),
+        ("fused", True, "per_row", torch.float32, False),
+        ("fused", False, None, None, False),
     ],
 )
-def test_atomic_backward_modes_match_split_backward(mode, bias_rows, bias_dtype, strided):
+def test_atomic_backward_modes_match_split_backward(mode, paired, bias_rows, bias_dtype, strided):
     # The atomic modes sum dQ and dBias in another order than the split kernels: same values up
     # to rounding, against float64 truth as tightly as the split path. Odd sizes, ragged blocks,
-    # one fully masked row; a per-row bias falls back to the split kernels.
+    # one fully masked row; a per-row bias falls back to the split kernels (and to unpaired rows).
+    # Row pairs (forward and the atomic dK/dV kernel) over N = 3 leave the last pair half empty.
     q, k, v, bias, mask = _make_inputs(1, 3, 21, 2, 24, bias_rows, True, strided=strided, dtype=torch.bfloat16)
     if bias is not None:
         bias = bias.to(bias_dtype)
@@ -327,10 +330,18 @@ def test_atomic_backward_modes_match_split_backward(mode, bias_rows, bias_dtype,
     results = {}
     for name in ("split", mode):
         config = dataclasses.replace(base, bwd_mode=name)
+        if name == mode:
+            config = dataclasses.replace(config, fwd=dataclasses.replace(base.fwd, rows=1, paired=paired),
+                                         bwd_kv=dataclasses.replace(base.bwd_kv, rows=1, paired=paired))
         out, lse, key_end = evo_attention_forward(q, k, v, bias, mask, scale, config)
         grads = evo_attention_backward(grad_out, q, k, v, bias, mask, out, lse, key_end, scale,
                                        bias is not None, config)
         results[name] = [g for g in grads if g is not None]
+        if name == mode:
+            torch.testing.assert_close(out, results_out, rtol=0, atol=1e-2)
+            assert torch.equal(torch.isinf(lse), torch.isinf(results_lse)), "lse of fully masked rows"
+        else:
+            results_out, results_lse = out, lse
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v) + ((bias,) if bias is not None else ())]
     truth_out = _eager_attention(*leaves[:3], leaves[3] if bias is not None else None, mask, scale)
     truth_out.backward(grad_out.double())

@@ -33,6 +33,10 @@ class BlockConfig:
     # Rows of N per program when the bias is shared by all rows (1 = the plain kernels); the
     # dBias kernel ignores it (it walks all rows already).
     rows: int = 1
+    # Two rows per program, each with its own 2-D products, sharing every bias tile (and, in the
+    # atomic backward modes, one dBias addition per pair); only for a bias shared by all rows.
+    # Used by the forward and by the dK/dV kernel of the atomic backward modes.
+    paired: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ def _parse_block(raw: dict, where: str) -> BlockConfig:
             num_warps=int(raw["num_warps"]),
             num_stages=int(raw["num_stages"]),
             rows=int(raw.get("rows", 1)),
+            paired=bool(raw.get("paired", False)),
         )
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{CONFIG_FILE}: bad block config at {where}: {raw!r} ({err})") from err

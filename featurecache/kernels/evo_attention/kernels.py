@@ -865,3 +865,235 @@ def _evo_attention_bwd_fused_kernel(
                 + cols[:, None] * stride_xl + offs_d[None, :] * stride_xd)
     tl.store(DK + out_offs, dk.to(DK.dtype.element_ty), mask=kv_tile)
     tl.store(DV + out_offs, dv.to(DV.dtype.element_ty), mask=kv_tile)
+
+
+# ---------------------------------------------------------------------------------------------
+# Row pairs: two rows of N per program for a bias shared by all rows, each row with its own 2-D
+# products (the batched [ROWS, M, N] products of the `_rows` kernels lowered to slow code), so
+# each bias tile is loaded, converted and scaled once for both rows, and the fused backward adds
+# one dBias tile (the two rows' sum) per pair instead of one per row.
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _fwd_row_step(q, k_t, v, bias_log2, attend, m_i, l_i, acc, scale_log2, PRECISION: tl.constexpr):
+    """One key block of the forward for one row: the updated (m_i, l_i, acc)."""
+    s = mma(q, k_t, None, PRECISION) * scale_log2 + bias_log2
+    s = tl.where(attend[None, :], s, float("-inf"))
+    p, alpha, m_i, l_i = _online_softmax_step(s, m_i, l_i)
+    acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, None, PRECISION)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _evo_attention_fwd_pair_kernel(
+    Q, K, V, Bias, Mask, KeyEnd, Out, Lse,
+    stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
+    stride_bb, stride_bh, stride_bq, stride_bk,
+    stride_mb, stride_mn, stride_ml,
+    stride_ob, stride_on, stride_ol, stride_oh, stride_od,
+    num_heads, num_rows, seq_len, head_dim, scale_log2,
+    HAS_MASK: tl.constexpr,
+    PRECISION: tl.constexpr,
+    SCAN_MASK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    WIDE_INDEX: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    row0 = tl.program_id(1).to(tl.int64) * 2
+    # The second row may not exist (odd N): it then has no positions (len1 = 0), so every mask
+    # derived from len1 is false (vector masks: the interpreter rejects scalar ones).
+    len1 = tl.where(row0 + 1 < num_rows, seq_len, 0)
+    batch, head = _batch_and_head(num_heads)
+
+    offs_m = tile_range(pid_m * BLOCK_M, BLOCK_M, WIDE_INDEX)
+    offs_n = tile_range(0, BLOCK_N, WIDE_INDEX)
+    offs_d = tile_range(0, BLOCK_D, WIDE_INDEX)
+    valid_m = offs_m < seq_len
+    valid_d = offs_d < head_dim
+    q_tile = valid_m[:, None] & valid_d[None, :]
+    q_offs = offs_m[:, None] * stride_ql + offs_d[None, :] * stride_qd
+    q0 = tl.load(Q + batch * stride_qb + row0 * stride_qn + head * stride_qh + q_offs, mask=q_tile, other=0.0)
+    q1 = tl.load(Q + batch * stride_qb + (row0 + 1) * stride_qn + head * stride_qh + q_offs,
+                 mask=(offs_m < len1)[:, None] & valid_d[None, :], other=0.0)
+    k0_base = K + batch * stride_kb + row0 * stride_kn + head * stride_kh
+    v0_base = V + batch * stride_vb + row0 * stride_vn + head * stride_vh
+    bias_base = Bias + batch * stride_bb + head * stride_bh
+    mask0 = Mask + batch * stride_mb + row0 * stride_mn
+
+    m0 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l0 = tl.zeros([BLOCK_M], tl.float32)
+    acc0 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    m1 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l1 = tl.zeros([BLOCK_M], tl.float32)
+    acc1 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    end0 = tl.full([], seq_len, tl.int32)
+    end1 = tl.full([], 0, tl.int32) + len1
+    if HAS_MASK:
+        end0 = _key_end(mask0, stride_ml, seq_len, SCAN_MASK)
+        end1 = _key_end(mask0 + stride_mn, stride_ml, len1, SCAN_MASK)
+    if pid_m == 0:
+        pair = row0 + tl.arange(0, 2)
+        tl.store(KeyEnd + batch * num_rows + pair, tl.where(pair == row0, end0, end1), mask=pair < num_rows)
+    for start_n in range(0, tl.maximum(end0, end1), BLOCK_N):
+        cols = start_n + offs_n
+        valid_n = cols < seq_len
+        bias_log2 = tl.load(bias_base + offs_m[:, None] * stride_bq + cols[None, :] * stride_bk,
+                            mask=valid_m[:, None] & valid_n[None, :], other=0.0).to(tl.float32) * LOG2E
+        kt_offs = cols[None, :] * stride_kl + offs_d[:, None] * stride_kd
+        kt_tile = valid_d[:, None] & valid_n[None, :]
+        v_offs = cols[:, None] * stride_vl + offs_d[None, :] * stride_vd
+        v_tile = valid_n[:, None] & valid_d[None, :]
+        attend0 = valid_n
+        attend1 = cols < len1
+        if HAS_MASK:
+            attend0 = attend0 & (tl.load(mask0 + cols * stride_ml, mask=valid_n, other=0) != 0)
+            attend1 = attend1 & (tl.load(mask0 + stride_mn + cols * stride_ml, mask=attend1, other=0) != 0)
+        k_t = tl.load(k0_base + kt_offs, mask=kt_tile, other=0.0)
+        v = tl.load(v0_base + v_offs, mask=v_tile, other=0.0)
+        m0, l0, acc0 = _fwd_row_step(q0, k_t, v, bias_log2, attend0, m0, l0, acc0, scale_log2, PRECISION)
+        k_t = tl.load(k0_base + stride_kn + kt_offs, mask=valid_d[:, None] & attend1[None, :], other=0.0)
+        v = tl.load(v0_base + stride_vn + v_offs, mask=attend1[:, None] & valid_d[None, :], other=0.0)
+        m1, l1, acc1 = _fwd_row_step(q1, k_t, v, bias_log2, attend1, m1, l1, acc1, scale_log2, PRECISION)
+
+    o_offs = offs_m[:, None] * stride_ol + offs_d[None, :] * stride_od
+    o_base = Out + batch * stride_ob + row0 * stride_on + head * stride_oh
+    lse_base = Lse + ((batch * num_rows + row0) * num_heads + head) * seq_len
+    out, lse = _online_softmax_result(acc0, m0, l0)
+    tl.store(o_base + o_offs, out.to(Out.dtype.element_ty), mask=q_tile)
+    tl.store(lse_base + offs_m, lse, mask=valid_m)
+    out, lse = _online_softmax_result(acc1, m1, l1)
+    valid_m1 = offs_m < len1
+    tl.store(o_base + stride_on + o_offs, out.to(Out.dtype.element_ty), mask=valid_m1[:, None] & valid_d[None, :])
+    tl.store(lse_base + num_heads * seq_len + offs_m, lse, mask=valid_m1)
+
+
+@triton.jit
+def _bwd_row_step(k, v, q, do, lse, delta, bias_log2, attend, dk, dv, DQ_PTRS, dq_tile, scale, scale_log2,
+                  ATOMIC_DQ: tl.constexpr, PRECISION: tl.constexpr):
+    """One query block of the fused backward for one row, transposed ([keys, queries]): the
+    updated (dk, dv) and the block's dS; adds the block's dQ at DQ_PTRS when ATOMIC_DQ."""
+    s_t = mma(k, tl.trans(q), None, PRECISION) * scale_log2 + bias_log2
+    s_t = tl.where(attend[:, None], s_t, float("-inf"))
+    p_t = tl.math.exp2(s_t - lse[None, :])
+    dv += mma(p_t.to(do.dtype), do, None, PRECISION)
+    dp_t = mma(v, tl.trans(do), None, PRECISION)
+    ds_t = p_t * (dp_t - delta[None, :])
+    ds_low = ds_t.to(q.dtype)
+    dk += mma(ds_low, q, None, PRECISION)
+    if ATOMIC_DQ:
+        tl.atomic_add(DQ_PTRS, mma(tl.trans(ds_low), k, None, PRECISION) * scale, mask=dq_tile, sem="relaxed")
+    return dk, dv, ds_t
+
+
+@triton.jit
+def _evo_attention_bwd_fused_pair_kernel(
+    Q, K, V, Bias, Mask, KeyEnd, DOut, Lse, Delta, DK, DV, DQAcc, DBiasAcc,
+    stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
+    stride_bb, stride_bh, stride_bq, stride_bk,
+    stride_mb, stride_mn, stride_ml,
+    stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
+    stride_xb, stride_xn, stride_xl, stride_xh, stride_xd,
+    stride_ab, stride_an, stride_al, stride_ah, stride_ad,
+    stride_cb, stride_ch, stride_cq, stride_ck,
+    num_heads, num_rows, seq_len, head_dim, scale, scale_log2,
+    HAS_MASK: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
+    ATOMIC_DBIAS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    WIDE_INDEX: tl.constexpr,
+):
+    # _evo_attention_bwd_fused_kernel for two rows sharing the bias (row pairs, above).
+    pid_n = tl.program_id(0)
+    pid_r = tl.program_id(1)
+    row0 = pid_r.to(tl.int64) * 2
+    len1 = tl.where(row0 + 1 < num_rows, seq_len, 0)  # 0: no second row (odd N), as in the forward
+    batch, head = _batch_and_head(num_heads)
+
+    cols = tile_range(pid_n * BLOCK_N, BLOCK_N, WIDE_INDEX)
+    offs_m = tile_range(0, BLOCK_M, WIDE_INDEX)
+    offs_d = tile_range(0, BLOCK_D, WIDE_INDEX)
+    valid_n = cols < seq_len
+    valid_d = offs_d < head_dim
+    kv_tile = valid_n[:, None] & valid_d[None, :]
+
+    k_offs = batch * stride_kb + row0 * stride_kn + head * stride_kh + cols[:, None] * stride_kl + offs_d[None, :] * stride_kd
+    v_offs = batch * stride_vb + row0 * stride_vn + head * stride_vh + cols[:, None] * stride_vl + offs_d[None, :] * stride_vd
+    k0 = tl.load(K + k_offs, mask=kv_tile, other=0.0)
+    v0 = tl.load(V + v_offs, mask=kv_tile, other=0.0)
+    attend0 = valid_n
+    attend1 = cols < len1
+    kv1_tile = attend1[:, None] & valid_d[None, :]
+    k1 = tl.load(K + stride_kn + k_offs, mask=kv1_tile, other=0.0)
+    v1 = tl.load(V + stride_vn + v_offs, mask=kv1_tile, other=0.0)
+    loop_blocks = tl.cdiv(seq_len, BLOCK_M)
+    q_blocks = loop_blocks
+    if HAS_MASK:
+        mask0 = Mask + batch * stride_mb + row0 * stride_mn + cols * stride_ml
+        attend0 = attend0 & (tl.load(mask0, mask=valid_n, other=0) != 0)
+        attend1 = attend1 & (tl.load(mask0 + stride_mn, mask=attend1, other=0) != 0)
+        pair = row0 + tl.arange(0, 2)
+        key_end = tl.max(tl.load(KeyEnd + batch * num_rows + pair, mask=pair < num_rows, other=0), 0)
+        loop_blocks = tl.where(pid_n * BLOCK_N < key_end, q_blocks, 0)
+
+    q0_base = Q + batch * stride_qb + row0 * stride_qn + head * stride_qh
+    do0_base = DOut + batch * stride_gb + row0 * stride_gn + head * stride_gh
+    dq0_base = DQAcc + batch * stride_ab + row0 * stride_an + head * stride_ah
+    bias_base = Bias + batch * stride_bb + head * stride_bh
+    db_base = DBiasAcc + batch * stride_cb + head * stride_ch
+    stat0 = ((batch * num_rows + row0) * num_heads + head) * seq_len
+    stat1 = stat0 + num_heads * seq_len
+
+    dk0 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv0 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dk1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    first = (pid_r + pid_n) % q_blocks
+    for step in range(0, loop_blocks):
+        block = first + step
+        block = tl.where(block >= q_blocks, block - q_blocks, block)
+        rows_m = block * BLOCK_M + offs_m
+        valid_m = rows_m < seq_len
+        q_tile = valid_m[:, None] & valid_d[None, :]
+        q_offs = rows_m[:, None] * stride_ql + offs_d[None, :] * stride_qd
+        do_offs = rows_m[:, None] * stride_gl + offs_d[None, :] * stride_gd
+        dq_offs = rows_m[:, None] * stride_al + offs_d[None, :] * stride_ad
+        bias_tile = valid_n[:, None] & valid_m[None, :]
+        bias_log2 = tl.load(bias_base + rows_m[None, :] * stride_bq + cols[:, None] * stride_bk,
+                            mask=bias_tile, other=0.0).to(tl.float32) * LOG2E
+
+        q = tl.load(q0_base + q_offs, mask=q_tile, other=0.0)
+        do = tl.load(do0_base + do_offs, mask=q_tile, other=0.0)
+        lse = tl.load(Lse + stat0 + rows_m, mask=valid_m, other=float("inf"))
+        delta = tl.load(Delta + stat0 + rows_m, mask=valid_m, other=0.0)
+        dk0, dv0, ds_sum = _bwd_row_step(k0, v0, q, do, lse, delta, bias_log2, attend0, dk0, dv0,
+                                         dq0_base + dq_offs, q_tile, scale, scale_log2, ATOMIC_DQ, PRECISION)
+        valid_m1 = rows_m < len1
+        q1_tile = valid_m1[:, None] & valid_d[None, :]
+        q = tl.load(q0_base + stride_qn + q_offs, mask=q1_tile, other=0.0)
+        do = tl.load(do0_base + stride_gn + do_offs, mask=q1_tile, other=0.0)
+        lse = tl.load(Lse + stat1 + rows_m, mask=valid_m1, other=float("inf"))
+        delta = tl.load(Delta + stat1 + rows_m, mask=valid_m1, other=0.0)
+        dk1, dv1, ds_t = _bwd_row_step(k1, v1, q, do, lse, delta, bias_log2, attend1, dk1, dv1,
+                                       dq0_base + stride_an + dq_offs, q1_tile, scale, scale_log2,
+                                       ATOMIC_DQ, PRECISION)
+        if ATOMIC_DBIAS:
+            tl.atomic_add(db_base + rows_m[None, :] * stride_cq + cols[:, None] * stride_ck, ds_sum + ds_t,
+                          mask=bias_tile, sem="relaxed")
+
+    x_offs = (batch * stride_xb + row0 * stride_xn + head * stride_xh
+              + cols[:, None] * stride_xl + offs_d[None, :] * stride_xd)
+    tl.store(DK + x_offs, (dk0 * scale).to(DK.dtype.element_ty), mask=kv_tile)
+    tl.store(DV + x_offs, dv0.to(DV.dtype.element_ty), mask=kv_tile)
+    tl.store(DK + stride_xn + x_offs, (dk1 * scale).to(DK.dtype.element_ty), mask=kv1_tile)
+    tl.store(DV + stride_xn + x_offs, dv1.to(DV.dtype.element_ty), mask=kv1_tile)

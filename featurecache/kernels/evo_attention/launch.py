@@ -30,12 +30,14 @@ from featurecache.kernels.evo_attention.kernels import (
     LOG2E,
     _evo_attention_bwd_bias_kernel,
     _evo_attention_bwd_fused_kernel,
+    _evo_attention_bwd_fused_pair_kernel,
     _evo_attention_bwd_kv_kernel,
     _evo_attention_bwd_kv_rows_kernel,
     _evo_attention_bwd_q_kernel,
     _evo_attention_bwd_q_rows_kernel,
     _evo_attention_delta_kernel,
     _evo_attention_fwd_kernel,
+    _evo_attention_fwd_pair_kernel,
     _evo_attention_fwd_rows_kernel,
 )
 
@@ -173,7 +175,15 @@ def evo_attention_forward(
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-    if shared_bias and config.rows > 1:
+    if shared_bias and config.paired:
+        common.pop("HAS_BIAS")
+        _evo_attention_fwd_pair_kernel[(triton.cdiv(seq_len, config.block_m), triton.cdiv(rows, 2), batch * heads)](
+            q, k, v, bias, mask_tensor, key_end, out, lse,
+            *q.stride(), *k.stride(), *v.stride(), *_shared_bias_strides(bias), *mask_strides, *out.stride(),
+            heads, rows, seq_len, head_dim, scale * LOG2E.value,
+            **common,
+        )
+    elif shared_bias and config.rows > 1:
         grid = (triton.cdiv(seq_len, config.block_m), triton.cdiv(rows, config.rows), batch * heads)
         _evo_attention_fwd_rows_kernel[grid](
             q, k, v, bias, mask_tensor, key_end, out, lse,
@@ -320,6 +330,7 @@ def _launch_fused_backward(grad_out, q, k, v, bias, mask_tensor, mask_strides, o
     in place from their fp32 sums."""
     batch, rows, seq_len, heads, head_dim = q.shape
     has_bias = bias is not None
+    rows_per_program = 2 if block.paired and has_bias and bias.shape[1] == 1 and rows > 1 else 1
     if dq is not None:
         delta_block = 64
         _evo_attention_delta_kernel[(triton.cdiv(seq_len, delta_block), rows, batch * heads)](
@@ -338,19 +349,23 @@ def _launch_fused_backward(grad_out, q, k, v, bias, mask_tensor, mask_strides, o
         dbias_strides = _shared_bias_strides(dbias_acc)
     else:
         dbias_acc, dbias_strides = lse, (0, 0, 0, 0)
-    _evo_attention_bwd_fused_kernel[(triton.cdiv(seq_len, block.block_n), rows, batch * heads)](
-        q, k, v, bias if has_bias else q, mask_tensor, key_end, grad_out, lse, delta, dk, dv, dq_acc, dbias_acc,
-        *q.stride(), *k.stride(), *v.stride(), *_bias_strides(bias),
-        *mask_strides, *grad_out.stride(), *dk.stride(),
-        *(dq_acc.stride() if dq is not None else (0, 0, 0, 0, 0)),
-        *dbias_strides,
-        heads, seq_len, head_dim, scale, scale * LOG2E.value,
-        HAS_BIAS=has_bias,
-        ATOMIC_DQ=dq is not None,
-        ATOMIC_DBIAS=dbias is not None,
-        BLOCK_M=block.block_m, BLOCK_N=block.block_n, num_warps=block.num_warps, num_stages=block.num_stages,
-        **common,
-    )
+    grid = (triton.cdiv(seq_len, block.block_n), triton.cdiv(rows, rows_per_program), batch * heads)
+    pointers = (q, k, v, bias if has_bias else q, mask_tensor, key_end, grad_out, lse, delta, dk, dv, dq_acc,
+                dbias_acc, *q.stride(), *k.stride(), *v.stride())
+    after_bias = (*mask_strides, *grad_out.stride(), *dk.stride(),
+                  *(dq_acc.stride() if dq is not None else (0, 0, 0, 0, 0)), *dbias_strides)
+    options = dict(ATOMIC_DQ=dq is not None, ATOMIC_DBIAS=dbias is not None, BLOCK_M=block.block_m,
+                   BLOCK_N=block.block_n, num_warps=block.num_warps, num_stages=block.num_stages, **common)
+    if rows_per_program == 2:
+        _evo_attention_bwd_fused_pair_kernel[grid](
+            *pointers, *_shared_bias_strides(bias), *after_bias,
+            heads, rows, seq_len, head_dim, scale, scale * LOG2E.value, **options,
+        )
+    else:
+        _evo_attention_bwd_fused_kernel[grid](
+            *pointers, *_bias_strides(bias), *after_bias,
+            heads, seq_len, head_dim, scale, scale * LOG2E.value, HAS_BIAS=has_bias, **options,
+        )
     if dq is not None:
         dq.copy_(dq_acc)
     if dbias is not None and dbias_acc is not dbias:

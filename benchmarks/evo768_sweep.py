@@ -1,0 +1,273 @@
+"""EvoAttention at triangle L = 768: every backward mode and tile variant, checked and timed in one run.
+
+    PYTHONUNBUFFERED=1 python3 benchmarks/evo768_sweep.py [--variants a,b] [--bias bf16,fp32] [--budget-s 200]
+
+The case of issue 24's last two targets: B = 1, N = L = 768 rows, H = 4, D = 32, bf16 q/k/v,
+a bias [1, 1, H, L, L] shared by all rows (bf16, then fp32 read as is) with its gradient, the
+last tenth of the keys masked in every row. For each variant (an EvoAttentionConfig: backward
+mode, row pairs, tiles; NOTES-evo_attention.md, attempt 8):
+  1. correctness: out and all four gradients against an fp32 reference at L = 768 (same inputs
+     for every variant), and on fresh odd-sized inputs (N = 37, L = 77, H = 3, one fully masked
+     row) against float64, held to 4 x eager bf16's error + 2e-3 as benchmarks/evo_attention.py;
+  2. timing through the real entry point (evo_attention and autograd, the config patched in):
+     forward, backward alone (launchers), forward+backward, extra peak memory.
+Peers in the same run: compiled FlexAttention (benchmarks/evo_attention.py's provider) for each
+bias dtype. The table prints last; OUT/evo768_sweep.json holds it when $OUT is set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import sys
+import time
+import traceback
+from typing import Callable, Optional
+
+import torch
+
+from harness import Table, argument_parser, extra_peak_mib, run_stamp, time_ms
+
+import evo_attention as bench
+from featurecache.kernels.evo_attention import (
+    BlockConfig,
+    EvoAttentionConfig,
+    evo_attention,
+    evo_attention_backward,
+    evo_attention_forward,
+    select_config,
+)
+from featurecache.kernels.evo_attention import launch as evo_launch
+from featurecache.kernels.reference import evo_attention_reference
+from featurecache.testing.compare import rel_error
+
+DEVICE = bench.DEVICE
+DTYPE = torch.bfloat16
+NAMES = ["out", "dq", "dk", "dv", "dbias"]
+
+
+def _tiles(spec: tuple, paired: bool = False) -> BlockConfig:
+    return BlockConfig(*spec, paired=paired)
+
+
+def variants(base: EvoAttentionConfig) -> dict[str, EvoAttentionConfig]:
+    """name -> config, in the order they are timed (most promising first after the default)."""
+    def make(mode: str = "split", fwd: Optional[BlockConfig] = None, kv: Optional[BlockConfig] = None):
+        return dataclasses.replace(base, bwd_mode=mode, fwd=fwd or base.fwd, bwd_kv=kv or base.bwd_kv)
+
+    # ptxas (sm_90a) on the fused kernels: 64x64 tiles at 4 warps spill (240 B unpaired, 1.1 KB
+    # paired); 8 warps, 32-row tiles or one stage do not (paired 32x64 / 8 warps: 48 B).
+    pair_fwd = _tiles((64, 32, 4, 2), True)
+    return {
+        "default": base,
+        "fused 64x64 w8": make("fused", kv=_tiles((64, 64, 8, 2))),
+        "fused pair 32x64 w8": make("fused", kv=_tiles((32, 64, 8, 2), True)),
+        "fused 32x64 w8": make("fused", kv=_tiles((32, 64, 8, 2))),
+        "fwd pair 64x32 + fused pair 32x64 w8": make("fused", fwd=pair_fwd, kv=_tiles((32, 64, 8, 2), True)),
+        "atomic_dbias 64x64 w8": make("atomic_dbias", kv=_tiles((64, 64, 8, 2))),
+        "atomic_dbias pair 32x64 w8": make("atomic_dbias", kv=_tiles((32, 64, 8, 2), True)),
+        "fused 32x64 w4 s1": make("fused", kv=_tiles((32, 64, 4, 1))),
+        "fused pair 32x32 w4": make("fused", kv=_tiles((32, 32, 4, 2), True)),
+        "fwd pair 64x32 + fused 64x64 w8": make("fused", fwd=pair_fwd, kv=_tiles((64, 64, 8, 2))),
+        "fused 64x64 w4": make("fused", kv=_tiles((64, 64, 4, 2))),
+        "fused pair 64x64 w4": make("fused", kv=_tiles((64, 64, 4, 2), True)),
+        "fwd pair 128x32 s3 + fused 64x64 w8": make("fused", fwd=_tiles((128, 32, 4, 3), True),
+                                                     kv=_tiles((64, 64, 8, 2))),
+    }
+
+
+# Variants timed with the fp32 bias too, when no --variants are named (each variant compiles
+# its kernels again for an fp32 bias; the whole run must stay under ~4 minutes).
+FP32_VARIANTS = ["default", "fused 64x64 w8", "fwd pair 64x32 + fused pair 32x64 w8", "fused pair 32x64 w8",
+                 "atomic_dbias pair 32x64 w8"]
+
+
+def make_inputs(batch, rows, seq_len, heads, head_dim, bias_dtype, seed, padding=0.1, random_mask=False):
+    generator = torch.Generator(device=DEVICE).manual_seed(seed)
+    shape = (batch, rows, seq_len, heads, head_dim)
+
+    def randn(*size, dtype=DTYPE):
+        return torch.randn(*size, device=DEVICE, dtype=torch.float32, generator=generator).to(dtype)
+
+    q, k, v, grad_out = (randn(*shape) for _ in range(4))
+    bias = randn(batch, 1, heads, seq_len, seq_len, dtype=bias_dtype)
+    if random_mask:
+        mask = torch.rand(batch, rows, seq_len, device=DEVICE, generator=generator) > 0.2
+        mask[0, rows - 1] = False  # one fully masked row
+    else:
+        mask = torch.ones(batch, rows, seq_len, device=DEVICE, dtype=torch.bool)
+        mask[..., seq_len - int(seq_len * padding):] = False
+    for tensor in (q, k, v, bias):
+        tensor.requires_grad_()
+    return bench.Inputs(q, k, v, bias, mask, grad_out)
+
+
+class patched_config:
+    """Make evo_attention (and its launchers) use `config` for every call inside the block."""
+
+    def __init__(self, config: EvoAttentionConfig):
+        self.config = config
+
+    def __enter__(self):
+        self.saved = evo_launch.select_config
+        evo_launch.select_config = lambda *args: self.config
+
+    def __exit__(self, *exc):
+        evo_launch.select_config = self.saved
+
+
+def run_ours(x: bench.Inputs) -> torch.Tensor:
+    return evo_attention(x.q, x.k, x.v, bias=x.bias, mask=x.mask)
+
+
+def errors(fn: Callable[[bench.Inputs], torch.Tensor], x: bench.Inputs, truth: list[torch.Tensor]) -> list[float]:
+    return [rel_error(got, want) for got, want in zip(bench.forward_backward(fn, x), truth)]
+
+
+def with_bf16_bias(x: bench.Inputs) -> bench.Inputs:
+    """x with its bias rounded to bf16: the error scale is eager PyTorch with every input in bf16
+    (with an fp32 bias the eager reference computes dBias in fp32, error 0)."""
+    bias = x.bias.detach().to(DTYPE).requires_grad_()
+    return bench.Inputs(x.q, x.k, x.v, bias, x.mask, x.grad_out)
+
+
+def truth_of(x: bench.Inputs, dtype: torch.dtype) -> list[torch.Tensor]:
+    leaves = [t.detach().to(dtype).requires_grad_() for t in x.leaves()]
+    wide = bench.Inputs(*leaves, x.mask, x.grad_out.to(dtype))
+    return bench.forward_backward(bench.run_eager, wide)
+
+
+def odd_size_check(config: EvoAttentionConfig, bias_dtype: torch.dtype, seed: int) -> tuple[bool, float]:
+    """Fresh inputs of other sizes against float64: (within 4 x eager bf16's error + 2e-3, worst
+    ratio). N = 37 leaves a half-empty row pair, L = 80 a ragged last block of 16 for 64-wide
+    tiles; L stays a multiple of 16 so the check reuses the kernels compiled for L = 768 (an L
+    such as 77 compiles every kernel again; the interpreter tests cover those)."""
+    x = make_inputs(1, 37, 80, 3, 32, bias_dtype, seed, random_mask=True)
+    truth = truth_of(x, torch.float64)
+    eager = errors(bench.run_eager, with_bf16_bias(x), truth)
+    with patched_config(config):
+        mine = errors(run_ours, x, truth)
+    ratio = max(m / (4 * e + 2e-3) for m, e in zip(mine, eager))
+    return all(math.isfinite(m) for m in mine) and ratio <= 1.0, ratio
+
+
+def time_variant(config: Optional[EvoAttentionConfig], fn, x: bench.Inputs) -> dict:
+    """fwd, bwd (launchers alone; ours only), fwd+bwd and extra peak memory of one provider."""
+    def forward_only():
+        with torch.no_grad():
+            return fn(x)
+
+    def train_step():
+        out = fn(x)
+        out.backward(x.grad_out)
+        return out
+
+    result = {"fwd ms": time_ms(forward_only), "fwd+bwd ms": time_ms(train_step, grad_to_none=x.leaves())}
+    for leaf in x.leaves():
+        leaf.grad = None
+    result["peak MiB"] = extra_peak_mib(train_step)
+    if config is not None:
+        q, k, v, bias = (t.detach() for t in x.leaves())
+        scale = q.shape[-1] ** -0.5
+        out, lse, key_end = evo_attention_forward(q, k, v, bias, x.mask, scale, config)
+        result["bwd ms"] = time_ms(lambda: evo_attention_backward(
+            x.grad_out, q, k, v, bias, x.mask, out, lse, key_end, scale, True, config))
+    else:
+        result["bwd ms"] = result["fwd+bwd ms"] - result["fwd ms"]  # a peer: the difference
+    return result
+
+
+def main() -> int:
+    parser = argument_parser(__doc__)
+    parser.add_argument("--variants", default="", help="comma-separated variant names (default: all)")
+    parser.add_argument("--bias", default="bf16,fp32", help="bias dtypes to run: bf16, fp32 or both")
+    parser.add_argument("--budget-s", type=float, default=170.0,
+                        help="start no new variant after this (bf16 gets the first two thirds)")
+    parser.add_argument("--no-peers", action="store_true", help="skip compiled FlexAttention")
+    parser.add_argument("--fp32-peers", action="store_true", help="also time FlexAttention with the fp32 bias")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, for a CPU check of this script")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    stamp = run_stamp()
+    print(stamp.header())
+    size = (1, 20, 24, 2, 32) if args.smoke else (1, 768, 768, 4, 32)
+    base = select_config(size[4], size[2], torch.device(DEVICE))
+    all_variants = variants(base)
+    wanted = [name.strip() for name in args.variants.split(",") if name.strip()] or list(all_variants)
+    unknown = [name for name in wanted if name not in all_variants]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {list(all_variants)}")
+    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    bias_names = [name.strip() for name in args.bias.split(",") if name.strip()]
+    if any(name not in dtypes for name in bias_names):
+        parser.error(f"--bias takes bf16 and/or fp32, got {args.bias!r}")
+
+    table = Table(["bias", "variant", "fwd ms", "bwd ms", "fwd+bwd ms", "peak MiB",
+                   *[f"{n} err" for n in NAMES], "odd sizes", "note"])
+    log = {"header": stamp.header(), "base": dataclasses.asdict(base), "rows": []}
+
+    def add(row: list) -> None:
+        table.add(row)
+        log["rows"].append(row)
+        print("  " + " | ".join(f"{c:.4g}" if isinstance(c, float) else str(c) for c in row), flush=True)
+
+    for position, bias_name in enumerate(bias_names):
+        # The first dtype (bf16: the target with a peer) gets two thirds of the budget.
+        deadline = started + args.budget_s * (1.0 if position else (0.65 if len(bias_names) > 1 else 1.0))
+        bias_dtype = dtypes[bias_name]
+        names = [n for n in wanted if bias_name == "bf16" or n in FP32_VARIANTS or args.variants]
+        x = make_inputs(*size, bias_dtype, seed=0)
+        truth = truth_of(x, torch.float32)
+        eager = errors(bench.run_eager, with_bf16_bias(x), truth)
+        add([bias_name, "eager bf16 (error scale)", None, None, None, None, *eager, "", ""])
+        for index, name in enumerate(names):
+            if time.perf_counter() > deadline:
+                add([bias_name, name, None, None, None, None, None, None, None, None, None, "", "skipped: budget"])
+                continue
+            config = all_variants[name]
+            try:
+                with patched_config(config):
+                    errs = errors(run_ours, x, truth)
+                    timing = time_variant(config, run_ours, x)
+                odd_ok, ratio = odd_size_check(config, bias_dtype, seed=100 + index)
+                ok = odd_ok and all(e <= 4 * g + 2e-3 for e, g in zip(errs, eager))
+                add([bias_name, name, timing["fwd ms"], timing["bwd ms"], timing["fwd+bwd ms"], timing["peak MiB"],
+                     *errs, f"{'ok' if odd_ok else 'FAIL'} ({ratio:.2f})", "" if ok else "ERROR TOO LARGE"])
+            except Exception as err:
+                traceback.print_exc()
+                add([bias_name, name, None, None, None, None, None, None, None, None, None, "",
+                     f"failed: {type(err).__name__}: {str(err)[:80]}"])
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+        if not args.no_peers and not args.smoke and (bias_name == "bf16" or args.fp32_peers):
+            try:
+                errs = errors(bench.run_flex, x, truth)
+                timing = time_variant(None, bench.run_flex, x)
+                add([bias_name, "peer: flex (compiled)", timing["fwd ms"], timing["bwd ms"], timing["fwd+bwd ms"],
+                     timing["peak MiB"], *errs, "", ""])
+            except Exception as err:
+                traceback.print_exc()
+                add([bias_name, "peer: flex (compiled)", None, None, None, None, None, None, None, None, None, "",
+                     f"failed: {type(err).__name__}: {str(err)[:80]}"])
+        del x, truth
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+
+    result = (f"### EvoAttention L=768 sweep, {stamp.header()}\n\nB=1, N=L={size[2]}, H={size[3]}, D={size[4]}, "
+              f"bf16 q/k/v, shared bias with gradient, 10 % key padding; errors: relative L2 against fp32 "
+              f"eager; odd sizes: worst error / (4 x eager bf16 + 2e-3), ok when <= 1. "
+              f"Total {time.perf_counter() - started:.0f} s.\n\n{table.markdown()}\n")
+    if os.environ.get("OUT"):
+        out_dir = pathlib.Path(os.environ["OUT"])
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "evo768_sweep.json").write_text(json.dumps(log, indent=1, default=str))
+        (out_dir / "evo768_sweep.md").write_text(result)
+    print("\n" + result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
