@@ -12,6 +12,8 @@ plain DDP launched from Python. Every rank initializes its weights from its own 
 runs also check that rank 0's weights reach every rank. With --cpu the graph run is the same
 update launched instead of captured (Trainer's manual_sync).
 
+Importing benchmarks/harness.py first puts the checkout on sys.path (no install needed).
+
 Prints a markdown table (max |param diff| against plain DDP, whether the ranks hold bitwise equal
 weights, median ms per step after the graph's capture) and writes it to $OUT/ddp_graphs.md
 when OUT is set. Both runs use bf16 autocast on the GPU, whose roundings differ between a graph
@@ -29,18 +31,17 @@ import statistics
 import tempfile
 import time
 
-from harness import Table, run_stamp  # first: it puts the checkout on sys.path
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from harness import Table, run_stamp
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-
-from featurecache.config import SampleConfig  # noqa: E402
-from featurecache.testing.synthetic import random_batch  # noqa: E402
-from featurecache.training.config import TrainConfig, resolve_kernels  # noqa: E402
-from featurecache.training.data import to_device  # noqa: E402
-from featurecache.training.distributed import Dist  # noqa: E402
-from featurecache.training.loop import GRAPH_WARMUP_STEPS, Trainer  # noqa: E402
+from featurecache.config import SampleConfig
+from featurecache.testing.synthetic import random_batch
+from featurecache.training.config import TrainConfig, resolve_kernels
+from featurecache.training.data import to_device
+from featurecache.training.distributed import Dist
+from featurecache.training.loop import GRAPH_WARMUP_STEPS, Trainer
 
 WORLD = 2
 SEED = 7  # rank r initializes from SEED + r; rank 0's weights must reach both ranks

@@ -16,8 +16,9 @@ buffers that are all-reduced between a step's backward and its update, outside a
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist

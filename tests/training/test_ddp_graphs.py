@@ -88,7 +88,8 @@ def ranks(tmp_path_factory) -> list[dict]:
 
 def _assert_close(mine: dict, reference: dict, what: str) -> None:
     for name, value in reference.items():
-        torch.testing.assert_close(mine[name], value, rtol=1e-4, atol=1e-6, msg=lambda m: f"{what} {name}: {m}")
+        torch.testing.assert_close(mine[name], value, rtol=1e-4, atol=1e-6,
+                                   msg=lambda m, name=name: f"{what} {name}: {m}")
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])
@@ -159,7 +160,7 @@ def test_benchmark_script_runs_on_the_cpu(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OUT": str(tmp_path)}
     result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "ddp_graphs.py"), "--cpu", "--steps", "2",
                              "--accumulate", "1"],
-                            env=env, capture_output=True, text=True, timeout=300)
+                            env=env, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     table = result.stdout.strip().splitlines()
     assert "max abs param diff vs plain DDP | ranks identical" in result.stdout
@@ -172,7 +173,7 @@ def test_captured_ranks_stay_identical_on_one_gpu(tmp_path):
     """The benchmark on the GPU: two gloo ranks share it, the update is captured, ranks agree bitwise."""
     env = {**os.environ, "OUT": str(tmp_path)}
     result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "ddp_graphs.py"), "--steps", "6"],
-                            env=env, capture_output=True, text=True, timeout=600)
+                            env=env, capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| CUDA graphs")]
     assert len(rows) == 1 and "not captured" not in rows[0] and "| yes |" in rows[0], result.stdout
