@@ -110,6 +110,7 @@ def train_run(args, world: Dist, graphs: bool) -> dict:
 
 def worker(rank: int, args, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # both ranks on this host: the loopback interface
     torch.set_num_threads(1 if args.cpu else 4)
     device = torch.device("cpu") if args.cpu else torch.device("cuda", 0)
     if device.type == "cuda":
