@@ -73,7 +73,7 @@ class AF3Model(nn.Module):
             config.num_pairformer_blocks, config.c_s, config.c_z, config.single_heads,
             config.single_head_dim, config.pair_heads, config.pair_head_dim,
             config.transition_expansion, checkpoint_blocks=config.checkpoint_blocks, kernels=kernels,
-            dropout=config.pair_dropout,
+            dropout=config.pair_dropout, checkpoint_group=config.checkpoint_group,
         )
         self.distogram_head = DistogramHead(config.c_z, config.distogram_bins)
         self.diffusion_module = DiffusionModule(config, atom_single_input_dim(config))

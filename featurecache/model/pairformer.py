@@ -8,6 +8,8 @@ its masks from it (layers.shared_dropout), so checkpointed blocks recompute the 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -78,37 +80,70 @@ class PairformerBlock(nn.Module):
 
 
 def run_blocks(blocks: nn.ModuleList, checkpointed: bool, *state, masks: tuple,
-               seed: torch.Tensor | None = None) -> tuple:
+               seed: torch.Tensor | None = None, group: int = 1) -> tuple:
     """Apply blocks in order; with `checkpointed`, keep only each block's input for backward.
     `seed` (a dropout_seed): each block gets its own seed derived from it, as its last argument.
+    `group` > 1 (with `checkpointed`): keep only the input of every `group`-th block; backward
+    re-runs each group, a checkpoint per block inside (the sqrt(N) scheme: N / group + group
+    inputs held instead of N, for one more forward of the stack).
 
     Activation checkpointing per block is what lets the 48-block trunk train at crop 384+: the
     activations of one block at L = 384 are several GB, the block inputs a few hundred MB.
     """
     seeds = [()] * len(blocks) if seed is None else [(block_seed,) for block_seed in derived_seeds(seed, len(blocks))]
-    for block, block_seed in zip(blocks, seeds):
-        if checkpointed and torch.is_grad_enabled():
-            # Reentrant: the recomputation builds an ordinary autograd graph, so any custom
-            # autograd Function works inside it (the non-reentrant variant forbids reading
-            # ctx.saved_tensors twice in one backward, which plain autograd allows). The blocks
-            # read no generator (dropout masks are functions of the block's seed tensor), so no
-            # RNG state is saved: that also keeps the step capturable as a CUDA graph, where
-            # reading the generator's state is an error.
-            state = checkpoint(block, *state, *masks, *block_seed, use_reentrant=True, preserve_rng_state=False)
-        else:
-            state = block(*state, *masks, *block_seed)
-        if not isinstance(state, tuple):
-            state = (state,)
+    calls = list(zip(blocks, seeds))
+    if not (checkpointed and torch.is_grad_enabled()):
+        return _run_plain(calls, state, masks)
+    if group > 1 and len(calls) > 1:
+        for start in range(0, len(calls), group):
+            state = _checkpoint(functools.partial(_run_group, calls[start:start + group], masks), *state)
+        return state
+    return _run_checkpointed(calls, state, masks)
+
+
+def _checkpoint(function, *args):
+    # Reentrant: the recomputation builds an ordinary autograd graph, so any custom autograd
+    # Function works inside it (the non-reentrant variant forbids reading ctx.saved_tensors twice
+    # in one backward, which plain autograd allows), and checkpoints nest (a group's re-run
+    # checkpoints its blocks). The blocks read no generator (dropout masks are functions of the
+    # block's seed tensor), so no RNG state is saved: that also keeps the step capturable as a
+    # CUDA graph, where reading the generator's state is an error.
+    return checkpoint(function, *args, use_reentrant=True, preserve_rng_state=False)
+
+
+def _run_group(calls: list, masks: tuple, *state) -> tuple:
+    """One group of blocks: plain in the first forward (no grad), a checkpoint per block when
+    backward re-runs it."""
+    if torch.is_grad_enabled():
+        return _run_checkpointed(calls, state, masks)
+    return _run_plain(calls, state, masks)
+
+
+def _run_checkpointed(calls: list, state: tuple, masks: tuple) -> tuple:
+    for block, block_seed in calls:
+        state = _as_tuple(_checkpoint(block, *state, *masks, *block_seed))
     return state
+
+
+def _run_plain(calls: list, state: tuple, masks: tuple) -> tuple:
+    for block, block_seed in calls:
+        state = _as_tuple(block(*state, *masks, *block_seed))
+    return state
+
+
+def _as_tuple(state) -> tuple:
+    return state if isinstance(state, tuple) else (state,)
 
 
 class Pairformer(nn.Module):
     @accepts_impl_keyword
     def __init__(self, num_blocks: int, c_s: int, c_z: int, single_heads: int, single_head_dim: int,
                  pair_heads: int, pair_head_dim: int, transition_expansion: int,
-                 checkpoint_blocks: bool = True, kernels: str = "triton", dropout: float = 0.0) -> None:
+                 checkpoint_blocks: bool = True, kernels: str = "triton", dropout: float = 0.0,
+                 checkpoint_group: int = 1) -> None:
         super().__init__()
         self.checkpoint_blocks = checkpoint_blocks
+        self.checkpoint_group = checkpoint_group
         self.dropout = dropout
         self.blocks = nn.ModuleList(
             PairformerBlock(c_s, c_z, single_heads, single_head_dim, pair_heads, pair_head_dim,
@@ -121,5 +156,5 @@ class Pairformer(nn.Module):
         """`generator`: the step's, for the dropout seed (None: the device's default generator)."""
         seed = dropout_seed(generator, z.device) if self.training and self.dropout > 0 else None
         s, z = run_blocks(self.blocks, self.checkpoint_blocks and self.training, s, z,
-                          masks=(token_mask, pair_mask), seed=seed)
+                          masks=(token_mask, pair_mask), seed=seed, group=self.checkpoint_group)
         return s, z

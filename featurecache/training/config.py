@@ -40,6 +40,9 @@ class TrainConfig:
     tensorboard: str | None = None     # also write TensorBoard event files here (needs the tensorboard package)
     preset: str = "tiny"
     pairformer_blocks: int | None = None  # override the preset's depth (benchmarks on a time budget)
+    # Pairformer blocks per activation checkpoint (ModelConfig.checkpoint_group): 1 keeps every
+    # block's input; K ~ 7 keeps 48/K + K, for crops past ~2,048 tokens on 141 GB, one more forward
+    checkpoint_group: int = 1
     kernels: str = "auto"
     steps: int = 100
     # N_cycle is drawn per step from 1..this (AF3: 4); None keeps the preset's max_recycling_cycles
@@ -97,7 +100,7 @@ class TrainConfig:
         if not isinstance(self.sample, SampleConfig):
             raise TrainSetupError(f"sample must be a SampleConfig, got {self.sample!r}")
         for name in ("steps", "batch_size", "accumulate", "pair_shards", "checkpoint_every", "prefetch_factor",
-                     "lr_decay_every", "validation_sampler_steps"):
+                     "lr_decay_every", "validation_sampler_steps", "checkpoint_group"):
             if getattr(self, name) < 1:
                 raise TrainSetupError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         for name in ("max_recycling_cycles", "diffusion_batch"):

@@ -83,6 +83,8 @@ class Trainer:
         overrides = {"kernels": kernels}
         if config.pairformer_blocks is not None:
             overrides["num_pairformer_blocks"] = config.pairformer_blocks
+        if config.checkpoint_group != 1:
+            overrides["checkpoint_group"] = config.checkpoint_group
         if config.max_recycling_cycles is not None:
             overrides["max_recycling_cycles"] = config.max_recycling_cycles
         self.model = shard_model(AF3Model(preset(config.preset, **overrides)).to(world.device), world)

@@ -1,0 +1,104 @@
+"""ModelConfig.checkpoint_group: grouped activation checkpoints of the Pairformer keep fewer
+inputs for backward and change nothing else (same loss, same gradients, dropout included)."""
+
+import math
+
+import pytest
+import torch
+
+from featurecache.model import preset
+from featurecache.model.af3 import AF3Model
+from featurecache.model.memory_report import AF3_PARTS, SavedTensorCounter, growth_orders
+from featurecache.model.pairformer import Pairformer
+from featurecache.testing.synthetic import random_batch
+
+
+def _loss_and_gradients(group: int, state: dict | None, blocks: int) -> tuple[torch.Tensor, dict, dict]:
+    torch.manual_seed(0)
+    model = AF3Model(preset("tiny", kernels="torch", num_pairformer_blocks=blocks, checkpoint_group=group))
+    if state is not None:
+        model.load_state_dict(state)
+    model.train()
+    batch = random_batch([11, 8], [5, 3], [2, 1], torch.Generator().manual_seed(3), num_atoms_per_token=3)
+    outputs = model(batch, num_cycles=2, num_diffusion_samples=3, generator=torch.Generator().manual_seed(4))
+    loss, _ = model.loss(batch, outputs)
+    loss.backward()
+    gradients = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), gradients, model.state_dict()
+
+
+@pytest.mark.parametrize("group", [2, 3])
+def test_grouped_checkpoints_give_the_same_loss_and_gradients(group):
+    # 5 blocks: groups of 2 (2, 2, 1) and of 3 (3, 2), an uneven last group; dropout is on (tiny: 0.25)
+    loss, gradients, state = _loss_and_gradients(1, None, blocks=5)
+    grouped_loss, grouped_gradients, _ = _loss_and_gradients(group, state, blocks=5)
+    assert preset("tiny").pair_dropout > 0
+    torch.testing.assert_close(grouped_loss, loss, rtol=1e-6, atol=0)
+    assert grouped_gradients.keys() == gradients.keys()
+    pairformer = [name for name in gradients if name.startswith("pairformer.")]
+    assert pairformer and all(gradients[name].abs().sum() > 0 for name in pairformer)
+    for name, gradient in gradients.items():
+        scale = gradient.abs().max().clamp(min=1e-30)
+        assert (grouped_gradients[name] - gradient).abs().max() <= 1e-6 * scale, name
+
+
+def _pairformer_saved_bytes(group: int, blocks: int, length: int = 12) -> tuple[int, int, int]:
+    """Bytes a Pairformer stack saves in forward; the bytes of one (s, z) state and of the masks."""
+    torch.manual_seed(0)
+    stack = Pairformer(blocks, 16, 8, 2, 4, 2, 4, 2, checkpoint_blocks=True, kernels="torch",
+                       checkpoint_group=group).train()
+    s = torch.randn(1, length, 16, requires_grad=True)
+    z = torch.randn(1, length, length, 8, requires_grad=True)
+    token_mask = torch.ones(1, length, dtype=torch.bool)
+    pair_mask = token_mask[:, :, None] & token_mask[:, None, :]
+    counter = SavedTensorCounter({"": "stack"})
+    with counter.watching(stack):
+        stack(s, z, token_mask, pair_mask)
+    state_bytes = s.nbytes + z.nbytes
+    return counter.total_bytes(), state_bytes, token_mask.nbytes + pair_mask.nbytes
+
+
+@pytest.mark.parametrize("blocks, group", [(12, 4), (48, 7), (48, 8), (5, 2)])
+def test_grouped_checkpoints_keep_one_input_per_group(blocks, group):
+    """Per block: every block's (s, z) input and the masks; grouped: one input per group (the
+    groups read the masks as they are, held by the caller anyway)."""
+    saved, state_bytes, mask_bytes = _pairformer_saved_bytes(1, blocks, length=8)
+    assert saved == blocks * state_bytes + mask_bytes
+    grouped, _, _ = _pairformer_saved_bytes(group, blocks, length=8)
+    assert grouped == math.ceil(blocks / group) * state_bytes
+
+
+def test_the_full_model_saves_fewer_pair_inputs_by_the_predicted_amount():
+    """AF3Model's Pairformer part keeps ceil(N / K) pair-sized inputs instead of N (the masks and
+    the dropout seeds aside: below one pair each)."""
+    blocks, group, length = 6, 3, 10
+    saved = {}
+    for value in (1, group):
+        torch.manual_seed(0)
+        model = AF3Model(preset("tiny", kernels="torch", num_pairformer_blocks=blocks, checkpoint_group=value)).train()
+        batch = random_batch([length], [4], [1], torch.Generator().manual_seed(1), num_atoms_per_token=2)
+        counter = SavedTensorCounter(AF3_PARTS)
+        with counter.watching(model):
+            outputs = model(batch, num_cycles=1, num_diffusion_samples=2, generator=torch.Generator().manual_seed(2))
+            model.loss(batch, outputs)
+        saved[value] = counter
+    pair = length * length * preset("tiny").c_z * 4  # fp32 without autocast
+    pairs = {value: sum(1 for part, size, _, _ in counter.saved if part == "Pairformer" and size >= pair)
+             for value, counter in saved.items()}
+    assert pairs == {1: blocks, group: math.ceil(blocks / group)}
+    other = {value: sum(size for part, size, _, _ in counter.saved if part != "Pairformer")
+             for value, counter in saved.items()}
+    assert other[1] == other[group]
+
+
+def test_growth_orders_match_tensors_of_two_runs():
+    small = [("a", 10 * 10 * 4, (10, 10), torch.float32), ("b", 16, (4,), torch.float32), ("c", 40, (10,), torch.float32)]
+    large = [("a", 20 * 20 * 4, (20, 20), torch.float32), ("b", 16, (4,), torch.float32), ("c", 80, (20,), torch.float32)]
+    assert growth_orders(small, large, 10, 20) == [2, 0, 1]
+    with pytest.raises(ValueError, match="different sequences"):
+        growth_orders(small, large[:2], 10, 20)
+
+
+def test_checkpoint_group_must_be_positive():
+    with pytest.raises(ValueError, match="checkpoint_group"):
+        preset("tiny", checkpoint_group=0)
