@@ -42,6 +42,7 @@ import threading
 import time
 import traceback
 
+import protenix_peer
 import torch
 from harness import argument_parser, run_stamp
 from records import Row, record
@@ -63,6 +64,21 @@ VARIANTS = {
     # launch cost; shapes must stay fixed, so this variant has no crop search
     "triton+graphs": ("triton", False, True),
 }
+# Peers: another project's model at the same sizes (--model af3 only), trained by its own code
+# (benchmarks/protenix_peer.py); no block section, no crop search (about 10 s a step).
+PEERS = ("protenix",)
+COLUMNS = (*VARIANTS, *PEERS)
+
+
+def is_compiled(variant: str) -> bool:
+    return variant in VARIANTS and VARIANTS[variant][1]
+
+
+def peer_unavailable(variant: str, model: str) -> str | None:
+    """Why the peer cannot run here (one line), or None."""
+    if model != "af3":
+        return "a full-model peer: needs --model af3"
+    return protenix_peer.unavailable_reason()
 
 
 class Budget:
@@ -516,13 +532,15 @@ def ratio(numerator, denominator) -> str:
 
 def table(results: dict, args) -> str:
     names = {"triton": "triton", "eager": "eager", "compile": "torch.compile",
-             "triton+compile": "triton + compiled glue", "triton+graphs": "triton + CUDA graph"}
+             "triton+compile": "triton + compiled glue", "triton+graphs": "triton + CUDA graph",
+             "protenix": "Protenix 2.0"}
     # (numerator variant, denominator variant): "a vs b" is b's time over a's
-    comparisons = [("triton", "eager"), ("triton", "compile"), ("triton+graphs", "eager"), ("triton+graphs", "compile")]
+    comparisons = [("triton", "eager"), ("triton", "compile"), ("triton+graphs", "eager"), ("triton+graphs", "compile"),
+                   ("triton", "protenix"), ("triton+graphs", "protenix")]
     blank = " |" * len(comparisons)
-    rows = ["| measure | " + " | ".join(names[v] for v in VARIANTS) + " | "
+    rows = ["| measure | " + " | ".join(names[v] for v in COLUMNS) + " | "
             + " | ".join(f"{names[a]} vs {names[b]}" for a, b in comparisons) + " |",
-            "| --- |" + " --- |" * (len(VARIANTS) + len(comparisons))]
+            "| --- |" + " --- |" * (len(COLUMNS) + len(comparisons))]
 
     def get(key, field):
         value = results.get(key, {})
@@ -530,43 +548,48 @@ def table(results: dict, args) -> str:
 
     def time_row(label, prefix):
         cells = [cell(results.get(f"{prefix}/{v}"), lambda r: f"{r['ms']:.1f} ms / {r['peak_gb']:.1f} GB")
-                 for v in VARIANTS]
+                 for v in COLUMNS]
         speed = [ratio(get(f"{prefix}/{b}", "ms"), get(f"{prefix}/{a}", "ms")) + " faster" for a, b in comparisons]
         rows.append(f"| {label} | {' | '.join(cells)} | {' | '.join(speed)} |")
         memory = [ratio(get(f"{prefix}/{b}", "peak_gb"), get(f"{prefix}/{a}", "peak_gb")) + " less"
                   for a, b in comparisons]
-        rows.append(f"| {label}: memory |{' |' * len(VARIANTS)} {' | '.join(memory)} |")
+        rows.append(f"| {label}: memory |{' |' * len(COLUMNS)} {' | '.join(memory)} |")
 
     for length in args.block_lengths:
         time_row(f"Pairformer block fwd+bwd, L={length}", f"block{length}")
     for crop in args.crop:
         time_row(f"training iteration, {model_label(args)}, crop {crop}", f"step{crop}")
     crops = [cell(results.get(f"maxcrop/{v}"), lambda r: f"{'' if r['bound'] == 'exact' else '>= '}{r['max_crop']}")
-             for v in VARIANTS]
+             for v in COLUMNS]
     longer = [ratio(get(f"maxcrop/{a}", "max_crop"), get(f"maxcrop/{b}", "max_crop")) for a, b in comparisons]
     rows.append(f"| largest crop without OOM, {model_label(args)} | {' | '.join(crops)} | {' | '.join(longer)} |")
     checks = results.get("checks")
     if isinstance(checks, dict) and "max_relative_difference" in checks:
         rows.append(f"| checks: {checks['parameters'] / 1e6:.1f} M parameters, {len(checks['dead_parameters'])} without "
                     f"gradient; triton vs torch fp32 loss terms, largest relative difference "
-                    f"{checks['max_relative_difference']:.2e} |{' |' * len(VARIANTS)}{blank}")
+                    f"{checks['max_relative_difference']:.2e} |{' |' * len(COLUMNS)}{blank}")
     elif checks is not None:
-        rows.append(f"| checks | {cell(checks, str)} |{' |' * (len(VARIANTS) - 1)}{blank}")
+        rows.append(f"| checks | {cell(checks, str)} |{' |' * (len(COLUMNS) - 1)}{blank}")
     for key, value in results.items():
         if key.startswith("profile/") and "forward_ms" in value:
             parts = ", ".join(f"{name} {v['ms']:.0f} ms ({v['calls']}x)" for name, v in value["forward_ms"].items())
             rows.append(f"| {key}: device time {value['device_ms']:.0f} ms of {value['wall_ms_profiled']:.0f} ms wall; "
-                        f"forward by part: {parts} |{' |' * len(VARIANTS)}{blank}")
+                        f"forward by part: {parts} |{' |' * len(COLUMNS)}{blank}")
         elif key.startswith("profile/") and "device_ms" in value:
             rows.append(f"| {key}: device time {value['device_ms']:.1f} ms of {value['wall_ms_profiled']:.1f} ms wall, "
                         f"host enqueue {value['host_enqueue_ms']:.1f} ms, {value['kernels_per_step']} kernels "
-                        f"|{' |' * len(VARIANTS)}{blank}")
+                        f"|{' |' * len(COLUMNS)}{blank}")
+    peer = results.get("peer")
+    if isinstance(peer, dict):
+        rows.append(f"| Protenix: {peer['parameters_millions']:.1f} M parameters; kernels: "
+                    + "; ".join(f"{k} {v}" for k, v in peer["kernel_options"].items())
+                    + f"; {peer['settings']} |{' |' * len(COLUMNS)}{blank}")
     for source in ("cache", "online"):
         result = results.get(f"datawait/{source}")
         rows.append(f"| data wait share, {source} | "
                     + cell(result, lambda r: f"{100 * r['share']:.2f} % ({r['wait_ms']:.0f} of {r['step_ms']:.0f} ms); "
                            f"within epochs {100 * (r['share_within_epoch'] or 0):.2f} % ({r['kernels']} kernels)")
-                    + " |" * len(VARIANTS) + blank)
+                    + " |" * len(COLUMNS) + blank)
     return "\n".join(rows)
 
 
@@ -614,8 +637,11 @@ def main() -> None:
     parser.add_argument("--msa-rows", type=int, default=1024)
     parser.add_argument("--templates", type=int, default=4)
     parser.add_argument("--block-lengths", type=int, nargs="*", default=[384, 768])
-    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS),
-                        help="order within the cheap (no compile) and costly (compile) groups")
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(COLUMNS),
+                        help="order within the cheap (no compile) and costly (compile) groups; protenix "
+                             "(--model af3) trains Protenix 2.0 at the same sizes: put it first, so no other "
+                             "variant's model is in memory during its steps")
+    parser.add_argument("--peer-reps", type=int, default=3, help="timed iterations of a peer (about 10 s each)")
     parser.add_argument("--crop-limit", type=int, default=3072, help="largest crop the search tries")
     parser.add_argument("--crop-budget-s", type=float, default=45.0, help="time per variant for the crop search")
     parser.add_argument("--budget-s", type=float, default=360.0, help="whole-run time budget")
@@ -656,26 +682,41 @@ def main() -> None:
 
     # Cheapest and most important first: when the budget runs out, torch.compile (minutes of
     # compilation) is what is left out, and the table says so.
-    fast = [v for v in args.variants if not VARIANTS[v][1]]
-    slow = [v for v in args.variants if VARIANTS[v][1]]
+    fast = [v for v in args.variants if not is_compiled(v)]
+    slow = [v for v in args.variants if is_compiled(v)]
     runners: dict = {}
 
-    def make_runner(variant: str) -> TrunkRunner:
+    def make_runner(variant: str) -> TrunkRunner | protenix_peer.ProtenixPeer:
+        if variant == "protenix":
+            peer = protenix_peer.ProtenixPeer(device, args.depth, args.diffusion_batch, args.atoms_per_token,
+                                              small=args.smoke)
+            results["peer"] = {"parameters_millions": peer.parameters_millions(),
+                               "kernel_options": peer.kernel_options, "settings": protenix_peer.SETTINGS}
+            return peer
         if args.model == "af3":
             return FullModelRunner(variant, overrides, device, args.diffusion_batch, args.atoms_per_token)
         return TrunkRunner(variant, overrides, device)
 
     def step_bench(variant: str, crop: int) -> dict:
         if variant not in runners:
+            # one model at a time: another variant's weights and optimizer state would count in
+            # this one's peak memory (the crop search builds its runner anew)
+            for other in [v for v in runners if v != variant]:
+                runners.pop(other)
+            free_memory()
             runners[variant] = make_runner(variant)
         runner = runners[variant]
         batch = runner.batch(crop, args.msa_rows, args.templates)
-        ms, peak = timed(lambda: runner.iteration(batch), device, 1 if args.smoke else 2,
-                         2 if args.smoke else args.step_reps, graphs=runner.graphs)
+        peer = variant in PEERS  # its first call at a size also autotunes its Triton kernel
+        ms, peak = timed(lambda: runner.iteration(batch), device, 1 if args.smoke or peer else 2,
+                         2 if args.smoke else args.peer_reps if peer else args.step_reps, graphs=runner.graphs)
         return {"ms": ms, "peak_gb": peak}
 
     def crop_search(variant: str) -> dict:
-        runner = runners.pop(variant)
+        runner = runners.pop(variant, None)
+        runners.clear()  # no other model in memory while searching
+        free_memory()
+        runner = runner or make_runner(variant)
         share = min(args.crop_budget_s, max(0.0, budget.left() - 30))
         return max_crop(runner, args.crop[0], args.crop_limit, args.msa_rows, args.templates, share)
 
@@ -709,7 +750,7 @@ def main() -> None:
     # block's peak memory would otherwise include them (run 4 read 3.3 GB at L = 384 that way,
     # 1.8 GB alone).
     for length in args.block_lengths:
-        for variant in fast:
+        for variant in [v for v in fast if v in VARIANTS]:
             section(f"block{length}/{variant}", 15, bench_block, variant, length, dims, device, warmup, reps)
     if "triton" in fast and args.profile_block:
         section(f"profile/block{args.block_lengths[0]}/triton", 15, profile_block, "triton", args.block_lengths[0],
@@ -721,8 +762,16 @@ def main() -> None:
         section("profile/step/triton", 30, profile_full_step, runners["triton"],
                 runners["triton"].batch(args.crop[0], args.msa_rows, args.templates), device, args.out)
     for variant in fast:
+        reason = peer_unavailable(variant, args.model) if variant in PEERS else None
         for crop in [] if args.blocks_only else args.crop:
-            section(f"step{crop}/{variant}", 20, step_bench, variant, crop)
+            if reason:
+                results[f"step{crop}/{variant}"] = {"skipped": reason}
+                print(f"[skip] step{crop}/{variant}: {reason}", flush=True)
+            else:
+                section(f"step{crop}/{variant}", 20, step_bench, variant, crop)
+        if variant in PEERS:  # not searched: free its model for the next variant
+            runners.pop(variant, None)
+            free_memory()
     # the fastest path that ran: the share of waiting depends on the step time
     ran = [v for v in ("triton", "eager") if "ms" in results.get(f"step{args.crop[0]}/{v}", {})]
     data_kernels = VARIANTS[ran[0]][0] if ran else "torch"
@@ -730,7 +779,8 @@ def main() -> None:
         if option and not args.blocks_only:
             section(f"datawait/{source}", 20, data_wait_share, args, device, source, data_kernels)
     for variant in fast:
-        if variant in runners and not VARIANTS[variant][2]:  # a graph per crop size: not searched
+        stepped = "ms" in results.get(f"step{args.crop[0]}/{variant}", {})
+        if stepped and variant in VARIANTS and not VARIANTS[variant][2]:  # a graph per crop size: not searched
             section(f"maxcrop/{variant}", 20, crop_search, variant)
         runners.pop(variant, None)
         free_memory()
@@ -745,6 +795,7 @@ def main() -> None:
         free_memory()
 
     watchdog.cancel()
+    write_results()  # also when no section ran (every variant skipped)
     text = table(results, args)
     print()
     print(header)
