@@ -7,6 +7,8 @@
   matrix product, `layernorm_params` that loads its weight and bias, and `layernorm_backward`,
   its gradient;
 - `row_block`: a program's block of rows; `tile_range`: a tile's positions, 32 or 64-bit.
+- the SwiGLU chunk steps both transitions share (`swiglu_chunk_weights`, `swiglu_chunk`,
+  `swiglu_chunk_bwd`, `swiglu_chunk_input_grad`, `store_swiglu_grads`).
 
 PRECISION is runtime.dot_precision(dtype): "ieee" or "tf32" on a GPU, "interpret" under the
 interpreter.
