@@ -55,25 +55,31 @@ def _tiles(spec: tuple, paired: bool = False) -> BlockConfig:
 
 def variants(base: EvoAttentionConfig) -> dict[str, EvoAttentionConfig]:
     """name -> config, in the order they are timed (most promising first after the default)."""
-    def make(mode: str = "split", fwd: Optional[BlockConfig] = None, kv: Optional[BlockConfig] = None):
-        return dataclasses.replace(base, bwd_mode=mode, fwd=fwd or base.fwd, bwd_kv=kv or base.bwd_kv)
+    def make(mode: str = "split", fwd: Optional[BlockConfig] = None, kv: Optional[BlockConfig] = None,
+             q: Optional[BlockConfig] = None, bias: Optional[BlockConfig] = None) -> EvoAttentionConfig:
+        return dataclasses.replace(base, bwd_mode=mode, fwd=fwd or base.fwd, bwd_kv=kv or base.bwd_kv,
+                                   bwd_q=q or base.bwd_q, bwd_bias=bias or base.bwd_bias)
 
-    # ptxas (sm_90a) on the fused kernels: 64x64 tiles at 4 warps spill (240 B unpaired, 1.1 KB
-    # paired); 8 warps, 32-row tiles or one stage do not (paired 32x64 / 8 warps: 48 B).
+    # ptxas (sm_90a) register counts decided the tiles: at 4 warps the fused and walk kernels
+    # spill (64x64: 240 B fused, 1.1 KB fused pair, 900 B walk); 8 warps or 32-row tiles spill
+    # little (fused pair 32x64 / 8 warps: 48 B; walk 64x64 / 8 warps: 236 B with two stages).
     pair_fwd = _tiles((64, 32, 4, 2), True)
+    pair_q = _tiles((64, 32, 4, 2), True)
     return {
         "default": base,
+        "walk 64x64 w8": make("walk", bias=_tiles((64, 64, 8, 2))),
         "fused 64x64 w8": make("fused", kv=_tiles((64, 64, 8, 2))),
         "fused pair 32x64 w8": make("fused", kv=_tiles((32, 64, 8, 2), True)),
-        "fused 32x64 w8": make("fused", kv=_tiles((32, 64, 8, 2))),
-        "fwd pair 64x32 + fused pair 32x64 w8": make("fused", fwd=pair_fwd, kv=_tiles((32, 64, 8, 2), True)),
-        "atomic_dbias 64x64 w8": make("atomic_dbias", kv=_tiles((64, 64, 8, 2))),
+        "split pair fwd+dq+dkdv": make("split", fwd=pair_fwd, q=pair_q, kv=_tiles((32, 64, 8, 2), True)),
         "atomic_dbias pair 32x64 w8": make("atomic_dbias", kv=_tiles((32, 64, 8, 2), True)),
-        "fused 32x64 w4 s1": make("fused", kv=_tiles((32, 64, 4, 1))),
-        "fused pair 32x32 w4": make("fused", kv=_tiles((32, 32, 4, 2), True)),
-        "fwd pair 64x32 + fused 64x64 w8": make("fused", fwd=pair_fwd, kv=_tiles((64, 64, 8, 2))),
+        "walk 64x64 w8 s1": make("walk", bias=_tiles((64, 64, 8, 1))),
+        "walk 128x64 w8": make("walk", bias=_tiles((128, 64, 8, 2))),
+        "fwd pair + walk 64x64 w8": make("walk", fwd=pair_fwd, bias=_tiles((64, 64, 8, 2))),
+        "fwd pair + fused pair 32x64 w8": make("fused", fwd=pair_fwd, kv=_tiles((32, 64, 8, 2), True)),
+        "fused 32x64 w8": make("fused", kv=_tiles((32, 64, 8, 2))),
+        "walk 64x64 w4": make("walk", bias=_tiles((64, 64, 4, 2))),
         "fused 64x64 w4": make("fused", kv=_tiles((64, 64, 4, 2))),
-        "fused pair 64x64 w4": make("fused", kv=_tiles((64, 64, 4, 2), True)),
+        "atomic_dbias 64x64 w8": make("atomic_dbias", kv=_tiles((64, 64, 8, 2))),
         "fwd pair 128x32 s3 + fused 64x64 w8": make("fused", fwd=_tiles((128, 32, 4, 3), True),
                                                      kv=_tiles((64, 64, 8, 2))),
     }
@@ -81,8 +87,8 @@ def variants(base: EvoAttentionConfig) -> dict[str, EvoAttentionConfig]:
 
 # Variants timed with the fp32 bias too, when no --variants are named (each variant compiles
 # its kernels again for an fp32 bias; the whole run must stay under ~4 minutes).
-FP32_VARIANTS = ["default", "fused 64x64 w8", "fwd pair 64x32 + fused pair 32x64 w8", "fused pair 32x64 w8",
-                 "atomic_dbias pair 32x64 w8"]
+FP32_VARIANTS = ["default", "walk 64x64 w8", "fused pair 32x64 w8", "split pair fwd+dq+dkdv",
+                 "fwd pair + walk 64x64 w8"]
 
 
 def make_inputs(batch, rows, seq_len, heads, head_dim, bias_dtype, seed, padding=0.1, random_mask=False):

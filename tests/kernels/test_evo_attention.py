@@ -307,6 +307,7 @@ def test_row_group_kernels_match_plain_kernels():
 @pytest.mark.parametrize(
     "mode, paired, bias_rows, bias_dtype, strided",
     [
+        ("split", True, "shared", torch.bfloat16, True),
         ("atomic_dbias", False, "shared", torch.float32, True),
         ("atomic_dbias", True, "shared", torch.bfloat16, False),
         ("fused", False, "shared", torch.float32, False),
@@ -314,9 +315,12 @@ def test_row_group_kernels_match_plain_kernels():
         ("fused", True, "shared", torch.float32, True),
         ("fused", True, "per_row", torch.float32, False),
         ("fused", False, None, None, False),
+        ("walk", False, "shared", torch.float32, True),
+        ("walk", True, "shared", torch.bfloat16, False),
+        ("walk", False, "per_row", torch.bfloat16, False),
     ],
 )
-def test_atomic_backward_modes_match_split_backward(mode, paired, bias_rows, bias_dtype, strided):
+def test_backward_modes_and_row_pairs_match_split_backward(mode, paired, bias_rows, bias_dtype, strided):
     # The atomic modes sum dQ and dBias in another order than the split kernels: same values up
     # to rounding, against float64 truth as tightly as the split path. Odd sizes, ragged blocks,
     # one fully masked row; a per-row bias falls back to the split kernels (and to unpaired rows).
@@ -328,16 +332,15 @@ def test_atomic_backward_modes_match_split_backward(mode, paired, bias_rows, bia
     scale = 24 ** -0.5
     base = select_config(24, 21, q.device)
     results = {}
-    for name in ("split", mode):
-        config = dataclasses.replace(base, bwd_mode=name)
-        if name == mode:
-            config = dataclasses.replace(config, fwd=dataclasses.replace(base.fwd, rows=1, paired=paired),
-                                         bwd_kv=dataclasses.replace(base.bwd_kv, rows=1, paired=paired))
+    variant = dataclasses.replace(
+        base, bwd_mode=mode, **{name: dataclasses.replace(getattr(base, name), rows=1, paired=paired)
+                                for name in ("fwd", "bwd_q", "bwd_kv")})
+    for name, config in (("split", dataclasses.replace(base, bwd_mode="split")), ("variant", variant)):
         out, lse, key_end = evo_attention_forward(q, k, v, bias, mask, scale, config)
         grads = evo_attention_backward(grad_out, q, k, v, bias, mask, out, lse, key_end, scale,
                                        bias is not None, config)
         results[name] = [g for g in grads if g is not None]
-        if name == mode:
+        if config is variant:
             torch.testing.assert_close(out, results_out, rtol=0, atol=1e-2)
             assert torch.equal(torch.isinf(lse), torch.isinf(results_lse)), "lse of fully masked rows"
         else:
@@ -345,12 +348,12 @@ def test_atomic_backward_modes_match_split_backward(mode, paired, bias_rows, bia
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v) + ((bias,) if bias is not None else ())]
     truth_out = _eager_attention(*leaves[:3], leaves[3] if bias is not None else None, mask, scale)
     truth_out.backward(grad_out.double())
-    for name, split, atomic, leaf in zip(["dq", "dk", "dv", "dbias"], results["split"], results[mode], leaves):
+    for name, split, atomic, leaf in zip(["dq", "dk", "dv", "dbias"], results["split"], results["variant"], leaves):
         assert atomic.dtype == split.dtype and atomic.shape == split.shape, name
         truth = leaf.grad
         assert rel_error(atomic, truth) <= 1.5 * rel_error(split, truth) + 1e-3, name
     empty = ~mask.any(dim=-1)  # [B, N]
-    assert torch.all(results[mode][0][empty] == 0), "fully masked rows must give zero dq"
+    assert torch.all(results["variant"][0][empty] == 0), "fully masked rows must give zero dq"
 
 
 def test_config_file_rejects_an_unknown_backward_mode():

@@ -17,9 +17,12 @@ KERNEL_NAMES = ("fwd", "bwd_kv", "bwd_q", "bwd_bias")
 # How the backward gets dQ and the gradient of a bias shared by all rows:
 #   "split"        dQ kernel, dK/dV kernel, then a dBias kernel that walks the rows (deterministic);
 #   "atomic_dbias" dQ kernel, then the dK/dV kernel adds dBias with fp32 atomics (no dBias pass);
-#   "fused"        one kernel: dK/dV, adding dQ and dBias with fp32 atomics (no dQ or dBias pass).
-# The atomic modes are not bitwise reproducible; a per-row bias always takes "split".
-BWD_MODES = ("split", "atomic_dbias", "fused")
+#   "fused"        one kernel: dK/dV, adding dQ and dBias with fp32 atomics (no dQ or dBias pass);
+#   "walk"         one kernel per bias tile walking the rows (bwd_bias tiles): dBias in registers,
+#                  dQ, dK, dV added with fp32 atomics (three fp32 sums of q's size as workspace).
+# The atomic sums are not bitwise reproducible (walk's dBias is); a per-row bias always takes
+# "split", and "walk" without a shared bias gradient takes "fused".
+BWD_MODES = ("split", "atomic_dbias", "fused", "walk")
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class BlockConfig:
     rows: int = 1
     # Two rows per program, each with its own 2-D products, sharing every bias tile (and, in the
     # atomic backward modes, one dBias addition per pair); only for a bias shared by all rows.
-    # Used by the forward and by the dK/dV kernel of the atomic backward modes.
+    # Used by the forward, dQ and dK/dV kernels; the dBias kernel ignores it.
     paired: bool = False
 
 

@@ -1097,3 +1097,201 @@ def _evo_attention_bwd_fused_pair_kernel(
     tl.store(DV + x_offs, dv0.to(DV.dtype.element_ty), mask=kv_tile)
     tl.store(DK + stride_xn + x_offs, (dk1 * scale).to(DK.dtype.element_ty), mask=kv1_tile)
     tl.store(DV + stride_xn + x_offs, dv1.to(DV.dtype.element_ty), mask=kv1_tile)
+
+
+@triton.jit
+def _dq_row_step(q, do, k, v, lse, delta, bias_log2, attend, dq, scale_log2, PRECISION: tl.constexpr):
+    """One key block of dQ for one row: the updated dq (unscaled)."""
+    s = mma(q, tl.trans(k), None, PRECISION) * scale_log2 + bias_log2
+    s = tl.where(attend[None, :], s, float("-inf"))
+    p = tl.math.exp2(s - lse[:, None])
+    dp = mma(do, tl.trans(v), None, PRECISION)
+    ds = p * (dp - delta[:, None])
+    return dq + mma(ds.to(k.dtype), k, None, PRECISION)
+
+
+@triton.jit
+def _evo_attention_bwd_q_pair_kernel(
+    Q, K, V, Bias, Mask, KeyEnd, Out, DOut, Lse, Delta, DQ,
+    stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
+    stride_bb, stride_bh, stride_bq, stride_bk,
+    stride_mb, stride_mn, stride_ml,
+    stride_ob, stride_on, stride_ol, stride_oh, stride_od,
+    stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
+    stride_xb, stride_xn, stride_xl, stride_xh, stride_xd,
+    num_heads, num_rows, seq_len, head_dim, scale, scale_log2,
+    HAS_MASK: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    WIDE_INDEX: tl.constexpr,
+):
+    # The dQ kernel (which also writes delta) for two rows sharing the bias (row pairs, above).
+    pid_m = tl.program_id(0)
+    row0 = tl.program_id(1).to(tl.int64) * 2
+    len1 = tl.where(row0 + 1 < num_rows, seq_len, 0)  # 0: no second row (odd N)
+    batch, head = _batch_and_head(num_heads)
+
+    rows_m = tile_range(pid_m * BLOCK_M, BLOCK_M, WIDE_INDEX)
+    offs_n = tile_range(0, BLOCK_N, WIDE_INDEX)
+    offs_d = tile_range(0, BLOCK_D, WIDE_INDEX)
+    valid_m = rows_m < seq_len
+    valid_m1 = rows_m < len1
+    valid_d = offs_d < head_dim
+    q_tile = valid_m[:, None] & valid_d[None, :]
+    q1_tile = valid_m1[:, None] & valid_d[None, :]
+
+    q_offs = batch * stride_qb + row0 * stride_qn + head * stride_qh + rows_m[:, None] * stride_ql + offs_d[None, :] * stride_qd
+    g_offs = batch * stride_gb + row0 * stride_gn + head * stride_gh + rows_m[:, None] * stride_gl + offs_d[None, :] * stride_gd
+    o_offs = batch * stride_ob + row0 * stride_on + head * stride_oh + rows_m[:, None] * stride_ol + offs_d[None, :] * stride_od
+    q0 = tl.load(Q + q_offs, mask=q_tile, other=0.0)
+    q1 = tl.load(Q + stride_qn + q_offs, mask=q1_tile, other=0.0)
+    do0 = tl.load(DOut + g_offs, mask=q_tile, other=0.0)
+    do1 = tl.load(DOut + stride_gn + g_offs, mask=q1_tile, other=0.0)
+    delta0 = tl.sum(tl.load(Out + o_offs, mask=q_tile, other=0.0).to(tl.float32) * do0.to(tl.float32), 1)
+    delta1 = tl.sum(tl.load(Out + stride_on + o_offs, mask=q1_tile, other=0.0).to(tl.float32)
+                    * do1.to(tl.float32), 1)
+    stat0 = ((batch * num_rows + row0) * num_heads + head) * seq_len
+    stat1 = stat0 + num_heads * seq_len
+    tl.store(Delta + stat0 + rows_m, delta0, mask=valid_m)
+    tl.store(Delta + stat1 + rows_m, delta1, mask=valid_m1)
+    lse0 = tl.load(Lse + stat0 + rows_m, mask=valid_m, other=float("inf"))
+    lse1 = tl.load(Lse + stat1 + rows_m, mask=valid_m1, other=float("inf"))
+
+    k0_base = K + batch * stride_kb + row0 * stride_kn + head * stride_kh
+    v0_base = V + batch * stride_vb + row0 * stride_vn + head * stride_vh
+    bias_base = Bias + batch * stride_bb + head * stride_bh
+    mask0 = Mask + batch * stride_mb + row0 * stride_mn
+
+    dq0 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    dq1 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    key_end = seq_len
+    if HAS_MASK:
+        pair = row0 + tl.arange(0, 2)
+        key_end = tl.max(tl.load(KeyEnd + batch * num_rows + pair, mask=pair < num_rows, other=0), 0)
+    for start_n in range(0, key_end, BLOCK_N):
+        cols = start_n + offs_n
+        valid_n = cols < seq_len
+        bias_log2 = tl.load(bias_base + rows_m[:, None] * stride_bq + cols[None, :] * stride_bk,
+                            mask=valid_m[:, None] & valid_n[None, :], other=0.0).to(tl.float32) * LOG2E
+        attend0 = valid_n
+        attend1 = cols < len1
+        if HAS_MASK:
+            attend0 = attend0 & (tl.load(mask0 + cols * stride_ml, mask=valid_n, other=0) != 0)
+            attend1 = attend1 & (tl.load(mask0 + stride_mn + cols * stride_ml, mask=attend1, other=0) != 0)
+        kv_offs_k = cols[:, None] * stride_kl + offs_d[None, :] * stride_kd
+        kv_offs_v = cols[:, None] * stride_vl + offs_d[None, :] * stride_vd
+        kv_tile = valid_n[:, None] & valid_d[None, :]
+        k = tl.load(k0_base + kv_offs_k, mask=kv_tile, other=0.0)
+        v = tl.load(v0_base + kv_offs_v, mask=kv_tile, other=0.0)
+        dq0 = _dq_row_step(q0, do0, k, v, lse0, delta0, bias_log2, attend0, dq0, scale_log2, PRECISION)
+        kv1_tile = attend1[:, None] & valid_d[None, :]
+        k = tl.load(k0_base + stride_kn + kv_offs_k, mask=kv1_tile, other=0.0)
+        v = tl.load(v0_base + stride_vn + kv_offs_v, mask=kv1_tile, other=0.0)
+        dq1 = _dq_row_step(q1, do1, k, v, lse1, delta1, bias_log2, attend1, dq1, scale_log2, PRECISION)
+
+    x_offs = batch * stride_xb + row0 * stride_xn + head * stride_xh + rows_m[:, None] * stride_xl + offs_d[None, :] * stride_xd
+    tl.store(DQ + x_offs, (dq0 * scale).to(DQ.dtype.element_ty), mask=q_tile)
+    tl.store(DQ + stride_xn + x_offs, (dq1 * scale).to(DQ.dtype.element_ty), mask=q1_tile)
+
+
+@triton.jit
+def _evo_attention_bwd_walk_kernel(
+    Q, K, V, Bias, Mask, KeyEnd, DOut, Lse, Delta, DBias, DQAcc, DKAcc, DVAcc,
+    stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
+    stride_bb, stride_bh, stride_bq, stride_bk,
+    stride_mb, stride_mn, stride_ml,
+    stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
+    stride_dbb, stride_dbh, stride_dbq, stride_dbk,
+    stride_ab, stride_an, stride_al, stride_ah, stride_ad,
+    num_heads, num_rows, seq_len, head_dim, scale, scale_log2,
+    HAS_MASK: tl.constexpr,
+    PRECISION: tl.constexpr,
+    SCAN_MASK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    WIDE_INDEX: tl.constexpr,
+):
+    # The whole backward in one pass for a bias shared by all rows: each program owns one bias
+    # tile, loads it once and walks the N rows (as the dBias kernel does), keeping dBias in
+    # registers (a fixed order: reproducible) and adding each row's dQ, dK and dV shares to fp32
+    # sums (DQAcc, DKAcc, DVAcc: contiguous [B, N, L, H, D]) with atomics. The walk starts at a
+    # different row per tile so the programs in flight add into different rows.
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    batch, head = _batch_and_head(num_heads)
+
+    rows_m = tile_range(pid_m * BLOCK_M, BLOCK_M, WIDE_INDEX)
+    cols = tile_range(pid_n * BLOCK_N, BLOCK_N, WIDE_INDEX)
+    offs_d = tile_range(0, BLOCK_D, WIDE_INDEX)
+    valid_m = rows_m < seq_len
+    valid_n = cols < seq_len
+    valid_d = offs_d < head_dim
+    bias_tile = valid_m[:, None] & valid_n[None, :]
+    q_tile = valid_m[:, None] & valid_d[None, :]
+    kv_tile = valid_n[:, None] & valid_d[None, :]
+
+    b = tl.load(Bias + batch * stride_bb + head * stride_bh + rows_m[:, None] * stride_bq + cols[None, :] * stride_bk,
+                mask=bias_tile, other=0.0).to(tl.float32) * LOG2E
+    q_offs = rows_m[:, None] * stride_ql + offs_d[None, :] * stride_qd
+    do_offs = rows_m[:, None] * stride_gl + offs_d[None, :] * stride_gd
+    k_offs = cols[:, None] * stride_kl + offs_d[None, :] * stride_kd
+    v_offs = cols[:, None] * stride_vl + offs_d[None, :] * stride_vd
+    acc_q_offs = rows_m[:, None] * stride_al + offs_d[None, :] * stride_ad
+    acc_k_offs = cols[:, None] * stride_al + offs_d[None, :] * stride_ad
+
+    dbias = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    rows_to_walk = num_rows
+    if HAS_MASK:
+        # Past the last attended key of every row, dS is zero: such a tile skips the walk.
+        key_max = tl.full([], 0, tl.int32)
+        for start in range(0, num_rows, SCAN_MASK):
+            idx = start + tl.arange(0, SCAN_MASK)
+            key_max = tl.maximum(key_max, tl.max(tl.load(KeyEnd + batch * num_rows + idx, mask=idx < num_rows,
+                                                         other=0), 0))
+        rows_to_walk = tl.where(pid_n * BLOCK_N < key_max, num_rows, 0)
+    first = (pid_m * tl.num_programs(0) + pid_n) % num_rows
+    for step in range(0, rows_to_walk):
+        row = first + step
+        row = tl.where(row >= num_rows, row - num_rows, row).to(tl.int64)
+        # A row whose last attended key comes before this tile adds nothing: its atomics are
+        # masked off (live_len 0). No branch around the work, which would stop the loads of the
+        # loop from being pipelined.
+        live_len = seq_len
+        if HAS_MASK:
+            live_len = tl.where(pid_n * BLOCK_N < tl.load(KeyEnd + batch * num_rows + row), seq_len, 0)
+        q = tl.load(Q + batch * stride_qb + row * stride_qn + head * stride_qh + q_offs, mask=q_tile, other=0.0)
+        do = tl.load(DOut + batch * stride_gb + row * stride_gn + head * stride_gh + do_offs, mask=q_tile, other=0.0)
+        k = tl.load(K + batch * stride_kb + row * stride_kn + head * stride_kh + k_offs, mask=kv_tile, other=0.0)
+        v = tl.load(V + batch * stride_vb + row * stride_vn + head * stride_vh + v_offs, mask=kv_tile, other=0.0)
+        stat = ((batch * num_rows + row) * num_heads + head) * seq_len + rows_m
+        lse = tl.load(Lse + stat, mask=valid_m, other=float("inf"))
+        delta = tl.load(Delta + stat, mask=valid_m, other=0.0)
+        attend = valid_n
+        if HAS_MASK:
+            attend = attend & (tl.load(Mask + batch * stride_mb + row * stride_mn + cols * stride_ml,
+                                       mask=valid_n, other=0) != 0)
+        s = mma(q, tl.trans(k), None, PRECISION) * scale_log2 + b
+        s = tl.where(attend[None, :], s, float("-inf"))
+        p = tl.math.exp2(s - lse[:, None])
+        dp = mma(do, tl.trans(v), None, PRECISION)
+        ds = p * (dp - delta[:, None])
+        dbias += ds
+        ds_low = ds.to(q.dtype)
+        acc_base = batch * stride_ab + row * stride_an + head * stride_ah
+        live_kv = (cols < live_len)[:, None] & valid_d[None, :]
+        tl.atomic_add(DVAcc + acc_base + acc_k_offs, mma(tl.trans(p.to(do.dtype)), do, None, PRECISION),
+                      mask=live_kv, sem="relaxed")
+        tl.atomic_add(DKAcc + acc_base + acc_k_offs, mma(tl.trans(ds_low), q, None, PRECISION) * scale,
+                      mask=live_kv, sem="relaxed")
+        tl.atomic_add(DQAcc + acc_base + acc_q_offs, mma(ds_low, k, None, PRECISION) * scale,
+                      mask=(rows_m < live_len)[:, None] & valid_d[None, :], sem="relaxed")
+
+    tl.store(DBias + batch * stride_dbb + head * stride_dbh + rows_m[:, None] * stride_dbq + cols[None, :] * stride_dbk,
+             dbias.to(DBias.dtype.element_ty), mask=bias_tile)

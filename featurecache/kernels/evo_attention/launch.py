@@ -34,6 +34,8 @@ from featurecache.kernels.evo_attention.kernels import (
     _evo_attention_bwd_kv_kernel,
     _evo_attention_bwd_kv_rows_kernel,
     _evo_attention_bwd_q_kernel,
+    _evo_attention_bwd_q_pair_kernel,
+    _evo_attention_bwd_walk_kernel,
     _evo_attention_bwd_q_rows_kernel,
     _evo_attention_delta_kernel,
     _evo_attention_fwd_kernel,
@@ -253,12 +255,26 @@ def evo_attention_backward(
     dbias = bias.new_empty(bias.shape) if bias_grad else None
     common["WIDE_INDEX"] = wide_index(q, k, v, out, grad_out, dq, dk, dv, bias=bias) or wide_index(bias=dbias)
     mode = "split" if per_row_dbias else config.bwd_mode
+    if mode == "walk" and shared_bias and bias_grad:
+        _launch_walk_backward(grad_out, q, k, v, bias, mask_tensor, mask_strides, out, lse, key_end, delta,
+                              dq, dk, dv, dbias, scale, config.bwd_bias, common)
+        return dq, dk, dv, dbias
+    if mode == "walk":
+        mode = "fused"  # no shared bias gradient to walk for: the one-pass dK/dV kernel instead
     if mode == "fused":
         _launch_fused_backward(grad_out, q, k, v, bias, mask_tensor, mask_strides, out, lse, key_end, delta,
                                dq, dk, dv, dbias, scale, config.bwd_kv, common)
         return dq, dk, dv, dbias
     qc = config.bwd_q
-    if shared_bias and qc.rows > 1:
+    if shared_bias and qc.paired:
+        _evo_attention_bwd_q_pair_kernel[(triton.cdiv(seq_len, qc.block_m), triton.cdiv(rows, 2), batch * heads)](
+            q, k, v, bias, mask_tensor, key_end, out, grad_out, lse, delta, dq,
+            *q.stride(), *k.stride(), *v.stride(), *_shared_bias_strides(bias),
+            *mask_strides, *out.stride(), *grad_out.stride(), *dq.stride(),
+            heads, rows, seq_len, head_dim, scale, scale * LOG2E.value,
+            **tiles(qc),
+        )
+    elif shared_bias and qc.rows > 1:
         _evo_attention_bwd_q_rows_kernel[(triton.cdiv(seq_len, qc.block_m), triton.cdiv(rows, qc.rows), batch * heads)](
             q, k, v, bias, mask_tensor, key_end, out, grad_out, lse, delta, dq,
             *q.stride(), *k.stride(), *v.stride(),
@@ -283,11 +299,14 @@ def evo_attention_backward(
         )
 
     kv = config.bwd_kv
-    if mode == "atomic_dbias" and bias_grad:
+    if (mode == "atomic_dbias" and bias_grad) or (shared_bias and kv.paired):
+        # The fused kernel with dBias atomics, or with none (paired dK/dV of the split backward).
+        atomic_dbias = mode == "atomic_dbias" and bias_grad
         _launch_fused_backward(grad_out, q, k, v, bias, mask_tensor, mask_strides, out, lse, key_end, delta,
-                               None, dk, dv, dbias, scale, kv, common)
-        return dq, dk, dv, dbias
-    if shared_bias and kv.rows > 1:
+                               None, dk, dv, dbias if atomic_dbias else None, scale, kv, common)
+        if atomic_dbias:
+            return dq, dk, dv, dbias
+    elif shared_bias and kv.rows > 1:
         _evo_attention_bwd_kv_rows_kernel[(triton.cdiv(seq_len, kv.block_n), triton.cdiv(rows, kv.rows), batch * heads)](
             q, k, v, bias, mask_tensor, key_end, grad_out, lse, delta, dk, dv,
             *q.stride(), *k.stride(), *v.stride(),
@@ -332,11 +351,7 @@ def _launch_fused_backward(grad_out, q, k, v, bias, mask_tensor, mask_strides, o
     has_bias = bias is not None
     rows_per_program = 2 if block.paired and has_bias and bias.shape[1] == 1 and rows > 1 else 1
     if dq is not None:
-        delta_block = 64
-        _evo_attention_delta_kernel[(triton.cdiv(seq_len, delta_block), rows, batch * heads)](
-            out, grad_out, delta, *out.stride(), *grad_out.stride(), heads, seq_len, head_dim,
-            BLOCK_M=delta_block, BLOCK_D=common["BLOCK_D"], WIDE_INDEX=common["WIDE_INDEX"],
-        )
+        _launch_delta(out, grad_out, delta, common)
         # Contiguous fp32 sums: one layout whatever dq's, and 64-bit tile offsets only if q needed them.
         dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     else:
@@ -370,3 +385,34 @@ def _launch_fused_backward(grad_out, q, k, v, bias, mask_tensor, mask_strides, o
         dq.copy_(dq_acc)
     if dbias is not None and dbias_acc is not dbias:
         dbias.copy_(dbias_acc)
+
+
+def _launch_delta(out, grad_out, delta, common: dict) -> None:
+    """delta = rowsum(dO * O), for the backward modes without a dQ kernel to compute it."""
+    batch, rows, seq_len, heads, head_dim = out.shape
+    block = 64
+    _evo_attention_delta_kernel[(triton.cdiv(seq_len, block), rows, batch * heads)](
+        out, grad_out, delta, *out.stride(), *grad_out.stride(), heads, seq_len, head_dim,
+        BLOCK_M=block, BLOCK_D=common["BLOCK_D"], WIDE_INDEX=common["WIDE_INDEX"],
+    )
+
+
+def _launch_walk_backward(grad_out, q, k, v, bias, mask_tensor, mask_strides, out, lse, key_end, delta,
+                          dq, dk, dv, dbias, scale, block: BlockConfig, common: dict) -> None:
+    """The one-pass backward that walks the rows per bias tile ("walk"): dbias written directly,
+    dq, dk and dv summed in fp32 by atomics and copied into place."""
+    batch, rows, seq_len, heads, head_dim = q.shape
+    _launch_delta(out, grad_out, delta, common)
+    sums = torch.zeros((3, *q.shape), device=q.device, dtype=torch.float32)
+    _evo_attention_bwd_walk_kernel[(triton.cdiv(seq_len, block.block_n), triton.cdiv(seq_len, block.block_m),
+                                    batch * heads)](
+        q, k, v, bias, mask_tensor, key_end, grad_out, lse, delta, dbias, sums[0], sums[1], sums[2],
+        *q.stride(), *k.stride(), *v.stride(), *_shared_bias_strides(bias),
+        *mask_strides, *grad_out.stride(), *_shared_bias_strides(dbias), *sums[0].stride(),
+        heads, rows, seq_len, head_dim, scale, scale * LOG2E.value,
+        SCAN_MASK=_SCAN_MASK, BLOCK_M=block.block_m, BLOCK_N=block.block_n, num_warps=block.num_warps,
+        num_stages=block.num_stages, **common,
+    )
+    dq.copy_(sums[0])
+    dk.copy_(sums[1])
+    dv.copy_(sums[2])
