@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from featurecache.model.atom_attention import AtomAttentionDecoder, AtomAttentionEncoder, AtomWindows
+from featurecache.model.checkpointing import maybe_checkpointed
 from featurecache.model.config import ModelConfig
 from featurecache.model.embedders import RelativePositionEncoding
 from featurecache.model.layers import kernel_module
@@ -119,7 +120,10 @@ class DiffusionModule(nn.Module):
     def prepare(self, batch: dict, windows: AtomWindows, s_inputs: torch.Tensor, trunk_single: torch.Tensor,
                 trunk_pair: torch.Tensor) -> DiffusionContext:
         """The noise-independent half: conditioned pair, atom conditioning and atom pair."""
-        pair = self.conditioning.pair(batch, trunk_pair)
+        # re-run in backward with grouped checkpoints (a long crop): its concatenation, norms and
+        # transitions would keep ~12 pair-sized tensors
+        recompute = self.config.checkpoint_blocks and self.config.checkpoint_group > 1 and self.training
+        pair = maybe_checkpointed(recompute, self.conditioning.pair, batch, trunk_pair)
         atom_cond, atom_pair = self.atom_encoder.condition(batch, windows, trunk_single, pair)
         return DiffusionContext(batch, windows, s_inputs, trunk_single, pair, atom_cond, atom_pair)
 

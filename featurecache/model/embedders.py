@@ -8,6 +8,8 @@ pair also gets the token bonds.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,6 +17,7 @@ from torch import nn
 from featurecache.schema import NUM_RESTYPES
 from featurecache.model.atom_attention import AtomAttentionEncoder, AtomWindows
 from featurecache.model.atoms import dense_token_bonds
+from featurecache.model.checkpointing import maybe_checkpointed
 from featurecache.model.config import ModelConfig
 from featurecache.model.layers import derived_seeds, dropout_seed
 from featurecache.model.pairformer import PairStack, run_blocks
@@ -184,6 +187,9 @@ class TemplateEmbedder(nn.Module):
         super().__init__()
         c_t = config.c_template
         self.checkpoint_blocks = config.checkpoint_blocks
+        # with grouped checkpoints (a long crop), each template's whole path is re-run in backward:
+        # it would otherwise keep ~3 pair-sized tensors per template (20 GB at crop 2,560)
+        self.recompute_templates = config.checkpoint_blocks and config.checkpoint_group > 1
         self.pair_norm = nn.LayerNorm(config.c_z)
         self.from_pair = nn.Linear(config.c_z, c_t, bias=False)
         self.from_features = nn.Linear(TEMPLATE_FEATURE_DIM, c_t, bias=False)
@@ -209,11 +215,16 @@ class TemplateEmbedder(nn.Module):
         total = None
         # one template at a time: T pair stacks at once would multiply the peak memory by T
         for index in range(num_templates):
-            features = template_pair_features(batch, index).to(z_in.dtype)
-            v = z_in + self.from_features(features)
-            (v,) = run_blocks(self.blocks, self.checkpoint_blocks and self.training, v, masks=(pair_mask,),
-                              seed=seeds[index])
-            v = self.out_norm(v) * template_mask[:, index, None, None, None].to(v.dtype)
+            embed = functools.partial(self._embed_template, batch, pair_mask, index, seeds[index])
+            v = maybe_checkpointed(self.recompute_templates and self.training, embed, z_in)
             total = v if total is None else total + v
         count = template_mask.sum(dim=1).clamp(min=1).to(total.dtype)
         return self.linear_out(torch.relu(total / count[:, None, None, None]))
+
+    def _embed_template(self, batch: dict, pair_mask: torch.Tensor, index: int, seed: torch.Tensor | None,
+                        z_in: torch.Tensor) -> torch.Tensor:
+        """Template `index`'s [B, N, N, c_t] contribution: its features through the pair stack."""
+        features = template_pair_features(batch, index).to(z_in.dtype)
+        v = z_in + self.from_features(features)
+        (v,) = run_blocks(self.blocks, self.checkpoint_blocks and self.training, v, masks=(pair_mask,), seed=seed)
+        return self.out_norm(v) * batch["template_mask"][:, index, None, None, None].to(v.dtype)

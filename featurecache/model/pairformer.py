@@ -12,9 +12,9 @@ import functools
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from featurecache.kernels.runtime import accepts_impl_keyword
+from featurecache.model import checkpointing
 from featurecache.model.layers import (
     AttentionPairBias,
     TriangleAttention,
@@ -96,19 +96,9 @@ def run_blocks(blocks: nn.ModuleList, checkpointed: bool, *state, masks: tuple,
         return _run_plain(calls, state, masks)
     if group > 1 and len(calls) > 1:
         for start in range(0, len(calls), group):
-            state = _checkpoint(functools.partial(_run_group, calls[start:start + group], masks), *state)
+            state = checkpointing.checkpointed(functools.partial(_run_group, calls[start:start + group], masks), *state)
         return state
     return _run_checkpointed(calls, state, masks)
-
-
-def _checkpoint(function, *args):
-    # Reentrant: the recomputation builds an ordinary autograd graph, so any custom autograd
-    # Function works inside it (the non-reentrant variant forbids reading ctx.saved_tensors twice
-    # in one backward, which plain autograd allows), and checkpoints nest (a group's re-run
-    # checkpoints its blocks). The blocks read no generator (dropout masks are functions of the
-    # block's seed tensor), so no RNG state is saved: that also keeps the step capturable as a
-    # CUDA graph, where reading the generator's state is an error.
-    return checkpoint(function, *args, use_reentrant=True, preserve_rng_state=False)
 
 
 def _run_group(calls: list, masks: tuple, *state) -> tuple:
@@ -121,7 +111,7 @@ def _run_group(calls: list, masks: tuple, *state) -> tuple:
 
 def _run_checkpointed(calls: list, state: tuple, masks: tuple) -> tuple:
     for block, block_seed in calls:
-        state = _as_tuple(_checkpoint(block, *state, *masks, *block_seed))
+        state = _as_tuple(checkpointing.checkpointed(block, *state, *masks, *block_seed))
     return state
 
 

@@ -68,27 +68,39 @@ def test_grouped_checkpoints_keep_one_input_per_group(blocks, group):
     assert grouped == math.ceil(blocks / group) * state_bytes
 
 
-def test_the_full_model_saves_fewer_pair_inputs_by_the_predicted_amount():
-    """AF3Model's Pairformer part keeps ceil(N / K) pair-sized inputs instead of N (the masks and
-    the dropout seeds aside: below one pair each)."""
+def test_the_full_model_keeps_fewer_pair_sized_tensors():
+    """AF3Model's Pairformer keeps ceil(N / K) pair-sized inputs instead of N; the template
+    embedder and the diffusion pair conditioning, re-run in backward, keep only their inputs
+    (each template's from the stack's input, the conditioning's from the trunk's pair, which
+    are held anyway); every other part keeps what it kept."""
     blocks, group, length = 6, 3, 10
-    saved = {}
+    parts = {}
     for value in (1, group):
         torch.manual_seed(0)
         model = AF3Model(preset("tiny", kernels="torch", num_pairformer_blocks=blocks, checkpoint_group=value)).train()
-        batch = random_batch([length], [4], [1], torch.Generator().manual_seed(1), num_atoms_per_token=2)
+        batch = random_batch([length], [4], [2], torch.Generator().manual_seed(1), num_atoms_per_token=2)
         counter = SavedTensorCounter(AF3_PARTS)
         with counter.watching(model):
             outputs = model(batch, num_cycles=1, num_diffusion_samples=2, generator=torch.Generator().manual_seed(2))
             model.loss(batch, outputs)
-        saved[value] = counter
-    pair = length * length * preset("tiny").c_z * 4  # fp32 without autocast
-    pairs = {value: sum(1 for part, size, _, _ in counter.saved if part == "Pairformer" and size >= pair)
-             for value, counter in saved.items()}
-    assert pairs == {1: blocks, group: math.ceil(blocks / group)}
-    other = {value: sum(size for part, size, _, _ in counter.saved if part != "Pairformer")
-             for value, counter in saved.items()}
-    assert other[1] == other[group]
+        pair = length * length * preset("tiny").c_z * 4  # fp32 without autocast
+        parts[value] = {"Pairformer pairs": sum(1 for part, size, _, _ in counter.saved
+                                                if part == "Pairformer" and size >= pair)}
+        for part, size, _, _ in counter.saved:
+            parts[value][part] = parts[value].get(part, 0) + size
+    per_block, grouped = parts[1], parts[group]
+    assert (per_block["Pairformer pairs"], grouped["Pairformer pairs"]) == (blocks, math.ceil(blocks / group))
+    # what is left: the few non-pair tensors (the trunk pair itself is saved by the Pairformer's
+    # first group, the template stack's input z_in by its first template)
+    assert grouped.get("templates", 0) < per_block["templates"] / 4
+    assert grouped.get("diffusion: conditioning", 0) < per_block["diffusion: conditioning"] / 2
+    # the conditioning's checkpoint keeps the trunk's pair (outputs["pair"], held anyway), saved
+    # while AF3Model.forward runs
+    glue = "glue (AF3Model)"
+    assert grouped[glue] == per_block[glue] + pair
+    for part in per_block.keys() - {"Pairformer", "Pairformer pairs", "templates", "diffusion: conditioning", glue}:
+        # the bool pair mask is counted where it is first saved: no longer in the templates
+        assert abs(grouped.get(part) - per_block[part]) <= length * length, part
 
 
 def test_growth_orders_match_tensors_of_two_runs():
