@@ -41,7 +41,6 @@ from featurecache.kernels.evo_attention import (
     select_config,
 )
 from featurecache.kernels.evo_attention import launch as evo_launch
-from featurecache.kernels.reference import evo_attention_reference
 from featurecache.testing.compare import rel_error
 
 DEVICE = bench.DEVICE
