@@ -53,6 +53,10 @@ STACKS = (
 )
 
 
+# the stacks whose blocks ModelConfig.checkpoint_group groups
+GROUPED = ("Pairformer block", "MSA block")
+
+
 def build(args, device: torch.device, checkpoint_group: int, rollout_steps: int | None = None) -> AF3Model:
     kernels = "triton" if device.type == "cuda" else "torch"
     config = preset("af3", kernels=kernels, num_pairformer_blocks=args.depth, checkpoint_group=checkpoint_group)
@@ -129,10 +133,13 @@ def account(args, length: int, device: torch.device, checkpoint_group: int) -> d
         handle.remove()
     del loss
     blocks = recomputed_blocks(model, captured, device)
+    # each stack's block input (its state tensors): a re-run group keeps one per block
+    inputs = {label: [(label, t.nbytes, tuple(t.shape), t.dtype) for t in args_ if isinstance(t, torch.Tensor)
+                      and t.is_floating_point()] for label, args_ in captured.items()}
     parameters = sum(p.numel() for p in model.parameters())
     del model, captured
     gc.collect()
-    return {"saved": counter.saved, "blocks": blocks, "parameters": parameters}
+    return {"saved": counter.saved, "blocks": blocks, "inputs": inputs, "parameters": parameters}
 
 
 def predicted_bytes(small: list, large: list, lengths: tuple[int, int], target: int) -> dict[str, list[float]]:
@@ -168,12 +175,21 @@ def accounting_table(args, device: torch.device, group: int) -> tuple[list[str],
             totals[t] += sum(by_target[t][part])
     rows.append("| **all saved** | | | | " + " | ".join(f"**{totals[t] / GB:.2f}**" for t in targets) + " |")
     block_peak = {t: 0.0 for t in targets}
+    group_inputs = {t: 0.0 for t in targets}  # a re-run group's other block inputs, the largest stack's
     for label, _ in STACKS:
         if label not in large["blocks"]:
             continue
         predicted = {t: sum(sum(v) for v in predicted_bytes(small["blocks"][label], large["blocks"][label],
                                                              args.lengths, t).values()) for t in targets}
-        rows.append(f"| one recomputed {label} (transient) | {sum(x[1] for x in small['blocks'][label]) / 1e6:.1f} | "
+        title = f"one recomputed {label}"
+        if group > 1 and label in GROUPED:
+            # backward re-runs a group: the inputs of its other blocks are held while one block runs
+            title += f" + the inputs of {group - 1} more (a re-run group)"
+            for t in targets:
+                held = predicted_bytes(small["inputs"][label], large["inputs"][label], args.lengths, t)
+                predicted[t] += (group - 1) * sum(sum(v) for v in held.values())
+                group_inputs[t] = max(group_inputs[t], (group - 1) * sum(sum(v) for v in held.values()))
+        rows.append(f"| {title} (transient) | {sum(x[1] for x in small['blocks'][label]) / 1e6:.1f} | "
                     f"{sum(x[1] for x in large['blocks'][label]) / 1e6:.1f} | | "
                     + " | ".join(f"{predicted[t] / GB:.2f}" for t in targets) + " |")
         block_peak = {t: max(block_peak[t], predicted[t]) for t in targets}
@@ -181,6 +197,9 @@ def accounting_table(args, device: torch.device, group: int) -> tuple[list[str],
     rows.append(f"| **predicted peak**: {fixed / GB:.2f} GB fixed ({large['parameters'] / 1e6:.0f} M parameters x "
                 f"{FIXED_BYTES_PER_PARAMETER} B) + all saved + largest block | | | | "
                 + " | ".join(f"**{(fixed + totals[t] + block_peak[t]) / GB:.1f}**" for t in targets) + " |")
+    rows.append("| fixed + all saved + a re-run group's block inputs (the block's own activations aside: they "
+                "depend on the kernel path) | | | | "
+                + " | ".join(f"{(fixed + totals[t] + group_inputs[t]) / GB:.1f}" for t in targets) + " |")
     orders = growth_orders(small["saved"], large["saved"], *args.lengths)
     quadratic = sorted(((size, part, shape, dtype) for (part, size, shape, dtype), order in zip(large["saved"], orders)
                         if order >= 2), key=lambda item: item[0], reverse=True)

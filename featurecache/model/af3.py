@@ -16,6 +16,7 @@ from torch import nn
 
 from featurecache.model.atom_attention import ATOM_INPUTS, AtomWindows
 from featurecache.model.atoms import atom_flags, distogram_atoms, token_bond_atoms
+from featurecache.model.checkpointing import maybe_checkpointed
 from featurecache.model.confidence import ConfidenceHead
 from featurecache.model.confidence_losses import confidence_losses
 from featurecache.model.config import ModelConfig
@@ -227,8 +228,12 @@ class AF3Model(nn.Module):
     def _distogram_loss(self, batch: dict, outputs: dict) -> torch.Tensor:
         """Distogram on AF3's representative atoms (CB, CA of glycine, C4 / C2 of nucleotides)."""
         positions, mask = distogram_atoms(batch)
-        return distogram_loss(outputs["distogram_logits"], positions, mask, self.config.distogram_min,
-                              self.config.distogram_max)
+        config = self.config
+        # re-run in backward with grouped checkpoints (a long crop): its fp32 copy of the logits and
+        # their log-softmax are two pair-sized tensors
+        recompute = config.checkpoint_blocks and config.checkpoint_group > 1 and self.training
+        return maybe_checkpointed(recompute, distogram_loss, outputs["distogram_logits"], positions, mask,
+                                  config.distogram_min, config.distogram_max)
 
     def _diffusion_losses(self, batch: dict, outputs: dict) -> dict:
         """Per diffusion sample [B, S]: mse, smooth_lddt, bond."""

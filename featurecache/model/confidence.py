@@ -14,12 +14,14 @@ Shapes: B batch, S structures per batch row, N tokens, A atoms.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 from torch import nn
 
 from featurecache.model.atoms import gather_atoms, representative_atom_index, token_first_atom
+from featurecache.model.checkpointing import checkpointed
 from featurecache.model.config import ModelConfig
 from featurecache.model.pairformer import Pairformer
 
@@ -31,6 +33,7 @@ RESOLVED_BINS = 2
 # Atom slots per token with their own pLDDT / resolved weights: AF3's dense atom layout has 24
 # (a standard residue has at most 23 heavy atoms); a larger token shares the last slot.
 MAX_ATOMS_PER_TOKEN = 24
+OUTPUT_NAMES = ("pae_logits", "pde_logits", "plddt_logits", "resolved_logits")
 
 
 def atom_slots(atom_to_token: torch.Tensor, atom_pad_mask: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -66,6 +69,9 @@ class ConfidenceHead(nn.Module):
             config.pair_head_dim, config.transition_expansion, checkpoint_blocks=config.checkpoint_blocks,
             kernels=config.kernels,
         )
+        # with grouped checkpoints (a long crop) the whole head is re-run in backward: its z, the
+        # distance features, norms and logits would keep ~6 pair-sized tensors
+        self.recompute = config.checkpoint_blocks and config.checkpoint_group > 1
         self.pae_norm, self.pae = nn.LayerNorm(c_z), nn.Linear(c_z, PAE_BINS, bias=False)
         if config.pae_loss_weight == 0:
             # AF3 trains PAE only in its fine-tuning stages: with no loss the head would be a
@@ -82,6 +88,19 @@ class ConfidenceHead(nn.Module):
                 batch: dict) -> dict:
         """s_inputs [B, N, C], single [B, N, c_s], pair [B, N, N, c_z]: the trunk's (detached
         here); positions [B, S, A, 3]: the structures to judge (no gradient)."""
+        if self.recompute and self.training and torch.is_grad_enabled():
+            # The inputs arrive detached: an empty input that requires grad makes the reentrant
+            # checkpoint's outputs carry the gradient of the head's own weights.
+            anchor = single.new_empty(0, requires_grad=True)
+            logits = checkpointed(functools.partial(self._logit_tuple, batch), s_inputs, single, pair, positions, anchor)
+            return dict(zip(OUTPUT_NAMES, logits))
+        return self._logits(s_inputs, single, pair, positions, batch)
+
+    def _logit_tuple(self, batch: dict, s_inputs, single, pair, positions, _anchor) -> tuple:
+        return tuple(self._logits(s_inputs, single, pair, positions, batch)[name] for name in OUTPUT_NAMES)
+
+    def _logits(self, s_inputs: torch.Tensor, single: torch.Tensor, pair: torch.Tensor, positions: torch.Tensor,
+                batch: dict) -> dict:
         batch_size, samples = positions.shape[:2]
         num_tokens = single.shape[1]
         token_mask = batch["token_pad_mask"]

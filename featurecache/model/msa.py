@@ -77,6 +77,7 @@ class MSAModule(nn.Module):
         atom-aware s_inputs of AF3Model)."""
         super().__init__()
         self.checkpoint_blocks = config.checkpoint_blocks
+        self.checkpoint_group = config.checkpoint_group  # as the Pairformer's: 4 blocks, one group
         self.dropout = max(config.msa_dropout, config.pair_dropout)
         self.from_msa = nn.Linear(MSA_FEATURE_DIM, config.c_m, bias=False)
         self.from_single = nn.Linear(single_input_dim, config.c_m, bias=False)
@@ -91,5 +92,5 @@ class MSAModule(nn.Module):
         m = self.from_msa(msa_features(batch)) + self.from_single(inputs).unsqueeze(1)
         seed = dropout_seed(generator, z.device) if self.training and self.dropout > 0 else None
         _, z = run_blocks(self.blocks, self.checkpoint_blocks and self.training, m, z,
-                          masks=(msa_mask, token_mask, pair_mask), seed=seed)
+                          masks=(msa_mask, token_mask, pair_mask), seed=seed, group=self.checkpoint_group)
         return z

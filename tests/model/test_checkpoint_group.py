@@ -37,9 +37,10 @@ def test_grouped_checkpoints_give_the_same_loss_and_gradients(group):
     assert grouped_gradients.keys() == gradients.keys()
     pairformer = [name for name in gradients if name.startswith("pairformer.")]
     assert pairformer and all(gradients[name].abs().sum() > 0 for name in pairformer)
+    # the same operations; only the order in which backward sums a few gradients differs (the
+    # re-run confidence head's pLDDT and PDE branches): fp32 rounding
     for name, gradient in gradients.items():
-        scale = gradient.abs().max().clamp(min=1e-30)
-        assert (grouped_gradients[name] - gradient).abs().max() <= 1e-6 * scale, name
+        assert (grouped_gradients[name] - gradient).norm() <= 1e-6 * gradient.norm(), name
 
 
 def _pairformer_saved_bytes(group: int, blocks: int, length: int = 12) -> tuple[int, int, int]:
@@ -92,13 +93,15 @@ def test_the_full_model_keeps_fewer_pair_sized_tensors():
     assert (per_block["Pairformer pairs"], grouped["Pairformer pairs"]) == (blocks, math.ceil(blocks / group))
     # what is left: the few non-pair tensors (the trunk pair itself is saved by the Pairformer's
     # first group, the template stack's input z_in by its first template)
+    recomputed = ("templates", "diffusion: conditioning", "confidence head", "losses")
     assert grouped.get("templates", 0) < per_block["templates"] / 4
     assert grouped.get("diffusion: conditioning", 0) < per_block["diffusion: conditioning"] / 2
+    assert grouped.get("confidence head", 0) < per_block["confidence head"] / 100
     # the conditioning's checkpoint keeps the trunk's pair (outputs["pair"], held anyway), saved
     # while AF3Model.forward runs
     glue = "glue (AF3Model)"
     assert grouped[glue] == per_block[glue] + pair
-    for part in per_block.keys() - {"Pairformer", "Pairformer pairs", "templates", "diffusion: conditioning", glue}:
+    for part in per_block.keys() - {"Pairformer", "Pairformer pairs", glue, *recomputed}:
         # the bool pair mask is counted where it is first saved: no longer in the templates
         assert abs(grouped.get(part) - per_block[part]) <= length * length, part
 
