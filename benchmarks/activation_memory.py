@@ -27,6 +27,7 @@ import gc
 import os
 import pathlib
 import sys
+import threading
 import time
 
 import torch
@@ -58,12 +59,13 @@ GROUPED = ("Pairformer block", "MSA block")
 
 
 def build(args, device: torch.device, checkpoint_group: int, rollout_steps: int | None = None) -> AF3Model:
-    kernels = "triton" if device.type == "cuda" else "torch"
+    kernels = args.kernels or ("triton" if device.type == "cuda" else "torch")
     config = preset("af3", kernels=kernels, num_pairformer_blocks=args.depth, checkpoint_group=checkpoint_group)
     if rollout_steps is not None:  # the mini-rollout runs without gradient: it saves nothing
         config = config.replace(confidence_rollout_steps=rollout_steps)
     torch.manual_seed(0)
-    return AF3Model(config).to(device).train()
+    with device:  # built in place: 368 M parameters initialised on the host take a while
+        return AF3Model(config).train()
 
 
 def make_batch(args, length: int, device: torch.device) -> dict:
@@ -253,13 +255,22 @@ def main() -> None:
     parser.add_argument("--step-crops", type=int, nargs="*", default=[],
                         help="GPU: one training iteration at each crop, with each --checkpoint-group")
     parser.add_argument("--no-accounting", action="store_true", help="only the --step-crops iterations")
+    parser.add_argument("--kernels", choices=("triton", "torch"),
+                        help="triton (default on a GPU) or torch, the PyTorch references: eager (default on the CPU)")
+    parser.add_argument("--budget-s", type=float,
+                        help="stop after this many seconds and print what was measured (a long crop's step takes "
+                             "minutes on a GPU)")
     args = parser.parse_args()
     if args.lengths[0] >= args.lengths[1]:
         parser.error("--lengths: the second length must be the larger")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    watchdog = threading.Timer(args.budget_s or 1e9, lambda: finish(lines + ["| stopped by --budget-s |"], 3))
+    watchdog.daemon = True
+    watchdog.start()
     lines = [f"# activation memory, af3 preset ({args.depth} Pairformer blocks, diffusion batch {args.diffusion_batch}, "
              f"{args.atoms_per_token} atoms per token, {args.msa_rows} MSA rows, {args.templates} templates), "
-             f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu, PyTorch path'}"]
+             f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
+             f"{args.kernels or ('triton' if device.type == 'cuda' else 'torch')} kernels"]
     for group in args.checkpoint_group:
         if not args.no_accounting:
             rows, summary = accounting_table(args, device, group)
@@ -267,13 +278,22 @@ def main() -> None:
             print("\n".join(lines[-len(rows) - len(summary["notes"]) - 3:]), flush=True)
         for crop in args.step_crops:
             result = gpu_step(args, crop, device, group) if device.type == "cuda" else "needs a GPU"
-            lines.append(f"| training iteration, crop {crop}, checkpoint_group {group} | {result} |")
+            lines.append(f"| training iteration, crop {crop}, checkpoint_group {group}, "
+                         f"{args.kernels or 'triton'} kernels | {result} |")
             print(lines[-1], flush=True)
+    watchdog.cancel()
+    finish(lines, 0)
+
+
+def finish(lines: list[str], code: int) -> None:
+    """Print the table (and write it under $OUT); end the process if `code` (the watchdog)."""
     text = "\n".join(lines)
-    print("\n" + text)
+    print("\n" + text, flush=True)
     if os.environ.get("OUT"):
         pathlib.Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
         (pathlib.Path(os.environ["OUT"]) / "activation_memory.md").write_text(text + "\n")
+    if code:
+        os._exit(code)
 
 
 if __name__ == "__main__":

@@ -94,9 +94,12 @@ class ModelConfig:
     kernels: str = "triton"         # "triton": featurecache.kernels; "torch": pure-PyTorch references
     checkpoint_blocks: bool = True  # activation checkpointing per block while training
     # Pairformer blocks per outer checkpoint while training (with checkpoint_blocks). 1: every
-    # block's input is kept for backward (48 fp32 pairs: 3.6 GB at crop 384, 161 GB at 2560).
-    # K > 1: only every K-th is kept, and backward re-runs each group of K blocks with a checkpoint
-    # per block inside: about 48/K + K pairs for one more forward of the stack (K ~ 7). Same results.
+    # block's input is kept for backward (48 bf16 pairs under autocast: 1.8 GB at crop 384, 80 GB
+    # at 2,560). K > 1: only every K-th is kept, and backward re-runs each group of K blocks with
+    # a checkpoint per block inside (about 48/K + K pairs held, K ~ 7); the MSA module's 4 blocks
+    # run as one group, and each template's embedding, the diffusion pair conditioning, the
+    # confidence head and the distogram loss are re-run in backward instead of keeping their
+    # pair-sized intermediates. One more forward of the trunk; the same results.
     checkpoint_group: int = 1
 
     def __post_init__(self) -> None:

@@ -40,8 +40,9 @@ UNIT = FiniteFloatRange(0.0, 1.0, max_open=True)
 @click.option("--pairformer-blocks", type=NON_NEGATIVE, help="Override the preset's number of Pairformer blocks.")
 @click.option("--checkpoint-group", default=TrainConfig.checkpoint_group, show_default=True, type=POSITIVE,
               help="Pairformer blocks per activation checkpoint: 1 keeps every block's input for backward; "
-                   "K keeps one per K blocks and re-runs each group in backward (one more forward of the "
-                   "stack, same results): 7 lets the af3 preset train crop 2,560 on a 141 GB GPU.")
+                   "K > 1 keeps one per K blocks, re-runs each group in backward and recomputes the other "
+                   "pair-sized paths (one more forward of the trunk, same results): 7 for crops past ~2,000 "
+                   "tokens (benchmarks/activation_memory.py predicts the peak).")
 @click.option("--kernels", default=TrainConfig.kernels, show_default=True, type=click.Choice(KERNEL_OPTIONS),
               help="triton: featurecache's kernels (CUDA); torch: the pure-PyTorch references; "
                    "auto: triton on a CUDA device, torch on the CPU.")

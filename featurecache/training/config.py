@@ -41,7 +41,8 @@ class TrainConfig:
     preset: str = "tiny"
     pairformer_blocks: int | None = None  # override the preset's depth (benchmarks on a time budget)
     # Pairformer blocks per activation checkpoint (ModelConfig.checkpoint_group): 1 keeps every
-    # block's input; K ~ 7 keeps 48/K + K, for crops past ~2,048 tokens on 141 GB, one more forward
+    # block's input; K ~ 7 keeps 48/K + K and recomputes the other pair-sized paths in backward,
+    # for crops past ~2,000 tokens, at the cost of one more forward of the trunk
     checkpoint_group: int = 1
     kernels: str = "auto"
     steps: int = 100

@@ -117,3 +117,16 @@ def test_growth_orders_match_tensors_of_two_runs():
 def test_checkpoint_group_must_be_positive():
     with pytest.raises(ValueError, match="checkpoint_group"):
         preset("tiny", checkpoint_group=0)
+
+
+def test_train_setting_and_flag():
+    from click.testing import CliRunner
+
+    from featurecache.training.command import train_command
+    from featurecache.training.config import TrainConfig, TrainSetupError
+
+    assert TrainConfig(cache="cache", checkpoint_group=7).checkpoint_group == 7
+    with pytest.raises(TrainSetupError, match="--checkpoint-group"):
+        TrainConfig(cache="cache", checkpoint_group=0)
+    result = CliRunner().invoke(train_command, ["--cache", "cache", "--checkpoint-group", "0"])
+    assert result.exit_code == 2 and "--checkpoint-group" in result.output
