@@ -13,8 +13,8 @@ chain of `atoms_per_token` atoms per residue and two one-atom ligand tokens, an 
 
 Where this differs from Protenix's defaults, and why:
 - N_cycle 1 (the comparison's setting; its training draws 1 to 10 cycles per step);
-- every MSA row each step (its `data.msa.min_size.train` set to the row count), as featurecache's
-  runs use all rows; its default draws a uniform number of rows from 1 to all;
+- every MSA row each step (its `data.msa.min_size.train` raised to its row cutoff), as
+  featurecache's runs use all rows; its default draws a uniform number of rows from 1 to all;
 - AdamW (its `adam.use_adamw` option, fused on CUDA), as the comparison asks; its default is Adam;
 - no learning-rate schedule step and no per-step torch.cuda.empty_cache() (its trainer's
   housekeeping, not the model's work);
@@ -26,6 +26,7 @@ Where this differs from Protenix's defaults, and why:
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import importlib.util
 import io
@@ -40,10 +41,6 @@ import numpy as np
 import torch
 
 MODEL_NAME = "protenix_base_default_v1.0.0"  # the model its configs train by default
-# The settings behind its numbers, for the benchmark's table.
-SETTINGS = (f"{MODEL_NAME} (2 template blocks, 4 MSA blocks, 24-block diffusion transformer, confidence head "
-            "after a 20-step mini-rollout), N_cycle 1, every MSA row, AdamW, its defaults otherwise "
-            "(activation checkpoint per block, diffusion chunks of 4)")
 
 
 def unavailable_reason() -> str | None:
@@ -69,8 +66,8 @@ class _TruncatedNormal:
 
     @staticmethod
     def std(a: float, b: float, loc: float = 0.0, scale: float = 1.0) -> float:
-        pdf = lambda x: math.exp(-x * x / 2) / math.sqrt(2 * math.pi)  # noqa: E731
-        cdf = lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))  # noqa: E731
+        pdf = lambda x: math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+        cdf = lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))
         mass = cdf(b) - cdf(a)
         mean = (pdf(a) - pdf(b)) / mass
         variance = 1 + (a * pdf(a) - b * pdf(b)) / mass - mean * mean
@@ -94,7 +91,7 @@ class _Rotation:
         self.quaternions = quaternions  # [num, 4] as (x, y, z, w)
 
     @classmethod
-    def random(cls, num: int = 1) -> "_Rotation":
+    def random(cls, num: int = 1) -> _Rotation:
         quaternions = np.random.standard_normal((num, 4))
         return cls(quaternions / np.linalg.norm(quaternions, axis=1, keepdims=True))
 
@@ -131,19 +128,21 @@ def _scipy_for_import():
 
 def _probe_triangle_attention() -> str | None:
     """None when Protenix's Triton triangle attention runs forward and backward here."""
-    from protenix.model import tri_attention
-
-    if not tri_attention.TRITON_AVAILABLE:  # it would fall back silently to an inexact path
-        return f"its Triton kernel did not import: {tri_attention.triton_error}"
     try:
+        # (its autotuner writes a cache beside its sources: the import fails where that is read-only)
+        from protenix.model import tri_attention
+
+        if not tri_attention.TRITON_AVAILABLE:  # it would fall back silently to an inexact path
+            return f"its Triton kernel did not import: {tri_attention.triton_error}"
         q, k, v = (torch.randn(1, 32, 32, 4, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                    for _ in range(3))
         mask_bias = torch.zeros(1, 32, 1, 1, 32, device="cuda", dtype=torch.bfloat16)
         pair_bias = torch.randn(1, 1, 4, 32, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         tri_attention.TriAttentionFunction.apply(q, k, v, mask_bias, pair_bias).sum().backward()
         torch.cuda.synchronize()
-    except Exception as error:  # any failure: the plain path is the honest fallback
-        return f"its Triton kernel failed: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
+    except Exception as error:  # noqa: BLE001 - any failure: the plain path is the honest fallback
+        first_line = (str(error).splitlines() or [""])[0]
+        return f"its Triton kernel failed: {type(error).__name__}: {first_line[:120]}"
     return None
 
 
@@ -234,8 +233,6 @@ def _deep_update(target: dict, update: dict) -> dict:
 
 def build_config(protenix: dict, depth: int, diffusion_batch: int, small: bool = False):
     """Protenix's training config for its default model, at the comparison's sizes."""
-    import copy
-
     config = copy.deepcopy({**protenix["base_configs"], "data": protenix["data_configs"]})
     _deep_update(config, copy.deepcopy(protenix["model_configs"][MODEL_NAME]))
     options = protenix["options"]
@@ -393,6 +390,17 @@ class ProtenixPeer:
         self.step_count = 0
         self.model.train()
 
+    def settings(self) -> str:
+        """The settings behind its numbers, for the benchmark's table."""
+        model = self.config.model
+        return (f"{MODEL_NAME}: {model.pairformer.n_blocks} Pairformer, {model.template_embedder.n_blocks} template, "
+                f"{model.msa_module.n_blocks} MSA blocks, {model.diffusion_module.transformer.n_blocks}-block "
+                f"diffusion transformer, {model.confidence_head.n_blocks}-block confidence head after a "
+                f"{self.config.sample_diffusion.N_step_mini_rollout}-step mini-rollout; N_cycle {model.N_cycle}, "
+                f"diffusion batch {self.config.diffusion_batch_size}, every MSA row, AdamW; its defaults otherwise "
+                f"(activation checkpoint every {self.config.blocks_per_ckpt} block, diffusion chunks of "
+                f"{self.config.diffusion_chunk_size})")
+
     def parameters_millions(self) -> float:
         return sum(p.numel() for p in self.model.parameters()) / 1e6
 
@@ -400,7 +408,7 @@ class ProtenixPeer:
         generator = torch.Generator().manual_seed(length)
         features, labels, full_labels = synthetic_example(length, msa_rows, templates, self.atoms_per_token,
                                                           generator)
-        move = lambda d: {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in d.items()}  # noqa: E731
+        move = lambda d: {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in d.items()}
         return {"input_feature_dict": move(features), "label_dict": move(labels), "label_full_dict": move(full_labels)}
 
     def forward_loss(self, batch: dict) -> torch.Tensor:

@@ -4,6 +4,7 @@ vs torch.compile of the PyTorch path, in one run.
 
     python3 benchmarks/train_step.py --out results/ [--depth 8] [--cache DIR --online DIR ...] [--record]
     python3 benchmarks/train_step.py --model af3 --depth 48 --crop 384 768 --block-lengths --record
+    python3 benchmarks/train_step.py --model af3 --depth 48 --crop 384 768 --block-lengths --variants protenix triton+graphs
     python3 benchmarks/train_step.py --smoke --depth 1 --block-lengths 16 --budget-s 120   # a CPU check
     python3 benchmarks/train_step.py --smoke --model af3 --depth 1 --crop 32 --block-lengths --budget-s 300
 
@@ -16,6 +17,8 @@ Sections (each one is skipped, with the reason in the table, when the time budge
    distogram loss, or with `--model af3` the full model (N_cycle 1, --diffusion-batch noised
    copies, --atoms-per-token atoms) preceded by two checks on the device: every parameter gets a
    non-zero gradient, and the triton and torch paths give the same fp32 loss from the same weights;
+   the variant `protenix` trains Protenix 2.0's own model, loss and optimizer at the same sizes
+   (benchmarks/protenix_peer.py), skipped with the reason where protenix is not installed;
 3. the largest crop (multiples of 64) that trains without running out of memory, per variant,
    bounded by time: a crop whose predicted time (cubic in L) exceeds the budget is not tried,
    and the result is then a lower bound, marked ">=";
@@ -643,7 +646,8 @@ def main() -> None:
                              "variant's model is in memory during its steps")
     parser.add_argument("--peer-reps", type=int, default=3, help="timed iterations of a peer (about 10 s each)")
     parser.add_argument("--crop-limit", type=int, default=3072, help="largest crop the search tries")
-    parser.add_argument("--crop-budget-s", type=float, default=45.0, help="time per variant for the crop search")
+    parser.add_argument("--crop-budget-s", type=float, default=45.0,
+                        help="time per variant for the crop search (0: no search)")
     parser.add_argument("--budget-s", type=float, default=360.0, help="whole-run time budget")
     parser.add_argument("--cache", help="feature cache for the data-wait measurement")
     parser.add_argument("--online", help="raw mmCIF folder for the online data-wait measurement")
@@ -691,7 +695,7 @@ def main() -> None:
             peer = protenix_peer.ProtenixPeer(device, args.depth, args.diffusion_batch, args.atoms_per_token,
                                               small=args.smoke)
             results["peer"] = {"parameters_millions": peer.parameters_millions(),
-                               "kernel_options": peer.kernel_options, "settings": protenix_peer.SETTINGS}
+                               "kernel_options": peer.kernel_options, "settings": peer.settings()}
             return peer
         if args.model == "af3":
             return FullModelRunner(variant, overrides, device, args.diffusion_batch, args.atoms_per_token)
@@ -780,7 +784,8 @@ def main() -> None:
             section(f"datawait/{source}", 20, data_wait_share, args, device, source, data_kernels)
     for variant in fast:
         stepped = "ms" in results.get(f"step{args.crop[0]}/{variant}", {})
-        if stepped and variant in VARIANTS and not VARIANTS[variant][2]:  # a graph per crop size: not searched
+        searched = args.crop_budget_s > 0 and variant in VARIANTS and not VARIANTS[variant][2]  # graphs: per size
+        if stepped and searched:
             section(f"maxcrop/{variant}", 20, crop_search, variant)
         runners.pop(variant, None)
         free_memory()
@@ -789,7 +794,7 @@ def main() -> None:
             section(f"block{length}/{variant}", 15, bench_block, variant, length, dims, device, warmup, reps)
         for crop in [] if args.blocks_only else args.crop:
             section(f"step{crop}/{variant}", 20, step_bench, variant, crop)
-        if variant in runners:
+        if variant in runners and args.crop_budget_s > 0:
             section(f"maxcrop/{variant}", 20, crop_search, variant)
         runners.pop(variant, None)
         free_memory()
