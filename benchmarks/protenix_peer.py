@@ -126,18 +126,21 @@ def _scipy_for_import():
 # --- kernel options -------------------------------------------------------------------------------
 
 
-def _probe_triangle_attention() -> str | None:
-    """None when Protenix's Triton triangle attention runs forward and backward here."""
+def _probe_triangle_attention(length: int) -> str | None:
+    """None when Protenix's Triton triangle attention runs forward and backward here. At the
+    model's head sizes and `length` tokens: its autotuner (48 configurations compiled and timed
+    per sequence-length bucket) then keeps the result for the model's first steps."""
     try:
         # (its autotuner writes a cache beside its sources: the import fails where that is read-only)
         from protenix.model import tri_attention
 
         if not tri_attention.TRITON_AVAILABLE:  # it would fall back silently to an inexact path
             return f"its Triton kernel did not import: {tri_attention.triton_error}"
-        q, k, v = (torch.randn(1, 32, 32, 4, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        # [B, N_i, N_j, heads 4, head dim 32] as its Pairformer's triangle attention
+        q, k, v = (torch.randn(1, length, length, 4, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                    for _ in range(3))
-        mask_bias = torch.zeros(1, 32, 1, 1, 32, device="cuda", dtype=torch.bfloat16)
-        pair_bias = torch.randn(1, 1, 4, 32, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        mask_bias = torch.zeros(1, length, 1, 1, length, device="cuda", dtype=torch.bfloat16)
+        pair_bias = torch.randn(1, 1, 4, length, length, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         tri_attention.TriAttentionFunction.apply(q, k, v, mask_bias, pair_bias).sum().backward()
         torch.cuda.synchronize()
     except Exception as error:  # noqa: BLE001 - any failure: the plain path is the honest fallback
@@ -163,9 +166,10 @@ def _layernorm_choice(device: torch.device) -> tuple[str, str]:
     return "fast_layernorm", "its default"
 
 
-def import_protenix(device: torch.device) -> dict:
+def import_protenix(device: torch.device, first_length: int = 384) -> dict:
     """Import Protenix's model, loss and config with the LayerNorm this machine can run; returns
-    the kernel options chosen (with reasons) and the modules."""
+    the kernel options chosen (with reasons) and the modules. `first_length`: the crop of its
+    first steps, where its triangle-attention kernel is tried."""
     layernorm, layernorm_reason = _layernorm_choice(device)
     os.environ["LAYERNORM_TYPE"] = layernorm
     with _scipy_for_import() as scipy_source:
@@ -189,7 +193,7 @@ def import_protenix(device: torch.device) -> dict:
         options["triangle_attention"] = "cuequivariance (its default)"
     else:
         options["triangle_multiplicative"] = "torch (its default cuequivariance is not installed)"
-        failure = _probe_triangle_attention()
+        failure = _probe_triangle_attention(first_length)
         options["triangle_attention"] = (
             "triattention (its Triton kernel; its default cuequivariance is not installed)" if failure is None
             else f"torch (cuequivariance not installed; {failure})")
@@ -371,10 +375,10 @@ class ProtenixPeer:
     graphs = False  # its step is not captured
 
     def __init__(self, device: torch.device, depth: int, diffusion_batch: int, atoms_per_token: int,
-                 small: bool = False) -> None:
+                 small: bool = False, first_length: int = 384) -> None:
         self.device = device
         self.atoms_per_token = atoms_per_token
-        self.protenix = import_protenix(device)
+        self.protenix = import_protenix(device, first_length)
         self.kernel_options = self.protenix["options"]
         self.config = build_config(self.protenix, depth, diffusion_batch, small)
         tf32 = torch.backends.cuda.matmul.allow_tf32

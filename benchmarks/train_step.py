@@ -693,7 +693,7 @@ def main() -> None:
     def make_runner(variant: str) -> TrunkRunner | protenix_peer.ProtenixPeer:
         if variant == "protenix":
             peer = protenix_peer.ProtenixPeer(device, args.depth, args.diffusion_batch, args.atoms_per_token,
-                                              small=args.smoke)
+                                              small=args.smoke, first_length=args.crop[0])
             results["peer"] = {"parameters_millions": peer.parameters_millions(),
                                "kernel_options": peer.kernel_options, "settings": peer.settings()}
             return peer
