@@ -34,9 +34,13 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from featurecache.model import AF3Model, preset  # noqa: E402
-from featurecache.model.memory_report import AF3_PARTS, SavedTensorCounter, growth_orders  # noqa: E402
-from featurecache.testing.synthetic import random_batch  # noqa: E402
+from featurecache.model import AF3Model, preset
+from featurecache.model.memory_report import (
+    AF3_PARTS,
+    SavedTensorCounter,
+    growth_orders,
+)
+from featurecache.testing.synthetic import random_batch
 
 GB = 1e9
 # bytes per parameter that a step holds whatever the crop: fp32 weight, gradient, AdamW's exp_avg
@@ -138,10 +142,11 @@ def account(args, length: int, device: torch.device, checkpoint_group: int) -> d
     # each stack's block input (its state tensors): a re-run group keeps one per block
     inputs = {label: [(label, t.nbytes, tuple(t.shape), t.dtype) for t in args_ if isinstance(t, torch.Tensor)
                       and t.is_floating_point()] for label, args_ in captured.items()}
+    sizes = {label: len(model.get_submodule(path)) for label, path in STACKS if label in captured}
     parameters = sum(p.numel() for p in model.parameters())
     del model, captured
     gc.collect()
-    return {"saved": counter.saved, "blocks": blocks, "inputs": inputs, "parameters": parameters}
+    return {"saved": counter.saved, "blocks": blocks, "inputs": inputs, "sizes": sizes, "parameters": parameters}
 
 
 def predicted_bytes(small: list, large: list, lengths: tuple[int, int], target: int) -> dict[str, list[float]]:
@@ -184,13 +189,14 @@ def accounting_table(args, device: torch.device, group: int) -> tuple[list[str],
         predicted = {t: sum(sum(v) for v in predicted_bytes(small["blocks"][label], large["blocks"][label],
                                                              args.lengths, t).values()) for t in targets}
         title = f"one recomputed {label}"
-        if group > 1 and label in GROUPED:
+        others = min(group, large["sizes"][label]) - 1
+        if others > 0 and label in GROUPED:
             # backward re-runs a group: the inputs of its other blocks are held while one block runs
-            title += f" + the inputs of {group - 1} more (a re-run group)"
+            title += f" + the inputs of {others} more (a re-run group)"
             for t in targets:
                 held = predicted_bytes(small["inputs"][label], large["inputs"][label], args.lengths, t)
-                predicted[t] += (group - 1) * sum(sum(v) for v in held.values())
-                group_inputs[t] = max(group_inputs[t], (group - 1) * sum(sum(v) for v in held.values()))
+                predicted[t] += others * sum(sum(v) for v in held.values())
+                group_inputs[t] = max(group_inputs[t], others * sum(sum(v) for v in held.values()))
         rows.append(f"| {title} (transient) | {sum(x[1] for x in small['blocks'][label]) / 1e6:.1f} | "
                     f"{sum(x[1] for x in large['blocks'][label]) / 1e6:.1f} | | "
                     + " | ".join(f"{predicted[t] / GB:.2f}" for t in targets) + " |")
@@ -279,7 +285,7 @@ def main() -> None:
         for crop in args.step_crops:
             result = gpu_step(args, crop, device, group) if device.type == "cuda" else "needs a GPU"
             lines.append(f"| training iteration, crop {crop}, checkpoint_group {group}, "
-                         f"{args.kernels or 'triton'} kernels | {result} |")
+                         f"{args.kernels or ('triton' if device.type == 'cuda' else 'torch')} kernels | {result} |")
             print(lines[-1], flush=True)
     watchdog.cancel()
     finish(lines, 0)

@@ -8,7 +8,11 @@ import torch
 
 from featurecache.model import preset
 from featurecache.model.af3 import AF3Model
-from featurecache.model.memory_report import AF3_PARTS, SavedTensorCounter, growth_orders
+from featurecache.model.memory_report import (
+    AF3_PARTS,
+    SavedTensorCounter,
+    growth_orders,
+)
 from featurecache.model.pairformer import Pairformer
 from featurecache.testing.synthetic import random_batch
 
