@@ -13,7 +13,12 @@ no searches) over them on a local Ray, into a fresh cache per N:
 - while precompute runs, a sampler thread reads every few seconds the RSS of the driver (this
   process), of each Ray worker (peak of any one, and their sum) and of Ray's own services, and the
   cache's size on disk; the memory is reported per quarter of the run, so growth with the number
-  of targets shows as rising quarters;
+  of targets shows as rising quarters. The driver's RSS is split by kind: anonymous (its heap: what
+  a leak grows), pages of the cache's LMDB files it has mapped (clean, read-only: the kernel drops
+  them under pressure), and Ray's shared memory (its object store);
+- the run's last steps, clustering the whole cache and writing the manifest, get their own table:
+  the driver's peaks by kind, and the Python heap's peak above its level when clustering started
+  (tracemalloc);
 - after it, `featurecache stats` and `featurecache verify` on the finished cache, timed as
   subprocesses (what a user runs).
 
@@ -32,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from unittest import mock
@@ -42,6 +48,7 @@ import psutil  # noqa: E402  (the copy Ray vendors in ray/thirdparty_files is im
 from featurecache.io.common import read_bytes
 from featurecache.precompute import pipeline
 from featurecache.precompute.pipeline import PrecomputeOptions, precompute
+from featurecache.store.writer import StoreWriter
 
 AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
 MIN_QUERY_LENGTH = 100   # the 40-residue peptides have 760 single mutants only and a 2-row MSA
@@ -108,13 +115,15 @@ def write_targets(queries: list[str], folder: pathlib.Path, count: int, seed: in
 @dataclass
 class Sample:
     seconds: float
-    driver_mib: float
-    driver_anon_mib: float  # without file-backed pages (LMDB's memory map, libraries): the heap
+    driver_mib: float       # RSS: anonymous, file-backed (libraries, LMDB) and shared memory together
+    driver_anon_mib: float  # anonymous pages: the Python heap and native allocations (what a leak grows)
+    driver_lmdb_mib: float  # file-backed pages of the cache's LMDB maps (clean, read-only: the kernel drops them)
+    driver_shm_mib: float   # shared memory: Ray's object store as the driver maps it
     worker_peak_mib: float  # the largest single worker
     workers_mib: float      # all workers together
-    services_mib: float     # raylet, GCS and Ray's other helpers
+    services_mib: float     # raylet, GCS and Ray's other helpers (and MMseqs2 while it clusters)
     cache_mib: float        # on disk (allocated blocks)
-    phase: str              # "featurize" (everything before clustering), then "clustering"
+    phase: str              # "featurize" (everything before the last step), "clustering", "manifest"
 
 
 @dataclass
@@ -141,6 +150,11 @@ class Sampler:
             self.samples.append(self._sample())
             self._stop.wait(SAMPLE_SECONDS)
 
+    def mark(self, phase: str) -> None:
+        """A sample that ends the current phase, then `phase` starts (the thread samples it on)."""
+        self.samples.append(self._sample())
+        self.phase = phase
+
     def _sample(self) -> Sample:
         driver = psutil.Process()
         workers, services = [], []
@@ -151,9 +165,32 @@ class Sampler:
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             (workers if "ray::" in name or "default_worker.py" in name else services).append(rss)
-        memory = driver.memory_info()
-        return Sample(time.perf_counter() - self._started, memory.rss / MiB, (memory.rss - memory.shared) / MiB,
-                      max(workers, default=0.0), sum(workers), sum(services), disk_mib(self.cache), self.phase)
+        status = proc_status_kib()
+        return Sample(time.perf_counter() - self._started, status["VmRSS"] / 1024, status["RssAnon"] / 1024,
+                      mapped_mib(".lmdb"), status["RssShmem"] / 1024, max(workers, default=0.0), sum(workers),
+                      sum(services), disk_mib(self.cache), self.phase)
+
+
+def proc_status_kib() -> dict[str, int]:
+    """This process's memory lines of /proc/self/status (VmRSS, RssAnon, RssFile, RssShmem), in KiB."""
+    values = {}
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if name.startswith(("Vm", "Rss")):
+            values[name] = int(rest.split()[0])
+    return values
+
+
+def mapped_mib(suffix: str) -> float:
+    """Resident pages of this process's mappings of files whose name ends with `suffix` (smaps)."""
+    total_kib, current = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                current = line.rstrip().endswith(suffix)
+            elif current and line.startswith("Rss:"):
+                total_kib += int(line.split()[1])
+    return total_kib / 1024
 
 
 def disk_mib(folder: pathlib.Path) -> float:
@@ -187,7 +224,8 @@ def run_scale(count: int, work: pathlib.Path, workers: int, msa_rows: int, data:
     ray.shutdown()
     ray.init(num_cpus=workers, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     started = time.perf_counter()
-    with Sampler(cache) as sampler, _marking_clustering(sampler):
+    heap_peaks: dict[str, float] = {}
+    with Sampler(cache) as sampler, _marking_last_steps(sampler, heap_peaks):
         summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=cache, alignments_dir=alignments,
                                                progress=False))
     wall = time.perf_counter() - started
@@ -204,26 +242,60 @@ def run_scale(count: int, work: pathlib.Path, workers: int, msa_rows: int, data:
         "cache_mib": disk_mib(cache), "mib_per_target": disk_mib(cache) / max(1, done),
         "driver_quarters": quarters(samples, "driver_mib"),
         "driver_anon_quarters": quarters(samples, "driver_anon_mib"),
+        "driver_lmdb_quarters": quarters(samples, "driver_lmdb_mib"),
+        "driver_shm_quarters": quarters(samples, "driver_shm_mib"),
         "worker_quarters": quarters(samples, "worker_peak_mib"),
         "workers_sum_peak": max((s.workers_mib for s in samples), default=0.0),
         "services_peak": max((s.services_mib for s in samples), default=0.0),
-        "driver_clustering_peak": max((s.driver_mib for s in samples if s.phase == "clustering"), default=0.0),
+        "last_steps": last_step_peaks(samples, heap_peaks),
         "stats_s": stats_s, "verify_s": verify_s, "samples": len(samples),
         "load": os.getloadavg()[0],
     }
 
 
+LAST_STEPS = ("clustering", "manifest")
+
+
 @contextmanager
-def _marking_clustering(sampler: Sampler):
-    """Tell the sampler when the run's last step (clustering the whole cache) starts."""
-    original = pipeline.PipelineRun.sampling_tables
+def _marking_last_steps(sampler: Sampler, heap_peaks: dict[str, float]):
+    """Tell the sampler when the run's last steps start: clustering the whole cache
+    (PipelineRun.sampling_tables), then writing the manifest (StoreWriter.finish). Over them,
+    tracemalloc measures the Python heap's peak in each step, above its level when clustering
+    started (MiB into `heap_peaks`); samples are taken at each step's start and end too."""
+    original_tables, original_finish = pipeline.PipelineRun.sampling_tables, StoreWriter.finish
 
-    def marked(run):
-        sampler.phase = "clustering"
-        return original(run)
+    def tables(run):
+        sampler.mark("clustering")
+        tracemalloc.start()
+        try:
+            return original_tables(run)
+        finally:
+            heap_peaks["clustering"] = tracemalloc.get_traced_memory()[1] / MiB
 
-    with mock.patch.object(pipeline.PipelineRun, "sampling_tables", marked):
+    def finish(writer, *args, **kwargs):
+        sampler.mark("manifest")
+        tracemalloc.reset_peak()
+        try:
+            return original_finish(writer, *args, **kwargs)
+        finally:
+            heap_peaks["manifest"] = tracemalloc.get_traced_memory()[1] / MiB
+            sampler.mark("done")
+            tracemalloc.stop()
+
+    with mock.patch.object(pipeline.PipelineRun, "sampling_tables", tables), \
+            mock.patch.object(StoreWriter, "finish", finish):
         yield
+
+
+def last_step_peaks(samples: list[Sample], heap_peaks: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Per last step: the peaks of the driver's RSS and of its three kinds, and of its Python heap."""
+    peaks = {}
+    for step in LAST_STEPS:
+        chosen = [sample for sample in samples if sample.phase == step]
+        peaks[step] = {name: max((getattr(sample, name) for sample in chosen), default=0.0)
+                       for name in ("driver_mib", "driver_anon_mib", "driver_lmdb_mib", "driver_shm_mib")}
+        peaks[step]["python_heap_mib"] = heap_peaks.get(step, 0.0)
+    return peaks
 
 
 def _timed_cli(command: str, cache: pathlib.Path) -> float:
@@ -242,20 +314,40 @@ def _timed_cli(command: str, cache: pathlib.Path) -> float:
 
 def table(runs: list[dict]) -> str:
     lines = ["| targets (chains) | failed | wall s | targets/s | targets/s per core | featurize core-s / target | "
-             "MiB / target | cache MiB | driver RSS MiB by quarter | driver anonymous RSS MiB by quarter | "
-             "driver RSS MiB clustering | "
+             "MiB / target | cache MiB | driver RSS MiB by quarter | driver anonymous MiB by quarter | "
+             "driver LMDB-mapped MiB by quarter | driver Ray shared memory MiB by quarter | "
              "largest worker RSS MiB by quarter | all workers peak MiB | Ray services peak MiB | clustering s | "
              "stats s | verify s |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | ---: | ---: | ---: | ---: "
-             "| ---: |"]
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- | ---: | ---: "
+             "| ---: | ---: | ---: |"]
     for run in runs:
         lines.append(
             f"| {run['done']} ({run['chains']}) | {run['failed']} | {run['wall_s']:.0f} | {run['targets_per_s']:.2f} | "
             f"{run['targets_per_core_s']:.2f} | {run['featurize_core_s_per_target']:.3f} | {run['mib_per_target']:.3f} | "
-            f"{run['cache_mib']:.0f} | {' / '.join(f'{v:.0f}' for v in run['driver_quarters'])} | "
-            f"{' / '.join(f'{v:.0f}' for v in run['driver_anon_quarters'])} | {run['driver_clustering_peak']:.0f} | "
-            f"{' / '.join(f'{v:.0f}' for v in run['worker_quarters'])} | {run['workers_sum_peak']:.0f} | "
+            f"{run['cache_mib']:.0f} | {_quarters(run['driver_quarters'])} | "
+            f"{_quarters(run['driver_anon_quarters'])} | {_quarters(run['driver_lmdb_quarters'])} | "
+            f"{_quarters(run['driver_shm_quarters'])} | {_quarters(run['worker_quarters'])} | "
+            f"{run['workers_sum_peak']:.0f} | "
             f"{run['services_peak']:.0f} | {run['cluster_s']:.0f} | {run['stats_s']:.1f} | {run['verify_s']:.1f} |")
+    return "\n".join(lines) + "\n\n" + last_steps_table(runs)
+
+
+def _quarters(values: list[float]) -> str:
+    return " / ".join(f"{value:.0f}" for value in values)
+
+
+def last_steps_table(runs: list[dict]) -> str:
+    """The driver's memory in the run's last steps, by kind: only anonymous memory and the Python
+    heap are the driver's own; LMDB pages are the file's, clean, and the kernel drops them when
+    it needs the memory; Ray's shared memory is its object store's."""
+    lines = ["| targets | last step | driver RSS peak MiB | anonymous MiB | LMDB-mapped MiB | Ray shared memory MiB | "
+             "Python heap peak MiB (above its level when clustering started) |",
+             "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for run in runs:
+        for step, peaks in run["last_steps"].items():
+            lines.append(f"| {run['done']} | {step} | {peaks['driver_mib']:.0f} | {peaks['driver_anon_mib']:.0f} | "
+                         f"{peaks['driver_lmdb_mib']:.0f} | {peaks['driver_shm_mib']:.0f} | "
+                         f"{peaks['python_heap_mib']:.1f} |")
     return "\n".join(lines)
 
 
@@ -314,8 +406,9 @@ def scale_main(args, stamp, data: pathlib.Path, results_csv: pathlib.Path) -> No
                        f"(alignments cut to {args.msa_rows} rows); machine shared with other jobs (1-min load "
                        f"average {run['load']:.1f} at the end). Memory sampled every {SAMPLE_SECONDS:.0f} s "
                        f"({run['samples']} samples); \"by quarter\": the peak in each quarter of the run before its last "
-                       f"step, clustering the whole cache (MMseqs2), which is in the wall time and has its own "
-                       f"columns.\n\n{text}\n")
+                       f"steps, clustering the whole cache (MMseqs2) and writing the manifest, which are in the wall "
+                       f"time and have their own table (RSS by kind from /proc/self/status and smaps, the Python heap "
+                       f"by tracemalloc).\n\n{text}\n")
             record(stamp, _rows(run), "precompute_scale", section,
                    "PDB-sized precompute: throughput, memory over time, LMDB growth")
         # the inputs and cache of this size are not needed by the next
@@ -333,10 +426,14 @@ def _rows(run: dict):
                "MiB per target": run["mib_per_target"], "driver peak RSS MiB": max(run["driver_quarters"]),
                "driver RSS MiB, first quarter": run["driver_quarters"][0],
                "driver RSS MiB, last quarter": run["driver_quarters"][-1],
-               "driver peak RSS MiB, clustering": run["driver_clustering_peak"],
                "driver anonymous RSS MiB, first quarter": run["driver_anon_quarters"][0],
                "driver anonymous RSS MiB, last quarter": run["driver_anon_quarters"][-1],
                "worker peak RSS MiB": max(run["worker_quarters"]),
                "workers total peak RSS MiB": run["workers_sum_peak"], "stats s": run["stats_s"],
                "verify s": run["verify_s"], "clustering s": run["cluster_s"], "failed": run["failed"]}
+    for step, peaks in run["last_steps"].items():
+        metrics.update({f"driver peak RSS MiB, {step}": peaks["driver_mib"],
+                        f"driver peak anonymous MiB, {step}": peaks["driver_anon_mib"],
+                        f"driver peak LMDB-mapped MiB, {step}": peaks["driver_lmdb_mib"],
+                        f"driver peak Python heap MiB, {step}": peaks["python_heap_mib"]})
     return [Row("precompute_scale", variant, shape, metric, value) for metric, value in metrics.items()]
