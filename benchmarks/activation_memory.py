@@ -14,7 +14,7 @@
    two moments, the EMA copy) + everything saved + the largest recomputed block. On the CPU the
    pure-PyTorch path runs (its attention references hold [L, L] logits per row inside a
    recomputed block: that part is cubic, fitted as such); on a GPU the Triton kernels.
-2. With --step-crops (GPU): one training iteration (forward, loss, backward, AdamW) of the same
+2. With --step-crops: one training iteration (forward, loss, backward, AdamW) of the same
    model at each crop, its peak memory and time; an out-of-memory is a row, not a crash.
 
 The table prints last; with $OUT set it is also written to $OUT/activation_memory.md.
@@ -217,32 +217,42 @@ def accounting_table(args, device: torch.device, group: int) -> tuple[list[str],
 
 
 def gpu_step(args, crop: int, device: torch.device, group: int) -> str:
-    """One training iteration at `crop`: peak memory and seconds, or what stopped it."""
-    gc.collect()
-    torch.cuda.empty_cache()
+    """One training iteration at `crop`: peak memory (on a GPU) and seconds, or what stopped it."""
+    cuda = device.type == "cuda"
+    release(cuda)
     model = optimizer = None
     try:
         model = build(args, device, group)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         batch = make_batch(args, crop, device)
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
         loss = forward_loss(model, batch, args, device)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        torch.cuda.synchronize(device)
+        if cuda:
+            torch.cuda.synchronize(device)
         seconds = time.perf_counter() - start  # the first step: includes Triton compilation
-        return (f"{torch.cuda.max_memory_allocated(device) / GB:.1f} GB peak, {seconds:.1f} s (first step), "
-                f"loss {float(loss):.3f}")
+        return f"peak {peak_gb(device)}, {seconds:.1f} s (first step), loss {float(loss):.3f}"
     except torch.cuda.OutOfMemoryError:
-        return f"OOM ({torch.cuda.max_memory_allocated(device) / GB:.1f} GB allocated at the failure)"
-    except Exception as error:  # one failed crop must not lose the others
+        return f"OOM ({peak_gb(device)} allocated at the failure)"
+    except Exception as error:  # noqa: BLE001 - one failed crop must not lose the others
         return f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
     finally:
         del model, optimizer
-        gc.collect()
+        release(cuda)
+
+
+def peak_gb(device: torch.device) -> str:
+    return f"{torch.cuda.max_memory_allocated(device) / GB:.1f} GB" if device.type == "cuda" else "n/a (no GPU)"
+
+
+def release(cuda: bool) -> None:
+    gc.collect()
+    if cuda:
         torch.cuda.empty_cache()
 
 
@@ -283,7 +293,7 @@ def main() -> None:
             lines += ["", *rows, "", f"largest L^2 storages saved at L={args.lengths[1]}:", *summary["notes"]]
             print("\n".join(lines[-len(rows) - len(summary["notes"]) - 3:]), flush=True)
         for crop in args.step_crops:
-            result = gpu_step(args, crop, device, group) if device.type == "cuda" else "needs a GPU"
+            result = gpu_step(args, crop, device, group)
             lines.append(f"| training iteration, crop {crop}, checkpoint_group {group}, "
                          f"{args.kernels or ('triton' if device.type == 'cuda' else 'torch')} kernels | {result} |")
             print(lines[-1], flush=True)
