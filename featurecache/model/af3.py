@@ -216,7 +216,7 @@ class AF3Model(nn.Module):
             metrics["diffusion"] = diffusion.mean()
             loss = loss + config.diffusion_loss_weight * metrics["diffusion"]
         if "plddt_logits" in outputs:
-            parts = confidence_losses(outputs, outputs["rollout_positions"], batch)
+            parts = confidence_losses(outputs, outputs["rollout_positions"], batch, self._recomputes_losses())
             metrics.update(parts)
             metrics["confidence"] = (config.plddt_loss_weight * parts["plddt"] + config.pde_loss_weight * parts["pde"]
                                      + config.resolved_loss_weight * parts["resolved"]
@@ -228,12 +228,15 @@ class AF3Model(nn.Module):
     def _distogram_loss(self, batch: dict, outputs: dict) -> torch.Tensor:
         """Distogram on AF3's representative atoms (CB, CA of glycine, C4 / C2 of nucleotides)."""
         positions, mask = distogram_atoms(batch)
-        config = self.config
-        # re-run in backward with grouped checkpoints (a long crop): its fp32 copy of the logits and
-        # their log-softmax are two pair-sized tensors
-        recompute = config.checkpoint_blocks and config.checkpoint_group > 1 and self.training
-        return maybe_checkpointed(recompute, distogram_loss, outputs["distogram_logits"], positions, mask,
-                                  config.distogram_min, config.distogram_max)
+        # re-run in backward with grouped checkpoints: its fp32 copy of the logits and their
+        # log-softmax are two pair-sized tensors
+        return maybe_checkpointed(self._recomputes_losses(), distogram_loss, outputs["distogram_logits"], positions,
+                                  mask, self.config.distogram_min, self.config.distogram_max)
+
+    def _recomputes_losses(self) -> bool:
+        """With grouped checkpoints (config.checkpoint_group, for long crops) the losses over token
+        pairs are re-run in backward instead of keeping their pair-sized intermediates."""
+        return self.config.checkpoint_blocks and self.config.checkpoint_group > 1 and self.training
 
     def _diffusion_losses(self, batch: dict, outputs: dict) -> dict:
         """Per diffusion sample [B, S]: mse, smooth_lddt, bond."""

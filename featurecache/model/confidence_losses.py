@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from featurecache.model.atoms import centre_atom_index, gather_atoms
+from featurecache.model.checkpointing import maybe_checkpointed
 from featurecache.model.lddt import distances, inclusion_radius, pair_scores
 
 ERROR_BIN_WIDTH = 0.5  # Angstrom: PAE and PDE bins [0, 0.5), [0.5, 1), ..., [31.5, inf)
@@ -37,13 +38,20 @@ def lddt_bins(lddt: torch.Tensor, num_bins: int) -> torch.Tensor:
     return (lddt * num_bins).floor().long().clamp(0, num_bins - 1)
 
 
-def masked_cross_entropy(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, item_dims: int) -> torch.Tensor:
+def masked_cross_entropy(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, item_dims: int,
+                         recompute: bool = False) -> torch.Tensor:
     """Cross-entropy of logits [B, S, *items, bins] against target [B, S, *items], averaged over
-    the mask's items in each structure, then over structures and batch (a 0-d tensor)."""
-    errors = F.cross_entropy(logits.float().flatten(0, -2), target.flatten(), reduction="none").view_as(target)
+    the mask's items in each structure, then over structures and batch (a 0-d tensor).
+    `recompute`: re-run the cross-entropy in backward instead of keeping the logits' fp32 copy and
+    log-softmax (two pair-sized tensors for the [N, N, 64] PAE and PDE logits)."""
+    errors = maybe_checkpointed(recompute, _cross_entropy, logits, target)
     mask = mask.expand_as(target).float()
     dims = tuple(range(-item_dims, 0))
     return ((errors * mask).sum(dims) / mask.sum(dims).clamp(min=1.0)).mean()
+
+
+def _cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().flatten(0, -2), target.flatten(), reduction="none").view_as(target)
 
 
 @torch.no_grad()
@@ -95,9 +103,10 @@ def aligned_errors(predicted: torch.Tensor, true: torch.Tensor, frame_atoms: tor
     return ((predicted_local - true_local[:, None]).square().sum(-1) + FRAME_EPS).sqrt()
 
 
-def confidence_losses(outputs: dict, positions: torch.Tensor, batch: dict) -> dict:
+def confidence_losses(outputs: dict, positions: torch.Tensor, batch: dict, recompute: bool = False) -> dict:
     """The four losses (0-d tensors: plddt, pae, pde, resolved) of the head's outputs on the
-    structures positions [B, S, A, 3] it judged, against batch's ground truth."""
+    structures positions [B, S, A, 3] it judged, against batch's ground truth. `recompute`: the
+    pair-sized cross-entropies are re-run in backward (masked_cross_entropy)."""
     true = batch["atom_pos"].float()
     atom_real = batch["atom_pad_mask"]
     atom_resolved = batch["atom_mask"] & atom_real
@@ -119,7 +128,7 @@ def confidence_losses(outputs: dict, positions: torch.Tensor, batch: dict) -> di
     pae_logits = outputs["pae_logits"]
     pae_target = error_bins(aligned_errors(positions, true, frame_atoms, centre), pae_logits.shape[-1])
     pae = masked_cross_entropy(pae_logits, pae_target, (frame_valid[:, :, None] & centre_resolved[:, None, :])[:, None],
-                               item_dims=2)
+                               item_dims=2, recompute=recompute)
 
     with torch.no_grad():
         predicted_centres = gather_atoms(positions.float(), centre)
@@ -128,7 +137,8 @@ def confidence_losses(outputs: dict, positions: torch.Tensor, batch: dict) -> di
                           - distances(true_centres, true_centres)[:, None]).abs()
     pde_logits = outputs["pde_logits"]
     pde = masked_cross_entropy(pde_logits, error_bins(distance_error, pde_logits.shape[-1]),
-                               (centre_resolved[:, :, None] & centre_resolved[:, None, :])[:, None], item_dims=2)
+                               (centre_resolved[:, :, None] & centre_resolved[:, None, :])[:, None], item_dims=2,
+                               recompute=recompute)
 
     resolved_logits = outputs["resolved_logits"]
     resolved_target = atom_resolved.long()[:, None].expand(resolved_logits.shape[:-1])

@@ -101,6 +101,7 @@ def test_the_full_model_keeps_fewer_pair_sized_tensors():
     assert grouped.get("templates", 0) < per_block["templates"] / 4
     assert grouped.get("diffusion: conditioning", 0) < per_block["diffusion: conditioning"] / 2
     assert grouped.get("confidence head", 0) < per_block["confidence head"] / 100
+    assert grouped["losses"] < per_block["losses"]
     # the conditioning's checkpoint keeps the trunk's pair (outputs["pair"], held anyway), saved
     # while AF3Model.forward runs
     glue = "glue (AF3Model)"
