@@ -96,7 +96,11 @@ def run_blocks(blocks: nn.ModuleList, checkpointed: bool, *state, masks: tuple,
         return _run_plain(calls, state, masks)
     if group > 1 and len(calls) > 1:
         for start in range(0, len(calls), group):
-            state = checkpointing.checkpointed(functools.partial(_run_group, calls[start:start + group], masks), *state)
+            chunk = calls[start:start + group]
+            if len(chunk) == 1:  # a group of one block is that block's checkpoint
+                state = _run_checkpointed(chunk, state, masks)
+            else:
+                state = checkpointing.checkpointed(functools.partial(_run_group, chunk, masks), *state)
         return state
     return _run_checkpointed(calls, state, masks)
 
