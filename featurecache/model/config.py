@@ -17,6 +17,11 @@ from dataclasses import dataclass
 from featurecache.kernels.runtime import KERNEL_CHOICES
 
 
+# Settings that choose how the model runs (kernels, recomputation), not what its weights are:
+# a checkpoint resumes and predicts under any values of these.
+RUNTIME_SETTINGS = ("kernels", "checkpoint_blocks", "checkpoint_group")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     c_s: int = 384                  # single representation

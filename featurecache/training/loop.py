@@ -35,6 +35,7 @@ import torch
 
 from featurecache.model import AF3Model, preset, sample_num_cycles
 from featurecache.model.af3 import LOSS_INPUTS, REQUIRED_INPUTS
+from featurecache.model.config import RUNTIME_SETTINGS
 from featurecache.training.checkpoint import (checkpoint_path, load_checkpoint, optimizer_state, rng_state,
                                               save_checkpoint, set_rng_state)
 from featurecache.training.config import TrainConfig, TrainSetupError, resolve_kernels
@@ -240,7 +241,7 @@ def model_differences(state: dict, config) -> str:
     if not isinstance(saved, dict):
         return "its weights do not fit this run's model (it records no model settings)"
     differ = [f"{name} {saved[name]!r} there, {here[name]!r} here" for name in here
-              if name in saved and name not in ("kernels", "checkpoint_blocks") and saved[name] != here[name]]
+              if name in saved and name not in RUNTIME_SETTINGS and saved[name] != here[name]]
     return (f"the checkpoint holds another model ({'; '.join(differ[:6]) or 'other weights'}): resume with "
             "the --preset and model options it was trained with")
 
