@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import shutil
+import subprocess
 import sys
 import types
 
@@ -149,6 +150,21 @@ def _probe_triangle_attention(length: int) -> str | None:
     return None
 
 
+def _probe_in_child(length: int) -> str | None:
+    """_probe_triangle_attention in a child process. A faulting kernel ("illegal memory access",
+    seen on the H200 with triton 3.6) leaves its CUDA context unusable for every later call, so
+    the probe must not run in the process that then builds and times the model."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import protenix_peer; "
+            "failure = protenix_peer._probe_triangle_attention(int(sys.argv[2])); "
+            "print(failure or ''); sys.exit(3 if failure else 0)")
+    here = os.path.dirname(os.path.abspath(__file__))
+    child = subprocess.run([sys.executable, "-c", code, here, str(length)], capture_output=True, text=True)
+    if child.returncode == 0:
+        return None
+    lines = (child.stdout.strip() or child.stderr.strip() or f"exit status {child.returncode}").splitlines()
+    return lines[-1][:200] if child.returncode == 3 else f"its Triton kernel's check crashed: {lines[-1][:160]}"
+
+
 def _layernorm_choice(device: torch.device) -> tuple[str, str]:
     """Protenix picks its LayerNorm at import from LAYERNORM_TYPE: "fast_layernorm" (default, a
     CUDA extension compiled with nvcc at import) or anything else for torch's layer_norm."""
@@ -193,7 +209,7 @@ def import_protenix(device: torch.device, first_length: int = 384) -> dict:
         options["triangle_attention"] = "cuequivariance (its default)"
     else:
         options["triangle_multiplicative"] = "torch (its default cuequivariance is not installed)"
-        failure = _probe_triangle_attention(first_length)
+        failure = _probe_in_child(first_length)
         options["triangle_attention"] = (
             "triattention (its Triton kernel; its default cuequivariance is not installed)" if failure is None
             else f"torch (cuequivariance not installed; {failure})")

@@ -113,3 +113,18 @@ def test_train_step_reports_protenix(tmp_path, protenix_peer):
     assert step["ms"] > 0, step
     assert "torch (no CUDA device)" in result["json"]["peer"]["kernel_options"]["triangle_attention"]
     assert "| Protenix: " in result["table"]
+
+
+def test_kernel_probe_failure_stays_in_its_child_process():
+    """The probe of Protenix's Triton triangle attention runs in a child process: a kernel that
+    faults there (on the H200 it left the CUDA context unusable for the model built next) comes
+    back as a one-line reason, and this process carries on. Here it fails for want of CUDA (or of
+    protenix), the same path."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import protenix_peer
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    reason = protenix_peer._probe_in_child(8)
+    assert reason and "\n" not in reason and "its Triton kernel" in reason
+    assert torch.ones(2).sum().item() == 2.0
