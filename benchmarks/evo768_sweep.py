@@ -52,11 +52,19 @@ def _tiles(spec: tuple, paired: bool = False) -> BlockConfig:
     return BlockConfig(*spec, paired=paired)
 
 
-def variants(base: EvoAttentionConfig) -> dict[str, EvoAttentionConfig]:
-    """name -> config, in the order they are timed (most promising first after the default)."""
+def split_of(config: EvoAttentionConfig) -> EvoAttentionConfig:
+    return dataclasses.replace(config, bwd_mode="split", fp32_bias_bwd_mode="split")
+
+
+def variants(default: EvoAttentionConfig) -> dict[str, EvoAttentionConfig]:
+    """name -> config, in the order they are timed: the default (whatever the config file says),
+    the split backward with the file's tiles, then variants of that split config."""
+    base = split_of(default)
+
     def make(mode: str = "split", fwd: Optional[BlockConfig] = None, kv: Optional[BlockConfig] = None,
              q: Optional[BlockConfig] = None, bias: Optional[BlockConfig] = None) -> EvoAttentionConfig:
-        return dataclasses.replace(base, bwd_mode=mode, fwd=fwd or base.fwd, bwd_kv=kv or base.bwd_kv,
+        return dataclasses.replace(base, bwd_mode=mode, fp32_bias_bwd_mode=mode, fwd=fwd or base.fwd,
+                                   bwd_kv=kv or base.bwd_kv,
                                    bwd_q=q or base.bwd_q, bwd_bias=bias or base.bwd_bias)
 
     # Run 1 (2026-12-04 03:40, NOTES attempt 8): 8 warps made every atomic kernel 2x slower,
@@ -100,12 +108,12 @@ def variants(base: EvoAttentionConfig) -> dict[str, EvoAttentionConfig]:
         "walk 128x128 w8": make("walk", bias=w8(128, 128)),
         "fused pair 64x64 w4": make("fused", kv=_tiles((64, 64, 4, 2), True)),
     }
-    return {"default": base, **split, **atomic}
+    return {"default": default, "split": base, **split, **atomic}
 
 
 # Variants timed with the fp32 bias too, when no --variants are named (each variant compiles
 # its kernels again for an fp32 bias).
-FP32_VARIANTS = ["default", "fwd 128x32 s3", "fwd 128x64 s3", "fwd 64x64 s3", "dq 128x32", "dq 128x64",
+FP32_VARIANTS = ["default", "split", "fwd 128x32 s3", "fwd 128x64 s3", "fwd 64x64 s3", "dq 128x32", "dq 128x64",
                  "kv 64x128", "kv 32x128", "dbias 128x64", "dbias 64x128", "fused 64x64 w4", "atomic_dbias 64x64 w4",
                  "walk 64x64 w4", "walk 64x64 w8", "walk 128x64 w4"]
 
@@ -118,13 +126,14 @@ def best_combination(base: EvoAttentionConfig, measured: dict[str, tuple[EvoAtte
         timed = [(measured[n][1][key], n) for n in names if n in measured and measured[n][1].get(key)]
         return min(timed)[1] if timed else None
 
+    base = split_of(base)
     fwd = fastest(list(measured), "fwd ms")
     parts, config = [f"fwd of '{fwd}'"], dataclasses.replace(base, fwd=measured[fwd][0].fwd)
-    split_names = [n for n, (c, _) in measured.items() if c.bwd_mode == "split"]
-    atomic_names = [n for n, (c, _) in measured.items() if c.bwd_mode != "split"]
+    split_names = [n for n, (c, _) in measured.items() if c.bwd_mode == "split" and n != "default"]
+    atomic_names = [n for n, (c, _) in measured.items() if c.bwd_mode != "split" and n != "default"]
     # Each split variant changes one kernel from the default: its bwd time against the default's
     # is that kernel's gain; combine every kernel's best change.
-    default_bwd = measured["default"][1]["bwd ms"] if "default" in measured else None
+    default_bwd = measured["split"][1]["bwd ms"] if "split" in measured else None
     split_bwd = default_bwd
     for kernel in ("bwd_q", "bwd_kv", "bwd_bias"):
         changed = [n for n in split_names if getattr(measured[n][0], kernel) != getattr(base, kernel)

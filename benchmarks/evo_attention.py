@@ -246,7 +246,7 @@ def check_correctness(cases: list[Case], log: dict, check_peers: bool = True) ->
     first = forward_backward(run_featurecache, x)[4].clone()
     second = forward_backward(run_featurecache, x)[4]
     deterministic = torch.equal(first, second)
-    mode = select_config(case.head_dim, case.seq_len, x.q.device).bwd_mode
+    mode = select_config(case.head_dim, case.seq_len, x.q.device).backward_mode(x.bias.dtype)
     all_ok &= deterministic or mode != "split"
     log["dbias_deterministic"] = deterministic
 
@@ -336,6 +336,7 @@ def write_config(best: dict[tuple[int, int], EvoAttentionConfig], out_dir: pathl
     for (dim, length), config in best.items():
         by_class[(dim, length)] = {
             "head_dim_max": dim, "seq_len_max": length, "bwd_mode": config.bwd_mode,
+            "fp32_bias_bwd_mode": config.fp32_bias_bwd_mode,
             **{name: dataclasses.asdict(getattr(config, name)) for name in evo_config.KERNEL_NAMES},
         }
     if max(dim for dim, _ in by_class) < 128:

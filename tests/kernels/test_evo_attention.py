@@ -354,6 +354,35 @@ def test_backward_modes_and_row_pairs_match_split_backward(mode, paired, bias_ro
     assert torch.all(results["variant"][0][empty] == 0), "fully masked rows must give zero dq"
 
 
+def test_fp32_bias_mode_and_deterministic_runs_take_the_split_backward(monkeypatch):
+    # An fp32 bias uses fp32_bias_bwd_mode; under torch.use_deterministic_algorithms every
+    # atomic mode falls back to the split kernels, whose results are bitwise reproducible.
+    q, k, v, bias, mask = _make_inputs(1, 3, 21, 2, 24, "shared", True, strided=False, dtype=torch.bfloat16)
+    grad_out = torch.randn(q.shape, device=DEVICE, dtype=q.dtype)
+    scale = 24 ** -0.5
+    base = select_config(24, 21, q.device)
+    fused = dataclasses.replace(base, bwd_mode="fused", fp32_bias_bwd_mode="split")
+    assert fused.backward_mode(torch.float32) == "split" and fused.backward_mode(torch.bfloat16) == "fused"
+    launched = []
+    original = evo_launch._launch_fused_backward
+    monkeypatch.setattr(evo_launch, "_launch_fused_backward", lambda *a, **kw: (launched.append(1), original(*a, **kw)))
+
+    def backward(config, bias_):
+        out, lse, key_end = evo_attention_forward(q, k, v, bias_, mask, scale, config)
+        return evo_attention_backward(grad_out, q, k, v, bias_, mask, out, lse, key_end, scale, True, config)
+
+    backward(fused, bias)  # fp32 bias: split
+    assert not launched
+    backward(fused, bias.to(torch.bfloat16))
+    assert launched == [1]
+    split = backward(dataclasses.replace(base, bwd_mode="split"), bias.to(torch.bfloat16))
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    deterministic = backward(fused, bias.to(torch.bfloat16))
+    assert launched == [1]
+    for name, a, b in zip(["dq", "dk", "dv", "dbias"], split, deterministic):
+        assert torch.equal(a, b), name
+
+
 def test_config_file_rejects_an_unknown_backward_mode():
     base = select_config(24, 21, torch.device("cpu"))
     with pytest.raises(ValueError, match="bwd_mode"):

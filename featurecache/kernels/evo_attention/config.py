@@ -20,8 +20,9 @@ KERNEL_NAMES = ("fwd", "bwd_kv", "bwd_q", "bwd_bias")
 #   "fused"        one kernel: dK/dV, adding dQ and dBias with fp32 atomics (no dQ or dBias pass);
 #   "walk"         one kernel per bias tile walking the rows (bwd_bias tiles): dBias in registers,
 #                  dQ, dK, dV added with fp32 atomics (three fp32 sums of q's size as workspace).
-# The atomic sums are not bitwise reproducible (walk's dBias is); a per-row bias always takes
-# "split", and "walk" without a shared bias gradient takes "fused".
+# The atomic sums are not bitwise reproducible (walk's dBias is), so under
+# torch.use_deterministic_algorithms (training's --deterministic) every mode takes "split"; a
+# per-row bias always takes "split", and "walk" without a shared bias gradient takes "fused".
 BWD_MODES = ("split", "atomic_dbias", "fused", "walk")
 
 
@@ -51,10 +52,17 @@ class EvoAttentionConfig:
     bwd_q: BlockConfig
     bwd_bias: BlockConfig
     bwd_mode: str = "split"
+    # The mode for an fp32 bias, measured on its own (its bias reads cost twice the bytes).
+    fp32_bias_bwd_mode: str = "split"
 
     def __post_init__(self) -> None:
-        if self.bwd_mode not in BWD_MODES:
-            raise ValueError(f"EvoAttentionConfig: bwd_mode {self.bwd_mode!r} is not one of {BWD_MODES}")
+        for name in ("bwd_mode", "fp32_bias_bwd_mode"):
+            if getattr(self, name) not in BWD_MODES:
+                raise ValueError(f"EvoAttentionConfig: {name} {getattr(self, name)!r} is not one of {BWD_MODES}")
+
+    def backward_mode(self, bias_dtype) -> str:
+        """The backward mode for a bias of this dtype (None: no bias)."""
+        return self.fp32_bias_bwd_mode if bias_dtype == torch.float32 else self.bwd_mode
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -92,7 +100,8 @@ def load_tuned_configs() -> dict[str, list[tuple[int, int, EvoAttentionConfig]]]
                 raise ValueError(f"{CONFIG_FILE}: {where} lacks {missing}")
             blocks = {name: _parse_block(entry[name], f"{where}.{name}") for name in KERNEL_NAMES}
             try:
-                config = EvoAttentionConfig(**blocks, bwd_mode=str(entry.get("bwd_mode", "split")))
+                config = EvoAttentionConfig(**blocks, bwd_mode=str(entry.get("bwd_mode", "split")),
+                                            fp32_bias_bwd_mode=str(entry.get("fp32_bias_bwd_mode", "split")))
             except ValueError as err:
                 raise ValueError(f"{CONFIG_FILE}: {where}: {err}") from err
             parsed.append((int(entry["head_dim_max"]), int(entry["seq_len_max"]), config))

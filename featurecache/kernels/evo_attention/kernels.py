@@ -7,10 +7,14 @@ backward  dQ per (q block, row n, b*h) looping over k blocks, which also writes
           (k block, row n, b*h) looping over q blocks; then, for a bias broadcast over N,
           dBias per (k block, q block, b*h) looping over the N rows in a fixed order, so the
           sum over N is bitwise reproducible (no atomics).
+          Other backward modes (config.BWD_MODES): the dK/dV kernel adding dQ and / or dBias with
+          fp32 atomics (`_bwd_fused`, after `_delta`), or one program per bias tile walking the
+          rows with dQ, dK, dV added by atomics (`_bwd_walk`).
 Key loops stop at each row's last attended key, found once by the forward kernel.
 
 The `_rows` variants handle ROWS rows of N per program when the bias is shared by all rows
-(batched [ROWS, M, N] products), so each bias tile is loaded and scaled once for all of them.
+(batched [ROWS, M, N] products), so each bias tile is loaded and scaled once for all of them;
+the `_pair` variants do the same for two rows with 2-D products each.
 
 Offsets: batch, row and head offsets are always 64-bit; offsets inside a tile (position x
 stride) are 32-bit unless WIDE_INDEX, which the launcher sets when a tile of some tensor spans

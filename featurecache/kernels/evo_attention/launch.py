@@ -2,8 +2,9 @@
 outputs, picks the block configuration and launches the kernels.
 
 A launch costs tens of microseconds of host time, as much as the kernels themselves at N = 1,
-so a forward is one launch and a backward two (three with a shared bias), with no other device
-work around them.
+so a forward is one launch and a split backward two (three with a shared bias), with no other
+device work around them (the atomic modes add a delta launch and the zeroing and copying of
+their fp32 sums).
 
 Programs of one row n and head are launched next to each other (q block is the fastest grid
 axis) so k and v of that row stay in L2 for all its q blocks; a broadcast bias of one head is
@@ -254,7 +255,9 @@ def evo_attention_backward(
         dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     dbias = bias.new_empty(bias.shape) if bias_grad else None
     common["WIDE_INDEX"] = wide_index(q, k, v, out, grad_out, dq, dk, dv, bias=bias) or wide_index(bias=dbias)
-    mode = "split" if per_row_dbias else config.bwd_mode
+    # The atomic modes sum in no fixed order: deterministic runs keep the split kernels.
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    mode = "split" if per_row_dbias or deterministic else config.backward_mode(bias.dtype if has_bias else None)
     if mode == "walk" and shared_bias and bias_grad:
         _launch_walk_backward(grad_out, q, k, v, bias, mask_tensor, mask_strides, out, lse, key_end, delta,
                               dq, dk, dv, dbias, scale, config.bwd_bias, common)
