@@ -5,9 +5,10 @@ Every random draw of a step already comes from generators seeded by (seed, step,
 so what remains is the arithmetic: PyTorch's deterministic algorithms (an op without a
 deterministic kernel raises instead of running one that isn't), cuDNN without autotuning, and
 cuBLAS with a fixed workspace (CUBLAS_WORKSPACE_CONFIG, read when cuBLAS starts, so it is set
-before the first CUDA matrix product). featurecache's Triton kernels need no switch: they sum
-in a fixed order everywhere (EvoAttention's bias gradient loops over rows in order, no
-atomics), so they are deterministic in every mode.
+before the first CUDA matrix product). featurecache's Triton kernels follow the same switch:
+EvoAttention's fastest backward on the H200 adds dQ and dBias with fp32 atomics, and it takes
+its split backward (the bias gradient summed over rows in order, no atomics) whenever
+torch.are_deterministic_algorithms_enabled(); every other kernel sums in a fixed order always.
 """
 
 from __future__ import annotations
