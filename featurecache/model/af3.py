@@ -113,7 +113,10 @@ class AF3Model(nn.Module):
                 z = z + self.template_embedder(batch, z, pair_mask, generator)
                 z = self.msa_module(batch, s_inputs, z, token_mask, pair_mask, generator)
                 s, z = self.pairformer(s, z, token_mask, pair_mask, generator)
-        return {"s_inputs": s_inputs, "single": s, "pair": z, "distogram_logits": self.distogram_head(z)}
+        # re-run in backward with grouped checkpoints: its input z + z^T is a pair kept until the
+        # trunk's backward
+        logits = maybe_checkpointed(self._recomputes_losses(), self.distogram_head, z)
+        return {"s_inputs": s_inputs, "single": s, "pair": z, "distogram_logits": logits}
 
     def diffusion_context(self, batch: dict, trunk: dict) -> DiffusionContext:
         return self.diffusion_module.prepare(batch, self._windows(batch), trunk["s_inputs"], trunk["single"],

@@ -113,7 +113,7 @@ class DiffusionModule(nn.Module):
                                              kernels=config.kernels)
         self.transformer = ConditionedTransformer(
             c_token, config.c_s, config.c_z, config.diffusion_blocks, config.diffusion_heads, config.kernels,
-            checkpoint_blocks=config.checkpoint_blocks)
+            checkpoint_blocks=config.checkpoint_blocks, checkpoint_group=config.checkpoint_group)
         self.token_norm = nn.LayerNorm(c_token)
         self.atom_decoder = AtomAttentionDecoder(config, c_token)
 

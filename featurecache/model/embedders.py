@@ -116,6 +116,9 @@ class AtomInputEmbedder(nn.Module):
         self.to_pair_j = nn.Linear(inputs, config.c_z, bias=False)
         self.relpos = RelativePositionEncoding(config.c_z, config.relpos_max_residue, config.relpos_max_chain)
         self.from_token_bonds = nn.Linear(1, config.c_z, bias=False)
+        # with grouped checkpoints (a long crop) z_init is re-run in backward: its relative-position
+        # one-hot [B, N, N, 139] (1.8 GB at crop 2,560) would otherwise live through the whole step
+        self.recompute_pair = config.checkpoint_blocks and config.checkpoint_group > 1
 
     def forward(self, batch: dict, windows: AtomWindows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """s_inputs [B, N, atom_single_input_dim], s_init [B, N, c_s], z_init [B, N, N, c_z]."""
@@ -128,9 +131,13 @@ class AtomInputEmbedder(nn.Module):
             batch["deletion_mean"].to(token_single.dtype).unsqueeze(-1),
         ], dim=-1)
         bonds = dense_token_bonds(batch["token_bonds"], batch["token_bond_mask"], s_inputs.shape[1])
-        z = (self.to_pair_i(s_inputs)[:, :, None] + self.to_pair_j(s_inputs)[:, None, :] + self.relpos(batch)
-             + self.from_token_bonds(bonds.unsqueeze(-1).to(s_inputs.dtype)))
+        z = maybe_checkpointed(self.recompute_pair and self.training, self._initial_pair, batch, s_inputs, bonds)
         return s_inputs, self.to_single(s_inputs), z
+
+    def _initial_pair(self, batch: dict, s_inputs: torch.Tensor, bonds: torch.Tensor) -> torch.Tensor:
+        """z_init [B, N, N, c_z] (Algorithm 1, lines 3-5): outer sum, relative positions, bonds."""
+        return (self.to_pair_i(s_inputs)[:, :, None] + self.to_pair_j(s_inputs)[:, None, :] + self.relpos(batch)
+                + self.from_token_bonds(bonds.unsqueeze(-1).to(s_inputs.dtype)))
 
 
 def _backbone_frames(backbone: torch.Tensor) -> torch.Tensor:
@@ -195,7 +202,8 @@ class TemplateEmbedder(nn.Module):
         self.from_features = nn.Linear(TEMPLATE_FEATURE_DIM, c_t, bias=False)
         self.blocks = nn.ModuleList(
             PairStack(c_t, config.template_pair_heads, config.template_pair_head_dim,
-                      config.template_transition_expansion, kernels=config.kernels, dropout=config.pair_dropout)
+                      config.template_transition_expansion, kernels=config.kernels, dropout=config.pair_dropout,
+                      recompute_attention=self.recompute_templates)
             for _ in range(config.num_template_blocks)
         )
         self.out_norm = nn.LayerNorm(c_t)

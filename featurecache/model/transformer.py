@@ -15,10 +15,11 @@ path ("torch") with the same parameters.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from featurecache.kernels.conditioned_transition import (
     FUSED_MAX_CHANNELS,
@@ -26,6 +27,7 @@ from featurecache.kernels.conditioned_transition import (
     conditioned_transition,
 )
 from featurecache.kernels.runtime import check_kernels
+from featurecache.model.checkpointing import checkpointed
 from featurecache.model.layers import attention_fn, freeze_norm_bias, kernel_module
 
 # AF3 initialises every output gate sigmoid(Linear(s)) with bias -2 (Algorithms 24, 25).
@@ -166,20 +168,52 @@ class ConditionedTransformerBlock(nn.Module):
 
 
 class ConditionedTransformer(nn.Module):
-    """Algorithm 23, DiffusionTransformer: N blocks of conditioned attention and transition."""
+    """Algorithm 23, DiffusionTransformer: N blocks of conditioned attention and transition.
+
+    While training with `checkpoint_blocks`, each block keeps only its input a for backward (s and
+    the pair are shared by every block); `checkpoint_group` K > 1 keeps one a per K blocks and
+    backward re-runs each group, a checkpoint per block inside, as the Pairformer's
+    (featurecache.model.pairformer.run_blocks): N / K + K inputs held instead of N."""
 
     def __init__(self, c_a: int, c_s: int, c_pair: int, num_blocks: int, num_heads: int, kernels: str,
-                 checkpoint_blocks: bool = True) -> None:
+                 checkpoint_blocks: bool = True, checkpoint_group: int = 1) -> None:
         super().__init__()
         self.checkpoint_blocks = checkpoint_blocks
+        self.checkpoint_group = checkpoint_group
         self.blocks = nn.ModuleList(
             ConditionedTransformerBlock(c_a, c_s, c_pair, num_heads, kernels) for _ in range(num_blocks))
 
     def forward(self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
-        for block in self.blocks:
-            if self.checkpoint_blocks and self.training and torch.is_grad_enabled():
-                # as featurecache.model.pairformer.run_blocks: reentrant, no RNG state
-                a = checkpoint(block, a, s, pair, layout, use_reentrant=True, preserve_rng_state=False)
-            else:
-                a = block(a, s, pair, layout)
-        return a
+        blocks = list(self.blocks)
+        if not (self.checkpoint_blocks and self.training and torch.is_grad_enabled()):
+            return _run_plain(blocks, a, s, pair, layout)
+        group = self.checkpoint_group
+        if group > 1 and len(blocks) > 1:
+            for start in range(0, len(blocks), group):
+                chunk = blocks[start:start + group]
+                # s and the pair are the group's inputs, not captured: backward must return their
+                # gradients through the checkpoint (captured tensors would be differentiated twice)
+                a = (_run_checkpointed(chunk, a, s, pair, layout) if len(chunk) == 1 else
+                     checkpointed(functools.partial(_run_group, chunk, layout), a, s, pair))
+            return a
+        return _run_checkpointed(blocks, a, s, pair, layout)
+
+
+def _run_group(blocks: list, layout, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
+    """One group: plain in the first forward (no grad), a checkpoint per block when backward
+    re-runs it."""
+    if torch.is_grad_enabled():
+        return _run_checkpointed(blocks, a, s, pair, layout)
+    return _run_plain(blocks, a, s, pair, layout)
+
+
+def _run_checkpointed(blocks: list, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
+    for block in blocks:
+        a = checkpointed(block, a, s, pair, layout)  # reentrant, no RNG state (model.checkpointing)
+    return a
+
+
+def _run_plain(blocks: list, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
+    for block in blocks:
+        a = block(a, s, pair, layout)
+    return a

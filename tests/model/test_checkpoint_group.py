@@ -107,7 +107,21 @@ def test_the_full_model_keeps_fewer_pair_sized_tensors():
     # while AF3Model.forward runs
     glue = "glue (AF3Model)"
     assert grouped[glue] == per_block[glue] + pair
-    for part in per_block.keys() - {"Pairformer", "Pairformer pairs", glue, *recomputed}:
+    # the distogram head is re-run from the trunk's pair: its z + z^T is not kept
+    assert per_block["distogram head"] == pair and "distogram head" not in grouped
+    # z_init is re-run in backward: the relative-position one-hot [B, N, N, 139] and the bonds
+    # [B, N, N, 1] are not kept; its checkpoint keeps the bool bond matrix ([N + 1, N + 1] storage)
+    config = preset("tiny")
+    one_hot = length * length * (2 * (2 * config.relpos_max_residue + 2) + 1 + 2 * config.relpos_max_chain + 2) * 4
+    embedder = "input embedder"
+    assert grouped[embedder] == per_block[embedder] - one_hot - length * length * 4 + (length + 1) ** 2
+    # the diffusion transformer keeps one block input a [B, S, N, c_token] per group
+    diffusion_blocks, a_bytes = config.diffusion_blocks, 2 * length * config.c_token_diffusion * 4
+    kept = math.ceil(diffusion_blocks / group)
+    transformer = "diffusion: transformer"
+    assert grouped[transformer] == per_block[transformer] - (diffusion_blocks - kept) * a_bytes
+    for part in per_block.keys() - {"Pairformer", "Pairformer pairs", glue, embedder, transformer, "distogram head",
+                                    *recomputed}:
         # the bool pair mask is counted where it is first saved: no longer in the templates
         assert abs(grouped.get(part) - per_block[part]) <= length * length, part
 
