@@ -19,7 +19,8 @@ Sections (each one is skipped, with the reason in the table, when the time budge
    non-zero gradient, and the triton and torch paths give the same fp32 loss from the same weights;
    the variant `protenix` trains Protenix 2.0's own model, loss and optimizer at the same sizes
    (benchmarks/protenix_peer.py), skipped with the reason where protenix is not installed;
-3. the largest crop (multiples of 64) that trains without running out of memory, per variant,
+3. the largest crop (multiples of --crop-step, from --crop-start) that trains without running out
+   of memory, per variant, with --crop-checkpoint-group Pairformer blocks per checkpoint,
    bounded by time: a crop whose predicted time (cubic in L) exceeds the budget is not tried,
    and the result is then a lower bound, marked ">=";
 4. the share of step time spent waiting for data, reading the cache vs featurizing online,
@@ -39,6 +40,7 @@ import os
 import pathlib
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -306,12 +308,12 @@ class TrunkRunner:
 
 
 def max_crop(runner: TrunkRunner, start: int, limit: int, msa_rows: int, templates: int,
-             budget_s: float) -> dict:
-    """Largest multiple of 64 in [start, limit] that trains; doubling, then bisection."""
+             budget_s: float, step: int = 64) -> dict:
+    """Largest multiple of `step` in [start, limit] that trains; doubling, then bisection."""
     deadline = time.perf_counter() + budget_s
     ok, seconds, peak = runner.fits(start, msa_rows, templates)
     if not ok:
-        return {"max_crop": None, "bound": "none fits", "tried": [(start, False)]}
+        return {"max_crop": None, "bound": "none fits", "first_oom": start, "tried": [(start, False)]}
     tried = [(start, True)]
     good, bad, last_time, last_peak = start, None, seconds, peak
     capacity_gb = total_memory_gb(runner.device)
@@ -340,9 +342,9 @@ def max_crop(runner: TrunkRunner, start: int, limit: int, msa_rows: int, templat
 
     while bad is None and good < limit and trial(min(limit, good * 2)):
         pass
-    while bad is not None and bad - good > 64 and trial((good + bad) // 2 // 64 * 64):
+    while bad is not None and bad - good > step and trial((good + bad) // 2 // step * step):
         pass
-    exact = bad is not None and bad - good <= 64
+    exact = bad is not None and bad - good <= step
     return {"max_crop": good, "bound": "exact" if exact else ">=", "first_oom": bad, "tried": tried}
 
 
@@ -562,10 +564,14 @@ def table(results: dict, args) -> str:
         time_row(f"Pairformer block fwd+bwd, L={length}", f"block{length}")
     for crop in args.crop:
         time_row(f"training iteration, {model_label(args)}, crop {crop}", f"step{crop}")
-    crops = [cell(results.get(f"maxcrop/{v}"), lambda r: f"{'' if r['bound'] == 'exact' else '>= '}{r['max_crop']}")
-             for v in COLUMNS]
+    def largest(r: dict) -> str:
+        if r["max_crop"] is None:  # the search's first crop did not fit
+            return f"< {r['first_oom']}"
+        return f"{'' if r['bound'] == 'exact' else '>= '}{r['max_crop']}"
+
+    crops = [cell(results.get(f"maxcrop/{v}"), largest) for v in COLUMNS]
     longer = [ratio(get(f"maxcrop/{a}", "max_crop"), get(f"maxcrop/{b}", "max_crop")) for a, b in comparisons]
-    rows.append(f"| largest crop without OOM, {model_label(args)} | {' | '.join(crops)} | {' | '.join(longer)} |")
+    rows.append(f"| largest crop without OOM, {search_label(args)} | {' | '.join(crops)} | {' | '.join(longer)} |")
     checks = results.get("checks")
     if isinstance(checks, dict) and "max_relative_difference" in checks:
         rows.append(f"| checks: {checks['parameters'] / 1e6:.1f} M parameters, {len(checks['dead_parameters'])} without "
@@ -587,6 +593,8 @@ def table(results: dict, args) -> str:
         rows.append(f"| Protenix: {peer['parameters_millions']:.1f} M parameters; kernels: "
                     + "; ".join(f"{k} {v}" for k, v in peer["kernel_options"].items())
                     + f"; {peer['settings']} |{' |' * len(COLUMNS)}{blank}")
+    for merged in results.get("merged", []):
+        rows.append(f"| cells from an earlier run ({merged}) |{' |' * len(COLUMNS)}{blank}")
     for source in ("cache", "online"):
         result = results.get(f"datawait/{source}")
         rows.append(f"| data wait share, {source} | "
@@ -600,6 +608,11 @@ def model_label(args) -> str:
     if args.model == "af3":
         return f"full AF3 depth {args.depth}, diffusion batch {args.diffusion_batch}"
     return f"af3 depth {args.depth}"
+
+
+def search_label(args) -> str:
+    group = f", checkpoint_group {args.crop_checkpoint_group}" if args.crop_checkpoint_group != 1 else ""
+    return f"{model_label(args)}{group}, steps of {args.crop_step}"
 
 
 def csv_rows(results: dict, args) -> list[Row]:
@@ -619,12 +632,63 @@ def csv_rows(results: dict, args) -> list[Row]:
                      Row("train_step", variant, shape, "peak GB", result["peak_gb"])]
         elif kind == "maxcrop" and result.get("max_crop") is not None:
             metric = "largest crop" if result["bound"] == "exact" else "largest crop, at least"
-            rows.append(Row("train_step", variant, f"{model_label(args)}, steps of 64", metric,
+            rows.append(Row("train_step", variant, search_label(args), metric,
                             result["max_crop"]))
         elif kind == "datawait" and "share" in result:
             shape = f"af3 depth {args.depth}, crop {args.crop[0]}, {args.num_workers} workers"
             rows.append(Row("train_step", variant, shape, "data wait %", 100 * result["share"]))
     return rows
+
+
+def crop_start(args, variant: str) -> int:
+    """Where `variant`'s crop search starts: its VARIANT=CROP item of --crop-start, else a plain
+    CROP item, else the first --crop."""
+    starts = dict(item.rpartition("=")[::2] for item in args.crop_start)
+    return int(starts.get(variant, starts.get("", args.crop[0])))
+
+
+def peer_in_child(args, seconds: float) -> dict:
+    """The protenix variant run by this script in a child process (--peer-in-process): a CUDA
+    fault in its kernels (sticky for the whole CUDA context, seen on the H200) or a crash then
+    cannot reach the other variants, and its memory is gone before theirs is built. Returns its
+    result keys (step<crop>/protenix, peer), an error per crop the child did not report."""
+    out = pathlib.Path(tempfile.mkdtemp(prefix="train-step-peer-"))
+    argv = [sys.executable, os.path.abspath(__file__), "--peer-in-process", "--variants", "protenix",
+            "--model", args.model, "--depth", str(args.depth), "--crop", *map(str, args.crop),
+            "--diffusion-batch", str(args.diffusion_batch), "--atoms-per-token", str(args.atoms_per_token),
+            "--msa-rows", str(args.msa_rows), "--templates", str(args.templates), "--peer-reps", str(args.peer_reps),
+            "--block-lengths", "--no-checks", "--crop-budget-s", "0", "--budget-s", f"{seconds:.0f}",
+            "--out", str(out), *(["--smoke"] if args.smoke else [])]
+    try:
+        status = subprocess.run(argv, timeout=seconds + 60, check=False).returncode
+    except subprocess.TimeoutExpired:
+        status = "killed at its time limit"
+    try:
+        child = json.loads((out / "train_step.json").read_text())
+    except (OSError, ValueError):
+        child = {}
+    found = {key: value for key, value in child.items() if key == "peer" or key.endswith("/protenix")}
+    for crop in args.crop:
+        found.setdefault(f"step{crop}/protenix", {"error": f"its child process ended first (exit status {status})"})
+    return found
+
+
+def with_earlier_runs(results: dict, paths: list[pathlib.Path]) -> dict:
+    """`results` with the cells it lacks (absent or skipped) taken from earlier runs' JSON files,
+    the first file that measured a cell winning; "merged" lists each run and the cells taken."""
+    view, merged = dict(results), []
+    for path in paths:
+        earlier = json.loads(path.read_text())
+        taken = [key for key, value in earlier.items()
+                 if ("/" in key or key in ("peer", "checks")) and isinstance(value, dict) and "skipped" not in value
+                 and (not isinstance(view.get(key), dict) or "skipped" in view[key])]
+        view.update({key: earlier[key] for key in taken})
+        if taken:
+            run = ", ".join(str(earlier.get(field)) for field in ("date", "device", "commit"))
+            merged.append(f"{run}: {', '.join(taken)}")
+    if merged:
+        view["merged"] = merged
+    return view
 
 
 def main() -> None:
@@ -636,6 +700,8 @@ def main() -> None:
     parser.add_argument("--crop", type=int, nargs="+", default=[384], help="crop sizes of the iteration section")
     parser.add_argument("--diffusion-batch", type=int, default=48, help="--model af3: noised copies per step (AF3: 48)")
     parser.add_argument("--step-reps", type=int, default=5, help="timed iterations per variant and crop")
+    parser.add_argument("--step-warmup", type=int, default=2,
+                        help="untimed iterations before them (a CUDA graph warms up and captures in the first)")
     parser.add_argument("--atoms-per-token", type=int, default=8, help="--model af3: atoms per polymer token")
     parser.add_argument("--msa-rows", type=int, default=1024)
     parser.add_argument("--templates", type=int, default=4)
@@ -646,14 +712,32 @@ def main() -> None:
                              "variant's model is in memory during its steps")
     parser.add_argument("--peer-reps", type=int, default=3, help="timed iterations of a peer (about 10 s each)")
     parser.add_argument("--crop-limit", type=int, default=3072, help="largest crop the search tries")
+    parser.add_argument("--crop-start", nargs="*", default=[], metavar="[VARIANT=]CROP",
+                        help="first crop the search tries, for every variant or one (default: the first --crop)")
+    parser.add_argument("--crop-step", type=int, default=64, help="the search's crops are multiples of this")
+    parser.add_argument("--crop-checkpoint-group", type=int, default=1,
+                        help="the model's checkpoint_group (Pairformer blocks per activation checkpoint) in the "
+                             "crop search only; the step and data-wait sections keep the preset's 1")
     parser.add_argument("--crop-budget-s", type=float, default=45.0,
                         help="time per variant for the crop search (0: no search)")
     parser.add_argument("--budget-s", type=float, default=360.0, help="whole-run time budget")
+    parser.add_argument("--first-step-s", type=float, default=150.0,
+                        help="time a variant's first crop needs left to start when it compiles: the first Triton "
+                             "variant (cold cache on a fresh machine) and torch.compile variants; else 20 s")
+    parser.add_argument("--peer-budget-s", type=float, default=240.0,
+                        help="time for the protenix variant, run in a child process (its CUDA faults stay there)")
+    parser.add_argument("--peer-in-process", action="store_true",
+                        help="run the protenix variant in this process (what the child process does)")
+    parser.add_argument("--merge", type=pathlib.Path, nargs="*", default=[],
+                        help="train_step.json files of earlier runs (same device kind): their numbers fill the "
+                             "table's cells this run does not measure, so the ratios span both runs")
     parser.add_argument("--cache", help="feature cache for the data-wait measurement")
     parser.add_argument("--online", help="raw mmCIF folder for the online data-wait measurement")
     parser.add_argument("--alignments")
     parser.add_argument("--template-dir")
     parser.add_argument("--data-steps", type=int, default=21)
+    parser.add_argument("--data-kernels", choices=("auto", "triton", "torch"), default="auto",
+                        help="kernels of the data-wait runs (auto: triton if it stepped in this run, else torch)")
     parser.add_argument("--data-graphs", action="store_true",
                         help="measure the data wait with the loop's --cuda-graphs (the fastest step, so the largest share)")
     parser.add_argument("--num-workers", type=int, default=2)
@@ -668,6 +752,17 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke and args.record:
         parser.error("--record with --smoke: a smoke run's numbers are not measurements")
+    for item in args.crop_start:
+        name, _, value = item.rpartition("=")
+        if name not in ("", *VARIANTS) or not value.isdigit():
+            parser.error(f"--crop-start {item}: expected CROP or VARIANT=CROP, VARIANT one of {', '.join(VARIANTS)}")
+    if args.crop_checkpoint_group < 1 or args.crop_step < 1:
+        parser.error("--crop-checkpoint-group and --crop-step must be at least 1")
+    for path in args.merge:
+        try:
+            json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            parser.error(f"--merge {path}: not a readable train_step.json ({type(error).__name__})")
 
     budget = Budget(args.budget_s)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -690,7 +785,7 @@ def main() -> None:
     slow = [v for v in args.variants if is_compiled(v)]
     runners: dict = {}
 
-    def make_runner(variant: str) -> TrunkRunner | protenix_peer.ProtenixPeer:
+    def make_runner(variant: str, config: dict = overrides) -> TrunkRunner | protenix_peer.ProtenixPeer:
         if variant == "protenix":
             peer = protenix_peer.ProtenixPeer(device, args.depth, args.diffusion_batch, args.atoms_per_token,
                                               small=args.smoke, first_length=args.crop[0])
@@ -698,8 +793,8 @@ def main() -> None:
                                "kernel_options": peer.kernel_options, "settings": peer.settings()}
             return peer
         if args.model == "af3":
-            return FullModelRunner(variant, overrides, device, args.diffusion_batch, args.atoms_per_token)
-        return TrunkRunner(variant, overrides, device)
+            return FullModelRunner(variant, config, device, args.diffusion_batch, args.atoms_per_token)
+        return TrunkRunner(variant, config, device)
 
     def step_bench(variant: str, crop: int) -> dict:
         if variant not in runners:
@@ -712,17 +807,19 @@ def main() -> None:
         runner = runners[variant]
         batch = runner.batch(crop, args.msa_rows, args.templates)
         peer = variant in PEERS  # its first call at a size also autotunes its Triton kernel
-        ms, peak = timed(lambda: runner.iteration(batch), device, 1 if args.smoke or peer else 2,
+        ms, peak = timed(lambda: runner.iteration(batch), device, 1 if args.smoke or peer else args.step_warmup,
                          2 if args.smoke else args.peer_reps if peer else args.step_reps, graphs=runner.graphs)
         return {"ms": ms, "peak_gb": peak}
 
     def crop_search(variant: str) -> dict:
-        runner = runners.pop(variant, None)
+        runner = runners.pop(variant, None) if args.crop_checkpoint_group == 1 else None
         runners.clear()  # no other model in memory while searching
         free_memory()
-        runner = runner or make_runner(variant)
+        runner = runner or make_runner(variant, {**overrides, "checkpoint_group": args.crop_checkpoint_group})
         share = min(args.crop_budget_s, max(0.0, budget.left() - 30))
-        return max_crop(runner, args.crop[0], args.crop_limit, args.msa_rows, args.templates, share)
+        found = max_crop(runner, crop_start(args, variant), args.crop_limit, args.msa_rows, args.templates,
+                         share, args.crop_step)
+        return {**found, "checkpoint_group": runner.model.config.checkpoint_group}  # as the model was built
 
     trunk = preset("af3", **overrides)
     header = (f"{stamp.header()}; {'tiny (smoke)' if args.smoke else 'af3'} "
@@ -732,7 +829,22 @@ def main() -> None:
 
     def write_results() -> None:
         (args.out / "train_step.json").write_text(json.dumps(results, indent=1, default=str))
-        (args.out / "train_step.md").write_text(header + "\n\n" + table(results, args) + "\n")
+        (args.out / "train_step.md").write_text(header + "\n\n" + table(with_earlier_runs(results, args.merge), args)
+                                                + "\n")
+
+    def finish() -> None:
+        """The table (with earlier runs' cells) written, printed last, and recorded with --record."""
+        write_results()
+        view = with_earlier_runs(results, args.merge)
+        text = table(view, args)
+        print()
+        print(header)
+        print(text, flush=True)
+        if args.record:
+            command = f"`python3 benchmarks/train_step.py {' '.join(sys.argv[1:])}`"
+            # results.csv: this run's numbers only (an earlier run recorded its own)
+            record(stamp, csv_rows(results, args), "train_step", f"### Run of {header}\n\n{command}\n\n{text}\n",
+                   "Training step")
 
     def section(key: str, reserve_s: float, function, *section_args) -> None:
         run_section(results, key, budget, reserve_s, function, *section_args)
@@ -742,8 +854,7 @@ def main() -> None:
         # SIGALRM cannot interrupt a main thread blocked in C (seen: torch.compile on the H200,
         # run 1): end the process here, with the table of what was measured.
         results["stopped"] = "watchdog: time budget exceeded"
-        write_results()
-        print(header + "\n" + table(results, args), flush=True)
+        finish()
         os._exit(3)
 
     watchdog = threading.Timer(max(1.0, budget.left()) + 20.0, out_of_time)
@@ -765,20 +876,40 @@ def main() -> None:
         runners["triton"] = make_runner("triton")
         section("profile/step/triton", 30, profile_full_step, runners["triton"],
                 runners["triton"].batch(args.crop[0], args.msa_rows, args.templates), device, args.out)
+    def step_reserve(variant: str, crop: int) -> float:
+        """Time left that a step section needs to start: a variant's first crop compiles when it is
+        the first Triton variant to step (a cold cache on a fresh machine) or uses torch.compile."""
+        if args.smoke or crop != args.crop[0] or variant not in VARIANTS:
+            return 20
+        triton_stepped = any("ms" in results.get(f"step{c}/{v}", {}) for v in VARIANTS for c in args.crop
+                             if VARIANTS[v][0] == "triton")
+        compiles = is_compiled(variant) or (VARIANTS[variant][0] == "triton" and not triton_stepped)
+        return args.first_step_s if compiles else 20
+
     for variant in fast:
         reason = peer_unavailable(variant, args.model) if variant in PEERS else None
+        if variant in PEERS and not reason and not args.peer_in_process and not args.blocks_only:
+            runners.clear()  # the child needs the device's memory
+            free_memory()
+            seconds = min(args.peer_budget_s, budget.left() - 10)
+            if seconds < 60:
+                reason = f"time budget ({budget.left():.0f} s left)"
+            else:
+                results.update(peer_in_child(args, seconds))
+                write_results()
+                continue
         for crop in [] if args.blocks_only else args.crop:
             if reason:
                 results[f"step{crop}/{variant}"] = {"skipped": reason}
                 print(f"[skip] step{crop}/{variant}: {reason}", flush=True)
             else:
-                section(f"step{crop}/{variant}", 20, step_bench, variant, crop)
+                section(f"step{crop}/{variant}", step_reserve(variant, crop), step_bench, variant, crop)
         if variant in PEERS:  # not searched: free its model for the next variant
             runners.pop(variant, None)
             free_memory()
     # the fastest path that ran: the share of waiting depends on the step time
     ran = [v for v in ("triton", "eager") if "ms" in results.get(f"step{args.crop[0]}/{v}", {})]
-    data_kernels = VARIANTS[ran[0]][0] if ran else "torch"
+    data_kernels = args.data_kernels if args.data_kernels != "auto" else VARIANTS[ran[0]][0] if ran else "torch"
     for source, option in (("cache", args.cache), ("online", args.online)):
         if option and not args.blocks_only:
             section(f"datawait/{source}", 20, data_wait_share, args, device, source, data_kernels)
@@ -793,22 +924,14 @@ def main() -> None:
         for length in args.block_lengths:
             section(f"block{length}/{variant}", 15, bench_block, variant, length, dims, device, warmup, reps)
         for crop in [] if args.blocks_only else args.crop:
-            section(f"step{crop}/{variant}", 20, step_bench, variant, crop)
+            section(f"step{crop}/{variant}", step_reserve(variant, crop), step_bench, variant, crop)
         if variant in runners and args.crop_budget_s > 0:
             section(f"maxcrop/{variant}", 20, crop_search, variant)
         runners.pop(variant, None)
         free_memory()
 
     watchdog.cancel()
-    write_results()  # also when no section ran (every variant skipped)
-    text = table(results, args)
-    print()
-    print(header)
-    print(text)
-    if args.record:
-        section = (f"### Run of {header}\n\n`python3 benchmarks/train_step.py "
-                   f"{' '.join(sys.argv[1:])}`\n\n{text}\n")
-        record(stamp, csv_rows(results, args), "train_step", section, "Training step")
+    finish()  # also when no section ran (every variant skipped)
 
 
 if __name__ == "__main__":
