@@ -58,8 +58,13 @@ STACKS = (
 )
 
 
-# the stacks whose blocks ModelConfig.checkpoint_group groups
-GROUPED = ("Pairformer block", "MSA block")
+# the stacks whose blocks ModelConfig.checkpoint_group groups, and how many of a block's leading
+# floating-point arguments are its state (held once per block of a re-run group; the rest, e.g.
+# the diffusion transformer's s and pair, are shared by every block)
+GROUPED = {"Pairformer block": 2, "MSA block": 2, "diffusion transformer block": 1}
+# the parts whose saved tensors are still held when backward reaches the trunk (the diffusion
+# module, the confidence head and the losses are done by then)
+TRUNK_PARTS = ("input embedder", "templates", "MSA module", "Pairformer", "glue (AF3Model)")
 
 
 def build(args, device: torch.device, checkpoint_group: int, rollout_steps: int | None = None) -> AF3Model:
@@ -141,7 +146,7 @@ def account(args, length: int, device: torch.device, checkpoint_group: int) -> d
     blocks = recomputed_blocks(model, captured, device)
     # each stack's block input (its state tensors): a re-run group keeps one per block
     inputs = {label: [(label, t.nbytes, tuple(t.shape), t.dtype) for t in args_ if isinstance(t, torch.Tensor)
-                      and t.is_floating_point()] for label, args_ in captured.items()}
+                      and t.is_floating_point()][:GROUPED.get(label, 0)] for label, args_ in captured.items()}
     sizes = {label: len(model.get_submodule(path)) for label, path in STACKS if label in captured}
     parameters = sum(p.numel() for p in model.parameters())
     del model, captured
@@ -182,6 +187,8 @@ def accounting_table(args, device: torch.device, group: int) -> tuple[list[str],
             totals[t] += sum(by_target[t][part])
     rows.append("| **all saved** | | | | " + " | ".join(f"**{totals[t] / GB:.2f}**" for t in targets) + " |")
     block_peak = {t: 0.0 for t in targets}
+    trunk_block = {t: 0.0 for t in targets}  # the largest re-run block (+ its group) of the trunk's stacks
+    diffusion_block = {t: 0.0 for t in targets}
     group_inputs = {t: 0.0 for t in targets}  # a re-run group's other block inputs, the largest stack's
     for label, _ in STACKS:
         if label not in large["blocks"]:
@@ -201,10 +208,22 @@ def accounting_table(args, device: torch.device, group: int) -> tuple[list[str],
                     f"{sum(x[1] for x in large['blocks'][label]) / 1e6:.1f} | | "
                     + " | ".join(f"{predicted[t] / GB:.2f}" for t in targets) + " |")
         block_peak = {t: max(block_peak[t], predicted[t]) for t in targets}
+        if label in ("Pairformer block", "MSA block", "template block"):
+            trunk_block = {t: max(trunk_block[t], predicted[t]) for t in targets}
+        elif label == "diffusion transformer block":
+            diffusion_block = predicted
     fixed = large["parameters"] * FIXED_BYTES_PER_PARAMETER
+    trunk_saved = {t: sum(sum(by_target[t].get(part, [0.0])) for part in TRUNK_PARTS) for t in targets}
     rows.append(f"| **predicted peak**: {fixed / GB:.2f} GB fixed ({large['parameters'] / 1e6:.0f} M parameters x "
                 f"{FIXED_BYTES_PER_PARAMETER} B) + all saved + largest block | | | | "
                 + " | ".join(f"**{(fixed + totals[t] + block_peak[t]) / GB:.1f}**" for t in targets) + " |")
+    # where the peak can be: early in backward (everything saved, a diffusion transformer group
+    # re-run) or in the trunk's backward (only the trunk's saved tensors, a Pairformer group re-run)
+    rows.append("| phase peak, diffusion backward: fixed + all saved + a re-run diffusion transformer group | | | | "
+                + " | ".join(f"{(fixed + totals[t] + diffusion_block[t]) / GB:.1f}" for t in targets) + " |")
+    rows.append(f"| phase peak, trunk backward: fixed + saved by {', '.join(TRUNK_PARTS)} + the largest re-run "
+                "trunk block and group | | | | "
+                + " | ".join(f"{(fixed + trunk_saved[t] + trunk_block[t]) / GB:.1f}" for t in targets) + " |")
     rows.append("| fixed + all saved + a re-run group's block inputs (the block's own activations aside: they "
                 "depend on the kernel path) | | | | "
                 + " | ".join(f"{(fixed + totals[t] + group_inputs[t]) / GB:.1f}" for t in targets) + " |")
@@ -283,10 +302,10 @@ def main() -> None:
     watchdog = threading.Timer(args.budget_s or 1e9, lambda: finish(lines + ["| stopped by --budget-s |"], 3))
     watchdog.daemon = True
     watchdog.start()
-    lines = [f"# activation memory, af3 preset ({args.depth} Pairformer blocks, diffusion batch {args.diffusion_batch}, "
-             f"{args.atoms_per_token} atoms per token, {args.msa_rows} MSA rows, {args.templates} templates), "
-             f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
-             f"{args.kernels or ('triton' if device.type == 'cuda' else 'torch')} kernels"]
+    lines = [(f"# activation memory, af3 preset ({args.depth} Pairformer blocks, diffusion batch {args.diffusion_batch}, "
+              f"{args.atoms_per_token} atoms per token, {args.msa_rows} MSA rows, {args.templates} templates), "
+              f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
+              f"{args.kernels or ('triton' if device.type == 'cuda' else 'torch')} kernels")]
     for group in args.checkpoint_group:
         if not args.no_accounting:
             rows, summary = accounting_table(args, device, group)

@@ -67,7 +67,7 @@ class ConfidenceHead(nn.Module):
         self.pairformer = Pairformer(
             config.confidence_blocks, c_s, c_z, config.single_heads, config.single_head_dim, config.pair_heads,
             config.pair_head_dim, config.transition_expansion, checkpoint_blocks=config.checkpoint_blocks,
-            kernels=config.kernels,
+            kernels=config.kernels, recompute_attention=config.checkpoint_group > 1,
         )
         # with grouped checkpoints (a long crop) the whole head is re-run in backward: its z, the
         # distance features, norms and logits would keep ~6 pair-sized tensors

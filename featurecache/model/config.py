@@ -101,10 +101,12 @@ class ModelConfig:
     # Pairformer blocks per outer checkpoint while training (with checkpoint_blocks). 1: every
     # block's input is kept for backward (48 bf16 pairs under autocast: 1.8 GB at crop 384, 80 GB
     # at 2,560). K > 1: only every K-th is kept, and backward re-runs each group of K blocks with
-    # a checkpoint per block inside (about 48/K + K pairs held, K ~ 7); the MSA module's 4 blocks
-    # run as one group, and each template's embedding, the diffusion pair conditioning, the
-    # confidence head and the distogram loss are re-run in backward instead of keeping their
-    # pair-sized intermediates. One more forward of the trunk; the same results.
+    # a checkpoint per block inside (about 48/K + K pairs held, K ~ 7), and a re-run block's two
+    # triangle attentions keep only their inputs (re-run once more in backward); the diffusion
+    # transformer's 24 blocks are grouped by the same K; the MSA module's 4 blocks run as one
+    # group; z_init, each template's embedding, the diffusion pair conditioning, the confidence
+    # head, the distogram head and loss are re-run in backward instead of keeping their
+    # pair-sized intermediates. About one more forward of the trunk; the same results.
     checkpoint_group: int = 1
 
     def __post_init__(self) -> None:

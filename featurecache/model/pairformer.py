@@ -148,7 +148,9 @@ class Pairformer(nn.Module):
     def __init__(self, num_blocks: int, c_s: int, c_z: int, single_heads: int, single_head_dim: int,
                  pair_heads: int, pair_head_dim: int, transition_expansion: int,
                  checkpoint_blocks: bool = True, kernels: str = "triton", dropout: float = 0.0,
-                 checkpoint_group: int = 1) -> None:
+                 checkpoint_group: int = 1, recompute_attention: bool = False) -> None:
+        """`recompute_attention` (PairStack's): implied by checkpoint_group > 1; the confidence
+        head, re-run whole with grouped checkpoints, asks for it with one group per block."""
         super().__init__()
         self.checkpoint_blocks = checkpoint_blocks
         self.checkpoint_group = checkpoint_group
@@ -156,7 +158,7 @@ class Pairformer(nn.Module):
         self.blocks = nn.ModuleList(
             PairformerBlock(c_s, c_z, single_heads, single_head_dim, pair_heads, pair_head_dim,
                             transition_expansion, kernels=kernels, dropout=dropout,
-                            recompute_attention=checkpoint_blocks and checkpoint_group > 1)
+                            recompute_attention=checkpoint_blocks and (checkpoint_group > 1 or recompute_attention))
             for _ in range(num_blocks)
         )
 

@@ -39,10 +39,14 @@ UNIT = FiniteFloatRange(0.0, 1.0, max_open=True)
               help="Model size.")
 @click.option("--pairformer-blocks", type=NON_NEGATIVE, help="Override the preset's number of Pairformer blocks.")
 @click.option("--checkpoint-group", default=TrainConfig.checkpoint_group, show_default=True, type=POSITIVE,
-              help="Pairformer blocks per activation checkpoint: 1 keeps every block's input for backward; "
-                   "K > 1 keeps one per K blocks, re-runs each group in backward and recomputes the other "
-                   "pair-sized paths (one more forward of the trunk, same results): 7 for crops past ~2,000 "
-                   "tokens (benchmarks/activation_memory.py predicts the peak).")
+              help="Pairformer (and diffusion transformer) blocks per activation checkpoint: 1 keeps every "
+                   "block's input for backward; K > 1 keeps one per K blocks, re-runs each group in backward "
+                   "(a re-run block's triangle attentions once more) and recomputes the other pair-sized paths "
+                   "(about one more forward of the trunk, same results): 7 for crops past ~2,000 tokens "
+                   "(benchmarks/activation_memory.py predicts the peak). Near the GPU's memory, also start the "
+                   "process with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment (read once, "
+                   "when CUDA initializes; setting it later does nothing): it avoids fragmentation at 1-2 GB "
+                   "tensors (not yet measured with --cuda-graphs).")
 @click.option("--kernels", default=TrainConfig.kernels, show_default=True, type=click.Choice(KERNEL_OPTIONS),
               help="triton: featurecache's kernels (CUDA); torch: the pure-PyTorch references; "
                    "auto: triton on a CUDA device, torch on the CPU.")
