@@ -6,7 +6,13 @@ vs torch.compile of the PyTorch path, in one run.
     python3 benchmarks/train_step.py --model af3 --depth 48 --crop 384 768 --block-lengths --record
     python3 benchmarks/train_step.py --model af3 --depth 48 --crop 384 768 --block-lengths --variants protenix triton+graphs
     python3 benchmarks/train_step.py --smoke --depth 1 --block-lengths 16 --budget-s 120   # a CPU check
-    python3 benchmarks/train_step.py --smoke --model af3 --depth 1 --crop 32 --block-lengths --budget-s 300
+    python3 benchmarks/train_step.py --smoke --model af3 --depth 1 --crop 24 --diffusion-batch 2 --msa-rows 8 \
+        --templates 1 --block-lengths --no-checks --budget-s 1200   # CPU (TRITON_INTERPRET=1 for triton variants)
+    python3 benchmarks/train_step.py ... --merge earlier/train_step.json   # fill this run's table from an earlier run
+
+benchmarks/device_plan.sh runs it on the H200 in three calls (`smoke` there runs those calls at
+tiny sizes on the CPU). The protenix variant runs in a child process of this script: a CUDA fault
+in its kernels spoils only that process's CUDA context, and its numbers join this run's table.
 
 Sections (each one is skipped, with the reason in the table, when the time budget runs out):
 
@@ -724,8 +730,9 @@ def main() -> None:
     parser.add_argument("--first-step-s", type=float, default=150.0,
                         help="time a variant's first crop needs left to start when it compiles: the first Triton "
                              "variant (cold cache on a fresh machine) and torch.compile variants; else 20 s")
-    parser.add_argument("--peer-budget-s", type=float, default=240.0,
-                        help="time for the protenix variant, run in a child process (its CUDA faults stay there)")
+    parser.add_argument("--peer-budget-s", type=float,
+                        help="time for the protenix variant, run in a child process (its CUDA faults stay there); "
+                             "default: the run's time left")
     parser.add_argument("--peer-in-process", action="store_true",
                         help="run the protenix variant in this process (what the child process does)")
     parser.add_argument("--merge", type=pathlib.Path, nargs="*", default=[],
@@ -891,7 +898,7 @@ def main() -> None:
         if variant in PEERS and not reason and not args.peer_in_process and not args.blocks_only:
             runners.clear()  # the child needs the device's memory
             free_memory()
-            seconds = min(args.peer_budget_s, budget.left() - 10)
+            seconds = min(args.peer_budget_s or math.inf, budget.left() - 10)
             if seconds < 60:
                 reason = f"time budget ({budget.left():.0f} s left)"
             else:

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Issue 24's H200 measurements in three device calls (checked on the CPU with --smoke first).
+#
+# Budget: 30 min of device time; each call <= 600 s of command, ~100 s to start a fresh machine
+# (Triton's compile cache is lost with it), ~25 s to install the wheels. Estimates below are from
+# the 2026-12-03/04 runs (triton + CUDA graph 1.2 s at crop 384 and 4.1 s at 768, launched 2.5 s,
+# eager 8 s at 384, Protenix 8-9 s at 384 and 15 s at 768, a cold first Triton step >= 150 s).
+#
+# Here (CPU), once:   bash benchmarks/device_plan.sh prepare
+#   builds .devdata/cache384 (721p 398 tokens, 7a4d 547 tokens: every crop is 384; their A3Ms cut to
+#   the first 1024 sequences, 0.9 MB) and .whl-core/ (featurecache's wheels without Protenix's),
+#   and prints what each call sends against the 64 MiB limit.
+#
+# Device calls, in this order (the `run` tool; issue the next one at once, while the machine is
+# still warm: that saves ~100 s of start and the cold Triton compilation):
+#   1. ~25 + 500 s  run(command="bash benchmarks/device_plan.sh call1", carry=[".whl", ".devdata"], timeout_s=600)
+#      steps at crop 384 and 768: triton + CUDA graph (~190 s, cold Triton), triton (~35 s),
+#      Protenix 2.0 in a child process (~140 s); then the data wait through the training loop with
+#      the cache, triton kernels, 12 steps (~80 s)
+#   2. ~25 + 520 s  run(command="bash benchmarks/device_plan.sh call2", carry=[".whl-core", ".devout"], timeout_s=600)
+#      the largest crop, checkpoint_group 7, steps of 128: triton from 2432 (2304 fit, 2560 ran out
+#      of memory on 2026-12-04 before the diffusion transformer was grouped too), eager from 512;
+#      their one step at 384 first (~150 s cold, ~30 s)
+#   3. ~25 + 420 s  run(command="bash benchmarks/device_plan.sh call3", carry=[".whl-core", ".devout"], timeout_s=480)
+#      eager (~130 s) and torch.compile of the blocks (compile_blocks, ~275 s) at 384 and 768; its
+#      table merges calls 1 and 2: every variant and ratio of the issue in one table
+#   Three fresh machines: ~1,800 s, the whole budget (a call is not started with < 240 s left).
+#   If short, the budget cuts call 3's compile steps first (they run last); the table says so.
+# After each call, here (FILES = the reply's files_at):
+#   mkdir -p .devout && cp FILES/train_step.json .devout/callN.json && cp FILES/RESULTS.md FILES/results.csv benchmarks/
+# (each call records its own rows with --record; a later call's table also shows the earlier cells)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CORE_WHEELS="biotite gemmi lmdb msgpack rdkit zstandard"
+LIMIT=$((64 * 1024 * 1024))
+
+prepare() {
+    local data=../shared/data
+    grep -qx '/.devdata/' .git/info/exclude || printf '/.devdata/\n/.devout/\n/.whl-core/\n' >> .git/info/exclude
+    rm -rf .devdata/cache384 .devdata/inputs .devdata/alignments && mkdir -p .devdata/inputs .devdata/alignments .devout
+    cp "$data"/structures/721p-assembly1.cif "$data"/structures/7a4d-assembly1.cif .devdata/inputs/
+    python3 - "$data/alignments/pdb" .devdata/alignments <<'EOF'
+import gzip, pathlib, sys
+source, target = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+for path in [*source.glob("721p-*.a3m*"), *source.glob("7a4d-*.a3m*")]:
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as handle:
+        lines = handle.read().splitlines()
+    kept, sequences = [], 0
+    for line in lines:  # the query and the next 1023 sequences
+        sequences += line.startswith(">")
+        if sequences > 1024:
+            break
+        kept.append(line)
+    (target / path.name.removesuffix(".gz")).write_text("\n".join(kept) + "\n")
+EOF
+    featurecache precompute .devdata/inputs --cache .devdata/cache384 --alignments .devdata/alignments \
+        --executor inline --shards 1 --no-progress
+    rm -rf .devdata/inputs .devdata/alignments
+    mkdir -p .whl-core && for name in $CORE_WHEELS; do ln -f .whl/"$name"-*.whl .whl-core/; done
+    local tree
+    tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+    for call in "call1 .whl .devdata" "call2 .whl-core .devout" "call3 .whl-core .devout"; do
+        set -- $call
+        local name=$1 total=$tree
+        shift
+        total=$((total + $(du -cb "$@" | tail -1 | cut -f1)))
+        echo "$name: tree $tree + $* = $total bytes of $LIMIT ($(( (LIMIT - total) / 1024 )) KiB spare)"
+        [ "$total" -lt "$LIMIT" ] || echo "  $name does not fit: leave a wheel out or shrink .devdata"
+    done
+}
+
+device_setup() {  # on the device: the carried wheels into /tmp/site
+    local wheels=.whl-core
+    [ -d .whl ] && wheels=.whl  # call 1: every wheel (Protenix's too)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    export FC_COMMIT=${FC_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+    OUTDIR=${OUT:-bench-out}
+    mkdir -p "$OUTDIR"
+    trap 'cp benchmarks/RESULTS.md benchmarks/results.csv "$OUTDIR"/ 2>/dev/null || true' EXIT
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
+}
+
+merged() {  # the --merge arguments: the earlier calls' JSON that came back and was carried
+    local files=()
+    for name in "$@"; do [ -f ".devout/$name.json" ] && files+=(".devout/$name.json"); done
+    [ ${#files[@]} -eq 0 ] || echo "--merge ${files[*]}"
+}
+
+FULL="--model af3 --depth 48 --block-lengths --no-checks --step-warmup 1 --step-reps 1 --peer-reps 1"
+
+call1() {
+    device_setup
+    python3 benchmarks/train_step.py $FULL --crop 384 768 --variants triton+graphs triton protenix \
+        --cache .devdata/cache384 --data-kernels triton --data-steps 12 \
+        --crop-budget-s 0 --budget-s 500 --peer-budget-s 200 --out "$OUTDIR" --record 2>&1 | tee "$OUTDIR/log.txt"
+}
+
+call2() {
+    device_setup
+    python3 benchmarks/train_step.py $FULL --crop 384 --variants triton eager \
+        --crop-checkpoint-group 7 --crop-start triton=2432 eager=512 --crop-step 128 --crop-limit 2560 \
+        --crop-budget-s 200 --budget-s 520 --out "$OUTDIR" --record 2>&1 | tee "$OUTDIR/log.txt"
+}
+
+call3() {
+    device_setup
+    # (the crop options only label call 2's merged largest-crop row: no search runs here)
+    python3 benchmarks/train_step.py $FULL --crop 384 768 --variants eager compile --crop-budget-s 0 \
+        --crop-checkpoint-group 7 --crop-step 128 --first-step-s 200 --budget-s 420 $(merged call1 call2) --out "$OUTDIR" --record 2>&1 | tee "$OUTDIR/log.txt"
+}
+
+# The same invocations at tiny sizes on the CPU (here; PYTHONPATH must hold protenix for c):
+# a = call 3, b = call 1's and 2's triton variants (interpreted), c = call 1's Protenix and data
+# wait, d = call 2's crop search with its checkpoint group
+smoke() {
+    local out=${1:-/tmp/device-plan-smoke}
+    local tiny="--smoke --model af3 --depth 1 --crop 24 --diffusion-batch 2 --msa-rows 8 --templates 1 --block-lengths --no-checks --budget-s 1200"
+    python3 benchmarks/train_step.py $tiny --variants eager compile --crop-budget-s 0 --out "$out/a"
+    TRITON_INTERPRET=1 python3 benchmarks/train_step.py $tiny --variants triton+graphs triton triton+compile \
+        --step-warmup 1 --step-reps 1 --crop-budget-s 0 --out "$out/b"
+    python3 benchmarks/train_step.py $tiny --variants protenix --cache .devdata/cache384 --data-kernels torch \
+        --data-steps 4 --crop-budget-s 0 --merge "$out/a/train_step.json" "$out/b/train_step.json" --out "$out/c"
+    python3 benchmarks/train_step.py $tiny --variants eager --crop-checkpoint-group 2 --crop-start eager=24 \
+        --crop-step 8 --crop-limit 32 --crop-budget-s 300 --out "$out/d"
+}
+
+"${1:?usage: device_plan.sh prepare|call1|call2|call3|smoke [OUT]}" "${@:2}"
