@@ -18,9 +18,10 @@
 #      Protenix 2.0 in a child process (~140 s); then the data wait through the training loop with
 #      the cache, triton kernels, 12 steps (~80 s)
 #   2. ~25 + 520 s  run(command="bash benchmarks/device_plan.sh call2", carry=[".whl-core", ".devout"], timeout_s=600)
-#      the largest crop, checkpoint_group 7, steps of 128: triton from 2432 (2304 fit, 2560 ran out
-#      of memory on 2026-12-04 before the diffusion transformer was grouped too), eager from 512;
-#      their one step at 384 first (~150 s cold, ~30 s)
+#      the largest crop, checkpoint_group 7, steps of 128: triton tries 2560 (issue 24's target;
+#      2304 fit and 2560 ran out of memory on 2026-12-04, before the diffusion transformer's
+#      inputs were grouped too), then 2432 if 2560 does not fit (~100 s a trial); eager from 512
+#      up (doubling, then bisection); their one step at 384 first (~150 s cold, ~30 s)
 #   3. ~25 + 420 s  run(command="bash benchmarks/device_plan.sh call3", carry=[".whl-core", ".devout"], timeout_s=480)
 #      eager (~130 s) and torch.compile of the blocks (compile_blocks, ~275 s) at 384 and 768; its
 #      table merges calls 1 and 2: every variant and ratio of the issue in one table
@@ -100,7 +101,7 @@ call1() {
 call2() {
     device_setup
     python3 benchmarks/train_step.py $FULL --crop 384 --variants triton eager \
-        --crop-checkpoint-group 7 --crop-start triton=2432 eager=512 --crop-step 128 --crop-limit 2560 \
+        --crop-checkpoint-group 7 --crop-start triton=2560 eager=512 --crop-step 128 --crop-limit 2560 \
         --crop-budget-s 200 --budget-s 520 --out "$OUTDIR" --record 2>&1 | tee "$OUTDIR/log.txt"
 }
 

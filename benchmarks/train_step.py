@@ -315,16 +315,18 @@ class TrunkRunner:
 
 def max_crop(runner: TrunkRunner, start: int, limit: int, msa_rows: int, templates: int,
              budget_s: float, step: int = 64) -> dict:
-    """Largest multiple of `step` in [start, limit] that trains; doubling, then bisection."""
+    """Largest multiple of `step` in [start, limit] that trains: doubling, then bisection; when
+    `start` itself runs out of memory, one step down at a time (a start is a guess near the
+    limit). A trial the time budget stops (SIGALRM) ends the search with what it found."""
     deadline = time.perf_counter() + budget_s
-    ok, seconds, peak = runner.fits(start, msa_rows, templates)
-    if not ok:
-        return {"max_crop": None, "bound": "none fits", "first_oom": start, "tried": [(start, False)]}
-    tried = [(start, True)]
-    good, bad, last_time, last_peak = start, None, seconds, peak
     capacity_gb = total_memory_gb(runner.device)
+    tried: list = []
+    good = bad = stopped = None
+    last_time = last_peak = 0.0
 
     def affordable(length: int) -> bool:
+        if good is None:  # nothing fitted yet: the last trial's time is the estimate
+            return time.perf_counter() + last_time < deadline
         # Peak memory grows at least as L² (the pair): past the device's memory the trial is a
         # sure OOM, and an OOM fails within the first oversized block, long before a full step.
         if last_peak * (length / good) ** 2 > capacity_gb:
@@ -335,23 +337,35 @@ def max_crop(runner: TrunkRunner, start: int, limit: int, msa_rows: int, templat
 
     def trial(candidate: int) -> bool:
         """Train one iteration at `candidate` if time allows; False when it does not."""
-        nonlocal good, bad, last_time, last_peak
-        if not affordable(candidate):
+        nonlocal good, bad, last_time, last_peak, stopped
+        if stopped is not None or (tried and not affordable(candidate)):
             return False
-        ok, seconds, peak = runner.fits(candidate, msa_rows, templates)
+        try:
+            ok, last_time, peak = runner.fits(candidate, msa_rows, templates)
+        except OutOfTime:
+            stopped = candidate
+            return False
         tried.append((candidate, ok))
         if ok:
-            good, last_time, last_peak = candidate, seconds, peak
+            good, last_peak = candidate, peak
         else:
             bad = candidate
         return True
 
-    while bad is None and good < limit and trial(min(limit, good * 2)):
+    trial(start)
+    while good is None and bad is not None and bad - step >= step and trial(bad - step):
         pass
-    while bad is not None and bad - good > step and trial((good + bad) // 2 // step * step):
+    while good is not None and bad is None and good < limit and trial(min(limit, good * 2)):
         pass
-    exact = bad is not None and bad - good <= step
-    return {"max_crop": good, "bound": "exact" if exact else ">=", "first_oom": bad, "tried": tried}
+    while good is not None and bad is not None and bad - good > step and trial((good + bad) // 2 // step * step):
+        pass
+    exact = good is not None and bad is not None and bad - good <= step
+    found = {"max_crop": good, "bound": "exact" if exact else ">=", "first_oom": bad, "tried": tried}
+    if good is None:
+        found["bound"] = "none fits"
+    if stopped is not None:
+        found["stopped_at"] = stopped  # the time budget ended this trial
+    return found
 
 
 class FullModelRunner(TrunkRunner):
@@ -571,8 +585,8 @@ def table(results: dict, args) -> str:
     for crop in args.crop:
         time_row(f"training iteration, {model_label(args)}, crop {crop}", f"step{crop}")
     def largest(r: dict) -> str:
-        if r["max_crop"] is None:  # the search's first crop did not fit
-            return f"< {r['first_oom']}"
+        if r["max_crop"] is None:  # nothing fitted: below the smallest crop that ran out of memory
+            return f"< {r['first_oom']}" if r["first_oom"] else f"stopped at {r.get('stopped_at')}"
         return f"{'' if r['bound'] == 'exact' else '>= '}{r['max_crop']}"
 
     crops = [cell(results.get(f"maxcrop/{v}"), largest) for v in COLUMNS]

@@ -22,7 +22,8 @@ def run_train_step(out: pathlib.Path, *arguments: str) -> subprocess.CompletedPr
 def test_crop_search_start_step_and_group_then_merged_into_a_later_table(tmp_path):
     first = tmp_path / "first"
     completed = run_train_step(first, "--variants", "eager", "--crop-start", "eager=16", "--crop-step", "16",
-                               "--crop-limit", "32", "--crop-checkpoint-group", "2", "--crop-budget-s", "600")
+                               "--crop-limit", "32", "--crop-checkpoint-group", "2", "--crop-budget-s", "600",
+                               "--step-warmup", "1")
     assert completed.returncode == 0, completed.stderr[-3000:]
     earlier = json.loads((first / "train_step.json").read_text())
     search = earlier["maxcrop/eager"]
