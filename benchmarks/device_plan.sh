@@ -113,14 +113,16 @@ call3() {
 }
 
 # The same invocations at tiny sizes on the CPU (here; PYTHONPATH must hold protenix for c):
-# a = call 3, b = call 1's and 2's triton variants (interpreted), c = call 1's Protenix and data
-# wait, d = call 2's crop search with its checkpoint group
+# a = call 3 (aot_eager: inductor's C++ compilation of the blocks took > 15 min on 2 busy cores),
+# b = the triton variants (interpreted; triton+graphs reports "needs a CUDA device"), c = call 1's
+# Protenix and data wait, d = call 2's crop search with its checkpoint group
 smoke() {
     local out=${1:-/tmp/device-plan-smoke}
     local tiny="--smoke --model af3 --depth 1 --crop 24 --diffusion-batch 2 --msa-rows 8 --templates 1 --block-lengths --no-checks --budget-s 1200"
-    python3 benchmarks/train_step.py $tiny --variants eager compile --crop-budget-s 0 --out "$out/a"
+    python3 benchmarks/train_step.py $tiny --variants eager compile --compile-backend aot_eager --crop-budget-s 0 \
+        --out "$out/a"
     TRITON_INTERPRET=1 python3 benchmarks/train_step.py $tiny --variants triton+graphs triton triton+compile \
-        --step-warmup 1 --step-reps 1 --crop-budget-s 0 --out "$out/b"
+        --compile-backend aot_eager --step-warmup 1 --step-reps 1 --crop-budget-s 0 --out "$out/b"
     python3 benchmarks/train_step.py $tiny --variants protenix --cache .devdata/cache384 --data-kernels torch \
         --data-steps 4 --crop-budget-s 0 --merge "$out/a/train_step.json" "$out/b/train_step.json" --out "$out/c"
     python3 benchmarks/train_step.py $tiny --variants eager --crop-checkpoint-group 2 --crop-start eager=24 \

@@ -79,6 +79,9 @@ VARIANTS = {
 # (benchmarks/protenix_peer.py); no block section, no crop search (about 10 s a step).
 PEERS = ("protenix",)
 COLUMNS = (*VARIANTS, *PEERS)
+# torch.compile's backend for the compiled variants (--compile-backend): aot_eager checks the
+# tracing where inductor's C++ compilation takes many minutes (a CPU shared by several jobs)
+COMPILE = {"backend": "inductor"}
 
 
 def is_compiled(variant: str) -> bool:
@@ -162,7 +165,7 @@ def block_step(variant: str, length: int, dims: dict, device: torch.device):
     block = PairformerBlock(dims["c_s"], dims["c_z"], dims["single_heads"], dims["single_head_dim"],
                             dims["pair_heads"], dims["pair_head_dim"], 4, kernels=kernels).to(device)
     if compiled:
-        block.compile()
+        block.compile(**COMPILE)
     generator = torch.Generator(device=device).manual_seed(length)
     s = torch.randn(1, length, dims["c_s"], device=device, generator=generator, requires_grad=True)
     z = torch.randn(1, length, length, dims["c_z"], device=device, generator=generator, requires_grad=True)
@@ -253,7 +256,7 @@ class TrunkRunner:
         self.model = self.build(preset("af3", kernels=kernels, **config_overrides)).to(device)
         if compiled:
             # dynamic shapes from the start: the crop search must not recompile per size
-            self.model.compile_blocks(dynamic=True)
+            self.model.compile_blocks(dynamic=True, **COMPILE)
         self.model.train()
         # capturable: the step counter lives on the GPU, so the update can be replayed
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, capturable=self.graphs)
@@ -770,6 +773,8 @@ def main() -> None:
     parser.add_argument("--blocks-only", action="store_true",
                         help="only the Pairformer block section (and the profile), for a short device call")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on any device: checks the script runs")
+    parser.add_argument("--compile-backend", default="inductor",
+                        help="torch.compile backend of the compiled variants (aot_eager: a quick CPU check)")
     args = parser.parse_args()
     if args.smoke and args.record:
         parser.error("--record with --smoke: a smoke run's numbers are not measurements")
@@ -785,6 +790,7 @@ def main() -> None:
         except (OSError, ValueError) as error:
             parser.error(f"--merge {path}: not a readable train_step.json ({type(error).__name__})")
 
+    COMPILE["backend"] = args.compile_backend
     budget = Budget(args.budget_s)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dims = dict(c_s=384, c_z=128, single_heads=16, single_head_dim=24, pair_heads=4, pair_head_dim=32)
