@@ -217,7 +217,9 @@ class TemplateEmbedder(nn.Module):
         num_templates = template_mask.shape[1]
         if num_templates == 0:
             return torch.zeros_like(z)
-        z_in = self.from_pair(self.pair_norm(z))
+        # re-run in backward with grouped checkpoints: the projection's bf16 input is a pair kept
+        # until the templates' backward (z itself is kept anyway, as the norm's input)
+        z_in = maybe_checkpointed(self.recompute_templates and self.training, self._project_pair, z)
         dropout = self.training and self.blocks and self.blocks[0].dropout > 0
         seeds = derived_seeds(dropout_seed(generator, z.device), num_templates) if dropout else [None] * num_templates
         total = None
@@ -228,6 +230,9 @@ class TemplateEmbedder(nn.Module):
             total = v if total is None else total + v
         count = template_mask.sum(dim=1).clamp(min=1).to(total.dtype)
         return self.linear_out(torch.relu(total / count[:, None, None, None]))
+
+    def _project_pair(self, z: torch.Tensor) -> torch.Tensor:
+        return self.from_pair(self.pair_norm(z))
 
     def _embed_template(self, batch: dict, pair_mask: torch.Tensor, index: int, seed: torch.Tensor | None,
                         z_in: torch.Tensor) -> torch.Tensor:

@@ -107,6 +107,10 @@ def test_the_full_model_keeps_fewer_pair_sized_tensors():
     # while AF3Model.forward runs
     glue = "glue (AF3Model)"
     assert grouped[glue] == per_block[glue] + pair
+    # the templates keep their input z, the projected z_in and the relu of the mean [N, N, c_t]
+    # (and the template count): the projection's norm and each template's stack are re-run
+    c_t = length * length * preset("tiny").c_template * 4
+    assert grouped["templates"] == pair + 2 * c_t + 4
     # the distogram head is re-run from the trunk's pair: its z + z^T is not kept
     assert per_block["distogram head"] == pair and "distogram head" not in grouped
     # z_init is re-run in backward: the relative-position one-hot [B, N, N, 139] and the bonds
