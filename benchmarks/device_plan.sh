@@ -13,9 +13,9 @@
 #
 # Device calls, in this order (the `run` tool; issue the next one at once, while the machine is
 # still warm: that saves ~100 s of start and the cold Triton compilation):
-#   1. ~25 + 500 s  run(command="bash benchmarks/device_plan.sh call1", carry=[".whl", ".devdata"], timeout_s=600)
+#   1. ~25 + 540 s  run(command="bash benchmarks/device_plan.sh call1", carry=[".whl", ".devdata"], timeout_s=600)
 #      steps at crop 384 and 768: triton + CUDA graph (~190 s, cold Triton), triton (~35 s),
-#      Protenix 2.0 in a child process (~140 s); then the data wait through the training loop with
+#      Protenix 2.0 in a child process (~140 s, at most 180); then the data wait through the training loop with
 #      the cache, triton kernels, 12 steps (~80 s)
 #   2. ~25 + 520 s  run(command="bash benchmarks/device_plan.sh call2", carry=[".whl-core", ".devout"], timeout_s=600)
 #      the largest crop, checkpoint_group 7, steps of 128: triton tries 2560 (issue 24's target;
@@ -25,7 +25,10 @@
 #   3. ~25 + 420 s  run(command="bash benchmarks/device_plan.sh call3", carry=[".whl-core", ".devout"], timeout_s=480)
 #      eager (~130 s) and torch.compile of the blocks (compile_blocks, ~275 s) at 384 and 768; its
 #      table merges calls 1 and 2: every variant and ratio of the issue in one table
-#   Three fresh machines: ~1,800 s, the whole budget (a call is not started with < 240 s left).
+#   Three fresh machines: ~1,850 s, more than the 1,800 s budget, and a machine is taken back when
+#   the session's time runs out (nothing comes back): before each call read `status` and, when
+#   budget_left_s < 125 + the call's budget + 60, pass a smaller budget as the call's argument,
+#   e.g. "bash benchmarks/device_plan.sh call3 300" (each call's budget is its first argument).
 #   If short, the budget cuts call 3's compile steps first (they run last); the table says so.
 # After each call, here (FILES = the reply's files_at):
 #   mkdir -p .devout && cp FILES/train_step.json .devout/callN.json && cp FILES/RESULTS.md FILES/results.csv benchmarks/
@@ -95,21 +98,22 @@ call1() {
     device_setup
     python3 benchmarks/train_step.py $FULL --crop 384 768 --variants triton+graphs triton protenix \
         --cache .devdata/cache384 --data-kernels triton --data-steps 12 \
-        --crop-budget-s 0 --budget-s 500 --peer-budget-s 200 --out "$OUTDIR" --record 2>&1 | tee "$OUTDIR/log.txt"
+        --crop-budget-s 0 --budget-s "${1:-540}" --peer-budget-s 180 --out "$OUTDIR" --record 2>&1 | tee "$OUTDIR/log.txt"
 }
 
 call2() {
     device_setup
     python3 benchmarks/train_step.py $FULL --crop 384 --variants triton eager \
         --crop-checkpoint-group 7 --crop-start triton=2560 eager=512 --crop-step 128 --crop-limit 2560 \
-        --crop-budget-s 200 --budget-s 520 --out "$OUTDIR" --record 2>&1 | tee "$OUTDIR/log.txt"
+        --crop-budget-s 200 --budget-s "${1:-520}" --out "$OUTDIR" --record 2>&1 | tee "$OUTDIR/log.txt"
 }
 
 call3() {
     device_setup
     # (the crop options only label call 2's merged largest-crop row: no search runs here)
     python3 benchmarks/train_step.py $FULL --crop 384 768 --variants eager compile --crop-budget-s 0 \
-        --crop-checkpoint-group 7 --crop-step 128 --first-step-s 200 --budget-s 420 $(merged call1 call2) --out "$OUTDIR" --record 2>&1 | tee "$OUTDIR/log.txt"
+        --crop-checkpoint-group 7 --crop-step 128 --first-step-s 200 --budget-s "${1:-420}" $(merged call1 call2) \
+        --out "$OUTDIR" --record 2>&1 | tee "$OUTDIR/log.txt"
 }
 
 # The same invocations at tiny sizes on the CPU (here; PYTHONPATH must hold protenix for c):
