@@ -289,6 +289,10 @@ class TrunkRunner:
             others = {k: v for k, v in batch.items() if not isinstance(v, torch.Tensor)}
             shapes = tuple((k, tuple(v.shape)) for k, v in tensors.items())
             if shapes not in self.captured:
+                # one size at a time: an earlier size's graph and memory pool would count in this
+                # size's peak (the step table measures 384, then 768)
+                self.captured.clear()
+                free_memory()
                 self.captured[shapes] = CapturedStep(lambda inputs: self.step({**inputs, **others}), warmup_steps=2)
             graph = self.captured[shapes]
             while not graph.is_captured:  # the first call at a size warms up and captures
