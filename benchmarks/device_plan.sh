@@ -13,10 +13,10 @@
 #
 # Device calls, in this order (the `run` tool; issue the next one at once, while the machine is
 # still warm: that saves ~100 s of start and the cold Triton compilation):
-#   1. ~25 + 540 s  run(command="bash benchmarks/device_plan.sh call1", carry=[".whl", ".devdata"], timeout_s=600)
+#   1. ~25 + 550 s  run(command="bash benchmarks/device_plan.sh call1", carry=[".whl", ".devdata"], timeout_s=600)
 #      steps at crop 384 and 768: triton + CUDA graph (~190 s, cold Triton), triton (~35 s),
-#      Protenix 2.0 in a child process (~140 s, at most 180); then the data wait through the training loop with
-#      the cache, triton kernels, 12 steps (~80 s)
+#      Protenix 2.0 in a child process (140-190 s: its Triton kernel autotunes per length), then
+#      the data wait through the training loop with the cache, triton kernels, 12 steps (~80 s)
 #   2. ~25 + 520 s  run(command="bash benchmarks/device_plan.sh call2", carry=[".whl-core", ".devout"], timeout_s=600)
 #      the largest crop, checkpoint_group 7, steps of 128: triton tries 2560 (issue 24's target;
 #      2304 fit and 2560 ran out of memory on 2026-12-04, before the diffusion transformer's
@@ -25,7 +25,7 @@
 #   3. ~25 + 420 s  run(command="bash benchmarks/device_plan.sh call3", carry=[".whl-core", ".devout"], timeout_s=480)
 #      eager (~130 s) and torch.compile of the blocks (compile_blocks, ~275 s) at 384 and 768; its
 #      table merges calls 1 and 2: every variant and ratio of the issue in one table
-#   Three fresh machines: ~1,850 s, more than the 1,800 s budget, and a machine is taken back when
+#   Three fresh machines: ~1,865 s, more than the 1,800 s budget, and a machine is taken back when
 #   the session's time runs out (nothing comes back): before each call read `status` and, when
 #   budget_left_s < 125 + the call's budget + 60, pass a smaller budget as the call's argument,
 #   e.g. "bash benchmarks/device_plan.sh call3 300" (each call's budget is its first argument).
@@ -98,7 +98,7 @@ call1() {
     device_setup
     python3 benchmarks/train_step.py $FULL --crop 384 768 --variants triton+graphs triton protenix \
         --cache .devdata/cache384 --data-kernels triton --data-steps 12 \
-        --crop-budget-s 0 --budget-s "${1:-540}" --peer-budget-s 180 --out "$OUTDIR" --record 2>&1 | tee "$OUTDIR/log.txt"
+        --crop-budget-s 0 --budget-s "${1:-550}" --peer-budget-s 190 --out "$OUTDIR" --record 2>&1 | tee "$OUTDIR/log.txt"
 }
 
 call2() {
