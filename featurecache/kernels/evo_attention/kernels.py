@@ -147,24 +147,26 @@ def _online_softmax_result(acc, m_i, l_i):
 
 @triton.jit
 def _score_grads(s, attend, lse, do, v_t, delta, PRECISION: tl.constexpr):
-    """dS of one [queries, keys] block from its logits s (log2 units, bias added): P again from
-    the forward's lse, dP = dO V^T (v_t: V^T, or tl.trans of a V tile)."""
-    s = tl.where(attend[None, :], s, float("-inf"))
-    p = tl.math.exp2(s - lse[:, None])
+    """dS of one [queries, keys] block (or [ROWS, queries, keys] blocks) from its logits s (log2
+    units, bias added): P again from the forward's lse, dP = dO V^T (v_t: V^T, or a transposed
+    view of a V tile)."""
+    s = tl.where(tl.expand_dims(attend, -2), s, float("-inf"))
+    p = tl.math.exp2(s - tl.expand_dims(lse, -1))
     dp = mma(do, v_t, None, PRECISION)
-    return p * (dp - delta[:, None])
+    return p * (dp - tl.expand_dims(delta, -1))
 
 
 @triton.jit
-def _kv_block_grads(k, v, q, do, s_t, attend, lse, delta, dk, dv, PRECISION: tl.constexpr):
-    """One query block of dK / dV, built transposed ([keys, queries]) so no tile needs tl.trans
-    but q's and dO's (a shared-memory layout, not a copy): from the block's logits s_t (log2
-    units, bias added), the updated (dk, dv, unscaled) and the block's dS^T."""
-    s_t = tl.where(attend[:, None], s_t, float("-inf"))
-    p_t = tl.math.exp2(s_t - lse[None, :])
+def _kv_block_grads(k, v, q, do, do_t, s_t, attend, lse, delta, dk, dv, PRECISION: tl.constexpr):
+    """One query block of dK / dV (or of ROWS rows' dK / dV), built transposed ([keys, queries])
+    so no tile needs a transpose but q's and dO's (do_t; a shared-memory layout, not a copy):
+    from the block's logits s_t (log2 units, bias added), the updated (dk, dv, unscaled) and
+    the block's dS^T."""
+    s_t = tl.where(tl.expand_dims(attend, -1), s_t, float("-inf"))
+    p_t = tl.math.exp2(s_t - tl.expand_dims(lse, -2))
     dv += mma(p_t.to(do.dtype), do, None, PRECISION)
-    dp_t = mma(v, tl.trans(do), None, PRECISION)
-    ds_t = p_t * (dp_t - delta[None, :])
+    dp_t = mma(v, do_t, None, PRECISION)
+    ds_t = p_t * (dp_t - tl.expand_dims(delta, -2))
     dk += mma(ds_t.to(q.dtype), q, None, PRECISION)
     return dk, dv, ds_t
 
@@ -403,7 +405,7 @@ def _evo_attention_bwd_kv_kernel(
         s_t = mma(k, tl.trans(q), None, PRECISION) * scale_log2  # [BLOCK_N, BLOCK_M]
         if HAS_BIAS:
             s_t += _load_bias_log2(bias_base, cols, rows_m, stride_bk, stride_bq, valid_n, valid_m)
-        dk, dv, _ = _kv_block_grads(k, v, q, do, s_t, attend, lse, delta, dk, dv, PRECISION)
+        dk, dv, _ = _kv_block_grads(k, v, q, do, tl.trans(do), s_t, attend, lse, delta, dk, dv, PRECISION)
 
     dk *= scale
     # dK and dV are fresh tensors of one layout (stride_x*), whatever the layout of k and v.
@@ -552,12 +554,8 @@ def _evo_attention_bwd_kv_rows_kernel(
         delta = tl.load(Delta + stat_base + rows_m[None, :], mask=stat_mask, other=0.0)
         s_t = mma(k, tl.permute(q, (0, 2, 1)), None, PRECISION) * scale_log2  # [R, N, M]
         s_t += _load_bias_log2(bias_base, cols, rows_m, stride_bk, stride_bq, valid_n, valid_m)[None, :, :]
-        s_t = tl.where(attend[:, :, None], s_t, float("-inf"))
-        p_t = tl.math.exp2(s_t - lse[:, None, :])
-        dv += mma(p_t.to(do.dtype), do, None, PRECISION)
-        dp_t = mma(v, tl.permute(do, (0, 2, 1)), None, PRECISION)
-        ds_t = p_t * (dp_t - delta[:, None, :])
-        dk += mma(ds_t.to(q.dtype), q, None, PRECISION)
+        dk, dv, _ = _kv_block_grads(k, v, q, do, tl.permute(do, (0, 2, 1)), s_t, attend, lse, delta, dk, dv,
+                                    PRECISION)
 
     dk *= scale
     out_base = batch * stride_xb + head * stride_xh
@@ -629,10 +627,7 @@ def _evo_attention_bwd_q_rows_kernel(
         s = mma(q, tl.permute(k, (0, 2, 1)), None, PRECISION) * scale_log2  # [R, M, N]
         s += _load_bias_log2(bias_base, rows_m, cols, stride_bq, stride_bk, valid_m, valid_n)[None, :, :]
         attend = _attended_rows(mask_base, rows, cols, stride_mn, stride_ml, valid_r, valid_n, HAS_MASK)
-        s = tl.where(attend[:, None, :], s, float("-inf"))
-        p = tl.math.exp2(s - lse[:, :, None])
-        dp = mma(do, tl.permute(v, (0, 2, 1)), None, PRECISION)
-        ds = p * (dp - delta[:, :, None])
+        ds = _score_grads(s, attend, lse, do, tl.permute(v, (0, 2, 1)), delta, PRECISION)
         dq += mma(ds.to(k.dtype), k, None, PRECISION)
 
     dq *= scale
@@ -822,7 +817,7 @@ def _evo_attention_bwd_fused_kernel(
         s_t = mma(k, tl.trans(q), None, PRECISION) * scale_log2  # [BLOCK_N, BLOCK_M]
         if HAS_BIAS:
             s_t += _load_bias_log2(bias_base, cols, rows_m, stride_bk, stride_bq, valid_n, valid_m)
-        dk, dv, ds_t = _kv_block_grads(k, v, q, do, s_t, attend, lse, delta, dk, dv, PRECISION)
+        dk, dv, ds_t = _kv_block_grads(k, v, q, do, tl.trans(do), s_t, attend, lse, delta, dk, dv, PRECISION)
         dq_part = mma(tl.trans(ds_t.to(q.dtype)), k, None, PRECISION) * scale  # [BLOCK_M, BLOCK_D]
         tl.atomic_add(_tile_ptrs(dq_base, rows_m, offs_d, stride_al, stride_ad), dq_part,
                       mask=valid_m[:, None] & valid_d[None, :], sem="relaxed")
