@@ -197,6 +197,31 @@ def evo_attention_forward(
     return out, lse, key_end
 
 
+@dataclass(frozen=True)
+class _BackwardInputs:
+    """What every backward kernel reads: the forward's inputs and results, the mask as bytes,
+    delta (rowsum(dO * O), written by the dQ or delta kernel) and the launch options that do
+    not depend on tiles."""
+
+    grad_out: torch.Tensor
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    bias: Optional[torch.Tensor]
+    mask: torch.Tensor
+    mask_strides: tuple[int, int, int]
+    out: torch.Tensor
+    lse: torch.Tensor
+    key_end: torch.Tensor
+    delta: torch.Tensor
+    scale: float
+    common: dict
+
+    def tiles(self, block: BlockConfig) -> dict:
+        return dict(BLOCK_M=block.block_m, BLOCK_N=block.block_n, num_warps=block.num_warps,
+                    num_stages=block.num_stages, **self.common)
+
+
 def evo_attention_backward(
     grad_out: torch.Tensor,
     q: torch.Tensor,
@@ -245,31 +270,6 @@ def evo_attention_backward(
     else:
         _launch_split_backward(inputs, dq, dk, dv, dbias, config)
     return dq, dk, dv, dbias
-
-
-@dataclass(frozen=True)
-class _BackwardInputs:
-    """What every backward kernel reads: the forward's inputs and results, the mask as bytes,
-    delta (rowsum(dO * O), written by the dQ or delta kernel) and the launch options that do
-    not depend on tiles."""
-
-    grad_out: torch.Tensor
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    bias: Optional[torch.Tensor]
-    mask: torch.Tensor
-    mask_strides: tuple[int, int, int]
-    out: torch.Tensor
-    lse: torch.Tensor
-    key_end: torch.Tensor
-    delta: torch.Tensor
-    scale: float
-    common: dict
-
-    def tiles(self, block: BlockConfig) -> dict:
-        return dict(BLOCK_M=block.block_m, BLOCK_N=block.block_n, num_warps=block.num_warps,
-                    num_stages=block.num_stages, **self.common)
 
 
 def _launch_split_backward(x: _BackwardInputs, dq, dk, dv, dbias, config: EvoAttentionConfig) -> None:
