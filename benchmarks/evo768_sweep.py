@@ -1,11 +1,11 @@
-"""EvoAttention at triangle L = 768: every backward mode and tile variant, checked and timed in one run.
+"""EvoAttention at triangle L = 768: both backward modes and tile variants, checked and timed in one run.
 
     PYTHONUNBUFFERED=1 python3 benchmarks/evo768_sweep.py [--variants a,b] [--bias bf16,fp32] [--budget-s 200]
 
 The case of issue 24's last two targets: B = 1, N = L = 768 rows, H = 4, D = 32, bf16 q/k/v,
 a bias [1, 1, H, L, L] shared by all rows (bf16, then fp32 read as is) with its gradient, the
 last tenth of the keys masked in every row. For each variant (an EvoAttentionConfig: backward
-mode, row pairs, tiles; NOTES-evo_attention.md, attempt 8):
+mode, tiles; NOTES-evo_attention.md, attempt 8):
   1. correctness: out and all four gradients against an fp32 reference at L = 768 (same inputs
      for every variant), and on fresh odd-sized inputs (N = 37, L = 77, H = 3, one fully masked
      row) against float64, held to 4 x eager bf16's error + 2e-3 as benchmarks/evo_attention.py;
@@ -46,10 +46,11 @@ from featurecache.testing.compare import rel_error
 DEVICE = bench.DEVICE
 DTYPE = torch.bfloat16
 NAMES = ["out", "dq", "dk", "dv", "dbias"]
-
-
-def _tiles(spec: tuple, paired: bool = False) -> BlockConfig:
-    return BlockConfig(*spec, paired=paired)
+# [B, N, L, H, D] of the timed case and of the odd-size check; --smoke shrinks both (the
+# interpreter takes ~1 s per pass at N = 4, L = 24) and times one variant of each kind.
+SIZE, ODD_SIZE = (1, 768, 768, 4, 32), (1, 37, 80, 3, 32)
+SMOKE_SIZE, SMOKE_ODD_SIZE = (1, 4, 24, 2, 32), (1, 3, 21, 2, 32)
+SMOKE_VARIANTS = ["default", "split", "dq 128x32", "fused 64x64 w4"]
 
 
 def split_of(config: EvoAttentionConfig) -> EvoAttentionConfig:
@@ -68,10 +69,10 @@ def variants(default: EvoAttentionConfig) -> dict[str, EvoAttentionConfig]:
                                    bwd_q=q or base.bwd_q, bwd_bias=bias or base.bwd_bias)
 
     # Run 1 (2026-12-04 03:40, NOTES attempt 8): 8 warps made every atomic kernel 2x slower,
-    # row pairs lost (occupancy), and the passes look bound by L2 traffic (~4-5 TB/s): the
-    # larger tiles below cut the k/v or q/dO bytes per score element.
-    w4 = lambda m, n, stages=2: _tiles((m, n, 4, stages))  # noqa: E731
-    w8 = lambda m, n, stages=2: _tiles((m, n, 8, stages))  # noqa: E731
+    # and the passes look bound by L2 traffic (~4-5 TB/s): the larger tiles below cut the k/v
+    # or q/dO bytes per score element.
+    w4 = lambda m, n, stages=2: BlockConfig(m, n, 4, stages)  # noqa: E731
+    w8 = lambda m, n, stages=2: BlockConfig(m, n, 8, stages)  # noqa: E731
     split = {
         "fwd 128x32 s3": make(fwd=w4(128, 32, 3)),
         "fwd 128x64 s3": make(fwd=w4(128, 64, 3)),
@@ -89,39 +90,28 @@ def variants(default: EvoAttentionConfig) -> dict[str, EvoAttentionConfig]:
         "dbias 128x64": make(bias=w4(128, 64)),
         "dbias 64x128": make(bias=w4(64, 128)),
         "dbias 128x128 w8": make(bias=w8(128, 128)),
-        "split pair dq+kv 32x64": make(q=_tiles((64, 32, 4, 2), True), kv=_tiles((32, 64, 4, 2), True)),
     }
-    atomic = {
+    fused = {
         "fused 64x64 w4": make("fused", kv=w4(64, 64)),
         "fused 64x64 w4 s1": make("fused", kv=w4(64, 64, 1)),
         "fused 64x64 w4 s3": make("fused", kv=w4(64, 64, 3)),
         "fused 32x128 w4": make("fused", kv=w4(32, 128)),
         "fused 64x128 w4": make("fused", kv=w4(64, 128)),
         "fused 128x64 w4": make("fused", kv=w4(128, 64)),
-        "atomic_dbias 64x64 w4": make("atomic_dbias", kv=w4(64, 64)),
-        "atomic_dbias 32x128 w4": make("atomic_dbias", kv=w4(32, 128)),
-        "walk 64x64 w4": make("walk", bias=w4(64, 64)),
-        "walk 64x64 w4 s1": make("walk", bias=w4(64, 64, 1)),
-        "walk 64x64 w8": make("walk", bias=w8(64, 64)),
-        "walk 128x64 w4": make("walk", bias=w4(128, 64)),
-        "walk 64x128 w4": make("walk", bias=w4(64, 128)),
-        "walk 128x128 w8": make("walk", bias=w8(128, 128)),
-        "fused pair 64x64 w4": make("fused", kv=_tiles((64, 64, 4, 2), True)),
     }
-    return {"default": default, "split": base, **split, **atomic}
+    return {"default": default, "split": base, **split, **fused}
 
 
 # Variants timed with the fp32 bias too, when no --variants are named (each variant compiles
 # its kernels again for an fp32 bias).
 FP32_VARIANTS = ["default", "split", "fwd 128x32 s3", "fwd 128x64 s3", "fwd 64x64 s3", "dq 128x32", "dq 128x64",
-                 "kv 64x128", "kv 32x128", "dbias 128x64", "dbias 64x128", "fused 64x64 w4", "atomic_dbias 64x64 w4",
-                 "walk 64x64 w4", "walk 64x64 w8", "walk 128x64 w4"]
+                 "kv 64x128", "kv 32x128", "dbias 128x64", "dbias 64x128", "fused 64x64 w4", "fused 64x128 w4"]
 
 
 def best_combination(base: EvoAttentionConfig, measured: dict[str, tuple[EvoAttentionConfig, dict]]
                      ) -> tuple[str, EvoAttentionConfig]:
-    """The fastest forward, and per split kernel the fastest tiles (or the fastest atomic mode if
-    its whole backward beats the split one): what one config can combine from this run."""
+    """The fastest forward, and per split kernel the fastest tiles (or the fastest fused backward
+    if it beats the split one): what one config can combine from this run."""
     def fastest(names, key):
         timed = [(measured[n][1][key], n) for n in names if n in measured and measured[n][1].get(key)]
         return min(timed)[1] if timed else None
@@ -130,24 +120,22 @@ def best_combination(base: EvoAttentionConfig, measured: dict[str, tuple[EvoAtte
     fwd = fastest(list(measured), "fwd ms")
     parts, config = [f"fwd of '{fwd}'"], dataclasses.replace(base, fwd=measured[fwd][0].fwd)
     split_names = [n for n, (c, _) in measured.items() if c.bwd_mode == "split" and n != "default"]
-    atomic_names = [n for n, (c, _) in measured.items() if c.bwd_mode != "split" and n != "default"]
+    fused_names = [n for n, (c, _) in measured.items() if c.bwd_mode == "fused" and n != "default"]
     # Each split variant changes one kernel from the default: its bwd time against the default's
     # is that kernel's gain; combine every kernel's best change.
     default_bwd = measured["split"][1]["bwd ms"] if "split" in measured else None
     split_bwd = default_bwd
     for kernel in ("bwd_q", "bwd_kv", "bwd_bias"):
-        changed = [n for n in split_names if getattr(measured[n][0], kernel) != getattr(base, kernel)
-                   and measured[n][0].bwd_q.paired == base.bwd_q.paired]
+        changed = [n for n in split_names if getattr(measured[n][0], kernel) != getattr(base, kernel)]
         best = fastest(changed, "bwd ms")
         if best and default_bwd and measured[best][1]["bwd ms"] < default_bwd:
             config = dataclasses.replace(config, **{kernel: getattr(measured[best][0], kernel)})
             split_bwd -= default_bwd - measured[best][1]["bwd ms"]
             parts.append(f"{kernel} of '{best}'")
-    best_atomic = fastest(atomic_names, "bwd ms")
-    if best_atomic and split_bwd and measured[best_atomic][1]["bwd ms"] < split_bwd:
-        atomic_config = measured[best_atomic][0]
-        config = dataclasses.replace(atomic_config, fwd=config.fwd)
-        parts = parts[:1] + [f"backward of '{best_atomic}'"]
+    best_fused = fastest(fused_names, "bwd ms")
+    if best_fused and split_bwd and measured[best_fused][1]["bwd ms"] < split_bwd:
+        config = dataclasses.replace(measured[best_fused][0], fwd=config.fwd)
+        parts = parts[:1] + [f"backward of '{best_fused}'"]
     return "best: " + ", ".join(parts), config
 
 
@@ -206,12 +194,13 @@ def truth_of(x: bench.Inputs, dtype: torch.dtype) -> list[torch.Tensor]:
     return bench.forward_backward(bench.run_eager, wide)
 
 
-def odd_size_check(config: EvoAttentionConfig, bias_dtype: torch.dtype, seed: int) -> tuple[bool, float]:
+def odd_size_check(config: EvoAttentionConfig, bias_dtype: torch.dtype, seed: int,
+                   size: tuple = ODD_SIZE) -> tuple[bool, float]:
     """Fresh inputs of other sizes against float64: (within 4 x eager bf16's error + 2e-3, worst
-    ratio). N = 37 leaves a half-empty row pair, L = 80 a ragged last block of 16 for 64-wide
-    tiles; L stays a multiple of 16 so the check reuses the kernels compiled for L = 768 (an L
-    such as 77 compiles every kernel again; the interpreter tests cover those)."""
-    x = make_inputs(1, 37, 80, 3, 32, bias_dtype, seed, random_mask=True)
+    ratio). N = 37 rows (odd), L = 80 a ragged last block of 16 for 64-wide tiles; L stays a
+    multiple of 16 so the check reuses the kernels compiled for L = 768 (an L such as 77
+    compiles every kernel again; the interpreter tests cover those)."""
+    x = make_inputs(*size, bias_dtype, seed, random_mask=True)
     truth = truth_of(x, torch.float64)
     eager = errors(bench.run_eager, with_bf16_bias(x), truth)
     with patched_config(config):
@@ -246,13 +235,13 @@ def time_variant(config: Optional[EvoAttentionConfig], fn, x: bench.Inputs) -> d
     return result
 
 
-def measure_variant(bias_name, name, config, x, truth, eager, seed, add) -> Optional[dict]:
+def measure_variant(bias_name, name, config, x, truth, eager, seed, add, odd_size=ODD_SIZE) -> Optional[dict]:
     """Check and time one variant, add its row; its timings, or None when it failed."""
     try:
         with patched_config(config):
             errs = errors(run_ours, x, truth)
             timing = time_variant(config, run_ours, x)
-        odd_ok, ratio = odd_size_check(config, x.bias.dtype, seed=seed)
+        odd_ok, ratio = odd_size_check(config, x.bias.dtype, seed=seed, size=odd_size)
         ok = odd_ok and all(e <= 4 * g + 2e-3 for e, g in zip(errs, eager))
         add([bias_name, name, timing["fwd ms"], timing["bwd ms"], timing["fwd+bwd ms"], timing["peak MiB"],
              *errs, f"{'ok' if odd_ok else 'FAIL'} ({ratio:.2f})", "" if ok else "ERROR TOO LARGE"])
@@ -275,15 +264,17 @@ def main() -> int:
                         help="start no new variant after this (bf16 gets the first two thirds)")
     parser.add_argument("--no-peers", action="store_true", help="skip compiled FlexAttention")
     parser.add_argument("--fp32-peers", action="store_true", help="also time FlexAttention with the fp32 bias")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, for a CPU check of this script")
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"tiny sizes and variants {SMOKE_VARIANTS} (unless --variants), for a CPU check")
     args = parser.parse_args()
     started = time.perf_counter()
     stamp = run_stamp()
     print(stamp.header())
-    size = (1, 20, 24, 2, 32) if args.smoke else (1, 768, 768, 4, 32)
+    size, odd_size = (SMOKE_SIZE, SMOKE_ODD_SIZE) if args.smoke else (SIZE, ODD_SIZE)
     base = select_config(size[4], size[2], torch.device(DEVICE))
     all_variants = variants(base)
-    wanted = [name.strip() for name in args.variants.split(",") if name.strip()] or list(all_variants)
+    wanted = ([name.strip() for name in args.variants.split(",") if name.strip()]
+              or (SMOKE_VARIANTS if args.smoke else list(all_variants)))
     unknown = [name for name in wanted if name not in all_variants]
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {list(all_variants)}")
@@ -315,14 +306,15 @@ def main() -> int:
             if time.perf_counter() > deadline:
                 add([bias_name, name, None, None, None, None, None, None, None, None, None, "", "skipped: budget"])
                 continue
-            timing = measure_variant(bias_name, name, all_variants[name], x, truth, eager, 100 + index, add)
+            timing = measure_variant(bias_name, name, all_variants[name], x, truth, eager, 100 + index, add,
+                                     odd_size)
             if timing:
                 measured[name] = (all_variants[name], timing)
         if len(measured) > 1:
             name, config = best_combination(base, measured)
             all_variants[name] = config
             log.setdefault("best", {})[bias_name] = {"name": name, "config": dataclasses.asdict(config)}
-            measure_variant(bias_name, name, config, x, truth, eager, 99, add)
+            measure_variant(bias_name, name, config, x, truth, eager, 99, add, odd_size)
         if not args.no_peers and not args.smoke and (bias_name == "bf16" or args.fp32_peers):
             try:
                 errs = errors(bench.run_flex, x, truth)
@@ -337,7 +329,7 @@ def main() -> int:
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
 
-    result = (f"### EvoAttention L=768 sweep, {stamp.header()}\n\nB=1, N=L={size[2]}, H={size[3]}, D={size[4]}, "
+    result = (f"### EvoAttention L=768 sweep, {stamp.header()}\n\nB={size[0]}, N={size[1]}, L={size[2]}, H={size[3]}, D={size[4]}, "
               f"bf16 q/k/v, shared bias with gradient, 10 % key padding; errors: relative L2 against fp32 "
               f"eager; odd sizes: worst error / (4 x eager bf16 + 2e-3), ok when <= 1. "
               f"Total {time.perf_counter() - started:.0f} s.\n\n{table.markdown()}\n")

@@ -240,7 +240,7 @@ def check_correctness(cases: list[Case], log: dict, check_peers: bool = True) ->
             torch.cuda.empty_cache()
 
     # Bitwise determinism of the bias gradient: required of the "split" backward (the sum over N
-    # rows walks them in order); the atomic modes (NOTES attempt 8) are reported, not required.
+    # rows walks them in order); the fused mode (NOTES attempt 8) is reported, not required.
     case = cases[0]
     x = make_inputs(case)
     first = forward_backward(run_featurecache, x)[4].clone()

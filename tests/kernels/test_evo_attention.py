@@ -8,6 +8,7 @@ multiple of the error that plain PyTorch makes in the same dtype.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from featurecache.kernels.evo_attention import (
     select_config,
     wide_index,
 )
+from featurecache.kernels.evo_attention import config as evo_config
 from featurecache.kernels.evo_attention import launch as evo_launch
 from featurecache.kernels.evo_attention.config import CONFIG_FILE, load_tuned_configs, padded_head_dim
 from featurecache.kernels.reference import evo_attention_reference
@@ -305,53 +307,39 @@ def test_row_group_kernels_match_plain_kernels():
 
 
 @pytest.mark.parametrize(
-    "mode, paired, bias_rows, bias_dtype, strided",
+    "bias_rows, bias_dtype, strided",
     [
-        ("split", True, "shared", torch.bfloat16, True),
-        ("atomic_dbias", False, "shared", torch.float32, True),
-        ("atomic_dbias", True, "shared", torch.bfloat16, False),
-        ("fused", False, "shared", torch.float32, False),
-        ("fused", False, "shared", torch.bfloat16, True),
-        ("fused", True, "shared", torch.float32, True),
-        ("fused", True, "per_row", torch.float32, False),
-        ("fused", False, None, None, False),
-        ("walk", False, "shared", torch.float32, True),
-        ("walk", True, "shared", torch.bfloat16, False),
-        ("walk", False, "per_row", torch.bfloat16, False),
+        ("shared", torch.float32, False),
+        ("shared", torch.bfloat16, True),
+        ("per_row", torch.float32, False),
+        (None, None, False),
     ],
 )
-def test_backward_modes_and_row_pairs_match_split_backward(mode, paired, bias_rows, bias_dtype, strided):
-    # The atomic modes sum dQ and dBias in another order than the split kernels: same values up
-    # to rounding, against float64 truth as tightly as the split path. Odd sizes, ragged blocks,
-    # one fully masked row; a per-row bias falls back to the split kernels (and to unpaired rows).
-    # Row pairs (forward and the atomic dK/dV kernel) over N = 3 leave the last pair half empty.
+def test_fused_backward_matches_split_backward(bias_rows, bias_dtype, strided):
+    # The fused backward sums dQ and dBias by atomics in another order than the split kernels:
+    # same values up to rounding, against float64 truth as tightly as the split path. Odd sizes,
+    # ragged blocks, one fully masked row; a per-row bias gradient falls back to the split kernels.
     q, k, v, bias, mask = _make_inputs(1, 3, 21, 2, 24, bias_rows, True, strided=strided, dtype=torch.bfloat16)
     if bias is not None:
         bias = bias.to(bias_dtype)
     grad_out = torch.randn(q.shape, device=DEVICE, dtype=q.dtype)
     scale = 24 ** -0.5
     base = select_config(24, 21, q.device)
-    results, forwards = {}, {}
-    variant = dataclasses.replace(
-        base, bwd_mode=mode, **{name: dataclasses.replace(getattr(base, name), rows=1, paired=paired)
-                                for name in ("fwd", "bwd_q", "bwd_kv")})
-    for name, config in (("split", dataclasses.replace(base, bwd_mode="split")), ("variant", variant)):
+    results = {}
+    for mode in ("split", "fused"):
+        config = dataclasses.replace(base, bwd_mode=mode, fp32_bias_bwd_mode=mode)
         out, lse, key_end = evo_attention_forward(q, k, v, bias, mask, scale, config)
         grads = evo_attention_backward(grad_out, q, k, v, bias, mask, out, lse, key_end, scale,
                                        bias is not None, config)
-        results[name] = [g for g in grads if g is not None]
-        forwards[name] = (out, lse)
-    torch.testing.assert_close(forwards["variant"][0], forwards["split"][0], rtol=0, atol=1e-2)
-    assert torch.equal(torch.isinf(forwards["variant"][1]), torch.isinf(forwards["split"][1])), "lse of empty rows"
+        results[mode] = [g for g in grads if g is not None]
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v) + ((bias,) if bias is not None else ())]
     truth_out = _eager_attention(*leaves[:3], leaves[3] if bias is not None else None, mask, scale)
     truth_out.backward(grad_out.double())
-    for name, split, atomic, leaf in zip(["dq", "dk", "dv", "dbias"], results["split"], results["variant"], leaves):
-        assert atomic.dtype == split.dtype and atomic.shape == split.shape, name
-        truth = leaf.grad
-        assert rel_error(atomic, truth) <= 1.5 * rel_error(split, truth) + 1e-3, name
+    for name, split, fused, leaf in zip(["dq", "dk", "dv", "dbias"], results["split"], results["fused"], leaves):
+        assert fused.dtype == split.dtype and fused.shape == split.shape, name
+        assert rel_error(fused, leaf.grad) <= 1.5 * rel_error(split, leaf.grad) + 1e-3, name
     empty = ~mask.any(dim=-1)  # [B, N]
-    assert torch.all(results["variant"][0][empty] == 0), "fully masked rows must give zero dq"
+    assert torch.all(results["fused"][0][empty] == 0), "fully masked rows must give zero dq"
 
 
 def test_fp32_bias_mode_and_deterministic_runs_take_the_split_backward(monkeypatch):
@@ -383,7 +371,56 @@ def test_fp32_bias_mode_and_deterministic_runs_take_the_split_backward(monkeypat
         assert torch.equal(a, b), name
 
 
-def test_config_file_rejects_an_unknown_backward_mode():
+def _config_entry(**modes) -> dict:
+    block = {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2, "rows": 1}
+    return {"head_dim_max": 32, "seq_len_max": 1024, **modes,
+            **{name: dict(block) for name in ("fwd", "bwd_kv", "bwd_q", "bwd_bias")}}
+
+
+@pytest.fixture
+def config_file(tmp_path, monkeypatch):
+    """A stand-in for configs/evo_attention.json: write(entries) fills it; the loader's cache is
+    cleared before and after, so the real file is read again afterwards."""
+    path = tmp_path / "evo_attention.json"
+    monkeypatch.setattr(evo_config, "CONFIG_FILE", path)
+    load_tuned_configs.cache_clear()
+    yield lambda entries: path.write_text(json.dumps({"gpus": {"Test GPU": entries}}))
+    load_tuned_configs.cache_clear()
+
+
+def test_config_file_with_removed_backward_modes_still_loads(config_file):
+    # Files written before the 2026-12-04 clean-up may name "atomic_dbias", "walk" and row pairs.
+    old_block = {"block_m": 32, "block_n": 64, "num_warps": 8, "num_stages": 2, "rows": 1, "paired": True}
+    entry = _config_entry(bwd_mode="atomic_dbias", fp32_bias_bwd_mode="walk")
+    entry["bwd_kv"] = old_block
+    config_file([entry])
+    with pytest.warns(UserWarning) as caught:
+        (_, _, config), = load_tuned_configs()["Test GPU"]
+    assert [str(w.message).split(": ", 1)[1] for w in caught] == [
+        "gpus['Test GPU'][0].bwd_mode 'atomic_dbias' was removed; running 'fused' instead",
+        "gpus['Test GPU'][0].fp32_bias_bwd_mode 'walk' was removed; running 'split' instead",
+    ]
+    assert (config.bwd_mode, config.fp32_bias_bwd_mode) == ("fused", "split")
+    assert config.bwd_kv == BlockConfig(32, 64, 8, 2)
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        (_config_entry(bwd_mode="sideways"), r"\[0\]\.bwd_mode is 'sideways'; expected one of \('split', 'fused'\)"),
+        (_config_entry(fp32_bias_bwd_mode=3), r"\[0\]\.fp32_bias_bwd_mode is 3; expected one of"),
+        ({**_config_entry(), "fwd": {"block_m": 64}}, r"bad block config at gpus\['Test GPU'\]\[0\]\.fwd"),
+        ("fused", r"gpus\['Test GPU'\]\[0\] is str, expected an object"),
+    ],
+)
+def test_config_file_errors_name_the_file_entry_and_field(config_file, entry, message):
+    config_file([entry])
+    with pytest.raises(ValueError, match=message) as raised:
+        load_tuned_configs()
+    assert str(raised.value).startswith(str(evo_config.CONFIG_FILE)) and raised.value.__cause__ is None
+
+
+def test_config_rejects_an_unknown_backward_mode():
     base = select_config(24, 21, torch.device("cpu"))
     with pytest.raises(ValueError, match="bwd_mode"):
         dataclasses.replace(base, bwd_mode="sideways")

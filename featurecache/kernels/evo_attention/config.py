@@ -5,6 +5,8 @@ Nothing autotunes at run time."""
 from __future__ import annotations
 
 import functools
+import json
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -15,15 +17,14 @@ from featurecache.kernels import runtime
 CONFIG_FILE = runtime.CONFIG_DIR / "evo_attention.json"
 KERNEL_NAMES = ("fwd", "bwd_kv", "bwd_q", "bwd_bias")
 # How the backward gets dQ and the gradient of a bias shared by all rows:
-#   "split"        dQ kernel, dK/dV kernel, then a dBias kernel that walks the rows (deterministic);
-#   "atomic_dbias" dQ kernel, then the dK/dV kernel adds dBias with fp32 atomics (no dBias pass);
-#   "fused"        one kernel: dK/dV, adding dQ and dBias with fp32 atomics (no dQ or dBias pass);
-#   "walk"         one kernel per bias tile walking the rows (bwd_bias tiles): dBias in registers,
-#                  dQ, dK, dV added with fp32 atomics (three fp32 sums of q's size as workspace).
-# The atomic sums are not bitwise reproducible (walk's dBias is), so under
-# torch.use_deterministic_algorithms (training's --deterministic) every mode takes "split"; a
-# per-row bias always takes "split", and "walk" without a shared bias gradient takes "fused".
-BWD_MODES = ("split", "atomic_dbias", "fused", "walk")
+#   "split"  dQ kernel, dK/dV kernel, then a dBias kernel that walks the rows (deterministic);
+#   "fused"  one kernel: dK/dV, adding dQ and dBias with fp32 atomics (no dQ or dBias pass).
+# The atomic sums are not bitwise reproducible, so under torch.use_deterministic_algorithms
+# (training's --deterministic) "fused" takes "split", and so does a per-row bias gradient.
+BWD_MODES = ("split", "fused")
+# Modes removed after the H200 run of 2026-12-04 (benchmarks/NOTES-evo_attention.md, attempt 8)
+# that older config files may still name, and the kept mode that uses the same tiles.
+REMOVED_BWD_MODES = {"atomic_dbias": "fused", "walk": "split"}
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,8 @@ class BlockConfig:
     num_warps: int
     num_stages: int
     # Rows of N per program when the bias is shared by all rows (1 = the plain kernels); the
-    # dBias kernel ignores it (it walks all rows already).
+    # dBias and fused kernels ignore it (the dBias kernel walks all rows already).
     rows: int = 1
-    # Two rows per program, each with its own 2-D products, sharing every bias tile (and, in the
-    # atomic backward modes, one dBias addition per pair); only for a bias shared by all rows.
-    # Used by the forward, dQ and dK/dV kernels; the dBias kernel ignores it.
-    paired: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,7 +67,8 @@ def padded_head_dim(head_dim: int) -> int:
     return runtime.block_for(head_dim)
 
 
-def _parse_block(raw: dict, where: str) -> BlockConfig:
+def _parse_block(raw, where: str) -> BlockConfig:
+    # An older file's "paired" (row pairs, removed 2026-12-04) is ignored: the plain kernels run.
     try:
         return BlockConfig(
             block_m=int(raw["block_m"]),
@@ -78,33 +76,58 @@ def _parse_block(raw: dict, where: str) -> BlockConfig:
             num_warps=int(raw["num_warps"]),
             num_stages=int(raw["num_stages"]),
             rows=int(raw.get("rows", 1)),
-            paired=bool(raw.get("paired", False)),
         )
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{CONFIG_FILE}: bad block config at {where}: {raw!r} ({err})") from err
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise ValueError(f"{CONFIG_FILE}: bad block config at {where}: {raw!r} ({err!r})") from None
+
+
+def _parse_mode(entry: dict, name: str, where: str) -> str:
+    """entry[name] as a kept backward mode: a removed one maps to its successor, anything else
+    is refused by name with the modes there are."""
+    mode = entry.get(name, "split")
+    if isinstance(mode, str) and mode in REMOVED_BWD_MODES:
+        warnings.warn(f"{CONFIG_FILE}: {where}.{name} {mode!r} was removed; running "
+                      f"{REMOVED_BWD_MODES[mode]!r} instead", stacklevel=2)
+        return REMOVED_BWD_MODES[mode]
+    if mode not in BWD_MODES:
+        removed = ", ".join(f"{old} -> {new}" for old, new in REMOVED_BWD_MODES.items())
+        raise ValueError(f"{CONFIG_FILE}: {where}.{name} is {mode!r}; expected one of {BWD_MODES} "
+                         f"(removed modes still read as: {removed})")
+    return mode
+
+
+def _parse_entry(entry, where: str) -> tuple[int, int, EvoAttentionConfig]:
+    if not isinstance(entry, dict):
+        raise ValueError(f"{CONFIG_FILE}: {where} is {type(entry).__name__}, expected an object")
+    missing = [name for name in ("head_dim_max", "seq_len_max", *KERNEL_NAMES) if name not in entry]
+    if missing:
+        raise ValueError(f"{CONFIG_FILE}: {where} lacks {missing}")
+    blocks = {name: _parse_block(entry[name], f"{where}.{name}") for name in KERNEL_NAMES}
+    config = EvoAttentionConfig(**blocks, bwd_mode=_parse_mode(entry, "bwd_mode", where),
+                                fp32_bias_bwd_mode=_parse_mode(entry, "fp32_bias_bwd_mode", where))
+    try:
+        return int(entry["head_dim_max"]), int(entry["seq_len_max"]), config
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{CONFIG_FILE}: {where}: bad head_dim_max / seq_len_max ({err})") from None
 
 
 @functools.lru_cache(maxsize=None)
 def load_tuned_configs() -> dict[str, list[tuple[int, int, EvoAttentionConfig]]]:
-    """GPU name -> [(max padded head dim, max sequence length, config)], most specific first."""
+    """GPU name -> [(max padded head dim, max sequence length, config)], most specific first.
+
+    A malformed file raises one ValueError naming the file, the entry and the field."""
     if not CONFIG_FILE.is_file():
         return {}
-    raw = runtime.read_config_file(CONFIG_FILE.name)
+    try:
+        raw = json.loads(CONFIG_FILE.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{CONFIG_FILE}: not valid JSON ({err})") from None
+    gpus = raw.get("gpus", {}) if isinstance(raw, dict) else None
+    if not isinstance(gpus, dict) or not all(isinstance(entries, list) for entries in gpus.values()):
+        raise ValueError(f"{CONFIG_FILE}: expected {{\"gpus\": {{GPU name: [entries]}}}}")
     tuned: dict[str, list[tuple[int, int, EvoAttentionConfig]]] = {}
-    for gpu, entries in raw.get("gpus", {}).items():
-        parsed = []
-        for index, entry in enumerate(entries):
-            where = f"gpus[{gpu!r}][{index}]"
-            missing = [name for name in ("head_dim_max", "seq_len_max", *KERNEL_NAMES) if name not in entry]
-            if missing:
-                raise ValueError(f"{CONFIG_FILE}: {where} lacks {missing}")
-            blocks = {name: _parse_block(entry[name], f"{where}.{name}") for name in KERNEL_NAMES}
-            try:
-                config = EvoAttentionConfig(**blocks, bwd_mode=str(entry.get("bwd_mode", "split")),
-                                            fp32_bias_bwd_mode=str(entry.get("fp32_bias_bwd_mode", "split")))
-            except ValueError as err:
-                raise ValueError(f"{CONFIG_FILE}: {where}: {err}") from err
-            parsed.append((int(entry["head_dim_max"]), int(entry["seq_len_max"]), config))
+    for gpu, entries in gpus.items():
+        parsed = [_parse_entry(entry, f"gpus[{gpu!r}][{index}]") for index, entry in enumerate(entries)]
         tuned[gpu] = sorted(parsed, key=lambda item: (item[0], item[1]))
     return tuned
 

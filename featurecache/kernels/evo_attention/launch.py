@@ -3,8 +3,8 @@ outputs, picks the block configuration and launches the kernels.
 
 A launch costs tens of microseconds of host time, as much as the kernels themselves at N = 1,
 so a forward is one launch and a split backward two (three with a shared bias), with no other
-device work around them (the atomic modes add a delta launch and the zeroing and copying of
-their fp32 sums).
+device work around them (the fused backward adds a delta launch and the zeroing and copying of
+its fp32 sums).
 
 Programs of one row n and head are launched next to each other (q block is the fastest grid
 axis) so k and v of that row stay in L2 for all its q blocks; a broadcast bias of one head is
@@ -15,6 +15,7 @@ memory once per row would cost at L = 768.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -31,16 +32,12 @@ from featurecache.kernels.evo_attention.kernels import (
     LOG2E,
     _evo_attention_bwd_bias_kernel,
     _evo_attention_bwd_fused_kernel,
-    _evo_attention_bwd_fused_pair_kernel,
     _evo_attention_bwd_kv_kernel,
     _evo_attention_bwd_kv_rows_kernel,
     _evo_attention_bwd_q_kernel,
-    _evo_attention_bwd_q_pair_kernel,
-    _evo_attention_bwd_walk_kernel,
     _evo_attention_bwd_q_rows_kernel,
     _evo_attention_delta_kernel,
     _evo_attention_fwd_kernel,
-    _evo_attention_fwd_pair_kernel,
     _evo_attention_fwd_rows_kernel,
 )
 
@@ -178,15 +175,7 @@ def evo_attention_forward(
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-    if shared_bias and config.paired:
-        common.pop("HAS_BIAS")
-        _evo_attention_fwd_pair_kernel[(triton.cdiv(seq_len, config.block_m), triton.cdiv(rows, 2), batch * heads)](
-            q, k, v, bias, mask_tensor, key_end, out, lse,
-            *q.stride(), *k.stride(), *v.stride(), *_shared_bias_strides(bias), *mask_strides, *out.stride(),
-            heads, rows, seq_len, head_dim, scale * LOG2E.value,
-            **common,
-        )
-    elif shared_bias and config.rows > 1:
+    if shared_bias and config.rows > 1:
         grid = (triton.cdiv(seq_len, config.block_m), triton.cdiv(rows, config.rows), batch * heads)
         _evo_attention_fwd_rows_kernel[grid](
             q, k, v, bias, mask_tensor, key_end, out, lse,
@@ -208,6 +197,31 @@ def evo_attention_forward(
     return out, lse, key_end
 
 
+@dataclass(frozen=True)
+class _BackwardInputs:
+    """What every backward kernel reads: the forward's inputs and results, the mask as bytes,
+    delta (rowsum(dO * O), written by the dQ or delta kernel) and the launch options that do
+    not depend on tiles."""
+
+    grad_out: torch.Tensor
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    bias: Optional[torch.Tensor]
+    mask: torch.Tensor
+    mask_strides: tuple[int, int, int]
+    out: torch.Tensor
+    lse: torch.Tensor
+    key_end: torch.Tensor
+    delta: torch.Tensor
+    scale: float
+    common: dict
+
+    def tiles(self, block: BlockConfig) -> dict:
+        return dict(BLOCK_M=block.block_m, BLOCK_N=block.block_n, num_warps=block.num_warps,
+                    num_stages=block.num_stages, **self.common)
+
+
 def evo_attention_backward(
     grad_out: torch.Tensor,
     q: torch.Tensor,
@@ -223,30 +237,13 @@ def evo_attention_backward(
     config: Optional[EvoAttentionConfig] = None,
     grads: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """Launch the backward kernels (two, three for a shared bias). Returns dq, dk, dv, dbias.
+    """Launch the backward kernels of the configured mode. Returns dq, dk, dv, dbias.
 
-    dbias is None unless bias_grad. Order matters: the dQ kernel writes delta = rowsum(dO * O),
-    which the dK/dV and dBias kernels read. `grads`: tensors of q's shape to write dq, dk, dv
-    into (views of a packed gradient, say); dk and dv must share their strides.
+    dbias is None unless bias_grad. `grads`: tensors of q's shape to write dq, dk, dv into
+    (views of a packed gradient, say); dk and dv must share their strides.
     """
     batch, rows, seq_len, heads, head_dim = q.shape
     config = config or select_config(head_dim, seq_len, q.device)
-    has_bias = bias is not None
-    bias_arg = bias if has_bias else q
-    mask_tensor, mask_strides = _mask_arg(mask, q)
-    shared_bias = has_bias and bias.shape[1] == 1 and rows > 1
-    per_row_dbias = bias_grad and bias.shape[1] == rows
-    common = dict(
-        HAS_MASK=mask is not None,
-        PRECISION=runtime.dot_precision(q.dtype),
-        BLOCK_D=padded_head_dim(head_dim),
-    )
-
-    def tiles(block: BlockConfig) -> dict:
-        return dict(BLOCK_M=block.block_m, BLOCK_N=block.block_n, num_warps=block.num_warps,
-                    num_stages=block.num_stages, **common)
-
-    delta = torch.empty_like(lse)
     if grads is not None:
         dq, dk, dv = grads
         if not (dq.shape == dk.shape == dv.shape == q.shape) or dk.stride() != dv.stride():
@@ -254,168 +251,123 @@ def evo_attention_backward(
     else:
         dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     dbias = bias.new_empty(bias.shape) if bias_grad else None
-    common["WIDE_INDEX"] = wide_index(q, k, v, out, grad_out, dq, dk, dv, bias=bias) or wide_index(bias=dbias)
-    # The atomic modes sum in no fixed order: deterministic runs keep the split kernels.
+    mask_tensor, mask_strides = _mask_arg(mask, q)
+    common = dict(
+        HAS_MASK=mask is not None,
+        PRECISION=runtime.dot_precision(q.dtype),
+        BLOCK_D=padded_head_dim(head_dim),
+        WIDE_INDEX=wide_index(q, k, v, out, grad_out, dq, dk, dv, bias=bias) or wide_index(bias=dbias),
+    )
+    inputs = _BackwardInputs(grad_out, q, k, v, bias, mask_tensor, mask_strides, out, lse, key_end,
+                             torch.empty_like(lse), scale, common)
+    per_row_dbias = bias_grad and bias.shape[1] == rows
+    # The fused mode sums in no fixed order: deterministic runs keep the split kernels, as does a
+    # per-row bias gradient (each row's dBias tile is owned by one dQ program there).
     deterministic = torch.are_deterministic_algorithms_enabled()
-    mode = "split" if per_row_dbias or deterministic else config.backward_mode(bias.dtype if has_bias else None)
-    if mode == "walk" and shared_bias and bias_grad:
-        _launch_walk_backward(grad_out, q, k, v, bias, mask_tensor, mask_strides, out, lse, key_end, delta,
-                              dq, dk, dv, dbias, scale, config.bwd_bias, common)
-        return dq, dk, dv, dbias
-    if mode == "walk":
-        mode = "fused"  # no shared bias gradient to walk for: the one-pass dK/dV kernel instead
+    mode = "split" if per_row_dbias or deterministic else config.backward_mode(None if bias is None else bias.dtype)
     if mode == "fused":
-        _launch_fused_backward(grad_out, q, k, v, bias, mask_tensor, mask_strides, out, lse, key_end, delta,
-                               dq, dk, dv, dbias, scale, config.bwd_kv, common)
-        return dq, dk, dv, dbias
-    qc = config.bwd_q
-    if shared_bias and qc.paired:
-        _evo_attention_bwd_q_pair_kernel[(triton.cdiv(seq_len, qc.block_m), triton.cdiv(rows, 2), batch * heads)](
-            q, k, v, bias, mask_tensor, key_end, out, grad_out, lse, delta, dq,
-            *q.stride(), *k.stride(), *v.stride(), *_shared_bias_strides(bias),
-            *mask_strides, *out.stride(), *grad_out.stride(), *dq.stride(),
-            heads, rows, seq_len, head_dim, scale, scale * LOG2E.value,
-            **tiles(qc),
-        )
-    elif shared_bias and qc.rows > 1:
-        _evo_attention_bwd_q_rows_kernel[(triton.cdiv(seq_len, qc.block_m), triton.cdiv(rows, qc.rows), batch * heads)](
-            q, k, v, bias, mask_tensor, key_end, out, grad_out, lse, delta, dq,
-            *q.stride(), *k.stride(), *v.stride(),
-            *_shared_bias_strides(bias),
-            *mask_strides, *out.stride(), *grad_out.stride(), *dq.stride(),
-            heads, rows, seq_len, head_dim, scale, scale * LOG2E.value,
-            ROWS=qc.rows,
-            **tiles(qc),
-        )
+        _launch_fused_backward(inputs, dq, dk, dv, dbias, config.bwd_kv)
     else:
-        _evo_attention_bwd_q_kernel[(triton.cdiv(seq_len, qc.block_m), rows, batch * heads)](
-            q, k, v, bias_arg, mask_tensor, key_end, out, grad_out, lse, delta, dq,
-            dbias if per_row_dbias else q,
-            *q.stride(), *k.stride(), *v.stride(), *_bias_strides(bias),
-            *mask_strides, *out.stride(), *grad_out.stride(),
-            *(dbias.stride() if per_row_dbias else (0, 0, 0, 0, 0)),
-            *dq.stride(),
-            heads, seq_len, head_dim, scale, scale * LOG2E.value,
-            HAS_BIAS=has_bias,
-            STORE_DBIAS=per_row_dbias,
-            **tiles(qc),
-        )
-
-    kv = config.bwd_kv
-    if (mode == "atomic_dbias" and bias_grad) or (shared_bias and kv.paired):
-        # The fused kernel with dBias atomics, or with none (paired dK/dV of the split backward).
-        atomic_dbias = mode == "atomic_dbias" and bias_grad
-        _launch_fused_backward(grad_out, q, k, v, bias, mask_tensor, mask_strides, out, lse, key_end, delta,
-                               None, dk, dv, dbias if atomic_dbias else None, scale, kv, common)
-        if atomic_dbias:
-            return dq, dk, dv, dbias
-    elif shared_bias and kv.rows > 1:
-        _evo_attention_bwd_kv_rows_kernel[(triton.cdiv(seq_len, kv.block_n), triton.cdiv(rows, kv.rows), batch * heads)](
-            q, k, v, bias, mask_tensor, key_end, grad_out, lse, delta, dk, dv,
-            *q.stride(), *k.stride(), *v.stride(),
-            *_shared_bias_strides(bias),
-            *mask_strides, *grad_out.stride(), *dk.stride(),
-            heads, rows, seq_len, head_dim, scale, scale * LOG2E.value,
-            ROWS=kv.rows,
-            **tiles(kv),
-        )
-    else:
-        _evo_attention_bwd_kv_kernel[(triton.cdiv(seq_len, kv.block_n), rows, batch * heads)](
-            q, k, v, bias_arg, mask_tensor, key_end, grad_out, lse, delta, dk, dv,
-            *q.stride(), *k.stride(), *v.stride(), *_bias_strides(bias),
-            *mask_strides, *grad_out.stride(), *dk.stride(),
-            heads, seq_len, head_dim, scale, scale * LOG2E.value,
-            HAS_BIAS=has_bias,
-            **tiles(kv),
-        )
-
-    if bias_grad and not per_row_dbias:
-        bc = config.bwd_bias
-        _evo_attention_bwd_bias_kernel[(triton.cdiv(seq_len, bc.block_n), triton.cdiv(seq_len, bc.block_m), batch * heads)](
-            q, k, v, bias, mask_tensor, key_end, grad_out, lse, delta, dbias,
-            *q.stride(), *k.stride(), *v.stride(),
-            *_shared_bias_strides(bias),
-            *mask_strides, *grad_out.stride(),
-            *_shared_bias_strides(dbias),
-            heads, rows, seq_len, head_dim, scale * LOG2E.value,
-            SCAN_MASK=_SCAN_MASK,
-            **tiles(bc),
-        )
+        _launch_split_backward(inputs, dq, dk, dv, dbias, config)
     return dq, dk, dv, dbias
 
 
-
-def _launch_fused_backward(grad_out, q, k, v, bias, mask_tensor, mask_strides, out, lse, key_end, delta,
-                           dq, dk, dv, dbias, scale, block: BlockConfig, common: dict) -> None:
-    """The dK/dV kernel that adds dQ (when dq is given; delta is then computed here first) and
-    the shared bias's gradient (when dbias is given) by fp32 atomics; dq and dbias are written
-    in place from their fp32 sums."""
-    batch, rows, seq_len, heads, head_dim = q.shape
-    has_bias = bias is not None
-    rows_per_program = 2 if block.paired and has_bias and bias.shape[1] == 1 and rows > 1 else 1
-    if dq is not None:
-        _launch_delta(out, grad_out, delta, common)
-        # Contiguous fp32 sums: one layout whatever dq's, and 64-bit tile offsets only if q needed them.
-        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+def _launch_split_backward(x: _BackwardInputs, dq, dk, dv, dbias, config: EvoAttentionConfig) -> None:
+    """dQ (which writes delta, and dBias of a per-row bias), dK/dV, then dBias of a shared bias.
+    Order matters: the dK/dV and dBias kernels read the dQ kernel's delta."""
+    batch, rows, seq_len, heads, head_dim = x.q.shape
+    bias = x.bias
+    shared_bias = bias is not None and bias.shape[1] == 1 and rows > 1
+    per_row_dbias = dbias is not None and bias.shape[1] == rows
+    scales = (x.scale, x.scale * LOG2E.value)
+    qkv_strides = (*x.q.stride(), *x.k.stride(), *x.v.stride())
+    qc, kv = config.bwd_q, config.bwd_kv
+    q_grid = (triton.cdiv(seq_len, qc.block_m), rows, batch * heads)
+    kv_grid = (triton.cdiv(seq_len, kv.block_n), rows, batch * heads)
+    if shared_bias and qc.rows > 1:
+        _evo_attention_bwd_q_rows_kernel[(q_grid[0], triton.cdiv(rows, qc.rows), q_grid[2])](
+            x.q, x.k, x.v, bias, x.mask, x.key_end, x.out, x.grad_out, x.lse, x.delta, dq,
+            *qkv_strides, *_shared_bias_strides(bias),
+            *x.mask_strides, *x.out.stride(), *x.grad_out.stride(), *dq.stride(),
+            heads, rows, seq_len, head_dim, *scales,
+            ROWS=qc.rows, **x.tiles(qc),
+        )
     else:
-        dq_acc = lse  # unused: ATOMIC_DQ is off
+        _evo_attention_bwd_q_kernel[q_grid](
+            x.q, x.k, x.v, bias if bias is not None else x.q, x.mask, x.key_end, x.out, x.grad_out, x.lse,
+            x.delta, dq, dbias if per_row_dbias else x.q,
+            *qkv_strides, *_bias_strides(bias),
+            *x.mask_strides, *x.out.stride(), *x.grad_out.stride(),
+            *(dbias.stride() if per_row_dbias else (0, 0, 0, 0, 0)),
+            *dq.stride(),
+            heads, seq_len, head_dim, *scales,
+            HAS_BIAS=bias is not None, STORE_DBIAS=per_row_dbias, **x.tiles(qc),
+        )
+
+    if shared_bias and kv.rows > 1:
+        _evo_attention_bwd_kv_rows_kernel[(kv_grid[0], triton.cdiv(rows, kv.rows), kv_grid[2])](
+            x.q, x.k, x.v, bias, x.mask, x.key_end, x.grad_out, x.lse, x.delta, dk, dv,
+            *qkv_strides, *_shared_bias_strides(bias),
+            *x.mask_strides, *x.grad_out.stride(), *dk.stride(),
+            heads, rows, seq_len, head_dim, *scales,
+            ROWS=kv.rows, **x.tiles(kv),
+        )
+    else:
+        _evo_attention_bwd_kv_kernel[kv_grid](
+            x.q, x.k, x.v, bias if bias is not None else x.q, x.mask, x.key_end, x.grad_out, x.lse, x.delta,
+            dk, dv,
+            *qkv_strides, *_bias_strides(bias),
+            *x.mask_strides, *x.grad_out.stride(), *dk.stride(),
+            heads, seq_len, head_dim, *scales,
+            HAS_BIAS=bias is not None, **x.tiles(kv),
+        )
+
+    if dbias is not None and not per_row_dbias:
+        bc = config.bwd_bias
+        _evo_attention_bwd_bias_kernel[(triton.cdiv(seq_len, bc.block_n), triton.cdiv(seq_len, bc.block_m),
+                                        batch * heads)](
+            x.q, x.k, x.v, bias, x.mask, x.key_end, x.grad_out, x.lse, x.delta, dbias,
+            *qkv_strides, *_shared_bias_strides(bias),
+            *x.mask_strides, *x.grad_out.stride(), *_shared_bias_strides(dbias),
+            heads, rows, seq_len, head_dim, x.scale * LOG2E.value,
+            SCAN_MASK=_SCAN_MASK, **x.tiles(bc),
+        )
+
+
+def _launch_fused_backward(x: _BackwardInputs, dq, dk, dv, dbias, block: BlockConfig) -> None:
+    """delta, then the dK/dV kernel that adds dQ and (when dbias is given: a shared bias's
+    gradient) by fp32 atomics; dq and dbias are written in place from their fp32 sums."""
+    batch, rows, seq_len, heads, head_dim = x.q.shape
+    bias = x.bias
+    _launch_delta(x.out, x.grad_out, x.delta, x.common)
+    # Contiguous fp32 sums: one layout whatever dq's, and 64-bit tile offsets only if q needed them.
+    dq_acc = torch.zeros(x.q.shape, device=x.q.device, dtype=torch.float32)
     if dbias is not None:
         # An fp32 bias gradient is its own accumulator; a bf16 / fp16 one is rounded from an fp32 sum.
-        dbias_acc = dbias if dbias.dtype == torch.float32 else torch.empty(dbias.shape, device=q.device,
+        dbias_acc = dbias if dbias.dtype == torch.float32 else torch.empty(dbias.shape, device=x.q.device,
                                                                            dtype=torch.float32)
         dbias_acc.zero_()
         dbias_strides = _shared_bias_strides(dbias_acc)
     else:
-        dbias_acc, dbias_strides = lse, (0, 0, 0, 0)
-    grid = (triton.cdiv(seq_len, block.block_n), triton.cdiv(rows, rows_per_program), batch * heads)
-    pointers = (q, k, v, bias if has_bias else q, mask_tensor, key_end, grad_out, lse, delta, dk, dv, dq_acc,
-                dbias_acc, *q.stride(), *k.stride(), *v.stride())
-    after_bias = (*mask_strides, *grad_out.stride(), *dk.stride(),
-                  *(dq_acc.stride() if dq is not None else (0, 0, 0, 0, 0)), *dbias_strides)
-    options = dict(ATOMIC_DQ=dq is not None, ATOMIC_DBIAS=dbias is not None, BLOCK_M=block.block_m,
-                   BLOCK_N=block.block_n, num_warps=block.num_warps, num_stages=block.num_stages, **common)
-    if rows_per_program == 2:
-        _evo_attention_bwd_fused_pair_kernel[grid](
-            *pointers, *_shared_bias_strides(bias), *after_bias,
-            heads, rows, seq_len, head_dim, scale, scale * LOG2E.value, **options,
-        )
-    else:
-        _evo_attention_bwd_fused_kernel[grid](
-            *pointers, *_bias_strides(bias), *after_bias,
-            heads, seq_len, head_dim, scale, scale * LOG2E.value, HAS_BIAS=has_bias, **options,
-        )
-    if dq is not None:
-        dq.copy_(dq_acc)
+        dbias_acc, dbias_strides = x.lse, (0, 0, 0, 0)  # unused: ATOMIC_DBIAS is off
+    _evo_attention_bwd_fused_kernel[(triton.cdiv(seq_len, block.block_n), rows, batch * heads)](
+        x.q, x.k, x.v, bias if bias is not None else x.q, x.mask, x.key_end, x.grad_out, x.lse, x.delta,
+        dk, dv, dq_acc, dbias_acc,
+        *x.q.stride(), *x.k.stride(), *x.v.stride(), *_bias_strides(bias),
+        *x.mask_strides, *x.grad_out.stride(), *dk.stride(), *dq_acc.stride(), *dbias_strides,
+        heads, seq_len, head_dim, x.scale, x.scale * LOG2E.value,
+        HAS_BIAS=bias is not None, ATOMIC_DBIAS=dbias is not None, **x.tiles(block),
+    )
+    dq.copy_(dq_acc)
     if dbias is not None and dbias_acc is not dbias:
         dbias.copy_(dbias_acc)
 
 
 def _launch_delta(out, grad_out, delta, common: dict) -> None:
-    """delta = rowsum(dO * O), for the backward modes without a dQ kernel to compute it."""
+    """delta = rowsum(dO * O), for the fused backward, which has no dQ kernel to compute it."""
     batch, rows, seq_len, heads, head_dim = out.shape
     block = 64
     _evo_attention_delta_kernel[(triton.cdiv(seq_len, block), rows, batch * heads)](
         out, grad_out, delta, *out.stride(), *grad_out.stride(), heads, seq_len, head_dim,
         BLOCK_M=block, BLOCK_D=common["BLOCK_D"], WIDE_INDEX=common["WIDE_INDEX"],
     )
-
-
-def _launch_walk_backward(grad_out, q, k, v, bias, mask_tensor, mask_strides, out, lse, key_end, delta,
-                          dq, dk, dv, dbias, scale, block: BlockConfig, common: dict) -> None:
-    """The one-pass backward that walks the rows per bias tile ("walk"): dbias written directly,
-    dq, dk and dv summed in fp32 by atomics and copied into place."""
-    batch, rows, seq_len, heads, head_dim = q.shape
-    _launch_delta(out, grad_out, delta, common)
-    sums = torch.zeros((3, *q.shape), device=q.device, dtype=torch.float32)
-    _evo_attention_bwd_walk_kernel[(triton.cdiv(seq_len, block.block_n), triton.cdiv(seq_len, block.block_m),
-                                    batch * heads)](
-        q, k, v, bias, mask_tensor, key_end, grad_out, lse, delta, dbias, sums[0], sums[1], sums[2],
-        *q.stride(), *k.stride(), *v.stride(), *_shared_bias_strides(bias),
-        *mask_strides, *grad_out.stride(), *_shared_bias_strides(dbias), *sums[0].stride(),
-        heads, rows, seq_len, head_dim, scale, scale * LOG2E.value,
-        SCAN_MASK=_SCAN_MASK, BLOCK_M=block.block_m, BLOCK_N=block.block_n, num_warps=block.num_warps,
-        num_stages=block.num_stages, **common,
-    )
-    dq.copy_(sums[0])
-    dk.copy_(sums[1])
-    dv.copy_(sums[2])
