@@ -36,12 +36,20 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import types
 
 import numpy as np
 import torch
 
 MODEL_NAME = "protenix_base_default_v1.0.0"  # the model its configs train by default
+_STARTED = time.perf_counter()
+
+
+def _stage(message: str) -> None:
+    """One progress line with the seconds since import: when a time budget stops the peer, the
+    log says which stage (extension build, kernel autotuning, model build, a step) had the time."""
+    print(f"[protenix {time.perf_counter() - _STARTED:6.1f} s] {message}", flush=True)
 
 
 def unavailable_reason() -> str | None:
@@ -200,6 +208,7 @@ def import_protenix(device: torch.device, first_length: int = 384) -> dict:
             layernorm_reason = f"its fast_layernorm did not build: {type(error).__name__}: {str(error)[:100]}"
             modules = _import_modules()
     options = {"layernorm": f"{layernorm} ({layernorm_reason})", "scipy": scipy_source}
+    _stage(f"imported; LayerNorm {options['layernorm']}")
     cuequivariance = importlib.util.find_spec("cuequivariance_torch") is not None
     if device.type != "cuda":
         options["triangle_multiplicative"] = "torch (no CUDA device)"
@@ -209,7 +218,9 @@ def import_protenix(device: torch.device, first_length: int = 384) -> dict:
         options["triangle_attention"] = "cuequivariance (its default)"
     else:
         options["triangle_multiplicative"] = "torch (its default cuequivariance is not installed)"
+        _stage(f"checking its Triton triangle attention at length {first_length} (autotunes) in a child process")
         failure = _probe_in_child(first_length)
+        _stage(f"check done: {failure or 'it runs'}")
         options["triangle_attention"] = (
             "triattention (its Triton kernel; its default cuequivariance is not installed)" if failure is None
             else f"torch (cuequivariance not installed; {failure})")
@@ -409,6 +420,7 @@ class ProtenixPeer:
         logging.getLogger("protenix").addHandler(self.errors)
         self.step_count = 0
         self.model.train()
+        _stage(f"model and optimizer built ({self.parameters_millions():.1f} M parameters)")
 
     def settings(self) -> str:
         """The settings behind its numbers, for the benchmark's table."""
@@ -462,3 +474,4 @@ class ProtenixPeer:
             raise RuntimeError(f"Protenix's permutation failed: {self.errors.messages[0]}")
         if not torch.isfinite(loss):
             raise FloatingPointError(f"non-finite Protenix loss {loss.item()}")
+        _stage(f"step {self.step_count} done (its loss read back: the GPU's work included)")
