@@ -69,7 +69,7 @@ def _heuristic_config(windows_times_heads: int, samples: int, device: torch.devi
     Every program re-reads its bias tile, so fewer programs read less; but each SM needs a few
     programs in flight. Under the interpreter, 2 samples per program and key blocks of 16, so that
     tests with three or more samples and more than 16 keys cover several of each."""
-    if runtime.interpreted() or device.type != "cuda":
+    if runtime.gpu_name(device) is None:  # the interpreter, or not a CUDA device
         # Small groups and key blocks: test sizes then cover several of each.
         return WindowConfig(samples_per_program=2, key_block=16)
     sms = _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
