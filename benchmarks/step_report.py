@@ -20,6 +20,8 @@ BLANK = " |" * len(COMPARISONS)  # the comparison cells of a row without them
 
 
 def table(results: dict, args) -> str:
+    """The run's markdown table: a column per variant, then one per comparison; a time row and a
+    memory row per block length and crop, the largest crop, one-cell notes, the data wait."""
     rows = ["| measure | " + " | ".join(NAMES[v] for v in COLUMNS) + " | "
             + " | ".join(f"{NAMES[a]} vs {NAMES[b]}" for a, b in COMPARISONS) + " |",
             "| --- |" + " --- |" * (len(COLUMNS) + len(COMPARISONS))]

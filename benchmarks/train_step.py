@@ -149,7 +149,6 @@ def parse_arguments() -> argparse.Namespace:
             json.loads(path.read_text())
         except (OSError, ValueError) as error:
             parser.error(f"--merge {path}: not a readable train_step.json ({type(error).__name__})")
-
     return args
 
 
