@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,21 @@ def open_shard(path: Path, in_use: str, **options) -> lmdb.Environment:
         if "already open" in str(error):
             raise RuntimeError(f"{path} {in_use}") from None
         raise
+
+
+def table_keys(txn: lmdb.Transaction, records_db, index_db) -> Iterator[bytes]:
+    """A table's keys in key order, from its index table when the index names every record.
+
+    py-lmdb's cursor touches every page of each value it passes (it preloads values, even with
+    values=False), so listing a table of large records reads the whole table into the process;
+    index entries are small. A put keeps or drops a key's entry and a delete removes both, so the
+    index keys are a subset of the record keys: equal counts mean equal sets. A table whose
+    records lack index entries (msa) is listed itself, touching its values.
+    """
+    listed = records_db
+    if index_db is not None and txn.stat(index_db)["entries"] == txn.stat(records_db)["entries"]:
+        listed = index_db
+    return txn.cursor(db=listed).iternext(keys=True, values=False)
 
 
 def begin_read(env: lmdb.Environment, **options) -> lmdb.Transaction:

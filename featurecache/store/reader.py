@@ -44,6 +44,7 @@ from featurecache.store.layout import (
     read_shard_meta,
     shard_name,
     shard_of,
+    table_keys,
 )
 
 
@@ -215,32 +216,37 @@ class StoreReader:
         table, key = item
         return self.get(table, key) is not None
 
-    def _cursor_items(self, shard_index: int, db_name: str, values: bool) -> Iterator:
+    def _cursor_items(self, shard_index: int, db_name: str) -> Iterator[tuple[bytes, bytes]]:
         env, dbs = self._open(shard_index)
         if dbs[db_name] is None:
             return
         with begin_read(env, db=dbs[db_name]) as txn:
-            yield from txn.cursor().iternext(keys=True, values=values)
+            yield from txn.cursor().iternext(keys=True, values=True)
 
     def keys(self, table: str) -> Iterator[str]:
-        """Keys of a table, shard by shard (sorted within a shard)."""
+        """Keys of a table, shard by shard (sorted within a shard); read from the table's index
+        where it names every record, so listing does not read the records (layout.table_keys)."""
         check_table(table)
         for shard_index in range(self.num_shards):
-            for key in self._cursor_items(shard_index, table, values=False):
-                yield key.decode("utf-8", "surrogateescape")
+            env, dbs = self._open(shard_index)
+            if dbs[table] is None:
+                continue
+            with begin_read(env) as txn:
+                for key in table_keys(txn, dbs[table], dbs[index_table(table)]):
+                    yield key.decode("utf-8", "surrogateescape")
 
     def items(self, table: str, shard_index: int | None = None) -> Iterator[tuple[str, bytes]]:
         """(key, blob) pairs of a table, of one shard or all."""
         check_table(table)
         shards = range(self.num_shards) if shard_index is None else [shard_index]
         for index in shards:
-            for key, blob in self._cursor_items(index, table, values=True):
+            for key, blob in self._cursor_items(index, table):
                 yield key.decode("utf-8", "surrogateescape"), blob
 
     def index_blobs(self, table: str, shard_index: int) -> Iterator[tuple[str, bytes]]:
         """(key, packed index entry) pairs stored beside a table's records in one shard."""
         check_table(table)
-        for key, value in self._cursor_items(shard_index, index_table(table), values=True):
+        for key, value in self._cursor_items(shard_index, index_table(table)):
             yield key.decode("utf-8", "surrogateescape"), value
 
     def index_entries(self, table: str, shard_index: int) -> Iterator[tuple[str, Any]]:

@@ -46,6 +46,7 @@ from featurecache.store.layout import (
     read_shard_meta,
     shard_name,
     shard_of,
+    table_keys,
 )
 from featurecache.store.locks import ShardLock
 from featurecache.store.manifest import Manifest, read_manifest, utc_now, write_manifest
@@ -157,16 +158,11 @@ class ShardWriter:
             return txn.get(key_bytes(key))
 
     def keys(self, table: str) -> list[str]:
-        """The table's keys. py-lmdb's cursor touches every page of each value it passes, so the
-        keys come from the table's index (small entries) when every record has an entry there:
-        listing a table of large records would otherwise read the whole file into this process."""
+        """The table's keys, without reading its records where its index names them all (layout.table_keys)."""
         check_table(table)
         self.flush()
         with self._env.begin() as txn:
-            records, index = self._dbs[table], self._dbs[index_table(table)]
-            # a put keeps or drops a key's entry and a delete removes both: index keys are a subset
-            listed = index if txn.stat(index)["entries"] == txn.stat(records)["entries"] else records
-            return [key.decode("utf-8") for key in txn.cursor(db=listed).iternext(keys=True, values=False)]
+            return [key.decode("utf-8") for key in table_keys(txn, self._dbs[table], self._dbs[index_table(table)])]
 
     def flush(self) -> None:
         """Commit queued writes in one durable transaction, growing the map when it is full."""
