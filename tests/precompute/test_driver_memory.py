@@ -17,8 +17,6 @@ import os
 import tracemalloc
 from pathlib import Path
 
-import pytest
-
 from featurecache.config import StoreConfig
 from featurecache.schema import FEATURES_TABLE
 from featurecache.store.layout import shard_name

@@ -8,7 +8,12 @@ import stat
 import pytest
 import torch
 
-from featurecache.training.checkpoint import checkpoint_path, load_checkpoint, rng_state, save_checkpoint
+from featurecache.training.checkpoint import (
+    checkpoint_path,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+)
 
 
 def _state(step: int) -> dict:
