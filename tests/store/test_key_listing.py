@@ -4,7 +4,8 @@ py-lmdb's cursor touches every page of each value it passes (it preloads values 
 for keys only), so `verify`-style scans are the only readers that should touch every record.
 These tests build a cache of large random records (LMDB keeps each on its own overflow pages),
 then measure how much of the shard file listing the keys made resident in this process, and
-check that the measurement does see a full read, so they can fail.
+check that the measurement does see a full read, so they can fail. The bound is a quarter of the
+records: the kernel may map a whole large page-cache folio (up to MiBs) around a touched page.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def test_reader_lists_keys_without_reading_records(tmp_path):
         read_all = mapped_bytes(tmp_path) - before
     assert listed == keys
     assert read_all > RECORDS * RECORD_BYTES // 2, "the measurement does not see records read"
-    assert touched < MiB, f"listing {RECORDS} keys touched {touched / MiB:.1f} MiB of the shard files"
+    assert touched < RECORDS * RECORD_BYTES // 4, (
+        f"listing {RECORDS} keys touched {touched / MiB:.1f} MiB of the shard files")
 
 
 def test_keys_of_a_table_without_a_full_index_are_all_listed(tmp_path):

@@ -22,7 +22,7 @@ from featurecache.store.verify import verify_cache
 from featurecache.store.writer import StoreWriter
 from tests.store._pages import mapped_bytes, needs_smaps
 
-RECORDS = 16
+RECORDS = 32
 MiB = 1 << 20
 
 
@@ -65,8 +65,9 @@ def test_headers_are_read_without_touching_the_records(tmp_path):
     assert [(header.key, header.input_hash, header.meta["sequences"]) for header in headers] == [
         (key, f"input-of-{key}", [key.upper()]) for key in keys]
     assert read_all > RECORDS * MiB // 2, "the measurement does not see records read"
-    assert touched_by_writer < MiB, f"{RECORDS} headers touched {touched_by_writer / MiB:.1f} MiB (writer)"
-    assert touched_by_reader < MiB, f"{RECORDS} headers touched {touched_by_reader / MiB:.1f} MiB (reader)"
+    # a quarter of the records: the kernel may map a whole large page-cache folio around a touched page
+    for who, touched in (("writer", touched_by_writer), ("reader", touched_by_reader)):
+        assert touched < RECORDS * MiB // 4, f"{RECORDS} headers touched {touched / MiB:.1f} MiB ({who})"
 
 
 def test_header_entries_follow_their_records(tmp_path):
