@@ -1,7 +1,7 @@
 """Durable file writes: when a call returns, the change is on disk.
 
-Manifests, LATEST, published shard copies and training checkpoints go through here, so a crash at any moment leaves
-the old state or the new one, never a partial file.
+Manifests, LATEST, published shard copies and training checkpoints go through here, so a crash
+at any moment leaves the old state or the new one, never a partial file.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ SHARD_PATTERN = re.compile(r"^shard-(\d{5})\.lmdb$")
 
 META_TABLE = "meta"
 SHARD_META_KEY = b"shard"  # the meta table's one entry
-MAX_DBS = 16  # 4 tables (schema.TABLES) + 4 index tables + 1 header table + meta, with room for new tables
+MAX_DBS = 16  # 4 tables (schema.TABLES) + 4 index + 1 header table + meta, with room for new tables
 _MAX_KEY_BYTES = 511  # LMDB's compiled-in key size limit
 
 

@@ -113,7 +113,8 @@ def _scan_table(reader: StoreReader, manifest: Manifest, shard_index: int, table
             report.damaged.append(DamagedRecord(header_table(table), key, shard_file, problem))
     for key in reader.header_keys(table, shard_index):
         if key not in keys:
-            report.damaged.append(DamagedRecord(header_table(table), key, shard_file, "header entry without a record"))
+            report.damaged.append(DamagedRecord(header_table(table), key, shard_file,
+                                                "header entry without a record"))
     # Index entries carry no checksum of their own: they must parse and agree with the manifest.
     manifest_index = manifest.index.get(table, {})
     indexed = set()

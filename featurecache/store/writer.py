@@ -41,10 +41,10 @@ from featurecache.store.codec import (
     unpack_plain,
 )
 from featurecache.store.layout import (
+    HEADER_TABLES,
     META_TABLE,
     SHARD_DATABASES,
     SHARD_META_KEY,
-    HEADER_TABLES,
     STORE_FORMAT,
     check_index_entry,
     check_shard_meta,
