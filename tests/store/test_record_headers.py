@@ -9,6 +9,8 @@ shard files (tests/store/_pages.py), with a check that the measurement sees a fu
 
 from __future__ import annotations
 
+import os
+
 import lmdb
 import numpy as np
 import pytest
@@ -68,6 +70,34 @@ def test_headers_are_read_without_touching_the_records(tmp_path):
     # a quarter of the records: the kernel may map a whole large page-cache folio around a touched page
     for who, touched in (("writer", touched_by_writer), ("reader", touched_by_reader)):
         assert touched < RECORDS * MiB // 4, f"{RECORDS} headers touched {touched / MiB:.1f} MiB ({who})"
+
+
+def _disk_read_bytes() -> int:
+    with open("/proc/self/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("read_bytes:"))
+
+
+def _evict_page_cache(folder) -> None:
+    for path in folder.iterdir():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="reads /proc/self/io (Linux)")
+def test_a_writer_reads_headers_of_a_cold_cache_without_reading_ahead(tmp_path):
+    """A rerun on another day: the shard files are not in the page cache. Each page fault of a
+    map opened with readahead reads the device's read_ahead_kb around it (MiBs on some disks)."""
+    keys = [f"t{number:02d}" for number in range(RECORDS)]
+    _build(tmp_path / "cache", keys)
+    _evict_page_cache(tmp_path / "cache")
+    with StoreWriter(tmp_path / "cache", StoreConfig(num_shards=1)) as writer:
+        before = _disk_read_bytes()
+        assert all(writer.header(FEATURES_TABLE, key).key == key for key in keys)
+        read = _disk_read_bytes() - before
+    assert read < 2 * MiB, f"{RECORDS} header lookups read {read / MiB:.1f} MiB from disk"
 
 
 def test_header_entries_follow_their_records(tmp_path):
