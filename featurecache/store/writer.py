@@ -253,7 +253,7 @@ class ShardWriter:
                 txn.put(key, value, db=db)
 
     def summary(self) -> dict:
-        """Counts and index entries of every table, for the manifest."""
+        """Counts and index entries of every table, and LMDB's last transaction, for the manifest."""
         self.flush()
         counts, index = {}, {}
         with self._env.begin() as txn:
@@ -264,7 +264,8 @@ class ShardWriter:
                     key.decode("utf-8"): unpack_plain(value, f"{self.path}/{index_table(table)}")
                     for key, value in cursor.iternext()
                 }
-        return {"counts": counts, "index": index}
+            txnid = self._env.info()["last_txnid"]  # the file's state: no commit follows before close
+        return {"counts": counts, "index": index, "txnid": txnid}
 
     def close_env(self) -> None:
         """Commit what is queued and close the environment; the writer lock stays held."""
@@ -320,14 +321,16 @@ class StoreWriter:
         except BaseException:
             self._close_all()
             raise
-        # Keys the last finished manifest lists, table -> key -> entry: deleting one is noted first.
-        self._listed = self._last_finished_index() if self._update is not None else {}
+        # The last finished manifest: deleting a record it lists is noted first, and finish keeps
+        # the digests of the shards left unchanged.
+        self._last = self._last_finished_manifest() if self._update is not None else None
+        self._listed = {} if self._last is None else self._last.index  # table -> key -> entry
 
-    def _last_finished_index(self) -> dict[str, dict]:
+    def _last_finished_manifest(self) -> Manifest | None:
         try:
-            return read_manifest(self.cache_dir, expected_schema=None).index
+            return read_manifest(self.cache_dir, expected_schema=None)
         except ValueError:  # damaged or foreign: readers refuse it anyway, and finish replaces it
-            return {}
+            return None
 
     def _shard(self, key: str) -> ShardWriter:
         if not self._shards:
@@ -384,9 +387,11 @@ class StoreWriter:
             for shard in self._shards:
                 shard.close_env()
             # Still holding the shard locks: no writer can change a shard under the checksums.
+            same_cache = self._last is not None and self._last.created == created  # not one made anew
             manifest = write_manifest(
                 self.cache_dir, summaries, fingerprints=fingerprints or {},
                 schema_version=schema_version, created=created, derived_index=derived_index,
+                previous=self._last if same_cache else None,
             )
             end_update(self.cache_dir)  # after the manifest: a kill in between leaves a stale marker
             self._update = None
