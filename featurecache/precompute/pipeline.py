@@ -50,7 +50,7 @@ from featurecache.precompute.tasks import ChainSequence, ExcludedTarget, TargetI
 from featurecache.precompute.tools import ToolError
 from featurecache.features.featurize import FEATURIZE_REVISION
 from featurecache.schema import ERRORS_TABLE, FEATURES_TABLE, MSA_TABLE, SCHEMA_VERSION
-from featurecache.store.codec import encode_record, read_header
+from featurecache.store.codec import CorruptRecordError, encode_record, read_header
 from featurecache.store.locks import StoreLockedError
 from featurecache.store.manifest import Manifest, read_manifest
 from featurecache.store.writer import StoreWriteError, StoreWriter
@@ -410,15 +410,16 @@ def _previous_attempts(writer: StoreWriter) -> dict[str, int]:
 
 
 def _current_meta(writer: StoreWriter, target: TargetInput, feature_fingerprint: str) -> dict | None:
-    """The metadata of the target's feature record if it is current (same settings and input), else None."""
-    blob = writer.get(FEATURES_TABLE, target.target_id)
-    if blob is None:
-        return None
+    """The metadata of the target's feature record if it is current (same settings and input), else None.
+
+    Read from the record's header entry, not the record (StoreWriter.header): a rerun of a
+    finished cache reads ~2 KiB per target instead of the whole cache. A record without an
+    intact entry (a cache written before header entries) is read whole and checked by its CRC."""
     try:
-        header = read_header(blob, where=f"features/{target.target_id}", key=target.target_id)
-    except Exception:  # damaged: recompute it
+        header = writer.header(FEATURES_TABLE, target.target_id)
+    except (CorruptRecordError, ValueError):  # damaged, or another record format: recompute it
         return None
-    if header.fingerprint == feature_fingerprint and header.input_hash == target.input_hash:
+    if header is not None and header.fingerprint == feature_fingerprint and header.input_hash == target.input_hash:
         return header.meta
     return None
 

@@ -3,7 +3,8 @@
 During the run, `SamplingIndex` gathers each target's chains and interfaces (TargetChains: from
 this run's feature results, and from the metadata of current records the run read anyway to
 skip them) and each target curation left out. At the end, `tables` reads the chains of the
-cache's other records, clusters every chain and interface of the cache (clustering.py) and
+cache's other records (from their header entries, not the records: StoreWriter.header),
+clusters every chain and interface of the cache (clustering.py) and
 weighs them (weights.py). Feature records are never rewritten: adding targets re-clusters the
 cache and changes only the manifest. Clustering is skipped when its inputs and settings are
 those the last manifest was built from (fingerprints["sampling"]); its table is kept then.
@@ -22,7 +23,6 @@ from featurecache.precompute.tasks import ExcludedTarget
 from featurecache.precompute.tools import MmseqsCluster, ToolSettings
 from featurecache.precompute.weights import sampling_table
 from featurecache.schema import FEATURES_TABLE
-from featurecache.store.codec import read_header
 from featurecache.store.manifest import EXCLUDED_TABLE, SAMPLING_TABLE, Manifest
 from featurecache.store.writer import StoreWriter
 
@@ -89,14 +89,13 @@ class SamplingIndex:
         return tables, {"sampling": inputs}
 
     def _all_targets(self, writer: StoreWriter, feature_keys: set[str]) -> dict[str, TargetChains]:
-        """Chains of every feature record: this run's, then the rest read from record headers."""
+        """Chains of every feature record: this run's, then the rest from their header entries
+        (StoreWriter.header: the records themselves are not read)."""
         targets = {target_id: chains for target_id, chains in self.targets.items() if target_id in feature_keys}
         unknown = []
         for target_id in sorted(feature_keys - set(targets)):
             try:
-                meta = read_header(writer.get(FEATURES_TABLE, target_id), where=f"features/{target_id}",
-                                   key=target_id).meta
-                chains = TargetChains.from_meta(target_id, meta)
+                chains = TargetChains.from_meta(target_id, writer.header(FEATURES_TABLE, target_id).meta)
             except Exception as error:  # a damaged record (verify names it) is left out of the weights
                 log.warning("features/%s: not clustered: %s", target_id, error)
                 continue

@@ -425,6 +425,22 @@ def decode_record(blob, where: str = "record", key: str | None = None, lazy_rows
     )
 
 
+def encode_header(header: RecordHeader) -> bytes:
+    """A record's header (without its arrays) encoded as a small record of its own: what the
+    store keeps beside a record so that its header is read without reading the record. Read it
+    back with read_header (its array_names are then empty)."""
+    return encode_record(header.key, {}, header.meta, header.fingerprint, header.input_hash,
+                         header.schema_version, zstd_level=0)
+
+
+def header_entry(blob) -> bytes | None:
+    """encode_header of the record `blob`; None for a blob that is not an intact record."""
+    try:
+        return encode_header(read_header(blob))
+    except (CorruptRecordError, RecordFormatError):
+        return None
+
+
 def read_header(blob, where: str = "record", key: str | None = None) -> RecordHeader:
     """Check the checksum and read a record's header without decoding its arrays."""
     fields = _unpack_fields(blob, where, key)

@@ -1,7 +1,7 @@
 """Durable file writes: when a call returns, the change is on disk.
 
-Manifests, LATEST and published shard copies go through here, so a crash at any moment leaves
-the old state or the new one, never a partial file.
+Manifests, LATEST, published shard copies and training checkpoints go through here, so a crash
+at any moment leaves the old state or the new one, never a partial file.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import IO
 
 
 def fsync_file(path: Path) -> None:
@@ -34,13 +34,13 @@ def write_text_atomic(path: Path, text: str) -> None:
     write_atomic(path, lambda handle: handle.write(text))
 
 
-def write_atomic(path: Path, write: Callable[[TextIO], object]) -> None:
-    """write_text_atomic for text that `write(handle)` writes in pieces (a large JSON document
-    streamed by json.dump, never held whole in memory)."""
+def write_atomic(path: Path, write: Callable[[IO], object], binary: bool = False) -> None:
+    """write_text_atomic for what `write(handle)` writes in pieces: a large JSON document streamed
+    by json.dump (never held whole in memory), or with `binary` bytes (a torch.save checkpoint)."""
     path = Path(path)
     fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")) as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())

@@ -1,10 +1,10 @@
 """What is in a cache, as text: `featurecache stats` and `featurecache show`.
 
 cache_stats gathers counts, sizes, token-count / MSA-depth / template distributions, warnings
-and failures from the manifest and the records' headers, and what curation removed and the
-cluster-size and sampling-weight distributions from the manifest's "sampling" and "excluded"
-tables; format_stats prints that report and format_record one record's arrays and metadata.
-plot.py draws the report (`stats --plot`).
+and failures from the manifest and the records' headers (for feature records their header
+entries, not the records), and what curation removed and the cluster-size and sampling-weight
+distributions from the manifest's "sampling" and "excluded" tables; format_stats prints that
+report and format_record one record's arrays and metadata. plot.py draws the report (`stats --plot`).
 Only records and manifests are read: nothing here knows how features are computed.
 """
 
@@ -35,11 +35,10 @@ def _distribution(values: list[int]) -> dict:
 
 
 def _features_meta(reader: StoreReader, target_id: str) -> dict:
-    """A feature record's metadata ({} if an update deleted the record since the manifest)."""
-    blob = reader.get(FEATURES_TABLE, target_id)
-    if blob is None:
-        return {}
-    return read_header(blob, where=reader.where(FEATURES_TABLE, target_id), key=target_id).meta
+    """A feature record's metadata, from its header entry where it has one, not the record
+    ({} if an update deleted the record since the manifest)."""
+    header = reader.header(FEATURES_TABLE, target_id)
+    return {} if header is None else header.meta
 
 
 def _hits_without_structure(reader: StoreReader, targets: dict) -> dict:

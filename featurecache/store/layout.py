@@ -11,9 +11,13 @@ Layout of a cache folder::
 
 A key's shard is blake2b(key) mod N, so any process finds a record without an index. Every
 shard holds the tables in featurecache.schema.TABLES, one index table per table (small plain
-entries the loader needs, such as num_tokens, written in the same transaction as the record)
-and a "meta" table whose one entry records the shard's number, the shard count and
-STORE_FORMAT. open_shard and read_shard_meta are the two steps writer and reader share.
+entries the loader needs, such as num_tokens, written in the same transaction as the record),
+one header table per table of HEADER_TABLES (each record's header without its arrays, a small
+checksummed record of its own, also written with the record: a rerun reads it to decide whether
+the record is current without reading the record; shards written before header tables existed
+lack their entries, and readers then read the record) and a "meta" table whose one entry
+records the shard's number, the shard count and STORE_FORMAT. open_shard and read_shard_meta
+are the two steps writer and reader share.
 """
 
 from __future__ import annotations
@@ -21,13 +25,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import lmdb
 
-from featurecache.schema import TABLES
+from featurecache.schema import FEATURES_TABLE, TABLES
 from featurecache.store.codec import unpack_plain
 
 STORE_FORMAT = 1  # layout of the shard files (tables, meta entry); the manifest names it
@@ -35,7 +39,7 @@ SHARD_PATTERN = re.compile(r"^shard-(\d{5})\.lmdb$")
 
 META_TABLE = "meta"
 SHARD_META_KEY = b"shard"  # the meta table's one entry
-MAX_DBS = 16  # 4 tables (schema.TABLES) + 4 index tables + meta, with room for new tables
+MAX_DBS = 16  # 4 tables (schema.TABLES) + 4 index + 1 header table + meta, with room for new tables
 _MAX_KEY_BYTES = 511  # LMDB's compiled-in key size limit
 
 
@@ -80,8 +84,17 @@ def index_table(table: str) -> str:
     return f"index.{table}"
 
 
+def header_table(table: str) -> str:
+    """Name of the table that holds the headers of `table`'s records (for tables in HEADER_TABLES)."""
+    return f"header.{table}"
+
+
+# Tables whose record headers are also kept apart: a feature record is ~0.3 MiB, its header
+# (fingerprint, input hash, meta) 1-3 KiB. MSA records are left out: their meta is most of them.
+HEADER_TABLES = (FEATURES_TABLE,)
+
 # Every named database of a shard, in the order they are opened.
-SHARD_DATABASES = (*TABLES, *map(index_table, TABLES), META_TABLE)
+SHARD_DATABASES = (*TABLES, *map(index_table, TABLES), *map(header_table, HEADER_TABLES), META_TABLE)
 
 
 def check_table(table: str) -> None:
@@ -126,6 +139,21 @@ def open_shard(path: Path, in_use: str, **options) -> lmdb.Environment:
         if "already open" in str(error):
             raise RuntimeError(f"{path} {in_use}") from None
         raise
+
+
+def table_keys(txn: lmdb.Transaction, records_db, index_db) -> Iterator[bytes]:
+    """A table's keys in key order, from its index table when the index names every record.
+
+    py-lmdb's cursor touches every page of each value it passes (it preloads values, even with
+    values=False), so listing a table of large records reads the whole table into the process;
+    index entries are small. A put keeps or drops a key's entry and a delete removes both, so the
+    index keys are a subset of the record keys: equal counts mean equal sets. A table whose
+    records lack index entries (msa) is listed itself, touching its values.
+    """
+    listed = records_db
+    if index_db is not None and txn.stat(index_db)["entries"] == txn.stat(records_db)["entries"]:
+        listed = index_db
+    return txn.cursor(db=listed).iternext(keys=True, values=False)
 
 
 def begin_read(env: lmdb.Environment, **options) -> lmdb.Transaction:

@@ -13,10 +13,14 @@ Example (abridged)::
      "generation": null,
      "fingerprints": {"features": "3f2a9c0d1e2b4a5c"},
      "counts": {"msa": 12, "features": 5, "errors": 1},
-     "shards": [{"file": "shard-00000.lmdb", "size": 1052672, "sha256": "9b1f...",
+     "shards": [{"file": "shard-00000.lmdb", "size": 1052672, "sha256": "9b1f...", "txnid": 42,
                  "counts": {"msa": 7, "features": 2, "errors": 0}}, ...],
      "index": {"features": {"7a4d": {"num_tokens": 611, "msa_depth": 4096, "shard": 1}},
                "msa": {}, "errors": {}, "sampling": {...}, "excluded": {...}}}
+
+A shard's "txnid" is LMDB's last committed transaction when the manifest was written (absent in
+manifests written before it was recorded): a writer that finds it unchanged, with the same size,
+keeps the shard's sha256 instead of reading the whole file again.
 
 Besides one table per shard table, the index holds tables computed over the whole cache when it
 was finished, not stored in any shard (precompute passes them to StoreWriter.finish):
@@ -86,6 +90,7 @@ class ShardInfo:
     size: int
     sha256: str
     counts: dict[str, int]
+    txnid: int | None = None  # LMDB's last committed transaction then; None if not recorded
 
 
 @dataclass(frozen=True)
@@ -147,8 +152,16 @@ def save_manifest(manifest: Manifest, directory: str | os.PathLike) -> Manifest:
     return manifest
 
 
-def shard_info(path: Path, counts: Mapping[str, int]) -> ShardInfo:
-    return ShardInfo(file=path.name, size=path.stat().st_size, sha256=file_sha256(path), counts=dict(counts))
+def shard_info(path: Path, counts: Mapping[str, int], txnid: int | None = None,
+               previous: ShardInfo | None = None) -> ShardInfo:
+    """The manifest entry of a closed shard file. Its sha256 is `previous`'s (the last manifest's
+    entry) when LMDB's last transaction and the size are those it recorded: a rerun that changed
+    nothing then does not read the whole cache again (56 GiB at PDB scale). A file changed
+    outside LMDB keeps the old digest, so verify still names it."""
+    size = path.stat().st_size
+    unchanged = previous is not None and txnid is not None and (previous.txnid, previous.size) == (txnid, size)
+    return ShardInfo(file=path.name, size=size, sha256=previous.sha256 if unchanged else file_sha256(path),
+                     counts=dict(counts), txnid=txnid)
 
 
 def check_shard_file(path: Path, info: ShardInfo) -> str | None:
@@ -171,19 +184,22 @@ def write_manifest(
     schema_version: int | None = None,
     created: str | None = None,
     derived_index: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+    previous: Manifest | None = None,
 ) -> Manifest:
     """Build and atomically write the manifest of a cache whose shard files are closed.
 
-    `summaries[i]` is shard i's {"counts": {table: n}, "index": {table: {key: entry}}}
-    (ShardWriter.summary()). `derived_index` adds index tables computed over the whole cache
-    ("sampling", "excluded"; see the module docstring). Call only while holding the shard locks
-    (StoreWriter.finish does).
+    `summaries[i]` is shard i's {"counts": {table: n}, "index": {table: {key: entry}},
+    "txnid": LMDB's last transaction} (ShardWriter.summary()). `derived_index` adds index tables
+    computed over the whole cache ("sampling", "excluded"; see the module docstring). `previous`,
+    the cache's last manifest, lends its digests to unchanged shards (shard_info). Call only while
+    holding the shard locks (StoreWriter.finish does).
     """
     cache_dir = Path(cache_dir)
+    previous_shards = {} if previous is None else {shard.file: shard for shard in previous.shards}
     shards, counts, index = [], {}, {}
     for shard_index, summary in enumerate(summaries):
         path = cache_dir / shard_name(shard_index)
-        shards.append(shard_info(path, summary["counts"]))
+        shards.append(shard_info(path, summary["counts"], summary.get("txnid"), previous_shards.get(path.name)))
         for table, count in summary["counts"].items():
             counts[table] = counts.get(table, 0) + count
         for table, entries in summary["index"].items():
@@ -231,6 +247,7 @@ def _parse_shards(raw: list, path: Path) -> tuple[ShardInfo, ...]:
             size=_require(entry, "size", int, path),
             sha256=_require(entry, "sha256", str, path),
             counts=_require(entry, "counts", dict, path),
+            txnid=entry["txnid"] if isinstance(entry.get("txnid"), int) else None,
         ))
     if not shards:
         raise ValueError(f"{path} lists no shards")

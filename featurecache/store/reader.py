@@ -15,6 +15,7 @@ Typical use::
 
     reader = StoreReader(resolve_generation(path))             # in the loader
     record = reader.get_record(FEATURES_TABLE, target_id)      # Record or None
+    header = reader.header(FEATURES_TABLE, target_id)          # RecordHeader or None, record unread
 """
 
 from __future__ import annotations
@@ -30,7 +31,15 @@ from typing import Any
 
 import lmdb
 
-from featurecache.store.codec import Record, decode_record, unpack_plain
+from featurecache.store.codec import (
+    CorruptRecordError,
+    Record,
+    RecordFormatError,
+    RecordHeader,
+    decode_record,
+    read_header,
+    unpack_plain,
+)
 from featurecache.store.layout import (
     META_TABLE,
     SHARD_DATABASES,
@@ -38,12 +47,14 @@ from featurecache.store.layout import (
     check_shard_meta,
     check_table,
     find_shards,
+    header_table,
     index_table,
     key_bytes,
     open_shard,
     read_shard_meta,
     shard_name,
     shard_of,
+    table_keys,
 )
 
 
@@ -77,6 +88,32 @@ def _open_readonly(path: Path, readahead: bool) -> tuple[lmdb.Environment, dict]
         except lmdb.NotFoundError:
             dbs[name] = None  # a table nothing was ever written to
     return env, dbs
+
+
+def read_header_entry(txn: lmdb.Transaction, dbs: dict, table: str, key: str, where: str) -> RecordHeader | None:
+    """A record's header from its header entry (layout.HEADER_TABLES); None if it has no intact one.
+
+    py-lmdb touches every page of a value it gets, so reading the header entry instead of the
+    record is what keeps a rerun from reading the whole cache. An entry is written and deleted in
+    the same transaction as its record, so it stands for the record. A damaged entry counts as
+    none: the record decides (verify names the entry). Shards written before header tables
+    existed have no entries.
+    """
+    header_db = dbs.get(header_table(table))
+    entry = None if header_db is None else txn.get(key_bytes(key), db=header_db)
+    if entry is None:
+        return None
+    try:
+        return read_header(entry, where=f"{where} header", key=key)
+    except (CorruptRecordError, RecordFormatError):
+        return None
+
+
+def read_record_header(txn: lmdb.Transaction, db, key: str, where: str) -> RecordHeader | None:
+    """A record's header read from the whole record (its CRC checked); None if there is no record.
+    CorruptRecordError / RecordFormatError for a damaged record or one of another format."""
+    blob = None if db is None else txn.get(key_bytes(key), db=db)
+    return None if blob is None else read_header(blob, where=where, key=key)
 
 
 class _SharedEnvironments:
@@ -211,36 +248,67 @@ class StoreReader:
             return None if view is None else decode_record(view, where=self.where(table, key), key=key,
                                                                   lazy_rows=lazy_rows)
 
+    def header(self, table: str, key: str) -> RecordHeader | None:
+        """The record's header, without reading the record where it has an intact header entry
+        (read_header_entry; its array_names are then empty); None if there is no record."""
+        check_table(table)
+        env, dbs = self._open(shard_of(key, self.num_shards))
+        where = self.where(table, key)
+        with begin_read(env) as txn:
+            return read_header_entry(txn, dbs, table, key, where) or read_record_header(txn, dbs[table], key, where)
+
+    def header_entry(self, table: str, key: str) -> bytes | None:
+        """The stored header entry of a record (codec.header_entry), or None (verify checks them)."""
+        check_table(table)
+        env, dbs = self._open(shard_of(key, self.num_shards))
+        header_db = dbs.get(header_table(table))
+        if header_db is None:
+            return None
+        with begin_read(env, db=header_db) as txn:
+            return txn.get(key_bytes(key))
+
+    def header_keys(self, table: str, shard_index: int) -> Iterator[str]:
+        """Keys of the header entries of one shard's table (none for tables outside HEADER_TABLES)."""
+        check_table(table)
+        if header_table(table) in self._open(shard_index)[1]:
+            for key, _ in self._cursor_items(shard_index, header_table(table)):
+                yield key.decode("utf-8", "surrogateescape")
+
     def __contains__(self, item: tuple[str, str]) -> bool:
         table, key = item
         return self.get(table, key) is not None
 
-    def _cursor_items(self, shard_index: int, db_name: str, values: bool) -> Iterator:
+    def _cursor_items(self, shard_index: int, db_name: str) -> Iterator[tuple[bytes, bytes]]:
         env, dbs = self._open(shard_index)
         if dbs[db_name] is None:
             return
         with begin_read(env, db=dbs[db_name]) as txn:
-            yield from txn.cursor().iternext(keys=True, values=values)
+            yield from txn.cursor().iternext(keys=True, values=True)
 
     def keys(self, table: str) -> Iterator[str]:
-        """Keys of a table, shard by shard (sorted within a shard)."""
+        """Keys of a table, shard by shard (sorted within a shard); read from the table's index
+        where it names every record, so listing does not read the records (layout.table_keys)."""
         check_table(table)
         for shard_index in range(self.num_shards):
-            for key in self._cursor_items(shard_index, table, values=False):
-                yield key.decode("utf-8", "surrogateescape")
+            env, dbs = self._open(shard_index)
+            if dbs[table] is None:
+                continue
+            with begin_read(env) as txn:
+                for key in table_keys(txn, dbs[table], dbs[index_table(table)]):
+                    yield key.decode("utf-8", "surrogateescape")
 
     def items(self, table: str, shard_index: int | None = None) -> Iterator[tuple[str, bytes]]:
         """(key, blob) pairs of a table, of one shard or all."""
         check_table(table)
         shards = range(self.num_shards) if shard_index is None else [shard_index]
         for index in shards:
-            for key, blob in self._cursor_items(index, table, values=True):
+            for key, blob in self._cursor_items(index, table):
                 yield key.decode("utf-8", "surrogateescape"), blob
 
     def index_blobs(self, table: str, shard_index: int) -> Iterator[tuple[str, bytes]]:
         """(key, packed index entry) pairs stored beside a table's records in one shard."""
         check_table(table)
-        for key, value in self._cursor_items(shard_index, index_table(table), values=True):
+        for key, value in self._cursor_items(shard_index, index_table(table)):
             yield key.decode("utf-8", "surrogateescape"), value
 
     def index_entries(self, table: str, shard_index: int) -> Iterator[tuple[str, Any]]:

@@ -1,6 +1,7 @@
 """verify_cache: decode and checksum every record; compare every shard file with the manifest.
 
-Damage is reported, never raised: the report names each damaged key with its table and shard,
+Damage is reported, never raised: the report names each damaged key with its table and shard
+(a record's header entry, layout.HEADER_TABLES, must match the record's header),
 and each shard whose file no longer matches the manifest (size, sha256, counts) or cannot be
 opened. Only a cache that cannot be read at all (missing folder, no or invalid manifest)
 raises. Bytes flipped inside a record are caught by the record checksum; a flip in LMDB's own
@@ -22,8 +23,16 @@ from typing import Any
 import lmdb
 
 from featurecache.schema import TABLES
-from featurecache.store.codec import CorruptRecordError, RecordFormatError, decode_record, unpack_plain
-from featurecache.store.layout import index_table, shard_of
+from featurecache.store.codec import (
+    CorruptRecordError,
+    Record,
+    RecordFormatError,
+    decode_record,
+    pack_plain,
+    read_header,
+    unpack_plain,
+)
+from featurecache.store.layout import header_table, index_table, shard_of
 from featurecache.store.manifest import MANIFEST_NAME, Manifest, check_shard_file, read_manifest
 from featurecache.store.reader import StoreReader
 from featurecache.store.update_marker import MARKER_NAME, UpdateMarker, read_update_marker
@@ -84,10 +93,12 @@ def _scan_table(reader: StoreReader, manifest: Manifest, shard_index: int, table
     shard_file = manifest.shards[shard_index].file
     where = f"{reader.shard_paths[shard_index]}/{table}"
     count = 0
+    keys = set()
     for key, blob in reader.items(table, shard_index=shard_index):
         count += 1
+        keys.add(key)
         try:
-            decode_record(blob, where=where, key=key)
+            record = decode_record(blob, where=where, key=key)
         except CorruptRecordError as error:
             report.damaged.append(DamagedRecord(table, key, shard_file, error.reason))
             continue
@@ -97,6 +108,13 @@ def _scan_table(reader: StoreReader, manifest: Manifest, shard_index: int, table
         if shard_of(key, manifest.num_shards) != shard_index:
             report.damaged.append(DamagedRecord(
                 table, key, shard_file, f"belongs in shard {shard_of(key, manifest.num_shards)}"))
+        problem = _header_entry_problem(reader, table, record)
+        if problem is not None:
+            report.damaged.append(DamagedRecord(header_table(table), key, shard_file, problem))
+    for key in reader.header_keys(table, shard_index):
+        if key not in keys:
+            report.damaged.append(DamagedRecord(header_table(table), key, shard_file,
+                                                "header entry without a record"))
     # Index entries carry no checksum of their own: they must parse and agree with the manifest.
     manifest_index = manifest.index.get(table, {})
     indexed = set()
@@ -117,6 +135,23 @@ def _scan_table(reader: StoreReader, manifest: Manifest, shard_index: int, table
         if reader.get(table, key) is None and not (update is not None and update.was_deleted(table, key)):
             report.damaged.append(DamagedRecord(table, key, shard_file, "listed in the manifest but missing"))
     return count
+
+
+def _header_entry_problem(reader: StoreReader, table: str, record: Record) -> str | None:
+    """Why a record's header entry (a rerun reads it instead of the record) does not stand for
+    the record, or None; a record without an entry is fine (its readers read the record)."""
+    entry = reader.header_entry(table, record.key)
+    if entry is None:
+        return None
+    try:
+        header = read_header(entry, where=f"{reader.where(table, record.key)} header", key=record.key)
+    except (CorruptRecordError, RecordFormatError) as error:
+        return f"header entry: {error}"
+    # packed, so that a NaN in the metadata compares equal to itself
+    if pack_plain([header.fingerprint, header.input_hash, header.schema_version, header.meta]) != pack_plain(
+            [record.fingerprint, record.input_hash, record.schema_version, record.meta]):
+        return "header entry differs from the record's header"
+    return None
 
 
 def verify_cache(cache_dir: str | os.PathLike, check_files: bool = True) -> VerifyReport:

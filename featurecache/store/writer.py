@@ -12,7 +12,7 @@ reading (update_marker.py says what that manifest still means); `finish` replace
 Typical use::
 
     with StoreWriter(cache_dir, StoreConfig(num_shards=4)) as writer:
-        if writer.get(FEATURES_TABLE, target_id) is None:       # resume: skip finished work
+        if writer.header(FEATURES_TABLE, target_id) is None:    # resume: skip finished work
             blob = encode_record(target_id, arrays, meta, fingerprint, input_hash, SCHEMA_VERSION)
             writer.put(FEATURES_TABLE, target_id, blob,
                        index={"num_tokens": n, "msa_depth": m, "weight": w})
@@ -30,8 +30,18 @@ import lmdb
 
 from featurecache.config import StoreConfig
 from featurecache.schema import TABLES
-from featurecache.store.codec import Record, decode_record, pack_plain, unpack_plain
+from featurecache.store.codec import (
+    Record,
+    RecordHeader,
+    decode_record,
+    encode_header,
+    header_entry,
+    pack_plain,
+    read_header,
+    unpack_plain,
+)
 from featurecache.store.layout import (
+    HEADER_TABLES,
     META_TABLE,
     SHARD_DATABASES,
     SHARD_META_KEY,
@@ -40,16 +50,18 @@ from featurecache.store.layout import (
     check_shard_meta,
     check_table,
     find_shards,
+    header_table,
     index_table,
     key_bytes,
     open_shard,
     read_shard_meta,
     shard_name,
     shard_of,
+    table_keys,
 )
 from featurecache.store.locks import ShardLock
 from featurecache.store.manifest import Manifest, read_manifest, utc_now, write_manifest
-from featurecache.store.reader import is_sealed, readonly_environment
+from featurecache.store.reader import is_sealed, read_header_entry, read_record_header, readonly_environment
 from featurecache.store.update_marker import begin_update, end_update, mark_interrupted, record_deleted
 
 # Map growth doubles; stop at 16 TiB so a runaway record fails instead of eating the disk.
@@ -96,11 +108,14 @@ class ShardWriter:
         self._lock = ShardLock(self.path)
         self._env = None
         try:
-            # sync + metasync: a commit returns only once it is on disk.
+            # sync + metasync: a commit returns only once it is on disk. readahead=False: the
+            # writer's reads are point reads (header entries, MSA records), and each page fault
+            # would read the device's read_ahead_kb around it (8 MiB here: a rerun of a 400-target
+            # cache read all 116 MiB from disk to check 400 header entries; 1.3 MiB without).
             self._env = open_shard(
                 self.path, "is open for reading in this process; close its StoreReader "
                 "(and anything holding one) before writing",
-                map_size=config.map_size_bytes, writemap=False, sync=True, metasync=True,
+                map_size=config.map_size_bytes, writemap=False, sync=True, metasync=True, readahead=False,
             )
             # Free the reader-table slots of killed readers: a stale slot pins old pages, and
             # the file would grow for as long as it stays.
@@ -112,7 +127,9 @@ class ShardWriter:
                 self._env.close()
             self._lock.release()
             raise
-        self._pending: list[tuple[str, str, bytes | None, dict | None]] = []
+        # (table, key, blob or None for a delete, index entry, header entry)
+        self._pending: list[tuple[str, str, bytes | None, dict | None, bytes | None]] = []
+        self._restored_headers: list[tuple[str, str, bytes]] = []  # (table, key, header entry) read from records
 
     def _check_shard_meta(self) -> None:
         """A new shard gets its meta entry; an existing one must be this shard of this many."""
@@ -136,57 +153,69 @@ class ShardWriter:
         if not isinstance(blob, (bytes, bytearray, memoryview)):
             raise TypeError(f"{table}/{key}: blob must be bytes, got {type(blob).__name__}")
         entry = None if index is None else check_index_entry(table, key, index)
-        self._pending.append((table, key, bytes(blob), entry))
+        header = header_entry(blob) if table in HEADER_TABLES else None
+        self._pending.append((table, key, bytes(blob), entry, header))
         if len(self._pending) >= self.batch_records:
             self.flush()
 
     def delete(self, table: str, key: str) -> None:
         check_table(table)
         key_bytes(key)
-        self._pending.append((table, key, None, None))
+        self._pending.append((table, key, None, None, None))
         if len(self._pending) >= self.batch_records:
             self.flush()
 
     def get(self, table: str, key: str) -> bytes | None:
         """The record as the writer will leave it, queued writes included."""
         check_table(table)
-        for pending_table, pending_key, blob, _ in reversed(self._pending):
+        for pending_table, pending_key, blob, _, _ in reversed(self._pending):
             if pending_table == table and pending_key == key:
                 return blob
         with self._env.begin(db=self._dbs[table]) as txn:
             return txn.get(key_bytes(key))
 
+    def header(self, table: str, key: str) -> RecordHeader | None:
+        """The record's header as the writer will leave it, without reading a committed record
+        that has an intact header entry (reader.read_header_entry); None if there is no record.
+
+        A record read whole for want of an entry (a cache written before header entries, or a
+        damaged entry) gets its entry written back with the next batch, so the next run reads
+        the entry. CorruptRecordError / RecordFormatError for a damaged record."""
+        check_table(table)
+        where = f"{self.path}/{table}"
+        for pending_table, pending_key, blob, _, _ in reversed(self._pending):
+            if pending_table == table and pending_key == key:
+                return None if blob is None else read_header(blob, where=where, key=key)
+        with self._env.begin() as txn:
+            header = read_header_entry(txn, self._dbs, table, key, where)
+            if header is not None:
+                return header
+            header = read_record_header(txn, self._dbs[table], key, where)
+        if header is not None and table in HEADER_TABLES:
+            self._restored_headers.append((table, key, encode_header(header)))
+            if len(self._pending) + len(self._restored_headers) >= self.batch_records:
+                self.flush()
+        return header
+
     def keys(self, table: str) -> list[str]:
-        """The table's keys. py-lmdb's cursor touches every page of each value it passes, so the
-        keys come from the table's index (small entries) when every record has an entry there:
-        listing a table of large records would otherwise read the whole file into this process."""
+        """The table's keys, without reading its records where its index names them all (layout.table_keys)."""
         check_table(table)
         self.flush()
         with self._env.begin() as txn:
-            records, index = self._dbs[table], self._dbs[index_table(table)]
-            # a put keeps or drops a key's entry and a delete removes both: index keys are a subset
-            listed = index if txn.stat(index)["entries"] == txn.stat(records)["entries"] else records
-            return [key.decode("utf-8") for key in txn.cursor(db=listed).iternext(keys=True, values=False)]
+            return [key.decode("utf-8") for key in table_keys(txn, self._dbs[table], self._dbs[index_table(table)])]
 
     def flush(self) -> None:
         """Commit queued writes in one durable transaction, growing the map when it is full."""
-        if not self._pending:
+        if not self._pending and not self._restored_headers:
             return
         while True:
             try:
                 with self._env.begin(write=True) as txn:
-                    for table, key, blob, entry in self._pending:
-                        encoded = key_bytes(key)
-                        index_db = self._dbs[index_table(table)]
-                        if blob is None:
-                            txn.delete(encoded, db=self._dbs[table])
-                            txn.delete(encoded, db=index_db)
-                            continue
-                        txn.put(encoded, blob, db=self._dbs[table])
-                        if entry is None:
-                            txn.delete(encoded, db=index_db)  # a stale entry would outlive the record
-                        else:
-                            txn.put(encoded, pack_plain(entry), db=index_db)
+                    # first: a put or delete of the same key queued later overrides its entry
+                    for table, key, header in self._restored_headers:
+                        txn.put(key_bytes(key), header, db=self._dbs[header_table(table)])
+                    for table, key, blob, entry, header in self._pending:
+                        self._write(txn, table, key_bytes(key), blob, entry, header)
                 break
             except lmdb.MapFullError:
                 # The transaction was aborted as a whole; grow and replay it.
@@ -199,14 +228,32 @@ class ShardWriter:
                 # keeps close() from failing the same way again.
                 lost = len(self._pending)
                 self._pending.clear()
+                self._restored_headers.clear()
                 raise StoreWriteError(
                     f"cannot write to shard {self.path}: {error} (disk full or not writable?); "
                     f"{lost} queued record(s) not written, committed records are intact"
                 ) from None
         self._pending.clear()
+        self._restored_headers.clear()
+
+    def _write(self, txn: lmdb.Transaction, table: str, key: bytes, blob: bytes | None, entry: dict | None,
+               header: bytes | None) -> None:
+        """One queued put (blob) or delete (None), with the record's index and header entries."""
+        side_tables = [(self._dbs[index_table(table)], None if entry is None else pack_plain(entry))]
+        if table in HEADER_TABLES:
+            side_tables.append((self._dbs[header_table(table)], header))
+        if blob is None:
+            txn.delete(key, db=self._dbs[table])
+        else:
+            txn.put(key, blob, db=self._dbs[table])
+        for db, value in side_tables:
+            if value is None or blob is None:
+                txn.delete(key, db=db)  # a stale entry would outlive the record
+            else:
+                txn.put(key, value, db=db)
 
     def summary(self) -> dict:
-        """Counts and index entries of every table, for the manifest."""
+        """Counts and index entries of every table, and LMDB's last transaction, for the manifest."""
         self.flush()
         counts, index = {}, {}
         with self._env.begin() as txn:
@@ -217,7 +264,8 @@ class ShardWriter:
                     key.decode("utf-8"): unpack_plain(value, f"{self.path}/{index_table(table)}")
                     for key, value in cursor.iternext()
                 }
-        return {"counts": counts, "index": index}
+            txnid = self._env.info()["last_txnid"]  # the file's state: no commit follows before close
+        return {"counts": counts, "index": index, "txnid": txnid}
 
     def close_env(self) -> None:
         """Commit what is queued and close the environment; the writer lock stays held."""
@@ -273,14 +321,16 @@ class StoreWriter:
         except BaseException:
             self._close_all()
             raise
-        # Keys the last finished manifest lists, table -> key -> entry: deleting one is noted first.
-        self._listed = self._last_finished_index() if self._update is not None else {}
+        # The last finished manifest: deleting a record it lists is noted first, and finish keeps
+        # the digests of the shards left unchanged.
+        self._last = self._last_finished_manifest() if self._update is not None else None
+        self._listed = {} if self._last is None else self._last.index  # table -> key -> entry
 
-    def _last_finished_index(self) -> dict[str, dict]:
+    def _last_finished_manifest(self) -> Manifest | None:
         try:
-            return read_manifest(self.cache_dir, expected_schema=None).index
+            return read_manifest(self.cache_dir, expected_schema=None)
         except ValueError:  # damaged or foreign: readers refuse it anyway, and finish replaces it
-            return {}
+            return None
 
     def _shard(self, key: str) -> ShardWriter:
         if not self._shards:
@@ -303,6 +353,10 @@ class StoreWriter:
 
     def get(self, table: str, key: str) -> bytes | None:
         return self._shard(key).get(table, key)
+
+    def header(self, table: str, key: str) -> RecordHeader | None:
+        """The record's header, read without the record where it has a header entry (ShardWriter.header)."""
+        return self._shard(key).header(table, key)
 
     def get_record(self, table: str, key: str) -> Record | None:
         blob = self.get(table, key)
@@ -333,9 +387,11 @@ class StoreWriter:
             for shard in self._shards:
                 shard.close_env()
             # Still holding the shard locks: no writer can change a shard under the checksums.
+            same_cache = self._last is not None and self._last.created == created  # not one made anew
             manifest = write_manifest(
                 self.cache_dir, summaries, fingerprints=fingerprints or {},
                 schema_version=schema_version, created=created, derived_index=derived_index,
+                previous=self._last if same_cache else None,
             )
             end_update(self.cache_dir)  # after the manifest: a kill in between leaves a stale marker
             self._update = None

@@ -3,13 +3,12 @@
 A checkpoint holds the model, optimizer and scheduler states, the EMA of the weights
 ("ema": the averaged parameters by name; `predict` loads them), the step, the data position
 (epoch and samples of it taken over all ranks), the RNG states of every rank, and the run's
-settings. It is written to a temporary file and renamed, so a crash never leaves a
+settings. It is written to a temporary file, fsynced and renamed, so a crash never leaves a
 half-written checkpoint.
 """
 
 from __future__ import annotations
 
-import os
 import pathlib
 import pickle
 import random
@@ -17,6 +16,7 @@ import random
 import numpy as np
 import torch
 
+from featurecache.store.files import write_atomic
 from featurecache.training.config import TrainSetupError
 
 CHECKPOINT_PREFIX = "checkpoint-"
@@ -59,17 +59,10 @@ def latest_checkpoint(path: pathlib.Path) -> pathlib.Path:
 
 
 def save_checkpoint(path: pathlib.Path, state: dict) -> None:
-    """Write to a temporary file beside `path`, then rename: readers never see a partial file."""
-    partial = path.with_name(path.name + ".partial")
-    try:
-        with open(partial, "wb") as handle:
-            torch.save(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(partial, path)
-    except BaseException:  # a full disk or Ctrl-C: no partial file left in the run folder
-        partial.unlink(missing_ok=True)
-        raise
+    """Write `state` durably and atomically (store.files.write_atomic: a temporary file beside
+    `path`, fsynced, renamed, the folder fsynced): readers see the old file or the new one, and a
+    full disk or Ctrl-C leaves no partial file in the run folder."""
+    write_atomic(path, lambda handle: torch.save(state, handle), binary=True)
 
 
 def load_checkpoint(path: pathlib.Path) -> dict:

@@ -17,33 +17,18 @@ import os
 import tracemalloc
 from pathlib import Path
 
-import pytest
-
 from featurecache.config import StoreConfig
 from featurecache.schema import FEATURES_TABLE
 from featurecache.store.layout import shard_name
 from featurecache.store.manifest import MANIFEST_NAME, read_manifest, write_manifest
 from featurecache.store.writer import StoreWriter
+from tests.store._pages import mapped_bytes, needs_smaps
 
 RECORDS = 24
 RECORD_BYTES = 1 << 20  # large records: LMDB keeps each on its own overflow pages
 MiB = 1 << 20
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps (Linux)")
-
-
-def _mapped_bytes(folder: Path) -> int:
-    """Resident bytes of this process's mappings of files under `folder`."""
-    total, current = 0, False
-    prefix = str(folder.resolve())
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            first = line.split(" ", 1)[0]
-            if "-" in first and all(c in "0123456789abcdef-" for c in first):
-                current = prefix in line
-            elif current and line.startswith("Rss:"):
-                total += int(line.split()[1]) * 1024
-    return total
+pytestmark = needs_smaps
 
 
 def _write_cache(folder: Path, with_index: bool = True) -> StoreWriter:
@@ -58,12 +43,12 @@ def _write_cache(folder: Path, with_index: bool = True) -> StoreWriter:
 def test_listing_feature_keys_reads_no_records(tmp_path):
     writer = _write_cache(tmp_path / "cache")
     try:
-        before = _mapped_bytes(tmp_path)
+        before = mapped_bytes(tmp_path)
         keys = writer.keys(FEATURES_TABLE)
-        listed = _mapped_bytes(tmp_path) - before
+        listed = mapped_bytes(tmp_path) - before
         for key in keys:  # what listing the records table did: every record's pages
             writer.get(FEATURES_TABLE, key)
-        read_all = _mapped_bytes(tmp_path) - before
+        read_all = mapped_bytes(tmp_path) - before
     finally:
         writer.close()
     assert keys == [f"target{number:03d}" for number in range(RECORDS)]

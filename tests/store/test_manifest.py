@@ -1,4 +1,5 @@
-"""manifest.json: contents, atomic replacement, and validation errors that name the problem."""
+"""manifest.json: contents, atomic replacement, validation errors that name the problem, and the
+shard digests a finish keeps for the files it left unchanged."""
 
 import json
 import os
@@ -9,7 +10,9 @@ from featurecache.config import StoreConfig, file_sha256
 from featurecache.schema import RECORD_FORMAT, SCHEMA_VERSION
 from featurecache.store.files import write_text_atomic
 from featurecache.store.layout import shard_of
+from featurecache.store import manifest as manifest_module
 from featurecache.store.manifest import MANIFEST_FORMAT, MANIFEST_NAME, read_manifest
+from featurecache.store.verify import verify_cache
 from featurecache.store.writer import StoreWriter
 from tests.store._cache import build_cache, random_seed, sample_arrays, sample_blob
 
@@ -118,3 +121,65 @@ def test_unreadable_manifest_and_missing_cache_errors(tmp_path):
     (tmp_path / MANIFEST_NAME).write_text("[1, 2]")
     with pytest.raises(ValueError, match="manifest.json is not a JSON object"):
         read_manifest(tmp_path)
+
+
+def _hashing_counted(monkeypatch) -> list[str]:
+    """The shard files finish reads whole for their sha256 (manifest.file_sha256, still called)."""
+    hashed = []
+    real = manifest_module.file_sha256
+
+    def counting(path, *args, **kwargs):
+        hashed.append(os.path.basename(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(manifest_module, "file_sha256", counting)
+    return hashed
+
+
+def test_finish_hashes_only_the_shards_this_writer_changed(tmp_path, monkeypatch):
+    seed = random_seed()
+    keys = [f"t{i}" for i in range(12)]
+    build_cache(tmp_path, keys, seed, num_shards=3)
+    hashed = _hashing_counted(monkeypatch)
+    with StoreWriter(tmp_path, StoreConfig(num_shards=3)) as writer:  # a rerun that changes nothing
+        writer.finish(fingerprints={"seed": str(seed)})
+    assert hashed == []
+    with StoreWriter(tmp_path, StoreConfig(num_shards=3)) as writer:
+        writer.put("features", keys[0], *sample_blob(keys[0], seed + 1))
+        writer.finish(fingerprints={"seed": str(seed)})
+    assert hashed == [f"shard-0000{shard_of(keys[0], 3)}.lmdb"]
+    manifest = read_manifest(tmp_path)
+    assert all(shard.sha256 == file_sha256(tmp_path / shard.file) for shard in manifest.shards)
+    assert verify_cache(tmp_path).ok
+
+
+def test_a_manifest_without_transaction_ids_gets_every_shard_hashed(tmp_path, monkeypatch):
+    seed = random_seed()
+    build_cache(tmp_path, [f"t{i}" for i in range(6)], seed, num_shards=2)
+    document = json.loads((tmp_path / MANIFEST_NAME).read_text())
+    for shard in document["shards"]:
+        del shard["txnid"]  # as written before they were recorded
+    write_text_atomic(tmp_path / MANIFEST_NAME, json.dumps(document))
+    hashed = _hashing_counted(monkeypatch)
+    with StoreWriter(tmp_path, StoreConfig(num_shards=2)) as writer:
+        writer.finish(fingerprints={"seed": str(seed)})
+    assert sorted(hashed) == ["shard-00000.lmdb", "shard-00001.lmdb"]
+    assert all(shard.txnid is not None for shard in read_manifest(tmp_path).shards)
+
+
+def test_a_shard_changed_outside_lmdb_keeps_its_old_digest_so_verify_names_it(tmp_path):
+    """Bit rot leaves LMDB's transaction id and the size as they were: the digest is kept, not
+    recomputed over the damage, and verify still finds the shard changed."""
+    seed = random_seed()
+    build_cache(tmp_path, ["t0", "t1"], seed, num_shards=1)
+    path = tmp_path / "shard-00000.lmdb"
+    data = bytearray(path.read_bytes())
+    blob = sample_blob("t0", seed)[0]
+    position = data.find(blob)  # inside a record: LMDB's own pages stay whole
+    assert position >= 0
+    data[position + len(blob) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with StoreWriter(tmp_path, StoreConfig(num_shards=1)) as writer:
+        writer.finish(fingerprints={"seed": str(seed)})
+    problems = [problem.reason for problem in verify_cache(tmp_path).shard_problems]
+    assert any("sha256" in reason for reason in problems), problems
