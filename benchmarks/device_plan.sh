@@ -116,6 +116,35 @@ call3() {
         --out "$OUTDIR" --record 2>&1 | tee "$OUTDIR/log.txt"
 }
 
+# Calls 1-3 above ran on 2026-12-04 (NOTES-train_step.md); two cells stayed empty: Protenix (its
+# 190 s ran out while it built its LayerNorm extension) and torch.compile (its first step did not
+# finish in 320 s). These three calls fill them, each with a call of its own:
+#   peer     ~25 + 550 s  run(command="bash benchmarks/device_plan.sh peer", carry=[".whl"], timeout_s=600)
+#            Protenix 2.0 alone at 384 and 768 (build, autotune and steps; stage lines in the log)
+#   compile  ~25 + 550 s  run(command="bash benchmarks/device_plan.sh compile", carry=[".whl"], timeout_s=600)
+#            eager, then torch.compile of the blocks with static shapes (no crop search), at 384
+#   kernels  ~25 + 450 s  run(command="bash benchmarks/device_plan.sh kernels", carry=[".whl", ".devout"], timeout_s=600)
+#            triton + CUDA graph and triton at 384 and 768, the table merged with peer and compile,
+#            then the EvoAttention L = 768 sweep (run 2 of NOTES-evo_attention.md attempt 8)
+peer() {
+    device_setup
+    python3 benchmarks/train_step.py $FULL --crop 384 768 --variants protenix --crop-budget-s 0 \
+        --peer-budget-s "${1:-530}" --budget-s "${1:-530}" --out "$OUTDIR" --record 2>&1 | tee "$OUTDIR/log.txt"
+}
+
+compile() {
+    device_setup
+    python3 benchmarks/train_step.py $FULL --crop 384 --variants eager compile --crop-budget-s 0 \
+        --first-step-s 440 --budget-s "${1:-540}" --out "$OUTDIR" --record 2>&1 | tee "$OUTDIR/log.txt"
+}
+
+kernels() {
+    device_setup
+    python3 benchmarks/train_step.py $FULL --crop 384 768 --variants triton+graphs triton --crop-budget-s 0 \
+        --budget-s "${1:-260}" $(merged peer compile) --out "$OUTDIR" --record 2>&1 | tee "$OUTDIR/log.txt"
+    python3 benchmarks/evo768_sweep.py --budget-s "${2:-170}" 2>&1 | tee "$OUTDIR/evo768.txt"
+}
+
 # The same invocations at tiny sizes on the CPU (here; PYTHONPATH must hold protenix for c):
 # a = call 3 (aot_eager: inductor's C++ compilation of the blocks took > 15 min on 2 busy cores),
 # b = the triton variants (interpreted; triton+graphs reports "needs a CUDA device"), c = call 1's
@@ -133,4 +162,4 @@ smoke() {
         --crop-step 8 --crop-limit 32 --crop-budget-s 300 --out "$out/d"
 }
 
-"${1:?usage: device_plan.sh prepare|call1|call2|call3|smoke [OUT]}" "${@:2}"
+"${1:?usage: device_plan.sh prepare|call1|call2|call3|peer|compile|kernels|smoke [OUT]}" "${@:2}"

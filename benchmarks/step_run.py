@@ -38,6 +38,7 @@ class StepRun:
 
     def __init__(self, args) -> None:
         COMPILE["backend"] = args.compile_backend
+        COMPILE["dynamic"] = True if args.crop_budget_s > 0 else None
         self.args = args
         self.budget = Budget(args.budget_s)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -39,9 +39,11 @@ VARIANTS = {
 # (benchmarks/protenix_peer.py); no block section, no crop search (about 10 s a step).
 PEERS = ("protenix",)
 COLUMNS = (*VARIANTS, *PEERS)
-# torch.compile's backend for the compiled variants (--compile-backend): aot_eager checks the
-# tracing where inductor's C++ compilation takes many minutes (a CPU shared by several jobs)
-COMPILE = {"backend": "inductor"}
+# torch.compile's options for the compiled variants: the backend (--compile-backend: aot_eager checks
+# the tracing where inductor's C++ compilation takes many minutes on a busy CPU) and `dynamic`
+# (StepRun sets it: True when a crop search will run, so the search does not recompile per size;
+# else None, static shapes first, which compiles faster)
+COMPILE = {"backend": "inductor", "dynamic": None}
 
 
 def is_compiled(variant: str) -> bool:
@@ -115,8 +117,7 @@ class TrunkRunner:
         self.device = device
         self.model = self.build(preset("af3", kernels=kernels, **config_overrides)).to(device)
         if compiled:
-            # dynamic shapes from the start: the crop search must not recompile per size
-            self.model.compile_blocks(dynamic=True, **COMPILE)
+            self.model.compile_blocks(**COMPILE)
         self.model.train()
         # capturable: the step counter lives on the GPU, so the update can be replayed
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, capturable=self.graphs)
