@@ -264,6 +264,8 @@ def main() -> int:
                         help="start no new variant after this (bf16 gets the first two thirds)")
     parser.add_argument("--no-peers", action="store_true", help="skip compiled FlexAttention")
     parser.add_argument("--fp32-peers", action="store_true", help="also time FlexAttention with the fp32 bias")
+    parser.add_argument("--length", type=int, default=SIZE[2],
+                        help="N = L of the timed case (768: issue 24's targets; 384: the other H200 config class)")
     parser.add_argument("--smoke", action="store_true",
                         help=f"tiny sizes and variants {SMOKE_VARIANTS} (unless --variants), for a CPU check")
     args = parser.parse_args()
@@ -271,6 +273,8 @@ def main() -> int:
     stamp = run_stamp()
     print(stamp.header())
     size, odd_size = (SMOKE_SIZE, SMOKE_ODD_SIZE) if args.smoke else (SIZE, ODD_SIZE)
+    if not args.smoke:
+        size = (size[0], args.length, args.length, *size[3:])
     base = select_config(size[4], size[2], torch.device(DEVICE))
     all_variants = variants(base)
     wanted = ([name.strip() for name in args.variants.split(",") if name.strip()]
@@ -329,15 +333,16 @@ def main() -> int:
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
 
-    result = (f"### EvoAttention L=768 sweep, {stamp.header()}\n\nB={size[0]}, N={size[1]}, L={size[2]}, H={size[3]}, D={size[4]}, "
+    result = (f"### EvoAttention L={size[2]} sweep, {stamp.header()}\n\nB={size[0]}, N={size[1]}, L={size[2]}, H={size[3]}, D={size[4]}, "
               f"bf16 q/k/v, shared bias with gradient, 10 % key padding; errors: relative L2 against fp32 "
               f"eager; odd sizes: worst error / (4 x eager bf16 + 2e-3), ok when <= 1. "
               f"Total {time.perf_counter() - started:.0f} s.\n\n{table.markdown()}\n")
     if os.environ.get("OUT"):
         out_dir = pathlib.Path(os.environ["OUT"])
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "evo768_sweep.json").write_text(json.dumps(log, indent=1, default=str))
-        (out_dir / "evo768_sweep.md").write_text(result)
+        name = f"evo{size[2]}_sweep"
+        (out_dir / f"{name}.json").write_text(json.dumps(log, indent=1, default=str))
+        (out_dir / f"{name}.md").write_text(result)
     print("\n" + result)
     return 0
 
