@@ -9,8 +9,13 @@ per sample, so the same pass also writes its gradient with respect to the predic
 (saved; the backward only scales it).
 
 Pair (i, j) counts when i != j, both atoms are resolved and the true distance is below atom i's
-inclusion radius (30 A for nucleotide atoms, 15 A otherwise): `radius` carries both, 0 for an
-unresolved atom. The gradient of x_i collects the pairs (i, j) and (j, i), whose radii differ.
+inclusion radius (NUCLEOTIDE_INCLUSION_RADIUS, 30 A, for nucleotide atoms, INCLUSION_RADIUS, 15 A,
+otherwise): `radius` carries both, 0 for an unresolved atom. The gradient of x_i collects the pairs
+(i, j) and (j, i), whose radii differ.
+
+lDDT's numbers (LDDT_THRESHOLDS and the two radii) are defined here, the lowest layer that uses
+them; model/lddt.py imports them (kernels import nothing from the model). The Triton kernel spells
+the thresholds out as literals, one sigmoid each.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from featurecache.kernels import runtime
 
 _BLOCK_I = 32
 _BLOCK_J = 64
-_THRESHOLDS = (0.5, 1.0, 2.0, 4.0)
+LDDT_THRESHOLDS = (0.5, 1.0, 2.0, 4.0)  # Angstrom
+INCLUSION_RADIUS = 15.0  # Angstrom
+NUCLEOTIDE_INCLUSION_RADIUS = 30.0  # Angstrom
 
 # --------------------------------------------------------------------------------------------
 # Triton kernel
@@ -118,6 +125,13 @@ def _smooth_lddt_launch(predicted, true, radius):
     return score.sum(-1).view(batch, samples), count, grad
 
 
+def _smooth_lddt_setup(ctx, inputs, output) -> None:
+    """What the backward needs, for the eager Function and the custom op alike: the gradient
+    (output[2]) and predicted's dtype."""
+    ctx.save_for_backward(output[2])
+    ctx.dtype = inputs[0].dtype
+
+
 def _smooth_lddt_backward(ctx, d_score, *_other_grads):
     """The saved d(score sum)/d(predicted) [B, S, A, 3] scaled by d_score [B, S]; the pair
     counts (and, under compile, the saved gradient itself) take no gradient, nor do true and radius."""
@@ -129,8 +143,7 @@ class _SmoothLddtSums(torch.autograd.Function):
     @staticmethod
     def forward(ctx, predicted, true, radius):
         score, count, grad = _smooth_lddt_launch(predicted, true, radius)
-        ctx.save_for_backward(grad)
-        ctx.dtype = predicted.dtype
+        _smooth_lddt_setup(ctx, (predicted, true, radius), (score, count, grad))
         ctx.mark_non_differentiable(count)
         return score, count
 
@@ -152,17 +165,13 @@ def _(predicted, true, radius):
             predicted.new_empty(predicted.shape, dtype=torch.float32))
 
 
-def _smooth_lddt_setup(ctx, inputs, output) -> None:
-    ctx.save_for_backward(output[2])
-    ctx.dtype = inputs[0].dtype
-
-
 _smooth_lddt_op.register_autograd(_smooth_lddt_backward, setup_context=_smooth_lddt_setup)
 
 
 def inclusion_radius(is_nucleotide: torch.Tensor, resolved: torch.Tensor) -> torch.Tensor:
-    """Per atom [B, A]: 30 A for nucleotide atoms, 15 A otherwise, 0 for unresolved atoms."""
-    return torch.where(resolved, torch.where(is_nucleotide, 30.0, 15.0), 0.0)
+    """Per atom [B, A]: NUCLEOTIDE_INCLUSION_RADIUS for nucleotide atoms, INCLUSION_RADIUS
+    otherwise, 0 for unresolved atoms."""
+    return torch.where(resolved, torch.where(is_nucleotide, NUCLEOTIDE_INCLUSION_RADIUS, INCLUSION_RADIUS), 0.0)
 
 
 def smooth_lddt_sums_reference(predicted: torch.Tensor, true: torch.Tensor,
@@ -178,7 +187,7 @@ def smooth_lddt_sums_reference(predicted: torch.Tensor, true: torch.Tensor,
     resolved = radius > 0
     included = (true_distance < radius[..., None]) & resolved[:, :, None] & resolved[:, None, :] & ~eye
     error = (distances(predicted) - true_distance[:, None]).abs()
-    score = sum(torch.sigmoid(threshold - error) for threshold in _THRESHOLDS) / len(_THRESHOLDS)
+    score = sum(torch.sigmoid(threshold - error) for threshold in LDDT_THRESHOLDS) / len(LDDT_THRESHOLDS)
     included = included.to(score.dtype)
     return (score * included[:, None]).sum(dim=(-1, -2)), included.sum(dim=(-1, -2))
 

@@ -5,8 +5,8 @@ validation scores (training/validation.py).
 A pair of atoms counts when both are resolved, they differ, and they are closer in the truth than
 the inclusion radius: 15 A, or 30 A for a nucleotide. Its score is the fraction of the thresholds
 0.5, 1, 2 and 4 A that |d_pred - d_true| stays under (the smooth loss: sigmoid(threshold - error)).
-The Triton kernel (kernels/smooth_lddt.py) keeps its own copy of these numbers: kernels import
-nothing from the model.
+The numbers (thresholds and radii) are defined once, in kernels/smooth_lddt.py (the Triton path's
+radii and reference use them too; kernels import nothing from the model), and imported here.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ import math
 
 import torch
 
-LDDT_THRESHOLDS = (0.5, 1.0, 2.0, 4.0)  # Angstrom
-INCLUSION_RADIUS = 15.0  # Angstrom
-NUCLEOTIDE_INCLUSION_RADIUS = 30.0  # Angstrom
+from featurecache.kernels.smooth_lddt import INCLUSION_RADIUS, LDDT_THRESHOLDS, NUCLEOTIDE_INCLUSION_RADIUS
 
 
 def distances(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
