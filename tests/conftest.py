@@ -7,6 +7,7 @@ triton is imported anywhere.
 import os
 import pathlib
 import shutil
+from collections.abc import Iterable
 
 import pytest
 
@@ -24,11 +25,28 @@ SHARED_DATA = pathlib.Path(os.environ.get("FC_SHARED_DATA")
                            or pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data")
 
 
-@pytest.fixture(scope="session")
-def shared_data() -> pathlib.Path:
+def _require_shared_data() -> pathlib.Path:
     if not SHARED_DATA.is_dir():
         pytest.fail(f"sample data not found at {SHARED_DATA}: clone next to ../shared")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> pathlib.Path:
+    return _require_shared_data()
+
+
+def copy_sample_structures(names: str | Iterable[str], dest: pathlib.Path) -> pathlib.Path:
+    """Copy sample structures (file names in ../shared/data/structures) into `dest`, under the
+    same names, making `dest` if needed; returns `dest`. A test's input folder, for example:
+
+        inputs = copy_sample_structures(("209d-assembly1.cif", "2q2k.cif"), tmp_path / "inputs")
+    """
+    structures = _require_shared_data() / "structures"
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in [names] if isinstance(names, str) else names:
+        shutil.copy(structures / name, dest / name)
+    return dest
 
 
 @pytest.fixture

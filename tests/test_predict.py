@@ -2,7 +2,6 @@
 residues) with checkpoints written by the real training loop (CPU, tiny preset)."""
 
 import json
-import shutil
 from pathlib import Path
 
 import gemmi
@@ -13,6 +12,7 @@ from click.testing import CliRunner
 
 from featurecache.config import SampleConfig
 from featurecache.training import TrainConfig, train
+from tests.conftest import copy_sample_structures
 
 TARGET = "209d-assembly1"
 
@@ -33,8 +33,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny matrices: see tests/c
 def cache(tmp_path_factory, shared_data) -> Path:
     from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 
-    inputs = tmp_path_factory.mktemp("inputs")
-    shutil.copy(shared_data / "structures" / f"{TARGET}.cif", inputs)
+    inputs = copy_sample_structures(f"{TARGET}.cif", tmp_path_factory.mktemp("inputs"))
     cache_dir = tmp_path_factory.mktemp("cache") / "cache"
     summary = precompute(PrecomputeOptions(
         inputs=[inputs], cache_dir=cache_dir, alignments_dir=shared_data / "alignments", num_workers=1,

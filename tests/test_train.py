@@ -3,7 +3,6 @@
 import dataclasses
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from featurecache.loader import CacheDataset, collate
 from featurecache.model import AF3Trunk, preset, sample_num_cycles
 from featurecache.online import OnlineDataset
 from featurecache.training import EpochBatchSampler, TrainConfig, train, train_command
+from tests.conftest import copy_sample_structures
 
 STRUCTURES = ("209d-assembly1.cif", "721p-assembly1.cif", "7a4d-assembly1.cif")
 
@@ -25,11 +25,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny matrices: see tests/c
 
 
 @pytest.fixture(scope="module")
-def raw_inputs(tmp_path_factory, shared_data) -> Path:
-    folder = tmp_path_factory.mktemp("inputs")
-    for name in STRUCTURES:
-        shutil.copy(shared_data / "structures" / name, folder / name)
-    return folder
+def raw_inputs(tmp_path_factory) -> Path:
+    return copy_sample_structures(STRUCTURES, tmp_path_factory.mktemp("inputs"))
 
 
 def _build_cache(inputs: Path, cache_dir: Path, shared_data: Path) -> Path:
@@ -53,8 +50,7 @@ def cache(tmp_path_factory, raw_inputs, shared_data) -> Path:
 def small_cache(tmp_path_factory, shared_data) -> Path:
     """Only the smallest target (79 tokens): a step at the default crop size takes a second on
     a CPU, where 7a4d's 549 tokens cropped to 384 take about a minute."""
-    inputs = tmp_path_factory.mktemp("small-inputs")
-    shutil.copy(shared_data / "structures" / STRUCTURES[0], inputs)
+    inputs = copy_sample_structures(STRUCTURES[0], tmp_path_factory.mktemp("small-inputs"))
     return _build_cache(inputs, tmp_path_factory.mktemp("small-cache") / "cache", shared_data)
 
 

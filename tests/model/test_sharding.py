@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from featurecache.testing.synthetic import random_batch
 from featurecache.training.config import TrainSetupError
 from featurecache.training.distributed import (all_ranks, mean_over_ranks, rank_layout, setup_distributed,
                                                shutdown)
+from tests.conftest import copy_sample_structures
 
 LENGTH = 11  # not a multiple of 2 or 4: the sharded stack pads it
 MEMORY_LENGTH = 32  # activations well above the parameter-sized tensors saved with them
@@ -245,8 +245,7 @@ def test_pair_shards_that_do_not_divide_the_ranks_are_refused(monkeypatch):
 def small_cache(tmp_path_factory, shared_data) -> Path:
     from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 
-    inputs = tmp_path_factory.mktemp("inputs")
-    shutil.copy(shared_data / "structures" / "209d-assembly1.cif", inputs)
+    inputs = copy_sample_structures("209d-assembly1.cif", tmp_path_factory.mktemp("inputs"))
     cache_dir = tmp_path_factory.mktemp("cache") / "cache"
     summary = precompute(PrecomputeOptions(
         inputs=[inputs], cache_dir=cache_dir, alignments_dir=shared_data / "alignments",

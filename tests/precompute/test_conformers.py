@@ -2,7 +2,6 @@
 sources counted in `stats`, and records of another schema version recomputed or refused."""
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from featurecache.store.inspect import cache_stats, format_stats
 from featurecache.store.manifest import read_manifest
 from featurecache.store.reader import StoreReader
 from featurecache.store.writer import StoreWriter
+from tests.conftest import copy_sample_structures
 
 
 def _options(inputs, cache, **changes):
@@ -33,10 +33,7 @@ def _codes(cache):
 
 @pytest.fixture
 def inputs(tmp_path, shared_data):
-    folder = tmp_path / "inputs"
-    folder.mkdir()
-    for name in ("209d-assembly1.cif", "2q2k.cif"):
-        shutil.copy(shared_data / "structures" / name, folder / name)
+    folder = copy_sample_structures(("209d-assembly1.cif", "2q2k.cif"), tmp_path / "inputs")
     # 721p with its GNP renamed FEM (a ferrocene RDKit cannot embed): its atoms all come from
     # FEM's CCD entry (masked where GNP has no atom of that name), with CCD ideal coordinates as
     # their reference.
@@ -148,14 +145,12 @@ def test_bad_ccd_path_is_one_setup_error(tmp_path, inputs, content):
         precompute(_options([inputs], tmp_path / "cache", config_path=config))
 
 
-def test_a_users_components_cif_gives_its_own_conformer_keys(tmp_path, shared_data):
+def test_a_users_components_cif_gives_its_own_conformer_keys(tmp_path):
     """--ccd: a components.cif with the entries 209d uses (written from real CCD entries); the
     conformers are keyed by that file's version, apart from the bundled CCD's."""
     from tests.chem._components import write_components_cif
 
-    folder = tmp_path / "inputs"
-    folder.mkdir()
-    shutil.copy(shared_data / "structures" / "209d-assembly1.cif", folder)
+    folder = copy_sample_structures("209d-assembly1.cif", tmp_path / "inputs")
     ccd = tmp_path / "components.cif.gz"
     codes = ["DA", "DC", "DG", "DT", "THR", "DVA", "PRO", "SAR", "MVA", "PXA"]
     write_components_cif(ccd, codes)

@@ -2,7 +2,6 @@
 
 import gzip
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,17 +17,14 @@ from featurecache.store.manifest import read_manifest
 from featurecache.store.reader import StoreReader
 from featurecache.store.verify import verify_cache
 from featurecache.precompute.pipeline import PipelineSetupError, PrecomputeOptions, precompute
+from tests.conftest import copy_sample_structures
 
 SMALL = ("209d-assembly1.cif", "2q2k.cif")
 
 
 @pytest.fixture
-def small_inputs(tmp_path, shared_data):
-    folder = tmp_path / "inputs"
-    folder.mkdir()
-    for name in SMALL:
-        shutil.copy(shared_data / "structures" / name, folder / name)
-    return folder
+def small_inputs(tmp_path):
+    return copy_sample_structures(SMALL, tmp_path / "inputs")
 
 
 def _options(inputs, cache, shared_data, **changes):
@@ -182,7 +178,7 @@ def test_kill_during_precompute_then_rerun(tmp_path, shared_data):
 
 
 @pytest.mark.tools
-def test_search_mode_end_to_end_and_one_failing_search(tmp_path, shared_data, test_databases):
+def test_search_mode_end_to_end_and_one_failing_search(tmp_path, test_databases):
     """Real searches (jackhmmer, hhblits, hhsearch, nhmmer) on small real databases.
 
     The nucleotide database is replaced by a corrupt file: the DNA target's search fails and is
@@ -196,9 +192,7 @@ def test_search_mode_end_to_end_and_one_failing_search(tmp_path, shared_data, te
                                         template_tool="hhsearch")
     text = config_path.read_text().replace(str(test_databases.nucleotide_fasta), str(broken))
     config_path.write_text(text)
-    inputs = tmp_path / "inputs"
-    inputs.mkdir()
-    shutil.copy(shared_data / "structures" / "721p-assembly1.cif", inputs)
+    inputs = copy_sample_structures("721p-assembly1.cif", tmp_path / "inputs")
     (inputs / "dna_only.fasta").write_text(">chain_a mol:dna\nCGCGAATTCGCG\n")
 
     cache = tmp_path / "cache"
@@ -220,16 +214,14 @@ def test_search_mode_end_to_end_and_one_failing_search(tmp_path, shared_data, te
     assert search_error["stderr_tail"] or "Stockholm" in search_error["message"]
 
 
-def test_changing_one_database_searches_that_database_only(tmp_path, shared_data, test_databases):
+def test_changing_one_database_searches_that_database_only(tmp_path, test_databases):
     """A new hit cap on the template database: the MSA databases' stored outputs are reused,
     the template search runs again, and the features match a run from scratch."""
     from featurecache.testing.testdb import write_pipeline_config
 
     config_path = write_pipeline_config(test_databases, tmp_path / "pipeline.toml", threads=1,
                                         template_tool="hhsearch")
-    inputs = tmp_path / "inputs"
-    inputs.mkdir()
-    shutil.copy(shared_data / "structures" / "721p-assembly1.cif", inputs)
+    inputs = copy_sample_structures("721p-assembly1.cif", tmp_path / "inputs")
 
     def run(cache):
         result = CliRunner().invoke(cli, ["precompute", str(inputs), "--cache", str(cache), "--config",

@@ -12,8 +12,6 @@ no header entry to stand for it.
 
 from __future__ import annotations
 
-import shutil
-
 import lmdb
 import pytest
 
@@ -24,6 +22,7 @@ from featurecache.store.layout import MAX_DBS, header_table, shard_name, shard_o
 from featurecache.store.manifest import read_manifest
 from featurecache.store.reader import StoreReader
 from featurecache.store.verify import verify_cache
+from tests.conftest import copy_sample_structures
 
 # Ras (721p) and its AlphaFold model: ~1.2 MB feature records (deep MSAs); 2q2k: a small one.
 STRUCTURES = ("721p-assembly1.cif", "AF-P01112-F1-model_v4.cif.gz", "2q2k.cif")
@@ -31,10 +30,7 @@ STRUCTURES = ("721p-assembly1.cif", "AF-P01112-F1-model_v4.cif.gz", "2q2k.cif")
 
 @pytest.fixture
 def finished_cache(tmp_path, shared_data):
-    inputs = tmp_path / "inputs"
-    inputs.mkdir()
-    for name in STRUCTURES:
-        shutil.copy(shared_data / "structures" / name, inputs / name)
+    inputs = copy_sample_structures(STRUCTURES, tmp_path / "inputs")
     options = PrecomputeOptions(inputs=[inputs], cache_dir=tmp_path / "cache",
                                 alignments_dir=shared_data / "alignments", executor="inline", progress=False)
     assert precompute(options).stages["featurize"].done == len(STRUCTURES)

@@ -5,7 +5,6 @@ feature record, a target curation leaves out is listed and skipped, and `stats` 
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -20,6 +19,7 @@ from featurecache.store.manifest import EXCLUDED_TABLE, SAMPLING_TABLE, read_man
 from featurecache.store.plot import plot_stats
 from featurecache.store.reader import StoreReader
 from featurecache.store.verify import verify_cache
+from tests.conftest import copy_sample_structures
 
 pytestmark = [pytest.mark.tools, pytest.mark.slow]  # featurizes real structures and runs MMseqs2
 
@@ -40,17 +40,14 @@ def _feature_blobs(cache) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def grown(tmp_path_factory, shared_data):
+def grown(tmp_path_factory):
     """A cache of 209D and 721P, then the H-Ras model added, then a rerun with nothing new."""
     root = tmp_path_factory.mktemp("grown")
     inputs, cache = root / "inputs", root / "cache"
-    inputs.mkdir()
-    structures = shared_data / "structures"
-    for name in (f"{RAS}.cif", f"{PEPTIDE_DNA}.cif"):
-        shutil.copy(structures / name, inputs / name)
+    copy_sample_structures((f"{RAS}.cif", f"{PEPTIDE_DNA}.cif"), inputs)
     first = _run(inputs, cache)
     before = (read_manifest(cache), _feature_blobs(cache))
-    shutil.copy(structures / "AF-P01112-F1-model_v4.cif.gz", inputs / "AF-P01112-F1-model_v4.cif.gz")
+    copy_sample_structures("AF-P01112-F1-model_v4.cif.gz", inputs)
     second = _run(inputs, cache)
     after = (read_manifest(cache), _feature_blobs(cache))
     third = _run(inputs, cache)
@@ -123,11 +120,9 @@ def test_stats_show_clusters_and_weights(grown, tmp_path):
     assert (tmp_path / "s.png").stat().st_size > 0
 
 
-def test_curation_leaves_targets_out_and_records_removals(tmp_path, shared_data):
+def test_curation_leaves_targets_out_and_records_removals(tmp_path):
     inputs, cache = tmp_path / "inputs", tmp_path / "cache"
-    inputs.mkdir()
-    for name in ("2q2k.cif", "AF-P01112-F1-model_v4.cif.gz"):
-        shutil.copy(shared_data / "structures" / name, inputs / name)
+    copy_sample_structures(("2q2k.cif", "AF-P01112-F1-model_v4.cif.gz"), inputs)
     strict = CurationConfig(max_resolution=2.5)  # 2Q2K is 3.0 A; the model has no resolution
     summary = _run(inputs, cache, curation=strict)
     assert summary.excluded == 1 and summary.stages["featurize"].done == 1 and summary.failed == 0
@@ -156,10 +151,8 @@ def test_curation_leaves_targets_out_and_records_removals(tmp_path, shared_data)
     assert cache_stats(cache)["curation"]["removed"] == {"crystallization_aid": 1}
 
 
-def test_clustering_off_and_a_missing_mmseqs(tmp_path, shared_data):
-    inputs = tmp_path / "inputs"
-    inputs.mkdir()
-    shutil.copy(shared_data / "structures" / "AF-P01112-F1-model_v4.cif.gz", inputs)
+def test_clustering_off_and_a_missing_mmseqs(tmp_path):
+    inputs = copy_sample_structures("AF-P01112-F1-model_v4.cif.gz", tmp_path / "inputs")
     off = ClusteringConfig(enabled=False)
     summary = _run(inputs, tmp_path / "off", clustering=off)
     manifest = read_manifest(tmp_path / "off")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import re
-import shutil
 
 import numpy as np
 import pytest
@@ -23,6 +22,7 @@ from featurecache.store.manifest import read_manifest
 from featurecache.store.reader import StoreReader
 from featurecache.store.verify import verify_cache
 from featurecache.testing.testdb import write_pipeline_config
+from tests.conftest import copy_sample_structures
 
 # --- AlphaFold 3's input format, as its docs/input.md gives it ---------------------------------
 
@@ -113,15 +113,13 @@ def check_af3_input(document: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def searched(tmp_path_factory, shared_data, test_databases, ras_sequence, template_query):
+def searched(tmp_path_factory, test_databases, ras_sequence, template_query):
     """One `search` run: 721p (H-Ras homodimer with ligands), a two-protein FASTA whose chains
     are the OpenFold test query (templates among the sample mmCIFs) and H-Ras again, and an AF3
     JSON of that query with ATP."""
     root = tmp_path_factory.mktemp("search")
     config = write_pipeline_config(test_databases, root / "pipeline.toml", threads=1, template_tool="hhsearch")
-    inputs = root / "inputs"
-    inputs.mkdir()
-    shutil.copy(shared_data / "structures" / "721p-assembly1.cif", inputs)
+    inputs = copy_sample_structures("721p-assembly1.cif", root / "inputs")
     (inputs / "pair.fasta").write_text(f">query mol:protein\n{template_query}\n>ras mol:protein\n{ras_sequence}\n")
     given = {"name": "given job", "modelSeeds": [7, 11], "dialect": "alphafold3", "version": 1,
              "sequences": [{"protein": {"id": "A", "sequence": template_query}}, {"ligand": {"id": "B", "ccdCodes": ["ATP"]}}]}

@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.conftest import copy_sample_structures
+
 GOOD_TARGETS = ("209d-assembly1.cif", "2q2k.cif")  # copied unchanged; must always be cached
 
 _STANDARD = re.compile(r"^[ACDEFGHIKLMNPQRSTVWY]+$")
@@ -72,8 +74,7 @@ def _write(path: Path, data: bytes | str) -> None:
 def build_corpus(shared_data: Path, inputs: Path, alignments: Path, rng: random.Random) -> list[BadInput]:
     """Write every bad input (and the good targets) under `inputs` / `alignments`."""
     structures = shared_data / "structures"
-    for name in GOOD_TARGETS:
-        _write(inputs / name, (structures / name).read_bytes())
+    copy_sample_structures(GOOD_TARGETS, inputs)
     cif_text = (structures / "2q2k.cif").read_text()
     small_cif = (structures / "209d-assembly1.cif").read_text()
     sequences = homolog_sequences(shared_data, 16)

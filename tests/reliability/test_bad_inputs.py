@@ -29,6 +29,7 @@ from featurecache.store.reader import StoreReader
 from featurecache.store.writer import StoreWriter
 from featurecache.store.verify import verify_cache
 from featurecache.precompute.pipeline import PrecomputeOptions, precompute
+from tests.conftest import copy_sample_structures
 from tests.reliability._corpus import GOOD_TARGETS, build_corpus, homolog_sequences
 
 GOOD_KEYS = {"209d-assembly1", "2q2k"}
@@ -244,9 +245,7 @@ def full_disk_run(tmp_path_factory, shared_data):
     """A precompute command run out of disk space; returns (result, inputs, cache)."""
     root = tmp_path_factory.mktemp("full-disk")
     inputs, cache = root / "inputs", root / "cache"
-    inputs.mkdir()
-    for name in GOOD_TARGETS:
-        shutil.copy(shared_data / "structures" / name, inputs / name)
+    copy_sample_structures(GOOD_TARGETS, inputs)
     command = [sys.executable, "-m", "featurecache.cli", "precompute", str(inputs), "--cache", str(cache),
                "--alignments", str(shared_data / "alignments"), "--executor", "inline", "--no-progress"]
     result = subprocess.run(command, preexec_fn=_limit_file_size, capture_output=True, text=True, timeout=300)

@@ -41,6 +41,7 @@ from featurecache.store.manifest import read_manifest
 from featurecache.store.reader import StoreReader
 from featurecache.store.update_marker import MARKER_NAME, read_update_marker
 from featurecache.store.verify import verify_cache
+from tests.conftest import copy_sample_structures
 
 TRIALS = 4  # even trials SIGKILL, odd ones SIGINT
 COPIES = 6
@@ -90,7 +91,7 @@ def states(tmp_path_factory, shared_data) -> _States:
     structure = shared_data / "structures" / "209d-assembly1.cif"
     for number in range(COPIES):
         shutil.copy(structure, old_inputs / f"copy{number:02d}-209d.cif")
-    shutil.copy(shared_data / "structures" / "2q2k.cif", old_inputs)
+    copy_sample_structures("2q2k.cif", old_inputs)
     (old_inputs / f"{FAILED_TARGET}.cif").write_text("not an mmCIF file\n")
     shutil.copytree(old_inputs, new_inputs)
     shutil.copy(structure, new_inputs / f"{FAILED_TARGET}.cif")

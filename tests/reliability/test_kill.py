@@ -33,6 +33,7 @@ from featurecache.store.reader import StoreReader
 from featurecache.store.writer import ShardWriter
 from featurecache.store.verify import verify_cache
 from featurecache.precompute.pipeline import PrecomputeOptions, precompute
+from tests.conftest import copy_sample_structures
 
 TRIALS = 12
 COPIES = 24  # copies of 209d under their own names: targets that share their chains' MSAs
@@ -102,8 +103,7 @@ def reference(tmp_path_factory, shared_data) -> _Reference:
     inputs.mkdir()
     for number in range(COPIES):
         shutil.copy(shared_data / "structures" / "209d-assembly1.cif", inputs / f"copy{number:02d}-209d.cif")
-    for name in ("2q2k.cif", "721p-assembly1.cif"):
-        shutil.copy(shared_data / "structures" / name, inputs / name)
+    copy_sample_structures(("2q2k.cif", "721p-assembly1.cif"), inputs)
     config = root / "pipeline.toml"
     # No search databases: every chain gets a query-only `msa` record from the search stage.
     # Clustering off: it runs after every record is committed and would take most of the run, so

@@ -29,6 +29,7 @@ from featurecache.store.publish import publish
 from featurecache.store.reader import StoreReader
 from featurecache.store.verify import verify_cache
 from featurecache.precompute.pipeline import PrecomputeOptions, precompute
+from tests.conftest import copy_sample_structures
 
 PACKAGE = Path(featurecache.__file__).resolve().parent
 # The cache's whole data path: codec, shards, manifest, verify, publish, the loader, stats and CLI.
@@ -79,10 +80,7 @@ def _no_unpickling(monkeypatch):
 
 
 def test_cache_life_cycle_without_unpickling(tmp_path, shared_data, monkeypatch, reliability_report):
-    inputs = tmp_path / "inputs"
-    inputs.mkdir()
-    for name in ("209d-assembly1.cif", "2q2k.cif"):
-        (inputs / name).write_bytes((shared_data / "structures" / name).read_bytes())
+    inputs = copy_sample_structures(("209d-assembly1.cif", "2q2k.cif"), tmp_path / "inputs")
     (inputs / "broken.cif").write_text("not an mmCIF file\n")  # an errors record too
     cache, dest = tmp_path / "cache", tmp_path / "shared"
     with _no_unpickling(monkeypatch):

@@ -19,6 +19,7 @@ from featurecache.store.manifest import read_manifest
 from featurecache.store.publish import gc, publish, resolve_generation
 from featurecache.store.reader import StoreReader
 from featurecache.precompute.pipeline import PrecomputeOptions, precompute
+from tests.conftest import copy_sample_structures
 
 READERS = 8
 READS = 1000
@@ -72,7 +73,7 @@ def test_follow_latest_readers_during_publish(tmp_path, shared_data, seed, relia
     inputs.mkdir()
     for number in range(12):
         shutil.copy(shared_data / "structures" / "209d-assembly1.cif", inputs / f"copy{number:02d}-209d.cif")
-    shutil.copy(shared_data / "structures" / "2q2k.cif", inputs)
+    copy_sample_structures("2q2k.cif", inputs)
     caches, expected = {}, {}
     for name, msa_rows in (("a", 64), ("b", 3)):  # two versions of every record
         caches[name] = tmp_path / name

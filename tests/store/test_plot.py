@@ -1,13 +1,12 @@
 """`featurecache stats --plot` on real caches: the panels a person reads, with integer ticks on
 counts, log bins where values span orders of magnitude, and sentences instead of empty axes."""
 
-import shutil
-
 import matplotlib.pyplot as plt
 import pytest
 
 from featurecache.store.inspect import cache_stats
 from featurecache.store.plot import plot_stats, stats_figure
+from tests.conftest import copy_sample_structures
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 COUNT_PANELS = ("tokens per target", "MSA depth per target", "templates per target", "reference conformers by source",
@@ -58,9 +57,7 @@ def test_the_sample_cache_figure(sample_cache, tmp_path):
 def test_failures_are_bars_by_stage(tmp_path, shared_data):
     from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 
-    inputs = tmp_path / "inputs"
-    inputs.mkdir()
-    shutil.copy(shared_data / "structures" / "209d-assembly1.cif", inputs)
+    inputs = copy_sample_structures("209d-assembly1.cif", tmp_path / "inputs")
     # the first 3000 bytes of a real entry: a loop cut mid-row, a parse failure
     (inputs / "cut.cif").write_bytes((shared_data / "structures" / "721p-assembly1.cif").read_bytes()[:3000])
     summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=tmp_path / "cache", progress=False,

@@ -1,13 +1,13 @@
 """Fixtures of the training-recipe tests: a real cache of three sample targets (built once)."""
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from featurecache.config import SampleConfig
 from featurecache.training import TrainConfig
+from tests.conftest import copy_sample_structures
 
 # 209d: DNA and a peptide; 721p: Ras with its GNP ligand; 7a4d: a larger protein complex
 STRUCTURES = ("209d-assembly1.cif", "721p-assembly1.cif", "7a4d-assembly1.cif")
@@ -17,9 +17,7 @@ STRUCTURES = ("209d-assembly1.cif", "721p-assembly1.cif", "7a4d-assembly1.cif")
 def recipe_cache(tmp_path_factory, shared_data) -> Path:
     from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 
-    inputs = tmp_path_factory.mktemp("recipe-inputs")
-    for name in STRUCTURES:
-        shutil.copy(shared_data / "structures" / name, inputs / name)
+    inputs = copy_sample_structures(STRUCTURES, tmp_path_factory.mktemp("recipe-inputs"))
     cache_dir = tmp_path_factory.mktemp("recipe-cache") / "cache"
     summary = precompute(PrecomputeOptions(
         inputs=[inputs], cache_dir=cache_dir, alignments_dir=shared_data / "alignments",

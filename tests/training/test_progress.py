@@ -6,7 +6,6 @@ import fcntl
 import io
 import os
 import pty
-import shutil
 import struct
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from click.testing import CliRunner
 from featurecache.config import SampleConfig
 from featurecache.training import TrainConfig
 from featurecache.training.progress import LINES_PER_RUN, TrainProgress
+from tests.conftest import copy_sample_structures
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL_RUN = ["--steps", "3", "--crop-size", "16", "--msa-rows-per-sample", "8", "--num-workers", "0",
@@ -30,8 +30,7 @@ def small_cache(tmp_path_factory, shared_data) -> Path:
     """The smallest sample target (209d, 79 tokens), featurized inline: a CPU step takes a second."""
     from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 
-    inputs = tmp_path_factory.mktemp("inputs")
-    shutil.copy(shared_data / "structures" / "209d-assembly1.cif", inputs)
+    inputs = copy_sample_structures("209d-assembly1.cif", tmp_path_factory.mktemp("inputs"))
     cache = tmp_path_factory.mktemp("cache") / "cache"
     summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=cache, alignments_dir=shared_data / "alignments",
                                            progress=False, executor="inline"))
