@@ -38,6 +38,12 @@ from featurecache.store.reader import StoreReader
 from featurecache.store.update_marker import MARKER_NAME, UpdateMarker, read_update_marker
 
 
+# The last line of a report naming damaged records: precompute --recheck reads every record it
+# keeps in full and recomputes the damaged ones (a plain rerun decides from header entries alone).
+REPAIR_HINT = ("to repair: run `featurecache precompute` again with the same inputs and options plus --recheck "
+               "(it recomputes the damaged records), then verify again")
+
+
 @dataclass(frozen=True)
 class DamagedRecord:
     table: str
@@ -72,6 +78,7 @@ class VerifyReport:
             "damaged": [asdict(record) for record in self.damaged],
             "shard_problems": [asdict(problem) for problem in self.shard_problems],
             "update": self.update,
+            "repair": REPAIR_HINT if self.damaged else None,
         }
 
     def format(self) -> str:
@@ -85,6 +92,8 @@ class VerifyReport:
                   for record in self.damaged]
         lines.append("OK" if self.ok else
                      f"DAMAGED: {len(self.damaged)} records, {len(self.shard_problems)} shard problems")
+        if self.damaged:
+            lines.append(REPAIR_HINT)
         return "\n".join(lines)
 
 
