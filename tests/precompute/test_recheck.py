@@ -160,3 +160,41 @@ def test_recheck_is_a_flag(finished_cache):
     result = _precompute_cli(finished_cache, "--recheck=yes")
     assert result.exit_code == 2, result.output
     assert "--recheck" in result.output and "Traceback" not in result.output
+
+
+def test_recheck_in_search_mode_searches_again_only_the_damaged_database_output(tmp_path, shared_data,
+                                                                                test_databases):
+    """Real searches: a damaged raw output of one database is searched again (the other databases'
+    outputs reused), and the chain's MSA record and its target's features are rewritten from it."""
+    from featurecache.store.codec import decode_record
+    from featurecache.testing.testdb import write_pipeline_config
+
+    config_path = write_pipeline_config(test_databases, tmp_path / "pipeline.toml", threads=1,
+                                        template_tool="hhsearch")
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    shutil.copy(shared_data / "structures" / "721p-assembly1.cif", inputs)
+    options = PrecomputeOptions(inputs=[inputs], cache_dir=tmp_path / "cache", config_path=config_path,
+                                executor="inline", progress=False)
+    assert precompute(options).stages["search"].done == 1
+    with StoreReader(options.cache_dir) as reader:
+        outputs = {key: decode_record(reader.get(MSA_TABLE, key)).meta["database"]
+                   for key in reader.keys(MSA_TABLE) if "-db-" in key}
+    damaged = sorted(outputs)[0]
+    _flip(options.cache_dir, MSA_TABLE, damaged)
+    before = _records(options.cache_dir)
+    assert [(record.table, record.key) for record in verify_cache(options.cache_dir).damaged] == [(MSA_TABLE, damaged)]
+
+    summary = precompute(PrecomputeOptions(**{**vars(options), "recheck": True}))
+    assert summary.failed == 0, summary.format()
+    assert summary.damaged == {MSA_TABLE: 1} and summary.recomputed == {MSA_TABLE: 1}, summary.format()
+    assert summary.stages["search"].done == 1 and summary.stages["featurize"].done == 1
+    assert verify_cache(options.cache_dir).ok
+    after = _records(options.cache_dir)
+    with StoreReader(options.cache_dir) as reader:
+        (chain,) = [decode_record(reader.get(MSA_TABLE, key)).meta for key in reader.keys(MSA_TABLE)
+                    if "-db-" not in key]
+    assert {name for name, entry in chain["databases"].items() if not entry["reused"]} == {outputs[damaged]}
+    unchanged_outputs = {(MSA_TABLE, key) for key in outputs if key != damaged}
+    assert all(after[name] == before[name] for name in unchanged_outputs)
+    assert after[(MSA_TABLE, damaged)] != before[(MSA_TABLE, damaged)]
