@@ -159,14 +159,19 @@ def cli(debug):
                    "(default: the config's [chem] ccd_path, else the CCD biotite ships).")
 @click.option("--retry-failed/--no-retry-failed", default=True, show_default=True,
               help="Retry inputs that failed in an earlier run.")
+@click.option("--recheck", is_flag=True,
+              help="Also read every record the run would keep in full (the checksum of every byte, as verify "
+                   "does) and recompute the damaged ones: the repair `featurecache verify` suggests. Reads the "
+                   "whole cache.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @click.option("--verbose", is_flag=True, help="Show Ray's own messages: start-up, warnings, what its workers print.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, address, num_workers, executor,
-               num_shards, msa_rows_stored, max_msa_rows, ccd_path, retry_failed, progress, verbose, as_json):
+               num_shards, msa_rows_stored, max_msa_rows, ccd_path, retry_failed, recheck, progress, verbose,
+               as_json):
     """Parse INPUTS (mmCIF, PDB, FASTA or AlphaFold3 input JSON files, or folders of them), search
     or ingest alignments, compute reference conformers, featurize, and write the records into the
-    cache. Resumable: current records are skipped."""
+    cache. Resumable: current records are skipped (--recheck: unless damaged)."""
     from featurecache.precompute.pipeline import PrecomputeOptions, precompute as run
 
     if config_path is not None and alignments_dir is not None:
@@ -186,6 +191,7 @@ def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, add
         msa_rows_stored=max_msa_rows if msa_rows_stored is None else msa_rows_stored,
         ccd_path=ccd_path,
         retry_failed=retry_failed,
+        recheck=recheck,
         progress=progress,
         verbose=verbose,
     )

@@ -118,7 +118,7 @@ class ConformerStage:
         wanted = keys_of(sorted({code for codes in codes_by_target.values() for code in codes}), self.chem)
         missing = []
         for code, key in wanted.items():
-            if run.writer.get(CONFORMERS_TABLE, key) is None:
+            if not run.kept(CONFORMERS_TABLE, key):  # missing, or found damaged by --recheck
                 missing.append(code)
             else:
                 self.keys[code] = key
@@ -136,8 +136,7 @@ class ConformerStage:
                 return
             with run.timed_write():
                 for item in result:
-                    run.writer.put(CONFORMERS_TABLE, item.key, item.blob,
-                                   index={"code": item.code, "source": item.source})
+                    run.put(CONFORMERS_TABLE, item.key, item.blob, index={"code": item.code, "source": item.source})
                     self.keys[item.code] = item.key
             counts.done += len(result)
             run.summary.conformer_seconds += sum(item.seconds for item in result)

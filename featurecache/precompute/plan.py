@@ -58,6 +58,7 @@ class PrecomputeOptions:
     curation: CurationConfig | None = None  # overrides the config's [curation] (default: AF3's)
     clustering: ClusteringConfig | None = None  # overrides the config's [clustering] (default: AF3's)
     retry_failed: bool = True
+    recheck: bool = False              # read every kept record in full; recompute the damaged ones
     progress: bool = True
     verbose: bool = False              # show Ray's own messages (start-up, warnings, workers' output)
     max_in_flight: int | None = None   # tasks submitted at once; default 4 per CPU

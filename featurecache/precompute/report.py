@@ -35,6 +35,12 @@ class PrecomputeSummary:
     # template hits whose structure is not in the template folder (e.g. m8 hits against the whole PDB)
     unplaced_template_hits: int = 0
     targets_with_unplaced_templates: int = 0
+    # --recheck: records the run would keep, read in full; damaged ones found, and rewritten
+    recheck: bool = False
+    rechecked: int = 0
+    damaged: dict[str, int] = field(default_factory=dict)      # table -> damaged records found
+    recomputed: dict[str, int] = field(default_factory=dict)   # table -> of those, rewritten
+    damaged_left: list[str] = field(default_factory=list)      # "table/key" still damaged
 
     def count_unplaced_templates(self, hits: int) -> None:
         if hits:
@@ -50,6 +56,16 @@ class PrecomputeSummary:
         data["failed"] = self.failed
         return data
 
+    def _recheck_line(self) -> str:
+        found, recomputed = sum(self.damaged.values()), sum(self.recomputed.values())
+        line = f"  recheck: {self.rechecked} kept record(s) read in full, {found} damaged"
+        if found:
+            line += f" ({_by_table(self.damaged)})"
+        line += f", {recomputed} damaged record(s) recomputed"
+        if recomputed:
+            line += f" ({_by_table(self.recomputed)})"
+        return line
+
     def format(self) -> str:
         lines = [f"cache {self.cache_dir}: {self.targets} target(s) in {self.seconds:.1f} s"]
         for stage, counts in self.stages.items():
@@ -64,11 +80,22 @@ class PrecomputeSummary:
             lines.append(f"  template hits without a structure in the template folder: {self.unplaced_template_hits} "
                          f"in {self.targets_with_unplaced_templates} target(s), not used as templates "
                          "(m8 hits against the whole PDB? add their mmCIF files to --templates)")
+        if self.recheck:
+            lines.append(self._recheck_line())
+            if self.damaged_left:
+                shown = ", ".join(self.damaged_left[:FAILURES_SHOWN])
+                extra = len(self.damaged_left) - FAILURES_SHOWN
+                more = f" and {extra} more" if extra > 0 else ""
+                lines.append(f"  still damaged (failed, or used by no input of this run): {shown}{more}")
         for failure in self.failures[:FAILURES_SHOWN]:
             lines.append(f"  FAILED {failure['stage']} {failure['key']}: {failure['message']}")
         if len(self.failures) > FAILURES_SHOWN:
             lines.append(f"  ... and {len(self.failures) - FAILURES_SHOWN} more failures (see `featurecache stats`)")
         return "\n".join(lines)
+
+
+def _by_table(counts: dict[str, int]) -> str:
+    return ", ".join(f"{table} {count}" for table, count in counts.items() if count)
 
 
 def progress_bars(enabled: bool):

@@ -6,7 +6,8 @@
   `ExcludedTarget` instead (from `parse_chains` and the featurize tasks alike).
 - `conformer_codes` lists the CCD codes whose reference conformers an input's featurization
   uses (the conformer stage computes each once: conformers.py); the featurize tasks get those
-  stored conformers (`conformer_blobs`).
+  stored conformers (`conformer_blobs`). `dependencies` lists an input's chains and codes
+  together (`--recheck`: which targets use a damaged msa or conformer record).
 - `search_chain` runs the configured search tools for one unique chain sequence and returns
   its MSA record (MSA + template hits), ready for the `msa` table.
 - `featurize_ingested` / `featurize_searched` build one target's feature record from its
@@ -142,6 +143,14 @@ def conformer_codes(target: TargetInput, chem: ChemConfig) -> list[str]:
     """The CCD codes whose conformers featurizing one input uses (of the whole parsed structure:
     a few more than curation keeps); raises TaskError(stage='parse') naming the file."""
     return codes_of(read_target(target.path, chem), chem)
+
+
+def dependencies(target: TargetInput, chem: ChemConfig) -> tuple[list[ChainSequence], list[str]]:
+    """The polymer chains and CCD codes of one input (of the whole parsed structure, a few more
+    than curation keeps): whose msa and conformer records its feature record was computed from.
+    --recheck asks when such records are damaged. Raises TaskError(stage='parse')."""
+    structure = read_target(target.path, chem)
+    return chain_sequences(structure), codes_of(structure, chem)
 
 
 def parse_chains(target: TargetInput, curation: CurationConfig,

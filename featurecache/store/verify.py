@@ -3,7 +3,9 @@
 Damage is reported, never raised: the report names each damaged key with its table and shard
 (a record's header entry, layout.HEADER_TABLES, must match the record's header),
 and each shard whose file no longer matches the manifest (size, sha256, counts) or cannot be
-opened. Only a cache that cannot be read at all (missing folder, no or invalid manifest)
+opened. A report naming damaged records ends with the repair (REPAIR_HINT): a plain precompute
+rerun keeps a damaged record its header entry says is current; with --recheck it reads every
+record in full and recomputes the damaged ones. Only a cache that cannot be read at all (missing folder, no or invalid manifest)
 raises. Bytes flipped inside a record are caught by the record checksum; a flip in LMDB's own
 page structure shows up as a sha256 mismatch, and LMDB reports most such pages as corrupt.
 
@@ -36,6 +38,12 @@ from featurecache.store.layout import header_table, index_table, shard_of
 from featurecache.store.manifest import MANIFEST_NAME, Manifest, check_shard_file, read_manifest
 from featurecache.store.reader import StoreReader
 from featurecache.store.update_marker import MARKER_NAME, UpdateMarker, read_update_marker
+
+
+# The last line of a report naming damaged records: precompute --recheck reads every record it
+# keeps in full and recomputes the damaged ones (a plain rerun decides from header entries alone).
+REPAIR_HINT = ("to repair: run `featurecache precompute` again with the same inputs and options plus --recheck "
+               "(it recomputes the damaged records), then verify again")
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,7 @@ class VerifyReport:
             "damaged": [asdict(record) for record in self.damaged],
             "shard_problems": [asdict(problem) for problem in self.shard_problems],
             "update": self.update,
+            "repair": REPAIR_HINT if self.damaged else None,
         }
 
     def format(self) -> str:
@@ -85,6 +94,8 @@ class VerifyReport:
                   for record in self.damaged]
         lines.append("OK" if self.ok else
                      f"DAMAGED: {len(self.damaged)} records, {len(self.shard_problems)} shard problems")
+        if self.damaged:
+            lines.append(REPAIR_HINT)
         return "\n".join(lines)
 
 
