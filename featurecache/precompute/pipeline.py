@@ -15,14 +15,8 @@ interface of the cache and writes AF3's sampling weights into the manifest
 (sampling_index.py); feature records are not touched by that, so adding targets re-clusters
 without recomputing features.
 
-A rerun decides that a feature record is current from its header entry, and that an MSA or
-conformer record is there from its key, without checking the records' arrays. With `recheck`
-(`--recheck`) it also reads in full every record it would keep (features, msa, conformers: the
-checksum of every byte and every array decoded, as verify does) and treats a damaged one as
-stale: a damaged feature record is recomputed; a damaged MSA or conformer record is recomputed
-with every target whose chains or CCD codes use it (found by parsing the targets the run would
-otherwise skip), the search re-run for that chain only. The summary counts what was found
-damaged and what was rewritten; a damaged record no input of the run uses stays, and is named.
+With `recheck` (`--recheck`) a rerun also reads in full every record it would keep and
+recomputes the damaged ones (recheck.py).
 """
 
 from __future__ import annotations
@@ -47,6 +41,7 @@ from featurecache.precompute.plan import (
     prepare,
 )
 from featurecache.precompute.ray_executor import TaskRunner, start_ray
+from featurecache.precompute.recheck import Recheck
 from featurecache.precompute.report import (
     STAGES,
     PrecomputeSummary,
@@ -58,15 +53,8 @@ from featurecache.precompute.search import SearchPlan, database_search_key, sequ
 from featurecache.precompute.tasks import ChainSequence, ExcludedTarget, TargetInput, TaskError
 from featurecache.precompute.tools import ToolError
 from featurecache.features.featurize import FEATURIZE_REVISION
-from featurecache.precompute.conformers import keys_of
-from featurecache.schema import CONFORMERS_TABLE, ERRORS_TABLE, FEATURES_TABLE, MSA_TABLE, SCHEMA_VERSION
-from featurecache.store.codec import (
-    CorruptRecordError,
-    RecordFormatError,
-    decode_record,
-    encode_record,
-    read_header,
-)
+from featurecache.schema import ERRORS_TABLE, FEATURES_TABLE, MSA_TABLE, SCHEMA_VERSION
+from featurecache.store.codec import CorruptRecordError, encode_record, read_header
 from featurecache.store.locks import StoreLockedError
 from featurecache.store.manifest import Manifest, read_manifest
 from featurecache.store.writer import StoreWriteError, StoreWriter
@@ -78,8 +66,6 @@ log = logging.getLogger(__name__)
 
 _STDERR_TAIL_CHARS = 2000
 _TARGET_STAGES = ("parse", "alignments", "featurize")  # failures counted under "featurize"
-RECHECKED_TABLES = (FEATURES_TABLE, MSA_TABLE, CONFORMERS_TABLE)  # what --recheck reads in full
-_SEQUENCE_KEY_CHARS = 32  # search.sequence_key: every msa key starts with it and "-"
 
 
 class ClusteringError(PipelineSetupError):
@@ -152,28 +138,27 @@ class PipelineRun:
         self.ray = None
         self.max_in_flight = 1
         self.conformers = ConformerStage(self, chem)
-        # --recheck: keys of records read in full and found damaged, until rewritten (see put)
-        self.damaged: dict[str, set[str]] = {table: set() for table in RECHECKED_TABLES}
+        # --recheck: the records read in full and found damaged, until rewritten (see put)
+        self.recheck = Recheck(writer, summary, options.cache_dir) if options.recheck else None
         tmp_dir = plan.pipeline_config.tmp_dir if plan.pipeline_config else None
         self.sampling = SamplingIndex(plan.clustering, plan.mmseqs, tmp_dir, _last_manifest(options.cache_dir))
 
     def run(self) -> None:
-        if self.options.recheck:
-            self.summary.recheck = True
-            self._recheck_dependency_tables()
+        if self.recheck is not None:
+            self.recheck.read_dependency_tables()
         todo, current = self._targets_to_do()
-        if self.options.recheck and any(self.damaged[table] for table in (MSA_TABLE, CONFORMERS_TABLE)) and current:
+        if self.recheck is not None and self.recheck.dependencies_damaged() and current:
             self.start_executor()
-            todo += self._users_of_damaged_records(current)
+            todo += self.recheck.users_of_damaged_records(current, self.runner, self.plan.pipeline_config,
+                                                          self.conformers.chem)
         try:
             if not todo:
                 return
             self.start_executor()
             self._run_stages(todo)
         finally:
-            if self.options.recheck:
-                self.summary.damaged_left = sorted(f"{table}/{key}" for table, keys in self.damaged.items()
-                                                   for key in keys)
+            if self.recheck is not None:
+                self.summary.damaged_left = self.recheck.left()
 
     def _run_stages(self, todo: list[TargetInput]) -> None:
         chain_keys: dict[str, dict[str, str]] = {}
@@ -199,80 +184,16 @@ class PipelineRun:
     def put(self, table: str, key: str, blob: bytes, index=None) -> None:
         """Write a record (writer.put); one --recheck found damaged counts as recomputed."""
         self.writer.put(table, key, blob, index=index)
-        damaged = self.damaged.get(table)
-        if damaged is not None and key in damaged:
-            damaged.discard(key)
-            self.summary.recomputed[table] = self.summary.recomputed.get(table, 0) + 1
+        if self.recheck is not None:
+            self.recheck.rewritten(table, key)
 
     def kept(self, table: str, key: str) -> bool:
         """Whether the run keeps the stored record (table, key) rather than computing it: it is
         there, and (--recheck) was not found damaged."""
-        return key not in self.damaged.get(table, ()) and self.writer.get(table, key) is not None
+        return not self._damaged(table, key) and self.writer.get(table, key) is not None
 
-    def _intact(self, table: str, key: str, blob: bytes | None = None) -> bool:
-        """--recheck: read the record in full as verify does (every byte's checksum, every array
-        decoded); a damaged one (or one of another record format) is noted, to be recomputed."""
-        blob = self.writer.get(table, key) if blob is None else blob
-        if blob is None:
-            return True
-        self.summary.rechecked += 1
-        try:
-            decode_record(blob, where=f"{self.options.cache_dir}/{table}", key=key)
-            return True
-        except (CorruptRecordError, RecordFormatError) as error:
-            log.warning("--recheck: %s; recomputing it", error)
-            self.damaged[table].add(key)
-            self.summary.damaged[table] = self.summary.damaged.get(table, 0) + 1
-            return False
-
-    def _recheck_dependency_tables(self) -> None:
-        """--recheck: read every msa and conformers record in full (feature records are read as
-        their targets are looked at)."""
-        for table in (MSA_TABLE, CONFORMERS_TABLE):
-            for key in self.writer.keys(table):
-                self._intact(table, key)
-
-    def _users_of_damaged_records(self, current: list[tuple[TargetInput, dict]]) -> list[TargetInput]:
-        """--recheck: of the targets whose feature records are current and intact, those whose
-        chains or CCD codes use a damaged msa or conformer record (parsed again to find out):
-        they are recomputed, and with them the damaged records."""
-        damaged_msa, damaged_conformers = self.damaged[MSA_TABLE], self.damaged[CONFORMERS_TABLE]
-        search_plan = SearchPlan(self.plan.pipeline_config) if self.plan.pipeline_config is not None else None
-        damaged_sequences = {key[:_SEQUENCE_KEY_CHARS] for key in damaged_msa
-                             if key[_SEQUENCE_KEY_CHARS:_SEQUENCE_KEY_CHARS + 1] == "-"}
-        users: set[str] = set()
-
-        def listed(stage: str, target_id: str, result) -> None:
-            if isinstance(result, TaskError):
-                return  # it parsed when its record was written: left as it is
-            chains, codes = result
-            for chain in chains:
-                if search_plan is not None:
-                    keys = self._search_keys(chain, search_plan)
-                    uses_damaged = any(key in damaged_msa for key in keys)
-                else:  # ingested: the key's second half fingerprints the alignment files
-                    uses_damaged = sequence_key(chain.molecule_type, chain.sequence) in damaged_sequences
-                if uses_damaged:
-                    users.add(target_id)
-            if damaged_conformers and any(key in damaged_conformers
-                                          for key in keys_of(codes, self.conformers.chem).values()):
-                users.add(target_id)
-
-        runner = self.runner(listed, lambda *_: None, len(current), "recheck", "target")
-        for target, _ in current:
-            runner.submit("parse", target.target_id, tasks.dependencies, target, self.conformers.chem)
-        runner.drain()
-        todo = [target for target, _ in current if target.target_id in users]
-        self.summary.stages["featurize"].skipped -= len(todo)
-        return todo
-
-    @staticmethod
-    def _search_keys(chain: ChainSequence, search_plan: SearchPlan) -> list[str]:
-        """The msa keys of a chain's search: its MSA record, then each database's raw output."""
-        seq_key = sequence_key(chain.molecule_type, chain.sequence)
-        databases = sum(search_plan.databases(chain.molecule_type), ())
-        return [f"{seq_key}-{search_plan.fingerprint(chain.molecule_type)}",
-                *(database_search_key(seq_key, search_plan.database_fingerprint(database)) for database in databases)]
+    def _damaged(self, table: str, key: str) -> bool:
+        return self.recheck is not None and self.recheck.is_damaged(table, key)
 
     @contextmanager
     def timed_write(self):
@@ -311,7 +232,8 @@ class PipelineRun:
             target = TargetInput(str(path), target_id, input_hash)
             failed_before = any(f"{stage}/{target_id}" in self.attempts for stage in ("parse", "featurize"))
             current = _current_meta(self.writer, target, self.feature_fingerprint)
-            damaged = current is not None and self.options.recheck and not self._intact(FEATURES_TABLE, target_id)
+            damaged = (current is not None and self.recheck is not None
+                       and not self.recheck.intact(FEATURES_TABLE, target_id))
             if current is not None and not damaged:
                 self.sampling.add(TargetChains.from_meta(target_id, current))
                 current_targets.append((target, current))
@@ -330,9 +252,8 @@ class PipelineRun:
         with self.timed_write():
             if self.writer.get(FEATURES_TABLE, excluded.target_id) is not None:
                 self.writer.delete(FEATURES_TABLE, excluded.target_id)
-                if excluded.target_id in self.damaged[FEATURES_TABLE]:  # --recheck: gone, with its damage
-                    self.damaged[FEATURES_TABLE].discard(excluded.target_id)
-                    self.summary.recomputed[FEATURES_TABLE] = self.summary.recomputed.get(FEATURES_TABLE, 0) + 1
+                if self.recheck is not None:  # gone, with its damage
+                    self.recheck.rewritten(FEATURES_TABLE, excluded.target_id)
             self._clear_errors(excluded.target_id, _TARGET_STAGES)
         self.sampling.exclude(excluded, self.feature_fingerprint)
         self.summary.excluded += 1
@@ -413,8 +334,8 @@ class PipelineRun:
         chain_keys, unique = self._parse_chains(todo, search_plan)
         to_search = []
         for key, chain in unique.items():
-            if self.kept(MSA_TABLE, key) and not any(
-                    output in self.damaged[MSA_TABLE] for output in self._search_keys(chain, search_plan)):
+            if self.kept(MSA_TABLE, key) and not (self.recheck is not None
+                                                  and self.recheck.search_damaged(chain, search_plan)):
                 self.summary.stages["search"].skipped += 1
             else:
                 to_search.append((key, chain))
@@ -500,7 +421,7 @@ class PipelineRun:
         stored = {}
         for database in databases:
             key = database_search_key(seq_key, search_plan.database_fingerprint(database))
-            blob = None if key in self.damaged[MSA_TABLE] else self.writer.get(MSA_TABLE, key)  # damaged: search again
+            blob = None if self._damaged(MSA_TABLE, key) else self.writer.get(MSA_TABLE, key)  # damaged: search again
             if blob is not None:
                 stored[database.name] = blob
         return stored
