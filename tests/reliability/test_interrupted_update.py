@@ -165,7 +165,21 @@ def _read_throughout(cache: Path, states: _States, ready, stop, results, seed: i
     results.put({"errors": errors, "versions": versions, "passes": passes})
 
 
+def _as_from_a_terminal() -> None:
+    """Ctrl-C's default action in this process. A test runner started in the background by a
+    shell without job control (`pytest &`, nohup in a script) has SIGINT ignored, and children
+    inherit that: the update would then run through every Ctrl-C the tests send."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _default_sigint() -> None:
+    """In a child before exec: SIGINT back to its default action (see _as_from_a_terminal);
+    Python then installs its KeyboardInterrupt handler at start-up."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _update_in_child(options: PrecomputeOptions) -> None:
+    _as_from_a_terminal()
     try:
         precompute(options)
     except KeyboardInterrupt:
@@ -308,7 +322,7 @@ def test_ctrl_c_exits_130_and_the_old_cache_still_reads(tmp_path, sample_cache, 
         update += ["--workers", "1"]
     # A new session: the signal goes to its process group, as a terminal's Ctrl-C does.
     process = subprocess.Popen(update, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+                               text=True, preexec_fn=_default_sigint)
     try:
         _wait_for_commits(process, cache, timeout=240)
         assert process.poll() is None, f"the update ended before Ctrl-C: {process.communicate()[0][-3000:]}"
