@@ -22,7 +22,7 @@ from featurecache.config import ChemConfig
 from featurecache.precompute import tasks
 from featurecache.precompute.conformers import keys_of
 from featurecache.precompute.report import PrecomputeSummary
-from featurecache.precompute.search import SearchPlan, database_search_key, sequence_key
+from featurecache.precompute.search import SEQUENCE_KEY_CHARS, SearchPlan, database_search_key, sequence_key
 from featurecache.precompute.tasks import ChainSequence, TargetInput, TaskError
 from featurecache.schema import CONFORMERS_TABLE, FEATURES_TABLE, MSA_TABLE
 from featurecache.store.codec import CorruptRecordError, RecordFormatError, decode_record
@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 
 RECHECKED_TABLES = (FEATURES_TABLE, MSA_TABLE, CONFORMERS_TABLE)  # what --recheck reads in full
 _DEPENDENCY_TABLES = (MSA_TABLE, CONFORMERS_TABLE)  # records feature records are computed from
-_SEQUENCE_KEY_CHARS = 32  # search.sequence_key: every msa key starts with it and "-"
 
 
 class Recheck:
@@ -104,8 +103,8 @@ class Recheck:
         so they no longer count as skipped."""
         damaged_msa, damaged_conformers = self.damaged[MSA_TABLE], self.damaged[CONFORMERS_TABLE]
         search_plan = SearchPlan(pipeline_config) if pipeline_config is not None else None
-        damaged_sequences = {key[:_SEQUENCE_KEY_CHARS] for key in damaged_msa
-                             if key[_SEQUENCE_KEY_CHARS:_SEQUENCE_KEY_CHARS + 1] == "-"}
+        damaged_sequences = {key[:SEQUENCE_KEY_CHARS] for key in damaged_msa
+                             if key[SEQUENCE_KEY_CHARS:SEQUENCE_KEY_CHARS + 1] == "-"}
         users: set[str] = set()
 
         def listed(stage: str, target_id: str, result) -> None:

@@ -45,15 +45,18 @@ def database_search_key(sequence_key_: str, database_fingerprint: str) -> str:
     return f"{sequence_key_}-db-{database_fingerprint}"
 
 
+SEQUENCE_KEY_CHARS = 32  # length of sequence_key; every msa key starts with one and "-"
+
+
 def sequence_key(molecule_type: str, sequence: str) -> str:
-    """Key of a unique chain sequence: 32 hex characters of sha256 over (molecule type, sequence).
+    """Key of a unique chain sequence: SEQUENCE_KEY_CHARS hex characters of sha256 over (molecule type, sequence).
 
     The molecule type is part of the key because the same letters (e.g. "ACG") mean different
     things as protein and as nucleic acid.
     """
     if molecule_type not in SEARCHED_MOLECULE_TYPES:
         raise ValueError(f"molecule type must be one of {SEARCHED_MOLECULE_TYPES}, got {molecule_type!r}")
-    return stable_hash({"molecule_type": molecule_type, "sequence": normalize_sequence(sequence)})[:32]
+    return stable_hash({"molecule_type": molecule_type, "sequence": normalize_sequence(sequence)})[:SEQUENCE_KEY_CHARS]
 
 
 @dataclass(frozen=True)
