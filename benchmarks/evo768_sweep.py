@@ -1,6 +1,7 @@
 """EvoAttention at triangle L = 768: both backward modes and tile variants, checked and timed in one run.
 
     PYTHONUNBUFFERED=1 python3 benchmarks/evo768_sweep.py [--variants a,b] [--bias bf16,fp32] [--budget-s 200]
+        [--length 384]   (the same sweep at another N = L; results in OUT/evo<L>_sweep.*)
 
 The case of issue 24's last two targets: B = 1, N = L = 768 rows, H = 4, D = 32, bf16 q/k/v,
 a bias [1, 1, H, L, L] shared by all rows (bf16, then fp32 read as is) with its gradient, the
