@@ -50,7 +50,6 @@ NUM_SHARDS = 3
 BATCH_RECORDS = 2
 OLD_MSA_ROWS, NEW_MSA_ROWS = 8, 4  # part of the feature fingerprint: the update replaces every record
 KILL_SPAN = 0.95  # kill points spread over this fraction of an uninterrupted update's time
-MAX_ATTEMPTS = 3  # per trial, when the update finished before its kill arrived
 READER_PAUSE_S = 0.02  # between a reader's passes: hundreds of passes per update, and CPU left to the writer
 FAILED_TARGET = "fixme"  # not mmCIF in the first run, a valid file in the update
 
@@ -222,55 +221,40 @@ def _check_rerun(cache: Path, states: _States, where: str) -> None:
     assert report.ok and report.update is None, f"{where}: {report.format()}"
 
 
-def _killed_update_trial(cache: Path, states: _States, sent: signal.Signals, delay: float, reader_seed: int,
-                         where: str) -> dict:
-    """One update of `cache` killed by `sent` `delay` s after it opened the cache, while a reader
-    process reads throughout; every state checked. Returns the trial's row."""
-    context = multiprocessing.get_context("fork")
-    ready, stop, results = context.Event(), context.Event(), context.Queue()
-    reader = context.Process(target=_read_throughout, args=(cache, states, ready, stop, results, reader_seed))
-    reader.start()
-    try:
-        assert ready.wait(timeout=120), f"{where}: the reader never finished a pass"
-        update = context.Process(target=_update_in_child, args=(states.update_options(cache),))
-        update.start()
-        while update.is_alive() and not (cache / MARKER_NAME).exists():
-            time.sleep(0.001)
-        time.sleep(delay)
-        os.kill(update.pid, sent)
-        update.join()
-        interrupted = _check_after_the_kill(cache, states, sent, f"{where}, after {delay:.3f} s")
-        _check_rerun(cache, states, where)
-    finally:
-        stop.set()
-        outcome = results.get(timeout=120)
-        reader.join(timeout=60)
-    assert outcome["errors"] == [], f"{where}: {outcome['errors'][:5]}"
-    assert outcome["versions"][0] == "old" and outcome["versions"][-1] == "new", f"{where}: {outcome}"
-    return {"signal": sent.name, "delay_s": delay, "exit_code": update.exitcode, "interrupted": interrupted,
-            "reader_passes": outcome["passes"]}
-
-
 def test_readers_never_fail_while_updates_are_killed(tmp_path, states, seed, reliability_report):
     rng = random.Random(seed)
+    context = multiprocessing.get_context("fork")
     rows = []
     for trial in range(TRIALS):
         sent = signal.SIGKILL if trial % 2 == 0 else signal.SIGINT
-        # One random point in each of TRIALS equal slices of the update, counted from the moment it
-        # opened the cache (its marker appears), so the kills cover every stage whatever the seed.
-        delay = KILL_SPAN * states.update_seconds * (trial + rng.random()) / TRIALS
-        # The update's time was measured once; on a loaded machine a later update can finish before
-        # a late kill arrives. Such a trial checks nothing about interruption, so it runs again with
-        # half the delay (at most twice): the kills still land at every stage, in order.
-        for attempt in range(MAX_ATTEMPTS):
-            where = f"seed {seed}, trial {trial} ({sent.name}), attempt {attempt}"
-            cache = states.copy_of_old(tmp_path / f"trial-{trial}-{attempt}")
-            row = _killed_update_trial(cache, states, sent, delay, seed + trial, where)
-            rows.append({"trial": trial, "attempt": attempt, **row})
-            shutil.rmtree(cache)
-            if row["interrupted"]:
-                break
-            delay /= 2
+        where = f"seed {seed}, trial {trial} ({sent.name})"
+        cache = states.copy_of_old(tmp_path / f"trial-{trial}")
+        ready, stop, results = context.Event(), context.Event(), context.Queue()
+        reader = context.Process(target=_read_throughout, args=(cache, states, ready, stop, results, seed + trial))
+        reader.start()
+        try:
+            assert ready.wait(timeout=120), f"{where}: the reader never finished a pass"
+            # One random point in each of TRIALS equal slices of the update, counted from the moment it
+            # opened the cache (its marker appears), so the kills cover every stage whatever the seed.
+            delay = KILL_SPAN * states.update_seconds * (trial + rng.random()) / TRIALS
+            update = context.Process(target=_update_in_child, args=(states.update_options(cache),))
+            update.start()
+            while update.is_alive() and not (cache / MARKER_NAME).exists():
+                time.sleep(0.001)
+            time.sleep(delay)
+            os.kill(update.pid, sent)
+            update.join()
+            interrupted = _check_after_the_kill(cache, states, sent, f"{where}, after {delay:.3f} s")
+            _check_rerun(cache, states, where)
+        finally:
+            stop.set()
+            outcome = results.get(timeout=120)
+            reader.join(timeout=60)
+        assert outcome["errors"] == [], f"{where}: {outcome['errors'][:5]}"
+        assert outcome["versions"][0] == "old" and outcome["versions"][-1] == "new", f"{where}: {outcome}"
+        rows.append({"trial": trial, "signal": sent.name, "delay_s": delay, "exit_code": update.exitcode,
+                     "interrupted": interrupted, "reader_passes": outcome["passes"]})
+        shutil.rmtree(cache)
     # The kills must have caught updates mid-way, by both signals.
     assert {row["signal"] for row in rows if row["interrupted"]} == {"SIGKILL", "SIGINT"}, rows
     reliability_report["interrupted_update"] = {
