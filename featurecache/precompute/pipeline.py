@@ -366,8 +366,7 @@ class PipelineRun:
                 return
             keys = {}
             for chain in result:
-                search_fingerprint = search_plan.fingerprint(chain.molecule_type)
-                key = f"{sequence_key(chain.molecule_type, chain.sequence)}-{search_fingerprint}"
+                key = search_plan.msa_key(chain.molecule_type, chain.sequence)
                 keys[chain.chain_id] = key
                 unique.setdefault(key, chain)
             chain_keys[target_id] = keys

@@ -49,10 +49,10 @@ class Recheck:
         self.damaged: dict[str, set[str]] = {table: set() for table in RECHECKED_TABLES}
         summary.recheck = True
 
-    def intact(self, table: str, key: str, blob: bytes | None = None) -> bool:
+    def intact(self, table: str, key: str) -> bool:
         """Read the record in full as verify does (every byte's checksum, every array decoded);
         a damaged one (or one of another record format) is noted, to be recomputed."""
-        blob = self.writer.get(table, key) if blob is None else blob
+        blob = self.writer.get(table, key)
         if blob is None:
             return True
         self.summary.rechecked += 1
@@ -134,5 +134,5 @@ def _search_keys(chain: ChainSequence, search_plan: SearchPlan) -> list[str]:
     """The msa keys of a chain's search: its MSA record, then each database's raw output."""
     seq_key = sequence_key(chain.molecule_type, chain.sequence)
     databases = sum(search_plan.databases(chain.molecule_type), ())
-    return [f"{seq_key}-{search_plan.fingerprint(chain.molecule_type)}",
+    return [search_plan.msa_key(chain.molecule_type, chain.sequence),
             *(database_search_key(seq_key, search_plan.database_fingerprint(database)) for database in databases)]

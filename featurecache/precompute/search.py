@@ -142,6 +142,10 @@ class SearchPlan:
         """Everything that changes the search result of a ``molecule_type`` chain (16 hex characters)."""
         return fingerprint("sequence-search", molecule_type, self.database_fingerprints(molecule_type))
 
+    def msa_key(self, molecule_type: str, sequence: str) -> str:
+        """msa-table key of a chain's searched MSA record: its sequence key and the search's fingerprint."""
+        return f"{sequence_key(molecule_type, sequence)}-{self.fingerprint(molecule_type)}"
+
     def search(self, sequence: str, molecule_type: str,
                stored: Mapping[str, DatabaseSearch] | None = None) -> SearchResult:
         """Run every database for one sequence; a failing tool raises ToolError naming the database.

@@ -5,8 +5,8 @@ Damage is reported, never raised: the report names each damaged key with its tab
 and each shard whose file no longer matches the manifest (size, sha256, counts) or cannot be
 opened. A report naming damaged records ends with the repair (REPAIR_HINT): a plain precompute
 rerun keeps a damaged record its header entry says is current; with --recheck it reads every
-record in full and recomputes the damaged ones. Only a cache that cannot be read at all (missing folder, no or invalid manifest)
-raises. Bytes flipped inside a record are caught by the record checksum; a flip in LMDB's own
+record in full and recomputes the damaged ones. Only a cache that cannot be read at all
+(missing folder, no or invalid manifest) raises. Bytes flipped inside a record are caught by the record checksum; a flip in LMDB's own
 page structure shows up as a sha256 mismatch, and LMDB reports most such pages as corrupt.
 
 During an update, or after an interrupted one (update_marker.py), the last finished manifest
