@@ -111,11 +111,12 @@ def _plot_path(path: pathlib.Path | None, option: str = "--plot",
 
 
 class _LazyGroup(BoundaryGroup):
-    """Imports `train` and `predict` (torch and the model) only when one is run or its help is
+    """Imports `train`, `predict` and `evaluate` (torch and the model) only when one is run or its help is
     asked for, so the data commands start quickly."""
 
     lazy_commands = {"train": ("featurecache.training", "train_command"),
-                     "predict": ("featurecache.prediction", "predict_command")}
+                     "predict": ("featurecache.prediction", "predict_command"),
+                     "evaluate": ("featurecache.prediction", "evaluate_command")}
 
     def list_commands(self, ctx):
         return sorted([*super().list_commands(ctx), *self.lazy_commands])

@@ -1,0 +1,211 @@
+"""`featurecache evaluate`: how close a predicted structure is to the true one.
+
+Atoms are matched by chain (label_asym_id), residue number (label_seq_id, or the author number
+for ligands), residue name and atom name, over the heavy atoms the truth resolves. Chains of the
+same sequence may be predicted in either order (a homodimer's A and B), so the chain assignment
+within each group of identical chains is the one that fits the polymer CA atoms best, as AF3's
+evaluation does with its chain permutation.
+
+Scores:
+- CA-RMSD after the optimal superposition of the polymer CA (or C4' for nucleic acids) atoms, and
+  per chain after superposing that chain alone;
+- lDDT over all heavy atoms (15 A inclusion radius, thresholds 0.5 / 1 / 2 / 4 A, pairs of atoms
+  in different residues, as Mariani et al. 2013) and over the CA atoms alone;
+- ligand RMSD: the non-polymer heavy atoms after superposing the polymer CA atoms (what docking
+  benchmarks call the pocket-aligned ligand RMSD, over the whole protein).
+Symmetric atoms (e.g. Asp OD1 / OD2) are not swapped: the scores are a slight underestimate.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import click
+import gemmi
+import numpy as np
+
+from featurecache.errors import BoundaryCommand, UserError
+
+LDDT_RADIUS = 15.0
+LDDT_THRESHOLDS = (0.5, 1.0, 2.0, 4.0)
+BACKBONE_ATOMS = ("CA", "C4'")  # the representative atom of an amino acid / a nucleotide
+# Chain orders tried per group of identical chains: past this, the chains keep their own names.
+MAX_PERMUTATIONS = 720
+
+
+class EvaluateError(ValueError):
+    """A structure that cannot be compared (unreadable, or no atoms in common)."""
+
+
+@dataclass(frozen=True)
+class Atom:
+    chain: str
+    residue: int
+    residue_name: str
+    name: str
+    polymer: bool
+
+
+@dataclass
+class Scores:
+    atoms: int                      # heavy atoms compared
+    ca_atoms: int
+    ligand_atoms: int
+    ca_rmsd: float
+    lddt: float                     # all heavy atoms
+    ca_lddt: float
+    ligand_rmsd: float | None       # None: the truth has no ligand atoms
+    chain_ca_rmsd: dict[str, float] = field(default_factory=dict)
+    chain_map: dict[str, str] = field(default_factory=dict)  # truth chain -> predicted chain
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def read_atoms(path: Path) -> dict[Atom, np.ndarray]:
+    """Heavy atoms of the first model (no waters), keyed for matching."""
+    try:
+        structure = gemmi.read_structure(str(path))
+    except (RuntimeError, ValueError, OSError) as error:
+        raise EvaluateError(f"{path}: not a readable structure ({error})") from error
+    structure.setup_entities()
+    structure.remove_hydrogens()
+    structure.remove_waters()
+    if len(structure) == 0:
+        raise EvaluateError(f"{path}: no model")
+    atoms = {}
+    for chain in structure[0]:
+        for residue in chain:
+            polymer = _is_polymer_residue(residue.name)
+            number = residue.label_seq if residue.label_seq is not None else residue.seqid.num
+            for atom in residue:
+                if atom.altloc not in ("\0", "A"):
+                    continue  # the first alternative location only
+                key = Atom(residue.subchain or chain.name, number, residue.name, atom.name, polymer)
+                atoms[key] = np.array(atom.pos.tolist())
+    return atoms
+
+
+def _is_polymer_residue(name: str) -> bool:
+    """An amino acid or nucleotide by its CCD class (gemmi's table). Files disagree on how they
+    label a ligand's chain and number (an assembly file may number it as the chain's next
+    residue), so the residue's chemistry decides; an unknown code counts as a ligand."""
+    info = gemmi.find_tabulated_residue(name)
+    return info is not None and (info.is_amino_acid() or info.is_nucleic_acid())
+
+
+def _chain_groups(atoms: dict[Atom, np.ndarray]) -> list[list[str]]:
+    """Chains with the same residue sequence (identical entities), each group sorted."""
+    sequences: dict[str, list] = {}
+    for atom in atoms:
+        residues = sequences.setdefault(atom.chain, [])
+        if not residues or residues[-1] != (atom.residue, atom.residue_name):
+            residues.append((atom.residue, atom.residue_name))
+    groups: dict[tuple, list[str]] = {}
+    for chain, residues in sequences.items():
+        groups.setdefault(tuple(residues), []).append(chain)
+    return [sorted(group) for group in groups.values()]
+
+
+def superpose(moving: np.ndarray, fixed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rotation R and translation t minimising |moving @ R.T + t - fixed| (Kabsch, float64)."""
+    moving_mean, fixed_mean = moving.mean(0), fixed.mean(0)
+    u, _, vt = np.linalg.svd((moving - moving_mean).T @ (fixed - fixed_mean))
+    sign = np.sign(np.linalg.det(u @ vt)) or 1.0
+    rotation = (u @ np.diag([1.0, 1.0, sign]) @ vt).T
+    return rotation, fixed_mean - moving_mean @ rotation.T
+
+
+def rmsd(x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.sqrt(((x - y) ** 2).sum(-1).mean()))
+
+
+def superposed_rmsd(x: np.ndarray, y: np.ndarray) -> float:
+    rotation, translation = superpose(x, y)
+    return rmsd(x @ rotation.T + translation, y)
+
+
+def lddt(predicted: np.ndarray, truth: np.ndarray, residue_ids: np.ndarray) -> float:
+    """Global lDDT of predicted against true positions [n, 3]: pairs within LDDT_RADIUS in the
+    truth, of atoms in different residues (residue_ids [n])."""
+    true_distances = np.linalg.norm(truth[:, None] - truth[None], axis=-1)
+    pairs = (true_distances < LDDT_RADIUS) & (residue_ids[:, None] != residue_ids[None])
+    if not pairs.any():
+        return math.nan
+    error = np.abs(np.linalg.norm(predicted[:, None] - predicted[None], axis=-1) - true_distances)[pairs]
+    return float(np.mean([(error < threshold).mean() for threshold in LDDT_THRESHOLDS]))
+
+
+def _assignments(groups: list[list[str]]):
+    """Every truth -> prediction chain map that permutes chains within their identical group."""
+    choices = [list(itertools.permutations(group)) if math.factorial(len(group)) <= MAX_PERMUTATIONS
+               else [tuple(group)] for group in groups]
+    for combination in itertools.product(*choices):
+        yield {chain: image for group, order in zip(groups, combination) for chain, image in zip(group, order)}
+
+
+def _matched(predicted: dict[Atom, np.ndarray], truth: dict[Atom, np.ndarray], chain_map: dict[str, str]):
+    """The truth's atoms that the prediction has under the mapped chain names, with both positions."""
+    pairs = [(key, replace(key, chain=chain_map.get(key.chain, key.chain))) for key in truth]
+    pairs = [(key, image) for key, image in pairs if image in predicted]
+    keys = [key for key, _ in pairs]
+    return keys, np.array([predicted[image] for _, image in pairs]), np.array([truth[key] for key in keys])
+
+
+def compare(predicted_path: Path, truth_path: Path) -> Scores:
+    predicted, truth = read_atoms(Path(predicted_path)), read_atoms(Path(truth_path))
+    best = None
+    for chain_map in _assignments(_chain_groups(truth)):
+        keys, x, y = _matched(predicted, truth, chain_map)
+        ca = [i for i, key in enumerate(keys) if key.polymer and key.name in BACKBONE_ATOMS]
+        if len(ca) < 3:
+            continue
+        fit = superposed_rmsd(x[ca], y[ca])
+        if best is None or fit < best[0]:
+            best = (fit, chain_map, keys, x, y, ca)
+    if best is None:
+        raise EvaluateError(f"{predicted_path}: fewer than 3 polymer CA / C4' atoms in common with {truth_path}")
+    ca_rmsd, chain_map, keys, x, y, ca = best
+    residue_index: dict[tuple, int] = {}
+    residue_ids = np.array([residue_index.setdefault((key.chain, key.residue), len(residue_index)) for key in keys])
+    rotation, translation = superpose(x[ca], y[ca])
+    ligand = [i for i, key in enumerate(keys) if not key.polymer]
+    chains = sorted({keys[i].chain for i in ca})
+    chain_ca_rmsd = {}
+    for chain in chains:
+        members = [i for i in ca if keys[i].chain == chain]
+        if len(members) >= 3:
+            chain_ca_rmsd[chain] = superposed_rmsd(x[members], y[members])
+    return Scores(
+        atoms=len(keys), ca_atoms=len(ca), ligand_atoms=len(ligand), ca_rmsd=ca_rmsd,
+        lddt=lddt(x, y, residue_ids), ca_lddt=lddt(x[ca], y[ca], residue_ids[ca]),
+        ligand_rmsd=rmsd(x[ligand] @ rotation.T + translation, y[ligand]) if ligand else None,
+        chain_ca_rmsd=chain_ca_rmsd, chain_map={chain: chain_map.get(chain, chain) for chain in chains})
+
+
+@click.command("evaluate", cls=BoundaryCommand)
+@click.argument("predicted", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--truth", required=True, type=click.Path(dir_okay=False), help="The true structure (mmCIF or PDB).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per predicted file instead of a table.")
+def evaluate_command(predicted, truth, as_json) -> None:
+    """Score predicted structures PREDICTED... against --truth: CA-RMSD (whole and per chain),
+    all-atom and CA lDDT, and the ligand RMSD after superposing the polymer."""
+    for path in (*predicted, truth):
+        if not Path(path).is_file():
+            raise UserError(f"{path}: no such file")
+    if not as_json:
+        click.echo("predicted\tCA-RMSD\tlDDT\tCA-lDDT\tligand-RMSD\tatoms")
+    for path in predicted:
+        try:
+            scores = compare(Path(path), Path(truth))
+        except EvaluateError as error:
+            raise UserError(str(error)) from error
+        if as_json:
+            click.echo(json.dumps({"predicted": str(path), **scores.as_dict()}))
+        else:
+            ligand = "-" if scores.ligand_rmsd is None else f"{scores.ligand_rmsd:.2f}"
+            click.echo(f"{path}\t{scores.ca_rmsd:.2f}\t{scores.lddt:.3f}\t{scores.ca_lddt:.3f}\t{ligand}\t{scores.atoms}")
