@@ -1,7 +1,8 @@
 """`featurecache evaluate`: how close a predicted structure is to the true one.
 
-Atoms are matched by chain (label_asym_id), residue number (label_seq_id, or the author number
-for ligands), residue name and atom name, over the heavy atoms the truth resolves. Chains of the
+Atoms are matched by author chain, author residue number (with insertion code), residue name and
+atom name, over the heavy atoms the truth resolves: `featurecache predict` keeps the input's author
+chains and numbers, while label chain ids of ligands differ between files. Chains of the
 same sequence may be predicted in either order (a homodimer's A and B), so the chain assignment
 within each group of identical chains is the one that fits the polymer CA atoms best, as AF3's
 evaluation does with its chain permutation.
@@ -43,8 +44,8 @@ class EvaluateError(ValueError):
 
 @dataclass(frozen=True)
 class Atom:
-    chain: str
-    residue: int
+    chain: str      # author chain (auth_asym_id): a ligand keeps its chain's
+    residue: str    # author residue number and insertion code
     residue_name: str
     name: str
     polymer: bool
@@ -81,11 +82,10 @@ def read_atoms(path: Path) -> dict[Atom, np.ndarray]:
     for chain in structure[0]:
         for residue in chain:
             polymer = _is_polymer_residue(residue.name)
-            number = residue.label_seq if residue.label_seq is not None else residue.seqid.num
             for atom in residue:
                 if atom.altloc not in ("\0", "A"):
                     continue  # the first alternative location only
-                key = Atom(residue.subchain or chain.name, number, residue.name, atom.name, polymer)
+                key = Atom(chain.name, str(residue.seqid), residue.name, atom.name, polymer)
                 atoms[key] = np.array(atom.pos.tolist())
     return atoms
 

@@ -56,7 +56,7 @@ UNIT = FiniteFloatRange(0.0, 1.0, max_open=True)
               help="N_cycle is drawn per step uniformly from 1 to this (AF3: 4, the presets' default); "
                    "--cuda-graphs always runs this many.")
 @click.option("--diffusion-batch", type=POSITIVE,
-              help="Noised copies of each structure per trunk pass (AF3: 48; default 48 for af3, 4 for tiny).")
+              help="Noised copies of each structure per trunk pass (AF3: 48; default 48 for af3, 16 for small, 4 for tiny).")
 @click.option("--crop-size", default=SampleConfig.crop_size, show_default=True, type=POSITIVE,
               help="Tokens per cropped sample.")
 @click.option("--msa-rows-per-sample", default=SampleConfig.msa_rows_per_sample, show_default=True, type=POSITIVE,

@@ -17,8 +17,8 @@ from featurecache.model.config import PRESETS
 # "auto": the Triton kernels on a CUDA device, the PyTorch references on the CPU.
 KERNEL_OPTIONS = ("auto", *KERNEL_CHOICES)
 # Noised copies of the ground truth per trunk pass when --diffusion-batch is not given: AF3's 48
-# for its preset, a few for `tiny` so that CPU runs stay quick.
-DEFAULT_DIFFUSION_BATCH = {"af3": 48, "tiny": 4}
+# for its preset, 16 for `small`, a few for `tiny` so that CPU runs stay quick.
+DEFAULT_DIFFUSION_BATCH = {"af3": 48, "small": 16, "tiny": 4}
 # Atoms a token holds at most (a nucleotide has up to 23 heavy atoms; ligand and modified-residue
 # tokens are one atom each) and token bonds per token (heavy atoms have at most 4 covalent
 # partners, each bond counted once): the fixed atom and bond axes of --static-shapes batches.
