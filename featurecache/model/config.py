@@ -154,21 +154,12 @@ PRESETS: dict[str, ModelConfig] = {
         # one confidence block; the PAE loss on (as AF3 fine-tunes) so that one step trains every weight
         confidence_blocks=1, pae_loss_weight=1.0,
     ),
-    # Between the two: every module at a quarter to two thirds of AF3's width and a sixth of its
-    # depth (~1/20 of its arithmetic), AF3's head sizes where the kernels tile by them (triangle
-    # attention 16, diffusion attention 48), for single-GPU experiments such as overfitting one
-    # target in minutes (benchmarks/learning.py).
+    # Between the two: AF3's widths and heads (the shapes the kernels are tuned for) at a sixth of
+    # its trunk depth and a third of its diffusion transformer's, for single-GPU experiments such
+    # as overfitting one target in minutes (benchmarks/learning.py).
     "small": ModelConfig(
-        c_s=256, c_z=64, c_m=32, c_template=32,
         num_pairformer_blocks=8, num_msa_blocks=2, num_template_blocks=1,
-        single_heads=8, single_head_dim=32,
-        pair_heads=4, pair_head_dim=16,
-        template_pair_heads=2, template_pair_head_dim=16,
-        msa_heads=4, msa_head_dim=8,
-        outer_product_dim=16,
-        c_atom=64, c_atompair=16, atom_blocks=2, atom_heads=4,
-        c_token_diffusion=384, diffusion_blocks=8, diffusion_heads=8, fourier_dim=128,
-        confidence_blocks=2,
+        diffusion_blocks=8, confidence_blocks=2,
     ),
 }
 
