@@ -204,6 +204,15 @@ class CacheDataset(torch.utils.data.Dataset):
     def num_tokens(self, index: int) -> int:
         return int(self._info[self.ids[index]]["num_tokens"])
 
+    @property
+    def max_atoms(self) -> int | None:
+        """Atoms the largest of these targets holds (the manifest's index), so no crop of them holds
+        more; None for a manifest without atom counts, or when later generations may hold more."""
+        counts = [self._info[target_id].get("num_atoms") for target_id in self.ids]
+        if self.follow_latest or not counts or None in counts:
+            return None
+        return int(max(counts))
+
     def set_epoch(self, epoch: int) -> None:
         """New crops for a new epoch; with `follow_latest`, also switch to the newest generation.
 

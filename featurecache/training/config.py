@@ -24,6 +24,9 @@ DEFAULT_DIFFUSION_BATCH = {"af3": 48, "small": 16, "tiny": 4}
 # partners, each bond counted once): the fixed atom and bond axes of --static-shapes batches.
 ATOMS_PER_TOKEN_BOUND = 24
 BONDS_PER_TOKEN_BOUND = 3
+# Fixed atom axes bounded by the cache's largest target are rounded up to whole atom-attention
+# key windows (ModelConfig.atom_window_keys in every preset).
+ATOM_PAD_MULTIPLE = 128
 
 
 class TrainSetupError(ValueError):

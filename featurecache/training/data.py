@@ -9,7 +9,8 @@ import numpy as np
 import torch
 
 from featurecache.loader import CacheDataset, collate
-from featurecache.training.config import ATOMS_PER_TOKEN_BOUND, BONDS_PER_TOKEN_BOUND, TrainConfig, TrainSetupError
+from featurecache.training.config import (
+    ATOM_PAD_MULTIPLE, ATOMS_PER_TOKEN_BOUND, BONDS_PER_TOKEN_BOUND, TrainConfig, TrainSetupError)
 from featurecache.training.distributed import Dist
 from featurecache.training.sampler import EpochBatchSampler, WeightedBatchSampler
 
@@ -83,8 +84,14 @@ def fixed_sizes(config: TrainConfig, dataset) -> dict[str, int] | None:
     except ValueError as error:
         raise _setup_error("--cache", config.cache, error) from None
     crop = config.sample.crop_size
+    atoms = crop * ATOMS_PER_TOKEN_BOUND
+    largest_target = getattr(dataset, "max_atoms", None)
+    if largest_target is not None:
+        # A crop never holds more atoms than its whole target: on a cache of small or protein-only
+        # targets this bound is several times tighter than 24 per token, and so is the atom work.
+        atoms = min(atoms, -(-largest_target // ATOM_PAD_MULTIPLE) * ATOM_PAD_MULTIPLE)
     return {"token": crop, "msa": config.sample.msa_rows_per_sample, "template": templates,
-            "atom": crop * ATOMS_PER_TOKEN_BOUND, "token_bond": crop * BONDS_PER_TOKEN_BOUND}
+            "atom": atoms, "token_bond": crop * BONDS_PER_TOKEN_BOUND}
 
 
 def make_batch_sampler(dataset, config: TrainConfig, world: Dist, start_epoch: int = 0, start_sample: int = 0,
