@@ -145,6 +145,49 @@ kernels() {
     python3 benchmarks/evo768_sweep.py --budget-s "${2:-170}" 2>&1 | tee "$OUTDIR/evo768.txt"
 }
 
+# Issue 33's overfit (benchmarks/learning.py: train, predict, evaluate through the CLI), longer than
+# one call: started under setsid in one call, collected in the next, issued at once (a machine
+# is taken back 30 s after a call).
+#   here, once:  bash benchmarks/device_plan.sh learn_prepare   (.devdata/learn721p and its truth)
+#   1. ~30 + 560 s  run(command="bash benchmarks/device_plan.sh learn_start 13", carry=[".whl-core", ".devdata"], timeout_s=600)
+#   2. ~30 + 300 s  run(command="bash benchmarks/device_plan.sh learn_collect", carry=[".whl-core", ".devdata"], timeout_s=600)
+#   here:  python3 benchmarks/learning.py --record-only FILES/learn && python3 benchmarks/learning.py --plot FILES/learn
+LEARN_OUT=/root/learn
+LEARN="--cache .devdata/learn721p --truth .devdata/truth/721p-assembly1.cif --preset small --crop-size 416
+       --diffusion-batch 32 --lr 1e-3 --warmup 100 --ema-decay 0.99 --checkpoint-every 250 --eval-every 500"
+
+learn_prepare() {
+    local data=../shared/data
+    rm -rf .devdata/learn721p .devdata/truth .devdata/learn-alignments
+    mkdir -p .devdata/truth .devdata/learn-alignments
+    cp "$data"/structures/721p-assembly1.cif .devdata/truth/
+    for path in "$data"/alignments/pdb/721p-*.a3m; do  # the query and the next 1023 sequences
+        awk '/^>/ { n++ } n > 1024 { exit } { print }' "$path" > .devdata/learn-alignments/"$(basename "$path")"
+    done
+    featurecache precompute .devdata/truth --cache .devdata/learn721p --alignments .devdata/learn-alignments \
+        --executor inline --shards 1 --no-progress
+    rm -rf .devdata/learn-alignments
+}
+
+learn_start() {
+    device_setup
+    rm -rf "$LEARN_OUT" && mkdir -p "$LEARN_OUT"
+    setsid nohup python3 benchmarks/learning.py $LEARN --minutes "${1:-13}" --out "$LEARN_OUT" \
+        > "$LEARN_OUT/log.txt" 2>&1 < /dev/null &
+    sleep "${2:-550}"
+    grep -v '^step ' "$LEARN_OUT/log.txt" | tail -5
+    tail -c 300 "$LEARN_OUT/run/log.jsonl" 2>/dev/null || true
+}
+
+learn_collect() {
+    device_setup
+    while [ ! -f "$LEARN_OUT/learning.json" ] && pgrep -f benchmarks/learning.py > /dev/null; do sleep 5; done
+    mkdir -p "$OUTDIR/learn/run"
+    cp "$LEARN_OUT"/learning.json "$LEARN_OUT"/log.txt "$OUTDIR/learn/" || true
+    cp "$LEARN_OUT"/run/log.jsonl "$OUTDIR/learn/run/" || true
+    grep -v '^step ' "$LEARN_OUT/log.txt" | tail -12
+}
+
 # The same invocations at tiny sizes on the CPU (here; PYTHONPATH must hold protenix for c):
 # a = call 3 (aot_eager: inductor's C++ compilation of the blocks took > 15 min on 2 busy cores),
 # b = the triton variants (interpreted; triton+graphs reports "needs a CUDA device"), c = call 1's
@@ -162,4 +205,4 @@ smoke() {
         --crop-step 8 --crop-limit 32 --crop-budget-s 300 --out "$out/d"
 }
 
-"${1:?usage: device_plan.sh prepare|call1|call2|call3|peer|compile|kernels|smoke [OUT]}" "${@:2}"
+"${1:?usage: device_plan.sh prepare|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|smoke [OUT]}" "${@:2}"

@@ -12,8 +12,10 @@
    ligand RMSD after superposing the polymer. The table gives the top-ranked sample (AF3's
    ranking) and the best of the samples per checkpoint: the learning curve.
 
-The curve and the run's settings go to OUT/learning.json; with --record, to RESULTS.md and
-results.csv (benchmark "learning"). `featurecache plot OUT/run` draws the training losses;
+The curve, the run's settings and its stamp go to OUT/learning.json; with --record (or later,
+where OUT came back to: --record-only OUT), to RESULTS.md and results.csv (benchmark "learning").
+A run longer than one device call: start this script under setsid in one call and collect OUT in
+the next (benchmarks/device_plan.sh learn-start / learn-collect). `featurecache plot OUT/run` draws the training losses;
 `python3 benchmarks/learning.py --plot OUT` draws the curve next to them (OUT/learning.png).
 On the CPU, --smoke runs the same path at the tiny preset for a few steps (a check, not a figure).
 """
@@ -21,6 +23,7 @@ On the CPU, --smoke runs the same path at the tiny preset for a few steps (a che
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -60,9 +63,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--record", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny preset, a few steps, on the CPU")
     parser.add_argument("--plot", type=pathlib.Path, metavar="OUT", help="only draw OUT/learning.json")
+    parser.add_argument("--record-only", type=pathlib.Path, metavar="OUT",
+                        help="only record OUT/learning.json (a run made elsewhere, e.g. on the GPU machine)")
     args = parser.parse_args(argv)
-    if args.plot is None and (args.cache is None or args.truth is None):
-        parser.error("--cache and --truth are required (or --plot OUT)")
+    if args.plot is None and args.record_only is None and (args.cache is None or args.truth is None):
+        parser.error("--cache and --truth are required (or --plot OUT, or --record-only OUT)")
     if args.smoke:
         args.preset, args.steps, args.checkpoint_every, args.eval_every = "tiny", 4, 2, 2
         args.samples, args.sampler_steps, args.cycles, args.diffusion_batch, args.crop_size = 1, 2, 1, 2, 64
@@ -136,10 +141,10 @@ def curve_table(curve: list[dict]) -> str:
 
 
 def record(args, result: dict) -> None:
-    from harness import run_stamp
+    from harness import RunStamp
     from records import Row, record as record_rows
 
-    stamp = run_stamp()
+    stamp = RunStamp(**result["stamp"])
     shape = f"{args.key}, crop {args.crop_size}, {args.preset} preset, {result['steps_done']} steps"
     rows = [Row("learning", f"featurecache ({point_name})", f"{shape}; checkpoint {point['step']}", metric, value)
             for point in result["curve"] for point_name in ("top_ranked", "best_of_samples")
@@ -193,7 +198,11 @@ def main(argv=None) -> None:
     if args.plot is not None:
         print(plot(args.plot))
         return
+    if args.record_only is not None:
+        record_only(args.record_only)
+        return
     import torch
+    from harness import run_stamp
 
     cuda = torch.cuda.is_available() and not args.smoke
     args.out.mkdir(parents=True, exist_ok=True)
@@ -205,12 +214,22 @@ def main(argv=None) -> None:
     for step, checkpoint in checkpoints_to_score(run_dir, args.eval_every):
         curve.append(score(args, step, checkpoint, args.out))
         print(curve_table(curve[-1:]).splitlines()[-1], flush=True)
-    result = {"command": " ".join(sys.argv), "train_s": train_s, "stopped": stopped, "steps_done": steps_done,
-              "curve": curve, "targets": TARGETS}
+    result = {"command": " ".join(sys.argv), "args": {name: str(value) if isinstance(value, pathlib.Path) else value
+                                                      for name, value in vars(args).items()},
+              "stamp": dataclasses.asdict(run_stamp()), "train_s": train_s, "stopped": stopped,
+              "steps_done": steps_done, "curve": curve, "targets": TARGETS}
     (args.out / "learning.json").write_text(json.dumps(result, indent=1))
     print(curve_table(curve))
     if args.record:
         record(args, result)
+
+
+def record_only(out: pathlib.Path) -> None:
+    """Record a run whose OUT came back from another machine (its stamp is the run's own)."""
+    result = json.loads((out / "learning.json").read_text())
+    args = argparse.Namespace(**result["args"])
+    record(args, result)
+    print(curve_table(result["curve"]))
 
 
 if __name__ == "__main__":
