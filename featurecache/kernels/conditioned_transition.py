@@ -284,14 +284,13 @@ def conditioned_transition_fwd(a, scale, shift, gate, weight_a, weight_b, weight
     mean = torch.empty(n_rows, device=a.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
     config, block_m, block_h, block_c = _tiles("fwd", n_ch, n_hidden, a.element_size())
-    _conditioned_transition_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
-        a, scale, shift, gate, weight_a, weight_b, weight_out, y, out, mean, rstd,
-        n_rows, n_ch, n_hidden, n_tokens, n_samples, eps,
-        S_SHARED=shared,
-        PRECISION=runtime.dot_precision(a.dtype),
-        BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_C=block_c,
-        **runtime.launch_options(config),
-    )
+    runtime.launch_fitting(
+        _conditioned_transition_fwd_kernel, (triton.cdiv(n_rows, block_m),),
+        (a, scale, shift, gate, weight_a, weight_b, weight_out, y, out, mean, rstd,
+         n_rows, n_ch, n_hidden, n_tokens, n_samples, eps),
+        dict(S_SHARED=shared, PRECISION=runtime.dot_precision(a.dtype), BLOCK_M=block_m, BLOCK_H=block_h,
+             BLOCK_C=block_c, **runtime.launch_options(config)),
+        shrinkable=("BLOCK_H",))
     return y, out, mean, rstd
 
 
@@ -310,15 +309,13 @@ def conditioned_transition_bwd(dy, a, scale, shift, gate, weight_a, weight_b, we
     x = torch.empty((n_rows, n_ch), device=device, dtype=a.dtype)
     d_out = torch.empty_like(x)
     config, block_m, block_h, block_c = _tiles("bwd", n_ch, n_hidden, a.element_size())
-    _conditioned_transition_bwd_kernel[(triton.cdiv(n_rows, block_m),)](
-        a, dy, scale, shift, gate, weight_a, weight_b, weight_out, out, mean, rstd,
-        da, d_cond[0], d_cond[1], d_cond[2], d_ab, hidden, x, d_out,
-        n_rows, n_ch, n_hidden, n_tokens, n_samples,
-        S_SHARED=shared,
-        PRECISION=runtime.dot_precision(a.dtype),
-        BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_C=block_c,
-        **runtime.launch_options(config),
-    )
+    runtime.launch_fitting(
+        _conditioned_transition_bwd_kernel, (triton.cdiv(n_rows, block_m),),
+        (a, dy, scale, shift, gate, weight_a, weight_b, weight_out, out, mean, rstd,
+         da, d_cond[0], d_cond[1], d_cond[2], d_ab, hidden, x, d_out, n_rows, n_ch, n_hidden, n_tokens, n_samples),
+        dict(S_SHARED=shared, PRECISION=runtime.dot_precision(a.dtype), BLOCK_M=block_m, BLOCK_H=block_h,
+             BLOCK_C=block_c, **runtime.launch_options(config)),
+        shrinkable=("BLOCK_H",))
     d_scale, d_shift, d_gate = _conditioning_grads(d_cond, shared, (scale, shift, gate))
     d_wab = d_ab.t() @ x  # [2 * n_hidden, C]
     return (da, d_scale, d_shift, d_gate, d_wab[:n_hidden].to(weight_a.dtype), d_wab[n_hidden:].to(weight_b.dtype),

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import triton
+import triton.runtime.errors
 
 # The kernel switch, one name everywhere (modules, ModelConfig, the CLI's --kernels):
 # "triton" runs the kernels of this package, "torch" the pure-PyTorch references.
@@ -160,6 +161,44 @@ def weight_grads_by_matmul(op: str) -> bool:
 def launch_options(config: dict[str, Any]) -> dict[str, int]:
     """The keyword arguments of a kernel launch that a config entry holds besides block sizes."""
     return {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+
+
+# (kernel, its arguments' sizes and launch options) -> the options that fit the GPU's shared memory
+_FITTED_OPTIONS: dict[tuple, dict[str, Any]] = {}
+
+
+def launch_fitting(kernel, grid: tuple, args: tuple, options: dict[str, Any],
+                   shrinkable: tuple[str, ...] = ()) -> None:
+    """Launch `kernel[grid](*args, **options)`; when its compiled form needs more shared memory
+    than the GPU has, retry with one pipeline stage, then with each block in `shrinkable` halved
+    (never below 16; only blocks the grid and the outputs do not depend on), and remember what fit.
+
+    The tuned configs bound tiles by element counts, which cannot foresee every width (a
+    c = 256 transition needed 264 KiB of an H200's 227 KiB): this makes any width run. Triton
+    raises before launching, so a retry repeats no work and writes nothing twice."""
+    sizes = tuple(arg.shape if isinstance(arg, torch.Tensor) else arg for arg in args)
+    key = (kernel, sizes, tuple(sorted(options.items())))
+    fitted = _FITTED_OPTIONS.get(key, options)
+    while True:
+        try:
+            kernel[grid](*args, **fitted)
+        except triton.runtime.errors.OutOfResources:
+            smaller = _smaller_options(fitted, shrinkable)
+            if smaller is None:
+                raise
+            fitted = smaller
+            continue
+        _FITTED_OPTIONS[key] = fitted
+        return
+
+
+def _smaller_options(options: dict[str, Any], shrinkable: tuple[str, ...]) -> dict[str, Any] | None:
+    if options.get("num_stages", 1) > 1:
+        return {**options, "num_stages": 1}
+    for name in shrinkable:
+        if options[name] > 16:
+            return {**options, name: options[name] // 2}
+    return None
 
 
 # --------------------------------------------------------------------------------------------

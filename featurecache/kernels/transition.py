@@ -186,13 +186,12 @@ def transition_fwd(x2d, norm_weight, norm_bias, weight_a, weight_b, weight_out, 
     mean = torch.empty(n_rows, device=x2d.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
     config, block_m, block_h, block_c = _tiles("fwd", n_ch, n_hidden, x2d.element_size())
-    _transition_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
-        x2d, norm_weight, norm_bias, weight_a, weight_b, weight_out, y, mean, rstd,
-        n_rows, n_ch, n_hidden, eps,
-        PRECISION=runtime.dot_precision(x2d.dtype),
-        BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_C=block_c,
-        **runtime.launch_options(config),
-    )
+    runtime.launch_fitting(
+        _transition_fwd_kernel, (triton.cdiv(n_rows, block_m),),
+        (x2d, norm_weight, norm_bias, weight_a, weight_b, weight_out, y, mean, rstd, n_rows, n_ch, n_hidden, eps),
+        dict(PRECISION=runtime.dot_precision(x2d.dtype), BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_C=block_c,
+             **runtime.launch_options(config)),
+        shrinkable=("BLOCK_H",))
     return y, mean, rstd
 
 
@@ -219,15 +218,13 @@ def transition_bwd(dy, x2d, norm_weight, norm_bias, weight_a, weight_b, weight_o
     dx = torch.empty_like(x2d)
     dnorm_w_part = torch.empty((n_tiles, n_ch), device=device, dtype=torch.float32)
     dnorm_b_part = torch.empty_like(dnorm_w_part)
-    _transition_bwd_dx_kernel[(n_tiles,)](
-        x2d, dy, norm_weight, norm_bias, weight_a, weight_b, weight_out, mean, rstd,
-        dx, dnorm_w_part, dnorm_b_part, d_ab, hidden, xn,
-        n_rows, n_ch, n_hidden,
-        STORE_FOR_WEIGHTS=matmul_weights,
-        PRECISION=precision,
-        BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_C=block_c,
-        **runtime.launch_options(config),
-    )
+    runtime.launch_fitting(
+        _transition_bwd_dx_kernel, (n_tiles,),
+        (x2d, dy, norm_weight, norm_bias, weight_a, weight_b, weight_out, mean, rstd,
+         dx, dnorm_w_part, dnorm_b_part, d_ab, hidden, xn, n_rows, n_ch, n_hidden),
+        dict(STORE_FOR_WEIGHTS=matmul_weights, PRECISION=precision, BLOCK_M=block_m, BLOCK_H=block_h,
+             BLOCK_C=block_c, **runtime.launch_options(config)),
+        shrinkable=("BLOCK_H",))
 
     d_norm_w = dnorm_w_part.sum(0).to(norm_weight.dtype)
     d_norm_b = dnorm_b_part.sum(0).to(norm_bias.dtype)
@@ -243,14 +240,12 @@ def transition_bwd(dy, x2d, norm_weight, norm_bias, weight_a, weight_b, weight_o
     dwa_part = torch.empty((n_splits, n_hidden, n_ch), device=device, dtype=torch.float32)
     dwb_part = torch.empty_like(dwa_part)
     dwo_part = torch.empty((n_splits, n_ch, n_hidden), device=device, dtype=torch.float32)
-    _transition_bwd_dw_kernel[(n_hidden_tiles, n_splits)](
-        x2d, dy, norm_weight, norm_bias, weight_a, weight_b, weight_out, mean, rstd,
-        dwa_part, dwb_part, dwo_part,
-        n_rows, n_ch, n_hidden, n_splits,
-        PRECISION=precision,
-        BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_C=block_c,
-        **runtime.launch_options(config),
-    )
+    runtime.launch_fitting(  # BLOCK_H sets the grid and the partial sums here: not shrinkable
+        _transition_bwd_dw_kernel, (n_hidden_tiles, n_splits),
+        (x2d, dy, norm_weight, norm_bias, weight_a, weight_b, weight_out, mean, rstd,
+         dwa_part, dwb_part, dwo_part, n_rows, n_ch, n_hidden, n_splits),
+        dict(PRECISION=precision, BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_C=block_c,
+             **runtime.launch_options(config)))
     return (
         dx,
         d_norm_w,

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import triton.runtime.errors
 from triton import knobs
 
 from featurecache.kernels import runtime
@@ -45,3 +46,36 @@ def test_old_impl_keyword_warns_and_selects_the_same_path():
     assert module.kernels == "torch"
     with pytest.raises(ValueError, match=r"kernels must be one of \('triton', 'torch'\), got 'cuda'"):
         LayerNormLinear(8, 4, kernels="cuda")
+
+
+class _KernelNeedingSmallTiles:
+    """A launchable whose compiled form fits shared memory only at num_stages 1 and BLOCK_H <= 32,
+    as Triton's JIT functions raise OutOfResources before launching."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **options):
+            if options["num_stages"] > 1 or options["BLOCK_H"] > 32:
+                raise triton.runtime.errors.OutOfResources(270336, 232448, "shared memory")
+            self.launches.append((grid, args, options))
+        return launch
+
+
+def test_launch_fitting_shrinks_until_the_kernel_fits_and_remembers_it():
+    kernel = _KernelNeedingSmallTiles()
+    options = {"BLOCK_M": 64, "BLOCK_H": 128, "num_warps": 8, "num_stages": 2}
+    x = torch.zeros(5, 7)
+    runtime.launch_fitting(kernel, (3,), (x, 5), options, shrinkable=("BLOCK_H",))
+    assert kernel.launches == [((3,), (x, 5), {"BLOCK_M": 64, "BLOCK_H": 32, "num_warps": 8, "num_stages": 1})]
+    assert options["BLOCK_H"] == 128  # the caller's options are not changed
+    runtime.launch_fitting(kernel, (3,), (x, 5), options, shrinkable=("BLOCK_H",))
+    assert len(kernel.launches) == 2 and kernel.launches[1][2]["BLOCK_H"] == 32
+
+
+def test_launch_fitting_gives_up_when_nothing_is_left_to_shrink():
+    kernel = _KernelNeedingSmallTiles()
+    with pytest.raises(triton.runtime.errors.OutOfResources):
+        runtime.launch_fitting(kernel, (1,), (), {"BLOCK_H": 64, "num_warps": 4, "num_stages": 2})
+    assert kernel.launches == []
