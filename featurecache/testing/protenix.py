@@ -227,3 +227,55 @@ def pairformer_block_map(c_s: int) -> Mapping:
         **under("attention.", "attention_pair_bias.", attention_pair_bias_map(c_s)),
         **under("transition.", "single_transition.", transition_map()),
     }
+
+
+def scaled(name: str, factor: float, why: str) -> Source:
+    """The Protenix parameter times `factor`: where Protenix applies a constant to a parameter
+    that AF3 (and featurecache) does not, for the inputs a comparison uses."""
+    return Source((name,), lambda tensors, shape: tensors[0] * factor, why)
+
+
+# Protenix's OuterProductMean (OpenFold's) divides by (valid rows + 1e-3) after its output Linear
+# (bias included); AF3's Algorithm 9 and featurecache take the mean first, then the Linear.
+OUTER_PRODUCT_EPS = 1e-3
+
+
+def outer_product_mean_map(msa_rows: int) -> Mapping:
+    """featurecache.model.layers.OuterProductMean <- OuterProductMean. featurecache packs a and b
+    in one matrix with a bias (zero here: Protenix's and AF3's are LinearNoBias); Protenix's
+    output bias is divided by the row count with everything else, which for `msa_rows` valid rows
+    at every pair is featurecache's bias scaled by 1 / (msa_rows + eps)."""
+    return {
+        "proj.norm.weight": same("layer_norm.weight"), "proj.norm.bias": same("layer_norm.bias"),
+        "proj.linear.weight": rows("linear_1.weight", "linear_2.weight"),
+        "proj.linear.bias": zeros("the a, b projections' bias (Protenix and AF3: LinearNoBias)"),
+        "linear_out.weight": same("linear_out.weight"),
+        "linear_out.bias": scaled("linear_out.bias", 1.0 / (msa_rows + OUTER_PRODUCT_EPS),
+                                  "Protenix divides its output bias by the row count"),
+    }
+
+
+def pair_weighted_averaging_map() -> Mapping:
+    """featurecache.model.layers.PairWeightedAveraging <- MSAPairWeightedAveraging: values and
+    gate packed in one matrix."""
+    return {
+        "proj.norm.weight": same("layernorm_m.weight"), "proj.norm.bias": same("layernorm_m.bias"),
+        "proj.linear.weight": rows("linear_no_bias_mv.weight", "linear_no_bias_mg.weight"),
+        "pair_bias.norm.weight": same("layernorm_z.weight"), "pair_bias.norm.bias": same("layernorm_z.bias"),
+        "pair_bias.linear.weight": same("linear_no_bias_z.weight"),
+        "linear_out.weight": same("linear_no_bias_out.weight"),
+    }
+
+
+def msa_block_map(msa_rows: int, last: bool) -> Mapping:
+    """featurecache.model.msa.MSABlock <- protenix MSABlock (its pair stack a PairformerBlock with
+    c_s = 0)."""
+    mapping = {
+        **under("outer_product_mean.", "outer_product_mean_msa.", outer_product_mean_map(msa_rows)),
+        **under("pair.", "pair_stack.", pair_stack_map()),
+    }
+    if not last:
+        mapping.update(under("pair_weighted_averaging.", "msa_stack.msa_pair_weighted_averaging.",
+                             pair_weighted_averaging_map()))
+        mapping.update(under("msa_transition.", "msa_stack.transition_m.", transition_map()))
+    return mapping
