@@ -279,3 +279,110 @@ def msa_block_map(msa_rows: int, last: bool) -> Mapping:
                              pair_weighted_averaging_map()))
         mapping.update(under("msa_transition.", "msa_stack.transition_m.", transition_map()))
     return mapping
+
+
+# --- the conditioned transformer (Algorithms 23-26) and atom attention (Algorithms 5-7) ------------
+
+
+def adaptive_layernorm_map() -> Mapping:
+    """featurecache.model.transformer.AdaptiveLayerNorm <- primitives.AdaptiveLayerNorm."""
+    return {"norm_s.weight": same("layernorm_s.weight"), "scale.weight": same("linear_s.weight"),
+            "scale.bias": same("linear_s.bias"), "shift.weight": same("linear_nobias_s.weight")}
+
+
+def conditioned_transformer_block_map() -> Mapping:
+    """featurecache.model.transformer.ConditionedTransformerBlock <- DiffusionTransformerBlock with
+    cross_attention_mode=False (one AdaLN for queries, keys and values; q, k, v and gate packed,
+    q's bias separate; the pair LayerNorm without offset in Protenix, zero here)."""
+    return {
+        **under("attention.adaln.", "attention_pair_bias.layernorm_a.", adaptive_layernorm_map()),
+        "attention.proj.weight": rows(*(f"attention_pair_bias.attention.linear_{name}.weight"
+                                        for name in ("q", "k", "v", "g"))),
+        "attention.query_bias": same("attention_pair_bias.attention.linear_q.bias"),
+        "attention.pair_bias.norm.weight": same("attention_pair_bias.layernorm_z.weight"),
+        "attention.pair_bias.norm.bias": zeros("the pair LayerNorm's offset (Protenix: create_offset=False)"),
+        "attention.pair_bias.linear.weight": same("attention_pair_bias.linear_nobias_z.weight"),
+        "attention.linear_out.weight": same("attention_pair_bias.attention.linear_o.weight"),
+        "attention.output_gate.weight": same("attention_pair_bias.linear_a_last.weight"),
+        "attention.output_gate.bias": same("attention_pair_bias.linear_a_last.bias"),
+        **under("transition.adaln.", "conditioned_transition_block.adaln.", adaptive_layernorm_map()),
+        "transition.linear_a.weight": same("conditioned_transition_block.linear_nobias_a1.weight"),
+        "transition.linear_b.weight": same("conditioned_transition_block.linear_nobias_a2.weight"),
+        "transition.linear_out.weight": same("conditioned_transition_block.linear_nobias_b.weight"),
+        "transition.output_gate.weight": same("conditioned_transition_block.linear_s.weight"),
+        "transition.output_gate.bias": same("conditioned_transition_block.linear_s.bias"),
+    }
+
+
+def conditioned_transformer_map(num_blocks: int) -> Mapping:
+    """featurecache.model.transformer.ConditionedTransformer <- DiffusionTransformer."""
+    mapping = {}
+    for index in range(num_blocks):
+        mapping.update(under(f"blocks.{index}.", f"blocks.{index}.", conditioned_transformer_block_map()))
+    return mapping
+
+
+def columns(*names: str) -> Source:
+    """Protenix's matrices side by side along the input dimension, as featurecache concatenates
+    their inputs into one feature vector."""
+    return Source(tuple(names), lambda tensors, shape: torch.cat(tensors, dim=1))
+
+
+def atom_attention_encoder_map(num_blocks: int, with_trunk: bool) -> Mapping:
+    """featurecache.model.atom_attention.AtomAttentionEncoder <- AtomAttentionEncoder.
+
+    featurecache's reference features are [ref_pos 3 | ref_charge 1 | ref_mask 1 | element 128 |
+    name characters 4 x 64] through one matrix; Protenix has one matrix for ref_pos, one for the
+    charge and one for [ref_mask | element | name characters]: side by side, they are the same
+    product. (Protenix feeds arcsinh(ref_charge) and multiplies the result by ref_mask: the
+    comparison says how it matches those.)"""
+    mapping = {
+        "from_reference.weight": columns("linear_no_bias_ref_pos.weight", "linear_no_bias_ref_charge.weight",
+                                         "linear_no_bias_f.weight"),
+        "pair_from_offset.weight": same("linear_no_bias_d.weight"),
+        "pair_from_distance.weight": same("linear_no_bias_invd.weight"),
+        "pair_from_same_space.weight": same("linear_no_bias_v.weight"),
+        "pair_from_query.weight": same("linear_no_bias_cl.weight"),
+        "pair_from_key.weight": same("linear_no_bias_cm.weight"),
+        **{f"pair_mlp.{index}.weight": same(f"small_mlp.{index}.weight") for index in (1, 3, 5)},
+        **under("atom_transformer.transformer.", "atom_transformer.diffusion_transformer.",
+                conditioned_transformer_map(num_blocks)),
+        "to_token.weight": same("linear_no_bias_q.weight"),
+    }
+    if with_trunk:
+        mapping.update({
+            "from_trunk_single.norm.weight": same("layernorm_s.weight"),
+            "from_trunk_single.norm.bias": zeros("the trunk single's LayerNorm offset (Protenix: none)"),
+            "from_trunk_single.linear.weight": same("linear_no_bias_s.weight"),
+            "from_trunk_pair.norm.weight": same("layernorm_z.weight"),
+            "from_trunk_pair.norm.bias": zeros("the trunk pair's LayerNorm offset (Protenix: none)"),
+            "from_trunk_pair.linear.weight": same("linear_no_bias_z.weight"),
+            "from_positions.weight": same("linear_no_bias_r.weight"),
+        })
+    return mapping
+
+
+def atom_attention_decoder_map(num_blocks: int) -> Mapping:
+    """featurecache.model.atom_attention.AtomAttentionDecoder <- AtomAttentionDecoder."""
+    return {
+        "from_token.weight": same("linear_no_bias_a.weight"),
+        **under("atom_transformer.transformer.", "atom_transformer.diffusion_transformer.",
+                conditioned_transformer_map(num_blocks)),
+        "to_positions.norm.weight": same("layernorm_q.weight"),
+        "to_positions.norm.bias": zeros("the output LayerNorm's offset (Protenix: none)"),
+        "to_positions.linear.weight": same("linear_no_bias_out.weight"),
+    }
+
+
+def protenix_atom_transformer_without_cross_attention(atom_transformer: nn.Module, config: ModelConfig) -> None:
+    """Rebuild a Protenix AtomTransformer's blocks with its cross_attention_mode off.
+
+    Protenix's atom transformer (cross_attention_mode=True) computes keys and values from a second
+    AdaLN applied to the queries' AdaLN output, AdaLN_kv(AdaLN_q(a, s), s); featurecache (one
+    AdaLN for all three) and AF3 (a separate AdaLN of a for the keys) differ from that. With the
+    mode off, Protenix's own code runs one AdaLN, featurecache's function (docs/FIDELITY.md)."""
+    from protenix.model.modules.transformer import DiffusionTransformer
+
+    atom_transformer.diffusion_transformer = DiffusionTransformer(
+        n_blocks=config.atom_blocks, n_heads=config.atom_heads, c_a=config.c_atom, c_s=config.c_atom,
+        c_z=config.c_atompair, cross_attention_mode=False)
