@@ -129,20 +129,21 @@ class NameMapError(AssertionError):
 
 @torch.no_grad()
 def copy_weights(protenix_module: nn.Module, featurecache_module: nn.Module, mapping: Mapping) -> None:
-    """Set every parameter of `featurecache_module` from `protenix_module` through `mapping`.
+    """Set every parameter and persistent buffer (the Fourier embedding's frozen weights) of
+    `featurecache_module` from `protenix_module`'s through `mapping`.
 
-    Raises NameMapError naming every featurecache parameter the map does not set, every name it
-    sets that is no parameter, every Protenix parameter it does not use, every Protenix name it
-    reads that does not exist, and every shape that differs."""
-    ours = dict(featurecache_module.named_parameters())
-    theirs = dict(protenix_module.named_parameters())
+    Raises NameMapError naming every featurecache tensor the map does not set, every name it sets
+    that is no tensor there, every Protenix tensor it does not use, every Protenix name it reads
+    that does not exist, and every shape that differs."""
+    ours = featurecache_module.state_dict(keep_vars=True)
+    theirs = protenix_module.state_dict(keep_vars=True)
     used = {name for source in mapping.values() for name in source.names}
     problems = []
-    problems += [f"featurecache parameter {name} {tuple(ours[name].shape)} is not mapped"
+    problems += [f"featurecache tensor {name} {tuple(ours[name].shape)} is not mapped"
                  for name in sorted(set(ours) - set(mapping))]
     problems += [f"the map sets {name}, which featurecache's module does not have"
                  for name in sorted(set(mapping) - set(ours))]
-    problems += [f"Protenix parameter {name} {tuple(theirs[name].shape)} is not used"
+    problems += [f"Protenix tensor {name} {tuple(theirs[name].shape)} is not used"
                  for name in sorted(set(theirs) - used)]
     problems += [f"the map reads {name}, which Protenix's module does not have"
                  for name in sorted(used - set(theirs))]
@@ -386,3 +387,65 @@ def protenix_atom_transformer_without_cross_attention(atom_transformer: nn.Modul
     atom_transformer.diffusion_transformer = DiffusionTransformer(
         n_blocks=config.atom_blocks, n_heads=config.atom_heads, c_a=config.c_atom, c_s=config.c_atom,
         c_z=config.c_atompair, cross_attention_mode=False)
+
+
+# --- the diffusion module (Algorithms 20-22) and the relative position encoding (Algorithm 3) ------
+
+
+def layernorm_linear_map(norm: str, linear: str, norm_offset: bool = False) -> Mapping:
+    """featurecache's LayerNormLinear (no linear bias) <- a Protenix LayerNorm and LinearNoBias;
+    Protenix builds most of these LayerNorms without offset (create_offset=False: zero here)."""
+    return {
+        "norm.weight": same(f"{norm}.weight"),
+        "norm.bias": same(f"{norm}.bias") if norm_offset else zeros(f"{norm}'s offset (Protenix: none)"),
+        "linear.weight": same(f"{linear}.weight"),
+    }
+
+
+def relative_position_map(chain_gated_on_entity: bool, max_residue: int, max_chain: int) -> Mapping:
+    """featurecache.model.embedders.RelativePositionEncoding <- RelativePositionEncoding: the same
+    features [residue offset | token offset | same entity | chain offset] in the same order.
+
+    Protenix (as AF3) encodes the chain offset sym_i - sym_j for every pair of one entity (its own
+    chain included: offset 0, column s_max) and "other entity" (column 2 s_max + 1) otherwise.
+    With `chain_gated_on_entity` False, featurecache's (current) encoding: the offset for pairs of
+    different chains and column 2 s_max + 1 for a chain with itself. On a sample whose tokens are
+    all of one entity the two differ only in which column a chain's pairs with itself read: the
+    map swaps those two columns, which makes the functions equal on such samples (and only
+    there: the comparison builds one)."""
+    if chain_gated_on_entity:
+        return {"linear.weight": same("linear_no_bias.weight")}
+    chain_start = 2 * (2 * max_residue + 2) + 1
+    same_chain, other_entity = chain_start + max_chain, chain_start + 2 * max_chain + 1
+
+    def swap(tensors, shape):
+        weight = tensors[0].clone()
+        weight[:, [same_chain, other_entity]] = weight[:, [other_entity, same_chain]]
+        return weight
+    return {"linear.weight": Source(("linear_no_bias.weight",), swap,
+                                    "one entity: the own-chain column is featurecache's 'other chain' column")}
+
+
+def diffusion_module_map(config: ModelConfig, chain_gated_on_entity: bool) -> Mapping:
+    """featurecache.model.diffusion.DiffusionModule <- DiffusionModule (Algorithms 20-21)."""
+    conditioning = {
+        **under("relpos.", "relpe.", relative_position_map(chain_gated_on_entity, config.relpos_max_residue,
+                                                           config.relpos_max_chain)),
+        **under("pair_in.", "", layernorm_linear_map("layernorm_z", "linear_no_bias_z")),
+        **under("single_in.", "", layernorm_linear_map("layernorm_s", "linear_no_bias_s")),
+        **under("noise_in.", "", layernorm_linear_map("layernorm_n", "linear_no_bias_n")),
+        "fourier.weight": same("fourier_embedding.w"), "fourier.bias": same("fourier_embedding.b"),
+    }
+    for index in range(2):
+        conditioning.update(under(f"pair_transitions.{index}.", f"transition_z{index + 1}.", transition_map()))
+        conditioning.update(under(f"single_transitions.{index}.", f"transition_s{index + 1}.", transition_map()))
+    return {
+        **under("conditioning.", "diffusion_conditioning.", conditioning),
+        **under("atom_encoder.", "atom_attention_encoder.",
+                atom_attention_encoder_map(config.atom_blocks, with_trunk=True)),
+        **under("single_to_token.", "", layernorm_linear_map("layernorm_s", "linear_no_bias_s")),
+        **under("transformer.", "diffusion_transformer.", conditioned_transformer_map(config.diffusion_blocks)),
+        "token_norm.weight": same("layernorm_a.weight"),
+        "token_norm.bias": zeros("the token LayerNorm's offset (Protenix: none)"),
+        **under("atom_decoder.", "atom_attention_decoder.", atom_attention_decoder_map(config.atom_blocks)),
+    }
