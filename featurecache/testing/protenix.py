@@ -61,8 +61,11 @@ def randomise(module: nn.Module, generator: torch.Generator) -> None:
     Protenix initialises many weights to zero (output projections, AdaLN-Zero gates, the
     diffusion module's last linear); compared at their initial values those paths would compute
     zeros on both sides and test nothing. Matrices get N(0, 1/fan_in); vectors (biases, LayerNorm
-    scales and offsets) their value plus N(0, 0.2^2), so LayerNorm scales stay near one."""
+    scales and offsets) their value plus N(0, 0.2^2), so LayerNorm scales stay near one. Frozen
+    parameters (the Fourier embedding's random draws, the confidence head's bin edges) are kept."""
     for parameter in module.parameters():
+        if not parameter.requires_grad:
+            continue
         noise = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
         if parameter.dim() >= 2:
             parameter.copy_(noise / parameter.shape[-1] ** 0.5)
@@ -127,17 +130,44 @@ class NameMapError(AssertionError):
     """A name map that does not cover both modules exactly."""
 
 
+@dataclasses.dataclass(frozen=True)
+class ProtenixOnly:
+    """A Protenix tensor featurecache has no counterpart of, and what the comparison does with it:
+    `kind` "zeroed" (set to zero in Protenix's module, which removes a term AF3 does not have),
+    "constant" (a fixed tensor, checked equal to `expected`, featurecache's constant), or "input"
+    (part of a Protenix step the comparison applies to featurecache's input)."""
+
+    kind: str
+    why: str
+    expected: torch.Tensor | None = None
+
+
 @torch.no_grad()
-def copy_weights(protenix_module: nn.Module, featurecache_module: nn.Module, mapping: Mapping) -> None:
+def copy_weights(protenix_module: nn.Module, featurecache_module: nn.Module, mapping: Mapping,
+                 protenix_only: dict[str, ProtenixOnly] | None = None) -> None:
     """Set every parameter and persistent buffer (the Fourier embedding's frozen weights) of
-    `featurecache_module` from `protenix_module`'s through `mapping`.
+    `featurecache_module` from `protenix_module`'s through `mapping`; deal with the Protenix
+    tensors featurecache lacks as `protenix_only` says.
 
     Raises NameMapError naming every featurecache tensor the map does not set, every name it sets
-    that is no tensor there, every Protenix tensor it does not use, every Protenix name it reads
-    that does not exist, and every shape that differs."""
+    that is no tensor there, every Protenix tensor neither it nor `protenix_only` uses, every
+    Protenix name they read that does not exist, every shape that differs and every constant that
+    is not featurecache's."""
+    protenix_only = protenix_only or {}
     ours = featurecache_module.state_dict(keep_vars=True)
     theirs = protenix_module.state_dict(keep_vars=True)
-    used = {name for source in mapping.values() for name in source.names}
+    for name, only in protenix_only.items():
+        if name not in theirs:
+            continue  # reported below
+        if only.kind == "zeroed":
+            theirs[name].zero_()
+        elif only.kind == "constant":
+            if not torch.allclose(theirs[name].detach().float(), only.expected.float(), rtol=0, atol=1e-6):
+                raise NameMapError(f"Protenix's {name} is {theirs[name].tolist()}, featurecache's "
+                                   f"{only.expected.tolist()} ({only.why})")
+        elif only.kind != "input":
+            raise ValueError(f"ProtenixOnly kind {only.kind!r}, expected zeroed, constant or input")
+    used = {name for source in mapping.values() for name in source.names} | set(protenix_only)
     problems = []
     problems += [f"featurecache tensor {name} {tuple(ours[name].shape)} is not mapped"
                  for name in sorted(set(ours) - set(mapping))]
@@ -448,4 +478,50 @@ def diffusion_module_map(config: ModelConfig, chain_gated_on_entity: bool) -> Ma
         "token_norm.weight": same("layernorm_a.weight"),
         "token_norm.bias": zeros("the token LayerNorm's offset (Protenix: none)"),
         **under("atom_decoder.", "atom_attention_decoder.", atom_attention_decoder_map(config.atom_blocks)),
+    }
+
+
+# --- the confidence head (Algorithm 31) -----------------------------------------------------------
+
+
+def pairformer_stack_map(num_blocks: int, c_s: int) -> Mapping:
+    """featurecache.model.pairformer.Pairformer <- PairformerStack."""
+    mapping = {}
+    for index in range(num_blocks):
+        mapping.update(under(f"blocks.{index}.", f"blocks.{index}.", pairformer_block_map(c_s)))
+    return mapping
+
+
+def confidence_head_map(config: ModelConfig) -> Mapping:
+    """featurecache.model.confidence.ConfidenceHead <- ConfidenceHead. Protenix's
+    linear_no_bias_s2 reads token i of z_ij, linear_no_bias_s1 token j; the per-atom-slot weights
+    have the same [slot, c_s, bins] layout (Protenix built with featurecache's 24 slots)."""
+    return {
+        "left_inputs.weight": same("linear_no_bias_s2.weight"),
+        "right_inputs.weight": same("linear_no_bias_s1.weight"),
+        "distance.weight": same("linear_no_bias_d.weight"),
+        **under("pairformer.", "pairformer_stack.", pairformer_stack_map(config.confidence_blocks, config.c_s)),
+        "pae_norm.weight": same("pae_ln.weight"), "pae_norm.bias": same("pae_ln.bias"),
+        "pae.weight": same("linear_no_bias_pae.weight"),
+        "pde_norm.weight": same("pde_ln.weight"), "pde_norm.bias": same("pde_ln.bias"),
+        "pde.weight": same("linear_no_bias_pde.weight"),
+        "plddt_norm.weight": same("plddt_ln.weight"), "plddt_norm.bias": same("plddt_ln.bias"),
+        "resolved_norm.weight": same("resolved_ln.weight"), "resolved_norm.bias": same("resolved_ln.bias"),
+        "plddt": same("plddt_weight"), "resolved": same("resolved_weight"),
+    }
+
+
+def confidence_head_protenix_only(distance_lower_edges: torch.Tensor) -> dict[str, ProtenixOnly]:
+    """The confidence head's Protenix tensors without a featurecache counterpart."""
+    upper = torch.cat([distance_lower_edges[1:], distance_lower_edges.new_tensor([1e6])])
+    return {
+        "linear_no_bias_d_wo_onehot.weight": ProtenixOnly(
+            "zeroed", "Protenix adds a linear embedding of the raw distance beside the one-hot bins; AF3 "
+                      "(Algorithm 31) and featurecache embed the bins only"),
+        "input_strunk_ln.weight": ProtenixOnly(
+            "input", "Protenix normalises the trunk single (clamped to +-512) before its Pairformer; AF3 and "
+                     "featurecache do not: the comparison gives featurecache the normalised single"),
+        "input_strunk_ln.bias": ProtenixOnly("input", "as input_strunk_ln.weight"),
+        "lower_bins": ProtenixOnly("constant", "distance bins' lower edges", distance_lower_edges),
+        "upper_bins": ProtenixOnly("constant", "distance bins' upper edges (the last open)", upper),
     }
