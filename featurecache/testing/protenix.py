@@ -525,3 +525,33 @@ def confidence_head_protenix_only(distance_lower_edges: torch.Tensor) -> dict[st
         "lower_bins": ProtenixOnly("constant", "distance bins' lower edges", distance_lower_edges),
         "upper_bins": ProtenixOnly("constant", "distance bins' upper edges (the last open)", upper),
     }
+
+
+# --- the template embedder (Algorithm 16) ---------------------------------------------------------
+
+
+def template_feature_columns(num_restypes: int, distogram_bins: int = 39) -> list[int]:
+    """For each column of featurecache's template features [distogram | pseudo-beta mask | unit
+    vector 3 | backbone mask | restype of i | restype of j], the column of Protenix's
+    [distogram | pseudo-beta mask | restype of j | restype of i | unit vector 3 | backbone mask]
+    (its first restype block is expanded along i, so it holds token j's)."""
+    d = distogram_bins
+    restype_j, restype_i = d + 1, d + 1 + num_restypes
+    unit, backbone = d + 1 + 2 * num_restypes, d + 4 + 2 * num_restypes
+    return ([*range(d), d, unit, unit + 1, unit + 2, backbone]
+            + list(range(restype_i, restype_i + num_restypes)) + list(range(restype_j, restype_j + num_restypes)))
+
+
+def template_embedder_map(num_blocks: int, num_restypes: int) -> Mapping:
+    """featurecache.model.embedders.TemplateEmbedder <- TemplateEmbedder."""
+    order = template_feature_columns(num_restypes)
+    mapping = {
+        "pair_norm.weight": same("layernorm_z.weight"), "pair_norm.bias": same("layernorm_z.bias"),
+        "from_pair.weight": same("linear_no_bias_z.weight"),
+        "from_features.weight": Source(("linear_no_bias_a.weight",), lambda tensors, shape: tensors[0][:, order]),
+        "out_norm.weight": same("layernorm_v.weight"), "out_norm.bias": same("layernorm_v.bias"),
+        "linear_out.weight": same("linear_no_bias_u.weight"),
+    }
+    for index in range(num_blocks):
+        mapping.update(under(f"blocks.{index}.", f"pairformer_stack.blocks.{index}.", pair_stack_map()))
+    return mapping
