@@ -13,16 +13,14 @@ from featurecache.testing.protenix import (
     atom_attention_decoder_map,
     atom_attention_encoder_map,
     copy_weights,
-    equivalence_config,
     protenix_atom_transformer_without_cross_attention,
     randomise,
 )
 
 from tests.equivalence.atoms import atom_batch, encoder_arguments, featurecache_inputs, protenix_inputs, windows_of
+from tests.equivalence.settings import CHARGE_ARCSINH_BY_INPUT, featurecache_config
 from tests.equivalence.tolerance import FP32_TOLERANCE
 
-# featurecache's atom encoder embeds ref_charge as given: the comparison feeds it arcsinh(charge)
-CHARGE_ARCSINH_BY_INPUT = True
 
 
 def encoders(config, generator, with_trunk: bool):
@@ -41,7 +39,7 @@ def encoders(config, generator, with_trunk: bool):
 
 
 def test_encoder_of_the_input_embedder_with_charged_atoms(generator):
-    config = equivalence_config()
+    config = featurecache_config()
     theirs, ours = encoders(config, generator, with_trunk=False)
     batch = atom_batch(generator)
     ours_batch = featurecache_inputs(batch, CHARGE_ARCSINH_BY_INPUT)
@@ -58,7 +56,7 @@ def test_encoder_of_the_input_embedder_with_charged_atoms(generator):
 @pytest.mark.xfail(strict=True, reason="featurecache does not yet multiply the atom single conditioning by "
                    "ref_mask (Protenix and AF3 do): docs/FIDELITY.md; pass that setting here once it exists")
 def test_encoder_with_masked_reference_atoms(generator):
-    config = equivalence_config()
+    config = featurecache_config()
     theirs, ours = encoders(config, generator, with_trunk=False)
     batch = atom_batch(generator, masked_reference_atoms=True)
     ours_batch = featurecache_inputs(batch, CHARGE_ARCSINH_BY_INPUT)
@@ -74,7 +72,7 @@ def test_encoder_of_the_diffusion_module_and_decoder(generator):
     the decoder on its skips."""
     from protenix.model.modules.transformer import AtomAttentionDecoder as ProtenixAtomAttentionDecoder
 
-    config = equivalence_config()
+    config = featurecache_config()
     theirs, ours = encoders(config, generator, with_trunk=True)
     decoder_theirs = ProtenixAtomAttentionDecoder(
         n_blocks=config.atom_blocks, n_heads=config.atom_heads, c_token=config.c_token_diffusion,

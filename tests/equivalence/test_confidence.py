@@ -16,11 +16,11 @@ from featurecache.testing.protenix import (
     confidence_head_map,
     confidence_head_protenix_only,
     copy_weights,
-    equivalence_config,
     randomise,
 )
 
 from tests.equivalence.atoms import atom_batch
+from tests.equivalence.settings import featurecache_config
 from tests.equivalence.tolerance import FP32_TOLERANCE
 
 SAMPLES = 2
@@ -40,7 +40,7 @@ def logits():
     from protenix.model.modules.pairformer import PairformerBlock as ProtenixPairformerBlock
 
     generator = torch.Generator().manual_seed(33)
-    config = equivalence_config(confidence_blocks=1)
+    config = featurecache_config(confidence_blocks=1)
     c_s_inputs = atom_single_input_dim(config)
     theirs = ProtenixConfidenceHead(n_blocks=config.confidence_blocks, c_s=config.c_s, c_z=config.c_z,
                                     c_s_inputs=c_s_inputs, max_atoms_per_token=MAX_ATOMS_PER_TOKEN)

@@ -9,18 +9,14 @@ from featurecache.testing.compare import rel_error
 from featurecache.testing.protenix import (
     copy_weights,
     diffusion_module_map,
-    equivalence_config,
     protenix_atom_transformer_without_cross_attention,
     randomise,
 )
 
 from tests.equivalence.atoms import atom_batch, featurecache_inputs, protenix_inputs, windows_of
+from tests.equivalence.settings import CHAIN_GATED_ON_ENTITY, CHARGE_ARCSINH_BY_INPUT, featurecache_config
 from tests.equivalence.tolerance import FP32_TOLERANCE
 
-# featurecache's relative chain encoding is not yet gated on the entity (Protenix's and AF3's
-# is): the map swaps the two columns where they differ, valid on this one-entity sample
-CHAIN_GATED_ON_ENTITY = False
-CHARGE_ARCSINH_BY_INPUT = True
 
 # sigma in Angstrom: 160 sigma_data * 4e-4 (the sampler's last), 1, sigma_data 16, 160 sigma_data
 NOISE_LEVELS = (16.0 * 4e-4, 1.0, 16.0, 16.0 * 160.0)
@@ -30,7 +26,7 @@ def test_diffusion_module_at_several_noise_levels(generator):
     from protenix.model.modules.diffusion import DiffusionModule as ProtenixDiffusionModule
     from protenix.model.modules.embedders import RelativePositionEncoding
 
-    config = equivalence_config(fourier_dim=256)  # Protenix's DiffusionModule fixes its noise embedding's
+    config = featurecache_config(fourier_dim=256)  # Protenix fixes its noise embedding at 256 channels
     c_s_inputs = atom_single_input_dim(config)
     theirs = ProtenixDiffusionModule(
         sigma_data=config.sigma_data, c_atom=config.c_atom, c_atompair=config.c_atompair,

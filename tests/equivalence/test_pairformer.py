@@ -6,8 +6,9 @@ import torch
 from featurecache.model.msa import MSABlock
 from featurecache.model.pairformer import PairformerBlock
 from featurecache.testing.compare import rel_error
-from featurecache.testing.protenix import copy_weights, equivalence_config, msa_block_map, pairformer_block_map, randomise
+from featurecache.testing.protenix import copy_weights, msa_block_map, pairformer_block_map, randomise
 
+from tests.equivalence.settings import featurecache_config
 from tests.equivalence.tolerance import FP32_TOLERANCE
 
 TOKENS = 11
@@ -17,7 +18,7 @@ MSA_ROWS = 5
 def test_pairformer_block(generator):
     from protenix.model.modules.pairformer import PairformerBlock as ProtenixPairformerBlock
 
-    config = equivalence_config()
+    config = featurecache_config()
     theirs = ProtenixPairformerBlock(
         n_heads=config.single_heads, c_z=config.c_z, c_s=config.c_s, c_hidden_mul=config.c_z,
         c_hidden_pair_att=config.pair_head_dim, no_heads_pair=config.pair_heads,
@@ -57,7 +58,7 @@ def test_msa_block(generator, last):
     from protenix.model.modules.pairformer import MSABlock as ProtenixMSABlock
 
     # Protenix's pair-weighted averaging has 8 heads of 8 (fixed); its MSA transition expands 4x
-    config = equivalence_config(msa_heads=8, msa_head_dim=8)
+    config = featurecache_config(msa_heads=8, msa_head_dim=8)
     theirs = ProtenixMSABlock(c_m=config.c_m, c_z=config.c_z, c_hidden=config.outer_product_dim,
                               is_last_block=last, msa_dropout=0.0, pair_dropout=0.0)
     theirs.pair_stack = protenix_pair_stack(config)

@@ -11,9 +11,10 @@ import torch
 from featurecache.model.embedders import TemplateEmbedder, template_pair_features
 from featurecache.schema import NUM_RESTYPES
 from featurecache.testing.compare import rel_error
-from featurecache.testing.protenix import copy_weights, equivalence_config, randomise, template_embedder_map
+from featurecache.testing.protenix import copy_weights, randomise, template_embedder_map
 from featurecache.testing.synthetic import random_batch
 
+from tests.equivalence.settings import featurecache_config
 from tests.equivalence.tolerance import FP32_TOLERANCE
 
 TOKENS, TEMPLATES = 12, 2
@@ -41,7 +42,7 @@ def test_template_embedder(generator):
     from protenix.model.modules.pairformer import PairformerBlock as ProtenixPairformerBlock
     from protenix.model.modules.pairformer import TemplateEmbedder as ProtenixTemplateEmbedder
 
-    config = equivalence_config()
+    config = featurecache_config()
     theirs = ProtenixTemplateEmbedder(n_blocks=config.num_template_blocks, c=config.c_template, c_z=config.c_z,
                                       num_intermediate_factor=config.template_transition_expansion, dropout=0.0)
     # its PairformerStack builds blocks at AF3's fixed pair sizes: rebuilt at featurecache's
