@@ -35,12 +35,11 @@ def equivalence_config(**overrides) -> ModelConfig:
 def import_protenix() -> None:
     """Make Protenix's model modules importable on this machine, or raise ImportError saying how.
 
-    Its LayerNorm is chosen at import from LAYERNORM_TYPE: the default "fast_layernorm" compiles a
-    CUDA extension with nvcc (OSError without CUDA_HOME); any other value is torch's layer_norm,
-    the fp32 CPU path these comparisons want (benchmarks/protenix_peer.py picks the same way)."""
-    os.environ.setdefault("LAYERNORM_TYPE", "torch")
-    if os.environ["LAYERNORM_TYPE"] == "fast_layernorm":
-        raise ImportError("LAYERNORM_TYPE=fast_layernorm: Protenix would build its CUDA LayerNorm; unset it")
+    Its LayerNorm is chosen when protenix.model.triangular.layers is imported, from LAYERNORM_TYPE:
+    the default "fast_layernorm" compiles a CUDA extension with nvcc (OSError without CUDA_HOME);
+    any other value is torch's layer_norm, the fp32 CPU path these comparisons want
+    (benchmarks/protenix_peer.py picks the same way). The variable is set for that import only,
+    so processes the tests start later do not inherit it."""
     try:
         import protenix
     except ImportError as error:
@@ -49,6 +48,17 @@ def import_protenix() -> None:
     if not protenix.__version__.startswith(PROTENIX_VERSION):
         raise ImportError(f"protenix {protenix.__version__} is installed, the name maps are written for "
                           f"{PROTENIX_VERSION}: run ./setup.sh")
+    previous = os.environ.get("LAYERNORM_TYPE")
+    os.environ["LAYERNORM_TYPE"] = "torch"
+    try:
+        import protenix.model.triangular.layers as layers
+    finally:
+        if previous is None:
+            del os.environ["LAYERNORM_TYPE"]
+        else:
+            os.environ["LAYERNORM_TYPE"] = previous
+    if layers.fastln_is_installed:
+        raise ImportError("protenix.model.triangular.layers was imported before with its CUDA LayerNorm")
 
 
 # --- randomised weights ---------------------------------------------------------------------------
