@@ -166,17 +166,6 @@ def copy_weights(protenix_module: nn.Module, featurecache_module: nn.Module, map
     protenix_only = protenix_only or {}
     ours = featurecache_module.state_dict(keep_vars=True)
     theirs = protenix_module.state_dict(keep_vars=True)
-    for name, only in protenix_only.items():
-        if name not in theirs:
-            continue  # reported below
-        if only.kind == "zeroed":
-            theirs[name].zero_()
-        elif only.kind == "constant":
-            if not torch.allclose(theirs[name].detach().float(), only.expected.float(), rtol=0, atol=1e-6):
-                raise NameMapError(f"Protenix's {name} is {theirs[name].tolist()}, featurecache's "
-                                   f"{only.expected.tolist()} ({only.why})")
-        elif only.kind != "input":
-            raise ValueError(f"ProtenixOnly kind {only.kind!r}, expected zeroed, constant or input")
     used = {name for source in mapping.values() for name in source.names} | set(protenix_only)
     problems = []
     problems += [f"featurecache tensor {name} {tuple(ours[name].shape)} is not mapped"
@@ -189,6 +178,15 @@ def copy_weights(protenix_module: nn.Module, featurecache_module: nn.Module, map
                  for name in sorted(used - set(theirs))]
     if problems:
         raise NameMapError("name map does not match the modules:\n  " + "\n  ".join(problems))
+    for name, only in protenix_only.items():
+        if only.kind == "zeroed":
+            theirs[name].zero_()
+        elif only.kind == "constant":
+            if not torch.allclose(theirs[name].detach().float(), only.expected.float(), rtol=0, atol=1e-6):
+                raise NameMapError(f"Protenix's {name} is {theirs[name].tolist()}, featurecache's "
+                                   f"{only.expected.tolist()} ({only.why})")
+        elif only.kind != "input":
+            raise ValueError(f"ProtenixOnly kind {only.kind!r}, expected zeroed, constant or input")
     for name, source in mapping.items():
         value = source.combine([theirs[n].detach() for n in source.names], ours[name].shape)
         if value.shape != ours[name].shape:
