@@ -70,7 +70,8 @@ def randomise(module: nn.Module, generator: torch.Generator) -> None:
 
     Protenix initialises many weights to zero (output projections, AdaLN-Zero gates, the
     diffusion module's last linear); compared at their initial values those paths would compute
-    zeros on both sides and test nothing. Matrices get N(0, 1/fan_in); vectors (biases, LayerNorm
+    zeros on both sides and test nothing. Matrices get N(0, 1 / their last dimension) (an
+    nn.Linear's fan-in); vectors (biases, LayerNorm
     scales and offsets) their value plus N(0, 0.2^2), so LayerNorm scales stay near one. Frozen
     parameters (the Fourier embedding's random draws, the confidence head's bin edges) are kept."""
     for parameter in module.parameters():
