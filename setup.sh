@@ -14,4 +14,8 @@ PYTHON="${PYTHON:-python3}"
 # The CPU build first: an unpinned torch would pull a multi-GB CUDA build.
 "$PYTHON" -m pip install -q "torch==2.13.0" || "$PYTHON" -m pip install -q "torch>=2.4"
 "$PYTHON" -m pip install -q -e ".[test]"
+# Protenix 2.0 (pure Python), the reference of tests/equivalence: its declared pins (torch 2.7.1,
+# biotite 1.4, rdkit 2025.9, CUDA packages) would replace featurecache's, so it is installed without
+# them; its model and loss modules import with what is here plus optree and scipy (the test extra).
+"$PYTHON" -m pip install -q --no-deps "protenix==2.0.0"
 echo "featurecache setup done: $("$PYTHON" -c 'import featurecache, torch, triton; print(featurecache.__version__, "torch", torch.__version__, "triton", triton.__version__)')"

@@ -59,6 +59,8 @@ if [ -n "${FC_TORCH_SPEC:-}" ]; then
 fi
 # Not editable: the image is a release, not a checkout. torch already satisfies pyproject's range.
 python3 -m pip install -q "${pip_sources[@]}" ".[test]"
+# Protenix 2.0 without its pins, as setup.sh installs it (the reference of tests/equivalence).
+python3 -m pip install -q "${pip_sources[@]}" --no-deps "protenix==2.0.0"
 
 python3 -c "import featurecache, torch, triton; \
 print('featurecache', featurecache.__version__, 'torch', torch.__version__, 'triton', triton.__version__)"

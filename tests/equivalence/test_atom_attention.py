@@ -1,0 +1,105 @@
+"""featurecache's atom attention encoder and decoder (AF3 Algorithms 5-7) against Protenix 2.0's.
+
+Protenix's atom transformer runs with its cross_attention_mode off (one AdaLN for queries, keys
+and values, as featurecache's); its default nests a second AdaLN for the keys and values
+(docs/FIDELITY.md, "Protenix vs AlphaFold3")."""
+
+import pytest
+import torch
+
+from featurecache.model.atom_attention import AtomAttentionDecoder, AtomAttentionEncoder
+from featurecache.testing.compare import rel_error
+from featurecache.testing.protenix import (
+    atom_attention_decoder_map,
+    atom_attention_encoder_map,
+    copy_weights,
+    protenix_atom_transformer_without_cross_attention,
+    randomise,
+)
+
+from tests.equivalence.atoms import atom_batch, encoder_arguments, featurecache_inputs, protenix_inputs, windows_of
+from tests.equivalence.settings import CHARGE_ARCSINH_BY_INPUT, featurecache_config
+from tests.equivalence.tolerance import FP32_TOLERANCE
+
+
+
+def encoders(config, generator, with_trunk: bool):
+    from protenix.model.modules.transformer import AtomAttentionEncoder as ProtenixAtomAttentionEncoder
+
+    c_token = config.c_token_diffusion if with_trunk else config.c_s
+    theirs = ProtenixAtomAttentionEncoder(
+        has_coords=with_trunk, c_token=c_token, c_atom=config.c_atom, c_atompair=config.c_atompair,
+        c_s=config.c_s, c_z=config.c_z, n_blocks=config.atom_blocks, n_heads=config.atom_heads,
+        n_queries=config.atom_window_queries, n_keys=config.atom_window_keys)
+    protenix_atom_transformer_without_cross_attention(theirs.atom_transformer, config)
+    ours = AtomAttentionEncoder(config, c_token=c_token, with_trunk=with_trunk)
+    randomise(theirs, generator)
+    copy_weights(theirs, ours, atom_attention_encoder_map(config.atom_blocks, with_trunk))
+    return theirs.eval(), ours.eval()
+
+
+def test_encoder_of_the_input_embedder_with_charged_atoms(generator):
+    config = featurecache_config()
+    theirs, ours = encoders(config, generator, with_trunk=False)
+    batch = atom_batch(generator)
+    ours_batch = featurecache_inputs(batch, CHARGE_ARCSINH_BY_INPUT)
+    windows = windows_of(batch, config)
+    with torch.no_grad():
+        a_theirs, q_theirs, c_theirs, _ = theirs(**encoder_arguments(protenix_inputs(batch)))
+        atom_cond, atom_pair = ours.condition(ours_batch, windows)
+        a_ours, q_ours, c_ours, _ = ours(ours_batch, windows, atom_cond, atom_pair)
+    assert rel_error(c_ours[0, 0], c_theirs) <= FP32_TOLERANCE
+    assert rel_error(q_ours[0, 0], q_theirs) <= FP32_TOLERANCE
+    assert rel_error(a_ours[0, 0], a_theirs) <= FP32_TOLERANCE
+
+
+@pytest.mark.xfail(strict=True, reason="featurecache does not yet multiply the atom single conditioning by "
+                   "ref_mask (Protenix and AF3 do): docs/FIDELITY.md; pass that setting here once it exists")
+def test_encoder_with_masked_reference_atoms(generator):
+    config = featurecache_config()
+    theirs, ours = encoders(config, generator, with_trunk=False)
+    batch = atom_batch(generator, masked_reference_atoms=True)
+    ours_batch = featurecache_inputs(batch, CHARGE_ARCSINH_BY_INPUT)
+    windows = windows_of(batch, config)
+    with torch.no_grad():
+        a_theirs = theirs(**encoder_arguments(protenix_inputs(batch)))[0]
+        a_ours = ours(ours_batch, windows, *ours.condition(ours_batch, windows))[0]
+    assert rel_error(a_ours[0, 0], a_theirs) <= FP32_TOLERANCE
+
+
+def test_encoder_of_the_diffusion_module_and_decoder(generator):
+    """The diffusion module's encoder (trunk single and pair, noisy positions of 2 samples), and
+    the decoder on its skips."""
+    from protenix.model.modules.transformer import AtomAttentionDecoder as ProtenixAtomAttentionDecoder
+
+    config = featurecache_config()
+    theirs, ours = encoders(config, generator, with_trunk=True)
+    decoder_theirs = ProtenixAtomAttentionDecoder(
+        n_blocks=config.atom_blocks, n_heads=config.atom_heads, c_token=config.c_token_diffusion,
+        c_atom=config.c_atom, c_atompair=config.c_atompair, n_queries=config.atom_window_queries,
+        n_keys=config.atom_window_keys)
+    protenix_atom_transformer_without_cross_attention(decoder_theirs.atom_transformer, config)
+    decoder_ours = AtomAttentionDecoder(config, c_token=config.c_token_diffusion)
+    randomise(decoder_theirs, generator)
+    copy_weights(decoder_theirs, decoder_ours, atom_attention_decoder_map(config.atom_blocks))
+    decoder_theirs.eval(), decoder_ours.eval()
+
+    batch = atom_batch(generator)
+    ours_batch = featurecache_inputs(batch, CHARGE_ARCSINH_BY_INPUT)
+    windows = windows_of(batch, config)
+    atoms = batch["atom_to_token"].shape[1]
+    trunk_single = torch.randn(1, batch["restype"].shape[1], config.c_s, generator=generator)
+    trunk_pair = torch.randn(1, batch["restype"].shape[1], batch["restype"].shape[1], config.c_z, generator=generator)
+    positions = torch.randn(1, 2, atoms, 3, generator=generator)  # 2 diffusion samples
+    token_update = torch.randn(1, 2, batch["restype"].shape[1], config.c_token_diffusion, generator=generator)
+    features = protenix_inputs(batch)
+    with torch.no_grad():
+        a_theirs, q_theirs, c_theirs, p_theirs = theirs(
+            **encoder_arguments(features), r_l=positions[0], s=trunk_single[0, None], z=trunk_pair[0, None])
+        atom_cond, atom_pair = ours.condition(ours_batch, windows, trunk_single, trunk_pair)
+        a_ours, q_ours, c_ours, p_ours = ours(ours_batch, windows, atom_cond, atom_pair, positions)
+        r_theirs = decoder_theirs(features["atom_to_token_idx"], token_update[0], q_theirs, c_theirs, p_theirs)
+        r_ours = decoder_ours(ours_batch, windows, token_update, q_ours, c_ours, p_ours)
+    assert rel_error(q_ours[0], q_theirs) <= FP32_TOLERANCE
+    assert rel_error(a_ours[0], a_theirs) <= FP32_TOLERANCE
+    assert rel_error(r_ours[0], r_theirs) <= FP32_TOLERANCE

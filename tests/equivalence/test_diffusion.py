@@ -1,0 +1,67 @@
+"""featurecache's diffusion module (AF3 Algorithms 20-22) against Protenix 2.0's, at noise levels
+from the sampler's last steps to its first, in one call (one level per diffusion sample)."""
+
+import torch
+
+from featurecache.model.diffusion import DiffusionModule
+from featurecache.model.embedders import atom_single_input_dim
+from featurecache.testing.compare import rel_error
+from featurecache.testing.protenix import (
+    copy_weights,
+    diffusion_module_map,
+    protenix_atom_transformer_without_cross_attention,
+    randomise,
+)
+
+from tests.equivalence.atoms import atom_batch, featurecache_inputs, protenix_inputs, windows_of
+from tests.equivalence.settings import CHAIN_GATED_ON_ENTITY, CHARGE_ARCSINH_BY_INPUT, featurecache_config
+from tests.equivalence.tolerance import FP32_TOLERANCE
+
+
+# sigma in Angstrom: 160 sigma_data * 4e-4 (the sampler's last), 1, sigma_data 16, 160 sigma_data
+NOISE_LEVELS = (16.0 * 4e-4, 1.0, 16.0, 16.0 * 160.0)
+
+
+def test_diffusion_module_at_several_noise_levels(generator):
+    from protenix.model.modules.diffusion import DiffusionModule as ProtenixDiffusionModule
+    from protenix.model.modules.embedders import RelativePositionEncoding
+
+    config = featurecache_config(fourier_dim=256)  # Protenix fixes its noise embedding at 256 channels
+    c_s_inputs = atom_single_input_dim(config)
+    theirs = ProtenixDiffusionModule(
+        sigma_data=config.sigma_data, c_atom=config.c_atom, c_atompair=config.c_atompair,
+        c_token=config.c_token_diffusion, c_s=config.c_s, c_z=config.c_z, c_s_inputs=c_s_inputs,
+        atom_encoder={"n_blocks": config.atom_blocks, "n_heads": config.atom_heads},
+        transformer={"n_blocks": config.diffusion_blocks, "n_heads": config.diffusion_heads},
+        atom_decoder={"n_blocks": config.atom_blocks, "n_heads": config.atom_heads})
+    for encoder_or_decoder in (theirs.atom_attention_encoder, theirs.atom_attention_decoder):
+        protenix_atom_transformer_without_cross_attention(encoder_or_decoder.atom_transformer, config)
+    ours = DiffusionModule(config, c_s_inputs)
+    randomise(theirs, generator)
+    copy_weights(theirs, ours, diffusion_module_map(config, CHAIN_GATED_ON_ENTITY))
+    theirs.eval(), ours.eval()
+
+    batch = atom_batch(generator)  # two chains of one entity (sym_id 1, 2)
+    assert batch["entity_id"].unique().numel() == 1
+    ours_batch = featurecache_inputs(batch, CHARGE_ARCSINH_BY_INPUT)
+    tokens, atoms = batch["restype"].shape[1], batch["atom_to_token"].shape[1]
+    features = protenix_inputs(batch)
+    features.update({name: batch[name][0] for name in ("asym_id", "residue_index", "entity_id", "sym_id",
+                                                        "token_index")})
+    features = RelativePositionEncoding(config.relpos_max_residue, config.relpos_max_chain).generate_relp(features)
+    s_inputs = torch.randn(1, tokens, c_s_inputs, generator=generator)
+    trunk_single = torch.randn(1, tokens, config.c_s, generator=generator)
+    trunk_pair = torch.randn(1, tokens, tokens, config.c_z, generator=generator)
+    sigma = torch.tensor([NOISE_LEVELS])  # [B 1, S]
+    truth = batch["atom_pos"][:, None]
+    noisy = truth + sigma[..., None, None] * torch.randn(1, len(NOISE_LEVELS), atoms, 3, generator=generator)
+    with torch.no_grad():
+        denoised_theirs = theirs(noisy[0], sigma[0], features, s_inputs[0], trunk_single[0], trunk_pair[0],
+                                 pair_z=None, p_lm=None, c_l=None)
+        context = ours.prepare(ours_batch, windows_of(batch, config), s_inputs, trunk_single, trunk_pair)
+        denoised_ours = ours(noisy, sigma, context)
+    for sample, level in enumerate(NOISE_LEVELS):
+        # the network's part, c_out F: the c_skip x_noisy both add would hide it at low noise
+        skip = config.sigma_data**2 / (config.sigma_data**2 + level**2) * noisy[0, sample]
+        error = rel_error(denoised_ours[0, sample] - skip, denoised_theirs[sample] - skip)
+        assert error <= FP32_TOLERANCE, f"sigma {level}: {error}"

@@ -1,0 +1,81 @@
+"""featurecache's Pairformer and MSA blocks against Protenix 2.0's, with the same random weights."""
+
+import pytest
+import torch
+
+from featurecache.model.msa import MSABlock
+from featurecache.model.pairformer import PairformerBlock
+from featurecache.testing.compare import rel_error
+from featurecache.testing.protenix import copy_weights, msa_block_map, pairformer_block_map, randomise
+
+from tests.equivalence.settings import featurecache_config
+from tests.equivalence.tolerance import FP32_TOLERANCE
+
+TOKENS = 11
+MSA_ROWS = 5
+
+
+def test_pairformer_block(generator):
+    from protenix.model.modules.pairformer import PairformerBlock as ProtenixPairformerBlock
+
+    config = featurecache_config()
+    theirs = ProtenixPairformerBlock(
+        n_heads=config.single_heads, c_z=config.c_z, c_s=config.c_s, c_hidden_mul=config.c_z,
+        c_hidden_pair_att=config.pair_head_dim, no_heads_pair=config.pair_heads,
+        num_intermediate_factor=config.transition_expansion, dropout=0.0).eval()
+    ours = PairformerBlock(config.c_s, config.c_z, config.single_heads, config.single_head_dim, config.pair_heads,
+                           config.pair_head_dim, config.transition_expansion, kernels=config.kernels).eval()
+    randomise(theirs, generator)
+    copy_weights(theirs, ours, pairformer_block_map(config.c_s))
+
+    s = torch.randn(1, TOKENS, config.c_s, generator=generator)
+    z = torch.randn(1, TOKENS, TOKENS, config.c_z, generator=generator)
+    # Protenix's single attention takes no token mask (it runs unpadded): every token valid; the
+    # pair mask, which both apply, masks a few pairs
+    token_mask = torch.ones(1, TOKENS, dtype=torch.bool)
+    pair_mask = torch.rand(1, TOKENS, TOKENS, generator=generator) > 0.1
+    with torch.no_grad():
+        s_theirs, z_theirs = theirs(s, z, pair_mask.float())
+        s_ours, z_ours = ours(s, z, token_mask, pair_mask)
+    assert rel_error(z_ours, z_theirs) <= FP32_TOLERANCE
+    assert rel_error(s_ours, s_theirs) <= FP32_TOLERANCE
+
+
+def protenix_pair_stack(config):
+    """Protenix's PairformerBlock without the single half (c_s = 0), at featurecache's pair sizes.
+    Its MSABlock and TemplateEmbedder build theirs at fixed sizes (triangle-multiplication
+    hidden 128, 4 heads of 32, or c_z // 32 heads with hidden_scale_up) that the small sizes here
+    do not have; the block is the same class either way."""
+    from protenix.model.modules.pairformer import PairformerBlock as ProtenixPairformerBlock
+
+    return ProtenixPairformerBlock(c_z=config.c_z, c_s=0, c_hidden_mul=config.c_z,
+                                   c_hidden_pair_att=config.pair_head_dim, no_heads_pair=config.pair_heads,
+                                   num_intermediate_factor=config.transition_expansion, dropout=0.0)
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_msa_block(generator, last):
+    from protenix.model.modules.pairformer import MSABlock as ProtenixMSABlock
+
+    # Protenix's pair-weighted averaging has 8 heads of 8 (fixed); its MSA transition expands 4x
+    config = featurecache_config(msa_heads=8, msa_head_dim=8)
+    theirs = ProtenixMSABlock(c_m=config.c_m, c_z=config.c_z, c_hidden=config.outer_product_dim,
+                              is_last_block=last, msa_dropout=0.0, pair_dropout=0.0)
+    theirs.pair_stack = protenix_pair_stack(config)
+    theirs.eval()
+    ours = MSABlock(config, last=last).eval()
+    randomise(theirs, generator)
+    copy_weights(theirs, ours, msa_block_map(MSA_ROWS, last))
+
+    m = torch.randn(1, MSA_ROWS, TOKENS, config.c_m, generator=generator)
+    z = torch.randn(1, TOKENS, TOKENS, config.c_z, generator=generator)
+    # Protenix's MSA block reads no MSA or token mask (it runs unpadded): all valid
+    msa_mask = torch.ones(1, MSA_ROWS, TOKENS, dtype=torch.bool)
+    token_mask = torch.ones(1, TOKENS, dtype=torch.bool)
+    pair_mask = torch.rand(1, TOKENS, TOKENS, generator=generator) > 0.1
+    with torch.no_grad():
+        m_theirs, z_theirs = theirs(m.clone(), z.clone(), pair_mask.float())
+        m_ours, z_ours = ours(m, z, msa_mask, token_mask, pair_mask)
+    assert rel_error(z_ours, z_theirs) <= FP32_TOLERANCE
+    if not last:
+        assert rel_error(m_ours, m_theirs) <= FP32_TOLERANCE
