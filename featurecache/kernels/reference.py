@@ -18,19 +18,24 @@ def evo_attention_reference(q, k, v, bias=None, mask=None, scale=None):
     if scale is None:
         scale = q.shape[-1] ** -0.5
     # [B, N, H, Lq, Lk]
-    logits = torch.einsum("bnqhd,bnkhd->bnhqk", q.float(), k.float()) * scale
+    logits = torch.einsum("bnqhd,bnkhd->bnhqk", q.float() * scale, k.float())
     if bias is not None:
-        logits = logits + bias.float()
-    if mask is not None:
-        keep = mask[:, :, None, None, :]
-        logits = logits.masked_fill(~keep, float("-inf"))
-    row_max = logits.amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    weights = torch.exp(logits - row_max)
-    denom = weights.sum(dim=-1, keepdim=True)
-    weights = weights / torch.where(denom > 0, denom, torch.ones_like(denom))
+        logits = logits.add_(bias.float())
+    weights = _masked_softmax(logits, None if mask is None else mask[:, :, None, None, :])
     out = torch.einsum("bnhqk,bnkhd->bnqhd", weights, v.float())
     return out.to(q.dtype)
+
+
+def _masked_softmax(logits: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last axis of the keys `keep` marks (broadcast over logits); a row with no
+    key kept gets zeros. One fused softmax: each of the [..., Lq, Lk] temporaries of a written-out
+    softmax costs a pass (and a saved tensor) on the CPU path, where triangle attention's L^3
+    logits dominate a step. Masked logits get the dtype's lowest finite value rather than -inf:
+    a row with no key then gives finite weights (zeroed below), never NaN, forward or backward."""
+    if keep is None:
+        return torch.softmax(logits, dim=-1)
+    logits = logits.masked_fill_(~keep, torch.finfo(logits.dtype).min)
+    return torch.softmax(logits, dim=-1).masked_fill(~keep.any(dim=-1, keepdim=True), 0.0)
 
 
 def window_attention_reference(q, k, v, bias=None, mask=None, scale=None):
@@ -48,16 +53,11 @@ def window_attention_reference(q, k, v, bias=None, mask=None, scale=None):
         return t.transpose(1, 2).flatten(0, 1)
 
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
-    logits = torch.einsum("nsqhd,nskhd->nshqk", rows(q).to(work), rows(k).to(work)) * scale
+    logits = torch.einsum("nsqhd,nskhd->nshqk", rows(q).to(work) * scale, rows(k).to(work))
     if bias is not None:
-        logits = logits + bias.to(work).flatten(0, 1)[:, None]
-    if mask is not None:
-        logits = logits.masked_fill(~mask.flatten(0, 1)[:, None, None, None, :], float("-inf"))
-    row_max = logits.amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    weights = torch.exp(logits - row_max)
-    denom = weights.sum(dim=-1, keepdim=True)
-    weights = weights / torch.where(denom > 0, denom, torch.ones_like(denom))
+        logits = logits.add_(bias.to(work).flatten(0, 1)[:, None])
+    keep = None if mask is None else mask.flatten(0, 1)[:, None, None, None, :]
+    weights = _masked_softmax(logits, keep)
     out = torch.einsum("nshqk,nskhd->nsqhd", weights, rows(v).to(work))
     return out.unflatten(0, (batch, windows)).transpose(1, 2).to(q.dtype)
 
