@@ -278,14 +278,29 @@ def plot(run_dir, out_path):
 
 @cli.command()
 @click.argument("cache_dir", type=click.Path(path_type=pathlib.Path))
+@click.option("--repair", is_flag=True,
+              help="Also repair the shard files: rewrite each one that differs from the manifest while its records "
+                   "are intact (damage in free space), move each unreadable one aside for an empty one; then verify "
+                   "again. Damaged records are left to `precompute --recheck`.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def verify(cache_dir, as_json):
-    """Recompute every record's checksum; name each damaged key and shard (exit 1 if any)."""
+def verify(cache_dir, repair, as_json):
+    """Recompute every record's checksum; name each damaged key and shard (exit 1 if any) and the
+    command that repairs them."""
+    from featurecache.store.locks import StoreLockedError
+    from featurecache.store.repair import repair_cache
     from featurecache.store.verify import verify_cache
 
-    report = verify_cache(_existing_cache(cache_dir))
-    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.format())
-    sys.exit(0 if report.ok else EXIT_PARTIAL)
+    cache = _existing_cache(cache_dir)
+    if not repair:
+        report = verify_cache(cache)
+        click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.format())
+        sys.exit(0 if report.ok else EXIT_PARTIAL)
+    try:
+        repaired = repair_cache(cache)
+    except StoreLockedError as error:
+        raise UserError(f"cannot repair {cache}: {error}") from error
+    click.echo(json.dumps(repaired.to_dict(), indent=2) if as_json else repaired.format())
+    sys.exit(0 if repaired.after.ok else EXIT_PARTIAL)
 
 
 @cli.command()
