@@ -106,7 +106,8 @@ def precompute(options: PrecomputeOptions) -> PrecomputeSummary:
         derived_index, sampling_fingerprints = run.sampling_tables()
         fingerprints = {"features": feature_fingerprint, "feature_config": plan.feature_config.config_fingerprint(),
                         "mode": plan.mode_fingerprint, **sampling_fingerprints}
-        writer.finish(fingerprints=fingerprints, schema_version=SCHEMA_VERSION, derived_index=derived_index)
+        writer.finish(fingerprints=fingerprints, schema_version=SCHEMA_VERSION, derived_index=derived_index,
+                      rewrite_shards=run.recheck.shards_to_rewrite if run.recheck is not None else ())
     except (StoreWriteError, OSError) as error:
         raise CacheWriteError(f"--cache {options.cache_dir}: {error}") from None
     finally:

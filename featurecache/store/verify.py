@@ -8,10 +8,12 @@ Bytes flipped inside a record are caught by the record checksum; a flip in LMDB'
 structure or where no record lies (a free page, the unused part of a page, bytes appended to the
 file) shows up as a sha256 mismatch, and LMDB reports most damaged structure pages as corrupt.
 
-A damaged report ends with the commands that repair it (VerifyReport.repairs), in order:
-`featurecache verify --repair` (repair.py) rewrites a shard whose records are all intact and
-moves an unreadable one aside; precompute --recheck recomputes damaged or missing records (a
-plain rerun keeps a damaged record its header entry says is current).
+A damaged report ends with the command that repairs it (VerifyReport.repairs):
+`featurecache verify --repair` (repair.py) when only shard files differ from the manifest while
+their records are intact (it rewrites them), or when a shard is unreadable (it moves it aside;
+precompute --recheck then recomputes its records); precompute --recheck when records are damaged
+or missing (a plain rerun keeps a damaged record its header entry says is current; --recheck
+recomputes it and rewrites any shard file changed outside LMDB).
 
 During an update, or after an interrupted one (update_marker.py), the last finished manifest
 still lists the records but no longer describes the shard files: their sizes, checksums, record
@@ -38,16 +40,16 @@ from featurecache.store.codec import (
     read_header,
     unpack_plain,
 )
-from featurecache.store.layout import header_table, index_table, shard_of, used_bytes
+from featurecache.store.layout import header_table, index_table, open_shard, shard_of, used_bytes
 from featurecache.store.manifest import MANIFEST_NAME, Manifest, check_shard_file, read_manifest
-from featurecache.store.reader import StoreReader, readonly_environment
+from featurecache.store.reader import StoreReader
 from featurecache.store.update_marker import MARKER_NAME, UpdateMarker, read_update_marker
 
 
 # The last line of a report naming damaged records: precompute --recheck reads every record it
 # keeps in full and recomputes the damaged ones (a plain rerun decides from header entries alone).
 REPAIR_HINT = ("to repair: run `featurecache precompute` again with the same inputs and options plus --recheck "
-               "(it recomputes the damaged records), then verify again")
+               "(it recomputes the damaged records and rewrites any damaged shard file), then verify again")
 
 # ShardProblem.kind: what is wrong with a shard file, which decides its repair.
 FILE_CHANGED = "file"         # size or sha256 differs from the manifest's: `verify --repair` rewrites it
@@ -65,7 +67,7 @@ def unreadable_hint(cache_dir: Path) -> str:
     """The repair of a shard file that is missing or that LMDB cannot read: its records are lost."""
     return (f"to repair: run `featurecache verify --repair {cache_dir}` (it moves each unreadable shard aside "
             f"and puts an empty one in its place), then `featurecache precompute` again with the same inputs "
-            f"and options (it recomputes the records that shard held), then verify again")
+            f"and options plus --recheck (it recomputes the records that shard held), then verify again")
 
 
 @dataclass(frozen=True)
@@ -110,15 +112,14 @@ class VerifyReport:
 
     @property
     def repairs(self) -> list[str]:
-        """The commands that repair what this report names, one line each, in the order to run them."""
-        repairs = []
-        if self.unreadable_shards():
-            repairs.append(unreadable_hint(self.cache_dir))
-        elif self.damaged or any(problem.kind == COUNTS for problem in self.shard_problems):
-            repairs.append(REPAIR_HINT)
-        if self.shards_to_rewrite() and not self.unreadable_shards():
-            repairs.append(rewrite_hint(self.cache_dir))
-        return repairs
+        """The command that repairs what this report names, as one line (empty when nothing is damaged)."""
+        if self.unreadable_shards():  # verify --repair also rewrites the other damaged shards
+            return [unreadable_hint(self.cache_dir)]
+        if self.damaged or any(problem.kind == COUNTS for problem in self.shard_problems):
+            return [REPAIR_HINT]  # --recheck also rewrites every shard file changed outside LMDB
+        if self.shards_to_rewrite():
+            return [rewrite_hint(self.cache_dir)]
+        return []
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -273,9 +274,18 @@ def _verify(cache_dir: Path, check_files: bool) -> VerifyReport:
 
 def _truncation(path: Path) -> str | None:
     """Why LMDB must not read the shard at `path`: the file ends before its last used page (reading a
-    page past the end of a memory-mapped file kills the process with SIGBUS); None if it does not."""
-    with readonly_environment(path) as env:
-        needed = used_bytes(env)
+    page past the end of a memory-mapped file kills the process with SIGBUS); None if it does not.
+
+    Checked on an environment of its own, before the reader opens the shard's tables (which reads
+    pages); a shard this process already has open was read without harm, so it is not checked."""
+    try:
+        env = open_shard(path, "is open in this process", readonly=True, lock=False)
+    except RuntimeError:
+        return None
+    try:
+        needed = used_bytes(env)  # from the meta page, read with read(2), not through the map
+    finally:
+        env.close()
     size = path.stat().st_size
     if size < needed:
         return f"unreadable: truncated to {size} bytes, its pages reach byte {needed}"
