@@ -140,8 +140,9 @@ def cli(debug):
 @click.option("--cache", "cache_dir", required=True, type=click.Path(path_type=pathlib.Path),
               help="Cache folder to create or update (LMDB shards + manifest.json).")
 @click.option("--config", "config_path", type=click.Path(path_type=pathlib.Path),
-              help="Pipeline TOML: search databases, tools, feature and store settings. "
-                   "Without it, alignments are only ingested from --alignments.")
+              help="Pipeline TOML (examples/pipeline.toml): search databases and tools; feature, curation, "
+                   "clustering, chemistry, template and store settings. With --alignments its settings apply and "
+                   "it may configure no [[databases]].")
 @click.option("--alignments", "alignments_dir", type=click.Path(path_type=pathlib.Path),
               help="Folder of precomputed alignments (A3M/A2M/Stockholm/HHR/m8) to ingest.")
 @click.option("--templates", "template_dir", type=click.Path(path_type=pathlib.Path),
@@ -174,9 +175,6 @@ def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, add
     cache. Resumable: current records are skipped (--recheck: unless damaged)."""
     from featurecache.precompute.pipeline import PrecomputeOptions, precompute as run
 
-    if config_path is not None and alignments_dir is not None:
-        raise click.UsageError("--alignments cannot be combined with --config: --config searches with the "
-                               "configured tools, --alignments ingests precomputed files; choose one")
     _utf8_file("--config", config_path)
     options = PrecomputeOptions(
         inputs=list(inputs),

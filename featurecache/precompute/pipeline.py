@@ -141,8 +141,7 @@ class PipelineRun:
         self.conformers = ConformerStage(self, chem)
         # --recheck: the records read in full and found damaged, until rewritten (see put)
         self.recheck = Recheck(writer, summary, options.cache_dir) if options.recheck else None
-        tmp_dir = plan.pipeline_config.tmp_dir if plan.pipeline_config else None
-        self.sampling = SamplingIndex(plan.clustering, plan.mmseqs, tmp_dir, _last_manifest(options.cache_dir))
+        self.sampling = SamplingIndex(plan.clustering, plan.mmseqs, plan.tmp_dir, _last_manifest(options.cache_dir))
 
     def run(self) -> None:
         if self.recheck is not None:
