@@ -30,6 +30,7 @@ from featurecache.precompute.search import SEQUENCE_KEY_CHARS, SearchPlan, datab
 from featurecache.precompute.tasks import ChainSequence, TargetInput, TaskError
 from featurecache.schema import CONFORMERS_TABLE, FEATURES_TABLE, MSA_TABLE
 from featurecache.store.codec import CorruptRecordError, RecordFormatError, decode_record
+from featurecache.store.layout import shard_name
 from featurecache.store.manifest import read_manifest
 from featurecache.store.writer import StoreWriter
 
@@ -56,8 +57,8 @@ class Recheck:
         # shards changed outside LMDB, hashed before the run writes: rewritten when it finishes
         self.shards_to_rewrite = writer.shards_changed_outside()
         for shard_index in self.shards_to_rewrite:
-            log.warning("--recheck: shard %d of %s differs from the manifest (size or sha256); it is rewritten "
-                        "from its records when the run finishes", shard_index, cache_dir)
+            log.warning("--recheck: %s differs from the manifest (size or sha256) though no writer changed it; "
+                        "it is rewritten from its records when the run finishes", cache_dir / shard_name(shard_index))
 
     def intact(self, table: str, key: str) -> bool:
         """Read the record in full as verify does (every byte's checksum, every array decoded);
