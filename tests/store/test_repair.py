@@ -195,7 +195,7 @@ def test_an_unreadable_shard_is_set_aside_and_its_records_recomputed(cache, samp
     assert result.exit_code == 0, result.output
     _assert_clean(cache)
     recomputed = _entries(cache)
-    assert recomputed.keys() == before.keys(), (sorted(set(recomputed) - set(before)), sorted(set(before) - set(recomputed)))
+    assert recomputed.keys() == before.keys(), sorted(set(recomputed) ^ set(before))
     # deterministic inputs give the same records; only the meta entry's creation time may differ
     assert {name for name in before if recomputed[name] != before[name]} <= {(shard.file, "meta", b"shard")}
 
