@@ -10,8 +10,9 @@ Readers keep reading throughout. A reader that opened the old file keeps its mem
 (a rename never changes an open file), and the old file is never written again. Readers share
 LMDB's lock file (`<shard>-lock`), which holds the last transaction id and picks the meta page a
 new transaction starts from (id mod 2), so the new file is committed up to the same id as the
-old file; and the old file's last two commits hold the same records (a no-op commit first), so
-a reader of the old file stays consistent whichever of its two meta pages a later id picks.
+old file; and both files end with a commit that changes nothing, so each one's last two commits
+hold the same records: a reader of the old file stays right whichever of its two meta pages a
+later id picks (it sees the records as they were at the repair until it opens the shard again).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import lmdb
 
 from featurecache.config import file_sha256
 from featurecache.store.files import fsync_dir, fsync_file
-from featurecache.store.layout import META_TABLE, SHARD_META_KEY, open_shard
+from featurecache.store.layout import MAX_DBS, META_TABLE, SHARD_META_KEY, open_shard
 
 IN_USE = "is open in this process; close its readers and writers before rewriting it"
 # Entries copied per transaction: bounds the dirty pages LMDB holds in memory at once.
@@ -39,17 +40,19 @@ def rewrite_shard(path: Path) -> dict:
     temp = path.with_name(f".{path.name}.rewrite-{os.getpid()}.tmp")
     old = open_shard(path, IN_USE)
     try:
-        _commit_no_op(old)  # the old file's last two commits now hold the same records
-        with old.begin() as source:
-            names = [name for name, _ in source.cursor()]  # the main database lists the named ones
-        new = lmdb.open(str(temp), subdir=False, max_dbs=len(names) + 1, map_size=old.info()["map_size"],
+        new = lmdb.open(str(temp), subdir=False, max_dbs=MAX_DBS, map_size=old.info()["map_size"],
                         lock=False, sync=False, metasync=False)
         try:
+            # The copy is whole before anything is committed to the old file: a commit there reads
+            # its free list, which may be where the damage is.
             with old.begin() as source:
+                names = [name for name, _ in source.cursor()]  # the main database lists the named ones
                 for name in names:
                     _copy_table(source, old.open_db(name, txn=source, create=False), new, name)
-            # Both files end at one transaction id, the one readers' shared lock file will hold.
-            txnid = max(old.info()["last_txnid"], new.info()["last_txnid"] + 1)
+            # Both files end at one transaction id, the one readers' shared lock file will hold,
+            # with no-op commits after their last real one: the old file's last two commits then
+            # hold the same records, and so do the new file's.
+            txnid = max(old.info()["last_txnid"], new.info()["last_txnid"]) + 1
             _commit_no_op(old, up_to=txnid)
             _commit_no_op(new, up_to=txnid)
             new.sync(True)
@@ -95,13 +98,12 @@ def _put_batch(env: lmdb.Environment, db, batch: list[tuple[bytes, bytes]]) -> N
         raise AssertionError(f"putmulti stored {added} of {len(batch)} entries")
 
 
-def _commit_no_op(env: lmdb.Environment, up_to: int | None = None) -> None:
-    """Commit once (or until the last transaction id is `up_to`), each commit putting the shard's
-    meta entry back unchanged: LMDB skips a commit that changes nothing, so the id would not move."""
+def _commit_no_op(env: lmdb.Environment, up_to: int) -> None:
+    """Commit until the last transaction id is `up_to`, each commit putting the shard's meta entry
+    back unchanged: LMDB skips a commit that changes nothing, so the id would not move."""
     meta_db = env.open_db(META_TABLE.encode(), create=False)
     with env.begin(db=meta_db) as txn:
         meta = txn.get(SHARD_META_KEY)
-    target = env.info()["last_txnid"] + 1 if up_to is None else up_to
-    while env.info()["last_txnid"] < target:
+    while env.info()["last_txnid"] < up_to:
         with env.begin(write=True, db=meta_db) as txn:
             txn.put(SHARD_META_KEY, meta)
