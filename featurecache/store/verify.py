@@ -8,7 +8,7 @@ Bytes flipped inside a record are caught by the record checksum; a flip in LMDB'
 structure or where no record lies (a free page, the unused part of a page, bytes appended to the
 file) shows up as a sha256 mismatch, and LMDB reports most damaged structure pages as corrupt.
 
-A damaged report ends with the command that repairs it (VerifyReport.repairs):
+A damaged report ends with the command that repairs it (VerifyReport.repair):
 `featurecache verify --repair` (repair.py) when only shard files differ from the manifest while
 their records are intact (it rewrites them), or when a shard is unreadable (it moves it aside;
 precompute --recheck then recomputes its records); precompute --recheck when records are damaged
@@ -111,15 +111,15 @@ class VerifyReport:
         return sorted({problem.shard for problem in self.shard_problems if problem.kind == UNREADABLE})
 
     @property
-    def repairs(self) -> list[str]:
-        """The command that repairs what this report names, as one line (empty when nothing is damaged)."""
+    def repair(self) -> str | None:
+        """The command that repairs what this report names, as one line; None when nothing is damaged."""
         if self.unreadable_shards():  # verify --repair also rewrites the other damaged shards
-            return [unreadable_hint(self.cache_dir)]
+            return unreadable_hint(self.cache_dir)
         if self.damaged or any(problem.kind == COUNTS for problem in self.shard_problems):
-            return [REPAIR_HINT]  # --recheck also rewrites every shard file changed outside LMDB
+            return REPAIR_HINT  # --recheck also rewrites every shard file changed outside LMDB
         if self.shards_to_rewrite():
-            return [rewrite_hint(self.cache_dir)]
-        return []
+            return rewrite_hint(self.cache_dir)
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -129,7 +129,7 @@ class VerifyReport:
             "damaged": [asdict(record) for record in self.damaged],
             "shard_problems": [asdict(problem) for problem in self.shard_problems],
             "update": self.update,
-            "repair": self.repairs,
+            "repair": self.repair,
         }
 
     def format(self) -> str:
@@ -143,7 +143,8 @@ class VerifyReport:
                   for record in self.damaged]
         lines.append("OK" if self.ok else
                      f"DAMAGED: {len(self.damaged)} records, {len(self.shard_problems)} shard problems")
-        lines += self.repairs
+        if self.repair is not None:
+            lines.append(self.repair)
         return "\n".join(lines)
 
 

@@ -113,6 +113,7 @@ def test_damage_where_no_record_lies_is_rewritten_away(cache, where):
     result = _verify_cache_fails(cache)
     assert result.output.count("damaged shard ") == 2 and "0 records, 2 shard problems" in result.output
     assert result.output.strip().splitlines()[-1] == rewrite_hint(cache)
+    assert verify_cache(cache).to_dict()["repair"] == rewrite_hint(cache)  # --json names it too
 
     # a rerun of precompute leaves these shards unchanged, so only the repair clears them
     result = _verify_cli(cache, "--repair")
