@@ -141,8 +141,9 @@ def cli(debug):
 @click.option("--cache", "cache_dir", required=True, type=click.Path(path_type=pathlib.Path),
               help="Cache folder to create or update (LMDB shards + manifest.json).")
 @click.option("--config", "config_path", type=click.Path(path_type=pathlib.Path),
-              help="Pipeline TOML: search databases, tools, feature and store settings. "
-                   "Without it, alignments are only ingested from --alignments.")
+              help="Pipeline TOML (examples/pipeline.toml): search databases and tools; feature, curation, "
+                   "clustering, chemistry, template and store settings. With --alignments its settings apply and "
+                   "it may configure no [[databases]].")
 @click.option("--alignments", "alignments_dir", type=click.Path(path_type=pathlib.Path),
               help="Folder of precomputed alignments (A3M/A2M/Stockholm/HHR/m8) to ingest.")
 @click.option("--templates", "template_dir", type=click.Path(path_type=pathlib.Path),
@@ -175,9 +176,6 @@ def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, add
     cache. Resumable: current records are skipped (--recheck: unless damaged)."""
     from featurecache.precompute.pipeline import PrecomputeOptions, precompute as run
 
-    if config_path is not None and alignments_dir is not None:
-        raise click.UsageError("--alignments cannot be combined with --config: --config searches with the "
-                               "configured tools, --alignments ingests precomputed files; choose one")
     _utf8_file("--config", config_path)
     options = PrecomputeOptions(
         inputs=list(inputs),
@@ -279,14 +277,29 @@ def plot(run_dir, out_path):
 
 @cli.command()
 @click.argument("cache_dir", type=click.Path(path_type=pathlib.Path))
+@click.option("--repair", is_flag=True,
+              help="Also repair the shard files: rewrite each one that differs from the manifest while its records "
+                   "are intact (damage in free space), move each unreadable one aside for an empty one; then verify "
+                   "again. Damaged records are left to `precompute --recheck`.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def verify(cache_dir, as_json):
-    """Recompute every record's checksum; name each damaged key and shard (exit 1 if any)."""
+def verify(cache_dir, repair, as_json):
+    """Recompute every record's checksum; name each damaged key and shard (exit 1 if any) and the
+    command that repairs them."""
+    from featurecache.store.locks import StoreLockedError
+    from featurecache.store.repair import repair_cache
     from featurecache.store.verify import verify_cache
 
-    report = verify_cache(_existing_cache(cache_dir))
-    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.format())
-    sys.exit(0 if report.ok else EXIT_PARTIAL)
+    cache = _existing_cache(cache_dir)
+    if not repair:
+        report = verify_cache(cache)
+        click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.format())
+        sys.exit(0 if report.ok else EXIT_PARTIAL)
+    try:
+        repaired = repair_cache(cache)
+    except StoreLockedError as error:
+        raise UserError(f"cannot repair {cache}: {error}") from error
+    click.echo(json.dumps(repaired.to_dict(), indent=2) if as_json else repaired.format())
+    sys.exit(0 if repaired.after.ok else EXIT_PARTIAL)
 
 
 @cli.command()

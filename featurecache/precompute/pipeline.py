@@ -106,7 +106,8 @@ def precompute(options: PrecomputeOptions) -> PrecomputeSummary:
         derived_index, sampling_fingerprints = run.sampling_tables()
         fingerprints = {"features": feature_fingerprint, "feature_config": plan.feature_config.config_fingerprint(),
                         "mode": plan.mode_fingerprint, **sampling_fingerprints}
-        writer.finish(fingerprints=fingerprints, schema_version=SCHEMA_VERSION, derived_index=derived_index)
+        writer.finish(fingerprints=fingerprints, schema_version=SCHEMA_VERSION, derived_index=derived_index,
+                      rewrite_shards=run.recheck.shards_to_rewrite if run.recheck is not None else ())
     except (StoreWriteError, OSError) as error:
         raise CacheWriteError(f"--cache {options.cache_dir}: {error}") from None
     finally:
@@ -140,8 +141,7 @@ class PipelineRun:
         self.conformers = ConformerStage(self, chem)
         # --recheck: the records read in full and found damaged, until rewritten (see put)
         self.recheck = Recheck(writer, summary, options.cache_dir) if options.recheck else None
-        tmp_dir = plan.pipeline_config.tmp_dir if plan.pipeline_config else None
-        self.sampling = SamplingIndex(plan.clustering, plan.mmseqs, tmp_dir, _last_manifest(options.cache_dir))
+        self.sampling = SamplingIndex(plan.clustering, plan.mmseqs, plan.tmp_dir, _last_manifest(options.cache_dir))
 
     def run(self) -> None:
         if self.recheck is not None:

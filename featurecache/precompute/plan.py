@@ -101,13 +101,14 @@ class RunPlan:
     feature_config: FeatureConfig
     store_config: StoreConfig
     template_dir: str | None
-    pipeline_config: PipelineConfig | None
+    pipeline_config: PipelineConfig | None  # the searches' config; None when alignments are ingested
     alignment_index: AlignmentIndex | None
     mode_fingerprint: str
     curation: CurationConfig
     clustering: ClusteringConfig
     mmseqs: ToolSettings  # the clustering's MMseqs2: binary, threads, timeout ([tools.mmseqs])
     chem: ChemConfig = ChemConfig()  # the CCD and conformer settings ([chem], --ccd)
+    tmp_dir: str | None = None  # [search] tmp_dir: where clustering's temporary folder is made
 
 
 def prepare(options: PrecomputeOptions) -> RunPlan:
@@ -118,7 +119,10 @@ def prepare(options: PrecomputeOptions) -> RunPlan:
     input_files = discover_inputs(options.inputs)
     if not input_files:
         raise PipelineSetupError(f"no mmCIF or FASTA files found in {', '.join(map(str, options.inputs))}")
-    pipeline_config = _load_pipeline_config(options.config_path)
+    # With --alignments the config's settings apply (features, curation, clustering, chemistry,
+    # store, templates), its searches may not: search_config is None.
+    pipeline_config = _load_pipeline_config(options.config_path, options.alignments_dir)
+    search_config = pipeline_config if options.alignments_dir is None else None
     feature_config, store_config = FeatureConfig(), StoreConfig()
     template_dir = None
     if pipeline_config is not None:
@@ -135,7 +139,7 @@ def prepare(options: PrecomputeOptions) -> RunPlan:
     if template_dir is not None and not Path(template_dir).is_dir():
         raise PipelineSetupError(f"template folder {template_dir} does not exist")
     alignment_index = _alignment_index(options.alignments_dir)
-    mode = _mode(options.alignments_dir, pipeline_config, template_dir)
+    mode = _mode(options.alignments_dir, search_config, template_dir)
     curation = options.curation or (pipeline_config.curation if pipeline_config else CurationConfig())
     clustering = options.clustering or (pipeline_config.clustering if pipeline_config else ClusteringConfig())
     mmseqs = pipeline_config.tool_settings("mmseqs") if pipeline_config else ToolSettings()
@@ -144,8 +148,9 @@ def prepare(options: PrecomputeOptions) -> RunPlan:
     chem = pipeline_config.chem if pipeline_config is not None else ChemConfig()
     if options.ccd_path is not None:
         chem = dataclasses.replace(chem, ccd_path=str(Path(options.ccd_path).resolve()))
-    return RunPlan(input_files, feature_config, store_config, template_dir, pipeline_config, alignment_index,
-                 fingerprint(mode), curation, clustering, mmseqs, chem)
+    return RunPlan(input_files, feature_config, store_config, template_dir, search_config, alignment_index,
+                   fingerprint(mode), curation, clustering, mmseqs, chem,
+                   tmp_dir=pipeline_config.tmp_dir if pipeline_config is not None else None)
 
 
 def _check_clustering_tool(mmseqs: ToolSettings, pipeline_config: PipelineConfig | None) -> None:
@@ -158,14 +163,23 @@ def _check_clustering_tool(mmseqs: ToolSettings, pipeline_config: PipelineConfig
                                  f"or set [clustering] enabled = false {where}") from None
 
 
-def _load_pipeline_config(path: Path | None) -> PipelineConfig | None:
-    """The --config file, read and preflighted (every missing tool or database named at once)."""
+def _load_pipeline_config(path: Path | None, alignments_dir: Path | None) -> PipelineConfig | None:
+    """The --config file, read and preflighted (every missing tool or database named at once).
+
+    With --alignments (`alignments_dir`) its searches would be ignored, so a config that
+    configures any ([[databases]]) is refused, naming the first database and both sides."""
     if path is None:
         return None
     try:
         config = load_pipeline_config(path)
     except (PipelineConfigError, OSError) as error:
         raise PipelineSetupError(str(error)) from None
+    if alignments_dir is not None and config.databases:
+        names = ", ".join(database.name for database in config.databases)
+        raise PipelineSetupError(
+            f"--config {path}: [[databases]] configures searches ({names}), but --alignments {alignments_dir} "
+            f"ingests precomputed alignments instead; remove the [[databases]] tables to ingest with this "
+            f"config's other settings, or drop --alignments to search")
     problems = preflight(config)
     if problems:
         raise PipelineSetupError("preflight failed:\n  " + "\n  ".join(problems))

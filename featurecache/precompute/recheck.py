@@ -8,6 +8,10 @@ stale: a damaged feature record is recomputed; a damaged MSA or conformer record
 with every target whose chains or CCD codes use it (found by parsing the targets the run would
 otherwise skip), the search re-run for that chain only. The summary counts what was found
 damaged and what was rewritten; a damaged record no input of the run uses stays, and is named.
+It also hashes every shard file before writing: one that no longer matches the last manifest
+(damage outside LMDB, perhaps where no record lies, which no record's checksum shows) is
+rewritten from its entries when the run finishes (StoreWriter.finish, store/rewrite.py), after
+its damaged records were recomputed, so the cache verifies again.
 
 `Recheck` holds one run's damaged keys and counts; the driver (pipeline.PipelineRun) asks it
 which records are damaged and tells it which it rewrote.
@@ -26,6 +30,8 @@ from featurecache.precompute.search import SEQUENCE_KEY_CHARS, SearchPlan, datab
 from featurecache.precompute.tasks import ChainSequence, TargetInput, TaskError
 from featurecache.schema import CONFORMERS_TABLE, FEATURES_TABLE, MSA_TABLE
 from featurecache.store.codec import CorruptRecordError, RecordFormatError, decode_record
+from featurecache.store.layout import shard_name
+from featurecache.store.manifest import read_manifest
 from featurecache.store.writer import StoreWriter
 
 __all__ = ["RECHECKED_TABLES", "Recheck"]
@@ -48,6 +54,11 @@ class Recheck:
         # keys of records read in full and found damaged, until rewritten
         self.damaged: dict[str, set[str]] = {table: set() for table in RECHECKED_TABLES}
         summary.recheck = True
+        # shards changed outside LMDB, hashed before the run writes: rewritten when it finishes
+        self.shards_to_rewrite = writer.shards_changed_outside()
+        for shard_index in self.shards_to_rewrite:
+            log.warning("--recheck: %s differs from the manifest (size or sha256) though no writer changed it; "
+                        "it is rewritten from its records when the run finishes", cache_dir / shard_name(shard_index))
 
     def intact(self, table: str, key: str) -> bool:
         """Read the record in full as verify does (every byte's checksum, every array decoded);
@@ -67,10 +78,17 @@ class Recheck:
 
     def read_dependency_tables(self) -> None:
         """Read every msa and conformers record in full (feature records are read as their
-        targets are looked at)."""
+        targets are looked at). One the last manifest lists that is gone (its shard was
+        unreadable and set aside by `verify --repair`) counts as damaged too."""
+        listed = _last_index(self.cache_dir)
         for table in _DEPENDENCY_TABLES:
-            for key in self.writer.keys(table):
+            present = self.writer.keys(table)
+            for key in present:
                 self.intact(table, key)
+            for key in sorted(set(listed.get(table, ())) - set(present)):
+                log.warning("--recheck: %s/%s is listed in the last manifest but missing; recomputing it", table, key)
+                self.damaged[table].add(key)
+                self.summary.damaged[table] = self.summary.damaged.get(table, 0) + 1
 
     def dependencies_damaged(self) -> bool:
         """Whether an msa or conformers record was found damaged (and is not rewritten yet)."""
@@ -128,6 +146,14 @@ class Recheck:
         todo = [target for target, _ in current if target.target_id in users]
         self.summary.stages["featurize"].skipped -= len(todo)
         return todo
+
+
+def _last_index(cache_dir: Path) -> dict:
+    """The last finished manifest's index (table -> key -> entry); empty if there is none."""
+    try:
+        return read_manifest(cache_dir, expected_schema=None).index
+    except (OSError, ValueError):
+        return {}
 
 
 def _search_keys(chain: ChainSequence, search_plan: SearchPlan) -> list[str]:

@@ -11,6 +11,8 @@
               update runs or after one was interrupted (the manifest stays readable throughout)
     files     durable file writes (atomic text files, fsync of files and folders)
     verify    verify_cache: every record decoded and checksummed, every shard file compared
+    repair    repair_cache (`verify --repair`): shard files rewritten or set aside, no record lost
+    rewrite   rewrite_shard: a shard copied entry by entry into a fresh file that takes its place
     publish   publish / resolve_generation / gc: immutable generations on shared storage
     inspect   cache_stats / format_stats / format_record: the `stats` and `show` text reports
     plot      plot_stats: the `stats --plot` figure

@@ -141,6 +141,12 @@ def open_shard(path: Path, in_use: str, **options) -> lmdb.Environment:
         raise
 
 
+def used_bytes(env: lmdb.Environment) -> int:
+    """Bytes of the shard file that LMDB's last commit uses: its pages 0..last_pgno. A file may be
+    longer (nothing reads past them) but never shorter."""
+    return (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+
+
 def table_keys(txn: lmdb.Transaction, records_db, index_db) -> Iterator[bytes]:
     """A table's keys in key order, from its index table when the index names every record.
 

@@ -3,11 +3,17 @@
 Damage is reported, never raised: the report names each damaged key with its table and shard
 (a record's header entry, layout.HEADER_TABLES, must match the record's header),
 and each shard whose file no longer matches the manifest (size, sha256, counts) or cannot be
-opened. A report naming damaged records ends with the repair (REPAIR_HINT): a plain precompute
-rerun keeps a damaged record its header entry says is current; with --recheck it reads every
-record in full and recomputes the damaged ones. Only a cache that cannot be read at all
-(missing folder, no or invalid manifest) raises. Bytes flipped inside a record are caught by the record checksum; a flip in LMDB's own
-page structure shows up as a sha256 mismatch, and LMDB reports most such pages as corrupt.
+opened. Only a cache that cannot be read at all (missing folder, no or invalid manifest) raises.
+Bytes flipped inside a record are caught by the record checksum; a flip in LMDB's own page
+structure or where no record lies (a free page, the unused part of a page, bytes appended to the
+file) shows up as a sha256 mismatch, and LMDB reports most damaged structure pages as corrupt.
+
+A damaged report ends with the command that repairs it (VerifyReport.repair):
+`featurecache verify --repair` (repair.py) when only shard files differ from the manifest while
+their records are intact (it rewrites them), or when a shard is unreadable (it moves it aside;
+precompute --recheck then recomputes its records); precompute --recheck when records are damaged
+or missing (a plain rerun keeps a damaged record its header entry says is current; --recheck
+recomputes it and rewrites any shard file changed outside LMDB).
 
 During an update, or after an interrupted one (update_marker.py), the last finished manifest
 still lists the records but no longer describes the shard files: their sizes, checksums, record
@@ -34,7 +40,7 @@ from featurecache.store.codec import (
     read_header,
     unpack_plain,
 )
-from featurecache.store.layout import header_table, index_table, shard_of
+from featurecache.store.layout import header_table, index_table, open_shard, shard_of, used_bytes
 from featurecache.store.manifest import MANIFEST_NAME, Manifest, check_shard_file, read_manifest
 from featurecache.store.reader import StoreReader
 from featurecache.store.update_marker import MARKER_NAME, UpdateMarker, read_update_marker
@@ -43,7 +49,25 @@ from featurecache.store.update_marker import MARKER_NAME, UpdateMarker, read_upd
 # The last line of a report naming damaged records: precompute --recheck reads every record it
 # keeps in full and recomputes the damaged ones (a plain rerun decides from header entries alone).
 REPAIR_HINT = ("to repair: run `featurecache precompute` again with the same inputs and options plus --recheck "
-               "(it recomputes the damaged records), then verify again")
+               "(it recomputes the damaged records and rewrites any damaged shard file), then verify again")
+
+# ShardProblem.kind: what is wrong with a shard file, which decides its repair.
+FILE_CHANGED = "file"         # size or sha256 differs from the manifest's: `verify --repair` rewrites it
+UNREADABLE = "unreadable"     # missing, or LMDB cannot open or read it: its records must be recomputed
+COUNTS = "counts"             # a table holds more or fewer records than the manifest says
+
+
+def rewrite_hint(cache_dir: Path) -> str:
+    """The repair of shard files that differ from the manifest while every record in them is intact."""
+    return (f"to repair: run `featurecache verify --repair {cache_dir}` (it rewrites each such shard from its "
+            f"records, all intact), then verify again")
+
+
+def unreadable_hint(cache_dir: Path) -> str:
+    """The repair of a shard file that is missing or that LMDB cannot read: its records are lost."""
+    return (f"to repair: run `featurecache verify --repair {cache_dir}` (it moves each unreadable shard aside "
+            f"and puts an empty one in its place), then `featurecache precompute` again with the same inputs "
+            f"and options plus --recheck (it recomputes the records that shard held), then verify again")
 
 
 @dataclass(frozen=True)
@@ -58,6 +82,7 @@ class DamagedRecord:
 class ShardProblem:
     shard: str
     reason: str
+    kind: str = FILE_CHANGED  # FILE_CHANGED, UNREADABLE or COUNTS
 
 
 @dataclass
@@ -72,6 +97,30 @@ class VerifyReport:
     def ok(self) -> bool:
         return not self.damaged and not self.shard_problems
 
+    def shards_to_rewrite(self) -> list[str]:
+        """Shards whose file differs from the manifest while every record in them is intact: the
+        damage lies where no record is (a free page, a page's unused part, bytes appended)."""
+        problems: dict[str, set[str]] = {}
+        for problem in self.shard_problems:
+            problems.setdefault(problem.shard, set()).add(problem.kind)
+        with_damaged_records = {record.shard for record in self.damaged}
+        return sorted(shard for shard, kinds in problems.items()
+                      if kinds == {FILE_CHANGED} and shard not in with_damaged_records)
+
+    def unreadable_shards(self) -> list[str]:
+        return sorted({problem.shard for problem in self.shard_problems if problem.kind == UNREADABLE})
+
+    @property
+    def repair(self) -> str | None:
+        """The command that repairs what this report names, as one line; None when nothing is damaged."""
+        if self.unreadable_shards():  # verify --repair also rewrites the other damaged shards
+            return unreadable_hint(self.cache_dir)
+        if self.damaged or any(problem.kind == COUNTS for problem in self.shard_problems):
+            return REPAIR_HINT  # --recheck also rewrites every shard file changed outside LMDB
+        if self.shards_to_rewrite():
+            return rewrite_hint(self.cache_dir)
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "cache_dir": str(self.cache_dir),
@@ -80,7 +129,7 @@ class VerifyReport:
             "damaged": [asdict(record) for record in self.damaged],
             "shard_problems": [asdict(problem) for problem in self.shard_problems],
             "update": self.update,
-            "repair": REPAIR_HINT if self.damaged else None,
+            "repair": self.repair,
         }
 
     def format(self) -> str:
@@ -94,8 +143,8 @@ class VerifyReport:
                   for record in self.damaged]
         lines.append("OK" if self.ok else
                      f"DAMAGED: {len(self.damaged)} records, {len(self.shard_problems)} shard problems")
-        if self.damaged:
-            lines.append(REPAIR_HINT)
+        if self.repair is not None:
+            lines.append(self.repair)
         return "\n".join(lines)
 
 
@@ -199,22 +248,46 @@ def _verify(cache_dir: Path, check_files: bool) -> VerifyReport:
         for shard_index, shard in enumerate(manifest.shards):
             path = cache_dir / shard.file
             if not path.is_file():
-                report.shard_problems.append(ShardProblem(shard.file, "file is missing"))
+                report.shard_problems.append(ShardProblem(shard.file, "file is missing", UNREADABLE))
                 continue
             if check_files and update is None:
                 problem = check_shard_file(path, shard)
                 if problem is not None:
                     report.shard_problems.append(ShardProblem(shard.file, problem))
             try:
+                truncated = _truncation(path)
+                if truncated is not None:
+                    report.shard_problems.append(ShardProblem(shard.file, truncated, UNREADABLE))
+                    continue
                 for table in TABLES:
                     found = _scan_table(reader, manifest, shard_index, table, report, update)
                     report.records_checked[table] += found
                     expected = shard.counts.get(table, 0)
                     if update is None and found != expected:
                         report.shard_problems.append(ShardProblem(
-                            shard.file, f"table {table} has {found} records, manifest says {expected}"))
+                            shard.file, f"table {table} has {found} records, manifest says {expected}", COUNTS))
             except (lmdb.Error, ValueError, OSError) as error:
-                report.shard_problems.append(ShardProblem(shard.file, f"unreadable: {error}"))
+                report.shard_problems.append(ShardProblem(shard.file, f"unreadable: {error}", UNREADABLE))
     finally:
         reader.close()
     return report
+
+
+def _truncation(path: Path) -> str | None:
+    """Why LMDB must not read the shard at `path`: the file ends before its last used page (reading a
+    page past the end of a memory-mapped file kills the process with SIGBUS); None if it does not.
+
+    Checked on an environment of its own, before the reader opens the shard's tables (which reads
+    pages); a shard this process already has open was read without harm, so it is not checked."""
+    try:
+        env = open_shard(path, "is open in this process", readonly=True, lock=False)
+    except RuntimeError:
+        return None
+    try:
+        needed = used_bytes(env)  # from the meta page, read with read(2), not through the map
+    finally:
+        env.close()
+    size = path.stat().st_size
+    if size < needed:
+        return f"unreadable: truncated to {size} bytes, its pages reach byte {needed}"
+    return None

@@ -22,7 +22,7 @@ Typical use::
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +60,16 @@ from featurecache.store.layout import (
     table_keys,
 )
 from featurecache.store.locks import ShardLock
-from featurecache.store.manifest import Manifest, read_manifest, utc_now, write_manifest
+from featurecache.store.manifest import Manifest, check_shard_file, read_manifest, utc_now, write_manifest
 from featurecache.store.reader import is_sealed, read_header_entry, read_record_header, readonly_environment
-from featurecache.store.update_marker import begin_update, end_update, mark_interrupted, record_deleted
+from featurecache.store.rewrite import rewrite_shard
+from featurecache.store.update_marker import (
+    begin_update,
+    end_update,
+    mark_interrupted,
+    read_update_marker,
+    record_deleted,
+)
 
 # Map growth doubles; stop at 16 TiB so a runaway record fails instead of eating the disk.
 _MAX_MAP_SIZE = 1 << 44
@@ -317,6 +324,7 @@ class StoreWriter:
             for shard_index in range(self.num_shards):
                 path = self.cache_dir / shard_name(shard_index)
                 self._shards.append(ShardWriter(path, shard_index, self.num_shards, config))
+            interrupted = read_update_marker(self.cache_dir)  # its shard entries no longer describe the files
             self._update = begin_update(self.cache_dir)
         except BaseException:
             self._close_all()
@@ -325,6 +333,7 @@ class StoreWriter:
         # the digests of the shards left unchanged.
         self._last = self._last_finished_manifest() if self._update is not None else None
         self._listed = {} if self._last is None else self._last.index  # table -> key -> entry
+        self._last_describes_files = self._last is not None and interrupted is None
 
     def _last_finished_manifest(self) -> Manifest | None:
         try:
@@ -374,18 +383,35 @@ class StoreWriter:
         for shard in self._shards:
             shard.flush()
 
+    def shards_changed_outside(self) -> list[int]:
+        """Shards whose file no longer matches the last finished manifest (size or sha256) though
+        no writer changed it: damage outside LMDB, perhaps where no record lies. Reads every shard
+        file whole; call before writing anything (precompute --recheck does, reading the whole
+        cache anyway). Empty when the last manifest does not describe the files (a new cache, an
+        interrupted update)."""
+        if not self._last_describes_files or self._last.num_shards != self.num_shards:
+            return []
+        self.flush()
+        return [shard.shard_index for shard, info in zip(self._shards, self._last.shards)
+                if check_shard_file(shard.path, info) is not None]
+
     def finish(
         self, fingerprints: Mapping[str, str] | None = None, schema_version: int | None = None,
         derived_index: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+        rewrite_shards: Collection[int] = (),
     ) -> Manifest:
         """Commit everything, close the shards and write manifest.json last; returns the Manifest.
 
-        `derived_index`: index tables computed over the whole cache (manifest.write_manifest)."""
+        `derived_index`: index tables computed over the whole cache (manifest.write_manifest).
+        `rewrite_shards`: shards copied entry by entry into fresh files first (rewrite.py), which
+        leaves behind damage where no record lies (shards_changed_outside)."""
         try:
             summaries = [shard.summary() for shard in self._shards]
             created = self._shards[0].created
             for shard in self._shards:
                 shard.close_env()
+            for shard_index in sorted(set(rewrite_shards)):
+                summaries[shard_index]["txnid"] = rewrite_shard(self._shards[shard_index].path)["txnid"]
             # Still holding the shard locks: no writer can change a shard under the checksums.
             same_cache = self._last is not None and self._last.created == created  # not one made anew
             manifest = write_manifest(

@@ -4,8 +4,9 @@ A plain rerun decides from each feature record's header entry that the record is
 record damaged since (its arrays' bytes, the entry intact) stays damaged: `verify` names it and
 says to rerun with --recheck. --recheck reads every record the run would keep in full (its CRC,
 every array decoded) and recomputes the damaged ones, with the MSA and conformer records they
-use; every other record keeps its bytes, and shards with nothing to repair are not written.
-Real runs (ingested alignments, inline executor), bytes flipped inside LMDB values.
+use; every other record keeps its bytes, and shards with nothing to repair are not written. A shard
+file changed outside LMDB (damage in free space, which no record's checksum shows) is rewritten
+from its records. Real runs (ingested alignments, inline executor), bytes flipped inside LMDB values.
 """
 
 from __future__ import annotations
@@ -198,3 +199,71 @@ def test_recheck_in_search_mode_searches_again_only_the_damaged_database_output(
     unchanged_outputs = {(MSA_TABLE, key) for key in outputs if key != damaged}
     assert all(after[name] == before[name] for name in unchanged_outputs)
     assert after[(MSA_TABLE, damaged)] != before[(MSA_TABLE, damaged)]
+
+
+def _flip_free_page(path, rng) -> None:
+    """Flip one byte of a free page of the shard file (tests/store/_lmdb_pages.py): no record's byte."""
+    from tests.store._lmdb_pages import page_map
+
+    pages = page_map(path)
+    offset = rng.choice(sorted(pages.free)) * pages.page_size + rng.randrange(pages.page_size)
+    data = bytearray(path.read_bytes())
+    data[offset] ^= rng.randrange(1, 256)
+    path.write_bytes(bytes(data))
+
+
+def test_recheck_rewrites_shards_damaged_outside_any_record(finished_cache):
+    """Damage in free space: no record is damaged, the shard's sha256 is wrong. A rerun leaves the
+    shard unchanged (and its recorded digest), --recheck rewrites it from its records."""
+    import random
+
+    cache_dir = finished_cache.cache_dir
+    rng = random.Random()
+    path = cache_dir / read_manifest(cache_dir).shards[rng.randrange(read_manifest(cache_dir).num_shards)].file
+    _flip_free_page(path, rng)
+    before = _records(cache_dir)
+    report = verify_cache(cache_dir)
+    assert report.damaged == [] and [problem.shard for problem in report.shard_problems] == [path.name]
+    assert f"`featurecache verify --repair {cache_dir}`" in report.format().splitlines()[-1]
+    precompute(finished_cache)
+    assert not verify_cache(cache_dir).ok  # a plain rerun changed nothing
+
+    summary = precompute(PrecomputeOptions(**{**vars(finished_cache), "recheck": True}))
+    assert summary.damaged == {} and summary.stages["featurize"].done == 0, summary.format()
+    report = verify_cache(cache_dir)
+    assert report.ok, report.format()
+    assert _records(cache_dir) == before
+
+
+def test_recheck_recomputes_damaged_records_then_rewrites_their_damaged_shards(finished_cache):
+    """A damaged record and damaged free space in its shard, damaged free space in another shard:
+    verify names --recheck, which recomputes the record and rewrites both shards."""
+    import random
+
+    from featurecache.config import file_sha256
+
+    cache_dir = finished_cache.cache_dir
+    rng = random.Random()
+    manifest = read_manifest(cache_dir)
+    damaged = "2q2k"
+    own_shard = cache_dir / shard_name(shard_of(damaged, manifest.num_shards))
+    other_shard = cache_dir / rng.choice([shard.file for shard in manifest.shards if shard.file != own_shard.name])
+    _flip(cache_dir, FEATURES_TABLE, damaged)
+    _flip_free_page(own_shard, rng)
+    _flip_free_page(other_shard, rng)
+    before = _records(cache_dir)
+    result = _verify_cli(cache_dir)
+    assert result.exit_code == 1 and result.output.strip().splitlines()[-1] == REPAIR_HINT, result.output
+
+    result = _precompute_cli(finished_cache, "--recheck")
+    assert result.exit_code == 0, result.output
+    report = verify_cache(cache_dir)
+    assert report.ok, report.format()
+    after = _records(cache_dir)
+    assert after.keys() == before.keys()
+    assert {name for name in after if after[name] != before[name]} == {(FEATURES_TABLE, damaged)}
+    for shard in read_manifest(cache_dir).shards:
+        assert file_sha256(cache_dir / shard.file) == shard.sha256
+    # the other shard had nothing to recompute: only its rewrite moved its transaction id
+    assert {path.name for path in (own_shard, other_shard)} <= {
+        shard.file for shard, old in zip(read_manifest(cache_dir).shards, manifest.shards) if shard.txnid > old.txnid}

@@ -44,6 +44,8 @@ def _cases(tmp: Path, cache: Path, data: Path) -> list[tuple[str, str, list[str]
     """(key, what, arguments, words the one line must contain)."""
     latin1 = tmp / "pipeline.toml"
     latin1.write_bytes("[store]\n# caf\xe9\n".encode("latin-1"))
+    searching = tmp / "search.toml"
+    searching.write_text('[[databases]]\nname = "uniref90"\ntool = "jackhmmer"\npath = "uniref90.fasta"\n')
     garbled = tmp / "garbled"
     shutil.copytree(cache, garbled)
     (garbled / "manifest.json").write_text('{"format": 1, "shards": [')
@@ -56,9 +58,9 @@ def _cases(tmp: Path, cache: Path, data: Path) -> list[tuple[str, str, list[str]
          ["precompute", structure, "--config", str(latin1), "--cache", out], ("--config", "pipeline.toml", "UTF-8")),
         ("config_missing", "a pipeline config that does not exist",
          ["precompute", structure, "--config", str(tmp / "nope.toml"), "--cache", out], ("--config", "nope.toml")),
-        ("config_and_alignments", "--config and --alignments together (one would be ignored)",
-         ["precompute", structure, "--config", str(latin1), "--alignments", str(data / "alignments"), "--cache", out],
-         ("--alignments", "--config")),
+        ("config_searches_and_alignments", "--alignments with a --config that configures searches (they would be "
+         "ignored)", ["precompute", structure, "--config", str(searching), "--alignments", str(data / "alignments"),
+                      "--cache", out], ("--alignments", "--config", "[[databases]]", "uniref90")),
         ("workers_0", "--workers 0", ["precompute", structure, "--workers", "0", "--cache", out], ("--workers", "0")),
         ("shards_0", "--shards 0", ["precompute", structure, "--shards", "0", "--cache", out], ("--shards", "0")),
         ("gc_keep_0", "gc --keep 0", ["gc", str(tmp), "--keep", "0"], ("--keep", "0")),

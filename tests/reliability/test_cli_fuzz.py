@@ -99,7 +99,7 @@ COMMANDS = {
                               "--templates": "path", "--workers": "int", "--shards": "int",
                               "--msa-rows-stored": "int", "--executor": "text"}),
     "stats": (["path"], {"--plot": "path", "--json": "flag"}),
-    "verify": (["path"], {"--json": "flag"}),
+    "verify": (["path"], {"--json": "flag", "--repair": "flag"}),
     "show": (["path", "text"], {"--table": "text"}),
     "publish": (["path", "path"], {}),
     "gc": (["path"], {"--keep": "int"}),

@@ -57,12 +57,14 @@ def assert_record_matches(record, key: str, seed: int, num_tokens: int | None = 
 
 
 def build_cache(cache_dir: Path, keys: list[str], seed: int, num_shards: int = 3,
-                batch_records: int = 8, map_size_bytes: int = 1 << 20) -> Manifest:
+                batch_records: int = 8, map_size_bytes: int = 1 << 20, msa_keys: tuple[str, ...] = ()) -> Manifest:
     config = StoreConfig(num_shards=num_shards, map_size_bytes=map_size_bytes, batch_records=batch_records)
     with StoreWriter(cache_dir, config) as writer:
         for key in keys:
             blob, index = sample_blob(key, seed)
             writer.put("features", key, blob, index=index)
+        for key in msa_keys:
+            writer.put("msa", key, sample_blob(key, seed)[0])
         return writer.finish(fingerprints={"seed": str(seed)})
 
 
