@@ -100,6 +100,9 @@ class ChemConfig:
     conformer_timeout_s: int = 10       # ETKDG gives up after this many seconds (then CCD coordinates); 0: never
     conformer_max_iterations: int = 0   # ETKDG embedding attempts; 0: RDKit's default
     conformer_force_field: str = "mmff"  # "mmff": relax the ETKDG conformer with MMFF94; "none": AF3's exact recipe
+    # Angstrom: an RDKit conformer with a bond this much longer or shorter than in the CCD's
+    # ideal (else model) coordinates takes those coordinates instead (metal complexes); inf: never
+    conformer_max_bond_deviation: float = 0.2
 
     def __post_init__(self) -> None:
         if self.conformer_force_field not in CONFORMER_FORCE_FIELDS:
@@ -109,6 +112,10 @@ class ChemConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        deviation = self.conformer_max_bond_deviation
+        if isinstance(deviation, bool) or not isinstance(deviation, numbers.Real) or not deviation > 0:
+            raise ValueError(f"conformer_max_bond_deviation must be a number > 0 (Angstrom; inf: no check), "
+                             f"got {deviation!r}")
 
 
 # AF3 SI Table 9: crystallization aids, removed from structures solved by crystallography.

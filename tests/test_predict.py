@@ -192,31 +192,6 @@ def test_a_checkpoint_from_before_the_confidence_head_predicts_without_confidenc
     assert {atom.b_iso for chain in structure[0] for residue in chain for atom in residue} == {0.0}
 
 
-def _lddt_and_ca_rmsd(predicted_path: Path, truth_path: Path) -> tuple[float, float, int]:
-    """All-atom lDDT (15 A inclusion radius, thresholds 0.5 / 1 / 2 / 4 A, over the atoms the
-    truth resolves) and the CA RMSD after optimal superposition, matching atoms by label_asym_id,
-    label_seq_id, residue and atom name."""
-    def atoms(path: Path) -> dict[tuple, np.ndarray]:
-        structure = gemmi.read_structure(str(path))
-        structure.remove_hydrogens()
-        structure.remove_waters()
-        return {(key, residue.name, atom.name): np.array(atom.pos.tolist())
-                for key, residue in _residues(structure).items() for atom in residue}
-
-    predicted, truth = atoms(predicted_path), atoms(truth_path)
-    keys = [key for key in truth if key in predicted]
-    assert len(keys) == len(truth), "every resolved atom of the truth is predicted"
-    x = np.array([predicted[key] for key in keys])
-    y = np.array([truth[key] for key in keys])
-    dx, dy = (np.linalg.norm(p[:, None] - p[None], axis=-1) for p in (x, y))
-    pairs = (dy < 15.0) & ~np.eye(len(keys), dtype=bool)
-    error = np.abs(dx - dy)[pairs]
-    lddt = float(np.mean([(error < cutoff).mean() for cutoff in (0.5, 1.0, 2.0, 4.0)]))
-    ca = [i for i, key in enumerate(keys) if key[2] == "CA"]
-    fit = gemmi.superpose_positions([gemmi.Position(*p) for p in x[ca]], [gemmi.Position(*p) for p in y[ca]])
-    return lddt, fit.rmsd, len(ca)
-
-
 def _ras_helix(shared_data: Path, folder: Path) -> Path:
     """H-Ras (721p chain A) residues 86-105, helix alpha3 with its flanks, as an mmCIF of its own:
     a real, fixed crop (20 tokens, 179 atoms) small enough to overfit on a CPU."""
@@ -243,7 +218,7 @@ def test_tiny_overfits_one_real_crop_until_predict_recovers_it(shared_data, tmp_
     CacheDataset: the crop size holds it whole) until `predict` writes a structure close to the
     truth than an untrained model comes (see OVERFIT_* above for the measured figures)."""
     from featurecache.precompute.pipeline import PrecomputeOptions, precompute
-    from featurecache.prediction import PredictOptions, predict
+    from featurecache.prediction import PredictOptions, compare, predict
 
     (tmp_path / "inputs").mkdir()
     truth = _ras_helix(shared_data, tmp_path / "inputs")
@@ -257,10 +232,10 @@ def test_tiny_overfits_one_real_crop_until_predict_recovers_it(shared_data, tmp_
     written = predict(PredictOptions(cache=str(tmp_path / "cache"), keys=("ras-helix",), checkpoint=str(checkpoint),
                                      out=str(tmp_path / "predictions"), samples=2, cycles=1, device="cpu",
                                      kernels="torch"))
-    scores = [_lddt_and_ca_rmsd(path, truth) for path in written]
-    assert all(count == 20 for _, _, count in scores)
-    assert all(0.0 < lddt <= 1.0 for lddt, _, _ in scores), scores
-    assert min(rmsd for _, rmsd, _ in scores) < OVERFIT_CA_RMSD, scores
+    scores = [compare(path, truth) for path in written]  # featurecache evaluate's scores
+    assert all(score.ca_atoms == 20 and score.atoms == 179 for score in scores), scores
+    assert all(0.0 < score.lddt <= 1.0 for score in scores), scores
+    assert min(score.ca_rmsd for score in scores) < OVERFIT_CA_RMSD, scores
 
 
 def _protein_chain(shared_data: Path) -> dict:

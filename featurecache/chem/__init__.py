@@ -13,6 +13,7 @@ from featurecache.chem.ccd import (
     load_ccd,
 )
 from featurecache.chem.conformer import (
+    FALLBACK_REASONS,
     SOURCES,
     Conformer,
     ConformerSettings,
@@ -37,7 +38,7 @@ from featurecache.chem.linking import (
 from featurecache.chem.molecule import SmilesError, canonical_smiles
 
 __all__ = [
-    "BOND_ORDERS", "CHAIN_KINDS", "CONFORMER_ARRAYS", "CONFORMER_METADATA", "SOURCES",
+    "BOND_ORDERS", "CHAIN_KINDS", "CONFORMER_ARRAYS", "CONFORMER_METADATA", "FALLBACK_REASONS", "SOURCES",
     "Ccd", "Component", "Conformer", "ConformerSettings", "SmilesError", "UnknownComponentError",
     "atomic_number", "canonical_smiles", "component_conformer", "conformer_from_arrays",
     "conformer_key", "conformer_to_arrays", "decode_atom_names", "encode_atom_names",

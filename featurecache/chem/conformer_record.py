@@ -27,7 +27,8 @@ from featurecache.chem.molecule import canonical_smiles
 from featurecache.schema import ArraySpec
 
 # Bump when a code change alters generated conformers: every key changes with it.
-CONFORMER_FORMAT = 1
+# 2: RDKit conformers with bonds off the CCD's by more than max_bond_deviation give way to the CCD's.
+CONFORMER_FORMAT = 2
 ATOM_NAME_LENGTH = 4
 
 _ARRAYS = (
@@ -48,6 +49,7 @@ CONFORMER_METADATA = {
     "kind": "'ccd' or 'smiles'",
     "source": "where ref_pos came from: 'rdkit', 'ccd_ideal', 'ccd_model' or 'none'",
     "sanitization": "how far RDKit sanitized the molecule: 'full', 'no_valence_check' or 'none'",
+    "fallback": "why ref_pos is not RDKit's: 'not_sanitized', 'embedding_failed', 'bond_lengths'; None if it is",
 }
 
 
@@ -101,7 +103,7 @@ def conformer_to_arrays(conformer: Conformer) -> tuple[dict[str, np.ndarray], di
         "bond_order": conformer.bond_orders.astype(np.int8),
     }
     meta = {"name": conformer.name, "kind": conformer.kind, "source": conformer.source,
-            "sanitization": conformer.sanitization}
+            "sanitization": conformer.sanitization, "fallback": conformer.fallback}
     return arrays, meta
 
 
@@ -128,4 +130,5 @@ def conformer_from_arrays(arrays: Mapping[str, np.ndarray], meta: Mapping) -> Co
         bond_orders=np.array(arrays["bond_order"]),
         source=meta["source"],
         sanitization=meta["sanitization"],
+        fallback=meta["fallback"],
     )

@@ -28,7 +28,8 @@ from featurecache.io.structure import Chain, Residue, Structure
 
 def conformer_settings(chem: ChemConfig) -> ConformerSettings:
     return ConformerSettings(seed=chem.conformer_seed, max_iterations=chem.conformer_max_iterations,
-                             timeout_s=chem.conformer_timeout_s, force_field=chem.conformer_force_field)
+                             timeout_s=chem.conformer_timeout_s, force_field=chem.conformer_force_field,
+                             max_bond_deviation=chem.conformer_max_bond_deviation)
 
 
 SMILES_PREFIX = "smiles:"

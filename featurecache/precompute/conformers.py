@@ -40,6 +40,7 @@ class ComputedConformer:
     key: str
     blob: bytes
     source: str  # chem.SOURCES
+    fallback: str | None  # chem.FALLBACK_REASONS: why the positions are not RDKit's
     seconds: float
 
 
@@ -78,7 +79,8 @@ def compute_conformers(codes: list[str], chem: ChemConfig, zstd_level: int) -> l
         arrays, meta = conformer_to_arrays(conformer)
         meta = {**meta, "ccd_version": conformers.ccd.version}
         blob = encode_record(key, arrays, meta, key.rsplit(":", 1)[1], "", CONFORMER_FORMAT, zstd_level)
-        done.append(ComputedConformer(code, key, blob, conformer.source, time.perf_counter() - started))
+        done.append(ComputedConformer(code, key, blob, conformer.source, conformer.fallback,
+                                      time.perf_counter() - started))
     return done
 
 
@@ -136,7 +138,8 @@ class ConformerStage:
                 return
             with run.timed_write():
                 for item in result:
-                    run.put(CONFORMERS_TABLE, item.key, item.blob, index={"code": item.code, "source": item.source})
+                    run.put(CONFORMERS_TABLE, item.key, item.blob,
+                            index={"code": item.code, "source": item.source, "fallback": item.fallback})
                     self.keys[item.code] = item.key
             counts.done += len(result)
             run.summary.conformer_seconds += sum(item.seconds for item in result)

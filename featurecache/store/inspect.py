@@ -81,6 +81,10 @@ def cache_stats(cache_dir: Path) -> dict:
         # where the reference conformers' positions came from (chem.SOURCES), from their index entries
         "conformer_sources": dict(Counter(entry.get("source", "unknown")
                                           for entry in manifest.index.get(CONFORMERS_TABLE, {}).values())),
+        # why a conformer's positions are not RDKit's (chem.FALLBACK_REASONS); older entries name none
+        "conformer_fallbacks": dict(Counter(entry["fallback"]
+                                            for entry in manifest.index.get(CONFORMERS_TABLE, {}).values()
+                                            if entry.get("fallback"))),
         "num_tokens": _distribution([entry["num_tokens"] for entry in targets.values()]),
         "msa_depth": _distribution([entry["msa_depth"] for entry in targets.values()]),
         "num_templates": _distribution([entry.get("num_templates", 0) for entry in targets.values()]),
@@ -168,11 +172,14 @@ def _format_sampling(sampling: dict | None) -> list[str]:
     ]
 
 
-def _format_conformer_sources(sources: dict) -> str:
-    """'conformers   rdkit 40, ccd_ideal 2, ccd_model 0, none 1' (RDKit failed: CCD coordinates)."""
+def _format_conformer_sources(sources: dict, fallbacks: dict) -> str:
+    """'conformers   rdkit 40, ccd_ideal 2, ccd_model 0, none 1; fallbacks bond_lengths 2, embedding_failed 1'."""
     order = ("rdkit", "ccd_ideal", "ccd_model", "none")
     names = list(order) + sorted(set(sources) - set(order))
-    return "conformers   " + ", ".join(f"{name} {sources.get(name, 0)}" for name in names)
+    line = "conformers   " + ", ".join(f"{name} {sources.get(name, 0)}" for name in names)
+    if fallbacks:
+        line += "; fallbacks " + ", ".join(f"{reason} {count}" for reason, count in sorted(fallbacks.items()))
+    return line
 
 
 def format_stats(report: dict) -> str:
@@ -184,7 +191,7 @@ def format_stats(report: dict) -> str:
         *([f"note         {report['update']}"] if report["update"] else []),
         "records      " + "   ".join(f"{table} {counts.get(table, 0)}"
                                      for table in (FEATURES_TABLE, MSA_TABLE, CONFORMERS_TABLE, ERRORS_TABLE)),
-        _format_conformer_sources(report.get("conformer_sources", {})),
+        _format_conformer_sources(report.get("conformer_sources", {}), report.get("conformer_fallbacks", {})),
         _format_distribution("tokens", report["num_tokens"]),
         _format_distribution("msa depth", report["msa_depth"]),
         _format_distribution("templates", report["num_templates"]),

@@ -1,5 +1,6 @@
 """Reference conformers: RDKit ETKDGv3 with CCD fallbacks, and the SMILES path."""
 
+import dataclasses
 import re
 
 import gemmi
@@ -8,6 +9,7 @@ import pytest
 from rdkit import Chem
 
 from featurecache.chem import (
+    FALLBACK_REASONS,
     SOURCES,
     ConformerSettings,
     SmilesError,
@@ -16,10 +18,12 @@ from featurecache.chem import (
     load_ccd,
     smiles_conformer,
 )
+from featurecache.chem.conformer import bond_length_deviation
 from featurecache.chem.molecule import molecule_from_component
 
 ASPIRIN = "CC(=O)Oc1ccccc1C(=O)O"
 METALS = {12, 20, 26, 27, 29, 30}  # Mg, Ca, Fe, Co, Cu, Zn: ETKDG knows no metal geometry
+IRIDIUM = 77
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +55,7 @@ def test_conformer_matches_ccd_ideal_geometry(ccd, code):
     component = ccd.component(code)
     conformer = component_conformer(component)
     heavy = component.heavy_atoms()
-    assert conformer.source == "rdkit" and conformer.sanitization == "full"
+    assert conformer.source == "rdkit" and conformer.sanitization == "full" and conformer.fallback is None
     assert conformer.atom_names.tolist() == heavy.atom_names.tolist()
     assert conformer.elements.tolist() == heavy.elements.tolist()
     assert conformer.positions.dtype == np.float32 and conformer.mask.all()
@@ -82,8 +86,62 @@ def test_ferrocene_ligand_rdkit_cannot_embed_falls_back_to_ccd_ideal(ccd):
     conformer = component_conformer(component)
     heavy = component.heavy_atoms()
     assert conformer.source == "ccd_ideal" and conformer.sanitization == "full"
+    assert conformer.fallback == "embedding_failed"
     np.testing.assert_array_equal(conformer.positions, heavy.ideal_pos)
     assert conformer.mask.all()
+
+
+def _metal_bond_lengths(conformer):
+    """Lengths of the bonds that have a metal (an element in METALS, or Ir) at one end."""
+    metal = np.isin(conformer.elements, sorted(METALS | {IRIDIUM}))
+    bonds = conformer.bonds[metal[conformer.bonds].any(axis=1)]
+    return _bond_lengths(conformer.positions, bonds)
+
+
+def test_iridium_hexammine_takes_the_ccd_coordinates_when_rdkit_distorts_its_bonds(ccd):
+    # IRI (in PDB 4gxy): ETKDG + MMFF give Ir-N bonds of 1.44-2.70 A; the CCD's model coordinates
+    # (IRI has no ideal ones) have all six at 2.24-2.27 A.
+    component = ccd.component("IRI")
+    heavy = component.heavy_atoms()
+    assert heavy.ideal_missing.all() and not heavy.model_missing.any()
+    unchecked = component_conformer(component, ConformerSettings(max_bond_deviation=float("inf")))
+    assert unchecked.source == "rdkit" and unchecked.fallback is None
+    model_lengths = _metal_bond_lengths(dataclasses.replace(unchecked, positions=heavy.model_pos))
+    assert len(model_lengths) == 6 and np.all(np.abs(model_lengths - 2.255) < 0.02)
+    assert np.abs(_metal_bond_lengths(unchecked) - model_lengths).max() > 0.5
+    conformer = component_conformer(component)
+    assert conformer.source == "ccd_model" and conformer.fallback == "bond_lengths" and conformer.mask.all()
+    np.testing.assert_array_equal(conformer.positions, heavy.model_pos)
+
+
+@pytest.mark.parametrize("code, source", [
+    ("HEM", "ccd_ideal"),   # heme b: Fe-N
+    ("FES", "ccd_ideal"),   # [2Fe-2S] cluster: Fe-S 2.59 A in RDKit's conformer, 2.20 in the CCD's
+    ("SF4", "ccd_ideal"),   # [4Fe-4S] cluster
+    ("B12", "ccd_ideal"),   # cobalamin: Co-N
+    ("ZNH", "ccd_model"),   # zinc protoporphyrin, no ideal coordinates
+    ("NCO", "rdkit"),       # cobalt hexammine: RDKit's Co-N within 0.11 A of the CCD's, kept
+])
+def test_metal_complexes_keep_the_ccd_bond_lengths(ccd, code, source):
+    component = ccd.component(code)
+    heavy = component.heavy_atoms()
+    settings = ConformerSettings()
+    conformer = component_conformer(component, settings)
+    assert conformer.source == source and conformer.mask.all()
+    assert conformer.fallback == (None if source == "rdkit" else "bond_lengths")
+    reference = heavy.ideal_pos if not heavy.ideal_missing.any() else heavy.model_pos
+    assert bond_length_deviation(conformer.positions, reference, conformer.bonds) <= settings.max_bond_deviation
+    # RDKit's own conformer is what the check turned away (or kept).
+    unchecked = component_conformer(component, ConformerSettings(max_bond_deviation=float("inf")))
+    deviation = bond_length_deviation(unchecked.positions, reference, unchecked.bonds)
+    assert (deviation > settings.max_bond_deviation) == (source != "rdkit"), deviation
+
+
+def test_a_tighter_bond_check_turns_away_more_conformers(ccd):
+    # NCO's RDKit Co-N bonds are 0.05-0.11 A off the CCD's ideal ones.
+    nco = ccd.component("NCO")
+    assert component_conformer(nco, ConformerSettings(max_bond_deviation=0.05)).fallback == "bond_lengths"
+    assert component_conformer(nco, ConformerSettings(max_bond_deviation=0.2)).fallback is None
 
 
 def test_component_without_ideal_coordinates_falls_back_to_model_coordinates(ccd):
@@ -98,6 +156,7 @@ def test_component_without_ideal_coordinates_falls_back_to_model_coordinates(ccd
     assert later.source == "ccd_model"
     earlier = component_conformer(component, ConformerSettings(model_coordinates_before="2011-01-01"))
     assert earlier.source == "none" and not earlier.mask.any() and not earlier.positions.any()
+    assert conformer.fallback == later.fallback == earlier.fallback == "embedding_failed"
 
 
 def test_partial_model_coordinates_are_masked_not_dropped(ccd):
@@ -116,13 +175,14 @@ def test_unsanitizable_component_takes_ccd_coordinates_as_af3(ccd):
     # coordinates are used.
     conformer = component_conformer(ccd.component("ICS"))
     assert conformer.sanitization == "no_valence_check" and conformer.source == "ccd_ideal"
+    assert conformer.fallback == "not_sanitized"
 
 
 def test_ion_and_empty_component(ccd):
     zinc = component_conformer(ccd.component("ZN"))
-    assert zinc.source == "rdkit" and zinc.num_atoms == 1 and zinc.mask.all()
+    assert zinc.source == "rdkit" and zinc.num_atoms == 1 and zinc.mask.all() and zinc.fallback is None
     unknown_ligand = component_conformer(ccd.component("UNL"))  # the CCD lists no atoms
-    assert unknown_ligand.source == "none" and unknown_ligand.num_atoms == 0
+    assert unknown_ligand.source == "none" and unknown_ligand.num_atoms == 0 and unknown_ligand.fallback is None
 
 
 def test_every_sample_component_gets_a_conformer(ccd, shared_data):
@@ -136,6 +196,7 @@ def test_every_sample_component_gets_a_conformer(ccd, shared_data):
         conformer = component_conformer(component)
         assert conformer.atom_names.tolist() == component.heavy_atoms().atom_names.tolist(), code
         assert np.isfinite(conformer.positions).all() and conformer.source in SOURCES
+        assert conformer.fallback is None or conformer.fallback in FALLBACK_REASONS
         if conformer.source == "rdkit" and not METALS.intersection(conformer.elements.tolist()):
             deviation = np.abs(_bond_lengths(conformer.positions, conformer.bonds)
                                - _bond_lengths(component.heavy_atoms().ideal_pos, conformer.bonds))
@@ -162,6 +223,9 @@ def test_settings_are_checked():
         ConformerSettings(force_field="uff")
     with pytest.raises(ValueError, match="timeout_s"):
         ConformerSettings(timeout_s=-1)
+    for deviation in (0.0, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="max_bond_deviation must be > 0"):
+            ConformerSettings(max_bond_deviation=deviation)
 
 
 def test_smiles_conformer_names_atoms_as_af3():

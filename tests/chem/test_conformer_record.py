@@ -38,7 +38,7 @@ def test_atom_names_use_af3_encoding():
         encode_atom_names(["ca"])  # lower case is outside AF3's 64 classes
 
 
-@pytest.mark.parametrize("name", ["ATP", "CUZ", "UNL", "aspirin"])
+@pytest.mark.parametrize("name", ["ATP", "CUZ", "IRI", "UNL", "aspirin"])
 def test_arrays_round_trip_through_the_record_codec(ccd, name):
     if name == "aspirin":
         conformer = smiles_conformer("CC(=O)Oc1ccccc1C(=O)O")
@@ -56,8 +56,10 @@ def test_arrays_round_trip_through_the_record_codec(ccd, name):
     restored = conformer_from_arrays(record.arrays, record.meta)
     for field in ("atom_names", "elements", "charges", "positions", "mask", "bonds", "bond_orders"):
         np.testing.assert_array_equal(getattr(restored, field), getattr(conformer, field), err_msg=field)
-    assert (restored.name, restored.kind, restored.source, restored.sanitization) == \
-        (conformer.name, conformer.kind, conformer.source, conformer.sanitization)
+    assert (restored.name, restored.kind, restored.source, restored.sanitization, restored.fallback) == \
+        (conformer.name, conformer.kind, conformer.source, conformer.sanitization, conformer.fallback)
+    assert meta["fallback"] == {"ATP": None, "CUZ": "embedding_failed", "IRI": "bond_lengths", "UNL": None,
+                                "aspirin": None}[name]
 
 
 def test_from_arrays_names_what_is_wrong(ccd):
@@ -68,6 +70,8 @@ def test_from_arrays_names_what_is_wrong(ccd):
         conformer_from_arrays({**arrays, "ref_pos": arrays["ref_pos"].astype(np.float64)}, meta)
     with pytest.raises(ValueError, match="missing metadata 'source'"):
         conformer_from_arrays(arrays, {k: v for k, v in meta.items() if k != "source"})
+    with pytest.raises(ValueError, match="conformer fallback 'bonds' is not one of"):
+        conformer_from_arrays(arrays, {**meta, "fallback": "bonds"})
 
 
 def test_keys_follow_code_ccd_version_and_settings(ccd, tmp_path):
@@ -76,6 +80,8 @@ def test_keys_follow_code_ccd_version_and_settings(ccd, tmp_path):
     assert key.startswith("ccd:ATP:") and key == conformer_key("ATP", ConformerSettings(), ccd)
     assert conformer_key("ATP", ConformerSettings(seed=1), ccd) != key
     assert conformer_key("ATP", ConformerSettings(force_field="none"), ccd) != key
+    assert conformer_key("ATP", ConformerSettings(max_bond_deviation=0.3), ccd) != key
+    assert conformer_key("ATP", ConformerSettings(max_bond_deviation=float("inf")), ccd) != key
     assert conformer_key("ADP", settings, ccd) != key
     user_file = tmp_path / "components.cif"
     write_components_cif(user_file, ["ATP"])

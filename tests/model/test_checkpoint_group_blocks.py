@@ -10,8 +10,11 @@ import torch
 from featurecache.model.memory_report import SavedTensorCounter
 from featurecache.model.pairformer import PairformerBlock
 from featurecache.model.transformer import ConditionedTransformer, TokenLayout
+from featurecache.testing.compare import rel_error, summation_tolerance
 
 BATCH, SAMPLES, LENGTH, C_A, C_S, C_Z = 1, 3, 7, 16, 8, 4
+# The longest sums behind a gradient: the pair bias's weights add up every pair entry of every sample.
+LONGEST_SUM = BATCH * SAMPLES * LENGTH * LENGTH
 
 
 def _transformer_run(group: int, blocks: int, count: bool = False):
@@ -50,8 +53,8 @@ def test_grouped_diffusion_transformer_gives_the_same_outputs_and_gradients(grou
     grouped_out, grouped_gradients = _transformer_run(group, 5)
     torch.testing.assert_close(grouped_out, out, rtol=0, atol=0)
     assert gradients["s"].abs().sum() > 0 and gradients["pair"].abs().sum() > 0
-    for name, gradient in gradients.items():
-        assert (grouped_gradients[name] - gradient).norm() <= 1e-6 * gradient.norm(), name
+    for name, gradient in gradients.items():  # backward adds a few gradients in another order
+        assert rel_error(grouped_gradients[name], gradient) <= summation_tolerance(torch.float32, LONGEST_SUM), name
 
 
 def _pair_block_run(recompute: bool, count: bool = False):
@@ -91,4 +94,4 @@ def test_recomputed_attention_gives_the_same_outputs_and_gradients():
     recomputed_out, recomputed_gradients = _pair_block_run(True)
     torch.testing.assert_close(recomputed_out, out, rtol=0, atol=0)
     for name, gradient in gradients.items():
-        assert (recomputed_gradients[name] - gradient).norm() <= 1e-6 * gradient.norm(), name
+        assert rel_error(recomputed_gradients[name], gradient) <= summation_tolerance(torch.float32, LONGEST_SUM), name

@@ -84,6 +84,8 @@ def test_each_code_is_computed_once_across_targets_and_runs(tmp_path, inputs):
     assert sum(sources.values()) == len(_codes(cache)) and sources["ccd_ideal"] >= 1 and sources["rdkit"] > 10
     text = format_stats(report)
     assert f"conformers   rdkit {sources['rdkit']}, ccd_ideal {sources['ccd_ideal']}" in text
+    assert report["conformer_fallbacks"] == {"embedding_failed": 1}  # FEM; the sample's other codes keep RDKit's
+    assert "; fallbacks embedding_failed 1" in text
 
     # `show` prints the new arrays of a feature record and a conformer record.
     runner = CliRunner()
@@ -166,3 +168,52 @@ def test_a_users_components_cif_gives_its_own_conformer_keys(tmp_path):
     own = {key for key in index if key not in bundled}
     assert sorted(index[key]["code"] for key in own) == sorted(codes)
     assert summary["stages"]["conformers"]["done"] == len(codes)
+
+
+def _metal_ligands_json() -> dict:
+    """An AF3 input JSON: a short peptide with iridium hexammine (IRI, as in PDB 4gxy), heme and ATP."""
+    ligands = [{"ligand": {"id": chain, "ccdCodes": [code]}} for chain, code in (("I", "IRI"), ("H", "HEM"),
+                                                                                   ("T", "ATP"))]
+    return {"name": "metals", "modelSeeds": [1], "dialect": "alphafold3", "version": 1,
+            "sequences": [{"protein": {"id": "A", "sequence": "MKTAYIA", "unpairedMsa": ">query\nMKTAYIA\n",
+                                       "pairedMsa": ""}}, *ligands]}
+
+
+def test_metal_complexes_take_ccd_coordinates_and_stats_counts_why(tmp_path):
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    (inputs / "metals.json").write_text(json.dumps(_metal_ligands_json()))
+    cache = tmp_path / "cache"
+    first = precompute(_options([inputs], cache))
+    assert first.failed == 0, first.format()
+    index = read_manifest(cache).index[CONFORMERS_TABLE]
+    by_code = {entry["code"]: entry for entry in index.values()}
+    assert (by_code["IRI"]["source"], by_code["IRI"]["fallback"]) == ("ccd_model", "bond_lengths")
+    assert (by_code["HEM"]["source"], by_code["HEM"]["fallback"]) == ("ccd_ideal", "bond_lengths")
+    assert (by_code["ATP"]["source"], by_code["ATP"]["fallback"]) == ("rdkit", None)
+
+    # The feature record's reference positions for IRI have the CCD's Ir-N bonds (2.24-2.27 A).
+    with StoreReader(cache) as reader:
+        record = decode_record(reader.get("features", "metals"))
+    iridium = np.flatnonzero(record.arrays["ref_element"] == 77)
+    nitrogens = iridium[0] + 1 + np.arange(6)  # IRI's atoms in CCD order: IR, N1..N6
+    names = decode_atom_names(record.arrays["ref_atom_name_chars"][nitrogens]).tolist()
+    assert names == [f"N{i}" for i in range(1, 7)]
+    ir_n = np.linalg.norm(record.arrays["ref_pos"][nitrogens] - record.arrays["ref_pos"][iridium[0]], axis=1)
+    assert np.all(np.abs(ir_n - 2.255) < 0.02), ir_n
+
+    report = cache_stats(cache)
+    assert report["conformer_fallbacks"] == {"bond_lengths": 2}
+    shown = CliRunner().invoke(cli, ["stats", str(cache)])
+    assert shown.exit_code == 0, shown.output
+    assert "; fallbacks bond_lengths 2" in shown.output
+
+    # Turning the check off is a new conformer setting: new keys, RDKit's conformers, recomputed records.
+    config = tmp_path / "pipeline.toml"
+    config.write_text("[chem]\nconformer_max_bond_deviation = inf\n")
+    unchecked = precompute(_options([inputs], cache, config_path=config))
+    assert unchecked.stages["conformers"].skipped == 0 and unchecked.stages["featurize"].done == 1
+    new = [entry for key, entry in read_manifest(cache).index[CONFORMERS_TABLE].items() if key not in index]
+    ligands = {"IRI", "HEM", "ATP"}
+    assert {entry["code"]: (entry["source"], entry["fallback"]) for entry in new if entry["code"] in ligands} == \
+        {code: ("rdkit", None) for code in ligands}

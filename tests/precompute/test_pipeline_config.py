@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from featurecache.config import ClusteringConfig, CurationConfig, FeatureConfig, StoreConfig
+from featurecache.config import ChemConfig, ClusteringConfig, CurationConfig, FeatureConfig, StoreConfig
 from featurecache.precompute.pipeline_config import (
     PipelineConfigError,
     database_files,
@@ -124,6 +124,9 @@ mmcif_dir = "no_such_folder"
         ("[curation]\nmax_chain = 5\n", "curation.max_chain", "unknown key"),
         ("[clustering]\nprotein_min_seq_id = 40\n", "clustering", "protein_min_seq_id must be in [0, 1]"),
         ("[clustering]\nenabled = 'yes'\n", "clustering.enabled", "expected bool"),
+        ("[chem]\nconformer_max_bond_deviation = 0\n", "chem", "conformer_max_bond_deviation must be a number > 0"),
+        ("[chem]\nconformer_max_bond_deviation = nan\n", "chem", "conformer_max_bond_deviation must be a number > 0"),
+        ("[chem]\nconformer_max_bond_deviation = '0.2'\n", "chem.conformer_max_bond_deviation", "expected float"),
         ("[search\n", "not valid TOML", ""),
     ],
 )
@@ -172,6 +175,14 @@ def test_curation_and_clustering_settings_default_to_af3s(tmp_path):
                                              max_resolution=float("inf"), crystallization_aids=("SO4",), max_chains=8)
     assert config.clustering == ClusteringConfig(protein_min_seq_id=0.3, alpha_ligand=2.0, enabled=False)
     assert load_pipeline_config(_write(tmp_path, "")).curation == CurationConfig()
+
+
+def test_chem_settings_default_to_the_examples(tmp_path):
+    assert load_pipeline_config(EXAMPLE).chem == ChemConfig()  # the example spells every default out
+    config = load_pipeline_config(_write(tmp_path, "[chem]\nconformer_max_bond_deviation = inf\nconformer_seed = 3\n"))
+    assert config.chem == ChemConfig(conformer_max_bond_deviation=float("inf"), conformer_seed=3)
+    assert load_pipeline_config(_write(tmp_path, "[chem]\nconformer_max_bond_deviation = 1\n")).chem \
+        .conformer_max_bond_deviation == 1.0
 
 
 def _fake_hmmer(tmp_path, version: str) -> str:
