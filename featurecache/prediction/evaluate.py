@@ -1,8 +1,10 @@
 """`featurecache evaluate`: how close a predicted structure is to the true one.
 
-Atoms are matched by author chain, author residue number (with insertion code), residue name and
-atom name, over the heavy atoms the truth resolves: `featurecache predict` keeps the input's author
-chains and numbers, while label chain ids of ligands differ between files. Chains of the
+Atoms are matched by author chain, residue number, residue name and atom name, over the heavy
+atoms the truth resolves. The number is a polymer residue's label_seq_id (its place in the
+sequence, which `featurecache predict` writes as the author number too) and a ligand's author
+number (with insertion code); chains are author chains, since label chain ids of ligands differ
+between files. Chains of the
 same sequence may be predicted in either order (a homodimer's A and B), so the chain assignment
 within each group of identical chains is the one that fits the polymer CA atoms best, as AF3's
 evaluation does with its chain permutation.
@@ -45,7 +47,7 @@ class EvaluateError(ValueError):
 @dataclass(frozen=True)
 class Atom:
     chain: str      # author chain (auth_asym_id): a ligand keeps its chain's
-    residue: str    # author residue number and insertion code
+    residue: str    # "seq N" (polymer: label_seq_id) or "auth N" (ligand: author number)
     residue_name: str
     name: str
     polymer: bool
@@ -85,9 +87,18 @@ def read_atoms(path: Path) -> dict[Atom, np.ndarray]:
             for atom in residue:
                 if atom.altloc not in ("\0", "A"):
                     continue  # the first alternative location only
-                key = Atom(chain.name, str(residue.seqid), residue.name, atom.name, polymer)
+                key = Atom(chain.name, _residue_number(residue, polymer), residue.name, atom.name, polymer)
                 atoms[key] = np.array(atom.pos.tolist())
     return atoms
+
+
+def _residue_number(residue: gemmi.Residue, polymer: bool) -> str:
+    """A polymer residue's place in its chain's sequence (label_seq_id, which `predict` also
+    writes as the author number); a ligand's author number, or either when the file has no
+    label numbering (legacy PDB)."""
+    if polymer and residue.label_seq is not None:
+        return f"seq {residue.label_seq}"
+    return f"auth {residue.seqid}"
 
 
 def _is_polymer_residue(name: str) -> bool:
