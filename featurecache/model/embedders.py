@@ -61,6 +61,11 @@ class RelativePositionEncoding(nn.Module):
         self.linear = nn.Linear(in_dim, c_z, bias=False)
 
     def forward(self, batch: dict) -> torch.Tensor:
+        """[B, N, N, c_z]"""
+        return self.linear(self.features(batch).to(self.linear.weight.dtype))
+
+    def features(self, batch: dict) -> torch.Tensor:
+        """[B, N, N, in_dim] bool: one-hot d_residue, one-hot d_token, same entity, one-hot d_chain."""
         def pairwise(name):
             value = batch[name].long()
             return value[:, :, None], value[:, None, :]
@@ -78,7 +83,7 @@ class RelativePositionEncoding(nn.Module):
         d_token = torch.where(same_chain & same_residue, (tok_i - tok_j + r).clamp(0, 2 * r), 2 * r + 1)
         chain_pairs = same_entity if self.chain_gate == "entity" else ~same_chain
         d_chain = torch.where(chain_pairs, (sym_i - sym_j + c).clamp(0, 2 * c), 2 * c + 1)
-        features = torch.cat(
+        return torch.cat(
             [
                 F.one_hot(d_residue, 2 * r + 2),
                 F.one_hot(d_token, 2 * r + 2),
@@ -86,8 +91,7 @@ class RelativePositionEncoding(nn.Module):
                 F.one_hot(d_chain, 2 * c + 2),
             ],
             dim=-1,
-        ).to(self.linear.weight.dtype)
-        return self.linear(features)
+        ).bool()
 
 
 class InputEmbedder(nn.Module):

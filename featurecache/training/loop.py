@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from featurecache.model import AF3Model, preset, sample_num_cycles
-from featurecache.model.af3 import LOSS_INPUTS, REQUIRED_INPUTS
+from featurecache.model.af3 import LOSS_INPUTS, OPTIONAL_LOSS_INPUTS, REQUIRED_INPUTS
 from featurecache.model.config import RUNTIME_SETTINGS, saved_model_settings
 from featurecache.training.checkpoint import (checkpoint_path, load_checkpoint, optimizer_state, rng_state,
                                               save_checkpoint, set_rng_state)
@@ -293,7 +293,8 @@ def noise_generator(seed: int, step: int, slot: int, device: torch.device) -> to
 
 def graph_inputs(batch: dict) -> dict[str, torch.Tensor]:
     """The tensors a captured step reads: the model's and its loss's inputs."""
-    return {name: batch[name] for name in dict.fromkeys(REQUIRED_INPUTS + LOSS_INPUTS)}
+    optional = tuple(name for name in OPTIONAL_LOSS_INPUTS if name in batch)
+    return {name: batch[name] for name in dict.fromkeys(REQUIRED_INPUTS + LOSS_INPUTS + optional)}
 
 
 def peak_memory_gb(device: torch.device) -> float:
