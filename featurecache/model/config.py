@@ -38,6 +38,12 @@ LEGACY_SETTINGS = {
 }
 
 
+# The settings among those that change what the same weights compute: a run resumes a checkpoint
+# only with the values it was trained with (loss settings such as the resolution range may change
+# between training stages, as AF3's loss weights do).
+WEIGHT_MEANING_SETTINGS = tuple(name for name in LEGACY_SETTINGS if name != "confidence_resolution_range")
+
+
 def saved_model_settings(saved: dict) -> dict:
     """A checkpoint's model settings with those it predates filled in as it was trained."""
     return {**LEGACY_SETTINGS, **saved}
