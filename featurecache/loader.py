@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import pathlib
 import warnings
 from typing import Any, Iterable, Mapping, Sequence
@@ -250,7 +251,7 @@ class CacheDataset(torch.utils.data.Dataset):
             position = (index + offset) % len(self)
             target_id = self.ids[position]
             try:
-                arrays, _ = self.load_arrays(target_id)
+                arrays, meta = self.load_arrays(target_id)
             except CorruptRecordError:
                 if self.on_error == "raise":
                     raise
@@ -260,16 +261,17 @@ class CacheDataset(torch.utils.data.Dataset):
                 continue
             focus = focus_chains if offset == 0 else ()  # a replacement record has other chains
             return crop_sample(target_id, arrays, self.sample, epoch, position if seed_index is None else seed_index,
-                               focus)
+                               focus, resolution=meta.get("resolution"))
         raise CorruptRecordError(None, str(self.cache_dir), f"all {len(self)} records are damaged")
 
 
 def crop_sample(target_id: str, arrays: dict[str, np.ndarray], sample: SampleConfig, epoch: int,
-                index: int, focus_chains: tuple[int, ...] = ()) -> dict:
+                index: int, focus_chains: tuple[int, ...] = (), resolution: float | None = None) -> dict:
     """One training sample from a whole record (or the same arrays with a dense msa /
     deletion_matrix), drawn from (seed, epoch, index): MSA rows subsampled, templates sampled per chain, tokens cropped in a mode drawn by
     `crop_mode_probs` around `focus_chains` (the asym_ids of the sampled chain or interface),
-    arrays as torch tensors. "crop_mode" names the mode ("none": the target fits whole)."""
+    arrays as torch tensors. "crop_mode" names the mode ("none": the target fits whole);
+    "resolution" is the record's (Angstrom; NaN where it has none), for the confidence losses."""
     rng = np.random.default_rng([sample.seed, epoch, index])
     msa_rows = cropping.msa_sample_rows(arrays["msa_species"].shape[0], sample.msa_rows_per_sample, rng)
     arrays = dict(arrays, msa_species=arrays["msa_species"][msa_rows], msa_is_paired=arrays["msa_is_paired"][msa_rows])
@@ -291,6 +293,7 @@ def crop_sample(target_id: str, arrays: dict[str, np.ndarray], sample: SampleCon
     sample["atom_permutations"] = _to_torch("atom_permutations", atom_permutations(arrays))
     sample["id"] = target_id
     sample["crop_mode"] = mode
+    sample["resolution"] = torch.tensor(math.nan if resolution is None else float(resolution), dtype=torch.float32)
     return sample
 
 
@@ -311,7 +314,8 @@ def collate(samples: list[dict], pad_to: Mapping[str, int] | None = None) -> dic
 
     Adds `token_pad_mask` [B, N], `atom_pad_mask` [B, A], `token_bond_mask` [B, E],
     `msa_row_mask` [B, M] and `template_mask` [B, T] (True = real), and `id` (list of target
-    ids). Index arrays (schema `points_to`: token_bonds, frame / distogram atom indices) pad with -1.
+    ids) and `resolution` [B] float32 (NaN where unknown, as for a sample built without one).
+    Index arrays (schema `points_to`: token_bonds, frame / distogram atom indices) pad with -1.
 
     `pad_to` ({axis: size}, e.g. {"token": 384, "msa": 1024, "template": 4}) pads those axes to a
     fixed size instead, so every batch has the same shapes (torch.compile then never recompiles,
@@ -347,4 +351,6 @@ def collate(samples: list[dict], pad_to: Mapping[str, int] | None = None) -> dic
             mask[row, : sample[probe].shape[dim]] = True
         batch[mask_name] = mask
     batch["id"] = [sample["id"] for sample in samples]
+    batch["resolution"] = torch.stack([torch.as_tensor(sample.get("resolution", math.nan), dtype=torch.float32)
+                                       for sample in samples])
     return batch

@@ -73,5 +73,6 @@ class OnlineDataset(torch.utils.data.Dataset):
         if self._alignments is None and self.alignments_dir is not None:
             self._alignments = AlignmentIndex(self.alignments_dir)
         epoch, index = item if isinstance(item, tuple) else (self.epoch, item)
-        arrays, _ = featurize_from_files(self.paths[index], self._alignments, self.feature_config, self.template_dir)
-        return crop_sample(self.ids[index], arrays, self.sample, epoch, index)
+        arrays, meta = featurize_from_files(self.paths[index], self._alignments, self.feature_config,
+                                            self.template_dir)
+        return crop_sample(self.ids[index], arrays, self.sample, epoch, index, resolution=meta.get("resolution"))

@@ -18,7 +18,7 @@ from featurecache.model.atom_attention import ATOM_INPUTS, AtomWindows
 from featurecache.model.atoms import atom_flags, distogram_atoms, token_bond_atoms
 from featurecache.model.checkpointing import maybe_checkpointed
 from featurecache.model.confidence import ConfidenceHead
-from featurecache.model.confidence_losses import confidence_losses
+from featurecache.model.confidence_losses import confidence_losses, confidence_rows
 from featurecache.model.config import ModelConfig
 from featurecache.model.diffusion import DiffusionContext, DiffusionModule
 from featurecache.model.diffusion_sampler import (
@@ -47,6 +47,8 @@ REQUIRED_INPUTS = (*TOKEN_INPUTS, *ATOM_INPUTS, "token_bonds", "token_bond_mask"
 LOSS_INPUTS = ("atom_pos", "atom_mask", "atom_pad_mask", "atom_to_token", "distogram_atom_index",
                "frame_atom_index", "token_bonds", "token_bond_mask", "is_dna", "is_rna", "is_ligand",
                "token_pad_mask", "atom_permutations")
+# What it reads where a batch has it (collate adds it; a hand-built batch may not).
+OPTIONAL_LOSS_INPUTS = ("resolution",)
 
 
 def sample_num_cycles(generator: torch.Generator | None, max_cycles: int = 4) -> int:
@@ -195,7 +197,7 @@ class AF3Model(nn.Module):
         L_distogram + confidence_loss_weight * L_confidence, with L_diffusion = mean over samples of
         edm_weight(sigma) (L_MSE + bond_loss_weight L_bond) + L_smooth_lddt (SI 4.2, eq. 6) and
         L_confidence = the weighted sum of L_plddt, L_pde, L_resolved and L_pae (SI 4.3) on the
-        mini-rollout.
+        mini-rollout, over the rows whose resolution is in config.confidence_resolution_range.
 
         Returns the loss and a dict of detached 0-d tensors (no host sync): loss, distogram,
         diffusion, mse, smooth_lddt, bond, and with the head confidence, plddt, pae, pde, resolved.
@@ -219,7 +221,8 @@ class AF3Model(nn.Module):
             metrics["diffusion"] = diffusion.mean()
             loss = loss + config.diffusion_loss_weight * metrics["diffusion"]
         if "plddt_logits" in outputs:
-            parts = confidence_losses(outputs, outputs["rollout_positions"], batch, self._recomputes_losses())
+            rows = confidence_rows(batch, config.confidence_resolution_range)  # SI 4.3: 0.1-4 A structures
+            parts = confidence_losses(outputs, outputs["rollout_positions"], batch, self._recomputes_losses(), rows)
             metrics.update(parts)
             metrics["confidence"] = (config.plddt_loss_weight * parts["plddt"] + config.pde_loss_weight * parts["pde"]
                                      + config.resolved_loss_weight * parts["resolved"]

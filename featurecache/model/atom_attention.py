@@ -17,7 +17,7 @@ from featurecache.kernels.reference import evo_attention_reference
 from featurecache.kernels.window_attention import window_attention
 from featurecache.model.atoms import gather_tokens, mean_over_token_atoms
 from featurecache.model.config import ModelConfig
-from featurecache.model.layers import freeze_norm_bias, kernel_module
+from featurecache.model.layers import freeze_norm_bias, full_precision, kernel_module
 from featurecache.model.transformer import ConditionedTransformer
 
 NUM_ELEMENTS = 128        # one-hot of the atomic number (ref_element)
@@ -30,14 +30,16 @@ ATOM_INPUTS = ("ref_pos", "ref_mask", "ref_element", "ref_charge", "ref_atom_nam
                "atom_to_token", "atom_pad_mask")
 
 
-def reference_features(batch: dict) -> torch.Tensor:
-    """[B, A, 389]: ref_pos, ref_charge, ref_mask, one-hot element and atom-name characters
-    (Algorithm 5, line 1)."""
+def reference_features(batch: dict, charge_arcsinh: bool = True) -> torch.Tensor:
+    """[B, A, 389] fp32: ref_pos, ref_charge (through arcsinh with `charge_arcsinh`, as AF3's
+    code: a charge of 2 or 3 stays near 1's scale), ref_mask, one-hot element and atom-name
+    characters (Algorithm 5, line 1)."""
     element = batch["ref_element"].long().clamp(0, NUM_ELEMENTS - 1)
     name = batch["ref_atom_name_chars"].long().clamp(0, NAME_CHAR_CLASSES - 1)
+    charge = batch["ref_charge"].float()
     return torch.cat([
         batch["ref_pos"].float(),
-        batch["ref_charge"].float().unsqueeze(-1),
+        (torch.asinh(charge) if charge_arcsinh else charge).unsqueeze(-1),
         batch["ref_mask"].float().unsqueeze(-1),
         F.one_hot(element, NUM_ELEMENTS).float(),
         F.one_hot(name, NAME_CHAR_CLASSES).flatten(-2).float(),
@@ -125,7 +127,7 @@ class AtomTransformer(nn.Module):
         super().__init__()
         self.transformer = ConditionedTransformer(
             config.c_atom, config.c_atom, config.c_atompair, config.atom_blocks, config.atom_heads,
-            config.kernels, checkpoint_blocks=config.checkpoint_blocks)
+            config.kernels, checkpoint_blocks=config.checkpoint_blocks, key_adaln=config.atom_key_adaln)
 
     def forward(self, atom_single, atom_cond, atom_pair, windows: AtomWindows) -> torch.Tensor:
         """atom_single [B, S, A, c_atom], atom_cond [B, 1, A, c_atom], atom_pair [B, W, Q, K, c_atompair]."""
@@ -140,6 +142,9 @@ class AtomAttentionEncoder(nn.Module):
         super().__init__()
         c_atom, c_pair = config.c_atom, config.c_atompair
         self.with_trunk = with_trunk
+        self.coordinates_fp32 = config.diffusion_coordinates_fp32
+        self.charge_arcsinh = config.ref_charge_arcsinh
+        self.cond_ref_mask = config.atom_cond_ref_mask
         self.from_reference = nn.Linear(REFERENCE_FEATURE_DIM, c_atom, bias=False)
         self.pair_from_offset = nn.Linear(3, c_pair, bias=False)
         self.pair_from_distance = nn.Linear(1, c_pair, bias=False)
@@ -162,15 +167,21 @@ class AtomAttentionEncoder(nn.Module):
     def condition(self, batch: dict, windows: AtomWindows, trunk_single: torch.Tensor | None = None,
                   trunk_pair: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """c_l [B, 1, A, c_atom] and p_lm [B, W, Q, K, c_atompair] (Algorithm 5, lines 1-13 but
-        11): everything that does not depend on the noisy positions, computed once per trunk pass."""
-        atom_cond = self.from_reference(reference_features(batch))  # [B, A, c_atom]
+        11): everything that does not depend on the noisy positions, computed once per trunk pass.
+
+        With config.diffusion_coordinates_fp32 the projections of the reference positions and
+        their offsets run in fp32 under autocast (small: [A, 389] and [W, Q, K, 3] inputs)."""
         ref_pos = batch["ref_pos"].float()
         uid = batch["ref_space_uid"].unsqueeze(-1).float()
-        offset = windows.queries_of(ref_pos)[..., :, None, :] - windows.keys_of(ref_pos)[..., None, :, :]
-        same_space = (windows.queries_of(uid)[..., :, None, :] == windows.keys_of(uid)[..., None, :, :]).float()
-        atom_pair = (self.pair_from_offset(offset)
-                     + self.pair_from_distance(1.0 / (1.0 + offset.square().sum(-1, keepdim=True)))
-                     + self.pair_from_same_space(same_space)) * same_space  # [B, W, Q, K, c_atompair]
+        with full_precision(self.coordinates_fp32, ref_pos.device.type):
+            atom_cond = self.from_reference(reference_features(batch, self.charge_arcsinh))  # [B, A, c_atom]
+            offset = windows.queries_of(ref_pos)[..., :, None, :] - windows.keys_of(ref_pos)[..., None, :, :]
+            same_space = (windows.queries_of(uid)[..., :, None, :] == windows.keys_of(uid)[..., None, :, :]).float()
+            atom_pair = (self.pair_from_offset(offset)
+                         + self.pair_from_distance(1.0 / (1.0 + offset.square().sum(-1, keepdim=True)))
+                         + self.pair_from_same_space(same_space)) * same_space  # [B, W, Q, K, c_atompair]
+        if self.cond_ref_mask:  # AF3's code: an atom without reference features conditions nothing
+            atom_cond = atom_cond * batch["ref_mask"].unsqueeze(-1).to(atom_cond.dtype)
         if self.with_trunk:
             atom_to_token = batch["atom_to_token"]
             atom_cond = atom_cond + gather_tokens(self.from_trunk_single(trunk_single), atom_to_token)
@@ -191,10 +202,15 @@ class AtomAttentionEncoder(nn.Module):
         """Algorithm 5 lines 7, 11, 14-17. scaled_positions [B, S, A, 3] (r_l) or None.
 
         Returns the token single a [B, S, N, c_token] and the skips q_l [B, S, A, c_atom], c_l, p_lm.
+        With config.diffusion_coordinates_fp32 r_l's projection runs in fp32 under autocast, and
+        so does q_l's sum with it (the atom transformer's layers then cast to bf16 themselves).
         """
         atom_single = atom_cond
         if scaled_positions is not None:
-            atom_single = atom_single + self.from_positions(scaled_positions)
+            with full_precision(self.coordinates_fp32, scaled_positions.device.type):
+                if self.coordinates_fp32:
+                    scaled_positions = scaled_positions.float()
+                atom_single = atom_single + self.from_positions(scaled_positions)
         atom_single = self.atom_transformer(atom_single, atom_cond, atom_pair, windows)
         num_tokens = batch["restype"].shape[1]
         token_single = mean_over_token_atoms(torch.relu(self.to_token(atom_single)), batch["atom_to_token"],
@@ -211,10 +227,15 @@ class AtomAttentionDecoder(nn.Module):
         self.atom_transformer = AtomTransformer(config)
         self.to_positions = kernel_module("LayerNormLinear", config.c_atom, 3, bias=False, kernels=config.kernels)
         freeze_norm_bias(self.to_positions)  # a translation of every atom: the losses ignore it
+        self.coordinates_fp32 = config.diffusion_coordinates_fp32
 
     def forward(self, batch: dict, windows: AtomWindows, token_single: torch.Tensor, atom_single: torch.Tensor,
                 atom_cond: torch.Tensor, atom_pair: torch.Tensor) -> torch.Tensor:
         """token_single [B, S, N, c_token] and the encoder's skips -> position update [B, S, A, 3]."""
         atom_single = gather_tokens(self.from_token(token_single), batch["atom_to_token"]) + atom_single
         atom_single = self.atom_transformer(atom_single, atom_cond, atom_pair, windows)
-        return self.to_positions(atom_single)
+        if not self.coordinates_fp32:
+            return self.to_positions(atom_single)
+        # fp32 update (its LayerNorm and [c_atom, 3] product): bf16 would round it to 8 bits
+        with full_precision(True, atom_single.device.type):
+            return self.to_positions(atom_single.float())

@@ -11,6 +11,9 @@ Targets (no gradient):
 - PDE (4.3.3): |d_pred - d_true| between centre atoms; the same 64 bins.
 - experimentally resolved (4.3.4): atom_mask, over every real atom.
 
+Only structures of resolution 0.1-4 A train the head (SI 4.3; `confidence_rows`,
+ModelConfig.confidence_resolution_range): another batch row's entries count as invalid.
+
 Shapes: B batch, S structures, N tokens, A atoms. Each loss is the cross-entropy averaged over
 the valid entries of each structure, then over structures and batch rows (0 with none valid).
 """
@@ -103,14 +106,30 @@ def aligned_errors(predicted: torch.Tensor, true: torch.Tensor, frame_atoms: tor
     return ((predicted_local - true_local[:, None]).square().sum(-1) + FRAME_EPS).sqrt()
 
 
-def confidence_losses(outputs: dict, positions: torch.Tensor, batch: dict, recompute: bool = False) -> dict:
+def confidence_rows(batch: dict, resolution_range: tuple[float, float] | None) -> torch.Tensor:
+    """[B] bool: the batch rows whose structure trains the confidence head, those with
+    low <= resolution <= high (a NaN resolution, none known, is out). Every row when
+    resolution_range is None or the batch has no "resolution" (built by hand, not by collate)."""
+    every = torch.ones_like(batch["atom_pad_mask"][:, 0])
+    if resolution_range is None or "resolution" not in batch:
+        return every
+    low, high = resolution_range
+    resolution = batch["resolution"].to(every.device)
+    return (resolution >= low) & (resolution <= high)
+
+
+def confidence_losses(outputs: dict, positions: torch.Tensor, batch: dict, recompute: bool = False,
+                      rows: torch.Tensor | None = None) -> dict:
     """The four losses (0-d tensors: plddt, pae, pde, resolved) of the head's outputs on the
     structures positions [B, S, A, 3] it judged, against batch's ground truth. `recompute`: the
-    pair-sized cross-entropies are re-run in backward (masked_cross_entropy)."""
+    pair-sized cross-entropies are re-run in backward (masked_cross_entropy). `rows` [B] bool
+    (confidence_rows): the batch rows that count; the others contribute 0. None: every row."""
     true = batch["atom_pos"].float()
     atom_real = batch["atom_pad_mask"]
+    if rows is not None:  # a row left out has no valid entry in any of the four losses
+        atom_real = atom_real & rows[:, None]
     atom_resolved = batch["atom_mask"] & atom_real
-    token_real = batch["token_pad_mask"]
+    token_real = batch["token_pad_mask"] if rows is None else batch["token_pad_mask"] & rows[:, None]
     centre = centre_atom_index(batch)
     centre_resolved = torch.gather(atom_resolved, 1, centre) & token_real
     is_nucleotide = batch["is_dna"] | batch["is_rna"]

@@ -21,6 +21,33 @@ from featurecache.kernels.runtime import KERNEL_CHOICES
 # a checkpoint resumes and predicts under any values of these.
 RUNTIME_SETTINGS = ("kernels", "checkpoint_blocks", "checkpoint_group")
 
+RELPOS_CHAIN_GATES = ("entity", "chain")
+
+# What a checkpoint written before a setting existed was trained with: the behaviour of the code
+# then. Its model is rebuilt with these, not today's defaults (docs/FIDELITY.md). A checkpoint
+# that records a setting keeps its own value (e.g. its distogram edges).
+LEGACY_SETTINGS = {
+    "relpos_chain_gate": "chain",
+    "ref_charge_arcsinh": False,
+    "atom_cond_ref_mask": False,
+    "atom_key_adaln": False,
+    "diffusion_coordinates_fp32": False,
+    "confidence_resolution_range": None,
+    "distogram_min": 2.0,
+    "distogram_max": 22.0,
+}
+
+
+# The settings among those that change what the same weights compute: a run resumes a checkpoint
+# only with the values it was trained with (loss settings such as the resolution range may change
+# between training stages, as AF3's loss weights do).
+WEIGHT_MEANING_SETTINGS = tuple(name for name in LEGACY_SETTINGS if name != "confidence_resolution_range")
+
+
+def saved_model_settings(saved: dict) -> dict:
+    """A checkpoint's model settings with those it predates filled in as it was trained."""
+    return {**LEGACY_SETTINGS, **saved}
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -44,10 +71,23 @@ class ModelConfig:
     template_transition_expansion: int = 2
     relpos_max_residue: int = 32    # r_max of AF3's relative position encoding
     relpos_max_chain: int = 2       # s_max
+    # Which pairs get a sym_id offset (d_chain of Algorithm 3): "entity" as AF3's and Protenix's
+    # code (chains of one entity; the same chain gets offset 0), "chain" as the supplement prints
+    # it (every pair of different chains, whatever their entities). docs/FIDELITY.md
+    relpos_chain_gate: str = "entity"
+    # The distogram's 63 inner edges, evenly spaced (64 bins): AF3's code and Protenix use
+    # 2.3125..21.6875 A (bins 0.3125 A wide); the supplement's text says "2 to 22"
     distogram_bins: int = 64
-    distogram_min: float = 2.0      # Angstrom; 64 bins from 2 to 22 as in AF3
-    distogram_max: float = 22.0
+    distogram_min: float = 2.3125
+    distogram_max: float = 21.6875
     # --- atom attention (Algorithms 5-7) ---
+    # AF3's code: arcsinh of the reference charge before the projection, and the atom single
+    # conditioning c_l multiplied by ref_mask (a masked reference atom contributes nothing)
+    ref_charge_arcsinh: bool = True
+    atom_cond_ref_mask: bool = True
+    # AF3's code normalises the atom attention's keys (and values) with their own AdaLN; False
+    # shares the queries' (the supplement's Algorithm 24 as printed). docs/FIDELITY.md
+    atom_key_adaln: bool = True
     c_atom: int = 128               # atom single representation
     c_atompair: int = 16            # atom pair representation
     atom_blocks: int = 3            # atom transformer blocks, in every encoder and decoder
@@ -61,6 +101,12 @@ class ModelConfig:
     fourier_dim: int = 256          # noise-level embedding
     sigma_data: float = 16.0        # Angstrom; EDM's data standard deviation
     augmentation_translation: float = 1.0  # Angstrom, s_trans of Algorithm 19
+    # Under autocast, the coordinate path in fp32 (noisy positions, c_in scaling, the position
+    # and reference-position projections, the pair offsets, the position-update projection and
+    # the x update, the sampler's arithmetic) while the transformers run in bf16: bf16 keeps 8
+    # bits, 0.1-0.25 A at sigma_data's scale, the size of what the denoiser corrects at low
+    # noise. AF3 runs these layers at precision "highest", Protenix the whole module in fp32.
+    diffusion_coordinates_fp32: bool = True
     # training noise: sigma = sigma_data * exp(mean + std * N(0, 1)) (SI 3.7.1)
     noise_log_mean: float = -1.2
     noise_log_std: float = 1.5
@@ -91,6 +137,10 @@ class ModelConfig:
     pde_loss_weight: float = 1.0
     resolved_loss_weight: float = 1.0
     pae_loss_weight: float = 0.0    # AF3: 0 in initial training, 1 in the fine-tuning stages
+    # SI 4.3: the confidence losses only on structures whose resolution lies in this range
+    # (Angstrom, inclusive); a sample with no resolution (NMR, predicted) is left out. None:
+    # every sample. A batch without "resolution" (built by hand) counts every sample.
+    confidence_resolution_range: tuple[float, float] | None = (0.1, 4.0)
     max_recycling_cycles: int = 4   # training draws N_cycle uniformly from 1..this
     # --- dropout while training (Algorithms 8, 16, 17) and the ground truth's permutation (SI 4.2) ---
     pair_dropout: float = 0.25      # row/column-wise after the triangle updates (Pairformer, MSA, templates)
@@ -129,6 +179,19 @@ class ModelConfig:
         for name in ("pair_dropout", "msa_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"ModelConfig.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.relpos_chain_gate not in RELPOS_CHAIN_GATES:
+            raise ValueError(f"ModelConfig.relpos_chain_gate is {self.relpos_chain_gate!r}, expected one of "
+                             f"{RELPOS_CHAIN_GATES}")
+        if not self.distogram_min < self.distogram_max or self.distogram_bins < 2:
+            raise ValueError(f"ModelConfig distogram needs distogram_min < distogram_max and >= 2 bins, got "
+                             f"{self.distogram_bins} bins over {self.distogram_min}..{self.distogram_max}")
+        if self.confidence_resolution_range is not None:
+            # a list after a trip through JSON: a tuple, so that configs compare and hash alike
+            object.__setattr__(self, "confidence_resolution_range", tuple(self.confidence_resolution_range))
+            low, high = self.confidence_resolution_range
+            if not 0 <= low <= high:
+                raise ValueError(f"ModelConfig.confidence_resolution_range must be (low, high) with 0 <= low <= "
+                                 f"high, got {self.confidence_resolution_range}")
         if self.atom_window_queries % 2 or self.atom_window_keys % 2 \
                 or self.atom_window_keys < self.atom_window_queries:
             raise ValueError(f"ModelConfig atom windows must be even with keys >= queries, got "

@@ -17,7 +17,7 @@ from featurecache.model.atom_attention import AtomAttentionDecoder, AtomAttentio
 from featurecache.model.checkpointing import maybe_checkpointed
 from featurecache.model.config import ModelConfig
 from featurecache.model.embedders import RelativePositionEncoding
-from featurecache.model.layers import kernel_module
+from featurecache.model.layers import full_precision, kernel_module
 from featurecache.model.transformer import ConditionedTransformer, TokenLayout
 
 
@@ -56,7 +56,8 @@ class DiffusionConditioning(nn.Module):
         super().__init__()
         kernels = config.kernels
         self.sigma_data = config.sigma_data
-        self.relpos = RelativePositionEncoding(config.c_z, config.relpos_max_residue, config.relpos_max_chain)
+        self.relpos = RelativePositionEncoding(config.c_z, config.relpos_max_residue, config.relpos_max_chain,
+                                               config.relpos_chain_gate)
         self.pair_in = kernel_module("LayerNormLinear", 2 * config.c_z, config.c_z, bias=False, kernels=kernels)
         self.pair_transitions = nn.ModuleList(
             kernel_module("Transition", config.c_z, expansion=2, kernels=kernels) for _ in range(2))
@@ -128,8 +129,13 @@ class DiffusionModule(nn.Module):
         return DiffusionContext(batch, windows, s_inputs, trunk_single, pair, atom_cond, atom_pair)
 
     def forward(self, noisy_positions: torch.Tensor, sigma: torch.Tensor, context: DiffusionContext) -> torch.Tensor:
-        """noisy_positions [B, S, A, 3], sigma [B, S] -> denoised positions [B, S, A, 3]."""
+        """noisy_positions [B, S, A, 3], sigma [B, S] -> denoised positions [B, S, A, 3].
+
+        With config.diffusion_coordinates_fp32 (AF3's behaviour) the positions, their scaling, the
+        update and D(x; sigma) are fp32 under autocast; the transformers run in the autocast dtype."""
         batch = context.batch
+        if self.config.diffusion_coordinates_fp32:
+            noisy_positions, sigma = noisy_positions.float(), sigma.float()
         c_skip, c_out, c_in, _ = (c[..., None, None] for c in edm_preconditioning(sigma, self.config.sigma_data))
         single = self.conditioning.single(context.s_inputs, context.trunk_single, sigma)  # [B, S, N, c_s]
         token_single, atom_single, atom_cond, atom_pair = self.atom_encoder(
@@ -138,4 +144,5 @@ class DiffusionModule(nn.Module):
         token_single = self.transformer(token_single, single, context.pair, TokenLayout(batch["token_pad_mask"]))
         token_single = self.token_norm(token_single)
         update = self.atom_decoder(batch, context.windows, token_single, atom_single, atom_cond, atom_pair)
-        return c_skip * noisy_positions + c_out * update.to(noisy_positions.dtype)
+        with full_precision(self.config.diffusion_coordinates_fp32, noisy_positions.device.type):
+            return c_skip * noisy_positions + c_out * update.to(noisy_positions.dtype)

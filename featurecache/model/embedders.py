@@ -45,16 +45,27 @@ def single_inputs(batch: dict) -> torch.Tensor:
 
 
 class RelativePositionEncoding(nn.Module):
-    """Algorithm 3: residue, token and chain offsets, clipped and one-hot, projected to c_z."""
+    """Algorithm 3: residue, token and chain offsets, clipped and one-hot, projected to c_z.
 
-    def __init__(self, c_z: int, max_residue: int = 32, max_chain: int = 2) -> None:
+    `chain_gate` picks the pairs whose sym_id offset is encoded (d_chain): "entity" as AF3's
+    and Protenix's code, every pair of one entity (two copies of A in A2B get +-1, a chain with
+    itself 0, A with B the "other" class); "chain" as the supplement prints it, every pair of
+    different chains (A with B too, from their unrelated sym_ids), a chain with itself "other"."""
+
+    def __init__(self, c_z: int, max_residue: int = 32, max_chain: int = 2, chain_gate: str = "entity") -> None:
         super().__init__()
         self.max_residue = max_residue
         self.max_chain = max_chain
+        self.chain_gate = chain_gate
         in_dim = 2 * (2 * max_residue + 2) + 1 + (2 * max_chain + 2)
         self.linear = nn.Linear(in_dim, c_z, bias=False)
 
     def forward(self, batch: dict) -> torch.Tensor:
+        """[B, N, N, c_z]"""
+        return self.linear(self.features(batch).to(self.linear.weight.dtype))
+
+    def features(self, batch: dict) -> torch.Tensor:
+        """[B, N, N, in_dim] bool: one-hot d_residue, one-hot d_token, same entity, one-hot d_chain."""
         def pairwise(name):
             value = batch[name].long()
             return value[:, :, None], value[:, None, :]
@@ -66,20 +77,21 @@ class RelativePositionEncoding(nn.Module):
         sym_i, sym_j = pairwise("sym_id")
         same_chain = asym_i == asym_j
         same_residue = res_i == res_j
+        same_entity = ent_i == ent_j
         r, c = self.max_residue, self.max_chain
         d_residue = torch.where(same_chain, (res_i - res_j + r).clamp(0, 2 * r), 2 * r + 1)
         d_token = torch.where(same_chain & same_residue, (tok_i - tok_j + r).clamp(0, 2 * r), 2 * r + 1)
-        d_chain = torch.where(~same_chain, (sym_i - sym_j + c).clamp(0, 2 * c), 2 * c + 1)
-        features = torch.cat(
+        chain_pairs = same_entity if self.chain_gate == "entity" else ~same_chain
+        d_chain = torch.where(chain_pairs, (sym_i - sym_j + c).clamp(0, 2 * c), 2 * c + 1)
+        return torch.cat(
             [
                 F.one_hot(d_residue, 2 * r + 2),
                 F.one_hot(d_token, 2 * r + 2),
-                (ent_i == ent_j).unsqueeze(-1),
+                same_entity.unsqueeze(-1),
                 F.one_hot(d_chain, 2 * c + 2),
             ],
             dim=-1,
-        ).to(self.linear.weight.dtype)
-        return self.linear(features)
+        ).bool()
 
 
 class InputEmbedder(nn.Module):
@@ -90,7 +102,8 @@ class InputEmbedder(nn.Module):
         self.to_single = nn.Linear(SINGLE_INPUT_DIM, config.c_s, bias=False)
         self.to_pair_i = nn.Linear(SINGLE_INPUT_DIM, config.c_z, bias=False)
         self.to_pair_j = nn.Linear(SINGLE_INPUT_DIM, config.c_z, bias=False)
-        self.relpos = RelativePositionEncoding(config.c_z, config.relpos_max_residue, config.relpos_max_chain)
+        self.relpos = RelativePositionEncoding(config.c_z, config.relpos_max_residue, config.relpos_max_chain,
+                                               config.relpos_chain_gate)
 
     def forward(self, batch: dict, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.to_single(inputs)
@@ -114,7 +127,8 @@ class AtomInputEmbedder(nn.Module):
         self.to_single = nn.Linear(inputs, config.c_s, bias=False)
         self.to_pair_i = nn.Linear(inputs, config.c_z, bias=False)
         self.to_pair_j = nn.Linear(inputs, config.c_z, bias=False)
-        self.relpos = RelativePositionEncoding(config.c_z, config.relpos_max_residue, config.relpos_max_chain)
+        self.relpos = RelativePositionEncoding(config.c_z, config.relpos_max_residue, config.relpos_max_chain,
+                                               config.relpos_chain_gate)
         self.from_token_bonds = nn.Linear(1, config.c_z, bias=False)
         # with grouped checkpoints (a long crop) z_init is re-run in backward: its relative-position
         # one-hot [B, N, N, 139] (1.8 GB at crop 2,560) would otherwise live through the whole step

@@ -1,4 +1,6 @@
-"""Distogram head and loss on token centre positions (AF3: 64 bins from 2 to 22 Angstrom)."""
+"""Distogram head and loss on the tokens' representative atoms: 64 bins, 63 inner edges evenly
+from 2.3125 to 21.6875 Angstrom in AF3's code and Protenix (ModelConfig.distogram_min / max;
+a checkpoint keeps the edges it was trained with)."""
 
 from __future__ import annotations
 
@@ -23,9 +25,10 @@ def distogram_bin_edges(num_bins: int, min_dist: float, max_dist: float, device=
 
 
 def distogram_loss(logits: torch.Tensor, positions: torch.Tensor, position_mask: torch.Tensor,
-                   min_dist: float = 2.0, max_dist: float = 22.0) -> torch.Tensor:
+                   min_dist: float, max_dist: float) -> torch.Tensor:
     """Cross-entropy of the binned true distances, averaged over valid pairs of each sample, then
-    over the batch.
+    over the batch. A distance's bin is the number of edges below it (AF3's code and Protenix:
+    sum(d > edges); a distance on an edge falls in the lower bin).
 
     logits [B, N, N, bins]; positions [B, N, 3]; position_mask [B, N] bool (resolved and not
     padding). A sample with no valid pair contributes zero.

@@ -14,6 +14,7 @@ triangle attention).
 
 from __future__ import annotations
 
+import contextlib
 from importlib import import_module
 
 import torch
@@ -43,6 +44,13 @@ def _cast_to_autocast_dtype(module: nn.Module, args: tuple) -> tuple:
             value = value.to(torch.get_autocast_dtype(value.device.type))
         cast.append(value)
     return tuple(cast)
+
+
+def full_precision(enabled: bool, device_type: str):
+    """A context with autocast off (fp32 in, fp32 out) when `enabled`, else nothing: for the few
+    small layers whose bf16 rounding would cost resolution (AF3 runs them at precision "highest").
+    Inputs must be fp32 already: autocast off casts nothing."""
+    return torch.autocast(device_type, enabled=False) if enabled else contextlib.nullcontext()
 
 
 @accepts_impl_keyword

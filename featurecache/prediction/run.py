@@ -16,7 +16,7 @@ from featurecache.chem.ccd import load_ccd
 from featurecache.config import SampleConfig
 from featurecache.loader import CacheDataset, collate
 from featurecache.model import AF3Model, ModelConfig
-from featurecache.model.config import RUNTIME_SETTINGS
+from featurecache.model.config import RUNTIME_SETTINGS, saved_model_settings
 from featurecache.prediction.confidences import sample_confidence, structure_labels, write_json
 from featurecache.prediction.mmcif import asym_ids, atom_names, residue_instances, write_mmcif
 from featurecache.store.files import atomic_path, write_text_atomic
@@ -63,7 +63,9 @@ def load_model(checkpoint: pathlib.Path, device: torch.device, kernels: str) -> 
             or not isinstance(state.get("model_config"), dict):
         raise PredictError(f"--checkpoint {checkpoint}: not a featurecache training checkpoint")
     try:
-        settings = {name: value for name, value in state["model_config"].items() if name not in RUNTIME_SETTINGS}
+        # a setting the checkpoint predates as it was trained (its distogram edges, ...)
+        settings = {name: value for name, value in saved_model_settings(state["model_config"]).items()
+                    if name not in RUNTIME_SETTINGS}
         settings.setdefault("confidence_head", False)  # a checkpoint from before the confidence head
         config = ModelConfig(**settings, kernels=kernels, checkpoint_blocks=False)
         model = AF3Model(config)

@@ -58,6 +58,7 @@ def random_batch(lengths: list[int], msa_depths: list[int], num_templates: list[
     batch["restype"][pad] = GAP
     batch["token_center_mask"] &= batch["token_pad_mask"]
     _add_atoms(batch, samples, atoms, bonds, generator)
+    batch["resolution"] = torch.full((batch_size,), 2.0)  # an X-ray structure the confidence losses train on
     return batch
 
 

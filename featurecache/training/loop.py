@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from featurecache.model import AF3Model, preset, sample_num_cycles
-from featurecache.model.af3 import LOSS_INPUTS, REQUIRED_INPUTS
-from featurecache.model.config import RUNTIME_SETTINGS
+from featurecache.model.af3 import LOSS_INPUTS, OPTIONAL_LOSS_INPUTS, REQUIRED_INPUTS
+from featurecache.model.config import RUNTIME_SETTINGS, WEIGHT_MEANING_SETTINGS, saved_model_settings
 from featurecache.training.checkpoint import (checkpoint_path, load_checkpoint, optimizer_state, rng_state,
                                               save_checkpoint, set_rng_state)
 from featurecache.training.config import TrainConfig, TrainSetupError, resolve_kernels
@@ -111,6 +111,10 @@ class Trainer:
     def restore(self, state: dict) -> Position:
         """Load a checkpoint's model, optimizer, scheduler, EMA and (a rank the writing run had)
         this rank's RNG states; a checkpoint without EMA starts its average at its weights."""
+        if settings_differ(state, self.model.config, WEIGHT_MEANING_SETTINGS):  # same weights, other function
+            raise TrainSetupError(f"--resume {self.config.resume}: the checkpoint's weights compute another function "
+                                  f"(docs/FIDELITY.md): {model_differences(state, self.model.config)}; `featurecache "
+                                  "predict` still loads it as it was trained")
         try:
             self.model.load_state_dict(state["model"])
         except RuntimeError:  # another preset or model option: name the settings, not 300 tensor names
@@ -234,14 +238,35 @@ class Trainer:
         }
 
 
+def _differing_settings(state: dict, config) -> dict[str, tuple] | None:
+    """{name: (checkpoint's value, config's)} for the model settings (not the runtime ones) in
+    which a checkpoint differs from `config`, a setting it predates taken as it was trained
+    (model.config.LEGACY_SETTINGS); None when it records no settings."""
+    saved = state.get("model_config")
+    if not isinstance(saved, dict):
+        return None
+    saved = saved_model_settings(saved)
+    here = dataclasses.asdict(config)
+
+    def comparable(value):  # a tuple setting may have become a list on its way
+        return tuple(value) if isinstance(value, list) else value
+
+    return {name: (saved[name], here[name]) for name in here
+            if name in saved and name not in RUNTIME_SETTINGS and comparable(saved[name]) != comparable(here[name])}
+
+
+def settings_differ(state: dict, config, names: tuple[str, ...] | None = None) -> bool:
+    """Whether a checkpoint's model settings differ from `config`'s (only among `names` if given)."""
+    differ = _differing_settings(state, config) or {}
+    return any(name in differ for name in names) if names is not None else bool(differ)
+
+
 def model_differences(state: dict, config) -> str:
     """Why a checkpoint's weights do not fit this run's model, as the settings that differ."""
-    saved = state.get("model_config")
-    here = dataclasses.asdict(config)
-    if not isinstance(saved, dict):
+    differ = _differing_settings(state, config)
+    if differ is None:
         return "its weights do not fit this run's model (it records no model settings)"
-    differ = [f"{name} {saved[name]!r} there, {here[name]!r} here" for name in here
-              if name in saved and name not in RUNTIME_SETTINGS and saved[name] != here[name]]
+    differ = [f"{name} {there!r} there, {here!r} here" for name, (there, here) in differ.items()]
     return (f"the checkpoint holds another model ({'; '.join(differ[:6]) or 'other weights'}): resume with "
             "the --preset and model options it was trained with")
 
@@ -273,7 +298,8 @@ def noise_generator(seed: int, step: int, slot: int, device: torch.device) -> to
 
 def graph_inputs(batch: dict) -> dict[str, torch.Tensor]:
     """The tensors a captured step reads: the model's and its loss's inputs."""
-    return {name: batch[name] for name in dict.fromkeys(REQUIRED_INPUTS + LOSS_INPUTS)}
+    optional = tuple(name for name in OPTIONAL_LOSS_INPUTS if name in batch)
+    return {name: batch[name] for name in dict.fromkeys(REQUIRED_INPUTS + LOSS_INPUTS + optional)}
 
 
 def peak_memory_gb(device: torch.device) -> float:

@@ -34,7 +34,10 @@ def test_relative_position_one_hots():
     assert token[1, 1].argmax() == 32             # same token
     assert entity[0, 3] == 1                      # same entity, other copy
     assert chain[0, 3].argmax() == 1 - 2 + 2      # sym 1 vs 2
-    assert chain[0, 1].argmax() == 5              # same chain
+    assert chain[0, 1].argmax() == 2              # same chain: sym offset 0 (AF3's code gates on the entity)
+    supplement = RelativePositionEncoding(c_z=4, max_residue=32, max_chain=2, chain_gate="chain").features(batch)[0]
+    assert supplement[0, 1, 133:].long().argmax() == 5  # same chain: "other" as the supplement prints it
+    assert supplement[0, 3, 133:].long().argmax() == 1 - 2 + 2
 
 
 def test_template_features_do_not_change_under_a_rigid_motion():
