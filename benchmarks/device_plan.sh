@@ -154,7 +154,8 @@ kernels() {
 #   here:  python3 benchmarks/learning.py --record-only FILES/learn && python3 benchmarks/learning.py --plot FILES/learn
 LEARN_OUT=/root/learn
 LEARN="--cache .devdata/learn721p --truth .devdata/truth/721p-assembly1.cif --preset small --crop-size 416
-       --diffusion-batch 32 --lr 1e-3 --warmup 100 --ema-decay 0.99 --checkpoint-every 250 --eval-every 500"
+       --diffusion-batch 32 --lr 1e-3 --warmup 100 --ema-decay 0.99 --checkpoint-every 250 --eval-every 500
+       --cycles 1 --train-args --max-recycling-cycles=1"
 
 learn_prepare() {
     local data=../shared/data
@@ -174,7 +175,8 @@ learn_start() {
     rm -rf "$LEARN_OUT" && mkdir -p "$LEARN_OUT"
     setsid nohup python3 benchmarks/learning.py $LEARN --minutes "${1:-13}" --out "$LEARN_OUT" \
         > "$LEARN_OUT/log.txt" 2>&1 < /dev/null &
-    sleep "${2:-550}"
+    local waited=0
+    while [ "$waited" -lt "${2:-550}" ] && pgrep -f benchmarks/learning.py > /dev/null; do sleep 5; waited=$((waited + 5)); done
     grep -v '^step ' "$LEARN_OUT/log.txt" | tail -5
     tail -c 300 "$LEARN_OUT/run/log.jsonl" 2>/dev/null || true
 }
