@@ -155,7 +155,7 @@ kernels() {
 LEARN_OUT=/root/learn
 LEARN="--cache .devdata/learn721p --truth .devdata/truth/721p-assembly1.cif --preset small --crop-size 416
        --diffusion-batch 32 --lr 1e-3 --warmup 100 --ema-decay 0.99 --checkpoint-every 250 --eval-every 500
-       --cycles 1 --train-args --max-recycling-cycles=1"
+       --cycles 1 --train-args=--max-recycling-cycles=1"
 
 learn_prepare() {
     local data=../shared/data
