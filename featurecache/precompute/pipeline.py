@@ -182,8 +182,12 @@ class PipelineRun:
     # --- bookkeeping ---
 
     def put(self, table: str, key: str, blob: bytes, index=None) -> None:
-        """Write a record (writer.put); one --recheck found damaged counts as recomputed."""
-        self.writer.put(table, key, blob, index=index)
+        """Write a record (writer.put); one --recheck found damaged counts as recomputed.
+
+        Every record gets an index entry ({} where there is nothing to index: msa records), so the
+        manifest lists every key: a record lost with an unreadable shard is then named by verify
+        and recomputed by --recheck, wherever its key happens to place it."""
+        self.writer.put(table, key, blob, index={} if index is None else index)
         if self.recheck is not None:
             self.recheck.rewritten(table, key)
 

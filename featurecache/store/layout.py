@@ -154,7 +154,8 @@ def table_keys(txn: lmdb.Transaction, records_db, index_db) -> Iterator[bytes]:
     values=False), so listing a table of large records reads the whole table into the process;
     index entries are small. A put keeps or drops a key's entry and a delete removes both, so the
     index keys are a subset of the record keys: equal counts mean equal sets. A table whose
-    records lack index entries (msa) is listed itself, touching its values.
+    records lack index entries (msa records written before precompute gave them one) is listed
+    itself, touching its values.
     """
     listed = records_db
     if index_db is not None and txn.stat(index_db)["entries"] == txn.stat(records_db)["entries"]:

@@ -16,7 +16,11 @@ Example (abridged)::
      "shards": [{"file": "shard-00000.lmdb", "size": 1052672, "sha256": "9b1f...", "txnid": 42,
                  "counts": {"msa": 7, "features": 2, "errors": 0}}, ...],
      "index": {"features": {"7a4d": {"num_tokens": 611, "msa_depth": 4096, "shard": 1}},
-               "msa": {}, "errors": {}, "sampling": {...}, "excluded": {...}}}
+               "msa": {"5103de133cfcb380cd8f73983d546251-48caba42797094c4": {"shard": 2}},
+               "errors": {}, "sampling": {...}, "excluded": {...}}}
+
+Precompute lists every record it writes (an msa record's entry holds only its shard), so that
+verify names, and precompute --recheck recomputes, the records of a shard found unreadable.
 
 A shard's "txnid" is LMDB's last committed transaction when the manifest was written (absent in
 manifests written before it was recorded): a writer that finds it unchanged, with the same size,
