@@ -76,7 +76,7 @@ EOF
 
 device_setup() {  # on the device: the carried wheels into /tmp/site
     local wheels=.whl-core
-    [ -d .whl ] && wheels=.whl  # call 1: every wheel (Protenix's too)
+    compgen -G ".whl/*.whl" > /dev/null && wheels=.whl  # call 1: every wheel (Protenix's too)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     export FC_COMMIT=${FC_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
