@@ -162,7 +162,8 @@ def record(args, result: dict) -> None:
         f"({'stopped by the budget' if result['stopped'] else 'all steps done'}); {args.samples} samples of "
         f"{args.sampler_steps} sampler steps and {args.cycles} cycles per scored checkpoint.", "",
         curve_table(result["curve"]), "",
-        f"Last checkpoint, top-ranked sample: {verdict}."])
+        f"Last checkpoint scored, top-ranked sample: {verdict}.",
+        *([""] + [result["note"]] if result.get("note") else [])])
     record_rows(stamp, rows, "learning", section, title="Learning: overfit one real target (issue 33)")
 
 
