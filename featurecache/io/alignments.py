@@ -213,7 +213,8 @@ class AlignmentIndex:
         # no chain): the target is built without it, and says so.
         warnings.extend(f"unreadable alignment file: {message}"
                         for claim, message in self._unreadable_claims if claim[0] == entry)
-        return result, warnings
+        # a file used by several chains (homomers, hit files of one folder) warns once
+        return result, list(dict.fromkeys(warnings))
 
     def _hits_for(self, msa_files: list[AlignmentFile], mapping: SequenceMapping, warnings: list[str]):
         folders = {str(Path(file.path).parent) for file in msa_files}

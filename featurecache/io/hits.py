@@ -97,7 +97,7 @@ def parse_hhr(data: str | bytes, source: str, warnings: list[str] | None = None)
         except ParseError as error:
             if not last:
                 raise
-            cut_short(source, f"last hit (No {rank}) {error.detail}", error.line, warnings, f"hit No {rank} dropped")
+            cut_short(source, f"{error.detail} (the last hit, No {rank})", error.line, warnings, f"hit No {rank} dropped")
             break
         expected = table.get(rank)
         covered = (hit.query_start, hit.query_end, hit.hit_start, hit.hit_end)

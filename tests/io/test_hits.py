@@ -99,7 +99,7 @@ def test_malformed_m8(line, message):
 def test_truncated_hhr_is_a_parse_error(shared_data):
     text = (shared_data / "alignments" / "openfold" / "pdb70_hits.hhr").read_text()
     cut = text.index("Q query             7 AEH") + 25
-    with pytest.raises(ParseError, match=r"cut\.hhr:\d+: last hit \(No 1\) malformed alignment line .*\(file cut short\?\)"):
+    with pytest.raises(ParseError, match=r"cut\.hhr:\d+: malformed alignment line .* \(the last hit, No 1\) \(file cut short\?\)"):
         parse_hhr(text[:cut], "cut.hhr")
 
 
@@ -179,7 +179,7 @@ def test_hhr_cut_inside_its_last_hit_never_keeps_the_partial_hit(shared_data):
             dropped += 1
             assert len(hits) == position
             assert len(warnings) == 1 and warnings[0].startswith("cut.hhr:")
-            assert f"file cut short: last hit (No {rank})" in warnings[0] or f"hit No {rank} {whole[position].name}" in warnings[0]
+            assert f"(the last hit, No {rank})" in warnings[0] or f"hit No {rank} {whole[position].name}" in warnings[0]
             assert warnings[0].endswith(f"hit No {rank} dropped")
             with pytest.raises(ParseError, match=r"^cut\.hhr:\d+: .*\(file cut short\?\)$"):
                 parse_hhr(cut, "cut.hhr")
