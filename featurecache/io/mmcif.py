@@ -39,6 +39,7 @@ from featurecache.io.connections import read_bonds, residue_locator
 from featurecache.io.pdb import looks_like_pdb, pdb_to_mmcif_block
 from featurecache.io.residues import is_non_polymer, parent_of, residue_kind
 from featurecache.io.structure import Chain, Residue, Structure, unresolved_residue
+from featurecache.schema import CUT_SHORT
 
 WATER_NAMES = {"HOH", "DOD", "WAT", "H2O"}
 HYDROGEN_ELEMENTS = {"H", "D"}
@@ -69,6 +70,7 @@ def parse_mmcif(data: str | bytes, source: str) -> Structure:
     if looks_like_pdb(text):
         block = pdb_to_mmcif_block(text, source, notes)
     else:
+        _refuse_cut_wwpdb_file(text, source)
         block = _first_block(text, source)
     try:
         chains, located = _parse_chains(block, source)
@@ -90,6 +92,22 @@ def parse_mmcif(data: str | bytes, source: str) -> Structure:
                                   "(symmetry mates, renamed residues): not read",) if skipped else ()),
         bonds=bonds,
     )
+
+
+def _refuse_cut_wwpdb_file(text: str, source: str) -> None:
+    """A file in the wwPDB layout (wwPDB, RCSB, PDBe, AFDB and gemmi write a '#' line after every
+    category) whose last line is not that '#' was cut short: gemmi would read a loop cut at a line
+    boundary as a whole one, and chains would silently lose their last atoms. Files not in that
+    layout (hand-written, minimal) have no such mark and are not checked."""
+    lines = text.rstrip().splitlines()
+    loops = [number for number, line in enumerate(lines) if line.strip() == "loop_"]
+    if not loops or any(number == 0 or lines[number - 1].strip() != "#" for number in loops):
+        return
+    if lines[-1].strip() == "#":
+        return
+    category = next((line.split(".", 1)[0] for line in reversed(lines) if line.startswith("_")), "?")
+    raise ParseError(source, f"ends inside {category} without the '#' that closes every category in "
+                             f"this layout ({CUT_SHORT}?)", len(lines))
 
 
 def _first_block(text: str, source: str) -> gemmi.cif.Block:
