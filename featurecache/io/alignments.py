@@ -21,6 +21,10 @@ name starts with an MSA's stem (``7a4d-assembly1A_protein_pdball_230102_db.m8`` 
 A file whose name claims a chain of this target (``<entry>-assembly1<chain>_...`` or a folder
 ``<entry>_<chain>``) but whose query matches neither that chain's label nor author chain is
 reported in the warnings with the file and both sequences.
+
+Files cut short (io.common.cut_short): an A3M's or HHR's partial last record or hit is dropped
+and the target's warnings name the file; a file that cannot be read at all (a Stockholm without
+its '//') is left out, and the targets its name claims say so in their warnings.
 """
 
 from __future__ import annotations
