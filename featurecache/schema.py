@@ -196,6 +196,10 @@ LOAD_TIME_FEATURES: tuple[ArraySpec, ...] = (
 SAMPLE_FEATURES = FEATURES + LOAD_TIME_FEATURES
 
 # Metadata stored beside the arrays (msgpack map of plain values).
+# The phrase every warning about an input file that ends mid-record carries (io writes it, stats
+# counts the warnings that contain it).
+CUT_SHORT = "file cut short"
+
 METADATA_FIELDS = {
     "id": "target id (file stem, lower case)",
     "resolution": "resolution in Angstrom, or None",
@@ -209,7 +213,8 @@ METADATA_FIELDS = {
     "conformer_codes": "CCD codes whose reference conformers ref_pos holds (keys of the conformers table)",
     "msa_depth": "M",
     "num_templates": "T: template rows stored, the most templates any chain holds (a sample uses up to SampleConfig.max_templates per chain)",
-    "warnings": "list of warning strings (e.g. chain with no alignment)",
+    "warnings": "list of warning strings (e.g. chain with no alignment; an input file cut short: "
+                "contains CUT_SHORT)",
     "template_names": "templates stored, '<chain id>:<pdb id>_<chain>', in template row order per chain",
     "template_hits_without_coordinates": "template hits skipped because their structure was not available",
 }

@@ -21,6 +21,10 @@ name starts with an MSA's stem (``7a4d-assembly1A_protein_pdball_230102_db.m8`` 
 A file whose name claims a chain of this target (``<entry>-assembly1<chain>_...`` or a folder
 ``<entry>_<chain>``) but whose query matches neither that chain's label nor author chain is
 reported in the warnings with the file and both sequences.
+
+Files cut short (io.common.cut_short): an A3M's or HHR's partial last record or hit is dropped
+and the target's warnings name the file; a file that cannot be read at all (a Stockholm without
+its '//') is left out, and the targets its name claims say so in their warnings.
 """
 
 from __future__ import annotations
@@ -136,6 +140,8 @@ class AlignmentIndex:
         self.msa_files: list[AlignmentFile] = []
         self.hit_files: list[AlignmentFile] = []
         self.errors: list[str] = []  # unreadable files, reported rather than fatal
+        # (entry, chain) named by an unreadable file, with its error: the targets it names warn
+        self._unreadable_claims: list[tuple[tuple[str, str], str]] = []
         for path in sorted(self.root.rglob("*")):
             if not path.is_file():
                 continue
@@ -146,6 +152,8 @@ class AlignmentIndex:
                     query = _msa_query(data, str(path))
                 except ParseError as error:
                     self.errors.append(str(error))
+                    if _claim(path) is not None:
+                        self._unreadable_claims.append((_claim(path), str(error)))
                     continue
                 self.msa_files.append(AlignmentFile(str(path), "msa", query, _sha(data), _claim(path)))
             elif name.endswith(HIT_SUFFIXES):
@@ -189,13 +197,13 @@ class AlignmentIndex:
                         continue
                     seen_sha.add(file.sha256)
                     if file.sha256 not in by_sha:
-                        by_sha[file.sha256] = _parse_msa(read_bytes(file.path), file.path)
+                        by_sha[file.sha256] = _parse_msa(read_bytes(file.path), file.path, warnings)
                     msas.append(by_sha[file.sha256])
                     used.append(file.path)
                 # Homomer copies get the very same Msa object.
                 merged[query] = (concatenate_msas(msas), used)
             msa, used = merged[query]
-            hits, hit_paths = self._hits_for(files, mapping)
+            hits, hit_paths = self._hits_for(files, mapping, warnings)
             if mapping.kind == "similar":
                 warnings.append(
                     f"chain {chain.chain_id}: alignments matched by similarity ({mapping.identity:.3f} identity) "
@@ -205,9 +213,14 @@ class AlignmentIndex:
                 chain.chain_id, msa, tuple(hits), tuple(used), tuple(hit_paths), mapping
             )
         warnings.extend(self._claim_mismatches(structure, entry))
-        return result, warnings
+        # A file named for this target that could not be read (its query unknown, so it matched
+        # no chain): the target is built without it, and says so.
+        warnings.extend(f"unreadable alignment file: {message}"
+                        for claim, message in self._unreadable_claims if claim[0] == entry)
+        # a file used by several chains (homomers, hit files of one folder) warns once
+        return result, list(dict.fromkeys(warnings))
 
-    def _hits_for(self, msa_files: list[AlignmentFile], mapping: SequenceMapping):
+    def _hits_for(self, msa_files: list[AlignmentFile], mapping: SequenceMapping, warnings: list[str]):
         folders = {str(Path(file.path).parent) for file in msa_files}
         stems = {_stem(file.path) for file in msa_files}
         hits: list[TemplateHit] = []
@@ -223,7 +236,7 @@ class AlignmentIndex:
                 continue
             seen_sha.add(file.sha256)
             data = read_bytes(file.path)
-            file_hits = parse_hhr(data, file.path) if is_hhr else parse_m8(data, file.path)
+            file_hits = parse_hhr(data, file.path, warnings) if is_hhr else parse_m8(data, file.path)
             paths.append(file.path)
             for hit in file_hits:
                 remapped = _remap_hit(hit, mapping)
@@ -284,11 +297,11 @@ def _remap_hit(hit: TemplateHit, mapping: SequenceMapping) -> TemplateHit | None
     )
 
 
-def _parse_msa(data: bytes, path: str) -> Msa:
+def _parse_msa(data: bytes, path: str, warnings: list[str]) -> Msa:
     name = os.path.basename(path).lower().removesuffix(".gz")
     if name.endswith((".sto", ".stockholm")):
         return parse_stockholm(data, path)
-    return parse_a3m(data, path)
+    return parse_a3m(data, path, warnings)  # a cut last record is dropped, with a warning
 
 
 def _msa_query(data: bytes, path: str) -> str:

@@ -6,6 +6,8 @@ import gzip
 import os
 from pathlib import Path
 
+from featurecache.schema import CUT_SHORT
+
 GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -18,6 +20,19 @@ class ParseError(ValueError):
         self.detail = message
         where = f"{self.source}:{line}" if line is not None else self.source
         super().__init__(f"{where}: {message}")
+
+
+def cut_short(source: str, detail: str, line: int | None, warnings: list[str] | None, dropped: str) -> None:
+    """A file that ends mid-record (cut at a line boundary: a copy or download stopped early).
+
+    With a `warnings` list the caller keeps the whole records: `dropped` (what the caller leaves
+    out) goes into one warning naming the file. Without one nobody would hear of it, so it is a
+    ParseError.
+    """
+    if warnings is None:
+        raise ParseError(source, f"{detail} ({CUT_SHORT}?)", line)
+    where = f"{source}:{line}" if line is not None else source
+    warnings.append(f"{where}: {CUT_SHORT}: {detail}; {dropped}")
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:

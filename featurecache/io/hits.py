@@ -14,10 +14,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from featurecache.io.common import ParseError, decode_text, read_bytes
+from featurecache.io.common import ParseError, cut_short, decode_text, read_bytes
 
 _HHR_ALIGNMENT_LINE = re.compile(r"^([QT]) (\S+)\s+(\d+) (\S+)\s+(\d+) \((\d+)\)\s*$")
 _HHR_ANNOTATION_ROWS = {"Consensus", "ss_pred", "ss_conf", "ss_dssp"}
+# A line of the hit table: rank, name and scores, then the Query HMM and Template HMM ranges
+# and the template length ("  1 1HF9_B ATPASE ...  7.5 3.8E+02 ...   22    7-28     10-31  (41)").
+_HHR_TABLE_LINE = re.compile(r"^\s*(\d+)\s.*\s(\d+)-(\d+)\s+(\d+)-(\d+)\s*\(\s*\d+\s*\)\s*$")
 _CIGAR = re.compile(r"(\d+)([MIDX=])")
 
 
@@ -55,20 +58,27 @@ def normalize_hit_name(name: str) -> str:
     return f"{pdb_id.lower()}{separator}{chain}"
 
 
-def read_hits(path: str | os.PathLike) -> list[TemplateHit]:
-    """Parse a template hit file by its name: .hhr, otherwise tabular m8."""
+def read_hits(path: str | os.PathLike, warnings: list[str] | None = None) -> list[TemplateHit]:
+    """Parse a template hit file by its name: .hhr, otherwise tabular m8. `warnings`: see
+    `parse_hhr` (a file cut short)."""
     name = os.path.basename(str(path)).lower().removesuffix(".gz")
     data = read_bytes(path)
     if name.endswith(".hhr"):
-        return parse_hhr(data, str(path))
+        return parse_hhr(data, str(path), warnings)
     return parse_m8(data, str(path))
 
 
 # --- HHR --------------------------------------------------------------------------------------
 
 
-def parse_hhr(data: str | bytes, source: str) -> list[TemplateHit]:
-    """Parse an HHR file's alignment blocks ('No N' sections); a file with no hits gives []."""
+def parse_hhr(data: str | bytes, source: str, warnings: list[str] | None = None) -> list[TemplateHit]:
+    """Parse an HHR file's alignment blocks ('No N' sections); a file with no hits gives [].
+
+    Each block must cover the Query HMM and Template HMM ranges its line in the hit table gives.
+    A last block that does not (or cannot be read) is where the file was cut: with a `warnings`
+    list that hit is dropped and a warning naming the file is added, without one it is a
+    ParseError. Any earlier block that disagrees with the table is a ParseError (damage, not a cut).
+    """
     text = decode_text(data, source)
     lines = text.splitlines()
     if not text.strip():
@@ -76,11 +86,41 @@ def parse_hhr(data: str | bytes, source: str) -> list[TemplateHit]:
     if not lines[0].startswith("Query"):
         raise ParseError(source, "HHR must start with a 'Query' line (not an HHR file?)", 1)
     block_starts = [number for number, line in enumerate(lines) if line.startswith("No ") and line[3:].strip().isdigit()]
+    table = _hhr_table(lines, block_starts[0] if block_starts else len(lines))
     hits = []
     for position, start in enumerate(block_starts):
-        end = block_starts[position + 1] if position + 1 < len(block_starts) else len(lines)
-        hits.append(_parse_hhr_block(lines, start, end, position, source))
+        last = position + 1 == len(block_starts)
+        end = len(lines) if last else block_starts[position + 1]
+        rank = int(lines[start][3:])
+        try:
+            hit = _parse_hhr_block(lines, start, end, position, source)
+        except ParseError as error:
+            if not last:
+                raise
+            cut_short(source, f"{error.detail} (the last hit, No {rank})", error.line, warnings, f"hit No {rank} dropped")
+            break
+        expected = table.get(rank)
+        covered = (hit.query_start, hit.query_end, hit.hit_start, hit.hit_end)
+        if expected is not None and covered != expected:
+            detail = (f"hit No {rank} {hit.name} aligns query {covered[0]}-{covered[1]} and template "
+                      f"{covered[2]}-{covered[3]}, the hit table says {expected[0]}-{expected[1]} and "
+                      f"{expected[2]}-{expected[3]}")
+            if not last:
+                raise ParseError(source, detail, start + 1)
+            cut_short(source, detail, start + 1, warnings, f"hit No {rank} dropped")
+            break
+        hits.append(hit)
     return hits
+
+
+def _hhr_table(lines: list[str], end: int) -> dict[int, tuple[int, int, int, int]]:
+    """Rank -> (query start, end, template start, end) from the hit table before the first block."""
+    table = {}
+    for line in lines[:end]:
+        match = _HHR_TABLE_LINE.match(line)
+        if match:
+            table[int(match.group(1))] = tuple(int(value) for value in match.groups()[1:])
+    return table
 
 
 def _parse_hhr_block(lines: list[str], start: int, end: int, index: int, source: str) -> TemplateHit:

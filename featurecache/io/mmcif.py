@@ -39,6 +39,7 @@ from featurecache.io.connections import read_bonds, residue_locator
 from featurecache.io.pdb import looks_like_pdb, pdb_to_mmcif_block
 from featurecache.io.residues import is_non_polymer, parent_of, residue_kind
 from featurecache.io.structure import Chain, Residue, Structure, unresolved_residue
+from featurecache.schema import CUT_SHORT
 
 WATER_NAMES = {"HOH", "DOD", "WAT", "H2O"}
 HYDROGEN_ELEMENTS = {"H", "D"}
@@ -70,6 +71,10 @@ def parse_mmcif(data: str | bytes, source: str) -> Structure:
         block = pdb_to_mmcif_block(text, source, notes)
     else:
         block = _first_block(text, source)
+        category = _category_cut_short(text)
+        if category is not None:
+            raise ParseError(source, f"ends inside {category} without the '#' that closes every category in "
+                                     f"this layout ({CUT_SHORT}?)", len(text.rstrip().splitlines()))
     try:
         chains, located = _parse_chains(block, source)
         auth_of = {chain.chain_id: chain.auth_chain_id for chain in chains}
@@ -92,11 +97,29 @@ def parse_mmcif(data: str | bytes, source: str) -> Structure:
     )
 
 
+def _category_cut_short(text: str) -> str | None:
+    """The category a wwPDB-layout file ends in when it was cut short, else None.
+
+    wwPDB, RCSB, PDBe, AFDB and gemmi write a '#' line after every category; a file in that
+    layout (a '#' line before every loop_) whose last line is not '#' was cut, and gemmi reads a
+    loop cut at a line boundary as a whole one: chains would silently lose their last atoms.
+    Files not in that layout (hand-written, minimal) carry no such mark and are not checked."""
+    lines = text.rstrip().splitlines()
+    loops = [number for number, line in enumerate(lines) if line.strip() == "loop_"]
+    if not loops or any(number == 0 or lines[number - 1].strip() != "#" for number in loops):
+        return None
+    if lines[-1].strip() == "#":
+        return None
+    return next((line.split(".", 1)[0] for line in reversed(lines) if line.startswith("_")), "?")
+
+
 def _first_block(text: str, source: str) -> gemmi.cif.Block:
     try:
         document = gemmi.cif.read_string(text)
     except (RuntimeError, ValueError) as error:
         detail = re.sub(r"^string:\d+:\S*\s*", "", str(error))
+        if _category_cut_short(text) is not None:
+            detail += f" ({CUT_SHORT}?)"
         raise ParseError(source, f"invalid mmCIF: {detail}", _gemmi_error_line(str(error))) from error
     if len(document) == 0:
         raise ParseError(source, "no data block (empty file?)")

@@ -22,7 +22,8 @@ from functools import cached_property
 
 import numpy as np
 
-from featurecache.io.common import ParseError, decode_text, read_bytes
+from featurecache.io.common import ParseError, cut_short, decode_text, read_bytes
+from featurecache.schema import CUT_SHORT
 from featurecache.io.species import SpeciesResolver, SpeciesTag, species_tag
 
 _GAP = ord("-")
@@ -64,15 +65,16 @@ class Msa:
         return tuple(row.tobytes().decode("ascii") for row in self.aligned)
 
 
-def read_msa(path: str | os.PathLike) -> Msa:
-    """Parse an alignment file by its name: .sto / .stockholm, otherwise A3M / A2M (plain or .gz)."""
+def read_msa(path: str | os.PathLike, warnings: list[str] | None = None) -> Msa:
+    """Parse an alignment file by its name: .sto / .stockholm, otherwise A3M / A2M (plain or .gz).
+    `warnings`: see `parse_a3m` (a file cut short)."""
     name = os.path.basename(str(path)).lower()
     if name.endswith(".gz"):
         name = name[:-3]
     data = read_bytes(path)
     if name.endswith((".sto", ".stockholm")):
         return parse_stockholm(data, str(path))
-    return parse_a3m(data, str(path))
+    return parse_a3m(data, str(path), warnings)
 
 
 # --- writing A3M ----------------------------------------------------------------------------
@@ -107,8 +109,35 @@ _SEPARATOR = ord(">")  # stands for a header line in the byte stream of all reco
 _HEADER_LINE = re.compile(rb"^>", re.MULTILINE)
 
 
-def parse_a3m(data: str | bytes, source: str) -> Msa:
+class _CutLastRecord(ParseError):
+    """The file's last record is shorter than the query (none or part of its sequence): the file
+    was cut at a line boundary inside it."""
+
+    def __init__(self, source: str, message: str, line: int, header: str):
+        super().__init__(source, message, line)
+        self.header = header
+
+
+def parse_a3m(data: str | bytes, source: str, warnings: list[str] | None = None) -> Msa:
     """Parse A3M or A2M (FASTA-like, multi-line records allowed); the first record is the query.
+
+    A file cut inside its last record (a header with no sequence, or part of a wrapped A2M
+    sequence) is detected: with a `warnings` list that record is dropped and a warning naming the
+    file is added, without one it is a ParseError. A record with no sequence inside the file is
+    always a ParseError (the file is damaged, not cut).
+    """
+    try:
+        return _parse_a3m(data, source)
+    except _CutLastRecord as cut:
+        raw = data if isinstance(data, bytes) else data.encode("utf-8")
+        raw = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        cut_short(source, cut.detail, cut.line, warnings, f"record {cut.header!r} dropped")
+        last_header = raw.rfind(b"\n>")
+        return _parse_a3m(raw[: last_header + 1], source)
+
+
+def _parse_a3m(data: str | bytes, source: str) -> Msa:
+    """parse_a3m without the cut-file handling.
 
     No Python loop runs per character. Header lines become a one-byte separator ('>') in list
     operations over lines; the separator is then treated as an extra kept column in front of
@@ -195,6 +224,9 @@ def _raise_row_width_error(chars, kept, headers, width, raw, first, source) -> N
     kept_before = np.concatenate([[0], np.cumsum(kept)])
     per_row = kept_before[bounds[1:]] - kept_before[bounds[:-1] + 1]
     for row, count in enumerate(per_row.tolist()):
+        if row > 0 and row == len(headers) - 1 and count < width:  # the file ends inside this record
+            what = "has no sequence" if count == 0 else f"has {count} aligned columns, the query has {width}"
+            raise _CutLastRecord(source, f"last record {headers[row]!r} {what}", _header_line(raw, first, row), headers[row])
         if bounds[row + 1] - bounds[row] == 1:
             raise ParseError(source, f"record {headers[row]!r} has no sequence", _header_line(raw, first, row))
         if count != width:
@@ -242,7 +274,8 @@ def parse_stockholm(data: str | bytes, source: str) -> Msa:
 
     Columns where the query has a gap are insertions: they are dropped and their residues counted
     as deletions before the next query column. Several alignments in one file ('//' separated)
-    are concatenated when they share the query.
+    are concatenated when they share the query. A file without the final '//' was cut short and is
+    a ParseError: which rows and columns it lost cannot be told.
     """
     text = decode_text(data, source)
     lines = text.splitlines()
@@ -278,8 +311,18 @@ def parse_stockholm(data: str | bytes, source: str) -> Msa:
         sections.append((rows, descriptions, first_line))
     if not sections:
         raise ParseError(source, "no aligned sequences")
-
-    msas = [_stockholm_section(*section, source) for section in sections]
+    # Every Stockholm alignment ends with '//'. Without it the file was cut, and a cut between
+    # interleaved blocks leaves rows that look whole but lack the later columns: refuse the file.
+    last_line = next((number for number in range(len(lines), 0, -1) if lines[number - 1].strip()), 1)
+    terminated = lines[last_line - 1].strip() == "//"
+    try:
+        msas = [_stockholm_section(*section, source) for section in sections]
+    except ParseError as error:
+        if terminated:
+            raise
+        raise ParseError(source, f"{error.detail} (no '//' at the end: {CUT_SHORT}?)", error.line) from None
+    if not terminated:
+        raise ParseError(source, f"no '//' after the last alignment block ({CUT_SHORT}?)", last_line)
     if len(msas) == 1:
         return msas[0]
     query = msas[0].query

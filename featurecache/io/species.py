@@ -56,27 +56,31 @@ class HeaderFormat:
 
 # An entry name: accession-like prefix, '_', the organism mnemonic (1-5 upper-case letters or
 # digits, at least one letter; virtual codes for groups of species start with 9); small BFD
-# appends '_<n>'. A '/start-end' range may follow (Stockholm, A3M from jackhmmer).
+# appends '_<n>'. The name ends at whitespace (a space before DE text, a tab before ColabFold /
+# Protenix scores) or the line's end, after an optional '/start-end' range (Stockholm, A3M from
+# jackhmmer) or a bare '/' (Protenix writes '>UniRef100_<accession>_<taxid>/<TAB>scores').
 _MNEMONIC = r"(?P<mnemonic>(?=[A-Z0-9]{0,4}[A-Z])[A-Z0-9]{1,5})"
 _ENTRY = rf"[A-Za-z0-9]+_{_MNEMONIC}(?:_\d+)?"
-_END = r"(?:/\d+-\d+)?(?=\s|$)"
+_END = r"(?:/(?:\d+-\d+)?)?(?=\s|$)"
+# Database names are matched case-insensitively (tools that lower-case ids write 'uniref100_').
+_UNIREF = r"(?i:uniref)(?:100|90|50)_"
 HEADER_FORMATS: tuple[HeaderFormat, ...] = (
     HeaderFormat(
         "UniProtKB (FASTA, jackhmmer Stockholm names, AF3 JSON MSAs)",
         "tr|A0A2A6NXF8|A0A2A6NXF8_9BRAD Uncharacterized protein OS=Bradyrhizobium sp. C9 OX=142585 GN=x",
-        re.compile(rf"^(?:sp|tr)\|[A-Za-z0-9]{{6,10}}(?:[-_]\d+)?\|{_ENTRY}{_END}"),
+        re.compile(rf"^(?i:sp|tr)\|[A-Za-z0-9]{{6,10}}(?:[-_]\d+)?\|{_ENTRY}{_END}"),
         (re.compile(r"\bOX=(?P<taxid>\d+)\b"),),
     ),
     HeaderFormat(
         "Protenix UniRef100 with taxid",
-        "UniRef100_A0A0B4J2F2_9606/1-100",
-        re.compile(rf"^UniRef(?:100|90|50)_[A-Za-z0-9]+_(?P<taxid>\d+){_END}"),
+        "UniRef100_A0A0M5M6Q1_2562661/\t123\t0.45",
+        re.compile(rf"^{_UNIREF}[A-Za-z0-9]+_(?P<taxid>\d+){_END}"),
     ),
     HeaderFormat(
         "UniRef cluster (FASTA header, jackhmmer / hhblits description)",
         "UniRef90_D7BIZ4/1-73 [subseq from] Uncharacterized protein n=1 Tax=Meiothermus silvanus TaxID=526227 "
         "RepID=D7BIZ4_MEISD",
-        re.compile(r"^UniRef(?:100|90|50)_\S+\s"),
+        re.compile(rf"^{_UNIREF}\S+\s"),
         (
             re.compile(r"\bn=(?P<members>\d+)\b"),
             re.compile(r"\bTaxID=(?P<taxid>\d+)\b"),
@@ -86,7 +90,7 @@ HEADER_FORMATS: tuple[HeaderFormat, ...] = (
     HeaderFormat(
         "UniProt entry name alone (Stockholm names, hhblits uniclust)",
         "A0A0Q9XW80_9STAP/12-60",
-        re.compile(rf"^(?!UniRef)[A-Za-z0-9]+_{_MNEMONIC}(?:_\d+)?{_END}"),
+        re.compile(rf"^(?!{_UNIREF})[A-Za-z0-9]+_{_MNEMONIC}(?:_\d+)?{_END}"),
     ),
     HeaderFormat(
         "any other header with a UniProt-style taxid field (custom pipelines)",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from featurecache.schema import CONFORMERS_TABLE, ERRORS_TABLE, FEATURES_TABLE, MSA_TABLE
+from featurecache.schema import CONFORMERS_TABLE, CUT_SHORT, ERRORS_TABLE, FEATURES_TABLE, MSA_TABLE
 from featurecache.store.codec import RowFrames, decode_record, read_header
 from featurecache.store.manifest import EXCLUDED_TABLE, SAMPLING_TABLE, Manifest, read_manifest
 from featurecache.store.reader import StoreReader
@@ -94,6 +94,8 @@ def cache_stats(cache_dir: Path) -> dict:
         "curation": _curation_stats(manifest),
         "sampling": _sampling_stats(manifest),
         "warnings": warnings,
+        # input files that ended mid-record (their partial record dropped, or the file refused)
+        "files_cut_short": sum(CUT_SHORT in warning for warning in warnings),
         "template_hits_without_structure": hits_without_structure,
         "failures_by_stage": dict(Counter(failure["stage"] for failure in failures)),
         "failures": failures,
@@ -208,6 +210,9 @@ def format_stats(report: dict) -> str:
     lines.append("")
     hits = report["template_hits_without_structure"]
     lines.append(f"warnings     {len(report['warnings']) + bool(hits['hits'])}")
+    if report["files_cut_short"]:
+        lines.append(f"  {report['files_cut_short']} about input files cut short (a partial record dropped "
+                     f"or the file left out)")
     if hits["hits"]:
         most = sorted(hits["per_target"].items(), key=lambda item: -item[1])[:5]
         lines.append(f"  {hits['hits']} template hits in {hits['targets']} targets have no structure in the "

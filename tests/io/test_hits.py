@@ -99,7 +99,7 @@ def test_malformed_m8(line, message):
 def test_truncated_hhr_is_a_parse_error(shared_data):
     text = (shared_data / "alignments" / "openfold" / "pdb70_hits.hhr").read_text()
     cut = text.index("Q query             7 AEH") + 25
-    with pytest.raises(ParseError, match=r"cut\.hhr:\d+: malformed alignment line"):
+    with pytest.raises(ParseError, match=r"cut\.hhr:\d+: malformed alignment line .* \(the last hit, No 1\) \(file cut short\?\)"):
         parse_hhr(text[:cut], "cut.hhr")
 
 
@@ -138,3 +138,57 @@ def test_m8_garbage_only_raises_parse_error(line):
         parse_m8(line + "\n", "fuzz.m8")
     except ParseError:
         pass
+
+
+# --- HHR files cut at a line boundary ---------------------------------------------------------
+
+
+def _hhr_lines(shared_data, chain: str) -> list[str]:
+    return (shared_data / "alignments" / "afdb" / chain / "pdb70_hits.hhr").read_text().splitlines(keepends=True)
+
+
+def test_every_sample_hhr_block_covers_its_hit_table_ranges(shared_data):
+    for path in sorted((shared_data / "alignments").rglob("*.hhr")):
+        warnings: list[str] = []
+        hits = parse_hhr(path.read_bytes(), str(path), warnings)
+        assert hits and warnings == [], path
+
+
+def test_hhr_cut_inside_its_last_hit_never_keeps_the_partial_hit(shared_data):
+    """A real HHR (1a0g_A, 112 hits) cut at every line of a hit whose alignment spans several
+    blocks: the hit is kept only when all of it was read; otherwise it is dropped with one
+    warning naming the file (or, without a warnings list, the file is refused)."""
+    lines = _hhr_lines(shared_data, "1a0g_A")
+    whole = parse_hhr("".join(lines), "whole.hhr")
+    starts = [number for number, line in enumerate(lines) if line.startswith("No ") and line[3:].strip().isdigit()]
+    # the first hit whose alignment needs more than one block of Q/T lines
+    position = next(k for k, start in enumerate(starts[:-1])
+                    if sum(line.startswith("Q Consensus") for line in lines[start:starts[k + 1]]) > 1)
+    rank, start, end = position + 1, starts[position], starts[position + 1]
+    dropped = 0
+    for keep in range(start + 1, end + 1):
+        cut = "".join(lines[:keep])
+        warnings: list[str] = []
+        hits = parse_hhr(cut, "cut.hhr", warnings)
+        assert [hit.name for hit in hits[:position]] == [hit.name for hit in whole[:position]]
+        if len(hits) == rank:  # kept: then it is the whole hit
+            assert warnings == []
+            assert np.array_equal(hits[-1].query_indices, whole[position].query_indices)
+            assert np.array_equal(hits[-1].hit_indices, whole[position].hit_indices)
+        else:
+            dropped += 1
+            assert len(hits) == position
+            assert len(warnings) == 1 and warnings[0].startswith("cut.hhr:")
+            assert f"(the last hit, No {rank})" in warnings[0] or f"hit No {rank} {whole[position].name}" in warnings[0]
+            assert warnings[0].endswith(f"hit No {rank} dropped")
+            with pytest.raises(ParseError, match=r"^cut\.hhr:\d+: .*\(file cut short\?\)$"):
+                parse_hhr(cut, "cut.hhr")
+    assert dropped > 3  # cuts before its name, inside its Q/T rows and between its blocks
+
+
+def test_hhr_block_disagreeing_with_the_table_inside_the_file_is_refused(shared_data):
+    lines = (shared_data / "alignments" / "openfold" / "pdb70_hits.hhr").read_text().splitlines(keepends=True)
+    table_row = next(number for number, line in enumerate(lines) if line.startswith("  1 1HF9_B"))
+    lines[table_row] = lines[table_row].replace("7-28", "7-29")
+    with pytest.raises(ParseError, match=r"damaged\.hhr:\d+: hit No 1 1hf9_B aligns query 7-28 .* says 7-29"):
+        parse_hhr("".join(lines), "damaged.hhr", [])

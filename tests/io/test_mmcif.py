@@ -165,7 +165,7 @@ def test_alternate_locations_keep_highest_occupancy_first_on_ties(occ_a, occ_b, 
 def test_truncated_file_is_a_parse_error_naming_file_and_line(shared_data):
     text = (shared_data / "structures" / "2q2k.cif").read_text()
     cut = text.index("ATOM   100 ") + 20
-    with pytest.raises(ParseError, match=r"broken\.cif:\d+: invalid mmCIF"):
+    with pytest.raises(ParseError, match=r"broken\.cif:\d+: invalid mmCIF: .*\(file cut short\?\)"):
         parse_mmcif(text[:cut], "broken.cif")
 
 
@@ -244,3 +244,20 @@ def test_entity_poly_seq_is_the_fallback_sequence_table(shared_data):
     assert [c.sequence for c in structure.chains] == [c.sequence for c in reference.chains]
     protein = _chains(structure)["B"]
     assert len(protein.residues) == 70 and sum(r.is_resolved for r in protein.residues) == 45
+
+
+@pytest.mark.parametrize("name", ["structures/2q2k.cif", "structures/7a4d-assembly1.cif", "bonded/1igy.cif",
+                                  "templates/mmcif/3zee.cif"])
+def test_mmcif_cut_at_a_line_boundary_is_refused_naming_the_file(shared_data, name):
+    """A real wwPDB file cut between two _atom_site rows (gemmi alone reads the rest as a whole
+    model), and cut just before its final '#': refused, naming the file."""
+    lines = (shared_data / name).read_text().splitlines(keepends=True)
+    atoms = [number for number, line in enumerate(lines) if line.startswith(("ATOM", "HETATM"))]
+    for keep in (atoms[len(atoms) // 2], len(lines) - 1):
+        with pytest.raises(ParseError, match=r"^cut\.cif:\d+: ends inside _\w+ without the '#' .*\(file cut short\?\)$"):
+            parse_mmcif("".join(lines[:keep]), "cut.cif")
+
+
+def test_every_sample_mmcif_still_parses(shared_data):
+    for path in sorted(shared_data.rglob("*.cif*")):
+        assert read_mmcif(path).chains, path

@@ -157,8 +157,49 @@ def test_gzip_detected_by_content(shared_data, tmp_path):
 def test_truncated_a3m_names_the_record_and_line(shared_data):
     text = (shared_data / "alignments" / "openfold" / "bfd_uniclust_hits.a3m").read_text()
     cut = text.index(">", 5000) - 30  # inside the sequence before the cut record's header
-    with pytest.raises(ParseError, match=r"cut\.a3m:\d+: record .* aligned columns, the query has 73"):
+    with pytest.raises(ParseError, match=r"cut\.a3m:\d+: last record .* aligned columns, the query has 73 \(file cut short\?\)"):
         parse_a3m(text[:cut], "cut.a3m")
+
+
+# --- files cut at a line boundary (a copy or download that stopped early) --------------------
+
+
+@pytest.mark.parametrize("name", ["openfold/bfd_uniclust_hits.a3m", "afdb/1a3p_A/uniref90_hits.a3m"])
+def test_a3m_cut_after_a_header_drops_that_record_with_a_warning(shared_data, name):
+    """A real A3M cut after one of its header lines (the header's sequence line lost): refused
+    without a warnings list, its whole records kept with one."""
+    text = (shared_data / "alignments" / name).read_text()
+    whole = parse_a3m(text, "whole.a3m")
+    lines = text.splitlines(keepends=True)
+    header_lines = [number for number, line in enumerate(lines) if line.startswith(">")]
+    keep = header_lines[len(header_lines) // 2] + 1  # up to and including a header in the middle
+    cut = "".join(lines[:keep])
+    with pytest.raises(ParseError, match=rf"^cut\.a3m:{keep}: last record .* has no sequence \(file cut short\?\)$"):
+        parse_a3m(cut, "cut.a3m")
+    warnings: list[str] = []
+    msa = parse_a3m(cut, "cut.a3m", warnings)
+    kept_rows = len(header_lines) // 2
+    assert msa.depth == kept_rows and msa.sequences == whole.sequences[:kept_rows]
+    assert warnings == [f"cut.a3m:{keep}: file cut short: last record {whole.descriptions[kept_rows]!r} has no "
+                        f"sequence; record {whole.descriptions[kept_rows]!r} dropped"]
+
+
+def test_a3m_header_followed_by_a_header_is_refused_even_with_warnings():
+    # inside the file, a record without a sequence is damage, not a cut
+    with pytest.raises(ParseError, match=r"mid\.a3m:3: record 'h' has no sequence$"):
+        parse_a3m(">q\nACD\n>h\n>x\nACD\n", "mid.a3m", [])
+
+
+@pytest.mark.parametrize("name", ["openfold/uniref90_hits.sto", "openfold/2q2k_A/uniprot_hits.sto"])
+def test_stockholm_without_its_terminator_is_refused(shared_data, name):
+    """A real Stockholm file cut at every kind of line boundary: after a row (rows lost, or a
+    block's later columns lost) or before '//': always refused, naming the file."""
+    lines = (shared_data / "alignments" / name).read_text().splitlines(keepends=True)
+    assert lines[-1].strip() == "//"
+    row_lines = [number for number, line in enumerate(lines) if line.strip() and not line.startswith(("#", "//"))]
+    for keep in (row_lines[len(row_lines) // 2] + 1, row_lines[-1] + 1, len(lines) - 1):
+        with pytest.raises(ParseError, match=r"^cut\.sto:\d+: .*file cut short\?\)$"):
+            parse_stockholm("".join(lines[:keep]), "cut.sto")
 
 
 @pytest.mark.parametrize(

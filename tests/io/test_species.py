@@ -3,6 +3,7 @@ id per organism across layouts (where a real mapping links them), and a heterodi
 MSAs use different layouts pairing many rows."""
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from featurecache import schema
 from featurecache.config import FeatureConfig
 from featurecache.features.msa import build_msa_features, expand_msa
 from featurecache.features.tokenize import tokenize
-from featurecache.io.msa import parse_a3m, read_msa
+from featurecache.io.msa import parse_a3m, parse_stockholm, read_msa
 from featurecache.io.species import (
     HEADER_FORMATS,
     KNOWN_MNEMONICS,
@@ -23,6 +24,8 @@ from featurecache.io.species import (
 from featurecache.io.structure import structure_from_sequences
 
 AFDB = "alignments/afdb"
+HEADER_DATA = Path(__file__).resolve().parents[1] / "data" / "msa_headers"
+PROTENIX_SCORES = "\t123\t0.45\t1.2E-30\t0\t100\t101\t1\t100\t110"
 
 
 @pytest.mark.parametrize("header_format", HEADER_FORMATS, ids=lambda f: f.name.split(" (")[0])
@@ -137,14 +140,15 @@ def test_one_organism_one_id_across_layouts():
 
 
 def _protenix_layout(msa_text: str) -> str:
-    """A jackhmmer UniRef90 A3M rewritten as Protenix writes its MSAs: UniRef100_<acc>_<taxid>/<range>
-    where a sequence's organism is known (one-member clusters), the accession alone otherwise."""
+    """A jackhmmer UniRef90 A3M rewritten as Protenix writes its MSAs (tests/data/msa_headers/protenix.txt):
+    UniRef100_<acc>_<taxid>/<TAB>scores where a sequence's organism is known (one-member clusters), the accession alone otherwise."""
     lines = []
     for line in msa_text.splitlines():
         match = re.match(r">UniRef90_(\S+?)(/\d+-\d+)? .*?\bn=(\d+)\b.*?\bTaxID=(\d+)", line)
         if match:
             accession, span, members, taxid = match.groups()
-            line = f">UniRef100_{accession}" + (f"_{taxid}" if members == "1" else "") + (span or "")
+            # As Protenix's server writes them: name, a bare '/', then tab-separated ColabFold scores.
+            line = f">UniRef100_{accession}" + (f"_{taxid}/" if members == "1" else "") + PROTENIX_SCORES
         lines.append(line)
     return "\n".join(lines) + "\n"
 
@@ -184,3 +188,63 @@ def test_heterodimer_pairs_rows_across_header_layouts(shared_data, first_file, p
     a, b = (tokens.arrays["asym_id"] == k for k in (1, 2))
     rows, _ = expand_msa({**features, **tokens.arrays}, np.arange(1, paired + 1))
     assert (rows[:, a] != schema.GAP).any(axis=1).all() and (rows[:, b] != schema.GAP).any(axis=1).all()
+
+
+# --- real header lines, as each tool writes them (tests/data/msa_headers/<source>.txt) ----------
+
+# Expected species per file, one per header line in file order.
+REAL_HEADER_SPECIES = {
+    "jackhmmer_uniref90.txt": ["tax:526227", "tax:2219696", "tax:1797188", "tax:47281", "tax:47281", "tax:47281"],
+    "uniprot.txt": ["tax:1295", "tax:1280", "tax:1282", "tax:9913", "mnemonic:DROWI", "tax:284812", "tax:10090",
+                    "tax:9606"],
+    "hhblits.txt": ["tax:142585", "tax:1797188", "", "tax:240159", "tax:9880"],
+    # ColabFold's headers name only an accession: it pairs on its server, not by species.
+    "colabfold_mmseqs2.txt": ["", "", "", "", ""],
+    "protenix.txt": ["tax:9606", "tax:9606", "tax:2562661"],
+}
+
+
+def _header_lines(name: str) -> list[str]:
+    text = (HEADER_DATA / name).read_text()
+    return [line for line in text.split("\n") if line and not line.startswith("# ")]
+
+
+def _msa_of_headers(lines: list[str], source: str):
+    """The lines' MSA, read by the parser the tool's output goes through: A3M records ('>') or
+    Stockholm '#=GS <name> DE <text>' lines, each given a one-residue row."""
+    if lines[0].startswith("#=GS"):
+        names = [line.split()[1] for line in lines]
+        text = "# STOCKHOLM 1.0\n" + "".join(line + "\n" for line in lines)
+        text += "query A\n" + "".join(f"{name} A\n" for name in names) + "//\n"
+        return parse_stockholm(text, source + ".sto")
+    return parse_a3m(">query\nA\n" + "".join(f"{line}\nA\n" for line in lines), source + ".a3m")
+
+
+@pytest.mark.parametrize("name", sorted(REAL_HEADER_SPECIES))
+def test_real_header_lines_of_each_source(name):
+    """Every kept line is read, through the MSA parser, to the species its tool wrote into it."""
+    lines = _header_lines(name)
+    stockholm = [line for line in lines if line.startswith("#=GS")]
+    a3m = [line for line in lines if line.startswith(">")]
+    assert lines == stockholm + a3m  # each file keeps its Stockholm lines first
+    species = []
+    for group in (stockholm, a3m):
+        if group:
+            species += _msa_of_headers(group, name).species[1:]
+    assert species == REAL_HEADER_SPECIES[name]
+
+
+def test_protenix_example_msas_pair_across_chains():
+    """Protenix's own example MSAs (chain_a.a3m, chain_b.a3m: each a query, one UniRef100 row of
+    taxid 9606 named '>UniRef100_<acc>_9606/' and an environmental row) pair their 9606 rows
+    through the feature builder's pairing."""
+    chain_a = parse_a3m(">query\nACDEFGHIK\n>UniRef100_CHAINA_9606/\nACDEFGHIK\n>environmental_hit_a\nACD-FGHIK\n",
+                        "chain_a.a3m")
+    chain_b = parse_a3m(">query\nLMNPQRSTV\n>UniRef100_CHAINB_9606/\nLMNPQRSTV\n>environmental_hit_b\nLMN-QRSTV\n",
+                        "chain_b.a3m")
+    assert [line[1:] for line in _header_lines("protenix.txt")[:2]] == [chain_a.descriptions[1], chain_b.descriptions[1]]
+    structure = structure_from_sequences("protenix_example", [("A", "protein", "ACDEFGHIK"), ("B", "protein", "LMNPQRSTV")])
+    tokens = tokenize(structure)
+    warnings: list[str] = []
+    features = build_msa_features(structure, tokens, {"A": chain_a, "B": chain_b}, FeatureConfig(), warnings)
+    assert int(features["msa_is_paired"].sum()) == 2  # the query and the 9606 pair

@@ -1,7 +1,9 @@
 """End-to-end precompute: ingest and search modes, resume, stale records, failures, exit codes."""
 
 import gzip
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,6 +152,46 @@ def test_cli_main_job_with_ray(tmp_path, small_inputs, shared_data):
     assert show.exit_code == 0 and "msa_profile" in show.output
     missing = runner.invoke(cli, ["show", str(cache), "nope"])
     assert missing.exit_code == 2 and "nope" in missing.output  # a key that is not there: a usage error
+
+
+def _cut_after(path, keep_line) -> None:
+    """Cut a file at a line boundary: keep its first `keep_line` lines."""
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:keep_line]))
+
+
+def test_precompute_names_and_counts_alignment_files_cut_short(tmp_path, shared_data):
+    """Real alignment files of 2q2k, cut at line boundaries inside a record, through `featurecache
+    precompute --alignments`: an A3M cut after a header loses that record, an HHR cut inside a hit
+    loses that hit, a Stockholm without its '//' is left out; each is one warning naming the file,
+    and `featurecache stats` counts them."""
+    inputs = copy_sample_structures("2q2k.cif", tmp_path / "inputs")
+    alignments = tmp_path / "alignments"
+    for chain in ("2q2k_A", "2q2k_B"):
+        shutil.copytree(shared_data / "alignments" / "openfold" / chain, alignments / chain)
+    a3m = alignments / "2q2k_A" / "bfd_uniclust_hits.a3m"
+    _cut_after(a3m, 5)  # query, one hit, then the next hit's header alone
+    hhr = alignments / "2q2k_A" / "pdb70_hits.hhr"
+    hhr_lines = (shared_data / "alignments" / "openfold" / "pdb70_hits.hhr").read_text().splitlines(keepends=True)
+    hhr.write_text("".join(hhr_lines[: hhr_lines.index("No 5\n") + 5]))  # hit 5: name, scores, one Q row
+    sto = alignments / "2q2k_B" / "uniref90_hits.sto"
+    sto_lines = sto.read_text().splitlines()
+    _cut_after(sto, next(n for n in range(len(sto_lines) - 1, 0, -1) if not sto_lines[n].startswith(("#", "//"))))
+    cache = tmp_path / "cache"
+    runner = CliRunner()
+    result = runner.invoke(cli, ["precompute", str(inputs), "--cache", str(cache), "--alignments", str(alignments),
+                                 "--executor", "inline", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    stats = runner.invoke(cli, ["stats", str(cache)])
+    assert stats.exit_code == 0, stats.output
+    cut_lines = [line for line in stats.output.splitlines() if "file cut short" in line]
+    assert len(cut_lines) == 3, stats.output
+    for path in (a3m, hhr, sto):
+        assert sum(str(path) in line for line in cut_lines) == 1, (path, stats.output)
+    assert "  3 about input files cut short" in stats.output
+    report = json.loads(runner.invoke(cli, ["stats", str(cache), "--json"]).output)
+    assert report["files_cut_short"] == 3
+    assert read_manifest(cache).counts["features"] == 1
 
 
 def test_kill_during_precompute_then_rerun(tmp_path, shared_data):
