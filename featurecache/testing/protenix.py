@@ -330,12 +330,19 @@ def adaptive_layernorm_map() -> Mapping:
             "scale.bias": same("linear_s.bias"), "shift.weight": same("linear_nobias_s.weight")}
 
 
-def conditioned_transformer_block_map() -> Mapping:
-    """featurecache.model.transformer.ConditionedTransformerBlock <- DiffusionTransformerBlock with
-    cross_attention_mode=False (one AdaLN for queries, keys and values; q, k, v and gate packed,
-    q's bias separate; the pair LayerNorm without offset in Protenix, zero here)."""
+def conditioned_transformer_block_map(key_adaln: bool = False) -> Mapping:
+    """featurecache.model.transformer.ConditionedTransformerBlock <- DiffusionTransformerBlock (q, k,
+    v and gate packed, q's bias separate; the pair LayerNorm without offset in Protenix, zero here).
+
+    `key_adaln`: featurecache's keys' own AdaLN from Protenix's `layernorm_kv` (its
+    cross_attention_mode=True); without it both run one AdaLN (Protenix's mode off). The weights
+    correspond one to one, the functions do not: Protenix applies layernorm_kv to the queries'
+    AdaLN output, featurecache (as AF3) to the block's input (docs/FIDELITY.md)."""
+    key_norm = (under("attention.key_adaln.", "attention_pair_bias.layernorm_kv.", adaptive_layernorm_map())
+                if key_adaln else {})
     return {
         **under("attention.adaln.", "attention_pair_bias.layernorm_a.", adaptive_layernorm_map()),
+        **key_norm,
         "attention.proj.weight": rows(*(f"attention_pair_bias.attention.linear_{name}.weight"
                                         for name in ("q", "k", "v", "g"))),
         "attention.query_bias": same("attention_pair_bias.attention.linear_q.bias"),
@@ -354,11 +361,11 @@ def conditioned_transformer_block_map() -> Mapping:
     }
 
 
-def conditioned_transformer_map(num_blocks: int) -> Mapping:
+def conditioned_transformer_map(num_blocks: int, key_adaln: bool = False) -> Mapping:
     """featurecache.model.transformer.ConditionedTransformer <- DiffusionTransformer."""
     mapping = {}
     for index in range(num_blocks):
-        mapping.update(under(f"blocks.{index}.", f"blocks.{index}.", conditioned_transformer_block_map()))
+        mapping.update(under(f"blocks.{index}.", f"blocks.{index}.", conditioned_transformer_block_map(key_adaln)))
     return mapping
 
 
@@ -368,14 +375,14 @@ def columns(*names: str) -> Source:
     return Source(tuple(names), lambda tensors, shape: torch.cat(tensors, dim=1))
 
 
-def atom_attention_encoder_map(num_blocks: int, with_trunk: bool) -> Mapping:
+def atom_attention_encoder_map(config: ModelConfig, with_trunk: bool) -> Mapping:
     """featurecache.model.atom_attention.AtomAttentionEncoder <- AtomAttentionEncoder.
 
     featurecache's reference features are [ref_pos 3 | ref_charge 1 | ref_mask 1 | element 128 |
     name characters 4 x 64] through one matrix; Protenix has one matrix for ref_pos, one for the
     charge and one for [ref_mask | element | name characters]: side by side, they are the same
-    product. (Protenix feeds arcsinh(ref_charge) and multiplies the result by ref_mask: the
-    comparison says how it matches those.)"""
+    product. (Protenix embeds arcsinh(ref_charge) and multiplies the result by ref_mask, as
+    featurecache does with ref_charge_arcsinh and atom_cond_ref_mask.)"""
     mapping = {
         "from_reference.weight": columns("linear_no_bias_ref_pos.weight", "linear_no_bias_ref_charge.weight",
                                          "linear_no_bias_f.weight"),
@@ -386,7 +393,7 @@ def atom_attention_encoder_map(num_blocks: int, with_trunk: bool) -> Mapping:
         "pair_from_key.weight": same("linear_no_bias_cm.weight"),
         **{f"pair_mlp.{index}.weight": same(f"small_mlp.{index}.weight") for index in (1, 3, 5)},
         **under("atom_transformer.transformer.", "atom_transformer.diffusion_transformer.",
-                conditioned_transformer_map(num_blocks)),
+                conditioned_transformer_map(config.atom_blocks, config.atom_key_adaln)),
         "to_token.weight": same("linear_no_bias_q.weight"),
     }
     if with_trunk:
@@ -402,12 +409,12 @@ def atom_attention_encoder_map(num_blocks: int, with_trunk: bool) -> Mapping:
     return mapping
 
 
-def atom_attention_decoder_map(num_blocks: int) -> Mapping:
+def atom_attention_decoder_map(config: ModelConfig) -> Mapping:
     """featurecache.model.atom_attention.AtomAttentionDecoder <- AtomAttentionDecoder."""
     return {
         "from_token.weight": same("linear_no_bias_a.weight"),
         **under("atom_transformer.transformer.", "atom_transformer.diffusion_transformer.",
-                conditioned_transformer_map(num_blocks)),
+                conditioned_transformer_map(config.atom_blocks, config.atom_key_adaln)),
         "to_positions.norm.weight": same("layernorm_q.weight"),
         "to_positions.norm.bias": zeros("the output LayerNorm's offset (Protenix: none)"),
         "to_positions.linear.weight": same("linear_no_bias_out.weight"),
@@ -418,14 +425,37 @@ def protenix_atom_transformer_without_cross_attention(atom_transformer: nn.Modul
     """Rebuild a Protenix AtomTransformer's blocks with its cross_attention_mode off.
 
     Protenix's atom transformer (cross_attention_mode=True) computes keys and values from a second
-    AdaLN applied to the queries' AdaLN output, AdaLN_kv(AdaLN_q(a, s), s); featurecache (one
-    AdaLN for all three) and AF3 (a separate AdaLN of a for the keys) differ from that. With the
-    mode off, Protenix's own code runs one AdaLN, featurecache's function (docs/FIDELITY.md)."""
+    AdaLN applied to the queries' AdaLN output, AdaLN_kv(AdaLN_q(a, s), s); AF3's code, and
+    featurecache with atom_key_adaln=True, apply the keys' AdaLN to a itself. With the mode off,
+    Protenix's own code runs one AdaLN for all, featurecache's atom_key_adaln=False
+    (docs/FIDELITY.md)."""
     from protenix.model.modules.transformer import DiffusionTransformer
 
     atom_transformer.diffusion_transformer = DiffusionTransformer(
         n_blocks=config.atom_blocks, n_heads=config.atom_heads, c_a=config.c_atom, c_s=config.c_atom,
         c_z=config.c_atompair, cross_attention_mode=False)
+
+
+def protenix_atom_transformer_with_keys_normalised_from_input(atom_transformer: nn.Module) -> None:
+    """Make a Protenix AtomTransformer (cross_attention_mode=True) compute AF3's cross attention:
+    its `layernorm_kv` reads the block's input a instead of the queries' AdaLN output, so keys and
+    values are AdaLN_kv(a, s), as AF3's `diffusion_transformer.cross_attention` and featurecache's
+    atom_key_adaln compute them. Forward pre-hooks hand the block's a to layernorm_kv; Protenix's
+    modules and parameter names are otherwise untouched."""
+    for block in atom_transformer.diffusion_transformer.blocks:
+        attention = block.attention_pair_bias
+        if not attention.cross_attention_mode:
+            raise ValueError("the atom transformer was built without cross_attention_mode: no layernorm_kv to feed")
+        block_input = {}
+
+        def keep_input(module, args, kwargs, block_input=block_input):
+            block_input["a"] = kwargs["a"]
+
+        def feed_input(module, args, kwargs, block_input=block_input):
+            return args, {**kwargs, "a": block_input.pop("a")}
+
+        attention.register_forward_pre_hook(keep_input, with_kwargs=True)
+        attention.layernorm_kv.register_forward_pre_hook(feed_input, with_kwargs=True)
 
 
 # --- the diffusion module (Algorithms 20-22) and the relative position encoding (Algorithm 3) ------
@@ -441,35 +471,23 @@ def layernorm_linear_map(norm: str, linear: str, norm_offset: bool = False) -> M
     }
 
 
-def relative_position_map(chain_gated_on_entity: bool, max_residue: int, max_chain: int) -> Mapping:
+def relative_position_map(config: ModelConfig) -> Mapping:
     """featurecache.model.embedders.RelativePositionEncoding <- RelativePositionEncoding: the same
     features [residue offset | token offset | same entity | chain offset] in the same order.
 
-    Protenix (as AF3) encodes the chain offset sym_i - sym_j for every pair of one entity (its own
-    chain included: offset 0, column s_max) and "other entity" (column 2 s_max + 1) otherwise.
-    With `chain_gated_on_entity` False, featurecache's (current) encoding: the offset for pairs of
-    different chains and column 2 s_max + 1 for a chain with itself. On a sample whose tokens are
-    all of one entity the two differ only in which column a chain's pairs with itself read: the
-    map swaps those two columns, which makes the functions equal on such samples (and only
-    there: the comparison builds one)."""
-    if chain_gated_on_entity:
-        return {"linear.weight": same("linear_no_bias.weight")}
-    chain_start = 2 * (2 * max_residue + 2) + 1
-    same_chain, other_entity = chain_start + max_chain, chain_start + 2 * max_chain + 1
-
-    def swap(tensors, shape):
-        weight = tensors[0].clone()
-        weight[:, [same_chain, other_entity]] = weight[:, [other_entity, same_chain]]
-        return weight
-    return {"linear.weight": Source(("linear_no_bias.weight",), swap,
-                                    "one entity: the own-chain column is featurecache's 'other chain' column")}
+    Protenix (as AF3) gives the chain offset sym_i - sym_j to pairs of one entity: featurecache's
+    relpos_chain_gate "entity". Its "chain" gate (the supplement's) is a different function on
+    any complex, which no weight map makes equal."""
+    if config.relpos_chain_gate != "entity":
+        raise NameMapError(f"relpos_chain_gate {config.relpos_chain_gate!r}: Protenix gates the relative chain "
+                           "encoding on the entity; only 'entity' has a weight map")
+    return {"linear.weight": same("linear_no_bias.weight")}
 
 
-def diffusion_module_map(config: ModelConfig, chain_gated_on_entity: bool) -> Mapping:
+def diffusion_module_map(config: ModelConfig) -> Mapping:
     """featurecache.model.diffusion.DiffusionModule <- DiffusionModule (Algorithms 20-21)."""
     conditioning = {
-        **under("relpos.", "relpe.", relative_position_map(chain_gated_on_entity, config.relpos_max_residue,
-                                                           config.relpos_max_chain)),
+        **under("relpos.", "relpe.", relative_position_map(config)),
         **under("pair_in.", "", layernorm_linear_map("layernorm_z", "linear_no_bias_z")),
         **under("single_in.", "", layernorm_linear_map("layernorm_s", "linear_no_bias_s")),
         **under("noise_in.", "", layernorm_linear_map("layernorm_n", "linear_no_bias_n")),
@@ -481,12 +499,12 @@ def diffusion_module_map(config: ModelConfig, chain_gated_on_entity: bool) -> Ma
     return {
         **under("conditioning.", "diffusion_conditioning.", conditioning),
         **under("atom_encoder.", "atom_attention_encoder.",
-                atom_attention_encoder_map(config.atom_blocks, with_trunk=True)),
+                atom_attention_encoder_map(config, with_trunk=True)),
         **under("single_to_token.", "", layernorm_linear_map("layernorm_s", "linear_no_bias_s")),
         **under("transformer.", "diffusion_transformer.", conditioned_transformer_map(config.diffusion_blocks)),
         "token_norm.weight": same("layernorm_a.weight"),
         "token_norm.bias": zeros("the token LayerNorm's offset (Protenix: none)"),
-        **under("atom_decoder.", "atom_attention_decoder.", atom_attention_decoder_map(config.atom_blocks)),
+        **under("atom_decoder.", "atom_attention_decoder.", atom_attention_decoder_map(config)),
     }
 
 

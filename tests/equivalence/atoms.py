@@ -29,15 +29,6 @@ def atom_batch(generator: torch.Generator, masked_reference_atoms: bool = False)
     return batch
 
 
-def featurecache_inputs(batch: dict, charge_arcsinh: bool) -> dict:
-    """The batch featurecache's encoder reads. `charge_arcsinh`: Protenix (and AF3) embed
-    arcsinh(ref_charge); where featurecache's module embeds the charge as given, the comparison
-    gives it arcsinh(charge) as its input (docs/FIDELITY.md)."""
-    if not charge_arcsinh:
-        return batch
-    return {**batch, "ref_charge": torch.arcsinh(batch["ref_charge"].float())}
-
-
 def protenix_inputs(batch: dict) -> dict:
     """Protenix's input_feature_dict for sample 0, with its d_lm, v_lm and pad_info computed by its
     own update_input_feature_dict (Algorithm 5, lines 1-3)."""

@@ -83,9 +83,9 @@ def test_confidence_head_output(logits, name):
     assert rel_error(ours[name], theirs[name]) <= FP32_TOLERANCE
 
 
-@pytest.mark.xfail(strict=True, reason="PDE symmetrisation order: Protenix (and AF3) take "
-                   "Linear(LayerNorm(z + z^T)), featurecache Linear(LayerNorm(z)) + its transpose; pass "
-                   "featurecache's setting for AF3's order here once it exists (docs/FIDELITY.md)")
+@pytest.mark.xfail(strict=True, reason="PDE logits: Protenix takes Linear(LayerNorm(z + z^T)); AF3's code "
+                   "(confidence_head.py, left_half_distance_logits) and featurecache Linear(LayerNorm(z)) plus "
+                   "its transpose, a different function of z (docs/FIDELITY.md)")
 def test_confidence_head_pde(logits):
     ours, theirs = logits
     assert rel_error(ours["pde_logits"], theirs["pde_logits"]) <= FP32_TOLERANCE

@@ -1,6 +1,7 @@
 """featurecache's diffusion module (AF3 Algorithms 20-22) against Protenix 2.0's, at noise levels
 from the sampler's last steps to its first, in one call (one level per diffusion sample)."""
 
+import pytest
 import torch
 
 from featurecache.model.diffusion import DiffusionModule
@@ -9,12 +10,13 @@ from featurecache.testing.compare import rel_error
 from featurecache.testing.protenix import (
     copy_weights,
     diffusion_module_map,
+    protenix_atom_transformer_with_keys_normalised_from_input,
     protenix_atom_transformer_without_cross_attention,
     randomise,
 )
 
-from tests.equivalence.atoms import atom_batch, featurecache_inputs, protenix_inputs, windows_of
-from tests.equivalence.settings import CHAIN_GATED_ON_ENTITY, CHARGE_ARCSINH_BY_INPUT, featurecache_config
+from tests.equivalence.atoms import atom_batch, protenix_inputs, windows_of
+from tests.equivalence.settings import featurecache_config
 from tests.equivalence.tolerance import FP32_TOLERANCE
 
 
@@ -22,11 +24,15 @@ from tests.equivalence.tolerance import FP32_TOLERANCE
 NOISE_LEVELS = (16.0 * 4e-4, 1.0, 16.0, 16.0 * 160.0)
 
 
-def test_diffusion_module_at_several_noise_levels(generator):
+@pytest.mark.parametrize("atom_key_adaln", [False, True])
+def test_diffusion_module_at_several_noise_levels(generator, atom_key_adaln):
+    """With atom_key_adaln False, Protenix's atom transformers run one AdaLN (its
+    cross_attention_mode off); True (AF3's), its layernorm_kv reads the block's input."""
     from protenix.model.modules.diffusion import DiffusionModule as ProtenixDiffusionModule
     from protenix.model.modules.embedders import RelativePositionEncoding
 
-    config = featurecache_config(fourier_dim=256)  # Protenix fixes its noise embedding at 256 channels
+    # Protenix fixes its noise embedding at 256 channels
+    config = featurecache_config(fourier_dim=256, atom_key_adaln=atom_key_adaln)
     c_s_inputs = atom_single_input_dim(config)
     theirs = ProtenixDiffusionModule(
         sigma_data=config.sigma_data, c_atom=config.c_atom, c_atompair=config.c_atompair,
@@ -35,16 +41,24 @@ def test_diffusion_module_at_several_noise_levels(generator):
         transformer={"n_blocks": config.diffusion_blocks, "n_heads": config.diffusion_heads},
         atom_decoder={"n_blocks": config.atom_blocks, "n_heads": config.atom_heads})
     for encoder_or_decoder in (theirs.atom_attention_encoder, theirs.atom_attention_decoder):
-        protenix_atom_transformer_without_cross_attention(encoder_or_decoder.atom_transformer, config)
+        if atom_key_adaln:
+            protenix_atom_transformer_with_keys_normalised_from_input(encoder_or_decoder.atom_transformer)
+        else:
+            protenix_atom_transformer_without_cross_attention(encoder_or_decoder.atom_transformer, config)
     ours = DiffusionModule(config, c_s_inputs)
     randomise(theirs, generator)
-    copy_weights(theirs, ours, diffusion_module_map(config, CHAIN_GATED_ON_ENTITY))
+    copy_weights(theirs, ours, diffusion_module_map(config))
     theirs.eval(), ours.eval()
 
-    batch = atom_batch(generator)  # two chains of one entity (sym_id 1, 2)
-    assert batch["entity_id"].unique().numel() == 1
-    ours_batch = featurecache_inputs(batch, CHARGE_ARCSINH_BY_INPUT)
-    tokens, atoms = batch["restype"].shape[1], batch["atom_to_token"].shape[1]
+    batch = atom_batch(generator)
+    # an A2B complex: chains 1 and 2 copies of entity 1, chain 3 of entity 2, where gating the
+    # chain offset on the entity (AF3, Protenix) and on the chain (the supplement) differ
+    tokens = batch["restype"].shape[1]
+    chain = (torch.arange(tokens) >= tokens * 2 // 5).long() + (torch.arange(tokens) >= tokens * 4 // 5).long()
+    batch["asym_id"] = (chain + 1)[None]
+    batch["entity_id"] = torch.tensor([1, 1, 2])[chain][None]
+    batch["sym_id"] = torch.tensor([1, 2, 1])[chain][None]
+    atoms = batch["atom_to_token"].shape[1]
     features = protenix_inputs(batch)
     features.update({name: batch[name][0] for name in ("asym_id", "residue_index", "entity_id", "sym_id",
                                                         "token_index")})
@@ -58,7 +72,7 @@ def test_diffusion_module_at_several_noise_levels(generator):
     with torch.no_grad():
         denoised_theirs = theirs(noisy[0], sigma[0], features, s_inputs[0], trunk_single[0], trunk_pair[0],
                                  pair_z=None, p_lm=None, c_l=None)
-        context = ours.prepare(ours_batch, windows_of(batch, config), s_inputs, trunk_single, trunk_pair)
+        context = ours.prepare(batch, windows_of(batch, config), s_inputs, trunk_single, trunk_pair)
         denoised_ours = ours(noisy, sigma, context)
     for sample, level in enumerate(NOISE_LEVELS):
         # the network's part, c_out F: the c_skip x_noisy both add would hide it at low noise

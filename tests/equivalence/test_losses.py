@@ -15,11 +15,10 @@ from featurecache.model.losses import aligned_mse_loss, bond_loss, mse_atom_weig
 from featurecache.testing.compare import rel_error
 from featurecache.testing.synthetic import random_batch
 
+from tests.equivalence.settings import featurecache_config
 from tests.equivalence.tolerance import FP32_TOLERANCE
 
 TOKENS, SAMPLES = 24, 4
-# Protenix's distogram (as AF3's): 64 bins, first edge 2.3125, last 21.6875 Angstrom
-PROTENIX_DISTOGRAM_EDGES = (2.3125, 21.6875)
 
 
 @pytest.fixture(scope="module")
@@ -102,15 +101,15 @@ def test_distogram_loss(case):
     from protenix.model.loss import DistogramLoss
 
     batch, generator = case["batch"], case["generator"]
-    logits = torch.randn(1, TOKENS, TOKENS, 64, generator=generator)
+    config = featurecache_config()
+    logits = torch.randn(1, TOKENS, TOKENS, config.distogram_bins, generator=generator)
     representative = batch["distogram_atom_index"][0]
-    theirs = DistogramLoss(min_bin=PROTENIX_DISTOGRAM_EDGES[0], max_bin=PROTENIX_DISTOGRAM_EDGES[1],
-                           reduction=None)(logits[0], case["true"], case["resolved"].float(),
+    # Protenix's own bins (its defaults, AF3's), featurecache's from its settings
+    theirs = DistogramLoss(reduction=None)(logits[0], case["true"], case["resolved"].float(),
                                            atom_mask_of(representative, len(case["resolved"])))
     positions = case["true"][representative][None]
     position_mask = case["resolved"][representative][None]
-    # featurecache's distogram edges are arguments (ModelConfig.distogram_min / distogram_max)
-    ours = distogram_loss(logits, positions, position_mask, *PROTENIX_DISTOGRAM_EDGES)
+    ours = distogram_loss(logits, positions, position_mask, config.distogram_min, config.distogram_max)
     assert rel_error(ours, theirs) <= FP32_TOLERANCE
 
 
@@ -224,7 +223,8 @@ def test_plddt_loss_with_protenix_bin_edges(case, confidence_case):
 
 
 @pytest.mark.xfail(strict=True, reason="pLDDT bin edges: Protenix bins an lDDT on an edge k/50 into the bin "
-                   "below, featurecache into the bin above (docs/FIDELITY.md)")
+                   "below, featurecache into the bin above, as AlphaFold 2's released loss does (floor(lddt x 50)); "
+                   "AF3's released code has no pLDDT loss (docs/FIDELITY.md)")
 def test_plddt_loss(case, confidence_case):
     outputs, ours = confidence_case
     assert rel_error(ours["plddt"], protenix_plddt_loss(case, outputs)) <= FP32_TOLERANCE

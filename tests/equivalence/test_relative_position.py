@@ -1,14 +1,13 @@
 """featurecache's relative position encoding (AF3 Algorithm 3) against Protenix 2.0's, on a
 homodimer (one entity) and a heterotrimer with two copies of one entity."""
 
-import pytest
 import torch
 
 from featurecache.model.embedders import RelativePositionEncoding
 from featurecache.testing.compare import rel_error
 from featurecache.testing.protenix import copy_weights, randomise, relative_position_map
 
-from tests.equivalence.settings import CHAIN_GATED_ON_ENTITY, featurecache_config
+from tests.equivalence.settings import featurecache_config
 from tests.equivalence.tolerance import FP32_TOLERANCE
 
 
@@ -31,8 +30,7 @@ def encodings(generator, features: dict) -> tuple[torch.Tensor, torch.Tensor]:
     theirs = ProtenixRelativePositionEncoding(config.relpos_max_residue, config.relpos_max_chain, config.c_z)
     ours = RelativePositionEncoding(config.c_z, config.relpos_max_residue, config.relpos_max_chain)
     randomise(theirs, generator)
-    copy_weights(theirs, ours, relative_position_map(CHAIN_GATED_ON_ENTITY, config.relpos_max_residue,
-                                                     config.relpos_max_chain))
+    copy_weights(theirs, ours, relative_position_map(config))
     with torch.no_grad():
         expected = theirs(theirs.generate_relp(dict(features))["relp"])
         actual = ours({name: value[None] for name, value in features.items()})[0]
@@ -44,9 +42,6 @@ def test_homodimer(generator):
     assert rel_error(actual, expected) <= FP32_TOLERANCE
 
 
-@pytest.mark.xfail(strict=True, reason="relative chain encoding: Protenix (as AF3) encodes the chain offset "
-                   "for pairs of one entity, featurecache for pairs of different chains; with two entities no "
-                   "column map makes them equal: pass featurecache's setting once it exists (docs/FIDELITY.md)")
 def test_two_entities():
     actual, expected = encodings(torch.Generator().manual_seed(3), chains([1, 1, 2], [1, 2, 1], length=20))
     assert rel_error(actual, expected) <= FP32_TOLERANCE

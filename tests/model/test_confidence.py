@@ -70,6 +70,19 @@ def test_a_perfect_prediction_gets_the_best_bins():
     assert (error_bins(errors, 64)[valid] == 0).all() and errors[valid].max() < 1e-3
 
 
+def test_an_lddt_on_a_bin_edge_falls_in_the_bin_above():
+    """An lDDT of k/50 is in bin k (the top edge, 1, in bin 49): AlphaFold 2's released pLDDT loss,
+    floor(50 lDDT), the bins AF3's head gives centres for (docs/FIDELITY.md). Every edge an lDDT
+    can land on, as plddt_target computes it in fp32: a sum of quarter scores over its pairs."""
+    quarters, pairs = torch.meshgrid(torch.arange(0, 4 * 120 + 1), torch.arange(1, 121), indexing="ij")
+    on_edge = (quarters <= 4 * pairs) & (quarters * 50 % (4 * pairs) == 0)
+    quarters, pairs = quarters[on_edge], pairs[on_edge]
+    lddt = (quarters.float() / 4) / pairs.float()
+    edge = (quarters * 50) // (4 * pairs)
+    assert lddt_bins(lddt, 50).tolist() == edge.clamp(max=49).tolist()
+    assert set(edge.tolist()) == set(range(51))
+
+
 def test_perfect_prediction_with_logits_on_the_best_bins_has_zero_loss():
     """Every loss's target and mask together: logits put all mass on the bins a perfect
     prediction earns (pLDDT top, PAE and PDE bin 0, resolved = atom_mask) -> losses ~0."""
