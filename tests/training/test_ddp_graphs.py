@@ -34,10 +34,14 @@ SEED = 1000  # rank r initializes its weights from SEED + r; rank 0's are broadc
 
 
 def _config(accumulate: int) -> TrainConfig:
-    # grad_clip small enough to act: a rank that clipped its own gradients would drift from the others
+    # grad_clip small enough to act: a rank that clipped its own gradients would drift from the others.
+    # adam_eps well above the gradients' summation error: Adam's update is then within lr / eps
+    # times a gradient difference, so the weights of two summation orders (DDP's buckets, the
+    # manual sync, one process) stay as close as their gradients. With AF3's 1e-8 an element whose
+    # gradient is near zero turns a rounding difference into up to a whole lr-sized step.
     return TrainConfig(cache="unused", preset="tiny", kernels="torch", device="cpu", accumulate=accumulate,
                        diffusion_batch=1, max_recycling_cycles=1, warmup=1, lr=1e-3, grad_clip=0.05,
-                       ema_decay=0.5)
+                       ema_decay=0.5, adam_eps=1e-3)
 
 
 def _batch(step: int, slot: int) -> dict:
