@@ -223,7 +223,13 @@ class SampleConfig:
     max_templates: int | None = 4        # templates per chain and sample (AF3: 4); None: every stored one
     random_templates: bool = True        # AF3 training: a random count and choice of each chain's stored
                                          # templates; False: the first (best-ranked) ones, as at inference
-    seed: int = 0                        # crops, MSA rows and templates are drawn from (seed, epoch, index)
+    # AF3 SI 2.8 / Table 5: every sample's ref_pos gets a random rotation (uniform on SO(3)) and a
+    # translation ~ N(0, conformer_translation_std² Å²) per reference space, after centring; AF3 does
+    # it in training and at inference alike. False: ref_pos in the stored (CCD / RDKit) frame.
+    augment_conformers: bool = True
+    conformer_translation_std: float = 1.0  # Å (AF3: 1)
+    seed: int = 0                        # crops, MSA rows, templates and conformer augmentation are drawn
+                                         # from (seed, epoch, index)
     # Deprecated: the old single setting, p = chance of a spatial crop. Read as
     # crop_mode_probs = (1 - p, p / 2, p / 2), AF3's even split of the spatial modes.
     spatial_crop_prob: dataclasses.InitVar[float | None] = None
@@ -243,6 +249,11 @@ class SampleConfig:
             raise ValueError(f"max_templates must be >= 0 (or None for every stored one), got {self.max_templates}")
         if not isinstance(self.random_templates, bool):
             raise ValueError(f"random_templates must be True or False, got {self.random_templates!r}")
+        if not isinstance(self.augment_conformers, bool):
+            raise ValueError(f"augment_conformers must be True or False, got {self.augment_conformers!r}")
+        std = self.conformer_translation_std
+        if isinstance(std, bool) or not isinstance(std, numbers.Real) or not 0.0 <= std < float("inf"):
+            raise ValueError(f"conformer_translation_std must be a finite number >= 0 (Å), got {std!r}")
         probs = self.crop_mode_probs
         if (not isinstance(probs, (tuple, list)) or len(probs) != len(CROP_MODES)
                 or not all(isinstance(p, numbers.Real) and 0.0 <= p <= 1.0 for p in probs)

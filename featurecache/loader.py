@@ -18,6 +18,7 @@ import torch
 
 from featurecache.config import CROP_MODES, SampleConfig, crop_mode_probs_from_spatial
 from featurecache.features import crop as cropping
+from featurecache.features.conformer_augmentation import augment_reference_conformers
 from featurecache.features.msa import expand_msa
 from featurecache.features.symmetry import atom_permutations
 from featurecache.features.templates import sample_templates
@@ -30,7 +31,9 @@ from featurecache.store.reader import StoreReader
 
 log = logging.getLogger(__name__)
 
-_TEMPLATE_STREAM = 1  # fourth seed word of the template draws (crops and MSA rows use three)
+# Fourth seed word of the draws that have their own stream (crops and MSA rows use three words).
+_TEMPLATE_STREAM = 1
+_CONFORMER_STREAM = 2
 
 # Padding value per array in `collate`; everything not listed pads with zeros / False.
 _PAD_VALUES = {"msa": GAP, "template_restype": GAP, "restype": GAP,
@@ -260,7 +263,8 @@ def crop_sample(target_id: str, arrays: dict[str, np.ndarray], sample: SampleCon
     """One training sample from a whole record (or the same arrays with a dense msa /
     deletion_matrix), drawn from (seed, epoch, index): MSA rows subsampled, templates sampled per chain, tokens cropped in a mode drawn by
     `crop_mode_probs` around `focus_chains` (the asym_ids of the sampled chain or interface),
-    arrays as torch tensors. "crop_mode" names the mode ("none": the target fits whole)."""
+    arrays as torch tensors, ref_pos centred, rotated and translated per reference space
+    (`augment_conformers`, AF3 SI 2.8). "crop_mode" names the mode ("none": the target fits whole)."""
     rng = np.random.default_rng([sample.seed, epoch, index])
     msa_rows = cropping.msa_sample_rows(arrays["msa_species"].shape[0], sample.msa_rows_per_sample, rng)
     arrays = dict(arrays, msa_species=arrays["msa_species"][msa_rows], msa_is_paired=arrays["msa_is_paired"][msa_rows])
@@ -278,8 +282,13 @@ def crop_sample(target_id: str, arrays: dict[str, np.ndarray], sample: SampleCon
         arrays = cropping.crop_arrays(arrays, token_indices)
     if "msa_block" in arrays:  # a record: only the drawn rows, in the kept tokens' columns, are read
         arrays["msa"], arrays["deletion_matrix"] = expand_msa(arrays, msa_rows)
+    permutations = atom_permutations(arrays)  # from the stored frame: its symmetry cache keys on ref_pos
+    if sample.augment_conformers:
+        conformer_rng = np.random.default_rng([sample.seed, epoch, index, _CONFORMER_STREAM])
+        arrays["ref_pos"] = augment_reference_conformers(arrays["ref_pos"], arrays["ref_space_uid"], arrays["ref_mask"],
+                                                         conformer_rng, sample.conformer_translation_std)
     sample = {name: _to_torch(name, arrays[name]) for name in FEATURES_BY_NAME}
-    sample["atom_permutations"] = _to_torch("atom_permutations", atom_permutations(arrays))
+    sample["atom_permutations"] = _to_torch("atom_permutations", permutations)
     sample["id"] = target_id
     sample["crop_mode"] = mode
     return sample

@@ -330,3 +330,27 @@ def test_sampled_msa_equals_the_full_array_path(sample_cache):
         covered["deletions"] += int((sample["deletion_matrix"] > 0).sum())
         covered["gaps"] += int((sample["msa"][1:] == GAP).sum())
     assert all(covered.values()), covered
+
+
+def test_reference_conformers_are_augmented_per_sample(sample_cache):
+    """ref_pos of two draws of one sample differ by a rigid motion per reference space (AF3 SI 2.8),
+    the same (seed, epoch, index) gives the same bytes, and augment_conformers=False keeps the
+    stored frame."""
+    from tests.features.test_conformer_augmentation import assert_rigid_per_space
+
+    dataset = CacheDataset(sample_cache, crop_size=None, msa_rows_per_sample=8, seed=4)
+    stored = CacheDataset(sample_cache, crop_size=None, msa_rows_per_sample=8, seed=4, augment_conformers=False)
+    index = dataset.ids.index("7a4d-assembly1")
+    first, second = dataset[(0, index)], dataset[(1, index)]
+    assert torch.equal(first["token_index"], second["token_index"])  # whole target: the same atoms
+    uid, mask = first["ref_space_uid"].numpy(), first["ref_mask"].numpy()
+    assert len(np.unique(uid)) > 1
+    assert_rigid_per_space(first["ref_pos"].numpy(), second["ref_pos"].numpy(), uid, mask)
+    assert not torch.equal(first["ref_pos"], second["ref_pos"])
+    assert first["ref_pos"].numpy().tobytes() == CacheDataset(
+        sample_cache, crop_size=None, msa_rows_per_sample=8, seed=4)[(0, index)]["ref_pos"].numpy().tobytes()
+    arrays, _ = dataset.load_arrays(dataset.ids[index])
+    np.testing.assert_array_equal(stored[(0, index)]["ref_pos"].numpy(), np.asarray(arrays["ref_pos"]))
+    assert_rigid_per_space(np.asarray(arrays["ref_pos"]), first["ref_pos"].numpy(), uid, mask)
+    # the symmetry permutations are found from the stored frame, so they do not change with the draw
+    assert torch.equal(first["atom_permutations"], stored[(0, index)]["atom_permutations"])

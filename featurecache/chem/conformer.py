@@ -13,8 +13,9 @@ Where this differs from AF3:
   ideal ones (ATP). `force_field="none"` is AF3's exact procedure.
 - a component RDKit cannot fully sanitize (many metal complexes) takes the CCD's coordinates
   as in AF3, but is still embedded when the CCD has no coordinates for it at all.
-- one fixed seed, so the conformer can be cached; AF3's per-example random rotation and
-  translation of ref_pos belongs to the loader.
+- one fixed seed, so the conformer can be cached; AF3's per-sample random rotation and
+  translation of ref_pos is drawn by the loader (features/conformer_augmentation.py, called from
+  loader.crop_sample; SampleConfig.augment_conformers).
 """
 
 from __future__ import annotations
