@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 # Fourth seed word of the draws that have their own stream (crops and MSA rows use three words).
 _TEMPLATE_STREAM = 1
 _CONFORMER_STREAM = 2
+_MSA_CYCLE_STREAM = 3  # the MSA row sets of recycling cycles after the first
 
 # Padding value per array in `collate`; everything not listed pads with zeros / False.
 _PAD_VALUES = {"msa": GAP, "template_restype": GAP, "restype": GAP,
@@ -266,7 +267,9 @@ def crop_sample(target_id: str, arrays: dict[str, np.ndarray], sample: SampleCon
     arrays as torch tensors, ref_pos centred, rotated and translated per reference space
     (`augment_conformers`, AF3 SI 2.8). "crop_mode" names the mode ("none": the target fits whole)."""
     rng = np.random.default_rng([sample.seed, epoch, index])
-    msa_rows = cropping.msa_sample_rows(arrays["msa_species"].shape[0], sample.msa_rows_per_sample, rng)
+    msa_rows, cycle_rows = cropping.msa_cycle_rows(
+        arrays["msa_species"].shape[0], sample.msa_rows_per_sample, sample.msa_cycle_draws, rng,
+        np.random.default_rng([sample.seed, epoch, index, _MSA_CYCLE_STREAM]))
     arrays = dict(arrays, msa_species=arrays["msa_species"][msa_rows], msa_is_paired=arrays["msa_is_paired"][msa_rows])
     if "msa_block" not in arrays:  # dense msa / deletion_matrix (benchmarks/loader.py's npy.gz layout)
         arrays["msa"], arrays["deletion_matrix"] = arrays["msa"][msa_rows], arrays["deletion_matrix"][msa_rows]
@@ -289,6 +292,7 @@ def crop_sample(target_id: str, arrays: dict[str, np.ndarray], sample: SampleCon
                                                          conformer_rng, sample.conformer_translation_std)
     sample = {name: _to_torch(name, arrays[name]) for name in FEATURES_BY_NAME}
     sample["atom_permutations"] = _to_torch("atom_permutations", permutations)
+    sample["msa_cycle_rows"] = _to_torch("msa_cycle_rows", cycle_rows)
     sample["id"] = target_id
     sample["crop_mode"] = mode
     return sample

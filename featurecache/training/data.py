@@ -83,7 +83,7 @@ def fixed_sizes(config: TrainConfig, dataset) -> dict[str, int] | None:
     except ValueError as error:
         raise _setup_error("--cache", config.cache, error) from None
     crop = config.sample.crop_size
-    return {"token": crop, "msa": config.sample.msa_rows_per_sample, "template": templates,
+    return {"token": crop, "msa": config.sample.msa_pool_rows, "template": templates,
             "atom": crop * ATOMS_PER_TOKEN_BOUND, "token_bond": crop * BONDS_PER_TOKEN_BOUND}
 
 
