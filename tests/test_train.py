@@ -340,7 +340,7 @@ def test_static_shapes_pad_every_batch_to_one_shape_and_keep_the_loss(cache, tmp
     pad_to = fixed_sizes(config, dataset)
     # templates: as many as the records hold, read from the manifest
     stored = max(dataset.load_arrays(target)[0]["template_restype"].shape[0] for target in dataset.ids)
-    assert pad_to == {"token": 96, "msa": 8, "template": stored, "atom": 96 * 24, "token_bond": 96 * 3}
+    assert pad_to == {"token": 96, "msa": 4 * 7 + 1, "template": stored, "atom": 96 * 24, "token_bond": 96 * 3}
     sampler = EpochBatchSampler(len(dataset), 1, 0, 1, 0, epochs=1)
     shapes = {(batch["restype"].shape, batch["msa"].shape, batch["template_restype"].shape, batch["ref_pos"].shape,
                batch["token_bonds"].shape) for batch in make_loader(dataset, sampler, config, torch.device("cpu"), pad_to)}
