@@ -14,8 +14,10 @@ keeps or drops whole. A contiguous stretch widens to whole residues at its ends 
 budget allows, else narrows; a spatial crop takes whole residues in order of their nearest
 token and skips one that no longer fits.
 
-`msa_sample_rows` draws the MSA rows a sample keeps; the loader assembles them for the kept tokens
-(features.msa.expand_msa) after the crop, so the record's MSA is read for those rows only.
+`msa_sample_rows` draws one set of MSA rows; `msa_cycle_rows` draws one set per recycling cycle
+(AF3 draws anew each cycle) and returns their union with each set's positions in it. The loader
+assembles the union for the kept tokens (features.msa.expand_msa) after the crop, so the record's
+MSA is read for those rows only.
 
 `crop_arrays` is generic over the schema's axes: arrays with a ``token`` axis are indexed by the
 kept tokens, arrays with an ``atom`` axis by the atoms of the kept tokens, and arrays whose values
