@@ -40,6 +40,11 @@ def msa_features(batch: dict) -> torch.Tensor:
     )
 
 
+# The loader's per-cycle MSA rows: an input the model reads where the batch has it (a hand-built
+# batch without it uses its whole MSA in every cycle); a captured step must copy it in too.
+OPTIONAL_INPUTS = ("msa_cycle_rows",)
+
+
 def msa_of_cycle(batch: dict, cycle: int) -> dict:
     """`batch` with the MSA rows recycling cycle `cycle` reads (AF3's fresh draw per cycle): rows
     `msa_cycle_rows[:, cycle mod C]` of the loader's pool gathered into msa, deletion_matrix and

@@ -35,6 +35,7 @@ import torch
 
 from featurecache.model import AF3Model, preset, sample_num_cycles
 from featurecache.model.af3 import LOSS_INPUTS, REQUIRED_INPUTS
+from featurecache.model.msa import OPTIONAL_INPUTS
 from featurecache.model.config import RUNTIME_SETTINGS
 from featurecache.training.checkpoint import (checkpoint_path, load_checkpoint, optimizer_state, rng_state,
                                               save_checkpoint, set_rng_state)
@@ -272,8 +273,10 @@ def noise_generator(seed: int, step: int, slot: int, device: torch.device) -> to
 
 
 def graph_inputs(batch: dict) -> dict[str, torch.Tensor]:
-    """The tensors a captured step reads: the model's and its loss's inputs."""
-    return {name: batch[name] for name in dict.fromkeys(REQUIRED_INPUTS + LOSS_INPUTS)}
+    """The tensors a captured step reads: the model's and its loss's inputs, and the optional
+    ones the batch has (without msa_cycle_rows a replay would read the whole MSA pool each cycle)."""
+    names = REQUIRED_INPUTS + LOSS_INPUTS + tuple(name for name in OPTIONAL_INPUTS if name in batch)
+    return {name: batch[name] for name in dict.fromkeys(names)}
 
 
 def peak_memory_gb(device: torch.device) -> float:
