@@ -102,8 +102,9 @@ class CacheDataset(torch.utils.data.Dataset):
     """Map-style dataset over the feature records of a cache (or a published generation).
 
     Each item is one target cut as `sample` (a SampleConfig) says: cropped to `crop_size` tokens
-    (contiguous, spatial or spatial interface, AF3's recipe, as `crop_mode_probs` says), with at
-    most `msa_rows_per_sample` MSA rows (query first) and, per chain, up to `max_templates` of
+    (contiguous, spatial or spatial interface, AF3's recipe, as `crop_mode_probs` says), with
+    `msa_cycle_draws` draws of at most `msa_rows_per_sample` MSA rows each, query first (their
+    union in msa, each draw's rows in msa_cycle_rows) and, per chain, up to `max_templates` of
     the templates its record stores (drawn at random, or the first ones with
     `random_templates=False`). The sample settings may also be given as keywords
     (`CacheDataset(path, crop_size=256, seed=1)`), which override those of `sample`. The crop
