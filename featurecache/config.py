@@ -223,14 +223,25 @@ class SampleConfig:
     """
 
     crop_size: int | None = 384          # tokens per sample (AF3's initial training crop); None: whole targets
-    msa_rows_per_sample: int = 1024      # MSA rows drawn from the stored ones, query first
+    msa_rows_per_sample: int = 1024      # MSA rows the model sees per recycling cycle, query first
+    # AF3 (SI 2.2, its code's per-cycle shuffle and truncation to 1024 rows) draws the MSA rows anew
+    # in every recycling cycle. The loader draws this many independent row sets per sample (a
+    # pool of their union and each set's positions in it, `msa_cycle_rows`); cycle i of the model
+    # uses set i mod msa_cycle_draws. AF3 trains with up to 4 cycles: 4. 1: one set for every cycle.
+    msa_cycle_draws: int = 4
     # Chance of each crop mode, in CROP_MODES order (AF3 SI 2.7: contiguous 0.2, spatial 0.4,
     # spatial interface 0.4); the spatial ones centre on the sampled chain or interface.
     crop_mode_probs: tuple[float, float, float] = (0.2, 0.4, 0.4)
     max_templates: int | None = 4        # templates per chain and sample (AF3: 4); None: every stored one
     random_templates: bool = True        # AF3 training: a random count and choice of each chain's stored
                                          # templates; False: the first (best-ranked) ones, as at inference
-    seed: int = 0                        # crops, MSA rows and templates are drawn from (seed, epoch, index)
+    # AF3 SI 2.8 / Table 5: every sample's ref_pos gets a random rotation (uniform on SO(3)) and a
+    # translation ~ N(0, conformer_translation_std² Å²) per reference space, after centring; AF3 does
+    # it in training and at inference alike. False: ref_pos in the stored (CCD / RDKit) frame.
+    augment_conformers: bool = True
+    conformer_translation_std: float = 1.0  # Å (AF3: 1)
+    seed: int = 0                        # crops, MSA rows, templates and conformer augmentation are drawn
+                                         # from (seed, epoch, index)
     # Deprecated: the old single setting, p = chance of a spatial crop. Read as
     # crop_mode_probs = (1 - p, p / 2, p / 2), AF3's even split of the spatial modes.
     spatial_crop_prob: dataclasses.InitVar[float | None] = None
@@ -238,7 +249,7 @@ class SampleConfig:
     def __post_init__(self, spatial_crop_prob: float | None) -> None:
         if spatial_crop_prob is not None:
             self._take_old_spatial_crop_prob(spatial_crop_prob)
-        for name in ("crop_size", "msa_rows_per_sample", "max_templates"):
+        for name in ("crop_size", "msa_rows_per_sample", "msa_cycle_draws", "max_templates"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -246,10 +257,17 @@ class SampleConfig:
             raise ValueError(f"crop_size must be at least 1 (or None for whole targets), got {self.crop_size}")
         if self.msa_rows_per_sample < 1:
             raise ValueError(f"msa_rows_per_sample must be at least 1, got {self.msa_rows_per_sample}")
+        if self.msa_cycle_draws < 1:
+            raise ValueError(f"msa_cycle_draws must be at least 1, got {self.msa_cycle_draws}")
         if self.max_templates is not None and self.max_templates < 0:
             raise ValueError(f"max_templates must be >= 0 (or None for every stored one), got {self.max_templates}")
         if not isinstance(self.random_templates, bool):
             raise ValueError(f"random_templates must be True or False, got {self.random_templates!r}")
+        if not isinstance(self.augment_conformers, bool):
+            raise ValueError(f"augment_conformers must be True or False, got {self.augment_conformers!r}")
+        std = self.conformer_translation_std
+        if isinstance(std, bool) or not isinstance(std, numbers.Real) or not 0.0 <= std < float("inf"):
+            raise ValueError(f"conformer_translation_std must be a finite number >= 0 (Å), got {std!r}")
         probs = self.crop_mode_probs
         if (not isinstance(probs, (tuple, list)) or len(probs) != len(CROP_MODES)
                 or not all(isinstance(p, numbers.Real) and 0.0 <= p <= 1.0 for p in probs)
@@ -257,6 +275,11 @@ class SampleConfig:
             raise ValueError(f"crop_mode_probs must be {len(CROP_MODES)} probabilities in [0, 1] summing to 1 "
                              f"(for {', '.join(CROP_MODES)}), got {probs!r}")
         object.__setattr__(self, "crop_mode_probs", tuple(float(p) for p in probs))
+
+    @property
+    def msa_pool_rows(self) -> int:
+        """The most MSA rows a sample holds: its draws' union, the query shared."""
+        return self.msa_cycle_draws * (self.msa_rows_per_sample - 1) + 1
 
     def _take_old_spatial_crop_prob(self, spatial_crop_prob: float) -> None:
         if self.crop_mode_probs != SampleConfig.crop_mode_probs:

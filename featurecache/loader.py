@@ -19,6 +19,7 @@ import torch
 
 from featurecache.config import CROP_MODES, SampleConfig, crop_mode_probs_from_spatial
 from featurecache.features import crop as cropping
+from featurecache.features.conformer_augmentation import augment_reference_conformers
 from featurecache.features.msa import expand_msa
 from featurecache.features.symmetry import atom_permutations
 from featurecache.features.templates import sample_templates
@@ -31,7 +32,10 @@ from featurecache.store.reader import StoreReader
 
 log = logging.getLogger(__name__)
 
-_TEMPLATE_STREAM = 1  # fourth seed word of the template draws (crops and MSA rows use three)
+# Fourth seed word of the draws that have their own stream (crops and MSA rows use three words).
+_TEMPLATE_STREAM = 1
+_CONFORMER_STREAM = 2
+_MSA_CYCLE_STREAM = 3  # the MSA row sets of recycling cycles after the first
 
 # Padding value per array in `collate`; everything not listed pads with zeros / False.
 _PAD_VALUES = {"msa": GAP, "template_restype": GAP, "restype": GAP,
@@ -99,8 +103,9 @@ class CacheDataset(torch.utils.data.Dataset):
     """Map-style dataset over the feature records of a cache (or a published generation).
 
     Each item is one target cut as `sample` (a SampleConfig) says: cropped to `crop_size` tokens
-    (contiguous, spatial or spatial interface, AF3's recipe, as `crop_mode_probs` says), with at
-    most `msa_rows_per_sample` MSA rows (query first) and, per chain, up to `max_templates` of
+    (contiguous, spatial or spatial interface, AF3's recipe, as `crop_mode_probs` says), with
+    `msa_cycle_draws` draws of at most `msa_rows_per_sample` MSA rows each, query first (their
+    union in msa, each draw's rows in msa_cycle_rows) and, per chain, up to `max_templates` of
     the templates its record stores (drawn at random, or the first ones with
     `random_templates=False`). The sample settings may also be given as keywords
     (`CacheDataset(path, crop_size=256, seed=1)`), which override those of `sample`. The crop
@@ -270,10 +275,13 @@ def crop_sample(target_id: str, arrays: dict[str, np.ndarray], sample: SampleCon
     """One training sample from a whole record (or the same arrays with a dense msa /
     deletion_matrix), drawn from (seed, epoch, index): MSA rows subsampled, templates sampled per chain, tokens cropped in a mode drawn by
     `crop_mode_probs` around `focus_chains` (the asym_ids of the sampled chain or interface),
-    arrays as torch tensors. "crop_mode" names the mode ("none": the target fits whole);
+    arrays as torch tensors, ref_pos centred, rotated and translated per reference space
+    (`augment_conformers`, AF3 SI 2.8). "crop_mode" names the mode ("none": the target fits whole);
     "resolution" is the record's (Angstrom; NaN where it has none), for the confidence losses."""
     rng = np.random.default_rng([sample.seed, epoch, index])
-    msa_rows = cropping.msa_sample_rows(arrays["msa_species"].shape[0], sample.msa_rows_per_sample, rng)
+    msa_rows, cycle_rows = cropping.msa_cycle_rows(
+        arrays["msa_species"].shape[0], sample.msa_rows_per_sample, sample.msa_cycle_draws, rng,
+        np.random.default_rng([sample.seed, epoch, index, _MSA_CYCLE_STREAM]))
     arrays = dict(arrays, msa_species=arrays["msa_species"][msa_rows], msa_is_paired=arrays["msa_is_paired"][msa_rows])
     if "msa_block" not in arrays:  # dense msa / deletion_matrix (benchmarks/loader.py's npy.gz layout)
         arrays["msa"], arrays["deletion_matrix"] = arrays["msa"][msa_rows], arrays["deletion_matrix"][msa_rows]
@@ -289,8 +297,14 @@ def crop_sample(target_id: str, arrays: dict[str, np.ndarray], sample: SampleCon
         arrays = cropping.crop_arrays(arrays, token_indices)
     if "msa_block" in arrays:  # a record: only the drawn rows, in the kept tokens' columns, are read
         arrays["msa"], arrays["deletion_matrix"] = expand_msa(arrays, msa_rows)
+    permutations = atom_permutations(arrays)  # from the stored frame: its symmetry cache keys on ref_pos
+    if sample.augment_conformers:
+        conformer_rng = np.random.default_rng([sample.seed, epoch, index, _CONFORMER_STREAM])
+        arrays["ref_pos"] = augment_reference_conformers(arrays["ref_pos"], arrays["ref_space_uid"], arrays["ref_mask"],
+                                                         conformer_rng, sample.conformer_translation_std)
     sample = {name: _to_torch(name, arrays[name]) for name in FEATURES_BY_NAME}
-    sample["atom_permutations"] = _to_torch("atom_permutations", atom_permutations(arrays))
+    sample["atom_permutations"] = _to_torch("atom_permutations", permutations)
+    sample["msa_cycle_rows"] = _to_torch("msa_cycle_rows", cycle_rows)
     sample["id"] = target_id
     sample["crop_mode"] = mode
     sample["resolution"] = torch.tensor(math.nan if resolution is None else float(resolution), dtype=torch.float32)

@@ -192,6 +192,9 @@ LOAD_TIME_FEATURES: tuple[ArraySpec, ...] = (
     _spec("atom_permutations", np.int32, ["atom", MAX_ATOM_PERMUTATIONS],
           "the atom whose position each atom takes under its residue's k-th symmetric relabelling (AF3 SI 4.2: "
           "carboxylates, aromatic rings, a ligand's automorphisms; features.symmetry); -1 past its count", "atom"),
+    _spec("msa_cycle_rows", np.int32, ["msa_cycle", "msa_cycle_row"],
+          "the MSA rows (positions on the msa axis) recycling cycle c mod msa_cycle reads, AF3's fresh draw per "
+          "cycle (SampleConfig.msa_cycle_draws x msa_rows_per_sample); -1 past a shallow MSA's depth", "msa"),
 )
 SAMPLE_FEATURES = FEATURES + LOAD_TIME_FEATURES
 

@@ -58,3 +58,16 @@ def test_a_replay_with_another_shape_names_the_input():
     captured(batch)
     with pytest.raises(ValueError, match="'x'.*pad batches"):
         captured({"x": torch.randn(9, 24, device="cuda"), "y": torch.randn(8, 3, device="cuda")})
+
+
+def test_a_captured_step_copies_the_per_cycle_msa_rows_in():
+    """graph_inputs decides what a replay sees: the loader's msa_cycle_rows must be among them, or a
+    graphed step would read the whole MSA pool in every cycle (and its eager run would not)."""
+    from featurecache.model.af3 import LOSS_INPUTS, REQUIRED_INPUTS
+    from featurecache.training.loop import graph_inputs
+
+    batch = {name: torch.zeros(1) for name in REQUIRED_INPUTS + LOSS_INPUTS}
+    batch["id"] = ["target"]
+    assert set(graph_inputs(batch)) == set(REQUIRED_INPUTS + LOSS_INPUTS)
+    batch["msa_cycle_rows"] = torch.zeros(1, 4, 8, dtype=torch.int32)
+    assert graph_inputs(batch)["msa_cycle_rows"] is batch["msa_cycle_rows"]

@@ -27,7 +27,9 @@ def test_sample_is_cropped_and_consistent(sample_cache):
         tokens = sample["restype"].shape[0]
         # a crop never splits a residue, so it may keep fewer tokens than the crop size
         assert 0 < tokens <= min(48, dataset.num_tokens(index))
-        assert sample["msa"].shape == (min(32, sample["msa"].shape[0]), tokens)
+        # the union of the sample's 4 draws of 32 rows (one per recycling cycle), the query shared
+        assert sample["msa"].shape[0] <= dataset.sample.msa_pool_rows == 4 * 31 + 1
+        assert sample["msa"].shape[1] == tokens and sample["msa_cycle_rows"].shape == (4, 32)
         assert sample["msa"].shape[0] >= 1
         # The query row is kept first and equals the restype of the cropped tokens (polymers).
         polymer = ~sample["is_ligand"]
@@ -87,7 +89,7 @@ def test_collate_pads_and_masks(sample_cache):
 
 def test_collate_pads_to_fixed_sizes(sample_cache):
     dataset = CacheDataset(sample_cache, crop_size=64, msa_rows_per_sample=16)
-    fixed = {"token": 64, "msa": 16, "template": 4}
+    fixed = {"token": 64, "msa": dataset.sample.msa_pool_rows, "template": 4}  # 4 draws of 16 rows, the query shared
     shapes = set()
     for index in range(len(dataset)):
         sample = dataset[index]
@@ -96,7 +98,7 @@ def test_collate_pads_to_fixed_sizes(sample_cache):
         tokens, rows = sample["restype"].shape[0], sample["msa"].shape[0]
         assert batch["token_pad_mask"].sum() == tokens and batch["msa_row_mask"].sum() == rows
         assert torch.all(batch["msa"][0, rows:] == GAP) and torch.all(batch["msa"][0, :, tokens:] == GAP)
-    assert shapes == {((1, 64), (1, 16, 64), (1, 4, 64))}  # one shape for every target
+    assert shapes == {((1, 64), (1, 61, 64), (1, 4, 64))}  # one shape for every target
     small = dataset[0]
     with pytest.raises(ValueError, match=rf"{small['id']} has \d+ along 'token' .* fixed size 2"):
         collate([small], pad_to={"token": 2})
@@ -251,7 +253,7 @@ def test_templates_per_sample_come_from_the_manifest(template_cache, sample_cach
     for name in ("template_restype", "template_backbone_pos", "template_pseudo_beta_mask"):
         assert first[name].shape[0] == 2 and torch.equal(first[name], all_rows[name][:2]), name
     assert torch.all(first["template_count"] == 2) and torch.all(all_rows["template_count"] == 6)
-    batch = collate([first], pad_to={"token": 80, "msa": 4, "template": capped.max_templates})
+    batch = collate([first], pad_to={"token": 80, "msa": capped.sample.msa_pool_rows, "template": capped.max_templates})
     assert batch["template_mask"].tolist() == [[True, True]]
 
 
@@ -308,7 +310,8 @@ def test_sampled_msa_equals_the_full_array_path(sample_cache):
     from featurecache.store.codec import RowFrames
 
     seed, epoch, rows_per_sample = 5, 2, 64
-    dataset = CacheDataset(sample_cache, crop_size=96, msa_rows_per_sample=rows_per_sample, seed=seed)
+    dataset = CacheDataset(sample_cache, crop_size=96, msa_rows_per_sample=rows_per_sample, msa_cycle_draws=1,
+                           seed=seed)
     covered = {"deletions": 0, "gaps": 0, "lazy": 0}
     for index, target_id in enumerate(dataset.ids):
         arrays, _ = dataset.load_arrays(target_id)
@@ -330,3 +333,57 @@ def test_sampled_msa_equals_the_full_array_path(sample_cache):
         covered["deletions"] += int((sample["deletion_matrix"] > 0).sum())
         covered["gaps"] += int((sample["msa"][1:] == GAP).sum())
     assert all(covered.values()), covered
+
+
+def test_reference_conformers_are_augmented_per_sample(sample_cache):
+    """ref_pos of two draws of one sample differ by a rigid motion per reference space (AF3 SI 2.8),
+    the same (seed, epoch, index) gives the same bytes, and augment_conformers=False keeps the
+    stored frame."""
+    from tests.features.test_conformer_augmentation import assert_rigid_per_space
+
+    dataset = CacheDataset(sample_cache, crop_size=None, msa_rows_per_sample=8, seed=4)
+    stored = CacheDataset(sample_cache, crop_size=None, msa_rows_per_sample=8, seed=4, augment_conformers=False)
+    index = dataset.ids.index("7a4d-assembly1")
+    first, second = dataset[(0, index)], dataset[(1, index)]
+    assert torch.equal(first["token_index"], second["token_index"])  # whole target: the same atoms
+    uid, mask = first["ref_space_uid"].numpy(), first["ref_mask"].numpy()
+    assert len(np.unique(uid)) > 1
+    assert_rigid_per_space(first["ref_pos"].numpy(), second["ref_pos"].numpy(), uid, mask)
+    assert not torch.equal(first["ref_pos"], second["ref_pos"])
+    assert first["ref_pos"].numpy().tobytes() == CacheDataset(
+        sample_cache, crop_size=None, msa_rows_per_sample=8, seed=4)[(0, index)]["ref_pos"].numpy().tobytes()
+    arrays, _ = dataset.load_arrays(dataset.ids[index])
+    np.testing.assert_array_equal(stored[(0, index)]["ref_pos"].numpy(), np.asarray(arrays["ref_pos"]))
+    assert_rigid_per_space(np.asarray(arrays["ref_pos"]), first["ref_pos"].numpy(), uid, mask)
+    # the symmetry permutations are found from the stored frame, so they do not change with the draw
+    assert torch.equal(first["atom_permutations"], stored[(0, index)]["atom_permutations"])
+
+
+def test_msa_rows_are_drawn_anew_per_recycling_cycle(sample_cache):
+    """A deep MSA: each cycle's rows (msa_cycle_rows into the sample's pool) are a draw of their
+    own, query first; a shallow one: every row in every cycle; the same seed, the same draws; and
+    the first cycle's rows are the single draw of msa_cycle_draws=1."""
+    dataset = CacheDataset(sample_cache, crop_size=64, msa_rows_per_sample=16, seed=9)
+    single = CacheDataset(sample_cache, crop_size=64, msa_rows_per_sample=16, msa_cycle_draws=1, seed=9)
+    depths = {target: dataset.load_arrays(target)[0]["msa_species"].shape[0] for target in dataset.ids}
+    deep = max(depths, key=depths.get)
+    shallow = CacheDataset(sample_cache, crop_size=64, msa_rows_per_sample=depths[deep] + 5, seed=9)
+    assert depths[deep] > 16 * 4
+    index = dataset.ids.index(deep)
+    sample = dataset[(0, index)]
+    cycles = [sample["msa"][rows.long()] for rows in sample["msa_cycle_rows"]]
+    assert (sample["msa_cycle_rows"] >= 0).all()
+    assert all(torch.equal(rows[0], sample["msa"][0]) for rows in cycles)  # the query first in every cycle
+    assert all(not torch.equal(cycles[0], other) for other in cycles[1:])
+    assert sample["msa"].shape[0] > 16
+    assert torch.equal(cycles[0], single[(0, index)]["msa"])
+    assert torch.equal(sample["token_index"], single[(0, index)]["token_index"])  # the crop does not change
+    again = CacheDataset(sample_cache, crop_size=64, msa_rows_per_sample=16, seed=9)[(0, index)]
+    assert torch.equal(again["msa"], sample["msa"]) and torch.equal(again["msa_cycle_rows"], sample["msa_cycle_rows"])
+    whole = shallow[(0, index)]
+    depth = whole["msa"].shape[0]
+    assert depth == depths[deep]
+    for rows in whole["msa_cycle_rows"]:
+        assert torch.equal(rows[:depth], torch.arange(depth, dtype=rows.dtype)) and (rows[depth:] == -1).all()
+    batch = collate([sample, single[(0, index)] | {"msa_cycle_rows": sample["msa_cycle_rows"][:, :16]}])
+    assert batch["msa_cycle_rows"].shape == (2, 4, 16)

@@ -359,11 +359,11 @@ def test_static_shapes_pad_every_batch_to_one_shape_and_keep_the_loss(cache, tmp
     # atoms: no crop holds more than the largest target, rounded up to whole key windows of 128
     largest = max(dataset.load_arrays(target)[0]["ref_pos"].shape[0] for target in dataset.ids)
     atoms = min(96 * 24, -(-largest // 128) * 128)
-    assert pad_to == {"token": 96, "msa": 8, "template": stored, "atom": atoms, "token_bond": 96 * 3}
+    assert pad_to == {"token": 96, "msa": 4 * 7 + 1, "template": stored, "atom": atoms, "token_bond": 96 * 3}
     sampler = EpochBatchSampler(len(dataset), 1, 0, 1, 0, epochs=1)
     shapes = {(batch["restype"].shape, batch["msa"].shape, batch["template_restype"].shape, batch["ref_pos"].shape,
                batch["token_bonds"].shape) for batch in make_loader(dataset, sampler, config, torch.device("cpu"), pad_to)}
-    assert shapes == {((1, 96), (1, 8, 96), (1, stored, 96), (1, atoms, 3), (1, 96 * 3, 2))}
+    assert shapes == {((1, 96), (1, 4 * 7 + 1, 96), (1, stored, 96), (1, atoms, 3), (1, 96 * 3, 2))}
     # padding is masked everywhere: the same steps give the same losses (one diffusion sample:
     # then the real atoms' noise is, but for the last few atoms, the same draw padded or not)
     padded = train(dataclasses.replace(config, diffusion_batch=1))

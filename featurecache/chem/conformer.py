@@ -19,8 +19,9 @@ Where this differs from AF3:
   Ir-N bonds of 1.44-2.70 A against 2.26 A, an Fe-S cluster (FES) with Fe-S of 2.59 against 2.20,
   cobalamin (B12) with Co-N of 2.67 against 1.91. `Conformer.fallback` says why a conformer's
   positions are not RDKit's, so that `stats` can count each reason.
-- one fixed seed, so the conformer can be cached; AF3's per-example random rotation and
-  translation of ref_pos belongs to the loader.
+- one fixed seed, so the conformer can be cached; AF3's per-sample random rotation and
+  translation of ref_pos is drawn by the loader (features/conformer_augmentation.py, called from
+  loader.crop_sample; SampleConfig.augment_conformers).
 """
 
 from __future__ import annotations

@@ -14,8 +14,10 @@ keeps or drops whole. A contiguous stretch widens to whole residues at its ends 
 budget allows, else narrows; a spatial crop takes whole residues in order of their nearest
 token and skips one that no longer fits.
 
-`msa_sample_rows` draws the MSA rows a sample keeps; the loader assembles them for the kept tokens
-(features.msa.expand_msa) after the crop, so the record's MSA is read for those rows only.
+`msa_sample_rows` draws one set of MSA rows; `msa_cycle_rows` draws one set per recycling cycle
+(AF3 draws anew each cycle) and returns their union with each set's positions in it. The loader
+assembles the union for the kept tokens (features.msa.expand_msa) after the crop, so the record's
+MSA is read for those rows only.
 
 `crop_arrays` is generic over the schema's axes: arrays with a ``token`` axis are indexed by the
 kept tokens, arrays with an ``atom`` axis by the atoms of the kept tokens, and arrays whose values
@@ -271,3 +273,25 @@ def msa_sample_rows(depth: int, max_rows: int, rng: np.random.Generator) -> np.n
         return np.arange(depth)
     others = rng.choice(np.arange(1, depth), size=max_rows - 1, replace=False)
     return np.concatenate([[0], np.sort(others)])
+
+
+def msa_cycle_rows(depth: int, rows_per_cycle: int, num_draws: int, first_rng: np.random.Generator,
+                   other_rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """AF3's fresh MSA draw per recycling cycle, made on the host with fixed shapes.
+
+    Draws `num_draws` independent row sets as `msa_sample_rows` does (the first from
+    `first_rng`, exactly the single draw of earlier versions; the others from `other_rng`) and
+    returns (pool, cycle_rows): `pool` the sorted union of the drawn rows (at most
+    num_draws * (rows_per_cycle - 1) + 1, the query shared), and `cycle_rows` int32
+    [num_draws, rows_per_cycle], each draw's rows as positions in `pool`, -1 past a shallow
+    MSA's depth. Every cycle of a shallow MSA (depth <= rows_per_cycle) gets every row.
+    """
+    if num_draws < 1:
+        raise ValueError(f"num_draws must be at least 1, got {num_draws}")
+    draws = [msa_sample_rows(depth, rows_per_cycle, first_rng)]
+    draws += [msa_sample_rows(depth, rows_per_cycle, other_rng) for _ in range(num_draws - 1)]
+    pool = np.unique(np.concatenate(draws))
+    cycle_rows = np.full((num_draws, rows_per_cycle), -1, np.int32)
+    for cycle, rows in enumerate(draws):
+        cycle_rows[cycle, : len(rows)] = np.searchsorted(pool, rows)
+    return pool, cycle_rows

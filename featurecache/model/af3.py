@@ -37,7 +37,7 @@ from featurecache.model.losses import (
     mse_atom_weights,
     smooth_lddt_loss,
 )
-from featurecache.model.msa import MSAModule
+from featurecache.model.msa import MSAModule, msa_of_cycle
 from featurecache.model.pairformer import Pairformer
 from featurecache.model.permutation import align_ground_truth, ground_truth_sources, relabelled
 from featurecache.model.trunk import REQUIRED_INPUTS as TOKEN_INPUTS
@@ -113,7 +113,7 @@ class AF3Model(nn.Module):
                 z = z_init + self.recycle_pair(z.detach())
                 s = s_init + self.recycle_single(s.detach())
                 z = z + self.template_embedder(batch, z, pair_mask, generator)
-                z = self.msa_module(batch, s_inputs, z, token_mask, pair_mask, generator)
+                z = self.msa_module(msa_of_cycle(batch, cycle), s_inputs, z, token_mask, pair_mask, generator)
                 s, z = self.pairformer(s, z, token_mask, pair_mask, generator)
         # re-run in backward with grouped checkpoints: its input z + z^T is a pair kept until the
         # trunk's backward

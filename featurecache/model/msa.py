@@ -40,6 +40,28 @@ def msa_features(batch: dict) -> torch.Tensor:
     )
 
 
+# The loader's per-cycle MSA rows: an input the model reads where the batch has it (a hand-built
+# batch without it uses its whole MSA in every cycle); a captured step must copy it in too.
+OPTIONAL_INPUTS = ("msa_cycle_rows",)
+
+
+def msa_of_cycle(batch: dict, cycle: int) -> dict:
+    """`batch` with the MSA rows recycling cycle `cycle` reads (AF3's fresh draw per cycle): rows
+    `msa_cycle_rows[:, cycle mod C]` of the loader's pool gathered into msa, deletion_matrix and
+    msa_row_mask [B, R, ...]; a -1 position is a masked row. Gathers only (no host sync, fixed
+    shapes), so a captured CUDA graph replays it. A batch without msa_cycle_rows is returned as is."""
+    cycle_rows = batch.get("msa_cycle_rows")
+    if cycle_rows is None:
+        return batch
+    rows = cycle_rows[:, cycle % cycle_rows.shape[1]].long()  # [B, R]
+    valid = rows >= 0
+    rows = rows.clamp(min=0)
+    msa_index = rows[:, :, None].expand(-1, -1, batch["msa"].shape[2])  # [B, R, N]
+    return dict(batch, msa=torch.gather(batch["msa"], 1, msa_index),
+                deletion_matrix=torch.gather(batch["deletion_matrix"], 1, msa_index),
+                msa_row_mask=valid & torch.gather(batch["msa_row_mask"], 1, rows))
+
+
 class MSABlock(nn.Module):
     """One MSA-module block; the last one only updates the pair, since nothing reads its MSA."""
 

@@ -8,7 +8,7 @@ from torch import nn
 from featurecache.model.config import ModelConfig
 from featurecache.model.embedders import InputEmbedder, TemplateEmbedder, single_inputs
 from featurecache.model.heads import DistogramHead, distogram_loss
-from featurecache.model.msa import MSAModule
+from featurecache.model.msa import MSAModule, msa_of_cycle
 from featurecache.model.pairformer import Pairformer
 
 # What the trunk reads from a collated batch (see featurecache.schema and loader.collate).
@@ -49,7 +49,7 @@ class AF3Trunk(nn.Module):
         inputs = single_inputs(batch)
         s, z = self.input_embedder(batch, inputs)
         z = z + self.template_embedder(batch, z, pair_mask)
-        z = self.msa_module(batch, inputs, z, token_mask, pair_mask)
+        z = self.msa_module(msa_of_cycle(batch, 0), inputs, z, token_mask, pair_mask)
         s, z = self.pairformer(s, z, token_mask, pair_mask)
         return {"single": s, "pair": z, "distogram_logits": self.distogram_head(z)}
 

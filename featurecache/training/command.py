@@ -60,7 +60,10 @@ UNIT = FiniteFloatRange(0.0, 1.0, max_open=True)
 @click.option("--crop-size", default=SampleConfig.crop_size, show_default=True, type=POSITIVE,
               help="Tokens per cropped sample.")
 @click.option("--msa-rows-per-sample", default=SampleConfig.msa_rows_per_sample, show_default=True, type=POSITIVE,
-              help="MSA rows drawn per sample from the rows the cache stores.")
+              help="MSA rows each recycling cycle sees, drawn from the rows the cache stores (AF3: 1024).")
+@click.option("--msa-cycle-draws", default=SampleConfig.msa_cycle_draws, show_default=True, type=POSITIVE,
+              help="Independent MSA row draws per sample; recycling cycle i uses draw i mod this (AF3 draws anew "
+                   "each cycle, of up to 4 in training: 4; 1: one draw for every cycle).")
 @click.option("--max-msa-rows", "old_msa_rows", type=POSITIVE, hidden=True, 
               callback=renamed_option("--max-msa-rows", "--msa-rows-per-sample (MSA rows kept per sample)"),
               help="Deprecated spelling of --msa-rows-per-sample.")
@@ -118,7 +121,7 @@ UNIT = FiniteFloatRange(0.0, 1.0, max_open=True)
               help="Checkpoint file, or a run directory to resume from its newest checkpoint.")
 @click.option("--compile", "compile_model", is_flag=True, help="torch.compile every block of the trunk.")
 @click.option("--static-shapes", is_flag=True,
-              help="Pad every batch to --crop-size tokens, --msa-rows-per-sample rows and --max-templates "
+              help="Pad every batch to --crop-size tokens, --msa-cycle-draws x --msa-rows-per-sample rows and --max-templates "
                    "templates: one shape for every step, so --compile compiles once.")
 @click.option("--cuda-graphs", is_flag=True,
               help="Replay each step from CUDA graphs (implies --static-shapes; one GPU or several ranks under "
@@ -130,7 +133,7 @@ UNIT = FiniteFloatRange(0.0, 1.0, max_open=True)
               help="auto (CUDA if there is one), cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
 @click.pass_context
 def train_command(ctx: click.Context, cache, online, alignments, template_dir, out, preset, pairformer_blocks,
-                  kernels, steps, max_recycling_cycles, diffusion_batch, crop_size, msa_rows_per_sample, old_msa_rows, crop_mode_probs, spatial_crop_prob,
+                  kernels, steps, max_recycling_cycles, diffusion_batch, crop_size, msa_rows_per_sample, msa_cycle_draws, old_msa_rows, crop_mode_probs, spatial_crop_prob,
                   max_templates, batch_size, num_workers, checkpoint_every, resume, compile_model,
                   static_shapes, cuda_graphs, seed, device, validation_keys, **recipe) -> None:
     """Train the AF3 structure model (trunk and diffusion module) from a feature cache."""
@@ -149,7 +152,8 @@ def train_command(ctx: click.Context, cache, online, alignments, template_dir, o
         raise click.BadParameter(f"{' '.join(map(str, crop_mode_probs))} do not add up to 1",
                                  param_hint="--crop-mode-probs")
     try:
-        sample = SampleConfig(crop_size=crop_size, msa_rows_per_sample=rows, crop_mode_probs=tuple(crop_mode_probs),
+        sample = SampleConfig(crop_size=crop_size, msa_rows_per_sample=rows, msa_cycle_draws=msa_cycle_draws,
+                              crop_mode_probs=tuple(crop_mode_probs),
                               max_templates=max_templates, seed=seed)
         config = TrainConfig(
             cache=cache, online=online, alignments=alignments, template_dir=template_dir, out=out,

@@ -90,7 +90,7 @@ def fixed_sizes(config: TrainConfig, dataset) -> dict[str, int] | None:
         # A crop never holds more atoms than its whole target: on a cache of small or protein-only
         # targets this bound is several times tighter than 24 per token, and so is the atom work.
         atoms = min(atoms, -(-largest_target // ATOM_PAD_MULTIPLE) * ATOM_PAD_MULTIPLE)
-    return {"token": crop, "msa": config.sample.msa_rows_per_sample, "template": templates,
+    return {"token": crop, "msa": config.sample.msa_pool_rows, "template": templates,
             "atom": atoms, "token_bond": crop * BONDS_PER_TOKEN_BOUND}
 
 

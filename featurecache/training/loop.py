@@ -36,6 +36,7 @@ import torch
 from featurecache.model import AF3Model, preset, sample_num_cycles
 from featurecache.model.af3 import LOSS_INPUTS, OPTIONAL_LOSS_INPUTS, REQUIRED_INPUTS
 from featurecache.model.config import RUNTIME_SETTINGS, WEIGHT_MEANING_SETTINGS, saved_model_settings
+from featurecache.model.msa import OPTIONAL_INPUTS as MSA_OPTIONAL_INPUTS
 from featurecache.training.checkpoint import (checkpoint_path, load_checkpoint, optimizer_state, rng_state,
                                               save_checkpoint, set_rng_state)
 from featurecache.training.config import TrainConfig, TrainSetupError, resolve_kernels
@@ -297,8 +298,9 @@ def noise_generator(seed: int, step: int, slot: int, device: torch.device) -> to
 
 
 def graph_inputs(batch: dict) -> dict[str, torch.Tensor]:
-    """The tensors a captured step reads: the model's and its loss's inputs."""
-    optional = tuple(name for name in OPTIONAL_LOSS_INPUTS if name in batch)
+    """The tensors a captured step reads: the model's and its loss's inputs, and the optional
+    ones the batch has (without msa_cycle_rows a replay would read the whole MSA pool each cycle)."""
+    optional = tuple(name for name in MSA_OPTIONAL_INPUTS + OPTIONAL_LOSS_INPUTS if name in batch)
     return {name: batch[name] for name in dict.fromkeys(REQUIRED_INPUTS + LOSS_INPUTS + optional)}
 
 

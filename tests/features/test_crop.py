@@ -240,3 +240,25 @@ def test_crop_modes_occur_at_their_probabilities(record):
     assert {crop_sample("7a4d", record, skewed, 0, index)["crop_mode"] for index in range(20)} == {"contiguous"}
     whole = SampleConfig(crop_size=None, msa_rows_per_sample=4, max_templates=0)
     assert crop_sample("7a4d", record, whole, 0, 0)["crop_mode"] == "none"
+
+
+def test_msa_cycle_rows_draw_anew_per_cycle_and_keep_a_shallow_msa_whole():
+    from featurecache.features.crop import msa_cycle_rows, msa_sample_rows
+
+    depth, per_cycle, draws = 500, 64, 4
+    pool, cycle_rows = msa_cycle_rows(depth, per_cycle, draws, np.random.default_rng(1), np.random.default_rng(2))
+    assert cycle_rows.shape == (draws, per_cycle) and (cycle_rows >= 0).all()
+    assert len(pool) <= draws * (per_cycle - 1) + 1 and np.array_equal(pool, np.unique(pool))
+    cycles = [pool[rows] for rows in cycle_rows]
+    assert all(rows[0] == 0 and len(set(rows)) == per_cycle for rows in cycles)  # the query first
+    assert all(not np.array_equal(cycles[0], other) for other in cycles[1:])  # different rows per cycle
+    # the first cycle is the single draw of msa_sample_rows from the same generator
+    assert np.array_equal(cycles[0], msa_sample_rows(depth, per_cycle, np.random.default_rng(1)))
+    again = msa_cycle_rows(depth, per_cycle, draws, np.random.default_rng(1), np.random.default_rng(2))
+    assert np.array_equal(pool, again[0]) and np.array_equal(cycle_rows, again[1])
+
+    shallow_pool, shallow_rows = msa_cycle_rows(40, per_cycle, draws, np.random.default_rng(1),
+                                                np.random.default_rng(2))
+    assert np.array_equal(shallow_pool, np.arange(40))
+    for rows in shallow_rows:  # every cycle: every row, then -1
+        assert np.array_equal(rows[:40], np.arange(40)) and (rows[40:] == -1).all()

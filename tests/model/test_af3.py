@@ -223,3 +223,37 @@ def test_padding_does_not_change_a_sample():
             results.append((trunk["single"][:1, :7], trunk["pair"][:1, :7, :7], denoised[:1, :, :atoms]))
     for padded, single in zip(*results):
         torch.testing.assert_close(padded, single, atol=1e-4, rtol=1e-4)
+
+
+def test_each_recycling_cycle_reads_its_own_msa_rows():
+    """msa_of_cycle gathers cycle c's rows (AF3's fresh draw per cycle) from the pool with tensor
+    ops only: under a CUDA graph the same ops replay with new rows in the same buffers."""
+    from featurecache.model.msa import msa_of_cycle
+
+    generator = torch.Generator().manual_seed(0)
+    pool, tokens = 7, 5
+    batch = {"msa": torch.randint(0, 20, (2, pool, tokens), generator=generator),
+             "deletion_matrix": torch.rand(2, pool, tokens, generator=generator),
+             "msa_row_mask": torch.tensor([[True] * 7, [True] * 4 + [False] * 3]),
+             "msa_cycle_rows": torch.tensor([[[0, 2, 5], [0, 1, 6]], [[0, 1, 2], [0, 3, -1]]], dtype=torch.int32)}
+    for cycle in range(4):  # cycles past the draws reuse them in turn
+        rows = batch["msa_cycle_rows"][:, cycle % 2].long()
+        got = msa_of_cycle(batch, cycle)
+        for sample in range(2):
+            for slot, row in enumerate(rows[sample].tolist()):
+                valid = row >= 0 and bool(batch["msa_row_mask"][sample, row])
+                assert bool(got["msa_row_mask"][sample, slot]) == valid
+                if row >= 0:
+                    assert torch.equal(got["msa"][sample, slot], batch["msa"][sample, row])
+                    assert torch.equal(got["deletion_matrix"][sample, slot], batch["deletion_matrix"][sample, row])
+    assert not torch.equal(msa_of_cycle(batch, 0)["msa"], msa_of_cycle(batch, 1)["msa"])
+    without = {name: value for name, value in batch.items() if name != "msa_cycle_rows"}
+    assert msa_of_cycle(without, 3) is without
+    # no host sync: the gather traces into one graph with the cycle as a constant and no data-
+    # dependent control flow (torch.fx would fail on a .item() or a Python branch on values)
+    traced = torch.fx.symbolic_trace(lambda msa, deletions, mask, cycle_rows: tuple(msa_of_cycle(
+        {"msa": msa, "deletion_matrix": deletions, "msa_row_mask": mask, "msa_cycle_rows": cycle_rows}, 1)[name]
+        for name in ("msa", "deletion_matrix", "msa_row_mask")))
+    expected = msa_of_cycle(batch, 1)
+    outputs = traced(batch["msa"], batch["deletion_matrix"], batch["msa_row_mask"], batch["msa_cycle_rows"])
+    assert all(torch.equal(out, expected[name]) for out, name in zip(outputs, ("msa", "deletion_matrix", "msa_row_mask")))
