@@ -19,7 +19,7 @@ import torch
 from step_timing import autocast, free_memory, peak_gb, reset_peak, sync, timed
 
 from featurecache.kernels.evo_attention import SizeLimitError
-from featurecache.model import AF3Model, AF3Trunk, preset
+from featurecache.model import AF3Model, preset
 from featurecache.model.pairformer import PairformerBlock
 from featurecache.testing.synthetic import random_batch
 from featurecache.training.cuda_graph import CapturedStep
@@ -124,7 +124,7 @@ class TrunkRunner:
         self.captured: dict = {}
 
     def build(self, config) -> torch.nn.Module:
-        return AF3Trunk(config)
+        return AF3Model(config)
 
     def batch(self, length: int, msa_rows: int, templates: int) -> dict:
         generator = torch.Generator().manual_seed(length)
@@ -132,9 +132,10 @@ class TrunkRunner:
         return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
     def forward_loss(self, batch: dict) -> torch.Tensor:
+        # the trunk alone (no diffusion batch): its loss is the distogram's
         with autocast(self.device, cache=not self.graphs):
-            outputs = self.model(batch)
-        return self.model.loss(batch, outputs)
+            outputs = self.model(batch, num_cycles=1, num_diffusion_samples=0)
+        return self.model.loss(batch, outputs)[0]
 
     def step(self, batch: dict) -> dict:
         loss = self.forward_loss(batch)
@@ -190,9 +191,6 @@ class FullModelRunner(TrunkRunner):
         self.atoms_per_token = atoms_per_token
         self.diffusion_batch = diffusion_batch
         super().__init__(variant, config_overrides, device)
-
-    def build(self, config) -> torch.nn.Module:
-        return AF3Model(config)
 
     def forward_loss(self, batch: dict) -> torch.Tensor:
         with autocast(self.device, cache=not self.graphs):

@@ -19,8 +19,8 @@ Sections (each one is skipped, with the reason in the table, when the time budge
 1. one Pairformer block (c_s 384, c_z 128, bf16 autocast, 10 % padding, no checkpointing),
    forward + backward at L = 384 and 768: the issue's reference table;
 2. a whole training iteration (forward, loss, backward, AdamW) of the `af3` preset at each
-   --crop, with its Pairformer cut to --depth blocks to fit the device time: the trunk with the
-   distogram loss, or with `--model af3` the full model (N_cycle 1, --diffusion-batch noised
+   --crop, with its Pairformer cut to --depth blocks to fit the device time: the trunk
+   (AF3Model.trunk, its atom input embedder included) with the distogram loss, or with `--model af3` the full model (N_cycle 1, --diffusion-batch noised
    copies, --atoms-per-token atoms) preceded by two checks on the device: every parameter gets a
    non-zero gradient, and the triton and torch paths give the same fp32 loss from the same weights;
    the variant `protenix` trains Protenix 2.0's own model, loss and optimizer at the same sizes

@@ -40,8 +40,16 @@ from featurecache.model.losses import (
 from featurecache.model.msa import MSAModule, msa_of_cycle
 from featurecache.model.pairformer import Pairformer
 from featurecache.model.permutation import align_ground_truth, ground_truth_sources, relabelled
-from featurecache.model.trunk import REQUIRED_INPUTS as TOKEN_INPUTS
 
+# What the trunk reads per token, MSA row and template from a collated batch (see
+# featurecache.schema and loader.collate); the atom inputs are the atom attention's.
+TOKEN_INPUTS = (
+    "restype", "residue_index", "token_index", "asym_id", "entity_id", "sym_id",
+    "is_protein", "is_rna", "is_dna", "is_ligand", "msa_profile", "deletion_mean",
+    "msa", "deletion_matrix", "msa_row_mask", "token_pad_mask",
+    "template_restype", "template_backbone_pos", "template_backbone_mask",
+    "template_pseudo_beta_pos", "template_pseudo_beta_mask", "template_mask",
+)
 REQUIRED_INPUTS = (*TOKEN_INPUTS, *ATOM_INPUTS, "token_bonds", "token_bond_mask")
 # What `AF3Model.loss` reads besides the outputs.
 LOSS_INPUTS = ("atom_pos", "atom_mask", "atom_pad_mask", "atom_to_token", "distogram_atom_index",
@@ -83,8 +91,12 @@ class AF3Model(nn.Module):
         self.confidence_head = ConfidenceHead(config, atom_single_input_dim(config)) if config.confidence_head else None
 
     def compile_blocks(self, **options) -> None:
-        """torch.compile every block of the trunk's stacks in place, as AF3Trunk.compile_blocks
-        (the conditioned transformers take a layout object and are left eager for now)."""
+        """torch.compile every block of the Pairformer, MSA and template stacks in place.
+
+        Per block rather than the whole model: blocks of a stack share one compiled graph (their
+        parameters are graph inputs), so compile time does not grow with depth, and activation
+        checkpointing stays outside the compiled regions. The conditioned transformers take a
+        layout object and are left eager for now."""
         for stack in (self.pairformer.blocks, self.msa_module.blocks, self.template_embedder.blocks):
             for block in stack:
                 block.compile(**options)

@@ -1,9 +1,7 @@
 """Input, relative-position and template embedders (AF3 Algorithms 1-3 and 16).
 
-Two input embedders: `InputEmbedder` (AF3Trunk) reads only per-token features (restype, MSA
-profile, deletion mean, molecule-type flags); `AtomInputEmbedder` (AF3Model) is AF3's: the atom
-attention encoder over the reference conformers gives each token its s_inputs, and the initial
-pair also gets the token bonds.
+The input embedder, `AtomInputEmbedder`, is AF3's: the atom attention encoder over the reference
+conformers gives each token its s_inputs, and the initial pair also gets the token bonds.
 """
 
 from __future__ import annotations
@@ -22,26 +20,9 @@ from featurecache.model.config import ModelConfig
 from featurecache.model.layers import derived_seeds, dropout_seed
 from featurecache.model.pairformer import PairStack, run_blocks
 
-# restype one-hot, MSA profile, deletion mean, is_protein/rna/dna/ligand
-SINGLE_INPUT_DIM = NUM_RESTYPES + NUM_RESTYPES + 1 + 4
-
 # AF3's template distogram: 38 edges from 3.25 to 50.75 Angstrom, 39 bins.
 TEMPLATE_DISTOGRAM_EDGES = (3.25, 50.75, 38)
 TEMPLATE_FEATURE_DIM = 39 + 1 + 3 + 1 + 2 * NUM_RESTYPES
-
-
-def single_inputs(batch: dict) -> torch.Tensor:
-    """[B, N, SINGLE_INPUT_DIM] float features of every token."""
-    flags = torch.stack([batch[name] for name in ("is_protein", "is_rna", "is_dna", "is_ligand")], dim=-1)
-    return torch.cat(
-        [
-            F.one_hot(batch["restype"].long(), NUM_RESTYPES).float(),
-            batch["msa_profile"].float(),
-            batch["deletion_mean"].float().unsqueeze(-1),
-            flags.float(),
-        ],
-        dim=-1,
-    )
 
 
 class RelativePositionEncoding(nn.Module):
@@ -92,23 +73,6 @@ class RelativePositionEncoding(nn.Module):
             ],
             dim=-1,
         ).bool()
-
-
-class InputEmbedder(nn.Module):
-    """Initial single and pair representations from the token features (Algorithms 1-2)."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.to_single = nn.Linear(SINGLE_INPUT_DIM, config.c_s, bias=False)
-        self.to_pair_i = nn.Linear(SINGLE_INPUT_DIM, config.c_z, bias=False)
-        self.to_pair_j = nn.Linear(SINGLE_INPUT_DIM, config.c_z, bias=False)
-        self.relpos = RelativePositionEncoding(config.c_z, config.relpos_max_residue, config.relpos_max_chain,
-                                               config.relpos_chain_gate)
-
-    def forward(self, batch: dict, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        s = self.to_single(inputs)
-        z = self.to_pair_i(inputs)[:, :, None] + self.to_pair_j(inputs)[:, None, :] + self.relpos(batch)
-        return s, z
 
 
 def atom_single_input_dim(config: ModelConfig) -> int:

@@ -13,7 +13,6 @@ from torch import nn
 
 from featurecache.schema import NUM_RESTYPES
 from featurecache.model.config import ModelConfig
-from featurecache.model.embedders import SINGLE_INPUT_DIM
 from featurecache.model.layers import (
     SITES_PER_BLOCK,
     OuterProductMean,
@@ -94,9 +93,8 @@ class MSABlock(nn.Module):
 
 
 class MSAModule(nn.Module):
-    def __init__(self, config: ModelConfig, single_input_dim: int = SINGLE_INPUT_DIM) -> None:
-        """single_input_dim: width of the per-token inputs (the trunk's token features, or the
-        atom-aware s_inputs of AF3Model)."""
+    def __init__(self, config: ModelConfig, single_input_dim: int) -> None:
+        """single_input_dim: width of the per-token inputs (AF3Model's atom-aware s_inputs)."""
         super().__init__()
         self.checkpoint_blocks = config.checkpoint_blocks
         self.checkpoint_group = config.checkpoint_group  # as the Pairformer's: 4 blocks, one group

@@ -285,7 +285,7 @@ class ShardedMSAModule(_ShardedStack):
 
 
 def shard_trunk(model: nn.Module, group) -> nn.Module:
-    """Replace the MSA module and the Pairformers of `model` (AF3Model, AF3Trunk; the confidence
+    """Replace the MSA module and the Pairformers of `model` (an AF3Model; the confidence
     head's too, where there is one) by their sharded forms over `group`, in place; the
     state_dict keeps its keys."""
     if not isinstance(model.msa_module, ShardedMSAModule):

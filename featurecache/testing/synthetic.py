@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from featurecache.schema import FEATURES, GAP, MAX_ATOM_PERMUTATIONS, NUM_RESTYPES
+from featurecache.schema import FEATURES, FEATURES_BY_NAME, GAP, MAX_ATOM_PERMUTATIONS, NUM_RESTYPES
 
 _ELEMENTS = torch.tensor([6, 7, 8, 16])  # C, N, O, S
 
@@ -60,6 +60,28 @@ def random_batch(lengths: list[int], msa_depths: list[int], num_templates: list[
     _add_atoms(batch, samples, atoms, bonds, generator)
     batch["resolution"] = torch.full((batch_size,), 2.0)  # an X-ray structure the confidence losses train on
     return batch
+
+
+def first_sample_unpadded(batch: dict, tokens: int, atoms: int, bonds: int, msa_rows: int | None = None,
+                          templates: int | None = None) -> dict:
+    """Sample 0 of a collated batch, unpadded along tokens, atoms and token bonds, and along MSA
+    rows and templates where their counts are given (else the batch's, padding masked)."""
+    sizes = {"token": tokens, "atom": atoms, "token_bond": bonds, "msa": msa_rows, "template": templates}
+    sizes = {axis: size for axis, size in sizes.items() if size is not None}
+    pad_mask_axes = {"token_pad_mask": ("token",), "atom_pad_mask": ("atom",), "token_bond_mask": ("token_bond",),
+                     "msa_row_mask": ("msa",), "template_mask": ("template",)}
+    alone = {}
+    for name, value in batch.items():
+        if name == "id":
+            continue
+        value = value[:1]
+        spec = FEATURES_BY_NAME.get(name)
+        axes = spec.axes if spec else pad_mask_axes.get(name, ())
+        for dim, axis in enumerate(axes, start=1):
+            if axis in sizes:
+                value = value.narrow(dim, 0, sizes[axis])
+        alone[name] = value
+    return alone
 
 
 def _atom_layout(length: int, atoms_per_residue: int) -> dict:

@@ -6,7 +6,7 @@ import torch
 
 from featurecache.model import preset
 from featurecache.model.af3 import AF3Model, sample_num_cycles
-from featurecache.testing.synthetic import random_batch
+from featurecache.testing.synthetic import first_sample_unpadded, random_batch
 
 
 def _generator(seed: int | None = None) -> torch.Generator:
@@ -183,33 +183,13 @@ def test_real_cropped_targets_run_forward_loss_backward_and_sampling(shared_data
     assert positions.shape == (2, 1, batch["atom_pad_mask"].shape[1], 3) and torch.isfinite(positions).all()
 
 
-def _first_sample(batch: dict, tokens: int, atoms: int, bonds: int) -> dict:
-    """Sample 0 of a collated batch, unpadded along tokens, atoms and bonds."""
-    sizes = {"token": tokens, "atom": atoms, "token_bond": bonds}
-    from featurecache.schema import FEATURES_BY_NAME
-
-    alone = {}
-    for name, value in batch.items():
-        if name == "id":
-            continue
-        value = value[:1]
-        spec = FEATURES_BY_NAME.get(name)
-        axes = spec.axes if spec else {"token_pad_mask": ("token",), "atom_pad_mask": ("atom",),
-                                       "token_bond_mask": ("token_bond",)}.get(name, ())
-        for dim, axis in enumerate(axes, start=1):
-            if axis in sizes:
-                value = value.narrow(dim, 0, sizes[axis])
-        alone[name] = value
-    return alone
-
-
 def test_padding_does_not_change_a_sample():
     """A sample alone and the same sample padded beside a longer one (more tokens, atoms, bonds)
     give the same trunk outputs and the same denoised positions from the same noisy input."""
     model = AF3Model(preset("tiny", kernels="torch")).eval()
     batch = random_batch([7, 11], [3, 3], [1, 1], _generator(), num_atoms_per_token=3)
     atoms, bonds = int(batch["atom_pad_mask"][0].sum()), int(batch["token_bond_mask"][0].sum())
-    alone = _first_sample(batch, 7, atoms, bonds)
+    alone = first_sample_unpadded(batch, 7, atoms, bonds)
     noisy = torch.randn(1, 2, atoms, 3, generator=_generator()) * 10
     sigma = torch.tensor([[3.0, 40.0]])
     with torch.no_grad():

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from featurecache.model import AF3Model, AF3Trunk, preset
+from featurecache.model import AF3Model, preset
 from featurecache.model.pairformer import Pairformer
 from featurecache.model.sharding import ShardedPairformer, reduce_gradients, shard_trunk
 from featurecache.testing.synthetic import random_batch
@@ -86,13 +86,13 @@ def trunk_case(group) -> dict:
     """The tiny AF3 trunk on a synthetic batch (MSA, templates, padding), its MSA module and
     Pairformer sharded over `group` (or not): outputs and every parameter's gradient."""
     torch.manual_seed(0)
-    model = AF3Trunk(preset("tiny", kernels="torch", num_msa_blocks=2)).train()  # the last skips the MSA updates
+    model = AF3Model(preset("tiny", kernels="torch", num_msa_blocks=2)).train()  # the last skips the MSA updates
     if group is not None:
         shard_trunk(model, group)
     batch = random_batch([LENGTH, 8], [5, 3], [2, 0], torch.Generator().manual_seed(2))
-    outputs = model(batch)
+    outputs = model(batch, num_cycles=1, num_diffusion_samples=0)  # the trunk alone, dropout from seed 0
     weight = torch.randn(outputs["single"].shape, generator=torch.Generator().manual_seed(3))
-    (model.loss(batch, outputs) + (outputs["single"] * weight).sum()).backward()
+    (model.loss(batch, outputs)[0] + (outputs["single"] * weight).sum()).backward()
     if group is not None:
         reduce_gradients(model)
     return {"pair": outputs["pair"].detach(), "single": outputs["single"].detach(),
