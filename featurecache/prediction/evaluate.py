@@ -32,9 +32,8 @@ import gemmi
 import numpy as np
 
 from featurecache.errors import BoundaryCommand, UserError
+from featurecache.kernels.smooth_lddt import INCLUSION_RADIUS, LDDT_THRESHOLDS
 
-LDDT_RADIUS = 15.0
-LDDT_THRESHOLDS = (0.5, 1.0, 2.0, 4.0)
 BACKBONE_ATOMS = ("CA", "C4'")  # the representative atom of an amino acid / a nucleotide
 # Chain orders tried per group of identical chains: past this, the chains keep their own names.
 MAX_PERMUTATIONS = 720
@@ -123,12 +122,9 @@ def _chain_groups(atoms: dict[Atom, np.ndarray]) -> list[list[str]]:
 
 
 def superpose(moving: np.ndarray, fixed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rotation R and translation t minimising |moving @ R.T + t - fixed| (Kabsch, float64)."""
-    moving_mean, fixed_mean = moving.mean(0), fixed.mean(0)
-    u, _, vt = np.linalg.svd((moving - moving_mean).T @ (fixed - fixed_mean))
-    sign = np.sign(np.linalg.det(u @ vt)) or 1.0
-    rotation = (u @ np.diag([1.0, 1.0, sign]) @ vt).T
-    return rotation, fixed_mean - moving_mean @ rotation.T
+    """Rotation R and translation t minimising |moving @ R.T + t - fixed| (gemmi's superposition)."""
+    fit = gemmi.superpose_positions([gemmi.Position(*p) for p in fixed], [gemmi.Position(*p) for p in moving])
+    return np.array(fit.transform.mat.tolist()), np.array(fit.transform.vec.tolist())
 
 
 def rmsd(x: np.ndarray, y: np.ndarray) -> float:
@@ -141,10 +137,10 @@ def superposed_rmsd(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def lddt(predicted: np.ndarray, truth: np.ndarray, residue_ids: np.ndarray) -> float:
-    """Global lDDT of predicted against true positions [n, 3]: pairs within LDDT_RADIUS in the
+    """Global lDDT of predicted against true positions [n, 3]: pairs within INCLUSION_RADIUS in the
     truth, of atoms in different residues (residue_ids [n])."""
     true_distances = np.linalg.norm(truth[:, None] - truth[None], axis=-1)
-    pairs = (true_distances < LDDT_RADIUS) & (residue_ids[:, None] != residue_ids[None])
+    pairs = (true_distances < INCLUSION_RADIUS) & (residue_ids[:, None] != residue_ids[None])
     if not pairs.any():
         return math.nan
     error = np.abs(np.linalg.norm(predicted[:, None] - predicted[None], axis=-1) - true_distances)[pairs]
