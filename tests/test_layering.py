@@ -27,6 +27,7 @@ LAYERS = {
     "model": ("featurecache.model",),
     "training": ("featurecache.training",),
     "prediction": ("featurecache.prediction",),
+    "integrations": ("featurecache.integrations",),
     "testing": ("featurecache.testing",),
     "top": ("featurecache.cli", "featurecache.train", "featurecache.__main__", "featurecache"),
 }
@@ -44,10 +45,12 @@ ALLOWED = {
     "model": {"base", "kernels"},
     "training": {"base", "io", "store", "loader", "kernels", "model"},
     "prediction": {"base", "io", "chem", "store", "loader", "kernels", "model", "training"},
+    "integrations": {"base", "io", "chem", "features", "store", "loader", "kernels", "model", "training",
+                     "prediction"},
     "testing": {"base", "io", "chem", "features", "store", "precompute", "loader", "kernels", "model", "training",
-                "prediction"},
+                "prediction", "integrations"},
     "top": {"base", "io", "chem", "features", "store", "precompute", "loader", "kernels", "model", "training",
-            "prediction"},
+            "prediction", "integrations"},
 }
 
 
