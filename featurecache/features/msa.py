@@ -331,6 +331,13 @@ def _new_unique_rows(classes: np.ndarray, used: list[int]) -> np.ndarray:
     return first[~np.isin(rows_as_bytes[first], rows_as_bytes[np.asarray(used)])]
 
 
+def query_identity(msa: Msa, molecule_type: str) -> np.ndarray:
+    """[rows] each row's identity to the query over its columns, in residue classes: the order in
+    which pairing takes a species' rows (most similar first)."""
+    classes = _LETTER_TABLES[molecule_type][msa.aligned]
+    return (classes == classes[0]).mean(axis=1)
+
+
 def _paired_rows(entity_chains, entity_msas, chains, max_rows: int) -> list[tuple[str, dict[int, int]]]:
     """(species, {entity: row}) per paired row, best first (see the module docstring)."""
     candidates = {

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import gemmi
 
 from featurecache.io.af3_json import DIALECT
+from featurecache.io.mmcif import DATE_PATTERN, read_release_date
 from featurecache.io.structure import Structure
 
 _MODIFICATION_KEYS = {"protein": ("ptmType", "ptmPosition"), "rna": ("modificationType", "basePosition"),
@@ -193,10 +194,28 @@ def af3_json_text(document: dict) -> str:
     return json.dumps(document, indent=1) + "\n"
 
 
+def _with_release_date(document: gemmi.cif.Document, release_date: str, where: str) -> str:
+    """The document's text with `release_date` as its first release
+    (`_pdbx_audit_revision_history.revision_date`): AF3 refuses a template mmCIF without one
+    ("Template structure ... must have a release date"). gemmi writes no such category, so every
+    template mmCIF written here passes through this."""
+    if not DATE_PATTERN.match(release_date or ""):
+        raise ValueError(f"{where}: no release date (_pdbx_audit_revision_history.revision_date, ISO "
+                         f"YYYY-MM-DD), which AlphaFold 3 requires of a template; got {release_date!r}")
+    block = document.sole_block()
+    history = block.init_loop("_pdbx_audit_revision_history.", ["ordinal", "data_content_type",
+                                                                 "major_revision", "minor_revision",
+                                                                 "revision_date"])
+    history.add_row(["1", "'Structure model'", "1", "0", release_date])
+    return document.as_string()
+
+
 def single_chain_mmcif(path: str | os.PathLike, auth_chain_id: str) -> str:
     """mmCIF text of one protein chain of a structure file (first model, no ligands or waters),
     with its full sequence (`_entity_poly_seq`), so a template's residue indices count unresolved
-    residues as AF3 requires. Raises ValueError when the chain is not in the file."""
+    residues as AF3 requires, and the file's first release date. Raises ValueError when the chain
+    is not in the file or the file has no release date."""
+    release_date = read_release_date(path)
     structure = gemmi.read_structure(str(path))
     structure.setup_entities()
     while len(structure) > 1:
@@ -212,16 +231,18 @@ def single_chain_mmcif(path: str | os.PathLike, auth_chain_id: str) -> str:
     for index in reversed(range(len(structure.entities))):
         if not set(structure.entities[index].subchains) & present:
             del structure.entities[index]
-    return structure.make_mmcif_document().as_string()
+    return _with_release_date(structure.make_mmcif_document(), release_date, f"{path} chain {auth_chain_id}")
 
 
 _BACKBONE_ATOMS = (("N", "N"), ("CA", "C"), ("C", "C"))
 
 
-def backbone_template_mmcif(name: str, residue_names: list[str], backbone, backbone_mask, beta, beta_mask) -> str:
+def backbone_template_mmcif(name: str, residue_names: list[str], backbone, backbone_mask, beta, beta_mask,
+                            release_date: str) -> str:
     """mmCIF text of a one-chain protein template from backbone coordinates only: N, CA, C
-    (`backbone` [n, 3, 3], `backbone_mask` [n, 3]) and CB (`beta` [n, 3]; glycine has none).
-    Every residue given is in the chain's sequence, so template index i is residue i."""
+    (`backbone` [n, 3, 3], `backbone_mask` [n, 3]) and CB (`beta` [n, 3]; glycine has none), first
+    released on `release_date` (ISO; ValueError without one). Every residue given is in the
+    chain's sequence, so template index i is residue i."""
     structure = gemmi.Structure()
     structure.name = name
     chain = gemmi.Chain("A")
@@ -252,4 +273,4 @@ def backbone_template_mmcif(name: str, residue_names: list[str], backbone, backb
     entity.entity_type = gemmi.EntityType.Polymer
     entity.polymer_type = gemmi.PolymerType.PeptideL
     entity.full_sequence = list(residue_names)
-    return structure.make_mmcif_document().as_string()
+    return _with_release_date(structure.make_mmcif_document(), release_date, f"template {name}")

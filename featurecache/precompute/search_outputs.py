@@ -7,8 +7,9 @@ text only, so workers never write into the output folder; the driver (search_com
 Per unique chain sequence (a folder named by its sequence key):
 
 - ``non_pairing.a3m``: every row of the searched MSA (databases in config order), query first;
-- ``pairing.a3m`` (protein chains whose rows name a species): the query and those rows, for a
-  predictor that pairs rows across chains by species itself (AF3's `pairedMsa`, Protenix);
+- ``pairing.a3m`` (protein): the query and the rows that name a species, for a predictor that
+  pairs rows across chains by species itself (AF3's `pairedMsa`, Protenix), under UniProt-style
+  headers both read (io/pairing_headers.py); the query alone when no row names one;
 - ``boltz_msa.csv`` (protein): the same rows with Boltz's pairing `key` per row (the species'
   taxid), for Boltz, which pairs rows across chains only through such keys;
 - ``template_hits.json``: every template hit with its 0-based query / template residue indices.
@@ -39,12 +40,14 @@ from featurecache.io.af3_json_writer import (
     af3_entities,
     single_chain_mmcif,
 )
+from featurecache.features.msa import query_identity
 from featurecache.io.boltz_csv import UNPAIRED, format_boltz_csv, species_key
 from featurecache.io.common import ParseError, decode_text, read_bytes
 from featurecache.io.hits import TemplateHit
 from featurecache.io.inputs import AF3_JSON_SUFFIXES
 from featurecache.io.mmcif import Chain, parse_mmcif
 from featurecache.io.msa import Msa, format_a3m
+from featurecache.io.pairing_headers import pairing_header
 from featurecache.precompute.curation import curate
 from featurecache.precompute.msa_records import decode_msa_record
 from featurecache.precompute.search import sequence_key
@@ -165,11 +168,23 @@ def _chain_files(msa: Msa, hits: list[TemplateHit], molecule_type: str) -> dict[
     files = {UNPAIRED_A3M: unpaired,
              TEMPLATE_HITS: "[\n" + ",\n".join(json.dumps(_hit_json(hit)) for hit in hits) + "\n]\n"}
     if molecule_type == "protein":
-        with_species = [row for row, species in enumerate(msa.species) if row > 0 and species]
-        if with_species:
-            files[PAIRED_A3M] = format_a3m(msa, [0, *with_species], molecule_type)
+        files[PAIRED_A3M] = pairing_a3m(msa)
         files[BOLTZ_CSV] = format_boltz_csv(msa, [UNPAIRED, *map(species_key, msa.species[1:])])
     return files
+
+
+def pairing_a3m(msa: Msa) -> str:
+    """The query and the rows whose headers name a species, most similar to the query first (the
+    order featurecache pairs a species' rows in, features/msa.py), under headers AF3 and Protenix
+    pair by (io/pairing_headers.py); the query alone when no row names one, so a predictor given
+    the file finds it."""
+    similarity = query_identity(msa, "protein")
+    rows = sorted((row for row, species in enumerate(msa.species) if row > 0 and species),
+                  key=lambda row: (-similarity[row], row))
+    headers = list(msa.descriptions)
+    for row in rows:
+        headers[row] = pairing_header(headers[row], msa.species[row], row)
+    return format_a3m(replace(msa, descriptions=tuple(headers)), [0, *rows], "protein")
 
 
 def _hit_json(hit: TemplateHit) -> dict:
