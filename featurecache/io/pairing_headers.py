@@ -20,6 +20,10 @@ keeps the taxid, and the original header follows for people.
   ~3.5 million) have one.
 - A species known only by its mnemonic ("mnemonic:HUMAN") keeps the mnemonic: those are the
   codes AF3 itself pairs on.
+
+Which rows of a species AF3 and Protenix pair with which is their choice (the first rows of each
+chain in their sort of the codes). Where featurecache has already chosen the pairs,
+`row_pairing_header` gives every paired row a code of its own instead, so they pair exactly those.
 """
 
 from __future__ import annotations
@@ -58,16 +62,18 @@ def species_code(species_id: str) -> str:
     return str(high) + _base36(low)
 
 
-def row_pairing_header(row: int) -> str:
-    """The header of row `row` of an MSA already paired across chains (an exported record's
-    assembled rows): its own code in every chain that shows it, so AF3 and Protenix pair that row
-    with itself and nothing else. featurecache reads the code as an organism mnemonic of its own,
-    which pairs the same way. The code is R and the row number in four base-36 characters (a
-    file of such rows holds no other codes to collide with)."""
+def row_pairing_header(row: int, description: str = "", species_id: str = "") -> str:
+    """The header of row `row` of an MSA already paired across chains (featurecache's own pairing:
+    an exported record's assembled rows, or the rows `search` pairs for one target): the row's own
+    code in every chain that shows it, so AF3 and Protenix pair that row with itself and nothing
+    else. The code is R and the row number in four base-36 characters (a file of such rows holds
+    no other codes to collide with); the row's taxid (``OX=``, which only featurecache reads) and
+    its original `description` follow."""
     if not 0 <= row < _LOW_DIGITS:
         raise ValueError(f"row {row} has no pairing code (0-{_LOW_DIGITS - 1})")
     accession = f"FC{row:08d}"
-    return f"tr|{accession}|{accession}_R{_base36(row)} row{row}"
+    taxid = f" OX={species_id.partition(':')[2]}" if species_id.startswith("tax:") else ""
+    return f"tr|{accession}|{accession}_R{_base36(row)}{taxid} {description or f'row{row}'}"
 
 
 def row_accession(description: str, row: int) -> str:
