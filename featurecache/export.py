@@ -43,7 +43,9 @@ from featurecache.io.af3_json_writer import (
     af3_document,
     af3_json_text,
     backbone_template_mmcif,
+    documented_sequence,
     group_copies,
+    msa_with_query,
 )
 from featurecache.io.boltz_csv import UNPAIRED, format_boltz_csv
 from featurecache.io.boltz_yaml_writer import boltz_yaml_text
@@ -271,9 +273,10 @@ def target_input(key: str, record: Record) -> TargetInput:
         msa = msas.get(first.chain_id)
         if msa is not None:
             entity_msas[len(entities)] = msa
-        unpaired = format_a3m(msa, molecule_type=kind) if msa is not None else None
+        sequence, modifications = documented_sequence(kind, sequence, first.modifications)
+        unpaired = msa_with_query(format_a3m(msa, molecule_type=kind), sequence) if msa is not None else None
         templates = _templates(key, record, first, warnings) if kind == "protein" else None
-        entities.append(Af3Entity(kind, ids, source, sequence=sequence, modifications=first.modifications,
+        entities.append(Af3Entity(kind, ids, source, sequence=sequence, modifications=modifications,
                                   description=description, unpaired_msa=unpaired, paired_msa="",
                                   templates=templates))
     return TargetInput(entities, _bonds(record, entities), entity_msas, warnings)

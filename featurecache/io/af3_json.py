@@ -269,7 +269,8 @@ class _Reader:
         for position, name in enumerate(names, start=1):
             if position in modified:
                 code = modified[position]
-                residues.append(unresolved_residue(code, parent_of(code) or parent_of(name), position))
+                # the code alone says what the residue is (AF3 reads the code, not the letter)
+                residues.append(unresolved_residue(code, parent_of(code), position))
             else:
                 residues.append(unresolved_residue(name, parent_of(name), position))
         return tuple(residues)

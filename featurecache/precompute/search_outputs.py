@@ -44,6 +44,7 @@ from featurecache.io.af3_json_writer import (
     af3_bonds,
     af3_document,
     af3_entities,
+    msa_with_query,
     single_chain_mmcif,
 )
 from featurecache.features.msa import pair_msas, query_identity
@@ -147,7 +148,7 @@ def target_outputs(target: TargetInput, msa_blobs: dict[str, bytes], chain_keys:
         filled.append(_with_msas(entity, files[UNPAIRED_A3M], "", templates))
     outputs.paired_msas, outputs.paired_csvs = target_pairing(protein_msas, features.max_paired_rows - 1)
     for index, text in outputs.paired_msas.items():
-        filled[index] = replace(filled[index], paired_msa=text)
+        filled[index] = replace(filled[index], paired_msa=msa_with_query(text, filled[index].sequence))
     name, seeds = _name_and_seeds(target)
     outputs.entities, outputs.bonds = filled, af3_bonds(structure, filled)
     outputs.document = af3_document(name, filled, seeds, outputs.bonds)
@@ -217,6 +218,8 @@ def _name_and_seeds(target: TargetInput) -> tuple[str, tuple[int, ...]]:
 
 
 def _with_msas(entity: Af3Entity, unpaired: str, paired: str, templates: list[Af3Template]) -> Af3Entity:
+    """The entity with its MSAs (their query rows as its sequence) and templates."""
+    unpaired, paired = msa_with_query(unpaired, entity.sequence), msa_with_query(paired, entity.sequence)
     if entity.kind == "protein":
         return replace(entity, unpaired_msa=unpaired, paired_msa=paired, templates=tuple(templates))
     if entity.kind == "rna":
