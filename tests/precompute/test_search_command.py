@@ -196,7 +196,8 @@ def test_af3_json_follows_the_documented_input_format(searched, ras_sequence, te
     assert query_body["templates"], "the OpenFold query has hits among the sample template mmCIFs"
     # featurecache's own AF3 reader takes it back: one protein chain per template, indices in range.
     parsed = read_af3_json(out / "af3" / "pair.json", "pair")
-    assert parsed.msas["A"].msa.depth == query_body["unpairedMsa"].count(">") + query_body["pairedMsa"].count(">") - 1
+    paired_rows = max(query_body["pairedMsa"].count(">") - 1, 0)  # without its query
+    assert parsed.msas["A"].msa.depth == query_body["unpairedMsa"].count(">") + paired_rows
     for template, given in zip(query_body["templates"], parsed.templates["A"]):
         residues = given.chain.residues
         matched = sum(template_query[q] == given.chain.sequence[t]
