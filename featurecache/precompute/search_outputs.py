@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from featurecache.config import ChemConfig, CurationConfig, FeatureConfig
+from featurecache.features.msa import pair_msas, query_identity
 from featurecache.features.templates import (
     TemplateReport,
     TemplateStore,
@@ -47,7 +48,6 @@ from featurecache.io.af3_json_writer import (
     msa_with_query,
     single_chain_mmcif,
 )
-from featurecache.features.msa import pair_msas, query_identity
 from featurecache.io.boltz_csv import UNPAIRED, format_boltz_csv, species_key
 from featurecache.io.common import ParseError, decode_text, read_bytes
 from featurecache.io.hits import TemplateHit
