@@ -1,17 +1,18 @@
 """Headers for the MSA rows other predictors pair across chains: UniProt-style names that AlphaFold 3
 and Protenix read their species from, with featurecache's own species id kept beside them.
 
-AF3 (data/msa_identifiers.py) pairs rows by the organism mnemonic of a UniProtKB name, the first
-word of the header: ``tr|<accession>|<name>_<SPECIES>`` or ``sp|...``, SPECIES being 1-5 letters
-or digits. Protenix (data/msa/msa_utils.py) reads the same names (upper case only) and also
+AF3 (data/msa_features.py) pairs rows by the organism mnemonic of a UniProtKB name at the start
+of the header: ``tr|<accession>|<name>_<SPECIES>`` or ``sp|...``, SPECIES being 1-5 upper-case
+letters or digits. Protenix (data/msa/msa_utils.py) reads the same names and also
 ``UniRef100_<accession>_<taxid>``. Neither reads a UniRef90 header (``UniRef90_X/3-139 ...
 TaxID=40151 RepID=X_MONMO``), the form jackhmmer writes for UniRef90 hits, so such rows pair for
 featurecache (io/species.py reads them) but for neither of them.
 
 `pairing_header` writes one row's header as ``tr|<accession>|<accession>_<CODE> OX=<taxid>
 <original header>``. CODE stands for featurecache's species id of the row, one code per id, so
-AF3 and Protenix group rows exactly as featurecache does; ``OX=`` (which only featurecache reads)
-keeps the taxid, and the original header follows for people.
+AF3 and Protenix group the rows by species as featurecache does (species as the rows' own MSA
+resolves them: a mnemonic that only another chain's headers link to a taxid keeps its own code);
+``OX=`` (which only featurecache reads) keeps the taxid, and the original header follows.
 
 - A species known by its NCBI taxid ("tax:N") is coded ``<N // 36^4><N mod 36^4 in base 36, 4
   characters>``: five characters starting with a digit 0-8. UniProt's own mnemonics never start
@@ -35,8 +36,9 @@ _LOW_DIGITS = 36**4
 MAX_CODED_TAXID = 9 * _LOW_DIGITS - 1
 # A UniProt accession as both readers accept it (AF3 allows lower case, Protenix does not).
 _ACCESSION = re.compile(r"^[A-Z0-9]{6,10}$")
-# The accession inside the headers featurecache reads: UniProtKB, UniRef, a bare entry name.
+# A UniProtKB name both read a species code from.
 _UNIPROT_NAME = re.compile(r"(?:sp|tr)\|[A-Z0-9]{6,10}\|[A-Z0-9]+_[A-Z0-9]{1,5}")
+# The accession inside the headers featurecache reads: UniProtKB, UniRef, a bare entry name.
 _HEADER_ACCESSION = re.compile(r"^(?:(?:sp|tr)\|(?P<uniprot>[^|]+)\||(?i:uniref)\d+_(?P<uniref>[A-Za-z0-9]+)"
                                r"|(?P<entry>[A-Za-z0-9]+)_)")
 
