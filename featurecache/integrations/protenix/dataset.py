@@ -73,6 +73,9 @@ class ProtenixDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, item) -> dict:
         sample = self.cache[item]
+        if not sample["atom_mask"].any():  # Protenix's losses align to the ground truth: NaN without one
+            raise ValueError(f"{sample['id']}: no resolved atom in this sample (a sequence-only input?); "
+                             "Protenix's training losses need ground-truth coordinates: leave it out (ids=...)")
         # the whole record again (one LMDB read): Protenix's full-complex labels cover the chains
         # the crop left out, and its molecule ids are numbered over the whole target
         record, meta = self.cache.load_arrays(sample["id"])
