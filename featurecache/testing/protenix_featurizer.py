@@ -83,6 +83,7 @@ def use_bundled_ccd(codes: Sequence[str], folder: pathlib.Path) -> None:
     protenix_ccd.biotite_load_ccd_cif.cache_clear()
     for cached in (protenix_ccd.get_component_atom_array, protenix_ccd.get_ccd_ref_info):
         cached.cache_clear()
+    # its molecule cache: Protenix's only way in, short of the pickle file it would download
     protenix_ccd._ccd_rdkit_mols = molecules
 
 
