@@ -134,8 +134,9 @@ def atom_features(sample: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
 
 
 def atom_names(name_chars: np.ndarray) -> np.ndarray:
-    """AF3's atom-name encoding (ord(c) - 32 per character) decoded, as a string array."""
-    return np.array(["".join(chr(int(code) + 32) for code in row).rstrip() for row in name_chars])
+    """AF3's atom-name encoding (ord(c) - 32 per character, 0-padded) decoded, as a string array."""
+    text = np.ascontiguousarray(np.asarray(name_chars).astype(np.uint8) + 32)  # padding becomes spaces
+    return np.char.rstrip(text.view("S4").ravel().astype(str))
 
 
 def one_atom_tokens(atom_to_token: np.ndarray, num_tokens: int) -> np.ndarray:
@@ -253,11 +254,11 @@ def molecule_ids(record: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if a != b and not (polymer[a] and polymer[b]):
             low, high = sorted((find(a), find(b)))
             root[high] = low
-    molecule_of_chain, molecule_numbers = {}, {}
+    molecule_of_chain, molecule_numbers = np.zeros(int(chains.max()) + 1, np.int64), {}
     for chain in chains.tolist():  # numbered by their first chain, in asym_id order
         molecule_of_chain[chain] = molecule_numbers.setdefault(find(chain), len(molecule_numbers))
     atom_chain = asym[atom_to_token]
-    mol_id = np.array([molecule_of_chain[int(chain)] for chain in atom_chain], np.int64)
+    mol_id = molecule_of_chain[atom_chain]
 
     # entity_mol_id: Protenix groups molecules by their sorted entity ids, then by atom names
     entity_of_chain = {int(chain): int(record["entity_id"][asym == chain][0]) for chain in chains}
@@ -276,7 +277,7 @@ def molecule_ids(record: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
             entity_mol_of_molecule[molecule] = next_number
             variants[key].append((signature, next_number))
             next_number += 1
-    entity_mol_id = np.array([entity_mol_of_molecule[m] for m in mol_id.tolist()], np.int64)
+    entity_mol_id = np.array([entity_mol_of_molecule[m] for m in range(len(molecule_numbers))], np.int64)[mol_id]
 
     mol_atom_index = np.zeros(len(mol_id), np.int64)
     for molecule in range(len(molecule_numbers)):
@@ -313,10 +314,10 @@ def atom_permutation_list(sample: Mapping[str, np.ndarray]) -> list[list[int]]:
     uid = sample["ref_space_uid"]
     starts = np.flatnonzero(np.r_[True, uid[1:] != uid[:-1]])
     start_of_atom = starts[np.searchsorted(starts, np.arange(len(uid)), side="right") - 1]
-    result = []
-    for atom, (start, row) in enumerate(zip(start_of_atom.tolist(), permutations)):
-        result.append([atom - start] + [int(value) - start for value in row if value >= 0])
-    return result
+    # identity first; the valid columns come first in each row (-1 past a residue's count)
+    within = np.concatenate([np.arange(len(uid))[:, None], permutations], axis=1) - start_of_atom[:, None]
+    lengths = 1 + (permutations >= 0).sum(axis=1)
+    return [row[:length] for row, length in zip(within.tolist(), lengths.tolist())]
 
 
 # --- MSA and templates ----------------------------------------------------------------------------
@@ -369,11 +370,11 @@ def template_features(sample: Mapping[str, np.ndarray], rows: int = TEMPLATE_ROW
     present[template, token] = sample["template_backbone_mask"][template, token, 0][:, None]
     positions *= present[..., None]
 
-    pseudo_beta_mask = np.empty((rows, num_tokens, num_tokens), np.float32)
-    distogram = np.empty((rows, num_tokens, num_tokens, TEMPLATE_DISTOGRAM[2]), np.float32)
-    unit_vector = np.empty((rows, num_tokens, num_tokens, 3), np.float32)
-    backbone_mask = np.empty((rows, num_tokens, num_tokens), np.float32)
-    for row in range(rows):
+    pseudo_beta_mask = np.zeros((rows, num_tokens, num_tokens), np.float32)
+    distogram = np.zeros((rows, num_tokens, num_tokens, TEMPLATE_DISTOGRAM[2]), np.float32)
+    unit_vector = np.zeros((rows, num_tokens, num_tokens, 3), np.float32)
+    backbone_mask = np.zeros((rows, num_tokens, num_tokens), np.float32)
+    for row in np.flatnonzero(present.any(axis=(1, 2))):  # a row with no atom present stays zero
         slot = RESTYPE_PSEUDOBETA_INDEX[aatype[row]]
         beta = positions[row, np.arange(num_tokens), slot]
         beta_present = present[row, np.arange(num_tokens), slot].astype(np.float32)
