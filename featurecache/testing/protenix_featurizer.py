@@ -47,9 +47,8 @@ def use_bundled_ccd(codes: Sequence[str], folder: pathlib.Path) -> None:
     a components.cif written into `folder` and RDKit molecules with their atom names, reference
     conformer and mask as its cache holds them (attributes atom_map, ref_conf_id, ref_mask)."""
     import biotite.structure.info as biotite_info
-    from rdkit import Chem
-
     import protenix.data.core.ccd as protenix_ccd
+    from rdkit import Chem
 
     ccd = load_ccd()
     components = pdbx.CIFFile()

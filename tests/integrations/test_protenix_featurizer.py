@@ -17,6 +17,7 @@ the other tests lack the _entity_poly_seq Protenix's parser requires.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 
 import numpy as np
@@ -24,8 +25,14 @@ import pytest
 import torch
 
 from featurecache.testing.protenix import import_protenix
-from featurecache.testing.protenix_featurizer import (ccd_codes, import_protenix_data, protenix_bioassembly,
-                                                      protenix_features, use_bundled_ccd)
+from featurecache.testing.protenix_featurizer import (
+    ccd_codes,
+    import_protenix_data,
+    protenix_bioassembly,
+    protenix_features,
+    use_bundled_ccd,
+)
+from tests.integrations.protenix_model import OPTIONAL_KEYS, train_step
 
 FILES = {"2q2k": "structures/2q2k.cif", "5h73": "bonded/5h73.cif", "1ncb": "bonded/1ncb.cif"}
 CROP = 96
@@ -70,7 +77,7 @@ def as_numpy(value) -> np.ndarray:
 def residue_permutations(permutations: list[list[int]], uid: np.ndarray) -> list[set[tuple[int, ...]]]:
     """Per residue (a run of one ref_space_uid), its atom permutations as a set of tuples."""
     starts = np.flatnonzero(np.r_[True, uid[1:] != uid[:-1]]).tolist() + [len(uid)]
-    return [set(map(tuple, np.array(permutations[start:end]).T.tolist())) for start, end in zip(starts[:-1], starts[1:])]
+    return [set(map(tuple, np.array(permutations[start:end]).T.tolist())) for start, end in itertools.pairwise(starts)]
 
 
 @pytest.mark.parametrize("target", sorted(FILES))
@@ -115,11 +122,15 @@ def test_examples_equal_protenixs_featurizer(target, datasets, inputs, tmp_path)
     assert ours["ref_pos"].shape == theirs["ref_pos"].shape
 
 
-def test_the_crops_cover_what_differs_between_molecule_kinds(datasets):
-    """The seed's crops hold what these comparisons are for (else they would compare less)."""
+def test_the_crops_cover_what_differs_between_molecule_kinds(datasets, protenix_model):
+    """The seed's crops hold what these comparisons are for (else they would compare less), and
+    Protenix's bond loss trains on 1ncb's asparagine-NAG bond."""
     examples = {target: dataset[0]["input_feature_dict"] for target, dataset in datasets.items()}
     assert examples["2q2k"]["modified_res_mask"].sum() > 0  # 5-iodouracil, per atom
     assert examples["5h73"]["is_ligand"].sum() > 0
     glycosylated = examples["1ncb"]
     assert glycosylated["bond_mask"].sum() == 2  # one asparagine-NAG bond, both directions
     assert len(torch.unique(glycosylated["asym_id"])) == 2 and len(torch.unique(glycosylated["mol_id"])) == 1
+    terms, missing = train_step(protenix_model, datasets["1ncb"][0], step=3)
+    assert missing <= OPTIONAL_KEYS and np.isfinite(list(terms.values())).all(), (missing, terms)
+    assert terms["bond_loss"] > 0

@@ -26,7 +26,11 @@ import torch
 from featurecache.schema import GAP, NUM_RESTYPES, RESTYPES, UNK_PROTEIN
 
 try:  # Protenix's own tables, so atom slots and residue classes are exactly its
-    from protenix.data.constants import RES_ATOMS_DICT, RESTYPE_PSEUDOBETA_INDEX, RESTYPE_RIGIDGROUP_DENSE_ATOM_IDX
+    from protenix.data.constants import (
+        RES_ATOMS_DICT,
+        RESTYPE_PSEUDOBETA_INDEX,
+        RESTYPE_RIGIDGROUP_DENSE_ATOM_IDX,
+    )
 except ImportError as error:  # pragma: no cover - the module is for Protenix users
     raise ImportError(f"featurecache.integrations.protenix needs Protenix ({error}): "
                       "pip install protenix==2.0.0") from error
@@ -209,7 +213,7 @@ def ligand_polymer_bond_mask(sample: Mapping[str, np.ndarray]) -> torch.Tensor:
     names tokens; on a standard residue the bonded atom is the one nearest the ligand atom in the
     ground truth (a covalent bond is at most 2.4 Å here, the residue's other atoms farther)."""
     atom_to_token = sample["atom_to_token"].astype(np.int64)
-    num_atoms, num_tokens = len(atom_to_token), len(sample["restype"])
+    num_atoms = len(atom_to_token)
     mask = np.zeros((num_atoms, num_atoms), np.int64)
     ligand = sample["is_ligand"].astype(bool)
     chain_atoms = np.bincount(sample["asym_id"][atom_to_token], minlength=int(sample["asym_id"].max(initial=0)) + 1)
