@@ -69,7 +69,7 @@ TRUNK_PARTS = ("input embedder", "templates", "MSA module", "Pairformer", "glue 
 
 def build(args, device: torch.device, checkpoint_group: int, rollout_steps: int | None = None) -> AF3Model:
     kernels = args.kernels or ("triton" if device.type == "cuda" else "torch")
-    config = preset("af3", kernels=kernels, num_pairformer_blocks=args.depth, checkpoint_group=checkpoint_group)
+    config = preset("af3", kernels=kernels, pairformer_blocks=args.depth, checkpoint_group=checkpoint_group)
     if rollout_steps is not None:  # the mini-rollout runs without gradient: it saves nothing
         config = config.replace(confidence_rollout_steps=rollout_steps)
     torch.manual_seed(0)
@@ -90,7 +90,7 @@ def autocast(device: torch.device):
 def forward_loss(model: AF3Model, batch: dict, args, device: torch.device) -> torch.Tensor:
     generator = torch.Generator(device).manual_seed(1)
     with autocast(device):
-        outputs = model(batch, num_cycles=1, num_diffusion_samples=args.diffusion_batch, generator=generator)
+        outputs = model(batch, num_cycles=1, diffusion_batch=args.diffusion_batch, generator=generator)
         return model.loss(batch, outputs)[0]
 
 

@@ -171,7 +171,7 @@ def test_loss_falls_when_overfitting_one_real_example(cache):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
     for _ in range(20):  # the trunk alone: the distogram loss
-        loss, _ = model.loss(batch, model(batch, num_cycles=1, num_diffusion_samples=0))
+        loss, _ = model.loss(batch, model(batch, num_cycles=1, diffusion_batch=0))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -16,6 +16,6 @@ def test_runtime_settings_are_not_model_differences():
 
 def test_a_real_difference_is_named():
     config = preset("tiny")
-    saved = dataclasses.asdict(dataclasses.replace(config, c_z=config.c_z * 2, checkpoint_group=3))
+    saved = dataclasses.asdict(dataclasses.replace(config, c_z=config.trunk.c_z * 2, checkpoint_group=3))
     message = model_differences({"model_config": saved}, config)
     assert "c_z" in message and "checkpoint_group" not in message
