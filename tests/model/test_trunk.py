@@ -68,7 +68,7 @@ def test_padding_does_not_change_the_distogram_loss():
 
 def test_config_rejects_bad_values():
     with pytest.raises(ValueError, match="kernels"):
-        ModelConfig(kernels="cuda")
+        preset("tiny", kernels="cuda")
     with pytest.raises(ValueError, match="pairformer_blocks"):
         preset("tiny", pairformer_blocks=-1)
     with pytest.raises(ValueError, match="unknown model preset 'huge'"):
@@ -96,6 +96,6 @@ def test_kernel_choices_have_one_definition_and_the_old_name_warns():
     from featurecache.model import config as model_config
 
     for kernels in KERNEL_CHOICES:
-        assert ModelConfig(kernels=kernels).kernels == kernels
+        assert ModelConfig().replace(kernels=kernels).runtime.kernels == kernels
     with pytest.warns(DeprecationWarning, match="KERNEL_CHOICES"):
         assert model_config.KERNEL_IMPLS is KERNEL_CHOICES
