@@ -37,6 +37,7 @@ from featurecache.model import AF3Model, sample_num_cycles
 from featurecache.model.af3 import LOSS_INPUTS, OPTIONAL_LOSS_INPUTS, REQUIRED_INPUTS
 from featurecache.model.config import RUNTIME_SETTINGS, WEIGHT_MEANING_SETTINGS, saved_model_settings
 from featurecache.model.msa import OPTIONAL_INPUTS as MSA_OPTIONAL_INPUTS
+from featurecache.sampler import StepLayout
 from featurecache.training.checkpoint import (checkpoint_path, load_checkpoint, optimizer_state, rng_state,
                                               save_checkpoint, set_rng_state)
 from featurecache.training.config import TrainConfig, TrainSetupError, resolve_kernels
@@ -49,7 +50,6 @@ from featurecache.training.distributed import (Dist, GradientBuckets, all_ranks,
 from featurecache.training.ema import WeightAverage
 from featurecache.training.progress import TrainProgress, first_step_work
 from featurecache.training.run_plot import LOG_FILE
-from featurecache.training.sampler import StepLayout
 from featurecache.training.schedule import GraphLearningRate, lr_factor
 from featurecache.training.validation import validate
 
