@@ -58,7 +58,7 @@ STACKS = (
 )
 
 
-# the stacks whose blocks ModelConfig.checkpoint_group groups, and how many of a block's leading
+# the stacks whose blocks ModelConfig.runtime.checkpoint_group groups, and how many of a block's leading
 # floating-point arguments are its state (held once per block of a re-run group; the rest, e.g.
 # the diffusion transformer's s and pair, are shared by every block)
 GROUPED = {"Pairformer block": 2, "MSA block": 2, "diffusion transformer block": 1}
@@ -281,7 +281,7 @@ def main() -> None:
     parser.add_argument("--show", type=int, default=12, help="list this many of the largest L^2 storages")
     parser.add_argument("--predict", type=int, nargs="+", default=[384, 768, 2560], help="lengths to predict")
     parser.add_argument("--checkpoint-group", type=int, nargs="+", default=[1],
-                        help="ModelConfig.checkpoint_group values to account (1: a checkpoint per block)")
+                        help="ModelConfig.runtime.checkpoint_group values to account (1: a checkpoint per block)")
     parser.add_argument("--depth", type=int, default=48, help="Pairformer blocks")
     parser.add_argument("--diffusion-batch", type=int, default=48)
     parser.add_argument("--atoms-per-token", type=int, default=8)

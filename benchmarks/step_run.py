@@ -47,7 +47,7 @@ class StepRun:
         self.warmup, self.reps = 3, 10  # of the block section
         if args.smoke:
             self.dims = SMOKE_BLOCK_DIMS
-            self.overrides = {k: v for k, v in dataclasses.asdict(preset("tiny")).items() if k != "kernels"}
+            self.overrides = {k: v for k, v in preset("tiny").settings().items() if k != "kernels"}
             self.overrides["pairformer_blocks"] = args.depth
             self.warmup, self.reps = 1, 2
         args.out.mkdir(parents=True, exist_ok=True)
@@ -55,11 +55,11 @@ class StepRun:
         self.results: dict = {**dataclasses.asdict(self.stamp), "args": {k: str(v) for k, v in vars(args).items()}}
         print(self.stamp.header(), flush=True)
         self.runners: dict = {}  # variant -> its model and optimizer, while alive
-        trunk = preset("af3", **self.overrides)
+        config = preset("af3", **self.overrides)
         model = f"full model (diffusion batch {args.diffusion_batch})" if args.model == "af3" else "trunk"
         self.header = (f"{self.stamp.header()}; {'tiny (smoke)' if args.smoke else 'af3'} {model} with "
-                       f"{trunk.pairformer_blocks} Pairformer blocks, {trunk.msa_blocks} MSA blocks "
-                       f"({args.msa_rows} rows), {trunk.template_blocks} template blocks "
+                       f"{config.trunk.pairformer_blocks} Pairformer blocks, {config.msa.msa_blocks} MSA blocks "
+                       f"({args.msa_rows} rows), {config.templates.template_blocks} template blocks "
                        f"({args.templates} templates)")
 
     def measured(self, key: str) -> bool:

@@ -268,7 +268,7 @@ def test_without_cuda_the_default_kernels_are_pytorch_and_cuda_settings_are_refu
     assert result.exit_code == 0, result.output
     assert "--kernels auto: torch" in result.output  # said once, in one line
     state = torch.load(tmp_path / "auto" / "checkpoint-00000001.pt", weights_only=False)
-    assert state["model_config"]["kernels"] == "torch"
+    assert state["model_config"]["runtime"]["kernels"] == "torch"
     # Triton on the CPU only under its interpreter; CUDA settings on a machine without CUDA
     no_interpreter = {"TRITON_INTERPRET": None}
     line = _error_line(_cli(["train", "--cache", str(cache), "--out", str(tmp_path / "t"), "--kernels", "triton",

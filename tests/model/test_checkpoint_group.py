@@ -1,4 +1,4 @@
-"""ModelConfig.checkpoint_group: grouped activation checkpoints of the Pairformer keep fewer
+"""ModelConfig.runtime.checkpoint_group: grouped activation checkpoints of the Pairformer keep fewer
 inputs for backward and change nothing else (same loss, same gradients, dropout included)."""
 
 import math
