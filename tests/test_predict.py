@@ -229,7 +229,7 @@ def test_tiny_overfits_one_real_crop_until_predict_recovers_it(shared_data, tmp_
                                            num_workers=1, progress=False, executor="inline"))
     assert summary.failed == 0, summary.format()
     checkpoint = _train(tmp_path / "cache", tmp_path / "run", steps=OVERFIT_STEPS, lr=OVERFIT_LR, warmup=10,
-                        model={"diffusion_batch": OVERFIT_DIFFUSION_BATCH, "max_recycling_cycles": 1},
+                        model_settings={"diffusion_batch": OVERFIT_DIFFUSION_BATCH, "max_recycling_cycles": 1},
                         # predict uses the EMA weights: AF3's 0.999 would still weigh the first steps here
                         ema_decay=0.9, sample=SampleConfig(crop_size=32, msa_rows_per_sample=8))
     written = predict(PredictOptions(cache=str(tmp_path / "cache"), keys=("ras-helix",), checkpoint=str(checkpoint),

@@ -367,8 +367,8 @@ def test_static_shapes_pad_every_batch_to_one_shape_and_keep_the_loss(cache, tmp
     assert shapes == {((1, 96), (1, 4 * 7 + 1, 96), (1, stored, 96), (1, atoms, 3), (1, 96 * 3, 2))}
     # padding is masked everywhere: the same steps give the same losses (one diffusion sample:
     # then the real atoms' noise is, but for the last few atoms, the same draw padded or not)
-    padded = train(dataclasses.replace(config, model={"diffusion_batch": 1}))
-    plain = train(_config(cache, tmp_path / "plain", num_workers=0, crop_size=96, model={"diffusion_batch": 1}))
+    padded = train(dataclasses.replace(config, model_settings={"diffusion_batch": 1}))
+    plain = train(_config(cache, tmp_path / "plain", num_workers=0, crop_size=96, model_settings={"diffusion_batch": 1}))
     assert [r["ids"] for r in padded] == [r["ids"] for r in plain]
     assert min(r["tokens"] for r in padded) < 96  # a padded batch was among them
     for mine, ref in zip(padded, plain):
@@ -445,7 +445,7 @@ def test_every_trainable_parameter_gets_a_gradient_in_one_loop_step(cache, tmp_p
     from featurecache.training.distributed import setup_distributed
     from featurecache.training.loop import Trainer, cycle_generator_of
 
-    config = _config(cache, tmp_path / "run", crop_size=64, model={"diffusion_batch": 3}, lr=1e-3)
+    config = _config(cache, tmp_path / "run", crop_size=64, model_settings={"diffusion_batch": 3}, lr=1e-3)
     dataset = CacheDataset(cache, config.sample)
     ras, dna = dataset.ids.index("721p-assembly1"), dataset.ids.index("209d-assembly1")
     # the first epoch whose crop of Ras keeps a bonded ligand

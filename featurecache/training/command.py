@@ -160,17 +160,16 @@ def train_command(ctx: click.Context, cache, online, alignments, template_dir, o
         raise click.BadParameter(f"{' '.join(map(str, crop_mode_probs))} do not add up to 1",
                                  param_hint="--crop-mode-probs")
     # the options that change the preset's model settings, by their ModelConfig names
-    model = {name: value for name, value in (("pairformer_blocks", pairformer_blocks),
-                                             ("checkpoint_group", checkpoint_group),
-                                             ("max_recycling_cycles", max_recycling_cycles),
-                                             ("diffusion_batch", diffusion_batch)) if value is not None}
+    given = (("pairformer_blocks", pairformer_blocks), ("checkpoint_group", checkpoint_group),
+             ("max_recycling_cycles", max_recycling_cycles), ("diffusion_batch", diffusion_batch))
+    model_settings = {name: value for name, value in given if value is not None}
     try:
         sample = SampleConfig(crop_size=crop_size, msa_rows_per_sample=rows, msa_cycle_draws=msa_cycle_draws,
                               crop_mode_probs=tuple(crop_mode_probs),
                               max_templates=max_templates, seed=seed)
         config = TrainConfig(
             cache=cache, online=online, alignments=alignments, template_dir=template_dir, out=out,
-            preset=preset, model=model, kernels=kernels, steps=steps, sample=sample,
+            preset=preset, model_settings=model_settings, kernels=kernels, steps=steps, sample=sample,
             batch_size=batch_size, num_workers=num_workers,
             checkpoint_every=checkpoint_every, resume=resume, compile=compile_model,
             static_shapes=static_shapes, cuda_graphs=cuda_graphs, device=device,

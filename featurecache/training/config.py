@@ -2,7 +2,7 @@
 
 How samples are cut (crop size, MSA rows, templates, seed) is the SampleConfig shared with the
 datasets; the model is a preset of featurecache.model.config with settings overridden by their
-ModelConfig names (`model`: the train command's --pairformer-blocks, --checkpoint-group,
+ModelConfig names (`model_settings`: the train command's --pairformer-blocks, --checkpoint-group,
 --max-recycling-cycles and --diffusion-batch); everything else (optimizer, schedule,
 checkpoints, devices) is here.
 """
@@ -46,7 +46,7 @@ class TrainConfig:
     # ModelConfig settings that differ from the preset's, by name (featurecache.model.config), e.g.
     # {"pairformer_blocks": 8, "checkpoint_group": 7, "max_recycling_cycles": 1, "diffusion_batch": 16};
     # the kernels are `kernels` below
-    model: dict[str, Any] = field(default_factory=dict)
+    model_settings: dict[str, Any] = field(default_factory=dict)
     kernels: str = "auto"
     steps: int = 100
     sample: SampleConfig = field(default_factory=SampleConfig)
@@ -92,19 +92,19 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "validation_keys", tuple(self.validation_keys))  # a list from callers
-        object.__setattr__(self, "model", dict(self.model))  # a copy: the config stays as it was made
+        object.__setattr__(self, "model_settings", dict(self.model_settings))  # a copy: the config stays as it was made
         if (self.cache is None) == (self.online is None):
             raise TrainSetupError("give exactly one of --cache DIR or --online DIR")
         if self.preset not in PRESETS:
             raise TrainSetupError(f"unknown preset {self.preset!r}, expected one of {sorted(PRESETS)}")
         if self.kernels not in KERNEL_OPTIONS:
             raise TrainSetupError(f"unknown kernels {self.kernels!r}, expected one of {KERNEL_OPTIONS}")
-        if "kernels" in self.model:
+        if "kernels" in self.model_settings:
             raise TrainSetupError("the model's kernels are TrainConfig.kernels (--kernels), not a model setting")
         try:
             self.model_config("torch")
         except (TypeError, ValueError) as error:
-            raise TrainSetupError(f"model settings {self.model}: {error}") from None
+            raise TrainSetupError(f"model settings {self.model_settings}: {error}") from None
         if not isinstance(self.sample, SampleConfig):
             raise TrainSetupError(f"sample must be a SampleConfig, got {self.sample!r}")
         for name in ("steps", "batch_size", "accumulate", "pair_shards", "checkpoint_every", "prefetch_factor",
@@ -140,9 +140,9 @@ class TrainConfig:
             raise TrainSetupError("--cuda-graphs needs a CUDA device, --device is cpu")
 
     def model_config(self, kernels: str) -> ModelConfig:
-        """The model this run trains: its preset with its `model` settings, on `kernels`
+        """The model this run trains: its preset with its `model_settings`, on `kernels`
         (resolve_kernels' choice for the run's device)."""
-        return preset(self.preset, **self.model, kernels=kernels)
+        return preset(self.preset, **self.model_settings, kernels=kernels)
 
     @property
     def fixed_shapes(self) -> bool:

@@ -158,8 +158,8 @@ def test_train_setting_and_flag():
     from featurecache.training.command import train_command
     from featurecache.training.config import TrainConfig, TrainSetupError
 
-    assert TrainConfig(cache="cache", model={"checkpoint_group": 7}).model_config("torch").runtime.checkpoint_group == 7
+    assert TrainConfig(cache="cache", model_settings={"checkpoint_group": 7}).model_config("torch").runtime.checkpoint_group == 7
     with pytest.raises(TrainSetupError, match="checkpoint_group"):
-        TrainConfig(cache="cache", model={"checkpoint_group": 0})
+        TrainConfig(cache="cache", model_settings={"checkpoint_group": 0})
     result = CliRunner().invoke(train_command, ["--cache", "cache", "--checkpoint-group", "0"])
     assert result.exit_code == 2 and "--checkpoint-group" in result.output
