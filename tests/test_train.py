@@ -368,7 +368,8 @@ def test_static_shapes_pad_every_batch_to_one_shape_and_keep_the_loss(cache, tmp
     # padding is masked everywhere: the same steps give the same losses (one diffusion sample:
     # then the real atoms' noise is, but for the last few atoms, the same draw padded or not)
     padded = train(dataclasses.replace(config, model_settings={"diffusion_batch": 1}))
-    plain = train(_config(cache, tmp_path / "plain", num_workers=0, crop_size=96, model_settings={"diffusion_batch": 1}))
+    plain = train(_config(cache, tmp_path / "plain", num_workers=0, crop_size=96,
+                          model_settings={"diffusion_batch": 1}))
     assert [r["ids"] for r in padded] == [r["ids"] for r in plain]
     assert min(r["tokens"] for r in padded) < 96  # a padded batch was among them
     for mine, ref in zip(padded, plain):

@@ -158,7 +158,8 @@ def test_train_setting_and_flag():
     from featurecache.training.command import train_command
     from featurecache.training.config import TrainConfig, TrainSetupError
 
-    assert TrainConfig(cache="cache", model_settings={"checkpoint_group": 7}).model_config("torch").runtime.checkpoint_group == 7
+    config = TrainConfig(cache="cache", model_settings={"checkpoint_group": 7})
+    assert config.model_config("torch").runtime.checkpoint_group == 7
     with pytest.raises(TrainSetupError, match="checkpoint_group"):
         TrainConfig(cache="cache", model_settings={"checkpoint_group": 0})
     result = CliRunner().invoke(train_command, ["--cache", "cache", "--checkpoint-group", "0"])
