@@ -1,10 +1,10 @@
-"""Training: config, distributed setup, sampler, data, checkpoints, schedule, CUDA graphs, loop, command.
+"""Training: config, distributed setup, data, checkpoints, schedule, CUDA graphs, loop, command.
 
     python -m featurecache.training --cache DIR --preset tiny --steps 100 --out runs/tiny
 
-Modules, bottom up: `config` (TrainConfig), `distributed` (devices and ranks), `data`
-(datasets, the sampler of featurecache.sampler and the DataLoader of a run), `checkpoint` (save, load, RNG states), `schedule` (AF3's
-warm-up and step decay, the CUDA-graph learning rate), `ema` (the weights' moving average),
+Modules, bottom up: `config` (TrainConfig), `distributed` (devices and ranks), `data` (datasets,
+featurecache.sampler's order and the DataLoader of a run), `checkpoint` (save, load, RNG
+states), `schedule` (AF3's warm-up and step decay, the CUDA-graph learning rate), `ema` (the weights' moving average),
 `validation` (lDDT on held-out targets), `determinism` (--deterministic), `cuda_graph`
 (CapturedStep), `loop` (train) and `command` (the click command).
 """

@@ -10,10 +10,11 @@ summed and averaged over the ranks after the last: by DDP, or with --cuda-graphs
 between the step's graphs, training/cuda_graph.py), runs the trunk once and the diffusion module on
 the diffusion batch (ModelConfig.diffusion.diffusion_batch) of noised copies of the truth; its
 random draws come from generators seeded by (seed, step, micro-batch slot), so a resumed run draws
-what the straight run drew, on any number of ranks (featurecache.sampler). Then clipping, the AdamW update, the learning-rate
-schedule (training/schedule.py) and the EMA of the weights (training/ema.py). Each step logs
-one JSON line to RUN_DIR/log.jsonl ("kind": "train": the loss and its terms, N_cycle, step time,
-time spent waiting for data, peak memory) and a readable line on stdout; every
+what the straight run drew, on any number of ranks (featurecache.sampler). Then clipping, the
+AdamW update, the learning-rate schedule (training/schedule.py) and the EMA of the weights
+(training/ema.py). Each step logs one JSON line to RUN_DIR/log.jsonl ("kind": "train": the loss
+and its terms, N_cycle, step time, time spent waiting for data, peak memory) and a readable line
+on stdout; every
 `validate_every` steps a "kind": "validation" line (training/validation.py). Checkpoints
 (featurecache.training.checkpoint) continue a run exactly where it stopped.
 """
