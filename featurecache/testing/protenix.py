@@ -29,7 +29,7 @@ def equivalence_config(**overrides) -> ModelConfig:
     builds it (heads x head dim = c_s), and `overrides`: the featurecache settings a comparison
     chooses to match Protenix where it has one."""
     config = preset("tiny", kernels="torch")
-    return config.replace(**{"single_head_dim": config.c_s // config.single_heads, **overrides})
+    return config.replace(**{"single_head_dim": config.trunk.c_s // config.trunk.single_heads, **overrides})
 
 
 def import_protenix() -> None:
@@ -393,7 +393,7 @@ def atom_attention_encoder_map(config: ModelConfig, with_trunk: bool) -> Mapping
         "pair_from_key.weight": same("linear_no_bias_cm.weight"),
         **{f"pair_mlp.{index}.weight": same(f"small_mlp.{index}.weight") for index in (1, 3, 5)},
         **under("atom_transformer.transformer.", "atom_transformer.diffusion_transformer.",
-                conditioned_transformer_map(config.atom_blocks, config.atom_key_adaln)),
+                conditioned_transformer_map(config.atom_attention.atom_blocks, config.atom_attention.atom_key_adaln)),
         "to_token.weight": same("linear_no_bias_q.weight"),
     }
     if with_trunk:
@@ -414,7 +414,7 @@ def atom_attention_decoder_map(config: ModelConfig) -> Mapping:
     return {
         "from_token.weight": same("linear_no_bias_a.weight"),
         **under("atom_transformer.transformer.", "atom_transformer.diffusion_transformer.",
-                conditioned_transformer_map(config.atom_blocks, config.atom_key_adaln)),
+                conditioned_transformer_map(config.atom_attention.atom_blocks, config.atom_attention.atom_key_adaln)),
         "to_positions.norm.weight": same("layernorm_q.weight"),
         "to_positions.norm.bias": zeros("the output LayerNorm's offset (Protenix: none)"),
         "to_positions.linear.weight": same("linear_no_bias_out.weight"),
@@ -432,8 +432,9 @@ def protenix_atom_transformer_without_cross_attention(atom_transformer: nn.Modul
     from protenix.model.modules.transformer import DiffusionTransformer
 
     atom_transformer.diffusion_transformer = DiffusionTransformer(
-        n_blocks=config.atom_blocks, n_heads=config.atom_heads, c_a=config.c_atom, c_s=config.c_atom,
-        c_z=config.c_atompair, cross_attention_mode=False)
+        n_blocks=config.atom_attention.atom_blocks, n_heads=config.atom_attention.atom_heads,
+        c_a=config.atom_attention.c_atom, c_s=config.atom_attention.c_atom,
+        c_z=config.atom_attention.c_atompair, cross_attention_mode=False)
 
 
 def protenix_atom_transformer_with_keys_normalised_from_input(atom_transformer: nn.Module) -> None:
@@ -478,8 +479,8 @@ def relative_position_map(config: ModelConfig) -> Mapping:
     Protenix (as AF3) gives the chain offset sym_i - sym_j to pairs of one entity: featurecache's
     relpos_chain_gate "entity". Its "chain" gate (the supplement's) is a different function on
     any complex, which no weight map makes equal."""
-    if config.relpos_chain_gate != "entity":
-        raise NameMapError(f"relpos_chain_gate {config.relpos_chain_gate!r}: Protenix gates the relative chain "
+    if config.trunk.relpos_chain_gate != "entity":
+        raise NameMapError(f"relpos_chain_gate {config.trunk.relpos_chain_gate!r}: Protenix gates the relative chain "
                            "encoding on the entity; only 'entity' has a weight map")
     return {"linear.weight": same("linear_no_bias.weight")}
 
@@ -501,7 +502,8 @@ def diffusion_module_map(config: ModelConfig) -> Mapping:
         **under("atom_encoder.", "atom_attention_encoder.",
                 atom_attention_encoder_map(config, with_trunk=True)),
         **under("single_to_token.", "", layernorm_linear_map("layernorm_s", "linear_no_bias_s")),
-        **under("transformer.", "diffusion_transformer.", conditioned_transformer_map(config.diffusion_blocks)),
+        **under("transformer.", "diffusion_transformer.",
+                conditioned_transformer_map(config.diffusion.diffusion_blocks)),
         "token_norm.weight": same("layernorm_a.weight"),
         "token_norm.bias": zeros("the token LayerNorm's offset (Protenix: none)"),
         **under("atom_decoder.", "atom_attention_decoder.", atom_attention_decoder_map(config)),
@@ -527,7 +529,8 @@ def confidence_head_map(config: ModelConfig) -> Mapping:
         "left_inputs.weight": same("linear_no_bias_s2.weight"),
         "right_inputs.weight": same("linear_no_bias_s1.weight"),
         "distance.weight": same("linear_no_bias_d.weight"),
-        **under("pairformer.", "pairformer_stack.", pairformer_stack_map(config.confidence_blocks, config.c_s)),
+        **under("pairformer.", "pairformer_stack.",
+                pairformer_stack_map(config.confidence.confidence_blocks, config.trunk.c_s)),
         "pae_norm.weight": same("pae_ln.weight"), "pae_norm.bias": same("pae_ln.bias"),
         "pae.weight": same("linear_no_bias_pae.weight"),
         "pde_norm.weight": same("pde_ln.weight"), "pde_norm.bias": same("pde_ln.bias"),
