@@ -4,10 +4,11 @@ featurecache's records instead of parsing mmCIF files and searching alignments p
 
     from protenix.utils.torch_utils import collate_fn_first
     from featurecache.integrations.protenix import ProtenixDataset
+    from featurecache.sampler import WeightedSampler
 
     dataset = ProtenixDataset("cache/", crop_size=384)
-    loader = DataLoader(dataset, batch_size=1, collate_fn=collate_fn_first,
-                        sampler=WeightedRandomSampler(dataset.sample_weights, len(dataset)))
+    loader = DataLoader(dataset, collate_fn=collate_fn_first,
+                        batch_sampler=WeightedSampler(dataset.sampling_table, rank=rank, world_size=world_size))
 
 Each item is cut by featurecache's loader (CacheDataset: the crop, the MSA rows, the templates
 and the conformer augmentation of SampleConfig, every record CRC-checked) and then laid out as
@@ -58,13 +59,9 @@ class ProtenixDataset(torch.utils.data.Dataset):
         return self.cache.ids
 
     @property
-    def sample_weights(self) -> torch.Tensor:
-        """Per-target AF3 sampling weights from the manifest (for a WeightedRandomSampler)."""
-        return self.cache.sample_weights
-
-    @property
     def sampling_table(self) -> SamplingTable:
-        """Every chain and interface with its AF3 weight, for featurecache's WeightedSampler."""
+        """Every chain and interface with its AF3 weight, for featurecache's WeightedSampler (AF3's
+        chain and interface draws, seeded, one split over ranks, resumable), whose draws this reads."""
         return self.cache.sampling_table
 
     def set_epoch(self, epoch: int) -> None:
