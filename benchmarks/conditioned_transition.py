@@ -4,7 +4,7 @@
     python3 benchmarks/conditioned_transition.py --smoke
 
 The two places AF3 runs it, bf16, forward + backward, against PyTorch eager and torch.compile of
-the same module (featurecache.model.transformer.ConditionedTransition); what each step does:
+the same module (featurecache.model.network.transformer.ConditionedTransition); what each step does:
 benchmarks/op_bench.py. The atom transformers: 48 samples x 3,072 atoms, c_atom 128, s shared by
 the samples ([1, 1, A, 128]). The diffusion token transformer (24 blocks a call): 48 samples x 384
 tokens, c_token 768, s per sample ([1, 48, 384, 384]: it carries the noise level); at that width
@@ -19,7 +19,7 @@ import torch
 from op_bench import DTYPE, Case, OpBenchmark, main
 
 from featurecache.kernels import conditioned_transition as fused_op
-from featurecache.model.transformer import ConditionedTransition
+from featurecache.model.network.transformer import ConditionedTransition
 
 SAMPLES = 48
 

@@ -74,7 +74,7 @@ def gated_pair_attention_reference(packed, mask, heads, head_dim, transpose=Fals
     (this reference, or evo_attention where the packed op itself is not used).
     """
     inner = heads * head_dim
-    # one split: its backward is a single concatenation (see featurecache.model.layers)
+    # one split: its backward is a single concatenation (see featurecache.model.network.layers)
     *qkvg, bias, _ = packed.split([inner] * 4 + [heads, packed.shape[-1] - 4 * inner - heads], dim=-1)
     q, k, v, gate = (t.unflatten(-1, (heads, head_dim)) for t in qkvg)
     if transpose:

@@ -14,7 +14,7 @@ otherwise): `radius` carries both, 0 for an unresolved atom. The gradient of x_i
 (i, j) and (j, i), whose radii differ.
 
 lDDT's numbers (LDDT_THRESHOLDS and the two radii) are defined here, the lowest layer that uses
-them; model/lddt.py imports them (kernels import nothing from the model). The Triton kernel spells
+them; model/objectives/lddt.py imports them (kernels import nothing from the model). The Triton kernel spells
 the thresholds out as literals, one sigmoid each.
 """
 

@@ -15,7 +15,7 @@ from featurecache.kernels.reference import (
     adaln_modulate,
     conditioned_transition_reference,
 )
-from featurecache.model.transformer import ConditionedTransition
+from featurecache.model.network.transformer import ConditionedTransition
 from featurecache.testing.compare import rel_error
 
 # Triton's error against the fp64 truth may be at most this multiple of PyTorch's own error in the

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from featurecache.model.layers import (
+from featurecache.model.network.layers import (
     AttentionPairBias,
     OuterProductMean,
     PairWeightedAveraging,
@@ -133,7 +133,7 @@ def test_unknown_kernels_and_node_are_rejected():
 
 def test_kernel_inputs_take_the_autocast_dtype():
     """Under bf16 autocast the fused ops get bf16 inputs (their output dtype follows the input)."""
-    from featurecache.model.layers import kernel_module
+    from featurecache.model.network.layers import kernel_module
 
     layer = kernel_module("LayerNormLinear", 16, 8, kernels="torch")
     seen = {}

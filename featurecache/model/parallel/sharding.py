@@ -1,6 +1,6 @@
 """Pair-representation sharding: one sample's Pairformer and MSA module spread over the P ranks
 of a process group, after FastFold's dynamic axial parallelism (DAP). docs/SHARDING.md has the
-design, the communication volume and the memory it predicts; featurecache.model.collectives the
+design, the communication volume and the memory it predicts; featurecache.model.parallel.collectives the
 collectives.
 
 Layout: each rank holds a block of n = L/P rows of the pair, z[:, rows, :, :] ([B, n, L, C];
@@ -37,11 +37,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from featurecache.kernels.reference import evo_attention_reference, layernorm_linear_reference
-from featurecache.model.collectives import (GatheredProduct, gather, gather_partial, group_size, own_block, scatter,
-                                            transpose_rows)
-from featurecache.model.layers import SITES_PER_BLOCK, attention_fn, dropout_seed, shared_dropout
-from featurecache.model.msa import MSAModule, msa_features
-from featurecache.model.pairformer import ROWWISE, Pairformer, PairformerBlock, run_blocks
+from featurecache.model.network.layers import SITES_PER_BLOCK, attention_fn, dropout_seed, shared_dropout
+from featurecache.model.network.msa import MSAModule, msa_features
+from featurecache.model.network.pairformer import ROWWISE, Pairformer, PairformerBlock, run_blocks
+from featurecache.model.parallel.collectives import (GatheredProduct, gather, gather_partial, group_size, own_block,
+                                                     scatter, transpose_rows)
 
 # --------------------------------------------------------------------------------------------
 # The Pairformer's updates on row blocks

@@ -12,8 +12,8 @@ from torch.utils.checkpoint import checkpoint
 
 from featurecache.kernels import smooth_lddt
 from featurecache.kernels.runtime import runs_triton
-from featurecache.model.lddt import distances, inclusion_radius, smooth_pair_scores
-from featurecache.model.rigid import weighted_rigid_align
+from featurecache.model.objectives.lddt import distances, inclusion_radius, smooth_pair_scores
+from featurecache.model.objectives.rigid import weighted_rigid_align
 
 
 def mse_atom_weights(is_dna: torch.Tensor, is_rna: torch.Tensor, is_ligand: torch.Tensor, resolved: torch.Tensor,

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from featurecache.model.atoms import distogram_atoms, gather_atoms, token_first_atom
-from featurecache.model.rigid import rigid_fit, weighted_rigid_align
+from featurecache.model.network.atoms import distogram_atoms, gather_atoms, token_first_atom
+from featurecache.model.objectives.rigid import rigid_fit, weighted_rigid_align
 
 MAX_MATCHED_CHAINS = 32
 MIN_ANCHOR_TOKENS = 3  # a rigid fit needs three points

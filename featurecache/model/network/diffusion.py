@@ -13,12 +13,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from featurecache.model.atom_attention import AtomAttentionDecoder, AtomAttentionEncoder, AtomWindows
-from featurecache.model.checkpointing import maybe_checkpointed
 from featurecache.model.config import ModelConfig
-from featurecache.model.embedders import RelativePositionEncoding
-from featurecache.model.layers import full_precision, kernel_module
-from featurecache.model.transformer import ConditionedTransformer, TokenLayout
+from featurecache.model.network.atom_attention import AtomAttentionDecoder, AtomAttentionEncoder, AtomWindows
+from featurecache.model.network.checkpointing import maybe_checkpointed
+from featurecache.model.network.embedders import RelativePositionEncoding
+from featurecache.model.network.layers import full_precision, kernel_module
+from featurecache.model.network.transformer import ConditionedTransformer, TokenLayout
 
 
 def edm_preconditioning(sigma: torch.Tensor, sigma_data: float):

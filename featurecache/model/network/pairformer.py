@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from featurecache.kernels.runtime import accepts_impl_keyword
-from featurecache.model import checkpointing
-from featurecache.model.layers import (
+from featurecache.model.network import checkpointing
+from featurecache.model.network.layers import (
     AttentionPairBias,
     TriangleAttention,
     derived_seeds,

@@ -6,7 +6,7 @@ conditioning, [B, S or 1, L, C_s]), z / p (the pair representation the attention
 beta (an extra additive bias, `extra_bias`).
 
 Where the attention runs is a *layout*: `TokenLayout` is full attention over L (the keys masked
-by `token_mask`); `featurecache.model.atom_attention.AtomWindows` is AF3's sequence-local atom
+by `token_mask`); `featurecache.model.network.atom_attention.AtomWindows` is AF3's sequence-local atom
 attention. A layout runs the attention (`attend`): it turns the per-head bias projected from
 the pair into its kernel's bias and lays q/k/v out for it (EvoAttention for tokens, window_attention
 for atoms), so one attention module serves both, on the kernel path ("triton") or the reference
@@ -27,8 +27,8 @@ from featurecache.kernels.conditioned_transition import (
     conditioned_transition,
 )
 from featurecache.kernels.runtime import check_kernels
-from featurecache.model.checkpointing import checkpointed
-from featurecache.model.layers import attention_fn, freeze_norm_bias, kernel_module
+from featurecache.model.network.checkpointing import checkpointed
+from featurecache.model.network.layers import attention_fn, freeze_norm_bias, kernel_module
 
 # AF3 initialises every output gate sigmoid(Linear(s)) with bias -2 (Algorithms 24, 25).
 GATE_BIAS_INIT = -2.0
@@ -183,7 +183,7 @@ class ConditionedTransformer(nn.Module):
     While training with `checkpoint_blocks`, each block keeps only its input a for backward (s and
     the pair are shared by every block); `checkpoint_group` K > 1 keeps one a per K blocks and
     backward re-runs each group, a checkpoint per block inside, as the Pairformer's
-    (featurecache.model.pairformer.run_blocks): N / K + K inputs held instead of N. `key_adaln`:
+    (featurecache.model.network.pairformer.run_blocks): N / K + K inputs held instead of N. `key_adaln`:
     ConditionedAttention's."""
 
     def __init__(self, c_a: int, c_s: int, c_pair: int, num_blocks: int, num_heads: int, kernels: str,
@@ -220,7 +220,7 @@ def _run_group(blocks: list, layout, a: torch.Tensor, s: torch.Tensor, pair: tor
 
 def _run_checkpointed(blocks: list, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
     for block in blocks:
-        a = checkpointed(block, a, s, pair, layout)  # reentrant, no RNG state (model.checkpointing)
+        a = checkpointed(block, a, s, pair, layout)  # reentrant, no RNG state (model.network.checkpointing)
     return a
 
 

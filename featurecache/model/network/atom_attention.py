@@ -15,10 +15,10 @@ from torch import nn
 
 from featurecache.kernels.reference import evo_attention_reference
 from featurecache.kernels.window_attention import window_attention
-from featurecache.model.atoms import gather_tokens, mean_over_token_atoms
 from featurecache.model.config import ModelConfig
-from featurecache.model.layers import freeze_norm_bias, full_precision, kernel_module
-from featurecache.model.transformer import ConditionedTransformer
+from featurecache.model.network.atoms import gather_tokens, mean_over_token_atoms
+from featurecache.model.network.layers import freeze_norm_bias, full_precision, kernel_module
+from featurecache.model.network.transformer import ConditionedTransformer
 
 NUM_ELEMENTS = 128        # one-hot of the atomic number (ref_element)
 NAME_CHARS = 4            # ref_atom_name_chars: 4 characters ...

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from featurecache.schema import NUM_RESTYPES
 from featurecache.model.config import ModelConfig
-from featurecache.model.layers import (
+from featurecache.schema import NUM_RESTYPES
+from featurecache.model.network.layers import (
     SITES_PER_BLOCK,
     OuterProductMean,
     PairWeightedAveraging,
@@ -21,7 +21,7 @@ from featurecache.model.layers import (
     kernel_module,
     shared_dropout,
 )
-from featurecache.model.pairformer import ROWWISE, PairStack, run_blocks
+from featurecache.model.network.pairformer import ROWWISE, PairStack, run_blocks
 
 MSA_FEATURE_DIM = NUM_RESTYPES + 2  # class one-hot, has_deletion, deletion_value
 

@@ -4,7 +4,7 @@ Reentrant: the recomputation builds an ordinary autograd graph, so any custom au
 works inside it (the non-reentrant variant forbids reading ctx.saved_tensors twice in one
 backward, which plain autograd allows), and checkpoints nest (a checkpointed group's re-run
 checkpoints its blocks). The model reads no generator inside a checkpoint (dropout masks are
-functions of a seed tensor, featurecache.model.layers.shared_dropout), so no RNG state is saved:
+functions of a seed tensor, featurecache.model.network.layers.shared_dropout), so no RNG state is saved:
 that also keeps the step capturable as a CUDA graph, where reading the generator's state is an
 error.
 """

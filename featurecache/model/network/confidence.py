@@ -20,10 +20,10 @@ import math
 import torch
 from torch import nn
 
-from featurecache.model.atoms import gather_atoms, representative_atom_index, token_first_atom
-from featurecache.model.checkpointing import checkpointed
 from featurecache.model.config import ModelConfig
-from featurecache.model.pairformer import Pairformer
+from featurecache.model.network.atoms import gather_atoms, representative_atom_index, token_first_atom
+from featurecache.model.network.checkpointing import checkpointed
+from featurecache.model.network.pairformer import Pairformer
 
 DISTANCE_BIN_MIN, DISTANCE_BIN_MAX, DISTANCE_BINS = 3.25, 50.75, 39
 PLDDT_BINS = 50

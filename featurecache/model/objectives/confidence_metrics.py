@@ -16,8 +16,8 @@ import math
 
 import torch
 
-from featurecache.model.confidence_losses import ERROR_BIN_WIDTH
-from featurecache.model.heads import distogram_bin_edges
+from featurecache.model.network.heads import distogram_bin_edges
+from featurecache.model.objectives.confidence_losses import ERROR_BIN_WIDTH
 
 CONTACT_DISTANCE = 8.0  # Angstrom: the distogram's contact probability (AF3 output.md)
 

@@ -12,13 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from featurecache.schema import NUM_RESTYPES
-from featurecache.model.atom_attention import AtomAttentionEncoder, AtomWindows
-from featurecache.model.atoms import dense_token_bonds
-from featurecache.model.checkpointing import maybe_checkpointed
 from featurecache.model.config import ModelConfig
-from featurecache.model.layers import derived_seeds, dropout_seed
-from featurecache.model.pairformer import PairStack, run_blocks
+from featurecache.model.network.atom_attention import AtomAttentionEncoder, AtomWindows
+from featurecache.model.network.atoms import dense_token_bonds
+from featurecache.model.network.checkpointing import maybe_checkpointed
+from featurecache.model.network.layers import derived_seeds, dropout_seed
+from featurecache.model.network.pairformer import PairStack, run_blocks
+from featurecache.schema import NUM_RESTYPES
 
 # AF3's template distogram: 38 edges from 3.25 to 50.75 Angstrom, 39 bins.
 TEMPLATE_DISTOGRAM_EDGES = (3.25, 50.75, 38)

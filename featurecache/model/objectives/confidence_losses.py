@@ -23,9 +23,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from featurecache.model.atoms import centre_atom_index, gather_atoms
-from featurecache.model.checkpointing import maybe_checkpointed
-from featurecache.model.lddt import distances, inclusion_radius, pair_scores
+from featurecache.model.network.atoms import centre_atom_index, gather_atoms
+from featurecache.model.network.checkpointing import maybe_checkpointed
+from featurecache.model.objectives.lddt import distances, inclusion_radius, pair_scores
 
 ERROR_BIN_WIDTH = 0.5  # Angstrom: PAE and PDE bins [0, 0.5), [0.5, 1), ..., [31.5, inf)
 FRAME_EPS = 1e-8  # Algorithm 29-30's epsilon in norms and in the error's square root

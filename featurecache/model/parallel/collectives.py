@@ -1,4 +1,4 @@
-"""Collectives with autograd for the sharded pair (featurecache.model.sharding), over a
+"""Collectives with autograd for the sharded pair (featurecache.model.parallel.sharding), over a
 torch.distributed process group of P ranks, each holding one block of rows.
 
 Each forward has its adjoint as backward: an all-gather whose result every rank uses for its
