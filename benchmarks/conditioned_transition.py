@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from op_bench import DTYPE, Case, OpBenchmark, main
 
-from featurecache.kernels import conditioned_transition as fused_op
+from featurecache.kernels.conditioned_transition import config as fused_config
 from featurecache.model.network.transformer import ConditionedTransition
 
 SAMPLES = 48
@@ -29,12 +29,12 @@ class WideRowPath(ConditionedTransition):
     cuBLAS products), to time it against the fused kernel at c_atom 128."""
 
     def forward(self, a, s):
-        fused_max = fused_op.FUSED_MAX_CHANNELS
-        fused_op.FUSED_MAX_CHANNELS = 0
+        fused_max = fused_config.FUSED_MAX_CHANNELS
+        fused_config.FUSED_MAX_CHANNELS = 0
         try:
             return super().forward(a, s)
         finally:
-            fused_op.FUSED_MAX_CHANNELS = fused_max
+            fused_config.FUSED_MAX_CHANNELS = fused_max
 
 
 def _case(name: str, samples: int, rows: int, c_a: int, c_s: int, s_shared: bool, sweep: bool,

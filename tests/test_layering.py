@@ -163,6 +163,23 @@ def test_model_rooms_point_down(path):
     assert not wrong, f"{here} (model/{room}) imports a room of the model it must not: {', '.join(wrong)}"
 
 
+def test_no_import_by_string():
+    """Every import is a statement this test (and any static tool) can follow: no
+    importlib.import_module or __import__ with a computed name."""
+    found = []
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Call):
+                called = ast.unparse(node.func)
+                if called.endswith("import_module") or called == "__import__":
+                    found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {called}")
+            elif isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                    alias.name == "import_module" or (alias.name == "importlib" and isinstance(node, ast.Import))
+                    for alias in node.names):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: imports importlib")
+    assert not found, "imports by string:\n" + "\n".join(found)
+
+
 def test_nothing_at_run_time_imports_the_test_builders():
     for path in SOURCES:
         here = module_name(path)

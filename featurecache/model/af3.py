@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from featurecache.kernels.layernorm_linear import LayerNormLinear
 from featurecache.model.config import ModelConfig
 from featurecache.model.network.atom_attention import ATOM_INPUTS, AtomWindows
 from featurecache.model.network.atoms import atom_flags, distogram_atoms, token_bond_atoms
@@ -76,8 +77,8 @@ class AF3Model(nn.Module):
         kernels = config.kernels
         self.input_embedder = AtomInputEmbedder(config)
         # Algorithm 1, lines 8 and 11: the previous cycle's s and z, LayerNorm + LinearNoBias
-        self.recycle_single = kernel_module("LayerNormLinear", config.c_s, config.c_s, bias=False, kernels=kernels)
-        self.recycle_pair = kernel_module("LayerNormLinear", config.c_z, config.c_z, bias=False, kernels=kernels)
+        self.recycle_single = kernel_module(LayerNormLinear, config.c_s, config.c_s, bias=False, kernels=kernels)
+        self.recycle_pair = kernel_module(LayerNormLinear, config.c_z, config.c_z, bias=False, kernels=kernels)
         self.template_embedder = TemplateEmbedder(config)
         self.msa_module = MSAModule(config, single_input_dim=atom_single_input_dim(config))
         self.pairformer = Pairformer(

@@ -133,9 +133,10 @@ def test_unknown_kernels_and_node_are_rejected():
 
 def test_kernel_inputs_take_the_autocast_dtype():
     """Under bf16 autocast the fused ops get bf16 inputs (their output dtype follows the input)."""
+    from featurecache.kernels.layernorm_linear import LayerNormLinear
     from featurecache.model.network.layers import kernel_module
 
-    layer = kernel_module("LayerNormLinear", 16, 8, kernels="torch")
+    layer = kernel_module(LayerNormLinear, 16, 8, kernels="torch")
     seen = {}
     layer.register_forward_pre_hook(lambda module, args: seen.update(dtype=args[0].dtype))
     x = torch.randn(3, 16)

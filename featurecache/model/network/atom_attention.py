@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from featurecache.kernels.layernorm_linear import LayerNormLinear
 from featurecache.kernels.reference import evo_attention_reference
 from featurecache.kernels.window_attention import window_attention
 from featurecache.model.config import ModelConfig
@@ -150,9 +151,9 @@ class AtomAttentionEncoder(nn.Module):
         self.pair_from_distance = nn.Linear(1, c_pair, bias=False)
         self.pair_from_same_space = nn.Linear(1, c_pair, bias=False)
         if with_trunk:
-            self.from_trunk_single = kernel_module("LayerNormLinear", config.c_s, c_atom, bias=False,
+            self.from_trunk_single = kernel_module(LayerNormLinear, config.c_s, c_atom, bias=False,
                                                    kernels=config.kernels)
-            self.from_trunk_pair = kernel_module("LayerNormLinear", config.c_z, c_pair, bias=False,
+            self.from_trunk_pair = kernel_module(LayerNormLinear, config.c_z, c_pair, bias=False,
                                                  kernels=config.kernels)
             self.from_positions = nn.Linear(3, c_atom, bias=False)
         self.pair_from_query = nn.Linear(c_atom, c_pair, bias=False)
@@ -225,7 +226,7 @@ class AtomAttentionDecoder(nn.Module):
         super().__init__()
         self.from_token = nn.Linear(c_token, config.c_atom, bias=False)
         self.atom_transformer = AtomTransformer(config)
-        self.to_positions = kernel_module("LayerNormLinear", config.c_atom, 3, bias=False, kernels=config.kernels)
+        self.to_positions = kernel_module(LayerNormLinear, config.c_atom, 3, bias=False, kernels=config.kernels)
         freeze_norm_bias(self.to_positions)  # a translation of every atom: the losses ignore it
         self.coordinates_fp32 = config.diffusion_coordinates_fp32
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from featurecache.kernels.layernorm_linear import LayerNormLinear
+from featurecache.kernels.transition import Transition
 from featurecache.model.config import ModelConfig
 from featurecache.model.network.atom_attention import AtomAttentionDecoder, AtomAttentionEncoder, AtomWindows
 from featurecache.model.network.checkpointing import maybe_checkpointed
@@ -58,18 +60,18 @@ class DiffusionConditioning(nn.Module):
         self.sigma_data = config.sigma_data
         self.relpos = RelativePositionEncoding(config.c_z, config.relpos_max_residue, config.relpos_max_chain,
                                                config.relpos_chain_gate)
-        self.pair_in = kernel_module("LayerNormLinear", 2 * config.c_z, config.c_z, bias=False, kernels=kernels)
+        self.pair_in = kernel_module(LayerNormLinear, 2 * config.c_z, config.c_z, bias=False, kernels=kernels)
         self.pair_transitions = nn.ModuleList(
-            kernel_module("Transition", config.c_z, expansion=2, kernels=kernels) for _ in range(2))
+            kernel_module(Transition, config.c_z, expansion=2, kernels=kernels) for _ in range(2))
         # Always the PyTorch path (same parameters): the fused kernel keeps a whole input row in
         # shared memory, and 833 fp32 columns (padded to 1024) need 320 KB, over the H200's 227 KB.
         # It runs on [B, N, 833] once per denoising call, a negligible cost.
-        self.single_in = kernel_module("LayerNormLinear", config.c_s + c_s_inputs, config.c_s, bias=False,
+        self.single_in = kernel_module(LayerNormLinear, config.c_s + c_s_inputs, config.c_s, bias=False,
                                        kernels="torch")
         self.fourier = FourierEmbedding(config.fourier_dim)
-        self.noise_in = kernel_module("LayerNormLinear", config.fourier_dim, config.c_s, bias=False, kernels=kernels)
+        self.noise_in = kernel_module(LayerNormLinear, config.fourier_dim, config.c_s, bias=False, kernels=kernels)
         self.single_transitions = nn.ModuleList(
-            kernel_module("Transition", config.c_s, expansion=2, kernels=kernels) for _ in range(2))
+            kernel_module(Transition, config.c_s, expansion=2, kernels=kernels) for _ in range(2))
 
     def pair(self, batch: dict, trunk_pair: torch.Tensor) -> torch.Tensor:
         """[B, N, N, c_z], independent of the noise: once per trunk pass."""
@@ -110,7 +112,7 @@ class DiffusionModule(nn.Module):
         self.config = config
         self.conditioning = DiffusionConditioning(config, c_s_inputs)
         self.atom_encoder = AtomAttentionEncoder(config, c_token, with_trunk=True)
-        self.single_to_token = kernel_module("LayerNormLinear", config.c_s, c_token, bias=False,
+        self.single_to_token = kernel_module(LayerNormLinear, config.c_s, c_token, bias=False,
                                              kernels=config.kernels)
         self.transformer = ConditionedTransformer(
             c_token, config.c_s, config.c_z, config.diffusion_blocks, config.diffusion_heads, config.kernels,

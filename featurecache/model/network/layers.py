@@ -15,18 +15,12 @@ triangle attention).
 from __future__ import annotations
 
 import contextlib
-from importlib import import_module
 
 import torch
 from torch import nn
 
+from featurecache.kernels.layernorm_linear import LayerNormLinear
 from featurecache.kernels.runtime import accepts_impl_keyword, check_kernels
-
-_KERNEL_MODULES = {
-    "LayerNormLinear": "featurecache.kernels.layernorm_linear",
-    "Transition": "featurecache.kernels.transition",
-    "TriangleMultiplication": "featurecache.kernels.triangle_mult",
-}
 
 
 def _cast_to_autocast_dtype(module: nn.Module, args: tuple) -> tuple:
@@ -54,10 +48,11 @@ def full_precision(enabled: bool, device_type: str):
 
 
 @accepts_impl_keyword
-def kernel_module(name: str, *args, kernels: str, **kwargs) -> nn.Module:
-    """Build one of the fused-op modules of featurecache.kernels (imported at construction)."""
+def kernel_module(module_class: type[nn.Module], *args, kernels: str, **kwargs) -> nn.Module:
+    """One of featurecache.kernels' fused-op modules (LayerNormLinear, Transition,
+    TriangleMultiplication), built for `kernels`, its inputs cast to autocast's dtype."""
     check_kernels(kernels)
-    module = getattr(import_module(_KERNEL_MODULES[name]), name)(*args, kernels=kernels, **kwargs)
+    module = module_class(*args, kernels=kernels, **kwargs)
     module.register_forward_pre_hook(_cast_to_autocast_dtype)
     return module
 
@@ -127,7 +122,7 @@ class TriangleAttention(nn.Module):
         # Rows of the product 16-element aligned: q/k/v are read from it as strided views, and
         # 4 * inner + heads (516 at AF3's sizes) would leave their row stride unaligned, which
         # keeps Triton from vectorizing EvoAttention's loads.
-        self.proj = kernel_module("LayerNormLinear", c_z, 4 * inner + num_heads, bias=False, eps=eps,
+        self.proj = kernel_module(LayerNormLinear, c_z, 4 * inner + num_heads, bias=False, eps=eps,
                                   kernels=kernels, aligned_rows=True)
         self.linear_out = nn.Linear(inner, c_z)
         self.gated_attention = gated_pair_attention_fn(kernels)
@@ -151,8 +146,8 @@ class AttentionPairBias(nn.Module):
         self.num_heads = num_heads
         self.head_dim = head_dim
         inner = num_heads * head_dim
-        self.proj = kernel_module("LayerNormLinear", c_s, 4 * inner, bias=True, eps=eps, kernels=kernels)
-        self.pair_bias = kernel_module("LayerNormLinear", c_z, num_heads, bias=False, eps=eps, kernels=kernels)
+        self.proj = kernel_module(LayerNormLinear, c_s, 4 * inner, bias=True, eps=eps, kernels=kernels)
+        self.pair_bias = kernel_module(LayerNormLinear, c_z, num_heads, bias=False, eps=eps, kernels=kernels)
         freeze_norm_bias(self.pair_bias)
         self.linear_out = nn.Linear(inner, c_s, bias=False)
         self.attention = attention_fn(kernels)
@@ -183,8 +178,8 @@ class PairWeightedAveraging(nn.Module):
         self.num_heads = num_heads
         self.head_dim = head_dim
         inner = num_heads * head_dim
-        self.proj = kernel_module("LayerNormLinear", c_m, 2 * inner, bias=False, eps=eps, kernels=kernels)
-        self.pair_bias = kernel_module("LayerNormLinear", c_z, num_heads, bias=False, eps=eps, kernels=kernels)
+        self.proj = kernel_module(LayerNormLinear, c_m, 2 * inner, bias=False, eps=eps, kernels=kernels)
+        self.pair_bias = kernel_module(LayerNormLinear, c_z, num_heads, bias=False, eps=eps, kernels=kernels)
         freeze_norm_bias(self.pair_bias)
         self.linear_out = nn.Linear(inner, c_m, bias=False)
 
@@ -210,7 +205,7 @@ class OuterProductMean(nn.Module):
     def __init__(self, c_m: int, c_z: int, hidden_dim: int, eps: float = 1e-5, kernels: str = "triton") -> None:
         super().__init__()
         self.hidden_dim = hidden_dim
-        self.proj = kernel_module("LayerNormLinear", c_m, 2 * hidden_dim, bias=True, eps=eps, kernels=kernels)
+        self.proj = kernel_module(LayerNormLinear, c_m, 2 * hidden_dim, bias=True, eps=eps, kernels=kernels)
         self.linear_out = nn.Linear(hidden_dim * hidden_dim, c_z)
 
     def forward(self, m: torch.Tensor, msa_mask: torch.Tensor) -> torch.Tensor:

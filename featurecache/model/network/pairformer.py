@@ -14,6 +14,8 @@ import torch
 from torch import nn
 
 from featurecache.kernels.runtime import accepts_impl_keyword
+from featurecache.kernels.transition import Transition
+from featurecache.kernels.triangle_mult import TriangleMultiplication
 from featurecache.model.network import checkpointing
 from featurecache.model.network.layers import (
     AttentionPairBias,
@@ -46,11 +48,11 @@ class PairStack(nn.Module):
         super().__init__()
         self.dropout = dropout
         self.recompute_attention = recompute_attention
-        self.tri_mul_out = kernel_module("TriangleMultiplication", c_z, direction="outgoing", kernels=kernels)
-        self.tri_mul_in = kernel_module("TriangleMultiplication", c_z, direction="incoming", kernels=kernels)
+        self.tri_mul_out = kernel_module(TriangleMultiplication, c_z, direction="outgoing", kernels=kernels)
+        self.tri_mul_in = kernel_module(TriangleMultiplication, c_z, direction="incoming", kernels=kernels)
         self.tri_att_start = TriangleAttention(c_z, num_heads, head_dim, node="starting", kernels=kernels)
         self.tri_att_end = TriangleAttention(c_z, num_heads, head_dim, node="ending", kernels=kernels)
-        self.transition = kernel_module("Transition", c_z, expansion=transition_expansion, kernels=kernels)
+        self.transition = kernel_module(Transition, c_z, expansion=transition_expansion, kernels=kernels)
         self.residual = residual_fn(kernels)
 
     def forward(self, z: torch.Tensor, pair_mask: torch.Tensor, seed: torch.Tensor | None = None) -> torch.Tensor:
@@ -83,7 +85,7 @@ class PairformerBlock(nn.Module):
         self.pair = PairStack(c_z, pair_heads, pair_head_dim, transition_expansion, kernels=kernels, dropout=dropout,
                               recompute_attention=recompute_attention)
         self.attention = AttentionPairBias(c_s, c_z, single_heads, single_head_dim, kernels=kernels)
-        self.transition = kernel_module("Transition", c_s, expansion=transition_expansion, kernels=kernels)
+        self.transition = kernel_module(Transition, c_s, expansion=transition_expansion, kernels=kernels)
 
     def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, pair_mask: torch.Tensor,
                 seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

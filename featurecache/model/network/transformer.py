@@ -26,6 +26,7 @@ from featurecache.kernels.conditioned_transition import (
     adaptive_layernorm,
     conditioned_transition,
 )
+from featurecache.kernels.layernorm_linear import LayerNormLinear
 from featurecache.kernels.runtime import check_kernels
 from featurecache.model.network.checkpointing import checkpointed
 from featurecache.model.network.layers import attention_fn, freeze_norm_bias, kernel_module
@@ -142,7 +143,7 @@ class ConditionedAttention(nn.Module):
         # q, k, v and the gate from one matrix product; only q has a bias (Algorithm 24)
         self.proj = nn.Linear(c_a, 4 * c_a, bias=False)
         self.query_bias = nn.Parameter(torch.zeros(c_a))
-        self.pair_bias = kernel_module("LayerNormLinear", c_pair, num_heads, bias=False, kernels=kernels)
+        self.pair_bias = kernel_module(LayerNormLinear, c_pair, num_heads, bias=False, kernels=kernels)
         freeze_norm_bias(self.pair_bias)
         self.linear_out = nn.Linear(c_a, c_a, bias=False)
         self.output_gate = _gate(c_s, c_a)

@@ -5,8 +5,9 @@ validation scores (training/validation.py).
 A pair of atoms counts when both are resolved, they differ, and they are closer in the truth than
 the inclusion radius: 15 A, or 30 A for a nucleotide. Its score is the fraction of the thresholds
 0.5, 1, 2 and 4 A that |d_pred - d_true| stays under (the smooth loss: sigmoid(threshold - error)).
-The numbers (thresholds and radii) are defined once, in kernels/smooth_lddt.py (the Triton path's
-radii and reference use them too; kernels import nothing from the model), and imported here.
+The numbers (thresholds and radii) are defined once, in kernels/reference.py and exported by
+kernels/smooth_lddt/ (the Triton path's radii and reference use them too; kernels import nothing
+from the model), and imported here.
 """
 
 from __future__ import annotations
