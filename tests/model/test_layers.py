@@ -145,14 +145,3 @@ def test_kernel_inputs_take_the_autocast_dtype():
     assert seen["dtype"] == torch.bfloat16
     layer(x)
     assert seen["dtype"] == torch.float32
-
-
-def test_old_impl_keyword_still_builds_the_same_module_with_a_warning():
-    with pytest.warns(DeprecationWarning, match="impl= is deprecated, use kernels="):
-        old = TriangleAttention(16, 2, 8, impl="torch")
-    new = TriangleAttention(16, 2, 8, kernels="torch")
-    assert old.gated_attention is new.gated_attention
-    assert old.proj.kernels == "torch"
-    assert old.state_dict().keys() == new.state_dict().keys()
-    with pytest.raises(TypeError, match="kernels= only"):
-        TriangleAttention(16, 2, 8, impl="torch", kernels="torch")

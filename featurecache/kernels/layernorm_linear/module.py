@@ -17,7 +17,6 @@ class LayerNormLinear(nn.Module):
     hold identical parameters, so a state_dict moves between them.
     """
 
-    @runtime.accepts_impl_keyword
     def __init__(
         self,
         in_features: int,

@@ -17,7 +17,6 @@ class Transition(nn.Module):
     hold identical parameters, so a state_dict moves between them.
     """
 
-    @runtime.accepts_impl_keyword
     def __init__(self, dim: int, expansion: int = 4, eps: float = 1e-5, kernels: str = "triton"):
         super().__init__()
         self.kernels = runtime.check_kernels(kernels)

@@ -18,7 +18,6 @@ class TriangleMultiplication(nn.Module):
     hold identical parameters, so a state_dict moves between them.
     """
 
-    @runtime.accepts_impl_keyword
     def __init__(
         self,
         dim: int,

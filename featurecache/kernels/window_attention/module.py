@@ -17,7 +17,6 @@ class WindowAttention(nn.Module):
 
     kernels="triton" runs the kernels, kernels="torch" the PyTorch reference."""
 
-    @runtime.accepts_impl_keyword
     def __init__(self, kernels: str = "triton") -> None:
         super().__init__()
         self.kernels = runtime.check_kernels(kernels)

@@ -1,7 +1,7 @@
 """Building blocks of the trunk that sit on top of the kernels.
 
-Every module takes `kernels` ("triton" or "torch"; `impl=`, its old name, still works with a
-DeprecationWarning). Both build the same parameters, so a state_dict moves between them;
+Every module takes `kernels` ("triton" or "torch"). Both build the same parameters, so a
+state_dict moves between them;
 "triton" runs `featurecache.kernels` (EvoAttention and the fused small ops), "torch" runs the
 pure-PyTorch references. The glue is fused where it pays: each attention
 computes all of its projections (queries, keys, values, gate, and the bias where it comes from
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from featurecache.kernels.layernorm_linear import LayerNormLinear
-from featurecache.kernels.runtime import accepts_impl_keyword, check_kernels
+from featurecache.kernels.runtime import check_kernels
 
 
 def _cast_to_autocast_dtype(module: nn.Module, args: tuple) -> tuple:
@@ -47,7 +47,6 @@ def full_precision(enabled: bool, device_type: str):
     return torch.autocast(device_type, enabled=False) if enabled else contextlib.nullcontext()
 
 
-@accepts_impl_keyword
 def kernel_module(module_class: type[nn.Module], *args, kernels: str, **kwargs) -> nn.Module:
     """One of featurecache.kernels' fused-op modules (LayerNormLinear, Transition,
     TriangleMultiplication), built for `kernels`, its inputs cast to autocast's dtype."""
@@ -108,7 +107,6 @@ class TriangleAttention(nn.Module):
     projections (attention with bias and mask, the gate) is one op on the packed projection.
     """
 
-    @accepts_impl_keyword
     def __init__(self, c_z: int, num_heads: int, head_dim: int, node: str = "starting",
                  eps: float = 1e-5, kernels: str = "triton") -> None:
         super().__init__()
@@ -139,7 +137,6 @@ class TriangleAttention(nn.Module):
 class AttentionPairBias(nn.Module):
     """Gated self-attention on the single representation with a bias from the pair (Algorithm 24)."""
 
-    @accepts_impl_keyword
     def __init__(self, c_s: int, c_z: int, num_heads: int, head_dim: int, eps: float = 1e-5,
                  kernels: str = "triton") -> None:
         super().__init__()
@@ -171,7 +168,6 @@ class PairWeightedAveraging(nn.Module):
     averaging is a batched matrix product, already the fastest form on either path.
     """
 
-    @accepts_impl_keyword
     def __init__(self, c_m: int, c_z: int, num_heads: int, head_dim: int, eps: float = 1e-5,
                  kernels: str = "triton") -> None:
         super().__init__()
@@ -201,7 +197,6 @@ class PairWeightedAveraging(nn.Module):
 class OuterProductMean(nn.Module):
     """MSA -> pair update: mean over valid rows of outer products (Algorithm 9)."""
 
-    @accepts_impl_keyword
     def __init__(self, c_m: int, c_z: int, hidden_dim: int, eps: float = 1e-5, kernels: str = "triton") -> None:
         super().__init__()
         self.hidden_dim = hidden_dim

@@ -13,7 +13,6 @@ import functools
 import torch
 from torch import nn
 
-from featurecache.kernels.runtime import accepts_impl_keyword
 from featurecache.kernels.transition import Transition
 from featurecache.kernels.triangle_mult import TriangleMultiplication
 from featurecache.model.network import checkpointing
@@ -42,7 +41,6 @@ class PairStack(nn.Module):
     and output are ~6 pair-sized tensors of the ~21 a block re-run in backward holds (Triton path):
     ~10 GB less at crop 2,560, for one more forward of the two attentions."""
 
-    @accepts_impl_keyword
     def __init__(self, c_z: int, num_heads: int, head_dim: int, transition_expansion: int,
                  kernels: str = "triton", dropout: float = 0.0, recompute_attention: bool = False) -> None:
         super().__init__()
@@ -77,7 +75,6 @@ class PairStack(nn.Module):
 
 
 class PairformerBlock(nn.Module):
-    @accepts_impl_keyword
     def __init__(self, c_s: int, c_z: int, single_heads: int, single_head_dim: int, pair_heads: int,
                  pair_head_dim: int, transition_expansion: int, kernels: str = "triton", dropout: float = 0.0,
                  recompute_attention: bool = False) -> None:
@@ -146,7 +143,6 @@ def _as_tuple(state) -> tuple:
 
 
 class Pairformer(nn.Module):
-    @accepts_impl_keyword
     def __init__(self, num_blocks: int, c_s: int, c_z: int, single_heads: int, single_head_dim: int,
                  pair_heads: int, pair_head_dim: int, transition_expansion: int,
                  checkpoint_blocks: bool = True, kernels: str = "triton", dropout: float = 0.0,
