@@ -33,6 +33,8 @@ class LayerNormLinear(nn.Module):
         self.linear = nn.Linear(in_features, out_features, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., in_features]. Returns [..., out_features] (with aligned_rows on the Triton
+        path, a view whose rows start every 16 elements)."""
         args = (x, self.norm.weight, self.norm.bias, self.linear.weight, self.linear.bias, self.norm.eps)
         if self.kernels == "triton":
             return layernorm_linear(*args, aligned_rows=self.aligned_rows)

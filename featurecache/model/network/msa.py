@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from featurecache.kernels.transition import Transition
 from featurecache.model.config import ModelConfig
 from featurecache.schema import NUM_RESTYPES
 from featurecache.model.network.layers import (
@@ -74,13 +75,19 @@ class MSABlock(nn.Module):
             self.pair_weighted_averaging = PairWeightedAveraging(
                 config.c_m, config.c_z, config.msa_heads, config.msa_head_dim, kernels=kernels)
             self.msa_transition = kernel_module(
-                "Transition", config.c_m, expansion=config.transition_expansion, kernels=kernels)
+                Transition, config.c_m, expansion=config.transition_expansion, kernels=kernels)
         self.pair = PairStack(config.c_z, config.pair_heads, config.pair_head_dim,
                               config.transition_expansion, kernels=kernels, dropout=config.pair_dropout)
 
     def forward(self, m: torch.Tensor, z: torch.Tensor, msa_mask: torch.Tensor, token_mask: torch.Tensor,
                 pair_mask: torch.Tensor, seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """`seed`: this block's dropout seed (None, or eval mode: no dropout)."""
+        """One block of Algorithm 8: the outer product mean into z, pair-weighted averaging and a
+        transition on m (not in the last block), then the pair stack on z.
+
+        m: [B, N_msa, N_token, c_m]; z: [B, N_token, N_token, c_z]; msa_mask: [B, N_msa, N_token]
+        bool; token_mask: [B, N_token] bool; pair_mask: [B, N_token, N_token] bool; seed: [] int64,
+        this block's dropout seed (None, or eval mode: no dropout). Returns (m, z) in their shapes.
+        """
         z = z + self.outer_product_mean(m, msa_mask)
         if not self.last:
             rate = self.msa_dropout if self.training else 0.0
@@ -106,8 +113,14 @@ class MSAModule(nn.Module):
 
     def forward(self, batch: dict, inputs: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor,
                 pair_mask: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Update the pair z [B, N, N, c_z] from the MSA; returns the new z. `generator`: the
-        step's, for the dropout seed (None: the device's default generator)."""
+        """Algorithm 8: update the pair from the MSA.
+
+        batch: the collated batch (msa, deletion_matrix, msa_row_mask [B, N_msa, ...], the rows
+        of this cycle: msa_of_cycle); inputs: [B, N_token, c_s_inputs]; z: [B, N_token, N_token,
+        c_z]; token_mask: [B, N_token] bool; pair_mask: [B, N_token, N_token] bool; `generator`:
+        the step's, for the dropout seed (None: the device's default generator). Returns the new
+        z [B, N_token, N_token, c_z].
+        """
         msa_mask = batch["msa_row_mask"][:, :, None] & token_mask[:, None, :]  # [B, S, N]
         m = self.from_msa(msa_features(batch)) + self.from_single(inputs).unsqueeze(1)
         seed = dropout_seed(generator, z.device) if self.training and self.dropout > 0 else None

@@ -54,6 +54,8 @@ class PairStack(nn.Module):
         self.residual = residual_fn(kernels)
 
     def forward(self, z: torch.Tensor, pair_mask: torch.Tensor, seed: torch.Tensor | None = None) -> torch.Tensor:
+        """z: [B, N_token, N_token, c_z]; pair_mask: [B, N_token, N_token] bool; seed: [] int64
+        (None: no dropout). Returns the updated z [B, N_token, N_token, c_z]."""
         return self.updates(z, pair_mask, seed)[0]
 
     def updates(self, z: torch.Tensor, pair_mask: torch.Tensor,
@@ -86,6 +88,13 @@ class PairformerBlock(nn.Module):
 
     def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, pair_mask: torch.Tensor,
                 seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One block of Algorithm 17: the pair stack on z, then attention with pair bias and a
+        transition on s.
+
+        s: [B, N_token, c_s]; z: [B, N_token, N_token, c_z]; token_mask: [B, N_token] bool;
+        pair_mask: [B, N_token, N_token] bool; seed: [] int64, this block's dropout seed (None,
+        or eval mode: no dropout). Returns (s [B, N_token, c_s], z [B, N_token, N_token, c_z]).
+        """
         z, z_low = self.pair.updates(z, pair_mask, seed)
         s = s + self.attention(s, z_low, token_mask)
         s = s + self.transition(s)
@@ -162,7 +171,13 @@ class Pairformer(nn.Module):
 
     def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, pair_mask: torch.Tensor,
                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """`generator`: the step's, for the dropout seed (None: the device's default generator)."""
+        """Algorithm 17, every block in order.
+
+        s: [B, N_token, c_s]; z: [B, N_token, N_token, c_z]; token_mask: [B, N_token] bool;
+        pair_mask: [B, N_token, N_token] bool; `generator`: the step's, for the dropout seed
+        (None: the device's default generator). Returns (s [B, N_token, c_s],
+        z [B, N_token, N_token, c_z]).
+        """
         seed = dropout_seed(generator, z.device) if self.training and self.dropout > 0 else None
         s, z = run_blocks(self.blocks, self.checkpoint_blocks and self.training, s, z,
                           masks=(token_mask, pair_mask), seed=seed, group=self.checkpoint_group)

@@ -88,6 +88,8 @@ class AdaptiveLayerNorm(nn.Module):
         self.shift = nn.Linear(c_s, c_a, bias=False)
 
     def forward(self, a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """a: [..., S, L, c_a]; s: [..., S or 1, L, c_s] (1: shared by the S samples). Returns
+        [..., S, L, c_a]."""
         if self.kernels == "triton":
             return adaptive_layernorm(a, s, self.norm_s.weight, self.scale.weight, self.scale.bias, self.shift.weight,
                                       self.norm_s.eps)
@@ -110,6 +112,8 @@ class ConditionedTransition(nn.Module):
         self.output_gate = _gate(c_s, c_a)
 
     def forward(self, a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """a: [..., S, L, c_a]; s: [..., S or 1, L, c_s] (1: shared by the S samples). Returns the
+        update [..., S, L, c_a]."""
         # Past FUSED_MAX_CHANNELS (the token width, 768) the kernel module's AdaLN + cuBLAS split
         # measured slower than these modules, launched and replayed (H200, 2026-12-04 03:21 UTC,
         # benchmarks/RESULTS.md): the fused op is used only where it fuses the whole block.
@@ -150,7 +154,8 @@ class ConditionedAttention(nn.Module):
         self.kernels = check_kernels(kernels)
 
     def forward(self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
-        """a [B, S, L, C_a], s [B, S or 1, L, C_s], pair as the layout reads it -> update of a."""
+        """a: [B, S, L, c_a]; s: [B, S or 1, L, c_s]; pair: as the layout reads it (TokenLayout:
+        [B, L, L, c_pair]; AtomWindows: per window). Returns the update of a [B, S, L, c_a]."""
         width = a.shape[-1]
         if self.key_adaln is None:
             q, k, v, gate = self.proj(self.adaln(a, s)).split(width, dim=-1)
@@ -172,6 +177,8 @@ class ConditionedTransformerBlock(nn.Module):
         self.transition = ConditionedTransition(c_a, c_s, kernels=kernels)
 
     def forward(self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
+        """a: [B, S, L, c_a]; s: [B, S or 1, L, c_s]; pair: as the layout reads it (TokenLayout:
+        [B, L, L, c_pair]; AtomWindows: per window). Returns the new a [B, S, L, c_a]."""
         # Residual after each half, as Protenix and Boltz run Algorithm 23 (its line 3 as printed
         # would drop a's residual path).
         a = a + self.attention(a, s, pair, layout)
@@ -196,6 +203,9 @@ class ConditionedTransformer(nn.Module):
             ConditionedTransformerBlock(c_a, c_s, c_pair, num_heads, kernels, key_adaln) for _ in range(num_blocks))
 
     def forward(self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
+        """a: [B, S, L, c_a] (S diffusion samples, L tokens or atoms); s: [B, S or 1, L, c_s];
+        pair: as the layout reads it (TokenLayout: [B, L, L, c_pair]; AtomWindows: per window).
+        Returns the new a [B, S, L, c_a]."""
         blocks = list(self.blocks)
         if not (self.checkpoint_blocks and self.training and torch.is_grad_enabled()):
             return _run_plain(blocks, a, s, pair, layout)

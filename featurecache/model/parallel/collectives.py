@@ -130,6 +130,8 @@ class GatheredProduct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a, b, direction, group):
+        """a, b: [B, n, L, c], this rank's n rows of the projections (channels last). Returns x
+        [B, n, L, c], this rank's rows of the triangle product."""
         ctx.direction, ctx.group = direction, group
         ctx.save_for_backward(a, b)
         return torch.einsum(_PRODUCTS[direction][0], a, _gather_dim(b, 1, group))

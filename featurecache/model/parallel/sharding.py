@@ -200,6 +200,9 @@ class ShardedPairformer(_ShardedStack):
 
     def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, pair_mask: torch.Tensor,
                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """As Pairformer.forward, whole tensors on every rank: s [B, N_token, c_s], z [B, N_token,
+        N_token, c_z], token_mask [B, N_token] bool, pair_mask [B, N_token, N_token] bool. Returns
+        (s [B, N_token, c_s], z [B, N_token, N_token, c_z])."""
         length, group = z.shape[1], self.group
         seed = self.seed(generator, z.device)
         pad = self.padding(length)
@@ -269,6 +272,9 @@ class ShardedMSAModule(_ShardedStack):
 
     def forward(self, batch: dict, inputs: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor,
                 pair_mask: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """As MSAModule.forward, whole tensors on every rank: inputs [B, N_token, c_s_inputs],
+        z [B, N_token, N_token, c_z], token_mask [B, N_token] bool, pair_mask [B, N_token,
+        N_token] bool. Returns the new z [B, N_token, N_token, c_z]."""
         length, group = z.shape[1], self.group
         msa_mask = batch["msa_row_mask"][:, :, None] & token_mask[:, None, :]  # [B, S, L]
         m = self.from_msa(msa_features(batch)) + self.from_single(inputs).unsqueeze(1)
