@@ -7,7 +7,7 @@
 1. Accounting (any device). One forward and loss of the `af3` preset (48 Pairformer blocks,
    diffusion batch 48, --atoms-per-token, N_cycle 1, bf16 autocast) at each of three lengths,
    counting the bytes of every storage autograd saves for backward, by part of the model
-   (featurecache.model.memory_report), and the activations of one recomputed block of each
+   (featurecache.testing.memory_report), and the activations of one recomputed block of each
    checkpointed stack (what backward adds while it runs that block). Each part's bytes are
    fitted as a L^2 + b L + c through the lengths, and predicted at --predict lengths. The
    predicted peak is the fixed cost (20 bytes per parameter: fp32 weights, gradients, AdamW's
@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from featurecache.model import AF3Model, preset
-from featurecache.model.memory_report import (
+from featurecache.testing.memory_report import (
     AF3_PARTS,
     SavedTensorCounter,
     growth_orders,

@@ -31,9 +31,9 @@ import torch  # noqa: E402
 from harness import Table, argument_parser, extra_peak_mib, run_stamp, time_ms  # noqa: E402
 from records import Row, record  # noqa: E402
 
-from featurecache.model.atom_attention import AtomWindows  # noqa: E402
-from featurecache.model.pairformer import PairformerBlock  # noqa: E402
-from featurecache.model.transformer import ConditionedAttention  # noqa: E402
+from featurecache.model.network.atom_attention import AtomWindows  # noqa: E402
+from featurecache.model.network.pairformer import PairformerBlock  # noqa: E402
+from featurecache.model.network.transformer import ConditionedAttention  # noqa: E402
 from featurecache.testing.compare import rel_error  # noqa: E402
 
 VARIANTS = ("torch", "torch+compile", "triton", "triton+compile")

@@ -4,7 +4,7 @@
     python3 benchmarks/conditioned_transition.py --smoke
 
 The two places AF3 runs it, bf16, forward + backward, against PyTorch eager and torch.compile of
-the same module (featurecache.model.transformer.ConditionedTransition); what each step does:
+the same module (featurecache.model.network.transformer.ConditionedTransition); what each step does:
 benchmarks/op_bench.py. The atom transformers: 48 samples x 3,072 atoms, c_atom 128, s shared by
 the samples ([1, 1, A, 128]). The diffusion token transformer (24 blocks a call): 48 samples x 384
 tokens, c_token 768, s per sample ([1, 48, 384, 384]: it carries the noise level); at that width
@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from op_bench import DTYPE, Case, OpBenchmark, main
 
-from featurecache.kernels import conditioned_transition as fused_op
-from featurecache.model.transformer import ConditionedTransition
+from featurecache.kernels.conditioned_transition import config as fused_config
+from featurecache.model.network.transformer import ConditionedTransition
 
 SAMPLES = 48
 
@@ -29,12 +29,12 @@ class WideRowPath(ConditionedTransition):
     cuBLAS products), to time it against the fused kernel at c_atom 128."""
 
     def forward(self, a, s):
-        fused_max = fused_op.FUSED_MAX_CHANNELS
-        fused_op.FUSED_MAX_CHANNELS = 0
+        fused_max = fused_config.FUSED_MAX_CHANNELS
+        fused_config.FUSED_MAX_CHANNELS = 0
         try:
             return super().forward(a, s)
         finally:
-            fused_op.FUSED_MAX_CHANNELS = fused_max
+            fused_config.FUSED_MAX_CHANNELS = fused_max
 
 
 def _case(name: str, samples: int, rows: int, c_a: int, c_s: int, s_shared: bool, sweep: bool,

@@ -30,16 +30,16 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from featurecache.model import collectives  # noqa: E402
-from featurecache.model.pairformer import Pairformer  # noqa: E402
-from featurecache.model.sharding import ShardedPairformer, reduce_gradients  # noqa: E402
+from featurecache.model.network.pairformer import Pairformer  # noqa: E402
+from featurecache.model.parallel import collectives  # noqa: E402
+from featurecache.model.parallel.sharding import ShardedPairformer, reduce_gradients  # noqa: E402
 
 AF3_PAIRFORMER = dict(c_s=384, c_z=128, single_heads=16, single_head_dim=24, pair_heads=4, pair_head_dim=32,
                       transition_expansion=4)
 
 
 class ByteCounter:
-    """Bytes each rank receives through the collectives of featurecache.model.collectives."""
+    """Bytes each rank receives through the collectives of featurecache.model.parallel.collectives."""
 
     def __init__(self) -> None:
         self.total = 0

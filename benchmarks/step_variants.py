@@ -20,7 +20,7 @@ from step_timing import autocast, free_memory, peak_gb, reset_peak, sync, timed
 
 from featurecache.kernels.evo_attention import SizeLimitError
 from featurecache.model import AF3Model, preset
-from featurecache.model.pairformer import PairformerBlock
+from featurecache.model.network.pairformer import PairformerBlock
 from featurecache.testing.synthetic import random_batch
 from featurecache.training.cuda_graph import CapturedStep
 

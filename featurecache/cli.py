@@ -7,7 +7,6 @@ error reported before any work starts; 130 interrupted.
 
 from __future__ import annotations
 
-import importlib
 import json
 import pathlib
 import sys
@@ -114,17 +113,24 @@ class _LazyGroup(BoundaryGroup):
     """Imports `train`, `predict` and `evaluate` (torch and the model) only when one is run or its help is
     asked for, so the data commands start quickly."""
 
-    lazy_commands = {"train": ("featurecache.training", "train_command"),
-                     "predict": ("featurecache.prediction", "predict_command"),
-                     "evaluate": ("featurecache.prediction", "evaluate_command")}
+    lazy_commands = ("evaluate", "predict", "train")
 
     def list_commands(self, ctx):
         return sorted([*super().list_commands(ctx), *self.lazy_commands])
 
     def get_command(self, ctx, name):
-        if name in self.lazy_commands:
-            module, attribute = self.lazy_commands[name]
-            return getattr(importlib.import_module(module), attribute)
+        if name == "train":
+            from featurecache.training.command import train_command
+
+            return train_command
+        if name == "predict":
+            from featurecache.prediction.command import predict_command
+
+            return predict_command
+        if name == "evaluate":
+            from featurecache.prediction.evaluate import evaluate_command
+
+            return evaluate_command
         return super().get_command(ctx, name)
 
 

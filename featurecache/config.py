@@ -11,7 +11,6 @@ import datetime
 import hashlib
 import json
 import numbers
-import warnings
 from dataclasses import dataclass
 
 
@@ -242,13 +241,7 @@ class SampleConfig:
     conformer_translation_std: float = 1.0  # Å (AF3: 1)
     seed: int = 0                        # crops, MSA rows, templates and conformer augmentation are drawn
                                          # from (seed, epoch, index)
-    # Deprecated: the old single setting, p = chance of a spatial crop. Read as
-    # crop_mode_probs = (1 - p, p / 2, p / 2), AF3's even split of the spatial modes.
-    spatial_crop_prob: dataclasses.InitVar[float | None] = None
-
-    def __post_init__(self, spatial_crop_prob: float | None) -> None:
-        if spatial_crop_prob is not None:
-            self._take_old_spatial_crop_prob(spatial_crop_prob)
+    def __post_init__(self) -> None:
         for name in ("crop_size", "msa_rows_per_sample", "msa_cycle_draws", "max_templates"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
@@ -281,16 +274,12 @@ class SampleConfig:
         """The most MSA rows a sample holds: its draws' union, the query shared."""
         return self.msa_cycle_draws * (self.msa_rows_per_sample - 1) + 1
 
-    def _take_old_spatial_crop_prob(self, spatial_crop_prob: float) -> None:
-        if self.crop_mode_probs != SampleConfig.crop_mode_probs:
-            raise TypeError("give crop_mode_probs only (spatial_crop_prob is its deprecated single-number form)")
-        warnings.warn("SampleConfig(spatial_crop_prob=p) is deprecated: use crop_mode_probs=(contiguous, spatial, "
-                      "spatial_interface), read here as (1 - p, p / 2, p / 2)", DeprecationWarning, stacklevel=4)
-        object.__setattr__(self, "crop_mode_probs", crop_mode_probs_from_spatial(spatial_crop_prob))
 
 
 def crop_mode_probs_from_spatial(spatial_crop_prob: float) -> tuple[float, float, float]:
-    """crop_mode_probs for the deprecated spatial_crop_prob p: (1 - p, p / 2, p / 2)."""
+    """crop_mode_probs for the old single setting p, the chance of a spatial crop (the train
+    command's deprecated --spatial-crop-prob): (1 - p, p / 2, p / 2), AF3's even split of the
+    spatial modes."""
     if isinstance(spatial_crop_prob, bool) or not (isinstance(spatial_crop_prob, numbers.Real)
                                                    and 0.0 <= spatial_crop_prob <= 1.0):
         raise ValueError(f"spatial_crop_prob must be in [0, 1], got {spatial_crop_prob!r}")

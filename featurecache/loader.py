@@ -11,13 +11,12 @@ import dataclasses
 import logging
 import math
 import pathlib
-import warnings
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from featurecache.config import CROP_MODES, SampleConfig, crop_mode_probs_from_spatial
+from featurecache.config import CROP_MODES, SampleConfig
 from featurecache.features import crop as cropping
 from featurecache.features.conformer_augmentation import augment_reference_conformers
 from featurecache.features.msa import expand_msa
@@ -63,26 +62,9 @@ def _to_torch(name: str, value: np.ndarray) -> torch.Tensor:
 
 
 def sample_config(sample: SampleConfig | None, settings: Mapping[str, Any], owner: str) -> SampleConfig:
-    """`sample` (or the defaults) with the keyword `settings` a dataset was given applied.
-
-    The old keywords `max_msa_rows` and `spatial_crop_prob` still work, with a DeprecationWarning
-    naming the new one.
-    """
+    """`sample` (or the defaults) with the keyword `settings` a dataset was given applied."""
     if sample is not None and not isinstance(sample, SampleConfig):
         raise TypeError(f"{owner}: sample must be a SampleConfig, got {sample!r} (give crop_size=... as a keyword)")
-    settings = dict(settings)
-    if "max_msa_rows" in settings:
-        if "msa_rows_per_sample" in settings:
-            raise TypeError(f"{owner}: give msa_rows_per_sample only (max_msa_rows is its old name)")
-        warnings.warn(f"{owner}(max_msa_rows=...) is deprecated: use msa_rows_per_sample=...",
-                      DeprecationWarning, stacklevel=3)
-        settings["msa_rows_per_sample"] = settings.pop("max_msa_rows")
-    if "spatial_crop_prob" in settings:
-        if "crop_mode_probs" in settings:
-            raise TypeError(f"{owner}: give crop_mode_probs only (spatial_crop_prob is its deprecated form)")
-        warnings.warn(f"{owner}(spatial_crop_prob=p) is deprecated: use crop_mode_probs=(contiguous, spatial, "
-                      "spatial_interface), read here as (1 - p, p / 2, p / 2)", DeprecationWarning, stacklevel=3)
-        settings["crop_mode_probs"] = crop_mode_probs_from_spatial(settings.pop("spatial_crop_prob"))
     known = {field.name for field in dataclasses.fields(SampleConfig)}
     unknown = sorted(set(settings) - known)
     if unknown:

@@ -54,19 +54,44 @@ ALLOWED = {
 }
 
 
+# The model layer's rooms (docs/ARCHITECTURE.md, "The model's rooms"): room -> module name
+# prefixes, and room -> rooms it may import. The network never imports its objectives (losses
+# read the network's outputs, not the other way round); AF3Model (af3.py) assembles both.
+MODEL_ROOMS = {
+    "config": ("featurecache.model.config",),
+    "network": ("featurecache.model.network",),
+    "objectives": ("featurecache.model.objectives",),
+    "parallel": ("featurecache.model.parallel",),
+    "assembly": ("featurecache.model.af3", "featurecache.model"),
+}
+MODEL_ROOMS_ALLOWED = {
+    "config": set(),
+    "network": {"config"},
+    "objectives": {"config", "network"},
+    "parallel": {"config", "network"},
+    "assembly": {"config", "network", "objectives"},
+}
+
+
 def module_name(path: pathlib.Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def layer_of(module: str) -> str:
+def room_of(module: str, rooms: dict[str, tuple[str, ...]]) -> str | None:
+    """The room whose longest prefix names the module, None for none."""
     best, best_len = None, -1
-    for layer, prefixes in LAYERS.items():
+    for room, prefixes in rooms.items():
         for prefix in prefixes:
             if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
-                best, best_len = layer, len(prefix)
-    assert best is not None, f"{module} belongs to no layer: add it to LAYERS in tests/test_layering.py"
+                best, best_len = room, len(prefix)
     return best
+
+
+def layer_of(module: str) -> str:
+    layer = room_of(module, LAYERS)
+    assert layer is not None, f"{module} belongs to no layer: add it to LAYERS in tests/test_layering.py"
+    return layer
 
 
 def imported_modules(path: pathlib.Path) -> set[str]:
@@ -120,6 +145,39 @@ def test_imports_point_down(path):
         if target != layer and target not in ALLOWED[layer]:
             wrong.append(f"{module} ({target})")
     assert not wrong, f"{here} ({layer}) imports a layer it must not: {', '.join(wrong)}"
+
+
+MODEL_SOURCES = [path for path in SOURCES if layer_of(module_name(path)) == "model"]
+
+
+@pytest.mark.parametrize("path", MODEL_SOURCES, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+def test_model_rooms_point_down(path):
+    here = module_name(path)
+    room = room_of(here, MODEL_ROOMS)
+    assert room is not None, f"{here} belongs to no room of the model: add it to MODEL_ROOMS"
+    wrong = []
+    for module in sorted(imported_modules(path)):
+        target = room_of(module, MODEL_ROOMS) if layer_of(module) == "model" else None
+        if target is not None and target != room and target not in MODEL_ROOMS_ALLOWED[room]:
+            wrong.append(f"{module} ({target})")
+    assert not wrong, f"{here} (model/{room}) imports a room of the model it must not: {', '.join(wrong)}"
+
+
+def test_no_import_by_string():
+    """Every import is a statement this test (and any static tool) can follow: no
+    importlib.import_module or __import__ with a computed name."""
+    found = []
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Call):
+                called = ast.unparse(node.func)
+                if called.endswith("import_module") or called == "__import__":
+                    found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {called}")
+            elif isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                    alias.name == "import_module" or (alias.name == "importlib" and isinstance(node, ast.Import))
+                    for alias in node.names):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: imports importlib")
+    assert not found, "imports by string:\n" + "\n".join(found)
 
 
 def test_nothing_at_run_time_imports_the_test_builders():

@@ -176,21 +176,22 @@ def test_follow_latest_generation_and_damaged_records(sample_cache, tmp_path):
     assert sample["id"] != target and lenient.skipped == 1
 
 
-def test_one_sample_config_and_the_old_keyword(sample_cache):
+def test_one_sample_config_and_its_keywords(sample_cache):
     from featurecache.config import SampleConfig
 
     sample = SampleConfig(crop_size=40, msa_rows_per_sample=16, seed=5)
     dataset = CacheDataset(sample_cache, sample)
     assert dataset.sample == sample
-    # keywords override the SampleConfig's fields; the old keyword warns and names the new one
+    # keywords override the SampleConfig's fields; the same settings as keywords give the same sample
     overridden = CacheDataset(sample_cache, sample, seed=6)
     assert overridden.sample == SampleConfig(crop_size=40, msa_rows_per_sample=16, seed=6)
-    with pytest.warns(DeprecationWarning, match="use msa_rows_per_sample"):
-        old = CacheDataset(sample_cache, crop_size=40, max_msa_rows=16, seed=5)
-    assert old.sample == sample
-    assert torch.equal(old[2]["msa"], dataset[2]["msa"])
-    with pytest.raises(TypeError, match="msa_rows_per_sample only"):
-        CacheDataset(sample_cache, max_msa_rows=16, msa_rows_per_sample=16)
+    by_keywords = CacheDataset(sample_cache, crop_size=40, msa_rows_per_sample=16, seed=5)
+    assert by_keywords.sample == sample
+    assert torch.equal(by_keywords[2]["msa"], dataset[2]["msa"])
+    # old spellings belong to the command line and the TOML only: the Python API names the real ones
+    for old in (dict(max_msa_rows=16), dict(spatial_crop_prob=0.5)):
+        with pytest.raises(TypeError, match=f"{next(iter(old))}.*msa_rows_per_sample"):
+            CacheDataset(sample_cache, **old)
     with pytest.raises(TypeError, match="crop_sise"):
         CacheDataset(sample_cache, crop_sise=40)
     for bad in (dict(crop_size=0), dict(msa_rows_per_sample=0), dict(crop_mode_probs=(0.5, 0.5, 0.5)),
@@ -199,20 +200,16 @@ def test_one_sample_config_and_the_old_keyword(sample_cache):
             SampleConfig(**bad)
 
 
-def test_spatial_crop_prob_is_deprecated_for_crop_mode_probs(sample_cache):
-    from featurecache.config import SampleConfig
+def test_crop_mode_probs_default_to_af3s():
+    from featurecache.config import SampleConfig, crop_mode_probs_from_spatial
 
     assert SampleConfig().crop_mode_probs == (0.2, 0.4, 0.4)  # AF3 SI 2.7
-    with pytest.warns(DeprecationWarning, match="use crop_mode_probs"):
-        old = SampleConfig(crop_size=40, spatial_crop_prob=0.6)
-    assert old.crop_mode_probs == pytest.approx((0.4, 0.3, 0.3))
-    with pytest.warns(DeprecationWarning, match="use crop_mode_probs"):
-        dataset = CacheDataset(sample_cache, crop_size=40, spatial_crop_prob=1.0)
-    assert dataset.sample.crop_mode_probs == (0.0, 0.5, 0.5)
-    with pytest.raises(ValueError, match="spatial_crop_prob"), pytest.warns(DeprecationWarning):
-        SampleConfig(spatial_crop_prob=1.5)
-    with pytest.raises(TypeError, match="crop_mode_probs only"):
-        CacheDataset(sample_cache, spatial_crop_prob=0.5, crop_mode_probs=(1.0, 0.0, 0.0))
+    # the train command's old --spatial-crop-prob P reads as (1 - P, P / 2, P / 2)
+    assert crop_mode_probs_from_spatial(0.6) == pytest.approx((0.4, 0.3, 0.3))
+    with pytest.raises(ValueError, match="spatial_crop_prob"):
+        crop_mode_probs_from_spatial(1.5)
+    with pytest.raises(TypeError, match="spatial_crop_prob"):
+        SampleConfig(spatial_crop_prob=0.6)
 
 
 @pytest.fixture(scope="module")

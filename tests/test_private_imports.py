@@ -2,8 +2,9 @@
 module's private name (`from .x import _y`, or `x._y` on an imported module). A helper two
 modules share is made public where both can import it (for kernels: kernels/primitives.py).
 
-The one exception is the kernel-op packages' own split (docs/STYLE: private @triton.jit kernels,
-then the launchers): a launcher may import a `_..._kernel` from a sibling module of its package.
+The one exception is the kernel-op packages' own split (docs/ARCHITECTURE.md, "Where each feature
+lives": kernels/<op>/kernels.py holds the private @triton.jit kernels, launch.py the launchers): a
+launcher may import a `_..._kernel` from a sibling module of its package.
 """
 
 from __future__ import annotations

@@ -4,22 +4,17 @@ The entry points are imported lazily so that `featurecache.schema` (used by the 
 and the loader) does not pull in gemmi and the parsers.
 """
 
-_EXPORTS = {
-    "featurize_target": "featurecache.features.featurize",
-    "featurize_from_files": "featurecache.features.featurize",
-    "contiguous_crop": "featurecache.features.crop",
-    "spatial_crop": "featurecache.features.crop",
-    "crop_arrays": "featurecache.features.crop",
-    "msa_sample_rows": "featurecache.features.crop",
-    "expand_msa": "featurecache.features.msa",
-}
-
-__all__ = list(_EXPORTS)
+__all__ = ["featurize_target", "featurize_from_files", "contiguous_crop", "spatial_crop", "crop_arrays",
+           "msa_sample_rows", "expand_msa"]
 
 
 def __getattr__(name):
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'featurecache.features' has no attribute {name!r}")
+    if name in ("featurize_target", "featurize_from_files"):
+        from featurecache.features import featurize as module
+    elif name in ("contiguous_crop", "spatial_crop", "crop_arrays", "msa_sample_rows"):
+        from featurecache.features import crop as module
+    elif name == "expand_msa":
+        from featurecache.features import msa as module
+    else:
+        raise AttributeError(f"module 'featurecache.features' has no attribute {name!r}")
+    return getattr(module, name)

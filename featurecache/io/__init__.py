@@ -5,35 +5,26 @@ Names are imported lazily: `featurecache.io.msa` and the other text parsers work
 is not installed (only `io.mmcif` and `io.alignments` need it).
 """
 
-_EXPORTS = {
-    "AlignmentIndex": "featurecache.io.alignments",
-    "map_query_to_chain": "featurecache.io.alignments",
-    "ParseError": "featurecache.io.common",
-    "FastaRecord": "featurecache.io.fasta",
-    "parse_fasta": "featurecache.io.fasta",
-    "read_fasta": "featurecache.io.fasta",
-    "TemplateHit": "featurecache.io.hits",
-    "parse_hhr": "featurecache.io.hits",
-    "parse_m8": "featurecache.io.hits",
-    "read_hits": "featurecache.io.hits",
-    "Chain": "featurecache.io.structure",
-    "Residue": "featurecache.io.structure",
-    "Structure": "featurecache.io.structure",
-    "parse_mmcif": "featurecache.io.mmcif",
-    "read_mmcif": "featurecache.io.mmcif",
-    "structure_from_sequences": "featurecache.io.structure",
-    "Msa": "featurecache.io.msa",
-    "parse_a3m": "featurecache.io.msa",
-    "parse_stockholm": "featurecache.io.msa",
-    "read_msa": "featurecache.io.msa",
-}
-
-__all__ = list(_EXPORTS)
+__all__ = ["AlignmentIndex", "map_query_to_chain", "ParseError", "FastaRecord", "parse_fasta", "read_fasta",
+           "TemplateHit", "parse_hhr", "parse_m8", "read_hits", "Chain", "Residue", "Structure", "parse_mmcif",
+           "read_mmcif", "structure_from_sequences", "Msa", "parse_a3m", "parse_stockholm", "read_msa"]
 
 
 def __getattr__(name):
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'featurecache.io' has no attribute {name!r}")
+    if name in ("AlignmentIndex", "map_query_to_chain"):
+        from featurecache.io import alignments as module
+    elif name == "ParseError":
+        from featurecache.io import common as module
+    elif name in ("FastaRecord", "parse_fasta", "read_fasta"):
+        from featurecache.io import fasta as module
+    elif name in ("TemplateHit", "parse_hhr", "parse_m8", "read_hits"):
+        from featurecache.io import hits as module
+    elif name in ("Chain", "Residue", "Structure", "structure_from_sequences"):
+        from featurecache.io import structure as module
+    elif name in ("parse_mmcif", "read_mmcif"):
+        from featurecache.io import mmcif as module
+    elif name in ("Msa", "parse_a3m", "parse_stockholm", "read_msa"):
+        from featurecache.io import msa as module
+    else:
+        raise AttributeError(f"module 'featurecache.io' has no attribute {name!r}")
+    return getattr(module, name)

@@ -1,11 +1,18 @@
 """Pure-PyTorch references of every kernel: the CPU path and the ground truth for tests.
 
-Each function has the same signature as its Triton counterpart.
+Each function has the same signature as its Triton counterpart. lDDT's numbers live here too
+(thresholds, inclusion radii, `inclusion_radius`): the smooth LDDT's reference and kernel and
+the model's lDDT share them.
 """
 
 from __future__ import annotations
 
 import torch
+
+# lDDT's numbers, defined once for the kernels and the model (model/objectives/lddt.py imports them)
+LDDT_THRESHOLDS = (0.5, 1.0, 2.0, 4.0)  # Angstrom
+INCLUSION_RADIUS = 15.0  # Angstrom
+NUCLEOTIDE_INCLUSION_RADIUS = 30.0  # Angstrom
 
 
 def evo_attention_reference(q, k, v, bias=None, mask=None, scale=None):
@@ -74,7 +81,7 @@ def gated_pair_attention_reference(packed, mask, heads, head_dim, transpose=Fals
     (this reference, or evo_attention where the packed op itself is not used).
     """
     inner = heads * head_dim
-    # one split: its backward is a single concatenation (see featurecache.model.layers)
+    # one split: its backward is a single concatenation (see featurecache.model.network.layers)
     *qkvg, bias, _ = packed.split([inner] * 4 + [heads, packed.shape[-1] - 4 * inner - heads], dim=-1)
     q, k, v, gate = (t.unflatten(-1, (heads, head_dim)) for t in qkvg)
     if transpose:
@@ -199,3 +206,36 @@ def conditioned_transition_reference(a, s, norm_s_weight, scale_weight, scale_bi
     out = _linear(hidden, weight_out)
     gate = _linear(s, gate_weight, gate_bias)
     return (torch.sigmoid(_wide(gate)) * _wide(out)).to(a.dtype)
+
+
+def residual_add_reference(z: torch.Tensor, update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(z + update, the same in autocast's dtype): PyTorch ops. Without autocast, or for a
+    stream that is not fp32, both are the same tensor."""
+    new = z + update
+    if new.dtype == torch.float32 and torch.is_autocast_enabled(new.device.type):
+        return new, new.to(torch.get_autocast_dtype(new.device.type))
+    return new, new
+
+
+def inclusion_radius(is_nucleotide: torch.Tensor, resolved: torch.Tensor) -> torch.Tensor:
+    """Per atom [B, A]: NUCLEOTIDE_INCLUSION_RADIUS for nucleotide atoms, INCLUSION_RADIUS
+    otherwise, 0 for unresolved atoms."""
+    return torch.where(resolved, torch.where(is_nucleotide, NUCLEOTIDE_INCLUSION_RADIUS, INCLUSION_RADIUS), 0.0)
+
+
+def smooth_lddt_sums_reference(predicted: torch.Tensor, true: torch.Tensor,
+                               radius: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of the pair scores [B, S], number of pairs [B]) from dense [A, A] tensors; predicted
+    [B, S, A, 3], true [B, A, 3], radius [B, A] (inclusion_radius). The tests' ground truth."""
+    eye = torch.eye(true.shape[1], dtype=torch.bool, device=true.device)
+
+    def distances(x):  # the diagonal (excluded below) set to 1: sqrt has no gradient at 0
+        return ((x[..., :, None, :] - x[..., None, :, :]).square().sum(-1) + eye).sqrt()
+
+    true_distance = distances(true)  # [B, A, A]
+    resolved = radius > 0
+    included = (true_distance < radius[..., None]) & resolved[:, :, None] & resolved[:, None, :] & ~eye
+    error = (distances(predicted) - true_distance[:, None]).abs()
+    score = sum(torch.sigmoid(threshold - error) for threshold in LDDT_THRESHOLDS) / len(LDDT_THRESHOLDS)
+    included = included.to(score.dtype)
+    return (score * included[:, None]).sum(dim=(-1, -2)), included.sum(dim=(-1, -2))

@@ -12,8 +12,7 @@ import json
 import math
 import os
 import pathlib
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -35,23 +34,6 @@ def check_kernels(kernels: str) -> str:
     if kernels not in KERNEL_CHOICES:
         raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
     return kernels
-
-
-def accepts_impl_keyword(function: Callable) -> Callable:
-    """Let `function` (a constructor or factory taking `kernels=`) still take the old spelling
-    `impl=`, with a DeprecationWarning."""
-
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        if "impl" in kwargs:
-            if "kernels" in kwargs:
-                raise TypeError(f"{function.__qualname__}: pass kernels= only (impl= is its old name)")
-            warnings.warn(f"{function.__qualname__}: the keyword impl= is deprecated, use kernels=",
-                          DeprecationWarning, stacklevel=2)
-            kwargs["kernels"] = kwargs.pop("impl")
-        return function(*args, **kwargs)
-
-    return wrapper
 
 
 def interpreted() -> bool:

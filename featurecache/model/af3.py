@@ -14,32 +14,33 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from featurecache.model.atom_attention import ATOM_INPUTS, AtomWindows
-from featurecache.model.atoms import atom_flags, distogram_atoms, token_bond_atoms
-from featurecache.model.checkpointing import maybe_checkpointed
-from featurecache.model.confidence import ConfidenceHead
-from featurecache.model.confidence_losses import confidence_losses, confidence_rows
+from featurecache.kernels.layernorm_linear import LayerNormLinear
 from featurecache.model.config import ModelConfig
-from featurecache.model.diffusion import DiffusionContext, DiffusionModule
-from featurecache.model.diffusion_sampler import (
+from featurecache.model.network.atom_attention import ATOM_INPUTS, AtomWindows
+from featurecache.model.network.atoms import atom_flags, distogram_atoms, token_bond_atoms
+from featurecache.model.network.checkpointing import maybe_checkpointed
+from featurecache.model.network.confidence import ConfidenceHead
+from featurecache.model.network.diffusion import DiffusionContext, DiffusionModule
+from featurecache.model.network.diffusion_sampler import (
     centre_random_augmentation,
     sample_diffusion,
     sample_noise_levels,
     standard_normal,
 )
-from featurecache.model.embedders import AtomInputEmbedder, TemplateEmbedder, atom_single_input_dim
-from featurecache.model.heads import DistogramHead, distogram_loss
-from featurecache.model.layers import kernel_module
-from featurecache.model.losses import (
+from featurecache.model.network.embedders import AtomInputEmbedder, TemplateEmbedder, atom_single_input_dim
+from featurecache.model.network.heads import DistogramHead, distogram_loss
+from featurecache.model.network.layers import kernel_module
+from featurecache.model.network.msa import MSAModule, msa_of_cycle
+from featurecache.model.network.pairformer import Pairformer
+from featurecache.model.objectives.confidence_losses import confidence_losses, confidence_rows
+from featurecache.model.objectives.losses import (
     aligned_mse_loss,
     bond_loss,
     edm_loss_weight,
     mse_atom_weights,
     smooth_lddt_loss,
 )
-from featurecache.model.msa import MSAModule, msa_of_cycle
-from featurecache.model.pairformer import Pairformer
-from featurecache.model.permutation import align_ground_truth, ground_truth_sources, relabelled
+from featurecache.model.objectives.permutation import align_ground_truth, ground_truth_sources, relabelled
 
 # What the trunk reads per token, MSA row and template from a collated batch (see
 # featurecache.schema and loader.collate); the atom inputs are the atom attention's.
@@ -76,8 +77,8 @@ class AF3Model(nn.Module):
         kernels, trunk = config.runtime.kernels, config.trunk
         self.input_embedder = AtomInputEmbedder(config)
         # Algorithm 1, lines 8 and 11: the previous cycle's s and z, LayerNorm + LinearNoBias
-        self.recycle_single = kernel_module("LayerNormLinear", trunk.c_s, trunk.c_s, bias=False, kernels=kernels)
-        self.recycle_pair = kernel_module("LayerNormLinear", trunk.c_z, trunk.c_z, bias=False, kernels=kernels)
+        self.recycle_single = kernel_module(LayerNormLinear, trunk.c_s, trunk.c_s, bias=False, kernels=kernels)
+        self.recycle_pair = kernel_module(LayerNormLinear, trunk.c_z, trunk.c_z, bias=False, kernels=kernels)
         self.template_embedder = TemplateEmbedder(config)
         self.msa_module = MSAModule(config, single_input_dim=atom_single_input_dim(config))
         self.pairformer = Pairformer(

@@ -22,9 +22,9 @@ experiments. The field defaults are the `af3` preset's.
 from __future__ import annotations
 
 import dataclasses
-import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from featurecache.kernels.runtime import KERNEL_CHOICES
 
@@ -403,12 +403,3 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}, expected one of {sorted(PRESETS)}")
     return PRESETS[name].replace(**overrides)
-
-
-def __getattr__(name: str):
-    # KERNEL_IMPLS is the old name of featurecache.kernels.runtime.KERNEL_CHOICES.
-    if name == "KERNEL_IMPLS":
-        warnings.warn("featurecache.model.config.KERNEL_IMPLS is deprecated, use "
-                      "featurecache.kernels.runtime.KERNEL_CHOICES", DeprecationWarning, stacklevel=2)
-        return KERNEL_CHOICES
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,7 @@ import gemmi
 import numpy as np
 import torch
 
-from featurecache.model.confidence_metrics import confidence_summary, contact_probabilities, plddt
+from featurecache.model.objectives.confidence_metrics import confidence_summary, contact_probabilities, plddt
 from featurecache.prediction.mmcif import ResidueInstance, asym_ids, written_order
 from featurecache.prediction.ranking import fraction_disordered, has_clash, ranking_score
 from featurecache.store.files import write_text_atomic

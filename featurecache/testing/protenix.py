@@ -214,7 +214,7 @@ def triangle_multiplication_map() -> Mapping:
 
 
 def triangle_attention_map() -> Mapping:
-    """featurecache.model.layers.TriangleAttention <- TriangleAttention: one LayerNorm, then q, k,
+    """featurecache.model.network.layers.TriangleAttention <- TriangleAttention: one LayerNorm, then q, k,
     v, gate and the per-head bias packed in one matrix (Protenix: mha.linear_{q,k,v,g} and
     `linear`). featurecache's output projection has a bias Protenix's lacks (zero here)."""
     return {
@@ -236,7 +236,7 @@ def transition_map() -> Mapping:
 
 
 def pair_stack_map() -> Mapping:
-    """featurecache.model.pairformer.PairStack <- the pair half of Protenix's PairformerBlock."""
+    """featurecache.model.network.pairformer.PairStack <- the pair half of Protenix's PairformerBlock."""
     return {
         **under("tri_mul_out.", "tri_mul_out.", triangle_multiplication_map()),
         **under("tri_mul_in.", "tri_mul_in.", triangle_multiplication_map()),
@@ -247,7 +247,7 @@ def pair_stack_map() -> Mapping:
 
 
 def attention_pair_bias_map(heads_dim: int) -> Mapping:
-    """featurecache.model.layers.AttentionPairBias <- AttentionPairBias(has_s=False): q, k, v and
+    """featurecache.model.network.layers.AttentionPairBias <- AttentionPairBias(has_s=False): q, k, v and
     gate packed in one matrix with q's bias first (k, v, gate have none: zeros)."""
     return {
         "proj.norm.weight": same("layernorm_a.weight"), "proj.norm.bias": same("layernorm_a.bias"),
@@ -261,7 +261,7 @@ def attention_pair_bias_map(heads_dim: int) -> Mapping:
 
 
 def pairformer_block_map(c_s: int) -> Mapping:
-    """featurecache.model.pairformer.PairformerBlock <- protenix PairformerBlock."""
+    """featurecache.model.network.pairformer.PairformerBlock <- protenix PairformerBlock."""
     return {
         **under("pair.", "", pair_stack_map()),
         **under("attention.", "attention_pair_bias.", attention_pair_bias_map(c_s)),
@@ -281,7 +281,7 @@ OUTER_PRODUCT_EPS = 1e-3
 
 
 def outer_product_mean_map(msa_rows: int) -> Mapping:
-    """featurecache.model.layers.OuterProductMean <- OuterProductMean. featurecache packs a and b
+    """featurecache.model.network.layers.OuterProductMean <- OuterProductMean. featurecache packs a and b
     in one matrix with a bias (zero here: Protenix's and AF3's are LinearNoBias); Protenix's
     output bias is divided by the row count with everything else, which for `msa_rows` valid rows
     at every pair is featurecache's bias scaled by 1 / (msa_rows + eps)."""
@@ -296,7 +296,7 @@ def outer_product_mean_map(msa_rows: int) -> Mapping:
 
 
 def pair_weighted_averaging_map() -> Mapping:
-    """featurecache.model.layers.PairWeightedAveraging <- MSAPairWeightedAveraging: values and
+    """featurecache.model.network.layers.PairWeightedAveraging <- MSAPairWeightedAveraging: values and
     gate packed in one matrix."""
     return {
         "proj.norm.weight": same("layernorm_m.weight"), "proj.norm.bias": same("layernorm_m.bias"),
@@ -308,7 +308,7 @@ def pair_weighted_averaging_map() -> Mapping:
 
 
 def msa_block_map(msa_rows: int, last: bool) -> Mapping:
-    """featurecache.model.msa.MSABlock <- protenix MSABlock (its pair stack a PairformerBlock with
+    """featurecache.model.network.msa.MSABlock <- protenix MSABlock (its pair stack a PairformerBlock with
     c_s = 0)."""
     mapping = {
         **under("outer_product_mean.", "outer_product_mean_msa.", outer_product_mean_map(msa_rows)),
@@ -325,13 +325,13 @@ def msa_block_map(msa_rows: int, last: bool) -> Mapping:
 
 
 def adaptive_layernorm_map() -> Mapping:
-    """featurecache.model.transformer.AdaptiveLayerNorm <- primitives.AdaptiveLayerNorm."""
+    """featurecache.model.network.transformer.AdaptiveLayerNorm <- primitives.AdaptiveLayerNorm."""
     return {"norm_s.weight": same("layernorm_s.weight"), "scale.weight": same("linear_s.weight"),
             "scale.bias": same("linear_s.bias"), "shift.weight": same("linear_nobias_s.weight")}
 
 
 def conditioned_transformer_block_map(key_adaln: bool = False) -> Mapping:
-    """featurecache.model.transformer.ConditionedTransformerBlock <- DiffusionTransformerBlock (q, k,
+    """featurecache.model.network.transformer.ConditionedTransformerBlock <- DiffusionTransformerBlock (q, k,
     v and gate packed, q's bias separate; the pair LayerNorm without offset in Protenix, zero here).
 
     `key_adaln`: featurecache's keys' own AdaLN from Protenix's `layernorm_kv` (its
@@ -362,7 +362,7 @@ def conditioned_transformer_block_map(key_adaln: bool = False) -> Mapping:
 
 
 def conditioned_transformer_map(num_blocks: int, key_adaln: bool = False) -> Mapping:
-    """featurecache.model.transformer.ConditionedTransformer <- DiffusionTransformer."""
+    """featurecache.model.network.transformer.ConditionedTransformer <- DiffusionTransformer."""
     mapping = {}
     for index in range(num_blocks):
         mapping.update(under(f"blocks.{index}.", f"blocks.{index}.", conditioned_transformer_block_map(key_adaln)))
@@ -376,7 +376,7 @@ def columns(*names: str) -> Source:
 
 
 def atom_attention_encoder_map(config: ModelConfig, with_trunk: bool) -> Mapping:
-    """featurecache.model.atom_attention.AtomAttentionEncoder <- AtomAttentionEncoder.
+    """featurecache.model.network.atom_attention.AtomAttentionEncoder <- AtomAttentionEncoder.
 
     featurecache's reference features are [ref_pos 3 | ref_charge 1 | ref_mask 1 | element 128 |
     name characters 4 x 64] through one matrix; Protenix has one matrix for ref_pos, one for the
@@ -410,7 +410,7 @@ def atom_attention_encoder_map(config: ModelConfig, with_trunk: bool) -> Mapping
 
 
 def atom_attention_decoder_map(config: ModelConfig) -> Mapping:
-    """featurecache.model.atom_attention.AtomAttentionDecoder <- AtomAttentionDecoder."""
+    """featurecache.model.network.atom_attention.AtomAttentionDecoder <- AtomAttentionDecoder."""
     return {
         "from_token.weight": same("linear_no_bias_a.weight"),
         **under("atom_transformer.transformer.", "atom_transformer.diffusion_transformer.",
@@ -473,7 +473,7 @@ def layernorm_linear_map(norm: str, linear: str, norm_offset: bool = False) -> M
 
 
 def relative_position_map(config: ModelConfig) -> Mapping:
-    """featurecache.model.embedders.RelativePositionEncoding <- RelativePositionEncoding: the same
+    """featurecache.model.network.embedders.RelativePositionEncoding <- RelativePositionEncoding: the same
     features [residue offset | token offset | same entity | chain offset] in the same order.
 
     Protenix (as AF3) gives the chain offset sym_i - sym_j to pairs of one entity: featurecache's
@@ -486,7 +486,7 @@ def relative_position_map(config: ModelConfig) -> Mapping:
 
 
 def diffusion_module_map(config: ModelConfig) -> Mapping:
-    """featurecache.model.diffusion.DiffusionModule <- DiffusionModule (Algorithms 20-21)."""
+    """featurecache.model.network.diffusion.DiffusionModule <- DiffusionModule (Algorithms 20-21)."""
     conditioning = {
         **under("relpos.", "relpe.", relative_position_map(config)),
         **under("pair_in.", "", layernorm_linear_map("layernorm_z", "linear_no_bias_z")),
@@ -514,7 +514,7 @@ def diffusion_module_map(config: ModelConfig) -> Mapping:
 
 
 def pairformer_stack_map(num_blocks: int, c_s: int) -> Mapping:
-    """featurecache.model.pairformer.Pairformer <- PairformerStack."""
+    """featurecache.model.network.pairformer.Pairformer <- PairformerStack."""
     mapping = {}
     for index in range(num_blocks):
         mapping.update(under(f"blocks.{index}.", f"blocks.{index}.", pairformer_block_map(c_s)))
@@ -522,7 +522,7 @@ def pairformer_stack_map(num_blocks: int, c_s: int) -> Mapping:
 
 
 def confidence_head_map(config: ModelConfig) -> Mapping:
-    """featurecache.model.confidence.ConfidenceHead <- ConfidenceHead. Protenix's
+    """featurecache.model.network.confidence.ConfidenceHead <- ConfidenceHead. Protenix's
     linear_no_bias_s2 reads token i of z_ij, linear_no_bias_s1 token j; the per-atom-slot weights
     have the same [slot, c_s, bins] layout (Protenix built with featurecache's 24 slots)."""
     return {
@@ -573,7 +573,7 @@ def template_feature_columns(num_restypes: int, distogram_bins: int = 39) -> lis
 
 
 def template_embedder_map(num_blocks: int, num_restypes: int) -> Mapping:
-    """featurecache.model.embedders.TemplateEmbedder <- TemplateEmbedder."""
+    """featurecache.model.network.embedders.TemplateEmbedder <- TemplateEmbedder."""
     order = template_feature_columns(num_restypes)
     mapping = {
         "pair_norm.weight": same("layernorm_z.weight"), "pair_norm.bias": same("layernorm_z.bias"),

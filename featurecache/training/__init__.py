@@ -9,29 +9,27 @@ states), `schedule` (AF3's warm-up and step decay, the CUDA-graph learning rate)
 (CapturedStep), `loop` (train) and `command` (the click command).
 """
 
-import importlib
-
-# name -> the module that defines it, imported on first use (as featurecache/__init__.py does):
-# `featurecache plot` reads a run's log through training.run_plot and must not import torch.
-_EXPORTS = {
-    "CapturedStep": "featurecache.training.cuda_graph",
-    "EpochBatchSampler": "featurecache.sampler",
-    "SampleConfig": "featurecache.config",
-    "TrainConfig": "featurecache.training.config",
-    "TrainSetupError": "featurecache.training.config",
-    "WeightedSampler": "featurecache.sampler",
-    "latest_checkpoint": "featurecache.training.checkpoint",
-    "load_checkpoint": "featurecache.training.checkpoint",
-    "save_checkpoint": "featurecache.training.checkpoint",
-    "train": "featurecache.training.loop",
-    "train_command": "featurecache.training.command",
-}
-
 __all__ = ["CapturedStep", "EpochBatchSampler", "SampleConfig", "TrainConfig", "TrainSetupError",
            "WeightedSampler", "latest_checkpoint", "load_checkpoint", "save_checkpoint", "train", "train_command"]
 
 
 def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'featurecache.training' has no attribute {name!r}")
+    """Each name imported from its module on first use (as featurecache/__init__.py does):
+    `featurecache plot` reads a run's log through training.run_plot and must not import torch."""
+    if name == "CapturedStep":
+        from featurecache.training import cuda_graph as module
+    elif name in ("EpochBatchSampler", "WeightedSampler"):
+        from featurecache import sampler as module
+    elif name == "SampleConfig":
+        from featurecache import config as module
+    elif name in ("TrainConfig", "TrainSetupError"):
+        from featurecache.training import config as module
+    elif name in ("latest_checkpoint", "load_checkpoint", "save_checkpoint"):
+        from featurecache.training import checkpoint as module
+    elif name == "train":
+        from featurecache.training import loop as module
+    elif name == "train_command":
+        from featurecache.training import command as module
+    else:
+        raise AttributeError(f"module 'featurecache.training' has no attribute {name!r}")
+    return getattr(module, name)

@@ -55,7 +55,7 @@ class TrainConfig:
     # trains on batch_size * accumulate * world_size samples, the effective (global) batch.
     accumulate: int = 1
     # Ranks that hold one sample, its Pairformer's pair and single representations split by rows
-    # (featurecache.model.sharding); the world is data-parallel replicas x pair_shards.
+    # (featurecache.model.parallel.sharding); the world is data-parallel replicas x pair_shards.
     pair_shards: int = 1
     # AF3's optimizer (SI 5.4): Adam with these settings, the learning rate rising linearly over
     # `warmup` steps to `lr`, then multiplied by `lr_decay_factor` every `lr_decay_every` steps.

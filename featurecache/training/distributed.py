@@ -1,5 +1,6 @@
 """Devices and ranks: one process, or one process per GPU under torchrun (DDP), optionally with
-each sample's MSA module and Pairformers sharded over P ranks (--pair-shards, featurecache.model.sharding).
+each sample's MSA module and Pairformers sharded over P ranks (--pair-shards,
+featurecache.model.parallel.sharding).
 
 torchrun describes the job in the environment (WORLD_SIZE, RANK, LOCAL_RANK); without it a run
 is rank 0 of 1 and no process group is made. With P pair shards the world is data-parallel
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from featurecache.model.sharding import reduce_gradients, shard_trunk
+from featurecache.model.parallel.sharding import reduce_gradients, shard_trunk
 from featurecache.training.config import TrainSetupError
 
 

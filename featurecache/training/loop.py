@@ -37,7 +37,7 @@ import torch
 from featurecache.model import AF3Model, sample_num_cycles
 from featurecache.model.af3 import LOSS_INPUTS, OPTIONAL_LOSS_INPUTS, REQUIRED_INPUTS
 from featurecache.model.config import RUNTIME_SETTINGS, WEIGHT_MEANING_SETTINGS, saved_model_settings
-from featurecache.model.msa import OPTIONAL_INPUTS as MSA_OPTIONAL_INPUTS
+from featurecache.model.network.msa import OPTIONAL_INPUTS as MSA_OPTIONAL_INPUTS
 from featurecache.sampler import StepLayout
 from featurecache.training.checkpoint import (checkpoint_path, load_checkpoint, optimizer_state, rng_state,
                                               save_checkpoint, set_rng_state)

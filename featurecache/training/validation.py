@@ -9,7 +9,7 @@ The main rank writes their means over targets as one JSON line, `"kind": "valida
 (VALIDATION_KEYS lists the keys). Draws are seeded by (seed, target), so every validation pass
 of a run sees the same crops and the same noise: its numbers move only with the weights.
 
-lDDT is model/lddt.py's, over all atom pairs (l, m); the score of a molecule type counts the
+lDDT is model/objectives/lddt.py's, over all atom pairs (l, m); the score of a molecule type counts the
 pairs whose atom l has that type (m is any atom).
 """
 
@@ -22,8 +22,8 @@ import torch
 
 from featurecache.loader import collate
 from featurecache.model import AF3Model
-from featurecache.model.atoms import atom_flags
-from featurecache.model.lddt import lddt
+from featurecache.model.network.atoms import atom_flags
+from featurecache.model.objectives.lddt import lddt
 from featurecache.training.config import TrainConfig
 from featurecache.training.distributed import Dist, all_ranks
 from featurecache.training.ema import WeightAverage

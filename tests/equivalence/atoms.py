@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from featurecache.model.atom_attention import NAME_CHAR_CLASSES, NUM_ELEMENTS, AtomWindows
+from featurecache.model.network.atom_attention import NAME_CHAR_CLASSES, NUM_ELEMENTS, AtomWindows
 from featurecache.testing.synthetic import random_batch
 
 # 40 tokens of 5 atoms (the last two one-atom ligands): 192 atoms, 6 windows of 32 queries whose

@@ -8,7 +8,7 @@ and values on the queries', where AF3 and featurecache's default normalise the i
 import pytest
 import torch
 
-from featurecache.model.atom_attention import AtomAttentionDecoder, AtomAttentionEncoder
+from featurecache.model.network.atom_attention import AtomAttentionDecoder, AtomAttentionEncoder
 from featurecache.testing.compare import rel_error
 from featurecache.testing.protenix import (
     atom_attention_decoder_map,

@@ -8,9 +8,9 @@ featurecache's input; its Pairformer blocks are built at featurecache's sizes.""
 import pytest
 import torch
 
-from featurecache.model.confidence import DISTANCE_BIN_MAX, DISTANCE_BIN_MIN, DISTANCE_BINS, MAX_ATOMS_PER_TOKEN
-from featurecache.model.confidence import ConfidenceHead
-from featurecache.model.embedders import atom_single_input_dim
+from featurecache.model.network.confidence import DISTANCE_BIN_MAX, DISTANCE_BIN_MIN, DISTANCE_BINS, MAX_ATOMS_PER_TOKEN
+from featurecache.model.network.confidence import ConfidenceHead
+from featurecache.model.network.embedders import atom_single_input_dim
 from featurecache.testing.compare import rel_error
 from featurecache.testing.protenix import (
     confidence_head_map,

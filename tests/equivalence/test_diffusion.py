@@ -4,8 +4,8 @@ from the sampler's last steps to its first, in one call (one level per diffusion
 import pytest
 import torch
 
-from featurecache.model.diffusion import DiffusionModule
-from featurecache.model.embedders import atom_single_input_dim
+from featurecache.model.network.diffusion import DiffusionModule
+from featurecache.model.network.embedders import atom_single_input_dim
 from featurecache.testing.compare import rel_error
 from featurecache.testing.protenix import (
     copy_weights,

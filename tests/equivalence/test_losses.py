@@ -8,10 +8,10 @@ AF3's and featurecache's, the test says how it maps the difference (docs/FIDELIT
 import pytest
 import torch
 
-from featurecache.model.atoms import centre_atom_index
-from featurecache.model.confidence_losses import confidence_losses, masked_cross_entropy, plddt_target
-from featurecache.model.heads import distogram_loss
-from featurecache.model.losses import aligned_mse_loss, bond_loss, mse_atom_weights, smooth_lddt_loss
+from featurecache.model.network.atoms import centre_atom_index
+from featurecache.model.network.heads import distogram_loss
+from featurecache.model.objectives.confidence_losses import confidence_losses, masked_cross_entropy, plddt_target
+from featurecache.model.objectives.losses import aligned_mse_loss, bond_loss, mse_atom_weights, smooth_lddt_loss
 from featurecache.testing.compare import rel_error
 from featurecache.testing.synthetic import random_batch
 

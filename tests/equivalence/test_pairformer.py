@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from featurecache.model.msa import MSABlock
-from featurecache.model.pairformer import PairformerBlock
+from featurecache.model.network.msa import MSABlock
+from featurecache.model.network.pairformer import PairformerBlock
 from featurecache.testing.compare import rel_error
 from featurecache.testing.protenix import copy_weights, msa_block_map, pairformer_block_map, randomise
 

@@ -3,7 +3,7 @@ homodimer (one entity) and a heterotrimer with two copies of one entity."""
 
 import torch
 
-from featurecache.model.embedders import RelativePositionEncoding
+from featurecache.model.network.embedders import RelativePositionEncoding
 from featurecache.testing.compare import rel_error
 from featurecache.testing.protenix import copy_weights, randomise, relative_position_map
 

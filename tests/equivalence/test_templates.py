@@ -3,12 +3,12 @@ a two-chain sample.
 
 Protenix's embedder reads features its data pipeline computes (template_distogram, unit vectors,
 masks); that pipeline does not import without biopython, so both embedders read the features
-featurecache computes (featurecache.model.embedders.template_pair_features), laid out as Protenix
+featurecache computes (featurecache.model.network.embedders.template_pair_features), laid out as Protenix
 reads them: this compares the embedding network and the multichain masking, not the featurizer."""
 
 import torch
 
-from featurecache.model.embedders import TemplateEmbedder, template_pair_features
+from featurecache.model.network.embedders import TemplateEmbedder, template_pair_features
 from featurecache.schema import NUM_RESTYPES
 from featurecache.testing.compare import rel_error
 from featurecache.testing.protenix import copy_weights, randomise, template_embedder_map

@@ -15,9 +15,9 @@ from featurecache.kernels.layernorm_linear import LayerNormLinear
 from featurecache.kernels.smooth_lddt import inclusion_radius, smooth_lddt_sums
 from featurecache.kernels.transition import Transition
 from featurecache.kernels.triangle_mult import TriangleMultiplication
-from featurecache.model.atom_attention import AtomWindows
-from featurecache.model.pairformer import PairformerBlock
-from featurecache.model.transformer import ConditionedAttention
+from featurecache.model.network.atom_attention import AtomWindows
+from featurecache.model.network.pairformer import PairformerBlock
+from featurecache.model.network.transformer import ConditionedAttention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -5,17 +5,17 @@ kernel paths."""
 import pytest
 import torch
 
-from featurecache.kernels import conditioned_transition as fused
 from featurecache.kernels.conditioned_transition import (
     adaptive_layernorm,
     conditioned_transition,
 )
+from featurecache.kernels.conditioned_transition import config as fused_config
 from featurecache.kernels.reference import (
     adaln_conditioning,
     adaln_modulate,
     conditioned_transition_reference,
 )
-from featurecache.model.transformer import ConditionedTransition
+from featurecache.model.network.transformer import ConditionedTransition
 from featurecache.testing.compare import rel_error
 
 # Triton's error against the fp64 truth may be at most this multiple of PyTorch's own error in the
@@ -97,7 +97,7 @@ def test_matches_reference(a_shape, s_shape, expansion, dtype):
 @pytest.mark.parametrize("a_shape, s_shape", [((2, 3, 7, 40), (2, 3, 7, 24)), ((1, 3, 11, 24), (1, 1, 11, 40))])
 def test_wide_rows_take_the_adaln_kernel_and_products(a_shape, s_shape, dtype, monkeypatch):
     """Rows wider than the fused kernel holds (c_token 768): the one-pass AdaLN, then cuBLAS."""
-    monkeypatch.setattr(fused, "FUSED_MAX_CHANNELS", 16)
+    monkeypatch.setattr(fused_config, "FUSED_MAX_CHANNELS", 16)
     _check(a_shape, s_shape, 2, dtype, seed=torch.seed() % 2**31)
 
 
@@ -175,7 +175,7 @@ def test_opcheck_forward_and_backward_ops():
 def test_compiles_and_matches_eager(wide, s_samples, monkeypatch):
     """Fused (s per sample) and wide-row (AdaLN kernel + products, s shared) paths, whole-graph."""
     if wide:
-        monkeypatch.setattr(fused, "FUSED_MAX_CHANNELS", 8)
+        monkeypatch.setattr(fused_config, "FUSED_MAX_CHANNELS", 8)
     torch.manual_seed(2)
     module = ConditionedTransition(16, 24, kernels="triton")
     with torch.no_grad():

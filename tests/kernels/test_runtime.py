@@ -1,4 +1,4 @@
-"""The shared runtime helpers: what TRITON_INTERPRET means, and the old `impl=` keyword."""
+"""The shared runtime helpers: what TRITON_INTERPRET means, and the kernel switch."""
 
 import pytest
 import torch
@@ -40,10 +40,10 @@ def test_unset_means_off(monkeypatch):
     assert not runtime.interpreted()
 
 
-def test_old_impl_keyword_warns_and_selects_the_same_path():
-    with pytest.warns(DeprecationWarning, match=r"LayerNormLinear.__init__: the keyword impl= is deprecated"):
-        module = LayerNormLinear(8, 4, impl="torch")
-    assert module.kernels == "torch"
+def test_kernels_keyword_selects_the_path_and_is_the_only_spelling():
+    assert LayerNormLinear(8, 4, kernels="torch").kernels == "torch"
+    with pytest.raises(TypeError, match="impl"):  # the old spelling is gone from the Python API
+        LayerNormLinear(8, 4, impl="torch")
     with pytest.raises(ValueError, match=r"kernels must be one of \('triton', 'torch'\), got 'cuda'"):
         LayerNormLinear(8, 4, kernels="cuda")
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from featurecache.kernels.smooth_lddt import inclusion_radius, smooth_lddt_sums, smooth_lddt_sums_reference
-from featurecache.model.losses import smooth_lddt_loss
+from featurecache.model.objectives.losses import smooth_lddt_loss
 
 
 def _inputs(batch, samples, atoms, seed):

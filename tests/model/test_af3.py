@@ -208,7 +208,7 @@ def test_padding_does_not_change_a_sample():
 def test_each_recycling_cycle_reads_its_own_msa_rows():
     """msa_of_cycle gathers cycle c's rows (AF3's fresh draw per cycle) from the pool with tensor
     ops only: under a CUDA graph the same ops replay with new rows in the same buffers."""
-    from featurecache.model.msa import msa_of_cycle
+    from featurecache.model.network.msa import msa_of_cycle
 
     generator = torch.Generator().manual_seed(0)
     pool, tokens = 7, 5

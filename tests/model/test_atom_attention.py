@@ -5,13 +5,13 @@ import pytest
 import torch
 
 from featurecache.model import preset
-from featurecache.model.atom_attention import (
+from featurecache.model.network.atom_attention import (
     REFERENCE_FEATURE_DIM,
     AtomAttentionEncoder,
     AtomWindows,
     reference_features,
 )
-from featurecache.model.transformer import GATE_BIAS_INIT, ConditionedAttention, TokenLayout
+from featurecache.model.network.transformer import GATE_BIAS_INIT, ConditionedAttention, TokenLayout
 from featurecache.testing.compare import summation_tolerance
 from featurecache.testing.synthetic import random_batch
 

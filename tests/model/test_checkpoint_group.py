@@ -8,12 +8,12 @@ import torch
 
 from featurecache.model import preset
 from featurecache.model.af3 import AF3Model
-from featurecache.model.memory_report import (
+from featurecache.testing.memory_report import (
     AF3_PARTS,
     SavedTensorCounter,
     growth_orders,
 )
-from featurecache.model.pairformer import Pairformer
+from featurecache.model.network.pairformer import Pairformer
 from featurecache.testing.compare import rel_error, summation_tolerance
 from featurecache.testing.synthetic import random_batch
 

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from featurecache.model.memory_report import SavedTensorCounter
-from featurecache.model.pairformer import PairformerBlock
-from featurecache.model.transformer import ConditionedTransformer, TokenLayout
+from featurecache.model.network.pairformer import PairformerBlock
+from featurecache.model.network.transformer import ConditionedTransformer, TokenLayout
 from featurecache.testing.compare import rel_error, summation_tolerance
+from featurecache.testing.memory_report import SavedTensorCounter
 
 BATCH, SAMPLES, LENGTH, C_A, C_S, C_Z = 1, 3, 7, 16, 8, 4
 # The longest sums behind a gradient: the pair bias's weights add up every pair entry of every sample.

@@ -8,28 +8,28 @@ import torch
 
 from featurecache.model import preset
 from featurecache.model.af3 import AF3Model
-from featurecache.model.atoms import centre_atom_index
-from featurecache.model.confidence import (
+from featurecache.model.network.atoms import centre_atom_index
+from featurecache.model.network.confidence import (
     MAX_ATOMS_PER_TOKEN,
     ConfidenceHead,
     atom_slots,
     distance_features,
 )
-from featurecache.model.confidence_losses import (
+from featurecache.model.objectives.confidence_losses import (
     aligned_errors,
     confidence_losses,
     error_bins,
     lddt_bins,
     plddt_target,
 )
-from featurecache.model.confidence_metrics import (
+from featurecache.model.objectives.confidence_metrics import (
     confidence_summary,
     contact_probabilities,
     plddt,
     tm_d0,
 )
-from featurecache.model.diffusion_sampler import random_rotations
-from featurecache.model.embedders import atom_single_input_dim
+from featurecache.model.network.diffusion_sampler import random_rotations
+from featurecache.model.network.embedders import atom_single_input_dim
 from featurecache.testing.synthetic import random_batch
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from featurecache.model import preset
-from featurecache.model.diffusion import FourierEmbedding, edm_preconditioning
-from featurecache.model.diffusion_sampler import (
+from featurecache.model.network.diffusion import FourierEmbedding, edm_preconditioning
+from featurecache.model.network.diffusion_sampler import (
     centre_random_augmentation,
     noise_schedule,
     random_rotations,

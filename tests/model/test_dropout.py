@@ -7,8 +7,8 @@ import torch
 
 from featurecache.model import preset
 from featurecache.model.af3 import AF3Model
-from featurecache.model.layers import derived_seeds, dropout_seed, shared_dropout
-from featurecache.model.pairformer import COLUMNWISE, ROWWISE, Pairformer
+from featurecache.model.network.layers import derived_seeds, dropout_seed, shared_dropout
+from featurecache.model.network.pairformer import COLUMNWISE, ROWWISE, Pairformer
 from featurecache.testing.compare import rel_error, summation_tolerance
 from featurecache.testing.synthetic import random_batch
 

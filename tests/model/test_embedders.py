@@ -1,6 +1,6 @@
 import torch
 
-from featurecache.model.embedders import (
+from featurecache.model.network.embedders import (
     TEMPLATE_DISTOGRAM_EDGES,
     TEMPLATE_FEATURE_DIM,
     RelativePositionEncoding,

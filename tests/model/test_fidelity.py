@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from featurecache.model.af3 import AF3Model
-from featurecache.model.atom_attention import AtomAttentionEncoder, AtomWindows, reference_features
 from featurecache.model.config import LEGACY_SETTINGS, preset, saved_model_settings
-from featurecache.model.confidence_losses import confidence_losses, confidence_rows
-from featurecache.model.embedders import RelativePositionEncoding
-from featurecache.model.transformer import ConditionedAttention, TokenLayout
+from featurecache.model.network.atom_attention import AtomAttentionEncoder, AtomWindows, reference_features
+from featurecache.model.network.embedders import RelativePositionEncoding
+from featurecache.model.network.transformer import ConditionedAttention, TokenLayout
+from featurecache.model.objectives.confidence_losses import confidence_losses, confidence_rows
 from featurecache.testing.synthetic import random_batch
 from featurecache.training.loop import model_differences, settings_differ
 

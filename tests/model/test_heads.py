@@ -3,7 +3,7 @@ import math
 import torch
 
 from featurecache.model.config import preset
-from featurecache.model.heads import distogram_bin_edges, distogram_loss
+from featurecache.model.network.heads import distogram_bin_edges, distogram_loss
 
 EDGES = (2.3125, 21.6875)  # AF3's code
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from featurecache.model.layers import (
+from featurecache.model.network.layers import (
     AttentionPairBias,
     OuterProductMean,
     PairWeightedAveraging,
@@ -133,9 +133,10 @@ def test_unknown_kernels_and_node_are_rejected():
 
 def test_kernel_inputs_take_the_autocast_dtype():
     """Under bf16 autocast the fused ops get bf16 inputs (their output dtype follows the input)."""
-    from featurecache.model.layers import kernel_module
+    from featurecache.kernels.layernorm_linear import LayerNormLinear
+    from featurecache.model.network.layers import kernel_module
 
-    layer = kernel_module("LayerNormLinear", 16, 8, kernels="torch")
+    layer = kernel_module(LayerNormLinear, 16, 8, kernels="torch")
     seen = {}
     layer.register_forward_pre_hook(lambda module, args: seen.update(dtype=args[0].dtype))
     x = torch.randn(3, 16)
@@ -144,14 +145,3 @@ def test_kernel_inputs_take_the_autocast_dtype():
     assert seen["dtype"] == torch.bfloat16
     layer(x)
     assert seen["dtype"] == torch.float32
-
-
-def test_old_impl_keyword_still_builds_the_same_module_with_a_warning():
-    with pytest.warns(DeprecationWarning, match="impl= is deprecated, use kernels="):
-        old = TriangleAttention(16, 2, 8, impl="torch")
-    new = TriangleAttention(16, 2, 8, kernels="torch")
-    assert old.gated_attention is new.gated_attention
-    assert old.proj.kernels == "torch"
-    assert old.state_dict().keys() == new.state_dict().keys()
-    with pytest.raises(TypeError, match="kernels= only"):
-        TriangleAttention(16, 2, 8, impl="torch", kernels="torch")

@@ -1,11 +1,11 @@
-"""model/lddt.py on structures whose lDDT is counted by hand."""
+"""model/objectives/lddt.py on structures whose lDDT is counted by hand."""
 
 import math
 
 import pytest
 import torch
 
-from featurecache.model.lddt import lddt, pair_scores, smooth_pair_scores
+from featurecache.model.objectives.lddt import lddt, pair_scores, smooth_pair_scores
 
 
 def test_lddt_on_hand_built_structures():

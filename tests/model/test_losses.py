@@ -4,12 +4,12 @@ import math
 
 import torch
 
-from featurecache.model.atoms import (
+from featurecache.model.network.atoms import (
     dense_token_bonds,
     mean_over_token_atoms,
     token_bond_atoms,
 )
-from featurecache.model.losses import (
+from featurecache.model.objectives.losses import (
     aligned_mse_loss,
     bond_loss,
     edm_loss_weight,

@@ -14,8 +14,8 @@ from featurecache.features.tokenize import tokenize
 from featurecache.io.mmcif import read_mmcif
 from featurecache.model import preset
 from featurecache.model.af3 import AF3Model
-from featurecache.model.losses import aligned_mse_loss, smooth_lddt_loss
-from featurecache.model.permutation import align_ground_truth, chain_layout
+from featurecache.model.objectives.losses import aligned_mse_loss, smooth_lddt_loss
+from featurecache.model.objectives.permutation import align_ground_truth, chain_layout
 from featurecache.schema import RESTYPES
 from featurecache.testing.synthetic import random_batch
 

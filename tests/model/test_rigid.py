@@ -3,7 +3,7 @@ fits built on it (rigid_fit, Algorithm 28's weighted_rigid_align)."""
 
 import torch
 
-from featurecache.model.rigid import kabsch_rotation, rigid_fit, weighted_rigid_align
+from featurecache.model.objectives.rigid import kabsch_rotation, rigid_fit, weighted_rigid_align
 
 
 def _svd_kabsch(covariance):

@@ -1,4 +1,4 @@
-"""Pair sharding (featurecache.model.sharding) on CPU ranks with gloo: a Pairformer stack and the
+"""Pair sharding (featurecache.model.parallel.sharding) on CPU ranks with gloo: a Pairformer stack and the
 trunk on P = 2 and 4 ranks give P = 1's outputs and gradients, each rank's saved activations
 shrink about 1/P, and a training step with --pair-shards 2 has the unsharded step's loss."""
 
@@ -17,8 +17,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from featurecache.model import AF3Model, preset
-from featurecache.model.pairformer import Pairformer
-from featurecache.model.sharding import ShardedPairformer, reduce_gradients, shard_trunk
+from featurecache.model.network.pairformer import Pairformer
+from featurecache.model.parallel.sharding import ShardedPairformer, reduce_gradients, shard_trunk
 from featurecache.testing.synthetic import random_batch
 from featurecache.training.config import TrainSetupError
 from featurecache.training.distributed import (all_ranks, mean_over_ranks, rank_layout, setup_distributed,

@@ -91,11 +91,11 @@ def test_missing_input_is_named(name):
         model.trunk(batch, num_cycles=1)
 
 
-def test_kernel_choices_have_one_definition_and_the_old_name_warns():
+def test_kernel_choices_have_one_definition():
     from featurecache.kernels.runtime import KERNEL_CHOICES
     from featurecache.model import config as model_config
 
     for kernels in KERNEL_CHOICES:
         assert ModelConfig().replace(kernels=kernels).runtime.kernels == kernels
-    with pytest.warns(DeprecationWarning, match="KERNEL_CHOICES"):
-        assert model_config.KERNEL_IMPLS is KERNEL_CHOICES
+    assert model_config.KERNEL_CHOICES is KERNEL_CHOICES
+    assert not hasattr(model_config, "KERNEL_IMPLS")  # its old name is gone from the Python API

@@ -44,7 +44,7 @@ def _read_while_publishing(dest: Path, expected: dict, barrier, published, resul
     """READS random reads, then on until an epoch that began after the last publish."""
     rng = random.Random(seed)
     errors, seen = [], []
-    dataset = CacheDataset(dest, crop_size=24, max_msa_rows=4, follow_latest=True)
+    dataset = CacheDataset(dest, crop_size=24, msa_rows_per_sample=4, follow_latest=True)
     step, final_epoch = 0, False
     while step < READS or not final_epoch:
         try:

@@ -18,7 +18,6 @@ class TriangleMultiplication(nn.Module):
     hold identical parameters, so a state_dict moves between them.
     """
 
-    @runtime.accepts_impl_keyword
     def __init__(
         self,
         dim: int,
@@ -43,6 +42,8 @@ class TriangleMultiplication(nn.Module):
         self.linear_z = nn.Linear(hidden_dim, dim, bias=False)
 
     def forward(self, z: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """z: [B, N_token, N_token, dim]; mask: [B, N_token, N_token] bool (None: every pair).
+        Returns the update [B, N_token, N_token, dim] (no residual)."""
         fn = triangle_mult if self.kernels == "triton" else triangle_mult_reference
         return fn(z, mask, self.norm_in.weight, self.norm_in.bias, self.linear_a_p.weight,
                   self.linear_a_g.weight, self.linear_b_p.weight, self.linear_b_g.weight,

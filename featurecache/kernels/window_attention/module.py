@@ -17,12 +17,14 @@ class WindowAttention(nn.Module):
 
     kernels="triton" runs the kernels, kernels="torch" the PyTorch reference."""
 
-    @runtime.accepts_impl_keyword
     def __init__(self, kernels: str = "triton") -> None:
         super().__init__()
         self.kernels = runtime.check_kernels(kernels)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor] = None,
                 mask: Optional[torch.Tensor] = None, scale: Optional[float] = None) -> torch.Tensor:
+        """q: [B, S, W, queries, H, D]; k, v: [B, S, W, keys, H, D]; bias: [B, W, H, queries, keys];
+        mask: [B, W, keys] bool (True = attend); scale: None for D ** -0.5. Returns
+        [B, S, W, queries, H, D]."""
         fn = window_attention if self.kernels == "triton" else window_attention_reference
         return fn(q, k, v, bias=bias, mask=mask, scale=scale)

@@ -1,0 +1,24 @@
+"""Gated attention over the pair, read from one packed projection: triangle attention's core.
+
+TriangleAttention projects z once into [q | k | v | gate | bias] (one LayerNorm+Linear). This op
+takes that packed tensor and returns sigmoid(gate) * attention(q, k, v, bias, mask), laid out
+for the output projection. What it saves against composing `split`, evo_attention and the gate
+in autograd (the reference, `gated_pair_attention_reference`):
+- the backward writes dq, dk, dv, d_gate and d_bias straight into one packed gradient laid out
+  like the projection (rows 16-element aligned), which the projection's backward reads in
+  place; autograd would concatenate five gradients into a new buffer, one more pass over the
+  largest tensor of triangle attention;
+- the gate is one kernel each way (sigmoid, product and both gradients), not four to five
+  elementwise kernels, and it reads the attention output through the ending node's transpose
+  instead of copying it.
+Layout, in the order a call goes through it (as for every op of featurecache.kernels):
+  kernels.py   the @triton.jit gate kernels (forward, backward)
+  launch.py    the packed tensor's views and the gate's launchers (the attention itself is
+               evo_attention's)
+  autograd.py  the autograd Function and `gated_pair_attention`, the entry point
+"""
+
+from featurecache.kernels.gated_attention.autograd import gated_pair_attention
+from featurecache.kernels.gated_attention.launch import gate_backward, gate_forward, packed_views
+
+__all__ = ["gate_backward", "gate_forward", "gated_pair_attention", "packed_views"]

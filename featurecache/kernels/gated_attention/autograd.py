@@ -1,0 +1,90 @@
+"""The gated pair attention's autograd Function and `gated_pair_attention`, the entry point:
+evo_attention's launchers on the packed views, then the gate."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from featurecache.kernels import runtime
+from featurecache.kernels.evo_attention import (
+    check_inputs,
+    evo_attention,
+    evo_attention_backward,
+    evo_attention_forward,
+)
+from featurecache.kernels.gated_attention.launch import gate_backward, gate_forward, packed_views
+from featurecache.kernels.reference import gated_pair_attention_reference
+
+
+class _GatedPairAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, packed, mask, heads, head_dim, transpose, scale):
+        q, k, v, gate, bias = packed_views(packed, heads, head_dim, transpose)
+        # The bias is read as [L, L] tiles per head: a copy with contiguous keys (H * L * L
+        # elements, 1/32 of q) reads far faster than the packed columns' 4-element rows.
+        bias = bias.unsqueeze(1).contiguous()
+        if mask is not None:
+            mask = (mask.transpose(1, 2) if transpose else mask).contiguous()
+        check_inputs(q, k, v, bias, mask)
+        out, lse, key_end = evo_attention_forward(q, k, v, bias, mask, scale)
+        out_pair = out.flatten(-2)  # [B, rows, L, H*D]: the pair's layout, transposed for the ending node
+        if transpose:
+            out_pair = out_pair.transpose(1, 2)
+        gated = gate_forward(gate, out_pair)
+        ctx.save_for_backward(packed, bias, mask, out, lse, key_end)
+        ctx.shape = (heads, head_dim, transpose, scale)
+        return gated
+
+    @staticmethod
+    def backward(ctx, d_gated):
+        packed, bias, mask, out, lse, key_end = ctx.saved_tensors
+        heads, head_dim, transpose, scale = ctx.shape
+        batch, length, width = packed.shape[0], packed.shape[1], packed.shape[-1]
+        d_gated = d_gated.contiguous()
+        # The packed gradient, rows as wide as the packed input's (16-element aligned when it is
+        # LayerNormLinear(aligned_rows=True)'s output), so the projection's backward reads it in
+        # place and the kernels writing into it store aligned rows. The columns past `width`
+        # are outside the view: nothing reads them.
+        row = max(width, packed.stride(2)) if packed.stride(-1) == 1 else width
+        d_packed = packed.new_empty((batch, length, length, row))[..., :width]
+        q, k, v, gate, _ = packed_views(packed, heads, head_dim, transpose)
+        dq, dk, dv, d_gate, d_bias = packed_views(d_packed, heads, head_dim, transpose)
+
+        d_out = torch.empty_like(out)
+        out_pair, d_out_pair = out.flatten(-2), d_out.flatten(-2)
+        if transpose:
+            out_pair, d_out_pair = out_pair.transpose(1, 2), d_out_pair.transpose(1, 2)
+        gate_backward(d_gated, gate, out_pair, d_out_pair, d_gate)
+        _, _, _, dbias = evo_attention_backward(d_out, q, k, v, bias, mask, out, lse, key_end, scale,
+                                                bias_grad=True, grads=(dq, dk, dv))
+        d_bias.copy_(dbias.squeeze(1))
+        return d_packed, None, None, None, None, None
+
+
+def gated_pair_attention(
+    packed: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    heads: int,
+    head_dim: int,
+    transpose: bool = False,
+    scale: Optional[float] = None,
+) -> torch.Tensor:
+    """Triton gated_pair_attention_reference (see there for the layout); same numerics, up to
+    the gate's rounding (one rounding here, two there).
+
+    Under torch.compile, and on a CPU without the interpreter, it is the composition of the
+    reference with evo_attention (whose custom ops keep a compiled graph whole)."""
+    if packed.dim() != 4 or packed.shape[1] != packed.shape[2] or packed.shape[-1] < 4 * heads * head_dim + heads:
+        raise ValueError(f"gated_pair_attention: packed has shape {tuple(packed.shape)}, expected "
+                         f"[B, L, L, >= {4 * heads * head_dim + heads}] for {heads} heads of {head_dim}")
+    if mask is not None and (mask.shape != packed.shape[:3] or mask.dtype != torch.bool):
+        raise ValueError(f"gated_pair_attention: mask is {mask.dtype} {tuple(mask.shape)}, expected bool "
+                         f"{tuple(packed.shape[:3])}")
+    if scale is None:
+        scale = head_dim ** -0.5
+    if torch.compiler.is_compiling() or not runtime.runs_triton(packed.device):
+        return gated_pair_attention_reference(packed, mask, heads, head_dim, transpose, scale, attention=evo_attention)
+    packed = runtime.autocast_input(packed)
+    return _GatedPairAttention.apply(packed, mask, heads, head_dim, transpose, float(scale))

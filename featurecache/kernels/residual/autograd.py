@@ -1,0 +1,33 @@
+"""The residual add's autograd Function and `residual_add`, the entry point."""
+
+from __future__ import annotations
+
+import torch
+
+from featurecache.kernels import runtime
+from featurecache.kernels.reference import residual_add_reference
+from featurecache.kernels.residual.launch import residual_add_bwd, residual_add_fwd
+
+
+class _ResidualAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z, update, low_dtype):
+        ctx.update_dtype = update.dtype
+        return residual_add_fwd(z, update, low_dtype)
+
+    @staticmethod
+    def backward(ctx, d_new, d_low):
+        if d_new is None and d_low is None:
+            return None, None, None
+        return (*residual_add_bwd(d_new, d_low, ctx.update_dtype), None)
+
+
+def residual_add(z: torch.Tensor, update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """residual_add_reference in one Triton kernel each way, where it matters: an fp32 stream
+    under autocast, on CUDA (or the interpreter), outside torch.compile (which fuses the
+    composition itself)."""
+    if (z.dtype != torch.float32 or not torch.is_autocast_enabled(z.device.type)
+            or z.shape != update.shape or not z.is_contiguous() or not update.is_contiguous()
+            or torch.compiler.is_compiling() or not runtime.runs_triton(z.device)):
+        return residual_add_reference(z, update)
+    return _ResidualAdd.apply(z, update, torch.get_autocast_dtype(z.device.type))

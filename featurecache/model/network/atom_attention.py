@@ -1,0 +1,244 @@
+"""Atom attention (AF3 Algorithms 5-7): the encoder from per-atom reference features (and, in the
+diffusion module, noisy positions and the trunk) to tokens, the decoder back to atoms, and the
+sequence-local atom transformer between them.
+
+Symbols: c_l (`atom_cond`, the atom single conditioning), q_l (`atom_single`, the stream the atom
+transformer updates), p_lm (`atom_pair`, kept only inside the local windows), a_i (token single),
+r_l (noisy positions, scaled by c_in). Atoms are in record order (token by token), A of them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from featurecache.kernels.layernorm_linear import LayerNormLinear
+from featurecache.kernels.reference import evo_attention_reference
+from featurecache.kernels.window_attention import window_attention
+from featurecache.model.config import ModelConfig
+from featurecache.model.network.atoms import gather_tokens, mean_over_token_atoms
+from featurecache.model.network.layers import freeze_norm_bias, full_precision, kernel_module
+from featurecache.model.network.transformer import ConditionedTransformer
+
+NUM_ELEMENTS = 128        # one-hot of the atomic number (ref_element)
+NAME_CHARS = 4            # ref_atom_name_chars: 4 characters ...
+NAME_CHAR_CLASSES = 64    # ... each ord(c) - 32, one-hot over 64
+REFERENCE_FEATURE_DIM = 3 + 1 + 1 + NUM_ELEMENTS + NAME_CHARS * NAME_CHAR_CLASSES  # 389
+
+# What the atom encoder reads from a collated batch (featurecache.schema, loader.collate).
+ATOM_INPUTS = ("ref_pos", "ref_mask", "ref_element", "ref_charge", "ref_atom_name_chars", "ref_space_uid",
+               "atom_to_token", "atom_pad_mask")
+
+
+def reference_features(batch: dict, charge_arcsinh: bool = True) -> torch.Tensor:
+    """[B, A, 389] fp32: ref_pos, ref_charge (through arcsinh with `charge_arcsinh`, as AF3's
+    code: a charge of 2 or 3 stays near 1's scale), ref_mask, one-hot element and atom-name
+    characters (Algorithm 5, line 1)."""
+    element = batch["ref_element"].long().clamp(0, NUM_ELEMENTS - 1)
+    name = batch["ref_atom_name_chars"].long().clamp(0, NAME_CHAR_CLASSES - 1)
+    charge = batch["ref_charge"].float()
+    return torch.cat([
+        batch["ref_pos"].float(),
+        (torch.asinh(charge) if charge_arcsinh else charge).unsqueeze(-1),
+        batch["ref_mask"].float().unsqueeze(-1),
+        F.one_hot(element, NUM_ELEMENTS).float(),
+        F.one_hot(name, NAME_CHAR_CLASSES).flatten(-2).float(),
+    ], dim=-1)
+
+
+class AtomWindows:
+    """Sequence-local atom attention (Algorithm 7): atoms in windows of `queries` consecutive
+    atoms (32), each attending to the `keys` atoms (128) centred on its window, as AF3's subset
+    centres 15.5, 47.5, ... define them. Keys outside the atoms or padding are masked.
+
+    Pair tensors live per window: [B, W, queries, keys, C]. kernels="triton" runs
+    featurecache.kernels.window_attention on the windows as they are (queries x keys, the bias
+    read once for a group of diffusion samples). kernels="torch" runs evo_attention's reference,
+    which needs as many queries as keys: each window's queries are padded with zero rows to
+    `keys` and the windows go in the batch axis, the S diffusion samples in its rows, so one
+    [keys, keys] bias per window serves every sample.
+    """
+
+    def __init__(self, atom_pad_mask: torch.Tensor, queries: int = 32, keys: int = 128) -> None:
+        batch_size, num_atoms = atom_pad_mask.shape
+        device = atom_pad_mask.device
+        self.queries, self.keys, self.num_atoms = queries, keys, num_atoms
+        self.num_windows = max(1, -(-num_atoms // queries))
+        window = torch.arange(self.num_windows, device=device)
+        self.query_index = window[:, None] * queries + torch.arange(queries, device=device)  # [W, queries]
+        key_index = window[:, None] * queries + (queries - keys) // 2 + torch.arange(keys, device=device)
+        inside = (key_index >= 0) & (key_index < num_atoms)
+        self.key_index = key_index.clamp(0, max(num_atoms - 1, 0))  # [W, keys]
+        self.key_mask = inside & atom_pad_mask[:, self.key_index]  # [B, W, keys]
+
+    def queries_of(self, atom_values: torch.Tensor) -> torch.Tensor:
+        """[B, ..., A, C] -> [B, ..., W, queries, C] (zeros past the last atom)."""
+        padded = F.pad(atom_values, (0, 0, 0, self.num_windows * self.queries - self.num_atoms))
+        return padded.unflatten(-2, (self.num_windows, self.queries))
+
+    def keys_of(self, atom_values: torch.Tensor) -> torch.Tensor:
+        """[B, ..., A, C] -> [B, ..., W, keys, C]."""
+        return atom_values[..., self.key_index.flatten(), :].unflatten(-2, (self.num_windows, self.keys))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pair_bias: torch.Tensor,
+               kernels: str) -> torch.Tensor:
+        """Each window's queries over its keys: q, k, v [B, S, A, H, D], pair_bias
+        [B, W, queries, keys, H] -> [B, S, A, H, D]."""
+        if kernels == "torch":
+            q_rows, k_rows, v_rows, mask = self.pack(q, k, v)
+            return self.unpack(evo_attention_reference(q_rows, k_rows, v_rows, bias=self.bias(pair_bias), mask=mask))
+        heads = q.shape[-2:]
+        q_windows = self.queries_of(q.flatten(-2)).unflatten(-1, heads)  # [B, S, W, queries, H, D]
+        k_windows, v_windows = (self.keys_of(t.flatten(-2)).unflatten(-1, heads) for t in (k, v))
+        # Contiguous keys: the kernels read [queries, keys] bias tiles in whole cache lines.
+        bias = pair_bias.permute(0, 1, 4, 2, 3).contiguous()  # [B, W, H, queries, keys]
+        out = window_attention(q_windows, k_windows, v_windows, bias=bias, mask=self.key_mask)
+        return out.flatten(2, 3)[:, :, : self.num_atoms]
+
+    def bias(self, pair_bias: torch.Tensor) -> torch.Tensor:
+        """[B, W, queries, keys, H] -> evo_attention's [B * W, 1, H, keys, keys]."""
+        bias = pair_bias.permute(0, 1, 4, 2, 3)
+        bias = F.pad(bias, (0, 0, 0, self.keys - self.queries))
+        return bias.flatten(0, 1).unsqueeze(1).contiguous()
+
+    def pack(self, q, k, v):
+        """q, k, v [B, S, A, H, D] -> [B * W, S, keys, H, D] each, and the key mask [B * W, S, keys]."""
+        samples = q.shape[1]
+
+        def rows(t):  # [B, S, W, keys, H, D] -> [B * W, S, keys, H, D]
+            return t.transpose(1, 2).flatten(0, 1)
+
+        q = self.queries_of(q.flatten(-2))
+        q = F.pad(q, (0, 0, 0, self.keys - self.queries)).unflatten(-1, k.shape[-2:])
+        k, v = (self.keys_of(t.flatten(-2)).unflatten(-1, t.shape[-2:]) for t in (k, v))
+        mask = self.key_mask.flatten(0, 1)[:, None, :].expand(-1, samples, -1).contiguous()
+        return rows(q), rows(k), rows(v), mask
+
+    def unpack(self, out: torch.Tensor) -> torch.Tensor:
+        """[B * W, S, keys, H, D] -> [B, S, A, H, D]: each window's query rows."""
+        out = out.unflatten(0, (-1, self.num_windows))[:, :, :, : self.queries]  # [B, W, S, queries, H, D]
+        return out.transpose(1, 2).flatten(2, 3)[:, :, : self.num_atoms]
+
+
+class AtomTransformer(nn.Module):
+    """Algorithm 7: the conditioned transformer over atoms with sequence-local attention."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        atom = config.atom_attention
+        self.transformer = ConditionedTransformer(
+            atom.c_atom, atom.c_atom, atom.c_atompair, atom.atom_blocks, atom.atom_heads,
+            config.runtime.kernels, checkpoint_blocks=config.runtime.checkpoint_blocks, key_adaln=atom.atom_key_adaln)
+
+    def forward(self, atom_single, atom_cond, atom_pair, windows: AtomWindows) -> torch.Tensor:
+        """atom_single [B, S, A, c_atom], atom_cond [B, 1, A, c_atom], atom_pair [B, W, Q, K, c_atompair]."""
+        return self.transformer(atom_single, atom_cond, atom_pair, windows)
+
+
+class AtomAttentionEncoder(nn.Module):
+    """Algorithm 5, AtomAttentionEncoder. `with_trunk` builds the diffusion module's version,
+    which also reads the trunk's single and pair and the noisy positions."""
+
+    def __init__(self, config: ModelConfig, c_token: int, with_trunk: bool) -> None:
+        super().__init__()
+        c_atom, c_pair = config.atom_attention.c_atom, config.atom_attention.c_atompair
+        self.with_trunk = with_trunk
+        self.coordinates_fp32 = config.diffusion.diffusion_coordinates_fp32
+        self.charge_arcsinh = config.atom_attention.ref_charge_arcsinh
+        self.cond_ref_mask = config.atom_attention.atom_cond_ref_mask
+        self.from_reference = nn.Linear(REFERENCE_FEATURE_DIM, c_atom, bias=False)
+        self.pair_from_offset = nn.Linear(3, c_pair, bias=False)
+        self.pair_from_distance = nn.Linear(1, c_pair, bias=False)
+        self.pair_from_same_space = nn.Linear(1, c_pair, bias=False)
+        if with_trunk:
+            self.from_trunk_single = kernel_module(LayerNormLinear, config.trunk.c_s, c_atom, bias=False,
+                                                   kernels=config.runtime.kernels)
+            self.from_trunk_pair = kernel_module(LayerNormLinear, config.trunk.c_z, c_pair, bias=False,
+                                                 kernels=config.runtime.kernels)
+            self.from_positions = nn.Linear(3, c_atom, bias=False)
+        self.pair_from_query = nn.Linear(c_atom, c_pair, bias=False)
+        self.pair_from_key = nn.Linear(c_atom, c_pair, bias=False)
+        self.pair_mlp = nn.Sequential(
+            nn.ReLU(), nn.Linear(c_pair, c_pair, bias=False),
+            nn.ReLU(), nn.Linear(c_pair, c_pair, bias=False),
+            nn.ReLU(), nn.Linear(c_pair, c_pair, bias=False))
+        self.atom_transformer = AtomTransformer(config)
+        self.to_token = nn.Linear(c_atom, c_token, bias=False)
+
+    def condition(self, batch: dict, windows: AtomWindows, trunk_single: torch.Tensor | None = None,
+                  trunk_pair: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """c_l [B, 1, A, c_atom] and p_lm [B, W, Q, K, c_atompair] (Algorithm 5, lines 1-13 but
+        11): everything that does not depend on the noisy positions, computed once per trunk pass.
+
+        With config.diffusion.diffusion_coordinates_fp32 the projections of the reference positions
+        and their offsets run in fp32 under autocast (small: [A, 389] and [W, Q, K, 3] inputs)."""
+        ref_pos = batch["ref_pos"].float()
+        uid = batch["ref_space_uid"].unsqueeze(-1).float()
+        with full_precision(self.coordinates_fp32, ref_pos.device.type):
+            atom_cond = self.from_reference(reference_features(batch, self.charge_arcsinh))  # [B, A, c_atom]
+            offset = windows.queries_of(ref_pos)[..., :, None, :] - windows.keys_of(ref_pos)[..., None, :, :]
+            same_space = (windows.queries_of(uid)[..., :, None, :] == windows.keys_of(uid)[..., None, :, :]).float()
+            atom_pair = (self.pair_from_offset(offset)
+                         + self.pair_from_distance(1.0 / (1.0 + offset.square().sum(-1, keepdim=True)))
+                         + self.pair_from_same_space(same_space)) * same_space  # [B, W, Q, K, c_atompair]
+        if self.cond_ref_mask:  # AF3's code: an atom without reference features conditions nothing
+            atom_cond = atom_cond * batch["ref_mask"].unsqueeze(-1).to(atom_cond.dtype)
+        if self.with_trunk:
+            atom_to_token = batch["atom_to_token"]
+            atom_cond = atom_cond + gather_tokens(self.from_trunk_single(trunk_single), atom_to_token)
+            token_pair = self.from_trunk_pair(trunk_pair)  # [B, N, N, c_atompair]: project, then gather
+            token = atom_to_token.unsqueeze(-1).float()
+            query_token = windows.queries_of(token).squeeze(-1).long()  # [B, W, Q]
+            key_token = windows.keys_of(token).squeeze(-1).long()  # [B, W, K]
+            rows = torch.arange(token_pair.shape[0], device=token_pair.device)[:, None, None, None]
+            atom_pair = atom_pair + token_pair[rows, query_token[..., :, None], key_token[..., None, :]]
+        relu_cond = torch.relu(atom_cond)
+        atom_pair = (atom_pair + windows.queries_of(self.pair_from_query(relu_cond))[..., :, None, :]
+                     + windows.keys_of(self.pair_from_key(relu_cond))[..., None, :, :])
+        atom_pair = atom_pair + self.pair_mlp(atom_pair)
+        return atom_cond.unsqueeze(1), atom_pair
+
+    def forward(self, batch: dict, windows: AtomWindows, atom_cond: torch.Tensor, atom_pair: torch.Tensor,
+                scaled_positions: torch.Tensor | None = None):
+        """Algorithm 5 lines 7, 11, 14-17. scaled_positions [B, S, A, 3] (r_l) or None.
+
+        Returns the token single a [B, S, N, c_token] and the skips q_l [B, S, A, c_atom], c_l, p_lm.
+        With config.diffusion.diffusion_coordinates_fp32 r_l's projection runs in fp32 under autocast,
+        and so does q_l's sum with it (the atom transformer's layers then cast to bf16 themselves).
+        """
+        atom_single = atom_cond
+        if scaled_positions is not None:
+            with full_precision(self.coordinates_fp32, scaled_positions.device.type):
+                if self.coordinates_fp32:
+                    scaled_positions = scaled_positions.float()
+                atom_single = atom_single + self.from_positions(scaled_positions)
+        atom_single = self.atom_transformer(atom_single, atom_cond, atom_pair, windows)
+        num_tokens = batch["restype"].shape[1]
+        token_single = mean_over_token_atoms(torch.relu(self.to_token(atom_single)), batch["atom_to_token"],
+                                             batch["atom_pad_mask"], num_tokens)
+        return token_single, atom_single, atom_cond, atom_pair
+
+
+class AtomAttentionDecoder(nn.Module):
+    """Algorithm 6, AtomAttentionDecoder: tokens back to atoms, the atom transformer, positions."""
+
+    def __init__(self, config: ModelConfig, c_token: int) -> None:
+        super().__init__()
+        self.from_token = nn.Linear(c_token, config.atom_attention.c_atom, bias=False)
+        self.atom_transformer = AtomTransformer(config)
+        self.to_positions = kernel_module(LayerNormLinear, config.atom_attention.c_atom, 3, bias=False,
+                                          kernels=config.runtime.kernels)
+        freeze_norm_bias(self.to_positions)  # a translation of every atom: the losses ignore it
+        self.coordinates_fp32 = config.diffusion.diffusion_coordinates_fp32
+
+    def forward(self, batch: dict, windows: AtomWindows, token_single: torch.Tensor, atom_single: torch.Tensor,
+                atom_cond: torch.Tensor, atom_pair: torch.Tensor) -> torch.Tensor:
+        """token_single [B, S, N, c_token] and the encoder's skips -> position update [B, S, A, 3]."""
+        atom_single = gather_tokens(self.from_token(token_single), batch["atom_to_token"]) + atom_single
+        atom_single = self.atom_transformer(atom_single, atom_cond, atom_pair, windows)
+        if not self.coordinates_fp32:
+            return self.to_positions(atom_single)
+        # fp32 update (its LayerNorm and [c_atom, 3] product): bf16 would round it to 8 bits
+        with full_precision(True, atom_single.device.type):
+            return self.to_positions(atom_single.float())

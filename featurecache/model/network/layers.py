@@ -1,0 +1,262 @@
+"""Building blocks of the trunk that sit on top of the kernels.
+
+Every module takes `kernels` ("triton" or "torch"). Both build the same parameters, so a
+state_dict moves between them;
+"triton" runs `featurecache.kernels` (EvoAttention and the fused small ops), "torch" runs the
+pure-PyTorch references. The glue is fused where it pays: each attention
+computes all of its projections (queries, keys, values, gate, and the bias where it comes from
+the same input) with one LayerNorm and one matrix product, and the kernels read q/k/v as strided
+views of that product instead of copies. The views come from one `split`, whose backward is a
+single concatenation; slicing each view out separately would make autograd build a zero-filled
+gradient of the whole product per slice and add them up (at L = 384, five 150 MB buffers per
+triangle attention).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from featurecache.kernels.layernorm_linear import LayerNormLinear
+from featurecache.kernels.runtime import check_kernels
+
+
+def _cast_to_autocast_dtype(module: nn.Module, args: tuple) -> tuple:
+    """Forward pre-hook: floating-point inputs in the autocast dtype while autocast is on.
+
+    The Triton ops compute and return in their input's dtype (autocast does not reach inside a
+    custom autograd Function), so without this they would run the fp32 residual stream in fp32
+    while the PyTorch path's matrix products run in bf16. Both paths take the hook, so they see
+    the same precision; residual adds keep the dtype of the stream they add to.
+    """
+    cast = []
+    for value in args:
+        if isinstance(value, torch.Tensor) and value.is_floating_point() \
+                and torch.is_autocast_enabled(value.device.type):
+            value = value.to(torch.get_autocast_dtype(value.device.type))
+        cast.append(value)
+    return tuple(cast)
+
+
+def full_precision(enabled: bool, device_type: str):
+    """A context with autocast off (fp32 in, fp32 out) when `enabled`, else nothing: for the few
+    small layers whose bf16 rounding would cost resolution (AF3 runs them at precision "highest").
+    Inputs must be fp32 already: autocast off casts nothing."""
+    return torch.autocast(device_type, enabled=False) if enabled else contextlib.nullcontext()
+
+
+def kernel_module(module_class: type[nn.Module], *args, kernels: str, **kwargs) -> nn.Module:
+    """One of featurecache.kernels' fused-op modules (LayerNormLinear, Transition,
+    TriangleMultiplication), built for `kernels`, its inputs cast to autocast's dtype."""
+    check_kernels(kernels)
+    module = module_class(*args, kernels=kernels, **kwargs)
+    module.register_forward_pre_hook(_cast_to_autocast_dtype)
+    return module
+
+
+def freeze_norm_bias(layer_norm_linear: nn.Module) -> None:
+    """Freeze the LayerNorm bias of a LayerNormLinear whose every effect a later step cancels.
+
+    Two places have one: a projection to attention logits (the bias adds the same constant to
+    every logit of a head, which the softmax over keys ignores), and the diffusion decoder's
+    projection to position updates (the bias moves every atom of a sample by the same vector,
+    which the rigidly aligned MSE, the LDDT and the bond loss all ignore). Its gradient is zero
+    in exact arithmetic (float noise in practice). Frozen, it stays zero, keeps its place in the
+    state_dict, and is not mistaken for a trainable weight.
+    """
+    layer_norm_linear.norm.bias.requires_grad_(False)
+
+
+def attention_fn(kernels: str):
+    """evo_attention for "triton", its pure-PyTorch reference for "torch"."""
+    if check_kernels(kernels) == "torch":
+        from featurecache.kernels.reference import evo_attention_reference
+
+        return evo_attention_reference
+    # the submodule, not the package attribute: importing the submodule rebinds that name to it
+    from featurecache.kernels.evo_attention import evo_attention
+
+    return evo_attention
+
+
+def residual_fn(kernels: str):
+    """featurecache.kernels.residual's fused residual add (sum in fp32 and in bf16) or its reference."""
+    from featurecache.kernels import residual
+
+    return residual.residual_add_reference if check_kernels(kernels) == "torch" else residual.residual_add
+
+
+def gated_pair_attention_fn(kernels: str):
+    """The packed triangle-attention core (featurecache.kernels.gated_attention) or its reference."""
+    if check_kernels(kernels) == "torch":
+        from featurecache.kernels.reference import gated_pair_attention_reference
+
+        return gated_pair_attention_reference
+    from featurecache.kernels.gated_attention import gated_pair_attention
+
+    return gated_pair_attention
+
+
+class TriangleAttention(nn.Module):
+    """Triangle self-attention around the starting or the ending node (AF3 Algorithms 14, 15).
+
+    The ending node is the starting node on the transposed pair; the transpose is taken on views
+    of the projections, so neither z nor q/k/v is copied. Everything between the two
+    projections (attention with bias and mask, the gate) is one op on the packed projection.
+    """
+
+    def __init__(self, c_z: int, num_heads: int, head_dim: int, node: str = "starting",
+                 eps: float = 1e-5, kernels: str = "triton") -> None:
+        super().__init__()
+        if node not in ("starting", "ending"):
+            raise ValueError(f"TriangleAttention node is {node!r}, expected 'starting' or 'ending'")
+        self.node = node
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        inner = num_heads * head_dim
+        # q, k, v, gate and the per-head pair bias from one LayerNorm + one matrix product.
+        # Rows of the product 16-element aligned: q/k/v are read from it as strided views, and
+        # 4 * inner + heads (516 at AF3's sizes) would leave their row stride unaligned, which
+        # keeps Triton from vectorizing EvoAttention's loads.
+        self.proj = kernel_module(LayerNormLinear, c_z, 4 * inner + num_heads, bias=False, eps=eps,
+                                  kernels=kernels, aligned_rows=True)
+        self.linear_out = nn.Linear(inner, c_z)
+        self.gated_attention = gated_pair_attention_fn(kernels)
+
+    def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
+        """z [B, L, L, C], pair_mask [B, L, L] bool -> update [B, L, L, C] (caller adds it)."""
+        # Starting node: rows i, queries j, keys k, bias b_jk, mask on (i, k). Ending node:
+        # o_ij = sum_k softmax_k(q_ij . k_kj + b_ki) v_kj, the starting node on z^T.
+        out = self.gated_attention(self.proj(z), pair_mask, self.num_heads, self.head_dim,
+                                   transpose=self.node == "ending")
+        return self.linear_out(out)
+
+
+class AttentionPairBias(nn.Module):
+    """Gated self-attention on the single representation with a bias from the pair (Algorithm 24)."""
+
+    def __init__(self, c_s: int, c_z: int, num_heads: int, head_dim: int, eps: float = 1e-5,
+                 kernels: str = "triton") -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        inner = num_heads * head_dim
+        self.proj = kernel_module(LayerNormLinear, c_s, 4 * inner, bias=True, eps=eps, kernels=kernels)
+        self.pair_bias = kernel_module(LayerNormLinear, c_z, num_heads, bias=False, eps=eps, kernels=kernels)
+        freeze_norm_bias(self.pair_bias)
+        self.linear_out = nn.Linear(inner, c_s, bias=False)
+        self.attention = attention_fn(kernels)
+
+    def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+        """s [B, L, C_s], z [B, L, L, C_z], token_mask [B, L] bool -> update [B, L, C_s]."""
+        heads, dim = self.num_heads, self.head_dim
+        inner = heads * dim
+        proj = self.proj(s).unsqueeze(1)  # [B, 1, L, 4 * H * D]: one "row" for evo_attention
+        q, k, v, gate = (t.unflatten(-1, (heads, dim)) for t in proj.split(inner, dim=-1))
+        bias = self.pair_bias(z).permute(0, 3, 1, 2).unsqueeze(1).contiguous()  # [B, 1, H, L, L]
+        out = self.attention(q, k, v, bias=bias, mask=token_mask.unsqueeze(1))
+        out = (torch.sigmoid(gate) * out).squeeze(1)
+        return self.linear_out(out.flatten(-2))
+
+
+class PairWeightedAveraging(nn.Module):
+    """MSA pair-weighted averaging (Algorithm 10): rows mix values with weights from the pair only.
+
+    The weights do not depend on the MSA row, so they are one softmax per head over [L, L] and the
+    averaging is a batched matrix product, already the fastest form on either path.
+    """
+
+    def __init__(self, c_m: int, c_z: int, num_heads: int, head_dim: int, eps: float = 1e-5,
+                 kernels: str = "triton") -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        inner = num_heads * head_dim
+        self.proj = kernel_module(LayerNormLinear, c_m, 2 * inner, bias=False, eps=eps, kernels=kernels)
+        self.pair_bias = kernel_module(LayerNormLinear, c_z, num_heads, bias=False, eps=eps, kernels=kernels)
+        freeze_norm_bias(self.pair_bias)
+        self.linear_out = nn.Linear(inner, c_m, bias=False)
+
+    def forward(self, m: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+        """m [B, S, L, C_m], z [B, L, L, C_z], token_mask [B, L] -> update [B, S, L, C_m]."""
+        inner = self.num_heads * self.head_dim
+        proj = self.proj(m)
+        value, gate = proj.split(inner, dim=-1)
+        value = value.unflatten(-1, (self.num_heads, self.head_dim))
+        logits = self.pair_bias(z).float().permute(0, 3, 1, 2)  # [B, H, L, L]
+        logits = logits.masked_fill(~token_mask[:, None, None, :], float("-inf"))
+        # Padded query rows see only -inf: give them uniform weights instead of NaN.
+        logits = logits.masked_fill(~token_mask[:, None, :, None], 0.0)
+        weights = torch.softmax(logits, dim=-1).to(value.dtype)
+        out = torch.einsum("bhij,bsjhd->bsihd", weights, value).flatten(-2)
+        return self.linear_out(torch.sigmoid(gate) * out)
+
+
+class OuterProductMean(nn.Module):
+    """MSA -> pair update: mean over valid rows of outer products (Algorithm 9)."""
+
+    def __init__(self, c_m: int, c_z: int, hidden_dim: int, eps: float = 1e-5, kernels: str = "triton") -> None:
+        super().__init__()
+        self.hidden_dim = hidden_dim
+        self.proj = kernel_module(LayerNormLinear, c_m, 2 * hidden_dim, bias=True, eps=eps, kernels=kernels)
+        self.linear_out = nn.Linear(hidden_dim * hidden_dim, c_z)
+
+    def forward(self, m: torch.Tensor, msa_mask: torch.Tensor) -> torch.Tensor:
+        """m [B, S, L, C_m], msa_mask [B, S, L] bool -> update [B, L, L, C_z]."""
+        mask = msa_mask.unsqueeze(-1).to(m.dtype)
+        proj = self.proj(m)
+        a, b = (t * mask for t in proj.split(self.hidden_dim, dim=-1))
+        outer = torch.einsum("bsic,bsjd->bijcd", a, b).flatten(-2)
+        # rows where both positions are valid; 1e-3 keeps fully padded pairs finite
+        count = torch.einsum("bsi,bsj->bij", mask.squeeze(-1).float(), mask.squeeze(-1).float())
+        outer = outer / (count.unsqueeze(-1) + 1e-3).to(outer.dtype)
+        return self.linear_out(outer)
+
+
+# --- Dropout (AF3 Algorithms 8 and 17: DropoutRowwise, DropoutColumnwise) ----------------------
+# A mask is a pure function of a per-call seed tensor, the block and site it serves, and the
+# batch, token and channel indices it covers: no generator state is read inside a block. So the
+# recomputation of a checkpointed block draws the very same mask, a CUDA graph replays it from the
+# seed drawn on the device at each replay, and padding tokens (which come after the real ones)
+# leave the real tokens' masks unchanged.
+
+_HASH_MULTIPLIER = 0x45D9F3B  # below 2**27: the products of 32-bit values stay inside int64
+_UINT32 = 0xFFFFFFFF
+SITES_PER_BLOCK = 8  # dropout sites a block may hold (a PairStack uses 4, the MSA block one more)
+
+
+def _hash32(value: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mix (two multiply-xorshift rounds) of int64 values in [0, 2**32)."""
+    value = ((value >> 16) ^ value) * _HASH_MULTIPLIER & _UINT32
+    value = ((value >> 16) ^ value) * _HASH_MULTIPLIER & _UINT32
+    return (value >> 16) ^ value
+
+
+def dropout_seed(generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """A fresh int64 seed on `device` (0-d), drawn from `generator` (None: the device's default)."""
+    return torch.randint(0, 2**31 - 1, (), generator=generator, device=device)
+
+
+def derived_seeds(seed: torch.Tensor, count: int) -> torch.Tensor:
+    """[count] independent seeds from one (one per block, or per template)."""
+    return _hash32(_hash32(seed ^ 0x5BD1E995) + torch.arange(count, device=seed.device))
+
+
+def shared_dropout(update: torch.Tensor, rate: float, seed: torch.Tensor | None, site: int,
+                   shared_dim: int) -> torch.Tensor:
+    """Dropout of `update` [B, X, Y, C] with one mask shared along `shared_dim` (1: AF3's
+    DropoutRowwise, the same mask for every row; 2: DropoutColumnwise), kept values scaled by
+    1 / (1 - rate). `seed` (0-d, from derived_seeds) None or rate 0: `update` unchanged."""
+    if seed is None or rate <= 0.0:
+        return update
+    shape = list(update.shape)
+    shape[shared_dim] = 1
+    mixed = _hash32(seed ^ (site * 0x9E3779B9 & _UINT32))
+    for dim, size in enumerate(shape):  # fold in each index along the mask's axes
+        if dim != shared_dim:
+            index = torch.arange(size, device=update.device).view([-1 if d == dim else 1 for d in range(len(shape))])
+            mixed = _hash32(mixed ^ index)
+    keep = mixed >= int(rate * 2**32)  # [B, 1, Y, C] or [B, X, 1, C]
+    return update * (keep.to(update.dtype) * (1.0 / (1.0 - rate)))

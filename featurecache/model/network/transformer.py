@@ -1,0 +1,241 @@
+"""The conditioned transformer of AF3's diffusion side (Algorithms 23-26), shared by the
+24-block token transformer of the diffusion module and the atom transformers (Algorithm 7).
+
+Symbols: a (the stream being updated, `a` [B, S, L, C_a], S diffusion samples), s (its
+conditioning, [B, S or 1, L, C_s]), z / p (the pair representation the attention bias comes from),
+beta (an extra additive bias, `extra_bias`).
+
+Where the attention runs is a *layout*: `TokenLayout` is full attention over L (the keys masked
+by `token_mask`); `featurecache.model.network.atom_attention.AtomWindows` is AF3's sequence-local atom
+attention. A layout runs the attention (`attend`): it turns the per-head bias projected from
+the pair into its kernel's bias and lays q/k/v out for it (EvoAttention for tokens, window_attention
+for atoms), so one attention module serves both, on the kernel path ("triton") or the reference
+path ("torch") with the same parameters.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from featurecache.kernels.conditioned_transition import (
+    FUSED_MAX_CHANNELS,
+    adaptive_layernorm,
+    conditioned_transition,
+)
+from featurecache.kernels.layernorm_linear import LayerNormLinear
+from featurecache.kernels.runtime import check_kernels
+from featurecache.model.network.checkpointing import checkpointed
+from featurecache.model.network.layers import attention_fn, freeze_norm_bias, kernel_module
+
+# AF3 initialises every output gate sigmoid(Linear(s)) with bias -2 (Algorithms 24, 25).
+GATE_BIAS_INIT = -2.0
+
+
+def _gate(c_s: int, c_a: int) -> nn.Linear:
+    """sigmoid(linear(s)) gate: zero weights and bias -2, so it starts at sigmoid(-2) = 0.12
+    everywhere and learns from there (adaLN-Zero, with AF3's bias)."""
+    linear = nn.Linear(c_s, c_a)
+    nn.init.zeros_(linear.weight)
+    nn.init.constant_(linear.bias, GATE_BIAS_INIT)
+    return linear
+
+
+class TokenLayout:
+    """Full attention over the L positions of [B, S, L, ...]; the pair bias [B, L, L, H] is shared
+    by the S samples (evo_attention reads one bias for every row)."""
+
+    def __init__(self, token_mask: torch.Tensor, extra_bias: torch.Tensor | None = None) -> None:
+        self.token_mask = token_mask  # [B, L] bool
+        self.extra_bias = extra_bias  # [B, L, L] or None: beta of Algorithm 23
+
+    def bias(self, pair_bias: torch.Tensor) -> torch.Tensor:
+        """[B, L, L, H] -> [B, 1, H, L, L]"""
+        bias = pair_bias.permute(0, 3, 1, 2)
+        if self.extra_bias is not None:
+            bias = bias + self.extra_bias.unsqueeze(1).to(bias.dtype)
+        return bias.unsqueeze(1).contiguous()
+
+    def pack(self, q, k, v):
+        """q, k, v [B, S, L, H, D] as they are, and the key mask [B, S, L]."""
+        mask = self.token_mask[:, None, :].expand(-1, q.shape[1], -1).contiguous()
+        return q, k, v, mask
+
+    def unpack(self, out: torch.Tensor) -> torch.Tensor:
+        return out
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pair_bias: torch.Tensor,
+               kernels: str) -> torch.Tensor:
+        """q, k, v [B, S, L, H, D], pair_bias [B, L, L, H] -> [B, S, L, H, D]."""
+        q_rows, k_rows, v_rows, mask = self.pack(q, k, v)
+        return self.unpack(attention_fn(kernels)(q_rows, k_rows, v_rows, bias=self.bias(pair_bias), mask=mask))
+
+
+class AdaptiveLayerNorm(nn.Module):
+    """Algorithm 26, AdaLN: LayerNorm of a without affine, scaled by sigmoid(Linear(LN(s))) and
+    shifted by LinearNoBias(LN(s)). kernels="triton": normalize and modulate in one pass
+    (featurecache.kernels.conditioned_transition.adaptive_layernorm), same parameters."""
+
+    def __init__(self, c_a: int, c_s: int, kernels: str = "torch") -> None:
+        super().__init__()
+        self.kernels = check_kernels(kernels)
+        self.norm_a = nn.LayerNorm(c_a, elementwise_affine=False)
+        self.norm_s = nn.LayerNorm(c_s, bias=False)
+        self.scale = nn.Linear(c_s, c_a)
+        self.shift = nn.Linear(c_s, c_a, bias=False)
+
+    def forward(self, a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """a: [..., S, L, c_a]; s: [..., S or 1, L, c_s] (1: shared by the S samples). Returns
+        [..., S, L, c_a]."""
+        if self.kernels == "triton":
+            return adaptive_layernorm(a, s, self.norm_s.weight, self.scale.weight, self.scale.bias, self.shift.weight,
+                                      self.norm_s.eps)
+        s = self.norm_s(s)
+        return torch.sigmoid(self.scale(s)) * self.norm_a(a) + self.shift(s)
+
+
+class ConditionedTransition(nn.Module):
+    """Algorithm 25, ConditionedTransitionBlock: a SwiGLU transition on AdaLN(a, s), gated by s.
+    kernels="triton" runs it as one fused op (featurecache.kernels.conditioned_transition) on
+    the same parameters; "torch" runs the modules below, the reference."""
+
+    def __init__(self, c_a: int, c_s: int, expansion: int = 2, kernels: str = "torch") -> None:
+        super().__init__()
+        self.kernels = check_kernels(kernels)
+        self.adaln = AdaptiveLayerNorm(c_a, c_s)
+        self.linear_a = nn.Linear(c_a, expansion * c_a, bias=False)
+        self.linear_b = nn.Linear(c_a, expansion * c_a, bias=False)
+        self.linear_out = nn.Linear(expansion * c_a, c_a, bias=False)
+        self.output_gate = _gate(c_s, c_a)
+
+    def forward(self, a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """a: [..., S, L, c_a]; s: [..., S or 1, L, c_s] (1: shared by the S samples). Returns the
+        update [..., S, L, c_a]."""
+        # Past FUSED_MAX_CHANNELS (the token width, 768) the kernel module's AdaLN + cuBLAS split
+        # measured slower than these modules, launched and replayed (H200, 2026-12-04 03:21 UTC,
+        # benchmarks/RESULTS.md): the fused op is used only where it fuses the whole block.
+        if self.kernels == "triton" and a.shape[-1] <= FUSED_MAX_CHANNELS:
+            adaln = self.adaln
+            return conditioned_transition(
+                a, s, adaln.norm_s.weight, adaln.scale.weight, adaln.scale.bias, adaln.shift.weight,
+                self.linear_a.weight, self.linear_b.weight, self.linear_out.weight, self.output_gate.weight,
+                self.output_gate.bias, adaln.norm_s.eps)
+        x = self.adaln(a, s)
+        hidden = F.silu(self.linear_a(x)) * self.linear_b(x)
+        return torch.sigmoid(self.output_gate(s)) * self.linear_out(hidden)
+
+
+class ConditionedAttention(nn.Module):
+    """Algorithm 24, AttentionPairBias with conditioning: AdaLN(a, s), gated multi-head attention
+    with a per-head bias LinearNoBias(LayerNorm(pair)) (+ beta), and AF3's output gate on s.
+
+    `key_adaln`: keys and values from their own AdaLN(a, s) (`key_adaln`, other weights), queries
+    and gate from `adaln`, as AF3's code runs the atom transformer's cross attention (and
+    Protenix's cross_attention_mode); without it one AdaLN feeds all four (Algorithm 24 as printed)."""
+
+    def __init__(self, c_a: int, c_s: int, c_pair: int, num_heads: int, kernels: str, key_adaln: bool = False) -> None:
+        super().__init__()
+        if c_a % num_heads:
+            raise ValueError(f"ConditionedAttention: width {c_a} is not a multiple of {num_heads} heads")
+        self.num_heads = num_heads
+        self.head_dim = c_a // num_heads
+        self.adaln = AdaptiveLayerNorm(c_a, c_s, kernels=kernels)
+        self.key_adaln = AdaptiveLayerNorm(c_a, c_s, kernels=kernels) if key_adaln else None
+        # q, k, v and the gate from one matrix product; only q has a bias (Algorithm 24)
+        self.proj = nn.Linear(c_a, 4 * c_a, bias=False)
+        self.query_bias = nn.Parameter(torch.zeros(c_a))
+        self.pair_bias = kernel_module(LayerNormLinear, c_pair, num_heads, bias=False, kernels=kernels)
+        freeze_norm_bias(self.pair_bias)
+        self.linear_out = nn.Linear(c_a, c_a, bias=False)
+        self.output_gate = _gate(c_s, c_a)
+        self.kernels = check_kernels(kernels)
+
+    def forward(self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
+        """a: [B, S, L, c_a]; s: [B, S or 1, L, c_s]; pair: as the layout reads it (TokenLayout:
+        [B, L, L, c_pair]; AtomWindows: per window). Returns the update of a [B, S, L, c_a]."""
+        width = a.shape[-1]
+        if self.key_adaln is None:
+            q, k, v, gate = self.proj(self.adaln(a, s)).split(width, dim=-1)
+        else:  # the same weights, q and gate from one normalisation, k and v from the other
+            w_q, w_k, w_v, w_gate = self.proj.weight.split(width, dim=0)
+            q, gate = F.linear(self.adaln(a, s), torch.cat([w_q, w_gate])).split(width, dim=-1)
+            k, v = F.linear(self.key_adaln(a, s), torch.cat([w_k, w_v])).split(width, dim=-1)
+        q = q + self.query_bias
+        q, k, v, gate = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in (q, k, v, gate))
+        out = layout.attend(q, k, v, self.pair_bias(pair), self.kernels)  # [B, S, L, H, D]
+        out = self.linear_out((torch.sigmoid(gate) * out.to(gate.dtype)).flatten(-2))
+        return torch.sigmoid(self.output_gate(s)) * out
+
+
+class ConditionedTransformerBlock(nn.Module):
+    def __init__(self, c_a: int, c_s: int, c_pair: int, num_heads: int, kernels: str, key_adaln: bool = False) -> None:
+        super().__init__()
+        self.attention = ConditionedAttention(c_a, c_s, c_pair, num_heads, kernels, key_adaln)
+        self.transition = ConditionedTransition(c_a, c_s, kernels=kernels)
+
+    def forward(self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
+        """a: [B, S, L, c_a]; s: [B, S or 1, L, c_s]; pair: as the layout reads it (TokenLayout:
+        [B, L, L, c_pair]; AtomWindows: per window). Returns the new a [B, S, L, c_a]."""
+        # Residual after each half, as Protenix and Boltz run Algorithm 23 (its line 3 as printed
+        # would drop a's residual path).
+        a = a + self.attention(a, s, pair, layout)
+        return a + self.transition(a, s)
+
+
+class ConditionedTransformer(nn.Module):
+    """Algorithm 23, DiffusionTransformer: N blocks of conditioned attention and transition.
+
+    While training with `checkpoint_blocks`, each block keeps only its input a for backward (s and
+    the pair are shared by every block); `checkpoint_group` K > 1 keeps one a per K blocks and
+    backward re-runs each group, a checkpoint per block inside, as the Pairformer's
+    (featurecache.model.network.pairformer.run_blocks): N / K + K inputs held instead of N. `key_adaln`:
+    ConditionedAttention's."""
+
+    def __init__(self, c_a: int, c_s: int, c_pair: int, num_blocks: int, num_heads: int, kernels: str,
+                 checkpoint_blocks: bool = True, checkpoint_group: int = 1, key_adaln: bool = False) -> None:
+        super().__init__()
+        self.checkpoint_blocks = checkpoint_blocks
+        self.checkpoint_group = checkpoint_group
+        self.blocks = nn.ModuleList(
+            ConditionedTransformerBlock(c_a, c_s, c_pair, num_heads, kernels, key_adaln) for _ in range(num_blocks))
+
+    def forward(self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
+        """a: [B, S, L, c_a] (S diffusion samples, L tokens or atoms); s: [B, S or 1, L, c_s];
+        pair: as the layout reads it (TokenLayout: [B, L, L, c_pair]; AtomWindows: per window).
+        Returns the new a [B, S, L, c_a]."""
+        blocks = list(self.blocks)
+        if not (self.checkpoint_blocks and self.training and torch.is_grad_enabled()):
+            return _run_plain(blocks, a, s, pair, layout)
+        group = self.checkpoint_group
+        if group > 1 and len(blocks) > 1:
+            for start in range(0, len(blocks), group):
+                chunk = blocks[start:start + group]
+                # s and the pair are the group's inputs, not captured: backward must return their
+                # gradients through the checkpoint (captured tensors would be differentiated twice)
+                a = (_run_checkpointed(chunk, a, s, pair, layout) if len(chunk) == 1 else
+                     checkpointed(functools.partial(_run_group, chunk, layout), a, s, pair))
+            return a
+        return _run_checkpointed(blocks, a, s, pair, layout)
+
+
+def _run_group(blocks: list, layout, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
+    """One group: plain in the first forward (no grad), a checkpoint per block when backward
+    re-runs it."""
+    if torch.is_grad_enabled():
+        return _run_checkpointed(blocks, a, s, pair, layout)
+    return _run_plain(blocks, a, s, pair, layout)
+
+
+def _run_checkpointed(blocks: list, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
+    for block in blocks:
+        a = checkpointed(block, a, s, pair, layout)  # reentrant, no RNG state (model.network.checkpointing)
+    return a
+
+
+def _run_plain(blocks: list, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
+    for block in blocks:
+        a = block(a, s, pair, layout)
+    return a
