@@ -29,8 +29,17 @@ Sub-commands:
                    polymer cluster with a training entry, >= 100 train and >= 10 validation
   prepare          gather + cache + check
   keys             the validation keys, comma-separated (for `featurecache train --validation-keys`)
+  run OUT          `featurecache train` on the cache (--preset small, CUDA graphs on a GPU) with
+                   --validate-every on the validation entries, until --minutes have passed (then it
+                   is stopped) or --steps are done; the run's settings and stamp to
+                   OUT/generalisation.json, its log to OUT/run/log.jsonl. The first validation pass
+                   is at step 0: the untrained model the curve must end clearly above.
+                   --smoke: the same path on the CPU at the tiny preset, a few steps, the first 3
+                   validation entries (a check of the plumbing, not a figure: the other validation
+                   entries are trained on then)
   record OUT       OUT/run/log.jsonl's validation lines: the table and curve into RESULTS.md and
-                   results.csv (benchmark "generalisation"); --plot draws OUT/generalisation.png
+                   results.csv (benchmark "generalisation", or --results DIR's copies of them), and
+                   the figure OUT/generalisation.png (`plot OUT` draws it alone)
 
 The split: entries are linked when they share a polymer chain cluster (ligand clusters do not link:
 SO4 or MG would join everything); validation takes whole connected groups, smallest first, so no
@@ -42,14 +51,18 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import gzip
 import hashlib
 import json
 import math
+import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
+import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -283,6 +296,60 @@ def validation_keys(entries: list[dict]) -> list[str]:
     return sorted(entry["pdb_id"] for entry in entries if entry["split"] == "validation")
 
 
+# --- run ---------------------------------------------------------------------------------------
+
+# The GPU run's settings: issue 33's `small` preset at the crop the overfit run used, a short
+# warm-up and a fast EMA for a run of minutes (AF3's 1,000 steps and 0.999 would still weigh the
+# untrained weights at its end), one recycling cycle (query-only MSAs give recycling little)
+GPU_RUN = {"preset": "small", "crop_size": 384, "diffusion_batch": 32, "lr": 1e-3, "warmup": 200, "ema_decay": 0.99,
+           "max_recycling_cycles": 1, "validate_every": 250, "validation_sampler_steps": 40,
+           "checkpoint_every": 500, "num_workers": 4}
+SMOKE_RUN = {"preset": "tiny", "crop_size": 48, "diffusion_batch": 2, "lr": 1e-3, "warmup": 2, "ema_decay": 0.9,
+             "max_recycling_cycles": 1, "validate_every": 2, "validation_sampler_steps": 2,
+             "checkpoint_every": 4, "num_workers": 0}
+SMOKE_STEPS, SMOKE_VALIDATION = 4, 3
+
+
+def run(cache: pathlib.Path, out: pathlib.Path, entries: list[dict], minutes: float, steps: int, smoke: bool) -> dict:
+    """`featurecache train` with validation; stopped (SIGINT, as a user's Ctrl-C) at the budget."""
+    import torch
+    from harness import run_stamp
+
+    settings = dict(SMOKE_RUN if smoke else GPU_RUN)
+    keys = validation_keys(entries)[:SMOKE_VALIDATION] if smoke else validation_keys(entries)
+    steps = SMOKE_STEPS if smoke else steps
+    cuda = torch.cuda.is_available() and not smoke
+    out.mkdir(parents=True, exist_ok=True)
+    command = [*CLI, "train", "--cache", str(cache), "--out", str(out / "run"), "--steps", str(steps),
+               "--validation-keys", ",".join(keys),
+               *(item for name, value in settings.items() for item in (f"--{name.replace('_', '-')}", str(value))),
+               *(["--cuda-graphs"] if cuda else ["--device", "cpu"])]
+    print("$", " ".join(command), flush=True)
+    start = time.monotonic()
+    # on the CPU one thread: a tiny model's OpenMP threads only wait on each other (tests/conftest.py)
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"} if not cuda else None
+    process = subprocess.Popen(command, start_new_session=True, env=environment)
+    try:
+        process.wait(timeout=minutes * 60)
+        stopped = False
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        stopped = True
+    if not stopped and process.returncode != 0:
+        raise SystemExit(f"featurecache train failed with exit code {process.returncode}")
+    result = {"command": " ".join(command), "stamp": dataclasses.asdict(run_stamp()), "settings": settings,
+              "steps": steps, "minutes": minutes, "train_s": time.monotonic() - start, "stopped": stopped,
+              "smoke": smoke, "validation_keys": keys,
+              "train_entries": sum(entry["split"] != "excluded" for entry in entries) - len(keys)}
+    (out / "generalisation.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
 # --- record ------------------------------------------------------------------------------------
 
 
@@ -315,17 +382,20 @@ def trend(curve: list[dict]) -> str:
             f"(best {lddt.max():.3f}); least-squares slope {slope * 1000:+.4f} per 1,000 steps")
 
 
-def record(out: pathlib.Path) -> None:
+def record(out: pathlib.Path, results: pathlib.Path | None = None) -> None:
+    """The run in OUT into RESULTS.md and results.csv (benchmarks/, or the copies in `results`)."""
+    import records
     from harness import RunStamp
-    from records import Row, record as record_rows
+    from records import Row
 
     result = json.loads((out / "generalisation.json").read_text())
     curve = validation_curve(out / "run" / "log.jsonl")
     if not curve:
         raise SystemExit(f"{out}/run/log.jsonl: no validation line (did the run reach --validate-every?)")
     stamp = RunStamp(**result["stamp"])
+    settings = result["settings"]
     shape = (f"{result['train_entries']} train / {len(result['validation_keys'])} validation entries, "
-             f"{result['preset']} preset, crop {result['crop_size']}")
+             f"{settings['preset']} preset, crop {settings['crop_size']}")
     rows = [Row("generalisation", "featurecache", f"{shape}; step {point['step']}", f"validation {name}", point[name])
             for point in curve for name in ("lddt", "lddt_protein", "lddt_ligand")
             if point.get(name) is not None and not math.isnan(point[name])]
@@ -334,14 +404,21 @@ def record(out: pathlib.Path) -> None:
     section = "\n".join([
         f"### {shape} ({stamp.header()})", "",
         f"`{result['command']}`", "",
-        f"{steps_done} steps; validation every {result['validate_every']} steps on "
+        f"{steps_done} steps in {result['train_s']:.0f} s "
+        f"({'stopped by the budget' if result['stopped'] else 'all steps done'}); validation "
+        f"({settings['validation_sampler_steps']} sampler steps, EMA weights) every {settings['validate_every']} steps on "
         f"{', '.join(result['validation_keys'])} (held out by 40 % sequence cluster: "
         f"benchmarks/generalisation/entries.csv); MSAs are the query alone (no sequence database).", "",
         curve_table(curve), "",
         trend(curve) + ".",
         *([""] + [result["note"]] if result.get("note") else [])])
-    record_rows(stamp, rows, "generalisation", section,
-                title="Generalisation: validation on held-out PDB entries (issue 33)")
+    results_md, results_csv = ((results / "RESULTS.md", results / "results.csv") if results is not None
+                               else (records.RESULTS_MD, records.RESULTS_CSV))
+    records.append_rows(stamp, rows, results_csv)
+    records.add_section("generalisation", section, "Generalisation: validation on held-out PDB entries (issue 33)",
+                        results_md)
+    records.write_headline(results_md, results_csv)
+    print(f"recorded in {results_md} and {results_csv}")
 
 
 def plot(out: pathlib.Path) -> pathlib.Path:
@@ -376,23 +453,31 @@ def plot(out: pathlib.Path) -> pathlib.Path:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("survey", "gather", "cache", "split", "check", "prepare", "keys",
-                                            "record", "plot"))
-    parser.add_argument("out", nargs="?", type=pathlib.Path, help="record / plot: the run's OUT folder")
+                                            "run", "record", "plot"))
+    parser.add_argument("out", nargs="?", type=pathlib.Path, help="run / record / plot: the run's OUT folder")
     parser.add_argument("--mirrors", type=pathlib.Path, default=pathlib.Path("/work/.mirror"),
                         help="folder of the fetched snapshots (<owner>+<name>/repo)")
     parser.add_argument("--inputs", type=pathlib.Path, default=DEVDATA / "inputs")
     parser.add_argument("--cache", type=pathlib.Path, default=DEVDATA / "cache")
     parser.add_argument("--entries", type=pathlib.Path, default=ENTRIES)
+    parser.add_argument("--minutes", type=float, default=13.0, help="run: wall-clock budget of the training")
+    parser.add_argument("--steps", type=int, default=100_000, help="run: training steps at most")
+    parser.add_argument("--smoke", action="store_true", help="run: tiny preset, a few steps, on the CPU")
+    parser.add_argument("--results", type=pathlib.Path, metavar="DIR",
+                        help="record: into DIR/RESULTS.md and DIR/results.csv instead of benchmarks/'s")
     args = parser.parse_args(argv)
-    if args.command in ("record", "plot") and args.out is None:
+    if args.command in ("run", "record", "plot") and args.out is None:
         parser.error(f"{args.command} needs the run's OUT folder")
     if args.command == "survey":
         write_entries(survey(args.mirrors), args.entries)
         print(f"{len(read_entries(args.entries))} entries in {args.entries}")
     elif args.command == "keys":
         print(",".join(validation_keys(read_entries(args.entries))))
+    elif args.command == "run":
+        run(args.cache, args.out, read_entries(args.entries), args.minutes, args.steps, args.smoke)
+        print(curve_table(validation_curve(args.out / "run" / "log.jsonl")))
     elif args.command == "record":
-        record(args.out)
+        record(args.out, args.results)
         print(plot(args.out))
     elif args.command == "plot":
         print(plot(args.out))
