@@ -81,7 +81,7 @@ device_setup() {  # on the device: the carried wheels (or their packed install, 
     local wheels=.whl-core
     compgen -G ".whl/*.whl" > /dev/null && wheels=.whl  # call 1: every wheel (Protenix's too)
     if [ -f "$SITE_ARCHIVE" ] && ! compgen -G "$wheels/*.whl" > /dev/null; then
-        mkdir -p /tmp/site && python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+        mkdir -p /tmp/site && python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
             "$SITE_ARCHIVE" /tmp/site
     else
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl
