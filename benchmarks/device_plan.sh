@@ -198,6 +198,16 @@ learn_collect() {
     grep -v '^step ' "$LEARN_OUT/log.txt" | tail -12
 }
 
+# Issue 33's cost of the fp32 coordinate path (benchmarks/diffusion_precision.py: the af3 step at
+# crop 384 as CUDA graphs, diffusion_coordinates_fp32 on and off, timed in alternating rounds):
+#   here, once:  bash benchmarks/device_plan.sh pack_site [WHEELS]   (.devdata/site-core.tar.xz)
+#   ~40 + 300 s  run(command="bash benchmarks/device_plan.sh precision", carry=[".devdata/site-core.tar.xz"], timeout_s=600)
+#   here:  cp FILES/RESULTS.md FILES/results.csv benchmarks/
+precision() {
+    device_setup
+    python3 benchmarks/diffusion_precision.py --record 2>&1 | tee "$OUTDIR/log.txt"
+}
+
 # Issue 33's generalisation (benchmarks/generalisation.py): `featurecache train --preset small` on
 # 117 real PDB entries with --validate-every on 12 held out by 40 % sequence cluster
 # (benchmarks/generalisation/entries.csv), started under setsid in one call, collected in the next.
@@ -220,7 +230,7 @@ general_prepare() {
 }
 
 pack_site() {  # the wheels in $1 installed into a folder, as pip --target would, then tar.xz
-    local wheels=$1 site
+    local wheels=${1:-.whl-core} site
     for name in $CORE_WHEELS; do
         compgen -G "$wheels/$name-*.whl" > /dev/null || { echo "$wheels: no $name wheel" >&2; return 2; }
     done
@@ -285,4 +295,4 @@ smoke() {
         --crop-step 8 --crop-limit 32 --crop-budget-s 300 --out "$out/d"
 }
 
-"${1:?usage: device_plan.sh prepare|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|general_prepare|general_start|general_collect|general_smoke|smoke [OUT]}" "${@:2}"
+"${1:?usage: device_plan.sh prepare|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|precision|pack_site|general_prepare|general_start|general_collect|general_smoke|smoke [OUT]}" "${@:2}"
