@@ -3,7 +3,8 @@ cluster (issue 33), through the commands a user runs.
 
 The entries are real PDB structures (PDB data is CC0) found in the test-data folders of public
 structure-biology repositories; benchmarks/generalisation/entries.csv names each one's repository,
-path, commit and sha256, and its split with the reason. The structures themselves are never
+path, commit and sha256 (of the file's bytes, after gunzip where it is gzipped), and its split
+with the reason. The structures themselves are never
 committed: `gather` copies them out of the repositories' snapshots into an ignored folder.
 
     # 1. here (CPU), once per machine: the snapshots (the `fetch` tool puts each repository's git
@@ -14,8 +15,8 @@ committed: `gather` copies them out of the repositories' snapshots into an ignor
     python3 benchmarks/generalisation.py record OUT
 
 Sub-commands:
-  survey MIRRORS   every file of the snapshots that passes the criteria below, as entries.csv rows
-                   (split empty): how the entries were found
+  survey           every file of the snapshots in --mirrors that passes the criteria below, as
+                   entries.csv rows (split empty) on stdout: how the entries were found
   gather           entries.csv's files out of the snapshots (sha256 checked) into --inputs, one
                    <pdb id>.cif each; a PDB-format source is converted by featurecache's own reader
                    (io/pdb.py: the block `precompute` would parse from it)
@@ -50,6 +51,7 @@ validation entry has a chain within 40 % identity of a training entry's. Ligands
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import gzip
@@ -95,9 +97,10 @@ def read_entries(path: pathlib.Path = ENTRIES) -> list[dict]:
         return list(csv.DictReader(handle))
 
 
-def write_entries(entries: list[dict], path: pathlib.Path = ENTRIES) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as handle:
+def write_entries(entries: list[dict], path: pathlib.Path | None = ENTRIES) -> None:
+    """Entries as CSV, sorted by PDB id, into `path` (None: stdout)."""
+    with contextlib.ExitStack() as stack:
+        handle = sys.stdout if path is None else stack.enter_context(open(path, "w", newline=""))
         writer = csv.DictWriter(handle, COLUMNS, lineterminator="\n")
         writer.writeheader()
         writer.writerows(sorted(entries, key=lambda entry: entry["pdb_id"]))
@@ -136,7 +139,7 @@ def mmcif_text(data: bytes, source: str) -> tuple[str, str]:
     return pdb_to_mmcif_block(text, source, warnings=[]).as_string(), "pdb"
 
 
-def describe(text: str, source: str) -> dict | None:
+def describe(text: str) -> dict | None:
     """The survey's columns of one entry, or None when it fails a criterion (or is no structure)."""
     import gemmi
 
@@ -180,10 +183,10 @@ def survey(mirrors: pathlib.Path) -> list[dict]:
                 text, source_format = mmcif_text(data, f"{repository}:{path}")
             except (subprocess.CalledProcessError, OSError, EOFError, ValueError, RuntimeError):
                 continue
-            columns = describe(text, path)
-            pdb_id = match.group(1).lower()
+            columns = describe(text)
             if columns is None:
                 continue
+            pdb_id = match.group(1).lower()
             entry = {"pdb_id": pdb_id, "split": "", "split_reason": "", "repository": repository, "path": path,
                      "commit": commit, "sha256": hashlib.sha256(data).hexdigest(), "source_format": source_format,
                      **columns}
@@ -469,8 +472,7 @@ def main(argv=None) -> None:
     if args.command in ("run", "record", "plot") and args.out is None:
         parser.error(f"{args.command} needs the run's OUT folder")
     if args.command == "survey":
-        write_entries(survey(args.mirrors), args.entries)
-        print(f"{len(read_entries(args.entries))} entries in {args.entries}")
+        write_entries(survey(args.mirrors), None)
     elif args.command == "keys":
         print(",".join(validation_keys(read_entries(args.entries))))
     elif args.command == "run":
