@@ -38,6 +38,9 @@ cd "$(dirname "$0")/.."
 
 CORE_WHEELS="biotite gemmi lmdb msgpack rdkit zstandard"
 LIMIT=$((64 * 1024 * 1024))
+# CORE_WHEELS installed (unzipped, as pip --target does) and packed with xz: the same files in
+# about two thirds of the wheels' bytes, which leaves room in a call's 64 MiB for a training cache
+SITE_ARCHIVE=.devdata/site-core.tar.xz
 
 prepare() {
     local data=../shared/data
@@ -74,10 +77,15 @@ EOF
     done
 }
 
-device_setup() {  # on the device: the carried wheels into /tmp/site
+device_setup() {  # on the device: the carried wheels (or their packed install, SITE_ARCHIVE) into /tmp/site
     local wheels=.whl-core
     compgen -G ".whl/*.whl" > /dev/null && wheels=.whl  # call 1: every wheel (Protenix's too)
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl
+    if [ -f "$SITE_ARCHIVE" ] && ! compgen -G "$wheels/*.whl" > /dev/null; then
+        mkdir -p /tmp/site && python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
+            "$SITE_ARCHIVE" /tmp/site
+    else
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl
+    fi
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     export FC_COMMIT=${FC_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
     OUTDIR=${OUT:-bench-out}
@@ -190,6 +198,86 @@ learn_collect() {
     grep -v '^step ' "$LEARN_OUT/log.txt" | tail -12
 }
 
+# Issue 33's cost of the fp32 coordinate path (benchmarks/diffusion_precision.py: the af3 step at
+# crop 384 as CUDA graphs, diffusion_coordinates_fp32 on and off, timed in alternating rounds):
+#   here, once:  bash benchmarks/device_plan.sh pack_site [WHEELS]   (.devdata/site-core.tar.xz)
+#   ~40 + 300 s  run(command="bash benchmarks/device_plan.sh precision", carry=[".devdata/site-core.tar.xz"], timeout_s=600)
+#   here:  cp FILES/RESULTS.md FILES/results.csv benchmarks/
+precision() {
+    device_setup
+    python3 benchmarks/diffusion_precision.py --record 2>&1 | tee "$OUTDIR/log.txt"
+}
+
+# Issue 33's generalisation (benchmarks/generalisation.py): `featurecache train --preset small` on
+# 117 real PDB entries with --validate-every on 12 held out by 40 % sequence cluster
+# (benchmarks/generalisation/entries.csv), started under setsid in one call, collected in the next.
+#   here, once:  fetch every repository entries.csv names (the `fetch` tool: github:OWNER/NAME;
+#                `cut -d, -f4 benchmarks/generalisation/entries.csv | sort -u` lists them), then
+#                bash benchmarks/device_plan.sh general_prepare [WHEELS]
+#                (.devdata/general/cache with query-only MSAs, .devdata/site-core.tar.xz from the
+#                wheels in WHEELS (default .whl-core); prints the carry's size against 64 MiB)
+#   check here:  bash benchmarks/device_plan.sh general_smoke   (the same steps at the tiny preset)
+#   1. ~40 + 560 s  run(command="bash benchmarks/device_plan.sh general_start 14", carry=[".devdata/general/cache", ".devdata/site-core.tar.xz"], timeout_s=600)
+#   2. ~40 + 300 s  run(command="bash benchmarks/device_plan.sh general_collect", carry=[".devdata/general/cache", ".devdata/site-core.tar.xz"], timeout_s=600)
+#   here:  python3 benchmarks/generalisation.py record FILES/general   (RESULTS.md, results.csv, the figure)
+GENERAL_OUT=/root/general
+GENERAL_CARRY=".devdata/general/cache $SITE_ARCHIVE"
+
+general_prepare() {
+    python3 benchmarks/generalisation.py prepare
+    pack_site "${1:-.whl-core}"
+    carry_size $GENERAL_CARRY
+}
+
+pack_site() {  # the wheels in $1 installed into a folder, as pip --target would, then tar.xz
+    local wheels=${1:-.whl-core} site
+    for name in $CORE_WHEELS; do
+        compgen -G "$wheels/$name-*.whl" > /dev/null || { echo "$wheels: no $name wheel" >&2; return 2; }
+    done
+    site=$(mktemp -d)
+    for name in $CORE_WHEELS; do python3 -m zipfile -e "$wheels"/"$name"-*.whl "$site"; done
+    tar -C "$site" -cf - . | xz -6 -T0 > "$SITE_ARCHIVE"
+    rm -rf "$site"
+}
+
+carry_size() {  # the tree and the carried paths against a call's 64 MiB
+    local total
+    total=$(( $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) + $(du -cb "$@" | tail -1 | cut -f1) ))
+    echo "tree + $* = $total bytes of $LIMIT ($(( (LIMIT - total) / 1024 )) KiB spare)"
+    [ "$total" -lt "$LIMIT" ] || { echo "does not fit: shrink the cache or the wheels" >&2; return 2; }
+}
+
+general_start() {
+    device_setup
+    rm -rf "$GENERAL_OUT" && mkdir -p "$GENERAL_OUT"
+    setsid nohup python3 benchmarks/generalisation.py run "$GENERAL_OUT" --minutes "${1:-14}" \
+        > "$GENERAL_OUT/log.txt" 2>&1 < /dev/null &
+    local waited=0
+    while [ "$waited" -lt "${2:-550}" ] && pgrep -f benchmarks/generalisation.py > /dev/null; do
+        sleep 5; waited=$((waited + 5))
+    done
+    grep -v '^step ' "$GENERAL_OUT/log.txt" | tail -8
+    tail -c 300 "$GENERAL_OUT/run/log.jsonl" 2>/dev/null || true
+}
+
+general_collect() {
+    device_setup
+    while [ ! -f "$GENERAL_OUT/generalisation.json" ] && pgrep -f benchmarks/generalisation.py > /dev/null; do sleep 5; done
+    mkdir -p "$OUTDIR/general/run"
+    cp "$GENERAL_OUT"/generalisation.json "$GENERAL_OUT"/log.txt "$OUTDIR/general/" || true
+    cp "$GENERAL_OUT"/run/log.jsonl "$OUTDIR/general/run/" || true
+    grep -v '^step ' "$GENERAL_OUT/log.txt" | tail -16
+}
+
+general_smoke() {  # here: general_start's and record's code on the CPU, tiny preset, 4 steps, 3 validation entries
+    local out=${1:-/tmp/general-smoke}
+    rm -rf "$out" && mkdir -p "$out/results"
+    python3 benchmarks/generalisation.py check
+    python3 benchmarks/generalisation.py run "$out/general" --smoke
+    cp benchmarks/RESULTS.md benchmarks/results.csv "$out/results/"
+    python3 benchmarks/generalisation.py record "$out/general" --results "$out/results"
+}
+
 # The same invocations at tiny sizes on the CPU (here; PYTHONPATH must hold protenix for c):
 # a = call 3 (aot_eager: inductor's C++ compilation of the blocks took > 15 min on 2 busy cores),
 # b = the triton variants (interpreted; triton+graphs reports "needs a CUDA device"), c = call 1's
@@ -207,4 +295,4 @@ smoke() {
         --crop-step 8 --crop-limit 32 --crop-budget-s 300 --out "$out/d"
 }
 
-"${1:?usage: device_plan.sh prepare|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|smoke [OUT]}" "${@:2}"
+"${1:?usage: device_plan.sh prepare|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|precision|pack_site|general_prepare|general_start|general_collect|general_smoke|smoke [OUT]}" "${@:2}"

@@ -382,6 +382,35 @@ def test_static_shapes_pad_every_batch_to_one_shape_and_keep_the_loss(cache, tmp
     assert padded[0]["distogram"] == pytest.approx(plain[0]["distogram"], rel=1e-4)
 
 
+def test_static_shapes_give_a_cuda_graph_one_input_signature_while_msa_draws_change(cache, tmp_path):
+    """What a captured step needs (training/cuda_graph.py refuses an input whose shape or dtype
+    differs from the captured one): every tensor the graph reads (graph_inputs) has one shape and
+    dtype in every batch, over targets of different MSA depths (209d's shallow MSAs, 721p's and
+    7a4d's thousands of rows), epoch after epoch, while the per-cycle MSA rows (msa_cycle_rows into
+    the batch's pool) differ from cycle to cycle: a replay reads each step's rows from its buffers."""
+    from featurecache.training.data import fixed_sizes, make_loader
+    from featurecache.training.loop import graph_inputs
+
+    config = _config(cache, tmp_path / "static", num_workers=0, static_shapes=True, crop_size=32)
+    dataset = CacheDataset(cache, config.sample)
+    pad_to = fixed_sizes(config, dataset)
+    sampler = EpochBatchSampler(len(dataset), 1, 0, 1, 0, epochs=2)
+    batches = list(make_loader(dataset, sampler, config, torch.device("cpu"), pad_to))
+    signatures = {tuple(sorted((name, tuple(value.shape), value.dtype) for name, value in graph_inputs(batch).items()))
+                  for batch in batches}
+    assert len(signatures) == 1, signatures
+    draws, pool = config.sample.msa_cycle_draws, config.sample.msa_pool_rows
+    for batch in batches:
+        cycle_rows = batch["msa_cycle_rows"][0]
+        assert cycle_rows.shape == (draws, config.sample.msa_rows_per_sample)
+        used = cycle_rows[cycle_rows >= 0]
+        assert (cycle_rows >= -1).all() and (used < int(batch["msa_row_mask"][0].sum())).all() and used.max() < pool
+        assert (cycle_rows[:, 0] == 0).all()  # the query first in every cycle
+    # a deep MSA: each cycle its own rows, into the same shapes
+    deep = [batch for batch in batches if batch["id"][0] != "209d-assembly1"]
+    assert deep and all(len({tuple(rows.tolist()) for rows in batch["msa_cycle_rows"][0]}) == draws for batch in deep)
+
+
 def test_cuda_graph_options_are_checked(cache, tmp_path):
     with pytest.raises(ValueError, match="--cuda-graphs and --compile"):
         _config(cache, tmp_path / "run", cuda_graphs=True, compile=True)

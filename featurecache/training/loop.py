@@ -15,7 +15,8 @@ AdamW update, the learning-rate schedule (training/schedule.py) and the EMA of t
 (training/ema.py). Each step logs one JSON line to RUN_DIR/log.jsonl ("kind": "train": the loss
 and its terms, N_cycle, step time, time spent waiting for data, peak memory) and a readable line
 on stdout; every
-`validate_every` steps a "kind": "validation" line (training/validation.py). Checkpoints
+`validate_every` steps a "kind": "validation" line (training/validation.py), and one at step 0
+before a fresh run's first step: the untrained weights, where the learning curve starts. Checkpoints
 (featurecache.training.checkpoint) continue a run exactly where it stopped.
 """
 
@@ -395,6 +396,8 @@ def _run(config: TrainConfig, world: Dist, trainer: Trainer, datasets: tuple, pa
     loader_per_epoch = getattr(dataset, "follow_latest", False)
     records: list[dict] = []
     batches: Iterator[dict] | None = None
+    if held_out is not None and config.validate_every and position.step == 0:
+        _validate(config, world, trainer, held_out, position, run_log)  # the untrained baseline of the curve
     while position.step < config.steps:
         if batches is None:
             if loader_per_epoch:
@@ -408,10 +411,7 @@ def _run(config: TrainConfig, world: Dist, trainer: Trainer, datasets: tuple, pa
             records.append(record)
             run_log.write(record)
             if held_out is not None and config.validate_every and position.step % config.validate_every == 0:
-                validation = validate(trainer.model, trainer.average, held_out, config, world, position.step,
-                                      trainer.autocast)
-                if validation is not None:
-                    run_log.write(validation)
+                _validate(config, world, trainer, held_out, position, run_log)
             if position.step % config.checkpoint_every == 0 or position.step == config.steps:
                 _save(world, trainer, position, len(dataset), run_dir)
         if not _steps_left(trainer, dataset, position):
@@ -420,6 +420,13 @@ def _run(config: TrainConfig, world: Dist, trainer: Trainer, datasets: tuple, pa
             if loader_per_epoch:
                 batches = None
     return records
+
+
+def _validate(config: TrainConfig, world: Dist, trainer: Trainer, held_out, position: Position,
+              run_log: RunLog) -> None:
+    validation = validate(trainer.model, trainer.average, held_out, config, world, position.step, trainer.autocast)
+    if validation is not None:
+        run_log.write(validation)
 
 
 def _steps_left(trainer: Trainer, dataset, position: Position) -> bool:

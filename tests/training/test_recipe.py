@@ -96,8 +96,10 @@ def test_validation_lines_report_lddt_on_held_out_keys(recipe_cache, tmp_path):
     records = train(config)
     assert all(held_out not in ids for record in records for ids in record["ids"])  # never trained on
     logged = read_log(tmp_path / "run")
-    assert [record["kind"] for record in logged] == ["train", "validation"] * 2
-    for validation in logged[1::2]:
+    # one pass before the first step (the untrained weights: the curve's start), then one per step
+    assert [record["kind"] for record in logged] == ["validation"] + ["train", "validation"] * 2
+    assert [record["step"] for record in logged if record["kind"] == "validation"] == [0, 1, 2]
+    for validation in logged[0::2]:
         assert set(VALIDATION_KEYS) <= validation.keys()
         assert {"loss", "distogram", "diffusion", "mse", "smooth_lddt"} <= validation.keys()
         assert validation["targets"] == [held_out] and validation["weights"] == "ema"
@@ -105,8 +107,12 @@ def test_validation_lines_report_lddt_on_held_out_keys(recipe_cache, tmp_path):
         assert validation["lddt_dna"] is not None and validation["lddt_protein"] is not None
         assert validation["lddt_rna"] is None and validation["lddt_ligand"] is None
     # the same crops and draws at every pass: only the weights move the numbers
-    assert logged[1]["lddt"] != logged[3]["lddt"] or logged[1]["loss"] != logged[3]["loss"]
-    assert set(LDDT_KEYS) <= logged[1].keys()
+    assert all(logged[0]["lddt"] != later["lddt"] or logged[0]["loss"] != later["loss"] for later in logged[2::2])
+    assert set(LDDT_KEYS) <= logged[0].keys()
+    # a resumed run starts from trained weights: no second step-0 pass, the next one at step 3
+    train(dataclasses.replace(config, steps=3, resume=str(tmp_path / "run")))
+    resumed = read_log(tmp_path / "run")[len(logged):]
+    assert [(record["kind"], record["step"]) for record in resumed] == [("train", 3), ("validation", 3)]
 
 
 def test_validation_settings_are_checked(recipe_cache, tmp_path):
