@@ -85,6 +85,7 @@ class AF3Model(nn.Module):
             config.single_head_dim, config.pair_heads, config.pair_head_dim,
             config.transition_expansion, checkpoint_blocks=config.checkpoint_blocks, kernels=kernels,
             dropout=config.pair_dropout, checkpoint_group=config.checkpoint_group,
+            mult_hidden=config.triangle_mult_hidden,
         )
         self.distogram_head = DistogramHead(config.c_z, config.distogram_bins)
         self.diffusion_module = DiffusionModule(config, atom_single_input_dim(config))
@@ -234,7 +235,8 @@ class AF3Model(nn.Module):
             loss = loss + config.diffusion_loss_weight * metrics["diffusion"]
         if "plddt_logits" in outputs:
             rows = confidence_rows(batch, config.confidence_resolution_range)  # SI 4.3: 0.1-4 A structures
-            parts = confidence_losses(outputs, outputs["rollout_positions"], batch, self._recomputes_losses(), rows)
+            parts = confidence_losses(outputs, outputs["rollout_positions"], batch, self._recomputes_losses(), rows,
+                                      config.plddt_bins_protenix)
             metrics.update(parts)
             metrics["confidence"] = (config.plddt_loss_weight * parts["plddt"] + config.pde_loss_weight * parts["pde"]
                                      + config.resolved_loss_weight * parts["resolved"]

@@ -127,7 +127,8 @@ class AtomTransformer(nn.Module):
         super().__init__()
         self.transformer = ConditionedTransformer(
             config.c_atom, config.c_atom, config.c_atompair, config.atom_blocks, config.atom_heads,
-            config.kernels, checkpoint_blocks=config.checkpoint_blocks, key_adaln=config.atom_key_adaln)
+            config.kernels, checkpoint_blocks=config.checkpoint_blocks, key_adaln=config.atom_key_adaln,
+            key_adaln_nested=config.atom_key_adaln_nested)
 
     def forward(self, atom_single, atom_cond, atom_pair, windows: AtomWindows) -> torch.Tensor:
         """atom_single [B, S, A, c_atom], atom_cond [B, 1, A, c_atom], atom_pair [B, W, Q, K, c_atompair]."""

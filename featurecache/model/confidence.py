@@ -56,7 +56,16 @@ def distance_features(distance: torch.Tensor) -> torch.Tensor:
 class ConfidenceHead(nn.Module):
     """Algorithm 31. forward(s_inputs, single, pair, positions, batch) -> plddt_logits
     [B, S, A, 50], pae_logits [B, S, N, N, 64], pde_logits [B, S, N, N, 64] (symmetric),
-    resolved_logits [B, S, A, 2]."""
+    resolved_logits [B, S, A, 2].
+
+    Protenix's head, with its dialect's settings (docs/FIDELITY.md): the trunk single clamped to
+    +-512 and normalised by the head's own LayerNorm (confidence_single_norm), a LinearNoBias of the
+    raw distance beside its bins (confidence_raw_distance), and the PDE logits of the symmetrised
+    pair, Linear(LayerNorm(z + z^T)), instead of AF3's Linear(LayerNorm(z)) plus its transpose
+    (pde_symmetrised_input)."""
+
+    # Protenix's clamp of the trunk single before its LayerNorm (its confidence head)
+    SINGLE_CLAMP = 512.0
 
     def __init__(self, config: ModelConfig, single_input_dim: int) -> None:
         super().__init__()
@@ -64,10 +73,14 @@ class ConfidenceHead(nn.Module):
         self.left_inputs = nn.Linear(single_input_dim, c_z, bias=False)
         self.right_inputs = nn.Linear(single_input_dim, c_z, bias=False)
         self.distance = nn.Linear(DISTANCE_BINS, c_z, bias=False)
+        self.single_norm = nn.LayerNorm(c_s) if config.confidence_single_norm else None
+        self.raw_distance = nn.Linear(1, c_z, bias=False) if config.confidence_raw_distance else None
+        self.pde_symmetrised_input = config.pde_symmetrised_input
         self.pairformer = Pairformer(
             config.confidence_blocks, c_s, c_z, config.single_heads, config.single_head_dim, config.pair_heads,
             config.pair_head_dim, config.transition_expansion, checkpoint_blocks=config.checkpoint_blocks,
             kernels=config.kernels, recompute_attention=config.checkpoint_group > 1,
+            mult_hidden=config.triangle_mult_hidden,
         )
         # with grouped checkpoints (a long crop) the whole head is re-run in backward: its z, the
         # distance features, norms and logits would keep ~6 pair-sized tensors
@@ -106,21 +119,29 @@ class ConfidenceHead(nn.Module):
         token_mask = batch["token_pad_mask"]
         pair_mask = token_mask[:, :, None] & token_mask[:, None, :]
         s_inputs, single, pair = s_inputs.detach(), single.detach(), pair.detach()
+        if self.single_norm is not None:
+            single = self.single_norm(single.clamp(-self.SINGLE_CLAMP, self.SINGLE_CLAMP))
         z = pair + self.left_inputs(s_inputs)[:, :, None] + self.right_inputs(s_inputs)[:, None, :]
         represented = gather_atoms(positions.detach().float(), representative_atom_index(batch))  # [B, S, N, 3]
         distance = torch.cdist(represented, represented, compute_mode="donot_use_mm_for_euclid_dist")
         features = distance_features(distance) * pair_mask[:, None, :, :, None]
         z = z[:, None] + self.distance(features)  # [B, S, N, N, c_z]
+        if self.raw_distance is not None:
+            z = z + self.raw_distance((distance * pair_mask[:, None]).unsqueeze(-1).to(z.dtype))
         s = single[:, None].expand(-1, samples, -1, -1)
         flat = batch_size * samples
         s, z = self.pairformer(s.reshape(flat, num_tokens, -1), z.reshape(flat, num_tokens, num_tokens, -1),
                                token_mask.repeat_interleave(samples, 0), pair_mask.repeat_interleave(samples, 0))
         s, z = s.view(batch_size, samples, num_tokens, -1), z.view(batch_size, samples, num_tokens, num_tokens, -1)
-        pde = self.pde(self.pde_norm(z))
+        if self.pde_symmetrised_input:
+            pde = self.pde(self.pde_norm(z + z.transpose(2, 3)))
+        else:
+            pde = self.pde(self.pde_norm(z))
+            pde = pde + pde.transpose(2, 3)
         slots = atom_slots(batch["atom_to_token"], batch["atom_pad_mask"], num_tokens)
         return {
             "pae_logits": self.pae(self.pae_norm(z)),
-            "pde_logits": pde + pde.transpose(2, 3),
+            "pde_logits": pde,
             "plddt_logits": self._per_atom(self.plddt_norm(s), self.plddt, batch["atom_to_token"], slots),
             "resolved_logits": self._per_atom(self.resolved_norm(s), self.resolved, batch["atom_to_token"], slots),
         }

@@ -1,11 +1,13 @@
-"""Model configuration and the three presets.
+"""Model configuration and the four presets.
 
 `af3` follows the AlphaFold3 supplement (Abramson et al. 2024): 48 Pairformer blocks with
 c_s = 384 and c_z = 128, 4 MSA-module blocks with c_m = 64, 2 template blocks with c = 64, atom
 attention with c_atom = 128 and c_atompair = 16 (3 blocks of 4 heads, 32-query x 128-key windows),
 a 24-block diffusion transformer of width 768 with 16 heads, and the paper's head counts, noise
 schedule and loss weights. `tiny` keeps every module but shrinks every width so that CPU tests
-run in seconds; `small` sits between them, for single-GPU experiments.
+run in seconds; `small` sits between them, for single-GPU experiments. `protenix` is AF3's sizes
+with Protenix 2.x's dialect and fixed sizes (PROTENIX_SETTINGS, PROTENIX_SIZES): the model of a
+checkpoint converted from Protenix's base model, for fine-tuning it.
 """
 
 from __future__ import annotations
@@ -35,13 +37,24 @@ LEGACY_SETTINGS = {
     "confidence_resolution_range": None,
     "distogram_min": 2.0,
     "distogram_max": 22.0,
+    # the Protenix dialect (ModelConfig's block) came later: every checkpoint before it is AF3's
+    "pair_init_from_single": False,
+    "outer_product_bias_divided": False,
+    "atom_key_adaln_nested": False,
+    "confidence_single_norm": False,
+    "confidence_raw_distance": False,
+    "pde_symmetrised_input": False,
+    "template_embedder_needs_blocks": False,
+    "plddt_bins_protenix": False,
 }
 
+# Loss settings: what a training run optimises, not what its weights compute. They may change
+# between training stages (as AF3's loss weights do), so a run resumes under other values.
+LOSS_SETTINGS = ("confidence_resolution_range", "plddt_bins_protenix")
 
 # The settings among those that change what the same weights compute: a run resumes a checkpoint
-# only with the values it was trained with (loss settings such as the resolution range may change
-# between training stages, as AF3's loss weights do).
-WEIGHT_MEANING_SETTINGS = tuple(name for name in LEGACY_SETTINGS if name != "confidence_resolution_range")
+# only with the values it was trained with.
+WEIGHT_MEANING_SETTINGS = tuple(name for name in LEGACY_SETTINGS if name not in LOSS_SETTINGS)
 
 
 def saved_model_settings(saved: dict) -> dict:
@@ -142,6 +155,21 @@ class ModelConfig:
     # every sample. A batch without "resolution" (built by hand) counts every sample.
     confidence_resolution_range: tuple[float, float] | None = (0.1, 4.0)
     max_recycling_cycles: int = 4   # training draws N_cycle uniformly from 1..this
+    # --- Protenix dialect (docs/FIDELITY.md, "Protenix vs AlphaFold3") ---
+    # Where Protenix 2.x computes something other than AF3, a setting whose default is AF3's and
+    # whose other value is Protenix's; the `protenix` preset turns on all of PROTENIX_SETTINGS, and
+    # a checkpoint converted from Protenix records them (featurecache.integrations.protenix).
+    pair_init_from_single: bool = False       # z_init's outer sum from s_init, not s_inputs
+    outer_product_bias_divided: bool = False  # OPM: Linear (bias too) of the summed products, / (rows + 1e-3)
+    atom_key_adaln_nested: bool = False       # with atom_key_adaln: the keys' AdaLN on the queries' AdaLN output
+    confidence_single_norm: bool = False      # confidence head: own LayerNorm of the trunk single (clamped)
+    confidence_raw_distance: bool = False     # confidence head: a LinearNoBias of the raw distance too
+    pde_symmetrised_input: bool = False       # PDE logits Linear(LayerNorm(z + z^T))
+    template_embedder_needs_blocks: bool = False  # 0 template blocks: no template embedding at all
+    plddt_bins_protenix: bool = False         # pLDDT target: lDDT / (pairs + 1e-6), (k/50, (k+1)/50] bins
+    triangle_mult_hidden: int | None = None   # triangle multiplication width; None: c_z (AF3), Protenix 128
+    template_triangle_mult_hidden: int | None = None  # the same in the template stack; None: c_template
+    # --- end of the Protenix dialect ---
     # --- dropout while training (Algorithms 8, 16, 17) and the ground truth's permutation (SI 4.2) ---
     pair_dropout: float = 0.25      # row/column-wise after the triangle updates (Pairformer, MSA, templates)
     msa_dropout: float = 0.15       # rowwise after the MSA module's pair-weighted averaging
@@ -168,6 +196,11 @@ class ModelConfig:
                      "confidence_rollout_samples", "checkpoint_group"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
+        for name in ("triangle_mult_hidden", "template_triangle_mult_hidden"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"ModelConfig.{name} must be positive or None, got {getattr(self, name)}")
+        if self.atom_key_adaln_nested and not self.atom_key_adaln:
+            raise ValueError("ModelConfig.atom_key_adaln_nested needs atom_key_adaln (the keys' own AdaLN to nest)")
         for name in ("num_pairformer_blocks", "num_msa_blocks", "num_template_blocks", "atom_blocks",
                      "diffusion_blocks", "confidence_blocks"):
             if getattr(self, name) < 0:
@@ -201,6 +234,35 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
+# The settings that make featurecache compute what Protenix 2.x computes (docs/FIDELITY.md):
+# its dialect (the block of ModelConfig above) and the fidelity settings where Protenix agrees
+# with AF3's code (the defaults, repeated so that this names Protenix's behaviour whole).
+PROTENIX_SETTINGS: dict = {
+    "relpos_chain_gate": "entity",
+    "ref_charge_arcsinh": True,
+    "atom_cond_ref_mask": True,
+    "distogram_min": 2.3125,
+    "distogram_max": 21.6875,
+    "confidence_resolution_range": (0.1, 4.0),
+    "atom_key_adaln": True,
+    "pair_init_from_single": True,
+    "outer_product_bias_divided": True,
+    "atom_key_adaln_nested": True,
+    "confidence_single_norm": True,
+    "confidence_raw_distance": True,
+    "pde_symmetrised_input": True,
+    "template_embedder_needs_blocks": True,
+    "plddt_bins_protenix": True,
+}
+# Sizes Protenix fixes where AF3's differ: its triangle multiplications are 128 wide in every
+# stack, its template stack's triangle attention 4 heads of 32 (AF3: 64 wide, 4 heads of 16).
+PROTENIX_SIZES: dict = {
+    "triangle_mult_hidden": 128,
+    "template_triangle_mult_hidden": 128,
+    "template_pair_head_dim": 32,
+}
+
+
 PRESETS: dict[str, ModelConfig] = {
     "af3": ModelConfig(),
     "tiny": ModelConfig(
@@ -224,6 +286,10 @@ PRESETS: dict[str, ModelConfig] = {
         num_pairformer_blocks=8, num_msa_blocks=2, num_template_blocks=1,
         diffusion_blocks=8, confidence_blocks=2,
     ),
+    # Protenix's released base model (protenix_base_default_v1.0.0): AF3's sizes but its fixed
+    # ones, and its dialect; `featurecache convert` reads the sizes of any Protenix checkpoint
+    # from its shapes, so smaller Protenix models (mini, tiny) need no preset.
+    "protenix": ModelConfig(**PROTENIX_SETTINGS, **PROTENIX_SIZES),
 }
 
 

@@ -69,14 +69,16 @@ class MSABlock(nn.Module):
         kernels = config.kernels
         self.last = last
         self.msa_dropout = config.msa_dropout
-        self.outer_product_mean = OuterProductMean(config.c_m, config.c_z, config.outer_product_dim, kernels=kernels)
+        self.outer_product_mean = OuterProductMean(config.c_m, config.c_z, config.outer_product_dim, kernels=kernels,
+                                                   bias_divided=config.outer_product_bias_divided)
         if not last:
             self.pair_weighted_averaging = PairWeightedAveraging(
                 config.c_m, config.c_z, config.msa_heads, config.msa_head_dim, kernels=kernels)
             self.msa_transition = kernel_module(
                 "Transition", config.c_m, expansion=config.transition_expansion, kernels=kernels)
         self.pair = PairStack(config.c_z, config.pair_heads, config.pair_head_dim,
-                              config.transition_expansion, kernels=kernels, dropout=config.pair_dropout)
+                              config.transition_expansion, kernels=kernels, dropout=config.pair_dropout,
+                              mult_hidden=config.triangle_mult_hidden)
 
     def forward(self, m: torch.Tensor, z: torch.Tensor, msa_mask: torch.Tensor, token_mask: torch.Tensor,
                 pair_mask: torch.Tensor, seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
