@@ -121,12 +121,14 @@ class AtomWindows:
 
 
 class AtomTransformer(nn.Module):
-    """Algorithm 7: the conditioned transformer over atoms with sequence-local attention."""
+    """Algorithm 7: the conditioned transformer over atoms with sequence-local attention, of
+    `num_blocks` blocks (default config.atom_blocks)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, num_blocks: int | None = None) -> None:
         super().__init__()
+        num_blocks = config.atom_blocks if num_blocks is None else num_blocks
         self.transformer = ConditionedTransformer(
-            config.c_atom, config.c_atom, config.c_atompair, config.atom_blocks, config.atom_heads,
+            config.c_atom, config.c_atom, config.c_atompair, num_blocks, config.atom_heads,
             config.kernels, checkpoint_blocks=config.checkpoint_blocks, key_adaln=config.atom_key_adaln,
             key_adaln_nested=config.atom_key_adaln_nested)
 
@@ -137,9 +139,10 @@ class AtomTransformer(nn.Module):
 
 class AtomAttentionEncoder(nn.Module):
     """Algorithm 5, AtomAttentionEncoder. `with_trunk` builds the diffusion module's version,
-    which also reads the trunk's single and pair and the noisy positions."""
+    which also reads the trunk's single and pair and the noisy positions. `num_blocks`: its atom
+    transformer's (default config.atom_blocks)."""
 
-    def __init__(self, config: ModelConfig, c_token: int, with_trunk: bool) -> None:
+    def __init__(self, config: ModelConfig, c_token: int, with_trunk: bool, num_blocks: int | None = None) -> None:
         super().__init__()
         c_atom, c_pair = config.c_atom, config.c_atompair
         self.with_trunk = with_trunk
@@ -162,7 +165,7 @@ class AtomAttentionEncoder(nn.Module):
             nn.ReLU(), nn.Linear(c_pair, c_pair, bias=False),
             nn.ReLU(), nn.Linear(c_pair, c_pair, bias=False),
             nn.ReLU(), nn.Linear(c_pair, c_pair, bias=False))
-        self.atom_transformer = AtomTransformer(config)
+        self.atom_transformer = AtomTransformer(config, num_blocks)
         self.to_token = nn.Linear(c_atom, c_token, bias=False)
 
     def condition(self, batch: dict, windows: AtomWindows, trunk_single: torch.Tensor | None = None,

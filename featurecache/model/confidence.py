@@ -75,6 +75,11 @@ class ConfidenceHead(nn.Module):
         self.distance = nn.Linear(DISTANCE_BINS, c_z, bias=False)
         self.single_norm = nn.LayerNorm(c_s) if config.confidence_single_norm else None
         self.raw_distance = nn.Linear(1, c_z, bias=False) if config.confidence_raw_distance else None
+        # The distances computed directly (AF3's head), or as Protenix's head computes them (torch's
+        # default: a matrix product past 25 tokens), since its raw-distance embedding passes their
+        # rounding (~1e-6 relative at 50 A) straight into the pair: the same bins and values as it.
+        self.distance_mode = ("use_mm_for_euclid_dist_if_necessary" if config.confidence_raw_distance
+                              else "donot_use_mm_for_euclid_dist")
         self.pde_symmetrised_input = config.pde_symmetrised_input
         self.pairformer = Pairformer(
             config.confidence_blocks, c_s, c_z, config.single_heads, config.single_head_dim, config.pair_heads,
@@ -123,7 +128,7 @@ class ConfidenceHead(nn.Module):
             single = self.single_norm(single.clamp(-self.SINGLE_CLAMP, self.SINGLE_CLAMP))
         z = pair + self.left_inputs(s_inputs)[:, :, None] + self.right_inputs(s_inputs)[:, None, :]
         represented = gather_atoms(positions.detach().float(), representative_atom_index(batch))  # [B, S, N, 3]
-        distance = torch.cdist(represented, represented, compute_mode="donot_use_mm_for_euclid_dist")
+        distance = torch.cdist(represented, represented, compute_mode=self.distance_mode)
         features = distance_features(distance) * pair_mask[:, None, :, :, None]
         z = z[:, None] + self.distance(features)  # [B, S, N, N, c_z]
         if self.raw_distance is not None:

@@ -169,6 +169,7 @@ class ModelConfig:
     plddt_bins_protenix: bool = False         # pLDDT target: lDDT / (pairs + 1e-6), (k/50, (k+1)/50] bins
     triangle_mult_hidden: int | None = None   # triangle multiplication width; None: c_z (AF3), Protenix 128
     template_triangle_mult_hidden: int | None = None  # the same in the template stack; None: c_template
+    input_atom_blocks: int | None = None      # the input embedder's atom transformer; None: atom_blocks
     # --- end of the Protenix dialect ---
     # --- dropout while training (Algorithms 8, 16, 17) and the ground truth's permutation (SI 4.2) ---
     pair_dropout: float = 0.25      # row/column-wise after the triangle updates (Pairformer, MSA, templates)
@@ -199,6 +200,8 @@ class ModelConfig:
         for name in ("triangle_mult_hidden", "template_triangle_mult_hidden"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"ModelConfig.{name} must be positive or None, got {getattr(self, name)}")
+        if self.input_atom_blocks is not None and self.input_atom_blocks < 0:
+            raise ValueError(f"ModelConfig.input_atom_blocks must be >= 0 or None, got {self.input_atom_blocks}")
         if self.atom_key_adaln_nested and not self.atom_key_adaln:
             raise ValueError("ModelConfig.atom_key_adaln_nested needs atom_key_adaln (the keys' own AdaLN to nest)")
         for name in ("num_pairformer_blocks", "num_msa_blocks", "num_template_blocks", "atom_blocks",

@@ -92,7 +92,8 @@ class AtomInputEmbedder(nn.Module):
         inputs = atom_single_input_dim(config)
         self.pair_from_single = config.pair_init_from_single
         pair_source = config.c_s if self.pair_from_single else inputs
-        self.atom_encoder = AtomAttentionEncoder(config, c_token=config.c_s, with_trunk=False)
+        self.atom_encoder = AtomAttentionEncoder(config, c_token=config.c_s, with_trunk=False,
+                                                 num_blocks=config.input_atom_blocks)
         self.to_single = nn.Linear(inputs, config.c_s, bias=False)
         self.to_pair_i = nn.Linear(pair_source, config.c_z, bias=False)
         self.to_pair_j = nn.Linear(pair_source, config.c_z, bias=False)
