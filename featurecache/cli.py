@@ -111,12 +111,13 @@ def _plot_path(path: pathlib.Path | None, option: str = "--plot",
 
 
 class _LazyGroup(BoundaryGroup):
-    """Imports `train`, `predict` and `evaluate` (torch and the model) only when one is run or its help is
-    asked for, so the data commands start quickly."""
+    """Imports `train`, `predict`, `evaluate` and `convert` (torch and the model) only when one is run or its
+    help is asked for, so the data commands start quickly."""
 
     lazy_commands = {"train": ("featurecache.training", "train_command"),
                      "predict": ("featurecache.prediction", "predict_command"),
-                     "evaluate": ("featurecache.prediction", "evaluate_command")}
+                     "evaluate": ("featurecache.prediction", "evaluate_command"),
+                     "convert": ("featurecache.integrations.protenix.command", "convert_command")}
 
     def list_commands(self, ctx):
         return sorted([*super().list_commands(ctx), *self.lazy_commands])

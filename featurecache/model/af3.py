@@ -236,7 +236,7 @@ class AF3Model(nn.Module):
         if "plddt_logits" in outputs:
             rows = confidence_rows(batch, config.confidence_resolution_range)  # SI 4.3: 0.1-4 A structures
             parts = confidence_losses(outputs, outputs["rollout_positions"], batch, self._recomputes_losses(), rows,
-                                      config.plddt_bins_protenix)
+                                      config.plddt_bins_protenix, config.pde_distogram_atoms)
             metrics.update(parts)
             metrics["confidence"] = (config.plddt_loss_weight * parts["plddt"] + config.pde_loss_weight * parts["pde"]
                                      + config.resolved_loss_weight * parts["resolved"]

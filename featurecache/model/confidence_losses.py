@@ -9,7 +9,8 @@ Targets (no gradient):
 - PAE (4.3.2, Algorithms 29-30): e_ij, the error of token j's centre atom in token i's frame
   (a, b, c) of the prediction against the same in the truth's; 64 bins of 0.5 A, the last open.
   Frames whose three atoms the truth does not resolve are left out.
-- PDE (4.3.3): |d_pred - d_true| between centre atoms; the same 64 bins.
+- PDE (4.3.3): |d_pred - d_true| between centre atoms (with ModelConfig.pde_distogram_atoms, as
+  Protenix, between the distogram atoms: CB, C4 / C2); the same 64 bins.
 - experimentally resolved (4.3.4): atom_mask, over every real atom.
 
 Only structures of resolution 0.1-4 A train the head (SI 4.3; `confidence_rows`,
@@ -24,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from featurecache.model.atoms import centre_atom_index, gather_atoms
+from featurecache.model.atoms import centre_atom_index, gather_atoms, representative_atom_index
 from featurecache.model.checkpointing import maybe_checkpointed
 from featurecache.model.lddt import distances, inclusion_radius, pair_scores
 
@@ -140,13 +141,15 @@ def confidence_rows(batch: dict, resolution_range: tuple[float, float] | None) -
 
 
 def confidence_losses(outputs: dict, positions: torch.Tensor, batch: dict, recompute: bool = False,
-                      rows: torch.Tensor | None = None, plddt_bins_protenix: bool = False) -> dict:
+                      rows: torch.Tensor | None = None, plddt_bins_protenix: bool = False,
+                      pde_distogram_atoms: bool = False) -> dict:
     """The four losses (0-d tensors: plddt, pae, pde, resolved) of the head's outputs on the
     structures positions [B, S, A, 3] it judged, against batch's ground truth. `recompute`: the
     pair-sized cross-entropies are re-run in backward (masked_cross_entropy). `rows` [B] bool
     (confidence_rows): the batch rows that count; the others contribute 0. None: every row.
     `plddt_bins_protenix` (ModelConfig's): Protenix's pLDDT target, every resolved atom binned
-    by protenix_lddt_bins."""
+    by protenix_lddt_bins. `pde_distogram_atoms` (ModelConfig's): the PDE between the tokens'
+    distogram atoms, as Protenix's PDELoss reads them."""
     true = batch["atom_pos"].float()
     atom_real = batch["atom_pad_mask"]
     if rows is not None:  # a row left out has no valid entry in any of the four losses
@@ -175,14 +178,16 @@ def confidence_losses(outputs: dict, positions: torch.Tensor, batch: dict, recom
     pae = masked_cross_entropy(pae_logits, pae_target, (frame_valid[:, :, None] & centre_resolved[:, None, :])[:, None],
                                item_dims=2, recompute=recompute)
 
+    pde_atoms = representative_atom_index(batch) if pde_distogram_atoms else centre
+    pde_resolved = torch.gather(atom_resolved, 1, pde_atoms) & token_real
     with torch.no_grad():
-        predicted_centres = gather_atoms(positions.float(), centre)
-        true_centres = gather_atoms(true, centre)
-        distance_error = (distances(predicted_centres, predicted_centres)
-                          - distances(true_centres, true_centres)[:, None]).abs()
+        predicted_atoms = gather_atoms(positions.float(), pde_atoms)
+        true_atoms = gather_atoms(true, pde_atoms)
+        distance_error = (distances(predicted_atoms, predicted_atoms)
+                          - distances(true_atoms, true_atoms)[:, None]).abs()
     pde_logits = outputs["pde_logits"]
     pde = masked_cross_entropy(pde_logits, error_bins(distance_error, pde_logits.shape[-1]),
-                               (centre_resolved[:, :, None] & centre_resolved[:, None, :])[:, None], item_dims=2,
+                               (pde_resolved[:, :, None] & pde_resolved[:, None, :])[:, None], item_dims=2,
                                recompute=recompute)
 
     resolved_logits = outputs["resolved_logits"]

@@ -46,11 +46,12 @@ LEGACY_SETTINGS = {
     "pde_symmetrised_input": False,
     "template_embedder_needs_blocks": False,
     "plddt_bins_protenix": False,
+    "pde_distogram_atoms": False,
 }
 
 # Loss settings: what a training run optimises, not what its weights compute. They may change
 # between training stages (as AF3's loss weights do), so a run resumes under other values.
-LOSS_SETTINGS = ("confidence_resolution_range", "plddt_bins_protenix")
+LOSS_SETTINGS = ("confidence_resolution_range", "plddt_bins_protenix", "pde_distogram_atoms")
 
 # The settings among those that change what the same weights compute: a run resumes a checkpoint
 # only with the values it was trained with.
@@ -167,6 +168,7 @@ class ModelConfig:
     pde_symmetrised_input: bool = False       # PDE logits Linear(LayerNorm(z + z^T))
     template_embedder_needs_blocks: bool = False  # 0 template blocks: no template embedding at all
     plddt_bins_protenix: bool = False         # pLDDT target: lDDT / (pairs + 1e-6), (k/50, (k+1)/50] bins
+    pde_distogram_atoms: bool = False         # PDE target between distogram atoms (CB, C4 / C2), not centres
     triangle_mult_hidden: int | None = None   # triangle multiplication width; None: c_z (AF3), Protenix 128
     template_triangle_mult_hidden: int | None = None  # the same in the template stack; None: c_template
     input_atom_blocks: int | None = None      # the input embedder's atom transformer; None: atom_blocks
@@ -256,6 +258,7 @@ PROTENIX_SETTINGS: dict = {
     "pde_symmetrised_input": True,
     "template_embedder_needs_blocks": True,
     "plddt_bins_protenix": True,
+    "pde_distogram_atoms": True,
 }
 # Sizes Protenix fixes where AF3's differ: its triangle multiplications are 128 wide in every
 # stack, its template stack's triangle attention 4 heads of 32 (AF3: 64 wide, 4 heads of 16).

@@ -123,26 +123,18 @@ def randomise(module: nn.Module, generator: torch.Generator) -> None:
 # featurecache.integrations.protenix.weights; the comparisons copy random Protenix weights into
 # single modules through the same maps. What follows adds what only a comparison needs: copying
 # into a module (copy_weights), Protenix tensors a comparison handles by hand (ProtenixOnly), and
-# a Source that rescales (AF3's outer product mean against Protenix's).
+# a rescaled parameter (AF3's outer product mean against Protenix's).
 
 
 class NameMapError(AssertionError):
     """A name map that does not cover both modules exactly."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Scaled(Source):
-    """The Protenix tensor times `factor`: where Protenix applies a constant to a parameter that
-    AF3 (and featurecache's default) does not, for the inputs a comparison uses."""
-
-    factor: float = 1.0
-
-    def to_featurecache(self, tensors, shape, dtype=torch.float32):
-        return super().to_featurecache(tensors, shape, dtype) * self.factor
-
-
 def scaled(name: str, factor: float, why: str) -> Source:
-    return Scaled((Part(name),), why=why, factor=factor)
+    """The Protenix tensor times `factor`: where Protenix applies a constant to a parameter that
+    AF3 (and featurecache's default) does not, for the inputs a comparison uses (a comparison's
+    map only: the conversion's scales are powers of two, exact both ways)."""
+    return Source((Part(name),), why=why, scale=factor)
 
 
 @dataclasses.dataclass(frozen=True)

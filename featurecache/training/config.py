@@ -18,7 +18,7 @@ from featurecache.model.config import PRESETS
 KERNEL_OPTIONS = ("auto", *KERNEL_CHOICES)
 # Noised copies of the ground truth per trunk pass when --diffusion-batch is not given: AF3's 48
 # for its preset, 16 for `small`, a few for `tiny` so that CPU runs stay quick.
-DEFAULT_DIFFUSION_BATCH = {"af3": 48, "small": 16, "tiny": 4}
+DEFAULT_DIFFUSION_BATCH = {"af3": 48, "protenix": 48, "small": 16, "tiny": 4}
 # Atoms a token holds at most (a nucleotide has up to 23 heavy atoms; ligand and modified-residue
 # tokens are one atom each) and token bonds per token (heavy atoms have at most 4 covalent
 # partners, each bond counted once): the fixed atom and bond axes of --static-shapes batches.
@@ -84,6 +84,10 @@ class TrainConfig:
     prefetch_factor: int = 2
     checkpoint_every: int = 1000
     resume: str | None = None
+    # Start from a checkpoint's weights and model settings (a model converted from Protenix by
+    # `featurecache convert`, or another run's) instead of --preset's fresh ones: fine-tuning.
+    # The optimizer, schedule and data position start afresh; --resume continues such a run.
+    init_from: str | None = None
     compile: bool = False
     # Pad every batch to the sample's crop size, MSA rows and templates, so all steps have one
     # shape: torch.compile compiles once (and a step could be a CUDA graph).
@@ -112,6 +116,8 @@ class TrainConfig:
                 raise TrainSetupError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.pairformer_blocks is not None and self.pairformer_blocks < 0:
             raise TrainSetupError(f"--pairformer-blocks must be >= 0, got {self.pairformer_blocks}")
+        if self.init_from is not None and self.pairformer_blocks is not None:
+            raise TrainSetupError("--pairformer-blocks does not go with --init-from: the model is the checkpoint's")
         for name in ("warmup", "num_workers", "weight_decay", "validate_every"):
             if getattr(self, name) < 0:
                 raise TrainSetupError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")

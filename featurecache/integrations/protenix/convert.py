@@ -297,11 +297,13 @@ def read_protenix_checkpoint(path: pathlib.Path) -> dict[str, torch.Tensor]:
     """The model state dict of a Protenix checkpoint file (its "model" entry, as Protenix's runner
     reads it; the DDP prefix stripped)."""
     state = _load(path, "Protenix checkpoint", weights_only=True)
+    if "model_config" in state:
+        raise ConversionError(f"{path}: a featurecache checkpoint (it has a model_config), not a Protenix one: "
+                              "convert it with --to protenix")
     weights = state.get("model")
     if not isinstance(weights, dict) or not weights:
         found = ", ".join(sorted(map(str, state))[:NAMES_SHOWN]) or "nothing"
-        hint = " (a featurecache checkpoint: use --to protenix)" if "model_config" in state else ""
-        raise ConversionError(f"{path}: not a Protenix checkpoint: no \"model\" state dict (it holds {found}){hint}")
+        raise ConversionError(f"{path}: not a Protenix checkpoint: no \"model\" state dict (it holds {found})")
     if not all(isinstance(value, torch.Tensor) for value in weights.values()):
         raise ConversionError(f"{path}: its \"model\" entry holds values that are not tensors")
     return strip_ddp_prefix(weights)
@@ -312,7 +314,7 @@ def read_featurecache_checkpoint(path: pathlib.Path) -> tuple[ModelConfig, dict[
     `featurecache predict` uses)."""
     state = _load(path, "featurecache checkpoint", weights_only=False)
     if not isinstance(state.get("model"), dict) or not isinstance(state.get("model_config"), dict):
-        hint = " (a Protenix checkpoint: use --to featurecache)" if "model" in state else ""
+        hint = " (a Protenix checkpoint? convert it with --to featurecache)" if "model" in state else ""
         raise ConversionError(f"{path}: not a featurecache checkpoint: no \"model\" and \"model_config\"{hint}")
     settings = {name: value for name, value in saved_model_settings(state["model_config"]).items()
                 if name not in RUNTIME_SETTINGS}

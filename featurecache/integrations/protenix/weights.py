@@ -46,12 +46,14 @@ class Part:
 @dataclasses.dataclass(frozen=True)
 class Source:
     """How one featurecache tensor is made from Protenix tensors: `parts` concatenated along `dim`,
-    then entry j of that dimension taken from entry `order[j]` (None: in order)."""
+    then entry j of that dimension taken from entry `order[j]` (None: in order), times `scale`
+    (a power of two in the run-time map, so that both ways are exact)."""
 
     parts: tuple[Part, ...]
     dim: int = 0
     order: tuple[int, ...] | None = None
     why: str = ""
+    scale: float = 1.0
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -78,11 +80,13 @@ class Source:
         value = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=self.dim)
         if self.order is not None:
             value = value.index_select(self.dim, torch.tensor(self.order))
-        return value
+        return value * self.scale if self.scale != 1.0 else value
 
     def to_protenix(self, value: torch.Tensor, featurecache_name: str) -> dict[str, torch.Tensor]:
         """The Protenix tensors of featurecache's `value`; NameMapError where a zero part is not
         zero (Protenix's model has nowhere to put it)."""
+        if self.scale != 1.0:
+            value = value / self.scale
         if self.order is not None:
             value = value.index_select(self.dim, torch.argsort(torch.tensor(self.order)))
         sizes = [value.shape[self.dim] if part.size is None else part.size for part in self.parts]
@@ -111,6 +115,12 @@ def stacked(*parts: tuple[str | None, int], dim: int = 0, why: str = "") -> Sour
     """Protenix tensors (name, size) side by side along `dim` (0: rows, as featurecache packs
     several projections in one matrix; 1: columns, as it concatenates their inputs)."""
     return Source(tuple(Part(name, size) for name, size in parts), dim=dim, why=why)
+
+
+def doubled(name: str, why: str) -> Source:
+    """Twice the Protenix tensor (exact both ways): where Protenix adds a term twice that
+    featurecache adds once."""
+    return Source((Part(name),), why=why, scale=2.0)
 
 
 def zeros(why: str) -> Source:
@@ -499,8 +509,11 @@ def model_map(config: ModelConfig) -> Mapping:
         **under("msa_module.", "msa_module.", msa_module_map(config)),
         **blocks(config.num_pairformer_blocks, "pairformer.blocks.", "pairformer_stack.blocks.",
                  pairformer_block_map(config)),
+        # Protenix (as AF3's code) symmetrises the logits, Linear(z) + Linear(z)^T, its bias twice;
+        # featurecache symmetrises the pair, Linear(z + z^T): the same function with twice the bias
         "distogram_head.linear.weight": same("distogram_head.linear.weight"),
-        "distogram_head.linear.bias": same("distogram_head.linear.bias"),
+        "distogram_head.linear.bias": doubled("distogram_head.linear.bias", "the logits' bias, added twice by "
+                                                                            "Protenix's symmetrisation"),
         **under("diffusion_module.", "diffusion_module.", diffusion_module_map(config)),
         **under("confidence_head.", "confidence_head.", confidence_head_map(config)),
     }
