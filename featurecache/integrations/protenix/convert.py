@@ -51,8 +51,8 @@ PROTENIX_FIXED_SIZES = {
 # The atom transformer of Protenix's input embedder: 3 blocks whatever its diffusion module's
 PROTENIX_INPUT_ATOM_BLOCKS = 3
 # Protenix's own defaults where a checkpoint's shapes cannot tell (a stack of 0 blocks)
-PROTENIX_DEFAULTS = {"template_pair_heads": 4, "template_triangle_mult_hidden": 128, "msa_heads": 8,
-                     "msa_head_dim": 8, "single_heads": 16}
+PROTENIX_DEFAULTS = {"template_pair_heads": 4, "template_pair_head_dim": 32, "template_triangle_mult_hidden": 128,
+                     "msa_heads": 8, "msa_head_dim": 8, "single_heads": 16}
 # How many names of each kind an error line shows
 NAMES_SHOWN = 6
 
@@ -115,7 +115,8 @@ def infer_config(state: dict[str, torch.Tensor]) -> ModelConfig:
         sizes["template_transition_expansion"] = \
             _shape(state, f"{template}pair_transition.linear_no_bias_a.weight")[0] // sizes["c_template"]
     else:
-        sizes.update({name: PROTENIX_DEFAULTS[name] for name in ("template_pair_heads", "template_triangle_mult_hidden")})
+        sizes.update({name: PROTENIX_DEFAULTS[name] for name in ("template_pair_heads", "template_pair_head_dim",
+                                                                 "template_triangle_mult_hidden")})
     if sizes["num_msa_blocks"]:
         msa = "msa_module.blocks.0."
         sizes["outer_product_dim"] = _shape(state, f"{msa}outer_product_mean_msa.linear_1.weight")[0]
