@@ -20,6 +20,7 @@ from featurecache.model.checkpointing import maybe_checkpointed
 from featurecache.model.confidence import ConfidenceHead
 from featurecache.model.confidence_losses import confidence_losses, confidence_rows
 from featurecache.model.config import ModelConfig
+from featurecache.model.dialect import hold_at_zero, protenix_absent
 from featurecache.model.diffusion import DiffusionContext, DiffusionModule
 from featurecache.model.diffusion_sampler import (
     centre_random_augmentation,
@@ -90,6 +91,8 @@ class AF3Model(nn.Module):
         self.distogram_head = DistogramHead(config.c_z, config.distogram_bins)
         self.diffusion_module = DiffusionModule(config, atom_single_input_dim(config))
         self.confidence_head = ConfidenceHead(config, atom_single_input_dim(config)) if config.confidence_head else None
+        if config.protenix_parameters_only:  # Protenix's parameter set: what it lacks stays zero
+            hold_at_zero(self, protenix_absent(self))
 
     def compile_blocks(self, **options) -> None:
         """torch.compile every block of the Pairformer, MSA and template stacks in place.

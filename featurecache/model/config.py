@@ -172,6 +172,9 @@ class ModelConfig:
     triangle_mult_hidden: int | None = None   # triangle multiplication width; None: c_z (AF3), Protenix 128
     template_triangle_mult_hidden: int | None = None  # the same in the template stack; None: c_template
     input_atom_blocks: int | None = None      # the input embedder's atom transformer; None: atom_blocks
+    # the parameters Protenix's layers lack (offsets, biases) held at zero while training, so a
+    # fine-tuned model still converts back to Protenix (model/dialect.py); how it trains, not what it computes
+    protenix_parameters_only: bool = False
     # --- end of the Protenix dialect ---
     # --- dropout while training (Algorithms 8, 16, 17) and the ground truth's permutation (SI 4.2) ---
     pair_dropout: float = 0.25      # row/column-wise after the triangle updates (Pairformer, MSA, templates)
@@ -259,6 +262,7 @@ PROTENIX_SETTINGS: dict = {
     "template_embedder_needs_blocks": True,
     "plddt_bins_protenix": True,
     "pde_distogram_atoms": True,
+    "protenix_parameters_only": True,
 }
 # Sizes Protenix fixes where AF3's differ: its triangle multiplications are 128 wide in every
 # stack, its template stack's triangle attention 4 heads of 32 (AF3: 64 wide, 4 heads of 16).

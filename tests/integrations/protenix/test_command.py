@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from featurecache.model.config import PROTENIX_SETTINGS, RUNTIME_SETTINGS
 from featurecache.prediction.run import load_model
+from featurecache.testing.protenix import protenix_model
 from featurecache.training import TrainConfig, train
 from tests.conftest import copy_sample_structures
 
@@ -126,6 +127,12 @@ def test_train_fine_tunes_a_converted_model_and_resumes(small_protenix, checkpoi
     assert changed, "one step moved no weight"
     resumed = train(TrainConfig(**{**settings, "steps": 2, "resume": str(tmp_path / "run")}, sample=sample))
     assert [record["step"] for record in first] == [1] and [record["step"] for record in resumed] == [2]
+    # the fine-tuned model, its EMA weights, converts back: what Protenix lacks stayed zero
+    back = tmp_path / "protenix_finetuned.pt"
+    result = _cli(["convert", tmp_path / "run" / "checkpoint-00000002.pt", back, "--to", "protenix"])
+    assert result.exit_code == 0, result.output
+    protenix = protenix_model(torch.Generator().manual_seed(2))
+    protenix.load_state_dict(torch.load(back, weights_only=True)["model"], strict=True)
 
 
 def test_init_from_refuses_what_is_no_featurecache_checkpoint(checkpoints, cache, tmp_path):

@@ -61,6 +61,31 @@ def test_the_released_models_convert_both_ways(monkeypatch, name):
     assert set(back) == set(state) and all(torch.equal(back[key], state[key]) for key in state)
 
 
+def test_the_parameters_protenix_lacks_are_those_held_at_zero(small_protenix):
+    """model/dialect.py's list (protenix_parameters_only) against the name map's zero parts: the
+    parameters held at zero while training, or frozen by their layer, are exactly those."""
+    from featurecache.integrations.protenix.weights import model_map
+    from featurecache.model.dialect import protenix_absent
+
+    _, config, _ = small_protenix
+    model = AF3Model(config.replace(kernels="torch"))
+    parameters = dict(model.named_parameters())
+    zero_parts = set()
+    for name, source in model_map(config).items():  # (name, first row, past the last row)
+        start = 0
+        for part in source.parts:
+            size = model.state_dict()[name].shape[source.dim] if part.size is None else part.size
+            if part.name is None:
+                zero_parts.add((name, start, start + size))
+            start += size
+    held = {(name, rows.start or 0, parameters[name].shape[0] if rows.stop is None else rows.stop)
+            for name, rows in protenix_absent(model).items()}
+    frozen = {(name, 0, value.shape[0]) for name, value in parameters.items() if not value.requires_grad}
+    assert held <= zero_parts and zero_parts <= held | frozen, (sorted(zero_parts - held - frozen),
+                                                                sorted(held - zero_parts))
+    assert all(not parameters[name][start:stop].any() for name, start, stop in zero_parts)
+
+
 def _one_line_error(function, *args) -> str:
     with pytest.raises(ConversionError) as raised:
         function(*args)
