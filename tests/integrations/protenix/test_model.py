@@ -107,7 +107,7 @@ def losses(run):
                "rollout_positions": run["structures"], **confidence,
                # the truth as it is (Protenix's permutation runs in its model's forward, not its loss)
                "aligned_atom_pos": batch["atom_pos"], "aligned_atom_mask": batch["atom_mask"]}
-    total, metrics = ours.loss(batch, outputs)
+    _, metrics = ours.loss(batch, outputs)
     configs = protenix_configs()
     configs.loss.weight.alpha_bond = 1.0
     configs.loss.weight.alpha_pae = 1.0
@@ -117,7 +117,7 @@ def losses(run):
                    **{name.removesuffix("_logits"): value[0] for name, value in confidence.items()}}
     labels = protenix_labels(batch)
     with torch.no_grad():
-        total_theirs, theirs = loss(run["features"], predictions, labels, mode="train")
+        _, theirs = loss(run["features"], predictions, labels, mode="train")
         # the MSE and bond terms without the noise level's weight, as featurecache reports them
         label_dict = loss.calculate_label(run["features"], dict(labels))
         features = run["features"]
