@@ -94,7 +94,7 @@ class Source:
             raise NameMapError(f"{featurecache_name} {tuple(value.shape)}: dimension {self.dim} is not "
                                f"{' + '.join(map(str, sizes))} as the map's Protenix tensors {self.names}")
         tensors = {}
-        for part, piece in zip(self.parts, value.split(sizes, dim=self.dim)):
+        for part, piece in zip(self.parts, value.split(sizes, dim=self.dim), strict=True):
             if part.name is not None:
                 tensors[part.name] = piece.clone(memory_format=torch.contiguous_format)
             elif piece.any():
