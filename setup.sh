@@ -18,4 +18,8 @@ PYTHON="${PYTHON:-python3}"
 # biotite 1.4, rdkit 2025.9, CUDA packages) would replace featurecache's, so it is installed without
 # them; its model and loss modules import with what is here plus optree and scipy (the test extra).
 "$PYTHON" -m pip install -q --no-deps "protenix==2.0.0"
+# Boltz 2.2's input parsers (YAML, MSA CSV and A3M), for the tests of the files featurecache writes for
+# it: its pins (numpy<2, torch, gemmi 0.6.5, click 8.1.7, CUDA packages) would replace featurecache's;
+# the parsers import with the test extra. The model itself is not used.
+"$PYTHON" -m pip install -q --no-deps "boltz==2.2.0"
 echo "featurecache setup done: $("$PYTHON" -c 'import featurecache, torch, triton; print(featurecache.__version__, "torch", torch.__version__, "triton", triton.__version__)')"

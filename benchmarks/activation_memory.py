@@ -58,7 +58,7 @@ STACKS = (
 )
 
 
-# the stacks whose blocks ModelConfig.checkpoint_group groups, and how many of a block's leading
+# the stacks whose blocks ModelConfig.runtime.checkpoint_group groups, and how many of a block's leading
 # floating-point arguments are its state (held once per block of a re-run group; the rest, e.g.
 # the diffusion transformer's s and pair, are shared by every block)
 GROUPED = {"Pairformer block": 2, "MSA block": 2, "diffusion transformer block": 1}
@@ -69,7 +69,7 @@ TRUNK_PARTS = ("input embedder", "templates", "MSA module", "Pairformer", "glue 
 
 def build(args, device: torch.device, checkpoint_group: int, rollout_steps: int | None = None) -> AF3Model:
     kernels = args.kernels or ("triton" if device.type == "cuda" else "torch")
-    config = preset("af3", kernels=kernels, num_pairformer_blocks=args.depth, checkpoint_group=checkpoint_group)
+    config = preset("af3", kernels=kernels, pairformer_blocks=args.depth, checkpoint_group=checkpoint_group)
     if rollout_steps is not None:  # the mini-rollout runs without gradient: it saves nothing
         config = config.replace(confidence_rollout_steps=rollout_steps)
     torch.manual_seed(0)
@@ -90,7 +90,7 @@ def autocast(device: torch.device):
 def forward_loss(model: AF3Model, batch: dict, args, device: torch.device) -> torch.Tensor:
     generator = torch.Generator(device).manual_seed(1)
     with autocast(device):
-        outputs = model(batch, num_cycles=1, num_diffusion_samples=args.diffusion_batch, generator=generator)
+        outputs = model(batch, num_cycles=1, diffusion_batch=args.diffusion_batch, generator=generator)
         return model.loss(batch, outputs)[0]
 
 
@@ -281,7 +281,7 @@ def main() -> None:
     parser.add_argument("--show", type=int, default=12, help="list this many of the largest L^2 storages")
     parser.add_argument("--predict", type=int, nargs="+", default=[384, 768, 2560], help="lengths to predict")
     parser.add_argument("--checkpoint-group", type=int, nargs="+", default=[1],
-                        help="ModelConfig.checkpoint_group values to account (1: a checkpoint per block)")
+                        help="ModelConfig.runtime.checkpoint_group values to account (1: a checkpoint per block)")
     parser.add_argument("--depth", type=int, default=48, help="Pairformer blocks")
     parser.add_argument("--diffusion-batch", type=int, default=48)
     parser.add_argument("--atoms-per-token", type=int, default=8)

@@ -28,7 +28,7 @@ from featurecache.testing.synthetic import random_batch
 def step_function(with_head: bool, args, device: torch.device):
     overrides = {"confidence_head": with_head, "kernels": "triton" if device.type == "cuda" else "torch"}
     if args.depth is not None:
-        overrides["num_pairformer_blocks"] = args.depth
+        overrides["pairformer_blocks"] = args.depth
     model = AF3Model(preset(args.preset, **overrides)).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(0)
@@ -38,7 +38,7 @@ def step_function(with_head: bool, args, device: torch.device):
 
     def step():
         with autocast:
-            outputs = model(batch, num_cycles=1, num_diffusion_samples=args.diffusion_batch)
+            outputs = model(batch, num_cycles=1, diffusion_batch=args.diffusion_batch)
         loss, _ = model.loss(batch, outputs)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -65,8 +65,9 @@ def parse_args():
 
 def _config(args, graphs: bool) -> TrainConfig:
     return TrainConfig(cache="unused", preset="tiny", kernels=args.kernels, cuda_graphs=graphs and not args.cpu,
-                       static_shapes=True, accumulate=args.accumulate, diffusion_batch=args.diffusion_batch,
-                       max_recycling_cycles=1, warmup=1, lr=1e-3, num_workers=0,
+                       static_shapes=True, accumulate=args.accumulate,
+                       model_settings={"diffusion_batch": args.diffusion_batch, "max_recycling_cycles": 1},
+                       warmup=1, lr=1e-3, num_workers=0,
                        sample=SampleConfig(crop_size=args.crop, msa_rows_per_sample=8, max_templates=1))
 
 

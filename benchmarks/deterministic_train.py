@@ -43,7 +43,7 @@ def build_cache(work: pathlib.Path) -> pathlib.Path:
 
 
 def run(args, cache: pathlib.Path, out: pathlib.Path, deterministic: bool) -> dict:
-    config = TrainConfig(cache=str(cache), out=str(out), preset=args.preset, pairformer_blocks=args.depth,
+    config = TrainConfig(cache=str(cache), out=str(out), preset=args.preset, model_settings={"pairformer_blocks": args.depth},
                          steps=args.steps, num_workers=2, checkpoint_every=args.steps, warmup=10, lr=1e-4,
                          sample=SampleConfig(crop_size=args.crop, msa_rows_per_sample=args.msa_rows, seed=1),
                          static_shapes=True, deterministic=deterministic)

@@ -25,7 +25,7 @@ def full_model_checks(config_overrides: dict, device: torch.device, length: int,
     batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
     model = models["triton"]
     with autocast(device):
-        outputs = model(batch, num_cycles=2, num_diffusion_samples=diffusion_batch,
+        outputs = model(batch, num_cycles=2, diffusion_batch=diffusion_batch,
                         generator=torch.Generator(device).manual_seed(1))
     loss, _ = model.loss(batch, outputs)
     loss.backward()
@@ -34,7 +34,7 @@ def full_model_checks(config_overrides: dict, device: torch.device, length: int,
     terms = {}
     for kernels, model in models.items():
         model.zero_grad(set_to_none=True)
-        outputs = model(batch, num_cycles=1, num_diffusion_samples=diffusion_batch,
+        outputs = model(batch, num_cycles=1, diffusion_batch=diffusion_batch,
                         generator=torch.Generator(device).manual_seed(2))
         _, metrics = model.loss(batch, outputs)
         terms[kernels] = {name: float(value) for name, value in metrics.items()}

@@ -16,13 +16,13 @@ def data_wait_share(args, device: torch.device, source: str, kernels: str) -> di
 
     # the run's final checkpoint is large: keep it out of OUT
     run_dir = tempfile.mkdtemp(prefix=f"train-step-{source}-")
-    common = {"out": run_dir, "preset": "af3", "pairformer_blocks": args.depth, "kernels": kernels,
+    common = {"out": run_dir, "preset": "af3", "model_settings": {"pairformer_blocks": args.depth}, "kernels": kernels,
               "steps": args.data_steps,
               "sample": SampleConfig(crop_size=args.crop[0], msa_rows_per_sample=args.msa_rows),
               "num_workers": args.num_workers, "checkpoint_every": 10**9, "warmup": 10, "lr": 1e-4,
               "device": device.type, "cuda_graphs": args.data_graphs}
     if args.smoke:
-        common.update(preset="tiny", pairformer_blocks=1)
+        common.update(preset="tiny", model_settings={"pairformer_blocks": 1})
     if source == "cache":
         config = TrainConfig(cache=args.cache, **common)
     else:

@@ -43,23 +43,23 @@ class StepRun:
         self.budget = Budget(args.budget_s)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.dims = BLOCK_DIMS
-        self.overrides = {"num_pairformer_blocks": args.depth}  # of the af3 preset
+        self.overrides = {"pairformer_blocks": args.depth}  # of the af3 preset
         self.warmup, self.reps = 3, 10  # of the block section
         if args.smoke:
             self.dims = SMOKE_BLOCK_DIMS
-            self.overrides = {k: v for k, v in dataclasses.asdict(preset("tiny")).items() if k != "kernels"}
-            self.overrides["num_pairformer_blocks"] = args.depth
+            self.overrides = {k: v for k, v in preset("tiny").settings().items() if k != "kernels"}
+            self.overrides["pairformer_blocks"] = args.depth
             self.warmup, self.reps = 1, 2
         args.out.mkdir(parents=True, exist_ok=True)
         self.stamp = run_stamp()
         self.results: dict = {**dataclasses.asdict(self.stamp), "args": {k: str(v) for k, v in vars(args).items()}}
         print(self.stamp.header(), flush=True)
         self.runners: dict = {}  # variant -> its model and optimizer, while alive
-        trunk = preset("af3", **self.overrides)
+        config = preset("af3", **self.overrides)
         model = f"full model (diffusion batch {args.diffusion_batch})" if args.model == "af3" else "trunk"
         self.header = (f"{self.stamp.header()}; {'tiny (smoke)' if args.smoke else 'af3'} {model} with "
-                       f"{trunk.num_pairformer_blocks} Pairformer blocks, {trunk.num_msa_blocks} MSA blocks "
-                       f"({args.msa_rows} rows), {trunk.num_template_blocks} template blocks "
+                       f"{config.trunk.pairformer_blocks} Pairformer blocks, {config.msa.msa_blocks} MSA blocks "
+                       f"({args.msa_rows} rows), {config.templates.template_blocks} template blocks "
                        f"({args.templates} templates)")
 
     def measured(self, key: str) -> bool:
@@ -111,7 +111,7 @@ class StepRun:
         share = min(args.crop_budget_s, max(0.0, self.budget.left() - 30))
         found = max_crop(runner, crop_start(args, variant), args.crop_limit, args.msa_rows, args.templates,
                          share, args.crop_step)
-        return {**found, "checkpoint_group": runner.model.config.checkpoint_group}  # as the model was built
+        return {**found, "checkpoint_group": runner.model.config.runtime.checkpoint_group}  # as the model was built
 
     def step_reserve(self, variant: str, crop: int) -> float:
         """Time left that a step section needs to start: a variant's first crop compiles when it is

@@ -134,7 +134,7 @@ class TrunkRunner:
     def forward_loss(self, batch: dict) -> torch.Tensor:
         # the trunk alone (no diffusion batch): its loss is the distogram's
         with autocast(self.device, cache=not self.graphs):
-            outputs = self.model(batch, num_cycles=1, num_diffusion_samples=0)
+            outputs = self.model(batch, num_cycles=1, diffusion_batch=0)
         return self.model.loss(batch, outputs)[0]
 
     def step(self, batch: dict) -> dict:
@@ -194,7 +194,7 @@ class FullModelRunner(TrunkRunner):
 
     def forward_loss(self, batch: dict) -> torch.Tensor:
         with autocast(self.device, cache=not self.graphs):
-            outputs = self.model(batch, num_cycles=1, num_diffusion_samples=self.diffusion_batch)
+            outputs = self.model(batch, num_cycles=1, diffusion_batch=self.diffusion_batch)
         return self.model.loss(batch, outputs)[0]
 
 

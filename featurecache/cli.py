@@ -321,24 +321,30 @@ def show(cache_dir, key, table):
 @cli.command()
 @click.argument("cache_dir", type=click.Path(path_type=pathlib.Path))
 @click.argument("keys", nargs=-1, required=True)
-@click.option("--format", "output_format", required=True, type=click.Choice(["af3-json", "a3m", "boltz-csv"]),
-              help="af3-json: one AlphaFold3 input JSON per key (MSAs, templates); a3m: one A3M per chain; "
-                   "boltz-csv: one Boltz MSA CSV per protein chain (key, sequence; paired rows share a key).")
+@click.option("--format", "output_format", required=True,
+              type=click.Choice(["af3-json", "protenix-json", "boltz-yaml", "a3m", "boltz-csv"]),
+              help="af3-json: one AlphaFold3 input JSON per key (MSAs, templates); protenix-json: one Protenix "
+                   "input JSON per key and its MSA files; boltz-yaml: one Boltz input YAML per key and its MSA "
+                   "CSVs; a3m: one A3M per chain; boltz-csv: one Boltz MSA CSV per protein chain (key, "
+                   "sequence; paired rows share a key).")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=pathlib.Path),
-              help="Folder to write into (KEY.json, KEY/<chain>.a3m or KEY/<chain>.csv).")
+              help="Folder to write into (KEY.json, KEY.protenix.json, KEY.yaml; MSA files under KEY/).")
 def export(cache_dir, keys, output_format, out_dir):
-    """Write the cached feature records of KEYS (target ids) as AlphaFold3 input JSON, A3M files or Boltz
-    MSA CSV files."""
+    """Write the cached feature records of KEYS (target ids) as input files of AlphaFold3 (JSON), Protenix
+    (JSON) or Boltz (YAML), or as A3M files or Boltz MSA CSV files."""
     from featurecache.export import ExportError, export_records
     from featurecache.store.layout import refuse_output_in_cache
 
     refuse_output_in_cache("--out", out_dir, cache_dir)
+    warnings: list[str] = []
     try:
-        written = export_records(_existing_cache(cache_dir), list(keys), output_format, out_dir)
+        written = export_records(_existing_cache(cache_dir), list(keys), output_format, out_dir, warnings)
     except ExportError as error:
         raise UserError(str(error)) from error
     except OSError as error:
         raise UserError(f"--out {out_dir}: {error.strerror or error}") from error
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
     click.echo(f"{len(written)} file(s) written to {out_dir}")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import warnings
 import click
@@ -42,6 +43,32 @@ def _one_line(error: BaseException) -> str:
     if isinstance(error, OSError) and error.filename and str(error.filename) not in text:
         text = f"{error.filename}: {error.strerror or text}"
     return " ".join(text.split())
+
+
+# What bad input raises (a file, an option, a cache): reported as its message alone.
+USER_ERRORS = (OSError, ValueError, LookupError, UnicodeError)
+
+# How torch's DataLoader re-raises an exception of a worker process: its type's name, then the
+# worker's whole traceback as text, whose last line is "package.module.Type: message".
+_WORKER_ERROR = re.compile(r"Caught (\w+) in DataLoader worker process \d+\.\s+Original Traceback")
+
+
+def _worker_error(error: BaseException) -> tuple[type, str] | None:
+    """(the original type, its message) of an exception a DataLoader worker raised; None for others.
+
+    A type this process has not imported is unknown: it counts as a bug, so it keeps the --debug hint."""
+    found = _WORKER_ERROR.match(str(error))
+    if found is None:
+        return None
+    last = str(error).strip().splitlines()[-1]
+    qualified, _, message = last.partition(": ")
+    module, _, name = qualified.rpartition(".")
+    # the worker's modules are this process's too (forked or spawned from it): look the type up
+    # among those already imported; nothing is imported to report an error
+    kind = getattr(sys.modules.get(module or "builtins"), name, None)
+    if not (isinstance(kind, type) and issubclass(kind, BaseException)):
+        kind = type(found.group(1), (Exception,), {})
+    return kind, " ".join(message.split()) or kind.__name__
 
 
 def _debug_requested(args: list[str]) -> bool:
@@ -74,16 +101,15 @@ class ErrorBoundary:
             error.show()
             # click's generic ClickException exits 1, which here means "some inputs failed"
             sys.exit(EXIT_SETUP if error.exit_code == 1 else error.exit_code)
-        except (OSError, ValueError, LookupError, UnicodeError) as error:
+        except Exception as error:
             if debug:
                 raise
-            click.echo(f"Error: {_one_line(error)}", err=True)
-            sys.exit(EXIT_SETUP)
-        except Exception as error:  # a bug: still one line, the traceback behind --debug
-            if debug:
-                raise
-            click.echo(f"Error: unexpected {type(error).__name__}: {_one_line(error)} "
-                       f"(run again with {DEBUG_FLAG} for the traceback)", err=True)
+            kind, text = _worker_error(error) or (type(error), _one_line(error))
+            if issubclass(kind, USER_ERRORS):
+                click.echo(f"Error: {text}", err=True)
+            else:  # a bug: still one line, the traceback behind --debug
+                click.echo(f"Error: unexpected {kind.__name__}: {text} "
+                           f"(run again with {DEBUG_FLAG} for the traceback)", err=True)
             sys.exit(EXIT_SETUP)
         sys.exit(result if isinstance(result, int) else EXIT_OK)
 

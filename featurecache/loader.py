@@ -179,13 +179,8 @@ class CacheDataset(torch.utils.data.Dataset):
         return len(self.ids)
 
     @property
-    def sample_weights(self) -> torch.Tensor:
-        """Per-target sampling weights from the manifest (for WeightedRandomSampler)."""
-        return torch.tensor([float(self._info[t].get("weight", 1.0)) for t in self.ids], dtype=torch.float64)
-
-    @property
     def sampling_table(self) -> SamplingTable:
-        """Every chain and interface of these targets with its AF3 weight, for a WeightedSampler
+        """Every chain and interface of these targets with its AF3 weight, for the WeightedSampler
         (featurecache.sampler), whose Draws this dataset reads."""
         return SamplingTable.from_targets(self.ids, self._info)
 

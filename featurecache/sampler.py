@@ -1,16 +1,26 @@
-"""AF3's weighted sampling of training examples (SI 2.5.1): chains and interfaces, not targets.
+"""The order in which training visits its samples: one global order per epoch, split over ranks.
 
-Every chain and every interface of the cache is one item with its eq. 1 weight from the
-manifest's "sampling" table (precompute clusters and weighs them; format in store/manifest.py).
-A draw picks an item with probability proportional to its weight and names its target and the
-chains the crop centres on: one chain, or the two chains of an interface. A target without
-sampling entries (a cache built with clustering off) is one item of the target's weight that
-centres on nothing.
+Each epoch is a sequence of samples, a pure function of (seed, epoch): AF3's weighted draws of
+chains and interfaces (WeightedSampler, SI 2.5.1) or a shuffle of the targets (EpochBatchSampler,
+for a cache without sampling weights). Every chain and every interface of the cache is one item
+of a SamplingTable with its eq. 1 weight from the manifest's "sampling" table (precompute
+clusters and weighs them; format in store/manifest.py); a draw picks an item with probability
+proportional to its weight and names its target and the chains the crop centres on: one chain,
+or the two chains of an interface. A target without sampling entries (a cache built with
+clustering off) is one item of the target's weight that centres on nothing.
 
-Draws are a pure function of (seed, epoch, position): epoch e draws `draws_per_epoch` items
-from a generator seeded by (seed, e), and rank r of W takes positions r, r + W, r + 2W, ... of
-that stream, so ranks see disjoint draws and a run resumes exactly from (epoch, draws taken),
-which is all a checkpoint needs to hold.
+One rank split (StepLayout), for both: an optimizer step takes the next `global_batch` =
+batch_size * accumulate * world_size samples of the epoch's sequence; micro-batch g of the step
+(g = micro-step * world_size + rank) is the step's samples g * batch_size ... g * batch_size +
+batch_size - 1, and its random draws are seeded by g too (featurecache.training.loop.noise_generator).
+So a step trains on the same samples with the same noise on 2 ranks as on 1 rank accumulating 2
+micro-batches: a run's place is (epoch, samples of the epoch taken over all ranks), independent of
+the number of ranks, which is all a checkpoint holds and why a run resumes on any number of ranks.
+
+An epoch has `samples_per_epoch` samples (by default one per target, so a weighted epoch is as
+long as a uniform pass); an incomplete last step is dropped, so no step straddles two epochs.
+The samplers yield micro-batches (lists) for a DataLoader's `batch_sampler=`; the dataset reads
+each Draw (CacheDataset.__getitem__) or (epoch, index) pair.
 """
 
 from __future__ import annotations
@@ -82,51 +92,90 @@ class SamplingTable:
         return np.minimum(picks, len(self) - 1)
 
 
-class WeightedSampler(torch.utils.data.Sampler):
-    """Draws (chain or interface items, with replacement, by weight) for one rank, epoch after epoch.
+@dataclass(frozen=True)
+class StepLayout:
+    """How one optimizer step's samples are split over ranks and micro-steps."""
 
-    Each epoch has `draws_per_epoch` draws over all ranks (by default one per target, so an
-    epoch is as long as a uniform pass); this rank gets every world_size-th one. Iteration starts
-    at (start_epoch, start_draw: draws this rank already took in that epoch) and runs `epochs`
-    epochs, or without end. Use with a DataLoader's `sampler=` (or batch it, as
-    featurecache.training does); the dataset reads each Draw (CacheDataset.__getitem__).
-    """
+    batch_size: int = 1
+    world_size: int = 1
+    accumulate: int = 1
 
-    def __init__(self, table: SamplingTable, seed: int, rank: int = 0, world_size: int = 1,
-                 draws_per_epoch: int | None = None, start_epoch: int = 0, start_draw: int = 0,
-                 epochs: int | None = 1) -> None:
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.world_size * self.accumulate
+
+    def slot(self, rank: int, micro_step: int) -> int:
+        """The step's micro-batch number g of this rank's micro-step."""
+        return micro_step * self.world_size + rank
+
+    def steps_per_epoch(self, samples_per_epoch: int, start_sample: int = 0) -> int:
+        """Whole steps left in an epoch from `start_sample` on."""
+        return max(0, (samples_per_epoch - start_sample) // self.global_batch)
+
+
+class GlobalOrderSampler(torch.utils.data.Sampler):
+    """This rank's micro-batches, step after step and epoch after epoch, from (start_epoch,
+    start_sample); `epochs` epochs or without end. Subclasses give each epoch's order."""
+
+    def __init__(self, samples_per_epoch: int, batch_size: int, rank: int, world_size: int, seed: int,
+                 start_epoch: int = 0, start_sample: int = 0, epochs: int | None = None,
+                 accumulate: int = 1) -> None:
+        if samples_per_epoch == 0:
+            raise ValueError("the dataset is empty")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
-        self.table = table
-        self.seed = seed
+        self.samples_per_epoch = samples_per_epoch
+        self.layout = StepLayout(batch_size, world_size, accumulate)
         self.rank = rank
-        self.world_size = world_size
-        self.draws_per_epoch = len(table.ids) if draws_per_epoch is None else draws_per_epoch
-        if self.draws_per_epoch < 1:
-            raise ValueError(f"draws_per_epoch must be at least 1, got {self.draws_per_epoch}")
+        self.seed = seed
         self.start_epoch = start_epoch
-        self.start_draw = start_draw
+        self.start_sample = start_sample
         self.epochs = epochs
 
     @property
-    def draws_per_rank(self) -> int:
-        """Draws each rank takes per epoch (the epoch's draws, rounded up to a multiple of the ranks)."""
-        return -(-self.draws_per_epoch // self.world_size)
+    def steps_per_epoch(self) -> int:
+        return self.layout.steps_per_epoch(self.samples_per_epoch)
 
-    def epoch_draws(self, epoch: int) -> list[Draw]:
-        """This rank's draws of one epoch, in order."""
-        items = self.table.epoch_items(self.seed, epoch, self.draws_per_rank * self.world_size)
-        positions = range(self.rank, items.size, self.world_size)
-        return [Draw(epoch, position, int(self.table.targets[items[position]]),
-                     self.table.focus_chains[items[position]]) for position in positions]
+    def epoch_order(self, epoch: int) -> list:
+        raise NotImplementedError
 
-    def __iter__(self) -> Iterator[Draw]:
-        epoch, first = self.start_epoch, self.start_draw
+    def __iter__(self) -> Iterator[list]:
+        layout, batch = self.layout, self.layout.batch_size
+        epoch, first = self.start_epoch, self.start_sample
         while self.epochs is None or epoch < self.start_epoch + self.epochs:
-            yield from self.epoch_draws(epoch)[first:]
+            order = self.epoch_order(epoch)
+            for step in range(layout.steps_per_epoch(self.samples_per_epoch, first)):
+                start = first + step * layout.global_batch
+                for micro in range(layout.accumulate):
+                    offset = start + layout.slot(self.rank, micro) * batch
+                    yield order[offset:offset + batch]
             epoch, first = epoch + 1, 0
 
-    def __len__(self) -> int:
-        if self.epochs is None:
-            raise TypeError("an endless WeightedSampler (epochs=None) has no length")
-        return self.draws_per_rank * self.epochs - self.start_draw
+
+class EpochBatchSampler(GlobalOrderSampler):
+    """Micro-batches of (epoch, index) pairs: each epoch a new shuffle of the targets, seeded by
+    (seed, epoch). The epoch travels with each index, so the dataset's workers pick each epoch's
+    crops without `set_epoch` and are started once per run, not once per epoch."""
+
+    def epoch_order(self, epoch: int) -> list[tuple[int, int]]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return [(epoch, index) for index in torch.randperm(self.samples_per_epoch, generator=generator).tolist()]
+
+
+class WeightedSampler(GlobalOrderSampler):
+    """Micro-batches of weighted Draws (a chain or interface by its AF3 weight, with
+    replacement): an epoch is the seeded stream of SamplingTable.epoch_items, `samples_per_epoch`
+    long (None: one draw per target), each Draw's position (which seeds its crop) being its place
+    in that stream."""
+
+    def __init__(self, table: SamplingTable, batch_size: int = 1, rank: int = 0, world_size: int = 1, seed: int = 0,
+                 start_epoch: int = 0, start_sample: int = 0, epochs: int | None = None, accumulate: int = 1,
+                 samples_per_epoch: int | None = None) -> None:
+        super().__init__(len(table.ids) if samples_per_epoch is None else samples_per_epoch, batch_size, rank,
+                         world_size, seed, start_epoch, start_sample, epochs, accumulate)
+        self.table = table
+
+    def epoch_order(self, epoch: int) -> list[Draw]:
+        items = self.table.epoch_items(self.seed, epoch, self.samples_per_epoch)
+        return [Draw(epoch, position, int(self.table.targets[item]), self.table.focus_chains[item])
+                for position, item in enumerate(items.tolist())]

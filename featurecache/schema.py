@@ -37,9 +37,12 @@ results, which the schema does not touch, are reused), and a trainer's CacheData
 cache whose manifest has another schema_version, in one line saying to rerun precompute.
 Version 2 added the AF3 atom inputs (ref_* reference-conformer features, atoms of every
 component from the CCD, token bonds, representative-atom indices) and replaced atom_element /
-atom_charge / atom_name_chars by ref_element / ref_charge / ref_atom_name_chars. Version 3 (this
-one) stores the MSA once per entity (MSA_STORAGE) instead of the dense [msa, token] arrays, its
+atom_charge / atom_name_chars by ref_element / ref_charge / ref_atom_name_chars. Version 3 stores
+the MSA once per entity (MSA_STORAGE) instead of the dense [msa, token] arrays, its
 rows in small zstd frames (ROW_FRAMED) so a sample decodes only the frames holding its rows.
+Version 4 (this one) adds the metadata `featurecache export` needs to write the input back for
+other tools: modified residues (`modified_residues`), the covalent bonds to ligands
+(`ligand_bonds`) and the templates' release dates (`template_release_dates`).
 
 Also here, because every layer that reads or writes records shares them: the store's table
 names (TABLES) and the version numbers a record carries (SCHEMA_VERSION of the arrays,
@@ -52,7 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SCHEMA_VERSION = 3  # the arrays and metadata described below (RECORD_ARRAYS, FEATURES, METADATA_FIELDS)
+SCHEMA_VERSION = 4  # the arrays and metadata described below (RECORD_ARRAYS, FEATURES, METADATA_FIELDS)
 RECORD_FORMAT = 1  # byte layout of an encoded record (featurecache.store.codec)
 
 # The store's tables. Every shard holds all of them; a key lives in the shard shard_of(key).
@@ -219,7 +222,12 @@ METADATA_FIELDS = {
     "warnings": "list of warning strings (e.g. chain with no alignment; an input file cut short: "
                 "contains CUT_SHORT)",
     "template_names": "templates stored, '<chain id>:<pdb id>_<chain>', in template row order per chain",
+    "template_release_dates": "each stored template's release date (ISO, or None), in template_names' order",
     "template_hits_without_coordinates": "template hits skipped because their structure was not available",
+    "modified_residues": "per chain, [1-based position, CCD code] of each polymer residue that is not the standard "
+                         "residue of its sequence letter (modified, non-standard); [] for ligand chains",
+    "ligand_bonds": "the input's covalent bonds that token_bonds holds (each touches a ligand), as "
+                    "[[chain id, 0-based residue index, atom name], [...]] pairs",
 }
 
 

@@ -7,19 +7,22 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shutil
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from featurecache.cli import cli
-from featurecache.config import ClusteringConfig
+from featurecache.config import ClusteringConfig, StoreConfig
 from featurecache.features.msa import expand_msa
 from featurecache.io.af3_json import read_af3_json
 from featurecache.io.msa import parse_a3m
 from featurecache.precompute.pipeline import PrecomputeOptions, precompute
-from featurecache.store.codec import decode_record
+from featurecache.store.codec import decode_record, encode_record
+from featurecache.store.manifest import read_manifest
 from featurecache.store.reader import StoreReader
+from featurecache.store.writer import StoreWriter
 from tests.precompute.test_search_command import check_af3_input
 
 TARGET = "7a4d-assembly1"
@@ -153,3 +156,25 @@ def test_unknown_key_is_one_line_and_exit_2(cache, tmp_path):
                                       "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "'nope'" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "o").exists()  # nothing written when a key is missing
+
+
+@pytest.mark.parametrize("output_format", ["af3-json", "protenix-json", "boltz-yaml"])
+def test_a_record_from_before_schema_4_is_one_line_asking_for_precompute(cache, tmp_path, output_format):
+    """Records written before they kept modified residues, ligand bonds and template dates cannot be
+    written back as inputs: one line naming the record and the fix, nothing written."""
+    cache_dir, record = cache
+    old_cache = tmp_path / "cache"
+    shutil.copytree(cache_dir, old_cache)
+    meta = {name: value for name, value in record.meta.items()
+            if name not in ("modified_residues", "ligand_bonds", "template_release_dates")}
+    writer = StoreWriter(old_cache, StoreConfig(num_shards=read_manifest(old_cache).num_shards))
+    try:
+        writer.put("features", TARGET, encode_record(TARGET, dict(record.arrays), meta, record.fingerprint,
+                                                     record.input_hash, 3, 0))
+    finally:
+        writer.close()
+    result = CliRunner().invoke(cli, ["export", str(old_cache), TARGET, "--format", output_format,
+                                      "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert f"record '{TARGET}' (schema version 3) lacks modified_residues" in result.output
+    assert "rerun `featurecache precompute`" in result.output and not (tmp_path / "o").exists()

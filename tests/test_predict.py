@@ -11,6 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from featurecache.config import SampleConfig
+from featurecache.model.config import saved_model_settings
 from featurecache.training import TrainConfig, train
 from tests.conftest import copy_sample_structures
 
@@ -180,7 +181,8 @@ def test_a_checkpoint_from_before_the_confidence_head_predicts_without_confidenc
     for weights in (state["model"], state.get("ema", {})):
         for name in [name for name in weights if name.startswith("confidence_head.")]:
             del weights[name]
-    state["model_config"] = {name: value for name, value in state["model_config"].items()
+    # in the flat layout checkpoints had then
+    state["model_config"] = {name: value for name, value in saved_model_settings(state["model_config"]).items()
                              if not name.startswith(("confidence", "plddt", "pde", "pae", "resolved"))}
     old = tmp_path / "old.pt"
     torch.save(state, old)
@@ -227,7 +229,7 @@ def test_tiny_overfits_one_real_crop_until_predict_recovers_it(shared_data, tmp_
                                            num_workers=1, progress=False, executor="inline"))
     assert summary.failed == 0, summary.format()
     checkpoint = _train(tmp_path / "cache", tmp_path / "run", steps=OVERFIT_STEPS, lr=OVERFIT_LR, warmup=10,
-                        diffusion_batch=OVERFIT_DIFFUSION_BATCH, max_recycling_cycles=1,
+                        model_settings={"diffusion_batch": OVERFIT_DIFFUSION_BATCH, "max_recycling_cycles": 1},
                         # predict uses the EMA weights: AF3's 0.999 would still weigh the first steps here
                         ema_decay=0.9, sample=SampleConfig(crop_size=32, msa_rows_per_sample=8))
     written = predict(PredictOptions(cache=str(tmp_path / "cache"), keys=("ras-helix",), checkpoint=str(checkpoint),

@@ -136,13 +136,14 @@ def test_resume_reproduces_the_next_losses(cache, tmp_path):
 
 
 def test_a_checkpoint_from_before_the_fidelity_settings_is_refused_in_one_line(cache, tmp_path):
-    from featurecache.model.config import LEGACY_SETTINGS
+    from featurecache.model.config import LEGACY_SETTINGS, saved_model_settings
 
     train(_config(cache, tmp_path / "old", steps=2))
     path = tmp_path / "old" / "checkpoint-00000002.pt"
     state = torch.load(path, weights_only=False)
-    # as written before the settings existed (its distogram edges recorded: AF3's code's now)
-    state["model_config"] = {name: value for name, value in state["model_config"].items()
+    # as written before the settings existed, in the flat layout of then (its distogram edges
+    # recorded: AF3's code's now)
+    state["model_config"] = {name: value for name, value in saved_model_settings(state["model_config"]).items()
                              if name not in LEGACY_SETTINGS or name.startswith("distogram")}
     torch.save(state, path)
     line = _error_line(_cli(["train", "--cache", str(cache), "--out", str(tmp_path / "new"), "--resume", str(path),
@@ -171,7 +172,7 @@ def test_loss_falls_when_overfitting_one_real_example(cache):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
     for _ in range(20):  # the trunk alone: the distogram loss
-        loss, _ = model.loss(batch, model(batch, num_cycles=1, num_diffusion_samples=0))
+        loss, _ = model.loss(batch, model(batch, num_cycles=1, diffusion_batch=0))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -267,7 +268,7 @@ def test_without_cuda_the_default_kernels_are_pytorch_and_cuda_settings_are_refu
     assert result.exit_code == 0, result.output
     assert "--kernels auto: torch" in result.output  # said once, in one line
     state = torch.load(tmp_path / "auto" / "checkpoint-00000001.pt", weights_only=False)
-    assert state["model_config"]["kernels"] == "torch"
+    assert state["model_config"]["runtime"]["kernels"] == "torch"
     # Triton on the CPU only under its interpreter; CUDA settings on a machine without CUDA
     no_interpreter = {"TRITON_INTERPRET": None}
     line = _error_line(_cli(["train", "--cache", str(cache), "--out", str(tmp_path / "t"), "--kernels", "triton",
@@ -366,8 +367,9 @@ def test_static_shapes_pad_every_batch_to_one_shape_and_keep_the_loss(cache, tmp
     assert shapes == {((1, 96), (1, 4 * 7 + 1, 96), (1, stored, 96), (1, atoms, 3), (1, 96 * 3, 2))}
     # padding is masked everywhere: the same steps give the same losses (one diffusion sample:
     # then the real atoms' noise is, but for the last few atoms, the same draw padded or not)
-    padded = train(dataclasses.replace(config, diffusion_batch=1))
-    plain = train(_config(cache, tmp_path / "plain", num_workers=0, crop_size=96, diffusion_batch=1))
+    padded = train(dataclasses.replace(config, model_settings={"diffusion_batch": 1}))
+    plain = train(_config(cache, tmp_path / "plain", num_workers=0, crop_size=96,
+                          model_settings={"diffusion_batch": 1}))
     assert [r["ids"] for r in padded] == [r["ids"] for r in plain]
     assert min(r["tokens"] for r in padded) < 96  # a padded batch was among them
     for mine, ref in zip(padded, plain):
@@ -444,7 +446,7 @@ def test_every_trainable_parameter_gets_a_gradient_in_one_loop_step(cache, tmp_p
     from featurecache.training.distributed import setup_distributed
     from featurecache.training.loop import Trainer, cycle_generator_of
 
-    config = _config(cache, tmp_path / "run", crop_size=64, diffusion_batch=3, lr=1e-3)
+    config = _config(cache, tmp_path / "run", crop_size=64, model_settings={"diffusion_batch": 3}, lr=1e-3)
     dataset = CacheDataset(cache, config.sample)
     ras, dna = dataset.ids.index("721p-assembly1"), dataset.ids.index("209d-assembly1")
     # the first epoch whose crop of Ras keeps a bonded ligand

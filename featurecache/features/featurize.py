@@ -82,9 +82,23 @@ def featurize_target(
         "num_templates": int(arrays["template_restype"].shape[0]),
         "warnings": notes,
         "template_names": report.used,
+        "template_release_dates": report.release_dates,
         "template_hits_without_coordinates": report.without_coordinates,
+        "modified_residues": modified_residues(structure),
+        "ligand_bonds": [[[bond.first.chain_id, bond.first.residue, bond.first.atom],
+                          [bond.second.chain_id, bond.second.residue, bond.second.atom]]
+                         for bond in tokens.ligand_bonds],
     }
     return arrays, metadata
+
+
+def modified_residues(structure: Structure) -> list[list]:
+    """Per chain, [1-based position, CCD code] of each polymer residue that is not the standard
+    residue of its one-letter code (a modified or non-standard residue; its letter is its parent's,
+    X / N for one without a parent), so the record keeps what its sequence letters do not say."""
+    return [[[position, residue.name] for position, residue in enumerate(chain.residues, start=1)
+             if residue.name != residue.parent] if chain.is_polymer else []
+            for chain in structure.chains]
 
 
 def featurize_from_files(

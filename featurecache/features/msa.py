@@ -331,6 +331,26 @@ def _new_unique_rows(classes: np.ndarray, used: list[int]) -> np.ndarray:
     return first[~np.isin(rows_as_bytes[first], rows_as_bytes[np.asarray(used)])]
 
 
+def query_identity(msa: Msa, molecule_type: str) -> np.ndarray:
+    """[rows] each row's identity to the query over its columns, in residue classes: the order in
+    which pairing takes a species' rows (most similar first)."""
+    classes = _LETTER_TABLES[molecule_type][msa.aligned]
+    return (classes == classes[0]).mean(axis=1)
+
+
+def pair_msas(msas: list[Msa], max_rows: int) -> list[tuple[str, dict[int, int]]]:
+    """The rows build_msa_features pairs across the protein MSAs `msas` (each one's query being
+    its chain, no two of the same sequence): (species, {index in msas: row}) per paired row, best
+    first, at most `max_rows` (FeatureConfig.max_paired_rows - 1: the query is not counted).
+    Species are resolved over all of them at once, as for a target."""
+    sources = {index: _EntityMsa(_LETTER_TABLES["protein"][msa.aligned], msa.deletion_matrix, msa.species_tags)
+               for index, msa in enumerate(msas)}
+    resolver = SpeciesResolver(source.species_tags for source in sources.values())
+    for source in sources.values():
+        source.species = resolver.keys(source.species_tags)
+    return _species_pairs(sources, max_rows)
+
+
 def _paired_rows(entity_chains, entity_msas, chains, max_rows: int) -> list[tuple[str, dict[int, int]]]:
     """(species, {entity: row}) per paired row, best first (see the module docstring)."""
     candidates = {
@@ -338,6 +358,10 @@ def _paired_rows(entity_chains, entity_msas, chains, max_rows: int) -> list[tupl
         for entity, source in entity_msas.items()
         if source is not None and chains[entity_chains[entity][0]].molecule_type == "protein"
     }
+    return _species_pairs(candidates, max_rows)
+
+
+def _species_pairs(candidates: dict[int, _EntityMsa], max_rows: int) -> list[tuple[str, dict[int, int]]]:
     if len(candidates) < 2 or max_rows <= 0:
         return []
     species_rows: dict[str, dict[int, list[int]]] = {}  # species -> entity -> rows, most similar first

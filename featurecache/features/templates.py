@@ -50,6 +50,7 @@ class TemplateReport:
     """What happened to the hits; goes into the record's metadata."""
 
     used: list[str] = field(default_factory=list)  # "<chain>:<hit name>"
+    release_dates: list[str | None] = field(default_factory=list)  # each used template's (ISO), as `used`
     without_coordinates: list[str] = field(default_factory=list)  # hit names
     rejected: dict[str, int] = field(default_factory=dict)  # reason -> count
     warnings: list[str] = field(default_factory=list)  # for the record's warnings
@@ -179,6 +180,7 @@ def select_templates(
             placed.add(residues)
         selected.append(choice)
         report.used.append(f"{chain.chain_id}:{hit.name}")
+        report.release_dates.append(template.release_date)
     return selected
 
 
@@ -221,6 +223,7 @@ def build_template_features(
             per_chain[chain_index] = [_Selected(item.hit, item.chain, item.hit.hit_indices, item.hit.query_indices)
                                       for item in given]
             report.used.extend(f"{chain.chain_id}:{item.hit.name}" for item in given)
+            report.release_dates.extend(item.release_date for item in given)
             continue
         hits = chain_template_hits.get(chain.chain_id) or []
         if chain.molecule_type != "protein" or not hits:

@@ -32,7 +32,7 @@ from featurecache.features.bonds import token_bonds
 from featurecache.features.conformers import ReferenceConformers
 from featurecache.features.token_atoms import TokenAtoms, representative_atoms
 from featurecache.io.residues import DNA_STANDARD, PROTEIN_3TO1, RNA_STANDARD, STANDARD_RESIDUES
-from featurecache.io.structure import Chain, Structure
+from featurecache.io.structure import Bond, Chain, Structure
 
 LIGAND_RESIDUE_POSITION = -1
 # A chain this long is past any crop and any complex in the PDB (the longest chains there hold
@@ -62,6 +62,7 @@ class Tokens:
     chain_entity: tuple[int, ...]  # entity_id per chain (1-based)
     warnings: tuple[str, ...] = ()  # what featurizing the atoms left out
     conformer_codes: frozenset = field(default_factory=frozenset)  # CCD codes whose conformers were used
+    ligand_bonds: tuple[Bond, ...] = ()  # the structure's bonds that token_bonds holds (each touches a ligand)
 
     @property
     def num_tokens(self) -> int:
@@ -150,14 +151,14 @@ def tokenize(structure: Structure, conformers: ReferenceConformers | None = None
             builder.add_residue(chain_index, position, chain, atoms, residue_class(residue.parent, chain.molecule_type),
                                 one_token, (chain_index + 1, entity, copies[entity]))
     arrays = _arrays(builder)
-    arrays["token_bonds"] = token_bonds(structure, builder.placed, arrays)
+    arrays["token_bonds"], ligand_bonds = token_bonds(structure, builder.placed, arrays)
     warnings = []
     if dropped:
         warnings.append(f"{len(dropped)} model atoms are not in their components' CCD entries and were left "
                         f"out: {', '.join(dropped[:5])}{', ...' if len(dropped) > 5 else ''}")
     return Tokens(arrays, np.asarray(builder.tokens["chain"], dtype=np.int32),
                   np.asarray(builder.tokens["residue"], dtype=np.int32), tuple(chain_entity), tuple(warnings),
-                  frozenset(codes))
+                  frozenset(codes), ligand_bonds)
 
 
 def _arrays(builder: _Builder) -> dict[str, np.ndarray]:

@@ -74,6 +74,7 @@ class GivenTemplate:
 
     hit: TemplateHit
     chain: Chain
+    release_date: str | None = None  # the mmCIF's (_pdbx_audit_revision_history), which AF3 requires
 
 
 @dataclass(frozen=True, eq=False)
@@ -268,7 +269,8 @@ class _Reader:
         for position, name in enumerate(names, start=1):
             if position in modified:
                 code = modified[position]
-                residues.append(unresolved_residue(code, parent_of(code) or parent_of(name), position))
+                # the code alone says what the residue is (AF3 reads the code, not the letter)
+                residues.append(unresolved_residue(code, parent_of(code), position))
             else:
                 residues.append(unresolved_residue(name, parent_of(name), position))
         return tuple(residues)
@@ -367,7 +369,7 @@ class _Reader:
             mmcif, origin = self._text_or_file(template, "mmcif", at)
             if not mmcif:
                 raise _Fail(f"{at}.mmcif", "needs the template's mmCIF (mmcif or mmcifPath)")
-            chain = self._template_chain(mmcif, f"{at}.{origin.split()[0]}")
+            chain, release_date = self._template_chain(mmcif, f"{at}.{origin.split()[0]}")
             indices = []
             for key in ("queryIndices", "templateIndices"):
                 values = _expect(template.get(key), list, f"{at}.{key}", "a list of integers")
@@ -383,10 +385,10 @@ class _Reader:
             for key, values, size, what in bounds:
                 if len(values) and values.max() >= size:
                     raise _Fail(f"{at}.{key}", f"index {int(values.max())} is outside {what} (0-{size - 1})")
-            given.append(GivenTemplate(self._template_hit(number, chain, *indices), chain))
+            given.append(GivenTemplate(self._template_hit(number, chain, *indices), chain, release_date))
         return tuple(given)
 
-    def _template_chain(self, mmcif: str, where: str) -> Chain:
+    def _template_chain(self, mmcif: str, where: str) -> tuple[Chain, str | None]:
         try:
             structure = parse_mmcif(mmcif, f"{self.path.name} {where}")
         except ParseError as error:
@@ -394,7 +396,7 @@ class _Reader:
         proteins = [chain for chain in structure.chains if chain.molecule_type == "protein"]
         if len(proteins) != 1:
             raise _Fail(where, f"must hold exactly one protein chain (as AF3 requires), has {len(proteins)}")
-        return proteins[0]
+        return proteins[0], structure.release_date
 
     def _template_hit(self, number: int, chain: Chain, query: np.ndarray, template: np.ndarray) -> TemplateHit:
         first, last = (int(query.min()) + 1, int(query.max()) + 1) if len(query) else (0, 0)

@@ -1,8 +1,9 @@
 """Writing AlphaFold 3 input JSON (dialect "alphafold3"), the format `io/af3_json.py` reads.
 
 Field names and types follow AF3's docs/input.md: per entity `id` (upper-case letters, a list for
-several copies), `sequence` and `modifications` (protein: ptmType / ptmPosition; RNA and DNA:
-modificationType / basePosition, 1-based), protein `unpairedMsa` / `pairedMsa` (A3M text, both
+several copies), `sequence` (standard letters only) and `modifications` (protein: ptmType /
+ptmPosition; RNA and DNA: modificationType / basePosition, 1-based; every non-standard residue,
+unknown ones included: `documented_sequence`), protein `unpairedMsa` / `pairedMsa` (A3M text, both
 set: "" means none) and `templates` (`mmcif` text of one protein chain, 0-based `queryIndices`
 / `templateIndices`), RNA `unpairedMsa` only, ligands `ccdCodes` or `smiles`; `bondedAtomPairs`
 as [chain id, 1-based residue, atom name] pairs.
@@ -21,10 +22,19 @@ from dataclasses import dataclass
 import gemmi
 
 from featurecache.io.af3_json import DIALECT
+from featurecache.io.mmcif import DATE_PATTERN, read_release_date
+from featurecache.io.residues import UNKNOWN_RESIDUE
 from featurecache.io.structure import Structure
 
 _MODIFICATION_KEYS = {"protein": ("ptmType", "ptmPosition"), "rna": ("modificationType", "basePosition"),
                       "dna": ("modificationType", "basePosition")}
+# The letters AF3's docs/input.md allows in a sequence ("the 1-letter standard amino acid codes";
+# "only the letters A, C, G, U" / "A, C, G, T"): unknown residues (X, N) are not among them.
+DOCUMENTED_LETTERS = {"protein": frozenset("ACDEFGHIKLMNPQRSTVWY"), "rna": frozenset("ACGU"),
+                      "dna": frozenset("ACGT")}
+# The letter written where a modification's CCD code stands and no standard parent's letter can:
+# AF3 (and featurecache's reader, io/af3_json.py) take the residue from the code, never the letter.
+PLACEHOLDER_LETTER = "A"
 _SKIPPED_LIGANDS = {"HOH", "DOD", "WAT"}  # waters are no entity in AF3
 
 
@@ -79,6 +89,33 @@ class Af3Entity:
         if self.kind == "protein" and self.templates is not None:
             body["templates"] = [template.to_json() for template in self.templates]
         return {self.kind: body}
+
+
+def documented_sequence(kind: str, sequence: str, modifications: tuple[tuple[str, int], ...]
+                        ) -> tuple[str, tuple[tuple[str, int], ...]]:
+    """(sequence, modifications) of a polymer in AF3's documented alphabet: every residue that is no
+    standard residue of a letter is a modification by its CCD code (those given in `modifications`,
+    1-based; an unknown residue's letter X / N by UNK, N or DN), at a letter of the alphabet (its
+    parent's where the letter already is one, else PLACEHOLDER_LETTER)."""
+    letters = list(sequence)
+    modified = dict((position, code) for code, position in modifications)
+    for position, letter in enumerate(sequence, start=1):
+        if letter not in DOCUMENTED_LETTERS[kind]:
+            modified.setdefault(position, UNKNOWN_RESIDUE[kind])
+            letters[position - 1] = PLACEHOLDER_LETTER
+    return "".join(letters), tuple((code, position) for position, code in sorted(modified.items()))
+
+
+def msa_with_query(text: str, sequence: str) -> str:
+    """A3M text whose first record (the query, one line) reads `sequence`: AF3 wants the query
+    exactly as the entity's sequence, which documented_sequence may have changed."""
+    header, _, rest = text.partition("\n")
+    query, _, rows = rest.partition("\n")
+    if not text or query == sequence:
+        return text
+    if len(query) != len(sequence):
+        raise ValueError(f"MSA query {query[:20]}... has {len(query)} residues, the sequence {len(sequence)}")
+    return f"{header}\n{sequence}\n{rows}"
 
 
 def af3_chain_ids(count: int) -> list[str]:
@@ -153,7 +190,8 @@ def af3_entities(structure: Structure) -> list[Af3Entity]:
             continue
         modifications = tuple((residue.name, position) for position, residue in enumerate(first.residues, start=1)
                               if residue.parent != residue.name)
-        entities.append(Af3Entity(kind, ids, source, sequence=first.sequence, modifications=modifications,
+        sequence, modifications = documented_sequence(kind, first.sequence, modifications)
+        entities.append(Af3Entity(kind, ids, source, sequence=sequence, modifications=modifications,
                                   description=description))
     return entities
 
@@ -193,10 +231,28 @@ def af3_json_text(document: dict) -> str:
     return json.dumps(document, indent=1) + "\n"
 
 
+def _with_release_date(document: gemmi.cif.Document, release_date: str, where: str) -> str:
+    """The document's text with `release_date` as its first release
+    (`_pdbx_audit_revision_history.revision_date`): AF3 refuses a template mmCIF without one
+    ("Template structure ... must have a release date"). gemmi writes no such category, so every
+    template mmCIF written here passes through this."""
+    if not DATE_PATTERN.match(release_date or ""):
+        raise ValueError(f"{where}: no release date (_pdbx_audit_revision_history.revision_date, ISO "
+                         f"YYYY-MM-DD), which AlphaFold 3 requires of a template; got {release_date!r}")
+    block = document.sole_block()
+    history = block.init_loop("_pdbx_audit_revision_history.", ["ordinal", "data_content_type",
+                                                                 "major_revision", "minor_revision",
+                                                                 "revision_date"])
+    history.add_row(["1", "'Structure model'", "1", "0", release_date])
+    return document.as_string()
+
+
 def single_chain_mmcif(path: str | os.PathLike, auth_chain_id: str) -> str:
     """mmCIF text of one protein chain of a structure file (first model, no ligands or waters),
     with its full sequence (`_entity_poly_seq`), so a template's residue indices count unresolved
-    residues as AF3 requires. Raises ValueError when the chain is not in the file."""
+    residues as AF3 requires, and the file's first release date. Raises ValueError when the chain
+    is not in the file or the file has no release date."""
+    release_date = read_release_date(path)
     structure = gemmi.read_structure(str(path))
     structure.setup_entities()
     while len(structure) > 1:
@@ -212,16 +268,18 @@ def single_chain_mmcif(path: str | os.PathLike, auth_chain_id: str) -> str:
     for index in reversed(range(len(structure.entities))):
         if not set(structure.entities[index].subchains) & present:
             del structure.entities[index]
-    return structure.make_mmcif_document().as_string()
+    return _with_release_date(structure.make_mmcif_document(), release_date, f"{path} chain {auth_chain_id}")
 
 
 _BACKBONE_ATOMS = (("N", "N"), ("CA", "C"), ("C", "C"))
 
 
-def backbone_template_mmcif(name: str, residue_names: list[str], backbone, backbone_mask, beta, beta_mask) -> str:
+def backbone_template_mmcif(name: str, residue_names: list[str], backbone, backbone_mask, beta, beta_mask,
+                            release_date: str) -> str:
     """mmCIF text of a one-chain protein template from backbone coordinates only: N, CA, C
-    (`backbone` [n, 3, 3], `backbone_mask` [n, 3]) and CB (`beta` [n, 3]; glycine has none).
-    Every residue given is in the chain's sequence, so template index i is residue i."""
+    (`backbone` [n, 3, 3], `backbone_mask` [n, 3]) and CB (`beta` [n, 3]; glycine has none), first
+    released on `release_date` (ISO; ValueError without one). Every residue given is in the
+    chain's sequence, so template index i is residue i."""
     structure = gemmi.Structure()
     structure.name = name
     chain = gemmi.Chain("A")
@@ -252,4 +310,4 @@ def backbone_template_mmcif(name: str, residue_names: list[str], backbone, backb
     entity.entity_type = gemmi.EntityType.Polymer
     entity.polymer_type = gemmi.PolymerType.PeptideL
     entity.full_sequence = list(residue_names)
-    return structure.make_mmcif_document().as_string()
+    return _with_release_date(structure.make_mmcif_document(), release_date, f"template {name}")

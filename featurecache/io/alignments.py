@@ -236,7 +236,7 @@ class AlignmentIndex:
                 continue
             seen_sha.add(file.sha256)
             data = read_bytes(file.path)
-            file_hits = parse_hhr(data, file.path, warnings) if is_hhr else parse_m8(data, file.path)
+            file_hits = parse_hhr(data, file.path, warnings) if is_hhr else parse_m8(data, file.path, warnings)
             paths.append(file.path)
             for hit in file_hits:
                 remapped = _remap_hit(hit, mapping)

@@ -65,7 +65,7 @@ def read_hits(path: str | os.PathLike, warnings: list[str] | None = None) -> lis
     data = read_bytes(path)
     if name.endswith(".hhr"):
         return parse_hhr(data, str(path), warnings)
-    return parse_m8(data, str(path))
+    return parse_m8(data, str(path), warnings)
 
 
 # --- HHR --------------------------------------------------------------------------------------
@@ -215,62 +215,74 @@ def _walk_alignment(query: str, hit: str, query_start: int, hit_start: int):
 # --- m8 ---------------------------------------------------------------------------------------
 
 
-def parse_m8(data: str | bytes, source: str) -> list[TemplateHit]:
+def parse_m8(data: str | bytes, source: str, warnings: list[str] | None = None) -> list[TemplateHit]:
     """Parse MMseqs2 / BLAST tabular output.
 
     13 columns: query, target, fident, alnlen, mismatch, gapopen, qstart, qend, tstart, tend,
     evalue, bits, cigar (MMseqs2 ``--format-output ...,cigar``; M = both, I = query only,
     D = target only). 12 columns (no CIGAR) are accepted only for ungapped hits. An empty file
-    is zero hits.
+    is zero hits. A last line without its newline that does not parse is a file cut short: with
+    `warnings`, that hit is dropped and named there (as `parse_hhr` does); else a ParseError.
     """
     text = decode_text(data, source)
+    lines = text.splitlines()
+    cut_at = len(lines) if text and not text.endswith(("\n", "\r")) else None
     hits = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(lines, start=1):
         if not line.strip() or line.startswith("#"):
             continue
-        fields = line.rstrip("\n").split("\t")
-        if len(fields) not in (12, 13):
-            raise ParseError(source, f"expected 12 or 13 tab-separated columns, got {len(fields)}", number)
         try:
-            identity = float(fields[2])
-            aligned_length = int(fields[3])
-            query_start, query_end, hit_start, hit_end = (int(value) for value in fields[6:10])
-            e_value = float(fields[10])
-        except ValueError as error:
-            raise ParseError(source, f"non-numeric column: {error}", number) from error
-        if identity > 1.0:  # BLAST writes percent identity
-            identity /= 100.0
-        if min(query_start, hit_start) < 1 or query_end < query_start or hit_end < hit_start:
-            raise ParseError(source, f"bad coordinates query {query_start}-{query_end} target {hit_start}-{hit_end}", number)
-        cigar = fields[12].strip() if len(fields) == 13 else ""
-        if cigar:
-            query_indices, hit_indices = _cigar_pairs(cigar, query_start, hit_start, query_end, hit_end, source, number)
-        elif query_end - query_start == hit_end - hit_start:
-            query_indices = np.arange(query_start - 1, query_end, dtype=np.int32)
-            hit_indices = np.arange(hit_start - 1, hit_end, dtype=np.int32)
-        else:
-            raise ParseError(source, "gapped hit without a CIGAR column: residue mapping unknown", number)
-        hits.append(
-            TemplateHit(
-                name=normalize_hit_name(fields[1]),
-                index=len(hits),
-                aligned_cols=aligned_length,
-                sum_probs=None,
-                e_value=e_value,
-                identity=identity,
-                query_start=query_start,
-                query_end=query_end,
-                hit_start=hit_start,
-                hit_end=hit_end,
-                query_indices=query_indices,
-                hit_indices=hit_indices,
-                hit_sequence="",
-                hit_length=None,
-                description="",
-                source=source,
-            )
-        )
+            hits.append(_m8_hit(line, source, number, len(hits)))
+        except ParseError as error:
+            if number != cut_at:
+                raise
+            cut_short(source, f"{error.detail} (the last line, without its newline)", number, warnings,
+                      "its hit dropped")
     return hits
+
+
+def _m8_hit(line: str, source: str, number: int, index: int) -> TemplateHit:
+    """The hit on one m8 line (line `number`), the `index`-th of its file."""
+    fields = line.rstrip("\n").split("\t")
+    if len(fields) not in (12, 13):
+        raise ParseError(source, f"expected 12 or 13 tab-separated columns, got {len(fields)}", number)
+    try:
+        identity = float(fields[2])
+        aligned_length = int(fields[3])
+        query_start, query_end, hit_start, hit_end = (int(value) for value in fields[6:10])
+        e_value = float(fields[10])
+    except ValueError as error:
+        raise ParseError(source, f"non-numeric column: {error}", number) from error
+    if identity > 1.0:  # BLAST writes percent identity
+        identity /= 100.0
+    if min(query_start, hit_start) < 1 or query_end < query_start or hit_end < hit_start:
+        raise ParseError(source, f"bad coordinates query {query_start}-{query_end} target {hit_start}-{hit_end}", number)
+    cigar = fields[12].strip() if len(fields) == 13 else ""
+    if cigar:
+        query_indices, hit_indices = _cigar_pairs(cigar, query_start, hit_start, query_end, hit_end, source, number)
+    elif query_end - query_start == hit_end - hit_start:
+        query_indices = np.arange(query_start - 1, query_end, dtype=np.int32)
+        hit_indices = np.arange(hit_start - 1, hit_end, dtype=np.int32)
+    else:
+        raise ParseError(source, "gapped hit without a CIGAR column: residue mapping unknown", number)
+    return TemplateHit(
+        name=normalize_hit_name(fields[1]),
+        index=index,
+        aligned_cols=aligned_length,
+        sum_probs=None,
+        e_value=e_value,
+        identity=identity,
+        query_start=query_start,
+        query_end=query_end,
+        hit_start=hit_start,
+        hit_end=hit_end,
+        query_indices=query_indices,
+        hit_indices=hit_indices,
+        hit_sequence="",
+        hit_length=None,
+        description="",
+        source=source,
+    )
 
 
 def _cigar_pairs(cigar, query_start, hit_start, query_end, hit_end, source, number):

@@ -157,6 +157,11 @@ def _resolution(block: gemmi.cif.Block) -> float | None:
     return None
 
 
+def read_release_date(path: str | os.PathLike) -> str | None:
+    """The first release date (ISO) of an mmCIF file, plain or gzipped; None when it has none."""
+    return _release_date(gemmi.cif.read(str(path))[0])
+
+
 def _release_date(block: gemmi.cif.Block) -> str | None:
     """First release: the earliest revision date (PDB and AlphaFold DB files both carry it)."""
     for tag in ("_pdbx_audit_revision_history.revision_date", "_database_PDB_rev.date"):

@@ -1,6 +1,6 @@
 """AF3 on top of featurecache.kernels: the structure model (AF3Model: atom attention, the recycled
-trunk with its distogram, diffusion, confidence), presets `tiny` and `af3`, one switch for the
-kernels."""
+trunk with its distogram, diffusion, confidence), its configuration in parts (ModelConfig) with the
+presets `tiny`, `small` and `af3`, one switch for the kernels."""
 
 from featurecache.kernels.runtime import KERNEL_CHOICES
 from featurecache.model.af3 import AF3Model, sample_num_cycles

@@ -2,8 +2,8 @@
 module, Pairformer), distogram head, the diffusion module and the confidence head, with their
 training losses (SI 4) and the sampler for inference.
 
-Training:   outputs = model(batch, num_cycles=sample_num_cycles(generator, config.max_recycling_cycles),
-                            num_diffusion_samples=48, generator=generator)
+Training:   outputs = model(batch, num_cycles=sample_num_cycles(generator, config.trunk.max_recycling_cycles),
+                            generator=generator)  # on config.diffusion.diffusion_batch noised copies
             loss, metrics = model.loss(batch, outputs)
 Inference:  outputs = model.sample(batch, num_cycles=4, num_samples=5, generator=generator)
             (positions, and the confidence logits of each sample)
@@ -68,30 +68,31 @@ def sample_num_cycles(generator: torch.Generator | None, max_cycles: int = 4) ->
 class AF3Model(nn.Module):
     """AF3: `trunk` (Algorithm 1, lines 1-13), `forward` (the trunk, the diffusion training batch
     and the confidence head on a mini-rollout), `loss`, and `sample` (Algorithm 18 and the
-    confidence head) for inference. Same parameters on both kernel paths (config.kernels);
-    config.confidence_head = False leaves the head out."""
+    confidence head) for inference. Same parameters on both kernel paths (config.runtime.kernels);
+    config.confidence.confidence_head = False leaves the head out."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        kernels = config.kernels
+        kernels, trunk = config.runtime.kernels, config.trunk
         self.input_embedder = AtomInputEmbedder(config)
         # Algorithm 1, lines 8 and 11: the previous cycle's s and z, LayerNorm + LinearNoBias
-        self.recycle_single = kernel_module("LayerNormLinear", config.c_s, config.c_s, bias=False, kernels=kernels)
-        self.recycle_pair = kernel_module("LayerNormLinear", config.c_z, config.c_z, bias=False, kernels=kernels)
+        self.recycle_single = kernel_module("LayerNormLinear", trunk.c_s, trunk.c_s, bias=False, kernels=kernels)
+        self.recycle_pair = kernel_module("LayerNormLinear", trunk.c_z, trunk.c_z, bias=False, kernels=kernels)
         self.template_embedder = TemplateEmbedder(config)
         self.msa_module = MSAModule(config, single_input_dim=atom_single_input_dim(config))
         self.pairformer = Pairformer(
-            config.num_pairformer_blocks, config.c_s, config.c_z, config.single_heads,
-            config.single_head_dim, config.pair_heads, config.pair_head_dim,
-            config.transition_expansion, checkpoint_blocks=config.checkpoint_blocks, kernels=kernels,
-            dropout=config.pair_dropout, checkpoint_group=config.checkpoint_group,
-            mult_hidden=config.triangle_mult_hidden,
+            trunk.pairformer_blocks, trunk.c_s, trunk.c_z, trunk.single_heads,
+            trunk.single_head_dim, trunk.pair_heads, trunk.pair_head_dim,
+            trunk.transition_expansion, checkpoint_blocks=config.runtime.checkpoint_blocks, kernels=kernels,
+            dropout=trunk.pair_dropout, checkpoint_group=config.runtime.checkpoint_group,
+            mult_hidden=config.dialect.triangle_mult_hidden,
         )
-        self.distogram_head = DistogramHead(config.c_z, config.distogram_bins)
+        self.distogram_head = DistogramHead(trunk.c_z, trunk.distogram_bins)
         self.diffusion_module = DiffusionModule(config, atom_single_input_dim(config))
-        self.confidence_head = ConfidenceHead(config, atom_single_input_dim(config)) if config.confidence_head else None
-        if config.protenix_parameters_only:  # Protenix's parameter set: what it lacks stays zero
+        self.confidence_head = (ConfidenceHead(config, atom_single_input_dim(config))
+                                if config.confidence.confidence_head else None)
+        if config.dialect.protenix_parameters_only:  # Protenix's parameter set: what it lacks stays zero
             hold_at_zero(self, protenix_absent(self))
 
     def compile_blocks(self, **options) -> None:
@@ -106,7 +107,8 @@ class AF3Model(nn.Module):
                 block.compile(**options)
 
     def _windows(self, batch: dict) -> AtomWindows:
-        return AtomWindows(batch["atom_pad_mask"], self.config.atom_window_queries, self.config.atom_window_keys)
+        atom_attention = self.config.atom_attention
+        return AtomWindows(batch["atom_pad_mask"], atom_attention.atom_window_queries, atom_attention.atom_window_keys)
 
     def trunk(self, batch: dict, num_cycles: int, generator: torch.Generator | None = None) -> dict:
         """Algorithm 1, lines 1-13 and the distogram: s_inputs, single, pair, distogram_logits.
@@ -140,35 +142,39 @@ class AF3Model(nn.Module):
         return self.diffusion_module.prepare(batch, self._windows(batch), trunk["s_inputs"], trunk["single"],
                                              trunk["pair"])
 
-    def forward(self, batch: dict, num_cycles: int = 1, num_diffusion_samples: int = 48,
+    def forward(self, batch: dict, num_cycles: int = 1, diffusion_batch: int | None = None,
                 generator: torch.Generator | None = None) -> dict:
-        """The trunk once, then the diffusion training batch (AF3 SI 3.7.1): num_diffusion_samples
-        copies of the ground truth, each randomly rotated and translated, noised at its own level
-        sigma, and denoised with the one trunk output. Adds `denoised_positions` [B, S, A, 3] and
-        `noise_level` [B, S] to the trunk's outputs (none with num_diffusion_samples = 0).
+        """The trunk once, then the diffusion training batch (AF3 SI 3.7.1): diffusion_batch copies
+        (None: config.diffusion.diffusion_batch) of the ground truth, each randomly rotated and
+        translated, noised at its own level sigma, and denoised with the one trunk output. Adds
+        `denoised_positions` [B, S, A, 3] and `noise_level` [B, S] to the trunk's outputs (none
+        with diffusion_batch = 0: the trunk alone).
 
         With the confidence head (SI 4.3): a mini-rollout of the sampler (confidence_rollout_steps,
         no gradient) gives `rollout_positions` [B, R, A, 3], and the head's logits on them
         (`plddt_logits`, `pae_logits`, `pde_logits`, `resolved_logits`) train it. With
-        config.permutation_alignment the truth is aligned to the rollout (SI 4.2) before the
+        config.loss.permutation_alignment the truth is aligned to the rollout (SI 4.2) before the
         diffusion batch is built from it, and `aligned_atom_pos` / `aligned_atom_mask` carry that
         truth to the loss. The random draws keep their order (augmentation, noise levels, noise,
         then the rollout)."""
         outputs = self.trunk(batch, num_cycles, generator)
-        if num_diffusion_samples < 1:
+        if diffusion_batch is None:
+            diffusion_batch = self.config.diffusion.diffusion_batch
+        if diffusion_batch < 1:
             return outputs
         atom_resolved = batch["atom_mask"] & batch["atom_pad_mask"]
-        true = batch["atom_pos"].float().unsqueeze(1).expand(-1, num_diffusion_samples, -1, -1)
-        clean = centre_random_augmentation(true, atom_resolved, generator, self.config.augmentation_translation)
+        true = batch["atom_pos"].float().unsqueeze(1).expand(-1, diffusion_batch, -1, -1)
+        clean = centre_random_augmentation(true, atom_resolved, generator,
+                                           self.config.diffusion.augmentation_translation)
         sigma = sample_noise_levels(clean.shape[:2], self.config, generator, clean.device)
         noise = standard_normal(clean.shape, generator, clean.device)
         context = self.diffusion_context(batch, outputs)
         if self.confidence_head is not None:
             with torch.no_grad():
                 outputs["rollout_positions"] = self._sample_positions(
-                    batch, context, self.config.confidence_rollout_samples, self.config.confidence_rollout_steps,
-                    generator)
-            if self.config.permutation_alignment:
+                    batch, context, self.config.confidence.confidence_rollout_samples,
+                    self.config.confidence.confidence_rollout_steps, generator)
+            if self.config.loss.permutation_alignment:
                 # SI 4.2: the truth relabelled to fit the rollout; its augmented copies follow (the
                 # augmentation is a rigid map of each atom about the resolved atoms' centre, which
                 # a relabelling keeps)
@@ -200,7 +206,7 @@ class AF3Model(nn.Module):
                generator: torch.Generator | None = None) -> dict:
         """Inference: the trunk, then Algorithm 18 for num_samples structures ([B, S, A, 3] under
         `positions`; padding atoms are meaningless), and with the confidence head its logits for
-        each of them. num_steps defaults to config.sampler_steps."""
+        each of them. num_steps defaults to config.sampler.sampler_steps."""
         outputs = self.trunk(batch, num_cycles)
         context = self.diffusion_context(batch, outputs)
         outputs["positions"] = self._sample_positions(batch, context, num_samples, num_steps, generator)
@@ -213,7 +219,7 @@ class AF3Model(nn.Module):
         L_distogram + confidence_loss_weight * L_confidence, with L_diffusion = mean over samples of
         edm_weight(sigma) (L_MSE + bond_loss_weight L_bond) + L_smooth_lddt (SI 4.2, eq. 6) and
         L_confidence = the weighted sum of L_plddt, L_pde, L_resolved and L_pae (SI 4.3) on the
-        mini-rollout, over the rows whose resolution is in config.confidence_resolution_range.
+        mini-rollout, over the rows whose resolution is in config.loss.confidence_resolution_range.
 
         Returns the loss and a dict of detached 0-d tensors (no host sync): loss, distogram,
         diffusion, mse, smooth_lddt, bond, and with the head confidence, plddt, pae, pde, resolved.
@@ -221,30 +227,31 @@ class AF3Model(nn.Module):
         with torch.autocast(outputs["pair"].device.type, enabled=False):  # fp32: the SVD, the distances
             if "aligned_atom_pos" in outputs:  # SI 4.2: aligned in forward, before the diffusion batch
                 batch = {**batch, "atom_pos": outputs["aligned_atom_pos"], "atom_mask": outputs["aligned_atom_mask"]}
-            elif self.config.permutation_alignment:  # no mini-rollout: to the least noisy denoised sample
+            elif self.config.loss.permutation_alignment:  # no mini-rollout: to the least noisy denoised sample
                 batch = align_ground_truth(batch, outputs)
             return self._loss(batch, outputs)
 
     def _loss(self, batch: dict, outputs: dict) -> tuple[torch.Tensor, dict]:
         config = self.config
+        weights = config.loss
         metrics = {"distogram": self._distogram_loss(batch, outputs)}
-        loss = config.distogram_loss_weight * metrics["distogram"]
+        loss = weights.distogram_loss_weight * metrics["distogram"]
         if "denoised_positions" in outputs:
             parts = self._diffusion_losses(batch, outputs)
             metrics.update({name: value.mean() for name, value in parts.items()})
-            weight = edm_loss_weight(outputs["noise_level"].float(), config.sigma_data)
-            diffusion = (weight * (parts["mse"] + config.bond_loss_weight * parts["bond"]) + parts["smooth_lddt"])
+            weight = edm_loss_weight(outputs["noise_level"].float(), config.diffusion.sigma_data)
+            diffusion = (weight * (parts["mse"] + weights.bond_loss_weight * parts["bond"]) + parts["smooth_lddt"])
             metrics["diffusion"] = diffusion.mean()
-            loss = loss + config.diffusion_loss_weight * metrics["diffusion"]
+            loss = loss + weights.diffusion_loss_weight * metrics["diffusion"]
         if "plddt_logits" in outputs:
-            rows = confidence_rows(batch, config.confidence_resolution_range)  # SI 4.3: 0.1-4 A structures
+            rows = confidence_rows(batch, weights.confidence_resolution_range)  # SI 4.3: 0.1-4 A structures
             parts = confidence_losses(outputs, outputs["rollout_positions"], batch, self._recomputes_losses(), rows,
-                                      config.plddt_bins_protenix, config.pde_distogram_atoms)
+                                      config.dialect.plddt_bins_protenix, config.dialect.pde_distogram_atoms)
             metrics.update(parts)
-            metrics["confidence"] = (config.plddt_loss_weight * parts["plddt"] + config.pde_loss_weight * parts["pde"]
-                                     + config.resolved_loss_weight * parts["resolved"]
-                                     + config.pae_loss_weight * parts["pae"])
-            loss = loss + config.confidence_loss_weight * metrics["confidence"]
+            metrics["confidence"] = (weights.plddt_loss_weight * parts["plddt"] + weights.pde_loss_weight * parts["pde"]
+                                     + weights.resolved_loss_weight * parts["resolved"]
+                                     + weights.pae_loss_weight * parts["pae"])
+            loss = loss + weights.confidence_loss_weight * metrics["confidence"]
         metrics["loss"] = loss
         return loss, {name: value.detach() for name, value in metrics.items()}
 
@@ -254,12 +261,12 @@ class AF3Model(nn.Module):
         # re-run in backward with grouped checkpoints: its fp32 copy of the logits and their
         # log-softmax are two pair-sized tensors
         return maybe_checkpointed(self._recomputes_losses(), distogram_loss, outputs["distogram_logits"], positions,
-                                  mask, self.config.distogram_min, self.config.distogram_max)
+                                  mask, self.config.trunk.distogram_min, self.config.trunk.distogram_max)
 
     def _recomputes_losses(self) -> bool:
-        """With grouped checkpoints (config.checkpoint_group, for long crops) the losses over token
-        pairs are re-run in backward instead of keeping their pair-sized intermediates."""
-        return self.config.checkpoint_blocks and self.config.checkpoint_group > 1 and self.training
+        """With grouped checkpoints (config.runtime.checkpoint_group, for long crops) the losses over
+        token pairs are re-run in backward instead of keeping their pair-sized intermediates."""
+        return self.config.runtime.checkpoint_blocks and self.config.runtime.checkpoint_group > 1 and self.training
 
     def _diffusion_losses(self, batch: dict, outputs: dict) -> dict:
         """Per diffusion sample [B, S]: mse, smooth_lddt, bond."""
@@ -271,12 +278,12 @@ class AF3Model(nn.Module):
 
         is_dna, is_rna, is_ligand = (atom_flags(batch[name], atom_to_token) for name in ("is_dna", "is_rna",
                                                                                          "is_ligand"))
-        weights = mse_atom_weights(is_dna, is_rna, is_ligand, resolved, config.mse_weight_dna,
-                                   config.mse_weight_rna, config.mse_weight_ligand)
+        weights = mse_atom_weights(is_dna, is_rna, is_ligand, resolved, config.loss.mse_weight_dna,
+                                   config.loss.mse_weight_rna, config.loss.mse_weight_ligand)
         bonds = token_bond_atoms(batch["token_bonds"], batch["token_bond_mask"], atom_to_token,
                                  batch["atom_pad_mask"], true, resolved)
         return {
             "mse": aligned_mse_loss(predicted, true, weights, resolved),
-            "smooth_lddt": smooth_lddt_loss(predicted, true, is_dna | is_rna, resolved, config.kernels),
+            "smooth_lddt": smooth_lddt_loss(predicted, true, is_dna | is_rna, resolved, config.runtime.kernels),
             "bond": bond_loss(predicted, true, bonds),
         }

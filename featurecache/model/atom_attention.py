@@ -126,11 +126,12 @@ class AtomTransformer(nn.Module):
 
     def __init__(self, config: ModelConfig, num_blocks: int | None = None) -> None:
         super().__init__()
-        num_blocks = config.atom_blocks if num_blocks is None else num_blocks
+        atom = config.atom_attention
+        num_blocks = atom.atom_blocks if num_blocks is None else num_blocks
         self.transformer = ConditionedTransformer(
-            config.c_atom, config.c_atom, config.c_atompair, num_blocks, config.atom_heads,
-            config.kernels, checkpoint_blocks=config.checkpoint_blocks, key_adaln=config.atom_key_adaln,
-            key_adaln_nested=config.atom_key_adaln_nested)
+            atom.c_atom, atom.c_atom, atom.c_atompair, num_blocks, atom.atom_heads,
+            config.runtime.kernels, checkpoint_blocks=config.runtime.checkpoint_blocks, key_adaln=atom.atom_key_adaln,
+            key_adaln_nested=config.dialect.atom_key_adaln_nested)
 
     def forward(self, atom_single, atom_cond, atom_pair, windows: AtomWindows) -> torch.Tensor:
         """atom_single [B, S, A, c_atom], atom_cond [B, 1, A, c_atom], atom_pair [B, W, Q, K, c_atompair]."""
@@ -144,20 +145,20 @@ class AtomAttentionEncoder(nn.Module):
 
     def __init__(self, config: ModelConfig, c_token: int, with_trunk: bool, num_blocks: int | None = None) -> None:
         super().__init__()
-        c_atom, c_pair = config.c_atom, config.c_atompair
+        c_atom, c_pair = config.atom_attention.c_atom, config.atom_attention.c_atompair
         self.with_trunk = with_trunk
-        self.coordinates_fp32 = config.diffusion_coordinates_fp32
-        self.charge_arcsinh = config.ref_charge_arcsinh
-        self.cond_ref_mask = config.atom_cond_ref_mask
+        self.coordinates_fp32 = config.diffusion.diffusion_coordinates_fp32
+        self.charge_arcsinh = config.atom_attention.ref_charge_arcsinh
+        self.cond_ref_mask = config.atom_attention.atom_cond_ref_mask
         self.from_reference = nn.Linear(REFERENCE_FEATURE_DIM, c_atom, bias=False)
         self.pair_from_offset = nn.Linear(3, c_pair, bias=False)
         self.pair_from_distance = nn.Linear(1, c_pair, bias=False)
         self.pair_from_same_space = nn.Linear(1, c_pair, bias=False)
         if with_trunk:
-            self.from_trunk_single = kernel_module("LayerNormLinear", config.c_s, c_atom, bias=False,
-                                                   kernels=config.kernels)
-            self.from_trunk_pair = kernel_module("LayerNormLinear", config.c_z, c_pair, bias=False,
-                                                 kernels=config.kernels)
+            self.from_trunk_single = kernel_module("LayerNormLinear", config.trunk.c_s, c_atom, bias=False,
+                                                   kernels=config.runtime.kernels)
+            self.from_trunk_pair = kernel_module("LayerNormLinear", config.trunk.c_z, c_pair, bias=False,
+                                                 kernels=config.runtime.kernels)
             self.from_positions = nn.Linear(3, c_atom, bias=False)
         self.pair_from_query = nn.Linear(c_atom, c_pair, bias=False)
         self.pair_from_key = nn.Linear(c_atom, c_pair, bias=False)
@@ -173,8 +174,8 @@ class AtomAttentionEncoder(nn.Module):
         """c_l [B, 1, A, c_atom] and p_lm [B, W, Q, K, c_atompair] (Algorithm 5, lines 1-13 but
         11): everything that does not depend on the noisy positions, computed once per trunk pass.
 
-        With config.diffusion_coordinates_fp32 the projections of the reference positions and
-        their offsets run in fp32 under autocast (small: [A, 389] and [W, Q, K, 3] inputs)."""
+        With config.diffusion.diffusion_coordinates_fp32 the projections of the reference positions
+        and their offsets run in fp32 under autocast (small: [A, 389] and [W, Q, K, 3] inputs)."""
         ref_pos = batch["ref_pos"].float()
         uid = batch["ref_space_uid"].unsqueeze(-1).float()
         with full_precision(self.coordinates_fp32, ref_pos.device.type):
@@ -206,8 +207,8 @@ class AtomAttentionEncoder(nn.Module):
         """Algorithm 5 lines 7, 11, 14-17. scaled_positions [B, S, A, 3] (r_l) or None.
 
         Returns the token single a [B, S, N, c_token] and the skips q_l [B, S, A, c_atom], c_l, p_lm.
-        With config.diffusion_coordinates_fp32 r_l's projection runs in fp32 under autocast, and
-        so does q_l's sum with it (the atom transformer's layers then cast to bf16 themselves).
+        With config.diffusion.diffusion_coordinates_fp32 r_l's projection runs in fp32 under autocast,
+        and so does q_l's sum with it (the atom transformer's layers then cast to bf16 themselves).
         """
         atom_single = atom_cond
         if scaled_positions is not None:
@@ -227,11 +228,12 @@ class AtomAttentionDecoder(nn.Module):
 
     def __init__(self, config: ModelConfig, c_token: int) -> None:
         super().__init__()
-        self.from_token = nn.Linear(c_token, config.c_atom, bias=False)
+        self.from_token = nn.Linear(c_token, config.atom_attention.c_atom, bias=False)
         self.atom_transformer = AtomTransformer(config)
-        self.to_positions = kernel_module("LayerNormLinear", config.c_atom, 3, bias=False, kernels=config.kernels)
+        self.to_positions = kernel_module("LayerNormLinear", config.atom_attention.c_atom, 3, bias=False,
+                                          kernels=config.runtime.kernels)
         freeze_norm_bias(self.to_positions)  # a translation of every atom: the losses ignore it
-        self.coordinates_fp32 = config.diffusion_coordinates_fp32
+        self.coordinates_fp32 = config.diffusion.diffusion_coordinates_fp32
 
     def forward(self, batch: dict, windows: AtomWindows, token_single: torch.Tensor, atom_single: torch.Tensor,
                 atom_cond: torch.Tensor, atom_pair: torch.Tensor) -> torch.Tensor:

@@ -69,7 +69,8 @@ class ConfidenceHead(nn.Module):
 
     def __init__(self, config: ModelConfig, single_input_dim: int) -> None:
         super().__init__()
-        c_s, c_z = config.c_s, config.c_z
+        trunk, runtime = config.trunk, config.runtime
+        c_s, c_z = trunk.c_s, trunk.c_z
         self.left_inputs = nn.Linear(single_input_dim, c_z, bias=False)
         self.right_inputs = nn.Linear(single_input_dim, c_z, bias=False)
         self.distance = nn.Linear(DISTANCE_BINS, c_z, bias=False)
@@ -82,16 +83,16 @@ class ConfidenceHead(nn.Module):
                               else "donot_use_mm_for_euclid_dist")
         self.pde_symmetrised_input = config.pde_symmetrised_input
         self.pairformer = Pairformer(
-            config.confidence_blocks, c_s, c_z, config.single_heads, config.single_head_dim, config.pair_heads,
-            config.pair_head_dim, config.transition_expansion, checkpoint_blocks=config.checkpoint_blocks,
-            kernels=config.kernels, recompute_attention=config.checkpoint_group > 1,
-            mult_hidden=config.triangle_mult_hidden,
+            config.confidence.confidence_blocks, c_s, c_z, trunk.single_heads, trunk.single_head_dim, trunk.pair_heads,
+            trunk.pair_head_dim, trunk.transition_expansion, checkpoint_blocks=runtime.checkpoint_blocks,
+            kernels=runtime.kernels, recompute_attention=runtime.checkpoint_group > 1,
+            mult_hidden=config.dialect.triangle_mult_hidden,
         )
         # with grouped checkpoints (a long crop) the whole head is re-run in backward: its z, the
         # distance features, norms and logits would keep ~6 pair-sized tensors
-        self.recompute = config.checkpoint_blocks and config.checkpoint_group > 1
+        self.recompute = runtime.checkpoint_blocks and runtime.checkpoint_group > 1
         self.pae_norm, self.pae = nn.LayerNorm(c_z), nn.Linear(c_z, PAE_BINS, bias=False)
-        if config.pae_loss_weight == 0:
+        if config.loss.pae_loss_weight == 0:
             # AF3 trains PAE only in its fine-tuning stages: with no loss the head would be a
             # trainable weight that never gets a gradient, so it stays frozen until the weight is set
             for parameter in (*self.pae_norm.parameters(), *self.pae.parameters()):

@@ -54,22 +54,23 @@ class DiffusionConditioning(nn.Module):
 
     def __init__(self, config: ModelConfig, c_s_inputs: int) -> None:
         super().__init__()
-        kernels = config.kernels
-        self.sigma_data = config.sigma_data
-        self.relpos = RelativePositionEncoding(config.c_z, config.relpos_max_residue, config.relpos_max_chain,
-                                               config.relpos_chain_gate)
-        self.pair_in = kernel_module("LayerNormLinear", 2 * config.c_z, config.c_z, bias=False, kernels=kernels)
+        kernels, trunk = config.runtime.kernels, config.trunk
+        self.sigma_data = config.diffusion.sigma_data
+        self.relpos = RelativePositionEncoding(trunk.c_z, trunk.relpos_max_residue, trunk.relpos_max_chain,
+                                               trunk.relpos_chain_gate)
+        self.pair_in = kernel_module("LayerNormLinear", 2 * trunk.c_z, trunk.c_z, bias=False, kernels=kernels)
         self.pair_transitions = nn.ModuleList(
-            kernel_module("Transition", config.c_z, expansion=2, kernels=kernels) for _ in range(2))
+            kernel_module("Transition", trunk.c_z, expansion=2, kernels=kernels) for _ in range(2))
         # Always the PyTorch path (same parameters): the fused kernel keeps a whole input row in
         # shared memory, and 833 fp32 columns (padded to 1024) need 320 KB, over the H200's 227 KB.
         # It runs on [B, N, 833] once per denoising call, a negligible cost.
-        self.single_in = kernel_module("LayerNormLinear", config.c_s + c_s_inputs, config.c_s, bias=False,
+        self.single_in = kernel_module("LayerNormLinear", trunk.c_s + c_s_inputs, trunk.c_s, bias=False,
                                        kernels="torch")
-        self.fourier = FourierEmbedding(config.fourier_dim)
-        self.noise_in = kernel_module("LayerNormLinear", config.fourier_dim, config.c_s, bias=False, kernels=kernels)
+        self.fourier = FourierEmbedding(config.diffusion.fourier_dim)
+        self.noise_in = kernel_module("LayerNormLinear", config.diffusion.fourier_dim, trunk.c_s, bias=False,
+                                      kernels=kernels)
         self.single_transitions = nn.ModuleList(
-            kernel_module("Transition", config.c_s, expansion=2, kernels=kernels) for _ in range(2))
+            kernel_module("Transition", trunk.c_s, expansion=2, kernels=kernels) for _ in range(2))
 
     def pair(self, batch: dict, trunk_pair: torch.Tensor) -> torch.Tensor:
         """[B, N, N, c_z], independent of the noise: once per trunk pass."""
@@ -106,15 +107,16 @@ class DiffusionModule(nn.Module):
 
     def __init__(self, config: ModelConfig, c_s_inputs: int) -> None:
         super().__init__()
-        c_token = config.c_token_diffusion
+        c_token = config.diffusion.c_token_diffusion
         self.config = config
         self.conditioning = DiffusionConditioning(config, c_s_inputs)
         self.atom_encoder = AtomAttentionEncoder(config, c_token, with_trunk=True)
-        self.single_to_token = kernel_module("LayerNormLinear", config.c_s, c_token, bias=False,
-                                             kernels=config.kernels)
+        self.single_to_token = kernel_module("LayerNormLinear", config.trunk.c_s, c_token, bias=False,
+                                             kernels=config.runtime.kernels)
         self.transformer = ConditionedTransformer(
-            c_token, config.c_s, config.c_z, config.diffusion_blocks, config.diffusion_heads, config.kernels,
-            checkpoint_blocks=config.checkpoint_blocks, checkpoint_group=config.checkpoint_group)
+            c_token, config.trunk.c_s, config.trunk.c_z, config.diffusion.diffusion_blocks,
+            config.diffusion.diffusion_heads, config.runtime.kernels,
+            checkpoint_blocks=config.runtime.checkpoint_blocks, checkpoint_group=config.runtime.checkpoint_group)
         self.token_norm = nn.LayerNorm(c_token)
         self.atom_decoder = AtomAttentionDecoder(config, c_token)
 
@@ -123,7 +125,8 @@ class DiffusionModule(nn.Module):
         """The noise-independent half: conditioned pair, atom conditioning and atom pair."""
         # re-run in backward with grouped checkpoints (a long crop): its concatenation, norms and
         # transitions would keep ~12 pair-sized tensors
-        recompute = self.config.checkpoint_blocks and self.config.checkpoint_group > 1 and self.training
+        runtime = self.config.runtime
+        recompute = runtime.checkpoint_blocks and runtime.checkpoint_group > 1 and self.training
         pair = maybe_checkpointed(recompute, self.conditioning.pair, batch, trunk_pair)
         atom_cond, atom_pair = self.atom_encoder.condition(batch, windows, trunk_single, pair)
         return DiffusionContext(batch, windows, s_inputs, trunk_single, pair, atom_cond, atom_pair)
@@ -131,12 +134,14 @@ class DiffusionModule(nn.Module):
     def forward(self, noisy_positions: torch.Tensor, sigma: torch.Tensor, context: DiffusionContext) -> torch.Tensor:
         """noisy_positions [B, S, A, 3], sigma [B, S] -> denoised positions [B, S, A, 3].
 
-        With config.diffusion_coordinates_fp32 (AF3's behaviour) the positions, their scaling, the
-        update and D(x; sigma) are fp32 under autocast; the transformers run in the autocast dtype."""
+        With config.diffusion.diffusion_coordinates_fp32 (AF3's behaviour) the positions, their
+        scaling, the update and D(x; sigma) are fp32 under autocast; the transformers run in the
+        autocast dtype."""
         batch = context.batch
-        if self.config.diffusion_coordinates_fp32:
+        if self.config.diffusion.diffusion_coordinates_fp32:
             noisy_positions, sigma = noisy_positions.float(), sigma.float()
-        c_skip, c_out, c_in, _ = (c[..., None, None] for c in edm_preconditioning(sigma, self.config.sigma_data))
+        c_skip, c_out, c_in, _ = (c[..., None, None]
+                                  for c in edm_preconditioning(sigma, self.config.diffusion.sigma_data))
         single = self.conditioning.single(context.s_inputs, context.trunk_single, sigma)  # [B, S, N, c_s]
         token_single, atom_single, atom_cond, atom_pair = self.atom_encoder(
             batch, context.windows, context.atom_cond, context.atom_pair, scaled_positions=noisy_positions * c_in)
@@ -144,5 +149,5 @@ class DiffusionModule(nn.Module):
         token_single = self.transformer(token_single, single, context.pair, TokenLayout(batch["token_pad_mask"]))
         token_single = self.token_norm(token_single)
         update = self.atom_decoder(batch, context.windows, token_single, atom_single, atom_cond, atom_pair)
-        with full_precision(self.config.diffusion_coordinates_fp32, noisy_positions.device.type):
+        with full_precision(self.config.diffusion.diffusion_coordinates_fp32, noisy_positions.device.type):
             return c_skip * noisy_positions + c_out * update.to(noisy_positions.dtype)

@@ -29,7 +29,8 @@ def sample_noise_levels(shape, config: ModelConfig, generator: torch.Generator |
                         device=None) -> torch.Tensor:
     """Training noise levels: sigma = sigma_data * exp(-1.2 + 1.5 N(0, 1))."""
     normal = standard_normal(shape, generator, device)
-    return config.sigma_data * torch.exp(config.noise_log_mean + config.noise_log_std * normal)
+    diffusion = config.diffusion
+    return diffusion.sigma_data * torch.exp(diffusion.noise_log_mean + diffusion.noise_log_std * normal)
 
 
 def noise_schedule(num_steps: int, sigma_data: float = 16.0, sigma_max: float = 160.0, sigma_min: float = 4e-4,
@@ -75,17 +76,20 @@ def sample_diffusion(denoise: Callable[[torch.Tensor, torch.Tensor], torch.Tenso
     """Algorithm 18, SampleDiffusion: from noise at c_0 down the schedule with AF3's churn,
     noise scale and step scale. `denoise(x_noisy [B, S, A, 3], sigma [B, S])` is the diffusion
     module with its context bound. shape = (B, S, A, 3); atom_mask [B, A] (centring)."""
-    steps = config.sampler_steps if num_steps is None else num_steps
-    schedule = noise_schedule(steps, config.sigma_data, config.sampler_sigma_max, config.sampler_sigma_min,
-                              config.sampler_rho).tolist()
+    sampler = config.sampler
+    steps = sampler.sampler_steps if num_steps is None else num_steps
+    schedule = noise_schedule(steps, config.diffusion.sigma_data, sampler.sampler_sigma_max, sampler.sampler_sigma_min,
+                              sampler.sampler_rho).tolist()
+    translation = config.diffusion.augmentation_translation
     positions = schedule[0] * standard_normal(shape, generator, device)
     for previous, level in zip(schedule[:-1], schedule[1:]):
-        positions = centre_random_augmentation(positions, atom_mask, generator, config.augmentation_translation)
-        gamma = config.sampler_gamma_0 if level > config.sampler_gamma_min else 0.0
+        positions = centre_random_augmentation(positions, atom_mask, generator, translation)
+        gamma = sampler.sampler_gamma_0 if level > sampler.sampler_gamma_min else 0.0
         t_hat = previous * (gamma + 1)
-        noise = config.sampler_noise_scale * (t_hat**2 - previous**2) ** 0.5 * standard_normal(shape, generator, device)
+        noise = (sampler.sampler_noise_scale * (t_hat**2 - previous**2) ** 0.5
+                 * standard_normal(shape, generator, device))
         noisy = positions + noise
         denoised = denoise(noisy, torch.full(shape[:2], t_hat, device=noisy.device))
         direction = (noisy - denoised) / t_hat
-        positions = noisy + config.sampler_step_scale * (level - t_hat) * direction
+        positions = noisy + sampler.sampler_step_scale * (level - t_hat) * direction
     return positions

@@ -78,7 +78,7 @@ class RelativePositionEncoding(nn.Module):
 def atom_single_input_dim(config: ModelConfig) -> int:
     """Width of AF3's s_inputs: the atom encoder's token single (c_s), restype one-hot, MSA
     profile and deletion mean (449 at AF3's sizes)."""
-    return config.c_s + 2 * NUM_RESTYPES + 1
+    return config.trunk.c_s + 2 * NUM_RESTYPES + 1
 
 
 class AtomInputEmbedder(nn.Module):
@@ -89,20 +89,20 @@ class AtomInputEmbedder(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        inputs = atom_single_input_dim(config)
-        self.pair_from_single = config.pair_init_from_single
-        pair_source = config.c_s if self.pair_from_single else inputs
-        self.atom_encoder = AtomAttentionEncoder(config, c_token=config.c_s, with_trunk=False,
-                                                 num_blocks=config.input_atom_blocks)
-        self.to_single = nn.Linear(inputs, config.c_s, bias=False)
-        self.to_pair_i = nn.Linear(pair_source, config.c_z, bias=False)
-        self.to_pair_j = nn.Linear(pair_source, config.c_z, bias=False)
-        self.relpos = RelativePositionEncoding(config.c_z, config.relpos_max_residue, config.relpos_max_chain,
-                                               config.relpos_chain_gate)
-        self.from_token_bonds = nn.Linear(1, config.c_z, bias=False)
+        inputs, trunk, dialect = atom_single_input_dim(config), config.trunk, config.dialect
+        self.pair_from_single = dialect.pair_init_from_single
+        pair_source = trunk.c_s if self.pair_from_single else inputs
+        self.atom_encoder = AtomAttentionEncoder(config, c_token=trunk.c_s, with_trunk=False,
+                                                 num_blocks=dialect.input_atom_blocks)
+        self.to_single = nn.Linear(inputs, trunk.c_s, bias=False)
+        self.to_pair_i = nn.Linear(pair_source, trunk.c_z, bias=False)
+        self.to_pair_j = nn.Linear(pair_source, trunk.c_z, bias=False)
+        self.relpos = RelativePositionEncoding(trunk.c_z, trunk.relpos_max_residue, trunk.relpos_max_chain,
+                                               trunk.relpos_chain_gate)
+        self.from_token_bonds = nn.Linear(1, trunk.c_z, bias=False)
         # with grouped checkpoints (a long crop) z_init is re-run in backward: its relative-position
         # one-hot [B, N, N, 139] (1.8 GB at crop 2,560) would otherwise live through the whole step
-        self.recompute_pair = config.checkpoint_blocks and config.checkpoint_group > 1
+        self.recompute_pair = config.runtime.checkpoint_blocks and config.runtime.checkpoint_group > 1
 
     def forward(self, batch: dict, windows: AtomWindows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """s_inputs [B, N, atom_single_input_dim], s_init [B, N, c_s], z_init [B, N, N, c_z]."""
@@ -181,23 +181,25 @@ class TemplateEmbedder(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        c_t = config.c_template
-        self.off = config.template_embedder_needs_blocks and config.num_template_blocks == 0
-        self.checkpoint_blocks = config.checkpoint_blocks
+        templates = config.templates
+        c_t = templates.c_template
+        self.off = config.dialect.template_embedder_needs_blocks and templates.template_blocks == 0
+        self.checkpoint_blocks = config.runtime.checkpoint_blocks
         # with grouped checkpoints (a long crop), each template's whole path is re-run in backward:
         # it would otherwise keep ~3 pair-sized tensors per template (20 GB at crop 2,560)
-        self.recompute_templates = config.checkpoint_blocks and config.checkpoint_group > 1
-        self.pair_norm = nn.LayerNorm(config.c_z)
-        self.from_pair = nn.Linear(config.c_z, c_t, bias=False)
+        self.recompute_templates = config.runtime.checkpoint_blocks and config.runtime.checkpoint_group > 1
+        self.pair_norm = nn.LayerNorm(config.trunk.c_z)
+        self.from_pair = nn.Linear(config.trunk.c_z, c_t, bias=False)
         self.from_features = nn.Linear(TEMPLATE_FEATURE_DIM, c_t, bias=False)
         self.blocks = nn.ModuleList(
-            PairStack(c_t, config.template_pair_heads, config.template_pair_head_dim,
-                      config.template_transition_expansion, kernels=config.kernels, dropout=config.pair_dropout,
-                      recompute_attention=self.recompute_templates, mult_hidden=config.template_triangle_mult_hidden)
-            for _ in range(config.num_template_blocks)
+            PairStack(c_t, templates.template_pair_heads, templates.template_pair_head_dim,
+                      templates.template_transition_expansion, kernels=config.runtime.kernels,
+                      dropout=config.trunk.pair_dropout, recompute_attention=self.recompute_templates,
+                      mult_hidden=config.dialect.template_triangle_mult_hidden)
+            for _ in range(templates.template_blocks)
         )
         self.out_norm = nn.LayerNorm(c_t)
-        self.linear_out = nn.Linear(c_t, config.c_z, bias=False)
+        self.linear_out = nn.Linear(c_t, config.trunk.c_z, bias=False)
 
     def forward(self, batch: dict, z: torch.Tensor, pair_mask: torch.Tensor,
                 generator: torch.Generator | None = None) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """MSA module (AF3 Algorithm 8): the MSA talks to the pair through the outer product mean and
 reads it back through pair-weighted averaging; the pair runs the triangle updates. Dropout while
 training (AF3): rowwise, one mask for every MSA row, after pair-weighted averaging
-(config.msa_dropout), and the pair stack's (config.pair_dropout)."""
+(config.msa.msa_dropout), and the pair stack's (config.trunk.pair_dropout)."""
 
 from __future__ import annotations
 
@@ -66,19 +66,19 @@ class MSABlock(nn.Module):
 
     def __init__(self, config: ModelConfig, last: bool) -> None:
         super().__init__()
-        kernels = config.kernels
+        kernels, msa, trunk = config.runtime.kernels, config.msa, config.trunk
         self.last = last
-        self.msa_dropout = config.msa_dropout
-        self.outer_product_mean = OuterProductMean(config.c_m, config.c_z, config.outer_product_dim, kernels=kernels,
-                                                   bias_divided=config.outer_product_bias_divided)
+        self.msa_dropout = msa.msa_dropout
+        self.outer_product_mean = OuterProductMean(msa.c_m, trunk.c_z, msa.outer_product_dim, kernels=kernels,
+                                                   bias_divided=config.dialect.outer_product_bias_divided)
         if not last:
             self.pair_weighted_averaging = PairWeightedAveraging(
-                config.c_m, config.c_z, config.msa_heads, config.msa_head_dim, kernels=kernels)
+                msa.c_m, trunk.c_z, msa.msa_heads, msa.msa_head_dim, kernels=kernels)
             self.msa_transition = kernel_module(
-                "Transition", config.c_m, expansion=config.transition_expansion, kernels=kernels)
-        self.pair = PairStack(config.c_z, config.pair_heads, config.pair_head_dim,
-                              config.transition_expansion, kernels=kernels, dropout=config.pair_dropout,
-                              mult_hidden=config.triangle_mult_hidden)
+                "Transition", msa.c_m, expansion=trunk.transition_expansion, kernels=kernels)
+        self.pair = PairStack(trunk.c_z, trunk.pair_heads, trunk.pair_head_dim,
+                              trunk.transition_expansion, kernels=kernels, dropout=trunk.pair_dropout,
+                              mult_hidden=config.dialect.triangle_mult_hidden)
 
     def forward(self, m: torch.Tensor, z: torch.Tensor, msa_mask: torch.Tensor, token_mask: torch.Tensor,
                 pair_mask: torch.Tensor, seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,12 +98,12 @@ class MSAModule(nn.Module):
     def __init__(self, config: ModelConfig, single_input_dim: int) -> None:
         """single_input_dim: width of the per-token inputs (AF3Model's atom-aware s_inputs)."""
         super().__init__()
-        self.checkpoint_blocks = config.checkpoint_blocks
-        self.checkpoint_group = config.checkpoint_group  # as the Pairformer's: 4 blocks, one group
-        self.dropout = max(config.msa_dropout, config.pair_dropout)
-        self.from_msa = nn.Linear(MSA_FEATURE_DIM, config.c_m, bias=False)
-        self.from_single = nn.Linear(single_input_dim, config.c_m, bias=False)
-        num_blocks = config.num_msa_blocks
+        self.checkpoint_blocks = config.runtime.checkpoint_blocks
+        self.checkpoint_group = config.runtime.checkpoint_group  # as the Pairformer's: 4 blocks, one group
+        self.dropout = max(config.msa.msa_dropout, config.trunk.pair_dropout)
+        self.from_msa = nn.Linear(MSA_FEATURE_DIM, config.msa.c_m, bias=False)
+        self.from_single = nn.Linear(single_input_dim, config.msa.c_m, bias=False)
+        num_blocks = config.msa.msa_blocks
         self.blocks = nn.ModuleList(MSABlock(config, last=i == num_blocks - 1) for i in range(num_blocks))
 
     def forward(self, batch: dict, inputs: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor,

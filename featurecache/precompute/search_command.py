@@ -11,8 +11,12 @@ excluded tables and fingerprints of an existing cache are kept as they were.
 Then each target's outputs (search_outputs.py) are written under OUT:
 
     OUT/af3/<target id>.json                 AlphaFold 3 input, MSAs and templates inline
+    OUT/protenix/<target id>.json            Protenix input (its dialect), naming the A3M files
+    OUT/protenix/<target id>/<chain>.pairing.a3m  heteromers: the rows featurecache pairs (as in the AF3 JSON)
+    OUT/boltz/<target id>/<chain>.csv        heteromers: every row, the ones featurecache pairs keyed alike
+    OUT/boltz/<target id>.yaml               Boltz input, naming the CSV files
     OUT/msas/<sequence key>/non_pairing.a3m  every MSA row, query first
-    OUT/msas/<sequence key>/pairing.a3m      protein: the rows that name a species
+    OUT/msas/<sequence key>/pairing.a3m      protein: the query and the rows that name a species
     OUT/msas/<sequence key>/boltz_msa.csv    protein: every row with Boltz's pairing key
     OUT/msas/<sequence key>/template_hits.json
     OUT/index.json                           target -> chain id -> its msas/ folder
@@ -30,10 +34,18 @@ from pathlib import Path
 from featurecache.config import ClusteringConfig, SampleConfig
 from featurecache.io import inputs
 from featurecache.io.af3_json_writer import af3_json_text
+from featurecache.io.boltz_yaml_writer import boltz_yaml_text
+from featurecache.io.protenix_json_writer import ProtenixMsaPaths, protenix_document, protenix_json_text
 from featurecache.precompute.pipeline import CacheWriteError, PipelineRun
 from featurecache.precompute.plan import PipelineSetupError, PrecomputeOptions, prepare
 from featurecache.precompute.report import PrecomputeSummary, StageCounts
-from featurecache.precompute.search_outputs import TargetOutputs, target_outputs
+from featurecache.precompute.search_outputs import (
+    BOLTZ_CSV,
+    PAIRED_A3M,
+    UNPAIRED_A3M,
+    TargetOutputs,
+    target_outputs,
+)
 from featurecache.precompute.tasks import ExcludedTarget, TargetInput, TaskError
 from featurecache.schema import MSA_TABLE, SCHEMA_VERSION
 from featurecache.store.files import write_text_atomic
@@ -42,6 +54,8 @@ from featurecache.store.manifest import EXCLUDED_TABLE, SAMPLING_TABLE, read_man
 from featurecache.store.writer import StoreWriteError, StoreWriter
 
 AF3_FOLDER = "af3"
+PROTENIX_FOLDER = "protenix"
+BOLTZ_FOLDER = "boltz"
 MSA_FOLDER = "msas"
 INDEX_NAME = "index.json"
 _FAILURES_SHOWN = 20
@@ -206,10 +220,38 @@ class _SearchRun(PipelineRun):
                 write_text_atomic(out / MSA_FOLDER / folder / name, text)
         (out / AF3_FOLDER).mkdir(exist_ok=True)
         write_text_atomic(out / AF3_FOLDER / f"{outputs.target_id}.json", af3_json_text(outputs.document))
+        self._write_peer_inputs(outputs)
         self.index[outputs.target_id] = {chain: f"{MSA_FOLDER}/{folder}" for chain, folder in
                                          outputs.chain_folders.items()}
         self.search_summary.warnings += [f"{outputs.target_id}: {warning}" for warning in outputs.warnings]
         self.search_summary.written += 1
+
+    def _write_peer_inputs(self, outputs: TargetOutputs) -> None:
+        """Protenix's JSON and Boltz's YAML of the target, naming its chains' files by absolute
+        path (both tools resolve relative paths against their working folder, not the file's)."""
+        out = self.search_options.out_dir.resolve()
+        protenix_msas, boltz_msas = {}, {}
+        for index, folder in outputs.entity_folders.items():
+            entity = outputs.entities[index]
+            if entity.kind != "protein":
+                continue
+            where = out / MSA_FOLDER / folder
+            paired, csv = where / PAIRED_A3M, where / BOLTZ_CSV
+            if index in outputs.paired_msas:  # this target's pairing, as in the AF3 JSON
+                paired = out / PROTENIX_FOLDER / outputs.target_id / f"{entity.ids[0]}.{PAIRED_A3M}"
+                csv = out / BOLTZ_FOLDER / outputs.target_id / f"{entity.ids[0]}.csv"
+                for path, text in ((paired, outputs.paired_msas[index]), (csv, outputs.paired_csvs[index])):
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    write_text_atomic(path, text)
+            protenix_msas[index] = ProtenixMsaPaths(str(paired), str(where / UNPAIRED_A3M))
+            boltz_msas[index] = str(csv)
+        name, seeds = outputs.document["name"], tuple(outputs.document["modelSeeds"])
+        (out / PROTENIX_FOLDER).mkdir(exist_ok=True)
+        write_text_atomic(out / PROTENIX_FOLDER / f"{outputs.target_id}.json", protenix_json_text(
+            protenix_document(name, outputs.entities, outputs.bonds, seeds, protenix_msas)))
+        (out / BOLTZ_FOLDER).mkdir(exist_ok=True)
+        write_text_atomic(out / BOLTZ_FOLDER / f"{outputs.target_id}.yaml",
+                          boltz_yaml_text(outputs.entities, outputs.bonds, boltz_msas))
 
     def _write_index(self) -> None:
         """index.json: target -> chain id -> msas folder, merged with an earlier run's."""

@@ -63,11 +63,12 @@ def load_model(checkpoint: pathlib.Path, device: torch.device, kernels: str) -> 
             or not isinstance(state.get("model_config"), dict):
         raise PredictError(f"--checkpoint {checkpoint}: not a featurecache training checkpoint")
     try:
-        # a setting the checkpoint predates as it was trained (its distogram edges, ...)
+        # by name, whichever layout it was saved in; a setting the checkpoint predates as it was
+        # trained (its distogram edges, ...)
         settings = {name: value for name, value in saved_model_settings(state["model_config"]).items()
                     if name not in RUNTIME_SETTINGS}
         settings.setdefault("confidence_head", False)  # a checkpoint from before the confidence head
-        config = ModelConfig(**settings, kernels=kernels, checkpoint_blocks=False)
+        config = ModelConfig.from_settings({**settings, "kernels": kernels, "checkpoint_blocks": False})
         model = AF3Model(config)
         # the EMA of the weights where training kept one (AF3 predicts with it), else the weights
         model.load_state_dict({**state["model"], **state.get("ema", {})})
@@ -142,7 +143,7 @@ def _predict_target(model: AF3Model, dataset: CacheDataset, key: str, options: P
     instances = residue_instances(arrays, meta, ccd)
     labels = asym_ids(list(meta["chain_ids"]))[0]
     structure = structure_labels(arrays, instances, list(meta["chain_ids"]), atom_names(arrays["ref_atom_name_chars"]))
-    distogram_range = (model.config.distogram_min, model.config.distogram_max)
+    distogram_range = (model.config.trunk.distogram_min, model.config.trunk.distogram_max)
     written, scores = [], []
     for number, positions in enumerate(outputs["positions"][0].float().numpy()):
         name = f"{key}_seed-{options.seed}_sample-{number}"

@@ -134,11 +134,37 @@ def open_shard(path: Path, in_use: str, **options) -> lmdb.Environment:
     fails; it becomes a RuntimeError "<path> <in_use>", where `in_use` says who holds the first.
     """
     try:
-        return lmdb.open(str(path), subdir=False, max_dbs=MAX_DBS, **options)
+        env = lmdb.open(str(path), subdir=False, max_dbs=MAX_DBS, **options)
     except lmdb.Error as error:
         if "already open" in str(error):
             raise RuntimeError(f"{path} {in_use}") from None
         raise
+    try:
+        check_not_truncated(path, env)
+    except ShardTruncatedError:
+        env.close()
+        raise
+    return env
+
+
+class ShardTruncatedError(ValueError):
+    """A shard file ends before its last used page; `what` says by how much."""
+
+    def __init__(self, path: Path, size: int, needed: int):
+        self.what = f"truncated to {size} bytes, its pages reach byte {needed}"
+        super().__init__(f"{path}: {self.what}; `featurecache verify --repair {path.parent}` sets it aside "
+                         f"and says what to rerun")
+
+
+def check_not_truncated(path: Path, env: lmdb.Environment) -> None:
+    """ShardTruncatedError if the file at `path` is shorter than the pages LMDB's last commit uses.
+
+    Reading a page past the end of a memory-mapped file kills the process with SIGBUS, so every
+    open checks this before any table is read: the reader, the writer and verify alike."""
+    needed = used_bytes(env)  # from the meta pages only, which a file LMDB could open still has
+    size = path.stat().st_size if path.exists() else needed
+    if size < needed:
+        raise ShardTruncatedError(path, size, needed)
 
 
 def used_bytes(env: lmdb.Environment) -> int:

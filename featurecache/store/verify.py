@@ -40,7 +40,7 @@ from featurecache.store.codec import (
     read_header,
     unpack_plain,
 )
-from featurecache.store.layout import header_table, index_table, open_shard, shard_of, used_bytes
+from featurecache.store.layout import ShardTruncatedError, header_table, index_table, open_shard, shard_of
 from featurecache.store.manifest import MANIFEST_NAME, Manifest, check_shard_file, read_manifest
 from featurecache.store.reader import StoreReader
 from featurecache.store.update_marker import MARKER_NAME, UpdateMarker, read_update_marker
@@ -274,20 +274,14 @@ def _verify(cache_dir: Path, check_files: bool) -> VerifyReport:
 
 
 def _truncation(path: Path) -> str | None:
-    """Why LMDB must not read the shard at `path`: the file ends before its last used page (reading a
-    page past the end of a memory-mapped file kills the process with SIGBUS); None if it does not.
+    """Why LMDB must not read the shard at `path` (it ends before its last used page); None if it may.
 
     Checked on an environment of its own, before the reader opens the shard's tables (which reads
     pages); a shard this process already has open was read without harm, so it is not checked."""
     try:
-        env = open_shard(path, "is open in this process", readonly=True, lock=False)
+        open_shard(path, "is open in this process", readonly=True, lock=False).close()
     except RuntimeError:
         return None
-    try:
-        needed = used_bytes(env)  # from the meta page, read with read(2), not through the map
-    finally:
-        env.close()
-    size = path.stat().st_size
-    if size < needed:
-        return f"unreadable: truncated to {size} bytes, its pages reach byte {needed}"
+    except ShardTruncatedError as error:
+        return f"unreadable: {error.what}"
     return None

@@ -135,11 +135,11 @@ def af3_training_step(tokens: int, diffusion_batch: int) -> None:
     from featurecache.model import AF3Model, preset
     from featurecache.testing.synthetic import random_batch
 
-    config = preset("af3", kernels="triton", num_pairformer_blocks=1, num_msa_blocks=1, num_template_blocks=1)
+    config = preset("af3", kernels="triton", pairformer_blocks=1, msa_blocks=1, template_blocks=1)
     model = AF3Model(config).train()
     batch = random_batch([tokens], [16], [1], torch.Generator().manual_seed(0), num_atoms_per_token=8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        outputs = model(batch, num_cycles=1, num_diffusion_samples=diffusion_batch)
+        outputs = model(batch, num_cycles=1, diffusion_batch=diffusion_batch)
     loss = model.loss(batch, outputs)[0]
     loss.backward()
 

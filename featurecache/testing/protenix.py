@@ -63,7 +63,7 @@ def equivalence_config(**overrides) -> ModelConfig:
     builds it (heads x head dim = c_s), and `overrides`: the featurecache settings a comparison
     chooses to match Protenix where it has one."""
     config = preset("tiny", kernels="torch")
-    return config.replace(**{"single_head_dim": config.c_s // config.single_heads, **overrides})
+    return config.replace(**{"single_head_dim": config.trunk.c_s // config.trunk.single_heads, **overrides})
 
 
 def import_protenix() -> None:
@@ -239,8 +239,9 @@ def protenix_atom_transformer_without_cross_attention(atom_transformer: nn.Modul
     from protenix.model.modules.transformer import DiffusionTransformer
 
     atom_transformer.diffusion_transformer = DiffusionTransformer(
-        n_blocks=config.atom_blocks, n_heads=config.atom_heads, c_a=config.c_atom, c_s=config.c_atom,
-        c_z=config.c_atompair, cross_attention_mode=False)
+        n_blocks=config.atom_attention.atom_blocks, n_heads=config.atom_attention.atom_heads,
+        c_a=config.atom_attention.c_atom, c_s=config.atom_attention.c_atom,
+        c_z=config.atom_attention.c_atompair, cross_attention_mode=False)
 
 
 def protenix_atom_transformer_with_keys_normalised_from_input(atom_transformer: nn.Module) -> None:

@@ -1,11 +1,10 @@
-"""Training: config, distributed setup, sampler, data, checkpoints, schedule, CUDA graphs, loop, command.
+"""Training: config, distributed setup, data, checkpoints, schedule, CUDA graphs, loop, command.
 
     python -m featurecache.training --cache DIR --preset tiny --steps 100 --out runs/tiny
 
-Modules, bottom up: `config` (TrainConfig), `distributed` (devices and ranks), `sampler`
-(EpochBatchSampler, WeightedBatchSampler: one global order of samples per epoch), `data`
-(datasets and DataLoader of a run), `checkpoint` (save, load, RNG states), `schedule` (AF3's
-warm-up and step decay, the CUDA-graph learning rate), `ema` (the weights' moving average),
+Modules, bottom up: `config` (TrainConfig), `distributed` (devices and ranks), `data` (datasets,
+featurecache.sampler's order and the DataLoader of a run), `checkpoint` (save, load, RNG
+states), `schedule` (AF3's warm-up and step decay, the CUDA-graph learning rate), `ema` (the weights' moving average),
 `validation` (lDDT on held-out targets), `determinism` (--deterministic), `cuda_graph`
 (CapturedStep), `loop` (train) and `command` (the click command).
 """
@@ -16,11 +15,11 @@ import importlib
 # `featurecache plot` reads a run's log through training.run_plot and must not import torch.
 _EXPORTS = {
     "CapturedStep": "featurecache.training.cuda_graph",
-    "EpochBatchSampler": "featurecache.training.sampler",
+    "EpochBatchSampler": "featurecache.sampler",
     "SampleConfig": "featurecache.config",
     "TrainConfig": "featurecache.training.config",
     "TrainSetupError": "featurecache.training.config",
-    "WeightedBatchSampler": "featurecache.training.sampler",
+    "WeightedSampler": "featurecache.sampler",
     "latest_checkpoint": "featurecache.training.checkpoint",
     "load_checkpoint": "featurecache.training.checkpoint",
     "save_checkpoint": "featurecache.training.checkpoint",
@@ -29,7 +28,7 @@ _EXPORTS = {
 }
 
 __all__ = ["CapturedStep", "EpochBatchSampler", "SampleConfig", "TrainConfig", "TrainSetupError",
-           "WeightedBatchSampler", "latest_checkpoint", "load_checkpoint", "save_checkpoint", "train", "train_command"]
+           "WeightedSampler", "latest_checkpoint", "load_checkpoint", "save_checkpoint", "train", "train_command"]
 
 
 def __getattr__(name):

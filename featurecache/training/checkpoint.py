@@ -69,7 +69,7 @@ def load_checkpoint(path: pathlib.Path) -> dict:
     """The state saved in `path` (a file, or a run directory's newest).
 
     A checkpoint resumes on any number of ranks: its data position counts the samples of the
-    epoch taken by all ranks together (featurecache.training.sampler). Checkpoints are read with
+    epoch taken by all ranks together (featurecache.sampler). Checkpoints are read with
     weights_only=False: they hold the RNG states (Python tuples and NumPy arrays), so only
     resume from checkpoints you wrote.
     """

@@ -22,6 +22,11 @@ NON_NEGATIVE = click.IntRange(min=0)
 UNIT = FiniteFloatRange(0.0, 1.0, max_open=True)
 
 
+def _preset_values(setting: str) -> str:
+    """Each preset's value of a model setting, for an option's help: "af3 48, small 16, tiny 4"."""
+    return ", ".join(f"{name} {config.settings()[setting]}" for name, config in sorted(PRESETS.items()))
+
+
 @click.command("train", cls=BoundaryCommand)
 @click.option("--cache", type=click.Path(file_okay=False),
               help="Feature cache (or published generation) to train from.")
@@ -37,8 +42,9 @@ UNIT = FiniteFloatRange(0.0, 1.0, max_open=True)
               help="Also log every step to TensorBoard event files in this folder (needs: pip install tensorboard).")
 @click.option("--preset", default=TrainConfig.preset, show_default=True, type=click.Choice(sorted(PRESETS)),
               help="Model size.")
-@click.option("--pairformer-blocks", type=NON_NEGATIVE, help="Override the preset's number of Pairformer blocks.")
-@click.option("--checkpoint-group", default=TrainConfig.checkpoint_group, show_default=True, type=POSITIVE,
+@click.option("--pairformer-blocks", type=NON_NEGATIVE,
+              help=f"Override the preset's number of Pairformer blocks ({_preset_values('pairformer_blocks')}).")
+@click.option("--checkpoint-group", type=POSITIVE,
               help="Pairformer (and diffusion transformer) blocks per activation checkpoint: 1 keeps every "
                    "block's input for backward; K > 1 keeps one per K blocks, re-runs each group in backward "
                    "(a re-run block's triangle attentions once more) and recomputes the other pair-sized paths "
@@ -46,7 +52,7 @@ UNIT = FiniteFloatRange(0.0, 1.0, max_open=True)
                    "(benchmarks/activation_memory.py predicts the peak). Near the GPU's memory, also start the "
                    "process with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment (read once, "
                    "when CUDA initializes; setting it later does nothing): it avoids fragmentation at 1-2 GB "
-                   "tensors (not yet measured with --cuda-graphs).")
+                   "tensors (not yet measured with --cuda-graphs). Default: the preset's, 1.")
 @click.option("--kernels", default=TrainConfig.kernels, show_default=True, type=click.Choice(KERNEL_OPTIONS),
               help="triton: featurecache's kernels (CUDA); torch: the pure-PyTorch references; "
                    "auto: triton on a CUDA device, torch on the CPU.")
@@ -56,7 +62,8 @@ UNIT = FiniteFloatRange(0.0, 1.0, max_open=True)
               help="N_cycle is drawn per step uniformly from 1 to this (AF3: 4, the presets' default); "
                    "--cuda-graphs always runs this many.")
 @click.option("--diffusion-batch", type=POSITIVE,
-              help="Noised copies of each structure per trunk pass (AF3: 48; default 48 for af3, 16 for small, 4 for tiny).")
+              help=f"The diffusion batch: noised copies of each structure per trunk pass (AF3: 48; default the "
+                   f"preset's: {_preset_values('diffusion_batch')}).")
 @click.option("--crop-size", default=SampleConfig.crop_size, show_default=True, type=POSITIVE,
               help="Tokens per cropped sample.")
 @click.option("--msa-rows-per-sample", default=SampleConfig.msa_rows_per_sample, show_default=True, type=POSITIVE,
@@ -137,7 +144,8 @@ UNIT = FiniteFloatRange(0.0, 1.0, max_open=True)
               help="auto (CUDA if there is one), cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
 @click.pass_context
 def train_command(ctx: click.Context, cache, online, alignments, template_dir, out, preset, pairformer_blocks,
-                  kernels, steps, max_recycling_cycles, diffusion_batch, crop_size, msa_rows_per_sample, msa_cycle_draws, old_msa_rows, crop_mode_probs, spatial_crop_prob,
+                  checkpoint_group, kernels, steps, max_recycling_cycles, diffusion_batch, crop_size,
+                  msa_rows_per_sample, msa_cycle_draws, old_msa_rows, crop_mode_probs, spatial_crop_prob,
                   max_templates, batch_size, num_workers, checkpoint_every, resume, init_from, compile_model,
                   static_shapes, cuda_graphs, seed, device, validation_keys, **recipe) -> None:
     """Train the AF3 structure model (trunk and diffusion module) from a feature cache."""
@@ -155,14 +163,17 @@ def train_command(ctx: click.Context, cache, online, alignments, template_dir, o
     if abs(sum(crop_mode_probs) - 1.0) > 1e-6:
         raise click.BadParameter(f"{' '.join(map(str, crop_mode_probs))} do not add up to 1",
                                  param_hint="--crop-mode-probs")
+    # the options that change the preset's model settings, by their ModelConfig names
+    given = (("pairformer_blocks", pairformer_blocks), ("checkpoint_group", checkpoint_group),
+             ("max_recycling_cycles", max_recycling_cycles), ("diffusion_batch", diffusion_batch))
+    model_settings = {name: value for name, value in given if value is not None}
     try:
         sample = SampleConfig(crop_size=crop_size, msa_rows_per_sample=rows, msa_cycle_draws=msa_cycle_draws,
                               crop_mode_probs=tuple(crop_mode_probs),
                               max_templates=max_templates, seed=seed)
         config = TrainConfig(
             cache=cache, online=online, alignments=alignments, template_dir=template_dir, out=out,
-            preset=preset, pairformer_blocks=pairformer_blocks, kernels=kernels, steps=steps,
-            max_recycling_cycles=max_recycling_cycles, diffusion_batch=diffusion_batch, sample=sample,
+            preset=preset, model_settings=model_settings, kernels=kernels, steps=steps, sample=sample,
             batch_size=batch_size, num_workers=num_workers,
             checkpoint_every=checkpoint_every, resume=resume, init_from=init_from, compile=compile_model,
             static_shapes=static_shapes, cuda_graphs=cuda_graphs, device=device,

@@ -1,31 +1,35 @@
 """TrainConfig: every setting of a training run, checked once when it is made.
 
 How samples are cut (crop size, MSA rows, templates, seed) is the SampleConfig shared with the
-datasets; everything else (model, optimizer, schedule, checkpoints, devices) is here.
+datasets; the model is a preset of featurecache.model.config with settings overridden by their
+ModelConfig names (`model_settings`: the train command's --pairformer-blocks, --checkpoint-group,
+--max-recycling-cycles and --diffusion-batch); everything else (optimizer, schedule,
+checkpoints, devices) is here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from featurecache.config import SampleConfig
 from featurecache.kernels.runtime import KERNEL_CHOICES, runs_triton
-from featurecache.model.config import PRESETS
+from featurecache.model.config import PRESETS, RUNTIME_SETTINGS, ModelConfig, preset
 
 # "auto": the Triton kernels on a CUDA device, the PyTorch references on the CPU.
 KERNEL_OPTIONS = ("auto", *KERNEL_CHOICES)
-# Noised copies of the ground truth per trunk pass when --diffusion-batch is not given: AF3's 48
-# for its preset, 16 for `small`, a few for `tiny` so that CPU runs stay quick.
-DEFAULT_DIFFUSION_BATCH = {"af3": 48, "protenix": 48, "small": 16, "tiny": 4}
+# The model settings an --init-from run may set over its checkpoint's: how the run trains (its
+# kernels and recomputation, recycling count and diffusion batch), not what the weights are.
+INIT_FROM_SETTINGS = (*RUNTIME_SETTINGS, "max_recycling_cycles", "diffusion_batch")
 # Atoms a token holds at most (a nucleotide has up to 23 heavy atoms; ligand and modified-residue
 # tokens are one atom each) and token bonds per token (heavy atoms have at most 4 covalent
 # partners, each bond counted once): the fixed atom and bond axes of --static-shapes batches.
 ATOMS_PER_TOKEN_BOUND = 24
 BONDS_PER_TOKEN_BOUND = 3
 # Fixed atom axes bounded by the cache's largest target are rounded up to whole atom-attention
-# key windows (ModelConfig.atom_window_keys in every preset).
+# key windows (ModelConfig.atom_attention.atom_window_keys in every preset).
 ATOM_PAD_MULTIPLE = 128
 
 
@@ -42,16 +46,12 @@ class TrainConfig:
     out: str = "runs/train"
     tensorboard: str | None = None     # also write TensorBoard event files here (needs the tensorboard package)
     preset: str = "tiny"
-    pairformer_blocks: int | None = None  # override the preset's depth (benchmarks on a time budget)
-    # Pairformer blocks per activation checkpoint (ModelConfig.checkpoint_group): 1 keeps every
-    # block's input; K ~ 7 keeps 48/K + K and recomputes the other pair-sized paths in backward,
-    # for crops past ~2,000 tokens, at the cost of one more forward of the trunk
-    checkpoint_group: int = 1
+    # ModelConfig settings that differ from the preset's, by name (featurecache.model.config), e.g.
+    # {"pairformer_blocks": 8, "checkpoint_group": 7, "max_recycling_cycles": 1, "diffusion_batch": 16};
+    # the kernels are `kernels` below
+    model_settings: dict[str, Any] = field(default_factory=dict)
     kernels: str = "auto"
     steps: int = 100
-    # N_cycle is drawn per step from 1..this (AF3: 4); None keeps the preset's max_recycling_cycles
-    max_recycling_cycles: int | None = None
-    diffusion_batch: int | None = None  # noised copies per trunk pass; None: DEFAULT_DIFFUSION_BATCH
     sample: SampleConfig = field(default_factory=SampleConfig)
     batch_size: int = 1                # samples per micro-batch and rank
     # Micro-batches per optimizer step and rank (gradient accumulation): an optimizer step
@@ -99,25 +99,30 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "validation_keys", tuple(self.validation_keys))  # a list from callers
+        object.__setattr__(self, "model_settings", dict(self.model_settings))  # a copy: the config stays as it was made
         if (self.cache is None) == (self.online is None):
             raise TrainSetupError("give exactly one of --cache DIR or --online DIR")
         if self.preset not in PRESETS:
             raise TrainSetupError(f"unknown preset {self.preset!r}, expected one of {sorted(PRESETS)}")
         if self.kernels not in KERNEL_OPTIONS:
             raise TrainSetupError(f"unknown kernels {self.kernels!r}, expected one of {KERNEL_OPTIONS}")
+        if "kernels" in self.model_settings:
+            raise TrainSetupError("the model's kernels are TrainConfig.kernels (--kernels), not a model setting")
+        try:
+            self.model_config("torch")
+        except (TypeError, ValueError) as error:
+            raise TrainSetupError(f"model settings {self.model_settings}: {error}") from None
+        if self.init_from is not None:
+            fixed = sorted(name for name in self.model_settings if name not in INIT_FROM_SETTINGS)
+            if fixed:
+                raise TrainSetupError(f"model settings {fixed} do not go with --init-from: the model is the "
+                                      f"checkpoint's (a run may set only {', '.join(INIT_FROM_SETTINGS)})")
         if not isinstance(self.sample, SampleConfig):
             raise TrainSetupError(f"sample must be a SampleConfig, got {self.sample!r}")
         for name in ("steps", "batch_size", "accumulate", "pair_shards", "checkpoint_every", "prefetch_factor",
-                     "lr_decay_every", "validation_sampler_steps", "checkpoint_group"):
+                     "lr_decay_every", "validation_sampler_steps"):
             if getattr(self, name) < 1:
                 raise TrainSetupError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_recycling_cycles", "diffusion_batch"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise TrainSetupError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.pairformer_blocks is not None and self.pairformer_blocks < 0:
-            raise TrainSetupError(f"--pairformer-blocks must be >= 0, got {self.pairformer_blocks}")
-        if self.init_from is not None and self.pairformer_blocks is not None:
-            raise TrainSetupError("--pairformer-blocks does not go with --init-from: the model is the checkpoint's")
         for name in ("warmup", "num_workers", "weight_decay", "validate_every"):
             if getattr(self, name) < 0:
                 raise TrainSetupError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
@@ -146,10 +151,10 @@ class TrainConfig:
         if self.cuda_graphs and self.device == "cpu":
             raise TrainSetupError("--cuda-graphs needs a CUDA device, --device is cpu")
 
-    @property
-    def diffusion_samples(self) -> int:
-        """The diffusion batch this run trains with."""
-        return self.diffusion_batch if self.diffusion_batch is not None else DEFAULT_DIFFUSION_BATCH.get(self.preset, 48)
+    def model_config(self, kernels: str) -> ModelConfig:
+        """The model this run trains: its preset with its `model_settings`, on `kernels`
+        (resolve_kernels' choice for the run's device)."""
+        return preset(self.preset, **self.model_settings, kernels=kernels)
 
     @property
     def fixed_shapes(self) -> bool:

@@ -12,7 +12,7 @@ from featurecache.loader import CacheDataset, collate
 from featurecache.training.config import (
     ATOM_PAD_MULTIPLE, ATOMS_PER_TOKEN_BOUND, BONDS_PER_TOKEN_BOUND, TrainConfig, TrainSetupError)
 from featurecache.training.distributed import Dist
-from featurecache.training.sampler import EpochBatchSampler, WeightedBatchSampler
+from featurecache.sampler import EpochBatchSampler, WeightedSampler
 
 # The stream of the seeded draw of --validation-fraction's targets (apart from every other draw).
 VALIDATION_SPLIT_STREAM = 0x5E1EC7
@@ -95,7 +95,7 @@ def fixed_sizes(config: TrainConfig, dataset) -> dict[str, int] | None:
 
 
 def make_batch_sampler(dataset, config: TrainConfig, world: Dist, start_epoch: int = 0, start_sample: int = 0,
-                       epochs: int | None = None) -> EpochBatchSampler | WeightedBatchSampler:
+                       epochs: int | None = None) -> EpochBatchSampler | WeightedSampler:
     """This rank's micro-batches from (start_epoch, start_sample: samples of the epoch taken by
     all ranks) on: AF3's weighted draws of chains and interfaces when the cache's manifest
     weighs them (precompute's clustering), else a shuffle of the targets per epoch. Both have
@@ -106,13 +106,13 @@ def make_batch_sampler(dataset, config: TrainConfig, world: Dist, start_epoch: i
             table = dataset.sampling_table
         except ValueError as error:
             raise _setup_error("--cache", config.cache, error) from None
-        return WeightedBatchSampler(table, config.batch_size, world.rank, world.world_size, config.sample.seed,
-                                    **position)
+        return WeightedSampler(table, config.batch_size, world.rank, world.world_size, config.sample.seed,
+                               **position)
     return EpochBatchSampler(len(dataset), config.batch_size, world.rank, world.world_size, config.sample.seed,
                              **position)
 
 
-def make_loader(dataset, batch_sampler: EpochBatchSampler | WeightedBatchSampler, config: TrainConfig,
+def make_loader(dataset, batch_sampler: EpochBatchSampler | WeightedSampler, config: TrainConfig,
                 device: torch.device,
                 pad_to: dict[str, int] | None = None) -> torch.utils.data.DataLoader:
     """A DataLoader over `batch_sampler`'s batches, padded to `pad_to` (see fixed_sizes) if given."""

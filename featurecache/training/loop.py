@@ -8,12 +8,13 @@ run directory, then steps until `steps`. Each step draws N_cycle (1..max_recycli
 same on every rank) and, per micro-batch (`accumulate` of them per step and rank, gradients
 summed and averaged over the ranks after the last: by DDP, or with --cuda-graphs by an all-reduce
 between the step's graphs, training/cuda_graph.py), runs the trunk once and the diffusion module on
-`diffusion_samples` noised copies of the truth; its random draws come from generators seeded by
-(seed, step, micro-batch slot), so a resumed run draws what the straight run drew, on any number
-of ranks (featurecache.training.sampler). Then clipping, the AdamW update, the learning-rate
-schedule (training/schedule.py) and the EMA of the weights (training/ema.py). Each step logs
-one JSON line to RUN_DIR/log.jsonl ("kind": "train": the loss and its terms, N_cycle, step time,
-time spent waiting for data, peak memory) and a readable line on stdout; every
+the diffusion batch (ModelConfig.diffusion.diffusion_batch) of noised copies of the truth; its
+random draws come from generators seeded by (seed, step, micro-batch slot), so a resumed run draws
+what the straight run drew, on any number of ranks (featurecache.sampler). Then clipping, the
+AdamW update, the learning-rate schedule (training/schedule.py) and the EMA of the weights
+(training/ema.py). Each step logs one JSON line to RUN_DIR/log.jsonl ("kind": "train": the loss
+and its terms, N_cycle, step time, time spent waiting for data, peak memory) and a readable line
+on stdout; every
 `validate_every` steps a "kind": "validation" line (training/validation.py). Checkpoints
 (featurecache.training.checkpoint) continue a run exactly where it stopped.
 """
@@ -33,10 +34,11 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from featurecache.model import AF3Model, ModelConfig, preset, sample_num_cycles
+from featurecache.model import AF3Model, ModelConfig, sample_num_cycles
 from featurecache.model.af3 import LOSS_INPUTS, OPTIONAL_LOSS_INPUTS, REQUIRED_INPUTS
 from featurecache.model.config import RUNTIME_SETTINGS, WEIGHT_MEANING_SETTINGS, saved_model_settings
 from featurecache.model.msa import OPTIONAL_INPUTS as MSA_OPTIONAL_INPUTS
+from featurecache.sampler import StepLayout
 from featurecache.training.checkpoint import (checkpoint_path, load_checkpoint, load_initial_weights,
                                               optimizer_state, rng_state, save_checkpoint, set_rng_state)
 from featurecache.training.config import TrainConfig, TrainSetupError, resolve_kernels
@@ -49,7 +51,6 @@ from featurecache.training.distributed import (Dist, GradientBuckets, all_ranks,
 from featurecache.training.ema import WeightAverage
 from featurecache.training.progress import TrainProgress, first_step_work
 from featurecache.training.run_plot import LOG_FILE
-from featurecache.training.sampler import StepLayout
 from featurecache.training.schedule import GraphLearningRate, lr_factor
 from featurecache.training.validation import validate
 
@@ -85,15 +86,8 @@ class Trainer:
         self.config = config
         self.world = world
         self.manual_sync = config.cuda_graphs if manual_sync is None else manual_sync
-        overrides = {"kernels": kernels}
-        if config.pairformer_blocks is not None:
-            overrides["num_pairformer_blocks"] = config.pairformer_blocks
-        if config.checkpoint_group != 1:
-            overrides["checkpoint_group"] = config.checkpoint_group
-        if config.max_recycling_cycles is not None:
-            overrides["max_recycling_cycles"] = config.max_recycling_cycles
-        model_config = preset(config.preset, **overrides) if initial is None else initial_model_config(
-            initial, config.init_from, overrides)
+        model_config = config.model_config(kernels) if initial is None else initial_model_config(
+            initial, config.init_from, {**config.model_settings, "kernels": kernels})
         model = AF3Model(model_config)
         if initial is not None:  # before sharding, which splits the Pairformer's modules
             load_initial(model, initial, config.init_from)
@@ -161,7 +155,7 @@ class Trainer:
             # One graph, so one N_cycle: a graph run always recycles max_recycling_cycles times.
             # Its noise comes from the device's default generator, which the graph replays from
             # the seed noise_generator gives it before each replay (self.noise is that generator).
-            cycles = self.model.config.max_recycling_cycles
+            cycles = self.model.config.trunk.max_recycling_cycles
             self.graphed = GraphedUpdate(lambda inputs: self.backward(inputs, cycles, self.noise), self.apply,
                                          GradientBuckets(self.model, self.world), GRAPH_WARMUP_STEPS,
                                          capture=self.config.cuda_graphs)
@@ -179,8 +173,7 @@ class Trainer:
         micro-batch, its gradient scaled by 1 / accumulate (summed over the step's micro-batches,
         a mean); returns the loss terms (AF3Model.loss's metrics)."""
         with self.autocast:
-            outputs = self.trained(batch, num_cycles=num_cycles, num_diffusion_samples=self.config.diffusion_samples,
-                                   generator=generator)
+            outputs = self.trained(batch, num_cycles=num_cycles, generator=generator)  # the model's diffusion batch
         loss, metrics = self.model.loss(batch, outputs)
         (loss / self.config.accumulate if self.config.accumulate > 1 else loss).backward()
         return metrics
@@ -200,11 +193,11 @@ class Trainer:
         buffers, an eager one takes them on the device (takes_host_batches)."""
         cycle_generator = cycle_generator_of(self.config.sample.seed, step)
         if self.graphed is not None:
-            num_cycles = self.model.config.max_recycling_cycles
+            num_cycles = self.model.config.trunk.max_recycling_cycles
             result = self.graphed([graph_inputs(batch) for batch in batches],
                                   lambda micro: self._seed_noise(step, micro))
         else:
-            num_cycles = sample_num_cycles(cycle_generator, self.model.config.max_recycling_cycles)
+            num_cycles = sample_num_cycles(cycle_generator, self.model.config.trunk.max_recycling_cycles)
             result = self.accumulate(batches, step, num_cycles)
         self.scheduler.step()
         if self.graph_lr is not None:
@@ -255,13 +248,14 @@ class Trainer:
 
 def _differing_settings(state: dict, config) -> dict[str, tuple] | None:
     """{name: (checkpoint's value, config's)} for the model settings (not the runtime ones) in
-    which a checkpoint differs from `config`, a setting it predates taken as it was trained
+    which a checkpoint differs from `config`, by name, whichever layout the checkpoint wrote them
+    in (saved_model_settings), a setting it predates taken as it was trained
     (model.config.LEGACY_SETTINGS); None when it records no settings."""
     saved = state.get("model_config")
     if not isinstance(saved, dict):
         return None
     saved = saved_model_settings(saved)
-    here = dataclasses.asdict(config)
+    here = config.settings()
 
     def comparable(value):  # a tuple setting may have become a list on its way
         return tuple(value) if isinstance(value, list) else value
@@ -272,11 +266,12 @@ def _differing_settings(state: dict, config) -> dict[str, tuple] | None:
 
 def initial_model_config(initial: dict, path: str, overrides: dict) -> ModelConfig:
     """The model settings of an --init-from checkpoint (as it was trained, LEGACY_SETTINGS for
-    those it predates), with this run's runtime settings and recycling count (`overrides`)."""
+    those it predates), with this run's settings of how it trains (`overrides`, by name:
+    TrainConfig's INIT_FROM_SETTINGS and the kernels)."""
     settings = {name: value for name, value in saved_model_settings(initial["model_config"]).items()
                 if name not in RUNTIME_SETTINGS}
     try:
-        return ModelConfig(**{**settings, **overrides})
+        return ModelConfig.from_settings({**settings, **overrides})
     except (TypeError, ValueError) as error:
         raise TrainSetupError(f"--init-from {path}: its model settings do not build a model ({error})") from None
 

@@ -56,11 +56,10 @@ def target_seed(seed: int, index: int) -> int:
 @torch.no_grad()
 def validate_target(model: AF3Model, batch: dict, config: TrainConfig, seed: int, autocast) -> dict[str, float]:
     """The loss terms and the lDDTs of one held-out target (a collated batch of one sample)."""
-    cycles = model.config.max_recycling_cycles
+    cycles = model.config.trunk.max_recycling_cycles
     generator = torch.Generator().manual_seed(seed)
     with autocast:
-        outputs = model(batch, num_cycles=cycles, num_diffusion_samples=config.diffusion_samples,
-                        generator=generator)
+        outputs = model(batch, num_cycles=cycles, generator=generator)  # on the model's diffusion batch
     _, metrics = model.loss(batch, outputs)
     with autocast:
         predicted = model.sample(batch, num_cycles=cycles, num_samples=1,

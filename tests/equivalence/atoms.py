@@ -56,4 +56,4 @@ def encoder_arguments(features: dict) -> dict:
 
 
 def windows_of(batch: dict, config) -> AtomWindows:
-    return AtomWindows(batch["atom_pad_mask"], config.atom_window_queries, config.atom_window_keys)
+    return AtomWindows(batch["atom_pad_mask"], config.atom_attention.atom_window_queries, config.atom_attention.atom_window_keys)

@@ -32,12 +32,12 @@ def encoders(config, generator, with_trunk: bool, keys_from_input: bool = False)
     with its weights."""
     from protenix.model.modules.transformer import AtomAttentionEncoder as ProtenixAtomAttentionEncoder
 
-    c_token = config.c_token_diffusion if with_trunk else config.c_s
+    c_token = config.diffusion.c_token_diffusion if with_trunk else config.trunk.c_s
     theirs = ProtenixAtomAttentionEncoder(
-        has_coords=with_trunk, c_token=c_token, c_atom=config.c_atom, c_atompair=config.c_atompair,
-        c_s=config.c_s, c_z=config.c_z, n_blocks=config.atom_blocks, n_heads=config.atom_heads,
-        n_queries=config.atom_window_queries, n_keys=config.atom_window_keys)
-    if not config.atom_key_adaln:
+        has_coords=with_trunk, c_token=c_token, c_atom=config.atom_attention.c_atom, c_atompair=config.atom_attention.c_atompair,
+        c_s=config.trunk.c_s, c_z=config.trunk.c_z, n_blocks=config.atom_attention.atom_blocks, n_heads=config.atom_attention.atom_heads,
+        n_queries=config.atom_attention.atom_window_queries, n_keys=config.atom_attention.atom_window_keys)
+    if not config.atom_attention.atom_key_adaln:
         protenix_atom_transformer_without_cross_attention(theirs.atom_transformer, config)
     elif keys_from_input:
         protenix_atom_transformer_with_keys_normalised_from_input(theirs.atom_transformer)
@@ -81,11 +81,11 @@ def test_encoder_of_the_diffusion_module_and_decoder(generator):
     config = featurecache_config()
     theirs, ours = encoders(config, generator, with_trunk=True)
     decoder_theirs = ProtenixAtomAttentionDecoder(
-        n_blocks=config.atom_blocks, n_heads=config.atom_heads, c_token=config.c_token_diffusion,
-        c_atom=config.c_atom, c_atompair=config.c_atompair, n_queries=config.atom_window_queries,
-        n_keys=config.atom_window_keys)
+        n_blocks=config.atom_attention.atom_blocks, n_heads=config.atom_attention.atom_heads, c_token=config.diffusion.c_token_diffusion,
+        c_atom=config.atom_attention.c_atom, c_atompair=config.atom_attention.c_atompair, n_queries=config.atom_attention.atom_window_queries,
+        n_keys=config.atom_attention.atom_window_keys)
     protenix_atom_transformer_without_cross_attention(decoder_theirs.atom_transformer, config)
-    decoder_ours = AtomAttentionDecoder(config, c_token=config.c_token_diffusion)
+    decoder_ours = AtomAttentionDecoder(config, c_token=config.diffusion.c_token_diffusion)
     randomise(decoder_theirs, generator)
     copy_weights(decoder_theirs, decoder_ours, atom_attention_decoder_map(config))
     decoder_theirs.eval(), decoder_ours.eval()
@@ -93,10 +93,10 @@ def test_encoder_of_the_diffusion_module_and_decoder(generator):
     batch = atom_batch(generator)
     windows = windows_of(batch, config)
     atoms = batch["atom_to_token"].shape[1]
-    trunk_single = torch.randn(1, batch["restype"].shape[1], config.c_s, generator=generator)
-    trunk_pair = torch.randn(1, batch["restype"].shape[1], batch["restype"].shape[1], config.c_z, generator=generator)
+    trunk_single = torch.randn(1, batch["restype"].shape[1], config.trunk.c_s, generator=generator)
+    trunk_pair = torch.randn(1, batch["restype"].shape[1], batch["restype"].shape[1], config.trunk.c_z, generator=generator)
     positions = torch.randn(1, 2, atoms, 3, generator=generator)  # 2 diffusion samples
-    token_update = torch.randn(1, 2, batch["restype"].shape[1], config.c_token_diffusion, generator=generator)
+    token_update = torch.randn(1, 2, batch["restype"].shape[1], config.diffusion.c_token_diffusion, generator=generator)
     features = protenix_inputs(batch)
     with torch.no_grad():
         a_theirs, q_theirs, c_theirs, p_theirs = theirs(
@@ -161,8 +161,8 @@ def test_encoder_with_the_keys_own_adaln_as_af3(generator, with_trunk):
     tokens = batch["restype"].shape[1]
     trunk = {}
     if with_trunk:
-        trunk = {"s": torch.randn(1, tokens, config.c_s, generator=generator),
-                 "z": torch.randn(1, tokens, tokens, config.c_z, generator=generator),
+        trunk = {"s": torch.randn(1, tokens, config.trunk.c_s, generator=generator),
+                 "z": torch.randn(1, tokens, tokens, config.trunk.c_z, generator=generator),
                  "r_l": torch.randn(1, batch["atom_to_token"].shape[1], 3, generator=generator)}
     with torch.no_grad():
         a_theirs = theirs(**encoder_arguments(protenix_inputs(batch)), **trunk)[0]

@@ -45,14 +45,14 @@ def confidence_logits(**settings) -> tuple[dict, dict]:
     generator = torch.Generator().manual_seed(33)
     config = featurecache_config(confidence_blocks=1, **settings)
     c_s_inputs = atom_single_input_dim(config)
-    theirs = ProtenixConfidenceHead(n_blocks=config.confidence_blocks, c_s=config.c_s, c_z=config.c_z,
+    theirs = ProtenixConfidenceHead(n_blocks=config.confidence.confidence_blocks, c_s=config.trunk.c_s, c_z=config.trunk.c_z,
                                     c_s_inputs=c_s_inputs, max_atoms_per_token=MAX_ATOMS_PER_TOKEN)
     # its PairformerStack builds blocks at AF3's fixed pair sizes (hidden 128, 4 heads of 32)
     theirs.pairformer_stack.blocks = torch.nn.ModuleList(
-        ProtenixPairformerBlock(n_heads=config.single_heads, c_z=config.c_z, c_s=config.c_s, c_hidden_mul=config.c_z,
-                                c_hidden_pair_att=config.pair_head_dim, no_heads_pair=config.pair_heads,
-                                num_intermediate_factor=config.transition_expansion, dropout=0.0)
-        for _ in range(config.confidence_blocks))
+        ProtenixPairformerBlock(n_heads=config.trunk.single_heads, c_z=config.trunk.c_z, c_s=config.trunk.c_s, c_hidden_mul=config.trunk.c_z,
+                                c_hidden_pair_att=config.trunk.pair_head_dim, no_heads_pair=config.trunk.pair_heads,
+                                num_intermediate_factor=config.trunk.transition_expansion, dropout=0.0)
+        for _ in range(config.confidence.confidence_blocks))
     ours = ConfidenceHead(config, c_s_inputs)
     randomise(theirs, generator)
     copy_weights(theirs, ours, confidence_head_map(config), confidence_head_protenix_only(config))
@@ -61,8 +61,8 @@ def confidence_logits(**settings) -> tuple[dict, dict]:
     batch = atom_batch(generator)
     tokens, atoms = batch["restype"].shape[1], batch["atom_to_token"].shape[1]
     s_inputs = torch.randn(1, tokens, c_s_inputs, generator=generator)
-    single = torch.randn(1, tokens, config.c_s, generator=generator)
-    pair = torch.randn(1, tokens, tokens, config.c_z, generator=generator)
+    single = torch.randn(1, tokens, config.trunk.c_s, generator=generator)
+    pair = torch.randn(1, tokens, tokens, config.trunk.c_z, generator=generator)
     # predicted structures: the truth moved by ~2 A per atom, so token distances fill the bins
     positions = batch["atom_pos"][:, None] + 2.0 * torch.randn(1, SAMPLES, atoms, 3, generator=generator)
     representative = torch.zeros(atoms, dtype=torch.bool)

@@ -38,11 +38,11 @@ def test_diffusion_module_at_several_noise_levels(generator, keys):
                                  atom_key_adaln_nested=keys == "protenix")
     c_s_inputs = atom_single_input_dim(config)
     theirs = ProtenixDiffusionModule(
-        sigma_data=config.sigma_data, c_atom=config.c_atom, c_atompair=config.c_atompair,
-        c_token=config.c_token_diffusion, c_s=config.c_s, c_z=config.c_z, c_s_inputs=c_s_inputs,
-        atom_encoder={"n_blocks": config.atom_blocks, "n_heads": config.atom_heads},
-        transformer={"n_blocks": config.diffusion_blocks, "n_heads": config.diffusion_heads},
-        atom_decoder={"n_blocks": config.atom_blocks, "n_heads": config.atom_heads})
+        sigma_data=config.diffusion.sigma_data, c_atom=config.atom_attention.c_atom, c_atompair=config.atom_attention.c_atompair,
+        c_token=config.diffusion.c_token_diffusion, c_s=config.trunk.c_s, c_z=config.trunk.c_z, c_s_inputs=c_s_inputs,
+        atom_encoder={"n_blocks": config.atom_attention.atom_blocks, "n_heads": config.atom_attention.atom_heads},
+        transformer={"n_blocks": config.diffusion.diffusion_blocks, "n_heads": config.diffusion.diffusion_heads},
+        atom_decoder={"n_blocks": config.atom_attention.atom_blocks, "n_heads": config.atom_attention.atom_heads})
     for encoder_or_decoder in (theirs.atom_attention_encoder, theirs.atom_attention_decoder):
         if keys == "af3":
             protenix_atom_transformer_with_keys_normalised_from_input(encoder_or_decoder.atom_transformer)
@@ -65,10 +65,10 @@ def test_diffusion_module_at_several_noise_levels(generator, keys):
     features = protenix_inputs(batch)
     features.update({name: batch[name][0] for name in ("asym_id", "residue_index", "entity_id", "sym_id",
                                                         "token_index")})
-    features = RelativePositionEncoding(config.relpos_max_residue, config.relpos_max_chain).generate_relp(features)
+    features = RelativePositionEncoding(config.trunk.relpos_max_residue, config.trunk.relpos_max_chain).generate_relp(features)
     s_inputs = torch.randn(1, tokens, c_s_inputs, generator=generator)
-    trunk_single = torch.randn(1, tokens, config.c_s, generator=generator)
-    trunk_pair = torch.randn(1, tokens, tokens, config.c_z, generator=generator)
+    trunk_single = torch.randn(1, tokens, config.trunk.c_s, generator=generator)
+    trunk_pair = torch.randn(1, tokens, tokens, config.trunk.c_z, generator=generator)
     sigma = torch.tensor([NOISE_LEVELS])  # [B 1, S]
     truth = batch["atom_pos"][:, None]
     noisy = truth + sigma[..., None, None] * torch.randn(1, len(NOISE_LEVELS), atoms, 3, generator=generator)
@@ -79,6 +79,6 @@ def test_diffusion_module_at_several_noise_levels(generator, keys):
         denoised_ours = ours(noisy, sigma, context)
     for sample, level in enumerate(NOISE_LEVELS):
         # the network's part, c_out F: the c_skip x_noisy both add would hide it at low noise
-        skip = config.sigma_data**2 / (config.sigma_data**2 + level**2) * noisy[0, sample]
+        skip = config.diffusion.sigma_data**2 / (config.diffusion.sigma_data**2 + level**2) * noisy[0, sample]
         error = rel_error(denoised_ours[0, sample] - skip, denoised_theirs[sample] - skip)
         assert error <= FP32_TOLERANCE, f"sigma {level}: {error}"

@@ -102,14 +102,14 @@ def test_distogram_loss(case):
 
     batch, generator = case["batch"], case["generator"]
     config = featurecache_config()
-    logits = torch.randn(1, TOKENS, TOKENS, config.distogram_bins, generator=generator)
+    logits = torch.randn(1, TOKENS, TOKENS, config.trunk.distogram_bins, generator=generator)
     representative = batch["distogram_atom_index"][0]
     # Protenix's own bins (its defaults, AF3's), featurecache's from its settings
     theirs = DistogramLoss(reduction=None)(logits[0], case["true"], case["resolved"].float(),
                                            atom_mask_of(representative, len(case["resolved"])))
     positions = case["true"][representative][None]
     position_mask = case["resolved"][representative][None]
-    ours = distogram_loss(logits, positions, position_mask, config.distogram_min, config.distogram_max)
+    ours = distogram_loss(logits, positions, position_mask, config.trunk.distogram_min, config.trunk.distogram_max)
     assert rel_error(ours, theirs) <= FP32_TOLERANCE
 
 

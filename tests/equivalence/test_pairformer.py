@@ -27,16 +27,16 @@ def test_pairformer_block(generator):
 
     config = featurecache_config()
     theirs = ProtenixPairformerBlock(
-        n_heads=config.single_heads, c_z=config.c_z, c_s=config.c_s, c_hidden_mul=config.c_z,
-        c_hidden_pair_att=config.pair_head_dim, no_heads_pair=config.pair_heads,
-        num_intermediate_factor=config.transition_expansion, dropout=0.0).eval()
-    ours = PairformerBlock(config.c_s, config.c_z, config.single_heads, config.single_head_dim, config.pair_heads,
-                           config.pair_head_dim, config.transition_expansion, kernels=config.kernels).eval()
+        n_heads=config.trunk.single_heads, c_z=config.trunk.c_z, c_s=config.trunk.c_s, c_hidden_mul=config.trunk.c_z,
+        c_hidden_pair_att=config.trunk.pair_head_dim, no_heads_pair=config.trunk.pair_heads,
+        num_intermediate_factor=config.trunk.transition_expansion, dropout=0.0).eval()
+    ours = PairformerBlock(config.trunk.c_s, config.trunk.c_z, config.trunk.single_heads, config.trunk.single_head_dim, config.trunk.pair_heads,
+                           config.trunk.pair_head_dim, config.trunk.transition_expansion, kernels=config.runtime.kernels).eval()
     randomise(theirs, generator)
     copy_weights(theirs, ours, pairformer_block_map(config))
 
-    s = torch.randn(1, TOKENS, config.c_s, generator=generator)
-    z = torch.randn(1, TOKENS, TOKENS, config.c_z, generator=generator)
+    s = torch.randn(1, TOKENS, config.trunk.c_s, generator=generator)
+    z = torch.randn(1, TOKENS, TOKENS, config.trunk.c_z, generator=generator)
     # Protenix's single attention takes no token mask (it runs unpadded): every token valid; the
     # pair mask, which both apply, masks a few pairs
     token_mask = torch.ones(1, TOKENS, dtype=torch.bool)
@@ -55,9 +55,9 @@ def protenix_pair_stack(config):
     do not have; the block is the same class either way."""
     from protenix.model.modules.pairformer import PairformerBlock as ProtenixPairformerBlock
 
-    return ProtenixPairformerBlock(c_z=config.c_z, c_s=0, c_hidden_mul=config.c_z,
-                                   c_hidden_pair_att=config.pair_head_dim, no_heads_pair=config.pair_heads,
-                                   num_intermediate_factor=config.transition_expansion, dropout=0.0)
+    return ProtenixPairformerBlock(c_z=config.trunk.c_z, c_s=0, c_hidden_mul=config.trunk.c_z,
+                                   c_hidden_pair_att=config.trunk.pair_head_dim, no_heads_pair=config.trunk.pair_heads,
+                                   num_intermediate_factor=config.trunk.transition_expansion, dropout=0.0)
 
 
 @pytest.mark.parametrize("bias_divided", [False, True], ids=["af3", "protenix"])
@@ -69,7 +69,7 @@ def test_msa_block(generator, last, bias_divided):
 
     # Protenix's pair-weighted averaging has 8 heads of 8 (fixed); its MSA transition expands 4x
     config = featurecache_config(msa_heads=8, msa_head_dim=8, outer_product_bias_divided=bias_divided)
-    theirs = ProtenixMSABlock(c_m=config.c_m, c_z=config.c_z, c_hidden=config.outer_product_dim,
+    theirs = ProtenixMSABlock(c_m=config.msa.c_m, c_z=config.trunk.c_z, c_hidden=config.msa.outer_product_dim,
                               is_last_block=last, msa_dropout=0.0, pair_dropout=0.0)
     theirs.pair_stack = protenix_pair_stack(config)
     theirs.eval()
@@ -81,8 +81,8 @@ def test_msa_block(generator, last, bias_divided):
                              outer_product_mean_af3_map(config, MSA_ROWS)))
     copy_weights(theirs, ours, mapping)
 
-    m = torch.randn(1, MSA_ROWS, TOKENS, config.c_m, generator=generator)
-    z = torch.randn(1, TOKENS, TOKENS, config.c_z, generator=generator)
+    m = torch.randn(1, MSA_ROWS, TOKENS, config.msa.c_m, generator=generator)
+    z = torch.randn(1, TOKENS, TOKENS, config.trunk.c_z, generator=generator)
     # Protenix's MSA block reads no MSA or token mask (it runs unpadded): all valid
     msa_mask = torch.ones(1, MSA_ROWS, TOKENS, dtype=torch.bool)
     token_mask = torch.ones(1, TOKENS, dtype=torch.bool)

@@ -27,8 +27,8 @@ def encodings(generator, features: dict) -> tuple[torch.Tensor, torch.Tensor]:
     from protenix.model.modules.embedders import RelativePositionEncoding as ProtenixRelativePositionEncoding
 
     config = featurecache_config()
-    theirs = ProtenixRelativePositionEncoding(config.relpos_max_residue, config.relpos_max_chain, config.c_z)
-    ours = RelativePositionEncoding(config.c_z, config.relpos_max_residue, config.relpos_max_chain)
+    theirs = ProtenixRelativePositionEncoding(config.trunk.relpos_max_residue, config.trunk.relpos_max_chain, config.trunk.c_z)
+    ours = RelativePositionEncoding(config.trunk.c_z, config.trunk.relpos_max_residue, config.trunk.relpos_max_chain)
     randomise(theirs, generator)
     copy_weights(theirs, ours, relative_position_map(config))
     with torch.no_grad():

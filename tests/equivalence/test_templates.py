@@ -24,15 +24,15 @@ def test_template_embedder(generator):
     from protenix.model.modules.pairformer import TemplateEmbedder as ProtenixTemplateEmbedder
 
     config = featurecache_config()
-    theirs = ProtenixTemplateEmbedder(n_blocks=config.num_template_blocks, c=config.c_template, c_z=config.c_z,
-                                      num_intermediate_factor=config.template_transition_expansion, dropout=0.0)
+    theirs = ProtenixTemplateEmbedder(n_blocks=config.templates.template_blocks, c=config.templates.c_template, c_z=config.trunk.c_z,
+                                      num_intermediate_factor=config.templates.template_transition_expansion, dropout=0.0)
     # its PairformerStack builds blocks at AF3's fixed pair sizes: rebuilt at featurecache's
     theirs.pairformer_stack.blocks = torch.nn.ModuleList(
-        ProtenixPairformerBlock(c_z=config.c_template, c_s=0, c_hidden_mul=config.c_template,
-                                c_hidden_pair_att=config.template_pair_head_dim,
-                                no_heads_pair=config.template_pair_heads,
-                                num_intermediate_factor=config.template_transition_expansion, dropout=0.0)
-        for _ in range(config.num_template_blocks))
+        ProtenixPairformerBlock(c_z=config.templates.c_template, c_s=0, c_hidden_mul=config.templates.c_template,
+                                c_hidden_pair_att=config.templates.template_pair_head_dim,
+                                no_heads_pair=config.templates.template_pair_heads,
+                                num_intermediate_factor=config.templates.template_transition_expansion, dropout=0.0)
+        for _ in range(config.templates.template_blocks))
     ours = TemplateEmbedder(config)
     randomise(theirs, generator)
     copy_weights(theirs, ours, template_embedder_map(config))
@@ -41,7 +41,7 @@ def test_template_embedder(generator):
     batch = random_batch([TOKENS], [4], [TEMPLATES], generator, num_atoms_per_token=5)
     # pseudo-beta and backbone positions spread like a chain's, with a few unresolved
     batch["template_pseudo_beta_pos"] = batch["template_pseudo_beta_pos"] * 2.0
-    z = torch.randn(1, TOKENS, TOKENS, config.c_z, generator=generator)
+    z = torch.randn(1, TOKENS, TOKENS, config.trunk.c_z, generator=generator)
     pair_mask = torch.ones(1, TOKENS, TOKENS, dtype=torch.bool)  # Protenix's default, all pairs
     assert batch["template_mask"].all() and batch["asym_id"].unique().numel() == 2
     with torch.no_grad():

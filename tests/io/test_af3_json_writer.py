@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import gemmi
 import numpy as np
 import pytest
 
@@ -57,6 +58,39 @@ def test_single_chain_mmcif_keeps_unresolved_residues(shared_data):
         single_chain_mmcif(path, "Q")
 
 
+@pytest.mark.parametrize("name", ["1psm", "2crb", "3u8v", "3zee", "4i6p", "4zey", "5kc1"])
+def test_every_template_mmcif_keeps_its_release_date(shared_data, name):
+    # AF3 (data/templates.py) raises "Template structure ... must have a release date" for a
+    # template whose mmCIF lacks _pdbx_audit_revision_history.revision_date; it takes the earliest.
+    path = shared_data / "templates" / "mmcif" / f"{name}.cif"
+    chain = next(chain for chain in read_mmcif(path).chains if chain.molecule_type == "protein")
+    text = single_chain_mmcif(path, chain.auth_chain_id)
+    assert af3_template_release_date(text) == read_mmcif(path).release_date is not None
+    assert parse_mmcif(text, name).release_date == read_mmcif(path).release_date
+
+
+def test_template_mmcif_without_a_release_date_is_refused(shared_data, tmp_path):
+    document = gemmi.cif.read(str(shared_data / "templates" / "mmcif" / "1psm.cif"))
+    for category in ("_pdbx_audit_revision_history.", "_database_PDB_rev."):
+        document.sole_block().find_mmcif_category(category).erase()
+    undated = tmp_path / "1psm.cif"
+    undated.write_text(document.as_string())
+    assert read_mmcif(undated).release_date is None
+    with pytest.raises(ValueError, match="no release date .* AlphaFold 3 requires"):
+        single_chain_mmcif(undated, "A")
+    with pytest.raises(ValueError, match="template t: no release date"):
+        backbone_template_mmcif("t", ["ALA"], np.zeros((1, 3, 3)), np.ones((1, 3), bool), np.zeros((1, 3)),
+                                np.ones(1, bool), None)
+
+
+def af3_template_release_date(text: str) -> str | None:
+    """AF3's reading of a template's date (structure/mmcif.py get_release_date): the earliest
+    _pdbx_audit_revision_history.revision_date, None without the item."""
+    block = gemmi.cif.read_string(text).sole_block()
+    dates = list(block.find_values("_pdbx_audit_revision_history.revision_date"))
+    return min(gemmi.cif.as_string(date) for date in dates) if dates else None
+
+
 def test_structure_to_json_reads_back(shared_data, tmp_path):
     structure = read_mmcif(shared_data / "structures" / "721p-assembly1.cif")
     entities = af3_entities(structure)
@@ -81,7 +115,8 @@ def test_structure_to_json_reads_back(shared_data, tmp_path):
 def test_backbone_template_reads_back_with_its_atoms():
     positions = np.arange(27, dtype=np.float32).reshape(3, 3, 3)
     text = backbone_template_mmcif("t", ["ALA", "GLY", "MET"], positions, np.ones((3, 3), bool),
-                                   positions[:, 1] + 1.0, np.array([True, True, False]))
+                                   positions[:, 1] + 1.0, np.array([True, True, False]), "1995-02-07")
+    assert af3_template_release_date(text) == "1995-02-07"
     (chain,) = parse_mmcif(text, "t").chains
     assert chain.molecule_type == "protein" and chain.sequence == "AGM"
     assert [residue.atom_names for residue in chain.residues] == [("N", "CA", "C", "CB"), ("N", "CA", "C"),

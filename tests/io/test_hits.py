@@ -192,3 +192,31 @@ def test_hhr_block_disagreeing_with_the_table_inside_the_file_is_refused(shared_
     lines[table_row] = lines[table_row].replace("7-28", "7-29")
     with pytest.raises(ParseError, match=r"damaged\.hhr:\d+: hit No 1 1hf9_B aligns query 7-28 .* says 7-29"):
         parse_hhr("".join(lines), "damaged.hhr", [])
+
+
+def test_m8_cut_inside_its_last_line_never_keeps_a_wrong_hit(shared_data):
+    """A real m8 (721p chain A, 300 hits) cut at every character of its last line: the hits before
+    it are kept; the last is dropped with one warning naming the file and line (without a warnings
+    list, a ParseError), unless only its newline was cut: then it is kept whole. A cut at a line
+    boundary looks like a whole file and is one."""
+    text = (shared_data / "alignments" / "pdb_templates_m8" / "721p-assembly1A_protein_pdball_230102_db.m8").read_text()
+    full = parse_m8(text, "cut.m8")
+    last_start = text.rstrip("\n").rindex("\n") + 1
+    dropped = kept = 0
+    for cut in range(last_start + 1, len(text)):
+        warnings: list[str] = []
+        hits = parse_m8(text[:cut], "cut.m8", warnings)
+        assert [hit.name for hit in hits[:299]] == [hit.name for hit in full[:299]]
+        if len(hits) == 300:
+            kept += 1
+            assert warnings == []
+            np.testing.assert_array_equal(hits[-1].query_indices, full[-1].query_indices)
+            np.testing.assert_array_equal(hits[-1].hit_indices, full[-1].hit_indices)
+        else:
+            dropped += 1
+            assert len(hits) == 299 and len(warnings) == 1
+            assert warnings[0].startswith("cut.m8:300: file cut short: ") and warnings[0].endswith("its hit dropped")
+            with pytest.raises(ParseError, match=r"^cut\.m8:300: .*\(file cut short\?\)$"):
+                parse_m8(text[:cut], "cut.m8")
+    assert (dropped, kept) == (len(text) - last_start - 2, 1)
+    assert len(parse_m8(text[:last_start], "cut.m8", warnings := [])) == 299 and warnings == []

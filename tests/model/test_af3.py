@@ -18,11 +18,11 @@ def test_forward_backward_with_two_cycles_and_three_samples_reaches_every_parame
     model = AF3Model(config)
     generator = _generator()
     batch = random_batch([13, 9], [6, 4], [2, 0], generator, num_atoms_per_token=3)
-    outputs = model(batch, num_cycles=2, num_diffusion_samples=3, generator=generator)
+    outputs = model(batch, num_cycles=2, diffusion_batch=3, generator=generator)
     num_atoms = batch["atom_pad_mask"].shape[1]
-    assert outputs["single"].shape == (2, 13, config.c_s)
-    assert outputs["pair"].shape == (2, 13, 13, config.c_z)
-    assert outputs["distogram_logits"].shape == (2, 13, 13, config.distogram_bins)
+    assert outputs["single"].shape == (2, 13, config.trunk.c_s)
+    assert outputs["pair"].shape == (2, 13, 13, config.trunk.c_z)
+    assert outputs["distogram_logits"].shape == (2, 13, 13, config.trunk.distogram_bins)
     assert outputs["denoised_positions"].shape == (2, 3, num_atoms, 3)
     assert outputs["noise_level"].shape == (2, 3)
     loss, metrics = model.loss(batch, outputs)
@@ -30,8 +30,8 @@ def test_forward_backward_with_two_cycles_and_three_samples_reaches_every_parame
     assert set(metrics) == {"loss", "distogram", "diffusion", "mse", "smooth_lddt", "bond",
                             "confidence", "plddt", "pae", "pde", "resolved"}
     assert all(value.ndim == 0 and not value.requires_grad for value in metrics.values())
-    expected = (config.distogram_loss_weight * metrics["distogram"] + config.diffusion_loss_weight * metrics["diffusion"]
-                + config.confidence_loss_weight * metrics["confidence"])
+    expected = (config.loss.distogram_loss_weight * metrics["distogram"] + config.loss.diffusion_loss_weight * metrics["diffusion"]
+                + config.loss.confidence_loss_weight * metrics["confidence"])
     torch.testing.assert_close(metrics["loss"], expected)
     loss.backward()
     # A gradient that is zero in exact arithmetic shows as float noise, ~1e-11 here; the smallest
@@ -52,11 +52,11 @@ def test_only_the_last_cycle_has_a_graph():
     grad_enabled = []
     model.pairformer.register_forward_hook(lambda *args: grad_enabled.append(torch.is_grad_enabled()))
     batch = random_batch([6], [2], [1], _generator())
-    model(batch, num_cycles=3, num_diffusion_samples=0)
+    model(batch, num_cycles=3, diffusion_batch=0)
     assert grad_enabled == [False, False, True]
     grad_enabled.clear()
     with torch.no_grad():
-        model(batch, num_cycles=2, num_diffusion_samples=0)
+        model(batch, num_cycles=2, diffusion_batch=0)
     assert grad_enabled == [False, False]
 
 
@@ -92,7 +92,7 @@ def test_loss_falls_when_overfitting_one_example():
     losses = []
     for step in range(25):
         # the same noise every step: the loss falls only by learning
-        loss, _ = model.loss(batch, model(batch, num_cycles=1, num_diffusion_samples=2, generator=_generator(7)))
+        loss, _ = model.loss(batch, model(batch, num_cycles=1, diffusion_batch=2, generator=_generator(7)))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -117,7 +117,7 @@ def test_both_kernel_paths_build_identical_parameters():
 
 def test_triton_and_torch_paths_give_the_same_loss_and_gradients():
     """One block of every stack on a small batch, the kernels under the interpreter on CPU."""
-    config = preset("tiny", num_pairformer_blocks=1, num_msa_blocks=0, num_template_blocks=0,
+    config = preset("tiny", pairformer_blocks=1, msa_blocks=0, template_blocks=0,
                     diffusion_blocks=1, checkpoint_blocks=False, atom_window_queries=8, atom_window_keys=16)
     torch_model = AF3Model(config.replace(kernels="torch"))
     triton_model = AF3Model(config.replace(kernels="triton"))
@@ -128,7 +128,7 @@ def test_triton_and_torch_paths_give_the_same_loss_and_gradients():
     seed = int(torch.randint(0, 2**31 - 1, ()))
     losses, grads = {}, {}
     for name, model in (("torch", torch_model), ("triton", triton_model)):
-        loss, _ = model.loss(batch, model(batch, num_cycles=2, num_diffusion_samples=2, generator=_generator(seed)))
+        loss, _ = model.loss(batch, model(batch, num_cycles=2, diffusion_batch=2, generator=_generator(seed)))
         loss.backward()
         losses[name] = loss.detach()
         grads[name] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
@@ -141,14 +141,14 @@ def test_triton_and_torch_paths_give_the_same_loss_and_gradients():
 
 def test_af3_preset_matches_the_paper():
     config = preset("af3")
-    assert (config.c_atom, config.c_atompair, config.atom_blocks, config.atom_heads) == (128, 16, 3, 4)
-    assert (config.atom_window_queries, config.atom_window_keys) == (32, 128)
-    assert (config.c_token_diffusion, config.diffusion_blocks, config.diffusion_heads) == (768, 24, 16)
-    assert (config.sigma_data, config.sampler_sigma_max, config.sampler_sigma_min, config.sampler_rho) == (
+    assert (config.atom_attention.c_atom, config.atom_attention.c_atompair, config.atom_attention.atom_blocks, config.atom_attention.atom_heads) == (128, 16, 3, 4)
+    assert (config.atom_attention.atom_window_queries, config.atom_attention.atom_window_keys) == (32, 128)
+    assert (config.diffusion.c_token_diffusion, config.diffusion.diffusion_blocks, config.diffusion.diffusion_heads) == (768, 24, 16)
+    assert (config.diffusion.sigma_data, config.sampler.sampler_sigma_max, config.sampler.sampler_sigma_min, config.sampler.sampler_rho) == (
         16.0, 160.0, 4e-4, 7.0)
-    assert (config.sampler_gamma_0, config.sampler_gamma_min, config.sampler_noise_scale,
-            config.sampler_step_scale, config.sampler_steps) == (0.8, 1.0, 1.003, 1.5, 200)
-    assert (config.diffusion_loss_weight, config.distogram_loss_weight) == (4.0, 0.03)
+    assert (config.sampler.sampler_gamma_0, config.sampler.sampler_gamma_min, config.sampler.sampler_noise_scale,
+            config.sampler.sampler_step_scale, config.sampler.sampler_steps) == (0.8, 1.0, 1.003, 1.5, 200)
+    assert (config.loss.diffusion_loss_weight, config.loss.distogram_loss_weight) == (4.0, 0.03)
     with pytest.raises(ValueError, match="c_token_diffusion"):
         preset("tiny", diffusion_heads=3)
 
@@ -171,7 +171,7 @@ def test_real_cropped_targets_run_forward_loss_backward_and_sampling(shared_data
     batch = collate([dataset[(0, glycoprotein)], ras_crop])
     assert batch["token_bond_mask"].any()
     model = AF3Model(preset("tiny", kernels="torch"))
-    outputs = model(batch, num_cycles=2, num_diffusion_samples=2, generator=_generator(0))
+    outputs = model(batch, num_cycles=2, diffusion_batch=2, generator=_generator(0))
     loss, metrics = model.loss(batch, outputs)
     assert torch.isfinite(loss) and metrics["bond"] > 0
     loss.backward()

@@ -81,7 +81,7 @@ def test_reference_features_one_hots():
 def test_atom_pair_features_only_within_a_reference_space():
     """p_lm's reference-conformer terms vanish between atoms of different ref_space_uid."""
     config = preset("tiny", kernels="torch", atom_window_queries=4, atom_window_keys=8)
-    encoder = AtomAttentionEncoder(config, c_token=config.c_s, with_trunk=False)
+    encoder = AtomAttentionEncoder(config, c_token=config.trunk.c_s, with_trunk=False)
     batch = random_batch([6], [2], [0], torch.Generator().manual_seed(1), num_atoms_per_token=2)
     captured = {}
     encoder.pair_from_same_space.register_forward_hook(lambda m, i, o: captured.update(same=i[0]))

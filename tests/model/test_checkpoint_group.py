@@ -1,4 +1,4 @@
-"""ModelConfig.checkpoint_group: grouped activation checkpoints of the Pairformer keep fewer
+"""ModelConfig.runtime.checkpoint_group: grouped activation checkpoints of the Pairformer keep fewer
 inputs for backward and change nothing else (same loss, same gradients, dropout included)."""
 
 import math
@@ -26,12 +26,12 @@ LONGEST_SUM = len(TOKENS) * DIFFUSION_SAMPLES * max(TOKENS) ** 2
 
 def _loss_and_gradients(group: int, state: dict | None, blocks: int) -> tuple[torch.Tensor, dict, dict]:
     torch.manual_seed(0)
-    model = AF3Model(preset("tiny", kernels="torch", num_pairformer_blocks=blocks, checkpoint_group=group))
+    model = AF3Model(preset("tiny", kernels="torch", pairformer_blocks=blocks, checkpoint_group=group))
     if state is not None:
         model.load_state_dict(state)
     model.train()
     batch = random_batch(TOKENS, [5, 3], [2, 1], torch.Generator().manual_seed(3), num_atoms_per_token=3)
-    outputs = model(batch, num_cycles=2, num_diffusion_samples=DIFFUSION_SAMPLES,
+    outputs = model(batch, num_cycles=2, diffusion_batch=DIFFUSION_SAMPLES,
                     generator=torch.Generator().manual_seed(4))
     loss, _ = model.loss(batch, outputs)
     loss.backward()
@@ -44,7 +44,7 @@ def test_grouped_checkpoints_give_the_same_loss_and_gradients(group):
     # 5 blocks: groups of 2 (2, 2, 1) and of 3 (3, 2), an uneven last group; dropout is on (tiny: 0.25)
     loss, gradients, state = _loss_and_gradients(1, None, blocks=5)
     grouped_loss, grouped_gradients, _ = _loss_and_gradients(group, state, blocks=5)
-    assert preset("tiny").pair_dropout > 0
+    assert preset("tiny").trunk.pair_dropout > 0
     tolerance = summation_tolerance(torch.float32, LONGEST_SUM, worst_case=True)
     assert rel_error(grouped_loss, loss) <= tolerance
     assert grouped_gradients.keys() == gradients.keys()
@@ -92,13 +92,13 @@ def test_the_full_model_keeps_fewer_pair_sized_tensors():
     parts = {}
     for value in (1, group):
         torch.manual_seed(0)
-        model = AF3Model(preset("tiny", kernels="torch", num_pairformer_blocks=blocks, checkpoint_group=value)).train()
+        model = AF3Model(preset("tiny", kernels="torch", pairformer_blocks=blocks, checkpoint_group=value)).train()
         batch = random_batch([length], [4], [2], torch.Generator().manual_seed(1), num_atoms_per_token=2)
         counter = SavedTensorCounter(AF3_PARTS)
         with counter.watching(model):
-            outputs = model(batch, num_cycles=1, num_diffusion_samples=2, generator=torch.Generator().manual_seed(2))
+            outputs = model(batch, num_cycles=1, diffusion_batch=2, generator=torch.Generator().manual_seed(2))
             model.loss(batch, outputs)
-        pair = length * length * preset("tiny").c_z * 4  # fp32 without autocast
+        pair = length * length * preset("tiny").trunk.c_z * 4  # fp32 without autocast
         parts[value] = {"Pairformer pairs": sum(1 for part, size, _, _ in counter.saved
                                                 if part == "Pairformer" and size >= pair)}
         for part, size, _, _ in counter.saved:
@@ -118,18 +118,18 @@ def test_the_full_model_keeps_fewer_pair_sized_tensors():
     assert grouped[glue] == per_block[glue] + pair
     # the templates keep their input z, the projected z_in and the relu of the mean [N, N, c_t]
     # (and the template count): the projection's norm and each template's stack are re-run
-    c_t = length * length * preset("tiny").c_template * 4
+    c_t = length * length * preset("tiny").templates.c_template * 4
     assert grouped["templates"] == pair + 2 * c_t + 4
     # the distogram head is re-run from the trunk's pair: its z + z^T is not kept
     assert per_block["distogram head"] == pair and "distogram head" not in grouped
     # z_init is re-run in backward: the relative-position one-hot [B, N, N, 139] and the bonds
     # [B, N, N, 1] are not kept; its checkpoint keeps the bool bond matrix ([N + 1, N + 1] storage)
     config = preset("tiny")
-    one_hot = length * length * (2 * (2 * config.relpos_max_residue + 2) + 1 + 2 * config.relpos_max_chain + 2) * 4
+    one_hot = length * length * (2 * (2 * config.trunk.relpos_max_residue + 2) + 1 + 2 * config.trunk.relpos_max_chain + 2) * 4
     embedder = "input embedder"
     assert grouped[embedder] == per_block[embedder] - one_hot - length * length * 4 + (length + 1) ** 2
     # the diffusion transformer keeps one block input a [B, S, N, c_token] per group
-    diffusion_blocks, a_bytes = config.diffusion_blocks, 2 * length * config.c_token_diffusion * 4
+    diffusion_blocks, a_bytes = config.diffusion.diffusion_blocks, 2 * length * config.diffusion.c_token_diffusion * 4
     kept = math.ceil(diffusion_blocks / group)
     transformer = "diffusion: transformer"
     assert grouped[transformer] == per_block[transformer] - (diffusion_blocks - kept) * a_bytes
@@ -158,8 +158,9 @@ def test_train_setting_and_flag():
     from featurecache.training.command import train_command
     from featurecache.training.config import TrainConfig, TrainSetupError
 
-    assert TrainConfig(cache="cache", checkpoint_group=7).checkpoint_group == 7
-    with pytest.raises(TrainSetupError, match="--checkpoint-group"):
-        TrainConfig(cache="cache", checkpoint_group=0)
+    config = TrainConfig(cache="cache", model_settings={"checkpoint_group": 7})
+    assert config.model_config("torch").runtime.checkpoint_group == 7
+    with pytest.raises(TrainSetupError, match="checkpoint_group"):
+        TrainConfig(cache="cache", model_settings={"checkpoint_group": 0})
     result = CliRunner().invoke(train_command, ["--cache", "cache", "--checkpoint-group", "0"])
     assert result.exit_code == 2 and "--checkpoint-group" in result.output

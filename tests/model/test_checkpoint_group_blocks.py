@@ -1,4 +1,4 @@
-"""What ModelConfig.checkpoint_group > 1 adds inside the stacks, counted: the diffusion
+"""What ModelConfig.runtime.checkpoint_group > 1 adds inside the stacks, counted: the diffusion
 transformer keeps one block input per group, and a re-run pair block keeps only the inputs of
 its two triangle attentions; both give the same outputs and gradients as before."""
 

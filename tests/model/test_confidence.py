@@ -228,8 +228,8 @@ def test_head_shapes_stop_gradient_and_gradient_to_every_head_parameter():
     head = ConfidenceHead(config, atom_single_input_dim(config))
     generator = torch.Generator().manual_seed(0)
     s_inputs = torch.randn(2, n, atom_single_input_dim(config), generator=generator, requires_grad=True)
-    single = torch.randn(2, n, config.c_s, generator=generator, requires_grad=True)
-    pair = torch.randn(2, n, n, config.c_z, generator=generator, requires_grad=True)
+    single = torch.randn(2, n, config.trunk.c_s, generator=generator, requires_grad=True)
+    pair = torch.randn(2, n, n, config.trunk.c_z, generator=generator, requires_grad=True)
     predicted = _moved(batch, samples=3) + torch.randn(2, 3, a, 3, generator=generator)
     outputs = head(s_inputs, single, pair, predicted, batch)
     assert outputs["plddt_logits"].shape == (2, 3, a, 50)
@@ -250,14 +250,15 @@ def test_the_switch_leaves_the_head_out():
     assert not any(name.startswith("confidence") for name, _ in model.named_parameters())
     batch = _batch(4, lengths=(8,))
     generator = torch.Generator().manual_seed(1)
-    outputs = model(batch, num_cycles=1, num_diffusion_samples=2, generator=generator)
+    outputs = model(batch, num_cycles=1, diffusion_batch=2, generator=generator)
     assert "plddt_logits" not in outputs and "rollout_positions" not in outputs
     _, metrics = model.loss(batch, outputs)
     assert "confidence" not in metrics
     with pytest.raises(ValueError, match="confidence_blocks"):
         preset("tiny", confidence_blocks=-1)
-    assert preset("af3").confidence_blocks == 4 and preset("af3").pae_loss_weight == 0.0
-    assert preset("af3").confidence_loss_weight == 1e-4 and preset("af3").confidence_rollout_steps == 20
+    af3 = preset("af3")
+    assert af3.confidence.confidence_blocks == 4 and af3.loss.pae_loss_weight == 0.0
+    assert af3.loss.confidence_loss_weight == 1e-4 and af3.confidence.confidence_rollout_steps == 20
 
 
 def test_training_step_runs_the_mini_rollout_and_sampling_judges_every_sample():
@@ -268,7 +269,7 @@ def test_training_step_runs_the_mini_rollout_and_sampling_judges_every_sample():
     original = model.diffusion_module.forward
     model.diffusion_module.forward = lambda *args, **kwargs: (steps.append(torch.is_grad_enabled()),
                                                               original(*args, **kwargs))[1]
-    outputs = model(batch, num_cycles=1, num_diffusion_samples=2, generator=torch.Generator().manual_seed(0))
+    outputs = model(batch, num_cycles=1, diffusion_batch=2, generator=torch.Generator().manual_seed(0))
     # 3 rollout steps without gradient, then the training batch (built from the truth aligned to the rollout)
     assert steps == [False, False, False, True]
     assert outputs["rollout_positions"].shape == (1, 1, batch["atom_pad_mask"].shape[1], 3)
@@ -286,4 +287,4 @@ def test_pae_head_is_frozen_while_its_loss_weight_is_zero():
         model = AF3Model(preset("tiny", kernels="torch", pae_loss_weight=weight))
         pae = [p.requires_grad for name, p in model.named_parameters() if name.startswith("confidence_head.pae")]
         assert pae and all(flag == trainable for flag in pae)
-    assert preset("af3").pae_loss_weight == 0.0
+    assert preset("af3").loss.pae_loss_weight == 0.0

@@ -100,11 +100,11 @@ TOKENS, TEMPLATES, CYCLES, SAMPLES = 10, 2, 2, 2
 def _loss_and_gradients(checkpoint_blocks: bool, seed: int) -> tuple[torch.Tensor, dict]:
     torch.manual_seed(0)
     config = preset("tiny", kernels="torch", checkpoint_blocks=checkpoint_blocks, confidence_head=False,
-                    num_msa_blocks=2)
+                    msa_blocks=2)
     model = AF3Model(config).train()
     batch = random_batch([TOKENS], [5], [TEMPLATES], _generator(1), num_atoms_per_token=2)
     generator = _generator(seed)
-    loss, _ = model.loss(batch, model(batch, num_cycles=CYCLES, num_diffusion_samples=SAMPLES, generator=generator))
+    loss, _ = model.loss(batch, model(batch, num_cycles=CYCLES, diffusion_batch=SAMPLES, generator=generator))
     loss.backward()
     return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 

@@ -66,7 +66,7 @@ def test_a_hundredth_of_an_angstrom_reaches_the_denoiser_only_in_fp32(coordinate
     6e-4, under half of bf16's spacing there (2^-7 = 0.0078): bf16 rounds it away."""
     model, batch, context = _model_and_context(coordinates_fp32)
     sigma = torch.tensor([[0.5]])
-    c_in = 1.0 / math.sqrt(0.5**2 + model.config.sigma_data**2)
+    c_in = 1.0 / math.sqrt(0.5**2 + model.config.diffusion.sigma_data**2)
     # scaled positions on bf16's grid, so that rounding the unmoved ones is exact
     scaled = (torch.rand(batch["atom_pos"].shape, generator=torch.Generator().manual_seed(2)) * 2 - 1)
     scaled = scaled.to(torch.bfloat16).float()
@@ -106,7 +106,7 @@ def test_reference_charge_enters_through_arcsinh():
 def test_atom_conditioning_of_a_masked_reference_atom(masked):
     config = preset("tiny", kernels="torch", atom_cond_ref_mask=masked)
     torch.manual_seed(0)
-    encoder = AtomAttentionEncoder(config, c_token=config.c_s, with_trunk=False)
+    encoder = AtomAttentionEncoder(config, c_token=config.trunk.c_s, with_trunk=False)
     batch = random_batch([6], [2], [0], torch.Generator().manual_seed(4))
     batch["ref_mask"][0, 2] = False
     atom_cond, _ = encoder.condition(batch, AtomWindows(batch["atom_pad_mask"]))
@@ -144,7 +144,7 @@ def test_relative_chain_encoding_of_an_a2b_complex(gate, expected):
 
 
 def test_relative_chain_gate_is_af3s_by_default():
-    assert preset("af3").relpos_chain_gate == "entity"
+    assert preset("af3").trunk.relpos_chain_gate == "entity"
     with pytest.raises(ValueError, match="relpos_chain_gate"):
         preset("tiny", relpos_chain_gate="sym")
 
@@ -163,7 +163,7 @@ def test_separate_key_adaln_conditions_keys_and_values_on_their_own_weights():
         # only the keys' and values' conditioning moves
         separate.key_adaln.shift.weight.add_(torch.randn(separate.key_adaln.shift.weight.shape))
         assert not torch.allclose(separate(a, s, pair, layout), shared(a, s, pair, layout))
-    assert preset("af3").atom_key_adaln
+    assert preset("af3").atom_attention.atom_key_adaln
     names = {name for name, _ in AF3Model(preset("tiny", kernels="torch")).named_parameters()}
     assert any("atom_transformer" in name and "key_adaln" in name for name in names)
     assert not any("diffusion_module.transformer" in name and "key_adaln" in name for name in names)
@@ -215,7 +215,8 @@ def test_collate_carries_each_samples_resolution():
 
 def test_a_checkpoint_predating_the_settings_keeps_its_behaviour():
     here = preset("tiny", kernels="torch")
-    old = {name: value for name, value in dataclasses.asdict(here).items() if name not in LEGACY_SETTINGS}
+    # the flat layout checkpoints wrote before ModelConfig had parts, without the newer settings
+    old = {name: value for name, value in here.settings().items() if name not in LEGACY_SETTINGS}
     old.update(distogram_min=2.0, distogram_max=22.0)  # recorded: the edges it was trained with
     settings = saved_model_settings(old)
     assert settings["relpos_chain_gate"] == "chain" and not settings["atom_key_adaln"]

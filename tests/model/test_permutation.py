@@ -182,7 +182,7 @@ def test_the_loss_after_alignment_is_no_larger(arrays):
 
 
 def test_af3_model_loss_aligns_when_its_setting_is_on(arrays):
-    """AF3Model.loss reads the aligned truth (config.permutation_alignment), the same batch without."""
+    """AF3Model.loss reads the aligned truth (config.loss.permutation_alignment), the same batch without."""
     batch = _batch(arrays)
     original = batch["atom_pos"].clone()
     order = torch.arange(original.shape[1])
@@ -195,8 +195,8 @@ def test_af3_model_loss_aligns_when_its_setting_is_on(arrays):
         config = preset("tiny", kernels="torch", confidence_head=False, permutation_alignment=setting)
         model = AF3Model(config)
         num_tokens = batch["restype"].shape[1]
-        outputs = {**_outputs(predicted), "pair": torch.zeros(1, num_tokens, num_tokens, config.c_z),
-                   "distogram_logits": torch.zeros(1, num_tokens, num_tokens, config.distogram_bins)}
+        outputs = {**_outputs(predicted), "pair": torch.zeros(1, num_tokens, num_tokens, config.trunk.c_z),
+                   "distogram_logits": torch.zeros(1, num_tokens, num_tokens, config.trunk.distogram_bins)}
         losses[setting] = model.loss(swapped, outputs)[1]
     assert losses[True]["mse"] < 0.01 * losses[False]["mse"]
     assert losses[True]["smooth_lddt"] < losses[False]["smooth_lddt"]
@@ -212,7 +212,7 @@ def test_af3_model_aligns_the_truth_to_its_mini_rollout_in_forward():
     for setting in (True, False):
         torch.manual_seed(0)
         model = AF3Model(preset("tiny", kernels="torch", confidence_rollout_steps=2, permutation_alignment=setting))
-        runs[setting] = model(batch, num_cycles=1, num_diffusion_samples=2,
+        runs[setting] = model(batch, num_cycles=1, diffusion_batch=2,
                               generator=torch.Generator().manual_seed(seed))
     outputs = runs[True]
     expected = align_ground_truth(batch, {"rollout_positions": outputs["rollout_positions"]})

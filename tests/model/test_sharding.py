@@ -86,11 +86,11 @@ def trunk_case(group) -> dict:
     """The tiny AF3 trunk on a synthetic batch (MSA, templates, padding), its MSA module and
     Pairformer sharded over `group` (or not): outputs and every parameter's gradient."""
     torch.manual_seed(0)
-    model = AF3Model(preset("tiny", kernels="torch", num_msa_blocks=2)).train()  # the last skips the MSA updates
+    model = AF3Model(preset("tiny", kernels="torch", msa_blocks=2)).train()  # the last skips the MSA updates
     if group is not None:
         shard_trunk(model, group)
     batch = random_batch([LENGTH, 8], [5, 3], [2, 0], torch.Generator().manual_seed(2))
-    outputs = model(batch, num_cycles=1, num_diffusion_samples=0)  # the trunk alone, dropout from seed 0
+    outputs = model(batch, num_cycles=1, diffusion_batch=0)  # the trunk alone, dropout from seed 0
     weight = torch.randn(outputs["single"].shape, generator=torch.Generator().manual_seed(3))
     (model.loss(batch, outputs)[0] + (outputs["single"] * weight).sum()).backward()
     if group is not None:

@@ -27,15 +27,15 @@ def test_trunk_shapes_and_distogram_gradients_reach_the_pair_stacks():
     config = preset("tiny", kernels="torch")
     model = AF3Model(config)
     batch = random_batch([13, 9], [6, 4], [2, 0], _generator())
-    outputs = model(batch, num_cycles=1, num_diffusion_samples=0)  # the trunk alone
+    outputs = model(batch, num_cycles=1, diffusion_batch=0)  # the trunk alone
     assert set(outputs) == {"s_inputs", "single", "pair", "distogram_logits"}
-    assert outputs["single"].shape == (2, 13, config.c_s)
-    assert outputs["pair"].shape == (2, 13, 13, config.c_z)
-    assert outputs["distogram_logits"].shape == (2, 13, 13, config.distogram_bins)
+    assert outputs["single"].shape == (2, 13, config.trunk.c_s)
+    assert outputs["pair"].shape == (2, 13, 13, config.trunk.c_z)
+    assert outputs["distogram_logits"].shape == (2, 13, 13, config.trunk.distogram_bins)
     loss, metrics = model.loss(batch, outputs)
     assert set(metrics) == {"loss", "distogram"}
     assert loss.ndim == 0 and torch.isfinite(loss)
-    torch.testing.assert_close(loss, config.distogram_loss_weight * metrics["distogram"])
+    torch.testing.assert_close(loss, config.loss.distogram_loss_weight * metrics["distogram"])
     loss.backward()
     pair_parameters = _pair_parameters(model)
     assert any(name.startswith("pairformer.") for name, _ in pair_parameters)
@@ -68,18 +68,18 @@ def test_padding_does_not_change_the_distogram_loss():
 
 def test_config_rejects_bad_values():
     with pytest.raises(ValueError, match="kernels"):
-        ModelConfig(kernels="cuda")
-    with pytest.raises(ValueError, match="num_pairformer_blocks"):
-        preset("tiny", num_pairformer_blocks=-1)
+        preset("tiny", kernels="cuda")
+    with pytest.raises(ValueError, match="pairformer_blocks"):
+        preset("tiny", pairformer_blocks=-1)
     with pytest.raises(ValueError, match="unknown model preset 'huge'"):
         preset("huge")
 
 
 def test_af3_preset_trunk_matches_the_paper():
     config = preset("af3")
-    assert (config.num_pairformer_blocks, config.c_s, config.c_z) == (48, 384, 128)
-    assert (config.num_msa_blocks, config.c_m, config.num_template_blocks) == (4, 64, 2)
-    assert (config.single_heads, config.pair_heads, config.msa_heads) == (16, 4, 8)
+    assert (config.trunk.pairformer_blocks, config.trunk.c_s, config.trunk.c_z) == (48, 384, 128)
+    assert (config.msa.msa_blocks, config.msa.c_m, config.templates.template_blocks) == (4, 64, 2)
+    assert (config.trunk.single_heads, config.trunk.pair_heads, config.msa.msa_heads) == (16, 4, 8)
 
 
 @pytest.mark.parametrize("name", ["msa_profile", "template_mask", "ref_space_uid", "token_bonds"])
@@ -96,6 +96,6 @@ def test_kernel_choices_have_one_definition_and_the_old_name_warns():
     from featurecache.model import config as model_config
 
     for kernels in KERNEL_CHOICES:
-        assert ModelConfig(kernels=kernels).kernels == kernels
+        assert ModelConfig().replace(kernels=kernels).runtime.kernels == kernels
     with pytest.warns(DeprecationWarning, match="KERNEL_CHOICES"):
         assert model_config.KERNEL_IMPLS is KERNEL_CHOICES

@@ -7,6 +7,8 @@ from __future__ import annotations
 import csv
 import json
 import re
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,14 +17,20 @@ from click.testing import CliRunner
 from featurecache.cli import cli
 from featurecache.io.af3_json import read_af3_json
 from featurecache.io.msa import parse_a3m
+from featurecache.io.residues import read_sequence
 from featurecache.io.species import species_tag
 from featurecache.precompute.msa_records import decode_msa_record
 from featurecache.precompute.search import sequence_key
 from featurecache.store.manifest import read_manifest
 from featurecache.store.reader import StoreReader
 from featurecache.store.verify import verify_cache
+from featurecache.testing.boltz_inputs import parse_boltz_input, parse_boltz_msa
+from featurecache.testing.protenix_inputs import protenix_features, residue_names
 from featurecache.testing.testdb import write_pipeline_config
 from tests.conftest import copy_sample_structures
+from tests.io.test_af3_json_writer import af3_template_release_date
+from tests.peer_pairing import af3_paired_rows, protenix_paired_rows
+from tests.precompute.test_search_outputs import featurecache_paired_rows
 
 # --- AlphaFold 3's input format, as its docs/input.md gives it ---------------------------------
 
@@ -184,12 +192,12 @@ def test_af3_json_follows_the_documented_input_format(searched, ras_sequence, te
     assert given["sequences"][0]["protein"]["pairedMsa"] == ""  # one protein: nothing to pair
     pair = [entry["protein"] for entry in documents["pair"]["sequences"]]
     assert [body["sequence"] for body in pair] == [template_query, ras_sequence]
-    query_body = pair[0]
-    assert query_body["pairedMsa"].count(">") > 1  # two different proteins: its species rows for pairing
+    query_body = pair[0]  # its pairedMsa: the rows precompute pairs (none here: Ras names no species)
     assert query_body["templates"], "the OpenFold query has hits among the sample template mmCIFs"
     # featurecache's own AF3 reader takes it back: one protein chain per template, indices in range.
     parsed = read_af3_json(out / "af3" / "pair.json", "pair")
-    assert parsed.msas["A"].msa.depth == query_body["unpairedMsa"].count(">") + query_body["pairedMsa"].count(">") - 1
+    paired_rows = max(query_body["pairedMsa"].count(">") - 1, 0)  # without its query
+    assert parsed.msas["A"].msa.depth == query_body["unpairedMsa"].count(">") + paired_rows
     for template, given in zip(query_body["templates"], parsed.templates["A"]):
         residues = given.chain.residues
         matched = sum(template_query[q] == given.chain.sequence[t]
@@ -282,3 +290,82 @@ def test_msas_and_templates_an_af3_json_gives_are_kept(searched, tmp_path, share
     assert first["templates"][0]["mmcif"] == mmcif and first["unpairedMsa"].count(">") > 10
     assert parse_a3m(second["unpairedMsa"], "B").depth == 2 and second["pairedMsa"] == ""
     assert [(t["queryIndices"], t["templateIndices"]) for t in second["templates"]] == [([5], [6])]
+
+
+def test_every_template_has_the_release_date_af3_requires(searched):
+    templates = [template for path in (searched["out"] / "af3").glob("*.json")
+                 for entry in json.loads(path.read_text())["sequences"]
+                 for template in entry.get("protein", {}).get("templates", [])]
+    assert templates
+    for template in templates:
+        assert af3_template_release_date(template["mmcif"]) is not None
+
+
+def test_protenix_and_boltz_read_the_search_outputs(searched, tmp_path):
+    """Each target's Protenix JSON through Protenix's own parser and MSA featurizer (which opens
+    every MSA file it names), its Boltz YAML and MSA CSVs through Boltz's: the chains and residues
+    of the AF3 JSON. 721p's Ras MSA names no species: its pairing.a3m holds the query (the README's
+    Protenix example names that file)."""
+    out = searched["out"]
+    for target in ("721p-assembly1", "pair", "given"):
+        af3 = json.loads((out / "af3" / f"{target}.json").read_text())
+        chains = {}  # AF3 chain id -> (kind, residue codes)
+        for entry in af3["sequences"]:
+            (kind, body), = entry.items()
+            codes = body.get("ccdCodes") or _af3_residues(kind, body)
+            chains.update({chain_id: (kind, codes) for chain_id in
+                           (body["id"] if isinstance(body["id"], list) else [body["id"]])})
+        (job,) = json.loads((out / "protenix" / f"{target}.json").read_text())
+        for entry in job["sequences"]:
+            body = entry.get("proteinChain", {})
+            assert all(Path(body[key]).is_file() for key in ("pairedMsaPath", "unpairedMsaPath") if key in body)
+        features, atom_array = protenix_features(job, tmp_path)
+        assert sorted(set(atom_array.chain_id)) == sorted(chains)
+        for chain_id, (_, codes) in chains.items():
+            assert residue_names(atom_array, chain_id) == codes
+        assert features["msa"].shape[0] > 1  # the searched rows arrived
+        boltz = parse_boltz_input(out / "boltz" / f"{target}.yaml", tmp_path)
+        assert sorted(str(chain["name"]) for chain in boltz.structure.chains) == sorted(chains)
+        for chain in boltz.record.chains:
+            if chain.msa_id != -1:
+                assert len(parse_boltz_msa(Path(chain.msa_id)).sequences) > 1
+    index = json.loads((out / "index.json").read_text())
+    ras_pairing = (out / index["721p-assembly1"]["A"] / "pairing.a3m").read_text()
+    assert ras_pairing.count(">") == 1 and ras_pairing.splitlines()[1] == chains_of(searched, "721p-assembly1")
+
+
+def test_af3_protenix_and_boltz_pair_the_rows_featurecache_pairs(searched, template_query, ras_sequence):
+    """The two-protein target: AF3's pairing code on the AF3 JSON's pairedMsa and Protenix's on
+    its pairing files pair exactly the rows precompute pairs from the same searches (none in the
+    test databases, where Ras's rows name no species; tests/precompute/test_search_outputs.py
+    pairs hundreds of real rows)."""
+    out = searched["out"]
+    with StoreReader(out / "cache") as reader:
+        stored = {key.split("-")[0]: decode_msa_record(reader.get("msa", key), where=key)[0]
+                  for key in reader.keys("msa") if "-db-" not in key}
+    msas = [stored[sequence_key("protein", query)] for query in (template_query, ras_sequence)]
+    expected = Counter(featurecache_paired_rows(msas))
+    document = json.loads((out / "af3" / "pair.json").read_text())
+    paired = [entry["protein"]["pairedMsa"] for entry in document["sequences"]]
+    if expected:
+        assert Counter(af3_paired_rows(paired)) == expected
+        (job,) = json.loads((out / "protenix" / "pair.json").read_text())
+        texts = [Path(entry["proteinChain"]["pairedMsaPath"]).read_text() for entry in job["sequences"]]
+        assert Counter(protenix_paired_rows(texts)) == expected
+    else:
+        assert paired == ["", ""]  # nothing for AF3 to pair either
+
+
+def chains_of(searched, target: str) -> str:
+    """The first protein sequence of a target's AF3 JSON."""
+    document = json.loads((searched["out"] / "af3" / f"{target}.json").read_text())
+    return next(entry["protein"]["sequence"] for entry in document["sequences"] if "protein" in entry)
+
+
+def _af3_residues(kind: str, body: dict) -> list[str]:
+    """An AF3 polymer's residues as CCD codes: its letters, then its modifications."""
+    codes = list(read_sequence(body["sequence"], kind).residues)
+    type_key, position_key = MODIFICATION_FIELDS[kind]
+    for modification in body.get("modifications", []):
+        codes[modification[position_key] - 1] = modification[type_key]
+    return codes

@@ -66,8 +66,8 @@ def _bad_files(tmp: Path, run: Path, cache: Path) -> dict[str, Path]:
     torch.save({**state, "model_config": "tiny"}, files["config_not_dict_checkpoint"])
     # weights of one model labelled with another's settings (a checkpoint of another preset or depth)
     files["mislabelled_checkpoint"] = tmp / "mislabelled.pt"
-    torch.save({**state, "model_config": {**state["model_config"], "num_pairformer_blocks": 2}},
-               files["mislabelled_checkpoint"])
+    mislabelled = {**state["model_config"], "trunk": {**state["model_config"]["trunk"], "pairformer_blocks": 2}}
+    torch.save({**state, "model_config": mislabelled}, files["mislabelled_checkpoint"])
     files["no_optimizer_checkpoint"] = tmp / "no-optimizer.pt"
     torch.save({name: value for name, value in state.items() if name != "optimizer"}, files["no_optimizer_checkpoint"])
     files["nan_step_log"] = tmp / "nan_step_log"
@@ -217,7 +217,7 @@ def test_resume_with_another_model_names_the_settings(tmp_path, tiny_cache, tiny
                               "--pairformer-blocks", "1", "--resume", checkpoint_of(tiny_run)])
     assert result.exit_code == 2, output
     line = _error_line(output)
-    assert "--resume" in line and "num_pairformer_blocks 0 there, 1 here" in line, line
+    assert "--resume" in line and "pairformer_blocks 0 there, 1 here" in line, line
 
 
 def test_a_search_batch_records_an_empty_input_and_carries_on(tmp_path):

@@ -291,3 +291,41 @@ def test_readers_keep_reading_through_a_repair_and_the_update_after_it(tmp_path)
     assert early.returncode == 0, early.stderr.read()
     assert _read_once(tmp_path, seed, keys + added, msa_keys) == everything + len(added), f"seed {seed}"
     _assert_clean(tmp_path)
+
+
+_READ_EVERY_RECORD = """
+import sys
+from featurecache.loader import CacheDataset
+dataset = CacheDataset(sys.argv[1], crop_size=64)
+for index in range(len(dataset)):
+    dataset[index]
+"""
+
+
+def test_a_truncated_shard_is_named_not_a_crash_for_every_reader_and_writer(cache, sample_cache):
+    """Reading a page past the end of a memory-mapped file kills a process with SIGBUS: the loader,
+    precompute (reruns and --recheck alike) and stats must each stop on the shard with one line
+    naming it and the repair, before LMDB reads a page. Each runs in a child process, so a crash
+    is seen as one rather than taking pytest down."""
+    manifest = read_manifest(cache)
+    # a shard holding a feature record, so the loader has to open it
+    path = cache / shard_name(manifest.targets[sorted(manifest.targets)[0]]["shard"])
+    with open(path, "r+b") as handle:
+        handle.truncate(path.stat().st_size // 2)
+    size = path.stat().st_size
+    inputs, *options = sample_cache[1]
+    featurecache = [sys.executable, "-m", "featurecache.cli"]
+    runs = {
+        "loader": [sys.executable, "-c", _READ_EVERY_RECORD, str(cache)],
+        "precompute": [*featurecache, "precompute", inputs, *options, "--cache", str(cache)],
+        "precompute --recheck": [*featurecache, "precompute", inputs, *options, "--cache", str(cache), "--recheck"],
+        "stats": [*featurecache, "stats", str(cache)],
+    }
+    for name, command in runs.items():
+        done = subprocess.run(command, capture_output=True, text=True, env=child_env(), timeout=600)
+        assert done.returncode > 0, f"{name}: exit {done.returncode} (a negative code is a signal)\n{done.stderr}"
+        assert str(path) in done.stderr and "truncated to" in done.stderr and "verify --repair" in done.stderr, (
+            name, done.stderr[-2000:])
+        if name != "loader":  # the commands: one line, exit 2, no traceback
+            assert done.returncode == 2 and "Traceback" not in done.stderr, (name, done.stderr)
+    assert path.stat().st_size == size  # nothing wrote to it

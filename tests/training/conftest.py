@@ -29,8 +29,9 @@ def recipe_cache(tmp_path_factory, shared_data) -> Path:
 def tiny_config(cache: Path, out: Path, **changes) -> TrainConfig:
     """The tiny preset on 16-token crops, on the CPU, one diffusion sample per step: seconds a step."""
     settings = dict(cache=str(cache), out=str(out), preset="tiny", kernels="torch", steps=2, num_workers=0,
-                    warmup=2, lr=1e-3, checkpoint_every=2, device="cpu", diffusion_batch=1,
-                    max_recycling_cycles=1, sample=SampleConfig(crop_size=16, msa_rows_per_sample=8))
+                    warmup=2, lr=1e-3, checkpoint_every=2, device="cpu",
+                    model_settings={"diffusion_batch": 1, "max_recycling_cycles": 1},
+                    sample=SampleConfig(crop_size=16, msa_rows_per_sample=8))
     settings.update(changes)
     return TrainConfig(**settings)
 

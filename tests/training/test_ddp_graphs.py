@@ -40,7 +40,7 @@ def _config(accumulate: int) -> TrainConfig:
     # manual sync, one process) stay as close as their gradients. With AF3's 1e-8 an element whose
     # gradient is near zero turns a rounding difference into up to a whole lr-sized step.
     return TrainConfig(cache="unused", preset="tiny", kernels="torch", device="cpu", accumulate=accumulate,
-                       diffusion_batch=1, max_recycling_cycles=1, warmup=1, lr=1e-3, grad_clip=0.05,
+                       model_settings={"diffusion_batch": 1, "max_recycling_cycles": 1}, warmup=1, lr=1e-3, grad_clip=0.05,
                        ema_decay=0.5, adam_eps=1e-3)
 
 

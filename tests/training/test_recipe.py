@@ -77,7 +77,7 @@ def test_two_accumulated_micro_batches_give_the_step_of_their_mean_loss(recipe_c
     model = reference.model
     losses = []
     for slot, batch in enumerate(batches):
-        outputs = model(batch, num_cycles=cycles, num_diffusion_samples=1,
+        outputs = model(batch, num_cycles=cycles, diffusion_batch=1,
                         generator=noise_generator(config.sample.seed, 0, slot, world.device))
         losses.append(model.loss(batch, outputs)[0])
     (sum(losses) / 2).backward()
