@@ -122,7 +122,7 @@ class AtomWindows:
 
 class AtomTransformer(nn.Module):
     """Algorithm 7: the conditioned transformer over atoms with sequence-local attention, of
-    `num_blocks` blocks (default config.atom_blocks)."""
+    `num_blocks` blocks (default config.atom_attention.atom_blocks)."""
 
     def __init__(self, config: ModelConfig, num_blocks: int | None = None) -> None:
         super().__init__()
@@ -141,7 +141,7 @@ class AtomTransformer(nn.Module):
 class AtomAttentionEncoder(nn.Module):
     """Algorithm 5, AtomAttentionEncoder. `with_trunk` builds the diffusion module's version,
     which also reads the trunk's single and pair and the noisy positions. `num_blocks`: its atom
-    transformer's (default config.atom_blocks)."""
+    transformer's (default config.atom_attention.atom_blocks)."""
 
     def __init__(self, config: ModelConfig, c_token: int, with_trunk: bool, num_blocks: int | None = None) -> None:
         super().__init__()

@@ -74,14 +74,14 @@ class ConfidenceHead(nn.Module):
         self.left_inputs = nn.Linear(single_input_dim, c_z, bias=False)
         self.right_inputs = nn.Linear(single_input_dim, c_z, bias=False)
         self.distance = nn.Linear(DISTANCE_BINS, c_z, bias=False)
-        self.single_norm = nn.LayerNorm(c_s) if config.confidence_single_norm else None
-        self.raw_distance = nn.Linear(1, c_z, bias=False) if config.confidence_raw_distance else None
+        self.single_norm = nn.LayerNorm(c_s) if config.dialect.confidence_single_norm else None
+        self.raw_distance = nn.Linear(1, c_z, bias=False) if config.dialect.confidence_raw_distance else None
         # The distances computed directly (AF3's head), or as Protenix's head computes them (torch's
         # default: a matrix product past 25 tokens), since its raw-distance embedding passes their
         # rounding (~1e-6 relative at 50 A) straight into the pair: the same bins and values as it.
-        self.distance_mode = ("use_mm_for_euclid_dist_if_necessary" if config.confidence_raw_distance
+        self.distance_mode = ("use_mm_for_euclid_dist_if_necessary" if config.dialect.confidence_raw_distance
                               else "donot_use_mm_for_euclid_dist")
-        self.pde_symmetrised_input = config.pde_symmetrised_input
+        self.pde_symmetrised_input = config.dialect.pde_symmetrised_input
         self.pairformer = Pairformer(
             config.confidence.confidence_blocks, c_s, c_z, trunk.single_heads, trunk.single_head_dim, trunk.pair_heads,
             trunk.pair_head_dim, trunk.transition_expansion, checkpoint_blocks=runtime.checkpoint_blocks,

@@ -85,7 +85,7 @@ class AtomInputEmbedder(nn.Module):
     """Algorithm 2 (InputFeatureEmbedder) and Algorithm 1, lines 2-5: s_inputs, s_init, z_init.
 
     z_init's outer sum projects s_inputs (Algorithm 1 line 3, AF3's code), or with
-    config.pair_init_from_single s_init, as Protenix does."""
+    config.dialect.pair_init_from_single s_init, as Protenix does."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -176,7 +176,7 @@ def template_pair_features(batch: dict, index: int) -> torch.Tensor:
 
 class TemplateEmbedder(nn.Module):
     """Algorithm 16: each template's pair features through a small pair stack, averaged. With
-    config.template_embedder_needs_blocks a stack of 0 blocks embeds nothing (Protenix: its 0.5
+    config.dialect.template_embedder_needs_blocks a stack of 0 blocks embeds nothing (Protenix: its 0.5
     models hold the embedder's weights without blocks, and never run it)."""
 
     def __init__(self, config: ModelConfig) -> None:

@@ -216,11 +216,11 @@ def confidence_head_protenix_only(config: ModelConfig) -> dict[str, ProtenixOnly
     constants = confidence_head_constants()
     only = {name: ProtenixOnly("constant", "the distance bins' edges (the last open)", value)
             for name, value in constants.items()}
-    if not config.confidence_raw_distance:
+    if not config.dialect.confidence_raw_distance:
         only["linear_no_bias_d_wo_onehot.weight"] = ProtenixOnly(
             "zeroed", "Protenix adds a linear embedding of the raw distance beside the one-hot bins; AF3 "
                       "(Algorithm 31) and featurecache's default embed the bins only")
-    if not config.confidence_single_norm:
+    if not config.dialect.confidence_single_norm:
         for name in ("input_strunk_ln.weight", "input_strunk_ln.bias"):
             only[name] = ProtenixOnly(
                 "input", "Protenix normalises the trunk single (clamped to +-512) before its Pairformer; AF3 and "

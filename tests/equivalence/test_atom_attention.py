@@ -136,8 +136,8 @@ def test_encoder_with_protenix_nested_key_adaln(generator, with_trunk):
     tokens = batch["restype"].shape[1]
     trunk = {}
     if with_trunk:
-        trunk = {"s": torch.randn(1, tokens, config.c_s, generator=generator),
-                 "z": torch.randn(1, tokens, tokens, config.c_z, generator=generator),
+        trunk = {"s": torch.randn(1, tokens, config.trunk.c_s, generator=generator),
+                 "z": torch.randn(1, tokens, tokens, config.trunk.c_z, generator=generator),
                  "r_l": torch.randn(1, batch["atom_to_token"].shape[1], 3, generator=generator)}
     with torch.no_grad():
         a_theirs = theirs(**encoder_arguments(protenix_inputs(batch)), **trunk)[0]

@@ -73,7 +73,7 @@ def confidence_logits(**settings) -> tuple[dict, dict]:
     pair_mask = torch.ones(tokens, tokens)
     with torch.no_grad():
         plddt, pae, pde, resolved = theirs(features, s_inputs[0], single[0], pair[0], pair_mask, positions[0])
-        if not config.confidence_single_norm:  # Protenix's step, on our input
+        if not config.dialect.confidence_single_norm:  # Protenix's step, on our input
             single = theirs.input_strunk_ln(single.clamp(-512, 512))
         ours_logits = ours(s_inputs, single, pair, positions, batch)
     theirs_logits = {"plddt_logits": plddt, "pae_logits": pae, "pde_logits": pde, "resolved_logits": resolved}

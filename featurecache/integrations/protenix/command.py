@@ -36,5 +36,5 @@ def convert_command(source: pathlib.Path, dest: pathlib.Path, target: str) -> No
         config = convert(source, dest)
     except ConversionError as error:
         raise UserError(str(error)) from error
-    click.echo(f"{dest}: {target} checkpoint of a model with {config.num_pairformer_blocks} Pairformer blocks, "
-               f"c_s {config.c_s}, c_z {config.c_z}, {config.diffusion_blocks} diffusion blocks")
+    click.echo(f"{dest}: {target} checkpoint of a model with {config.trunk.pairformer_blocks} Pairformer blocks, "
+               f"c_s {config.trunk.c_s}, c_z {config.trunk.c_z}, {config.diffusion.diffusion_blocks} diffusion blocks")

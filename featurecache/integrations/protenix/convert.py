@@ -94,12 +94,12 @@ def infer_config(state: dict[str, torch.Tensor]) -> ModelConfig:
     sizes["c_z"] = _shape(state, "linear_no_bias_zinit1.weight")[0]
     sizes["c_m"] = _shape(state, "msa_module.linear_no_bias_m.weight")[0]
     sizes["c_template"] = _shape(state, "template_embedder.linear_no_bias_z.weight")[0]
-    sizes["num_pairformer_blocks"] = _block_count(state, "pairformer_stack.blocks.")
-    sizes["num_msa_blocks"] = _block_count(state, "msa_module.blocks.")
-    sizes["num_template_blocks"] = _block_count(state, "template_embedder.pairformer_stack.blocks.")
+    sizes["pairformer_blocks"] = _block_count(state, "pairformer_stack.blocks.")
+    sizes["msa_blocks"] = _block_count(state, "msa_module.blocks.")
+    sizes["template_blocks"] = _block_count(state, "template_embedder.pairformer_stack.blocks.")
     sizes["confidence_blocks"] = _block_count(state, "confidence_head.pairformer_stack.blocks.")
     # a Pairformer block's sizes, from the trunk's or else the confidence head's first block
-    pairformer = ("pairformer_stack.blocks.0." if sizes["num_pairformer_blocks"]
+    pairformer = ("pairformer_stack.blocks.0." if sizes["pairformer_blocks"]
                   else "confidence_head.pairformer_stack.blocks.0.")
     if f"{pairformer}tri_att_start.linear.weight" in state:
         sizes.update(_pair_stack_sizes(state, pairformer, "pair_heads", "pair_head_dim", "triangle_mult_hidden"))
@@ -109,7 +109,7 @@ def infer_config(state: dict[str, torch.Tensor]) -> ModelConfig:
     sizes.setdefault("single_heads", PROTENIX_DEFAULTS["single_heads"])
     sizes["single_head_dim"] = sizes["c_s"] // sizes["single_heads"]
     template = "template_embedder.pairformer_stack.blocks.0."
-    if sizes["num_template_blocks"]:
+    if sizes["template_blocks"]:
         sizes.update(_pair_stack_sizes(state, template, "template_pair_heads", "template_pair_head_dim",
                                        "template_triangle_mult_hidden"))
         sizes["template_transition_expansion"] = \
@@ -117,7 +117,7 @@ def infer_config(state: dict[str, torch.Tensor]) -> ModelConfig:
     else:
         sizes.update({name: PROTENIX_DEFAULTS[name] for name in ("template_pair_heads", "template_pair_head_dim",
                                                                  "template_triangle_mult_hidden")})
-    if sizes["num_msa_blocks"]:
+    if sizes["msa_blocks"]:
         msa = "msa_module.blocks.0."
         sizes["outer_product_dim"] = _shape(state, f"{msa}outer_product_mean_msa.linear_1.weight")[0]
         averaging = f"{msa}msa_stack.msa_pair_weighted_averaging."
@@ -228,20 +228,23 @@ def protenix_to_featurecache(state: dict[str, torch.Tensor]) -> tuple[ModelConfi
 def protenix_differences(config: ModelConfig) -> list[str]:
     """Why Protenix's model cannot compute what `config`'s does: the weight-meaning settings that
     are not Protenix's, the sizes Protenix fixes otherwise."""
-    differ = [f"{name} {getattr(config, name)!r} (Protenix: {value!r})" for name, value in PROTENIX_SETTINGS.items()
-              if name in WEIGHT_MEANING_SETTINGS and getattr(config, name) != value]
-    differ += [f"{name} {getattr(config, name)!r} (Protenix fixes {value!r})" for name, value in PROTENIX_FIXED_SIZES.items()
-               if getattr(config, name) != value]
-    input_atom_blocks = config.atom_blocks if config.input_atom_blocks is None else config.input_atom_blocks
+    settings = config.settings()  # by name, whatever part each lives in
+    differ = [f"{name} {settings[name]!r} (Protenix: {value!r})" for name, value in PROTENIX_SETTINGS.items()
+              if name in WEIGHT_MEANING_SETTINGS and settings[name] != value]
+    differ += [f"{name} {settings[name]!r} (Protenix fixes {value!r})" for name, value in PROTENIX_FIXED_SIZES.items()
+               if settings[name] != value]
+    input_atom_blocks = settings["input_atom_blocks"]
+    if input_atom_blocks is None:
+        input_atom_blocks = settings["atom_blocks"]
     if input_atom_blocks != PROTENIX_INPUT_ATOM_BLOCKS:
         differ.append(f"{input_atom_blocks} atom blocks in the input embedder (Protenix's has "
                       f"{PROTENIX_INPUT_ATOM_BLOCKS})")
-    if not config.confidence_head:
+    if not settings["confidence_head"]:
         differ.append("confidence_head False (Protenix always has one)")
-    stacks = (("triangle_mult_hidden", "pair_heads", config.c_z),
-              ("template_triangle_mult_hidden", "template_pair_heads", config.c_template))
+    stacks = (("triangle_mult_hidden", "pair_heads", settings["c_z"]),
+              ("template_triangle_mult_hidden", "template_pair_heads", settings["c_template"]))
     for hidden_name, heads_name, width in stacks:
-        hidden, heads = getattr(config, hidden_name), getattr(config, heads_name)
+        hidden, heads = settings[hidden_name], settings[heads_name]
         if (hidden, heads) not in ((128, 4), (width, width // 32)):
             differ.append(f"{hidden_name} {hidden!r} with {heads_name} {heads} (Protenix: 128 and 4, or "
                           f"{width} and {width // 32} with its hidden_scale_up)")
@@ -320,7 +323,7 @@ def read_featurecache_checkpoint(path: pathlib.Path) -> tuple[ModelConfig, dict[
     settings = {name: value for name, value in saved_model_settings(state["model_config"]).items()
                 if name not in RUNTIME_SETTINGS}
     try:
-        config = ModelConfig(**settings)
+        config = ModelConfig.from_settings(settings)
     except (TypeError, ValueError) as error:
         raise ConversionError(f"{path}: its model_config does not build a ModelConfig ({error})") from None
     return config, {**state["model"], **state.get("ema", {})}

@@ -213,9 +213,9 @@ def attention_pair_bias_map(heads: int, head_dim: int) -> Mapping:
 def pairformer_block_map(config: ModelConfig) -> Mapping:
     """model.pairformer.PairformerBlock <- PairformerBlock (the trunk's and the confidence head's)."""
     return {
-        **under("pair.", "", pair_stack_map(config.pair_heads, config.pair_head_dim)),
+        **under("pair.", "", pair_stack_map(config.trunk.pair_heads, config.trunk.pair_head_dim)),
         **under("attention.", "attention_pair_bias.",
-                attention_pair_bias_map(config.single_heads, config.single_head_dim)),
+                attention_pair_bias_map(config.trunk.single_heads, config.trunk.single_head_dim)),
         **under("transition.", "single_transition.", transition_map()),
     }
 
@@ -227,7 +227,7 @@ def outer_product_mean_map(config: ModelConfig) -> Mapping:
     """model.layers.OuterProductMean <- OuterProductMean: a and b packed in one matrix with a bias
     (zero: Protenix's and AF3's are LinearNoBias). The output bias is Protenix's as it is: with
     outer_product_bias_divided featurecache divides it by the row count as Protenix does."""
-    hidden = config.outer_product_dim
+    hidden = config.msa.outer_product_dim
     return {
         "proj.norm.weight": same("layer_norm.weight"), "proj.norm.bias": same("layer_norm.bias"),
         "proj.linear.weight": stacked(("linear_1.weight", hidden), ("linear_2.weight", hidden)),
@@ -238,7 +238,7 @@ def outer_product_mean_map(config: ModelConfig) -> Mapping:
 
 def pair_weighted_averaging_map(config: ModelConfig) -> Mapping:
     """model.layers.PairWeightedAveraging <- MSAPairWeightedAveraging: values and gate packed."""
-    inner = config.msa_heads * config.msa_head_dim
+    inner = config.msa.msa_heads * config.msa.msa_head_dim
     return {
         "proj.norm.weight": same("layernorm_m.weight"), "proj.norm.bias": same("layernorm_m.bias"),
         "proj.linear.weight": stacked(("linear_no_bias_mv.weight", inner), ("linear_no_bias_mg.weight", inner)),
@@ -252,7 +252,7 @@ def msa_block_map(config: ModelConfig, last: bool) -> Mapping:
     """model.msa.MSABlock <- MSABlock (its pair stack a PairformerBlock with c_s = 0)."""
     mapping = {
         **under("outer_product_mean.", "outer_product_mean_msa.", outer_product_mean_map(config)),
-        **under("pair.", "pair_stack.", pair_stack_map(config.pair_heads, config.pair_head_dim)),
+        **under("pair.", "pair_stack.", pair_stack_map(config.trunk.pair_heads, config.trunk.pair_head_dim)),
     }
     if not last:
         mapping.update(under("pair_weighted_averaging.", "msa_stack.msa_pair_weighted_averaging.",
@@ -264,8 +264,8 @@ def msa_block_map(config: ModelConfig, last: bool) -> Mapping:
 def msa_module_map(config: ModelConfig) -> Mapping:
     """model.msa.MSAModule <- MSAModule: the same MSA features [class 32 | has_deletion | value]."""
     mapping = {"from_msa.weight": same("linear_no_bias_m.weight"), "from_single.weight": same("linear_no_bias_s.weight")}
-    for index in range(config.num_msa_blocks):
-        last = index == config.num_msa_blocks - 1
+    for index in range(config.msa.msa_blocks):
+        last = index == config.msa.msa_blocks - 1
         mapping.update(under(f"blocks.{index}.", f"blocks.{index}.", msa_block_map(config, last)))
     return mapping
 
@@ -293,8 +293,8 @@ def template_embedder_map(config: ModelConfig) -> Mapping:
         "from_features.weight": reordered("linear_no_bias_a.weight", template_feature_columns()),
         "out_norm.weight": same("layernorm_v.weight"), "out_norm.bias": same("layernorm_v.bias"),
         "linear_out.weight": same("linear_no_bias_u.weight"),
-        **blocks(config.num_template_blocks, "blocks.", "pairformer_stack.blocks.",
-                 pair_stack_map(config.template_pair_heads, config.template_pair_head_dim)),
+        **blocks(config.templates.template_blocks, "blocks.", "pairformer_stack.blocks.",
+                 pair_stack_map(config.templates.template_pair_heads, config.templates.template_pair_head_dim)),
     }
 
 
@@ -371,8 +371,8 @@ def atom_attention_encoder_map(config: ModelConfig, with_trunk: bool, num_blocks
         "pair_from_key.weight": same("linear_no_bias_cm.weight"),
         **{f"pair_mlp.{index}.weight": same(f"small_mlp.{index}.weight") for index in (1, 3, 5)},
         **under("atom_transformer.transformer.", "atom_transformer.diffusion_transformer.",
-                conditioned_transformer_map(config.atom_blocks if num_blocks is None else num_blocks,
-                                            config.c_atom, config.atom_key_adaln)),
+                conditioned_transformer_map(config.atom_attention.atom_blocks if num_blocks is None else num_blocks,
+                                            config.atom_attention.c_atom, config.atom_attention.atom_key_adaln)),
         "to_token.weight": same("linear_no_bias_q.weight"),
     }
     if with_trunk:
@@ -389,7 +389,8 @@ def atom_attention_decoder_map(config: ModelConfig) -> Mapping:
     return {
         "from_token.weight": same("linear_no_bias_a.weight"),
         **under("atom_transformer.transformer.", "atom_transformer.diffusion_transformer.",
-                conditioned_transformer_map(config.atom_blocks, config.c_atom, config.atom_key_adaln)),
+                conditioned_transformer_map(config.atom_attention.atom_blocks, config.atom_attention.c_atom,
+                                            config.atom_attention.atom_key_adaln)),
         **layernorm_linear_map("to_positions.", "layernorm_q", "linear_no_bias_out"),
     }
 
@@ -412,8 +413,8 @@ def relative_position_map(config: ModelConfig) -> Mapping:
     [residue offset | token offset | same entity | chain offset] in the same order. Protenix gates
     the chain offset on the entity, as AF3's code (relpos_chain_gate "entity"); the supplement's
     "chain" gate is another function, which no weight map makes equal."""
-    if config.relpos_chain_gate != "entity":
-        raise NameMapError(f"relpos_chain_gate {config.relpos_chain_gate!r}: Protenix gates the relative chain "
+    if config.trunk.relpos_chain_gate != "entity":
+        raise NameMapError(f"relpos_chain_gate {config.trunk.relpos_chain_gate!r}: Protenix gates the relative chain "
                            "encoding on the entity; only 'entity' maps")
     return {"linear.weight": same("linear_no_bias.weight")}
 
@@ -435,7 +436,7 @@ def diffusion_module_map(config: ModelConfig) -> Mapping:
         **under("atom_encoder.", "atom_attention_encoder.", atom_attention_encoder_map(config, with_trunk=True)),
         **layernorm_linear_map("single_to_token.", "layernorm_s", "linear_no_bias_s"),
         **under("transformer.", "diffusion_transformer.",
-                conditioned_transformer_map(config.diffusion_blocks, config.c_token_diffusion)),
+                conditioned_transformer_map(config.diffusion.diffusion_blocks, config.diffusion.c_token_diffusion)),
         "token_norm.weight": same("layernorm_a.weight"),
         "token_norm.bias": zeros("the token LayerNorm's offset (Protenix: none)"),
         **under("atom_decoder.", "atom_attention_decoder.", atom_attention_decoder_map(config)),
@@ -456,7 +457,7 @@ def confidence_head_map(config: ModelConfig) -> Mapping:
         "left_inputs.weight": same("linear_no_bias_s2.weight"),
         "right_inputs.weight": same("linear_no_bias_s1.weight"),
         "distance.weight": same("linear_no_bias_d.weight"),
-        **blocks(config.confidence_blocks, "pairformer.blocks.", "pairformer_stack.blocks.",
+        **blocks(config.confidence.confidence_blocks, "pairformer.blocks.", "pairformer_stack.blocks.",
                  pairformer_block_map(config)),
         "pae_norm.weight": same("pae_ln.weight"), "pae_norm.bias": same("pae_ln.bias"),
         "pae.weight": same("linear_no_bias_pae.weight"),
@@ -466,10 +467,10 @@ def confidence_head_map(config: ModelConfig) -> Mapping:
         "resolved_norm.weight": same("resolved_ln.weight"), "resolved_norm.bias": same("resolved_ln.bias"),
         "plddt": same("plddt_weight"), "resolved": same("resolved_weight"),
     }
-    if config.confidence_single_norm:
+    if config.dialect.confidence_single_norm:
         mapping.update({"single_norm.weight": same("input_strunk_ln.weight"),
                         "single_norm.bias": same("input_strunk_ln.bias")})
-    if config.confidence_raw_distance:
+    if config.dialect.confidence_raw_distance:
         mapping["raw_distance.weight"] = same("linear_no_bias_d_wo_onehot.weight")
     return mapping
 
@@ -486,11 +487,11 @@ def confidence_head_constants() -> dict[str, torch.Tensor]:
 
 def model_map(config: ModelConfig) -> Mapping:
     """Every tensor of featurecache's AF3Model (with the confidence head) <- Protenix's model."""
-    if not config.confidence_head:
+    if not config.confidence.confidence_head:
         raise NameMapError("confidence_head is off: Protenix's model always has its confidence head")
     input_embedder = {
         **under("atom_encoder.", "input_embedder.atom_attention_encoder.",
-                atom_attention_encoder_map(config, with_trunk=False, num_blocks=config.input_atom_blocks)),
+                atom_attention_encoder_map(config, with_trunk=False, num_blocks=config.dialect.input_atom_blocks)),
         "to_single.weight": same("linear_no_bias_sinit.weight"),
         # Protenix's z_init: zinit1 of token i, zinit2 of token j
         "to_pair_i.weight": same("linear_no_bias_zinit1.weight"),
@@ -507,7 +508,7 @@ def model_map(config: ModelConfig) -> Mapping:
         "recycle_pair.linear.weight": same("linear_no_bias_z_cycle.weight"),
         **under("template_embedder.", "template_embedder.", template_embedder_map(config)),
         **under("msa_module.", "msa_module.", msa_module_map(config)),
-        **blocks(config.num_pairformer_blocks, "pairformer.blocks.", "pairformer_stack.blocks.",
+        **blocks(config.trunk.pairformer_blocks, "pairformer.blocks.", "pairformer_stack.blocks.",
                  pairformer_block_map(config)),
         # Protenix (as AF3's code) symmetrises the logits, Linear(z) + Linear(z)^T, its bias twice;
         # featurecache symmetrises the pair, Linear(z + z^T): the same function with twice the bias

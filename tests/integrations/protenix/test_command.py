@@ -8,7 +8,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from featurecache.model.config import PROTENIX_SETTINGS, RUNTIME_SETTINGS
+from featurecache.model.config import PROTENIX_SETTINGS, RUNTIME_SETTINGS, saved_model_settings
 from featurecache.prediction.run import load_model
 from featurecache.testing.protenix import protenix_model
 from featurecache.training import TrainConfig, train
@@ -52,7 +52,7 @@ def test_convert_writes_a_protenix_dialect_checkpoint_and_back_bit_for_bit(small
     model, config, _ = small_protenix
     saved = torch.load(checkpoints["converted"], weights_only=False)
     assert saved["model_config"] == dataclasses.asdict(config)
-    assert all(saved["model_config"][name] == value for name, value in PROTENIX_SETTINGS.items())
+    assert all(saved_model_settings(saved["model_config"])[name] == value for name, value in PROTENIX_SETTINGS.items())
     back = tmp_path / "back.pt"
     result = _cli(["convert", checkpoints["converted"], back, "--to", "protenix"])
     assert result.exit_code == 0, result.output
@@ -113,15 +113,18 @@ def test_predict_runs_a_converted_model_on_a_real_target(small_protenix, checkpo
 def test_train_fine_tunes_a_converted_model_and_resumes(small_protenix, checkpoints, cache, tmp_path):
     _, config, state = small_protenix
     settings = dict(cache=str(cache), out=str(tmp_path / "run"), kernels="torch", steps=1, num_workers=0,
-                    device="cpu", warmup=1, lr=1e-4, checkpoint_every=1, diffusion_batch=2,
+                    device="cpu", warmup=1, lr=1e-4, checkpoint_every=1, model_settings={"diffusion_batch": 2},
                     init_from=str(checkpoints["converted"]))
     from featurecache.config import SampleConfig
 
     sample = SampleConfig(crop_size=32, msa_rows_per_sample=4, msa_cycle_draws=1)
     first = train(TrainConfig(**settings, sample=sample))
     saved = torch.load(tmp_path / "run" / "checkpoint-00000001.pt", weights_only=False)
-    here = {name: value for name, value in saved["model_config"].items() if name not in RUNTIME_SETTINGS}
-    assert here == {name: value for name, value in dataclasses.asdict(config).items() if name not in RUNTIME_SETTINGS}
+    # the checkpoint's model, with this run's diffusion batch (how it trains, not what the weights are)
+    here = {name: value for name, value in saved_model_settings(saved["model_config"]).items()
+            if name not in RUNTIME_SETTINGS}
+    trained = config.replace(diffusion_batch=2)
+    assert here == {name: value for name, value in trained.settings().items() if name not in RUNTIME_SETTINGS}
     assert set(saved["model"]) == set(state)
     changed = [name for name, value in state.items() if not torch.equal(saved["model"][name], value)]
     assert changed, "one step moved no weight"

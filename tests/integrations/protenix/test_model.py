@@ -81,7 +81,7 @@ def test_trunk_outputs(run, name):
 def test_one_denoising_step_at_fixed_noise(run, sample):
     """D(x; sigma) from each side's own trunk, compared on the network's part c_out F (the c_skip
     x_noisy both add would hide it at low noise)."""
-    sigma, sigma_data = NOISE_LEVELS[sample], run["config"].sigma_data
+    sigma, sigma_data = NOISE_LEVELS[sample], run["config"].diffusion.sigma_data
     skip = sigma_data**2 / (sigma_data**2 + sigma**2) * run["noisy"][0, sample]
     error = rel_error(run["denoised"][0, sample] - skip, run["theirs"]["denoised"][sample] - skip)
     assert error <= FP32_TOLERANCE, f"sigma {sigma}: {error}"
