@@ -5,11 +5,11 @@ Targets (no gradient):
 - pLDDT (4.3.1): per atom l, the lDDT of its distances to the centre atoms m (CA, C1') of
   polymer tokens within 15 A in the truth (30 A when m is a nucleotide), m != l, thresholds
   0.5 / 1 / 2 / 4 A; binned into 50 bins of 0.02. Atoms with no such m are left out. With
-  ModelConfig.plddt_bins_protenix, Protenix's target instead (`protenix_lddt_bins`).
+  ModelConfig.dialect.plddt_bins_protenix, Protenix's target instead (`protenix_lddt_bins`).
 - PAE (4.3.2, Algorithms 29-30): e_ij, the error of token j's centre atom in token i's frame
   (a, b, c) of the prediction against the same in the truth's; 64 bins of 0.5 A, the last open.
   Frames whose three atoms the truth does not resolve are left out.
-- PDE (4.3.3): |d_pred - d_true| between centre atoms (with ModelConfig.pde_distogram_atoms, as
+- PDE (4.3.3): |d_pred - d_true| between centre atoms (with ModelConfig.dialect.pde_distogram_atoms, as
   Protenix, between the distogram atoms: CB, C4 / C2); the same 64 bins.
 - experimentally resolved (4.3.4): atom_mask, over every real atom.
 

@@ -1,4 +1,4 @@
-"""The Protenix dialect's parameter set (ModelConfig.protenix_parameters_only).
+"""The Protenix dialect's parameter set (ModelConfig.dialect.protenix_parameters_only).
 
 featurecache's layers have a few parameters Protenix 2.x's lack: LayerNorm offsets (Protenix builds
 those LayerNorms with create_offset=False) and biases (its LinearNoBias projections). A model

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from featurecache.model.config import PROTENIX_SETTINGS, RUNTIME_SETTINGS, saved_model_settings
 from featurecache.prediction.run import load_model
 from featurecache.testing.protenix import protenix_model
-from featurecache.training import TrainConfig, train
+from featurecache.training import TrainConfig, TrainSetupError, train
 from tests.conftest import copy_sample_structures
 
 TARGET = "209d-assembly1"
@@ -52,7 +52,8 @@ def test_convert_writes_a_protenix_dialect_checkpoint_and_back_bit_for_bit(small
     model, config, _ = small_protenix
     saved = torch.load(checkpoints["converted"], weights_only=False)
     assert saved["model_config"] == dataclasses.asdict(config)
-    assert all(saved_model_settings(saved["model_config"])[name] == value for name, value in PROTENIX_SETTINGS.items())
+    recorded = saved_model_settings(saved["model_config"])
+    assert all(recorded[name] == value for name, value in PROTENIX_SETTINGS.items())
     back = tmp_path / "back.pt"
     result = _cli(["convert", checkpoints["converted"], back, "--to", "protenix"])
     assert result.exit_code == 0, result.output
@@ -118,6 +119,9 @@ def test_train_fine_tunes_a_converted_model_and_resumes(small_protenix, checkpoi
     from featurecache.config import SampleConfig
 
     sample = SampleConfig(crop_size=32, msa_rows_per_sample=4, msa_cycle_draws=1)
+    # the model is the checkpoint's: a setting of what the weights are is refused, by name
+    with pytest.raises(TrainSetupError, match=r"\['pairformer_blocks'\] do not go with --init-from"):
+        TrainConfig(**{**settings, "model_settings": {"pairformer_blocks": 1, "diffusion_batch": 2}}, sample=sample)
     first = train(TrainConfig(**settings, sample=sample))
     saved = torch.load(tmp_path / "run" / "checkpoint-00000001.pt", weights_only=False)
     # the checkpoint's model, with this run's diffusion batch (how it trains, not what the weights are)
