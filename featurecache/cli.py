@@ -110,10 +110,10 @@ def _plot_path(path: pathlib.Path | None, option: str = "--plot",
 
 
 class _LazyGroup(BoundaryGroup):
-    """Imports `train`, `predict` and `evaluate` (torch and the model) only when one is run or its help is
-    asked for, so the data commands start quickly."""
+    """Imports `train`, `predict`, `evaluate` and `convert` (torch and the model) only when one is run or its
+    help is asked for, so the data commands start quickly."""
 
-    lazy_commands = ("evaluate", "predict", "train")
+    lazy_commands = ("convert", "evaluate", "predict", "train")
 
     def list_commands(self, ctx):
         return sorted([*super().list_commands(ctx), *self.lazy_commands])
@@ -131,6 +131,10 @@ class _LazyGroup(BoundaryGroup):
             from featurecache.prediction.evaluate import evaluate_command
 
             return evaluate_command
+        if name == "convert":
+            from featurecache.integrations.protenix.command import convert_command
+
+            return convert_command
         return super().get_command(ctx, name)
 
 

@@ -16,6 +16,7 @@ from torch import nn
 
 from featurecache.kernels.layernorm_linear import LayerNormLinear
 from featurecache.model.config import ModelConfig
+from featurecache.model.dialect import hold_at_zero, protenix_absent
 from featurecache.model.network.atom_attention import ATOM_INPUTS, AtomWindows
 from featurecache.model.network.atoms import atom_flags, distogram_atoms, token_bond_atoms
 from featurecache.model.network.checkpointing import maybe_checkpointed
@@ -86,11 +87,14 @@ class AF3Model(nn.Module):
             trunk.single_head_dim, trunk.pair_heads, trunk.pair_head_dim,
             trunk.transition_expansion, checkpoint_blocks=config.runtime.checkpoint_blocks, kernels=kernels,
             dropout=trunk.pair_dropout, checkpoint_group=config.runtime.checkpoint_group,
+            mult_hidden=config.dialect.triangle_mult_hidden,
         )
         self.distogram_head = DistogramHead(trunk.c_z, trunk.distogram_bins)
         self.diffusion_module = DiffusionModule(config, atom_single_input_dim(config))
         self.confidence_head = (ConfidenceHead(config, atom_single_input_dim(config))
                                 if config.confidence.confidence_head else None)
+        if config.dialect.protenix_parameters_only:  # Protenix's parameter set: what it lacks stays zero
+            hold_at_zero(self, protenix_absent(self))
 
     def compile_blocks(self, **options) -> None:
         """torch.compile every block of the Pairformer, MSA and template stacks in place.
@@ -242,7 +246,8 @@ class AF3Model(nn.Module):
             loss = loss + weights.diffusion_loss_weight * metrics["diffusion"]
         if "plddt_logits" in outputs:
             rows = confidence_rows(batch, weights.confidence_resolution_range)  # SI 4.3: 0.1-4 A structures
-            parts = confidence_losses(outputs, outputs["rollout_positions"], batch, self._recomputes_losses(), rows)
+            parts = confidence_losses(outputs, outputs["rollout_positions"], batch, self._recomputes_losses(), rows,
+                                      config.dialect.plddt_bins_protenix, config.dialect.pde_distogram_atoms)
             metrics.update(parts)
             metrics["confidence"] = (weights.plddt_loss_weight * parts["plddt"] + weights.pde_loss_weight * parts["pde"]
                                      + weights.resolved_loss_weight * parts["resolved"]

@@ -1,4 +1,4 @@
-"""Model configuration: one small frozen dataclass per part of the network, and the three presets.
+"""Model configuration: one small frozen dataclass per part of the network, and the four presets.
 
 `ModelConfig` composes the parts: `trunk` (input embedding, relative positions, the Pairformer,
 recycling, the distogram), `msa` (the MSA module), `templates` (the template embedder),
@@ -8,7 +8,8 @@ head), `loss` (loss weights and what they cover) and `runtime` (kernels, recompu
 setting has one name, unique across the parts, used from the command line to `forward`:
 `config.trunk.c_z` reads it, `config.replace(c_z=64)` and `preset("tiny", c_z=64)` set it, and
 `config.settings()` lists every setting by name (the flat layout checkpoints wrote before the
-parts existed, which `from_settings` reads back).
+parts existed, which `from_settings` reads back). One more part, `dialect`, holds Protenix 2.x's
+dialect: where Protenix computes something other than AF3, a setting whose default is AF3's.
 
 `af3` follows the AlphaFold3 supplement (Abramson et al. 2024): 48 Pairformer blocks with
 c_s = 384 and c_z = 128, 4 MSA-module blocks with c_m = 64, 2 template blocks with c = 64, atom
@@ -16,7 +17,9 @@ attention with c_atom = 128 and c_atompair = 16 (3 blocks of 4 heads, 32-query x
 a 24-block diffusion transformer of width 768 with 16 heads trained on 48 noised copies per trunk
 pass, and the paper's head counts, noise schedule and loss weights. `tiny` keeps every module but
 shrinks every width so that CPU tests run in seconds; `small` sits between them, for single-GPU
-experiments. The field defaults are the `af3` preset's.
+experiments. `protenix` is AF3's sizes with Protenix 2.x's dialect and fixed sizes
+(PROTENIX_SETTINGS, PROTENIX_SIZES): the model of a checkpoint converted from Protenix's base
+model, for fine-tuning it. The field defaults are the `af3` preset's.
 """
 
 from __future__ import annotations
@@ -42,13 +45,26 @@ LEGACY_SETTINGS = {
     "confidence_resolution_range": None,
     "distogram_min": 2.0,
     "distogram_max": 22.0,
+    # the Protenix dialect (DialectConfig) came later: every checkpoint before it is AF3's
+    "pair_init_from_single": False,
+    "outer_product_bias_divided": False,
+    "atom_key_adaln_nested": False,
+    "confidence_single_norm": False,
+    "confidence_raw_distance": False,
+    "pde_symmetrised_input": False,
+    "template_embedder_needs_blocks": False,
+    "plddt_bins_protenix": False,
+    "pde_distogram_atoms": False,
 }
+
+# Loss settings: what a training run optimises, not what its weights compute. They may change
+# between training stages (as AF3's loss weights do), so a run resumes under other values.
+LOSS_SETTINGS = ("confidence_resolution_range", "plddt_bins_protenix", "pde_distogram_atoms")
 
 
 # The settings among those that change what the same weights compute: a run resumes a checkpoint
-# only with the values it was trained with (loss settings such as the resolution range may change
-# between training stages, as AF3's loss weights do).
-WEIGHT_MEANING_SETTINGS = tuple(name for name in LEGACY_SETTINGS if name != "confidence_resolution_range")
+# only with the values it was trained with.
+WEIGHT_MEANING_SETTINGS = tuple(name for name in LEGACY_SETTINGS if name not in LOSS_SETTINGS)
 
 # Settings that checkpoints written before the parts existed name otherwise: their old name -> today's.
 RENAMED_SETTINGS = {
@@ -298,11 +314,42 @@ class RuntimeConfig:
         _check_positive(self, ("checkpoint_group",))
 
 
+@dataclass(frozen=True)
+class DialectConfig:
+    """Protenix 2.x's dialect (docs/FIDELITY.md, "Protenix vs AlphaFold3"): where Protenix computes
+    something other than AF3, a setting whose default is AF3's and whose other value is Protenix's.
+    The `protenix` preset turns on all of PROTENIX_SETTINGS, and a checkpoint converted from
+    Protenix records them (featurecache.integrations.protenix)."""
+
+    pair_init_from_single: bool = False       # z_init's outer sum from s_init, not s_inputs
+    outer_product_bias_divided: bool = False  # OPM: Linear (bias too) of the summed products, / (rows + 1e-3)
+    atom_key_adaln_nested: bool = False       # with atom_key_adaln: the keys' AdaLN on the queries' AdaLN output
+    confidence_single_norm: bool = False      # confidence head: own LayerNorm of the trunk single (clamped)
+    confidence_raw_distance: bool = False     # confidence head: a LinearNoBias of the raw distance too
+    pde_symmetrised_input: bool = False       # PDE logits Linear(LayerNorm(z + z^T))
+    template_embedder_needs_blocks: bool = False  # 0 template blocks: no template embedding at all
+    plddt_bins_protenix: bool = False         # pLDDT target: lDDT / (pairs + 1e-6), (k/50, (k+1)/50] bins
+    pde_distogram_atoms: bool = False         # PDE target between distogram atoms (CB, C4 / C2), not centres
+    triangle_mult_hidden: int | None = None   # triangle multiplication width; None: c_z (AF3), Protenix 128
+    template_triangle_mult_hidden: int | None = None  # the same in the template stack; None: c_template
+    input_atom_blocks: int | None = None      # the input embedder's atom transformer; None: atom_blocks
+    # the parameters Protenix's layers lack (offsets, biases) held at zero while training, so a
+    # fine-tuned model still converts back to Protenix (model/dialect.py); how it trains, not what it computes
+    protenix_parameters_only: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("triangle_mult_hidden", "template_triangle_mult_hidden"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"DialectConfig.{name} must be positive or None, got {getattr(self, name)}")
+        if self.input_atom_blocks is not None and self.input_atom_blocks < 0:
+            raise ValueError(f"DialectConfig.input_atom_blocks must be >= 0 or None, got {self.input_atom_blocks}")
+
+
 # The parts by their attribute name in ModelConfig.
 PART_TYPES: dict[str, type] = {
     "trunk": TrunkConfig, "msa": MSAConfig, "templates": TemplateConfig, "atom_attention": AtomAttentionConfig,
     "diffusion": DiffusionConfig, "sampler": SamplerConfig, "confidence": ConfidenceConfig, "loss": LossConfig,
-    "runtime": RuntimeConfig,
+    "runtime": RuntimeConfig, "dialect": DialectConfig,
 }
 # Each setting's part: setting names are unique across the parts, so one name finds one setting.
 SETTING_PARTS: dict[str, str] = {setting.name: part for part, part_type in PART_TYPES.items()
@@ -323,11 +370,15 @@ class ModelConfig:
     confidence: ConfidenceConfig = field(default_factory=ConfidenceConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    dialect: DialectConfig = field(default_factory=DialectConfig)
 
     def __post_init__(self) -> None:
         for part, part_type in PART_TYPES.items():
             if not isinstance(getattr(self, part), part_type):
                 raise TypeError(f"ModelConfig.{part} must be a {part_type.__name__}, got {getattr(self, part)!r}")
+        if self.dialect.atom_key_adaln_nested and not self.atom_attention.atom_key_adaln:
+            raise ValueError("DialectConfig.atom_key_adaln_nested needs AtomAttentionConfig.atom_key_adaln "
+                             "(the keys' own AdaLN to nest)")
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with settings changed, each by its own name (`c_z=64`, `kernels="torch"`), or a
@@ -368,6 +419,37 @@ def saved_model_settings(saved: Mapping[str, Any]) -> dict[str, Any]:
     return {**LEGACY_SETTINGS, **flat}
 
 
+# The settings that make featurecache compute what Protenix 2.x computes (docs/FIDELITY.md):
+# its dialect (DialectConfig) and the fidelity settings where Protenix agrees with AF3's code
+# (the defaults, repeated so that this names Protenix's behaviour whole). By setting name.
+PROTENIX_SETTINGS: dict[str, Any] = {
+    "relpos_chain_gate": "entity",
+    "ref_charge_arcsinh": True,
+    "atom_cond_ref_mask": True,
+    "distogram_min": 2.3125,
+    "distogram_max": 21.6875,
+    "confidence_resolution_range": (0.1, 4.0),
+    "atom_key_adaln": True,
+    "pair_init_from_single": True,
+    "outer_product_bias_divided": True,
+    "atom_key_adaln_nested": True,
+    "confidence_single_norm": True,
+    "confidence_raw_distance": True,
+    "pde_symmetrised_input": True,
+    "template_embedder_needs_blocks": True,
+    "plddt_bins_protenix": True,
+    "pde_distogram_atoms": True,
+    "protenix_parameters_only": True,
+}
+# Sizes Protenix fixes where AF3's differ: its triangle multiplications are 128 wide in every
+# stack, its template stack's triangle attention 4 heads of 32 (AF3: 64 wide, 4 heads of 16).
+PROTENIX_SIZES: dict[str, Any] = {
+    "triangle_mult_hidden": 128,
+    "template_triangle_mult_hidden": 128,
+    "template_pair_head_dim": 32,
+}
+
+
 PRESETS: dict[str, ModelConfig] = {
     "af3": ModelConfig(),
     "tiny": ModelConfig(
@@ -395,6 +477,10 @@ PRESETS: dict[str, ModelConfig] = {
         diffusion=DiffusionConfig(diffusion_blocks=8, diffusion_batch=16),
         confidence=ConfidenceConfig(confidence_blocks=2),
     ),
+    # Protenix's released base model (protenix_base_default_v1.0.0): AF3's sizes but its fixed
+    # ones, and its dialect; `featurecache convert` reads the sizes of any Protenix checkpoint
+    # from its shapes, so smaller Protenix models (mini, tiny) need no preset.
+    "protenix": ModelConfig().replace(**PROTENIX_SETTINGS, **PROTENIX_SIZES),
 }
 
 

@@ -21,7 +21,8 @@ POSITIVE = click.IntRange(min=1)
               help="Feature cache (or published generation) holding the targets.")
 @click.argument("keys", nargs=-1, required=True)
 @click.option("--checkpoint", required=True, type=click.Path(dir_okay=False),
-              help="A checkpoint file written by `featurecache train` (its model and model settings).")
+              help="A checkpoint file written by `featurecache train` or `featurecache convert` (its model and model "
+                   "settings).")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Folder for the predictions, in AlphaFold 3's layout: <key>/seed-<seed>_sample-<i>/ with the "
                    "mmCIF (pLDDT as B-factors) and confidence JSON files, the best-ranked sample at <key>/.")

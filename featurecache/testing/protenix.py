@@ -1,25 +1,59 @@
 """Protenix 2.0 (PyPI `protenix`, ByteDance's AF3 reproduction) as an independent reference for
 featurecache's model: import it on a CPU, randomise its weights, and copy them into featurecache's
-modules through explicit name maps (tests/equivalence).
+modules through explicit name maps (tests/equivalence), or build its whole model small and
+convert it (tests/integrations/protenix).
 
-A name map says, for every parameter of the featurecache module, which Protenix parameters it is
-made from and how (`same`, rows stacked with `rows`, or `zeros` where Protenix has no such
-parameter and featurecache's must be zero to compute the same function). `copy_weights` refuses a
-map that leaves a featurecache parameter unset, names one that does not exist, or leaves a Protenix
-parameter unused: a parameter one side has and the other ignores is a difference in the model, and
-must be written down in the map (and in docs/FIDELITY.md), not passed over.
+The name maps are featurecache.integrations.protenix.weights's, the ones `featurecache convert`
+uses: for every parameter of the featurecache module, the Protenix parameters it is made from and
+how (as it is, stacked, reordered, or zero where Protenix has no such parameter and featurecache's
+must be zero to compute the same function). `copy_weights` refuses a map that leaves a
+featurecache parameter unset, names one that does not exist, or leaves a Protenix parameter
+unused: a parameter one side has and the other ignores is a difference in the model, and must be
+written down in the map (and in docs/FIDELITY.md), not passed over.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
+import io
+import math
 import os
-from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from featurecache.integrations.protenix.weights import (  # noqa: F401 (the module maps, for the comparisons)
+    Mapping,
+    Part,
+    Source,
+    adaptive_layernorm_map,
+    atom_attention_decoder_map,
+    atom_attention_encoder_map,
+    blocks,
+    confidence_head_constants,
+    confidence_head_map,
+    conditioned_transformer_map,
+    diffusion_module_map,
+    msa_block_map,
+    outer_product_mean_map,
+    pair_stack_map,
+    pairformer_block_map,
+    relative_position_map,
+    same,
+    stacked,
+    template_embedder_map,
+    under,
+    zeros,
+)
+from featurecache.model.network.atom_attention import NAME_CHAR_CLASSES, NUM_ELEMENTS
+from featurecache.model.network.atoms import centre_atom_index, dense_token_bonds, representative_atom_index, token_bond_atoms
+from featurecache.model.network.confidence import atom_slots
 from featurecache.model.config import ModelConfig, preset
+from featurecache.model.network.embedders import TEMPLATE_DISTOGRAM_EDGES, template_pair_features
+from featurecache.schema import NUM_RESTYPES
 
 PROTENIX_VERSION = "2.0"
 
@@ -84,69 +118,31 @@ def randomise(module: nn.Module, generator: torch.Generator) -> None:
             parameter.add_(0.2 * noise)
 
 
-# --- name maps ------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Source:
-    """How one featurecache parameter is made from Protenix's: `combine` of the named tensors."""
-
-    names: tuple[str, ...]
-    combine: Callable[[list[torch.Tensor], torch.Size], torch.Tensor]
-    why: str = ""
-
-    def prefixed(self, protenix_prefix: str) -> Source:
-        return dataclasses.replace(self, names=tuple(protenix_prefix + name for name in self.names))
-
-
-def same(name: str) -> Source:
-    """The Protenix parameter as it is."""
-    return Source((name,), lambda tensors, shape: tensors[0])
-
-
-def rows(*names: str) -> Source:
-    """Protenix's matrices (or vectors) stacked along the output dimension, as featurecache packs
-    several projections into one matrix product."""
-    return Source(tuple(names), lambda tensors, shape: torch.cat(tensors, dim=0))
-
-
-def padded_rows(*names: str, zero_rows: int) -> Source:
-    """rows(...) followed by `zero_rows` zeros (a packed bias where only the first part has one)."""
-    def combine(tensors, shape):
-        stacked = torch.cat(tensors, dim=0)
-        return torch.cat([stacked, stacked.new_zeros((zero_rows, *stacked.shape[1:]))], dim=0)
-    return Source(tuple(names), combine)
-
-
-def zeros(why: str) -> Source:
-    """A featurecache parameter Protenix does not have, set to zero, which makes the function
-    Protenix's; `why` says what the parameter is."""
-    return Source((), lambda tensors, shape: torch.zeros(shape), why)
-
-
-def ones(why: str) -> Source:
-    """A featurecache scale Protenix does not have, set to one (Protenix's function)."""
-    return Source((), lambda tensors, shape: torch.ones(shape), why)
-
-
-Mapping = dict[str, Source]
-
-
-def under(featurecache_prefix: str, protenix_prefix: str, mapping: Mapping) -> Mapping:
-    """`mapping` for a submodule: both sides' names prefixed."""
-    return {featurecache_prefix + name: source.prefixed(protenix_prefix) for name, source in mapping.items()}
+# --- name maps: featurecache.integrations.protenix.weights's, for modules ---------------------------
+# The run-time name map (the whole model, and each module's part of it) lives in
+# featurecache.integrations.protenix.weights; the comparisons copy random Protenix weights into
+# single modules through the same maps. What follows adds what only a comparison needs: copying
+# into a module (copy_weights), Protenix tensors a comparison handles by hand (ProtenixOnly), and
+# a rescaled parameter (AF3's outer product mean against Protenix's).
 
 
 class NameMapError(AssertionError):
     """A name map that does not cover both modules exactly."""
 
 
+def scaled(name: str, factor: float, why: str) -> Source:
+    """The Protenix tensor times `factor`: where Protenix applies a constant to a parameter that
+    AF3 (and featurecache's default) does not, for the inputs a comparison uses (a comparison's
+    map only: the conversion's scales are powers of two, exact both ways)."""
+    return Source((Part(name),), why=why, scale=factor)
+
+
 @dataclasses.dataclass(frozen=True)
 class ProtenixOnly:
-    """A Protenix tensor featurecache has no counterpart of, and what the comparison does with it:
-    `kind` "zeroed" (set to zero in Protenix's module, which removes a term AF3 does not have),
-    "constant" (a fixed tensor, checked equal to `expected`, featurecache's constant), or "input"
-    (part of a Protenix step the comparison applies to featurecache's input)."""
+    """A Protenix tensor featurecache's module has no counterpart of, and what the comparison does
+    with it: `kind` "zeroed" (set to zero in Protenix's module, which removes a term AF3 does not
+    have), "constant" (a fixed tensor, checked equal to `expected`, featurecache's constant), or
+    "input" (part of a Protenix step the comparison applies to featurecache's input)."""
 
     kind: str
     why: str
@@ -189,7 +185,7 @@ def copy_weights(protenix_module: nn.Module, featurecache_module: nn.Module, map
         elif only.kind != "input":
             raise ValueError(f"ProtenixOnly kind {only.kind!r}, expected zeroed, constant or input")
     for name, source in mapping.items():
-        value = source.combine([theirs[n].detach() for n in source.names], ours[name].shape)
+        value = source.to_featurecache([theirs[n].detach() for n in source.names], ours[name].shape)
         if value.shape != ours[name].shape:
             problems.append(f"{name}: featurecache {tuple(ours[name].shape)}, from {source.names} "
                             f"{tuple(value.shape)}")
@@ -199,226 +195,37 @@ def copy_weights(protenix_module: nn.Module, featurecache_module: nn.Module, map
         raise NameMapError("shapes differ:\n  " + "\n  ".join(problems))
 
 
-# --- maps of the shared building blocks -----------------------------------------------------------
-
-
-def triangle_multiplication_map() -> Mapping:
-    """featurecache.kernels.triangle_mult.TriangleMultiplication <- TriangleMultiplication{Outgoing,
-    Incoming}: the same projections; LayerNorms named norm_* instead of layer_norm_*."""
-    return {
-        "norm_in.weight": same("layer_norm_in.weight"), "norm_in.bias": same("layer_norm_in.bias"),
-        "norm_out.weight": same("layer_norm_out.weight"), "norm_out.bias": same("layer_norm_out.bias"),
-        **{f"{name}.weight": same(f"{name}.weight")
-           for name in ("linear_a_p", "linear_a_g", "linear_b_p", "linear_b_g", "linear_g", "linear_z")},
-    }
-
-
-def triangle_attention_map() -> Mapping:
-    """featurecache.model.network.layers.TriangleAttention <- TriangleAttention: one LayerNorm, then q, k,
-    v, gate and the per-head bias packed in one matrix (Protenix: mha.linear_{q,k,v,g} and
-    `linear`). featurecache's output projection has a bias Protenix's lacks (zero here)."""
-    return {
-        "proj.norm.weight": same("layer_norm.weight"), "proj.norm.bias": same("layer_norm.bias"),
-        "proj.linear.weight": rows("mha.linear_q.weight", "mha.linear_k.weight", "mha.linear_v.weight",
-                                   "mha.linear_g.weight", "linear.weight"),
-        "linear_out.weight": same("mha.linear_o.weight"),
-        "linear_out.bias": zeros("the triangle attention's output bias (Protenix's linear_o has none)"),
-    }
-
-
-def transition_map() -> Mapping:
-    """featurecache.kernels.transition.Transition <- primitives.Transition (SwiGLU)."""
-    return {
-        "norm.weight": same("layernorm1.weight"), "norm.bias": same("layernorm1.bias"),
-        "linear_a.weight": same("linear_no_bias_a.weight"), "linear_b.weight": same("linear_no_bias_b.weight"),
-        "linear_out.weight": same("linear_no_bias.weight"),
-    }
-
-
-def pair_stack_map() -> Mapping:
-    """featurecache.model.network.pairformer.PairStack <- the pair half of Protenix's PairformerBlock."""
-    return {
-        **under("tri_mul_out.", "tri_mul_out.", triangle_multiplication_map()),
-        **under("tri_mul_in.", "tri_mul_in.", triangle_multiplication_map()),
-        **under("tri_att_start.", "tri_att_start.", triangle_attention_map()),
-        **under("tri_att_end.", "tri_att_end.", triangle_attention_map()),
-        **under("transition.", "pair_transition.", transition_map()),
-    }
-
-
-def attention_pair_bias_map(heads_dim: int) -> Mapping:
-    """featurecache.model.network.layers.AttentionPairBias <- AttentionPairBias(has_s=False): q, k, v and
-    gate packed in one matrix with q's bias first (k, v, gate have none: zeros)."""
-    return {
-        "proj.norm.weight": same("layernorm_a.weight"), "proj.norm.bias": same("layernorm_a.bias"),
-        "proj.linear.weight": rows("attention.linear_q.weight", "attention.linear_k.weight",
-                                   "attention.linear_v.weight", "attention.linear_g.weight"),
-        "proj.linear.bias": padded_rows("attention.linear_q.bias", zero_rows=3 * heads_dim),
-        "pair_bias.norm.weight": same("layernorm_z.weight"), "pair_bias.norm.bias": same("layernorm_z.bias"),
-        "pair_bias.linear.weight": same("linear_nobias_z.weight"),
-        "linear_out.weight": same("attention.linear_o.weight"),
-    }
-
-
-def pairformer_block_map(c_s: int) -> Mapping:
-    """featurecache.model.network.pairformer.PairformerBlock <- protenix PairformerBlock."""
-    return {
-        **under("pair.", "", pair_stack_map()),
-        **under("attention.", "attention_pair_bias.", attention_pair_bias_map(c_s)),
-        **under("transition.", "single_transition.", transition_map()),
-    }
-
-
-def scaled(name: str, factor: float, why: str) -> Source:
-    """The Protenix parameter times `factor`: where Protenix applies a constant to a parameter
-    that AF3 (and featurecache) does not, for the inputs a comparison uses."""
-    return Source((name,), lambda tensors, shape: tensors[0] * factor, why)
+def outer_product_mean_af3_map(config: ModelConfig, msa_rows: int) -> Mapping:
+    """The outer product mean's map for featurecache's AF3 form (outer_product_bias_divided off):
+    Protenix divides its output bias by the row count with everything else, which for `msa_rows`
+    valid rows at every pair is featurecache's bias scaled by 1 / (msa_rows + eps)."""
+    return {**outer_product_mean_map(config),
+            "linear_out.bias": scaled("linear_out.bias", 1.0 / (msa_rows + OUTER_PRODUCT_EPS),
+                                      "Protenix divides its output bias by the row count")}
 
 
 # Protenix's OuterProductMean (OpenFold's) divides by (valid rows + 1e-3) after its output Linear
-# (bias included); AF3's Algorithm 9 and featurecache take the mean first, then the Linear.
 OUTER_PRODUCT_EPS = 1e-3
 
 
-def outer_product_mean_map(msa_rows: int) -> Mapping:
-    """featurecache.model.network.layers.OuterProductMean <- OuterProductMean. featurecache packs a and b
-    in one matrix with a bias (zero here: Protenix's and AF3's are LinearNoBias); Protenix's
-    output bias is divided by the row count with everything else, which for `msa_rows` valid rows
-    at every pair is featurecache's bias scaled by 1 / (msa_rows + eps)."""
-    return {
-        "proj.norm.weight": same("layer_norm.weight"), "proj.norm.bias": same("layer_norm.bias"),
-        "proj.linear.weight": rows("linear_1.weight", "linear_2.weight"),
-        "proj.linear.bias": zeros("the a, b projections' bias (Protenix and AF3: LinearNoBias)"),
-        "linear_out.weight": same("linear_out.weight"),
-        "linear_out.bias": scaled("linear_out.bias", 1.0 / (msa_rows + OUTER_PRODUCT_EPS),
-                                  "Protenix divides its output bias by the row count"),
-    }
-
-
-def pair_weighted_averaging_map() -> Mapping:
-    """featurecache.model.network.layers.PairWeightedAveraging <- MSAPairWeightedAveraging: values and
-    gate packed in one matrix."""
-    return {
-        "proj.norm.weight": same("layernorm_m.weight"), "proj.norm.bias": same("layernorm_m.bias"),
-        "proj.linear.weight": rows("linear_no_bias_mv.weight", "linear_no_bias_mg.weight"),
-        "pair_bias.norm.weight": same("layernorm_z.weight"), "pair_bias.norm.bias": same("layernorm_z.bias"),
-        "pair_bias.linear.weight": same("linear_no_bias_z.weight"),
-        "linear_out.weight": same("linear_no_bias_out.weight"),
-    }
-
-
-def msa_block_map(msa_rows: int, last: bool) -> Mapping:
-    """featurecache.model.network.msa.MSABlock <- protenix MSABlock (its pair stack a PairformerBlock with
-    c_s = 0)."""
-    mapping = {
-        **under("outer_product_mean.", "outer_product_mean_msa.", outer_product_mean_map(msa_rows)),
-        **under("pair.", "pair_stack.", pair_stack_map()),
-    }
-    if not last:
-        mapping.update(under("pair_weighted_averaging.", "msa_stack.msa_pair_weighted_averaging.",
-                             pair_weighted_averaging_map()))
-        mapping.update(under("msa_transition.", "msa_stack.transition_m.", transition_map()))
-    return mapping
-
-
-# --- the conditioned transformer (Algorithms 23-26) and atom attention (Algorithms 5-7) ------------
-
-
-def adaptive_layernorm_map() -> Mapping:
-    """featurecache.model.network.transformer.AdaptiveLayerNorm <- primitives.AdaptiveLayerNorm."""
-    return {"norm_s.weight": same("layernorm_s.weight"), "scale.weight": same("linear_s.weight"),
-            "scale.bias": same("linear_s.bias"), "shift.weight": same("linear_nobias_s.weight")}
-
-
-def conditioned_transformer_block_map(key_adaln: bool = False) -> Mapping:
-    """featurecache.model.network.transformer.ConditionedTransformerBlock <- DiffusionTransformerBlock (q, k,
-    v and gate packed, q's bias separate; the pair LayerNorm without offset in Protenix, zero here).
-
-    `key_adaln`: featurecache's keys' own AdaLN from Protenix's `layernorm_kv` (its
-    cross_attention_mode=True); without it both run one AdaLN (Protenix's mode off). The weights
-    correspond one to one, the functions do not: Protenix applies layernorm_kv to the queries'
-    AdaLN output, featurecache (as AF3) to the block's input (docs/FIDELITY.md)."""
-    key_norm = (under("attention.key_adaln.", "attention_pair_bias.layernorm_kv.", adaptive_layernorm_map())
-                if key_adaln else {})
-    return {
-        **under("attention.adaln.", "attention_pair_bias.layernorm_a.", adaptive_layernorm_map()),
-        **key_norm,
-        "attention.proj.weight": rows(*(f"attention_pair_bias.attention.linear_{name}.weight"
-                                        for name in ("q", "k", "v", "g"))),
-        "attention.query_bias": same("attention_pair_bias.attention.linear_q.bias"),
-        "attention.pair_bias.norm.weight": same("attention_pair_bias.layernorm_z.weight"),
-        "attention.pair_bias.norm.bias": zeros("the pair LayerNorm's offset (Protenix: create_offset=False)"),
-        "attention.pair_bias.linear.weight": same("attention_pair_bias.linear_nobias_z.weight"),
-        "attention.linear_out.weight": same("attention_pair_bias.attention.linear_o.weight"),
-        "attention.output_gate.weight": same("attention_pair_bias.linear_a_last.weight"),
-        "attention.output_gate.bias": same("attention_pair_bias.linear_a_last.bias"),
-        **under("transition.adaln.", "conditioned_transition_block.adaln.", adaptive_layernorm_map()),
-        "transition.linear_a.weight": same("conditioned_transition_block.linear_nobias_a1.weight"),
-        "transition.linear_b.weight": same("conditioned_transition_block.linear_nobias_a2.weight"),
-        "transition.linear_out.weight": same("conditioned_transition_block.linear_nobias_b.weight"),
-        "transition.output_gate.weight": same("conditioned_transition_block.linear_s.weight"),
-        "transition.output_gate.bias": same("conditioned_transition_block.linear_s.bias"),
-    }
-
-
-def conditioned_transformer_map(num_blocks: int, key_adaln: bool = False) -> Mapping:
-    """featurecache.model.network.transformer.ConditionedTransformer <- DiffusionTransformer."""
-    mapping = {}
-    for index in range(num_blocks):
-        mapping.update(under(f"blocks.{index}.", f"blocks.{index}.", conditioned_transformer_block_map(key_adaln)))
-    return mapping
-
-
-def columns(*names: str) -> Source:
-    """Protenix's matrices side by side along the input dimension, as featurecache concatenates
-    their inputs into one feature vector."""
-    return Source(tuple(names), lambda tensors, shape: torch.cat(tensors, dim=1))
-
-
-def atom_attention_encoder_map(config: ModelConfig, with_trunk: bool) -> Mapping:
-    """featurecache.model.network.atom_attention.AtomAttentionEncoder <- AtomAttentionEncoder.
-
-    featurecache's reference features are [ref_pos 3 | ref_charge 1 | ref_mask 1 | element 128 |
-    name characters 4 x 64] through one matrix; Protenix has one matrix for ref_pos, one for the
-    charge and one for [ref_mask | element | name characters]: side by side, they are the same
-    product. (Protenix embeds arcsinh(ref_charge) and multiplies the result by ref_mask, as
-    featurecache does with ref_charge_arcsinh and atom_cond_ref_mask.)"""
-    mapping = {
-        "from_reference.weight": columns("linear_no_bias_ref_pos.weight", "linear_no_bias_ref_charge.weight",
-                                         "linear_no_bias_f.weight"),
-        "pair_from_offset.weight": same("linear_no_bias_d.weight"),
-        "pair_from_distance.weight": same("linear_no_bias_invd.weight"),
-        "pair_from_same_space.weight": same("linear_no_bias_v.weight"),
-        "pair_from_query.weight": same("linear_no_bias_cl.weight"),
-        "pair_from_key.weight": same("linear_no_bias_cm.weight"),
-        **{f"pair_mlp.{index}.weight": same(f"small_mlp.{index}.weight") for index in (1, 3, 5)},
-        **under("atom_transformer.transformer.", "atom_transformer.diffusion_transformer.",
-                conditioned_transformer_map(config.atom_attention.atom_blocks, config.atom_attention.atom_key_adaln)),
-        "to_token.weight": same("linear_no_bias_q.weight"),
-    }
-    if with_trunk:
-        mapping.update({
-            "from_trunk_single.norm.weight": same("layernorm_s.weight"),
-            "from_trunk_single.norm.bias": zeros("the trunk single's LayerNorm offset (Protenix: none)"),
-            "from_trunk_single.linear.weight": same("linear_no_bias_s.weight"),
-            "from_trunk_pair.norm.weight": same("layernorm_z.weight"),
-            "from_trunk_pair.norm.bias": zeros("the trunk pair's LayerNorm offset (Protenix: none)"),
-            "from_trunk_pair.linear.weight": same("linear_no_bias_z.weight"),
-            "from_positions.weight": same("linear_no_bias_r.weight"),
-        })
-    return mapping
-
-
-def atom_attention_decoder_map(config: ModelConfig) -> Mapping:
-    """featurecache.model.network.atom_attention.AtomAttentionDecoder <- AtomAttentionDecoder."""
-    return {
-        "from_token.weight": same("linear_no_bias_a.weight"),
-        **under("atom_transformer.transformer.", "atom_transformer.diffusion_transformer.",
-                conditioned_transformer_map(config.atom_attention.atom_blocks, config.atom_attention.atom_key_adaln)),
-        "to_positions.norm.weight": same("layernorm_q.weight"),
-        "to_positions.norm.bias": zeros("the output LayerNorm's offset (Protenix: none)"),
-        "to_positions.linear.weight": same("linear_no_bias_out.weight"),
-    }
+def confidence_head_protenix_only(config: ModelConfig) -> dict[str, ProtenixOnly]:
+    """The confidence head's Protenix tensors without a counterpart in featurecache's head built
+    from `config`: its fixed distance bins always; with AF3's head (confidence_single_norm and
+    confidence_raw_distance off) its raw-distance embedding, zeroed, and its LayerNorm of the trunk
+    single, which the comparison applies to featurecache's input."""
+    constants = confidence_head_constants()
+    only = {name: ProtenixOnly("constant", "the distance bins' edges (the last open)", value)
+            for name, value in constants.items()}
+    if not config.dialect.confidence_raw_distance:
+        only["linear_no_bias_d_wo_onehot.weight"] = ProtenixOnly(
+            "zeroed", "Protenix adds a linear embedding of the raw distance beside the one-hot bins; AF3 "
+                      "(Algorithm 31) and featurecache's default embed the bins only")
+    if not config.dialect.confidence_single_norm:
+        for name in ("input_strunk_ln.weight", "input_strunk_ln.bias"):
+            only[name] = ProtenixOnly(
+                "input", "Protenix normalises the trunk single (clamped to +-512) before its Pairformer; AF3 and "
+                         "featurecache's default do not: the comparison gives featurecache the normalised single")
+    return only
 
 
 def protenix_atom_transformer_without_cross_attention(atom_transformer: nn.Module, config: ModelConfig) -> None:
@@ -459,129 +266,139 @@ def protenix_atom_transformer_with_keys_normalised_from_input(atom_transformer: 
         attention.layernorm_kv.register_forward_pre_hook(feed_input, with_kwargs=True)
 
 
-# --- the diffusion module (Algorithms 20-22) and the relative position encoding (Algorithm 3) ------
+# --- the whole model: Protenix's own, small, and its inputs from a featurecache batch --------------
 
 
-def layernorm_linear_map(norm: str, linear: str, norm_offset: bool = False) -> Mapping:
-    """featurecache's LayerNormLinear (no linear bias) <- a Protenix LayerNorm and LinearNoBias;
-    Protenix builds most of these LayerNorms without offset (create_offset=False: zero here)."""
-    return {
-        "norm.weight": same(f"{norm}.weight"),
-        "norm.bias": same(f"{norm}.bias") if norm_offset else zeros(f"{norm}'s offset (Protenix: none)"),
-        "linear.weight": same(f"{linear}.weight"),
+def _deep_update(target: dict, update: dict) -> dict:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            _deep_update(target[key], value)
+        else:
+            target[key] = value
+    return target
+
+
+# Protenix's whole model at small widths (its own constructor, its own fixed sizes: triangle
+# updates 128 wide with 4 heads of 32, 16 single heads, 8 x 8 pair-weighted averaging, a 256-wide
+# noise embedding, an input embedder of 3 atom blocks), a few blocks of each stack.
+SMALL_PROTENIX = {
+    "c_s": 32, "c_z": 16, "c_token": 32, "c_s_inputs": 32 + 65, "c_atom": 16, "c_atompair": 8, "n_blocks": 2,
+    "model": {
+        "template_embedder": {"n_blocks": 1, "c": 8}, "msa_module": {"n_blocks": 2, "c_m": 8},
+        "confidence_head": {"n_blocks": 1},
+        "diffusion_module": {"c_token": 32, "atom_encoder": {"n_blocks": 1}, "transformer": {"n_blocks": 2},
+                             "atom_decoder": {"n_blocks": 1}},
+    },
+    # every MSA row, in order (its MSA module otherwise draws a random number of them)
+    "data": {"msa": {"strategy": "topk", "min_size": {"train": 1 << 14, "test": 1 << 14}}},
+    "triangle_multiplicative": "torch", "triangle_attention": "torch", "use_wandb": False,
+}
+
+
+def protenix_configs(update: dict | None = None):
+    """Protenix's training configs (its configs_base and configs_data) with `update` applied
+    (default SMALL_PROTENIX), through its own parse_configs."""
+    import_protenix()
+    from configs.configs_base import configs as base_configs
+    from configs.configs_data import data_configs
+    from protenix.config import parse_configs
+
+    configs = copy.deepcopy({**base_configs, "data": data_configs})
+    _deep_update(configs, copy.deepcopy(SMALL_PROTENIX if update is None else update))
+    return parse_configs(configs, arg_str="", fill_required_with_null=True)
+
+
+def protenix_model(generator: torch.Generator, update: dict | None = None) -> nn.Module:
+    """Protenix's model (protenix.model.protenix.Protenix) built from protenix_configs(update),
+    its weights randomised, in eval mode."""
+    configs = protenix_configs(update)
+    from protenix.model.protenix import Protenix
+
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    with contextlib.redirect_stdout(io.StringIO()):  # its factories print their settings
+        model = Protenix(configs)
+    torch.backends.cuda.matmul.allow_tf32 = tf32  # its constructor sets the process-wide flag
+    randomise(model, generator)
+    return model.eval()
+
+
+def protenix_template_features(batch: dict) -> dict:
+    """Protenix's template inputs of sample 0 from featurecache's features (before its multichain
+    mask, which Protenix applies itself to the masks and unit vectors; the distogram it reads as
+    given, so it gets featurecache's masked one). Protenix's own template featurizer imports
+    biopython, which is not installed: this compares the model, not the featurizer."""
+    distogram, pb_mask, unit, backbone_mask = [], [], [], []
+    bins = TEMPLATE_DISTOGRAM_EDGES[2] + 1
+    for index in range(batch["template_mask"].shape[1]):
+        features = template_pair_features(batch, index)[0]  # [N, N, 108], chain-masked
+        distogram.append(features[..., :bins])
+        pb = batch["template_pseudo_beta_mask"][0, index]
+        pb_mask.append((pb[:, None] & pb[None, :]).float())
+        bb = batch["template_backbone_mask"][0, index].all(dim=-1)
+        backbone_mask.append((bb[:, None] & bb[None, :]).float())
+        unit.append(features[..., bins + 1:bins + 4])  # zero across chains, where Protenix's mask zeroes it too
+    return {"template_distogram": torch.stack(distogram), "template_pseudo_beta_mask": torch.stack(pb_mask),
+            "template_unit_vector": torch.stack(unit), "template_backbone_frame_mask": torch.stack(backbone_mask),
+            "template_aatype": batch["template_restype"][0].long(), "asym_id": batch["asym_id"][0]}
+
+
+def protenix_element_index(atomic_number: torch.Tensor) -> torch.Tensor:
+    """Protenix's ref_element one-hot index of an atomic number: H first (Z - 1); featurecache's
+    unknown element 0 in its last slot, as integrations.protenix.weights maps the columns."""
+    return (atomic_number.long() - 1) % NUM_ELEMENTS
+
+
+def protenix_features(batch: dict) -> dict:
+    """Protenix's input_feature_dict for sample 0 of a featurecache batch without padding (Protenix
+    runs one sample, unpadded): what its featurizer gives for the same tokens, atoms, MSA and
+    templates. Its model adds the relative-position features and the atom pairs itself."""
+    if not (batch["token_pad_mask"][0].all() and batch["atom_pad_mask"][0].all()):
+        raise ValueError("protenix_features: sample 0 has padding; Protenix's model reads unpadded samples")
+    one = {name: value[0] for name, value in batch.items() if isinstance(value, torch.Tensor)}
+    atom_to_token = one["atom_to_token"].long()
+    tokens = one["restype"].shape[0]
+    deletions = one["deletion_matrix"].float()
+    rows = one["msa_row_mask"]
+    centre = centre_atom_index(batch)[0]
+    representative = representative_atom_index(batch)[0]
+    frame_atoms = one["frame_atom_index"].long()
+
+    def atom_mask(index: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(atom_to_token.shape[0], dtype=torch.long)
+        mask[index] = 1
+        return mask
+
+    features = {
+        "restype": F.one_hot(one["restype"].long(), NUM_RESTYPES).float(),
+        "profile": one["msa_profile"].float(), "deletion_mean": one["deletion_mean"].float(),
+        **{name: one[name].long() for name in ("asym_id", "residue_index", "entity_id", "sym_id", "token_index")},
+        "token_bonds": dense_token_bonds(batch["token_bonds"], batch["token_bond_mask"], tokens)[0].float(),
+        "msa": one["msa"][rows].long(), "has_deletion": (deletions[rows] > 0).float(),
+        "deletion_value": (torch.atan(deletions[rows] / 3.0) * (2.0 / math.pi)),
+        "ref_pos": one["ref_pos"].float(), "ref_charge": one["ref_charge"].float(),
+        "ref_mask": one["ref_mask"].float(),
+        "ref_element": F.one_hot(protenix_element_index(one["ref_element"]), NUM_ELEMENTS).float(),
+        "ref_atom_name_chars": F.one_hot(one["ref_atom_name_chars"].long(), NAME_CHAR_CLASSES).float(),
+        "ref_space_uid": one["ref_space_uid"].long(), "atom_to_token_idx": atom_to_token,
+        "atom_to_tokatom_idx": atom_slots(batch["atom_to_token"], batch["atom_pad_mask"], tokens)[0],
+        "distogram_rep_atom_mask": atom_mask(representative), "pae_rep_atom_mask": atom_mask(centre),
+        "plddt_m_rep_atom_mask": atom_mask(centre[~one["is_ligand"]]),
+        "frame_atom_index": frame_atoms.clamp(min=0), "has_frame": (frame_atoms >= 0).all(-1).long(),
+        **{name: one[name][atom_to_token].long() for name in ("is_protein", "is_rna", "is_dna", "is_ligand")},
+        "resolution": one["resolution"].reshape(1).float(),
     }
+    if one["template_mask"].any():
+        features.update({name: value[one["template_mask"]] if name != "asym_id" else value
+                         for name, value in protenix_template_features(batch).items()})
+    bonds = token_bond_atoms(batch["token_bonds"], batch["token_bond_mask"], batch["atom_to_token"],
+                             batch["atom_pad_mask"], batch["atom_pos"], batch["atom_mask"])[0]
+    bonds = bonds[(bonds >= 0).all(-1)]
+    bond_mask = torch.zeros(atom_to_token.shape[0], atom_to_token.shape[0], dtype=torch.long)
+    bond_mask[bonds[:, 0], bonds[:, 1]] = bond_mask[bonds[:, 1], bonds[:, 0]] = 1
+    features["bond_mask"] = bond_mask
+    return features
 
 
-def relative_position_map(config: ModelConfig) -> Mapping:
-    """featurecache.model.network.embedders.RelativePositionEncoding <- RelativePositionEncoding: the same
-    features [residue offset | token offset | same entity | chain offset] in the same order.
-
-    Protenix (as AF3) gives the chain offset sym_i - sym_j to pairs of one entity: featurecache's
-    relpos_chain_gate "entity". Its "chain" gate (the supplement's) is a different function on
-    any complex, which no weight map makes equal."""
-    if config.trunk.relpos_chain_gate != "entity":
-        raise NameMapError(f"relpos_chain_gate {config.trunk.relpos_chain_gate!r}: Protenix gates the relative chain "
-                           "encoding on the entity; only 'entity' has a weight map")
-    return {"linear.weight": same("linear_no_bias.weight")}
-
-
-def diffusion_module_map(config: ModelConfig) -> Mapping:
-    """featurecache.model.network.diffusion.DiffusionModule <- DiffusionModule (Algorithms 20-21)."""
-    conditioning = {
-        **under("relpos.", "relpe.", relative_position_map(config)),
-        **under("pair_in.", "", layernorm_linear_map("layernorm_z", "linear_no_bias_z")),
-        **under("single_in.", "", layernorm_linear_map("layernorm_s", "linear_no_bias_s")),
-        **under("noise_in.", "", layernorm_linear_map("layernorm_n", "linear_no_bias_n")),
-        "fourier.weight": same("fourier_embedding.w"), "fourier.bias": same("fourier_embedding.b"),
-    }
-    for index in range(2):
-        conditioning.update(under(f"pair_transitions.{index}.", f"transition_z{index + 1}.", transition_map()))
-        conditioning.update(under(f"single_transitions.{index}.", f"transition_s{index + 1}.", transition_map()))
-    return {
-        **under("conditioning.", "diffusion_conditioning.", conditioning),
-        **under("atom_encoder.", "atom_attention_encoder.",
-                atom_attention_encoder_map(config, with_trunk=True)),
-        **under("single_to_token.", "", layernorm_linear_map("layernorm_s", "linear_no_bias_s")),
-        **under("transformer.", "diffusion_transformer.",
-                conditioned_transformer_map(config.diffusion.diffusion_blocks)),
-        "token_norm.weight": same("layernorm_a.weight"),
-        "token_norm.bias": zeros("the token LayerNorm's offset (Protenix: none)"),
-        **under("atom_decoder.", "atom_attention_decoder.", atom_attention_decoder_map(config)),
-    }
-
-
-# --- the confidence head (Algorithm 31) -----------------------------------------------------------
-
-
-def pairformer_stack_map(num_blocks: int, c_s: int) -> Mapping:
-    """featurecache.model.network.pairformer.Pairformer <- PairformerStack."""
-    mapping = {}
-    for index in range(num_blocks):
-        mapping.update(under(f"blocks.{index}.", f"blocks.{index}.", pairformer_block_map(c_s)))
-    return mapping
-
-
-def confidence_head_map(config: ModelConfig) -> Mapping:
-    """featurecache.model.network.confidence.ConfidenceHead <- ConfidenceHead. Protenix's
-    linear_no_bias_s2 reads token i of z_ij, linear_no_bias_s1 token j; the per-atom-slot weights
-    have the same [slot, c_s, bins] layout (Protenix built with featurecache's 24 slots)."""
-    return {
-        "left_inputs.weight": same("linear_no_bias_s2.weight"),
-        "right_inputs.weight": same("linear_no_bias_s1.weight"),
-        "distance.weight": same("linear_no_bias_d.weight"),
-        **under("pairformer.", "pairformer_stack.",
-                pairformer_stack_map(config.confidence.confidence_blocks, config.trunk.c_s)),
-        "pae_norm.weight": same("pae_ln.weight"), "pae_norm.bias": same("pae_ln.bias"),
-        "pae.weight": same("linear_no_bias_pae.weight"),
-        "pde_norm.weight": same("pde_ln.weight"), "pde_norm.bias": same("pde_ln.bias"),
-        "pde.weight": same("linear_no_bias_pde.weight"),
-        "plddt_norm.weight": same("plddt_ln.weight"), "plddt_norm.bias": same("plddt_ln.bias"),
-        "resolved_norm.weight": same("resolved_ln.weight"), "resolved_norm.bias": same("resolved_ln.bias"),
-        "plddt": same("plddt_weight"), "resolved": same("resolved_weight"),
-    }
-
-
-def confidence_head_protenix_only(distance_lower_edges: torch.Tensor) -> dict[str, ProtenixOnly]:
-    """The confidence head's Protenix tensors without a featurecache counterpart."""
-    upper = torch.cat([distance_lower_edges[1:], distance_lower_edges.new_tensor([1e6])])
-    return {
-        "linear_no_bias_d_wo_onehot.weight": ProtenixOnly(
-            "zeroed", "Protenix adds a linear embedding of the raw distance beside the one-hot bins; AF3 "
-                      "(Algorithm 31) and featurecache embed the bins only"),
-        "input_strunk_ln.weight": ProtenixOnly(
-            "input", "Protenix normalises the trunk single (clamped to +-512) before its Pairformer; AF3 and "
-                     "featurecache do not: the comparison gives featurecache the normalised single"),
-        "input_strunk_ln.bias": ProtenixOnly("input", "as input_strunk_ln.weight"),
-        "lower_bins": ProtenixOnly("constant", "distance bins' lower edges", distance_lower_edges),
-        "upper_bins": ProtenixOnly("constant", "distance bins' upper edges (the last open)", upper),
-    }
-
-
-# --- the template embedder (Algorithm 16) ---------------------------------------------------------
-
-
-def template_feature_columns(num_restypes: int, distogram_bins: int = 39) -> list[int]:
-    """For each column of featurecache's template features [distogram | pseudo-beta mask | unit
-    vector 3 | backbone mask | restype of i | restype of j], the column of Protenix's
-    [distogram | pseudo-beta mask | restype of j | restype of i | unit vector 3 | backbone mask]
-    (its first restype block is expanded along i, so it holds token j's)."""
-    d = distogram_bins
-    restype_j, restype_i = d + 1, d + 1 + num_restypes
-    unit, backbone = d + 1 + 2 * num_restypes, d + 4 + 2 * num_restypes
-    return ([*range(d), d, unit, unit + 1, unit + 2, backbone]
-            + list(range(restype_i, restype_i + num_restypes)) + list(range(restype_j, restype_j + num_restypes)))
-
-
-def template_embedder_map(num_blocks: int, num_restypes: int) -> Mapping:
-    """featurecache.model.network.embedders.TemplateEmbedder <- TemplateEmbedder."""
-    order = template_feature_columns(num_restypes)
-    mapping = {
-        "pair_norm.weight": same("layernorm_z.weight"), "pair_norm.bias": same("layernorm_z.bias"),
-        "from_pair.weight": same("linear_no_bias_z.weight"),
-        "from_features.weight": Source(("linear_no_bias_a.weight",), lambda tensors, shape: tensors[0][:, order]),
-        "out_norm.weight": same("layernorm_v.weight"), "out_norm.bias": same("layernorm_v.bias"),
-        "linear_out.weight": same("linear_no_bias_u.weight"),
-    }
-    for index in range(num_blocks):
-        mapping.update(under(f"blocks.{index}.", f"pairformer_stack.blocks.{index}.", pair_stack_map()))
-    return mapping
+def protenix_labels(batch: dict) -> dict:
+    """Protenix's label_dict of sample 0: the true coordinates and which atoms have them."""
+    return {"coordinate": batch["atom_pos"][0].float(), "coordinate_mask": batch["atom_mask"][0].long()}

@@ -126,6 +126,10 @@ def _preset_values(setting: str) -> str:
               help="Steps between checkpoints (and one at the end).")
 @click.option("--resume", type=click.Path(exists=True),
               help="Checkpoint file, or a run directory to resume from its newest checkpoint.")
+@click.option("--init-from", type=click.Path(),
+              help="Fine-tune: start from this checkpoint's weights and model settings (a Protenix model converted "
+                   "by `featurecache convert`, or another run's checkpoint) instead of --preset's fresh ones; the "
+                   "optimizer, schedule and data start afresh. To --resume such a run, give the same --init-from.")
 @click.option("--compile", "compile_model", is_flag=True, help="torch.compile every block of the trunk.")
 @click.option("--static-shapes", is_flag=True,
               help="Pad every batch to --crop-size tokens, --msa-cycle-draws x --msa-rows-per-sample rows and --max-templates "
@@ -142,7 +146,7 @@ def _preset_values(setting: str) -> str:
 def train_command(ctx: click.Context, cache, online, alignments, template_dir, out, preset, pairformer_blocks,
                   checkpoint_group, kernels, steps, max_recycling_cycles, diffusion_batch, crop_size,
                   msa_rows_per_sample, msa_cycle_draws, old_msa_rows, crop_mode_probs, spatial_crop_prob,
-                  max_templates, batch_size, num_workers, checkpoint_every, resume, compile_model,
+                  max_templates, batch_size, num_workers, checkpoint_every, resume, init_from, compile_model,
                   static_shapes, cuda_graphs, seed, device, validation_keys, **recipe) -> None:
     """Train the AF3 structure model (trunk and diffusion module) from a feature cache."""
     refuse_output_in_cache("--out", out, cache)
@@ -171,7 +175,7 @@ def train_command(ctx: click.Context, cache, online, alignments, template_dir, o
             cache=cache, online=online, alignments=alignments, template_dir=template_dir, out=out,
             preset=preset, model_settings=model_settings, kernels=kernels, steps=steps, sample=sample,
             batch_size=batch_size, num_workers=num_workers,
-            checkpoint_every=checkpoint_every, resume=resume, compile=compile_model,
+            checkpoint_every=checkpoint_every, resume=resume, init_from=init_from, compile=compile_model,
             static_shapes=static_shapes, cuda_graphs=cuda_graphs, device=device,
             validation_keys=tuple(key for value in validation_keys for key in value.split(",") if key),
             **recipe,  # the optimizer, schedule, EMA, accumulation, validation and determinism options

@@ -16,10 +16,13 @@ import torch
 
 from featurecache.config import SampleConfig
 from featurecache.kernels.runtime import KERNEL_CHOICES, runs_triton
-from featurecache.model.config import PRESETS, ModelConfig, preset
+from featurecache.model.config import PRESETS, RUNTIME_SETTINGS, ModelConfig, preset
 
 # "auto": the Triton kernels on a CUDA device, the PyTorch references on the CPU.
 KERNEL_OPTIONS = ("auto", *KERNEL_CHOICES)
+# The model settings an --init-from run may set over its checkpoint's: how the run trains (its
+# kernels and recomputation, recycling count and diffusion batch), not what the weights are.
+INIT_FROM_SETTINGS = (*RUNTIME_SETTINGS, "max_recycling_cycles", "diffusion_batch")
 # Atoms a token holds at most (a nucleotide has up to 23 heavy atoms; ligand and modified-residue
 # tokens are one atom each) and token bonds per token (heavy atoms have at most 4 covalent
 # partners, each bond counted once): the fixed atom and bond axes of --static-shapes batches.
@@ -81,6 +84,10 @@ class TrainConfig:
     prefetch_factor: int = 2
     checkpoint_every: int = 1000
     resume: str | None = None
+    # Start from a checkpoint's weights and model settings (a model converted from Protenix by
+    # `featurecache convert`, or another run's) instead of --preset's fresh ones: fine-tuning.
+    # The optimizer, schedule and data position start afresh; --resume continues such a run.
+    init_from: str | None = None
     compile: bool = False
     # Pad every batch to the sample's crop size, MSA rows and templates, so all steps have one
     # shape: torch.compile compiles once (and a step could be a CUDA graph).
@@ -105,6 +112,11 @@ class TrainConfig:
             self.model_config("torch")
         except (TypeError, ValueError) as error:
             raise TrainSetupError(f"model settings {self.model_settings}: {error}") from None
+        if self.init_from is not None:
+            fixed = sorted(name for name in self.model_settings if name not in INIT_FROM_SETTINGS)
+            if fixed:
+                raise TrainSetupError(f"model settings {fixed} do not go with --init-from: the model is the "
+                                      f"checkpoint's (a run may set only {', '.join(INIT_FROM_SETTINGS)})")
         if not isinstance(self.sample, SampleConfig):
             raise TrainSetupError(f"sample must be a SampleConfig, got {self.sample!r}")
         for name in ("steps", "batch_size", "accumulate", "pair_shards", "checkpoint_every", "prefetch_factor",

@@ -35,13 +35,13 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from featurecache.model import AF3Model, sample_num_cycles
+from featurecache.model import AF3Model, ModelConfig, sample_num_cycles
 from featurecache.model.af3 import LOSS_INPUTS, OPTIONAL_LOSS_INPUTS, REQUIRED_INPUTS
 from featurecache.model.config import RUNTIME_SETTINGS, WEIGHT_MEANING_SETTINGS, saved_model_settings
 from featurecache.model.network.msa import OPTIONAL_INPUTS as MSA_OPTIONAL_INPUTS
 from featurecache.sampler import StepLayout
-from featurecache.training.checkpoint import (checkpoint_path, load_checkpoint, optimizer_state, rng_state,
-                                              save_checkpoint, set_rng_state)
+from featurecache.training.checkpoint import (checkpoint_path, load_checkpoint, load_initial_weights,
+                                              optimizer_state, rng_state, save_checkpoint, set_rng_state)
 from featurecache.training.config import TrainConfig, TrainSetupError, resolve_kernels
 from featurecache.training.cuda_graph import GraphedUpdate
 from featurecache.training.data import build_datasets, fixed_sizes, make_batch_sampler, make_loader, to_device
@@ -80,11 +80,19 @@ class Trainer:
     without cuda_graphs runs that same update launched (tests compare it with DDP on the CPU);
     it recycles max_recycling_cycles times at every step, as a graph does."""
 
-    def __init__(self, config: TrainConfig, kernels: str, world: Dist, manual_sync: bool | None = None) -> None:
+    def __init__(self, config: TrainConfig, kernels: str, world: Dist, manual_sync: bool | None = None,
+                 initial: dict | None = None) -> None:
+        """`initial`: the --init-from checkpoint (load_initial_weights): its model settings and
+        weights instead of the preset's and fresh ones."""
         self.config = config
         self.world = world
         self.manual_sync = config.cuda_graphs if manual_sync is None else manual_sync
-        self.model = shard_model(AF3Model(config.model_config(kernels)).to(world.device), world)
+        model_config = config.model_config(kernels) if initial is None else initial_model_config(
+            initial, config.init_from, {**config.model_settings, "kernels": kernels})
+        model = AF3Model(model_config)
+        if initial is not None:  # before sharding, which splits the Pairformer's modules
+            load_initial(model, initial, config.init_from)
+        self.model = shard_model(model.to(world.device), world)
         if config.compile:
             self.model.compile_blocks()
         # capturable: AdamW's step counter stays on the GPU, so the update can be replayed by a graph
@@ -94,6 +102,8 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_factor(config.warmup, config.lr_decay_factor, config.lr_decay_every))
         self.average = WeightAverage(self.model, config.ema_decay)
+        if initial is not None and "ema" in initial:  # the average the checkpoint kept, else its weights
+            self.average.load_state_dict(initial["ema"])
         self.layout = StepLayout(config.batch_size, world.world_size, config.accumulate)
         self.steps_taken = 0  # by this process (a resumed run counts from its resume)
         self.trained: torch.nn.Module = self.model
@@ -122,13 +132,17 @@ class Trainer:
             reason = " ".join(str(error).split()) or type(error).__name__
             raise TrainSetupError(f"--resume {self.config.resume}: its optimizer state does not fit this run "
                                   f"({reason})") from None
+        self._load_average(state)
+        if self.world.rank < len(state["rng"]):
+            set_rng_state(state["rng"][self.world.rank])
+        return Position(state["step"], state["epoch"], state["sample_in_epoch"])
+
+    def _load_average(self, state: dict) -> None:
+        """The EMA of a checkpoint, or started at the weights where it keeps none."""
         if "ema" in state:
             self.average.load_state_dict(state["ema"])
         else:
             self.average = WeightAverage(self.model, self.config.ema_decay)
-        if self.world.rank < len(state["rng"]):
-            set_rng_state(state["rng"][self.world.rank])
-        return Position(state["step"], state["epoch"], state["sample_in_epoch"])
 
     def start(self) -> None:
         """Wrap for DDP or CUDA graphs, once the states are loaded."""
@@ -251,6 +265,27 @@ def _differing_settings(state: dict, config) -> dict[str, tuple] | None:
             if name in saved and name not in RUNTIME_SETTINGS and comparable(saved[name]) != comparable(here[name])}
 
 
+def initial_model_config(initial: dict, path: str, overrides: dict) -> ModelConfig:
+    """The model settings of an --init-from checkpoint (as it was trained, LEGACY_SETTINGS for
+    those it predates), with this run's settings of how it trains (`overrides`, by name:
+    TrainConfig's INIT_FROM_SETTINGS and the kernels)."""
+    settings = {name: value for name, value in saved_model_settings(initial["model_config"]).items()
+                if name not in RUNTIME_SETTINGS}
+    try:
+        return ModelConfig.from_settings({**settings, **overrides})
+    except (TypeError, ValueError) as error:
+        raise TrainSetupError(f"--init-from {path}: its model settings do not build a model ({error})") from None
+
+
+def load_initial(model: AF3Model, initial: dict, path: str) -> None:
+    """--init-from: the checkpoint's weights into the model its settings built."""
+    try:
+        model.load_state_dict(initial["model"])
+    except RuntimeError as error:
+        reason = " ".join(str(error).split())[:300]
+        raise TrainSetupError(f"--init-from {path}: its weights do not fit its own model settings: {reason}") from None
+
+
 def settings_differ(state: dict, config, names: tuple[str, ...] | None = None) -> bool:
     """Whether a checkpoint's model settings differ from `config`'s (only among `names` if given)."""
     differ = _differing_settings(state, config) or {}
@@ -338,14 +373,16 @@ def train(config: TrainConfig) -> list[dict]:
             pad_to = fixed_sizes(config, dataset)
             _check_steps_per_epoch(len(dataset), config, world)
             resumed = load_checkpoint(pathlib.Path(config.resume)) if config.resume else None
+            initial = load_initial_weights(pathlib.Path(config.init_from)) if config.init_from else None
             progress = TrainProgress(config, enabled=world.is_main)  # checks --tensorboard
 
             run_dir = pathlib.Path(config.out)
             if world.is_main:
                 run_dir.mkdir(parents=True, exist_ok=True)
             _seed(config.sample.seed, world.rank)
-            progress.note(f"building the {config.preset} model on {world.device}")
-            trainer = Trainer(config, kernels, world)
+            source = f"the model of {config.init_from}" if initial is not None else f"the {config.preset} model"
+            progress.note(f"building {source} on {world.device}")
+            trainer = Trainer(config, kernels, world, initial=initial)
             position = trainer.restore(resumed) if resumed is not None else Position()
             trainer.start()
             progress.begin(position.step, first_step_work(config, kernels))

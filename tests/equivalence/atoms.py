@@ -1,5 +1,6 @@
 """One small atom batch as both models read it: featurecache's collated batch and Protenix's
-input_feature_dict (unbatched, one-hot element and name characters, its trunked atom pairs)."""
+input_feature_dict (unbatched, one-hot element (H first, as its featurizer encodes it) and name
+characters, its trunked atom pairs)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from featurecache.model.network.atom_attention import NAME_CHAR_CLASSES, NUM_ELEMENTS, AtomWindows
+from featurecache.testing.protenix import protenix_element_index
 from featurecache.testing.synthetic import random_batch
 
 # 40 tokens of 5 atoms (the last two one-atom ligands): 192 atoms, 6 windows of 32 queries whose
@@ -38,7 +40,7 @@ def protenix_inputs(batch: dict) -> dict:
         "ref_pos": batch["ref_pos"][0].float(),
         "ref_charge": batch["ref_charge"][0].float(),
         "ref_mask": batch["ref_mask"][0].float(),
-        "ref_element": F.one_hot(batch["ref_element"][0].long(), NUM_ELEMENTS).float(),
+        "ref_element": F.one_hot(protenix_element_index(batch["ref_element"][0]), NUM_ELEMENTS).float(),
         "ref_atom_name_chars": F.one_hot(batch["ref_atom_name_chars"][0].long(), NAME_CHAR_CLASSES).float(),
         "ref_space_uid": batch["ref_space_uid"][0].long(),
         "atom_to_token_idx": batch["atom_to_token"][0].long(),

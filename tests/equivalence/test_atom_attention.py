@@ -3,7 +3,8 @@
 Protenix's atom transformer runs with its cross_attention_mode off (one AdaLN for queries, keys
 and values: featurecache's atom_key_adaln=False); its default nests a second AdaLN for the keys
 and values on the queries', where AF3 and featurecache's default normalise the input itself
-(docs/FIDELITY.md, "Protenix vs AlphaFold3"): a strict xfail below."""
+(docs/FIDELITY.md, "Protenix vs AlphaFold3"): a strict xfail below, and the same comparison with
+featurecache's atom_key_adaln_nested (Protenix's dialect), which passes."""
 
 import pytest
 import torch
@@ -122,6 +123,30 @@ def test_encoder_with_the_keys_own_adaln(generator):
         a_theirs = theirs(**encoder_arguments(protenix_inputs(batch)))[0]
         a_ours = ours(batch, windows, *ours.condition(batch, windows))[0]
     assert rel_error(a_ours[0, 0], a_theirs) <= FP32_TOLERANCE
+
+
+@pytest.mark.parametrize("with_trunk", [False, True])
+def test_encoder_with_protenix_nested_key_adaln(generator, with_trunk):
+    """featurecache's atom_key_adaln_nested (Protenix's dialect) against Protenix's own atom
+    transformer, unmodified: AdaLN_kv(AdaLN_q(a, s), s)."""
+    config = featurecache_config(atom_key_adaln=True, atom_key_adaln_nested=True)
+    theirs, ours = encoders(config, generator, with_trunk=with_trunk)
+    batch = atom_batch(generator)
+    windows = windows_of(batch, config)
+    tokens = batch["restype"].shape[1]
+    trunk = {}
+    if with_trunk:
+        trunk = {"s": torch.randn(1, tokens, config.trunk.c_s, generator=generator),
+                 "z": torch.randn(1, tokens, tokens, config.trunk.c_z, generator=generator),
+                 "r_l": torch.randn(1, batch["atom_to_token"].shape[1], 3, generator=generator)}
+    with torch.no_grad():
+        a_theirs = theirs(**encoder_arguments(protenix_inputs(batch)), **trunk)[0]
+        if with_trunk:
+            conditioning = ours.condition(batch, windows, trunk["s"], trunk["z"])
+            a_ours = ours(batch, windows, *conditioning, trunk["r_l"][:, None])[0][0]
+        else:
+            a_ours = ours(batch, windows, *ours.condition(batch, windows))[0][0, 0]
+    assert rel_error(a_ours, a_theirs) <= FP32_TOLERANCE
 
 
 @pytest.mark.parametrize("with_trunk", [False, True])

@@ -24,15 +24,18 @@ from tests.equivalence.tolerance import FP32_TOLERANCE
 NOISE_LEVELS = (16.0 * 4e-4, 1.0, 16.0, 16.0 * 160.0)
 
 
-@pytest.mark.parametrize("atom_key_adaln", [False, True])
-def test_diffusion_module_at_several_noise_levels(generator, atom_key_adaln):
-    """With atom_key_adaln False, Protenix's atom transformers run one AdaLN (its
-    cross_attention_mode off); True (AF3's), its layernorm_kv reads the block's input."""
+@pytest.mark.parametrize("keys", ["one_adaln", "af3", "protenix"])
+def test_diffusion_module_at_several_noise_levels(generator, keys):
+    """The atom transformers' keys: "one_adaln" (atom_key_adaln False) against Protenix's with its
+    cross_attention_mode off; "af3" (atom_key_adaln, featurecache's default) against Protenix's
+    layernorm_kv fed the block's input; "protenix" (atom_key_adaln_nested, its dialect) against
+    Protenix's own, unmodified."""
     from protenix.model.modules.diffusion import DiffusionModule as ProtenixDiffusionModule
     from protenix.model.modules.embedders import RelativePositionEncoding
 
     # Protenix fixes its noise embedding at 256 channels
-    config = featurecache_config(fourier_dim=256, atom_key_adaln=atom_key_adaln)
+    config = featurecache_config(fourier_dim=256, atom_key_adaln=keys != "one_adaln",
+                                 atom_key_adaln_nested=keys == "protenix")
     c_s_inputs = atom_single_input_dim(config)
     theirs = ProtenixDiffusionModule(
         sigma_data=config.diffusion.sigma_data, c_atom=config.atom_attention.c_atom, c_atompair=config.atom_attention.c_atompair,
@@ -41,9 +44,9 @@ def test_diffusion_module_at_several_noise_levels(generator, atom_key_adaln):
         transformer={"n_blocks": config.diffusion.diffusion_blocks, "n_heads": config.diffusion.diffusion_heads},
         atom_decoder={"n_blocks": config.atom_attention.atom_blocks, "n_heads": config.atom_attention.atom_heads})
     for encoder_or_decoder in (theirs.atom_attention_encoder, theirs.atom_attention_decoder):
-        if atom_key_adaln:
+        if keys == "af3":
             protenix_atom_transformer_with_keys_normalised_from_input(encoder_or_decoder.atom_transformer)
-        else:
+        elif keys == "one_adaln":
             protenix_atom_transformer_without_cross_attention(encoder_or_decoder.atom_transformer, config)
     ours = DiffusionModule(config, c_s_inputs)
     randomise(theirs, generator)

@@ -222,6 +222,14 @@ def test_plddt_loss_with_protenix_bin_edges(case, confidence_case):
     assert rel_error(ours, protenix_plddt_loss(case, outputs)) <= FP32_TOLERANCE
 
 
+def test_plddt_loss_with_protenix_bins_setting(case, confidence_case):
+    """featurecache's pLDDT loss with plddt_bins_protenix (Protenix's dialect) is Protenix's: its
+    bins, and every resolved atom counted."""
+    outputs, _ = confidence_case
+    ours = confidence_losses(outputs, case["predicted"], case["batch"], plddt_bins_protenix=True)
+    assert rel_error(ours["plddt"], protenix_plddt_loss(case, outputs)) <= FP32_TOLERANCE
+
+
 @pytest.mark.xfail(strict=True, reason="pLDDT bin edges: Protenix bins an lDDT on an edge k/50 into the bin "
                    "below, featurecache into the bin above, as AlphaFold 2's released loss does (floor(lddt x 50)); "
                    "AF3's released code has no pLDDT loss (docs/FIDELITY.md)")

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from featurecache.testing.protenix import NameMapError, ProtenixOnly, copy_weights, rows, same, zeros
+from featurecache.testing.protenix import NameMapError, ProtenixOnly, copy_weights, same, stacked, zeros
 
 
 def modules():
@@ -15,7 +15,7 @@ def modules():
 
 
 def full_map():
-    return {"proj.weight": rows("linear_q.weight", "linear_k.weight"), "proj.bias": zeros("no bias in Protenix")}
+    return {"proj.weight": stacked(("linear_q.weight", 3), ("linear_k.weight", 3)), "proj.bias": zeros("no bias in Protenix")}
 
 
 def test_a_complete_map_copies_every_tensor():

@@ -6,7 +6,14 @@ import torch
 from featurecache.model.network.msa import MSABlock
 from featurecache.model.network.pairformer import PairformerBlock
 from featurecache.testing.compare import rel_error
-from featurecache.testing.protenix import copy_weights, msa_block_map, pairformer_block_map, randomise
+from featurecache.testing.protenix import (
+    copy_weights,
+    msa_block_map,
+    outer_product_mean_af3_map,
+    pairformer_block_map,
+    randomise,
+    under,
+)
 
 from tests.equivalence.settings import featurecache_config
 from tests.equivalence.tolerance import FP32_TOLERANCE
@@ -26,7 +33,7 @@ def test_pairformer_block(generator):
     ours = PairformerBlock(config.trunk.c_s, config.trunk.c_z, config.trunk.single_heads, config.trunk.single_head_dim, config.trunk.pair_heads,
                            config.trunk.pair_head_dim, config.trunk.transition_expansion, kernels=config.runtime.kernels).eval()
     randomise(theirs, generator)
-    copy_weights(theirs, ours, pairformer_block_map(config.trunk.c_s))
+    copy_weights(theirs, ours, pairformer_block_map(config))
 
     s = torch.randn(1, TOKENS, config.trunk.c_s, generator=generator)
     z = torch.randn(1, TOKENS, TOKENS, config.trunk.c_z, generator=generator)
@@ -53,19 +60,26 @@ def protenix_pair_stack(config):
                                    num_intermediate_factor=config.trunk.transition_expansion, dropout=0.0)
 
 
+@pytest.mark.parametrize("bias_divided", [False, True], ids=["af3", "protenix"])
 @pytest.mark.parametrize("last", [False, True])
-def test_msa_block(generator, last):
+def test_msa_block(generator, last, bias_divided):
+    """With outer_product_bias_divided (Protenix's dialect) the outer product mean's bias is
+    Protenix's as it is; with AF3's order (mean, then Linear) the map rescales it for this MSA."""
     from protenix.model.modules.pairformer import MSABlock as ProtenixMSABlock
 
     # Protenix's pair-weighted averaging has 8 heads of 8 (fixed); its MSA transition expands 4x
-    config = featurecache_config(msa_heads=8, msa_head_dim=8)
+    config = featurecache_config(msa_heads=8, msa_head_dim=8, outer_product_bias_divided=bias_divided)
     theirs = ProtenixMSABlock(c_m=config.msa.c_m, c_z=config.trunk.c_z, c_hidden=config.msa.outer_product_dim,
                               is_last_block=last, msa_dropout=0.0, pair_dropout=0.0)
     theirs.pair_stack = protenix_pair_stack(config)
     theirs.eval()
     ours = MSABlock(config, last=last).eval()
     randomise(theirs, generator)
-    copy_weights(theirs, ours, msa_block_map(MSA_ROWS, last))
+    mapping = msa_block_map(config, last)
+    if not bias_divided:
+        mapping.update(under("outer_product_mean.", "outer_product_mean_msa.",
+                             outer_product_mean_af3_map(config, MSA_ROWS)))
+    copy_weights(theirs, ours, mapping)
 
     m = torch.randn(1, MSA_ROWS, TOKENS, config.msa.c_m, generator=generator)
     z = torch.randn(1, TOKENS, TOKENS, config.trunk.c_z, generator=generator)

@@ -8,34 +8,15 @@ reads them: this compares the embedding network and the multichain masking, not 
 
 import torch
 
-from featurecache.model.network.embedders import TemplateEmbedder, template_pair_features
-from featurecache.schema import NUM_RESTYPES
+from featurecache.model.network.embedders import TemplateEmbedder
 from featurecache.testing.compare import rel_error
-from featurecache.testing.protenix import copy_weights, randomise, template_embedder_map
+from featurecache.testing.protenix import copy_weights, protenix_template_features, randomise, template_embedder_map
 from featurecache.testing.synthetic import random_batch
 
 from tests.equivalence.settings import featurecache_config
 from tests.equivalence.tolerance import FP32_TOLERANCE
 
 TOKENS, TEMPLATES = 12, 2
-
-
-def protenix_template_features(batch: dict) -> dict:
-    """Protenix's template inputs of sample 0 from featurecache's features (before its multichain
-    mask, which Protenix applies itself to the masks and unit vectors; the distogram it reads as
-    given, so it gets featurecache's masked one)."""
-    distogram, pb_mask, unit, backbone_mask = [], [], [], []
-    for index in range(batch["template_mask"].shape[1]):
-        features = template_pair_features(batch, index)[0]  # [N, N, 108], chain-masked
-        distogram.append(features[..., :39])
-        pb = batch["template_pseudo_beta_mask"][0, index]
-        pb_mask.append((pb[:, None] & pb[None, :]).float())
-        bb = batch["template_backbone_mask"][0, index].all(dim=-1)
-        backbone_mask.append((bb[:, None] & bb[None, :]).float())
-        unit.append(features[..., 40:43])  # zero across chains, where Protenix's mask zeroes it too
-    return {"template_distogram": torch.stack(distogram), "template_pseudo_beta_mask": torch.stack(pb_mask),
-            "template_unit_vector": torch.stack(unit), "template_backbone_frame_mask": torch.stack(backbone_mask),
-            "template_aatype": batch["template_restype"][0].long(), "asym_id": batch["asym_id"][0]}
 
 
 def test_template_embedder(generator):
@@ -54,7 +35,7 @@ def test_template_embedder(generator):
         for _ in range(config.templates.template_blocks))
     ours = TemplateEmbedder(config)
     randomise(theirs, generator)
-    copy_weights(theirs, ours, template_embedder_map(config.templates.template_blocks, NUM_RESTYPES))
+    copy_weights(theirs, ours, template_embedder_map(config))
     theirs.eval(), ours.eval()
 
     batch = random_batch([TOKENS], [4], [TEMPLATES], generator, num_atoms_per_token=5)

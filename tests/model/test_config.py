@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from featurecache.model import AF3Model, ModelConfig, preset
-from featurecache.model.config import (LEGACY_SETTINGS, PART_TYPES, PRESETS, RENAMED_SETTINGS, SETTING_PARTS,
-                                       DiffusionConfig, TrunkConfig, saved_model_settings)
+from featurecache.model.config import (LEGACY_SETTINGS, PART_TYPES, PRESETS, PROTENIX_SETTINGS, PROTENIX_SIZES,
+                                       RENAMED_SETTINGS, SETTING_PARTS, DialectConfig, DiffusionConfig, TrunkConfig,
+                                       saved_model_settings)
 
 
 def test_every_setting_has_one_name_across_the_parts():
@@ -44,13 +45,33 @@ def test_each_part_checks_its_own_settings():
 
 def test_presets_own_every_model_default_including_the_diffusion_batch():
     assert {name: config.diffusion.diffusion_batch for name, config in PRESETS.items()} == \
-        {"af3": 48, "small": 16, "tiny": 4}
+        {"af3": 48, "small": 16, "tiny": 4, "protenix": 48}
     assert {name: config.trunk.max_recycling_cycles for name, config in PRESETS.items()} == \
-        {"af3": 4, "small": 4, "tiny": 4}
+        {"af3": 4, "small": 4, "tiny": 4, "protenix": 4}
     assert PRESETS["af3"] == ModelConfig()  # the field defaults are AF3's
     # the settings list round-trips through their names
     for config in PRESETS.values():
         assert ModelConfig.from_settings(config.settings()) == config
+
+
+def test_the_protenix_dialect_is_one_part_set_by_name():
+    protenix = PRESETS["protenix"]
+    settings = protenix.settings()
+    assert all(settings[name] == value for name, value in {**PROTENIX_SETTINGS, **PROTENIX_SIZES}.items())
+    # the dialect's own settings live in its part; the fidelity settings Protenix shares with AF3 in theirs
+    assert protenix.dialect == DialectConfig(**{name: value for name, value in {**PROTENIX_SETTINGS,
+                                                                              **PROTENIX_SIZES}.items()
+                                                if SETTING_PARTS[name] == "dialect"})
+    assert protenix.templates.template_pair_head_dim == 32 and protenix.trunk == PRESETS["af3"].trunk
+    assert PRESETS["af3"].dialect == DialectConfig()  # AF3's behaviour by default
+    # a dialect setting that needs another part's is checked across them, by its own part's name
+    with pytest.raises(ValueError, match="DialectConfig.atom_key_adaln_nested needs AtomAttentionConfig"):
+        protenix.replace(atom_key_adaln=False)
+    with pytest.raises(ValueError, match="DialectConfig.triangle_mult_hidden must be positive"):
+        preset("tiny", triangle_mult_hidden=0)
+    # a flat checkpoint of before the dialect is AF3's model
+    flat = {name: value for name, value in protenix.settings().items() if SETTING_PARTS[name] != "dialect"}
+    assert ModelConfig.from_settings(saved_model_settings(flat)).dialect.pair_init_from_single is False
 
 
 def test_the_model_trains_on_its_configs_diffusion_batch():

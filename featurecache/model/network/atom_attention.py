@@ -122,14 +122,17 @@ class AtomWindows:
 
 
 class AtomTransformer(nn.Module):
-    """Algorithm 7: the conditioned transformer over atoms with sequence-local attention."""
+    """Algorithm 7: the conditioned transformer over atoms with sequence-local attention, of
+    `num_blocks` blocks (default config.atom_attention.atom_blocks)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, num_blocks: int | None = None) -> None:
         super().__init__()
         atom = config.atom_attention
+        num_blocks = atom.atom_blocks if num_blocks is None else num_blocks
         self.transformer = ConditionedTransformer(
-            atom.c_atom, atom.c_atom, atom.c_atompair, atom.atom_blocks, atom.atom_heads,
-            config.runtime.kernels, checkpoint_blocks=config.runtime.checkpoint_blocks, key_adaln=atom.atom_key_adaln)
+            atom.c_atom, atom.c_atom, atom.c_atompair, num_blocks, atom.atom_heads,
+            config.runtime.kernels, checkpoint_blocks=config.runtime.checkpoint_blocks, key_adaln=atom.atom_key_adaln,
+            key_adaln_nested=config.dialect.atom_key_adaln_nested)
 
     def forward(self, atom_single, atom_cond, atom_pair, windows: AtomWindows) -> torch.Tensor:
         """atom_single [B, S, A, c_atom], atom_cond [B, 1, A, c_atom], atom_pair [B, W, Q, K, c_atompair]."""
@@ -138,9 +141,10 @@ class AtomTransformer(nn.Module):
 
 class AtomAttentionEncoder(nn.Module):
     """Algorithm 5, AtomAttentionEncoder. `with_trunk` builds the diffusion module's version,
-    which also reads the trunk's single and pair and the noisy positions."""
+    which also reads the trunk's single and pair and the noisy positions. `num_blocks`: its atom
+    transformer's (default config.atom_attention.atom_blocks)."""
 
-    def __init__(self, config: ModelConfig, c_token: int, with_trunk: bool) -> None:
+    def __init__(self, config: ModelConfig, c_token: int, with_trunk: bool, num_blocks: int | None = None) -> None:
         super().__init__()
         c_atom, c_pair = config.atom_attention.c_atom, config.atom_attention.c_atompair
         self.with_trunk = with_trunk
@@ -163,7 +167,7 @@ class AtomAttentionEncoder(nn.Module):
             nn.ReLU(), nn.Linear(c_pair, c_pair, bias=False),
             nn.ReLU(), nn.Linear(c_pair, c_pair, bias=False),
             nn.ReLU(), nn.Linear(c_pair, c_pair, bias=False))
-        self.atom_transformer = AtomTransformer(config)
+        self.atom_transformer = AtomTransformer(config, num_blocks)
         self.to_token = nn.Linear(c_atom, c_token, bias=False)
 
     def condition(self, batch: dict, windows: AtomWindows, trunk_single: torch.Tensor | None = None,

@@ -56,7 +56,16 @@ def distance_features(distance: torch.Tensor) -> torch.Tensor:
 class ConfidenceHead(nn.Module):
     """Algorithm 31. forward(s_inputs, single, pair, positions, batch) -> plddt_logits
     [B, S, A, 50], pae_logits [B, S, N, N, 64], pde_logits [B, S, N, N, 64] (symmetric),
-    resolved_logits [B, S, A, 2]."""
+    resolved_logits [B, S, A, 2].
+
+    Protenix's head, with its dialect's settings (docs/FIDELITY.md): the trunk single clamped to
+    +-512 and normalised by the head's own LayerNorm (confidence_single_norm), a LinearNoBias of the
+    raw distance beside its bins (confidence_raw_distance), and the PDE logits of the symmetrised
+    pair, Linear(LayerNorm(z + z^T)), instead of AF3's Linear(LayerNorm(z)) plus its transpose
+    (pde_symmetrised_input)."""
+
+    # Protenix's clamp of the trunk single before its LayerNorm (its confidence head)
+    SINGLE_CLAMP = 512.0
 
     def __init__(self, config: ModelConfig, single_input_dim: int) -> None:
         super().__init__()
@@ -65,10 +74,19 @@ class ConfidenceHead(nn.Module):
         self.left_inputs = nn.Linear(single_input_dim, c_z, bias=False)
         self.right_inputs = nn.Linear(single_input_dim, c_z, bias=False)
         self.distance = nn.Linear(DISTANCE_BINS, c_z, bias=False)
+        self.single_norm = nn.LayerNorm(c_s) if config.dialect.confidence_single_norm else None
+        self.raw_distance = nn.Linear(1, c_z, bias=False) if config.dialect.confidence_raw_distance else None
+        # The distances computed directly (AF3's head), or as Protenix's head computes them (torch's
+        # default: a matrix product past 25 tokens), since its raw-distance embedding passes their
+        # rounding (~1e-6 relative at 50 A) straight into the pair: the same bins and values as it.
+        self.distance_mode = ("use_mm_for_euclid_dist_if_necessary" if config.dialect.confidence_raw_distance
+                              else "donot_use_mm_for_euclid_dist")
+        self.pde_symmetrised_input = config.dialect.pde_symmetrised_input
         self.pairformer = Pairformer(
             config.confidence.confidence_blocks, c_s, c_z, trunk.single_heads, trunk.single_head_dim, trunk.pair_heads,
             trunk.pair_head_dim, trunk.transition_expansion, checkpoint_blocks=runtime.checkpoint_blocks,
             kernels=runtime.kernels, recompute_attention=runtime.checkpoint_group > 1,
+            mult_hidden=config.dialect.triangle_mult_hidden,
         )
         # with grouped checkpoints (a long crop) the whole head is re-run in backward: its z, the
         # distance features, norms and logits would keep ~6 pair-sized tensors
@@ -107,21 +125,29 @@ class ConfidenceHead(nn.Module):
         token_mask = batch["token_pad_mask"]
         pair_mask = token_mask[:, :, None] & token_mask[:, None, :]
         s_inputs, single, pair = s_inputs.detach(), single.detach(), pair.detach()
+        if self.single_norm is not None:
+            single = self.single_norm(single.clamp(-self.SINGLE_CLAMP, self.SINGLE_CLAMP))
         z = pair + self.left_inputs(s_inputs)[:, :, None] + self.right_inputs(s_inputs)[:, None, :]
         represented = gather_atoms(positions.detach().float(), representative_atom_index(batch))  # [B, S, N, 3]
-        distance = torch.cdist(represented, represented, compute_mode="donot_use_mm_for_euclid_dist")
+        distance = torch.cdist(represented, represented, compute_mode=self.distance_mode)
         features = distance_features(distance) * pair_mask[:, None, :, :, None]
         z = z[:, None] + self.distance(features)  # [B, S, N, N, c_z]
+        if self.raw_distance is not None:
+            z = z + self.raw_distance((distance * pair_mask[:, None]).unsqueeze(-1).to(z.dtype))
         s = single[:, None].expand(-1, samples, -1, -1)
         flat = batch_size * samples
         s, z = self.pairformer(s.reshape(flat, num_tokens, -1), z.reshape(flat, num_tokens, num_tokens, -1),
                                token_mask.repeat_interleave(samples, 0), pair_mask.repeat_interleave(samples, 0))
         s, z = s.view(batch_size, samples, num_tokens, -1), z.view(batch_size, samples, num_tokens, num_tokens, -1)
-        pde = self.pde(self.pde_norm(z))
+        if self.pde_symmetrised_input:
+            pde = self.pde(self.pde_norm(z + z.transpose(2, 3)))
+        else:
+            pde = self.pde(self.pde_norm(z))
+            pde = pde + pde.transpose(2, 3)
         slots = atom_slots(batch["atom_to_token"], batch["atom_pad_mask"], num_tokens)
         return {
             "pae_logits": self.pae(self.pae_norm(z)),
-            "pde_logits": pde + pde.transpose(2, 3),
+            "pde_logits": pde,
             "plddt_logits": self._per_atom(self.plddt_norm(s), self.plddt, batch["atom_to_token"], slots),
             "resolved_logits": self._per_atom(self.resolved_norm(s), self.resolved, batch["atom_to_token"], slots),
         }

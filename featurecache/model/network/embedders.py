@@ -82,15 +82,21 @@ def atom_single_input_dim(config: ModelConfig) -> int:
 
 
 class AtomInputEmbedder(nn.Module):
-    """Algorithm 2 (InputFeatureEmbedder) and Algorithm 1, lines 2-5: s_inputs, s_init, z_init."""
+    """Algorithm 2 (InputFeatureEmbedder) and Algorithm 1, lines 2-5: s_inputs, s_init, z_init.
+
+    z_init's outer sum projects s_inputs (Algorithm 1 line 3, AF3's code), or with
+    config.dialect.pair_init_from_single s_init, as Protenix does."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        inputs, trunk = atom_single_input_dim(config), config.trunk
-        self.atom_encoder = AtomAttentionEncoder(config, c_token=trunk.c_s, with_trunk=False)
+        inputs, trunk, dialect = atom_single_input_dim(config), config.trunk, config.dialect
+        self.pair_from_single = dialect.pair_init_from_single
+        pair_source = trunk.c_s if self.pair_from_single else inputs
+        self.atom_encoder = AtomAttentionEncoder(config, c_token=trunk.c_s, with_trunk=False,
+                                                 num_blocks=dialect.input_atom_blocks)
         self.to_single = nn.Linear(inputs, trunk.c_s, bias=False)
-        self.to_pair_i = nn.Linear(inputs, trunk.c_z, bias=False)
-        self.to_pair_j = nn.Linear(inputs, trunk.c_z, bias=False)
+        self.to_pair_i = nn.Linear(pair_source, trunk.c_z, bias=False)
+        self.to_pair_j = nn.Linear(pair_source, trunk.c_z, bias=False)
         self.relpos = RelativePositionEncoding(trunk.c_z, trunk.relpos_max_residue, trunk.relpos_max_chain,
                                                trunk.relpos_chain_gate)
         self.from_token_bonds = nn.Linear(1, trunk.c_z, bias=False)
@@ -109,13 +115,16 @@ class AtomInputEmbedder(nn.Module):
             batch["deletion_mean"].to(token_single.dtype).unsqueeze(-1),
         ], dim=-1)
         bonds = dense_token_bonds(batch["token_bonds"], batch["token_bond_mask"], s_inputs.shape[1])
-        z = maybe_checkpointed(self.recompute_pair and self.training, self._initial_pair, batch, s_inputs, bonds)
-        return s_inputs, self.to_single(s_inputs), z
+        s_init = self.to_single(s_inputs)
+        pair_source = s_init if self.pair_from_single else s_inputs
+        z = maybe_checkpointed(self.recompute_pair and self.training, self._initial_pair, batch, pair_source, bonds)
+        return s_inputs, s_init, z
 
-    def _initial_pair(self, batch: dict, s_inputs: torch.Tensor, bonds: torch.Tensor) -> torch.Tensor:
-        """z_init [B, N, N, c_z] (Algorithm 1, lines 3-5): outer sum, relative positions, bonds."""
-        return (self.to_pair_i(s_inputs)[:, :, None] + self.to_pair_j(s_inputs)[:, None, :] + self.relpos(batch)
-                + self.from_token_bonds(bonds.unsqueeze(-1).to(s_inputs.dtype)))
+    def _initial_pair(self, batch: dict, single: torch.Tensor, bonds: torch.Tensor) -> torch.Tensor:
+        """z_init [B, N, N, c_z] (Algorithm 1, lines 3-5): outer sum of `single` (s_inputs or
+        s_init), relative positions, bonds."""
+        return (self.to_pair_i(single)[:, :, None] + self.to_pair_j(single)[:, None, :] + self.relpos(batch)
+                + self.from_token_bonds(bonds.unsqueeze(-1).to(single.dtype)))
 
 
 def _backbone_frames(backbone: torch.Tensor) -> torch.Tensor:
@@ -166,12 +175,15 @@ def template_pair_features(batch: dict, index: int) -> torch.Tensor:
 
 
 class TemplateEmbedder(nn.Module):
-    """Algorithm 16: each template's pair features through a small pair stack, averaged."""
+    """Algorithm 16: each template's pair features through a small pair stack, averaged. With
+    config.dialect.template_embedder_needs_blocks a stack of 0 blocks embeds nothing (Protenix: its 0.5
+    models hold the embedder's weights without blocks, and never run it)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         templates = config.templates
         c_t = templates.c_template
+        self.off = config.dialect.template_embedder_needs_blocks and templates.template_blocks == 0
         self.checkpoint_blocks = config.runtime.checkpoint_blocks
         # with grouped checkpoints (a long crop), each template's whole path is re-run in backward:
         # it would otherwise keep ~3 pair-sized tensors per template (20 GB at crop 2,560)
@@ -182,7 +194,8 @@ class TemplateEmbedder(nn.Module):
         self.blocks = nn.ModuleList(
             PairStack(c_t, templates.template_pair_heads, templates.template_pair_head_dim,
                       templates.template_transition_expansion, kernels=config.runtime.kernels,
-                      dropout=config.trunk.pair_dropout, recompute_attention=self.recompute_templates)
+                      dropout=config.trunk.pair_dropout, recompute_attention=self.recompute_templates,
+                      mult_hidden=config.dialect.template_triangle_mult_hidden)
             for _ in range(templates.template_blocks)
         )
         self.out_norm = nn.LayerNorm(c_t)
@@ -194,7 +207,7 @@ class TemplateEmbedder(nn.Module):
         the step's, for the dropout seed (None: the device's default generator)."""
         template_mask = batch["template_mask"]  # [B, T]
         num_templates = template_mask.shape[1]
-        if num_templates == 0:
+        if num_templates == 0 or self.off:
             return torch.zeros_like(z)
         # re-run in backward with grouped checkpoints: the projection's bf16 input is a pair kept
         # until the templates' backward (z itself is kept anyway, as the norm's input)

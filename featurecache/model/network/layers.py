@@ -195,11 +195,15 @@ class PairWeightedAveraging(nn.Module):
 
 
 class OuterProductMean(nn.Module):
-    """MSA -> pair update: mean over valid rows of outer products (Algorithm 9)."""
+    """MSA -> pair update: mean over valid rows of outer products (Algorithm 9), then the output
+    Linear. `bias_divided`: the Linear (its bias too) of the sum, then divided by the row count,
+    OpenFold's order, which Protenix keeps: the bias shrinks with the MSA's depth."""
 
-    def __init__(self, c_m: int, c_z: int, hidden_dim: int, eps: float = 1e-5, kernels: str = "triton") -> None:
+    def __init__(self, c_m: int, c_z: int, hidden_dim: int, eps: float = 1e-5, kernels: str = "triton",
+                 bias_divided: bool = False) -> None:
         super().__init__()
         self.hidden_dim = hidden_dim
+        self.bias_divided = bias_divided
         self.proj = kernel_module(LayerNormLinear, c_m, 2 * hidden_dim, bias=True, eps=eps, kernels=kernels)
         self.linear_out = nn.Linear(hidden_dim * hidden_dim, c_z)
 
@@ -211,8 +215,10 @@ class OuterProductMean(nn.Module):
         outer = torch.einsum("bsic,bsjd->bijcd", a, b).flatten(-2)
         # rows where both positions are valid; 1e-3 keeps fully padded pairs finite
         count = torch.einsum("bsi,bsj->bij", mask.squeeze(-1).float(), mask.squeeze(-1).float())
-        outer = outer / (count.unsqueeze(-1) + 1e-3).to(outer.dtype)
-        return self.linear_out(outer)
+        rows = (count.unsqueeze(-1) + 1e-3).to(outer.dtype)
+        if self.bias_divided:
+            return self.linear_out(outer) / rows
+        return self.linear_out(outer / rows)
 
 
 # --- Dropout (AF3 Algorithms 8 and 17: DropoutRowwise, DropoutColumnwise) ----------------------

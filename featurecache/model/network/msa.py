@@ -70,14 +70,16 @@ class MSABlock(nn.Module):
         kernels, msa, trunk = config.runtime.kernels, config.msa, config.trunk
         self.last = last
         self.msa_dropout = msa.msa_dropout
-        self.outer_product_mean = OuterProductMean(msa.c_m, trunk.c_z, msa.outer_product_dim, kernels=kernels)
+        self.outer_product_mean = OuterProductMean(msa.c_m, trunk.c_z, msa.outer_product_dim, kernels=kernels,
+                                                   bias_divided=config.dialect.outer_product_bias_divided)
         if not last:
             self.pair_weighted_averaging = PairWeightedAveraging(
                 msa.c_m, trunk.c_z, msa.msa_heads, msa.msa_head_dim, kernels=kernels)
             self.msa_transition = kernel_module(
                 Transition, msa.c_m, expansion=trunk.transition_expansion, kernels=kernels)
         self.pair = PairStack(trunk.c_z, trunk.pair_heads, trunk.pair_head_dim,
-                              trunk.transition_expansion, kernels=kernels, dropout=trunk.pair_dropout)
+                              trunk.transition_expansion, kernels=kernels, dropout=trunk.pair_dropout,
+                              mult_hidden=config.dialect.triangle_mult_hidden)
 
     def forward(self, m: torch.Tensor, z: torch.Tensor, msa_mask: torch.Tensor, token_mask: torch.Tensor,
                 pair_mask: torch.Tensor, seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

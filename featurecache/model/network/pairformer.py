@@ -39,15 +39,20 @@ class PairStack(nn.Module):
     `recompute_attention` (ModelConfig.checkpoint_group > 1): while autograd records, each triangle
     attention keeps only its input and is re-run in backward. Its projections [B, L, L, 4 C + H]
     and output are ~6 pair-sized tensors of the ~21 a block re-run in backward holds (Triton path):
-    ~10 GB less at crop 2,560, for one more forward of the two attentions."""
+    ~10 GB less at crop 2,560, for one more forward of the two attentions.
+
+    `mult_hidden`: the triangle multiplications' inner width (None: c_z, as AF3; Protenix 128)."""
 
     def __init__(self, c_z: int, num_heads: int, head_dim: int, transition_expansion: int,
-                 kernels: str = "triton", dropout: float = 0.0, recompute_attention: bool = False) -> None:
+                 kernels: str = "triton", dropout: float = 0.0, recompute_attention: bool = False,
+                 mult_hidden: int | None = None) -> None:
         super().__init__()
         self.dropout = dropout
         self.recompute_attention = recompute_attention
-        self.tri_mul_out = kernel_module(TriangleMultiplication, c_z, direction="outgoing", kernels=kernels)
-        self.tri_mul_in = kernel_module(TriangleMultiplication, c_z, direction="incoming", kernels=kernels)
+        self.tri_mul_out = kernel_module(TriangleMultiplication, c_z, mult_hidden, direction="outgoing",
+                                         kernels=kernels)
+        self.tri_mul_in = kernel_module(TriangleMultiplication, c_z, mult_hidden, direction="incoming",
+                                        kernels=kernels)
         self.tri_att_start = TriangleAttention(c_z, num_heads, head_dim, node="starting", kernels=kernels)
         self.tri_att_end = TriangleAttention(c_z, num_heads, head_dim, node="ending", kernels=kernels)
         self.transition = kernel_module(Transition, c_z, expansion=transition_expansion, kernels=kernels)
@@ -79,10 +84,10 @@ class PairStack(nn.Module):
 class PairformerBlock(nn.Module):
     def __init__(self, c_s: int, c_z: int, single_heads: int, single_head_dim: int, pair_heads: int,
                  pair_head_dim: int, transition_expansion: int, kernels: str = "triton", dropout: float = 0.0,
-                 recompute_attention: bool = False) -> None:
+                 recompute_attention: bool = False, mult_hidden: int | None = None) -> None:
         super().__init__()
         self.pair = PairStack(c_z, pair_heads, pair_head_dim, transition_expansion, kernels=kernels, dropout=dropout,
-                              recompute_attention=recompute_attention)
+                              recompute_attention=recompute_attention, mult_hidden=mult_hidden)
         self.attention = AttentionPairBias(c_s, c_z, single_heads, single_head_dim, kernels=kernels)
         self.transition = kernel_module(Transition, c_s, expansion=transition_expansion, kernels=kernels)
 
@@ -155,9 +160,11 @@ class Pairformer(nn.Module):
     def __init__(self, num_blocks: int, c_s: int, c_z: int, single_heads: int, single_head_dim: int,
                  pair_heads: int, pair_head_dim: int, transition_expansion: int,
                  checkpoint_blocks: bool = True, kernels: str = "triton", dropout: float = 0.0,
-                 checkpoint_group: int = 1, recompute_attention: bool = False) -> None:
+                 checkpoint_group: int = 1, recompute_attention: bool = False,
+                 mult_hidden: int | None = None) -> None:
         """`recompute_attention` (PairStack's): implied by checkpoint_group > 1; the confidence
-        head, re-run whole with grouped checkpoints, asks for it with one group per block."""
+        head, re-run whole with grouped checkpoints, asks for it with one group per block.
+        `mult_hidden`: PairStack's."""
         super().__init__()
         self.checkpoint_blocks = checkpoint_blocks
         self.checkpoint_group = checkpoint_group
@@ -165,7 +172,8 @@ class Pairformer(nn.Module):
         self.blocks = nn.ModuleList(
             PairformerBlock(c_s, c_z, single_heads, single_head_dim, pair_heads, pair_head_dim,
                             transition_expansion, kernels=kernels, dropout=dropout,
-                            recompute_attention=checkpoint_blocks and (checkpoint_group > 1 or recompute_attention))
+                            recompute_attention=checkpoint_blocks and (checkpoint_group > 1 or recompute_attention),
+                            mult_hidden=mult_hidden)
             for _ in range(num_blocks)
         )
 

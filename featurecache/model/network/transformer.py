@@ -133,13 +133,18 @@ class ConditionedAttention(nn.Module):
     with a per-head bias LinearNoBias(LayerNorm(pair)) (+ beta), and AF3's output gate on s.
 
     `key_adaln`: keys and values from their own AdaLN(a, s) (`key_adaln`, other weights), queries
-    and gate from `adaln`, as AF3's code runs the atom transformer's cross attention (and
-    Protenix's cross_attention_mode); without it one AdaLN feeds all four (Algorithm 24 as printed)."""
+    and gate from `adaln`, as AF3's code runs the atom transformer's cross attention; without it
+    one AdaLN feeds all four (Algorithm 24 as printed). `key_adaln_nested`: the keys' AdaLN reads
+    the queries' AdaLN output, AdaLN_k(AdaLN_q(a, s), s), as Protenix's cross_attention_mode does."""
 
-    def __init__(self, c_a: int, c_s: int, c_pair: int, num_heads: int, kernels: str, key_adaln: bool = False) -> None:
+    def __init__(self, c_a: int, c_s: int, c_pair: int, num_heads: int, kernels: str, key_adaln: bool = False,
+                 key_adaln_nested: bool = False) -> None:
         super().__init__()
         if c_a % num_heads:
             raise ValueError(f"ConditionedAttention: width {c_a} is not a multiple of {num_heads} heads")
+        if key_adaln_nested and not key_adaln:
+            raise ValueError("ConditionedAttention: key_adaln_nested needs key_adaln")
+        self.key_adaln_nested = key_adaln_nested
         self.num_heads = num_heads
         self.head_dim = c_a // num_heads
         self.adaln = AdaptiveLayerNorm(c_a, c_s, kernels=kernels)
@@ -161,8 +166,10 @@ class ConditionedAttention(nn.Module):
             q, k, v, gate = self.proj(self.adaln(a, s)).split(width, dim=-1)
         else:  # the same weights, q and gate from one normalisation, k and v from the other
             w_q, w_k, w_v, w_gate = self.proj.weight.split(width, dim=0)
-            q, gate = F.linear(self.adaln(a, s), torch.cat([w_q, w_gate])).split(width, dim=-1)
-            k, v = F.linear(self.key_adaln(a, s), torch.cat([w_k, w_v])).split(width, dim=-1)
+            queries = self.adaln(a, s)
+            q, gate = F.linear(queries, torch.cat([w_q, w_gate])).split(width, dim=-1)
+            keys = self.key_adaln(queries if self.key_adaln_nested else a, s)
+            k, v = F.linear(keys, torch.cat([w_k, w_v])).split(width, dim=-1)
         q = q + self.query_bias
         q, k, v, gate = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in (q, k, v, gate))
         out = layout.attend(q, k, v, self.pair_bias(pair), self.kernels)  # [B, S, L, H, D]
@@ -171,9 +178,10 @@ class ConditionedAttention(nn.Module):
 
 
 class ConditionedTransformerBlock(nn.Module):
-    def __init__(self, c_a: int, c_s: int, c_pair: int, num_heads: int, kernels: str, key_adaln: bool = False) -> None:
+    def __init__(self, c_a: int, c_s: int, c_pair: int, num_heads: int, kernels: str, key_adaln: bool = False,
+                 key_adaln_nested: bool = False) -> None:
         super().__init__()
-        self.attention = ConditionedAttention(c_a, c_s, c_pair, num_heads, kernels, key_adaln)
+        self.attention = ConditionedAttention(c_a, c_s, c_pair, num_heads, kernels, key_adaln, key_adaln_nested)
         self.transition = ConditionedTransition(c_a, c_s, kernels=kernels)
 
     def forward(self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
@@ -191,16 +199,18 @@ class ConditionedTransformer(nn.Module):
     While training with `checkpoint_blocks`, each block keeps only its input a for backward (s and
     the pair are shared by every block); `checkpoint_group` K > 1 keeps one a per K blocks and
     backward re-runs each group, a checkpoint per block inside, as the Pairformer's
-    (featurecache.model.network.pairformer.run_blocks): N / K + K inputs held instead of N. `key_adaln`:
-    ConditionedAttention's."""
+    (featurecache.model.network.pairformer.run_blocks): N / K + K inputs held instead of N. `key_adaln`,
+    `key_adaln_nested`: ConditionedAttention's."""
 
     def __init__(self, c_a: int, c_s: int, c_pair: int, num_blocks: int, num_heads: int, kernels: str,
-                 checkpoint_blocks: bool = True, checkpoint_group: int = 1, key_adaln: bool = False) -> None:
+                 checkpoint_blocks: bool = True, checkpoint_group: int = 1, key_adaln: bool = False,
+                 key_adaln_nested: bool = False) -> None:
         super().__init__()
         self.checkpoint_blocks = checkpoint_blocks
         self.checkpoint_group = checkpoint_group
         self.blocks = nn.ModuleList(
-            ConditionedTransformerBlock(c_a, c_s, c_pair, num_heads, kernels, key_adaln) for _ in range(num_blocks))
+            ConditionedTransformerBlock(c_a, c_s, c_pair, num_heads, kernels, key_adaln, key_adaln_nested)
+            for _ in range(num_blocks))
 
     def forward(self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
         """a: [B, S, L, c_a] (S diffusion samples, L tokens or atoms); s: [B, S or 1, L, c_s];

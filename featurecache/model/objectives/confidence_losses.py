@@ -4,11 +4,13 @@ the head judged (the training mini-rollout) against the ground truth: pure funct
 Targets (no gradient):
 - pLDDT (4.3.1): per atom l, the lDDT of its distances to the centre atoms m (CA, C1') of
   polymer tokens within 15 A in the truth (30 A when m is a nucleotide), m != l, thresholds
-  0.5 / 1 / 2 / 4 A; binned into 50 bins of 0.02. Atoms with no such m are left out.
+  0.5 / 1 / 2 / 4 A; binned into 50 bins of 0.02. Atoms with no such m are left out. With
+  ModelConfig.dialect.plddt_bins_protenix, Protenix's target instead (`protenix_lddt_bins`).
 - PAE (4.3.2, Algorithms 29-30): e_ij, the error of token j's centre atom in token i's frame
   (a, b, c) of the prediction against the same in the truth's; 64 bins of 0.5 A, the last open.
   Frames whose three atoms the truth does not resolve are left out.
-- PDE (4.3.3): |d_pred - d_true| between centre atoms; the same 64 bins.
+- PDE (4.3.3): |d_pred - d_true| between centre atoms (with ModelConfig.dialect.pde_distogram_atoms, as
+  Protenix, between the distogram atoms: CB, C4 / C2); the same 64 bins.
 - experimentally resolved (4.3.4): atom_mask, over every real atom.
 
 Only structures of resolution 0.1-4 A train the head (SI 4.3; `confidence_rows`,
@@ -23,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from featurecache.model.network.atoms import centre_atom_index, gather_atoms
+from featurecache.model.network.atoms import centre_atom_index, gather_atoms, representative_atom_index
 from featurecache.model.network.checkpointing import maybe_checkpointed
 from featurecache.model.objectives.lddt import distances, inclusion_radius, pair_scores
 
@@ -39,6 +41,20 @@ def error_bins(error: torch.Tensor, num_bins: int) -> torch.Tensor:
 def lddt_bins(lddt: torch.Tensor, num_bins: int) -> torch.Tensor:
     """lDDT in [0, 1] -> one of num_bins equal bins (1.0 in the top one)."""
     return (lddt * num_bins).floor().long().clamp(0, num_bins - 1)
+
+
+# Protenix's PLDDTLoss: the lDDT's denominator is pairs + this (loss.plddt.eps)
+PROTENIX_LDDT_EPS = 1e-6
+
+
+def protenix_lddt_bins(score: torch.Tensor, count: torch.Tensor, num_bins: int) -> torch.Tensor:
+    """Protenix's pLDDT bins (PLDDTLoss.bins_from_lddt), from the summed pair scores and the pair
+    count of each atom: lDDT = score / (count + 1e-6), bin k for (k/n, (k+1)/n], so an lDDT on an
+    edge k/n falls in bin k - 1 (AF2's floor puts it in bin k), and an atom with no pair in bin 0.
+    Computed in fp32 as Protenix does, edges from linspace(0, 1, n + 1): the same bins exactly."""
+    lddt = score.float() / (count.float().unsqueeze(-2) + PROTENIX_LDDT_EPS)
+    edges = torch.linspace(0.0, 1.0, num_bins + 1, device=score.device)
+    return ((lddt.unsqueeze(-1) > edges).sum(-1).clamp(1, num_bins) - 1).long()
 
 
 def masked_cross_entropy(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, item_dims: int,
@@ -65,6 +81,14 @@ def plddt_target(predicted: torch.Tensor, true: torch.Tensor, atom_resolved: tor
     predicted [B, S, A, 3]; true [B, A, 3]; atom_resolved [B, A]; centre [B, N] centre atom of
     each token; centre_valid [B, N] (a polymer token whose centre atom is resolved);
     centre_is_nucleotide [B, N]."""
+    score, count = plddt_scores(predicted, true, atom_resolved, centre, centre_valid, centre_is_nucleotide)
+    return score / count[:, None].clamp(min=1), count > 0
+
+
+@torch.no_grad()
+def plddt_scores(predicted: torch.Tensor, true: torch.Tensor, atom_resolved: torch.Tensor, centre: torch.Tensor,
+                 centre_valid: torch.Tensor, centre_is_nucleotide: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """plddt_target's parts: each atom's summed pair scores [B, S, A] and its pair count [B, A]."""
     true = true.float()
     true_distance = distances(true, gather_atoms(true, centre))  # [B, A, N]
     predicted_distance = distances(predicted.float(), gather_atoms(predicted.float(), centre))  # [B, S, A, N]
@@ -74,9 +98,7 @@ def plddt_target(predicted: torch.Tensor, true: torch.Tensor, atom_resolved: tor
                 & (atom_index != centre[:, None, :]))  # [B, A, N]
     error = (predicted_distance - true_distance[:, None]).abs()
     score = pair_scores(error)
-    count = included.sum(-1)  # [B, A]
-    lddt = (score * included[:, None]).sum(-1) / count[:, None].clamp(min=1)
-    return lddt, count > 0
+    return (score * included[:, None]).sum(-1), included.sum(-1)
 
 
 def frames(positions: torch.Tensor, frame_atoms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,11 +141,15 @@ def confidence_rows(batch: dict, resolution_range: tuple[float, float] | None) -
 
 
 def confidence_losses(outputs: dict, positions: torch.Tensor, batch: dict, recompute: bool = False,
-                      rows: torch.Tensor | None = None) -> dict:
+                      rows: torch.Tensor | None = None, plddt_bins_protenix: bool = False,
+                      pde_distogram_atoms: bool = False) -> dict:
     """The four losses (0-d tensors: plddt, pae, pde, resolved) of the head's outputs on the
     structures positions [B, S, A, 3] it judged, against batch's ground truth. `recompute`: the
     pair-sized cross-entropies are re-run in backward (masked_cross_entropy). `rows` [B] bool
-    (confidence_rows): the batch rows that count; the others contribute 0. None: every row."""
+    (confidence_rows): the batch rows that count; the others contribute 0. None: every row.
+    `plddt_bins_protenix` (ModelConfig's): Protenix's pLDDT target, every resolved atom binned
+    by protenix_lddt_bins. `pde_distogram_atoms` (ModelConfig's): the PDE between the tokens'
+    distogram atoms, as Protenix's PDELoss reads them."""
     true = batch["atom_pos"].float()
     atom_real = batch["atom_pad_mask"]
     if rows is not None:  # a row left out has no valid entry in any of the four losses
@@ -135,11 +161,14 @@ def confidence_losses(outputs: dict, positions: torch.Tensor, batch: dict, recom
     is_nucleotide = batch["is_dna"] | batch["is_rna"]
     polymer = ~batch["is_ligand"]
 
-    lddt, has_reference = plddt_target(positions, true, atom_resolved, centre, centre_resolved & polymer,
-                                       is_nucleotide)
     plddt_logits = outputs["plddt_logits"]
-    plddt = masked_cross_entropy(plddt_logits, lddt_bins(lddt, plddt_logits.shape[-1]),
-                                 (has_reference & atom_resolved)[:, None], item_dims=1)
+    score, count = plddt_scores(positions, true, atom_resolved, centre, centre_resolved & polymer, is_nucleotide)
+    if plddt_bins_protenix:
+        plddt_target_bins, plddt_atoms = protenix_lddt_bins(score, count, plddt_logits.shape[-1]), atom_resolved
+    else:
+        lddt = score / count[:, None].clamp(min=1)
+        plddt_target_bins, plddt_atoms = lddt_bins(lddt, plddt_logits.shape[-1]), (count > 0) & atom_resolved
+    plddt = masked_cross_entropy(plddt_logits, plddt_target_bins, plddt_atoms[:, None], item_dims=1)
 
     frame_atoms = batch["frame_atom_index"].long()
     frame_resolved = torch.gather(atom_resolved, 1, frame_atoms.clamp(min=0).flatten(1)).view_as(frame_atoms)
@@ -149,14 +178,16 @@ def confidence_losses(outputs: dict, positions: torch.Tensor, batch: dict, recom
     pae = masked_cross_entropy(pae_logits, pae_target, (frame_valid[:, :, None] & centre_resolved[:, None, :])[:, None],
                                item_dims=2, recompute=recompute)
 
+    pde_atoms = representative_atom_index(batch) if pde_distogram_atoms else centre
+    pde_resolved = torch.gather(atom_resolved, 1, pde_atoms) & token_real
     with torch.no_grad():
-        predicted_centres = gather_atoms(positions.float(), centre)
-        true_centres = gather_atoms(true, centre)
-        distance_error = (distances(predicted_centres, predicted_centres)
-                          - distances(true_centres, true_centres)[:, None]).abs()
+        predicted_atoms = gather_atoms(positions.float(), pde_atoms)
+        true_atoms = gather_atoms(true, pde_atoms)
+        distance_error = (distances(predicted_atoms, predicted_atoms)
+                          - distances(true_atoms, true_atoms)[:, None]).abs()
     pde_logits = outputs["pde_logits"]
     pde = masked_cross_entropy(pde_logits, error_bins(distance_error, pde_logits.shape[-1]),
-                               (centre_resolved[:, :, None] & centre_resolved[:, None, :])[:, None], item_dims=2,
+                               (pde_resolved[:, :, None] & pde_resolved[:, None, :])[:, None], item_dims=2,
                                recompute=recompute)
 
     resolved_logits = outputs["resolved_logits"]
