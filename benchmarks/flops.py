@@ -47,7 +47,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 from featurecache.kernels.evo_attention import row_blocks
-from featurecache.model import AF3Model, preset
+from featurecache.model import AF3Model, losses, preset
 from featurecache.testing.synthetic import random_batch
 
 # H200 dense bf16 tensor-core peak (no sparsity), TFLOP/s: the share in the headline table.
@@ -194,15 +194,17 @@ class PartFlopCounter(FlopCounterMode):
 
 @contextlib.contextmanager
 def model_arithmetic():
-    """Every attention as evo_attention_reference, with autograd's backward: the CPU path's row
-    blocks (kernels/evo_attention/row_blocks.py) recompute their logits in backward, work that
-    is not the model's arithmetic (EvoAttention's Triton backward recomputes them too)."""
-    saved = row_blocks.ROW_BLOCK_ELEMENTS
-    row_blocks.ROW_BLOCK_ELEMENTS = sys.maxsize
+    """The CPU path's memory savers off: every attention as evo_attention_reference with
+    autograd's backward (the row blocks of kernels/evo_attention/row_blocks.py recompute their
+    logits in backward, work that is not the model's arithmetic; EvoAttention's Triton backward
+    recomputes them too), and the smooth LDDT over dense pairs (listing the included pairs reads
+    values, which fake tensors do not have; no matrix product either way)."""
+    saved = row_blocks.ROW_BLOCK_ELEMENTS, losses.LISTED_PAIR_DEVICES
+    row_blocks.ROW_BLOCK_ELEMENTS, losses.LISTED_PAIR_DEVICES = sys.maxsize, ()
     try:
         yield
     finally:
-        row_blocks.ROW_BLOCK_ELEMENTS = saved
+        row_blocks.ROW_BLOCK_ELEMENTS, losses.LISTED_PAIR_DEVICES = saved
 
 
 def step_batch(shape: StepShape) -> dict:
@@ -235,10 +237,11 @@ def count_cycle(config, shape: StepShape) -> int:
     """FLOPs of each recycling cycle past the first: one more trunk forward without gradient
     (recycling, templates, MSA module, Pairformer), as the trunk at 2 cycles minus 1, fake tensors."""
     def trunk_flops(cycles: int) -> int:
+        batch = step_batch(shape)  # real tensors, made fake below (the batch's layout reads values)
         mode = torch._subclasses.fake_tensor.FakeTensorMode()
         with mode, model_arithmetic():
             batch = {name: mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
-                     for name, value in step_batch(shape).items()}
+                     for name, value in batch.items()}
             model = AF3Model(config).train()
             counter = FlopCounterMode(display=False)
             with counter, torch.no_grad():
