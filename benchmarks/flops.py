@@ -27,10 +27,13 @@ a re-run forward by its module again):
   diffusion transformer  AF3Model.diffusion_module.transformer (the training batch)
   atom attention       the atom encoders (input embedder's, diffusion module's) and decoder
   confidence head      AF3Model.confidence_head (its own Pairformer blocks included)
+  diffusion conditioning  the rest of the diffusion module (the training batch): its conditioning
+                       (relative positions, the pair and single transitions, the noise embedding)
+                       and the token projections around the transformer
   mini-rollout         every operation of the sampler's rollout (AF3Model._sample_positions, no grad)
   losses               everything outside AF3Model's forward (AF3Model.loss and its backward)
   other                the rest of the model: input embedder's token part, relative positions,
-                       recycling, diffusion conditioning, distogram head
+                       recycling, distogram head
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ PART_OF_MODULE = (
     ("diffusion_module.atom_encoder", "atom attention"),
     ("diffusion_module.atom_decoder", "atom attention"),
     ("confidence_head", "confidence head"),
+    ("diffusion_module", "diffusion conditioning"),
     ("", "other"),
 )
 ROLLOUT, LOSSES = "mini-rollout", "losses"
