@@ -19,8 +19,11 @@ Tensors are fake (torch._subclasses.FakeTensorMode: shapes and dtypes, no storag
 preset at crop 768 is counted on a small CPU. Before that, the script checks on the tiny preset
 that counting with fake tensors gives the same total and the same parts as with real ones.
 
-Parts, by where an operation runs (its module in forward, its autograd node's module in backward;
-a re-run forward by its module again):
+Parts, by where an operation runs: its module in forward; in backward the module that made the
+autograd node now running (each torch call's node is tagged as it is made, and at each module's
+exit every node it made that is not tagged yet: the activation checkpoints' nodes, which
+autograd.Function.apply makes out of a TorchFunctionMode's sight), a checkpoint's re-run forward
+as its checkpoint's node:
   trunk (Pairformer)   AF3Model.pairformer
   MSA module           AF3Model.msa_module
   templates            AF3Model.template_embedder
@@ -132,6 +135,9 @@ class PartTracker:
 
         def leave(module, args, output):
             if module in self.names:
+                # nodes made by calls a TorchFunctionMode does not see (autograd.Function.apply:
+                # the activation checkpoints) belong to the module they were made in
+                self.tag_graph(output, self.part())
                 self.stack.pop()
 
         self.handles = [torch.nn.modules.module.register_module_forward_pre_hook(enter),
@@ -163,6 +169,18 @@ class PartTracker:
                 continue
             self.tagged.add(node)
             node.register_prehook(lambda grads, part=part: self._set_backward_part(part))
+
+    def tag_graph(self, output, part: str) -> None:
+        """Tag every untagged node reachable from `output`'s nodes with `part`, stopping at tagged
+        ones (made earlier, outside this module, or by a module inside it)."""
+        pending = [getattr(tensor, "grad_fn", None) for tensor in tree_leaves(output) if isinstance(tensor, torch.Tensor)]
+        while pending:
+            node = pending.pop()
+            if node is None or node in self.tagged:
+                continue
+            self.tagged.add(node)
+            node.register_prehook(lambda grads, part=part: self._set_backward_part(part))
+            pending.extend(next_node for next_node, _ in node.next_functions)
 
     def _set_backward_part(self, part: str) -> None:
         self.backward_part = part
