@@ -11,7 +11,9 @@ A script run with --record calls `record`, which
     python3 benchmarks/records.py    # rewrite the headline table only (after editing results.csv)
 
 The headline has one line per figure in HEADLINES: the latest run's value for our variant, and
-its ratio against the best peer measured in that same run (same date and device).
+its ratio against the best peer measured in that same run (same date and device). A full
+training step's time whose FLOPs benchmarks/flops.py counted (the same shape) also shows the
+achieved TFLOP/s (counted FLOPs / time) and its share of the H200's dense bf16 peak.
 """
 
 from __future__ import annotations
@@ -65,7 +67,16 @@ HEADLINES = [
     Headline("loader", "read ms", ("featurecache",), shapes=("all targets",)),
     Headline("precompute", "wall s", ("2 workers",)),
     Headline("precompute", "overhead % of tool time", ("1 worker",), peers=()),
+    Headline("flops", "TFLOP total", ("reference path",), peers=()),
+    Headline("tiny_step", "step s", ("torch",), peers=()),
+    Headline("tiny_step", "peak RSS GB", ("torch",), peers=()),
 ]
+
+
+# The H200's dense bf16 tensor-core peak (TFLOP/s, no sparsity): the share of it a step achieves.
+H200_BF16_PEAK_TFLOPS = 790.0
+# The train_step benchmark's shape of a whole iteration is flops.py's shape after this prefix.
+ITERATION_PREFIX = "training iteration, "
 
 
 def record(stamp, rows: Iterable[Row], benchmark: str, section: str, title: Optional[str] = None) -> None:
@@ -121,21 +132,40 @@ def add_section(benchmark: str, section: str, title: Optional[str] = None, path:
 
 def headline_table(rows: list[dict]) -> str:
     lines = ["| benchmark | what (variant) | value | ours vs the best peer of the same run (> 1: ours better) "
-             "| date | device | commit |",
-             "| --- | --- | ---: | --- | --- | --- | --- |"]
+             "| date | device | commit | TFLOP/s (share of 790, H200 bf16) |",
+             "| --- | --- | ---: | --- | --- | --- | --- | --- |"]
+    step_flops = counted_step_tflop(rows)
     for spec in HEADLINES:
         measured = [r for r in rows if r["benchmark"] == spec.benchmark and r["metric"] == spec.metric
                     and (spec.shapes is None or r["shape"] in spec.shapes)]
         shapes = list(dict.fromkeys(r["shape"] for r in measured))  # first-recorded order
         for shape in shapes:
             for variant in spec.ours:
-                line = _headline_line(spec, shape, variant, [r for r in measured if r["shape"] == shape])
+                line = _headline_line(spec, shape, variant, [r for r in measured if r["shape"] == shape], step_flops)
                 if line:
                     lines.append(line)
     return "\n".join(lines)
 
 
-def _headline_line(spec: Headline, shape: str, variant: str, rows: list[dict]) -> Optional[str]:
+def counted_step_tflop(rows: list[dict]) -> dict[str, float]:
+    """{train_step shape: TFLOP of that step} from the latest count of each shape (flops.py)."""
+    counts = sorted((r for r in rows if r["benchmark"] == "flops" and r["metric"] == "TFLOP total"),
+                    key=lambda r: r["date"])
+    return {ITERATION_PREFIX + r["shape"]: r["value"] for r in counts}
+
+
+def achieved(shape: str, metric: str, value: float, device: str, step_flops: dict[str, float]) -> str:
+    """"85.2 (10.8 %)": a counted step's TFLOP over its measured time, and the share of the
+    H200's peak (on an H200); "–" for any other figure."""
+    if metric != "iteration ms" or shape not in step_flops or not value > 0:
+        return "–"
+    tflops = step_flops[shape] / (value / 1e3)
+    share = f" ({100 * tflops / H200_BF16_PEAK_TFLOPS:.1f} %)" if "H200" in device else ""
+    return f"{tflops:.1f}{share}"
+
+
+def _headline_line(spec: Headline, shape: str, variant: str, rows: list[dict],
+                   step_flops: dict[str, float]) -> Optional[str]:
     ours = [r for r in rows if r["variant"] == variant]
     if not ours:
         return None
@@ -147,8 +177,9 @@ def _headline_line(spec: Headline, shape: str, variant: str, rows: list[dict]) -
         best = (min if spec.lower_is_better else max)(peers, key=lambda r: r["value"])
         ratio = best["value"] / latest["value"] if spec.lower_is_better else latest["value"] / best["value"]
         comparison = f"{ratio:.2f}x ({best['variant']}: {best['value']:g})"
+    rate = achieved(shape, spec.metric, latest["value"], latest["device"], step_flops)
     return (f"| {spec.benchmark} | {shape}, {spec.metric} ({variant}) | {latest['value']:g} | {comparison} | "
-            f"{latest['date']} | {latest['device']} | {latest['commit']} |")
+            f"{latest['date']} | {latest['device']} | {latest['commit']} | {rate} |")
 
 
 def write_headline(md: pathlib.Path = RESULTS_MD, csv_path: pathlib.Path = RESULTS_CSV) -> None:

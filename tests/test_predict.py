@@ -2,6 +2,8 @@
 residues) with checkpoints written by the real training loop (CPU, tiny preset)."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import gemmi
@@ -192,6 +194,58 @@ def test_a_checkpoint_from_before_the_confidence_head_predicts_without_confidenc
     assert sorted(path.name for path in (tmp_path / "out").rglob("*") if path.is_file()) == [written[0].name]
     structure = gemmi.read_structure(str(written[0]))
     assert {atom.b_iso for chain in structure[0] for residue in chain for atom in residue} == {0.0}
+
+
+def test_train_writes_the_ema_weights_without_optimizer_state_and_they_predict_as_the_checkpoint(
+        cache, checkpoint, tmp_path):
+    from featurecache.prediction import PredictOptions, predict
+
+    weights_file = checkpoint.parent / "weights.pt"
+    weights = torch.load(weights_file, weights_only=True)  # tensors and plain values only
+    state = torch.load(checkpoint, weights_only=False)
+    assert weights["step"] == state["step"] == 2 and weights["model_config"] == state["model_config"]
+    assert not {"optimizer", "ema", "rng", "scheduler"} & weights.keys()
+    # the EMA in place of every averaged parameter (after 2 steps it differs from the live weights)
+    assert any(not torch.equal(state["ema"][name], state["model"][name]) for name in state["ema"])
+    assert weights["model"].keys() == state["model"].keys()
+    for name, value in weights["model"].items():
+        assert torch.equal(value, state["ema"].get(name, state["model"][name])), name
+    # a checkpoint holds the live weights, the EMA and AdamW's two moments: four copies
+    assert weights_file.stat().st_size < 0.35 * checkpoint.stat().st_size
+    texts = []
+    for path in (checkpoint, weights_file):
+        written = predict(PredictOptions(cache=str(cache), keys=(TARGET,), checkpoint=str(path),
+                                         out=str(tmp_path / path.stem), samples=1, steps=2, cycles=1, device="cpu",
+                                         kernels="torch"))
+        texts.append(written[0].read_text())
+    assert texts[0] == texts[1]
+
+
+# A child process loads the model and prints its peak resident set (KiB): the parent's memory
+# does not count, and each load starts from the same state.
+_LOAD_PEAK = """
+import pathlib, resource, sys
+import torch
+from featurecache.prediction.run import load_model
+load_model(pathlib.Path(sys.argv[1]), torch.device("cpu"), "torch")
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def _load_peak_mib(path: Path) -> float:
+    result = subprocess.run([sys.executable, "-c", _LOAD_PEAK, str(path)], capture_output=True, text=True, check=True)
+    return int(result.stdout.split()[-1]) / 1024
+
+
+def test_predict_leaves_a_checkpoints_optimizer_state_on_disk(checkpoint, tmp_path):
+    """The checkpoint's optimizer state grown by 256 MiB (as AdamW's moments grow with the model)
+    adds nothing to what loading the model for predict holds in memory (read memory-mapped)."""
+    state = torch.load(checkpoint, weights_only=False)
+    padding_mib = 256
+    state["optimizer"]["state"][0]["padding"] = torch.ones(padding_mib * 2**20 // 4)
+    grown = tmp_path / "grown.pt"
+    torch.save(state, grown)
+    assert _load_peak_mib(grown) - _load_peak_mib(checkpoint) < padding_mib / 4
 
 
 def _ras_helix(shared_data: Path, folder: Path) -> Path:

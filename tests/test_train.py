@@ -120,9 +120,10 @@ def test_tiny_preset_trains_from_the_cache(cache, tmp_path):
         assert record["peak_memory_gb"] > 0 and 0 < record["tokens"] <= 16
     # one epoch of three targets: every target once
     assert sorted(r["ids"][0][0] for r in logged) == sorted(Path(s).stem for s in STRUCTURES)
-    # checkpoints at step 2 (checkpoint_every) and at the last step, no partial files left
+    # checkpoints at step 2 (checkpoint_every) and at the last step, the weights file for
+    # predict, no partial files left
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
-        "checkpoint-00000002.pt", "checkpoint-00000003.pt", "log.jsonl"]
+        "checkpoint-00000002.pt", "checkpoint-00000003.pt", "log.jsonl", "weights.pt"]
 
 
 def test_resume_reproduces_the_next_losses(cache, tmp_path):

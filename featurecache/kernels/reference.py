@@ -28,12 +28,12 @@ def evo_attention_reference(q, k, v, bias=None, mask=None, scale=None):
     logits = torch.einsum("bnqhd,bnkhd->bnhqk", q.float() * scale, k.float())
     if bias is not None:
         logits = logits.add_(bias.float())
-    weights = _masked_softmax(logits, None if mask is None else mask[:, :, None, None, :])
+    weights = masked_softmax(logits, None if mask is None else mask[:, :, None, None, :])
     out = torch.einsum("bnhqk,bnkhd->bnqhd", weights, v.float())
     return out.to(q.dtype)
 
 
-def _masked_softmax(logits: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+def masked_softmax(logits: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
     """Softmax over the last axis of the keys `keep` marks (broadcast over logits); a row with no
     key kept gets zeros. One fused softmax: each of the [..., Lq, Lk] temporaries of a written-out
     softmax costs a pass (and a saved tensor) on the CPU path, where triangle attention's L^3
@@ -64,7 +64,7 @@ def window_attention_reference(q, k, v, bias=None, mask=None, scale=None):
     if bias is not None:
         logits = logits.add_(bias.to(work).flatten(0, 1)[:, None])
     keep = None if mask is None else mask.flatten(0, 1)[:, None, None, None, :]
-    weights = _masked_softmax(logits, keep)
+    weights = masked_softmax(logits, keep)
     out = torch.einsum("nshqk,nskhd->nsqhd", weights, rows(v).to(work))
     return out.unflatten(0, (batch, windows)).transpose(1, 2).to(q.dtype)
 

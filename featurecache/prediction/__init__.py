@@ -1,6 +1,6 @@
-"""Prediction: structures from a trained checkpoint for targets of a cache.
+"""Prediction: structures from a trained model for targets of a cache.
 
-    featurecache predict --cache DIR KEY... --checkpoint RUN_DIR/checkpoint-00000100.pt --out DIR
+    featurecache predict --cache DIR KEY... --checkpoint RUN_DIR/weights.pt --out DIR
 
     featurecache evaluate PREDICTED.cif... --truth TRUE.cif
 

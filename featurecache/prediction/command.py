@@ -1,6 +1,6 @@
 """`featurecache predict`: the click command over prediction.run.predict.
 
-A key the cache lacks, a checkpoint that is not a training checkpoint, or a device that is not
+A key the cache lacks, a file that is not a weights file or training checkpoint, or a device that is not
 there is one line and exit 2, through featurecache.errors.
 """
 
@@ -21,8 +21,9 @@ POSITIVE = click.IntRange(min=1)
               help="Feature cache (or published generation) holding the targets.")
 @click.argument("keys", nargs=-1, required=True)
 @click.option("--checkpoint", required=True, type=click.Path(dir_okay=False),
-              help="A checkpoint file written by `featurecache train` or `featurecache convert` (its model and model "
-                   "settings).")
+              help="RUN_DIR/weights.pt, the EMA weights and model settings `featurecache train` writes with each "
+                   "checkpoint, one of its checkpoint files (read memory-mapped: the optimizer state is not "
+                   "loaded), or a checkpoint `featurecache convert` wrote.")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Folder for the predictions, in AlphaFold 3's layout: <key>/seed-<seed>_sample-<i>/ with the "
                    "mmCIF (pLDDT as B-factors) and confidence JSON files, the best-ranked sample at <key>/.")

@@ -1,5 +1,5 @@
-"""Predict structures for targets of a cache with a trained checkpoint: the model its training
-saved (weights and ModelConfig), AF3Model.sample on each target's record (whole, or its first
+"""Predict structures for targets of a cache with a trained model: the weights file its training
+wrote (or a training checkpoint; weights and ModelConfig), AF3Model.sample on each target's record (whole, or its first
 contiguous crop of `max_tokens`), one mmCIF per sample with its confidences, ranked, in
 AlphaFold 3's output layout."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import pathlib
 import pickle
 import shutil
+import zipfile
 from dataclasses import dataclass
 
 import torch
@@ -47,21 +48,9 @@ class PredictOptions:
 
 
 def load_model(checkpoint: pathlib.Path, device: torch.device, kernels: str) -> AF3Model:
-    """The AF3Model a training checkpoint holds (its EMA weights, when it has them), on
-    `device`, in eval mode, with `kernels`.
-
-    Read with weights_only=False (a checkpoint also holds RNG states): only checkpoints you wrote.
-    """
-    if not checkpoint.is_file():
-        raise PredictError(f"--checkpoint {checkpoint}: no such file")
-    try:
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as error:
-        reason = " ".join(str(error).split()) or type(error).__name__
-        raise PredictError(f"--checkpoint {checkpoint}: not a readable checkpoint ({reason})") from None
-    if not isinstance(state, dict) or not isinstance(state.get("model"), dict) \
-            or not isinstance(state.get("model_config"), dict):
-        raise PredictError(f"--checkpoint {checkpoint}: not a featurecache training checkpoint")
+    """The AF3Model of a run's weights file (`weights.pt`) or training checkpoint (its EMA
+    weights, when it has them), on `device`, in eval mode, with `kernels`."""
+    state = read_weights(checkpoint)
     try:
         # by name, whichever layout it was saved in; a setting the checkpoint predates as it was
         # trained (its distogram edges, ...)
@@ -70,13 +59,42 @@ def load_model(checkpoint: pathlib.Path, device: torch.device, kernels: str) -> 
         settings.setdefault("confidence_head", False)  # a checkpoint from before the confidence head
         config = ModelConfig.from_settings({**settings, "kernels": kernels, "checkpoint_blocks": False})
         model = AF3Model(config)
-        # the EMA of the weights where training kept one (AF3 predicts with it), else the weights
+        # the EMA of the weights where training kept one (AF3 predicts with it), else the weights;
+        # a weights file holds the EMA as its "model"
         model.load_state_dict({**state["model"], **state.get("ema", {})})
     except (TypeError, ValueError, RuntimeError) as error:
         reason = " ".join(str(error).split())[:300]
         raise PredictError(f"--checkpoint {checkpoint}: its model does not load as AF3Model (a trunk-only "
                            f"checkpoint from before the diffusion module?): {reason}") from None
     return model.to(device).eval()
+
+
+def read_weights(checkpoint: pathlib.Path) -> dict:
+    """The parts of a weights file or training checkpoint that inference reads: "model",
+    "model_config" and, from a checkpoint, "ema".
+
+    Memory-mapped (torch.load(mmap=True)): only the tensors the model copies are read from disk,
+    never a checkpoint's optimizer state (two tensors per weight with AdamW) or the live weights
+    its EMA replaces. A weights file loads with weights_only=True; a training checkpoint holds
+    RNG states (NumPy arrays, Python tuples) and is read with weights_only=False: only
+    checkpoints you wrote.
+    """
+    if not checkpoint.is_file():
+        raise PredictError(f"--checkpoint {checkpoint}: no such file")
+    if not zipfile.is_zipfile(checkpoint):  # torch.save's archive; mmap reads nothing else
+        raise PredictError(f"--checkpoint {checkpoint}: not a readable checkpoint (not a torch.save archive)")
+    try:
+        try:
+            state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+        except pickle.UnpicklingError:  # a training checkpoint's RNG states: not plain tensors
+            state = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as error:
+        reason = " ".join(str(error).split()) or type(error).__name__
+        raise PredictError(f"--checkpoint {checkpoint}: not a readable checkpoint ({reason})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict) \
+            or not isinstance(state.get("model_config"), dict):
+        raise PredictError(f"--checkpoint {checkpoint}: not a featurecache training checkpoint or weights file")
+    return {name: state[name] for name in ("model", "model_config", "ema") if name in state}
 
 
 def _dataset(options: PredictOptions) -> CacheDataset:

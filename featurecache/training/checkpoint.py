@@ -5,6 +5,12 @@ A checkpoint holds the model, optimizer and scheduler states, the EMA of the wei
 (epoch and samples of it taken over all ranks), the RNG states of every rank, and the run's
 settings. It is written to a temporary file, fsynced and renamed, so a crash never leaves a
 half-written checkpoint.
+
+Beside each checkpoint the run writes `weights.pt` (WEIGHTS_FILE), what inference needs and
+nothing more: the model's state with the EMA in place of every averaged parameter, the model
+settings and the step; no optimizer state (a quarter of a checkpoint's size with AdamW's two
+moments and the live weights), no RNG states, so it loads with torch.load(weights_only=True).
+It is rewritten with every checkpoint: the run's newest weights.
 """
 
 from __future__ import annotations
@@ -20,6 +26,9 @@ from featurecache.store.files import write_atomic
 from featurecache.training.config import TrainSetupError
 
 CHECKPOINT_PREFIX = "checkpoint-"
+WEIGHTS_FILE = "weights.pt"
+# "format" of a weights file (a training checkpoint has none)
+WEIGHTS_FORMAT = "featurecache-weights-1"
 # What a resumed run reads from a checkpoint (its data position "sample_in_epoch" is derived when absent).
 _RESUMED_PARTS = ("model", "optimizer", "scheduler", "step", "epoch", "rng", "world_size")
 
@@ -117,3 +126,9 @@ def optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
         if isinstance(group.get("lr"), torch.Tensor):
             group["lr"] = float(group["lr"])
     return state
+
+
+def inference_weights(model_state: dict, model_config: dict, step: int) -> dict:
+    """A weights file's contents: `model_state` (the EMA in place of the averaged parameters),
+    the model settings it was trained with, the step; plain tensors, numbers and strings only."""
+    return {"format": WEIGHTS_FORMAT, "model": model_state, "model_config": model_config, "step": step}

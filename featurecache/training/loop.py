@@ -40,7 +40,8 @@ from featurecache.model.af3 import LOSS_INPUTS, OPTIONAL_LOSS_INPUTS, REQUIRED_I
 from featurecache.model.config import RUNTIME_SETTINGS, WEIGHT_MEANING_SETTINGS, saved_model_settings
 from featurecache.model.network.msa import OPTIONAL_INPUTS as MSA_OPTIONAL_INPUTS
 from featurecache.sampler import StepLayout
-from featurecache.training.checkpoint import (checkpoint_path, load_checkpoint, load_initial_weights,
+from featurecache.training.checkpoint import (WEIGHTS_FILE, checkpoint_path, inference_weights, load_checkpoint,
+                                              load_initial_weights,
                                               optimizer_state, rng_state, save_checkpoint, set_rng_state)
 from featurecache.training.config import TrainConfig, TrainSetupError, resolve_kernels
 from featurecache.training.cuda_graph import GraphedUpdate
@@ -245,6 +246,10 @@ class Trainer:
             "train_config": dataclasses.asdict(self.config),
             "model_config": dataclasses.asdict(self.model.config),
         }
+
+    def inference_weights(self, step: int) -> dict:
+        """What `featurecache predict` reads (training/checkpoint.py's weights file): the EMA weights."""
+        return inference_weights(self.average.model_state(self.model), dataclasses.asdict(self.model.config), step)
 
 
 def _differing_settings(state: dict, config) -> dict[str, tuple] | None:
@@ -504,10 +509,12 @@ def _step(world: Dist, trainer: Trainer, batches: Iterator[dict], position: Posi
 
 
 def _save(world: Dist, trainer: Trainer, position: Position, samples_per_epoch: int, run_dir: pathlib.Path) -> None:
-    """A checkpoint at `position`; one that ends an epoch resumes at the next epoch's start."""
+    """A checkpoint at `position` and the run's weights file (its EMA weights, for predict); a
+    checkpoint that ends an epoch resumes at the next epoch's start."""
     end_of_epoch = trainer.layout.steps_per_epoch(samples_per_epoch, position.sample_in_epoch) == 0
     saved = Position(position.step, position.epoch + 1, 0) if end_of_epoch else position
     rng_states = all_ranks(world, rng_state())
     if world.is_main:
         save_checkpoint(checkpoint_path(run_dir, position.step), trainer.checkpoint(saved, rng_states))
+        save_checkpoint(run_dir / WEIGHTS_FILE, trainer.inference_weights(position.step))
     barrier(world)

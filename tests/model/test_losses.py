@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from featurecache.model.network.atoms import (
@@ -132,3 +133,35 @@ def test_mean_over_token_atoms_skips_padding():
     pad = torch.tensor([[True, True, True, False]])
     torch.testing.assert_close(mean_over_token_atoms(values, atom_to_token, pad, 3),
                                torch.tensor([[[2.0], [10.0], [0.0]]]))
+
+
+@pytest.mark.parametrize("listed", [True, False])
+def test_smooth_lddt_on_the_cpu_path_equals_the_float64_dense_sums(listed, monkeypatch):
+    """On the CPU the loss lists the included pairs (losses.LISTED_PAIR_DEVICES); elsewhere it
+    sums dense [A, A] terms. Either way: the float64 dense reference's loss and gradient, to the
+    rounding of fp32 sums over the A^2 pairs, on two targets with unresolved and nucleotide atoms."""
+    from featurecache.kernels.smooth_lddt import inclusion_radius, smooth_lddt_sums_reference
+    from featurecache.model.objectives import losses
+    from featurecache.testing.compare import rel_error, summation_tolerance
+
+    monkeypatch.setattr(losses, "LISTED_PAIR_DEVICES", ("cpu",) if listed else ())
+    generator = torch.Generator().manual_seed(7)
+    batch, samples, atoms = 2, 3, 150
+    true = torch.rand(batch, atoms, 3, generator=generator) * 6.0 * atoms ** (1 / 3)  # protein-dense
+    predicted = true[:, None] + torch.randn(batch, samples, atoms, 3, generator=generator) * 1.5
+    resolved = torch.rand(batch, atoms, generator=generator) < 0.85
+    is_nucleotide = torch.rand(batch, atoms, generator=generator) < 0.3
+    upstream = torch.randn(batch, samples, generator=generator)
+
+    reference_input = predicted.double().requires_grad_()
+    sums, count = smooth_lddt_sums_reference(reference_input, true.double(),
+                                             inclusion_radius(is_nucleotide, resolved).double())
+    expected = 1.0 - sums / count[:, None]
+    (expected * upstream.double()).sum().backward()
+    actual_input = predicted.clone().requires_grad_()
+    actual = smooth_lddt_loss(actual_input, true, is_nucleotide, resolved)
+    (actual * upstream).sum().backward()
+    tolerance = summation_tolerance(torch.float32, atoms * atoms)
+    assert 0 < count.min() < atoms * (atoms - 1)  # some pairs in, some out
+    assert rel_error(actual, expected) <= tolerance
+    assert rel_error(actual_input.grad, reference_input.grad) <= tolerance

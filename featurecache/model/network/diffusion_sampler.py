@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -33,15 +34,24 @@ def sample_noise_levels(shape, config: ModelConfig, generator: torch.Generator |
     return diffusion.sigma_data * torch.exp(diffusion.noise_log_mean + diffusion.noise_log_std * normal)
 
 
-def noise_schedule(num_steps: int, sigma_data: float = 16.0, sigma_max: float = 160.0, sigma_min: float = 4e-4,
-                   rho: float = 7.0, device=None) -> torch.Tensor:
-    """[num_steps + 1] levels c_tau = sigma_data (smax^(1/p) + tau / T (smin^(1/p) - smax^(1/p)))^p,
-    tau = 0..T: from sigma_data * sigma_max to sigma_data * sigma_min."""
+def noise_levels(num_steps: int, sigma_data: float = 16.0, sigma_max: float = 160.0, sigma_min: float = 4e-4,
+                 rho: float = 7.0) -> list[float]:
+    """The num_steps + 1 levels c_tau = sigma_data (smax^(1/p) + tau / T (smin^(1/p) - smax^(1/p)))^p,
+    tau = 0..T, from sigma_data * sigma_max to sigma_data * sigma_min: computed in float64 on the
+    host and rounded to float32 (the sampler's dtype). Python floats, so the sampler's loop reads
+    no tensor back from a device (and runs on fake tensors, benchmarks/flops.py)."""
     if num_steps < 1:
         raise ValueError(f"noise_schedule: num_steps must be >= 1, got {num_steps}")
-    fraction = torch.arange(num_steps + 1, dtype=torch.float64, device=device) / num_steps
+    fraction = np.arange(num_steps + 1, dtype=np.float64) / num_steps
     start, end = sigma_max ** (1 / rho), sigma_min ** (1 / rho)
-    return (sigma_data * (start + fraction * (end - start)) ** rho).float()
+    return (sigma_data * (start + fraction * (end - start)) ** rho).astype(np.float32).tolist()
+
+
+def noise_schedule(num_steps: int, sigma_data: float = 16.0, sigma_max: float = 160.0, sigma_min: float = 4e-4,
+                   rho: float = 7.0, device=None) -> torch.Tensor:
+    """noise_levels as a float32 tensor [num_steps + 1]."""
+    return torch.tensor(noise_levels(num_steps, sigma_data, sigma_max, sigma_min, rho), dtype=torch.float32,
+                        device=device)
 
 
 def random_rotations(count: int, generator: torch.Generator | None, device=None) -> torch.Tensor:
@@ -78,8 +88,8 @@ def sample_diffusion(denoise: Callable[[torch.Tensor, torch.Tensor], torch.Tenso
     module with its context bound. shape = (B, S, A, 3); atom_mask [B, A] (centring)."""
     sampler = config.sampler
     steps = sampler.sampler_steps if num_steps is None else num_steps
-    schedule = noise_schedule(steps, config.diffusion.sigma_data, sampler.sampler_sigma_max, sampler.sampler_sigma_min,
-                              sampler.sampler_rho).tolist()
+    schedule = noise_levels(steps, config.diffusion.sigma_data, sampler.sampler_sigma_max, sampler.sampler_sigma_min,
+                            sampler.sampler_rho)
     translation = config.diffusion.augmentation_translation
     positions = schedule[0] * standard_normal(shape, generator, device)
     for previous, level in zip(schedule[:-1], schedule[1:]):

@@ -15,6 +15,11 @@ from featurecache.kernels.runtime import runs_triton
 from featurecache.model.objectives.lddt import distances, inclusion_radius, smooth_pair_scores
 from featurecache.model.objectives.rigid import weighted_rigid_align
 
+# Devices on which the PyTorch path's smooth LDDT lists the included pairs (data-dependent shapes:
+# not on a GPU, where a CUDA graph may capture the step). benchmarks/flops.py empties it to count
+# on fake tensors, which have no values to list.
+LISTED_PAIR_DEVICES = ("cpu",)
+
 
 def mse_atom_weights(is_dna: torch.Tensor, is_rna: torch.Tensor, is_ligand: torch.Tensor, resolved: torch.Tensor,
                      mse_weight_dna: float = 5.0, mse_weight_rna: float = 5.0,
@@ -50,9 +55,12 @@ def smooth_lddt_loss(predicted: torch.Tensor, true: torch.Tensor, is_nucleotide:
 
     predicted [B, S, A, 3]; true [B, A, 3]; is_nucleotide, resolved [B, A] -> [B, S].
     kernels="triton" (on CUDA or the interpreter): one kernel for the whole diffusion batch that
-    never stores an [A, A] tensor (featurecache.kernels.smooth_lddt). Otherwise one sample at a
-    time, recomputed in backward: the pair terms are [B, A, A] each (at 3,000 atoms, 36 MB a term
-    instead of 1.7 GB for a diffusion batch of 48).
+    never stores an [A, A] tensor (featurecache.kernels.smooth_lddt). On the CPU: the included
+    pairs only (their indices, once; a 15 A neighbourhood holds a fifth of a protein crop's A^2
+    pairs), one sample at a time, recomputed in backward. Otherwise (the PyTorch path on a GPU,
+    which a CUDA graph may capture: no data-dependent shapes) dense [B, A, A] terms, one sample at
+    a time, recomputed in backward (at 3,000 atoms, 36 MB a term instead of 1.7 GB for a
+    diffusion batch of 48).
     """
     true = true.float()
     if kernels == "triton" and runs_triton(predicted.device):
@@ -62,14 +70,19 @@ def smooth_lddt_loss(predicted: torch.Tensor, true: torch.Tensor, is_nucleotide:
     true_distance = distances(true, true)  # [B, A, A]
     radius = inclusion_radius(is_nucleotide).unsqueeze(-1)  # [B, A, 1]
     eye = torch.eye(true.shape[1], dtype=torch.bool, device=true.device)
-    included = ((true_distance < radius) & resolved[:, :, None] & resolved[:, None, :] & ~eye).float()
-    count = included.sum(dim=(-1, -2)).clamp(min=1.0)  # [B]
+    included = (true_distance < radius) & resolved[:, :, None] & resolved[:, None, :] & ~eye
+    count = included.sum(dim=(-1, -2)).float().clamp(min=1.0)  # [B]
+    if predicted.device.type in LISTED_PAIR_DEVICES:
+        pairs = included.nonzero(as_tuple=True)  # (batch, l, m) of each included pair
+        score_fn, inputs = _smooth_lddt_pair_score, (*pairs, true_distance[pairs])
+    else:
+        score_fn, inputs = _smooth_lddt_score, (true_distance, included.float())
     scores = []
     for sample in predicted.float().unbind(1):
         if torch.is_grad_enabled() and sample.requires_grad:
-            score = checkpoint(_smooth_lddt_score, sample, true_distance, included, use_reentrant=False)
+            score = checkpoint(score_fn, sample, *inputs, use_reentrant=False)
         else:
-            score = _smooth_lddt_score(sample, true_distance, included)
+            score = score_fn(sample, *inputs)
         scores.append(score)
     return 1.0 - torch.stack(scores, dim=1) / count[:, None]
 
@@ -79,6 +92,17 @@ def _smooth_lddt_score(predicted: torch.Tensor, true_distance: torch.Tensor, inc
     error = (distances(predicted, predicted) - true_distance).abs()
     score = smooth_pair_scores(error)
     return (score * included).sum(dim=(-1, -2))
+
+
+def _smooth_lddt_pair_score(predicted: torch.Tensor, batch: torch.Tensor, first: torch.Tensor, second: torch.Tensor,
+                            true_distance: torch.Tensor) -> torch.Tensor:
+    """_smooth_lddt_score over the listed pairs (batch, first, second indices [P], their true
+    distances [P]): predicted [B, A, 3] -> [B]."""
+    predicted_distance = (predicted[batch, first] - predicted[batch, second]).norm(dim=-1)
+    score = smooth_pair_scores((predicted_distance - true_distance).abs())
+    # index_add_ adds one pair after another: in float64, so the millions of terms keep fp32's precision
+    sums = torch.zeros(predicted.shape[0], dtype=torch.float64, device=score.device)
+    return sums.index_add_(0, batch, score.double()).to(score.dtype)
 
 
 def bond_loss(predicted: torch.Tensor, true: torch.Tensor, bond_atoms: torch.Tensor) -> torch.Tensor:

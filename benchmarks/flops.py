@@ -1,0 +1,341 @@
+"""FLOPs of one full AF3 training step, per part: counted, not timed (the same on any device).
+
+    python3 benchmarks/flops.py [--crop 384 768] [--record]
+    python3 benchmarks/flops.py --check-only          # the tiny check alone: fake counting == real counting
+
+The step is benchmarks/train_step.py's `--model af3` iteration (FullModelRunner): AF3Model's
+forward at N_cycle = --cycles (1, as that benchmark and peers report a step), the diffusion batch
+of --diffusion-batch noised copies, the confidence head on its mini-rollout, AF3Model.loss and
+backward, with the preset's recomputation (activation checkpoints per block: their re-run
+forwards count). torch.utils.flop_counter.FlopCounterMode counts it on the PyTorch (reference
+kernel) path, every attention as evo_attention_reference with autograd's backward; the Triton
+kernels compute the same products, except that EvoAttention and the window attention also re-run
+their score products in backward (flash-style), not counted here.
+Only matrix products and attention count (FlopCounterMode's registry: mm, bmm, addmm, baddbmm,
+convolutions, SDPA): element-wise work, softmax, norms and the optimizer are left out, as in a
+model-FLOP count.
+
+Tensors are fake (torch._subclasses.FakeTensorMode: shapes and dtypes, no storage), so the af3
+preset at crop 768 is counted on a small CPU. Before that, the script checks on the tiny preset
+that counting with fake tensors gives the same total and the same parts as with real ones.
+
+Parts, by where an operation runs: its module in forward; in backward the module that made the
+autograd node now running (each torch call's node is tagged as it is made, and at each module's
+exit every node it made that is not tagged yet: the activation checkpoints' nodes, which
+autograd.Function.apply makes out of a TorchFunctionMode's sight), a checkpoint's re-run forward
+as its checkpoint's node:
+  trunk (Pairformer)   AF3Model.pairformer
+  MSA module           AF3Model.msa_module
+  templates            AF3Model.template_embedder
+  diffusion transformer  AF3Model.diffusion_module.transformer (the training batch)
+  atom attention       the atom encoders (input embedder's, diffusion module's) and decoder
+  confidence head      AF3Model.confidence_head (its own Pairformer blocks included)
+  diffusion conditioning  the rest of the diffusion module (the training batch): its conditioning
+                       (relative positions, the pair and single transitions, the noise embedding)
+                       and the token projections around the transformer
+  mini-rollout         every operation of the sampler's rollout (AF3Model._sample_positions, no grad)
+  losses               everything outside AF3Model's forward (AF3Model.loss and its backward)
+  other                the rest of the model: input embedder's token part, relative positions,
+                       recycling, distogram head
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+
+import harness
+import torch
+from harness import Table, argument_parser
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import FlopCounterMode
+
+from featurecache.kernels.evo_attention import row_blocks
+from featurecache.model import AF3Model, losses, preset
+from featurecache.testing.synthetic import random_batch
+
+# H200 dense bf16 tensor-core peak (no sparsity), TFLOP/s: the share in the headline table.
+H200_BF16_PEAK_TFLOPS = 790.0
+
+# (module-name prefix, part): the longest prefix of an operation's module name names its part.
+PART_OF_MODULE = (
+    ("pairformer", "trunk (Pairformer)"),
+    ("msa_module", "MSA module"),
+    ("template_embedder", "templates"),
+    ("diffusion_module.transformer", "diffusion transformer"),
+    ("input_embedder.atom_encoder", "atom attention"),
+    ("diffusion_module.atom_encoder", "atom attention"),
+    ("diffusion_module.atom_decoder", "atom attention"),
+    ("confidence_head", "confidence head"),
+    ("diffusion_module", "diffusion conditioning"),
+    ("", "other"),
+)
+ROLLOUT, LOSSES = "mini-rollout", "losses"
+PARTS = tuple(dict.fromkeys([part for _, part in PART_OF_MODULE if part != "other"] + [ROLLOUT, LOSSES, "other"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepShape:
+    """What one counted step processes (the train_step benchmark's --model af3 options)."""
+
+    crop: int
+    diffusion_batch: int = 48
+    msa_rows: int = 1024
+    templates: int = 4
+    atoms_per_token: int = 8
+    cycles: int = 1
+
+    def label(self, depth: int) -> str:
+        # the train_step benchmark's shape for the same step (step_report.model_label), so the
+        # headline table pairs the count with that step's time
+        return f"full AF3 depth {depth}, diffusion batch {self.diffusion_batch}, crop {self.crop}"
+
+
+class PartTracker:
+    """Which part the operation running now belongs to.
+
+    Forward: the innermost module being called (global module hooks), or the rollout while
+    AF3Model._sample_positions runs. Backward: the part recorded for the autograd node now
+    running (each node created in forward is tagged by a pre-hook that sets the part before
+    the node computes; a checkpoint's re-run forward runs through the module hooks again).
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.names = {module: name for name, module in model.named_modules()}
+        self.stack: list[str] = []  # qualified names of the modules being called
+        self.in_rollout = 0
+        self.in_backward = False
+        self.backward_part = LOSSES  # until a tagged node runs
+        self.tagged: set = set()
+        self.handles: list = []
+
+    def part(self) -> str:
+        if self.in_rollout:
+            return ROLLOUT
+        if self.stack:
+            name = self.stack[-1]
+            return next(part for prefix, part in PART_OF_MODULE
+                        if name == prefix or name.startswith(prefix + ".") or prefix == "")
+        return self.backward_part if self.in_backward else LOSSES
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.in_backward = True
+        try:
+            loss.backward()
+        finally:
+            self.in_backward = False
+
+    @contextlib.contextmanager
+    def active(self, model: AF3Model):
+        def enter(module, args):
+            if module in self.names:
+                self.stack.append(self.names[module])
+
+        def leave(module, args, output):
+            if module in self.names:
+                # nodes made by calls a TorchFunctionMode does not see (autograd.Function.apply:
+                # the activation checkpoints) belong to the module they were made in
+                self.tag_graph(output, self.part())
+                self.stack.pop()
+
+        self.handles = [torch.nn.modules.module.register_module_forward_pre_hook(enter),
+                        torch.nn.modules.module.register_module_forward_hook(leave)]
+        sample_positions = model._sample_positions
+
+        def rollout(*args, **kwargs):
+            self.in_rollout += 1
+            try:
+                return sample_positions(*args, **kwargs)
+            finally:
+                self.in_rollout -= 1
+
+        model._sample_positions = rollout  # an instance attribute: the class is unchanged
+        try:
+            with _NodeTagger(self):
+                yield self
+        finally:
+            del model._sample_positions
+            for handle in self.handles:
+                handle.remove()
+
+    def tag(self, output) -> None:
+        """Record the current part on the autograd nodes that made `output` (once per node)."""
+        part = self.part()
+        for tensor in tree_leaves(output):
+            node = getattr(tensor, "grad_fn", None) if isinstance(tensor, torch.Tensor) else None
+            if node is None or node in self.tagged:
+                continue
+            self.tagged.add(node)
+            node.register_prehook(lambda grads, part=part: self._set_backward_part(part))
+
+    def tag_graph(self, output, part: str) -> None:
+        """Tag every untagged node reachable from `output`'s nodes with `part`, stopping at tagged
+        ones (made earlier, outside this module, or by a module inside it)."""
+        pending = [getattr(tensor, "grad_fn", None) for tensor in tree_leaves(output) if isinstance(tensor, torch.Tensor)]
+        while pending:
+            node = pending.pop()
+            if node is None or node in self.tagged:
+                continue
+            self.tagged.add(node)
+            node.register_prehook(lambda grads, part=part: self._set_backward_part(part))
+            pending.extend(next_node for next_node, _ in node.next_functions)
+
+    def _set_backward_part(self, part: str) -> None:
+        self.backward_part = part
+
+
+class _NodeTagger(TorchFunctionMode):
+    """Tags the autograd node of every torch call's output with the part that called it."""
+
+    def __init__(self, tracker: PartTracker) -> None:
+        super().__init__()
+        self.tracker = tracker
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        output = func(*args, **(kwargs or {}))
+        self.tracker.tag(output)
+        return output
+
+
+class PartFlopCounter(FlopCounterMode):
+    """FlopCounterMode that also adds every counted operation to its part (PartTracker.part)."""
+
+    def __init__(self, tracker: PartTracker) -> None:
+        super().__init__(display=False)
+        self.tracker = tracker
+        self.by_part: dict[str, int] = {part: 0 for part in PARTS}
+
+    def _count_flops(self, func_packet, out, args, kwargs):
+        if func_packet in self.flop_registry:
+            flops = self.flop_registry[func_packet](*args, **kwargs, out_val=out)
+            self.by_part[self.tracker.part()] += flops
+        return super()._count_flops(func_packet, out, args, kwargs)
+
+
+@contextlib.contextmanager
+def model_arithmetic():
+    """The CPU path's memory savers off: every attention as evo_attention_reference with
+    autograd's backward (the row blocks of kernels/evo_attention/row_blocks.py recompute their
+    logits in backward, work that is not the model's arithmetic; EvoAttention's Triton backward
+    recomputes them too), and the smooth LDDT over dense pairs (listing the included pairs reads
+    values, which fake tensors do not have; no matrix product either way)."""
+    saved = row_blocks.ROW_BLOCK_ELEMENTS, losses.LISTED_PAIR_DEVICES
+    row_blocks.ROW_BLOCK_ELEMENTS, losses.LISTED_PAIR_DEVICES = sys.maxsize, ()
+    try:
+        yield
+    finally:
+        row_blocks.ROW_BLOCK_ELEMENTS, losses.LISTED_PAIR_DEVICES = saved
+
+
+def step_batch(shape: StepShape) -> dict:
+    generator = torch.Generator().manual_seed(shape.crop)
+    return random_batch([shape.crop], [shape.msa_rows], [shape.templates], generator,
+                        num_atoms_per_token=shape.atoms_per_token)
+
+
+def count_step(config, shape: StepShape, fake: bool) -> dict[str, int]:
+    """FLOPs of one training step per part (and "total": FlopCounterMode's own total), with fake
+    tensors or real ones."""
+    batch = step_batch(shape)
+    mode = torch._subclasses.fake_tensor.FakeTensorMode() if fake else contextlib.nullcontext()
+    with mode, model_arithmetic():
+        if fake:
+            batch = {name: mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
+                     for name, value in batch.items()}
+        torch.manual_seed(0)
+        model = AF3Model(config).train()
+        tracker = PartTracker(model)
+        counter = PartFlopCounter(tracker)
+        with tracker.active(model), counter:
+            outputs = model(batch, num_cycles=shape.cycles, diffusion_batch=shape.diffusion_batch)
+            loss, _ = model.loss(batch, outputs)
+            tracker.backward(loss)
+    return {**counter.by_part, "total": counter.get_total_flops()}
+
+
+def count_cycle(config, shape: StepShape) -> int:
+    """FLOPs of each recycling cycle past the first: one more trunk forward without gradient
+    (recycling, templates, MSA module, Pairformer), as the trunk at 2 cycles minus 1, fake tensors."""
+    def trunk_flops(cycles: int) -> int:
+        batch = step_batch(shape)  # real tensors, made fake below (the batch's layout reads values)
+        mode = torch._subclasses.fake_tensor.FakeTensorMode()
+        with mode, model_arithmetic():
+            batch = {name: mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
+                     for name, value in batch.items()}
+            model = AF3Model(config).train()
+            counter = FlopCounterMode(display=False)
+            with counter, torch.no_grad():
+                model.trunk(batch, cycles)
+        return counter.get_total_flops()
+
+    return trunk_flops(2) - trunk_flops(1)
+
+
+def check_fake_counting() -> Table:
+    """The tiny preset counted with real and with fake tensors: every part must agree exactly."""
+    config = preset("tiny", kernels="torch", confidence_rollout_steps=2)
+    shape = StepShape(crop=24, diffusion_batch=2, msa_rows=8, templates=1, atoms_per_token=4)
+    real, fake = count_step(config, shape, fake=False), count_step(config, shape, fake=True)
+    table = Table(["part", "real tensors (MFLOP)", "fake tensors (MFLOP)"])
+    for part in (*PARTS, "total"):
+        table.add([part, real[part] / 1e6, fake[part] / 1e6])
+    if real != fake or sum(real[part] for part in PARTS) != real["total"]:
+        print(table.markdown())
+        raise SystemExit("flops.py: fake-tensor counting differs from real counting on the tiny preset (table above)")
+    return table
+
+
+def main() -> None:
+    parser = argument_parser(__doc__)
+    parser.add_argument("--crop", type=int, nargs="+", default=[384, 768])
+    parser.add_argument("--depth", type=int, default=48, help="Pairformer blocks (af3: 48)")
+    parser.add_argument("--diffusion-batch", type=int, default=48)
+    parser.add_argument("--msa-rows", type=int, default=1024)
+    parser.add_argument("--templates", type=int, default=4)
+    parser.add_argument("--atoms-per-token", type=int, default=8)
+    parser.add_argument("--cycles", type=int, default=1, help="N_cycle of the counted step")
+    parser.add_argument("--check-only", action="store_true", help="only the tiny fake-vs-real check")
+    args = parser.parse_args()
+    stamp = harness.run_stamp()
+    check = check_fake_counting()
+    print(f"fake counting equals real counting on the tiny preset:\n\n{check.markdown()}\n", flush=True)
+    if args.check_only:
+        return
+    config = preset("af3", kernels="torch", pairformer_blocks=args.depth)
+    shapes = [StepShape(crop, args.diffusion_batch, args.msa_rows, args.templates, args.atoms_per_token, args.cycles)
+              for crop in args.crop]
+    counts, cycles = {}, {}
+    for shape in shapes:
+        counts[shape] = count_step(config, shape, fake=True)
+        cycles[shape] = count_cycle(config, shape)
+        print(f"crop {shape.crop}: {counts[shape]['total'] / 1e12:.1f} TFLOP", flush=True)
+    table = Table(["part", *(f"crop {shape.crop} (TFLOP)" for shape in shapes), *(f"crop {shape.crop} share"
+                                                                              for shape in shapes)])
+    for part in (*PARTS, "total"):
+        table.add([part, *(counts[s][part] / 1e12 for s in shapes),
+                   *(f"{100 * counts[s][part] / counts[s]['total']:.1f} %" for s in shapes)])
+    table.add(["each further recycling cycle (trunk forward)", *(cycles[s] / 1e12 for s in shapes),
+               *(f"{100 * cycles[s] / counts[s]['total']:.1f} %" for s in shapes)])
+    what = (f"af3 preset, depth {args.depth}, diffusion batch {args.diffusion_batch}, {args.msa_rows} MSA rows, "
+            f"{args.templates} templates, {args.atoms_per_token} atoms per polymer token, N_cycle {args.cycles}, "
+            "recomputation as the preset (a checkpoint per block)")
+    print(f"\n{stamp.header()}\n{what}\n\n{table.markdown()}")
+    if args.record:
+        from records import Row, record
+
+        rows = [Row("flops", "reference path", shape.label(args.depth), f"TFLOP {part}", counts[shape][part] / 1e12)
+                for shape in shapes for part in (*PARTS, "total")]
+        rows += [Row("flops", "reference path", shape.label(args.depth), "TFLOP each further cycle",
+                     cycles[shape] / 1e12) for shape in shapes]
+        section = (f"### FLOPs of a training step, {stamp.date}, commit {stamp.commit} (`benchmarks/flops.py`)\n\n"
+                   f"{what}; counted with FlopCounterMode on fake tensors (device: count, device-independent). "
+                   f"Check first, the tiny preset counted with real and with fake tensors (MFLOP):\n\n"
+                   f"{check.markdown()}\n\nThe step (TFLOP per training step):\n\n{table.markdown()}")
+        record(dataclasses.replace(stamp, device="count, device-independent"), rows, "flops", section,
+               title="FLOPs of a training step")
+
+
+if __name__ == "__main__":
+    main()
