@@ -52,8 +52,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from featurecache.kernels.evo_attention import row_blocks
-from featurecache.model import AF3Model, losses, preset
+from featurecache.kernels import reference as row_blocks  # evo_attention_rows and its block size
+from featurecache.model import AF3Model, preset
+from featurecache.model.objectives import losses
 from featurecache.testing.synthetic import random_batch
 
 # H200 dense bf16 tensor-core peak (no sparsity), TFLOP/s: the share in the headline table.
@@ -217,7 +218,7 @@ class PartFlopCounter(FlopCounterMode):
 @contextlib.contextmanager
 def model_arithmetic():
     """The CPU path's memory savers off: every attention as evo_attention_reference with
-    autograd's backward (the row blocks of kernels/evo_attention/row_blocks.py recompute their
+    autograd's backward (the row blocks of kernels/reference.py evo_attention_rows recompute their
     logits in backward, work that is not the model's arithmetic; EvoAttention's Triton backward
     recomputes them too), and the smooth LDDT over dense pairs (listing the included pairs reads
     values, which fake tensors do not have; no matrix product either way)."""

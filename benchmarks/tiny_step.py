@@ -43,7 +43,8 @@ def build(args, out: pathlib.Path) -> tuple[Trainer, object]:
     sample = SampleConfig(crop_size=args.crop, msa_rows_per_sample=args.msa_rows)
     config = TrainConfig(cache=str(args.cache), out=str(out), preset=args.preset, kernels="torch",
                          steps=args.steps + 2, num_workers=0, device="cpu", sample=sample,
-                         diffusion_batch=args.diffusion_batch, max_recycling_cycles=args.cycles)
+                         model_settings={"diffusion_batch": args.diffusion_batch,
+                                         "max_recycling_cycles": args.cycles})
     world = setup_distributed("cpu")
     dataset, _ = build_datasets(config)
     loader = make_loader(dataset, make_batch_sampler(dataset, config, world), config, world.device,

@@ -6,7 +6,7 @@ what it keeps for backward: its inputs and output, not the [N, H, L, L] softmax 
 import pytest
 import torch
 
-from featurecache.kernels.evo_attention.row_blocks import evo_attention_rows
+from featurecache.kernels.reference import evo_attention_rows
 from featurecache.kernels.reference import evo_attention_reference
 from featurecache.testing.compare import rel_error, summation_tolerance
 

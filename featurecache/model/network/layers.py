@@ -72,10 +72,10 @@ def freeze_norm_bias(layer_norm_linear: nn.Module) -> None:
 
 def attention_fn(kernels: str):
     """evo_attention for "triton"; for "torch" its PyTorch form that takes a block of rows at a
-    time on the CPU (kernels/evo_attention/row_blocks.py: no L^3 logits in memory), the
+    time on the CPU (kernels/reference.py, evo_attention_rows: no L^3 logits in memory), the
     reference elsewhere."""
     if check_kernels(kernels) == "torch":
-        from featurecache.kernels.evo_attention.row_blocks import evo_attention_rows
+        from featurecache.kernels.reference import evo_attention_rows
 
         return evo_attention_rows
     # the submodule, not the package attribute: importing the submodule rebinds that name to it
@@ -94,7 +94,7 @@ def residual_fn(kernels: str):
 def gated_pair_attention_fn(kernels: str):
     """The packed triangle-attention core (featurecache.kernels.gated_attention) or its reference."""
     if check_kernels(kernels) == "torch":
-        from featurecache.kernels.evo_attention.row_blocks import evo_attention_rows
+        from featurecache.kernels.reference import evo_attention_rows
         from featurecache.kernels.reference import gated_pair_attention_reference
 
         return functools.partial(gated_pair_attention_reference, attention=evo_attention_rows)
