@@ -78,8 +78,13 @@ def build(args, device: torch.device, checkpoint_group: int, rollout_steps: int 
 
 
 def make_batch(args, length: int, device: torch.device) -> dict:
-    batch = random_batch([length], [args.msa_rows], [args.templates], torch.Generator().manual_seed(length),
-                         num_atoms_per_token=args.atoms_per_token)
+    batch = random_batch(
+        [length],
+        [args.msa_rows],
+        [args.templates],
+        torch.Generator().manual_seed(length),
+        num_atoms_per_token=args.atoms_per_token,
+    )
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
@@ -104,6 +109,7 @@ def block_inputs(model: AF3Model) -> tuple[dict, list]:
 
         def keep(_module, args, label=label):
             captured.setdefault(label, tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
+
         handles.append(blocks[0].register_forward_pre_hook(keep))
     return captured, handles
 
@@ -123,8 +129,10 @@ def recomputed_blocks(model: AF3Model, captured: dict, device: torch.device) -> 
         if label not in captured:
             continue
         block = model.get_submodule(path)[0]
-        inputs = tuple(a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-                       for a in (t.clone() if isinstance(t, torch.Tensor) else t for t in captured[label]))
+        inputs = tuple(
+            a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            for a in (t.clone() if isinstance(t, torch.Tensor) else t for t in captured[label])
+        )
         counter = SavedTensorCounter({"": label})
         with counter.watching(block), autocast(device):
             block(*inputs)
@@ -145,8 +153,14 @@ def account(args, length: int, device: torch.device, checkpoint_group: int) -> d
     del loss
     blocks = recomputed_blocks(model, captured, device)
     # each stack's block input (its state tensors): a re-run group keeps one per block
-    inputs = {label: [(label, t.nbytes, tuple(t.shape), t.dtype) for t in args_ if isinstance(t, torch.Tensor)
-                      and t.is_floating_point()][:GROUPED.get(label, 0)] for label, args_ in captured.items()}
+    inputs = {
+        label: [
+            (label, t.nbytes, tuple(t.shape), t.dtype)
+            for t in args_
+            if isinstance(t, torch.Tensor) and t.is_floating_point()
+        ][: GROUPED.get(label, 0)]
+        for label, args_ in captured.items()
+    }
     sizes = {label: len(model.get_submodule(path)) for label, path in STACKS if label in captured}
     parameters = sum(p.numel() for p in model.parameters())
     del model, captured
@@ -171,9 +185,11 @@ def accounting_table(args, device: torch.device, group: int) -> tuple[list[str],
     by_target = {t: predicted_bytes(small["saved"], large["saved"], args.lengths, t) for t in targets}
     first = by_target[targets[0]]
     parts = sorted(first, key=lambda part: -sum(by_target[targets[-1]][part]))
-    rows = [f"| checkpoint_group {group}: saved for backward | L={small_length} MB | L={large_length} MB | at L={targets[0]}: "
-            "const / L / L^2 GB | " + " | ".join(f"L={t} GB" for t in targets) + " |",
-            "| --- |" + " --- |" * (4 + len(targets))]
+    rows = [
+        f"| checkpoint_group {group}: saved for backward | L={small_length} MB | L={large_length} MB | at L={targets[0]}: "
+        "const / L / L^2 GB | " + " | ".join(f"L={t} GB" for t in targets) + " |",
+        "| --- |" + " --- |" * (4 + len(targets)),
+    ]
     totals = {t: 0.0 for t in targets}
 
     def measured(run_saved, part):
@@ -181,8 +197,11 @@ def accounting_table(args, device: torch.device, group: int) -> tuple[list[str],
 
     for part in parts:
         split = " / ".join(f"{first[part][order] / GB:.2f}" for order in range(3))
-        rows.append(f"| {part} | {measured(small['saved'], part):.1f} | {measured(large['saved'], part):.1f} | {split} | "
-                    + " | ".join(f"{sum(by_target[t][part]) / GB:.2f}" for t in targets) + " |")
+        rows.append(
+            f"| {part} | {measured(small['saved'], part):.1f} | {measured(large['saved'], part):.1f} | {split} | "
+            + " | ".join(f"{sum(by_target[t][part]) / GB:.2f}" for t in targets)
+            + " |"
+        )
         for t in targets:
             totals[t] += sum(by_target[t][part])
     rows.append("| **all saved** | | | | " + " | ".join(f"**{totals[t] / GB:.2f}**" for t in targets) + " |")
@@ -193,8 +212,13 @@ def accounting_table(args, device: torch.device, group: int) -> tuple[list[str],
     for label, _ in STACKS:
         if label not in large["blocks"]:
             continue
-        predicted = {t: sum(sum(v) for v in predicted_bytes(small["blocks"][label], large["blocks"][label],
-                                                             args.lengths, t).values()) for t in targets}
+        predicted = {
+            t: sum(
+                sum(v)
+                for v in predicted_bytes(small["blocks"][label], large["blocks"][label], args.lengths, t).values()
+            )
+            for t in targets
+        }
         title = f"one recomputed {label}"
         others = min(group, large["sizes"][label]) - 1
         if others > 0 and label in GROUPED:
@@ -204,9 +228,12 @@ def accounting_table(args, device: torch.device, group: int) -> tuple[list[str],
                 held = predicted_bytes(small["inputs"][label], large["inputs"][label], args.lengths, t)
                 predicted[t] += others * sum(sum(v) for v in held.values())
                 group_inputs[t] = max(group_inputs[t], others * sum(sum(v) for v in held.values()))
-        rows.append(f"| {title} (transient) | {sum(x[1] for x in small['blocks'][label]) / 1e6:.1f} | "
-                    f"{sum(x[1] for x in large['blocks'][label]) / 1e6:.1f} | | "
-                    + " | ".join(f"{predicted[t] / GB:.2f}" for t in targets) + " |")
+        rows.append(
+            f"| {title} (transient) | {sum(x[1] for x in small['blocks'][label]) / 1e6:.1f} | "
+            f"{sum(x[1] for x in large['blocks'][label]) / 1e6:.1f} | | "
+            + " | ".join(f"{predicted[t] / GB:.2f}" for t in targets)
+            + " |"
+        )
         block_peak = {t: max(block_peak[t], predicted[t]) for t in targets}
         if label in ("Pairformer block", "MSA block", "template block"):
             trunk_block = {t: max(trunk_block[t], predicted[t]) for t in targets}
@@ -214,24 +241,41 @@ def accounting_table(args, device: torch.device, group: int) -> tuple[list[str],
             diffusion_block = predicted
     fixed = large["parameters"] * FIXED_BYTES_PER_PARAMETER
     trunk_saved = {t: sum(sum(by_target[t].get(part, [0.0])) for part in TRUNK_PARTS) for t in targets}
-    rows.append(f"| **predicted peak**: {fixed / GB:.2f} GB fixed ({large['parameters'] / 1e6:.0f} M parameters x "
-                f"{FIXED_BYTES_PER_PARAMETER} B) + all saved + largest block | | | | "
-                + " | ".join(f"**{(fixed + totals[t] + block_peak[t]) / GB:.1f}**" for t in targets) + " |")
+    rows.append(
+        f"| **predicted peak**: {fixed / GB:.2f} GB fixed ({large['parameters'] / 1e6:.0f} M parameters x "
+        f"{FIXED_BYTES_PER_PARAMETER} B) + all saved + largest block | | | | "
+        + " | ".join(f"**{(fixed + totals[t] + block_peak[t]) / GB:.1f}**" for t in targets)
+        + " |"
+    )
     # where the peak can be: early in backward (everything saved, a diffusion transformer group
     # re-run) or in the trunk's backward (only the trunk's saved tensors, a Pairformer group re-run)
-    rows.append("| phase peak, diffusion backward: fixed + all saved + a re-run diffusion transformer group | | | | "
-                + " | ".join(f"{(fixed + totals[t] + diffusion_block[t]) / GB:.1f}" for t in targets) + " |")
-    rows.append(f"| phase peak, trunk backward: fixed + saved by {', '.join(TRUNK_PARTS)} + the largest re-run "
-                "trunk block and group | | | | "
-                + " | ".join(f"{(fixed + trunk_saved[t] + trunk_block[t]) / GB:.1f}" for t in targets) + " |")
-    rows.append("| fixed + all saved + a re-run group's block inputs (the block's own activations aside: they "
-                "depend on the kernel path) | | | | "
-                + " | ".join(f"{(fixed + totals[t] + group_inputs[t]) / GB:.1f}" for t in targets) + " |")
+    rows.append(
+        "| phase peak, diffusion backward: fixed + all saved + a re-run diffusion transformer group | | | | "
+        + " | ".join(f"{(fixed + totals[t] + diffusion_block[t]) / GB:.1f}" for t in targets)
+        + " |"
+    )
+    rows.append(
+        f"| phase peak, trunk backward: fixed + saved by {', '.join(TRUNK_PARTS)} + the largest re-run "
+        "trunk block and group | | | | "
+        + " | ".join(f"{(fixed + trunk_saved[t] + trunk_block[t]) / GB:.1f}" for t in targets)
+        + " |"
+    )
+    rows.append(
+        "| fixed + all saved + a re-run group's block inputs (the block's own activations aside: they "
+        "depend on the kernel path) | | | | "
+        + " | ".join(f"{(fixed + totals[t] + group_inputs[t]) / GB:.1f}" for t in targets)
+        + " |"
+    )
     orders = growth_orders(small["saved"], large["saved"], *args.lengths)
-    quadratic = sorted(((size, part, shape, dtype) for (part, size, shape, dtype), order in zip(large["saved"], orders)
-                        if order >= 2), key=lambda item: item[0], reverse=True)
-    notes = [f"  {part}: {size / 1e6:.2f} MB {list(shape)} {str(dtype)[6:]}"
-             for size, part, shape, dtype in quadratic[:args.show]]
+    quadratic = sorted(
+        ((size, part, shape, dtype) for (part, size, shape, dtype), order in zip(large["saved"], orders) if order >= 2),
+        key=lambda item: item[0],
+        reverse=True,
+    )
+    notes = [
+        f"  {part}: {size / 1e6:.2f} MB {list(shape)} {str(dtype)[6:]}"
+        for size, part, shape, dtype in quadratic[: args.show]
+    ]
     return rows, {"notes": notes}
 
 
@@ -280,21 +324,36 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs=2, default=[32, 48], help="the two accounting lengths")
     parser.add_argument("--show", type=int, default=12, help="list this many of the largest L^2 storages")
     parser.add_argument("--predict", type=int, nargs="+", default=[384, 768, 2560], help="lengths to predict")
-    parser.add_argument("--checkpoint-group", type=int, nargs="+", default=[1],
-                        help="ModelConfig.runtime.checkpoint_group values to account (1: a checkpoint per block)")
+    parser.add_argument(
+        "--checkpoint-group",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="ModelConfig.runtime.checkpoint_group values to account (1: a checkpoint per block)",
+    )
     parser.add_argument("--depth", type=int, default=48, help="Pairformer blocks")
     parser.add_argument("--diffusion-batch", type=int, default=48)
     parser.add_argument("--atoms-per-token", type=int, default=8)
     parser.add_argument("--msa-rows", type=int, default=1024)
     parser.add_argument("--templates", type=int, default=4)
-    parser.add_argument("--step-crops", type=int, nargs="*", default=[],
-                        help="GPU: one training iteration at each crop, with each --checkpoint-group")
+    parser.add_argument(
+        "--step-crops",
+        type=int,
+        nargs="*",
+        default=[],
+        help="GPU: one training iteration at each crop, with each --checkpoint-group",
+    )
     parser.add_argument("--no-accounting", action="store_true", help="only the --step-crops iterations")
-    parser.add_argument("--kernels", choices=("triton", "torch"),
-                        help="triton (default on a GPU) or torch, the PyTorch references: eager (default on the CPU)")
-    parser.add_argument("--budget-s", type=float,
-                        help="stop after this many seconds and print what was measured (a long crop's step takes "
-                             "minutes on a GPU)")
+    parser.add_argument(
+        "--kernels",
+        choices=("triton", "torch"),
+        help="triton (default on a GPU) or torch, the PyTorch references: eager (default on the CPU)",
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        help="stop after this many seconds and print what was measured (a long crop's step takes minutes on a GPU)",
+    )
     args = parser.parse_args()
     if args.lengths[0] >= args.lengths[1]:
         parser.error("--lengths: the second length must be the larger")
@@ -302,19 +361,25 @@ def main() -> None:
     watchdog = threading.Timer(args.budget_s or 1e9, lambda: finish(lines + ["| stopped by --budget-s |"], 3))
     watchdog.daemon = True
     watchdog.start()
-    lines = [(f"# activation memory, af3 preset ({args.depth} Pairformer blocks, diffusion batch {args.diffusion_batch}, "
-              f"{args.atoms_per_token} atoms per token, {args.msa_rows} MSA rows, {args.templates} templates), "
-              f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
-              f"{args.kernels or ('triton' if device.type == 'cuda' else 'torch')} kernels")]
+    lines = [
+        (
+            f"# activation memory, af3 preset ({args.depth} Pairformer blocks, diffusion batch {args.diffusion_batch}, "
+            f"{args.atoms_per_token} atoms per token, {args.msa_rows} MSA rows, {args.templates} templates), "
+            f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
+            f"{args.kernels or ('triton' if device.type == 'cuda' else 'torch')} kernels"
+        )
+    ]
     for group in args.checkpoint_group:
         if not args.no_accounting:
             rows, summary = accounting_table(args, device, group)
             lines += ["", *rows, "", f"largest L^2 storages saved at L={args.lengths[1]}:", *summary["notes"]]
-            print("\n".join(lines[-len(rows) - len(summary["notes"]) - 3:]), flush=True)
+            print("\n".join(lines[-len(rows) - len(summary["notes"]) - 3 :]), flush=True)
         for crop in args.step_crops:
             result = gpu_step(args, crop, device, group)
-            lines.append(f"| training iteration, crop {crop}, checkpoint_group {group}, "
-                         f"{args.kernels or ('triton' if device.type == 'cuda' else 'torch')} kernels | {result} |")
+            lines.append(
+                f"| training iteration, crop {crop}, checkpoint_group {group}, "
+                f"{args.kernels or ('triton' if device.type == 'cuda' else 'torch')} kernels | {result} |"
+            )
             print(lines[-1], flush=True)
     watchdog.cancel()
     finish(lines, 0)

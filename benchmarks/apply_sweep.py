@@ -38,8 +38,12 @@ def merge(table: dict, device: str, winners: dict, only: set[str]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweeps", nargs="+", type=pathlib.Path, help="sweep files ({op: {kernel: config}})")
-    parser.add_argument("--kernels", nargs="+", default=[],
-                        help="only these kernels, as `kernel` (any op) or `op.kernel` (default: all)")
+    parser.add_argument(
+        "--kernels",
+        nargs="+",
+        default=[],
+        help="only these kernels, as `kernel` (any op) or `op.kernel` (default: all)",
+    )
     parser.add_argument("--device", default=None, help="the config entry to write (default: this GPU's name)")
     args = parser.parse_args()
     device = args.device
@@ -70,6 +74,7 @@ def main() -> None:
 
 def layout(table: dict) -> str:
     """The file's own layout: one line per kernel's config, so a change reads as one line in a diff."""
+
     def block(mapping: dict, indent: int, depth: int) -> str:
         pad = " " * indent
         lines = []

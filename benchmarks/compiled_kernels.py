@@ -59,8 +59,10 @@ def cases(smoke: bool) -> list[tuple[str, callable, callable]]:
 
     def pairformer_inputs(device):
         token = torch.arange(length, device=device)[None] < -(-9 * length // 10)
-        return ([torch.randn(1, length, c_s, device=device), torch.randn(1, length, length, c_z, device=device)],
-                [token, token[:, :, None] & token[:, None, :]])
+        return (
+            [torch.randn(1, length, c_s, device=device), torch.randn(1, length, length, c_z, device=device)],
+            [token, token[:, :, None] & token[:, None, :]],
+        )
 
     atoms, samples, c_atom, c_pair, heads = (45, 2, 16, 4, 2) if smoke else (3072, 48, 128, 16, 4)
     queries, keys = (8, 24) if smoke else (32, 128)
@@ -68,14 +70,26 @@ def cases(smoke: bool) -> list[tuple[str, callable, callable]]:
 
     def atom_inputs(device):
         mask = torch.arange(atoms, device=device)[None] < -(-19 * atoms // 20)
-        return ([torch.randn(1, samples, atoms, c_atom, device=device), torch.randn(1, 1, atoms, c_atom, device=device),
-                 torch.randn(1, windows, queries, keys, c_pair, device=device)], [mask])
+        return (
+            [
+                torch.randn(1, samples, atoms, c_atom, device=device),
+                torch.randn(1, 1, atoms, c_atom, device=device),
+                torch.randn(1, windows, queries, keys, c_pair, device=device),
+            ],
+            [mask],
+        )
 
     return [
-        (f"Pairformer block L={length}", lambda kernels: PairformerBlock(
-            c_s, c_z, s_heads, s_dim, z_heads, z_dim, 4, kernels=kernels), pairformer_inputs),
-        (f"atom attention A={atoms} S={samples}", lambda kernels: AtomAttention(
-            kernels, c_atom, c_pair, heads, queries, keys), atom_inputs),
+        (
+            f"Pairformer block L={length}",
+            lambda kernels: PairformerBlock(c_s, c_z, s_heads, s_dim, z_heads, z_dim, 4, kernels=kernels),
+            pairformer_inputs,
+        ),
+        (
+            f"atom attention A={atoms} S={samples}",
+            lambda kernels: AtomAttention(kernels, c_atom, c_pair, heads, queries, keys),
+            atom_inputs,
+        ),
     ]
 
 
@@ -93,8 +107,11 @@ def _step(module, inputs, others, autocast: bool):
 def _results(module, inputs, others, autocast):
     module.zero_grad(set_to_none=True)
     outs, leaves = _step(module, inputs, others, autocast)
-    return [o.detach().double() for o in outs] + [x.grad.double() for x in leaves] + [
-        p.grad.double() for p in module.parameters() if p.grad is not None]
+    return (
+        [o.detach().double() for o in outs]
+        + [x.grad.double() for x in leaves]
+        + [p.grad.double() for p in module.parameters() if p.grad is not None]
+    )
 
 
 def run_case(name, build, make_inputs, device, smoke) -> tuple[list[Row], list[str]]:
@@ -120,7 +137,7 @@ def run_case(name, build, make_inputs, device, smoke) -> tuple[list[Row], list[s
     for variant, twin in compiled_of.items():
         if errors[variant] > ERROR_MULTIPLE * errors[twin] + ERROR_FLOOR:
             wrong.append(f"{name} {variant}")
-    print(f"  worst relative error vs float64: {json.dumps({k: float('%.2e' % v) for k, v in errors.items()})}")
+    print(f"  worst relative error vs float64: {json.dumps({k: float(f'{v:.2e}') for k, v in errors.items()})}")
     for variant in VARIANTS:
         module = modules[variant]
         params = list(module.parameters())
@@ -166,19 +183,33 @@ def main() -> None:
             ms = values.get((name, variant, "fwd+bwd ms"))
             if ms is None:
                 continue
-            table.add([name, variant, ms, values[(name, "torch", "fwd+bwd ms")] / ms,
-                       values[(name, "torch+compile", "fwd+bwd ms")] / ms, values[(name, variant, "extra peak MiB")],
-                       values[(name, variant, "err worst")]])
+            table.add(
+                [
+                    name,
+                    variant,
+                    ms,
+                    values[(name, "torch", "fwd+bwd ms")] / ms,
+                    values[(name, "torch+compile", "fwd+bwd ms")] / ms,
+                    values[(name, variant, "extra peak MiB")],
+                    values[(name, variant, "err worst")],
+                ]
+            )
     text = table.markdown()
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "compiled_kernels.json").write_text(json.dumps(
-            {"header": stamp.header(), "rows": [row.__dict__ for row in rows]}, indent=1))
+        (args.out / "compiled_kernels.json").write_text(
+            json.dumps({"header": stamp.header(), "rows": [row.__dict__ for row in rows]}, indent=1)
+        )
     print(stamp.header())
     print(text)
     if args.record:
-        record(stamp, rows, "compiled_kernels", f"### Run of {stamp.header()}\n\n`python3 benchmarks/"
-               f"compiled_kernels.py --record`.\n\n{text}\n", "torch.compile with the kernels in the graph")
+        record(
+            stamp,
+            rows,
+            "compiled_kernels",
+            f"### Run of {stamp.header()}\n\n`python3 benchmarks/compiled_kernels.py --record`.\n\n{text}\n",
+            "torch.compile with the kernels in the graph",
+        )
     if failed or wrong:
         sys.exit(f"failed: {failed}; compiled errors past the bound: {wrong}")
 

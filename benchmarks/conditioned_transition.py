@@ -37,8 +37,9 @@ class WideRowPath(ConditionedTransition):
             fused_config.FUSED_MAX_CHANNELS = fused_max
 
 
-def _case(name: str, samples: int, rows: int, c_a: int, c_s: int, s_shared: bool, sweep: bool,
-          module=ConditionedTransition) -> Case:
+def _case(
+    name: str, samples: int, rows: int, c_a: int, c_s: int, s_shared: bool, sweep: bool, module=ConditionedTransition
+) -> Case:
     def make_inputs(device):
         a = torch.randn(1, samples, rows, c_a, device=device, dtype=DTYPE) * 1.5 + 0.3
         s = torch.randn(1, 1 if s_shared else samples, rows, c_s, device=device, dtype=DTYPE)
@@ -47,9 +48,15 @@ def _case(name: str, samples: int, rows: int, c_a: int, c_s: int, s_shared: bool
     shape = f"{samples} x {rows} x {c_a}, s {'shared' if s_shared else 'per sample'} x {c_s}"
     if module is WideRowPath:
         shape += ", AdaLN kernel + cuBLAS"  # the table and results.csv tell the rows apart by shape
-    return Case(f"ConditionedTransition {name} {shape}", shape,
-                lambda kernels: module(c_a, c_s, kernels=kernels), make_inputs,
-                target="faster than torch.compile", sweep=sweep, compile_peer=module is ConditionedTransition)
+    return Case(
+        f"ConditionedTransition {name} {shape}",
+        shape,
+        lambda kernels: module(c_a, c_s, kernels=kernels),
+        make_inputs,
+        target="faster than torch.compile",
+        sweep=sweep,
+        compile_peer=module is ConditionedTransition,
+    )
 
 
 def cases(smoke: bool) -> list[Case]:
@@ -59,10 +66,11 @@ def cases(smoke: bool) -> list[Case]:
     c_token, c_s, c_atom = (264, 24, 16) if smoke else (768, 384, 128)
     # the swept case first: its block sizes hold for the other (at c_token 768 the register
     # budget fixes them anyway: 16-row tiles, 16-wide hidden chunks)
-    return [_case("atoms", samples, atoms, c_atom, c_atom, s_shared=True, sweep=True),
-            _case("atoms", samples, atoms, c_atom, c_atom, s_shared=True, sweep=False,
-                  module=WideRowPath),
-            _case("tokens", samples, tokens, c_token, c_s, s_shared=False, sweep=False)]
+    return [
+        _case("atoms", samples, atoms, c_atom, c_atom, s_shared=True, sweep=True),
+        _case("atoms", samples, atoms, c_atom, c_atom, s_shared=True, sweep=False, module=WideRowPath),
+        _case("tokens", samples, tokens, c_token, c_s, s_shared=False, sweep=False),
+    ]
 
 
 # Candidates besides the configured one (configs/fused_ops.json).

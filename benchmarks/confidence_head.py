@@ -76,7 +76,12 @@ def main() -> None:
     results["head_share_of_step"] = with_head["step_ms"] / without["step_ms"] - 1.0
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    text = stamp.header() + "\n\n" + table.markdown() + f"\n\nthe head adds {100 * results['head_share_of_step']:.1f} % to the step\n"
+    text = (
+        stamp.header()
+        + "\n\n"
+        + table.markdown()
+        + f"\n\nthe head adds {100 * results['head_share_of_step']:.1f} % to the step\n"
+    )
     (out / "confidence_head.md").write_text(text)
     (out / "confidence_head.json").write_text(json.dumps(results, indent=1, default=str))
     print(text)

@@ -64,11 +64,19 @@ def parse_args():
 
 
 def _config(args, graphs: bool) -> TrainConfig:
-    return TrainConfig(cache="unused", preset="tiny", kernels=args.kernels, cuda_graphs=graphs and not args.cpu,
-                       static_shapes=True, accumulate=args.accumulate,
-                       model_settings={"diffusion_batch": args.diffusion_batch, "max_recycling_cycles": 1},
-                       warmup=1, lr=1e-3, num_workers=0,
-                       sample=SampleConfig(crop_size=args.crop, msa_rows_per_sample=8, max_templates=1))
+    return TrainConfig(
+        cache="unused",
+        preset="tiny",
+        kernels=args.kernels,
+        cuda_graphs=graphs and not args.cpu,
+        static_shapes=True,
+        accumulate=args.accumulate,
+        model_settings={"diffusion_batch": args.diffusion_batch, "max_recycling_cycles": 1},
+        warmup=1,
+        lr=1e-3,
+        num_workers=0,
+        sample=SampleConfig(crop_size=args.crop, msa_rows_per_sample=8, max_templates=1),
+    )
 
 
 def _batch(args, step: int, slot: int) -> dict:
@@ -105,7 +113,7 @@ def train_run(args, world: Dist, graphs: bool) -> dict:
     if world.device.type == "cuda":
         torch.cuda.empty_cache()
     # the graph's capture happens within the first GRAPH_WARMUP_STEPS + 1 steps: time the replays
-    timed = times[GRAPH_WARMUP_STEPS + 1:] or times
+    timed = times[GRAPH_WARMUP_STEPS + 1 :] or times
     return {"params": params, "ms": statistics.median(timed), "losses": losses, "captured": captured}
 
 
@@ -146,12 +154,21 @@ def table(args, ranks: list[dict]) -> str:
         name += " (not captured: too few steps)"
     rows = Table(["run", "max abs param diff vs plain DDP", "ranks identical", "ms per step", "last loss"])
     for label, run, key in ((name, graphs, "graphs"), ("plain DDP", plain, "plain")):
-        rows.add([label, _max_diff(run["params"], plain["params"]),
-                  _identical(run["params"], ranks[1][key]["params"]), run["ms"], run["losses"][-1]])
+        rows.add(
+            [
+                label,
+                _max_diff(run["params"], plain["params"]),
+                _identical(run["params"], ranks[1][key]["params"]),
+                run["ms"],
+                run["losses"][-1],
+            ]
+        )
     device = "CPU" if args.cpu else "one GPU"
-    return (f"{run_stamp().header()}\n{WORLD} gloo ranks on {device}, tiny preset, crop {args.crop}, "
-            f"--accumulate {args.accumulate}, diffusion batch {args.diffusion_batch}, {args.steps} steps, "
-            f"lr 1e-3; max |param diff| over every weight\n\n{rows.markdown()}")
+    return (
+        f"{run_stamp().header()}\n{WORLD} gloo ranks on {device}, tiny preset, crop {args.crop}, "
+        f"--accumulate {args.accumulate}, diffusion batch {args.diffusion_batch}, {args.steps} steps, "
+        f"lr 1e-3; max |param diff| over every weight\n\n{rows.markdown()}"
+    )
 
 
 def main() -> None:

@@ -37,31 +37,55 @@ def build_cache(work: pathlib.Path) -> pathlib.Path:
     from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 
     cache = work / "cache"
-    precompute(PrecomputeOptions(inputs=[DATA / "structures"], cache_dir=cache, alignments_dir=DATA / "alignments",
-                                 executor="inline", progress=False))
+    precompute(
+        PrecomputeOptions(
+            inputs=[DATA / "structures"],
+            cache_dir=cache,
+            alignments_dir=DATA / "alignments",
+            executor="inline",
+            progress=False,
+        )
+    )
     return cache
 
 
 def run(args, cache: pathlib.Path, out: pathlib.Path, deterministic: bool) -> dict:
-    config = TrainConfig(cache=str(cache), out=str(out), preset=args.preset, model_settings={"pairformer_blocks": args.depth},
-                         steps=args.steps, num_workers=2, checkpoint_every=args.steps, warmup=10, lr=1e-4,
-                         sample=SampleConfig(crop_size=args.crop, msa_rows_per_sample=args.msa_rows, seed=1),
-                         static_shapes=True, deterministic=deterministic)
+    config = TrainConfig(
+        cache=str(cache),
+        out=str(out),
+        preset=args.preset,
+        model_settings={"pairformer_blocks": args.depth},
+        steps=args.steps,
+        num_workers=2,
+        checkpoint_every=args.steps,
+        warmup=10,
+        lr=1e-4,
+        sample=SampleConfig(crop_size=args.crop, msa_rows_per_sample=args.msa_rows, seed=1),
+        static_shapes=True,
+        deterministic=deterministic,
+    )
     try:
         records = train(config)
     except Exception as error:  # noqa: BLE001 - the table says what stopped the run
         return {"error": f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"}
     state = torch.load(out / f"checkpoint-{args.steps:08d}.pt", map_location="cpu", weights_only=False)
-    return {"losses": [r["loss"] for r in records], "grad_norms": [r["grad_norm"] for r in records],
-            "step_ms": statistics.median(1e3 * r["step_time_s"] for r in records[2:]),
-            "peak_gb": max(r["peak_memory_gb"] for r in records), "weights": state["model"]}
+    return {
+        "losses": [r["loss"] for r in records],
+        "grad_norms": [r["grad_norm"] for r in records],
+        "step_ms": statistics.median(1e3 * r["step_time_s"] for r in records[2:]),
+        "peak_gb": max(r["peak_memory_gb"] for r in records),
+        "weights": state["model"],
+    }
 
 
 def same(first: dict, second: dict) -> str:
     if "error" in first or "error" in second:
         return "-"
-    equal = (first["losses"] == second["losses"] and first["grad_norms"] == second["grad_norms"]
-             and all(torch.equal(value, second["weights"][name]) for name, value in first["weights"].items()))
+    equal = (
+        first["losses"] == second["losses"]
+        and first["grad_norms"] == second["grad_norms"]
+        and all(torch.equal(value, second["weights"][name]) for name, value in first["weights"].items())
+    )
     return "bitwise" if equal else "differ"
 
 
@@ -75,12 +99,18 @@ def main() -> None:
     args = parser.parse_args()
     work = pathlib.Path(tempfile.mkdtemp(prefix="fc-deterministic-"))
     cache = build_cache(work)
-    runs = {name: run(args, cache, work / name, deterministic) for name, deterministic in
-            (("launched", False), ("deterministic", True), ("deterministic again", True))}
+    runs = {
+        name: run(args, cache, work / name, deterministic)
+        for name, deterministic in (("launched", False), ("deterministic", True), ("deterministic again", True))
+    }
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    lines = [f"{device}, torch {torch.__version__}, preset {args.preset} depth {args.depth}, crop {args.crop}, "
-             f"{args.steps} steps", "",
-             "| run | median step (ms) | peak (GB) | vs deterministic run |", "| --- | --- | --- | --- |"]
+    lines = [
+        f"{device}, torch {torch.__version__}, preset {args.preset} depth {args.depth}, crop {args.crop}, "
+        f"{args.steps} steps",
+        "",
+        "| run | median step (ms) | peak (GB) | vs deterministic run |",
+        "| --- | --- | --- | --- |",
+    ]
     for name, result in runs.items():
         if "error" in result:
             lines.append(f"| {name} | stopped: {result['error']} | | |")
@@ -90,9 +120,12 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if os.environ.get("OUT"):
-        summary = {name: {key: value for key, value in result.items() if key != "weights"} for name, result in runs.items()}
-        pathlib.Path(os.environ["OUT"], "deterministic.json").write_text(json.dumps({"table": table, "runs": summary},
-                                                                                    indent=1))
+        summary = {
+            name: {key: value for key, value in result.items() if key != "weights"} for name, result in runs.items()
+        }
+        pathlib.Path(os.environ["OUT"], "deterministic.json").write_text(
+            json.dumps({"table": table, "runs": summary}, indent=1)
+        )
 
 
 if __name__ == "__main__":

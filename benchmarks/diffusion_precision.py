@@ -81,25 +81,44 @@ def main(argv=None) -> None:
             rounds[fp32].append(timed(step, device, warmup=0, reps=args.reps, graphs=runners[fp32].graphs)[0])
     ms = {fp32: statistics.median(times) for fp32, times in rounds.items()}
     cost = ms[True] / ms[False] - 1.0
-    shape = (f"{'tiny (smoke)' if args.smoke else 'af3'} full model, {args.depth} Pairformer blocks, crop {args.crop}, "
-             f"diffusion batch {args.diffusion_batch}, {args.atoms_per_token} atoms per token")
+    shape = (
+        f"{'tiny (smoke)' if args.smoke else 'af3'} full model, {args.depth} Pairformer blocks, crop {args.crop}, "
+        f"diffusion batch {args.diffusion_batch}, {args.atoms_per_token} atoms per token"
+    )
     variant = variant_of(device)
-    lines = [f"| coordinate path ({variant}) | step ms (median of {args.rounds} rounds) | each round's median of "
-             f"{args.reps} steps, ms |", "| --- | --- | --- |"]
+    lines = [
+        f"| coordinate path ({variant}) | step ms (median of {args.rounds} rounds) | each round's median of "
+        f"{args.reps} steps, ms |",
+        "| --- | --- | --- |",
+    ]
     for fp32 in (True, False):
-        lines.append(f"| {'fp32 (default)' if fp32 else 'bf16'} | {ms[fp32]:.1f} | "
-                     f"{', '.join(f'{value:.1f}' for value in rounds[fp32])} |")
-    verdict = (f"fp32 coordinate path costs {100 * cost:+.1f} % of the bf16 step "
-               f"(target <= {100 * TARGET_COST:.0f} %)")
+        lines.append(
+            f"| {'fp32 (default)' if fp32 else 'bf16'} | {ms[fp32]:.1f} | "
+            f"{', '.join(f'{value:.1f}' for value in rounds[fp32])} |"
+        )
+    verdict = f"fp32 coordinate path costs {100 * cost:+.1f} % of the bf16 step (target <= {100 * TARGET_COST:.0f} %)"
     table = "\n".join(lines)
     print(f"{shape}\n{table}\n{verdict}")
     if args.record:
-        rows = [Row("diffusion_precision", f"{variant} ({'fp32' if fp32 else 'bf16'} coordinates)", shape, "step ms",
-                    ms[fp32]) for fp32 in (True, False)]
+        rows = [
+            Row(
+                "diffusion_precision",
+                f"{variant} ({'fp32' if fp32 else 'bf16'} coordinates)",
+                shape,
+                "step ms",
+                ms[fp32],
+            )
+            for fp32 in (True, False)
+        ]
         rows.append(Row("diffusion_precision", variant, shape, "fp32 cost %", 100 * cost))
         section = "\n".join([f"### {shape} ({stamp.header()})", "", table, "", verdict + "."])
-        record(stamp, rows, "diffusion_precision", section,
-               title="The fp32 coordinate path of the diffusion module: its cost per step (issue 33)")
+        record(
+            stamp,
+            rows,
+            "diffusion_precision",
+            section,
+            title="The fp32 coordinate path of the diffusion module: its cost per step (issue 33)",
+        )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import pathlib
 import sys
 import time
 import traceback
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
@@ -63,11 +63,22 @@ def variants(default: EvoAttentionConfig) -> dict[str, EvoAttentionConfig]:
     the split backward with the file's tiles, then variants of that split config."""
     base = split_of(default)
 
-    def make(mode: str = "split", fwd: Optional[BlockConfig] = None, kv: Optional[BlockConfig] = None,
-             q: Optional[BlockConfig] = None, bias: Optional[BlockConfig] = None) -> EvoAttentionConfig:
-        return dataclasses.replace(base, bwd_mode=mode, fp32_bias_bwd_mode=mode, fwd=fwd or base.fwd,
-                                   bwd_kv=kv or base.bwd_kv,
-                                   bwd_q=q or base.bwd_q, bwd_bias=bias or base.bwd_bias)
+    def make(
+        mode: str = "split",
+        fwd: BlockConfig | None = None,
+        kv: BlockConfig | None = None,
+        q: BlockConfig | None = None,
+        bias: BlockConfig | None = None,
+    ) -> EvoAttentionConfig:
+        return dataclasses.replace(
+            base,
+            bwd_mode=mode,
+            fp32_bias_bwd_mode=mode,
+            fwd=fwd or base.fwd,
+            bwd_kv=kv or base.bwd_kv,
+            bwd_q=q or base.bwd_q,
+            bwd_bias=bias or base.bwd_bias,
+        )
 
     # Run 1 (2026-12-04 03:40, NOTES attempt 8): 8 warps made every atomic kernel 2x slower,
     # and the passes look bound by L2 traffic (~4-5 TB/s): the larger tiles below cut the k/v
@@ -105,14 +116,29 @@ def variants(default: EvoAttentionConfig) -> dict[str, EvoAttentionConfig]:
 
 # Variants timed with the fp32 bias too, when no --variants are named (each variant compiles
 # its kernels again for an fp32 bias).
-FP32_VARIANTS = ["default", "split", "fwd 128x32 s3", "fwd 128x64 s3", "fwd 64x64 s3", "dq 128x32", "dq 128x64",
-                 "kv 64x128", "kv 32x128", "dbias 128x64", "dbias 64x128", "fused 64x64 w4", "fused 64x128 w4"]
+FP32_VARIANTS = [
+    "default",
+    "split",
+    "fwd 128x32 s3",
+    "fwd 128x64 s3",
+    "fwd 64x64 s3",
+    "dq 128x32",
+    "dq 128x64",
+    "kv 64x128",
+    "kv 32x128",
+    "dbias 128x64",
+    "dbias 64x128",
+    "fused 64x64 w4",
+    "fused 64x128 w4",
+]
 
 
-def best_combination(base: EvoAttentionConfig, measured: dict[str, tuple[EvoAttentionConfig, dict]]
-                     ) -> tuple[str, EvoAttentionConfig]:
+def best_combination(
+    base: EvoAttentionConfig, measured: dict[str, tuple[EvoAttentionConfig, dict]]
+) -> tuple[str, EvoAttentionConfig]:
     """The fastest forward, and per split kernel the fastest tiles (or the fastest fused backward
     if it beats the split one): what one config can combine from this run."""
+
     def fastest(names, key):
         timed = [(measured[n][1][key], n) for n in names if n in measured and measured[n][1].get(key)]
         return min(timed)[1] if timed else None
@@ -154,7 +180,7 @@ def make_inputs(batch, rows, seq_len, heads, head_dim, bias_dtype, seed, padding
         mask[0, rows - 1] = False  # one fully masked row
     else:
         mask = torch.ones(batch, rows, seq_len, device=DEVICE, dtype=torch.bool)
-        mask[..., seq_len - int(seq_len * padding):] = False
+        mask[..., seq_len - int(seq_len * padding) :] = False
     for tensor in (q, k, v, bias):
         tensor.requires_grad_()
     return bench.Inputs(q, k, v, bias, mask, grad_out)
@@ -195,8 +221,9 @@ def truth_of(x: bench.Inputs, dtype: torch.dtype) -> list[torch.Tensor]:
     return bench.forward_backward(bench.run_eager, wide)
 
 
-def odd_size_check(config: EvoAttentionConfig, bias_dtype: torch.dtype, seed: int,
-                   size: tuple = ODD_SIZE) -> tuple[bool, float]:
+def odd_size_check(
+    config: EvoAttentionConfig, bias_dtype: torch.dtype, seed: int, size: tuple = ODD_SIZE
+) -> tuple[bool, float]:
     """Fresh inputs of other sizes against float64: (within 4 x eager bf16's error + 2e-3, worst
     ratio). N = 37 rows (odd), L = 80 a ragged last block of 16 for 64-wide tiles; L stays a
     multiple of 16 so the check reuses the kernels compiled for L = 768 (an L such as 77
@@ -210,8 +237,9 @@ def odd_size_check(config: EvoAttentionConfig, bias_dtype: torch.dtype, seed: in
     return all(math.isfinite(m) for m in mine) and ratio <= 1.0, ratio
 
 
-def time_variant(config: Optional[EvoAttentionConfig], fn, x: bench.Inputs) -> dict:
+def time_variant(config: EvoAttentionConfig | None, fn, x: bench.Inputs) -> dict:
     """fwd, bwd (launchers alone; ours only), fwd+bwd and extra peak memory of one provider."""
+
     def forward_only():
         with torch.no_grad():
             return fn(x)
@@ -229,14 +257,15 @@ def time_variant(config: Optional[EvoAttentionConfig], fn, x: bench.Inputs) -> d
         q, k, v, bias = (t.detach() for t in x.leaves())
         scale = q.shape[-1] ** -0.5
         out, lse, key_end = evo_attention_forward(q, k, v, bias, x.mask, scale, config)
-        result["bwd ms"] = time_ms(lambda: evo_attention_backward(
-            x.grad_out, q, k, v, bias, x.mask, out, lse, key_end, scale, True, config))
+        result["bwd ms"] = time_ms(
+            lambda: evo_attention_backward(x.grad_out, q, k, v, bias, x.mask, out, lse, key_end, scale, True, config)
+        )
     else:
         result["bwd ms"] = result["fwd+bwd ms"] - result["fwd ms"]  # a peer: the difference
     return result
 
 
-def measure_variant(bias_name, name, config, x, truth, eager, seed, add, odd_size=ODD_SIZE) -> Optional[dict]:
+def measure_variant(bias_name, name, config, x, truth, eager, seed, add, odd_size=ODD_SIZE) -> dict | None:
     """Check and time one variant, add its row; its timings, or None when it failed."""
     try:
         with patched_config(config):
@@ -244,13 +273,39 @@ def measure_variant(bias_name, name, config, x, truth, eager, seed, add, odd_siz
             timing = time_variant(config, run_ours, x)
         odd_ok, ratio = odd_size_check(config, x.bias.dtype, seed=seed, size=odd_size)
         ok = odd_ok and all(e <= 4 * g + 2e-3 for e, g in zip(errs, eager))
-        add([bias_name, name, timing["fwd ms"], timing["bwd ms"], timing["fwd+bwd ms"], timing["peak MiB"],
-             *errs, f"{'ok' if odd_ok else 'FAIL'} ({ratio:.2f})", "" if ok else "ERROR TOO LARGE"])
+        add(
+            [
+                bias_name,
+                name,
+                timing["fwd ms"],
+                timing["bwd ms"],
+                timing["fwd+bwd ms"],
+                timing["peak MiB"],
+                *errs,
+                f"{'ok' if odd_ok else 'FAIL'} ({ratio:.2f})",
+                "" if ok else "ERROR TOO LARGE",
+            ]
+        )
         return timing if ok else None
     except Exception as err:
         traceback.print_exc()
-        add([bias_name, name, None, None, None, None, None, None, None, None, None, "",
-             f"failed: {type(err).__name__}: {str(err)[:80]}"])
+        add(
+            [
+                bias_name,
+                name,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                "",
+                f"failed: {type(err).__name__}: {str(err)[:80]}",
+            ]
+        )
         return None
     finally:
         if DEVICE == "cuda":
@@ -261,14 +316,22 @@ def main() -> int:
     parser = argument_parser(__doc__)
     parser.add_argument("--variants", default="", help="comma-separated variant names (default: all)")
     parser.add_argument("--bias", default="bf16,fp32", help="bias dtypes to run: bf16, fp32 or both")
-    parser.add_argument("--budget-s", type=float, default=170.0,
-                        help="start no new variant after this (bf16 gets the first two thirds)")
+    parser.add_argument(
+        "--budget-s", type=float, default=170.0, help="start no new variant after this (bf16 gets the first two thirds)"
+    )
     parser.add_argument("--no-peers", action="store_true", help="skip compiled FlexAttention")
     parser.add_argument("--fp32-peers", action="store_true", help="also time FlexAttention with the fp32 bias")
-    parser.add_argument("--length", type=int, default=SIZE[2],
-                        help="N = L of the timed case (768: issue 24's targets; 384: the other H200 config class)")
-    parser.add_argument("--smoke", action="store_true",
-                        help=f"tiny sizes and variants {SMOKE_VARIANTS} (unless --variants), for a CPU check")
+    parser.add_argument(
+        "--length",
+        type=int,
+        default=SIZE[2],
+        help="N = L of the timed case (768: issue 24's targets; 384: the other H200 config class)",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"tiny sizes and variants {SMOKE_VARIANTS} (unless --variants), for a CPU check",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     stamp = run_stamp()
@@ -278,8 +341,9 @@ def main() -> int:
         size = (size[0], args.length, args.length, *size[3:])
     base = select_config(size[4], size[2], torch.device(DEVICE))
     all_variants = variants(base)
-    wanted = ([name.strip() for name in args.variants.split(",") if name.strip()]
-              or (SMOKE_VARIANTS if args.smoke else list(all_variants)))
+    wanted = [name.strip() for name in args.variants.split(",") if name.strip()] or (
+        SMOKE_VARIANTS if args.smoke else list(all_variants)
+    )
     unknown = [name for name in wanted if name not in all_variants]
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {list(all_variants)}")
@@ -288,8 +352,19 @@ def main() -> int:
     if any(name not in dtypes for name in bias_names):
         parser.error(f"--bias takes bf16 and/or fp32, got {args.bias!r}")
 
-    table = Table(["bias", "variant", "fwd ms", "bwd ms", "fwd+bwd ms", "peak MiB",
-                   *[f"{n} err" for n in NAMES], "odd sizes", "note"])
+    table = Table(
+        [
+            "bias",
+            "variant",
+            "fwd ms",
+            "bwd ms",
+            "fwd+bwd ms",
+            "peak MiB",
+            *[f"{n} err" for n in NAMES],
+            "odd sizes",
+            "note",
+        ]
+    )
     log = {"header": stamp.header(), "base": dataclasses.asdict(base), "rows": []}
 
     def add(row: list) -> None:
@@ -311,8 +386,7 @@ def main() -> int:
             if time.perf_counter() > deadline:
                 add([bias_name, name, None, None, None, None, None, None, None, None, None, "", "skipped: budget"])
                 continue
-            timing = measure_variant(bias_name, name, all_variants[name], x, truth, eager, 100 + index, add,
-                                     odd_size)
+            timing = measure_variant(bias_name, name, all_variants[name], x, truth, eager, 100 + index, add, odd_size)
             if timing:
                 measured[name] = (all_variants[name], timing)
         if len(measured) > 1:
@@ -324,20 +398,48 @@ def main() -> int:
             try:
                 errs = errors(bench.run_flex, x, truth)
                 timing = time_variant(None, bench.run_flex, x)
-                add([bias_name, "peer: flex (compiled)", timing["fwd ms"], timing["bwd ms"], timing["fwd+bwd ms"],
-                     timing["peak MiB"], *errs, "", ""])
+                add(
+                    [
+                        bias_name,
+                        "peer: flex (compiled)",
+                        timing["fwd ms"],
+                        timing["bwd ms"],
+                        timing["fwd+bwd ms"],
+                        timing["peak MiB"],
+                        *errs,
+                        "",
+                        "",
+                    ]
+                )
             except Exception as err:
                 traceback.print_exc()
-                add([bias_name, "peer: flex (compiled)", None, None, None, None, None, None, None, None, None, "",
-                     f"failed: {type(err).__name__}: {str(err)[:80]}"])
+                add(
+                    [
+                        bias_name,
+                        "peer: flex (compiled)",
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        "",
+                        f"failed: {type(err).__name__}: {str(err)[:80]}",
+                    ]
+                )
         del x, truth
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
 
-    result = (f"### EvoAttention L={size[2]} sweep, {stamp.header()}\n\nB={size[0]}, N={size[1]}, L={size[2]}, H={size[3]}, D={size[4]}, "
-              f"bf16 q/k/v, shared bias with gradient, 10 % key padding; errors: relative L2 against fp32 "
-              f"eager; odd sizes: worst error / (4 x eager bf16 + 2e-3), ok when <= 1. "
-              f"Total {time.perf_counter() - started:.0f} s.\n\n{table.markdown()}\n")
+    result = (
+        f"### EvoAttention L={size[2]} sweep, {stamp.header()}\n\nB={size[0]}, N={size[1]}, L={size[2]}, H={size[3]}, D={size[4]}, "
+        f"bf16 q/k/v, shared bias with gradient, 10 % key padding; errors: relative L2 against fp32 "
+        f"eager; odd sizes: worst error / (4 x eager bf16 + 2e-3), ok when <= 1. "
+        f"Total {time.perf_counter() - started:.0f} s.\n\n{table.markdown()}\n"
+    )
     if os.environ.get("OUT"):
         out_dir = pathlib.Path(os.environ["OUT"])
         out_dir.mkdir(parents=True, exist_ok=True)

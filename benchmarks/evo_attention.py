@@ -24,7 +24,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import triton
@@ -79,9 +79,25 @@ SMOKE_CASES = [
 # Candidates per kernel: (block_m, block_n, num_warps, num_stages[, rows]). The top three of
 # the first H200 sweep (NOTES-evo_attention.md, attempt 1) plus row groups (5th entry).
 CANDIDATES = {
-    "fwd": [(128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2), (128, 64, 4, 3),
-            (64, 32, 4, 2, 2), (64, 32, 4, 2, 4), (128, 32, 4, 3, 2), (64, 64, 4, 3, 2), (32, 32, 4, 2, 4)],
-    "bwd_kv": [(64, 64, 4, 2), (32, 64, 4, 2), (32, 128, 4, 2), (32, 64, 4, 2, 2), (16, 64, 4, 2, 2), (32, 32, 4, 2, 4)],
+    "fwd": [
+        (128, 32, 4, 3),
+        (64, 64, 4, 3),
+        (64, 32, 4, 2),
+        (128, 64, 4, 3),
+        (64, 32, 4, 2, 2),
+        (64, 32, 4, 2, 4),
+        (128, 32, 4, 3, 2),
+        (64, 64, 4, 3, 2),
+        (32, 32, 4, 2, 4),
+    ],
+    "bwd_kv": [
+        (64, 64, 4, 2),
+        (32, 64, 4, 2),
+        (32, 128, 4, 2),
+        (32, 64, 4, 2, 2),
+        (16, 64, 4, 2, 2),
+        (32, 32, 4, 2, 4),
+    ],
     "bwd_q": [(64, 32, 4, 2), (64, 64, 4, 3), (64, 64, 4, 2), (64, 32, 4, 2, 2), (32, 32, 4, 2, 4), (32, 64, 4, 2, 2)],
     "bwd_bias": [(32, 64, 4, 2), (64, 64, 4, 2), (32, 32, 4, 2), (32, 64, 2, 2), (64, 32, 4, 2), (32, 128, 4, 3)],
 }
@@ -171,8 +187,11 @@ def run_trifast(x: Inputs) -> torch.Tensor:
 
     # trifast takes [B, H, N, L, D], bias [B, H, L, L] and a mask that is True where masked.
     out = triangle_attention(
-        x.q.permute(0, 3, 1, 2, 4), x.k.permute(0, 3, 1, 2, 4), x.v.permute(0, 3, 1, 2, 4),
-        x.bias[:, 0], ~x.mask,
+        x.q.permute(0, 3, 1, 2, 4),
+        x.k.permute(0, 3, 1, 2, 4),
+        x.v.permute(0, 3, 1, 2, 4),
+        x.bias[:, 0],
+        ~x.mask,
     )
     return out.permute(0, 2, 3, 1, 4)
 
@@ -289,7 +308,7 @@ def tune(cases: list[Case], budget_s: float, log: dict) -> dict[tuple[int, int],
         x = make_inputs(case)
         q, k, v, bias = (t.detach() for t in x.leaves())
         mask = x.mask
-        scale = case.head_dim ** -0.5
+        scale = case.head_dim**-0.5
         base = select_config(case.head_dim, case.seq_len, q.device)
         out, lse, key_end = evo_attention_forward(q, k, v, bias, mask, scale, base)
         chosen = {}
@@ -319,8 +338,10 @@ def tune(cases: list[Case], budget_s: float, log: dict) -> dict[tuple[int, int],
                 {"case": case.name, "kernel": kernel, "timings_ms": [[t, list(c)] for t, c in timings]}
             )
             if timings:
-                print(f"  {case.name:26s} {kernel:8s} best {timings[0][1]} {timings[0][0]:.3f} ms "
-                      f"(worst {timings[-1][0]:.3f} ms of {len(timings)})")
+                print(
+                    f"  {case.name:26s} {kernel:8s} best {timings[0][1]} {timings[0][0]:.3f} ms "
+                    f"(worst {timings[-1][0]:.3f} ms of {len(timings)})"
+                )
             chosen[kernel] = BlockConfig(*timings[0][1]) if timings else getattr(base, kernel)
         best[case.config_class] = EvoAttentionConfig(**chosen)
         del x, out, lse, key_end
@@ -335,7 +356,9 @@ def write_config(best: dict[tuple[int, int], EvoAttentionConfig], out_dir: pathl
     by_class = {(e["head_dim_max"], e["seq_len_max"]): e for e in data.get("gpus", {}).get(gpu, [])}
     for (dim, length), config in best.items():
         by_class[(dim, length)] = {
-            "head_dim_max": dim, "seq_len_max": length, "bwd_mode": config.bwd_mode,
+            "head_dim_max": dim,
+            "seq_len_max": length,
+            "bwd_mode": config.bwd_mode,
             "fp32_bias_bwd_mode": config.fp32_bias_bwd_mode,
             **{name: dataclasses.asdict(getattr(config, name)) for name in evo_config.KERNEL_NAMES},
         }
@@ -343,7 +366,8 @@ def write_config(best: dict[tuple[int, int], EvoAttentionConfig], out_dir: pathl
         # Head dims above the largest tuned class fall back to the heuristic's tiles for 128.
         fallback = evo_config.heuristic_config(128, 1_000_000, interpreted=False)
         by_class[(128, 1_000_000)] = {
-            "head_dim_max": 128, "seq_len_max": 1_000_000,
+            "head_dim_max": 128,
+            "seq_len_max": 1_000_000,
             **{name: dataclasses.asdict(getattr(fallback, name)) for name in evo_config.KERNEL_NAMES},
         }
     entries = [by_class[key] for key in sorted(by_class)]
@@ -365,8 +389,9 @@ def write_config(best: dict[tuple[int, int], EvoAttentionConfig], out_dir: pathl
 def measure(cases: list[Case], providers: list[str], deadline: float, log: dict) -> tuple[Table, list[Row]]:
     """The timing table, and its numbers as rows for results.csv."""
     rows = []
-    table = Table(["case", "provider", "fwd ms", "fwd+bwd ms", "extra peak MiB (fwd+bwd)",
-                   "of which workspace MiB", "note"])
+    table = Table(
+        ["case", "provider", "fwd ms", "fwd+bwd ms", "extra peak MiB (fwd+bwd)", "of which workspace MiB", "note"]
+    )
     # Provider-major: a slow peer (FlexAttention compiles per shape) cannot starve the others.
     for provider in providers:
         for case in cases:
@@ -379,6 +404,7 @@ def measure(cases: list[Case], providers: list[str], deadline: float, log: dict)
             x = make_inputs(case)
             row: list[object] = [case.name, provider]
             try:
+
                 def forward_only():
                     with torch.no_grad():
                         return fn(x)
@@ -396,8 +422,12 @@ def measure(cases: list[Case], providers: list[str], deadline: float, log: dict)
                 # Output and the four gradients are results, not workspace.
                 results = sum(t.numel() * t.element_size() for t in [x.q] + x.leaves()) / MIB
                 row += [fwd, both, peak, peak - results, ""]
-                for metric, value in (("fwd ms", fwd), ("fwd+bwd ms", both), ("extra peak MiB", peak),
-                                      ("workspace MiB", peak - results)):
+                for metric, value in (
+                    ("fwd ms", fwd),
+                    ("fwd+bwd ms", both),
+                    ("extra peak MiB", peak),
+                    ("workspace MiB", peak - results),
+                ):
                     rows.append(Row("evo_attention", provider, case.name, metric, value))
             except Exception as err:
                 traceback.print_exc()
@@ -547,16 +577,23 @@ def main() -> int:
     print("\n## timing")
     table, rows = measure(cases, providers, started + args.budget_s, log)
 
-    result = (f"### EvoAttention, {log['header']}\n\nbf16, 10 % key padding, bias [B, 1, H, L, L] bf16 "
-              f"with gradient, mask [B, N, L]. Times are medians (ms); extra peak memory is above the "
-              f"inputs; workspace is that minus the output and the four gradients.\n\n{table.markdown()}\n")
+    result = (
+        f"### EvoAttention, {log['header']}\n\nbf16, 10 % key padding, bias [B, 1, H, L, L] bf16 "
+        f"with gradient, mask [B, N, L]. Times are medians (ms); extra peak memory is above the "
+        f"inputs; workspace is that minus the output and the four gradients.\n\n{table.markdown()}\n"
+    )
     (out_dir / "results.md").write_text(result)
     (out_dir / "log.json").write_text(json.dumps(log, indent=1, default=str))
     print("\n" + result)
     print(f"correctness: {'PASS' if correct else 'FAIL'}; total {time.perf_counter() - started:.0f} s")
     if args.record:
-        record(stamp, error_rows(log) + rows, "evo_attention", result.replace("### EvoAttention, ", "### Run of "),
-               "EvoAttention")
+        record(
+            stamp,
+            error_rows(log) + rows,
+            "evo_attention",
+            result.replace("### EvoAttention, ", "### Run of "),
+            "EvoAttention",
+        )
     return 0 if correct else 1
 
 

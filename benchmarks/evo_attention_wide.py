@@ -60,8 +60,11 @@ def run(length: int, device: torch.device) -> list:
     errors = (rel_error(out_end, out_start), rel_error(grad_end, grad_start))
     del out_end, grad_end, out_start, grad_start
     times = (time_ms(ending, warmup_ms=5, rep_ms=50), time_ms(starting, warmup_ms=5, rep_ms=50))
-    print(f"L={length}: 64-bit path {wide}, rel. difference out {errors[0]:.2e} grad {errors[1]:.2e}, "
-          f"ending {times[0]:.2f} ms, starting {times[1]:.2f} ms", flush=True)
+    print(
+        f"L={length}: 64-bit path {wide}, rel. difference out {errors[0]:.2e} grad {errors[1]:.2e}, "
+        f"ending {times[0]:.2f} ms, starting {times[1]:.2f} ms",
+        flush=True,
+    )
     return [length, wide, *errors, *times]
 
 

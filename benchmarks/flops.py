@@ -117,8 +117,11 @@ class PartTracker:
             return ROLLOUT
         if self.stack:
             name = self.stack[-1]
-            return next(part for prefix, part in PART_OF_MODULE
-                        if name == prefix or name.startswith(prefix + ".") or prefix == "")
+            return next(
+                part
+                for prefix, part in PART_OF_MODULE
+                if name == prefix or name.startswith(prefix + ".") or prefix == ""
+            )
         return self.backward_part if self.in_backward else LOSSES
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -141,8 +144,10 @@ class PartTracker:
                 self.tag_graph(output, self.part())
                 self.stack.pop()
 
-        self.handles = [torch.nn.modules.module.register_module_forward_pre_hook(enter),
-                        torch.nn.modules.module.register_module_forward_hook(leave)]
+        self.handles = [
+            torch.nn.modules.module.register_module_forward_pre_hook(enter),
+            torch.nn.modules.module.register_module_forward_hook(leave),
+        ]
         sample_positions = model._sample_positions
 
         def rollout(*args, **kwargs):
@@ -174,7 +179,9 @@ class PartTracker:
     def tag_graph(self, output, part: str) -> None:
         """Tag every untagged node reachable from `output`'s nodes with `part`, stopping at tagged
         ones (made earlier, outside this module, or by a module inside it)."""
-        pending = [getattr(tensor, "grad_fn", None) for tensor in tree_leaves(output) if isinstance(tensor, torch.Tensor)]
+        pending = [
+            getattr(tensor, "grad_fn", None) for tensor in tree_leaves(output) if isinstance(tensor, torch.Tensor)
+        ]
         while pending:
             node = pending.pop()
             if node is None or node in self.tagged:
@@ -232,8 +239,9 @@ def model_arithmetic():
 
 def step_batch(shape: StepShape) -> dict:
     generator = torch.Generator().manual_seed(shape.crop)
-    return random_batch([shape.crop], [shape.msa_rows], [shape.templates], generator,
-                        num_atoms_per_token=shape.atoms_per_token)
+    return random_batch(
+        [shape.crop], [shape.msa_rows], [shape.templates], generator, num_atoms_per_token=shape.atoms_per_token
+    )
 
 
 def count_step(config, shape: StepShape, fake: bool) -> dict[str, int]:
@@ -243,8 +251,10 @@ def count_step(config, shape: StepShape, fake: bool) -> dict[str, int]:
     mode = torch._subclasses.fake_tensor.FakeTensorMode() if fake else contextlib.nullcontext()
     with mode, model_arithmetic():
         if fake:
-            batch = {name: mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
-                     for name, value in batch.items()}
+            batch = {
+                name: mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
+                for name, value in batch.items()
+            }
         torch.manual_seed(0)
         model = AF3Model(config).train()
         tracker = PartTracker(model)
@@ -259,12 +269,15 @@ def count_step(config, shape: StepShape, fake: bool) -> dict[str, int]:
 def count_cycle(config, shape: StepShape) -> int:
     """FLOPs of each recycling cycle past the first: one more trunk forward without gradient
     (recycling, templates, MSA module, Pairformer), as the trunk at 2 cycles minus 1, fake tensors."""
+
     def trunk_flops(cycles: int) -> int:
         batch = step_batch(shape)  # real tensors, made fake below (the batch's layout reads values)
         mode = torch._subclasses.fake_tensor.FakeTensorMode()
         with mode, model_arithmetic():
-            batch = {name: mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
-                     for name, value in batch.items()}
+            batch = {
+                name: mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
+                for name, value in batch.items()
+            }
             model = AF3Model(config).train()
             counter = FlopCounterMode(display=False)
             with counter, torch.no_grad():
@@ -305,37 +318,64 @@ def main() -> None:
     if args.check_only:
         return
     config = preset("af3", kernels="torch", pairformer_blocks=args.depth)
-    shapes = [StepShape(crop, args.diffusion_batch, args.msa_rows, args.templates, args.atoms_per_token, args.cycles)
-              for crop in args.crop]
+    shapes = [
+        StepShape(crop, args.diffusion_batch, args.msa_rows, args.templates, args.atoms_per_token, args.cycles)
+        for crop in args.crop
+    ]
     counts, cycles = {}, {}
     for shape in shapes:
         counts[shape] = count_step(config, shape, fake=True)
         cycles[shape] = count_cycle(config, shape)
         print(f"crop {shape.crop}: {counts[shape]['total'] / 1e12:.1f} TFLOP", flush=True)
-    table = Table(["part", *(f"crop {shape.crop} (TFLOP)" for shape in shapes), *(f"crop {shape.crop} share"
-                                                                              for shape in shapes)])
+    table = Table(
+        ["part", *(f"crop {shape.crop} (TFLOP)" for shape in shapes), *(f"crop {shape.crop} share" for shape in shapes)]
+    )
     for part in (*PARTS, "total"):
-        table.add([part, *(counts[s][part] / 1e12 for s in shapes),
-                   *(f"{100 * counts[s][part] / counts[s]['total']:.1f} %" for s in shapes)])
-    table.add(["each further recycling cycle (trunk forward)", *(cycles[s] / 1e12 for s in shapes),
-               *(f"{100 * cycles[s] / counts[s]['total']:.1f} %" for s in shapes)])
-    what = (f"af3 preset, depth {args.depth}, diffusion batch {args.diffusion_batch}, {args.msa_rows} MSA rows, "
-            f"{args.templates} templates, {args.atoms_per_token} atoms per polymer token, N_cycle {args.cycles}, "
-            "recomputation as the preset (a checkpoint per block)")
+        table.add(
+            [
+                part,
+                *(counts[s][part] / 1e12 for s in shapes),
+                *(f"{100 * counts[s][part] / counts[s]['total']:.1f} %" for s in shapes),
+            ]
+        )
+    table.add(
+        [
+            "each further recycling cycle (trunk forward)",
+            *(cycles[s] / 1e12 for s in shapes),
+            *(f"{100 * cycles[s] / counts[s]['total']:.1f} %" for s in shapes),
+        ]
+    )
+    what = (
+        f"af3 preset, depth {args.depth}, diffusion batch {args.diffusion_batch}, {args.msa_rows} MSA rows, "
+        f"{args.templates} templates, {args.atoms_per_token} atoms per polymer token, N_cycle {args.cycles}, "
+        "recomputation as the preset (a checkpoint per block)"
+    )
     print(f"\n{stamp.header()}\n{what}\n\n{table.markdown()}")
     if args.record:
         from records import Row, record
 
-        rows = [Row("flops", "reference path", shape.label(args.depth), f"TFLOP {part}", counts[shape][part] / 1e12)
-                for shape in shapes for part in (*PARTS, "total")]
-        rows += [Row("flops", "reference path", shape.label(args.depth), "TFLOP each further cycle",
-                     cycles[shape] / 1e12) for shape in shapes]
-        section = (f"### FLOPs of a training step, {stamp.date}, commit {stamp.commit} (`benchmarks/flops.py`)\n\n"
-                   f"{what}; counted with FlopCounterMode on fake tensors (device: count, device-independent). "
-                   f"Check first, the tiny preset counted with real and with fake tensors (MFLOP):\n\n"
-                   f"{check.markdown()}\n\nThe step (TFLOP per training step):\n\n{table.markdown()}")
-        record(dataclasses.replace(stamp, device="count, device-independent"), rows, "flops", section,
-               title="FLOPs of a training step")
+        rows = [
+            Row("flops", "reference path", shape.label(args.depth), f"TFLOP {part}", counts[shape][part] / 1e12)
+            for shape in shapes
+            for part in (*PARTS, "total")
+        ]
+        rows += [
+            Row("flops", "reference path", shape.label(args.depth), "TFLOP each further cycle", cycles[shape] / 1e12)
+            for shape in shapes
+        ]
+        section = (
+            f"### FLOPs of a training step, {stamp.date}, commit {stamp.commit} (`benchmarks/flops.py`)\n\n"
+            f"{what}; counted with FlopCounterMode on fake tensors (device: count, device-independent). "
+            f"Check first, the tiny preset counted with real and with fake tensors (MFLOP):\n\n"
+            f"{check.markdown()}\n\nThe step (TFLOP per training step):\n\n{table.markdown()}"
+        )
+        record(
+            dataclasses.replace(stamp, device="count, device-independent"),
+            rows,
+            "flops",
+            section,
+            title="FLOPs of a training step",
+        )
 
 
 if __name__ == "__main__":

@@ -48,9 +48,13 @@ def cases(smoke: bool) -> list[Case]:
 
     def case(transpose: bool) -> Case:
         shape = f"{'ending' if transpose else 'starting'} node L={length} H={heads} D={head_dim}"
-        return Case(f"gated pair attention, {shape}", shape,
-                    lambda impl: GatedPairAttention(impl, heads, head_dim, transpose), make_inputs,
-                    compile_peer=not transpose)
+        return Case(
+            f"gated pair attention, {shape}",
+            shape,
+            lambda impl: GatedPairAttention(impl, heads, head_dim, transpose),
+            make_inputs,
+            compile_peer=not transpose,
+        )
 
     return [case(False), case(True)]
 

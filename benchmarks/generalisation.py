@@ -76,17 +76,30 @@ CLI = [sys.executable, "-m", "featurecache.cli"]
 
 # What an entry must be (checked by `survey` on the file itself)
 METHOD = "X-RAY DIFFRACTION"
-MAX_RESOLUTION = 3.5                  # Angstrom
-POLYMER_RESIDUES = (50, 800)          # residues in the polymer chains' full sequences
-MIN_TRAIN, MIN_VALIDATION = 100, 10   # issue 33
-VALIDATION_TARGET = 12                # held out: a little over the minimum, in case one fails later
+MAX_RESOLUTION = 3.5  # Angstrom
+POLYMER_RESIDUES = (50, 800)  # residues in the polymer chains' full sequences
+MIN_TRAIN, MIN_VALIDATION = 100, 10  # issue 33
+VALIDATION_TARGET = 12  # held out: a little over the minimum, in case one fails later
 # A file that is the entry as the PDB distributes it: "1abc.cif", "pdb1abc.ent.gz", "1ABC.pdb";
 # edited copies ("3eiy_stripped_ele.cif", "3SGB-subset.pdb") are left out by their names.
 ENTRY_FILE = re.compile(r"^(?:pdb)?(\d[a-z0-9]{3})\.(cif|mmcif|pdb|ent)(\.gz)?$", re.IGNORECASE)
-MAX_FILE_BYTES = 4_000_000            # snapshots lack files of 4 MiB and more
+MAX_FILE_BYTES = 4_000_000  # snapshots lack files of 4 MiB and more
 
-COLUMNS = ("pdb_id", "split", "split_reason", "repository", "path", "commit", "sha256", "source_format",
-           "method", "resolution", "polymer_residues", "polymer_chains", "ligands")
+COLUMNS = (
+    "pdb_id",
+    "split",
+    "split_reason",
+    "repository",
+    "path",
+    "commit",
+    "sha256",
+    "source_format",
+    "method",
+    "resolution",
+    "polymer_residues",
+    "polymer_chains",
+    "ligands",
+)
 
 
 # --- the entries file --------------------------------------------------------------------------
@@ -149,20 +162,36 @@ def describe(text: str) -> dict | None:
     except (RuntimeError, ValueError):
         return None
     method = " ".join(block.find_values("_exptl.method")).strip("'\" ").upper()
-    entity_lengths = {entity.name: len(entity.full_sequence) for entity in structure.entities
-                      if entity.entity_type == gemmi.EntityType.Polymer}
+    entity_lengths = {
+        entity.name: len(entity.full_sequence)
+        for entity in structure.entities
+        if entity.entity_type == gemmi.EntityType.Polymer
+    }
     if len(structure) != 1 or method != METHOD or not 0 < structure.resolution <= MAX_RESOLUTION or not entity_lengths:
         return None
     model = structure[0]
     chains = [subchain for subchain in model.subchains() if subchain.check_polymer_type() != gemmi.PolymerType.Unknown]
-    residues = sum(entity_lengths.get(structure.get_entity_of(chain).name, 0) if structure.get_entity_of(chain) else 0
-                   for chain in chains)
+    residues = sum(
+        entity_lengths.get(structure.get_entity_of(chain).name, 0) if structure.get_entity_of(chain) else 0
+        for chain in chains
+    )
     if not POLYMER_RESIDUES[0] <= residues <= POLYMER_RESIDUES[1]:
         return None
-    ligands = sorted({residue.name for chain in model for residue in chain
-                      if residue.het_flag == "H" and residue.name not in ("HOH", "DOD")})
-    return {"method": method, "resolution": f"{structure.resolution:.2f}", "polymer_residues": str(residues),
-            "polymer_chains": str(len(chains)), "ligands": " ".join(ligands)}
+    ligands = sorted(
+        {
+            residue.name
+            for chain in model
+            for residue in chain
+            if residue.het_flag == "H" and residue.name not in ("HOH", "DOD")
+        }
+    )
+    return {
+        "method": method,
+        "resolution": f"{structure.resolution:.2f}",
+        "polymer_residues": str(residues),
+        "polymer_chains": str(len(chains)),
+        "ligands": " ".join(ligands),
+    }
 
 
 def survey(mirrors: pathlib.Path) -> list[dict]:
@@ -187,9 +216,17 @@ def survey(mirrors: pathlib.Path) -> list[dict]:
             if columns is None:
                 continue
             pdb_id = match.group(1).lower()
-            entry = {"pdb_id": pdb_id, "split": "", "split_reason": "", "repository": repository, "path": path,
-                     "commit": commit, "sha256": hashlib.sha256(data).hexdigest(), "source_format": source_format,
-                     **columns}
+            entry = {
+                "pdb_id": pdb_id,
+                "split": "",
+                "split_reason": "",
+                "repository": repository,
+                "path": path,
+                "commit": commit,
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "source_format": source_format,
+                **columns,
+            }
             known = found.get(pdb_id)
             if known is None or (known["source_format"] == "pdb" and source_format == "mmcif"):
                 found[pdb_id] = entry
@@ -214,8 +251,21 @@ def gather(entries: list[dict], mirrors: pathlib.Path, inputs: pathlib.Path) -> 
 
 def build_cache(inputs: pathlib.Path, cache: pathlib.Path) -> None:
     """`featurecache precompute` with query-only MSAs (no database, no alignments, no templates)."""
-    subprocess.run([*CLI, "precompute", str(inputs), "--cache", str(cache), "--executor", "inline",
-                    "--shards", "1", "--no-progress"], check=True)
+    subprocess.run(
+        [
+            *CLI,
+            "precompute",
+            str(inputs),
+            "--cache",
+            str(cache),
+            "--executor",
+            "inline",
+            "--shards",
+            "1",
+            "--no-progress",
+        ],
+        check=True,
+    )
 
 
 def target_clusters(cache: pathlib.Path) -> dict[str, set[str]]:
@@ -223,8 +273,10 @@ def target_clusters(cache: pathlib.Path) -> dict[str, set[str]]:
     from featurecache.store.manifest import SAMPLING_TABLE, read_manifest
 
     sampling = read_manifest(cache).index.get(SAMPLING_TABLE) or {}
-    return {target: {chain["cluster"] for chain in entry["chains"] if chain["molecule_type"] != "ligand"}
-            for target, entry in sampling.items()}
+    return {
+        target: {chain["cluster"] for chain in entry["chains"] if chain["molecule_type"] != "ligand"}
+        for target, entry in sampling.items()
+    }
 
 
 def linked_groups(clusters: dict[str, set[str]]) -> list[list[str]]:
@@ -254,8 +306,10 @@ def split(entries: list[dict], clusters: dict[str, set[str]]) -> list[dict]:
     VALIDATION_TARGET; the rest trains. An entry precompute left out is marked "excluded"."""
     by_id = {entry["pdb_id"]: entry for entry in entries}
     groups = linked_groups({target: clusters[target] for target in clusters if target in by_id})
-    singles = sorted((group[0] for group in groups if len(group) == 1), key=lambda target: (
-        int(by_id[target]["polymer_chains"]) > 1, bool(by_id[target]["ligands"]), target))
+    singles = sorted(
+        (group[0] for group in groups if len(group) == 1),
+        key=lambda target: (int(by_id[target]["polymer_chains"]) > 1, bool(by_id[target]["ligands"]), target),
+    )
     kinds: dict[tuple[bool, bool], list[str]] = {}
     for target in singles:
         kinds.setdefault((int(by_id[target]["polymer_chains"]) > 1, bool(by_id[target]["ligands"])), []).append(target)
@@ -267,11 +321,15 @@ def split(entries: list[dict], clusters: dict[str, set[str]]) -> list[dict]:
     for entry in entries:
         target = entry["pdb_id"]
         if target not in clusters:
-            entry["split"], entry["split_reason"] = "excluded", "not in the cache (curation or featurization left it out)"
+            entry["split"], entry["split_reason"] = (
+                "excluded",
+                "not in the cache (curation or featurization left it out)",
+            )
         elif target in held_out:
             entry["split"] = "validation"
-            entry["split_reason"] = ("its polymer clusters (" + " ".join(sorted(clusters[target]))
-                                     + ") occur in no other entry")
+            entry["split_reason"] = (
+                "its polymer clusters (" + " ".join(sorted(clusters[target])) + ") occur in no other entry"
+            )
         else:
             entry["split"] = "train"
             entry["split_reason"] = "shares no polymer cluster with a validation entry"
@@ -290,8 +348,10 @@ def check(entries: list[dict], clusters: dict[str, set[str]]) -> None:
     if leaks:
         raise SystemExit(f"entries.csv: validation entries share clusters with training entries: {leaks}")
     if len(train) < MIN_TRAIN or len(validation) < MIN_VALIDATION:
-        raise SystemExit(f"entries.csv: {len(train)} train and {len(validation)} validation entries, "
-                         f"need >= {MIN_TRAIN} and >= {MIN_VALIDATION}")
+        raise SystemExit(
+            f"entries.csv: {len(train)} train and {len(validation)} validation entries, "
+            f"need >= {MIN_TRAIN} and >= {MIN_VALIDATION}"
+        )
     print(f"split holds: {len(train)} train, {len(validation)} validation entries, no polymer cluster shared")
 
 
@@ -304,12 +364,32 @@ def validation_keys(entries: list[dict]) -> list[str]:
 # The GPU run's settings: issue 33's `small` preset at the crop the overfit run used, a short
 # warm-up and a fast EMA for a run of minutes (AF3's 1,000 steps and 0.999 would still weigh the
 # untrained weights at its end), one recycling cycle (query-only MSAs give recycling little)
-GPU_RUN = {"preset": "small", "crop_size": 384, "diffusion_batch": 32, "lr": 1e-3, "warmup": 200, "ema_decay": 0.99,
-           "max_recycling_cycles": 1, "validate_every": 250, "validation_sampler_steps": 40,
-           "checkpoint_every": 500, "num_workers": 4}
-SMOKE_RUN = {"preset": "tiny", "crop_size": 48, "diffusion_batch": 2, "lr": 1e-3, "warmup": 2, "ema_decay": 0.9,
-             "max_recycling_cycles": 1, "validate_every": 2, "validation_sampler_steps": 2,
-             "checkpoint_every": 4, "num_workers": 0}
+GPU_RUN = {
+    "preset": "small",
+    "crop_size": 384,
+    "diffusion_batch": 32,
+    "lr": 1e-3,
+    "warmup": 200,
+    "ema_decay": 0.99,
+    "max_recycling_cycles": 1,
+    "validate_every": 250,
+    "validation_sampler_steps": 40,
+    "checkpoint_every": 500,
+    "num_workers": 4,
+}
+SMOKE_RUN = {
+    "preset": "tiny",
+    "crop_size": 48,
+    "diffusion_batch": 2,
+    "lr": 1e-3,
+    "warmup": 2,
+    "ema_decay": 0.9,
+    "max_recycling_cycles": 1,
+    "validate_every": 2,
+    "validation_sampler_steps": 2,
+    "checkpoint_every": 4,
+    "num_workers": 0,
+}
 SMOKE_STEPS, SMOKE_VALIDATION = 4, 3
 
 
@@ -323,10 +403,20 @@ def run(cache: pathlib.Path, out: pathlib.Path, entries: list[dict], minutes: fl
     steps = SMOKE_STEPS if smoke else steps
     cuda = torch.cuda.is_available() and not smoke
     out.mkdir(parents=True, exist_ok=True)
-    command = [*CLI, "train", "--cache", str(cache), "--out", str(out / "run"), "--steps", str(steps),
-               "--validation-keys", ",".join(keys),
-               *(item for name, value in settings.items() for item in (f"--{name.replace('_', '-')}", str(value))),
-               *(["--cuda-graphs"] if cuda else ["--device", "cpu"])]
+    command = [
+        *CLI,
+        "train",
+        "--cache",
+        str(cache),
+        "--out",
+        str(out / "run"),
+        "--steps",
+        str(steps),
+        "--validation-keys",
+        ",".join(keys),
+        *(item for name, value in settings.items() for item in (f"--{name.replace('_', '-')}", str(value))),
+        *(["--cuda-graphs"] if cuda else ["--device", "cpu"]),
+    ]
     print("$", " ".join(command), flush=True)
     start = time.monotonic()
     # on the CPU one thread: a tiny model's OpenMP threads only wait on each other (tests/conftest.py)
@@ -345,10 +435,18 @@ def run(cache: pathlib.Path, out: pathlib.Path, entries: list[dict], minutes: fl
         stopped = True
     if not stopped and process.returncode != 0:
         raise SystemExit(f"featurecache train failed with exit code {process.returncode}")
-    result = {"command": " ".join(command), "stamp": dataclasses.asdict(run_stamp()), "settings": settings,
-              "steps": steps, "minutes": minutes, "train_s": time.monotonic() - start, "stopped": stopped,
-              "smoke": smoke, "validation_keys": keys,
-              "train_entries": sum(entry["split"] != "excluded" for entry in entries) - len(keys)}
+    result = {
+        "command": " ".join(command),
+        "stamp": dataclasses.asdict(run_stamp()),
+        "settings": settings,
+        "steps": steps,
+        "minutes": minutes,
+        "train_s": time.monotonic() - start,
+        "stopped": stopped,
+        "smoke": smoke,
+        "validation_keys": keys,
+        "train_entries": sum(entry["split"] != "excluded" for entry in entries) - len(keys),
+    }
     (out / "generalisation.json").write_text(json.dumps(result, indent=1))
     return result
 
@@ -365,11 +463,16 @@ def curve_table(curve: list[dict]) -> str:
     def cell(value) -> str:
         return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
 
-    lines = ["| step | lDDT | lDDT protein | lDDT ligand | lDDT DNA | lDDT RNA | loss |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| step | lDDT | lDDT protein | lDDT ligand | lDDT DNA | lDDT RNA | loss |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for point in curve:
-        lines.append(f"| {point['step']} | {cell(point.get('lddt'))} | {cell(point.get('lddt_protein'))} | "
-                     f"{cell(point.get('lddt_ligand'))} | {cell(point.get('lddt_dna'))} | {cell(point.get('lddt_rna'))} | "
-                     f"{cell(point.get('loss'))} |")
+        lines.append(
+            f"| {point['step']} | {cell(point.get('lddt'))} | {cell(point.get('lddt_protein'))} | "
+            f"{cell(point.get('lddt_ligand'))} | {cell(point.get('lddt_dna'))} | {cell(point.get('lddt_rna'))} | "
+            f"{cell(point.get('loss'))} |"
+        )
     return "\n".join(lines)
 
 
@@ -381,8 +484,10 @@ def trend(curve: list[dict]) -> str:
     lddt = np.array([point["lddt"] for point in curve], float)
     slope = float(np.polyfit(steps, lddt, 1)[0]) if len(curve) > 2 else float("nan")
     start = "untrained (step 0)" if curve[0]["step"] == 0 else f"step {curve[0]['step']}"
-    return (f"validation lDDT {lddt[0]:.3f} at {start}, {lddt[-1]:.3f} at step {int(steps[-1])} "
-            f"(best {lddt.max():.3f}); least-squares slope {slope * 1000:+.4f} per 1,000 steps")
+    return (
+        f"validation lDDT {lddt[0]:.3f} at {start}, {lddt[-1]:.3f} at step {int(steps[-1])} "
+        f"(best {lddt.max():.3f}); least-squares slope {slope * 1000:+.4f} per 1,000 steps"
+    )
 
 
 def record(out: pathlib.Path, results: pathlib.Path | None = None) -> None:
@@ -397,29 +502,51 @@ def record(out: pathlib.Path, results: pathlib.Path | None = None) -> None:
         raise SystemExit(f"{out}/run/log.jsonl: no validation line (did the run reach --validate-every?)")
     stamp = RunStamp(**result["stamp"])
     settings = result["settings"]
-    shape = (f"{result['train_entries']} train / {len(result['validation_keys'])} validation entries, "
-             f"{settings['preset']} preset, crop {settings['crop_size']}")
-    rows = [Row("generalisation", "featurecache", f"{shape}; step {point['step']}", f"validation {name}", point[name])
-            for point in curve for name in ("lddt", "lddt_protein", "lddt_ligand")
-            if point.get(name) is not None and not math.isnan(point[name])]
-    steps_done = max((json.loads(line).get("step", 0) for line in (out / "run" / "log.jsonl").read_text().splitlines()
-                      if line.strip()), default=0)
-    section = "\n".join([
-        f"### {shape} ({stamp.header()})", "",
-        f"`{result['command']}`", "",
-        f"{steps_done} steps in {result['train_s']:.0f} s "
-        f"({'stopped by the budget' if result['stopped'] else 'all steps done'}); validation "
-        f"({settings['validation_sampler_steps']} sampler steps, EMA weights) every {settings['validate_every']} steps on "
-        f"{', '.join(result['validation_keys'])} (held out by 40 % sequence cluster: "
-        f"benchmarks/generalisation/entries.csv); MSAs are the query alone (no sequence database).", "",
-        curve_table(curve), "",
-        trend(curve) + ".",
-        *([""] + [result["note"]] if result.get("note") else [])])
-    results_md, results_csv = ((results / "RESULTS.md", results / "results.csv") if results is not None
-                               else (records.RESULTS_MD, records.RESULTS_CSV))
+    shape = (
+        f"{result['train_entries']} train / {len(result['validation_keys'])} validation entries, "
+        f"{settings['preset']} preset, crop {settings['crop_size']}"
+    )
+    rows = [
+        Row("generalisation", "featurecache", f"{shape}; step {point['step']}", f"validation {name}", point[name])
+        for point in curve
+        for name in ("lddt", "lddt_protein", "lddt_ligand")
+        if point.get(name) is not None and not math.isnan(point[name])
+    ]
+    steps_done = max(
+        (
+            json.loads(line).get("step", 0)
+            for line in (out / "run" / "log.jsonl").read_text().splitlines()
+            if line.strip()
+        ),
+        default=0,
+    )
+    section = "\n".join(
+        [
+            f"### {shape} ({stamp.header()})",
+            "",
+            f"`{result['command']}`",
+            "",
+            f"{steps_done} steps in {result['train_s']:.0f} s "
+            f"({'stopped by the budget' if result['stopped'] else 'all steps done'}); validation "
+            f"({settings['validation_sampler_steps']} sampler steps, EMA weights) every {settings['validate_every']} steps on "
+            f"{', '.join(result['validation_keys'])} (held out by 40 % sequence cluster: "
+            f"benchmarks/generalisation/entries.csv); MSAs are the query alone (no sequence database).",
+            "",
+            curve_table(curve),
+            "",
+            trend(curve) + ".",
+            *([""] + [result["note"]] if result.get("note") else []),
+        ]
+    )
+    results_md, results_csv = (
+        (results / "RESULTS.md", results / "results.csv")
+        if results is not None
+        else (records.RESULTS_MD, records.RESULTS_CSV)
+    )
     records.append_rows(stamp, rows, results_csv)
-    records.add_section("generalisation", section, "Generalisation: validation on held-out PDB entries (issue 33)",
-                        results_md)
+    records.add_section(
+        "generalisation", section, "Generalisation: validation on held-out PDB entries (issue 33)", results_md
+    )
     records.write_headline(results_md, results_csv)
     print(f"recorded in {results_md} and {results_csv}")
 
@@ -455,19 +582,28 @@ def plot(out: pathlib.Path) -> pathlib.Path:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=("survey", "gather", "cache", "split", "check", "prepare", "keys",
-                                            "run", "record", "plot"))
+    parser.add_argument(
+        "command", choices=("survey", "gather", "cache", "split", "check", "prepare", "keys", "run", "record", "plot")
+    )
     parser.add_argument("out", nargs="?", type=pathlib.Path, help="run / record / plot: the run's OUT folder")
-    parser.add_argument("--mirrors", type=pathlib.Path, default=pathlib.Path("/work/.mirror"),
-                        help="folder of the fetched snapshots (<owner>+<name>/repo)")
+    parser.add_argument(
+        "--mirrors",
+        type=pathlib.Path,
+        default=pathlib.Path("/work/.mirror"),
+        help="folder of the fetched snapshots (<owner>+<name>/repo)",
+    )
     parser.add_argument("--inputs", type=pathlib.Path, default=DEVDATA / "inputs")
     parser.add_argument("--cache", type=pathlib.Path, default=DEVDATA / "cache")
     parser.add_argument("--entries", type=pathlib.Path, default=ENTRIES)
     parser.add_argument("--minutes", type=float, default=13.0, help="run: wall-clock budget of the training")
     parser.add_argument("--steps", type=int, default=100_000, help="run: training steps at most")
     parser.add_argument("--smoke", action="store_true", help="run: tiny preset, a few steps, on the CPU")
-    parser.add_argument("--results", type=pathlib.Path, metavar="DIR",
-                        help="record: into DIR/RESULTS.md and DIR/results.csv instead of benchmarks/'s")
+    parser.add_argument(
+        "--results",
+        type=pathlib.Path,
+        metavar="DIR",
+        help="record: into DIR/RESULTS.md and DIR/results.csv instead of benchmarks/'s",
+    )
     args = parser.parse_args(argv)
     if args.command in ("run", "record", "plot") and args.out is None:
         parser.error(f"{args.command} needs the run's OUT folder")
@@ -486,7 +622,9 @@ def main(argv=None) -> None:
     else:
         entries = read_entries(args.entries)
         if args.command in ("gather", "prepare"):
-            used = [entry for entry in entries if entry["split"] != "excluded"] if args.command == "prepare" else entries
+            used = (
+                [entry for entry in entries if entry["split"] != "excluded"] if args.command == "prepare" else entries
+            )
             gather(used, args.mirrors, args.inputs)
         if args.command in ("cache", "prepare"):
             build_cache(args.inputs, args.cache)

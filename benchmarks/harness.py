@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -59,8 +59,9 @@ def git_commit() -> str:
     if os.environ.get("FC_COMMIT"):
         return os.environ["FC_COMMIT"]
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -72,7 +73,7 @@ def device_name() -> str:
 
 
 def run_stamp() -> RunStamp:
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return RunStamp(now, device_name(), git_commit(), torch.__version__, triton.__version__)
 
 
@@ -82,9 +83,12 @@ def run_stamp() -> RunStamp:
 def argument_parser(doc: str) -> argparse.ArgumentParser:
     """A parser whose help is the script's docstring, with the --record option every script has."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--record", action="store_true",
-                        help="append the run to benchmarks/RESULTS.md and its rows to benchmarks/results.csv, "
-                             "and refresh RESULTS.md's headline table")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="append the run to benchmarks/RESULTS.md and its rows to benchmarks/results.csv, "
+        "and refresh RESULTS.md's headline table",
+    )
     return parser
 
 
@@ -95,7 +99,7 @@ def time_ms(
     fn: Callable[[], object],
     warmup_ms: float = 25.0,
     rep_ms: float = 100.0,
-    grad_to_none: Optional[Sequence[torch.Tensor]] = None,
+    grad_to_none: Sequence[torch.Tensor] | None = None,
 ) -> float:
     """Median time of fn in milliseconds: CUDA events on a GPU, the host clock without one."""
     if torch.cuda.is_available():

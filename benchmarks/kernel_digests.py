@@ -49,10 +49,16 @@ def step_digests(device: str) -> dict[str, str]:
     loss.backward()
     digests = {"loss": _digest(loss)}
     digests.update({f"term/{name}": _digest(value) for name, value in sorted(terms.items()) if torch.is_tensor(value)})
-    digests.update({f"output/{name}": _digest(value) for name, value in sorted(outputs.items())
-                    if torch.is_tensor(value)})
-    digests.update({f"grad/{name}": _digest(param.grad) for name, param in sorted(model.named_parameters())
-                    if param.grad is not None})
+    digests.update(
+        {f"output/{name}": _digest(value) for name, value in sorted(outputs.items()) if torch.is_tensor(value)}
+    )
+    digests.update(
+        {
+            f"grad/{name}": _digest(param.grad)
+            for name, param in sorted(model.named_parameters())
+            if param.grad is not None
+        }
+    )
     return digests
 
 
@@ -68,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"
         if "triton" in sys.modules:
             raise SystemExit("triton was imported before TRITON_INTERPRET could be set")
-    digests = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (TRITON_INTERPRET=1)",
-               **step_digests(device)}
+    digests = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (TRITON_INTERPRET=1)",
+        **step_digests(device),
+    }
     print(f"{len(digests) - 1} digests on {digests['device']}")
     if args.out:
         with open(args.out, "w") as handle:
@@ -79,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
             before = json.load(handle)
         names = sorted(set(before) | set(digests))
         differ = [name for name in names if before.get(name) != digests.get(name)]
-        print(f"| compared | equal | differ |\n| --- | --- | --- |\n| {len(names)} | {len(names) - len(differ)} | {len(differ)} |")
+        print(
+            f"| compared | equal | differ |\n| --- | --- | --- |\n| {len(names)} | {len(names) - len(differ)} | {len(differ)} |"
+        )
         for name in differ[:40]:
             print(f"  {name}: {before.get(name)} -> {digests.get(name)}")
         return 1 if differ else 0

@@ -25,9 +25,14 @@ def cases(smoke: bool) -> list[Case]:
 
     def case(out_features: int) -> Case:
         shape = f"{rows} x {channels} -> {out_features}"
-        return Case(f"LayerNorm+Linear {shape}", shape,
-                    lambda kernels: LayerNormLinear(channels, out_features, kernels=kernels), make_inputs,
-                    target=">= 1.3x torch.compile", sweep=out_features == 512)
+        return Case(
+            f"LayerNorm+Linear {shape}",
+            shape,
+            lambda kernels: LayerNormLinear(channels, out_features, kernels=kernels),
+            make_inputs,
+            target=">= 1.3x torch.compile",
+            sweep=out_features == 512,
+        )
 
     return [case(512), case(128)]  # the swept case first: its winners hold for the other
 

@@ -63,8 +63,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--record", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny preset, a few steps, on the CPU")
     parser.add_argument("--plot", type=pathlib.Path, metavar="OUT", help="only draw OUT/learning.json")
-    parser.add_argument("--record-only", type=pathlib.Path, metavar="OUT",
-                        help="only record OUT/learning.json (a run made elsewhere, e.g. on the GPU machine)")
+    parser.add_argument(
+        "--record-only",
+        type=pathlib.Path,
+        metavar="OUT",
+        help="only record OUT/learning.json (a run made elsewhere, e.g. on the GPU machine)",
+    )
     args = parser.parse_args(argv)
     if args.plot is None and args.record_only is None and (args.cache is None or args.truth is None):
         parser.error("--cache and --truth are required (or --plot OUT, or --record-only OUT)")
@@ -77,11 +81,33 @@ def parse_args(argv=None) -> argparse.Namespace:
 def train(args, run_dir: pathlib.Path, cuda: bool) -> tuple[float, bool]:
     """Run `featurecache train` until its steps are done or the budget is spent; returns the
     wall time and whether it was stopped by the budget."""
-    command = [*CLI, "train", "--cache", str(args.cache), "--out", str(run_dir), "--preset", args.preset,
-               "--steps", str(args.steps), "--checkpoint-every", str(args.checkpoint_every),
-               "--crop-size", str(args.crop_size), "--diffusion-batch", str(args.diffusion_batch),
-               "--lr", str(args.lr), "--warmup", str(args.warmup), "--ema-decay", str(args.ema_decay),
-               "--num-workers", "2" if cuda else "0", *args.train_args.split()]
+    command = [
+        *CLI,
+        "train",
+        "--cache",
+        str(args.cache),
+        "--out",
+        str(run_dir),
+        "--preset",
+        args.preset,
+        "--steps",
+        str(args.steps),
+        "--checkpoint-every",
+        str(args.checkpoint_every),
+        "--crop-size",
+        str(args.crop_size),
+        "--diffusion-batch",
+        str(args.diffusion_batch),
+        "--lr",
+        str(args.lr),
+        "--warmup",
+        str(args.warmup),
+        "--ema-decay",
+        str(args.ema_decay),
+        "--num-workers",
+        "2" if cuda else "0",
+        *args.train_args.split(),
+    ]
     if cuda:
         command.append("--cuda-graphs")
     print("$", " ".join(command), flush=True)
@@ -117,26 +143,52 @@ def score(args, step: int, checkpoint: pathlib.Path, out: pathlib.Path) -> dict:
     """Predict from one checkpoint and evaluate every sample; the top-ranked one and the best."""
     predictions = out / f"predictions-{step:08d}"
     listing = subprocess.run(
-        [*CLI, "predict", "--cache", str(args.cache), args.key, "--checkpoint", str(checkpoint),
-         "--out", str(predictions), "--samples", str(args.samples), "--steps", str(args.sampler_steps),
-         "--cycles", str(args.cycles)], check=True, capture_output=True, text=True).stdout.split()
+        [
+            *CLI,
+            "predict",
+            "--cache",
+            str(args.cache),
+            args.key,
+            "--checkpoint",
+            str(checkpoint),
+            "--out",
+            str(predictions),
+            "--samples",
+            str(args.samples),
+            "--steps",
+            str(args.sampler_steps),
+            "--cycles",
+            str(args.cycles),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     top = predictions / args.key / f"{args.key}_model.cif"
-    evaluated = subprocess.run([*CLI, "evaluate", str(top), *listing, "--truth", str(args.truth), "--json"],
-                               check=True, capture_output=True, text=True).stdout.splitlines()
+    evaluated = subprocess.run(
+        [*CLI, "evaluate", str(top), *listing, "--truth", str(args.truth), "--json"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
     scores = [json.loads(line) for line in evaluated]
     best = min(scores[1:], key=lambda entry: entry["ca_rmsd"])
     return {"step": step, "top_ranked": scores[0], "best_of_samples": best}
 
 
 def curve_table(curve: list[dict]) -> str:
-    lines = ["| step | CA-RMSD top (best) A | lDDT top (best) | CA-lDDT top | ligand RMSD top A | per-chain CA-RMSD top A |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| step | CA-RMSD top (best) A | lDDT top (best) | CA-lDDT top | ligand RMSD top A | per-chain CA-RMSD top A |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for point in curve:
         top, best = point["top_ranked"], point["best_of_samples"]
         ligand = "-" if top["ligand_rmsd"] is None else f"{top['ligand_rmsd']:.2f}"
         chains = ", ".join(f"{chain} {value:.2f}" for chain, value in top["chain_ca_rmsd"].items())
-        lines.append(f"| {point['step']} | {top['ca_rmsd']:.2f} ({best['ca_rmsd']:.2f}) | {top['lddt']:.3f} "
-                     f"({best['lddt']:.3f}) | {top['ca_lddt']:.3f} | {ligand} | {chains} |")
+        lines.append(
+            f"| {point['step']} | {top['ca_rmsd']:.2f} ({best['ca_rmsd']:.2f}) | {top['lddt']:.3f} "
+            f"({best['lddt']:.3f}) | {top['ca_lddt']:.3f} | {ligand} | {chains} |"
+        )
     return "\n".join(lines)
 
 
@@ -146,24 +198,40 @@ def record(args, result: dict) -> None:
 
     stamp = RunStamp(**result["stamp"])
     shape = f"{args.key}, crop {args.crop_size}, {args.preset} preset, {result['steps_done']} steps"
-    rows = [Row("learning", f"featurecache ({point_name})", f"{shape}; checkpoint {point['step']}", metric, value)
-            for point in result["curve"] for point_name in ("top_ranked", "best_of_samples")
-            for metric, value in (("CA-RMSD A", point[point_name]["ca_rmsd"]), ("lDDT", point[point_name]["lddt"]),
-                                  ("ligand RMSD A", point[point_name]["ligand_rmsd"]))
-            if value is not None]
+    rows = [
+        Row("learning", f"featurecache ({point_name})", f"{shape}; checkpoint {point['step']}", metric, value)
+        for point in result["curve"]
+        for point_name in ("top_ranked", "best_of_samples")
+        for metric, value in (
+            ("CA-RMSD A", point[point_name]["ca_rmsd"]),
+            ("lDDT", point[point_name]["lddt"]),
+            ("ligand RMSD A", point[point_name]["ligand_rmsd"]),
+        )
+        if value is not None
+    ]
     rows.append(Row("learning", "featurecache", shape, "train wall s", result["train_s"]))
     final = result["curve"][-1]["top_ranked"]
-    verdict = ", ".join(f"{name} {final[name]:.3f} (target {'<=' if name != 'lddt' else '>='} {bound})"
-                        for name, bound in TARGETS.items() if final.get(name) is not None)
-    section = "\n".join([
-        f"### Overfit {args.key} ({stamp.header()})", "",
-        f"`{result['command']}`", "",
-        f"{result['steps_done']} steps in {result['train_s']:.0f} s of training "
-        f"({'stopped by the budget' if result['stopped'] else 'all steps done'}); {args.samples} samples of "
-        f"{args.sampler_steps} sampler steps and {args.cycles} cycles per scored checkpoint.", "",
-        curve_table(result["curve"]), "",
-        f"Last checkpoint scored, top-ranked sample: {verdict}.",
-        *([""] + [result["note"]] if result.get("note") else [])])
+    verdict = ", ".join(
+        f"{name} {final[name]:.3f} (target {'<=' if name != 'lddt' else '>='} {bound})"
+        for name, bound in TARGETS.items()
+        if final.get(name) is not None
+    )
+    section = "\n".join(
+        [
+            f"### Overfit {args.key} ({stamp.header()})",
+            "",
+            f"`{result['command']}`",
+            "",
+            f"{result['steps_done']} steps in {result['train_s']:.0f} s of training "
+            f"({'stopped by the budget' if result['stopped'] else 'all steps done'}); {args.samples} samples of "
+            f"{args.sampler_steps} sampler steps and {args.cycles} cycles per scored checkpoint.",
+            "",
+            curve_table(result["curve"]),
+            "",
+            f"Last checkpoint scored, top-ranked sample: {verdict}.",
+            *([""] + [result["note"]] if result.get("note") else []),
+        ]
+    )
     record_rows(stamp, rows, "learning", section, title="Learning: overfit one real target (issue 33)")
 
 
@@ -215,10 +283,16 @@ def main(argv=None) -> None:
     for step, checkpoint in checkpoints_to_score(run_dir, args.eval_every):
         curve.append(score(args, step, checkpoint, args.out))
         print(curve_table(curve[-1:]).splitlines()[-1], flush=True)
-    result = {"command": " ".join(sys.argv), "args": {name: str(value) if isinstance(value, pathlib.Path) else value
-                                                      for name, value in vars(args).items()},
-              "stamp": dataclasses.asdict(run_stamp()), "train_s": train_s, "stopped": stopped,
-              "steps_done": steps_done, "curve": curve, "targets": TARGETS}
+    result = {
+        "command": " ".join(sys.argv),
+        "args": {name: str(value) if isinstance(value, pathlib.Path) else value for name, value in vars(args).items()},
+        "stamp": dataclasses.asdict(run_stamp()),
+        "train_s": train_s,
+        "stopped": stopped,
+        "steps_done": steps_done,
+        "curve": curve,
+        "targets": TARGETS,
+    }
     (args.out / "learning.json").write_text(json.dumps(result, indent=1))
     print(curve_table(curve))
     if args.record:

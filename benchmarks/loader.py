@@ -56,8 +56,15 @@ def main() -> None:
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="fc-loader-bench-"))
     cache = work / "cache"
-    precompute(PrecomputeOptions(inputs=[DATA / "structures"], cache_dir=cache, alignments_dir=DATA / "alignments",
-                                 executor="inline", progress=False))
+    precompute(
+        PrecomputeOptions(
+            inputs=[DATA / "structures"],
+            cache_dir=cache,
+            alignments_dir=DATA / "alignments",
+            executor="inline",
+            progress=False,
+        )
+    )
     # every way ends in the same crop: the dataset's, drawn from (seed, epoch 0, position)
     sample = SampleConfig(crop_size=CROP_SIZE, msa_rows_per_sample=MSA_ROWS, seed=0)
     dataset = CacheDataset(cache, sample)
@@ -94,25 +101,29 @@ def main() -> None:
             return dataset[position]
 
         record_bytes = len(dataset.reader.get(FEATURES_TABLE, target_id))
-        rows.append({
-            "target": target_id,
-            "tokens": int(arrays["restype"].shape[0]),
-            "msa_rows": int(arrays["msa_species"].shape[0]),
-            "text_ms": host_median_ms(from_text, max(1, args.rounds // 2)),
-            "pickle_ms": host_median_ms(from_pickle, args.rounds),
-            "cache_ms": host_median_ms(from_cache, args.rounds),
-            "text_bytes": text_bytes,
-            "pickle_bytes": pickle_path.stat().st_size,
-            "cache_bytes": record_bytes,
-        })
+        rows.append(
+            {
+                "target": target_id,
+                "tokens": int(arrays["restype"].shape[0]),
+                "msa_rows": int(arrays["msa_species"].shape[0]),
+                "text_ms": host_median_ms(from_text, max(1, args.rounds // 2)),
+                "pickle_ms": host_median_ms(from_pickle, args.rounds),
+                "cache_ms": host_median_ms(from_cache, args.rounds),
+                "text_bytes": text_bytes,
+                "pickle_bytes": pickle_path.stat().st_size,
+                "cache_bytes": record_bytes,
+            }
+        )
         print(f"measured {target_id}", file=sys.stderr)
 
     table = _format(rows)
     print(table)
     if args.record:
-        section = (f"### Run of {stamp.header()}\n\n`python3 benchmarks/loader.py --record --rounds {args.rounds}`. "
-                   f"Crop {CROP_SIZE} tokens, {MSA_ROWS} MSA rows; median ms per sample; sizes per sample on disk "
-                   f"(text = mmCIF + the alignment files it uses).\n\n{table}\n")
+        section = (
+            f"### Run of {stamp.header()}\n\n`python3 benchmarks/loader.py --record --rounds {args.rounds}`. "
+            f"Crop {CROP_SIZE} tokens, {MSA_ROWS} MSA rows; median ms per sample; sizes per sample on disk "
+            f"(text = mmCIF + the alignment files it uses).\n\n{table}\n"
+        )
         record(stamp, _csv_rows(rows), "loader", section, "Loader: per-sample read + decode + crop")
 
 

@@ -29,7 +29,7 @@ import pathlib
 import sys
 import traceback
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from collections.abc import Callable
 
 if "--smoke" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -104,8 +104,10 @@ def check(case: Case, modules: dict[str, torch.nn.Module], device: torch.device)
         out_errors = [rel_error(mine, truth) for mine, truth in zip(outs, truth_outs)]
         grad_errors = [rel_error(mine, truth) for mine, truth in zip(grads, truth_grads)]
         result[provider] = {"out": max(out_errors), "grad": max(grad_errors), "all": out_errors + grad_errors}
-    result["ok"] = all(mine <= ERROR_MULTIPLE * eager + ERROR_FLOOR
-                       for mine, eager in zip(result["triton"]["all"], result["eager"]["all"]))
+    result["ok"] = all(
+        mine <= ERROR_MULTIPLE * eager + ERROR_FLOOR
+        for mine, eager in zip(result["triton"]["all"], result["eager"]["all"])
+    )
     return result
 
 
@@ -124,8 +126,9 @@ def measure(module, inputs, others, grad_outs) -> tuple[float, float, float]:
     return time_ms(step, grad_to_none=cleared), graph_ms(step, cleared), peak
 
 
-def sweep(bench: OpBenchmark, module, inputs, others, grad_outs, winners: contextlib.ExitStack,
-          variants_per_kernel: int) -> dict[str, dict]:
+def sweep(
+    bench: OpBenchmark, module, inputs, others, grad_outs, winners: contextlib.ExitStack, variants_per_kernel: int
+) -> dict[str, dict]:
     """Fastest block sizes for each kernel of the op, one kernel varied at a time.
 
     Each winner stays in force (entered on `winners`) for the next kernels and the timing.
@@ -139,8 +142,9 @@ def sweep(bench: OpBenchmark, module, inputs, others, grad_outs, winners: contex
             with runtime.override_config(bench.op, kernel, **variant):
                 try:
                     _step(module, leaves, others, grad_outs)
-                    ms = time_ms(lambda: _step(module, leaves, others, grad_outs), warmup_ms=10, rep_ms=40,
-                                 grad_to_none=cleared)
+                    ms = time_ms(
+                        lambda: _step(module, leaves, others, grad_outs), warmup_ms=10, rep_ms=40, grad_to_none=cleared
+                    )
                 except Exception as error:  # a variant may exceed shared memory or registers
                     print(f"  {bench.op}.{kernel} {variant}: failed ({type(error).__name__}: {str(error)[:120]})")
                     continue
@@ -173,14 +177,22 @@ def _modules(case: Case, device: torch.device) -> dict[str, torch.nn.Module]:
     return {"eager": eager, "triton": triton_module}
 
 
-def run_case(bench: OpBenchmark, case: Case, device: torch.device, smoke: bool, sweep_variants: Optional[int],
-             winners: contextlib.ExitStack) -> tuple[list[Row], Optional[dict], bool]:
+def run_case(
+    bench: OpBenchmark,
+    case: Case,
+    device: torch.device,
+    smoke: bool,
+    sweep_variants: int | None,
+    winners: contextlib.ExitStack,
+) -> tuple[list[Row], dict | None, bool]:
     """Check, optionally sweep, then time one case: its rows for results.csv, its sweep winners,
     and whether the Triton op's errors were within bounds."""
     modules = _modules(case, device)
     errors = check(case, modules, device)
-    print(f"  errors vs float64 (outputs, then gradients): eager {['%.2e' % e for e in errors['eager']['all']]}, "
-          f"triton {['%.2e' % e for e in errors['triton']['all']]} -> {'OK' if errors['ok'] else 'FAIL'}")
+    print(
+        f"  errors vs float64 (outputs, then gradients): eager {[f'{e:.2e}' for e in errors['eager']['all']]}, "
+        f"triton {[f'{e:.2e}' for e in errors['triton']['all']]} -> {'OK' if errors['ok'] else 'FAIL'}"
+    )
     inputs, others = case.make_inputs(device)
     with torch.no_grad():
         grad_outs = [torch.randn_like(out) for out in _outputs(modules["triton"], inputs, others)]
@@ -204,8 +216,20 @@ def run_case(bench: OpBenchmark, case: Case, device: torch.device, smoke: bool, 
 
 def table(cases: list[Case], rows: list[Row], failed: set[str]) -> Table:
     """Markdown table of every case and provider, with speed-ups against torch.compile."""
-    out = Table(["case", "provider", "fwd+bwd ms", "graph replay ms", "extra peak MiB", "vs compile",
-                 "vs compile (graph)", "err out", "err worst grad", "target"])
+    out = Table(
+        [
+            "case",
+            "provider",
+            "fwd+bwd ms",
+            "graph replay ms",
+            "extra peak MiB",
+            "vs compile",
+            "vs compile (graph)",
+            "err out",
+            "err worst grad",
+            "target",
+        ]
+    )
     values = {(r.shape, r.variant, r.metric): r.value for r in rows}
     for case in cases:
         if case.name in failed:
@@ -222,21 +246,38 @@ def table(cases: list[Case], rows: list[Row], failed: set[str]) -> Table:
                 peer = get(metric, "compile")
                 return None if peer is None else peer / get(metric)
 
-            out.add([case.name, provider, get("fwd+bwd ms"), get("graph replay ms"), get("extra peak MiB"),
-                     speedup("fwd+bwd ms"), speedup("graph replay ms"), get("err out"), get("err worst grad"),
-                     case.target if provider == "triton" else ""])
+            out.add(
+                [
+                    case.name,
+                    provider,
+                    get("fwd+bwd ms"),
+                    get("graph replay ms"),
+                    get("extra peak MiB"),
+                    speedup("fwd+bwd ms"),
+                    speedup("graph replay ms"),
+                    get("err out"),
+                    get("err worst grad"),
+                    case.target if provider == "triton" else "",
+                ]
+            )
     return out
 
 
 def main(bench: OpBenchmark, doc: str) -> None:
     parser = argument_parser(doc)
     parser.add_argument("--sweep", action="store_true", help="time candidate block sizes first (see above)")
-    parser.add_argument("--variants", type=int, default=1,
-                        help="candidates per kernel tried by --sweep, besides the configured one")
-    parser.add_argument("--out", type=pathlib.Path, default=None,
-                        help=f"folder for {bench.op}.json (every number) and {bench.op}_sweep.json")
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny sizes on the CPU under the Triton interpreter, no torch.compile")
+    parser.add_argument(
+        "--variants", type=int, default=1, help="candidates per kernel tried by --sweep, besides the configured one"
+    )
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=None,
+        help=f"folder for {bench.op}.json (every number) and {bench.op}_sweep.json",
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes on the CPU under the Triton interpreter, no torch.compile"
+    )
     args = parser.parse_args()
     if args.smoke and args.record:
         parser.error("--record with --smoke: a smoke run's numbers are not measurements")
@@ -255,8 +296,9 @@ def main(bench: OpBenchmark, doc: str) -> None:
     for case in cases:
         print(f"== {case.name}")
         try:
-            case_rows, found, ok = run_case(bench, case, device, args.smoke, args.variants if args.sweep else None,
-                                            winners)
+            case_rows, found, ok = run_case(
+                bench, case, device, args.smoke, args.variants if args.sweep else None, winners
+            )
             rows += case_rows
             if not ok:
                 wrong.append(case.name)
@@ -272,8 +314,9 @@ def main(bench: OpBenchmark, doc: str) -> None:
     text = table(cases, rows, failed).markdown()
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"{bench.op}.json").write_text(json.dumps(
-            {"header": stamp.header(), "rows": [row.__dict__ for row in rows]}, indent=1))
+        (args.out / f"{bench.op}.json").write_text(
+            json.dumps({"header": stamp.header(), "rows": [row.__dict__ for row in rows]}, indent=1)
+        )
         if sweeps:
             (args.out / f"{bench.op}_sweep.json").write_text(json.dumps(sweeps, indent=1))
     if sweeps:
@@ -281,9 +324,15 @@ def main(bench: OpBenchmark, doc: str) -> None:
     print(stamp.header())
     print(text)
     if args.record:
-        sweep_note = f" `--sweep --variants {args.variants}`: the winners were in force for the timings." \
-            if args.sweep else ""
-        record(stamp, rows, bench.op, f"### Run of {stamp.header()}\n\n`python3 benchmarks/{bench.op}.py "
-               f"--record`.{sweep_note}\n\n{text}\n", bench.title)
+        sweep_note = (
+            f" `--sweep --variants {args.variants}`: the winners were in force for the timings." if args.sweep else ""
+        )
+        record(
+            stamp,
+            rows,
+            bench.op,
+            f"### Run of {stamp.header()}\n\n`python3 benchmarks/{bench.op}.py --record`.{sweep_note}\n\n{text}\n",
+            bench.title,
+        )
     if failed or wrong:
         sys.exit(f"failed: {sorted(failed)}; errors past the bound: {wrong}")

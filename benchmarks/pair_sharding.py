@@ -34,8 +34,9 @@ from featurecache.model.network.pairformer import Pairformer  # noqa: E402
 from featurecache.model.parallel import collectives  # noqa: E402
 from featurecache.model.parallel.sharding import ShardedPairformer, reduce_gradients  # noqa: E402
 
-AF3_PAIRFORMER = dict(c_s=384, c_z=128, single_heads=16, single_head_dim=24, pair_heads=4, pair_head_dim=32,
-                      transition_expansion=4)
+AF3_PAIRFORMER = dict(
+    c_s=384, c_z=128, single_heads=16, single_head_dim=24, pair_heads=4, pair_head_dim=32, transition_expansion=4
+)
 
 
 class ByteCounter:
@@ -43,8 +44,11 @@ class ByteCounter:
 
     def __init__(self) -> None:
         self.total = 0
-        gather, scatter, all_to_all = collectives._all_gather_into, collectives._reduce_scatter_into, \
-            collectives.dist.all_to_all_single
+        gather, scatter, all_to_all = (
+            collectives._all_gather_into,
+            collectives._reduce_scatter_into,
+            collectives.dist.all_to_all_single,
+        )
 
         def counted_gather(out, inp, group=None):
             self.total += out.numel() * out.element_size() * (1 - 1 / dist.get_world_size(group))
@@ -72,8 +76,9 @@ class _DistWith:
         return getattr(dist, name)
 
 
-CPU_CHECK = dict(c_s=16, c_z=16, single_heads=2, single_head_dim=8, pair_heads=2, pair_head_dim=8,
-                 transition_expansion=2)
+CPU_CHECK = dict(
+    c_s=16, c_z=16, single_heads=2, single_head_dim=8, pair_heads=2, pair_head_dim=8, transition_expansion=2
+)
 
 
 def measure(length: int, blocks: int, rounds: int, group, counter: ByteCounter | None) -> dict:
@@ -112,8 +117,11 @@ def measure(length: int, blocks: int, rounds: int, group, counter: ByteCounter |
         sync()
         times.append((time.perf_counter() - start) * 1e3)
     peak = (torch.cuda.max_memory_allocated() - before) / 1e9 if cuda else float("nan")
-    return {"peak_gb": peak, "step_ms": statistics.median(times),
-            "mb_per_block": ((counter.total - sent) / rounds / blocks / 1e6) if counter else 0.0}
+    return {
+        "peak_gb": peak,
+        "step_ms": statistics.median(times),
+        "mb_per_block": ((counter.total - sent) / rounds / blocks / 1e6) if counter else 0.0,
+    }
 
 
 def main() -> None:
@@ -131,14 +139,20 @@ def main() -> None:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         group, counter = dist.group.WORLD, ByteCounter()
     main_rank = not dist.is_initialized() or dist.get_rank() == 0
-    lines = [f"Pairformer, {args.blocks} blocks at AF3 widths, bf16, Triton, checkpointed; P = {shards} "
-             f"({torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU check'}, "
-             f"torch {torch.__version__})", "",
-             "| L | P | peak per rank GB | step ms | MB per rank and block (fwd x2 + bwd) |", "| --- | --- | --- | --- | --- |"]
+    lines = [
+        f"Pairformer, {args.blocks} blocks at AF3 widths, bf16, Triton, checkpointed; P = {shards} "
+        f"({torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU check'}, "
+        f"torch {torch.__version__})",
+        "",
+        "| L | P | peak per rank GB | step ms | MB per rank and block (fwd x2 + bwd) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for length in args.lengths:
         result = measure(length, args.blocks, args.rounds, group, counter)
-        lines.append(f"| {length} | {shards} | {result['peak_gb']:.2f} | {result['step_ms']:.1f} | "
-                     f"{result['mb_per_block']:.3f} |")
+        lines.append(
+            f"| {length} | {shards} | {result['peak_gb']:.2f} | {result['step_ms']:.1f} | "
+            f"{result['mb_per_block']:.3f} |"
+        )
         if main_rank:
             print(lines[-1], flush=True)
     if main_rank:

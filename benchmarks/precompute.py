@@ -49,7 +49,8 @@ def _uniprot_targets(folder: pathlib.Path, count: int, skip: int = 5000) -> None
                     seen += 1
                     if seen > skip:
                         (folder / f"uniprot_{written:03d}.fasta").write_text(
-                            f">{name} mol:protein\n{''.join(sequence)}\n")
+                            f">{name} mol:protein\n{''.join(sequence)}\n"
+                        )
                         written += 1
                         if written == count:
                             return
@@ -86,25 +87,38 @@ def _conformer_runs(inputs: pathlib.Path, cache: pathlib.Path) -> list[dict]:
     runs = []
     for label, rows in (("first", 16384), ("cached", 8192)):
         started = time.perf_counter()
-        summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=cache, executor="inline", progress=False,
-                                               msa_rows_stored=rows))
+        summary = precompute(
+            PrecomputeOptions(inputs=[inputs], cache_dir=cache, executor="inline", progress=False, msa_rows_stored=rows)
+        )
         targets = max(1, summary.stages["featurize"].done)
         counts = summary.stages["conformers"]
-        runs.append({"run": label, "targets": summary.stages["featurize"].done, "computed": counts.done,
-                     "cached": counts.skipped, "conformer_s": summary.conformer_seconds,
-                     "conformer_ms_per_target": 1000 * summary.conformer_seconds / targets,
-                     "featurize_ms_per_target": 1000 * summary.featurize_seconds / targets,
-                     "wall_s": time.perf_counter() - started})
+        runs.append(
+            {
+                "run": label,
+                "targets": summary.stages["featurize"].done,
+                "computed": counts.done,
+                "cached": counts.skipped,
+                "conformer_s": summary.conformer_seconds,
+                "conformer_ms_per_target": 1000 * summary.conformer_seconds / targets,
+                "featurize_ms_per_target": 1000 * summary.featurize_seconds / targets,
+                "wall_s": time.perf_counter() - started,
+            }
+        )
     return runs
 
 
 def _conformer_table(runs: list[dict]) -> str:
-    lines = ["| run | targets | conformers computed | found cached | conformer s | conformer ms / target | "
-             "featurize ms / target | wall s |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| run | targets | conformers computed | found cached | conformer s | conformer ms / target | "
+        "featurize ms / target | wall s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for run in runs:
-        lines.append(f"| {run['run']} | {run['targets']} | {run['computed']} | {run['cached']} | "
-                     f"{run['conformer_s']:.2f} | {run['conformer_ms_per_target']:.0f} | "
-                     f"{run['featurize_ms_per_target']:.0f} | {run['wall_s']:.1f} |")
+        lines.append(
+            f"| {run['run']} | {run['targets']} | {run['computed']} | {run['cached']} | "
+            f"{run['conformer_s']:.2f} | {run['conformer_ms_per_target']:.0f} | "
+            f"{run['featurize_ms_per_target']:.0f} | {run['wall_s']:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -146,23 +160,37 @@ def main() -> None:
         lines.append(
             f"| {run['workers']} | {run['targets']} | {run['searched']} | {run['failed']} | {run['wall_s']:.1f} | "
             f"{run['tool_s']:.1f} | {run['featurize_s']:.1f} | {run['write_s']:.2f} | {overhead:.1f} | "
-            f"{overhead / run['tool_s']:.1%} | {run['ray_startup_s']:.1f} |")
+            f"{overhead / run['tool_s']:.1%} | {run['ray_startup_s']:.1f} |"
+        )
     lines.append("")
-    lines.append(f"Speed-up from 1 to 2 workers (wall time): **{one['wall_s'] / two['wall_s']:.2f}x**; "
-                 f"pipeline overhead with 1 worker: **{(one['wall_s'] - one['tool_s']) / one['tool_s']:.1%}** of tool time.")
-    lines += ["", "Reference conformers (inline, query-only; the first run computes each CCD code once, the "
-              "rerun reads them from the `conformers` table):", "", _conformer_table(conformer_runs)]
+    lines.append(
+        f"Speed-up from 1 to 2 workers (wall time): **{one['wall_s'] / two['wall_s']:.2f}x**; "
+        f"pipeline overhead with 1 worker: **{(one['wall_s'] - one['tool_s']) / one['tool_s']:.1%}** of tool time."
+    )
+    lines += [
+        "",
+        "Reference conformers (inline, query-only; the first run computes each CCD code once, the "
+        "rerun reads them from the `conformers` table):",
+        "",
+        _conformer_table(conformer_runs),
+    ]
     table = "\n".join(lines)
     print(table)
     if args.record:
-        section = (f"### Run of {stamp.header()}\n\n`python3 benchmarks/precompute.py --record --extra-sequences "
-                   f"{args.extra_sequences}`: jackhmmer + hhblits + nhmmer + hhsearch on the small test databases; "
-                   f"the sample structures + {args.extra_sequences} UniProt sequences. With 2 workers the wall time "
-                   f"is compared with tool time / 2.\n\n{table}\n")
-        conformer_rows = [Row("precompute", f"conformers-{run['run']}", f"{run['targets']} targets", metric, run[metric])
-                          for run in conformer_runs for metric in ("conformer_ms_per_target", "computed", "cached")]
-        record(stamp, _csv_rows(runs) + conformer_rows, "precompute", section,
-               "Precompute: tool time vs pipeline overhead")
+        section = (
+            f"### Run of {stamp.header()}\n\n`python3 benchmarks/precompute.py --record --extra-sequences "
+            f"{args.extra_sequences}`: jackhmmer + hhblits + nhmmer + hhsearch on the small test databases; "
+            f"the sample structures + {args.extra_sequences} UniProt sequences. With 2 workers the wall time "
+            f"is compared with tool time / 2.\n\n{table}\n"
+        )
+        conformer_rows = [
+            Row("precompute", f"conformers-{run['run']}", f"{run['targets']} targets", metric, run[metric])
+            for run in conformer_runs
+            for metric in ("conformer_ms_per_target", "computed", "cached")
+        ]
+        record(
+            stamp, _csv_rows(runs) + conformer_rows, "precompute", section, "Precompute: tool time vs pipeline overhead"
+        )
 
 
 def _overhead_s(run: dict) -> float:
@@ -175,11 +203,15 @@ def _csv_rows(runs: list[dict]) -> list[Row]:
     for run in runs:
         variant = f"{run['workers']} worker{'s' if run['workers'] > 1 else ''}"
         shape = f"{run['targets']} targets, {run['searched']} sequences searched"
-        for metric, value in (("wall s", run["wall_s"]), ("tool s", run["tool_s"]),
-                              ("featurize s", run["featurize_s"]), ("LMDB write s", run["write_s"]),
-                              ("overhead s", _overhead_s(run)),
-                              ("overhead % of tool time", 100 * _overhead_s(run) / run["tool_s"]),
-                              ("Ray start-up s", run["ray_startup_s"])):
+        for metric, value in (
+            ("wall s", run["wall_s"]),
+            ("tool s", run["tool_s"]),
+            ("featurize s", run["featurize_s"]),
+            ("LMDB write s", run["write_s"]),
+            ("overhead s", _overhead_s(run)),
+            ("overhead % of tool time", 100 * _overhead_s(run) / run["tool_s"]),
+            ("Ray start-up s", run["ray_startup_s"]),
+        ):
             rows.append(Row("precompute", variant, shape, metric, value))
     return rows
 

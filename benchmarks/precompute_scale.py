@@ -51,7 +51,7 @@ from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 from featurecache.store.writer import StoreWriter
 
 AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
-MIN_QUERY_LENGTH = 100   # the 40-residue peptides have 760 single mutants only and a 2-row MSA
+MIN_QUERY_LENGTH = 100  # the 40-residue peptides have 760 single mutants only and a 2-row MSA
 SAMPLE_SECONDS = 2.0
 PDB_ENTRIES = 200_000
 MiB = 1024 * 1024
@@ -115,15 +115,15 @@ def write_targets(queries: list[str], folder: pathlib.Path, count: int, seed: in
 @dataclass
 class Sample:
     seconds: float
-    driver_mib: float       # RSS: anonymous, file-backed (libraries, LMDB) and shared memory together
+    driver_mib: float  # RSS: anonymous, file-backed (libraries, LMDB) and shared memory together
     driver_anon_mib: float  # anonymous pages: the Python heap and native allocations (what a leak grows)
     driver_lmdb_mib: float  # file-backed pages of the cache's LMDB maps (clean, read-only: the kernel drops them)
-    driver_shm_mib: float   # shared memory: Ray's object store as the driver maps it
+    driver_shm_mib: float  # shared memory: Ray's object store as the driver maps it
     worker_peak_mib: float  # the largest single worker
-    workers_mib: float      # all workers together
-    services_mib: float     # raylet, GCS and Ray's other helpers (and MMseqs2 while it clusters)
-    cache_mib: float        # on disk (allocated blocks)
-    phase: str              # "featurize" (everything before the last step), "clustering", "manifest"
+    workers_mib: float  # all workers together
+    services_mib: float  # raylet, GCS and Ray's other helpers (and MMseqs2 while it clusters)
+    cache_mib: float  # on disk (allocated blocks)
+    phase: str  # "featurize" (everything before the last step), "clustering", "manifest"
 
 
 @dataclass
@@ -166,9 +166,18 @@ class Sampler:
                 continue
             (workers if "ray::" in name or "default_worker.py" in name else services).append(rss)
         status = proc_status_kib()
-        return Sample(time.perf_counter() - self._started, status["VmRSS"] / 1024, status["RssAnon"] / 1024,
-                      mapped_mib(".lmdb"), status["RssShmem"] / 1024, max(workers, default=0.0), sum(workers),
-                      sum(services), disk_mib(self.cache), self.phase)
+        return Sample(
+            time.perf_counter() - self._started,
+            status["VmRSS"] / 1024,
+            status["RssAnon"] / 1024,
+            mapped_mib(".lmdb"),
+            status["RssShmem"] / 1024,
+            max(workers, default=0.0),
+            sum(workers),
+            sum(services),
+            disk_mib(self.cache),
+            self.phase,
+        )
 
 
 def proc_status_kib() -> dict[str, int]:
@@ -207,7 +216,7 @@ def quarters(samples: list[Sample], field_name: str) -> list[float]:
     """The peak of `field_name` in each quarter of the featurize phase (by sample order)."""
     values = [getattr(sample, field_name) for sample in samples if sample.phase == "featurize"]
     size = max(1, len(values) // 4)
-    return [max(values[start:start + size], default=0.0) for start in range(0, size * 4, size)][:4]
+    return [max(values[start : start + size], default=0.0) for start in range(0, size * 4, size)][:4]
 
 
 # --- one run ------------------------------------------------------------------------------------------
@@ -226,8 +235,9 @@ def run_scale(count: int, work: pathlib.Path, workers: int, msa_rows: int, data:
     started = time.perf_counter()
     heap_peaks: dict[str, float] = {}
     with Sampler(cache) as sampler, _marking_last_steps(sampler, heap_peaks):
-        summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=cache, alignments_dir=alignments,
-                                               progress=False))
+        summary = precompute(
+            PrecomputeOptions(inputs=[inputs], cache_dir=cache, alignments_dir=alignments, progress=False)
+        )
     wall = time.perf_counter() - started
     ray.shutdown()
     stats_s = _timed_cli("stats", cache)
@@ -235,11 +245,19 @@ def run_scale(count: int, work: pathlib.Path, workers: int, msa_rows: int, data:
     samples = sampler.samples
     done = summary.stages["featurize"].done
     return {
-        "targets": count, "chains": chains, "done": done, "failed": summary.failed, "workers": workers,
-        "wall_s": wall, "targets_per_s": done / wall, "targets_per_core_s": done / wall / workers,
+        "targets": count,
+        "chains": chains,
+        "done": done,
+        "failed": summary.failed,
+        "workers": workers,
+        "wall_s": wall,
+        "targets_per_s": done / wall,
+        "targets_per_core_s": done / wall / workers,
         "featurize_core_s_per_target": summary.featurize_seconds / max(1, done),
-        "write_s": summary.write_seconds, "cluster_s": summary.cluster_seconds,
-        "cache_mib": disk_mib(cache), "mib_per_target": disk_mib(cache) / max(1, done),
+        "write_s": summary.write_seconds,
+        "cluster_s": summary.cluster_seconds,
+        "cache_mib": disk_mib(cache),
+        "mib_per_target": disk_mib(cache) / max(1, done),
         "driver_quarters": quarters(samples, "driver_mib"),
         "driver_anon_quarters": quarters(samples, "driver_anon_mib"),
         "driver_lmdb_quarters": quarters(samples, "driver_lmdb_mib"),
@@ -248,7 +266,9 @@ def run_scale(count: int, work: pathlib.Path, workers: int, msa_rows: int, data:
         "workers_sum_peak": max((s.workers_mib for s in samples), default=0.0),
         "services_peak": max((s.services_mib for s in samples), default=0.0),
         "last_steps": last_step_peaks(samples, heap_peaks),
-        "stats_s": stats_s, "verify_s": verify_s, "samples": len(samples),
+        "stats_s": stats_s,
+        "verify_s": verify_s,
+        "samples": len(samples),
         "load": os.getloadavg()[0],
     }
 
@@ -282,8 +302,10 @@ def _marking_last_steps(sampler: Sampler, heap_peaks: dict[str, float]):
             sampler.mark("done")
             tracemalloc.stop()
 
-    with mock.patch.object(pipeline.PipelineRun, "sampling_tables", tables), \
-            mock.patch.object(StoreWriter, "finish", finish):
+    with (
+        mock.patch.object(pipeline.PipelineRun, "sampling_tables", tables),
+        mock.patch.object(StoreWriter, "finish", finish),
+    ):
         yield
 
 
@@ -292,20 +314,24 @@ def last_step_peaks(samples: list[Sample], heap_peaks: dict[str, float]) -> dict
     peaks = {}
     for step in LAST_STEPS:
         chosen = [sample for sample in samples if sample.phase == step]
-        peaks[step] = {name: max((getattr(sample, name) for sample in chosen), default=0.0)
-                       for name in ("driver_mib", "driver_anon_mib", "driver_lmdb_mib", "driver_shm_mib")}
+        peaks[step] = {
+            name: max((getattr(sample, name) for sample in chosen), default=0.0)
+            for name in ("driver_mib", "driver_anon_mib", "driver_lmdb_mib", "driver_shm_mib")
+        }
         peaks[step]["python_heap_mib"] = heap_peaks.get(step, 0.0)
     return peaks
 
 
 def _timed_cli(command: str, cache: pathlib.Path) -> float:
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "featurecache.cli", command, str(cache)], capture_output=True,
-                            text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "featurecache.cli", command, str(cache)], capture_output=True, text=True
+    )
     seconds = time.perf_counter() - started
     if result.returncode != 0:
-        raise RuntimeError(f"featurecache {command} {cache} exited {result.returncode}: {result.stdout[-500:]}"
-                           f"{result.stderr[-500:]}")
+        raise RuntimeError(
+            f"featurecache {command} {cache} exited {result.returncode}: {result.stdout[-500:]}{result.stderr[-500:]}"
+        )
     return seconds
 
 
@@ -313,13 +339,15 @@ def _timed_cli(command: str, cache: pathlib.Path) -> float:
 
 
 def table(runs: list[dict]) -> str:
-    lines = ["| targets (chains) | failed | wall s | targets/s | targets/s per core | featurize core-s / target | "
-             "MiB / target | cache MiB | driver RSS MiB by quarter | driver anonymous MiB by quarter | "
-             "driver LMDB-mapped MiB by quarter | driver Ray shared memory MiB by quarter | "
-             "largest worker RSS MiB by quarter | all workers peak MiB | Ray services peak MiB | clustering s | "
-             "stats s | verify s |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- | ---: | ---: "
-             "| ---: | ---: | ---: |"]
+    lines = [
+        "| targets (chains) | failed | wall s | targets/s | targets/s per core | featurize core-s / target | "
+        "MiB / target | cache MiB | driver RSS MiB by quarter | driver anonymous MiB by quarter | "
+        "driver LMDB-mapped MiB by quarter | driver Ray shared memory MiB by quarter | "
+        "largest worker RSS MiB by quarter | all workers peak MiB | Ray services peak MiB | clustering s | "
+        "stats s | verify s |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- | ---: | ---: "
+        "| ---: | ---: | ---: |",
+    ]
     for run in runs:
         lines.append(
             f"| {run['done']} ({run['chains']}) | {run['failed']} | {run['wall_s']:.0f} | {run['targets_per_s']:.2f} | "
@@ -328,7 +356,8 @@ def table(runs: list[dict]) -> str:
             f"{_quarters(run['driver_anon_quarters'])} | {_quarters(run['driver_lmdb_quarters'])} | "
             f"{_quarters(run['driver_shm_quarters'])} | {_quarters(run['worker_quarters'])} | "
             f"{run['workers_sum_peak']:.0f} | "
-            f"{run['services_peak']:.0f} | {run['cluster_s']:.0f} | {run['stats_s']:.1f} | {run['verify_s']:.1f} |")
+            f"{run['services_peak']:.0f} | {run['cluster_s']:.0f} | {run['stats_s']:.1f} | {run['verify_s']:.1f} |"
+        )
     return "\n".join(lines) + "\n\n" + last_steps_table(runs)
 
 
@@ -340,14 +369,18 @@ def last_steps_table(runs: list[dict]) -> str:
     """The driver's memory in the run's last steps, by kind: only anonymous memory and the Python
     heap are the driver's own; LMDB pages are the file's, clean, and the kernel drops them when
     it needs the memory; Ray's shared memory is its object store's."""
-    lines = ["| targets | last step | driver RSS peak MiB | anonymous MiB | LMDB-mapped MiB | Ray shared memory MiB | "
-             "Python heap peak MiB (above its level when clustering started) |",
-             "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| targets | last step | driver RSS peak MiB | anonymous MiB | LMDB-mapped MiB | Ray shared memory MiB | "
+        "Python heap peak MiB (above its level when clustering started) |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for run in runs:
         for step, peaks in run["last_steps"].items():
-            lines.append(f"| {run['done']} | {step} | {peaks['driver_mib']:.0f} | {peaks['driver_anon_mib']:.0f} | "
-                         f"{peaks['driver_lmdb_mib']:.0f} | {peaks['driver_shm_mib']:.0f} | "
-                         f"{peaks['python_heap_mib']:.1f} |")
+            lines.append(
+                f"| {run['done']} | {step} | {peaks['driver_mib']:.0f} | {peaks['driver_anon_mib']:.0f} | "
+                f"{peaks['driver_lmdb_mib']:.0f} | {peaks['driver_shm_mib']:.0f} | "
+                f"{peaks['python_heap_mib']:.1f} |"
+            )
     return "\n".join(lines)
 
 
@@ -356,16 +389,20 @@ def extrapolation(run: dict, search_s_per_chain: float | None) -> str:
     core_s_per_target = 1.0 / run["targets_per_core_s"]
     featurize_hours = PDB_ENTRIES * core_s_per_target / 3600
     disk_gib = PDB_ENTRIES * run["mib_per_target"] / 1024
-    text = (f"At the measured {run['targets_per_core_s']:.2f} targets/s per core (wall, pipeline included), "
-            f"ingesting and featurizing {PDB_ENTRIES:,} entries takes **{featurize_hours:.0f} core-hours** "
-            f"({featurize_hours / 64:.1f} h on 64 cores) and **{disk_gib:.0f} GiB** of LMDB at "
-            f"{run['mib_per_target']:.3f} MiB per target.")
+    text = (
+        f"At the measured {run['targets_per_core_s']:.2f} targets/s per core (wall, pipeline included), "
+        f"ingesting and featurizing {PDB_ENTRIES:,} entries takes **{featurize_hours:.0f} core-hours** "
+        f"({featurize_hours / 64:.1f} h on 64 cores) and **{disk_gib:.0f} GiB** of LMDB at "
+        f"{run['mib_per_target']:.3f} MiB per target."
+    )
     if search_s_per_chain is not None:
         search_hours = PDB_ENTRIES * search_s_per_chain / 3600
-        text += (f" Searching adds {search_s_per_chain:.2f} core-s per unique chain on the small test databases "
-                 f"(search-mode benchmark): {search_hours:.0f} core-hours for one unique chain per entry; real "
-                 "UniRef90 / BFD / MGnify searches cost minutes per chain, so the search figure is a floor and "
-                 "dominates at PDB scale.")
+        text += (
+            f" Searching adds {search_s_per_chain:.2f} core-s per unique chain on the small test databases "
+            f"(search-mode benchmark): {search_hours:.0f} core-hours for one unique chain per entry; real "
+            "UniRef90 / BFD / MGnify searches cost minutes per chain, so the search figure is a floor and "
+            "dominates at PDB scale."
+        )
     return text
 
 
@@ -376,8 +413,11 @@ def search_seconds_per_chain(results_csv: pathlib.Path) -> float | None:
     if not results_csv.is_file():
         return None
     with open(results_csv, newline="") as handle:
-        rows = [r for r in csv.DictReader(handle)
-                if r["benchmark"] == "precompute" and r["variant"] == "1 worker" and r["metric"] == "tool s"]
+        rows = [
+            r
+            for r in csv.DictReader(handle)
+            if r["benchmark"] == "precompute" and r["variant"] == "1 worker" and r["metric"] == "tool s"
+        ]
     if not rows:
         return None
     latest = rows[-1]
@@ -399,18 +439,27 @@ def scale_main(args, stamp, data: pathlib.Path, results_csv: pathlib.Path) -> No
         text = table([run]) + "\n\n" + extrapolation(run, search_s)
         print(text, flush=True)
         if args.record:
-            command = (f"python3 benchmarks/precompute.py --scale --targets {count} --workers {args.workers} "
-                       f"--msa-rows {args.msa_rows} --record")
-            section = (f"### Run of {stamp.header()}, {count} targets\n\n`{command}`: ingest mode (no searches), "
-                       f"{run['workers']} local Ray workers, FASTA point mutants of the sample MSAs' queries "
-                       f"(alignments cut to {args.msa_rows} rows); machine shared with other jobs (1-min load "
-                       f"average {run['load']:.1f} at the end). Memory sampled every {SAMPLE_SECONDS:.0f} s "
-                       f"({run['samples']} samples); \"by quarter\": the peak in each quarter of the run before its last "
-                       f"steps, clustering the whole cache (MMseqs2) and writing the manifest, which are in the wall "
-                       f"time and have their own table (RSS by kind from /proc/self/status and smaps, the Python heap "
-                       f"by tracemalloc).\n\n{text}\n")
-            record(stamp, _rows(run), "precompute_scale", section,
-                   "PDB-sized precompute: throughput, memory over time, LMDB growth")
+            command = (
+                f"python3 benchmarks/precompute.py --scale --targets {count} --workers {args.workers} "
+                f"--msa-rows {args.msa_rows} --record"
+            )
+            section = (
+                f"### Run of {stamp.header()}, {count} targets\n\n`{command}`: ingest mode (no searches), "
+                f"{run['workers']} local Ray workers, FASTA point mutants of the sample MSAs' queries "
+                f"(alignments cut to {args.msa_rows} rows); machine shared with other jobs (1-min load "
+                f"average {run['load']:.1f} at the end). Memory sampled every {SAMPLE_SECONDS:.0f} s "
+                f'({run["samples"]} samples); "by quarter": the peak in each quarter of the run before its last '
+                f"steps, clustering the whole cache (MMseqs2) and writing the manifest, which are in the wall "
+                f"time and have their own table (RSS by kind from /proc/self/status and smaps, the Python heap "
+                f"by tracemalloc).\n\n{text}\n"
+            )
+            record(
+                stamp,
+                _rows(run),
+                "precompute_scale",
+                section,
+                "PDB-sized precompute: throughput, memory over time, LMDB growth",
+            )
         # the inputs and cache of this size are not needed by the next
         subprocess.run(["rm", "-rf", str(work / f"inputs-{count}"), str(work / f"cache-{count}")], check=False)
 
@@ -420,20 +469,31 @@ def _rows(run: dict):
 
     shape = f"{run['done']} targets"
     variant = f"ingest, {run['workers']} workers"
-    metrics = {"wall s": run["wall_s"], "targets/s": run["targets_per_s"],
-               "targets/s per core": run["targets_per_core_s"],
-               "featurize core-s per target": run["featurize_core_s_per_target"],
-               "MiB per target": run["mib_per_target"], "driver peak RSS MiB": max(run["driver_quarters"]),
-               "driver RSS MiB, first quarter": run["driver_quarters"][0],
-               "driver RSS MiB, last quarter": run["driver_quarters"][-1],
-               "driver anonymous RSS MiB, first quarter": run["driver_anon_quarters"][0],
-               "driver anonymous RSS MiB, last quarter": run["driver_anon_quarters"][-1],
-               "worker peak RSS MiB": max(run["worker_quarters"]),
-               "workers total peak RSS MiB": run["workers_sum_peak"], "stats s": run["stats_s"],
-               "verify s": run["verify_s"], "clustering s": run["cluster_s"], "failed": run["failed"]}
+    metrics = {
+        "wall s": run["wall_s"],
+        "targets/s": run["targets_per_s"],
+        "targets/s per core": run["targets_per_core_s"],
+        "featurize core-s per target": run["featurize_core_s_per_target"],
+        "MiB per target": run["mib_per_target"],
+        "driver peak RSS MiB": max(run["driver_quarters"]),
+        "driver RSS MiB, first quarter": run["driver_quarters"][0],
+        "driver RSS MiB, last quarter": run["driver_quarters"][-1],
+        "driver anonymous RSS MiB, first quarter": run["driver_anon_quarters"][0],
+        "driver anonymous RSS MiB, last quarter": run["driver_anon_quarters"][-1],
+        "worker peak RSS MiB": max(run["worker_quarters"]),
+        "workers total peak RSS MiB": run["workers_sum_peak"],
+        "stats s": run["stats_s"],
+        "verify s": run["verify_s"],
+        "clustering s": run["cluster_s"],
+        "failed": run["failed"],
+    }
     for step, peaks in run["last_steps"].items():
-        metrics.update({f"driver peak RSS MiB, {step}": peaks["driver_mib"],
-                        f"driver peak anonymous MiB, {step}": peaks["driver_anon_mib"],
-                        f"driver peak LMDB-mapped MiB, {step}": peaks["driver_lmdb_mib"],
-                        f"driver peak Python heap MiB, {step}": peaks["python_heap_mib"]})
+        metrics.update(
+            {
+                f"driver peak RSS MiB, {step}": peaks["driver_mib"],
+                f"driver peak anonymous MiB, {step}": peaks["driver_anon_mib"],
+                f"driver peak LMDB-mapped MiB, {step}": peaks["driver_lmdb_mib"],
+                f"driver peak Python heap MiB, {step}": peaks["python_heap_mib"],
+            }
+        )
     return [Row("precompute_scale", variant, shape, metric, value) for metric, value in metrics.items()]

@@ -106,11 +106,14 @@ class _Rotation:
 
     def as_matrix(self) -> np.ndarray:
         x, y, z, w = self.quaternions.T
-        return np.stack([
-            np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)], -1),
-            np.stack([2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)], -1),
-            np.stack([2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)], -1),
-        ], -2)
+        return np.stack(
+            [
+                np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)], -1),
+                np.stack([2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)], -1),
+                np.stack([2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)], -1),
+            ],
+            -2,
+        )
 
 
 @contextlib.contextmanager
@@ -146,8 +149,10 @@ def _probe_triangle_attention(length: int) -> str | None:
         if not tri_attention.TRITON_AVAILABLE:  # it would fall back silently to an inexact path
             return f"its Triton kernel did not import: {tri_attention.triton_error}"
         # [B, N_i, N_j, heads 4, head dim 32] as its Pairformer's triangle attention
-        q, k, v = (torch.randn(1, length, length, 4, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                   for _ in range(3))
+        q, k, v = (
+            torch.randn(1, length, length, 4, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(3)
+        )
         mask_bias = torch.zeros(1, length, 1, 1, length, device="cuda", dtype=torch.bfloat16)
         pair_bias = torch.randn(1, 1, 4, length, length, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         tri_attention.TriAttentionFunction.apply(q, k, v, mask_bias, pair_bias).sum().backward()
@@ -162,9 +167,11 @@ def _probe_in_child(length: int) -> str | None:
     """_probe_triangle_attention in a child process. A faulting kernel ("illegal memory access",
     seen on the H200 with triton 3.6) leaves its CUDA context unusable for every later call, so
     the probe must not run in the process that then builds and times the model."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import protenix_peer; "
-            "failure = protenix_peer._probe_triangle_attention(int(sys.argv[2])); "
-            "print(failure or ''); sys.exit(3 if failure else 0)")
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import protenix_peer; "
+        "failure = protenix_peer._probe_triangle_attention(int(sys.argv[2])); "
+        "print(failure or ''); sys.exit(3 if failure else 0)"
+    )
     here = os.path.dirname(os.path.abspath(__file__))
     child = subprocess.run([sys.executable, "-c", code, here, str(length)], capture_output=True, text=True)
     if child.returncode == 0:
@@ -222,8 +229,10 @@ def import_protenix(device: torch.device, first_length: int = 384) -> dict:
         failure = _probe_in_child(first_length)
         _stage(f"check done: {failure or 'it runs'}")
         options["triangle_attention"] = (
-            "triattention (its Triton kernel; its default cuequivariance is not installed)" if failure is None
-            else f"torch (cuequivariance not installed; {failure})")
+            "triattention (its Triton kernel; its default cuequivariance is not installed)"
+            if failure is None
+            else f"torch (cuequivariance not installed; {failure})"
+        )
     return {"options": options, **modules}
 
 
@@ -238,19 +247,34 @@ def _import_modules() -> dict:
     from protenix.utils.torch_utils import autocasting_disable_decorator
     from protenix.utils.training import get_optimizer
 
-    return {"base_configs": base_configs, "data_configs": data_configs, "model_configs": model_configs,
-            "parse_configs": parse_configs, "Protenix": Protenix, "ProtenixLoss": ProtenixLoss,
-            "SymmetricPermutation": SymmetricPermutation, "get_optimizer": get_optimizer,
-            "autocasting_disable_decorator": autocasting_disable_decorator}
+    return {
+        "base_configs": base_configs,
+        "data_configs": data_configs,
+        "model_configs": model_configs,
+        "parse_configs": parse_configs,
+        "Protenix": Protenix,
+        "ProtenixLoss": ProtenixLoss,
+        "SymmetricPermutation": SymmetricPermutation,
+        "get_optimizer": get_optimizer,
+        "autocasting_disable_decorator": autocasting_disable_decorator,
+    }
 
 
 # --- configuration ------------------------------------------------------------------------------
 
 # Fewer blocks everywhere (channels as the real model): a CPU check of the whole code path.
-SMALL_BLOCKS = {"model": {"template_embedder": {"n_blocks": 1}, "msa_module": {"n_blocks": 1},
-                          "confidence_head": {"n_blocks": 1},
-                          "diffusion_module": {"atom_encoder": {"n_blocks": 1}, "transformer": {"n_blocks": 1},
-                                               "atom_decoder": {"n_blocks": 1}}}}
+SMALL_BLOCKS = {
+    "model": {
+        "template_embedder": {"n_blocks": 1},
+        "msa_module": {"n_blocks": 1},
+        "confidence_head": {"n_blocks": 1},
+        "diffusion_module": {
+            "atom_encoder": {"n_blocks": 1},
+            "transformer": {"n_blocks": 1},
+            "atom_decoder": {"n_blocks": 1},
+        },
+    }
+}
 
 
 def _deep_update(target: dict, update: dict) -> dict:
@@ -267,18 +291,21 @@ def build_config(protenix: dict, depth: int, diffusion_batch: int, small: bool =
     config = copy.deepcopy({**protenix["base_configs"], "data": protenix["data_configs"]})
     _deep_update(config, copy.deepcopy(protenix["model_configs"][MODEL_NAME]))
     options = protenix["options"]
-    _deep_update(config, {
-        "n_blocks": depth,  # its Pairformer
-        "diffusion_batch_size": diffusion_batch,
-        "model": {"N_cycle": 1},
-        # the row count drawn each step is uniform in [min_size, rows]: min_size at the cutoff
-        # takes every row
-        "data": {"msa": {"min_size": {"train": config["data"]["msa"]["sample_cutoff"]["train"]}}},
-        "adam": {"use_adamw": True},
-        "triangle_multiplicative": options["triangle_multiplicative"].split()[0],
-        "triangle_attention": options["triangle_attention"].split()[0],
-        "use_wandb": False,
-    })
+    _deep_update(
+        config,
+        {
+            "n_blocks": depth,  # its Pairformer
+            "diffusion_batch_size": diffusion_batch,
+            "model": {"N_cycle": 1},
+            # the row count drawn each step is uniform in [min_size, rows]: min_size at the cutoff
+            # takes every row
+            "data": {"msa": {"min_size": {"train": config["data"]["msa"]["sample_cutoff"]["train"]}}},
+            "adam": {"use_adamw": True},
+            "triangle_multiplicative": options["triangle_multiplicative"].split()[0],
+            "triangle_attention": options["triangle_attention"].split()[0],
+            "use_wandb": False,
+        },
+    )
     if small:
         _deep_update(config, copy.deepcopy(SMALL_BLOCKS))
     return protenix["parse_configs"](config, arg_str="", fill_required_with_null=True)
@@ -291,8 +318,9 @@ NUM_ELEMENTS = 128
 LIGAND_TYPE = 20  # "UNK": ligand tokens carry the unknown residue type
 
 
-def synthetic_example(length: int, msa_rows: int, templates: int, atoms_per_token: int,
-                      generator: torch.Generator) -> tuple[dict, dict, dict]:
+def synthetic_example(
+    length: int, msa_rows: int, templates: int, atoms_per_token: int, generator: torch.Generator
+) -> tuple[dict, dict, dict]:
     """(input features, cropped labels, full labels) for one example of `length` tokens: a protein
     chain with `atoms_per_token` atoms per residue and two bonded one-atom ligand tokens (as
     featurecache's random_batch), random values of its featurizer's shapes and dtypes."""
@@ -337,24 +365,33 @@ def synthetic_example(length: int, msa_rows: int, templates: int, atoms_per_toke
     features = {
         "residue_index": torch.where(is_ligand_token, 1, torch.arange(1, length + 1)),
         "token_index": torch.arange(length),
-        "asym_id": chain, "entity_id": chain, "sym_id": torch.zeros(length, dtype=torch.long),
+        "asym_id": chain,
+        "entity_id": chain,
+        "sym_id": torch.zeros(length, dtype=torch.long),
         "restype": one_hot(restype, NUM_RESTYPES).float(),
         "profile": profile,
         "deletion_mean": torch.rand(length, generator=generator),
         "token_bonds": token_bonds,
         "has_frame": (~is_ligand_token).long(),
         "frame_atom_index": frame_atoms.masked_fill(is_ligand_token[:, None], -1),
-        "atom_to_token_idx": atom_to_token, "atom_to_tokatom_idx": atom_in_token,
+        "atom_to_token_idx": atom_to_token,
+        "atom_to_tokatom_idx": atom_in_token,
         "ref_pos": torch.randn(atoms, 3, generator=generator) * 2,
         "ref_mask": torch.ones(atoms, dtype=torch.long),
         "ref_element": one_hot(torch.randint(0, 8, (atoms,), generator=generator), NUM_ELEMENTS),
         "ref_charge": torch.zeros(atoms, dtype=torch.long),
         "ref_atom_name_chars": one_hot(torch.randint(0, 64, (atoms, 4), generator=generator), 64),
         "ref_space_uid": atom_to_token.clone(),
-        "mol_id": chain[atom_to_token], "entity_mol_id": chain[atom_to_token], "mol_atom_index": torch.arange(atoms),
-        "is_protein": 1 - is_ligand, "is_rna": torch.zeros(atoms, dtype=torch.long),
-        "is_dna": torch.zeros(atoms, dtype=torch.long), "is_ligand": is_ligand,
-        "distogram_rep_atom_mask": rep_atom, "pae_rep_atom_mask": rep_atom, "plddt_m_rep_atom_mask": rep_atom,
+        "mol_id": chain[atom_to_token],
+        "entity_mol_id": chain[atom_to_token],
+        "mol_atom_index": torch.arange(atoms),
+        "is_protein": 1 - is_ligand,
+        "is_rna": torch.zeros(atoms, dtype=torch.long),
+        "is_dna": torch.zeros(atoms, dtype=torch.long),
+        "is_ligand": is_ligand,
+        "distogram_rep_atom_mask": rep_atom,
+        "pae_rep_atom_mask": rep_atom,
+        "plddt_m_rep_atom_mask": rep_atom,
         "modified_res_mask": torch.zeros(atoms, dtype=torch.long),
         "bond_mask": torch.zeros(atoms, atoms, dtype=torch.long),
         "resolution": torch.tensor([2.0]),
@@ -366,7 +403,8 @@ def synthetic_example(length: int, msa_rows: int, templates: int, atoms_per_toke
         "template_distogram": one_hot(torch.bucketize(distances, bins), 39).float(),
         "template_pseudo_beta_mask": torch.ones(templates, length, length),
         "template_unit_vector": torch.nn.functional.normalize(
-            torch.randn(templates, length, length, 3, generator=generator), dim=-1),
+            torch.randn(templates, length, length, 3, generator=generator), dim=-1
+        ),
         "template_backbone_frame_mask": torch.ones(templates, length, length),
         "atom_perm_list": atom_perm_list,
     }
@@ -375,8 +413,13 @@ def synthetic_example(length: int, msa_rows: int, templates: int, atoms_per_toke
         polymer_atom, ligand_atom = int(first_atom[residues]) - 1, int(first_atom[residues])
         features["bond_mask"][polymer_atom, ligand_atom] = features["bond_mask"][ligand_atom, polymer_atom] = 1
     labels = {"coordinate": coordinate, "coordinate_mask": torch.ones(atoms, dtype=torch.long)}
-    full_labels = {**labels, "mol_id": features["mol_id"], "entity_mol_id": features["entity_mol_id"],
-                   "mol_atom_index": features["mol_atom_index"], "pae_rep_atom_mask": rep_atom}
+    full_labels = {
+        **labels,
+        "mol_id": features["mol_id"],
+        "entity_mol_id": features["entity_mol_id"],
+        "mol_atom_index": features["mol_atom_index"],
+        "pae_rep_atom_mask": rep_atom,
+    }
     return features, labels, full_labels
 
 
@@ -401,8 +444,15 @@ class ProtenixPeer:
 
     graphs = False  # its step is not captured
 
-    def __init__(self, device: torch.device, depth: int, diffusion_batch: int, atoms_per_token: int,
-                 small: bool = False, first_length: int = 384) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        depth: int,
+        diffusion_batch: int,
+        atoms_per_token: int,
+        small: bool = False,
+        first_length: int = 384,
+    ) -> None:
         self.device = device
         self.atoms_per_token = atoms_per_token
         self.protenix = import_protenix(device, first_length)
@@ -425,37 +475,43 @@ class ProtenixPeer:
     def settings(self) -> str:
         """The settings behind its numbers, for the benchmark's table."""
         model = self.config.model
-        return (f"{MODEL_NAME}: {model.pairformer.n_blocks} Pairformer, {model.template_embedder.n_blocks} template, "
-                f"{model.msa_module.n_blocks} MSA blocks, {model.diffusion_module.transformer.n_blocks}-block "
-                f"diffusion transformer, {model.confidence_head.n_blocks}-block confidence head after a "
-                f"{self.config.sample_diffusion.N_step_mini_rollout}-step mini-rollout; N_cycle {model.N_cycle}, "
-                f"diffusion batch {self.config.diffusion_batch_size}, every MSA row, AdamW; its defaults otherwise "
-                f"(activation checkpoint every {self.config.blocks_per_ckpt} block, diffusion chunks of "
-                f"{self.config.diffusion_chunk_size})")
+        return (
+            f"{MODEL_NAME}: {model.pairformer.n_blocks} Pairformer, {model.template_embedder.n_blocks} template, "
+            f"{model.msa_module.n_blocks} MSA blocks, {model.diffusion_module.transformer.n_blocks}-block "
+            f"diffusion transformer, {model.confidence_head.n_blocks}-block confidence head after a "
+            f"{self.config.sample_diffusion.N_step_mini_rollout}-step mini-rollout; N_cycle {model.N_cycle}, "
+            f"diffusion batch {self.config.diffusion_batch_size}, every MSA row, AdamW; its defaults otherwise "
+            f"(activation checkpoint every {self.config.blocks_per_ckpt} block, diffusion chunks of "
+            f"{self.config.diffusion_chunk_size})"
+        )
 
     def parameters_millions(self) -> float:
         return sum(p.numel() for p in self.model.parameters()) / 1e6
 
     def batch(self, length: int, msa_rows: int, templates: int) -> dict:
         generator = torch.Generator().manual_seed(length)
-        features, labels, full_labels = synthetic_example(length, msa_rows, templates, self.atoms_per_token,
-                                                          generator)
+        features, labels, full_labels = synthetic_example(length, msa_rows, templates, self.atoms_per_token, generator)
         move = lambda d: {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in d.items()}
         return {"input_feature_dict": move(features), "label_dict": move(labels), "label_full_dict": move(full_labels)}
 
     def forward_loss(self, batch: dict) -> torch.Tensor:
         # copies: its forward adds derived features (relp, d_lm, ...) to the dicts it is given
         features, labels = dict(batch["input_feature_dict"]), dict(batch["label_dict"])
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False,
-                                  enabled=self.device.type == "cuda")
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False, enabled=self.device.type == "cuda")
         with autocast:
             predictions, labels, _ = self.model(
-                input_feature_dict=features, label_dict=labels, label_full_dict=batch["label_full_dict"],
-                mode="train", current_step=self.step_count, symmetric_permutation=self.permutation,
-                mc_dropout_apply_rate=0)
+                input_feature_dict=features,
+                label_dict=labels,
+                label_full_dict=batch["label_full_dict"],
+                mode="train",
+                current_step=self.step_count,
+                symmetric_permutation=self.permutation,
+                mc_dropout_apply_rate=0,
+            )
             # outside autocast (its skip_amp.loss default), as its trainer's get_loss does
             loss, _ = self.protenix["autocasting_disable_decorator"](self.config.skip_amp.loss)(self.loss)(
-                feat_dict=features, pred_dict=predictions, label_dict=labels, mode="train")
+                feat_dict=features, pred_dict=predictions, label_dict=labels, mode="train"
+            )
         return loss
 
     def iteration(self, batch: dict) -> None:

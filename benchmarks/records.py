@@ -23,7 +23,7 @@ import csv
 import math
 import pathlib
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 HERE = pathlib.Path(__file__).resolve().parent
 RESULTS_MD = HERE / "RESULTS.md"
@@ -51,8 +51,8 @@ class Headline:
     metric: str
     ours: tuple[str, ...]
     lower_is_better: bool = True
-    shapes: Optional[tuple[str, ...]] = None  # None: every shape the benchmark recorded
-    peers: Optional[tuple[str, ...]] = None  # None: every variant not in `ours`; (): no comparison
+    shapes: tuple[str, ...] | None = None  # None: every shape the benchmark recorded
+    peers: tuple[str, ...] | None = None  # None: every variant not in `ours`; (): no comparison
 
 
 _KERNEL_OPS = ("layernorm_linear", "transition", "triangle_mult", "gated_attention", "residual", "window_attention")
@@ -79,7 +79,7 @@ H200_BF16_PEAK_TFLOPS = 790.0
 ITERATION_PREFIX = "training iteration, "
 
 
-def record(stamp, rows: Iterable[Row], benchmark: str, section: str, title: Optional[str] = None) -> None:
+def record(stamp, rows: Iterable[Row], benchmark: str, section: str, title: str | None = None) -> None:
     """Append rows to results.csv and `section` (markdown, starting with a ### heading) to the
     benchmark's block of RESULTS.md (a new block is headed `title`); then refresh the headline.
     `stamp` is a harness.RunStamp."""
@@ -98,8 +98,18 @@ def append_rows(stamp, rows: Iterable[Row], path: pathlib.Path = RESULTS_CSV) ->
         for row in rows:
             if row.value is None or math.isnan(row.value):
                 continue  # an unmeasured number has no row
-            writer.writerow([stamp.date, stamp.device, stamp.commit, row.benchmark, row.variant, row.shape,
-                             row.metric, f"{row.value:.6g}"])
+            writer.writerow(
+                [
+                    stamp.date,
+                    stamp.device,
+                    stamp.commit,
+                    row.benchmark,
+                    row.variant,
+                    row.shape,
+                    row.metric,
+                    f"{row.value:.6g}",
+                ]
+            )
 
 
 def read_rows(path: pathlib.Path = RESULTS_CSV) -> list[dict]:
@@ -113,7 +123,7 @@ def read_rows(path: pathlib.Path = RESULTS_CSV) -> list[dict]:
     return rows
 
 
-def add_section(benchmark: str, section: str, title: Optional[str] = None, path: pathlib.Path = RESULTS_MD) -> None:
+def add_section(benchmark: str, section: str, title: str | None = None, path: pathlib.Path = RESULTS_MD) -> None:
     """Put `section` first in the benchmark's block (after its introduction, before older runs)."""
     text = path.read_text()
     begin, end = f"<!-- {benchmark}: begin -->", f"<!-- {benchmark}: end -->"
@@ -131,13 +141,20 @@ def add_section(benchmark: str, section: str, title: Optional[str] = None, path:
 
 
 def headline_table(rows: list[dict]) -> str:
-    lines = ["| benchmark | what (variant) | value | ours vs the best peer of the same run (> 1: ours better) "
-             "| date | device | commit | TFLOP/s (share of 790, H200 bf16) |",
-             "| --- | --- | ---: | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| benchmark | what (variant) | value | ours vs the best peer of the same run (> 1: ours better) "
+        "| date | device | commit | TFLOP/s (share of 790, H200 bf16) |",
+        "| --- | --- | ---: | --- | --- | --- | --- | --- |",
+    ]
     step_flops = counted_step_tflop(rows)
     for spec in HEADLINES:
-        measured = [r for r in rows if r["benchmark"] == spec.benchmark and r["metric"] == spec.metric
-                    and (spec.shapes is None or r["shape"] in spec.shapes)]
+        measured = [
+            r
+            for r in rows
+            if r["benchmark"] == spec.benchmark
+            and r["metric"] == spec.metric
+            and (spec.shapes is None or r["shape"] in spec.shapes)
+        ]
         shapes = list(dict.fromkeys(r["shape"] for r in measured))  # first-recorded order
         for shape in shapes:
             for variant in spec.ours:
@@ -149,13 +166,14 @@ def headline_table(rows: list[dict]) -> str:
 
 def counted_step_tflop(rows: list[dict]) -> dict[str, float]:
     """{train_step shape: TFLOP of that step} from the latest count of each shape (flops.py)."""
-    counts = sorted((r for r in rows if r["benchmark"] == "flops" and r["metric"] == "TFLOP total"),
-                    key=lambda r: r["date"])
+    counts = sorted(
+        (r for r in rows if r["benchmark"] == "flops" and r["metric"] == "TFLOP total"), key=lambda r: r["date"]
+    )
     return {ITERATION_PREFIX + r["shape"]: r["value"] for r in counts}
 
 
 def achieved(shape: str, metric: str, value: float, device: str, step_flops: dict[str, float]) -> str:
-    """"85.2 (10.8 %)": a counted step's TFLOP over its measured time, and the share of the
+    """ "85.2 (10.8 %)": a counted step's TFLOP over its measured time, and the share of the
     H200's peak (on an H200); "–" for any other figure."""
     if metric != "iteration ms" or shape not in step_flops or not value > 0:
         return "–"
@@ -164,22 +182,30 @@ def achieved(shape: str, metric: str, value: float, device: str, step_flops: dic
     return f"{tflops:.1f}{share}"
 
 
-def _headline_line(spec: Headline, shape: str, variant: str, rows: list[dict],
-                   step_flops: dict[str, float]) -> Optional[str]:
+def _headline_line(
+    spec: Headline, shape: str, variant: str, rows: list[dict], step_flops: dict[str, float]
+) -> str | None:
     ours = [r for r in rows if r["variant"] == variant]
     if not ours:
         return None
     latest = max(ours, key=lambda r: r["date"])
-    peers = [r for r in rows if r["date"] == latest["date"] and r["device"] == latest["device"]
-             and (r["variant"] not in spec.ours if spec.peers is None else r["variant"] in spec.peers)]
+    peers = [
+        r
+        for r in rows
+        if r["date"] == latest["date"]
+        and r["device"] == latest["device"]
+        and (r["variant"] not in spec.ours if spec.peers is None else r["variant"] in spec.peers)
+    ]
     comparison = "–"
     if peers:
         best = (min if spec.lower_is_better else max)(peers, key=lambda r: r["value"])
         ratio = best["value"] / latest["value"] if spec.lower_is_better else latest["value"] / best["value"]
         comparison = f"{ratio:.2f}x ({best['variant']}: {best['value']:g})"
     rate = achieved(shape, spec.metric, latest["value"], latest["device"], step_flops)
-    return (f"| {spec.benchmark} | {shape}, {spec.metric} ({variant}) | {latest['value']:g} | {comparison} | "
-            f"{latest['date']} | {latest['device']} | {latest['commit']} | {rate} |")
+    return (
+        f"| {spec.benchmark} | {shape}, {spec.metric} ({variant}) | {latest['value']:g} | {comparison} | "
+        f"{latest['date']} | {latest['device']} | {latest['commit']} | {rate} |"
+    )
 
 
 def write_headline(md: pathlib.Path = RESULTS_MD, csv_path: pathlib.Path = RESULTS_CSV) -> None:

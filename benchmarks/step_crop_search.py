@@ -11,8 +11,9 @@ from step_timing import total_memory_gb
 from step_variants import TrunkRunner
 
 
-def max_crop(runner: TrunkRunner, start: int, limit: int, msa_rows: int, templates: int,
-             budget_s: float, step: int = 64) -> dict:
+def max_crop(
+    runner: TrunkRunner, start: int, limit: int, msa_rows: int, templates: int, budget_s: float, step: int = 64
+) -> dict:
     """Largest multiple of `step` in [start, limit] that trains: doubling, then bisection; when
     `start` itself runs out of memory, one step down at a time (a start is a guess near the
     limit). A trial the time budget stops (SIGALRM) ends the search with what it found."""

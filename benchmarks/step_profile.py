@@ -43,12 +43,20 @@ def profile_block(variant: str, length: int, dims: dict, device: torch.device) -
     device_ms = sum(own(e) for e in events) / 1e3 / steps
     kernels = sum(e.count for e in events) // steps
     top = [(e.key[:90], round(own(e) / 1e3 / steps, 3), e.count // steps) for e in events[:45]]
-    print(f"    wall {wall_ms:.2f} ms, device {device_ms:.2f} ms, host enqueue {statistics.median(host_ms):.2f} ms,"
-          f" {kernels} kernels per step", flush=True)
+    print(
+        f"    wall {wall_ms:.2f} ms, device {device_ms:.2f} ms, host enqueue {statistics.median(host_ms):.2f} ms,"
+        f" {kernels} kernels per step",
+        flush=True,
+    )
     for name, ms, count in top:
         print(f"    {ms:8.3f} ms  x{count:<4d} {name}", flush=True)
-    return {"wall_ms_profiled": wall_ms, "device_ms": device_ms, "host_enqueue_ms": statistics.median(host_ms),
-            "kernels_per_step": kernels, "top": top}
+    return {
+        "wall_ms_profiled": wall_ms,
+        "device_ms": device_ms,
+        "host_enqueue_ms": statistics.median(host_ms),
+        "kernels_per_step": kernels,
+        "top": top,
+    }
 
 
 def profile_full_step(runner: FullModelRunner, batch: dict, device: torch.device, out: pathlib.Path) -> dict:
@@ -59,8 +67,11 @@ def profile_full_step(runner: FullModelRunner, batch: dict, device: torch.device
     spans: dict = {}
     handles = []
     for name, module in runner.model.named_children():
+
         def before(_module, _args, name=name):
-            spans.setdefault(name, []).append([torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)])
+            spans.setdefault(name, []).append(
+                [torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)]
+            )
             spans[name][-1][0].record()
 
         def after(_module, _args, _output, name=name):
@@ -81,5 +92,7 @@ def profile_full_step(runner: FullModelRunner, batch: dict, device: torch.device
     (out / "profile_step.txt").write_text(text)
     print(text, flush=True)
     device_ms = sum(e.self_device_time_total for e in averages) / 1e3
-    forward = {name: {"ms": sum(a.elapsed_time(b) for a, b in calls), "calls": len(calls)} for name, calls in spans.items()}
+    forward = {
+        name: {"ms": sum(a.elapsed_time(b) for a, b in calls), "calls": len(calls)} for name, calls in spans.items()
+    }
     return {"wall_ms_profiled": start.elapsed_time(stop), "device_ms": device_ms, "forward_ms": forward}

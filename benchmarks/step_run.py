@@ -57,10 +57,12 @@ class StepRun:
         self.runners: dict = {}  # variant -> its model and optimizer, while alive
         config = preset("af3", **self.overrides)
         model = f"full model (diffusion batch {args.diffusion_batch})" if args.model == "af3" else "trunk"
-        self.header = (f"{self.stamp.header()}; {'tiny (smoke)' if args.smoke else 'af3'} {model} with "
-                       f"{config.trunk.pairformer_blocks} Pairformer blocks, {config.msa.msa_blocks} MSA blocks "
-                       f"({args.msa_rows} rows), {config.templates.template_blocks} template blocks "
-                       f"({args.templates} templates)")
+        self.header = (
+            f"{self.stamp.header()}; {'tiny (smoke)' if args.smoke else 'af3'} {model} with "
+            f"{config.trunk.pairformer_blocks} Pairformer blocks, {config.msa.msa_blocks} MSA blocks "
+            f"({args.msa_rows} rows), {config.templates.template_blocks} template blocks "
+            f"({args.templates} templates)"
+        )
 
     def measured(self, key: str) -> bool:
         return "ms" in self.results.get(key, {})
@@ -70,10 +72,19 @@ class StepRun:
     def make_runner(self, variant: str, config: dict | None = None) -> TrunkRunner | protenix_peer.ProtenixPeer:
         args, config = self.args, self.overrides if config is None else config
         if variant == "protenix":
-            peer = protenix_peer.ProtenixPeer(self.device, args.depth, args.diffusion_batch, args.atoms_per_token,
-                                              small=args.smoke, first_length=args.crop[0])
-            self.results["peer"] = {"parameters_millions": peer.parameters_millions(),
-                                    "kernel_options": peer.kernel_options, "settings": peer.settings()}
+            peer = protenix_peer.ProtenixPeer(
+                self.device,
+                args.depth,
+                args.diffusion_batch,
+                args.atoms_per_token,
+                small=args.smoke,
+                first_length=args.crop[0],
+            )
+            self.results["peer"] = {
+                "parameters_millions": peer.parameters_millions(),
+                "kernel_options": peer.kernel_options,
+                "settings": peer.settings(),
+            }
             return peer
         if args.model == "af3":
             return FullModelRunner(variant, config, self.device, args.diffusion_batch, args.atoms_per_token)
@@ -97,9 +108,13 @@ class StepRun:
         runner = self.runners[variant]
         batch = runner.batch(crop, args.msa_rows, args.templates)
         peer = variant in PEERS  # its first call at a size also autotunes its Triton kernel
-        ms, peak = timed(lambda: runner.iteration(batch), self.device,
-                         1 if args.smoke or peer else args.step_warmup,
-                         2 if args.smoke else args.peer_reps if peer else args.step_reps, graphs=runner.graphs)
+        ms, peak = timed(
+            lambda: runner.iteration(batch),
+            self.device,
+            1 if args.smoke or peer else args.step_warmup,
+            2 if args.smoke else args.peer_reps if peer else args.step_reps,
+            graphs=runner.graphs,
+        )
         return {"ms": ms, "peak_gb": peak}
 
     def crop_search(self, variant: str) -> dict:
@@ -109,8 +124,9 @@ class StepRun:
         free_memory()
         runner = runner or self.make_runner(variant, {**self.overrides, "checkpoint_group": args.crop_checkpoint_group})
         share = min(args.crop_budget_s, max(0.0, self.budget.left() - 30))
-        found = max_crop(runner, crop_start(args, variant), args.crop_limit, args.msa_rows, args.templates,
-                         share, args.crop_step)
+        found = max_crop(
+            runner, crop_start(args, variant), args.crop_limit, args.msa_rows, args.templates, share, args.crop_step
+        )
         return {**found, "checkpoint_group": runner.model.config.runtime.checkpoint_group}  # as the model was built
 
     def step_reserve(self, variant: str, crop: int) -> float:
@@ -119,8 +135,9 @@ class StepRun:
         args = self.args
         if args.smoke or crop != args.crop[0] or variant not in VARIANTS:
             return 20
-        triton_stepped = any(self.measured(f"step{c}/{v}") for v in VARIANTS for c in args.crop
-                             if VARIANTS[v][0] == "triton")
+        triton_stepped = any(
+            self.measured(f"step{c}/{v}") for v in VARIANTS for c in args.crop if VARIANTS[v][0] == "triton"
+        )
         compiles = is_compiled(variant) or (VARIANTS[variant][0] == "triton" and not triton_stepped)
         return args.first_step_s if compiles else 20
 
@@ -137,8 +154,9 @@ class StepRun:
     def write_results(self) -> None:
         out, merge = self.args.out, self.args.merge
         (out / "train_step.json").write_text(json.dumps(self.results, indent=1, default=str))
-        (out / "train_step.md").write_text(self.header + "\n\n" + table(with_earlier_runs(self.results, merge),
-                                                                        self.args) + "\n")
+        (out / "train_step.md").write_text(
+            self.header + "\n\n" + table(with_earlier_runs(self.results, merge), self.args) + "\n"
+        )
 
     def finish(self) -> None:
         """The table (with earlier runs' cells) written, printed last, and recorded with --record."""
@@ -150,8 +168,13 @@ class StepRun:
         if self.args.record:
             command = f"`python3 benchmarks/train_step.py {' '.join(sys.argv[1:])}`"
             # results.csv: this run's numbers only (an earlier run recorded its own)
-            record(self.stamp, csv_rows(self.results, self.args), "train_step",
-                   f"### Run of {self.header}\n\n{command}\n\n{text}\n", "Training step")
+            record(
+                self.stamp,
+                csv_rows(self.results, self.args),
+                "train_step",
+                f"### Run of {self.header}\n\n{command}\n\n{text}\n",
+                "Training step",
+            )
 
     def out_of_time(self) -> None:
         """The watchdog's end of the run (step_budget.start_watchdog): the table of what was

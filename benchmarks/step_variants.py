@@ -63,8 +63,16 @@ def peer_unavailable(variant: str, model: str) -> str | None:
 def block_step(variant: str, length: int, dims: dict, device: torch.device):
     """A Pairformer block of `variant` on fp32 inputs of length L (10 % padding): its fwd+bwd step."""
     kernels, compiled, graphs = VARIANTS[variant]
-    block = PairformerBlock(dims["c_s"], dims["c_z"], dims["single_heads"], dims["single_head_dim"],
-                            dims["pair_heads"], dims["pair_head_dim"], 4, kernels=kernels).to(device)
+    block = PairformerBlock(
+        dims["c_s"],
+        dims["c_z"],
+        dims["single_heads"],
+        dims["single_head_dim"],
+        dims["pair_heads"],
+        dims["pair_head_dim"],
+        4,
+        kernels=kernels,
+    ).to(device)
     if compiled:
         block.compile(**COMPILE)
     generator = torch.Generator(device=device).manual_seed(length)
@@ -186,8 +194,9 @@ class FullModelRunner(TrunkRunner):
     """The full AF3 model: N_cycle 1 (as peers report their step), the diffusion batch of
     `diffusion_batch` noised copies drawn from the default generator (a CUDA graph replays it)."""
 
-    def __init__(self, variant: str, config_overrides: dict, device: torch.device, diffusion_batch: int,
-                 atoms_per_token: int) -> None:
+    def __init__(
+        self, variant: str, config_overrides: dict, device: torch.device, diffusion_batch: int, atoms_per_token: int
+    ) -> None:
         self.atoms_per_token = atoms_per_token
         self.diffusion_batch = diffusion_batch
         super().__init__(variant, config_overrides, device)
@@ -208,12 +217,38 @@ def peer_in_child(args, seconds: float) -> dict:
     result keys (step<crop>/protenix, peer), an error per crop the child did not report."""
     out = pathlib.Path(tempfile.mkdtemp(prefix="train-step-peer-"))
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_step.py")
-    argv = [sys.executable, script, "--peer-in-process", "--variants", "protenix",
-            "--model", args.model, "--depth", str(args.depth), "--crop", *map(str, args.crop),
-            "--diffusion-batch", str(args.diffusion_batch), "--atoms-per-token", str(args.atoms_per_token),
-            "--msa-rows", str(args.msa_rows), "--templates", str(args.templates), "--peer-reps", str(args.peer_reps),
-            "--block-lengths", "--no-checks", "--crop-budget-s", "0", "--budget-s", f"{seconds:.0f}",
-            "--out", str(out), *(["--smoke"] if args.smoke else [])]
+    argv = [
+        sys.executable,
+        script,
+        "--peer-in-process",
+        "--variants",
+        "protenix",
+        "--model",
+        args.model,
+        "--depth",
+        str(args.depth),
+        "--crop",
+        *map(str, args.crop),
+        "--diffusion-batch",
+        str(args.diffusion_batch),
+        "--atoms-per-token",
+        str(args.atoms_per_token),
+        "--msa-rows",
+        str(args.msa_rows),
+        "--templates",
+        str(args.templates),
+        "--peer-reps",
+        str(args.peer_reps),
+        "--block-lengths",
+        "--no-checks",
+        "--crop-budget-s",
+        "0",
+        "--budget-s",
+        f"{seconds:.0f}",
+        "--out",
+        str(out),
+        *(["--smoke"] if args.smoke else []),
+    ]
     try:
         status = subprocess.run(argv, timeout=seconds + 60, check=False).returncode
     except subprocess.TimeoutExpired:

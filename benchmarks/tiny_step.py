@@ -41,14 +41,22 @@ def peak_rss_gb() -> float:
 def build(args, out: pathlib.Path) -> tuple[Trainer, object]:
     """The Trainer and batch iterator `featurecache train --cache ... --preset ...` builds."""
     sample = SampleConfig(crop_size=args.crop, msa_rows_per_sample=args.msa_rows)
-    config = TrainConfig(cache=str(args.cache), out=str(out), preset=args.preset, kernels="torch",
-                         steps=args.steps + 2, num_workers=0, device="cpu", sample=sample,
-                         model_settings={"diffusion_batch": args.diffusion_batch,
-                                         "max_recycling_cycles": args.cycles})
+    config = TrainConfig(
+        cache=str(args.cache),
+        out=str(out),
+        preset=args.preset,
+        kernels="torch",
+        steps=args.steps + 2,
+        num_workers=0,
+        device="cpu",
+        sample=sample,
+        model_settings={"diffusion_batch": args.diffusion_batch, "max_recycling_cycles": args.cycles},
+    )
     world = setup_distributed("cpu")
     dataset, _ = build_datasets(config)
-    loader = make_loader(dataset, make_batch_sampler(dataset, config, world), config, world.device,
-                         fixed_sizes(config, dataset))
+    loader = make_loader(
+        dataset, make_batch_sampler(dataset, config, world), config, world.device, fixed_sizes(config, dataset)
+    )
     trainer = Trainer(config, "torch", world)
     trainer.start()
     return trainer, iter(loader)
@@ -60,10 +68,16 @@ def profile_step(trainer: Trainer, batch: dict, step: int, top: int) -> None:
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
         trainer.step([batch], step)
     averages = prof.key_averages(group_by_input_shape=True)
-    print(averages.table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=40,
-                         max_shapes_column_width=80))
-    print(averages.table(sort_by="self_cpu_memory_usage", row_limit=top, max_name_column_width=40,
-                         max_shapes_column_width=80))
+    print(
+        averages.table(
+            sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=40, max_shapes_column_width=80
+        )
+    )
+    print(
+        averages.table(
+            sort_by="self_cpu_memory_usage", row_limit=top, max_name_column_width=40, max_shapes_column_width=80
+        )
+    )
 
 
 def main() -> None:
@@ -76,7 +90,9 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=1, help="--max-recycling-cycles (N_cycle drawn from 1..this)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps after one untimed")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's, one per core)")
-    parser.add_argument("--profile", type=int, default=0, metavar="TOP", help="profile one more step, print TOP operators")
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="TOP", help="profile one more step, print TOP operators"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -94,26 +110,58 @@ def main() -> None:
             peaks.append(peak_rss_gb())
             tokens.append(int(batch["token_pad_mask"].sum()))
             atoms.append(int(batch["atom_pad_mask"].shape[1]))
-            print(f"step {step}: {times[-1]:.2f} s, CPU {cpu_times[-1]:.2f} s (data {waits[-1]:.2f} s), peak RSS {peaks[-1]:.2f} GB, "
-                  f"{tokens[-1]} tokens, {atoms[-1]} atoms ({batch['id']})", flush=True)
+            print(
+                f"step {step}: {times[-1]:.2f} s, CPU {cpu_times[-1]:.2f} s (data {waits[-1]:.2f} s), peak RSS {peaks[-1]:.2f} GB, "
+                f"{tokens[-1]} tokens, {atoms[-1]} atoms ({batch['id']})",
+                flush=True,
+            )
         if args.profile:
             profile_step(trainer, next(batches), args.steps + 1, args.profile)
-    table = Table(["preset", "crop", "diffusion batch", "threads", "step s (median of timed)", "step CPU s",
-                   "first step s", "peak RSS GB", "load average (1 min)"])
+    table = Table(
+        [
+            "preset",
+            "crop",
+            "diffusion batch",
+            "threads",
+            "step s (median of timed)",
+            "step CPU s",
+            "first step s",
+            "peak RSS GB",
+            "load average (1 min)",
+        ]
+    )
     step_s, step_cpu_s = statistics.median(times[1:]), statistics.median(cpu_times[1:])
-    table.add([args.preset, args.crop, trainer.model.config.diffusion.diffusion_batch, torch.get_num_threads(), step_s, step_cpu_s, times[0], max(peaks),
-               os.getloadavg()[0]])
+    table.add(
+        [
+            args.preset,
+            args.crop,
+            trainer.model.config.diffusion.diffusion_batch,
+            torch.get_num_threads(),
+            step_s,
+            step_cpu_s,
+            times[0],
+            max(peaks),
+            os.getloadavg()[0],
+        ]
+    )
     print(f"\n{stamp.header()}\n\n{table.markdown()}")
     if args.record:
         from records import Row, record
 
-        shape = (f"{args.preset}, crop {args.crop}, diffusion batch {trainer.model.config.diffusion.diffusion_batch}, "
-                 f"N_cycle {args.cycles}, {torch.get_num_threads()} threads")
-        rows = [Row("tiny_step", "torch", shape, "step s", step_s), Row("tiny_step", "torch", shape, "step CPU s", step_cpu_s),
-                Row("tiny_step", "torch", shape, "peak RSS GB", max(peaks))]
-        section = (f"### {shape}, {stamp.date}, {stamp.device}, commit {stamp.commit}\n\n"
-                   f"`featurecache train`'s objects on a real cache (median of {args.steps} steps after one).\n\n"
-                   f"{table.markdown()}")
+        shape = (
+            f"{args.preset}, crop {args.crop}, diffusion batch {trainer.model.config.diffusion.diffusion_batch}, "
+            f"N_cycle {args.cycles}, {torch.get_num_threads()} threads"
+        )
+        rows = [
+            Row("tiny_step", "torch", shape, "step s", step_s),
+            Row("tiny_step", "torch", shape, "step CPU s", step_cpu_s),
+            Row("tiny_step", "torch", shape, "peak RSS GB", max(peaks)),
+        ]
+        section = (
+            f"### {shape}, {stamp.date}, {stamp.device}, commit {stamp.commit}\n\n"
+            f"`featurecache train`'s objects on a real cache (median of {args.steps} steps after one).\n\n"
+            f"{table.markdown()}"
+        )
         record(stamp, rows, "tiny_step", section, title="The tiny preset's step on the CPU")
 
 

@@ -72,63 +72,120 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argument_parser(__doc__)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT", "bench-out")))
     parser.add_argument("--depth", type=int, default=8, help="Pairformer blocks of the af3 trunk (paper: 48)")
-    parser.add_argument("--model", choices=("trunk", "af3"), default="trunk",
-                        help="trunk + distogram, or the full AF3 model (diffusion batch, every loss)")
+    parser.add_argument(
+        "--model",
+        choices=("trunk", "af3"),
+        default="trunk",
+        help="trunk + distogram, or the full AF3 model (diffusion batch, every loss)",
+    )
     parser.add_argument("--crop", type=int, nargs="+", default=[384], help="crop sizes of the iteration section")
     parser.add_argument("--diffusion-batch", type=int, default=48, help="--model af3: noised copies per step (AF3: 48)")
     parser.add_argument("--step-reps", type=int, default=5, help="timed iterations per variant and crop")
-    parser.add_argument("--step-warmup", type=int, default=2,
-                        help="untimed iterations before them (a CUDA graph warms up and captures in the first)")
+    parser.add_argument(
+        "--step-warmup",
+        type=int,
+        default=2,
+        help="untimed iterations before them (a CUDA graph warms up and captures in the first)",
+    )
     parser.add_argument("--atoms-per-token", type=int, default=8, help="--model af3: atoms per polymer token")
     parser.add_argument("--msa-rows", type=int, default=1024)
     parser.add_argument("--templates", type=int, default=4)
     parser.add_argument("--block-lengths", type=int, nargs="*", default=[384, 768])
-    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(COLUMNS),
-                        help="order within the cheap (no compile) and costly (compile) groups; protenix "
-                             "(--model af3) trains Protenix 2.0 at the same sizes: put it first, so no other "
-                             "variant's model is in memory during its steps")
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        default=list(VARIANTS),
+        choices=list(COLUMNS),
+        help="order within the cheap (no compile) and costly (compile) groups; protenix "
+        "(--model af3) trains Protenix 2.0 at the same sizes: put it first, so no other "
+        "variant's model is in memory during its steps",
+    )
     parser.add_argument("--peer-reps", type=int, default=3, help="timed iterations of a peer (about 10 s each)")
     parser.add_argument("--crop-limit", type=int, default=3072, help="largest crop the search tries")
-    parser.add_argument("--crop-start", nargs="*", default=[], metavar="[VARIANT=]CROP",
-                        help="first crop the search tries, for every variant or one (default: the first --crop)")
+    parser.add_argument(
+        "--crop-start",
+        nargs="*",
+        default=[],
+        metavar="[VARIANT=]CROP",
+        help="first crop the search tries, for every variant or one (default: the first --crop)",
+    )
     parser.add_argument("--crop-step", type=int, default=64, help="the search's crops are multiples of this")
-    parser.add_argument("--crop-checkpoint-group", type=int, default=1,
-                        help="the model's checkpoint_group (Pairformer blocks per activation checkpoint) in the "
-                             "crop search only; the step and data-wait sections keep the preset's 1")
-    parser.add_argument("--crop-budget-s", type=float, default=45.0,
-                        help="time per variant for the crop search (0: no search)")
+    parser.add_argument(
+        "--crop-checkpoint-group",
+        type=int,
+        default=1,
+        help="the model's checkpoint_group (Pairformer blocks per activation checkpoint) in the "
+        "crop search only; the step and data-wait sections keep the preset's 1",
+    )
+    parser.add_argument(
+        "--crop-budget-s", type=float, default=45.0, help="time per variant for the crop search (0: no search)"
+    )
     parser.add_argument("--budget-s", type=float, default=360.0, help="whole-run time budget")
-    parser.add_argument("--first-step-s", type=float, default=150.0,
-                        help="time a variant's first crop needs left to start when it compiles: the first Triton "
-                             "variant (cold cache on a fresh machine) and torch.compile variants; else 20 s")
-    parser.add_argument("--peer-budget-s", type=float,
-                        help="time for the protenix variant, run in a child process (its CUDA faults stay there); "
-                             "default: the run's time left")
-    parser.add_argument("--peer-in-process", action="store_true",
-                        help="run the protenix variant in this process (what the child process does)")
-    parser.add_argument("--merge", type=pathlib.Path, nargs="*", default=[],
-                        help="train_step.json files of earlier runs (same device kind): their numbers fill the "
-                             "table's cells this run does not measure, so the ratios span both runs")
+    parser.add_argument(
+        "--first-step-s",
+        type=float,
+        default=150.0,
+        help="time a variant's first crop needs left to start when it compiles: the first Triton "
+        "variant (cold cache on a fresh machine) and torch.compile variants; else 20 s",
+    )
+    parser.add_argument(
+        "--peer-budget-s",
+        type=float,
+        help="time for the protenix variant, run in a child process (its CUDA faults stay there); "
+        "default: the run's time left",
+    )
+    parser.add_argument(
+        "--peer-in-process",
+        action="store_true",
+        help="run the protenix variant in this process (what the child process does)",
+    )
+    parser.add_argument(
+        "--merge",
+        type=pathlib.Path,
+        nargs="*",
+        default=[],
+        help="train_step.json files of earlier runs (same device kind): their numbers fill the "
+        "table's cells this run does not measure, so the ratios span both runs",
+    )
     parser.add_argument("--cache", help="feature cache for the data-wait measurement")
     parser.add_argument("--online", help="raw mmCIF folder for the online data-wait measurement")
     parser.add_argument("--alignments")
     parser.add_argument("--template-dir")
     parser.add_argument("--data-steps", type=int, default=21)
-    parser.add_argument("--data-kernels", choices=("auto", "triton", "torch"), default="auto",
-                        help="kernels of the data-wait runs (auto: triton if it stepped in this run, else torch)")
-    parser.add_argument("--data-graphs", action="store_true",
-                        help="measure the data wait with the loop's --cuda-graphs (the fastest step, so the largest share)")
+    parser.add_argument(
+        "--data-kernels",
+        choices=("auto", "triton", "torch"),
+        default="auto",
+        help="kernels of the data-wait runs (auto: triton if it stepped in this run, else torch)",
+    )
+    parser.add_argument(
+        "--data-graphs",
+        action="store_true",
+        help="measure the data wait with the loop's --cuda-graphs (the fastest step, so the largest share)",
+    )
     parser.add_argument("--num-workers", type=int, default=2)
-    parser.add_argument("--profile-block", action="store_true",
-                        help="profile the Triton block at the first block length (top CUDA operators)")
+    parser.add_argument(
+        "--profile-block",
+        action="store_true",
+        help="profile the Triton block at the first block length (top CUDA operators)",
+    )
     parser.add_argument("--no-checks", action="store_true", help="--model af3: leave out the on-device checks")
-    parser.add_argument("--profile-step", action="store_true",
-                        help="--model af3: profile one triton iteration at the first crop (forward time per part)")
-    parser.add_argument("--blocks-only", action="store_true",
-                        help="only the Pairformer block section (and the profile), for a short device call")
+    parser.add_argument(
+        "--profile-step",
+        action="store_true",
+        help="--model af3: profile one triton iteration at the first crop (forward time per part)",
+    )
+    parser.add_argument(
+        "--blocks-only",
+        action="store_true",
+        help="only the Pairformer block section (and the profile), for a short device call",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on any device: checks the script runs")
-    parser.add_argument("--compile-backend", default="inductor",
-                        help="torch.compile backend of the compiled variants (aot_eager: a quick CPU check)")
+    parser.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile backend of the compiled variants (aot_eager: a quick CPU check)",
+    )
     return parser
 
 
@@ -159,18 +216,34 @@ def measure_blocks_and_checks(run: StepRun, fast: list[str]) -> None:
     args, device = run.args, run.device
     for length in args.block_lengths:
         for variant in [v for v in fast if v in VARIANTS]:
-            run.section(f"block{length}/{variant}", 15, bench_block, variant, length, run.dims, device, run.warmup,
-                        run.reps)
+            run.section(
+                f"block{length}/{variant}", 15, bench_block, variant, length, run.dims, device, run.warmup, run.reps
+            )
     if "triton" in fast and args.profile_block:
-        run.section(f"profile/block{args.block_lengths[0]}/triton", 15, profile_block, "triton",
-                    args.block_lengths[0], run.dims, device)
+        run.section(
+            f"profile/block{args.block_lengths[0]}/triton",
+            15,
+            profile_block,
+            "triton",
+            args.block_lengths[0],
+            run.dims,
+            device,
+        )
     if args.model == "af3" and not args.blocks_only and not args.no_checks:
-        run.section("checks", 30, full_model_checks, run.overrides, device, min(args.crop[0], 128), 4,
-                    args.atoms_per_token)
+        run.section(
+            "checks", 30, full_model_checks, run.overrides, device, min(args.crop[0], 128), 4, args.atoms_per_token
+        )
     if args.model == "af3" and args.profile_step and device.type == "cuda":
         run.runners["triton"] = run.make_runner("triton")
-        run.section("profile/step/triton", 30, profile_full_step, run.runners["triton"],
-                    run.runners["triton"].batch(args.crop[0], args.msa_rows, args.templates), device, args.out)
+        run.section(
+            "profile/step/triton",
+            30,
+            profile_full_step,
+            run.runners["triton"],
+            run.runners["triton"].batch(args.crop[0], args.msa_rows, args.templates),
+            device,
+            args.out,
+        )
 
 
 def measure_steps(run: StepRun, fast: list[str]) -> None:
@@ -223,8 +296,9 @@ def measure_compiled(run: StepRun, slow: list[str]) -> None:
     args = run.args
     for variant in slow:
         for length in args.block_lengths:
-            run.section(f"block{length}/{variant}", 15, bench_block, variant, length, run.dims, run.device,
-                        run.warmup, run.reps)
+            run.section(
+                f"block{length}/{variant}", 15, bench_block, variant, length, run.dims, run.device, run.warmup, run.reps
+            )
         for crop in [] if args.blocks_only else args.crop:
             run.section(f"step{crop}/{variant}", run.step_reserve(variant, crop), run.step_bench, variant, crop)
         if variant in run.runners and args.crop_budget_s > 0:

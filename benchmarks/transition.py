@@ -23,8 +23,15 @@ def cases(smoke: bool) -> list[Case]:
         return [torch.randn(1, length, length, channels, device=device, dtype=DTYPE) * 1.5 + 0.3], []
 
     shape = f"L={length} ({length * length} rows) C={channels} n=4"
-    return [Case(f"Transition {shape}", shape, lambda kernels: Transition(channels, expansion=4, kernels=kernels),
-                 make_inputs, target="<= 1.0 ms, <= 577 MiB")]
+    return [
+        Case(
+            f"Transition {shape}",
+            shape,
+            lambda kernels: Transition(channels, expansion=4, kernels=kernels),
+            make_inputs,
+            target="<= 1.0 ms, <= 577 MiB",
+        )
+    ]
 
 
 # Candidates besides the configured one: neighbours of the configs/fused_ops.json entry.

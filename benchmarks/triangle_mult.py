@@ -23,16 +23,22 @@ def cases(smoke: bool) -> list[Case]:
     def make_inputs(device):
         z = torch.randn(1, length, length, channels, device=device, dtype=DTYPE) * 1.5 + 0.3
         mask = torch.ones(1, length, length, device=device, dtype=torch.bool)
-        mask[:, -length // 10:, :] = False  # 10 % padding
-        mask[:, :, -length // 10:] = False
+        mask[:, -length // 10 :, :] = False  # 10 % padding
+        mask[:, :, -length // 10 :] = False
         return [z], [mask]
 
     def case(direction: str) -> Case:
         shape = f"{direction} L={length} C={channels}"
         outgoing = direction == "outgoing"
-        return Case(f"TriangleMult {shape}", shape,
-                    lambda kernels: TriangleMultiplication(channels, direction=direction, kernels=kernels), make_inputs,
-                    target="<= 3.0 ms, <= 645 MiB" if outgoing else "", compile_peer=outgoing, sweep=outgoing)
+        return Case(
+            f"TriangleMult {shape}",
+            shape,
+            lambda kernels: TriangleMultiplication(channels, direction=direction, kernels=kernels),
+            make_inputs,
+            target="<= 3.0 ms, <= 645 MiB" if outgoing else "",
+            compile_peer=outgoing,
+            sweep=outgoing,
+        )
 
     return [case("outgoing"), case("incoming")]  # the swept case first: its winners hold for the other
 

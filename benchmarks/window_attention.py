@@ -67,14 +67,19 @@ def cases(smoke: bool) -> list[Case]:
     def make_inputs(samples):
         def make(device):
             q = torch.randn(1, samples, windows, queries, heads, head_dim, device=device, dtype=DTYPE)
-            k, v = (torch.randn(1, samples, windows, keys, heads, head_dim, device=device, dtype=DTYPE)
-                    for _ in range(2))
+            k, v = (
+                torch.randn(1, samples, windows, keys, heads, head_dim, device=device, dtype=DTYPE) for _ in range(2)
+            )
             bias = torch.randn(1, windows, heads, queries, keys, device=device, dtype=DTYPE)
             # AtomWindows' key mask: keys centred on each window, outside the real atoms masked
-            key_index = (torch.arange(windows, device=device)[:, None] * queries + (queries - keys) // 2
-                         + torch.arange(keys, device=device))
+            key_index = (
+                torch.arange(windows, device=device)[:, None] * queries
+                + (queries - keys) // 2
+                + torch.arange(keys, device=device)
+            )
             mask = ((key_index >= 0) & (key_index < real_atoms))[None]
             return [q, k, v, bias], [mask]
+
         return make
 
     def case(samples: int, variant: str = "") -> Case:
@@ -91,5 +96,4 @@ def cases(smoke: bool) -> list[Case]:
 
 
 if __name__ == "__main__":
-    main(OpBenchmark("window_attention", "Windowed atom attention (`benchmarks/window_attention.py`)", cases),
-         __doc__)
+    main(OpBenchmark("window_attention", "Windowed atom attention (`benchmarks/window_attention.py`)", cases), __doc__)

@@ -22,12 +22,25 @@ PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 def _ray_options(command):
     """--address, --workers and --executor: where the tasks of precompute and search run."""
     options = [
-        click.option("--address", default=None, help="Ray cluster address to join (e.g. 'auto' or "
-                     "'ray://host:10001'); default: start Ray locally."),
-        click.option("--workers", "num_workers", type=click.IntRange(min=1), default=None,
-                     help="CPUs Ray may use when started locally (default: all)."),
-        click.option("--executor", type=click.Choice(["ray", "inline"]), default="ray", show_default=True,
-                     help="'inline' runs every task in this process, one at a time (debugging)."),
+        click.option(
+            "--address",
+            default=None,
+            help="Ray cluster address to join (e.g. 'auto' or 'ray://host:10001'); default: start Ray locally.",
+        ),
+        click.option(
+            "--workers",
+            "num_workers",
+            type=click.IntRange(min=1),
+            default=None,
+            help="CPUs Ray may use when started locally (default: all).",
+        ),
+        click.option(
+            "--executor",
+            type=click.Choice(["ray", "inline"]),
+            default="ray",
+            show_default=True,
+            help="'inline' runs every task in this process, one at a time (debugging).",
+        ),
     ]
     for option in reversed(options):  # click lists options in decorator order, top first
         command = option(command)
@@ -90,8 +103,9 @@ def _shutdown_ray() -> None:
         ray.shutdown()
 
 
-def _plot_path(path: pathlib.Path | None, option: str = "--plot",
-               cache: pathlib.Path | None = None) -> pathlib.Path | None:
+def _plot_path(
+    path: pathlib.Path | None, option: str = "--plot", cache: pathlib.Path | None = None
+) -> pathlib.Path | None:
     """Check a plot's file name before any work: a known image suffix in a folder that exists,
     outside the cache (`cache` or any other)."""
     from featurecache.store.layout import refuse_output_in_cache
@@ -145,42 +159,101 @@ def cli(debug):
     """featurecache: precompute AlphaFold3 features once, serve them to trainers fast."""
 
 
-
 @cli.command()
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=pathlib.Path))
-@click.option("--cache", "cache_dir", required=True, type=click.Path(path_type=pathlib.Path),
-              help="Cache folder to create or update (LMDB shards + manifest.json).")
-@click.option("--config", "config_path", type=click.Path(path_type=pathlib.Path),
-              help="Pipeline TOML (examples/pipeline.toml): search databases and tools; feature, curation, "
-                   "clustering, chemistry, template and store settings. With --alignments its settings apply and "
-                   "it may configure no [[databases]].")
-@click.option("--alignments", "alignments_dir", type=click.Path(path_type=pathlib.Path),
-              help="Folder of precomputed alignments (A3M/A2M/Stockholm/HHR/m8) to ingest.")
-@click.option("--templates", "template_dir", type=click.Path(path_type=pathlib.Path),
-              help="Folder of template mmCIF files for template hits (overrides the config's).")
+@click.option(
+    "--cache",
+    "cache_dir",
+    required=True,
+    type=click.Path(path_type=pathlib.Path),
+    help="Cache folder to create or update (LMDB shards + manifest.json).",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=pathlib.Path),
+    help="Pipeline TOML (examples/pipeline.toml): search databases and tools; feature, curation, "
+    "clustering, chemistry, template and store settings. With --alignments its settings apply and "
+    "it may configure no [[databases]].",
+)
+@click.option(
+    "--alignments",
+    "alignments_dir",
+    type=click.Path(path_type=pathlib.Path),
+    help="Folder of precomputed alignments (A3M/A2M/Stockholm/HHR/m8) to ingest.",
+)
+@click.option(
+    "--templates",
+    "template_dir",
+    type=click.Path(path_type=pathlib.Path),
+    help="Folder of template mmCIF files for template hits (overrides the config's).",
+)
 @_ray_options
-@click.option("--shards", "num_shards", type=click.IntRange(min=1), default=None,
-              help="Number of LMDB shard files for a new cache (default 4; an existing cache keeps its own).")
-@click.option("--msa-rows-stored", type=click.IntRange(min=1), default=None,
-              help="Rows stored in each target's assembled MSA, query included "
-                   "(default: the config's features.msa_rows_stored, else 16384).")
-@click.option("--max-msa-rows", type=click.IntRange(min=1), default=None, hidden=True,
-              callback=renamed_option("--max-msa-rows", "--msa-rows-stored (MSA rows stored per target)"), help="Deprecated spelling of --msa-rows-stored.")
-@click.option("--ccd", "ccd_path", type=click.Path(path_type=pathlib.Path), default=None,
-              help="A newer components.cif[.gz] from wwPDB for component atoms, bonds and conformers "
-                   "(default: the config's [chem] ccd_path, else the CCD biotite ships).")
-@click.option("--retry-failed/--no-retry-failed", default=True, show_default=True,
-              help="Retry inputs that failed in an earlier run.")
-@click.option("--recheck", is_flag=True,
-              help="Also read every record the run would keep in full (the checksum of every byte, as verify "
-                   "does) and recompute the damaged ones: the repair `featurecache verify` suggests. Reads the "
-                   "whole cache.")
+@click.option(
+    "--shards",
+    "num_shards",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Number of LMDB shard files for a new cache (default 4; an existing cache keeps its own).",
+)
+@click.option(
+    "--msa-rows-stored",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Rows stored in each target's assembled MSA, query included "
+    "(default: the config's features.msa_rows_stored, else 16384).",
+)
+@click.option(
+    "--max-msa-rows",
+    type=click.IntRange(min=1),
+    default=None,
+    hidden=True,
+    callback=renamed_option("--max-msa-rows", "--msa-rows-stored (MSA rows stored per target)"),
+    help="Deprecated spelling of --msa-rows-stored.",
+)
+@click.option(
+    "--ccd",
+    "ccd_path",
+    type=click.Path(path_type=pathlib.Path),
+    default=None,
+    help="A newer components.cif[.gz] from wwPDB for component atoms, bonds and conformers "
+    "(default: the config's [chem] ccd_path, else the CCD biotite ships).",
+)
+@click.option(
+    "--retry-failed/--no-retry-failed",
+    default=True,
+    show_default=True,
+    help="Retry inputs that failed in an earlier run.",
+)
+@click.option(
+    "--recheck",
+    is_flag=True,
+    help="Also read every record the run would keep in full (the checksum of every byte, as verify "
+    "does) and recompute the damaged ones: the repair `featurecache verify` suggests. Reads the "
+    "whole cache.",
+)
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @click.option("--verbose", is_flag=True, help="Show Ray's own messages: start-up, warnings, what its workers print.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, address, num_workers, executor,
-               num_shards, msa_rows_stored, max_msa_rows, ccd_path, retry_failed, recheck, progress, verbose,
-               as_json):
+def precompute(
+    inputs,
+    cache_dir,
+    config_path,
+    alignments_dir,
+    template_dir,
+    address,
+    num_workers,
+    executor,
+    num_shards,
+    msa_rows_stored,
+    max_msa_rows,
+    ccd_path,
+    retry_failed,
+    recheck,
+    progress,
+    verbose,
+    as_json,
+):
     """Parse INPUTS (mmCIF, PDB, FASTA or AlphaFold3 input JSON files, or folders of them), search
     or ingest alignments, compute reference conformers, featurize, and write the records into the
     cache. Resumable: current records are skipped (--recheck: unless damaged)."""
@@ -214,21 +287,41 @@ def precompute(inputs, cache_dir, config_path, alignments_dir, template_dir, add
 
 @cli.command()
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=pathlib.Path))
-@click.option("--config", "config_path", required=True, type=click.Path(path_type=pathlib.Path),
-              help="Pipeline TOML naming the search tools and databases (as for precompute).")
-@click.option("--out", "out_dir", required=True, type=click.Path(path_type=pathlib.Path),
-              help="Folder for the AlphaFold3 JSON (af3/), A3M files and template hits (msas/) and index.json.")
-@click.option("--cache", "cache_dir", type=click.Path(path_type=pathlib.Path), default=None,
-              help="Cache whose msa table stores the searches, so a later precompute --cache reuses them "
-                   "(default: OUT/cache).")
-@click.option("--max-templates", type=click.IntRange(min=0), default=4, show_default=True,
-              help="Templates per protein chain in the AlphaFold3 JSON (AF3 uses 4).")
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(path_type=pathlib.Path),
+    help="Pipeline TOML naming the search tools and databases (as for precompute).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(path_type=pathlib.Path),
+    help="Folder for the AlphaFold3 JSON (af3/), A3M files and template hits (msas/) and index.json.",
+)
+@click.option(
+    "--cache",
+    "cache_dir",
+    type=click.Path(path_type=pathlib.Path),
+    default=None,
+    help="Cache whose msa table stores the searches, so a later precompute --cache reuses them (default: OUT/cache).",
+)
+@click.option(
+    "--max-templates",
+    type=click.IntRange(min=0),
+    default=4,
+    show_default=True,
+    help="Templates per protein chain in the AlphaFold3 JSON (AF3 uses 4).",
+)
 @_ray_options
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @click.option("--verbose", is_flag=True, help="Show Ray's own messages: start-up, warnings, what its workers print.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def search(inputs, config_path, out_dir, cache_dir, max_templates, address, num_workers, executor, progress,
-           verbose, as_json):
+def search(
+    inputs, config_path, out_dir, cache_dir, max_templates, address, num_workers, executor, progress, verbose, as_json
+):
     """Run only the configured MSA and template searches for INPUTS (mmCIF, PDB, FASTA or AlphaFold3
     JSON files, or folders of them) and write, per unique chain, A3M files and template hits,
     and per target an AlphaFold3 input JSON with its MSAs and templates filled in."""
@@ -237,9 +330,18 @@ def search(inputs, config_path, out_dir, cache_dir, max_templates, address, num_
 
     refuse_output_in_cache("--out", out_dir, cache_dir)
     _utf8_file("--config", config_path)
-    options = SearchOptions(inputs=list(inputs), config_path=config_path, out_dir=out_dir, cache_dir=cache_dir,
-                            address=address, executor=executor, num_workers=num_workers,
-                            max_templates=max_templates, progress=progress, verbose=verbose)
+    options = SearchOptions(
+        inputs=list(inputs),
+        config_path=config_path,
+        out_dir=out_dir,
+        cache_dir=cache_dir,
+        address=address,
+        executor=executor,
+        num_workers=num_workers,
+        max_templates=max_templates,
+        progress=progress,
+        verbose=verbose,
+    )
     summary = _run_on_ray(run, options)
     click.echo(json.dumps(summary.to_dict(), indent=2) if as_json else summary.format())
     sys.exit(EXIT_PARTIAL if summary.failed else 0)
@@ -248,9 +350,13 @@ def search(inputs, config_path, out_dir, cache_dir, max_templates, address, num_
 @cli.command()
 @click.argument("cache_dir", type=click.Path(path_type=pathlib.Path))
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-@click.option("--plot", "plot_path", type=click.Path(path_type=pathlib.Path),
-              help="Also draw the report (.png, .pdf or .svg): lengths, MSA depths, templates, failures, "
-                   "conformer sources, curation and the AF3 sampling.")
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(path_type=pathlib.Path),
+    help="Also draw the report (.png, .pdf or .svg): lengths, MSA depths, templates, failures, "
+    "conformer sources, curation and the AF3 sampling.",
+)
 def stats(cache_dir, as_json, plot_path):
     """Counts, sizes, length and MSA-depth distributions, warnings and failures by stage."""
     from featurecache.store.inspect import cache_stats, format_stats
@@ -267,8 +373,12 @@ def stats(cache_dir, as_json, plot_path):
 
 @cli.command()
 @click.argument("run_dir", type=click.Path(path_type=pathlib.Path))
-@click.option("--out", "out_path", type=click.Path(path_type=pathlib.Path),
-              help="Image to write (.png, .pdf or .svg)  [default: RUN_DIR/training.png]")
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(path_type=pathlib.Path),
+    help="Image to write (.png, .pdf or .svg)  [default: RUN_DIR/training.png]",
+)
 def plot(run_dir, out_path):
     """Draw a training run's log (RUN_DIR/log.jsonl): loss and its terms, validation lDDT, step time,
     peak memory, gradient norm and learning rate."""
@@ -287,10 +397,13 @@ def plot(run_dir, out_path):
 
 @cli.command()
 @click.argument("cache_dir", type=click.Path(path_type=pathlib.Path))
-@click.option("--repair", is_flag=True,
-              help="Also repair the shard files: rewrite each one that differs from the manifest while its records "
-                   "are intact (damage in free space), move each unreadable one aside for an empty one; then verify "
-                   "again. Damaged records are left to `precompute --recheck`.")
+@click.option(
+    "--repair",
+    is_flag=True,
+    help="Also repair the shard files: rewrite each one that differs from the manifest while its records "
+    "are intact (damage in free space), move each unreadable one aside for an empty one; then verify "
+    "again. Damaged records are left to `precompute --recheck`.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def verify(cache_dir, repair, as_json):
     """Recompute every record's checksum; name each damaged key and shard (exit 1 if any) and the
@@ -315,8 +428,13 @@ def verify(cache_dir, repair, as_json):
 @cli.command()
 @click.argument("cache_dir", type=click.Path(path_type=pathlib.Path))
 @click.argument("key")
-@click.option("--table", default="features", show_default=True, type=click.Choice(["features", "msa", "errors", "conformers"]),
-              help="Table to read the key from.")
+@click.option(
+    "--table",
+    default="features",
+    show_default=True,
+    type=click.Choice(["features", "msa", "errors", "conformers"]),
+    help="Table to read the key from.",
+)
 def show(cache_dir, key, table):
     """One record's arrays: names, dtypes, shapes and summary values."""
     from featurecache.store.inspect import format_record
@@ -330,14 +448,23 @@ def show(cache_dir, key, table):
 @cli.command()
 @click.argument("cache_dir", type=click.Path(path_type=pathlib.Path))
 @click.argument("keys", nargs=-1, required=True)
-@click.option("--format", "output_format", required=True,
-              type=click.Choice(["af3-json", "protenix-json", "boltz-yaml", "a3m", "boltz-csv"]),
-              help="af3-json: one AlphaFold3 input JSON per key (MSAs, templates); protenix-json: one Protenix "
-                   "input JSON per key and its MSA files; boltz-yaml: one Boltz input YAML per key and its MSA "
-                   "CSVs; a3m: one A3M per chain; boltz-csv: one Boltz MSA CSV per protein chain (key, "
-                   "sequence; paired rows share a key).")
-@click.option("--out", "out_dir", required=True, type=click.Path(path_type=pathlib.Path),
-              help="Folder to write into (KEY.json, KEY.protenix.json, KEY.yaml; MSA files under KEY/).")
+@click.option(
+    "--format",
+    "output_format",
+    required=True,
+    type=click.Choice(["af3-json", "protenix-json", "boltz-yaml", "a3m", "boltz-csv"]),
+    help="af3-json: one AlphaFold3 input JSON per key (MSAs, templates); protenix-json: one Protenix "
+    "input JSON per key and its MSA files; boltz-yaml: one Boltz input YAML per key and its MSA "
+    "CSVs; a3m: one A3M per chain; boltz-csv: one Boltz MSA CSV per protein chain (key, "
+    "sequence; paired rows share a key).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(path_type=pathlib.Path),
+    help="Folder to write into (KEY.json, KEY.protenix.json, KEY.yaml; MSA files under KEY/).",
+)
 def export(cache_dir, keys, output_format, out_dir):
     """Write the cached feature records of KEYS (target ids) as input files of AlphaFold3 (JSON), Protenix
     (JSON) or Boltz (YAML), or as A3M files or Boltz MSA CSV files."""

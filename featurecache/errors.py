@@ -108,8 +108,10 @@ class ErrorBoundary:
             if issubclass(kind, USER_ERRORS):
                 click.echo(f"Error: {text}", err=True)
             else:  # a bug: still one line, the traceback behind --debug
-                click.echo(f"Error: unexpected {kind.__name__}: {text} "
-                           f"(run again with {DEBUG_FLAG} for the traceback)", err=True)
+                click.echo(
+                    f"Error: unexpected {kind.__name__}: {text} (run again with {DEBUG_FLAG} for the traceback)",
+                    err=True,
+                )
             sys.exit(EXIT_SETUP)
         sys.exit(result if isinstance(result, int) else EXIT_OK)
 

@@ -94,8 +94,9 @@ class TargetInput:
     warnings: list[str]
 
 
-def export_records(cache_dir: str | Path, keys: list[str], output_format: str, out_dir: str | Path,
-                   warnings: list[str] | None = None) -> list[Path]:
+def export_records(
+    cache_dir: str | Path, keys: list[str], output_format: str, out_dir: str | Path, warnings: list[str] | None = None
+) -> list[Path]:
     """Write each key's record in `output_format` under `out_dir`; returns the files written
     (what was left out is appended to `warnings`). Every key is checked before anything is
     written."""
@@ -113,9 +114,11 @@ def export_records(cache_dir: str | Path, keys: list[str], output_format: str, o
         for key, record in records.items():
             lacking = [name for name in _INPUT_METADATA if name not in record.meta]
             if lacking:
-                raise ExportError(f"cache {cache_dir}: record {key!r} (schema version {record.schema_version}) lacks "
-                                  f"{', '.join(lacking)}, which --format {output_format} writes: rerun "
-                                  "`featurecache precompute` on the cache to bring its records up to date")
+                raise ExportError(
+                    f"cache {cache_dir}: record {key!r} (schema version {record.schema_version}) lacks "
+                    f"{', '.join(lacking)}, which --format {output_format} writes: rerun "
+                    "`featurecache precompute` on the cache to bring its records up to date"
+                )
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for key, record in records.items():
@@ -148,11 +151,19 @@ def _chains(record: Record) -> list[_Chain]:
     modified = meta.get("modified_residues") or [[] for _ in meta["chain_ids"]]
     chains = []
     for number, (chain_id, molecule_type, sequence, modifications) in enumerate(
-            zip(meta["chain_ids"], meta["chain_types"], meta["sequences"], modified), start=1):
+        zip(meta["chain_ids"], meta["chain_types"], meta["sequences"], modified), start=1
+    ):
         in_chain = np.flatnonzero(asym_id == number)
         _, first = np.unique(residue_index[in_chain], return_index=True)
-        chains.append(_Chain(chain_id, molecule_type, sequence, in_chain[np.sort(first)],
-                             tuple((code, position) for position, code in modifications)))
+        chains.append(
+            _Chain(
+                chain_id,
+                molecule_type,
+                sequence,
+                in_chain[np.sort(first)],
+                tuple((code, position) for position, code in modifications),
+            )
+        )
     return chains
 
 
@@ -160,16 +171,18 @@ def chain_msas(record: Record) -> dict[str, Msa]:
     """Per protein / RNA chain, every assembled row in its residue columns (query first)."""
     msa, deletions = expand_msa(record.arrays)  # [rows, tokens]
     species = record.arrays["msa_species"]
-    descriptions = ("query",) + tuple(f"row{row} species={species[row]}" if species[row] else f"row{row}"
-                                      for row in range(1, msa.shape[0]))
+    descriptions = ("query",) + tuple(
+        f"row{row} species={species[row]}" if species[row] else f"row{row}" for row in range(1, msa.shape[0])
+    )
     result = {}
     for chain in _chains(record):
         if chain.molecule_type not in ("protein", "rna"):
             continue
         aligned = _LETTERS[msa[:, chain.tokens].astype(np.int64)]
         aligned[0] = np.frombuffer(chain.sequence.encode("ascii"), dtype=np.uint8)
-        result[chain.chain_id] = Msa(aligned, deletions[:, chain.tokens].astype(np.int32), descriptions,
-                                     f"{record.key} chain {chain.chain_id}")
+        result[chain.chain_id] = Msa(
+            aligned, deletions[:, chain.tokens].astype(np.int32), descriptions, f"{record.key} chain {chain.chain_id}"
+        )
     return result
 
 
@@ -194,8 +207,11 @@ def chain_boltz_csv(record: Record) -> dict[str, str]:
     """Per protein chain (Boltz reads MSAs of proteins only), its Boltz MSA CSV (module docstring)."""
     types = dict(zip(record.meta["chain_ids"], record.meta["chain_types"]))
     paired = record.arrays["msa_is_paired"]
-    return {chain_id: _boltz_csv(msa, paired) for chain_id, msa in chain_msas(record).items()
-            if types[chain_id] == "protein"}
+    return {
+        chain_id: _boltz_csv(msa, paired)
+        for chain_id, msa in chain_msas(record).items()
+        if types[chain_id] == "protein"
+    }
 
 
 def protenix_a3m(msa: Msa, paired: np.ndarray) -> tuple[str, str]:
@@ -206,8 +222,10 @@ def protenix_a3m(msa: Msa, paired: np.ndarray) -> tuple[str, str]:
     for row in paired_rows.tolist():
         headers[row] = row_pairing_header(row)
     with_headers = Msa(msa.aligned, msa.deletion_matrix, tuple(headers), msa.source)
-    return (format_a3m(with_headers, [0, *paired_rows.tolist()], "protein"),
-            format_a3m(msa, [0, *shown[~paired[shown]].tolist()], "protein"))
+    return (
+        format_a3m(with_headers, [0, *paired_rows.tolist()], "protein"),
+        format_a3m(msa, [0, *shown[~paired[shown]].tolist()], "protein"),
+    )
 
 
 def _write_chain_files(folder: Path, texts: dict[str, str], suffix: str) -> list[Path]:
@@ -265,8 +283,13 @@ def target_input(key: str, record: Record) -> TargetInput:
     entities, entity_msas, warnings = [], {}, []
     for group in group_copies([chain.chain_id for chain in chains], copy_keys, key):
         first = chains[group.members[0]]
-        kind, sequence, ids, source, description = (first.molecule_type, first.sequence, group.ids,
-                                                    group.source_chains, group.description)
+        kind, sequence, ids, source, description = (
+            first.molecule_type,
+            first.sequence,
+            group.ids,
+            group.source_chains,
+            group.description,
+        )
         if kind == "ligand":
             entities.append(Af3Entity(kind, ids, source, description=description, **_ligand(sequence)))
             continue
@@ -276,9 +299,19 @@ def target_input(key: str, record: Record) -> TargetInput:
         sequence, modifications = documented_sequence(kind, sequence, first.modifications)
         unpaired = msa_with_query(format_a3m(msa, molecule_type=kind), sequence) if msa is not None else None
         templates = _templates(key, record, first, warnings) if kind == "protein" else None
-        entities.append(Af3Entity(kind, ids, source, sequence=sequence, modifications=modifications,
-                                  description=description, unpaired_msa=unpaired, paired_msa="",
-                                  templates=templates))
+        entities.append(
+            Af3Entity(
+                kind,
+                ids,
+                source,
+                sequence=sequence,
+                modifications=modifications,
+                description=description,
+                unpaired_msa=unpaired,
+                paired_msa="",
+                templates=templates,
+            )
+        )
     return TargetInput(entities, _bonds(record, entities), entity_msas, warnings)
 
 
@@ -291,8 +324,10 @@ def af3_input(key: str, record: Record) -> dict:
 def _bonds(record: Record, entities: list[Af3Entity]) -> list[list[list]]:
     """The record's bonds to ligands as AF3's `bondedAtomPairs` (AF3 chain ids, 1-based residues)."""
     new_id = {source: new for entity in entities for source, new in zip(entity.source_chains, entity.ids)}
-    return [[[new_id[chain_id], residue + 1, atom] for chain_id, residue, atom in pair]
-            for pair in record.meta["ligand_bonds"]]
+    return [
+        [[new_id[chain_id], residue + 1, atom] for chain_id, residue, atom in pair]
+        for pair in record.meta["ligand_bonds"]
+    ]
 
 
 def _ligand(sequence: str) -> dict:
@@ -322,15 +357,21 @@ def _templates(key: str, record: Record, chain: _Chain, warnings: list[str]) -> 
             continue
         date = dates[row] if row < len(dates) else None
         if date is None:
-            warnings.append(f"chain {chain.chain_id}: template {row} left out: the record has no release date "
-                            "for it, which AlphaFold 3 requires")
+            warnings.append(
+                f"chain {chain.chain_id}: template {row} left out: the record has no release date "
+                "for it, which AlphaFold 3 requires"
+            )
             continue
         tokens = chain.tokens[present]
         names = [schema.RESTYPES[int(value)] for value in restype[present]]
-        text = backbone_template_mmcif(f"{key}_{chain.chain_id}_{row}", names,
-                                       arrays["template_backbone_pos"][row, tokens],
-                                       arrays["template_backbone_mask"][row, tokens],
-                                       arrays["template_pseudo_beta_pos"][row, tokens],
-                                       arrays["template_pseudo_beta_mask"][row, tokens], date)
+        text = backbone_template_mmcif(
+            f"{key}_{chain.chain_id}_{row}",
+            names,
+            arrays["template_backbone_pos"][row, tokens],
+            arrays["template_backbone_mask"][row, tokens],
+            arrays["template_pseudo_beta_pos"][row, tokens],
+            arrays["template_pseudo_beta_mask"][row, tokens],
+            date,
+        )
         templates.append(Af3Template(text, tuple(present.tolist()), tuple(range(present.size))))
     return tuple(templates)

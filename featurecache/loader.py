@@ -11,7 +11,8 @@ import dataclasses
 import logging
 import math
 import pathlib
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -37,8 +38,12 @@ _CONFORMER_STREAM = 2
 _MSA_CYCLE_STREAM = 3  # the MSA row sets of recycling cycles after the first
 
 # Padding value per array in `collate`; everything not listed pads with zeros / False.
-_PAD_VALUES = {"msa": GAP, "template_restype": GAP, "restype": GAP,
-               **{spec.name: -1 for spec in SAMPLE_FEATURES if spec.points_to and spec.name != "atom_to_token"}}
+_PAD_VALUES = {
+    "msa": GAP,
+    "template_restype": GAP,
+    "restype": GAP,
+    **{spec.name: -1 for spec in SAMPLE_FEATURES if spec.points_to and spec.name != "atom_to_token"},
+}
 
 # Axes that `collate` pads to the largest size in the batch, and the mask it adds for each.
 _PAD_MASKS = {
@@ -76,8 +81,10 @@ def stored_templates(manifest_targets: Mapping[str, Mapping[str, Any]], where: p
     """The most templates any record of a cache holds, from its manifest's index entries."""
     counts = [entry.get("num_templates") for entry in manifest_targets.values()]
     if any(count is None for count in counts):
-        raise ValueError(f"{where}: the manifest does not count templates per target (an older cache); "
-                         "give max_templates explicitly or rebuild the cache")
+        raise ValueError(
+            f"{where}: the manifest does not count templates per target (an older cache); "
+            "give max_templates explicitly or rebuild the cache"
+        )
     return max(counts, default=0)
 
 
@@ -238,17 +245,32 @@ class CacheDataset(torch.utils.data.Dataset):
                 if self.on_error == "raise":
                     raise
                 self.skipped += 1
-                log.warning("skipping damaged record %s in %s (%d skipped so far)", target_id, self.cache_dir,
-                            self.skipped)
+                log.warning(
+                    "skipping damaged record %s in %s (%d skipped so far)", target_id, self.cache_dir, self.skipped
+                )
                 continue
             focus = focus_chains if offset == 0 else ()  # a replacement record has other chains
-            return crop_sample(target_id, arrays, self.sample, epoch, position if seed_index is None else seed_index,
-                               focus, resolution=meta.get("resolution"))
+            return crop_sample(
+                target_id,
+                arrays,
+                self.sample,
+                epoch,
+                position if seed_index is None else seed_index,
+                focus,
+                resolution=meta.get("resolution"),
+            )
         raise CorruptRecordError(None, str(self.cache_dir), f"all {len(self)} records are damaged")
 
 
-def crop_sample(target_id: str, arrays: dict[str, np.ndarray], sample: SampleConfig, epoch: int,
-                index: int, focus_chains: tuple[int, ...] = (), resolution: float | None = None) -> dict:
+def crop_sample(
+    target_id: str,
+    arrays: dict[str, np.ndarray],
+    sample: SampleConfig,
+    epoch: int,
+    index: int,
+    focus_chains: tuple[int, ...] = (),
+    resolution: float | None = None,
+) -> dict:
     """One training sample from a whole record (or the same arrays with a dense msa /
     deletion_matrix), drawn from (seed, epoch, index): MSA rows subsampled, templates sampled per chain, tokens cropped in a mode drawn by
     `crop_mode_probs` around `focus_chains` (the asym_ids of the sampled chain or interface),
@@ -257,8 +279,12 @@ def crop_sample(target_id: str, arrays: dict[str, np.ndarray], sample: SampleCon
     "resolution" is the record's (Angstrom; NaN where it has none), for the confidence losses."""
     rng = np.random.default_rng([sample.seed, epoch, index])
     msa_rows, cycle_rows = cropping.msa_cycle_rows(
-        arrays["msa_species"].shape[0], sample.msa_rows_per_sample, sample.msa_cycle_draws, rng,
-        np.random.default_rng([sample.seed, epoch, index, _MSA_CYCLE_STREAM]))
+        arrays["msa_species"].shape[0],
+        sample.msa_rows_per_sample,
+        sample.msa_cycle_draws,
+        rng,
+        np.random.default_rng([sample.seed, epoch, index, _MSA_CYCLE_STREAM]),
+    )
     arrays = dict(arrays, msa_species=arrays["msa_species"][msa_rows], msa_is_paired=arrays["msa_is_paired"][msa_rows])
     if "msa_block" not in arrays:  # dense msa / deletion_matrix (benchmarks/loader.py's npy.gz layout)
         arrays["msa"], arrays["deletion_matrix"] = arrays["msa"][msa_rows], arrays["deletion_matrix"][msa_rows]
@@ -277,8 +303,13 @@ def crop_sample(target_id: str, arrays: dict[str, np.ndarray], sample: SampleCon
     permutations = atom_permutations(arrays)  # from the stored frame: its symmetry cache keys on ref_pos
     if sample.augment_conformers:
         conformer_rng = np.random.default_rng([sample.seed, epoch, index, _CONFORMER_STREAM])
-        arrays["ref_pos"] = augment_reference_conformers(arrays["ref_pos"], arrays["ref_space_uid"], arrays["ref_mask"],
-                                                         conformer_rng, sample.conformer_translation_std)
+        arrays["ref_pos"] = augment_reference_conformers(
+            arrays["ref_pos"],
+            arrays["ref_space_uid"],
+            arrays["ref_mask"],
+            conformer_rng,
+            sample.conformer_translation_std,
+        )
     sample = {name: _to_torch(name, arrays[name]) for name in FEATURES_BY_NAME}
     sample["atom_permutations"] = _to_torch("atom_permutations", permutations)
     sample["msa_cycle_rows"] = _to_torch("msa_cycle_rows", cycle_rows)
@@ -327,8 +358,10 @@ def collate(samples: list[dict], pad_to: Mapping[str, int] | None = None) -> dic
                 size = max(sample[spec.name].shape[dim] for sample in samples)
                 if axis in pad_to and size > pad_to[axis]:
                     sample = max(samples, key=lambda s: s[spec.name].shape[dim])
-                    raise ValueError(f"collate: {sample['id']} has {size} along {axis!r} ({spec.name}), more than "
-                                     f"the fixed size {pad_to[axis]}")
+                    raise ValueError(
+                        f"collate: {sample['id']} has {size} along {axis!r} ({spec.name}), more than "
+                        f"the fixed size {pad_to[axis]}"
+                    )
                 max_sizes[axis] = max(max_sizes.get(axis, 0), size)
     batch: dict = {}
     for spec in specs:
@@ -342,6 +375,7 @@ def collate(samples: list[dict], pad_to: Mapping[str, int] | None = None) -> dic
             mask[row, : sample[probe].shape[dim]] = True
         batch[mask_name] = mask
     batch["id"] = [sample["id"] for sample in samples]
-    batch["resolution"] = torch.stack([torch.as_tensor(sample.get("resolution", math.nan), dtype=torch.float32)
-                                       for sample in samples])
+    batch["resolution"] = torch.stack(
+        [torch.as_tensor(sample.get("resolution", math.nan), dtype=torch.float32) for sample in samples]
+    )
     return batch

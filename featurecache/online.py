@@ -27,9 +27,14 @@ class OnlineDataset(torch.utils.data.Dataset):
     Bad folders raise ValueError naming the folder and what is wrong with it.
     """
 
-    def __init__(self, inputs_dir: str | os.PathLike, alignments_dir: str | os.PathLike | None = None,
-                 template_dir: str | os.PathLike | None = None, sample: SampleConfig | None = None,
-                 **sample_settings) -> None:
+    def __init__(
+        self,
+        inputs_dir: str | os.PathLike,
+        alignments_dir: str | os.PathLike | None = None,
+        template_dir: str | os.PathLike | None = None,
+        sample: SampleConfig | None = None,
+        **sample_settings,
+    ) -> None:
         self.sample = sample_config(sample, sample_settings, "OnlineDataset")
         inputs_dir = pathlib.Path(inputs_dir)
         for role, folder in (("inputs", inputs_dir), ("alignments", alignments_dir), ("templates", template_dir)):
@@ -73,6 +78,5 @@ class OnlineDataset(torch.utils.data.Dataset):
         if self._alignments is None and self.alignments_dir is not None:
             self._alignments = AlignmentIndex(self.alignments_dir)
         epoch, index = item if isinstance(item, tuple) else (self.epoch, item)
-        arrays, meta = featurize_from_files(self.paths[index], self._alignments, self.feature_config,
-                                            self.template_dir)
+        arrays, meta = featurize_from_files(self.paths[index], self._alignments, self.feature_config, self.template_dir)
         return crop_sample(self.ids[index], arrays, self.sample, epoch, index, resolution=meta.get("resolution"))

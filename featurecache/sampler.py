@@ -26,7 +26,8 @@ each Draw (CacheDataset.__getitem__) or (epoch, index) pair.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -71,8 +72,12 @@ class SamplingTable:
                 focus.append(tuple(int(asym_id) for asym_id in interface["chains"]))
                 weights.append(float(interface["weight"]))
         weights_array = np.asarray(weights, dtype=np.float64)
-        if weights_array.size == 0 or not np.isfinite(weights_array).all() or (weights_array < 0).any() \
-                or weights_array.sum() <= 0:
+        if (
+            weights_array.size == 0
+            or not np.isfinite(weights_array).all()
+            or (weights_array < 0).any()
+            or weights_array.sum() <= 0
+        ):
             raise ValueError(f"no positive sampling weights over {len(ids)} targets (weights must be finite and >= 0)")
         return cls(tuple(ids), np.asarray(item_targets, dtype=np.int64), tuple(focus), weights_array)
 
@@ -117,9 +122,18 @@ class GlobalOrderSampler(torch.utils.data.Sampler):
     """This rank's micro-batches, step after step and epoch after epoch, from (start_epoch,
     start_sample); `epochs` epochs or without end. Subclasses give each epoch's order."""
 
-    def __init__(self, samples_per_epoch: int, batch_size: int, rank: int, world_size: int, seed: int,
-                 start_epoch: int = 0, start_sample: int = 0, epochs: int | None = None,
-                 accumulate: int = 1) -> None:
+    def __init__(
+        self,
+        samples_per_epoch: int,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        start_epoch: int = 0,
+        start_sample: int = 0,
+        epochs: int | None = None,
+        accumulate: int = 1,
+    ) -> None:
         if samples_per_epoch == 0:
             raise ValueError("the dataset is empty")
         if not 0 <= rank < world_size:
@@ -148,7 +162,7 @@ class GlobalOrderSampler(torch.utils.data.Sampler):
                 start = first + step * layout.global_batch
                 for micro in range(layout.accumulate):
                     offset = start + layout.slot(self.rank, micro) * batch
-                    yield order[offset:offset + batch]
+                    yield order[offset : offset + batch]
             epoch, first = epoch + 1, 0
 
 
@@ -168,14 +182,35 @@ class WeightedSampler(GlobalOrderSampler):
     long (None: one draw per target), each Draw's position (which seeds its crop) being its place
     in that stream."""
 
-    def __init__(self, table: SamplingTable, batch_size: int = 1, rank: int = 0, world_size: int = 1, seed: int = 0,
-                 start_epoch: int = 0, start_sample: int = 0, epochs: int | None = None, accumulate: int = 1,
-                 samples_per_epoch: int | None = None) -> None:
-        super().__init__(len(table.ids) if samples_per_epoch is None else samples_per_epoch, batch_size, rank,
-                         world_size, seed, start_epoch, start_sample, epochs, accumulate)
+    def __init__(
+        self,
+        table: SamplingTable,
+        batch_size: int = 1,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        start_epoch: int = 0,
+        start_sample: int = 0,
+        epochs: int | None = None,
+        accumulate: int = 1,
+        samples_per_epoch: int | None = None,
+    ) -> None:
+        super().__init__(
+            len(table.ids) if samples_per_epoch is None else samples_per_epoch,
+            batch_size,
+            rank,
+            world_size,
+            seed,
+            start_epoch,
+            start_sample,
+            epochs,
+            accumulate,
+        )
         self.table = table
 
     def epoch_order(self, epoch: int) -> list[Draw]:
         items = self.table.epoch_items(self.seed, epoch, self.samples_per_epoch)
-        return [Draw(epoch, position, int(self.table.targets[item]), self.table.focus_chains[item])
-                for position, item in enumerate(items.tolist())]
+        return [
+            Draw(epoch, position, int(self.table.targets[item]), self.table.focus_chains[item])
+            for position, item in enumerate(items.tolist())
+        ]

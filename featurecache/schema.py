@@ -69,11 +69,37 @@ TABLES = (MSA_TABLE, FEATURES_TABLE, ERRORS_TABLE, CONFORMERS_TABLE)
 
 # AF3's 32 residue classes: 20 amino acids + unknown, 4 RNA + unknown, 4 DNA + unknown, gap.
 RESTYPES = (
-    "ALA", "ARG", "ASN", "ASP", "CYS", "GLN", "GLU", "GLY", "HIS", "ILE",
-    "LEU", "LYS", "MET", "PHE", "PRO", "SER", "THR", "TRP", "TYR", "VAL",
+    "ALA",
+    "ARG",
+    "ASN",
+    "ASP",
+    "CYS",
+    "GLN",
+    "GLU",
+    "GLY",
+    "HIS",
+    "ILE",
+    "LEU",
+    "LYS",
+    "MET",
+    "PHE",
+    "PRO",
+    "SER",
+    "THR",
+    "TRP",
+    "TYR",
+    "VAL",
     "UNK",
-    "A", "G", "C", "U", "N",
-    "DA", "DG", "DC", "DT", "DN",
+    "A",
+    "G",
+    "C",
+    "U",
+    "N",
+    "DA",
+    "DG",
+    "DC",
+    "DT",
+    "DN",
     "GAP",
 )
 NUM_RESTYPES = len(RESTYPES)  # 32
@@ -112,40 +138,82 @@ FEATURES: tuple[ArraySpec, ...] = (
     _spec("is_rna", np.bool_, ["token"], "token belongs to an RNA chain"),
     _spec("is_dna", np.bool_, ["token"], "token belongs to a DNA chain"),
     _spec("is_ligand", np.bool_, ["token"], "token is a ligand / ion / non-polymer atom"),
-    _spec("token_center_pos", np.float32, ["token", 3], "ground-truth centre atom (CA, C1', or the atom itself), Angstrom"),
+    _spec(
+        "token_center_pos", np.float32, ["token", 3], "ground-truth centre atom (CA, C1', or the atom itself), Angstrom"
+    ),
     _spec("token_center_mask", np.bool_, ["token"], "centre atom resolved"),
-    _spec("distogram_atom_index", np.int32, ["token"],
-          "AF3's distogram / pseudo-beta atom: CB (CA for glycine), C4 of purines, C2 of pyrimidines, "
-          "C1' of an unknown nucleotide, a per-atom token's own atom", "atom"),
-    _spec("frame_atom_index", np.int32, ["token", 3],
-          "frame atoms (a, b, c): N, CA, C; C1', C3', C4'; per-atom tokens: nearest, itself, second nearest "
-          "atom of its residue in the reference conformer; -1 x 3 without a frame (AF3 4.3.2)", "atom"),
-    _spec("token_bonds", np.int32, ["token_bond", 2],
-          "bonded token pairs (i < j): polymer-ligand and ligand-ligand bonds (CCD bonds inside ligands and "
-          "modified residues, _struct_conn covalent links with a ligand atom), none over 2.4 A (AF3 2.8)", "token"),
+    _spec(
+        "distogram_atom_index",
+        np.int32,
+        ["token"],
+        "AF3's distogram / pseudo-beta atom: CB (CA for glycine), C4 of purines, C2 of pyrimidines, "
+        "C1' of an unknown nucleotide, a per-atom token's own atom",
+        "atom",
+    ),
+    _spec(
+        "frame_atom_index",
+        np.int32,
+        ["token", 3],
+        "frame atoms (a, b, c): N, CA, C; C1', C3', C4'; per-atom tokens: nearest, itself, second nearest "
+        "atom of its residue in the reference conformer; -1 x 3 without a frame (AF3 4.3.2)",
+        "atom",
+    ),
+    _spec(
+        "token_bonds",
+        np.int32,
+        ["token_bond", 2],
+        "bonded token pairs (i < j): polymer-ligand and ligand-ligand bonds (CCD bonds inside ligands and "
+        "modified residues, _struct_conn covalent links with a ligand atom), none over 2.4 A (AF3 2.8)",
+        "token",
+    ),
     # --- atom level --------------------------------------------------------------------
     _spec("atom_to_token", np.int32, ["atom"], "token index of each atom", "token"),
     _spec("atom_pos", np.float32, ["atom", 3], "ground-truth position, Angstrom (0 where atom_mask is False)"),
     _spec("atom_mask", np.bool_, ["atom"], "atom resolved in the experiment (present with occupancy > 0)"),
-    _spec("ref_pos", np.float32, ["atom", 3],
-          "reference conformer of the atom's component (RDKit, else CCD ideal / model coordinates), Angstrom"),
-    _spec("ref_mask", np.bool_, ["atom"],
-          "the atom has a reference position (AF3's 'atom slot used' is atom_pad_mask after collate: a record "
-          "has no empty slots)"),
+    _spec(
+        "ref_pos",
+        np.float32,
+        ["atom", 3],
+        "reference conformer of the atom's component (RDKit, else CCD ideal / model coordinates), Angstrom",
+    ),
+    _spec(
+        "ref_mask",
+        np.bool_,
+        ["atom"],
+        "the atom has a reference position (AF3's 'atom slot used' is atom_pad_mask after collate: a record "
+        "has no empty slots)",
+    ),
     _spec("ref_element", np.int8, ["atom"], "atomic number from the CCD (0 = unknown element)"),
     _spec("ref_charge", np.int8, ["atom"], "formal charge from the CCD"),
-    _spec("ref_atom_name_chars", np.uint8, ["atom", 4], "atom name as AF3 encodes it: ord(c) - 32 per character, padded"),
+    _spec(
+        "ref_atom_name_chars", np.uint8, ["atom", 4], "atom name as AF3 encodes it: ord(c) - 32 per character, padded"
+    ),
     _spec("ref_space_uid", np.int32, ["atom"], "reference space: one id per (chain, residue) instance, 0-based"),
     # --- MSA (msa and deletion_matrix: the sample's; the record stores MSA_STORAGE) -----------
     _spec("msa", np.int8, ["msa", "token"], "MSA class per position (RESTYPES index, GAP for gaps)"),
-    _spec("deletion_matrix", np.uint8, ["msa", "token"], "number of deleted residues before each position (clipped at 255)"),
+    _spec(
+        "deletion_matrix",
+        np.uint8,
+        ["msa", "token"],
+        "number of deleted residues before each position (clipped at 255)",
+    ),
     _spec("msa_species", np.int32, ["msa"], "species id per row for pairing (0 = unknown / unpaired)"),
     _spec("msa_is_paired", np.bool_, ["msa"], "row was paired across chains by species"),
     _spec("msa_profile", np.float32, ["token", NUM_RESTYPES], "class distribution over all MSA rows"),
     _spec("deletion_mean", np.float32, ["token"], "mean deletion count over all MSA rows"),
     # --- templates ---------------------------------------------------------------------
-    _spec("template_count", np.int16, ["token"], "template rows holding templates of this token's chain (rows 0..count-1, best hit first; 0 for non-protein chains)"),
-    _spec("template_restype", np.int8, ["template", "token"], "template residue class aligned to the target (GAP where unaligned)"),
+    _spec(
+        "template_count",
+        np.int16,
+        ["token"],
+        "template rows holding templates of this token's chain (rows 0..count-1, best hit first; 0 for non-protein chains)",
+    ),
+    _spec(
+        "template_restype",
+        np.int8,
+        ["template", "token"],
+        "template residue class aligned to the target (GAP where unaligned)",
+    ),
     _spec("template_backbone_pos", np.float32, ["template", "token", 3, 3], "template N, CA, C positions"),
     _spec("template_backbone_mask", np.bool_, ["template", "token", 3], "template N, CA, C present"),
     _spec("template_pseudo_beta_pos", np.float32, ["template", "token", 3], "template CB (CA for glycine) position"),
@@ -163,19 +231,42 @@ DENSE_MSA = ("msa", "deletion_matrix")
 # token columns of every chain of entity e, stored row msa_row_source[r, e] (GAP / 0 where -1).
 # Row 0, the query, is `restype` itself.
 MSA_STORAGE: tuple[ArraySpec, ...] = (
-    _spec("msa_block", np.int8, ["msa_block_row", "msa_block_column"],
-          "stored MSA rows of every entity (RESTYPES index), in its residue columns, GAP past its width"),
+    _spec(
+        "msa_block",
+        np.int8,
+        ["msa_block_row", "msa_block_column"],
+        "stored MSA rows of every entity (RESTYPES index), in its residue columns, GAP past its width",
+    ),
     _spec("msa_block_deletion_count", np.int32, ["msa_block_row"], "non-zero deletion counts of each stored row"),
-    _spec("msa_block_deletion_column", np.int32, ["msa_deletion"],
-          "column of each non-zero deletion count, stored rows in order", "msa_block_column"),
+    _spec(
+        "msa_block_deletion_column",
+        np.int32,
+        ["msa_deletion"],
+        "column of each non-zero deletion count, stored rows in order",
+        "msa_block_column",
+    ),
     _spec("msa_block_deletion_value", np.uint8, ["msa_deletion"], "the non-zero deletion counts (clipped at 255)"),
-    _spec("msa_row_source", np.int32, ["msa", "msa_entity"],
-          "stored row each assembled row shows in each entity's columns (-1: gaps; row 0 is the query)",
-          "msa_block_row"),
-    _spec("msa_token_entity", np.int32, ["token"], "the token's entity among msa_row_source's (-1: gaps but the query)",
-          "msa_entity"),
-    _spec("msa_token_column", np.int32, ["token"], "the token's residue column in its entity's stored rows",
-          "msa_block_column"),
+    _spec(
+        "msa_row_source",
+        np.int32,
+        ["msa", "msa_entity"],
+        "stored row each assembled row shows in each entity's columns (-1: gaps; row 0 is the query)",
+        "msa_block_row",
+    ),
+    _spec(
+        "msa_token_entity",
+        np.int32,
+        ["token"],
+        "the token's entity among msa_row_source's (-1: gaps but the query)",
+        "msa_entity",
+    ),
+    _spec(
+        "msa_token_column",
+        np.int32,
+        ["token"],
+        "the token's residue column in its entity's stored rows",
+        "msa_block_column",
+    ),
 )
 
 # Arrays stored as independent zstd frames of this many rows (store.codec), so a reader decodes
@@ -192,12 +283,22 @@ ARRAYS_BY_NAME = {spec.name: spec for spec in (*FEATURES, *MSA_STORAGE)}
 # stores them, so adding one changes no SCHEMA_VERSION. `collate` batches them as FEATURES.
 MAX_ATOM_PERMUTATIONS = 16  # symmetries kept per residue or ligand (fewest atoms moved first)
 LOAD_TIME_FEATURES: tuple[ArraySpec, ...] = (
-    _spec("atom_permutations", np.int32, ["atom", MAX_ATOM_PERMUTATIONS],
-          "the atom whose position each atom takes under its residue's k-th symmetric relabelling (AF3 SI 4.2: "
-          "carboxylates, aromatic rings, a ligand's automorphisms; features.symmetry); -1 past its count", "atom"),
-    _spec("msa_cycle_rows", np.int32, ["msa_cycle", "msa_cycle_row"],
-          "the MSA rows (positions on the msa axis) recycling cycle c mod msa_cycle reads, AF3's fresh draw per "
-          "cycle (SampleConfig.msa_cycle_draws x msa_rows_per_sample); -1 past a shallow MSA's depth", "msa"),
+    _spec(
+        "atom_permutations",
+        np.int32,
+        ["atom", MAX_ATOM_PERMUTATIONS],
+        "the atom whose position each atom takes under its residue's k-th symmetric relabelling (AF3 SI 4.2: "
+        "carboxylates, aromatic rings, a ligand's automorphisms; features.symmetry); -1 past its count",
+        "atom",
+    ),
+    _spec(
+        "msa_cycle_rows",
+        np.int32,
+        ["msa_cycle", "msa_cycle_row"],
+        "the MSA rows (positions on the msa axis) recycling cycle c mod msa_cycle reads, AF3's fresh draw per "
+        "cycle (SampleConfig.msa_cycle_draws x msa_rows_per_sample); -1 past a shallow MSA's depth",
+        "msa",
+    ),
 )
 SAMPLE_FEATURES = FEATURES + LOAD_TIME_FEATURES
 
@@ -219,15 +320,14 @@ METADATA_FIELDS = {
     "conformer_codes": "CCD codes whose reference conformers ref_pos holds (keys of the conformers table)",
     "msa_depth": "M",
     "num_templates": "T: template rows stored, the most templates any chain holds (a sample uses up to SampleConfig.max_templates per chain)",
-    "warnings": "list of warning strings (e.g. chain with no alignment; an input file cut short: "
-                "contains CUT_SHORT)",
+    "warnings": "list of warning strings (e.g. chain with no alignment; an input file cut short: contains CUT_SHORT)",
     "template_names": "templates stored, '<chain id>:<pdb id>_<chain>', in template row order per chain",
     "template_release_dates": "each stored template's release date (ISO, or None), in template_names' order",
     "template_hits_without_coordinates": "template hits skipped because their structure was not available",
     "modified_residues": "per chain, [1-based position, CCD code] of each polymer residue that is not the standard "
-                         "residue of its sequence letter (modified, non-standard); [] for ligand chains",
+    "residue of its sequence letter (modified, non-standard); [] for ligand chains",
     "ligand_bonds": "the input's covalent bonds that token_bonds holds (each touches a ligand), as "
-                    "[[chain id, 0-based residue index, atom name], [...]] pairs",
+    "[[chain id, 0-based residue index, atom name], [...]] pairs",
 }
 
 
@@ -249,6 +349,4 @@ def check_record(arrays: dict, where: str = "record", specs: tuple[ArraySpec, ..
                 if size != axis:
                     raise ValueError(f"{where}: {spec.name} has shape {value.shape}, expected axes {spec.axes}")
             elif sizes.setdefault(axis, size) != size:
-                raise ValueError(
-                    f"{where}: {spec.name} has {axis} size {size}, other arrays have {sizes[axis]}"
-                )
+                raise ValueError(f"{where}: {spec.name} has {axis} size {size}, other arrays have {sizes[axis]}")

@@ -4,8 +4,11 @@ import sys
 import warnings
 
 if __name__ == "__main__":
-    warnings.warn("`python -m featurecache.train` is deprecated: use `python -m featurecache.training`",
-                  DeprecationWarning, stacklevel=1)
+    warnings.warn(
+        "`python -m featurecache.train` is deprecated: use `python -m featurecache.training`",
+        DeprecationWarning,
+        stacklevel=1,
+    )
     print("featurecache: `-m featurecache.train` is deprecated, use `-m featurecache.training`", file=sys.stderr)
     from featurecache.training.command import train_command
 

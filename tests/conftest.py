@@ -21,8 +21,9 @@ if not _has_cuda:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # ../shared/data beside the checkout; FC_SHARED_DATA points elsewhere (a GPU machine's copy)
-SHARED_DATA = pathlib.Path(os.environ.get("FC_SHARED_DATA")
-                           or pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data")
+SHARED_DATA = pathlib.Path(
+    os.environ.get("FC_SHARED_DATA") or pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
+)
 
 
 def _require_shared_data() -> pathlib.Path:
@@ -63,14 +64,16 @@ def sample_cache(tmp_path_factory, shared_data) -> pathlib.Path:
     from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 
     cache_dir = tmp_path_factory.mktemp("sample-cache") / "cache"
-    summary = precompute(PrecomputeOptions(
-        inputs=[shared_data / "structures"],
-        cache_dir=cache_dir,
-        alignments_dir=shared_data / "alignments",
-        template_dir=shared_data / "templates" / "mmcif",
-        num_workers=2,
-        progress=False,
-    ))
+    summary = precompute(
+        PrecomputeOptions(
+            inputs=[shared_data / "structures"],
+            cache_dir=cache_dir,
+            alignments_dir=shared_data / "alignments",
+            template_dir=shared_data / "templates" / "mmcif",
+            num_workers=2,
+            progress=False,
+        )
+    )
     assert summary.failed == 0, summary.format()
     return cache_dir
 

@@ -25,8 +25,10 @@ _STANDARD = set("ACDEFGHIKLMNPQRSTVWY-")
 def _rows(text: str) -> list[str]:
     """Each record's aligned row (insertions dropped), non-standard letters as X (featurecache's
     residue classes, so rows compare across the tools' encodings)."""
-    return ["".join(letter if letter in _STANDARD else "X" for letter in re.sub("[a-z]", "", sequence))
-            for sequence in text.splitlines()[1::2]]
+    return [
+        "".join(letter if letter in _STANDARD else "X" for letter in re.sub("[a-z]", "", sequence))
+        for sequence in text.splitlines()[1::2]
+    ]
 
 
 def _paired_rows(chains: list[dict], paired: list[dict], texts: list[str]) -> list[tuple[str, ...]]:
@@ -50,12 +52,20 @@ def af3_paired_rows(texts: list[str]) -> list[tuple[str, ...]]:
     for number, text in enumerate(texts):
         msa, deletions = msa_features.extract_msa_features(text.splitlines()[1::2], "polypeptide(L)")
         species = msa_features.extract_species_ids(parse_a3m(text, f"chain {number}").descriptions)
-        chains.append({"chain_id": str(number), "msa_all_seq": msa, "deletion_matrix_all_seq": deletions,
-                       "msa_species_identifiers_all_seq": np.array(species, dtype=object),
-                       "msa": msa[:1], "deletion_matrix": deletions[:1],
-                       "msa_species_identifiers": np.array([""], dtype=object)})
-    paired = msa_pairing.create_paired_features(chains, MAX_PAIRED, {chain["chain_id"] for chain in chains},
-                                                MAX_PER_SPECIES)
+        chains.append(
+            {
+                "chain_id": str(number),
+                "msa_all_seq": msa,
+                "deletion_matrix_all_seq": deletions,
+                "msa_species_identifiers_all_seq": np.array(species, dtype=object),
+                "msa": msa[:1],
+                "deletion_matrix": deletions[:1],
+                "msa_species_identifiers": np.array([""], dtype=object),
+            }
+        )
+    paired = msa_pairing.create_paired_features(
+        chains, MAX_PAIRED, {chain["chain_id"] for chain in chains}, MAX_PER_SPECIES
+    )
     return _paired_rows(chains, paired, texts)
 
 
@@ -67,9 +77,15 @@ def protenix_paired_rows(texts: list[str]) -> list[tuple[str, ...]]:
     chains = []
     for number, text in enumerate(texts):
         features = RawMsa.from_a3m(text.splitlines()[1], PROTEIN_CHAIN, text, dedup=False).featurize()
-        chains.append({"chain_id": str(number), "msa_all_seq": features["msa"],
-                       "deletion_matrix_all_seq": features["deletion_matrix"],
-                       "msa_species_identifiers_all_seq": np.asarray(features["msa_species_identifiers"]).astype(str)})
-    paired = MSAPairingEngine.pair_chains_by_species(chains, MAX_PAIRED, {chain["chain_id"] for chain in chains},
-                                                     MAX_PER_SPECIES)
+        chains.append(
+            {
+                "chain_id": str(number),
+                "msa_all_seq": features["msa"],
+                "deletion_matrix_all_seq": features["deletion_matrix"],
+                "msa_species_identifiers_all_seq": np.asarray(features["msa_species_identifiers"]).astype(str),
+            }
+        )
+    paired = MSAPairingEngine.pair_chains_by_species(
+        chains, MAX_PAIRED, {chain["chain_id"] for chain in chains}, MAX_PER_SPECIES
+    )
     return _paired_rows(chains, paired, texts)

@@ -34,8 +34,16 @@ def test_fake_counting_equals_real_counting_part_by_part(benchmarks):
     assert real == fake
     assert sum(real[part] for part in flops.PARTS) == real["total"]
     # every part the step runs has matrix products
-    for part in ("trunk (Pairformer)", "MSA module", "templates", "diffusion transformer", "atom attention",
-                 "confidence head", "diffusion conditioning", "mini-rollout"):
+    for part in (
+        "trunk (Pairformer)",
+        "MSA module",
+        "templates",
+        "diffusion transformer",
+        "atom attention",
+        "confidence head",
+        "diffusion conditioning",
+        "mini-rollout",
+    ):
         assert real[part] > 0, part
     # a further recycling cycle is one more trunk forward: less than the whole step
     assert 0 < flops.count_cycle(config, shape) < real["total"]
@@ -43,12 +51,21 @@ def test_fake_counting_equals_real_counting_part_by_part(benchmarks):
 
 def test_the_headline_divides_the_counted_flops_by_the_step_time(benchmarks):
     _, records = benchmarks
-    rows = [{"benchmark": "flops", "metric": "TFLOP total", "date": "2026-12-05 00:00 UTC", "value": 100.0,
-             "shape": "full AF3 depth 48, diffusion batch 48, crop 384"}]
+    rows = [
+        {
+            "benchmark": "flops",
+            "metric": "TFLOP total",
+            "date": "2026-12-05 00:00 UTC",
+            "value": 100.0,
+            "shape": "full AF3 depth 48, diffusion batch 48, crop 384",
+        }
+    ]
     counted = records.counted_step_tflop(rows)
     shape = "training iteration, full AF3 depth 48, diffusion batch 48, crop 384"
     assert records.achieved(shape, "iteration ms", 1000.0, "NVIDIA H200", counted) == "100.0 (12.7 %)"
     assert records.achieved(shape, "iteration ms", 500.0, "other GPU", counted) == "200.0"
     assert records.achieved(shape, "peak GB", 10.0, "NVIDIA H200", counted) == "–"
-    assert records.achieved("training iteration, af3 depth 8, crop 384", "iteration ms", 300.0, "NVIDIA H200",
-                            counted) == "–"
+    assert (
+        records.achieved("training iteration, af3 depth 8, crop 384", "iteration ms", 300.0, "NVIDIA H200", counted)
+        == "–"
+    )

@@ -34,15 +34,39 @@ def protenix_peer():
 def run_train_step(tmp_path: pathlib.Path, *arguments: str, hide_protenix: bool = False) -> dict:
     """train_step.py --smoke --model af3 at crop 24 with only the given variants; its JSON."""
     out = tmp_path / "out"
-    argv = ["train_step.py", "--smoke", "--model", "af3", "--depth", "1", "--crop", "24", "--diffusion-batch", "2",
-            "--msa-rows", "8", "--templates", "1", "--block-lengths", "--no-checks", "--budget-s", "600",
-            "--out", str(out), *arguments]
+    argv = [
+        "train_step.py",
+        "--smoke",
+        "--model",
+        "af3",
+        "--depth",
+        "1",
+        "--crop",
+        "24",
+        "--diffusion-batch",
+        "2",
+        "--msa-rows",
+        "8",
+        "--templates",
+        "1",
+        "--block-lengths",
+        "--no-checks",
+        "--budget-s",
+        "600",
+        "--out",
+        str(out),
+        *arguments,
+    ]
     # sys.modules["protenix"] = None makes `import protenix` fail, as where it is not installed
     hide = "sys.modules['protenix'] = None; " if hide_protenix else ""
-    code = (f"import sys, runpy; {hide}"
-            f"sys.path.insert(0, {str(BENCHMARKS)!r}); sys.argv = {argv!r}; "
-            f"runpy.run_path({str(BENCHMARKS / 'train_step.py')!r}, run_name='__main__')")
-    completed = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
+    code = (
+        f"import sys, runpy; {hide}"
+        f"sys.path.insert(0, {str(BENCHMARKS)!r}); sys.argv = {argv!r}; "
+        f"runpy.run_path({str(BENCHMARKS / 'train_step.py')!r}, run_name='__main__')"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=900, check=False
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     return {"json": json.loads((out / "train_step.json").read_text()), "table": (out / "train_step.md").read_text()}
 
@@ -60,27 +84,56 @@ def protenix_shapes(tokens: int, atoms: int, rows: int, templates: int) -> dict:
     two template masks as its template featurizer gives them, pair masks [T, N, N]."""
     token, atom = (tokens,), (atoms,)
     return {
-        "residue_index": token, "token_index": token, "asym_id": token, "entity_id": token, "sym_id": token,
-        "restype": (tokens, 32), "entity_mol_id": atom, "mol_id": atom, "mol_atom_index": atom,
-        "ref_pos": (atoms, 3), "ref_mask": atom, "ref_element": (atoms, 128), "ref_charge": atom,
-        "ref_atom_name_chars": (atoms, 4, 64), "ref_space_uid": atom,
-        "msa": (rows, tokens), "has_deletion": (rows, tokens), "deletion_value": (rows, tokens),
-        "profile": (tokens, 32), "deletion_mean": token,
+        "residue_index": token,
+        "token_index": token,
+        "asym_id": token,
+        "entity_id": token,
+        "sym_id": token,
+        "restype": (tokens, 32),
+        "entity_mol_id": atom,
+        "mol_id": atom,
+        "mol_atom_index": atom,
+        "ref_pos": (atoms, 3),
+        "ref_mask": atom,
+        "ref_element": (atoms, 128),
+        "ref_charge": atom,
+        "ref_atom_name_chars": (atoms, 4, 64),
+        "ref_space_uid": atom,
+        "msa": (rows, tokens),
+        "has_deletion": (rows, tokens),
+        "deletion_value": (rows, tokens),
+        "profile": (tokens, 32),
+        "deletion_mean": token,
         "template_pseudo_beta_mask": (templates, tokens, tokens),
         "template_backbone_frame_mask": (templates, tokens, tokens),
-        "template_distogram": (templates, tokens, tokens, 39), "template_unit_vector": (templates, tokens, tokens, 3),
-        "token_bonds": (tokens, tokens), "is_protein": atom, "is_rna": atom, "is_dna": atom, "is_ligand": atom,
-        "distogram_rep_atom_mask": atom, "pae_rep_atom_mask": atom, "plddt_m_rep_atom_mask": atom,
-        "modified_res_mask": atom, "bond_mask": (atoms, atoms), "resolution": (1,),
-        "atom_to_token_idx": atom, "atom_to_tokatom_idx": atom, "is_distillation": (1,),
-        "coordinate": (atoms, 3), "coordinate_mask": atom, "has_frame": token, "frame_atom_index": (tokens, 3),
+        "template_distogram": (templates, tokens, tokens, 39),
+        "template_unit_vector": (templates, tokens, tokens, 3),
+        "token_bonds": (tokens, tokens),
+        "is_protein": atom,
+        "is_rna": atom,
+        "is_dna": atom,
+        "is_ligand": atom,
+        "distogram_rep_atom_mask": atom,
+        "pae_rep_atom_mask": atom,
+        "plddt_m_rep_atom_mask": atom,
+        "modified_res_mask": atom,
+        "bond_mask": (atoms, atoms),
+        "resolution": (1,),
+        "atom_to_token_idx": atom,
+        "atom_to_tokatom_idx": atom,
+        "is_distillation": (1,),
+        "coordinate": (atoms, 3),
+        "coordinate_mask": atom,
+        "has_frame": token,
+        "frame_atom_index": (tokens, 3),
     }
 
 
 def test_synthetic_example_has_protenix_shapes(protenix_peer):
     length, rows, templates, atoms_per_token = 20, 6, 2, 8
     features, labels, full_labels = protenix_peer.synthetic_example(
-        length, rows, templates, atoms_per_token, torch.Generator().manual_seed(0))
+        length, rows, templates, atoms_per_token, torch.Generator().manual_seed(0)
+    )
     atoms = (length - 2) * atoms_per_token + 2  # two one-atom ligand tokens
     for name, shape in protenix_shapes(length, atoms, rows, templates).items():
         value = features[name] if name in features else labels[name]

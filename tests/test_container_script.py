@@ -58,10 +58,12 @@ def test_dockerfile_installs_only_through_the_shared_script():
 
 def test_build_script_builds_the_dockerfile_and_installs_nothing_itself():
     text = BUILD_SCRIPT.read_text()
-    assert re.search(r"\bbuild\b[^\n]*-f \"\$REPO/docker/Dockerfile\"", text), \
+    assert re.search(r"\bbuild\b[^\n]*-f \"\$REPO/docker/Dockerfile\"", text), (
         "build_image.sh must build docker/Dockerfile (so both share the install script)"
-    commands = [line for line in text.splitlines()
-                if not line.lstrip().startswith("#") and "echo " not in line]   # not its help texts
+    )
+    commands = [
+        line for line in text.splitlines() if not line.lstrip().startswith("#") and "echo " not in line
+    ]  # not its help texts
     assert not [line for line in commands if _installs_something(line)]
 
 
@@ -70,7 +72,7 @@ def test_build_args_the_script_passes_are_declared_in_the_dockerfile():
     passed = set(re.findall(r"--build-arg\s+\"?([A-Z_]+)=", BUILD_SCRIPT.read_text()))
     assert passed, "build_image.sh passes no --build-arg"
     assert passed <= declared, f"undeclared build args: {sorted(passed - declared)}"
-    for name in ("BASE_IMAGE", "TORCH_SPEC"):   # what a CUDA user sets (docs/CONTAINER.md)
+    for name in ("BASE_IMAGE", "TORCH_SPEC"):  # what a CUDA user sets (docs/CONTAINER.md)
         assert name in declared
 
 

@@ -35,8 +35,13 @@ def _model_and_step(seed: int):
 @cuda_only
 def test_replays_match_eager_steps_on_new_inputs():
     generator = torch.Generator(device="cuda").manual_seed(3)
-    batches = [{"x": torch.randn(17, 24, device="cuda", generator=generator),
-                "y": torch.randn(17, 3, device="cuda", generator=generator)} for _ in range(7)]
+    batches = [
+        {
+            "x": torch.randn(17, 24, device="cuda", generator=generator),
+            "y": torch.randn(17, 3, device="cuda", generator=generator),
+        }
+        for _ in range(7)
+    ]
     eager_model, eager_step = _model_and_step(0)
     graph_model, graph_step = _model_and_step(0)
     captured = CapturedStep(graph_step, warmup_steps=2)

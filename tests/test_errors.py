@@ -37,15 +37,24 @@ def _command(error: Exception) -> click.Command:
     return load
 
 
-@pytest.mark.parametrize("error, line", [
-    (ShardTruncatedError(pathlib.Path("/caches/c/shard-00001.lmdb"), 4096, 8192),
-     "Error: /caches/c/shard-00001.lmdb: truncated to 4096 bytes, its pages reach byte 8192; "
-     "`featurecache verify --repair /caches/c` sets it aside and says what to rerun"),
-    (FileNotFoundError(2, "No such file or directory", "/caches/c/manifest.json"),
-     "Error: [Errno 2] No such file or directory: '/caches/c/manifest.json'"),
-    (ZeroDivisionError("division by zero"),
-     "Error: unexpected ZeroDivisionError: division by zero (run again with --debug for the traceback)"),
-])
+@pytest.mark.parametrize(
+    "error, line",
+    [
+        (
+            ShardTruncatedError(pathlib.Path("/caches/c/shard-00001.lmdb"), 4096, 8192),
+            "Error: /caches/c/shard-00001.lmdb: truncated to 4096 bytes, its pages reach byte 8192; "
+            "`featurecache verify --repair /caches/c` sets it aside and says what to rerun",
+        ),
+        (
+            FileNotFoundError(2, "No such file or directory", "/caches/c/manifest.json"),
+            "Error: [Errno 2] No such file or directory: '/caches/c/manifest.json'",
+        ),
+        (
+            ZeroDivisionError("division by zero"),
+            "Error: unexpected ZeroDivisionError: division by zero (run again with --debug for the traceback)",
+        ),
+    ],
+)
 def test_a_worker_error_is_its_own_one_line(error, line):
     result = CliRunner().invoke(_command(error), [])
     assert result.exit_code == EXIT_SETUP, result.output

@@ -85,7 +85,8 @@ def test_lddt_and_rmsd_by_hand():
     assert lddt(predicted, truth, np.arange(3)) == pytest.approx(expected)
     # atoms of one residue are not scored against each other
     assert lddt(predicted, truth, np.array([0, 0, 1])) == pytest.approx(
-        np.mean([np.mean([e < t for e in errors[1:]]) for t in (0.5, 1.0, 2.0, 4.0)]))
+        np.mean([np.mean([e < t for e in errors[1:]]) for t in (0.5, 1.0, 2.0, 4.0)])
+    )
     rotation = np.array([[0.0, -1, 0], [1, 0, 0], [0, 0, 1]])
     assert superposed_rmsd(truth @ rotation.T + 7.0, truth) < 1e-12
 

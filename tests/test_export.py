@@ -31,10 +31,17 @@ TARGET = "7a4d-assembly1"
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory, shared_data):
     cache_dir = tmp_path_factory.mktemp("export") / "cache"
-    summary = precompute(PrecomputeOptions(
-        inputs=[shared_data / "structures" / "7a4d-assembly1.cif"], cache_dir=cache_dir,
-        alignments_dir=shared_data / "alignments", template_dir=shared_data / "templates" / "mmcif",
-        executor="inline", progress=False, clustering=ClusteringConfig(enabled=False)))
+    summary = precompute(
+        PrecomputeOptions(
+            inputs=[shared_data / "structures" / "7a4d-assembly1.cif"],
+            cache_dir=cache_dir,
+            alignments_dir=shared_data / "alignments",
+            template_dir=shared_data / "templates" / "mmcif",
+            executor="inline",
+            progress=False,
+            clustering=ClusteringConfig(enabled=False),
+        )
+    )
     assert summary.stages["featurize"].done == 1, summary.format()
     with StoreReader(cache_dir) as reader:
         record = decode_record(reader.get("features", TARGET))
@@ -42,8 +49,11 @@ def cache(tmp_path_factory, shared_data):
 
 
 def _protein_chains(record):
-    return [(number, chain_id) for number, (chain_id, kind) in
-            enumerate(zip(record.meta["chain_ids"], record.meta["chain_types"]), start=1) if kind == "protein"]
+    return [
+        (number, chain_id)
+        for number, (chain_id, kind) in enumerate(zip(record.meta["chain_ids"], record.meta["chain_types"]), start=1)
+        if kind == "protein"
+    ]
 
 
 def test_a3m_rows_are_the_assembled_rows_query_first(cache, tmp_path):
@@ -71,8 +81,9 @@ def test_a3m_rows_are_the_assembled_rows_query_first(cache, tmp_path):
     first_of_entity = {}
     for number, chain_id in chains:
         first_of_entity.setdefault(int(entity[record.arrays["asym_id"] == number][0]), chain_id)
-    shows = np.stack([(parsed[chain_id].aligned[1:] != ord("-")).any(axis=1)
-                      for chain_id in first_of_entity.values()])  # [entity, row]
+    shows = np.stack(
+        [(parsed[chain_id].aligned[1:] != ord("-")).any(axis=1) for chain_id in first_of_entity.values()]
+    )  # [entity, row]
     paired = record.arrays["msa_is_paired"][1:]
     assert (shows[:, paired].sum(axis=0) >= 2).all()
     assert (shows[:, ~paired].sum(axis=0) == 1).all() and shows.any(axis=1).all()
@@ -86,8 +97,10 @@ def test_af3_json_follows_the_documented_input_format(cache, tmp_path):
     document = json.loads((out / f"{TARGET}.json").read_text())
     check_af3_input(document)
     proteins = [entry["protein"] for entry in document["sequences"] if "protein" in entry]
-    assert all(body["pairedMsa"] == "" and body["unpairedMsa"].count(">") == record.arrays["msa_row_source"].shape[0]
-               for body in proteins)
+    assert all(
+        body["pairedMsa"] == "" and body["unpairedMsa"].count(">") == record.arrays["msa_row_source"].shape[0]
+        for body in proteins
+    )
     parsed = read_af3_json(out / f"{TARGET}.json", TARGET)  # featurecache reads it back
     for number, chain_id in _protein_chains(record):
         tokens = np.flatnonzero(record.arrays["asym_id"] == number)
@@ -95,7 +108,8 @@ def test_af3_json_follows_the_documented_input_format(cache, tmp_path):
         assert len(parsed.templates.get(chain_id, ())) == stored
     assert sum(map(len, parsed.templates.values())) == sum(
         int(record.arrays["template_count"][record.arrays["asym_id"] == number].max(initial=0))
-        for number, _ in _protein_chains(record))
+        for number, _ in _protein_chains(record)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -109,10 +123,19 @@ def dimer_cache(tmp_path_factory, shared_data):
         records = (shared_data / "alignments" / "afdb" / name / "uniref90_hits.a3m").read_text().split("\n>")
         (folder / "alignments" / f"{name}.a3m").write_text("\n>".join(records[:1200]) + "\n")
         queries.append(records[0].split("\n")[1])
-    (folder / "dimer.fasta").write_text("".join(f">{chain} mol:protein\n{query}\n" for chain, query in zip("AB", queries)))
-    summary = precompute(PrecomputeOptions(
-        inputs=[folder / "dimer.fasta"], cache_dir=folder / "cache", alignments_dir=folder / "alignments",
-        executor="inline", progress=False, clustering=ClusteringConfig(enabled=False)))
+    (folder / "dimer.fasta").write_text(
+        "".join(f">{chain} mol:protein\n{query}\n" for chain, query in zip("AB", queries))
+    )
+    summary = precompute(
+        PrecomputeOptions(
+            inputs=[folder / "dimer.fasta"],
+            cache_dir=folder / "cache",
+            alignments_dir=folder / "alignments",
+            executor="inline",
+            progress=False,
+            clustering=ClusteringConfig(enabled=False),
+        )
+    )
     assert summary.stages["featurize"].done == 1, summary.format()
     with StoreReader(folder / "cache") as reader:
         record = decode_record(reader.get("features", "dimer"))
@@ -126,8 +149,9 @@ def test_boltz_csv_has_boltz_columns_and_pairs_by_key(dimer_cache, tmp_path):
     side by side itself). A paired row's key is its assembled row, the same in both chains."""
     cache_dir, record = dimer_cache
     for output_format in ("a3m", "boltz-csv"):
-        result = CliRunner().invoke(cli, ["export", str(cache_dir), "dimer", "--format", output_format,
-                                          "--out", str(tmp_path / output_format)])
+        result = CliRunner().invoke(
+            cli, ["export", str(cache_dir), "dimer", "--format", output_format, "--out", str(tmp_path / output_format)]
+        )
         assert result.exit_code == 0, result.output
     paired = record.arrays["msa_is_paired"]
     assert sorted(path.name for path in (tmp_path / "boltz-csv" / "dimer").iterdir()) == ["A.csv", "B.csv"]
@@ -152,8 +176,9 @@ def test_boltz_csv_has_boltz_columns_and_pairs_by_key(dimer_cache, tmp_path):
 
 def test_unknown_key_is_one_line_and_exit_2(cache, tmp_path):
     cache_dir, _ = cache
-    result = CliRunner().invoke(cli, ["export", str(cache_dir), TARGET, "nope", "--format", "a3m",
-                                      "--out", str(tmp_path / "o")])
+    result = CliRunner().invoke(
+        cli, ["export", str(cache_dir), TARGET, "nope", "--format", "a3m", "--out", str(tmp_path / "o")]
+    )
     assert result.exit_code == 2 and "'nope'" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "o").exists()  # nothing written when a key is missing
 
@@ -165,16 +190,23 @@ def test_a_record_from_before_schema_4_is_one_line_asking_for_precompute(cache, 
     cache_dir, record = cache
     old_cache = tmp_path / "cache"
     shutil.copytree(cache_dir, old_cache)
-    meta = {name: value for name, value in record.meta.items()
-            if name not in ("modified_residues", "ligand_bonds", "template_release_dates")}
+    meta = {
+        name: value
+        for name, value in record.meta.items()
+        if name not in ("modified_residues", "ligand_bonds", "template_release_dates")
+    }
     writer = StoreWriter(old_cache, StoreConfig(num_shards=read_manifest(old_cache).num_shards))
     try:
-        writer.put("features", TARGET, encode_record(TARGET, dict(record.arrays), meta, record.fingerprint,
-                                                     record.input_hash, 3, 0))
+        writer.put(
+            "features",
+            TARGET,
+            encode_record(TARGET, dict(record.arrays), meta, record.fingerprint, record.input_hash, 3, 0),
+        )
     finally:
         writer.close()
-    result = CliRunner().invoke(cli, ["export", str(old_cache), TARGET, "--format", output_format,
-                                      "--out", str(tmp_path / "o")])
+    result = CliRunner().invoke(
+        cli, ["export", str(old_cache), TARGET, "--format", output_format, "--out", str(tmp_path / "o")]
+    )
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert f"record '{TARGET}' (schema version 3) lacks modified_residues" in result.output
     assert "rerun `featurecache precompute`" in result.output and not (tmp_path / "o").exists()

@@ -31,15 +31,29 @@ from featurecache.testing.boltz_inputs import parse_boltz_input, parse_boltz_msa
 from featurecache.testing.protenix_inputs import protenix_features, residue_names
 from tests.precompute.test_search_command import check_af3_input
 
-STRUCTURES = ("structures/209d-assembly1.cif", "structures/721p-assembly1.cif", "structures/7a4d-assembly1.cif",
-              "structures/2q2k.cif", "structures/AF-P01112-F1-model_v4.cif.gz", "bonded/1igy.cif",
-              "bonded/1ncb.cif", "bonded/5h73.cif")
+STRUCTURES = (
+    "structures/209d-assembly1.cif",
+    "structures/721p-assembly1.cif",
+    "structures/7a4d-assembly1.cif",
+    "structures/2q2k.cif",
+    "structures/AF-P01112-F1-model_v4.cif.gz",
+    "bonded/1igy.cif",
+    "bonded/1ncb.cif",
+    "bonded/5h73.cif",
+)
 KEYS = tuple(path.split("/")[1].split(".")[0].lower() for path in STRUCTURES)
 
 
 def _precompute(inputs, cache_dir):
-    summary = precompute(PrecomputeOptions(inputs=list(inputs), cache_dir=cache_dir, executor="inline",
-                                           progress=False, clustering=ClusteringConfig(enabled=False)))
+    summary = precompute(
+        PrecomputeOptions(
+            inputs=list(inputs),
+            cache_dir=cache_dir,
+            executor="inline",
+            progress=False,
+            clustering=ClusteringConfig(enabled=False),
+        )
+    )
     assert summary.stages["featurize"].done == len(inputs), summary.format()
     with StoreReader(cache_dir) as reader:
         return {key: decode_record(reader.get(schema.FEATURES_TABLE, key)) for key in KEYS}
@@ -50,8 +64,9 @@ def exported(tmp_path_factory, shared_data):
     """Every structure precomputed, exported as AF3 JSON, and the JSON files precomputed again."""
     root = tmp_path_factory.mktemp("export_inputs")
     records = _precompute([shared_data / path for path in STRUCTURES], root / "cache")
-    result = CliRunner().invoke(cli, ["export", str(root / "cache"), *KEYS, "--format", "af3-json",
-                                      "--out", str(root / "af3")])
+    result = CliRunner().invoke(
+        cli, ["export", str(root / "cache"), *KEYS, "--format", "af3-json", "--out", str(root / "af3")]
+    )
     assert result.exit_code == 0, result.output
     again = _precompute([root / "af3" / f"{key}.json" for key in KEYS], root / "again")
     return root, records, again
@@ -66,8 +81,10 @@ def _chain_view(record, number: int) -> dict:
     arrays = record.arrays
     tokens = _chain_tokens(record, number)
     atoms = np.flatnonzero(np.isin(arrays["atom_to_token"], tokens))
-    view = {name: arrays[name][tokens] for name in ("restype", "residue_index", "is_protein", "is_rna", "is_dna",
-                                                    "is_ligand")}
+    view = {
+        name: arrays[name][tokens]
+        for name in ("restype", "residue_index", "is_protein", "is_rna", "is_dna", "is_ligand")
+    }
     view.update({name: arrays[name][atoms] for name in ("ref_atom_name_chars", "ref_element", "ref_charge")})
     view["atom_token"] = arrays["atom_to_token"][atoms] - tokens[0]
     return view
@@ -78,8 +95,10 @@ def _token_bonds(record, chain_names: dict[str, str]) -> set:
     arrays = record.arrays
     chain_ids = record.meta["chain_ids"]
     first = {number: _chain_tokens(record, number)[0] for number in range(1, len(chain_ids) + 1)}
-    ends = lambda token: (chain_names[chain_ids[arrays["asym_id"][token] - 1]],  # noqa: E731
-                          int(token - first[arrays["asym_id"][token]]))
+    ends = lambda token: (
+        chain_names[chain_ids[arrays["asym_id"][token] - 1]],  # noqa: E731
+        int(token - first[arrays["asym_id"][token]]),
+    )
     return {tuple(sorted((ends(i), ends(j)))) for i, j in arrays["token_bonds"]}
 
 
@@ -100,8 +119,9 @@ def test_af3_json_precomputed_again_gives_the_same_record(exported, key):
     assert record.meta["num_atoms"] == reread.meta["num_atoms"]
     assert _token_bonds(record, af3_ids) == _token_bonds(reread, {new: new for new in af3_ids.values()})
     # what the export is for: modified residues and bonds to ligands survive
-    assert reread.meta["modified_residues"] == [record.meta["modified_residues"][chain_ids.index(source)]
-                                                for source in _sources(reread, af3_ids)]
+    assert reread.meta["modified_residues"] == [
+        record.meta["modified_residues"][chain_ids.index(source)] for source in _sources(reread, af3_ids)
+    ]
     assert len(reread.meta["ligand_bonds"]) == len(record.meta["ligand_bonds"])
 
 
@@ -112,8 +132,7 @@ def _sources(reread, af3_ids):
 
 def test_the_samples_hold_every_kind_of_residue_export_must_keep(exported):
     _, records, _ = exported
-    modified = {code for record in records.values() for chain in record.meta["modified_residues"]
-                for _, code in chain}
+    modified = {code for record in records.values() for chain in record.meta["modified_residues"] for _, code in chain}
     # 2q2k's 5-iodo-dU, 209d's D-valine, sarcosine, N-methyl-valine and PXA, 7a4d's caps
     assert {"5IU", "DVA", "SAR", "MVA", "PXA"} <= modified
     assert sum(len(record.meta["ligand_bonds"]) for record in records.values()) > 20  # glycans of 1igy, 1ncb
@@ -135,8 +154,9 @@ def _residue_codes(record, number: int) -> list[str]:
 def test_protenix_parser_builds_the_record_from_the_protenix_json(exported, key, tmp_path, recwarn):
     root, records, _ = exported
     record = records[key]
-    result = CliRunner().invoke(cli, ["export", str(root / "cache"), key, "--format", "protenix-json",
-                                      "--out", str(tmp_path)])
+    result = CliRunner().invoke(
+        cli, ["export", str(root / "cache"), key, "--format", "protenix-json", "--out", str(tmp_path)]
+    )
     assert result.exit_code == 0, result.output
     document = json.loads((tmp_path / f"{key}.protenix.json").read_text())
     assert isinstance(document, list) and len(document) == 1  # Protenix: a non-empty top-level list of jobs
@@ -159,8 +179,9 @@ def test_protenix_parser_builds_the_record_from_the_protenix_json(exported, key,
 def test_boltz_parser_builds_the_residues_and_bonds_from_the_boltz_yaml(exported, key, tmp_path):
     root, records, _ = exported
     record = records[key]
-    result = CliRunner().invoke(cli, ["export", str(root / "cache"), key, "--format", "boltz-yaml",
-                                      "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(
+        cli, ["export", str(root / "cache"), key, "--format", "boltz-yaml", "--out", str(tmp_path / "out")]
+    )
     assert result.exit_code == 0, result.output
     path = tmp_path / "out" / f"{key}.yaml"
     target = parse_boltz_input(path, tmp_path)
@@ -168,7 +189,7 @@ def test_boltz_parser_builds_the_residues_and_bonds_from_the_boltz_yaml(exported
     af3_ids = renamed_chains(record.meta["chain_ids"])
     for number, chain_id in enumerate(record.meta["chain_ids"], start=1):
         (chain,) = [chain for chain in structure.chains if chain["name"] == af3_ids.get(chain_id, chain_id)]
-        residues = structure.residues[chain["res_idx"]:chain["res_idx"] + chain["res_num"]]
+        residues = structure.residues[chain["res_idx"] : chain["res_idx"] + chain["res_num"]]
         assert [str(name) for name in residues["name"]] == _residue_codes(record, number), chain_id
     covalent = structure.bonds["type"] == const.bond_type_ids["COVALENT"]  # the YAML's bond constraints
     assert covalent.sum() == len(record.meta["ligand_bonds"])

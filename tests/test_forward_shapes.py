@@ -17,8 +17,10 @@ def public_forwards():
         for cls in (node for node in tree.body if isinstance(node, ast.ClassDef) and not node.name.startswith("_")):
             for method in cls.body:
                 if isinstance(method, ast.FunctionDef) and method.name == "forward":
-                    yield f"{path.relative_to(PACKAGE.parent)}:{method.lineno} {cls.name}.forward", \
-                        ast.get_docstring(method) or ""
+                    yield (
+                        f"{path.relative_to(PACKAGE.parent)}:{method.lineno} {cls.name}.forward",
+                        ast.get_docstring(method) or "",
+                    )
 
 
 def test_the_scan_finds_the_modules():

@@ -38,10 +38,16 @@ def test_committed_entries_name_their_source_and_split(generalisation):
         assert low <= int(entry["polymer_residues"]) <= high, entry
         assert entry["split"] in ("train", "validation", "excluded") and entry["split_reason"], entry
     splits = [entry["split"] for entry in entries]
-    assert splits.count("train") >= generalisation.MIN_TRAIN and splits.count("validation") >= generalisation.MIN_VALIDATION
+    assert (
+        splits.count("train") >= generalisation.MIN_TRAIN
+        and splits.count("validation") >= generalisation.MIN_VALIDATION
+    )
     # a validation entry's reason names its clusters; no cluster it names is named by another
-    named = {entry["pdb_id"]: set(re.findall(r"\w+:[0-9a-f]+", entry["split_reason"]))
-             for entry in entries if entry["split"] == "validation"}
+    named = {
+        entry["pdb_id"]: set(re.findall(r"\w+:[0-9a-f]+", entry["split_reason"]))
+        for entry in entries
+        if entry["split"] == "validation"
+    }
     assert all(named.values())
     assert all(not clusters & other for key, clusters in named.items() for k, other in named.items() if k != key)
 
@@ -51,17 +57,35 @@ def test_split_keeps_linked_entries_together_and_mixes_the_held_out_kinds(genera
     monkeypatch.setattr(generalisation, "MIN_TRAIN", 2)
     monkeypatch.setattr(generalisation, "MIN_VALIDATION", 3)
     clusters = {  # a-b-c linked through shared clusters (c only through b), d..g alone; h not cached
-        "1aaa": {"protein:1"}, "1bbb": {"protein:1", "protein:2"}, "1ccc": {"protein:2"},
-        "1ddd": {"protein:4"}, "1eee": {"protein:5", "protein:6"}, "1fff": {"protein:7"}, "1ggg": {"dna:8"},
+        "1aaa": {"protein:1"},
+        "1bbb": {"protein:1", "protein:2"},
+        "1ccc": {"protein:2"},
+        "1ddd": {"protein:4"},
+        "1eee": {"protein:5", "protein:6"},
+        "1fff": {"protein:7"},
+        "1ggg": {"dna:8"},
     }
     assert sorted(map(sorted, generalisation.linked_groups(clusters))) == [
-        ["1aaa", "1bbb", "1ccc"], ["1ddd"], ["1eee"], ["1fff"], ["1ggg"]]
+        ["1aaa", "1bbb", "1ccc"],
+        ["1ddd"],
+        ["1eee"],
+        ["1fff"],
+        ["1ggg"],
+    ]
 
     def entry(pdb_id: str, chains: int, ligands: str) -> dict:
         return {"pdb_id": pdb_id, "polymer_chains": str(chains), "ligands": ligands, "split": "", "split_reason": ""}
 
-    entries = [entry("1aaa", 1, ""), entry("1bbb", 1, ""), entry("1ccc", 2, "HEM"), entry("1ddd", 1, ""),
-               entry("1eee", 2, ""), entry("1fff", 1, "ATP MG"), entry("1ggg", 2, "MG"), entry("1hhh", 1, "")]
+    entries = [
+        entry("1aaa", 1, ""),
+        entry("1bbb", 1, ""),
+        entry("1ccc", 2, "HEM"),
+        entry("1ddd", 1, ""),
+        entry("1eee", 2, ""),
+        entry("1fff", 1, "ATP MG"),
+        entry("1ggg", 2, "MG"),
+        entry("1hhh", 1, ""),
+    ]
     split = {item["pdb_id"]: item["split"] for item in generalisation.split(entries, clusters)}
     assert split["1hhh"] == "excluded"
     assert all(split[key] == "train" for key in ("1aaa", "1bbb", "1ccc"))  # linked: never held out in part

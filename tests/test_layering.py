@@ -45,12 +45,35 @@ ALLOWED = {
     "model": {"base", "kernels"},
     "training": {"base", "io", "store", "loader", "kernels", "model"},
     "prediction": {"base", "io", "chem", "store", "loader", "kernels", "model", "training"},
-    "integrations": {"base", "io", "chem", "features", "store", "loader", "kernels", "model", "training",
-                     "prediction"},
-    "testing": {"base", "io", "chem", "features", "store", "precompute", "loader", "kernels", "model", "training",
-                "prediction", "integrations"},
-    "top": {"base", "io", "chem", "features", "store", "precompute", "loader", "kernels", "model", "training",
-            "prediction", "integrations"},
+    "integrations": {"base", "io", "chem", "features", "store", "loader", "kernels", "model", "training", "prediction"},
+    "testing": {
+        "base",
+        "io",
+        "chem",
+        "features",
+        "store",
+        "precompute",
+        "loader",
+        "kernels",
+        "model",
+        "training",
+        "prediction",
+        "integrations",
+    },
+    "top": {
+        "base",
+        "io",
+        "chem",
+        "features",
+        "store",
+        "precompute",
+        "loader",
+        "kernels",
+        "model",
+        "training",
+        "prediction",
+        "integrations",
+    },
 }
 
 
@@ -174,8 +197,9 @@ def test_no_import_by_string():
                 if called.endswith("import_module") or called == "__import__":
                     found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {called}")
             elif isinstance(node, (ast.Import, ast.ImportFrom)) and any(
-                    alias.name == "import_module" or (alias.name == "importlib" and isinstance(node, ast.Import))
-                    for alias in node.names):
+                alias.name == "import_module" or (alias.name == "importlib" and isinstance(node, ast.Import))
+                for alias in node.names
+            ):
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: imports importlib")
     assert not found, "imports by string:\n" + "\n".join(found)
 
@@ -202,7 +226,7 @@ def test_no_import_cycles():
         stack.append(node)
         for target in sorted(graph.get(node, ())):
             if state.get(target) == 1:
-                cycle = stack[stack.index(target):] + [target]
+                cycle = stack[stack.index(target) :] + [target]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if target not in state:
                 visit(target)

@@ -51,7 +51,6 @@ def test_crops_are_reproducible_and_change_with_epoch(sample_cache):
     assert changed
 
 
-
 def test_epoch_index_pairs_equal_set_epoch(sample_cache):
     # Long-lived workers get the epoch with each index instead of through set_epoch.
     dataset = CacheDataset(sample_cache, crop_size=40, seed=11)
@@ -60,6 +59,7 @@ def test_epoch_index_pairs_equal_set_epoch(sample_cache):
     expected = dataset[index]["token_index"]
     dataset.set_epoch(0)
     assert torch.equal(dataset[(3, index)]["token_index"], expected)
+
 
 def test_collate_pads_and_masks(sample_cache):
     dataset = CacheDataset(sample_cache, crop_size=64, msa_rows_per_sample=16)
@@ -110,8 +110,9 @@ def test_collate_pads_to_fixed_sizes(sample_cache):
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_dataloader_with_workers(sample_cache, context):
     dataset = CacheDataset(sample_cache, crop_size=32, msa_rows_per_sample=8)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=2, num_workers=2, collate_fn=collate,
-                                         multiprocessing_context=context)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=2, num_workers=2, collate_fn=collate, multiprocessing_context=context
+    )
     seen = [target for batch in loader for target in batch["id"]]
     assert seen == dataset.ids
     expected = [dataset[i]["token_index"] for i in range(len(dataset))]
@@ -194,8 +195,13 @@ def test_one_sample_config_and_its_keywords(sample_cache):
             CacheDataset(sample_cache, **old)
     with pytest.raises(TypeError, match="crop_sise"):
         CacheDataset(sample_cache, crop_sise=40)
-    for bad in (dict(crop_size=0), dict(msa_rows_per_sample=0), dict(crop_mode_probs=(0.5, 0.5, 0.5)),
-                dict(crop_mode_probs=(0.5, 0.5)), dict(max_templates=-1)):
+    for bad in (
+        dict(crop_size=0),
+        dict(msa_rows_per_sample=0),
+        dict(crop_mode_probs=(0.5, 0.5, 0.5)),
+        dict(crop_mode_probs=(0.5, 0.5)),
+        dict(max_templates=-1),
+    ):
         with pytest.raises(ValueError, match=next(iter(bad))):
             SampleConfig(**bad)
 
@@ -227,9 +233,17 @@ def template_cache(tmp_path_factory, shared_data):
     shutil.copy(openfold / "short.fasta", root / "inputs")
     for name in ("bfd_uniclust_hits.a3m", "pdb70_hits.hhr"):
         shutil.copy(openfold / name, root / "alignments" / "query")
-    summary = precompute(PrecomputeOptions(
-        inputs=[root / "inputs"], cache_dir=root / "cache", alignments_dir=root / "alignments",
-        template_dir=shared_data / "templates" / "mmcif", num_workers=1, progress=False, executor="inline"))
+    summary = precompute(
+        PrecomputeOptions(
+            inputs=[root / "inputs"],
+            cache_dir=root / "cache",
+            alignments_dir=root / "alignments",
+            template_dir=shared_data / "templates" / "mmcif",
+            num_workers=1,
+            progress=False,
+            executor="inline",
+        )
+    )
     assert summary.failed == 0, summary.format()
     return root / "cache"
 
@@ -244,8 +258,9 @@ def test_templates_per_sample_come_from_the_manifest(template_cache, sample_cach
     assert any("no release date" in note for note in meta["warnings"])
     assert CacheDataset(template_cache).max_templates == 4  # AF3's per-sample cap, below what is stored
     assert CacheDataset(sample_cache).max_templates == 0  # no template structures for these hits
-    capped = CacheDataset(template_cache, crop_size=None, msa_rows_per_sample=4, max_templates=2,
-                          random_templates=False)
+    capped = CacheDataset(
+        template_cache, crop_size=None, msa_rows_per_sample=4, max_templates=2, random_templates=False
+    )
     assert capped.max_templates == 2
     first, all_rows = capped[0], every[0]
     for name in ("template_restype", "template_backbone_pos", "template_pseudo_beta_mask"):
@@ -257,9 +272,12 @@ def test_templates_per_sample_come_from_the_manifest(template_cache, sample_cach
 
 def _stored_row(stored: dict, sample: dict, row: int) -> int:
     """The stored template that row `row` of a sample is (each stored row is a different hit)."""
-    matches = [index for index in range(stored["template_restype"].shape[0])
-               if torch.equal(sample["template_restype"][row], stored["template_restype"][index])
-               and torch.equal(sample["template_backbone_pos"][row], stored["template_backbone_pos"][index])]
+    matches = [
+        index
+        for index in range(stored["template_restype"].shape[0])
+        if torch.equal(sample["template_restype"][row], stored["template_restype"][index])
+        and torch.equal(sample["template_backbone_pos"][row], stored["template_backbone_pos"][index])
+    ]
     assert len(matches) == 1, f"sampled row {row} matches stored rows {matches}"
     return matches[0]
 
@@ -281,8 +299,10 @@ def test_sampled_templates_are_stored_ones_vary_by_epoch_and_repeat_by_seed(temp
             assert torch.equal(repeat[name], sample[name]), name
     assert len(set(draws)) >= 4  # the draw changes with the epoch
     assert max(len(rows) for rows in draws) == 4 and min(len(rows) for rows in draws) < 4  # AF3: a random count
-    other_seed = [tuple(_stored_row(stored, s, r) for r in range(s["template_restype"].shape[0]))
-                  for s in (CacheDataset(template_cache, crop_size=None, seed=6)[(epoch, 0)] for epoch in range(16))]
+    other_seed = [
+        tuple(_stored_row(stored, s, r) for r in range(s["template_restype"].shape[0]))
+        for s in (CacheDataset(template_cache, crop_size=None, seed=6)[(epoch, 0)] for epoch in range(16))
+    ]
     assert other_seed != draws
 
 
@@ -293,8 +313,10 @@ def test_inference_takes_the_first_templates_and_crops_do_not_depend_on_template
         sample = first[(epoch, 0)]
         assert [_stored_row(stored, sample, row) for row in range(4)] == [0, 1, 2, 3]
     # the template draw has its own random stream: the same crops with any template setting
-    crops = [CacheDataset(template_cache, crop_size=30, seed=2, **options)[(1, 0)]["token_index"]
-             for options in ({}, {"max_templates": None}, {"random_templates": False}, {"max_templates": 0})]
+    crops = [
+        CacheDataset(template_cache, crop_size=30, seed=2, **options)[(1, 0)]["token_index"]
+        for options in ({}, {"max_templates": None}, {"random_templates": False}, {"max_templates": 0})
+    ]
     assert all(torch.equal(crop, crops[0]) for crop in crops)
 
 
@@ -308,8 +330,9 @@ def test_sampled_msa_equals_the_full_array_path(sample_cache):
     from featurecache.store.codec import RowFrames
 
     seed, epoch, rows_per_sample = 5, 2, 64
-    dataset = CacheDataset(sample_cache, crop_size=96, msa_rows_per_sample=rows_per_sample, msa_cycle_draws=1,
-                           seed=seed)
+    dataset = CacheDataset(
+        sample_cache, crop_size=96, msa_rows_per_sample=rows_per_sample, msa_cycle_draws=1, seed=seed
+    )
     covered = {"deletions": 0, "gaps": 0, "lazy": 0}
     for index, target_id in enumerate(dataset.ids):
         arrays, _ = dataset.load_arrays(target_id)
@@ -321,8 +344,9 @@ def test_sampled_msa_equals_the_full_array_path(sample_cache):
         depth = dense_msa.shape[0]
         rows = np.arange(depth)
         if depth > rows_per_sample:
-            rows = np.concatenate([[0], np.sort(rng.choice(np.arange(1, depth), size=rows_per_sample - 1,
-                                                             replace=False))])
+            rows = np.concatenate(
+                [[0], np.sort(rng.choice(np.arange(1, depth), size=rows_per_sample - 1, replace=False))]
+            )
         kept = sample["token_index"].numpy()  # the crop's tokens (token_index keeps its values)
         np.testing.assert_array_equal(sample["msa"].numpy(), dense_msa[rows][:, kept])
         np.testing.assert_array_equal(sample["deletion_matrix"].numpy(), dense_deletions[rows][:, kept])
@@ -348,8 +372,12 @@ def test_reference_conformers_are_augmented_per_sample(sample_cache):
     assert len(np.unique(uid)) > 1
     assert_rigid_per_space(first["ref_pos"].numpy(), second["ref_pos"].numpy(), uid, mask)
     assert not torch.equal(first["ref_pos"], second["ref_pos"])
-    assert first["ref_pos"].numpy().tobytes() == CacheDataset(
-        sample_cache, crop_size=None, msa_rows_per_sample=8, seed=4)[(0, index)]["ref_pos"].numpy().tobytes()
+    assert (
+        first["ref_pos"].numpy().tobytes()
+        == CacheDataset(sample_cache, crop_size=None, msa_rows_per_sample=8, seed=4)[(0, index)]["ref_pos"]
+        .numpy()
+        .tobytes()
+    )
     arrays, _ = dataset.load_arrays(dataset.ids[index])
     np.testing.assert_array_equal(stored[(0, index)]["ref_pos"].numpy(), np.asarray(arrays["ref_pos"]))
     assert_rigid_per_space(np.asarray(arrays["ref_pos"]), first["ref_pos"].numpy(), uid, mask)

@@ -19,10 +19,16 @@ def caches(tmp_path_factory, shared_data):
     """A real cache of one target and a publish root holding it."""
     root = tmp_path_factory.mktemp("outputs")
     cache = root / "cache"
-    summary = precompute(PrecomputeOptions(
-        inputs=[shared_data / "structures" / f"{TARGET}.cif"], cache_dir=cache,
-        alignments_dir=shared_data / "alignments", executor="inline", progress=False,
-        clustering=ClusteringConfig(enabled=False)))
+    summary = precompute(
+        PrecomputeOptions(
+            inputs=[shared_data / "structures" / f"{TARGET}.cif"],
+            cache_dir=cache,
+            alignments_dir=shared_data / "alignments",
+            executor="inline",
+            progress=False,
+            clustering=ClusteringConfig(enabled=False),
+        )
+    )
     assert summary.stages["featurize"].done == 1, summary.format()
     assert CliRunner().invoke(cli, ["publish", str(cache), str(root / "published")]).exit_code == 0
     return cache, root / "published"
@@ -35,19 +41,45 @@ def _files(folder):
 CASES = {
     "export into its cache": lambda c, p: (["export", c, TARGET, "--format", "a3m", "--out", c / "a3m"], "--out", c),
     "export over its cache": lambda c, p: (["export", c, TARGET, "--format", "a3m", "--out", c], "--out", c),
-    "export into a publish root": lambda c, p: (["export", p, TARGET, "--format", "af3-json", "--out", p / "json"],
-                                                "--out", p),
-    "search into a cache": lambda c, p: (["search", c / "query.fasta", "--config", c / "pipeline.toml",
-                                          "--out", c / "search"], "--out", c),
-    "search out is its --cache": lambda c, p: (["search", c / "query.fasta", "--config", c / "pipeline.toml",
-                                                "--out", c.parent / "new", "--cache", c.parent / "new"],
-                                               "--out", c.parent / "new"),
-    "train into its cache": lambda c, p: (["train", "--cache", c, "--out", c / "run", "--preset", "tiny",
-                                           "--steps", "1", "--kernels", "torch"], "--out", c),
-    "train into another cache": lambda c, p: (["train", "--cache", p, "--out", c / "run", "--preset", "tiny",
-                                               "--steps", "1", "--kernels", "torch"], "--out", c),
-    "predict into its cache": lambda c, p: (["predict", "--cache", c, TARGET, "--checkpoint", c / "missing.pt",
-                                             "--out", c / "predictions"], "--out", c),
+    "export into a publish root": lambda c, p: (
+        ["export", p, TARGET, "--format", "af3-json", "--out", p / "json"],
+        "--out",
+        p,
+    ),
+    "search into a cache": lambda c, p: (
+        ["search", c / "query.fasta", "--config", c / "pipeline.toml", "--out", c / "search"],
+        "--out",
+        c,
+    ),
+    "search out is its --cache": lambda c, p: (
+        [
+            "search",
+            c / "query.fasta",
+            "--config",
+            c / "pipeline.toml",
+            "--out",
+            c.parent / "new",
+            "--cache",
+            c.parent / "new",
+        ],
+        "--out",
+        c.parent / "new",
+    ),
+    "train into its cache": lambda c, p: (
+        ["train", "--cache", c, "--out", c / "run", "--preset", "tiny", "--steps", "1", "--kernels", "torch"],
+        "--out",
+        c,
+    ),
+    "train into another cache": lambda c, p: (
+        ["train", "--cache", p, "--out", c / "run", "--preset", "tiny", "--steps", "1", "--kernels", "torch"],
+        "--out",
+        c,
+    ),
+    "predict into its cache": lambda c, p: (
+        ["predict", "--cache", c, TARGET, "--checkpoint", c / "missing.pt", "--out", c / "predictions"],
+        "--out",
+        c,
+    ),
     "stats plot into its cache": lambda c, p: (["stats", c, "--plot", c / "stats.png"], "--plot", c),
 }
 

@@ -38,18 +38,35 @@ def cache(tmp_path_factory, shared_data) -> Path:
 
     inputs = copy_sample_structures(f"{TARGET}.cif", tmp_path_factory.mktemp("inputs"))
     cache_dir = tmp_path_factory.mktemp("cache") / "cache"
-    summary = precompute(PrecomputeOptions(
-        inputs=[inputs], cache_dir=cache_dir, alignments_dir=shared_data / "alignments", num_workers=1,
-        progress=False, executor="inline"))
+    summary = precompute(
+        PrecomputeOptions(
+            inputs=[inputs],
+            cache_dir=cache_dir,
+            alignments_dir=shared_data / "alignments",
+            num_workers=1,
+            progress=False,
+            executor="inline",
+        )
+    )
     assert summary.failed == 0, summary.format()
     return cache_dir
 
 
 def _train(cache: Path, out: Path, steps: int, **changes) -> Path:
     """Train `steps` steps of the tiny preset on the whole target; returns the last checkpoint."""
-    settings = dict(cache=str(cache), out=str(out), preset="tiny", kernels="torch", steps=steps, num_workers=0,
-                    device="cpu", warmup=2, lr=1e-3, checkpoint_every=steps,
-                    sample=SampleConfig(crop_size=96, msa_rows_per_sample=8))
+    settings = dict(
+        cache=str(cache),
+        out=str(out),
+        preset="tiny",
+        kernels="torch",
+        steps=steps,
+        num_workers=0,
+        device="cpu",
+        warmup=2,
+        lr=1e-3,
+        checkpoint_every=steps,
+        sample=SampleConfig(crop_size=96, msa_rows_per_sample=8),
+    )
     settings.update(changes)
     train(TrainConfig(**settings))
     return out / f"checkpoint-{steps:08d}.pt"
@@ -68,15 +85,37 @@ def _cli(args: list[str]):
 
 def _residues(structure: gemmi.Structure) -> dict[tuple[str, int], gemmi.Residue]:
     """(label_asym_id, label_seq_id or author number) -> residue, over the first model."""
-    return {(residue.subchain, residue.label_seq if residue.label_seq is not None else residue.seqid.num): residue
-            for chain in structure[0] for residue in chain}
+    return {
+        (residue.subchain, residue.label_seq if residue.label_seq is not None else residue.seqid.num): residue
+        for chain in structure[0]
+        for residue in chain
+    }
 
 
 def test_predict_writes_one_mmcif_per_sample_with_the_targets_chains_residues_and_atoms(
-        cache, checkpoint, tmp_path, shared_data):
+    cache, checkpoint, tmp_path, shared_data
+):
     out = tmp_path / "predictions"
-    result = _cli(["predict", "--cache", cache, TARGET, "--checkpoint", checkpoint, "--out", out,
-                   "--samples", 2, "--steps", 4, "--cycles", 2, "--device", "cpu"])
+    result = _cli(
+        [
+            "predict",
+            "--cache",
+            cache,
+            TARGET,
+            "--checkpoint",
+            checkpoint,
+            "--out",
+            out,
+            "--samples",
+            2,
+            "--steps",
+            4,
+            "--cycles",
+            2,
+            "--device",
+            "cpu",
+        ]
+    )
     assert result.exit_code == 0, result.output
     written = [out / TARGET / f"seed-0_sample-{i}" / f"{TARGET}_seed-0_sample-{i}_model.cif" for i in (0, 1)]
     assert result.output.split() == [str(path) for path in written]
@@ -106,8 +145,18 @@ def test_predict_writes_one_mmcif_per_sample_with_the_targets_chains_residues_an
     assert not np.allclose(samples[0], samples[1])  # two samples of the sampler, not one copy
 
 
-SUMMARY_KEYS = {"chain_ids", "chain_iptm", "chain_pair_iptm", "chain_pair_pae_min", "chain_ptm",
-                "fraction_disordered", "has_clash", "iptm", "ptm", "ranking_score"}
+SUMMARY_KEYS = {
+    "chain_ids",
+    "chain_iptm",
+    "chain_pair_iptm",
+    "chain_pair_pae_min",
+    "chain_ptm",
+    "fraction_disordered",
+    "has_clash",
+    "iptm",
+    "ptm",
+    "ranking_score",
+}
 FULL_KEYS = {"atom_chain_ids", "atom_plddts", "contact_probs", "pae", "token_chain_ids", "token_res_ids"}
 
 
@@ -125,8 +174,12 @@ def _check_confidences(folder: Path, models: list[Path]) -> None:
         assert len(summary["chain_ptm"]) == len(summary["chain_iptm"]) == 3
         assert 0.0 <= summary["ptm"] <= 1.0 and 0.0 <= summary["iptm"] <= 1.0
         assert summary["has_clash"] in (0.0, 1.0) and 0.0 <= summary["fraction_disordered"] <= 1.0
-        expected = 0.8 * summary["iptm"] + 0.2 * summary["ptm"] + 0.5 * summary["fraction_disordered"] \
+        expected = (
+            0.8 * summary["iptm"]
+            + 0.2 * summary["ptm"]
+            + 0.5 * summary["fraction_disordered"]
             - 100 * summary["has_clash"]
+        )
         assert summary["ranking_score"] == pytest.approx(expected, abs=0.02)  # the file rounds to 2 decimals
         tokens = len(full["token_chain_ids"])
         assert np.array(full["pae"]).shape == np.array(full["contact_probs"]).shape == (tokens, tokens)
@@ -184,12 +237,26 @@ def test_a_checkpoint_from_before_the_confidence_head_predicts_without_confidenc
         for name in [name for name in weights if name.startswith("confidence_head.")]:
             del weights[name]
     # in the flat layout checkpoints had then
-    state["model_config"] = {name: value for name, value in saved_model_settings(state["model_config"]).items()
-                             if not name.startswith(("confidence", "plddt", "pde", "pae", "resolved"))}
+    state["model_config"] = {
+        name: value
+        for name, value in saved_model_settings(state["model_config"]).items()
+        if not name.startswith(("confidence", "plddt", "pde", "pae", "resolved"))
+    }
     old = tmp_path / "old.pt"
     torch.save(state, old)
-    written = predict(PredictOptions(cache=str(cache), keys=(TARGET,), checkpoint=str(old), out=str(tmp_path / "out"),
-                                     samples=1, steps=2, cycles=1, device="cpu", kernels="torch"))
+    written = predict(
+        PredictOptions(
+            cache=str(cache),
+            keys=(TARGET,),
+            checkpoint=str(old),
+            out=str(tmp_path / "out"),
+            samples=1,
+            steps=2,
+            cycles=1,
+            device="cpu",
+            kernels="torch",
+        )
+    )
     assert [path.name for path in written] == [f"{TARGET}_seed-0_sample-0_model.cif"]
     assert sorted(path.name for path in (tmp_path / "out").rglob("*") if path.is_file()) == [written[0].name]
     structure = gemmi.read_structure(str(written[0]))
@@ -197,7 +264,8 @@ def test_a_checkpoint_from_before_the_confidence_head_predicts_without_confidenc
 
 
 def test_train_writes_the_ema_weights_without_optimizer_state_and_they_predict_as_the_checkpoint(
-        cache, checkpoint, tmp_path):
+    cache, checkpoint, tmp_path
+):
     from featurecache.prediction import PredictOptions, predict
 
     weights_file = checkpoint.parent / "weights.pt"
@@ -214,9 +282,19 @@ def test_train_writes_the_ema_weights_without_optimizer_state_and_they_predict_a
     assert weights_file.stat().st_size < 0.35 * checkpoint.stat().st_size
     texts = []
     for path in (checkpoint, weights_file):
-        written = predict(PredictOptions(cache=str(cache), keys=(TARGET,), checkpoint=str(path),
-                                         out=str(tmp_path / path.stem), samples=1, steps=2, cycles=1, device="cpu",
-                                         kernels="torch"))
+        written = predict(
+            PredictOptions(
+                cache=str(cache),
+                keys=(TARGET,),
+                checkpoint=str(path),
+                out=str(tmp_path / path.stem),
+                samples=1,
+                steps=2,
+                cycles=1,
+                device="cpu",
+                kernels="torch",
+            )
+        )
         texts.append(written[0].read_text())
     assert texts[0] == texts[1]
 
@@ -279,16 +357,35 @@ def test_tiny_overfits_one_real_crop_until_predict_recovers_it(shared_data, tmp_
 
     (tmp_path / "inputs").mkdir()
     truth = _ras_helix(shared_data, tmp_path / "inputs")
-    summary = precompute(PrecomputeOptions(inputs=[tmp_path / "inputs"], cache_dir=tmp_path / "cache",
-                                           num_workers=1, progress=False, executor="inline"))
+    summary = precompute(
+        PrecomputeOptions(
+            inputs=[tmp_path / "inputs"], cache_dir=tmp_path / "cache", num_workers=1, progress=False, executor="inline"
+        )
+    )
     assert summary.failed == 0, summary.format()
-    checkpoint = _train(tmp_path / "cache", tmp_path / "run", steps=OVERFIT_STEPS, lr=OVERFIT_LR, warmup=10,
-                        model_settings={"diffusion_batch": OVERFIT_DIFFUSION_BATCH, "max_recycling_cycles": 1},
-                        # predict uses the EMA weights: AF3's 0.999 would still weigh the first steps here
-                        ema_decay=0.9, sample=SampleConfig(crop_size=32, msa_rows_per_sample=8))
-    written = predict(PredictOptions(cache=str(tmp_path / "cache"), keys=("ras-helix",), checkpoint=str(checkpoint),
-                                     out=str(tmp_path / "predictions"), samples=2, cycles=1, device="cpu",
-                                     kernels="torch"))
+    checkpoint = _train(
+        tmp_path / "cache",
+        tmp_path / "run",
+        steps=OVERFIT_STEPS,
+        lr=OVERFIT_LR,
+        warmup=10,
+        model_settings={"diffusion_batch": OVERFIT_DIFFUSION_BATCH, "max_recycling_cycles": 1},
+        # predict uses the EMA weights: AF3's 0.999 would still weigh the first steps here
+        ema_decay=0.9,
+        sample=SampleConfig(crop_size=32, msa_rows_per_sample=8),
+    )
+    written = predict(
+        PredictOptions(
+            cache=str(tmp_path / "cache"),
+            keys=("ras-helix",),
+            checkpoint=str(checkpoint),
+            out=str(tmp_path / "predictions"),
+            samples=2,
+            cycles=1,
+            device="cpu",
+            kernels="torch",
+        )
+    )
     scores = [compare(path, truth) for path in written]  # featurecache evaluate's scores
     # every heavy atom of the truth is predicted and scored
     assert all(score.ca_atoms == 20 and score.atoms == len(read_atoms(truth)) for score in scores), scores
@@ -302,10 +399,13 @@ def _protein_chain(shared_data: Path) -> dict:
     structure.remove_hydrogens()
     structure.remove_ligands_and_waters()
     atoms = [(number, residue, atom) for number, residue in enumerate(structure[0]["A"]) for atom in residue]
-    return {"positions": np.array([atom.pos.tolist() for _, _, atom in atoms]),
-            "atom_names": [atom.name for _, _, atom in atoms], "elements": [atom.element.name for _, _, atom in atoms],
-            "residue": np.array([number for number, _, _ in atoms]),
-            "residue_names": [residue.name for _, residue, _ in atoms]}
+    return {
+        "positions": np.array([atom.pos.tolist() for _, _, atom in atoms]),
+        "atom_names": [atom.name for _, _, atom in atoms],
+        "elements": [atom.element.name for _, _, atom in atoms],
+        "residue": np.array([number for number, _, _ in atoms]),
+        "residue_names": [residue.name for _, residue, _ in atoms],
+    }
 
 
 def test_fraction_disordered_of_a_folded_protein_and_of_it_blown_apart(shared_data):
@@ -313,18 +413,36 @@ def test_fraction_disordered_of_a_folded_protein_and_of_it_blown_apart(shared_da
 
     chain = _protein_chain(shared_data)
     count = len(chain["positions"])
-    rsa = relative_accessibility(chain["positions"], chain["atom_names"], chain["elements"], chain["residue"],
-                                 chain["residue_names"])
+    rsa = relative_accessibility(
+        chain["positions"], chain["atom_names"], chain["elements"], chain["residue"], chain["residue_names"]
+    )
     assert len(rsa) == len(set(chain["residue"].tolist())) and 0.15 < rsa.mean() < 0.4  # a folded globular protein
 
     def disorder(positions):
-        return fraction_disordered(positions, chain["atom_names"], chain["elements"], np.zeros(count, int),
-                                   chain["residue"], chain["residue_names"], np.ones(count, bool))
+        return fraction_disordered(
+            positions,
+            chain["atom_names"],
+            chain["elements"],
+            np.zeros(count, int),
+            chain["residue"],
+            chain["residue_names"],
+            np.ones(count, bool),
+        )
 
     assert disorder(chain["positions"]) < 0.1
     assert disorder(3.0 * chain["positions"]) == 1.0  # every atom exposed
-    assert fraction_disordered(chain["positions"], chain["atom_names"], chain["elements"], np.zeros(count, int),
-                               chain["residue"], chain["residue_names"], np.zeros(count, bool)) == 0.0
+    assert (
+        fraction_disordered(
+            chain["positions"],
+            chain["atom_names"],
+            chain["elements"],
+            np.zeros(count, int),
+            chain["residue"],
+            chain["residue_names"],
+            np.zeros(count, bool),
+        )
+        == 0.0
+    )
 
 
 def test_has_clash_and_ranking_score(shared_data):

@@ -58,15 +58,22 @@ def private_imports(path: pathlib.Path, package: pathlib.Path = PACKAGE) -> list
                 if alias.name.startswith("featurecache"):
                     imported_modules.add(alias.asname or alias.name.split(".")[0])
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and _is_private(node.attr) and isinstance(node.value, ast.Name)
-                and node.value.id in imported_modules):
+        if (
+            isinstance(node, ast.Attribute)
+            and _is_private(node.attr)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in imported_modules
+        ):
             found.append(f"{node.lineno}: {node.value.id}.{node.attr}")
     return found
 
 
 def test_no_module_imports_another_modules_private_names():
-    offenders = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
-                 for line in private_imports(path)]
+    offenders = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for line in private_imports(path)
+    ]
     assert not offenders, "private names imported across modules:\n" + "\n".join(offenders)
 
 
@@ -76,8 +83,9 @@ def test_the_check_sees_a_private_import(tmp_path):
     package = tmp_path / "featurecache"
     (package / "kernels").mkdir(parents=True)
     module = package / "kernels" / "conditioned.py"
-    module.write_text("from .transition import _chunk, _fwd_kernel\nfrom featurecache.kernels import runtime\n"
-                      "runtime._private()\n")
+    module.write_text(
+        "from .transition import _chunk, _fwd_kernel\nfrom featurecache.kernels import runtime\nruntime._private()\n"
+    )
     assert private_imports(module, package) == [
         "1: from featurecache.kernels.transition import _chunk",
         "3: runtime._private",

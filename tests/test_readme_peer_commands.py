@@ -42,10 +42,13 @@ def test_every_file_the_readme_gives_af3_protenix_and_boltz_is_read_by_them(tmp_
     databases, search, tools = _section_blocks()
     script = sandboxed(f"{databases}\n{search}", tmp_path)
     for output_format in ("protenix-json", "boltz-yaml"):  # the formats the block's comment offers
-        script += f"\nfeaturecache export {tmp_path}/fc-msas/cache 721p-assembly1 --format {output_format} " \
-                  f"--out {tmp_path}/fc-export"
-    result = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=REPO, capture_output=True, text=True,
-                            timeout=1500)
+        script += (
+            f"\nfeaturecache export {tmp_path}/fc-msas/cache 721p-assembly1 --format {output_format} "
+            f"--out {tmp_path}/fc-export"
+        )
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=1500
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     commands = [line for line in sandboxed(tools, tmp_path).splitlines() if line and not line.startswith("#")]
     checked = {"af3": 0, "protenix": 0, "boltz": 0}
@@ -53,7 +56,7 @@ def test_every_file_the_readme_gives_af3_protenix_and_boltz_is_read_by_them(tmp_
         if command.startswith("python run_alphafold.py"):
             found = re.search(r"--json_path=(\S+)|--input_dir=(\S+)", command)
             path = pathlib.Path(found.group(1) or found.group(2))
-            for json_path in ([path] if path.suffix == ".json" else sorted(path.glob("*.json"))):
+            for json_path in [path] if path.suffix == ".json" else sorted(path.glob("*.json")):
                 _check_af3(json_path)
                 checked["af3"] += 1
         elif command.startswith("protenix pred"):

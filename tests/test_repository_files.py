@@ -11,17 +11,31 @@ MAX_BYTES = 1 << 20
 # Folders that hold real sample inputs, where a large file is data the tests read.
 SAMPLE_DATA_DIRS = ("tests/data/",)
 BINARY_SUFFIXES = (
-    ".whl", ".egg", ".zip", ".tar", ".tgz", ".gz", ".bz2", ".xz", ".zst", ".7z",
-    ".so", ".pt", ".pth", ".ckpt", ".npz", ".npy", ".mdb", ".lmdb",
+    ".whl",
+    ".egg",
+    ".zip",
+    ".tar",
+    ".tgz",
+    ".gz",
+    ".bz2",
+    ".xz",
+    ".zst",
+    ".7z",
+    ".so",
+    ".pt",
+    ".pth",
+    ".ckpt",
+    ".npz",
+    ".npy",
+    ".mdb",
+    ".lmdb",
 )
 IGNORED_LOCAL_DIRS = (".whl", ".whl-core", ".devout", ".devdata")
 
 
 def _tracked_files() -> list[str]:
     try:
-        listing = subprocess.run(
-            ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
-        ).stdout
+        listing = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout")
     return [name for name in listing.decode().split("\0") if name]

@@ -15,9 +15,16 @@ def _table() -> SamplingTable:
     """Three targets as a manifest lists them: chains and interfaces with AF3-like weights, and one
     target of a cache without clusters (a single item of its own weight)."""
     targets = {
-        "a": {"weight": 7.5, "chains": [{"asym_id": 1, "weight": 0.5}, {"asym_id": 2, "weight": 1.0}],
-              "interfaces": [{"chains": [1, 2], "weight": 6.0}]},
-        "b": {"weight": 3.25, "chains": [{"asym_id": 1, "weight": 0.25}], "interfaces": [{"chains": [1, 3], "weight": 3.0}]},
+        "a": {
+            "weight": 7.5,
+            "chains": [{"asym_id": 1, "weight": 0.5}, {"asym_id": 2, "weight": 1.0}],
+            "interfaces": [{"chains": [1, 2], "weight": 6.0}],
+        },
+        "b": {
+            "weight": 3.25,
+            "chains": [{"asym_id": 1, "weight": 0.25}],
+            "interfaces": [{"chains": [1, 3], "weight": 3.0}],
+        },
         "c": {"weight": 2.0},
     }
     return SamplingTable.from_targets(sorted(targets), targets)
@@ -53,8 +60,10 @@ def test_draw_frequencies_match_the_weights():
 def test_ranks_take_disjoint_micro_batches_of_one_stream_and_resume_exactly():
     table = _table()
     whole = _draws(WeightedSampler(table, seed=5, samples_per_epoch=40, epochs=2))
-    ranks = [list(WeightedSampler(table, batch_size=2, rank=rank, world_size=3, seed=5, samples_per_epoch=40,
-                                  epochs=2)) for rank in range(3)]
+    ranks = [
+        list(WeightedSampler(table, batch_size=2, rank=rank, world_size=3, seed=5, samples_per_epoch=40, epochs=2))
+        for rank in range(3)
+    ]
     # 40 draws in steps of 3 ranks x 2: 6 whole steps an epoch (the last 4 draws dropped), 12 draws per rank
     assert all(sum(len(batch) for batch in batches) == 24 for batches in ranks)
     # step s of rank r holds the stream's draws 6 s + 2 r, 6 s + 2 r + 1: disjoint, the same items
@@ -62,14 +71,25 @@ def test_ranks_take_disjoint_micro_batches_of_one_stream_and_resume_exactly():
         for index, batch in enumerate(batches):
             epoch, step = divmod(index, 6)
             first = epoch * 40 + 6 * step + 2 * rank
-            assert batch == whole[first:first + 2]
+            assert batch == whole[first : first + 2]
     # one rank accumulating 3 micro-batches takes the step's draws in the same slots
     accumulating = list(WeightedSampler(table, batch_size=2, accumulate=3, seed=5, samples_per_epoch=40, epochs=1))
     assert accumulating[:3] == [ranks[0][0], ranks[1][0], ranks[2][0]]
     # resuming at (epoch 1, 12 samples taken over all ranks) continues the same sequence
-    resumed = list(WeightedSampler(table, batch_size=2, rank=1, world_size=3, seed=5, samples_per_epoch=40,
-                                   start_epoch=1, start_sample=12, epochs=1))
-    assert resumed == ranks[1][6 + 2:]
+    resumed = list(
+        WeightedSampler(
+            table,
+            batch_size=2,
+            rank=1,
+            world_size=3,
+            seed=5,
+            samples_per_epoch=40,
+            start_epoch=1,
+            start_sample=12,
+            epochs=1,
+        )
+    )
+    assert resumed == ranks[1][6 + 2 :]
     assert _draws(WeightedSampler(table, seed=6, samples_per_epoch=40, epochs=1)) != whole[:40]  # the seed matters
     with pytest.raises(ValueError, match="rank 3 is not in 0..2"):
         WeightedSampler(table, rank=3, world_size=3)

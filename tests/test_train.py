@@ -32,11 +32,17 @@ def raw_inputs(tmp_path_factory) -> Path:
 def _build_cache(inputs: Path, cache_dir: Path, shared_data: Path) -> Path:
     from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 
-    summary = precompute(PrecomputeOptions(
-        inputs=[inputs], cache_dir=cache_dir, alignments_dir=shared_data / "alignments",
-        template_dir=shared_data / "templates" / "mmcif", num_workers=1, progress=False,
-        executor="inline",  # Ray is tested with the workers; here it would only add start-up time
-    ))
+    summary = precompute(
+        PrecomputeOptions(
+            inputs=[inputs],
+            cache_dir=cache_dir,
+            alignments_dir=shared_data / "alignments",
+            template_dir=shared_data / "templates" / "mmcif",
+            num_workers=1,
+            progress=False,
+            executor="inline",  # Ray is tested with the workers; here it would only add start-up time
+        )
+    )
     assert summary.failed == 0, summary.format()
     return cache_dir
 
@@ -55,16 +61,25 @@ def small_cache(tmp_path_factory, shared_data) -> Path:
 
 
 def _config(cache: Path, out: Path, crop_size: int = 16, msa_rows_per_sample: int = 8, **changes) -> TrainConfig:
-    settings = dict(cache=str(cache), out=str(out), preset="tiny", kernels="torch", steps=3, num_workers=0,
-                    warmup=2, lr=1e-3, checkpoint_every=2, device="cpu",
-                    sample=SampleConfig(crop_size=crop_size, msa_rows_per_sample=msa_rows_per_sample))
+    settings = dict(
+        cache=str(cache),
+        out=str(out),
+        preset="tiny",
+        kernels="torch",
+        steps=3,
+        num_workers=0,
+        warmup=2,
+        lr=1e-3,
+        checkpoint_every=2,
+        device="cpu",
+        sample=SampleConfig(crop_size=crop_size, msa_rows_per_sample=msa_rows_per_sample),
+    )
     settings.update(changes)
     return TrainConfig(**settings)
 
 
 def _log(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
-
 
 
 def test_batch_sampler_runs_on_across_epochs_from_a_resume_point():
@@ -87,9 +102,12 @@ def test_a_step_takes_the_same_samples_on_any_number_of_ranks():
     """The global order: 2 ranks with batches of 2 take, step by step, what 1 rank takes with
     batches of 4, or accumulating 2 micro-batches of 2; micro-batch g of a step is the same
     samples in every layout (g = micro-step * ranks + rank)."""
+
     def steps(world_size: int, batch_size: int, accumulate: int, count: int = 4, **start) -> list[list[list]]:
-        streams = [iter(EpochBatchSampler(10, batch_size, rank, world_size, seed=1, accumulate=accumulate, **start))
-                   for rank in range(world_size)]
+        streams = [
+            iter(EpochBatchSampler(10, batch_size, rank, world_size, seed=1, accumulate=accumulate, **start))
+            for rank in range(world_size)
+        ]
         taken = []
         for _ in range(count):
             micro = [[next(stream) for _ in range(accumulate)] for stream in streams]  # [rank][micro-step]
@@ -99,11 +117,13 @@ def test_a_step_takes_the_same_samples_on_any_number_of_ranks():
     two_ranks = steps(2, 2, 1)
     one_rank = steps(1, 2, 2)
     assert two_ranks == one_rank
-    assert [[sample for micro in step for sample in micro] for step in two_ranks] == \
-        [step[0] for step in steps(1, 4, 1)]
+    assert [[sample for micro in step for sample in micro] for step in two_ranks] == [
+        step[0] for step in steps(1, 4, 1)
+    ]
     assert [step[0][0][0] for step in two_ranks] == [0, 0, 1, 1]  # 10 samples: 2 whole steps of 4 per epoch
     # resuming mid-epoch on another layout continues the same order
     assert steps(1, 2, 2, count=3, start_sample=4) == two_ranks[1:]
+
 
 def test_tiny_preset_trains_from_the_cache(cache, tmp_path):
     records = train(_config(cache, tmp_path / "run", num_workers=1))
@@ -114,8 +134,9 @@ def test_tiny_preset_trains_from_the_cache(cache, tmp_path):
         assert record["loss"] > 0 and record["step_time_s"] >= record["data_wait_s"] >= 0
         # the loss terms of AF3Model.loss, and N_cycle drawn from 1..4
         assert {"distogram", "diffusion", "mse", "smooth_lddt", "bond"} <= record.keys()
-        assert record["loss"] == pytest.approx(0.03 * record["distogram"] + 4.0 * record["diffusion"]
-                                               + 1e-4 * record.get("confidence", 0.0), rel=1e-5)
+        assert record["loss"] == pytest.approx(
+            0.03 * record["distogram"] + 4.0 * record["diffusion"] + 1e-4 * record.get("confidence", 0.0), rel=1e-5
+        )
         assert record["num_cycles"] in (1, 2, 3, 4)
         assert record["peak_memory_gb"] > 0 and 0 < record["tokens"] <= 16
     # one epoch of three targets: every target once
@@ -123,14 +144,19 @@ def test_tiny_preset_trains_from_the_cache(cache, tmp_path):
     # checkpoints at step 2 (checkpoint_every) and at the last step, the weights file for
     # predict, no partial files left
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
-        "checkpoint-00000002.pt", "checkpoint-00000003.pt", "log.jsonl", "weights.pt"]
+        "checkpoint-00000002.pt",
+        "checkpoint-00000003.pt",
+        "log.jsonl",
+        "weights.pt",
+    ]
 
 
 def test_resume_reproduces_the_next_losses(cache, tmp_path):
     straight = train(_config(cache, tmp_path / "straight", steps=5))
     # resume from step 2; steps 3-5 cross the end of the first epoch (3 targets, batch 1)
-    resumed = train(_config(cache, tmp_path / "resumed", steps=5,
-                            resume=str(tmp_path / "straight" / "checkpoint-00000002.pt")))
+    resumed = train(
+        _config(cache, tmp_path / "resumed", steps=5, resume=str(tmp_path / "straight" / "checkpoint-00000002.pt"))
+    )
     assert [r["step"] for r in resumed] == [3, 4, 5]
     assert [r["loss"] for r in resumed] == [r["loss"] for r in straight[2:]]
     assert [r["ids"] for r in resumed] == [r["ids"] for r in straight[2:]]
@@ -144,11 +170,32 @@ def test_a_checkpoint_from_before_the_fidelity_settings_is_refused_in_one_line(c
     state = torch.load(path, weights_only=False)
     # as written before the settings existed, in the flat layout of then (its distogram edges
     # recorded: AF3's code's now)
-    state["model_config"] = {name: value for name, value in saved_model_settings(state["model_config"]).items()
-                             if name not in LEGACY_SETTINGS or name.startswith("distogram")}
+    state["model_config"] = {
+        name: value
+        for name, value in saved_model_settings(state["model_config"]).items()
+        if name not in LEGACY_SETTINGS or name.startswith("distogram")
+    }
     torch.save(state, path)
-    line = _error_line(_cli(["train", "--cache", str(cache), "--out", str(tmp_path / "new"), "--resume", str(path),
-                             "--kernels", "torch", "--device", "cpu", "--preset", "tiny", *SMALL]))
+    line = _error_line(
+        _cli(
+            [
+                "train",
+                "--cache",
+                str(cache),
+                "--out",
+                str(tmp_path / "new"),
+                "--resume",
+                str(path),
+                "--kernels",
+                "torch",
+                "--device",
+                "cpu",
+                "--preset",
+                "tiny",
+                *SMALL,
+            ]
+        )
+    )
     assert f"--resume {path}" in line and "atom_key_adaln False there, True here" in line, line
     assert "distogram" not in line  # the edges it records are today's
 
@@ -158,8 +205,24 @@ def test_a_file_that_is_no_checkpoint_is_one_line_naming_it(cache, tmp_path):
     garbled = tmp_path / "garbled.pt"
     for content in (b"", b"not a checkpoint", b"PK\x03\x04 zip?", b"\x80\x04K\x01."):
         garbled.write_bytes(content)
-        line = _error_line(_cli(["train", "--cache", str(cache), "--out", str(tmp_path / "new"), "--resume",
-                                 str(garbled), "--kernels", "torch", "--device", "cpu", *SMALL]))
+        line = _error_line(
+            _cli(
+                [
+                    "train",
+                    "--cache",
+                    str(cache),
+                    "--out",
+                    str(tmp_path / "new"),
+                    "--resume",
+                    str(garbled),
+                    "--kernels",
+                    "torch",
+                    "--device",
+                    "cpu",
+                    *SMALL,
+                ]
+            )
+        )
         assert f"--resume {garbled}: not a" in line, line
     assert not (tmp_path / "new").exists()
 
@@ -195,9 +258,18 @@ def test_online_featurization_yields_the_cached_samples(cache, raw_inputs, share
 
 
 def test_online_training_runs(raw_inputs, shared_data, tmp_path):
-    records = train(TrainConfig(online=str(raw_inputs), alignments=str(shared_data / "alignments"),
-                                out=str(tmp_path / "online"), kernels="torch", steps=1, num_workers=0, device="cpu",
-                                sample=SampleConfig(crop_size=16, msa_rows_per_sample=8)))
+    records = train(
+        TrainConfig(
+            online=str(raw_inputs),
+            alignments=str(shared_data / "alignments"),
+            out=str(tmp_path / "online"),
+            kernels="torch",
+            steps=1,
+            num_workers=0,
+            device="cpu",
+            sample=SampleConfig(crop_size=16, msa_rows_per_sample=8),
+        )
+    )
     assert len(records) == 1 and records[0]["data_wait_s"] > 0
 
 
@@ -233,14 +305,19 @@ def test_a_folder_that_is_not_a_cache_is_one_line_naming_it(tmp_path):
     empty.mkdir()
     garbled = tmp_path / "garbled"
     garbled.mkdir()
-    (garbled / "manifest.json").write_bytes(b"{\"format\": 1, \xff")
+    (garbled / "manifest.json").write_bytes(b'{"format": 1, \xff')
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "manifest.json").write_text('{"name": "someone else\'s index"}')
     a_file = tmp_path / "file.txt"
     a_file.write_text("not a folder")
-    expected = {empty: "not a cache", garbled: "not valid JSON", foreign: "not a featurecache manifest",
-                tmp_path / "missing": "does not exist", a_file: "is a file"}
+    expected = {
+        empty: "not a cache",
+        garbled: "not valid JSON",
+        foreign: "not a featurecache manifest",
+        tmp_path / "missing": "does not exist",
+        a_file: "is a file",
+    }
     for folder, reason in expected.items():
         line = _error_line(_cli(["train", "--cache", str(folder), "--out", str(tmp_path / "run"), *SMALL]))
         assert str(folder) in line and reason in line, line
@@ -248,18 +325,39 @@ def test_a_folder_that_is_not_a_cache_is_one_line_naming_it(tmp_path):
 
 
 def test_option_values_are_checked_before_anything_runs(tmp_path):
-    for option, value in [("--steps", "0"), ("--batch-size", "0"), ("--crop-size", "0"), ("--lr", "0"),
-                          ("--lr", "-1e-3"), ("--warmup", "-1"), ("--num-workers", "-1"),
-                          ("--checkpoint-every", "0"), ("--msa-rows-per-sample", "0"), ("--max-templates", "-1"),
-                          ("--spatial-crop-prob", "1.5"), ("--pairformer-blocks", "-2"), ("--steps", "many"),
-                          ("--max-recycling-cycles", "0"), ("--diffusion-batch", "0"),
-                          ("--kernels", "cuda"), ("--preset", "huge"), ("--accumulate", "0"),
-                          ("--ema-decay", "1"), ("--adam-beta2", "-0.1"), ("--lr-decay-factor", "0"),
-                          ("--lr-decay-every", "0"), ("--validation-fraction", "1"), ("--validate-every", "-1"),
-                          ("--grad-clip", "0")]:
+    for option, value in [
+        ("--steps", "0"),
+        ("--batch-size", "0"),
+        ("--crop-size", "0"),
+        ("--lr", "0"),
+        ("--lr", "-1e-3"),
+        ("--warmup", "-1"),
+        ("--num-workers", "-1"),
+        ("--checkpoint-every", "0"),
+        ("--msa-rows-per-sample", "0"),
+        ("--max-templates", "-1"),
+        ("--spatial-crop-prob", "1.5"),
+        ("--pairformer-blocks", "-2"),
+        ("--steps", "many"),
+        ("--max-recycling-cycles", "0"),
+        ("--diffusion-batch", "0"),
+        ("--kernels", "cuda"),
+        ("--preset", "huge"),
+        ("--accumulate", "0"),
+        ("--ema-decay", "1"),
+        ("--adam-beta2", "-0.1"),
+        ("--lr-decay-factor", "0"),
+        ("--lr-decay-every", "0"),
+        ("--validation-fraction", "1"),
+        ("--validate-every", "-1"),
+        ("--grad-clip", "0"),
+    ]:
         result = _cli(["train", "--cache", str(tmp_path), "--out", str(tmp_path / "run"), option, value])
-        assert result.exit_code == 2 and option in result.output and "Traceback" not in result.output, \
-            (option, value, result.output)
+        assert result.exit_code == 2 and option in result.output and "Traceback" not in result.output, (
+            option,
+            value,
+            result.output,
+        )
     assert not (tmp_path / "run").exists()
 
 
@@ -272,11 +370,30 @@ def test_without_cuda_the_default_kernels_are_pytorch_and_cuda_settings_are_refu
     assert state["model_config"]["runtime"]["kernels"] == "torch"
     # Triton on the CPU only under its interpreter; CUDA settings on a machine without CUDA
     no_interpreter = {"TRITON_INTERPRET": None}
-    line = _error_line(_cli(["train", "--cache", str(cache), "--out", str(tmp_path / "t"), "--kernels", "triton",
-                             "--device", "cpu", *SMALL], env=no_interpreter))
+    line = _error_line(
+        _cli(
+            [
+                "train",
+                "--cache",
+                str(cache),
+                "--out",
+                str(tmp_path / "t"),
+                "--kernels",
+                "triton",
+                "--device",
+                "cpu",
+                *SMALL,
+            ],
+            env=no_interpreter,
+        )
+    )
     assert "--kernels triton needs a CUDA device" in line
-    line = _error_line(_cli(["train", "--cache", str(cache), "--out", str(tmp_path / "t"), "--kernels", "triton",
-                             *SMALL], env=no_interpreter))
+    line = _error_line(
+        _cli(
+            ["train", "--cache", str(cache), "--out", str(tmp_path / "t"), "--kernels", "triton", *SMALL],
+            env=no_interpreter,
+        )
+    )
     assert "--kernels triton needs a CUDA device" in line
     line = _error_line(_cli(["train", "--cache", str(cache), "--out", str(tmp_path / "t"), "--device", "cuda", *SMALL]))
     assert "--device cuda: this machine has no CUDA device" in line
@@ -286,8 +403,23 @@ def test_without_cuda_the_default_kernels_are_pytorch_and_cuda_settings_are_refu
 
 
 def test_the_old_msa_rows_flag_still_works_and_names_the_new_one(cache, tmp_path):
-    args = ["train", "--cache", str(cache), "--out", str(tmp_path / "old"), "--kernels", "torch", "--device", "cpu",
-            "--steps", "1", "--crop-size", "16", "--num-workers", "0"]
+    args = [
+        "train",
+        "--cache",
+        str(cache),
+        "--out",
+        str(tmp_path / "old"),
+        "--kernels",
+        "torch",
+        "--device",
+        "cpu",
+        "--steps",
+        "1",
+        "--crop-size",
+        "16",
+        "--num-workers",
+        "0",
+    ]
     with pytest.warns(DeprecationWarning, match="--msa-rows-per-sample"):
         result = _cli([*args, "--max-msa-rows", "8"])
     assert result.exit_code == 0, result.output
@@ -302,8 +434,8 @@ def test_the_old_msa_rows_flag_still_works_and_names_the_new_one(cache, tmp_path
 def _readme_cpu_training_command() -> list[str]:
     """The README's first `featurecache train` command (its CPU example), split into words."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    training = readme[readme.index("## Training"):]
-    training = training[:training.index("\n## ", 1)]
+    training = readme[readme.index("## Training") :]
+    training = training[: training.index("\n## ", 1)]
     lines = [text for text in training.splitlines() if text.startswith("featurecache train ")]
     assert lines, "the README's Training section shows no `featurecache train` command"
     return lines[0].split("#")[0].split()
@@ -317,7 +449,8 @@ def test_the_readme_cpu_training_command_runs(small_cache, tmp_path):
     args[args.index("--steps") + 1] = str(min(2, int(args[args.index("--steps") + 1])))
     args[args.index("--cache") + 1] = str(small_cache)
     run_dir = tmp_path / Path(args[args.index("--out") + 1]).relative_to(
-        "/" if Path(args[args.index("--out") + 1]).is_absolute() else ".")
+        "/" if Path(args[args.index("--out") + 1]).is_absolute() else "."
+    )
     args[args.index("--out") + 1] = str(run_dir)
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["OMP_NUM_THREADS"] = "1"
@@ -333,10 +466,34 @@ def test_ddp_two_processes_gloo(cache, tmp_path):
     """torchrun, 2 CPU processes, gloo: both ranks train, on different samples."""
     run_dir = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "featurecache.training", "--cache", str(cache), "--out", str(run_dir), "--kernels", "torch",
-               "--steps", "2", "--crop-size", "16", "--msa-rows-per-sample", "8", "--num-workers", "0",
-               "--device", "cpu", "--checkpoint-every", "2"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "featurecache.training",
+        "--cache",
+        str(cache),
+        "--out",
+        str(run_dir),
+        "--kernels",
+        "torch",
+        "--steps",
+        "2",
+        "--crop-size",
+        "16",
+        "--msa-rows-per-sample",
+        "8",
+        "--num-workers",
+        "0",
+        "--device",
+        "cpu",
+        "--checkpoint-every",
+        "2",
+    ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     logged = _log(run_dir)
@@ -363,14 +520,23 @@ def test_static_shapes_pad_every_batch_to_one_shape_and_keep_the_loss(cache, tmp
     atoms = min(96 * 24, -(-largest // 128) * 128)
     assert pad_to == {"token": 96, "msa": 4 * 7 + 1, "template": stored, "atom": atoms, "token_bond": 96 * 3}
     sampler = EpochBatchSampler(len(dataset), 1, 0, 1, 0, epochs=1)
-    shapes = {(batch["restype"].shape, batch["msa"].shape, batch["template_restype"].shape, batch["ref_pos"].shape,
-               batch["token_bonds"].shape) for batch in make_loader(dataset, sampler, config, torch.device("cpu"), pad_to)}
+    shapes = {
+        (
+            batch["restype"].shape,
+            batch["msa"].shape,
+            batch["template_restype"].shape,
+            batch["ref_pos"].shape,
+            batch["token_bonds"].shape,
+        )
+        for batch in make_loader(dataset, sampler, config, torch.device("cpu"), pad_to)
+    }
     assert shapes == {((1, 96), (1, 4 * 7 + 1, 96), (1, stored, 96), (1, atoms, 3), (1, 96 * 3, 2))}
     # padding is masked everywhere: the same steps give the same losses (one diffusion sample:
     # then the real atoms' noise is, but for the last few atoms, the same draw padded or not)
     padded = train(dataclasses.replace(config, model_settings={"diffusion_batch": 1}))
-    plain = train(_config(cache, tmp_path / "plain", num_workers=0, crop_size=96,
-                          model_settings={"diffusion_batch": 1}))
+    plain = train(
+        _config(cache, tmp_path / "plain", num_workers=0, crop_size=96, model_settings={"diffusion_batch": 1})
+    )
     assert [r["ids"] for r in padded] == [r["ids"] for r in plain]
     assert min(r["tokens"] for r in padded) < 96  # a padded batch was among them
     for mine, ref in zip(padded, plain):
@@ -397,8 +563,10 @@ def test_static_shapes_give_a_cuda_graph_one_input_signature_while_msa_draws_cha
     pad_to = fixed_sizes(config, dataset)
     sampler = EpochBatchSampler(len(dataset), 1, 0, 1, 0, epochs=2)
     batches = list(make_loader(dataset, sampler, config, torch.device("cpu"), pad_to))
-    signatures = {tuple(sorted((name, tuple(value.shape), value.dtype) for name, value in graph_inputs(batch).items()))
-                  for batch in batches}
+    signatures = {
+        tuple(sorted((name, tuple(value.shape), value.dtype) for name, value in graph_inputs(batch).items()))
+        for batch in batches
+    }
     assert len(signatures) == 1, signatures
     draws, pool = config.sample.msa_cycle_draws, config.sample.msa_pool_rows
     for batch in batches:
@@ -462,8 +630,11 @@ def test_cuda_graph_training_matches_the_launched_loop_and_resumes_without_graph
     for mine, ref in zip(graphed, launched):  # steps 4-6 are replays
         assert mine["loss"] == pytest.approx(ref["loss"], rel=2e-3), mine["step"]
         assert mine["lr"] == pytest.approx(ref["lr"])
-    resumed = train(_config(cache, tmp_path / "graphs", static_shapes=True, resume=str(tmp_path / "graphs"),
-                            **{**settings, "steps": 8}))
+    resumed = train(
+        _config(
+            cache, tmp_path / "graphs", static_shapes=True, resume=str(tmp_path / "graphs"), **{**settings, "steps": 8}
+        )
+    )
     assert [r["step"] for r in resumed] == [7, 8]
 
 
@@ -488,13 +659,15 @@ def test_every_trainable_parameter_gets_a_gradient_in_one_loop_step(cache, tmp_p
     trainer = Trainer(config, "torch", world)
     trainer.start()
     # a step that recycles: with one cycle the recycling LayerNorms see zeros (no weight gradient)
-    step = next(step for step in range(20)
-                if sample_num_cycles(cycle_generator_of(config.sample.seed, step), 4) > 1)
+    step = next(step for step in range(20) if sample_num_cycles(cycle_generator_of(config.sample.seed, step), 4) > 1)
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     result, num_cycles = trainer.step([batch], step)
     assert num_cycles > 1 and torch.isfinite(result["loss"])
-    trainable = [(name, p) for name, p in trainer.model.named_parameters()
-                 if p.requires_grad and not name.startswith("template_embedder.")]
+    trainable = [
+        (name, p)
+        for name, p in trainer.model.named_parameters()
+        if p.requires_grad and not name.startswith("template_embedder.")
+    ]
     assert len(trainable) > 100
     # zero in exact arithmetic shows as float noise (~1e-11); real gradients are far larger
     dead = [name for name, p in trainable if p.grad is None or not p.grad.abs().max() > 1e-8]

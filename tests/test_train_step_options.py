@@ -10,20 +10,59 @@ import subprocess
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SMOKE = ["--smoke", "--model", "af3", "--depth", "2", "--crop", "16", "--diffusion-batch", "2", "--msa-rows", "8",
-         "--templates", "1", "--block-lengths", "--no-checks", "--step-reps", "1", "--budget-s", "900"]
+SMOKE = [
+    "--smoke",
+    "--model",
+    "af3",
+    "--depth",
+    "2",
+    "--crop",
+    "16",
+    "--diffusion-batch",
+    "2",
+    "--msa-rows",
+    "8",
+    "--templates",
+    "1",
+    "--block-lengths",
+    "--no-checks",
+    "--step-reps",
+    "1",
+    "--budget-s",
+    "900",
+]
 
 
 def run_train_step(out: pathlib.Path, *arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "benchmarks" / "train_step.py"), *SMOKE, "--out", str(out),
-                           *arguments], cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
+    return subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "train_step.py"), *SMOKE, "--out", str(out), *arguments],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
 
 
 def test_crop_search_start_step_and_group_then_merged_into_a_later_table(tmp_path):
     first = tmp_path / "first"
-    completed = run_train_step(first, "--variants", "eager", "--crop-start", "eager=16", "--crop-step", "16",
-                               "--crop-limit", "32", "--crop-checkpoint-group", "2", "--crop-budget-s", "600",
-                               "--step-warmup", "1")
+    completed = run_train_step(
+        first,
+        "--variants",
+        "eager",
+        "--crop-start",
+        "eager=16",
+        "--crop-step",
+        "16",
+        "--crop-limit",
+        "32",
+        "--crop-checkpoint-group",
+        "2",
+        "--crop-budget-s",
+        "600",
+        "--step-warmup",
+        "1",
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     earlier = json.loads((first / "train_step.json").read_text())
     search = earlier["maxcrop/eager"]

@@ -53,23 +53,23 @@ class Component:
     """One CCD entry. Atom arrays are [A] in CCD order; bonds index into them. Read-only."""
 
     code: str
-    name: str                   # _chem_comp.name, e.g. "ADENOSINE-5'-TRIPHOSPHATE"
-    type: str                   # _chem_comp.type in upper case, e.g. "L-PEPTIDE LINKING"
-    parent_code: str | None     # standard parent of a modified residue (MSE -> MET)
+    name: str  # _chem_comp.name, e.g. "ADENOSINE-5'-TRIPHOSPHATE"
+    type: str  # _chem_comp.type in upper case, e.g. "L-PEPTIDE LINKING"
+    parent_code: str | None  # standard parent of a modified residue (MSE -> MET)
     one_letter_code: str | None
-    modified_date: str          # ISO date of the entry's last change
-    atom_names: np.ndarray      # [A] str
-    elements: np.ndarray        # [A] int8 atomic number (0: unknown "X")
-    charges: np.ndarray         # [A] int8 formal charge
-    leaving: np.ndarray         # [A] bool: atom leaves when the component links to another
-    aromatic: np.ndarray        # [A] bool
-    bonds: np.ndarray           # [B, 2] int32 atom indices, in CCD order
-    bond_orders: np.ndarray     # [B] int8, BOND_ORDERS codes
-    bond_aromatic: np.ndarray   # [B] bool
-    ideal_pos: np.ndarray       # [A, 3] float32, 0 where missing
-    ideal_missing: np.ndarray   # [A] bool
-    model_pos: np.ndarray       # [A, 3] float32, 0 where missing
-    model_missing: np.ndarray   # [A] bool
+    modified_date: str  # ISO date of the entry's last change
+    atom_names: np.ndarray  # [A] str
+    elements: np.ndarray  # [A] int8 atomic number (0: unknown "X")
+    charges: np.ndarray  # [A] int8 formal charge
+    leaving: np.ndarray  # [A] bool: atom leaves when the component links to another
+    aromatic: np.ndarray  # [A] bool
+    bonds: np.ndarray  # [B, 2] int32 atom indices, in CCD order
+    bond_orders: np.ndarray  # [B] int8, BOND_ORDERS codes
+    bond_aromatic: np.ndarray  # [B] bool
+    ideal_pos: np.ndarray  # [A, 3] float32, 0 where missing
+    ideal_missing: np.ndarray  # [A] bool
+    model_pos: np.ndarray  # [A, 3] float32, 0 where missing
+    model_missing: np.ndarray  # [A] bool
     # True only for the entry exactly as the CCD gives it; atom subsets set it False
     # (a conformer needs every atom, hydrogens included).
     is_complete: bool = True
@@ -193,8 +193,11 @@ class Ccd:
             chem_comp = biotite_info.get_from_ccd("chem_comp", code)
             if chem_comp is None:
                 return None
-            return (chem_comp, biotite_info.get_from_ccd("chem_comp_atom", code),
-                    biotite_info.get_from_ccd("chem_comp_bond", code))
+            return (
+                chem_comp,
+                biotite_info.get_from_ccd("chem_comp_atom", code),
+                biotite_info.get_from_ccd("chem_comp_bond", code),
+            )
         blocks = self._file_contents[0]
         if code not in blocks:
             return None
@@ -273,19 +276,22 @@ def _component_from_categories(code, chem_comp, atoms, bonds, where: str) -> Com
     rows = 0 if atoms is None else atoms.row_count
     names = _strings(atoms, "atom_id", rows)
     elements = np.array([atomic_number(s) for s in _strings(atoms, "type_symbol", rows)], np.int8)
-    charges = (np.zeros(rows, np.int8) if atoms is None or "charge" not in atoms
-               else atoms["charge"].as_array(np.int64, masked_value=0).astype(np.int8))
+    charges = (
+        np.zeros(rows, np.int8)
+        if atoms is None or "charge" not in atoms
+        else atoms["charge"].as_array(np.int64, masked_value=0).astype(np.int8)
+    )
     index = {name: i for i, name in enumerate(names)}
     bond_rows = 0 if bonds is None else bonds.row_count
     pairs = np.zeros((bond_rows, 2), np.int32)
-    for row, ends in enumerate(zip(_strings(bonds, "atom_id_1", bond_rows),
-                                   _strings(bonds, "atom_id_2", bond_rows))):
+    for row, ends in enumerate(zip(_strings(bonds, "atom_id_1", bond_rows), _strings(bonds, "atom_id_2", bond_rows))):
         for side, atom in enumerate(ends):
             if atom not in index:
                 raise ValueError(f"{where}: {code} has a bond to atom {atom!r}, which it does not list")
             pairs[row, side] = index[atom]
-    orders = np.array([BOND_ORDERS.get(order.upper(), 0)
-                       for order in _strings(bonds, "value_order", bond_rows)], np.int8)
+    orders = np.array(
+        [BOND_ORDERS.get(order.upper(), 0) for order in _strings(bonds, "value_order", bond_rows)], np.int8
+    )
     ideal_pos, ideal_missing = _positions(atoms, "pdbx_model_Cartn_", "_ideal", rows)
     model_pos, model_missing = _positions(atoms, "model_Cartn_", "", rows)
     return Component(

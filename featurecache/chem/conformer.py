@@ -51,10 +51,10 @@ _MMFF_MAX_ITERATIONS = 500
 class ConformerSettings:
     """Everything that changes a generated conformer; all of it goes into the cache key."""
 
-    seed: int = 0                   # ETKDG random seed
-    max_iterations: int = 0         # ETKDG embedding attempts; 0: RDKit's default (10 x atoms)
-    timeout_s: int = 10             # ETKDG gives up after this many seconds per fragment; 0: never
-    force_field: str = "mmff"       # FORCE_FIELDS: relax the ETKDG conformer, or not (AF3)
+    seed: int = 0  # ETKDG random seed
+    max_iterations: int = 0  # ETKDG embedding attempts; 0: RDKit's default (10 x atoms)
+    timeout_s: int = 10  # ETKDG gives up after this many seconds per fragment; 0: never
+    force_field: str = "mmff"  # FORCE_FIELDS: relax the ETKDG conformer, or not (AF3)
     # CCD model coordinates are used only for entries modified before this ISO date (AF3:
     # its training cutoff, as they come from one PDB entry); None: always.
     model_coordinates_before: str | None = None
@@ -83,18 +83,18 @@ class Conformer:
     canonical SMILES order. `mask` is False where no position is known (left at 0).
     """
 
-    name: str                  # CCD code, or canonical SMILES
-    kind: str                  # "ccd" or "smiles"
-    atom_names: np.ndarray     # [A] str
-    elements: np.ndarray       # [A] int8 atomic number
-    charges: np.ndarray        # [A] int8 formal charge
-    positions: np.ndarray      # [A, 3] float32, Angstrom
-    mask: np.ndarray           # [A] bool, position known
-    bonds: np.ndarray          # [B, 2] int32 atom indices
-    bond_orders: np.ndarray    # [B] int8 (1, 2, 3, 4; 0 other)
-    source: str                # SOURCES
-    sanitization: str          # molecule.SANITIZATION_LEVELS
-    fallback: str | None       # FALLBACK_REASONS: why the positions are not RDKit's; None if they are
+    name: str  # CCD code, or canonical SMILES
+    kind: str  # "ccd" or "smiles"
+    atom_names: np.ndarray  # [A] str
+    elements: np.ndarray  # [A] int8 atomic number
+    charges: np.ndarray  # [A] int8 formal charge
+    positions: np.ndarray  # [A, 3] float32, Angstrom
+    mask: np.ndarray  # [A] bool, position known
+    bonds: np.ndarray  # [B, 2] int32 atom indices
+    bond_orders: np.ndarray  # [B] int8 (1, 2, 3, 4; 0 other)
+    source: str  # SOURCES
+    sanitization: str  # molecule.SANITIZATION_LEVELS
+    fallback: str | None  # FALLBACK_REASONS: why the positions are not RDKit's; None if they are
 
     def __post_init__(self):
         if self.source not in SOURCES:
@@ -141,8 +141,11 @@ def component_conformer(component: Component, settings: ConformerSettings = Conf
         embedded = _embed(molecule, settings, optimize=sanitization == "full")
         if embedded is None:
             fallback = "embedding_failed" if heavy.any() else None  # no atoms (UNL): nothing failed
-        elif (source != "none" and mask.all()  # only a full CCD set can take the conformer's place
-              and bond_length_deviation(embedded[heavy], positions, atoms.bonds) > settings.max_bond_deviation):
+        elif (
+            source != "none"
+            and mask.all()  # only a full CCD set can take the conformer's place
+            and bond_length_deviation(embedded[heavy], positions, atoms.bonds) > settings.max_bond_deviation
+        ):
             fallback = "bond_lengths"
         else:
             positions, mask, source, fallback = embedded[heavy], np.ones(int(heavy.sum()), bool), "rdkit", None
@@ -214,8 +217,9 @@ def _bond_order(bond: Chem.Bond) -> int:
     bond_type = bond.GetBondType()
     if bond_type == Chem.BondType.DATIVE:  # AF3 treats dative bonds as single
         return 1
-    return {Chem.BondType.SINGLE: 1, Chem.BondType.DOUBLE: 2,
-            Chem.BondType.TRIPLE: 3, Chem.BondType.QUADRUPLE: 4}.get(bond_type, 0)
+    return {Chem.BondType.SINGLE: 1, Chem.BondType.DOUBLE: 2, Chem.BondType.TRIPLE: 3, Chem.BondType.QUADRUPLE: 4}.get(
+        bond_type, 0
+    )
 
 
 def _embed(molecule: Chem.Mol, settings: ConformerSettings, optimize: bool) -> np.ndarray | None:

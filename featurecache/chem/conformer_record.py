@@ -41,7 +41,8 @@ _ARRAYS = (
     ("bond_order", np.int8, ("bond",), "bond order: 1, 2, 3, 4; 0 other"),
 )
 CONFORMER_ARRAYS: tuple[ArraySpec, ...] = tuple(
-    ArraySpec(name, np.dtype(dtype), axes, meaning) for name, dtype, axes, meaning in _ARRAYS)
+    ArraySpec(name, np.dtype(dtype), axes, meaning) for name, dtype, axes, meaning in _ARRAYS
+)
 
 # Metadata stored beside the arrays.
 CONFORMER_METADATA = {
@@ -61,14 +62,15 @@ def encode_atom_names(names) -> np.ndarray:
         # AF3 one-hot encodes each character into 64 classes: printable ASCII up to '_'.
         if len(codes) > ATOM_NAME_LENGTH or any(not 0 <= code < 64 for code in codes):
             raise ValueError(f"atom name {name!r} does not fit AF3's encoding (4 characters, ASCII ' ' to '_')")
-        encoded[row, :len(codes)] = codes
+        encoded[row, : len(codes)] = codes
     return encoded
 
 
 def decode_atom_names(chars: np.ndarray) -> np.ndarray:
     """Inverse of encode_atom_names: [A] str."""
-    return np.array(["".join(chr(code + 32) for code in row).rstrip() for row in np.asarray(chars).tolist()],
-                    dtype=str).reshape(len(chars))
+    return np.array(
+        ["".join(chr(code + 32) for code in row).rstrip() for row in np.asarray(chars).tolist()], dtype=str
+    ).reshape(len(chars))
 
 
 def settings_fingerprint(settings: ConformerSettings) -> str:
@@ -102,8 +104,13 @@ def conformer_to_arrays(conformer: Conformer) -> tuple[dict[str, np.ndarray], di
         "bonds": conformer.bonds.astype(np.int32).reshape(-1, 2),
         "bond_order": conformer.bond_orders.astype(np.int8),
     }
-    meta = {"name": conformer.name, "kind": conformer.kind, "source": conformer.source,
-            "sanitization": conformer.sanitization, "fallback": conformer.fallback}
+    meta = {
+        "name": conformer.name,
+        "kind": conformer.kind,
+        "source": conformer.source,
+        "sanitization": conformer.sanitization,
+        "fallback": conformer.fallback,
+    }
     return arrays, meta
 
 

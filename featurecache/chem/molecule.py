@@ -68,12 +68,17 @@ def sanitize(molecule: Chem.Mol) -> tuple[Chem.Mol, str]:
 
 def _assign_stereo_from_ccd(molecule: Chem.Mol, component: Component) -> None:
     """Set chirality and E/Z from the CCD's ideal (else model) coordinates, if complete."""
-    for positions, missing in ((component.ideal_pos, component.ideal_missing),
-                               (component.model_pos, component.model_missing)):
-        if component.num_atoms and not missing.any():
-            break
-    else:
+    complete = [
+        positions
+        for positions, missing in (
+            (component.ideal_pos, component.ideal_missing),
+            (component.model_pos, component.model_missing),
+        )
+        if not missing.any()
+    ]
+    if not component.num_atoms or not complete:
         return
+    positions = complete[0]
     conformer = Chem.Conformer(component.num_atoms)
     for index, position in enumerate(positions.tolist()):
         conformer.SetAtomPosition(index, position)

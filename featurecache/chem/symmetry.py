@@ -31,8 +31,28 @@ RESIDUE_SWAPS: dict[str, tuple[tuple[tuple[str, str], ...], ...]] = {
     "TYR": ((("CD1", "CD2"), ("CE1", "CE2")),),
     "ARG": ((("NH1", "NH2"),),),
 }
-_AMINO_ACIDS = ("ALA", "ARG", "ASN", "ASP", "CYS", "GLN", "GLU", "GLY", "HIS", "ILE", "LEU", "LYS", "MET", "PHE",
-                "PRO", "SER", "THR", "TRP", "TYR", "VAL")
+_AMINO_ACIDS = (
+    "ALA",
+    "ARG",
+    "ASN",
+    "ASP",
+    "CYS",
+    "GLN",
+    "GLU",
+    "GLY",
+    "HIS",
+    "ILE",
+    "LEU",
+    "LYS",
+    "MET",
+    "PHE",
+    "PRO",
+    "SER",
+    "THR",
+    "TRP",
+    "TYR",
+    "VAL",
+)
 # A C-terminal residue's carboxylate (OXT is kept only at a protein chain's end).
 TERMINAL_CARBOXYLATE = (("O", "OXT"),)
 
@@ -45,9 +65,11 @@ NITROGEN = 7
 def residue_swaps(code: str, names: tuple[str, ...]) -> list[np.ndarray]:
     """The non-identity symmetries of a standard residue with atoms `names` (in their order), as
     permutations [n]: every combination of its swap sets whose atoms are all present."""
-    groups = [group for group in RESIDUE_SWAPS.get(code, ()) + ((TERMINAL_CARBOXYLATE,) if code in _AMINO_ACIDS
-                                                                    else ())
-              if all(a in names and b in names for a, b in group)]
+    groups = [
+        group
+        for group in RESIDUE_SWAPS.get(code, ()) + ((TERMINAL_CARBOXYLATE,) if code in _AMINO_ACIDS else ())
+        if all(a in names and b in names for a, b in group)
+    ]
     index = {name: i for i, name in enumerate(names)}
     permutations = []
     for count in range(1, len(groups) + 1):
@@ -59,8 +81,14 @@ def residue_swaps(code: str, names: tuple[str, ...]) -> list[np.ndarray]:
     return permutations
 
 
-def graph_symmetries(elements: np.ndarray, charges: np.ndarray, bonds: np.ndarray, positions: np.ndarray,
-                     position_mask: np.ndarray, max_matches: int = MAX_MATCHES) -> list[np.ndarray]:
+def graph_symmetries(
+    elements: np.ndarray,
+    charges: np.ndarray,
+    bonds: np.ndarray,
+    positions: np.ndarray,
+    position_mask: np.ndarray,
+    max_matches: int = MAX_MATCHES,
+) -> list[np.ndarray]:
     """The proper non-identity symmetries of a heavy-atom graph, as permutations [n], fewest
     atoms moved first. elements, charges [n] ints (an element 0, unknown: no symmetries; charges
     only tell a quaternary nitrogen, which keeps its handedness, from one that inverts); bonds
@@ -81,18 +109,25 @@ def graph_symmetries(elements: np.ndarray, charges: np.ndarray, bonds: np.ndarra
     molecule = molecule.GetMol()
     molecule.UpdatePropertyCache(strict=False)
     Chem.FastFindRings(molecule)
-    matches = np.array(molecule.GetSubstructMatches(molecule, uniquify=False, maxMatches=max_matches),
-                       dtype=np.int64).reshape(-1, count)
+    matches = np.array(
+        molecule.GetSubstructMatches(molecule, uniquify=False, maxMatches=max_matches), dtype=np.int64
+    ).reshape(-1, count)
     elements = np.asarray(elements, np.int64)
     matches = matches[(elements[matches] == elements).all(axis=1)]
     neighbours = _neighbours(count, bonds)
     # a neutral nitrogen inverts freely: its substituents are not a fixed handedness
-    centres = [atom for atom, around in enumerate(neighbours)
-               if len(around) >= 3 and not (elements[atom] == NITROGEN and charges[atom] == 0)]
+    centres = [
+        atom
+        for atom, around in enumerate(neighbours)
+        if len(around) >= 3 and not (elements[atom] == NITROGEN and charges[atom] == 0)
+    ]
     identity = np.arange(count)
-    symmetries = [match for match in matches if not np.array_equal(match, identity)
-                  and _is_proper(match, centres, neighbours, np.asarray(positions, np.float64),
-                                 np.asarray(position_mask, bool))]
+    symmetries = [
+        match
+        for match in matches
+        if not np.array_equal(match, identity)
+        and _is_proper(match, centres, neighbours, np.asarray(positions, np.float64), np.asarray(position_mask, bool))
+    ]
     symmetries.sort(key=lambda match: (int((match != identity).sum()), match.tolist()))
     return symmetries
 
@@ -113,8 +148,13 @@ def _handedness(centre: int, around: list[int], positions: np.ndarray) -> float:
     return float(np.dot(vectors[0], np.cross(vectors[1], vectors[2])))
 
 
-def _is_proper(permutation: np.ndarray, centres: list[int], neighbours: list[list[int]], positions: np.ndarray,
-               position_mask: np.ndarray) -> bool:
+def _is_proper(
+    permutation: np.ndarray,
+    centres: list[int],
+    neighbours: list[list[int]],
+    positions: np.ndarray,
+    position_mask: np.ndarray,
+) -> bool:
     """Whether relabelling by `permutation` keeps the handedness of every non-planar centre (in
     the reference conformer; a centre without positions for itself and three neighbours is not
     checked)."""
@@ -129,4 +169,3 @@ def _is_proper(permutation: np.ndarray, centres: list[int], neighbours: list[lis
         if np.sign(_handedness(image[0], image[1:], positions)) != np.sign(before):
             return False
     return True
-

@@ -4,8 +4,15 @@ The entry points are imported lazily so that `featurecache.schema` (used by the 
 and the loader) does not pull in gemmi and the parsers.
 """
 
-__all__ = ["featurize_target", "featurize_from_files", "contiguous_crop", "spatial_crop", "crop_arrays",
-           "msa_sample_rows", "expand_msa"]
+__all__ = [
+    "featurize_target",
+    "featurize_from_files",
+    "contiguous_crop",
+    "spatial_crop",
+    "crop_arrays",
+    "msa_sample_rows",
+    "expand_msa",
+]
 
 
 def __getattr__(name):

@@ -62,8 +62,9 @@ class ResidueAtoms:
         return self.names.index(name) if name in self.names else -1
 
 
-def residue_atoms(chain: Chain, position: int, conformers: ReferenceConformers,
-                  bonded_atoms: Iterable[str] = ()) -> ResidueAtoms | None:
+def residue_atoms(
+    chain: Chain, position: int, conformers: ReferenceConformers, bonded_atoms: Iterable[str] = ()
+) -> ResidueAtoms | None:
     """The atoms of `chain.residues[position]`; `bonded_atoms`: its atoms in bonds to other
     residues (Structure.bonds). None for an unresolved residue of unknown chemistry."""
     residue = chain.residues[position]
@@ -71,9 +72,17 @@ def residue_atoms(chain: Chain, position: int, conformers: ReferenceConformers,
     if code is None:
         return _model_atoms(residue) if residue.is_resolved else None
     kind = chain.molecule_type
-    drop = () if residue.smiles else link_drop_atoms(  # a SMILES ligand has no leaving atoms
-        conformers.component(code), kind, is_chain_start=position == 0,
-        is_chain_end=position == len(chain.residues) - 1, bonded_atoms=bonded_atoms)
+    drop = (
+        ()
+        if residue.smiles
+        else link_drop_atoms(  # a SMILES ligand has no leaving atoms
+            conformers.component(code),
+            kind,
+            is_chain_start=position == 0,
+            is_chain_end=position == len(chain.residues) - 1,
+            bonded_atoms=bonded_atoms,
+        )
+    )
     conformer = conformers.conformer(code).without(drop)
     names = tuple(conformer.atom_names.tolist())
     count = len(names)
@@ -88,16 +97,30 @@ def residue_atoms(chain: Chain, position: int, conformers: ReferenceConformers,
         positions[slot[name]] = residue.positions[index]
         resolved[slot[name]] = residue.occupancies[index] > 0
     return ResidueAtoms(
-        code=code, names=names, elements=np.array(conformer.elements, np.int8),
-        charges=np.array(conformer.charges, np.int8), positions=positions, resolved=resolved,
-        ref_pos=np.array(conformer.positions, np.float32), ref_mask=np.array(conformer.mask, bool),
-        bonds=np.array(conformer.bonds, np.int32).reshape(-1, 2), dropped=tuple(dropped))
+        code=code,
+        names=names,
+        elements=np.array(conformer.elements, np.int8),
+        charges=np.array(conformer.charges, np.int8),
+        positions=positions,
+        resolved=resolved,
+        ref_pos=np.array(conformer.positions, np.float32),
+        ref_mask=np.array(conformer.mask, bool),
+        bonds=np.array(conformer.bonds, np.int32).reshape(-1, 2),
+        dropped=tuple(dropped),
+    )
 
 
 def _model_atoms(residue: Residue) -> ResidueAtoms:
     count = len(residue.atom_names)
     return ResidueAtoms(
-        code=None, names=tuple(residue.atom_names), elements=residue.elements.astype(np.int8),
-        charges=residue.charges.astype(np.int8), positions=residue.positions.astype(np.float32),
-        resolved=residue.occupancies > 0, ref_pos=np.zeros((count, 3), np.float32),
-        ref_mask=np.zeros(count, bool), bonds=np.zeros((0, 2), np.int32), dropped=())
+        code=None,
+        names=tuple(residue.atom_names),
+        elements=residue.elements.astype(np.int8),
+        charges=residue.charges.astype(np.int8),
+        positions=residue.positions.astype(np.float32),
+        resolved=residue.occupancies > 0,
+        ref_pos=np.zeros((count, 3), np.float32),
+        ref_mask=np.zeros(count, bool),
+        bonds=np.zeros((0, 2), np.int32),
+        dropped=(),
+    )

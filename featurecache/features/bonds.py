@@ -24,7 +24,9 @@ from featurecache.io.structure import Bond, Structure
 MAX_BOND_LENGTH = 2.4  # Angstrom (AF3)
 
 
-def token_bonds(structure: Structure, placed: dict, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, tuple[Bond, ...]]:
+def token_bonds(
+    structure: Structure, placed: dict, arrays: dict[str, np.ndarray]
+) -> tuple[np.ndarray, tuple[Bond, ...]]:
     """([bonds, 2] int32 token pairs, the structure's bonds among them: those touching a ligand
     that were kept). `placed`: (chain index, residue index) -> (first record atom, ResidueAtoms,
     one token for all its atoms) of every featurized residue; `arrays`: the token and atom arrays
@@ -54,7 +56,7 @@ def token_bonds(structure: Structure, placed: dict, arrays: dict[str, np.ndarray
     measured = mask[pairs[:, 0]] & mask[pairs[:, 1]]
     length = np.linalg.norm(position[pairs[:, 0]] - position[pairs[:, 1]], axis=1)
     kept = ~(measured & (length > MAX_BOND_LENGTH))
-    kept_bonds = tuple(bond for bond, keep in zip(inter_bonds, kept[len(pairs) - len(inter):]) if keep)
+    kept_bonds = tuple(bond for bond, keep in zip(inter_bonds, kept[len(pairs) - len(inter) :]) if keep)
     pairs = pairs[kept]
     tokens = np.sort(arrays["atom_to_token"][pairs], axis=1)
     tokens = tokens[tokens[:, 0] != tokens[:, 1]]

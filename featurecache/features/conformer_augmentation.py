@@ -19,15 +19,23 @@ def random_rotations(count: int, rng: np.random.Generator) -> np.ndarray:
     quaternions = rng.standard_normal((count, 4))
     quaternions /= np.linalg.norm(quaternions, axis=1, keepdims=True)
     w, x, y, z = quaternions.T
-    return np.stack([
-        np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)], axis=-1),
-        np.stack([2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)], axis=-1),
-        np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], axis=-1),
-    ], axis=1)
+    return np.stack(
+        [
+            np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)], axis=-1),
+            np.stack([2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)], axis=-1),
+            np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], axis=-1),
+        ],
+        axis=1,
+    )
 
 
-def augment_reference_conformers(ref_pos: np.ndarray, ref_space_uid: np.ndarray, ref_mask: np.ndarray,
-                                 rng: np.random.Generator, translation_std: float = 1.0) -> np.ndarray:
+def augment_reference_conformers(
+    ref_pos: np.ndarray,
+    ref_space_uid: np.ndarray,
+    ref_mask: np.ndarray,
+    rng: np.random.Generator,
+    translation_std: float = 1.0,
+) -> np.ndarray:
     """float32 [A, 3]: each reference space of `ref_pos` centred, randomly rotated and translated.
 
     One rotation and one translation per distinct `ref_space_uid`, drawn in the order of the

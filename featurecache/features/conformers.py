@@ -27,9 +27,13 @@ from featurecache.io.structure import Chain, Residue, Structure
 
 
 def conformer_settings(chem: ChemConfig) -> ConformerSettings:
-    return ConformerSettings(seed=chem.conformer_seed, max_iterations=chem.conformer_max_iterations,
-                             timeout_s=chem.conformer_timeout_s, force_field=chem.conformer_force_field,
-                             max_bond_deviation=chem.conformer_max_bond_deviation)
+    return ConformerSettings(
+        seed=chem.conformer_seed,
+        max_iterations=chem.conformer_max_iterations,
+        timeout_s=chem.conformer_timeout_s,
+        force_field=chem.conformer_force_field,
+        max_bond_deviation=chem.conformer_max_bond_deviation,
+    )
 
 
 SMILES_PREFIX = "smiles:"
@@ -37,7 +41,7 @@ SMILES_PREFIX = "smiles:"
 
 def smiles_of(code: str) -> str | None:
     """The canonical SMILES of a "smiles:..." reference, None for a CCD code."""
-    return code[len(SMILES_PREFIX):] if code.startswith(SMILES_PREFIX) else None
+    return code[len(SMILES_PREFIX) :] if code.startswith(SMILES_PREFIX) else None
 
 
 def reference_code(ccd: Ccd, chain: Chain, residue: Residue) -> str | None:
@@ -84,7 +88,10 @@ class ReferenceConformers:
         found = self._conformers.get(code)
         if found is None:
             smiles = smiles_of(code)
-            found = self._conformers[code] = (smiles_conformer(smiles, self.settings) if smiles is not None
-                                              else component_conformer(self.ccd.component(code), self.settings))
+            found = self._conformers[code] = (
+                smiles_conformer(smiles, self.settings)
+                if smiles is not None
+                else component_conformer(self.ccd.component(code), self.settings)
+            )
             self.computed.append(code)
         return found

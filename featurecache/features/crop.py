@@ -55,8 +55,13 @@ def crop_groups(arrays: dict[str, np.ndarray]) -> np.ndarray:
     return np.unique(group, return_inverse=True)[1].reshape(-1)
 
 
-def crop_tokens(arrays: dict[str, np.ndarray], mode: str, crop_size: int, rng: np.random.Generator,
-                focus_chains: tuple[int, ...] = ()) -> np.ndarray:
+def crop_tokens(
+    arrays: dict[str, np.ndarray],
+    mode: str,
+    crop_size: int,
+    rng: np.random.Generator,
+    focus_chains: tuple[int, ...] = (),
+) -> np.ndarray:
     """Sorted token indices of one crop of `mode` (config.CROP_MODES) around `focus_chains` (the
     asym_ids of the sampled chain or interface; () for none), never splitting a residue."""
     if mode not in CROP_MODES:
@@ -64,12 +69,21 @@ def crop_tokens(arrays: dict[str, np.ndarray], mode: str, crop_size: int, rng: n
     groups = crop_groups(arrays)
     if mode == "contiguous":
         return contiguous_crop(arrays["asym_id"], crop_size, rng, groups=groups)
-    return spatial_crop(arrays["token_center_pos"], arrays["token_center_mask"], arrays["asym_id"], crop_size, rng,
-                        interface_bias=mode == "spatial_interface", groups=groups, focus_chains=focus_chains)
+    return spatial_crop(
+        arrays["token_center_pos"],
+        arrays["token_center_mask"],
+        arrays["asym_id"],
+        crop_size,
+        rng,
+        interface_bias=mode == "spatial_interface",
+        groups=groups,
+        focus_chains=focus_chains,
+    )
 
 
-def contiguous_crop(asym_id: np.ndarray, crop_size: int, rng: np.random.Generator,
-                    groups: np.ndarray | None = None) -> np.ndarray:
+def contiguous_crop(
+    asym_id: np.ndarray, crop_size: int, rng: np.random.Generator, groups: np.ndarray | None = None
+) -> np.ndarray:
     """Sorted token indices of a contiguous crop (AF3 / AF-Multimer Algorithm 1) of at most
     crop_size; with `groups` (crop_groups), each chain's stretch is moved to whole groups."""
     _check_crop_size(crop_size)
@@ -108,8 +122,12 @@ def _whole_groups(chain_groups: np.ndarray, start: int, stop: int, budget: int) 
     wide_stop, narrow_stop = int(run_stops[run_of[stop - 1]]), stop
     if wide_stop != stop:
         narrow_stop = int(run_starts[run_of[stop - 1]])
-    for low, high in ((wide_start, wide_stop), (wide_start, narrow_stop), (narrow_start, wide_stop),
-                      (narrow_start, narrow_stop)):
+    for low, high in (
+        (wide_start, wide_stop),
+        (wide_start, narrow_stop),
+        (narrow_start, wide_stop),
+        (narrow_start, narrow_stop),
+    ):
         if high - low <= budget:
             return low, max(low, high)
     return start, start
@@ -156,8 +174,13 @@ def spatial_crop(
     return np.sort(nearest)
 
 
-def _centre_candidates(positions: np.ndarray, resolved: np.ndarray, asym_id: np.ndarray,
-                       focus_chains: tuple[int, ...], interface_bias: bool) -> np.ndarray:
+def _centre_candidates(
+    positions: np.ndarray,
+    resolved: np.ndarray,
+    asym_id: np.ndarray,
+    focus_chains: tuple[int, ...],
+    interface_bias: bool,
+) -> np.ndarray:
     """Resolved tokens a spatial crop may centre on (see spatial_crop)."""
     candidates = resolved
     in_focus = resolved[np.isin(asym_id[resolved], focus_chains)]
@@ -275,8 +298,9 @@ def msa_sample_rows(depth: int, max_rows: int, rng: np.random.Generator) -> np.n
     return np.concatenate([[0], np.sort(others)])
 
 
-def msa_cycle_rows(depth: int, rows_per_cycle: int, num_draws: int, first_rng: np.random.Generator,
-                   other_rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def msa_cycle_rows(
+    depth: int, rows_per_cycle: int, num_draws: int, first_rng: np.random.Generator, other_rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """AF3's fresh MSA draw per recycling cycle, made on the host with fixed shapes.
 
     Draws `num_draws` independent row sets as `msa_sample_rows` does (the first from

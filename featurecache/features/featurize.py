@@ -52,19 +52,24 @@ def featurize_target(
     instead of that chain's hits.
     """
     if not config.drop_hydrogens:
-        raise ValueError("FeatureConfig.drop_hydrogens=False is not supported: the record's atom axis holds heavy atoms only")
+        raise ValueError(
+            "FeatureConfig.drop_hydrogens=False is not supported: the record's atom axis holds heavy atoms only"
+        )
     known = {chain.chain_id for chain in structure.chains}
     unknown = sorted((set(chain_msas) | set(chain_template_hits)) - known)
     if unknown:
-        raise ValueError(f"{structure.source}: alignments given for chains {unknown}, the structure has {sorted(known)}")
+        raise ValueError(
+            f"{structure.source}: alignments given for chains {unknown}, the structure has {sorted(known)}"
+        )
     notes = list(warnings) + input_warnings(structure)
     tokens = tokenize(structure, conformers)
     notes.extend(tokens.warnings)
     arrays = dict(tokens.arrays)
     arrays.update(build_msa_features(structure, tokens, chain_msas, config, notes))
     report = TemplateReport()
-    arrays.update(build_template_features(structure, tokens, chain_template_hits, config, template_dir, report,
-                                          given_templates))
+    arrays.update(
+        build_template_features(structure, tokens, chain_template_hits, config, template_dir, report, given_templates)
+    )
     notes.extend(report.warnings)
     schema.check_record(arrays, where=f"{structure.id} ({structure.source})")
     metadata = {
@@ -85,9 +90,13 @@ def featurize_target(
         "template_release_dates": report.release_dates,
         "template_hits_without_coordinates": report.without_coordinates,
         "modified_residues": modified_residues(structure),
-        "ligand_bonds": [[[bond.first.chain_id, bond.first.residue, bond.first.atom],
-                          [bond.second.chain_id, bond.second.residue, bond.second.atom]]
-                         for bond in tokens.ligand_bonds],
+        "ligand_bonds": [
+            [
+                [bond.first.chain_id, bond.first.residue, bond.first.atom],
+                [bond.second.chain_id, bond.second.residue, bond.second.atom],
+            ]
+            for bond in tokens.ligand_bonds
+        ],
     }
     return arrays, metadata
 
@@ -96,9 +105,16 @@ def modified_residues(structure: Structure) -> list[list]:
     """Per chain, [1-based position, CCD code] of each polymer residue that is not the standard
     residue of its one-letter code (a modified or non-standard residue; its letter is its parent's,
     X / N for one without a parent), so the record keeps what its sequence letters do not say."""
-    return [[[position, residue.name] for position, residue in enumerate(chain.residues, start=1)
-             if residue.name != residue.parent] if chain.is_polymer else []
-            for chain in structure.chains]
+    return [
+        [
+            [position, residue.name]
+            for position, residue in enumerate(chain.residues, start=1)
+            if residue.name != residue.parent
+        ]
+        if chain.is_polymer
+        else []
+        for chain in structure.chains
+    ]
 
 
 def featurize_from_files(
@@ -126,6 +142,3 @@ def featurize_from_files(
         source_hash=file_sha256(mmcif_path),
         warnings=warnings,
     )
-
-
-

@@ -79,7 +79,9 @@ class _EntityMsa:
         self.species: list[str] = []  # ids, set once every entity's MSA is known (target-wide)
 
 
-def _entity_msa(msa: Msa, sequence: str, molecule_type: str, query_classes: np.ndarray, chain_id: str, warnings: list[str]):
+def _entity_msa(
+    msa: Msa, sequence: str, molecule_type: str, query_classes: np.ndarray, chain_id: str, warnings: list[str]
+):
     """Rows of `msa` moved onto the chain's residues; None (with a warning) if they do not match."""
     query = msa.query.replace("-", "")
     mapping = map_query_to_chain(query, sequence)
@@ -133,7 +135,10 @@ def build_msa_features(
     entity_msas: dict[int, _EntityMsa | None] = {}
     for entity, members in entity_chains.items():
         first = chains[members[0]]
-        msa = next((chain_msas.get(chains[c].chain_id) for c in members if chain_msas.get(chains[c].chain_id) is not None), None)
+        msa = next(
+            (chain_msas.get(chains[c].chain_id) for c in members if chain_msas.get(chains[c].chain_id) is not None),
+            None,
+        )
         if msa is None:
             warnings.append(f"chain {', '.join(chains[c].chain_id for c in members)}: no alignment, query-only MSA")
             entity_msas[entity] = None
@@ -343,8 +348,10 @@ def pair_msas(msas: list[Msa], max_rows: int) -> list[tuple[str, dict[int, int]]
     its chain, no two of the same sequence): (species, {index in msas: row}) per paired row, best
     first, at most `max_rows` (FeatureConfig.max_paired_rows - 1: the query is not counted).
     Species are resolved over all of them at once, as for a target."""
-    sources = {index: _EntityMsa(_LETTER_TABLES["protein"][msa.aligned], msa.deletion_matrix, msa.species_tags)
-               for index, msa in enumerate(msas)}
+    sources = {
+        index: _EntityMsa(_LETTER_TABLES["protein"][msa.aligned], msa.deletion_matrix, msa.species_tags)
+        for index, msa in enumerate(msas)
+    }
     resolver = SpeciesResolver(source.species_tags for source in sources.values())
     for source in sources.values():
         source.species = resolver.keys(source.species_tags)

@@ -70,27 +70,38 @@ def _atom_bonds(arrays: dict[str, np.ndarray], atom_to_token: np.ndarray) -> tup
     return first[pairs[both]], first[pairs[one][single[pairs[one]]]]
 
 
-def _component_symmetries(arrays: dict[str, np.ndarray], names: list[str], bonds: np.ndarray, linked: np.ndarray,
-                          is_polymer: np.ndarray, start: int, end: int) -> list[np.ndarray]:
+def _component_symmetries(
+    arrays: dict[str, np.ndarray],
+    names: list[str],
+    bonds: np.ndarray,
+    linked: np.ndarray,
+    is_polymer: np.ndarray,
+    start: int,
+    end: int,
+) -> list[np.ndarray]:
     """Symmetries of the per-atom residue on atoms [start, end) that keep its linked atoms fixed."""
     inside = (bonds >= start) & (bonds < end)
     local = bonds[inside.all(axis=1)] - start
     crossing = inside.any(axis=1) & ~inside.all(axis=1)  # bonds to other residues: their inner atom stays
     fixed = {int(atom) - start for atom in bonds[crossing][inside[crossing]]}
     fixed |= {int(atom) - start for atom in linked if start <= atom < end}
-    fixed |= {index for index, name in enumerate(names[start:end]) if is_polymer[start + index]
-              and name in POLYMER_LINK_ATOMS}
+    fixed |= {
+        index for index, name in enumerate(names[start:end]) if is_polymer[start + index] and name in POLYMER_LINK_ATOMS
+    }
     elements = arrays["ref_element"][start:end].astype(np.int64)
     charges = arrays["ref_charge"][start:end].astype(np.int64)
     positions = np.asarray(arrays["ref_pos"][start:end], np.float64)
     known = np.asarray(arrays["ref_mask"][start:end], bool)
-    key = b"|".join(np.ascontiguousarray(part).tobytes() for part in (
-        elements, charges, np.sort(local, axis=1), np.round(positions, 1), known))
+    key = b"|".join(
+        np.ascontiguousarray(part).tobytes()
+        for part in (elements, charges, np.sort(local, axis=1), np.round(positions, 1), known)
+    )
     found = _graph_cache.get(key)
     if found is None:
         if len(_graph_cache) >= _CACHE_SIZE:
             _graph_cache.clear()
         found = _graph_cache[key] = graph_symmetries(elements, charges, local, positions, known)
     fixed_atoms = np.array(sorted(fixed), np.int64)
-    return [permutation for permutation in found
-            if not len(fixed_atoms) or (permutation[fixed_atoms] == fixed_atoms).all()]
+    return [
+        permutation for permutation in found if not len(fixed_atoms) or (permutation[fixed_atoms] == fixed_atoms).all()
+    ]

@@ -161,8 +161,10 @@ def select_templates(
             reject("template sequence does not match the hit")
             continue
         template_sequence = hit.hit_sequence or template_chain.sequence[hit.hit_start - 1 : hit.hit_end]
-        if template_sequence and template_sequence in sequence and (
-            len(template_sequence) / max(len(sequence), 1) > config.max_template_subsequence_ratio
+        if (
+            template_sequence
+            and template_sequence in sequence
+            and (len(template_sequence) / max(len(sequence), 1) > config.max_template_subsequence_ratio)
         ):
             reject("near-identical subsequence of the query")
             continue
@@ -172,8 +174,10 @@ def select_templates(
             reject("no aligned template residue resolved")
             continue
         if config.deduplicate_templates:
-            residues = tuple((int(q), template_chain.residues[h].parent)
-                             for q, h in zip(choice.query_positions, choice.hit_positions))
+            residues = tuple(
+                (int(q), template_chain.residues[h].parent)
+                for q, h in zip(choice.query_positions, choice.hit_positions)
+            )
             if residues in placed:
                 reject("same residues on the query as an earlier hit")
                 continue
@@ -220,8 +224,9 @@ def build_template_features(
     for chain_index, chain in enumerate(structure.chains):
         if chain.chain_id in (given_templates or {}):
             given = given_templates[chain.chain_id][: config.max_templates_stored]
-            per_chain[chain_index] = [_Selected(item.hit, item.chain, item.hit.hit_indices, item.hit.query_indices)
-                                      for item in given]
+            per_chain[chain_index] = [
+                _Selected(item.hit, item.chain, item.hit.hit_indices, item.hit.query_indices) for item in given
+            ]
             report.used.extend(f"{chain.chain_id}:{item.hit.name}" for item in given)
             report.release_dates.extend(item.release_date for item in given)
             continue
@@ -234,12 +239,14 @@ def build_template_features(
         per_chain[chain_index] = select_templates(chain, hits, store, config, structure.release_date, report)
     # Homomer copies share their hits: name each missing structure once.
     report.without_coordinates[:] = list(dict.fromkeys(report.without_coordinates))
-    filtered = set(per_chain) - {index for index, chain in enumerate(structure.chains)
-                                 if chain.chain_id in (given_templates or {})}
+    filtered = set(per_chain) - {
+        index for index, chain in enumerate(structure.chains) if chain.chain_id in (given_templates or {})
+    }
     if filtered and structure.release_date is None and config.template_release_gap_days > 0:
         report.warnings.append(
             f"no release date: template hits are not filtered by release date "
-            f"(template_release_gap_days={config.template_release_gap_days} needs the target's date)")
+            f"(template_release_gap_days={config.template_release_gap_days} needs the target's date)"
+        )
 
     count = max((len(selected) for selected in per_chain.values()), default=0)
     size = tokens.num_tokens
@@ -271,8 +278,9 @@ def build_template_features(
     }
 
 
-def sample_templates(arrays: dict[str, np.ndarray], max_templates: int | None,
-                     rng: np.random.Generator | None) -> dict[str, np.ndarray]:
+def sample_templates(
+    arrays: dict[str, np.ndarray], max_templates: int | None, rng: np.random.Generator | None
+) -> dict[str, np.ndarray]:
     """The templates one sample uses, chosen per chain from those its record stores.
 
     With `rng` (training), each chain with n stored templates gets k = min(Uniform{0..n},
@@ -282,8 +290,9 @@ def sample_templates(arrays: dict[str, np.ndarray], max_templates: int | None,
     holds each chain's t-th choice, and ``template_count`` is updated to what each chain got.
     """
     if "template_count" not in arrays:
-        raise KeyError("record has no template_count (written before templates were stored per chain): "
-                       "recompute the cache")
+        raise KeyError(
+            "record has no template_count (written before templates were stored per chain): recompute the cache"
+        )
     counts = arrays["template_count"]
     if rng is None and (max_templates is None or max_templates >= arrays["template_restype"].shape[0]):
         return arrays  # every stored template, as stored

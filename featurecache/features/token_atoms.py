@@ -75,7 +75,9 @@ def _distogram_atom_name(code: str | None, protein: bool) -> str:
     return NUCLEIC_CENTER_ATOM
 
 
-def _nearest_atom_frame(token: TokenAtoms, atom: int, ref_pos: np.ndarray, ref_mask: np.ndarray) -> tuple[int, int, int]:
+def _nearest_atom_frame(
+    token: TokenAtoms, atom: int, ref_pos: np.ndarray, ref_mask: np.ndarray
+) -> tuple[int, int, int]:
     """(nearest, atom, second nearest) of the atom's residue in the reference conformer, or -1s."""
     first, count = token.first_atom, len(token.atoms.names)
     if not ref_mask[atom] or count < 3:

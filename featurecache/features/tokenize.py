@@ -84,18 +84,38 @@ class _Builder:
     """Accumulates tokens and atoms residue by residue."""
 
     def __init__(self) -> None:
-        self.tokens: dict[str, list] = {name: [] for name in (
-            "restype", "residue_index", "asym_id", "entity_id", "sym_id", "chain", "residue")}
-        self.atoms: dict[str, list] = {name: [] for name in (
-            "atom_to_token", "atom_pos", "atom_mask", "ref_pos", "ref_mask", "ref_element", "ref_charge",
-            "names", "ref_space_uid")}
+        self.tokens: dict[str, list] = {
+            name: [] for name in ("restype", "residue_index", "asym_id", "entity_id", "sym_id", "chain", "residue")
+        }
+        self.atoms: dict[str, list] = {
+            name: []
+            for name in (
+                "atom_to_token",
+                "atom_pos",
+                "atom_mask",
+                "ref_pos",
+                "ref_mask",
+                "ref_element",
+                "ref_charge",
+                "names",
+                "ref_space_uid",
+            )
+        }
         self.token_atoms: list[TokenAtoms] = []
         # (chain index, residue index) -> (first record atom, its atoms, one token for all of them)
         self.placed: dict[tuple[int, int], tuple[int, ResidueAtoms, bool]] = {}
         self.num_atoms = 0
 
-    def add_residue(self, chain_index: int, position: int, chain: Chain, atoms: ResidueAtoms, klass: int,
-                    one_token: bool, ids: tuple[int, int, int]) -> None:
+    def add_residue(
+        self,
+        chain_index: int,
+        position: int,
+        chain: Chain,
+        atoms: ResidueAtoms,
+        klass: int,
+        one_token: bool,
+        ids: tuple[int, int, int],
+    ) -> None:
         space = len(self.placed)
         first_atom, first_token = self.num_atoms, len(self.tokens["restype"])
         self.placed[(chain_index, position)] = (first_atom, atoms, one_token)
@@ -103,11 +123,12 @@ class _Builder:
         per_residue = position if chain.is_polymer else LIGAND_RESIDUE_POSITION
         groups = [list(range(count))] if one_token else [[atom] for atom in range(count)]
         for offset, group in enumerate(groups):
-            for name, value in zip(("restype", "residue_index", "asym_id", "entity_id", "sym_id", "chain", "residue"),
-                                   (klass, chain.residues[position].seq_id, *ids, chain_index, per_residue)):
+            for name, value in zip(
+                ("restype", "residue_index", "asym_id", "entity_id", "sym_id", "chain", "residue"),
+                (klass, chain.residues[position].seq_id, *ids, chain_index, per_residue),
+            ):
                 self.tokens[name].append(value)
-            self.token_atoms.append(TokenAtoms(chain.molecule_type, one_token, first_atom, atoms,
-                                               tuple(group)))
+            self.token_atoms.append(TokenAtoms(chain.molecule_type, one_token, first_atom, atoms, tuple(group)))
             self.atoms["atom_to_token"].extend([first_token + offset] * len(group))
         self.atoms["atom_pos"].append(atoms.positions)
         self.atoms["atom_mask"].append(atoms.resolved)
@@ -148,17 +169,32 @@ def tokenize(structure: Structure, conformers: ReferenceConformers | None = None
                 codes.add(atoms.code)
             dropped.extend(f"{chain.chain_id}/{residue.seq_id}/{residue.name}:{name}" for name in atoms.dropped)
             one_token = chain.is_polymer and residue.name in STANDARD_RESIDUES[chain.molecule_type]
-            builder.add_residue(chain_index, position, chain, atoms, residue_class(residue.parent, chain.molecule_type),
-                                one_token, (chain_index + 1, entity, copies[entity]))
+            builder.add_residue(
+                chain_index,
+                position,
+                chain,
+                atoms,
+                residue_class(residue.parent, chain.molecule_type),
+                one_token,
+                (chain_index + 1, entity, copies[entity]),
+            )
     arrays = _arrays(builder)
     arrays["token_bonds"], ligand_bonds = token_bonds(structure, builder.placed, arrays)
     warnings = []
     if dropped:
-        warnings.append(f"{len(dropped)} model atoms are not in their components' CCD entries and were left "
-                        f"out: {', '.join(dropped[:5])}{', ...' if len(dropped) > 5 else ''}")
-    return Tokens(arrays, np.asarray(builder.tokens["chain"], dtype=np.int32),
-                  np.asarray(builder.tokens["residue"], dtype=np.int32), tuple(chain_entity), tuple(warnings),
-                  frozenset(codes), ligand_bonds)
+        warnings.append(
+            f"{len(dropped)} model atoms are not in their components' CCD entries and were left "
+            f"out: {', '.join(dropped[:5])}{', ...' if len(dropped) > 5 else ''}"
+        )
+    return Tokens(
+        arrays,
+        np.asarray(builder.tokens["chain"], dtype=np.int32),
+        np.asarray(builder.tokens["residue"], dtype=np.int32),
+        tuple(chain_entity),
+        tuple(warnings),
+        frozenset(codes),
+        ligand_bonds,
+    )
 
 
 def _arrays(builder: _Builder) -> dict[str, np.ndarray]:

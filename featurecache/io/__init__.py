@@ -5,9 +5,28 @@ Names are imported lazily: `featurecache.io.msa` and the other text parsers work
 is not installed (only `io.mmcif` and `io.alignments` need it).
 """
 
-__all__ = ["AlignmentIndex", "map_query_to_chain", "ParseError", "FastaRecord", "parse_fasta", "read_fasta",
-           "TemplateHit", "parse_hhr", "parse_m8", "read_hits", "Chain", "Residue", "Structure", "parse_mmcif",
-           "read_mmcif", "structure_from_sequences", "Msa", "parse_a3m", "parse_stockholm", "read_msa"]
+__all__ = [
+    "AlignmentIndex",
+    "map_query_to_chain",
+    "ParseError",
+    "FastaRecord",
+    "parse_fasta",
+    "read_fasta",
+    "TemplateHit",
+    "parse_hhr",
+    "parse_m8",
+    "read_hits",
+    "Chain",
+    "Residue",
+    "Structure",
+    "parse_mmcif",
+    "read_mmcif",
+    "structure_from_sequences",
+    "Msa",
+    "parse_a3m",
+    "parse_stockholm",
+    "read_msa",
+]
 
 
 def __getattr__(name):

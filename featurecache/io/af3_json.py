@@ -44,17 +44,37 @@ SMILES_RESIDUE = "UNL"  # the residue name of a SMILES ligand (its chemistry is 
 _CHAIN_ID = re.compile(r"^[A-Za-z0-9]+$")
 
 # Allowed keys per place, with the version that introduced each (AF3 docs/input.md "Versions").
-_TOP_KEYS = {"name": 1, "modelSeeds": 1, "sequences": 1, "bondedAtomPairs": 1, "userCCD": 1, "dialect": 1,
-             "version": 1, "userCCDPath": 3}
+_TOP_KEYS = {
+    "name": 1,
+    "modelSeeds": 1,
+    "sequences": 1,
+    "bondedAtomPairs": 1,
+    "userCCD": 1,
+    "dialect": 1,
+    "version": 1,
+    "userCCDPath": 3,
+}
 _ENTITY_KEYS = {
-    "protein": {"id": 1, "sequence": 1, "modifications": 1, "unpairedMsa": 1, "pairedMsa": 1, "templates": 1,
-                "unpairedMsaPath": 2, "pairedMsaPath": 2, "description": 4},
+    "protein": {
+        "id": 1,
+        "sequence": 1,
+        "modifications": 1,
+        "unpairedMsa": 1,
+        "pairedMsa": 1,
+        "templates": 1,
+        "unpairedMsaPath": 2,
+        "pairedMsaPath": 2,
+        "description": 4,
+    },
     "rna": {"id": 1, "sequence": 1, "modifications": 1, "unpairedMsa": 1, "unpairedMsaPath": 2, "description": 4},
     "dna": {"id": 1, "sequence": 1, "modifications": 1, "description": 4},
     "ligand": {"id": 1, "ccdCodes": 1, "smiles": 1, "description": 4},
 }
-_MODIFICATION_KEYS = {"protein": ("ptmType", "ptmPosition"), "rna": ("modificationType", "basePosition"),
-                      "dna": ("modificationType", "basePosition")}
+_MODIFICATION_KEYS = {
+    "protein": ("ptmType", "ptmPosition"),
+    "rna": ("modificationType", "basePosition"),
+    "dna": ("modificationType", "basePosition"),
+}
 _TEMPLATE_KEYS = {"mmcif": 1, "mmcifPath": 2, "queryIndices": 1, "templateIndices": 1}
 _PATH_FIELDS = ("unpairedMsaPath", "pairedMsaPath", "mmcifPath", "userCCDPath")
 
@@ -135,8 +155,15 @@ def referenced_files(path: str | os.PathLike) -> list[Path]:
 
 
 def _type_name(value) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def _expect(value, kind, where: str, what: str):
@@ -148,11 +175,11 @@ def _expect(value, kind, where: str, what: str):
 def _check_keys(obj: dict, allowed: dict[str, int], version: int, where: str) -> None:
     for key in obj:
         if key not in allowed:
-            raise _Fail(f"{where}.{key}" if where else key,
-                        f"unknown field (allowed: {', '.join(sorted(allowed))})")
+            raise _Fail(f"{where}.{key}" if where else key, f"unknown field (allowed: {', '.join(sorted(allowed))})")
         if allowed[key] > version:
-            raise _Fail(f"{where}.{key}" if where else key, f"needs \"version\": {allowed[key]} or later, "
-                        f"the file says {version}")
+            raise _Fail(
+                f"{where}.{key}" if where else key, f'needs "version": {allowed[key]} or later, the file says {version}'
+            )
 
 
 class _Reader:
@@ -169,8 +196,10 @@ class _Reader:
 
     def read(self, document) -> Af3Input:
         if isinstance(document, list):
-            raise _Fail("(top level)", "a list is the AlphaFold Server dialect; this reads dialect \"alphafold3\" "
-                        "(one object per file)")
+            raise _Fail(
+                "(top level)",
+                'a list is the AlphaFold Server dialect; this reads dialect "alphafold3" (one object per file)',
+            )
         _expect(document, dict, "(top level)", "an object")
         dialect = document.get("dialect")
         if dialect != DIALECT:
@@ -182,8 +211,11 @@ class _Reader:
         _check_keys(document, _TOP_KEYS, version, "")
         for key in ("userCCD", "userCCDPath"):
             if document.get(key) is not None:
-                raise _Fail(key, "a user-provided CCD is not supported; put its components in a components.cif "
-                            "and pass it with --ccd (or [chem] ccd_path)")
+                raise _Fail(
+                    key,
+                    "a user-provided CCD is not supported; put its components in a components.cif "
+                    "and pass it with --ccd (or [chem] ccd_path)",
+                )
         name = _expect(document.get("name"), str, "name", "a string")
         seeds = _expect(document.get("modelSeeds"), list, "modelSeeds", "a list of integers")
         if not seeds:
@@ -196,8 +228,9 @@ class _Reader:
         for index, entry in enumerate(sequences):
             self._entity(entry, index)
         bonds = self._bonds(document.get("bondedAtomPairs"))
-        structure = Structure(self.target_id, str(self.path), None, None, None, tuple(self.chains),
-                              tuple(self.warnings), bonds)
+        structure = Structure(
+            self.target_id, str(self.path), None, None, None, tuple(self.chains), tuple(self.warnings), bonds
+        )
         return Af3Input(structure, name, tuple(seeds), self.msas, self.templates)
 
     # --- sequences ---
@@ -232,7 +265,7 @@ class _Reader:
             raise _Fail(where, "is an empty list")
         for chain_id in ids:
             if not isinstance(chain_id, str) or not _CHAIN_ID.match(chain_id):
-                raise _Fail(where, f"chain id {chain_id!r} must be letters (and digits), e.g. \"A\"")
+                raise _Fail(where, f'chain id {chain_id!r} must be letters (and digits), e.g. "A"')
             if chain_id in self.chain_where:
                 raise _Fail(where, f"chain id {chain_id!r} is already used by {self.chain_where[chain_id]}")
             self.chain_where[chain_id] = where
@@ -295,8 +328,10 @@ class _Reader:
         _expect(codes, list, f"{where}.ccdCodes", "a list of CCD codes")
         if not codes:
             raise _Fail(f"{where}.ccdCodes", "is an empty list")
-        return tuple(unresolved_residue(self._ccd_code(code, f"{where}.ccdCodes[{number - 1}]"), "", number)
-                     for number, code in enumerate(codes, start=1))
+        return tuple(
+            unresolved_residue(self._ccd_code(code, f"{where}.ccdCodes[{number - 1}]"), "", number)
+            for number, code in enumerate(codes, start=1)
+        )
 
     # --- MSAs and templates ---
 
@@ -321,26 +356,35 @@ class _Reader:
     def _msa(self, body: dict, kind: str, residues, where: str) -> GivenMsa | None:
         """The chain's MSA from the JSON; None when the JSON leaves it to the search."""
         unpaired, unpaired_origin = self._text_or_file(body, "unpairedMsa", where)
-        paired, paired_origin = (self._text_or_file(body, "pairedMsa", where) if kind == "protein"
-                                 else (None, "pairedMsa"))
+        paired, paired_origin = (
+            self._text_or_file(body, "pairedMsa", where) if kind == "protein" else (None, "pairedMsa")
+        )
         if unpaired is None and paired is None:
             return None
         if kind == "protein" and (unpaired is None or paired is None):
             missing = "pairedMsa" if paired is None else "unpairedMsa"
-            raise _Fail(f"{where}.{missing}", "must be set too (\"\" for none): AF3 takes unpairedMsa and pairedMsa "
-                        "both set or both unset")
+            raise _Fail(
+                f"{where}.{missing}",
+                'must be set too ("" for none): AF3 takes unpairedMsa and pairedMsa both set or both unset',
+            )
         query = body["sequence"].upper()
-        parts = [(text, origin) for text, origin in ((paired, paired_origin), (unpaired, unpaired_origin))
-                 if text and text.strip()]
+        parts = [
+            (text, origin)
+            for text, origin in ((paired, paired_origin), (unpaired, unpaired_origin))
+            if text and text.strip()
+        ]
         msas = [self._a3m(text, origin, query, where) for text, origin in parts]
         if not msas:
-            return GivenMsa(None, "input JSON: MSA set to \"\" (query only)")
+            return GivenMsa(None, 'input JSON: MSA set to "" (query only)')
         if len(msas) == 1:
             combined = msas[0]
         else:  # paired rows first, then the unpaired ones without their query
-            combined = Msa(np.concatenate([msas[0].aligned, msas[1].aligned[1:]]),
-                           np.concatenate([msas[0].deletion_matrix, msas[1].deletion_matrix[1:]]),
-                           msas[0].descriptions + msas[1].descriptions[1:], "+".join(m.source for m in msas))
+            combined = Msa(
+                np.concatenate([msas[0].aligned, msas[1].aligned[1:]]),
+                np.concatenate([msas[0].deletion_matrix, msas[1].deletion_matrix[1:]]),
+                msas[0].descriptions + msas[1].descriptions[1:],
+                "+".join(m.source for m in msas),
+            )
         names = " + ".join(origin for _, origin in parts)
         return GivenMsa(combined, f"input JSON {names} ({combined.depth} rows)")
 
@@ -352,11 +396,15 @@ class _Reader:
             line = f" (line {error.line})" if error.line is not None else ""
             raise _Fail(f"{where}.{field_name}", f"not A3M{line}: {error.detail}") from None
         if msa.query.replace("-", "") != query:
-            raise _Fail(f"{where}.{field_name}", f"the first sequence must be the query ({len(query)} residues "
-                        f"{query[:20]}{'...' if len(query) > 20 else ''}), got {msa.query[:20]!r}")
+            raise _Fail(
+                f"{where}.{field_name}",
+                f"the first sequence must be the query ({len(query)} residues "
+                f"{query[:20]}{'...' if len(query) > 20 else ''}), got {msa.query[:20]!r}",
+            )
         if msa.length != len(query):
-            raise _Fail(f"{where}.{field_name}", f"the query row has gaps: {msa.length} columns for "
-                        f"{len(query)} residues")
+            raise _Fail(
+                f"{where}.{field_name}", f"the query row has gaps: {msa.length} columns for {len(query)} residues"
+            )
         return msa
 
     def _templates(self, templates, length: int, where: str) -> tuple[GivenTemplate, ...]:
@@ -378,10 +426,13 @@ class _Reader:
                         raise _Fail(f"{at}.{key}", f"must hold 0-based indices, got {value!r}")
                 indices.append(np.asarray(values, np.int32))
             if len(indices[0]) != len(indices[1]):
-                raise _Fail(f"{at}.templateIndices", f"has {len(indices[1])} entries, queryIndices has "
-                            f"{len(indices[0])}")
-            bounds = (("queryIndices", indices[0], length, "the sequence"),
-                      ("templateIndices", indices[1], len(chain.residues), "the template chain"))
+                raise _Fail(
+                    f"{at}.templateIndices", f"has {len(indices[1])} entries, queryIndices has {len(indices[0])}"
+                )
+            bounds = (
+                ("queryIndices", indices[0], length, "the sequence"),
+                ("templateIndices", indices[1], len(chain.residues), "the template chain"),
+            )
             for key, values, size, what in bounds:
                 if len(values) and values.max() >= size:
                     raise _Fail(f"{at}.{key}", f"index {int(values.max())} is outside {what} (0-{size - 1})")
@@ -402,10 +453,23 @@ class _Reader:
         first, last = (int(query.min()) + 1, int(query.max()) + 1) if len(query) else (0, 0)
         hit_first, hit_last = (int(template.min()) + 1, int(template.max()) + 1) if len(template) else (0, 0)
         return TemplateHit(
-            name=f"input_json_{number}_{chain.auth_chain_id}", index=number, aligned_cols=len(query),
-            sum_probs=None, e_value=None, identity=None, query_start=first, query_end=last, hit_start=hit_first,
-            hit_end=hit_last, query_indices=query, hit_indices=template, hit_sequence="",
-            hit_length=len(chain.residues), description="template given in the input JSON", source="input JSON")
+            name=f"input_json_{number}_{chain.auth_chain_id}",
+            index=number,
+            aligned_cols=len(query),
+            sum_probs=None,
+            e_value=None,
+            identity=None,
+            query_start=first,
+            query_end=last,
+            hit_start=hit_first,
+            hit_end=hit_last,
+            query_indices=query,
+            hit_indices=template,
+            hit_sequence="",
+            hit_length=len(chain.residues),
+            description="template given in the input JSON",
+            source="input JSON",
+        )
 
     # --- bonds ---
 
@@ -426,8 +490,14 @@ class _Reader:
         return tuple(bonds)
 
     def _atom(self, end, chains: dict[str, Chain], where: str) -> AtomRef:
-        if (not isinstance(end, list) or len(end) != 3 or not isinstance(end[0], str)
-                or isinstance(end[1], bool) or not isinstance(end[1], int) or not isinstance(end[2], str)):
+        if (
+            not isinstance(end, list)
+            or len(end) != 3
+            or not isinstance(end[0], str)
+            or isinstance(end[1], bool)
+            or not isinstance(end[1], int)
+            or not isinstance(end[2], str)
+        ):
             raise _Fail(where, f"must be [chain id, residue number, atom name], got {json.dumps(end)}")
         chain_id, number, atom = end
         chain = chains.get(chain_id)
@@ -437,13 +507,18 @@ class _Reader:
             raise _Fail(where, f"chain {chain_id} has no residue {number} (1-{len(chain.residues)})")
         residue = chain.residues[number - 1]
         if residue.smiles:
-            raise _Fail(where, f"chain {chain_id} is a SMILES ligand, whose atoms have no names to bond (as in AF3); "
-                        "define it by ccdCodes instead")
+            raise _Fail(
+                where,
+                f"chain {chain_id} is a SMILES ligand, whose atoms have no names to bond (as in AF3); "
+                "define it by ccdCodes instead",
+            )
         try:
             component = self.ccd.component(residue.name).heavy_atoms()
         except UnknownComponentError:
-            raise _Fail(where, f"residue {number} of chain {chain_id} ({residue.name}) is not in the CCD: "
-                        "its atoms have no names") from None
+            raise _Fail(
+                where,
+                f"residue {number} of chain {chain_id} ({residue.name}) is not in the CCD: its atoms have no names",
+            ) from None
         if atom not in component.atom_names:
             raise _Fail(where, f"residue {number} of chain {chain_id} ({residue.name}) has no atom {atom!r}")
         return AtomRef(chain_id, number - 1, atom)

@@ -26,12 +26,14 @@ from featurecache.io.mmcif import DATE_PATTERN, read_release_date
 from featurecache.io.residues import UNKNOWN_RESIDUE
 from featurecache.io.structure import Structure
 
-_MODIFICATION_KEYS = {"protein": ("ptmType", "ptmPosition"), "rna": ("modificationType", "basePosition"),
-                      "dna": ("modificationType", "basePosition")}
+_MODIFICATION_KEYS = {
+    "protein": ("ptmType", "ptmPosition"),
+    "rna": ("modificationType", "basePosition"),
+    "dna": ("modificationType", "basePosition"),
+}
 # The letters AF3's docs/input.md allows in a sequence ("the 1-letter standard amino acid codes";
 # "only the letters A, C, G, U" / "A, C, G, T"): unknown residues (X, N) are not among them.
-DOCUMENTED_LETTERS = {"protein": frozenset("ACDEFGHIKLMNPQRSTVWY"), "rna": frozenset("ACGU"),
-                      "dna": frozenset("ACGT")}
+DOCUMENTED_LETTERS = {"protein": frozenset("ACDEFGHIKLMNPQRSTVWY"), "rna": frozenset("ACGU"), "dna": frozenset("ACGT")}
 # The letter written where a modification's CCD code stands and no standard parent's letter can:
 # AF3 (and featurecache's reader, io/af3_json.py) take the residue from the code, never the letter.
 PLACEHOLDER_LETTER = "A"
@@ -47,8 +49,11 @@ class Af3Template:
     template_indices: tuple[int, ...]
 
     def to_json(self) -> dict:
-        return {"mmcif": self.mmcif, "queryIndices": list(self.query_indices),
-                "templateIndices": list(self.template_indices)}
+        return {
+            "mmcif": self.mmcif,
+            "queryIndices": list(self.query_indices),
+            "templateIndices": list(self.template_indices),
+        }
 
 
 @dataclass(frozen=True)
@@ -78,8 +83,9 @@ class Af3Entity:
             body["sequence"] = self.sequence
             if self.modifications:
                 type_key, position_key = _MODIFICATION_KEYS[self.kind]
-                body["modifications"] = [{type_key: code, position_key: position}
-                                         for code, position in self.modifications]
+                body["modifications"] = [
+                    {type_key: code, position_key: position} for code, position in self.modifications
+                ]
         if self.description:
             body["description"] = self.description
         if self.kind in ("protein", "rna") and self.unpaired_msa is not None:
@@ -91,8 +97,9 @@ class Af3Entity:
         return {self.kind: body}
 
 
-def documented_sequence(kind: str, sequence: str, modifications: tuple[tuple[str, int], ...]
-                        ) -> tuple[str, tuple[tuple[str, int], ...]]:
+def documented_sequence(
+    kind: str, sequence: str, modifications: tuple[tuple[str, int], ...]
+) -> tuple[str, tuple[tuple[str, int], ...]]:
     """(sequence, modifications) of a polymer in AF3's documented alphabet: every residue that is no
     standard residue of a letter is a modification by its CCD code (those given in `modifications`,
     1-based; an unknown residue's letter X / N by UNK, N or DN), at a letter of the alphabet (its
@@ -167,18 +174,28 @@ def group_copies(chain_ids: list[str], copy_keys: list, name: str) -> list[Entit
     for members in groups.values():
         source = tuple(chain_ids[place] for place in members)
         renamed = any(chain_id in new_ids for chain_id in source)
-        entities.append(EntityChains(tuple(members), tuple(new_ids.get(chain_id, chain_id) for chain_id in source),
-                                     source, f"chain {', '.join(source)} of {name}" if renamed else ""))
+        entities.append(
+            EntityChains(
+                tuple(members),
+                tuple(new_ids.get(chain_id, chain_id) for chain_id in source),
+                source,
+                f"chain {', '.join(source)} of {name}" if renamed else "",
+            )
+        )
     return entities
 
 
 def af3_entities(structure: Structure) -> list[Af3Entity]:
     """The structure's chains grouped into AF3 entities (same type and residues = copies), in
     order of first appearance; waters are left out. MSAs and templates are left unset."""
-    chains = [chain for chain in structure.chains
-              if not (chain.molecule_type == "ligand" and all(r.name in _SKIPPED_LIGANDS for r in chain.residues))]
-    copy_keys = [(chain.molecule_type, tuple((residue.name, residue.smiles) for residue in chain.residues))
-                 for chain in chains]
+    chains = [
+        chain
+        for chain in structure.chains
+        if not (chain.molecule_type == "ligand" and all(r.name in _SKIPPED_LIGANDS for r in chain.residues))
+    ]
+    copy_keys = [
+        (chain.molecule_type, tuple((residue.name, residue.smiles) for residue in chain.residues)) for chain in chains
+    ]
     entities = []
     for group in group_copies([chain.chain_id for chain in chains], copy_keys, structure.id):
         first = chains[group.members[0]]
@@ -188,11 +205,15 @@ def af3_entities(structure: Structure) -> list[Af3Entity]:
             codes = () if smiles else tuple(residue.name for residue in first.residues)
             entities.append(Af3Entity(kind, ids, source, ccd_codes=codes, smiles=smiles, description=description))
             continue
-        modifications = tuple((residue.name, position) for position, residue in enumerate(first.residues, start=1)
-                              if residue.parent != residue.name)
+        modifications = tuple(
+            (residue.name, position)
+            for position, residue in enumerate(first.residues, start=1)
+            if residue.parent != residue.name
+        )
         sequence, modifications = documented_sequence(kind, first.sequence, modifications)
-        entities.append(Af3Entity(kind, ids, source, sequence=sequence, modifications=modifications,
-                                  description=description))
+        entities.append(
+            Af3Entity(kind, ids, source, sequence=sequence, modifications=modifications, description=description)
+        )
     return entities
 
 
@@ -212,12 +233,12 @@ def af3_bonds(structure: Structure, entities: list[Af3Entity]) -> list[list[list
     return pairs
 
 
-def af3_document(name: str, entities: list[Af3Entity], model_seeds: tuple[int, ...] = (1,),
-                 bonds: list[list[list]] | None = None) -> dict:
+def af3_document(
+    name: str, entities: list[Af3Entity], model_seeds: tuple[int, ...] = (1,), bonds: list[list[list]] | None = None
+) -> dict:
     """The whole input as a JSON-ready dict; the version is the lowest that has every field used
     (a `description` needs 4)."""
-    document = {"name": name, "modelSeeds": list(model_seeds),
-                "sequences": [entity.to_json() for entity in entities]}
+    document = {"name": name, "modelSeeds": list(model_seeds), "sequences": [entity.to_json() for entity in entities]}
     if bonds:
         document["bondedAtomPairs"] = bonds
     document["dialect"] = DIALECT
@@ -237,12 +258,15 @@ def _with_release_date(document: gemmi.cif.Document, release_date: str, where: s
     ("Template structure ... must have a release date"). gemmi writes no such category, so every
     template mmCIF written here passes through this."""
     if not DATE_PATTERN.match(release_date or ""):
-        raise ValueError(f"{where}: no release date (_pdbx_audit_revision_history.revision_date, ISO "
-                         f"YYYY-MM-DD), which AlphaFold 3 requires of a template; got {release_date!r}")
+        raise ValueError(
+            f"{where}: no release date (_pdbx_audit_revision_history.revision_date, ISO "
+            f"YYYY-MM-DD), which AlphaFold 3 requires of a template; got {release_date!r}"
+        )
     block = document.sole_block()
-    history = block.init_loop("_pdbx_audit_revision_history.", ["ordinal", "data_content_type",
-                                                                 "major_revision", "minor_revision",
-                                                                 "revision_date"])
+    history = block.init_loop(
+        "_pdbx_audit_revision_history.",
+        ["ordinal", "data_content_type", "major_revision", "minor_revision", "revision_date"],
+    )
     history.add_row(["1", "'Structure model'", "1", "0", release_date])
     return document.as_string()
 
@@ -274,8 +298,9 @@ def single_chain_mmcif(path: str | os.PathLike, auth_chain_id: str) -> str:
 _BACKBONE_ATOMS = (("N", "N"), ("CA", "C"), ("C", "C"))
 
 
-def backbone_template_mmcif(name: str, residue_names: list[str], backbone, backbone_mask, beta, beta_mask,
-                            release_date: str) -> str:
+def backbone_template_mmcif(
+    name: str, residue_names: list[str], backbone, backbone_mask, beta, beta_mask, release_date: str
+) -> str:
     """mmCIF text of a one-chain protein template from backbone coordinates only: N, CA, C
     (`backbone` [n, 3, 3], `backbone_mask` [n, 3]) and CB (`beta` [n, 3]; glycine has none), first
     released on `release_date` (ISO; ValueError without one). Every residue given is in the
@@ -290,8 +315,11 @@ def backbone_template_mmcif(name: str, residue_names: list[str], backbone, backb
         residue.label_seq = number + 1
         residue.entity_type = gemmi.EntityType.Polymer
         residue.subchain = "A"
-        atoms = [(atom, element, backbone[number][slot]) for slot, (atom, element) in enumerate(_BACKBONE_ATOMS)
-                 if backbone_mask[number][slot]]
+        atoms = [
+            (atom, element, backbone[number][slot])
+            for slot, (atom, element) in enumerate(_BACKBONE_ATOMS)
+            if backbone_mask[number][slot]
+        ]
         if beta_mask[number] and residue_name != "GLY":
             atoms.append(("CB", "C", beta[number]))
         for atom_name, element, position in atoms:

@@ -215,8 +215,9 @@ class AlignmentIndex:
         warnings.extend(self._claim_mismatches(structure, entry))
         # A file named for this target that could not be read (its query unknown, so it matched
         # no chain): the target is built without it, and says so.
-        warnings.extend(f"unreadable alignment file: {message}"
-                        for claim, message in self._unreadable_claims if claim[0] == entry)
+        warnings.extend(
+            f"unreadable alignment file: {message}" for claim, message in self._unreadable_claims if claim[0] == entry
+        )
         # a file used by several chains (homomers, hit files of one folder) warns once
         return result, list(dict.fromkeys(warnings))
 
@@ -250,7 +251,8 @@ class AlignmentIndex:
             if file.claim is None or file.claim[0].lower() != entry:
                 continue
             claimed = [
-                chain for chain in structure.chains
+                chain
+                for chain in structure.chains
                 if chain.is_polymer and file.claim[1] in (chain.chain_id, chain.auth_chain_id)
             ]
             if claimed and not any(map_query_to_chain(file.query, chain.sequence) for chain in claimed):
@@ -271,7 +273,9 @@ def concatenate_msas(msas: list[Msa]) -> Msa | None:
     first = msas[0]
     for msa in msas[1:]:
         if msa.query != first.query:
-            raise ValueError(f"cannot concatenate {msa.source} (query {msa.query}) with {first.source} (query {first.query})")
+            raise ValueError(
+                f"cannot concatenate {msa.source} (query {msa.query}) with {first.source} (query {first.query})"
+            )
     return Msa(
         np.concatenate([first.aligned] + [msa.aligned[1:] for msa in msas[1:]]),
         np.concatenate([first.deletion_matrix] + [msa.deletion_matrix[1:] for msa in msas[1:]]),

@@ -54,8 +54,9 @@ def _entity_lines(entity: Af3Entity, msa: str | None) -> list[str]:
     return lines
 
 
-def boltz_yaml_text(entities: list[Af3Entity], bonds: list[list[list]] | None = None,
-                    msas: dict[int, str] | None = None) -> str:
+def boltz_yaml_text(
+    entities: list[Af3Entity], bonds: list[list[list]] | None = None, msas: dict[int, str] | None = None
+) -> str:
     """The input file's text. `bonds`: AF3's `bondedAtomPairs` ([chain id, 1-based residue,
     atom] pairs; Boltz uses the same chain ids); `msas`: entity index -> its MSA file (Boltz CSV
     or A3M, absolute path)."""

@@ -18,8 +18,13 @@ import gemmi
 
 from featurecache.io.structure import AtomRef, Bond
 
-COVALENT_KINDS = {"covale": "covale", "covale_base": "covale", "covale_phosphate": "covale",
-                  "covale_sugar": "covale", "disulf": "disulf"}
+COVALENT_KINDS = {
+    "covale": "covale",
+    "covale_base": "covale",
+    "covale_phosphate": "covale",
+    "covale_sugar": "covale",
+    "disulf": "disulf",
+}
 
 # (label_asym_id, label_seq_id, auth_seq_id, insertion code, auth_asym_id), "" where a file
 # leaves one out -> (chain id, residue index)
@@ -32,8 +37,9 @@ def _text(value) -> str:
     return str(value)
 
 
-def read_bonds(block: gemmi.cif.Block, locate: ResidueLocator, renamed_atoms: dict[str, dict[str, str]]
-               ) -> tuple[tuple[Bond, ...], int]:
+def read_bonds(
+    block: gemmi.cif.Block, locate: ResidueLocator, renamed_atoms: dict[str, dict[str, str]]
+) -> tuple[tuple[Bond, ...], int]:
     """(covalent bonds of `block`'s _struct_conn in row order, each pair once; rows skipped).
 
     `renamed_atoms`: per CCD code as the file writes it, atom renames the parser applied
@@ -48,17 +54,20 @@ def read_bonds(block: gemmi.cif.Block, locate: ResidueLocator, renamed_atoms: di
 
     sides = []
     for side in ("1", "2"):
-        sides.append({
-            "asym": column(f"ptnr{side}_label_asym_id"),
-            "comp": column(f"ptnr{side}_label_comp_id"),
-            "seq": column(f"ptnr{side}_label_seq_id"),
-            "auth": column(f"ptnr{side}_auth_seq_id"),
-            "ins": column(f"pdbx_ptnr{side}_PDB_ins_code"),
-            "auth_asym": column(f"ptnr{side}_auth_asym_id"),
-            "atom": column(f"ptnr{side}_label_atom_id") if f"ptnr{side}_label_atom_id" in table
-            else column(f"ptnr{side}_auth_atom_id"),
-            "symmetry": column(f"ptnr{side}_symmetry"),
-        })
+        sides.append(
+            {
+                "asym": column(f"ptnr{side}_label_asym_id"),
+                "comp": column(f"ptnr{side}_label_comp_id"),
+                "seq": column(f"ptnr{side}_label_seq_id"),
+                "auth": column(f"ptnr{side}_auth_seq_id"),
+                "ins": column(f"pdbx_ptnr{side}_PDB_ins_code"),
+                "auth_asym": column(f"ptnr{side}_auth_asym_id"),
+                "atom": column(f"ptnr{side}_label_atom_id")
+                if f"ptnr{side}_label_atom_id" in table
+                else column(f"ptnr{side}_auth_atom_id"),
+                "symmetry": column(f"ptnr{side}_symmetry"),
+            }
+        )
     bonds: list[Bond] = []
     seen: set[frozenset] = set()
     skipped = 0
@@ -89,8 +98,9 @@ def _atom_ref(side: dict, row: int, locate: ResidueLocator, renamed_atoms) -> At
     return AtomRef(found[0], found[1], atom)
 
 
-def residue_locator(located: dict[tuple[str, str, str, str], tuple[str, int]], asym_auth: dict[str, str]
-                    ) -> ResidueLocator:
+def residue_locator(
+    located: dict[tuple[str, str, str, str], tuple[str, int]], asym_auth: dict[str, str]
+) -> ResidueLocator:
     """A ResidueLocator over the parser's residue keys (label_asym_id, label_seq_id, auth_seq_id,
     insertion code): the exact key first, then by label_seq_id (polymer residues), by author
     number and insertion code (ligands, glycans), and, for files whose _struct_conn has author

@@ -159,7 +159,9 @@ def a3m_to_stockholm(a3m_text: str) -> str:
     width = len(parsed[0][0])
     for index, (matches, _) in enumerate(parsed):
         if len(matches) != width:
-            raise ValueError(f"A3M row {index} ({records[index][0]}) has {len(matches)} match columns, the query {width}")
+            raise ValueError(
+                f"A3M row {index} ({records[index][0]}) has {len(matches)} match columns, the query {width}"
+            )
     slot_widths = [max(len(inserts[slot]) for _, inserts in parsed) for slot in range(width + 1)]
     reference = "".join("." * slot_widths[0] + "".join("x" + "." * w for w in slot_widths[1:]))
     lines = ["# STOCKHOLM 1.0", ""]
@@ -221,8 +223,9 @@ def _domain_scores(domain_table: str) -> dict[tuple[str, int, int], tuple[str, s
     return scores
 
 
-def _alignment_ops(name: str, aligned_row: str, match_columns: list[bool], start: int,
-                   end: int) -> list[tuple[str, int, int, str]]:
+def _alignment_ops(
+    name: str, aligned_row: str, match_columns: list[bool], start: int, end: int
+) -> list[tuple[str, int, int, str]]:
     """(op, query position, target position, target residue) per column, from the first to the
     last aligned pair (empty when no residue pairs with the query)."""
     ops: list[tuple[str, int, int, str]] = []
@@ -242,7 +245,7 @@ def _alignment_ops(name: str, aligned_row: str, match_columns: list[bool], start
     if target_position != end:
         raise ValueError(f"row {name!r} holds {target_position - start + 1} residues, its name says {end - start + 1}")
     aligned = [index for index, op in enumerate(ops) if op[0] == "M"]
-    return ops[aligned[0]: aligned[-1] + 1] if aligned else []
+    return ops[aligned[0] : aligned[-1] + 1] if aligned else []
 
 
 def _m8_line(target: str, ops: list[tuple[str, int, int, str]], query: str, evalue: str, bits: str) -> str:
@@ -255,8 +258,21 @@ def _m8_line(target: str, ops: list[tuple[str, int, int, str]], query: str, eval
         else:
             cigar.append([op[0], 1])
             gap_opens += op[0] != "M"
-    return "\t".join(str(value) for value in (
-        "query", target, f"{identical / len(ops):.3f}", len(ops), len(matches) - identical, gap_opens,
-        ops[0][1], ops[-1][1], ops[0][2], ops[-1][2], evalue, bits,
-        "".join(f"{count}{op}" for op, count in cigar),
-    ))
+    return "\t".join(
+        str(value)
+        for value in (
+            "query",
+            target,
+            f"{identical / len(ops):.3f}",
+            len(ops),
+            len(matches) - identical,
+            gap_opens,
+            ops[0][1],
+            ops[-1][1],
+            ops[0][2],
+            ops[-1][2],
+            evalue,
+            bits,
+            "".join(f"{count}{op}" for op, count in cigar),
+        )
+    )

@@ -72,7 +72,9 @@ def parse_fasta(data: str | bytes, source: str) -> list[FastaRecord]:
             column = next(i for i, c in enumerate(line) if not (c.isascii() and c.isalpha()) and c not in "*-")
             position = sum(map(len, chunks)) + column + 1
             raise ParseError(
-                source, f"invalid character {line[column]!r} at position {position} of record {header[0]!r}", line_number
+                source,
+                f"invalid character {line[column]!r} at position {position} of record {header[0]!r}",
+                line_number,
             )
         else:
             chunks.append(line)

@@ -85,7 +85,9 @@ def parse_hhr(data: str | bytes, source: str, warnings: list[str] | None = None)
         return []
     if not lines[0].startswith("Query"):
         raise ParseError(source, "HHR must start with a 'Query' line (not an HHR file?)", 1)
-    block_starts = [number for number, line in enumerate(lines) if line.startswith("No ") and line[3:].strip().isdigit()]
+    block_starts = [
+        number for number, line in enumerate(lines) if line.startswith("No ") and line[3:].strip().isdigit()
+    ]
     table = _hhr_table(lines, block_starts[0] if block_starts else len(lines))
     hits = []
     for position, start in enumerate(block_starts):
@@ -97,14 +99,18 @@ def parse_hhr(data: str | bytes, source: str, warnings: list[str] | None = None)
         except ParseError as error:
             if not last:
                 raise
-            cut_short(source, f"{error.detail} (the last hit, No {rank})", error.line, warnings, f"hit No {rank} dropped")
+            cut_short(
+                source, f"{error.detail} (the last hit, No {rank})", error.line, warnings, f"hit No {rank} dropped"
+            )
             break
         expected = table.get(rank)
         covered = (hit.query_start, hit.query_end, hit.hit_start, hit.hit_end)
         if expected is not None and covered != expected:
-            detail = (f"hit No {rank} {hit.name} aligns query {covered[0]}-{covered[1]} and template "
-                      f"{covered[2]}-{covered[3]}, the hit table says {expected[0]}-{expected[1]} and "
-                      f"{expected[2]}-{expected[3]}")
+            detail = (
+                f"hit No {rank} {hit.name} aligns query {covered[0]}-{covered[1]} and template "
+                f"{covered[2]}-{covered[3]}, the hit table says {expected[0]}-{expected[1]} and "
+                f"{expected[2]}-{expected[3]}"
+            )
             if not last:
                 raise ParseError(source, detail, start + 1)
             cut_short(source, detail, start + 1, warnings, f"hit No {rank} dropped")
@@ -236,8 +242,9 @@ def parse_m8(data: str | bytes, source: str, warnings: list[str] | None = None) 
         except ParseError as error:
             if number != cut_at:
                 raise
-            cut_short(source, f"{error.detail} (the last line, without its newline)", number, warnings,
-                      "its hit dropped")
+            cut_short(
+                source, f"{error.detail} (the last line, without its newline)", number, warnings, "its hit dropped"
+            )
     return hits
 
 
@@ -256,7 +263,9 @@ def _m8_hit(line: str, source: str, number: int, index: int) -> TemplateHit:
     if identity > 1.0:  # BLAST writes percent identity
         identity /= 100.0
     if min(query_start, hit_start) < 1 or query_end < query_start or hit_end < hit_start:
-        raise ParseError(source, f"bad coordinates query {query_start}-{query_end} target {hit_start}-{hit_end}", number)
+        raise ParseError(
+            source, f"bad coordinates query {query_start}-{query_end} target {hit_start}-{hit_end}", number
+        )
     cigar = fields[12].strip() if len(fields) == 13 else ""
     if cigar:
         query_indices, hit_indices = _cigar_pairs(cigar, query_start, hit_start, query_end, hit_end, source, number)

@@ -66,8 +66,10 @@ def structure_from_fasta(path: str | os.PathLike) -> Structure:
     """A sequence-only target: one chain per FASTA record, every residue unresolved. Ambiguity
     codes are kept as the structure's warnings (one per chain, counted)."""
     records = read_fasta(path)
-    chains = [(_chain_label(number), _fasta_molecule_type(record.description, record.sequence), record.sequence)
-              for number, record in enumerate(records)]
+    chains = [
+        (_chain_label(number), _fasta_molecule_type(record.description, record.sequence), record.sequence)
+        for number, record in enumerate(records)
+    ]
     try:
         structure = structure_from_sequences(target_id_for(path), chains)
     except SequenceError as error:
@@ -144,6 +146,8 @@ def discover_inputs(paths: list[Path]) -> list[Path]:
         by_target.setdefault(target_id_for(path), []).append(path)
     clashes = {target: paths for target, paths in by_target.items() if len(paths) > 1}
     if clashes:
-        listed = "; ".join(f"{target!r}: {', '.join(map(str, sorted(paths)))}" for target, paths in sorted(clashes.items()))
+        listed = "; ".join(
+            f"{target!r}: {', '.join(map(str, sorted(paths)))}" for target, paths in sorted(clashes.items())
+        )
         raise InputError(f"inputs with the same target id (rename or remove one of each): {listed}")
     return sorted(found.values(), key=lambda p: target_id_for(p))

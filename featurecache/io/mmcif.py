@@ -73,8 +73,11 @@ def parse_mmcif(data: str | bytes, source: str) -> Structure:
         block = _first_block(text, source)
         category = _category_cut_short(text)
         if category is not None:
-            raise ParseError(source, f"ends inside {category} without the '#' that closes every category in "
-                                     f"this layout ({CUT_SHORT}?)", len(text.rstrip().splitlines()))
+            raise ParseError(
+                source,
+                f"ends inside {category} without the '#' that closes every category in this layout ({CUT_SHORT}?)",
+                len(text.rstrip().splitlines()),
+            )
     try:
         chains, located = _parse_chains(block, source)
         auth_of = {chain.chain_id: chain.auth_chain_id for chain in chains}
@@ -91,8 +94,15 @@ def parse_mmcif(data: str | bytes, source: str) -> Structure:
         release_date=_release_date(block),
         method=_method(block),
         chains=tuple(chains),
-        warnings=tuple(notes) + ((f"{skipped} covalent _struct_conn rows name atoms outside the model "
-                                  "(symmetry mates, renamed residues): not read",) if skipped else ()),
+        warnings=tuple(notes)
+        + (
+            (
+                f"{skipped} covalent _struct_conn rows name atoms outside the model "
+                "(symmetry mates, renamed residues): not read",
+            )
+            if skipped
+            else ()
+        ),
         bonds=bonds,
     )
 
@@ -298,7 +308,9 @@ def _build_residue(atoms: _AtomSite, rows: list[int], seq_id: int, parent: str |
         try:
             charge = int(float(value)) if value else 0
         except (ValueError, OverflowError) as error:
-            raise ParseError(source, f"atom {atoms.names[row]} of {comp}: formal charge {value!r} is not a number") from error
+            raise ParseError(
+                source, f"atom {atoms.names[row]} of {comp}: formal charge {value!r} is not a number"
+            ) from error
         if not -16 <= charge <= 16:
             raise ParseError(source, f"atom {atoms.names[row]} of {comp}: formal charge {charge} is out of range")
         charges.append(charge)
@@ -342,8 +354,14 @@ def _parse_chains(block: gemmi.cif.Block, source: str) -> tuple[list[Chain], dic
 
     for asym, positions in scheme.items():
         residues = []
-        placed = _polymer_keys(positions, keys_by_asym.get(asym, []), unlabelled_ligands.get(asym_auth.get(asym), {}),
-                               groups, atoms, chem_types)
+        placed = _polymer_keys(
+            positions,
+            keys_by_asym.get(asym, []),
+            unlabelled_ligands.get(asym_auth.get(asym), {}),
+            groups,
+            atoms,
+            chem_types,
+        )
         for (seq_id, mon_id, _), key in zip(positions, placed):
             parent_hint = mod_parents.get((asym, seq_id))
             if key is not None:
@@ -353,7 +371,9 @@ def _parse_chains(block: gemmi.cif.Block, source: str) -> tuple[list[Chain], dic
             else:
                 name = "MET" if mon_id == "MSE" else mon_id
                 residues.append(unresolved_residue(name, parent_hint or parent_of(name), seq_id))
-        molecule_type = _molecule_type([r.parent or r.name for r in residues], chem_types, block, asym_entity.get(asym, ""))
+        molecule_type = _molecule_type(
+            [r.parent or r.name for r in residues], chem_types, block, asym_entity.get(asym, "")
+        )
         first_row = asym_first_row.get(asym, len(atoms.comps))
         chain = Chain(asym, asym_auth.get(asym, asym), asym_entity.get(asym, ""), molecule_type, tuple(residues))
         chains.append((first_row, chain))
@@ -410,9 +430,9 @@ def _polymer_keys(positions, asym_keys, unlabelled_ligands, groups, atoms: _Atom
         elsewhere = unlabelled_ligands.get(auth_number)
         if not candidates and elsewhere is not None and atoms.comps[groups[elsewhere][0]] == mon_id:
             candidates = [elsewhere]
-        found.append(next(
-            (key for key in candidates if _fills_position(atoms.comps[groups[key][0]], mon_id, chem_types)), None
-        ))
+        found.append(
+            next((key for key in candidates if _fills_position(atoms.comps[groups[key][0]], mon_id, chem_types)), None)
+        )
     return found
 
 
@@ -451,7 +471,9 @@ def _as_int(value, what: str, source: str) -> int:
         raise ParseError(source, f"{what} {_text(value) or '?'!r} is not an integer") from None
 
 
-def _polymer_scheme(block, groups, atoms: _AtomSite, chem_types, source) -> dict[str, list[tuple[int, str, tuple | None]]]:
+def _polymer_scheme(
+    block, groups, atoms: _AtomSite, chem_types, source
+) -> dict[str, list[tuple[int, str, tuple | None]]]:
     """Full sequence per polymer asym, in seq_id order: (seq_id, CCD code, author number or None),
     the author number being (pdb_seq_num, insertion code) where _pdbx_poly_seq_scheme gives it."""
     scheme: dict[str, dict[int, tuple[str, tuple | None]]] = {}
@@ -460,7 +482,9 @@ def _polymer_scheme(block, groups, atoms: _AtomSite, chem_types, source) -> dict
         count = len(table["asym_id"])
         numbers = table.get("pdb_seq_num") or [None] * count
         insertions = table.get("pdb_ins_code") or [None] * count
-        for asym, seq_id, mon_id, number, insertion in zip(table["asym_id"], table["seq_id"], table["mon_id"], numbers, insertions):
+        for asym, seq_id, mon_id, number, insertion in zip(
+            table["asym_id"], table["seq_id"], table["mon_id"], numbers, insertions
+        ):
             seq = _as_int(seq_id, f"_pdbx_poly_seq_scheme.seq_id of chain {_text(asym)}", source)
             author = (_text(number), _text(insertion)) if _text(number) else None
             scheme.setdefault(_text(asym), {}).setdefault(seq, (_text(mon_id), author))

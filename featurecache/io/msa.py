@@ -156,7 +156,9 @@ def _parse_a3m(data: str | bytes, source: str) -> Msa:
             raise ParseError(source, "sequence before the first '>' header (not A3M/A2M?)", _first_content_line(raw))
         raise ParseError(source, "no records (empty file or not A3M/A2M)")
     if not _only_comments(raw[:first]):  # hhblits may write '#' comment lines first
-        raise ParseError(source, "sequence before the first '>' header (not A3M/A2M?)", _first_content_line(raw[:first]))
+        raise ParseError(
+            source, "sequence before the first '>' header (not A3M/A2M?)", _first_content_line(raw[:first])
+        )
     header_lines, stream = _split_records(raw[first:])
     headers = list(map(str.strip, b"\n".join(header_lines).decode("utf-8").split("\n")))
     rows = len(headers)
@@ -171,7 +173,9 @@ def _parse_a3m(data: str | bytes, source: str) -> Msa:
         offset = int(np.argmin(kept | lower | (chars == _DOT) | (chars == _STAR)))
         row = stream.count(b">", 0, offset) - 1
         bad = stream[offset : offset + 1].decode("latin-1")
-        raise ParseError(source, f"invalid character {bad!r} in record {headers[row]!r}", _header_line(raw, first, row) + 1)
+        raise ParseError(
+            source, f"invalid character {bad!r} in record {headers[row]!r}", _header_line(raw, first, row) + 1
+        )
 
     kept_positions = np.flatnonzero(kept)
     query = slice(1, stream.find(b">", 1) if rows > 1 else len(stream))
@@ -226,7 +230,9 @@ def _raise_row_width_error(chars, kept, headers, width, raw, first, source) -> N
     for row, count in enumerate(per_row.tolist()):
         if row > 0 and row == len(headers) - 1 and count < width:  # the file ends inside this record
             what = "has no sequence" if count == 0 else f"has {count} aligned columns, the query has {width}"
-            raise _CutLastRecord(source, f"last record {headers[row]!r} {what}", _header_line(raw, first, row), headers[row])
+            raise _CutLastRecord(
+                source, f"last record {headers[row]!r} {what}", _header_line(raw, first, row), headers[row]
+            )
         if bounds[row + 1] - bounds[row] == 1:
             raise ParseError(source, f"record {headers[row]!r} has no sequence", _header_line(raw, first, row))
         if count != width:
@@ -355,7 +361,9 @@ def _stockholm_section(rows, descriptions, first_line, source) -> Msa:
     bad = ~(is_letter | is_gap)
     if bad.any():
         row, column = (int(v) for v in np.argwhere(bad)[0])
-        raise ParseError(source, f"invalid character {chr(chars[row, column])!r} in row {names[row]!r}", first_line[names[row]])
+        raise ParseError(
+            source, f"invalid character {chr(chars[row, column])!r} in row {names[row]!r}", first_line[names[row]]
+        )
     query_columns = ~is_gap[0]
     if not query_columns.any():
         raise ParseError(source, "query row is all gaps", first_line[names[0]])

@@ -39,8 +39,10 @@ _ACCESSION = re.compile(r"^[A-Z0-9]{6,10}$")
 # A UniProtKB name both read a species code from.
 _UNIPROT_NAME = re.compile(r"(?:sp|tr)\|[A-Z0-9]{6,10}\|[A-Z0-9]+_[A-Z0-9]{1,5}")
 # The accession inside the headers featurecache reads: UniProtKB, UniRef, a bare entry name.
-_HEADER_ACCESSION = re.compile(r"^(?:(?:sp|tr)\|(?P<uniprot>[^|]+)\||(?i:uniref)\d+_(?P<uniref>[A-Za-z0-9]+)"
-                               r"|(?P<entry>[A-Za-z0-9]+)_)")
+_HEADER_ACCESSION = re.compile(
+    r"^(?:(?:sp|tr)\|(?P<uniprot>[^|]+)\||(?i:uniref)\d+_(?P<uniref>[A-Za-z0-9]+)"
+    r"|(?P<entry>[A-Za-z0-9]+)_)"
+)
 
 
 def _base36(number: int) -> str:
@@ -96,8 +98,11 @@ def pairing_header(description: str, species_id: str, row: int) -> str:
     if not code:
         return description
     words = description.split(maxsplit=1)
-    if words and _UNIPROT_NAME.fullmatch(words[0].partition("/")[0]) and \
-            words[0].partition("/")[0].endswith(f"_{code}"):
+    if (
+        words
+        and _UNIPROT_NAME.fullmatch(words[0].partition("/")[0])
+        and words[0].partition("/")[0].endswith(f"_{code}")
+    ):
         return description  # a UniProtKB name that already says the species' code
     accession = row_accession(description, row)
     taxid = f" OX={species_id.partition(':')[2]}" if species_id.startswith("tax:") else ""

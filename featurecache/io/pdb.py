@@ -54,7 +54,9 @@ def pdb_to_mmcif_block(text: str, source: str, warnings: list[str]) -> gemmi.cif
             continue
         modelled = model.get_subchain(entity.subchains[0])
         entity.full_sequence = [residue.name for residue in modelled]
-        chains = sorted({residue.subchain for chain in model for residue in chain if residue.subchain in entity.subchains})
+        chains = sorted(
+            {residue.subchain for chain in model for residue in chain if residue.subchain in entity.subchains}
+        )
         warnings.append(
             f"{', '.join(_polymer_names(model, chains))}: no SEQRES in the PDB file; "
             "the modelled residues are the sequence (missing residues unknown)"
@@ -113,7 +115,9 @@ def _rename_subchains(structure: gemmi.Structure) -> None:
             if residue.entity_type == gemmi.EntityType.Polymer:
                 renamed[residue.subchain] = chain.name
             elif residue.entity_type != gemmi.EntityType.Water:
-                renamed[residue.subchain] = f"{chain.name}:{residue.name}{residue.seqid.num}{residue.seqid.icode.strip()}"
+                renamed[residue.subchain] = (
+                    f"{chain.name}:{residue.name}{residue.seqid.num}{residue.seqid.icode.strip()}"
+                )
     for model in structure:
         for chain in model:
             for residue in chain:

@@ -26,8 +26,11 @@ from dataclasses import dataclass
 from featurecache.io.af3_json_writer import Af3Entity
 
 _ENTITY_KEYS = {"protein": "proteinChain", "dna": "dnaSequence", "rna": "rnaSequence", "ligand": "ligand"}
-_MODIFICATION_KEYS = {"protein": ("ptmType", "ptmPosition"), "rna": ("modificationType", "basePosition"),
-                      "dna": ("modificationType", "basePosition")}
+_MODIFICATION_KEYS = {
+    "protein": ("ptmType", "ptmPosition"),
+    "rna": ("modificationType", "basePosition"),
+    "dna": ("modificationType", "basePosition"),
+}
 
 
 @dataclass(frozen=True)
@@ -47,8 +50,9 @@ def protenix_entity(entity: Af3Entity, msa: ProtenixMsaPaths | None = None) -> d
         body["sequence"] = entity.sequence
         if entity.modifications:
             type_key, position_key = _MODIFICATION_KEYS[entity.kind]
-            body["modifications"] = [{type_key: f"CCD_{code}", position_key: position}
-                                     for code, position in entity.modifications]
+            body["modifications"] = [
+                {type_key: f"CCD_{code}", position_key: position} for code, position in entity.modifications
+            ]
     body["count"] = len(entity.ids)
     body["id"] = list(entity.ids)
     if entity.kind == "protein" and msa is not None:
@@ -59,25 +63,36 @@ def protenix_entity(entity: Af3Entity, msa: ProtenixMsaPaths | None = None) -> d
 
 def protenix_bonds(entities: list[Af3Entity], bonds: list[list[list]]) -> list[dict]:
     """`covalent_bonds` from AF3's `bondedAtomPairs` ([AF3 chain id, 1-based residue, atom] pairs)."""
-    place = {chain_id: (number, copy) for number, entity in enumerate(entities, start=1)
-             for copy, chain_id in enumerate(entity.ids, start=1)}
+    place = {
+        chain_id: (number, copy)
+        for number, entity in enumerate(entities, start=1)
+        for copy, chain_id in enumerate(entity.ids, start=1)
+    }
     converted = []
     for pair in bonds:
         bond = {}
         for side, (chain_id, residue, atom) in enumerate(pair, start=1):
             entity_number, copy = place[chain_id]
-            bond.update({f"entity{side}": entity_number, f"copy{side}": copy, f"position{side}": residue,
-                         f"atom{side}": atom})
+            bond.update(
+                {f"entity{side}": entity_number, f"copy{side}": copy, f"position{side}": residue, f"atom{side}": atom}
+            )
         converted.append(bond)
     return converted
 
 
-def protenix_document(name: str, entities: list[Af3Entity], bonds: list[list[list]] | None = None,
-                      model_seeds: tuple[int, ...] = (1,),
-                      msas: dict[int, ProtenixMsaPaths] | None = None) -> list[dict]:
+def protenix_document(
+    name: str,
+    entities: list[Af3Entity],
+    bonds: list[list[list]] | None = None,
+    model_seeds: tuple[int, ...] = (1,),
+    msas: dict[int, ProtenixMsaPaths] | None = None,
+) -> list[dict]:
     """The whole input: one job. `msas`: entity index (in `entities`) -> its MSA files."""
-    job = {"name": name, "modelSeeds": list(model_seeds),
-           "sequences": [protenix_entity(entity, (msas or {}).get(index)) for index, entity in enumerate(entities)]}
+    job = {
+        "name": name,
+        "modelSeeds": list(model_seeds),
+        "sequences": [protenix_entity(entity, (msas or {}).get(index)) for index, entity in enumerate(entities)],
+    }
     if bonds:
         job["covalent_bonds"] = protenix_bonds(entities, bonds)
     return [job]

@@ -22,9 +22,26 @@ from dataclasses import dataclass
 import gemmi
 
 PROTEIN_3TO1 = {
-    "ALA": "A", "ARG": "R", "ASN": "N", "ASP": "D", "CYS": "C", "GLN": "Q", "GLU": "E",
-    "GLY": "G", "HIS": "H", "ILE": "I", "LEU": "L", "LYS": "K", "MET": "M", "PHE": "F",
-    "PRO": "P", "SER": "S", "THR": "T", "TRP": "W", "TYR": "Y", "VAL": "V",
+    "ALA": "A",
+    "ARG": "R",
+    "ASN": "N",
+    "ASP": "D",
+    "CYS": "C",
+    "GLN": "Q",
+    "GLU": "E",
+    "GLY": "G",
+    "HIS": "H",
+    "ILE": "I",
+    "LEU": "L",
+    "LYS": "K",
+    "MET": "M",
+    "PHE": "F",
+    "PRO": "P",
+    "SER": "S",
+    "THR": "T",
+    "TRP": "W",
+    "TYR": "Y",
+    "VAL": "V",
 }
 PROTEIN_1TO3 = {letter: name for name, letter in PROTEIN_3TO1.items()}
 DNA_STANDARD = {"DA": "A", "DC": "C", "DG": "G", "DT": "T"}
@@ -42,15 +59,57 @@ POLYMER_TYPES = ("protein", "dna", "rna")
 # Common modified residues and their standard parents, used when a file has no
 # _pdbx_struct_mod_residue row for them (assembly files often drop that category).
 MODIFIED_PARENTS = {
-    "MSE": "MET", "SEP": "SER", "TPO": "THR", "PTR": "TYR", "CSO": "CYS", "CSD": "CYS",
-    "CME": "CYS", "CSS": "CYS", "OCS": "CYS", "CAS": "CYS", "KCX": "LYS", "MLY": "LYS",
-    "M3L": "LYS", "ALY": "LYS", "LLP": "LYS", "HYP": "PRO", "PCA": "GLN", "MLE": "LEU",
-    "MVA": "VAL", "DVA": "VAL", "SAR": "GLY", "NLE": "LEU", "FME": "MET", "HIC": "HIS",
-    "NEP": "HIS", "AGM": "ARG", "CGU": "GLU", "TYS": "TYR", "SCY": "CYS", "CSX": "CYS",
+    "MSE": "MET",
+    "SEP": "SER",
+    "TPO": "THR",
+    "PTR": "TYR",
+    "CSO": "CYS",
+    "CSD": "CYS",
+    "CME": "CYS",
+    "CSS": "CYS",
+    "OCS": "CYS",
+    "CAS": "CYS",
+    "KCX": "LYS",
+    "MLY": "LYS",
+    "M3L": "LYS",
+    "ALY": "LYS",
+    "LLP": "LYS",
+    "HYP": "PRO",
+    "PCA": "GLN",
+    "MLE": "LEU",
+    "MVA": "VAL",
+    "DVA": "VAL",
+    "SAR": "GLY",
+    "NLE": "LEU",
+    "FME": "MET",
+    "HIC": "HIS",
+    "NEP": "HIS",
+    "AGM": "ARG",
+    "CGU": "GLU",
+    "TYS": "TYR",
+    "SCY": "CYS",
+    "CSX": "CYS",
     "SEC": "CYS",  # AF3 encodes selenocysteine (U) as cysteine
-    "PSU": "U", "5MU": "U", "H2U": "U", "OMU": "U", "4SU": "U", "5MC": "C", "OMC": "C",
-    "1MG": "G", "2MG": "G", "7MG": "G", "M2G": "G", "OMG": "G", "YG": "G", "1MA": "A",
-    "6MA": "A", "5IU": "DU", "CBR": "DC", "5CM": "DC", "5BU": "U", "BRU": "DU",
+    "PSU": "U",
+    "5MU": "U",
+    "H2U": "U",
+    "OMU": "U",
+    "4SU": "U",
+    "5MC": "C",
+    "OMC": "C",
+    "1MG": "G",
+    "2MG": "G",
+    "7MG": "G",
+    "M2G": "G",
+    "OMG": "G",
+    "YG": "G",
+    "1MA": "A",
+    "6MA": "A",
+    "5IU": "DU",
+    "CBR": "DC",
+    "5CM": "DC",
+    "5BU": "U",
+    "BRU": "DU",
 }
 
 # --- input sequence letters -------------------------------------------------------------------
@@ -90,7 +149,9 @@ class SequenceError(ValueError):
         self.position = position
         self.molecule_type = molecule_type
         self.chain_id = chain_id
-        self.detail = f"invalid character {letter!r} at position {position} (not one of the {_ALPHABET_NAMES[molecule_type]})"
+        self.detail = (
+            f"invalid character {letter!r} at position {position} (not one of the {_ALPHABET_NAMES[molecule_type]})"
+        )
         super().__init__(f"chain {chain_id}: {self.detail}" if chain_id else self.detail)
 
 
@@ -104,7 +165,9 @@ class SequenceReading:
         if not self.substitutions:
             return None
         meaning = _AMBIGUOUS_LETTERS[molecule_type]
-        return ", ".join(f"{count} {letter} read as {meaning[letter][1]}" for letter, count in self.substitutions.items())
+        return ", ".join(
+            f"{count} {letter} read as {meaning[letter][1]}" for letter, count in self.substitutions.items()
+        )
 
 
 def read_sequence(sequence: str, molecule_type: str) -> SequenceReading:

@@ -103,10 +103,23 @@ HEADER_FORMATS: tuple[HeaderFormat, ...] = (
 # UniProt organism mnemonics of model organisms and their NCBI taxids (UniProt's controlled
 # vocabulary of species, speclist.txt); each pair is checked against real UniProtKB headers.
 KNOWN_MNEMONICS = {
-    "HUMAN": "9606", "MOUSE": "10090", "RAT": "10116", "BOVIN": "9913", "CHICK": "9031",
-    "DANRE": "7955", "XENLA": "8355", "XENTR": "8364", "DROME": "7227", "SCHPO": "284812",
-    "MACMU": "9544", "PANTR": "9598", "CANLF": "9615", "HORSE": "9796", "RABIT": "9986",
-    "SHEEP": "9940", "FELCA": "9685",
+    "HUMAN": "9606",
+    "MOUSE": "10090",
+    "RAT": "10116",
+    "BOVIN": "9913",
+    "CHICK": "9031",
+    "DANRE": "7955",
+    "XENLA": "8355",
+    "XENTR": "8364",
+    "DROME": "7227",
+    "SCHPO": "284812",
+    "MACMU": "9544",
+    "PANTR": "9598",
+    "CANLF": "9615",
+    "HORSE": "9796",
+    "RABIT": "9986",
+    "SHEEP": "9940",
+    "FELCA": "9685",
 }
 
 

@@ -118,7 +118,8 @@ def structure_from_sequences(
         except SequenceError as error:
             raise SequenceError(error.letter, error.position, molecule_type, chain_id) from None
         residues = tuple(
-            unresolved_residue(name, parent_of(name), position) for position, name in enumerate(reading.residues, start=1)
+            unresolved_residue(name, parent_of(name), position)
+            for position, name in enumerate(reading.residues, start=1)
         )
         built.append(Chain(chain_id, chain_id, "", molecule_type, residues))
         substituted = reading.warning(molecule_type)

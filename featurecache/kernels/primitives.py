@@ -122,8 +122,7 @@ def layernorm_backward(d_xn, xhat, rstd, norm_w, cols, col_mask, n_cols, DNORM_W
 
 
 @triton.jit
-def swiglu_chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, dtype: tl.constexpr,
-                         PRECISION: tl.constexpr):
+def swiglu_chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, dtype: tl.constexpr, PRECISION: tl.constexpr):
     """The three weight tiles of one hidden chunk of a SwiGLU MLP (the transitions), [BLOCK_H,
     BLOCK_C] each in the compute dtype: WA, WB [n_hidden, C] as stored, WO [C, n_hidden] read
     transposed."""

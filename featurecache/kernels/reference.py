@@ -69,8 +69,9 @@ def window_attention_reference(q, k, v, bias=None, mask=None, scale=None):
     return out.unflatten(0, (batch, windows)).transpose(1, 2).to(q.dtype)
 
 
-def gated_pair_attention_reference(packed, mask, heads, head_dim, transpose=False, scale=None,
-                                   attention=evo_attention_reference):
+def gated_pair_attention_reference(
+    packed, mask, heads, head_dim, transpose=False, scale=None, attention=evo_attention_reference
+):
     """Gated attention over a pair representation, from one packed projection.
 
     packed [B, L, L, P >= 4 * H * D + H]: per pair, the columns [q | k | v | gate | bias]
@@ -110,9 +111,7 @@ def _layer_norm(x, weight, bias, eps):
 
 
 def _linear(x, weight, bias=None):
-    return torch.nn.functional.linear(
-        x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype)
-    )
+    return torch.nn.functional.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
 
 
 def layernorm_linear_reference(x, norm_weight, norm_bias, weight, bias=None, eps=1e-5):
@@ -190,8 +189,20 @@ def adaln_modulate(a, scale, shift, eps=1e-5):
     return (torch.sigmoid(_wide(scale)) * a_norm + _wide(shift)).to(a.dtype)
 
 
-def conditioned_transition_reference(a, s, norm_s_weight, scale_weight, scale_bias, shift_weight,
-                                     weight_a, weight_b, weight_out, gate_weight, gate_bias, eps=1e-5):
+def conditioned_transition_reference(
+    a,
+    s,
+    norm_s_weight,
+    scale_weight,
+    scale_bias,
+    shift_weight,
+    weight_a,
+    weight_b,
+    weight_out,
+    gate_weight,
+    gate_bias,
+    eps=1e-5,
+):
     """AF3 ConditionedTransitionBlock (Algorithm 25) with its AdaLN (Algorithm 26).
 
     a [..., C_a]; s [..., C_s] with a's leading shape or one broadcast to it (s [B, 1, L, C_s]
@@ -223,8 +234,9 @@ def inclusion_radius(is_nucleotide: torch.Tensor, resolved: torch.Tensor) -> tor
     return torch.where(resolved, torch.where(is_nucleotide, NUCLEOTIDE_INCLUSION_RADIUS, INCLUSION_RADIUS), 0.0)
 
 
-def smooth_lddt_sums_reference(predicted: torch.Tensor, true: torch.Tensor,
-                               radius: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def smooth_lddt_sums_reference(
+    predicted: torch.Tensor, true: torch.Tensor, radius: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of the pair scores [B, S], number of pairs [B]) from dense [A, A] tensors; predicted
     [B, S, A, 3], true [B, A, 3], radius [B, A] (inclusion_radius). The tests' ground truth."""
     eye = torch.eye(true.shape[1], dtype=torch.bool, device=true.device)
@@ -317,8 +329,10 @@ class _RowBlockAttention(torch.autograd.Function):
         q, k, v, bias, mask, out = ctx.saved_tensors
         scale = ctx.scale
         need_q, need_k, need_v, need_bias = ctx.needs_input_grad[:4]
-        grad_q, grad_k, grad_v = (torch.zeros(t.shape, dtype=torch.float32, device=t.device) if need else None
-                                  for t, need in ((q, need_q), (k, need_k), (v, need_v)))
+        grad_q, grad_k, grad_v = (
+            torch.zeros(t.shape, dtype=torch.float32, device=t.device) if need else None
+            for t, need in ((q, need_q), (k, need_k), (v, need_v))
+        )
         grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_bias else None
         # the softmax backward's sum_k w_k dw_k is sum_k w_k (dout . v_k) = dout . out: [B, N, H, L, 1]
         row_sums = (grad_out.float() * out).sum(-1).permute(0, 1, 3, 2).unsqueeze(-1)
@@ -339,6 +353,8 @@ class _RowBlockAttention(torch.autograd.Function):
                 grad_q[:, rows] = torch.einsum("bnhqk,bnkhd->bnqhd", grad_logits, k[:, rows].float()) * scale
             if need_k:
                 grad_k[:, rows] = torch.einsum("bnhqk,bnqhd->bnkhd", grad_logits, q[:, rows].float() * scale)
-        cast = [None if grad is None else grad.to(t.dtype) for grad, t in
-                ((grad_q, q), (grad_k, k), (grad_v, v), (grad_bias, bias))]
+        cast = [
+            None if grad is None else grad.to(t.dtype)
+            for grad, t in ((grad_q, q), (grad_k, k), (grad_v, v), (grad_bias, bias))
+        ]
         return (*cast, None, None, None)

@@ -76,7 +76,7 @@ def read_config_file(name: str) -> dict[str, Any]:
         return json.load(handle)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_device_name(index: int) -> str:
     return torch.cuda.get_device_name(index)
 
@@ -149,8 +149,7 @@ def launch_options(config: dict[str, Any]) -> dict[str, int]:
 _FITTED_OPTIONS: dict[tuple, dict[str, Any]] = {}
 
 
-def launch_fitting(kernel, grid: tuple, args: tuple, options: dict[str, Any],
-                   shrinkable: tuple[str, ...] = ()) -> None:
+def launch_fitting(kernel, grid: tuple, args: tuple, options: dict[str, Any], shrinkable: tuple[str, ...] = ()) -> None:
     """Launch `kernel[grid](*args, **options)`; when its compiled form needs more shared memory
     than the GPU has, retry with one pipeline stage, then with each block in `shrinkable` halved
     (never below 16; only blocks the grid and the outputs do not depend on), and remember what fit.

@@ -7,5 +7,4 @@ from featurecache.model.af3 import AF3Model, sample_num_cycles
 from featurecache.model.config import PRESETS, ModelConfig, preset
 from featurecache.model.network.heads import distogram_loss
 
-__all__ = ["AF3Model", "KERNEL_CHOICES", "ModelConfig", "PRESETS", "distogram_loss", "preset",
-           "sample_num_cycles"]
+__all__ = ["AF3Model", "KERNEL_CHOICES", "ModelConfig", "PRESETS", "distogram_loss", "preset", "sample_num_cycles"]

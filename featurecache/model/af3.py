@@ -46,17 +46,46 @@ from featurecache.model.objectives.permutation import align_ground_truth, ground
 # What the trunk reads per token, MSA row and template from a collated batch (see
 # featurecache.schema and loader.collate); the atom inputs are the atom attention's.
 TOKEN_INPUTS = (
-    "restype", "residue_index", "token_index", "asym_id", "entity_id", "sym_id",
-    "is_protein", "is_rna", "is_dna", "is_ligand", "msa_profile", "deletion_mean",
-    "msa", "deletion_matrix", "msa_row_mask", "token_pad_mask",
-    "template_restype", "template_backbone_pos", "template_backbone_mask",
-    "template_pseudo_beta_pos", "template_pseudo_beta_mask", "template_mask",
+    "restype",
+    "residue_index",
+    "token_index",
+    "asym_id",
+    "entity_id",
+    "sym_id",
+    "is_protein",
+    "is_rna",
+    "is_dna",
+    "is_ligand",
+    "msa_profile",
+    "deletion_mean",
+    "msa",
+    "deletion_matrix",
+    "msa_row_mask",
+    "token_pad_mask",
+    "template_restype",
+    "template_backbone_pos",
+    "template_backbone_mask",
+    "template_pseudo_beta_pos",
+    "template_pseudo_beta_mask",
+    "template_mask",
 )
 REQUIRED_INPUTS = (*TOKEN_INPUTS, *ATOM_INPUTS, "token_bonds", "token_bond_mask")
 # What `AF3Model.loss` reads besides the outputs.
-LOSS_INPUTS = ("atom_pos", "atom_mask", "atom_pad_mask", "atom_to_token", "distogram_atom_index",
-               "frame_atom_index", "token_bonds", "token_bond_mask", "is_dna", "is_rna", "is_ligand",
-               "token_pad_mask", "atom_permutations")
+LOSS_INPUTS = (
+    "atom_pos",
+    "atom_mask",
+    "atom_pad_mask",
+    "atom_to_token",
+    "distogram_atom_index",
+    "frame_atom_index",
+    "token_bonds",
+    "token_bond_mask",
+    "is_dna",
+    "is_rna",
+    "is_ligand",
+    "token_pad_mask",
+    "atom_permutations",
+)
 # What it reads where a batch has it (collate adds it; a hand-built batch may not).
 OPTIONAL_LOSS_INPUTS = ("resolution",)
 
@@ -83,16 +112,25 @@ class AF3Model(nn.Module):
         self.template_embedder = TemplateEmbedder(config)
         self.msa_module = MSAModule(config, single_input_dim=atom_single_input_dim(config))
         self.pairformer = Pairformer(
-            trunk.pairformer_blocks, trunk.c_s, trunk.c_z, trunk.single_heads,
-            trunk.single_head_dim, trunk.pair_heads, trunk.pair_head_dim,
-            trunk.transition_expansion, checkpoint_blocks=config.runtime.checkpoint_blocks, kernels=kernels,
-            dropout=trunk.pair_dropout, checkpoint_group=config.runtime.checkpoint_group,
+            trunk.pairformer_blocks,
+            trunk.c_s,
+            trunk.c_z,
+            trunk.single_heads,
+            trunk.single_head_dim,
+            trunk.pair_heads,
+            trunk.pair_head_dim,
+            trunk.transition_expansion,
+            checkpoint_blocks=config.runtime.checkpoint_blocks,
+            kernels=kernels,
+            dropout=trunk.pair_dropout,
+            checkpoint_group=config.runtime.checkpoint_group,
             mult_hidden=config.dialect.triangle_mult_hidden,
         )
         self.distogram_head = DistogramHead(trunk.c_z, trunk.distogram_bins)
         self.diffusion_module = DiffusionModule(config, atom_single_input_dim(config))
-        self.confidence_head = (ConfidenceHead(config, atom_single_input_dim(config))
-                                if config.confidence.confidence_head else None)
+        self.confidence_head = (
+            ConfidenceHead(config, atom_single_input_dim(config)) if config.confidence.confidence_head else None
+        )
         if config.dialect.protenix_parameters_only:  # Protenix's parameter set: what it lacks stays zero
             hold_at_zero(self, protenix_absent(self))
 
@@ -140,11 +178,17 @@ class AF3Model(nn.Module):
         return {"s_inputs": s_inputs, "single": s, "pair": z, "distogram_logits": logits}
 
     def diffusion_context(self, batch: dict, trunk: dict) -> DiffusionContext:
-        return self.diffusion_module.prepare(batch, self._windows(batch), trunk["s_inputs"], trunk["single"],
-                                             trunk["pair"])
+        return self.diffusion_module.prepare(
+            batch, self._windows(batch), trunk["s_inputs"], trunk["single"], trunk["pair"]
+        )
 
-    def forward(self, batch: dict, num_cycles: int = 1, diffusion_batch: int | None = None,
-                generator: torch.Generator | None = None) -> dict:
+    def forward(
+        self,
+        batch: dict,
+        num_cycles: int = 1,
+        diffusion_batch: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> dict:
         """The trunk once, then the diffusion training batch (AF3 SI 3.7.1): diffusion_batch copies
         (None: config.diffusion.diffusion_batch) of the ground truth, each randomly rotated and
         translated, noised at its own level sigma, and denoised with the one trunk output. Adds
@@ -165,16 +209,21 @@ class AF3Model(nn.Module):
             return outputs
         atom_resolved = batch["atom_mask"] & batch["atom_pad_mask"]
         true = batch["atom_pos"].float().unsqueeze(1).expand(-1, diffusion_batch, -1, -1)
-        clean = centre_random_augmentation(true, atom_resolved, generator,
-                                           self.config.diffusion.augmentation_translation)
+        clean = centre_random_augmentation(
+            true, atom_resolved, generator, self.config.diffusion.augmentation_translation
+        )
         sigma = sample_noise_levels(clean.shape[:2], self.config, generator, clean.device)
         noise = standard_normal(clean.shape, generator, clean.device)
         context = self.diffusion_context(batch, outputs)
         if self.confidence_head is not None:
             with torch.no_grad():
                 outputs["rollout_positions"] = self._sample_positions(
-                    batch, context, self.config.confidence.confidence_rollout_samples,
-                    self.config.confidence.confidence_rollout_steps, generator)
+                    batch,
+                    context,
+                    self.config.confidence.confidence_rollout_samples,
+                    self.config.confidence.confidence_rollout_steps,
+                    generator,
+                )
             if self.config.loss.permutation_alignment:
                 # SI 4.2: the truth relabelled to fit the rollout; its augmented copies follow (the
                 # augmentation is a rigid map of each atom about the resolved atoms' centre, which
@@ -190,21 +239,40 @@ class AF3Model(nn.Module):
             outputs.update(self._confidence(batch, outputs, outputs["rollout_positions"]))
         return outputs
 
-    def _sample_positions(self, batch: dict, context: DiffusionContext, num_samples: int, num_steps: int | None,
-                          generator: torch.Generator | None) -> torch.Tensor:
+    def _sample_positions(
+        self,
+        batch: dict,
+        context: DiffusionContext,
+        num_samples: int,
+        num_steps: int | None,
+        generator: torch.Generator | None,
+    ) -> torch.Tensor:
         """Algorithm 18 with the diffusion module bound to `context`: [B, num_samples, A, 3]."""
         atom_mask = batch["atom_pad_mask"]
         shape = (atom_mask.shape[0], num_samples, atom_mask.shape[1], 3)
-        return sample_diffusion(lambda noisy, sigma: self.diffusion_module(noisy, sigma, context), shape, atom_mask,
-                                self.config, num_steps=num_steps, generator=generator, device=atom_mask.device)
+        return sample_diffusion(
+            lambda noisy, sigma: self.diffusion_module(noisy, sigma, context),
+            shape,
+            atom_mask,
+            self.config,
+            num_steps=num_steps,
+            generator=generator,
+            device=atom_mask.device,
+        )
 
     def _confidence(self, batch: dict, outputs: dict, positions: torch.Tensor) -> dict:
         """The confidence head's logits on positions [B, S, A, 3] (the trunk detached inside)."""
         return self.confidence_head(outputs["s_inputs"], outputs["single"], outputs["pair"], positions, batch)
 
     @torch.no_grad()
-    def sample(self, batch: dict, num_cycles: int = 4, num_samples: int = 5, num_steps: int | None = None,
-               generator: torch.Generator | None = None) -> dict:
+    def sample(
+        self,
+        batch: dict,
+        num_cycles: int = 4,
+        num_samples: int = 5,
+        num_steps: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> dict:
         """Inference: the trunk, then Algorithm 18 for num_samples structures ([B, S, A, 3] under
         `positions`; padding atoms are meaningless), and with the confidence head its logits for
         each of them. num_steps defaults to config.sampler.sampler_steps."""
@@ -241,17 +309,27 @@ class AF3Model(nn.Module):
             parts = self._diffusion_losses(batch, outputs)
             metrics.update({name: value.mean() for name, value in parts.items()})
             weight = edm_loss_weight(outputs["noise_level"].float(), config.diffusion.sigma_data)
-            diffusion = (weight * (parts["mse"] + weights.bond_loss_weight * parts["bond"]) + parts["smooth_lddt"])
+            diffusion = weight * (parts["mse"] + weights.bond_loss_weight * parts["bond"]) + parts["smooth_lddt"]
             metrics["diffusion"] = diffusion.mean()
             loss = loss + weights.diffusion_loss_weight * metrics["diffusion"]
         if "plddt_logits" in outputs:
             rows = confidence_rows(batch, weights.confidence_resolution_range)  # SI 4.3: 0.1-4 A structures
-            parts = confidence_losses(outputs, outputs["rollout_positions"], batch, self._recomputes_losses(), rows,
-                                      config.dialect.plddt_bins_protenix, config.dialect.pde_distogram_atoms)
+            parts = confidence_losses(
+                outputs,
+                outputs["rollout_positions"],
+                batch,
+                self._recomputes_losses(),
+                rows,
+                config.dialect.plddt_bins_protenix,
+                config.dialect.pde_distogram_atoms,
+            )
             metrics.update(parts)
-            metrics["confidence"] = (weights.plddt_loss_weight * parts["plddt"] + weights.pde_loss_weight * parts["pde"]
-                                     + weights.resolved_loss_weight * parts["resolved"]
-                                     + weights.pae_loss_weight * parts["pae"])
+            metrics["confidence"] = (
+                weights.plddt_loss_weight * parts["plddt"]
+                + weights.pde_loss_weight * parts["pde"]
+                + weights.resolved_loss_weight * parts["resolved"]
+                + weights.pae_loss_weight * parts["pae"]
+            )
             loss = loss + weights.confidence_loss_weight * metrics["confidence"]
         metrics["loss"] = loss
         return loss, {name: value.detach() for name, value in metrics.items()}
@@ -261,8 +339,15 @@ class AF3Model(nn.Module):
         positions, mask = distogram_atoms(batch)
         # re-run in backward with grouped checkpoints: its fp32 copy of the logits and their
         # log-softmax are two pair-sized tensors
-        return maybe_checkpointed(self._recomputes_losses(), distogram_loss, outputs["distogram_logits"], positions,
-                                  mask, self.config.trunk.distogram_min, self.config.trunk.distogram_max)
+        return maybe_checkpointed(
+            self._recomputes_losses(),
+            distogram_loss,
+            outputs["distogram_logits"],
+            positions,
+            mask,
+            self.config.trunk.distogram_min,
+            self.config.trunk.distogram_max,
+        )
 
     def _recomputes_losses(self) -> bool:
         """With grouped checkpoints (config.runtime.checkpoint_group, for long crops) the losses over
@@ -277,12 +362,21 @@ class AF3Model(nn.Module):
         resolved = batch["atom_mask"] & batch["atom_pad_mask"]
         atom_to_token = batch["atom_to_token"]
 
-        is_dna, is_rna, is_ligand = (atom_flags(batch[name], atom_to_token) for name in ("is_dna", "is_rna",
-                                                                                         "is_ligand"))
-        weights = mse_atom_weights(is_dna, is_rna, is_ligand, resolved, config.loss.mse_weight_dna,
-                                   config.loss.mse_weight_rna, config.loss.mse_weight_ligand)
-        bonds = token_bond_atoms(batch["token_bonds"], batch["token_bond_mask"], atom_to_token,
-                                 batch["atom_pad_mask"], true, resolved)
+        is_dna, is_rna, is_ligand = (
+            atom_flags(batch[name], atom_to_token) for name in ("is_dna", "is_rna", "is_ligand")
+        )
+        weights = mse_atom_weights(
+            is_dna,
+            is_rna,
+            is_ligand,
+            resolved,
+            config.loss.mse_weight_dna,
+            config.loss.mse_weight_rna,
+            config.loss.mse_weight_ligand,
+        )
+        bonds = token_bond_atoms(
+            batch["token_bonds"], batch["token_bond_mask"], atom_to_token, batch["atom_pad_mask"], true, resolved
+        )
         return {
             "mse": aligned_mse_loss(predicted, true, weights, resolved),
             "smooth_lddt": smooth_lddt_loss(predicted, true, is_dna | is_rna, resolved, config.runtime.kernels),

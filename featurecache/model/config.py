@@ -87,8 +87,10 @@ def _check_depth(part: object, name: str) -> None:
 
 def _check_heads_divide(part: object, width: str, heads: str) -> None:
     if getattr(part, width) % getattr(part, heads):
-        raise ValueError(f"{type(part).__name__}.{width} ({getattr(part, width)}) must be a multiple of "
-                         f"{heads} ({getattr(part, heads)})")
+        raise ValueError(
+            f"{type(part).__name__}.{width} ({getattr(part, width)}) must be a multiple of "
+            f"{heads} ({getattr(part, heads)})"
+        )
 
 
 def _check_dropout(part: object, name: str) -> None:
@@ -100,16 +102,16 @@ def _check_dropout(part: object, name: str) -> None:
 class TrunkConfig:
     """The input embedder's outputs, relative positions, the Pairformer, recycling and the distogram."""
 
-    c_s: int = 384                  # single representation
-    c_z: int = 128                  # pair representation
+    c_s: int = 384  # single representation
+    c_z: int = 128  # pair representation
     pairformer_blocks: int = 48
-    single_heads: int = 16          # attention with pair bias: 16 heads of 24
+    single_heads: int = 16  # attention with pair bias: 16 heads of 24
     single_head_dim: int = 24
-    pair_heads: int = 4             # triangle attention: 4 heads of 32 (also in the MSA module)
+    pair_heads: int = 4  # triangle attention: 4 heads of 32 (also in the MSA module)
     pair_head_dim: int = 32
-    transition_expansion: int = 4   # the Pairformer's and the MSA module's transitions
-    relpos_max_residue: int = 32    # r_max of AF3's relative position encoding
-    relpos_max_chain: int = 2       # s_max
+    transition_expansion: int = 4  # the Pairformer's and the MSA module's transitions
+    relpos_max_residue: int = 32  # r_max of AF3's relative position encoding
+    relpos_max_chain: int = 2  # s_max
     # Which pairs get a sym_id offset (d_chain of Algorithm 3): "entity" as AF3's and Protenix's
     # code (chains of one entity; the same chain gets offset 0), "chain" as the supplement prints
     # it (every pair of different chains, whatever their entities). docs/FIDELITY.md
@@ -122,30 +124,33 @@ class TrunkConfig:
     # row/column-wise dropout after the triangle updates while training (Algorithms 16, 17), in
     # every pair stack: the Pairformer's, the MSA module's and the templates'
     pair_dropout: float = 0.25
-    max_recycling_cycles: int = 4   # training draws N_cycle uniformly from 1..this
+    max_recycling_cycles: int = 4  # training draws N_cycle uniformly from 1..this
 
     def __post_init__(self) -> None:
         _check_positive(self, ("c_s", "c_z", "single_heads", "pair_heads", "max_recycling_cycles"))
         _check_depth(self, "pairformer_blocks")
         _check_dropout(self, "pair_dropout")
         if self.relpos_chain_gate not in RELPOS_CHAIN_GATES:
-            raise ValueError(f"TrunkConfig.relpos_chain_gate is {self.relpos_chain_gate!r}, expected one of "
-                             f"{RELPOS_CHAIN_GATES}")
+            raise ValueError(
+                f"TrunkConfig.relpos_chain_gate is {self.relpos_chain_gate!r}, expected one of {RELPOS_CHAIN_GATES}"
+            )
         if not self.distogram_min < self.distogram_max or self.distogram_bins < 2:
-            raise ValueError(f"TrunkConfig distogram needs distogram_min < distogram_max and >= 2 bins, got "
-                             f"{self.distogram_bins} bins over {self.distogram_min}..{self.distogram_max}")
+            raise ValueError(
+                f"TrunkConfig distogram needs distogram_min < distogram_max and >= 2 bins, got "
+                f"{self.distogram_bins} bins over {self.distogram_min}..{self.distogram_max}"
+            )
 
 
 @dataclass(frozen=True)
 class MSAConfig:
     """The MSA module (Algorithm 8)."""
 
-    c_m: int = 64                   # MSA representation
+    c_m: int = 64  # MSA representation
     msa_blocks: int = 4
-    msa_heads: int = 8              # pair-weighted averaging: 8 heads of 8
+    msa_heads: int = 8  # pair-weighted averaging: 8 heads of 8
     msa_head_dim: int = 8
     outer_product_dim: int = 32
-    msa_dropout: float = 0.15       # rowwise after the pair-weighted averaging, while training
+    msa_dropout: float = 0.15  # rowwise after the pair-weighted averaging, while training
 
     def __post_init__(self) -> None:
         _check_positive(self, ("c_m", "msa_heads"))
@@ -157,7 +162,7 @@ class MSAConfig:
 class TemplateConfig:
     """The template embedder (Algorithm 16)."""
 
-    c_template: int = 64            # template pair representation
+    c_template: int = 64  # template pair representation
     template_blocks: int = 2
     template_pair_heads: int = 4
     template_pair_head_dim: int = 16
@@ -173,12 +178,12 @@ class AtomAttentionConfig:
     """The atom attention encoder and decoder (Algorithms 5-7), in the input embedder and the
     diffusion module."""
 
-    c_atom: int = 128               # atom single representation
-    c_atompair: int = 16            # atom pair representation
-    atom_blocks: int = 3            # atom transformer blocks, in every encoder and decoder
+    c_atom: int = 128  # atom single representation
+    c_atompair: int = 16  # atom pair representation
+    atom_blocks: int = 3  # atom transformer blocks, in every encoder and decoder
     atom_heads: int = 4
-    atom_window_queries: int = 32   # sequence-local atom attention: 32 queries ...
-    atom_window_keys: int = 128     # ... attend to the 128 keys around them
+    atom_window_queries: int = 32  # sequence-local atom attention: 32 queries ...
+    atom_window_keys: int = 128  # ... attend to the 128 keys around them
     # AF3's code: arcsinh of the reference charge before the projection, and the atom single
     # conditioning c_l multiplied by ref_mask (a masked reference atom contributes nothing)
     ref_charge_arcsinh: bool = True
@@ -191,21 +196,26 @@ class AtomAttentionConfig:
         _check_positive(self, ("c_atom", "c_atompair", "atom_heads"))
         _check_depth(self, "atom_blocks")
         _check_heads_divide(self, "c_atom", "atom_heads")
-        if self.atom_window_queries % 2 or self.atom_window_keys % 2 \
-                or self.atom_window_keys < self.atom_window_queries:
-            raise ValueError(f"AtomAttentionConfig windows must be even with keys >= queries, got "
-                             f"{self.atom_window_queries} queries x {self.atom_window_keys} keys")
+        if (
+            self.atom_window_queries % 2
+            or self.atom_window_keys % 2
+            or self.atom_window_keys < self.atom_window_queries
+        ):
+            raise ValueError(
+                f"AtomAttentionConfig windows must be even with keys >= queries, got "
+                f"{self.atom_window_queries} queries x {self.atom_window_keys} keys"
+            )
 
 
 @dataclass(frozen=True)
 class DiffusionConfig:
     """The diffusion module (Algorithms 20-24) and how training feeds it (SI 3.7.1)."""
 
-    c_token_diffusion: int = 768    # width of the diffusion transformer's token stream
+    c_token_diffusion: int = 768  # width of the diffusion transformer's token stream
     diffusion_blocks: int = 24
     diffusion_heads: int = 16
-    fourier_dim: int = 256          # noise-level embedding
-    sigma_data: float = 16.0        # Angstrom; EDM's data standard deviation
+    fourier_dim: int = 256  # noise-level embedding
+    sigma_data: float = 16.0  # Angstrom; EDM's data standard deviation
     augmentation_translation: float = 1.0  # Angstrom, s_trans of Algorithm 19
     # Under autocast, the coordinate path in fp32 (noisy positions, c_in scaling, the position
     # and reference-position projections, the pair offsets, the position-update projection and
@@ -231,12 +241,12 @@ class SamplerConfig:
     """The inference sampler's noise schedule and steps (Algorithm 18, SI 3.7.1)."""
 
     sampler_sigma_max: float = 160.0  # times sigma_data
-    sampler_sigma_min: float = 4e-4   # times sigma_data
+    sampler_sigma_min: float = 4e-4  # times sigma_data
     sampler_rho: float = 7.0
     sampler_gamma_0: float = 0.8
     sampler_gamma_min: float = 1.0
     sampler_noise_scale: float = 1.003  # lambda
-    sampler_step_scale: float = 1.5     # eta
+    sampler_step_scale: float = 1.5  # eta
     sampler_steps: int = 200
 
     def __post_init__(self) -> None:
@@ -247,10 +257,10 @@ class SamplerConfig:
 class ConfidenceConfig:
     """The confidence head (Algorithm 31) and the mini-rollout that trains it (SI 4.3)."""
 
-    confidence_head: bool = True     # False: trunk and diffusion only (no mini-rollout, no head)
-    confidence_blocks: int = 4       # the head's own Pairformer blocks
-    confidence_rollout_steps: int = 20    # training's mini-rollout of the sampler (no gradient)
-    confidence_rollout_samples: int = 1   # structures the mini-rollout gives the head per step
+    confidence_head: bool = True  # False: trunk and diffusion only (no mini-rollout, no head)
+    confidence_blocks: int = 4  # the head's own Pairformer blocks
+    confidence_rollout_steps: int = 20  # training's mini-rollout of the sampler (no gradient)
+    confidence_rollout_samples: int = 1  # structures the mini-rollout gives the head per step
 
     def __post_init__(self) -> None:
         _check_positive(self, ("confidence_rollout_steps", "confidence_rollout_samples"))
@@ -263,7 +273,7 @@ class LossConfig:
 
     diffusion_loss_weight: float = 4.0
     distogram_loss_weight: float = 0.03
-    bond_loss_weight: float = 0.0   # AF3: 0 in initial training, 1 when fine-tuning
+    bond_loss_weight: float = 0.0  # AF3: 0 in initial training, 1 when fine-tuning
     mse_weight_dna: float = 5.0
     mse_weight_rna: float = 5.0
     mse_weight_ligand: float = 10.0
@@ -286,8 +296,10 @@ class LossConfig:
             object.__setattr__(self, "confidence_resolution_range", tuple(self.confidence_resolution_range))
             low, high = self.confidence_resolution_range
             if not 0 <= low <= high:
-                raise ValueError(f"LossConfig.confidence_resolution_range must be (low, high) with 0 <= low <= "
-                                 f"high, got {self.confidence_resolution_range}")
+                raise ValueError(
+                    f"LossConfig.confidence_resolution_range must be (low, high) with 0 <= low <= "
+                    f"high, got {self.confidence_resolution_range}"
+                )
 
 
 @dataclass(frozen=True)
@@ -295,7 +307,7 @@ class RuntimeConfig:
     """How the model runs, not what its weights are: a checkpoint resumes and predicts under any
     values of these."""
 
-    kernels: str = "triton"         # "triton": featurecache.kernels; "torch": pure-PyTorch references
+    kernels: str = "triton"  # "triton": featurecache.kernels; "torch": pure-PyTorch references
     checkpoint_blocks: bool = True  # activation checkpointing per block while training
     # Pairformer blocks per outer checkpoint while training (with checkpoint_blocks). 1: every
     # block's input is kept for backward (48 bf16 pairs under autocast: 1.8 GB at crop 384, 80 GB
@@ -321,18 +333,18 @@ class DialectConfig:
     The `protenix` preset turns on all of PROTENIX_SETTINGS, and a checkpoint converted from
     Protenix records them (featurecache.integrations.protenix)."""
 
-    pair_init_from_single: bool = False       # z_init's outer sum from s_init, not s_inputs
+    pair_init_from_single: bool = False  # z_init's outer sum from s_init, not s_inputs
     outer_product_bias_divided: bool = False  # OPM: Linear (bias too) of the summed products, / (rows + 1e-3)
-    atom_key_adaln_nested: bool = False       # with atom_key_adaln: the keys' AdaLN on the queries' AdaLN output
-    confidence_single_norm: bool = False      # confidence head: own LayerNorm of the trunk single (clamped)
-    confidence_raw_distance: bool = False     # confidence head: a LinearNoBias of the raw distance too
-    pde_symmetrised_input: bool = False       # PDE logits Linear(LayerNorm(z + z^T))
+    atom_key_adaln_nested: bool = False  # with atom_key_adaln: the keys' AdaLN on the queries' AdaLN output
+    confidence_single_norm: bool = False  # confidence head: own LayerNorm of the trunk single (clamped)
+    confidence_raw_distance: bool = False  # confidence head: a LinearNoBias of the raw distance too
+    pde_symmetrised_input: bool = False  # PDE logits Linear(LayerNorm(z + z^T))
     template_embedder_needs_blocks: bool = False  # 0 template blocks: no template embedding at all
-    plddt_bins_protenix: bool = False         # pLDDT target: lDDT / (pairs + 1e-6), (k/50, (k+1)/50] bins
-    pde_distogram_atoms: bool = False         # PDE target between distogram atoms (CB, C4 / C2), not centres
-    triangle_mult_hidden: int | None = None   # triangle multiplication width; None: c_z (AF3), Protenix 128
+    plddt_bins_protenix: bool = False  # pLDDT target: lDDT / (pairs + 1e-6), (k/50, (k+1)/50] bins
+    pde_distogram_atoms: bool = False  # PDE target between distogram atoms (CB, C4 / C2), not centres
+    triangle_mult_hidden: int | None = None  # triangle multiplication width; None: c_z (AF3), Protenix 128
     template_triangle_mult_hidden: int | None = None  # the same in the template stack; None: c_template
-    input_atom_blocks: int | None = None      # the input embedder's atom transformer; None: atom_blocks
+    input_atom_blocks: int | None = None  # the input embedder's atom transformer; None: atom_blocks
     # the parameters Protenix's layers lack (offsets, biases) held at zero while training, so a
     # fine-tuned model still converts back to Protenix (model/dialect.py); how it trains, not what it computes
     protenix_parameters_only: bool = False
@@ -347,13 +359,21 @@ class DialectConfig:
 
 # The parts by their attribute name in ModelConfig.
 PART_TYPES: dict[str, type] = {
-    "trunk": TrunkConfig, "msa": MSAConfig, "templates": TemplateConfig, "atom_attention": AtomAttentionConfig,
-    "diffusion": DiffusionConfig, "sampler": SamplerConfig, "confidence": ConfidenceConfig, "loss": LossConfig,
-    "runtime": RuntimeConfig, "dialect": DialectConfig,
+    "trunk": TrunkConfig,
+    "msa": MSAConfig,
+    "templates": TemplateConfig,
+    "atom_attention": AtomAttentionConfig,
+    "diffusion": DiffusionConfig,
+    "sampler": SamplerConfig,
+    "confidence": ConfidenceConfig,
+    "loss": LossConfig,
+    "runtime": RuntimeConfig,
+    "dialect": DialectConfig,
 }
 # Each setting's part: setting names are unique across the parts, so one name finds one setting.
-SETTING_PARTS: dict[str, str] = {setting.name: part for part, part_type in PART_TYPES.items()
-                                 for setting in dataclasses.fields(part_type)}
+SETTING_PARTS: dict[str, str] = {
+    setting.name: part for part, part_type in PART_TYPES.items() for setting in dataclasses.fields(part_type)
+}
 RUNTIME_SETTINGS = tuple(setting.name for setting in dataclasses.fields(RuntimeConfig))
 
 
@@ -377,8 +397,10 @@ class ModelConfig:
             if not isinstance(getattr(self, part), part_type):
                 raise TypeError(f"ModelConfig.{part} must be a {part_type.__name__}, got {getattr(self, part)!r}")
         if self.dialect.atom_key_adaln_nested and not self.atom_attention.atom_key_adaln:
-            raise ValueError("DialectConfig.atom_key_adaln_nested needs AtomAttentionConfig.atom_key_adaln "
-                             "(the keys' own AdaLN to nest)")
+            raise ValueError(
+                "DialectConfig.atom_key_adaln_nested needs AtomAttentionConfig.atom_key_adaln "
+                "(the keys' own AdaLN to nest)"
+            )
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with settings changed, each by its own name (`c_z=64`, `kernels="torch"`), or a
@@ -453,15 +475,16 @@ PROTENIX_SIZES: dict[str, Any] = {
 PRESETS: dict[str, ModelConfig] = {
     "af3": ModelConfig(),
     "tiny": ModelConfig(
-        trunk=TrunkConfig(c_s=32, c_z=16, pairformer_blocks=2, single_heads=2, single_head_dim=8,
-                          pair_heads=2, pair_head_dim=8),
+        trunk=TrunkConfig(
+            c_s=32, c_z=16, pairformer_blocks=2, single_heads=2, single_head_dim=8, pair_heads=2, pair_head_dim=8
+        ),
         msa=MSAConfig(c_m=8, msa_blocks=1, msa_heads=2, msa_head_dim=4, outer_product_dim=4),
-        templates=TemplateConfig(c_template=8, template_blocks=1, template_pair_heads=2,
-                                 template_pair_head_dim=8),
+        templates=TemplateConfig(c_template=8, template_blocks=1, template_pair_heads=2, template_pair_head_dim=8),
         atom_attention=AtomAttentionConfig(c_atom=16, c_atompair=8, atom_blocks=1, atom_heads=2),
         # a few noised copies per trunk pass, so that CPU runs stay quick
-        diffusion=DiffusionConfig(c_token_diffusion=32, diffusion_blocks=2, diffusion_heads=2, fourier_dim=16,
-                                  diffusion_batch=4),
+        diffusion=DiffusionConfig(
+            c_token_diffusion=32, diffusion_blocks=2, diffusion_heads=2, fourier_dim=16, diffusion_batch=4
+        ),
         sampler=SamplerConfig(sampler_steps=20),
         confidence=ConfidenceConfig(confidence_blocks=1),
         # the PAE loss on (as AF3 fine-tunes) so that one step trains every weight

@@ -21,9 +21,13 @@ from featurecache.model.network.layers import AttentionPairBias, OuterProductMea
 
 # The diffusion module's LayerNorm offsets Protenix lacks (its LayerNorms without offset)
 DIFFUSION_NORM_OFFSETS = (
-    "conditioning.pair_in.norm.bias", "conditioning.single_in.norm.bias", "conditioning.noise_in.norm.bias",
-    "atom_encoder.from_trunk_single.norm.bias", "atom_encoder.from_trunk_pair.norm.bias",
-    "single_to_token.norm.bias", "token_norm.bias",
+    "conditioning.pair_in.norm.bias",
+    "conditioning.single_in.norm.bias",
+    "conditioning.noise_in.norm.bias",
+    "atom_encoder.from_trunk_single.norm.bias",
+    "atom_encoder.from_trunk_pair.norm.bias",
+    "single_to_token.norm.bias",
+    "token_norm.bias",
 )
 
 

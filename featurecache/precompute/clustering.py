@@ -43,8 +43,13 @@ class TargetChains:
         chain types and interfaces (such a record is stale and recomputed by the next run)."""
         if "chain_types" not in meta or "interfaces" not in meta:
             return None
-        return cls(target_id, tuple(meta["chain_ids"]), tuple(meta["chain_types"]), tuple(meta["sequences"]),
-                   tuple((int(a), int(b)) for a, b in meta["interfaces"]))
+        return cls(
+            target_id,
+            tuple(meta["chain_ids"]),
+            tuple(meta["chain_types"]),
+            tuple(meta["sequences"]),
+            tuple((int(a), int(b)) for a, b in meta["interfaces"]),
+        )
 
     def __post_init__(self) -> None:
         if not len(self.chain_ids) == len(self.molecule_types) == len(self.sequences):
@@ -55,8 +60,13 @@ class TargetChains:
 
     def to_json(self) -> list:
         """A plain, order-stable form (for fingerprints)."""
-        return [self.target_id, list(self.chain_ids), list(self.molecule_types), list(self.sequences),
-                [list(pair) for pair in self.interfaces]]
+        return [
+            self.target_id,
+            list(self.chain_ids),
+            list(self.molecule_types),
+            list(self.sequences),
+            [list(pair) for pair in self.interfaces],
+        ]
 
 
 ChainKey = tuple[str, int]  # (target id, asym_id)
@@ -73,8 +83,9 @@ def chain_kind(molecule_type: str, sequence: str, config: ClusteringConfig) -> s
     raise ValueError(f"unknown molecule type {molecule_type!r}")
 
 
-def cluster_chains(targets: list[TargetChains], config: ClusteringConfig,
-                   mmseqs: MmseqsCluster | None) -> dict[ChainKey, str]:
+def cluster_chains(
+    targets: list[TargetChains], config: ClusteringConfig, mmseqs: MmseqsCluster | None
+) -> dict[ChainKey, str]:
     """Every chain's cluster id, keyed by (target id, asym_id). `mmseqs` may be None only when
     no kind has two distinct sequences long enough to need it."""
     kinds: dict[str, set[str]] = {}
@@ -85,9 +96,11 @@ def cluster_chains(targets: list[TargetChains], config: ClusteringConfig,
     for kind, sequences in sorted(kinds.items()):
         for sequence, representative in _representatives(kind, sorted(sequences), config, mmseqs).items():
             cluster_of[kind, sequence] = _cluster_id(kind, representative)
-    return {(target.target_id, asym_id): cluster_of[chain_kind(molecule_type, sequence, config), sequence]
-            for target in targets
-            for asym_id, (molecule_type, sequence) in enumerate(zip(target.molecule_types, target.sequences), 1)}
+    return {
+        (target.target_id, asym_id): cluster_of[chain_kind(molecule_type, sequence, config), sequence]
+        for target in targets
+        for asym_id, (molecule_type, sequence) in enumerate(zip(target.molecule_types, target.sequences), 1)
+    }
 
 
 def interface_cluster(first: str, second: str) -> str:
@@ -95,8 +108,9 @@ def interface_cluster(first: str, second: str) -> str:
     return "|".join(sorted((first, second)))
 
 
-def _representatives(kind: str, sequences: list[str], config: ClusteringConfig,
-                     mmseqs: MmseqsCluster | None) -> dict[str, str]:
+def _representatives(
+    kind: str, sequences: list[str], config: ClusteringConfig, mmseqs: MmseqsCluster | None
+) -> dict[str, str]:
     """Each distinct sequence of one kind -> its cluster representative's sequence."""
     if kind not in POLYMER_KINDS or len(sequences) < 2:
         return {sequence: sequence for sequence in sequences}

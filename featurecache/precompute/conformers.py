@@ -71,16 +71,20 @@ def compute_conformers(codes: list[str], chem: ChemConfig, zstd_level: int) -> l
         started = time.perf_counter()
         smiles = smiles_of(code)
         try:
-            conformer = (smiles_conformer(smiles, settings) if smiles is not None
-                         else component_conformer(conformers.component(code), settings))
+            conformer = (
+                smiles_conformer(smiles, settings)
+                if smiles is not None
+                else component_conformer(conformers.component(code), settings)
+            )
         except UnknownComponentError:
             continue
         key = _key(code, conformers)
         arrays, meta = conformer_to_arrays(conformer)
         meta = {**meta, "ccd_version": conformers.ccd.version}
         blob = encode_record(key, arrays, meta, key.rsplit(":", 1)[1], "", CONFORMER_FORMAT, zstd_level)
-        done.append(ComputedConformer(code, key, blob, conformer.source, conformer.fallback,
-                                      time.perf_counter() - started))
+        done.append(
+            ComputedConformer(code, key, blob, conformer.source, conformer.fallback, time.perf_counter() - started)
+        )
     return done
 
 
@@ -126,7 +130,9 @@ class ConformerStage:
                 self.keys[code] = key
                 counts.skipped += 1
         self._compute(missing)
-        return {target_id: [code for code in codes if code in self.keys] for target_id, codes in codes_by_target.items()}
+        return {
+            target_id: [code for code in codes if code in self.keys] for target_id, codes in codes_by_target.items()
+        }
 
     def _compute(self, codes: list[str]) -> None:
         run, counts = self.run, self.run.summary.stages["conformers"]
@@ -138,8 +144,12 @@ class ConformerStage:
                 return
             with run.timed_write():
                 for item in result:
-                    run.put(CONFORMERS_TABLE, item.key, item.blob,
-                            index={"code": item.code, "source": item.source, "fallback": item.fallback})
+                    run.put(
+                        CONFORMERS_TABLE,
+                        item.key,
+                        item.blob,
+                        index={"code": item.code, "source": item.source, "fallback": item.fallback},
+                    )
                     self.keys[item.code] = item.key
             counts.done += len(result)
             run.summary.conformer_seconds += sum(item.seconds for item in result)
@@ -148,11 +158,12 @@ class ConformerStage:
             counts.failed += 1
             run.record_failure("conformers", batch, f"worker crashed: {type(error).__name__}: {error}")
 
-        batches = [codes[start:start + BATCH_CODES] for start in range(0, len(codes), BATCH_CODES)]
+        batches = [codes[start : start + BATCH_CODES] for start in range(0, len(codes), BATCH_CODES)]
         runner = run.runner(computed, crashed, len(batches), "conformers", "batch")
         for batch in batches:
-            runner.submit("conformers", ",".join(batch), compute_conformers, batch, self.chem,
-                          run.plan.feature_config.zstd_level)
+            runner.submit(
+                "conformers", ",".join(batch), compute_conformers, batch, self.chem, run.plan.feature_config.zstd_level
+            )
         runner.drain()
         run.writer.flush()
 

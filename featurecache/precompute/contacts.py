@@ -48,8 +48,13 @@ class StructureAtoms:
         if not positions:
             empty = np.zeros(0, np.int64)
             return cls(np.zeros((0, 3)), empty, empty, empty, np.zeros(0, np.int8))
-        return cls(np.concatenate(positions), np.concatenate(chain), np.concatenate(residue),
-                   np.concatenate(atom), np.concatenate(elements))
+        return cls(
+            np.concatenate(positions),
+            np.concatenate(chain),
+            np.concatenate(residue),
+            np.concatenate(atom),
+            np.concatenate(elements),
+        )
 
     def __len__(self) -> int:
         return len(self.chain)
@@ -58,8 +63,9 @@ class StructureAtoms:
         return np.bincount(self.chain, minlength=num_chains)
 
 
-def close_pairs(positions: np.ndarray, cutoff: float, groups: np.ndarray | None = None,
-                strict: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def close_pairs(
+    positions: np.ndarray, cutoff: float, groups: np.ndarray | None = None, strict: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """Index pairs (i, j), i < j, of points at most `cutoff` apart (less than, with `strict`).
 
     With `groups`, only pairs whose groups differ (atoms of two chains, of two residues).

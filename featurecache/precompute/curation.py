@@ -73,8 +73,13 @@ class Removal:
     detail: str = ""  # the numbers behind the decision
 
     def to_json(self) -> dict:
-        return {"reason": self.reason, "chain": self.chain_id, "residue": self.residue, "atoms": self.atoms,
-                "detail": self.detail}
+        return {
+            "reason": self.reason,
+            "chain": self.chain_id,
+            "residue": self.residue,
+            "atoms": self.atoms,
+            "detail": self.detail,
+        }
 
 
 @dataclass(frozen=True)
@@ -114,8 +119,11 @@ def curate(structure: Structure, config: CurationConfig) -> Curated:
     structure = _drop_crystallization_aids(structure, config, removals)
     structure = _drop_chains(structure, _chains_beyond_limit(structure, config), removals)
     if not structure.chains:
-        return Curated(None, tuple(removals), Exclusion("no_chains", f"{structure.source}: no chain left after "
-                                                                     f"curation ({len(removals)} removed)"))
+        return Curated(
+            None,
+            tuple(removals),
+            Exclusion("no_chains", f"{structure.source}: no chain left after curation ({len(removals)} removed)"),
+        )
     return Curated(structure, tuple(removals))
 
 
@@ -134,18 +142,24 @@ def target_exclusion(structure: Structure, config: CurationConfig) -> Exclusion 
         if released is None:
             return Exclusion("release_date", f"{source}: release date unknown, a release-date window is set")
         if config.min_release_date is not None and released < datetime.date.fromisoformat(config.min_release_date):
-            return Exclusion("release_date", f"{source}: released {released}, before min_release_date "
-                                             f"{config.min_release_date}")
+            return Exclusion(
+                "release_date", f"{source}: released {released}, before min_release_date {config.min_release_date}"
+            )
         if config.max_release_date is not None and released > datetime.date.fromisoformat(config.max_release_date):
-            return Exclusion("release_date", f"{source}: released {released}, after max_release_date "
-                                             f"{config.max_release_date}")
+            return Exclusion(
+                "release_date", f"{source}: released {released}, after max_release_date {config.max_release_date}"
+            )
     if structure.resolution is not None and structure.resolution > config.max_resolution:
-        return Exclusion("resolution", f"{source}: resolution {structure.resolution:g} A is worse than "
-                                       f"max_resolution {config.max_resolution:g} A")
+        return Exclusion(
+            "resolution",
+            f"{source}: resolution {structure.resolution:g} A is worse than max_resolution {config.max_resolution:g} A",
+        )
     polymers = sum(chain.is_polymer for chain in structure.chains)
     if polymers > config.max_polymer_chains:
-        return Exclusion("polymer_chains", f"{source}: {polymers} polymer chains, more than max_polymer_chains "
-                                           f"{config.max_polymer_chains}")
+        return Exclusion(
+            "polymer_chains",
+            f"{source}: {polymers} polymer chains, more than max_polymer_chains {config.max_polymer_chains}",
+        )
     return None
 
 
@@ -166,13 +180,19 @@ def _unusable_polymers(structure: Structure, config: CurationConfig, has_coordin
             continue
         atoms = _resolved_atoms(chain)
         if config.remove_unknown_polymers and set(chain.sequence) <= {UNKNOWN_LETTER[chain.molecule_type]}:
-            found[index] = Removal("unknown_polymer", chain.chain_id, None, atoms,
-                                   f"{len(chain.residues)} residues, all unknown")
+            found[index] = Removal(
+                "unknown_polymer", chain.chain_id, None, atoms, f"{len(chain.residues)} residues, all unknown"
+            )
             continue
         resolved = sum(residue.is_resolved for residue in chain.residues)
         if has_coordinates and resolved < config.min_resolved_residues:
-            found[index] = Removal("few_resolved_residues", chain.chain_id, None, atoms,
-                                   f"{resolved} resolved residues, fewer than {config.min_resolved_residues}")
+            found[index] = Removal(
+                "few_resolved_residues",
+                chain.chain_id,
+                None,
+                atoms,
+                f"{resolved} resolved residues, fewer than {config.min_resolved_residues}",
+            )
     return found
 
 
@@ -199,32 +219,49 @@ def _clashing_chains(structure: Structure, config: CurationConfig) -> dict[int, 
         loser = max((a, b), key=lambda chain: (fraction[chain, b + a - chain], -counts[chain], chain))
         partner = a + b - loser
         removed[int(loser)] = Removal(
-            "clash", structure.chains[loser].chain_id, None, int(counts[loser]),
+            "clash",
+            structure.chains[loser].chain_id,
+            None,
+            int(counts[loser]),
             f"{fraction[loser, partner]:.0%} of its atoms within {config.clash_distance:g} A of chain "
-            f"{structure.chains[partner].chain_id}")
+            f"{structure.chains[partner].chain_id}",
+        )
     return removed
 
 
-def _covalent_contacts(structure: Structure, atoms: StructureAtoms, first: np.ndarray,
-                       second: np.ndarray) -> np.ndarray:
+def _covalent_contacts(
+    structure: Structure, atoms: StructureAtoms, first: np.ndarray, second: np.ndarray
+) -> np.ndarray:
     """Which close pairs are bonds between chains, not clashes: bonds the file declares
     (Structure.bonds, where the parser reads them), and a ligand chain's atom at covalent-bond
     length from another chain's (no metal): a cap or covalent ligand the parser split off."""
     bonded = np.zeros(len(first), bool)
     declared = getattr(structure, "bonds", ())
     if declared:
-        index = {(structure.chains[c].chain_id, r, structure.chains[c].residues[r].atom_names[a]): i
-                 for i, (c, r, a) in enumerate(zip(atoms.chain, atoms.residue, atoms.atom))}
-        pairs = {frozenset((index.get((bond.first.chain_id, bond.first.residue, bond.first.atom)),
-                            index.get((bond.second.chain_id, bond.second.residue, bond.second.atom))))
-                 for bond in declared}
+        index = {
+            (structure.chains[c].chain_id, r, structure.chains[c].residues[r].atom_names[a]): i
+            for i, (c, r, a) in enumerate(zip(atoms.chain, atoms.residue, atoms.atom))
+        }
+        pairs = {
+            frozenset(
+                (
+                    index.get((bond.first.chain_id, bond.first.residue, bond.first.atom)),
+                    index.get((bond.second.chain_id, bond.second.residue, bond.second.atom)),
+                )
+            )
+            for bond in declared
+        }
         bonded |= np.array([frozenset((a, b)) in pairs for a, b in zip(first.tolist(), second.tolist())], bool)
     is_ligand = np.array([not chain.is_polymer for chain in structure.chains], bool)
     radius, metal = _COVALENT_RADII[atoms.elements], _METALS[atoms.elements]
     expected = radius[first] + radius[second]
     length = np.linalg.norm(atoms.positions[first] - atoms.positions[second], axis=1)
-    geometric = ((is_ligand[atoms.chain[first]] | is_ligand[atoms.chain[second]]) & ~metal[first] & ~metal[second]
-                 & (np.abs(length - expected) <= _BOND_TOLERANCE))
+    geometric = (
+        (is_ligand[atoms.chain[first]] | is_ligand[atoms.chain[second]])
+        & ~metal[first]
+        & ~metal[second]
+        & (np.abs(length - expected) <= _BOND_TOLERANCE)
+    )
     return bonded | geometric
 
 
@@ -239,8 +276,13 @@ def _chains_with_ca_gaps(structure: Structure, config: CurationConfig) -> dict[i
             if ca is not None and previous is not None:
                 gap = float(np.linalg.norm(ca - previous))
                 if gap > config.max_ca_gap:
-                    found[index] = Removal("ca_gap", chain.chain_id, None, _resolved_atoms(chain),
-                                           f"CA atoms {gap:.1f} A apart at residue {residue.seq_id}")
+                    found[index] = Removal(
+                        "ca_gap",
+                        chain.chain_id,
+                        None,
+                        _resolved_atoms(chain),
+                        f"CA atoms {gap:.1f} A apart at residue {residue.seq_id}",
+                    )
                     break
             previous = ca  # an unresolved residue (or one without CA) breaks the run
     return found
@@ -260,10 +302,18 @@ def _chains_beyond_limit(structure: Structure, config: CurationConfig) -> dict[i
     distance = np.full(len(structure.chains), np.inf)
     np.minimum.at(distance, chain_of, np.linalg.norm(positions - centre, axis=1))
     kept = set(np.argsort(distance, kind="stable")[: config.max_chains].tolist())
-    return {index: Removal("chain_limit", chain.chain_id, None, _resolved_atoms(chain),
-                           f"nearest token centre {distance[index]:.1f} A from the chosen interface token; "
-                           f"{len(structure.chains)} chains, {config.max_chains} kept")
-            for index, chain in enumerate(structure.chains) if index not in kept}
+    return {
+        index: Removal(
+            "chain_limit",
+            chain.chain_id,
+            None,
+            _resolved_atoms(chain),
+            f"nearest token centre {distance[index]:.1f} A from the chosen interface token; "
+            f"{len(structure.chains)} chains, {config.max_chains} kept",
+        )
+        for index, chain in enumerate(structure.chains)
+        if index not in kept
+    }
 
 
 def token_centres(structure: Structure) -> tuple[np.ndarray, np.ndarray]:
@@ -298,8 +348,15 @@ def _drop_crystallization_aids(structure: Structure, config: CurationConfig, rem
         for position, residue in enumerate(chain.residues):
             if residue.name in aids:
                 dropped.setdefault(index, set()).add(position)
-                removals.append(Removal("crystallization_aid", chain.chain_id, f"{residue.name} {residue.seq_id}",
-                                        int((residue.occupancies > 0).sum()), f"method {structure.method}"))
+                removals.append(
+                    Removal(
+                        "crystallization_aid",
+                        chain.chain_id,
+                        f"{residue.name} {residue.seq_id}",
+                        int((residue.occupancies > 0).sum()),
+                        f"method {structure.method}",
+                    )
+                )
     return _drop_residues(structure, dropped)
 
 
@@ -316,8 +373,7 @@ def _drop_chains(structure: Structure, removed: dict[int, Removal], removals: li
     if not removed:
         return structure
     removals.extend(removed[index] for index in sorted(removed))
-    return _drop_residues(structure, {index: set(range(len(structure.chains[index].residues)))
-                                      for index in removed})
+    return _drop_residues(structure, {index: set(range(len(structure.chains[index].residues))) for index in removed})
 
 
 def _drop_residues(structure: Structure, dropped: dict[int, set[int]]) -> Structure:
@@ -333,19 +389,26 @@ def _drop_residues(structure: Structure, dropped: dict[int, set[int]]) -> Struct
         if not kept:
             continue
         new_position.update(((chain.chain_id, old), new) for new, old in enumerate(kept))
-        chains.append(chain if not gone else dataclasses.replace(
-            chain, residues=tuple(chain.residues[position] for position in kept)))
+        chains.append(
+            chain
+            if not gone
+            else dataclasses.replace(chain, residues=tuple(chain.residues[position] for position in kept))
+        )
     changes = {"chains": tuple(chains)}
     if getattr(structure, "bonds", None):
-        changes["bonds"] = tuple(_renumbered(bond, new_position) for bond in structure.bonds
-                                 if all((atom.chain_id, atom.residue) in new_position
-                                        for atom in (bond.first, bond.second)))
+        changes["bonds"] = tuple(
+            _renumbered(bond, new_position)
+            for bond in structure.bonds
+            if all((atom.chain_id, atom.residue) in new_position for atom in (bond.first, bond.second))
+        )
     return dataclasses.replace(structure, **changes)
 
 
 def _renumbered(bond, new_position: dict[tuple[str, int], int]):
-    first, second = (dataclasses.replace(atom, residue=new_position[atom.chain_id, atom.residue])
-                     for atom in (bond.first, bond.second))
+    first, second = (
+        dataclasses.replace(atom, residue=new_position[atom.chain_id, atom.residue])
+        for atom in (bond.first, bond.second)
+    )
     return dataclasses.replace(bond, first=first, second=second)
 
 

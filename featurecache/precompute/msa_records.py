@@ -20,14 +20,42 @@ from featurecache.precompute.search import DatabaseSearch
 from featurecache.schema import SCHEMA_VERSION
 from featurecache.store.codec import decode_record, encode_record
 
-_HIT_SCALARS = ("name", "index", "aligned_cols", "sum_probs", "e_value", "identity", "query_start",
-                "query_end", "hit_start", "hit_end", "hit_sequence", "hit_length", "description", "source")
-_DATABASE_SEARCH_SCALARS = ("database", "tool", "role", "output_format", "num_hits", "fingerprint", "wall_seconds",
-                            "tool_version")
+_HIT_SCALARS = (
+    "name",
+    "index",
+    "aligned_cols",
+    "sum_probs",
+    "e_value",
+    "identity",
+    "query_start",
+    "query_end",
+    "hit_start",
+    "hit_end",
+    "hit_sequence",
+    "hit_length",
+    "description",
+    "source",
+)
+_DATABASE_SEARCH_SCALARS = (
+    "database",
+    "tool",
+    "role",
+    "output_format",
+    "num_hits",
+    "fingerprint",
+    "wall_seconds",
+    "tool_version",
+)
 
 
-def encode_msa_record(key: str, msa: Msa, hits: tuple[TemplateHit, ...] | list[TemplateHit], meta: dict,
-                      record_fingerprint: str, zstd_level: int) -> bytes:
+def encode_msa_record(
+    key: str,
+    msa: Msa,
+    hits: tuple[TemplateHit, ...] | list[TemplateHit],
+    meta: dict,
+    record_fingerprint: str,
+    zstd_level: int,
+) -> bytes:
     """One chain's MSA and template hits as a record of the `msa` table."""
     offsets = np.cumsum([0] + [len(hit.query_indices) for hit in hits]).astype(np.int64)
     arrays = {
@@ -35,9 +63,11 @@ def encode_msa_record(key: str, msa: Msa, hits: tuple[TemplateHit, ...] | list[T
         "deletion_matrix": msa.deletion_matrix.astype(np.int32),
         "hit_offsets": offsets,
         "hit_query_indices": np.concatenate([hit.query_indices for hit in hits]).astype(np.int32)
-        if hits else np.zeros(0, np.int32),
+        if hits
+        else np.zeros(0, np.int32),
         "hit_hit_indices": np.concatenate([hit.hit_indices for hit in hits]).astype(np.int32)
-        if hits else np.zeros(0, np.int32),
+        if hits
+        else np.zeros(0, np.int32),
     }
     meta = dict(meta)
     meta["descriptions"] = list(msa.descriptions)
@@ -55,8 +85,8 @@ def decode_msa_record(blob: bytes, where: str) -> tuple[Msa, list[TemplateHit]]:
     hits = [
         TemplateHit(
             **fields,
-            query_indices=arrays["hit_query_indices"][offsets[i]:offsets[i + 1]],
-            hit_indices=arrays["hit_hit_indices"][offsets[i]:offsets[i + 1]],
+            query_indices=arrays["hit_query_indices"][offsets[i] : offsets[i + 1]],
+            hit_indices=arrays["hit_hit_indices"][offsets[i] : offsets[i + 1]],
         )
         for i, fields in enumerate(meta["hits"])
     ]

@@ -59,8 +59,17 @@ from featurecache.store.locks import StoreLockedError
 from featurecache.store.manifest import Manifest, read_manifest
 from featurecache.store.writer import StoreWriteError, StoreWriter
 
-__all__ = ["STAGES", "CacheWriteError", "ClusteringError", "PipelineSetupError", "PrecomputeOptions",
-           "PrecomputeSummary", "StageCounts", "discover_inputs", "precompute"]
+__all__ = [
+    "STAGES",
+    "CacheWriteError",
+    "ClusteringError",
+    "PipelineSetupError",
+    "PrecomputeOptions",
+    "PrecomputeSummary",
+    "StageCounts",
+    "discover_inputs",
+    "precompute",
+]
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +100,14 @@ def precompute(options: PrecomputeOptions) -> PrecomputeSummary:
         chem_identity = chem_fingerprint(chem)
     except (ValueError, OSError) as error:
         raise PipelineSetupError(f"--ccd / [chem] ccd_path: {error}") from None
-    feature_fingerprint = fingerprint(plan.feature_config.fingerprint_fields(), SCHEMA_VERSION, plan.mode_fingerprint,
-                                      dataclasses.asdict(plan.curation), chem_identity,
-                                      {"featurize_revision": FEATURIZE_REVISION})
+    feature_fingerprint = fingerprint(
+        plan.feature_config.fingerprint_fields(),
+        SCHEMA_VERSION,
+        plan.mode_fingerprint,
+        dataclasses.asdict(plan.curation),
+        chem_identity,
+        {"featurize_revision": FEATURIZE_REVISION},
+    )
     try:
         writer = StoreWriter(options.cache_dir, plan.store_config)
     except StoreLockedError as error:
@@ -104,10 +118,18 @@ def precompute(options: PrecomputeOptions) -> PrecomputeSummary:
         run = PipelineRun(options, plan, writer, feature_fingerprint, summary, chem)
         run.run()
         derived_index, sampling_fingerprints = run.sampling_tables()
-        fingerprints = {"features": feature_fingerprint, "feature_config": plan.feature_config.config_fingerprint(),
-                        "mode": plan.mode_fingerprint, **sampling_fingerprints}
-        writer.finish(fingerprints=fingerprints, schema_version=SCHEMA_VERSION, derived_index=derived_index,
-                      rewrite_shards=run.recheck.shards_to_rewrite if run.recheck is not None else ())
+        fingerprints = {
+            "features": feature_fingerprint,
+            "feature_config": plan.feature_config.config_fingerprint(),
+            "mode": plan.mode_fingerprint,
+            **sampling_fingerprints,
+        }
+        writer.finish(
+            fingerprints=fingerprints,
+            schema_version=SCHEMA_VERSION,
+            derived_index=derived_index,
+            rewrite_shards=run.recheck.shards_to_rewrite if run.recheck is not None else (),
+        )
     except (StoreWriteError, OSError) as error:
         raise CacheWriteError(f"--cache {options.cache_dir}: {error}") from None
     finally:
@@ -127,8 +149,15 @@ class PipelineRun:
     search` (search_command.py) subclasses it, runs start_executor and search_stage alone and
     overrides exclude (a target curation leaves out)."""
 
-    def __init__(self, options: PrecomputeOptions, plan: RunPlan, writer: StoreWriter, feature_fingerprint: str,
-                 summary: PrecomputeSummary, chem: ChemConfig = ChemConfig()) -> None:
+    def __init__(
+        self,
+        options: PrecomputeOptions,
+        plan: RunPlan,
+        writer: StoreWriter,
+        feature_fingerprint: str,
+        summary: PrecomputeSummary,
+        chem: ChemConfig = ChemConfig(),
+    ) -> None:
         self.options = options
         self.plan = plan
         self.writer = writer
@@ -149,8 +178,9 @@ class PipelineRun:
         todo, current = self._targets_to_do()
         if self.recheck is not None and self.recheck.dependencies_damaged() and current:
             self.start_executor()
-            todo += self.recheck.users_of_damaged_records(current, self.runner, self.plan.pipeline_config,
-                                                          self.conformers.chem)
+            todo += self.recheck.users_of_damaged_records(
+                current, self.runner, self.plan.pipeline_config, self.conformers.chem
+            )
         try:
             if not todo:
                 return
@@ -173,8 +203,10 @@ class PipelineRun:
         try:
             tables = self.sampling.tables(self.writer)
         except ToolError as error:
-            raise ClusteringError(f"--cache {self.options.cache_dir}: clustering failed (the feature records are "
-                                  f"kept; rerun to retry): {error}") from None
+            raise ClusteringError(
+                f"--cache {self.options.cache_dir}: clustering failed (the feature records are "
+                f"kept; rerun to retry): {error}"
+            ) from None
         self.summary.clustered = self.sampling.clustered
         self.summary.cluster_seconds = time.perf_counter() - started
         return tables
@@ -205,15 +237,20 @@ class PipelineRun:
         yield
         self.summary.write_seconds += time.perf_counter() - started
 
-    def record_failure(self, stage: str, key: str, message: str, stderr_tail: str = "",
-                        target: str | None = None) -> None:
+    def record_failure(
+        self, stage: str, key: str, message: str, stderr_tail: str = "", target: str | None = None
+    ) -> None:
         self.summary.stages["featurize" if stage in _TARGET_STAGES else stage].failed += 1
         self.summary.failures.append({"stage": stage, "key": key, "message": message})
         error_key = f"{stage}/{key}"
         count = self.attempts.get(error_key, 0) + 1
         with self.timed_write():
-            self.writer.put(ERRORS_TABLE, error_key, _error_blob(stage, key, message, stderr_tail, count, target),
-                            index={"stage": stage, "attempts": count})
+            self.writer.put(
+                ERRORS_TABLE,
+                error_key,
+                _error_blob(stage, key, message, stderr_tail, count, target),
+                index={"stage": stage, "attempts": count},
+            )
 
     def _clear_errors(self, key: str, stages) -> None:
         for stage in stages:
@@ -236,8 +273,9 @@ class PipelineRun:
             target = TargetInput(str(path), target_id, input_hash)
             failed_before = any(f"{stage}/{target_id}" in self.attempts for stage in ("parse", "featurize"))
             current = _current_meta(self.writer, target, self.feature_fingerprint)
-            damaged = (current is not None and self.recheck is not None
-                       and not self.recheck.intact(FEATURES_TABLE, target_id))
+            damaged = (
+                current is not None and self.recheck is not None and not self.recheck.intact(FEATURES_TABLE, target_id)
+            )
             if current is not None and not damaged:
                 self.sampling.add(TargetChains.from_meta(target_id, current))
                 current_targets.append((target, current))
@@ -271,7 +309,8 @@ class PipelineRun:
                 self.ray = start_ray(self.options.address, self.options.num_workers, self.options.verbose)
             except (ConnectionError, ValueError, RuntimeError) as error:
                 raise PipelineSetupError(
-                    f"cannot start or join Ray (address={self.options.address!r}): {error}") from None
+                    f"cannot start or join Ray (address={self.options.address!r}): {error}"
+                ) from None
             cpus = max(1, int(self.ray.available_resources().get("CPU", 1)))
         self.max_in_flight = self.options.max_in_flight or 4 * cpus
 
@@ -281,26 +320,46 @@ class PipelineRun:
 
     # --- featurize ---
 
-    def _featurize_stage(self, todo: list[TargetInput], chain_keys: dict[str, dict[str, str]],
-                         conformer_codes: dict[str, list[str]]) -> None:
+    def _featurize_stage(
+        self, todo: list[TargetInput], chain_keys: dict[str, dict[str, str]], conformer_codes: dict[str, list[str]]
+    ) -> None:
         plan = self.plan
         runner = self.runner(self._store_features, self._featurize_crashed, len(todo), "featurize", "target")
         shared_index = plan.alignment_index if self.ray is None else self.ray.put(plan.alignment_index)
         for target in todo:
             # the stored conformers of the target's CCD codes travel with its task
-            conformers = {"conformer_blobs": self.conformers.blobs_for(conformer_codes.get(target.target_id, [])),
-                          "chem": self.conformers.chem}
+            conformers = {
+                "conformer_blobs": self.conformers.blobs_for(conformer_codes.get(target.target_id, [])),
+                "chem": self.conformers.chem,
+            }
             if plan.pipeline_config is not None:
                 keys = chain_keys[target.target_id]
                 blobs = {key: self.writer.get(MSA_TABLE, key) for key in set(keys.values())}
-                runner.submit("featurize", target.target_id, partial(tasks.featurize_searched, **conformers),
-                              target, blobs, keys,
-                              plan.feature_config, plan.curation, plan.template_dir, self.feature_fingerprint)
+                runner.submit(
+                    "featurize",
+                    target.target_id,
+                    partial(tasks.featurize_searched, **conformers),
+                    target,
+                    blobs,
+                    keys,
+                    plan.feature_config,
+                    plan.curation,
+                    plan.template_dir,
+                    self.feature_fingerprint,
+                )
             else:
-                runner.submit("featurize", target.target_id, partial(tasks.featurize_ingested, **conformers),
-                              target, shared_index,
-                              plan.feature_config, plan.curation, plan.template_dir, self.feature_fingerprint,
-                              _ingested_msa_key)
+                runner.submit(
+                    "featurize",
+                    target.target_id,
+                    partial(tasks.featurize_ingested, **conformers),
+                    target,
+                    shared_index,
+                    plan.feature_config,
+                    plan.curation,
+                    plan.template_dir,
+                    self.feature_fingerprint,
+                    _ingested_msa_key,
+                )
         runner.drain()
 
     def _store_features(self, stage: str, target_id: str, result) -> None:
@@ -338,8 +397,9 @@ class PipelineRun:
         chain_keys, unique = self._parse_chains(todo, search_plan)
         to_search = []
         for key, chain in unique.items():
-            if self.kept(MSA_TABLE, key) and not (self.recheck is not None
-                                                  and self.recheck.search_damaged(chain, search_plan)):
+            if self.kept(MSA_TABLE, key) and not (
+                self.recheck is not None and self.recheck.search_damaged(chain, search_plan)
+            ):
                 self.summary.stages["search"].skipped += 1
             else:
                 to_search.append((key, chain))
@@ -350,8 +410,12 @@ class PipelineRun:
                 continue  # failed to parse: already recorded
             missing = sorted(chain for chain, key in chain_keys[target.target_id].items() if key in failed_keys)
             if missing:
-                self.record_failure("featurize", target.target_id,
-                                     f"search failed for chain(s) {', '.join(missing)}", target=target.target_id)
+                self.record_failure(
+                    "featurize",
+                    target.target_id,
+                    f"search failed for chain(s) {', '.join(missing)}",
+                    target=target.target_id,
+                )
             else:
                 ready.append(target)
         return ready, chain_keys
@@ -380,8 +444,9 @@ class PipelineRun:
 
         runner = self.runner(parsed, crashed, len(todo), "parse", "target")
         for target in todo:
-            runner.submit("parse", target.target_id, tasks.parse_chains, target, self.plan.curation,
-                          self.conformers.chem)
+            runner.submit(
+                "parse", target.target_id, tasks.parse_chains, target, self.plan.curation, self.conformers.chem
+            )
         runner.drain()
         return chain_keys, unique
 
@@ -411,9 +476,17 @@ class PipelineRun:
             databases = sum(search_plan.databases(chain.molecule_type), ())
             # Ask Ray for the CPUs the hungriest tool of this chain uses, so tools do not oversubscribe.
             threads = max((search_plan.tool(db.tool).threads for db in databases), default=1)
-            runner.submit("search", key, tasks.search_chain, chain, key, self.plan.pipeline_config,
-                          self.plan.feature_config.zstd_level, self._stored_outputs(chain, databases, search_plan),
-                          num_cpus=threads)
+            runner.submit(
+                "search",
+                key,
+                tasks.search_chain,
+                chain,
+                key,
+                self.plan.pipeline_config,
+                self.plan.feature_config.zstd_level,
+                self._stored_outputs(chain, databases, search_plan),
+                num_cpus=threads,
+            )
         runner.drain()
         self.writer.flush()
         return failed_keys
@@ -439,9 +512,15 @@ def _crash_message(error: Exception) -> str:
 
 
 def _error_blob(stage: str, key: str, message: str, stderr_tail: str, attempts: int, target: str | None) -> bytes:
-    meta = {"stage": stage, "key": key, "target": target, "message": message,
-            "stderr_tail": stderr_tail[-_STDERR_TAIL_CHARS:], "attempts": attempts,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    meta = {
+        "stage": stage,
+        "key": key,
+        "target": target,
+        "message": message,
+        "stderr_tail": stderr_tail[-_STDERR_TAIL_CHARS:],
+        "attempts": attempts,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     return encode_record(f"{stage}/{key}", {}, meta, "", "", SCHEMA_VERSION, 0)
 
 

@@ -165,7 +165,9 @@ def load_pipeline_config(path: str | os.PathLike) -> PipelineConfig:
     return parse_pipeline_config(document, base_dir=path.parent, source=str(path))
 
 
-def parse_pipeline_config(document: Mapping, base_dir: str | os.PathLike = ".", source: str = "<config>") -> PipelineConfig:
+def parse_pipeline_config(
+    document: Mapping, base_dir: str | os.PathLike = ".", source: str = "<config>"
+) -> PipelineConfig:
     """Build a PipelineConfig from an already-parsed TOML mapping (``load_pipeline_config`` reads the file)."""
     reader = _TomlReader(source, Path(base_dir))
     reader.check_keys(document, _TOP_KEYS, "")
@@ -186,8 +188,9 @@ def parse_pipeline_config(document: Mapping, base_dir: str | os.PathLike = ".", 
             raise reader.fail("templates.msa_database", f"no database named {msa_database!r}")
         if source_db.role != "msa" or "protein" not in source_db.molecule_types:
             raise reader.fail("templates.msa_database", f"{msa_database!r} is not a protein MSA database")
-    features_table = _renamed_keys(reader, reader.table(document.get("features", {}), "features"), FEATURE_RENAMES,
-                                   "features")
+    features_table = _renamed_keys(
+        reader, reader.table(document.get("features", {}), "features"), FEATURE_RENAMES, "features"
+    )
     return PipelineConfig(
         databases=databases,
         tools=tools,
@@ -198,8 +201,9 @@ def parse_pipeline_config(document: Mapping, base_dir: str | os.PathLike = ".", 
         chem=_chem_config(reader, reader.table(document.get("chem", {}), "chem")),
         store=_dataclass_from_table(reader, StoreConfig, reader.table(document.get("store", {}), "store"), "store"),
         curation=_curation_config(reader, reader.table(document.get("curation", {}), "curation")),
-        clustering=_dataclass_from_table(reader, ClusteringConfig,
-                                         reader.table(document.get("clustering", {}), "clustering"), "clustering"),
+        clustering=_dataclass_from_table(
+            reader, ClusteringConfig, reader.table(document.get("clustering", {}), "clustering"), "clustering"
+        ),
         source=source,
     )
 
@@ -249,8 +253,9 @@ class _TomlReader:
         return tuple(value)
 
 
-def _tool_settings(reader: _TomlReader, tools_table: Mapping, default_threads: int,
-                   default_timeout: float | None) -> dict[str, ToolSettings]:
+def _tool_settings(
+    reader: _TomlReader, tools_table: Mapping, default_threads: int, default_timeout: float | None
+) -> dict[str, ToolSettings]:
     """[tools.<name>] tables: every known tool's settings, [search] defaults where unset."""
     for name in tools_table:
         if name not in TOOL_NAMES:
@@ -269,8 +274,11 @@ def _tool_settings(reader: _TomlReader, tools_table: Mapping, default_threads: i
         tools[name] = ToolSettings(
             binary=binary,
             threads=reader.positive_int(entry.get("threads", default_threads), f"{key}.threads"),
-            timeout_s=(reader.positive_number(entry["timeout_s"], f"{key}.timeout_s") if "timeout_s" in entry
-                       else default_timeout),
+            timeout_s=(
+                reader.positive_number(entry["timeout_s"], f"{key}.timeout_s")
+                if "timeout_s" in entry
+                else default_timeout
+            ),
             flags=reader.string_list(entry["flags"], f"{key}.flags") if "flags" in entry else None,
             extra_flags=reader.string_list(entry.get("extra_flags", []), f"{key}.extra_flags"),
         )
@@ -305,8 +313,9 @@ def _database(reader: _TomlReader, raw: Mapping, key: str, names_taken: set[str]
     if role not in ROLES:
         raise reader.fail(f"{key}.role", f"expected 'msa' or 'template', got {role!r}")
     if role not in TOOL_ROLES[tool]:
-        raise reader.fail(f"{key}.role",
-                          f"{tool} cannot serve role {role!r} (it serves: {', '.join(TOOL_ROLES[tool])})")
+        raise reader.fail(
+            f"{key}.role", f"{tool} cannot serve role {role!r} (it serves: {', '.join(TOOL_ROLES[tool])})"
+        )
     raw_paths = raw["path"] if isinstance(raw["path"], list) else [raw["path"]]
     if not raw_paths:
         raise reader.fail(f"{key}.path", "empty list")
@@ -315,12 +324,17 @@ def _database(reader: _TomlReader, raw: Mapping, key: str, names_taken: set[str]
     version = raw.get("version")
     if version is not None and (not isinstance(version, str) or not version):
         raise reader.fail(f"{key}.version", f"expected a non-empty string, got {version!r}")
-    molecule_types = (reader.string_list(raw["molecule_types"], f"{key}.molecule_types")
-                      if "molecule_types" in raw else DEFAULT_MOLECULE_TYPES[tool])
+    molecule_types = (
+        reader.string_list(raw["molecule_types"], f"{key}.molecule_types")
+        if "molecule_types" in raw
+        else DEFAULT_MOLECULE_TYPES[tool]
+    )
     for molecule_type in molecule_types:
         if molecule_type not in MOLECULE_TYPES:
-            raise reader.fail(f"{key}.molecule_types",
-                              f"unknown molecule type {molecule_type!r} (expected: {', '.join(MOLECULE_TYPES)})")
+            raise reader.fail(
+                f"{key}.molecule_types",
+                f"unknown molecule type {molecule_type!r} (expected: {', '.join(MOLECULE_TYPES)})",
+            )
         if (tool == "nhmmer") != (molecule_type in ("rna", "dna")):
             raise reader.fail(f"{key}.molecule_types", f"{tool} cannot search {molecule_type} chains")
     if role == "template" and molecule_types != ("protein",):
@@ -342,8 +356,9 @@ def _renamed_keys(reader: _TomlReader, values: Mapping, renames: Mapping[str, st
     for old, new in renames.items():
         if old in values:
             if new in values:
-                raise reader.fail(f"{key}.{old}",
-                                  f"old name of {key}.{new}, which is also given; keep only {key}.{new}")
+                raise reader.fail(
+                    f"{key}.{old}", f"old name of {key}.{new}, which is also given; keep only {key}.{new}"
+                )
             # stacklevel 4: the line that called load_pipeline_config
             warnings.warn(f"{reader.source}: {key}.{old} is deprecated: use {key}.{new}", FutureWarning, stacklevel=4)
             values[new] = values.pop(old)
@@ -391,8 +406,9 @@ def _curation_config(reader: _TomlReader, values: Mapping) -> CurationConfig:
                 raise reader.fail(f"curation.{name}", f"expected a date (YYYY-MM-DD), got {value!r}")
             special[name] = value
     if "crystallization_aids" in values:
-        special["crystallization_aids"] = reader.string_list(values.pop("crystallization_aids"),
-                                                             "curation.crystallization_aids")
+        special["crystallization_aids"] = reader.string_list(
+            values.pop("crystallization_aids"), "curation.crystallization_aids"
+        )
     settings = _dataclass_from_table(reader, CurationConfig, values, "curation")
     try:
         return dataclasses.replace(settings, **special)
@@ -469,8 +485,11 @@ def preflight(config: PipelineConfig) -> list[str]:
         required, _ = database_files(database)
         missing = [path for path in required if not path.is_file()]
         for path in missing:
-            kind = {"hhblits": "HH-suite database file", "hhsearch": "HH-suite database file",
-                    "mmseqs": "MMseqs2 database file"}.get(database.tool, "FASTA file")
+            kind = {
+                "hhblits": "HH-suite database file",
+                "hhsearch": "HH-suite database file",
+                "mmseqs": "MMseqs2 database file",
+            }.get(database.tool, "FASTA file")
             problems.append(f"database {database.name} ({database.tool}): missing {kind} {path}")
 
     has_templates = any(db.role == "template" for db in config.databases)

@@ -49,19 +49,19 @@ class PrecomputeOptions:
     config_path: Path | None = None
     alignments_dir: Path | None = None
     template_dir: Path | None = None
-    address: str | None = None         # Ray cluster address; None starts Ray locally
-    executor: str = "ray"              # "ray", or "inline": every task in this process (debugging, tests)
-    num_workers: int | None = None     # CPUs for a local Ray; None = all
+    address: str | None = None  # Ray cluster address; None starts Ray locally
+    executor: str = "ray"  # "ray", or "inline": every task in this process (debugging, tests)
+    num_workers: int | None = None  # CPUs for a local Ray; None = all
     num_shards: int | None = None
     msa_rows_stored: int | None = None  # overrides the config's features.msa_rows_stored
-    ccd_path: Path | None = None       # a newer components.cif[.gz]; overrides the config's [chem] ccd_path
+    ccd_path: Path | None = None  # a newer components.cif[.gz]; overrides the config's [chem] ccd_path
     curation: CurationConfig | None = None  # overrides the config's [curation] (default: AF3's)
     clustering: ClusteringConfig | None = None  # overrides the config's [clustering] (default: AF3's)
     retry_failed: bool = True
-    recheck: bool = False              # read every kept record in full; recompute the damaged ones
+    recheck: bool = False  # read every kept record in full; recompute the damaged ones
     progress: bool = True
-    verbose: bool = False              # show Ray's own messages (start-up, warnings, workers' output)
-    max_in_flight: int | None = None   # tasks submitted at once; default 4 per CPU
+    verbose: bool = False  # show Ray's own messages (start-up, warnings, workers' output)
+    max_in_flight: int | None = None  # tasks submitted at once; default 4 per CPU
 
 
 def discover_inputs(paths: list[Path]) -> list[Path]:
@@ -148,9 +148,20 @@ def prepare(options: PrecomputeOptions) -> RunPlan:
     chem = pipeline_config.chem if pipeline_config is not None else ChemConfig()
     if options.ccd_path is not None:
         chem = dataclasses.replace(chem, ccd_path=str(Path(options.ccd_path).resolve()))
-    return RunPlan(input_files, feature_config, store_config, template_dir, search_config, alignment_index,
-                   fingerprint(mode), curation, clustering, mmseqs, chem,
-                   tmp_dir=pipeline_config.tmp_dir if pipeline_config is not None else None)
+    return RunPlan(
+        input_files,
+        feature_config,
+        store_config,
+        template_dir,
+        search_config,
+        alignment_index,
+        fingerprint(mode),
+        curation,
+        clustering,
+        mmseqs,
+        chem,
+        tmp_dir=pipeline_config.tmp_dir if pipeline_config is not None else None,
+    )
 
 
 def _check_clustering_tool(mmseqs: ToolSettings, pipeline_config: PipelineConfig | None) -> None:
@@ -159,8 +170,10 @@ def _check_clustering_tool(mmseqs: ToolSettings, pipeline_config: PipelineConfig
         MmseqsCluster(mmseqs).identity()
     except ToolError as error:
         where = f"in {pipeline_config.source}" if pipeline_config else "in a pipeline config (--config)"
-        raise PipelineSetupError(f"clustering (AF3 sampling weights) needs MMseqs2: {error.message}; install it, "
-                                 f"or set [clustering] enabled = false {where}") from None
+        raise PipelineSetupError(
+            f"clustering (AF3 sampling weights) needs MMseqs2: {error.message}; install it, "
+            f"or set [clustering] enabled = false {where}"
+        ) from None
 
 
 def _load_pipeline_config(path: Path | None, alignments_dir: Path | None) -> PipelineConfig | None:
@@ -179,7 +192,8 @@ def _load_pipeline_config(path: Path | None, alignments_dir: Path | None) -> Pip
         raise PipelineSetupError(
             f"--config {path}: [[databases]] configures searches ({names}), but --alignments {alignments_dir} "
             f"ingests precomputed alignments instead; remove the [[databases]] tables to ingest with this "
-            f"config's other settings, or drop --alignments to search")
+            f"config's other settings, or drop --alignments to search"
+        )
     problems = preflight(config)
     if problems:
         raise PipelineSetupError("preflight failed:\n  " + "\n  ".join(problems))
@@ -194,7 +208,8 @@ def _shard_count(options: PrecomputeOptions, store_config: StoreConfig) -> int:
     num_shards = options.num_shards or existing_shards or store_config.num_shards
     if options.num_shards and existing_shards and options.num_shards != existing_shards:
         raise PipelineSetupError(
-            f"--shards {options.num_shards}: cache {options.cache_dir} already has {existing_shards} shards")
+            f"--shards {options.num_shards}: cache {options.cache_dir} already has {existing_shards} shards"
+        )
     if num_shards < 1:
         raise PipelineSetupError(f"--shards must be at least 1, got {num_shards}")
     return num_shards

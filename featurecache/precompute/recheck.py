@@ -57,8 +57,11 @@ class Recheck:
         # shards changed outside LMDB, hashed before the run writes: rewritten when it finishes
         self.shards_to_rewrite = writer.shards_changed_outside()
         for shard_index in self.shards_to_rewrite:
-            log.warning("--recheck: %s differs from the manifest (size or sha256) though no writer changed it; "
-                        "it is rewritten from its records when the run finishes", cache_dir / shard_name(shard_index))
+            log.warning(
+                "--recheck: %s differs from the manifest (size or sha256) though no writer changed it; "
+                "it is rewritten from its records when the run finishes",
+                cache_dir / shard_name(shard_index),
+            )
 
     def intact(self, table: str, key: str) -> bool:
         """Read the record in full as verify does (every byte's checksum, every array decoded);
@@ -110,19 +113,21 @@ class Recheck:
             self.summary.recomputed[table] = self.summary.recomputed.get(table, 0) + 1
 
     def left(self) -> list[str]:
-        """"table/key" of every record still damaged (its recompute failed, or no input uses it)."""
+        """ "table/key" of every record still damaged (its recompute failed, or no input uses it)."""
         return sorted(f"{table}/{key}" for table, keys in self.damaged.items() for key in keys)
 
-    def users_of_damaged_records(self, current: list[tuple[TargetInput, dict]], runner, pipeline_config,
-                                 chem: ChemConfig) -> list[TargetInput]:
+    def users_of_damaged_records(
+        self, current: list[tuple[TargetInput, dict]], runner, pipeline_config, chem: ChemConfig
+    ) -> list[TargetInput]:
         """Of the targets whose feature records are current and intact, those whose chains or
         CCD codes use a damaged msa or conformer record (parsed again, with the driver's
         `runner` factory, to find out): they are recomputed, and with them the damaged records,
         so they no longer count as skipped."""
         damaged_msa, damaged_conformers = self.damaged[MSA_TABLE], self.damaged[CONFORMERS_TABLE]
         search_plan = SearchPlan(pipeline_config) if pipeline_config is not None else None
-        damaged_sequences = {key[:SEQUENCE_KEY_CHARS] for key in damaged_msa
-                             if key[SEQUENCE_KEY_CHARS:SEQUENCE_KEY_CHARS + 1] == "-"}
+        damaged_sequences = {
+            key[:SEQUENCE_KEY_CHARS] for key in damaged_msa if key[SEQUENCE_KEY_CHARS : SEQUENCE_KEY_CHARS + 1] == "-"
+        }
         users: set[str] = set()
 
         def listed(stage: str, target_id: str, result) -> None:
@@ -160,5 +165,7 @@ def _search_keys(chain: ChainSequence, search_plan: SearchPlan) -> list[str]:
     """The msa keys of a chain's search: its MSA record, then each database's raw output."""
     seq_key = sequence_key(chain.molecule_type, chain.sequence)
     databases = sum(search_plan.databases(chain.molecule_type), ())
-    return [search_plan.msa_key(chain.molecule_type, chain.sequence),
-            *(database_search_key(seq_key, search_plan.database_fingerprint(database)) for database in databases)]
+    return [
+        search_plan.msa_key(chain.molecule_type, chain.sequence),
+        *(database_search_key(seq_key, search_plan.database_fingerprint(database)) for database in databases),
+    ]

@@ -21,26 +21,26 @@ class StageCounts:
 class PrecomputeSummary:
     cache_dir: str
     targets: int = 0
-    excluded: int = 0               # targets curation left out in this run (no feature record)
+    excluded: int = 0  # targets curation left out in this run (no feature record)
     stages: dict[str, StageCounts] = field(default_factory=lambda: {stage: StageCounts() for stage in STAGES})
     warnings: int = 0
     failures: list[dict] = field(default_factory=list)
     seconds: float = 0.0
-    tool_seconds: float = 0.0       # inside the search tools (summed over tasks)
+    tool_seconds: float = 0.0  # inside the search tools (summed over tasks)
     featurize_seconds: float = 0.0  # parsing + featurization + encoding (summed over tasks)
     conformer_seconds: float = 0.0  # reference conformers computed in this run (summed over tasks)
-    write_seconds: float = 0.0      # driver time in LMDB writes
-    clustered: bool = False         # chains were clustered again (False: nothing changed, or clustering off)
-    cluster_seconds: float = 0.0    # clustering and sampling weights over the whole cache
+    write_seconds: float = 0.0  # driver time in LMDB writes
+    clustered: bool = False  # chains were clustered again (False: nothing changed, or clustering off)
+    cluster_seconds: float = 0.0  # clustering and sampling weights over the whole cache
     # template hits whose structure is not in the template folder (e.g. m8 hits against the whole PDB)
     unplaced_template_hits: int = 0
     targets_with_unplaced_templates: int = 0
     # --recheck: records the run would keep, read in full; damaged ones found, and rewritten
     recheck: bool = False
     rechecked: int = 0
-    damaged: dict[str, int] = field(default_factory=dict)      # table -> damaged records found
-    recomputed: dict[str, int] = field(default_factory=dict)   # table -> of those, rewritten
-    damaged_left: list[str] = field(default_factory=list)      # "table/key" still damaged
+    damaged: dict[str, int] = field(default_factory=dict)  # table -> damaged records found
+    recomputed: dict[str, int] = field(default_factory=dict)  # table -> of those, rewritten
+    damaged_left: list[str] = field(default_factory=list)  # "table/key" still damaged
 
     def count_unplaced_templates(self, hits: int) -> None:
         if hits:
@@ -77,9 +77,11 @@ class PrecomputeSummary:
         if self.warnings:
             lines.append(f"  warnings: {self.warnings} (see `featurecache stats`)")
         if self.unplaced_template_hits:
-            lines.append(f"  template hits without a structure in the template folder: {self.unplaced_template_hits} "
-                         f"in {self.targets_with_unplaced_templates} target(s), not used as templates "
-                         "(m8 hits against the whole PDB? add their mmCIF files to --templates)")
+            lines.append(
+                f"  template hits without a structure in the template folder: {self.unplaced_template_hits} "
+                f"in {self.targets_with_unplaced_templates} target(s), not used as templates "
+                "(m8 hits against the whole PDB? add their mmCIF files to --templates)"
+            )
         if self.recheck:
             lines.append(self._recheck_line())
             if self.damaged_left:

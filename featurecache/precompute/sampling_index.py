@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 class SamplingIndex:
     """Collects clustering inputs and exclusions during a run; builds the tables at its end."""
 
-    def __init__(self, config: ClusteringConfig, mmseqs: ToolSettings, tmp_dir: str | None,
-                 previous: Manifest | None) -> None:
+    def __init__(
+        self, config: ClusteringConfig, mmseqs: ToolSettings, tmp_dir: str | None, previous: Manifest | None
+    ) -> None:
         self.config = config
         self.mmseqs = mmseqs
         self.tmp_dir = tmp_dir
@@ -53,8 +54,11 @@ class SamplingIndex:
 
     def exclude(self, excluded: ExcludedTarget, feature_fingerprint: str) -> None:
         self.targets.pop(excluded.target_id, None)
-        self.excluded[excluded.target_id] = {**excluded.exclusion.to_json(), "input_hash": excluded.input_hash,
-                                             "fingerprint": feature_fingerprint}
+        self.excluded[excluded.target_id] = {
+            **excluded.exclusion.to_json(),
+            "input_hash": excluded.input_hash,
+            "fingerprint": feature_fingerprint,
+        }
 
     def was_excluded(self, target_id: str, input_hash: str, feature_fingerprint: str) -> bool:
         """The last manifest lists the target as left out, for this input and these settings."""
@@ -69,15 +73,22 @@ class SamplingIndex:
         """(derived index tables, fingerprints) for StoreWriter.finish. Raises ToolError if
         MMseqs2 fails."""
         feature_keys = set(writer.keys(FEATURES_TABLE))
-        excluded = {target_id: entry for target_id, entry in self._previous_table(EXCLUDED_TABLE).items()
-                    if target_id not in feature_keys}
+        excluded = {
+            target_id: entry
+            for target_id, entry in self._previous_table(EXCLUDED_TABLE).items()
+            if target_id not in feature_keys
+        }
         excluded.update(self.excluded)
         tables = {EXCLUDED_TABLE: excluded}
         if not self.config.enabled:
             return tables, {}
         targets = self._all_targets(writer, feature_keys)
-        inputs = fingerprint("sampling", dataclasses.asdict(self.config), self.mmseqs_tool().identity(),
-                             [targets[target_id].to_json() for target_id in sorted(targets)])
+        inputs = fingerprint(
+            "sampling",
+            dataclasses.asdict(self.config),
+            self.mmseqs_tool().identity(),
+            [targets[target_id].to_json() for target_id in sorted(targets)],
+        )
         previous = self._previous_table(SAMPLING_TABLE)
         if self.previous is not None and self.previous.fingerprints.get("sampling") == inputs and previous:
             tables[SAMPLING_TABLE] = previous
@@ -104,8 +115,12 @@ class SamplingIndex:
             else:
                 targets[target_id] = chains
         if unknown:
-            log.warning("%d feature records predate curation metadata and get no sampling weight (rerun "
-                        "precompute with their inputs to recompute them): %s", len(unknown), ", ".join(unknown[:5]))
+            log.warning(
+                "%d feature records predate curation metadata and get no sampling weight (rerun "
+                "precompute with their inputs to recompute them): %s",
+                len(unknown),
+                ", ".join(unknown[:5]),
+            )
         return targets
 
     def _previous_table(self, table: str) -> dict:

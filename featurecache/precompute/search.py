@@ -63,17 +63,17 @@ def sequence_key(molecule_type: str, sequence: str) -> str:
 class DatabaseSearch:
     """One database's raw output for one sequence."""
 
-    database: str              # DatabaseConfig.name
+    database: str  # DatabaseConfig.name
     tool: str
-    role: str                  # "msa" | "template"
-    output_format: str         # "sto" | "a3m" | "hhr" | "m8"
-    text: str                  # raw tool output (capped at the database's max_hits)
+    role: str  # "msa" | "template"
+    output_format: str  # "sto" | "a3m" | "hhr" | "m8"
+    text: str  # raw tool output (capped at the database's max_hits)
     num_hits: int
-    fingerprint: str           # search_fingerprint of this database (+ the template input MSA's)
+    fingerprint: str  # search_fingerprint of this database (+ the template input MSA's)
     wall_seconds: float
     command: tuple[str, ...]
     tool_version: str
-    reused: bool = False       # taken from an earlier run's stored output, not searched now
+    reused: bool = False  # taken from an earlier run's stored output, not searched now
 
 
 @dataclass(frozen=True)
@@ -83,8 +83,8 @@ class SearchResult:
     sequence_key: str
     molecule_type: str
     sequence: str
-    fingerprint: str                       # SearchPlan.fingerprint(molecule_type) at search time
-    msas: tuple[DatabaseSearch, ...]       # in config order
+    fingerprint: str  # SearchPlan.fingerprint(molecule_type) at search time
+    msas: tuple[DatabaseSearch, ...]  # in config order
     templates: tuple[DatabaseSearch, ...]  # in config order
 
     @property
@@ -146,8 +146,9 @@ class SearchPlan:
         """msa-table key of a chain's searched MSA record: its sequence key and the search's fingerprint."""
         return f"{sequence_key(molecule_type, sequence)}-{self.fingerprint(molecule_type)}"
 
-    def search(self, sequence: str, molecule_type: str,
-               stored: Mapping[str, DatabaseSearch] | None = None) -> SearchResult:
+    def search(
+        self, sequence: str, molecule_type: str, stored: Mapping[str, DatabaseSearch] | None = None
+    ) -> SearchResult:
         """Run every database for one sequence; a failing tool raises ToolError naming the database.
 
         `stored` maps database names to earlier outputs for this sequence: one whose fingerprint
@@ -224,8 +225,13 @@ class SearchPlan:
             try:
                 return stockholm_to_a3m(item.text, sequence)
             except ValueError as error:
-                raise ToolError(item.tool, None, "", item.command,
-                                f"database {database.name}: cannot use the {source.name} MSA as template query: {error}") from error
+                raise ToolError(
+                    item.tool,
+                    None,
+                    "",
+                    item.command,
+                    f"database {database.name}: cannot use the {source.name} MSA as template query: {error}",
+                ) from error
         return item.text
 
     def _wrap(self, database: DatabaseConfig, result: ToolResult) -> DatabaseSearch:

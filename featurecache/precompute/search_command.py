@@ -66,13 +66,13 @@ class SearchOptions:
     inputs: list[Path]
     config_path: Path
     out_dir: Path
-    cache_dir: Path | None = None      # where the searches are stored; default OUT/cache
-    address: str | None = None         # Ray cluster address; None starts Ray locally
-    executor: str = "ray"              # or "inline" (every task in this process)
+    cache_dir: Path | None = None  # where the searches are stored; default OUT/cache
+    address: str | None = None  # Ray cluster address; None starts Ray locally
+    executor: str = "ray"  # or "inline" (every task in this process)
     num_workers: int | None = None
     max_templates: int = SampleConfig().max_templates  # templates per chain in the AF3 JSON (AF3 uses 4)
     progress: bool = True
-    verbose: bool = False              # Ray's own messages
+    verbose: bool = False  # Ray's own messages
 
     @property
     def cache(self) -> Path:
@@ -84,8 +84,8 @@ class SearchSummary:
     out_dir: str
     cache_dir: str
     targets: int = 0
-    written: int = 0                    # targets whose AF3 JSON was written
-    excluded: int = 0                   # left out by curation, as precompute would
+    written: int = 0  # targets whose AF3 JSON was written
+    excluded: int = 0  # left out by curation, as precompute would
     sequences: StageCounts = field(default_factory=StageCounts)  # unique chain sequences searched
     failures: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -100,15 +100,21 @@ class SearchSummary:
 
     def format(self) -> str:
         counts = self.sequences
-        searches = (f"  searches   done {counts.done:>6}  skipped {counts.skipped:>6}  failed {counts.failed:>6}"
-                    f"  (stored in {self.cache_dir})")
-        lines = [f"search outputs in {self.out_dir}: {self.written} of {self.targets} target(s) in {self.seconds:.1f} s",
-                 searches]
+        searches = (
+            f"  searches   done {counts.done:>6}  skipped {counts.skipped:>6}  failed {counts.failed:>6}"
+            f"  (stored in {self.cache_dir})"
+        )
+        lines = [
+            f"search outputs in {self.out_dir}: {self.written} of {self.targets} target(s) in {self.seconds:.1f} s",
+            searches,
+        ]
         if self.excluded:
             lines.append(f"  excluded by curation: {self.excluded} target(s)")
         lines += [f"  warning: {warning}" for warning in self.warnings[:_FAILURES_SHOWN]]
-        lines += [f"  FAILED {failure['stage']} {failure['key']}: {failure['message']}"
-                  for failure in self.failures[:_FAILURES_SHOWN]]
+        lines += [
+            f"  FAILED {failure['stage']} {failure['key']}: {failure['message']}"
+            for failure in self.failures[:_FAILURES_SHOWN]
+        ]
         if self.failed > _FAILURES_SHOWN:
             lines.append(f"  ... and {self.failed - _FAILURES_SHOWN} more failures")
         return "\n".join(lines)
@@ -121,10 +127,16 @@ def search(options: SearchOptions) -> SearchSummary:
         raise PipelineSetupError(f"--max-templates must be at least 0, got {options.max_templates}")
     _check_out_dir(options.out_dir)
     precompute_options = PrecomputeOptions(
-        inputs=list(options.inputs), cache_dir=options.cache, config_path=options.config_path,
-        address=options.address, executor=options.executor, num_workers=options.num_workers,
+        inputs=list(options.inputs),
+        cache_dir=options.cache,
+        config_path=options.config_path,
+        address=options.address,
+        executor=options.executor,
+        num_workers=options.num_workers,
         clustering=ClusteringConfig(enabled=False),  # nothing is clustered: no MMseqs2 check
-        progress=options.progress, verbose=options.verbose)
+        progress=options.progress,
+        verbose=options.verbose,
+    )
     plan = prepare(precompute_options)
     _make_out_dir(options.out_dir)  # after the config and inputs passed: a refused run writes nothing
     previous = _finished_manifest(options.cache)
@@ -143,8 +155,11 @@ def search(options: SearchOptions) -> SearchSummary:
                 failure["stage"] = "target"
         # Only msa records changed: the last manifest's fingerprints and whole-cache tables still hold.
         fingerprints = previous.fingerprints if previous else {}
-        derived = {name: previous.index[name] for name in (SAMPLING_TABLE, EXCLUDED_TABLE)
-                   if previous and name in previous.index}
+        derived = {
+            name: previous.index[name]
+            for name in (SAMPLING_TABLE, EXCLUDED_TABLE)
+            if previous and name in previous.index
+        }
         writer.finish(fingerprints=fingerprints, schema_version=SCHEMA_VERSION, derived_index=derived)
     except (StoreWriteError, OSError) as error:
         raise CacheWriteError(f"--cache {options.cache}: {error}") from None
@@ -157,8 +172,14 @@ def search(options: SearchOptions) -> SearchSummary:
 class _SearchRun(PipelineRun):
     """Precompute's run, stopped after its search stage; then each target's outputs."""
 
-    def __init__(self, precompute_options: PrecomputeOptions, plan, writer: StoreWriter, options: SearchOptions,
-                 summary: SearchSummary) -> None:
+    def __init__(
+        self,
+        precompute_options: PrecomputeOptions,
+        plan,
+        writer: StoreWriter,
+        options: SearchOptions,
+        summary: SearchSummary,
+    ) -> None:
         # The search stage counts and records failures in a precompute summary, shared here.
         stages = PrecomputeSummary(cache_dir=summary.cache_dir, failures=summary.failures)
         stages.stages["search"] = summary.sequences
@@ -208,8 +229,19 @@ class _SearchRun(PipelineRun):
         for target in ready:
             keys = chain_keys[target.target_id]
             blobs = {key: self.writer.get(MSA_TABLE, key) for key in set(keys.values())}
-            runner.submit("outputs", target.target_id, target_outputs, target, blobs, keys, plan.curation,
-                          plan.chem, plan.feature_config, plan.template_dir, options.max_templates)
+            runner.submit(
+                "outputs",
+                target.target_id,
+                target_outputs,
+                target,
+                blobs,
+                keys,
+                plan.curation,
+                plan.chem,
+                plan.feature_config,
+                plan.template_dir,
+                options.max_templates,
+            )
         runner.drain()
 
     def _write_target(self, outputs: TargetOutputs) -> None:
@@ -221,8 +253,9 @@ class _SearchRun(PipelineRun):
         (out / AF3_FOLDER).mkdir(exist_ok=True)
         write_text_atomic(out / AF3_FOLDER / f"{outputs.target_id}.json", af3_json_text(outputs.document))
         self._write_peer_inputs(outputs)
-        self.index[outputs.target_id] = {chain: f"{MSA_FOLDER}/{folder}" for chain, folder in
-                                         outputs.chain_folders.items()}
+        self.index[outputs.target_id] = {
+            chain: f"{MSA_FOLDER}/{folder}" for chain, folder in outputs.chain_folders.items()
+        }
         self.search_summary.warnings += [f"{outputs.target_id}: {warning}" for warning in outputs.warnings]
         self.search_summary.written += 1
 
@@ -247,11 +280,15 @@ class _SearchRun(PipelineRun):
             boltz_msas[index] = str(csv)
         name, seeds = outputs.document["name"], tuple(outputs.document["modelSeeds"])
         (out / PROTENIX_FOLDER).mkdir(exist_ok=True)
-        write_text_atomic(out / PROTENIX_FOLDER / f"{outputs.target_id}.json", protenix_json_text(
-            protenix_document(name, outputs.entities, outputs.bonds, seeds, protenix_msas)))
+        write_text_atomic(
+            out / PROTENIX_FOLDER / f"{outputs.target_id}.json",
+            protenix_json_text(protenix_document(name, outputs.entities, outputs.bonds, seeds, protenix_msas)),
+        )
         (out / BOLTZ_FOLDER).mkdir(exist_ok=True)
-        write_text_atomic(out / BOLTZ_FOLDER / f"{outputs.target_id}.yaml",
-                          boltz_yaml_text(outputs.entities, outputs.bonds, boltz_msas))
+        write_text_atomic(
+            out / BOLTZ_FOLDER / f"{outputs.target_id}.yaml",
+            boltz_yaml_text(outputs.entities, outputs.bonds, boltz_msas),
+        )
 
     def _write_index(self) -> None:
         """index.json: target -> chain id -> msas folder, merged with an earlier run's."""

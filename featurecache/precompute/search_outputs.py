@@ -92,9 +92,16 @@ class TargetOutputs:
     paired_csvs: dict[int, str] = field(default_factory=dict)  # Boltz CSV of every row, paired ones keyed
 
 
-def target_outputs(target: TargetInput, msa_blobs: dict[str, bytes], chain_keys: dict[str, str],
-                   curation: CurationConfig, chem: ChemConfig, features: FeatureConfig,
-                   template_dir: str | None, max_templates: int) -> TargetOutputs | ExcludedTarget:
+def target_outputs(
+    target: TargetInput,
+    msa_blobs: dict[str, bytes],
+    chain_keys: dict[str, str],
+    curation: CurationConfig,
+    chem: ChemConfig,
+    features: FeatureConfig,
+    template_dir: str | None,
+    max_templates: int,
+) -> TargetOutputs | ExcludedTarget:
     """The search outputs of one target (chain id -> msa key of its searched chains); raises
     TaskError naming the target when its input or a stored search cannot be read."""
     parsed = read_parsed(target.path, chem)
@@ -141,8 +148,9 @@ def target_outputs(target: TargetInput, msa_blobs: dict[str, bytes], chain_keys:
         outputs.entity_folders[len(filled)] = folder
         templates = given_templates or []  # templates the input JSON gives replace searched ones
         if chain.molecule_type == "protein" and store is not None and given_templates is None:
-            templates = _templates(chain, hits, store, features, structure.release_date, max_templates,
-                                   outputs.warnings)
+            templates = _templates(
+                chain, hits, store, features, structure.release_date, max_templates, outputs.warnings
+            )
         if chain.molecule_type == "protein":
             protein_msas[len(filled)] = msa
         filled.append(_with_msas(entity, files[UNPAIRED_A3M], "", templates))
@@ -229,8 +237,10 @@ def _with_msas(entity: Af3Entity, unpaired: str, paired: str, templates: list[Af
 
 def _chain_files(msa: Msa, hits: list[TemplateHit], molecule_type: str) -> dict[str, str]:
     unpaired = format_a3m(msa, molecule_type=molecule_type)
-    files = {UNPAIRED_A3M: unpaired,
-             TEMPLATE_HITS: "[\n" + ",\n".join(json.dumps(_hit_json(hit)) for hit in hits) + "\n]\n"}
+    files = {
+        UNPAIRED_A3M: unpaired,
+        TEMPLATE_HITS: "[\n" + ",\n".join(json.dumps(_hit_json(hit)) for hit in hits) + "\n]\n",
+    }
     if molecule_type == "protein":
         files[PAIRED_A3M] = pairing_a3m(msa)
         files[BOLTZ_CSV] = format_boltz_csv(msa, [UNPAIRED, *map(species_key, msa.species[1:])])
@@ -243,8 +253,9 @@ def pairing_a3m(msa: Msa) -> str:
     pair by (io/pairing_headers.py); the query alone when no row names one, so a predictor given
     the file finds it."""
     similarity = query_identity(msa, "protein")
-    rows = sorted((row for row, species in enumerate(msa.species) if row > 0 and species),
-                  key=lambda row: (-similarity[row], row))
+    rows = sorted(
+        (row for row, species in enumerate(msa.species) if row > 0 and species), key=lambda row: (-similarity[row], row)
+    )
     headers = list(msa.descriptions)
     for row in rows:
         headers[row] = pairing_header(headers[row], msa.species[row], row)
@@ -252,13 +263,28 @@ def pairing_a3m(msa: Msa) -> str:
 
 
 def _hit_json(hit: TemplateHit) -> dict:
-    return {"name": hit.name, "source": hit.source, "e_value": hit.e_value, "identity": hit.identity,
-            "sum_probs": hit.sum_probs, "aligned_cols": hit.aligned_cols, "description": hit.description,
-            "query_indices": hit.query_indices.tolist(), "template_indices": hit.hit_indices.tolist()}
+    return {
+        "name": hit.name,
+        "source": hit.source,
+        "e_value": hit.e_value,
+        "identity": hit.identity,
+        "sum_probs": hit.sum_probs,
+        "aligned_cols": hit.aligned_cols,
+        "description": hit.description,
+        "query_indices": hit.query_indices.tolist(),
+        "template_indices": hit.hit_indices.tolist(),
+    }
 
 
-def _templates(chain: Chain, hits: list[TemplateHit], store: TemplateStore, features: FeatureConfig,
-               release_date: str | None, max_templates: int, warnings: list[str]) -> list[Af3Template]:
+def _templates(
+    chain: Chain,
+    hits: list[TemplateHit],
+    store: TemplateStore,
+    features: FeatureConfig,
+    release_date: str | None,
+    max_templates: int,
+    warnings: list[str],
+) -> list[Af3Template]:
     """The chain's first `max_templates` hits that precompute's filters keep, as AF3 templates."""
     report = TemplateReport()
     templates = []
@@ -274,9 +300,12 @@ def _templates(chain: Chain, hits: list[TemplateHit], store: TemplateStore, feat
             continue
         # The indices count the chain's residues as our reader sees them; AF3 must see the same.
         if len(written) != 1 or written[0].sequence != selected.chain.sequence:
-            warnings.append(f"chain {chain.chain_id}: template {selected.hit.name} left out: its one-chain mmCIF "
-                            "does not keep the chain's residues")
+            warnings.append(
+                f"chain {chain.chain_id}: template {selected.hit.name} left out: its one-chain mmCIF "
+                "does not keep the chain's residues"
+            )
             continue
-        templates.append(Af3Template(text, tuple(selected.query_positions.tolist()),
-                                     tuple(selected.hit_positions.tolist())))
+        templates.append(
+            Af3Template(text, tuple(selected.query_positions.tolist()), tuple(selected.hit_positions.tolist()))
+        )
     return templates

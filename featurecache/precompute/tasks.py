@@ -153,8 +153,9 @@ def dependencies(target: TargetInput, chem: ChemConfig) -> tuple[list[ChainSeque
     return chain_sequences(structure), codes_of(structure, chem)
 
 
-def parse_chains(target: TargetInput, curation: CurationConfig,
-                 chem: ChemConfig | None = None) -> list[ChainSequence] | ExcludedTarget:
+def parse_chains(
+    target: TargetInput, curation: CurationConfig, chem: ChemConfig | None = None
+) -> list[ChainSequence] | ExcludedTarget:
     """The searched chains of one curated input (not those whose MSA the input gives); raises
     TaskError(stage='parse') naming the file."""
     curated, parsed = _curated_input(target, curation, chem)
@@ -163,15 +164,17 @@ def parse_chains(target: TargetInput, curation: CurationConfig,
     return [chain for chain in chain_sequences(curated.structure) if chain.chain_id not in parsed.msas]
 
 
-def _curated_input(target: TargetInput, curation: CurationConfig, chem: ChemConfig | None
-                   ) -> tuple[Curated, ParsedInput]:
+def _curated_input(
+    target: TargetInput, curation: CurationConfig, chem: ChemConfig | None
+) -> tuple[Curated, ParsedInput]:
     """Parse one input and curate it; raises TaskError(stage='parse') naming the file."""
     parsed = read_parsed(target.path, chem)
     return curate(parsed.structure, curation), parsed
 
 
-def _use_given_msas(structure: Structure, given: dict[str, GivenMsa], chain_msas: dict, chain_hits: dict,
-                    msa_sources: dict[str, str]) -> None:
+def _use_given_msas(
+    structure: Structure, given: dict[str, GivenMsa], chain_msas: dict, chain_hits: dict, msa_sources: dict[str, str]
+) -> None:
     """The input's own MSAs replace searched or ingested ones (and their template hits)."""
     for chain in structure.chains:
         if chain.chain_id in given:
@@ -212,8 +215,9 @@ def parse_search_result(result) -> tuple[Msa, list[TemplateHit]]:
         for msa in msas:
             if msa.length != len(query):
                 raise ValueError(f"{msa.source}: MSA has {msa.length} columns, query has {len(query)} residues")
-        combined = Msa(np.concatenate(rows), np.concatenate(deletions), descriptions,
-                       "+".join(msa.source for msa in msas))
+        combined = Msa(
+            np.concatenate(rows), np.concatenate(deletions), descriptions, "+".join(msa.source for msa in msas)
+        )
     hits: list[TemplateHit] = []
     for item in result.templates:
         source = f"{item.database}:{item.tool}"
@@ -226,8 +230,13 @@ def parse_search_result(result) -> tuple[Msa, list[TemplateHit]]:
     return combined, hits
 
 
-def search_chain(sequence: ChainSequence, msa_key: str, config: PipelineConfig, zstd_level: int,
-                 stored_blobs: dict[str, bytes] | None = None) -> SearchOutcome:
+def search_chain(
+    sequence: ChainSequence,
+    msa_key: str,
+    config: PipelineConfig,
+    zstd_level: int,
+    stored_blobs: dict[str, bytes] | None = None,
+) -> SearchOutcome:
     """Run every configured search for one unique chain sequence; raises TaskError on failure.
 
     `stored_blobs` are earlier per-database outputs for this sequence (database name -> record):
@@ -250,9 +259,16 @@ def search_chain(sequence: ChainSequence, msa_key: str, config: PipelineConfig, 
     meta = {
         "molecule_type": sequence.molecule_type,
         "sequence": sequence.sequence,
-        "databases": {item.database: {"tool": item.tool, "version": item.tool_version, "hits": item.num_hits,
-                                      "seconds": round(item.wall_seconds, 3), "reused": item.reused}
-                      for item in result.msas + result.templates},
+        "databases": {
+            item.database: {
+                "tool": item.tool,
+                "version": item.tool_version,
+                "hits": item.num_hits,
+                "seconds": round(item.wall_seconds, 3),
+                "reused": item.reused,
+            }
+            for item in result.msas + result.templates
+        },
     }
     blob = encode_msa_record(msa_key, msa, hits, meta, result.fingerprint, zstd_level)
     seq_key = sequence_key(sequence.molecule_type, sequence.sequence)
@@ -268,8 +284,7 @@ def search_chain(sequence: ChainSequence, msa_key: str, config: PipelineConfig, 
 # --- featurization ----------------------------------------------------------------------------
 
 
-def _index_entry(arrays: dict, meta: dict, record_fingerprint: str, input_hash: str,
-                 removed: dict[str, int]) -> dict:
+def _index_entry(arrays: dict, meta: dict, record_fingerprint: str, input_hash: str, removed: dict[str, int]) -> dict:
     return {
         "num_tokens": int(arrays["restype"].shape[0]),
         "num_atoms": int(arrays["atom_to_token"].shape[0]),
@@ -284,18 +299,37 @@ def _index_entry(arrays: dict, meta: dict, record_fingerprint: str, input_hash: 
     }
 
 
-def _encode_features(target: TargetInput, curated: Curated, chain_msas: dict, chain_hits: dict,
-                     config: FeatureConfig, curation: CurationConfig, template_dir: str | None,
-                     record_fingerprint: str, extra_warnings: list[str], msa_blobs: dict[str, bytes],
-                     started: float, conformer_blobs: dict[str, bytes] | None, chem: ChemConfig | None,
-                     msa_sources: dict[str, str] | None = None, given_templates: dict | None = None
-                     ) -> FeaturizeResult:
+def _encode_features(
+    target: TargetInput,
+    curated: Curated,
+    chain_msas: dict,
+    chain_hits: dict,
+    config: FeatureConfig,
+    curation: CurationConfig,
+    template_dir: str | None,
+    record_fingerprint: str,
+    extra_warnings: list[str],
+    msa_blobs: dict[str, bytes],
+    started: float,
+    conformer_blobs: dict[str, bytes] | None,
+    chem: ChemConfig | None,
+    msa_sources: dict[str, str] | None = None,
+    given_templates: dict | None = None,
+) -> FeaturizeResult:
     structure = curated.structure
     try:
         conformers = conformers_for(conformer_blobs, chem or ChemConfig())
-        arrays, meta = build_features(structure, chain_msas, chain_hits, config, template_dir=template_dir,
-                                      source_hash=target.input_hash, warnings=extra_warnings,
-                                      conformers=conformers, given_templates=given_templates)
+        arrays, meta = build_features(
+            structure,
+            chain_msas,
+            chain_hits,
+            config,
+            template_dir=template_dir,
+            source_hash=target.input_hash,
+            warnings=extra_warnings,
+            conformers=conformers,
+            given_templates=given_templates,
+        )
     except (ValueError, KeyError, IndexError, CorruptRecordError) as error:
         raise TaskError("featurize", target.target_id, f"{target.path}: {error}") from None
     meta["curation"] = [removal.to_json() for removal in curated.removals]
@@ -303,17 +337,33 @@ def _encode_features(target: TargetInput, curated: Curated, chain_msas: dict, ch
     if msa_sources:  # where each polymer chain's MSA came from (the input JSON, a search, files)
         meta["msa_sources"] = msa_sources
     meta["interfaces"] = interface_pairs(structure, curation.interface_distance)
-    blob = encode_record(target.target_id, arrays, meta, record_fingerprint, target.input_hash, SCHEMA_VERSION,
-                         config.zstd_level)
+    blob = encode_record(
+        target.target_id, arrays, meta, record_fingerprint, target.input_hash, SCHEMA_VERSION, config.zstd_level
+    )
     entry = _index_entry(arrays, meta, record_fingerprint, target.input_hash, curated.removed_counts())
-    return FeaturizeResult(target.target_id, blob, entry, TargetChains.from_meta(target.target_id, meta), msa_blobs,
-                           meta["warnings"], time.perf_counter() - started)
+    return FeaturizeResult(
+        target.target_id,
+        blob,
+        entry,
+        TargetChains.from_meta(target.target_id, meta),
+        msa_blobs,
+        meta["warnings"],
+        time.perf_counter() - started,
+    )
 
 
-def featurize_ingested(target: TargetInput, alignments: AlignmentIndex | None, config: FeatureConfig,
-                       curation: CurationConfig, template_dir: str | None, record_fingerprint: str,
-                       msa_key, *, conformer_blobs: dict[str, bytes] | None = None,
-                       chem: ChemConfig | None = None) -> FeaturizeResult | ExcludedTarget:
+def featurize_ingested(
+    target: TargetInput,
+    alignments: AlignmentIndex | None,
+    config: FeatureConfig,
+    curation: CurationConfig,
+    template_dir: str | None,
+    record_fingerprint: str,
+    msa_key,
+    *,
+    conformer_blobs: dict[str, bytes] | None = None,
+    chem: ChemConfig | None = None,
+) -> FeaturizeResult | ExcludedTarget:
     """Featurize one target with alignments ingested from files (or none: query-only MSAs).
 
     `msa_key(chain_sequence, files_fingerprint)` names the chain's record in the `msa` table;
@@ -349,21 +399,46 @@ def featurize_ingested(target: TargetInput, alignments: AlignmentIndex | None, c
             files_fingerprint = fingerprint(sorted(chain_alignments.msa_files), sorted(chain_alignments.hit_files))
             key = msa_key(ChainSequence(chain_id, chain.molecule_type, chain.sequence), files_fingerprint)
             if key not in msa_blobs:
-                meta = {"molecule_type": chain.molecule_type, "sequence": chain.sequence,
-                        "files": list(chain_alignments.msa_files) + list(chain_alignments.hit_files)}
-                msa_blobs[key] = encode_msa_record(key, chain_alignments.msa, chain_alignments.hits, meta,
-                                                   files_fingerprint, config.zstd_level)
+                meta = {
+                    "molecule_type": chain.molecule_type,
+                    "sequence": chain.sequence,
+                    "files": list(chain_alignments.msa_files) + list(chain_alignments.hit_files),
+                }
+                msa_blobs[key] = encode_msa_record(
+                    key, chain_alignments.msa, chain_alignments.hits, meta, files_fingerprint, config.zstd_level
+                )
     _use_given_msas(structure, given, chain_msas, chain_hits, msa_sources)
-    return _encode_features(target, curated, chain_msas, chain_hits, config, curation, template_dir,
-                            record_fingerprint, warnings, msa_blobs, started, conformer_blobs, chem,
-                            _all_sources(structure, msa_sources, "query only (no alignment files)"),
-                            parsed.templates)
+    return _encode_features(
+        target,
+        curated,
+        chain_msas,
+        chain_hits,
+        config,
+        curation,
+        template_dir,
+        record_fingerprint,
+        warnings,
+        msa_blobs,
+        started,
+        conformer_blobs,
+        chem,
+        _all_sources(structure, msa_sources, "query only (no alignment files)"),
+        parsed.templates,
+    )
 
 
-def featurize_searched(target: TargetInput, msa_blobs: dict[str, bytes], chain_keys: dict[str, str],
-                       config: FeatureConfig, curation: CurationConfig, template_dir: str | None,
-                       record_fingerprint: str, *, conformer_blobs: dict[str, bytes] | None = None,
-                       chem: ChemConfig | None = None) -> FeaturizeResult | ExcludedTarget:
+def featurize_searched(
+    target: TargetInput,
+    msa_blobs: dict[str, bytes],
+    chain_keys: dict[str, str],
+    config: FeatureConfig,
+    curation: CurationConfig,
+    template_dir: str | None,
+    record_fingerprint: str,
+    *,
+    conformer_blobs: dict[str, bytes] | None = None,
+    chem: ChemConfig | None = None,
+) -> FeaturizeResult | ExcludedTarget:
     """Featurize one target from the `msa` records of its chains (chain id -> msa key)."""
     started = time.perf_counter()
     curated, parsed = _curated_input(target, curation, chem)
@@ -380,13 +455,29 @@ def featurize_searched(target: TargetInput, msa_blobs: dict[str, bytes], chain_k
         chain_msas[chain_id], chain_hits[chain_id] = decoded[key]
         msa_sources[chain_id] = f"search (msa/{key})"
     _use_given_msas(curated.structure, given, chain_msas, chain_hits, msa_sources)
-    return _encode_features(target, curated, chain_msas, chain_hits, config, curation, template_dir,
-                            record_fingerprint, [], {}, started, conformer_blobs, chem,
-                            _all_sources(curated.structure, msa_sources, "query only"), parsed.templates)
+    return _encode_features(
+        target,
+        curated,
+        chain_msas,
+        chain_hits,
+        config,
+        curation,
+        template_dir,
+        record_fingerprint,
+        [],
+        {},
+        started,
+        conformer_blobs,
+        chem,
+        _all_sources(curated.structure, msa_sources, "query only"),
+        parsed.templates,
+    )
 
 
 def _all_sources(structure: Structure, sources: dict[str, str], otherwise: str) -> dict[str, str]:
     """Chain id -> where its MSA came from, for every searched-type chain."""
-    return {chain.chain_id: sources.get(chain.chain_id, otherwise) for chain in structure.chains
-            if chain.molecule_type in SEARCHED_TYPES}
-
+    return {
+        chain.chain_id: sources.get(chain.chain_id, otherwise)
+        for chain in structure.chains
+        if chain.molecule_type in SEARCHED_TYPES
+    }

@@ -40,17 +40,24 @@ def chain_weight(molecule_type: str, cluster_size: int, config: ClusteringConfig
 
 def interface_weight(first_type: str, second_type: str, cluster_size: int, config: ClusteringConfig) -> float:
     """Eq. 1 for an interface: beta_interface / N_clust * (alpha(first) + alpha(second))."""
-    return config.beta_interface / cluster_size * (molecule_alpha(first_type, config)
-                                                   + molecule_alpha(second_type, config))
+    return (
+        config.beta_interface
+        / cluster_size
+        * (molecule_alpha(first_type, config) + molecule_alpha(second_type, config))
+    )
 
 
-def sampling_table(targets: list[TargetChains], chain_clusters: dict[ChainKey, str],
-                   config: ClusteringConfig) -> dict[str, dict]:
+def sampling_table(
+    targets: list[TargetChains], chain_clusters: dict[ChainKey, str], config: ClusteringConfig
+) -> dict[str, dict]:
     """Per target id: {"weight", "chains": [...], "interfaces": [...]} (manifest "sampling" table)."""
     interface_clusters = {
-        (target.target_id, pair): interface_cluster(chain_clusters[target.target_id, pair[0]],
-                                                    chain_clusters[target.target_id, pair[1]])
-        for target in targets for pair in target.interfaces}
+        (target.target_id, pair): interface_cluster(
+            chain_clusters[target.target_id, pair[0]], chain_clusters[target.target_id, pair[1]]
+        )
+        for target in targets
+        for pair in target.interfaces
+    }
     chain_sizes = Counter(chain_clusters.values())
     interface_sizes = Counter(interface_clusters.values())
     table = {}
@@ -58,15 +65,30 @@ def sampling_table(targets: list[TargetChains], chain_clusters: dict[ChainKey, s
         chains = []
         for asym_id, (chain_id, molecule_type) in enumerate(zip(target.chain_ids, target.molecule_types), start=1):
             cluster = chain_clusters[target.target_id, asym_id]
-            chains.append({"chain_id": chain_id, "asym_id": asym_id, "molecule_type": molecule_type,
-                           "cluster": cluster, "weight": chain_weight(molecule_type, chain_sizes[cluster], config)})
+            chains.append(
+                {
+                    "chain_id": chain_id,
+                    "asym_id": asym_id,
+                    "molecule_type": molecule_type,
+                    "cluster": cluster,
+                    "weight": chain_weight(molecule_type, chain_sizes[cluster], config),
+                }
+            )
         interfaces = []
         for first, second in target.interfaces:
             cluster = interface_clusters[target.target_id, (first, second)]
-            interfaces.append({"chains": [first, second], "cluster": cluster,
-                               "weight": interface_weight(target.molecule_types[first - 1],
-                                                          target.molecule_types[second - 1],
-                                                          interface_sizes[cluster], config)})
+            interfaces.append(
+                {
+                    "chains": [first, second],
+                    "cluster": cluster,
+                    "weight": interface_weight(
+                        target.molecule_types[first - 1],
+                        target.molecule_types[second - 1],
+                        interface_sizes[cluster],
+                        config,
+                    ),
+                }
+            )
         total = sum(item["weight"] for item in chains) + sum(item["weight"] for item in interfaces)
         table[target.target_id] = {"weight": total, "chains": chains, "interfaces": interfaces}
     return table

@@ -13,4 +13,13 @@ from featurecache.prediction.command import predict_command
 from featurecache.prediction.evaluate import Scores, compare, evaluate_command
 from featurecache.prediction.run import PredictError, PredictOptions, load_model, predict
 
-__all__ = ["Scores", "compare", "evaluate_command", "PredictError", "PredictOptions", "load_model", "predict", "predict_command"]
+__all__ = [
+    "Scores",
+    "compare",
+    "evaluate_command",
+    "PredictError",
+    "PredictOptions",
+    "load_model",
+    "predict",
+    "predict_command",
+]

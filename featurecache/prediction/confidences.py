@@ -41,8 +41,8 @@ class StructureLabels:
 
     order: np.ndarray
     chain: list[str]
-    residue: np.ndarray      # residue number within its chain
-    instance: np.ndarray     # residue instance number (unique per residue of the sample)
+    residue: np.ndarray  # residue number within its chain
+    instance: np.ndarray  # residue instance number (unique per residue of the sample)
     residue_name: list[str]
     atom_name: list[str]
     element: list[str]
@@ -50,8 +50,9 @@ class StructureLabels:
     protein: np.ndarray
 
 
-def structure_labels(arrays: dict[str, np.ndarray], instances: list[ResidueInstance], chain_ids: list[str],
-                     atom_names: list[str]) -> StructureLabels:
+def structure_labels(
+    arrays: dict[str, np.ndarray], instances: list[ResidueInstance], chain_ids: list[str], atom_names: list[str]
+) -> StructureLabels:
     """chain_ids: the record's chains (meta["chain_ids"])."""
     labels = asym_ids(chain_ids)[0]
     instances = written_order(instances, chain_ids)
@@ -75,22 +76,38 @@ def structure_labels(arrays: dict[str, np.ndarray], instances: list[ResidueInsta
     )
 
 
-def sample_confidence(outputs: dict, sample: int, positions: np.ndarray, arrays: dict[str, np.ndarray],
-                      structure: StructureLabels, labels: list[str], distogram_range: tuple[float, float]) -> SampleConfidence:
+def sample_confidence(
+    outputs: dict,
+    sample: int,
+    positions: np.ndarray,
+    arrays: dict[str, np.ndarray],
+    structure: StructureLabels,
+    labels: list[str],
+    distogram_range: tuple[float, float],
+) -> SampleConfidence:
     """Confidences of structure `sample` of model.sample's outputs (batch row 0, unpadded)."""
     num_tokens, num_atoms = len(arrays["restype"]), len(arrays["atom_to_token"])
     asym_id = torch.as_tensor(arrays["asym_id"]).long()
     frame_mask = torch.as_tensor((arrays["frame_atom_index"] >= 0).all(-1))
-    summary = confidence_summary(outputs["pae_logits"][0, sample, :num_tokens, :num_tokens].float(), asym_id,
-                                 frame_mask)
+    summary = confidence_summary(
+        outputs["pae_logits"][0, sample, :num_tokens, :num_tokens].float(), asym_id, frame_mask
+    )
     atom_plddt = plddt(outputs["plddt_logits"][0, sample, :num_atoms].float()).numpy()
-    contacts = contact_probabilities(outputs["distogram_logits"][0, :num_tokens, :num_tokens].float(),
-                                     *distogram_range).numpy()
+    contacts = contact_probabilities(
+        outputs["distogram_logits"][0, :num_tokens, :num_tokens].float(), *distogram_range
+    ).numpy()
     placed = positions[structure.order]
     chain_numbers = np.unique(structure.chain, return_inverse=True)[1]
     clash = has_clash(placed, chain_numbers, structure.residue, structure.polymer)
-    disorder = fraction_disordered(placed, structure.atom_name, structure.element, chain_numbers,
-                                   structure.instance, structure.residue_name, structure.protein)
+    disorder = fraction_disordered(
+        placed,
+        structure.atom_name,
+        structure.element,
+        chain_numbers,
+        structure.instance,
+        structure.residue_name,
+        structure.protein,
+    )
     score = ranking_score(summary["ptm"], summary["iptm"], disorder, clash)
     chain_ids = [labels[int(value) - 1] for value in torch.unique(asym_id)]
     token_chain_ids = [labels[int(value) - 1] for value in asym_id]
@@ -133,5 +150,7 @@ def _rounded(value):
 
 def write_json(path: pathlib.Path, content: dict, indent: int | None = None) -> None:
     """Write content as AlphaFold 3 does (sorted keys, 2 decimals, null for NaN), atomically."""
-    text = json.dumps(_rounded(content), sort_keys=True, indent=indent, separators=(",", ": ") if indent else (",", ":"))
+    text = json.dumps(
+        _rounded(content), sort_keys=True, indent=indent, separators=(",", ": ") if indent else (",", ":")
+    )
     write_text_atomic(path, text)

@@ -45,8 +45,8 @@ class EvaluateError(ValueError):
 
 @dataclass(frozen=True)
 class Atom:
-    chain: str      # author chain (auth_asym_id): a ligand keeps its chain's
-    residue: str    # "seq N" (polymer: label_seq_id) or "auth N" (ligand: author number)
+    chain: str  # author chain (auth_asym_id): a ligand keeps its chain's
+    residue: str  # "seq N" (polymer: label_seq_id) or "auth N" (ligand: author number)
     residue_name: str
     name: str
     polymer: bool
@@ -54,13 +54,13 @@ class Atom:
 
 @dataclass
 class Scores:
-    atoms: int                      # heavy atoms compared
+    atoms: int  # heavy atoms compared
     ca_atoms: int
     ligand_atoms: int
     ca_rmsd: float
-    lddt: float                     # all heavy atoms
+    lddt: float  # all heavy atoms
     ca_lddt: float
-    ligand_rmsd: float | None       # None: the truth has no ligand atoms
+    ligand_rmsd: float | None  # None: the truth has no ligand atoms
     chain_ca_rmsd: dict[str, float] = field(default_factory=dict)
     chain_map: dict[str, str] = field(default_factory=dict)  # truth chain -> predicted chain
 
@@ -149,8 +149,10 @@ def lddt(predicted: np.ndarray, truth: np.ndarray, residue_ids: np.ndarray) -> f
 
 def _assignments(groups: list[list[str]]):
     """Every truth -> prediction chain map that permutes chains within their identical group."""
-    choices = [list(itertools.permutations(group)) if math.factorial(len(group)) <= MAX_PERMUTATIONS
-               else [tuple(group)] for group in groups]
+    choices = [
+        list(itertools.permutations(group)) if math.factorial(len(group)) <= MAX_PERMUTATIONS else [tuple(group)]
+        for group in groups
+    ]
     for combination in itertools.product(*choices):
         yield {chain: image for group, order in zip(groups, combination) for chain, image in zip(group, order)}
 
@@ -188,10 +190,16 @@ def compare(predicted_path: Path, truth_path: Path) -> Scores:
         if len(members) >= 3:
             chain_ca_rmsd[chain] = superposed_rmsd(x[members], y[members])
     return Scores(
-        atoms=len(keys), ca_atoms=len(ca), ligand_atoms=len(ligand), ca_rmsd=ca_rmsd,
-        lddt=lddt(x, y, residue_ids), ca_lddt=lddt(x[ca], y[ca], residue_ids[ca]),
+        atoms=len(keys),
+        ca_atoms=len(ca),
+        ligand_atoms=len(ligand),
+        ca_rmsd=ca_rmsd,
+        lddt=lddt(x, y, residue_ids),
+        ca_lddt=lddt(x[ca], y[ca], residue_ids[ca]),
         ligand_rmsd=rmsd(x[ligand] @ rotation.T + translation, y[ligand]) if ligand else None,
-        chain_ca_rmsd=chain_ca_rmsd, chain_map={chain: chain_map.get(chain, chain) for chain in chains})
+        chain_ca_rmsd=chain_ca_rmsd,
+        chain_map={chain: chain_map.get(chain, chain) for chain in chains},
+    )
 
 
 @click.command("evaluate", cls=BoundaryCommand)
@@ -215,4 +223,6 @@ def evaluate_command(predicted, truth, as_json) -> None:
             click.echo(json.dumps({"predicted": str(path), **scores.as_dict()}))
         else:
             ligand = "-" if scores.ligand_rmsd is None else f"{scores.ligand_rmsd:.2f}"
-            click.echo(f"{path}\t{scores.ca_rmsd:.2f}\t{scores.lddt:.3f}\t{scores.ca_lddt:.3f}\t{ligand}\t{scores.atoms}")
+            click.echo(
+                f"{path}\t{scores.ca_rmsd:.2f}\t{scores.lddt:.3f}\t{scores.ca_lddt:.3f}\t{ligand}\t{scores.atoms}"
+            )

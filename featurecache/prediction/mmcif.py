@@ -68,8 +68,7 @@ def _match_code(names: set[str], candidates: list[str], ccd: Ccd) -> str:
 def residue_instances(sample: dict[str, np.ndarray], meta: dict, ccd: Ccd) -> list[ResidueInstance]:
     """Every residue instance of one (unbatched, numpy) sample, in atom order."""
     atom_to_token = sample["atom_to_token"]
-    token_of_atom = {name: sample[name][atom_to_token] for name in ("asym_id", "restype", "residue_index",
-                                                                     "is_ligand")}
+    token_of_atom = {name: sample[name][atom_to_token] for name in ("asym_id", "restype", "residue_index", "is_ligand")}
     names = atom_names(sample["ref_atom_name_chars"])
     uids, first = np.unique(sample["ref_space_uid"], return_index=True)
     order = uids[np.argsort(first)]
@@ -102,8 +101,9 @@ def asym_ids(chain_ids: list[str]) -> tuple[list[str], list[str]]:
     """(label_asym_id, auth_asym_id) per record chain: a split-off ligand "A:MG167" keeps its
     author chain "A" and gets a label_asym_id of its own (mmCIF gives every instance one)."""
     labels, used = [], set()
-    spare = (f"{first}{second}" for first in ["", *"ABCDEFGHIJKLMNOPQRSTUVWXYZ"] for second in
-             "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    spare = (
+        f"{first}{second}" for first in ["", *"ABCDEFGHIJKLMNOPQRSTUVWXYZ"] for second in "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    )
     for chain_id in chain_ids:
         label = chain_id if ":" not in chain_id and chain_id not in used else ""
         while not label:  # a spare id no chain of the record has
@@ -124,8 +124,14 @@ def written_order(instances: list[ResidueInstance], chain_ids: list[str]) -> lis
     return sorted(instances, key=lambda instance: rank[auths[instance.chain]])
 
 
-def structure_mmcif(target_id: str, sample: dict[str, np.ndarray], meta: dict, positions: np.ndarray,
-                    instances: list[ResidueInstance], b_factors: np.ndarray | None = None) -> gemmi.cif.Document:
+def structure_mmcif(
+    target_id: str,
+    sample: dict[str, np.ndarray],
+    meta: dict,
+    positions: np.ndarray,
+    instances: list[ResidueInstance],
+    b_factors: np.ndarray | None = None,
+) -> gemmi.cif.Document:
     """One predicted structure (positions [A, 3], Angstrom) as an mmCIF document; b_factors [A]
     (the pLDDT, 0-100, as AlphaFold writes it) or 0."""
     labels, auths = asym_ids(list(meta["chain_ids"]))
@@ -170,8 +176,15 @@ def structure_mmcif(target_id: str, sample: dict[str, np.ndarray], meta: dict, p
     return structure.make_mmcif_document()
 
 
-def write_mmcif(path: pathlib.Path, target_id: str, sample: dict[str, np.ndarray], meta: dict,
-                positions: np.ndarray, instances: list[ResidueInstance], b_factors: np.ndarray | None = None) -> None:
+def write_mmcif(
+    path: pathlib.Path,
+    target_id: str,
+    sample: dict[str, np.ndarray],
+    meta: dict,
+    positions: np.ndarray,
+    instances: list[ResidueInstance],
+    b_factors: np.ndarray | None = None,
+) -> None:
     """Write one predicted structure to `path` (a temporary file renamed: never half written)."""
     with atomic_path(path) as partial:  # removed again if the write fails
         structure_mmcif(target_id, sample, meta, positions, instances, b_factors).write_file(str(partial))

@@ -24,16 +24,33 @@ from scipy.spatial import cKDTree
 IPTM_WEIGHT = 0.8
 DISORDER_WEIGHT = 0.5
 CLASH_PENALTY = 100.0
-CLASH_DISTANCE = 1.1        # Angstrom
+CLASH_DISTANCE = 1.1  # Angstrom
 CLASH_MIN_ATOMS = 100
 CLASH_MIN_FRACTION = 0.5
 DISORDER_RSA = 0.581
 RSA_WINDOW = 25
 # Maximal accessible surface area per residue, Sander & Rost 1994 (AF3's table); other residues: ALA's.
 MAX_ACCESSIBLE_AREA = {
-    "ALA": 106.0, "ARG": 248.0, "ASN": 157.0, "ASP": 163.0, "CYS": 135.0, "GLN": 198.0, "GLU": 194.0,
-    "GLY": 84.0, "HIS": 184.0, "ILE": 169.0, "LEU": 164.0, "LYS": 205.0, "MET": 188.0, "PHE": 197.0,
-    "PRO": 136.0, "SER": 130.0, "THR": 142.0, "TRP": 227.0, "TYR": 222.0, "VAL": 142.0,
+    "ALA": 106.0,
+    "ARG": 248.0,
+    "ASN": 157.0,
+    "ASP": 163.0,
+    "CYS": 135.0,
+    "GLN": 198.0,
+    "GLU": 194.0,
+    "GLY": 84.0,
+    "HIS": 184.0,
+    "ILE": 169.0,
+    "LEU": 164.0,
+    "LYS": 205.0,
+    "MET": 188.0,
+    "PHE": 197.0,
+    "PRO": 136.0,
+    "SER": 130.0,
+    "THR": 142.0,
+    "TRP": 227.0,
+    "TYR": 222.0,
+    "VAL": 142.0,
 }
 DSSP_RADII = {"N": 1.65, "CA": 1.87, "C": 1.76, "O": 1.4}  # every other atom: 1.8
 DSSP_OTHER_RADIUS = 1.8
@@ -63,8 +80,9 @@ def has_clash(positions: np.ndarray, chain: np.ndarray, residue: np.ndarray, pol
     return False
 
 
-def relative_accessibility(positions: np.ndarray, atom_names: list[str], elements: list[str],
-                           residue: np.ndarray, residue_names: list[str]) -> np.ndarray:
+def relative_accessibility(
+    positions: np.ndarray, atom_names: list[str], elements: list[str], residue: np.ndarray, residue_names: list[str]
+) -> np.ndarray:
     """Per residue of one protein chain (in order of first appearance): its atoms' accessible
     area over the residue's maximal area, capped at 1."""
     atoms = struc.AtomArray(len(positions))
@@ -79,8 +97,9 @@ def relative_accessibility(positions: np.ndarray, atom_names: list[str], element
     for number in order:
         members = residue == number
         name = residue_names[int(np.flatnonzero(members)[0])]
-        rsa.append(min(float(np.nansum(area[members])) / MAX_ACCESSIBLE_AREA.get(name, MAX_ACCESSIBLE_AREA["ALA"]),
-                       1.0))
+        rsa.append(
+            min(float(np.nansum(area[members])) / MAX_ACCESSIBLE_AREA.get(name, MAX_ACCESSIBLE_AREA["ALA"]), 1.0)
+        )
     return np.array(rsa)
 
 
@@ -93,14 +112,25 @@ def windowed(values: np.ndarray, window: int = RSA_WINDOW) -> np.ndarray:
     return np.convolve(padded, np.ones(window), "valid") / window
 
 
-def fraction_disordered(positions: np.ndarray, atom_names: list[str], elements: list[str], chain: np.ndarray,
-                        residue: np.ndarray, residue_names: list[str], protein: np.ndarray) -> float:
+def fraction_disordered(
+    positions: np.ndarray,
+    atom_names: list[str],
+    elements: list[str],
+    chain: np.ndarray,
+    residue: np.ndarray,
+    residue_names: list[str],
+    protein: np.ndarray,
+) -> float:
     """Fraction of protein residues with windowed RSA above 0.581 (0 without protein)."""
     disordered = []
     for value in np.unique(chain[protein]):
         members = np.flatnonzero(protein & (chain == value))
-        rsa = relative_accessibility(positions[members], [atom_names[i] for i in members],
-                                     [elements[i] for i in members], residue[members],
-                                     [residue_names[i] for i in members])
+        rsa = relative_accessibility(
+            positions[members],
+            [atom_names[i] for i in members],
+            [elements[i] for i in members],
+            residue[members],
+            [residue_names[i] for i in members],
+        )
         disordered.extend(windowed(rsa) > DISORDER_RSA)
     return float(np.mean(disordered)) if disordered else 0.0

@@ -39,8 +39,8 @@ class PredictOptions:
     checkpoint: str
     out: str
     samples: int = 5
-    steps: int | None = None       # sampler steps; None: the model config's (AF3: 200)
-    cycles: int = 4                # recycling cycles (AF3 infers with 4)
+    steps: int | None = None  # sampler steps; None: the model config's (AF3: 200)
+    cycles: int = 4  # recycling cycles (AF3 infers with 4)
     seed: int = 0
     max_tokens: int | None = None  # crop larger targets to this many tokens (contiguous, seeded)
     device: str = "auto"
@@ -54,8 +54,11 @@ def load_model(checkpoint: pathlib.Path, device: torch.device, kernels: str) -> 
     try:
         # by name, whichever layout it was saved in; a setting the checkpoint predates as it was
         # trained (its distogram edges, ...)
-        settings = {name: value for name, value in saved_model_settings(state["model_config"]).items()
-                    if name not in RUNTIME_SETTINGS}
+        settings = {
+            name: value
+            for name, value in saved_model_settings(state["model_config"]).items()
+            if name not in RUNTIME_SETTINGS
+        }
         settings.setdefault("confidence_head", False)  # a checkpoint from before the confidence head
         config = ModelConfig.from_settings({**settings, "kernels": kernels, "checkpoint_blocks": False})
         model = AF3Model(config)
@@ -64,8 +67,10 @@ def load_model(checkpoint: pathlib.Path, device: torch.device, kernels: str) -> 
         model.load_state_dict({**state["model"], **state.get("ema", {})})
     except (TypeError, ValueError, RuntimeError) as error:
         reason = " ".join(str(error).split())[:300]
-        raise PredictError(f"--checkpoint {checkpoint}: its model does not load as AF3Model (a trunk-only "
-                           f"checkpoint from before the diffusion module?): {reason}") from None
+        raise PredictError(
+            f"--checkpoint {checkpoint}: its model does not load as AF3Model (a trunk-only "
+            f"checkpoint from before the diffusion module?): {reason}"
+        ) from None
     return model.to(device).eval()
 
 
@@ -91,16 +96,24 @@ def read_weights(checkpoint: pathlib.Path) -> dict:
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as error:
         reason = " ".join(str(error).split()) or type(error).__name__
         raise PredictError(f"--checkpoint {checkpoint}: not a readable checkpoint ({reason})") from None
-    if not isinstance(state, dict) or not isinstance(state.get("model"), dict) \
-            or not isinstance(state.get("model_config"), dict):
+    if (
+        not isinstance(state, dict)
+        or not isinstance(state.get("model"), dict)
+        or not isinstance(state.get("model_config"), dict)
+    ):
         raise PredictError(f"--checkpoint {checkpoint}: not a featurecache training checkpoint or weights file")
     return {name: state[name] for name in ("model", "model_config", "ema") if name in state}
 
 
 def _dataset(options: PredictOptions) -> CacheDataset:
-    sample = SampleConfig(crop_size=options.max_tokens, msa_rows_per_sample=PREDICT_MSA_ROWS,
-                          crop_mode_probs=(1.0, 0.0, 0.0), max_templates=4, random_templates=False,
-                          seed=options.seed)
+    sample = SampleConfig(
+        crop_size=options.max_tokens,
+        msa_rows_per_sample=PREDICT_MSA_ROWS,
+        crop_mode_probs=(1.0, 0.0, 0.0),
+        max_templates=4,
+        random_templates=False,
+        seed=options.seed,
+    )
     try:
         return CacheDataset(pathlib.Path(options.cache), sample, ids=list(options.keys))
     except KeyError as error:
@@ -140,8 +153,15 @@ def _check_output_folder(out: pathlib.Path) -> pathlib.Path:
     return out
 
 
-def _predict_target(model: AF3Model, dataset: CacheDataset, key: str, options: PredictOptions, ccd,
-                    folder: pathlib.Path, device: torch.device) -> list[pathlib.Path]:
+def _predict_target(
+    model: AF3Model,
+    dataset: CacheDataset,
+    key: str,
+    options: PredictOptions,
+    ccd,
+    folder: pathlib.Path,
+    device: torch.device,
+) -> list[pathlib.Path]:
     """AlphaFold 3's output layout in OUT/<key>/: per sample seed-<seed>_sample-<i>/ with
     <key>_seed-<seed>_sample-<i>_model.cif (pLDDT in the B-factors), _confidences.json and
     _summary_confidences.json; the best sample by ranking_score again as <key>_model.cif,
@@ -150,12 +170,15 @@ def _predict_target(model: AF3Model, dataset: CacheDataset, key: str, options: P
     index = dataset.ids.index(key)
     sample = dataset[(0, index)]
     _, meta = dataset.load_arrays(key)
-    batch = {name: value.to(device) if isinstance(value, torch.Tensor) else value
-             for name, value in collate([sample]).items()}
+    batch = {
+        name: value.to(device) if isinstance(value, torch.Tensor) else value
+        for name, value in collate([sample]).items()
+    }
     generator = torch.Generator().manual_seed(options.seed)
     with torch.no_grad():
-        outputs = model.sample(batch, num_cycles=options.cycles, num_samples=options.samples,
-                               num_steps=options.steps, generator=generator)
+        outputs = model.sample(
+            batch, num_cycles=options.cycles, num_samples=options.samples, num_steps=options.steps, generator=generator
+        )
     outputs = {name: value.cpu() for name, value in outputs.items()}
     arrays = {name: value.numpy() for name, value in sample.items() if isinstance(value, torch.Tensor)}
     instances = residue_instances(arrays, meta, ccd)
@@ -174,8 +197,9 @@ def _predict_target(model: AF3Model, dataset: CacheDataset, key: str, options: P
             write_json(sample_folder / f"{name}_confidences.json", confidence.full)
             scores.append(confidence.ranking_score)
         path = sample_folder / f"{name}_model.cif"
-        write_mmcif(path, key, arrays, meta, positions, instances,
-                    None if confidence is None else confidence.atom_plddt)
+        write_mmcif(
+            path, key, arrays, meta, positions, instances, None if confidence is None else confidence.atom_plddt
+        )
         written.append(path)
     if scores:
         _write_ranking(folder, key, options.seed, written, scores)

@@ -121,8 +121,18 @@ class RowFrames:
     """A row-framed array (codec "zstd-rows") read lazily: indexing it with row numbers decodes
     only the frames that hold them; np.asarray decodes it all."""
 
-    def __init__(self, name: str, dtype: np.dtype, shape: tuple, rows_per_frame: int, data: bytes,
-                 frame_ends: np.ndarray, dictionary: bytes, key: str, where: str):
+    def __init__(
+        self,
+        name: str,
+        dtype: np.dtype,
+        shape: tuple,
+        rows_per_frame: int,
+        data: bytes,
+        frame_ends: np.ndarray,
+        dictionary: bytes,
+        key: str,
+        where: str,
+    ):
         self.name, self.dtype, self.shape, self.ndim = name, dtype, shape, len(shape)
         self.rows_per_frame = rows_per_frame
         self._data, self._frame_ends, self._dictionary = data, frame_ends, dictionary
@@ -163,7 +173,8 @@ class RowFrames:
             decompressor = _dictionary_decompressor(self._dictionary)
             segments = zstandard.BufferWithSegments(self._data, np.stack([starts, lengths], axis=1).tobytes())
             out = decompressor.multi_decompress_to_buffer(
-                segments, decompressed_sizes=(rows * self._row_bytes).astype(np.uint64).tobytes())
+                segments, decompressed_sizes=(rows * self._row_bytes).astype(np.uint64).tobytes()
+            )
             data = b"".join([out[index] for index in range(len(out))])  # segments are buffers: one copy
         except (zstandard.ZstdError, ValueError) as error:
             raise CorruptRecordError(self._key, self._where, f"array {self.name!r}: {error}") from None
@@ -194,8 +205,12 @@ def _dictionary_decompressor(dictionary: bytes) -> zstandard.ZstdDecompressor:
     """A decompressor for one record's dictionary, kept while the thread reads that record."""
     cached = getattr(_local, "dictionary", None)
     if cached is None or cached[0] is not dictionary:
-        _local.dictionary = (dictionary, zstandard.ZstdDecompressor(
-            dict_data=zstandard.ZstdCompressionDict(dictionary, dict_type=zstandard.DICT_TYPE_FULLDICT)))
+        _local.dictionary = (
+            dictionary,
+            zstandard.ZstdDecompressor(
+                dict_data=zstandard.ZstdCompressionDict(dictionary, dict_type=zstandard.DICT_TYPE_FULLDICT)
+            ),
+        )
     return _local.dictionary[1]
 
 
@@ -241,7 +256,7 @@ def unpack_plain(blob, where: str = "value") -> Any:
 def _encode_row_frames(array: np.ndarray, rows_per_frame: int) -> dict | None:
     """Codec "zstd-rows" entries for a C-ordered little-endian array, or None when the zstd
     library cannot train a dictionary on it (too few or too uniform rows)."""
-    frames = [array[start:start + rows_per_frame].tobytes() for start in range(0, array.shape[0], rows_per_frame)]
+    frames = [array[start : start + rows_per_frame].tobytes() for start in range(0, array.shape[0], rows_per_frame)]
     # Trained on at most ~1,000 evenly spaced frames at zstd's default level: 0.1 s for 15k rows,
     # as good as level 19 on all of them (2.8 s) within 2 % of the bytes.
     samples = frames[:: max(1, len(frames) // _DICTIONARY_SAMPLES)]
@@ -249,13 +264,20 @@ def _encode_row_frames(array: np.ndarray, rows_per_frame: int) -> dict | None:
         dictionary = zstandard.train_dictionary(_FRAME_DICTIONARY_BYTES, samples)
     except zstandard.ZstdError:
         return None
-    compressor = zstandard.ZstdCompressor(level=_FRAME_LEVEL, dict_data=dictionary, write_checksum=False,
-                                          write_content_size=True, write_dict_id=False)
+    compressor = zstandard.ZstdCompressor(
+        level=_FRAME_LEVEL, dict_data=dictionary, write_checksum=False, write_content_size=True, write_dict_id=False
+    )
     compressed = [compressor.compress(frame) for frame in frames]
     sizes = np.array([len(frame) for frame in compressed], dtype="<u4")
-    return {"dtype": array.dtype.str, "shape": list(array.shape), "codec": CODEC_ZSTD_ROWS,
-            "rows_per_frame": rows_per_frame, "dictionary": dictionary.as_bytes(),
-            "frame_sizes": _compressor(3).compress(sizes.tobytes()), "data": b"".join(compressed)}
+    return {
+        "dtype": array.dtype.str,
+        "shape": list(array.shape),
+        "codec": CODEC_ZSTD_ROWS,
+        "rows_per_frame": rows_per_frame,
+        "dictionary": dictionary.as_bytes(),
+        "frame_sizes": _compressor(3).compress(sizes.tobytes()),
+        "data": b"".join(compressed),
+    }
 
 
 def _encode_array(name: str, value, zstd_level: int, key: str) -> dict:
@@ -364,9 +386,18 @@ def _decode_array(name: str, spec, key: str, where: str, lazy_rows: bool = False
 
 def _row_frames(name: str, spec: dict, dtype: np.dtype, shape: tuple, key: str, where: str) -> RowFrames:
     """A "zstd-rows" array's frames, their layout checked (their bytes are checked on decode)."""
-    rows_per_frame, frame_sizes, dictionary = spec.get("rows_per_frame"), spec.get("frame_sizes"), spec.get("dictionary")
-    if not (isinstance(rows_per_frame, int) and rows_per_frame > 0 and len(shape) >= 1
-            and isinstance(frame_sizes, bytes) and isinstance(dictionary, bytes)):
+    rows_per_frame, frame_sizes, dictionary = (
+        spec.get("rows_per_frame"),
+        spec.get("frame_sizes"),
+        spec.get("dictionary"),
+    )
+    if not (
+        isinstance(rows_per_frame, int)
+        and rows_per_frame > 0
+        and len(shape) >= 1
+        and isinstance(frame_sizes, bytes)
+        and isinstance(dictionary, bytes)
+    ):
         raise CorruptRecordError(key, where, f"array {name!r} has a bad row-frame header")
     frames = -(-shape[0] // rows_per_frame)
     try:
@@ -389,8 +420,7 @@ def _unpack_fields(blob, where: str, key: str | None) -> dict:
         raise CorruptRecordError(key, where, "missing record header fields")
     if fields["format"] != RECORD_FORMAT:
         raise RecordFormatError(
-            f"{where}: record {fields.get('key', key)!r} has format {fields['format']}, "
-            f"expected {RECORD_FORMAT}"
+            f"{where}: record {fields.get('key', key)!r} has format {fields['format']}, expected {RECORD_FORMAT}"
         )
     record_key = fields["key"]
     if key is not None and record_key != key:
@@ -411,9 +441,7 @@ def decode_record(blob, where: str = "record", key: str | None = None, lazy_rows
     """
     fields = _unpack_fields(blob, where, key)
     record_key = fields["key"]
-    arrays = {
-        name: _decode_array(name, spec, record_key, where, lazy_rows) for name, spec in fields["arrays"].items()
-    }
+    arrays = {name: _decode_array(name, spec, record_key, where, lazy_rows) for name, spec in fields["arrays"].items()}
     return Record(
         key=record_key,
         arrays=arrays,
@@ -429,8 +457,9 @@ def encode_header(header: RecordHeader) -> bytes:
     """A record's header (without its arrays) encoded as a small record of its own: what the
     store keeps beside a record so that its header is read without reading the record. Read it
     back with read_header (its array_names are then empty)."""
-    return encode_record(header.key, {}, header.meta, header.fingerprint, header.input_hash,
-                         header.schema_version, zstd_level=0)
+    return encode_record(
+        header.key, {}, header.meta, header.fingerprint, header.input_hash, header.schema_version, zstd_level=0
+    )
 
 
 def header_entry(blob) -> bytes | None:

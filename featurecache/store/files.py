@@ -40,7 +40,7 @@ def write_atomic(path: Path, write: Callable[[IO], object], binary: bool = False
     path = Path(path)
     fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")) as handle:
+        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())

@@ -30,8 +30,11 @@ def _distribution(values: list[int]) -> dict:
     if not values:
         return {"count": 0}
     data = np.asarray(values)
-    return {"count": int(data.size), "mean": float(data.mean()),
-            **{f"p{q}": float(np.percentile(data, q)) for q in _PERCENTILES}}
+    return {
+        "count": int(data.size),
+        "mean": float(data.mean()),
+        **{f"p{q}": float(np.percentile(data, q)) for q in _PERCENTILES},
+    }
 
 
 def _features_meta(reader: StoreReader, target_id: str) -> dict:
@@ -79,18 +82,27 @@ def cache_stats(cache_dir: Path) -> dict:
         "bytes": sum(shard.size for shard in manifest.shards),
         "counts": dict(manifest.counts),
         # where the reference conformers' positions came from (chem.SOURCES), from their index entries
-        "conformer_sources": dict(Counter(entry.get("source", "unknown")
-                                          for entry in manifest.index.get(CONFORMERS_TABLE, {}).values())),
+        "conformer_sources": dict(
+            Counter(entry.get("source", "unknown") for entry in manifest.index.get(CONFORMERS_TABLE, {}).values())
+        ),
         # why a conformer's positions are not RDKit's (chem.FALLBACK_REASONS); older entries name none
-        "conformer_fallbacks": dict(Counter(entry["fallback"]
-                                            for entry in manifest.index.get(CONFORMERS_TABLE, {}).values()
-                                            if entry.get("fallback"))),
+        "conformer_fallbacks": dict(
+            Counter(
+                entry["fallback"]
+                for entry in manifest.index.get(CONFORMERS_TABLE, {}).values()
+                if entry.get("fallback")
+            )
+        ),
         "num_tokens": _distribution([entry["num_tokens"] for entry in targets.values()]),
         "msa_depth": _distribution([entry["msa_depth"] for entry in targets.values()]),
         "num_templates": _distribution([entry.get("num_templates", 0) for entry in targets.values()]),
-        "targets": {target_id: {name: entry.get(name) for name in ("num_tokens", "num_atoms", "msa_depth",
-                                                                   "num_templates", "num_chains", "weight")}
-                    for target_id, entry in sorted(targets.items())},
+        "targets": {
+            target_id: {
+                name: entry.get(name)
+                for name in ("num_tokens", "num_atoms", "msa_depth", "num_templates", "num_chains", "weight")
+            }
+            for target_id, entry in sorted(targets.items())
+        },
         "curation": _curation_stats(manifest),
         "sampling": _sampling_stats(manifest),
         "warnings": warnings,
@@ -109,9 +121,11 @@ def _curation_stats(manifest: Manifest) -> dict:
     for entry in manifest.index.get(FEATURES_TABLE, {}).values():
         removed.update(entry.get("curation") or {})
     excluded = manifest.index.get(EXCLUDED_TABLE, {})
-    return {"removed": dict(sorted(removed.items())),
-            "excluded": dict(sorted(Counter(entry.get("reason") for entry in excluded.values()).items())),
-            "excluded_targets": {target_id: entry.get("message") for target_id, entry in sorted(excluded.items())}}
+    return {
+        "removed": dict(sorted(removed.items())),
+        "excluded": dict(sorted(Counter(entry.get("reason") for entry in excluded.values()).items())),
+        "excluded_targets": {target_id: entry.get("message") for target_id, entry in sorted(excluded.items())},
+    }
 
 
 def _sampling_stats(manifest: Manifest) -> dict | None:
@@ -127,7 +141,8 @@ def _sampling_stats(manifest: Manifest) -> dict | None:
         for item in items:
             mass["interface" if kind == "interfaces" else item["molecule_type"]] += item["weight"]
         report[kind] = {
-            "items": len(items), "clusters": len(sizes),
+            "items": len(items),
+            "clusters": len(sizes),
             "cluster_size": _distribution(list(sizes.values())),
             "clusters_of_size": {str(size): count for size, count in sorted(Counter(sizes.values()).items())},
             "largest": [[cluster, size] for cluster, size in sizes.most_common(3)],
@@ -141,20 +156,25 @@ def _format_distribution(name: str, dist: dict, digits: int = 0) -> str:
     if not dist.get("count"):
         return f"{name:<14} (none)"
     width = 7 + digits
-    return (f"{name:<14} min {dist['p0']:>{width}.{digits}f}  median {dist['p50']:>{width}.{digits}f}  "
-            f"p90 {dist['p90']:>{width}.{digits}f}  max {dist['p100']:>{width}.{digits}f}  "
-            f"mean {dist['mean']:>{width + 1}.{max(digits, 1)}f}")
+    return (
+        f"{name:<14} min {dist['p0']:>{width}.{digits}f}  median {dist['p50']:>{width}.{digits}f}  "
+        f"p90 {dist['p90']:>{width}.{digits}f}  max {dist['p100']:>{width}.{digits}f}  "
+        f"mean {dist['mean']:>{width + 1}.{max(digits, 1)}f}"
+    )
 
 
 def _format_curation(curation: dict) -> list[str]:
     removed = curation["removed"]
     excluded = curation["excluded"]
-    line = (f"curation     removed {sum(removed.values())}"
-            + (" (" + ", ".join(f"{reason} {count}" for reason, count in removed.items()) + ")" if removed else "")
-            + f"; targets left out {sum(excluded.values())}"
-            + (" (" + ", ".join(f"{reason} {count}" for reason, count in excluded.items()) + ")" if excluded else ""))
-    return [line] + [f"  {target_id}: {message}"
-                     for target_id, message in list(curation["excluded_targets"].items())[:_LISTED]]
+    line = (
+        f"curation     removed {sum(removed.values())}"
+        + (" (" + ", ".join(f"{reason} {count}" for reason, count in removed.items()) + ")" if removed else "")
+        + f"; targets left out {sum(excluded.values())}"
+        + (" (" + ", ".join(f"{reason} {count}" for reason, count in excluded.items()) + ")" if excluded else "")
+    )
+    return [line] + [
+        f"  {target_id}: {message}" for target_id, message in list(curation["excluded_targets"].items())[:_LISTED]
+    ]
 
 
 def _format_sampling(sampling: dict | None) -> list[str]:
@@ -191,8 +211,10 @@ def format_stats(report: dict) -> str:
         f"updated      {report['updated']}   schema v{report['schema_version']}   "
         f"{report['shards']} shards, {report['bytes'] / 2**20:.1f} MiB",
         *([f"note         {report['update']}"] if report["update"] else []),
-        "records      " + "   ".join(f"{table} {counts.get(table, 0)}"
-                                     for table in (FEATURES_TABLE, MSA_TABLE, CONFORMERS_TABLE, ERRORS_TABLE)),
+        "records      "
+        + "   ".join(
+            f"{table} {counts.get(table, 0)}" for table in (FEATURES_TABLE, MSA_TABLE, CONFORMERS_TABLE, ERRORS_TABLE)
+        ),
         _format_conformer_sources(report.get("conformer_sources", {}), report.get("conformer_fallbacks", {})),
         _format_distribution("tokens", report["num_tokens"]),
         _format_distribution("msa depth", report["msa_depth"]),
@@ -204,21 +226,26 @@ def format_stats(report: dict) -> str:
     ]
     for target_id, info in report["targets"].items():
         weight = "-" if info["weight"] is None else f"{info['weight']:.3f}"
-        lines.append(f"{target_id:<28} {info['num_tokens']:>7} {info['num_atoms'] or 0:>7} "
-                     f"{info['num_chains'] or 0:>6} {info['msa_depth']:>7} {info['num_templates'] or 0:>5} "
-                     f"{weight:>8}")
+        lines.append(
+            f"{target_id:<28} {info['num_tokens']:>7} {info['num_atoms'] or 0:>7} "
+            f"{info['num_chains'] or 0:>6} {info['msa_depth']:>7} {info['num_templates'] or 0:>5} "
+            f"{weight:>8}"
+        )
     lines.append("")
     hits = report["template_hits_without_structure"]
     lines.append(f"warnings     {len(report['warnings']) + bool(hits['hits'])}")
     if report["files_cut_short"]:
-        lines.append(f"  {report['files_cut_short']} about input files cut short (a partial record dropped "
-                     f"or the file left out)")
+        lines.append(
+            f"  {report['files_cut_short']} about input files cut short (a partial record dropped or the file left out)"
+        )
     if hits["hits"]:
         most = sorted(hits["per_target"].items(), key=lambda item: -item[1])[:5]
-        lines.append(f"  {hits['hits']} template hits in {hits['targets']} targets have no structure in the "
-                     f"template folder (m8 hits against the whole PDB?): "
-                     + ", ".join(f"{target_id} {count}" for target_id, count in most)
-                     + (", ..." if hits["targets"] > len(most) else ""))
+        lines.append(
+            f"  {hits['hits']} template hits in {hits['targets']} targets have no structure in the "
+            f"template folder (m8 hits against the whole PDB?): "
+            + ", ".join(f"{target_id} {count}" for target_id, count in most)
+            + (", ..." if hits["targets"] > len(most) else "")
+        )
     for warning in report["warnings"][:_LISTED]:
         lines.append(f"  {warning}")
     by_stage = ", ".join(f"{stage} {count}" for stage, count in sorted(report["failures_by_stage"].items()))
@@ -247,8 +274,10 @@ def format_record(cache_dir: Path, table: str, key: str) -> str:
         if blob is None:
             raise KeyError(f"{cache_dir}: no {table} record {key!r}")
         record = decode_record(blob, where=reader.where(table, key), key=key, lazy_rows=True)
-    lines = [f"{table}/{key}   fingerprint {record.fingerprint}   schema v{record.schema_version}   "
-             f"{len(blob) / 1024:.1f} KiB stored"]
+    lines = [
+        f"{table}/{key}   fingerprint {record.fingerprint}   schema v{record.schema_version}   "
+        f"{len(blob) / 1024:.1f} KiB stored"
+    ]
     for name, value in record.arrays.items():
         summary = _summarize_array(np.asarray(value))
         if isinstance(value, RowFrames):  # how a sample reads it: frames of a few rows

@@ -152,8 +152,9 @@ class ShardTruncatedError(ValueError):
 
     def __init__(self, path: Path, size: int, needed: int):
         self.what = f"truncated to {size} bytes, its pages reach byte {needed}"
-        super().__init__(f"{path}: {self.what}; `featurecache verify --repair {path.parent}` sets it aside "
-                         f"and says what to rerun")
+        super().__init__(
+            f"{path}: {self.what}; `featurecache verify --repair {path.parent}` sets it aside and says what to rerun"
+        )
 
 
 def check_not_truncated(path: Path, env: lmdb.Environment) -> None:

@@ -139,7 +139,7 @@ class Manifest:
 
 def utc_now() -> str:
     """The time stamp of manifests and shard meta entries: UTC, ISO 8601, whole seconds."""
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def save_manifest(manifest: Manifest, directory: str | os.PathLike) -> Manifest:
@@ -156,16 +156,22 @@ def save_manifest(manifest: Manifest, directory: str | os.PathLike) -> Manifest:
     return manifest
 
 
-def shard_info(path: Path, counts: Mapping[str, int], txnid: int | None = None,
-               previous: ShardInfo | None = None) -> ShardInfo:
+def shard_info(
+    path: Path, counts: Mapping[str, int], txnid: int | None = None, previous: ShardInfo | None = None
+) -> ShardInfo:
     """The manifest entry of a closed shard file. Its sha256 is `previous`'s (the last manifest's
     entry) when LMDB's last transaction and the size are those it recorded: a rerun that changed
     nothing then does not read the whole cache again (56 GiB at PDB scale). A file changed
     outside LMDB keeps the old digest, so verify still names it."""
     size = path.stat().st_size
     unchanged = previous is not None and txnid is not None and (previous.txnid, previous.size) == (txnid, size)
-    return ShardInfo(file=path.name, size=size, sha256=previous.sha256 if unchanged else file_sha256(path),
-                     counts=dict(counts), txnid=txnid)
+    return ShardInfo(
+        file=path.name,
+        size=size,
+        sha256=previous.sha256 if unchanged else file_sha256(path),
+        counts=dict(counts),
+        txnid=txnid,
+    )
 
 
 def check_shard_file(path: Path, info: ShardInfo) -> str | None:
@@ -246,13 +252,15 @@ def _parse_shards(raw: list, path: Path) -> tuple[ShardInfo, ...]:
         match = SHARD_PATTERN.match(file)
         if match is None or int(match.group(1)) != position:
             raise ValueError(f"{where} names {file!r}, expected {shard_name(position)}")
-        shards.append(ShardInfo(
-            file=file,
-            size=_require(entry, "size", int, path),
-            sha256=_require(entry, "sha256", str, path),
-            counts=_require(entry, "counts", dict, path),
-            txnid=entry["txnid"] if isinstance(entry.get("txnid"), int) else None,
-        ))
+        shards.append(
+            ShardInfo(
+                file=file,
+                size=_require(entry, "size", int, path),
+                sha256=_require(entry, "sha256", str, path),
+                counts=_require(entry, "counts", dict, path),
+                txnid=entry["txnid"] if isinstance(entry.get("txnid"), int) else None,
+            )
+        )
     if not shards:
         raise ValueError(f"{path} lists no shards")
     return tuple(shards)
@@ -279,8 +287,11 @@ def read_manifest(cache_dir: str | os.PathLike, expected_schema: int | None = SC
         raise ValueError(f"{path} is not valid JSON: {error}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} is not a JSON object")
-    for field, expected in (("format", MANIFEST_FORMAT), ("record_format", RECORD_FORMAT),
-                            ("store_format", STORE_FORMAT)):
+    for field, expected in (
+        ("format", MANIFEST_FORMAT),
+        ("record_format", RECORD_FORMAT),
+        ("store_format", STORE_FORMAT),
+    ):
         found = _require(data, field, int, path)
         if found != expected:
             raise ValueError(f"{path} has {field} {found}, expected {expected}")

@@ -59,7 +59,7 @@ def stats_figure(report: dict):
     figure, axes = plt.subplots(rows, _COLUMNS, figsize=(13, 3.5 * rows + 0.4), squeeze=False)
     for draw, axis in zip(panels, axes.flat):
         draw(axis)
-    for axis in list(axes.flat)[len(panels):]:
+    for axis in list(axes.flat)[len(panels) :]:
         axis.set_axis_off()
     figure.suptitle(f"{report['cache']}: {len(targets)} targets, {report['bytes'] / 2**20:.1f} MiB", fontsize=10)
     figure.tight_layout()
@@ -90,8 +90,7 @@ def _note(axis, title: str, text: str, color: str = "0.35") -> None:
     """A panel with nothing to draw: its title and one sentence, no axes."""
     axis.set_axis_off()
     axis.set_title(title)
-    axis.text(0.5, 0.5, text, ha="center", va="center", fontsize=12, color=color, wrap=True,
-              transform=axis.transAxes)
+    axis.text(0.5, 0.5, text, ha="center", va="center", fontsize=12, color=color, wrap=True, transform=axis.transAxes)
 
 
 def _bins(values: list[float]) -> tuple[np.ndarray, bool]:
@@ -146,9 +145,16 @@ def _templates(axis, targets: list[dict], hits: dict) -> None:
     axis.set(title="templates per target", xlabel="templates stored", ylabel="targets")
     _integer_counts(axis)
     if hits["hits"]:
-        axis.text(0.98, 0.95, f"{hits['hits']} hits in {hits['targets']} target(s)\nhad no coordinates "
-                              "(not used)", ha="right", va="top", fontsize=8, color="#c53a32",
-                  transform=axis.transAxes)
+        axis.text(
+            0.98,
+            0.95,
+            f"{hits['hits']} hits in {hits['targets']} target(s)\nhad no coordinates (not used)",
+            ha="right",
+            va="top",
+            fontsize=8,
+            color="#c53a32",
+            transform=axis.transAxes,
+        )
 
 
 def _failures(axis, by_stage: dict) -> None:
@@ -167,8 +173,12 @@ def _conformer_sources(axis, sources: dict) -> None:
         _note(axis, "reference conformers", "no conformers stored")
         return
     names = list(_CONFORMER_SOURCES) + sorted(set(sources) - set(_CONFORMER_SOURCES))
-    _labelled_bars(axis, [_CONFORMER_SOURCES.get(name, name) for name in names],
-                   [sources.get(name, 0) for name in names], "#3b75af")
+    _labelled_bars(
+        axis,
+        [_CONFORMER_SOURCES.get(name, name) for name in names],
+        [sources.get(name, 0) for name in names],
+        "#3b75af",
+    )
     axis.set(title="reference conformers by source", ylabel="CCD codes")
     _integer_counts(axis)
 
@@ -183,26 +193,35 @@ def _curation(axis, curation: dict) -> None:
     rows = range(len(items))
     bars = axis.barh(rows, [count for _, count, _, _ in items], height=0.6, color=[item[3] for item in items])
     axis.bar_label(bars, fontsize=8, padding=2)
-    axis.set_yticks(list(rows), [textwrap.fill(reason.replace("_", " "), 16, break_long_words=False)
-                                 for reason, *_ in items], fontsize=8)
+    axis.set_yticks(
+        list(rows),
+        [textwrap.fill(reason.replace("_", " "), 16, break_long_words=False) for reason, *_ in items],
+        fontsize=8,
+    )
     axis.set_ylim(max(len(items), 4) - 0.5, -0.5)  # thin bars, first on top, even for one reason
     axis.margins(x=0.2)
     from matplotlib.patches import Patch
 
     kinds = dict((kind, color) for _, _, kind, color in items)
-    axis.legend(handles=[Patch(color=color, label=kind) for kind, color in kinds.items()], fontsize=8,
-                loc="lower right")
+    axis.legend(
+        handles=[Patch(color=color, label=kind) for kind, color in kinds.items()], fontsize=8, loc="lower right"
+    )
     axis.set(title="curation (AF3 filters)", xlabel="count")
     _integer_counts(axis, "x")
 
 
 def _sampling_panels(sampling: dict | None, target_weights: list) -> list:
     if sampling is None:
-        return [lambda axis: _note(axis, "AF3 sampling", "no clusters in this cache\n(clustering off, or built "
-                                                        "before clustering)")]
-    return [lambda axis: _cluster_sizes(axis, sampling),
-            lambda axis: _target_weights(axis, target_weights),
-            lambda axis: _weight_shares(axis, sampling["weight_by_kind"])]
+        return [
+            lambda axis: _note(
+                axis, "AF3 sampling", "no clusters in this cache\n(clustering off, or built before clustering)"
+            )
+        ]
+    return [
+        lambda axis: _cluster_sizes(axis, sampling),
+        lambda axis: _target_weights(axis, target_weights),
+        lambda axis: _weight_shares(axis, sampling["weight_by_kind"]),
+    ]
 
 
 def _cluster_sizes(axis, sampling: dict) -> None:
@@ -212,8 +231,13 @@ def _cluster_sizes(axis, sampling: dict) -> None:
     largest = max((max(found) for found in sizes if found), default=1)
     # one bar per size while sizes are few; logarithmic bins for a PDB-sized cache
     bins = np.arange(0.5, largest + 1.5) if largest <= 30 else np.unique(np.geomspace(1, largest + 1, 30).astype(int))
-    axis.hist(sizes, bins=bins, weights=counts, color=[_COLORS[kind] for kind in kinds],
-              label=[f"{kind} ({sampling[kind]['clusters']} clusters)" for kind in kinds])
+    axis.hist(
+        sizes,
+        bins=bins,
+        weights=counts,
+        color=[_COLORS[kind] for kind in kinds],
+        label=[f"{kind} ({sampling[kind]['clusters']} clusters)" for kind in kinds],
+    )
     if largest > 30:
         axis.set_xscale("log")
     else:

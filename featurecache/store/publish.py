@@ -80,10 +80,12 @@ def publish(cache_dir: str | os.PathLike, dest: str | os.PathLike) -> Path:
             os.chmod(copy, _READ_ONLY_FILE)
             shards.append(shard_info(copy, shard.counts))
         content = json.dumps([[shard.sha256 for shard in shards], manifest.fingerprints], sort_keys=True)
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
         name = f"{stamp}-{hashlib.sha256(content.encode()).hexdigest()[:8]}"
         sealed = dataclasses.replace(
-            manifest, shards=tuple(shards), generation=name,
+            manifest,
+            shards=tuple(shards),
+            generation=name,
             updated=utc_now(),
         )
         save_manifest(sealed, temp_dir)  # last: a generation with a manifest is complete
@@ -135,8 +137,7 @@ def resolve_generation(path: str | os.PathLike) -> Path:
         raise FileNotFoundError(f"cache folder {path} does not exist")
     if has_shard_files(path):
         raise CacheNotFinishedError.for_folder(path)
-    raise ValueError(f"{path} is not a cache, a generation or a publish root "
-                     f"(no {MANIFEST_NAME} and no {LATEST_NAME})")
+    raise ValueError(f"{path} is not a cache, a generation or a publish root (no {MANIFEST_NAME} and no {LATEST_NAME})")
 
 
 def _remove_tree(path: Path) -> None:
@@ -176,10 +177,10 @@ def gc(dest: str | os.PathLike, keep: int = 2, stale_temp_seconds: float = 86400
     now = time.time()
     for entry in root.iterdir():
         leftover = entry.name.startswith(_TRASH_PREFIX) or (
-            entry.name.startswith(_TEMP_PREFIX) and now - entry.stat().st_mtime > stale_temp_seconds)
+            entry.name.startswith(_TEMP_PREFIX) and now - entry.stat().st_mtime > stale_temp_seconds
+        )
         if leftover:
             _remove_tree(entry)
     if removed:
         fsync_dir(root)
     return removed
-

@@ -74,8 +74,12 @@ def _open_env(path: Path, readahead: bool) -> lmdb.Environment:
     try:
         return open_shard(path, _OPEN_FOR_WRITING, readonly=True, lock=True, readahead=readahead)
     except lmdb.ReadonlyError as error:  # may not write the -lock file (another user's cache)
-        log.warning("%s: cannot join LMDB's reader table (%s); reading without it, which is safe only "
-                    "while no writer updates this cache (read a published generation instead)", path, error)
+        log.warning(
+            "%s: cannot join LMDB's reader table (%s); reading without it, which is safe only "
+            "while no writer updates this cache (read a published generation instead)",
+            path,
+            error,
+        )
         return open_shard(path, _OPEN_FOR_WRITING, readonly=True, lock=False, readahead=readahead)
 
 
@@ -245,8 +249,11 @@ class StoreReader:
         with begin_read(env, db=dbs[table], buffers=True) as txn:
             view = txn.get(key_bytes(key))
             # decode_record copies what it keeps, so nothing points into the map after the txn.
-            return None if view is None else decode_record(view, where=self.where(table, key), key=key,
-                                                                  lazy_rows=lazy_rows)
+            return (
+                None
+                if view is None
+                else decode_record(view, where=self.where(table, key), key=key, lazy_rows=lazy_rows)
+            )
 
     def header(self, table: str, key: str) -> RecordHeader | None:
         """The record's header, without reading the record where it has an intact header entry

@@ -41,19 +41,26 @@ _UNREADABLE_SUFFIX = ".unreadable-"
 @dataclass
 class RepairReport:
     cache_dir: Path
-    rewritten: list[str] = field(default_factory=list)     # shard files rewritten from their records
+    rewritten: list[str] = field(default_factory=list)  # shard files rewritten from their records
     set_aside: dict[str, str] = field(default_factory=dict)  # unreadable shard file -> where it was moved
-    left: list[str] = field(default_factory=list)           # shards with damaged records (precompute --recheck)
-    after: VerifyReport | None = None                       # verify of the repaired cache
+    left: list[str] = field(default_factory=list)  # shards with damaged records (precompute --recheck)
+    after: VerifyReport | None = None  # verify of the repaired cache
 
     def to_dict(self) -> dict:
-        return {"rewritten": self.rewritten, "set_aside": self.set_aside, "left": self.left,
-                "verify": None if self.after is None else self.after.to_dict()}
+        return {
+            "rewritten": self.rewritten,
+            "set_aside": self.set_aside,
+            "left": self.left,
+            "verify": None if self.after is None else self.after.to_dict(),
+        }
 
     def format(self) -> str:
         lines = [f"rewrote {shard} from its records" for shard in self.rewritten]
-        lines += [f"moved unreadable {shard} to {aside} and put an empty shard in its place; its records "
-                  f"must be recomputed from the inputs" for shard, aside in self.set_aside.items()]
+        lines += [
+            f"moved unreadable {shard} to {aside} and put an empty shard in its place; its records "
+            f"must be recomputed from the inputs"
+            for shard, aside in self.set_aside.items()
+        ]
         lines += [f"left {shard}: it holds damaged records" for shard in self.left]
         if not lines:
             lines.append("nothing to repair in the shard files")
@@ -69,8 +76,10 @@ def repair_cache(cache_dir: str | os.PathLike) -> RepairReport:
     cache_dir = Path(cache_dir)
     manifest = read_manifest(cache_dir, expected_schema=None)
     if manifest.generation is not None:
-        raise ValueError(f"{cache_dir} is the published generation {manifest.generation}: generations are never "
-                         f"written; repair the cache it was published from and publish it again")
+        raise ValueError(
+            f"{cache_dir} is the published generation {manifest.generation}: generations are never "
+            f"written; repair the cache it was published from and publish it again"
+        )
     locks = []
     report = RepairReport(cache_dir)
     try:
@@ -103,7 +112,7 @@ def repair_cache(cache_dir: str | os.PathLike) -> RepairReport:
 
 def _set_aside(path: Path) -> Path:
     """Move an unreadable shard file (and LMDB's lock file beside it) out of the cache's way."""
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     aside = path.with_name(f"{path.name}{_UNREADABLE_SUFFIX}{stamp}")
     lock_file = path.with_name(path.name + "-lock")
     if path.exists():
@@ -124,12 +133,21 @@ def _empty_shard(path: Path, shard_index: int, manifest: Manifest) -> ShardInfo:
             for name in SHARD_DATABASES:
                 env.open_db(name.encode(), txn=txn, create=True)
             # the cache's creation time, as its other shards have: it is still the same cache
-            meta = {"format": STORE_FORMAT, "shard_index": shard_index, "num_shards": manifest.num_shards,
-                    "created": manifest.created}
+            meta = {
+                "format": STORE_FORMAT,
+                "shard_index": shard_index,
+                "num_shards": manifest.num_shards,
+                "created": manifest.created,
+            }
             txn.put(SHARD_META_KEY, pack_plain(meta), db=env.open_db(META_TABLE.encode(), txn=txn))
         txnid = env.info()["last_txnid"]
     finally:
         env.close()
     previous = manifest.shards[shard_index]
-    return ShardInfo(file=shard_name(shard_index), size=path.stat().st_size, sha256=file_sha256(path),
-                     counts=dict(previous.counts), txnid=txnid)
+    return ShardInfo(
+        file=shard_name(shard_index),
+        size=path.stat().st_size,
+        sha256=file_sha256(path),
+        counts=dict(previous.counts),
+        txnid=txnid,
+    )

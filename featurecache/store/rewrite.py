@@ -40,8 +40,15 @@ def rewrite_shard(path: Path) -> dict:
     temp = path.with_name(f".{path.name}.rewrite-{os.getpid()}.tmp")
     old = open_shard(path, IN_USE)
     try:
-        new = lmdb.open(str(temp), subdir=False, max_dbs=MAX_DBS, map_size=old.info()["map_size"],
-                        lock=False, sync=False, metasync=False)
+        new = lmdb.open(
+            str(temp),
+            subdir=False,
+            max_dbs=MAX_DBS,
+            map_size=old.info()["map_size"],
+            lock=False,
+            sync=False,
+            metasync=False,
+        )
         try:
             # The copy is whole before anything is committed to the old file: a commit there reads
             # its free list, which may be where the damage is.

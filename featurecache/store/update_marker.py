@@ -63,9 +63,11 @@ class UpdateMarker:
 
     def describe(self) -> str:
         """One line: what is going on and what the last finished manifest still means."""
-        return (f"update {self.state} (pid {self.pid} on {self.host}, started {self.started}): "
-                f"the last finished manifest still lists the records, but its shard sizes, checksums and "
-                f"counts no longer apply; rerun precompute to finish the update")
+        return (
+            f"update {self.state} (pid {self.pid} on {self.host}, started {self.started}): "
+            f"the last finished manifest still lists the records, but its shard sizes, checksums and "
+            f"counts no longer apply; rerun precompute to finish the update"
+        )
 
     def was_deleted(self, table: str, key: str) -> bool:
         return key in self.deleted.get(table, ())
@@ -91,9 +93,15 @@ def _parse(path: Path) -> UpdateMarker:
         raise ValueError(f"{problem} (not a format {MARKER_FORMAT} update marker)")
     try:
         deleted = {str(table): [str(key) for key in keys] for table, keys in data["deleted"].items()}
-        return UpdateMarker(path=path, pid=int(data["pid"]), host=str(data["host"]), started=str(data["started"]),
-                            manifest_sha256=str(data["manifest_sha256"]), interrupted=bool(data["interrupted"]),
-                            deleted=deleted)
+        return UpdateMarker(
+            path=path,
+            pid=int(data["pid"]),
+            host=str(data["host"]),
+            started=str(data["started"]),
+            manifest_sha256=str(data["manifest_sha256"]),
+            interrupted=bool(data["interrupted"]),
+            deleted=deleted,
+        )
     except KeyError as error:
         raise ValueError(f"{problem} (no field {error})") from None
     except (TypeError, ValueError, AttributeError) as error:
@@ -133,10 +141,16 @@ def begin_update(cache_dir: str | os.PathLike) -> UpdateMarker | None:
     if manifest_sha256 is None:
         end_update(cache_dir)  # a marker without a manifest means nothing
         return None
-    return _save(UpdateMarker(
-        path=cache_dir / MARKER_NAME, pid=os.getpid(), host=socket.gethostname(), started=utc_now(),
-        manifest_sha256=manifest_sha256, deleted=previous.deleted if previous is not None else {},
-    ))
+    return _save(
+        UpdateMarker(
+            path=cache_dir / MARKER_NAME,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            started=utc_now(),
+            manifest_sha256=manifest_sha256,
+            deleted=previous.deleted if previous is not None else {},
+        )
+    )
 
 
 def record_deleted(marker: UpdateMarker, table: str, key: str) -> UpdateMarker:

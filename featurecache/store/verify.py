@@ -48,26 +48,32 @@ from featurecache.store.update_marker import MARKER_NAME, UpdateMarker, read_upd
 
 # The last line of a report naming damaged records: precompute --recheck reads every record it
 # keeps in full and recomputes the damaged ones (a plain rerun decides from header entries alone).
-REPAIR_HINT = ("to repair: run `featurecache precompute` again with the same inputs and options plus --recheck "
-               "(it recomputes the damaged records and rewrites any damaged shard file), then verify again")
+REPAIR_HINT = (
+    "to repair: run `featurecache precompute` again with the same inputs and options plus --recheck "
+    "(it recomputes the damaged records and rewrites any damaged shard file), then verify again"
+)
 
 # ShardProblem.kind: what is wrong with a shard file, which decides its repair.
-FILE_CHANGED = "file"         # size or sha256 differs from the manifest's: `verify --repair` rewrites it
-UNREADABLE = "unreadable"     # missing, or LMDB cannot open or read it: its records must be recomputed
-COUNTS = "counts"             # a table holds more or fewer records than the manifest says
+FILE_CHANGED = "file"  # size or sha256 differs from the manifest's: `verify --repair` rewrites it
+UNREADABLE = "unreadable"  # missing, or LMDB cannot open or read it: its records must be recomputed
+COUNTS = "counts"  # a table holds more or fewer records than the manifest says
 
 
 def rewrite_hint(cache_dir: Path) -> str:
     """The repair of shard files that differ from the manifest while every record in them is intact."""
-    return (f"to repair: run `featurecache verify --repair {cache_dir}` (it rewrites each such shard from its "
-            f"records, all intact), then verify again")
+    return (
+        f"to repair: run `featurecache verify --repair {cache_dir}` (it rewrites each such shard from its "
+        f"records, all intact), then verify again"
+    )
 
 
 def unreadable_hint(cache_dir: Path) -> str:
     """The repair of a shard file that is missing or that LMDB cannot read: its records are lost."""
-    return (f"to repair: run `featurecache verify --repair {cache_dir}` (it moves each unreadable shard aside "
-            f"and puts an empty one in its place), then `featurecache precompute` again with the same inputs "
-            f"and options plus --recheck (it recomputes the records that shard held), then verify again")
+    return (
+        f"to repair: run `featurecache verify --repair {cache_dir}` (it moves each unreadable shard aside "
+        f"and puts an empty one in its place), then `featurecache precompute` again with the same inputs "
+        f"and options plus --recheck (it recomputes the records that shard held), then verify again"
+    )
 
 
 @dataclass(frozen=True)
@@ -104,8 +110,9 @@ class VerifyReport:
         for problem in self.shard_problems:
             problems.setdefault(problem.shard, set()).add(problem.kind)
         with_damaged_records = {record.shard for record in self.damaged}
-        return sorted(shard for shard, kinds in problems.items()
-                      if kinds == {FILE_CHANGED} and shard not in with_damaged_records)
+        return sorted(
+            shard for shard, kinds in problems.items() if kinds == {FILE_CHANGED} and shard not in with_damaged_records
+        )
 
     def unreadable_shards(self) -> list[str]:
         return sorted({problem.shard for problem in self.shard_problems if problem.kind == UNREADABLE})
@@ -136,20 +143,30 @@ class VerifyReport:
         checked = ", ".join(f"{table} {count}" for table, count in self.records_checked.items())
         lines = [f"{self.cache_dir}: checked {sum(self.records_checked.values())} records ({checked})"]
         if self.update is not None:
-            lines.append(f"  note: {self.update}; shard checksums were not compared, every record was "
-                         f"checked by its CRC")
+            lines.append(
+                f"  note: {self.update}; shard checksums were not compared, every record was checked by its CRC"
+            )
         lines += [f"  damaged shard {problem.shard}: {problem.reason}" for problem in self.shard_problems]
-        lines += [f"  damaged record {record.table}/{record.key} in {record.shard}: {record.reason}"
-                  for record in self.damaged]
-        lines.append("OK" if self.ok else
-                     f"DAMAGED: {len(self.damaged)} records, {len(self.shard_problems)} shard problems")
+        lines += [
+            f"  damaged record {record.table}/{record.key} in {record.shard}: {record.reason}"
+            for record in self.damaged
+        ]
+        lines.append(
+            "OK" if self.ok else f"DAMAGED: {len(self.damaged)} records, {len(self.shard_problems)} shard problems"
+        )
         if self.repair is not None:
             lines.append(self.repair)
         return "\n".join(lines)
 
 
-def _scan_table(reader: StoreReader, manifest: Manifest, shard_index: int, table: str,
-                report: VerifyReport, update: UpdateMarker | None) -> int:
+def _scan_table(
+    reader: StoreReader,
+    manifest: Manifest,
+    shard_index: int,
+    table: str,
+    report: VerifyReport,
+    update: UpdateMarker | None,
+) -> int:
     shard_file = manifest.shards[shard_index].file
     where = f"{reader.shard_paths[shard_index]}/{table}"
     count = 0
@@ -166,15 +183,15 @@ def _scan_table(reader: StoreReader, manifest: Manifest, shard_index: int, table
             report.damaged.append(DamagedRecord(table, key, shard_file, str(error)))
             continue
         if shard_of(key, manifest.num_shards) != shard_index:
-            report.damaged.append(DamagedRecord(
-                table, key, shard_file, f"belongs in shard {shard_of(key, manifest.num_shards)}"))
+            report.damaged.append(
+                DamagedRecord(table, key, shard_file, f"belongs in shard {shard_of(key, manifest.num_shards)}")
+            )
         problem = _header_entry_problem(reader, table, record)
         if problem is not None:
             report.damaged.append(DamagedRecord(header_table(table), key, shard_file, problem))
     for key in reader.header_keys(table, shard_index):
         if key not in keys:
-            report.damaged.append(DamagedRecord(header_table(table), key, shard_file,
-                                                "header entry without a record"))
+            report.damaged.append(DamagedRecord(header_table(table), key, shard_file, "header entry without a record"))
     # Index entries carry no checksum of their own: they must parse and agree with the manifest.
     manifest_index = manifest.index.get(table, {})
     indexed = set()
@@ -188,8 +205,11 @@ def _scan_table(reader: StoreReader, manifest: Manifest, shard_index: int, table
         listed = manifest_index.get(key)
         # An update rewrites index entries with their records; the old manifest has the old ones.
         if update is None and listed is not None and {**entry, "shard": shard_index} != listed:
-            report.damaged.append(DamagedRecord(
-                index_table(table), key, shard_file, f"index entry {entry} differs from the manifest's {listed}"))
+            report.damaged.append(
+                DamagedRecord(
+                    index_table(table), key, shard_file, f"index entry {entry} differs from the manifest's {listed}"
+                )
+            )
     listed_here = {key for key, entry in manifest_index.items() if entry.get("shard") == shard_index}
     for key in sorted(listed_here - indexed):
         if reader.get(table, key) is None and not (update is not None and update.was_deleted(table, key)):
@@ -209,7 +229,8 @@ def _header_entry_problem(reader: StoreReader, table: str, record: Record) -> st
         return f"header entry: {error}"
     # packed, so that a NaN in the metadata compares equal to itself
     if pack_plain([header.fingerprint, header.input_hash, header.schema_version, header.meta]) != pack_plain(
-            [record.fingerprint, record.input_hash, record.schema_version, record.meta]):
+        [record.fingerprint, record.input_hash, record.schema_version, record.meta]
+    ):
         return "header entry differs from the record's header"
     return None
 
@@ -240,8 +261,11 @@ def _writer_trace(cache_dir: Path) -> tuple:
 def _verify(cache_dir: Path, check_files: bool) -> VerifyReport:
     manifest = read_manifest(cache_dir, expected_schema=None)
     update = read_update_marker(cache_dir)
-    report = VerifyReport(cache_dir=cache_dir, records_checked={table: 0 for table in TABLES},
-                          update=None if update is None else update.describe())
+    report = VerifyReport(
+        cache_dir=cache_dir,
+        records_checked={table: 0 for table in TABLES},
+        update=None if update is None else update.describe(),
+    )
     # readahead: verify reads every page in order.
     reader = StoreReader(cache_dir, readahead=True, num_shards=manifest.num_shards)
     try:
@@ -264,8 +288,11 @@ def _verify(cache_dir: Path, check_files: bool) -> VerifyReport:
                     report.records_checked[table] += found
                     expected = shard.counts.get(table, 0)
                     if update is None and found != expected:
-                        report.shard_problems.append(ShardProblem(
-                            shard.file, f"table {table} has {found} records, manifest says {expected}", COUNTS))
+                        report.shard_problems.append(
+                            ShardProblem(
+                                shard.file, f"table {table} has {found} records, manifest says {expected}", COUNTS
+                            )
+                        )
             except (lmdb.Error, ValueError, OSError) as error:
                 report.shard_problems.append(ShardProblem(shard.file, f"unreadable: {error}", UNREADABLE))
     finally:

@@ -110,8 +110,10 @@ class ShardWriter:
         self.batch_records = config.batch_records
         if self.path.exists() and is_sealed(self.path):
             # Readers read sealed files without LMDB's reader table: they must never change.
-            raise ValueError(f"{self.path} is read-only (a published generation?): generations are never "
-                             f"written; precompute into a cache folder, then publish it")
+            raise ValueError(
+                f"{self.path} is read-only (a published generation?): generations are never "
+                f"written; precompute into a cache folder, then publish it"
+            )
         self._lock = ShardLock(self.path)
         self._env = None
         try:
@@ -120,9 +122,13 @@ class ShardWriter:
             # would read the device's read_ahead_kb around it (8 MiB here: a rerun of a 400-target
             # cache read all 116 MiB from disk to check 400 header entries; 1.3 MiB without).
             self._env = open_shard(
-                self.path, "is open for reading in this process; close its StoreReader "
-                "(and anything holding one) before writing",
-                map_size=config.map_size_bytes, writemap=False, sync=True, metasync=True, readahead=False,
+                self.path,
+                "is open for reading in this process; close its StoreReader (and anything holding one) before writing",
+                map_size=config.map_size_bytes,
+                writemap=False,
+                sync=True,
+                metasync=True,
+                readahead=False,
             )
             # Free the reader-table slots of killed readers: a stale slot pins old pages, and
             # the file would grow for as long as it stays.
@@ -144,8 +150,12 @@ class ShardWriter:
         if meta is not None:
             check_shard_meta(meta, self.path, self.shard_index, self.num_shards)
             return
-        meta = {"format": STORE_FORMAT, "shard_index": self.shard_index,
-                "num_shards": self.num_shards, "created": utc_now()}
+        meta = {
+            "format": STORE_FORMAT,
+            "shard_index": self.shard_index,
+            "num_shards": self.num_shards,
+            "created": utc_now(),
+        }
         with self._env.begin(write=True, db=self._dbs[META_TABLE]) as txn:
             txn.put(SHARD_META_KEY, pack_plain(meta))
 
@@ -243,8 +253,15 @@ class ShardWriter:
         self._pending.clear()
         self._restored_headers.clear()
 
-    def _write(self, txn: lmdb.Transaction, table: str, key: bytes, blob: bytes | None, entry: dict | None,
-               header: bytes | None) -> None:
+    def _write(
+        self,
+        txn: lmdb.Transaction,
+        table: str,
+        key: bytes,
+        blob: bytes | None,
+        entry: dict | None,
+        header: bytes | None,
+    ) -> None:
         """One queued put (blob) or delete (None), with the record's index and header entries."""
         side_tables = [(self._dbs[index_table(table)], None if entry is None else pack_plain(entry))]
         if table in HEADER_TABLES:
@@ -392,11 +409,16 @@ class StoreWriter:
         if not self._last_describes_files or self._last.num_shards != self.num_shards:
             return []
         self.flush()
-        return [shard.shard_index for shard, info in zip(self._shards, self._last.shards)
-                if check_shard_file(shard.path, info) is not None]
+        return [
+            shard.shard_index
+            for shard, info in zip(self._shards, self._last.shards)
+            if check_shard_file(shard.path, info) is not None
+        ]
 
     def finish(
-        self, fingerprints: Mapping[str, str] | None = None, schema_version: int | None = None,
+        self,
+        fingerprints: Mapping[str, str] | None = None,
+        schema_version: int | None = None,
         derived_index: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
         rewrite_shards: Collection[int] = (),
     ) -> Manifest:
@@ -415,8 +437,12 @@ class StoreWriter:
             # Still holding the shard locks: no writer can change a shard under the checksums.
             same_cache = self._last is not None and self._last.created == created  # not one made anew
             manifest = write_manifest(
-                self.cache_dir, summaries, fingerprints=fingerprints or {},
-                schema_version=schema_version, created=created, derived_index=derived_index,
+                self.cache_dir,
+                summaries,
+                fingerprints=fingerprints or {},
+                schema_version=schema_version,
+                created=created,
+                derived_index=derived_index,
                 previous=self._last if same_cache else None,
             )
             end_update(self.cache_dir)  # after the manifest: a kill in between leaves a stale marker

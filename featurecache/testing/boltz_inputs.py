@@ -17,16 +17,46 @@ from rdkit import Chem
 
 from featurecache.testing.peer_ccd import component_molecule
 
-STANDARD_CODES = ("ALA", "ARG", "ASN", "ASP", "CYS", "GLN", "GLU", "GLY", "HIS", "ILE", "LEU", "LYS", "MET",
-                  "PHE", "PRO", "SER", "THR", "TRP", "TYR", "VAL", "UNK", "A", "G", "C", "U", "N", "DA", "DG",
-                  "DC", "DT", "DN")
+STANDARD_CODES = (
+    "ALA",
+    "ARG",
+    "ASN",
+    "ASP",
+    "CYS",
+    "GLN",
+    "GLU",
+    "GLY",
+    "HIS",
+    "ILE",
+    "LEU",
+    "LYS",
+    "MET",
+    "PHE",
+    "PRO",
+    "SER",
+    "THR",
+    "TRP",
+    "TYR",
+    "VAL",
+    "UNK",
+    "A",
+    "G",
+    "C",
+    "U",
+    "N",
+    "DA",
+    "DG",
+    "DC",
+    "DT",
+    "DN",
+)
 
 
 def input_codes(schema: dict) -> set[str]:
     """Every CCD code a Boltz input names (modifications, CCD ligands), plus the standard ones."""
     codes = set(STANDARD_CODES)
     for entry in schema["sequences"]:
-        (kind, body), = entry.items()
+        ((kind, body),) = entry.items()
         if kind == "ligand" and "ccd" in body:
             codes.update([body["ccd"]] if isinstance(body["ccd"], str) else body["ccd"])
         codes.update(modification["ccd"] for modification in body.get("modifications", []))

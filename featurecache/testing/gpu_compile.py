@@ -77,8 +77,11 @@ class _CompileOnlyDriver:
 
 def _constexpr_summary(kernel) -> str:
     constants = getattr(kernel, "constants", None) or getattr(kernel.src, "constants", {}) or {}
-    named = [f"{key[-1] if isinstance(key, tuple) else key}={value}" for key, value in constants.items()
-             if isinstance(value, (int, bool, str))]
+    named = [
+        f"{key[-1] if isinstance(key, tuple) else key}={value}"
+        for key, value in constants.items()
+        if isinstance(value, (int, bool, str))
+    ]
     return " ".join(sorted(str(item) for item in named))[:160]
 
 
@@ -102,19 +105,31 @@ def compile_only(gpu: str = H200, capability: int = 90) -> Iterator[list[Compile
         if kernel is not None and "cubin" not in kernel.asm:
             raise RuntimeError(f"{self.__name__}: Triton produced no cubin")
         if kernel is not None and kernel.metadata.shared > SHARED_MEMORY_LIMIT.get(capability, 1 << 30):
-            raise RuntimeError(f"{self.__name__}: {kernel.metadata.shared} B of shared memory, more than the "
-                               f"{SHARED_MEMORY_LIMIT[capability]} B sm_{capability} allows (num_warps "
-                               f"{kernel.metadata.num_warps}, num_stages {kernel.metadata.num_stages}, "
-                               f"{_constexpr_summary(kernel)})")
+            raise RuntimeError(
+                f"{self.__name__}: {kernel.metadata.shared} B of shared memory, more than the "
+                f"{SHARED_MEMORY_LIMIT[capability]} B sm_{capability} allows (num_warps "
+                f"{kernel.metadata.num_warps}, num_stages {kernel.metadata.num_stages}, "
+                f"{_constexpr_summary(kernel)})"
+            )
         if kernel is not None:
-            compiled.append(CompiledKernel(self.__name__, kernel.metadata.num_warps, kernel.metadata.num_stages,
-                                           kernel.metadata.shared, _constexpr_summary(kernel),
-                                           {"ptx": kernel.asm.get("ptx", "")}))
+            compiled.append(
+                CompiledKernel(
+                    self.__name__,
+                    kernel.metadata.num_warps,
+                    kernel.metadata.num_stages,
+                    kernel.metadata.shared,
+                    _constexpr_summary(kernel),
+                    {"ptx": kernel.asm.get("ptx", "")},
+                )
+            )
         return kernel
 
-    patches = [(runtime, "gpu_name", lambda device=None: gpu), (runtime, "runs_triton", lambda device: True),
-               (window_config, "_multiprocessors", lambda index: 132),
-               (torch.cuda, "current_device", lambda: 0)]
+    patches = [
+        (runtime, "gpu_name", lambda device=None: gpu),
+        (runtime, "runs_triton", lambda device: True),
+        (window_config, "_multiprocessors", lambda index: 132),
+        (torch.cuda, "current_device", lambda: 0),
+    ]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     active = driver._active  # (reset_active would look for a real driver, which may not exist)
     driver.set_active(_CompileOnlyDriver(capability))
@@ -150,8 +165,12 @@ def evo_attention_variants(lengths: tuple[int, ...]) -> None:
     and the 64-bit offsets of crops past ~2,000 tokens."""
     from featurecache.kernels.evo_attention import evo_attention, launch
 
-    cases = [(length, bias_dtype, deterministic, False) for length in lengths
-             for bias_dtype in (torch.bfloat16, torch.float32) for deterministic in (False, True)]
+    cases = [
+        (length, bias_dtype, deterministic, False)
+        for length in lengths
+        for bias_dtype in (torch.bfloat16, torch.float32)
+        for deterministic in (False, True)
+    ]
     cases.append((lengths[0], torch.bfloat16, False, True))
     for length, bias_dtype, deterministic, wide in cases:
         q, k, v = (torch.randn(1, 2, length, 4, 32, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -183,8 +202,12 @@ def ptxas_usage(kernel_asm: dict, capability: int) -> str:
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as source:
         source.write(kernel_asm["ptx"])
         source.flush()
-        result = subprocess.run([ptxas, f"-arch=sm_{capability}{suffix}", "-v", source.name, "-o", os.devnull],
-                                capture_output=True, text=True, check=False)
+        result = subprocess.run(
+            [ptxas, f"-arch=sm_{capability}{suffix}", "-v", source.name, "-o", os.devnull],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     registers = re.search(r"Used (\d+) registers", result.stderr)
     spills = re.search(r"(\d+) bytes spill stores", result.stderr)
     return f"{registers.group(1) if registers else '?':>3s} registers, {spills.group(1) if spills else '?'} B spilled"
@@ -207,10 +230,14 @@ def main(argv: list[str] | None = None) -> int:
         distinct.setdefault((kernel.name, kernel.num_warps, kernel.num_stages, kernel.constants), kernel)
     for kernel in sorted(distinct.values(), key=lambda k: k.name):
         usage = f"  {ptxas_usage(kernel.asm, args.capability)}" if args.registers else ""
-        print(f"{kernel.name:36s} warps {kernel.num_warps} stages {kernel.num_stages} "
-              f"shared {kernel.shared_bytes:6d} B{usage}")
-    print(f"{len(distinct)} distinct kernels compiled for sm_{args.capability} with {args.gpu}'s configurations "
-          f"({len(compiled)} launches)")
+        print(
+            f"{kernel.name:36s} warps {kernel.num_warps} stages {kernel.num_stages} "
+            f"shared {kernel.shared_bytes:6d} B{usage}"
+        )
+    print(
+        f"{len(distinct)} distinct kernels compiled for sm_{args.capability} with {args.gpu}'s configurations "
+        f"({len(compiled)} launches)"
+    )
     return 0 if compiled else 1
 
 

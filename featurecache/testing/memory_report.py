@@ -74,13 +74,13 @@ class SavedTensorCounter:
             self._stack.clear()
 
     def part_of(self, name: str) -> str | None:
-        matches = [prefix for prefix in self.parts
-                   if prefix == "" or name == prefix or name.startswith(prefix + ".")]
+        matches = [prefix for prefix in self.parts if prefix == "" or name == prefix or name.startswith(prefix + ".")]
         return self.parts[max(matches, key=len)] if matches else None
 
     def _enter(self, part: str):
         def hook(_module, _args):
             self._stack.append(part)
+
         return hook
 
     def _leave(self, _module, _args, _output):
@@ -91,7 +91,6 @@ class SavedTensorCounter:
 
     def total_bytes(self) -> int:
         return sum(self._bytes.values())
-
 
 
 def growth_orders(small: list[tuple], large: list[tuple], small_length: int, large_length: int) -> list[int]:

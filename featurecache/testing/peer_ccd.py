@@ -49,8 +49,9 @@ def write_components_cif(codes, path) -> None:
         categories = {name: biotite_info.get_from_ccd(name, code) for name in CCD_CATEGORIES}
         if categories["chem_comp"] is None:
             raise KeyError(f"{code} is not in biotite's bundled CCD")
-        cif[code] = pdbx.CIFBlock({name: _cif_category(category) for name, category in categories.items()
-                                   if category is not None})
+        cif[code] = pdbx.CIFBlock(
+            {name: _cif_category(category) for name, category in categories.items() if category is not None}
+        )
     cif.write(str(path))
 
 

@@ -49,7 +49,12 @@ from featurecache.integrations.protenix.weights import (  # noqa: F401 (the modu
     zeros,
 )
 from featurecache.model.network.atom_attention import NAME_CHAR_CLASSES, NUM_ELEMENTS
-from featurecache.model.network.atoms import centre_atom_index, dense_token_bonds, representative_atom_index, token_bond_atoms
+from featurecache.model.network.atoms import (
+    centre_atom_index,
+    dense_token_bonds,
+    representative_atom_index,
+    token_bond_atoms,
+)
 from featurecache.model.network.confidence import atom_slots
 from featurecache.model.config import ModelConfig, preset
 from featurecache.model.network.embedders import TEMPLATE_DISTOGRAM_EDGES, template_pair_features
@@ -77,11 +82,14 @@ def import_protenix() -> None:
     try:
         import protenix
     except ImportError as error:
-        raise ImportError(f"protenix is not installed ({error}): run ./setup.sh, which installs "
-                          "protenix==2.0.0 without its pins") from error
+        raise ImportError(
+            f"protenix is not installed ({error}): run ./setup.sh, which installs protenix==2.0.0 without its pins"
+        ) from error
     if not protenix.__version__.startswith(PROTENIX_VERSION):
-        raise ImportError(f"protenix {protenix.__version__} is installed, the name maps are written for "
-                          f"{PROTENIX_VERSION}: run ./setup.sh")
+        raise ImportError(
+            f"protenix {protenix.__version__} is installed, the name maps are written for "
+            f"{PROTENIX_VERSION}: run ./setup.sh"
+        )
     previous = os.environ.get("LAYERNORM_TYPE")
     os.environ["LAYERNORM_TYPE"] = "torch"
     try:
@@ -150,8 +158,12 @@ class ProtenixOnly:
 
 
 @torch.no_grad()
-def copy_weights(protenix_module: nn.Module, featurecache_module: nn.Module, mapping: Mapping,
-                 protenix_only: dict[str, ProtenixOnly] | None = None) -> None:
+def copy_weights(
+    protenix_module: nn.Module,
+    featurecache_module: nn.Module,
+    mapping: Mapping,
+    protenix_only: dict[str, ProtenixOnly] | None = None,
+) -> None:
     """Set every parameter and persistent buffer (the Fourier embedding's frozen weights) of
     `featurecache_module` from `protenix_module`'s through `mapping`; deal with the Protenix
     tensors featurecache lacks as `protenix_only` says.
@@ -165,14 +177,17 @@ def copy_weights(protenix_module: nn.Module, featurecache_module: nn.Module, map
     theirs = protenix_module.state_dict(keep_vars=True)
     used = {name for source in mapping.values() for name in source.names} | set(protenix_only)
     problems = []
-    problems += [f"featurecache tensor {name} {tuple(ours[name].shape)} is not mapped"
-                 for name in sorted(set(ours) - set(mapping))]
-    problems += [f"the map sets {name}, which featurecache's module does not have"
-                 for name in sorted(set(mapping) - set(ours))]
-    problems += [f"Protenix tensor {name} {tuple(theirs[name].shape)} is not used"
-                 for name in sorted(set(theirs) - used)]
-    problems += [f"the map reads {name}, which Protenix's module does not have"
-                 for name in sorted(used - set(theirs))]
+    problems += [
+        f"featurecache tensor {name} {tuple(ours[name].shape)} is not mapped"
+        for name in sorted(set(ours) - set(mapping))
+    ]
+    problems += [
+        f"the map sets {name}, which featurecache's module does not have" for name in sorted(set(mapping) - set(ours))
+    ]
+    problems += [
+        f"Protenix tensor {name} {tuple(theirs[name].shape)} is not used" for name in sorted(set(theirs) - used)
+    ]
+    problems += [f"the map reads {name}, which Protenix's module does not have" for name in sorted(used - set(theirs))]
     if problems:
         raise NameMapError("name map does not match the modules:\n  " + "\n  ".join(problems))
     for name, only in protenix_only.items():
@@ -180,15 +195,16 @@ def copy_weights(protenix_module: nn.Module, featurecache_module: nn.Module, map
             theirs[name].zero_()
         elif only.kind == "constant":
             if not torch.allclose(theirs[name].detach().float(), only.expected.float(), rtol=0, atol=1e-6):
-                raise NameMapError(f"Protenix's {name} is {theirs[name].tolist()}, featurecache's "
-                                   f"{only.expected.tolist()} ({only.why})")
+                raise NameMapError(
+                    f"Protenix's {name} is {theirs[name].tolist()}, featurecache's "
+                    f"{only.expected.tolist()} ({only.why})"
+                )
         elif only.kind != "input":
             raise ValueError(f"ProtenixOnly kind {only.kind!r}, expected zeroed, constant or input")
     for name, source in mapping.items():
         value = source.to_featurecache([theirs[n].detach() for n in source.names], ours[name].shape)
         if value.shape != ours[name].shape:
-            problems.append(f"{name}: featurecache {tuple(ours[name].shape)}, from {source.names} "
-                            f"{tuple(value.shape)}")
+            problems.append(f"{name}: featurecache {tuple(ours[name].shape)}, from {source.names} {tuple(value.shape)}")
             continue
         ours[name].copy_(value)
     if problems:
@@ -199,9 +215,12 @@ def outer_product_mean_af3_map(config: ModelConfig, msa_rows: int) -> Mapping:
     """The outer product mean's map for featurecache's AF3 form (outer_product_bias_divided off):
     Protenix divides its output bias by the row count with everything else, which for `msa_rows`
     valid rows at every pair is featurecache's bias scaled by 1 / (msa_rows + eps)."""
-    return {**outer_product_mean_map(config),
-            "linear_out.bias": scaled("linear_out.bias", 1.0 / (msa_rows + OUTER_PRODUCT_EPS),
-                                      "Protenix divides its output bias by the row count")}
+    return {
+        **outer_product_mean_map(config),
+        "linear_out.bias": scaled(
+            "linear_out.bias", 1.0 / (msa_rows + OUTER_PRODUCT_EPS), "Protenix divides its output bias by the row count"
+        ),
+    }
 
 
 # Protenix's OuterProductMean (OpenFold's) divides by (valid rows + 1e-3) after its output Linear
@@ -214,17 +233,23 @@ def confidence_head_protenix_only(config: ModelConfig) -> dict[str, ProtenixOnly
     confidence_raw_distance off) its raw-distance embedding, zeroed, and its LayerNorm of the trunk
     single, which the comparison applies to featurecache's input."""
     constants = confidence_head_constants()
-    only = {name: ProtenixOnly("constant", "the distance bins' edges (the last open)", value)
-            for name, value in constants.items()}
+    only = {
+        name: ProtenixOnly("constant", "the distance bins' edges (the last open)", value)
+        for name, value in constants.items()
+    }
     if not config.dialect.confidence_raw_distance:
         only["linear_no_bias_d_wo_onehot.weight"] = ProtenixOnly(
-            "zeroed", "Protenix adds a linear embedding of the raw distance beside the one-hot bins; AF3 "
-                      "(Algorithm 31) and featurecache's default embed the bins only")
+            "zeroed",
+            "Protenix adds a linear embedding of the raw distance beside the one-hot bins; AF3 "
+            "(Algorithm 31) and featurecache's default embed the bins only",
+        )
     if not config.dialect.confidence_single_norm:
         for name in ("input_strunk_ln.weight", "input_strunk_ln.bias"):
             only[name] = ProtenixOnly(
-                "input", "Protenix normalises the trunk single (clamped to +-512) before its Pairformer; AF3 and "
-                         "featurecache's default do not: the comparison gives featurecache the normalised single")
+                "input",
+                "Protenix normalises the trunk single (clamped to +-512) before its Pairformer; AF3 and "
+                "featurecache's default do not: the comparison gives featurecache the normalised single",
+            )
     return only
 
 
@@ -239,9 +264,13 @@ def protenix_atom_transformer_without_cross_attention(atom_transformer: nn.Modul
     from protenix.model.modules.transformer import DiffusionTransformer
 
     atom_transformer.diffusion_transformer = DiffusionTransformer(
-        n_blocks=config.atom_attention.atom_blocks, n_heads=config.atom_attention.atom_heads,
-        c_a=config.atom_attention.c_atom, c_s=config.atom_attention.c_atom,
-        c_z=config.atom_attention.c_atompair, cross_attention_mode=False)
+        n_blocks=config.atom_attention.atom_blocks,
+        n_heads=config.atom_attention.atom_heads,
+        c_a=config.atom_attention.c_atom,
+        c_s=config.atom_attention.c_atom,
+        c_z=config.atom_attention.c_atompair,
+        cross_attention_mode=False,
+    )
 
 
 def protenix_atom_transformer_with_keys_normalised_from_input(atom_transformer: nn.Module) -> None:
@@ -282,16 +311,29 @@ def _deep_update(target: dict, update: dict) -> dict:
 # updates 128 wide with 4 heads of 32, 16 single heads, 8 x 8 pair-weighted averaging, a 256-wide
 # noise embedding, an input embedder of 3 atom blocks), a few blocks of each stack.
 SMALL_PROTENIX = {
-    "c_s": 32, "c_z": 16, "c_token": 32, "c_s_inputs": 32 + 65, "c_atom": 16, "c_atompair": 8, "n_blocks": 2,
+    "c_s": 32,
+    "c_z": 16,
+    "c_token": 32,
+    "c_s_inputs": 32 + 65,
+    "c_atom": 16,
+    "c_atompair": 8,
+    "n_blocks": 2,
     "model": {
-        "template_embedder": {"n_blocks": 1, "c": 8}, "msa_module": {"n_blocks": 2, "c_m": 8},
+        "template_embedder": {"n_blocks": 1, "c": 8},
+        "msa_module": {"n_blocks": 2, "c_m": 8},
         "confidence_head": {"n_blocks": 1},
-        "diffusion_module": {"c_token": 32, "atom_encoder": {"n_blocks": 1}, "transformer": {"n_blocks": 2},
-                             "atom_decoder": {"n_blocks": 1}},
+        "diffusion_module": {
+            "c_token": 32,
+            "atom_encoder": {"n_blocks": 1},
+            "transformer": {"n_blocks": 2},
+            "atom_decoder": {"n_blocks": 1},
+        },
     },
     # every MSA row, in order (its MSA module otherwise draws a random number of them)
     "data": {"msa": {"strategy": "topk", "min_size": {"train": 1 << 14, "test": 1 << 14}}},
-    "triangle_multiplicative": "torch", "triangle_attention": "torch", "use_wandb": False,
+    "triangle_multiplicative": "torch",
+    "triangle_attention": "torch",
+    "use_wandb": False,
 }
 
 
@@ -336,10 +378,15 @@ def protenix_template_features(batch: dict) -> dict:
         pb_mask.append((pb[:, None] & pb[None, :]).float())
         bb = batch["template_backbone_mask"][0, index].all(dim=-1)
         backbone_mask.append((bb[:, None] & bb[None, :]).float())
-        unit.append(features[..., bins + 1:bins + 4])  # zero across chains, where Protenix's mask zeroes it too
-    return {"template_distogram": torch.stack(distogram), "template_pseudo_beta_mask": torch.stack(pb_mask),
-            "template_unit_vector": torch.stack(unit), "template_backbone_frame_mask": torch.stack(backbone_mask),
-            "template_aatype": batch["template_restype"][0].long(), "asym_id": batch["asym_id"][0]}
+        unit.append(features[..., bins + 1 : bins + 4])  # zero across chains, where Protenix's mask zeroes it too
+    return {
+        "template_distogram": torch.stack(distogram),
+        "template_pseudo_beta_mask": torch.stack(pb_mask),
+        "template_unit_vector": torch.stack(unit),
+        "template_backbone_frame_mask": torch.stack(backbone_mask),
+        "template_aatype": batch["template_restype"][0].long(),
+        "asym_id": batch["asym_id"][0],
+    }
 
 
 def protenix_element_index(atomic_number: torch.Tensor) -> torch.Tensor:
@@ -370,28 +417,44 @@ def protenix_features(batch: dict) -> dict:
 
     features = {
         "restype": F.one_hot(one["restype"].long(), NUM_RESTYPES).float(),
-        "profile": one["msa_profile"].float(), "deletion_mean": one["deletion_mean"].float(),
+        "profile": one["msa_profile"].float(),
+        "deletion_mean": one["deletion_mean"].float(),
         **{name: one[name].long() for name in ("asym_id", "residue_index", "entity_id", "sym_id", "token_index")},
         "token_bonds": dense_token_bonds(batch["token_bonds"], batch["token_bond_mask"], tokens)[0].float(),
-        "msa": one["msa"][rows].long(), "has_deletion": (deletions[rows] > 0).float(),
+        "msa": one["msa"][rows].long(),
+        "has_deletion": (deletions[rows] > 0).float(),
         "deletion_value": (torch.atan(deletions[rows] / 3.0) * (2.0 / math.pi)),
-        "ref_pos": one["ref_pos"].float(), "ref_charge": one["ref_charge"].float(),
+        "ref_pos": one["ref_pos"].float(),
+        "ref_charge": one["ref_charge"].float(),
         "ref_mask": one["ref_mask"].float(),
         "ref_element": F.one_hot(protenix_element_index(one["ref_element"]), NUM_ELEMENTS).float(),
         "ref_atom_name_chars": F.one_hot(one["ref_atom_name_chars"].long(), NAME_CHAR_CLASSES).float(),
-        "ref_space_uid": one["ref_space_uid"].long(), "atom_to_token_idx": atom_to_token,
+        "ref_space_uid": one["ref_space_uid"].long(),
+        "atom_to_token_idx": atom_to_token,
         "atom_to_tokatom_idx": atom_slots(batch["atom_to_token"], batch["atom_pad_mask"], tokens)[0],
-        "distogram_rep_atom_mask": atom_mask(representative), "pae_rep_atom_mask": atom_mask(centre),
+        "distogram_rep_atom_mask": atom_mask(representative),
+        "pae_rep_atom_mask": atom_mask(centre),
         "plddt_m_rep_atom_mask": atom_mask(centre[~one["is_ligand"]]),
-        "frame_atom_index": frame_atoms.clamp(min=0), "has_frame": (frame_atoms >= 0).all(-1).long(),
+        "frame_atom_index": frame_atoms.clamp(min=0),
+        "has_frame": (frame_atoms >= 0).all(-1).long(),
         **{name: one[name][atom_to_token].long() for name in ("is_protein", "is_rna", "is_dna", "is_ligand")},
         "resolution": one["resolution"].reshape(1).float(),
     }
     if one["template_mask"].any():
-        features.update({name: value[one["template_mask"]] if name != "asym_id" else value
-                         for name, value in protenix_template_features(batch).items()})
-    bonds = token_bond_atoms(batch["token_bonds"], batch["token_bond_mask"], batch["atom_to_token"],
-                             batch["atom_pad_mask"], batch["atom_pos"], batch["atom_mask"])[0]
+        features.update(
+            {
+                name: value[one["template_mask"]] if name != "asym_id" else value
+                for name, value in protenix_template_features(batch).items()
+            }
+        )
+    bonds = token_bond_atoms(
+        batch["token_bonds"],
+        batch["token_bond_mask"],
+        batch["atom_to_token"],
+        batch["atom_pad_mask"],
+        batch["atom_pos"],
+        batch["atom_mask"],
+    )[0]
     bonds = bonds[(bonds >= 0).all(-1)]
     bond_mask = torch.zeros(atom_to_token.shape[0], atom_to_token.shape[0], dtype=torch.long)
     bond_mask[bonds[:, 0], bonds[:, 1]] = bond_mask[bonds[:, 1], bonds[:, 0]] = 1

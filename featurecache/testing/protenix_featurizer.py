@@ -31,8 +31,10 @@ def import_protenix_data() -> None:
         import pandas  # noqa: F401 - its parser's tables
         import sklearn  # noqa: F401 - its featurizer's KD-trees
     except ImportError as error:
-        raise ImportError(f"Protenix's data pipeline needs pandas, scikit-learn and biopython ({error}): "
-                          "pip install -e '.[test]' (./setup.sh does)") from error
+        raise ImportError(
+            f"Protenix's data pipeline needs pandas, scikit-learn and biopython ({error}): "
+            "pip install -e '.[test]' (./setup.sh does)"
+        ) from error
 
 
 def ccd_codes(mmcif: pathlib.Path) -> list[str]:
@@ -58,10 +60,15 @@ def use_bundled_ccd(codes: Sequence[str], folder: pathlib.Path) -> None:
         for name in ("chem_comp", "chem_comp_atom", "chem_comp_bond"):
             category = biotite_info.get_from_ccd(name, code)
             if category is not None:
-                block[name] = pdbx.CIFCategory({
-                    column_name: pdbx.CIFColumn(pdbx.CIFData(column.as_array(str)),
-                                                None if column.mask is None else pdbx.CIFData(column.mask.array))
-                    for column_name, column in category.items()})
+                block[name] = pdbx.CIFCategory(
+                    {
+                        column_name: pdbx.CIFColumn(
+                            pdbx.CIFData(column.as_array(str)),
+                            None if column.mask is None else pdbx.CIFData(column.mask.array),
+                        )
+                        for column_name, column in category.items()
+                    }
+                )
         components[code] = block
         component = ccd.component(code)
         molecule, _ = molecule_from_component(component)
@@ -98,9 +105,15 @@ def asymmetric_unit_parser():
         def num_assembly_polymer_chains(self, assembly_id: str = "1") -> int:
             atom_site = self.cif.block["atom_site"]
             polymer = set(self.entity_poly_type)
-            return len({chain for chain, entity in zip(atom_site["label_asym_id"].as_array(str),
-                                                       atom_site["label_entity_id"].as_array(str))
-                        if entity in polymer})
+            return len(
+                {
+                    chain
+                    for chain, entity in zip(
+                        atom_site["label_asym_id"].as_array(str), atom_site["label_entity_id"].as_array(str)
+                    )
+                    if entity in polymer
+                }
+            )
 
     return AsymmetricUnitParser
 
@@ -129,13 +142,22 @@ def protenix_features(bioassembly: dict, token_indices: np.ndarray, spatial: boo
     from protenix.utils.cropping import CropData
 
     tokens, atoms = CropData.select_by_token_indices(
-        token_array=bioassembly["token_array"], atom_array=bioassembly["atom_array"],
-        selected_token_indices=np.asarray(token_indices))
+        token_array=bioassembly["token_array"],
+        atom_array=bioassembly["atom_array"],
+        selected_token_indices=np.asarray(token_indices),
+    )
     featurizer = Featurizer(cropped_token_array=tokens, cropped_atom_array=atoms, ref_pos_augment=False)
     features = featurizer.get_all_input_features()
     features["atom_perm_list"] = featurizer.get_atom_permutation_list()
     full, full_atoms = Featurizer.get_gt_full_complex_features(
-        atom_array=bioassembly["atom_array"], cropped_atom_array=atoms, get_cropped_asym_only=spatial)
-    return {"input_feature_dict": features, "label_dict": featurizer.get_labels(), "label_full_dict": full,
-            "names": {"label_dict": (np.array(atoms.res_name), np.array(atoms.atom_name)),
-                      "label_full_dict": (np.array(full_atoms.res_name), np.array(full_atoms.atom_name))}}
+        atom_array=bioassembly["atom_array"], cropped_atom_array=atoms, get_cropped_asym_only=spatial
+    )
+    return {
+        "input_feature_dict": features,
+        "label_dict": featurizer.get_labels(),
+        "label_full_dict": full,
+        "names": {
+            "label_dict": (np.array(atoms.res_name), np.array(atoms.atom_name)),
+            "label_full_dict": (np.array(full_atoms.res_name), np.array(full_atoms.atom_name)),
+        },
+    }

@@ -22,16 +22,46 @@ from featurecache.testing.peer_ccd import component_mask, component_molecule, wr
 
 # The residues Protenix builds for sequence letters (json_parser's PROTEIN_1to3, DNA_1to3,
 # RNA_1to3), including its unknown residues.
-STANDARD_CODES = ("ALA", "ARG", "ASN", "ASP", "CYS", "GLN", "GLU", "GLY", "HIS", "ILE", "LEU", "LYS", "MET",
-                  "PHE", "PRO", "SER", "THR", "TRP", "TYR", "VAL", "UNK", "A", "G", "C", "U", "N", "DA", "DG",
-                  "DC", "DT", "DN")
+STANDARD_CODES = (
+    "ALA",
+    "ARG",
+    "ASN",
+    "ASP",
+    "CYS",
+    "GLN",
+    "GLU",
+    "GLY",
+    "HIS",
+    "ILE",
+    "LEU",
+    "LYS",
+    "MET",
+    "PHE",
+    "PRO",
+    "SER",
+    "THR",
+    "TRP",
+    "TYR",
+    "VAL",
+    "UNK",
+    "A",
+    "G",
+    "C",
+    "U",
+    "N",
+    "DA",
+    "DG",
+    "DC",
+    "DT",
+    "DN",
+)
 
 
 def job_codes(job: dict) -> set[str]:
     """Every CCD code a Protenix job names (modifications and CCD ligands), plus the standard ones."""
     codes = set(STANDARD_CODES)
     for entry in job["sequences"]:
-        (kind, body), = entry.items()
+        ((kind, body),) = entry.items()
         if kind == "ligand" and body["ligand"].startswith("CCD_"):
             codes.update(body["ligand"][4:].split("_"))
         for modification in body.get("modifications", []):
@@ -60,8 +90,13 @@ def protenix_ccd(codes, folder: Path):
     with open(molecules, "wb") as handle:
         pickle.dump({code: _protenix_molecule(code) for code in sorted(codes)}, handle)
     saved = ccd.COMPONENTS_FILE, ccd.RKDIT_MOL_PKL
-    cached = (ccd.biotite_load_ccd_cif, ccd.get_component_atom_array, ccd.get_one_letter_code, ccd.get_mol_type,
-              ccd.get_ccd_ref_info)
+    cached = (
+        ccd.biotite_load_ccd_cif,
+        ccd.get_component_atom_array,
+        ccd.get_one_letter_code,
+        ccd.get_mol_type,
+        ccd.get_ccd_ref_info,
+    )
 
     def clear() -> None:
         for function in cached:
@@ -85,8 +120,9 @@ def protenix_features(job: dict, folder: Path) -> tuple[dict, object]:
 
     with protenix_ccd(job_codes(job), folder):
         features, atom_array, _ = SampleDictToFeatures(job).get_feature_dict()
-        msa = InferenceMSAFeaturizer.make_msa_feature(bioassembly=job["sequences"], atom_array=atom_array,
-                                                      msa_pair_as_unpair=False)
+        msa = InferenceMSAFeaturizer.make_msa_feature(
+            bioassembly=job["sequences"], atom_array=atom_array, msa_pair_as_unpair=False
+        )
     return {**features, **msa}, atom_array
 
 

@@ -19,7 +19,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +50,7 @@ class LocalRayCluster:
     auth_token: str = field(default_factory=lambda: secrets.token_hex(32))
     address: str | None = None
 
-    def __enter__(self) -> "LocalRayCluster":
+    def __enter__(self) -> LocalRayCluster:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -60,16 +59,28 @@ class LocalRayCluster:
     def env(self, node: str | None = None) -> dict[str, str]:
         """The environment of a `ray start`, or (node=None) of a driver joining the cluster."""
         # Token authentication on, with this cluster's own token (a driver must present it to join).
-        env = {**os.environ, CLUSTER_VARIABLE: self.token, "RAY_USAGE_STATS_ENABLED": "0",
-               "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.auth_token}
+        env = {
+            **os.environ,
+            CLUSTER_VARIABLE: self.token,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": self.auth_token,
+        }
         if node is not None:
             env[NODE_VARIABLE] = node
         return env
 
     def start_head(self, num_cpus: int, resources: dict[str, float]) -> str:
         port = free_port()
-        self._ray_start("head", num_cpus, resources, "--head", f"--port={port}", "--include-dashboard=false",
-                        f"--ray-client-server-port={free_port()}")
+        self._ray_start(
+            "head",
+            num_cpus,
+            resources,
+            "--head",
+            f"--port={port}",
+            "--include-dashboard=false",
+            f"--ray-client-server-port={free_port()}",
+        )
         self.address = f"127.0.0.1:{port}"
         return self.address
 
@@ -80,15 +91,28 @@ class LocalRayCluster:
 
     def _ray_start(self, name: str, num_cpus: int, resources: dict[str, float], *extra: str) -> None:
         # Every port is chosen here: the defaults (10001, 52365, ...) clash between nodes on one host.
-        command = [sys.executable, "-m", "ray.scripts.scripts", "start", *extra, f"--num-cpus={num_cpus}", f"--resources={json.dumps(resources)}",
-                   f"--temp-dir={self.root / name}", "--disable-usage-stats",
-                   f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
-                   f"--metrics-export-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-                   f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}"]
-        result = subprocess.run(command, env=self.env(name), capture_output=True, text=True,
-                                timeout=START_TIMEOUT_S)
+        command = [
+            sys.executable,
+            "-m",
+            "ray.scripts.scripts",
+            "start",
+            *extra,
+            f"--num-cpus={num_cpus}",
+            f"--resources={json.dumps(resources)}",
+            f"--temp-dir={self.root / name}",
+            "--disable-usage-stats",
+            f"--node-manager-port={free_port()}",
+            f"--object-manager-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}",
+        ]
+        result = subprocess.run(command, env=self.env(name), capture_output=True, text=True, timeout=START_TIMEOUT_S)
         if result.returncode != 0:
-            raise RuntimeError(f"`ray start {' '.join(extra)}` ({name}) exited {result.returncode}:\n{result.stderr[-3000:]}")
+            raise RuntimeError(
+                f"`ray start {' '.join(extra)}` ({name}) exited {result.returncode}:\n{result.stderr[-3000:]}"
+            )
 
     def processes(self, node: str | None = None) -> list:
         """This cluster's processes (of one node, or all)."""

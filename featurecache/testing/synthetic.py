@@ -20,8 +20,13 @@ from featurecache.schema import FEATURES, FEATURES_BY_NAME, GAP, MAX_ATOM_PERMUT
 _ELEMENTS = torch.tensor([6, 7, 8, 16])  # C, N, O, S
 
 
-def random_batch(lengths: list[int], msa_depths: list[int], num_templates: list[int],
-                 generator: torch.Generator, num_atoms_per_token: int = 2) -> dict:
+def random_batch(
+    lengths: list[int],
+    msa_depths: list[int],
+    num_templates: list[int],
+    generator: torch.Generator,
+    num_atoms_per_token: int = 2,
+) -> dict:
     batch_size = len(lengths)
     tokens, rows, temps = max(lengths), max(msa_depths), max(num_templates)
     samples = [_atom_layout(length, num_atoms_per_token) for length in lengths]
@@ -62,14 +67,20 @@ def random_batch(lengths: list[int], msa_depths: list[int], num_templates: list[
     return batch
 
 
-def first_sample_unpadded(batch: dict, tokens: int, atoms: int, bonds: int, msa_rows: int | None = None,
-                          templates: int | None = None) -> dict:
+def first_sample_unpadded(
+    batch: dict, tokens: int, atoms: int, bonds: int, msa_rows: int | None = None, templates: int | None = None
+) -> dict:
     """Sample 0 of a collated batch, unpadded along tokens, atoms and token bonds, and along MSA
     rows and templates where their counts are given (else the batch's, padding masked)."""
     sizes = {"token": tokens, "atom": atoms, "token_bond": bonds, "msa": msa_rows, "template": templates}
     sizes = {axis: size for axis, size in sizes.items() if size is not None}
-    pad_mask_axes = {"token_pad_mask": ("token",), "atom_pad_mask": ("atom",), "token_bond_mask": ("token_bond",),
-                     "msa_row_mask": ("msa",), "template_mask": ("template",)}
+    pad_mask_axes = {
+        "token_pad_mask": ("token",),
+        "atom_pad_mask": ("atom",),
+        "token_bond_mask": ("token_bond",),
+        "msa_row_mask": ("msa",),
+        "template_mask": ("template",),
+    }
     alone = {}
     for name, value in batch.items():
         if name == "id":
@@ -128,10 +139,13 @@ def _add_atoms(batch: dict, samples: list[dict], atoms: int, bonds: int, generat
     real = batch["atom_pad_mask"]
     batch["atom_mask"] &= real
     batch["atom_pos"] = torch.where(batch["atom_mask"].unsqueeze(-1), centres + offsets, 0.0)
-    batch["ref_pos"] = torch.where(real.unsqueeze(-1), offsets + 0.1 * torch.randn(offsets.shape, generator=generator),
-                                   0.0)
+    batch["ref_pos"] = torch.where(
+        real.unsqueeze(-1), offsets + 0.1 * torch.randn(offsets.shape, generator=generator), 0.0
+    )
     batch["ref_mask"] = real.clone()
-    batch["ref_element"] = torch.where(real, _ELEMENTS[torch.randint(0, 4, (batch_size, atoms), generator=generator)], 0)
+    batch["ref_element"] = torch.where(
+        real, _ELEMENTS[torch.randint(0, 4, (batch_size, atoms), generator=generator)], 0
+    )
     batch["ref_charge"] = torch.where(real, torch.randint(-1, 2, (batch_size, atoms), generator=generator), 0)
     batch["ref_atom_name_chars"] = torch.randint(0, 64, (batch_size, atoms, 4), generator=generator) * real[..., None]
     batch["ref_space_uid"] = batch["atom_to_token"].clone()

@@ -44,13 +44,13 @@ CSTRANSLATE_BUILDS = ("avx2", "avx", "sse4.1", "ssse3", "sse3", "plain")
 
 @dataclass(frozen=True)
 class TestDatabases:
-    protein_fasta: Path         # jackhmmer / hmmsearch target
-    protein_mmseqs: Path        # mmseqs createdb prefix of protein_fasta
-    hhsuite_msa: Path           # HH-suite prefix (…_a3m / …_cs219) built from sample A3M files
-    nucleotide_fasta: Path      # nhmmer target
-    template_seqres: Path       # pdb_seqres-style FASTA of the template mmCIF chains
-    template_mmseqs: Path       # mmseqs createdb prefix of template_seqres
-    template_hhsuite: Path      # HH-suite prefix, one single-sequence entry per template chain
+    protein_fasta: Path  # jackhmmer / hmmsearch target
+    protein_mmseqs: Path  # mmseqs createdb prefix of protein_fasta
+    hhsuite_msa: Path  # HH-suite prefix (…_a3m / …_cs219) built from sample A3M files
+    nucleotide_fasta: Path  # nhmmer target
+    template_seqres: Path  # pdb_seqres-style FASTA of the template mmCIF chains
+    template_mmseqs: Path  # mmseqs createdb prefix of template_seqres
+    template_hhsuite: Path  # HH-suite prefix, one single-sequence entry per template chain
     template_mmcif_dir: Path
 
 
@@ -77,7 +77,10 @@ def build_test_databases(
     protein_mmseqs = _mmseqs_createdb(protein_fasta, out / "protein_mmseqs" / "db")
 
     hhsuite_msa = out / "hhsuite_msa" / "db"
-    entries = {f"{index:03d}_{_stem(path)}": _cut_a3m(_read_text(path), rows_per_a3m, path) for index, path in enumerate(a3m_files)}
+    entries = {
+        f"{index:03d}_{_stem(path)}": _cut_a3m(_read_text(path), rows_per_a3m, path)
+        for index, path in enumerate(a3m_files)
+    }
     _build_hhsuite(hhsuite_msa, {name: text for name, text in entries.items() if text})
 
     nucleotide_fasta = out / "nucleotide.fasta"
@@ -127,11 +130,22 @@ def write_pipeline_config(
         ("nucleotide_sample", "nhmmer", "msa", databases.nucleotide_fasta, 5000, ["rna", "dna"]),
         ("pdb_seqres_sample", template_tool, "template", template_paths[template_tool], 20, None),
     ]
-    lines = ["# Test databases built by featurecache.testing.testdb from ../shared/data.",
-             "[search]", f"threads = {threads}", f"timeout_s = {timeout_s}", ""]
+    lines = [
+        "# Test databases built by featurecache.testing.testdb from ../shared/data.",
+        "[search]",
+        f"threads = {threads}",
+        f"timeout_s = {timeout_s}",
+        "",
+    ]
     for name, tool, role, database_path, max_hits, molecule_types in databases_searched:
-        lines += ["[[databases]]", f'name = "{name}"', f'tool = "{tool}"', f'role = "{role}"',
-                  f"path = {_toml(database_path)}", f"max_hits = {max_hits}"]
+        lines += [
+            "[[databases]]",
+            f'name = "{name}"',
+            f'tool = "{tool}"',
+            f'role = "{role}"',
+            f"path = {_toml(database_path)}",
+            f"max_hits = {max_hits}",
+        ]
         if molecule_types is not None:
             lines.append(f"molecule_types = {json.dumps(molecule_types)}")
         lines.append("")
@@ -178,8 +192,11 @@ def _cut_a3m(text: str, max_rows: int, path: Path) -> str:
     if not records:
         return ""
     width = sum(1 for char in records[0][1] if char.isupper() or char == "-")
-    kept = [(name, sequence) for name, sequence in records
-            if sum(1 for char in sequence if char.isupper() or char == "-") == width][:max_rows]
+    kept = [
+        (name, sequence)
+        for name, sequence in records
+        if sum(1 for char in sequence if char.isupper() or char == "-") == width
+    ][:max_rows]
     body = "".join(f">{name}\n{sequence}\n" for name, sequence in kept)
     return f"#{path.name}\n{body}"
 
@@ -219,7 +236,7 @@ def _write_nucleotide_fasta(path: Path, data: Path) -> None:
         if target.is_file():
             handle.write(target.read_text())
         for a2m in sorted((data / "alignments").rglob("*.a2m")):
-            for index, (name, aligned) in enumerate(_records(_read_text(a2m))):
+            for index, (_name, aligned) in enumerate(_records(_read_text(a2m))):
                 sequence = "".join(char for char in aligned.upper() if char.isalpha())
                 handle.write(f">{a2m.stem}|{index}\n{sequence}\n")
 
@@ -255,7 +272,9 @@ def _collect_template_mmcifs(data: Path, folder: Path) -> Path:
 def _run(command: list[str], cwd: Path | None = None) -> None:
     completed = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
     if completed.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed with status {completed.returncode}:\n{completed.stderr[-2000:]}")
+        raise RuntimeError(
+            f"{' '.join(command)} failed with status {completed.returncode}:\n{completed.stderr[-2000:]}"
+        )
 
 
 def _mmseqs_createdb(fasta: Path, prefix: Path) -> Path:
@@ -293,24 +312,50 @@ def _build_hhsuite(prefix: Path, entries: dict[str, str]) -> Path:
     data_dir = next((d for d in HHSUITE_DATA_DIRS if (d / "cs219.lib").is_file()), None)
     if data_dir is None:
         raise FileNotFoundError(f"HH-suite context library cs219.lib not found in {HHSUITE_DATA_DIRS}")
-    _run([cstranslate_binary(), "-f", "-x", "0.3", "-c", "4", "-I", "a3m", "-b",
-          "-i", a3m, "-o", f"{prefix}_cs219",
-          "-A", str(data_dir / "cs219.lib"), "-D", str(data_dir / "context_data.lib")])
+    _run(
+        [
+            cstranslate_binary(),
+            "-f",
+            "-x",
+            "0.3",
+            "-c",
+            "4",
+            "-I",
+            "a3m",
+            "-b",
+            "-i",
+            a3m,
+            "-o",
+            f"{prefix}_cs219",
+            "-A",
+            str(data_dir / "cs219.lib"),
+            "-D",
+            str(data_dir / "context_data.lib"),
+        ]
+    )
     return prefix
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", help="folder to build the databases and pipeline.toml in")
-    parser.add_argument("--data", default=str(Path(__file__).resolve().parents[3] / "shared" / "data"),
-                        help="the sample data folder (default: ../shared/data next to the repository)")
+    parser.add_argument(
+        "--data",
+        default=str(Path(__file__).resolve().parents[3] / "shared" / "data"),
+        help="the sample data folder (default: ../shared/data next to the repository)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per tool run")
-    parser.add_argument("--template-tool", default="hhsearch", choices=["hhsearch", "hmmsearch", "mmseqs"],
-                        help="template search tool written into pipeline.toml (default: hhsearch, as AlphaFold2)")
+    parser.add_argument(
+        "--template-tool",
+        default="hhsearch",
+        choices=["hhsearch", "hmmsearch", "mmseqs"],
+        help="template search tool written into pipeline.toml (default: hhsearch, as AlphaFold2)",
+    )
     args = parser.parse_args()
     databases = build_test_databases(args.out_dir, args.data)
-    config = write_pipeline_config(databases, Path(args.out_dir) / "pipeline.toml", threads=args.threads,
-                                   template_tool=args.template_tool)
+    config = write_pipeline_config(
+        databases, Path(args.out_dir) / "pipeline.toml", threads=args.threads, template_tool=args.template_tool
+    )
     print(config)
 
 

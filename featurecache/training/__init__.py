@@ -9,8 +9,19 @@ states), `schedule` (AF3's warm-up and step decay, the CUDA-graph learning rate)
 (CapturedStep), `loop` (train) and `command` (the click command).
 """
 
-__all__ = ["CapturedStep", "EpochBatchSampler", "SampleConfig", "TrainConfig", "TrainSetupError",
-           "WeightedSampler", "latest_checkpoint", "load_checkpoint", "save_checkpoint", "train", "train_command"]
+__all__ = [
+    "CapturedStep",
+    "EpochBatchSampler",
+    "SampleConfig",
+    "TrainConfig",
+    "TrainSetupError",
+    "WeightedSampler",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "save_checkpoint",
+    "train",
+    "train_command",
+]
 
 
 def __getattr__(name):

@@ -104,16 +104,24 @@ def load_initial_weights(path: pathlib.Path) -> dict:
     "model_config" settings (and "ema" where it has one), from `featurecache convert` or a run.
     Read with weights_only=False, as --resume: only checkpoints you wrote or converted."""
     if not path.is_file():
-        raise TrainSetupError(f"--init-from {path}: {'is a folder, expected a checkpoint file' if path.is_dir() else 'no such file'}")
+        raise TrainSetupError(
+            f"--init-from {path}: {'is a folder, expected a checkpoint file' if path.is_dir() else 'no such file'}"
+        )
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as error:
         reason = " ".join(str(error).split()) or type(error).__name__
         raise TrainSetupError(f"--init-from {path}: not a readable checkpoint ({reason})") from None
-    if not isinstance(state, dict) or not isinstance(state.get("model"), dict) \
-            or not isinstance(state.get("model_config"), dict):
-        hint = (" (a Protenix checkpoint? convert it first: featurecache convert FILE OUT --to featurecache)"
-                if isinstance(state, dict) and "model" in state else "")
+    if (
+        not isinstance(state, dict)
+        or not isinstance(state.get("model"), dict)
+        or not isinstance(state.get("model_config"), dict)
+    ):
+        hint = (
+            " (a Protenix checkpoint? convert it first: featurecache convert FILE OUT --to featurecache)"
+            if isinstance(state, dict) and "model" in state
+            else ""
+        )
         raise TrainSetupError(f"--init-from {path}: not a featurecache checkpoint (no model and model_config){hint}")
     return state
 

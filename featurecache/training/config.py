@@ -39,12 +39,12 @@ class TrainSetupError(ValueError):
 
 @dataclass(frozen=True)
 class TrainConfig:
-    cache: str | None = None           # feature cache (or published generation) to read
-    online: str | None = None          # raw files to featurize at load time instead
-    alignments: str | None = None      # alignment files for --online (as precompute --alignments)
-    template_dir: str | None = None    # template mmCIF folder for --online
+    cache: str | None = None  # feature cache (or published generation) to read
+    online: str | None = None  # raw files to featurize at load time instead
+    alignments: str | None = None  # alignment files for --online (as precompute --alignments)
+    template_dir: str | None = None  # template mmCIF folder for --online
     out: str = "runs/train"
-    tensorboard: str | None = None     # also write TensorBoard event files here (needs the tensorboard package)
+    tensorboard: str | None = None  # also write TensorBoard event files here (needs the tensorboard package)
     preset: str = "tiny"
     # ModelConfig settings that differ from the preset's, by name (featurecache.model.config), e.g.
     # {"pairformer_blocks": 8, "checkpoint_group": 7, "max_recycling_cycles": 1, "diffusion_batch": 16};
@@ -53,7 +53,7 @@ class TrainConfig:
     kernels: str = "auto"
     steps: int = 100
     sample: SampleConfig = field(default_factory=SampleConfig)
-    batch_size: int = 1                # samples per micro-batch and rank
+    batch_size: int = 1  # samples per micro-batch and rank
     # Micro-batches per optimizer step and rank (gradient accumulation): an optimizer step
     # trains on batch_size * accumulate * world_size samples, the effective (global) batch.
     accumulate: int = 1
@@ -69,9 +69,9 @@ class TrainConfig:
     warmup: int = 1000
     lr_decay_factor: float = 0.95
     lr_decay_every: int = 50_000
-    weight_decay: float = 0.0          # AF3 uses plain Adam: no weight decay
-    grad_clip: float = 10.0            # AF3 clips the global gradient norm at 10
-    ema_decay: float = 0.999           # EMA of the weights, updated after every optimizer step (AF3)
+    weight_decay: float = 0.0  # AF3 uses plain Adam: no weight decay
+    grad_clip: float = 10.0  # AF3 clips the global gradient norm at 10
+    ema_decay: float = 0.999  # EMA of the weights, updated after every optimizer step (AF3)
     # Validation: every `validate_every` steps (0: never), on held-out cache keys that training
     # never samples, either named or a seeded fraction of the cache's targets.
     validate_every: int = 0
@@ -115,12 +115,22 @@ class TrainConfig:
         if self.init_from is not None:
             fixed = sorted(name for name in self.model_settings if name not in INIT_FROM_SETTINGS)
             if fixed:
-                raise TrainSetupError(f"model settings {fixed} do not go with --init-from: the model is the "
-                                      f"checkpoint's (a run may set only {', '.join(INIT_FROM_SETTINGS)})")
+                raise TrainSetupError(
+                    f"model settings {fixed} do not go with --init-from: the model is the "
+                    f"checkpoint's (a run may set only {', '.join(INIT_FROM_SETTINGS)})"
+                )
         if not isinstance(self.sample, SampleConfig):
             raise TrainSetupError(f"sample must be a SampleConfig, got {self.sample!r}")
-        for name in ("steps", "batch_size", "accumulate", "pair_shards", "checkpoint_every", "prefetch_factor",
-                     "lr_decay_every", "validation_sampler_steps"):
+        for name in (
+            "steps",
+            "batch_size",
+            "accumulate",
+            "pair_shards",
+            "checkpoint_every",
+            "prefetch_factor",
+            "lr_decay_every",
+            "validation_sampler_steps",
+        ):
             if getattr(self, name) < 1:
                 raise TrainSetupError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         for name in ("warmup", "num_workers", "weight_decay", "validate_every"):
@@ -132,18 +142,23 @@ class TrainConfig:
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise TrainSetupError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}")
         if not 0.0 < self.lr_decay_factor <= 1.0 or not self.adam_eps > 0:
-            raise TrainSetupError(f"--lr-decay-factor must be in (0, 1] and --adam-eps positive, got "
-                                  f"{self.lr_decay_factor} and {self.adam_eps}")
+            raise TrainSetupError(
+                f"--lr-decay-factor must be in (0, 1] and --adam-eps positive, got "
+                f"{self.lr_decay_factor} and {self.adam_eps}"
+            )
         if not 0.0 <= self.validation_fraction < 1.0:
             raise TrainSetupError(f"--validation-fraction must be in [0, 1), got {self.validation_fraction}")
         if self.validation_keys and self.validation_fraction:
             raise TrainSetupError("give --validation-keys or --validation-fraction, not both")
         if self.validate_every and not (self.validation_keys or self.validation_fraction):
-            raise TrainSetupError("--validate-every needs held-out targets: --validation-keys KEY... "
-                                  "or --validation-fraction F")
+            raise TrainSetupError(
+                "--validate-every needs held-out targets: --validation-keys KEY... or --validation-fraction F"
+            )
         if self.cuda_graphs and self.pair_shards > 1:
-            raise TrainSetupError("--cuda-graphs does not go with --pair-shards (the shards' collectives run "
-                                  "inside the step, which is not captured)")
+            raise TrainSetupError(
+                "--cuda-graphs does not go with --pair-shards (the shards' collectives run "
+                "inside the step, which is not captured)"
+            )
         if self.fixed_shapes and self.sample.crop_size is None:
             raise TrainSetupError("--static-shapes and --cuda-graphs need a crop size (every batch is padded to it)")
         if self.cuda_graphs and self.compile:
@@ -168,8 +183,9 @@ def resolve_kernels(kernels: str, device: torch.device) -> str:
     if kernels == "auto":
         return "triton" if device.type == "cuda" else "torch"
     if kernels == "triton" and not runs_triton(device):
-        raise TrainSetupError(f"--kernels triton needs a CUDA device, this run is on {device.type} "
-                              "(leave --kernels out or give --kernels torch; TRITON_INTERPRET=1 interprets "
-                              "the kernels on the CPU, slowly)")
+        raise TrainSetupError(
+            f"--kernels triton needs a CUDA device, this run is on {device.type} "
+            "(leave --kernels out or give --kernels torch; TRITON_INTERPRET=1 interprets "
+            "the kernels on the CPU, slowly)"
+        )
     return kernels
-

@@ -56,8 +56,10 @@ class CapturedStep:
         if capture and not torch.cuda.is_available():
             raise RuntimeError("CapturedStep needs a CUDA device")
         if warmup_steps < 1:
-            raise ValueError(f"CapturedStep: warmup_steps is {warmup_steps}, at least 1 is needed (the first "
-                             "call compiles kernels and creates optimizer state, which a capture must not do)")
+            raise ValueError(
+                f"CapturedStep: warmup_steps is {warmup_steps}, at least 1 is needed (the first "
+                "call compiles kernels and creates optimizer state, which a capture must not do)"
+            )
         self.step = step
         self.warmup_steps = warmup_steps
         self.steps_run = 0
@@ -76,8 +78,10 @@ class CapturedStep:
         if not self.static_inputs:
             # Allocated once, before any step: warm-up steps read them too, so no second copy of
             # the inputs (or of their gradients) stays alive beside the graph's.
-            self.static_inputs = {name: torch.empty_like(value, device="cuda").requires_grad_(value.requires_grad)
-                                  for name, value in inputs.items()}
+            self.static_inputs = {
+                name: torch.empty_like(value, device="cuda").requires_grad_(value.requires_grad)
+                for name, value in inputs.items()
+            }
         self._copy_inputs(inputs)
         if self.graph is None and self.steps_run < self.warmup_steps:
             side = torch.cuda.Stream()
@@ -105,8 +109,10 @@ class CapturedStep:
         for name, buffer in self.static_inputs.items():
             value = inputs[name]
             if value.shape != buffer.shape or value.dtype != buffer.dtype:
-                raise ValueError(f"captured step: input {name!r} is {tuple(value.shape)} {value.dtype}, the graph was "
-                                 f"captured with {tuple(buffer.shape)} {buffer.dtype} (pad batches to fixed sizes)")
+                raise ValueError(
+                    f"captured step: input {name!r} is {tuple(value.shape)} {value.dtype}, the graph was "
+                    f"captured with {tuple(buffer.shape)} {buffer.dtype} (pad batches to fixed sizes)"
+                )
             with torch.no_grad():  # leaf buffers that require grad take new values like any other
                 buffer.copy_(value, non_blocking=True)
 
@@ -121,8 +127,14 @@ class GraphedUpdate:
     the generator the replay draws from).
     """
 
-    def __init__(self, backward: StepFunction, apply: Callable[[], torch.Tensor], gradients: GradientBuckets,
-                 warmup_steps: int = 3, capture: bool = True) -> None:
+    def __init__(
+        self,
+        backward: StepFunction,
+        apply: Callable[[], torch.Tensor],
+        gradients: GradientBuckets,
+        warmup_steps: int = 3,
+        capture: bool = True,
+    ) -> None:
         self.gradients = gradients
         self.backward = CapturedStep(backward, warmup_steps, capture)
         self.apply = CapturedStep(lambda _: {"grad_norm": apply()}, warmup_steps, capture)
@@ -131,8 +143,9 @@ class GraphedUpdate:
     def is_captured(self) -> bool:
         return self.backward.is_captured and self.apply.is_captured
 
-    def __call__(self, micro_batches: Sequence[Mapping[str, torch.Tensor]],
-                 before_micro: Callable[[int], None]) -> dict[str, torch.Tensor]:
+    def __call__(
+        self, micro_batches: Sequence[Mapping[str, torch.Tensor]], before_micro: Callable[[int], None]
+    ) -> dict[str, torch.Tensor]:
         """The step's loss terms (mean over the micro-batches) and `grad_norm`: copies, not the
         graphs' outputs, which the next replay overwrites."""
         self.gradients.zero()

@@ -10,7 +10,12 @@ import torch
 
 from featurecache.loader import CacheDataset, collate
 from featurecache.training.config import (
-    ATOM_PAD_MULTIPLE, ATOMS_PER_TOKEN_BOUND, BONDS_PER_TOKEN_BOUND, TrainConfig, TrainSetupError)
+    ATOM_PAD_MULTIPLE,
+    ATOMS_PER_TOKEN_BOUND,
+    BONDS_PER_TOKEN_BOUND,
+    TrainConfig,
+    TrainSetupError,
+)
 from featurecache.training.distributed import Dist
 from featurecache.sampler import EpochBatchSampler, WeightedSampler
 
@@ -90,12 +95,18 @@ def fixed_sizes(config: TrainConfig, dataset) -> dict[str, int] | None:
         # A crop never holds more atoms than its whole target: on a cache of small or protein-only
         # targets this bound is several times tighter than 24 per token, and so is the atom work.
         atoms = min(atoms, -(-largest_target // ATOM_PAD_MULTIPLE) * ATOM_PAD_MULTIPLE)
-    return {"token": crop, "msa": config.sample.msa_pool_rows, "template": templates,
-            "atom": atoms, "token_bond": crop * BONDS_PER_TOKEN_BOUND}
+    return {
+        "token": crop,
+        "msa": config.sample.msa_pool_rows,
+        "template": templates,
+        "atom": atoms,
+        "token_bond": crop * BONDS_PER_TOKEN_BOUND,
+    }
 
 
-def make_batch_sampler(dataset, config: TrainConfig, world: Dist, start_epoch: int = 0, start_sample: int = 0,
-                       epochs: int | None = None) -> EpochBatchSampler | WeightedSampler:
+def make_batch_sampler(
+    dataset, config: TrainConfig, world: Dist, start_epoch: int = 0, start_sample: int = 0, epochs: int | None = None
+) -> EpochBatchSampler | WeightedSampler:
     """This rank's micro-batches from (start_epoch, start_sample: samples of the epoch taken by
     all ranks) on: AF3's weighted draws of chains and interfaces when the cache's manifest
     weighs them (precompute's clustering), else a shuffle of the targets per epoch. Both have
@@ -106,15 +117,19 @@ def make_batch_sampler(dataset, config: TrainConfig, world: Dist, start_epoch: i
             table = dataset.sampling_table
         except ValueError as error:
             raise _setup_error("--cache", config.cache, error) from None
-        return WeightedSampler(table, config.batch_size, world.rank, world.world_size, config.sample.seed,
-                               **position)
-    return EpochBatchSampler(len(dataset), config.batch_size, world.rank, world.world_size, config.sample.seed,
-                             **position)
+        return WeightedSampler(table, config.batch_size, world.rank, world.world_size, config.sample.seed, **position)
+    return EpochBatchSampler(
+        len(dataset), config.batch_size, world.rank, world.world_size, config.sample.seed, **position
+    )
 
 
-def make_loader(dataset, batch_sampler: EpochBatchSampler | WeightedSampler, config: TrainConfig,
-                device: torch.device,
-                pad_to: dict[str, int] | None = None) -> torch.utils.data.DataLoader:
+def make_loader(
+    dataset,
+    batch_sampler: EpochBatchSampler | WeightedSampler,
+    config: TrainConfig,
+    device: torch.device,
+    pad_to: dict[str, int] | None = None,
+) -> torch.utils.data.DataLoader:
     """A DataLoader over `batch_sampler`'s batches, padded to `pad_to` (see fixed_sizes) if given."""
     extra = {}
     if config.num_workers > 0:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -29,9 +29,13 @@ def deterministic_mode(enabled: bool) -> Iterator[None]:
     if not enabled:
         yield
         return
-    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
-              os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+    )
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True

@@ -107,11 +107,20 @@ def setup_distributed(device: str, pair_shards: int = 1) -> Dist:
         return Dist(rank=rank, world_size=world_size, device=target)
     shard_group, data_group = _make_groups(rank, world_size, pair_shards)
     if rank == 0:
-        print(f"featurecache train: {world_size} ranks, {world_size // pair_shards} data-parallel replica(s) x "
-              f"{pair_shards} pair shards", flush=True)
-    return Dist(rank=rank // pair_shards, world_size=world_size // pair_shards, device=target,
-                pair_shards=pair_shards, shard_rank=rank % pair_shards, shard_group=shard_group,
-                data_group=data_group)
+        print(
+            f"featurecache train: {world_size} ranks, {world_size // pair_shards} data-parallel replica(s) x "
+            f"{pair_shards} pair shards",
+            flush=True,
+        )
+    return Dist(
+        rank=rank // pair_shards,
+        world_size=world_size // pair_shards,
+        device=target,
+        pair_shards=pair_shards,
+        shard_rank=rank % pair_shards,
+        shard_group=shard_group,
+        data_group=data_group,
+    )
 
 
 def shard_model(model: torch.nn.Module, world: Dist) -> torch.nn.Module:
@@ -144,7 +153,7 @@ class GradientBuckets:
             flat = torch.zeros(sum(p.numel() for p in bucket), dtype=bucket[0].dtype, device=bucket[0].device)
             offset = 0
             for parameter in bucket:
-                parameter.grad = flat[offset:offset + parameter.numel()].view_as(parameter)
+                parameter.grad = flat[offset : offset + parameter.numel()].view_as(parameter)
                 offset += parameter.numel()
             self.buffers.append(flat)
         self.addresses = [parameter.grad.data_ptr() for parameter in self.parameters]
@@ -168,8 +177,10 @@ class GradientBuckets:
         # all-reduce would then silently skip
         for parameter, address in zip(self.parameters, self.addresses):
             if parameter.grad is None or parameter.grad.data_ptr() != address:
-                raise RuntimeError("GradientBuckets: a gradient is no longer a view of its bucket (replaced by "
-                                   "optimizer.zero_grad(set_to_none=True)?), so the all-reduce would skip it")
+                raise RuntimeError(
+                    "GradientBuckets: a gradient is no longer a view of its bucket (replaced by "
+                    "optimizer.zero_grad(set_to_none=True)?), so the all-reduce would skip it"
+                )
 
 
 def _buckets(parameters: list[torch.Tensor], bucket_bytes: int) -> Iterable[list[torch.Tensor]]:
@@ -177,8 +188,9 @@ def _buckets(parameters: list[torch.Tensor], bucket_bytes: int) -> Iterable[list
     bucket: list[torch.Tensor] = []
     size = 0
     for parameter in parameters:
-        if bucket and (size >= bucket_bytes or parameter.dtype != bucket[0].dtype
-                       or parameter.device != bucket[0].device):
+        if bucket and (
+            size >= bucket_bytes or parameter.dtype != bucket[0].dtype or parameter.device != bucket[0].device
+        ):
             yield bucket
             bucket, size = [], 0
         bucket.append(parameter)

@@ -30,7 +30,7 @@ import random
 import resource
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -40,16 +40,33 @@ from featurecache.model.af3 import LOSS_INPUTS, OPTIONAL_LOSS_INPUTS, REQUIRED_I
 from featurecache.model.config import RUNTIME_SETTINGS, WEIGHT_MEANING_SETTINGS, saved_model_settings
 from featurecache.model.network.msa import OPTIONAL_INPUTS as MSA_OPTIONAL_INPUTS
 from featurecache.sampler import StepLayout
-from featurecache.training.checkpoint import (WEIGHTS_FILE, checkpoint_path, inference_weights, load_checkpoint,
-                                              load_initial_weights,
-                                              optimizer_state, rng_state, save_checkpoint, set_rng_state)
+from featurecache.training.checkpoint import (
+    WEIGHTS_FILE,
+    checkpoint_path,
+    inference_weights,
+    load_checkpoint,
+    load_initial_weights,
+    optimizer_state,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from featurecache.training.config import TrainConfig, TrainSetupError, resolve_kernels
 from featurecache.training.cuda_graph import GraphedUpdate
 from featurecache.training.data import build_datasets, fixed_sizes, make_batch_sampler, make_loader, to_device
 from featurecache.training.determinism import deterministic_mode
-from featurecache.training.distributed import (Dist, GradientBuckets, all_ranks, barrier, broadcast_from_rank_0,
-                                               mean_over_ranks, reduce_shard_gradients, setup_distributed,
-                                               shard_model, shutdown)
+from featurecache.training.distributed import (
+    Dist,
+    GradientBuckets,
+    all_ranks,
+    barrier,
+    broadcast_from_rank_0,
+    mean_over_ranks,
+    reduce_shard_gradients,
+    setup_distributed,
+    shard_model,
+    shutdown,
+)
 from featurecache.training.ema import WeightAverage
 from featurecache.training.progress import TrainProgress, first_step_work
 from featurecache.training.run_plot import LOG_FILE
@@ -81,15 +98,24 @@ class Trainer:
     without cuda_graphs runs that same update launched (tests compare it with DDP on the CPU);
     it recycles max_recycling_cycles times at every step, as a graph does."""
 
-    def __init__(self, config: TrainConfig, kernels: str, world: Dist, manual_sync: bool | None = None,
-                 initial: dict | None = None) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        kernels: str,
+        world: Dist,
+        manual_sync: bool | None = None,
+        initial: dict | None = None,
+    ) -> None:
         """`initial`: the --init-from checkpoint (load_initial_weights): its model settings and
         weights instead of the preset's and fresh ones."""
         self.config = config
         self.world = world
         self.manual_sync = config.cuda_graphs if manual_sync is None else manual_sync
-        model_config = config.model_config(kernels) if initial is None else initial_model_config(
-            initial, config.init_from, {**config.model_settings, "kernels": kernels})
+        model_config = (
+            config.model_config(kernels)
+            if initial is None
+            else initial_model_config(initial, config.init_from, {**config.model_settings, "kernels": kernels})
+        )
         model = AF3Model(model_config)
         if initial is not None:  # before sharding, which splits the Pairformer's modules
             load_initial(model, initial, config.init_from)
@@ -97,11 +123,17 @@ class Trainer:
         if config.compile:
             self.model.compile_blocks()
         # capturable: AdamW's step counter stays on the GPU, so the update can be replayed by a graph
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr,
-                                           betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
-                                           weight_decay=config.weight_decay, capturable=config.cuda_graphs)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=config.lr,
+            betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
+            capturable=config.cuda_graphs,
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_factor(config.warmup, config.lr_decay_factor, config.lr_decay_every))
+            self.optimizer, lr_factor(config.warmup, config.lr_decay_factor, config.lr_decay_every)
+        )
         self.average = WeightAverage(self.model, config.ema_decay)
         if initial is not None and "ema" in initial:  # the average the checkpoint kept, else its weights
             self.average.load_state_dict(initial["ema"])
@@ -112,27 +144,35 @@ class Trainer:
         self.graphed: GraphedUpdate | None = None
         self.noise: torch.Generator | None = None  # the generator of the graphed update's micro-batch
         # A captured step must not use autocast's cache of cast weights (its tensors outlive the graph).
-        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not config.cuda_graphs)
-                         if world.device.type == "cuda" else contextlib.nullcontext())
+        self.autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not config.cuda_graphs)
+            if world.device.type == "cuda"
+            else contextlib.nullcontext()
+        )
 
     def restore(self, state: dict) -> Position:
         """Load a checkpoint's model, optimizer, scheduler, EMA and (a rank the writing run had)
         this rank's RNG states; a checkpoint without EMA starts its average at its weights."""
         if settings_differ(state, self.model.config, WEIGHT_MEANING_SETTINGS):  # same weights, other function
-            raise TrainSetupError(f"--resume {self.config.resume}: the checkpoint's weights compute another function "
-                                  f"(docs/FIDELITY.md): {model_differences(state, self.model.config)}; `featurecache "
-                                  "predict` still loads it as it was trained")
+            raise TrainSetupError(
+                f"--resume {self.config.resume}: the checkpoint's weights compute another function "
+                f"(docs/FIDELITY.md): {model_differences(state, self.model.config)}; `featurecache "
+                "predict` still loads it as it was trained"
+            )
         try:
             self.model.load_state_dict(state["model"])
         except RuntimeError:  # another preset or model option: name the settings, not 300 tensor names
-            raise TrainSetupError(f"--resume {self.config.resume}: {model_differences(state, self.model.config)}") from None
+            raise TrainSetupError(
+                f"--resume {self.config.resume}: {model_differences(state, self.model.config)}"
+            ) from None
         try:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             reason = " ".join(str(error).split()) or type(error).__name__
-            raise TrainSetupError(f"--resume {self.config.resume}: its optimizer state does not fit this run "
-                                  f"({reason})") from None
+            raise TrainSetupError(
+                f"--resume {self.config.resume}: its optimizer state does not fit this run ({reason})"
+            ) from None
         self._load_average(state)
         if self.world.rank < len(state["rng"]):
             set_rng_state(state["rng"][self.world.rank])
@@ -158,16 +198,21 @@ class Trainer:
             # Its noise comes from the device's default generator, which the graph replays from
             # the seed noise_generator gives it before each replay (self.noise is that generator).
             cycles = self.model.config.trunk.max_recycling_cycles
-            self.graphed = GraphedUpdate(lambda inputs: self.backward(inputs, cycles, self.noise), self.apply,
-                                         GradientBuckets(self.model, self.world), GRAPH_WARMUP_STEPS,
-                                         capture=self.config.cuda_graphs)
+            self.graphed = GraphedUpdate(
+                lambda inputs: self.backward(inputs, cycles, self.noise),
+                self.apply,
+                GradientBuckets(self.model, self.world),
+                GRAPH_WARMUP_STEPS,
+                capture=self.config.cuda_graphs,
+            )
         elif self.world.enabled:
             # static_graph: reentrant checkpointing runs parts of backward inside autograd calls,
             # which a static graph handles (recorded in the first step). The graph is the same
             # whatever N_cycle: only the last cycle builds one.
             device_ids = [self.world.device.index] if self.world.device.type == "cuda" else None
             self.trained = torch.nn.parallel.DistributedDataParallel(
-                self.model, device_ids=device_ids, static_graph=True, process_group=self.world.data_group)
+                self.model, device_ids=device_ids, static_graph=True, process_group=self.world.data_group
+            )
         self.model.train()
 
     def backward(self, batch: dict, num_cycles: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -196,8 +241,9 @@ class Trainer:
         cycle_generator = cycle_generator_of(self.config.sample.seed, step)
         if self.graphed is not None:
             num_cycles = self.model.config.trunk.max_recycling_cycles
-            result = self.graphed([graph_inputs(batch) for batch in batches],
-                                  lambda micro: self._seed_noise(step, micro))
+            result = self.graphed(
+                [graph_inputs(batch) for batch in batches], lambda micro: self._seed_noise(step, micro)
+            )
         else:
             num_cycles = sample_num_cycles(cycle_generator, self.model.config.trunk.max_recycling_cycles)
             result = self.accumulate(batches, step, num_cycles)
@@ -212,16 +258,18 @@ class Trainer:
         return self.graphed is not None and self.config.cuda_graphs
 
     def _seed_noise(self, step: int, micro: int) -> None:
-        self.noise = noise_generator(self.config.sample.seed, step, self.layout.slot(self.world.rank, micro),
-                                     self.world.device)
+        self.noise = noise_generator(
+            self.config.sample.seed, step, self.layout.slot(self.world.rank, micro), self.world.device
+        )
 
     def accumulate(self, batches: list[dict], step: int, num_cycles: int) -> dict[str, torch.Tensor]:
         """Backward of every micro-batch (DDP reduces gradients only after the last), then apply."""
         self.optimizer.zero_grad(set_to_none=True)
         terms: list[dict[str, torch.Tensor]] = []
         for micro, batch in enumerate(batches):
-            generator = noise_generator(self.config.sample.seed, step, self.layout.slot(self.world.rank, micro),
-                                        self.world.device)
+            generator = noise_generator(
+                self.config.sample.seed, step, self.layout.slot(self.world.rank, micro), self.world.device
+            )
             # DDP's static graph is recorded in its first backward, which must synchronize: the
             # run's first step reduces after every micro-batch (a mean all the same, more traffic)
             skip_sync = self.world.enabled and micro < len(batches) - 1 and self.steps_taken > 0
@@ -266,16 +314,22 @@ def _differing_settings(state: dict, config) -> dict[str, tuple] | None:
     def comparable(value):  # a tuple setting may have become a list on its way
         return tuple(value) if isinstance(value, list) else value
 
-    return {name: (saved[name], here[name]) for name in here
-            if name in saved and name not in RUNTIME_SETTINGS and comparable(saved[name]) != comparable(here[name])}
+    return {
+        name: (saved[name], here[name])
+        for name in here
+        if name in saved and name not in RUNTIME_SETTINGS and comparable(saved[name]) != comparable(here[name])
+    }
 
 
 def initial_model_config(initial: dict, path: str, overrides: dict) -> ModelConfig:
     """The model settings of an --init-from checkpoint (as it was trained, LEGACY_SETTINGS for
     those it predates), with this run's settings of how it trains (`overrides`, by name:
     TrainConfig's INIT_FROM_SETTINGS and the kernels)."""
-    settings = {name: value for name, value in saved_model_settings(initial["model_config"]).items()
-                if name not in RUNTIME_SETTINGS}
+    settings = {
+        name: value
+        for name, value in saved_model_settings(initial["model_config"]).items()
+        if name not in RUNTIME_SETTINGS
+    }
     try:
         return ModelConfig.from_settings({**settings, **overrides})
     except (TypeError, ValueError) as error:
@@ -303,8 +357,10 @@ def model_differences(state: dict, config) -> str:
     if differ is None:
         return "its weights do not fit this run's model (it records no model settings)"
     differ = [f"{name} {there!r} there, {here!r} here" for name, (there, here) in differ.items()]
-    return (f"the checkpoint holds another model ({'; '.join(differ[:6]) or 'other weights'}): resume with "
-            "the --preset and model options it was trained with")
+    return (
+        f"the checkpoint holds another model ({'; '.join(differ[:6]) or 'other weights'}): resume with "
+        "the --preset and model options it was trained with"
+    )
 
 
 def default_generator(device: torch.device) -> torch.Generator:
@@ -414,9 +470,11 @@ def _check_setup(config: TrainConfig, world: Dist) -> str:
 def _check_steps_per_epoch(num_samples: int, config: TrainConfig, world: Dist) -> None:
     layout = StepLayout(config.batch_size, world.world_size, config.accumulate)
     if layout.steps_per_epoch(num_samples) == 0:
-        raise TrainSetupError(f"{num_samples} training samples give no full step of {layout.global_batch} "
-                              f"(--batch-size {config.batch_size} x --accumulate {config.accumulate} x "
-                              f"{world.world_size} ranks)")
+        raise TrainSetupError(
+            f"{num_samples} training samples give no full step of {layout.global_batch} "
+            f"(--batch-size {config.batch_size} x --accumulate {config.accumulate} x "
+            f"{world.world_size} ranks)"
+        )
 
 
 def _seed(seed: int, rank: int) -> None:
@@ -425,8 +483,16 @@ def _seed(seed: int, rank: int) -> None:
     torch.manual_seed(seed)  # same initial weights on every rank
 
 
-def _run(config: TrainConfig, world: Dist, trainer: Trainer, datasets: tuple, pad_to: dict[str, int] | None,
-         position: Position, run_log: RunLog, run_dir: pathlib.Path) -> list[dict]:
+def _run(
+    config: TrainConfig,
+    world: Dist,
+    trainer: Trainer,
+    datasets: tuple,
+    pad_to: dict[str, int] | None,
+    position: Position,
+    run_log: RunLog,
+    run_dir: pathlib.Path,
+) -> list[dict]:
     """Step until `config.steps`, epoch after epoch, logging, validating and checkpointing as
     configured. `datasets`: the training dataset and the held-out one (or None).
 
@@ -444,9 +510,14 @@ def _run(config: TrainConfig, world: Dist, trainer: Trainer, datasets: tuple, pa
         if batches is None:
             if loader_per_epoch:
                 dataset.set_epoch(position.epoch)  # before the iterator exists: workers copy the dataset
-            sampler = make_batch_sampler(dataset, config, world, start_epoch=position.epoch,
-                                         start_sample=position.sample_in_epoch,
-                                         epochs=1 if loader_per_epoch else None)
+            sampler = make_batch_sampler(
+                dataset,
+                config,
+                world,
+                start_epoch=position.epoch,
+                start_sample=position.sample_in_epoch,
+                epochs=1 if loader_per_epoch else None,
+            )
             batches = iter(make_loader(dataset, sampler, config, world.device, pad_to))
         while position.step < config.steps and _steps_left(trainer, dataset, position):
             record = _step(world, trainer, batches, position)
@@ -464,8 +535,9 @@ def _run(config: TrainConfig, world: Dist, trainer: Trainer, datasets: tuple, pa
     return records
 
 
-def _validate(config: TrainConfig, world: Dist, trainer: Trainer, held_out, position: Position,
-              run_log: RunLog) -> None:
+def _validate(
+    config: TrainConfig, world: Dist, trainer: Trainer, held_out, position: Position, run_log: RunLog
+) -> None:
     validation = validate(trainer.model, trainer.average, held_out, config, world, position.step, trainer.autocast)
     if validation is not None:
         run_log.write(validation)

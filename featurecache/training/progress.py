@@ -29,8 +29,11 @@ _NOT_SCALARS = ("step", "epoch", "ids", "world_size")
 
 def first_step_work(config: TrainConfig, kernels: str) -> str:
     """What the first step does besides the step itself: the slow one-off work, in order."""
-    work = [f"starting {config.num_workers} data worker{'s' if config.num_workers != 1 else ''}"
-            if config.num_workers else "loading the first batch"]
+    work = [
+        f"starting {config.num_workers} data worker{'s' if config.num_workers != 1 else ''}"
+        if config.num_workers
+        else "loading the first batch"
+    ]
     if kernels == "triton":
         work.append("compiling Triton kernels")
     if config.compile:
@@ -45,8 +48,10 @@ def _tensorboard_writer_class():
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise TrainSetupError("--tensorboard needs the tensorboard package: pip install tensorboard "
-                              "(or leave --tensorboard out; log.jsonl has every step)") from None
+        raise TrainSetupError(
+            "--tensorboard needs the tensorboard package: pip install tensorboard "
+            "(or leave --tensorboard out; log.jsonl has every step)"
+        ) from None
     return SummaryWriter
 
 
@@ -89,15 +94,23 @@ class TrainProgress:
         if not self.enabled:
             return
         resumed = "resuming; " if start_step else ""
-        self.note(f"{resumed}first step {start_step + 1}/{self.total_steps}: {work} (one-off work: later steps "
-                  "are quicker)")
+        self.note(
+            f"{resumed}first step {start_step + 1}/{self.total_steps}: {work} (one-off work: later steps are quicker)"
+        )
         if self._writer_class is not None:
             self.writer = self._writer_class(log_dir=self.tensorboard_dir)
         if self.interactive:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=self.total_steps, initial=start_step, unit="step", desc="train",
-                            file=self.stream, dynamic_ncols=True, smoothing=0.1)
+            self.bar = tqdm(
+                total=self.total_steps,
+                initial=start_step,
+                unit="step",
+                desc="train",
+                file=self.stream,
+                dynamic_ncols=True,
+                smoothing=0.1,
+            )
 
     def update(self, record: dict) -> None:
         """One log record (as written to log.jsonl): a training step's, or a validation pass's."""
@@ -112,8 +125,9 @@ class TrainProgress:
         self.recent.append((record["step_time_s"], record["data_wait_s"]))
         self._add_scalars("train", record)
         if self.bar is not None:
-            self.bar.set_postfix_str(f"loss {record['loss']:.4f}, data wait {self.data_wait_share():.0%}",
-                                     refresh=False)
+            self.bar.set_postfix_str(
+                f"loss {record['loss']:.4f}, data wait {self.data_wait_share():.0%}", refresh=False
+            )
             self.bar.update(1)
         elif self._prints(record["step"]):
             print(self.plain_line(record), file=self.stream, flush=True)
@@ -139,10 +153,12 @@ class TrainProgress:
     def plain_line(self, record: dict) -> str:
         mean_step = sum(step for step, _ in self.recent) / len(self.recent)
         eta = datetime.timedelta(seconds=round(mean_step * (self.total_steps - record["step"])))
-        return (f"step {record['step']:>6d}/{self.total_steps}  loss {record['loss']:.4f}  "
-                f"cycles {record['num_cycles']}  step {record['step_time_s'] * 1e3:8.1f} ms  "
-                f"data wait {record['data_wait_s'] * 1e3:7.1f} ms ({self.data_wait_share():.0%})  "
-                f"peak {record['peak_memory_gb']:.2f} GB  eta {eta}")
+        return (
+            f"step {record['step']:>6d}/{self.total_steps}  loss {record['loss']:.4f}  "
+            f"cycles {record['num_cycles']}  step {record['step_time_s'] * 1e3:8.1f} ms  "
+            f"data wait {record['data_wait_s'] * 1e3:7.1f} ms ({self.data_wait_share():.0%})  "
+            f"peak {record['peak_memory_gb']:.2f} GB  eta {eta}"
+        )
 
     def _prints(self, step: int) -> bool:
         return step % self.line_every == 0 or step == self.total_steps or self.steps_seen == 1

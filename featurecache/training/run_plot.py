@@ -21,8 +21,20 @@ from featurecache.store.plot import log_axis
 LOG_FILE = "log.jsonl"
 DEFAULT_PLOT = "training.png"
 # Fields of a step record that are not loss terms (everything else numeric is one).
-_NOT_LOSS_TERMS = {"kind", "step", "epoch", "loss", "num_cycles", "grad_norm", "lr", "step_time_s", "data_wait_s",
-                   "peak_memory_gb", "tokens", "world_size"}
+_NOT_LOSS_TERMS = {
+    "kind",
+    "step",
+    "epoch",
+    "loss",
+    "num_cycles",
+    "grad_norm",
+    "lr",
+    "step_time_s",
+    "data_wait_s",
+    "peak_memory_gb",
+    "tokens",
+    "world_size",
+}
 # What every training-step record has (featurecache.training.loop writes them all).
 _STEP_FIELDS = ("step", "loss", "step_time_s", "data_wait_s", "peak_memory_gb")
 _SMOOTHING_POINTS = 50  # the moving average spans about 1/50 of the run
@@ -60,8 +72,11 @@ def read_log(run_dir: Path) -> tuple[list[dict], list[dict]]:
         if kind not in by_kind:
             continue
         required = _STEP_FIELDS if kind == "train" else ("step",)
-        wrong = [name for name in required if not isinstance(record.get(name), (int, float))
-                 or (name == "step" and not math.isfinite(record[name]))]
+        wrong = [
+            name
+            for name in required
+            if not isinstance(record.get(name), (int, float)) or (name == "step" and not math.isfinite(record[name]))
+        ]
         if wrong:
             raise RunLogError(f"{path} line {number}: a {kind} record without a number for {', '.join(wrong)}")
         by_kind[kind][int(record["step"])] = record
@@ -79,7 +94,7 @@ def _moving_average(values: list[float], window: int) -> list[float]:
     """Mean of each value and the window - 1 before it (NaNs skipped), as long as the input."""
     averaged = []
     for index in range(len(values)):
-        finite = [value for value in values[max(0, index - window + 1):index + 1] if math.isfinite(value)]
+        finite = [value for value in values[max(0, index - window + 1) : index + 1] if math.isfinite(value)]
         averaged.append(sum(finite) / len(finite) if finite else math.nan)
     return averaged
 
@@ -110,8 +125,9 @@ def _y_scale(axis, values: list[float], unit: str) -> None:
 
 def loss_terms(records: list[dict]) -> list[str]:
     """The loss terms the log has, in the order the first record lists them."""
-    return [name for name, value in records[0].items()
-            if name not in _NOT_LOSS_TERMS and isinstance(value, (int, float))]
+    return [
+        name for name, value in records[0].items() if name not in _NOT_LOSS_TERMS and isinstance(value, (int, float))
+    ]
 
 
 def _draw_terms(axis, records: list[dict], steps: list[int], window: int) -> None:
@@ -132,27 +148,46 @@ def _draw_terms(axis, records: list[dict], steps: list[int], window: int) -> Non
     _y_scale(axis, shown, "value")
     if drawn:
         bottom, top = axis.get_ylim()  # headroom above the curves for the legend
-        axis.set_ylim(bottom, top * (top / bottom) ** (0.15 * math.ceil(len(drawn) / 3))
-                      if axis.get_yscale() == "log" else top + 0.15 * math.ceil(len(drawn) / 3) * (top - bottom))
-        axis.legend(fontsize=8, ncol=3, loc="upper center",
-                    title=f"zero throughout: {', '.join(zero)}" if zero else None, title_fontsize=8)
+        axis.set_ylim(
+            bottom,
+            top * (top / bottom) ** (0.15 * math.ceil(len(drawn) / 3))
+            if axis.get_yscale() == "log"
+            else top + 0.15 * math.ceil(len(drawn) / 3) * (top - bottom),
+        )
+        axis.legend(
+            fontsize=8,
+            ncol=3,
+            loc="upper center",
+            title=f"zero throughout: {', '.join(zero)}" if zero else None,
+            title_fontsize=8,
+        )
     else:
         axis.set_yticks([])
-        axis.text(0.5, 0.5, "this log has no loss terms (only the total)", ha="center", va="center",
-                  transform=axis.transAxes)
+        axis.text(
+            0.5, 0.5, "this log has no loss terms (only the total)", ha="center", va="center", transform=axis.transAxes
+        )
 
 
 def _draw_validation(axis, validations: list[dict]) -> None:
     """Validation lDDT over the steps: all atoms and each molecule type that was scored."""
-    names = [name for name in ("lddt", "lddt_protein", "lddt_dna", "lddt_rna", "lddt_ligand")
-             if any(record.get(name) is not None for record in validations)]
+    names = [
+        name
+        for name in ("lddt", "lddt_protein", "lddt_dna", "lddt_rna", "lddt_ligand")
+        if any(record.get(name) is not None for record in validations)
+    ]
     if not names:
         _note(axis, "validation lDDT", "no validation in this run\n(train --validate-every N)")
         return
     for name, color in zip(names, ("black", "#3b75af", "#ef8636", "#519e3e", "#8d69b8")):
         points = [(record["step"], record[name]) for record in validations if record.get(name) is not None]
-        axis.plot(*zip(*points), color=color, marker="o", markersize=3, linewidth=1.2,
-                  label="all atoms" if name == "lddt" else name.removeprefix("lddt_"))
+        axis.plot(
+            *zip(*points),
+            color=color,
+            marker="o",
+            markersize=3,
+            linewidth=1.2,
+            label="all atoms" if name == "lddt" else name.removeprefix("lddt_"),
+        )
     axis.set(title="validation lDDT", ylabel="lDDT", ylim=(0, 1))
     axis.legend(fontsize=8)
 
@@ -201,8 +236,7 @@ def plot_run(run_dir: Path, out: Path) -> Path:
 
     # the loop logs the GPU's peak allocation, or on the CPU the process's peak resident set
     memory.plot(steps, [record["peak_memory_gb"] for record in records], color="#519e3e", linewidth=1.4)
-    memory.set(title="peak memory (GPU allocated, or process RSS on CPU)", xlabel="step", ylabel="GB",
-               ylim=(0, None))
+    memory.set(title="peak memory (GPU allocated, or process RSS on CPU)", xlabel="step", ylabel="GB", ylim=(0, None))
 
     norms = [record.get("grad_norm") for record in records]
     _draw(optimizer, steps, norms, window, "#7f7f7f", "gradient norm (before clipping)")

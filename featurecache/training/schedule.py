@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -15,6 +15,7 @@ def lr_factor(warmup: int, decay_factor: float = 0.95, decay_every: int = 50_000
     decay_factor ** ((step - warmup) // decay_every): 0.95 after 50,000 steps past the warm-up,
     0.95^2 after 100,000, and so on.
     """
+
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup

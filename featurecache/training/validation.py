@@ -62,13 +62,15 @@ def validate_target(model: AF3Model, batch: dict, config: TrainConfig, seed: int
         outputs = model(batch, num_cycles=cycles, generator=generator)  # on the model's diffusion batch
     _, metrics = model.loss(batch, outputs)
     with autocast:
-        predicted = model.sample(batch, num_cycles=cycles, num_samples=1,
-                                 num_steps=config.validation_sampler_steps, generator=generator)["positions"]
+        predicted = model.sample(
+            batch, num_cycles=cycles, num_samples=1, num_steps=config.validation_sampler_steps, generator=generator
+        )["positions"]
     return {**{name: float(value) for name, value in metrics.items()}, **lddt_by_molecule_type(batch, predicted)}
 
 
-def validate(model: AF3Model, average: WeightAverage | None, dataset, config: TrainConfig, world: Dist,
-             step: int, autocast) -> dict | None:
+def validate(
+    model: AF3Model, average: WeightAverage | None, dataset, config: TrainConfig, world: Dist, step: int, autocast
+) -> dict | None:
     """One validation pass over `dataset` (the held-out targets), split across ranks; returns
     the log record on the main rank (None elsewhere). Runs the EMA weights when there are."""
     was_training = model.training
@@ -78,10 +80,13 @@ def validate(model: AF3Model, average: WeightAverage | None, dataset, config: Tr
     try:
         mine = {}
         for index in range(world.rank, len(dataset), world.world_size):
-            batch = {name: value.to(world.device) if isinstance(value, torch.Tensor) else value
-                     for name, value in collate([dataset[(0, index)]]).items()}
-            mine[dataset.ids[index]] = validate_target(model, batch, config, target_seed(config.sample.seed, index),
-                                                       autocast)
+            batch = {
+                name: value.to(world.device) if isinstance(value, torch.Tensor) else value
+                for name, value in collate([dataset[(0, index)]]).items()
+            }
+            mine[dataset.ids[index]] = validate_target(
+                model, batch, config, target_seed(config.sample.seed, index), autocast
+            )
     finally:
         if average is not None:
             average.swap()

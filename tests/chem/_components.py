@@ -16,10 +16,15 @@ def write_components_cif(path, codes):
             category = biotite_info.get_from_ccd(category_name, code)
             if category is None:
                 continue
-            block[category_name] = pdbx.CIFCategory({
-                name: pdbx.CIFColumn(pdbx.CIFData(column.as_array(str)),
-                                     None if column.mask is None else pdbx.CIFData(column.mask.array))
-                for name, column in category.items()})
+            block[category_name] = pdbx.CIFCategory(
+                {
+                    name: pdbx.CIFColumn(
+                        pdbx.CIFData(column.as_array(str)),
+                        None if column.mask is None else pdbx.CIFData(column.mask.array),
+                    )
+                    for name, column in category.items()
+                }
+            )
         cif[code] = block
     text = io.StringIO()
     cif.write(text)

@@ -12,8 +12,15 @@ import pytest
 from featurecache.chem import Ccd, UnknownComponentError, atomic_number, load_ccd
 from tests.chem._components import write_components_cif
 
-SAMPLE_FILES = ["bonded/1igy.cif", "bonded/1ncb.cif", "bonded/5h73.cif", "structures/209d-assembly1.cif",
-                "structures/721p-assembly1.cif", "structures/7a4d-assembly1.cif", "structures/2q2k.cif"]
+SAMPLE_FILES = [
+    "bonded/1igy.cif",
+    "bonded/1ncb.cif",
+    "bonded/5h73.cif",
+    "structures/209d-assembly1.cif",
+    "structures/721p-assembly1.cif",
+    "structures/7a4d-assembly1.cif",
+    "structures/2q2k.cif",
+]
 NAMED_CODES = ["ALA", "GLY", "DA", "U", "MSE", "SEP", "NAG", "HEM", "ATP", "ZN"]
 
 
@@ -42,8 +49,9 @@ def _assert_matches_biotite(component):
     assert component.charges.tolist() == reference.charge.tolist()
     bonds = reference.bonds.as_array()
     reference_orders = [struc.BondType(t).without_aromaticity().value for t in bonds[:, 2]]
-    assert _bond_set(component.atom_names, component.bonds, component.bond_orders) == \
-        _bond_set(reference.atom_name, bonds[:, :2], reference_orders)
+    assert _bond_set(component.atom_names, component.bonds, component.bond_orders) == _bond_set(
+        reference.atom_name, bonds[:, :2], reference_orders
+    )
 
 
 @pytest.mark.parametrize("code", NAMED_CODES)
@@ -79,8 +87,12 @@ def test_alanine_heavy_atoms_and_leaving_atoms(ccd):
     assert heavy.elements.tolist() == [7, 6, 6, 8, 6, 8]
     assert not heavy.is_complete
     assert _bond_set(heavy.atom_names, heavy.bonds, heavy.bond_orders) == {
-        (frozenset(("N", "CA")), 1), (frozenset(("CA", "C")), 1), (frozenset(("C", "O")), 2),
-        (frozenset(("CA", "CB")), 1), (frozenset(("C", "OXT")), 1)}
+        (frozenset(("N", "CA")), 1),
+        (frozenset(("CA", "C")), 1),
+        (frozenset(("C", "O")), 2),
+        (frozenset(("CA", "CB")), 1),
+        (frozenset(("C", "OXT")), 1),
+    }
     linked = heavy.without({"OXT", "HXT"})  # HXT is already gone: ignored
     assert linked.atom_names.tolist() == ["N", "CA", "C", "O", "CB"]
     assert len(linked.bonds) == 4 and linked.bonds.max() < 5
@@ -160,8 +172,19 @@ def test_user_components_file(ccd, tmp_path, file_name):
     assert user.release_date == max(ccd.component(c).modified_date for c in ["ALA", "ATP", "ZN", "CUZ"])
     for code in ["ALA", "ATP", "ZN", "CUZ"]:
         mine, bundled = user.component(code), ccd.component(code)
-        for field in ("atom_names", "elements", "charges", "leaving", "aromatic", "bonds", "bond_orders",
-                      "ideal_pos", "ideal_missing", "model_pos", "model_missing"):
+        for field in (
+            "atom_names",
+            "elements",
+            "charges",
+            "leaving",
+            "aromatic",
+            "bonds",
+            "bond_orders",
+            "ideal_pos",
+            "ideal_missing",
+            "model_pos",
+            "model_missing",
+        ):
             np.testing.assert_array_equal(getattr(mine, field), getattr(bundled, field), err_msg=f"{code} {field}")
         for field in ("type", "modified_date", "parent_code"):
             assert getattr(mine, field) == getattr(bundled, field), (code, field)

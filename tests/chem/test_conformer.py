@@ -46,8 +46,11 @@ def _stereo_centres(component):
     """Heavy-atom indices of the tetrahedral stereo centres RDKit reads from the CCD entry."""
     molecule, _ = molecule_from_component(component)
     heavy_index = np.cumsum(~component.is_hydrogen) - 1
-    return [int(heavy_index[atom.GetIdx()]) for atom in molecule.GetAtoms()
-            if atom.GetChiralTag() != Chem.ChiralType.CHI_UNSPECIFIED]
+    return [
+        int(heavy_index[atom.GetIdx()])
+        for atom in molecule.GetAtoms()
+        if atom.GetChiralTag() != Chem.ChiralType.CHI_UNSPECIFIED
+    ]
 
 
 @pytest.mark.parametrize("code", ["ALA", "NAG", "ATP", "7L7", "FMN", "ORO"])
@@ -114,14 +117,17 @@ def test_iridium_hexammine_takes_the_ccd_coordinates_when_rdkit_distorts_its_bon
     np.testing.assert_array_equal(conformer.positions, heavy.model_pos)
 
 
-@pytest.mark.parametrize("code, source", [
-    ("HEM", "ccd_ideal"),   # heme b: Fe-N
-    ("FES", "ccd_ideal"),   # [2Fe-2S] cluster: Fe-S 2.59 A in RDKit's conformer, 2.20 in the CCD's
-    ("SF4", "ccd_ideal"),   # [4Fe-4S] cluster
-    ("B12", "ccd_ideal"),   # cobalamin: Co-N
-    ("ZNH", "ccd_model"),   # zinc protoporphyrin, no ideal coordinates
-    ("NCO", "rdkit"),       # cobalt hexammine: RDKit's Co-N within 0.11 A of the CCD's, kept
-])
+@pytest.mark.parametrize(
+    "code, source",
+    [
+        ("HEM", "ccd_ideal"),  # heme b: Fe-N
+        ("FES", "ccd_ideal"),  # [2Fe-2S] cluster: Fe-S 2.59 A in RDKit's conformer, 2.20 in the CCD's
+        ("SF4", "ccd_ideal"),  # [4Fe-4S] cluster
+        ("B12", "ccd_ideal"),  # cobalamin: Co-N
+        ("ZNH", "ccd_model"),  # zinc protoporphyrin, no ideal coordinates
+        ("NCO", "rdkit"),  # cobalt hexammine: RDKit's Co-N within 0.11 A of the CCD's, kept
+    ],
+)
 def test_metal_complexes_keep_the_ccd_bond_lengths(ccd, code, source):
     component = ccd.component(code)
     heavy = component.heavy_atoms()
@@ -187,8 +193,14 @@ def test_ion_and_empty_component(ccd):
 
 def test_every_sample_component_gets_a_conformer(ccd, shared_data):
     codes = set()
-    for name in ["bonded/1igy.cif", "bonded/1ncb.cif", "bonded/5h73.cif", "structures/2q2k.cif",
-                 "structures/209d-assembly1.cif", "structures/721p-assembly1.cif"]:
+    for name in [
+        "bonded/1igy.cif",
+        "bonded/1ncb.cif",
+        "bonded/5h73.cif",
+        "structures/2q2k.cif",
+        "structures/209d-assembly1.cif",
+        "structures/721p-assembly1.cif",
+    ]:
         codes.update(gemmi.cif.read(str(shared_data / name)).sole_block().find_values("_chem_comp.id"))
     sources = {}
     for code in sorted(codes):
@@ -198,8 +210,10 @@ def test_every_sample_component_gets_a_conformer(ccd, shared_data):
         assert np.isfinite(conformer.positions).all() and conformer.source in SOURCES
         assert conformer.fallback is None or conformer.fallback in FALLBACK_REASONS
         if conformer.source == "rdkit" and not METALS.intersection(conformer.elements.tolist()):
-            deviation = np.abs(_bond_lengths(conformer.positions, conformer.bonds)
-                               - _bond_lengths(component.heavy_atoms().ideal_pos, conformer.bonds))
+            deviation = np.abs(
+                _bond_lengths(conformer.positions, conformer.bonds)
+                - _bond_lengths(component.heavy_atoms().ideal_pos, conformer.bonds)
+            )
             assert deviation.size == 0 or deviation.max() < 0.15, code
         sources[code] = conformer.source
     assert set(sources.values()) == {"rdkit"}, sources
@@ -232,8 +246,21 @@ def test_smiles_conformer_names_atoms_as_af3():
     conformer = smiles_conformer("OC(=O)c1ccccc1OC(C)=O")  # aspirin, another spelling
     assert conformer.name == ASPIRIN == canonical_smiles(ASPIRIN)
     assert conformer.kind == "smiles" and conformer.source == "rdkit" and conformer.mask.all()
-    assert conformer.atom_names.tolist() == ["C1", "C2", "O1", "O2", "C3", "C4", "C5", "C6", "C7",
-                                             "C8", "C9", "O3", "O4"]
+    assert conformer.atom_names.tolist() == [
+        "C1",
+        "C2",
+        "O1",
+        "O2",
+        "C3",
+        "C4",
+        "C5",
+        "C6",
+        "C7",
+        "C8",
+        "C9",
+        "O3",
+        "O4",
+    ]
     assert conformer.elements.tolist() == [6, 6, 8, 8, 6, 6, 6, 6, 6, 6, 6, 8, 8]
     assert len(conformer.bonds) == 13 and sorted(set(conformer.bond_orders.tolist())) == [1, 2]
     lengths = _bond_lengths(conformer.positions, conformer.bonds)

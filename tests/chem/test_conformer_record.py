@@ -56,10 +56,17 @@ def test_arrays_round_trip_through_the_record_codec(ccd, name):
     restored = conformer_from_arrays(record.arrays, record.meta)
     for field in ("atom_names", "elements", "charges", "positions", "mask", "bonds", "bond_orders"):
         np.testing.assert_array_equal(getattr(restored, field), getattr(conformer, field), err_msg=field)
-    assert (restored.name, restored.kind, restored.source, restored.sanitization, restored.fallback) == \
-        (conformer.name, conformer.kind, conformer.source, conformer.sanitization, conformer.fallback)
-    assert meta["fallback"] == {"ATP": None, "CUZ": "embedding_failed", "IRI": "bond_lengths", "UNL": None,
-                                "aspirin": None}[name]
+    assert (restored.name, restored.kind, restored.source, restored.sanitization, restored.fallback) == (
+        conformer.name,
+        conformer.kind,
+        conformer.source,
+        conformer.sanitization,
+        conformer.fallback,
+    )
+    assert (
+        meta["fallback"]
+        == {"ATP": None, "CUZ": "embedding_failed", "IRI": "bond_lengths", "UNL": None, "aspirin": None}[name]
+    )
 
 
 def test_from_arrays_names_what_is_wrong(ccd):

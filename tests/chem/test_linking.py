@@ -40,8 +40,7 @@ def test_glycans_lose_o1_unless_it_is_bonded(ccd):
     assert link_drop_atoms(nag, "ligand", is_chain_start=True, is_chain_end=True, bonded_atoms={"O1"}) == set()
     # A glycan bonded to nothing: AF3 as trained drops O1; the fix keeps it.
     assert link_drop_atoms(nag, "ligand", is_chain_start=True, is_chain_end=True) == {"O1"}
-    assert link_drop_atoms(nag, "ligand", is_chain_start=True, is_chain_end=True,
-                           fix_standalone_glycans=True) == set()
+    assert link_drop_atoms(nag, "ligand", is_chain_start=True, is_chain_end=True, fix_standalone_glycans=True) == set()
     assert nag.heavy_atoms().without({"O1"}).num_atoms == 14
 
 

@@ -8,8 +8,28 @@ import pytest
 from featurecache.chem import load_ccd
 from featurecache.chem.symmetry import RESIDUE_SWAPS, graph_symmetries, residue_swaps
 
-AMINO_ACIDS = ("ALA", "ARG", "ASN", "ASP", "CYS", "GLN", "GLU", "GLY", "HIS", "ILE", "LEU", "LYS", "MET", "PHE",
-               "PRO", "SER", "THR", "TRP", "TYR", "VAL")
+AMINO_ACIDS = (
+    "ALA",
+    "ARG",
+    "ASN",
+    "ASP",
+    "CYS",
+    "GLN",
+    "GLU",
+    "GLY",
+    "HIS",
+    "ILE",
+    "LEU",
+    "LYS",
+    "MET",
+    "PHE",
+    "PRO",
+    "SER",
+    "THR",
+    "TRP",
+    "TYR",
+    "VAL",
+)
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +42,14 @@ def _heavy(component, drop=()):
     keep = np.flatnonzero(~component.is_hydrogen & ~np.isin(component.atom_names, drop))
     local = {int(atom): index for index, atom in enumerate(keep)}
     bonds = np.array([[local[a], local[b]] for a, b in component.bonds.tolist() if a in local and b in local])
-    return (tuple(component.atom_names[keep].tolist()), component.elements[keep], component.charges[keep], bonds,
-            component.ideal_pos[keep], ~component.ideal_missing[keep])
+    return (
+        tuple(component.atom_names[keep].tolist()),
+        component.elements[keep],
+        component.charges[keep],
+        bonds,
+        component.ideal_pos[keep],
+        ~component.ideal_missing[keep],
+    )
 
 
 def _as_sets(permutations):
@@ -64,6 +90,10 @@ def test_benzene_has_its_twelve_symmetries_and_a_carboxylate_its_swap(ccd):
 
 
 def test_unknown_elements_and_single_atoms_have_no_symmetries():
-    assert graph_symmetries(np.array([6, 0, 0]), np.zeros(3), np.array([[0, 1], [0, 2]]), np.zeros((3, 3)),
-                            np.zeros(3, bool)) == []
+    assert (
+        graph_symmetries(
+            np.array([6, 0, 0]), np.zeros(3), np.array([[0, 1], [0, 2]]), np.zeros((3, 3)), np.zeros(3, bool)
+        )
+        == []
+    )
     assert graph_symmetries(np.array([12]), np.zeros(1), np.zeros((0, 2)), np.zeros((1, 3)), np.ones(1, bool)) == []

@@ -50,10 +50,21 @@ def protenix_inputs(batch: dict) -> dict:
 
 def encoder_arguments(features: dict) -> dict:
     """Protenix's AtomAttentionEncoder keyword arguments from its input_feature_dict."""
-    names = ("atom_to_token_idx", "ref_pos", "ref_charge", "ref_mask", "ref_atom_name_chars", "ref_element",
-             "d_lm", "v_lm", "pad_info")
+    names = (
+        "atom_to_token_idx",
+        "ref_pos",
+        "ref_charge",
+        "ref_mask",
+        "ref_atom_name_chars",
+        "ref_element",
+        "d_lm",
+        "v_lm",
+        "pad_info",
+    )
     return {name: features[name] for name in names}
 
 
 def windows_of(batch: dict, config) -> AtomWindows:
-    return AtomWindows(batch["atom_pad_mask"], config.atom_attention.atom_window_queries, config.atom_attention.atom_window_keys)
+    return AtomWindows(
+        batch["atom_pad_mask"], config.atom_attention.atom_window_queries, config.atom_attention.atom_window_keys
+    )

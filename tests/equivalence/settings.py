@@ -11,10 +11,10 @@ from featurecache.testing.protenix import equivalence_config
 
 # ModelConfig fields set to Protenix's behaviour for every featurecache module built here
 PROTENIX_MATCHING: dict = {
-    "ref_charge_arcsinh": True,          # Protenix (as AF3) embeds arcsinh(ref_charge)
-    "atom_cond_ref_mask": True,          # ... and multiplies the atom conditioning by ref_mask
-    "relpos_chain_gate": "entity",       # ... and gates the chain offset on the same entity
-    "distogram_min": 2.3125,             # DistogramLoss: min_bin, max_bin, 64 bins
+    "ref_charge_arcsinh": True,  # Protenix (as AF3) embeds arcsinh(ref_charge)
+    "atom_cond_ref_mask": True,  # ... and multiplies the atom conditioning by ref_mask
+    "relpos_chain_gate": "entity",  # ... and gates the chain offset on the same entity
+    "distogram_min": 2.3125,  # DistogramLoss: min_bin, max_bin, 64 bins
     "distogram_max": 21.6875,
     "distogram_bins": 64,
     # Protenix's cross_attention_mode nests the keys' AdaLN on the queries' output,

@@ -25,7 +25,6 @@ from tests.equivalence.settings import featurecache_config
 from tests.equivalence.tolerance import FP32_TOLERANCE
 
 
-
 def encoders(config, generator, with_trunk: bool, keys_from_input: bool = False):
     """Protenix's encoder, its atom transformer's cross_attention_mode as the key AdaLN setting
     (on: Protenix's own, or with `keys_from_input` AF3's form; off: rebuilt), and featurecache's
@@ -34,9 +33,17 @@ def encoders(config, generator, with_trunk: bool, keys_from_input: bool = False)
 
     c_token = config.diffusion.c_token_diffusion if with_trunk else config.trunk.c_s
     theirs = ProtenixAtomAttentionEncoder(
-        has_coords=with_trunk, c_token=c_token, c_atom=config.atom_attention.c_atom, c_atompair=config.atom_attention.c_atompair,
-        c_s=config.trunk.c_s, c_z=config.trunk.c_z, n_blocks=config.atom_attention.atom_blocks, n_heads=config.atom_attention.atom_heads,
-        n_queries=config.atom_attention.atom_window_queries, n_keys=config.atom_attention.atom_window_keys)
+        has_coords=with_trunk,
+        c_token=c_token,
+        c_atom=config.atom_attention.c_atom,
+        c_atompair=config.atom_attention.c_atompair,
+        c_s=config.trunk.c_s,
+        c_z=config.trunk.c_z,
+        n_blocks=config.atom_attention.atom_blocks,
+        n_heads=config.atom_attention.atom_heads,
+        n_queries=config.atom_attention.atom_window_queries,
+        n_keys=config.atom_attention.atom_window_keys,
+    )
     if not config.atom_attention.atom_key_adaln:
         protenix_atom_transformer_without_cross_attention(theirs.atom_transformer, config)
     elif keys_from_input:
@@ -81,9 +88,14 @@ def test_encoder_of_the_diffusion_module_and_decoder(generator):
     config = featurecache_config()
     theirs, ours = encoders(config, generator, with_trunk=True)
     decoder_theirs = ProtenixAtomAttentionDecoder(
-        n_blocks=config.atom_attention.atom_blocks, n_heads=config.atom_attention.atom_heads, c_token=config.diffusion.c_token_diffusion,
-        c_atom=config.atom_attention.c_atom, c_atompair=config.atom_attention.c_atompair, n_queries=config.atom_attention.atom_window_queries,
-        n_keys=config.atom_attention.atom_window_keys)
+        n_blocks=config.atom_attention.atom_blocks,
+        n_heads=config.atom_attention.atom_heads,
+        c_token=config.diffusion.c_token_diffusion,
+        c_atom=config.atom_attention.c_atom,
+        c_atompair=config.atom_attention.c_atompair,
+        n_queries=config.atom_attention.atom_window_queries,
+        n_keys=config.atom_attention.atom_window_keys,
+    )
     protenix_atom_transformer_without_cross_attention(decoder_theirs.atom_transformer, config)
     decoder_ours = AtomAttentionDecoder(config, c_token=config.diffusion.c_token_diffusion)
     randomise(decoder_theirs, generator)
@@ -94,13 +106,16 @@ def test_encoder_of_the_diffusion_module_and_decoder(generator):
     windows = windows_of(batch, config)
     atoms = batch["atom_to_token"].shape[1]
     trunk_single = torch.randn(1, batch["restype"].shape[1], config.trunk.c_s, generator=generator)
-    trunk_pair = torch.randn(1, batch["restype"].shape[1], batch["restype"].shape[1], config.trunk.c_z, generator=generator)
+    trunk_pair = torch.randn(
+        1, batch["restype"].shape[1], batch["restype"].shape[1], config.trunk.c_z, generator=generator
+    )
     positions = torch.randn(1, 2, atoms, 3, generator=generator)  # 2 diffusion samples
     token_update = torch.randn(1, 2, batch["restype"].shape[1], config.diffusion.c_token_diffusion, generator=generator)
     features = protenix_inputs(batch)
     with torch.no_grad():
         a_theirs, q_theirs, c_theirs, p_theirs = theirs(
-            **encoder_arguments(features), r_l=positions[0], s=trunk_single[0, None], z=trunk_pair[0, None])
+            **encoder_arguments(features), r_l=positions[0], s=trunk_single[0, None], z=trunk_pair[0, None]
+        )
         atom_cond, atom_pair = ours.condition(batch, windows, trunk_single, trunk_pair)
         a_ours, q_ours, c_ours, p_ours = ours(batch, windows, atom_cond, atom_pair, positions)
         r_theirs = decoder_theirs(features["atom_to_token_idx"], token_update[0], q_theirs, c_theirs, p_theirs)
@@ -110,9 +125,12 @@ def test_encoder_of_the_diffusion_module_and_decoder(generator):
     assert rel_error(r_ours[0], r_theirs) <= FP32_TOLERANCE
 
 
-@pytest.mark.xfail(strict=True, reason="keys' AdaLN: Protenix's cross_attention_mode computes "
-                   "AdaLN_kv(AdaLN_q(a, s), s), AF3's code and featurecache's atom_key_adaln "
-                   "AdaLN_k(a, s): the weights map one to one, the functions differ (docs/FIDELITY.md)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="keys' AdaLN: Protenix's cross_attention_mode computes "
+    "AdaLN_kv(AdaLN_q(a, s), s), AF3's code and featurecache's atom_key_adaln "
+    "AdaLN_k(a, s): the weights map one to one, the functions differ (docs/FIDELITY.md)",
+)
 def test_encoder_with_the_keys_own_adaln(generator):
     """AF3's atom transformer (featurecache's default) against Protenix's own cross attention."""
     config = featurecache_config(atom_key_adaln=True)
@@ -136,9 +154,11 @@ def test_encoder_with_protenix_nested_key_adaln(generator, with_trunk):
     tokens = batch["restype"].shape[1]
     trunk = {}
     if with_trunk:
-        trunk = {"s": torch.randn(1, tokens, config.trunk.c_s, generator=generator),
-                 "z": torch.randn(1, tokens, tokens, config.trunk.c_z, generator=generator),
-                 "r_l": torch.randn(1, batch["atom_to_token"].shape[1], 3, generator=generator)}
+        trunk = {
+            "s": torch.randn(1, tokens, config.trunk.c_s, generator=generator),
+            "z": torch.randn(1, tokens, tokens, config.trunk.c_z, generator=generator),
+            "r_l": torch.randn(1, batch["atom_to_token"].shape[1], 3, generator=generator),
+        }
     with torch.no_grad():
         a_theirs = theirs(**encoder_arguments(protenix_inputs(batch)), **trunk)[0]
         if with_trunk:
@@ -161,9 +181,11 @@ def test_encoder_with_the_keys_own_adaln_as_af3(generator, with_trunk):
     tokens = batch["restype"].shape[1]
     trunk = {}
     if with_trunk:
-        trunk = {"s": torch.randn(1, tokens, config.trunk.c_s, generator=generator),
-                 "z": torch.randn(1, tokens, tokens, config.trunk.c_z, generator=generator),
-                 "r_l": torch.randn(1, batch["atom_to_token"].shape[1], 3, generator=generator)}
+        trunk = {
+            "s": torch.randn(1, tokens, config.trunk.c_s, generator=generator),
+            "z": torch.randn(1, tokens, tokens, config.trunk.c_z, generator=generator),
+            "r_l": torch.randn(1, batch["atom_to_token"].shape[1], 3, generator=generator),
+        }
     with torch.no_grad():
         a_theirs = theirs(**encoder_arguments(protenix_inputs(batch)), **trunk)[0]
         if with_trunk:

@@ -45,14 +45,27 @@ def confidence_logits(**settings) -> tuple[dict, dict]:
     generator = torch.Generator().manual_seed(33)
     config = featurecache_config(confidence_blocks=1, **settings)
     c_s_inputs = atom_single_input_dim(config)
-    theirs = ProtenixConfidenceHead(n_blocks=config.confidence.confidence_blocks, c_s=config.trunk.c_s, c_z=config.trunk.c_z,
-                                    c_s_inputs=c_s_inputs, max_atoms_per_token=MAX_ATOMS_PER_TOKEN)
+    theirs = ProtenixConfidenceHead(
+        n_blocks=config.confidence.confidence_blocks,
+        c_s=config.trunk.c_s,
+        c_z=config.trunk.c_z,
+        c_s_inputs=c_s_inputs,
+        max_atoms_per_token=MAX_ATOMS_PER_TOKEN,
+    )
     # its PairformerStack builds blocks at AF3's fixed pair sizes (hidden 128, 4 heads of 32)
     theirs.pairformer_stack.blocks = torch.nn.ModuleList(
-        ProtenixPairformerBlock(n_heads=config.trunk.single_heads, c_z=config.trunk.c_z, c_s=config.trunk.c_s, c_hidden_mul=config.trunk.c_z,
-                                c_hidden_pair_att=config.trunk.pair_head_dim, no_heads_pair=config.trunk.pair_heads,
-                                num_intermediate_factor=config.trunk.transition_expansion, dropout=0.0)
-        for _ in range(config.confidence.confidence_blocks))
+        ProtenixPairformerBlock(
+            n_heads=config.trunk.single_heads,
+            c_z=config.trunk.c_z,
+            c_s=config.trunk.c_s,
+            c_hidden_mul=config.trunk.c_z,
+            c_hidden_pair_att=config.trunk.pair_head_dim,
+            no_heads_pair=config.trunk.pair_heads,
+            num_intermediate_factor=config.trunk.transition_expansion,
+            dropout=0.0,
+        )
+        for _ in range(config.confidence.confidence_blocks)
+    )
     ours = ConfidenceHead(config, c_s_inputs)
     randomise(theirs, generator)
     copy_weights(theirs, ours, confidence_head_map(config), confidence_head_protenix_only(config))
@@ -67,9 +80,11 @@ def confidence_logits(**settings) -> tuple[dict, dict]:
     positions = batch["atom_pos"][:, None] + 2.0 * torch.randn(1, SAMPLES, atoms, 3, generator=generator)
     representative = torch.zeros(atoms, dtype=torch.bool)
     representative[batch["distogram_atom_index"][0]] = True
-    features = {"atom_to_token_idx": batch["atom_to_token"][0],
-                "atom_to_tokatom_idx": atom_to_tokatom_idx(batch["atom_to_token"][0]),
-                "distogram_rep_atom_mask": representative}
+    features = {
+        "atom_to_token_idx": batch["atom_to_token"][0],
+        "atom_to_tokatom_idx": atom_to_tokatom_idx(batch["atom_to_token"][0]),
+        "distogram_rep_atom_mask": representative,
+    }
     pair_mask = torch.ones(tokens, tokens)
     with torch.no_grad():
         plddt, pae, pde, resolved = theirs(features, s_inputs[0], single[0], pair[0], pair_mask, positions[0])
@@ -100,9 +115,12 @@ def test_confidence_head_output(logits, name):
     assert rel_error(ours[name], theirs[name]) <= FP32_TOLERANCE
 
 
-@pytest.mark.xfail(strict=True, reason="PDE logits: Protenix takes Linear(LayerNorm(z + z^T)); AF3's code "
-                   "(confidence_head.py, left_half_distance_logits) and featurecache Linear(LayerNorm(z)) plus "
-                   "its transpose, a different function of z (docs/FIDELITY.md)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="PDE logits: Protenix takes Linear(LayerNorm(z + z^T)); AF3's code "
+    "(confidence_head.py, left_half_distance_logits) and featurecache Linear(LayerNorm(z)) plus "
+    "its transpose, a different function of z (docs/FIDELITY.md)",
+)
 def test_confidence_head_pde(logits):
     ours, theirs = logits
     assert rel_error(ours["pde_logits"], theirs["pde_logits"]) <= FP32_TOLERANCE

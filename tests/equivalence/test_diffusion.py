@@ -34,15 +34,22 @@ def test_diffusion_module_at_several_noise_levels(generator, keys):
     from protenix.model.modules.embedders import RelativePositionEncoding
 
     # Protenix fixes its noise embedding at 256 channels
-    config = featurecache_config(fourier_dim=256, atom_key_adaln=keys != "one_adaln",
-                                 atom_key_adaln_nested=keys == "protenix")
+    config = featurecache_config(
+        fourier_dim=256, atom_key_adaln=keys != "one_adaln", atom_key_adaln_nested=keys == "protenix"
+    )
     c_s_inputs = atom_single_input_dim(config)
     theirs = ProtenixDiffusionModule(
-        sigma_data=config.diffusion.sigma_data, c_atom=config.atom_attention.c_atom, c_atompair=config.atom_attention.c_atompair,
-        c_token=config.diffusion.c_token_diffusion, c_s=config.trunk.c_s, c_z=config.trunk.c_z, c_s_inputs=c_s_inputs,
+        sigma_data=config.diffusion.sigma_data,
+        c_atom=config.atom_attention.c_atom,
+        c_atompair=config.atom_attention.c_atompair,
+        c_token=config.diffusion.c_token_diffusion,
+        c_s=config.trunk.c_s,
+        c_z=config.trunk.c_z,
+        c_s_inputs=c_s_inputs,
         atom_encoder={"n_blocks": config.atom_attention.atom_blocks, "n_heads": config.atom_attention.atom_heads},
         transformer={"n_blocks": config.diffusion.diffusion_blocks, "n_heads": config.diffusion.diffusion_heads},
-        atom_decoder={"n_blocks": config.atom_attention.atom_blocks, "n_heads": config.atom_attention.atom_heads})
+        atom_decoder={"n_blocks": config.atom_attention.atom_blocks, "n_heads": config.atom_attention.atom_heads},
+    )
     for encoder_or_decoder in (theirs.atom_attention_encoder, theirs.atom_attention_decoder):
         if keys == "af3":
             protenix_atom_transformer_with_keys_normalised_from_input(encoder_or_decoder.atom_transformer)
@@ -63,9 +70,12 @@ def test_diffusion_module_at_several_noise_levels(generator, keys):
     batch["sym_id"] = torch.tensor([1, 2, 1])[chain][None]
     atoms = batch["atom_to_token"].shape[1]
     features = protenix_inputs(batch)
-    features.update({name: batch[name][0] for name in ("asym_id", "residue_index", "entity_id", "sym_id",
-                                                        "token_index")})
-    features = RelativePositionEncoding(config.trunk.relpos_max_residue, config.trunk.relpos_max_chain).generate_relp(features)
+    features.update(
+        {name: batch[name][0] for name in ("asym_id", "residue_index", "entity_id", "sym_id", "token_index")}
+    )
+    features = RelativePositionEncoding(config.trunk.relpos_max_residue, config.trunk.relpos_max_chain).generate_relp(
+        features
+    )
     s_inputs = torch.randn(1, tokens, c_s_inputs, generator=generator)
     trunk_single = torch.randn(1, tokens, config.trunk.c_s, generator=generator)
     trunk_pair = torch.randn(1, tokens, tokens, config.trunk.c_z, generator=generator)
@@ -73,8 +83,9 @@ def test_diffusion_module_at_several_noise_levels(generator, keys):
     truth = batch["atom_pos"][:, None]
     noisy = truth + sigma[..., None, None] * torch.randn(1, len(NOISE_LEVELS), atoms, 3, generator=generator)
     with torch.no_grad():
-        denoised_theirs = theirs(noisy[0], sigma[0], features, s_inputs[0], trunk_single[0], trunk_pair[0],
-                                 pair_z=None, p_lm=None, c_l=None)
+        denoised_theirs = theirs(
+            noisy[0], sigma[0], features, s_inputs[0], trunk_single[0], trunk_pair[0], pair_z=None, p_lm=None, c_l=None
+        )
         context = ours.prepare(batch, windows_of(batch, config), s_inputs, trunk_single, trunk_pair)
         denoised_ours = ours(noisy, sigma, context)
     for sample, level in enumerate(NOISE_LEVELS):

@@ -38,8 +38,14 @@ def case():
     atom_to_token = batch["atom_to_token"][0]
     per_atom = {name: batch[name][0][atom_to_token] for name in ("is_dna", "is_rna", "is_ligand", "is_protein")}
     resolved = batch["atom_mask"][0] & batch["atom_pad_mask"][0]
-    return {"batch": batch, "predicted": predicted, "per_atom": per_atom, "resolved": resolved,
-            "true": batch["atom_pos"][0].float(), "generator": generator}
+    return {
+        "batch": batch,
+        "predicted": predicted,
+        "per_atom": per_atom,
+        "resolved": resolved,
+        "true": batch["atom_pos"][0].float(),
+        "generator": generator,
+    }
 
 
 def atom_mask_of(index: torch.Tensor, atoms: int) -> torch.Tensor:
@@ -57,8 +63,12 @@ def test_smooth_lddt_loss(case):
     true_distance = torch.cdist(true, true)
     lddt_mask = compute_lddt_mask(true_distance, (resolved[:, None] & resolved[None, :]).float(), is_nucleotide)
     # Protenix averages over the predictions it is given: one at a time, for one value each
-    theirs = torch.stack([SmoothLDDTLoss(reduction=None).dense_forward(prediction[None], true, lddt_mask)
-                          for prediction in case["predicted"][0]])
+    theirs = torch.stack(
+        [
+            SmoothLDDTLoss(reduction=None).dense_forward(prediction[None], true, lddt_mask)
+            for prediction in case["predicted"][0]
+        ]
+    )
     ours = smooth_lddt_loss(case["predicted"], true[None], is_nucleotide[None], resolved[None])
     assert rel_error(ours[0], theirs) <= FP32_TOLERANCE
 
@@ -67,8 +77,14 @@ def test_weighted_aligned_mse_loss(case):
     from protenix.model.loss import MSELoss
 
     per_atom, resolved = case["per_atom"], case["resolved"]
-    theirs = MSELoss(reduction=None)(case["predicted"][0], case["true"], resolved.float(), per_atom["is_dna"].float(),
-                                     per_atom["is_rna"].float(), per_atom["is_ligand"].float())
+    theirs = MSELoss(reduction=None)(
+        case["predicted"][0],
+        case["true"],
+        resolved.float(),
+        per_atom["is_dna"].float(),
+        per_atom["is_rna"].float(),
+        per_atom["is_ligand"].float(),
+    )
     weights = mse_atom_weights(per_atom["is_dna"], per_atom["is_rna"], per_atom["is_ligand"], resolved)
     ours = aligned_mse_loss(case["predicted"], case["true"][None], weights[None], resolved[None])
     # Protenix returns the mean over predictions (1/3 included, as featurecache's)
@@ -86,10 +102,17 @@ def test_bond_loss(case):
     bond_mask = torch.zeros(atoms, atoms)
     bond_mask[pairs[:, 0], pairs[:, 1]] = bond_mask[pairs[:, 1], pairs[:, 0]] = 1.0
     eps = 1e-6
-    theirs = torch.stack([  # one prediction at a time, as for the smooth LDDT
-        BondLoss(eps=eps, reduction=None)(torch.cdist(prediction, prediction)[None], torch.cdist(case["true"], case["true"]),
-                                          (resolved[:, None] & resolved[None, :]).float(), bond_mask)
-        for prediction in case["predicted"][0]])
+    theirs = torch.stack(
+        [  # one prediction at a time, as for the smooth LDDT
+            BondLoss(eps=eps, reduction=None)(
+                torch.cdist(prediction, prediction)[None],
+                torch.cdist(case["true"], case["true"]),
+                (resolved[:, None] & resolved[None, :]).float(),
+                bond_mask,
+            )
+            for prediction in case["predicted"][0]
+        ]
+    )
     ours = bond_loss(case["predicted"], case["true"][None], pairs[None])
     # Protenix divides by sum(bond_mask + eps) over all A x A entries, i.e. by 2 E + eps A^2
     # (each bond is in both directions); featurecache (AF3's eq. 5) by E: rescaled here
@@ -105,8 +128,9 @@ def test_distogram_loss(case):
     logits = torch.randn(1, TOKENS, TOKENS, config.trunk.distogram_bins, generator=generator)
     representative = batch["distogram_atom_index"][0]
     # Protenix's own bins (its defaults, AF3's), featurecache's from its settings
-    theirs = DistogramLoss(reduction=None)(logits[0], case["true"], case["resolved"].float(),
-                                           atom_mask_of(representative, len(case["resolved"])))
+    theirs = DistogramLoss(reduction=None)(
+        logits[0], case["true"], case["resolved"].float(), atom_mask_of(representative, len(case["resolved"]))
+    )
     positions = case["true"][representative][None]
     position_mask = case["resolved"][representative][None]
     ours = distogram_loss(logits, positions, position_mask, config.trunk.distogram_min, config.trunk.distogram_max)
@@ -118,10 +142,12 @@ def confidence_case(case):
     """Random logits of the four heads and featurecache's four confidence losses on them."""
     generator, batch = case["generator"], case["batch"]
     atoms = batch["atom_to_token"].shape[1]
-    outputs = {"plddt_logits": torch.randn(1, SAMPLES, atoms, 50, generator=generator),
-               "pae_logits": torch.randn(1, SAMPLES, TOKENS, TOKENS, 64, generator=generator),
-               "pde_logits": torch.randn(1, SAMPLES, TOKENS, TOKENS, 64, generator=generator),
-               "resolved_logits": torch.randn(1, SAMPLES, atoms, 2, generator=generator)}
+    outputs = {
+        "plddt_logits": torch.randn(1, SAMPLES, atoms, 50, generator=generator),
+        "pae_logits": torch.randn(1, SAMPLES, TOKENS, TOKENS, 64, generator=generator),
+        "pde_logits": torch.randn(1, SAMPLES, TOKENS, TOKENS, 64, generator=generator),
+        "resolved_logits": torch.randn(1, SAMPLES, atoms, 2, generator=generator),
+    }
     return outputs, confidence_losses(outputs, case["predicted"], batch)
 
 
@@ -133,8 +159,15 @@ def test_pae_loss(case, confidence_case):
     frame_atoms = batch["frame_atom_index"][0]
     has_frame = (frame_atoms >= 0).all(-1)
     centre = atom_mask_of(centre_atom_index(batch)[0], len(case["resolved"]))  # PAE's token atoms
-    theirs = PAELoss(reduction=None)(outputs["pae_logits"][0], case["predicted"][0], case["true"],
-                                     case["resolved"].float(), frame_atoms, centre, has_frame)
+    theirs = PAELoss(reduction=None)(
+        outputs["pae_logits"][0],
+        case["predicted"][0],
+        case["true"],
+        case["resolved"].float(),
+        frame_atoms,
+        centre,
+        has_frame,
+    )
     assert rel_error(ours["pae"], theirs) <= FP32_TOLERANCE
 
 
@@ -143,8 +176,9 @@ def test_pde_loss(case, confidence_case):
 
     outputs, ours = confidence_case
     centre = atom_mask_of(centre_atom_index(case["batch"])[0], len(case["resolved"]))
-    theirs = PDELoss(reduction=None)(outputs["pde_logits"][0], case["predicted"][0], case["true"],
-                                     case["resolved"].float(), centre)
+    theirs = PDELoss(reduction=None)(
+        outputs["pde_logits"][0], case["predicted"][0], case["true"], case["resolved"].float(), centre
+    )
     assert rel_error(ours["pde"], theirs) <= FP32_TOLERANCE
 
 
@@ -166,19 +200,23 @@ def test_plddt_target(case):
     centre = centre_atom_index(batch)
     centre_valid = resolved[centre[0]] & batch["token_pad_mask"][0] & ~batch["is_ligand"][0]
     is_nucleotide_token = batch["is_dna"] | batch["is_rna"]
-    lddt, has_reference = plddt_target(case["predicted"], case["true"][None], resolved[None], centre,
-                                       centre_valid[None], is_nucleotide_token)
+    lddt, has_reference = plddt_target(
+        case["predicted"], case["true"][None], resolved[None], centre, centre_valid[None], is_nucleotide_token
+    )
     # Protenix: the m atoms are representative atoms of polymer tokens (its plddt_m_rep_atom_mask);
     # only atoms with true coordinates enter, as l and as m
     m_atoms = atom_mask_of(centre[0][centre_valid], len(resolved))
     score, count = calculate_atom_bespoke_lddt(
-        case["predicted"][0][:, resolved], case["true"][resolved], (per_atom["is_dna"] | per_atom["is_rna"])[resolved],
-        ~per_atom["is_ligand"][resolved], m_atoms[resolved])
+        case["predicted"][0][:, resolved],
+        case["true"][resolved],
+        (per_atom["is_dna"] | per_atom["is_rna"])[resolved],
+        ~per_atom["is_ligand"][resolved],
+        m_atoms[resolved],
+    )
     theirs = (score / count.clamp(min=1)).squeeze(-1)  # [S, resolved atoms]
     scored = has_reference[0][resolved]
     assert scored.float().mean() > 0.9
     assert rel_error(lddt[0][:, resolved][:, scored], theirs[:, scored]) <= FP32_TOLERANCE
-
 
 
 def protenix_plddt_loss(case, outputs) -> torch.Tensor:
@@ -187,9 +225,15 @@ def protenix_plddt_loss(case, outputs) -> torch.Tensor:
     batch, resolved, per_atom = case["batch"], case["resolved"], case["per_atom"]
     centre = centre_atom_index(batch)[0]
     centre_valid = resolved[centre] & ~batch["is_ligand"][0]
-    return PLDDTLoss(reduction=None)(outputs["plddt_logits"][0], case["predicted"][0], case["true"], resolved,
-                                     per_atom["is_dna"] | per_atom["is_rna"], ~per_atom["is_ligand"],
-                                     atom_mask_of(centre[centre_valid], len(resolved)))
+    return PLDDTLoss(reduction=None)(
+        outputs["plddt_logits"][0],
+        case["predicted"][0],
+        case["true"],
+        resolved,
+        per_atom["is_dna"] | per_atom["is_rna"],
+        ~per_atom["is_ligand"],
+        atom_mask_of(centre[centre_valid], len(resolved)),
+    )
 
 
 # An lDDT within this of a bin edge is on it: lDDT is a multiple of 1 / (4 x pairs), so one that is
@@ -203,7 +247,7 @@ def lower_open_bins(lddt: torch.Tensor, num_bins: int) -> torch.Tensor:
     just under an edge it is on), 0 in bin 0; featurecache's (lddt_bins) are [k / n, (k + 1) / n).
     lDDT lands on an edge often (0.5, 0.6, ...)."""
     edges = torch.linspace(0, 1, num_bins + 1)
-    return ((lddt[..., None] - ON_EDGE > edges).sum(-1).clamp(1, num_bins) - 1)
+    return (lddt[..., None] - ON_EDGE > edges).sum(-1).clamp(1, num_bins) - 1
 
 
 def test_plddt_loss_with_protenix_bin_edges(case, confidence_case):
@@ -214,11 +258,18 @@ def test_plddt_loss_with_protenix_bin_edges(case, confidence_case):
     batch, resolved = case["batch"], case["resolved"]
     centre = centre_atom_index(batch)
     centre_valid = resolved[centre[0]] & batch["token_pad_mask"][0] & ~batch["is_ligand"][0]
-    lddt, has_reference = plddt_target(case["predicted"], case["true"][None], resolved[None], centre,
-                                       centre_valid[None], batch["is_dna"] | batch["is_rna"])
+    lddt, has_reference = plddt_target(
+        case["predicted"],
+        case["true"][None],
+        resolved[None],
+        centre,
+        centre_valid[None],
+        batch["is_dna"] | batch["is_rna"],
+    )
     assert has_reference[0][resolved].all()
-    ours = masked_cross_entropy(outputs["plddt_logits"], lower_open_bins(lddt, 50),
-                                (has_reference & resolved[None])[:, None], item_dims=1)
+    ours = masked_cross_entropy(
+        outputs["plddt_logits"], lower_open_bins(lddt, 50), (has_reference & resolved[None])[:, None], item_dims=1
+    )
     assert rel_error(ours, protenix_plddt_loss(case, outputs)) <= FP32_TOLERANCE
 
 
@@ -230,9 +281,12 @@ def test_plddt_loss_with_protenix_bins_setting(case, confidence_case):
     assert rel_error(ours["plddt"], protenix_plddt_loss(case, outputs)) <= FP32_TOLERANCE
 
 
-@pytest.mark.xfail(strict=True, reason="pLDDT bin edges: Protenix bins an lDDT on an edge k/50 into the bin "
-                   "below, featurecache into the bin above, as AlphaFold 2's released loss does (floor(lddt x 50)); "
-                   "AF3's released code has no pLDDT loss (docs/FIDELITY.md)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="pLDDT bin edges: Protenix bins an lDDT on an edge k/50 into the bin "
+    "below, featurecache into the bin above, as AlphaFold 2's released loss does (floor(lddt x 50)); "
+    "AF3's released code has no pLDDT loss (docs/FIDELITY.md)",
+)
 def test_plddt_loss(case, confidence_case):
     outputs, ours = confidence_case
     assert rel_error(ours["plddt"], protenix_plddt_loss(case, outputs)) <= FP32_TOLERANCE

@@ -8,14 +8,22 @@ from featurecache.testing.protenix import NameMapError, ProtenixOnly, copy_weigh
 
 
 def modules():
-    theirs = nn.ModuleDict({"linear_q": nn.Linear(4, 3, bias=False), "linear_k": nn.Linear(4, 3, bias=False),
-                            "extra": nn.Linear(4, 1, bias=False)})
+    theirs = nn.ModuleDict(
+        {
+            "linear_q": nn.Linear(4, 3, bias=False),
+            "linear_k": nn.Linear(4, 3, bias=False),
+            "extra": nn.Linear(4, 1, bias=False),
+        }
+    )
     ours = nn.ModuleDict({"proj": nn.Linear(4, 6)})
     return theirs, ours
 
 
 def full_map():
-    return {"proj.weight": stacked(("linear_q.weight", 3), ("linear_k.weight", 3)), "proj.bias": zeros("no bias in Protenix")}
+    return {
+        "proj.weight": stacked(("linear_q.weight", 3), ("linear_k.weight", 3)),
+        "proj.bias": zeros("no bias in Protenix"),
+    }
 
 
 def test_a_complete_map_copies_every_tensor():
@@ -26,12 +34,18 @@ def test_a_complete_map_copies_every_tensor():
     assert not ours["proj"].bias.any() and not theirs["extra"].weight.any()
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda m: m.pop("proj.bias"), "featurecache tensor proj.bias (6,) is not mapped"),
-    (lambda m: m.update({"proj.scale": same("extra.weight")}), "the map sets proj.scale"),
-    (lambda m: m.update({"proj.weight": same("linear_q.weight")}), "Protenix tensor linear_k.weight (3, 4) is not used"),
-    (lambda m: m.update({"proj.bias": same("linear_v.bias")}), "the map reads linear_v.bias"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda m: m.pop("proj.bias"), "featurecache tensor proj.bias (6,) is not mapped"),
+        (lambda m: m.update({"proj.scale": same("extra.weight")}), "the map sets proj.scale"),
+        (
+            lambda m: m.update({"proj.weight": same("linear_q.weight")}),
+            "Protenix tensor linear_k.weight (3, 4) is not used",
+        ),
+        (lambda m: m.update({"proj.bias": same("linear_v.bias")}), "the map reads linear_v.bias"),
+    ],
+)
 def test_an_incomplete_map_names_what_is_wrong(change, message):
     theirs, ours = modules()
     mapping = full_map()
@@ -45,8 +59,12 @@ def test_an_unused_protenix_tensor_and_a_wrong_shape_fail():
     with pytest.raises(NameMapError, match=r"Protenix tensor extra.weight \(1, 4\) is not used"):
         copy_weights(theirs, ours, full_map())
     with pytest.raises(NameMapError, match="shapes differ"):
-        copy_weights(theirs, ours, {**full_map(), "proj.weight": same("linear_q.weight")},
-                     {"extra.weight": ProtenixOnly("zeroed", ""), "linear_k.weight": ProtenixOnly("zeroed", "")})
+        copy_weights(
+            theirs,
+            ours,
+            {**full_map(), "proj.weight": same("linear_q.weight")},
+            {"extra.weight": ProtenixOnly("zeroed", ""), "linear_k.weight": ProtenixOnly("zeroed", "")},
+        )
 
 
 def test_a_constant_that_is_not_featurecache_s_fails():

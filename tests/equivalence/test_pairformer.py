@@ -27,11 +27,25 @@ def test_pairformer_block(generator):
 
     config = featurecache_config()
     theirs = ProtenixPairformerBlock(
-        n_heads=config.trunk.single_heads, c_z=config.trunk.c_z, c_s=config.trunk.c_s, c_hidden_mul=config.trunk.c_z,
-        c_hidden_pair_att=config.trunk.pair_head_dim, no_heads_pair=config.trunk.pair_heads,
-        num_intermediate_factor=config.trunk.transition_expansion, dropout=0.0).eval()
-    ours = PairformerBlock(config.trunk.c_s, config.trunk.c_z, config.trunk.single_heads, config.trunk.single_head_dim, config.trunk.pair_heads,
-                           config.trunk.pair_head_dim, config.trunk.transition_expansion, kernels=config.runtime.kernels).eval()
+        n_heads=config.trunk.single_heads,
+        c_z=config.trunk.c_z,
+        c_s=config.trunk.c_s,
+        c_hidden_mul=config.trunk.c_z,
+        c_hidden_pair_att=config.trunk.pair_head_dim,
+        no_heads_pair=config.trunk.pair_heads,
+        num_intermediate_factor=config.trunk.transition_expansion,
+        dropout=0.0,
+    ).eval()
+    ours = PairformerBlock(
+        config.trunk.c_s,
+        config.trunk.c_z,
+        config.trunk.single_heads,
+        config.trunk.single_head_dim,
+        config.trunk.pair_heads,
+        config.trunk.pair_head_dim,
+        config.trunk.transition_expansion,
+        kernels=config.runtime.kernels,
+    ).eval()
     randomise(theirs, generator)
     copy_weights(theirs, ours, pairformer_block_map(config))
 
@@ -55,9 +69,15 @@ def protenix_pair_stack(config):
     do not have; the block is the same class either way."""
     from protenix.model.modules.pairformer import PairformerBlock as ProtenixPairformerBlock
 
-    return ProtenixPairformerBlock(c_z=config.trunk.c_z, c_s=0, c_hidden_mul=config.trunk.c_z,
-                                   c_hidden_pair_att=config.trunk.pair_head_dim, no_heads_pair=config.trunk.pair_heads,
-                                   num_intermediate_factor=config.trunk.transition_expansion, dropout=0.0)
+    return ProtenixPairformerBlock(
+        c_z=config.trunk.c_z,
+        c_s=0,
+        c_hidden_mul=config.trunk.c_z,
+        c_hidden_pair_att=config.trunk.pair_head_dim,
+        no_heads_pair=config.trunk.pair_heads,
+        num_intermediate_factor=config.trunk.transition_expansion,
+        dropout=0.0,
+    )
 
 
 @pytest.mark.parametrize("bias_divided", [False, True], ids=["af3", "protenix"])
@@ -69,16 +89,23 @@ def test_msa_block(generator, last, bias_divided):
 
     # Protenix's pair-weighted averaging has 8 heads of 8 (fixed); its MSA transition expands 4x
     config = featurecache_config(msa_heads=8, msa_head_dim=8, outer_product_bias_divided=bias_divided)
-    theirs = ProtenixMSABlock(c_m=config.msa.c_m, c_z=config.trunk.c_z, c_hidden=config.msa.outer_product_dim,
-                              is_last_block=last, msa_dropout=0.0, pair_dropout=0.0)
+    theirs = ProtenixMSABlock(
+        c_m=config.msa.c_m,
+        c_z=config.trunk.c_z,
+        c_hidden=config.msa.outer_product_dim,
+        is_last_block=last,
+        msa_dropout=0.0,
+        pair_dropout=0.0,
+    )
     theirs.pair_stack = protenix_pair_stack(config)
     theirs.eval()
     ours = MSABlock(config, last=last).eval()
     randomise(theirs, generator)
     mapping = msa_block_map(config, last)
     if not bias_divided:
-        mapping.update(under("outer_product_mean.", "outer_product_mean_msa.",
-                             outer_product_mean_af3_map(config, MSA_ROWS)))
+        mapping.update(
+            under("outer_product_mean.", "outer_product_mean_msa.", outer_product_mean_af3_map(config, MSA_ROWS))
+        )
     copy_weights(theirs, ours, mapping)
 
     m = torch.randn(1, MSA_ROWS, TOKENS, config.msa.c_m, generator=generator)

@@ -18,16 +18,22 @@ def chains(entities: list[int], sym_ids: list[int], length: int) -> dict:
     asym = torch.arange(1, count + 1).repeat_interleave(length)
     residue = torch.arange(1, length + 1).repeat(count)
     residue[3::7] = residue[2::7][: len(residue[3::7])]  # token 3 of 7 shares its residue with token 2
-    return {"asym_id": asym, "residue_index": residue, "token_index": torch.arange(count * length),
-            "entity_id": torch.tensor(entities).repeat_interleave(length),
-            "sym_id": torch.tensor(sym_ids).repeat_interleave(length)}
+    return {
+        "asym_id": asym,
+        "residue_index": residue,
+        "token_index": torch.arange(count * length),
+        "entity_id": torch.tensor(entities).repeat_interleave(length),
+        "sym_id": torch.tensor(sym_ids).repeat_interleave(length),
+    }
 
 
 def encodings(generator, features: dict) -> tuple[torch.Tensor, torch.Tensor]:
     from protenix.model.modules.embedders import RelativePositionEncoding as ProtenixRelativePositionEncoding
 
     config = featurecache_config()
-    theirs = ProtenixRelativePositionEncoding(config.trunk.relpos_max_residue, config.trunk.relpos_max_chain, config.trunk.c_z)
+    theirs = ProtenixRelativePositionEncoding(
+        config.trunk.relpos_max_residue, config.trunk.relpos_max_chain, config.trunk.c_z
+    )
     ours = RelativePositionEncoding(config.trunk.c_z, config.trunk.relpos_max_residue, config.trunk.relpos_max_chain)
     randomise(theirs, generator)
     copy_weights(theirs, ours, relative_position_map(config))

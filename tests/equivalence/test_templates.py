@@ -24,15 +24,26 @@ def test_template_embedder(generator):
     from protenix.model.modules.pairformer import TemplateEmbedder as ProtenixTemplateEmbedder
 
     config = featurecache_config()
-    theirs = ProtenixTemplateEmbedder(n_blocks=config.templates.template_blocks, c=config.templates.c_template, c_z=config.trunk.c_z,
-                                      num_intermediate_factor=config.templates.template_transition_expansion, dropout=0.0)
+    theirs = ProtenixTemplateEmbedder(
+        n_blocks=config.templates.template_blocks,
+        c=config.templates.c_template,
+        c_z=config.trunk.c_z,
+        num_intermediate_factor=config.templates.template_transition_expansion,
+        dropout=0.0,
+    )
     # its PairformerStack builds blocks at AF3's fixed pair sizes: rebuilt at featurecache's
     theirs.pairformer_stack.blocks = torch.nn.ModuleList(
-        ProtenixPairformerBlock(c_z=config.templates.c_template, c_s=0, c_hidden_mul=config.templates.c_template,
-                                c_hidden_pair_att=config.templates.template_pair_head_dim,
-                                no_heads_pair=config.templates.template_pair_heads,
-                                num_intermediate_factor=config.templates.template_transition_expansion, dropout=0.0)
-        for _ in range(config.templates.template_blocks))
+        ProtenixPairformerBlock(
+            c_z=config.templates.c_template,
+            c_s=0,
+            c_hidden_mul=config.templates.c_template,
+            c_hidden_pair_att=config.templates.template_pair_head_dim,
+            no_heads_pair=config.templates.template_pair_heads,
+            num_intermediate_factor=config.templates.template_transition_expansion,
+            dropout=0.0,
+        )
+        for _ in range(config.templates.template_blocks)
+    )
     ours = TemplateEmbedder(config)
     randomise(theirs, generator)
     copy_weights(theirs, ours, template_embedder_map(config))

@@ -10,8 +10,14 @@ from featurecache.features.tokenize import tokenize
 from featurecache.io.mmcif import parse_mmcif, read_mmcif
 from tests.io.structure_edits import rna_with_5prime_gtp
 
-SAMPLES = ["structures/209d-assembly1.cif", "structures/721p-assembly1.cif", "structures/2q2k.cif",
-           "bonded/1igy.cif", "bonded/1ncb.cif", "bonded/5h73.cif"]
+SAMPLES = [
+    "structures/209d-assembly1.cif",
+    "structures/721p-assembly1.cif",
+    "structures/2q2k.cif",
+    "bonded/1igy.cif",
+    "bonded/1ncb.cif",
+    "bonded/5h73.cif",
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +36,9 @@ def _residues(structure, arrays):
     uids = arrays["ref_space_uid"]
     starts = np.flatnonzero(np.r_[True, uids[1:] != uids[:-1]])
     ends = np.r_[starts[1:], uids.size]
-    placed = [(chain, position, residue) for chain in structure.chains for position, residue in enumerate(chain.residues)]
+    placed = [
+        (chain, position, residue) for chain in structure.chains for position, residue in enumerate(chain.residues)
+    ]
     assert len(placed) == starts.size  # every residue of these files has CCD atoms
     return [(*place, np.arange(start, end)) for place, start, end in zip(placed, starts, ends)]
 
@@ -49,9 +57,13 @@ def test_every_component_has_its_ccd_atoms_elements_charges_and_bonds(tokenized,
     kinds_seen = set()
     for chain, position, residue, atoms in _residues(structure, arrays):
         component = ccd.component(residue.name)
-        drop = link_drop_atoms(component, chain.molecule_type, is_chain_start=position == 0,
-                               is_chain_end=position == len(chain.residues) - 1,
-                               bonded_atoms=bonded.get((chain.chain_id, position), ()))
+        drop = link_drop_atoms(
+            component,
+            chain.molecule_type,
+            is_chain_start=position == 0,
+            is_chain_end=position == len(chain.residues) - 1,
+            bonded_atoms=bonded.get((chain.chain_id, position), ()),
+        )
         expected = component.heavy_atoms().without(drop)
         where = f"{name} {chain.chain_id}/{residue.seq_id} {residue.name}"
         assert decode_atom_names(arrays["ref_atom_name_chars"][atoms]).tolist() == expected.atom_names.tolist(), where
@@ -62,15 +74,20 @@ def test_every_component_has_its_ccd_atoms_elements_charges_and_bonds(tokenized,
             pairs = {tuple(sorted(pair)) for pair in tokens_of[expected.bonds].tolist()}
             found = {tuple(pair) for pair in arrays["token_bonds"].tolist()}
             positions, resolved = arrays["atom_pos"][atoms], arrays["atom_mask"][atoms]
-            too_long = {tuple(sorted(tokens_of[[i, j]].tolist())) for i, j in expected.bonds.tolist()
-                        if resolved[i] and resolved[j] and np.linalg.norm(positions[i] - positions[j]) > 2.4}
+            too_long = {
+                tuple(sorted(tokens_of[[i, j]].tolist()))
+                for i, j in expected.bonds.tolist()
+                if resolved[i] and resolved[j] and np.linalg.norm(positions[i] - positions[j]) > 2.4
+            }
             assert pairs - too_long <= found, where
         kinds_seen.add(chain.molecule_type)
     assert kinds_seen >= ({"rna"} if name == "rna" else {"protein"})
 
 
 def test_sample_kinds_cover_protein_dna_ligands_ions_and_modified_residues(tokenized):
-    names = {residue.name for structure, _ in tokenized.values() for chain in structure.chains for residue in chain.residues}
+    names = {
+        residue.name for structure, _ in tokenized.values() for chain in structure.chains for residue in chain.residues
+    }
     assert {"GNP", "MG", "PXA", "5IU", "EPE", "NAG", "BMA", "FMN", "7L7", "CA", "DA", "MET"} <= names
 
 
@@ -94,7 +111,9 @@ def test_unresolved_ligand_atoms_are_present_and_masked(shared_data):
     names = decode_atom_names(partial["ref_atom_name_chars"])
     missing = np.flatnonzero(~partial["atom_mask"] & np.isin(names, ["PG", "O1G", "O2G"]))
     assert missing.size == 3 and partial["is_ligand"][partial["atom_to_token"][missing]].all()
-    assert partial["ref_mask"][missing].all() and not partial["token_center_mask"][partial["atom_to_token"][missing]].any()
+    assert (
+        partial["ref_mask"][missing].all() and not partial["token_center_mask"][partial["atom_to_token"][missing]].any()
+    )
 
 
 def _token_of(structure, arrays, atom_ref):
@@ -133,7 +152,7 @@ def test_bonded_glycan_drops_o1_only_where_bonded(tokenized):
     structure, tokens = tokenized["1igy"]
     arrays = tokens.arrays
     names = decode_atom_names(arrays["ref_atom_name_chars"])
-    for chain, position, residue, atoms in _residues(structure, arrays):
+    for _chain, _position, residue, atoms in _residues(structure, arrays):
         if residue.name == "NAG":
             assert "O1" not in names[atoms].tolist() and "C1" in names[atoms].tolist()
 

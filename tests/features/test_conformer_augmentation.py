@@ -19,8 +19,12 @@ def assert_rigid_per_space(before: np.ndarray, after: np.ndarray, uid: np.ndarra
     for space in np.unique(uid):
         atoms = (uid == space) & mask
         a, b = before[atoms].astype(np.float64), after[atoms].astype(np.float64)
-        np.testing.assert_allclose(np.linalg.norm(b[:, None] - b[None], axis=-1),
-                                   np.linalg.norm(a[:, None] - a[None], axis=-1), rtol=0, atol=tolerance)
+        np.testing.assert_allclose(
+            np.linalg.norm(b[:, None] - b[None], axis=-1),
+            np.linalg.norm(a[:, None] - a[None], axis=-1),
+            rtol=0,
+            atol=tolerance,
+        )
         if atoms.sum() >= 4:  # a proper rotation keeps the handedness of every atom quadruple
             va, vb = a[1:4] - a[0], b[1:4] - b[0]
             assert np.sign(np.linalg.det(va)) == np.sign(np.linalg.det(vb)) or abs(np.linalg.det(va)) < tolerance
@@ -54,8 +58,7 @@ def test_each_space_moves_rigidly_and_is_centred_without_translation():
     assert_rigid_per_space(positions, centred, uid, mask)
     for space in np.unique(uid):
         atoms = (uid == space) & mask
-        np.testing.assert_allclose(centred[atoms].astype(np.float64).mean(axis=0), 0.0,
-                                   atol=_tolerance(positions))
+        np.testing.assert_allclose(centred[atoms].astype(np.float64).mean(axis=0), 0.0, atol=_tolerance(positions))
     assert not centred[~mask].any()  # an atom without a position stays at zero
     moved = augment_reference_conformers(positions, uid, mask, np.random.default_rng(7), translation_std=1.0)
     assert_rigid_per_space(positions, moved, uid, mask)

@@ -55,8 +55,12 @@ def test_contiguous_crop_properties(record, crop_size, seed):
 @given(crop_size=st.integers(1, 700), seed=st.integers(0, 2**32 - 1), interface_bias=st.booleans())
 def test_spatial_crop_properties(record, crop_size, seed, interface_bias):
     indices = spatial_crop(
-        record["token_center_pos"], record["token_center_mask"], record["asym_id"], crop_size,
-        np.random.default_rng(seed), interface_bias,
+        record["token_center_pos"],
+        record["token_center_mask"],
+        record["asym_id"],
+        crop_size,
+        np.random.default_rng(seed),
+        interface_bias,
     )
     _check_crop(record, indices, crop_size)
     # Resolved tokens are taken before unresolved ones.
@@ -136,8 +140,9 @@ def test_crops_keep_atom_and_token_indices_consistent(shared_data):
     for crop_size in (64, 200, 500):
         for kind in ("contiguous", "spatial"):
             if kind == "spatial":
-                kept = spatial_crop(arrays["token_center_pos"], arrays["token_center_mask"], arrays["asym_id"],
-                                    crop_size, rng)
+                kept = spatial_crop(
+                    arrays["token_center_pos"], arrays["token_center_mask"], arrays["asym_id"], crop_size, rng
+                )
             else:
                 kept = contiguous_crop(arrays["asym_id"], crop_size, rng)
             cropped = crop_arrays(arrays, kept)
@@ -156,8 +161,9 @@ def test_crops_keep_atom_and_token_indices_consistent(shared_data):
             assert ((bonds >= 0) & (bonds < tokens)).all() and (bonds[:, 0] < bonds[:, 1]).all()
             # Each kept original bond survives, renumbered.
             position = {token: index for index, token in enumerate(kept.tolist())}
-            expected = {(position[i], position[j]) for i, j in arrays["token_bonds"].tolist()
-                        if i in position and j in position}
+            expected = {
+                (position[i], position[j]) for i, j in arrays["token_bonds"].tolist() if i in position and j in position
+            }
             assert {tuple(pair) for pair in bonds.tolist()} == expected
 
 
@@ -205,8 +211,8 @@ def _three_chains():
     """Three straight chains of 20 tokens; chain 1 touches chain 2 at its start and chain 3 at its end."""
     line = np.stack([np.arange(20) * 3.8, np.zeros(20), np.zeros(20)], axis=1)
     positions = np.concatenate([line, line + [0.0, 300.0, 0], line + [0, 600.0, 0]])
-    positions[20] = [0.0, 5.0, 0.0]     # chain 2's first token by chain 1's first
-    positions[40] = [72.2, 5.0, 0.0]    # chain 3's first token by chain 1's last
+    positions[20] = [0.0, 5.0, 0.0]  # chain 2's first token by chain 1's first
+    positions[40] = [72.2, 5.0, 0.0]  # chain 3's first token by chain 1's last
     return positions, np.repeat([1, 2, 3], 20), np.ones(60, dtype=bool)
 
 
@@ -257,8 +263,9 @@ def test_msa_cycle_rows_draw_anew_per_cycle_and_keep_a_shallow_msa_whole():
     again = msa_cycle_rows(depth, per_cycle, draws, np.random.default_rng(1), np.random.default_rng(2))
     assert np.array_equal(pool, again[0]) and np.array_equal(cycle_rows, again[1])
 
-    shallow_pool, shallow_rows = msa_cycle_rows(40, per_cycle, draws, np.random.default_rng(1),
-                                                np.random.default_rng(2))
+    shallow_pool, shallow_rows = msa_cycle_rows(
+        40, per_cycle, draws, np.random.default_rng(1), np.random.default_rng(2)
+    )
     assert np.array_equal(shallow_pool, np.arange(40))
     for rows in shallow_rows:  # every cycle: every row, then -1
         assert np.array_equal(rows[:40], np.arange(40)) and (rows[40:] == -1).all()

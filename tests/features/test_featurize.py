@@ -9,7 +9,13 @@ from featurecache.features.msa import expand_msa
 from featurecache.io.alignments import AlignmentIndex
 from featurecache.io.mmcif import read_mmcif
 
-STRUCTURES = ["209d-assembly1.cif", "721p-assembly1.cif", "7a4d-assembly1.cif", "2q2k.cif", "AF-P01112-F1-model_v4.cif.gz"]
+STRUCTURES = [
+    "209d-assembly1.cif",
+    "721p-assembly1.cif",
+    "7a4d-assembly1.cif",
+    "2q2k.cif",
+    "AF-P01112-F1-model_v4.cif.gz",
+]
 CONFIG = FeatureConfig(msa_rows_stored=2048, max_paired_rows=512)
 
 
@@ -21,7 +27,9 @@ def index(shared_data):
 @pytest.fixture(scope="module")
 def records(shared_data, index):
     return {
-        name: featurize_from_files(shared_data / "structures" / name, index, CONFIG, shared_data / "templates" / "mmcif")
+        name: featurize_from_files(
+            shared_data / "structures" / name, index, CONFIG, shared_data / "templates" / "mmcif"
+        )
         for name in STRUCTURES
     }
 
@@ -95,9 +103,12 @@ def test_template_structures_featurize_as_targets(shared_data, name):
         return atom in listed and (atom != "OXT" or position == len(chain.residues) - 1)
 
     expected = sum(
-        sum(kept(chain, position, atom) and occupancy > 0
-            for atom, occupancy in zip(residue.atom_names, residue.occupancies))
-        for chain in structure.chains if chain.molecule_type == "protein"
+        sum(
+            kept(chain, position, atom) and occupancy > 0
+            for atom, occupancy in zip(residue.atom_names, residue.occupancies)
+        )
+        for chain in structure.chains
+        if chain.molecule_type == "protein"
         for position, residue in enumerate(chain.residues)
     )
     assert arrays["atom_mask"][protein[arrays["atom_to_token"]]].sum() == expected

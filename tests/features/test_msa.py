@@ -20,7 +20,12 @@ def _features(structure, chain_msas, **config):
     warnings: list[str] = []
     tokens = tokenize(structure)
     features = build_msa_features(structure, tokens, chain_msas, FeatureConfig(**config), warnings)
-    stored = {spec.name for spec in schema.MSA_STORAGE} | {"msa_species", "msa_is_paired", "msa_profile", "deletion_mean"}
+    stored = {spec.name for spec in schema.MSA_STORAGE} | {
+        "msa_species",
+        "msa_is_paired",
+        "msa_profile",
+        "deletion_mean",
+    }
     assert set(features) == stored
     features["msa"], features["deletion_matrix"] = expand_msa({**features, "restype": tokens.arrays["restype"]})
     return tokens, features, warnings
@@ -32,7 +37,9 @@ def _row(features, row, columns):
 
 @pytest.fixture
 def heteromer():
-    structure = structure_from_sequences("het", [("A", "protein", "ACDE"), ("B", "protein", "FGHIK"), ("C", "protein", "ACDE")])
+    structure = structure_from_sequences(
+        "het", [("A", "protein", "ACDE"), ("B", "protein", "FGHIK"), ("C", "protein", "ACDE")]
+    )
     msa_a = parse_a3m(
         ">q\nACDE\n>a1 OX=1\nACDD\n>a2 OX=2\nAC-E\n>a3 OX=1\nWCDE\n>a4 nospecies\nACDW\n>dup\nACDE\n", "a.a3m"
     )
@@ -129,7 +136,10 @@ def test_rows_are_stored_once_per_entity(shared_data):
     polymer = ~tokens.arrays["is_ligand"]
     assert (features["msa_token_entity"][polymer] == 0).all() and (features["msa_token_entity"][~polymer] == -1).all()
     counts = features["msa_block_deletion_count"]
-    assert counts.sum() == features["msa_block_deletion_value"].size > 0 and (features["msa_block_deletion_value"] > 0).all()
+    assert (
+        counts.sum() == features["msa_block_deletion_value"].size > 0
+        and (features["msa_block_deletion_value"] > 0).all()
+    )
     msa = features["msa"]
     expected = np.stack([(msa == k).mean(axis=0, dtype=np.float64) for k in range(schema.NUM_RESTYPES)], axis=1)
     np.testing.assert_array_equal(features["msa_profile"], expected.astype(np.float32))
@@ -159,7 +169,7 @@ def test_pairing_keeps_several_rows_per_shared_species(shared_data):
     shared = set(counts["A"]) & set(counts["B"])
     expected = {species: min(counts["A"][species], counts["B"][species]) for species in shared}
     paired = features["msa_is_paired"]
-    assert paired[0] and paired[: 1 + sum(expected.values())].all() and not paired[1 + sum(expected.values()):].any()
+    assert paired[0] and paired[: 1 + sum(expected.values())].all() and not paired[1 + sum(expected.values()) :].any()
     # species ids are numbered per record: map them back through the paired rows' content
     rows_per_species = Counter(features["msa_species"][1:][paired[1:]].tolist())
     assert sorted(rows_per_species.values()) == sorted(expected.values())
@@ -176,8 +186,9 @@ def test_pairing_keeps_several_rows_per_shared_species(shared_data):
     for species_id in [s for s, n in rows_per_species.items() if n > 1][:20]:
         rows = np.flatnonzero((features["msa_species"] == species_id) & paired)
         # the species' name: the one every paired row's content has in A's MSA
-        names = set.intersection(*({keys["A"][r] for r in np.flatnonzero((raw_a == msa_a[row]).all(axis=1))}
-                                   for row in rows))
+        names = set.intersection(
+            *({keys["A"][r] for r in np.flatnonzero((raw_a == msa_a[row]).all(axis=1))} for row in rows)
+        )
         (name,) = names
         of_species = [r for r, key in enumerate(keys["A"]) if key == name and r > 0]
         best = np.sort(raw_identity[of_species])[::-1][: rows.size]

@@ -30,8 +30,9 @@ def test_every_ligand_gets_its_proper_symmetries(complex_5h73):
             continue
         columns = (permutations[atoms] >= 0).all(axis=0)
         assert ((permutations[atoms] >= 0).any(axis=0) == columns).all()  # a symmetry covers its whole ligand
-        moved = {names[atom] for atom in atoms for column in np.flatnonzero(columns)
-                 if permutations[atom, column] != atom}
+        moved = {
+            names[atom] for atom in atoms for column in np.flatnonzero(columns) if permutations[atom, column] != atom
+        }
         found.setdefault(code, []).append((int(columns.sum()), moved))
         # every column is a permutation of the ligand's own atoms
         for column in np.flatnonzero(columns):

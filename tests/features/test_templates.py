@@ -42,8 +42,12 @@ def test_hhr_hits_with_template_structures(shared_data, query_target):
     expected = [schema.RESTYPE_INDEX[template.residues[i].parent] for i in range(31, 51)]
     assert aligned[10:30].tolist() == expected
     residue = template.residues[31]
-    np.testing.assert_allclose(arrays["template_pseudo_beta_pos"][0, 10], residue.positions[residue.atom_names.index("CB")])
-    np.testing.assert_allclose(arrays["template_backbone_pos"][0, 10, 1], residue.positions[residue.atom_names.index("CA")])
+    np.testing.assert_allclose(
+        arrays["template_pseudo_beta_pos"][0, 10], residue.positions[residue.atom_names.index("CB")]
+    )
+    np.testing.assert_allclose(
+        arrays["template_backbone_pos"][0, 10, 1], residue.positions[residue.atom_names.index("CA")]
+    )
     assert arrays["template_backbone_mask"][0, 10].all()
     assert not arrays["template_pseudo_beta_mask"][0, :10].any()
     # A FASTA query has no release date: nothing to filter by date, and the record says so.
@@ -96,8 +100,9 @@ def test_every_kept_hit_is_stored_up_to_the_setting(many_hits):
     assert metadata["template_names"] == [f"A:{name}" for name in kept]
     assert arrays["template_restype"].shape == (10, len(sequence)) and (arrays["template_count"] == 10).all()
     assert arrays["template_pseudo_beta_mask"].any(axis=1).all()  # every stored row is a real template
-    capped, capped_meta = _featurize(sequence, hits, folder, release_date="2020-01-01", deduplicate_templates=False,
-                                     max_templates_stored=7)
+    capped, capped_meta = _featurize(
+        sequence, hits, folder, release_date="2020-01-01", deduplicate_templates=False, max_templates_stored=7
+    )
     assert capped_meta["template_names"] == metadata["template_names"][:7] and (capped["template_count"] == 7).all()
     np.testing.assert_array_equal(capped["template_backbone_pos"], arrays["template_backbone_pos"][:7])
     # AF3's deduplication: an entry's identical chains place the same residues, so count once
@@ -108,14 +113,19 @@ def test_every_kept_hit_is_stored_up_to_the_setting(many_hits):
 def test_chains_stack_their_own_hits_on_the_template_axis(many_hits):
     sequence, hits, folder = many_hits
     structure = structure_from_sequences(
-        "pair", [("A", "protein", sequence), ("B", "protein", sequence), ("C", "dna", "ACGT")], release_date="2020-01-01")
+        "pair",
+        [("A", "protein", sequence), ("B", "protein", sequence), ("C", "dna", "ACGT")],
+        release_date="2020-01-01",
+    )
     arrays, metadata = featurize_target(structure, {}, {"A": hits, "B": hits[1:4]}, FeatureConfig(), folder)
     chain_a, chain_b, chain_c = (arrays["asym_id"] == number for number in (1, 2, 3))
     assert arrays["template_restype"].shape[0] == 7  # A: the deduplicated hits; B: the first three of them
     assert (arrays["template_count"][chain_a] == 7).all() and (arrays["template_count"][chain_b] == 3).all()
     assert (arrays["template_count"][chain_c] == 0).all()
     # B's three rows match A's first three; its other rows and C's columns are empty
-    np.testing.assert_array_equal(arrays["template_restype"][:3][:, chain_b], arrays["template_restype"][:3][:, chain_a])
+    np.testing.assert_array_equal(
+        arrays["template_restype"][:3][:, chain_b], arrays["template_restype"][:3][:, chain_a]
+    )
     assert (arrays["template_restype"][3:][:, chain_b] == schema.GAP).all()
     assert (arrays["template_restype"][:, chain_c] == schema.GAP).all()
     assert not arrays["template_backbone_mask"][3:][:, chain_b].any()
@@ -125,9 +135,12 @@ def test_chains_stack_their_own_hits_on_the_template_axis(many_hits):
 def _row_of(stored: dict, sampled: dict, row: int, tokens: np.ndarray) -> int:
     """The stored row that sampled row `row` copies in `tokens`' columns."""
     matches = [
-        stored_row for stored_row in range(stored["template_restype"].shape[0])
+        stored_row
+        for stored_row in range(stored["template_restype"].shape[0])
         if np.array_equal(sampled["template_restype"][row, tokens], stored["template_restype"][stored_row, tokens])
-        and np.array_equal(sampled["template_backbone_pos"][row, tokens], stored["template_backbone_pos"][stored_row, tokens])
+        and np.array_equal(
+            sampled["template_backbone_pos"][row, tokens], stored["template_backbone_pos"][stored_row, tokens]
+        )
     ]
     assert matches, f"sampled row {row} is none of the stored templates"
     return matches[0]
@@ -135,8 +148,9 @@ def _row_of(stored: dict, sampled: dict, row: int, tokens: np.ndarray) -> int:
 
 def test_sampled_templates_are_per_chain_subsets_of_the_stored_ones(many_hits):
     sequence, hits, folder = many_hits
-    structure = structure_from_sequences("pair", [("A", "protein", sequence), ("B", "protein", sequence)],
-                                         release_date="2020-01-01")
+    structure = structure_from_sequences(
+        "pair", [("A", "protein", sequence), ("B", "protein", sequence)], release_date="2020-01-01"
+    )
     stored, _ = featurize_target(structure, {}, {"A": hits, "B": hits[1:4]}, FeatureConfig(), folder)
     chains = {number: np.flatnonzero(stored["asym_id"] == number) for number in (1, 2)}
     draws = []
@@ -144,7 +158,7 @@ def test_sampled_templates_are_per_chain_subsets_of_the_stored_ones(many_hits):
         sampled = sample_templates(stored, 4, np.random.default_rng(seed))
         assert sampled["template_restype"].shape[0] <= 4
         picks = []
-        for number, tokens in chains.items():
+        for _number, tokens in chains.items():
             count = int(sampled["template_count"][tokens[0]])
             assert count <= min(4, int(stored["template_count"][tokens[0]]))
             assert (sampled["template_count"][tokens] == count).all()
@@ -178,13 +192,21 @@ def test_near_identical_subsequence_is_dropped(shared_data):
     hit = read_hits(shared_data / "alignments" / "openfold" / "pdb70_hits.hhr")[7]  # 3ZEE_A
     length = len(sequence)
     identical = dataclasses.replace(
-        hit, aligned_cols=length, query_start=1, query_end=length, hit_start=1, hit_end=length,
-        query_indices=np.arange(length, dtype=np.int32), hit_indices=np.arange(length, dtype=np.int32),
+        hit,
+        aligned_cols=length,
+        query_start=1,
+        query_end=length,
+        hit_start=1,
+        hit_end=length,
+        query_indices=np.arange(length, dtype=np.int32),
+        hit_indices=np.arange(length, dtype=np.int32),
         hit_sequence=sequence,
     )
     _, metadata = _featurize(sequence, [identical], shared_data / "templates" / "mmcif")
     assert metadata["template_names"] == []
-    _, metadata = _featurize(sequence, [identical], shared_data / "templates" / "mmcif", max_template_subsequence_ratio=1.0)
+    _, metadata = _featurize(
+        sequence, [identical], shared_data / "templates" / "mmcif", max_template_subsequence_ratio=1.0
+    )
     assert metadata["template_names"] == ["A:3zee_A"]
 
 
@@ -192,7 +214,9 @@ def test_m8_hits_without_structures_are_listed(shared_data):
     structure = read_mmcif(shared_data / "structures" / "721p-assembly1.cif")
     hits = read_hits(shared_data / "alignments" / "pdb_templates_m8" / "721p-assembly1A_protein_pdball_230102_db.m8")
     config = FeatureConfig(msa_rows_stored=8)
-    arrays, metadata = featurize_target(structure, {}, {"A": hits, "B": hits}, config, shared_data / "templates" / "mmcif")
+    arrays, metadata = featurize_target(
+        structure, {}, {"A": hits, "B": hits}, config, shared_data / "templates" / "mmcif"
+    )
     assert metadata["num_templates"] == 0
     assert metadata["template_hits_without_coordinates"][:2] == ["4g3x_A", "721p_A"]
     assert len(metadata["template_hits_without_coordinates"]) == len(set(metadata["template_hits_without_coordinates"]))

@@ -12,7 +12,13 @@ from featurecache.io.structure import structure_from_sequences
 
 @pytest.fixture(scope="module")
 def structures(shared_data):
-    names = ["209d-assembly1.cif", "721p-assembly1.cif", "7a4d-assembly1.cif", "2q2k.cif", "AF-P01112-F1-model_v4.cif.gz"]
+    names = [
+        "209d-assembly1.cif",
+        "721p-assembly1.cif",
+        "7a4d-assembly1.cif",
+        "2q2k.cif",
+        "AF-P01112-F1-model_v4.cif.gz",
+    ]
     return {name.split("-")[0].split(".")[0]: read_mmcif(shared_data / "structures" / name) for name in names}
 
 
@@ -51,7 +57,10 @@ def test_209d_modified_residues_are_per_atom_tokens_of_the_peptide(structures):
     dva_tokens = peptide & (arrays["residue_index"] == 2)
     assert (arrays["restype"][dva_tokens] == schema.RESTYPE_INDEX["VAL"]).all()
     sarcosine = np.flatnonzero(peptide & (arrays["residue_index"] == 4))
-    names = [bytes(row + 32).decode().rstrip(chr(32)) for row in arrays["ref_atom_name_chars"][np.isin(arrays["atom_to_token"], sarcosine)]]
+    names = [
+        bytes(row + 32).decode().rstrip(chr(32))
+        for row in arrays["ref_atom_name_chars"][np.isin(arrays["atom_to_token"], sarcosine)]
+    ]
     assert names == ["N", "CA", "C", "O", "CN"]
     assert arrays["atom_mask"][np.isin(arrays["atom_to_token"], sarcosine)].tolist() == [True, True, True, True, False]
     pxa = peptide & (arrays["residue_index"] == 6)

@@ -63,17 +63,37 @@ def small_protenix() -> dict:
     config = copy.deepcopy({**base_configs, "data": data_configs})
     update(config, copy.deepcopy(model_configs["protenix_base_default_v1.0.0"]))
     one_block = {"n_blocks": 1}
-    update(config, {
-        "c_s": 64, "c_z": 32, "c_token": 64, "c_s_inputs": 64 + 32 + 32 + 1, "c_atom": 32, "c_atompair": 8,
-        "n_blocks": 1, "diffusion_batch_size": 2, "dtype": "fp32", "use_wandb": False,
-        "triangle_multiplicative": "torch", "triangle_attention": "torch",
-        "sample_diffusion": {"N_step_mini_rollout": 2},
-        "loss": {"weight": {"alpha_bond": 1.0, "alpha_pae": 1.0}},
-        "model": {"N_cycle": 1, "template_embedder": {"n_blocks": 1, "c": 16}, "msa_module": {"n_blocks": 1, "c_m": 16},
-                  "confidence_head": one_block,
-                  "diffusion_module": {"c_token": 64, "atom_encoder": one_block, "transformer": one_block,
-                                       "atom_decoder": one_block}},
-    })
+    update(
+        config,
+        {
+            "c_s": 64,
+            "c_z": 32,
+            "c_token": 64,
+            "c_s_inputs": 64 + 32 + 32 + 1,
+            "c_atom": 32,
+            "c_atompair": 8,
+            "n_blocks": 1,
+            "diffusion_batch_size": 2,
+            "dtype": "fp32",
+            "use_wandb": False,
+            "triangle_multiplicative": "torch",
+            "triangle_attention": "torch",
+            "sample_diffusion": {"N_step_mini_rollout": 2},
+            "loss": {"weight": {"alpha_bond": 1.0, "alpha_pae": 1.0}},
+            "model": {
+                "N_cycle": 1,
+                "template_embedder": {"n_blocks": 1, "c": 16},
+                "msa_module": {"n_blocks": 1, "c_m": 16},
+                "confidence_head": one_block,
+                "diffusion_module": {
+                    "c_token": 64,
+                    "atom_encoder": one_block,
+                    "transformer": one_block,
+                    "atom_decoder": one_block,
+                },
+            },
+        },
+    )
     config = parse_configs(config, arg_str="", fill_required_with_null=True)
     torch.manual_seed(0)
     model = Protenix(config)
@@ -89,8 +109,14 @@ def train_step(protenix_model: dict, example: dict, step: int) -> tuple[dict, se
     labels = dict(example["label_dict"])
     random.seed(step)  # its embedding-drop draws
     predictions, labels, _ = protenix_model["model"](
-        input_feature_dict=features, label_dict=labels, label_full_dict=example["label_full_dict"], mode="train",
-        current_step=step, symmetric_permutation=protenix_model["permutation"], mc_dropout_apply_rate=0)
+        input_feature_dict=features,
+        label_dict=labels,
+        label_full_dict=example["label_full_dict"],
+        mode="train",
+        current_step=step,
+        symmetric_permutation=protenix_model["permutation"],
+        mc_dropout_apply_rate=0,
+    )
     loss, terms = protenix_model["loss"](feat_dict=features, pred_dict=predictions, label_dict=labels, mode="train")
     protenix_model["model"].zero_grad(set_to_none=True)
     loss.backward()

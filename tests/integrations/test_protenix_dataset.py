@@ -26,6 +26,8 @@ from tests.integrations.protenix_model import OPTIONAL_KEYS, Reads, train_step
 
 CROP = 48
 TARGETS = {"721p-assembly1": "protein-ligand", "2q2k": "protein-DNA", "7a4d-assembly1": "multimer"}
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _protenix():
     """Protenix missing fails these tests with the fix in the message (./setup.sh installs it)."""
@@ -39,8 +41,9 @@ def protenix_shapes(num_token: int, num_atom: int, num_msa: int, num_templ: int)
 
     source = pathlib.Path(inspect.getfile(data)).with_name("utils.py")
     tree = ast.parse(source.read_text())
-    function = next(node for node in tree.body if isinstance(node, ast.FunctionDef)
-                    and node.name == "get_data_shape_dict")
+    function = next(
+        node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "get_data_shape_dict"
+    )
     namespace: dict = {}
     exec(compile(ast.Module(body=[function], type_ignores=[]), str(source), "exec"), namespace)  # noqa: S102 - its own source
     return namespace["get_data_shape_dict"](num_token, num_atom, num_msa, num_templ, 30)
@@ -62,8 +65,11 @@ def test_protenix_trains_on_examples_from_the_cache(target, dataset, protenix_mo
     feature_shapes, label_shapes = protenix_shapes(num_token, num_atom, len(features["msa"]), 4)
     # its dataset's features: the declared ones but the dummies it gives only without templates
     # (template_restype, template_all_atom_*) and the pocket labels of its evaluation sets
-    declared = {name: shape for name, shape in feature_shapes.items()
-                if name not in ("template_restype", "template_all_atom_mask", "template_all_atom_positions")}
+    declared = {
+        name: shape
+        for name, shape in feature_shapes.items()
+        if name not in ("template_restype", "template_all_atom_mask", "template_all_atom_positions")
+    }
     # the table's two template masks are [T, N]; its template featurizer (Templates.as_protenix_dict)
     # gives pair masks, which its template embedder multiplies with [N, N] chain masks
     for name in ("template_pseudo_beta_mask", "template_backbone_frame_mask"):
@@ -80,8 +86,15 @@ def test_protenix_trains_on_examples_from_the_cache(target, dataset, protenix_mo
     terms, missing = train_step(protenix_model, example, step=1)
     assert missing <= OPTIONAL_KEYS, f"Protenix looked up {sorted(missing - OPTIONAL_KEYS)}"
     assert all(math.isfinite(value) for value in terms.values()), terms
-    for name in ("mse_loss", "smooth_lddt_loss", "distogram_loss", "plddt_loss", "pae_loss", "pde_loss",
-                 "resolved_loss"):
+    for name in (
+        "mse_loss",
+        "smooth_lddt_loss",
+        "distogram_loss",
+        "plddt_loss",
+        "pae_loss",
+        "pde_loss",
+        "resolved_loss",
+    ):
         assert terms[name] > 0, (name, terms)
 
 
@@ -107,8 +120,10 @@ def test_features_are_the_samples_in_protenixs_layout(dataset):
     assert torch.equal(example_tokens_with_bonds(features), bonded_tokens(sample))
     # one centre, one distogram atom per token; pLDDT atoms on standard residues only
     single = torch.bincount(atom_to_token, minlength=CROP) == 1
-    assert torch.equal(torch.bincount(atom_to_token[features["pae_rep_atom_mask"].bool()], minlength=CROP),
-                       torch.ones(CROP, dtype=torch.long))
+    assert torch.equal(
+        torch.bincount(atom_to_token[features["pae_rep_atom_mask"].bool()], minlength=CROP),
+        torch.ones(CROP, dtype=torch.long),
+    )
     assert features["distogram_rep_atom_mask"].sum() == CROP
     assert features["plddt_m_rep_atom_mask"].sum() == int((~single).sum())
     centres = features["pae_rep_atom_mask"].bool()
@@ -169,8 +184,9 @@ def test_molecules_and_full_labels_cover_every_copy(dataset):
         assert len(np.unique(molecules["entity_mol_id"][entity == value])) == 1
     assert len(np.unique(molecules["entity_mol_id"])) == len(np.unique(entity)) == 3
     for mol in np.unique(molecules["mol_id"]):
-        assert np.array_equal(molecules["mol_atom_index"][molecules["mol_id"] == mol],
-                              np.arange((molecules["mol_id"] == mol).sum()))
+        assert np.array_equal(
+            molecules["mol_atom_index"][molecules["mol_id"] == mol], np.arange((molecules["mol_id"] == mol).sum())
+        )
 
     index = dataset.ids.index("721p-assembly1")
     example, crop_mode = dataset[index], dataset.cache[index]["crop_mode"]
@@ -199,9 +215,17 @@ def test_template_features_by_protenix_formulas(tmp_path_factory, shared_data, p
     shutil.copy(openfold / "short.fasta", root / "inputs")
     for name in ("bfd_uniclust_hits.a3m", "pdb70_hits.hhr"):
         shutil.copy(openfold / name, root / "alignments" / "query")
-    summary = precompute(PrecomputeOptions(
-        inputs=[root / "inputs"], cache_dir=root / "cache", alignments_dir=root / "alignments",
-        template_dir=shared_data / "templates" / "mmcif", num_workers=1, progress=False, executor="inline"))
+    summary = precompute(
+        PrecomputeOptions(
+            inputs=[root / "inputs"],
+            cache_dir=root / "cache",
+            alignments_dir=root / "alignments",
+            template_dir=shared_data / "templates" / "mmcif",
+            num_workers=1,
+            progress=False,
+            executor="inline",
+        )
+    )
     assert summary.failed == 0, summary.format()
     dataset = ProtenixDataset(root / "cache", crop_size=None, max_templates=2, random_templates=False)
     from featurecache.integrations.protenix.features import protenix_example
@@ -223,7 +247,9 @@ def test_template_features_by_protenix_formulas(tmp_path_factory, shared_data, p
     assert torch.equal(positions[:2, :, 4][beta], sample["template_pseudo_beta_pos"][beta])
     # the distogram: one bin per present pair, the bin whose squared edges hold the distance
     pair_present = features["template_pseudo_beta_mask"][0].bool()
-    assert torch.equal(pair_present, sample["template_pseudo_beta_mask"][0][:, None] & sample["template_pseudo_beta_mask"][0][None, :])
+    assert torch.equal(
+        pair_present, sample["template_pseudo_beta_mask"][0][:, None] & sample["template_pseudo_beta_mask"][0][None, :]
+    )
     # (Protenix's first lower edge is 3.25 A: a closer pair, a residue with itself, has no bin)
     distogram = features["template_distogram"][0]
     beta_positions = sample["template_pseudo_beta_pos"][0].double()

@@ -63,11 +63,16 @@ def datasets(inputs, tmp_path_factory):
     from featurecache.precompute.pipeline import PrecomputeOptions, precompute
 
     cache = tmp_path_factory.mktemp("protenix-featurizer-cache") / "cache"
-    summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=cache, num_workers=1, progress=False,
-                                           executor="inline"))
+    summary = precompute(
+        PrecomputeOptions(inputs=[inputs], cache_dir=cache, num_workers=1, progress=False, executor="inline")
+    )
     assert summary.failed == 0, summary.format()
-    return {target: ProtenixDataset(cache, crop_size=CROP, msa_rows_per_sample=4, augment_conformers=False,
-                                    seed=SEED, ids=[target]) for target in FILES}
+    return {
+        target: ProtenixDataset(
+            cache, crop_size=CROP, msa_rows_per_sample=4, augment_conformers=False, seed=SEED, ids=[target]
+        )
+        for target in FILES
+    }
 
 
 def as_numpy(value) -> np.ndarray:
@@ -112,12 +117,14 @@ def test_examples_equal_protenixs_featurizer(target, datasets, inputs, tmp_path)
     # frames: equal on every residue token; a one-atom token's come from the reference conformer
     atom_to_token = as_numpy(ours["atom_to_token_idx"])
     multi_atom = np.bincount(atom_to_token, minlength=CROP) > 1
-    assert np.array_equal(as_numpy(ours["frame_atom_index"])[multi_atom],
-                          as_numpy(theirs["frame_atom_index"])[multi_atom])
+    assert np.array_equal(
+        as_numpy(ours["frame_atom_index"])[multi_atom], as_numpy(theirs["frame_atom_index"])[multi_atom]
+    )
     # symmetries: each of featurecache's is one Protenix has too
     uid = as_numpy(ours["ref_space_uid"])
-    for mine_per_residue, its_per_residue in zip(residue_permutations(ours["atom_perm_list"], uid),
-                                                 residue_permutations(theirs["atom_perm_list"], uid)):
+    for mine_per_residue, its_per_residue in zip(
+        residue_permutations(ours["atom_perm_list"], uid), residue_permutations(theirs["atom_perm_list"], uid)
+    ):
         assert mine_per_residue <= its_per_residue
     assert ours["ref_pos"].shape == theirs["ref_pos"].shape
 

@@ -27,7 +27,10 @@ def _add_chem_comp(block: gemmi.cif.Block, code: str, kind: str) -> None:
             return
     columns = list(block.find_mmcif_category("_chem_comp.").tags)
     block.find_mmcif_category("_chem_comp.").append_row(
-        [code if tag == "_chem_comp.id" else gemmi.cif.quote(kind) if tag == "_chem_comp.type" else "?" for tag in columns]
+        [
+            code if tag == "_chem_comp.id" else gemmi.cif.quote(kind) if tag == "_chem_comp.type" else "?"
+            for tag in columns
+        ]
     )
 
 
@@ -38,8 +41,18 @@ def rna_with_5prime_gtp(shared_data: pathlib.Path) -> str:
     atoms are unmodelled."""
     document = _document(shared_data / "structures" / "209d-assembly1.cif")
     block = document[0]
-    atoms = block.find("_atom_site.", ["label_comp_id", "auth_comp_id", "label_asym_id", "label_seq_id",
-                                       "label_atom_id", "auth_atom_id", "group_PDB"])
+    atoms = block.find(
+        "_atom_site.",
+        [
+            "label_comp_id",
+            "auth_comp_id",
+            "label_asym_id",
+            "label_seq_id",
+            "label_atom_id",
+            "auth_atom_id",
+            "group_PDB",
+        ],
+    )
     for index in reversed(range(len(atoms))):
         row = atoms[index]
         if row.str(0) == "DT" and row.str(4) == "C7":

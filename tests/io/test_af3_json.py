@@ -26,11 +26,16 @@ def document(**changes) -> dict:
         "dialect": "alphafold3",
         "version": 2,
         "sequences": [
-            {"protein": {"id": ["A", "B"], "sequence": "MKSNGTLLA",
-                         "modifications": [{"ptmType": "SEP", "ptmPosition": 3}],
-                         "unpairedMsa": MSA, "pairedMsa": ""}},
-            {"rna": {"id": "R", "sequence": "AGCU",
-                     "modifications": [{"modificationType": "PSU", "basePosition": 4}]}},
+            {
+                "protein": {
+                    "id": ["A", "B"],
+                    "sequence": "MKSNGTLLA",
+                    "modifications": [{"ptmType": "SEP", "ptmPosition": 3}],
+                    "unpairedMsa": MSA,
+                    "pairedMsa": "",
+                }
+            },
+            {"rna": {"id": "R", "sequence": "AGCU", "modifications": [{"modificationType": "PSU", "basePosition": 4}]}},
             {"dna": {"id": "D", "sequence": "GACT"}},
             {"ligand": {"id": "L", "smiles": ASPIRIN}},
             {"ligand": {"id": "G", "ccdCodes": ["NAG", "NAG"]}},
@@ -54,7 +59,13 @@ def test_chains_residues_modifications_ligands_and_bonds(tmp_path):
     structure = parsed.structure
     assert structure.id == "complex"
     assert [(c.chain_id, c.molecule_type) for c in structure.chains] == [
-        ("A", "protein"), ("B", "protein"), ("R", "rna"), ("D", "dna"), ("L", "ligand"), ("G", "ligand")]
+        ("A", "protein"),
+        ("B", "protein"),
+        ("R", "rna"),
+        ("D", "dna"),
+        ("L", "ligand"),
+        ("G", "ligand"),
+    ]
     protein = structure.chain("A")
     assert [r.name for r in protein.residues] == ["MET", "LYS", "SEP", "ASN", "GLY", "THR", "LEU", "LEU", "ALA"]
     assert protein.residues[2].parent == "SER" and protein.sequence == "MKSNGTLLA"
@@ -113,14 +124,26 @@ _DELETE = object()
 
 BAD_DOCUMENTS = [
     ("sequences.3.ligand.smiles", "C1CC((", r"sequences\[3\]\.ligand\.smiles: cannot parse SMILES 'C1CC\(\('"),
-    ("sequences.4.ligand.ccdCodes", ["NAG", "XYZ12"],
-     r"sequences\[4\]\.ligand\.ccdCodes\[1\]: unknown CCD code 'XYZ12'"),
-    ("sequences.0.protein.modifications.0.ptmPosition", 10,
-     r"sequences\[0\]\.protein\.modifications\[0\]\.ptmPosition: position 10 is outside the sequence \(1-9\)"),
-    ("sequences.0.protein.modifications.0.ptmType", "NOPE1",
-     r"sequences\[0\]\.protein\.modifications\[0\]\.ptmType: unknown CCD code 'NOPE1'"),
-    ("bondedAtomPairs.0.1", ["G", 1, "XX"],
-     r"bondedAtomPairs\[0\]\[1\]: residue 1 of chain G \(NAG\) has no atom 'XX'"),
+    (
+        "sequences.4.ligand.ccdCodes",
+        ["NAG", "XYZ12"],
+        r"sequences\[4\]\.ligand\.ccdCodes\[1\]: unknown CCD code 'XYZ12'",
+    ),
+    (
+        "sequences.0.protein.modifications.0.ptmPosition",
+        10,
+        r"sequences\[0\]\.protein\.modifications\[0\]\.ptmPosition: position 10 is outside the sequence \(1-9\)",
+    ),
+    (
+        "sequences.0.protein.modifications.0.ptmType",
+        "NOPE1",
+        r"sequences\[0\]\.protein\.modifications\[0\]\.ptmType: unknown CCD code 'NOPE1'",
+    ),
+    (
+        "bondedAtomPairs.0.1",
+        ["G", 1, "XX"],
+        r"bondedAtomPairs\[0\]\[1\]: residue 1 of chain G \(NAG\) has no atom 'XX'",
+    ),
     ("bondedAtomPairs.0.1", ["Q", 1, "C1"], r"bondedAtomPairs\[0\]\[1\]: no chain 'Q'"),
     ("bondedAtomPairs.0.1", ["L", 1, "C1"], r"bondedAtomPairs\[0\]\[1\]: chain L is a SMILES ligand"),
     ("bondedAtomPairs.1.1", ["G", 3, "C1"], r"bondedAtomPairs\[1\]\[1\]: chain G has no residue 3 \(1-2\)"),
@@ -128,8 +151,11 @@ BAD_DOCUMENTS = [
     ("sequences.3.ligand.id", "A", r"sequences\[3\]\.ligand\.id: chain id 'A' is already used by sequences\[0\]"),
     ("sequences.4.ligand.smiles", "CCO", r"sequences\[4\]\.ligand: needs exactly one of ccdCodes and smiles"),
     ("sequences.0.protein.pairedMsa", _DELETE, r"sequences\[0\]\.protein\.pairedMsa: must be set too"),
-    ("sequences.0.protein.unpairedMsa", ">q\nMKSNG\n",
-     r"sequences\[0\]\.protein\.unpairedMsa: the first sequence must be the query"),
+    (
+        "sequences.0.protein.unpairedMsa",
+        ">q\nMKSNG\n",
+        r"sequences\[0\]\.protein\.unpairedMsa: the first sequence must be the query",
+    ),
     ("sequences.0.protein.unpairedMsa", "MKSNGTLLA\n", r"sequences\[0\]\.protein\.unpairedMsa: not A3M"),
     ("sequences.0.protein.color", "red", r"sequences\[0\]\.protein\.color: unknown field"),
     ("sequences.1.rna.description", "x", r"sequences\[1\]\.rna\.description: needs \"version\": 4 or later"),
@@ -139,13 +165,17 @@ BAD_DOCUMENTS = [
     ("version", 2.0, r"version: must be one of 1, 2, 3, 4, got 2\.0"),
     ("name", _DELETE, r"name: must be a string, got null"),
     ("userCCD", "data_X\n", r"userCCD: a user-provided CCD is not supported"),
-    ("sequences.0.protein.templates", [{"mmcif": "data_x\n", "queryIndices": [0, 1], "templateIndices": [0]}],
-     r"sequences\[0\]\.protein\.templates\[0\]\.mmcif: not a readable mmCIF: no _atom_site records"),
+    (
+        "sequences.0.protein.templates",
+        [{"mmcif": "data_x\n", "queryIndices": [0, 1], "templateIndices": [0]}],
+        r"sequences\[0\]\.protein\.templates\[0\]\.mmcif: not a readable mmCIF: no _atom_site records",
+    ),
 ]
 
 
-@pytest.mark.parametrize("field, value, message", BAD_DOCUMENTS, ids=[case[0] + str(i) for i, case in
-                                                                          enumerate(BAD_DOCUMENTS)])
+@pytest.mark.parametrize(
+    "field, value, message", BAD_DOCUMENTS, ids=[case[0] + str(i) for i, case in enumerate(BAD_DOCUMENTS)]
+)
 def test_bad_documents_name_the_file_and_the_field(tmp_path, field, value, message):
     path = write(tmp_path, _set(field, value))
     with pytest.raises(ParseError, match=f"^{path}: {message}") as caught:

@@ -79,8 +79,9 @@ def test_template_mmcif_without_a_release_date_is_refused(shared_data, tmp_path)
     with pytest.raises(ValueError, match="no release date .* AlphaFold 3 requires"):
         single_chain_mmcif(undated, "A")
     with pytest.raises(ValueError, match="template t: no release date"):
-        backbone_template_mmcif("t", ["ALA"], np.zeros((1, 3, 3)), np.ones((1, 3), bool), np.zeros((1, 3)),
-                                np.ones(1, bool), None)
+        backbone_template_mmcif(
+            "t", ["ALA"], np.zeros((1, 3, 3)), np.ones((1, 3), bool), np.zeros((1, 3)), np.ones(1, bool), None
+        )
 
 
 def af3_template_release_date(text: str) -> str | None:
@@ -99,26 +100,43 @@ def test_structure_to_json_reads_back(shared_data, tmp_path):
     ligand = next(entity for entity in entities if entity.ccd_codes == ("GNP",))
     assert ligand.description and all(chain_id.isalpha() for chain_id in ligand.ids)  # "A:GNP168" renamed
     template = Af3Template(single_chain_mmcif(shared_data / "templates" / "mmcif" / "1psm.cif", "A"), (0, 1), (3, 4))
-    protein = Af3Entity(**{**entities[0].__dict__, "unpaired_msa": f">query\n{entities[0].sequence}\n",
-                           "paired_msa": "", "templates": (template,)})
+    protein = Af3Entity(
+        **{
+            **entities[0].__dict__,
+            "unpaired_msa": f">query\n{entities[0].sequence}\n",
+            "paired_msa": "",
+            "templates": (template,),
+        }
+    )
     path = tmp_path / "721p.json"
     path.write_text(af3_json_text(af3_document("721p", [protein, *entities[1:]])), encoding="utf-8")
     document = json.loads(path.read_text())
     assert document["version"] == 4 and document["dialect"] == "alphafold3"
     parsed = read_af3_json(path, "721p")
-    assert [chain.sequence for chain in parsed.structure.chains if chain.molecule_type == "protein"] == \
-        [entities[0].sequence] * 2
+    assert [chain.sequence for chain in parsed.structure.chains if chain.molecule_type == "protein"] == [
+        entities[0].sequence
+    ] * 2
     (given,) = parsed.templates["A"]
     assert given.hit.query_indices.tolist() == [0, 1] and given.hit.hit_indices.tolist() == [3, 4]
 
 
 def test_backbone_template_reads_back_with_its_atoms():
     positions = np.arange(27, dtype=np.float32).reshape(3, 3, 3)
-    text = backbone_template_mmcif("t", ["ALA", "GLY", "MET"], positions, np.ones((3, 3), bool),
-                                   positions[:, 1] + 1.0, np.array([True, True, False]), "1995-02-07")
+    text = backbone_template_mmcif(
+        "t",
+        ["ALA", "GLY", "MET"],
+        positions,
+        np.ones((3, 3), bool),
+        positions[:, 1] + 1.0,
+        np.array([True, True, False]),
+        "1995-02-07",
+    )
     assert af3_template_release_date(text) == "1995-02-07"
     (chain,) = parse_mmcif(text, "t").chains
     assert chain.molecule_type == "protein" and chain.sequence == "AGM"
-    assert [residue.atom_names for residue in chain.residues] == [("N", "CA", "C", "CB"), ("N", "CA", "C"),
-                                                                  ("N", "CA", "C")]
+    assert [residue.atom_names for residue in chain.residues] == [
+        ("N", "CA", "C", "CB"),
+        ("N", "CA", "C"),
+        ("N", "CA", "C"),
+    ]
     np.testing.assert_allclose(chain.residues[0].positions[:3], positions[0])

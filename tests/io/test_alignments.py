@@ -57,7 +57,10 @@ def test_2q2k_openfold_folders_for_both_protein_chains(index, shared_data):
     assert found["B"].msa is found["C"].msa
     # uniref90, bfd, mgnify and uniprot files concatenated, in AlphaFold's order.
     assert [path.rsplit("/", 1)[1] for path in found["B"].msa_files] == [
-        "uniref90_hits.sto", "bfd_uniclust_hits.a3m", "mgnify_hits.sto", "uniprot_hits.sto"
+        "uniref90_hits.sto",
+        "bfd_uniclust_hits.a3m",
+        "mgnify_hits.sto",
+        "uniprot_hits.sto",
     ]
     assert found["B"].msa.depth == 16 + 3 + 6 + 20
 
@@ -81,8 +84,12 @@ def test_misnamed_alignment_is_reported_with_both_sequences(shared_data, tmp_pat
     folder = tmp_path / "alignments"
     folder.mkdir()
     # The peptide (chain E) MSA saved under chain A's name.
-    shutil.copy(shared_data / "alignments" / "pdb" / "7a4d-assembly1E_protein.a3m", folder / "7a4d-assembly1A_protein.a3m")
-    found, warnings = AlignmentIndex(folder).for_structure(read_mmcif(shared_data / "structures" / "7a4d-assembly1.cif"))
+    shutil.copy(
+        shared_data / "alignments" / "pdb" / "7a4d-assembly1E_protein.a3m", folder / "7a4d-assembly1A_protein.a3m"
+    )
+    found, warnings = AlignmentIndex(folder).for_structure(
+        read_mmcif(shared_data / "structures" / "7a4d-assembly1.cif")
+    )
     (message,) = [w for w in warnings if "named for chain A" in w]
     assert "7a4d-assembly1A_protein.a3m" in message
     assert "LEEELKQLEEELQAIEEQLAQLQWKAQARKEKLAQLKEKL" in message and "QLQESGGGLVQPGG" in message
@@ -143,6 +150,9 @@ def test_gzipped_openfold_folder(shared_data, tmp_path):
     structure = structure_from_sequences("query", [("A", "protein", record.sequence)])
     found, warnings = AlignmentIndex(tmp_path / "alignments").for_structure(structure)
     assert warnings == []
-    assert [path.rsplit("/", 1)[1] for path in found["A"].msa_files] == ["uniref90_hits.sto.gz", "bfd_uniclust_hits.a3m.gz"]
+    assert [path.rsplit("/", 1)[1] for path in found["A"].msa_files] == [
+        "uniref90_hits.sto.gz",
+        "bfd_uniclust_hits.a3m.gz",
+    ]
     assert found["A"].msa.depth == 57 + 1023
     assert [hit.name for hit in found["A"].hits][:2] == ["1hf9_B", "2crb_A"]

@@ -20,8 +20,11 @@ AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
 
 def _stockholm_names(text: str) -> list[str]:
     """Row names in first-appearance order."""
-    return list(dict.fromkeys(line.split()[0] for line in text.splitlines()
-                              if line.strip() and not line.startswith(("#", "//"))))
+    return list(
+        dict.fromkeys(
+            line.split()[0] for line in text.splitlines() if line.strip() and not line.startswith(("#", "//"))
+        )
+    )
 
 
 def _sequences(a3m: str) -> list[str]:
@@ -37,7 +40,7 @@ def test_truncate_stockholm_keeps_annotation_of_kept_rows(tmp_path):
     lines += [f"#=GS {name} DE description {index}" for index, name in enumerate(annotated)]
     for block in range(2):  # interleaved blocks repeat every name
         lines.append("")
-        lines += [f"{name} {rows[name][block * 15:(block + 1) * 15]}" for name in names]
+        lines += [f"{name} {rows[name][block * 15 : (block + 1) * 15]}" for name in names]
         lines += [f"#=GR {names[0]} PP {'9' * 15}", f"#=GR {names[-1]} PP {'8' * 15}", f"#=GC RF {'x' * 15}"]
     lines.append("//")
     path = tmp_path / "input.sto"
@@ -99,9 +102,37 @@ def test_hmmsearch_to_m8_worked_example():
     # Columns: match, match, insert, match x3, insert. The hit row holds residues 3-7 of hitA:
     # the leading gap is an I that the trim drops, the insert column's 'c' is a D.
     sto = "# STOCKHOLM 1.0\nhitA/3-7 -AcDEF-\n#=GC RF  xx.xxx.\n//\n"
-    domains = "# comment\n" + " ".join(
-        ["hitA", "-", "10", "query", "-", "5", "1e-5", "50.0", "0.1", "1", "1", "1e-6", "2e-6", "42.5", "0.0",
-         "2", "5", "3", "7", "3", "7", "0.9", "a description"]) + "\n"
+    domains = (
+        "# comment\n"
+        + " ".join(
+            [
+                "hitA",
+                "-",
+                "10",
+                "query",
+                "-",
+                "5",
+                "1e-5",
+                "50.0",
+                "0.1",
+                "1",
+                "1",
+                "1e-6",
+                "2e-6",
+                "42.5",
+                "0.0",
+                "2",
+                "5",
+                "3",
+                "7",
+                "3",
+                "7",
+                "0.9",
+                "a description",
+            ]
+        )
+        + "\n"
+    )
     # Query positions 2-5 pair with A, D, E, F: three identical (A, E, F), one mismatch (Q/D).
     assert hmmsearch_to_m8(sto, domains, "CAQEF") == "query\thitA\t0.600\t5\t1\t1\t2\t5\t3\t7\t2e-6\t42.5\t1M1D3M\n"
     with pytest.raises(ValueError, match="has no line in the domain table"):

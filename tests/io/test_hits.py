@@ -6,7 +6,9 @@ from hypothesis import strategies as st
 from featurecache.io.common import ParseError
 from featurecache.io.hits import parse_hhr, parse_m8, read_hits
 
-HHR_FILES = ["openfold/pdb70_hits.hhr"] + [f"afdb/{c}/pdb70_hits.hhr" for c in ("1a00_A", "1a02_F", "1a0g_A", "1a2y_B", "1a3p_A")]
+HHR_FILES = ["openfold/pdb70_hits.hhr"] + [
+    f"afdb/{c}/pdb70_hits.hhr" for c in ("1a00_A", "1a02_F", "1a0g_A", "1a2y_B", "1a3p_A")
+]
 M8_FILES = [
     f"pdb_templates_m8/{entry}_protein_pdball_230102_db.m8"
     for entry in ("209d-assembly1C", "721p-assembly1A", "721p-assembly1B")
@@ -34,7 +36,9 @@ def test_every_hit_file_parses(shared_data, relative):
 
 
 def test_empty_m8_is_zero_hits(shared_data):
-    assert read_hits(shared_data / "alignments" / "pdb_templates_m8" / "209d-assembly1C_protein_pdball_230102_db.m8") == []
+    assert (
+        read_hits(shared_data / "alignments" / "pdb_templates_m8" / "209d-assembly1C_protein_pdball_230102_db.m8") == []
+    )
 
 
 def test_hhr_first_hit(shared_data):
@@ -99,7 +103,9 @@ def test_malformed_m8(line, message):
 def test_truncated_hhr_is_a_parse_error(shared_data):
     text = (shared_data / "alignments" / "openfold" / "pdb70_hits.hhr").read_text()
     cut = text.index("Q query             7 AEH") + 25
-    with pytest.raises(ParseError, match=r"cut\.hhr:\d+: malformed alignment line .* \(the last hit, No 1\) \(file cut short\?\)"):
+    with pytest.raises(
+        ParseError, match=r"cut\.hhr:\d+: malformed alignment line .* \(the last hit, No 1\) \(file cut short\?\)"
+    ):
         parse_hhr(text[:cut], "cut.hhr")
 
 
@@ -162,8 +168,11 @@ def test_hhr_cut_inside_its_last_hit_never_keeps_the_partial_hit(shared_data):
     whole = parse_hhr("".join(lines), "whole.hhr")
     starts = [number for number, line in enumerate(lines) if line.startswith("No ") and line[3:].strip().isdigit()]
     # the first hit whose alignment needs more than one block of Q/T lines
-    position = next(k for k, start in enumerate(starts[:-1])
-                    if sum(line.startswith("Q Consensus") for line in lines[start:starts[k + 1]]) > 1)
+    position = next(
+        k
+        for k, start in enumerate(starts[:-1])
+        if sum(line.startswith("Q Consensus") for line in lines[start : starts[k + 1]]) > 1
+    )
     rank, start, end = position + 1, starts[position], starts[position + 1]
     dropped = 0
     for keep in range(start + 1, end + 1):

@@ -24,8 +24,10 @@ def _fasta(tmp_path, text, name="target.fasta"):
 
 
 def test_standard_letters_lower_case_and_unknowns_are_silent(tmp_path, real):
-    text = (f">ras mol:protein\n{real['protein'][:80].lower()}X\n{real['protein'][80:]}*\n"
-            f">dna mol:dna\n{real['dna']}N\n>rna mol:rna\n{real['rna'].lower()}n\n")
+    text = (
+        f">ras mol:protein\n{real['protein'][:80].lower()}X\n{real['protein'][80:]}*\n"
+        f">dna mol:dna\n{real['dna']}N\n>rna mol:rna\n{real['rna'].lower()}n\n"
+    )
     structure = structure_from_fasta(_fasta(tmp_path, text))
     protein, dna, rna = structure.chains
     assert protein.sequence == real["protein"][:80] + "X" + real["protein"][80:]
@@ -44,7 +46,13 @@ def test_protein_ambiguity_codes_are_counted_per_chain(tmp_path, real):
     assert (names[0], names[-3], names[-2]) == ("UNK", "CYS", "UNK")
     (warning,) = structure.warnings  # one per chain with substitutions; `second` has none
     assert warning.startswith("chain A: ")
-    for part in ("1 B read as X", "2 Z read as X", "1 J read as X", "2 U read as C (selenocysteine", "1 O read as X (pyrrolysine)"):
+    for part in (
+        "1 B read as X",
+        "2 Z read as X",
+        "1 J read as X",
+        "2 U read as C (selenocysteine",
+        "1 O read as X (pyrrolysine)",
+    ):
         assert part in warning
     assert second.sequence == real["protein"]
 
@@ -56,8 +64,10 @@ def test_nucleotide_iupac_codes_become_n_with_a_warning(tmp_path, real, molecule
     (chain,) = structure.chains
     assert chain.sequence == real[molecule_type][:5] + "NN" + real[molecule_type][5:] + "N"
     (warning,) = structure.warnings
-    assert warning == "chain A: 1 R read as N (IUPAC ambiguity code), 1 Y read as N (IUPAC ambiguity code), " \
-                      "1 K read as N (IUPAC ambiguity code)"
+    assert (
+        warning == "chain A: 1 R read as N (IUPAC ambiguity code), 1 Y read as N (IUPAC ambiguity code), "
+        "1 K read as N (IUPAC ambiguity code)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,13 @@ from featurecache.io.common import ParseError
 from featurecache.io.mmcif import parse_mmcif, read_mmcif, target_id_from_path
 from featurecache.io.structure import structure_from_sequences
 
-STRUCTURES = ["209d-assembly1.cif", "721p-assembly1.cif", "7a4d-assembly1.cif", "2q2k.cif", "AF-P01112-F1-model_v4.cif.gz"]
+STRUCTURES = [
+    "209d-assembly1.cif",
+    "721p-assembly1.cif",
+    "7a4d-assembly1.cif",
+    "2q2k.cif",
+    "AF-P01112-F1-model_v4.cif.gz",
+]
 TEMPLATES = ["1psm", "2crb", "3u8v", "3zee", "4i6p", "4zey", "5kc1"]
 
 
@@ -104,7 +110,8 @@ def test_nmr_first_model_only(shared_data):
     structure = read_mmcif(shared_data / "templates" / "mmcif" / "1psm.cif")
     text = (shared_data / "templates" / "mmcif" / "1psm.cif").read_text()
     first_model_heavy = sum(
-        1 for line in text.splitlines()
+        1
+        for line in text.splitlines()
         if line.startswith("ATOM") and line.split()[-1] == "1" and line.split()[2] != "H"
     )
     assert sum(len(r.atom_names) for r in structure.chains[0].residues) == first_model_heavy
@@ -210,11 +217,30 @@ def test_structure_from_sequences_is_unresolved():
         structure_from_sequences("t", [("A", "ligand", "X")])
 
 
-_MUTATIONS = ["?", ".", "A", "1", "-1", "x", "'a b'", "nan", "inf", "1e999", "HOH", "MSE", "DA", "ATOM", "loop_", "data_y"]
+_MUTATIONS = [
+    "?",
+    ".",
+    "A",
+    "1",
+    "-1",
+    "x",
+    "'a b'",
+    "nan",
+    "inf",
+    "1e999",
+    "HOH",
+    "MSE",
+    "DA",
+    "ATOM",
+    "loop_",
+    "data_y",
+]
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 40), st.sampled_from(_MUTATIONS)), min_size=1, max_size=12))
+@given(
+    st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 40), st.sampled_from(_MUTATIONS)), min_size=1, max_size=12)
+)
 def test_mutated_real_file_only_raises_parse_error(shared_data, edits):
     """Random token substitutions in a real file: parsed, or a ParseError naming the file."""
     lines = (shared_data / "structures" / "209d-assembly1.cif").read_text().splitlines()
@@ -246,15 +272,18 @@ def test_entity_poly_seq_is_the_fallback_sequence_table(shared_data):
     assert len(protein.residues) == 70 and sum(r.is_resolved for r in protein.residues) == 45
 
 
-@pytest.mark.parametrize("name", ["structures/2q2k.cif", "structures/7a4d-assembly1.cif", "bonded/1igy.cif",
-                                  "templates/mmcif/3zee.cif"])
+@pytest.mark.parametrize(
+    "name", ["structures/2q2k.cif", "structures/7a4d-assembly1.cif", "bonded/1igy.cif", "templates/mmcif/3zee.cif"]
+)
 def test_mmcif_cut_at_a_line_boundary_is_refused_naming_the_file(shared_data, name):
     """A real wwPDB file cut between two _atom_site rows (gemmi alone reads the rest as a whole
     model), and cut just before its final '#': refused, naming the file."""
     lines = (shared_data / name).read_text().splitlines(keepends=True)
     atoms = [number for number, line in enumerate(lines) if line.startswith(("ATOM", "HETATM"))]
     for keep in (atoms[len(atoms) // 2], len(lines) - 1):
-        with pytest.raises(ParseError, match=r"^cut\.cif:\d+: ends inside _\w+ without the '#' .*\(file cut short\?\)$"):
+        with pytest.raises(
+            ParseError, match=r"^cut\.cif:\d+: ends inside _\w+ without the '#' .*\(file cut short\?\)$"
+        ):
             parse_mmcif("".join(lines[:keep]), "cut.cif")
 
 

@@ -157,7 +157,9 @@ def test_gzip_detected_by_content(shared_data, tmp_path):
 def test_truncated_a3m_names_the_record_and_line(shared_data):
     text = (shared_data / "alignments" / "openfold" / "bfd_uniclust_hits.a3m").read_text()
     cut = text.index(">", 5000) - 30  # inside the sequence before the cut record's header
-    with pytest.raises(ParseError, match=r"cut\.a3m:\d+: last record .* aligned columns, the query has 73 \(file cut short\?\)"):
+    with pytest.raises(
+        ParseError, match=r"cut\.a3m:\d+: last record .* aligned columns, the query has 73 \(file cut short\?\)"
+    ):
         parse_a3m(text[:cut], "cut.a3m")
 
 
@@ -180,8 +182,10 @@ def test_a3m_cut_after_a_header_drops_that_record_with_a_warning(shared_data, na
     msa = parse_a3m(cut, "cut.a3m", warnings)
     kept_rows = len(header_lines) // 2
     assert msa.depth == kept_rows and msa.sequences == whole.sequences[:kept_rows]
-    assert warnings == [f"cut.a3m:{keep}: file cut short: last record {whole.descriptions[kept_rows]!r} has no "
-                        f"sequence; record {whole.descriptions[kept_rows]!r} dropped"]
+    assert warnings == [
+        f"cut.a3m:{keep}: file cut short: last record {whole.descriptions[kept_rows]!r} has no "
+        f"sequence; record {whole.descriptions[kept_rows]!r} dropped"
+    ]
 
 
 def test_a3m_header_followed_by_a_header_is_refused_even_with_warnings():

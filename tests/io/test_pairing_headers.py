@@ -14,9 +14,15 @@ from featurecache.io.pairing_headers import MAX_CODED_TAXID, pairing_header, row
 from featurecache.io.species import species_from_description, species_tag
 from tests.peer_pairing import AF3_SOURCE
 
-ALIGNMENTS = ("afdb/1a00_A/uniref90_hits.a3m", "afdb/1a00_A/bfd_uniclust_hits.a3m", "afdb/1a3p_A/uniref90_hits.a3m",
-              "afdb/1a02_F/bfd_uniclust_hits.a3m", "openfold/uniref90_hits.sto", "openfold/2q2k_A/uniprot_hits.sto",
-              "openfold/2q2k_A/uniref90_hits.sto")
+ALIGNMENTS = (
+    "afdb/1a00_A/uniref90_hits.a3m",
+    "afdb/1a00_A/bfd_uniclust_hits.a3m",
+    "afdb/1a3p_A/uniref90_hits.a3m",
+    "afdb/1a02_F/bfd_uniclust_hits.a3m",
+    "openfold/uniref90_hits.sto",
+    "openfold/2q2k_A/uniprot_hits.sto",
+    "openfold/2q2k_A/uniref90_hits.sto",
+)
 
 
 def _readers():
@@ -34,8 +40,9 @@ def headers(shared_data):
     found = []
     for name in ALIGNMENTS:
         msa = read_msa(shared_data / "alignments" / name)
-        found += [(description, species) for description, species in zip(msa.descriptions[1:], msa.species[1:])
-                  if species]
+        found += [
+            (description, species) for description, species in zip(msa.descriptions[1:], msa.species[1:]) if species
+        ]
     assert len(found) > 5000 and any(s.startswith("mnemonic:") for _, s in found)
     return found
 

@@ -57,9 +57,12 @@ def test_pdb_records_read_whatever_the_file_is_named():
     'invalid mmCIF')."""
     atoms = "".join(
         f"ATOM  {i + 1:5d}  CA  ALA A{i + 1:4d}    {i * 3.8:8.3f}{0.0:8.3f}{0.0:8.3f}  1.00  0.00           C\n"
-        for i in range(20))
-    text = ("HEADER    TEST\nREVDAT   2   24-FEB-09 1ABC    1       VERSN\nREVDAT   1   05-JUN-95 1ABC    0\n"
-            "REMARK   2 RESOLUTION.    2.10 ANGSTROMS.\n" + atoms + "END\n")
+        for i in range(20)
+    )
+    text = (
+        "HEADER    TEST\nREVDAT   2   24-FEB-09 1ABC    1       VERSN\nREVDAT   1   05-JUN-95 1ABC    0\n"
+        "REMARK   2 RESOLUTION.    2.10 ANGSTROMS.\n" + atoms + "END\n"
+    )
     structure = parse_mmcif(text, "pdb_format.cif")
     (chain,) = structure.chains
     assert chain.sequence == "A" * 20 and chain.molecule_type == "protein"
@@ -94,31 +97,41 @@ def test_pdb_and_ent_files_are_inputs(shared_data, tmp_path):
     assert [p.name for p in found] == ["2q2k.pdb", "pdb1abc.ent.gz"]
     assert [target_id_for(p) for p in found] == ["2q2k", "pdb1abc"]
     assert is_input_file(tmp_path / "X.PDB.GZ")
-    assert read_mmcif(tmp_path / "pdb1abc.ent.gz").chain("A").sequence == read_mmcif(tmp_path / "2q2k.pdb").chain("A").sequence
+    assert (
+        read_mmcif(tmp_path / "pdb1abc.ent.gz").chain("A").sequence
+        == read_mmcif(tmp_path / "2q2k.pdb").chain("A").sequence
+    )
 
 
 def test_blank_chain_ids_and_models_as_modelling_tools_write_them(shared_data):
     """2q2k's protein chain written without a chain id, twice (MODEL 1 / MODEL 2), as MD and
     modelling tools do: one chain named A (with a warning), first model only."""
     reference = read_mmcif(shared_data / "structures" / "2q2k.cif").chain("B")
-    lines = [line for line in as_pdb((shared_data / "structures" / "2q2k.cif").read_text(), seqres=False).splitlines()
-             if line.startswith("ATOM") and line[21] == "A"]
+    lines = [
+        line
+        for line in as_pdb((shared_data / "structures" / "2q2k.cif").read_text(), seqres=False).splitlines()
+        if line.startswith("ATOM") and line[21] == "A"
+    ]
     blank = [line[:21] + " " + line[22:] for line in lines]
     moved = [line[:30] + f"{float(line[30:38]) + 50:8.3f}" + line[38:] for line in blank]
     text = "MODEL        1\n" + "\n".join(blank) + "\nENDMDL\nMODEL        2\n" + "\n".join(moved) + "\nENDMDL\nEND\n"
     structure = parse_mmcif(text, "md-frame.pdb")
     (chain,) = structure.chains
     assert chain.chain_id == "A" and chain.sequence == "".join(
-        letter for letter, residue in zip(reference.sequence, reference.residues) if residue.is_resolved)
+        letter for letter, residue in zip(reference.sequence, reference.residues) if residue.is_resolved
+    )
     assert "chain A: no chain id in the PDB file; named A" in structure.warnings
-    np.testing.assert_allclose(chain.residues[0].positions, [r for r in reference.residues if r.is_resolved][0].positions,
-                               atol=1e-3)
+    np.testing.assert_allclose(
+        chain.residues[0].positions, [r for r in reference.residues if r.is_resolved][0].positions, atol=1e-3
+    )
 
 
 def test_byte_order_mark_is_not_content(shared_data):
     text = (shared_data / "structures" / "2q2k.cif").read_text()
-    assert [c.sequence for c in parse_mmcif("\ufeff" + text, "bom.cif").chains] == \
-        [c.sequence for c in parse_mmcif(text, "plain.cif").chains]
+    assert [c.sequence for c in parse_mmcif("\ufeff" + text, "bom.cif").chains] == [
+        c.sequence for c in parse_mmcif(text, "plain.cif").chains
+    ]
     pdb = as_pdb(text)
-    assert [c.sequence for c in parse_mmcif(("\ufeff" + pdb).encode("utf-8"), "bom.pdb").chains] == \
-        [c.sequence for c in parse_mmcif(pdb, "plain.pdb").chains]
+    assert [c.sequence for c in parse_mmcif(("\ufeff" + pdb).encode("utf-8"), "bom.pdb").chains] == [
+        c.sequence for c in parse_mmcif(pdb, "plain.pdb").chains
+    ]

@@ -37,35 +37,63 @@ def test_every_layout_reads_its_own_example(header_format):
     ("header", "species"),
     [
         # UniProtKB FASTA (hhblits on BFD / UniClust): OX= is the organism; older headers lack it.
-        ("tr|A0A2A6NXF8|A0A2A6NXF8_9BRAD Uncharacterized protein OS=Bradyrhizobium sp. C9 OX=142585 "
-         "GN=CO675_03465 PE=4 SV=1", "tax:142585"),
+        (
+            "tr|A0A2A6NXF8|A0A2A6NXF8_9BRAD Uncharacterized protein OS=Bradyrhizobium sp. C9 OX=142585 "
+            "GN=CO675_03465 PE=4 SV=1",
+            "tax:142585",
+        ),
         ("tr|A0A1K0GGD5|A0A1K0GGD5_RAT Globin d1 OS=Rattus norvegicus GN=Glnd1 PE=3 SV=1", "tax:10116"),
-        ("tr|A0A0F8AH84|A0A0F8AH84_LARCR Ig mu chain C region membrane-bound form OS=Larimichthys crocea "
-         "GN=EH28_05626 PE=4 SV=1", "mnemonic:LARCR"),
-        ("tr|A0A0Q9XW80|A0A0Q9XW80_9STAP Uncharacterized protein OS=Staphylococcus sp. NAM3COL9 GN=x PE=4 SV=1",
-         "mnemonic:9STAP"),
+        (
+            "tr|A0A0F8AH84|A0A0F8AH84_LARCR Ig mu chain C region membrane-bound form OS=Larimichthys crocea "
+            "GN=EH28_05626 PE=4 SV=1",
+            "mnemonic:LARCR",
+        ),
+        (
+            "tr|A0A0Q9XW80|A0A0Q9XW80_9STAP Uncharacterized protein OS=Staphylococcus sp. NAM3COL9 GN=x PE=4 SV=1",
+            "mnemonic:9STAP",
+        ),
         ("sp|P01112|RASH_HUMAN GTPase HRas", "tax:9606"),
         # OpenFold / AF2 jackhmmer Stockholm: names with a range, DE text after them.
-        ("tr|A0A0K0ME10|A0A0K0ME10_9STAP/1-51 [subseq from] Plasmid segregation protein ParR OS=Staphylococcus "
-         "schleiferi OX=1295 GN=NP71_p00120 PE=4 SV=1", "tax:1295"),
+        (
+            "tr|A0A0K0ME10|A0A0K0ME10_9STAP/1-51 [subseq from] Plasmid segregation protein ParR OS=Staphylococcus "
+            "schleiferi OX=1295 GN=NP71_p00120 PE=4 SV=1",
+            "tax:1295",
+        ),
         ("tr|Q9XXX1|Q9XXX1_MOUSE/2-8", "tax:10090"),
         # AF3 JSON MSAs (A3M text inside the JSON): UniProt names, small BFD's '_<n>' suffix.
         ("tr|A0A146SKV9|A0A146SKV9_FUNHE_1/3-99", "mnemonic:FUNHE"),
         ("sp|P0C2L1|A3X1_LOXLA", "mnemonic:LOXLA"),
         # UniRef (jackhmmer on UniRef90, hhblits on UniRef30): one member -> its taxid; a cluster ->
         # its representative's organism (the TaxID is the members' common ancestor).
-        ("UniRef90_D7BIZ4/1-73 [subseq from] Uncharacterized protein n=1 Tax=Meiothermus silvanus (strain ATCC "
-         "700542 / DSM 9946 / VI-R2) TaxID=526227 RepID=D7BIZ4_MEISD", "tax:526227"),
-        ("UniRef90_UPI000A061283/1-51 [subseq from] plasmid segregation protein ParR n=1 Tax=Mammaliicoccus "
-         "sciuri TaxID=1296 RepID=UPI000A061283", "tax:1296"),
-        ("UniRef90_A0A087WY62/113-146 [subseq from] Neuroblastoma breakpoint family member 26 n=3 Tax=Homo "
-         "sapiens TaxID=9606 RepID=A0A087WY62_HUMAN", "tax:9606"),
-        ("UniRef90_A0A141BHY3/1-51 [subseq from] DNA-binding protein n=37 Tax=Staphylococcaceae TaxID=90964 "
-         "RepID=A0A141BHY3_STAXY", "mnemonic:STAXY"),
-        ("UniRef90_UPI0009DA3672/5-71 [subseq from] hypothetical protein n=2 Tax=Verrucomicrobia TaxID=74201 "
-         "RepID=UPI0009DA3672", ""),
-        ("UniRef100_C1BLX7 Hemoglobin subunit alpha-D n=1 Tax=Osmerus mordax TaxID=8014 RepID=C1BLX7_OSMMO",
-         "tax:8014"),
+        (
+            "UniRef90_D7BIZ4/1-73 [subseq from] Uncharacterized protein n=1 Tax=Meiothermus silvanus (strain ATCC "
+            "700542 / DSM 9946 / VI-R2) TaxID=526227 RepID=D7BIZ4_MEISD",
+            "tax:526227",
+        ),
+        (
+            "UniRef90_UPI000A061283/1-51 [subseq from] plasmid segregation protein ParR n=1 Tax=Mammaliicoccus "
+            "sciuri TaxID=1296 RepID=UPI000A061283",
+            "tax:1296",
+        ),
+        (
+            "UniRef90_A0A087WY62/113-146 [subseq from] Neuroblastoma breakpoint family member 26 n=3 Tax=Homo "
+            "sapiens TaxID=9606 RepID=A0A087WY62_HUMAN",
+            "tax:9606",
+        ),
+        (
+            "UniRef90_A0A141BHY3/1-51 [subseq from] DNA-binding protein n=37 Tax=Staphylococcaceae TaxID=90964 "
+            "RepID=A0A141BHY3_STAXY",
+            "mnemonic:STAXY",
+        ),
+        (
+            "UniRef90_UPI0009DA3672/5-71 [subseq from] hypothetical protein n=2 Tax=Verrucomicrobia TaxID=74201 "
+            "RepID=UPI0009DA3672",
+            "",
+        ),
+        (
+            "UniRef100_C1BLX7 Hemoglobin subunit alpha-D n=1 Tax=Osmerus mordax TaxID=8014 RepID=C1BLX7_OSMMO",
+            "tax:8014",
+        ),
         # Protenix (ColabFold search + taxonomy): UniRef100_<accession>_<taxid>.
         ("UniRef100_A0A0B4J2F2_9606/1-100", "tax:9606"),
         ("UniRef100_UPI0008FD4ACD_1287720", "tax:1287720"),
@@ -175,7 +203,10 @@ def test_heterodimer_pairs_rows_across_header_layouts(shared_data, first_file, p
     assert warnings == []
     paired = int(features["msa_is_paired"].sum()) - 1  # the query row counts as paired
     resolver = SpeciesResolver([first.species_tags, second.species_tags])
-    first_keys, second_keys = set(resolver.keys(first.species_tags)) - {""}, set(resolver.keys(second.species_tags)) - {""}
+    first_keys, second_keys = (
+        set(resolver.keys(first.species_tags)) - {""},
+        set(resolver.keys(second.species_tags)) - {""},
+    )
     # Every shared species pairs, with as many rows as the chain with fewer rows of it has (AF3).
     paired_species = np.unique(features["msa_species"][1 : paired + 1])
     assert len(paired_species) == len(first_keys & second_keys) > 50
@@ -195,8 +226,16 @@ def test_heterodimer_pairs_rows_across_header_layouts(shared_data, first_file, p
 # Expected species per file, one per header line in file order.
 REAL_HEADER_SPECIES = {
     "jackhmmer_uniref90.txt": ["tax:526227", "tax:2219696", "tax:1797188", "tax:47281", "tax:47281", "tax:47281"],
-    "uniprot.txt": ["tax:1295", "tax:1280", "tax:1282", "tax:9913", "mnemonic:DROWI", "tax:284812", "tax:10090",
-                    "tax:9606"],
+    "uniprot.txt": [
+        "tax:1295",
+        "tax:1280",
+        "tax:1282",
+        "tax:9913",
+        "mnemonic:DROWI",
+        "tax:284812",
+        "tax:10090",
+        "tax:9606",
+    ],
     "hhblits.txt": ["tax:142585", "tax:1797188", "", "tax:240159", "tax:9880"],
     # ColabFold's headers name only an accession: it pairs on its server, not by species.
     "colabfold_mmseqs2.txt": ["", "", "", "", ""],
@@ -238,12 +277,19 @@ def test_protenix_example_msas_pair_across_chains():
     """Protenix's own example MSAs (chain_a.a3m, chain_b.a3m: each a query, one UniRef100 row of
     taxid 9606 named '>UniRef100_<acc>_9606/' and an environmental row) pair their 9606 rows
     through the feature builder's pairing."""
-    chain_a = parse_a3m(">query\nACDEFGHIK\n>UniRef100_CHAINA_9606/\nACDEFGHIK\n>environmental_hit_a\nACD-FGHIK\n",
-                        "chain_a.a3m")
-    chain_b = parse_a3m(">query\nLMNPQRSTV\n>UniRef100_CHAINB_9606/\nLMNPQRSTV\n>environmental_hit_b\nLMN-QRSTV\n",
-                        "chain_b.a3m")
-    assert [line[1:] for line in _header_lines("protenix.txt")[:2]] == [chain_a.descriptions[1], chain_b.descriptions[1]]
-    structure = structure_from_sequences("protenix_example", [("A", "protein", "ACDEFGHIK"), ("B", "protein", "LMNPQRSTV")])
+    chain_a = parse_a3m(
+        ">query\nACDEFGHIK\n>UniRef100_CHAINA_9606/\nACDEFGHIK\n>environmental_hit_a\nACD-FGHIK\n", "chain_a.a3m"
+    )
+    chain_b = parse_a3m(
+        ">query\nLMNPQRSTV\n>UniRef100_CHAINB_9606/\nLMNPQRSTV\n>environmental_hit_b\nLMN-QRSTV\n", "chain_b.a3m"
+    )
+    assert [line[1:] for line in _header_lines("protenix.txt")[:2]] == [
+        chain_a.descriptions[1],
+        chain_b.descriptions[1],
+    ]
+    structure = structure_from_sequences(
+        "protenix_example", [("A", "protein", "ACDEFGHIK"), ("B", "protein", "LMNPQRSTV")]
+    )
     tokens = tokenize(structure)
     warnings: list[str] = []
     features = build_msa_features(structure, tokens, {"A": chain_a, "B": chain_b}, FeatureConfig(), warnings)

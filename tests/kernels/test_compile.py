@@ -42,8 +42,9 @@ def test_pairformer_block_compiles_whole_and_matches_eager():
         s_, z_ = s.clone().requires_grad_(), z.clone().requires_grad_()
         s_out, z_out = fn(s_, z_, token_mask, pair_mask)
         (s_out.square().sum() + z_out.square().sum()).backward()
-        return [s_out.detach(), z_out.detach(), s_.grad, z_.grad] + [p.grad.clone() for p in block.parameters()
-                                                                     if p.grad is not None]
+        return [s_out.detach(), z_out.detach(), s_.grad, z_.grad] + [
+            p.grad.clone() for p in block.parameters() if p.grad is not None
+        ]
 
     eager = run(block)
     block.zero_grad(set_to_none=True)
@@ -73,8 +74,11 @@ def test_atom_attention_compiles_whole_and_matches_eager():
         inputs = [x.clone().requires_grad_() for x in (a, s, pair)]
         out = fn(*inputs)
         out.square().sum().backward()
-        return [out.detach()] + [x.grad for x in inputs] + [p.grad.clone() for p in attention.parameters()
-                                                            if p.grad is not None]
+        return (
+            [out.detach()]
+            + [x.grad for x in inputs]
+            + [p.grad.clone() for p in attention.parameters() if p.grad is not None]
+        )
 
     eager = run(layer)
     attention.zero_grad(set_to_none=True)
@@ -86,8 +90,11 @@ def test_atom_attention_compiles_whole_and_matches_eager():
 
 
 def _opcheck_with_grads(op, args):
-    torch.library.opcheck(op, args, test_utils=("test_schema", "test_autograd_registration",
-                                                "test_faketensor", "test_aot_dispatch_dynamic"))
+    torch.library.opcheck(
+        op,
+        args,
+        test_utils=("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"),
+    )
 
 
 @pytest.mark.parametrize("masked", [True, False])
@@ -102,8 +109,10 @@ def test_triangle_mult_ops_pass_opcheck(masked):
 def test_layernorm_linear_and_transition_ops_pass_opcheck():
     x = torch.randn(2, 5, 16, device=DEVICE, requires_grad=True)
     linear = _randomized(LayerNormLinear(16, 24, bias=True), 2)
-    params = [p.detach().requires_grad_() for p in (linear.norm.weight, linear.norm.bias, linear.linear.weight,
-                                                    linear.linear.bias)]
+    params = [
+        p.detach().requires_grad_()
+        for p in (linear.norm.weight, linear.norm.bias, linear.linear.weight, linear.linear.bias)
+    ]
     _opcheck_with_grads(torch.ops.featurecache.layernorm_linear_fwd.default, (x, *params, 1e-5))
     _opcheck_with_grads(torch.ops.featurecache.layernorm_linear_fwd.default, (x, *params[:3], None, 1e-5))
     transition = _randomized(Transition(16, expansion=2), 3)
@@ -130,5 +139,6 @@ def test_smooth_lddt_compiles_and_matches_eager():
         results.append((value.detach(), x.grad))
     for got, want in zip(*results[::-1]):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
-    _opcheck_with_grads(torch.ops.featurecache.smooth_lddt_sums.default,
-                        (predicted.clone().requires_grad_(), true, radius))
+    _opcheck_with_grads(
+        torch.ops.featurecache.smooth_lddt_sums.default, (predicted.clone().requires_grad_(), true, radius)
+    )

@@ -23,8 +23,20 @@ from featurecache.testing.compare import rel_error
 ERROR_MULTIPLE = 3.0
 ERROR_FLOOR = {torch.float32: 1e-6, torch.bfloat16: 1e-3}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-NAMES = ["out", "da", "ds", "d_norm_s_weight", "d_scale_weight", "d_scale_bias", "d_shift_weight",
-         "d_weight_a", "d_weight_b", "d_weight_out", "d_gate_weight", "d_gate_bias"]
+NAMES = [
+    "out",
+    "da",
+    "ds",
+    "d_norm_s_weight",
+    "d_scale_weight",
+    "d_scale_bias",
+    "d_shift_weight",
+    "d_weight_a",
+    "d_weight_b",
+    "d_weight_out",
+    "d_gate_weight",
+    "d_gate_bias",
+]
 
 
 def _inputs(a_shape, s_shape, expansion, generator):
@@ -54,8 +66,9 @@ def _adaptive_layernorm(a, s, norm_s_weight, scale_weight, scale_bias, shift_wei
     return adaptive_layernorm(a, s, norm_s_weight, scale_weight, scale_bias, shift_weight, eps)
 
 
-def _check(a_shape, s_shape, expansion, dtype, seed, functions=(conditioned_transition_reference,
-                                                               conditioned_transition)):
+def _check(
+    a_shape, s_shape, expansion, dtype, seed, functions=(conditioned_transition_reference, conditioned_transition)
+):
     generator = torch.Generator().manual_seed(seed)
     a, s, params = _inputs(a_shape, s_shape, expansion, generator)
     grad_out = torch.randn(*a_shape, generator=generator).to(DEVICE)
@@ -74,21 +87,25 @@ def _check(a_shape, s_shape, expansion, dtype, seed, functions=(conditioned_tran
     torch_result = run(reference, dtype, torch.float32)
     triton_result = run(triton_fn, dtype, torch.float32)
     assert len(triton_result) == len(torch_result) == len(truth)
-    for name, mine, ref, exact in zip(NAMES[:len(truth)], triton_result, torch_result, truth, strict=True):
+    for name, mine, ref, exact in zip(NAMES[: len(truth)], triton_result, torch_result, truth, strict=True):
         assert mine.dtype == ref.dtype and mine.shape == ref.shape, name
         assert torch.isfinite(mine).all(), name
         mine_err, torch_err = rel_error(mine, exact), rel_error(ref, exact)
         assert mine_err <= ERROR_MULTIPLE * torch_err + ERROR_FLOOR[dtype], (
-            f"{name}: triton error {mine_err:.2e} vs torch {torch_err:.2e} ({dtype}, {a_shape}, {s_shape}, seed {seed})")
+            f"{name}: triton error {mine_err:.2e} vs torch {torch_err:.2e} ({dtype}, {a_shape}, {s_shape}, seed {seed})"
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("a_shape, s_shape, expansion", [
-    ((2, 3, 7, 24), (2, 3, 7, 40), 2),   # s per sample (the token transformer: s carries the noise level)
-    ((1, 3, 11, 40), (1, 1, 11, 24), 2),  # s shared by the samples (the atom transformers)
-    ((2, 2, 9, 16), (2, 1, 9, 16), 3),    # two batch entries sharing rows across samples
-    ((37, 24), (37, 40), 2),              # no sample dimension
-])
+@pytest.mark.parametrize(
+    "a_shape, s_shape, expansion",
+    [
+        ((2, 3, 7, 24), (2, 3, 7, 40), 2),  # s per sample (the token transformer: s carries the noise level)
+        ((1, 3, 11, 40), (1, 1, 11, 24), 2),  # s shared by the samples (the atom transformers)
+        ((2, 2, 9, 16), (2, 1, 9, 16), 3),  # two batch entries sharing rows across samples
+        ((37, 24), (37, 40), 2),  # no sample dimension
+    ],
+)
 def test_matches_reference(a_shape, s_shape, expansion, dtype):
     _check(a_shape, s_shape, expansion, dtype, seed=torch.seed() % 2**31)
 
@@ -104,8 +121,14 @@ def test_wide_rows_take_the_adaln_kernel_and_products(a_shape, s_shape, dtype, m
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("a_shape, s_shape", [((2, 3, 7, 24), (2, 3, 7, 40)), ((1, 3, 11, 40), (1, 1, 11, 24))])
 def test_adaptive_layernorm_matches_reference(a_shape, s_shape, dtype):
-    _check(a_shape, s_shape, 2, dtype, seed=torch.seed() % 2**31,
-           functions=(adaptive_layernorm_reference, _adaptive_layernorm))
+    _check(
+        a_shape,
+        s_shape,
+        2,
+        dtype,
+        seed=torch.seed() % 2**31,
+        functions=(adaptive_layernorm_reference, _adaptive_layernorm),
+    )
 
 
 def test_module_paths_agree_and_share_parameters():
@@ -159,16 +182,25 @@ def test_opcheck_forward_and_backward_ops():
     a, _, params = _inputs((1, 2, 5, 16), (1, 1, 5, 16), 2, generator)
     scale = torch.randn(1, 1, 5, 16, generator=generator)
     shift, gate = torch.randn_like(scale), torch.randn_like(scale)
-    args = (a.requires_grad_(), scale.requires_grad_(), shift.requires_grad_(), gate.requires_grad_(),
-            *(w.requires_grad_() for w in params[4:7]), 1e-5)
+    args = (
+        a.requires_grad_(),
+        scale.requires_grad_(),
+        shift.requires_grad_(),
+        gate.requires_grad_(),
+        *(w.requires_grad_() for w in params[4:7]),
+        1e-5,
+    )
     torch.library.opcheck(torch.ops.featurecache.conditioned_transition_fwd.default, args)
     y, out, mean, rstd = torch.ops.featurecache.conditioned_transition_fwd(*(t.detach() for t in args[:-1]), 1e-5)
-    torch.library.opcheck(torch.ops.featurecache.conditioned_transition_bwd.default,
-                          (torch.randn_like(y), *(t.detach() for t in args[:-1]), out, mean, rstd))
+    torch.library.opcheck(
+        torch.ops.featurecache.conditioned_transition_bwd.default,
+        (torch.randn_like(y), *(t.detach() for t in args[:-1]), out, mean, rstd),
+    )
     torch.library.opcheck(torch.ops.featurecache.adaln_fwd.default, (*args[:3], 1e-5))
     x, mean, rstd = torch.ops.featurecache.adaln_fwd(*(t.detach() for t in args[:3]), 1e-5)
-    torch.library.opcheck(torch.ops.featurecache.adaln_bwd.default,
-                          (torch.randn_like(x), *(t.detach() for t in args[:3]), mean, rstd))
+    torch.library.opcheck(
+        torch.ops.featurecache.adaln_bwd.default, (torch.randn_like(x), *(t.detach() for t in args[:3]), mean, rstd)
+    )
 
 
 @pytest.mark.parametrize("wide, s_samples", [(False, 2), (True, 1)])

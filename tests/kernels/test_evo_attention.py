@@ -164,6 +164,7 @@ def test_tail_padding_skips_keys_and_keeps_gradients(bias_rows, monkeypatch):
     if bias_rows == "per_row":
         assert torch.all(kernel[4][0, 0, :, :, 10:] == 0), "skipped keys need a zero bias gradient"
 
+
 def test_bias_in_input_dtype_and_custom_scale():
     q, k, v, bias, mask = _make_inputs(1, 2, 25, 2, 16, "shared", True, strided=False, dtype=torch.bfloat16)
     _check_against_truth(q, k, v, bias.to(torch.bfloat16), mask, scale=0.37)
@@ -200,7 +201,7 @@ def test_fully_masked_batch_gives_zeros_and_zero_grads():
 
 def test_reference_matches_float64_eager():
     q, k, v, bias, mask = _make_inputs(1, 2, 15, 2, 8, "shared", True, strided=False, dtype=torch.float32)
-    scale = 8 ** -0.5
+    scale = 8**-0.5
     truth = _eager_attention(q.double(), k.double(), v.double(), bias.double(), mask, scale)
     assert rel_error(evo_attention_reference(q, k, v, bias, mask, scale), truth) < 1e-6
 
@@ -281,7 +282,7 @@ def test_row_group_kernels_match_plain_kernels():
     # N = 5 rows in groups of 4 leaves a partial last group; one row is fully masked.
     q, k, v, bias, mask = _make_inputs(1, 5, 21, 2, 24, "shared", True, strided=True, dtype=torch.bfloat16)
     grad_out = torch.randn(q.shape, device=DEVICE, dtype=q.dtype)
-    scale = 24 ** -0.5
+    scale = 24**-0.5
     base = select_config(24, 21, q.device)
     results = {}
     for rows in (1, 4):
@@ -323,14 +324,15 @@ def test_fused_backward_matches_split_backward(bias_rows, bias_dtype, strided):
     if bias is not None:
         bias = bias.to(bias_dtype)
     grad_out = torch.randn(q.shape, device=DEVICE, dtype=q.dtype)
-    scale = 24 ** -0.5
+    scale = 24**-0.5
     base = select_config(24, 21, q.device)
     results = {}
     for mode in ("split", "fused"):
         config = dataclasses.replace(base, bwd_mode=mode, fp32_bias_bwd_mode=mode)
         out, lse, key_end = evo_attention_forward(q, k, v, bias, mask, scale, config)
-        grads = evo_attention_backward(grad_out, q, k, v, bias, mask, out, lse, key_end, scale,
-                                       bias is not None, config)
+        grads = evo_attention_backward(
+            grad_out, q, k, v, bias, mask, out, lse, key_end, scale, bias is not None, config
+        )
         results[mode] = [g for g in grads if g is not None]
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v) + ((bias,) if bias is not None else ())]
     truth_out = _eager_attention(*leaves[:3], leaves[3] if bias is not None else None, mask, scale)
@@ -347,7 +349,7 @@ def test_fp32_bias_mode_and_deterministic_runs_take_the_split_backward(monkeypat
     # atomic mode falls back to the split kernels, whose results are bitwise reproducible.
     q, k, v, bias, mask = _make_inputs(1, 3, 21, 2, 24, "shared", True, strided=False, dtype=torch.bfloat16)
     grad_out = torch.randn(q.shape, device=DEVICE, dtype=q.dtype)
-    scale = 24 ** -0.5
+    scale = 24**-0.5
     base = select_config(24, 21, q.device)
     fused = dataclasses.replace(base, bwd_mode="fused", fp32_bias_bwd_mode="split")
     assert fused.backward_mode(torch.float32) == "split" and fused.backward_mode(torch.bfloat16) == "fused"
@@ -373,8 +375,12 @@ def test_fp32_bias_mode_and_deterministic_runs_take_the_split_backward(monkeypat
 
 def _config_entry(**modes) -> dict:
     block = {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2, "rows": 1}
-    return {"head_dim_max": 32, "seq_len_max": 1024, **modes,
-            **{name: dict(block) for name in ("fwd", "bwd_kv", "bwd_q", "bwd_bias")}}
+    return {
+        "head_dim_max": 32,
+        "seq_len_max": 1024,
+        **modes,
+        **{name: dict(block) for name in ("fwd", "bwd_kv", "bwd_q", "bwd_bias")},
+    }
 
 
 @pytest.fixture
@@ -395,7 +401,7 @@ def test_config_file_with_removed_backward_modes_still_loads(config_file):
     entry["bwd_kv"] = old_block
     config_file([entry])
     with pytest.warns(UserWarning) as caught:
-        (_, _, config), = load_tuned_configs()["Test GPU"]
+        ((_, _, config),) = load_tuned_configs()["Test GPU"]
     assert [str(w.message).split(": ", 1)[1] for w in caught] == [
         "gpus['Test GPU'][0].bwd_mode 'atomic_dbias' was removed; running 'fused' instead",
         "gpus['Test GPU'][0].fp32_bias_bwd_mode 'walk' was removed; running 'split' instead",
@@ -460,18 +466,25 @@ def test_64_bit_tile_offsets_give_the_same_results(monkeypatch):
     q, k, v, bias, mask = _make_inputs(1, 5, 21, 2, 24, "shared", True, strided=True, dtype=torch.bfloat16)
     per_row = torch.randn(1, 5, 2, 21, 21, device=DEVICE)
     grad_out = torch.randn(q.shape, device=DEVICE, dtype=q.dtype)
-    scale = 24 ** -0.5
+    scale = 24**-0.5
     base = select_config(24, 21, q.device)
-    grouped = dataclasses.replace(base, fwd=dataclasses.replace(base.fwd, rows=4),
-                                  bwd_kv=dataclasses.replace(base.bwd_kv, rows=4),
-                                  bwd_q=dataclasses.replace(base.bwd_q, rows=4))
+    grouped = dataclasses.replace(
+        base,
+        fwd=dataclasses.replace(base.fwd, rows=4),
+        bwd_kv=dataclasses.replace(base.bwd_kv, rows=4),
+        bwd_q=dataclasses.replace(base.bwd_q, rows=4),
+    )
 
     def run_all():
         results = []
         for config, b in ((base, bias), (grouped, bias), (base, per_row)):
             out, lse, key_end = evo_attention_forward(q, k, v, b, mask, scale, config)
-            results += [out, lse, key_end,
-                        *evo_attention_backward(grad_out, q, k, v, b, mask, out, lse, key_end, scale, True, config)]
+            results += [
+                out,
+                lse,
+                key_end,
+                *evo_attention_backward(grad_out, q, k, v, b, mask, out, lse, key_end, scale, True, config),
+            ]
         return results
 
     narrow = run_all()

@@ -19,13 +19,20 @@ def _inputs(bias_rows: int, generator: torch.Generator) -> dict:
 
     mask = torch.rand(B, N, L, generator=generator) < 0.8
     mask[0, 3] = False  # a row with every key masked
-    return {"q": leaf(B, N, L, H, D), "k": leaf(B, N, L, H, D), "v": leaf(B, N, L, H, D),
-            "bias": leaf(B, bias_rows, H, L, L), "mask": mask}
+    return {
+        "q": leaf(B, N, L, H, D),
+        "k": leaf(B, N, L, H, D),
+        "v": leaf(B, N, L, H, D),
+        "bias": leaf(B, bias_rows, H, L, L),
+        "mask": mask,
+    }
 
 
 def _output_and_grads(attention, inputs: dict, grad_out: torch.Tensor, **options):
-    leaves = {name: value.detach().clone().requires_grad_() if value.dtype.is_floating_point else value
-              for name, value in inputs.items()}
+    leaves = {
+        name: value.detach().clone().requires_grad_() if value.dtype.is_floating_point else value
+        for name, value in inputs.items()
+    }
     out = attention(**leaves, **options)
     out.backward(grad_out)
     return out.detach(), {name: leaves[name].grad for name in ("q", "k", "v", "bias")}
@@ -38,8 +45,9 @@ def test_rows_equal_the_reference_in_output_and_gradients(bias_rows, rows_per_bl
     inputs = _inputs(bias_rows, generator)
     grad_out = torch.randn(B, N, L, H, D, generator=generator)
     expected, expected_grads = _output_and_grads(evo_attention_reference, inputs, grad_out)
-    actual, grads = _output_and_grads(evo_attention_rows, inputs, grad_out,
-                                      block_elements=rows_per_block * B * H * L * L)
+    actual, grads = _output_and_grads(
+        evo_attention_rows, inputs, grad_out, block_elements=rows_per_block * B * H * L * L
+    )
     # the same sums per row (over D, then over L keys); the shared bias's gradient adds N rows more
     assert rel_error(actual, expected) <= summation_tolerance(torch.float32, L * D)
     for name in ("q", "k", "v", "bias"):

@@ -55,8 +55,11 @@ def test_each_part_holds_only_its_own_code(op):
                 wrong.append(f"{where}: @triton.jit {node.name} outside kernels.py")
             if isinstance(node, ast.ClassDef) and "nn.Module" in _bases(node) and path.name != "module.py":
                 wrong.append(f"{where}: nn.Module {node.name} outside module.py")
-            if isinstance(node, ast.ClassDef) and "torch.autograd.Function" in _bases(node) \
-                    and path.name != "autograd.py":
+            if (
+                isinstance(node, ast.ClassDef)
+                and "torch.autograd.Function" in _bases(node)
+                and path.name != "autograd.py"
+            ):
                 wrong.append(f"{where}: autograd Function {node.name} outside autograd.py")
             if isinstance(node, ast.Attribute) and node.attr == "custom_op" and path.name != "autograd.py":
                 wrong.append(f"{where}: custom op outside autograd.py")
@@ -80,7 +83,13 @@ def test_kernels_import_only_triton_and_the_primitives(op):
 def test_package_init_only_reexports(op):
     body = _tree(op / "__init__.py").body
     code = [node for node in body if not isinstance(node, (ast.Import, ast.ImportFrom, ast.Expr, ast.Assign))]
-    assigned = [target.id for node in body if isinstance(node, ast.Assign) for target in node.targets
-                if isinstance(target, ast.Name)]
-    assert not code and set(assigned) <= {"__all__"}, \
+    assigned = [
+        target.id
+        for node in body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    ]
+    assert not code and set(assigned) <= {"__all__"}, (
         f"kernels/{op.name}/__init__.py defines code; it re-exports the parts' names only"
+    )

@@ -86,8 +86,9 @@ def test_state_dict_moves_between_kernel_choices():
     x = torch.randn(2, 19, 24)
     torch.testing.assert_close(fused(x), plain(x), rtol=1e-5, atol=1e-5)
     reference = torch.nn.Sequential(torch.nn.LayerNorm(24), torch.nn.Linear(24, 33))
-    reference.load_state_dict({k.replace("norm.", "0.").replace("linear.", "1."): v
-                               for k, v in fused.state_dict().items()})
+    reference.load_state_dict(
+        {k.replace("norm.", "0.").replace("linear.", "1."): v for k, v in fused.state_dict().items()}
+    )
     torch.testing.assert_close(fused(x), reference(x), rtol=1e-5, atol=1e-5)
 
 

@@ -60,6 +60,7 @@ class _KernelNeedingSmallTiles:
             if options["num_stages"] > 1 or options["BLOCK_H"] > 32:
                 raise triton.runtime.errors.OutOfResources(270336, 232448, "shared memory")
             self.launches.append((grid, args, options))
+
         return launch
 
 

@@ -39,22 +39,18 @@ def _check(shape, expansion, dtype, seed):
     truth = run(transition_reference, torch.float64, torch.float64)
     torch_result = run(transition_reference, dtype, torch.float32)
     triton_result = run(transition, dtype, torch.float32)
-    names = ["out", "dx", "d_norm_weight", "d_norm_bias", "d_weight_a", "d_weight_b",
-             "d_weight_out"]
+    names = ["out", "dx", "d_norm_weight", "d_norm_bias", "d_weight_a", "d_weight_b", "d_weight_out"]
     for name, mine, ref, exact in zip(names, triton_result, torch_result, truth):
         assert mine.dtype == ref.dtype and mine.shape == ref.shape, name
         assert torch.isfinite(mine).all(), name
         mine_err, torch_err = rel_error(mine, exact), rel_error(ref, exact)
         assert mine_err <= ERROR_MULTIPLE * torch_err + ERROR_FLOOR[dtype], (
-            f"{name}: triton error {mine_err:.2e} vs torch {torch_err:.2e} "
-            f"({dtype}, {shape}, seed {seed})"
+            f"{name}: triton error {mine_err:.2e} vs torch {torch_err:.2e} ({dtype}, {shape}, seed {seed})"
         )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(
-    "shape, expansion", [((37, 24), 4), ((2, 5, 7, 16), 2), ((3, 24), 3)]
-)
+@pytest.mark.parametrize("shape, expansion", [((37, 24), 4), ((2, 5, 7, 16), 2), ((3, 24), 3)])
 def test_matches_reference(shape, expansion, dtype):
     _check(shape, expansion, dtype, seed=torch.seed() % 2**31)
 

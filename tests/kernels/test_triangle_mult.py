@@ -12,8 +12,18 @@ from featurecache.testing.compare import rel_error
 ERROR_MULTIPLE = 3.0
 ERROR_FLOOR = {torch.float32: 1e-6, torch.bfloat16: 1e-3}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-PARAM_NAMES = ["norm_in_weight", "norm_in_bias", "weight_a_p", "weight_a_g", "weight_b_p",
-               "weight_b_g", "weight_g", "norm_out_weight", "norm_out_bias", "weight_z"]
+PARAM_NAMES = [
+    "norm_in_weight",
+    "norm_in_bias",
+    "weight_a_p",
+    "weight_a_g",
+    "weight_b_p",
+    "weight_b_g",
+    "weight_g",
+    "norm_out_weight",
+    "norm_out_bias",
+    "weight_z",
+]
 
 
 def _random_params(dim, hidden, generator):
@@ -21,10 +31,12 @@ def _random_params(dim, hidden, generator):
         return torch.randn(*shape, generator=generator) * scale
 
     return [
-        1.0 + 0.5 * rand(dim), 0.5 * rand(dim),
+        1.0 + 0.5 * rand(dim),
+        0.5 * rand(dim),
         *(rand(hidden, dim, scale=dim**-0.5) for _ in range(4)),
         rand(dim, dim, scale=dim**-0.5),
-        1.0 + 0.5 * rand(hidden), 0.5 * rand(hidden),
+        1.0 + 0.5 * rand(hidden),
+        0.5 * rand(hidden),
         rand(dim, hidden, scale=hidden**-0.5),
     ]
 
@@ -83,10 +95,17 @@ def test_state_dict_moves_between_kernel_choices(direction):
             norm.weight.normal_(1.0, 0.3)
             norm.bias.normal_(0.0, 0.3)
     assert sorted(fused.state_dict()) == sorted(
-        f"{name}.{kind}" for name, kind in [
-            ("norm_in", "weight"), ("norm_in", "bias"), ("linear_a_p", "weight"),
-            ("linear_a_g", "weight"), ("linear_b_p", "weight"), ("linear_b_g", "weight"),
-            ("linear_g", "weight"), ("norm_out", "weight"), ("norm_out", "bias"),
+        f"{name}.{kind}"
+        for name, kind in [
+            ("norm_in", "weight"),
+            ("norm_in", "bias"),
+            ("linear_a_p", "weight"),
+            ("linear_a_g", "weight"),
+            ("linear_b_p", "weight"),
+            ("linear_b_g", "weight"),
+            ("linear_g", "weight"),
+            ("norm_out", "weight"),
+            ("norm_out", "bias"),
             ("linear_z", "weight"),
         ]
     )

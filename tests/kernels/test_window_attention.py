@@ -43,20 +43,22 @@ def _eager_attention(q, k, v, bias, mask, scale):
     return torch.einsum("bswhqk,bswkhd->bswqhd", weights, v)
 
 
-def _make_inputs(batch, samples, windows, queries, keys, heads, head_dim, dtype, masked=True, strided=False,
-                 bias_dtype=torch.float32):
+def _make_inputs(
+    batch, samples, windows, queries, keys, heads, head_dim, dtype, masked=True, strided=False, bias_dtype=torch.float32
+):
     """Fresh random inputs; `strided` reads q, k, v as slices of packed projections and the bias
     heads-last, as the model produces them."""
     if strided:
         q = torch.randn(batch, samples, windows, queries, heads, 3 * head_dim, device=DEVICE, dtype=dtype)
-        q = q[..., head_dim:2 * head_dim]
+        q = q[..., head_dim : 2 * head_dim]
         kv = torch.randn(batch, samples, windows, keys, heads, 2 * head_dim, device=DEVICE, dtype=dtype)
         k, v = kv.split(head_dim, dim=-1)
         bias = torch.randn(batch, windows, queries, keys, heads, device=DEVICE, dtype=bias_dtype).permute(0, 1, 4, 2, 3)
     else:
         q = torch.randn(batch, samples, windows, queries, heads, head_dim, device=DEVICE, dtype=dtype)
-        k, v = (torch.randn(batch, samples, windows, keys, heads, head_dim, device=DEVICE, dtype=dtype)
-                for _ in range(2))
+        k, v = (
+            torch.randn(batch, samples, windows, keys, heads, head_dim, device=DEVICE, dtype=dtype) for _ in range(2)
+        )
         bias = torch.randn(batch, windows, heads, queries, keys, device=DEVICE, dtype=bias_dtype)
     mask = None
     if masked:
@@ -94,13 +96,16 @@ def _check_against_truth(q, k, v, bias, mask, scale=None):
     return kernel
 
 
-@pytest.mark.parametrize("dtype, samples, windows, queries, keys, heads, head_dim, masked", [
-    (torch.float32, 3, 2, 5, 11, 2, 8, True),     # odd window, partial sample group
-    (torch.float32, 1, 3, 32, 40, 1, 24, False),  # no mask, keys not a power of two
-    (torch.bfloat16, 3, 2, 7, 19, 2, 16, True),
-    (torch.float16, 2, 2, 4, 9, 3, 8, True),
-    (torch.bfloat16, 5, 1, 8, 24, 1, 32, True),   # three sample groups
-])
+@pytest.mark.parametrize(
+    "dtype, samples, windows, queries, keys, heads, head_dim, masked",
+    [
+        (torch.float32, 3, 2, 5, 11, 2, 8, True),  # odd window, partial sample group
+        (torch.float32, 1, 3, 32, 40, 1, 24, False),  # no mask, keys not a power of two
+        (torch.bfloat16, 3, 2, 7, 19, 2, 16, True),
+        (torch.float16, 2, 2, 4, 9, 3, 8, True),
+        (torch.bfloat16, 5, 1, 8, 24, 1, 32, True),  # three sample groups
+    ],
+)
 def test_matches_float64_in_every_dtype(dtype, samples, windows, queries, keys, heads, head_dim, masked):
     _check_against_truth(*_make_inputs(1, samples, windows, queries, keys, heads, head_dim, dtype, masked))
 
@@ -152,8 +157,12 @@ def test_bias_gradient_is_deterministic():
 
 def test_without_bias_and_module_switch_agree():
     q, k, v, _, mask = _make_inputs(1, 2, 2, 5, 11, 2, 8, torch.float32)
-    torch.testing.assert_close(WindowAttention("triton")(q, k, v, mask=mask),
-                               WindowAttention("torch")(q, k, v, mask=mask), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        WindowAttention("triton")(q, k, v, mask=mask),
+        WindowAttention("torch")(q, k, v, mask=mask),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_cpu_without_interpreter_uses_reference(monkeypatch):
@@ -170,8 +179,10 @@ def test_opcheck_forward_and_backward_ops():
     torch.library.opcheck(torch.ops.featurecache.window_attention_fwd.default, (*leaves, mask, 0.35))
     torch.library.opcheck(torch.ops.featurecache.window_attention_fwd.default, (q, k, v, None, None, 0.35))
     out, lse = torch.ops.featurecache.window_attention_fwd(q, k, v, bias, mask, 0.35)
-    torch.library.opcheck(torch.ops.featurecache.window_attention_bwd.default,
-                          (torch.randn_like(out), q, k, v, bias, mask, out, lse, 0.35, True))
+    torch.library.opcheck(
+        torch.ops.featurecache.window_attention_bwd.default,
+        (torch.randn_like(out), q, k, v, bias, mask, out, lse, 0.35, True),
+    )
 
 
 def test_compiles_without_graph_break_and_matches_eager():
@@ -188,14 +199,17 @@ def test_compiles_without_graph_break_and_matches_eager():
         torch.testing.assert_close(got.grad, want.grad, rtol=0, atol=0, msg=name)
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda q, k, v, b, m: (q[0], k, v, b, m), "q has shape"),
-    (lambda q, k, v, b, m: (q, k[:, :1], v, b, m), "k .* and v"),
-    (lambda q, k, v, b, m: (q, k, v, b[..., :-1], m), "bias has shape"),
-    (lambda q, k, v, b, m: (q, k, v, b.half(), m), "bias is torch.float16"),
-    (lambda q, k, v, b, m: (q, k, v, b, m.float()), "mask is torch.float32"),
-    (lambda q, k, v, b, m: (q.double(), k.double(), v.double(), None, None), "torch.float64"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda q, k, v, b, m: (q[0], k, v, b, m), "q has shape"),
+        (lambda q, k, v, b, m: (q, k[:, :1], v, b, m), "k .* and v"),
+        (lambda q, k, v, b, m: (q, k, v, b[..., :-1], m), "bias has shape"),
+        (lambda q, k, v, b, m: (q, k, v, b.half(), m), "bias is torch.float16"),
+        (lambda q, k, v, b, m: (q, k, v, b, m.float()), "mask is torch.float32"),
+        (lambda q, k, v, b, m: (q.double(), k.double(), v.double(), None, None), "torch.float64"),
+    ],
+)
 def test_rejects_bad_inputs_with_named_reason(change, message):
     inputs = change(*_make_inputs(1, 2, 2, 5, 11, 2, 8, torch.float32))
     with pytest.raises(ValueError, match=message):

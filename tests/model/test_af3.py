@@ -27,19 +27,32 @@ def test_forward_backward_with_two_cycles_and_three_samples_reaches_every_parame
     assert outputs["noise_level"].shape == (2, 3)
     loss, metrics = model.loss(batch, outputs)
     assert loss.ndim == 0 and torch.isfinite(loss)
-    assert set(metrics) == {"loss", "distogram", "diffusion", "mse", "smooth_lddt", "bond",
-                            "confidence", "plddt", "pae", "pde", "resolved"}
+    assert set(metrics) == {
+        "loss",
+        "distogram",
+        "diffusion",
+        "mse",
+        "smooth_lddt",
+        "bond",
+        "confidence",
+        "plddt",
+        "pae",
+        "pde",
+        "resolved",
+    }
     assert all(value.ndim == 0 and not value.requires_grad for value in metrics.values())
-    expected = (config.loss.distogram_loss_weight * metrics["distogram"] + config.loss.diffusion_loss_weight * metrics["diffusion"]
-                + config.loss.confidence_loss_weight * metrics["confidence"])
+    expected = (
+        config.loss.distogram_loss_weight * metrics["distogram"]
+        + config.loss.diffusion_loss_weight * metrics["diffusion"]
+        + config.loss.confidence_loss_weight * metrics["confidence"]
+    )
     torch.testing.assert_close(metrics["loss"], expected)
     loss.backward()
     # A gradient that is zero in exact arithmetic shows as float noise, ~1e-11 here; the smallest
     # real one is ~1e-6. (The LayerNorm biases of the pair-bias projections and of the decoder's
     # position projection are such weights, see layers.freeze_norm_bias: frozen, not trainable.)
     trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    dead = [name for name, parameter in trainable
-            if parameter.grad is None or not parameter.grad.abs().max() > 1e-8]
+    dead = [name for name, parameter in trainable if parameter.grad is None or not parameter.grad.abs().max() > 1e-8]
     assert not dead, f"parameters without gradient: {dead}"
     for name, parameter in trainable:
         assert torch.isfinite(parameter.grad).all(), name
@@ -90,7 +103,7 @@ def test_loss_falls_when_overfitting_one_example():
     batch = random_batch([8], [2], [0], _generator(1), num_atoms_per_token=2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
-    for step in range(25):
+    for _step in range(25):
         # the same noise every step: the loss falls only by learning
         loss, _ = model.loss(batch, model(batch, num_cycles=1, diffusion_batch=2, generator=_generator(7)))
         optimizer.zero_grad()
@@ -117,8 +130,16 @@ def test_both_kernel_paths_build_identical_parameters():
 
 def test_triton_and_torch_paths_give_the_same_loss_and_gradients():
     """One block of every stack on a small batch, the kernels under the interpreter on CPU."""
-    config = preset("tiny", pairformer_blocks=1, msa_blocks=0, template_blocks=0,
-                    diffusion_blocks=1, checkpoint_blocks=False, atom_window_queries=8, atom_window_keys=16)
+    config = preset(
+        "tiny",
+        pairformer_blocks=1,
+        msa_blocks=0,
+        template_blocks=0,
+        diffusion_blocks=1,
+        checkpoint_blocks=False,
+        atom_window_queries=8,
+        atom_window_keys=16,
+    )
     torch_model = AF3Model(config.replace(kernels="torch"))
     triton_model = AF3Model(config.replace(kernels="triton"))
     triton_model.load_state_dict(torch_model.state_dict())
@@ -141,13 +162,31 @@ def test_triton_and_torch_paths_give_the_same_loss_and_gradients():
 
 def test_af3_preset_matches_the_paper():
     config = preset("af3")
-    assert (config.atom_attention.c_atom, config.atom_attention.c_atompair, config.atom_attention.atom_blocks, config.atom_attention.atom_heads) == (128, 16, 3, 4)
+    assert (
+        config.atom_attention.c_atom,
+        config.atom_attention.c_atompair,
+        config.atom_attention.atom_blocks,
+        config.atom_attention.atom_heads,
+    ) == (128, 16, 3, 4)
     assert (config.atom_attention.atom_window_queries, config.atom_attention.atom_window_keys) == (32, 128)
-    assert (config.diffusion.c_token_diffusion, config.diffusion.diffusion_blocks, config.diffusion.diffusion_heads) == (768, 24, 16)
-    assert (config.diffusion.sigma_data, config.sampler.sampler_sigma_max, config.sampler.sampler_sigma_min, config.sampler.sampler_rho) == (
-        16.0, 160.0, 4e-4, 7.0)
-    assert (config.sampler.sampler_gamma_0, config.sampler.sampler_gamma_min, config.sampler.sampler_noise_scale,
-            config.sampler.sampler_step_scale, config.sampler.sampler_steps) == (0.8, 1.0, 1.003, 1.5, 200)
+    assert (
+        config.diffusion.c_token_diffusion,
+        config.diffusion.diffusion_blocks,
+        config.diffusion.diffusion_heads,
+    ) == (768, 24, 16)
+    assert (
+        config.diffusion.sigma_data,
+        config.sampler.sampler_sigma_max,
+        config.sampler.sampler_sigma_min,
+        config.sampler.sampler_rho,
+    ) == (16.0, 160.0, 4e-4, 7.0)
+    assert (
+        config.sampler.sampler_gamma_0,
+        config.sampler.sampler_gamma_min,
+        config.sampler.sampler_noise_scale,
+        config.sampler.sampler_step_scale,
+        config.sampler.sampler_steps,
+    ) == (0.8, 1.0, 1.003, 1.5, 200)
     assert (config.loss.diffusion_loss_weight, config.loss.distogram_loss_weight) == (4.0, 0.03)
     with pytest.raises(ValueError, match="c_token_diffusion"):
         preset("tiny", diffusion_heads=3)
@@ -212,10 +251,12 @@ def test_each_recycling_cycle_reads_its_own_msa_rows():
 
     generator = torch.Generator().manual_seed(0)
     pool, tokens = 7, 5
-    batch = {"msa": torch.randint(0, 20, (2, pool, tokens), generator=generator),
-             "deletion_matrix": torch.rand(2, pool, tokens, generator=generator),
-             "msa_row_mask": torch.tensor([[True] * 7, [True] * 4 + [False] * 3]),
-             "msa_cycle_rows": torch.tensor([[[0, 2, 5], [0, 1, 6]], [[0, 1, 2], [0, 3, -1]]], dtype=torch.int32)}
+    batch = {
+        "msa": torch.randint(0, 20, (2, pool, tokens), generator=generator),
+        "deletion_matrix": torch.rand(2, pool, tokens, generator=generator),
+        "msa_row_mask": torch.tensor([[True] * 7, [True] * 4 + [False] * 3]),
+        "msa_cycle_rows": torch.tensor([[[0, 2, 5], [0, 1, 6]], [[0, 1, 2], [0, 3, -1]]], dtype=torch.int32),
+    }
     for cycle in range(4):  # cycles past the draws reuse them in turn
         rows = batch["msa_cycle_rows"][:, cycle % 2].long()
         got = msa_of_cycle(batch, cycle)
@@ -231,9 +272,16 @@ def test_each_recycling_cycle_reads_its_own_msa_rows():
     assert msa_of_cycle(without, 3) is without
     # no host sync: the gather traces into one graph with the cycle as a constant and no data-
     # dependent control flow (torch.fx would fail on a .item() or a Python branch on values)
-    traced = torch.fx.symbolic_trace(lambda msa, deletions, mask, cycle_rows: tuple(msa_of_cycle(
-        {"msa": msa, "deletion_matrix": deletions, "msa_row_mask": mask, "msa_cycle_rows": cycle_rows}, 1)[name]
-        for name in ("msa", "deletion_matrix", "msa_row_mask")))
+    traced = torch.fx.symbolic_trace(
+        lambda msa, deletions, mask, cycle_rows: tuple(
+            msa_of_cycle(
+                {"msa": msa, "deletion_matrix": deletions, "msa_row_mask": mask, "msa_cycle_rows": cycle_rows}, 1
+            )[name]
+            for name in ("msa", "deletion_matrix", "msa_row_mask")
+        )
+    )
     expected = msa_of_cycle(batch, 1)
     outputs = traced(batch["msa"], batch["deletion_matrix"], batch["msa_row_mask"], batch["msa_cycle_rows"])
-    assert all(torch.equal(out, expected[name]) for out, name in zip(outputs, ("msa", "deletion_matrix", "msa_row_mask")))
+    assert all(
+        torch.equal(out, expected[name]) for out, name in zip(outputs, ("msa", "deletion_matrix", "msa_row_mask"))
+    )

@@ -22,20 +22,23 @@ def _local_bias(num_atoms: int, queries: int, keys: int) -> torch.Tensor:
     bias = torch.full((num_atoms, num_atoms), -1e10)
     centre = queries / 2 - 0.5
     while centre - queries / 2 < num_atoms:
-        for l in range(num_atoms):
+        for query in range(num_atoms):
             for m in range(num_atoms):
-                if abs(l - centre) < queries / 2 and abs(m - centre) < keys / 2:
-                    bias[l, m] = 0.0
+                if abs(query - centre) < queries / 2 and abs(m - centre) < keys / 2:
+                    bias[query, m] = 0.0
         centre += queries
     return bias
 
 
-@pytest.mark.parametrize("num_atoms, real_atoms, queries, keys", [
-    (45, 45, 8, 24),     # not a multiple of the window
-    (45, 38, 8, 24),     # padding atoms at the end
-    (70, 61, 32, 128),   # AF3's windows, more keys than atoms
-    (200, 187, 32, 128),  # AF3's windows, several of them, padding
-])
+@pytest.mark.parametrize(
+    "num_atoms, real_atoms, queries, keys",
+    [
+        (45, 45, 8, 24),  # not a multiple of the window
+        (45, 38, 8, 24),  # padding atoms at the end
+        (70, 61, 32, 128),  # AF3's windows, more keys than atoms
+        (200, 187, 32, 128),  # AF3's windows, several of them, padding
+    ],
+)
 def test_windowed_attention_equals_full_attention_with_a_block_mask(num_atoms, real_atoms, queries, keys):
     generator = torch.Generator().manual_seed(num_atoms + real_atoms)
     c_a, c_s, c_pair, heads, samples = 16, 8, 4, 2, 2
@@ -98,10 +101,13 @@ def test_gates_start_at_afs_bias():
     assert (attention.output_gate.bias == GATE_BIAS_INIT).all() and (attention.output_gate.weight == 0).all()
 
 
-@pytest.mark.parametrize("num_atoms, real_atoms, queries, keys", [
-    (45, 38, 8, 24),     # not a multiple of the window, padding atoms
-    (70, 61, 32, 128),   # AF3's windows, more keys than atoms
-])
+@pytest.mark.parametrize(
+    "num_atoms, real_atoms, queries, keys",
+    [
+        (45, 38, 8, 24),  # not a multiple of the window, padding atoms
+        (70, 61, 32, 128),  # AF3's windows, more keys than atoms
+    ],
+)
 def test_window_kernels_match_the_torch_path_with_the_same_parameters(num_atoms, real_atoms, queries, keys):
     """kernels="triton" (window_attention) against kernels="torch" (padded evo_attention reference):
     same state_dict, same output, same gradient for every parameter and input."""

@@ -31,8 +31,7 @@ def _loss_and_gradients(group: int, state: dict | None, blocks: int) -> tuple[to
         model.load_state_dict(state)
     model.train()
     batch = random_batch(TOKENS, [5, 3], [2, 1], torch.Generator().manual_seed(3), num_atoms_per_token=3)
-    outputs = model(batch, num_cycles=2, diffusion_batch=DIFFUSION_SAMPLES,
-                    generator=torch.Generator().manual_seed(4))
+    outputs = model(batch, num_cycles=2, diffusion_batch=DIFFUSION_SAMPLES, generator=torch.Generator().manual_seed(4))
     loss, _ = model.loss(batch, outputs)
     loss.backward()
     gradients = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
@@ -59,8 +58,9 @@ def test_grouped_checkpoints_give_the_same_loss_and_gradients(group):
 def _pairformer_saved_bytes(group: int, blocks: int, length: int = 12) -> tuple[int, int, int]:
     """Bytes a Pairformer stack saves in forward; the bytes of one (s, z) state and of the masks."""
     torch.manual_seed(0)
-    stack = Pairformer(blocks, 16, 8, 2, 4, 2, 4, 2, checkpoint_blocks=True, kernels="torch",
-                       checkpoint_group=group).train()
+    stack = Pairformer(
+        blocks, 16, 8, 2, 4, 2, 4, 2, checkpoint_blocks=True, kernels="torch", checkpoint_group=group
+    ).train()
     s = torch.randn(1, length, 16, requires_grad=True)
     z = torch.randn(1, length, length, 8, requires_grad=True)
     token_mask = torch.ones(1, length, dtype=torch.bool)
@@ -99,8 +99,9 @@ def test_the_full_model_keeps_fewer_pair_sized_tensors():
             outputs = model(batch, num_cycles=1, diffusion_batch=2, generator=torch.Generator().manual_seed(2))
             model.loss(batch, outputs)
         pair = length * length * preset("tiny").trunk.c_z * 4  # fp32 without autocast
-        parts[value] = {"Pairformer pairs": sum(1 for part, size, _, _ in counter.saved
-                                                if part == "Pairformer" and size >= pair)}
+        parts[value] = {
+            "Pairformer pairs": sum(1 for part, size, _, _ in counter.saved if part == "Pairformer" and size >= pair)
+        }
         for part, size, _, _ in counter.saved:
             parts[value][part] = parts[value].get(part, 0) + size
     per_block, grouped = parts[1], parts[group]
@@ -125,7 +126,12 @@ def test_the_full_model_keeps_fewer_pair_sized_tensors():
     # z_init is re-run in backward: the relative-position one-hot [B, N, N, 139] and the bonds
     # [B, N, N, 1] are not kept; its checkpoint keeps the bool bond matrix ([N + 1, N + 1] storage)
     config = preset("tiny")
-    one_hot = length * length * (2 * (2 * config.trunk.relpos_max_residue + 2) + 1 + 2 * config.trunk.relpos_max_chain + 2) * 4
+    one_hot = (
+        length
+        * length
+        * (2 * (2 * config.trunk.relpos_max_residue + 2) + 1 + 2 * config.trunk.relpos_max_chain + 2)
+        * 4
+    )
     embedder = "input embedder"
     assert grouped[embedder] == per_block[embedder] - one_hot - length * length * 4 + (length + 1) ** 2
     # the diffusion transformer keeps one block input a [B, S, N, c_token] per group
@@ -133,15 +139,30 @@ def test_the_full_model_keeps_fewer_pair_sized_tensors():
     kept = math.ceil(diffusion_blocks / group)
     transformer = "diffusion: transformer"
     assert grouped[transformer] == per_block[transformer] - (diffusion_blocks - kept) * a_bytes
-    for part in per_block.keys() - {"Pairformer", "Pairformer pairs", glue, embedder, transformer, "distogram head",
-                                    *recomputed}:
+    for part in per_block.keys() - {
+        "Pairformer",
+        "Pairformer pairs",
+        glue,
+        embedder,
+        transformer,
+        "distogram head",
+        *recomputed,
+    }:
         # the bool pair mask is counted where it is first saved: no longer in the templates
         assert abs(grouped.get(part) - per_block[part]) <= length * length, part
 
 
 def test_growth_orders_match_tensors_of_two_runs():
-    small = [("a", 10 * 10 * 4, (10, 10), torch.float32), ("b", 16, (4,), torch.float32), ("c", 40, (10,), torch.float32)]
-    large = [("a", 20 * 20 * 4, (20, 20), torch.float32), ("b", 16, (4,), torch.float32), ("c", 80, (20,), torch.float32)]
+    small = [
+        ("a", 10 * 10 * 4, (10, 10), torch.float32),
+        ("b", 16, (4,), torch.float32),
+        ("c", 40, (10,), torch.float32),
+    ]
+    large = [
+        ("a", 20 * 20 * 4, (20, 20), torch.float32),
+        ("b", 16, (4,), torch.float32),
+        ("c", 80, (20,), torch.float32),
+    ]
     assert growth_orders(small, large, 10, 20) == [2, 0, 1]
     with pytest.raises(ValueError, match="different sequences"):
         growth_orders(small, large[:2], 10, 20)

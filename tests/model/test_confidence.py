@@ -49,8 +49,14 @@ def _targets(batch, predicted):
     atom_resolved = batch["atom_mask"] & batch["atom_pad_mask"]
     centre = centre_atom_index(batch)
     centre_resolved = torch.gather(atom_resolved, 1, centre) & batch["token_pad_mask"]
-    lddt, has_reference = plddt_target(predicted, batch["atom_pos"], atom_resolved, centre,
-                                       centre_resolved & ~batch["is_ligand"], batch["is_dna"] | batch["is_rna"])
+    lddt, has_reference = plddt_target(
+        predicted,
+        batch["atom_pos"],
+        atom_resolved,
+        centre,
+        centre_resolved & ~batch["is_ligand"],
+        batch["is_dna"] | batch["is_rna"],
+    )
     return lddt, has_reference, centre, centre_resolved
 
 
@@ -97,8 +103,12 @@ def test_perfect_prediction_with_logits_on_the_best_bins_has_zero_loss():
     resolved_logits = torch.full((b, s, a, 2), -50.0)
     resolved_logits[..., 1] = torch.where(batch["atom_mask"][:, None], 50.0, -50.0)
     resolved_logits[..., 0] = -resolved_logits[..., 1]
-    outputs = {"plddt_logits": plddt_logits, "pae_logits": pae_logits, "pde_logits": pae_logits.clone(),
-               "resolved_logits": resolved_logits}
+    outputs = {
+        "plddt_logits": plddt_logits,
+        "pae_logits": pae_logits,
+        "pde_logits": pae_logits.clone(),
+        "resolved_logits": resolved_logits,
+    }
     losses = confidence_losses(outputs, predicted, batch)
     assert set(losses) == {"plddt", "pae", "pde", "resolved"}
     for name, value in losses.items():
@@ -131,12 +141,12 @@ def test_nucleotide_references_reach_30_angstrom():
     resolved = torch.ones(1, 2, dtype=torch.bool)
     centre = torch.arange(2)[None]
     for nucleotide, reached in ((False, False), (True, True)):
-        _, has_reference = plddt_target(true[:, None], true, resolved, centre, resolved,
-                                        torch.full((1, 2), nucleotide))
+        _, has_reference = plddt_target(true[:, None], true, resolved, centre, resolved, torch.full((1, 2), nucleotide))
         assert bool(has_reference.all()) == reached
     # a ligand centre (not valid as a reference) gives its neighbours nothing
-    _, has_reference = plddt_target(true[:, None], true, resolved, centre, torch.tensor([[True, False]]),
-                                    torch.ones(1, 2, dtype=torch.bool))
+    _, has_reference = plddt_target(
+        true[:, None], true, resolved, centre, torch.tensor([[True, False]]), torch.ones(1, 2, dtype=torch.bool)
+    )
     assert has_reference.tolist() == [[False, True]]
 
 
@@ -204,8 +214,9 @@ def test_plddt_and_contact_probabilities():
     distogram[0, 0, 0, last_contact_bin] = 0.0  # within 8 A
     distogram[0, 0, 1, last_contact_bin + 1] = 0.0  # the next bin reaches past 8 A
     distogram[0, 1, :, 63] = 0.0
-    torch.testing.assert_close(contact_probabilities(distogram, 2.0, 22.0),
-                               torch.tensor([[[1.0, 0.0], [0.0, 0.0]]], dtype=torch.float64))
+    torch.testing.assert_close(
+        contact_probabilities(distogram, 2.0, 22.0), torch.tensor([[[1.0, 0.0], [0.0, 0.0]]], dtype=torch.float64)
+    )
 
 
 def test_atom_slots_centres_and_distance_features():
@@ -214,8 +225,10 @@ def test_atom_slots_centres_and_distance_features():
     real = batch["atom_pad_mask"][0]
     assert slots[0][real][:9].tolist() == [0, 1, 2] * 3 and slots.max() < MAX_ATOMS_PER_TOKEN
     centre = centre_atom_index(batch)
-    assert (batch["atom_to_token"].gather(1, centre)[batch["token_pad_mask"]]
-            == torch.arange(12).expand(2, -1)[batch["token_pad_mask"]]).all()
+    assert (
+        batch["atom_to_token"].gather(1, centre)[batch["token_pad_mask"]]
+        == torch.arange(12).expand(2, -1)[batch["token_pad_mask"]]
+    ).all()
     features = distance_features(torch.tensor([1.0, 3.3, 4.5, 100.0]))
     assert features.sum(-1).tolist() == [0.0, 1.0, 1.0, 1.0]
     assert features.argmax(-1)[1:].tolist() == [0, 0, 38]  # 4.5 A: the first bin's upper edge
@@ -267,8 +280,10 @@ def test_training_step_runs_the_mini_rollout_and_sampling_judges_every_sample():
     batch = _batch(5, lengths=(8,))
     steps = []
     original = model.diffusion_module.forward
-    model.diffusion_module.forward = lambda *args, **kwargs: (steps.append(torch.is_grad_enabled()),
-                                                              original(*args, **kwargs))[1]
+    model.diffusion_module.forward = lambda *args, **kwargs: (
+        steps.append(torch.is_grad_enabled()),
+        original(*args, **kwargs),
+    )[1]
     outputs = model(batch, num_cycles=1, diffusion_batch=2, generator=torch.Generator().manual_seed(0))
     # 3 rollout steps without gradient, then the training batch (built from the truth aligned to the rollout)
     assert steps == [False, False, False, True]

@@ -7,9 +7,19 @@ import pytest
 import torch
 
 from featurecache.model import AF3Model, ModelConfig, preset
-from featurecache.model.config import (LEGACY_SETTINGS, PART_TYPES, PRESETS, PROTENIX_SETTINGS, PROTENIX_SIZES,
-                                       RENAMED_SETTINGS, SETTING_PARTS, DialectConfig, DiffusionConfig, TrunkConfig,
-                                       saved_model_settings)
+from featurecache.model.config import (
+    LEGACY_SETTINGS,
+    PART_TYPES,
+    PRESETS,
+    PROTENIX_SETTINGS,
+    PROTENIX_SIZES,
+    RENAMED_SETTINGS,
+    SETTING_PARTS,
+    DialectConfig,
+    DiffusionConfig,
+    TrunkConfig,
+    saved_model_settings,
+)
 
 
 def test_every_setting_has_one_name_across_the_parts():
@@ -44,10 +54,18 @@ def test_each_part_checks_its_own_settings():
 
 
 def test_presets_own_every_model_default_including_the_diffusion_batch():
-    assert {name: config.diffusion.diffusion_batch for name, config in PRESETS.items()} == \
-        {"af3": 48, "small": 16, "tiny": 4, "protenix": 48}
-    assert {name: config.trunk.max_recycling_cycles for name, config in PRESETS.items()} == \
-        {"af3": 4, "small": 4, "tiny": 4, "protenix": 4}
+    assert {name: config.diffusion.diffusion_batch for name, config in PRESETS.items()} == {
+        "af3": 48,
+        "small": 16,
+        "tiny": 4,
+        "protenix": 48,
+    }
+    assert {name: config.trunk.max_recycling_cycles for name, config in PRESETS.items()} == {
+        "af3": 4,
+        "small": 4,
+        "tiny": 4,
+        "protenix": 4,
+    }
     assert PRESETS["af3"] == ModelConfig()  # the field defaults are AF3's
     # the settings list round-trips through their names
     for config in PRESETS.values():
@@ -59,9 +77,13 @@ def test_the_protenix_dialect_is_one_part_set_by_name():
     settings = protenix.settings()
     assert all(settings[name] == value for name, value in {**PROTENIX_SETTINGS, **PROTENIX_SIZES}.items())
     # the dialect's own settings live in its part; the fidelity settings Protenix shares with AF3 in theirs
-    assert protenix.dialect == DialectConfig(**{name: value for name, value in {**PROTENIX_SETTINGS,
-                                                                              **PROTENIX_SIZES}.items()
-                                                if SETTING_PARTS[name] == "dialect"})
+    assert protenix.dialect == DialectConfig(
+        **{
+            name: value
+            for name, value in {**PROTENIX_SETTINGS, **PROTENIX_SIZES}.items()
+            if SETTING_PARTS[name] == "dialect"
+        }
+    )
     assert protenix.templates.template_pair_head_dim == 32 and protenix.trunk == PRESETS["af3"].trunk
     assert PRESETS["af3"].dialect == DialectConfig()  # AF3's behaviour by default
     # a dialect setting that needs another part's is checked across them, by its own part's name
@@ -89,8 +111,11 @@ def _flat_checkpoint_settings(config: ModelConfig) -> dict:
     under their old names, without the settings that came later (the fidelity settings, the
     diffusion batch)."""
     old_names = {new: old for old, new in RENAMED_SETTINGS.items()}
-    return {old_names.get(name, name): value for name, value in config.settings().items()
-            if name not in LEGACY_SETTINGS and name != "diffusion_batch"}
+    return {
+        old_names.get(name, name): value
+        for name, value in config.settings().items()
+        if name not in LEGACY_SETTINGS and name != "diffusion_batch"
+    }
 
 
 def test_a_flat_checkpoint_of_before_the_parts_maps_onto_them():

@@ -54,8 +54,14 @@ def test_sampler_steps_follow_afs_churn():
         seen.append(sigma[0, 0].item())
         return torch.zeros_like(noisy)
 
-    positions = sample_diffusion(denoise, (1, 2, 5, 3), torch.ones(1, 5, dtype=torch.bool), config, num_steps=10,
-                                 generator=torch.Generator().manual_seed(0))
+    positions = sample_diffusion(
+        denoise,
+        (1, 2, 5, 3),
+        torch.ones(1, 5, dtype=torch.bool),
+        config,
+        num_steps=10,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert positions.shape == (1, 2, 5, 3) and torch.isfinite(positions).all()
     schedule = noise_schedule(10).tolist()
     expected = [previous * (1.8 if level > 1.0 else 1.0) for previous, level in zip(schedule[:-1], schedule[1:])]
@@ -72,14 +78,16 @@ def test_training_noise_is_log_normal_around_sigma_data():
 def test_augmentation_is_a_random_rigid_motion():
     generator = torch.Generator().manual_seed(2)
     rotations = random_rotations(64, generator)
-    torch.testing.assert_close(rotations @ rotations.transpose(-1, -2), torch.eye(3).expand(64, 3, 3),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        rotations @ rotations.transpose(-1, -2), torch.eye(3).expand(64, 3, 3), atol=1e-5, rtol=0
+    )
     torch.testing.assert_close(torch.linalg.det(rotations), torch.ones(64), atol=1e-5, rtol=0)
     positions = torch.randn(1, 1, 9, 3, generator=generator).expand(1, 4, 9, 3) * 5 + 20
     mask = torch.ones(1, 9, dtype=torch.bool)
     moved = centre_random_augmentation(positions, mask, generator, translation_scale=0.0)
-    torch.testing.assert_close(torch.cdist(moved[0], moved[0]), torch.cdist(positions[0], positions[0]),
-                               atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        torch.cdist(moved[0], moved[0]), torch.cdist(positions[0], positions[0]), atol=1e-4, rtol=0
+    )
     torch.testing.assert_close(moved.mean(dim=2), torch.zeros(1, 4, 3), atol=1e-4, rtol=0)
     assert not torch.allclose(moved[0, 0], moved[0, 1], atol=1e-2)  # each copy its own rotation
 

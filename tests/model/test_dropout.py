@@ -99,8 +99,7 @@ TOKENS, TEMPLATES, CYCLES, SAMPLES = 10, 2, 2, 2
 
 def _loss_and_gradients(checkpoint_blocks: bool, seed: int) -> tuple[torch.Tensor, dict]:
     torch.manual_seed(0)
-    config = preset("tiny", kernels="torch", checkpoint_blocks=checkpoint_blocks, confidence_head=False,
-                    msa_blocks=2)
+    config = preset("tiny", kernels="torch", checkpoint_blocks=checkpoint_blocks, confidence_head=False, msa_blocks=2)
     model = AF3Model(config).train()
     batch = random_batch([TOKENS], [5], [TEMPLATES], _generator(1), num_atoms_per_token=2)
     generator = _generator(seed)

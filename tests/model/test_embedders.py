@@ -27,14 +27,14 @@ def test_relative_position_one_hots():
     encoding(batch)
     x = captured["x"][0]
     residue, token, entity, chain = x[..., :66], x[..., 66:132], x[..., 132], x[..., 133:]
-    assert residue[0, 1].argmax() == 32 - 1       # residue 1 vs 2: offset -1
-    assert residue[2, 0].argmax() == 64           # offset 49 clipped to r_max
-    assert residue[0, 3].argmax() == 65           # other chain
-    assert token[0, 1].argmax() == 65             # different residue: no token offset
-    assert token[1, 1].argmax() == 32             # same token
-    assert entity[0, 3] == 1                      # same entity, other copy
-    assert chain[0, 3].argmax() == 1 - 2 + 2      # sym 1 vs 2
-    assert chain[0, 1].argmax() == 2              # same chain: sym offset 0 (AF3's code gates on the entity)
+    assert residue[0, 1].argmax() == 32 - 1  # residue 1 vs 2: offset -1
+    assert residue[2, 0].argmax() == 64  # offset 49 clipped to r_max
+    assert residue[0, 3].argmax() == 65  # other chain
+    assert token[0, 1].argmax() == 65  # different residue: no token offset
+    assert token[1, 1].argmax() == 32  # same token
+    assert entity[0, 3] == 1  # same entity, other copy
+    assert chain[0, 3].argmax() == 1 - 2 + 2  # sym 1 vs 2
+    assert chain[0, 1].argmax() == 2  # same chain: sym offset 0 (AF3's code gates on the entity)
     supplement = RelativePositionEncoding(c_z=4, max_residue=32, max_chain=2, chain_gate="chain").features(batch)[0]
     assert supplement[0, 1, 133:].long().argmax() == 5  # same chain: "other" as the supplement prints it
     assert supplement[0, 3, 133:].long().argmax() == 1 - 2 + 2

@@ -2,7 +2,6 @@
 (docs/FIDELITY.md): each setting's AF3 behaviour on a case checked by hand, and the behaviour it
 replaces where a setting keeps it."""
 
-import dataclasses
 import math
 
 import pytest
@@ -31,12 +30,17 @@ def _capture_dtypes(model) -> tuple[dict, list]:
     """Hooks recording the output dtype of the coordinate projections."""
     seen: dict = {}
     module = model.diffusion_module
-    layers = {"from_positions": module.atom_encoder.from_positions, "from_reference": module.atom_encoder.from_reference,
-              "pair_from_offset": module.atom_encoder.pair_from_offset, "to_positions": module.atom_decoder.to_positions}
+    layers = {
+        "from_positions": module.atom_encoder.from_positions,
+        "from_reference": module.atom_encoder.from_reference,
+        "pair_from_offset": module.atom_encoder.pair_from_offset,
+        "to_positions": module.atom_decoder.to_positions,
+    }
 
     def recorder(name):
         def hook(_module, _inputs, output):
             seen.setdefault(name, output.dtype)
+
         return hook
 
     handles = [layer.register_forward_hook(recorder(name)) for name, layer in layers.items()]
@@ -68,7 +72,7 @@ def test_a_hundredth_of_an_angstrom_reaches_the_denoiser_only_in_fp32(coordinate
     sigma = torch.tensor([[0.5]])
     c_in = 1.0 / math.sqrt(0.5**2 + model.config.diffusion.sigma_data**2)
     # scaled positions on bf16's grid, so that rounding the unmoved ones is exact
-    scaled = (torch.rand(batch["atom_pos"].shape, generator=torch.Generator().manual_seed(2)) * 2 - 1)
+    scaled = torch.rand(batch["atom_pos"].shape, generator=torch.Generator().manual_seed(2)) * 2 - 1
     scaled = scaled.to(torch.bfloat16).float()
     scaled[0, 0, 0] = 1.5
     noisy = (scaled / c_in).unsqueeze(1)
@@ -76,7 +80,8 @@ def test_a_hundredth_of_an_angstrom_reaches_the_denoiser_only_in_fp32(coordinate
     moved[0, 0, 0, 0] += 0.01
     updates = []
     hook = model.diffusion_module.atom_decoder.register_forward_hook(
-        lambda _module, _inputs, output: updates.append(output.float()) and None)
+        lambda _module, _inputs, output: updates.append(output.float()) and None
+    )
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         model.diffusion_module(noisy, sigma, context)
         model.diffusion_module(moved, sigma, context)
@@ -96,8 +101,15 @@ def test_reference_charge_enters_through_arcsinh():
     af3 = reference_features(batch)[0, :5, column]
     raw = reference_features(batch, charge_arcsinh=False)[0, :5, column]
     # asinh(x) = ln(x + sqrt(x^2 + 1)): asinh(1) = 0.8814, asinh(3) = 1.8184
-    expected = torch.tensor([-math.log(2 + math.sqrt(5)), -math.log(1 + math.sqrt(2)), 0.0,
-                             math.log(1 + math.sqrt(2)), math.log(3 + math.sqrt(10))])
+    expected = torch.tensor(
+        [
+            -math.log(2 + math.sqrt(5)),
+            -math.log(1 + math.sqrt(2)),
+            0.0,
+            math.log(1 + math.sqrt(2)),
+            math.log(3 + math.sqrt(10)),
+        ]
+    )
     torch.testing.assert_close(af3, expected)
     torch.testing.assert_close(raw, charges.float())
 
@@ -117,20 +129,47 @@ def test_atom_conditioning_of_a_masked_reference_atom(masked):
 def _a2b_batch() -> dict:
     """A2B: chains A (asym 1) and A (asym 2) of entity 1, copies 1 and 2; chain B (asym 3) of
     entity 2, copy 1. Two residues per chain."""
+
     def tokens(values):
         return torch.tensor([values])
-    return {"asym_id": tokens([1, 1, 2, 2, 3, 3]), "entity_id": tokens([1, 1, 1, 1, 2, 2]),
-            "sym_id": tokens([1, 1, 2, 2, 1, 1]), "residue_index": tokens([1, 2, 1, 2, 1, 2]),
-            "token_index": tokens([0, 1, 2, 3, 4, 5])}
+
+    return {
+        "asym_id": tokens([1, 1, 2, 2, 3, 3]),
+        "entity_id": tokens([1, 1, 1, 1, 2, 2]),
+        "sym_id": tokens([1, 1, 2, 2, 1, 1]),
+        "residue_index": tokens([1, 2, 1, 2, 1, 2]),
+        "token_index": tokens([0, 1, 2, 3, 4, 5]),
+    }
 
 
-@pytest.mark.parametrize("gate, expected", [
-    # d_chain class by hand, rows/columns A1 A1 A2 A2 B B; 2 + sym_i - sym_j, 5 = "other"
-    ("entity", [[2, 2, 1, 1, 5, 5], [2, 2, 1, 1, 5, 5], [3, 3, 2, 2, 5, 5], [3, 3, 2, 2, 5, 5],
-                [5, 5, 5, 5, 2, 2], [5, 5, 5, 5, 2, 2]]),
-    ("chain", [[5, 5, 1, 1, 2, 2], [5, 5, 1, 1, 2, 2], [3, 3, 5, 5, 3, 3], [3, 3, 5, 5, 3, 3],
-               [2, 2, 1, 1, 5, 5], [2, 2, 1, 1, 5, 5]]),
-])
+@pytest.mark.parametrize(
+    "gate, expected",
+    [
+        # d_chain class by hand, rows/columns A1 A1 A2 A2 B B; 2 + sym_i - sym_j, 5 = "other"
+        (
+            "entity",
+            [
+                [2, 2, 1, 1, 5, 5],
+                [2, 2, 1, 1, 5, 5],
+                [3, 3, 2, 2, 5, 5],
+                [3, 3, 2, 2, 5, 5],
+                [5, 5, 5, 5, 2, 2],
+                [5, 5, 5, 5, 2, 2],
+            ],
+        ),
+        (
+            "chain",
+            [
+                [5, 5, 1, 1, 2, 2],
+                [5, 5, 1, 1, 2, 2],
+                [3, 3, 5, 5, 3, 3],
+                [3, 3, 5, 5, 3, 3],
+                [2, 2, 1, 1, 5, 5],
+                [2, 2, 1, 1, 5, 5],
+            ],
+        ),
+    ],
+)
 def test_relative_chain_encoding_of_an_a2b_complex(gate, expected):
     encoding = RelativePositionEncoding(c_z=4, max_residue=32, max_chain=2, chain_gate=gate)
     features = encoding.features(_a2b_batch())[0]  # [N, N, 66 + 66 + 1 + 6]
@@ -170,8 +209,10 @@ def test_separate_key_adaln_conditions_keys_and_values_on_their_own_weights():
 
 
 def test_resolution_picks_the_rows_that_train_the_confidence_head():
-    batch = {"atom_pad_mask": torch.ones(5, 3, dtype=torch.bool),
-             "resolution": torch.tensor([2.0, 0.05, 4.0, 5.0, math.nan])}
+    batch = {
+        "atom_pad_mask": torch.ones(5, 3, dtype=torch.bool),
+        "resolution": torch.tensor([2.0, 0.05, 4.0, 5.0, math.nan]),
+    }
     assert confidence_rows(batch, (0.1, 4.0)).tolist() == [True, False, True, False, False]
     assert confidence_rows(batch, None).all()
     del batch["resolution"]
@@ -183,14 +224,19 @@ def test_a_row_left_out_contributes_zero_to_every_confidence_loss():
     batch = random_batch([7, 7], [2, 2], [0, 0], generator, num_atoms_per_token=3)
     batch = {name: value for name, value in batch.items() if name != "id"}
     atoms, tokens = batch["atom_pad_mask"].shape[1], batch["token_pad_mask"].shape[1]
-    outputs = {"plddt_logits": torch.randn(2, 1, atoms, 50, generator=generator),
-               "pae_logits": torch.randn(2, 1, tokens, tokens, 64, generator=generator),
-               "pde_logits": torch.randn(2, 1, tokens, tokens, 64, generator=generator),
-               "resolved_logits": torch.randn(2, 1, atoms, 2, generator=generator)}
+    outputs = {
+        "plddt_logits": torch.randn(2, 1, atoms, 50, generator=generator),
+        "pae_logits": torch.randn(2, 1, tokens, tokens, 64, generator=generator),
+        "pde_logits": torch.randn(2, 1, tokens, tokens, 64, generator=generator),
+        "resolved_logits": torch.randn(2, 1, atoms, 2, generator=generator),
+    }
     positions = batch["atom_pos"].unsqueeze(1) + torch.randn(2, 1, atoms, 3, generator=generator)
     both = confidence_losses(outputs, positions, batch, rows=torch.tensor([True, False]))
-    first = confidence_losses({name: value[:1] for name, value in outputs.items()}, positions[:1],
-                              {name: value[:1] for name, value in batch.items()})
+    first = confidence_losses(
+        {name: value[:1] for name, value in outputs.items()},
+        positions[:1],
+        {name: value[:1] for name, value in batch.items()},
+    )
     for name in ("plddt", "pae", "pde", "resolved"):
         assert first[name] > 0
         torch.testing.assert_close(both[name], first[name] / 2)
@@ -203,8 +249,9 @@ def test_collate_carries_each_samples_resolution():
     rows = random_batch([4, 4], [2, 2], [0, 0], generator)
     samples = []
     for row, resolution in enumerate((1.5, None)):
-        sample = {name: value[row] for name, value in rows.items()
-                  if isinstance(value, torch.Tensor) and name != "resolution"}
+        sample = {
+            name: value[row] for name, value in rows.items() if isinstance(value, torch.Tensor) and name != "resolution"
+        }
         sample["id"] = f"s{row}"
         if resolution is not None:
             sample["resolution"] = torch.tensor(resolution)

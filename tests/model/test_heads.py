@@ -31,8 +31,14 @@ def test_confident_correct_logits_give_near_zero_and_masks_apply():
 
 def test_bins_follow_af3s_code():
     config = preset("af3")
-    assert (config.trunk.distogram_bins, config.trunk.distogram_min, config.trunk.distogram_max) == (64, 2.3125, 21.6875)
-    edges = distogram_bin_edges(config.trunk.distogram_bins, config.trunk.distogram_min, config.trunk.distogram_max, dtype=torch.float64)
+    assert (config.trunk.distogram_bins, config.trunk.distogram_min, config.trunk.distogram_max) == (
+        64,
+        2.3125,
+        21.6875,
+    )
+    edges = distogram_bin_edges(
+        config.trunk.distogram_bins, config.trunk.distogram_min, config.trunk.distogram_max, dtype=torch.float64
+    )
     # 63 edges 0.3125 A apart: 2.3125, 2.625, ..., 21.6875 (exact in binary)
     assert edges.shape == (63,)
     torch.testing.assert_close(edges, 2.3125 + 0.3125 * torch.arange(63, dtype=torch.float64), rtol=0, atol=1e-12)

@@ -42,8 +42,8 @@ def test_triangle_attention_matches_a_direct_formula():
     mask[0, :, 3] = False  # key 3 masked everywhere
     proj = layer.proj(z)[0]
     inner = 8
-    q, k, v, g = (proj[..., i * inner:(i + 1) * inner].unflatten(-1, (2, 4)) for i in range(4))
-    b = proj[..., 4 * inner:]
+    q, k, v, g = (proj[..., i * inner : (i + 1) * inner].unflatten(-1, (2, 4)) for i in range(4))
+    b = proj[..., 4 * inner :]
     logits = torch.einsum("ijhd,ikhd->ijkh", q, k) / math.sqrt(4) + b[None, :, :, :]
     logits[:, :, 3, :] = float("-inf")
     weights = torch.softmax(logits, dim=2)
@@ -80,8 +80,16 @@ def test_outer_product_mean_averages_over_valid_rows_only():
     torch.testing.assert_close(layer(m[:, :2], mask[:, :2]), out, atol=ROUNDING, rtol=ROUNDING)
 
 
-@pytest.mark.parametrize("layer_name", ["attention_pair_bias", "pair_weighted_averaging", "outer_product_mean",
-                                        "triangle_attention_starting", "triangle_attention_ending"])
+@pytest.mark.parametrize(
+    "layer_name",
+    [
+        "attention_pair_bias",
+        "pair_weighted_averaging",
+        "outer_product_mean",
+        "triangle_attention_starting",
+        "triangle_attention_ending",
+    ],
+)
 def test_triton_path_matches_torch_path(layer_name):
     _seed()
     length = 9
@@ -92,16 +100,26 @@ def test_triton_path_matches_torch_path(layer_name):
     token_mask = torch.arange(length, device=device)[None] < 7
     pair_mask = token_mask[:, :, None] & token_mask[:, None, :]
     builders = {
-        "attention_pair_bias": (lambda kernels: AttentionPairBias(32, 16, 2, 8, kernels=kernels),
-                                lambda layer: layer(s, z, token_mask)),
-        "pair_weighted_averaging": (lambda kernels: PairWeightedAveraging(8, 16, 2, 8, kernels=kernels),
-                                    lambda layer: layer(m, z, token_mask)),
-        "outer_product_mean": (lambda kernels: OuterProductMean(8, 16, 8, kernels=kernels),
-                               lambda layer: layer(m, token_mask[:, None, :].expand(1, 3, length))),
-        "triangle_attention_starting": (lambda kernels: TriangleAttention(16, 2, 8, node="starting", kernels=kernels),
-                                        lambda layer: layer(z, pair_mask)),
-        "triangle_attention_ending": (lambda kernels: TriangleAttention(16, 2, 8, node="ending", kernels=kernels),
-                                      lambda layer: layer(z, pair_mask)),
+        "attention_pair_bias": (
+            lambda kernels: AttentionPairBias(32, 16, 2, 8, kernels=kernels),
+            lambda layer: layer(s, z, token_mask),
+        ),
+        "pair_weighted_averaging": (
+            lambda kernels: PairWeightedAveraging(8, 16, 2, 8, kernels=kernels),
+            lambda layer: layer(m, z, token_mask),
+        ),
+        "outer_product_mean": (
+            lambda kernels: OuterProductMean(8, 16, 8, kernels=kernels),
+            lambda layer: layer(m, token_mask[:, None, :].expand(1, 3, length)),
+        ),
+        "triangle_attention_starting": (
+            lambda kernels: TriangleAttention(16, 2, 8, node="starting", kernels=kernels),
+            lambda layer: layer(z, pair_mask),
+        ),
+        "triangle_attention_ending": (
+            lambda kernels: TriangleAttention(16, 2, 8, node="ending", kernels=kernels),
+            lambda layer: layer(z, pair_mask),
+        ),
     }
     build, call = builders[layer_name]
     reference, fused = build("torch").to(device), build("triton").to(device)
@@ -114,8 +132,13 @@ def test_triton_path_matches_torch_path(layer_name):
         out = call(layer)
         upstream = torch.randn_like(out) if upstream is None else upstream
         (out * upstream).sum().backward()
-        results.append((out.detach(), [t.grad.clone() for t in (z, s, m) if t.grad is not None],
-                        {n: p.grad for n, p in layer.named_parameters()}))
+        results.append(
+            (
+                out.detach(),
+                [t.grad.clone() for t in (z, s, m) if t.grad is not None],
+                {n: p.grad for n, p in layer.named_parameters()},
+            )
+        )
     (out_ref, in_ref, par_ref), (out_fused, in_fused, par_fused) = results
     torch.testing.assert_close(out_fused, out_ref, atol=1e-4, rtol=1e-4)
     for got, want in zip(in_fused, in_ref):

@@ -84,8 +84,9 @@ def test_smooth_lddt_of_a_known_perturbation():
     torch.testing.assert_close(smooth_lddt_loss(predicted, true, nucleotide, resolved), torch.tensor([[expected]]))
     # atom 2 unresolved: only (0,1), (1,0) remain
     resolved[0, 2] = False
-    torch.testing.assert_close(smooth_lddt_loss(predicted, true, protein, resolved),
-                               torch.tensor([[1 - _sigmoid_score(0.0)]]))
+    torch.testing.assert_close(
+        smooth_lddt_loss(predicted, true, protein, resolved), torch.tensor([[1 - _sigmoid_score(0.0)]])
+    )
 
 
 def test_bond_loss_is_the_mean_squared_length_error():
@@ -131,8 +132,9 @@ def test_mean_over_token_atoms_skips_padding():
     values = torch.tensor([[[1.0], [3.0], [10.0], [99.0]]])
     atom_to_token = torch.tensor([[0, 0, 1, 0]])
     pad = torch.tensor([[True, True, True, False]])
-    torch.testing.assert_close(mean_over_token_atoms(values, atom_to_token, pad, 3),
-                               torch.tensor([[[2.0], [10.0], [0.0]]]))
+    torch.testing.assert_close(
+        mean_over_token_atoms(values, atom_to_token, pad, 3), torch.tensor([[[2.0], [10.0], [0.0]]])
+    )
 
 
 @pytest.mark.parametrize("listed", [True, False])
@@ -154,8 +156,9 @@ def test_smooth_lddt_on_the_cpu_path_equals_the_float64_dense_sums(listed, monke
     upstream = torch.randn(batch, samples, generator=generator)
 
     reference_input = predicted.double().requires_grad_()
-    sums, count = smooth_lddt_sums_reference(reference_input, true.double(),
-                                             inclusion_radius(is_nucleotide, resolved).double())
+    sums, count = smooth_lddt_sums_reference(
+        reference_input, true.double(), inclusion_radius(is_nucleotide, resolved).double()
+    )
     expected = 1.0 - sums / count[:, None]
     (expected * upstream.double()).sum().backward()
     actual_input = predicted.clone().requires_grad_()

@@ -37,8 +37,10 @@ def arrays(shared_data):
 def _batch(arrays: dict) -> dict:
     """A one-sample batch of a whole record, as collate builds it."""
     batch = {name: torch.from_numpy(np.array(value)).unsqueeze(0) for name, value in arrays.items()}
-    batch = {name: value.long() if not value.is_floating_point() and value.dtype != torch.bool else value
-             for name, value in batch.items()}
+    batch = {
+        name: value.long() if not value.is_floating_point() and value.dtype != torch.bool else value
+        for name, value in batch.items()
+    }
     batch["atom_permutations"] = torch.from_numpy(atom_permutations(arrays)).long().unsqueeze(0)
     batch["token_pad_mask"] = torch.ones_like(batch["asym_id"], dtype=torch.bool)
     batch["atom_pad_mask"] = torch.ones_like(batch["atom_to_token"], dtype=torch.bool)
@@ -111,8 +113,10 @@ def test_flipped_side_chains_and_a_rotated_phosphate_are_undone(arrays):
     batch = _batch(arrays)
     original = batch["atom_pos"].clone()
     predicted = _rotated(original, seed=1)
-    (asp, *_), (phe, *_) = (_residue_atoms(arrays, "ASP", ("OD1", "OD2")),
-                            _residue_atoms(arrays, "PHE", ("CD1", "CD2", "CE1", "CE2")))
+    (asp, *_), (phe, *_) = (
+        _residue_atoms(arrays, "ASP", ("OD1", "OD2")),
+        _residue_atoms(arrays, "PHE", ("CD1", "CD2", "CE1", "CE2")),
+    )
     gnp = _residue_atoms_of_ligand(arrays, ("O1G", "O2G", "O3G"))
     order = torch.arange(original.shape[1])
     order[asp] = torch.from_numpy(asp[[1, 0]])
@@ -135,12 +139,18 @@ def test_symmetries_the_loader_computes_for_721p(arrays):
     permutations = atom_permutations(arrays)
     decoded = ["".join(chr(c + 32) for c in row if c) for row in arrays["ref_atom_name_chars"]]
     moved: dict[str, set] = {}
-    for atom, column in zip(*np.nonzero((permutations >= 0) & (permutations != np.arange(len(decoded))[:, None]))):
+    for atom, _column in zip(*np.nonzero((permutations >= 0) & (permutations != np.arange(len(decoded))[:, None]))):
         token = arrays["atom_to_token"][atom]
         code = "GNP" if arrays["is_ligand"][token] else RESTYPES[arrays["restype"][token]]
         moved.setdefault(code, set()).add(decoded[atom])
-    expected = {"ASP": {"OD1", "OD2"}, "GLU": {"OE1", "OE2"}, "PHE": {"CD1", "CD2", "CE1", "CE2"},
-                "TYR": {"CD1", "CD2", "CE1", "CE2"}, "ARG": {"NH1", "NH2"}, "GNP": {"O1G", "O2G", "O3G"}}
+    expected = {
+        "ASP": {"OD1", "OD2"},
+        "GLU": {"OE1", "OE2"},
+        "PHE": {"CD1", "CD2", "CE1", "CE2"},
+        "TYR": {"CD1", "CD2", "CE1", "CE2"},
+        "ARG": {"NH1", "NH2"},
+        "GNP": {"O1G", "O2G", "O3G"},
+    }
     for code, names in moved.items():  # and a chain's last residue its terminal carboxylate
         assert names == expected.get(code, set()) | ({"O", "OXT"} & names), code
     assert expected.keys() <= moved.keys()
@@ -195,8 +205,11 @@ def test_af3_model_loss_aligns_when_its_setting_is_on(arrays):
         config = preset("tiny", kernels="torch", confidence_head=False, permutation_alignment=setting)
         model = AF3Model(config)
         num_tokens = batch["restype"].shape[1]
-        outputs = {**_outputs(predicted), "pair": torch.zeros(1, num_tokens, num_tokens, config.trunk.c_z),
-                   "distogram_logits": torch.zeros(1, num_tokens, num_tokens, config.trunk.distogram_bins)}
+        outputs = {
+            **_outputs(predicted),
+            "pair": torch.zeros(1, num_tokens, num_tokens, config.trunk.c_z),
+            "distogram_logits": torch.zeros(1, num_tokens, num_tokens, config.trunk.distogram_bins),
+        }
         losses[setting] = model.loss(swapped, outputs)[1]
     assert losses[True]["mse"] < 0.01 * losses[False]["mse"]
     assert losses[True]["smooth_lddt"] < losses[False]["smooth_lddt"]
@@ -212,8 +225,7 @@ def test_af3_model_aligns_the_truth_to_its_mini_rollout_in_forward():
     for setting in (True, False):
         torch.manual_seed(0)
         model = AF3Model(preset("tiny", kernels="torch", confidence_rollout_steps=2, permutation_alignment=setting))
-        runs[setting] = model(batch, num_cycles=1, diffusion_batch=2,
-                              generator=torch.Generator().manual_seed(seed))
+        runs[setting] = model(batch, num_cycles=1, diffusion_batch=2, generator=torch.Generator().manual_seed(seed))
     outputs = runs[True]
     expected = align_ground_truth(batch, {"rollout_positions": outputs["rollout_positions"]})
     assert torch.equal(outputs["aligned_atom_pos"], expected["atom_pos"])

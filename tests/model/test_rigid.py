@@ -39,7 +39,8 @@ def test_matches_the_svd_form_on_noisy_and_mirrored_targets():
     generator = torch.Generator().manual_seed(1)
     points = torch.randn(32, 9, 3, generator=generator, dtype=torch.float64)
     noisy = points @ _random_rotations(32, generator).transpose(-1, -2) + 0.5 * torch.randn(
-        32, 9, 3, generator=generator, dtype=torch.float64)
+        32, 9, 3, generator=generator, dtype=torch.float64
+    )
     mirrored = noisy * torch.tensor([-1.0, 1.0, 1.0], dtype=torch.float64)  # best orthogonal map: a reflection
     for target in (noisy, mirrored):
         covariance = _covariance(points, target)

@@ -21,14 +21,22 @@ from featurecache.model.network.pairformer import Pairformer
 from featurecache.model.parallel.sharding import ShardedPairformer, reduce_gradients, shard_trunk
 from featurecache.testing.synthetic import random_batch
 from featurecache.training.config import TrainSetupError
-from featurecache.training.distributed import (all_ranks, mean_over_ranks, rank_layout, setup_distributed,
-                                               shutdown)
+from featurecache.training.distributed import all_ranks, mean_over_ranks, rank_layout, setup_distributed, shutdown
 from tests.conftest import copy_sample_structures
 
 LENGTH = 11  # not a multiple of 2 or 4: the sharded stack pads it
 MEMORY_LENGTH = 32  # activations well above the parameter-sized tensors saved with them
-PAIRFORMER = dict(num_blocks=2, c_s=16, c_z=16, single_heads=2, single_head_dim=8, pair_heads=2,
-                  pair_head_dim=8, transition_expansion=2, dropout=0.25)
+PAIRFORMER = dict(
+    num_blocks=2,
+    c_s=16,
+    c_z=16,
+    single_heads=2,
+    single_head_dim=8,
+    pair_heads=2,
+    pair_head_dim=8,
+    transition_expansion=2,
+    dropout=0.25,
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -78,8 +86,14 @@ def pairformer_case(kernels: str, checkpoint: bool, group, length: int = LENGTH,
     ((s_out * weight_s).sum() + (z_out * weight_z).sum()).backward()
     if group is not None:
         run.reduce_gradients()
-    return {"s": s_out.detach(), "z": z_out.detach(), "ds": s.grad, "dz": z.grad, "saved_bytes": saved.total,
-            "params": {name: p.grad for name, p in model.named_parameters() if p.grad is not None}}
+    return {
+        "s": s_out.detach(),
+        "z": z_out.detach(),
+        "ds": s.grad,
+        "dz": z.grad,
+        "saved_bytes": saved.total,
+        "params": {name: p.grad for name, p in model.named_parameters() if p.grad is not None},
+    }
 
 
 def trunk_case(group) -> dict:
@@ -95,8 +109,11 @@ def trunk_case(group) -> dict:
     (model.loss(batch, outputs)[0] + (outputs["single"] * weight).sum()).backward()
     if group is not None:
         reduce_gradients(model)
-    return {"pair": outputs["pair"].detach(), "single": outputs["single"].detach(),
-            "params": {name: p.grad for name, p in model.named_parameters() if p.grad is not None}}
+    return {
+        "pair": outputs["pair"].detach(),
+        "single": outputs["single"].detach(),
+        "params": {name: p.grad for name, p in model.named_parameters() if p.grad is not None},
+    }
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str, cases: list) -> None:
@@ -115,8 +132,9 @@ def _worker(rank: int, world: int, port: int, out_dir: str, cases: list) -> None
 
 def _replicas_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     """A rank of a torchrun-like world of 2 replicas x 2 pair shards: each replica its own input."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
-                      LOCAL_RANK="0")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK="0"
+    )
     torch.set_num_threads(1)
     placed = setup_distributed("cpu", pair_shards=2)
     try:
@@ -154,16 +172,20 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> Non
 
 @pytest.fixture(scope="module")
 def references() -> dict:
-    return {"pairformer": pairformer_case("torch", checkpoint=True, group=None),
-            "pairformer_saved": pairformer_case("torch", checkpoint=False, group=None, length=MEMORY_LENGTH),
-            "trunk": trunk_case(group=None)}
+    return {
+        "pairformer": pairformer_case("torch", checkpoint=True, group=None),
+        "pairformer_saved": pairformer_case("torch", checkpoint=False, group=None, length=MEMORY_LENGTH),
+        "trunk": trunk_case(group=None),
+    }
 
 
 @pytest.mark.parametrize("shards", [2, 4])
 def test_sharded_pairformer_and_trunk_match_one_rank(shards, references, tmp_path):
-    cases = [("pairformer", "pairformer", {"kernels": "torch", "checkpoint": True}),
-             ("pairformer_saved", "pairformer", {"kernels": "torch", "checkpoint": False, "length": MEMORY_LENGTH}),
-             ("trunk", "trunk", {})]
+    cases = [
+        ("pairformer", "pairformer", {"kernels": "torch", "checkpoint": True}),
+        ("pairformer_saved", "pairformer", {"kernels": "torch", "checkpoint": False, "length": MEMORY_LENGTH}),
+        ("trunk", "trunk", {}),
+    ]
     ranks = run_sharded(shards, cases, tmp_path)
     for rank, results in enumerate(ranks):
         for name in ("pairformer", "pairformer_saved"):
@@ -183,8 +205,10 @@ def test_sharded_pairformer_and_trunk_match_one_rank(shards, references, tmp_pat
     # activation memory: the bytes each rank saves for backward, against the whole stack's
     whole = references["pairformer_saved"]["saved_bytes"]
     per_rank = max(results["pairformer_saved"]["saved_bytes"] for results in ranks)
-    print(f"\nsaved for backward, 2 blocks, L={MEMORY_LENGTH}, c_z={PAIRFORMER['c_z']}: P=1 {whole} B, "
-          f"P={shards} {per_rank} B per rank ({per_rank / whole:.3f} of P=1, 1/P = {1 / shards:.3f})")
+    print(
+        f"\nsaved for backward, 2 blocks, L={MEMORY_LENGTH}, c_z={PAIRFORMER['c_z']}: P=1 {whole} B, "
+        f"P={shards} {per_rank} B per rank ({per_rank / whole:.3f} of P=1, 1/P = {1 / shards:.3f})"
+    )
     # What does not shrink: the triangle attentions' gathered bias ([L, L, heads] on every rank,
     # 2 of 16 channels here, 4 of 128 in AF3), the single track's gathered keys and values, and
     # the concatenated projection weights; a few percent of P=1's bytes at these widths.
@@ -196,8 +220,9 @@ def test_sharded_pairformer_on_the_triton_kernels(tmp_path, monkeypatch):
     """The triton kernel switch under Triton's interpreter: P = 2 matches the unsharded stack."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     reference = pairformer_case("triton", checkpoint=True, group=None, length=7)  # interpreted: small
-    (mine, _) = run_sharded(2, [("triton", "pairformer", {"kernels": "triton", "checkpoint": True, "length": 7})],
-                            tmp_path)
+    (mine, _) = run_sharded(
+        2, [("triton", "pairformer", {"kernels": "triton", "checkpoint": True, "length": 7})], tmp_path
+    )
     mine = mine["triton"]
     for key in ("s", "z", "ds", "dz"):
         assert_close(mine[key], reference[key], f"triton P=2 {key}")
@@ -247,9 +272,17 @@ def small_cache(tmp_path_factory, shared_data) -> Path:
 
     inputs = copy_sample_structures("209d-assembly1.cif", tmp_path_factory.mktemp("inputs"))
     cache_dir = tmp_path_factory.mktemp("cache") / "cache"
-    summary = precompute(PrecomputeOptions(
-        inputs=[inputs], cache_dir=cache_dir, alignments_dir=shared_data / "alignments",
-        template_dir=shared_data / "templates" / "mmcif", num_workers=1, progress=False, executor="inline"))
+    summary = precompute(
+        PrecomputeOptions(
+            inputs=[inputs],
+            cache_dir=cache_dir,
+            alignments_dir=shared_data / "alignments",
+            template_dir=shared_data / "templates" / "mmcif",
+            num_workers=1,
+            progress=False,
+            executor="inline",
+        )
+    )
     assert summary.failed == 0, summary.format()
     return cache_dir
 
@@ -257,12 +290,37 @@ def small_cache(tmp_path_factory, shared_data) -> Path:
 def _train(cache: Path, out: Path, processes: int, extra: list[str]) -> tuple[list[dict], str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("TRITON_INTERPRET", None)
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
-                if processes > 1 else [sys.executable])
-    command = [*launcher, "-m", "featurecache.training", "--cache", str(cache), "--out", str(out),
-               "--kernels", "torch", "--device", "cpu", "--steps", "2", "--crop-size", "24",
-               "--msa-rows-per-sample", "8", "--num-workers", "0", "--checkpoint-every", "2",
-               "--diffusion-batch", "2", *extra]
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
+        if processes > 1
+        else [sys.executable]
+    )
+    command = [
+        *launcher,
+        "-m",
+        "featurecache.training",
+        "--cache",
+        str(cache),
+        "--out",
+        str(out),
+        "--kernels",
+        "torch",
+        "--device",
+        "cpu",
+        "--steps",
+        "2",
+        "--crop-size",
+        "24",
+        "--msa-rows-per-sample",
+        "8",
+        "--num-workers",
+        "0",
+        "--checkpoint-every",
+        "2",
+        "--diffusion-batch",
+        "2",
+        *extra,
+    ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()], result.stdout

@@ -17,10 +17,21 @@ def _pair_parameters(model: AF3Model):
     """What the distogram loss reaches: the input embedder's pair, the recycled pair, the
     template and MSA stacks, the pair track of the Pairformer and the distogram head. (The single
     track feeds the diffusion module and the confidence head, not the distogram.)"""
-    pair_owners = ("input_embedder.to_pair_", "input_embedder.relpos.", "input_embedder.from_token_bonds.",
-                   "recycle_pair.", "template_embedder.", "msa_module.", "distogram_head.")
-    return [(name, p) for name, p in model.named_parameters() if p.requires_grad
-            and (name.startswith(pair_owners) or (name.startswith("pairformer.blocks.") and ".pair." in name))]
+    pair_owners = (
+        "input_embedder.to_pair_",
+        "input_embedder.relpos.",
+        "input_embedder.from_token_bonds.",
+        "recycle_pair.",
+        "template_embedder.",
+        "msa_module.",
+        "distogram_head.",
+    )
+    return [
+        (name, p)
+        for name, p in model.named_parameters()
+        if p.requires_grad
+        and (name.startswith(pair_owners) or (name.startswith("pairformer.blocks.") and ".pair." in name))
+    ]
 
 
 def test_trunk_shapes_and_distogram_gradients_reach_the_pair_stacks():

@@ -29,9 +29,11 @@ def pipeline_config(test_databases, tmp_path_factory) -> PipelineConfig:
 def _chain_sequence(path, asym_id: str) -> str:
     """One-letter sequence of a polymer chain from the file's _pdbx_poly_seq_scheme loop."""
     block = gemmi.cif.read(str(path)).sole_block()
-    residues = [gemmi.cif.as_string(row[1])
-                for row in block.find("_pdbx_poly_seq_scheme.", ["asym_id", "mon_id"])
-                if gemmi.cif.as_string(row[0]) == asym_id]
+    residues = [
+        gemmi.cif.as_string(row[1])
+        for row in block.find("_pdbx_poly_seq_scheme.", ["asym_id", "mon_id"])
+        if gemmi.cif.as_string(row[0]) == asym_id
+    ]
     if not residues:
         raise LookupError(f"chain {asym_id} not found in {path}")
     return gemmi.one_letter_code(residues)

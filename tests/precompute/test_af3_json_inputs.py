@@ -26,10 +26,20 @@ MSA = f">query\n{PROTEIN}\n>hit1\nMKSN-TLLA\n>hit2\nMRaSNGTLLV\n"
 
 def _complex() -> dict:
     return {
-        "name": "complex", "modelSeeds": [1], "dialect": "alphafold3", "version": 1,
+        "name": "complex",
+        "modelSeeds": [1],
+        "dialect": "alphafold3",
+        "version": 1,
         "sequences": [
-            {"protein": {"id": "A", "sequence": PROTEIN, "modifications": [{"ptmType": "SEP", "ptmPosition": 3}],
-                         "unpairedMsa": MSA, "pairedMsa": ""}},
+            {
+                "protein": {
+                    "id": "A",
+                    "sequence": PROTEIN,
+                    "modifications": [{"ptmType": "SEP", "ptmPosition": 3}],
+                    "unpairedMsa": MSA,
+                    "pairedMsa": "",
+                }
+            },
             {"rna": {"id": "R", "sequence": "AGCU"}},
             {"ligand": {"id": "L", "smiles": ASPIRIN}},
             {"ligand": {"id": "G", "ccdCodes": ["NAG"]}},
@@ -39,8 +49,9 @@ def _complex() -> dict:
 
 
 def _run(inputs, cache, *extra):
-    return CliRunner().invoke(cli, ["precompute", str(inputs), "--cache", str(cache), "--executor", "inline",
-                                    "--no-progress", *extra])
+    return CliRunner().invoke(
+        cli, ["precompute", str(inputs), "--cache", str(cache), "--executor", "inline", "--no-progress", *extra]
+    )
 
 
 def _heavy_names(code: str, drop=()) -> list[str]:
@@ -57,8 +68,10 @@ def test_af3_json_complex_precomputes_with_smiles_ligand_modification_and_bond(t
     assert result.exit_code == 0, result.output
     with StoreReader(cache) as reader:
         record = decode_record(reader.get("features", "complex"))
-        conformers = {decode_record(blob).meta["name"]: (key, decode_record(blob).meta)
-                      for key, blob in reader.items(CONFORMERS_TABLE)}
+        conformers = {
+            decode_record(blob).meta["name"]: (key, decode_record(blob).meta)
+            for key, blob in reader.items(CONFORMERS_TABLE)
+        }
     arrays, meta = record.arrays, record.meta
     names = decode_atom_names(arrays["ref_atom_name_chars"]).tolist()
     asym = arrays["asym_id"]
@@ -115,9 +128,13 @@ def test_given_msa_is_the_chain_msa(tmp_path, shared_data):
     records = a3m.split(">")[1:201]
     (tmp_path / "ras.a3m").write_text("".join(">" + record for record in records))
     query = "".join(records[0].splitlines()[1:])
-    document = {"name": "ras", "modelSeeds": [7], "dialect": "alphafold3", "version": 2,
-                "sequences": [{"protein": {"id": "A", "sequence": query, "unpairedMsaPath": "ras.a3m",
-                                           "pairedMsa": ""}}]}
+    document = {
+        "name": "ras",
+        "modelSeeds": [7],
+        "dialect": "alphafold3",
+        "version": 2,
+        "sequences": [{"protein": {"id": "A", "sequence": query, "unpairedMsaPath": "ras.a3m", "pairedMsa": ""}}],
+    }
     (tmp_path / "ras.json").write_text(json.dumps(document))
     cache = tmp_path / "cache"
     result = _run(tmp_path / "ras.json", cache)
@@ -143,11 +160,28 @@ def test_given_templates_are_the_chain_templates(tmp_path, shared_data, ras_sequ
     from tests.io.test_af3_json import single_chain_mmcif
 
     mapped = list(range(10, 110))
-    template = {"mmcif": single_chain_mmcif(shared_data / "structures" / "721p-assembly1.cif", "A"),
-                "queryIndices": mapped, "templateIndices": mapped}
-    document = {"name": "ras", "modelSeeds": [1], "dialect": "alphafold3", "version": 1,
-                "sequences": [{"protein": {"id": "A", "sequence": ras_sequence, "unpairedMsa": "", "pairedMsa": "",
-                                           "templates": [template]}}]}
+    template = {
+        "mmcif": single_chain_mmcif(shared_data / "structures" / "721p-assembly1.cif", "A"),
+        "queryIndices": mapped,
+        "templateIndices": mapped,
+    }
+    document = {
+        "name": "ras",
+        "modelSeeds": [1],
+        "dialect": "alphafold3",
+        "version": 1,
+        "sequences": [
+            {
+                "protein": {
+                    "id": "A",
+                    "sequence": ras_sequence,
+                    "unpairedMsa": "",
+                    "pairedMsa": "",
+                    "templates": [template],
+                }
+            }
+        ],
+    }
     (tmp_path / "ras.json").write_text(json.dumps(document))
     cache = tmp_path / "cache"
     result = _run(tmp_path / "ras.json", cache)
@@ -166,15 +200,22 @@ def test_given_templates_are_the_chain_templates(tmp_path, shared_data, ras_sequ
 
 
 BAD = {
-    "broken": ('{"name": "x",\n "modelSeeds": [1]\n "dialect": "alphafold3"}',
-               "broken.json: malformed JSON at line 3, column 2: Expecting ',' delimiter"),
-    "unknown_ccd": (("ligand", {"id": "Z", "ccdCodes": ["NOTACODE"]}),
-                    "sequences[4].ligand.ccdCodes[0]: unknown CCD code 'NOTACODE'"),
-    "bad_smiles": (("ligand", {"id": "Z", "smiles": "c1ccc(cc1"}),
-                   "sequences[4].ligand.smiles: cannot parse SMILES 'c1ccc(cc1'"),
-    "bad_position": (("protein", {"id": "Z", "sequence": "MKV",
-                                  "modifications": [{"ptmType": "SEP", "ptmPosition": 4}]}),
-                     "sequences[4].protein.modifications[0].ptmPosition: position 4 is outside the sequence (1-3)"),
+    "broken": (
+        '{"name": "x",\n "modelSeeds": [1]\n "dialect": "alphafold3"}',
+        "broken.json: malformed JSON at line 3, column 2: Expecting ',' delimiter",
+    ),
+    "unknown_ccd": (
+        ("ligand", {"id": "Z", "ccdCodes": ["NOTACODE"]}),
+        "sequences[4].ligand.ccdCodes[0]: unknown CCD code 'NOTACODE'",
+    ),
+    "bad_smiles": (
+        ("ligand", {"id": "Z", "smiles": "c1ccc(cc1"}),
+        "sequences[4].ligand.smiles: cannot parse SMILES 'c1ccc(cc1'",
+    ),
+    "bad_position": (
+        ("protein", {"id": "Z", "sequence": "MKV", "modifications": [{"ptmType": "SEP", "ptmPosition": 4}]}),
+        "sequences[4].protein.modifications[0].ptmPosition: position 4 is outside the sequence (1-3)",
+    ),
 }
 
 
@@ -207,9 +248,16 @@ def test_search_mode_searches_only_chains_without_a_given_msa(tmp_path, test_dat
     from featurecache.testing.testdb import write_pipeline_config
 
     config = write_pipeline_config(test_databases, tmp_path / "pipeline.toml", threads=1)
-    document = {"name": "pair", "modelSeeds": [1], "dialect": "alphafold3", "version": 1,
-                "sequences": [{"protein": {"id": "A", "sequence": PROTEIN, "unpairedMsa": MSA, "pairedMsa": ""}},
-                              {"protein": {"id": "B", "sequence": ras_sequence}}]}
+    document = {
+        "name": "pair",
+        "modelSeeds": [1],
+        "dialect": "alphafold3",
+        "version": 1,
+        "sequences": [
+            {"protein": {"id": "A", "sequence": PROTEIN, "unpairedMsa": MSA, "pairedMsa": ""}},
+            {"protein": {"id": "B", "sequence": ras_sequence}},
+        ],
+    }
     (tmp_path / "pair.json").write_text(json.dumps(document))
     cache = tmp_path / "cache"
     result = _run(tmp_path / "pair.json", cache, "--config", str(config), "--json")

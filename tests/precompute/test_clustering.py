@@ -29,9 +29,13 @@ def _a3m_segment(path, accession: str) -> str:
 
 
 def _target(target_id: str, chains: list[tuple[str, str]], interfaces=()) -> TargetChains:
-    return TargetChains(target_id, tuple(chr(ord("A") + i) for i in range(len(chains))),
-                        tuple(kind for kind, _ in chains), tuple(sequence for _, sequence in chains),
-                        tuple(interfaces))
+    return TargetChains(
+        target_id,
+        tuple(chr(ord("A") + i) for i in range(len(chains))),
+        tuple(kind for kind, _ in chains),
+        tuple(sequence for _, sequence in chains),
+        tuple(interfaces),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +77,17 @@ def test_nucleic_acids_at_100_percent_and_short_chains_by_identity(shared_data, 
     targets = [
         _target("dna", [("dna", dna), ("dna", dna), ("dna", one_change), ("dna", rna_sequence.replace("U", "T"))]),
         _target("rna", [("rna", rna_sequence), ("rna", rna_copy_longer)]),
-        _target("short", [("dna", "GAAGCTTC"), ("dna", "GAAGCTTC"), ("dna", "GAAGCTTA"),
-                          ("protein", "TVPGVXTV"), ("protein", "TVPGVXTV"), ("protein", "TVPGVXTA")]),
+        _target(
+            "short",
+            [
+                ("dna", "GAAGCTTC"),
+                ("dna", "GAAGCTTC"),
+                ("dna", "GAAGCTTA"),
+                ("protein", "TVPGVXTV"),
+                ("protein", "TVPGVXTV"),
+                ("protein", "TVPGVXTA"),
+            ],
+        ),
     ]
     clusters = cluster_chains(targets, AF3, mmseqs)
     assert clusters["dna", 1] == clusters["dna", 2] != clusters["dna", 3]  # one substitution: not 100 %
@@ -91,9 +104,13 @@ def test_nucleic_acids_at_100_percent_and_short_chains_by_identity(shared_data, 
 def test_ligands_by_ccd_code_and_interfaces_by_their_chains_clusters(shared_data, mmseqs):
     structure = read_mmcif(shared_data / "structures" / "721p-assembly1.cif")  # H-Ras dimer, MG + GNP each
     interfaces = interface_pairs(structure, 5.0)
-    target = TargetChains(structure.id, tuple(c.chain_id for c in structure.chains),
-                          tuple(c.molecule_type for c in structure.chains), tuple(c.sequence for c in structure.chains),
-                          tuple(map(tuple, interfaces)))
+    target = TargetChains(
+        structure.id,
+        tuple(c.chain_id for c in structure.chains),
+        tuple(c.molecule_type for c in structure.chains),
+        tuple(c.sequence for c in structure.chains),
+        tuple(map(tuple, interfaces)),
+    )
     glycan = _target("glycan", [("ligand", "(NAG)(NAG)(BMA)"), ("ligand", "(GNP)")])
     clusters = cluster_chains([target, glycan], AF3, mmseqs)
     assert clusters[structure.id, 2] == clusters[structure.id, 5] == "ligand:MG"

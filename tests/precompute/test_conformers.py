@@ -65,17 +65,21 @@ def test_each_code_is_computed_once_across_targets_and_runs(tmp_path, inputs):
     # The record's ref_pos is the stored conformer of each code.
     with StoreReader(cache) as reader:
         record = decode_record(reader.get("features", "721p-fem"))
-        fem = next(decode_record(blob) for _, blob in reader.items(CONFORMERS_TABLE)
-                   if decode_record(blob).meta["name"] == "FEM")
+        fem = next(
+            decode_record(blob)
+            for _, blob in reader.items(CONFORMERS_TABLE)
+            if decode_record(blob).meta["name"] == "FEM"
+        )
     conformer = conformer_from_arrays(fem.arrays, fem.meta)
     assert fem.meta["source"] == "ccd_ideal"
     names = decode_atom_names(record.arrays["ref_atom_name_chars"])
     ligand_atoms = record.arrays["is_ligand"][record.arrays["atom_to_token"]]
     first_fem = np.flatnonzero(ligand_atoms & (names == conformer.atom_names[0]))[0]
-    np.testing.assert_allclose(record.arrays["ref_pos"][first_fem:first_fem + conformer.num_atoms],
-                               conformer.positions)
+    np.testing.assert_allclose(
+        record.arrays["ref_pos"][first_fem : first_fem + conformer.num_atoms], conformer.positions
+    )
     # Only the GNP atoms whose names FEM also has are placed; the rest of FEM's atoms are masked.
-    assert 0 < record.arrays["atom_mask"][first_fem:first_fem + conformer.num_atoms].sum() < conformer.num_atoms
+    assert 0 < record.arrays["atom_mask"][first_fem : first_fem + conformer.num_atoms].sum() < conformer.num_atoms
     assert "FEM" in record.meta["conformer_codes"]
 
     # stats counts the sources: the ferrocene fell back to CCD ideal coordinates.
@@ -91,8 +95,17 @@ def test_each_code_is_computed_once_across_targets_and_runs(tmp_path, inputs):
     runner = CliRunner()
     shown = runner.invoke(cli, ["show", str(cache), "721p-fem"])
     assert shown.exit_code == 0, shown.output
-    for name in ("ref_pos", "ref_mask", "ref_element", "ref_charge", "ref_atom_name_chars", "ref_space_uid",
-                 "token_bonds", "distogram_atom_index", "frame_atom_index"):
+    for name in (
+        "ref_pos",
+        "ref_mask",
+        "ref_element",
+        "ref_charge",
+        "ref_atom_name_chars",
+        "ref_space_uid",
+        "token_bonds",
+        "distogram_atom_index",
+        "frame_atom_index",
+    ):
         assert f"  {name} " in shown.output
     key = next(key for key, entry in read_manifest(cache).index[CONFORMERS_TABLE].items() if entry["code"] == "FEM")
     shown = runner.invoke(cli, ["show", str(cache), key, "--table", "conformers"])
@@ -117,15 +130,20 @@ def test_v1_cache_is_refused_by_the_loader_and_recomputed_by_precompute(tmp_path
     data = json.loads(manifest.read_text())
     data["schema_version"] = 1
     manifest.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match=rf"schema_version 1, expected {SCHEMA_VERSION}: .*rerun `featurecache precompute`"):
+    with pytest.raises(
+        ValueError, match=rf"schema_version 1, expected {SCHEMA_VERSION}: .*rerun `featurecache precompute`"
+    ):
         CacheDataset(cache)
     # A record written under schema 1 (its fingerprint hashed schema 1) is stale: recomputed.
     with StoreReader(cache) as reader:
         old = decode_record(reader.get("features", "2q2k"))
     writer = StoreWriter(cache, StoreConfig(num_shards=read_manifest(cache, expected_schema=None).num_shards))
     try:
-        writer.put("features", "2q2k", encode_record("2q2k", dict(old.arrays), dict(old.meta), "v1-fingerprint",
-                                                     old.input_hash, 1, 0))
+        writer.put(
+            "features",
+            "2q2k",
+            encode_record("2q2k", dict(old.arrays), dict(old.meta), "v1-fingerprint", old.input_hash, 1, 0),
+        )
     finally:
         writer.close()
     summary = precompute(_options([inputs], cache))
@@ -159,10 +177,23 @@ def test_a_users_components_cif_gives_its_own_conformer_keys(tmp_path):
     cache = tmp_path / "cache"
     precompute(_options([folder], cache))
     bundled = set(read_manifest(cache).index[CONFORMERS_TABLE])
-    result = CliRunner().invoke(cli, ["precompute", str(folder), "--cache", str(cache), "--ccd", str(ccd),
-                                      "--executor", "inline", "--no-progress", "--json"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "precompute",
+            str(folder),
+            "--cache",
+            str(cache),
+            "--ccd",
+            str(ccd),
+            "--executor",
+            "inline",
+            "--no-progress",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.output[result.output.index("{"):])
+    summary = json.loads(result.output[result.output.index("{") :])
     assert summary["stages"]["featurize"]["done"] == 1  # the CCD changed: the record is recomputed
     index = read_manifest(cache).index[CONFORMERS_TABLE]
     own = {key for key in index if key not in bundled}
@@ -172,11 +203,19 @@ def test_a_users_components_cif_gives_its_own_conformer_keys(tmp_path):
 
 def _metal_ligands_json() -> dict:
     """An AF3 input JSON: a short peptide with iridium hexammine (IRI, as in PDB 4gxy), heme and ATP."""
-    ligands = [{"ligand": {"id": chain, "ccdCodes": [code]}} for chain, code in (("I", "IRI"), ("H", "HEM"),
-                                                                                   ("T", "ATP"))]
-    return {"name": "metals", "modelSeeds": [1], "dialect": "alphafold3", "version": 1,
-            "sequences": [{"protein": {"id": "A", "sequence": "MKTAYIA", "unpairedMsa": ">query\nMKTAYIA\n",
-                                       "pairedMsa": ""}}, *ligands]}
+    ligands = [
+        {"ligand": {"id": chain, "ccdCodes": [code]}} for chain, code in (("I", "IRI"), ("H", "HEM"), ("T", "ATP"))
+    ]
+    return {
+        "name": "metals",
+        "modelSeeds": [1],
+        "dialect": "alphafold3",
+        "version": 1,
+        "sequences": [
+            {"protein": {"id": "A", "sequence": "MKTAYIA", "unpairedMsa": ">query\nMKTAYIA\n", "pairedMsa": ""}},
+            *ligands,
+        ],
+    }
 
 
 def test_metal_complexes_take_ccd_coordinates_and_stats_counts_why(tmp_path):
@@ -215,5 +254,6 @@ def test_metal_complexes_take_ccd_coordinates_and_stats_counts_why(tmp_path):
     assert unchecked.stages["conformers"].skipped == 0 and unchecked.stages["featurize"].done == 1
     new = [entry for key, entry in read_manifest(cache).index[CONFORMERS_TABLE].items() if key not in index]
     ligands = {"IRI", "HEM", "ATP"}
-    assert {entry["code"]: (entry["source"], entry["fallback"]) for entry in new if entry["code"] in ligands} == \
-        {code: ("rdkit", None) for code in ligands}
+    assert {entry["code"]: (entry["source"], entry["fallback"]) for entry in new if entry["code"] in ligands} == {
+        code: ("rdkit", None) for code in ligands
+    }

@@ -42,8 +42,24 @@ def structures(shared_data):
 def test_defaults_are_af3s():
     assert AF3.max_resolution == 9.0 and AF3.max_release_date is None and AF3.max_chains == 20
     assert AF3.clash_distance == 1.7 and AF3.clash_fraction == 0.3 and AF3.interface_distance == 5.0
-    assert set(CRYSTALLIZATION_AIDS) == {"SO4", "GOL", "EDO", "PO4", "ACT", "PEG", "DMS", "TRS", "PGE", "PG4",
-                                         "FMT", "EPE", "MPD", "MES", "CD", "IOD"}
+    assert set(CRYSTALLIZATION_AIDS) == {
+        "SO4",
+        "GOL",
+        "EDO",
+        "PO4",
+        "ACT",
+        "PEG",
+        "DMS",
+        "TRS",
+        "PGE",
+        "PG4",
+        "FMT",
+        "EPE",
+        "MPD",
+        "MES",
+        "CD",
+        "IOD",
+    }
     with pytest.raises(ValueError, match="max_release_date"):
         CurationConfig(max_release_date="2021-13-01")
     with pytest.raises(ValueError, match="clash_fraction"):
@@ -95,12 +111,17 @@ def test_clashing_copy_of_a_chain_is_removed(structures, tmp_path):
     # H-Ras chain A copied 0.5 A away as chain C (with its MG and GNP): every atom of the copy
     # and of the original lies within 1.7 A of the other; equal fractions and atom counts, so
     # the later chain (the copy) goes, and only it.
-    path = edited(structures / "721p-assembly1.cif", tmp_path / "721p_clash.cif", duplicate_chain("A", "C", (0.5, 0, 0)))
+    path = edited(
+        structures / "721p-assembly1.cif", tmp_path / "721p_clash.cif", duplicate_chain("A", "C", (0.5, 0, 0))
+    )
     structure = read_mmcif(path)
     assert "C" in _chain_ids(structure)
     curated = curate(structure, AF3)
     assert [(removal.reason, removal.chain_id) for removal in curated.removals] == [
-        ("clash", "C"), ("clash", "C:MG167"), ("clash", "C:GNP168")]
+        ("clash", "C"),
+        ("clash", "C:MG167"),
+        ("clash", "C:GNP168"),
+    ]
     assert _chain_ids(curated.structure) == ["A", "A:MG167", "A:GNP168", "B", "B:MG167", "B:GNP168"]
     assert "100% of its atoms within 1.7 A of chain A" in curated.removals[0].detail
     # 1.0 turns the filter off; the unedited file has no clash

@@ -77,11 +77,22 @@ def _index_entries(count: int) -> tuple[list[dict], dict]:
     for number in range(count):
         key, cluster = f"scale{number:06d}", f"protein:{number:012x}"
         summaries[number % 4]["index"][FEATURES_TABLE][key] = {
-            "num_tokens": 150 + number % 11, "num_atoms": 1200, "msa_depth": 2048, "num_templates": 0,
-            "num_chains": 1, "warnings": 0, "template_hits_without_coordinates": 0, "curation": {},
-            "fingerprint": "b42c750962a716bb", "input_hash": f"{number:064x}"}
-        sampling[key] = {"weight": 1.5, "interfaces": [], "chains": [
-            {"chain_id": "A", "asym_id": 1, "molecule_type": "protein", "cluster": cluster, "weight": 1.5}]}
+            "num_tokens": 150 + number % 11,
+            "num_atoms": 1200,
+            "msa_depth": 2048,
+            "num_templates": 0,
+            "num_chains": 1,
+            "warnings": 0,
+            "template_hits_without_coordinates": 0,
+            "curation": {},
+            "fingerprint": "b42c750962a716bb",
+            "input_hash": f"{number:064x}",
+        }
+        sampling[key] = {
+            "weight": 1.5,
+            "interfaces": [],
+            "chains": [{"chain_id": "A", "asym_id": 1, "molecule_type": "protein", "cluster": cluster, "weight": 1.5}],
+        }
     return summaries, sampling
 
 

@@ -18,14 +18,28 @@ TARGET = "721p-assembly1"  # two Ras chains, each with GNP and Mg: 6 chains
 
 
 def _ingest(shared_data, cache, *extra: str):
-    return CliRunner().invoke(cli, ["precompute", str(shared_data / "structures" / f"{TARGET}.cif"), "--alignments",
-                                    str(shared_data / "alignments"), "--cache", str(cache), "--executor", "inline",
-                                    "--no-progress", *extra])
+    return CliRunner().invoke(
+        cli,
+        [
+            "precompute",
+            str(shared_data / "structures" / f"{TARGET}.cif"),
+            "--alignments",
+            str(shared_data / "alignments"),
+            "--cache",
+            str(cache),
+            "--executor",
+            "inline",
+            "--no-progress",
+            *extra,
+        ],
+    )
 
 
 def _settings(path, max_chains: int):
-    path.write_text(f"[features]\nmsa_rows_stored = 8\n\n[curation]\nmax_chains = {max_chains}\n\n"
-                    f"[clustering]\nenabled = false\n\n[store]\nnum_shards = 2\n")
+    path.write_text(
+        f"[features]\nmsa_rows_stored = 8\n\n[curation]\nmax_chains = {max_chains}\n\n"
+        f"[clustering]\nenabled = false\n\n[store]\nnum_shards = 2\n"
+    )
     return path
 
 
@@ -60,8 +74,10 @@ def test_an_ingest_run_takes_the_configs_settings(tmp_path, shared_data):
 
 def test_a_config_with_search_databases_is_refused_with_alignments(tmp_path, shared_data):
     config = tmp_path / "search.toml"
-    config.write_text('[features]\nmsa_rows_stored = 8\n\n[[databases]]\nname = "uniref90"\ntool = "jackhmmer"\n'
-                      'path = "uniref90.fasta"\n')
+    config.write_text(
+        '[features]\nmsa_rows_stored = 8\n\n[[databases]]\nname = "uniref90"\ntool = "jackhmmer"\n'
+        'path = "uniref90.fasta"\n'
+    )
     result = _ingest(shared_data, tmp_path / "cache", "--config", str(config))
     assert result.exit_code == 2, result.output
     (line,) = result.output.strip().splitlines()

@@ -30,8 +30,9 @@ def small_inputs(tmp_path):
 
 
 def _options(inputs, cache, shared_data, **changes):
-    values = dict(inputs=[inputs], cache_dir=cache, alignments_dir=shared_data / "alignments",
-                  executor="inline", progress=False)
+    values = dict(
+        inputs=[inputs], cache_dir=cache, alignments_dir=shared_data / "alignments", executor="inline", progress=False
+    )
     values.update(changes)
     return PrecomputeOptions(**values)
 
@@ -99,16 +100,18 @@ def test_setup_errors_exit_2_before_any_work(tmp_path, small_inputs, shared_data
     cache = tmp_path / "cache"
     result = runner.invoke(cli, ["precompute", str(tmp_path / "missing"), "--cache", str(cache)])
     assert result.exit_code == 2 and "does not exist" in result.output
-    result = runner.invoke(cli, ["precompute", str(small_inputs), "--cache", str(cache),
-                                 "--alignments", str(tmp_path / "nowhere")])
+    result = runner.invoke(
+        cli, ["precompute", str(small_inputs), "--cache", str(cache), "--alignments", str(tmp_path / "nowhere")]
+    )
     assert result.exit_code == 2 and "nowhere" in result.output
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     result = runner.invoke(cli, ["precompute", str(small_inputs), "--cache", str(blocker / "cache")])
     assert result.exit_code == 2 and "--cache" in result.output
     config = tmp_path / "pipeline.toml"
-    config.write_text('[[databases]]\nname = "gone"\ntool = "jackhmmer"\nrole = "msa"\n'
-                      f'path = "{tmp_path / "no-such.fasta"}"\n')
+    config.write_text(
+        f'[[databases]]\nname = "gone"\ntool = "jackhmmer"\nrole = "msa"\npath = "{tmp_path / "no-such.fasta"}"\n'
+    )
     result = runner.invoke(cli, ["precompute", str(small_inputs), "--cache", str(cache), "--config", str(config)])
     assert result.exit_code == 2 and "no-such.fasta" in result.output
     assert not cache.exists() or not any(cache.iterdir())
@@ -119,8 +122,17 @@ def test_setup_errors_exit_2_before_any_work(tmp_path, small_inputs, shared_data
 def test_old_max_msa_rows_flag_still_works_and_names_the_new_one(tmp_path, small_inputs, shared_data):
     runner = CliRunner()
     cache = tmp_path / "cache"
-    common = ["precompute", str(small_inputs), "--cache", str(cache), "--alignments", str(shared_data / "alignments"),
-              "--executor", "inline", "--no-progress"]
+    common = [
+        "precompute",
+        str(small_inputs),
+        "--cache",
+        str(cache),
+        "--alignments",
+        str(shared_data / "alignments"),
+        "--executor",
+        "inline",
+        "--no-progress",
+    ]
     with pytest.warns(DeprecationWarning, match="use --msa-rows-stored"):
         old = runner.invoke(cli, [*common, "--max-msa-rows", "5"])
     assert old.exit_code == 0, old.output
@@ -138,8 +150,20 @@ def test_cli_main_job_with_ray(tmp_path, small_inputs, shared_data):
     """The README's main job through the command line, with Ray started locally."""
     runner = CliRunner()
     cache = tmp_path / "cache"
-    result = runner.invoke(cli, ["precompute", str(small_inputs), "--cache", str(cache), "--alignments",
-                                 str(shared_data / "alignments"), "--workers", "2", "--no-progress"])
+    result = runner.invoke(
+        cli,
+        [
+            "precompute",
+            str(small_inputs),
+            "--cache",
+            str(cache),
+            "--alignments",
+            str(shared_data / "alignments"),
+            "--workers",
+            "2",
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "done      2" in result.output
     stats = runner.invoke(cli, ["stats", str(cache), "--plot", str(tmp_path / "stats.png")])
@@ -179,8 +203,20 @@ def test_precompute_names_and_counts_alignment_files_cut_short(tmp_path, shared_
     _cut_after(sto, next(n for n in range(len(sto_lines) - 1, 0, -1) if not sto_lines[n].startswith(("#", "//"))))
     cache = tmp_path / "cache"
     runner = CliRunner()
-    result = runner.invoke(cli, ["precompute", str(inputs), "--cache", str(cache), "--alignments", str(alignments),
-                                 "--executor", "inline", "--no-progress"])
+    result = runner.invoke(
+        cli,
+        [
+            "precompute",
+            str(inputs),
+            "--cache",
+            str(cache),
+            "--alignments",
+            str(alignments),
+            "--executor",
+            "inline",
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 0, result.output
     stats = runner.invoke(cli, ["stats", str(cache)])
     assert stats.exit_code == 0, stats.output
@@ -197,9 +233,20 @@ def test_precompute_names_and_counts_alignment_files_cut_short(tmp_path, shared_
 def test_kill_during_precompute_then_rerun(tmp_path, shared_data):
     """kill -9 of the driver mid-run: the rerun caches every target once and verify is clean."""
     cache = tmp_path / "cache"
-    command = [sys.executable, "-m", "featurecache.cli", "precompute", str(shared_data / "structures"),
-               "--cache", str(cache), "--alignments", str(shared_data / "alignments"), "--executor", "inline",
-               "--no-progress"]
+    command = [
+        sys.executable,
+        "-m",
+        "featurecache.cli",
+        "precompute",
+        str(shared_data / "structures"),
+        "--cache",
+        str(cache),
+        "--alignments",
+        str(shared_data / "alignments"),
+        "--executor",
+        "inline",
+        "--no-progress",
+    ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
     # Kill once at least one record is committed (the shard files grow past their empty size).
@@ -210,9 +257,15 @@ def test_kill_during_precompute_then_rerun(tmp_path, shared_data):
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    summary = precompute(PrecomputeOptions(inputs=[shared_data / "structures"], cache_dir=cache,
-                                           alignments_dir=shared_data / "alignments", executor="inline",
-                                           progress=False))
+    summary = precompute(
+        PrecomputeOptions(
+            inputs=[shared_data / "structures"],
+            cache_dir=cache,
+            alignments_dir=shared_data / "alignments",
+            executor="inline",
+            progress=False,
+        )
+    )
     stages = summary.stages["featurize"]
     assert stages.done + stages.skipped == 5 and summary.failed == 0
     assert verify_cache(cache).ok
@@ -230,16 +283,28 @@ def test_search_mode_end_to_end_and_one_failing_search(tmp_path, test_databases)
 
     broken = tmp_path / "broken-nucleotides.fasta"
     broken.write_bytes(b"\x00\x01 not a sequence database \xff\n" * 50)
-    config_path = write_pipeline_config(test_databases, tmp_path / "pipeline.toml", threads=1,
-                                        template_tool="hhsearch")
+    config_path = write_pipeline_config(test_databases, tmp_path / "pipeline.toml", threads=1, template_tool="hhsearch")
     text = config_path.read_text().replace(str(test_databases.nucleotide_fasta), str(broken))
     config_path.write_text(text)
     inputs = copy_sample_structures("721p-assembly1.cif", tmp_path / "inputs")
     (inputs / "dna_only.fasta").write_text(">chain_a mol:dna\nCGCGAATTCGCG\n")
 
     cache = tmp_path / "cache"
-    result = CliRunner().invoke(cli, ["precompute", str(inputs), "--cache", str(cache), "--config", str(config_path),
-                                      "--executor", "inline", "--no-progress", "--json"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "precompute",
+            str(inputs),
+            "--cache",
+            str(cache),
+            "--config",
+            str(config_path),
+            "--executor",
+            "inline",
+            "--no-progress",
+            "--json",
+        ],
+    )
     assert result.exit_code == 1, result.output
     with StoreReader(cache) as reader:
         record = decode_record(reader.get("features", "721p-assembly1"))
@@ -261,13 +326,24 @@ def test_changing_one_database_searches_that_database_only(tmp_path, test_databa
     the template search runs again, and the features match a run from scratch."""
     from featurecache.testing.testdb import write_pipeline_config
 
-    config_path = write_pipeline_config(test_databases, tmp_path / "pipeline.toml", threads=1,
-                                        template_tool="hhsearch")
+    config_path = write_pipeline_config(test_databases, tmp_path / "pipeline.toml", threads=1, template_tool="hhsearch")
     inputs = copy_sample_structures("721p-assembly1.cif", tmp_path / "inputs")
 
     def run(cache):
-        result = CliRunner().invoke(cli, ["precompute", str(inputs), "--cache", str(cache), "--config",
-                                          str(config_path), "--executor", "inline", "--no-progress"])
+        result = CliRunner().invoke(
+            cli,
+            [
+                "precompute",
+                str(inputs),
+                "--cache",
+                str(cache),
+                "--config",
+                str(config_path),
+                "--executor",
+                "inline",
+                "--no-progress",
+            ],
+        )
         assert result.exit_code == 0, result.output
         with StoreReader(cache) as reader:
             chains = [decode_record(reader.get("msa", key)).meta for key in reader.keys("msa") if "-db-" not in key]

@@ -59,11 +59,14 @@ def test_preflight_names_missing_binaries_files_and_folders(test_databases, tmp_
     for path in test_databases.hhsuite_msa.parent.iterdir():
         shutil.copy(path, hhsuite / path.name)
     (hhsuite / "db_cs219.ffindex").unlink()
-    config = load_pipeline_config(_write(tmp_path, f"""
+    config = load_pipeline_config(
+        _write(
+            tmp_path,
+            f"""
 [tools.jackhmmer]
 binary = "featurecache-missing-jackhmmer"
 [tools.hmmbuild]
-binary = "{tmp_path / 'bin' / 'hmmbuild'}"
+binary = "{tmp_path / "bin" / "hmmbuild"}"
 [[databases]]
 name = "seqs"
 tool = "jackhmmer"
@@ -71,7 +74,7 @@ path = "{test_databases.protein_fasta}"
 [[databases]]
 name = "hh"
 tool = "hhblits"
-path = "{hhsuite / 'db'}"
+path = "{hhsuite / "db"}"
 [[databases]]
 name = "gone"
 tool = "mmseqs"
@@ -83,14 +86,18 @@ role = "template"
 path = "{test_databases.template_seqres}"
 [templates]
 mmcif_dir = "no_such_folder"
-"""))
+""",
+        )
+    )
     problems = preflight(config)
     text = "\n".join(problems)
     assert "tool jackhmmer (needed by database seqs)" in text and "featurecache-missing-jackhmmer" in text
     assert "tool hmmbuild (needed by database templates)" in text
     assert f"database hh (hhblits): missing HH-suite database file {hhsuite / 'db_cs219.ffindex'}" in problems
     for suffix in ("", ".dbtype", ".index", "_h"):
-        assert f"database gone (mmseqs): missing MMseqs2 database file {tmp_path / 'nowhere' / 'db'}{suffix}" in problems
+        assert (
+            f"database gone (mmseqs): missing MMseqs2 database file {tmp_path / 'nowhere' / 'db'}{suffix}" in problems
+        )
     assert any(str(tmp_path / "no_such_folder") in problem for problem in problems)
     assert "database seqs (jackhmmer): missing" not in text  # its FASTA file is there
 
@@ -104,18 +111,32 @@ mmcif_dir = "no_such_folder"
         ("[tools.hhblits]\nflags = '-n 3'\n", "tools.hhblits.flags", "list of strings"),
         ("[[databases]]\nname = 'a'\ntool = 'blast'\npath = 'x'\n", "databases[0].tool", "unknown search tool"),
         ("[[databases]]\nname = 'a'\ntool = 'jackhmmer'\n", "databases[0].path", "missing"),
-        ("[[databases]]\nname = 'a'\ntool = 'hhsearch'\nrole = 'msa'\npath = 'x'\n", "databases[0].role", "cannot serve"),
+        (
+            "[[databases]]\nname = 'a'\ntool = 'hhsearch'\nrole = 'msa'\npath = 'x'\n",
+            "databases[0].role",
+            "cannot serve",
+        ),
         ("[[databases]]\nname = 'a'\ntool = 'jackhmmer'\npath = ['x', 'y']\n", "databases[0].path", "only hhblits"),
         ("[[databases]]\nname = 'a'\ntool = 'jackhmmer'\npath = 'x'\nmax_hits = -5\n", "databases[0].max_hits", ">= 1"),
-        ("[[databases]]\nname = 'a'\ntool = 'jackhmmer'\npath = 'x'\n[[databases]]\nname = 'a'\ntool = 'nhmmer'\npath = 'y'\n",
-         "databases[1].name", "used twice"),
-        ("[[databases]]\nname = 'a'\ntool = 'jackhmmer'\npath = 'x'\nmolecule_types = ['rna']\n",
-         "databases[0].molecule_types", "cannot search rna"),
+        (
+            "[[databases]]\nname = 'a'\ntool = 'jackhmmer'\npath = 'x'\n[[databases]]\nname = 'a'\ntool = 'nhmmer'\npath = 'y'\n",
+            "databases[1].name",
+            "used twice",
+        ),
+        (
+            "[[databases]]\nname = 'a'\ntool = 'jackhmmer'\npath = 'x'\nmolecule_types = ['rna']\n",
+            "databases[0].molecule_types",
+            "cannot search rna",
+        ),
         ("[templates]\nmsa_database = 'uniref'\n", "templates.msa_database", "no database named"),
         ("[features]\nmax_templates_stored = 'four'\n", "features.max_templates_stored", "expected int"),
         ("[features]\nmax_msa_row = 5\n", "features.max_msa_row", "unknown key"),
         ("[features]\nmax_templates_stored = -1\n", "features", "max_templates_stored must be >= 0"),
-        ("[features]\nmax_msa_rows = 5\nmsa_rows_stored = 6\n", "features.max_msa_rows", "keep only features.msa_rows_stored"),
+        (
+            "[features]\nmax_msa_rows = 5\nmsa_rows_stored = 6\n",
+            "features.max_msa_rows",
+            "keep only features.msa_rows_stored",
+        ),
         ("[store]\nnum_shards = true\n", "store.num_shards", "expected int"),
         ("[curation]\nmax_release_date = 20210930\n", "curation.max_release_date", "expected a date"),
         ("[curation]\nmax_release_date = '2021-02-30'\n", "curation", "max_release_date must be an ISO date"),
@@ -151,12 +172,15 @@ def test_missing_config_file_is_named(tmp_path):
 
 
 def test_settings_are_parsed(tmp_path):
-    config = parse_pipeline_config({
-        "search": {"threads": 3, "timeout_s": 60},
-        "tools": {"hhblits": {"threads": 6, "flags": ["-n", "1"], "extra_flags": ["-v", "0"]}},
-        "features": {"max_templates_stored": 2, "min_template_align_ratio": 1},
-        "store": {"num_shards": 9},
-    }, base_dir=tmp_path)
+    config = parse_pipeline_config(
+        {
+            "search": {"threads": 3, "timeout_s": 60},
+            "tools": {"hhblits": {"threads": 6, "flags": ["-n", "1"], "extra_flags": ["-v", "0"]}},
+            "features": {"max_templates_stored": 2, "min_template_align_ratio": 1},
+            "store": {"num_shards": 9},
+        },
+        base_dir=tmp_path,
+    )
     assert config.tool_settings("hhblits") == ToolSettings(None, 6, 60.0, ("-n", "1"), ("-v", "0"))
     assert config.tool_settings("nhmmer") == ToolSettings(None, 3, 60.0, None, ())
     assert config.features.max_templates_stored == 2 and config.features.min_template_align_ratio == 1.0
@@ -167,12 +191,23 @@ def test_settings_are_parsed(tmp_path):
 def test_curation_and_clustering_settings_default_to_af3s(tmp_path):
     example = load_pipeline_config(EXAMPLE)  # the example spells every default out
     assert example.curation == CurationConfig() and example.clustering == ClusteringConfig()
-    config = load_pipeline_config(_write(tmp_path, (
-        "[curation]\nmax_release_date = 2021-09-30\nmin_release_date = '1990-01-01'\nmax_resolution = inf\n"
-        "crystallization_aids = ['SO4']\nmax_chains = 8\n"
-        "[clustering]\nprotein_min_seq_id = 0.3\nalpha_ligand = 2\nenabled = false\n")))
-    assert config.curation == CurationConfig(max_release_date="2021-09-30", min_release_date="1990-01-01",
-                                             max_resolution=float("inf"), crystallization_aids=("SO4",), max_chains=8)
+    config = load_pipeline_config(
+        _write(
+            tmp_path,
+            (
+                "[curation]\nmax_release_date = 2021-09-30\nmin_release_date = '1990-01-01'\nmax_resolution = inf\n"
+                "crystallization_aids = ['SO4']\nmax_chains = 8\n"
+                "[clustering]\nprotein_min_seq_id = 0.3\nalpha_ligand = 2\nenabled = false\n"
+            ),
+        )
+    )
+    assert config.curation == CurationConfig(
+        max_release_date="2021-09-30",
+        min_release_date="1990-01-01",
+        max_resolution=float("inf"),
+        crystallization_aids=("SO4",),
+        max_chains=8,
+    )
     assert config.clustering == ClusteringConfig(protein_min_seq_id=0.3, alpha_ligand=2.0, enabled=False)
     assert load_pipeline_config(_write(tmp_path, "")).curation == CurationConfig()
 
@@ -181,8 +216,12 @@ def test_chem_settings_default_to_the_examples(tmp_path):
     assert load_pipeline_config(EXAMPLE).chem == ChemConfig()  # the example spells every default out
     config = load_pipeline_config(_write(tmp_path, "[chem]\nconformer_max_bond_deviation = inf\nconformer_seed = 3\n"))
     assert config.chem == ChemConfig(conformer_max_bond_deviation=float("inf"), conformer_seed=3)
-    assert load_pipeline_config(_write(tmp_path, "[chem]\nconformer_max_bond_deviation = 1\n")).chem \
-        .conformer_max_bond_deviation == 1.0
+    assert (
+        load_pipeline_config(
+            _write(tmp_path, "[chem]\nconformer_max_bond_deviation = 1\n")
+        ).chem.conformer_max_bond_deviation
+        == 1.0
+    )
 
 
 def _fake_hmmer(tmp_path, version: str) -> str:
@@ -201,11 +240,15 @@ def _fake_hmmer(tmp_path, version: str) -> str:
 def test_search_fingerprint_follows_version_flags_cap_and_database(test_databases, tmp_path):
     fasta = tmp_path / "seqs.fasta"
     shutil.copy(test_databases.protein_fasta, fasta)
-    config = parse_pipeline_config({"databases": [
-        {"name": "seqs", "tool": "jackhmmer", "path": str(fasta), "max_hits": 100},
-        {"name": "seqs_capped", "tool": "jackhmmer", "path": str(fasta), "max_hits": 50},
-        {"name": "seqs_versioned", "tool": "jackhmmer", "path": str(fasta), "version": "2024_01"},
-    ]})
+    config = parse_pipeline_config(
+        {
+            "databases": [
+                {"name": "seqs", "tool": "jackhmmer", "path": str(fasta), "max_hits": 100},
+                {"name": "seqs_capped", "tool": "jackhmmer", "path": str(fasta), "max_hits": 50},
+                {"name": "seqs_versioned", "tool": "jackhmmer", "path": str(fasta), "version": "2024_01"},
+            ]
+        }
+    )
     seqs, capped, versioned = config.databases
     tool = Jackhmmer()
     base = search_fingerprint(seqs, tool)
@@ -246,7 +289,9 @@ def test_precompute_reports_every_missing_tool_and_database_before_any_work(shar
 
     from featurecache.cli import cli
 
-    config = _write(tmp_path, """
+    config = _write(
+        tmp_path,
+        """
 [tools.hhblits]
 binary = "featurecache-no-such-hhblits"
 [[databases]]
@@ -257,10 +302,21 @@ path = "missing/uniref90.fasta"
 name = "bfd"
 tool = "hhblits"
 path = "missing/bfd"
-""")
+""",
+    )
     cache = tmp_path / "cache"
-    result = CliRunner().invoke(cli, ["precompute", str(shared_data / "structures"), "--cache", str(cache),
-                                      "--config", str(config), "--no-progress"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "precompute",
+            str(shared_data / "structures"),
+            "--cache",
+            str(cache),
+            "--config",
+            str(config),
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert "featurecache-no-such-hhblits" in result.output
     assert str(tmp_path / "missing" / "uniref90.fasta") in result.output

@@ -40,9 +40,21 @@ def _inputs(shared_data: Path) -> list[Path]:
 
 
 def _precompute_command(inputs: list[Path], shared_data: Path, cache: Path, address: str) -> list[str]:
-    return [sys.executable, "-m", "featurecache.cli", "precompute", *map(str, inputs),
-            "--alignments", str(shared_data / "alignments"), "--cache", str(cache), "--address", address,
-            "--no-progress", "--json"]
+    return [
+        sys.executable,
+        "-m",
+        "featurecache.cli",
+        "precompute",
+        *map(str, inputs),
+        "--alignments",
+        str(shared_data / "alignments"),
+        "--cache",
+        str(cache),
+        "--address",
+        address,
+        "--no-progress",
+        "--json",
+    ]
 
 
 def _watch(cluster: LocalRayCluster, run: subprocess.Popen, seen: dict[str, bool], until: str) -> None:
@@ -91,15 +103,21 @@ def test_precompute_on_two_nodes_survives_a_killed_raylet(tmp_path, shared_data)
         featurize = first_summary["stages"]["featurize"]
         assert featurize["done"] + featurize["failed"] == len(inputs) and featurize["done"] > 0
 
-        second = subprocess.run(command, env={**cluster.env(), **env}, capture_output=True, text=True,
-                                timeout=RUN_TIMEOUT_S)
+        second = subprocess.run(
+            command, env={**cluster.env(), **env}, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+        )
         assert second.returncode == 0, second.stderr[-3000:]
         summary = _summary(second.stdout)
         assert summary["failed"] == 0 and summary["failures"] == []
         assert summary["stages"]["featurize"]["done"] == first_summary["stages"]["featurize"]["failed"]
 
-    verify = subprocess.run([sys.executable, "-m", "featurecache.cli", "verify", str(cache), "--json"],
-                            env={**os.environ, **env}, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    verify = subprocess.run(
+        [sys.executable, "-m", "featurecache.cli", "verify", str(cache), "--json"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
     assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
     report = json.loads(verify.stdout)
     assert report["ok"] and report["damaged"] == [] and report["shard_problems"] == []

@@ -19,10 +19,26 @@ def _precompute(tmp_path: Path, shared_data: Path, *extra: str) -> subprocess.Co
     env.pop("RAY_AUTH_MODE", None)  # Ray's default, under which it warns on every start
     cache = tmp_path / f"cache{len(extra)}"
     return subprocess.run(
-        [sys.executable, "-m", "featurecache.cli", "precompute", str(shared_data / "structures" / "209d-assembly1.cif"),
-         "--alignments", str(shared_data / "alignments"), "--cache", str(cache), "--workers", "1", "--no-progress",
-         *extra],
-        env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "featurecache.cli",
+            "precompute",
+            str(shared_data / "structures" / "209d-assembly1.cif"),
+            "--alignments",
+            str(shared_data / "alignments"),
+            "--cache",
+            str(cache),
+            "--workers",
+            "1",
+            "--no-progress",
+            *extra,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
@@ -50,15 +66,28 @@ def test_json_stdout_holds_only_the_summary_when_ray_prints_a_notice(tmp_path, s
     run = pipeline.precompute
 
     def run_while_ray_prints(options):
-        print_to_stdstream({"lines": ["Raylet is terminated (a notice Ray printed mid-run)"], "pid": "raylet",
-                            "is_err": False}, ignore_prefix=False)
+        print_to_stdstream(
+            {"lines": ["Raylet is terminated (a notice Ray printed mid-run)"], "pid": "raylet", "is_err": False},
+            ignore_prefix=False,
+        )
         return run(options)
 
     monkeypatch.setattr(pipeline, "precompute", run_while_ray_prints)
-    result = CliRunner().invoke(cli, [
-        "precompute", str(shared_data / "structures" / "209d-assembly1.cif"), "--alignments",
-        str(shared_data / "alignments"), "--cache", str(tmp_path / "cache"), "--executor", "inline", "--no-progress",
-        "--json"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "precompute",
+            str(shared_data / "structures" / "209d-assembly1.cif"),
+            "--alignments",
+            str(shared_data / "alignments"),
+            "--cache",
+            str(tmp_path / "cache"),
+            "--executor",
+            "inline",
+            "--no-progress",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["stages"]["featurize"]["done"] == 1
     assert "Raylet is terminated (a notice Ray printed mid-run)" in result.stderr

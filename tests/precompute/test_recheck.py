@@ -36,8 +36,13 @@ def finished_cache(tmp_path, shared_data):
     inputs.mkdir()
     for name in STRUCTURES:
         shutil.copy(shared_data / "structures" / name, inputs / name)
-    options = PrecomputeOptions(inputs=[inputs], cache_dir=tmp_path / "cache",
-                                alignments_dir=shared_data / "alignments", executor="inline", progress=False)
+    options = PrecomputeOptions(
+        inputs=[inputs],
+        cache_dir=tmp_path / "cache",
+        alignments_dir=shared_data / "alignments",
+        executor="inline",
+        progress=False,
+    )
     assert precompute(options).stages["featurize"].done == len(STRUCTURES)
     return options
 
@@ -69,9 +74,21 @@ def _verify_cli(cache_dir):
 
 
 def _precompute_cli(options: PrecomputeOptions, *extra: str):
-    return CliRunner().invoke(cli, ["precompute", *map(str, options.inputs), "--cache", str(options.cache_dir),
-                                    "--alignments", str(options.alignments_dir), "--executor", "inline",
-                                    "--no-progress", *extra])
+    return CliRunner().invoke(
+        cli,
+        [
+            "precompute",
+            *map(str, options.inputs),
+            "--cache",
+            str(options.cache_dir),
+            "--alignments",
+            str(options.alignments_dir),
+            "--executor",
+            "inline",
+            "--no-progress",
+            *extra,
+        ],
+    )
 
 
 def test_recheck_recomputes_exactly_the_damaged_feature_record(finished_cache):
@@ -95,8 +112,10 @@ def test_recheck_recomputes_exactly_the_damaged_feature_record(finished_cache):
 
     result = _precompute_cli(finished_cache, "--recheck")
     assert result.exit_code == 0, result.output
-    assert ("recheck: " + f"{len(before)} kept record(s) read in full, 1 damaged (features 1), "
-            "1 damaged record(s) recomputed (features 1)") in result.output
+    assert (
+        "recheck: " + f"{len(before)} kept record(s) read in full, 1 damaged (features 1), "
+        "1 damaged record(s) recomputed (features 1)"
+    ) in result.output
     assert "featurize  done      1  skipped      2" in result.output
 
     report = verify_cache(cache_dir)
@@ -110,8 +129,9 @@ def test_recheck_recomputes_exactly_the_damaged_feature_record(finished_cache):
     assert {name for name, txnid in _txnids(cache_dir).items() if txnid != txnids[name]} == {damaged_shard}
     with StoreReader(cache_dir) as reader:
         assert reader.get_record(FEATURES_TABLE, damaged).key == damaged
-        assert reader.header(FEATURES_TABLE, damaged).fingerprint == reader.get_record(FEATURES_TABLE,
-                                                                                       damaged).fingerprint
+        assert (
+            reader.header(FEATURES_TABLE, damaged).fingerprint == reader.get_record(FEATURES_TABLE, damaged).fingerprint
+        )
 
 
 def test_recheck_of_an_intact_cache_recomputes_nothing(finished_cache):
@@ -136,7 +156,9 @@ def test_recheck_recomputes_damaged_msa_and_conformer_records_with_the_targets_u
     _flip(cache_dir, CONFORMERS_TABLE, conformer_key)
     before = _records(cache_dir)
     assert {(record.table, record.key) for record in verify_cache(cache_dir).damaged} == {
-        (MSA_TABLE, msa_key), (CONFORMERS_TABLE, conformer_key)}
+        (MSA_TABLE, msa_key),
+        (CONFORMERS_TABLE, conformer_key),
+    }
 
     plain = precompute(finished_cache)  # the feature records are current: nothing reads the others
     assert plain.stages["featurize"].done == 0 and not verify_cache(cache_dir).ok
@@ -154,7 +176,8 @@ def test_recheck_recomputes_damaged_msa_and_conformer_records_with_the_targets_u
     changed = {name for name in after if after[name] != before[name]}
     assert {(MSA_TABLE, msa_key), (CONFORMERS_TABLE, conformer_key)} <= changed
     assert {table for table, _ in changed - {(MSA_TABLE, msa_key), (CONFORMERS_TABLE, conformer_key)}} <= {
-        FEATURES_TABLE}  # the users' feature records are rewritten; no other msa or conformer record
+        FEATURES_TABLE
+    }  # the users' feature records are rewritten; no other msa or conformer record
 
 
 def test_recheck_is_a_flag(finished_cache):
@@ -163,24 +186,26 @@ def test_recheck_is_a_flag(finished_cache):
     assert "--recheck" in result.output and "Traceback" not in result.output
 
 
-def test_recheck_in_search_mode_searches_again_only_the_damaged_database_output(tmp_path, shared_data,
-                                                                                test_databases):
+def test_recheck_in_search_mode_searches_again_only_the_damaged_database_output(tmp_path, shared_data, test_databases):
     """Real searches: a damaged raw output of one database is searched again (the other databases'
     outputs reused), and the chain's MSA record and its target's features are rewritten from it."""
     from featurecache.store.codec import decode_record
     from featurecache.testing.testdb import write_pipeline_config
 
-    config_path = write_pipeline_config(test_databases, tmp_path / "pipeline.toml", threads=1,
-                                        template_tool="hhsearch")
+    config_path = write_pipeline_config(test_databases, tmp_path / "pipeline.toml", threads=1, template_tool="hhsearch")
     inputs = tmp_path / "inputs"
     inputs.mkdir()
     shutil.copy(shared_data / "structures" / "721p-assembly1.cif", inputs)
-    options = PrecomputeOptions(inputs=[inputs], cache_dir=tmp_path / "cache", config_path=config_path,
-                                executor="inline", progress=False)
+    options = PrecomputeOptions(
+        inputs=[inputs], cache_dir=tmp_path / "cache", config_path=config_path, executor="inline", progress=False
+    )
     assert precompute(options).stages["search"].done == 1
     with StoreReader(options.cache_dir) as reader:
-        outputs = {key: decode_record(reader.get(MSA_TABLE, key)).meta["database"]
-                   for key in reader.keys(MSA_TABLE) if "-db-" in key}
+        outputs = {
+            key: decode_record(reader.get(MSA_TABLE, key)).meta["database"]
+            for key in reader.keys(MSA_TABLE)
+            if "-db-" in key
+        }
     damaged = sorted(outputs)[0]
     _flip(options.cache_dir, MSA_TABLE, damaged)
     before = _records(options.cache_dir)
@@ -193,8 +218,9 @@ def test_recheck_in_search_mode_searches_again_only_the_damaged_database_output(
     assert verify_cache(options.cache_dir).ok
     after = _records(options.cache_dir)
     with StoreReader(options.cache_dir) as reader:
-        (chain,) = [decode_record(reader.get(MSA_TABLE, key)).meta for key in reader.keys(MSA_TABLE)
-                    if "-db-" not in key]
+        (chain,) = [
+            decode_record(reader.get(MSA_TABLE, key)).meta for key in reader.keys(MSA_TABLE) if "-db-" not in key
+        ]
     assert {name for name, entry in chain["databases"].items() if not entry["reused"]} == {outputs[damaged]}
     unchanged_outputs = {(MSA_TABLE, key) for key in outputs if key != damaged}
     assert all(after[name] == before[name] for name in unchanged_outputs)
@@ -266,4 +292,5 @@ def test_recheck_recomputes_damaged_records_then_rewrites_their_damaged_shards(f
         assert file_sha256(cache_dir / shard.file) == shard.sha256
     # the other shard had nothing to recompute: only its rewrite moved its transaction id
     assert {path.name for path in (own_shard, other_shard)} <= {
-        shard.file for shard, old in zip(read_manifest(cache_dir).shards, manifest.shards) if shard.txnid > old.txnid}
+        shard.file for shard, old in zip(read_manifest(cache_dir).shards, manifest.shards) if shard.txnid > old.txnid
+    }

@@ -31,8 +31,13 @@ STRUCTURES = ("721p-assembly1.cif", "AF-P01112-F1-model_v4.cif.gz", "2q2k.cif")
 @pytest.fixture
 def finished_cache(tmp_path, shared_data):
     inputs = copy_sample_structures(STRUCTURES, tmp_path / "inputs")
-    options = PrecomputeOptions(inputs=[inputs], cache_dir=tmp_path / "cache",
-                                alignments_dir=shared_data / "alignments", executor="inline", progress=False)
+    options = PrecomputeOptions(
+        inputs=[inputs],
+        cache_dir=tmp_path / "cache",
+        alignments_dir=shared_data / "alignments",
+        executor="inline",
+        progress=False,
+    )
     assert precompute(options).stages["featurize"].done == len(STRUCTURES)
     return options
 
@@ -51,7 +56,8 @@ def test_a_rerun_of_a_finished_cache_decodes_no_feature_record(finished_cache, m
     again = precompute(finished_cache)
     assert again.stages["featurize"].skipped == len(STRUCTURES) and again.stages["featurize"].done == 0
     assert 0 < sum(decoded) < record_bytes // 100, (
-        f"the rerun decoded {sum(decoded)} bytes in {len(decoded)} decodes; the feature records hold {record_bytes}")
+        f"the rerun decoded {sum(decoded)} bytes in {len(decoded)} decodes; the feature records hold {record_bytes}"
+    )
 
 
 def _damage(cache_dir, key: str, header: bool, record: bool) -> None:

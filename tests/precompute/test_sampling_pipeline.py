@@ -29,8 +29,7 @@ MODEL = "af-p01112-f1-model_v4"
 
 
 def _run(inputs, cache, **options):
-    return precompute(PrecomputeOptions(inputs=[inputs], cache_dir=cache, executor="inline", progress=False,
-                                        **options))
+    return precompute(PrecomputeOptions(inputs=[inputs], cache_dir=cache, executor="inline", progress=False, **options))
 
 
 def _feature_blobs(cache) -> dict[str, bytes]:
@@ -59,8 +58,13 @@ def test_manifest_carries_af3_weights_for_every_chain_and_interface(grown):
     ras = manifest.targets[RAS]
     # chains A and B of 721P (H-Ras) are the only members of their cluster: 0.5 * 3 / 2
     assert [(c["chain_id"], c["asym_id"], c["molecule_type"]) for c in ras["chains"]] == [
-        ("A", 1, "protein"), ("A:MG167", 2, "ligand"), ("A:GNP168", 3, "ligand"),
-        ("B", 4, "protein"), ("B:MG167", 5, "ligand"), ("B:GNP168", 6, "ligand")]
+        ("A", 1, "protein"),
+        ("A:MG167", 2, "ligand"),
+        ("A:GNP168", 3, "ligand"),
+        ("B", 4, "protein"),
+        ("B:MG167", 5, "ligand"),
+        ("B:GNP168", 6, "ligand"),
+    ]
     assert ras["chains"][0]["weight"] == pytest.approx(0.75) and ras["chains"][0]["cluster"].startswith("protein:")
     assert ras["chains"][1]["cluster"] == "ligand:MG" and ras["chains"][1]["weight"] == pytest.approx(0.25)
     interfaces = {tuple(item["chains"]): item for item in ras["interfaces"]}
@@ -103,8 +107,9 @@ def test_loader_reads_the_target_weights(grown):
     targets = read_manifest(grown["cache"]).index[SAMPLING_TABLE]
     table = dataset.sampling_table
     # each target's chains and interfaces add up to its weight
-    assert [table.weights[table.targets == index].sum() for index in range(len(dataset))] == \
-        pytest.approx([targets[i]["weight"] for i in dataset.ids])
+    assert [table.weights[table.targets == index].sum() for index in range(len(dataset))] == pytest.approx(
+        [targets[i]["weight"] for i in dataset.ids]
+    )
 
 
 def test_stats_show_clusters_and_weights(grown, tmp_path):
@@ -148,8 +153,9 @@ def test_curation_leaves_targets_out_and_records_removals(tmp_path):
     assert manifest.index[EXCLUDED_TABLE] == {} and manifest.targets["2q2k"]["curation"] == {"crystallization_aid": 1}
     with StoreReader(cache, num_shards=manifest.num_shards) as reader:
         meta = read_header(reader.get(FEATURES_TABLE, "2q2k")).meta
-    assert [(removal["reason"], removal["residue"]) for removal in meta["curation"]] == [("crystallization_aid",
-                                                                                          "EPE 1")]
+    assert [(removal["reason"], removal["residue"]) for removal in meta["curation"]] == [
+        ("crystallization_aid", "EPE 1")
+    ]
     assert meta["chain_ids"] == ["A", "B", "C"] and meta["chain_types"] == ["dna", "protein", "protein"]
     assert cache_stats(cache)["curation"]["removed"] == {"crystallization_aid": 1}
 
@@ -167,5 +173,8 @@ def test_clustering_off_and_a_missing_mmseqs(tmp_path):
     config = tmp_path / "pipeline.toml"
     config.write_text('[tools.mmseqs]\nbinary = "/nonexistent/mmseqs"\n')
     with pytest.raises(PipelineSetupError, match="clustering .* needs MMseqs2.*enabled = false"):
-        precompute(PrecomputeOptions(inputs=[inputs], cache_dir=tmp_path / "missing", config_path=config,
-                                     executor="inline", progress=False))
+        precompute(
+            PrecomputeOptions(
+                inputs=[inputs], cache_dir=tmp_path / "missing", config_path=config, executor="inline", progress=False
+            )
+        )

@@ -15,8 +15,9 @@ pytestmark = pytest.mark.tools
 
 
 def _template_chains(test_databases) -> set[str]:
-    return {line[1:].split()[0] for line in test_databases.template_seqres.read_text().splitlines()
-            if line.startswith(">")}
+    return {
+        line[1:].split()[0] for line in test_databases.template_seqres.read_text().splitlines() if line.startswith(">")
+    }
 
 
 def test_protein_chain_from_structures_gets_msas_and_templates(pipeline_config, ras_sequence, tmp_path):
@@ -51,14 +52,16 @@ def test_protein_chain_from_structures_gets_msas_and_templates(pipeline_config, 
 @pytest.mark.parametrize(("template_tool", "output_format"), [("hmmsearch", "m8"), ("hhsearch", "hhr")])
 def test_template_search_finds_the_sample_templates(test_databases, template_query, template_tool, output_format):
     path = test_databases.template_seqres if template_tool == "hmmsearch" else test_databases.template_hhsuite
-    config = parse_pipeline_config({
-        "search": {"threads": 2},
-        "databases": [
-            {"name": "uniprot", "tool": "jackhmmer", "path": str(test_databases.protein_fasta)},
-            {"name": "pdb", "tool": template_tool, "role": "template", "path": str(path), "max_hits": 5},
-        ],
-        "templates": {"mmcif_dir": str(test_databases.template_mmcif_dir)},
-    })
+    config = parse_pipeline_config(
+        {
+            "search": {"threads": 2},
+            "databases": [
+                {"name": "uniprot", "tool": "jackhmmer", "path": str(test_databases.protein_fasta)},
+                {"name": "pdb", "tool": template_tool, "role": "template", "path": str(path), "max_hits": 5},
+            ],
+            "templates": {"mmcif_dir": str(test_databases.template_mmcif_dir)},
+        }
+    )
     result = SearchPlan(config).search(template_query, "protein")
     (templates,) = result.templates
     assert templates.output_format == output_format and 1 <= templates.num_hits <= 5
@@ -75,8 +78,9 @@ def test_rna_chain_is_searched_with_nhmmer_only(pipeline_config, rna_sequence):
 
 
 def test_molecule_type_without_databases_gives_empty_result(test_databases):
-    config = parse_pipeline_config({"databases": [
-        {"name": "uniprot", "tool": "jackhmmer", "path": str(test_databases.protein_fasta)}]})
+    config = parse_pipeline_config(
+        {"databases": [{"name": "uniprot", "tool": "jackhmmer", "path": str(test_databases.protein_fasta)}]}
+    )
     result = search_sequence("GAAGCTTC", "dna", config)
     assert result.msas == () and result.templates == () and result.tool_seconds == 0
 
@@ -92,9 +96,13 @@ def test_sequence_key_is_stable_and_typed():
 def test_failing_database_is_named_and_does_not_poison_the_plan(test_databases, tmp_path, template_query):
     broken = tmp_path / "broken.fasta"
     broken.write_bytes(b"\x00\x01 not a sequence database")
-    config = parse_pipeline_config({"databases": [
-        {"name": "broken", "tool": "jackhmmer", "path": str(broken), "molecule_types": ["protein"]},
-    ]})
+    config = parse_pipeline_config(
+        {
+            "databases": [
+                {"name": "broken", "tool": "jackhmmer", "path": str(broken), "molecule_types": ["protein"]},
+            ]
+        }
+    )
     plan = SearchPlan(config, tmp_root=tmp_path / "work")
     with pytest.raises(ToolError) as caught:
         plan.search(template_query, "protein")
@@ -102,17 +110,34 @@ def test_failing_database_is_named_and_does_not_poison_the_plan(test_databases, 
     assert caught.value.stderr_tail
     assert not os.listdir(tmp_path / "work")
 
-    good = parse_pipeline_config({"databases": [
-        {"name": "uniprot", "tool": "jackhmmer", "path": str(test_databases.protein_fasta)}]})
+    good = parse_pipeline_config(
+        {"databases": [{"name": "uniprot", "tool": "jackhmmer", "path": str(test_databases.protein_fasta)}]}
+    )
     assert search_sequence(template_query, "protein", good).msas[0].num_hits >= 1
 
 
 def test_template_fingerprint_follows_its_query_msa(test_databases):
     def plan(msa_cap: int) -> SearchPlan:
-        return SearchPlan(parse_pipeline_config({"databases": [
-            {"name": "uniprot", "tool": "jackhmmer", "path": str(test_databases.protein_fasta), "max_hits": msa_cap},
-            {"name": "pdb", "tool": "hmmsearch", "role": "template", "path": str(test_databases.template_seqres)},
-        ]}))
+        return SearchPlan(
+            parse_pipeline_config(
+                {
+                    "databases": [
+                        {
+                            "name": "uniprot",
+                            "tool": "jackhmmer",
+                            "path": str(test_databases.protein_fasta),
+                            "max_hits": msa_cap,
+                        },
+                        {
+                            "name": "pdb",
+                            "tool": "hmmsearch",
+                            "role": "template",
+                            "path": str(test_databases.template_seqres),
+                        },
+                    ]
+                }
+            )
+        )
 
     small, large = plan(100).database_fingerprints("protein"), plan(200).database_fingerprints("protein")
     assert small["uniprot"] != large["uniprot"]

@@ -34,18 +34,38 @@ from tests.precompute.test_search_outputs import featurecache_paired_rows
 
 # --- AlphaFold 3's input format, as its docs/input.md gives it ---------------------------------
 
-TOP_LEVEL = {"name": str, "modelSeeds": list, "sequences": list, "bondedAtomPairs": list, "userCCD": str,
-             "userCCDPath": str, "dialect": str, "version": int}
+TOP_LEVEL = {
+    "name": str,
+    "modelSeeds": list,
+    "sequences": list,
+    "bondedAtomPairs": list,
+    "userCCD": str,
+    "userCCDPath": str,
+    "dialect": str,
+    "version": int,
+}
 REQUIRED_TOP_LEVEL = {"name", "modelSeeds", "sequences", "dialect", "version"}
 ENTITY_FIELDS = {
-    "protein": {"id", "sequence", "modifications", "description", "unpairedMsa", "unpairedMsaPath", "pairedMsa",
-                "pairedMsaPath", "templates"},
+    "protein": {
+        "id",
+        "sequence",
+        "modifications",
+        "description",
+        "unpairedMsa",
+        "unpairedMsaPath",
+        "pairedMsa",
+        "pairedMsaPath",
+        "templates",
+    },
     "rna": {"id", "sequence", "modifications", "description", "unpairedMsa", "unpairedMsaPath"},
     "dna": {"id", "sequence", "modifications", "description"},
     "ligand": {"id", "ccdCodes", "smiles", "description"},
 }
-MODIFICATION_FIELDS = {"protein": ("ptmType", "ptmPosition"), "rna": ("modificationType", "basePosition"),
-                       "dna": ("modificationType", "basePosition")}
+MODIFICATION_FIELDS = {
+    "protein": ("ptmType", "ptmPosition"),
+    "rna": ("modificationType", "basePosition"),
+    "dna": ("modificationType", "basePosition"),
+}
 SEQUENCE_LETTERS = {"rna": set("ACGU"), "dna": set("ACGT")}
 TEMPLATE_FIELDS = {"mmcif": str, "mmcifPath": str, "queryIndices": list, "templateIndices": list}
 
@@ -129,12 +149,33 @@ def searched(tmp_path_factory, test_databases, ras_sequence, template_query):
     config = write_pipeline_config(test_databases, root / "pipeline.toml", threads=1, template_tool="hhsearch")
     inputs = copy_sample_structures("721p-assembly1.cif", root / "inputs")
     (inputs / "pair.fasta").write_text(f">query mol:protein\n{template_query}\n>ras mol:protein\n{ras_sequence}\n")
-    given = {"name": "given job", "modelSeeds": [7, 11], "dialect": "alphafold3", "version": 1,
-             "sequences": [{"protein": {"id": "A", "sequence": template_query}}, {"ligand": {"id": "B", "ccdCodes": ["ATP"]}}]}
+    given = {
+        "name": "given job",
+        "modelSeeds": [7, 11],
+        "dialect": "alphafold3",
+        "version": 1,
+        "sequences": [
+            {"protein": {"id": "A", "sequence": template_query}},
+            {"ligand": {"id": "B", "ccdCodes": ["ATP"]}},
+        ],
+    }
     (inputs / "given.json").write_text(json.dumps(given))
     out = root / "out"
-    result = CliRunner().invoke(cli, ["search", str(inputs), "--config", str(config), "--out", str(out),
-                                      "--executor", "inline", "--no-progress", "--json"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "search",
+            str(inputs),
+            "--config",
+            str(config),
+            "--out",
+            str(out),
+            "--executor",
+            "inline",
+            "--no-progress",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     return {"root": root, "config": config, "inputs": inputs, "out": out, "summary": json.loads(result.output)}
 
@@ -146,8 +187,11 @@ def test_a3m_files_hold_every_searched_row_query_first(searched, ras_sequence, t
     assert index["721p-assembly1"]["A"] == index["721p-assembly1"]["B"] == index["pair"]["B"]  # one search of Ras
     assert searched["summary"]["sequences"] == {"done": 2, "skipped": 0, "failed": 0}
     with StoreReader(out / "cache") as reader:
-        stored = {key.split("-")[0]: decode_msa_record(reader.get("msa", key), where=key)
-                  for key in reader.keys("msa") if "-db-" not in key}
+        stored = {
+            key.split("-")[0]: decode_msa_record(reader.get("msa", key), where=key)
+            for key in reader.keys("msa")
+            if "-db-" not in key
+        }
     for query in (ras_sequence, template_query):
         folder = out / "msas" / sequence_key("protein", query)
         assert f"msas/{folder.name}" in {path for chains in index.values() for path in chains.values()}
@@ -200,8 +244,10 @@ def test_af3_json_follows_the_documented_input_format(searched, ras_sequence, te
     assert parsed.msas["A"].msa.depth == query_body["unpairedMsa"].count(">") + paired_rows
     for template, given in zip(query_body["templates"], parsed.templates["A"]):
         residues = given.chain.residues
-        matched = sum(template_query[q] == given.chain.sequence[t]
-                      for q, t in zip(template["queryIndices"], template["templateIndices"]))
+        matched = sum(
+            template_query[q] == given.chain.sequence[t]
+            for q, t in zip(template["queryIndices"], template["templateIndices"])
+        )
         assert len(residues) > max(template["templateIndices"])
         assert matched / len(template["queryIndices"]) >= 0.2  # aligned residues, not an offset mapping
 
@@ -209,20 +255,58 @@ def test_af3_json_follows_the_documented_input_format(searched, ras_sequence, te
 def test_precompute_after_search_reuses_every_search(searched):
     cache = searched["out"] / "cache"
     # The rerun on Ray (as by default), one worker: every search is found stored.
-    rerun = CliRunner().invoke(cli, ["search", str(searched["inputs"]), "--config", str(searched["config"]),
-                                     "--out", str(searched["out"]), "--workers", "1", "--no-progress", "--json"])
+    rerun = CliRunner().invoke(
+        cli,
+        [
+            "search",
+            str(searched["inputs"]),
+            "--config",
+            str(searched["config"]),
+            "--out",
+            str(searched["out"]),
+            "--workers",
+            "1",
+            "--no-progress",
+            "--json",
+        ],
+    )
     assert rerun.exit_code == 0, rerun.output
-    assert json.loads(rerun.output[rerun.output.index("{"):])["sequences"] == {"done": 0, "skipped": 2, "failed": 0}
-    result = CliRunner().invoke(cli, ["precompute", str(searched["inputs"]), "--cache", str(cache), "--config",
-                                      str(searched["config"]), "--executor", "inline", "--no-progress", "--json"])
+    assert json.loads(rerun.output[rerun.output.index("{") :])["sequences"] == {"done": 0, "skipped": 2, "failed": 0}
+    result = CliRunner().invoke(
+        cli,
+        [
+            "precompute",
+            str(searched["inputs"]),
+            "--cache",
+            str(cache),
+            "--config",
+            str(searched["config"]),
+            "--executor",
+            "inline",
+            "--no-progress",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.output[result.output.index("{"):])
+    summary = json.loads(result.output[result.output.index("{") :])
     assert summary["stages"]["search"] == {"done": 0, "skipped": 2, "failed": 0}
     assert summary["stages"]["featurize"]["done"] == 3
     # A search into the finished cache keeps its features, sampling table and fingerprints.
     before = read_manifest(cache)
-    again = CliRunner().invoke(cli, ["search", str(searched["inputs"]), "--config", str(searched["config"]),
-                                     "--out", str(searched["out"]), "--executor", "inline", "--no-progress"])
+    again = CliRunner().invoke(
+        cli,
+        [
+            "search",
+            str(searched["inputs"]),
+            "--config",
+            str(searched["config"]),
+            "--out",
+            str(searched["out"]),
+            "--executor",
+            "inline",
+            "--no-progress",
+        ],
+    )
     assert again.exit_code == 0, again.output
     after = read_manifest(cache)
     assert after.fingerprints == before.fingerprints and after.targets == before.targets
@@ -230,12 +314,15 @@ def test_precompute_after_search_reuses_every_search(searched):
     assert verify_cache(cache).ok
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (["{inputs}", "--config", "{root}/missing.toml", "--out", "{root}/o"], "--config"),
-    (["{root}/no-such-input", "--config", "{config}", "--out", "{root}/o"], "no-such-input"),
-    (["{inputs}", "--config", "{config}", "--out", "{root}/o", "--max-templates", "-1"], "--max-templates"),
-    (["{inputs}", "--out", "{root}/o"], "--config"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["{inputs}", "--config", "{root}/missing.toml", "--out", "{root}/o"], "--config"),
+        (["{root}/no-such-input", "--config", "{config}", "--out", "{root}/o"], "no-such-input"),
+        (["{inputs}", "--config", "{config}", "--out", "{root}/o", "--max-templates", "-1"], "--max-templates"),
+        (["{inputs}", "--out", "{root}/o"], "--config"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(searched, arguments, message):
     values = {"inputs": searched["inputs"], "root": searched["root"], "config": searched["config"]}
     result = CliRunner().invoke(cli, ["search", *[argument.format(**values) for argument in arguments]])
@@ -255,8 +342,21 @@ def test_a_failing_search_fails_its_target_only(tmp_path, test_databases, ras_se
     (inputs / "dna.fasta").write_text(">a mol:dna\nCGCGAATTCGCG\n")
     (inputs / "ras.fasta").write_text(f">a mol:protein\n{ras_sequence}\n")
     out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["search", str(inputs), "--config", str(config), "--out", str(out),
-                                      "--executor", "inline", "--no-progress", "--json"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "search",
+            str(inputs),
+            "--config",
+            str(config),
+            "--out",
+            str(out),
+            "--executor",
+            "inline",
+            "--no-progress",
+            "--json",
+        ],
+    )
     assert result.exit_code == 1, result.output
     summary = json.loads(result.output)
     assert summary["sequences"] == {"done": 1, "skipped": 0, "failed": 1} and summary["written"] == 1
@@ -271,16 +371,49 @@ def test_msas_and_templates_an_af3_json_gives_are_kept(searched, tmp_path, share
     (tmp_path / "t.cif").write_text(mmcif)
     short = template_query[:30]
     given_msa = f">query\n{short}\n>hit\n{short[:29]}-\n"
-    document = {"name": "kept", "modelSeeds": [3], "dialect": "alphafold3", "version": 2, "sequences": [
-        {"protein": {"id": "A", "sequence": template_query,
-                     "templates": [{"mmcifPath": "t.cif", "queryIndices": [0, 1], "templateIndices": [2, 3]}]}},
-        {"protein": {"id": "B", "sequence": short, "unpairedMsa": given_msa, "pairedMsa": "",
-                     "templates": [{"mmcif": mmcif, "queryIndices": [5], "templateIndices": [6]}]}}]}
+    document = {
+        "name": "kept",
+        "modelSeeds": [3],
+        "dialect": "alphafold3",
+        "version": 2,
+        "sequences": [
+            {
+                "protein": {
+                    "id": "A",
+                    "sequence": template_query,
+                    "templates": [{"mmcifPath": "t.cif", "queryIndices": [0, 1], "templateIndices": [2, 3]}],
+                }
+            },
+            {
+                "protein": {
+                    "id": "B",
+                    "sequence": short,
+                    "unpairedMsa": given_msa,
+                    "pairedMsa": "",
+                    "templates": [{"mmcif": mmcif, "queryIndices": [5], "templateIndices": [6]}],
+                }
+            },
+        ],
+    }
     (tmp_path / "kept.json").write_text(json.dumps(document))
     out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["search", str(tmp_path / "kept.json"), "--config", str(searched["config"]),
-                                      "--out", str(out), "--cache", str(searched["out"] / "cache"),
-                                      "--executor", "inline", "--no-progress", "--json"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "search",
+            str(tmp_path / "kept.json"),
+            "--config",
+            str(searched["config"]),
+            "--out",
+            str(out),
+            "--cache",
+            str(searched["out"] / "cache"),
+            "--executor",
+            "inline",
+            "--no-progress",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["sequences"]["done"] == 0  # A was searched before, B is not searched
     written = json.loads((out / "af3" / "kept.json").read_text())
@@ -293,9 +426,12 @@ def test_msas_and_templates_an_af3_json_gives_are_kept(searched, tmp_path, share
 
 
 def test_every_template_has_the_release_date_af3_requires(searched):
-    templates = [template for path in (searched["out"] / "af3").glob("*.json")
-                 for entry in json.loads(path.read_text())["sequences"]
-                 for template in entry.get("protein", {}).get("templates", [])]
+    templates = [
+        template
+        for path in (searched["out"] / "af3").glob("*.json")
+        for entry in json.loads(path.read_text())["sequences"]
+        for template in entry.get("protein", {}).get("templates", [])
+    ]
     assert templates
     for template in templates:
         assert af3_template_release_date(template["mmcif"]) is not None
@@ -311,10 +447,11 @@ def test_protenix_and_boltz_read_the_search_outputs(searched, tmp_path):
         af3 = json.loads((out / "af3" / f"{target}.json").read_text())
         chains = {}  # AF3 chain id -> (kind, residue codes)
         for entry in af3["sequences"]:
-            (kind, body), = entry.items()
+            ((kind, body),) = entry.items()
             codes = body.get("ccdCodes") or _af3_residues(kind, body)
-            chains.update({chain_id: (kind, codes) for chain_id in
-                           (body["id"] if isinstance(body["id"], list) else [body["id"]])})
+            chains.update(
+                {chain_id: (kind, codes) for chain_id in (body["id"] if isinstance(body["id"], list) else [body["id"]])}
+            )
         (job,) = json.loads((out / "protenix" / f"{target}.json").read_text())
         for entry in job["sequences"]:
             body = entry.get("proteinChain", {})
@@ -341,8 +478,11 @@ def test_af3_protenix_and_boltz_pair_the_rows_featurecache_pairs(searched, templ
     pairs hundreds of real rows)."""
     out = searched["out"]
     with StoreReader(out / "cache") as reader:
-        stored = {key.split("-")[0]: decode_msa_record(reader.get("msa", key), where=key)[0]
-                  for key in reader.keys("msa") if "-db-" not in key}
+        stored = {
+            key.split("-")[0]: decode_msa_record(reader.get("msa", key), where=key)[0]
+            for key in reader.keys("msa")
+            if "-db-" not in key
+        }
     msas = [stored[sequence_key("protein", query)] for query in (template_query, ras_sequence)]
     expected = Counter(featurecache_paired_rows(msas))
     document = json.loads((out / "af3" / "pair.json").read_text())

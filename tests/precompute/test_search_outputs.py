@@ -34,8 +34,10 @@ def featurecache_paired_rows(msas: list[Msa]) -> list[tuple[str, ...]]:
     rows, _ = expand_msa(arrays)
     ends = np.cumsum([0] + [msa.length for msa in msas])
     letters = _LETTERS[rows]
-    return [tuple(letters[row, start:end].tobytes().decode() for start, end in zip(ends[:-1], ends[1:]))
-            for row in np.flatnonzero(arrays["msa_is_paired"])[1:]]
+    return [
+        tuple(letters[row, start:end].tobytes().decode() for start, end in zip(ends[:-1], ends[1:]))
+        for row in np.flatnonzero(arrays["msa_is_paired"])[1:]
+    ]
 
 
 @pytest.mark.parametrize("names", [("1a00_A", "1a3p_A"), ("1a00_A", "1a02_F", "1a3p_A")])

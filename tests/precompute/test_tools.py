@@ -79,8 +79,9 @@ def test_hhblits_searches_hhsuite_database(test_databases, ras_sequence):
 
 
 def test_hhsearch_and_hmmsearch_find_template_chains(test_databases, template_query):
-    chains = {line[1:].split()[0] for line in test_databases.template_seqres.read_text().splitlines()
-              if line.startswith(">")}
+    chains = {
+        line[1:].split()[0] for line in test_databases.template_seqres.read_text().splitlines() if line.startswith(">")
+    }
     query_msa = f">query\n{template_query}\n"
 
     hhr = Hhsearch(ToolSettings(threads=2)).search(query_msa, [str(test_databases.template_hhsuite)], max_hits=5)
@@ -118,12 +119,18 @@ def test_hmmsearch_maps_hits_onto_the_query(test_databases, ras_sequence, templa
     seqres = _seqres(test_databases)
     tool = Hmmsearch(ToolSettings(threads=2))
     # H-Ras against the template set, which holds 721P (H-Ras) itself: an exact full-length hit.
-    ras = [line.split("\t") for line in tool.search(f">q\n{ras_sequence}\n", str(test_databases.template_seqres)).text.splitlines()]
+    ras = [
+        line.split("\t")
+        for line in tool.search(f">q\n{ras_sequence}\n", str(test_databases.template_seqres)).text.splitlines()
+    ]
     assert ras[0][1] in ("721p_A", "721p_B") and ras[0][2] == "1.000"
     assert ras[0][6:10] == ["1", str(len(ras_sequence)), "1", str(len(ras_sequence))]
     assert ras[0][12] == f"{len(ras_sequence)}M"
     # A remote query: gapped local hits whose CIGARs must agree with the sequences.
-    rows = [line.split("\t") for line in tool.search(f">q\n{template_query}\n", str(test_databases.template_seqres)).text.splitlines()]
+    rows = [
+        line.split("\t")
+        for line in tool.search(f">q\n{template_query}\n", str(test_databases.template_seqres)).text.splitlines()
+    ]
     assert rows
     for row in rows:
         _check_m8_against_sequences(row, template_query, seqres[row[1]])
@@ -198,14 +205,20 @@ def test_failing_tool_raises_with_stderr_tail(tmp_path, ras_sequence):
     assert "stderr" in str(error)
     copy = pickle.loads(pickle.dumps(error))  # crosses Ray's process boundary intact
     assert (copy.tool, copy.returncode, copy.stderr_tail, copy.command) == (
-        error.tool, error.returncode, error.stderr_tail, error.command)
+        error.tool,
+        error.returncode,
+        error.stderr_tail,
+        error.command,
+    )
     assert not os.listdir(work)
 
 
 def test_bad_flag_error_names_the_flag(test_databases, ras_sequence):
     # HMMER reports command-line errors on stdout, not stderr.
     with pytest.raises(ToolError) as caught:
-        Jackhmmer(ToolSettings(extra_flags=("--no-such-option",))).search(ras_sequence, str(test_databases.protein_fasta))
+        Jackhmmer(ToolSettings(extra_flags=("--no-such-option",))).search(
+            ras_sequence, str(test_databases.protein_fasta)
+        )
     assert "No such option" in caught.value.stderr_tail and "No such option" in str(caught.value)
 
 
@@ -261,9 +274,16 @@ def _pids_running(argv: list[str]) -> list[int]:
 def test_tool_dies_with_a_worker_killed_by_sigkill(tmp_path):
     # A worker killed with SIGKILL runs no cleanup: the tool must not search on for nobody.
     marker = ["sleep", f"{random.randint(100_000, 999_999)}.5"]
-    worker = subprocess.Popen([sys.executable, "-c", (
-        "import pathlib, sys; from featurecache.precompute.tools.base import run_command; "
-        f"run_command('sleep', {marker!r}, pathlib.Path({str(tmp_path)!r}), None)")])
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import pathlib, sys; from featurecache.precompute.tools.base import run_command; "
+                f"run_command('sleep', {marker!r}, pathlib.Path({str(tmp_path)!r}), None)"
+            ),
+        ]
+    )
     try:
         deadline = time.monotonic() + 30
         while not _pids_running(marker):

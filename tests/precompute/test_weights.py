@@ -1,7 +1,7 @@
 """AF3's sampling weights (SI 2.5.1, eq. 1) on a hand-built set of clusters, checked by hand.
 
-    w = beta_r / N_clust * (alpha_prot n_prot + alpha_nuc n_nuc + alpha_ligand n_ligand)
-    beta_chain = 0.5, beta_interface = 1, alpha_prot = alpha_nuc = 3, alpha_ligand = 1
+w = beta_r / N_clust * (alpha_prot n_prot + alpha_nuc n_nuc + alpha_ligand n_ligand)
+beta_chain = 0.5, beta_interface = 1, alpha_prot = alpha_nuc = 3, alpha_ligand = 1
 """
 
 from __future__ import annotations
@@ -24,8 +24,15 @@ TARGETS = [
     # t3: RNA A, ligand B; interface A-B (L|R)
     TargetChains("t3", ("A", "B"), ("rna", "ligand"), ("ACGU", "(ATP)"), ((1, 2),)),
 ]
-CLUSTERS = {("t1", 1): "P", ("t1", 2): "P", ("t1", 3): "L", ("t2", 1): "P", ("t2", 2): "D",
-            ("t3", 1): "R", ("t3", 2): "L"}
+CLUSTERS = {
+    ("t1", 1): "P",
+    ("t1", 2): "P",
+    ("t1", 3): "L",
+    ("t2", 1): "P",
+    ("t2", 2): "D",
+    ("t3", 1): "R",
+    ("t3", 2): "L",
+}
 
 # By hand:
 #   chains:      P: 0.5 / 3 * 3 = 0.5     L: 0.5 / 2 * 1 = 0.25     D, R: 0.5 / 1 * 3 = 1.5
@@ -63,8 +70,9 @@ def test_table_lists_every_chain_and_interface_with_its_cluster():
 def test_interface_cluster_sizes_count_across_targets():
     # a second copy of t1: every cluster of t1 doubles in size, so every weight of t1 halves,
     # and t2's protein chain (cluster P: now 5 members) drops to 0.5 * 3 / 5 = 0.3
-    copy = TargetChains("t1b", *[getattr(TARGETS[0], name) for name in
-                                 ("chain_ids", "molecule_types", "sequences", "interfaces")])
+    copy = TargetChains(
+        "t1b", *[getattr(TARGETS[0], name) for name in ("chain_ids", "molecule_types", "sequences", "interfaces")]
+    )
     clusters = {**CLUSTERS, ("t1b", 1): "P", ("t1b", 2): "P", ("t1b", 3): "L"}
     table = sampling_table(TARGETS + [copy], clusters, AF3)
     assert [item["weight"] for item in table["t1b"]["interfaces"]] == pytest.approx([3.0, 2.0])

@@ -40,8 +40,7 @@ def _records(cache: Path, table: str) -> dict:
         return {key: decode_record(blob, key=key) for key, blob in reader.items(table)}
 
 
-def test_bad_input_corpus_each_named_and_the_rest_completes(tmp_path, shared_data, seed, caplog,
-                                                           reliability_report):
+def test_bad_input_corpus_each_named_and_the_rest_completes(tmp_path, shared_data, seed, caplog, reliability_report):
     rng = random.Random(seed)
     inputs, alignments, cache = tmp_path / "inputs", tmp_path / "alignments", tmp_path / "cache"
     shutil.copytree(shared_data / "alignments", alignments)
@@ -49,8 +48,11 @@ def test_bad_input_corpus_each_named_and_the_rest_completes(tmp_path, shared_dat
     assert len(cases) >= 30 and len({case.key for case in cases}) == len(cases)
 
     with caplog.at_level(logging.WARNING, logger="featurecache.precompute.pipeline"):
-        summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=cache, alignments_dir=alignments,
-                                               executor="inline", progress=False))
+        summary = precompute(
+            PrecomputeOptions(
+                inputs=[inputs], cache_dir=cache, alignments_dir=alignments, executor="inline", progress=False
+            )
+        )
     logged = [record.getMessage() for record in caplog.records]
     failures = {failure["key"]: failure for failure in summary.failures}
     features = _records(cache, "features")
@@ -77,8 +79,15 @@ def test_bad_input_corpus_each_named_and_the_rest_completes(tmp_path, shared_dat
             assert message is not None, f"{case.key}: no warning with {case.expect} in {notes}"
             if not case.expect:
                 message = f"cached, {record.arrays['restype'].shape[0]} tokens"
-        rows.append({"key": case.key, "what": case.what, "outcome": case.outcome, "stage": case.stage,
-                     "message": message.replace(str(tmp_path) + "/", "")})
+        rows.append(
+            {
+                "key": case.key,
+                "what": case.what,
+                "outcome": case.outcome,
+                "stage": case.stage,
+                "message": message.replace(str(tmp_path) + "/", ""),
+            }
+        )
 
     # Data the corpus bends but does not break is featurized at its true size.
     assert features["long"].arrays["restype"].shape == (3000,)
@@ -89,8 +98,11 @@ def test_bad_input_corpus_each_named_and_the_rest_completes(tmp_path, shared_dat
     assert verify_cache(cache).ok
 
     # A rerun retries every failure (attempt 2) and skips every cached target.
-    rerun = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=cache, alignments_dir=alignments,
-                                         executor="inline", progress=False))
+    rerun = precompute(
+        PrecomputeOptions(
+            inputs=[inputs], cache_dir=cache, alignments_dir=alignments, executor="inline", progress=False
+        )
+    )
     assert rerun.stages["featurize"].skipped == len(features) and rerun.failed == len(failing)
     assert {meta["attempts"] for meta in _records_meta(cache, "errors")} == {2}
     reliability_report["bad_inputs"] = rows
@@ -120,8 +132,10 @@ def search_inputs(tmp_path, shared_data):
 
 def _config(tmp_path: Path, database: Path, tool: str = "", search: str = "") -> Path:
     path = tmp_path / "pipeline.toml"
-    path.write_text(f"[search]\nthreads = 1\n{search}\n[tools.jackhmmer]\n{tool}\n"
-                    f'[[databases]]\nname = "homologs"\ntool = "jackhmmer"\nrole = "msa"\npath = "{database}"\n')
+    path.write_text(
+        f"[search]\nthreads = 1\n{search}\n[tools.jackhmmer]\n{tool}\n"
+        f'[[databases]]\nname = "homologs"\ntool = "jackhmmer"\nrole = "msa"\npath = "{database}"\n'
+    )
     return path
 
 
@@ -132,8 +146,9 @@ def _cli(*args: str):
 def _search_failure(tmp_path: Path, inputs: Path, config: Path, name: str) -> tuple[str, dict]:
     """Run precompute with `config`; return the search failure's message and its errors record."""
     cache = tmp_path / f"cache-{name}"
-    summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=cache, config_path=config,
-                                           executor="inline", progress=False))
+    summary = precompute(
+        PrecomputeOptions(inputs=[inputs], cache_dir=cache, config_path=config, executor="inline", progress=False)
+    )
     stages = {(failure["stage"], failure["key"]): failure["message"] for failure in summary.failures}
     assert stages.pop(("featurize", "protein")) == "search failed for chain(s) A", summary.format()
     assert len(stages) == 1 and next(iter(stages))[0] == "search", summary.format()
@@ -152,15 +167,29 @@ def test_failing_and_timed_out_tools_fail_their_target_only(tmp_path, search_inp
     assert "database homologs: jackhmmer exited with status 1" in message and str(corrupt) in message
     assert "is empty or misformatted" in record["stderr_tail"] and "is empty or misformatted" in message
     stderr_last = next(line for line in record["stderr_tail"].splitlines() if "misformatted" in line)
-    rows = [{"key": "failing_tool", "what": "jackhmmer fails on a corrupt database file", "outcome": "error",
-             "stage": "search", "message": f"{message.splitlines()[0]} ... (tail): "
-                                           f"{stderr_last.replace(str(tmp_path) + '/', '')}"}]
+    rows = [
+        {
+            "key": "failing_tool",
+            "what": "jackhmmer fails on a corrupt database file",
+            "outcome": "error",
+            "stage": "search",
+            "message": f"{message.splitlines()[0]} ... (tail): {stderr_last.replace(str(tmp_path) + '/', '')}",
+        }
+    ]
 
-    message, record = _search_failure(tmp_path, inputs, _config(tmp_path, database, search="timeout_s = 0.001"),
-                                      "timeout")
+    message, record = _search_failure(
+        tmp_path, inputs, _config(tmp_path, database, search="timeout_s = 0.001"), "timeout"
+    )
     assert "database homologs: jackhmmer timed out after 0.001 s and was killed" in message
-    rows.append({"key": "timeout", "what": "jackhmmer past its 1 ms timeout", "outcome": "error",
-                 "stage": "search", "message": message.splitlines()[0]})
+    rows.append(
+        {
+            "key": "timeout",
+            "what": "jackhmmer past its 1 ms timeout",
+            "outcome": "error",
+            "stage": "search",
+            "message": message.splitlines()[0],
+        }
+    )
     reliability_report.setdefault("tool_failures", []).extend(rows)
 
 
@@ -171,17 +200,24 @@ def test_failing_tool_message_says_why(tmp_path, search_inputs, reliability_repo
     message, record = _search_failure(tmp_path, inputs, config, "bad-flag")
     reason = 'Failed to parse command line: No such option "--no-such-option"'
     assert "jackhmmer exited with status 1" in message and reason in message and reason in record["stderr_tail"]
-    reliability_report.setdefault("tool_failures", []).append({
-        "key": "bad_flag", "what": "jackhmmer given an option it does not know", "outcome": "error",
-        "stage": "search", "message": f"{message.splitlines()[0]} ... (tail): {reason}"})
+    reliability_report.setdefault("tool_failures", []).append(
+        {
+            "key": "bad_flag",
+            "what": "jackhmmer given an option it does not know",
+            "outcome": "error",
+            "stage": "search",
+            "message": f"{message.splitlines()[0]} ... (tail): {reason}",
+        }
+    )
 
 
 def test_setup_problems_exit_2_before_any_work(tmp_path, search_inputs, reliability_report):
     inputs, database = search_inputs
     rows = []
 
-    def expect_setup_error(name: str, what: str, args: list, expected: tuple[str, ...], cache: Path,
-                           target: Path = inputs) -> None:
+    def expect_setup_error(
+        name: str, what: str, args: list, expected: tuple[str, ...], cache: Path, target: Path = inputs
+    ) -> None:
         result = _cli("precompute", target, "--cache", cache, "--executor", "inline", "--no-progress", *args)
         assert result.exit_code == 2, f"{name}: exit {result.exit_code}: {result.output}"
         for text in expected:
@@ -190,23 +226,42 @@ def test_setup_problems_exit_2_before_any_work(tmp_path, search_inputs, reliabil
         rows.append({"key": name, "what": what, "outcome": "exit 2", "stage": "setup", "message": message})
 
     missing = tmp_path / "nowhere" / "jackhmmer"
-    expect_setup_error("missing_tool_path", "configured jackhmmer binary path does not exist",
-                       ["--config", _config(tmp_path, database, f'binary = "{missing}"')],
-                       ("tool jackhmmer", str(missing), "does not exist or is not executable"), tmp_path / "c1")
-    expect_setup_error("missing_tool", "jackhmmer binary name not on PATH",
-                       ["--config", _config(tmp_path, database, 'binary = "jackhmmer-not-installed"')],
-                       ("tool jackhmmer", "jackhmmer-not-installed"), tmp_path / "c1")
+    expect_setup_error(
+        "missing_tool_path",
+        "configured jackhmmer binary path does not exist",
+        ["--config", _config(tmp_path, database, f'binary = "{missing}"')],
+        ("tool jackhmmer", str(missing), "does not exist or is not executable"),
+        tmp_path / "c1",
+    )
+    expect_setup_error(
+        "missing_tool",
+        "jackhmmer binary name not on PATH",
+        ["--config", _config(tmp_path, database, 'binary = "jackhmmer-not-installed"')],
+        ("tool jackhmmer", "jackhmmer-not-installed"),
+        tmp_path / "c1",
+    )
     gone = tmp_path / "db" / "gone.fasta"
-    expect_setup_error("missing_database", "database FASTA file missing",
-                       ["--config", _config(tmp_path, gone)], ("database homologs", str(gone)), tmp_path / "c2")
+    expect_setup_error(
+        "missing_database",
+        "database FASTA file missing",
+        ["--config", _config(tmp_path, gone)],
+        ("database homologs", str(gone)),
+        tmp_path / "c2",
+    )
     broken_toml = tmp_path / "broken.toml"
     broken_toml.write_text("[search\nthreads = 1\n")
-    expect_setup_error("broken_config", "pipeline config that is not TOML", ["--config", broken_toml],
-                       (str(broken_toml), "not valid TOML"), tmp_path / "c3")
+    expect_setup_error(
+        "broken_config",
+        "pipeline config that is not TOML",
+        ["--config", broken_toml],
+        (str(broken_toml), "not valid TOML"),
+        tmp_path / "c3",
+    )
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    expect_setup_error("cache_is_a_file", "--cache below an existing file", [], ("--cache", "a-file"),
-                       blocker / "cache")
+    expect_setup_error(
+        "cache_is_a_file", "--cache below an existing file", [], ("--cache", "a-file"), blocker / "cache"
+    )
     # Unwritable cache folder: root ignores permission bits, so as root use a path sysfs refuses.
     if os.geteuid() != 0:
         locked_dir = tmp_path / "read-only"
@@ -214,16 +269,29 @@ def test_setup_problems_exit_2_before_any_work(tmp_path, search_inputs, reliabil
         unwritable = locked_dir / "cache"
     else:
         unwritable = Path("/sys/featurecache-cache")
-    expect_setup_error("unwritable_cache", "--cache in a folder nobody may write", [], ("--cache", str(unwritable)),
-                       unwritable)
+    expect_setup_error(
+        "unwritable_cache", "--cache in a folder nobody may write", [], ("--cache", str(unwritable)), unwritable
+    )
     busy = tmp_path / "busy"
     with StoreWriter(busy, StoreConfig(num_shards=4)):
-        expect_setup_error("cache_in_use", "another precompute is writing the cache", [],
-                           ("being written by another writer",), busy)
-    expect_setup_error("shard_mismatch", "--shards 2 for a cache that has 4", ["--shards", "2"],
-                       ("--shards 2", "already has 4 shards"), busy)
-    expect_setup_error("missing_input", "input path that does not exist", [],
-                       ("input", "no-such-input", "does not exist"), tmp_path / "c4", tmp_path / "no-such-input")
+        expect_setup_error(
+            "cache_in_use", "another precompute is writing the cache", [], ("being written by another writer",), busy
+        )
+    expect_setup_error(
+        "shard_mismatch",
+        "--shards 2 for a cache that has 4",
+        ["--shards", "2"],
+        ("--shards 2", "already has 4 shards"),
+        busy,
+    )
+    expect_setup_error(
+        "missing_input",
+        "input path that does not exist",
+        [],
+        ("input", "no-such-input", "does not exist"),
+        tmp_path / "c4",
+        tmp_path / "no-such-input",
+    )
     # Nothing was written: no shard files in the caches of the failed runs.
     assert not [path for name in ("c1", "c2", "c3", "c4") for path in (tmp_path / name).glob("shard-*")]
     reliability_report.setdefault("setup_errors", []).extend(rows)
@@ -246,30 +314,52 @@ def full_disk_run(tmp_path_factory, shared_data):
     root = tmp_path_factory.mktemp("full-disk")
     inputs, cache = root / "inputs", root / "cache"
     copy_sample_structures(GOOD_TARGETS, inputs)
-    command = [sys.executable, "-m", "featurecache.cli", "precompute", str(inputs), "--cache", str(cache),
-               "--alignments", str(shared_data / "alignments"), "--executor", "inline", "--no-progress"]
+    command = [
+        sys.executable,
+        "-m",
+        "featurecache.cli",
+        "precompute",
+        str(inputs),
+        "--cache",
+        str(cache),
+        "--alignments",
+        str(shared_data / "alignments"),
+        "--executor",
+        "inline",
+        "--no-progress",
+    ]
     result = subprocess.run(command, preexec_fn=_limit_file_size, capture_output=True, text=True, timeout=300)
     return result, inputs, cache
 
 
-def test_full_disk_ends_with_a_clear_error_and_the_rerun_completes(full_disk_run, shared_data,
-                                                                      reliability_report):
+def test_full_disk_ends_with_a_clear_error_and_the_rerun_completes(full_disk_run, shared_data, reliability_report):
     result, inputs, cache = full_disk_run
     output = result.stdout + result.stderr
     assert result.returncode == 2 and "Traceback" not in output, output
     assert str(cache) in output and "shard-0000" in output, output
     assert not (cache / MANIFEST_NAME).exists()  # never mistaken for a finished cache
-    summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=cache,
-                                           alignments_dir=shared_data / "alignments", executor="inline",
-                                           progress=False))
+    summary = precompute(
+        PrecomputeOptions(
+            inputs=[inputs],
+            cache_dir=cache,
+            alignments_dir=shared_data / "alignments",
+            executor="inline",
+            progress=False,
+        )
+    )
     assert summary.failed == 0 and summary.stages["featurize"].done == len(GOOD_TARGETS), summary.format()
     assert verify_cache(cache).ok
     assert set(_records(cache, "features")) == GOOD_KEYS
     message = output.strip().removeprefix("Error: ").replace(str(cache.parent) + "/", "")
-    reliability_report["full_disk"] = [{
-        "key": "full_disk", "what": f"shard files capped at {_FILE_SIZE_LIMIT} bytes (RLIMIT_FSIZE)",
-        "outcome": f"exit {result.returncode}; the rerun with space completes, verify clean",
-        "stage": "write", "message": message}]
+    reliability_report["full_disk"] = [
+        {
+            "key": "full_disk",
+            "what": f"shard files capped at {_FILE_SIZE_LIMIT} bytes (RLIMIT_FSIZE)",
+            "outcome": f"exit {result.returncode}; the rerun with space completes, verify clean",
+            "stage": "write",
+            "message": message,
+        }
+    ]
 
 
 def test_two_inputs_with_one_target_id_are_refused(tmp_path, shared_data, reliability_report):
@@ -282,7 +372,12 @@ def test_two_inputs_with_one_target_id_are_refused(tmp_path, shared_data, reliab
     assert result.exit_code == 2, result.output
     assert "'dup'" in result.output and "dup.cif" in result.output and "dup.fasta" in result.output
     assert not list((tmp_path / "cache").glob("shard-*"))
-    reliability_report.setdefault("setup_errors", []).append({
-        "key": "duplicate_target_id", "what": "two inputs with one target id (dup.cif, dup.fasta)",
-        "outcome": "exit 2", "stage": "setup",
-        "message": result.output.strip().removeprefix("Error: ").replace(str(tmp_path) + "/", "")})
+    reliability_report.setdefault("setup_errors", []).append(
+        {
+            "key": "duplicate_target_id",
+            "what": "two inputs with one target id (dup.cif, dup.fasta)",
+            "outcome": "exit 2",
+            "stage": "setup",
+            "message": result.output.strip().removeprefix("Error: ").replace(str(tmp_path) + "/", ""),
+        }
+    )

@@ -22,8 +22,18 @@ pytestmark = pytest.mark.usefixtures("shared_data")
 @pytest.fixture(scope="module")
 def small_cache(tmp_path_factory, shared_data) -> Path:
     cache = tmp_path_factory.mktemp("cli") / "cache"
-    _run("precompute", str(shared_data / "structures" / "2q2k.cif"), "--alignments", str(shared_data / "alignments"),
-         "--cache", str(cache), "--executor", "inline", "--no-progress", expect=0)
+    _run(
+        "precompute",
+        str(shared_data / "structures" / "2q2k.cif"),
+        "--alignments",
+        str(shared_data / "alignments"),
+        "--cache",
+        str(cache),
+        "--executor",
+        "inline",
+        "--no-progress",
+        expect=0,
+    )
     return cache
 
 
@@ -54,31 +64,79 @@ def _cases(tmp: Path, cache: Path, data: Path) -> list[tuple[str, str, list[str]
     structure = str(data / "structures" / "2q2k.cif")
     out = str(tmp / "never-written")
     return [
-        ("config_not_utf8", "a pipeline config saved as Latin-1",
-         ["precompute", structure, "--config", str(latin1), "--cache", out], ("--config", "pipeline.toml", "UTF-8")),
-        ("config_missing", "a pipeline config that does not exist",
-         ["precompute", structure, "--config", str(tmp / "nope.toml"), "--cache", out], ("--config", "nope.toml")),
-        ("config_searches_and_alignments", "--alignments with a --config that configures searches (they would be "
-         "ignored)", ["precompute", structure, "--config", str(searching), "--alignments", str(data / "alignments"),
-                      "--cache", out], ("--alignments", "--config", "[[databases]]", "uniref90")),
+        (
+            "config_not_utf8",
+            "a pipeline config saved as Latin-1",
+            ["precompute", structure, "--config", str(latin1), "--cache", out],
+            ("--config", "pipeline.toml", "UTF-8"),
+        ),
+        (
+            "config_missing",
+            "a pipeline config that does not exist",
+            ["precompute", structure, "--config", str(tmp / "nope.toml"), "--cache", out],
+            ("--config", "nope.toml"),
+        ),
+        (
+            "config_searches_and_alignments",
+            "--alignments with a --config that configures searches (they would be ignored)",
+            [
+                "precompute",
+                structure,
+                "--config",
+                str(searching),
+                "--alignments",
+                str(data / "alignments"),
+                "--cache",
+                out,
+            ],
+            ("--alignments", "--config", "[[databases]]", "uniref90"),
+        ),
         ("workers_0", "--workers 0", ["precompute", structure, "--workers", "0", "--cache", out], ("--workers", "0")),
         ("shards_0", "--shards 0", ["precompute", structure, "--shards", "0", "--cache", out], ("--shards", "0")),
         ("gc_keep_0", "gc --keep 0", ["gc", str(tmp), "--keep", "0"], ("--keep", "0")),
-        ("stats_garbled_manifest", "stats of a cache whose manifest.json is cut short",
-         ["stats", str(garbled)], ("manifest.json", "JSON")),
-        ("stats_not_a_cache", "stats of a folder that is not a cache", ["stats", str(not_a_cache)],
-         ("plain-folder", "not a cache")),
-        ("stats_plot_missing_folder", "stats --plot into a folder that does not exist",
-         ["stats", str(cache), "--plot", str(tmp / "no" / "such" / "plot.png")], ("--plot", "does not exist")),
-        ("stats_plot_suffix", "stats --plot with a suffix matplotlib cannot write",
-         ["stats", str(cache), "--plot", str(tmp / "plot.xyz")], ("--plot", ".png")),
+        (
+            "stats_garbled_manifest",
+            "stats of a cache whose manifest.json is cut short",
+            ["stats", str(garbled)],
+            ("manifest.json", "JSON"),
+        ),
+        (
+            "stats_not_a_cache",
+            "stats of a folder that is not a cache",
+            ["stats", str(not_a_cache)],
+            ("plain-folder", "not a cache"),
+        ),
+        (
+            "stats_plot_missing_folder",
+            "stats --plot into a folder that does not exist",
+            ["stats", str(cache), "--plot", str(tmp / "no" / "such" / "plot.png")],
+            ("--plot", "does not exist"),
+        ),
+        (
+            "stats_plot_suffix",
+            "stats --plot with a suffix matplotlib cannot write",
+            ["stats", str(cache), "--plot", str(tmp / "plot.xyz")],
+            ("--plot", ".png"),
+        ),
         ("verify_missing", "verify of a folder that does not exist", ["verify", str(tmp / "missing")], ("missing",)),
-        ("show_missing_key", "show of a key the cache does not hold", ["show", str(cache), "no-such-target"],
-         ("no-such-target",)),
-        ("train_not_a_cache", "train on a folder that is not a cache",
-         ["train", "--cache", str(not_a_cache), "--steps", "1", "--out", str(tmp / "run")], ("plain-folder",)),
-        ("train_steps_0", "train --steps 0", ["train", "--cache", str(cache), "--steps", "0", "--out", str(tmp / "run")],
-         ("--steps", "0")),
+        (
+            "show_missing_key",
+            "show of a key the cache does not hold",
+            ["show", str(cache), "no-such-target"],
+            ("no-such-target",),
+        ),
+        (
+            "train_not_a_cache",
+            "train on a folder that is not a cache",
+            ["train", "--cache", str(not_a_cache), "--steps", "1", "--out", str(tmp / "run")],
+            ("plain-folder",),
+        ),
+        (
+            "train_steps_0",
+            "train --steps 0",
+            ["train", "--cache", str(cache), "--steps", "0", "--out", str(tmp / "run")],
+            ("--steps", "0"),
+        ),
     ]
 
 
@@ -89,8 +147,15 @@ def test_each_cli_mistake_is_one_line_with_exit_2(tmp_path, small_cache, shared_
         line = _error_line(result)
         for word in words:
             assert word in line, f"{key}: {line!r} does not name {word!r}"
-        rows.append({"key": key, "what": what, "outcome": "exit 2", "stage": "cli",
-                     "message": line.replace(str(tmp_path), "TMP").replace(str(shared_data), "DATA")})
+        rows.append(
+            {
+                "key": key,
+                "what": what,
+                "outcome": "exit 2",
+                "stage": "cli",
+                "message": line.replace(str(tmp_path), "TMP").replace(str(shared_data), "DATA"),
+            }
+        )
     assert not (tmp_path / "never-written").exists(), "a refused precompute created its cache folder"
     assert not (tmp_path / "run").exists(), "a refused train created its run folder"
     assert verify_cache(small_cache).ok

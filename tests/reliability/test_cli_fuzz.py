@@ -33,9 +33,20 @@ def workspace(tmp_path_factory, tiny_run) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("fuzz")
     cache = root / "cache"
     runner = CliRunner()
-    result = runner.invoke(cli, ["precompute", str(DATA / "structures" / "2q2k.cif"),
-                                 "--alignments", str(DATA / "alignments"), "--cache", str(cache),
-                                 "--executor", "inline", "--no-progress"])
+    result = runner.invoke(
+        cli,
+        [
+            "precompute",
+            str(DATA / "structures" / "2q2k.cif"),
+            "--alignments",
+            str(DATA / "alignments"),
+            "--cache",
+            str(cache),
+            "--executor",
+            "inline",
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 0, result.output
     files = {
         "cache": cache,
@@ -61,7 +72,7 @@ def workspace(tmp_path_factory, tiny_run) -> dict[str, Path]:
     files["truncated_checkpoint"].write_bytes(files["checkpoint"].read_bytes()[:2048])
     files["cut_log_run"].mkdir()
     log = (tiny_run / "log.jsonl").read_bytes()
-    (files["cut_log_run"] / "log.jsonl").write_bytes(log + log[:len(log) // 2])  # a run killed mid-line
+    (files["cut_log_run"] / "log.jsonl").write_bytes(log + log[: len(log) // 2])  # a run killed mid-line
     files["empty"].write_text("")
     files["latin1"].write_bytes("[search]\nname = 'caf\xe9'\n".encode("latin-1"))
     files["binary"].write_bytes(bytes(range(256)))
@@ -72,9 +83,27 @@ def workspace(tmp_path_factory, tiny_run) -> dict[str, Path]:
     return files
 
 
-PATH_NAMES = ["cache", "missing", "folder", "empty", "latin1", "binary", "garbled_json", "fasta",
-              "gap_fasta", "structure", "plot_missing_dir", "plot_bad_suffix", "run", "checkpoint",
-              "truncated_checkpoint", "cut_log_run", "config", "out", "plot_in_file"]
+PATH_NAMES = [
+    "cache",
+    "missing",
+    "folder",
+    "empty",
+    "latin1",
+    "binary",
+    "garbled_json",
+    "fasta",
+    "gap_fasta",
+    "structure",
+    "plot_missing_dir",
+    "plot_bad_suffix",
+    "run",
+    "checkpoint",
+    "truncated_checkpoint",
+    "cut_log_run",
+    "config",
+    "out",
+    "plot_in_file",
+]
 INTS = st.sampled_from(["-1", "0", "1", "3", "999999999999", "x", "1.5", ""])
 FLOATS = st.sampled_from(["-1", "0", "1e-3", "0.5", "1", "2", "nan", "inf", "-inf", "1e400", "x", ""])
 KEYS = st.sampled_from([TARGET, TARGET.upper(), "no-such-target", "", "../2q2k", "2q2k/../x"])
@@ -95,9 +124,19 @@ def _value(draw, kind: str, files):
 
 # command -> (positional argument kinds, {option: kind}); only options that exist on the command
 COMMANDS = {
-    "precompute": (["path"], {"--cache": "path", "--config": "path", "--alignments": "path",
-                              "--templates": "path", "--workers": "int", "--shards": "int",
-                              "--msa-rows-stored": "int", "--executor": "text"}),
+    "precompute": (
+        ["path"],
+        {
+            "--cache": "path",
+            "--config": "path",
+            "--alignments": "path",
+            "--templates": "path",
+            "--workers": "int",
+            "--shards": "int",
+            "--msa-rows-stored": "int",
+            "--executor": "text",
+        },
+    ),
     "stats": (["path"], {"--plot": "path", "--json": "flag"}),
     "verify": (["path"], {"--json": "flag", "--repair": "flag"}),
     "show": (["path", "text"], {"--table": "text"}),
@@ -106,25 +145,71 @@ COMMANDS = {
     "search": (["path"], {"--config": "path", "--out": "path", "--cache": "path", "--max-templates": "int"}),
     "export": (["path", "key"], {"--format": "text", "--out": "path"}),
     "plot": (["path"], {"--out": "path"}),
-    "train": ([], {"--cache": "path", "--out": "path", "--resume": "path", "--tensorboard": "path",
-                   "--accumulate": "int", "--pair-shards": "int", "--validate-every": "int",
-                   "--validation-keys": "key", "--validation-fraction": "float", "--validation-sampler-steps": "int",
-                   "--deterministic": "flag", "--lr": "float", "--adam-beta1": "float", "--adam-beta2": "float",
-                   "--adam-eps": "float", "--weight-decay": "float", "--warmup": "int", "--lr-decay-factor": "float",
-                   "--lr-decay-every": "int", "--grad-clip": "float", "--ema-decay": "float", "--seed": "int",
-                   "--crop-size": "int", "--batch-size": "int"}),
-    "predict": (["key"], {"--cache": "path", "--checkpoint": "path", "--out": "path", "--samples": "int",
-                          "--max-tokens": "int", "--seed": "int", "--kernels": "text"}),
+    "train": (
+        [],
+        {
+            "--cache": "path",
+            "--out": "path",
+            "--resume": "path",
+            "--tensorboard": "path",
+            "--accumulate": "int",
+            "--pair-shards": "int",
+            "--validate-every": "int",
+            "--validation-keys": "key",
+            "--validation-fraction": "float",
+            "--validation-sampler-steps": "int",
+            "--deterministic": "flag",
+            "--lr": "float",
+            "--adam-beta1": "float",
+            "--adam-beta2": "float",
+            "--adam-eps": "float",
+            "--weight-decay": "float",
+            "--warmup": "int",
+            "--lr-decay-factor": "float",
+            "--lr-decay-every": "int",
+            "--grad-clip": "float",
+            "--ema-decay": "float",
+            "--seed": "int",
+            "--crop-size": "int",
+            "--batch-size": "int",
+        },
+    ),
+    "predict": (
+        ["key"],
+        {
+            "--cache": "path",
+            "--checkpoint": "path",
+            "--out": "path",
+            "--samples": "int",
+            "--max-tokens": "int",
+            "--seed": "int",
+            "--kernels": "text",
+        },
+    ),
 }
 # Required options a command gets before the drawn ones (a drawn value given later wins), and the
 # smallest work: a tiny training step, a two-step prediction, searches run in this process.
 BASE_ARGS = {
-    "search": lambda files: ["--config", str(files["config"]), "--out", str(files["out"]),
-                             "--executor", "inline", "--no-progress"],
+    "search": lambda files: [
+        "--config",
+        str(files["config"]),
+        "--out",
+        str(files["out"]),
+        "--executor",
+        "inline",
+        "--no-progress",
+    ],
     "export": lambda files: ["--format", "a3m", "--out", str(files["out"])],
     "train": lambda files: ["--cache", str(files["cache"]), "--out", str(files["out"]), *TINY_TRAIN],
-    "predict": lambda files: ["--cache", str(files["cache"]), "--checkpoint", str(files["checkpoint"]),
-                              "--out", str(files["out"]), *TINY_PREDICT],
+    "predict": lambda files: [
+        "--cache",
+        str(files["cache"]),
+        "--checkpoint",
+        str(files["checkpoint"]),
+        "--out",
+        str(files["out"]),
+        *TINY_PREDICT,
+    ],
 }
 
 
@@ -148,7 +233,8 @@ def _run_fuzz(workspace, args) -> int:
     result = CliRunner().invoke(cli, args, catch_exceptions=True)
     output = result.output + (result.stderr if result.stderr_bytes is not None else "")
     assert result.exception is None or isinstance(result.exception, SystemExit), (
-        f"featurecache {' '.join(args)} raised {result.exception!r}")
+        f"featurecache {' '.join(args)} raised {result.exception!r}"
+    )
     assert result.exit_code in EXIT_CODES, f"featurecache {' '.join(args)} exited {result.exit_code}: {output}"
     assert "Traceback" not in output, f"featurecache {' '.join(args)} printed a traceback:\n{output}"
     report = verify_cache(cache)
@@ -159,8 +245,12 @@ def _run_fuzz(workspace, args) -> int:
 def test_cli_fuzz(workspace, reliability_report):
     seen: dict[int, int] = {}
 
-    @settings(max_examples=80, deadline=None, derandomize=False,
-              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @settings(
+        max_examples=80,
+        deadline=None,
+        derandomize=False,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
     @given(args=command_lines(workspace))
     def check(args):
         code = _run_fuzz(workspace, args)
@@ -177,8 +267,11 @@ def test_cli_fuzz(workspace, reliability_report):
                 target.unlink()
 
     check()
-    reliability_report["cli_fuzz"] = {"examples": sum(seen.values()), "commands": sorted(COMMANDS),
-                                      "exit_codes": ", ".join(f"{code}: {n}" for code, n in sorted(seen.items()))}
+    reliability_report["cli_fuzz"] = {
+        "examples": sum(seen.values()),
+        "commands": sorted(COMMANDS),
+        "exit_codes": ", ".join(f"{code}: {n}" for code, n in sorted(seen.items())),
+    }
 
 
 def test_debug_shows_the_traceback(workspace):

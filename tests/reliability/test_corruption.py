@@ -34,9 +34,16 @@ ROUNDS = 4
 def published(tmp_path_factory, shared_data) -> Path:
     """A publish root holding one generation of the sample-data cache."""
     root = tmp_path_factory.mktemp("published")
-    summary = precompute(PrecomputeOptions(
-        inputs=[shared_data / "structures"], cache_dir=root / "cache", alignments_dir=shared_data / "alignments",
-        template_dir=shared_data / "templates" / "mmcif", executor="inline", progress=False))
+    summary = precompute(
+        PrecomputeOptions(
+            inputs=[shared_data / "structures"],
+            cache_dir=root / "cache",
+            alignments_dir=shared_data / "alignments",
+            template_dir=shared_data / "templates" / "mmcif",
+            executor="inline",
+            progress=False,
+        )
+    )
     assert summary.failed == 0, summary.format()
     publish(root / "cache", root / "shared")
     return root / "shared"
@@ -74,15 +81,15 @@ def test_every_flipped_record_is_detected(tmp_path, published, seed, caplog, rel
         root = tmp_path / f"round-{round_number}"
         generation = _writable_copy(published, root)
         with StoreReader(generation) as reader:
-            records = [(table, key, bytes(blob)) for table in ("features", "msa")
-                       for key, blob in reader.items(table)]
+            records = [(table, key, bytes(blob)) for table in ("features", "msa") for key, blob in reader.items(table)]
             num_shards = reader.num_shards
         features = [record for record in records if record[0] == "features"]
         # At least one target, plus a random mix of other records; one target stays intact, so
         # that on_error="skip" always has a record to return.
         intact, chosen = rng.sample(features, 2)
-        chosen = [chosen] + rng.sample([record for record in records if record not in (intact, chosen)],
-                                       rng.randint(1, 5))
+        chosen = [chosen] + rng.sample(
+            [record for record in records if record not in (intact, chosen)], rng.randint(1, 5)
+        )
         flips = _flip(generation, num_shards, chosen, rng)
         expected = {(table, key) for table, key, _ in chosen}
 
@@ -91,7 +98,8 @@ def test_every_flipped_record_is_detected(tmp_path, published, seed, caplog, rel
         for record in report.damaged:
             assert record.shard == shard_name(shard_of(record.key, num_shards))
         assert {problem.shard for problem in report.shard_problems} == {
-            shard_name(shard_of(key, num_shards)) for _, key, _ in chosen}
+            shard_name(shard_of(key, num_shards)) for _, key, _ in chosen
+        }
 
         damaged_targets = sorted(key for table, key, _ in chosen if table == "features")
         dataset = CacheDataset(root, crop_size=48, msa_rows_per_sample=16)
@@ -114,9 +122,17 @@ def test_every_flipped_record_is_detected(tmp_path, published, seed, caplog, rel
         assert not set(returned) & set(damaged_targets)
         skipped_ids = {key for key in damaged_targets if any(key in line for line in caplog.messages)}
         assert skipped_ids == set(damaged_targets) and skipping.skipped >= len(damaged_targets)
-        rows.append({"round": round_number, "records": len(records), "damaged": len(expected), "flips": flips,
-                     "verify_named": len(report.damaged), "raised": len(damaged_targets),
-                     "skipped": len(skipped_ids)})
+        rows.append(
+            {
+                "round": round_number,
+                "records": len(records),
+                "damaged": len(expected),
+                "flips": flips,
+                "verify_named": len(report.damaged),
+                "raised": len(damaged_targets),
+                "skipped": len(skipped_ids),
+            }
+        )
         dataset.reader.close()
         skipping.reader.close()
     reliability_report["corruption"] = {"seed": seed, "rows": rows, "example_error": example_error}
@@ -146,8 +162,15 @@ def test_flips_anywhere_in_shard_files_are_detected(tmp_path, published, seed, r
                 assert start >= 0 and data.find(bytes(blob), start + 1) < 0
                 spans.setdefault(path.name, []).append((start, start + len(blob), table, key))
     context = multiprocessing.get_context("fork")
-    totals = {"rounds": 20, "flips": 0, "in_records": 0, "records_hit": 0, "records_named": 0, "shards_hit": 0,
-              "shards_flagged": 0}
+    totals = {
+        "rounds": 20,
+        "flips": 0,
+        "in_records": 0,
+        "records_hit": 0,
+        "records_named": 0,
+        "shards_hit": 0,
+        "shards_flagged": 0,
+    }
     for round_number in range(totals["rounds"]):
         copy = tmp_path / f"round-{round_number}"
         copy.mkdir()
@@ -181,8 +204,11 @@ def test_flips_anywhere_in_shard_files_are_detected(tmp_path, published, seed, r
         unreadable = {problem["shard"] for problem in report["shard_problems"] if "unreadable" in problem["reason"]}
         assert flagged == hit_shards, f"{where}: flipped {sorted(hit_shards)}, flagged {sorted(flagged)}"
         named = {(record["table"], record["key"]) for record in report["damaged"]}
-        missed = {(table, key) for table, key in hit_records - named
-                  if shard_name(shard_of(key, num_shards)) not in unreadable}
+        missed = {
+            (table, key)
+            for table, key in hit_records - named
+            if shard_name(shard_of(key, num_shards)) not in unreadable
+        }
         assert not missed, f"{where}: damaged records not named: {sorted(missed)}"
         totals["records_hit"] += len(hit_records)
         totals["records_named"] += len(hit_records & named)

@@ -57,8 +57,9 @@ FAILED_TARGET = "fixme"  # not mmCIF in the first run, a valid file in the updat
 def _digests(cache: Path) -> dict[str, str]:
     """Feature record key -> blake2b of its stored bytes."""
     with StoreReader(cache) as reader:
-        return {key: hashlib.blake2b(bytes(blob), digest_size=16).hexdigest()
-                for key, blob in reader.items(FEATURES_TABLE)}
+        return {
+            key: hashlib.blake2b(bytes(blob), digest_size=16).hexdigest() for key, blob in reader.items(FEATURES_TABLE)
+        }
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,14 @@ class _States:
     update_seconds: float
 
     def update_options(self, cache: Path) -> PrecomputeOptions:
-        return PrecomputeOptions(inputs=[self.new_inputs], cache_dir=cache, config_path=self.config,
-                                 msa_rows_stored=NEW_MSA_ROWS, executor="inline", progress=False)
+        return PrecomputeOptions(
+            inputs=[self.new_inputs],
+            cache_dir=cache,
+            config_path=self.config,
+            msa_rows_stored=NEW_MSA_ROWS,
+            executor="inline",
+            progress=False,
+        )
 
     def copy_of_old(self, cache: Path) -> Path:
         shutil.copytree(self.old_cache, cache, ignore=shutil.ignore_patterns("*-lock", "*.lock"))
@@ -102,8 +109,16 @@ def states(tmp_path_factory, shared_data) -> _States:
     config.write_text(f"[store]\nnum_shards = {NUM_SHARDS}\nbatch_records = {BATCH_RECORDS}\n")
 
     old_cache = root / "old"
-    summary = precompute(PrecomputeOptions(inputs=[old_inputs], cache_dir=old_cache, config_path=config,
-                                           msa_rows_stored=OLD_MSA_ROWS, executor="inline", progress=False))
+    summary = precompute(
+        PrecomputeOptions(
+            inputs=[old_inputs],
+            cache_dir=old_cache,
+            config_path=config,
+            msa_rows_stored=OLD_MSA_ROWS,
+            executor="inline",
+            progress=False,
+        )
+    )
     assert summary.failed == 1 and summary.failures[0]["key"] == FAILED_TARGET, summary.format()
     assert f"parse/{FAILED_TARGET}" in read_manifest(old_cache).index["errors"]
     states = _States(old_inputs, new_inputs, config, old_cache, {}, {}, {}, 0.0)
@@ -115,7 +130,10 @@ def states(tmp_path_factory, shared_data) -> _States:
     manifests = {"old": read_manifest(old_cache), "new": read_manifest(new_cache)}
     assert manifests["new"].counts["errors"] == 0
     return _States(
-        old_inputs, new_inputs, config, old_cache,
+        old_inputs,
+        new_inputs,
+        config,
+        old_cache,
         versions={manifest.fingerprints["features"]: name for name, manifest in manifests.items()},
         ids={name: sorted(manifest.targets) for name, manifest in manifests.items()},
         records={"old": _digests(old_cache), "new": _digests(new_cache)},
@@ -186,8 +204,9 @@ def _update_in_child(options: PrecomputeOptions) -> None:
 
 
 def _cli_verify(cache: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "featurecache.cli", "verify", str(cache)], capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "featurecache.cli", "verify", str(cache)], capture_output=True, text=True, timeout=120
+    )
 
 
 def _check_after_the_kill(cache: Path, states: _States, sent: signal.Signals, where: str) -> bool:
@@ -252,14 +271,26 @@ def test_readers_never_fail_while_updates_are_killed(tmp_path, states, seed, rel
             reader.join(timeout=60)
         assert outcome["errors"] == [], f"{where}: {outcome['errors'][:5]}"
         assert outcome["versions"][0] == "old" and outcome["versions"][-1] == "new", f"{where}: {outcome}"
-        rows.append({"trial": trial, "signal": sent.name, "delay_s": delay, "exit_code": update.exitcode,
-                     "interrupted": interrupted, "reader_passes": outcome["passes"]})
+        rows.append(
+            {
+                "trial": trial,
+                "signal": sent.name,
+                "delay_s": delay,
+                "exit_code": update.exitcode,
+                "interrupted": interrupted,
+                "reader_passes": outcome["passes"],
+            }
+        )
         shutil.rmtree(cache)
     # The kills must have caught updates mid-way, by both signals.
     assert {row["signal"] for row in rows if row["interrupted"]} == {"SIGKILL", "SIGINT"}, rows
     reliability_report["interrupted_update"] = {
-        "seed": seed, "trials": TRIALS, "targets": len(states.ids["new"]), "update_s": states.update_seconds,
-        "rows": rows}
+        "seed": seed,
+        "trials": TRIALS,
+        "targets": len(states.ids["new"]),
+        "update_s": states.update_seconds,
+        "rows": rows,
+    }
 
 
 def _wait_for_commits(process: subprocess.Popen, cache: Path, timeout: float) -> None:
@@ -286,11 +317,23 @@ def sample_cache(tmp_path_factory, shared_data) -> _SampleCache:
     config = root / "pipeline.toml"
     # Search stage without databases (query-only MSAs), one record per transaction: commits all along.
     config.write_text("[store]\nnum_shards = 2\nbatch_records = 1\n")
-    command = [sys.executable, "-m", "featurecache.cli", "precompute", str(shared_data / "structures"),
-               "--config", str(config), "--no-progress"]
+    command = [
+        sys.executable,
+        "-m",
+        "featurecache.cli",
+        "precompute",
+        str(shared_data / "structures"),
+        "--config",
+        str(config),
+        "--no-progress",
+    ]
     cache = root / "cache"
-    first = subprocess.run([*command, "--cache", str(cache), "--executor", "inline",
-                            "--msa-rows-stored", str(OLD_MSA_ROWS)], capture_output=True, text=True, timeout=300)
+    first = subprocess.run(
+        [*command, "--cache", str(cache), "--executor", "inline", "--msa-rows-stored", str(OLD_MSA_ROWS)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert first.returncode == 0, first.stdout + first.stderr
     return _SampleCache(command, cache)
 
@@ -300,13 +343,26 @@ def test_ctrl_c_exits_130_and_the_old_cache_still_reads(tmp_path, sample_cache, 
     cache = tmp_path / "cache"
     shutil.copytree(sample_cache.cache, cache, ignore=shutil.ignore_patterns("*-lock", "*.lock"))
     finished = read_manifest(cache)
-    update = [*sample_cache.command, "--cache", str(cache), "--executor", executor,
-              "--msa-rows-stored", str(NEW_MSA_ROWS)]
+    update = [
+        *sample_cache.command,
+        "--cache",
+        str(cache),
+        "--executor",
+        executor,
+        "--msa-rows-stored",
+        str(NEW_MSA_ROWS),
+    ]
     if executor == "ray":
         update += ["--workers", "1"]
     # A new session: the signal goes to its process group, as a terminal's Ctrl-C does.
-    process = subprocess.Popen(update, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, preexec_fn=_default_sigint)
+    process = subprocess.Popen(
+        update,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_default_sigint,
+    )
     try:
         _wait_for_commits(process, cache, timeout=240)
         assert process.poll() is None, f"the update ended before Ctrl-C: {process.communicate()[0][-3000:]}"

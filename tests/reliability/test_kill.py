@@ -91,8 +91,9 @@ class _Reference:
     commit_seconds: float  # of which until its last record was committed (the rest: clustering, manifest)
 
     def options(self, cache: Path, executor: str = "inline") -> PrecomputeOptions:
-        return PrecomputeOptions(inputs=[self.inputs], cache_dir=cache, config_path=self.config,
-                                 executor=executor, progress=False)
+        return PrecomputeOptions(
+            inputs=[self.inputs], cache_dir=cache, config_path=self.config, executor=executor, progress=False
+        )
 
 
 @pytest.fixture(scope="module")
@@ -108,12 +109,14 @@ def reference(tmp_path_factory, shared_data) -> _Reference:
     # No search databases: every chain gets a query-only `msa` record from the search stage.
     # Clustering off: it runs after every record is committed and would take most of the run, so
     # the random kill points would rarely land among the record commits this test is about.
-    config.write_text(f"[store]\nnum_shards = {NUM_SHARDS}\nbatch_records = {BATCH_RECORDS}\n"
-                      "[clustering]\nenabled = false\n")
+    config.write_text(
+        f"[store]\nnum_shards = {NUM_SHARDS}\nbatch_records = {BATCH_RECORDS}\n[clustering]\nenabled = false\n"
+    )
     cache = root / "reference"
     started = time.perf_counter()
-    summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=cache, config_path=config,
-                                           executor="inline", progress=False))
+    summary = precompute(
+        PrecomputeOptions(inputs=[inputs], cache_dir=cache, config_path=config, executor="inline", progress=False)
+    )
     seconds = time.perf_counter() - started
     assert summary.failed == 0, summary.format()
     records = _stored(cache)
@@ -188,18 +191,37 @@ def test_kill_9_at_random_points_then_rerun(tmp_path, reference, seed, reliabili
         process.join()
         where = f"seed {seed}, trial {trial}, killed after {delay:.3f} s"
         committed, committed_msa, done, skipped, manifest_left = _check_rerun(reference, cache, where)
-        rows.append({"trial": trial, "delay_s": delay, "committed": committed, "committed_msa": committed_msa,
-                     "manifest": manifest_left, "exit_code": process.exitcode, "done": done, "skipped": skipped})
+        rows.append(
+            {
+                "trial": trial,
+                "delay_s": delay,
+                "committed": committed,
+                "committed_msa": committed_msa,
+                "manifest": manifest_left,
+                "exit_code": process.exitcode,
+                "done": done,
+                "skipped": skipped,
+            }
+        )
         shutil.rmtree(cache)
 
     # The delays must have hit the run mid-way, not only before it started or after it ended.
     assert any(0 < row["committed"] < reference.targets for row in rows) or any(
-        row["committed"] == 0 and row["delay_s"] > 0.2 * reference.commit_seconds for row in rows), rows
+        row["committed"] == 0 and row["delay_s"] > 0.2 * reference.commit_seconds for row in rows
+    ), rows
     reliability_report.setdefault("kill", {}).update(
-        seed=seed, trials=TRIALS, targets=reference.targets, num_shards=NUM_SHARDS, batch_records=BATCH_RECORDS,
-        full_run_s=reference.seconds, commit_s=reference.commit_seconds, late_trials=LATE_TRIALS, span=KILL_SPAN,
+        seed=seed,
+        trials=TRIALS,
+        targets=reference.targets,
+        num_shards=NUM_SHARDS,
+        batch_records=BATCH_RECORDS,
+        full_run_s=reference.seconds,
+        commit_s=reference.commit_seconds,
+        late_trials=LATE_TRIALS,
+        span=KILL_SPAN,
         rows=rows,
-        msa_records=sum(table == "msa" for table, _ in reference.records))
+        msa_records=sum(table == "msa" for table, _ in reference.records),
+    )
 
 
 def _session_members(session_id: int) -> list[int]:
@@ -227,8 +249,20 @@ def test_kill_9_of_a_ray_driver_with_tasks_in_flight(tmp_path, reference, seed, 
     """The CLI on a local Ray cluster, killed (driver, raylet, workers) once records are committing."""
     rng = random.Random(seed)
     cache = tmp_path / "cache"
-    command = [sys.executable, "-m", "featurecache.cli", "precompute", str(reference.inputs), "--cache", str(cache),
-               "--config", str(reference.config), "--workers", "2", "--no-progress"]
+    command = [
+        sys.executable,
+        "-m",
+        "featurecache.cli",
+        "precompute",
+        str(reference.inputs),
+        "--cache",
+        str(cache),
+        "--config",
+        str(reference.config),
+        "--workers",
+        "2",
+        "--no-progress",
+    ]
     log_path = tmp_path / "precompute.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
@@ -251,7 +285,8 @@ def test_kill_9_of_a_ray_driver_with_tasks_in_flight(tmp_path, reference, seed, 
                 os.kill(pid, signal.SIGKILL)
         process.wait()
     assert process.returncode == -signal.SIGKILL, (
-        f"the run ended before the kill (exit {process.returncode}): {log_path.read_text()[-2000:]}")
+        f"the run ended before the kill (exit {process.returncode}): {log_path.read_text()[-2000:]}"
+    )
     for _ in range(100):
         if not _session_members(process.pid):
             break
@@ -259,4 +294,8 @@ def test_kill_9_of_a_ray_driver_with_tasks_in_flight(tmp_path, reference, seed, 
     assert not _session_members(process.pid), "Ray processes outlived the kill"
     committed, committed_msa, done, skipped, manifest_left = _check_rerun(reference, cache, f"seed {seed}, Ray")
     reliability_report.setdefault("kill", {})["ray"] = {
-        "committed": committed, "committed_msa": committed_msa, "done": done, "skipped": skipped}
+        "committed": committed,
+        "committed_msa": committed_msa,
+        "done": done,
+        "skipped": skipped,
+    }

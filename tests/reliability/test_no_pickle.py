@@ -34,10 +34,15 @@ from tests.conftest import copy_sample_structures
 PACKAGE = Path(featurecache.__file__).resolve().parent
 # The cache's whole data path: codec, shards, manifest, verify, publish, the loader, stats and CLI.
 DATA_PATH_SOURCES = sorted((PACKAGE / "store").glob("*.py")) + [
-    PACKAGE / "loader.py", PACKAGE / "store" / "inspect.py", PACKAGE / "cli.py"]
-FORBIDDEN = re.compile(r"\bimport\s+(c?pickle|dill|marshal|shelve|joblib)\b|\bfrom\s+(c?pickle|dill|marshal)\b|"
-                       r"\b(c?pickle|dill|marshal)\.|allow_pickle\s*=\s*True|\bnp\.load\(|\bnumpy\.load\(|"
-                       r"\btorch\.load\(")
+    PACKAGE / "loader.py",
+    PACKAGE / "store" / "inspect.py",
+    PACKAGE / "cli.py",
+]
+FORBIDDEN = re.compile(
+    r"\bimport\s+(c?pickle|dill|marshal|shelve|joblib)\b|\bfrom\s+(c?pickle|dill|marshal)\b|"
+    r"\b(c?pickle|dill|marshal)\.|allow_pickle\s*=\s*True|\bnp\.load\(|\bnumpy\.load\(|"
+    r"\btorch\.load\("
+)
 
 _watching = {"on": False, "classes": []}
 
@@ -84,28 +89,39 @@ def test_cache_life_cycle_without_unpickling(tmp_path, shared_data, monkeypatch,
     (inputs / "broken.cif").write_text("not an mmCIF file\n")  # an errors record too
     cache, dest = tmp_path / "cache", tmp_path / "shared"
     with _no_unpickling(monkeypatch):
-        summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=cache,
-                                               alignments_dir=shared_data / "alignments",
-                                               executor="inline", progress=False))
+        summary = precompute(
+            PrecomputeOptions(
+                inputs=[inputs],
+                cache_dir=cache,
+                alignments_dir=shared_data / "alignments",
+                executor="inline",
+                progress=False,
+            )
+        )
         assert summary.failed == 1 and summary.stages["featurize"].done == 2
         generation = publish(cache, dest)
         assert verify_cache(generation).ok and verify_cache(cache).ok
         with StoreReader(generation) as reader:
-            decoded = {table: sum(1 for key, blob in reader.items(table) if decode_record(blob, key=key))
-                       for table in ("features", "msa", "errors")}
+            decoded = {
+                table: sum(1 for key, blob in reader.items(table) if decode_record(blob, key=key))
+                for table in ("features", "msa", "errors")
+            }
         dataset = CacheDataset(dest, crop_size=32, msa_rows_per_sample=8)
         batch = collate([dataset[index] for index in range(len(dataset))])
         assert batch["restype"].shape[0] == 2
         dataset.reader.close()
     assert decoded["features"] == 2 and decoded["errors"] == 1 and decoded["msa"] > 0
-    reliability_report["no_pickle"] = {"summary": (
-        f"precompute (2 targets + 1 failing input), publish, verify of the cache and the generation, decoding of "
-        f"all {sum(decoded.values())} records and a CacheDataset epoch + collate ran with pickle.load(s), "
-        f"pickle.Unpickler, numpy.load and torch.load patched to fail and an audit hook on "
-        f"`pickle.find_class`: 0 calls. A record smuggling a pickle as an object array is refused without "
-        f"running it, and the store, loader, stats and CLI sources contain no pickle, marshal, np.load or "
-        f"torch.load call (the Ray transport between workers and the driver carries records as opaque, "
-        f"checksummed bytes).")}
+    reliability_report["no_pickle"] = {
+        "summary": (
+            f"precompute (2 targets + 1 failing input), publish, verify of the cache and the generation, decoding of "
+            f"all {sum(decoded.values())} records and a CacheDataset epoch + collate ran with pickle.load(s), "
+            f"pickle.Unpickler, numpy.load and torch.load patched to fail and an audit hook on "
+            f"`pickle.find_class`: 0 calls. A record smuggling a pickle as an object array is refused without "
+            f"running it, and the store, loader, stats and CLI sources contain no pickle, marshal, np.load or "
+            f"torch.load call (the Ray transport between workers and the driver carries records as opaque, "
+            f"checksummed bytes)."
+        )
+    }
 
 
 _ran = []
@@ -121,10 +137,12 @@ class _Payload:
 def _blob_with(arrays: dict, key: str = "evil") -> bytes:
     """A record with a valid checksum, built by hand, so nothing in the encoder can refuse it."""
     packer = msgpack.Packer(use_bin_type=True)
-    fields = {"format": 1, "schema": 1, "key": key, "fingerprint": "", "input_hash": "", "meta": {},
-              "arrays": arrays}
-    body = packer.pack_map_header(len(fields) + 1) + b"".join(
-        packer.pack(name) + packer.pack(value) for name, value in fields.items()) + packer.pack("checksum")
+    fields = {"format": 1, "schema": 1, "key": key, "fingerprint": "", "input_hash": "", "meta": {}, "arrays": arrays}
+    body = (
+        packer.pack_map_header(len(fields) + 1)
+        + b"".join(packer.pack(name) + packer.pack(value) for name, value in fields.items())
+        + packer.pack("checksum")
+    )
     return body + b"\xce" + zlib.crc32(body).to_bytes(4, "big")
 
 

@@ -77,9 +77,16 @@ def test_follow_latest_readers_during_publish(tmp_path, shared_data, seed, relia
     caches, expected = {}, {}
     for name, msa_rows in (("a", 64), ("b", 3)):  # two versions of every record
         caches[name] = tmp_path / name
-        summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=caches[name], msa_rows_stored=msa_rows,
-                                               alignments_dir=shared_data / "alignments", executor="inline",
-                                               progress=False))
+        summary = precompute(
+            PrecomputeOptions(
+                inputs=[inputs],
+                cache_dir=caches[name],
+                msa_rows_stored=msa_rows,
+                alignments_dir=shared_data / "alignments",
+                executor="inline",
+                progress=False,
+            )
+        )
         assert summary.failed == 0, summary.format()
         expected[read_manifest(caches[name]).fingerprints["features"]] = _expected(caches[name])
     assert len(expected) == 2
@@ -88,9 +95,10 @@ def test_follow_latest_readers_during_publish(tmp_path, shared_data, seed, relia
     first = publish(caches["a"], dest)
     context = multiprocessing.get_context("fork")
     barrier, published_all, results = context.Barrier(READERS + 1), context.Event(), context.Queue()
-    readers = [context.Process(target=_read_while_publishing,
-                               args=(dest, expected, barrier, published_all, results, seed + i))
-               for i in range(READERS)]
+    readers = [
+        context.Process(target=_read_while_publishing, args=(dest, expected, barrier, published_all, results, seed + i))
+        for i in range(READERS)
+    ]
     for process in readers:
         process.start()
     barrier.wait(timeout=120)
@@ -107,5 +115,9 @@ def test_follow_latest_readers_during_publish(tmp_path, shared_data, seed, relia
     assert resolve_generation(dest) == published[-1]
     assert gc(dest, keep=1) == [first, *published[:2]]
     reliability_report["readers"] = {
-        "readers": READERS, "reads": sum(steps for _, _, steps in outcomes), "publishes": len(published),
-        "generations_seen": max(len(seen) for _, seen, _ in outcomes), "errors": len(errors)}
+        "readers": READERS,
+        "reads": sum(steps for _, _, steps in outcomes),
+        "publishes": len(published),
+        "generations_seen": max(len(seen) for _, seen, _ in outcomes),
+        "errors": len(errors),
+    }

@@ -56,8 +56,15 @@ def assert_record_matches(record, key: str, seed: int, num_tokens: int | None = 
         np.testing.assert_array_equal(record.arrays[name], value, err_msg=f"{key}/{name} (seed {seed})")
 
 
-def build_cache(cache_dir: Path, keys: list[str], seed: int, num_shards: int = 3,
-                batch_records: int = 8, map_size_bytes: int = 1 << 20, msa_keys: tuple[str, ...] = ()) -> Manifest:
+def build_cache(
+    cache_dir: Path,
+    keys: list[str],
+    seed: int,
+    num_shards: int = 3,
+    batch_records: int = 8,
+    map_size_bytes: int = 1 << 20,
+    msa_keys: tuple[str, ...] = (),
+) -> Manifest:
     config = StoreConfig(num_shards=num_shards, map_size_bytes=map_size_bytes, batch_records=batch_records)
     with StoreWriter(cache_dir, config) as writer:
         for key in keys:

@@ -31,8 +31,8 @@ _NO_PAGE = 0xFFFFFFFFFFFFFFFF  # P_INVALID: an empty database's root
 class PageMap:
     page_size: int
     last_pgno: int
-    used: set[int] = field(default_factory=set)   # pages the newest meta page reaches (meta pages included)
-    free: set[int] = field(default_factory=set)   # pages the free list names
+    used: set[int] = field(default_factory=set)  # pages the newest meta page reaches (meta pages included)
+    free: set[int] = field(default_factory=set)  # pages the free list names
     gaps: list[tuple[int, int]] = field(default_factory=list)  # [start, end) byte ranges unused inside used pages
 
 
@@ -87,6 +87,6 @@ def _walk(data: bytes, pages: PageMap, root: int, values: list[bytes], named: bo
                 end = first * size + _HEADER + length
                 pages.gaps.append((end, (first + count) * size))  # the last page's unused tail
                 if not named:
-                    values.append(data[first * size + _HEADER:end])
+                    values.append(data[first * size + _HEADER : end])
             elif node_flags & _F_SUBDATA or not named:
-                values.append(data[data_at:data_at + (low | high << 16)])
+                values.append(data[data_at : data_at + (low | high << 16)])

@@ -24,8 +24,20 @@ from featurecache.store.codec import (
 )
 
 DTYPES = [
-    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
-    np.float16, np.float32, np.float64, np.complex64, np.complex128,
+    np.bool_,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+    np.complex64,
+    np.complex128,
 ]
 
 
@@ -66,8 +78,14 @@ def test_every_dtype_round_trips(dtype, zstd_level):
 
 
 def test_header_fields_and_meta_round_trip():
-    meta = {"id": "7abc", "resolution": 2.1, "release_date": None, "chain_ids": ["A", "B"],
-            "num_tokens": np.int64(12), "nested": {"warnings": []}}
+    meta = {
+        "id": "7abc",
+        "resolution": 2.1,
+        "release_date": None,
+        "chain_ids": ["A", "B"],
+        "num_tokens": np.int64(12),
+        "nested": {"warnings": []},
+    }
     blob = encode_record("7abc", {}, meta, "fp", "ih", 3)
     record = decode_record(blob)
     assert (record.key, record.fingerprint, record.input_hash) == ("7abc", "fp", "ih")
@@ -111,8 +129,9 @@ def test_compression_applies_to_compressible_arrays_only():
     assert len(_encode(noise, 3)) == len(_encode(noise, 0))
 
 
-@pytest.mark.parametrize("bad", [np.array([object()]), np.zeros(2, dtype="V8"),
-                                 np.array(["2020-01-01"], dtype="datetime64[D]")])
+@pytest.mark.parametrize(
+    "bad", [np.array([object()]), np.zeros(2, dtype="V8"), np.array(["2020-01-01"], dtype="datetime64[D]")]
+)
 def test_unsupported_dtypes_are_refused_by_name(bad):
     with pytest.raises(ValueError, match="array 'bad' has dtype"):
         _encode({"bad": bad})
@@ -125,8 +144,10 @@ def test_meta_must_be_plain():
 
 def test_every_single_byte_flip_is_detected():
     rng = np.random.default_rng()
-    arrays = {"msa": rng.integers(0, 32, size=(8, 20), dtype=np.int8),
-              "pos": rng.normal(size=(20, 3)).astype(np.float32)}
+    arrays = {
+        "msa": rng.integers(0, 32, size=(8, 20), dtype=np.int8),
+        "pos": rng.normal(size=(20, 3)).astype(np.float32),
+    }
     blob = _encode(arrays, zstd_level=0, meta={"id": "7abc_1"})
     for position in range(len(blob)):
         damaged = bytearray(blob)
@@ -198,9 +219,14 @@ def test_nothing_executes_code_on_load():
 @settings(max_examples=60, deadline=None)
 @given(
     value=hnp.arrays(
-        dtype=st.one_of(hnp.integer_dtypes(endianness="="), hnp.unsigned_integer_dtypes(endianness="="),
-                        hnp.floating_dtypes(endianness="="), hnp.boolean_dtypes(),
-                        hnp.integer_dtypes(endianness=">"), hnp.floating_dtypes(endianness=">")),
+        dtype=st.one_of(
+            hnp.integer_dtypes(endianness="="),
+            hnp.unsigned_integer_dtypes(endianness="="),
+            hnp.floating_dtypes(endianness="="),
+            hnp.boolean_dtypes(),
+            hnp.integer_dtypes(endianness=">"),
+            hnp.floating_dtypes(endianness=">"),
+        ),
         shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=9),
     ),
     zstd_level=st.sampled_from([0, 1, 3]),

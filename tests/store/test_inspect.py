@@ -36,11 +36,12 @@ def test_template_hits_without_a_structure_are_a_counted_warning(tmp_path):
         _put_target(writer, "721p", seed, [], count_in_index=False)
         writer.finish()
     report = cache_stats(tmp_path)
-    assert report["template_hits_without_structure"] == {"hits": 9, "targets": 2,
-                                                         "per_target": {"2q2k": 2, "7a4d": 7}}
+    assert report["template_hits_without_structure"] == {"hits": 9, "targets": 2, "per_target": {"2q2k": 2, "7a4d": 7}}
     text = format_stats(report)
-    assert ("\nwarnings     1\n  9 template hits in 2 targets have no structure in the template folder "
-            "(m8 hits against the whole PDB?): 7a4d 7, 2q2k 2\n") in text, text
+    assert (
+        "\nwarnings     1\n  9 template hits in 2 targets have no structure in the template folder "
+        "(m8 hits against the whole PDB?): 7a4d 7, 2q2k 2\n"
+    ) in text, text
     result = CliRunner().invoke(cli, ["stats", str(tmp_path), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["template_hits_without_structure"]["hits"] == 9
@@ -65,8 +66,12 @@ def test_stats_reads_the_warnings_of_large_records_from_their_header_entries(tmp
             key = f"t{number}"
             arrays = {"msa": np.random.default_rng(number).integers(0, 255, size=record_bytes, dtype=np.uint8)}
             meta = {"id": key, "warnings": [f"{key}: a warning"]}
-            writer.put("features", key, encode_record(key, arrays, meta, "fp", "0" * 64, 1, zstd_level=0),
-                       index={"num_tokens": 1, "msa_depth": 1, "warnings": 1})
+            writer.put(
+                "features",
+                key,
+                encode_record(key, arrays, meta, "fp", "0" * 64, 1, zstd_level=0),
+                index={"num_tokens": 1, "msa_depth": 1, "warnings": 1},
+            )
         writer.finish()
     with StoreReader(cache) as held:  # keeps the shard's map (shared in this process) open across cache_stats
         held.count("features")
@@ -79,5 +84,6 @@ def test_stats_reads_the_warnings_of_large_records_from_their_header_entries(tmp
     assert sorted(report["warnings"]) == sorted(f"t{number}: t{number}: a warning" for number in range(records))
     # a quarter of the records: the kernel may map a whole large page-cache folio around a touched page
     assert touched < records * record_bytes // 4, (
-        f"stats touched {touched >> 10} KiB of {records} records of {record_bytes >> 10} KiB")
+        f"stats touched {touched >> 10} KiB of {records} records of {record_bytes >> 10} KiB"
+    )
     assert read_all > records * record_bytes // 2, "the measurement does not see records read"

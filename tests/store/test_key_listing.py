@@ -49,7 +49,8 @@ def test_reader_lists_keys_without_reading_records(tmp_path):
     assert listed == keys
     assert read_all > RECORDS * RECORD_BYTES // 2, "the measurement does not see records read"
     assert touched < RECORDS * RECORD_BYTES // 4, (
-        f"listing {RECORDS} keys touched {touched / MiB:.1f} MiB of the shard files")
+        f"listing {RECORDS} keys touched {touched / MiB:.1f} MiB of the shard files"
+    )
 
 
 def test_keys_of_a_table_without_a_full_index_are_all_listed(tmp_path):

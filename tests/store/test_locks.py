@@ -17,11 +17,14 @@ def test_second_writer_fails_clearly_in_process_and_across_processes(tmp_path):
     with StoreWriter(tmp_path, config):
         with pytest.raises(StoreLockedError, match=f"being written by another writer \\(pid {os.getpid()}\\)"):
             StoreWriter(tmp_path, config)
-        code = ("import sys\nfrom featurecache.config import StoreConfig\n"
-                "from featurecache.store.writer import StoreWriter\n"
-                "StoreWriter(sys.argv[1], StoreConfig(num_shards=2))\n")
-        result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
-                                text=True, env=child_env(), timeout=60)
+        code = (
+            "import sys\nfrom featurecache.config import StoreConfig\n"
+            "from featurecache.store.writer import StoreWriter\n"
+            "StoreWriter(sys.argv[1], StoreConfig(num_shards=2))\n"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=child_env(), timeout=60
+        )
         assert result.returncode != 0
         assert "StoreLockedError" in result.stderr and "one writer per shard" in result.stderr
         assert f"pid {os.getpid()}" in result.stderr

@@ -82,15 +82,21 @@ def _rewrite(cache_dir, change) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda d: d.update(format=MANIFEST_FORMAT + 1),
-         f"manifest.json has format {MANIFEST_FORMAT + 1}, expected {MANIFEST_FORMAT}"),
+        (
+            lambda d: d.update(format=MANIFEST_FORMAT + 1),
+            f"manifest.json has format {MANIFEST_FORMAT + 1}, expected {MANIFEST_FORMAT}",
+        ),
         (lambda d: d.update(record_format=99), f"has record_format 99, expected {RECORD_FORMAT}"),
-        (lambda d: d.update(schema_version=SCHEMA_VERSION + 1),
-         f"has schema_version {SCHEMA_VERSION + 1}, expected {SCHEMA_VERSION}: .* rerun `featurecache precompute`"),
+        (
+            lambda d: d.update(schema_version=SCHEMA_VERSION + 1),
+            f"has schema_version {SCHEMA_VERSION + 1}, expected {SCHEMA_VERSION}: .* rerun `featurecache precompute`",
+        ),
         (lambda d: d.pop("shards"), "has no 'shards' field"),
         (lambda d: d.update(shards=[]), "lists no shards"),
-        (lambda d: d["shards"][1].update(file="shard-00007.lmdb"),
-         r"shards\[1\] names 'shard-00007.lmdb', expected shard-00001.lmdb"),
+        (
+            lambda d: d["shards"][1].update(file="shard-00007.lmdb"),
+            r"shards\[1\] names 'shard-00007.lmdb', expected shard-00001.lmdb",
+        ),
         (lambda d: d["shards"][0].update(size="12"), "field 'size' is str"),
         (lambda d: d.update(counts=[1, 2]), "field 'counts' is list"),
         (lambda d: d["index"].update(features=[]), "index of table 'features' is not a map"),

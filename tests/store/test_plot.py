@@ -9,8 +9,14 @@ from featurecache.store.plot import plot_stats, stats_figure
 from tests.conftest import copy_sample_structures
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-COUNT_PANELS = ("tokens per target", "MSA depth per target", "templates per target", "reference conformers by source",
-                "cluster sizes", "AF3 sampling weight per target")
+COUNT_PANELS = (
+    "tokens per target",
+    "MSA depth per target",
+    "templates per target",
+    "reference conformers by source",
+    "cluster sizes",
+    "AF3 sampling weight per target",
+)
 
 
 def _panels(figure) -> dict:
@@ -30,7 +36,9 @@ def test_the_sample_cache_figure(sample_cache, tmp_path):
     report = cache_stats(sample_cache)
     figure = stats_figure(report)
     panels = _panels(figure)
-    assert set(COUNT_PANELS) | {"failures by stage", "curation (AF3 filters)", "share of sampling weight"} <= set(panels)
+    assert set(COUNT_PANELS) | {"failures by stage", "curation (AF3 filters)", "share of sampling weight"} <= set(
+        panels
+    )
     for title in COUNT_PANELS:  # counts of targets, codes or clusters: whole numbers only
         ticks = _visible_ticks(panels[title])
         assert ticks and all(float(tick).is_integer() for tick in ticks), (title, ticks)
@@ -60,8 +68,15 @@ def test_failures_are_bars_by_stage(tmp_path, shared_data):
     inputs = copy_sample_structures("209d-assembly1.cif", tmp_path / "inputs")
     # the first 3000 bytes of a real entry: a loop cut mid-row, a parse failure
     (inputs / "cut.cif").write_bytes((shared_data / "structures" / "721p-assembly1.cif").read_bytes()[:3000])
-    summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=tmp_path / "cache", progress=False,
-                                           alignments_dir=shared_data / "alignments", executor="inline"))
+    summary = precompute(
+        PrecomputeOptions(
+            inputs=[inputs],
+            cache_dir=tmp_path / "cache",
+            progress=False,
+            alignments_dir=shared_data / "alignments",
+            executor="inline",
+        )
+    )
     assert summary.failed == 1
     report = cache_stats(tmp_path / "cache")
     figure = stats_figure(report)

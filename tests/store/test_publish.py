@@ -33,14 +33,17 @@ def test_publish_seals_a_read_only_generation_and_points_latest_at_it(tmp_path):
     assert (dest / LATEST_NAME).read_text() == generation.name + "\n"
     assert resolve_generation(dest) == generation
     assert resolve_generation(generation) == generation and resolve_generation(cache) == cache
-    assert sorted(entry.name for entry in generation.iterdir()) == [
-        MANIFEST_NAME, *(shard_name(i) for i in range(3))]
+    assert sorted(entry.name for entry in generation.iterdir()) == [MANIFEST_NAME, *(shard_name(i) for i in range(3))]
     assert stat.S_IMODE(generation.stat().st_mode) == 0o555
     assert all(stat.S_IMODE(entry.stat().st_mode) == 0o444 for entry in generation.iterdir())
     sealed = read_manifest(generation)
     assert sealed.generation == generation.name
     assert (sealed.counts, sealed.index, sealed.fingerprints, sealed.created) == (
-        source.counts, source.index, source.fingerprints, source.created)
+        source.counts,
+        source.index,
+        source.fingerprints,
+        source.created,
+    )
     for shard in sealed.shards:
         assert shard.sha256 == file_sha256(generation / shard.file)
     assert verify_cache(generation).ok
@@ -161,8 +164,7 @@ def test_readers_of_old_generations_keep_working_while_new_ones_are_published(tm
     first = publish(caches["a"], dest)
     context = multiprocessing.get_context("fork")
     barrier, results = context.Barrier(9), context.Queue()
-    readers = [context.Process(target=_reader_process, args=(dest, keys, barrier, results, 1000))
-               for _ in range(8)]
+    readers = [context.Process(target=_reader_process, args=(dest, keys, barrier, results, 1000)) for _ in range(8)]
     for process in readers:
         process.start()
     barrier.wait(timeout=120)

@@ -53,8 +53,9 @@ def test_dataloader_fork_workers_reopen_the_parents_reader(tmp_path):
     build_cache(tmp_path, keys, seed)
     reader = StoreReader(tmp_path)
     assert_record_matches(reader.get_record("features", keys[0]), keys[0], seed)  # parent opened it
-    loader = torch.utils.data.DataLoader(_FeatureDataset(reader, keys, seed), batch_size=None,
-                                         num_workers=2, multiprocessing_context="fork")
+    loader = torch.utils.data.DataLoader(
+        _FeatureDataset(reader, keys, seed), batch_size=None, num_workers=2, multiprocessing_context="fork"
+    )
     seen = {}
     for index, pid, msa_sum in loader:
         seen[int(index)] = int(msa_sum)
@@ -77,7 +78,8 @@ def test_spawned_workers_read_through_a_pickled_reader(tmp_path):
         results = pool.map(read_in_worker, [(key, seed) for key in keys])
     assert all(pid != os.getpid() for pid, _ in results)
     assert [msa_sum for _, msa_sum in results] == [
-        int(sample_arrays(key, seed)["msa"].astype(np.int64).sum()) for key in keys]
+        int(sample_arrays(key, seed)["msa"].astype(np.int64).sum()) for key in keys
+    ]
 
 
 def test_readers_in_one_process_share_environments(tmp_path):
@@ -154,8 +156,13 @@ def test_a_local_readers_snapshot_survives_a_writer_rewriting_every_page(tmp_pat
     old_seed, new_seed = random_seed(), random_seed() + (1 << 30)
     keys = [f"t{i:03d}" for i in range(120)]
     build_cache(tmp_path, keys, old_seed, num_shards=1)
-    child = subprocess.Popen([sys.executable, "-c", _HOLD_A_SNAPSHOT, str(tmp_path)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, env=child_env())
+    child = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_A_SNAPSHOT, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
     try:
         assert child.stdout.readline().strip() == "holding"
         config = StoreConfig(num_shards=1, batch_records=8)
@@ -198,8 +205,13 @@ def test_readers_follow_a_map_a_writer_grew(tmp_path):
     build_cache(tmp_path, ["a"], seed, num_shards=1, map_size_bytes=1 << 20)
     with StoreReader(tmp_path) as reader:
         assert_record_matches(reader.get_record("features", "a"), "a", seed)
-        result = subprocess.run([sys.executable, "-c", _BIG_RECORDS, str(tmp_path)], capture_output=True, text=True,
-                                env=child_env(), timeout=300)
+        result = subprocess.run(
+            [sys.executable, "-c", _BIG_RECORDS, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            env=child_env(),
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr
         for index in range(8):
             values = reader.get_record("features", f"big{index}").arrays["x"]
@@ -244,8 +256,13 @@ def test_a_reader_that_may_not_join_the_reader_table_warns_and_reads(tmp_path):
     try:
         os.chmod(cache, 0o755)
         build_cache(cache, ["a"], random_seed(), num_shards=1)
-        result = subprocess.run([sys.executable, "-c", _READ_AS_NOBODY, str(cache)], capture_output=True,
-                                text=True, env=child_env(), timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-c", _READ_AS_NOBODY, str(cache)],
+            capture_output=True,
+            text=True,
+            env=child_env(),
+            timeout=120,
+        )
     finally:
         shutil.rmtree(cache)
     assert result.returncode == 0 and result.stdout.strip() == "a", result.stderr

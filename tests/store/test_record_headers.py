@@ -65,7 +65,8 @@ def test_headers_are_read_without_touching_the_records(tmp_path):
         assert [reader.header(FEATURES_TABLE, key).fingerprint for key in keys] == ["fp-1"] * RECORDS
         touched_by_reader = mapped_bytes(tmp_path) - before
     assert [(header.key, header.input_hash, header.meta["sequences"]) for header in headers] == [
-        (key, f"input-of-{key}", [key.upper()]) for key in keys]
+        (key, f"input-of-{key}", [key.upper()]) for key in keys
+    ]
     assert read_all > RECORDS * MiB // 2, "the measurement does not see records read"
     # a quarter of the records: the kernel may map a whole large page-cache folio around a touched page
     for who, touched in (("writer", touched_by_writer), ("reader", touched_by_reader)):

@@ -119,7 +119,8 @@ def test_damage_where_no_record_lies_is_rewritten_away(cache, where):
     result = _verify_cli(cache, "--repair")
     assert result.exit_code == 0, result.output
     assert sorted(line.split()[1] for line in result.output.splitlines() if line.startswith("rewrote ")) == sorted(
-        path.name for path in damaged)
+        path.name for path in damaged
+    )
     assert result.output.strip().endswith("OK")
     _assert_clean(cache)
     assert _entries(cache) == before, f"seed {seed}"
@@ -161,13 +162,15 @@ def test_an_unreadable_shard_is_set_aside_and_its_records_recomputed(cache, samp
     # A shard holding an msa record and conformers (the most records of those): which shard a key
     # lands in depends on the key, and an ingested MSA's key on the alignment files' paths, so
     # on where the sample data lies; the choice must not leave a table out of the test.
-    shard = max((info for info in manifest.shards if info.counts.get("msa") and info.counts.get("conformers")),
-                key=lambda info: sum(info.counts.values()))
+    shard = max(
+        (info for info in manifest.shards if info.counts.get("msa") and info.counts.get("conformers")),
+        key=lambda info: sum(info.counts.values()),
+    )
     path = cache / shard.file
     if damage == "meta pages":  # both of LMDB's meta pages: it cannot open the file
         data = bytearray(path.read_bytes())
         for page in (0, 1):
-            data[page * 4096 + 16:page * 4096 + 24] = b"\0" * 8
+            data[page * 4096 + 16 : page * 4096 + 24] = b"\0" * 8
         path.write_bytes(bytes(data))
     else:
         with open(path, "r+b") as handle:
@@ -175,13 +178,16 @@ def test_an_unreadable_shard_is_set_aside_and_its_records_recomputed(cache, samp
 
     damaged_size = path.stat().st_size
     result = _verify_cache_fails(cache)
-    (problem,) = [line for line in result.output.splitlines() if line.startswith("  damaged shard") and
-                  "unreadable" in line]
+    (problem,) = [
+        line for line in result.output.splitlines() if line.startswith("  damaged shard") and "unreadable" in line
+    ]
     assert shard.file in problem and ("truncated" in problem) == (damage == "truncated"), result.output
     assert result.output.strip().splitlines()[-1] == unreadable_hint(cache)
     # its sha256 differs too; nothing else is named
     assert {(problem.shard, problem.kind) for problem in verify_cache(cache).shard_problems} == {
-        (shard.file, FILE_CHANGED), (shard.file, UNREADABLE)}
+        (shard.file, FILE_CHANGED),
+        (shard.file, UNREADABLE),
+    }
 
     result = _verify_cli(cache, "--repair")
     assert result.exit_code == 1, result.output
@@ -236,9 +242,15 @@ for line in sys.stdin:
 
 
 def _reader(cache_dir, seed: int, keys: list[str], msa_keys: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", _READER, str(cache_dir), str(seed), ",".join(keys),
-                             ",".join(msa_keys)], cwd=REPO, env=child_env(), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", _READER, str(cache_dir), str(seed), ",".join(keys), ",".join(msa_keys)],
+        cwd=REPO,
+        env=child_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _read_all(child) -> int:
@@ -325,7 +337,9 @@ def test_a_truncated_shard_is_named_not_a_crash_for_every_reader_and_writer(cach
         done = subprocess.run(command, capture_output=True, text=True, env=child_env(), timeout=600)
         assert done.returncode > 0, f"{name}: exit {done.returncode} (a negative code is a signal)\n{done.stderr}"
         assert str(path) in done.stderr and "truncated to" in done.stderr and "verify --repair" in done.stderr, (
-            name, done.stderr[-2000:])
+            name,
+            done.stderr[-2000:],
+        )
         if name != "loader":  # the commands: one line, exit 2, no traceback
             assert done.returncode == 2 and "Traceback" not in done.stderr, (name, done.stderr)
     assert path.stat().st_size == size  # nothing wrote to it

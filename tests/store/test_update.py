@@ -29,24 +29,27 @@ CONFIG = StoreConfig(num_shards=NUM_SHARDS, batch_records=4)
 def _state_in_child(cache_dir) -> dict:
     """cache_state (tests/store/_cache.py) read by another process, as a trainer would."""
     code = "import json, sys\nfrom tests.store._cache import cache_state\nprint(json.dumps(cache_state(sys.argv[1])))"
-    result = subprocess.run([sys.executable, "-c", code, str(cache_dir)], capture_output=True, text=True,
-                            env=child_env(), timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(cache_dir)], capture_output=True, text=True, env=child_env(), timeout=120
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
 
 def _verify_in_child(cache_dir) -> dict:
-    code = ("import json, sys\nfrom featurecache.store.verify import verify_cache\n"
-            "print(json.dumps(verify_cache(sys.argv[1]).to_dict()))")
-    result = subprocess.run([sys.executable, "-c", code, str(cache_dir)], capture_output=True, text=True,
-                            env=child_env(), timeout=120)
+    code = (
+        "import json, sys\nfrom featurecache.store.verify import verify_cache\n"
+        "print(json.dumps(verify_cache(sys.argv[1]).to_dict()))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(cache_dir)], capture_output=True, text=True, env=child_env(), timeout=120
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
 
 def _error_blob(key: str) -> bytes:
-    return encode_record(key, {}, {"stage": "parse", "key": key, "message": "bad input", "attempts": 1},
-                         "", "", 1, 0)
+    return encode_record(key, {}, {"stage": "parse", "key": key, "message": "bad input", "attempts": 1}, "", "", 1, 0)
 
 
 def test_readers_keep_the_last_finished_state_until_finish_replaces_it(tmp_path):
@@ -140,8 +143,9 @@ def test_a_marker_left_by_a_finish_killed_after_its_manifest_is_ignored(tmp_path
     report = verify_cache(tmp_path)
     assert report.ok and report.update is None, report.format()
     with StoreWriter(tmp_path, CONFIG):
-        assert json.loads((tmp_path / MARKER_NAME).read_text())["manifest_sha256"] != json.loads(left)[
-            "manifest_sha256"]
+        assert (
+            json.loads((tmp_path / MARKER_NAME).read_text())["manifest_sha256"] != json.loads(left)["manifest_sha256"]
+        )
 
 
 def test_a_new_cache_gets_no_marker_and_stays_unfinished(tmp_path):
@@ -168,8 +172,12 @@ time.sleep(600)
 def test_a_killed_update_is_reported_as_interrupted(tmp_path):
     old_seed, new_seed = random_seed(), random_seed() + (1 << 30)
     first = build_cache(tmp_path, ["a", "b", "c"], old_seed, num_shards=NUM_SHARDS)
-    child = subprocess.Popen([sys.executable, "-c", _UPDATE_THEN_WAIT, str(tmp_path), str(new_seed)],
-                             stdout=subprocess.PIPE, text=True, env=child_env())
+    child = subprocess.Popen(
+        [sys.executable, "-c", _UPDATE_THEN_WAIT, str(tmp_path), str(new_seed)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
     try:
         assert child.stdout.readline().strip() == "written"
         assert read_update_marker(tmp_path).state == "in progress"

@@ -65,8 +65,9 @@ def test_random_byte_flips_are_named_by_key_and_shard(tmp_path):
     assert report.records_checked["features"] == len(keys)
     assert sorted(record.key for record in report.damaged) == damaged
     for record in report.damaged:
-        assert record == DamagedRecord("features", record.key, shard_name(shard_of(record.key, NUM_SHARDS)),
-                                       "checksum mismatch")
+        assert record == DamagedRecord(
+            "features", record.key, shard_name(shard_of(record.key, NUM_SHARDS)), "checksum mismatch"
+        )
     damaged_shards = {shard_name(shard_of(key, NUM_SHARDS)) for key in damaged}
     assert {problem.shard for problem in report.shard_problems} == damaged_shards
     assert all("sha256 is" in problem.reason for problem in report.shard_problems)
@@ -74,8 +75,10 @@ def test_random_byte_flips_are_named_by_key_and_shard(tmp_path):
     assert all(f"features/{key} in {shard_name(shard_of(key, NUM_SHARDS))}" in text for key in damaged)
     # a reader refuses the same records, naming key and shard
     with StoreReader(tmp_path) as reader:
-        with pytest.raises(CorruptRecordError, match=f"{shard_name(shard_of(damaged[0], NUM_SHARDS))}/features: "
-                                                     f"record '{damaged[0]}' is damaged"):
+        with pytest.raises(
+            CorruptRecordError,
+            match=f"{shard_name(shard_of(damaged[0], NUM_SHARDS))}/features: record '{damaged[0]}' is damaged",
+        ):
             reader.get_record("features", damaged[0])
 
 

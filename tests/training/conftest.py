@@ -19,19 +19,37 @@ def recipe_cache(tmp_path_factory, shared_data) -> Path:
 
     inputs = copy_sample_structures(STRUCTURES, tmp_path_factory.mktemp("recipe-inputs"))
     cache_dir = tmp_path_factory.mktemp("recipe-cache") / "cache"
-    summary = precompute(PrecomputeOptions(
-        inputs=[inputs], cache_dir=cache_dir, alignments_dir=shared_data / "alignments",
-        template_dir=shared_data / "templates" / "mmcif", num_workers=1, progress=False, executor="inline"))
+    summary = precompute(
+        PrecomputeOptions(
+            inputs=[inputs],
+            cache_dir=cache_dir,
+            alignments_dir=shared_data / "alignments",
+            template_dir=shared_data / "templates" / "mmcif",
+            num_workers=1,
+            progress=False,
+            executor="inline",
+        )
+    )
     assert summary.failed == 0, summary.format()
     return cache_dir
 
 
 def tiny_config(cache: Path, out: Path, **changes) -> TrainConfig:
     """The tiny preset on 16-token crops, on the CPU, one diffusion sample per step: seconds a step."""
-    settings = dict(cache=str(cache), out=str(out), preset="tiny", kernels="torch", steps=2, num_workers=0,
-                    warmup=2, lr=1e-3, checkpoint_every=2, device="cpu",
-                    model_settings={"diffusion_batch": 1, "max_recycling_cycles": 1},
-                    sample=SampleConfig(crop_size=16, msa_rows_per_sample=8))
+    settings = dict(
+        cache=str(cache),
+        out=str(out),
+        preset="tiny",
+        kernels="torch",
+        steps=2,
+        num_workers=0,
+        warmup=2,
+        lr=1e-3,
+        checkpoint_every=2,
+        device="cpu",
+        model_settings={"diffusion_batch": 1, "max_recycling_cycles": 1},
+        sample=SampleConfig(crop_size=16, msa_rows_per_sample=8),
+    )
     settings.update(changes)
     return TrainConfig(**settings)
 

@@ -17,8 +17,16 @@ from featurecache.training.checkpoint import (
 
 
 def _state(step: int) -> dict:
-    return {"model": {"weight": torch.full((64, 64), float(step))}, "optimizer": {}, "scheduler": {},
-            "step": step, "epoch": 0, "rng": [rng_state()], "world_size": 1, "sample_in_epoch": 0}
+    return {
+        "model": {"weight": torch.full((64, 64), float(step))},
+        "optimizer": {},
+        "scheduler": {},
+        "step": step,
+        "epoch": 0,
+        "rng": [rng_state()],
+        "world_size": 1,
+        "sample_in_epoch": 0,
+    }
 
 
 class _FailsToPickle:

@@ -39,9 +39,19 @@ def _config(accumulate: int) -> TrainConfig:
     # times a gradient difference, so the weights of two summation orders (DDP's buckets, the
     # manual sync, one process) stay as close as their gradients. With AF3's 1e-8 an element whose
     # gradient is near zero turns a rounding difference into up to a whole lr-sized step.
-    return TrainConfig(cache="unused", preset="tiny", kernels="torch", device="cpu", accumulate=accumulate,
-                       model_settings={"diffusion_batch": 1, "max_recycling_cycles": 1}, warmup=1, lr=1e-3, grad_clip=0.05,
-                       ema_decay=0.5, adam_eps=1e-3)
+    return TrainConfig(
+        cache="unused",
+        preset="tiny",
+        kernels="torch",
+        device="cpu",
+        accumulate=accumulate,
+        model_settings={"diffusion_batch": 1, "max_recycling_cycles": 1},
+        warmup=1,
+        lr=1e-3,
+        grad_clip=0.05,
+        ema_decay=0.5,
+        adam_eps=1e-3,
+    )
 
 
 def _batch(step: int, slot: int) -> dict:
@@ -60,8 +70,11 @@ def _train(world: Dist, accumulate: int, manual_sync: bool, slots_per_rank: int 
         batches = [_batch(step, trainer.layout.slot(world.rank, micro)) for micro in range(accumulate)]
         result, _ = trainer.step(batches, step)
         losses.append(result["loss"].item())
-    return {"params": {name: p.detach().clone() for name, p in trainer.model.named_parameters()},
-            "ema": trainer.average.state_dict(), "losses": losses}
+    return {
+        "params": {name: p.detach().clone() for name, p in trainer.model.named_parameters()},
+        "ema": trainer.average.state_dict(),
+        "losses": losses,
+    }
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
@@ -70,8 +83,11 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
         world = Dist(rank=rank, world_size=WORLD, device=torch.device("cpu"))
-        results = {(way, accumulate): _train(world, accumulate, manual_sync=way == "manual")
-                   for way in ("ddp", "manual") for accumulate in (1, 2)}
+        results = {
+            (way, accumulate): _train(world, accumulate, manual_sync=way == "manual")
+            for way in ("ddp", "manual")
+            for accumulate in (1, 2)
+        }
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -92,8 +108,9 @@ def ranks(tmp_path_factory) -> list[dict]:
 
 def _assert_close(mine: dict, reference: dict, what: str) -> None:
     for name, value in reference.items():
-        torch.testing.assert_close(mine[name], value, rtol=1e-4, atol=1e-6,
-                                   msg=lambda m, name=name: f"{what} {name}: {m}")
+        torch.testing.assert_close(
+            mine[name], value, rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{what} {name}: {m}"
+        )
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])
@@ -110,8 +127,10 @@ def test_manual_sync_trains_as_ddp_and_as_one_process(ranks, accumulate):
 
 def test_ranks_stay_bitwise_identical_from_rank_0s_weights(ranks):
     torch.manual_seed(SEED)
-    initial = {name: p.detach() for name, p in
-               Trainer(_config(1), "torch", Dist(0, 1, torch.device("cpu"))).model.named_parameters()}
+    initial = {
+        name: p.detach()
+        for name, p in Trainer(_config(1), "torch", Dist(0, 1, torch.device("cpu"))).model.named_parameters()
+    }
     torch.manual_seed(SEED + 1)
     other = Trainer(_config(1), "torch", Dist(0, 1, torch.device("cpu"))).model
     assert any(not torch.equal(initial[name], p.detach()) for name, p in other.named_parameters())  # differ at init
@@ -162,9 +181,14 @@ def test_cuda_graph_option_combinations():
 
 def test_benchmark_script_runs_on_the_cpu(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OUT": str(tmp_path)}
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "ddp_graphs.py"), "--cpu", "--steps", "2",
-                             "--accumulate", "1"],
-                            env=env, capture_output=True, text=True, timeout=300, check=False)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "ddp_graphs.py"), "--cpu", "--steps", "2", "--accumulate", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     table = result.stdout.strip().splitlines()
     assert "max abs param diff vs plain DDP | ranks identical" in result.stdout
@@ -176,8 +200,14 @@ def test_benchmark_script_runs_on_the_cpu(tmp_path):
 def test_captured_ranks_stay_identical_on_one_gpu(tmp_path):
     """The benchmark on the GPU: two gloo ranks share it, the update is captured, ranks agree bitwise."""
     env = {**os.environ, "OUT": str(tmp_path)}
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "ddp_graphs.py"), "--steps", "6"],
-                            env=env, capture_output=True, text=True, timeout=600, check=False)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "ddp_graphs.py"), "--steps", "6"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| CUDA graphs")]
     assert len(rows) == 1 and "not captured" not in rows[0] and "| yes |" in rows[0], result.stdout

@@ -21,8 +21,22 @@ from featurecache.training.progress import LINES_PER_RUN, TrainProgress
 from tests.conftest import copy_sample_structures
 
 REPO = Path(__file__).resolve().parents[2]
-SMALL_RUN = ["--steps", "3", "--crop-size", "16", "--msa-rows-per-sample", "8", "--num-workers", "0",
-             "--device", "cpu", "--kernels", "torch", "--checkpoint-every", "100"]
+SMALL_RUN = [
+    "--steps",
+    "3",
+    "--crop-size",
+    "16",
+    "--msa-rows-per-sample",
+    "8",
+    "--num-workers",
+    "0",
+    "--device",
+    "cpu",
+    "--kernels",
+    "torch",
+    "--checkpoint-every",
+    "100",
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +46,15 @@ def small_cache(tmp_path_factory, shared_data) -> Path:
 
     inputs = copy_sample_structures("209d-assembly1.cif", tmp_path_factory.mktemp("inputs"))
     cache = tmp_path_factory.mktemp("cache") / "cache"
-    summary = precompute(PrecomputeOptions(inputs=[inputs], cache_dir=cache, alignments_dir=shared_data / "alignments",
-                                           progress=False, executor="inline"))
+    summary = precompute(
+        PrecomputeOptions(
+            inputs=[inputs],
+            cache_dir=cache,
+            alignments_dir=shared_data / "alignments",
+            progress=False,
+            executor="inline",
+        )
+    )
     assert summary.failed == 0, summary.format()
     return cache
 
@@ -72,7 +93,7 @@ def test_a_terminal_gets_a_progress_bar(small_cache, tmp_path):
     assert code == 0, output[-3000:]
     assert "featurecache train: building the tiny model on cpu" in output
     assert "featurecache train: first step 1/3: loading the first batch (one-off work" in output
-    bar = output[output.index("first step 1/3"):]
+    bar = output[output.index("first step 1/3") :]
     # tqdm redraws one line with carriage returns: steps done, rate, ETA, loss and data-wait share
     assert "\r" in bar and "3/3" in bar and ("step/s" in bar or "s/step" in bar), bar
     assert "loss " in bar and "data wait " in bar and "%" in bar
@@ -80,8 +101,9 @@ def test_a_terminal_gets_a_progress_bar(small_cache, tmp_path):
 
 
 def test_a_pipe_gets_plain_lines(small_cache, tmp_path):
-    result = subprocess.run(_train_args(small_cache, tmp_path / "run"), env=_env(), capture_output=True, text=True,
-                            timeout=600)
+    result = subprocess.run(
+        _train_args(small_cache, tmp_path / "run"), env=_env(), capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "\r" not in result.stdout and "\r" not in result.stderr
     lines = result.stdout.splitlines()
@@ -92,8 +114,7 @@ def test_a_pipe_gets_plain_lines(small_cache, tmp_path):
 
 
 def _record(step: int) -> dict:
-    return {"step": step, "loss": 2.0, "num_cycles": 1, "step_time_s": 0.5, "data_wait_s": 0.05,
-            "peak_memory_gb": 1.0}
+    return {"step": step, "loss": 2.0, "num_cycles": 1, "step_time_s": 0.5, "data_wait_s": 0.05, "peak_memory_gb": 1.0}
 
 
 def test_a_log_file_gets_a_line_every_few_steps_and_the_last():
@@ -104,8 +125,19 @@ def test_a_log_file_gets_a_line_every_few_steps_and_the_last():
     for step in range(1, steps + 1):
         progress.update(_record(step))
         if step == 8:  # a validation pass after step 8: its own line, whatever the interval
-            progress.update({"kind": "validation", "step": 8, "loss": 3.0, "lddt": 0.25, "lddt_protein": 0.5,
-                             "lddt_dna": None, "lddt_rna": None, "lddt_ligand": None, "targets": ["a"]})
+            progress.update(
+                {
+                    "kind": "validation",
+                    "step": 8,
+                    "loss": 3.0,
+                    "lddt": 0.25,
+                    "lddt_protein": 0.5,
+                    "lddt_dna": None,
+                    "lddt_rna": None,
+                    "lddt_ligand": None,
+                    "targets": ["a"],
+                }
+            )
     progress.close()
     lines = log.getvalue().splitlines()
     printed = [int(line.split()[1].split("/")[0]) for line in lines if line.startswith("step") and "/" in line]
@@ -116,8 +148,16 @@ def test_a_log_file_gets_a_line_every_few_steps_and_the_last():
 
 
 def _config(cache: Path, tmp_path: Path, **changes) -> TrainConfig:
-    return TrainConfig(cache=str(cache), out=str(tmp_path / "run"), steps=2, num_workers=0, device="cpu",
-                       kernels="torch", sample=SampleConfig(crop_size=16, msa_rows_per_sample=8), **changes)
+    return TrainConfig(
+        cache=str(cache),
+        out=str(tmp_path / "run"),
+        steps=2,
+        num_workers=0,
+        device="cpu",
+        kernels="torch",
+        sample=SampleConfig(crop_size=16, msa_rows_per_sample=8),
+        **changes,
+    )
 
 
 def test_tensorboard_gets_every_step(small_cache, tmp_path):
@@ -139,8 +179,19 @@ def test_tensorboard_without_the_package_is_one_line(small_cache, tmp_path, monk
 
     # as if the package were not installed: importing it fails
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
-    result = CliRunner().invoke(cli, ["train", "--cache", str(small_cache), "--out", str(tmp_path / "run"),
-                                      "--tensorboard", str(tmp_path / "tb"), *SMALL_RUN])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "train",
+            "--cache",
+            str(small_cache),
+            "--out",
+            str(tmp_path / "run"),
+            "--tensorboard",
+            str(tmp_path / "tb"),
+            *SMALL_RUN,
+        ],
+    )
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "--tensorboard" in lines[0] and "pip install tensorboard" in lines[0], result.output

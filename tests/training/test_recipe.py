@@ -77,8 +77,12 @@ def test_two_accumulated_micro_batches_give_the_step_of_their_mean_loss(recipe_c
     model = reference.model
     losses = []
     for slot, batch in enumerate(batches):
-        outputs = model(batch, num_cycles=cycles, diffusion_batch=1,
-                        generator=noise_generator(config.sample.seed, 0, slot, world.device))
+        outputs = model(
+            batch,
+            num_cycles=cycles,
+            diffusion_batch=1,
+            generator=noise_generator(config.sample.seed, 0, slot, world.device),
+        )
         losses.append(model.loss(batch, outputs)[0])
     (sum(losses) / 2).backward()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -91,8 +95,14 @@ def test_two_accumulated_micro_batches_give_the_step_of_their_mean_loss(recipe_c
 
 def test_validation_lines_report_lddt_on_held_out_keys(recipe_cache, tmp_path):
     held_out = "209d-assembly1"  # DNA and a peptide
-    config = tiny_config(recipe_cache, tmp_path / "run", steps=2, validate_every=1, validation_keys=(held_out,),
-                         validation_sampler_steps=2)
+    config = tiny_config(
+        recipe_cache,
+        tmp_path / "run",
+        steps=2,
+        validate_every=1,
+        validation_keys=(held_out,),
+        validation_sampler_steps=2,
+    )
     records = train(config)
     assert all(held_out not in ids for record in records for ids in record["ids"])  # never trained on
     logged = read_log(tmp_path / "run")
@@ -111,7 +121,7 @@ def test_validation_lines_report_lddt_on_held_out_keys(recipe_cache, tmp_path):
     assert set(LDDT_KEYS) <= logged[0].keys()
     # a resumed run starts from trained weights: no second step-0 pass, the next one at step 3
     train(dataclasses.replace(config, steps=3, resume=str(tmp_path / "run")))
-    resumed = read_log(tmp_path / "run")[len(logged):]
+    resumed = read_log(tmp_path / "run")[len(logged) :]
     assert [(record["kind"], record["step"]) for record in resumed] == [("train", 3), ("validation", 3)]
 
 
@@ -128,9 +138,22 @@ def test_validation_settings_are_checked(recipe_cache, tmp_path):
 
     from featurecache.cli import cli
 
-    result = CliRunner().invoke(cli, ["train", "--cache", str(recipe_cache), "--out", str(tmp_path / "run"),
-                                      "--validate-every", "1", "--validation-keys", "nope,209d-assembly1",
-                                      "--validation-keys", "also-not"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "train",
+            "--cache",
+            str(recipe_cache),
+            "--out",
+            str(tmp_path / "run"),
+            "--validate-every",
+            "1",
+            "--validation-keys",
+            "nope,209d-assembly1",
+            "--validation-keys",
+            "also-not",
+        ],
+    )
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert "--validation-keys: not in the cache" in result.output and "also-not nope" in result.output
     assert not (tmp_path / "run").exists()
@@ -140,8 +163,15 @@ def test_checkpoints_hold_the_ema_which_resume_restores_and_predict_loads(recipe
     from featurecache.prediction.run import load_model
 
     straight = train(tiny_config(recipe_cache, tmp_path / "straight", steps=3, checkpoint_every=1, ema_decay=0.5))
-    resumed = train(tiny_config(recipe_cache, tmp_path / "resumed", steps=3, ema_decay=0.5,
-                                resume=str(tmp_path / "straight" / "checkpoint-00000002.pt")))
+    resumed = train(
+        tiny_config(
+            recipe_cache,
+            tmp_path / "resumed",
+            steps=3,
+            ema_decay=0.5,
+            resume=str(tmp_path / "straight" / "checkpoint-00000002.pt"),
+        )
+    )
     assert [r["loss"] for r in resumed] == [r["loss"] for r in straight[2:]]
     first, last = (torch.load(tmp_path / "straight" / f"checkpoint-0000000{n}.pt", weights_only=False) for n in (2, 3))
     again = torch.load(tmp_path / "resumed" / "checkpoint-00000003.pt", weights_only=False)
@@ -153,17 +183,27 @@ def test_checkpoints_hold_the_ema_which_resume_restores_and_predict_loads(recipe
 
 
 def test_deterministic_runs_are_bitwise_identical(recipe_cache, tmp_path):
-    runs = [train(tiny_config(recipe_cache, tmp_path / name, steps=3, deterministic=True))
-            for name in ("first", "second")]
+    runs = [
+        train(tiny_config(recipe_cache, tmp_path / name, steps=3, deterministic=True)) for name in ("first", "second")
+    ]
     assert not torch.are_deterministic_algorithms_enabled()  # the process's setting is put back
     assert [r["loss"] for r in runs[0]] == [r["loss"] for r in runs[1]]
     assert [r["grad_norm"] for r in runs[0]] == [r["grad_norm"] for r in runs[1]]
-    states = [torch.load(tmp_path / name / "checkpoint-00000003.pt", weights_only=False) for name in ("first", "second")]
+    states = [
+        torch.load(tmp_path / name / "checkpoint-00000003.pt", weights_only=False) for name in ("first", "second")
+    ]
     for part in ("model", "ema"):
         for name, value in states[0][part].items():
             assert torch.equal(value, states[1][part][name]), (part, name)
-    other = train(tiny_config(recipe_cache, tmp_path / "other", steps=1, deterministic=True,
-                              sample=dataclasses.replace(tiny_config(recipe_cache, tmp_path).sample, seed=7)))
+    other = train(
+        tiny_config(
+            recipe_cache,
+            tmp_path / "other",
+            steps=1,
+            deterministic=True,
+            sample=dataclasses.replace(tiny_config(recipe_cache, tmp_path).sample, seed=7),
+        )
+    )
     assert other[0]["loss"] != runs[0][0]["loss"]  # the seed matters
 
 
@@ -172,18 +212,59 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank(recipe_cache, tmp_path):
     """2 gloo processes, batch 1, train 2 steps; resumed on 1 process accumulating 2 micro-batches
     (the same global batch), steps 3-4 repeat those of a 1-process run with --accumulate 2 from
     the start: the same samples and draws per step (micro-batch slot g = micro-step * ranks + rank)."""
-    common = ["--cache", str(recipe_cache), "--kernels", "torch", "--crop-size", "16", "--msa-rows-per-sample", "8",
-              "--num-workers", "0", "--device", "cpu", "--diffusion-batch", "1", "--max-recycling-cycles", "1",
-              "--warmup", "2", "--lr", "1e-3", "--checkpoint-every", "2"]
+    common = [
+        "--cache",
+        str(recipe_cache),
+        "--kernels",
+        "torch",
+        "--crop-size",
+        "16",
+        "--msa-rows-per-sample",
+        "8",
+        "--num-workers",
+        "0",
+        "--device",
+        "cpu",
+        "--diffusion-batch",
+        "1",
+        "--max-recycling-cycles",
+        "1",
+        "--warmup",
+        "2",
+        "--lr",
+        "1e-3",
+        "--checkpoint-every",
+        "2",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "featurecache.training", "--out", str(tmp_path / "two"), "--steps", "2", *common]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "featurecache.training",
+        "--out",
+        str(tmp_path / "two"),
+        "--steps",
+        "2",
+        *common,
+    ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     two_ranks = read_log(tmp_path / "two")
     one_rank = train(tiny_config(recipe_cache, tmp_path / "one", steps=4, accumulate=2))
-    resumed = train(tiny_config(recipe_cache, tmp_path / "resumed", steps=4, accumulate=2,
-                                resume=str(tmp_path / "two" / "checkpoint-00000002.pt")))
+    resumed = train(
+        tiny_config(
+            recipe_cache,
+            tmp_path / "resumed",
+            steps=4,
+            accumulate=2,
+            resume=str(tmp_path / "two" / "checkpoint-00000002.pt"),
+        )
+    )
     # the same samples in every step: rank r of 2 took micro-batch r, as 1 rank's micro-step r
     assert [[ids for rank in r["ids"] for ids in rank] for r in two_ranks] == [r["ids"][0] for r in one_rank[:2]]
     assert [r["ids"] for r in resumed] == [r["ids"] for r in one_rank[2:]]

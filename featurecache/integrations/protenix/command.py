@@ -18,12 +18,17 @@ from featurecache.integrations.protenix.convert import ConversionError, convert_
 @click.command("convert", cls=BoundaryCommand)
 @click.argument("source", type=click.Path(dir_okay=False, path_type=pathlib.Path))
 @click.argument("dest", type=click.Path(dir_okay=False, path_type=pathlib.Path))
-@click.option("--to", "target", required=True, type=click.Choice(["featurecache", "protenix"]),
-              help="featurecache: SOURCE is a Protenix 2.x checkpoint (its \"model\" state dict, e.g. the released "
-                   "protenix_base_default_v1.0.0.pt), DEST a featurecache checkpoint for `predict` and "
-                   "`train --init-from`; protenix: SOURCE is a featurecache checkpoint of a Protenix-dialect model "
-                   "(its EMA weights where it keeps them), DEST a {\"model\": state dict} file Protenix loads with "
-                   "strict=True.")
+@click.option(
+    "--to",
+    "target",
+    required=True,
+    type=click.Choice(["featurecache", "protenix"]),
+    help='featurecache: SOURCE is a Protenix 2.x checkpoint (its "model" state dict, e.g. the released '
+    "protenix_base_default_v1.0.0.pt), DEST a featurecache checkpoint for `predict` and "
+    "`train --init-from`; protenix: SOURCE is a featurecache checkpoint of a Protenix-dialect model "
+    '(its EMA weights where it keeps them), DEST a {"model": state dict} file Protenix loads with '
+    "strict=True.",
+)
 def convert_command(source: pathlib.Path, dest: pathlib.Path, target: str) -> None:
     """Convert a model checkpoint between Protenix and featurecache: SOURCE to DEST (written
     atomically; an existing DEST is replaced). Prints the converted model's sizes."""
@@ -36,5 +41,7 @@ def convert_command(source: pathlib.Path, dest: pathlib.Path, target: str) -> No
         config = convert(source, dest)
     except ConversionError as error:
         raise UserError(str(error)) from error
-    click.echo(f"{dest}: {target} checkpoint of a model with {config.trunk.pairformer_blocks} Pairformer blocks, "
-               f"c_s {config.trunk.c_s}, c_z {config.trunk.c_z}, {config.diffusion.diffusion_blocks} diffusion blocks")
+    click.echo(
+        f"{dest}: {target} checkpoint of a model with {config.trunk.pairformer_blocks} Pairformer blocks, "
+        f"c_s {config.trunk.c_s}, c_z {config.trunk.c_z}, {config.diffusion.diffusion_blocks} diffusion blocks"
+    )

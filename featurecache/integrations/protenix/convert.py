@@ -44,15 +44,31 @@ DDP_PREFIX = "module."
 # no Protenix counterpart. Its triangle updates are checked apart (128 wide, 4 heads, or with its
 # hidden_scale_up as wide as the pair, heads of 32).
 PROTENIX_FIXED_SIZES = {
-    "fourier_dim": 256, "atom_window_queries": 32, "atom_window_keys": 128, "atom_heads": 4, "msa_heads": 8,
-    "msa_head_dim": 8, "outer_product_dim": 32, "pair_head_dim": 32, "template_pair_head_dim": 32,
-    "transition_expansion": 4, "template_transition_expansion": 2, "relpos_max_chain": 2, "single_heads": 16,
+    "fourier_dim": 256,
+    "atom_window_queries": 32,
+    "atom_window_keys": 128,
+    "atom_heads": 4,
+    "msa_heads": 8,
+    "msa_head_dim": 8,
+    "outer_product_dim": 32,
+    "pair_head_dim": 32,
+    "template_pair_head_dim": 32,
+    "transition_expansion": 4,
+    "template_transition_expansion": 2,
+    "relpos_max_chain": 2,
+    "single_heads": 16,
 }
 # The atom transformer of Protenix's input embedder: 3 blocks whatever its diffusion module's
 PROTENIX_INPUT_ATOM_BLOCKS = 3
 # Protenix's own defaults where a checkpoint's shapes cannot tell (a stack of 0 blocks)
-PROTENIX_DEFAULTS = {"template_pair_heads": 4, "template_pair_head_dim": 32, "template_triangle_mult_hidden": 128,
-                     "msa_heads": 8, "msa_head_dim": 8, "single_heads": 16}
+PROTENIX_DEFAULTS = {
+    "template_pair_heads": 4,
+    "template_pair_head_dim": 32,
+    "template_triangle_mult_hidden": 128,
+    "msa_heads": 8,
+    "msa_head_dim": 8,
+    "single_heads": 16,
+}
 # How many names of each kind an error line shows
 NAMES_SHOWN = 6
 
@@ -67,7 +83,7 @@ class ConversionError(ValueError):
 def strip_ddp_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The state dict without Protenix's DDP "module." prefix, when every name has it."""
     if state and all(name.startswith(DDP_PREFIX) for name in state):
-        return {name[len(DDP_PREFIX):]: value for name, value in state.items()}
+        return {name[len(DDP_PREFIX) :]: value for name, value in state.items()}
     return state
 
 
@@ -99,24 +115,34 @@ def infer_config(state: dict[str, torch.Tensor]) -> ModelConfig:
     sizes["template_blocks"] = _block_count(state, "template_embedder.pairformer_stack.blocks.")
     sizes["confidence_blocks"] = _block_count(state, "confidence_head.pairformer_stack.blocks.")
     # a Pairformer block's sizes, from the trunk's or else the confidence head's first block
-    pairformer = ("pairformer_stack.blocks.0." if sizes["pairformer_blocks"]
-                  else "confidence_head.pairformer_stack.blocks.0.")
+    pairformer = (
+        "pairformer_stack.blocks.0." if sizes["pairformer_blocks"] else "confidence_head.pairformer_stack.blocks.0."
+    )
     if f"{pairformer}tri_att_start.linear.weight" in state:
         sizes.update(_pair_stack_sizes(state, pairformer, "pair_heads", "pair_head_dim", "triangle_mult_hidden"))
-        sizes["transition_expansion"] = _shape(state, f"{pairformer}pair_transition.linear_no_bias_a.weight")[0] \
-            // sizes["c_z"]
+        sizes["transition_expansion"] = (
+            _shape(state, f"{pairformer}pair_transition.linear_no_bias_a.weight")[0] // sizes["c_z"]
+        )
         sizes["single_heads"] = _shape(state, f"{pairformer}attention_pair_bias.linear_nobias_z.weight")[0]
     sizes.setdefault("single_heads", PROTENIX_DEFAULTS["single_heads"])
     sizes["single_head_dim"] = sizes["c_s"] // sizes["single_heads"]
     template = "template_embedder.pairformer_stack.blocks.0."
     if sizes["template_blocks"]:
-        sizes.update(_pair_stack_sizes(state, template, "template_pair_heads", "template_pair_head_dim",
-                                       "template_triangle_mult_hidden"))
-        sizes["template_transition_expansion"] = \
+        sizes.update(
+            _pair_stack_sizes(
+                state, template, "template_pair_heads", "template_pair_head_dim", "template_triangle_mult_hidden"
+            )
+        )
+        sizes["template_transition_expansion"] = (
             _shape(state, f"{template}pair_transition.linear_no_bias_a.weight")[0] // sizes["c_template"]
+        )
     else:
-        sizes.update({name: PROTENIX_DEFAULTS[name] for name in ("template_pair_heads", "template_pair_head_dim",
-                                                                 "template_triangle_mult_hidden")})
+        sizes.update(
+            {
+                name: PROTENIX_DEFAULTS[name]
+                for name in ("template_pair_heads", "template_pair_head_dim", "template_triangle_mult_hidden")
+            }
+        )
     if sizes["msa_blocks"]:
         msa = "msa_module.blocks.0."
         sizes["outer_product_dim"] = _shape(state, f"{msa}outer_product_mean_msa.linear_1.weight")[0]
@@ -128,11 +154,14 @@ def infer_config(state: dict[str, torch.Tensor]) -> ModelConfig:
     sizes["relpos_max_chain"] = PROTENIX_FIXED_SIZES["relpos_max_chain"]
     sizes["relpos_max_residue"] = (relpos_inputs - 2 * sizes["relpos_max_chain"] - 7) // 4  # 4 r + 2 s + 7 inputs
     encoder = "diffusion_module.atom_attention_encoder."
-    sizes["c_atom"], sizes["c_atompair"] = (_shape(state, f"{encoder}linear_no_bias_r.weight")[0],
-                                            _shape(state, f"{encoder}linear_no_bias_d.weight")[0])
+    sizes["c_atom"], sizes["c_atompair"] = (
+        _shape(state, f"{encoder}linear_no_bias_r.weight")[0],
+        _shape(state, f"{encoder}linear_no_bias_d.weight")[0],
+    )
     sizes["atom_blocks"] = _block_count(state, f"{encoder}atom_transformer.diffusion_transformer.blocks.")
     input_atom_blocks = _block_count(
-        state, "input_embedder.atom_attention_encoder.atom_transformer.diffusion_transformer.blocks.")
+        state, "input_embedder.atom_attention_encoder.atom_transformer.diffusion_transformer.blocks."
+    )
     # None where it is the diffusion module's count (the base models): the `protenix` preset's value
     sizes["input_atom_blocks"] = None if input_atom_blocks == sizes["atom_blocks"] else input_atom_blocks
     atom_block = f"{encoder}atom_transformer.diffusion_transformer.blocks.0."
@@ -144,20 +173,25 @@ def infer_config(state: dict[str, torch.Tensor]) -> ModelConfig:
     sizes["diffusion_blocks"] = _block_count(state, "diffusion_module.diffusion_transformer.blocks.")
     if sizes["diffusion_blocks"]:
         sizes["diffusion_heads"] = _shape(
-            state, "diffusion_module.diffusion_transformer.blocks.0.attention_pair_bias.linear_nobias_z.weight")[0]
+            state, "diffusion_module.diffusion_transformer.blocks.0.attention_pair_bias.linear_nobias_z.weight"
+        )[0]
     sizes["fourier_dim"] = _shape(state, "diffusion_module.diffusion_conditioning.fourier_embedding.w")[0]
     sizes["distogram_bins"] = _shape(state, "distogram_head.linear.weight")[0]
     slots = _shape(state, "confidence_head.plddt_weight")[0]
     if slots != MAX_ATOMS_PER_TOKEN:
-        raise ConversionError(f"its confidence head has {slots} atom slots per token (max_atoms_per_token), "
-                              f"featurecache's {MAX_ATOMS_PER_TOKEN}")
+        raise ConversionError(
+            f"its confidence head has {slots} atom slots per token (max_atoms_per_token), "
+            f"featurecache's {MAX_ATOMS_PER_TOKEN}"
+        )
     try:
         config = preset("af3").replace(**PROTENIX_SETTINGS, **sizes)
     except ValueError as error:
         raise ConversionError(f"its shapes give no featurecache model: {error}") from None
     if atom_single_input_dim(config) != c_s_inputs:
-        raise ConversionError(f"its s_inputs are {c_s_inputs} wide, featurecache's c_s + 65 = "
-                              f"{atom_single_input_dim(config)} (an extra input embedding?)")
+        raise ConversionError(
+            f"its s_inputs are {c_s_inputs} wide, featurecache's c_s + 65 = "
+            f"{atom_single_input_dim(config)} (an extra input embedding?)"
+        )
     return config
 
 
@@ -165,8 +199,11 @@ def _pair_stack_sizes(state: dict, block: str, heads_name: str, head_dim_name: s
     """The triangle updates' sizes of one Pairformer block: attention heads, head width, the
     multiplication's hidden width."""
     heads = _shape(state, f"{block}tri_att_start.linear.weight")[0]
-    return {heads_name: heads, head_dim_name: _shape(state, f"{block}tri_att_start.mha.linear_q.weight")[0] // heads,
-            hidden_name: _shape(state, f"{block}tri_mul_out.linear_a_p.weight")[0]}
+    return {
+        heads_name: heads,
+        head_dim_name: _shape(state, f"{block}tri_att_start.mha.linear_q.weight")[0] // heads,
+        hidden_name: _shape(state, f"{block}tri_mul_out.linear_a_p.weight")[0],
+    }
 
 
 def _names(names, kind: str) -> str:
@@ -186,8 +223,10 @@ def _featurecache_shapes(config: ModelConfig) -> dict[str, tuple[torch.Size, tor
 def _checked_map(config: ModelConfig) -> tuple[dict, dict[str, tuple[torch.Size, torch.dtype]]]:
     mapping, expected = model_map(config), _featurecache_shapes(config)
     if set(mapping) != set(expected):  # a map out of step with the model: a bug, named
-        raise NameMapError(f"the name map and AF3Model differ: {_names(set(expected) - set(mapping), 'unmapped')}, "
-                           f"{_names(set(mapping) - set(expected), 'mapped but absent')}")
+        raise NameMapError(
+            f"the name map and AF3Model differ: {_names(set(expected) - set(mapping), 'unmapped')}, "
+            f"{_names(set(mapping) - set(expected), 'mapped but absent')}"
+        )
     return mapping, expected
 
 
@@ -202,13 +241,16 @@ def protenix_to_featurecache(state: dict[str, torch.Tensor]) -> tuple[ModelConfi
     used = {name for source in mapping.values() for name in source.names} | set(constants)
     unknown, missing = set(state) - used, used - set(state)
     if unknown or missing:
-        problems = ([_names(unknown, "unknown key(s)")] if unknown else []) + \
-                   ([_names(missing, "missing key(s)")] if missing else [])
+        problems = ([_names(unknown, "unknown key(s)")] if unknown else []) + (
+            [_names(missing, "missing key(s)")] if missing else []
+        )
         raise ConversionError(f"not a Protenix model the map covers: {'; '.join(problems)}")
     for name, value in constants.items():
         if not torch.equal(state[name].float(), value):
-            raise ConversionError(f"{name} is {state[name].tolist()[:4]}..., Protenix's fixed values are "
-                                  f"{value.tolist()[:4]}... (featurecache computes these)")
+            raise ConversionError(
+                f"{name} is {state[name].tolist()[:4]}..., Protenix's fixed values are "
+                f"{value.tolist()[:4]}... (featurecache computes these)"
+            )
     converted, wrong = {}, []
     dtype = state["linear_no_bias_sinit.weight"].dtype
     for name, source in mapping.items():
@@ -229,25 +271,36 @@ def protenix_differences(config: ModelConfig) -> list[str]:
     """Why Protenix's model cannot compute what `config`'s does: the weight-meaning settings that
     are not Protenix's, the sizes Protenix fixes otherwise."""
     settings = config.settings()  # by name, whatever part each lives in
-    differ = [f"{name} {settings[name]!r} (Protenix: {value!r})" for name, value in PROTENIX_SETTINGS.items()
-              if name in WEIGHT_MEANING_SETTINGS and settings[name] != value]
-    differ += [f"{name} {settings[name]!r} (Protenix fixes {value!r})" for name, value in PROTENIX_FIXED_SIZES.items()
-               if settings[name] != value]
+    differ = [
+        f"{name} {settings[name]!r} (Protenix: {value!r})"
+        for name, value in PROTENIX_SETTINGS.items()
+        if name in WEIGHT_MEANING_SETTINGS and settings[name] != value
+    ]
+    differ += [
+        f"{name} {settings[name]!r} (Protenix fixes {value!r})"
+        for name, value in PROTENIX_FIXED_SIZES.items()
+        if settings[name] != value
+    ]
     input_atom_blocks = settings["input_atom_blocks"]
     if input_atom_blocks is None:
         input_atom_blocks = settings["atom_blocks"]
     if input_atom_blocks != PROTENIX_INPUT_ATOM_BLOCKS:
-        differ.append(f"{input_atom_blocks} atom blocks in the input embedder (Protenix's has "
-                      f"{PROTENIX_INPUT_ATOM_BLOCKS})")
+        differ.append(
+            f"{input_atom_blocks} atom blocks in the input embedder (Protenix's has {PROTENIX_INPUT_ATOM_BLOCKS})"
+        )
     if not settings["confidence_head"]:
         differ.append("confidence_head False (Protenix always has one)")
-    stacks = (("triangle_mult_hidden", "pair_heads", settings["c_z"]),
-              ("template_triangle_mult_hidden", "template_pair_heads", settings["c_template"]))
+    stacks = (
+        ("triangle_mult_hidden", "pair_heads", settings["c_z"]),
+        ("template_triangle_mult_hidden", "template_pair_heads", settings["c_template"]),
+    )
     for hidden_name, heads_name, width in stacks:
         hidden, heads = settings[hidden_name], settings[heads_name]
         if (hidden, heads) not in ((128, 4), (width, width // 32)):
-            differ.append(f"{hidden_name} {hidden!r} with {heads_name} {heads} (Protenix: 128 and 4, or "
-                          f"{width} and {width // 32} with its hidden_scale_up)")
+            differ.append(
+                f"{hidden_name} {hidden!r} with {heads_name} {heads} (Protenix: 128 and 4, or "
+                f"{width} and {width // 32} with its hidden_scale_up)"
+            )
     return differ
 
 
@@ -261,14 +314,16 @@ def featurecache_to_protenix(config: ModelConfig, state: dict[str, torch.Tensor]
     mapping, expected = _checked_map(config)
     unknown, missing = set(state) - set(mapping), set(mapping) - set(state)
     if unknown or missing:
-        problems = ([_names(unknown, "unknown key(s)")] if unknown else []) + \
-                   ([_names(missing, "missing key(s)")] if missing else [])
+        problems = ([_names(unknown, "unknown key(s)")] if unknown else []) + (
+            [_names(missing, "missing key(s)")] if missing else []
+        )
         raise ConversionError(f"its weights are not those of its model config: {'; '.join(problems)}")
     converted = {}
     for name, source in mapping.items():
         if state[name].shape != expected[name][0]:
-            raise ConversionError(f"{name} is {tuple(state[name].shape)}, its model config's "
-                                  f"{tuple(expected[name][0])}")
+            raise ConversionError(
+                f"{name} is {tuple(state[name].shape)}, its model config's {tuple(expected[name][0])}"
+            )
         try:
             converted.update(source.to_protenix(state[name], name))
         except NameMapError as error:
@@ -302,14 +357,16 @@ def read_protenix_checkpoint(path: pathlib.Path) -> dict[str, torch.Tensor]:
     reads it; the DDP prefix stripped)."""
     state = _load(path, "Protenix checkpoint", weights_only=True)
     if "model_config" in state:
-        raise ConversionError(f"{path}: a featurecache checkpoint (it has a model_config), not a Protenix one: "
-                              "convert it with --to protenix")
+        raise ConversionError(
+            f"{path}: a featurecache checkpoint (it has a model_config), not a Protenix one: "
+            "convert it with --to protenix"
+        )
     weights = state.get("model")
     if not isinstance(weights, dict) or not weights:
         found = ", ".join(sorted(map(str, state))[:NAMES_SHOWN]) or "nothing"
-        raise ConversionError(f"{path}: not a Protenix checkpoint: no \"model\" state dict (it holds {found})")
+        raise ConversionError(f'{path}: not a Protenix checkpoint: no "model" state dict (it holds {found})')
     if not all(isinstance(value, torch.Tensor) for value in weights.values()):
-        raise ConversionError(f"{path}: its \"model\" entry holds values that are not tensors")
+        raise ConversionError(f'{path}: its "model" entry holds values that are not tensors')
     return strip_ddp_prefix(weights)
 
 
@@ -319,9 +376,12 @@ def read_featurecache_checkpoint(path: pathlib.Path) -> tuple[ModelConfig, dict[
     state = _load(path, "featurecache checkpoint", weights_only=False)
     if not isinstance(state.get("model"), dict) or not isinstance(state.get("model_config"), dict):
         hint = " (a Protenix checkpoint? convert it with --to featurecache)" if "model" in state else ""
-        raise ConversionError(f"{path}: not a featurecache checkpoint: no \"model\" and \"model_config\"{hint}")
-    settings = {name: value for name, value in saved_model_settings(state["model_config"]).items()
-                if name not in RUNTIME_SETTINGS}
+        raise ConversionError(f'{path}: not a featurecache checkpoint: no "model" and "model_config"{hint}')
+    settings = {
+        name: value
+        for name, value in saved_model_settings(state["model_config"]).items()
+        if name not in RUNTIME_SETTINGS
+    }
     try:
         config = ModelConfig.from_settings(settings)
     except (TypeError, ValueError) as error:
@@ -329,11 +389,15 @@ def read_featurecache_checkpoint(path: pathlib.Path) -> tuple[ModelConfig, dict[
     return config, {**state["model"], **state.get("ema", {})}
 
 
-def write_featurecache_checkpoint(path: pathlib.Path, config: ModelConfig, weights: dict[str, torch.Tensor],
-                                  source: pathlib.Path) -> None:
+def write_featurecache_checkpoint(
+    path: pathlib.Path, config: ModelConfig, weights: dict[str, torch.Tensor], source: pathlib.Path
+) -> None:
     """A featurecache checkpoint `predict` loads and `train --init-from` starts from."""
-    state = {"model": weights, "model_config": dataclasses.asdict(config),
-             "converted_from": {"format": "protenix", "file": source.name}}
+    state = {
+        "model": weights,
+        "model_config": dataclasses.asdict(config),
+        "converted_from": {"format": "protenix", "file": source.name},
+    }
     write_atomic(path, lambda handle: torch.save(state, handle), binary=True)
 
 

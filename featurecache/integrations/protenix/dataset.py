@@ -40,15 +40,23 @@ class ProtenixDataset(torch.utils.data.Dataset):
     `is_distillation` marks every example as Protenix marks distillation data (resolution -1).
     """
 
-    def __init__(self, cache_dir: str | pathlib.Path, sample: SampleConfig | None = None, *,
-                 is_distillation: bool = False, **cache_settings):
+    def __init__(
+        self,
+        cache_dir: str | pathlib.Path,
+        sample: SampleConfig | None = None,
+        *,
+        is_distillation: bool = False,
+        **cache_settings,
+    ):
         if sample is None:
             cache_settings.setdefault("msa_cycle_draws", 1)
         self.cache = CacheDataset(cache_dir, sample, **cache_settings)
         max_templates = self.cache.sample.max_templates
         if max_templates is None or max_templates > TEMPLATE_ROWS:
-            raise ValueError(f"ProtenixDataset: max_templates={max_templates}, Protenix's template features hold "
-                             f"{TEMPLATE_ROWS} rows: give max_templates between 0 and {TEMPLATE_ROWS}")
+            raise ValueError(
+                f"ProtenixDataset: max_templates={max_templates}, Protenix's template features hold "
+                f"{TEMPLATE_ROWS} rows: give max_templates between 0 and {TEMPLATE_ROWS}"
+            )
         self.is_distillation = is_distillation
 
     def __len__(self) -> int:
@@ -71,10 +79,11 @@ class ProtenixDataset(torch.utils.data.Dataset):
     def __getitem__(self, item) -> dict:
         sample = self.cache[item]
         if not sample["atom_mask"].any():  # Protenix's losses align to the ground truth: NaN without one
-            raise ValueError(f"{sample['id']}: no resolved atom in this sample (a sequence-only input?); "
-                             "Protenix's training losses need ground-truth coordinates: leave it out (ids=...)")
+            raise ValueError(
+                f"{sample['id']}: no resolved atom in this sample (a sequence-only input?); "
+                "Protenix's training losses need ground-truth coordinates: leave it out (ids=...)"
+            )
         # the whole record again (one LMDB read): Protenix's full-complex labels cover the chains
         # the crop left out, and its molecule ids are numbered over the whole target
         record, meta = self.cache.load_arrays(sample["id"])
-        return protenix_example(sample, record, chain_ids=meta.get("chain_ids"),
-                                is_distillation=self.is_distillation)
+        return protenix_example(sample, record, chain_ids=meta.get("chain_ids"), is_distillation=self.is_distillation)

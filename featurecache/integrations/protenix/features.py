@@ -32,8 +32,9 @@ try:  # Protenix's own tables, so atom slots and residue classes are exactly its
         RESTYPE_RIGIDGROUP_DENSE_ATOM_IDX,
     )
 except ImportError as error:  # pragma: no cover - the module is for Protenix users
-    raise ImportError(f"featurecache.integrations.protenix needs Protenix ({error}): "
-                      "pip install protenix==2.0.0") from error
+    raise ImportError(
+        f"featurecache.integrations.protenix needs Protenix ({error}): pip install protenix==2.0.0"
+    ) from error
 
 TEMPLATE_ROWS = 4  # Protenix's TemplateFeatureAssemblyLine(max_templates=4): every example has 4 rows
 NUM_ELEMENTS = 128  # ref_element one-hot: atomic numbers 1..128 (AF3 SI Table 5)
@@ -44,8 +45,14 @@ _UNIT_VECTOR_EPSILON = 1e-6  # Protenix's compute_template_unit_vector
 _PROTEIN_CLASSES = UNK_PROTEIN + 1  # residue classes 0..20 are amino acids (UNK included)
 
 
-def protenix_example(sample: Mapping, record: Mapping[str, np.ndarray], *, chain_ids: list[str] | None = None,
-                     template_rows: int = TEMPLATE_ROWS, is_distillation: bool = False) -> dict:
+def protenix_example(
+    sample: Mapping,
+    record: Mapping[str, np.ndarray],
+    *,
+    chain_ids: list[str] | None = None,
+    template_rows: int = TEMPLATE_ROWS,
+    is_distillation: bool = False,
+) -> dict:
     """Protenix's {"input_feature_dict", "label_dict", "label_full_dict", "basic"} for `sample`
     (a cropped sample of featurecache's loader) cut from `record` (its target's whole feature
     record); `chain_ids` (the record's metadata, asym_id order) name the chains in "basic"."""
@@ -54,8 +61,13 @@ def protenix_example(sample: Mapping, record: Mapping[str, np.ndarray], *, chain
     molecules = molecule_ids(record)
     spatial = "spatial" in str(cut.get("crop_mode", ""))  # Protenix: "spatial" in crop_method.lower()
 
-    features = {**token_features(cut), **atom_features(cut), **representative_atom_masks(cut),
-                **msa_features(cut), **template_features(cut, template_rows)}
+    features = {
+        **token_features(cut),
+        **atom_features(cut),
+        **representative_atom_masks(cut),
+        **msa_features(cut),
+        **template_features(cut, template_rows),
+    }
     for name, values in molecules.items():
         features[name] = torch.from_numpy(values[atoms])
     features["token_bonds"] = dense_token_bonds(cut["token_bonds"], len(cut["restype"]))
@@ -65,11 +77,16 @@ def protenix_example(sample: Mapping, record: Mapping[str, np.ndarray], *, chain
     features["is_distillation"] = torch.tensor([is_distillation])
     features["atom_perm_list"] = atom_permutation_list(cut)
 
-    labels = {"coordinate": torch.from_numpy(np.asarray(cut["atom_pos"], np.float32)),
-              "coordinate_mask": torch.from_numpy(cut["atom_mask"].astype(np.int64))}
-    return {"input_feature_dict": features, "label_dict": labels,
-            "label_full_dict": full_labels(record, molecules, atoms, spatial),
-            "basic": basic_info(cut, features, chain_ids)}
+    labels = {
+        "coordinate": torch.from_numpy(np.asarray(cut["atom_pos"], np.float32)),
+        "coordinate_mask": torch.from_numpy(cut["atom_mask"].astype(np.int64)),
+    }
+    return {
+        "input_feature_dict": features,
+        "label_dict": labels,
+        "label_full_dict": full_labels(record, molecules, atoms, spatial),
+        "basic": basic_info(cut, features, chain_ids),
+    }
 
 
 # --- where the crop sits in the record --------------------------------------------------------
@@ -86,10 +103,13 @@ def record_atoms(sample: Mapping[str, np.ndarray], record: Mapping[str, np.ndarr
     atoms = np.flatnonzero(atom_token_position >= 0)
     atoms = atoms[np.argsort(atom_token_position[atoms], kind="stable")]
     if len(atoms) != len(sample["atom_to_token"]) or not (
-            np.array_equal(record["ref_element"][atoms], sample["ref_element"])
-            and np.array_equal(record["atom_mask"][atoms], sample["atom_mask"])):
-        raise ValueError(f"sample {sample.get('id')!r} does not match the record given with it "
-                         f"({len(sample['atom_to_token'])} atoms, the record's tokens hold {len(atoms)})")
+        np.array_equal(record["ref_element"][atoms], sample["ref_element"])
+        and np.array_equal(record["atom_mask"][atoms], sample["atom_mask"])
+    ):
+        raise ValueError(
+            f"sample {sample.get('id')!r} does not match the record given with it "
+            f"({len(sample['atom_to_token'])} atoms, the record's tokens hold {len(atoms)})"
+        )
     return atoms
 
 
@@ -155,8 +175,13 @@ def atom_in_token_slots(sample: Mapping[str, np.ndarray]) -> np.ndarray:
     single = one_atom_tokens(atom_to_token, len(sample["restype"]))[atom_to_token]
     names = atom_names(sample["ref_atom_name_chars"])
     residues = np.array(RESTYPES)[sample["restype"].astype(np.int64)[atom_to_token]]
-    return np.array([0 if alone else RES_ATOMS_DICT.get(residue, {}).get(name, 0)
-                     for alone, residue, name in zip(single, residues, names)], np.int64)
+    return np.array(
+        [
+            0 if alone else RES_ATOMS_DICT.get(residue, {}).get(name, 0)
+            for alone, residue, name in zip(single, residues, names)
+        ],
+        np.int64,
+    )
 
 
 def centre_atom_mask(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -172,8 +197,10 @@ def centre_atom_mask(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
     found = np.bincount(atom_to_token[mask], minlength=num_tokens)
     if np.any(found != 1):
         token = int(np.flatnonzero(found != 1)[0])
-        raise ValueError(f"token {token} ({RESTYPES[int(arrays['restype'][token])]}) has {found[token]} centre "
-                         "atoms (CA / C1'), expected one")
+        raise ValueError(
+            f"token {token} ({RESTYPES[int(arrays['restype'][token])]}) has {found[token]} centre "
+            "atoms (CA / C1'), expected one"
+        )
     return mask
 
 
@@ -244,8 +271,10 @@ def molecule_ids(record: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     atom_to_token = record["atom_to_token"].astype(np.int64)
     asym = record["asym_id"].astype(np.int64)
     chains = np.unique(asym)
-    polymer = {int(chain): bool(np.any((record["is_protein"] | record["is_rna"] | record["is_dna"])[asym == chain]))
-               for chain in chains}
+    polymer = {
+        int(chain): bool(np.any((record["is_protein"] | record["is_rna"] | record["is_dna"])[asym == chain]))
+        for chain in chains
+    }
     root = {int(chain): int(chain) for chain in chains}
 
     def find(chain: int) -> int:
@@ -290,8 +319,9 @@ def molecule_ids(record: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"mol_id": mol_id, "entity_mol_id": entity_mol_id, "mol_atom_index": mol_atom_index}
 
 
-def full_labels(record: Mapping[str, np.ndarray], molecules: Mapping[str, np.ndarray], atoms: np.ndarray,
-                spatial: bool) -> dict[str, torch.Tensor]:
+def full_labels(
+    record: Mapping[str, np.ndarray], molecules: Mapping[str, np.ndarray], atoms: np.ndarray, spatial: bool
+) -> dict[str, torch.Tensor]:
     """Protenix's label_full_dict (Featurizer.get_gt_full_complex_features): the record's atoms
     that are, in some copy of a molecule, an atom of the crop (same entity_mol_id and
     mol_atom_index), for a spatial crop only in the molecules the crop touches."""
@@ -355,8 +385,10 @@ def template_features(sample: Mapping[str, np.ndarray], rows: int = TEMPLATE_ROW
     restype = sample["template_restype"].astype(np.int64)
     drawn, num_tokens = restype.shape
     if drawn > rows:
-        raise ValueError(f"sample {sample.get('id')!r} has {drawn} template rows, Protenix's template features "
-                         f"hold {rows}: draw at most {rows} templates per chain (max_templates)")
+        raise ValueError(
+            f"sample {sample.get('id')!r} has {drawn} template rows, Protenix's template features "
+            f"hold {rows}: draw at most {rows} templates per chain (max_templates)"
+        )
     aatype = np.full((rows, num_tokens), GAP, np.int64)
     aatype[:drawn] = restype
     positions = np.zeros((rows, num_tokens, DENSE_ATOMS, 3), np.float32)
@@ -409,14 +441,18 @@ def template_distogram(positions: np.ndarray) -> np.ndarray:
     return ((squared > lower) & (squared < upper)).astype(np.float32)
 
 
-def template_unit_vectors(aatype: np.ndarray, positions: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def template_unit_vectors(
+    aatype: np.ndarray, positions: np.ndarray, present: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Protenix's TemplateFeatures.compute_template_unit_vector: the direction from each
     residue's CA to every other CA in its backbone frame (CA origin, C - CA the first axis),
     and the 2-D mask of residues with N, CA and C present."""
     c_slot, ca_slot, n_slot = RESTYPE_RIGIDGROUP_DENSE_ATOM_IDX[aatype, 0].T
     residues = np.arange(len(aatype))
     c, ca, n = (positions[residues, slot] for slot in (c_slot, ca_slot, n_slot))
-    frame_present = (present[residues, c_slot] & present[residues, ca_slot] & present[residues, n_slot]).astype(np.float32)
+    frame_present = (present[residues, c_slot] & present[residues, ca_slot] & present[residues, n_slot]).astype(
+        np.float32
+    )
     first = c - ca
     first = first / (np.sqrt(np.einsum("ij,ij->i", first, first))[:, None] + _UNIT_VECTOR_EPSILON)
     second = n - ca
@@ -431,8 +467,9 @@ def template_unit_vectors(aatype: np.ndarray, positions: np.ndarray, present: np
 # --- what Protenix logs ------------------------------------------------------------------------------
 
 
-def basic_info(sample: Mapping[str, np.ndarray], features: Mapping[str, torch.Tensor],
-               chain_ids: list[str] | None) -> dict:
+def basic_info(
+    sample: Mapping[str, np.ndarray], features: Mapping[str, torch.Tensor], chain_ids: list[str] | None
+) -> dict:
     """Protenix's "basic" dict: the example's sizes and chain ids (its trainer logs them)."""
     asym = np.unique(sample["asym_id"])
     basic = {

@@ -60,12 +60,14 @@ class Source:
         return tuple(part.name for part in self.parts if part.name is not None)
 
     def prefixed(self, protenix_prefix: str) -> Source:
-        parts = tuple(Part(None if part.name is None else protenix_prefix + part.name, part.size)
-                      for part in self.parts)
+        parts = tuple(
+            Part(None if part.name is None else protenix_prefix + part.name, part.size) for part in self.parts
+        )
         return dataclasses.replace(self, parts=parts)
 
-    def to_featurecache(self, tensors: list[torch.Tensor], shape: torch.Size,
-                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def to_featurecache(
+        self, tensors: list[torch.Tensor], shape: torch.Size, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
         """The featurecache tensor of `shape` from the Protenix `tensors` (in `names` order)."""
         given = iter(tensors)
         pieces = []
@@ -75,8 +77,11 @@ class Source:
                 continue
             size = shape[self.dim] if part.size is None else part.size
             like = pieces[0] if pieces else None
-            pieces.append(torch.zeros((*shape[:self.dim], size, *shape[self.dim + 1:]),
-                                      dtype=like.dtype if like is not None else dtype))
+            pieces.append(
+                torch.zeros(
+                    (*shape[: self.dim], size, *shape[self.dim + 1 :]), dtype=like.dtype if like is not None else dtype
+                )
+            )
         value = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=self.dim)
         if self.order is not None:
             value = value.index_select(self.dim, torch.tensor(self.order))
@@ -91,15 +96,19 @@ class Source:
             value = value.index_select(self.dim, torch.argsort(torch.tensor(self.order)))
         sizes = [value.shape[self.dim] if part.size is None else part.size for part in self.parts]
         if sum(sizes) != value.shape[self.dim]:
-            raise NameMapError(f"{featurecache_name} {tuple(value.shape)}: dimension {self.dim} is not "
-                               f"{' + '.join(map(str, sizes))} as the map's Protenix tensors {self.names}")
+            raise NameMapError(
+                f"{featurecache_name} {tuple(value.shape)}: dimension {self.dim} is not "
+                f"{' + '.join(map(str, sizes))} as the map's Protenix tensors {self.names}"
+            )
         tensors = {}
         for part, piece in zip(self.parts, value.split(sizes, dim=self.dim), strict=True):
             if part.name is not None:
                 tensors[part.name] = piece.clone(memory_format=torch.contiguous_format)
             elif piece.any():
-                raise NameMapError(f"{featurecache_name} is not zero where Protenix's model has no parameter "
-                                   f"({self.why or 'a featurecache-only part'}): Protenix cannot hold these weights")
+                raise NameMapError(
+                    f"{featurecache_name} is not zero where Protenix's model has no parameter "
+                    f"({self.why or 'a featurecache-only part'}): Protenix cannot hold these weights"
+                )
         return tensors
 
 
@@ -153,10 +162,14 @@ def blocks(count: int, featurecache_prefix: str, protenix_prefix: str, block: Ma
 def triangle_multiplication_map() -> Mapping:
     """TriangleMultiplication <- TriangleMultiplication{Outgoing,Incoming}: LayerNorms named norm_*."""
     return {
-        "norm_in.weight": same("layer_norm_in.weight"), "norm_in.bias": same("layer_norm_in.bias"),
-        "norm_out.weight": same("layer_norm_out.weight"), "norm_out.bias": same("layer_norm_out.bias"),
-        **{f"{name}.weight": same(f"{name}.weight")
-           for name in ("linear_a_p", "linear_a_g", "linear_b_p", "linear_b_g", "linear_g", "linear_z")},
+        "norm_in.weight": same("layer_norm_in.weight"),
+        "norm_in.bias": same("layer_norm_in.bias"),
+        "norm_out.weight": same("layer_norm_out.weight"),
+        "norm_out.bias": same("layer_norm_out.bias"),
+        **{
+            f"{name}.weight": same(f"{name}.weight")
+            for name in ("linear_a_p", "linear_a_g", "linear_b_p", "linear_b_g", "linear_g", "linear_z")
+        },
     }
 
 
@@ -166,10 +179,15 @@ def triangle_attention_map(heads: int, head_dim: int) -> Mapping:
     featurecache's output projection has a bias Protenix's lacks (zero)."""
     inner = heads * head_dim
     return {
-        "proj.norm.weight": same("layer_norm.weight"), "proj.norm.bias": same("layer_norm.bias"),
-        "proj.linear.weight": stacked(("mha.linear_q.weight", inner), ("mha.linear_k.weight", inner),
-                                      ("mha.linear_v.weight", inner), ("mha.linear_g.weight", inner),
-                                      ("linear.weight", heads)),
+        "proj.norm.weight": same("layer_norm.weight"),
+        "proj.norm.bias": same("layer_norm.bias"),
+        "proj.linear.weight": stacked(
+            ("mha.linear_q.weight", inner),
+            ("mha.linear_k.weight", inner),
+            ("mha.linear_v.weight", inner),
+            ("mha.linear_g.weight", inner),
+            ("linear.weight", heads),
+        ),
         "linear_out.weight": same("mha.linear_o.weight"),
         "linear_out.bias": zeros("the triangle attention's output bias (Protenix's linear_o has none)"),
     }
@@ -178,8 +196,10 @@ def triangle_attention_map(heads: int, head_dim: int) -> Mapping:
 def transition_map() -> Mapping:
     """featurecache.kernels.transition.Transition <- primitives.Transition (SwiGLU)."""
     return {
-        "norm.weight": same("layernorm1.weight"), "norm.bias": same("layernorm1.bias"),
-        "linear_a.weight": same("linear_no_bias_a.weight"), "linear_b.weight": same("linear_no_bias_b.weight"),
+        "norm.weight": same("layernorm1.weight"),
+        "norm.bias": same("layernorm1.bias"),
+        "linear_a.weight": same("linear_no_bias_a.weight"),
+        "linear_b.weight": same("linear_no_bias_b.weight"),
         "linear_out.weight": same("linear_no_bias.weight"),
     }
 
@@ -200,11 +220,14 @@ def attention_pair_bias_map(heads: int, head_dim: int) -> Mapping:
     in one matrix with q's bias first (k, v and the gate have none: zeros)."""
     inner = heads * head_dim
     return {
-        "proj.norm.weight": same("layernorm_a.weight"), "proj.norm.bias": same("layernorm_a.bias"),
+        "proj.norm.weight": same("layernorm_a.weight"),
+        "proj.norm.bias": same("layernorm_a.bias"),
         "proj.linear.weight": stacked(*((f"attention.linear_{name}.weight", inner) for name in "qkvg")),
-        "proj.linear.bias": stacked(("attention.linear_q.bias", inner), (None, 3 * inner),
-                                    why="the key, value and gate biases (Protenix: none)"),
-        "pair_bias.norm.weight": same("layernorm_z.weight"), "pair_bias.norm.bias": same("layernorm_z.bias"),
+        "proj.linear.bias": stacked(
+            ("attention.linear_q.bias", inner), (None, 3 * inner), why="the key, value and gate biases (Protenix: none)"
+        ),
+        "pair_bias.norm.weight": same("layernorm_z.weight"),
+        "pair_bias.norm.bias": same("layernorm_z.bias"),
         "pair_bias.linear.weight": same("linear_nobias_z.weight"),
         "linear_out.weight": same("attention.linear_o.weight"),
     }
@@ -214,8 +237,11 @@ def pairformer_block_map(config: ModelConfig) -> Mapping:
     """model.pairformer.PairformerBlock <- PairformerBlock (the trunk's and the confidence head's)."""
     return {
         **under("pair.", "", pair_stack_map(config.trunk.pair_heads, config.trunk.pair_head_dim)),
-        **under("attention.", "attention_pair_bias.",
-                attention_pair_bias_map(config.trunk.single_heads, config.trunk.single_head_dim)),
+        **under(
+            "attention.",
+            "attention_pair_bias.",
+            attention_pair_bias_map(config.trunk.single_heads, config.trunk.single_head_dim),
+        ),
         **under("transition.", "single_transition.", transition_map()),
     }
 
@@ -229,10 +255,12 @@ def outer_product_mean_map(config: ModelConfig) -> Mapping:
     outer_product_bias_divided featurecache divides it by the row count as Protenix does."""
     hidden = config.msa.outer_product_dim
     return {
-        "proj.norm.weight": same("layer_norm.weight"), "proj.norm.bias": same("layer_norm.bias"),
+        "proj.norm.weight": same("layer_norm.weight"),
+        "proj.norm.bias": same("layer_norm.bias"),
         "proj.linear.weight": stacked(("linear_1.weight", hidden), ("linear_2.weight", hidden)),
         "proj.linear.bias": zeros("the a, b projections' bias (Protenix and AF3: LinearNoBias)"),
-        "linear_out.weight": same("linear_out.weight"), "linear_out.bias": same("linear_out.bias"),
+        "linear_out.weight": same("linear_out.weight"),
+        "linear_out.bias": same("linear_out.bias"),
     }
 
 
@@ -240,9 +268,11 @@ def pair_weighted_averaging_map(config: ModelConfig) -> Mapping:
     """model.layers.PairWeightedAveraging <- MSAPairWeightedAveraging: values and gate packed."""
     inner = config.msa.msa_heads * config.msa.msa_head_dim
     return {
-        "proj.norm.weight": same("layernorm_m.weight"), "proj.norm.bias": same("layernorm_m.bias"),
+        "proj.norm.weight": same("layernorm_m.weight"),
+        "proj.norm.bias": same("layernorm_m.bias"),
         "proj.linear.weight": stacked(("linear_no_bias_mv.weight", inner), ("linear_no_bias_mg.weight", inner)),
-        "pair_bias.norm.weight": same("layernorm_z.weight"), "pair_bias.norm.bias": same("layernorm_z.bias"),
+        "pair_bias.norm.weight": same("layernorm_z.weight"),
+        "pair_bias.norm.bias": same("layernorm_z.bias"),
         "pair_bias.linear.weight": same("linear_no_bias_z.weight"),
         "linear_out.weight": same("linear_no_bias_out.weight"),
     }
@@ -255,15 +285,23 @@ def msa_block_map(config: ModelConfig, last: bool) -> Mapping:
         **under("pair.", "pair_stack.", pair_stack_map(config.trunk.pair_heads, config.trunk.pair_head_dim)),
     }
     if not last:
-        mapping.update(under("pair_weighted_averaging.", "msa_stack.msa_pair_weighted_averaging.",
-                             pair_weighted_averaging_map(config)))
+        mapping.update(
+            under(
+                "pair_weighted_averaging.",
+                "msa_stack.msa_pair_weighted_averaging.",
+                pair_weighted_averaging_map(config),
+            )
+        )
         mapping.update(under("msa_transition.", "msa_stack.transition_m.", transition_map()))
     return mapping
 
 
 def msa_module_map(config: ModelConfig) -> Mapping:
     """model.msa.MSAModule <- MSAModule: the same MSA features [class 32 | has_deletion | value]."""
-    mapping = {"from_msa.weight": same("linear_no_bias_m.weight"), "from_single.weight": same("linear_no_bias_s.weight")}
+    mapping = {
+        "from_msa.weight": same("linear_no_bias_m.weight"),
+        "from_single.weight": same("linear_no_bias_s.weight"),
+    }
     for index in range(config.msa.msa_blocks):
         last = index == config.msa.msa_blocks - 1
         mapping.update(under(f"blocks.{index}.", f"blocks.{index}.", msa_block_map(config, last)))
@@ -281,20 +319,29 @@ def template_feature_columns(num_restypes: int = NUM_RESTYPES) -> list[int]:
     d = TEMPLATE_DISTOGRAM_EDGES[2] + 1
     restype_j, restype_i = d + 1, d + 1 + num_restypes
     unit, backbone = d + 1 + 2 * num_restypes, d + 4 + 2 * num_restypes
-    return ([*range(d), d, unit, unit + 1, unit + 2, backbone]
-            + list(range(restype_i, restype_i + num_restypes)) + list(range(restype_j, restype_j + num_restypes)))
+    return (
+        [*range(d), d, unit, unit + 1, unit + 2, backbone]
+        + list(range(restype_i, restype_i + num_restypes))
+        + list(range(restype_j, restype_j + num_restypes))
+    )
 
 
 def template_embedder_map(config: ModelConfig) -> Mapping:
     """model.embedders.TemplateEmbedder <- TemplateEmbedder (its Pairformer blocks with c_s = 0)."""
     return {
-        "pair_norm.weight": same("layernorm_z.weight"), "pair_norm.bias": same("layernorm_z.bias"),
+        "pair_norm.weight": same("layernorm_z.weight"),
+        "pair_norm.bias": same("layernorm_z.bias"),
         "from_pair.weight": same("linear_no_bias_z.weight"),
         "from_features.weight": reordered("linear_no_bias_a.weight", template_feature_columns()),
-        "out_norm.weight": same("layernorm_v.weight"), "out_norm.bias": same("layernorm_v.bias"),
+        "out_norm.weight": same("layernorm_v.weight"),
+        "out_norm.bias": same("layernorm_v.bias"),
         "linear_out.weight": same("linear_no_bias_u.weight"),
-        **blocks(config.templates.template_blocks, "blocks.", "pairformer_stack.blocks.",
-                 pair_stack_map(config.templates.template_pair_heads, config.templates.template_pair_head_dim)),
+        **blocks(
+            config.templates.template_blocks,
+            "blocks.",
+            "pairformer_stack.blocks.",
+            pair_stack_map(config.templates.template_pair_heads, config.templates.template_pair_head_dim),
+        ),
     }
 
 
@@ -303,8 +350,12 @@ def template_embedder_map(config: ModelConfig) -> Mapping:
 
 def adaptive_layernorm_map() -> Mapping:
     """model.transformer.AdaptiveLayerNorm <- primitives.AdaptiveLayerNorm."""
-    return {"norm_s.weight": same("layernorm_s.weight"), "scale.weight": same("linear_s.weight"),
-            "scale.bias": same("linear_s.bias"), "shift.weight": same("linear_nobias_s.weight")}
+    return {
+        "norm_s.weight": same("layernorm_s.weight"),
+        "scale.weight": same("linear_s.weight"),
+        "scale.bias": same("linear_s.bias"),
+        "shift.weight": same("linear_nobias_s.weight"),
+    }
 
 
 def conditioned_transformer_block_map(width: int, key_adaln: bool = False) -> Mapping:
@@ -314,13 +365,17 @@ def conditioned_transformer_block_map(width: int, key_adaln: bool = False) -> Ma
     `key_adaln`: featurecache's keys' own AdaLN from Protenix's `layernorm_kv` (its
     cross_attention_mode). The weights correspond one to one; the functions are the same only
     where featurecache nests it as Protenix does (atom_key_adaln_nested, docs/FIDELITY.md)."""
-    key_norm = (under("attention.key_adaln.", "attention_pair_bias.layernorm_kv.", adaptive_layernorm_map())
-                if key_adaln else {})
+    key_norm = (
+        under("attention.key_adaln.", "attention_pair_bias.layernorm_kv.", adaptive_layernorm_map())
+        if key_adaln
+        else {}
+    )
     return {
         **under("attention.adaln.", "attention_pair_bias.layernorm_a.", adaptive_layernorm_map()),
         **key_norm,
-        "attention.proj.weight": stacked(*((f"attention_pair_bias.attention.linear_{name}.weight", width)
-                                           for name in "qkvg")),
+        "attention.proj.weight": stacked(
+            *((f"attention_pair_bias.attention.linear_{name}.weight", width) for name in "qkvg")
+        ),
         "attention.query_bias": same("attention_pair_bias.attention.linear_q.bias"),
         "attention.pair_bias.norm.weight": same("attention_pair_bias.layernorm_z.weight"),
         "attention.pair_bias.norm.bias": zeros("the pair LayerNorm's offset (Protenix: create_offset=False)"),
@@ -360,8 +415,12 @@ def atom_attention_encoder_map(config: ModelConfig, with_trunk: bool, num_blocks
     """model.atom_attention.AtomAttentionEncoder <- AtomAttentionEncoder: featurecache's one
     reference-feature matrix is Protenix's ref_pos, ref_charge and [mask | element | name] matrices
     side by side, its element columns permuted (reference_feature_columns)."""
-    stacked_columns = stacked(("linear_no_bias_ref_pos.weight", 3), ("linear_no_bias_ref_charge.weight", 1),
-                              ("linear_no_bias_f.weight", 1 + NUM_ELEMENTS + NAME_CHARS * NAME_CHAR_CLASSES), dim=1)
+    stacked_columns = stacked(
+        ("linear_no_bias_ref_pos.weight", 3),
+        ("linear_no_bias_ref_charge.weight", 1),
+        ("linear_no_bias_f.weight", 1 + NUM_ELEMENTS + NAME_CHARS * NAME_CHAR_CLASSES),
+        dim=1,
+    )
     mapping = {
         "from_reference.weight": dataclasses.replace(stacked_columns, order=tuple(reference_feature_columns())),
         "pair_from_offset.weight": same("linear_no_bias_d.weight"),
@@ -370,17 +429,25 @@ def atom_attention_encoder_map(config: ModelConfig, with_trunk: bool, num_blocks
         "pair_from_query.weight": same("linear_no_bias_cl.weight"),
         "pair_from_key.weight": same("linear_no_bias_cm.weight"),
         **{f"pair_mlp.{index}.weight": same(f"small_mlp.{index}.weight") for index in (1, 3, 5)},
-        **under("atom_transformer.transformer.", "atom_transformer.diffusion_transformer.",
-                conditioned_transformer_map(config.atom_attention.atom_blocks if num_blocks is None else num_blocks,
-                                            config.atom_attention.c_atom, config.atom_attention.atom_key_adaln)),
+        **under(
+            "atom_transformer.transformer.",
+            "atom_transformer.diffusion_transformer.",
+            conditioned_transformer_map(
+                config.atom_attention.atom_blocks if num_blocks is None else num_blocks,
+                config.atom_attention.c_atom,
+                config.atom_attention.atom_key_adaln,
+            ),
+        ),
         "to_token.weight": same("linear_no_bias_q.weight"),
     }
     if with_trunk:
-        mapping.update({
-            **layernorm_linear_map("from_trunk_single.", "layernorm_s", "linear_no_bias_s"),
-            **layernorm_linear_map("from_trunk_pair.", "layernorm_z", "linear_no_bias_z"),
-            "from_positions.weight": same("linear_no_bias_r.weight"),
-        })
+        mapping.update(
+            {
+                **layernorm_linear_map("from_trunk_single.", "layernorm_s", "linear_no_bias_s"),
+                **layernorm_linear_map("from_trunk_pair.", "layernorm_z", "linear_no_bias_z"),
+                "from_positions.weight": same("linear_no_bias_r.weight"),
+            }
+        )
     return mapping
 
 
@@ -388,9 +455,13 @@ def atom_attention_decoder_map(config: ModelConfig) -> Mapping:
     """model.atom_attention.AtomAttentionDecoder <- AtomAttentionDecoder."""
     return {
         "from_token.weight": same("linear_no_bias_a.weight"),
-        **under("atom_transformer.transformer.", "atom_transformer.diffusion_transformer.",
-                conditioned_transformer_map(config.atom_attention.atom_blocks, config.atom_attention.c_atom,
-                                            config.atom_attention.atom_key_adaln)),
+        **under(
+            "atom_transformer.transformer.",
+            "atom_transformer.diffusion_transformer.",
+            conditioned_transformer_map(
+                config.atom_attention.atom_blocks, config.atom_attention.c_atom, config.atom_attention.atom_key_adaln
+            ),
+        ),
         **layernorm_linear_map("to_positions.", "layernorm_q", "linear_no_bias_out"),
     }
 
@@ -414,8 +485,10 @@ def relative_position_map(config: ModelConfig) -> Mapping:
     the chain offset on the entity, as AF3's code (relpos_chain_gate "entity"); the supplement's
     "chain" gate is another function, which no weight map makes equal."""
     if config.trunk.relpos_chain_gate != "entity":
-        raise NameMapError(f"relpos_chain_gate {config.trunk.relpos_chain_gate!r}: Protenix gates the relative chain "
-                           "encoding on the entity; only 'entity' maps")
+        raise NameMapError(
+            f"relpos_chain_gate {config.trunk.relpos_chain_gate!r}: Protenix gates the relative chain "
+            "encoding on the entity; only 'entity' maps"
+        )
     return {"linear.weight": same("linear_no_bias.weight")}
 
 
@@ -426,7 +499,8 @@ def diffusion_module_map(config: ModelConfig) -> Mapping:
         **layernorm_linear_map("pair_in.", "layernorm_z", "linear_no_bias_z"),
         **layernorm_linear_map("single_in.", "layernorm_s", "linear_no_bias_s"),
         **layernorm_linear_map("noise_in.", "layernorm_n", "linear_no_bias_n"),
-        "fourier.weight": same("fourier_embedding.w"), "fourier.bias": same("fourier_embedding.b"),
+        "fourier.weight": same("fourier_embedding.w"),
+        "fourier.bias": same("fourier_embedding.b"),
     }
     for index in range(2):
         conditioning.update(under(f"pair_transitions.{index}.", f"transition_z{index + 1}.", transition_map()))
@@ -435,8 +509,11 @@ def diffusion_module_map(config: ModelConfig) -> Mapping:
         **under("conditioning.", "diffusion_conditioning.", conditioning),
         **under("atom_encoder.", "atom_attention_encoder.", atom_attention_encoder_map(config, with_trunk=True)),
         **layernorm_linear_map("single_to_token.", "layernorm_s", "linear_no_bias_s"),
-        **under("transformer.", "diffusion_transformer.",
-                conditioned_transformer_map(config.diffusion.diffusion_blocks, config.diffusion.c_token_diffusion)),
+        **under(
+            "transformer.",
+            "diffusion_transformer.",
+            conditioned_transformer_map(config.diffusion.diffusion_blocks, config.diffusion.c_token_diffusion),
+        ),
         "token_norm.weight": same("layernorm_a.weight"),
         "token_norm.bias": zeros("the token LayerNorm's offset (Protenix: none)"),
         **under("atom_decoder.", "atom_attention_decoder.", atom_attention_decoder_map(config)),
@@ -457,19 +534,29 @@ def confidence_head_map(config: ModelConfig) -> Mapping:
         "left_inputs.weight": same("linear_no_bias_s2.weight"),
         "right_inputs.weight": same("linear_no_bias_s1.weight"),
         "distance.weight": same("linear_no_bias_d.weight"),
-        **blocks(config.confidence.confidence_blocks, "pairformer.blocks.", "pairformer_stack.blocks.",
-                 pairformer_block_map(config)),
-        "pae_norm.weight": same("pae_ln.weight"), "pae_norm.bias": same("pae_ln.bias"),
+        **blocks(
+            config.confidence.confidence_blocks,
+            "pairformer.blocks.",
+            "pairformer_stack.blocks.",
+            pairformer_block_map(config),
+        ),
+        "pae_norm.weight": same("pae_ln.weight"),
+        "pae_norm.bias": same("pae_ln.bias"),
         "pae.weight": same("linear_no_bias_pae.weight"),
-        "pde_norm.weight": same("pde_ln.weight"), "pde_norm.bias": same("pde_ln.bias"),
+        "pde_norm.weight": same("pde_ln.weight"),
+        "pde_norm.bias": same("pde_ln.bias"),
         "pde.weight": same("linear_no_bias_pde.weight"),
-        "plddt_norm.weight": same("plddt_ln.weight"), "plddt_norm.bias": same("plddt_ln.bias"),
-        "resolved_norm.weight": same("resolved_ln.weight"), "resolved_norm.bias": same("resolved_ln.bias"),
-        "plddt": same("plddt_weight"), "resolved": same("resolved_weight"),
+        "plddt_norm.weight": same("plddt_ln.weight"),
+        "plddt_norm.bias": same("plddt_ln.bias"),
+        "resolved_norm.weight": same("resolved_ln.weight"),
+        "resolved_norm.bias": same("resolved_ln.bias"),
+        "plddt": same("plddt_weight"),
+        "resolved": same("resolved_weight"),
     }
     if config.dialect.confidence_single_norm:
-        mapping.update({"single_norm.weight": same("input_strunk_ln.weight"),
-                        "single_norm.bias": same("input_strunk_ln.bias")})
+        mapping.update(
+            {"single_norm.weight": same("input_strunk_ln.weight"), "single_norm.bias": same("input_strunk_ln.bias")}
+        )
     if config.dialect.confidence_raw_distance:
         mapping["raw_distance.weight"] = same("linear_no_bias_d_wo_onehot.weight")
     return mapping
@@ -490,8 +577,11 @@ def model_map(config: ModelConfig) -> Mapping:
     if not config.confidence.confidence_head:
         raise NameMapError("confidence_head is off: Protenix's model always has its confidence head")
     input_embedder = {
-        **under("atom_encoder.", "input_embedder.atom_attention_encoder.",
-                atom_attention_encoder_map(config, with_trunk=False, num_blocks=config.dialect.input_atom_blocks)),
+        **under(
+            "atom_encoder.",
+            "input_embedder.atom_attention_encoder.",
+            atom_attention_encoder_map(config, with_trunk=False, num_blocks=config.dialect.input_atom_blocks),
+        ),
         "to_single.weight": same("linear_no_bias_sinit.weight"),
         # Protenix's z_init: zinit1 of token i, zinit2 of token j
         "to_pair_i.weight": same("linear_no_bias_zinit1.weight"),
@@ -501,20 +591,26 @@ def model_map(config: ModelConfig) -> Mapping:
     }
     return {
         **under("input_embedder.", "", input_embedder),
-        "recycle_single.norm.weight": same("layernorm_s.weight"), "recycle_single.norm.bias": same("layernorm_s.bias"),
+        "recycle_single.norm.weight": same("layernorm_s.weight"),
+        "recycle_single.norm.bias": same("layernorm_s.bias"),
         "recycle_single.linear.weight": same("linear_no_bias_s.weight"),
         "recycle_pair.norm.weight": same("layernorm_z_cycle.weight"),
         "recycle_pair.norm.bias": same("layernorm_z_cycle.bias"),
         "recycle_pair.linear.weight": same("linear_no_bias_z_cycle.weight"),
         **under("template_embedder.", "template_embedder.", template_embedder_map(config)),
         **under("msa_module.", "msa_module.", msa_module_map(config)),
-        **blocks(config.trunk.pairformer_blocks, "pairformer.blocks.", "pairformer_stack.blocks.",
-                 pairformer_block_map(config)),
+        **blocks(
+            config.trunk.pairformer_blocks,
+            "pairformer.blocks.",
+            "pairformer_stack.blocks.",
+            pairformer_block_map(config),
+        ),
         # Protenix (as AF3's code) symmetrises the logits, Linear(z) + Linear(z)^T, its bias twice;
         # featurecache symmetrises the pair, Linear(z + z^T): the same function with twice the bias
         "distogram_head.linear.weight": same("distogram_head.linear.weight"),
-        "distogram_head.linear.bias": doubled("distogram_head.linear.bias", "the logits' bias, added twice by "
-                                                                            "Protenix's symmetrisation"),
+        "distogram_head.linear.bias": doubled(
+            "distogram_head.linear.bias", "the logits' bias, added twice by Protenix's symmetrisation"
+        ),
         **under("diffusion_module.", "diffusion_module.", diffusion_module_map(config)),
         **under("confidence_head.", "confidence_head.", confidence_head_map(config)),
     }

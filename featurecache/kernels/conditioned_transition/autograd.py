@@ -40,11 +40,19 @@ class _ConditionedTransitionFunction(torch.autograd.Function):
 
 
 @torch.library.custom_op("featurecache::conditioned_transition_fwd", mutates_args=())
-def _conditioned_transition_fwd_op(a: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, gate: torch.Tensor,
-                                   weight_a: torch.Tensor, weight_b: torch.Tensor, weight_out: torch.Tensor,
-                                   eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return conditioned_transition_fwd(*(t.contiguous() for t in (a, scale, shift, gate, weight_a, weight_b,
-                                                                 weight_out)), eps)
+def _conditioned_transition_fwd_op(
+    a: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    gate: torch.Tensor,
+    weight_a: torch.Tensor,
+    weight_b: torch.Tensor,
+    weight_out: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return conditioned_transition_fwd(
+        *(t.contiguous() for t in (a, scale, shift, gate, weight_a, weight_b, weight_out)), eps
+    )
 
 
 @_conditioned_transition_fwd_op.register_fake
@@ -55,10 +63,19 @@ def _(a, scale, shift, gate, weight_a, weight_b, weight_out, eps):
 
 
 @torch.library.custom_op("featurecache::conditioned_transition_bwd", mutates_args=())
-def _conditioned_transition_bwd_op(dy: torch.Tensor, a: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
-                                   gate: torch.Tensor, weight_a: torch.Tensor, weight_b: torch.Tensor,
-                                   weight_out: torch.Tensor, out: torch.Tensor, mean: torch.Tensor,
-                                   rstd: torch.Tensor) -> list[torch.Tensor]:
+def _conditioned_transition_bwd_op(
+    dy: torch.Tensor,
+    a: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    gate: torch.Tensor,
+    weight_a: torch.Tensor,
+    weight_b: torch.Tensor,
+    weight_out: torch.Tensor,
+    out: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+) -> list[torch.Tensor]:
     tensors = (dy, a, scale, shift, gate, weight_a, weight_b, weight_out, out)
     grads = conditioned_transition_bwd(*(t.contiguous() for t in tensors), mean, rstd)
     return list(runtime.unaliased(grads))
@@ -66,8 +83,10 @@ def _conditioned_transition_bwd_op(dy: torch.Tensor, a: torch.Tensor, scale: tor
 
 @_conditioned_transition_bwd_op.register_fake
 def _(dy, a, scale, shift, gate, weight_a, weight_b, weight_out, out, mean, rstd):
-    return [torch.empty_like(t, memory_format=torch.contiguous_format)
-            for t in (a, scale, shift, gate, weight_a, weight_b, weight_out)]
+    return [
+        torch.empty_like(t, memory_format=torch.contiguous_format)
+        for t in (a, scale, shift, gate, weight_a, weight_b, weight_out)
+    ]
 
 
 def _conditioned_transition_setup(ctx, inputs, output) -> None:
@@ -78,8 +97,9 @@ def _conditioned_transition_backward(ctx, dy, _dout, _dmean, _drstd):
     return (*_conditioned_transition_bwd_op(dy, *ctx.saved_tensors), None)
 
 
-_conditioned_transition_fwd_op.register_autograd(_conditioned_transition_backward,
-                                                 setup_context=_conditioned_transition_setup)
+_conditioned_transition_fwd_op.register_autograd(
+    _conditioned_transition_backward, setup_context=_conditioned_transition_setup
+)
 
 
 class _AdaLNFunction(torch.autograd.Function):
@@ -95,8 +115,9 @@ class _AdaLNFunction(torch.autograd.Function):
 
 
 @torch.library.custom_op("featurecache::adaln_fwd", mutates_args=())
-def _adaln_fwd_op(a: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
-                  eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _adaln_fwd_op(
+    a: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return adaln_fwd(a.contiguous(), scale.contiguous(), shift.contiguous(), eps)
 
 
@@ -107,8 +128,9 @@ def _(a, scale, shift, eps):
 
 
 @torch.library.custom_op("featurecache::adaln_bwd", mutates_args=())
-def _adaln_bwd_op(dx: torch.Tensor, a: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, mean: torch.Tensor,
-                  rstd: torch.Tensor) -> list[torch.Tensor]:
+def _adaln_bwd_op(
+    dx: torch.Tensor, a: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor
+) -> list[torch.Tensor]:
     return list(runtime.unaliased(adaln_bwd(*(t.contiguous() for t in (dx, a, scale, shift)), mean, rstd)))
 
 
@@ -157,25 +179,53 @@ def adaptive_layernorm(a, s, norm_s_weight, scale_weight, scale_bias, shift_weig
 
 def _check_shapes(a, s, weight_a, weight_out) -> None:
     if weight_a is not None and (weight_a.shape[1] != a.shape[-1] or weight_out.shape != weight_a.shape[::-1]):
-        raise ValueError(f"{config.OP}: a has {a.shape[-1]} channels but weight_a is {tuple(weight_a.shape)} and "
-                         f"weight_out is {tuple(weight_out.shape)}")
+        raise ValueError(
+            f"{config.OP}: a has {a.shape[-1]} channels but weight_a is {tuple(weight_a.shape)} and "
+            f"weight_out is {tuple(weight_out.shape)}"
+        )
     leading = s.shape[:-1]
     shared = a.dim() >= 3 and leading == (*a.shape[:-3], 1, a.shape[-2])
     if leading != a.shape[:-1] and not shared:
-        raise ValueError(f"{config.OP}: s of shape {tuple(s.shape)} neither matches a {tuple(a.shape)} row for row nor "
-                         f"is shared by its samples ([..., 1, L, C_s])")
+        raise ValueError(
+            f"{config.OP}: s of shape {tuple(s.shape)} neither matches a {tuple(a.shape)} row for row nor "
+            f"is shared by its samples ([..., 1, L, C_s])"
+        )
 
 
-def conditioned_transition(a, s, norm_s_weight, scale_weight, scale_bias, shift_weight, weight_a, weight_b,
-                           weight_out, gate_weight, gate_bias, eps=1e-5):
+def conditioned_transition(
+    a,
+    s,
+    norm_s_weight,
+    scale_weight,
+    scale_bias,
+    shift_weight,
+    weight_a,
+    weight_b,
+    weight_out,
+    gate_weight,
+    gate_bias,
+    eps=1e-5,
+):
     """Triton ConditionedTransitionBlock; same signature and numerics as
     conditioned_transition_reference. s is [..., S, L, C_s] like a, or [..., 1, L, C_s] shared by
     a's S samples (then the s side runs once per token, not once per sample)."""
     a, s = _prepared(a, s, weight_a, weight_out)
     if a.numel() == 0:
         # no rows: nothing to launch; the result stays connected to the graph for autograd
-        return conditioned_transition_reference(a, s, norm_s_weight, scale_weight, scale_bias, shift_weight,
-                                                weight_a, weight_b, weight_out, gate_weight, gate_bias, eps)
+        return conditioned_transition_reference(
+            a,
+            s,
+            norm_s_weight,
+            scale_weight,
+            scale_bias,
+            shift_weight,
+            weight_a,
+            weight_b,
+            weight_out,
+            gate_weight,
+            gate_bias,
+            eps,
+        )
     # the s side with PyTorch, once per s row; its products in a's dtype, as the kernel's
     scale, shift = adaln_conditioning(s, norm_s_weight, scale_weight, scale_bias, shift_weight, eps)
     gate = torch.nn.functional.linear(s, gate_weight.to(s.dtype), gate_bias.to(s.dtype))

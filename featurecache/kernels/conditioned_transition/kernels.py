@@ -49,8 +49,23 @@ def _adaln(a, SCALE, SHIFT, s_offsets, tile_mask, col_mask, n_ch, eps):
 
 @triton.jit
 def _conditioned_transition_fwd_kernel(
-    A, SCALE, SHIFT, GATE, WA, WB, WO, Y, OUT, MEAN, RSTD,
-    n_rows, n_ch, n_hidden, n_tokens, n_samples, eps,
+    A,
+    SCALE,
+    SHIFT,
+    GATE,
+    WA,
+    WB,
+    WO,
+    Y,
+    OUT,
+    MEAN,
+    RSTD,
+    n_rows,
+    n_ch,
+    n_hidden,
+    n_tokens,
+    n_samples,
+    eps,
     S_SHARED: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -86,9 +101,30 @@ def _conditioned_transition_fwd_kernel(
 
 @triton.jit
 def _conditioned_transition_bwd_kernel(
-    A, DY, SCALE, SHIFT, GATE, WA, WB, WO, OUT, MEAN, RSTD,
-    DA, DSCALE, DSHIFT, DGATE, D_AB, HIDDEN, X, D_OUT,
-    n_rows, n_ch, n_hidden, n_tokens, n_samples,
+    A,
+    DY,
+    SCALE,
+    SHIFT,
+    GATE,
+    WA,
+    WB,
+    WO,
+    OUT,
+    MEAN,
+    RSTD,
+    DA,
+    DSCALE,
+    DSHIFT,
+    DGATE,
+    D_AB,
+    HIDDEN,
+    X,
+    D_OUT,
+    n_rows,
+    n_ch,
+    n_hidden,
+    n_tokens,
+    n_samples,
     S_SHARED: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -130,8 +166,24 @@ def _conditioned_transition_bwd_kernel(
         store_swiglu_grads(D_AB, HIDDEN, d_a, d_b, hidden, rows, row_mask, hids, n_hidden, PRECISION)
 
     # a and scale reloaded rather than held through the loop (registers)
-    _adaln_backward(d_x, A, SCALE, MEAN, RSTD, DA, DSCALE, DSHIFT, rows, row_mask, col_mask, offsets, s_offsets,
-                    tile_mask, n_ch, PRECISION)
+    _adaln_backward(
+        d_x,
+        A,
+        SCALE,
+        MEAN,
+        RSTD,
+        DA,
+        DSCALE,
+        DSHIFT,
+        rows,
+        row_mask,
+        col_mask,
+        offsets,
+        s_offsets,
+        tile_mask,
+        n_ch,
+        PRECISION,
+    )
 
 
 @triton.jit
@@ -143,16 +195,33 @@ def _normalized_saved(a, MEAN, RSTD, rows, row_mask, col_mask):
 
 
 @triton.jit
-def _adaln_backward(d_x, A, SCALE, MEAN, RSTD, DA, DSCALE, DSHIFT, rows, row_mask, col_mask, offsets, s_offsets,
-                    tile_mask, n_ch, PRECISION: tl.constexpr):
+def _adaln_backward(
+    d_x,
+    A,
+    SCALE,
+    MEAN,
+    RSTD,
+    DA,
+    DSCALE,
+    DSHIFT,
+    rows,
+    row_mask,
+    col_mask,
+    offsets,
+    s_offsets,
+    tile_mask,
+    n_ch,
+    PRECISION: tl.constexpr,
+):
     """Given d_x for x = sigmoid(scale) * xhat + shift, store da and, per a row, the
     gradients of the scale logits and of the shift. Padded columns have d_x = 0 and xhat = 0."""
     a = tl.load(A + offsets, mask=tile_mask, other=0.0)
     xhat, rstd = _normalized_saved(a, MEAN, RSTD, rows, row_mask, col_mask)
     scale = tl.sigmoid(tl.load(SCALE + s_offsets, mask=tile_mask, other=0.0).to(tl.float32))
     tl.store(DSHIFT + offsets, cast(d_x, DSHIFT.dtype.element_ty, PRECISION), mask=tile_mask)
-    tl.store(DSCALE + offsets, cast(d_x * xhat * scale * (1.0 - scale), DSCALE.dtype.element_ty, PRECISION),
-             mask=tile_mask)
+    tl.store(
+        DSCALE + offsets, cast(d_x * xhat * scale * (1.0 - scale), DSCALE.dtype.element_ty, PRECISION), mask=tile_mask
+    )
     d_xhat = d_x * scale
     proj = tl.sum(d_xhat * xhat, axis=1) / n_ch
     mean_d = tl.sum(d_xhat, axis=1) / n_ch
@@ -162,8 +231,17 @@ def _adaln_backward(d_x, A, SCALE, MEAN, RSTD, DA, DSCALE, DSHIFT, rows, row_mas
 
 @triton.jit
 def _adaln_fwd_kernel(
-    A, SCALE, SHIFT, X, MEAN, RSTD,
-    n_rows, n_ch, n_tokens, n_samples, eps,
+    A,
+    SCALE,
+    SHIFT,
+    X,
+    MEAN,
+    RSTD,
+    n_rows,
+    n_ch,
+    n_tokens,
+    n_samples,
+    eps,
     S_SHARED: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -186,8 +264,18 @@ def _adaln_fwd_kernel(
 
 @triton.jit
 def _adaln_bwd_kernel(
-    A, DX, SCALE, MEAN, RSTD, DA, DSCALE, DSHIFT,
-    n_rows, n_ch, n_tokens, n_samples,
+    A,
+    DX,
+    SCALE,
+    MEAN,
+    RSTD,
+    DA,
+    DSCALE,
+    DSHIFT,
+    n_rows,
+    n_ch,
+    n_tokens,
+    n_samples,
     S_SHARED: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -200,5 +288,21 @@ def _adaln_bwd_kernel(
     offsets = rows[:, None] * n_ch + cols[None, :]
     s_offsets = _s_rows(rows, n_tokens, n_samples, S_SHARED)[:, None] * n_ch + cols[None, :]
     d_x = tl.load(DX + offsets, mask=tile_mask, other=0.0).to(tl.float32)
-    _adaln_backward(d_x, A, SCALE, MEAN, RSTD, DA, DSCALE, DSHIFT, rows, row_mask, col_mask, offsets, s_offsets,
-                    tile_mask, n_ch, PRECISION)
+    _adaln_backward(
+        d_x,
+        A,
+        SCALE,
+        MEAN,
+        RSTD,
+        DA,
+        DSCALE,
+        DSHIFT,
+        rows,
+        row_mask,
+        col_mask,
+        offsets,
+        s_offsets,
+        tile_mask,
+        n_ch,
+        PRECISION,
+    )

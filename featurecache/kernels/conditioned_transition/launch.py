@@ -38,12 +38,37 @@ def conditioned_transition_fwd(a, scale, shift, gate, weight_a, weight_b, weight
     rstd = torch.empty_like(mean)
     config, block_m, block_h, block_c = tiles("fwd", n_ch, n_hidden, a.element_size())
     runtime.launch_fitting(
-        _conditioned_transition_fwd_kernel, (triton.cdiv(n_rows, block_m),),
-        (a, scale, shift, gate, weight_a, weight_b, weight_out, y, out, mean, rstd,
-         n_rows, n_ch, n_hidden, n_tokens, n_samples, eps),
-        dict(S_SHARED=shared, PRECISION=runtime.dot_precision(a.dtype), BLOCK_M=block_m, BLOCK_H=block_h,
-             BLOCK_C=block_c, **runtime.launch_options(config)),
-        shrinkable=("BLOCK_H",))
+        _conditioned_transition_fwd_kernel,
+        (triton.cdiv(n_rows, block_m),),
+        (
+            a,
+            scale,
+            shift,
+            gate,
+            weight_a,
+            weight_b,
+            weight_out,
+            y,
+            out,
+            mean,
+            rstd,
+            n_rows,
+            n_ch,
+            n_hidden,
+            n_tokens,
+            n_samples,
+            eps,
+        ),
+        dict(
+            S_SHARED=shared,
+            PRECISION=runtime.dot_precision(a.dtype),
+            BLOCK_M=block_m,
+            BLOCK_H=block_h,
+            BLOCK_C=block_c,
+            **runtime.launch_options(config),
+        ),
+        shrinkable=("BLOCK_H",),
+    )
     return y, out, mean, rstd
 
 
@@ -63,16 +88,55 @@ def conditioned_transition_bwd(dy, a, scale, shift, gate, weight_a, weight_b, we
     d_out = torch.empty_like(x)
     config, block_m, block_h, block_c = tiles("bwd", n_ch, n_hidden, a.element_size())
     runtime.launch_fitting(
-        _conditioned_transition_bwd_kernel, (triton.cdiv(n_rows, block_m),),
-        (a, dy, scale, shift, gate, weight_a, weight_b, weight_out, out, mean, rstd,
-         da, d_cond[0], d_cond[1], d_cond[2], d_ab, hidden, x, d_out, n_rows, n_ch, n_hidden, n_tokens, n_samples),
-        dict(S_SHARED=shared, PRECISION=runtime.dot_precision(a.dtype), BLOCK_M=block_m, BLOCK_H=block_h,
-             BLOCK_C=block_c, **runtime.launch_options(config)),
-        shrinkable=("BLOCK_H",))
+        _conditioned_transition_bwd_kernel,
+        (triton.cdiv(n_rows, block_m),),
+        (
+            a,
+            dy,
+            scale,
+            shift,
+            gate,
+            weight_a,
+            weight_b,
+            weight_out,
+            out,
+            mean,
+            rstd,
+            da,
+            d_cond[0],
+            d_cond[1],
+            d_cond[2],
+            d_ab,
+            hidden,
+            x,
+            d_out,
+            n_rows,
+            n_ch,
+            n_hidden,
+            n_tokens,
+            n_samples,
+        ),
+        dict(
+            S_SHARED=shared,
+            PRECISION=runtime.dot_precision(a.dtype),
+            BLOCK_M=block_m,
+            BLOCK_H=block_h,
+            BLOCK_C=block_c,
+            **runtime.launch_options(config),
+        ),
+        shrinkable=("BLOCK_H",),
+    )
     d_scale, d_shift, d_gate = _conditioning_grads(d_cond, shared, (scale, shift, gate))
     d_wab = d_ab.t() @ x  # [2 * n_hidden, C]
-    return (da, d_scale, d_shift, d_gate, d_wab[:n_hidden].to(weight_a.dtype), d_wab[n_hidden:].to(weight_b.dtype),
-            (d_out.t() @ hidden).to(weight_out.dtype))
+    return (
+        da,
+        d_scale,
+        d_shift,
+        d_gate,
+        d_wab[:n_hidden].to(weight_a.dtype),
+        d_wab[n_hidden:].to(weight_b.dtype),
+        (d_out.t() @ hidden).to(weight_out.dtype),
+    )
 
 
 def _conditioning_grads(d_cond, shared, tensors):
@@ -93,8 +157,21 @@ def adaln_fwd(a, scale, shift, eps):
     rstd = torch.empty_like(mean)
     config, block_m, block_c = adaln_tiles(n_ch)
     _adaln_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
-        a, scale, shift, x, mean, rstd, n_rows, n_ch, n_tokens, n_samples, eps,
-        S_SHARED=shared, PRECISION=runtime.dot_precision(a.dtype), BLOCK_M=block_m, BLOCK_C=block_c,
+        a,
+        scale,
+        shift,
+        x,
+        mean,
+        rstd,
+        n_rows,
+        n_ch,
+        n_tokens,
+        n_samples,
+        eps,
+        S_SHARED=shared,
+        PRECISION=runtime.dot_precision(a.dtype),
+        BLOCK_M=block_m,
+        BLOCK_C=block_c,
         **runtime.launch_options(config),
     )
     return x, mean, rstd
@@ -109,8 +186,22 @@ def adaln_bwd(dx, a, scale, shift, mean, rstd):
     d_cond = torch.empty((2, *a.shape), device=a.device, dtype=a.dtype)
     config, block_m, block_c = adaln_tiles(n_ch)
     _adaln_bwd_kernel[(triton.cdiv(n_rows, block_m),)](
-        a, dx, scale, mean, rstd, da, d_cond[0], d_cond[1], n_rows, n_ch, n_tokens, n_samples,
-        S_SHARED=shared, PRECISION=runtime.dot_precision(a.dtype), BLOCK_M=block_m, BLOCK_C=block_c,
+        a,
+        dx,
+        scale,
+        mean,
+        rstd,
+        da,
+        d_cond[0],
+        d_cond[1],
+        n_rows,
+        n_ch,
+        n_tokens,
+        n_samples,
+        S_SHARED=shared,
+        PRECISION=runtime.dot_precision(a.dtype),
+        BLOCK_M=block_m,
+        BLOCK_C=block_c,
         **runtime.launch_options(config),
     )
     return (da, *_conditioning_grads(d_cond, shared, (scale, shift)))

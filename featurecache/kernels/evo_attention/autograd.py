@@ -8,7 +8,6 @@ break.
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 
@@ -22,8 +21,8 @@ def _evo_attention_fwd_op(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    mask: Optional[torch.Tensor],
+    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return evo_attention_forward(q, k, v, bias, mask, scale)
@@ -32,8 +31,11 @@ def _evo_attention_fwd_op(
 @_evo_attention_fwd_op.register_fake
 def _(q, k, v, bias, mask, scale):
     batch, rows, seq_len, heads, _ = q.shape
-    return (q.new_empty(q.shape), q.new_empty((batch, rows, heads, seq_len), dtype=torch.float32),
-            q.new_empty((batch, rows), dtype=torch.int32))
+    return (
+        q.new_empty(q.shape),
+        q.new_empty((batch, rows, heads, seq_len), dtype=torch.float32),
+        q.new_empty((batch, rows), dtype=torch.int32),
+    )
 
 
 @torch.library.custom_op("featurecache::evo_attention_bwd", mutates_args=())
@@ -42,8 +44,8 @@ def _evo_attention_bwd_op(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    mask: Optional[torch.Tensor],
+    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
     out: torch.Tensor,
     lse: torch.Tensor,
     key_end: torch.Tensor,
@@ -109,9 +111,9 @@ def evo_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    bias: Optional[torch.Tensor] = None,
-    mask: Optional[torch.Tensor] = None,
-    scale: Optional[float] = None,
+    bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Attention over L with pair bias and key mask, independently for each of the N rows.
 

@@ -8,7 +8,6 @@ import functools
 import json
 import warnings
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -86,13 +85,17 @@ def _parse_mode(entry: dict, name: str, where: str) -> str:
     is refused by name with the modes there are."""
     mode = entry.get(name, "split")
     if isinstance(mode, str) and mode in REMOVED_BWD_MODES:
-        warnings.warn(f"{CONFIG_FILE}: {where}.{name} {mode!r} was removed; running "
-                      f"{REMOVED_BWD_MODES[mode]!r} instead", stacklevel=2)
+        warnings.warn(
+            f"{CONFIG_FILE}: {where}.{name} {mode!r} was removed; running {REMOVED_BWD_MODES[mode]!r} instead",
+            stacklevel=2,
+        )
         return REMOVED_BWD_MODES[mode]
     if mode not in BWD_MODES:
         removed = ", ".join(f"{old} -> {new}" for old, new in REMOVED_BWD_MODES.items())
-        raise ValueError(f"{CONFIG_FILE}: {where}.{name} is {mode!r}; expected one of {BWD_MODES} "
-                         f"(removed modes still read as: {removed})")
+        raise ValueError(
+            f"{CONFIG_FILE}: {where}.{name} is {mode!r}; expected one of {BWD_MODES} "
+            f"(removed modes still read as: {removed})"
+        )
     return mode
 
 
@@ -103,15 +106,18 @@ def _parse_entry(entry, where: str) -> tuple[int, int, EvoAttentionConfig]:
     if missing:
         raise ValueError(f"{CONFIG_FILE}: {where} lacks {missing}")
     blocks = {name: _parse_block(entry[name], f"{where}.{name}") for name in KERNEL_NAMES}
-    config = EvoAttentionConfig(**blocks, bwd_mode=_parse_mode(entry, "bwd_mode", where),
-                                fp32_bias_bwd_mode=_parse_mode(entry, "fp32_bias_bwd_mode", where))
+    config = EvoAttentionConfig(
+        **blocks,
+        bwd_mode=_parse_mode(entry, "bwd_mode", where),
+        fp32_bias_bwd_mode=_parse_mode(entry, "fp32_bias_bwd_mode", where),
+    )
     try:
         return int(entry["head_dim_max"]), int(entry["seq_len_max"]), config
     except (TypeError, ValueError) as err:
         raise ValueError(f"{CONFIG_FILE}: {where}: bad head_dim_max / seq_len_max ({err})") from None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_tuned_configs() -> dict[str, list[tuple[int, int, EvoAttentionConfig]]]:
     """GPU name -> [(max padded head dim, max sequence length, config)], most specific first.
 
@@ -124,7 +130,7 @@ def load_tuned_configs() -> dict[str, list[tuple[int, int, EvoAttentionConfig]]]
         raise ValueError(f"{CONFIG_FILE}: not valid JSON ({err})") from None
     gpus = raw.get("gpus", {}) if isinstance(raw, dict) else None
     if not isinstance(gpus, dict) or not all(isinstance(entries, list) for entries in gpus.values()):
-        raise ValueError(f"{CONFIG_FILE}: expected {{\"gpus\": {{GPU name: [entries]}}}}")
+        raise ValueError(f'{CONFIG_FILE}: expected {{"gpus": {{GPU name: [entries]}}}}')
     tuned: dict[str, list[tuple[int, int, EvoAttentionConfig]]] = {}
     for gpu, entries in gpus.items():
         parsed = [_parse_entry(entry, f"gpus[{gpu!r}][{index}]") for index, entry in enumerate(entries)]
@@ -156,7 +162,7 @@ def select_config(head_dim: int, seq_len: int, device: torch.device) -> EvoAtten
 
 
 @functools.lru_cache(maxsize=1024)
-def select_config_cached(padded_dim: int, seq_len: int, gpu: Optional[str]) -> EvoAttentionConfig:
+def select_config_cached(padded_dim: int, seq_len: int, gpu: str | None) -> EvoAttentionConfig:
     """select_config by GPU name (None: the interpreter's small tiles)."""
     if gpu is not None:
         for dim_max, len_max, config in load_tuned_configs().get(gpu, []):

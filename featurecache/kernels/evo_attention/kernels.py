@@ -64,8 +64,9 @@ def _tile_ptrs(base, offs_a, offs_b, stride_a, stride_b):
 @triton.jit
 def _load_tile(base, offs_a, offs_b, stride_a, stride_b, valid_a, valid_b):
     """A tile (as _tile_ptrs), zeros outside valid_a x valid_b."""
-    return tl.load(_tile_ptrs(base, offs_a, offs_b, stride_a, stride_b),
-                   mask=valid_a[:, None] & valid_b[None, :], other=0.0)
+    return tl.load(
+        _tile_ptrs(base, offs_a, offs_b, stride_a, stride_b), mask=valid_a[:, None] & valid_b[None, :], other=0.0
+    )
 
 
 @triton.jit
@@ -97,16 +98,20 @@ def _row_delta(o, do, AXIS: tl.constexpr):
 @triton.jit
 def _load_row_tiles(base, rows, offs_a, offs_b, stride_n, stride_a, stride_b, valid_r, valid_a, valid_b):
     """[ROWS, len(offs_a), len(offs_b)] tiles of a group of rows, zeros outside the valid ranges."""
-    return tl.load(base + rows[:, None, None] * stride_n + offs_a[None, :, None] * stride_a
-                   + offs_b[None, None, :] * stride_b,
-                   mask=valid_r[:, None, None] & valid_a[None, :, None] & valid_b[None, None, :], other=0.0)
+    return tl.load(
+        base + rows[:, None, None] * stride_n + offs_a[None, :, None] * stride_a + offs_b[None, None, :] * stride_b,
+        mask=valid_r[:, None, None] & valid_a[None, :, None] & valid_b[None, None, :],
+        other=0.0,
+    )
 
 
 @triton.jit
 def _store_row_tiles(base, value, rows, offs_a, offs_b, stride_n, stride_a, stride_b, valid_r, valid_a, valid_b):
-    tl.store(base + rows[:, None, None] * stride_n + offs_a[None, :, None] * stride_a
-             + offs_b[None, None, :] * stride_b, value,
-             mask=valid_r[:, None, None] & valid_a[None, :, None] & valid_b[None, None, :])
+    tl.store(
+        base + rows[:, None, None] * stride_n + offs_a[None, :, None] * stride_a + offs_b[None, None, :] * stride_b,
+        value,
+        mask=valid_r[:, None, None] & valid_a[None, :, None] & valid_b[None, None, :],
+    )
 
 
 @triton.jit
@@ -114,8 +119,9 @@ def _attended_rows(mask_base, rows, cols, stride_mn, stride_ml, valid_r, valid_n
     """_attended for a group of rows: [ROWS, len(cols)]."""
     attend = valid_r[:, None] & valid_n[None, :]
     if HAS_MASK:
-        attend = attend & (tl.load(mask_base + rows[:, None] * stride_mn + cols[None, :] * stride_ml,
-                                   mask=attend, other=0) != 0)
+        attend = attend & (
+            tl.load(mask_base + rows[:, None] * stride_mn + cols[None, :] * stride_ml, mask=attend, other=0) != 0
+        )
     return attend
 
 
@@ -190,8 +196,12 @@ def _key_ends_of_rows(mask_rows, valid_r, stride_ml, seq_len, ROWS: tl.constexpr
     ends = tl.zeros([ROWS], tl.int32)
     for start in range(0, seq_len, SCAN):
         idx = start + tl.arange(0, SCAN)
-        attended = tl.load(mask_rows[:, None] + idx[None, :] * stride_ml,
-                           mask=valid_r[:, None] & (idx < seq_len)[None, :], other=0) != 0
+        attended = (
+            tl.load(
+                mask_rows[:, None] + idx[None, :] * stride_ml, mask=valid_r[:, None] & (idx < seq_len)[None, :], other=0
+            )
+            != 0
+        )
         ends = tl.maximum(ends, tl.max(tl.where(attended, idx[None, :] + 1, 0), 1))
     return ends
 
@@ -203,14 +213,46 @@ def _key_ends_of_rows(mask_rows, valid_r, stride_ml, seq_len, ROWS: tl.constexpr
 
 @triton.jit
 def _evo_attention_fwd_kernel(
-    Q, K, V, Bias, Mask, KeyEnd, Out, Lse,
-    stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
-    stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
-    stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
-    stride_bb, stride_bn, stride_bh, stride_bq, stride_bk,
-    stride_mb, stride_mn, stride_ml,
-    stride_ob, stride_on, stride_ol, stride_oh, stride_od,
-    num_heads, seq_len, head_dim, scale_log2,
+    Q,
+    K,
+    V,
+    Bias,
+    Mask,
+    KeyEnd,
+    Out,
+    Lse,
+    stride_qb,
+    stride_qn,
+    stride_ql,
+    stride_qh,
+    stride_qd,
+    stride_kb,
+    stride_kn,
+    stride_kl,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vn,
+    stride_vl,
+    stride_vh,
+    stride_vd,
+    stride_bb,
+    stride_bn,
+    stride_bh,
+    stride_bq,
+    stride_bk,
+    stride_mb,
+    stride_mn,
+    stride_ml,
+    stride_ob,
+    stride_on,
+    stride_ol,
+    stride_oh,
+    stride_od,
+    num_heads,
+    seq_len,
+    head_dim,
+    scale_log2,
     HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -265,20 +307,51 @@ def _evo_attention_fwd_kernel(
     o_base = Out + batch * stride_ob + row * stride_on + head * stride_oh
     _store_tile(o_base, out.to(Out.dtype.element_ty), offs_m, offs_d, stride_ol, stride_od, valid_m, valid_d)
     # Lse is contiguous [B, N, H, L].
-    tl.store(Lse + _stats_offset(batch, row, tl.num_programs(1), num_heads, head, seq_len) + offs_m, lse,
-             mask=valid_m)
+    tl.store(Lse + _stats_offset(batch, row, tl.num_programs(1), num_heads, head, seq_len) + offs_m, lse, mask=valid_m)
 
 
 @triton.jit
 def _evo_attention_fwd_rows_kernel(
-    Q, K, V, Bias, Mask, KeyEnd, Out, Lse,
-    stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
-    stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
-    stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
-    stride_bb, stride_bh, stride_bq, stride_bk,
-    stride_mb, stride_mn, stride_ml,
-    stride_ob, stride_on, stride_ol, stride_oh, stride_od,
-    num_heads, num_rows, seq_len, head_dim, scale_log2,
+    Q,
+    K,
+    V,
+    Bias,
+    Mask,
+    KeyEnd,
+    Out,
+    Lse,
+    stride_qb,
+    stride_qn,
+    stride_ql,
+    stride_qh,
+    stride_qd,
+    stride_kb,
+    stride_kn,
+    stride_kl,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vn,
+    stride_vl,
+    stride_vh,
+    stride_vd,
+    stride_bb,
+    stride_bh,
+    stride_bq,
+    stride_bk,
+    stride_mb,
+    stride_mn,
+    stride_ml,
+    stride_ob,
+    stride_on,
+    stride_ol,
+    stride_oh,
+    stride_od,
+    num_heads,
+    num_rows,
+    seq_len,
+    head_dim,
+    scale_log2,
     HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -304,8 +377,18 @@ def _evo_attention_fwd_rows_kernel(
     valid_m = offs_m < seq_len
     valid_d = offs_d < head_dim
 
-    q = _load_row_tiles(Q + batch * stride_qb + head * stride_qh, rows, offs_m, offs_d,
-                        stride_qn, stride_ql, stride_qd, valid_r, valid_m, valid_d)
+    q = _load_row_tiles(
+        Q + batch * stride_qb + head * stride_qh,
+        rows,
+        offs_m,
+        offs_d,
+        stride_qn,
+        stride_ql,
+        stride_qd,
+        valid_r,
+        valid_m,
+        valid_d,
+    )
     k_base = K + batch * stride_kb + head * stride_kh
     v_base = V + batch * stride_vb + head * stride_vh
     bias_base = Bias + batch * stride_bb + head * stride_bh
@@ -335,8 +418,19 @@ def _evo_attention_fwd_rows_kernel(
         acc = acc * alpha[:, :, None] + mma(p.to(v.dtype), v, None, PRECISION)
 
     out, lse = _online_softmax_result(acc, m_i, l_i)
-    _store_row_tiles(Out + batch * stride_ob + head * stride_oh, out.to(Out.dtype.element_ty), rows, offs_m, offs_d,
-                     stride_on, stride_ol, stride_od, valid_r, valid_m, valid_d)
+    _store_row_tiles(
+        Out + batch * stride_ob + head * stride_oh,
+        out.to(Out.dtype.element_ty),
+        rows,
+        offs_m,
+        offs_d,
+        stride_on,
+        stride_ol,
+        stride_od,
+        valid_r,
+        valid_m,
+        valid_d,
+    )
     lse_offs = _stats_offset(batch, rows[:, None], num_rows, num_heads, head, seq_len) + offs_m[None, :]
     tl.store(Lse + lse_offs, lse, mask=valid_r[:, None] & valid_m[None, :])
 
@@ -348,15 +442,55 @@ def _evo_attention_fwd_rows_kernel(
 
 @triton.jit
 def _evo_attention_bwd_kv_kernel(
-    Q, K, V, Bias, Mask, KeyEnd, DOut, Lse, Delta, DK, DV,
-    stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
-    stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
-    stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
-    stride_bb, stride_bn, stride_bh, stride_bq, stride_bk,
-    stride_mb, stride_mn, stride_ml,
-    stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
-    stride_xb, stride_xn, stride_xl, stride_xh, stride_xd,
-    num_heads, seq_len, head_dim, scale, scale_log2,
+    Q,
+    K,
+    V,
+    Bias,
+    Mask,
+    KeyEnd,
+    DOut,
+    Lse,
+    Delta,
+    DK,
+    DV,
+    stride_qb,
+    stride_qn,
+    stride_ql,
+    stride_qh,
+    stride_qd,
+    stride_kb,
+    stride_kn,
+    stride_kl,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vn,
+    stride_vl,
+    stride_vh,
+    stride_vd,
+    stride_bb,
+    stride_bn,
+    stride_bh,
+    stride_bq,
+    stride_bk,
+    stride_mb,
+    stride_mn,
+    stride_ml,
+    stride_gb,
+    stride_gn,
+    stride_gl,
+    stride_gh,
+    stride_gd,
+    stride_xb,
+    stride_xn,
+    stride_xl,
+    stride_xh,
+    stride_xd,
+    num_heads,
+    seq_len,
+    head_dim,
+    scale,
+    scale_log2,
     HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -376,10 +510,12 @@ def _evo_attention_bwd_kv_kernel(
     valid_n = cols < seq_len
     valid_d = offs_d < head_dim
 
-    k = _load_tile(K + batch * stride_kb + row * stride_kn + head * stride_kh, cols, offs_d,
-                   stride_kl, stride_kd, valid_n, valid_d)
-    v = _load_tile(V + batch * stride_vb + row * stride_vn + head * stride_vh, cols, offs_d,
-                   stride_vl, stride_vd, valid_n, valid_d)
+    k = _load_tile(
+        K + batch * stride_kb + row * stride_kn + head * stride_kh, cols, offs_d, stride_kl, stride_kd, valid_n, valid_d
+    )
+    v = _load_tile(
+        V + batch * stride_vb + row * stride_vn + head * stride_vh, cols, offs_d, stride_vl, stride_vd, valid_n, valid_d
+    )
     attend = _attended(Mask + batch * stride_mb + row * stride_mn, cols, stride_ml, valid_n, HAS_MASK)
 
     q_base = Q + batch * stride_qb + row * stride_qn + head * stride_qh
@@ -416,17 +552,66 @@ def _evo_attention_bwd_kv_kernel(
 
 @triton.jit
 def _evo_attention_bwd_q_kernel(
-    Q, K, V, Bias, Mask, KeyEnd, Out, DOut, Lse, Delta, DQ, DBias,
-    stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
-    stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
-    stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
-    stride_bb, stride_bn, stride_bh, stride_bq, stride_bk,
-    stride_mb, stride_mn, stride_ml,
-    stride_ob, stride_on, stride_ol, stride_oh, stride_od,
-    stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
-    stride_dbb, stride_dbn, stride_dbh, stride_dbq, stride_dbk,
-    stride_xb, stride_xn, stride_xl, stride_xh, stride_xd,
-    num_heads, seq_len, head_dim, scale, scale_log2,
+    Q,
+    K,
+    V,
+    Bias,
+    Mask,
+    KeyEnd,
+    Out,
+    DOut,
+    Lse,
+    Delta,
+    DQ,
+    DBias,
+    stride_qb,
+    stride_qn,
+    stride_ql,
+    stride_qh,
+    stride_qd,
+    stride_kb,
+    stride_kn,
+    stride_kl,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vn,
+    stride_vl,
+    stride_vh,
+    stride_vd,
+    stride_bb,
+    stride_bn,
+    stride_bh,
+    stride_bq,
+    stride_bk,
+    stride_mb,
+    stride_mn,
+    stride_ml,
+    stride_ob,
+    stride_on,
+    stride_ol,
+    stride_oh,
+    stride_od,
+    stride_gb,
+    stride_gn,
+    stride_gl,
+    stride_gh,
+    stride_gd,
+    stride_dbb,
+    stride_dbn,
+    stride_dbh,
+    stride_dbq,
+    stride_dbk,
+    stride_xb,
+    stride_xn,
+    stride_xl,
+    stride_xh,
+    stride_xd,
+    num_heads,
+    seq_len,
+    head_dim,
+    scale,
+    scale_log2,
     HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr,
     STORE_DBIAS: tl.constexpr,
@@ -446,12 +631,33 @@ def _evo_attention_bwd_q_kernel(
     valid_m = rows_m < seq_len
     valid_d = offs_d < head_dim
 
-    q = _load_tile(Q + batch * stride_qb + row * stride_qn + head * stride_qh, rows_m, offs_d,
-                   stride_ql, stride_qd, valid_m, valid_d)
-    do = _load_tile(DOut + batch * stride_gb + row * stride_gn + head * stride_gh, rows_m, offs_d,
-                    stride_gl, stride_gd, valid_m, valid_d)
-    o = _load_tile(Out + batch * stride_ob + row * stride_on + head * stride_oh, rows_m, offs_d,
-                   stride_ol, stride_od, valid_m, valid_d)
+    q = _load_tile(
+        Q + batch * stride_qb + row * stride_qn + head * stride_qh,
+        rows_m,
+        offs_d,
+        stride_ql,
+        stride_qd,
+        valid_m,
+        valid_d,
+    )
+    do = _load_tile(
+        DOut + batch * stride_gb + row * stride_gn + head * stride_gh,
+        rows_m,
+        offs_d,
+        stride_gl,
+        stride_gd,
+        valid_m,
+        valid_d,
+    )
+    o = _load_tile(
+        Out + batch * stride_ob + row * stride_on + head * stride_oh,
+        rows_m,
+        offs_d,
+        stride_ol,
+        stride_od,
+        valid_m,
+        valid_d,
+    )
     stat_base = _stats_offset(batch, row, tl.num_programs(1), num_heads, head, seq_len)
     lse = tl.load(Lse + stat_base + rows_m, mask=valid_m, other=float("inf"))
     # delta = rowsum(dO * O), kept for the dK/dV kernel, which runs after this one.
@@ -481,31 +687,88 @@ def _evo_attention_bwd_q_kernel(
         dq += mma(ds.to(k.dtype), k, None, PRECISION)
         if STORE_DBIAS:
             # Per-row bias: dBias of this (row, head) tile is dS itself, owned by this program.
-            _store_tile(dbias_base, ds.to(DBias.dtype.element_ty), rows_m, cols, stride_dbq, stride_dbk,
-                        valid_m, valid_n)
+            _store_tile(
+                dbias_base, ds.to(DBias.dtype.element_ty), rows_m, cols, stride_dbq, stride_dbk, valid_m, valid_n
+            )
     if STORE_DBIAS:
         # Keys past the last attended one were skipped above; their bias gradient is zero.
         for start_n in range(tl.cdiv(key_end, BLOCK_N) * BLOCK_N, seq_len, BLOCK_N):
             cols = start_n + offs_n
-            _store_tile(dbias_base, tl.zeros([BLOCK_M, BLOCK_N], DBias.dtype.element_ty), rows_m, cols,
-                        stride_dbq, stride_dbk, valid_m, cols < seq_len)
+            _store_tile(
+                dbias_base,
+                tl.zeros([BLOCK_M, BLOCK_N], DBias.dtype.element_ty),
+                rows_m,
+                cols,
+                stride_dbq,
+                stride_dbk,
+                valid_m,
+                cols < seq_len,
+            )
 
     dq *= scale
-    _store_tile(DQ + batch * stride_xb + row * stride_xn + head * stride_xh, dq.to(DQ.dtype.element_ty),
-                rows_m, offs_d, stride_xl, stride_xd, valid_m, valid_d)
+    _store_tile(
+        DQ + batch * stride_xb + row * stride_xn + head * stride_xh,
+        dq.to(DQ.dtype.element_ty),
+        rows_m,
+        offs_d,
+        stride_xl,
+        stride_xd,
+        valid_m,
+        valid_d,
+    )
 
 
 @triton.jit
 def _evo_attention_bwd_kv_rows_kernel(
-    Q, K, V, Bias, Mask, KeyEnd, DOut, Lse, Delta, DK, DV,
-    stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
-    stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
-    stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
-    stride_bb, stride_bh, stride_bq, stride_bk,
-    stride_mb, stride_mn, stride_ml,
-    stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
-    stride_xb, stride_xn, stride_xl, stride_xh, stride_xd,
-    num_heads, num_rows, seq_len, head_dim, scale, scale_log2,
+    Q,
+    K,
+    V,
+    Bias,
+    Mask,
+    KeyEnd,
+    DOut,
+    Lse,
+    Delta,
+    DK,
+    DV,
+    stride_qb,
+    stride_qn,
+    stride_ql,
+    stride_qh,
+    stride_qd,
+    stride_kb,
+    stride_kn,
+    stride_kl,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vn,
+    stride_vl,
+    stride_vh,
+    stride_vd,
+    stride_bb,
+    stride_bh,
+    stride_bq,
+    stride_bk,
+    stride_mb,
+    stride_mn,
+    stride_ml,
+    stride_gb,
+    stride_gn,
+    stride_gl,
+    stride_gh,
+    stride_gd,
+    stride_xb,
+    stride_xn,
+    stride_xl,
+    stride_xh,
+    stride_xd,
+    num_heads,
+    num_rows,
+    seq_len,
+    head_dim,
+    scale,
+    scale_log2,
     HAS_MASK: tl.constexpr,
     PRECISION: tl.constexpr,
     ROWS: tl.constexpr,
@@ -527,10 +790,30 @@ def _evo_attention_bwd_kv_rows_kernel(
     valid_n = cols < seq_len
     valid_d = offs_d < head_dim
 
-    k = _load_row_tiles(K + batch * stride_kb + head * stride_kh, rows, cols, offs_d,
-                        stride_kn, stride_kl, stride_kd, valid_r, valid_n, valid_d)
-    v = _load_row_tiles(V + batch * stride_vb + head * stride_vh, rows, cols, offs_d,
-                        stride_vn, stride_vl, stride_vd, valid_r, valid_n, valid_d)
+    k = _load_row_tiles(
+        K + batch * stride_kb + head * stride_kh,
+        rows,
+        cols,
+        offs_d,
+        stride_kn,
+        stride_kl,
+        stride_kd,
+        valid_r,
+        valid_n,
+        valid_d,
+    )
+    v = _load_row_tiles(
+        V + batch * stride_vb + head * stride_vh,
+        rows,
+        cols,
+        offs_d,
+        stride_vn,
+        stride_vl,
+        stride_vd,
+        valid_r,
+        valid_n,
+        valid_d,
+    )
     attend = _attended_rows(Mask + batch * stride_mb, rows, cols, stride_mn, stride_ml, valid_r, valid_n, HAS_MASK)
     q_base = Q + batch * stride_qb + head * stride_qh
     do_base = DOut + batch * stride_gb + head * stride_gh
@@ -547,36 +830,100 @@ def _evo_attention_bwd_kv_rows_kernel(
         rows_m = start_m + offs_m
         valid_m = rows_m < seq_len
         q = _load_row_tiles(q_base, rows, rows_m, offs_d, stride_qn, stride_ql, stride_qd, valid_r, valid_m, valid_d)
-        do = _load_row_tiles(do_base, rows, rows_m, offs_d, stride_gn, stride_gl, stride_gd, valid_r, valid_m,
-                             valid_d)
+        do = _load_row_tiles(do_base, rows, rows_m, offs_d, stride_gn, stride_gl, stride_gd, valid_r, valid_m, valid_d)
         stat_mask = valid_r[:, None] & valid_m[None, :]
         lse = tl.load(Lse + stat_base + rows_m[None, :], mask=stat_mask, other=float("inf"))
         delta = tl.load(Delta + stat_base + rows_m[None, :], mask=stat_mask, other=0.0)
         s_t = mma(k, tl.permute(q, (0, 2, 1)), None, PRECISION) * scale_log2  # [R, N, M]
         s_t += _load_bias_log2(bias_base, cols, rows_m, stride_bk, stride_bq, valid_n, valid_m)[None, :, :]
-        dk, dv, _ = _kv_block_grads(k, v, q, do, tl.permute(do, (0, 2, 1)), s_t, attend, lse, delta, dk, dv,
-                                    PRECISION)
+        dk, dv, _ = _kv_block_grads(k, v, q, do, tl.permute(do, (0, 2, 1)), s_t, attend, lse, delta, dk, dv, PRECISION)
 
     dk *= scale
     out_base = batch * stride_xb + head * stride_xh
-    _store_row_tiles(DK + out_base, dk.to(DK.dtype.element_ty), rows, cols, offs_d, stride_xn, stride_xl, stride_xd,
-                     valid_r, valid_n, valid_d)
-    _store_row_tiles(DV + out_base, dv.to(DV.dtype.element_ty), rows, cols, offs_d, stride_xn, stride_xl, stride_xd,
-                     valid_r, valid_n, valid_d)
+    _store_row_tiles(
+        DK + out_base,
+        dk.to(DK.dtype.element_ty),
+        rows,
+        cols,
+        offs_d,
+        stride_xn,
+        stride_xl,
+        stride_xd,
+        valid_r,
+        valid_n,
+        valid_d,
+    )
+    _store_row_tiles(
+        DV + out_base,
+        dv.to(DV.dtype.element_ty),
+        rows,
+        cols,
+        offs_d,
+        stride_xn,
+        stride_xl,
+        stride_xd,
+        valid_r,
+        valid_n,
+        valid_d,
+    )
 
 
 @triton.jit
 def _evo_attention_bwd_q_rows_kernel(
-    Q, K, V, Bias, Mask, KeyEnd, Out, DOut, Lse, Delta, DQ,
-    stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
-    stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
-    stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
-    stride_bb, stride_bh, stride_bq, stride_bk,
-    stride_mb, stride_mn, stride_ml,
-    stride_ob, stride_on, stride_ol, stride_oh, stride_od,
-    stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
-    stride_xb, stride_xn, stride_xl, stride_xh, stride_xd,
-    num_heads, num_rows, seq_len, head_dim, scale, scale_log2,
+    Q,
+    K,
+    V,
+    Bias,
+    Mask,
+    KeyEnd,
+    Out,
+    DOut,
+    Lse,
+    Delta,
+    DQ,
+    stride_qb,
+    stride_qn,
+    stride_ql,
+    stride_qh,
+    stride_qd,
+    stride_kb,
+    stride_kn,
+    stride_kl,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vn,
+    stride_vl,
+    stride_vh,
+    stride_vd,
+    stride_bb,
+    stride_bh,
+    stride_bq,
+    stride_bk,
+    stride_mb,
+    stride_mn,
+    stride_ml,
+    stride_ob,
+    stride_on,
+    stride_ol,
+    stride_oh,
+    stride_od,
+    stride_gb,
+    stride_gn,
+    stride_gl,
+    stride_gh,
+    stride_gd,
+    stride_xb,
+    stride_xn,
+    stride_xl,
+    stride_xh,
+    stride_xd,
+    num_heads,
+    num_rows,
+    seq_len,
+    head_dim,
+    scale,
+    scale_log2,
     HAS_MASK: tl.constexpr,
     PRECISION: tl.constexpr,
     ROWS: tl.constexpr,
@@ -598,12 +945,42 @@ def _evo_attention_bwd_q_rows_kernel(
     valid_m = rows_m < seq_len
     valid_d = offs_d < head_dim
 
-    q = _load_row_tiles(Q + batch * stride_qb + head * stride_qh, rows, rows_m, offs_d,
-                        stride_qn, stride_ql, stride_qd, valid_r, valid_m, valid_d)
-    do = _load_row_tiles(DOut + batch * stride_gb + head * stride_gh, rows, rows_m, offs_d,
-                         stride_gn, stride_gl, stride_gd, valid_r, valid_m, valid_d)
-    o = _load_row_tiles(Out + batch * stride_ob + head * stride_oh, rows, rows_m, offs_d,
-                        stride_on, stride_ol, stride_od, valid_r, valid_m, valid_d)
+    q = _load_row_tiles(
+        Q + batch * stride_qb + head * stride_qh,
+        rows,
+        rows_m,
+        offs_d,
+        stride_qn,
+        stride_ql,
+        stride_qd,
+        valid_r,
+        valid_m,
+        valid_d,
+    )
+    do = _load_row_tiles(
+        DOut + batch * stride_gb + head * stride_gh,
+        rows,
+        rows_m,
+        offs_d,
+        stride_gn,
+        stride_gl,
+        stride_gd,
+        valid_r,
+        valid_m,
+        valid_d,
+    )
+    o = _load_row_tiles(
+        Out + batch * stride_ob + head * stride_oh,
+        rows,
+        rows_m,
+        offs_d,
+        stride_on,
+        stride_ol,
+        stride_od,
+        valid_r,
+        valid_m,
+        valid_d,
+    )
     stat_offs = _stats_offset(batch, rows[:, None], num_rows, num_heads, head, seq_len) + rows_m[None, :]
     stat_mask = valid_r[:, None] & valid_m[None, :]
     lse = tl.load(Lse + stat_offs, mask=stat_mask, other=float("inf"))
@@ -631,21 +1008,69 @@ def _evo_attention_bwd_q_rows_kernel(
         dq += mma(ds.to(k.dtype), k, None, PRECISION)
 
     dq *= scale
-    _store_row_tiles(DQ + batch * stride_xb + head * stride_xh, dq.to(DQ.dtype.element_ty), rows, rows_m, offs_d,
-                     stride_xn, stride_xl, stride_xd, valid_r, valid_m, valid_d)
+    _store_row_tiles(
+        DQ + batch * stride_xb + head * stride_xh,
+        dq.to(DQ.dtype.element_ty),
+        rows,
+        rows_m,
+        offs_d,
+        stride_xn,
+        stride_xl,
+        stride_xd,
+        valid_r,
+        valid_m,
+        valid_d,
+    )
 
 
 @triton.jit
 def _evo_attention_bwd_bias_kernel(
-    Q, K, V, Bias, Mask, KeyEnd, DOut, Lse, Delta, DBias,
-    stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
-    stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
-    stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
-    stride_bb, stride_bh, stride_bq, stride_bk,
-    stride_mb, stride_mn, stride_ml,
-    stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
-    stride_dbb, stride_dbh, stride_dbq, stride_dbk,
-    num_heads, num_rows, seq_len, head_dim, scale_log2,
+    Q,
+    K,
+    V,
+    Bias,
+    Mask,
+    KeyEnd,
+    DOut,
+    Lse,
+    Delta,
+    DBias,
+    stride_qb,
+    stride_qn,
+    stride_ql,
+    stride_qh,
+    stride_qd,
+    stride_kb,
+    stride_kn,
+    stride_kl,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vn,
+    stride_vl,
+    stride_vh,
+    stride_vd,
+    stride_bb,
+    stride_bh,
+    stride_bq,
+    stride_bk,
+    stride_mb,
+    stride_mn,
+    stride_ml,
+    stride_gb,
+    stride_gn,
+    stride_gl,
+    stride_gh,
+    stride_gd,
+    stride_dbb,
+    stride_dbh,
+    stride_dbq,
+    stride_dbk,
+    num_heads,
+    num_rows,
+    seq_len,
+    head_dim,
+    scale_log2,
     HAS_MASK: tl.constexpr,
     PRECISION: tl.constexpr,
     SCAN_MASK: tl.constexpr,
@@ -668,8 +1093,9 @@ def _evo_attention_bwd_bias_kernel(
     valid_n = cols < seq_len
     valid_d = offs_d < head_dim
 
-    b = _load_bias_log2(Bias + batch * stride_bb + head * stride_bh, rows_m, cols, stride_bq, stride_bk,
-                        valid_m, valid_n)
+    b = _load_bias_log2(
+        Bias + batch * stride_bb + head * stride_bh, rows_m, cols, stride_bq, stride_bk, valid_m, valid_n
+    )
 
     # Row pointers advance by one row stride per step (64-bit pointer arithmetic, no row * stride).
     q_ptrs = _tile_ptrs(Q + batch * stride_qb + head * stride_qh, rows_m, offs_d, stride_ql, stride_qd)
@@ -711,8 +1137,16 @@ def _evo_attention_bwd_bias_kernel(
         stat_ptrs += num_heads * seq_len
         delta_ptrs += num_heads * seq_len
 
-    _store_tile(DBias + batch * stride_dbb + head * stride_dbh, dbias.to(DBias.dtype.element_ty), rows_m, cols,
-                stride_dbq, stride_dbk, valid_m, valid_n)
+    _store_tile(
+        DBias + batch * stride_dbb + head * stride_dbh,
+        dbias.to(DBias.dtype.element_ty),
+        rows_m,
+        cols,
+        stride_dbq,
+        stride_dbk,
+        valid_m,
+        valid_n,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -722,10 +1156,22 @@ def _evo_attention_bwd_bias_kernel(
 
 @triton.jit
 def _evo_attention_delta_kernel(
-    Out, DOut, Delta,
-    stride_ob, stride_on, stride_ol, stride_oh, stride_od,
-    stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
-    num_heads, seq_len, head_dim,
+    Out,
+    DOut,
+    Delta,
+    stride_ob,
+    stride_on,
+    stride_ol,
+    stride_oh,
+    stride_od,
+    stride_gb,
+    stride_gn,
+    stride_gl,
+    stride_gh,
+    stride_gd,
+    num_heads,
+    seq_len,
+    head_dim,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
     WIDE_INDEX: tl.constexpr,
@@ -738,27 +1184,90 @@ def _evo_attention_delta_kernel(
     offs_d = tile_range(0, BLOCK_D, WIDE_INDEX)
     valid_m = rows_m < seq_len
     valid_d = offs_d < head_dim
-    o = _load_tile(Out + batch * stride_ob + row * stride_on + head * stride_oh, rows_m, offs_d,
-                   stride_ol, stride_od, valid_m, valid_d)
-    do = _load_tile(DOut + batch * stride_gb + row * stride_gn + head * stride_gh, rows_m, offs_d,
-                    stride_gl, stride_gd, valid_m, valid_d)
+    o = _load_tile(
+        Out + batch * stride_ob + row * stride_on + head * stride_oh,
+        rows_m,
+        offs_d,
+        stride_ol,
+        stride_od,
+        valid_m,
+        valid_d,
+    )
+    do = _load_tile(
+        DOut + batch * stride_gb + row * stride_gn + head * stride_gh,
+        rows_m,
+        offs_d,
+        stride_gl,
+        stride_gd,
+        valid_m,
+        valid_d,
+    )
     stat_base = _stats_offset(batch, row, tl.num_programs(1), num_heads, head, seq_len)
     tl.store(Delta + stat_base + rows_m, _row_delta(o, do, 1), mask=valid_m)
 
 
 @triton.jit
 def _evo_attention_bwd_fused_kernel(
-    Q, K, V, Bias, Mask, KeyEnd, DOut, Lse, Delta, DK, DV, DQAcc, DBiasAcc,
-    stride_qb, stride_qn, stride_ql, stride_qh, stride_qd,
-    stride_kb, stride_kn, stride_kl, stride_kh, stride_kd,
-    stride_vb, stride_vn, stride_vl, stride_vh, stride_vd,
-    stride_bb, stride_bn, stride_bh, stride_bq, stride_bk,
-    stride_mb, stride_mn, stride_ml,
-    stride_gb, stride_gn, stride_gl, stride_gh, stride_gd,
-    stride_xb, stride_xn, stride_xl, stride_xh, stride_xd,
-    stride_ab, stride_an, stride_al, stride_ah, stride_ad,
-    stride_cb, stride_ch, stride_cq, stride_ck,
-    num_heads, seq_len, head_dim, scale, scale_log2,
+    Q,
+    K,
+    V,
+    Bias,
+    Mask,
+    KeyEnd,
+    DOut,
+    Lse,
+    Delta,
+    DK,
+    DV,
+    DQAcc,
+    DBiasAcc,
+    stride_qb,
+    stride_qn,
+    stride_ql,
+    stride_qh,
+    stride_qd,
+    stride_kb,
+    stride_kn,
+    stride_kl,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vn,
+    stride_vl,
+    stride_vh,
+    stride_vd,
+    stride_bb,
+    stride_bn,
+    stride_bh,
+    stride_bq,
+    stride_bk,
+    stride_mb,
+    stride_mn,
+    stride_ml,
+    stride_gb,
+    stride_gn,
+    stride_gl,
+    stride_gh,
+    stride_gd,
+    stride_xb,
+    stride_xn,
+    stride_xl,
+    stride_xh,
+    stride_xd,
+    stride_ab,
+    stride_an,
+    stride_al,
+    stride_ah,
+    stride_ad,
+    stride_cb,
+    stride_ch,
+    stride_cq,
+    stride_ck,
+    num_heads,
+    seq_len,
+    head_dim,
+    scale,
+    scale_log2,
     HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr,
     ATOMIC_DBIAS: tl.constexpr,
@@ -783,10 +1292,12 @@ def _evo_attention_bwd_fused_kernel(
     valid_n = cols < seq_len
     valid_d = offs_d < head_dim
 
-    k = _load_tile(K + batch * stride_kb + row * stride_kn + head * stride_kh, cols, offs_d,
-                   stride_kl, stride_kd, valid_n, valid_d)
-    v = _load_tile(V + batch * stride_vb + row * stride_vn + head * stride_vh, cols, offs_d,
-                   stride_vl, stride_vd, valid_n, valid_d)
+    k = _load_tile(
+        K + batch * stride_kb + row * stride_kn + head * stride_kh, cols, offs_d, stride_kl, stride_kd, valid_n, valid_d
+    )
+    v = _load_tile(
+        V + batch * stride_vb + row * stride_vn + head * stride_vh, cols, offs_d, stride_vl, stride_vd, valid_n, valid_d
+    )
     attend = _attended(Mask + batch * stride_mb + row * stride_mn, cols, stride_ml, valid_n, HAS_MASK)
 
     q_base = Q + batch * stride_qb + row * stride_qn + head * stride_qh
@@ -819,11 +1330,19 @@ def _evo_attention_bwd_fused_kernel(
             s_t += _load_bias_log2(bias_base, cols, rows_m, stride_bk, stride_bq, valid_n, valid_m)
         dk, dv, ds_t = _kv_block_grads(k, v, q, do, tl.trans(do), s_t, attend, lse, delta, dk, dv, PRECISION)
         dq_part = mma(tl.trans(ds_t.to(q.dtype)), k, None, PRECISION) * scale  # [BLOCK_M, BLOCK_D]
-        tl.atomic_add(_tile_ptrs(dq_base, rows_m, offs_d, stride_al, stride_ad), dq_part,
-                      mask=valid_m[:, None] & valid_d[None, :], sem="relaxed")
+        tl.atomic_add(
+            _tile_ptrs(dq_base, rows_m, offs_d, stride_al, stride_ad),
+            dq_part,
+            mask=valid_m[:, None] & valid_d[None, :],
+            sem="relaxed",
+        )
         if ATOMIC_DBIAS:
-            tl.atomic_add(_tile_ptrs(db_base, cols, rows_m, stride_ck, stride_cq), ds_t,
-                          mask=valid_n[:, None] & valid_m[None, :], sem="relaxed")
+            tl.atomic_add(
+                _tile_ptrs(db_base, cols, rows_m, stride_ck, stride_cq),
+                ds_t,
+                mask=valid_n[:, None] & valid_m[None, :],
+                sem="relaxed",
+            )
 
     dk *= scale
     out_base = batch * stride_xb + row * stride_xn + head * stride_xh

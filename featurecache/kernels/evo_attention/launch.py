@@ -16,7 +16,6 @@ memory once per row would cost at L = 768.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import triton
@@ -73,8 +72,10 @@ def check_inputs(q, k, v, bias, mask) -> None:
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"evo_attention: head dim {head_dim} not supported, use one of {SUPPORTED_HEAD_DIMS}")
     if bias is not None:
-        if bias.dim() != 5 or bias.shape[1] not in (1, rows) or (
-            (bias.shape[0], bias.shape[2], bias.shape[3], bias.shape[4]) != (batch, heads, seq_len, seq_len)
+        if (
+            bias.dim() != 5
+            or bias.shape[1] not in (1, rows)
+            or ((bias.shape[0], bias.shape[2], bias.shape[3], bias.shape[4]) != (batch, heads, seq_len, seq_len))
         ):
             raise ValueError(
                 f"evo_attention: bias has shape {tuple(bias.shape)}, expected "
@@ -97,14 +98,14 @@ def check_inputs(q, k, v, bias, mask) -> None:
         )
 
 
-def _tile_span(tensor: Optional[torch.Tensor], axes: tuple[int, ...]) -> int:
+def _tile_span(tensor: torch.Tensor | None, axes: tuple[int, ...]) -> int:
     """The largest offset inside one tile: sum of (size - 1) x stride over the tiled axes."""
     if tensor is None:
         return 0
     return sum((tensor.shape[axis] - 1) * abs(tensor.stride(axis)) for axis in axes)
 
 
-def wide_index(*tensors: Optional[torch.Tensor], bias: Optional[torch.Tensor] = None) -> bool:
+def wide_index(*tensors: torch.Tensor | None, bias: torch.Tensor | None = None) -> bool:
     """Whether the kernels need 64-bit tile offsets (WIDE_INDEX) for these tensors.
 
     tensors: [B, N, L, H, D] (q, k, v, out, their gradients), tiled over L and D; bias and its
@@ -115,7 +116,7 @@ def wide_index(*tensors: Optional[torch.Tensor], bias: Optional[torch.Tensor] = 
     return span >= INDEX_LIMIT
 
 
-def _bias_strides(bias: Optional[torch.Tensor]) -> tuple[int, int, int, int, int]:
+def _bias_strides(bias: torch.Tensor | None) -> tuple[int, int, int, int, int]:
     if bias is None:
         return (0, 0, 0, 0, 0)
     # A bias shared by all rows gets row stride 0: the kernels then read one tile for every row.
@@ -128,7 +129,7 @@ def _shared_bias_strides(bias: torch.Tensor) -> tuple[int, int, int, int]:
     return (bias.stride(0), bias.stride(2), bias.stride(3), bias.stride(4))
 
 
-def _mask_arg(mask: Optional[torch.Tensor], q: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+def _mask_arg(mask: torch.Tensor | None, q: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
     if mask is None:
         return q, (0, 0, 0)
     # bool and uint8 share a layout; Triton reads uint8 pointers more predictably than int1.
@@ -145,10 +146,10 @@ def evo_attention_forward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    mask: Optional[torch.Tensor],
+    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
     scale: float,
-    config: Optional[EvoAttentionConfig] = None,
+    config: EvoAttentionConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the forward kernel: one launch, nothing else on the host's path.
 
@@ -178,20 +179,49 @@ def evo_attention_forward(
     if shared_bias and config.rows > 1:
         grid = (triton.cdiv(seq_len, config.block_m), triton.cdiv(rows, config.rows), batch * heads)
         _evo_attention_fwd_rows_kernel[grid](
-            q, k, v, bias, mask_tensor, key_end, out, lse,
-            *q.stride(), *k.stride(), *v.stride(),
+            q,
+            k,
+            v,
+            bias,
+            mask_tensor,
+            key_end,
+            out,
+            lse,
+            *q.stride(),
+            *k.stride(),
+            *v.stride(),
             *_shared_bias_strides(bias),
-            *mask_strides, *out.stride(),
-            heads, rows, seq_len, head_dim, scale * LOG2E.value,
+            *mask_strides,
+            *out.stride(),
+            heads,
+            rows,
+            seq_len,
+            head_dim,
+            scale * LOG2E.value,
             ROWS=config.rows,
             **common,
         )
     else:
         grid = (triton.cdiv(seq_len, config.block_m), rows, batch * heads)
         _evo_attention_fwd_kernel[grid](
-            q, k, v, bias if bias is not None else q, mask_tensor, key_end, out, lse,
-            *q.stride(), *k.stride(), *v.stride(), *_bias_strides(bias), *mask_strides, *out.stride(),
-            heads, seq_len, head_dim, scale * LOG2E.value,
+            q,
+            k,
+            v,
+            bias if bias is not None else q,
+            mask_tensor,
+            key_end,
+            out,
+            lse,
+            *q.stride(),
+            *k.stride(),
+            *v.stride(),
+            *_bias_strides(bias),
+            *mask_strides,
+            *out.stride(),
+            heads,
+            seq_len,
+            head_dim,
+            scale * LOG2E.value,
             **common,
         )
     return out, lse, key_end
@@ -207,7 +237,7 @@ class _BackwardInputs:
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
-    bias: Optional[torch.Tensor]
+    bias: torch.Tensor | None
     mask: torch.Tensor
     mask_strides: tuple[int, int, int]
     out: torch.Tensor
@@ -218,8 +248,13 @@ class _BackwardInputs:
     common: dict
 
     def tiles(self, block: BlockConfig) -> dict:
-        return dict(BLOCK_M=block.block_m, BLOCK_N=block.block_n, num_warps=block.num_warps,
-                    num_stages=block.num_stages, **self.common)
+        return dict(
+            BLOCK_M=block.block_m,
+            BLOCK_N=block.block_n,
+            num_warps=block.num_warps,
+            num_stages=block.num_stages,
+            **self.common,
+        )
 
 
 def evo_attention_backward(
@@ -227,16 +262,16 @@ def evo_attention_backward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    mask: Optional[torch.Tensor],
+    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
     out: torch.Tensor,
     lse: torch.Tensor,
     key_end: torch.Tensor,
     scale: float,
     bias_grad: bool,
-    config: Optional[EvoAttentionConfig] = None,
-    grads: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    config: EvoAttentionConfig | None = None,
+    grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Launch the backward kernels of the configured mode. Returns dq, dk, dv, dbias.
 
     dbias is None unless bias_grad. `grads`: tensors of q's shape to write dq, dk, dv into
@@ -258,8 +293,9 @@ def evo_attention_backward(
         BLOCK_D=padded_head_dim(head_dim),
         WIDE_INDEX=wide_index(q, k, v, out, grad_out, dq, dk, dv, bias=bias) or wide_index(bias=dbias),
     )
-    inputs = _BackwardInputs(grad_out, q, k, v, bias, mask_tensor, mask_strides, out, lse, key_end,
-                             torch.empty_like(lse), scale, common)
+    inputs = _BackwardInputs(
+        grad_out, q, k, v, bias, mask_tensor, mask_strides, out, lse, key_end, torch.empty_like(lse), scale, common
+    )
     per_row_dbias = bias_grad and bias.shape[1] == rows
     # The fused mode sums in no fixed order: deterministic runs keep the split kernels, as does a
     # per-row bias gradient (each row's dBias tile is owned by one dQ program there).
@@ -286,51 +322,140 @@ def _launch_split_backward(x: _BackwardInputs, dq, dk, dv, dbias, config: EvoAtt
     kv_grid = (triton.cdiv(seq_len, kv.block_n), rows, batch * heads)
     if shared_bias and qc.rows > 1:
         _evo_attention_bwd_q_rows_kernel[(q_grid[0], triton.cdiv(rows, qc.rows), q_grid[2])](
-            x.q, x.k, x.v, bias, x.mask, x.key_end, x.out, x.grad_out, x.lse, x.delta, dq,
-            *qkv_strides, *_shared_bias_strides(bias),
-            *x.mask_strides, *x.out.stride(), *x.grad_out.stride(), *dq.stride(),
-            heads, rows, seq_len, head_dim, *scales,
-            ROWS=qc.rows, **x.tiles(qc),
+            x.q,
+            x.k,
+            x.v,
+            bias,
+            x.mask,
+            x.key_end,
+            x.out,
+            x.grad_out,
+            x.lse,
+            x.delta,
+            dq,
+            *qkv_strides,
+            *_shared_bias_strides(bias),
+            *x.mask_strides,
+            *x.out.stride(),
+            *x.grad_out.stride(),
+            *dq.stride(),
+            heads,
+            rows,
+            seq_len,
+            head_dim,
+            *scales,
+            ROWS=qc.rows,
+            **x.tiles(qc),
         )
     else:
         _evo_attention_bwd_q_kernel[q_grid](
-            x.q, x.k, x.v, bias if bias is not None else x.q, x.mask, x.key_end, x.out, x.grad_out, x.lse,
-            x.delta, dq, dbias if per_row_dbias else x.q,
-            *qkv_strides, *_bias_strides(bias),
-            *x.mask_strides, *x.out.stride(), *x.grad_out.stride(),
+            x.q,
+            x.k,
+            x.v,
+            bias if bias is not None else x.q,
+            x.mask,
+            x.key_end,
+            x.out,
+            x.grad_out,
+            x.lse,
+            x.delta,
+            dq,
+            dbias if per_row_dbias else x.q,
+            *qkv_strides,
+            *_bias_strides(bias),
+            *x.mask_strides,
+            *x.out.stride(),
+            *x.grad_out.stride(),
             *(dbias.stride() if per_row_dbias else (0, 0, 0, 0, 0)),
             *dq.stride(),
-            heads, seq_len, head_dim, *scales,
-            HAS_BIAS=bias is not None, STORE_DBIAS=per_row_dbias, **x.tiles(qc),
+            heads,
+            seq_len,
+            head_dim,
+            *scales,
+            HAS_BIAS=bias is not None,
+            STORE_DBIAS=per_row_dbias,
+            **x.tiles(qc),
         )
 
     if shared_bias and kv.rows > 1:
         _evo_attention_bwd_kv_rows_kernel[(kv_grid[0], triton.cdiv(rows, kv.rows), kv_grid[2])](
-            x.q, x.k, x.v, bias, x.mask, x.key_end, x.grad_out, x.lse, x.delta, dk, dv,
-            *qkv_strides, *_shared_bias_strides(bias),
-            *x.mask_strides, *x.grad_out.stride(), *dk.stride(),
-            heads, rows, seq_len, head_dim, *scales,
-            ROWS=kv.rows, **x.tiles(kv),
+            x.q,
+            x.k,
+            x.v,
+            bias,
+            x.mask,
+            x.key_end,
+            x.grad_out,
+            x.lse,
+            x.delta,
+            dk,
+            dv,
+            *qkv_strides,
+            *_shared_bias_strides(bias),
+            *x.mask_strides,
+            *x.grad_out.stride(),
+            *dk.stride(),
+            heads,
+            rows,
+            seq_len,
+            head_dim,
+            *scales,
+            ROWS=kv.rows,
+            **x.tiles(kv),
         )
     else:
         _evo_attention_bwd_kv_kernel[kv_grid](
-            x.q, x.k, x.v, bias if bias is not None else x.q, x.mask, x.key_end, x.grad_out, x.lse, x.delta,
-            dk, dv,
-            *qkv_strides, *_bias_strides(bias),
-            *x.mask_strides, *x.grad_out.stride(), *dk.stride(),
-            heads, seq_len, head_dim, *scales,
-            HAS_BIAS=bias is not None, **x.tiles(kv),
+            x.q,
+            x.k,
+            x.v,
+            bias if bias is not None else x.q,
+            x.mask,
+            x.key_end,
+            x.grad_out,
+            x.lse,
+            x.delta,
+            dk,
+            dv,
+            *qkv_strides,
+            *_bias_strides(bias),
+            *x.mask_strides,
+            *x.grad_out.stride(),
+            *dk.stride(),
+            heads,
+            seq_len,
+            head_dim,
+            *scales,
+            HAS_BIAS=bias is not None,
+            **x.tiles(kv),
         )
 
     if dbias is not None and not per_row_dbias:
         bc = config.bwd_bias
-        _evo_attention_bwd_bias_kernel[(triton.cdiv(seq_len, bc.block_n), triton.cdiv(seq_len, bc.block_m),
-                                        batch * heads)](
-            x.q, x.k, x.v, bias, x.mask, x.key_end, x.grad_out, x.lse, x.delta, dbias,
-            *qkv_strides, *_shared_bias_strides(bias),
-            *x.mask_strides, *x.grad_out.stride(), *_shared_bias_strides(dbias),
-            heads, rows, seq_len, head_dim, x.scale * LOG2E.value,
-            SCAN_MASK=_SCAN_MASK, **x.tiles(bc),
+        _evo_attention_bwd_bias_kernel[
+            (triton.cdiv(seq_len, bc.block_n), triton.cdiv(seq_len, bc.block_m), batch * heads)
+        ](
+            x.q,
+            x.k,
+            x.v,
+            bias,
+            x.mask,
+            x.key_end,
+            x.grad_out,
+            x.lse,
+            x.delta,
+            dbias,
+            *qkv_strides,
+            *_shared_bias_strides(bias),
+            *x.mask_strides,
+            *x.grad_out.stride(),
+            *_shared_bias_strides(dbias),
+            heads,
+            rows,
+            seq_len,
+            head_dim,
+            x.scale * LOG2E.value,
+            SCAN_MASK=_SCAN_MASK,
+            **x.tiles(bc),
         )
 
 
@@ -344,19 +469,44 @@ def _launch_fused_backward(x: _BackwardInputs, dq, dk, dv, dbias, block: BlockCo
     dq_acc = torch.zeros(x.q.shape, device=x.q.device, dtype=torch.float32)
     if dbias is not None:
         # An fp32 bias gradient is its own accumulator; a bf16 / fp16 one is rounded from an fp32 sum.
-        dbias_acc = dbias if dbias.dtype == torch.float32 else torch.empty(dbias.shape, device=x.q.device,
-                                                                           dtype=torch.float32)
+        dbias_acc = (
+            dbias if dbias.dtype == torch.float32 else torch.empty(dbias.shape, device=x.q.device, dtype=torch.float32)
+        )
         dbias_acc.zero_()
         dbias_strides = _shared_bias_strides(dbias_acc)
     else:
         dbias_acc, dbias_strides = x.lse, (0, 0, 0, 0)  # unused: ATOMIC_DBIAS is off
     _evo_attention_bwd_fused_kernel[(triton.cdiv(seq_len, block.block_n), rows, batch * heads)](
-        x.q, x.k, x.v, bias if bias is not None else x.q, x.mask, x.key_end, x.grad_out, x.lse, x.delta,
-        dk, dv, dq_acc, dbias_acc,
-        *x.q.stride(), *x.k.stride(), *x.v.stride(), *_bias_strides(bias),
-        *x.mask_strides, *x.grad_out.stride(), *dk.stride(), *dq_acc.stride(), *dbias_strides,
-        heads, seq_len, head_dim, x.scale, x.scale * LOG2E.value,
-        HAS_BIAS=bias is not None, ATOMIC_DBIAS=dbias is not None, **x.tiles(block),
+        x.q,
+        x.k,
+        x.v,
+        bias if bias is not None else x.q,
+        x.mask,
+        x.key_end,
+        x.grad_out,
+        x.lse,
+        x.delta,
+        dk,
+        dv,
+        dq_acc,
+        dbias_acc,
+        *x.q.stride(),
+        *x.k.stride(),
+        *x.v.stride(),
+        *_bias_strides(bias),
+        *x.mask_strides,
+        *x.grad_out.stride(),
+        *dk.stride(),
+        *dq_acc.stride(),
+        *dbias_strides,
+        heads,
+        seq_len,
+        head_dim,
+        x.scale,
+        x.scale * LOG2E.value,
+        HAS_BIAS=bias is not None,
+        ATOMIC_DBIAS=dbias is not None,
+        **x.tiles(block),
     )
     dq.copy_(dq_acc)
     if dbias is not None and dbias_acc is not dbias:
@@ -368,6 +518,15 @@ def _launch_delta(out, grad_out, delta, common: dict) -> None:
     batch, rows, seq_len, heads, head_dim = out.shape
     block = 64
     _evo_attention_delta_kernel[(triton.cdiv(seq_len, block), rows, batch * heads)](
-        out, grad_out, delta, *out.stride(), *grad_out.stride(), heads, seq_len, head_dim,
-        BLOCK_M=block, BLOCK_D=common["BLOCK_D"], WIDE_INDEX=common["WIDE_INDEX"],
+        out,
+        grad_out,
+        delta,
+        *out.stride(),
+        *grad_out.stride(),
+        heads,
+        seq_len,
+        head_dim,
+        BLOCK_M=block,
+        BLOCK_D=common["BLOCK_D"],
+        WIDE_INDEX=common["WIDE_INDEX"],
     )

@@ -3,7 +3,6 @@ evo_attention's launchers on the packed views, then the gate."""
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 
@@ -57,19 +56,20 @@ class _GatedPairAttention(torch.autograd.Function):
         if transpose:
             out_pair, d_out_pair = out_pair.transpose(1, 2), d_out_pair.transpose(1, 2)
         gate_backward(d_gated, gate, out_pair, d_out_pair, d_gate)
-        _, _, _, dbias = evo_attention_backward(d_out, q, k, v, bias, mask, out, lse, key_end, scale,
-                                                bias_grad=True, grads=(dq, dk, dv))
+        _, _, _, dbias = evo_attention_backward(
+            d_out, q, k, v, bias, mask, out, lse, key_end, scale, bias_grad=True, grads=(dq, dk, dv)
+        )
         d_bias.copy_(dbias.squeeze(1))
         return d_packed, None, None, None, None, None
 
 
 def gated_pair_attention(
     packed: torch.Tensor,
-    mask: Optional[torch.Tensor],
+    mask: torch.Tensor | None,
     heads: int,
     head_dim: int,
     transpose: bool = False,
-    scale: Optional[float] = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Triton gated_pair_attention_reference (see there for the layout); same numerics, up to
     the gate's rounding (one rounding here, two there).
@@ -77,13 +77,16 @@ def gated_pair_attention(
     Under torch.compile, and on a CPU without the interpreter, it is the composition of the
     reference with evo_attention (whose custom ops keep a compiled graph whole)."""
     if packed.dim() != 4 or packed.shape[1] != packed.shape[2] or packed.shape[-1] < 4 * heads * head_dim + heads:
-        raise ValueError(f"gated_pair_attention: packed has shape {tuple(packed.shape)}, expected "
-                         f"[B, L, L, >= {4 * heads * head_dim + heads}] for {heads} heads of {head_dim}")
+        raise ValueError(
+            f"gated_pair_attention: packed has shape {tuple(packed.shape)}, expected "
+            f"[B, L, L, >= {4 * heads * head_dim + heads}] for {heads} heads of {head_dim}"
+        )
     if mask is not None and (mask.shape != packed.shape[:3] or mask.dtype != torch.bool):
-        raise ValueError(f"gated_pair_attention: mask is {mask.dtype} {tuple(mask.shape)}, expected bool "
-                         f"{tuple(packed.shape[:3])}")
+        raise ValueError(
+            f"gated_pair_attention: mask is {mask.dtype} {tuple(mask.shape)}, expected bool {tuple(packed.shape[:3])}"
+        )
     if scale is None:
-        scale = head_dim ** -0.5
+        scale = head_dim**-0.5
     if torch.compiler.is_compiling() or not runtime.runs_triton(packed.device):
         return gated_pair_attention_reference(packed, mask, heads, head_dim, transpose, scale, attention=evo_attention)
     packed = runtime.autocast_input(packed)

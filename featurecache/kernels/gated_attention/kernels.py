@@ -30,10 +30,17 @@ def _strided(b, i, j, c, stride_b, stride_i, stride_j):
 
 @triton.jit
 def _gate_fwd_kernel(
-    G, O, Y,
-    length, inner,
-    stride_gb, stride_gi, stride_gj,
-    stride_ob, stride_oi, stride_oj,
+    G,
+    O,
+    Y,
+    length,
+    inner,
+    stride_gb,
+    stride_gi,
+    stride_gj,
+    stride_ob,
+    stride_oi,
+    stride_oj,
     PRECISION: tl.constexpr,
     BLOCK_J: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -48,11 +55,22 @@ def _gate_fwd_kernel(
 
 @triton.jit
 def _gate_bwd_kernel(
-    DY, G, O, DO, DG,
-    length, inner,
-    stride_gb, stride_gi, stride_gj,
-    stride_ob, stride_oi, stride_oj,
-    stride_dgb, stride_dgi, stride_dgj,
+    DY,
+    G,
+    O,
+    DO,
+    DG,
+    length,
+    inner,
+    stride_gb,
+    stride_gi,
+    stride_gj,
+    stride_ob,
+    stride_oi,
+    stride_oj,
+    stride_dgb,
+    stride_dgi,
+    stride_dgj,
     PRECISION: tl.constexpr,
     BLOCK_J: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -65,5 +83,8 @@ def _gate_bwd_kernel(
     o = tl.load(O + o_offsets, mask=m, other=0.0).to(tl.float32)
     s = tl.sigmoid(g.to(tl.float32))
     tl.store(DO + o_offsets, cast(dy * s, DO.dtype.element_ty, PRECISION), mask=m)
-    tl.store(DG + _strided(b, i, j, c, stride_dgb, stride_dgi, stride_dgj),
-             cast(dy * o * s * (1.0 - s), DG.dtype.element_ty, PRECISION), mask=m)
+    tl.store(
+        DG + _strided(b, i, j, c, stride_dgb, stride_dgi, stride_dgj),
+        cast(dy * o * s * (1.0 - s), DG.dtype.element_ty, PRECISION),
+        mask=m,
+    )

@@ -27,9 +27,9 @@ def packed_views(packed: torch.Tensor, heads: int, head_dim: int, transpose: boo
     """q, k, v [B, rows, L, H, D] (rows: i, or j for the transpose), gate [B, L, L, H*D] and the
     bias [B, H, L, L] as strided views of a packed tensor (or of its gradient)."""
     inner = heads * head_dim
-    q, k, v = (packed[..., n * inner:(n + 1) * inner].unflatten(-1, (heads, head_dim)) for n in range(3))
-    gate = packed[..., 3 * inner:4 * inner]
-    bias = packed[..., 4 * inner:4 * inner + heads]
+    q, k, v = (packed[..., n * inner : (n + 1) * inner].unflatten(-1, (heads, head_dim)) for n in range(3))
+    gate = packed[..., 3 * inner : 4 * inner]
+    bias = packed[..., 4 * inner : 4 * inner + heads]
     if transpose:
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         bias = bias.permute(0, 3, 2, 1)
@@ -44,17 +44,40 @@ def gate_forward(gate: torch.Tensor, out_pair: torch.Tensor) -> torch.Tensor:
     batch, length, _, inner = gate.shape
     gated = gate.new_empty((batch, length, length, inner))
     grid, block_j, block_c = _gate_grid(batch, length, inner)
-    _gate_fwd_kernel[grid](gate, out_pair, gated, length, inner, *_pair_strides(gate), *_pair_strides(out_pair),
-                           PRECISION=runtime.dot_precision(gate.dtype), BLOCK_J=block_j, BLOCK_C=block_c)
+    _gate_fwd_kernel[grid](
+        gate,
+        out_pair,
+        gated,
+        length,
+        inner,
+        *_pair_strides(gate),
+        *_pair_strides(out_pair),
+        PRECISION=runtime.dot_precision(gate.dtype),
+        BLOCK_J=block_j,
+        BLOCK_C=block_c,
+    )
     return gated
 
 
-def gate_backward(d_gated: torch.Tensor, gate: torch.Tensor, out_pair: torch.Tensor, d_out_pair: torch.Tensor,
-                  d_gate: torch.Tensor) -> None:
+def gate_backward(
+    d_gated: torch.Tensor, gate: torch.Tensor, out_pair: torch.Tensor, d_out_pair: torch.Tensor, d_gate: torch.Tensor
+) -> None:
     """The gate's backward in one kernel: writes d_out_pair (the attention output's gradient)
     and d_gate (a view into the packed gradient), all [B, L, L, H*D]."""
     batch, length, _, inner = gate.shape
     grid, block_j, block_c = _gate_grid(batch, length, inner)
-    _gate_bwd_kernel[grid](d_gated, gate, out_pair, d_out_pair, d_gate, length, inner,
-                           *_pair_strides(gate), *_pair_strides(out_pair), *_pair_strides(d_gate),
-                           PRECISION=runtime.dot_precision(gate.dtype), BLOCK_J=block_j, BLOCK_C=block_c)
+    _gate_bwd_kernel[grid](
+        d_gated,
+        gate,
+        out_pair,
+        d_out_pair,
+        d_gate,
+        length,
+        inner,
+        *_pair_strides(gate),
+        *_pair_strides(out_pair),
+        *_pair_strides(d_gate),
+        PRECISION=runtime.dot_precision(gate.dtype),
+        BLOCK_J=block_j,
+        BLOCK_C=block_c,
+    )

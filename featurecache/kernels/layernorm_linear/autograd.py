@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 
@@ -41,11 +40,17 @@ class _LayerNormLinearFunction(torch.autograd.Function):
 
 
 @torch.library.custom_op("featurecache::layernorm_linear_fwd", mutates_args=())
-def _layernorm_linear_fwd_op(x: torch.Tensor, norm_weight: torch.Tensor, norm_bias: torch.Tensor,
-                             weight: torch.Tensor, bias: Optional[torch.Tensor],
-                             eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    y, mean, rstd = layernorm_linear_fwd(x.reshape(-1, x.shape[-1]).contiguous(), norm_weight, norm_bias, weight,
-                                         bias, eps)
+def _layernorm_linear_fwd_op(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    norm_bias: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    y, mean, rstd = layernorm_linear_fwd(
+        x.reshape(-1, x.shape[-1]).contiguous(), norm_weight, norm_bias, weight, bias, eps
+    )
     return y.view(*x.shape[:-1], weight.shape[0]), mean, rstd
 
 
@@ -57,12 +62,20 @@ def _(x, norm_weight, norm_bias, weight, bias, eps):
 
 
 @torch.library.custom_op("featurecache::layernorm_linear_bwd", mutates_args=())
-def _layernorm_linear_bwd_op(dy: torch.Tensor, x: torch.Tensor, norm_weight: torch.Tensor,
-                             norm_bias: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
-                             rstd: torch.Tensor, has_bias: bool) -> list[torch.Tensor]:
+def _layernorm_linear_bwd_op(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    norm_bias: torch.Tensor,
+    weight: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    has_bias: bool,
+) -> list[torch.Tensor]:
     x2d = x.reshape(-1, x.shape[-1]).contiguous()
-    dx, dnw, dnb, dw, dbias = layernorm_linear_bwd(dy.reshape(-1, weight.shape[0]).contiguous(), x2d,
-                                                   norm_weight, norm_bias, weight, mean, rstd, has_bias)
+    dx, dnw, dnb, dw, dbias = layernorm_linear_bwd(
+        dy.reshape(-1, weight.shape[0]).contiguous(), x2d, norm_weight, norm_bias, weight, mean, rstd, has_bias
+    )
     # Custom ops cannot return None: an empty tensor stands for "no bias".
     grads = (dx.view(x.shape), dnw, dnb, dw, dbias if dbias is not None else x.new_empty(0))
     return list(runtime.unaliased(grads))
@@ -71,8 +84,9 @@ def _layernorm_linear_bwd_op(dy: torch.Tensor, x: torch.Tensor, norm_weight: tor
 @_layernorm_linear_bwd_op.register_fake
 def _(dy, x, norm_weight, norm_bias, weight, mean, rstd, has_bias):
     dbias = weight.new_empty(weight.shape[0], dtype=torch.float32) if has_bias else x.new_empty(0)
-    return [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (x, norm_weight, norm_bias, weight)
-            ] + [dbias]
+    return [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (x, norm_weight, norm_bias, weight)] + [
+        dbias
+    ]
 
 
 def _layernorm_linear_setup(ctx, inputs, output) -> None:

@@ -20,8 +20,19 @@ from featurecache.kernels.primitives import (
 
 @triton.jit
 def _layernorm_linear_fwd_kernel(
-    X, NORM_W, NORM_B, W, BIAS, Y, MEAN, RSTD,
-    n_rows, n_in, n_out, stride_y, eps,
+    X,
+    NORM_W,
+    NORM_B,
+    W,
+    BIAS,
+    Y,
+    MEAN,
+    RSTD,
+    n_rows,
+    n_in,
+    n_out,
+    stride_y,
+    eps,
     HAS_BIAS: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -39,8 +50,7 @@ def _layernorm_linear_fwd_kernel(
     k_mask = cols_k < n_in
 
     # x [BLOCK_M, BLOCK_K]
-    x = tl.load(X + rows[:, None] * n_in + cols_k[None, :],
-                mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+    x = tl.load(X + rows[:, None] * n_in + cols_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
     norm_w, norm_b = layernorm_params(NORM_W, NORM_B, cols_k, k_mask)
     xn, _, mean, rstd = layernorm_prologue(x, norm_w, norm_b, k_mask, n_in, eps, PRECISION)
 
@@ -50,13 +60,19 @@ def _layernorm_linear_fwd_kernel(
         cols_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = cols_n < n_out
         # W [BLOCK_N, BLOCK_K]
-        w = cast(tl.load(W + cols_n[:, None] * n_in + cols_k[None, :],
-                    mask=n_mask[:, None] & k_mask[None, :], other=0.0), x.dtype, PRECISION)
+        w = cast(
+            tl.load(W + cols_n[:, None] * n_in + cols_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0),
+            x.dtype,
+            PRECISION,
+        )
         acc = mma(xn, tl.trans(w), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), PRECISION)
         if HAS_BIAS:
             acc += tl.load(BIAS + cols_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(Y + rows[:, None] * stride_y + cols_n[None, :], cast(acc, Y.dtype.element_ty, PRECISION),
-                 mask=row_mask[:, None] & n_mask[None, :])
+        tl.store(
+            Y + rows[:, None] * stride_y + cols_n[None, :],
+            cast(acc, Y.dtype.element_ty, PRECISION),
+            mask=row_mask[:, None] & n_mask[None, :],
+        )
     if pid_n == 0:
         tl.store(MEAN + rows, mean, mask=row_mask)
         tl.store(RSTD + rows, rstd, mask=row_mask)
@@ -64,8 +80,21 @@ def _layernorm_linear_fwd_kernel(
 
 @triton.jit
 def _layernorm_linear_bwd_dx_kernel(
-    X, DY, NORM_W, NORM_B, W, MEAN, RSTD, DX, DNORM_W_PART, DNORM_B_PART, XN,
-    n_rows, n_in, n_out, stride_dy,
+    X,
+    DY,
+    NORM_W,
+    NORM_B,
+    W,
+    MEAN,
+    RSTD,
+    DX,
+    DNORM_W_PART,
+    DNORM_B_PART,
+    XN,
+    n_rows,
+    n_in,
+    n_out,
+    stride_dy,
     STORE_XN: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -79,8 +108,7 @@ def _layernorm_linear_bwd_dx_kernel(
     cols_k = tl.arange(0, BLOCK_K)
     k_mask = cols_k < n_in
 
-    x = tl.load(X + rows[:, None] * n_in + cols_k[None, :],
-                mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+    x = tl.load(X + rows[:, None] * n_in + cols_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
     norm_w, norm_b = layernorm_params(NORM_W, NORM_B, cols_k, k_mask)
     xn, xhat, rstd = layernorm_prologue_saved(x, MEAN, RSTD, rows, row_mask, norm_w, norm_b, k_mask, PRECISION)
 
@@ -89,23 +117,41 @@ def _layernorm_linear_bwd_dx_kernel(
     for n_start in range(0, n_out, BLOCK_N):
         cols_n = n_start + tl.arange(0, BLOCK_N)
         n_mask = cols_n < n_out
-        dy = tl.load(DY + rows[:, None] * stride_dy + cols_n[None, :],
-                     mask=row_mask[:, None] & n_mask[None, :], other=0.0)
-        w = cast(tl.load(W + cols_n[:, None] * n_in + cols_k[None, :],
-                    mask=n_mask[:, None] & k_mask[None, :], other=0.0), dy.dtype, PRECISION)
+        dy = tl.load(
+            DY + rows[:, None] * stride_dy + cols_n[None, :], mask=row_mask[:, None] & n_mask[None, :], other=0.0
+        )
+        w = cast(
+            tl.load(W + cols_n[:, None] * n_in + cols_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0),
+            dy.dtype,
+            PRECISION,
+        )
         d_xn = mma(dy, w, d_xn, PRECISION)
 
     if STORE_XN:
         tl.store(XN + rows[:, None] * n_in + cols_k[None, :], xn, mask=row_mask[:, None] & k_mask[None, :])
     dx = layernorm_backward(d_xn, xhat, rstd, norm_w, cols_k, k_mask, n_in, DNORM_W_PART, DNORM_B_PART, pid_m)
-    tl.store(DX + rows[:, None] * n_in + cols_k[None, :], cast(dx, DX.dtype.element_ty, PRECISION),
-             mask=row_mask[:, None] & k_mask[None, :])
+    tl.store(
+        DX + rows[:, None] * n_in + cols_k[None, :],
+        cast(dx, DX.dtype.element_ty, PRECISION),
+        mask=row_mask[:, None] & k_mask[None, :],
+    )
 
 
 @triton.jit
 def _layernorm_linear_bwd_dw_kernel(
-    X, DY, NORM_W, NORM_B, MEAN, RSTD, DW_PART, DBIAS_PART,
-    n_rows, n_in, n_out, stride_dy, n_splits,
+    X,
+    DY,
+    NORM_W,
+    NORM_B,
+    MEAN,
+    RSTD,
+    DW_PART,
+    DBIAS_PART,
+    n_rows,
+    n_in,
+    n_out,
+    stride_dy,
+    n_splits,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -124,15 +170,14 @@ def _layernorm_linear_bwd_dw_kernel(
     dbias = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for tile in range(pid_s, tl.cdiv(n_rows, BLOCK_M), n_splits):
         rows, row_mask = row_block(tile, BLOCK_M, n_rows)
-        x = tl.load(X + rows[:, None] * n_in + cols_k[None, :],
-                    mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        x = tl.load(X + rows[:, None] * n_in + cols_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         xn, _, _ = layernorm_prologue_saved(x, MEAN, RSTD, rows, row_mask, norm_w, norm_b, k_mask, PRECISION)
         # padded rows give xn = norm_b but dy = 0 there, so they add nothing
-        dy = tl.load(DY + rows[:, None] * stride_dy + cols_n[None, :],
-                     mask=row_mask[:, None] & n_mask[None, :], other=0.0)
+        dy = tl.load(
+            DY + rows[:, None] * stride_dy + cols_n[None, :], mask=row_mask[:, None] & n_mask[None, :], other=0.0
+        )
         dw = mma(tl.trans(dy), xn, dw, PRECISION)
         dbias += tl.sum(dy.to(tl.float32), axis=0)
     part = pid_s * n_out * n_in
-    tl.store(DW_PART + part + cols_n[:, None] * n_in + cols_k[None, :], dw,
-             mask=n_mask[:, None] & k_mask[None, :])
+    tl.store(DW_PART + part + cols_n[:, None] * n_in + cols_k[None, :], dw, mask=n_mask[:, None] & k_mask[None, :])
     tl.store(DBIAS_PART + pid_s * n_out + cols_n, dbias, mask=n_mask)

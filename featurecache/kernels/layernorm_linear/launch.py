@@ -35,11 +35,25 @@ def layernorm_linear_fwd(x2d, norm_weight, norm_bias, weight, bias, eps, aligned
     n_tiles = min(config.get("N_TILES", 1), triton.cdiv(n_out, block_n))
     grid = (triton.cdiv(n_rows, block_m), triton.cdiv(triton.cdiv(n_out, block_n), n_tiles))
     _layernorm_linear_fwd_kernel[grid](
-        x2d, norm_weight, norm_bias, weight, bias if bias is not None else weight, y, mean, rstd,
-        n_rows, n_in, n_out, stride_y, eps,
+        x2d,
+        norm_weight,
+        norm_bias,
+        weight,
+        bias if bias is not None else weight,
+        y,
+        mean,
+        rstd,
+        n_rows,
+        n_in,
+        n_out,
+        stride_y,
+        eps,
         HAS_BIAS=bias is not None,
         PRECISION=runtime.dot_precision(x2d.dtype),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, N_TILES=n_tiles,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        N_TILES=n_tiles,
         **runtime.launch_options(config),
     )
     return y, mean, rstd
@@ -64,11 +78,26 @@ def layernorm_linear_bwd(dy, x2d, norm_weight, norm_bias, weight, mean, rstd, ha
     dnorm_w_part = torch.empty((n_tiles, n_in), device=x2d.device, dtype=torch.float32)
     dnorm_b_part = torch.empty_like(dnorm_w_part)
     _layernorm_linear_bwd_dx_kernel[(n_tiles,)](
-        x2d, dy, norm_weight, norm_bias, weight, mean, rstd, dx, dnorm_w_part, dnorm_b_part, xn,
-        n_rows, n_in, n_out, dy.stride(0),
+        x2d,
+        dy,
+        norm_weight,
+        norm_bias,
+        weight,
+        mean,
+        rstd,
+        dx,
+        dnorm_w_part,
+        dnorm_b_part,
+        xn,
+        n_rows,
+        n_in,
+        n_out,
+        dy.stride(0),
         STORE_XN=matmul_weights,
         PRECISION=precision,
-        BLOCK_M=block_m, BLOCK_N=min(config["BLOCK_N"], runtime.block_for(n_out)), BLOCK_K=block_k,
+        BLOCK_M=block_m,
+        BLOCK_N=min(config["BLOCK_N"], runtime.block_for(n_out)),
+        BLOCK_K=block_k,
         **runtime.launch_options(config),
     )
     d_norm_w = dnorm_w_part.sum(0).to(norm_weight.dtype)
@@ -85,10 +114,23 @@ def layernorm_linear_bwd(dy, x2d, norm_weight, norm_bias, weight, mean, rstd, ha
     dw_part = torch.empty((n_splits, n_out, n_in), device=x2d.device, dtype=torch.float32)
     dbias_part = torch.empty((n_splits, n_out), device=x2d.device, dtype=torch.float32)
     _layernorm_linear_bwd_dw_kernel[(n_col_tiles, n_splits)](
-        x2d, dy, norm_weight, norm_bias, mean, rstd, dw_part, dbias_part,
-        n_rows, n_in, n_out, dy.stride(0), n_splits,
+        x2d,
+        dy,
+        norm_weight,
+        norm_bias,
+        mean,
+        rstd,
+        dw_part,
+        dbias_part,
+        n_rows,
+        n_in,
+        n_out,
+        dy.stride(0),
+        n_splits,
         PRECISION=precision,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
         **runtime.launch_options(config),
     )
     return dx, d_norm_w, d_norm_b, dw_part.sum(0).to(weight.dtype), dbias_part.sum(0) if has_bias else None

@@ -26,8 +26,14 @@ def residual_add(z: torch.Tensor, update: torch.Tensor) -> tuple[torch.Tensor, t
     """residual_add_reference in one Triton kernel each way, where it matters: an fp32 stream
     under autocast, on CUDA (or the interpreter), outside torch.compile (which fuses the
     composition itself)."""
-    if (z.dtype != torch.float32 or not torch.is_autocast_enabled(z.device.type)
-            or z.shape != update.shape or not z.is_contiguous() or not update.is_contiguous()
-            or torch.compiler.is_compiling() or not runtime.runs_triton(z.device)):
+    if (
+        z.dtype != torch.float32
+        or not torch.is_autocast_enabled(z.device.type)
+        or z.shape != update.shape
+        or not z.is_contiguous()
+        or not update.is_contiguous()
+        or torch.compiler.is_compiling()
+        or not runtime.runs_triton(z.device)
+    ):
         return residual_add_reference(z, update)
     return _ResidualAdd.apply(z, update, torch.get_autocast_dtype(z.device.type))

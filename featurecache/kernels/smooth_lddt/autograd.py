@@ -35,24 +35,28 @@ class _SmoothLddtSums(torch.autograd.Function):
 
 # Under torch.compile: the same launch as a custom op, so neither Dynamo nor Inductor traces it.
 @torch.library.custom_op("featurecache::smooth_lddt_sums", mutates_args=())
-def _smooth_lddt_op(predicted: torch.Tensor, true: torch.Tensor,
-                    radius: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _smooth_lddt_op(
+    predicted: torch.Tensor, true: torch.Tensor, radius: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return smooth_lddt_sums_fwd(predicted, true, radius)
 
 
 @_smooth_lddt_op.register_fake
 def _(predicted, true, radius):
     batch, samples = predicted.shape[:2]
-    return (predicted.new_empty((batch, samples), dtype=torch.float32),
-            predicted.new_empty(batch, dtype=torch.float32),
-            predicted.new_empty(predicted.shape, dtype=torch.float32))
+    return (
+        predicted.new_empty((batch, samples), dtype=torch.float32),
+        predicted.new_empty(batch, dtype=torch.float32),
+        predicted.new_empty(predicted.shape, dtype=torch.float32),
+    )
 
 
 _smooth_lddt_op.register_autograd(_smooth_lddt_backward, setup_context=_smooth_lddt_setup)
 
 
-def smooth_lddt_sums(predicted: torch.Tensor, true: torch.Tensor,
-                     radius: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def smooth_lddt_sums(
+    predicted: torch.Tensor, true: torch.Tensor, radius: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """smooth_lddt_sums_reference in one Triton kernel (fp32, with the gradient with respect to
     `predicted`; none for `true`). On CUDA or the interpreter only."""
     if not runtime.runs_triton(predicted.device):

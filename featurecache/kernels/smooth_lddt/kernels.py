@@ -17,8 +17,9 @@ def _load_xyz(base, index, mask):
 
 
 @triton.jit
-def _smooth_lddt_kernel(PRED, TRUE, RADIUS, SCORE, COUNT, GRAD, samples, atoms, tiles,
-                        BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
+def _smooth_lddt_kernel(
+    PRED, TRUE, RADIUS, SCORE, COUNT, GRAD, samples, atoms, tiles, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr
+):
     n = tl.program_id(0)  # batch * samples + sample
     tile = tl.program_id(1)
     b = n // samples

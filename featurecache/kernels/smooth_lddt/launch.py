@@ -22,7 +22,17 @@ def smooth_lddt_sums_fwd(predicted, true, radius):
     count = torch.empty_like(score)
     grad = torch.empty_like(predicted32)
     _smooth_lddt_kernel[(batch * samples, tiles)](
-        predicted32, true.float().contiguous(), radius.float().contiguous(), score, count, grad,
-        samples, atoms, tiles, BLOCK_I=BLOCK_I, BLOCK_J=BLOCK_J)
+        predicted32,
+        true.float().contiguous(),
+        radius.float().contiguous(),
+        score,
+        count,
+        grad,
+        samples,
+        atoms,
+        tiles,
+        BLOCK_I=BLOCK_I,
+        BLOCK_J=BLOCK_J,
+    )
     count = count.view(batch, samples, tiles)[:, 0].sum(-1)  # the same for every sample
     return score.sum(-1).view(batch, samples), count, grad

@@ -14,10 +14,8 @@ class _TransitionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps):
         x2d = x.reshape(-1, x.shape[-1]).contiguous()
-        y, mean, rstd = transition_fwd(x2d, norm_weight, norm_bias, weight_a, weight_b,
-                                       weight_out, eps)
-        ctx.save_for_backward(x2d, norm_weight, norm_bias, weight_a, weight_b, weight_out,
-                              mean, rstd)
+        y, mean, rstd = transition_fwd(x2d, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps)
+        ctx.save_for_backward(x2d, norm_weight, norm_bias, weight_a, weight_b, weight_out, mean, rstd)
         ctx.x_shape = x.shape
         return y.view(x.shape)
 
@@ -33,11 +31,18 @@ class _TransitionFunction(torch.autograd.Function):
 
 
 @torch.library.custom_op("featurecache::transition_fwd", mutates_args=())
-def _transition_fwd_op(x: torch.Tensor, norm_weight: torch.Tensor, norm_bias: torch.Tensor,
-                       weight_a: torch.Tensor, weight_b: torch.Tensor, weight_out: torch.Tensor,
-                       eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    y, mean, rstd = transition_fwd(x.reshape(-1, x.shape[-1]).contiguous(), norm_weight, norm_bias,
-                                   weight_a, weight_b, weight_out, eps)
+def _transition_fwd_op(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    norm_bias: torch.Tensor,
+    weight_a: torch.Tensor,
+    weight_b: torch.Tensor,
+    weight_out: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    y, mean, rstd = transition_fwd(
+        x.reshape(-1, x.shape[-1]).contiguous(), norm_weight, norm_bias, weight_a, weight_b, weight_out, eps
+    )
     return y.view(x.shape), mean, rstd
 
 
@@ -48,19 +53,30 @@ def _(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps):
 
 
 @torch.library.custom_op("featurecache::transition_bwd", mutates_args=())
-def _transition_bwd_op(dy: torch.Tensor, x: torch.Tensor, norm_weight: torch.Tensor, norm_bias: torch.Tensor,
-                       weight_a: torch.Tensor, weight_b: torch.Tensor, weight_out: torch.Tensor,
-                       mean: torch.Tensor, rstd: torch.Tensor) -> list[torch.Tensor]:
+def _transition_bwd_op(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    norm_bias: torch.Tensor,
+    weight_a: torch.Tensor,
+    weight_b: torch.Tensor,
+    weight_out: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+) -> list[torch.Tensor]:
     x2d = x.reshape(-1, x.shape[-1]).contiguous()
-    grads = transition_bwd(dy.reshape(x2d.shape).contiguous(), x2d, norm_weight, norm_bias, weight_a, weight_b,
-                           weight_out, mean, rstd)
+    grads = transition_bwd(
+        dy.reshape(x2d.shape).contiguous(), x2d, norm_weight, norm_bias, weight_a, weight_b, weight_out, mean, rstd
+    )
     return list(runtime.unaliased((grads[0].view(x.shape), *grads[1:])))
 
 
 @_transition_bwd_op.register_fake
 def _(dy, x, norm_weight, norm_bias, weight_a, weight_b, weight_out, mean, rstd):
-    return [torch.empty_like(t, memory_format=torch.contiguous_format)
-            for t in (x, norm_weight, norm_bias, weight_a, weight_b, weight_out)]
+    return [
+        torch.empty_like(t, memory_format=torch.contiguous_format)
+        for t in (x, norm_weight, norm_bias, weight_a, weight_b, weight_out)
+    ]
 
 
 def _transition_setup(ctx, inputs, output) -> None:
@@ -80,8 +96,10 @@ def transition(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps=1e
     x = runtime.autocast_input(x)
     runtime.max_channels_check(OP, "dim", x.shape[-1])
     if x.is_cuda and x.element_size() > 2 and x.shape[-1] > 512:
-        raise ValueError(f"{OP}: dim={x.shape[-1]} in {x.dtype} needs more shared memory than a GPU has; "
-                         f"pass bf16/fp16 activations (autocast) or use kernels='torch'")
+        raise ValueError(
+            f"{OP}: dim={x.shape[-1]} in {x.dtype} needs more shared memory than a GPU has; "
+            f"pass bf16/fp16 activations (autocast) or use kernels='torch'"
+        )
     if weight_a.shape[1] != x.shape[-1] or weight_out.shape != weight_a.shape[::-1]:
         raise ValueError(
             f"{OP}: x has {x.shape[-1]} channels but weight_a is {tuple(weight_a.shape)} and "
@@ -93,5 +111,4 @@ def transition(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps=1e
     weight_a, weight_b, weight_out = runtime.weights_like(x, weight_a, weight_b, weight_out)
     if torch.compiler.is_compiling():
         return _transition_fwd_op(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps)[0]
-    return _TransitionFunction.apply(x, norm_weight, norm_bias, weight_a, weight_b, weight_out,
-                                     eps)
+    return _TransitionFunction.apply(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps)

@@ -18,6 +18,7 @@ _WEIGHT_TILE_ELEMENTS = {2: 16384, 4: 2048}
 def tiles(kernel: str, n_ch: int, n_hidden: int, itemsize: int) -> tuple[dict[str, int], int, int, int]:
     block_c = runtime.block_for(n_ch)
     config, block_m = runtime.tile_config(OP, kernel, block_c, _ROW_TILE_ELEMENTS.get(itemsize, 4096))
-    block_h = min(config["BLOCK_H"], runtime.block_for(n_hidden),
-                  max(16, _WEIGHT_TILE_ELEMENTS.get(itemsize, 2048) // block_c))
+    block_h = min(
+        config["BLOCK_H"], runtime.block_for(n_hidden), max(16, _WEIGHT_TILE_ELEMENTS.get(itemsize, 2048) // block_c)
+    )
     return config, block_m, block_h, block_c

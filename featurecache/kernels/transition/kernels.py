@@ -25,8 +25,19 @@ from featurecache.kernels.primitives import (
 
 @triton.jit
 def _transition_fwd_kernel(
-    X, NORM_W, NORM_B, WA, WB, WO, Y, MEAN, RSTD,
-    n_rows, n_ch, n_hidden, eps,
+    X,
+    NORM_W,
+    NORM_B,
+    WA,
+    WB,
+    WO,
+    Y,
+    MEAN,
+    RSTD,
+    n_rows,
+    n_ch,
+    n_hidden,
+    eps,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -49,17 +60,31 @@ def _transition_fwd_kernel(
         w_mask = (hids < n_hidden)[:, None] & col_mask[None, :]
         wa, wb, wo = swiglu_chunk_weights(WA, WB, WO, hids, cols, w_mask, n_ch, n_hidden, x.dtype, PRECISION)
         acc = mma(swiglu_chunk(xn, wa, wb, zeros_h, PRECISION), wo, acc, PRECISION)
-    tl.store(Y + rows[:, None] * n_ch + cols[None, :], cast(acc, Y.dtype.element_ty, PRECISION),
-             mask=tile_mask)
+    tl.store(Y + rows[:, None] * n_ch + cols[None, :], cast(acc, Y.dtype.element_ty, PRECISION), mask=tile_mask)
     tl.store(MEAN + rows, mean, mask=row_mask)
     tl.store(RSTD + rows, rstd, mask=row_mask)
 
 
 @triton.jit
 def _transition_bwd_dx_kernel(
-    X, DY, NORM_W, NORM_B, WA, WB, WO, MEAN, RSTD, DX, DNORM_W_PART, DNORM_B_PART,
-    D_AB, HIDDEN, XN,
-    n_rows, n_ch, n_hidden,
+    X,
+    DY,
+    NORM_W,
+    NORM_B,
+    WA,
+    WB,
+    WO,
+    MEAN,
+    RSTD,
+    DX,
+    DNORM_W_PART,
+    DNORM_B_PART,
+    D_AB,
+    HIDDEN,
+    XN,
+    n_rows,
+    n_ch,
+    n_hidden,
     STORE_FOR_WEIGHTS: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -90,14 +115,27 @@ def _transition_bwd_dx_kernel(
             store_swiglu_grads(D_AB, HIDDEN, d_a, d_b, hidden, rows, row_mask, hids, n_hidden, PRECISION)
 
     dx = layernorm_backward(d_xn, xhat, rstd, norm_w, cols, col_mask, n_ch, DNORM_W_PART, DNORM_B_PART, pid)
-    tl.store(DX + rows[:, None] * n_ch + cols[None, :], cast(dx, DX.dtype.element_ty, PRECISION),
-             mask=tile_mask)
+    tl.store(DX + rows[:, None] * n_ch + cols[None, :], cast(dx, DX.dtype.element_ty, PRECISION), mask=tile_mask)
 
 
 @triton.jit
 def _transition_bwd_dw_kernel(
-    X, DY, NORM_W, NORM_B, WA, WB, WO, MEAN, RSTD, DWA_PART, DWB_PART, DWO_PART,
-    n_rows, n_ch, n_hidden, n_splits,
+    X,
+    DY,
+    NORM_W,
+    NORM_B,
+    WA,
+    WB,
+    WO,
+    MEAN,
+    RSTD,
+    DWA_PART,
+    DWB_PART,
+    DWO_PART,
+    n_rows,
+    n_ch,
+    n_hidden,
+    n_splits,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_H: tl.constexpr,

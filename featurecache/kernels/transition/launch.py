@@ -24,11 +24,18 @@ def transition_fwd(x2d, norm_weight, norm_bias, weight_a, weight_b, weight_out, 
     rstd = torch.empty_like(mean)
     config, block_m, block_h, block_c = tiles("fwd", n_ch, n_hidden, x2d.element_size())
     runtime.launch_fitting(
-        _transition_fwd_kernel, (triton.cdiv(n_rows, block_m),),
+        _transition_fwd_kernel,
+        (triton.cdiv(n_rows, block_m),),
         (x2d, norm_weight, norm_bias, weight_a, weight_b, weight_out, y, mean, rstd, n_rows, n_ch, n_hidden, eps),
-        dict(PRECISION=runtime.dot_precision(x2d.dtype), BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_C=block_c,
-             **runtime.launch_options(config)),
-        shrinkable=("BLOCK_H",))
+        dict(
+            PRECISION=runtime.dot_precision(x2d.dtype),
+            BLOCK_M=block_m,
+            BLOCK_H=block_h,
+            BLOCK_C=block_c,
+            **runtime.launch_options(config),
+        ),
+        shrinkable=("BLOCK_H",),
+    )
     return y, mean, rstd
 
 
@@ -56,20 +63,52 @@ def transition_bwd(dy, x2d, norm_weight, norm_bias, weight_a, weight_b, weight_o
     dnorm_w_part = torch.empty((n_tiles, n_ch), device=device, dtype=torch.float32)
     dnorm_b_part = torch.empty_like(dnorm_w_part)
     runtime.launch_fitting(
-        _transition_bwd_dx_kernel, (n_tiles,),
-        (x2d, dy, norm_weight, norm_bias, weight_a, weight_b, weight_out, mean, rstd,
-         dx, dnorm_w_part, dnorm_b_part, d_ab, hidden, xn, n_rows, n_ch, n_hidden),
-        dict(STORE_FOR_WEIGHTS=matmul_weights, PRECISION=precision, BLOCK_M=block_m, BLOCK_H=block_h,
-             BLOCK_C=block_c, **runtime.launch_options(config)),
-        shrinkable=("BLOCK_H",))
+        _transition_bwd_dx_kernel,
+        (n_tiles,),
+        (
+            x2d,
+            dy,
+            norm_weight,
+            norm_bias,
+            weight_a,
+            weight_b,
+            weight_out,
+            mean,
+            rstd,
+            dx,
+            dnorm_w_part,
+            dnorm_b_part,
+            d_ab,
+            hidden,
+            xn,
+            n_rows,
+            n_ch,
+            n_hidden,
+        ),
+        dict(
+            STORE_FOR_WEIGHTS=matmul_weights,
+            PRECISION=precision,
+            BLOCK_M=block_m,
+            BLOCK_H=block_h,
+            BLOCK_C=block_c,
+            **runtime.launch_options(config),
+        ),
+        shrinkable=("BLOCK_H",),
+    )
 
     d_norm_w = dnorm_w_part.sum(0).to(norm_weight.dtype)
     d_norm_b = dnorm_b_part.sum(0).to(norm_bias.dtype)
     if matmul_weights:
         d_wab = d_ab.t() @ xn  # [2 * n_hidden, C]
         d_wo = dy.t() @ hidden  # [C, n_hidden]
-        return (dx, d_norm_w, d_norm_b, d_wab[:n_hidden].to(weight_a.dtype),
-                d_wab[n_hidden:].to(weight_b.dtype), d_wo.to(weight_out.dtype))
+        return (
+            dx,
+            d_norm_w,
+            d_norm_b,
+            d_wab[:n_hidden].to(weight_a.dtype),
+            d_wab[n_hidden:].to(weight_b.dtype),
+            d_wo.to(weight_out.dtype),
+        )
 
     config, block_m, block_h, block_c = tiles("bwd_dw", n_ch, n_hidden, x2d.element_size())
     n_hidden_tiles = triton.cdiv(n_hidden, block_h)
@@ -78,11 +117,28 @@ def transition_bwd(dy, x2d, norm_weight, norm_bias, weight_a, weight_b, weight_o
     dwb_part = torch.empty_like(dwa_part)
     dwo_part = torch.empty((n_splits, n_ch, n_hidden), device=device, dtype=torch.float32)
     runtime.launch_fitting(  # BLOCK_H sets the grid and the partial sums here: not shrinkable
-        _transition_bwd_dw_kernel, (n_hidden_tiles, n_splits),
-        (x2d, dy, norm_weight, norm_bias, weight_a, weight_b, weight_out, mean, rstd,
-         dwa_part, dwb_part, dwo_part, n_rows, n_ch, n_hidden, n_splits),
-        dict(PRECISION=precision, BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_C=block_c,
-             **runtime.launch_options(config)))
+        _transition_bwd_dw_kernel,
+        (n_hidden_tiles, n_splits),
+        (
+            x2d,
+            dy,
+            norm_weight,
+            norm_bias,
+            weight_a,
+            weight_b,
+            weight_out,
+            mean,
+            rstd,
+            dwa_part,
+            dwb_part,
+            dwo_part,
+            n_rows,
+            n_ch,
+            n_hidden,
+            n_splits,
+        ),
+        dict(PRECISION=precision, BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_C=block_c, **runtime.launch_options(config)),
+    )
     return (
         dx,
         d_norm_w,

@@ -28,5 +28,12 @@ class Transition(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., dim]. Returns [..., dim] (the update; no residual)."""
         fn = transition if self.kernels == "triton" else transition_reference
-        return fn(x, self.norm.weight, self.norm.bias, self.linear_a.weight, self.linear_b.weight,
-                  self.linear_out.weight, self.norm.eps)
+        return fn(
+            x,
+            self.norm.weight,
+            self.norm.bias,
+            self.linear_a.weight,
+            self.linear_b.weight,
+            self.linear_out.weight,
+            self.norm.eps,
+        )

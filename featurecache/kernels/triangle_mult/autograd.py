@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 
@@ -14,8 +13,7 @@ from featurecache.kernels.triangle_mult.launch import DIRECTIONS, OP, triangle_m
 class _TriangleMultFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z, mask, direction, eps, *params):
-        out, (z2d, mask_rows, x, stats) = triangle_mult_fwd(z.contiguous(), mask, params,
-                                                            direction, eps)
+        out, (z2d, mask_rows, x, stats) = triangle_mult_fwd(z.contiguous(), mask, params, direction, eps)
         saved_mask = () if mask_rows is None else (mask_rows,)
         ctx.save_for_backward(z2d, x, stats, *params, *saved_mask)
         ctx.has_mask = mask_rows is not None
@@ -29,8 +27,9 @@ class _TriangleMultFunction(torch.autograd.Function):
         z2d, x, stats, *rest = ctx.saved_tensors
         params = tuple(rest[:10])
         mask_rows = rest[10] if ctx.has_mask else None
-        dz, dparams = triangle_mult_bwd(dout.reshape(z2d.shape).contiguous(), z2d, mask_rows, x,
-                                        stats, params, ctx.direction, ctx.eps)
+        dz, dparams = triangle_mult_bwd(
+            dout.reshape(z2d.shape).contiguous(), z2d, mask_rows, x, stats, params, ctx.direction, ctx.eps
+        )
         return (dz.view(ctx.z_shape), None, None, None, *dparams)
 
 
@@ -41,13 +40,33 @@ class _TriangleMultFunction(torch.autograd.Function):
 
 @torch.library.custom_op("featurecache::triangle_mult_fwd", mutates_args=())
 def _triangle_mult_fwd_op(
-    z: torch.Tensor, mask: Optional[torch.Tensor], norm_in_weight: torch.Tensor, norm_in_bias: torch.Tensor,
-    weight_a_p: torch.Tensor, weight_a_g: torch.Tensor, weight_b_p: torch.Tensor, weight_b_g: torch.Tensor,
-    weight_g: torch.Tensor, norm_out_weight: torch.Tensor, norm_out_bias: torch.Tensor, weight_z: torch.Tensor,
-    direction: str, eps: float,
+    z: torch.Tensor,
+    mask: torch.Tensor | None,
+    norm_in_weight: torch.Tensor,
+    norm_in_bias: torch.Tensor,
+    weight_a_p: torch.Tensor,
+    weight_a_g: torch.Tensor,
+    weight_b_p: torch.Tensor,
+    weight_b_g: torch.Tensor,
+    weight_g: torch.Tensor,
+    norm_out_weight: torch.Tensor,
+    norm_out_bias: torch.Tensor,
+    weight_z: torch.Tensor,
+    direction: str,
+    eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    params = (norm_in_weight, norm_in_bias, weight_a_p, weight_a_g, weight_b_p, weight_b_g, weight_g,
-              norm_out_weight, norm_out_bias, weight_z)
+    params = (
+        norm_in_weight,
+        norm_in_bias,
+        weight_a_p,
+        weight_a_g,
+        weight_b_p,
+        weight_b_g,
+        weight_g,
+        norm_out_weight,
+        norm_out_bias,
+        weight_z,
+    )
     out, (_, _, x, stats) = triangle_mult_fwd(z.contiguous(), mask, params, direction, eps)
     return out, x, stats
 
@@ -61,13 +80,20 @@ def _(z, mask, norm_in_weight, norm_in_bias, weight_a_p, *rest):
 
 @torch.library.custom_op("featurecache::triangle_mult_bwd", mutates_args=())
 def _triangle_mult_bwd_op(
-    dout: torch.Tensor, z: torch.Tensor, mask: Optional[torch.Tensor], x: torch.Tensor, stats: torch.Tensor,
-    params: list[torch.Tensor], direction: str, eps: float,
+    dout: torch.Tensor,
+    z: torch.Tensor,
+    mask: torch.Tensor | None,
+    x: torch.Tensor,
+    stats: torch.Tensor,
+    params: list[torch.Tensor],
+    direction: str,
+    eps: float,
 ) -> list[torch.Tensor]:
     z2d = z.contiguous().view(-1, z.shape[-1])
     mask_rows = None if mask is None else mask.contiguous().view(-1).view(torch.uint8)
-    dz, dparams = triangle_mult_bwd(dout.reshape(z2d.shape).contiguous(), z2d, mask_rows, x, stats,
-                                    tuple(params), direction, eps)
+    dz, dparams = triangle_mult_bwd(
+        dout.reshape(z2d.shape).contiguous(), z2d, mask_rows, x, stats, tuple(params), direction, eps
+    )
     return list(runtime.unaliased((dz.view(z.shape), *dparams)))
 
 
@@ -92,9 +118,22 @@ def _triangle_mult_backward(ctx, dout, _dx, _dstats):
 _triangle_mult_fwd_op.register_autograd(_triangle_mult_backward, setup_context=_triangle_mult_setup)
 
 
-def triangle_mult(z, mask, norm_in_weight, norm_in_bias, weight_a_p, weight_a_g, weight_b_p,
-                  weight_b_g, weight_g, norm_out_weight, norm_out_bias, weight_z,
-                  direction="outgoing", eps=1e-5):
+def triangle_mult(
+    z,
+    mask,
+    norm_in_weight,
+    norm_in_bias,
+    weight_a_p,
+    weight_a_g,
+    weight_b_p,
+    weight_b_g,
+    weight_g,
+    norm_out_weight,
+    norm_out_bias,
+    weight_z,
+    direction="outgoing",
+    eps=1e-5,
+):
     """Triton triangle multiplicative update; same signature and numerics as
     triangle_mult_reference."""
     if direction not in DIRECTIONS:
@@ -104,16 +143,25 @@ def triangle_mult(z, mask, norm_in_weight, norm_in_bias, weight_a_p, weight_a_g,
     if z.dim() != 4 or z.shape[1] != z.shape[2]:
         raise ValueError(f"{OP}: z must be [B, L, L, C], got {tuple(z.shape)}")
     if mask is not None and (mask.shape != z.shape[:3] or mask.dtype != torch.bool):
-        raise ValueError(
-            f"{OP}: mask must be bool {tuple(z.shape[:3])}, got {mask.dtype} {tuple(mask.shape)}"
-        )
+        raise ValueError(f"{OP}: mask must be bool {tuple(z.shape[:3])}, got {mask.dtype} {tuple(mask.shape)}")
     runtime.max_channels_check(OP, "dim", z.shape[-1], limit=256)
     runtime.max_channels_check(OP, "hidden_dim", weight_a_p.shape[0], limit=256)
     if z.numel() > 0:
         weight_a_p, weight_a_g, weight_b_p, weight_b_g, weight_g, weight_z = runtime.weights_like(
-            z, weight_a_p, weight_a_g, weight_b_p, weight_b_g, weight_g, weight_z)
-    params = (norm_in_weight, norm_in_bias, weight_a_p, weight_a_g, weight_b_p, weight_b_g,
-              weight_g, norm_out_weight, norm_out_bias, weight_z)
+            z, weight_a_p, weight_a_g, weight_b_p, weight_b_g, weight_g, weight_z
+        )
+    params = (
+        norm_in_weight,
+        norm_in_bias,
+        weight_a_p,
+        weight_a_g,
+        weight_b_p,
+        weight_b_g,
+        weight_g,
+        norm_out_weight,
+        norm_out_bias,
+        weight_z,
+    )
     if z.numel() == 0:
         # no rows: nothing to launch; the result stays connected to the graph for autograd
         return triangle_mult_reference(z, mask, *params, direction=direction, eps=eps)

@@ -20,8 +20,9 @@ OP = "triangle_mult"
 DIRECTIONS = ("outgoing", "incoming")
 
 
-def _project(z2d, mask_rows, norm_in_weight, norm_in_bias, w_ap, w_ag, w_bp, w_bg, eps,
-             batch, length, mean_in=None, rstd_in=None):
+def _project(
+    z2d, mask_rows, norm_in_weight, norm_in_bias, w_ap, w_ag, w_bp, w_bg, eps, batch, length, mean_in=None, rstd_in=None
+):
     """a, b as [B, H, L, L]; fills mean_in / rstd_in when given."""
     n_rows, n_ch = z2d.shape
     n_hidden = w_ap.shape[0]
@@ -31,14 +32,28 @@ def _project(z2d, mask_rows, norm_in_weight, norm_in_bias, w_ap, w_ag, w_bp, w_b
     config, block_m = runtime.tile_config(OP, "proj", block_c)
     store_stats = mean_in is not None
     _triangle_proj_kernel[(triton.cdiv(n_rows, block_m),)](
-        z2d, mask_rows if mask_rows is not None else z2d,
-        norm_in_weight, norm_in_bias, w_ap, w_ag, w_bp, w_bg, a, b,
-        mean_in if store_stats else z2d, rstd_in if store_stats else z2d,
-        n_rows, n_ch, n_hidden, length * length, eps,
+        z2d,
+        mask_rows if mask_rows is not None else z2d,
+        norm_in_weight,
+        norm_in_bias,
+        w_ap,
+        w_ag,
+        w_bp,
+        w_bg,
+        a,
+        b,
+        mean_in if store_stats else z2d,
+        rstd_in if store_stats else z2d,
+        n_rows,
+        n_ch,
+        n_hidden,
+        length * length,
+        eps,
         HAS_MASK=mask_rows is not None,
         STORE_STATS=store_stats,
         PRECISION=runtime.dot_precision(z2d.dtype),
-        BLOCK_M=block_m, BLOCK_H=min(config["BLOCK_H"], runtime.block_for(n_hidden)),
+        BLOCK_M=block_m,
+        BLOCK_H=min(config["BLOCK_H"], runtime.block_for(n_hidden)),
         BLOCK_C=block_c,
         **runtime.launch_options(config),
     )
@@ -63,8 +78,7 @@ def triangle_mult_fwd(z, mask, params, direction, eps):
     stats = torch.empty((4, n_rows), device=z.device, dtype=torch.float32)
     mean_in, rstd_in, mean_out, rstd_out = stats
 
-    a, b = _project(z2d, mask_rows, norm_in_w, norm_in_b, w_ap, w_ag, w_bp, w_bg, eps,
-                    batch, length, mean_in, rstd_in)
+    a, b = _project(z2d, mask_rows, norm_in_w, norm_in_b, w_ap, w_ag, w_bp, w_bg, eps, batch, length, mean_in, rstd_in)
     x = _triangular_product(a, b, direction)
     del a, b
 
@@ -72,11 +86,28 @@ def triangle_mult_fwd(z, mask, params, direction, eps):
     block_c, block_hf = runtime.block_for(n_ch), runtime.block_for(n_hidden)
     config, block_m = runtime.tile_config(OP, "out", max(block_c, block_hf))
     _triangle_out_kernel[(triton.cdiv(n_rows, block_m),)](
-        z2d, x, norm_in_w, norm_in_b, mean_in, rstd_in, norm_out_w, norm_out_b, w_g, w_z,
-        out, mean_out, rstd_out,
-        n_rows, n_ch, n_hidden, length * length, eps,
+        z2d,
+        x,
+        norm_in_w,
+        norm_in_b,
+        mean_in,
+        rstd_in,
+        norm_out_w,
+        norm_out_b,
+        w_g,
+        w_z,
+        out,
+        mean_out,
+        rstd_out,
+        n_rows,
+        n_ch,
+        n_hidden,
+        length * length,
+        eps,
         PRECISION=runtime.dot_precision(z.dtype),
-        BLOCK_M=block_m, BLOCK_C=block_c, BLOCK_HF=block_hf,
+        BLOCK_M=block_m,
+        BLOCK_C=block_c,
+        BLOCK_HF=block_hf,
         **runtime.launch_options(config),
     )
     return out.view(z.shape), (z2d, mask_rows, x, stats)
@@ -101,11 +132,30 @@ def triangle_mult_bwd(dout, z2d, mask_rows, x, stats, params, direction, eps):
     dx = torch.empty_like(x)
     dnorm_out_part = torch.empty((2, n_tiles, n_hidden), device=device, dtype=torch.float32)
     _triangle_bwd_out_kernel[(n_tiles,)](
-        z2d, x, dout, norm_in_w, norm_in_b, mean_in, rstd_in, norm_out_w, norm_out_b,
-        mean_out, rstd_out, w_g, w_z, dx, dnorm_out_part[0], dnorm_out_part[1],
-        n_rows, n_ch, n_hidden, pair_rows,
+        z2d,
+        x,
+        dout,
+        norm_in_w,
+        norm_in_b,
+        mean_in,
+        rstd_in,
+        norm_out_w,
+        norm_out_b,
+        mean_out,
+        rstd_out,
+        w_g,
+        w_z,
+        dx,
+        dnorm_out_part[0],
+        dnorm_out_part[1],
+        n_rows,
+        n_ch,
+        n_hidden,
+        pair_rows,
         PRECISION=precision,
-        BLOCK_M=block_m, BLOCK_C=block_c, BLOCK_HF=block_hf,
+        BLOCK_M=block_m,
+        BLOCK_C=block_c,
+        BLOCK_HF=block_hf,
         **runtime.launch_options(config),
     )
 
@@ -117,17 +167,36 @@ def triangle_mult_bwd(dout, z2d, mask_rows, x, stats, params, direction, eps):
     dwg_part = torch.empty((n_splits, n_ch, n_ch), device=device, dtype=torch.float32)
     dwz_part = torch.empty((n_splits, n_ch, n_hidden), device=device, dtype=torch.float32)
     _triangle_bwd_dw_out_kernel[(n_out_tiles, n_splits)](
-        z2d, x, dout, norm_in_w, norm_in_b, mean_in, rstd_in, norm_out_w, norm_out_b,
-        mean_out, rstd_out, w_g, w_z, dwg_part, dwz_part,
-        n_rows, n_ch, n_hidden, pair_rows, n_splits,
+        z2d,
+        x,
+        dout,
+        norm_in_w,
+        norm_in_b,
+        mean_in,
+        rstd_in,
+        norm_out_w,
+        norm_out_b,
+        mean_out,
+        rstd_out,
+        w_g,
+        w_z,
+        dwg_part,
+        dwz_part,
+        n_rows,
+        n_ch,
+        n_hidden,
+        pair_rows,
+        n_splits,
         PRECISION=precision,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_C=block_c, BLOCK_HF=block_hf,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_C=block_c,
+        BLOCK_HF=block_hf,
         **runtime.launch_options(config),
     )
 
     # 3. da, db through the triangular product; a and b recomputed from z
-    a, b = _project(z2d, mask_rows, norm_in_w, norm_in_b, w_ap, w_ag, w_bp, w_bg, eps,
-                    batch, length)
+    a, b = _project(z2d, mask_rows, norm_in_w, norm_in_b, w_ap, w_ag, w_bp, w_bg, eps, batch, length)
     if direction == "outgoing":  # x = a b^T
         da = torch.matmul(dx, b)
         db = torch.matmul(dx.transpose(-1, -2), a)
@@ -142,13 +211,38 @@ def triangle_mult_bwd(dout, z2d, mask_rows, x, stats, params, direction, eps):
     dz = torch.empty_like(z2d)
     dnorm_in_part = torch.empty((2, n_tiles, n_ch), device=device, dtype=torch.float32)
     _triangle_bwd_proj_kernel[(n_tiles,)](
-        z2d, mask_arg, x, da, db, dout, norm_in_w, norm_in_b, mean_in, rstd_in,
-        norm_out_w, norm_out_b, mean_out, rstd_out, w_ap, w_ag, w_bp, w_bg, w_g, w_z,
-        dz, dnorm_in_part[0], dnorm_in_part[1],
-        n_rows, n_ch, n_hidden, pair_rows,
+        z2d,
+        mask_arg,
+        x,
+        da,
+        db,
+        dout,
+        norm_in_w,
+        norm_in_b,
+        mean_in,
+        rstd_in,
+        norm_out_w,
+        norm_out_b,
+        mean_out,
+        rstd_out,
+        w_ap,
+        w_ag,
+        w_bp,
+        w_bg,
+        w_g,
+        w_z,
+        dz,
+        dnorm_in_part[0],
+        dnorm_in_part[1],
+        n_rows,
+        n_ch,
+        n_hidden,
+        pair_rows,
         HAS_MASK=has_mask,
         PRECISION=precision,
-        BLOCK_M=block_m, BLOCK_H=min(config["BLOCK_H"], block_hf), BLOCK_C=block_c,
+        BLOCK_M=block_m,
+        BLOCK_H=min(config["BLOCK_H"], block_hf),
+        BLOCK_C=block_c,
         BLOCK_HF=block_hf,
         **runtime.launch_options(config),
     )
@@ -160,20 +254,45 @@ def triangle_mult_bwd(dout, z2d, mask_rows, x, stats, params, direction, eps):
     n_splits = runtime.row_splits(triton.cdiv(n_rows, block_m), n_hidden_tiles, device)
     dwproj_part = torch.empty((4, n_splits, n_hidden, n_ch), device=device, dtype=torch.float32)
     _triangle_bwd_dw_proj_kernel[(n_hidden_tiles, n_splits)](
-        z2d, mask_arg, da, db, norm_in_w, norm_in_b, mean_in, rstd_in, w_ap, w_ag, w_bp, w_bg,
-        dwproj_part[0], dwproj_part[1], dwproj_part[2], dwproj_part[3],
-        n_rows, n_ch, n_hidden, pair_rows, n_splits,
+        z2d,
+        mask_arg,
+        da,
+        db,
+        norm_in_w,
+        norm_in_b,
+        mean_in,
+        rstd_in,
+        w_ap,
+        w_ag,
+        w_bp,
+        w_bg,
+        dwproj_part[0],
+        dwproj_part[1],
+        dwproj_part[2],
+        dwproj_part[3],
+        n_rows,
+        n_ch,
+        n_hidden,
+        pair_rows,
+        n_splits,
         HAS_MASK=has_mask,
         PRECISION=precision,
-        BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_C=block_c,
+        BLOCK_M=block_m,
+        BLOCK_H=block_h,
+        BLOCK_C=block_c,
         **runtime.launch_options(config),
     )
     dwproj = dwproj_part.sum(1)
     grads = (
-        dnorm_in_part[0].sum(0), dnorm_in_part[1].sum(0),
-        dwproj[0], dwproj[1], dwproj[2], dwproj[3],
+        dnorm_in_part[0].sum(0),
+        dnorm_in_part[1].sum(0),
+        dwproj[0],
+        dwproj[1],
+        dwproj[2],
+        dwproj[3],
         dwg_part.sum(0),
-        dnorm_out_part[0].sum(0), dnorm_out_part[1].sum(0),
+        dnorm_out_part[0].sum(0),
+        dnorm_out_part[1].sum(0),
         dwz_part.sum(0),
     )
     return dz, tuple(g.to(p.dtype) for g, p in zip(grads, params))

@@ -45,7 +45,19 @@ class TriangleMultiplication(nn.Module):
         """z: [B, N_token, N_token, dim]; mask: [B, N_token, N_token] bool (None: every pair).
         Returns the update [B, N_token, N_token, dim] (no residual)."""
         fn = triangle_mult if self.kernels == "triton" else triangle_mult_reference
-        return fn(z, mask, self.norm_in.weight, self.norm_in.bias, self.linear_a_p.weight,
-                  self.linear_a_g.weight, self.linear_b_p.weight, self.linear_b_g.weight,
-                  self.linear_g.weight, self.norm_out.weight, self.norm_out.bias,
-                  self.linear_z.weight, direction=self.direction, eps=self.norm_in.eps)
+        return fn(
+            z,
+            mask,
+            self.norm_in.weight,
+            self.norm_in.bias,
+            self.linear_a_p.weight,
+            self.linear_a_g.weight,
+            self.linear_b_p.weight,
+            self.linear_b_g.weight,
+            self.linear_g.weight,
+            self.norm_out.weight,
+            self.norm_out.bias,
+            self.linear_z.weight,
+            direction=self.direction,
+            eps=self.norm_in.eps,
+        )

@@ -8,7 +8,6 @@ and autograd implementations, so neither Dynamo nor Inductor traces into the lau
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 
@@ -24,8 +23,12 @@ from featurecache.kernels.window_attention.launch import (
 
 @torch.library.custom_op("featurecache::window_attention_fwd", mutates_args=())
 def _window_attention_fwd_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor],
-    mask: Optional[torch.Tensor], scale: float,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return window_attention_forward(q, k, v, bias, mask, scale)
 
@@ -38,8 +41,16 @@ def _(q, k, v, bias, mask, scale):
 
 @torch.library.custom_op("featurecache::window_attention_bwd", mutates_args=())
 def _window_attention_bwd_op(
-    grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor],
-    mask: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor, scale: float, bias_grad: bool,
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    scale: float,
+    bias_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dq, dk, dv, dbias = window_attention_backward(grad_out, q, k, v, bias, mask, out, lse, scale, bias_grad)
     # Custom ops cannot return None: an empty tensor stands for "no bias gradient".
@@ -62,8 +73,9 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad_out, grad_lse):
     q, k, v, bias, mask, out, lse = ctx.saved_tensors
-    dq, dk, dv, dbias = _window_attention_bwd_op(grad_out.contiguous(), q, k, v, bias, mask, out, lse,
-                                                 ctx.scale, ctx.bias_grad)
+    dq, dk, dv, dbias = _window_attention_bwd_op(
+        grad_out.contiguous(), q, k, v, bias, mask, out, lse, ctx.scale, ctx.bias_grad
+    )
     return dq, dk, dv, dbias if ctx.bias_grad else None, None, None
 
 
@@ -86,8 +98,9 @@ class _WindowAttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, bias, mask, out, lse = ctx.saved_tensors
         bias_grad = bias is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, dbias = window_attention_backward(grad_out.contiguous(), q, k, v, bias, mask, out, lse,
-                                                      ctx.scale, bias_grad, ctx.config)
+        dq, dk, dv, dbias = window_attention_backward(
+            grad_out.contiguous(), q, k, v, bias, mask, out, lse, ctx.scale, bias_grad, ctx.config
+        )
         return dq, dk, dv, dbias, None, None
 
 
@@ -95,9 +108,9 @@ def window_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    bias: Optional[torch.Tensor] = None,
-    mask: Optional[torch.Tensor] = None,
-    scale: Optional[float] = None,
+    bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Attention inside windows, the bias and key mask shared by the samples.
 

@@ -77,7 +77,7 @@ def _heuristic_config(windows_times_heads: int, samples: int, device: torch.devi
     return WindowConfig(samples_per_program=triton.cdiv(samples, groups))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _multiprocessors(index: int) -> int:
     # Asked once per device: a property query on every launch would add host time to each call.
     return torch.cuda.get_device_properties(index).multi_processor_count

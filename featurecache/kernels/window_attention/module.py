@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 from torch import nn
@@ -21,8 +20,15 @@ class WindowAttention(nn.Module):
         super().__init__()
         self.kernels = runtime.check_kernels(kernels)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                mask: Optional[torch.Tensor] = None, scale: Optional[float] = None) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        scale: float | None = None,
+    ) -> torch.Tensor:
         """q: [B, S, W, queries, H, D]; k, v: [B, S, W, keys, H, D]; bias: [B, W, H, queries, keys];
         mask: [B, W, keys] bool (True = attend); scale: None for D ** -0.5. Returns
         [B, S, W, queries, H, D]."""

@@ -21,14 +21,22 @@ from featurecache.model.network.atoms import gather_tokens, mean_over_token_atom
 from featurecache.model.network.layers import freeze_norm_bias, full_precision, kernel_module
 from featurecache.model.network.transformer import ConditionedTransformer
 
-NUM_ELEMENTS = 128        # one-hot of the atomic number (ref_element)
-NAME_CHARS = 4            # ref_atom_name_chars: 4 characters ...
-NAME_CHAR_CLASSES = 64    # ... each ord(c) - 32, one-hot over 64
+NUM_ELEMENTS = 128  # one-hot of the atomic number (ref_element)
+NAME_CHARS = 4  # ref_atom_name_chars: 4 characters ...
+NAME_CHAR_CLASSES = 64  # ... each ord(c) - 32, one-hot over 64
 REFERENCE_FEATURE_DIM = 3 + 1 + 1 + NUM_ELEMENTS + NAME_CHARS * NAME_CHAR_CLASSES  # 389
 
 # What the atom encoder reads from a collated batch (featurecache.schema, loader.collate).
-ATOM_INPUTS = ("ref_pos", "ref_mask", "ref_element", "ref_charge", "ref_atom_name_chars", "ref_space_uid",
-               "atom_to_token", "atom_pad_mask")
+ATOM_INPUTS = (
+    "ref_pos",
+    "ref_mask",
+    "ref_element",
+    "ref_charge",
+    "ref_atom_name_chars",
+    "ref_space_uid",
+    "atom_to_token",
+    "atom_pad_mask",
+)
 
 
 def reference_features(batch: dict, charge_arcsinh: bool = True) -> torch.Tensor:
@@ -38,13 +46,16 @@ def reference_features(batch: dict, charge_arcsinh: bool = True) -> torch.Tensor
     element = batch["ref_element"].long().clamp(0, NUM_ELEMENTS - 1)
     name = batch["ref_atom_name_chars"].long().clamp(0, NAME_CHAR_CLASSES - 1)
     charge = batch["ref_charge"].float()
-    return torch.cat([
-        batch["ref_pos"].float(),
-        (torch.asinh(charge) if charge_arcsinh else charge).unsqueeze(-1),
-        batch["ref_mask"].float().unsqueeze(-1),
-        F.one_hot(element, NUM_ELEMENTS).float(),
-        F.one_hot(name, NAME_CHAR_CLASSES).flatten(-2).float(),
-    ], dim=-1)
+    return torch.cat(
+        [
+            batch["ref_pos"].float(),
+            (torch.asinh(charge) if charge_arcsinh else charge).unsqueeze(-1),
+            batch["ref_mask"].float().unsqueeze(-1),
+            F.one_hot(element, NUM_ELEMENTS).float(),
+            F.one_hot(name, NAME_CHAR_CLASSES).flatten(-2).float(),
+        ],
+        dim=-1,
+    )
 
 
 class AtomWindows:
@@ -81,8 +92,9 @@ class AtomWindows:
         """[B, ..., A, C] -> [B, ..., W, keys, C]."""
         return atom_values[..., self.key_index.flatten(), :].unflatten(-2, (self.num_windows, self.keys))
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pair_bias: torch.Tensor,
-               kernels: str) -> torch.Tensor:
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pair_bias: torch.Tensor, kernels: str
+    ) -> torch.Tensor:
         """Each window's queries over its keys: q, k, v [B, S, A, H, D], pair_bias
         [B, W, queries, keys, H] -> [B, S, A, H, D]."""
         if kernels == "torch":
@@ -130,9 +142,16 @@ class AtomTransformer(nn.Module):
         atom = config.atom_attention
         num_blocks = atom.atom_blocks if num_blocks is None else num_blocks
         self.transformer = ConditionedTransformer(
-            atom.c_atom, atom.c_atom, atom.c_atompair, num_blocks, atom.atom_heads,
-            config.runtime.kernels, checkpoint_blocks=config.runtime.checkpoint_blocks, key_adaln=atom.atom_key_adaln,
-            key_adaln_nested=config.dialect.atom_key_adaln_nested)
+            atom.c_atom,
+            atom.c_atom,
+            atom.c_atompair,
+            num_blocks,
+            atom.atom_heads,
+            config.runtime.kernels,
+            checkpoint_blocks=config.runtime.checkpoint_blocks,
+            key_adaln=atom.atom_key_adaln,
+            key_adaln_nested=config.dialect.atom_key_adaln_nested,
+        )
 
     def forward(self, atom_single, atom_cond, atom_pair, windows: AtomWindows) -> torch.Tensor:
         """atom_single [B, S, A, c_atom], atom_cond [B, 1, A, c_atom], atom_pair [B, W, Q, K, c_atompair]."""
@@ -156,22 +175,33 @@ class AtomAttentionEncoder(nn.Module):
         self.pair_from_distance = nn.Linear(1, c_pair, bias=False)
         self.pair_from_same_space = nn.Linear(1, c_pair, bias=False)
         if with_trunk:
-            self.from_trunk_single = kernel_module(LayerNormLinear, config.trunk.c_s, c_atom, bias=False,
-                                                   kernels=config.runtime.kernels)
-            self.from_trunk_pair = kernel_module(LayerNormLinear, config.trunk.c_z, c_pair, bias=False,
-                                                 kernels=config.runtime.kernels)
+            self.from_trunk_single = kernel_module(
+                LayerNormLinear, config.trunk.c_s, c_atom, bias=False, kernels=config.runtime.kernels
+            )
+            self.from_trunk_pair = kernel_module(
+                LayerNormLinear, config.trunk.c_z, c_pair, bias=False, kernels=config.runtime.kernels
+            )
             self.from_positions = nn.Linear(3, c_atom, bias=False)
         self.pair_from_query = nn.Linear(c_atom, c_pair, bias=False)
         self.pair_from_key = nn.Linear(c_atom, c_pair, bias=False)
         self.pair_mlp = nn.Sequential(
-            nn.ReLU(), nn.Linear(c_pair, c_pair, bias=False),
-            nn.ReLU(), nn.Linear(c_pair, c_pair, bias=False),
-            nn.ReLU(), nn.Linear(c_pair, c_pair, bias=False))
+            nn.ReLU(),
+            nn.Linear(c_pair, c_pair, bias=False),
+            nn.ReLU(),
+            nn.Linear(c_pair, c_pair, bias=False),
+            nn.ReLU(),
+            nn.Linear(c_pair, c_pair, bias=False),
+        )
         self.atom_transformer = AtomTransformer(config, num_blocks)
         self.to_token = nn.Linear(c_atom, c_token, bias=False)
 
-    def condition(self, batch: dict, windows: AtomWindows, trunk_single: torch.Tensor | None = None,
-                  trunk_pair: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def condition(
+        self,
+        batch: dict,
+        windows: AtomWindows,
+        trunk_single: torch.Tensor | None = None,
+        trunk_pair: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """c_l [B, 1, A, c_atom] and p_lm [B, W, Q, K, c_atompair] (Algorithm 5, lines 1-13 but
         11): everything that does not depend on the noisy positions, computed once per trunk pass.
 
@@ -183,9 +213,11 @@ class AtomAttentionEncoder(nn.Module):
             atom_cond = self.from_reference(reference_features(batch, self.charge_arcsinh))  # [B, A, c_atom]
             offset = windows.queries_of(ref_pos)[..., :, None, :] - windows.keys_of(ref_pos)[..., None, :, :]
             same_space = (windows.queries_of(uid)[..., :, None, :] == windows.keys_of(uid)[..., None, :, :]).float()
-            atom_pair = (self.pair_from_offset(offset)
-                         + self.pair_from_distance(1.0 / (1.0 + offset.square().sum(-1, keepdim=True)))
-                         + self.pair_from_same_space(same_space)) * same_space  # [B, W, Q, K, c_atompair]
+            atom_pair = (
+                self.pair_from_offset(offset)
+                + self.pair_from_distance(1.0 / (1.0 + offset.square().sum(-1, keepdim=True)))
+                + self.pair_from_same_space(same_space)
+            ) * same_space  # [B, W, Q, K, c_atompair]
         if self.cond_ref_mask:  # AF3's code: an atom without reference features conditions nothing
             atom_cond = atom_cond * batch["ref_mask"].unsqueeze(-1).to(atom_cond.dtype)
         if self.with_trunk:
@@ -198,13 +230,22 @@ class AtomAttentionEncoder(nn.Module):
             rows = torch.arange(token_pair.shape[0], device=token_pair.device)[:, None, None, None]
             atom_pair = atom_pair + token_pair[rows, query_token[..., :, None], key_token[..., None, :]]
         relu_cond = torch.relu(atom_cond)
-        atom_pair = (atom_pair + windows.queries_of(self.pair_from_query(relu_cond))[..., :, None, :]
-                     + windows.keys_of(self.pair_from_key(relu_cond))[..., None, :, :])
+        atom_pair = (
+            atom_pair
+            + windows.queries_of(self.pair_from_query(relu_cond))[..., :, None, :]
+            + windows.keys_of(self.pair_from_key(relu_cond))[..., None, :, :]
+        )
         atom_pair = atom_pair + self.pair_mlp(atom_pair)
         return atom_cond.unsqueeze(1), atom_pair
 
-    def forward(self, batch: dict, windows: AtomWindows, atom_cond: torch.Tensor, atom_pair: torch.Tensor,
-                scaled_positions: torch.Tensor | None = None):
+    def forward(
+        self,
+        batch: dict,
+        windows: AtomWindows,
+        atom_cond: torch.Tensor,
+        atom_pair: torch.Tensor,
+        scaled_positions: torch.Tensor | None = None,
+    ):
         """Algorithm 5 lines 7, 11, 14-17. scaled_positions [B, S, A, 3] (r_l) or None.
 
         Returns the token single a [B, S, N, c_token] and the skips q_l [B, S, A, c_atom], c_l, p_lm.
@@ -219,8 +260,9 @@ class AtomAttentionEncoder(nn.Module):
                 atom_single = atom_single + self.from_positions(scaled_positions)
         atom_single = self.atom_transformer(atom_single, atom_cond, atom_pair, windows)
         num_tokens = batch["restype"].shape[1]
-        token_single = mean_over_token_atoms(torch.relu(self.to_token(atom_single)), batch["atom_to_token"],
-                                             batch["atom_pad_mask"], num_tokens)
+        token_single = mean_over_token_atoms(
+            torch.relu(self.to_token(atom_single)), batch["atom_to_token"], batch["atom_pad_mask"], num_tokens
+        )
         return token_single, atom_single, atom_cond, atom_pair
 
 
@@ -231,13 +273,21 @@ class AtomAttentionDecoder(nn.Module):
         super().__init__()
         self.from_token = nn.Linear(c_token, config.atom_attention.c_atom, bias=False)
         self.atom_transformer = AtomTransformer(config)
-        self.to_positions = kernel_module(LayerNormLinear, config.atom_attention.c_atom, 3, bias=False,
-                                          kernels=config.runtime.kernels)
+        self.to_positions = kernel_module(
+            LayerNormLinear, config.atom_attention.c_atom, 3, bias=False, kernels=config.runtime.kernels
+        )
         freeze_norm_bias(self.to_positions)  # a translation of every atom: the losses ignore it
         self.coordinates_fp32 = config.diffusion.diffusion_coordinates_fp32
 
-    def forward(self, batch: dict, windows: AtomWindows, token_single: torch.Tensor, atom_single: torch.Tensor,
-                atom_cond: torch.Tensor, atom_pair: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        batch: dict,
+        windows: AtomWindows,
+        token_single: torch.Tensor,
+        atom_single: torch.Tensor,
+        atom_cond: torch.Tensor,
+        atom_pair: torch.Tensor,
+    ) -> torch.Tensor:
         """token_single [B, S, N, c_token] and the encoder's skips -> position update [B, S, A, 3]."""
         atom_single = gather_tokens(self.from_token(token_single), batch["atom_to_token"]) + atom_single
         atom_single = self.atom_transformer(atom_single, atom_cond, atom_pair, windows)

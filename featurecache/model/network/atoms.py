@@ -64,8 +64,9 @@ def representative_atom_index(batch: dict) -> torch.Tensor:
     return torch.where(distogram >= 0, distogram, centre_atom_index(batch))
 
 
-def mean_over_token_atoms(atom_values: torch.Tensor, atom_to_token: torch.Tensor, atom_pad_mask: torch.Tensor,
-                          num_tokens: int) -> torch.Tensor:
+def mean_over_token_atoms(
+    atom_values: torch.Tensor, atom_to_token: torch.Tensor, atom_pad_mask: torch.Tensor, num_tokens: int
+) -> torch.Tensor:
     """Mean of atom_values [B, (S,) A, C] over each token's real atoms -> [B, (S,) N, C]
     (zero for a token without atoms)."""
     weights = atom_pad_mask.to(atom_values.dtype)
@@ -75,7 +76,8 @@ def mean_over_token_atoms(atom_values: torch.Tensor, atom_to_token: torch.Tensor
     shape = (*atom_values.shape[:-2], num_tokens)
     count = atom_values.new_zeros(shape).scatter_add(-1, index, weights.expand(index.shape))
     total = atom_values.new_zeros(*shape, atom_values.shape[-1]).scatter_add(
-        -2, index.unsqueeze(-1).expand(*index.shape, atom_values.shape[-1]), atom_values * weights.unsqueeze(-1))
+        -2, index.unsqueeze(-1).expand(*index.shape, atom_values.shape[-1]), atom_values * weights.unsqueeze(-1)
+    )
     return total / count.clamp(min=1).unsqueeze(-1)
 
 
@@ -95,8 +97,14 @@ def dense_token_bonds(token_bonds: torch.Tensor, token_bond_mask: torch.Tensor, 
     return dense[:, :num_tokens, :num_tokens]
 
 
-def token_bond_atoms(token_bonds: torch.Tensor, token_bond_mask: torch.Tensor, atom_to_token: torch.Tensor,
-                     atom_pad_mask: torch.Tensor, atom_pos: torch.Tensor, atom_resolved: torch.Tensor) -> torch.Tensor:
+def token_bond_atoms(
+    token_bonds: torch.Tensor,
+    token_bond_mask: torch.Tensor,
+    atom_to_token: torch.Tensor,
+    atom_pad_mask: torch.Tensor,
+    atom_pos: torch.Tensor,
+    atom_resolved: torch.Tensor,
+) -> torch.Tensor:
     """[B, E, 2] the bonded atom pair of each token bond, -1 where either token has no resolved atom.
 
     The record names only the tokens. Every token bond has a ligand side (SI 2.8: polymer-ligand

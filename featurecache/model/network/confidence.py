@@ -79,13 +79,24 @@ class ConfidenceHead(nn.Module):
         # The distances computed directly (AF3's head), or as Protenix's head computes them (torch's
         # default: a matrix product past 25 tokens), since its raw-distance embedding passes their
         # rounding (~1e-6 relative at 50 A) straight into the pair: the same bins and values as it.
-        self.distance_mode = ("use_mm_for_euclid_dist_if_necessary" if config.dialect.confidence_raw_distance
-                              else "donot_use_mm_for_euclid_dist")
+        self.distance_mode = (
+            "use_mm_for_euclid_dist_if_necessary"
+            if config.dialect.confidence_raw_distance
+            else "donot_use_mm_for_euclid_dist"
+        )
         self.pde_symmetrised_input = config.dialect.pde_symmetrised_input
         self.pairformer = Pairformer(
-            config.confidence.confidence_blocks, c_s, c_z, trunk.single_heads, trunk.single_head_dim, trunk.pair_heads,
-            trunk.pair_head_dim, trunk.transition_expansion, checkpoint_blocks=runtime.checkpoint_blocks,
-            kernels=runtime.kernels, recompute_attention=runtime.checkpoint_group > 1,
+            config.confidence.confidence_blocks,
+            c_s,
+            c_z,
+            trunk.single_heads,
+            trunk.single_head_dim,
+            trunk.pair_heads,
+            trunk.pair_head_dim,
+            trunk.transition_expansion,
+            checkpoint_blocks=runtime.checkpoint_blocks,
+            kernels=runtime.kernels,
+            recompute_attention=runtime.checkpoint_group > 1,
             mult_hidden=config.dialect.triangle_mult_hidden,
         )
         # with grouped checkpoints (a long crop) the whole head is re-run in backward: its z, the
@@ -103,23 +114,27 @@ class ConfidenceHead(nn.Module):
         self.plddt = nn.Parameter(torch.empty(MAX_ATOMS_PER_TOKEN, c_s, PLDDT_BINS).uniform_(-bound, bound))
         self.resolved = nn.Parameter(torch.empty(MAX_ATOMS_PER_TOKEN, c_s, RESOLVED_BINS).uniform_(-bound, bound))
 
-    def forward(self, s_inputs: torch.Tensor, single: torch.Tensor, pair: torch.Tensor, positions: torch.Tensor,
-                batch: dict) -> dict:
+    def forward(
+        self, s_inputs: torch.Tensor, single: torch.Tensor, pair: torch.Tensor, positions: torch.Tensor, batch: dict
+    ) -> dict:
         """s_inputs [B, N, C], single [B, N, c_s], pair [B, N, N, c_z]: the trunk's (detached
         here); positions [B, S, A, 3]: the structures to judge (no gradient)."""
         if self.recompute and self.training and torch.is_grad_enabled():
             # The inputs arrive detached: an empty input that requires grad makes the reentrant
             # checkpoint's outputs carry the gradient of the head's own weights.
             anchor = single.new_empty(0, requires_grad=True)
-            logits = checkpointed(functools.partial(self._logit_tuple, batch), s_inputs, single, pair, positions, anchor)
+            logits = checkpointed(
+                functools.partial(self._logit_tuple, batch), s_inputs, single, pair, positions, anchor
+            )
             return dict(zip(OUTPUT_NAMES, logits))
         return self._logits(s_inputs, single, pair, positions, batch)
 
     def _logit_tuple(self, batch: dict, s_inputs, single, pair, positions, _anchor) -> tuple:
         return tuple(self._logits(s_inputs, single, pair, positions, batch)[name] for name in OUTPUT_NAMES)
 
-    def _logits(self, s_inputs: torch.Tensor, single: torch.Tensor, pair: torch.Tensor, positions: torch.Tensor,
-                batch: dict) -> dict:
+    def _logits(
+        self, s_inputs: torch.Tensor, single: torch.Tensor, pair: torch.Tensor, positions: torch.Tensor, batch: dict
+    ) -> dict:
         batch_size, samples = positions.shape[:2]
         num_tokens = single.shape[1]
         token_mask = batch["token_pad_mask"]
@@ -136,8 +151,12 @@ class ConfidenceHead(nn.Module):
             z = z + self.raw_distance((distance * pair_mask[:, None]).unsqueeze(-1).to(z.dtype))
         s = single[:, None].expand(-1, samples, -1, -1)
         flat = batch_size * samples
-        s, z = self.pairformer(s.reshape(flat, num_tokens, -1), z.reshape(flat, num_tokens, num_tokens, -1),
-                               token_mask.repeat_interleave(samples, 0), pair_mask.repeat_interleave(samples, 0))
+        s, z = self.pairformer(
+            s.reshape(flat, num_tokens, -1),
+            z.reshape(flat, num_tokens, num_tokens, -1),
+            token_mask.repeat_interleave(samples, 0),
+            pair_mask.repeat_interleave(samples, 0),
+        )
         s, z = s.view(batch_size, samples, num_tokens, -1), z.view(batch_size, samples, num_tokens, num_tokens, -1)
         if self.pde_symmetrised_input:
             pde = self.pde(self.pde_norm(z + z.transpose(2, 3)))
@@ -153,8 +172,9 @@ class ConfidenceHead(nn.Module):
         }
 
     @staticmethod
-    def _per_atom(s: torch.Tensor, weight: torch.Tensor, atom_to_token: torch.Tensor,
-                  slots: torch.Tensor) -> torch.Tensor:
+    def _per_atom(
+        s: torch.Tensor, weight: torch.Tensor, atom_to_token: torch.Tensor, slots: torch.Tensor
+    ) -> torch.Tensor:
         """s [B, S, N, c_s] through the weight of each atom's slot -> [B, S, A, bins]."""
         per_slot = torch.einsum("bsnc,kcd->bsnkd", s, weight.to(s.dtype)).flatten(2, 3)  # [B, S, N * K, bins]
         index = (atom_to_token.long() * MAX_ATOMS_PER_TOKEN + slots)[:, None, :, None]

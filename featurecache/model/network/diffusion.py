@@ -58,21 +58,24 @@ class DiffusionConditioning(nn.Module):
         super().__init__()
         kernels, trunk = config.runtime.kernels, config.trunk
         self.sigma_data = config.diffusion.sigma_data
-        self.relpos = RelativePositionEncoding(trunk.c_z, trunk.relpos_max_residue, trunk.relpos_max_chain,
-                                               trunk.relpos_chain_gate)
+        self.relpos = RelativePositionEncoding(
+            trunk.c_z, trunk.relpos_max_residue, trunk.relpos_max_chain, trunk.relpos_chain_gate
+        )
         self.pair_in = kernel_module(LayerNormLinear, 2 * trunk.c_z, trunk.c_z, bias=False, kernels=kernels)
         self.pair_transitions = nn.ModuleList(
-            kernel_module(Transition, trunk.c_z, expansion=2, kernels=kernels) for _ in range(2))
+            kernel_module(Transition, trunk.c_z, expansion=2, kernels=kernels) for _ in range(2)
+        )
         # Always the PyTorch path (same parameters): the fused kernel keeps a whole input row in
         # shared memory, and 833 fp32 columns (padded to 1024) need 320 KB, over the H200's 227 KB.
         # It runs on [B, N, 833] once per denoising call, a negligible cost.
-        self.single_in = kernel_module(LayerNormLinear, trunk.c_s + c_s_inputs, trunk.c_s, bias=False,
-                                       kernels="torch")
+        self.single_in = kernel_module(LayerNormLinear, trunk.c_s + c_s_inputs, trunk.c_s, bias=False, kernels="torch")
         self.fourier = FourierEmbedding(config.diffusion.fourier_dim)
-        self.noise_in = kernel_module(LayerNormLinear, config.diffusion.fourier_dim, trunk.c_s, bias=False,
-                                      kernels=kernels)
+        self.noise_in = kernel_module(
+            LayerNormLinear, config.diffusion.fourier_dim, trunk.c_s, bias=False, kernels=kernels
+        )
         self.single_transitions = nn.ModuleList(
-            kernel_module(Transition, trunk.c_s, expansion=2, kernels=kernels) for _ in range(2))
+            kernel_module(Transition, trunk.c_s, expansion=2, kernels=kernels) for _ in range(2)
+        )
 
     def pair(self, batch: dict, trunk_pair: torch.Tensor) -> torch.Tensor:
         """[B, N, N, c_z], independent of the noise: once per trunk pass."""
@@ -94,13 +97,14 @@ class DiffusionConditioning(nn.Module):
 @dataclass
 class DiffusionContext:
     """What every denoising call of one trunk pass shares (the sampler's 200 steps reuse it)."""
+
     batch: dict
     windows: AtomWindows
-    s_inputs: torch.Tensor     # [B, N, c_s_inputs]
+    s_inputs: torch.Tensor  # [B, N, c_s_inputs]
     trunk_single: torch.Tensor  # [B, N, c_s]
-    pair: torch.Tensor          # conditioned pair [B, N, N, c_z]
-    atom_cond: torch.Tensor     # c_l [B, 1, A, c_atom]
-    atom_pair: torch.Tensor     # p_lm [B, W, Q, K, c_atompair]
+    pair: torch.Tensor  # conditioned pair [B, N, N, c_z]
+    atom_cond: torch.Tensor  # c_l [B, 1, A, c_atom]
+    atom_pair: torch.Tensor  # p_lm [B, W, Q, K, c_atompair]
 
 
 class DiffusionModule(nn.Module):
@@ -113,17 +117,30 @@ class DiffusionModule(nn.Module):
         self.config = config
         self.conditioning = DiffusionConditioning(config, c_s_inputs)
         self.atom_encoder = AtomAttentionEncoder(config, c_token, with_trunk=True)
-        self.single_to_token = kernel_module(LayerNormLinear, config.trunk.c_s, c_token, bias=False,
-                                             kernels=config.runtime.kernels)
+        self.single_to_token = kernel_module(
+            LayerNormLinear, config.trunk.c_s, c_token, bias=False, kernels=config.runtime.kernels
+        )
         self.transformer = ConditionedTransformer(
-            c_token, config.trunk.c_s, config.trunk.c_z, config.diffusion.diffusion_blocks,
-            config.diffusion.diffusion_heads, config.runtime.kernels,
-            checkpoint_blocks=config.runtime.checkpoint_blocks, checkpoint_group=config.runtime.checkpoint_group)
+            c_token,
+            config.trunk.c_s,
+            config.trunk.c_z,
+            config.diffusion.diffusion_blocks,
+            config.diffusion.diffusion_heads,
+            config.runtime.kernels,
+            checkpoint_blocks=config.runtime.checkpoint_blocks,
+            checkpoint_group=config.runtime.checkpoint_group,
+        )
         self.token_norm = nn.LayerNorm(c_token)
         self.atom_decoder = AtomAttentionDecoder(config, c_token)
 
-    def prepare(self, batch: dict, windows: AtomWindows, s_inputs: torch.Tensor, trunk_single: torch.Tensor,
-                trunk_pair: torch.Tensor) -> DiffusionContext:
+    def prepare(
+        self,
+        batch: dict,
+        windows: AtomWindows,
+        s_inputs: torch.Tensor,
+        trunk_single: torch.Tensor,
+        trunk_pair: torch.Tensor,
+    ) -> DiffusionContext:
         """The noise-independent half: conditioned pair, atom conditioning and atom pair."""
         # re-run in backward with grouped checkpoints (a long crop): its concatenation, norms and
         # transitions would keep ~12 pair-sized tensors
@@ -142,11 +159,13 @@ class DiffusionModule(nn.Module):
         batch = context.batch
         if self.config.diffusion.diffusion_coordinates_fp32:
             noisy_positions, sigma = noisy_positions.float(), sigma.float()
-        c_skip, c_out, c_in, _ = (c[..., None, None]
-                                  for c in edm_preconditioning(sigma, self.config.diffusion.sigma_data))
+        c_skip, c_out, c_in, _ = (
+            c[..., None, None] for c in edm_preconditioning(sigma, self.config.diffusion.sigma_data)
+        )
         single = self.conditioning.single(context.s_inputs, context.trunk_single, sigma)  # [B, S, N, c_s]
         token_single, atom_single, atom_cond, atom_pair = self.atom_encoder(
-            batch, context.windows, context.atom_cond, context.atom_pair, scaled_positions=noisy_positions * c_in)
+            batch, context.windows, context.atom_cond, context.atom_pair, scaled_positions=noisy_positions * c_in
+        )
         token_single = token_single + self.single_to_token(single)
         token_single = self.transformer(token_single, single, context.pair, TokenLayout(batch["token_pad_mask"]))
         token_single = self.token_norm(token_single)

@@ -26,16 +26,18 @@ def standard_normal(shape, generator: torch.Generator | None, device, dtype=torc
     return value if device is None else value.to(device)
 
 
-def sample_noise_levels(shape, config: ModelConfig, generator: torch.Generator | None = None,
-                        device=None) -> torch.Tensor:
+def sample_noise_levels(
+    shape, config: ModelConfig, generator: torch.Generator | None = None, device=None
+) -> torch.Tensor:
     """Training noise levels: sigma = sigma_data * exp(-1.2 + 1.5 N(0, 1))."""
     normal = standard_normal(shape, generator, device)
     diffusion = config.diffusion
     return diffusion.sigma_data * torch.exp(diffusion.noise_log_mean + diffusion.noise_log_std * normal)
 
 
-def noise_levels(num_steps: int, sigma_data: float = 16.0, sigma_max: float = 160.0, sigma_min: float = 4e-4,
-                 rho: float = 7.0) -> list[float]:
+def noise_levels(
+    num_steps: int, sigma_data: float = 16.0, sigma_max: float = 160.0, sigma_min: float = 4e-4, rho: float = 7.0
+) -> list[float]:
     """The num_steps + 1 levels c_tau = sigma_data (smax^(1/p) + tau / T (smin^(1/p) - smax^(1/p)))^p,
     tau = 0..T, from sigma_data * sigma_max to sigma_data * sigma_min: computed in float64 on the
     host and rounded to float32 (the sampler's dtype). Python floats, so the sampler's loop reads
@@ -47,25 +49,42 @@ def noise_levels(num_steps: int, sigma_data: float = 16.0, sigma_max: float = 16
     return (sigma_data * (start + fraction * (end - start)) ** rho).astype(np.float32).tolist()
 
 
-def noise_schedule(num_steps: int, sigma_data: float = 16.0, sigma_max: float = 160.0, sigma_min: float = 4e-4,
-                   rho: float = 7.0, device=None) -> torch.Tensor:
+def noise_schedule(
+    num_steps: int,
+    sigma_data: float = 16.0,
+    sigma_max: float = 160.0,
+    sigma_min: float = 4e-4,
+    rho: float = 7.0,
+    device=None,
+) -> torch.Tensor:
     """noise_levels as a float32 tensor [num_steps + 1]."""
-    return torch.tensor(noise_levels(num_steps, sigma_data, sigma_max, sigma_min, rho), dtype=torch.float32,
-                        device=device)
+    return torch.tensor(
+        noise_levels(num_steps, sigma_data, sigma_max, sigma_min, rho), dtype=torch.float32, device=device
+    )
 
 
 def random_rotations(count: int, generator: torch.Generator | None, device=None) -> torch.Tensor:
     """[count, 3, 3] rotations uniform on SO(3): unit quaternions from normalised 4-d normals."""
     w, x, y, z = F.normalize(standard_normal((count, 4), generator, device), dim=-1).unbind(-1)
-    return torch.stack([
-        1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-        2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-        2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
-    ], dim=-1).view(count, 3, 3)
+    return torch.stack(
+        [
+            1 - 2 * (y * y + z * z),
+            2 * (x * y - w * z),
+            2 * (x * z + w * y),
+            2 * (x * y + w * z),
+            1 - 2 * (x * x + z * z),
+            2 * (y * z - w * x),
+            2 * (x * z - w * y),
+            2 * (y * z + w * x),
+            1 - 2 * (x * x + y * y),
+        ],
+        dim=-1,
+    ).view(count, 3, 3)
 
 
-def centre_random_augmentation(positions: torch.Tensor, atom_mask: torch.Tensor, generator: torch.Generator | None,
-                               translation_scale: float = 1.0) -> torch.Tensor:
+def centre_random_augmentation(
+    positions: torch.Tensor, atom_mask: torch.Tensor, generator: torch.Generator | None, translation_scale: float = 1.0
+) -> torch.Tensor:
     """Algorithm 19: centre each sample on the mean of its `atom_mask` atoms, rotate it uniformly
     at random and translate it by translation_scale * N(0, I).
 
@@ -80,24 +99,32 @@ def centre_random_augmentation(positions: torch.Tensor, atom_mask: torch.Tensor,
     return moved + translation.to(positions.dtype)
 
 
-def sample_diffusion(denoise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], shape: tuple,
-                     atom_mask: torch.Tensor, config: ModelConfig, num_steps: int | None = None,
-                     generator: torch.Generator | None = None, device=None) -> torch.Tensor:
+def sample_diffusion(
+    denoise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    shape: tuple,
+    atom_mask: torch.Tensor,
+    config: ModelConfig,
+    num_steps: int | None = None,
+    generator: torch.Generator | None = None,
+    device=None,
+) -> torch.Tensor:
     """Algorithm 18, SampleDiffusion: from noise at c_0 down the schedule with AF3's churn,
     noise scale and step scale. `denoise(x_noisy [B, S, A, 3], sigma [B, S])` is the diffusion
     module with its context bound. shape = (B, S, A, 3); atom_mask [B, A] (centring)."""
     sampler = config.sampler
     steps = sampler.sampler_steps if num_steps is None else num_steps
-    schedule = noise_levels(steps, config.diffusion.sigma_data, sampler.sampler_sigma_max, sampler.sampler_sigma_min,
-                            sampler.sampler_rho)
+    schedule = noise_levels(
+        steps, config.diffusion.sigma_data, sampler.sampler_sigma_max, sampler.sampler_sigma_min, sampler.sampler_rho
+    )
     translation = config.diffusion.augmentation_translation
     positions = schedule[0] * standard_normal(shape, generator, device)
     for previous, level in zip(schedule[:-1], schedule[1:]):
         positions = centre_random_augmentation(positions, atom_mask, generator, translation)
         gamma = sampler.sampler_gamma_0 if level > sampler.sampler_gamma_min else 0.0
         t_hat = previous * (gamma + 1)
-        noise = (sampler.sampler_noise_scale * (t_hat**2 - previous**2) ** 0.5
-                 * standard_normal(shape, generator, device))
+        noise = (
+            sampler.sampler_noise_scale * (t_hat**2 - previous**2) ** 0.5 * standard_normal(shape, generator, device)
+        )
         noisy = positions + noise
         denoised = denoise(noisy, torch.full(shape[:2], t_hat, device=noisy.device))
         direction = (noisy - denoised) / t_hat

@@ -47,6 +47,7 @@ class RelativePositionEncoding(nn.Module):
 
     def features(self, batch: dict) -> torch.Tensor:
         """[B, N, N, in_dim] bool: one-hot d_residue, one-hot d_token, same entity, one-hot d_chain."""
+
         def pairwise(name):
             value = batch[name].long()
             return value[:, :, None], value[:, None, :]
@@ -92,13 +93,15 @@ class AtomInputEmbedder(nn.Module):
         inputs, trunk, dialect = atom_single_input_dim(config), config.trunk, config.dialect
         self.pair_from_single = dialect.pair_init_from_single
         pair_source = trunk.c_s if self.pair_from_single else inputs
-        self.atom_encoder = AtomAttentionEncoder(config, c_token=trunk.c_s, with_trunk=False,
-                                                 num_blocks=dialect.input_atom_blocks)
+        self.atom_encoder = AtomAttentionEncoder(
+            config, c_token=trunk.c_s, with_trunk=False, num_blocks=dialect.input_atom_blocks
+        )
         self.to_single = nn.Linear(inputs, trunk.c_s, bias=False)
         self.to_pair_i = nn.Linear(pair_source, trunk.c_z, bias=False)
         self.to_pair_j = nn.Linear(pair_source, trunk.c_z, bias=False)
-        self.relpos = RelativePositionEncoding(trunk.c_z, trunk.relpos_max_residue, trunk.relpos_max_chain,
-                                               trunk.relpos_chain_gate)
+        self.relpos = RelativePositionEncoding(
+            trunk.c_z, trunk.relpos_max_residue, trunk.relpos_max_chain, trunk.relpos_chain_gate
+        )
         self.from_token_bonds = nn.Linear(1, trunk.c_z, bias=False)
         # with grouped checkpoints (a long crop) z_init is re-run in backward: its relative-position
         # one-hot [B, N, N, 139] (1.8 GB at crop 2,560) would otherwise live through the whole step
@@ -108,12 +111,15 @@ class AtomInputEmbedder(nn.Module):
         """s_inputs [B, N, atom_single_input_dim], s_init [B, N, c_s], z_init [B, N, N, c_z]."""
         atom_cond, atom_pair = self.atom_encoder.condition(batch, windows)
         token_single = self.atom_encoder(batch, windows, atom_cond, atom_pair)[0].squeeze(1)
-        s_inputs = torch.cat([
-            token_single,
-            F.one_hot(batch["restype"].long(), NUM_RESTYPES).to(token_single.dtype),
-            batch["msa_profile"].to(token_single.dtype),
-            batch["deletion_mean"].to(token_single.dtype).unsqueeze(-1),
-        ], dim=-1)
+        s_inputs = torch.cat(
+            [
+                token_single,
+                F.one_hot(batch["restype"].long(), NUM_RESTYPES).to(token_single.dtype),
+                batch["msa_profile"].to(token_single.dtype),
+                batch["deletion_mean"].to(token_single.dtype).unsqueeze(-1),
+            ],
+            dim=-1,
+        )
         bonds = dense_token_bonds(batch["token_bonds"], batch["token_bond_mask"], s_inputs.shape[1])
         s_init = self.to_single(s_inputs)
         pair_source = s_init if self.pair_from_single else s_inputs
@@ -123,8 +129,12 @@ class AtomInputEmbedder(nn.Module):
     def _initial_pair(self, batch: dict, single: torch.Tensor, bonds: torch.Tensor) -> torch.Tensor:
         """z_init [B, N, N, c_z] (Algorithm 1, lines 3-5): outer sum of `single` (s_inputs or
         s_init), relative positions, bonds."""
-        return (self.to_pair_i(single)[:, :, None] + self.to_pair_j(single)[:, None, :] + self.relpos(batch)
-                + self.from_token_bonds(bonds.unsqueeze(-1).to(single.dtype)))
+        return (
+            self.to_pair_i(single)[:, :, None]
+            + self.to_pair_j(single)[:, None, :]
+            + self.relpos(batch)
+            + self.from_token_bonds(bonds.unsqueeze(-1).to(single.dtype))
+        )
 
 
 def _backbone_frames(backbone: torch.Tensor) -> torch.Tensor:
@@ -192,17 +202,24 @@ class TemplateEmbedder(nn.Module):
         self.from_pair = nn.Linear(config.trunk.c_z, c_t, bias=False)
         self.from_features = nn.Linear(TEMPLATE_FEATURE_DIM, c_t, bias=False)
         self.blocks = nn.ModuleList(
-            PairStack(c_t, templates.template_pair_heads, templates.template_pair_head_dim,
-                      templates.template_transition_expansion, kernels=config.runtime.kernels,
-                      dropout=config.trunk.pair_dropout, recompute_attention=self.recompute_templates,
-                      mult_hidden=config.dialect.template_triangle_mult_hidden)
+            PairStack(
+                c_t,
+                templates.template_pair_heads,
+                templates.template_pair_head_dim,
+                templates.template_transition_expansion,
+                kernels=config.runtime.kernels,
+                dropout=config.trunk.pair_dropout,
+                recompute_attention=self.recompute_templates,
+                mult_hidden=config.dialect.template_triangle_mult_hidden,
+            )
             for _ in range(templates.template_blocks)
         )
         self.out_norm = nn.LayerNorm(c_t)
         self.linear_out = nn.Linear(c_t, config.trunk.c_z, bias=False)
 
-    def forward(self, batch: dict, z: torch.Tensor, pair_mask: torch.Tensor,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+    def forward(
+        self, batch: dict, z: torch.Tensor, pair_mask: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         """Update [B, N, N, c_z] to add to z; zeros where a sample has no template. `generator`:
         the step's, for the dropout seed (None: the device's default generator)."""
         template_mask = batch["template_mask"]  # [B, T]
@@ -226,8 +243,9 @@ class TemplateEmbedder(nn.Module):
     def _project_pair(self, z: torch.Tensor) -> torch.Tensor:
         return self.from_pair(self.pair_norm(z))
 
-    def _embed_template(self, batch: dict, pair_mask: torch.Tensor, index: int, seed: torch.Tensor | None,
-                        z_in: torch.Tensor) -> torch.Tensor:
+    def _embed_template(
+        self, batch: dict, pair_mask: torch.Tensor, index: int, seed: torch.Tensor | None, z_in: torch.Tensor
+    ) -> torch.Tensor:
         """Template `index`'s [B, N, N, c_t] contribution: its features through the pair stack."""
         features = template_pair_features(batch, index).to(z_in.dtype)
         v = z_in + self.from_features(features)

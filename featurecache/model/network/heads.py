@@ -24,8 +24,9 @@ def distogram_bin_edges(num_bins: int, min_dist: float, max_dist: float, device=
     return torch.linspace(min_dist, max_dist, num_bins - 1, device=device, dtype=dtype)
 
 
-def distogram_loss(logits: torch.Tensor, positions: torch.Tensor, position_mask: torch.Tensor,
-                   min_dist: float, max_dist: float) -> torch.Tensor:
+def distogram_loss(
+    logits: torch.Tensor, positions: torch.Tensor, position_mask: torch.Tensor, min_dist: float, max_dist: float
+) -> torch.Tensor:
     """Cross-entropy of the binned true distances, averaged over valid pairs of each sample, then
     over the batch. A distance's bin is the number of edges below it (AF3's code and Protenix:
     sum(d > edges); a distance on an edge falls in the lower bin).

@@ -34,8 +34,11 @@ def _cast_to_autocast_dtype(module: nn.Module, args: tuple) -> tuple:
     """
     cast = []
     for value in args:
-        if isinstance(value, torch.Tensor) and value.is_floating_point() \
-                and torch.is_autocast_enabled(value.device.type):
+        if (
+            isinstance(value, torch.Tensor)
+            and value.is_floating_point()
+            and torch.is_autocast_enabled(value.device.type)
+        ):
             value = value.to(torch.get_autocast_dtype(value.device.type))
         cast.append(value)
     return tuple(cast)
@@ -111,8 +114,15 @@ class TriangleAttention(nn.Module):
     projections (attention with bias and mask, the gate) is one op on the packed projection.
     """
 
-    def __init__(self, c_z: int, num_heads: int, head_dim: int, node: str = "starting",
-                 eps: float = 1e-5, kernels: str = "triton") -> None:
+    def __init__(
+        self,
+        c_z: int,
+        num_heads: int,
+        head_dim: int,
+        node: str = "starting",
+        eps: float = 1e-5,
+        kernels: str = "triton",
+    ) -> None:
         super().__init__()
         if node not in ("starting", "ending"):
             raise ValueError(f"TriangleAttention node is {node!r}, expected 'starting' or 'ending'")
@@ -124,8 +134,9 @@ class TriangleAttention(nn.Module):
         # Rows of the product 16-element aligned: q/k/v are read from it as strided views, and
         # 4 * inner + heads (516 at AF3's sizes) would leave their row stride unaligned, which
         # keeps Triton from vectorizing EvoAttention's loads.
-        self.proj = kernel_module(LayerNormLinear, c_z, 4 * inner + num_heads, bias=False, eps=eps,
-                                  kernels=kernels, aligned_rows=True)
+        self.proj = kernel_module(
+            LayerNormLinear, c_z, 4 * inner + num_heads, bias=False, eps=eps, kernels=kernels, aligned_rows=True
+        )
         self.linear_out = nn.Linear(inner, c_z)
         self.gated_attention = gated_pair_attention_fn(kernels)
 
@@ -133,16 +144,18 @@ class TriangleAttention(nn.Module):
         """z [B, L, L, C], pair_mask [B, L, L] bool -> update [B, L, L, C] (caller adds it)."""
         # Starting node: rows i, queries j, keys k, bias b_jk, mask on (i, k). Ending node:
         # o_ij = sum_k softmax_k(q_ij . k_kj + b_ki) v_kj, the starting node on z^T.
-        out = self.gated_attention(self.proj(z), pair_mask, self.num_heads, self.head_dim,
-                                   transpose=self.node == "ending")
+        out = self.gated_attention(
+            self.proj(z), pair_mask, self.num_heads, self.head_dim, transpose=self.node == "ending"
+        )
         return self.linear_out(out)
 
 
 class AttentionPairBias(nn.Module):
     """Gated self-attention on the single representation with a bias from the pair (Algorithm 24)."""
 
-    def __init__(self, c_s: int, c_z: int, num_heads: int, head_dim: int, eps: float = 1e-5,
-                 kernels: str = "triton") -> None:
+    def __init__(
+        self, c_s: int, c_z: int, num_heads: int, head_dim: int, eps: float = 1e-5, kernels: str = "triton"
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim
@@ -172,8 +185,9 @@ class PairWeightedAveraging(nn.Module):
     averaging is a batched matrix product, already the fastest form on either path.
     """
 
-    def __init__(self, c_m: int, c_z: int, num_heads: int, head_dim: int, eps: float = 1e-5,
-                 kernels: str = "triton") -> None:
+    def __init__(
+        self, c_m: int, c_z: int, num_heads: int, head_dim: int, eps: float = 1e-5, kernels: str = "triton"
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim
@@ -203,8 +217,15 @@ class OuterProductMean(nn.Module):
     Linear. `bias_divided`: the Linear (its bias too) of the sum, then divided by the row count,
     OpenFold's order, which Protenix keeps: the bias shrinks with the MSA's depth."""
 
-    def __init__(self, c_m: int, c_z: int, hidden_dim: int, eps: float = 1e-5, kernels: str = "triton",
-                 bias_divided: bool = False) -> None:
+    def __init__(
+        self,
+        c_m: int,
+        c_z: int,
+        hidden_dim: int,
+        eps: float = 1e-5,
+        kernels: str = "triton",
+        bias_divided: bool = False,
+    ) -> None:
         super().__init__()
         self.hidden_dim = hidden_dim
         self.bias_divided = bias_divided
@@ -254,8 +275,9 @@ def derived_seeds(seed: torch.Tensor, count: int) -> torch.Tensor:
     return _hash32(_hash32(seed ^ 0x5BD1E995) + torch.arange(count, device=seed.device))
 
 
-def shared_dropout(update: torch.Tensor, rate: float, seed: torch.Tensor | None, site: int,
-                   shared_dim: int) -> torch.Tensor:
+def shared_dropout(
+    update: torch.Tensor, rate: float, seed: torch.Tensor | None, site: int, shared_dim: int
+) -> torch.Tensor:
     """Dropout of `update` [B, X, Y, C] with one mask shared along `shared_dim` (1: AF3's
     DropoutRowwise, the same mask for every row; 2: DropoutColumnwise), kept values scaled by
     1 / (1 - rate). `seed` (0-d, from derived_seeds) None or rate 0: `update` unchanged."""

@@ -57,9 +57,12 @@ def msa_of_cycle(batch: dict, cycle: int) -> dict:
     valid = rows >= 0
     rows = rows.clamp(min=0)
     msa_index = rows[:, :, None].expand(-1, -1, batch["msa"].shape[2])  # [B, R, N]
-    return dict(batch, msa=torch.gather(batch["msa"], 1, msa_index),
-                deletion_matrix=torch.gather(batch["deletion_matrix"], 1, msa_index),
-                msa_row_mask=valid & torch.gather(batch["msa_row_mask"], 1, rows))
+    return dict(
+        batch,
+        msa=torch.gather(batch["msa"], 1, msa_index),
+        deletion_matrix=torch.gather(batch["deletion_matrix"], 1, msa_index),
+        msa_row_mask=valid & torch.gather(batch["msa_row_mask"], 1, rows),
+    )
 
 
 class MSABlock(nn.Module):
@@ -70,19 +73,39 @@ class MSABlock(nn.Module):
         kernels, msa, trunk = config.runtime.kernels, config.msa, config.trunk
         self.last = last
         self.msa_dropout = msa.msa_dropout
-        self.outer_product_mean = OuterProductMean(msa.c_m, trunk.c_z, msa.outer_product_dim, kernels=kernels,
-                                                   bias_divided=config.dialect.outer_product_bias_divided)
+        self.outer_product_mean = OuterProductMean(
+            msa.c_m,
+            trunk.c_z,
+            msa.outer_product_dim,
+            kernels=kernels,
+            bias_divided=config.dialect.outer_product_bias_divided,
+        )
         if not last:
             self.pair_weighted_averaging = PairWeightedAveraging(
-                msa.c_m, trunk.c_z, msa.msa_heads, msa.msa_head_dim, kernels=kernels)
+                msa.c_m, trunk.c_z, msa.msa_heads, msa.msa_head_dim, kernels=kernels
+            )
             self.msa_transition = kernel_module(
-                Transition, msa.c_m, expansion=trunk.transition_expansion, kernels=kernels)
-        self.pair = PairStack(trunk.c_z, trunk.pair_heads, trunk.pair_head_dim,
-                              trunk.transition_expansion, kernels=kernels, dropout=trunk.pair_dropout,
-                              mult_hidden=config.dialect.triangle_mult_hidden)
+                Transition, msa.c_m, expansion=trunk.transition_expansion, kernels=kernels
+            )
+        self.pair = PairStack(
+            trunk.c_z,
+            trunk.pair_heads,
+            trunk.pair_head_dim,
+            trunk.transition_expansion,
+            kernels=kernels,
+            dropout=trunk.pair_dropout,
+            mult_hidden=config.dialect.triangle_mult_hidden,
+        )
 
-    def forward(self, m: torch.Tensor, z: torch.Tensor, msa_mask: torch.Tensor, token_mask: torch.Tensor,
-                pair_mask: torch.Tensor, seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        m: torch.Tensor,
+        z: torch.Tensor,
+        msa_mask: torch.Tensor,
+        token_mask: torch.Tensor,
+        pair_mask: torch.Tensor,
+        seed: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One block of Algorithm 8: the outer product mean into z, pair-weighted averaging and a
         transition on m (not in the last block), then the pair stack on z.
 
@@ -94,8 +117,9 @@ class MSABlock(nn.Module):
         if not self.last:
             rate = self.msa_dropout if self.training else 0.0
             # the pair stack's sites are 0-3; the MSA's mask is [B, 1, L, C_m], shared by the rows
-            m = m + shared_dropout(self.pair_weighted_averaging(m, z, token_mask), rate, seed, SITES_PER_BLOCK - 1,
-                                   ROWWISE)
+            m = m + shared_dropout(
+                self.pair_weighted_averaging(m, z, token_mask), rate, seed, SITES_PER_BLOCK - 1, ROWWISE
+            )
             m = m + self.msa_transition(m)
         z = self.pair(z, pair_mask, seed)
         return m, z
@@ -113,8 +137,15 @@ class MSAModule(nn.Module):
         num_blocks = config.msa.msa_blocks
         self.blocks = nn.ModuleList(MSABlock(config, last=i == num_blocks - 1) for i in range(num_blocks))
 
-    def forward(self, batch: dict, inputs: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor,
-                pair_mask: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        batch: dict,
+        inputs: torch.Tensor,
+        z: torch.Tensor,
+        token_mask: torch.Tensor,
+        pair_mask: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """Algorithm 8: update the pair from the MSA.
 
         batch: the collated batch (msa, deletion_matrix, msa_row_mask [B, N_msa, ...], the rows
@@ -126,6 +157,13 @@ class MSAModule(nn.Module):
         msa_mask = batch["msa_row_mask"][:, :, None] & token_mask[:, None, :]  # [B, S, N]
         m = self.from_msa(msa_features(batch)) + self.from_single(inputs).unsqueeze(1)
         seed = dropout_seed(generator, z.device) if self.training and self.dropout > 0 else None
-        _, z = run_blocks(self.blocks, self.checkpoint_blocks and self.training, m, z,
-                          masks=(msa_mask, token_mask, pair_mask), seed=seed, group=self.checkpoint_group)
+        _, z = run_blocks(
+            self.blocks,
+            self.checkpoint_blocks and self.training,
+            m,
+            z,
+            masks=(msa_mask, token_mask, pair_mask),
+            seed=seed,
+            group=self.checkpoint_group,
+        )
         return z

@@ -43,16 +43,24 @@ class PairStack(nn.Module):
 
     `mult_hidden`: the triangle multiplications' inner width (None: c_z, as AF3; Protenix 128)."""
 
-    def __init__(self, c_z: int, num_heads: int, head_dim: int, transition_expansion: int,
-                 kernels: str = "triton", dropout: float = 0.0, recompute_attention: bool = False,
-                 mult_hidden: int | None = None) -> None:
+    def __init__(
+        self,
+        c_z: int,
+        num_heads: int,
+        head_dim: int,
+        transition_expansion: int,
+        kernels: str = "triton",
+        dropout: float = 0.0,
+        recompute_attention: bool = False,
+        mult_hidden: int | None = None,
+    ) -> None:
         super().__init__()
         self.dropout = dropout
         self.recompute_attention = recompute_attention
-        self.tri_mul_out = kernel_module(TriangleMultiplication, c_z, mult_hidden, direction="outgoing",
-                                         kernels=kernels)
-        self.tri_mul_in = kernel_module(TriangleMultiplication, c_z, mult_hidden, direction="incoming",
-                                        kernels=kernels)
+        self.tri_mul_out = kernel_module(
+            TriangleMultiplication, c_z, mult_hidden, direction="outgoing", kernels=kernels
+        )
+        self.tri_mul_in = kernel_module(TriangleMultiplication, c_z, mult_hidden, direction="incoming", kernels=kernels)
         self.tri_att_start = TriangleAttention(c_z, num_heads, head_dim, node="starting", kernels=kernels)
         self.tri_att_end = TriangleAttention(c_z, num_heads, head_dim, node="ending", kernels=kernels)
         self.transition = kernel_module(Transition, c_z, expansion=transition_expansion, kernels=kernels)
@@ -63,17 +71,20 @@ class PairStack(nn.Module):
         (None: no dropout). Returns the updated z [B, N_token, N_token, c_z]."""
         return self.updates(z, pair_mask, seed)[0]
 
-    def updates(self, z: torch.Tensor, pair_mask: torch.Tensor,
-                seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def updates(
+        self, z: torch.Tensor, pair_mask: torch.Tensor, seed: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The updated z, and the same in autocast's dtype (z itself without autocast). `seed`:
         this block's dropout seed (None, or eval mode: no dropout)."""
         rate = self.dropout if self.training else 0.0
         z, z_low = self.residual(z, shared_dropout(self.tri_mul_out(z, pair_mask), rate, seed, 0, ROWWISE))
         z, z_low = self.residual(z, shared_dropout(self.tri_mul_in(z_low, pair_mask), rate, seed, 1, ROWWISE))
-        z, z_low = self.residual(z, shared_dropout(self._attention(self.tri_att_start, z_low, pair_mask), rate, seed,
-                                                   2, ROWWISE))
-        z, z_low = self.residual(z, shared_dropout(self._attention(self.tri_att_end, z_low, pair_mask), rate, seed,
-                                                   3, COLUMNWISE))
+        z, z_low = self.residual(
+            z, shared_dropout(self._attention(self.tri_att_start, z_low, pair_mask), rate, seed, 2, ROWWISE)
+        )
+        z, z_low = self.residual(
+            z, shared_dropout(self._attention(self.tri_att_end, z_low, pair_mask), rate, seed, 3, COLUMNWISE)
+        )
         return self.residual(z, self.transition(z_low))
 
     def _attention(self, attention: nn.Module, z_low: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
@@ -82,17 +93,42 @@ class PairStack(nn.Module):
 
 
 class PairformerBlock(nn.Module):
-    def __init__(self, c_s: int, c_z: int, single_heads: int, single_head_dim: int, pair_heads: int,
-                 pair_head_dim: int, transition_expansion: int, kernels: str = "triton", dropout: float = 0.0,
-                 recompute_attention: bool = False, mult_hidden: int | None = None) -> None:
+    def __init__(
+        self,
+        c_s: int,
+        c_z: int,
+        single_heads: int,
+        single_head_dim: int,
+        pair_heads: int,
+        pair_head_dim: int,
+        transition_expansion: int,
+        kernels: str = "triton",
+        dropout: float = 0.0,
+        recompute_attention: bool = False,
+        mult_hidden: int | None = None,
+    ) -> None:
         super().__init__()
-        self.pair = PairStack(c_z, pair_heads, pair_head_dim, transition_expansion, kernels=kernels, dropout=dropout,
-                              recompute_attention=recompute_attention, mult_hidden=mult_hidden)
+        self.pair = PairStack(
+            c_z,
+            pair_heads,
+            pair_head_dim,
+            transition_expansion,
+            kernels=kernels,
+            dropout=dropout,
+            recompute_attention=recompute_attention,
+            mult_hidden=mult_hidden,
+        )
         self.attention = AttentionPairBias(c_s, c_z, single_heads, single_head_dim, kernels=kernels)
         self.transition = kernel_module(Transition, c_s, expansion=transition_expansion, kernels=kernels)
 
-    def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, pair_mask: torch.Tensor,
-                seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        s: torch.Tensor,
+        z: torch.Tensor,
+        token_mask: torch.Tensor,
+        pair_mask: torch.Tensor,
+        seed: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One block of Algorithm 17: the pair stack on z, then attention with pair bias and a
         transition on s.
 
@@ -106,8 +142,9 @@ class PairformerBlock(nn.Module):
         return s, z
 
 
-def run_blocks(blocks: nn.ModuleList, checkpointed: bool, *state, masks: tuple,
-               seed: torch.Tensor | None = None, group: int = 1) -> tuple:
+def run_blocks(
+    blocks: nn.ModuleList, checkpointed: bool, *state, masks: tuple, seed: torch.Tensor | None = None, group: int = 1
+) -> tuple:
     """Apply blocks in order; with `checkpointed`, keep only each block's input for backward.
     `seed` (a dropout_seed): each block gets its own seed derived from it, as its last argument.
     `group` > 1 (with `checkpointed`): keep only the input of every `group`-th block; backward
@@ -123,7 +160,7 @@ def run_blocks(blocks: nn.ModuleList, checkpointed: bool, *state, masks: tuple,
         return _run_plain(calls, state, masks)
     if group > 1 and len(calls) > 1:
         for start in range(0, len(calls), group):
-            chunk = calls[start:start + group]
+            chunk = calls[start : start + group]
             if len(chunk) == 1:  # a group of one block is that block's checkpoint
                 state = _run_checkpointed(chunk, state, masks)
             else:
@@ -157,11 +194,23 @@ def _as_tuple(state) -> tuple:
 
 
 class Pairformer(nn.Module):
-    def __init__(self, num_blocks: int, c_s: int, c_z: int, single_heads: int, single_head_dim: int,
-                 pair_heads: int, pair_head_dim: int, transition_expansion: int,
-                 checkpoint_blocks: bool = True, kernels: str = "triton", dropout: float = 0.0,
-                 checkpoint_group: int = 1, recompute_attention: bool = False,
-                 mult_hidden: int | None = None) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        c_s: int,
+        c_z: int,
+        single_heads: int,
+        single_head_dim: int,
+        pair_heads: int,
+        pair_head_dim: int,
+        transition_expansion: int,
+        checkpoint_blocks: bool = True,
+        kernels: str = "triton",
+        dropout: float = 0.0,
+        checkpoint_group: int = 1,
+        recompute_attention: bool = False,
+        mult_hidden: int | None = None,
+    ) -> None:
         """`recompute_attention` (PairStack's): implied by checkpoint_group > 1; the confidence
         head, re-run whole with grouped checkpoints, asks for it with one group per block.
         `mult_hidden`: PairStack's."""
@@ -170,15 +219,30 @@ class Pairformer(nn.Module):
         self.checkpoint_group = checkpoint_group
         self.dropout = dropout
         self.blocks = nn.ModuleList(
-            PairformerBlock(c_s, c_z, single_heads, single_head_dim, pair_heads, pair_head_dim,
-                            transition_expansion, kernels=kernels, dropout=dropout,
-                            recompute_attention=checkpoint_blocks and (checkpoint_group > 1 or recompute_attention),
-                            mult_hidden=mult_hidden)
+            PairformerBlock(
+                c_s,
+                c_z,
+                single_heads,
+                single_head_dim,
+                pair_heads,
+                pair_head_dim,
+                transition_expansion,
+                kernels=kernels,
+                dropout=dropout,
+                recompute_attention=checkpoint_blocks and (checkpoint_group > 1 or recompute_attention),
+                mult_hidden=mult_hidden,
+            )
             for _ in range(num_blocks)
         )
 
-    def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, pair_mask: torch.Tensor,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        s: torch.Tensor,
+        z: torch.Tensor,
+        token_mask: torch.Tensor,
+        pair_mask: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Algorithm 17, every block in order.
 
         s: [B, N_token, c_s]; z: [B, N_token, N_token, c_z]; token_mask: [B, N_token] bool;
@@ -187,6 +251,13 @@ class Pairformer(nn.Module):
         z [B, N_token, N_token, c_z]).
         """
         seed = dropout_seed(generator, z.device) if self.training and self.dropout > 0 else None
-        s, z = run_blocks(self.blocks, self.checkpoint_blocks and self.training, s, z,
-                          masks=(token_mask, pair_mask), seed=seed, group=self.checkpoint_group)
+        s, z = run_blocks(
+            self.blocks,
+            self.checkpoint_blocks and self.training,
+            s,
+            z,
+            masks=(token_mask, pair_mask),
+            seed=seed,
+            group=self.checkpoint_group,
+        )
         return s, z

@@ -67,8 +67,9 @@ class TokenLayout:
     def unpack(self, out: torch.Tensor) -> torch.Tensor:
         return out
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pair_bias: torch.Tensor,
-               kernels: str) -> torch.Tensor:
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pair_bias: torch.Tensor, kernels: str
+    ) -> torch.Tensor:
         """q, k, v [B, S, L, H, D], pair_bias [B, L, L, H] -> [B, S, L, H, D]."""
         q_rows, k_rows, v_rows, mask = self.pack(q, k, v)
         return self.unpack(attention_fn(kernels)(q_rows, k_rows, v_rows, bias=self.bias(pair_bias), mask=mask))
@@ -91,8 +92,9 @@ class AdaptiveLayerNorm(nn.Module):
         """a: [..., S, L, c_a]; s: [..., S or 1, L, c_s] (1: shared by the S samples). Returns
         [..., S, L, c_a]."""
         if self.kernels == "triton":
-            return adaptive_layernorm(a, s, self.norm_s.weight, self.scale.weight, self.scale.bias, self.shift.weight,
-                                      self.norm_s.eps)
+            return adaptive_layernorm(
+                a, s, self.norm_s.weight, self.scale.weight, self.scale.bias, self.shift.weight, self.norm_s.eps
+            )
         s = self.norm_s(s)
         return torch.sigmoid(self.scale(s)) * self.norm_a(a) + self.shift(s)
 
@@ -120,9 +122,19 @@ class ConditionedTransition(nn.Module):
         if self.kernels == "triton" and a.shape[-1] <= FUSED_MAX_CHANNELS:
             adaln = self.adaln
             return conditioned_transition(
-                a, s, adaln.norm_s.weight, adaln.scale.weight, adaln.scale.bias, adaln.shift.weight,
-                self.linear_a.weight, self.linear_b.weight, self.linear_out.weight, self.output_gate.weight,
-                self.output_gate.bias, adaln.norm_s.eps)
+                a,
+                s,
+                adaln.norm_s.weight,
+                adaln.scale.weight,
+                adaln.scale.bias,
+                adaln.shift.weight,
+                self.linear_a.weight,
+                self.linear_b.weight,
+                self.linear_out.weight,
+                self.output_gate.weight,
+                self.output_gate.bias,
+                adaln.norm_s.eps,
+            )
         x = self.adaln(a, s)
         hidden = F.silu(self.linear_a(x)) * self.linear_b(x)
         return torch.sigmoid(self.output_gate(s)) * self.linear_out(hidden)
@@ -137,8 +149,16 @@ class ConditionedAttention(nn.Module):
     one AdaLN feeds all four (Algorithm 24 as printed). `key_adaln_nested`: the keys' AdaLN reads
     the queries' AdaLN output, AdaLN_k(AdaLN_q(a, s), s), as Protenix's cross_attention_mode does."""
 
-    def __init__(self, c_a: int, c_s: int, c_pair: int, num_heads: int, kernels: str, key_adaln: bool = False,
-                 key_adaln_nested: bool = False) -> None:
+    def __init__(
+        self,
+        c_a: int,
+        c_s: int,
+        c_pair: int,
+        num_heads: int,
+        kernels: str,
+        key_adaln: bool = False,
+        key_adaln_nested: bool = False,
+    ) -> None:
         super().__init__()
         if c_a % num_heads:
             raise ValueError(f"ConditionedAttention: width {c_a} is not a multiple of {num_heads} heads")
@@ -178,8 +198,16 @@ class ConditionedAttention(nn.Module):
 
 
 class ConditionedTransformerBlock(nn.Module):
-    def __init__(self, c_a: int, c_s: int, c_pair: int, num_heads: int, kernels: str, key_adaln: bool = False,
-                 key_adaln_nested: bool = False) -> None:
+    def __init__(
+        self,
+        c_a: int,
+        c_s: int,
+        c_pair: int,
+        num_heads: int,
+        kernels: str,
+        key_adaln: bool = False,
+        key_adaln_nested: bool = False,
+    ) -> None:
         super().__init__()
         self.attention = ConditionedAttention(c_a, c_s, c_pair, num_heads, kernels, key_adaln, key_adaln_nested)
         self.transition = ConditionedTransition(c_a, c_s, kernels=kernels)
@@ -202,15 +230,26 @@ class ConditionedTransformer(nn.Module):
     (featurecache.model.network.pairformer.run_blocks): N / K + K inputs held instead of N. `key_adaln`,
     `key_adaln_nested`: ConditionedAttention's."""
 
-    def __init__(self, c_a: int, c_s: int, c_pair: int, num_blocks: int, num_heads: int, kernels: str,
-                 checkpoint_blocks: bool = True, checkpoint_group: int = 1, key_adaln: bool = False,
-                 key_adaln_nested: bool = False) -> None:
+    def __init__(
+        self,
+        c_a: int,
+        c_s: int,
+        c_pair: int,
+        num_blocks: int,
+        num_heads: int,
+        kernels: str,
+        checkpoint_blocks: bool = True,
+        checkpoint_group: int = 1,
+        key_adaln: bool = False,
+        key_adaln_nested: bool = False,
+    ) -> None:
         super().__init__()
         self.checkpoint_blocks = checkpoint_blocks
         self.checkpoint_group = checkpoint_group
         self.blocks = nn.ModuleList(
             ConditionedTransformerBlock(c_a, c_s, c_pair, num_heads, kernels, key_adaln, key_adaln_nested)
-            for _ in range(num_blocks))
+            for _ in range(num_blocks)
+        )
 
     def forward(self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
         """a: [B, S, L, c_a] (S diffusion samples, L tokens or atoms); s: [B, S or 1, L, c_s];
@@ -222,11 +261,14 @@ class ConditionedTransformer(nn.Module):
         group = self.checkpoint_group
         if group > 1 and len(blocks) > 1:
             for start in range(0, len(blocks), group):
-                chunk = blocks[start:start + group]
+                chunk = blocks[start : start + group]
                 # s and the pair are the group's inputs, not captured: backward must return their
                 # gradients through the checkpoint (captured tensors would be differentiated twice)
-                a = (_run_checkpointed(chunk, a, s, pair, layout) if len(chunk) == 1 else
-                     checkpointed(functools.partial(_run_group, chunk, layout), a, s, pair))
+                a = (
+                    _run_checkpointed(chunk, a, s, pair, layout)
+                    if len(chunk) == 1
+                    else checkpointed(functools.partial(_run_group, chunk, layout), a, s, pair)
+                )
             return a
         return _run_checkpointed(blocks, a, s, pair, layout)
 

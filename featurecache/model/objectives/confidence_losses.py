@@ -57,8 +57,9 @@ def protenix_lddt_bins(score: torch.Tensor, count: torch.Tensor, num_bins: int) 
     return ((lddt.unsqueeze(-1) > edges).sum(-1).clamp(1, num_bins) - 1).long()
 
 
-def masked_cross_entropy(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, item_dims: int,
-                         recompute: bool = False) -> torch.Tensor:
+def masked_cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, item_dims: int, recompute: bool = False
+) -> torch.Tensor:
     """Cross-entropy of logits [B, S, *items, bins] against target [B, S, *items], averaged over
     the mask's items in each structure, then over structures and batch (a 0-d tensor).
     `recompute`: re-run the cross-entropy in backward instead of keeping the logits' fp32 copy and
@@ -74,8 +75,14 @@ def _cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def plddt_target(predicted: torch.Tensor, true: torch.Tensor, atom_resolved: torch.Tensor, centre: torch.Tensor,
-                 centre_valid: torch.Tensor, centre_is_nucleotide: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def plddt_target(
+    predicted: torch.Tensor,
+    true: torch.Tensor,
+    atom_resolved: torch.Tensor,
+    centre: torch.Tensor,
+    centre_valid: torch.Tensor,
+    centre_is_nucleotide: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-atom lDDT (4.3.1) -> (lddt [B, S, A], has_reference [B, A]).
 
     predicted [B, S, A, 3]; true [B, A, 3]; atom_resolved [B, A]; centre [B, N] centre atom of
@@ -86,16 +93,26 @@ def plddt_target(predicted: torch.Tensor, true: torch.Tensor, atom_resolved: tor
 
 
 @torch.no_grad()
-def plddt_scores(predicted: torch.Tensor, true: torch.Tensor, atom_resolved: torch.Tensor, centre: torch.Tensor,
-                 centre_valid: torch.Tensor, centre_is_nucleotide: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def plddt_scores(
+    predicted: torch.Tensor,
+    true: torch.Tensor,
+    atom_resolved: torch.Tensor,
+    centre: torch.Tensor,
+    centre_valid: torch.Tensor,
+    centre_is_nucleotide: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """plddt_target's parts: each atom's summed pair scores [B, S, A] and its pair count [B, A]."""
     true = true.float()
     true_distance = distances(true, gather_atoms(true, centre))  # [B, A, N]
     predicted_distance = distances(predicted.float(), gather_atoms(predicted.float(), centre))  # [B, S, A, N]
     radius = inclusion_radius(centre_is_nucleotide)[:, None, :]
     atom_index = torch.arange(true.shape[1], device=true.device)[None, :, None]
-    included = ((true_distance < radius) & centre_valid[:, None, :] & atom_resolved[:, :, None]
-                & (atom_index != centre[:, None, :]))  # [B, A, N]
+    included = (
+        (true_distance < radius)
+        & centre_valid[:, None, :]
+        & atom_resolved[:, :, None]
+        & (atom_index != centre[:, None, :])
+    )  # [B, A, N]
     error = (predicted_distance - true_distance[:, None]).abs()
     score = pair_scores(error)
     return (score * included[:, None]).sum(-1), included.sum(-1)
@@ -119,8 +136,9 @@ def in_frames(points: torch.Tensor, origin: torch.Tensor, axes: torch.Tensor) ->
 
 
 @torch.no_grad()
-def aligned_errors(predicted: torch.Tensor, true: torch.Tensor, frame_atoms: torch.Tensor,
-                   centre: torch.Tensor) -> torch.Tensor:
+def aligned_errors(
+    predicted: torch.Tensor, true: torch.Tensor, frame_atoms: torch.Tensor, centre: torch.Tensor
+) -> torch.Tensor:
     """Algorithm 30: e_ij [B, S, N, N], the error of token j's centre atom in token i's frame."""
     predicted, true = predicted.float(), true.float()
     predicted_local = in_frames(gather_atoms(predicted, centre), *frames(predicted, frame_atoms))
@@ -140,9 +158,15 @@ def confidence_rows(batch: dict, resolution_range: tuple[float, float] | None) -
     return (resolution >= low) & (resolution <= high)
 
 
-def confidence_losses(outputs: dict, positions: torch.Tensor, batch: dict, recompute: bool = False,
-                      rows: torch.Tensor | None = None, plddt_bins_protenix: bool = False,
-                      pde_distogram_atoms: bool = False) -> dict:
+def confidence_losses(
+    outputs: dict,
+    positions: torch.Tensor,
+    batch: dict,
+    recompute: bool = False,
+    rows: torch.Tensor | None = None,
+    plddt_bins_protenix: bool = False,
+    pde_distogram_atoms: bool = False,
+) -> dict:
     """The four losses (0-d tensors: plddt, pae, pde, resolved) of the head's outputs on the
     structures positions [B, S, A, 3] it judged, against batch's ground truth. `recompute`: the
     pair-sized cross-entropies are re-run in backward (masked_cross_entropy). `rows` [B] bool
@@ -175,20 +199,30 @@ def confidence_losses(outputs: dict, positions: torch.Tensor, batch: dict, recom
     frame_valid = (frame_atoms >= 0).all(-1) & frame_resolved.all(-1) & token_real
     pae_logits = outputs["pae_logits"]
     pae_target = error_bins(aligned_errors(positions, true, frame_atoms, centre), pae_logits.shape[-1])
-    pae = masked_cross_entropy(pae_logits, pae_target, (frame_valid[:, :, None] & centre_resolved[:, None, :])[:, None],
-                               item_dims=2, recompute=recompute)
+    pae = masked_cross_entropy(
+        pae_logits,
+        pae_target,
+        (frame_valid[:, :, None] & centre_resolved[:, None, :])[:, None],
+        item_dims=2,
+        recompute=recompute,
+    )
 
     pde_atoms = representative_atom_index(batch) if pde_distogram_atoms else centre
     pde_resolved = torch.gather(atom_resolved, 1, pde_atoms) & token_real
     with torch.no_grad():
         predicted_atoms = gather_atoms(positions.float(), pde_atoms)
         true_atoms = gather_atoms(true, pde_atoms)
-        distance_error = (distances(predicted_atoms, predicted_atoms)
-                          - distances(true_atoms, true_atoms)[:, None]).abs()
+        distance_error = (
+            distances(predicted_atoms, predicted_atoms) - distances(true_atoms, true_atoms)[:, None]
+        ).abs()
     pde_logits = outputs["pde_logits"]
-    pde = masked_cross_entropy(pde_logits, error_bins(distance_error, pde_logits.shape[-1]),
-                               (pde_resolved[:, :, None] & pde_resolved[:, None, :])[:, None], item_dims=2,
-                               recompute=recompute)
+    pde = masked_cross_entropy(
+        pde_logits,
+        error_bins(distance_error, pde_logits.shape[-1]),
+        (pde_resolved[:, :, None] & pde_resolved[:, None, :])[:, None],
+        item_dims=2,
+        recompute=recompute,
+    )
 
     resolved_logits = outputs["resolved_logits"]
     resolved_target = atom_resolved.long()[:, None].expand(resolved_logits.shape[:-1])

@@ -88,9 +88,11 @@ def _cross_chain_mean(matrix: torch.Tensor) -> torch.Tensor:
     AlphaFold 3's chain_iptm."""
     count = matrix.shape[0]
     off = ~torch.eye(count, dtype=torch.bool)
+
     def nanmean(values, mask, dim):
         valid = mask & ~values.isnan()
         return torch.where(valid, values, 0.0).sum(dim) / valid.sum(dim)  # NaN where none
+
     rows, columns = nanmean(matrix, off, -1), nanmean(matrix, off, -2)
     return torch.nanmean(torch.stack([rows, columns]), dim=0)
 

@@ -40,8 +40,13 @@ def smooth_pair_scores(error: torch.Tensor) -> torch.Tensor:
     return sum(torch.sigmoid(threshold - error) for threshold in LDDT_THRESHOLDS) / len(LDDT_THRESHOLDS)
 
 
-def lddt(predicted: torch.Tensor, true: torch.Tensor, resolved: torch.Tensor, is_nucleotide: torch.Tensor,
-         scored: torch.Tensor | None = None) -> torch.Tensor:
+def lddt(
+    predicted: torch.Tensor,
+    true: torch.Tensor,
+    resolved: torch.Tensor,
+    is_nucleotide: torch.Tensor,
+    scored: torch.Tensor | None = None,
+) -> torch.Tensor:
     """lDDT of each predicted structure over all atom pairs (l, m), the radius that of atom l:
     predicted [S, A, 3], true [A, 3]; resolved, is_nucleotide and scored (the atoms l whose
     pairs count; default all) [A] -> [S]. NaN where no pair is within the inclusion radius."""

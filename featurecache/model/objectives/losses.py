@@ -21,18 +21,26 @@ from featurecache.model.objectives.rigid import weighted_rigid_align
 LISTED_PAIR_DEVICES = ("cpu",)
 
 
-def mse_atom_weights(is_dna: torch.Tensor, is_rna: torch.Tensor, is_ligand: torch.Tensor, resolved: torch.Tensor,
-                     mse_weight_dna: float = 5.0, mse_weight_rna: float = 5.0,
-                     mse_weight_ligand: float = 10.0) -> torch.Tensor:
+def mse_atom_weights(
+    is_dna: torch.Tensor,
+    is_rna: torch.Tensor,
+    is_ligand: torch.Tensor,
+    resolved: torch.Tensor,
+    mse_weight_dna: float = 5.0,
+    mse_weight_rna: float = 5.0,
+    mse_weight_ligand: float = 10.0,
+) -> torch.Tensor:
     """SI 4.2, eq. 4: w_l = 1 + 5 is_dna + 5 is_rna + 10 is_ligand, 0 for unresolved atoms. [..., A] float.
     The weights are ModelConfig's of the same names."""
-    weights = (1.0 + mse_weight_dna * is_dna.float() + mse_weight_rna * is_rna.float()
-               + mse_weight_ligand * is_ligand.float())
+    weights = (
+        1.0 + mse_weight_dna * is_dna.float() + mse_weight_rna * is_rna.float() + mse_weight_ligand * is_ligand.float()
+    )
     return weights * resolved.float()
 
 
-def aligned_mse_loss(predicted: torch.Tensor, true: torch.Tensor, weights: torch.Tensor,
-                     resolved: torch.Tensor) -> torch.Tensor:
+def aligned_mse_loss(
+    predicted: torch.Tensor, true: torch.Tensor, weights: torch.Tensor, resolved: torch.Tensor
+) -> torch.Tensor:
     """SI 4.2, eqs. 2-3: the ground truth rigidly aligned onto each prediction (no gradient through
     the alignment), then 1/3 of the weighted squared error summed over resolved atoms and divided
     by their number.
@@ -47,8 +55,13 @@ def aligned_mse_loss(predicted: torch.Tensor, true: torch.Tensor, weights: torch
     return (weights * squared_error).sum(dim=-1) / count / 3.0
 
 
-def smooth_lddt_loss(predicted: torch.Tensor, true: torch.Tensor, is_nucleotide: torch.Tensor,
-                     resolved: torch.Tensor, kernels: str = "torch") -> torch.Tensor:
+def smooth_lddt_loss(
+    predicted: torch.Tensor,
+    true: torch.Tensor,
+    is_nucleotide: torch.Tensor,
+    resolved: torch.Tensor,
+    kernels: str = "torch",
+) -> torch.Tensor:
     """Algorithm 27, SmoothLDDTLoss: 1 - the mean over atom pairs l != m within the inclusion
     radius (30 Angstrom in the truth when atom l is a nucleotide atom, else 15) of
     mean_{c in 0.5, 1, 2, 4} sigmoid(c - |d_lm - d_GT_lm|).
@@ -64,8 +77,9 @@ def smooth_lddt_loss(predicted: torch.Tensor, true: torch.Tensor, is_nucleotide:
     """
     true = true.float()
     if kernels == "triton" and runs_triton(predicted.device):
-        scores, count = smooth_lddt.smooth_lddt_sums(predicted.float(), true,
-                                                     smooth_lddt.inclusion_radius(is_nucleotide, resolved))
+        scores, count = smooth_lddt.smooth_lddt_sums(
+            predicted.float(), true, smooth_lddt.inclusion_radius(is_nucleotide, resolved)
+        )
         return 1.0 - scores / count.clamp(min=1.0)[:, None]
     true_distance = distances(true, true)  # [B, A, A]
     radius = inclusion_radius(is_nucleotide).unsqueeze(-1)  # [B, A, 1]
@@ -94,8 +108,9 @@ def _smooth_lddt_score(predicted: torch.Tensor, true_distance: torch.Tensor, inc
     return (score * included).sum(dim=(-1, -2))
 
 
-def _smooth_lddt_pair_score(predicted: torch.Tensor, batch: torch.Tensor, first: torch.Tensor, second: torch.Tensor,
-                            true_distance: torch.Tensor) -> torch.Tensor:
+def _smooth_lddt_pair_score(
+    predicted: torch.Tensor, batch: torch.Tensor, first: torch.Tensor, second: torch.Tensor, true_distance: torch.Tensor
+) -> torch.Tensor:
     """_smooth_lddt_score over the listed pairs (batch, first, second indices [P], their true
     distances [P]): predicted [B, A, 3] -> [B]."""
     predicted_distance = (predicted[batch, first] - predicted[batch, second]).norm(dim=-1)

@@ -71,8 +71,9 @@ def ground_truth_sources(batch: dict, outputs: dict) -> torch.Tensor:
             return sources
         true = _take(batch["atom_pos"].float(), sources)
         resolved = _take(batch["atom_mask"], sources) & batch["atom_pad_mask"]
-        within = symmetric_atom_permutation(predicted, true, resolved, batch["atom_permutations"],
-                                            batch["ref_space_uid"], batch["atom_pad_mask"])
+        within = symmetric_atom_permutation(
+            predicted, true, resolved, batch["atom_permutations"], batch["ref_space_uid"], batch["atom_pad_mask"]
+        )
         return _take(sources, within)
 
 
@@ -110,11 +111,21 @@ def chain_layout(batch: dict) -> dict:
     length = member_f.sum(dim=1)  # [B, c]
     # tokens of chain q with a counterpart in chain c, and that counterpart's index
     matched = torch.einsum("btq,bts,bsc->bqc", member_f, corresponds.float(), member_f)
-    interchangeable = (is_chain[:, :, None] & is_chain[:, None, :] & (matched == length[:, :, None])
-                       & (length[:, :, None] == length[:, None, :]))
+    interchangeable = (
+        is_chain[:, :, None]
+        & is_chain[:, None, :]
+        & (matched == length[:, :, None])
+        & (length[:, :, None] == length[:, None, :])
+    )
     partner = torch.einsum("bts,bsc->btc", corresponds.float() * token.float(), member_f).round().long()
-    return {"chain": chain, "is_chain": is_chain, "length": length, "interchangeable": interchangeable,
-            "partner": partner, "member": member}
+    return {
+        "chain": chain,
+        "is_chain": is_chain,
+        "length": length,
+        "interchangeable": interchangeable,
+        "partner": partner,
+        "member": member,
+    }
 
 
 def chain_permutation(batch: dict, predicted: torch.Tensor) -> torch.Tensor:
@@ -122,8 +133,9 @@ def chain_permutation(batch: dict, predicted: torch.Tensor) -> torch.Tensor:
     interchangeable chains are matched to the prediction (AF-Multimer's anchor and greedy
     matching); the identity where nothing is interchangeable."""
     layout = chain_layout(batch)
-    chain, is_chain, partner, interchangeable = (layout[name] for name in ("chain", "is_chain", "partner",
-                                                                            "interchangeable"))
+    chain, is_chain, partner, interchangeable = (
+        layout[name] for name in ("chain", "is_chain", "partner", "interchangeable")
+    )
     member = layout["member"].float()  # [B, t, c]
     batch_size, num_tokens = chain.shape
     device = chain.device
@@ -180,8 +192,9 @@ def chain_permutation(batch: dict, predicted: torch.Tensor) -> torch.Tensor:
         used.scatter_(2, choice[..., None], used.gather(2, choice[..., None]) | active[..., None])
 
     # the candidate whose matching puts the truth's representative atoms closest
-    source = torch.gather(partner, 2, torch.gather(assign, 2, chain[:, None, :].expand(-1, num_tokens, -1))
-                          .transpose(1, 2)).transpose(1, 2)  # [B, p, t]
+    source = torch.gather(
+        partner, 2, torch.gather(assign, 2, chain[:, None, :].expand(-1, num_tokens, -1)).transpose(1, 2)
+    ).transpose(1, 2)  # [B, p, t]
     moved = torch.einsum("bpij,bptj->bpti", rotation, _take_tokens(rep_true, source)) + shift[:, :, None]
     weight = torch.gather(rep_ok[:, None, :].expand(-1, num_tokens, -1), 2, source).float()
     error = ((moved - rep_pred[:, None]).square().sum(-1) * weight).sum(-1) / weight.sum(-1).clamp(min=1)
@@ -212,9 +225,14 @@ def _atom_sources(source_token: torch.Tensor, atom_to_token: torch.Tensor, atom_
     return torch.where(atom_pad_mask, source_first + atom - own_first, atom)
 
 
-def symmetric_atom_permutation(predicted: torch.Tensor, true: torch.Tensor, resolved: torch.Tensor,
-                               permutations: torch.Tensor, ref_space_uid: torch.Tensor,
-                               atom_pad_mask: torch.Tensor) -> torch.Tensor:
+def symmetric_atom_permutation(
+    predicted: torch.Tensor,
+    true: torch.Tensor,
+    resolved: torch.Tensor,
+    permutations: torch.Tensor,
+    ref_space_uid: torch.Tensor,
+    atom_pad_mask: torch.Tensor,
+) -> torch.Tensor:
     """[B, A]: for each atom, the atom of its residue whose truth it takes under the residue's
     symmetric relabelling (`permutations` [B, A, K], -1 where none) that best fits the prediction
     rigidly aligned onto `true` [B, A, 3] over `resolved` atoms; the identity on ties."""
@@ -227,14 +245,15 @@ def symmetric_atom_permutation(predicted: torch.Tensor, true: torch.Tensor, reso
     flat = safe.flatten(1)
     moved_true = _take(true, flat).view(*safe.shape, 3)
     moved_resolved = _take(resolved, flat).view(safe.shape) & present
-    error = ((aligned[:, :, None] - moved_true).square().sum(-1) * moved_resolved.float())  # [B, A, 1 + K]
+    error = (aligned[:, :, None] - moved_true).square().sum(-1) * moved_resolved.float()  # [B, A, 1 + K]
     # one residue: its atoms are consecutive; name it by its first atom
     start = torch.ones_like(atom_pad_mask)
     start[:, 1:] = ref_space_uid[:, 1:] != ref_space_uid[:, :-1]
     residue = torch.cummax(torch.where(start, atom, 0), dim=1).values  # [B, A]
     total = torch.zeros_like(error).scatter_add(1, residue[..., None].expand_as(error), error)
     available = torch.ones_like(candidates).scatter_reduce(  # every atom of the residue has the relabelling
-        1, residue[..., None].expand_as(present), (present | ~atom_pad_mask[..., None]).long(), reduce="amin")
+        1, residue[..., None].expand_as(present), (present | ~atom_pad_mask[..., None]).long(), reduce="amin"
+    )
     total = total.masked_fill(available == 0, float("inf"))
     # the identity unless a relabelling is better by more than rounding
     best = torch.where(total < total[..., :1] * (1 - 1e-6) - 1e-9, total, total[..., :1]).argmin(dim=-1)

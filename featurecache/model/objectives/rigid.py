@@ -40,8 +40,9 @@ def weighted_rigid_align(mobile: torch.Tensor, target: torch.Tensor, weights: to
         return aligned.to(dtype)
 
 
-def _centred_covariance(mobile: torch.Tensor, target: torch.Tensor,
-                        weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _centred_covariance(
+    mobile: torch.Tensor, target: torch.Tensor, weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The weighted centres [..., 1, 3] of mobile and target [..., L, 3] and the covariance
     H [..., 3, 3] = sum_l w_l (x_l - x_c)(y_l - y_c)^T that kabsch_rotation takes."""
     weights = weights.unsqueeze(-1)

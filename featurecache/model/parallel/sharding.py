@@ -40,8 +40,15 @@ from featurecache.kernels.reference import evo_attention_reference, layernorm_li
 from featurecache.model.network.layers import SITES_PER_BLOCK, attention_fn, dropout_seed, shared_dropout
 from featurecache.model.network.msa import MSAModule, msa_features
 from featurecache.model.network.pairformer import ROWWISE, Pairformer, PairformerBlock, run_blocks
-from featurecache.model.parallel.collectives import (GatheredProduct, gather, gather_partial, group_size, own_block,
-                                                     scatter, transpose_rows)
+from featurecache.model.parallel.collectives import (
+    GatheredProduct,
+    gather,
+    gather_partial,
+    group_size,
+    own_block,
+    scatter,
+    transpose_rows,
+)
 
 # --------------------------------------------------------------------------------------------
 # The Pairformer's updates on row blocks
@@ -69,8 +76,15 @@ def triangle_multiplication(module: nn.Module, z: torch.Tensor, mask: torch.Tens
     hidden = module.linear_a_p.weight.shape[0]
     layernorm_linear = _layernorm_linear_fn(module.kernels)
     # the five projections from one LayerNorm and one product
-    weight = torch.cat([module.linear_a_p.weight, module.linear_a_g.weight, module.linear_b_p.weight,
-                        module.linear_b_g.weight, module.linear_g.weight])
+    weight = torch.cat(
+        [
+            module.linear_a_p.weight,
+            module.linear_a_g.weight,
+            module.linear_b_p.weight,
+            module.linear_b_g.weight,
+            module.linear_g.weight,
+        ]
+    )
     proj = layernorm_linear(z, module.norm_in.weight, module.norm_in.bias, weight, None, module.norm_in.eps)
     a_p, a_g, b_p, b_g, g = proj.split([hidden] * 4 + [z.shape[-1]], dim=-1)
     keep = mask.unsqueeze(-1).to(proj.dtype)
@@ -79,8 +93,9 @@ def triangle_multiplication(module: nn.Module, z: torch.Tensor, mask: torch.Tens
     if module.direction == "incoming":
         a = transpose_rows(a, group)
     x = GatheredProduct.apply(a.contiguous(), b.contiguous(), module.direction, group)
-    out = layernorm_linear(x, module.norm_out.weight, module.norm_out.bias, module.linear_z.weight, None,
-                           module.norm_out.eps)
+    out = layernorm_linear(
+        x, module.norm_out.weight, module.norm_out.bias, module.linear_z.weight, None, module.norm_out.eps
+    )
     return torch.sigmoid(g) * out
 
 
@@ -98,8 +113,9 @@ def triangle_attention(module: nn.Module, z: torch.Tensor, mask: torch.Tensor, k
     return module.linear_out((torch.sigmoid(gate) * out).flatten(-2))
 
 
-def single_attention(module: nn.Module, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor,
-                     group) -> torch.Tensor:
+def single_attention(
+    module: nn.Module, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, group
+) -> torch.Tensor:
     """AttentionPairBias for this rank's query rows s [B, n, C_s] with their own bias rows from
     z [B, n, L, C_z]; keys and values of every row gathered. token_mask [B, L] (all keys).
 
@@ -115,8 +131,14 @@ def single_attention(module: nn.Module, s: torch.Tensor, z: torch.Tensor, token_
     return module.linear_out(out.flatten(-2))
 
 
-def pair_updates(pair: nn.Module, group, z: torch.Tensor, rows_mask: torch.Tensor, columns_mask: torch.Tensor,
-                 seed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_updates(
+    pair: nn.Module,
+    group,
+    z: torch.Tensor,
+    rows_mask: torch.Tensor,
+    columns_mask: torch.Tensor,
+    seed: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """PairStack.updates on this rank's rows z [B, n, L, C]; rows_mask and columns_mask [B, n, L]
     are the pair mask's rows and its transpose's rows.
 
@@ -137,9 +159,16 @@ def pair_updates(pair: nn.Module, group, z: torch.Tensor, rows_mask: torch.Tenso
     return pair.residual(z, pair.transition(z_low))
 
 
-def pairformer_block(block: PairformerBlock, group, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor,
-                     rows_mask: torch.Tensor, columns_mask: torch.Tensor,
-                     seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def pairformer_block(
+    block: PairformerBlock,
+    group,
+    s: torch.Tensor,
+    z: torch.Tensor,
+    token_mask: torch.Tensor,
+    rows_mask: torch.Tensor,
+    columns_mask: torch.Tensor,
+    seed: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One PairformerBlock on this rank's rows: s [B, n, C_s], z [B, n, L, C_z]."""
     z, z_low = pair_updates(block.pair, group, z, rows_mask, columns_mask, seed)
     s = s + single_attention(block.attention, s, z_low, token_mask, group)
@@ -198,8 +227,14 @@ class ShardedPairformer(_ShardedStack):
     def __init__(self, pairformer: Pairformer, group) -> None:
         super().__init__(pairformer, group)
 
-    def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, pair_mask: torch.Tensor,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        s: torch.Tensor,
+        z: torch.Tensor,
+        token_mask: torch.Tensor,
+        pair_mask: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """As Pairformer.forward, whole tensors on every rank: s [B, N_token, c_s], z [B, N_token,
         N_token, c_z], token_mask [B, N_token] bool, pair_mask [B, N_token, N_token] bool. Returns
         (s [B, N_token, c_s], z [B, N_token, N_token, c_z])."""
@@ -209,8 +244,13 @@ class ShardedPairformer(_ShardedStack):
         if pad:
             s, z = F.pad(s, (0, 0, 0, pad)), F.pad(z, (0, 0, 0, pad, 0, pad))
             token_mask, pair_mask = F.pad(token_mask, (0, pad)), F.pad(pair_mask, (0, pad, 0, pad))
-        s, z = self.run(pairformer_block, scatter(s, 1, group), scatter(z, 1, group),
-                        masks=(token_mask, *self.pair_masks(pair_mask)), seed=seed)
+        s, z = self.run(
+            pairformer_block,
+            scatter(s, 1, group),
+            scatter(z, 1, group),
+            masks=(token_mask, *self.pair_masks(pair_mask)),
+            seed=seed,
+        )
         s, z = gather(s, 1, group), gather(z, 1, group)
         return (s[:, :length], z[:, :length, :length]) if pad else (s, z)
 
@@ -230,8 +270,9 @@ def outer_product_mean(module: nn.Module, m: torch.Tensor, msa_mask: torch.Tenso
     return module.linear_out(outer / (count.unsqueeze(-1) + 1e-3).to(outer.dtype))
 
 
-def pair_weighted_averaging(module: nn.Module, m: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor,
-                            group) -> torch.Tensor:
+def pair_weighted_averaging(
+    module: nn.Module, m: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, group
+) -> torch.Tensor:
     """PairWeightedAveraging for this rank's tokens: the weights of token i come from z's row i
     (local), the values of every token are gathered ([B, S, L, H * D])."""
     inner = module.num_heads * module.head_dim
@@ -245,17 +286,26 @@ def pair_weighted_averaging(module: nn.Module, m: torch.Tensor, z: torch.Tensor,
     return module.linear_out(torch.sigmoid(gate) * out)
 
 
-def msa_block(block: nn.Module, group, m: torch.Tensor, z: torch.Tensor, msa_mask: torch.Tensor,
-              token_mask: torch.Tensor, rows_mask: torch.Tensor, columns_mask: torch.Tensor,
-              seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def msa_block(
+    block: nn.Module,
+    group,
+    m: torch.Tensor,
+    z: torch.Tensor,
+    msa_mask: torch.Tensor,
+    token_mask: torch.Tensor,
+    rows_mask: torch.Tensor,
+    columns_mask: torch.Tensor,
+    seed: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One MSABlock on this rank's tokens m [B, S, n, C_m] and rows z [B, n, L, C_z]."""
     z = z + outer_product_mean(block.outer_product_mean, m, msa_mask, group)
     if not block.last:
         update = pair_weighted_averaging(block.pair_weighted_averaging, m, z, token_mask, group)
         rate = block.msa_dropout if block.training else 0.0
         # MSABlock's rowwise mask over every token, then this rank's tokens of it
-        keep = shared_dropout(update.new_ones(m.shape[0], 1, token_mask.shape[1], m.shape[-1]), rate, seed,
-                              SITES_PER_BLOCK - 1, ROWWISE)
+        keep = shared_dropout(
+            update.new_ones(m.shape[0], 1, token_mask.shape[1], m.shape[-1]), rate, seed, SITES_PER_BLOCK - 1, ROWWISE
+        )
         m = m + update * own_block(keep, 2, group)
         m = m + block.msa_transition(m)
     return m, pair_updates(block.pair, group, z, rows_mask, columns_mask, seed)[0]
@@ -270,8 +320,15 @@ class ShardedMSAModule(_ShardedStack):
         self.from_msa = msa_module.from_msa
         self.from_single = msa_module.from_single
 
-    def forward(self, batch: dict, inputs: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor,
-                pair_mask: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        batch: dict,
+        inputs: torch.Tensor,
+        z: torch.Tensor,
+        token_mask: torch.Tensor,
+        pair_mask: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """As MSAModule.forward, whole tensors on every rank: inputs [B, N_token, c_s_inputs],
         z [B, N_token, N_token, c_z], token_mask [B, N_token] bool, pair_mask [B, N_token,
         N_token] bool. Returns the new z [B, N_token, N_token, c_z]."""
@@ -284,8 +341,13 @@ class ShardedMSAModule(_ShardedStack):
             m, z = F.pad(m, (0, 0, 0, pad)), F.pad(z, (0, 0, 0, pad, 0, pad))
             msa_mask, token_mask = F.pad(msa_mask, (0, pad)), F.pad(token_mask, (0, pad))
             pair_mask = F.pad(pair_mask, (0, pad, 0, pad))
-        _, z = self.run(msa_block, scatter(m, 2, group), scatter(z, 1, group),
-                        masks=(msa_mask, token_mask, *self.pair_masks(pair_mask)), seed=seed)
+        _, z = self.run(
+            msa_block,
+            scatter(m, 2, group),
+            scatter(z, 1, group),
+            masks=(msa_mask, token_mask, *self.pair_masks(pair_mask)),
+            seed=seed,
+        )
         z = gather(z, 1, group)
         return z[:, :length, :length] if pad else z
 

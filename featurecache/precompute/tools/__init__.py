@@ -33,8 +33,22 @@ TOOLS: dict[str, type[Tool]] = {
 }
 
 __all__ = [
-    "OUTPUT_FORMATS", "TOOLS", "Hhblits", "Hhsearch", "Hmmsearch", "Jackhmmer", "Kalign", "MmseqsCluster",
-    "MmseqsSearch", "Nhmmer",
-    "Tool", "ToolError", "ToolNotFoundError", "ToolResult", "ToolSettings", "ToolTimeoutError", "resolve_binary",
+    "OUTPUT_FORMATS",
+    "TOOLS",
+    "Hhblits",
+    "Hhsearch",
+    "Hmmsearch",
+    "Jackhmmer",
+    "Kalign",
+    "MmseqsCluster",
+    "MmseqsSearch",
+    "Nhmmer",
+    "Tool",
+    "ToolError",
+    "ToolNotFoundError",
+    "ToolResult",
+    "ToolSettings",
+    "ToolTimeoutError",
+    "resolve_binary",
     "tool_version",
 ]

@@ -103,11 +103,11 @@ class ToolResult:
     """One tool run: its raw output and how it was produced."""
 
     tool: str
-    output_format: str           # one of OUTPUT_FORMATS
-    text: str                    # the raw output, capped to max_hits
-    num_hits: int                # hits in ``text`` after the cap (sequences, or HHR/m8 hit lines)
-    wall_seconds: float          # time spent in the tool's processes
-    command: tuple[str, ...]     # the main command, as run (temporary paths included)
+    output_format: str  # one of OUTPUT_FORMATS
+    text: str  # the raw output, capped to max_hits
+    num_hits: int  # hits in ``text`` after the cap (sequences, or HHR/m8 hit lines)
+    wall_seconds: float  # time spent in the tool's processes
+    command: tuple[str, ...]  # the main command, as run (temporary paths included)
     version: str
 
 
@@ -133,13 +133,15 @@ def _version_of(binary: str, args: tuple[str, ...], mtime_ns: int) -> str:
             [binary, *args], capture_output=True, text=True, timeout=VERSION_TIMEOUT_S, errors="replace"
         )
     except (OSError, subprocess.TimeoutExpired) as error:
-        raise ToolError(Path(binary).name, None, "", [binary, *args], f"cannot run {binary} to read its version: {error}")
+        raise ToolError(
+            Path(binary).name, None, "", [binary, *args], f"cannot run {binary} to read its version: {error}"
+        ) from error
     text = completed.stdout + "\n" + completed.stderr
     patterns = (
-        r"#\s*(HMMER\s+\d+\.\d+[\w.]*)",         # jackhmmer -h: "# HMMER 3.3.2 (Nov 2020); ..."
-        r"^(HH\w+\s+\d+\.\d+\.\d+)",             # hhblits -h: "HHblits 3.3.0:"
-        r"^(kalign\s+\d+\.\d+[\w.]*)",          # kalign --version: "kalign 3.3.5"
-        r"^(\d+[-.][0-9a-f]+\S*)\s*$",           # mmseqs version: "14-7e284+ds-1+b2"
+        r"#\s*(HMMER\s+\d+\.\d+[\w.]*)",  # jackhmmer -h: "# HMMER 3.3.2 (Nov 2020); ..."
+        r"^(HH\w+\s+\d+\.\d+\.\d+)",  # hhblits -h: "HHblits 3.3.0:"
+        r"^(kalign\s+\d+\.\d+[\w.]*)",  # kalign --version: "kalign 3.3.5"
+        r"^(\d+[-.][0-9a-f]+\S*)\s*$",  # mmseqs version: "14-7e284+ds-1+b2"
     )
     for pattern in patterns:
         match = re.search(pattern, text, re.MULTILINE)
@@ -216,7 +218,10 @@ def run_command(tool: str, command: Sequence[str], workdir: Path, timeout_s: flo
         except subprocess.TimeoutExpired:
             _kill_group(process)
             raise ToolTimeoutError(
-                tool, None, _output_tail(stdout_path, stderr_path), command,
+                tool,
+                None,
+                _output_tail(stdout_path, stderr_path),
+                command,
                 f"{tool} timed out after {timeout_s:g} s and was killed",
             ) from None
         except BaseException:

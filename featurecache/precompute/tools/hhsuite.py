@@ -22,8 +22,20 @@ class Hhblits(Tool):
 
     name = "hhblits"
     binary_name = "hhblits"
-    default_flags = ("-n", "3", "-e", "0.001", "-maxseq", "1000000", "-realign_max", "100000",
-                     "-maxfilt", "100000", "-min_prefilter_hits", "1000")
+    default_flags = (
+        "-n",
+        "3",
+        "-e",
+        "0.001",
+        "-maxseq",
+        "1000000",
+        "-realign_max",
+        "100000",
+        "-maxfilt",
+        "100000",
+        "-min_prefilter_hits",
+        "1000",
+    )
 
     def search(self, sequence: str, databases: Sequence[str], max_hits: int | None = None) -> ToolResult:
         sequence = check_sequence(self.name, sequence)
@@ -33,8 +45,18 @@ class Hhblits(Tool):
             work = Path(tmp)
             write_fasta(work / "query.fasta", [("query", sequence)])
             output = work / "output.a3m"
-            command = [self.binary, "-i", str(work / "query.fasta"), "-cpu", str(self.threads),
-                       "-oa3m", str(output), "-o", os.devnull, *self.flags]
+            command = [
+                self.binary,
+                "-i",
+                str(work / "query.fasta"),
+                "-cpu",
+                str(self.threads),
+                "-oa3m",
+                str(output),
+                "-o",
+                os.devnull,
+                *self.flags,
+            ]
             for database in databases:
                 command += ["-d", absolute_path(database)]
             wall = run_command(self.name, command, work, self.timeout_s)
@@ -59,8 +81,16 @@ class Hhsearch(Tool):
             work = Path(tmp)
             (work / "query.a3m").write_text(msa_a3m)
             output = work / "output.hhr"
-            command = [self.binary, "-i", str(work / "query.a3m"), "-o", str(output), "-cpu", str(self.threads),
-                       *self.flags]
+            command = [
+                self.binary,
+                "-i",
+                str(work / "query.a3m"),
+                "-o",
+                str(output),
+                "-cpu",
+                str(self.threads),
+                *self.flags,
+            ]
             if max_hits is not None:
                 # The hit list and the alignment list hold between -z/-b (default 10) and -Z/-B
                 # (default 500) entries; cap both maxima and keep the minima within them.

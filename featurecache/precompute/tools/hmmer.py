@@ -34,7 +34,20 @@ class Jackhmmer(Tool):
 
     name = "jackhmmer"
     binary_name = "jackhmmer"
-    default_flags = ("-N", "1", "-E", "0.0001", "--incE", "0.0001", "--F1", "0.0005", "--F2", "0.00005", "--F3", "0.0000005")
+    default_flags = (
+        "-N",
+        "1",
+        "-E",
+        "0.0001",
+        "--incE",
+        "0.0001",
+        "--F1",
+        "0.0005",
+        "--F2",
+        "0.00005",
+        "--F3",
+        "0.0000005",
+    )
 
     def search(self, sequence: str, database: str, max_hits: int | None = None) -> ToolResult:
         sequence = check_sequence(self.name, sequence)
@@ -42,8 +55,19 @@ class Jackhmmer(Tool):
             work = Path(tmp)
             write_fasta(work / "query.fasta", [("query", sequence)])
             output = work / "output.sto"
-            command = [self.binary, "-o", os.devnull, "-A", str(output), "--noali", "--cpu", str(self.threads),
-                       *self.flags, str(work / "query.fasta"), absolute_path(database)]
+            command = [
+                self.binary,
+                "-o",
+                os.devnull,
+                "-A",
+                str(output),
+                "--noali",
+                "--cpu",
+                str(self.threads),
+                *self.flags,
+                str(work / "query.fasta"),
+                absolute_path(database),
+            ]
             wall = run_command(self.name, command, work, self.timeout_s)
             text, count = _capped_hmmer_alignment(output, max_hits)
         return self._result("sto", text, count, wall, command)
@@ -58,8 +82,11 @@ def _capped_hmmer_alignment(path: Path, max_hits: int | None) -> tuple[str, int]
     if not path.exists():  # nothing passed the inclusion thresholds
         return "", 0
     first, _ = truncate_stockholm(path, 1)
-    has_query = any(line.split(maxsplit=1)[0] == "query" for line in first.splitlines()
-                    if line.strip() and not line.startswith(("#", "//")))
+    has_query = any(
+        line.split(maxsplit=1)[0] == "query"
+        for line in first.splitlines()
+        if line.strip() and not line.startswith(("#", "//"))
+    )
     cap = None if max_hits is None else max_hits + has_query
     text, count = truncate_stockholm(path, cap)
     return text, count - has_query
@@ -93,8 +120,20 @@ class Nhmmer(Tool):
             work = Path(tmp)
             write_fasta(work / "query.fasta", [("query", sequence)])
             output = work / "output.sto"
-            command = [self.binary, "-o", os.devnull, "-A", str(output), "--noali", "--cpu", str(self.threads),
-                       f"--{molecule_type}", *flags, str(work / "query.fasta"), absolute_path(database)]
+            command = [
+                self.binary,
+                "-o",
+                os.devnull,
+                "-A",
+                str(output),
+                "--noali",
+                "--cpu",
+                str(self.threads),
+                f"--{molecule_type}",
+                *flags,
+                str(work / "query.fasta"),
+                absolute_path(database),
+            ]
             wall = run_command(self.name, command, work, self.timeout_s)
             text, count = _capped_hmmer_alignment(output, max_hits)
         return self._result("sto", text, count, wall, command)
@@ -111,8 +150,22 @@ class Hmmsearch(Tool):
 
     name = "hmmsearch"
     binary_name = "hmmsearch"
-    default_flags = ("--F1", "0.1", "--F2", "0.1", "--F3", "0.1", "-E", "100", "--incE", "100",
-                     "--domE", "100", "--incdomE", "100")
+    default_flags = (
+        "--F1",
+        "0.1",
+        "--F2",
+        "0.1",
+        "--F3",
+        "0.1",
+        "-E",
+        "100",
+        "--incE",
+        "100",
+        "--domE",
+        "100",
+        "--incdomE",
+        "100",
+    )
     hmmbuild_default_flags = ("--hand", "--amino")
 
     def __init__(
@@ -129,8 +182,10 @@ class Hmmsearch(Tool):
 
     def identity(self) -> dict:
         identity = super().identity()
-        identity["hmmbuild"] = {"version": tool_version(self.hmmbuild_binary, self.version_args),
-                                "flags": list(self.hmmbuild_flags)}
+        identity["hmmbuild"] = {
+            "version": tool_version(self.hmmbuild_binary, self.version_args),
+            "flags": list(self.hmmbuild_flags),
+        }
         identity["output"] = "m8 from -A and --domtblout"
         return identity
 
@@ -142,12 +197,31 @@ class Hmmsearch(Tool):
             work = Path(tmp)
             (work / "query.sto").write_text(query_msa)
             profile = work / "query.hmm"
-            build = [self.hmmbuild_binary, *self.hmmbuild_flags, "--cpu", str(self.threads), str(profile),
-                     str(work / "query.sto")]
+            build = [
+                self.hmmbuild_binary,
+                *self.hmmbuild_flags,
+                "--cpu",
+                str(self.threads),
+                str(profile),
+                str(work / "query.sto"),
+            ]
             wall = run_command("hmmbuild", build, work, self.timeout_s)
             output, domains = work / "output.sto", work / "domains.tbl"
-            command = [self.binary, "--noali", "-o", os.devnull, "-A", str(output), "--domtblout", str(domains),
-                       "--cpu", str(self.threads), *self.flags, str(profile), absolute_path(database)]
+            command = [
+                self.binary,
+                "--noali",
+                "-o",
+                os.devnull,
+                "-A",
+                str(output),
+                "--domtblout",
+                str(domains),
+                "--cpu",
+                str(self.threads),
+                *self.flags,
+                str(profile),
+                absolute_path(database),
+            ]
             wall += run_command(self.name, command, work, self.remaining_timeout(wall))
             if not output.exists():  # hmmsearch writes no alignment when nothing passes the thresholds
                 return self._result("m8", "", 0, wall, command)
@@ -155,5 +229,7 @@ class Hmmsearch(Tool):
             try:
                 text = hmmsearch_to_m8(sto_text, domains.read_text(), query)
             except ValueError as error:
-                raise ToolError(self.name, 0, "", command, f"hmmsearch output cannot be mapped to the query: {error}") from None
+                raise ToolError(
+                    self.name, 0, "", command, f"hmmsearch output cannot be mapped to the query: {error}"
+                ) from None
         return self._result("m8", text, text.count("\n"), wall, command)

@@ -38,8 +38,20 @@ class Kalign(Tool):
             work = Path(tmp)
             write_fasta(work / "input.fasta", sequences)
             output = work / "output.fasta"
-            command = [self.binary, "-i", str(work / "input.fasta"), "-o", str(output), "--format", "fasta",
-                       "--type", kinds[molecule_type], "-n", str(self.threads), *self.flags]
+            command = [
+                self.binary,
+                "-i",
+                str(work / "input.fasta"),
+                "-o",
+                str(output),
+                "--format",
+                "fasta",
+                "--type",
+                kinds[molecule_type],
+                "-n",
+                str(self.threads),
+                *self.flags,
+            ]
             wall = run_command(self.name, command, work, self.timeout_s)
             text = output.read_text()
         records = fasta_records(text)

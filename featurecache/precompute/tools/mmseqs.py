@@ -37,7 +37,9 @@ class MmseqsSearch(Tool):
         identity["m8_columns"] = self.m8_columns
         return identity
 
-    def search(self, sequence: str, database: str, max_hits: int | None = None, output_format: str = "a3m") -> ToolResult:
+    def search(
+        self, sequence: str, database: str, max_hits: int | None = None, output_format: str = "a3m"
+    ) -> ToolResult:
         if output_format not in ("a3m", "m8"):
             raise ValueError(f"mmseqs output_format must be 'a3m' or 'm8', got {output_format!r}")
         sequence = check_sequence(self.name, sequence)
@@ -46,28 +48,59 @@ class MmseqsSearch(Tool):
             work = Path(tmp)
             write_fasta(work / "query.fasta", [("query", sequence)])
             common = ["--threads", str(self.threads), "-v", "1"]
-            wall = run_command(self.name, [self.binary, "createdb", str(work / "query.fasta"), str(work / "qdb"), "-v", "1"],
-                        work, self.timeout_s)
-            command = [self.binary, "search", str(work / "qdb"), database, str(work / "result"), str(work / "tmp"),
-                       *common, *self.flags]
+            wall = run_command(
+                self.name,
+                [self.binary, "createdb", str(work / "query.fasta"), str(work / "qdb"), "-v", "1"],
+                work,
+                self.timeout_s,
+            )
+            command = [
+                self.binary,
+                "search",
+                str(work / "qdb"),
+                database,
+                str(work / "result"),
+                str(work / "tmp"),
+                *common,
+                *self.flags,
+            ]
             if output_format == "m8" and "-a" not in self.flags:
                 command.append("-a")  # the CIGAR column needs the alignment backtrace
             wall += run_command(self.name, command, work, self.remaining_timeout(wall))
             if output_format == "a3m":
-                convert = [self.binary, "result2msa", str(work / "qdb"), database, str(work / "result"),
-                           str(work / "msa"), "--msa-format-mode", "6", *common]
+                convert = [
+                    self.binary,
+                    "result2msa",
+                    str(work / "qdb"),
+                    database,
+                    str(work / "result"),
+                    str(work / "msa"),
+                    "--msa-format-mode",
+                    "6",
+                    *common,
+                ]
                 wall += run_command(self.name, convert, work, self.remaining_timeout(wall))
                 text, count = truncate_a3m(_read_mmseqs_db(work / "msa"), None if max_hits is None else max_hits + 1)
                 count = max(count - 1, 0)
             else:
-                convert = [self.binary, "convertalis", str(work / "qdb"), database, str(work / "result"),
-                           str(work / "hits.m8"), "--format-output", self.m8_columns, *common]
+                convert = [
+                    self.binary,
+                    "convertalis",
+                    str(work / "qdb"),
+                    database,
+                    str(work / "result"),
+                    str(work / "hits.m8"),
+                    "--format-output",
+                    self.m8_columns,
+                    *common,
+                ]
                 wall += run_command(self.name, convert, work, self.remaining_timeout(wall))
                 lines = [line for line in (work / "hits.m8").read_text().splitlines() if line.strip()]
                 if max_hits is not None:
                     lines = lines[:max_hits]
                 text, count = "".join(line + "\n" for line in lines), len(lines)
         return self._result(output_format, text, count, wall, command)
+
 
 def _read_mmseqs_db(prefix: Path) -> str:
     # One query, so the database's data file holds one NUL-terminated entry (or several split files).
@@ -91,20 +124,38 @@ class MmseqsCluster(Tool):
 
     def __init__(self, settings: ToolSettings | None = None, tmp_root=None) -> None:
         settings = settings or ToolSettings()
-        super().__init__(ToolSettings(binary=settings.binary, threads=settings.threads,
-                                      timeout_s=settings.timeout_s), tmp_root)
+        super().__init__(
+            ToolSettings(binary=settings.binary, threads=settings.threads, timeout_s=settings.timeout_s), tmp_root
+        )
 
-    def cluster(self, sequences: dict[str, str], min_seq_id: float, coverage: float,
-                nucleotide: bool) -> dict[str, str]:
+    def cluster(
+        self, sequences: dict[str, str], min_seq_id: float, coverage: float, nucleotide: bool
+    ) -> dict[str, str]:
         """Each sequence name -> the name of its cluster's representative."""
         if len(sequences) < 2:
             return {name: name for name in sequences}
         with self._workdir() as tmp:
             work = Path(tmp)
             write_fasta(work / "input.fasta", sequences.items())
-            command = [self.binary, "easy-cluster", str(work / "input.fasta"), str(work / "out"), str(work / "tmp"),
-                       "--min-seq-id", f"{min_seq_id:g}", "-c", f"{coverage:g}", "--cov-mode", "0",
-                       "--dbtype", "2" if nucleotide else "1", "--threads", str(self.threads), "-v", "1"]
+            command = [
+                self.binary,
+                "easy-cluster",
+                str(work / "input.fasta"),
+                str(work / "out"),
+                str(work / "tmp"),
+                "--min-seq-id",
+                f"{min_seq_id:g}",
+                "-c",
+                f"{coverage:g}",
+                "--cov-mode",
+                "0",
+                "--dbtype",
+                "2" if nucleotide else "1",
+                "--threads",
+                str(self.threads),
+                "-v",
+                "1",
+            ]
             if nucleotide:
                 command += ["-k", str(self.nucleotide_kmer)]
             run_command(self.name, command, work, self.timeout_s)

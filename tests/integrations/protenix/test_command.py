@@ -39,8 +39,7 @@ def checkpoints(small_protenix, tmp_path_factory) -> dict[str, Path]:
     model, _, _ = small_protenix
     folder = tmp_path_factory.mktemp("checkpoints")
     protenix = folder / "protenix.pt"
-    torch.save({"model": {f"module.{name}": value for name, value in model.state_dict().items()}, "step": 3},
-               protenix)
+    torch.save({"model": {f"module.{name}": value for name, value in model.state_dict().items()}, "step": 3}, protenix)
     converted = folder / "converted.pt"
     result = _cli(["convert", protenix, converted, "--to", "featurecache"])
     assert result.exit_code == 0, result.output
@@ -66,15 +65,18 @@ def test_refusals_are_one_line(checkpoints, tmp_path):
     garbled = tmp_path / "garbled.pt"
     garbled.write_bytes(b"not a checkpoint")
     assert "garbled.pt: not a readable Protenix checkpoint" in _error_line(
-        _cli(["convert", garbled, tmp_path / "out.pt", "--to", "featurecache"]))
+        _cli(["convert", garbled, tmp_path / "out.pt", "--to", "featurecache"])
+    )
     line = _error_line(_cli(["convert", checkpoints["converted"], tmp_path / "out.pt", "--to", "featurecache"]))
     assert "a featurecache checkpoint" in line and "--to protenix" in line
     line = _error_line(_cli(["convert", checkpoints["protenix"], tmp_path / "out.pt", "--to", "protenix"]))
     assert "not a featurecache checkpoint" in line and "--to featurecache" in line
     assert "does not exist" in _error_line(
-        _cli(["convert", checkpoints["protenix"], tmp_path / "no" / "out.pt", "--to", "featurecache"]))
+        _cli(["convert", checkpoints["protenix"], tmp_path / "no" / "out.pt", "--to", "featurecache"])
+    )
     assert "the same file as SOURCE" in _error_line(
-        _cli(["convert", checkpoints["protenix"], checkpoints["protenix"], "--to", "featurecache"]))
+        _cli(["convert", checkpoints["protenix"], checkpoints["protenix"], "--to", "featurecache"])
+    )
     # a Protenix model with an input the map does not cover (an ESM embedding): named
     state = torch.load(checkpoints["protenix"], weights_only=True)
     state["model"]["module.input_embedder.linear_esm.weight"] = torch.zeros(97, 2560)
@@ -91,9 +93,16 @@ def cache(tmp_path_factory, shared_data) -> Path:
 
     inputs = copy_sample_structures(f"{TARGET}.cif", tmp_path_factory.mktemp("inputs"))
     cache_dir = tmp_path_factory.mktemp("cache") / "cache"
-    summary = precompute(PrecomputeOptions(
-        inputs=[inputs], cache_dir=cache_dir, alignments_dir=shared_data / "alignments", num_workers=1,
-        progress=False, executor="inline"))
+    summary = precompute(
+        PrecomputeOptions(
+            inputs=[inputs],
+            cache_dir=cache_dir,
+            alignments_dir=shared_data / "alignments",
+            num_workers=1,
+            progress=False,
+            executor="inline",
+        )
+    )
     assert summary.failed == 0, summary.format()
     return cache_dir
 
@@ -104,8 +113,28 @@ def test_predict_runs_a_converted_model_on_a_real_target(small_protenix, checkpo
     assert model.config == config.replace(kernels="torch", checkpoint_blocks=False)
     assert all(torch.equal(model.state_dict()[name], value) for name, value in state.items())
     out = tmp_path / "predictions"
-    result = _cli(["predict", "--cache", cache, TARGET, "--checkpoint", checkpoints["converted"], "--out", out,
-                   "--samples", "1", "--steps", "2", "--cycles", "1", "--kernels", "torch", "--device", "cpu"])
+    result = _cli(
+        [
+            "predict",
+            "--cache",
+            cache,
+            TARGET,
+            "--checkpoint",
+            checkpoints["converted"],
+            "--out",
+            out,
+            "--samples",
+            "1",
+            "--steps",
+            "2",
+            "--cycles",
+            "1",
+            "--kernels",
+            "torch",
+            "--device",
+            "cpu",
+        ]
+    )
     assert result.exit_code == 0, result.output
     assert (out / TARGET / f"{TARGET}_model.cif").is_file()
     assert (out / TARGET / f"{TARGET}_summary_confidences.json").is_file()
@@ -113,9 +142,19 @@ def test_predict_runs_a_converted_model_on_a_real_target(small_protenix, checkpo
 
 def test_train_fine_tunes_a_converted_model_and_resumes(small_protenix, checkpoints, cache, tmp_path):
     _, config, state = small_protenix
-    settings = dict(cache=str(cache), out=str(tmp_path / "run"), kernels="torch", steps=1, num_workers=0,
-                    device="cpu", warmup=1, lr=1e-4, checkpoint_every=1, model_settings={"diffusion_batch": 2},
-                    init_from=str(checkpoints["converted"]))
+    settings = dict(
+        cache=str(cache),
+        out=str(tmp_path / "run"),
+        kernels="torch",
+        steps=1,
+        num_workers=0,
+        device="cpu",
+        warmup=1,
+        lr=1e-4,
+        checkpoint_every=1,
+        model_settings={"diffusion_batch": 2},
+        init_from=str(checkpoints["converted"]),
+    )
     from featurecache.config import SampleConfig
 
     sample = SampleConfig(crop_size=32, msa_rows_per_sample=4, msa_cycle_draws=1)
@@ -125,8 +164,11 @@ def test_train_fine_tunes_a_converted_model_and_resumes(small_protenix, checkpoi
     first = train(TrainConfig(**settings, sample=sample))
     saved = torch.load(tmp_path / "run" / "checkpoint-00000001.pt", weights_only=False)
     # the checkpoint's model, with this run's diffusion batch (how it trains, not what the weights are)
-    here = {name: value for name, value in saved_model_settings(saved["model_config"]).items()
-            if name not in RUNTIME_SETTINGS}
+    here = {
+        name: value
+        for name, value in saved_model_settings(saved["model_config"]).items()
+        if name not in RUNTIME_SETTINGS
+    }
     trained = config.replace(diffusion_batch=2)
     assert here == {name: value for name, value in trained.settings().items() if name not in RUNTIME_SETTINGS}
     assert set(saved["model"]) == set(state)
@@ -143,9 +185,27 @@ def test_train_fine_tunes_a_converted_model_and_resumes(small_protenix, checkpoi
 
 
 def test_init_from_refuses_what_is_no_featurecache_checkpoint(checkpoints, cache, tmp_path):
-    line = _error_line(_cli(["train", "--cache", cache, "--out", tmp_path / "run", "--init-from",
-                             checkpoints["protenix"], "--kernels", "torch", "--device", "cpu", "--steps", "1",
-                             "--num-workers", "0"]))
+    line = _error_line(
+        _cli(
+            [
+                "train",
+                "--cache",
+                cache,
+                "--out",
+                tmp_path / "run",
+                "--init-from",
+                checkpoints["protenix"],
+                "--kernels",
+                "torch",
+                "--device",
+                "cpu",
+                "--steps",
+                "1",
+                "--num-workers",
+                "0",
+            ]
+        )
+    )
     assert f"--init-from {checkpoints['protenix']}: not a featurecache checkpoint" in line
     assert "featurecache convert" in line
     assert not (tmp_path / "run").exists()

@@ -30,8 +30,10 @@ def test_a_round_trip_is_bitwise_and_protenix_loads_it_strictly(small_protenix):
     AF3Model(config.replace(kernels="torch")).load_state_dict(state, strict=True)
 
 
-@pytest.mark.parametrize("name", ["protenix_base_default_v1.0.0", "protenix_base_default_v0.5.0",
-                                  "protenix_mini_default_v0.5.0", "protenix-v2"])
+@pytest.mark.parametrize(
+    "name",
+    ["protenix_base_default_v1.0.0", "protenix_base_default_v0.5.0", "protenix_mini_default_v0.5.0", "protenix-v2"],
+)
 def test_the_released_models_convert_both_ways(monkeypatch, name):
     """Protenix's released architectures (its configs_model_type entries, its model class, a DDP
     checkpoint's names): the sizes read from the state dict (the base model's are the `protenix`
@@ -41,8 +43,14 @@ def test_the_released_models_convert_both_ways(monkeypatch, name):
     parameters); only names and shapes matter here, so they start at zero."""
     from configs.configs_model_type import model_configs
 
-    configs = protenix_configs({**copy.deepcopy(model_configs[name]), "triangle_multiplicative": "torch",
-                                "triangle_attention": "torch", "use_wandb": False})
+    configs = protenix_configs(
+        {
+            **copy.deepcopy(model_configs[name]),
+            "triangle_multiplicative": "torch",
+            "triangle_attention": "torch",
+            "use_wandb": False,
+        }
+    )
     import protenix.model.modules.primitives as primitives
     import protenix.model.triangular.layers as layers
     from protenix.model.protenix import Protenix
@@ -78,11 +86,15 @@ def test_the_parameters_protenix_lacks_are_those_held_at_zero(small_protenix):
             if part.name is None:
                 zero_parts.add((name, start, start + size))
             start += size
-    held = {(name, rows.start or 0, parameters[name].shape[0] if rows.stop is None else rows.stop)
-            for name, rows in protenix_absent(model).items()}
+    held = {
+        (name, rows.start or 0, parameters[name].shape[0] if rows.stop is None else rows.stop)
+        for name, rows in protenix_absent(model).items()
+    }
     frozen = {(name, 0, value.shape[0]) for name, value in parameters.items() if not value.requires_grad}
-    assert held <= zero_parts and zero_parts <= held | frozen, (sorted(zero_parts - held - frozen),
-                                                                sorted(held - zero_parts))
+    assert held <= zero_parts and zero_parts <= held | frozen, (
+        sorted(zero_parts - held - frozen),
+        sorted(held - zero_parts),
+    )
     assert all(not parameters[name][start:stop].any() for name, start, stop in zero_parts)
 
 
@@ -118,8 +130,10 @@ def test_a_tensor_of_another_shape_or_value_is_named(small_protenix):
 def test_weights_protenix_cannot_hold_are_refused(small_protenix):
     _, config, state = small_protenix
     # a LayerNorm offset Protenix's model lacks, no longer zero (a fine-tuned featurecache model)
-    changed = {**state, "diffusion_module.token_norm.bias": torch.full_like(state["diffusion_module.token_norm.bias"],
-                                                                          0.5)}
+    changed = {
+        **state,
+        "diffusion_module.token_norm.bias": torch.full_like(state["diffusion_module.token_norm.bias"], 0.5),
+    }
     assert "diffusion_module.token_norm.bias is not zero" in _one_line_error(featurecache_to_protenix, config, changed)
     # AF3's model: its settings named
     message = _one_line_error(featurecache_to_protenix, config.replace(pair_init_from_single=False), state)
@@ -127,5 +141,4 @@ def test_weights_protenix_cannot_hold_are_refused(small_protenix):
     message = _one_line_error(featurecache_to_protenix, config.replace(fourier_dim=16), state)
     assert "fourier_dim 16 (Protenix fixes 256)" in message
     missing = {name: value for name, value in state.items() if name != "distogram_head.linear.bias"}
-    assert "1 missing key(s) (distogram_head.linear.bias)" in _one_line_error(featurecache_to_protenix, config,
-                                                                               missing)
+    assert "1 missing key(s) (distogram_head.linear.bias)" in _one_line_error(featurecache_to_protenix, config, missing)

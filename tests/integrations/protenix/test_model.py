@@ -44,31 +44,54 @@ def run(small_protenix):
     ours = AF3Model(config.replace(kernels="torch", checkpoint_blocks=False)).eval()
     ours.load_state_dict(state)
     generator = torch.Generator().manual_seed(7)
-    batch = distinct_distogram_atoms(random_batch([TOKENS], [MSA_ROWS], [TEMPLATES], generator,
-                                                  num_atoms_per_token=ATOMS_PER_TOKEN))
+    batch = distinct_distogram_atoms(
+        random_batch([TOKENS], [MSA_ROWS], [TEMPLATES], generator, num_atoms_per_token=ATOMS_PER_TOKEN)
+    )
     features = update_input_feature_dict(theirs.relative_position_encoding.generate_relp(protenix_features(batch)))
     atoms = batch["atom_pos"].shape[1]
     sigma = torch.tensor([NOISE_LEVELS])  # [B 1, S]
     noisy = batch["atom_pos"][:, None].float() + sigma[..., None, None] * torch.randn(
-        1, len(NOISE_LEVELS), atoms, 3, generator=generator)
+        1, len(NOISE_LEVELS), atoms, 3, generator=generator
+    )
     structures = batch["atom_pos"][:, None].float() + 1.5 * torch.randn(1, STRUCTURES, atoms, 3, generator=generator)
     with torch.no_grad():
         trunk = ours.trunk(batch, num_cycles=CYCLES)
-        s_inputs, single, pair = theirs.get_pairformer_output(features, N_cycle=CYCLES, inplace_safe=False,
-                                                              chunk_size=None)
+        s_inputs, single, pair = theirs.get_pairformer_output(
+            features, N_cycle=CYCLES, inplace_safe=False, chunk_size=None
+        )
         denoised = ours.diffusion_module(noisy, sigma, ours.diffusion_context(batch, trunk))
-        denoised_theirs = theirs.diffusion_module(noisy[0], sigma[0], features, s_inputs, single, pair,
-                                                  pair_z=None, p_lm=None, c_l=None)
+        denoised_theirs = theirs.diffusion_module(
+            noisy[0], sigma[0], features, s_inputs, single, pair, pair_z=None, p_lm=None, c_l=None
+        )
         confidence = ours.confidence_head(trunk["s_inputs"], trunk["single"], trunk["pair"], structures, batch)
-        confidence_theirs = theirs.confidence_head(input_feature_dict=features, s_inputs=s_inputs, s_trunk=single,
-                                                   z_trunk=pair, pair_mask=None, x_pred_coords=structures[0])
+        confidence_theirs = theirs.confidence_head(
+            input_feature_dict=features,
+            s_inputs=s_inputs,
+            s_trunk=single,
+            z_trunk=pair,
+            pair_mask=None,
+            x_pred_coords=structures[0],
+        )
         distogram_theirs = theirs.distogram_head(pair)
     return {
-        "ours": ours, "config": config, "batch": batch, "features": features, "sigma": sigma, "noisy": noisy,
-        "structures": structures, "trunk": trunk, "denoised": denoised, "confidence": confidence,
-        "theirs": {"s_inputs": s_inputs, "single": single, "pair": pair, "distogram_logits": distogram_theirs,
-                   "denoised": denoised_theirs,
-                   **dict(zip(("plddt_logits", "pae_logits", "pde_logits", "resolved_logits"), confidence_theirs))},
+        "ours": ours,
+        "config": config,
+        "batch": batch,
+        "features": features,
+        "sigma": sigma,
+        "noisy": noisy,
+        "structures": structures,
+        "trunk": trunk,
+        "denoised": denoised,
+        "confidence": confidence,
+        "theirs": {
+            "s_inputs": s_inputs,
+            "single": single,
+            "pair": pair,
+            "distogram_logits": distogram_theirs,
+            "denoised": denoised_theirs,
+            **dict(zip(("plddt_logits", "pae_logits", "pde_logits", "resolved_logits"), confidence_theirs)),
+        },
     }
 
 
@@ -100,39 +123,66 @@ def losses(run):
     fine-tuning weights), so every term enters the total."""
     from protenix.model.loss import ProtenixLoss
 
-    ours = AF3Model(run["config"].replace(kernels="torch", checkpoint_blocks=False, bond_loss_weight=1.0,
-                                          pae_loss_weight=1.0))
+    ours = AF3Model(
+        run["config"].replace(kernels="torch", checkpoint_blocks=False, bond_loss_weight=1.0, pae_loss_weight=1.0)
+    )
     batch, confidence = run["batch"], run["confidence"]
-    outputs = {**run["trunk"], "denoised_positions": run["denoised"], "noise_level": run["sigma"],
-               "rollout_positions": run["structures"], **confidence,
-               # the truth as it is (Protenix's permutation runs in its model's forward, not its loss)
-               "aligned_atom_pos": batch["atom_pos"], "aligned_atom_mask": batch["atom_mask"]}
+    outputs = {
+        **run["trunk"],
+        "denoised_positions": run["denoised"],
+        "noise_level": run["sigma"],
+        "rollout_positions": run["structures"],
+        **confidence,
+        # the truth as it is (Protenix's permutation runs in its model's forward, not its loss)
+        "aligned_atom_pos": batch["atom_pos"],
+        "aligned_atom_mask": batch["atom_mask"],
+    }
     _, metrics = ours.loss(batch, outputs)
     configs = protenix_configs()
     configs.loss.weight.alpha_bond = 1.0
     configs.loss.weight.alpha_pae = 1.0
     loss = ProtenixLoss(configs)
-    predictions = {"coordinate": run["denoised"][0], "noise_level": run["sigma"][0],
-                   "distogram": run["trunk"]["distogram_logits"][0], "coordinate_mini": run["structures"][0],
-                   **{name.removesuffix("_logits"): value[0] for name, value in confidence.items()}}
+    predictions = {
+        "coordinate": run["denoised"][0],
+        "noise_level": run["sigma"][0],
+        "distogram": run["trunk"]["distogram_logits"][0],
+        "coordinate_mini": run["structures"][0],
+        **{name.removesuffix("_logits"): value[0] for name, value in confidence.items()},
+    }
     labels = protenix_labels(batch)
     with torch.no_grad():
         _, theirs = loss(run["features"], predictions, labels, mode="train")
         # the MSE and bond terms without the noise level's weight, as featurecache reports them
         label_dict = loss.calculate_label(run["features"], dict(labels))
         features = run["features"]
-        theirs["mse"] = loss.mse_loss(predictions["coordinate"], labels["coordinate"], labels["coordinate_mask"],
-                                      features["is_rna"], features["is_dna"], features["is_ligand"])
-        theirs["bond"] = loss.bond_loss.sparse_forward(predictions["coordinate"], labels["coordinate"],
-                                                       label_dict["distance_mask"], features["bond_mask"])
+        theirs["mse"] = loss.mse_loss(
+            predictions["coordinate"],
+            labels["coordinate"],
+            labels["coordinate_mask"],
+            features["is_rna"],
+            features["is_dna"],
+            features["is_ligand"],
+        )
+        theirs["bond"] = loss.bond_loss.sparse_forward(
+            predictions["coordinate"], labels["coordinate"], label_dict["distance_mask"], features["bond_mask"]
+        )
     return metrics, theirs
 
 
-@pytest.mark.parametrize("ours, theirs", [
-    ("distogram", "distogram_loss"), ("smooth_lddt", "smooth_lddt_loss"), ("mse", "mse"), ("bond", "bond"),
-    ("plddt", "plddt_loss"), ("pae", "pae_loss"), ("pde", "pde_loss"), ("resolved", "resolved_loss"),
-    ("loss", "loss"),
-])
+@pytest.mark.parametrize(
+    "ours, theirs",
+    [
+        ("distogram", "distogram_loss"),
+        ("smooth_lddt", "smooth_lddt_loss"),
+        ("mse", "mse"),
+        ("bond", "bond"),
+        ("plddt", "plddt_loss"),
+        ("pae", "pae_loss"),
+        ("pde", "pde_loss"),
+        ("resolved", "resolved_loss"),
+        ("loss", "loss"),
+    ],
+)
 def test_loss_terms(losses, ours, theirs):
     metrics, protenix = losses
     assert protenix[theirs] > 0
@@ -143,5 +193,7 @@ def test_the_diffusion_loss_weighs_its_terms_as_protenix(losses):
     """L_diffusion = mean over samples of w(sigma) (L_MSE + L_bond) + L_smooth_lddt: Protenix keeps
     the weighted terms apart (mse_loss, bond_loss)."""
     metrics, protenix = losses
-    assert rel_error(metrics["diffusion"], protenix["mse_loss"] + protenix["bond_loss"]
-                     + protenix["smooth_lddt_loss"]) <= FP32_TOLERANCE
+    assert (
+        rel_error(metrics["diffusion"], protenix["mse_loss"] + protenix["bond_loss"] + protenix["smooth_lddt_loss"])
+        <= FP32_TOLERANCE
+    )
