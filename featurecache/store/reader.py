@@ -124,17 +124,31 @@ class _SharedEnvironments:
     """Read-only environments shared by all readers of this process.
 
     py-lmdb allows one Environment per file per process, so two readers of one cache (a
-    dataset and a stats call, say) share it; it closes when its last reader closes. The
-    registry is emptied in a forked child, which must open its own.
+    dataset and a stats call, say) share it; it closes when its last reader closes. A forked
+    child discards the environments it inherited and opens its own.
     """
 
     def __init__(self) -> None:
-        self._reset()
-        os.register_at_fork(after_in_child=self._reset)
-
-    def _reset(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[str, list] = {}  # real path -> [env, dbs, number of users]
+        os.register_at_fork(after_in_child=self._discard_inherited)
+
+    def _discard_inherited(self) -> None:
+        """In a forked child: close the environments inherited from the parent, so that py-lmdb,
+        which refuses a second open of a file while an Environment of it exists in the process,
+        lets the child open its own (its docs: inherited environments must be discarded and
+        re-opened). Closing in the child is safe for the parent: LMDB clears only the reader
+        slots of the closing process's pid (the child holds none), and fcntl locks are not
+        inherited, so closing the child's copies of the descriptors releases none of the parent's.
+        """
+        inherited = [entry[0] for entry in self._entries.values()]
+        self._lock = threading.Lock()
+        self._entries = {}
+        for env in inherited:
+            try:
+                env.close()
+            except lmdb.Error as error:  # the child then fails to open it, naming the file
+                log.warning("could not discard an LMDB environment inherited through fork: %s", error)
 
     def acquire(self, path: Path, readahead: bool) -> tuple[lmdb.Environment, dict]:
         key = os.path.realpath(path)

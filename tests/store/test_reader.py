@@ -119,6 +119,42 @@ def test_reader_pickles_without_handles_and_reopens_after_fork(tmp_path):
     assert reader._pid == os.getpid()
 
 
+_FORK_WHILE_OPEN = r"""
+import os, sys
+from featurecache.store.reader import StoreReader
+cache, first, second = sys.argv[1:]
+parent = StoreReader(cache)
+assert parent.get_record("features", first).key == first
+pid = os.fork()
+if pid == 0:
+    try:
+        fresh = StoreReader(cache).get_record("features", second)
+        inherited = parent.get_record("features", second)
+        os._exit(0 if fresh.key == inherited.key == second else 1)
+    except BaseException as error:
+        print(error, file=sys.stderr, flush=True)
+        os._exit(2)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, "the child could not read the cache"
+assert parent.get_record("features", second).key == second  # the parent's environment is intact
+"""
+
+
+def test_forked_child_opens_its_own_while_the_parent_holds_the_cache_open(tmp_path):
+    # A training run validates in the parent (its reader stays open), then forks DataLoader
+    # workers that build readers of their own: py-lmdb refuses a second Environment of a file in
+    # one process, so the child must first discard the environments it inherited. A fresh
+    # interpreter, as a user's process is: under pytest's own process the refusal did not show.
+    seed = random_seed()
+    build_cache(tmp_path, ["a", "b"], seed, num_shards=1)  # one file: the child meets the parent's
+    result = subprocess.run(
+        [sys.executable, "-c", _FORK_WHILE_OPEN, str(tmp_path), "a", "b"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    with StoreWriter(tmp_path, StoreConfig(num_shards=1)) as writer:  # nothing was left holding it
+        assert writer.get("features", "b") is not None
+
+
 def test_reader_errors_name_the_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         StoreReader(tmp_path / "missing")
