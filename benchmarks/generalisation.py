@@ -388,7 +388,7 @@ SMOKE_RUN = {
     "validate_every": 2,
     "validation_sampler_steps": 2,
     "checkpoint_every": 4,
-    "num_workers": 0,
+    "num_workers": 2,  # workers forked after validation, as on the GPU (a reader-inheritance bug hid at 0)
 }
 SMOKE_STEPS, SMOKE_VALIDATION = 4, 3
 
