@@ -368,7 +368,8 @@ def test_tiny_overfits_one_real_crop_until_predict_recovers_it(shared_data, tmp_
     steps, warm-up 10, otherwise as now: 2.78 and 2.92 A for 2 samples, at 1.5x the step time.)
 
     Measured 2026-12-05 on the 2-core CPU, one thread, two seeds at a time beside other jobs
-    (load 3-4), hence the wall times; alone a step takes ~0.3 s, the test ~2.5 min:
+    (load 3-4), hence the wall times; seed 0 run alone afterwards: the same figures bit for bit,
+    in 133 s:
 
     | seed | CA-RMSD of the 5 samples (A) | best | lDDT of the best | wall time (s) |
     | --- | --- | --- | --- | --- |
