@@ -371,7 +371,15 @@ def test_reference_conformers_are_augmented_per_sample(sample_cache):
     uid, mask = first["ref_space_uid"].numpy(), first["ref_mask"].numpy()
     assert len(np.unique(uid)) > 1
     assert_rigid_per_space(first["ref_pos"].numpy(), second["ref_pos"].numpy(), uid, mask)
-    assert not torch.equal(first["ref_pos"], second["ref_pos"])
+    # every space was drawn anew (its centre moves by N(0, 1 A) per draw), each its own motion:
+    # one rigid motion of the whole sample would keep the distances between spaces too
+    centres = [
+        [draw["ref_pos"].numpy()[(uid == space) & mask].mean(axis=0) for space in np.unique(uid[mask])]
+        for draw in (first, second)
+    ]
+    assert all(np.abs(a - b).max() > 1e-3 for a, b in zip(*centres, strict=True))
+    between = [np.linalg.norm(draw[0] - draw[1]) for draw in centres]
+    assert abs(between[0] - between[1]) > 1e-3
     assert (
         first["ref_pos"].numpy().tobytes()
         == CacheDataset(sample_cache, crop_size=None, msa_rows_per_sample=8, seed=4)[(0, index)]["ref_pos"]

@@ -2,8 +2,10 @@
 residues) with checkpoints written by the real training loop (CPU, tiny preset)."""
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import gemmi
@@ -19,15 +21,20 @@ from tests.conftest import copy_sample_structures
 
 TARGET = "209d-assembly1"
 
-# The overfit test's settings and bound. Measured on 2 CPU cores (one thread, ~0.3 s a step):
-# after 300 steps the best of 2 samples lies 4.0-6.6 A CA-RMSD from the truth over 5 seeds
-# (lDDT 0.12-0.23); one training step leaves it at 15-16 A (lDDT 0.07-0.10). Issue 20 asks for
-# 2 A (or lDDT > 0.8): not reached in this budget. The samples come out compact (radius of
-# gyration ~3 A against the helix's 9.8 A) although the denoiser keeps the size at low noise.
-OVERFIT_STEPS = 300
+# The overfit test's schedule and bounds: see test_tiny_overfits_one_real_crop_until_predict_recovers_it
+# for the figures they were set from.
+OVERFIT_STEPS = 400
 OVERFIT_LR = 3e-3
-OVERFIT_DIFFUSION_BATCH = 8
-OVERFIT_CA_RMSD = 10.0
+OVERFIT_WARMUP = 50
+OVERFIT_DIFFUSION_BATCH = 16
+OVERFIT_EMA_DECAY = 0.9  # predict uses the EMA weights: AF3's 0.999 would still weigh the first steps here
+OVERFIT_SAMPLES = 5
+OVERFIT_SAMPLER_STEPS = 200  # AF3's
+OVERFIT_CA_RMSD = 3.5  # the best of the samples, Angstrom
+OVERFIT_LDDT = 0.35  # all-atom lDDT of that sample
+# Seeds measured by OVERFIT_SEEDS=0,1,2,... (CI runs seed 0); the threads are pinned to one by the
+# one_thread fixture, so a seed's arithmetic does not depend on the machine's core count.
+OVERFIT_SEEDS = [int(seed) for seed in os.environ.get("OVERFIT_SEEDS", "0").split(",")]
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny matrices: see tests/conftest.py
 
@@ -347,14 +354,50 @@ def _ras_helix(shared_data: Path, folder: Path) -> Path:
     return path
 
 
-def test_tiny_overfits_one_real_crop_until_predict_recovers_it(shared_data, tmp_path):
+@pytest.mark.parametrize("seed", OVERFIT_SEEDS)
+def test_tiny_overfits_one_real_crop_until_predict_recovers_it(shared_data, tmp_path, seed):
     """The tiny preset trained by the real loop on one fixed real crop (through the cache and
-    CacheDataset: the crop size holds it whole) until `predict` writes a structure close to the
-    truth than an untrained model comes (see OVERFIT_* above for the measured figures)."""
+    CacheDataset: the crop size holds it whole) until `predict` writes a structure within
+    OVERFIT_CA_RMSD of the truth, as `featurecache evaluate` scores it (one training step leaves
+    it 15-16 A away, lDDT 0.07-0.10).
+
+    Schedule: OVERFIT_* above, N_cycle 1, deterministic, the confidence head off: its
+    mini-rollout and head are ~40 % of a step here, and its losses reach neither the trunk
+    (detached) nor the diffusion module; without it the truth's symmetric atoms are matched to
+    the least noisy denoised sample instead of the rollout (SI 4.2). (Seed 0 with it on, 300
+    steps, warm-up 10, otherwise as now: 2.78 and 2.92 A for 2 samples, at 1.5x the step time.)
+
+    Measured 2026-12-05 on the 2-core CPU, one thread, two seeds at a time beside other jobs
+    (load 3-4), hence the wall times; seed 0 run alone afterwards: the same figures bit for bit,
+    in 133 s:
+
+    | seed | CA-RMSD of the 5 samples (A) | best | lDDT of the best | wall time (s) |
+    | --- | --- | --- | --- | --- |
+    | 0 | 2.37, 2.64, 2.12, 3.91, 2.63 | 2.12 | 0.560 | 380 |
+    | 1 | 2.00, 2.30, 3.10, 4.60, 2.94 | 2.00 | 0.508 | 425 |
+    | 2 | 2.14, 2.99, 2.57, 3.95, 2.18 | 2.14 | 0.480 | 381 |
+    | 3 | 1.96, 2.39, 2.60, 3.25, 2.48 | 1.96 | 0.553 | 344 |
+    | 4 | 2.64, 4.29, 4.75, 2.68, 2.84 | 2.64 | 0.466 | 421 |
+    | 5 | 2.99, 3.94, 2.07, 4.68, 3.43 | 2.07 | 0.562 | 409 |
+
+    The bounds lie ~1/3 beyond the worst seed (3.5 A over 2.64 A, lDDT 0.35 under 0.47): a
+    seed's arithmetic is fixed (one thread; seeded weights, data, noise and sampler), but another
+    CPU's kernels round differently and 400 steps carry that as far as another seed would.
+
+    The previous schedule (300 steps, warm-up 10, diffusion batch 8, confidence head on, 20
+    sampler steps, best of 2 samples; bound 10 A) gave 4.5-7.2 A, lDDT 0.08-0.14 on seeds 0 and
+    1. At 300 steps and warm-up 10 with the rest as now, seeds 0-3 reached 1.78-2.24 A (lDDT
+    0.41-0.56) but seeds 4 and 5 only 3.14 and 4.15 A (lDDT 0.30, 0.18); the warm-up of 50 and
+    100 more steps took those two to the rows above. Issue 33's aim of 2 A is not met by every
+    seed in this budget: the best samples stay near 2-3 A (lDDT ~0.5); a higher learning rate
+    (6e-3), a decaying one, EMA decay 0.98 and a lower noise distribution (log-mean -2.0) did
+    not help (one seed each, 300-450 steps). Measure seeds with
+    `OVERFIT_SEEDS=0,1,2 pytest -s tests/test_predict.py -k overfits` (each prints its row)."""
     from featurecache.precompute.pipeline import PrecomputeOptions, precompute
     from featurecache.prediction import PredictOptions, compare, predict
     from featurecache.prediction.evaluate import read_atoms
 
+    started = time.perf_counter()
     (tmp_path / "inputs").mkdir()
     truth = _ras_helix(shared_data, tmp_path / "inputs")
     summary = precompute(
@@ -368,11 +411,15 @@ def test_tiny_overfits_one_real_crop_until_predict_recovers_it(shared_data, tmp_
         tmp_path / "run",
         steps=OVERFIT_STEPS,
         lr=OVERFIT_LR,
-        warmup=10,
-        model_settings={"diffusion_batch": OVERFIT_DIFFUSION_BATCH, "max_recycling_cycles": 1},
-        # predict uses the EMA weights: AF3's 0.999 would still weigh the first steps here
-        ema_decay=0.9,
-        sample=SampleConfig(crop_size=32, msa_rows_per_sample=8),
+        warmup=OVERFIT_WARMUP,
+        model_settings={
+            "diffusion_batch": OVERFIT_DIFFUSION_BATCH,
+            "max_recycling_cycles": 1,
+            "confidence_head": False,
+        },
+        ema_decay=OVERFIT_EMA_DECAY,
+        deterministic=True,
+        sample=SampleConfig(crop_size=32, msa_rows_per_sample=8, seed=seed),
     )
     written = predict(
         PredictOptions(
@@ -380,17 +427,23 @@ def test_tiny_overfits_one_real_crop_until_predict_recovers_it(shared_data, tmp_
             keys=("ras-helix",),
             checkpoint=str(checkpoint),
             out=str(tmp_path / "predictions"),
-            samples=2,
+            samples=OVERFIT_SAMPLES,
+            steps=OVERFIT_SAMPLER_STEPS,
             cycles=1,
             device="cpu",
             kernels="torch",
         )
     )
     scores = [compare(path, truth) for path in written]  # featurecache evaluate's scores
+    best = min(scores, key=lambda score: score.ca_rmsd)
+    rmsds = ", ".join(f"{score.ca_rmsd:.2f}" for score in scores)
+    print(
+        f"\n| {seed} | {rmsds} | {best.ca_rmsd:.2f} | {best.lddt:.3f} | {time.perf_counter() - started:.0f} |"
+    )  # a row of the docstring's table, under pytest -s
     # every heavy atom of the truth is predicted and scored
     assert all(score.ca_atoms == 20 and score.atoms == len(read_atoms(truth)) for score in scores), scores
     assert all(0.0 < score.lddt <= 1.0 for score in scores), scores
-    assert min(score.ca_rmsd for score in scores) < OVERFIT_CA_RMSD, scores
+    assert best.ca_rmsd < OVERFIT_CA_RMSD and best.lddt > OVERFIT_LDDT, scores
 
 
 def _protein_chain(shared_data: Path) -> dict:
