@@ -266,14 +266,18 @@ def smooth_lddt_sums_reference(
 # attention whose logits fit one block (single attention at small sizes) runs the reference.
 #
 # The arithmetic per row is the reference's: fp32 logits q k^T * scale + bias, the masked softmax
-# (as featurecache.kernels.reference.masked_softmax), weights times v; the softmax gradient is
-# written out as flash attention's, w * (dw - dout . out), equal to autograd's to fp32 rounding. Off the CPU (the `torch`
-# kernels on a GPU, a benchmark peer) evo_attention_rows is the reference itself.
+# (as masked_softmax, the key mask riding in the product as one more term: _weights), weights
+# times v (computed transposed, the thin operand on the left: _weights_times); the softmax gradient
+# is written out as flash attention's, w * (dw - dout . out), equal to autograd's to fp32 rounding.
+# Off the CPU (the `torch` kernels on a GPU, a benchmark peer) evo_attention_rows is the reference itself.
 
-# Logits per row block (B x rows x H x L x L fp32: 8 MiB; a block holds a few tensors this size):
-# smaller blocks stay in cache (fwd+bwd at L = 384, 2 heads, 1 thread: 1.38 s CPU at 8 MiB, 1.49 s at 32 MiB,
-# 1.56 s at 1 MiB, where the per-block calls add up)
+# Logits per row block (B x rows x H x L x L fp32: 8 MiB; a block holds a few tensors this size).
+# Forward + backward of one triangle attention at L = 384, 2 heads, 1 thread: 0.74-0.87 s CPU at
+# 1 to 8 MiB, 1.1 s at 32 MiB (out of cache).
 ROW_BLOCK_ELEMENTS = 1 << 21
+# A masked key's logit: far below any real one (so its weight is exactly 0), far above fp32's
+# lowest value (so adding the bias cannot overflow to -inf).
+MASKED_LOGIT = -1e30
 
 
 def evo_attention_rows(q, k, v, bias=None, mask=None, scale=None, block_elements: int | None = None):
@@ -291,6 +295,12 @@ def evo_attention_rows(q, k, v, bias=None, mask=None, scale=None, block_elements
     return _RowBlockAttention.apply(q, k, v, bias, mask, float(scale), block_elements)
 
 
+def gated_pair_attention_rows(packed, mask, heads, head_dim, transpose=False, scale=None):
+    """gated_pair_attention_reference over evo_attention_rows: the CPU path's triangle attention,
+    one function (not a partial made per module), so every module built holds the same object."""
+    return gated_pair_attention_reference(packed, mask, heads, head_dim, transpose, scale, attention=evo_attention_rows)
+
+
 def _row_blocks(q: torch.Tensor, block_elements: int) -> list[slice]:
     batch, rows, length, heads, _ = q.shape
     per_block = max(1, block_elements // max(1, batch * heads * length * length))
@@ -299,17 +309,38 @@ def _row_blocks(q: torch.Tensor, block_elements: int) -> list[slice]:
 
 def _weights(q, k, bias, mask, scale: float, rows: slice) -> torch.Tensor:
     """The softmax weights [B, rows, H, Lq, Lk] of one block of rows, as the reference forms them
-    (masked_softmax), in place where the reference makes a new tensor (nothing here is recorded
-    by autograd), and the rows with no key zeroed only where there are such rows."""
-    logits = torch.einsum("bnqhd,bnkhd->bnhqk", q[:, rows].float() * scale, k[:, rows].float())
+    (masked_softmax) but for how a key is masked: its logit gets MASKED_LOGIT through one more
+    term of the product, q' = [q, 1] and k' = [k, 0 or MASKED_LOGIT], instead of a masked_fill
+    over the logits (a pass as costly as the product itself). A kept key's extra term is an
+    exact 0, so its logit is the reference's; a masked key's weight is 0 either way. In place
+    where the reference makes a new tensor (nothing here is recorded by autograd); rows with no
+    key kept are zeroed, only where there are such rows."""
+    q_rows, k_rows = q[:, rows].float() * scale, k[:, rows].float()
+    if mask is not None:
+        keep = mask[:, rows]  # [B, rows, Lk]
+        masked_term = torch.where(keep, 0.0, MASKED_LOGIT)[..., None, None].expand(*k_rows.shape[:-1], 1)
+        q_rows = torch.cat([q_rows, torch.ones_like(q_rows[..., :1])], dim=-1)
+        k_rows = torch.cat([k_rows, masked_term], dim=-1)
+    logits = torch.einsum("bnqhd,bnkhd->bnhqk", q_rows, k_rows)
     if bias is not None:
         logits = logits.add_(bias[:, rows if bias.shape[1] > 1 else slice(None)].float())
+    weights = torch.softmax(logits, dim=-1)
     if mask is None:
-        return torch.softmax(logits, dim=-1)
-    keep = mask[:, rows, None, None, :]
-    weights = torch.softmax(logits.masked_fill_(~keep, torch.finfo(logits.dtype).min), dim=-1)
-    empty = ~keep.any(dim=-1, keepdim=True)
+        return weights
+    empty = ~keep.any(dim=-1)[:, :, None, None, None]  # [B, rows, 1, 1, 1]: a row with no key kept
     return weights.masked_fill_(empty, 0.0) if empty.any() else weights
+
+
+def _weights_times(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """einsum("bnhqk,bnkhd->bnqhd", weights, values) computed transposed, (values^T weights^T)^T:
+    a [L, L] x [L, D] product with D = 8 to 32 runs several times faster in MKL with the thin
+    operand on the left ([D, L] x [L, L]); the same sums."""
+    return torch.matmul(values.permute(0, 1, 3, 4, 2), weights.transpose(-1, -2)).permute(0, 1, 4, 2, 3)
+
+
+def _weights_t_times(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """einsum("bnhqk,bnqhd->bnkhd", weights, values) as (values^T weights)^T (see _weights_times)."""
+    return torch.matmul(values.permute(0, 1, 3, 4, 2), weights).permute(0, 1, 4, 2, 3)
 
 
 class _RowBlockAttention(torch.autograd.Function):
@@ -318,7 +349,7 @@ class _RowBlockAttention(torch.autograd.Function):
         out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         for rows in _row_blocks(q, block_elements):
             weights = _weights(q, k, bias, mask, scale, rows)
-            out[:, rows] = torch.einsum("bnhqk,bnkhd->bnqhd", weights, v[:, rows].float())
+            out[:, rows] = _weights_times(weights, v[:, rows].float())
         ctx.save_for_backward(q, k, v, bias, mask, out)
         ctx.scale, ctx.block_elements = scale, block_elements
         return out.to(q.dtype)
@@ -340,7 +371,7 @@ class _RowBlockAttention(torch.autograd.Function):
             weights = _weights(q, k, bias, mask, scale, rows)
             grad_block = grad_out[:, rows].float()
             if need_v:
-                grad_v[:, rows] = torch.einsum("bnhqk,bnqhd->bnkhd", weights, grad_block)
+                grad_v[:, rows] = _weights_t_times(weights, grad_block)
             grad_weights = torch.einsum("bnqhd,bnkhd->bnhqk", grad_block, v[:, rows].float())
             # softmax backward; masked keys and rows with no key have weight 0, so no gradient
             grad_logits = grad_weights.sub_(row_sums[:, rows]).mul_(weights)
@@ -350,9 +381,9 @@ class _RowBlockAttention(torch.autograd.Function):
                 else:  # one bias shared by every row
                     grad_bias += grad_logits.sum(1, keepdim=True)
             if need_q:
-                grad_q[:, rows] = torch.einsum("bnhqk,bnkhd->bnqhd", grad_logits, k[:, rows].float()) * scale
+                grad_q[:, rows] = _weights_times(grad_logits, k[:, rows].float()) * scale
             if need_k:
-                grad_k[:, rows] = torch.einsum("bnhqk,bnqhd->bnkhd", grad_logits, q[:, rows].float() * scale)
+                grad_k[:, rows] = _weights_t_times(grad_logits, q[:, rows].float() * scale)
         cast = [
             None if grad is None else grad.to(t.dtype)
             for grad, t in ((grad_q, q), (grad_k, k), (grad_v, v), (grad_bias, bias))
