@@ -307,52 +307,62 @@ def _row_blocks(q: torch.Tensor, block_elements: int) -> list[slice]:
     return [slice(start, min(start + per_block, rows)) for start in range(0, rows, per_block)]
 
 
-def _weights(q, k, bias, mask, scale: float, rows: slice) -> torch.Tensor:
-    """The softmax weights [B, rows, H, Lq, Lk] of one block of rows, as the reference forms them
-    (masked_softmax) but for how a key is masked: its logit gets MASKED_LOGIT through one more
-    term of the product, q' = [q, 1] and k' = [k, 0 or MASKED_LOGIT], instead of a masked_fill
-    over the logits (a pass as costly as the product itself). A kept key's extra term is an
-    exact 0, so its logit is the reference's; a masked key's weight is 0 either way. In place
-    where the reference makes a new tensor (nothing here is recorded by autograd); rows with no
-    key kept are zeroed, only where there are such rows."""
-    q_rows, k_rows = q[:, rows].float() * scale, k[:, rows].float()
+def _heads_first(t: torch.Tensor, transposed: bool = False) -> torch.Tensor:
+    """[B, N, L, H, D] -> fp32 [B, N, H, L, D], or with `transposed` [B, N, H, D, L], contiguous:
+    each row block's products then read their operands in place (no copy per block)."""
+    order = (0, 1, 3, 4, 2) if transposed else (0, 1, 3, 2, 4)
+    return t.float().permute(order).contiguous()
+
+
+def _logit_operands(q, k, mask, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """q' [B, N, H, L, D'] and k'^T [B, N, H, D', L] whose product is the logits q k^T * scale
+    with the key mask in them: with a mask, D' = D + 1, q' = [q * scale, 1] and k' = [k, 0 or
+    MASKED_LOGIT], so a masked key's logit is MASKED_LOGIT (its weight exactly 0) without a
+    masked_fill over the logits (a pass as costly as the product itself); a kept key's extra term
+    is an exact 0, its logit the reference's."""
+    q_scaled = q.float() * scale
+    k_rows = k.float()
     if mask is not None:
-        keep = mask[:, rows]  # [B, rows, Lk]
-        masked_term = torch.where(keep, 0.0, MASKED_LOGIT)[..., None, None].expand(*k_rows.shape[:-1], 1)
-        q_rows = torch.cat([q_rows, torch.ones_like(q_rows[..., :1])], dim=-1)
+        masked_term = torch.where(mask, 0.0, MASKED_LOGIT)[..., None, None].expand(*k_rows.shape[:-1], 1)
+        q_scaled = torch.cat([q_scaled, torch.ones_like(q_scaled[..., :1])], dim=-1)
         k_rows = torch.cat([k_rows, masked_term], dim=-1)
-    logits = torch.einsum("bnqhd,bnkhd->bnhqk", q_rows, k_rows)
+    return _heads_first(q_scaled), _heads_first(k_rows, transposed=True)
+
+
+def _weights(q_heads, k_t, bias, mask, rows: slice) -> torch.Tensor:
+    """The softmax weights [B, rows, H, Lq, Lk] of one block of rows from _logit_operands, as the
+    reference forms them (masked_softmax, the mask in the product), in place where the reference
+    makes a new tensor (nothing here is recorded by autograd); rows with no key kept are zeroed,
+    only where there are such rows."""
+    logits = torch.matmul(q_heads[:, rows], k_t[:, rows])
     if bias is not None:
         logits = logits.add_(bias[:, rows if bias.shape[1] > 1 else slice(None)].float())
     weights = torch.softmax(logits, dim=-1)
     if mask is None:
         return weights
-    empty = ~keep.any(dim=-1)[:, :, None, None, None]  # [B, rows, 1, 1, 1]: a row with no key kept
+    empty = ~mask[:, rows].any(dim=-1)[:, :, None, None, None]  # [B, rows, 1, 1, 1]: a row with no key kept
     return weights.masked_fill_(empty, 0.0) if empty.any() else weights
 
 
-def _weights_times(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """einsum("bnhqk,bnkhd->bnqhd", weights, values) computed transposed, (values^T weights^T)^T:
-    a [L, L] x [L, D] product with D = 8 to 32 runs several times faster in MKL with the thin
-    operand on the left ([D, L] x [L, L]); the same sums."""
-    return torch.matmul(values.permute(0, 1, 3, 4, 2), weights.transpose(-1, -2)).permute(0, 1, 4, 2, 3)
-
-
-def _weights_t_times(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """einsum("bnhqk,bnqhd->bnkhd", weights, values) as (values^T weights)^T (see _weights_times)."""
-    return torch.matmul(values.permute(0, 1, 3, 4, 2), weights).permute(0, 1, 4, 2, 3)
+# The [L, L] x [L, D] products below are computed transposed, [D, L] x [L, L] (values^T weights^T
+# for weights x values): with D = 8 to 32 MKL runs them several times faster with the thin operand
+# on the left; the same sums. Their operands and results stay in that [B, N, H, D, L] layout,
+# made once per call (not per block), and go back to [B, N, L, H, D] once at the end.
 
 
 class _RowBlockAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, mask, scale, block_elements):
-        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        q_heads, k_t = _logit_operands(q, k, mask, scale)
+        v_t = _heads_first(v, transposed=True)
+        out_t = torch.empty(v_t.shape, dtype=torch.float32, device=q.device)  # [B, N, H, D, L]
         for rows in _row_blocks(q, block_elements):
-            weights = _weights(q, k, bias, mask, scale, rows)
-            out[:, rows] = _weights_times(weights, v[:, rows].float())
+            weights = _weights(q_heads, k_t, bias, mask, rows)
+            out_t[:, rows] = torch.matmul(v_t[:, rows], weights.transpose(-1, -2))
+        out = out_t.permute(0, 1, 4, 2, 3)  # [B, N, L, H, D]
         ctx.save_for_backward(q, k, v, bias, mask, out)
         ctx.scale, ctx.block_elements = scale, block_elements
-        return out.to(q.dtype)
+        return out.to(q.dtype, memory_format=torch.contiguous_format)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -360,19 +370,22 @@ class _RowBlockAttention(torch.autograd.Function):
         q, k, v, bias, mask, out = ctx.saved_tensors
         scale = ctx.scale
         need_q, need_k, need_v, need_bias = ctx.needs_input_grad[:4]
-        grad_q, grad_k, grad_v = (
-            torch.zeros(t.shape, dtype=torch.float32, device=t.device) if need else None
-            for t, need in ((q, need_q), (k, need_k), (v, need_v))
+        q_heads, k_t = _logit_operands(q, k, mask, scale)
+        v_t, grad_out_t = _heads_first(v, transposed=True), _heads_first(grad_out, transposed=True)
+        # gradients of q, k, v transposed, [B, N, H, D, L]
+        grad_q_t, grad_k_t, grad_v_t = (
+            torch.empty(grad_out_t.shape, dtype=torch.float32, device=q.device) if need else None
+            for need in (need_q, need_k, need_v)
         )
         grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_bias else None
         # the softmax backward's sum_k w_k dw_k is sum_k w_k (dout . v_k) = dout . out: [B, N, H, L, 1]
         row_sums = (grad_out.float() * out).sum(-1).permute(0, 1, 3, 2).unsqueeze(-1)
+        head_dim = q.shape[-1]
         for rows in _row_blocks(q, ctx.block_elements):
-            weights = _weights(q, k, bias, mask, scale, rows)
-            grad_block = grad_out[:, rows].float()
+            weights = _weights(q_heads, k_t, bias, mask, rows)
             if need_v:
-                grad_v[:, rows] = _weights_t_times(weights, grad_block)
-            grad_weights = torch.einsum("bnqhd,bnkhd->bnhqk", grad_block, v[:, rows].float())
+                grad_v_t[:, rows] = torch.matmul(grad_out_t[:, rows], weights)
+            grad_weights = torch.matmul(grad_out_t[:, rows].transpose(-1, -2), v_t[:, rows])
             # softmax backward; masked keys and rows with no key have weight 0, so no gradient
             grad_logits = grad_weights.sub_(row_sums[:, rows]).mul_(weights)
             if need_bias:
@@ -380,12 +393,15 @@ class _RowBlockAttention(torch.autograd.Function):
                     grad_bias[:, rows] = grad_logits
                 else:  # one bias shared by every row
                     grad_bias += grad_logits.sum(1, keepdim=True)
-            if need_q:
-                grad_q[:, rows] = _weights_times(grad_logits, k[:, rows].float()) * scale
-            if need_k:
-                grad_k[:, rows] = _weights_t_times(grad_logits, q[:, rows].float() * scale)
+            if need_q:  # dq^T = k^T dlogits^T * scale
+                grad_q_t[:, rows] = torch.matmul(k_t[:, rows, :, :head_dim], grad_logits.transpose(-1, -2))
+            if need_k:  # dk^T = (q * scale)^T dlogits
+                grad_k_t[:, rows] = torch.matmul(q_heads[:, rows, :, :, :head_dim].transpose(-1, -2), grad_logits)
+        if need_q:
+            grad_q_t.mul_(scale)
         cast = [
-            None if grad is None else grad.to(t.dtype)
-            for grad, t in ((grad_q, q), (grad_k, k), (grad_v, v), (grad_bias, bias))
+            None if grad_t is None else grad_t.permute(0, 1, 4, 2, 3).to(t.dtype, memory_format=torch.contiguous_format)
+            for grad_t, t in ((grad_q_t, q), (grad_k_t, k), (grad_v_t, v))
         ]
+        cast.append(None if grad_bias is None else grad_bias.to(bias.dtype))
         return (*cast, None, None, None)
