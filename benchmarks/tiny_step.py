@@ -11,12 +11,12 @@ Each step is timed on the host clock (its data wait apart) and in CPU seconds of
 (user + system, all threads: on a machine shared with other work the CPU time is the steadier
 figure; an idle 2-core machine runs the step in between CPU/2 and CPU seconds of wall time); the
 peak RSS is the process's (ru_maxrss, what the loop logs as peak_memory_gb on the CPU), read
-after each step. The featurecache package measured is the one Python imports (run with
-PYTHONPATH=<checkout> to measure a checkout that is not the installed one).
+after each step. The featurecache package measured is this checkout's (harness.py puts it first
+on sys.path).
 
 With --variant NAME=CHECKOUT, the same steps run first on another checkout's featurecache package
-(a child process of this script with PYTHONPATH=CHECKOUT, on the same cache and settings), then on
-this one: one table, one row each, recorded as variant NAME (with that checkout's commit) and
+(a child process of this script with FC_PACKAGE_ROOT=CHECKOUT, on the same cache and settings;
+the package it imported is checked), then on this one: one table, one row each, recorded as variant NAME (with that checkout's commit) and
 "torch". With --profile, one more step runs under OperatorTimes (this thread's CPU time per
 operator and output shape; torch.profiler's events for one step outgrow 23 GB at crop 384), and
 the costliest are printed. With --memory, one more step runs under a dispatch mode that follows
@@ -45,6 +45,7 @@ from harness import Table, argument_parser
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+import featurecache
 from featurecache.config import SampleConfig
 from featurecache.training import TrainConfig
 from featurecache.training.data import build_datasets, fixed_sizes, make_batch_sampler, make_loader
@@ -204,6 +205,7 @@ def run_steps(args, label: str) -> dict:
         "peak RSS GB": max(peaks),
         "load average": os.getloadavg()[0],
         "commit": harness.git_commit(),
+        "package": str(pathlib.Path(featurecache.__file__).resolve().parent),
     }
 
 
@@ -214,12 +216,15 @@ def run_variant(name: str, checkout: pathlib.Path, argv: list[str]) -> dict:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True, text=True, check=False
     ).stdout.strip()
-    env = dict(os.environ, PYTHONPATH=str(checkout), FC_COMMIT=commit or "unknown")
+    env = dict(os.environ, FC_PACKAGE_ROOT=str(checkout), FC_COMMIT=commit or "unknown")
     with tempfile.NamedTemporaryFile(suffix=".json") as result:
         child = [sys.executable, __file__, *argv, "--label", name, "--result-json", result.name]
         if subprocess.run(child, env=env, check=False).returncode != 0:
             sys.exit(f"--variant {name}={checkout}: its run failed (its output is above)")
-        return json.loads(pathlib.Path(result.name).read_text())
+        run = json.loads(pathlib.Path(result.name).read_text())
+    if not pathlib.Path(run["package"]).is_relative_to(checkout):
+        sys.exit(f"--variant {name}={checkout}: its run imported featurecache from {run['package']}, not from there")
+    return run
 
 
 def child_argv(argv: list[str]) -> list[str]:
