@@ -319,14 +319,19 @@ def _logit_operands(q, k, mask, scale: float) -> tuple[torch.Tensor, torch.Tenso
     with the key mask in them: with a mask, D' = D + 1, q' = [q * scale, 1] and k' = [k, 0 or
     MASKED_LOGIT], so a masked key's logit is MASKED_LOGIT (its weight exactly 0) without a
     masked_fill over the logits (a pass as costly as the product itself); a kept key's extra term
-    is an exact 0, its logit the reference's."""
-    q_scaled = q.float() * scale
-    k_rows = k.float()
+    is an exact 0, its logit the reference's. Each written once into its layout (q and k are
+    strided views of a packed projection: a concatenation, then a copy to the layout, cost 2.5x)."""
+    batch, rows, length, heads, head_dim = q.shape
+    extended = head_dim + (mask is not None)
+    q_heads = torch.empty(batch, rows, heads, length, extended, dtype=torch.float32, device=q.device)
+    k_t = torch.empty(batch, rows, heads, extended, length, dtype=torch.float32, device=k.device)
+    q_heads[..., :head_dim] = q.permute(0, 1, 3, 2, 4)
+    q_heads.mul_(scale)  # in fp32, as the reference scales q.float()
+    k_t[..., :head_dim, :] = k.permute(0, 1, 3, 4, 2)
     if mask is not None:
-        masked_term = torch.where(mask, 0.0, MASKED_LOGIT)[..., None, None].expand(*k_rows.shape[:-1], 1)
-        q_scaled = torch.cat([q_scaled, torch.ones_like(q_scaled[..., :1])], dim=-1)
-        k_rows = torch.cat([k_rows, masked_term], dim=-1)
-    return _heads_first(q_scaled), _heads_first(k_rows, transposed=True)
+        q_heads[..., head_dim] = 1.0
+        k_t[..., head_dim, :] = torch.where(mask, 0.0, MASKED_LOGIT)[:, :, None, :]
+    return q_heads, k_t
 
 
 def _weights(q_heads, k_t, bias, mask, rows: slice) -> torch.Tensor:
