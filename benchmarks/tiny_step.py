@@ -209,10 +209,16 @@ def run_steps(args, label: str) -> dict:
     }
 
 
+def refuse(message: str) -> None:
+    """A bad --variant: one line and exit status 2, as for any bad option."""
+    print(f"tiny_step.py: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def run_variant(name: str, checkout: pathlib.Path, argv: list[str]) -> dict:
     """This script's steps on the featurecache package of `checkout`, in a child process."""
     if not (checkout / "featurecache" / "__init__.py").is_file():
-        sys.exit(f"--variant {name}={checkout}: no featurecache package there")
+        refuse(f"--variant {name}={checkout}: no featurecache package there")
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True, text=True, check=False
     ).stdout.strip()
@@ -220,10 +226,10 @@ def run_variant(name: str, checkout: pathlib.Path, argv: list[str]) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as result:
         child = [sys.executable, __file__, *argv, "--label", name, "--result-json", result.name]
         if subprocess.run(child, env=env, check=False).returncode != 0:
-            sys.exit(f"--variant {name}={checkout}: its run failed (its output is above)")
+            refuse(f"--variant {name}={checkout}: its run failed (its output is above)")
         run = json.loads(pathlib.Path(result.name).read_text())
     if not pathlib.Path(run["package"]).is_relative_to(checkout):
-        sys.exit(f"--variant {name}={checkout}: its run imported featurecache from {run['package']}, not from there")
+        refuse(f"--variant {name}={checkout}: its run imported featurecache from {run['package']}, not from there")
     return run
 
 
