@@ -175,6 +175,7 @@ def memory_step(trainer: Trainer, batch: dict, step: int, top: int) -> None:
 def run_steps(args, label: str) -> dict:
     """One untimed step and args.steps timed ones (then the --profile and --memory steps): the
     figures of one table row."""
+    commit = harness.git_commit()  # the code imported now, whatever is committed while the steps run
     with tempfile.TemporaryDirectory() as out:
         trainer, batches = build(args, pathlib.Path(out))
         times, cpu_times, peaks = [], [], []
@@ -204,7 +205,7 @@ def run_steps(args, label: str) -> dict:
         "first step s": times[0],
         "peak RSS GB": max(peaks),
         "load average": os.getloadavg()[0],
-        "commit": harness.git_commit(),
+        "commit": commit,
         "package": str(pathlib.Path(featurecache.__file__).resolve().parent),
     }
 
