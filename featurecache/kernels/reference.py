@@ -42,14 +42,7 @@ def masked_softmax(logits: torch.Tensor, keep: torch.Tensor | None) -> torch.Ten
     if keep is None:
         return torch.softmax(logits, dim=-1)
     logits = logits.masked_fill_(~keep, torch.finfo(logits.dtype).min)
-    weights = torch.softmax(logits, dim=-1)
-    empty = ~keep.any(dim=-1, keepdim=True)
-    # the zeroing is a pass over the weights and their gradient: on the CPU only where a row has
-    # no key (the windowed atom attention's padding rarely leaves one); elsewhere always, with no
-    # host sync (a captured CUDA graph replays it)
-    if weights.device.type == "cpu" and not empty.any():
-        return weights
-    return weights.masked_fill(empty, 0.0)
+    return torch.softmax(logits, dim=-1).masked_fill(~keep.any(dim=-1, keepdim=True), 0.0)
 
 
 def window_attention_reference(q, k, v, bias=None, mask=None, scale=None):

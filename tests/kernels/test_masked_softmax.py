@@ -1,6 +1,6 @@
 """masked_softmax (the references' softmax over kept keys): each row's weights are the softmax of
 its kept keys' logits and 0 on the masked ones, a row with no key kept is all zeros, in value and
-in gradient, whether or not the tensor has such a row (the CPU skips the zeroing without one)."""
+in gradient, whether or not the tensor has such a row."""
 
 import pytest
 import torch
