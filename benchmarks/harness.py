@@ -7,7 +7,9 @@ so a run's output reads the same on the terminal and in benchmarks/RESULTS.md. R
 (RESULTS.md and results.csv) is benchmarks/records.py.
 
 Importing this module puts the repository root first on sys.path, so the scripts run from a
-checkout (the GPU machine gets one) without installing the package.
+checkout (the GPU machine gets one) without installing the package, and measure that checkout's
+package; FC_PACKAGE_ROOT names another checkout whose package to put there instead (tiny_step.py
+--variant runs itself that way on an earlier checkout).
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from dataclasses import dataclass, field
 from collections.abc import Callable, Iterable, Sequence
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+PACKAGE_ROOT = os.environ.get("FC_PACKAGE_ROOT") or str(REPO)
+if sys.path[:1] != [PACKAGE_ROOT]:
+    sys.path.insert(0, PACKAGE_ROOT)
 
 import torch  # noqa: E402
 import triton  # noqa: E402

@@ -68,8 +68,9 @@ HEADLINES = [
     Headline("precompute", "wall s", ("2 workers",)),
     Headline("precompute", "overhead % of tool time", ("1 worker",), peers=()),
     Headline("flops", "TFLOP total", ("reference path",), peers=()),
-    Headline("tiny_step", "step s", ("torch",), peers=()),
-    Headline("tiny_step", "peak RSS GB", ("torch",), peers=()),
+    # the tiny preset's CPU step against another checkout run beside it (tiny_step.py --variant)
+    Headline("tiny_step", "step CPU s", ("torch",)),
+    Headline("tiny_step", "peak RSS GB", ("torch",)),
 ]
 
 

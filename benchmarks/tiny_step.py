@@ -3,35 +3,57 @@ cache, through the objects `featurecache train` builds (TrainConfig, the cache's
 Trainer and its step), timed on the host clock with the process's peak resident set.
 
     python3 benchmarks/tiny_step.py --cache /tmp/fc-cache [--crop 384] [--steps 3] [--record]
-    python3 benchmarks/tiny_step.py --cache /tmp/fc-cache --profile 25    # the 25 costliest operators
+    python3 benchmarks/tiny_step.py --cache /tmp/fc-cache --threads 1 --profile 25  # the 25 costliest operators
+    python3 benchmarks/tiny_step.py --cache /tmp/fc-cache --memory 15     # the 15 largest tensors at the peak
+    python3 benchmarks/tiny_step.py --cache /tmp/fc-cache --threads 1 --variant before=/work/main  # side by side
 
 Each step is timed on the host clock (its data wait apart) and in CPU seconds of the process
 (user + system, all threads: on a machine shared with other work the CPU time is the steadier
 figure; an idle 2-core machine runs the step in between CPU/2 and CPU seconds of wall time); the
 peak RSS is the process's (ru_maxrss, what the loop logs as peak_memory_gb on the CPU), read
-after each step. With --profile, one more step runs
-under torch.profiler (CPU time and memory per operator, with input shapes) and the top operators
-by self CPU time and by memory are printed. The CPU is shared: compare ratios measured in one run.
+after each step. The featurecache package measured is this checkout's (harness.py puts it first
+on sys.path).
+
+With --variant NAME=CHECKOUT, the same steps run first on another checkout's featurecache package
+(a child process of this script with FC_PACKAGE_ROOT=CHECKOUT, on the same cache and settings;
+the package it imported is checked), then on this one: one table, one row each, recorded as variant NAME (with that checkout's commit) and
+"torch". With --profile, one more step runs under OperatorTimes (this thread's CPU time per
+operator and output shape; torch.profiler's events for one step outgrow 23 GB at crop 384), and
+the costliest are printed. With --memory, one more step runs under a dispatch mode that follows
+every tensor the step makes (bytes of its storage, from its creation until its Python object is
+freed): the peak of the bytes alive and the largest tensors alive at that moment, with the
+operator that made each. The CPU is shared: compare ratios measured in one run.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import pathlib
 import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import weakref
 
 import harness
 import torch
 from harness import Table, argument_parser
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
+import featurecache
 from featurecache.config import SampleConfig
 from featurecache.training import TrainConfig
 from featurecache.training.data import build_datasets, fixed_sizes, make_batch_sampler, make_loader
 from featurecache.training.distributed import setup_distributed
 from featurecache.training.loop import Trainer
+
+# the label of this checkout's rows (a --variant names the other checkout's)
+OURS = "torch"
 
 
 def peak_rss_gb() -> float:
@@ -41,16 +63,19 @@ def peak_rss_gb() -> float:
 def build(args, out: pathlib.Path) -> tuple[Trainer, object]:
     """The Trainer and batch iterator `featurecache train --cache ... --preset ...` builds."""
     sample = SampleConfig(crop_size=args.crop, msa_rows_per_sample=args.msa_rows)
+    model_settings = {"max_recycling_cycles": args.cycles}
+    if args.diffusion_batch is not None:  # otherwise the preset's
+        model_settings["diffusion_batch"] = args.diffusion_batch
     config = TrainConfig(
         cache=str(args.cache),
         out=str(out),
         preset=args.preset,
         kernels="torch",
-        steps=args.steps + 2,
+        steps=args.steps + 3,
         num_workers=0,
         device="cpu",
         sample=sample,
-        model_settings={"diffusion_batch": args.diffusion_batch, "max_recycling_cycles": args.cycles},
+        model_settings=model_settings,
     )
     world = setup_distributed("cpu")
     dataset, _ = build_datasets(config)
@@ -62,22 +87,164 @@ def build(args, out: pathlib.Path) -> tuple[Trainer, object]:
     return trainer, iter(loader)
 
 
-def profile_step(trainer: Trainer, batch: dict, step: int, top: int) -> None:
-    from torch.profiler import ProfilerActivity, profile
+class OperatorTimes(TorchDispatchMode):
+    """CPU time of this thread (time.thread_time: steady on a shared machine) spent in each
+    operator, by operator and output shape, summed as the step runs: constant memory, unlike
+    torch.profiler's events. Run with one thread (--threads 1): an operator's other threads are
+    not counted."""
 
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds: dict[tuple[str, tuple], list[float]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        started = time.thread_time()
+        output = func(*args, **(kwargs or {}))
+        spent = time.thread_time() - started
+        first = next((t for t in tree_leaves(output) if isinstance(t, torch.Tensor)), None)
+        entry = self.seconds.setdefault((str(func), tuple(first.shape) if first is not None else ()), [0.0, 0])
+        entry[0] += spent
+        entry[1] += 1
+        return output
+
+
+def profile_step(trainer: Trainer, batch: dict, step: int, top: int) -> None:
+    times = OperatorTimes()
+    with times:
         trainer.step([batch], step)
-    averages = prof.key_averages(group_by_input_shape=True)
+    total = sum(seconds for seconds, _ in times.seconds.values())
+    calls = sum(count for _, count in times.seconds.values())
+    print(f"\n{calls} operator calls, {total:.1f} s of CPU in them; the costliest (operator, output shape):")
+    table = Table(["CPU s", "share", "calls", "operator", "output shape"])
+    for (op, shape), (seconds, count) in sorted(times.seconds.items(), key=lambda item: -item[1][0])[:top]:
+        table.add([seconds, f"{100 * seconds / total:.1f} %", count, op, str(list(shape))])
+    print(table.markdown())
+
+
+class LiveTensors(TorchDispatchMode):
+    """Bytes of the tensors made under it that are still referenced, their peak, and which were
+    alive at the peak. A storage is counted once (views of it are not new bytes), from the first
+    tensor made on it until that tensor's Python object is freed: a view that outlives its base
+    is missed, so the figure is a lower bound of what the step holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alive: dict[int, tuple[int, str, tuple]] = {}
+        self.bytes = self.peak = 0
+        self.at_peak: list[tuple[int, str, tuple]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        output = func(*args, **(kwargs or {}))
+        for tensor in tree_leaves(output):
+            if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+                continue
+            storage = tensor.untyped_storage()
+            key, size = storage.data_ptr(), storage.nbytes()
+            if size == 0 or key in self.alive:
+                continue
+            self.alive[key] = (size, str(func), tuple(tensor.shape))
+            self.bytes += size
+            weakref.finalize(tensor, self._freed, key)
+            if self.bytes > self.peak:
+                self.peak = self.bytes
+                self.at_peak = list(self.alive.values())
+        return output
+
+    def _freed(self, key: int) -> None:
+        size, _, _ = self.alive.pop(key)
+        self.bytes -= size
+
+
+def memory_step(trainer: Trainer, batch: dict, step: int, top: int) -> None:
+    tracker = LiveTensors()
+    with tracker:
+        trainer.step([batch], step)
     print(
-        averages.table(
-            sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=40, max_shapes_column_width=80
-        )
+        f"\npeak of the tensors the step made, alive at once: {tracker.peak / 1e9:.2f} GB; the largest then "
+        "(tensors of one operator and shape together):"
     )
-    print(
-        averages.table(
-            sort_by="self_cpu_memory_usage", row_limit=top, max_name_column_width=40, max_shapes_column_width=80
-        )
-    )
+    groups: dict[tuple[str, tuple], list[int]] = {}
+    for size, op, shape in tracker.at_peak:
+        groups.setdefault((op, shape), []).append(size)
+    table = Table(["MB", "tensors", "made by", "shape"])
+    for (op, shape), sizes in sorted(groups.items(), key=lambda item: -sum(item[1]))[:top]:
+        table.add([sum(sizes) / 1e6, len(sizes), op, str(list(shape))])
+    print(table.markdown())
+
+
+def run_steps(args, label: str) -> dict:
+    """One untimed step and args.steps timed ones (then the --profile and --memory steps): the
+    figures of one table row."""
+    commit = harness.git_commit()  # the code imported now, whatever is committed while the steps run
+    with tempfile.TemporaryDirectory() as out:
+        trainer, batches = build(args, pathlib.Path(out))
+        times, cpu_times, peaks = [], [], []
+        for step in range(args.steps + 1):
+            started, cpu_started = time.perf_counter(), time.process_time()
+            batch = next(batches)
+            wait = time.perf_counter() - started
+            trainer.step([batch], step)
+            times.append(time.perf_counter() - started)
+            cpu_times.append(time.process_time() - cpu_started)
+            peaks.append(peak_rss_gb())
+            print(
+                f"{label} step {step}: {times[-1]:.2f} s, CPU {cpu_times[-1]:.2f} s (data {wait:.2f} s), "
+                f"peak RSS {peaks[-1]:.2f} GB, {int(batch['token_pad_mask'].sum())} tokens, "
+                f"{batch['atom_pad_mask'].shape[1]} atoms ({batch['id']})",
+                flush=True,
+            )
+        if args.profile:
+            profile_step(trainer, next(batches), args.steps + 1, args.profile)
+        if args.memory:
+            memory_step(trainer, next(batches), args.steps + 2, args.memory)
+    return {
+        "diffusion batch": trainer.model.config.diffusion.diffusion_batch,
+        "threads": torch.get_num_threads(),
+        "step s": statistics.median(times[1:]),
+        "step CPU s": statistics.median(cpu_times[1:]),
+        "first step s": times[0],
+        "peak RSS GB": max(peaks),
+        "load average": os.getloadavg()[0],
+        "commit": commit,
+        "package": str(pathlib.Path(featurecache.__file__).resolve().parent),
+    }
+
+
+def refuse(message: str) -> None:
+    """A bad --variant: one line and exit status 2, as for any bad option."""
+    print(f"tiny_step.py: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def run_variant(name: str, checkout: pathlib.Path, argv: list[str]) -> dict:
+    """This script's steps on the featurecache package of `checkout`, in a child process."""
+    if not (checkout / "featurecache" / "__init__.py").is_file():
+        refuse(f"--variant {name}={checkout}: no featurecache package there")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    env = dict(os.environ, FC_PACKAGE_ROOT=str(checkout), FC_COMMIT=commit or "unknown")
+    with tempfile.NamedTemporaryFile(suffix=".json") as result:
+        child = [sys.executable, __file__, *argv, "--label", name, "--result-json", result.name]
+        if subprocess.run(child, env=env, check=False).returncode != 0:
+            refuse(f"--variant {name}={checkout}: its run failed (its output is above)")
+        run = json.loads(pathlib.Path(result.name).read_text())
+    if not pathlib.Path(run["package"]).is_relative_to(checkout):
+        refuse(f"--variant {name}={checkout}: its run imported featurecache from {run['package']}, not from there")
+    return run
+
+
+def child_argv(argv: list[str]) -> list[str]:
+    """The command line without --variant, --record, --profile and --memory (and their values)."""
+    drop, kept, skip = {"--variant", "--record", "--profile", "--memory"}, [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word in drop:
+            skip = word != "--record"
+        elif not any(word.startswith(option + "=") for option in drop):
+            kept.append(word)
+    return kept
 
 
 def main() -> None:
@@ -93,76 +260,70 @@ def main() -> None:
     parser.add_argument(
         "--profile", type=int, default=0, metavar="TOP", help="profile one more step, print TOP operators"
     )
+    parser.add_argument(
+        "--memory",
+        type=int,
+        default=0,
+        metavar="TOP",
+        help="one more step under LiveTensors: the peak and the TOP largest tensors at it",
+    )
+    parser.add_argument(
+        "--variant",
+        metavar="NAME=CHECKOUT",
+        help="first run the same steps on another checkout's featurecache (e.g. before=/work/main), side by side",
+    )
+    parser.add_argument("--label", default=OURS, help="this run's variant name in its output (set for a --variant run)")
+    parser.add_argument("--result-json", type=pathlib.Path, help="write this run's figures here (for --variant)")
     args = parser.parse_args()
+    variant = None
+    if args.variant:
+        name, separator, checkout = args.variant.partition("=")
+        if not (name and separator and checkout) or name == OURS:
+            parser.error(f"--variant {args.variant!r}: expected NAME=CHECKOUT with a NAME other than {OURS!r}")
+        variant = (name, pathlib.Path(checkout).resolve())
     if args.threads:
         torch.set_num_threads(args.threads)
     stamp = harness.run_stamp()
-    with tempfile.TemporaryDirectory() as out:
-        trainer, batches = build(args, pathlib.Path(out))
-        times, cpu_times, waits, peaks, tokens, atoms = [], [], [], [], [], []
-        for step in range(args.steps + 1):
-            started, cpu_started = time.perf_counter(), time.process_time()
-            batch = next(batches)
-            waits.append(time.perf_counter() - started)
-            trainer.step([batch], step)
-            times.append(time.perf_counter() - started)
-            cpu_times.append(time.process_time() - cpu_started)
-            peaks.append(peak_rss_gb())
-            tokens.append(int(batch["token_pad_mask"].sum()))
-            atoms.append(int(batch["atom_pad_mask"].shape[1]))
-            print(
-                f"step {step}: {times[-1]:.2f} s, CPU {cpu_times[-1]:.2f} s (data {waits[-1]:.2f} s), peak RSS {peaks[-1]:.2f} GB, "
-                f"{tokens[-1]} tokens, {atoms[-1]} atoms ({batch['id']})",
-                flush=True,
-            )
-        if args.profile:
-            profile_step(trainer, next(batches), args.steps + 1, args.profile)
-    table = Table(
-        [
-            "preset",
-            "crop",
-            "diffusion batch",
-            "threads",
-            "step s (median of timed)",
-            "step CPU s",
-            "first step s",
-            "peak RSS GB",
-            "load average (1 min)",
-        ]
-    )
-    step_s, step_cpu_s = statistics.median(times[1:]), statistics.median(cpu_times[1:])
-    table.add(
-        [
-            args.preset,
-            args.crop,
-            trainer.model.config.diffusion.diffusion_batch,
-            torch.get_num_threads(),
-            step_s,
-            step_cpu_s,
-            times[0],
-            max(peaks),
-            os.getloadavg()[0],
-        ]
-    )
+    runs = {}
+    if variant is not None:
+        runs[variant[0]] = run_variant(*variant, child_argv(sys.argv[1:]))
+    runs[args.label] = run_steps(args, args.label)
+    if args.result_json:
+        args.result_json.write_text(json.dumps(runs[args.label]))
+        return
+    columns = ["variant", "commit", "preset", "crop", "diffusion batch", "threads", "step s (median of timed)"]
+    columns += ["step CPU s", "first step s", "peak RSS GB", "load average (1 min)"]
+    table = Table(columns)
+    for label, run in runs.items():
+        table.add(
+            [label, run["commit"], args.preset, args.crop, run["diffusion batch"], run["threads"], run["step s"]]
+            + [run["step CPU s"], run["first step s"], run["peak RSS GB"], run["load average"]]
+        )
     print(f"\n{stamp.header()}\n\n{table.markdown()}")
     if args.record:
-        from records import Row, record
+        from records import Row, append_rows, record
 
+        ours = runs[args.label]
         shape = (
-            f"{args.preset}, crop {args.crop}, diffusion batch {trainer.model.config.diffusion.diffusion_batch}, "
-            f"N_cycle {args.cycles}, {torch.get_num_threads()} threads"
+            f"{args.preset}, crop {args.crop}, diffusion batch {ours['diffusion batch']}, "
+            f"N_cycle {args.cycles}, {ours['threads']} threads"
         )
-        rows = [
-            Row("tiny_step", "torch", shape, "step s", step_s),
-            Row("tiny_step", "torch", shape, "step CPU s", step_cpu_s),
-            Row("tiny_step", "torch", shape, "peak RSS GB", max(peaks)),
-        ]
+        rows = {
+            label: [
+                Row("tiny_step", label, shape, metric, run[metric])
+                for metric in ("step s", "step CPU s", "peak RSS GB")
+            ]
+            for label, run in runs.items()
+        }
+        if variant is not None:  # its own commit, this run's date: the headline pairs rows of one date
+            append_rows(dataclasses.replace(stamp, commit=runs[variant[0]]["commit"]), rows[variant[0]])
+        beside = f", side by side with {variant[0]} ({variant[1]})" if variant is not None else ""
         section = (
             f"### {shape}, {stamp.date}, {stamp.device}, commit {stamp.commit}\n\n"
-            f"`featurecache train`'s objects on a real cache (median of {args.steps} steps after one).\n\n"
+            f"`featurecache train`'s objects on a real cache (median of {args.steps} steps after one){beside}.\n\n"
             f"{table.markdown()}"
         )
-        record(stamp, rows, "tiny_step", section, title="The tiny preset's step on the CPU")
+        record(stamp, rows[args.label], "tiny_step", section, title="The tiny preset's step on the CPU")
 
 
 if __name__ == "__main__":

@@ -266,14 +266,18 @@ def smooth_lddt_sums_reference(
 # attention whose logits fit one block (single attention at small sizes) runs the reference.
 #
 # The arithmetic per row is the reference's: fp32 logits q k^T * scale + bias, the masked softmax
-# (as featurecache.kernels.reference.masked_softmax), weights times v; the softmax gradient is
-# written out as flash attention's, w * (dw - dout . out), equal to autograd's to fp32 rounding. Off the CPU (the `torch`
-# kernels on a GPU, a benchmark peer) evo_attention_rows is the reference itself.
+# (as masked_softmax, the key mask riding in the product as one more term: _weights), weights
+# times v (computed transposed, the thin operand on the left: _weights_times); the softmax gradient
+# is written out as flash attention's, w * (dw - dout . out), equal to autograd's to fp32 rounding.
+# Off the CPU (the `torch` kernels on a GPU, a benchmark peer) evo_attention_rows is the reference itself.
 
-# Logits per row block (B x rows x H x L x L fp32: 8 MiB; a block holds a few tensors this size):
-# smaller blocks stay in cache (fwd+bwd at L = 384, 2 heads, 1 thread: 1.38 s CPU at 8 MiB, 1.49 s at 32 MiB,
-# 1.56 s at 1 MiB, where the per-block calls add up)
+# Logits per row block (B x rows x H x L x L fp32: 8 MiB; a block holds a few tensors this size).
+# Forward + backward of one triangle attention at L = 384, 2 heads, 1 thread: 0.74-0.87 s CPU at
+# 1 to 8 MiB, 1.1 s at 32 MiB (out of cache).
 ROW_BLOCK_ELEMENTS = 1 << 21
+# A masked key's logit: far below any real one (so its weight is exactly 0), far above fp32's
+# lowest value (so adding the bias cannot overflow to -inf).
+MASKED_LOGIT = -1e30
 
 
 def evo_attention_rows(q, k, v, bias=None, mask=None, scale=None, block_elements: int | None = None):
@@ -291,37 +295,79 @@ def evo_attention_rows(q, k, v, bias=None, mask=None, scale=None, block_elements
     return _RowBlockAttention.apply(q, k, v, bias, mask, float(scale), block_elements)
 
 
+def gated_pair_attention_rows(packed, mask, heads, head_dim, transpose=False, scale=None):
+    """gated_pair_attention_reference over evo_attention_rows: the CPU path's triangle attention,
+    one function (not a partial made per module), so every module built holds the same object."""
+    return gated_pair_attention_reference(packed, mask, heads, head_dim, transpose, scale, attention=evo_attention_rows)
+
+
 def _row_blocks(q: torch.Tensor, block_elements: int) -> list[slice]:
     batch, rows, length, heads, _ = q.shape
     per_block = max(1, block_elements // max(1, batch * heads * length * length))
     return [slice(start, min(start + per_block, rows)) for start in range(0, rows, per_block)]
 
 
-def _weights(q, k, bias, mask, scale: float, rows: slice) -> torch.Tensor:
-    """The softmax weights [B, rows, H, Lq, Lk] of one block of rows, as the reference forms them
-    (masked_softmax), in place where the reference makes a new tensor (nothing here is recorded
-    by autograd), and the rows with no key zeroed only where there are such rows."""
-    logits = torch.einsum("bnqhd,bnkhd->bnhqk", q[:, rows].float() * scale, k[:, rows].float())
+def _heads_first(t: torch.Tensor, transposed: bool = False) -> torch.Tensor:
+    """[B, N, L, H, D] -> fp32 [B, N, H, L, D], or with `transposed` [B, N, H, D, L], contiguous:
+    each row block's products then read their operands in place (no copy per block)."""
+    order = (0, 1, 3, 4, 2) if transposed else (0, 1, 3, 2, 4)
+    return t.float().permute(order).contiguous()
+
+
+def _logit_operands(q, k, mask, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """q' [B, N, H, L, D'] and k'^T [B, N, H, D', L] whose product is the logits q k^T * scale
+    with the key mask in them: with a mask, D' = D + 1, q' = [q * scale, 1] and k' = [k, 0 or
+    MASKED_LOGIT], so a masked key's logit is MASKED_LOGIT (its weight exactly 0) without a
+    masked_fill over the logits (a pass as costly as the product itself); a kept key's extra term
+    is an exact 0, its logit the reference's. Each written once into its layout (q and k are
+    strided views of a packed projection: a concatenation, then a copy to the layout, cost 2.5x)."""
+    batch, rows, length, heads, head_dim = q.shape
+    extended = head_dim + (mask is not None)
+    q_heads = torch.empty(batch, rows, heads, length, extended, dtype=torch.float32, device=q.device)
+    k_t = torch.empty(batch, rows, heads, extended, length, dtype=torch.float32, device=k.device)
+    q_heads[..., :head_dim] = q.permute(0, 1, 3, 2, 4)
+    q_heads.mul_(scale)  # in fp32, as the reference scales q.float()
+    k_t[..., :head_dim, :] = k.permute(0, 1, 3, 4, 2)
+    if mask is not None:
+        q_heads[..., head_dim] = 1.0
+        k_t[..., head_dim, :] = torch.where(mask, 0.0, MASKED_LOGIT)[:, :, None, :]
+    return q_heads, k_t
+
+
+def _weights(q_heads, k_t, bias, mask, rows: slice) -> torch.Tensor:
+    """The softmax weights [B, rows, H, Lq, Lk] of one block of rows from _logit_operands, as the
+    reference forms them (masked_softmax, the mask in the product), in place where the reference
+    makes a new tensor (nothing here is recorded by autograd); rows with no key kept are zeroed,
+    only where there are such rows."""
+    logits = torch.matmul(q_heads[:, rows], k_t[:, rows])
     if bias is not None:
         logits = logits.add_(bias[:, rows if bias.shape[1] > 1 else slice(None)].float())
+    weights = torch.softmax(logits, dim=-1)
     if mask is None:
-        return torch.softmax(logits, dim=-1)
-    keep = mask[:, rows, None, None, :]
-    weights = torch.softmax(logits.masked_fill_(~keep, torch.finfo(logits.dtype).min), dim=-1)
-    empty = ~keep.any(dim=-1, keepdim=True)
+        return weights
+    empty = ~mask[:, rows].any(dim=-1)[:, :, None, None, None]  # [B, rows, 1, 1, 1]: a row with no key kept
     return weights.masked_fill_(empty, 0.0) if empty.any() else weights
+
+
+# The [L, L] x [L, D] products below are computed transposed, [D, L] x [L, L] (values^T weights^T
+# for weights x values): with D = 8 to 32 MKL runs them several times faster with the thin operand
+# on the left; the same sums. Their operands and results stay in that [B, N, H, D, L] layout,
+# made once per call (not per block), and go back to [B, N, L, H, D] once at the end.
 
 
 class _RowBlockAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, mask, scale, block_elements):
-        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        q_heads, k_t = _logit_operands(q, k, mask, scale)
+        v_t = _heads_first(v, transposed=True)
+        out_t = torch.empty(v_t.shape, dtype=torch.float32, device=q.device)  # [B, N, H, D, L]
         for rows in _row_blocks(q, block_elements):
-            weights = _weights(q, k, bias, mask, scale, rows)
-            out[:, rows] = torch.einsum("bnhqk,bnkhd->bnqhd", weights, v[:, rows].float())
+            weights = _weights(q_heads, k_t, bias, mask, rows)
+            out_t[:, rows] = torch.matmul(v_t[:, rows], weights.transpose(-1, -2))
+        out = out_t.permute(0, 1, 4, 2, 3)  # [B, N, L, H, D]
         ctx.save_for_backward(q, k, v, bias, mask, out)
         ctx.scale, ctx.block_elements = scale, block_elements
-        return out.to(q.dtype)
+        return out.to(q.dtype, memory_format=torch.contiguous_format)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -329,19 +375,22 @@ class _RowBlockAttention(torch.autograd.Function):
         q, k, v, bias, mask, out = ctx.saved_tensors
         scale = ctx.scale
         need_q, need_k, need_v, need_bias = ctx.needs_input_grad[:4]
-        grad_q, grad_k, grad_v = (
-            torch.zeros(t.shape, dtype=torch.float32, device=t.device) if need else None
-            for t, need in ((q, need_q), (k, need_k), (v, need_v))
+        q_heads, k_t = _logit_operands(q, k, mask, scale)
+        v_t, grad_out_t = _heads_first(v, transposed=True), _heads_first(grad_out, transposed=True)
+        # gradients of q, k, v transposed, [B, N, H, D, L]
+        grad_q_t, grad_k_t, grad_v_t = (
+            torch.empty(grad_out_t.shape, dtype=torch.float32, device=q.device) if need else None
+            for need in (need_q, need_k, need_v)
         )
         grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_bias else None
         # the softmax backward's sum_k w_k dw_k is sum_k w_k (dout . v_k) = dout . out: [B, N, H, L, 1]
         row_sums = (grad_out.float() * out).sum(-1).permute(0, 1, 3, 2).unsqueeze(-1)
+        head_dim = q.shape[-1]
         for rows in _row_blocks(q, ctx.block_elements):
-            weights = _weights(q, k, bias, mask, scale, rows)
-            grad_block = grad_out[:, rows].float()
+            weights = _weights(q_heads, k_t, bias, mask, rows)
             if need_v:
-                grad_v[:, rows] = torch.einsum("bnhqk,bnqhd->bnkhd", weights, grad_block)
-            grad_weights = torch.einsum("bnqhd,bnkhd->bnhqk", grad_block, v[:, rows].float())
+                grad_v_t[:, rows] = torch.matmul(grad_out_t[:, rows], weights)
+            grad_weights = torch.matmul(grad_out_t[:, rows].transpose(-1, -2), v_t[:, rows])
             # softmax backward; masked keys and rows with no key have weight 0, so no gradient
             grad_logits = grad_weights.sub_(row_sums[:, rows]).mul_(weights)
             if need_bias:
@@ -349,12 +398,15 @@ class _RowBlockAttention(torch.autograd.Function):
                     grad_bias[:, rows] = grad_logits
                 else:  # one bias shared by every row
                     grad_bias += grad_logits.sum(1, keepdim=True)
-            if need_q:
-                grad_q[:, rows] = torch.einsum("bnhqk,bnkhd->bnqhd", grad_logits, k[:, rows].float()) * scale
-            if need_k:
-                grad_k[:, rows] = torch.einsum("bnhqk,bnqhd->bnkhd", grad_logits, q[:, rows].float() * scale)
+            if need_q:  # dq^T = k^T dlogits^T * scale
+                grad_q_t[:, rows] = torch.matmul(k_t[:, rows, :, :head_dim], grad_logits.transpose(-1, -2))
+            if need_k:  # dk^T = (q * scale)^T dlogits
+                grad_k_t[:, rows] = torch.matmul(q_heads[:, rows, :, :, :head_dim].transpose(-1, -2), grad_logits)
+        if need_q:
+            grad_q_t.mul_(scale)
         cast = [
-            None if grad is None else grad.to(t.dtype)
-            for grad, t in ((grad_q, q), (grad_k, k), (grad_v, v), (grad_bias, bias))
+            None if grad_t is None else grad_t.permute(0, 1, 4, 2, 3).to(t.dtype, memory_format=torch.contiguous_format)
+            for grad_t, t in ((grad_q_t, q), (grad_k_t, k), (grad_v_t, v))
         ]
+        cast.append(None if grad_bias is None else grad_bias.to(bias.dtype))
         return (*cast, None, None, None)

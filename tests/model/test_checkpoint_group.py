@@ -123,17 +123,13 @@ def test_the_full_model_keeps_fewer_pair_sized_tensors():
     assert grouped["templates"] == pair + 2 * c_t + 4
     # the distogram head is re-run from the trunk's pair: its z + z^T is not kept
     assert per_block["distogram head"] == pair and "distogram head" not in grouped
-    # z_init is re-run in backward: the relative-position one-hot [B, N, N, 139] and the bonds
+    # z_init is re-run in backward: the relative positions' classes (three long [B, N, N] and the
+    # bool same-entity [B, N, N, 1], what their weight columns' gradient reads) and the bonds
     # [B, N, N, 1] are not kept; its checkpoint keeps the bool bond matrix ([N + 1, N + 1] storage)
     config = preset("tiny")
-    one_hot = (
-        length
-        * length
-        * (2 * (2 * config.trunk.relpos_max_residue + 2) + 1 + 2 * config.trunk.relpos_max_chain + 2)
-        * 4
-    )
+    classes = length * length * (3 * 8 + 1)
     embedder = "input embedder"
-    assert grouped[embedder] == per_block[embedder] - one_hot - length * length * 4 + (length + 1) ** 2
+    assert grouped[embedder] == per_block[embedder] - classes - length * length * 4 + (length + 1) ** 2
     # the diffusion transformer keeps one block input a [B, S, N, c_token] per group
     diffusion_blocks, a_bytes = config.diffusion.diffusion_blocks, 2 * length * config.diffusion.c_token_diffusion * 4
     kept = math.ceil(diffusion_blocks / group)

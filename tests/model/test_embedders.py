@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from featurecache.model.network.embedders import (
@@ -6,6 +7,7 @@ from featurecache.model.network.embedders import (
     RelativePositionEncoding,
     template_pair_features,
 )
+from featurecache.testing.compare import rel_error, summation_tolerance
 from featurecache.testing.synthetic import random_batch
 
 
@@ -15,8 +17,6 @@ def _generator() -> torch.Generator:
 
 def test_relative_position_one_hots():
     encoding = RelativePositionEncoding(c_z=4, max_residue=32, max_chain=2)
-    captured = {}
-    encoding.linear.register_forward_hook(lambda module, inputs, output: captured.update(x=inputs[0]))
     batch = {
         "asym_id": torch.tensor([[1, 1, 1, 2]]),
         "residue_index": torch.tensor([[1, 2, 50, 1]]),
@@ -24,8 +24,7 @@ def test_relative_position_one_hots():
         "entity_id": torch.tensor([[1, 1, 1, 1]]),
         "sym_id": torch.tensor([[1, 1, 1, 2]]),
     }
-    encoding(batch)
-    x = captured["x"][0]
+    x = encoding.features(batch).float()[0]
     residue, token, entity, chain = x[..., :66], x[..., 66:132], x[..., 132], x[..., 133:]
     assert residue[0, 1].argmax() == 32 - 1  # residue 1 vs 2: offset -1
     assert residue[2, 0].argmax() == 64  # offset 49 clipped to r_max
@@ -38,6 +37,29 @@ def test_relative_position_one_hots():
     supplement = RelativePositionEncoding(c_z=4, max_residue=32, max_chain=2, chain_gate="chain").features(batch)[0]
     assert supplement[0, 1, 133:].long().argmax() == 5  # same chain: "other" as the supplement prints it
     assert supplement[0, 3, 133:].long().argmax() == 1 - 2 + 2
+
+
+@pytest.mark.parametrize("chain_gate", ["entity", "chain"])
+def test_relative_positions_are_the_linear_map_of_the_one_hots(chain_gate):
+    """forward sums the weight columns the one-hot features pick: the linear layer on them, in
+    value (at most 4 non-zero terms per sum) and in the weight's gradient (sums over the B N N
+    pairs, in another order)."""
+    generator = torch.Generator().manual_seed(3)
+    batch = random_batch([40, 23], [2, 2], [1, 1], generator)
+    batch["asym_id"][:, 30:] = 3  # a third chain of the first entity, another copy of it
+    batch["sym_id"][:, 30:] = 2
+    encoding = RelativePositionEncoding(c_z=8, max_residue=4, max_chain=1, chain_gate=chain_gate)
+    upstream = torch.randn(2, 40, 40, 8, generator=generator)
+    actual = encoding(batch)
+    (actual * upstream).sum().backward()
+    actual_grad = encoding.linear.weight.grad.clone()
+    encoding.zero_grad()
+    expected = encoding.linear(encoding.features(batch).float())
+    (expected * upstream).sum().backward()
+    assert rel_error(actual, expected) <= summation_tolerance(torch.float32, 4)
+    assert rel_error(actual_grad, encoding.linear.weight.grad) <= summation_tolerance(torch.float32, 2 * 40 * 40)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the dtype the linear layer would give
+        assert encoding(batch).dtype == encoding.linear(encoding.features(batch).float()).dtype == torch.bfloat16
 
 
 def test_template_features_do_not_change_under_a_rigid_motion():

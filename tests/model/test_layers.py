@@ -154,6 +154,15 @@ def test_unknown_kernels_and_node_are_rejected():
         TriangleAttention(16, 2, 8, node="middle", kernels="torch")
 
 
+def test_every_triangle_attention_holds_the_same_cpu_function():
+    """The torch kernels' triangle attention is one module-level function (not a partial made per
+    module): every module built holds that same object."""
+    from featurecache.kernels.reference import gated_pair_attention_rows
+
+    starting, ending = (TriangleAttention(16, 2, 8, node=node, kernels="torch") for node in ("starting", "ending"))
+    assert starting.gated_attention is ending.gated_attention is gated_pair_attention_rows
+
+
 def test_kernel_inputs_take_the_autocast_dtype():
     """Under bf16 autocast the fused ops get bf16 inputs (their output dtype follows the input)."""
     from featurecache.kernels.layernorm_linear import LayerNormLinear

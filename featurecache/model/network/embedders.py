@@ -42,11 +42,40 @@ class RelativePositionEncoding(nn.Module):
         self.linear = nn.Linear(in_dim, c_z, bias=False)
 
     def forward(self, batch: dict) -> torch.Tensor:
-        """[B, N, N, c_z]"""
-        return self.linear(self.features(batch).to(self.linear.weight.dtype))
+        """[B, N, N, c_z]: `linear` of the one-hot features, as the sum of the weight columns they
+        pick. The one-hot form is [B, N, N, 139] floats whatever c_z (82 MB at N = 384, kept for
+        the weight's gradient): more than the pair itself at small widths. Under autocast, in the
+        autocast dtype, as the linear layer's output would be."""
+        d_residue, d_token, same_entity, d_chain = self.classes(batch)
+        columns = self.linear.weight.t()  # [in_dim, c_z], its rows in the order of `features`
+        width = 2 * self.max_residue + 2
+        out = (
+            F.embedding(d_residue, columns[:width])
+            + F.embedding(d_token, columns[width : 2 * width])
+            + same_entity.unsqueeze(-1) * columns[2 * width]
+            + F.embedding(d_chain, columns[2 * width + 1 :])
+        )
+        device = out.device.type
+        return out.to(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else out
 
     def features(self, batch: dict) -> torch.Tensor:
-        """[B, N, N, in_dim] bool: one-hot d_residue, one-hot d_token, same entity, one-hot d_chain."""
+        """[B, N, N, in_dim] bool: one-hot d_residue, one-hot d_token, same entity, one-hot d_chain
+        (what `forward` projects; for tests and for reading the encoding)."""
+        d_residue, d_token, same_entity, d_chain = self.classes(batch)
+        r, c = self.max_residue, self.max_chain
+        return torch.cat(
+            [
+                F.one_hot(d_residue, 2 * r + 2),
+                F.one_hot(d_token, 2 * r + 2),
+                same_entity.unsqueeze(-1),
+                F.one_hot(d_chain, 2 * c + 2),
+            ],
+            dim=-1,
+        ).bool()
+
+    def classes(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The features' classes, [B, N, N] each: d_residue, d_token (long), same entity (bool),
+        d_chain (long)."""
 
         def pairwise(name):
             value = batch[name].long()
@@ -65,15 +94,7 @@ class RelativePositionEncoding(nn.Module):
         d_token = torch.where(same_chain & same_residue, (tok_i - tok_j + r).clamp(0, 2 * r), 2 * r + 1)
         chain_pairs = same_entity if self.chain_gate == "entity" else ~same_chain
         d_chain = torch.where(chain_pairs, (sym_i - sym_j + c).clamp(0, 2 * c), 2 * c + 1)
-        return torch.cat(
-            [
-                F.one_hot(d_residue, 2 * r + 2),
-                F.one_hot(d_token, 2 * r + 2),
-                same_entity.unsqueeze(-1),
-                F.one_hot(d_chain, 2 * c + 2),
-            ],
-            dim=-1,
-        ).bool()
+        return d_residue, d_token, same_entity, d_chain
 
 
 def atom_single_input_dim(config: ModelConfig) -> int:

@@ -15,7 +15,6 @@ triangle attention).
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 from torch import nn
@@ -95,12 +94,12 @@ def residual_fn(kernels: str):
 
 
 def gated_pair_attention_fn(kernels: str):
-    """The packed triangle-attention core (featurecache.kernels.gated_attention) or its reference."""
+    """The packed triangle-attention core (featurecache.kernels.gated_attention), or for "torch" its
+    reference over the row blocks (kernels/reference.py, gated_pair_attention_rows)."""
     if check_kernels(kernels) == "torch":
-        from featurecache.kernels.reference import evo_attention_rows
-        from featurecache.kernels.reference import gated_pair_attention_reference
+        from featurecache.kernels.reference import gated_pair_attention_rows
 
-        return functools.partial(gated_pair_attention_reference, attention=evo_attention_rows)
+        return gated_pair_attention_rows
     from featurecache.kernels.gated_attention import gated_pair_attention
 
     return gated_pair_attention

@@ -38,7 +38,7 @@ from torch import nn
 
 from featurecache.kernels.reference import evo_attention_reference, layernorm_linear_reference
 from featurecache.model.network.layers import SITES_PER_BLOCK, attention_fn, dropout_seed, shared_dropout
-from featurecache.model.network.msa import MSAModule, msa_features
+from featurecache.model.network.msa import MSAModule, embed_msa
 from featurecache.model.network.pairformer import ROWWISE, Pairformer, PairformerBlock, run_blocks
 from featurecache.model.parallel.collectives import (
     GatheredProduct,
@@ -334,7 +334,7 @@ class ShardedMSAModule(_ShardedStack):
         N_token] bool. Returns the new z [B, N_token, N_token, c_z]."""
         length, group = z.shape[1], self.group
         msa_mask = batch["msa_row_mask"][:, :, None] & token_mask[:, None, :]  # [B, S, L]
-        m = self.from_msa(msa_features(batch)) + self.from_single(inputs).unsqueeze(1)
+        m = embed_msa(self.from_msa, batch) + self.from_single(inputs).unsqueeze(1)
         seed = self.seed(generator, z.device)
         pad = self.padding(length)
         if pad:
