@@ -29,7 +29,8 @@ from harness import Table, argument_parser
 
 from featurecache.config import SampleConfig
 from featurecache.training import TrainConfig
-from featurecache.training.data import build_datasets, fixed_sizes, make_batch_sampler, make_loader
+from featurecache.training.buckets import padding_buckets
+from featurecache.training.data import build_datasets, make_batch_sampler, make_loader
 from featurecache.training.distributed import setup_distributed
 from featurecache.training.loop import Trainer
 
@@ -55,7 +56,7 @@ def build(args, out: pathlib.Path) -> tuple[Trainer, object]:
     world = setup_distributed("cpu")
     dataset, _ = build_datasets(config)
     loader = make_loader(
-        dataset, make_batch_sampler(dataset, config, world), config, world.device, fixed_sizes(config, dataset)
+        dataset, make_batch_sampler(dataset, config, world), config, world.device, padding_buckets(config, dataset)
     )
     trainer = Trainer(config, "torch", world)
     trainer.start()

@@ -303,6 +303,15 @@ def _preset_values(setting: str) -> str:
     "kernel-launch overhead.",
 )
 @click.option(
+    "--atom-buckets",
+    default=TrainConfig.atom_buckets,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="With --static-shapes or --cuda-graphs: pad each batch's atoms (and token bonds) to the smallest of at "
+    "most this many sizes chosen from the cache's atom counts (one CUDA graph each); 1: one size, what the "
+    "largest crop can hold.",
+)
+@click.option(
     "--seed",
     default=SampleConfig.seed,
     show_default=True,
@@ -345,6 +354,7 @@ def train_command(
     compile_model,
     static_shapes,
     cuda_graphs,
+    atom_buckets,
     seed,
     device,
     validation_keys,
@@ -402,6 +412,7 @@ def train_command(
             compile=compile_model,
             static_shapes=static_shapes,
             cuda_graphs=cuda_graphs,
+            atom_buckets=atom_buckets,
             device=device,
             validation_keys=tuple(key for value in validation_keys for key in value.split(",") if key),
             **recipe,  # the optimizer, schedule, EMA, accumulation, validation and determinism options
