@@ -292,8 +292,8 @@ def _preset_values(setting: str) -> str:
 @click.option(
     "--static-shapes",
     is_flag=True,
-    help="Pad every batch to --crop-size tokens, --msa-cycle-draws x --msa-rows-per-sample rows and --max-templates "
-    "templates: one shape for every step, so --compile compiles once.",
+    help="Pad every batch to --crop-size tokens, --msa-cycle-draws x --msa-rows-per-sample rows, --max-templates "
+    "templates and one of --atom-buckets atom sizes: a few shapes for all steps, so --compile compiles each once.",
 )
 @click.option(
     "--cuda-graphs",

@@ -3,6 +3,9 @@ bucket per batch, and the graphed update with one backward step per bucket (capt
 CPU) against the eager step."""
 
 import itertools
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -149,3 +152,23 @@ def test_graphed_update_over_two_buckets_is_the_eager_step():
     assert graphed.graphed.apply.steps_run == len(batches)
     for mine, ref in zip(graphed.model.parameters(), eager.model.parameters()):
         torch.testing.assert_close(mine, ref, rtol=0, atol=0)
+
+
+def test_benchmark_script_runs_on_the_cpu(recipe_cache, tmp_path):
+    """benchmarks/atom_buckets.py --smoke: the command's runs with one size and with buckets, side by side."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OUT": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, str(repo / "benchmarks" / "atom_buckets.py"), "--cache", str(recipe_cache), "--smoke"]
+        + ["--steps", "3"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): line.split("|") for line in result.stdout.splitlines() if line.startswith("| ")}
+    one, four = rows["1"], rows["4"]
+    assert int(one[2]) == 1 and int(four[2]) > 1  # buckets used
+    assert float(four[7]) < float(one[7])  # padded atoms per step
