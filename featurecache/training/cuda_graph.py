@@ -25,9 +25,9 @@ accumulating into fixed gradient buffers), one per shape of input (the padding b
 training/buckets.py: a few, each warmed up and captured the first time a batch takes it), and
 one graph for clipping, the AdamW update and the EMA; in between, outside any graph, the
 gradients are all-reduced over the ranks (training/distributed.py's GradientBuckets). The
-backward graphs share one memory pool: only one runs at a time and none keeps a tensor past its
-replay but its outputs (held, so never reused), so the pool holds what the largest needs, not
-the sum. Ranks need not take the same bucket in a step: each rank's backward graph is its own,
+graphs share one memory pool: one runs at a time, what lasts from step to step (weights,
+optimizer state, gradient buffers) lies outside it, and each graph's outputs are copied before
+the next replay, so the pool holds what the largest graph needs, not the sum. Ranks need not take the same bucket in a step: each rank's backward graph is its own,
 and the all-reduce, between the graphs, reads the gradient buffers, whose shapes are the
 parameters'. The same update runs without capture (`capture=False`) on the CPU, which is how
 tests check it against DDP and the eager step.
@@ -59,7 +59,9 @@ class CapturedStep:
 
     def __init__(self, step: StepFunction, warmup_steps: int = 3, capture: bool = True, pool=None) -> None:
         """`pool`: a memory pool (torch.cuda.graph_pool_handle()) the graph shares with other graphs
-        that are never replayed at the same time; None for a private one."""
+        that are never replayed at the same time, None for a private one. In a shared pool a
+        graph's outputs last only until the next replay of any graph in it (another graph's
+        temporaries may lie where they do): read or copy them first."""
         self.capture = capture
         self.pool = pool
         if capture and not torch.cuda.is_available():
