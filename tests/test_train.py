@@ -351,6 +351,8 @@ def test_option_values_are_checked_before_anything_runs(tmp_path):
         ("--validation-fraction", "1"),
         ("--validate-every", "-1"),
         ("--grad-clip", "0"),
+        ("--atom-buckets", "0"),
+        ("--atom-buckets", "few"),
     ]:
         result = _cli(["train", "--cache", str(tmp_path), "--out", str(tmp_path / "run"), option, value])
         assert result.exit_code == 2 and option in result.output and "Traceback" not in result.output, (

@@ -53,6 +53,8 @@ def test_one_bucket_is_the_bound_and_few_distinct_crops_take_few_buckets():
     assert atom_bucket_sizes([9000], 6528, 4) == [6528]  # an estimate past the bound takes the bound
     with pytest.raises(ValueError, match="at least 1"):
         atom_bucket_sizes([3000], 6528, 0)
+    with pytest.raises(ValueError, match="--atom-buckets must be at least 1, got 0"):
+        TrainConfig(cache="unused", atom_buckets=0)
     # a target within the crop is whole; a larger one its mean atoms per token times the crop, with headroom
     assert crop_atom_estimates([(84, 422), (547, 4209)], 384) == [422, 3251]
 
