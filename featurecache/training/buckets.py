@@ -8,10 +8,10 @@ be paid on the padding. A few sizes keep the shapes few (one CUDA graph each) an
 
 How the sizes are chosen: each target's crop is estimated from the manifest (a target within
 the crop is whole; a larger one holds its mean atoms per token times the crop, with headroom),
-and `--atom-buckets N` sizes are the N multiples of 128 that pad those estimates least in total,
-the largest always the bound above, so every crop fits one. Token bonds pad along with the atoms:
+and `--atom-buckets N` sizes are the (at most) N multiples of 128 that pad those estimates least
+in total, each target counted once, the largest always the bound above, so every crop fits one. Token bonds pad along with the atoms:
 a bucket of A atoms holds min(3 per token of the crop, 3 per atom) bonds, a bound no crop of A
-atoms passes (each token has an atom), so the bond axis never moves a batch to a larger bucket.
+atoms passes (it has at most A tokens, each with an atom), so the bond axis never moves a batch to a larger bucket.
 It shrinks only the small buckets' bond axes; the manifest has no bond counts to choose from,
 and the axis costs little (a scatter into the pair, a loss over the bonds).
 """
