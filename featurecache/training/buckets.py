@@ -48,8 +48,11 @@ def padding_buckets(config: TrainConfig, dataset) -> list[dict[str, int]] | None
         return None
     try:
         templates = dataset.max_templates
-    except ValueError as error:
-        raise TrainSetupError(f"--cache {config.cache}: {' '.join(str(error).split())}") from None
+    except ValueError as error:  # an older manifest without template counts: one line naming the cache
+        text = " ".join(str(error).split())
+        raise TrainSetupError(
+            f"--cache: {text}" if str(config.cache) in text else f"--cache {config.cache}: {text}"
+        ) from None
     crop = config.sample.crop_size
     atom_bound = crop * ATOMS_PER_TOKEN_BOUND
     largest_target = getattr(dataset, "max_atoms", None)

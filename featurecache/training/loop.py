@@ -40,6 +40,7 @@ from featurecache.model.af3 import LOSS_INPUTS, OPTIONAL_LOSS_INPUTS, REQUIRED_I
 from featurecache.model.config import RUNTIME_SETTINGS, WEIGHT_MEANING_SETTINGS, saved_model_settings
 from featurecache.model.network.msa import OPTIONAL_INPUTS as MSA_OPTIONAL_INPUTS
 from featurecache.sampler import StepLayout
+from featurecache.training.buckets import padding_buckets
 from featurecache.training.checkpoint import (
     WEIGHTS_FILE,
     checkpoint_path,
@@ -53,7 +54,6 @@ from featurecache.training.checkpoint import (
 )
 from featurecache.training.config import TrainConfig, TrainSetupError, resolve_kernels
 from featurecache.training.cuda_graph import GraphedUpdate
-from featurecache.training.buckets import padding_buckets
 from featurecache.training.data import build_datasets, make_batch_sampler, make_loader, to_device
 from featurecache.training.determinism import deterministic_mode
 from featurecache.training.distributed import (
