@@ -48,7 +48,8 @@ from torch.utils._pytree import tree_leaves
 import featurecache
 from featurecache.config import SampleConfig
 from featurecache.training import TrainConfig
-from featurecache.training.data import build_datasets, fixed_sizes, make_batch_sampler, make_loader
+from featurecache.training.buckets import padding_buckets
+from featurecache.training.data import build_datasets, make_batch_sampler, make_loader
 from featurecache.training.distributed import setup_distributed
 from featurecache.training.loop import Trainer
 
@@ -80,7 +81,7 @@ def build(args, out: pathlib.Path) -> tuple[Trainer, object]:
     world = setup_distributed("cpu")
     dataset, _ = build_datasets(config)
     loader = make_loader(
-        dataset, make_batch_sampler(dataset, config, world), config, world.device, fixed_sizes(config, dataset)
+        dataset, make_batch_sampler(dataset, config, world), config, world.device, padding_buckets(config, dataset)
     )
     trainer = Trainer(config, "torch", world)
     trainer.start()

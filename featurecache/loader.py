@@ -203,6 +203,14 @@ class CacheDataset(torch.utils.data.Dataset):
             return None
         return int(max(counts))
 
+    @property
+    def target_sizes(self) -> list[tuple[int, int]] | None:
+        """(tokens, atoms) of every target (the manifest's index), from which the atom axes of padded
+        batches are chosen; None where max_atoms is None."""
+        if self.max_atoms is None:
+            return None
+        return [(int(self._info[key]["num_tokens"]), int(self._info[key]["num_atoms"])) for key in self.ids]
+
     def set_epoch(self, epoch: int) -> None:
         """New crops for a new epoch; with `follow_latest`, also switch to the newest generation.
 
@@ -331,7 +339,20 @@ def _pad_to(tensor: torch.Tensor, axes: Iterable[tuple[int, int]], value) -> tor
     return out
 
 
-def collate(samples: list[dict], pad_to: Mapping[str, int] | None = None) -> dict:
+def _largest_along_axes(samples: list[dict], specs) -> dict[str, tuple[int, str, str]]:
+    """Per named axis, the largest size any sample has along it: (size, array, target id)."""
+    largest: dict[str, tuple[int, str, str]] = {}
+    for spec in specs:
+        for dim, axis in enumerate(spec.axes):
+            if isinstance(axis, str):
+                sample = max(samples, key=lambda s: s[spec.name].shape[dim])
+                size = sample[spec.name].shape[dim]
+                if size > largest.get(axis, (-1,))[0]:
+                    largest[axis] = (size, spec.name, sample["id"])
+    return largest
+
+
+def collate(samples: list[dict], pad_to: Mapping[str, int] | Sequence[Mapping[str, int]] | None = None) -> dict:
     """Stack samples into a batch, padding token / atom / msa / template axes to the batch max.
 
     Adds `token_pad_mask` [B, N], `atom_pad_mask` [B, A], `token_bond_mask` [B, E],
@@ -342,27 +363,28 @@ def collate(samples: list[dict], pad_to: Mapping[str, int] | None = None) -> dic
     `pad_to` ({axis: size}, e.g. {"token": 384, "msa": 1024, "template": 4}) pads those axes to a
     fixed size instead, so every batch has the same shapes (torch.compile then never recompiles,
     and a step can be captured as a CUDA graph); a sample larger than its axis's size is an error.
+    A list of such mappings (buckets, smallest first) pads each batch to the first that holds it,
+    so batches take one of a few shapes; a batch no bucket holds is an error.
     """
     if not samples:
         raise ValueError("collate got an empty list of samples")
-    pad_to = dict(pad_to or {})
-    unknown = sorted(set(pad_to) - set(_PAD_MASKS))
+    buckets = [dict(pad_to or {})] if pad_to is None or isinstance(pad_to, Mapping) else [dict(b) for b in pad_to]
+    if not buckets:
+        raise ValueError("collate: pad_to is an empty list of buckets")
+    unknown = sorted({axis for bucket in buckets for axis in bucket} - set(_PAD_MASKS))
     if unknown:
         raise ValueError(f"collate: pad_to names unknown axes {unknown}, expected some of {sorted(_PAD_MASKS)}")
-    max_sizes: dict[str, int] = dict(pad_to)
     # load-time arrays where every sample has them (a hand-built sample may not)
     specs = FEATURES + tuple(spec for spec in LOAD_TIME_FEATURES if all(spec.name in sample for sample in samples))
-    for spec in specs:
-        for dim, axis in enumerate(spec.axes):
-            if isinstance(axis, str):
-                size = max(sample[spec.name].shape[dim] for sample in samples)
-                if axis in pad_to and size > pad_to[axis]:
-                    sample = max(samples, key=lambda s: s[spec.name].shape[dim])
-                    raise ValueError(
-                        f"collate: {sample['id']} has {size} along {axis!r} ({spec.name}), more than "
-                        f"the fixed size {pad_to[axis]}"
-                    )
-                max_sizes[axis] = max(max_sizes.get(axis, 0), size)
+    largest = _largest_along_axes(samples, specs)
+    pad_sizes = next(
+        (bucket for bucket in buckets if all(largest[axis][0] <= size for axis, size in bucket.items())), None
+    )
+    if pad_sizes is None:  # name what overflows the largest bucket
+        axis, size = next((axis, size) for axis, size in buckets[-1].items() if largest[axis][0] > size)
+        count, name, target = largest[axis]
+        raise ValueError(f"collate: {target} has {count} along {axis!r} ({name}), more than the fixed size {size}")
+    max_sizes = {axis: max(count, pad_sizes.get(axis, 0)) for axis, (count, _, _) in largest.items()}
     batch: dict = {}
     for spec in specs:
         pad_axes = [(dim, max_sizes[axis]) for dim, axis in enumerate(spec.axes) if isinstance(axis, str)]

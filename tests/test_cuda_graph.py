@@ -55,6 +55,32 @@ def test_replays_match_eager_steps_on_new_inputs():
 
 
 @cuda_only
+def test_graphs_of_two_shapes_in_one_pool_replay_as_eager_steps():
+    """One CapturedStep per batch shape, as GraphedUpdate keeps per atom bucket, sharing one memory
+    pool: interleaved replays of the two give the eager steps' losses and weights."""
+    generator = torch.Generator(device="cuda").manual_seed(5)
+    rows = [17, 33, 33, 17, 17, 33, 17, 33, 33, 17]
+    batches = [
+        {
+            "x": torch.randn(count, 24, device="cuda", generator=generator),
+            "y": torch.randn(count, 3, device="cuda", generator=generator),
+        }
+        for count in rows
+    ]
+    eager_model, eager_step = _model_and_step(0)
+    graph_model, graph_step = _model_and_step(0)
+    pool = torch.cuda.graph_pool_handle()
+    captured = {count: CapturedStep(graph_step, warmup_steps=2, pool=pool) for count in set(rows)}
+    for index, batch in enumerate(batches):
+        expected = eager_step(batch)["loss"].item()
+        got = captured[batch["x"].shape[0]](batch)["loss"].item()
+        assert got == pytest.approx(expected, rel=1e-5, abs=1e-6), index
+    assert all(step.is_captured for step in captured.values())
+    for mine, ref in zip(graph_model.parameters(), eager_model.parameters()):
+        torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-6)
+
+
+@cuda_only
 def test_a_replay_with_another_shape_names_the_input():
     _, step = _model_and_step(0)
     captured = CapturedStep(step, warmup_steps=1)

@@ -151,15 +151,19 @@ def test_tiny_preset_trains_from_the_cache(cache, tmp_path):
     ]
 
 
-def test_resume_reproduces_the_next_losses(cache, tmp_path):
-    straight = train(_config(cache, tmp_path / "straight", steps=5))
+@pytest.mark.parametrize("static_shapes", [False, True])
+def test_resume_reproduces_the_next_losses(cache, tmp_path, static_shapes):
+    # static shapes: the atom buckets (crop 16: 209d's crops take a smaller one than the others')
+    straight = train(_config(cache, tmp_path / "straight", steps=5, static_shapes=static_shapes))
     # resume from step 2; steps 3-5 cross the end of the first epoch (3 targets, batch 1)
-    resumed = train(
-        _config(cache, tmp_path / "resumed", steps=5, resume=str(tmp_path / "straight" / "checkpoint-00000002.pt"))
-    )
+    resume = str(tmp_path / "straight" / "checkpoint-00000002.pt")
+    resumed = train(_config(cache, tmp_path / "resumed", steps=5, resume=resume, static_shapes=static_shapes))
     assert [r["step"] for r in resumed] == [3, 4, 5]
     assert [r["loss"] for r in resumed] == [r["loss"] for r in straight[2:]]
     assert [r["ids"] for r in resumed] == [r["ids"] for r in straight[2:]]
+    assert [r["padded_atoms"] for r in resumed] == [r["padded_atoms"] for r in straight[2:]]
+    if static_shapes:
+        assert len({r["padded_atoms"] for r in straight}) > 1
 
 
 def test_a_checkpoint_from_before_the_fidelity_settings_is_refused_in_one_line(cache, tmp_path):
@@ -351,6 +355,8 @@ def test_option_values_are_checked_before_anything_runs(tmp_path):
         ("--validation-fraction", "1"),
         ("--validate-every", "-1"),
         ("--grad-clip", "0"),
+        ("--atom-buckets", "0"),
+        ("--atom-buckets", "few"),
     ]:
         result = _cli(["train", "--cache", str(tmp_path), "--out", str(tmp_path / "run"), option, value])
         assert result.exit_code == 2 and option in result.output and "Traceback" not in result.output, (
@@ -508,17 +514,19 @@ def test_ddp_two_processes_gloo(cache, tmp_path):
 
 def test_static_shapes_pad_every_batch_to_one_shape_and_keep_the_loss(cache, tmp_path):
     # crop 96: the smallest target (79 tokens) is padded along tokens too
-    config = _config(cache, tmp_path / "static", num_workers=0, static_shapes=True, crop_size=96)
+    # --atom-buckets 1: one size for every batch
+    config = _config(cache, tmp_path / "static", num_workers=0, static_shapes=True, crop_size=96, atom_buckets=1)
     dataset = CacheDataset(cache, config.sample)
-    from featurecache.training.data import fixed_sizes, make_loader
+    from featurecache.training.buckets import padding_buckets
+    from featurecache.training.data import make_loader
 
-    pad_to = fixed_sizes(config, dataset)
+    pad_to = padding_buckets(config, dataset)
     # templates: as many as the records hold, read from the manifest
     stored = max(dataset.load_arrays(target)[0]["template_restype"].shape[0] for target in dataset.ids)
     # atoms: no crop holds more than the largest target, rounded up to whole key windows of 128
     largest = max(dataset.load_arrays(target)[0]["ref_pos"].shape[0] for target in dataset.ids)
     atoms = min(96 * 24, -(-largest // 128) * 128)
-    assert pad_to == {"token": 96, "msa": 4 * 7 + 1, "template": stored, "atom": atoms, "token_bond": 96 * 3}
+    assert pad_to == [{"token": 96, "msa": 4 * 7 + 1, "template": stored, "atom": atoms, "token_bond": 96 * 3}]
     sampler = EpochBatchSampler(len(dataset), 1, 0, 1, 0, epochs=1)
     shapes = {
         (
@@ -555,12 +563,13 @@ def test_static_shapes_give_a_cuda_graph_one_input_signature_while_msa_draws_cha
     dtype in every batch, over targets of different MSA depths (209d's shallow MSAs, 721p's and
     7a4d's thousands of rows), epoch after epoch, while the per-cycle MSA rows (msa_cycle_rows into
     the batch's pool) differ from cycle to cycle: a replay reads each step's rows from its buffers."""
-    from featurecache.training.data import fixed_sizes, make_loader
+    from featurecache.training.buckets import padding_buckets
+    from featurecache.training.data import make_loader
     from featurecache.training.loop import graph_inputs
 
-    config = _config(cache, tmp_path / "static", num_workers=0, static_shapes=True, crop_size=32)
+    config = _config(cache, tmp_path / "static", num_workers=0, static_shapes=True, crop_size=32, atom_buckets=1)
     dataset = CacheDataset(cache, config.sample)
-    pad_to = fixed_sizes(config, dataset)
+    pad_to = padding_buckets(config, dataset)
     sampler = EpochBatchSampler(len(dataset), 1, 0, 1, 0, epochs=2)
     batches = list(make_loader(dataset, sampler, config, torch.device("cpu"), pad_to))
     signatures = {
@@ -578,6 +587,31 @@ def test_static_shapes_give_a_cuda_graph_one_input_signature_while_msa_draws_cha
     # a deep MSA: each cycle its own rows, into the same shapes
     deep = [batch for batch in batches if batch["id"][0] != "209d-assembly1"]
     assert deep and all(len({tuple(rows.tolist()) for rows in batch["msa_cycle_rows"][0]}) == draws for batch in deep)
+
+
+def test_static_shapes_on_targets_of_different_sizes_take_several_atom_buckets_and_train(cache, tmp_path):
+    """The default --atom-buckets: the three targets' crops (whole DNA-peptide 209d, crops of Ras
+    and of 7a4d) are padded to more than one atom size, each no larger than the one size of
+    --atom-buckets 1, and the run trains as the unpadded run does (the padding is masked: losses
+    within the tolerance of the one-size test above, for the same reason)."""
+    from featurecache.training.buckets import padding_buckets
+
+    settings = dict(crop_size=96, steps=3, model_settings={"diffusion_batch": 1})  # one epoch: each target once
+    config = _config(cache, tmp_path / "buckets", static_shapes=True, **settings)
+    dataset = CacheDataset(cache, config.sample)
+    sizes = [bucket["atom"] for bucket in padding_buckets(config, dataset)]
+    (single,) = padding_buckets(dataclasses.replace(config, atom_buckets=1), dataset)
+    records = train(config)
+    padded = [record["padded_atoms"] for record in records]
+    assert set(padded) <= set(sizes) and len(set(padded)) > 1, (padded, sizes)
+    assert max(sizes) == single["atom"] and min(padded) < single["atom"]
+    assert all(0 < record["atoms"] <= record["padded_atoms"] for record in records)
+    assert _log(tmp_path / "buckets")[-1]["padded_atoms"] == padded[-1]
+    plain = train(_config(cache, tmp_path / "plain", **settings))
+    assert [r["ids"] for r in records] == [r["ids"] for r in plain]
+    for mine, ref in zip(records, plain):
+        assert mine["loss"] == pytest.approx(ref["loss"], rel=2e-2), (mine["ids"], mine["loss"], ref["loss"])
+    assert records[0]["distogram"] == pytest.approx(plain[0]["distogram"], rel=1e-4)
 
 
 def test_cuda_graph_options_are_checked(cache, tmp_path):

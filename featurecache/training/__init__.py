@@ -3,7 +3,8 @@
     python -m featurecache.training --cache DIR --preset tiny --steps 100 --out runs/tiny
 
 Modules, bottom up: `config` (TrainConfig), `distributed` (devices and ranks), `data` (datasets,
-featurecache.sampler's order and the DataLoader of a run), `checkpoint` (save, load, RNG
+featurecache.sampler's order and the DataLoader of a run), `buckets` (the padded sizes of
+--static-shapes batches, the atom buckets), `checkpoint` (save, load, RNG
 states), `schedule` (AF3's warm-up and step decay, the CUDA-graph learning rate), `ema` (the weights' moving average),
 `validation` (lDDT on held-out targets), `determinism` (--deterministic), `cuda_graph`
 (CapturedStep), `loop` (train) and `command` (the click command).

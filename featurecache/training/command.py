@@ -292,8 +292,8 @@ def _preset_values(setting: str) -> str:
 @click.option(
     "--static-shapes",
     is_flag=True,
-    help="Pad every batch to --crop-size tokens, --msa-cycle-draws x --msa-rows-per-sample rows and --max-templates "
-    "templates: one shape for every step, so --compile compiles once.",
+    help="Pad every batch to --crop-size tokens, --msa-cycle-draws x --msa-rows-per-sample rows, --max-templates "
+    "templates and one of --atom-buckets atom sizes: a few shapes for all steps, so --compile compiles each once.",
 )
 @click.option(
     "--cuda-graphs",
@@ -301,6 +301,15 @@ def _preset_values(setting: str) -> str:
     help="Replay each step from CUDA graphs (implies --static-shapes; one GPU or several ranks under "
     "torchrun, with --accumulate; not with --pair-shards or --compile): removes the host's "
     "kernel-launch overhead.",
+)
+@click.option(
+    "--atom-buckets",
+    default=TrainConfig.atom_buckets,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="With --static-shapes or --cuda-graphs: pad each batch's atoms (and token bonds) to the smallest of at "
+    "most this many sizes chosen from the cache's atom counts (one CUDA graph each); 1: one size, what the "
+    "largest crop can hold.",
 )
 @click.option(
     "--seed",
@@ -345,6 +354,7 @@ def train_command(
     compile_model,
     static_shapes,
     cuda_graphs,
+    atom_buckets,
     seed,
     device,
     validation_keys,
@@ -402,6 +412,7 @@ def train_command(
             compile=compile_model,
             static_shapes=static_shapes,
             cuda_graphs=cuda_graphs,
+            atom_buckets=atom_buckets,
             device=device,
             validation_keys=tuple(key for value in validation_keys for key in value.split(",") if key),
             **recipe,  # the optimizer, schedule, EMA, accumulation, validation and determinism options

@@ -95,6 +95,11 @@ class TrainConfig:
     # Replay each step from CUDA graphs (featurecache.training.cuda_graph): implies static shapes; one GPU
     # or data-parallel ranks (gradients all-reduced between the graphs), not with pair shards.
     cuda_graphs: bool = False
+    # With fixed shapes, the atom axis (and token bonds with it) pads to the smallest of at most this
+    # many sizes chosen from the cache (training/buckets.py): one CUDA graph each. 1: one size for
+    # every batch, what the largest crop can hold (~2x a 384-token protein crop's ~3,000 atoms on
+    # real PDB data). Each more bucket costs one more graph to warm up and capture, once per run.
+    atom_buckets: int = 4
     device: str = "auto"
 
     def __post_init__(self) -> None:
@@ -130,6 +135,7 @@ class TrainConfig:
             "prefetch_factor",
             "lr_decay_every",
             "validation_sampler_steps",
+            "atom_buckets",
         ):
             if getattr(self, name) < 1:
                 raise TrainSetupError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")

@@ -20,11 +20,17 @@ Every call is one real step on that call's inputs: the first `warmup_steps` call
 the next one captures the graph and replays it once, and later calls only replay.
 
 `GraphedUpdate` is the optimizer step of a `--cuda-graphs` run, on one GPU or data-parallel:
-two graphs, one for a micro-batch's forward, loss and backward (replayed once per micro-batch,
-accumulating into fixed gradient buffers), one for clipping, the AdamW update and the EMA; in
-between, outside any graph, the gradients are all-reduced over the ranks
-(training/distributed.py's GradientBuckets). The same update runs without capture
-(`capture=False`) on the CPU, which is how tests check it against DDP.
+a graph for a micro-batch's forward, loss and backward (replayed once per micro-batch,
+accumulating into fixed gradient buffers), one per shape of input (the padding buckets of
+training/buckets.py: a few, each warmed up and captured the first time a batch takes it), and
+one graph for clipping, the AdamW update and the EMA; in between, outside any graph, the
+gradients are all-reduced over the ranks (training/distributed.py's GradientBuckets). The
+graphs share one memory pool: one runs at a time, what lasts from step to step (weights,
+optimizer state, gradient buffers) lies outside it, and each graph's outputs are copied before
+the next replay, so the pool holds what the largest graph needs, not the sum. Ranks need not take the same bucket in a step: each rank's backward graph is its own,
+and the all-reduce, between the graphs, reads the gradient buffers, whose shapes are the
+parameters'. The same update runs without capture (`capture=False`) on the CPU, which is how
+tests check it against DDP and the eager step.
 """
 
 from __future__ import annotations
@@ -51,8 +57,13 @@ class CapturedStep:
     no static buffers): the same code path without a graph, for the CPU.
     """
 
-    def __init__(self, step: StepFunction, warmup_steps: int = 3, capture: bool = True) -> None:
+    def __init__(self, step: StepFunction, warmup_steps: int = 3, capture: bool = True, pool=None) -> None:
+        """`pool`: a memory pool (torch.cuda.graph_pool_handle()) the graph shares with other graphs
+        that are never replayed at the same time, None for a private one. In a shared pool a
+        graph's outputs last only until the next replay of any graph in it (another graph's
+        temporaries may lie where they do): read or copy them first."""
         self.capture = capture
+        self.pool = pool
         if capture and not torch.cuda.is_available():
             raise RuntimeError("CapturedStep needs a CUDA device")
         if warmup_steps < 1:
@@ -94,7 +105,7 @@ class CapturedStep:
                 graph = torch.cuda.CUDAGraph()
                 # thread_local: other threads' CUDA calls (NCCL's watchdog polling its events, the
                 # loader's pinning thread) may go on during the capture
-                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                     self.static_outputs = self.step(self.static_inputs)
                 self.graph = graph
             self.graph.replay()
@@ -117,11 +128,18 @@ class CapturedStep:
                 buffer.copy_(value, non_blocking=True)
 
 
+def input_shapes(inputs: Mapping[str, torch.Tensor]) -> tuple:
+    """What a captured graph is specific to: every input's name, shape and dtype."""
+    return tuple((name, tuple(value.shape), value.dtype) for name, value in sorted(inputs.items()))
+
+
 class GraphedUpdate:
     """One optimizer step from gradient buffers: `backward(inputs)` (forward, loss, backward of
     one micro-batch, accumulating into `gradients`; returns its loss terms) for each micro-batch,
     then `gradients.all_reduce()` outside any graph, then `apply()` (clipping, update, EMA;
-    returns the gradient norm). Each of the two functions is a CapturedStep of its own.
+    returns the gradient norm). The backward is one CapturedStep per shape of inputs
+    (`backward_steps`, by input_shapes), each with its own warm-up, all in one memory pool; the
+    apply is one CapturedStep.
 
     `before_micro(micro)` runs before each micro-batch's backward, outside the graph (it reseeds
     the generator the replay draws from).
@@ -136,12 +154,28 @@ class GraphedUpdate:
         capture: bool = True,
     ) -> None:
         self.gradients = gradients
-        self.backward = CapturedStep(backward, warmup_steps, capture)
-        self.apply = CapturedStep(lambda _: {"grad_norm": apply()}, warmup_steps, capture)
+        self.backward = backward
+        self.warmup_steps = warmup_steps
+        self.capture = capture
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.backward_steps: dict[tuple, CapturedStep] = {}
+        self.apply = CapturedStep(lambda _: {"grad_norm": apply()}, warmup_steps, capture, self.pool)
 
     @property
     def is_captured(self) -> bool:
-        return self.backward.is_captured and self.apply.is_captured
+        """Whether every step so far replayed graphs only (each shape seen is captured)."""
+        return (
+            bool(self.backward_steps)
+            and all(step.is_captured for step in self.backward_steps.values())
+            and self.apply.is_captured
+        )
+
+    def backward_step(self, inputs: Mapping[str, torch.Tensor]) -> CapturedStep:
+        """The backward CapturedStep of these inputs' shapes, made the first time they are seen."""
+        shapes = input_shapes(inputs)
+        if shapes not in self.backward_steps:
+            self.backward_steps[shapes] = CapturedStep(self.backward, self.warmup_steps, self.capture, self.pool)
+        return self.backward_steps[shapes]
 
     def __call__(
         self, micro_batches: Sequence[Mapping[str, torch.Tensor]], before_micro: Callable[[int], None]
@@ -152,7 +186,8 @@ class GraphedUpdate:
         terms: list[dict[str, torch.Tensor]] = []
         for micro, inputs in enumerate(micro_batches):
             before_micro(micro)
-            terms.append({name: value.clone() for name, value in self.backward(inputs).items()})
+            outputs = self.backward_step(inputs)(inputs)
+            terms.append({name: value.clone() for name, value in outputs.items()})
         self.gradients.all_reduce()
         means = {name: torch.stack([values[name] for values in terms]).mean() for name in terms[0]}
         return {**means, "grad_norm": self.apply({})["grad_norm"].clone()}

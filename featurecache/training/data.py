@@ -9,13 +9,7 @@ import numpy as np
 import torch
 
 from featurecache.loader import CacheDataset, collate
-from featurecache.training.config import (
-    ATOM_PAD_MULTIPLE,
-    ATOMS_PER_TOKEN_BOUND,
-    BONDS_PER_TOKEN_BOUND,
-    TrainConfig,
-    TrainSetupError,
-)
+from featurecache.training.config import TrainConfig, TrainSetupError
 from featurecache.training.distributed import Dist
 from featurecache.sampler import EpochBatchSampler, WeightedSampler
 
@@ -78,32 +72,6 @@ def held_out_keys(ids: list[str], config: TrainConfig) -> set[str]:
     return {sorted(ids)[index] for index in order[:count]}
 
 
-def fixed_sizes(config: TrainConfig, dataset) -> dict[str, int] | None:
-    """With fixed shapes, the size each padded axis of every batch gets (collate's `pad_to`):
-    the crop size, the sample's MSA rows, the most templates a sample holds, and bounds on the
-    atoms and token bonds a crop can hold; else None."""
-    if not config.fixed_shapes:
-        return None
-    try:
-        templates = dataset.max_templates
-    except ValueError as error:
-        raise _setup_error("--cache", config.cache, error) from None
-    crop = config.sample.crop_size
-    atoms = crop * ATOMS_PER_TOKEN_BOUND
-    largest_target = getattr(dataset, "max_atoms", None)
-    if largest_target is not None:
-        # A crop never holds more atoms than its whole target: on a cache of small or protein-only
-        # targets this bound is several times tighter than 24 per token, and so is the atom work.
-        atoms = min(atoms, -(-largest_target // ATOM_PAD_MULTIPLE) * ATOM_PAD_MULTIPLE)
-    return {
-        "token": crop,
-        "msa": config.sample.msa_pool_rows,
-        "template": templates,
-        "atom": atoms,
-        "token_bond": crop * BONDS_PER_TOKEN_BOUND,
-    }
-
-
 def make_batch_sampler(
     dataset, config: TrainConfig, world: Dist, start_epoch: int = 0, start_sample: int = 0, epochs: int | None = None
 ) -> EpochBatchSampler | WeightedSampler:
@@ -128,9 +96,10 @@ def make_loader(
     batch_sampler: EpochBatchSampler | WeightedSampler,
     config: TrainConfig,
     device: torch.device,
-    pad_to: dict[str, int] | None = None,
+    pad_to: list[dict[str, int]] | None = None,
 ) -> torch.utils.data.DataLoader:
-    """A DataLoader over `batch_sampler`'s batches, padded to `pad_to` (see fixed_sizes) if given."""
+    """A DataLoader over `batch_sampler`'s batches, each padded to the first of the `pad_to`
+    buckets that holds it (training/buckets.py's padding_buckets) if given."""
     extra = {}
     if config.num_workers > 0:
         extra["prefetch_factor"] = config.prefetch_factor

@@ -40,6 +40,7 @@ from featurecache.model.af3 import LOSS_INPUTS, OPTIONAL_LOSS_INPUTS, REQUIRED_I
 from featurecache.model.config import RUNTIME_SETTINGS, WEIGHT_MEANING_SETTINGS, saved_model_settings
 from featurecache.model.network.msa import OPTIONAL_INPUTS as MSA_OPTIONAL_INPUTS
 from featurecache.sampler import StepLayout
+from featurecache.training.buckets import padding_buckets
 from featurecache.training.checkpoint import (
     WEIGHTS_FILE,
     checkpoint_path,
@@ -53,7 +54,7 @@ from featurecache.training.checkpoint import (
 )
 from featurecache.training.config import TrainConfig, TrainSetupError, resolve_kernels
 from featurecache.training.cuda_graph import GraphedUpdate
-from featurecache.training.data import build_datasets, fixed_sizes, make_batch_sampler, make_loader, to_device
+from featurecache.training.data import build_datasets, make_batch_sampler, make_loader, to_device
 from featurecache.training.determinism import deterministic_mode
 from featurecache.training.distributed import (
     Dist,
@@ -431,7 +432,7 @@ def train(config: TrainConfig) -> list[dict]:
         try:
             kernels = _check_setup(config, world)
             dataset, held_out = build_datasets(config)
-            pad_to = fixed_sizes(config, dataset)
+            pad_to = padding_buckets(config, dataset)
             _check_steps_per_epoch(len(dataset), config, world)
             resumed = load_checkpoint(pathlib.Path(config.resume)) if config.resume else None
             initial = load_initial_weights(pathlib.Path(config.init_from)) if config.init_from else None
@@ -488,7 +489,7 @@ def _run(
     world: Dist,
     trainer: Trainer,
     datasets: tuple,
-    pad_to: dict[str, int] | None,
+    pad_to: list[dict[str, int]] | None,
     position: Position,
     run_log: RunLog,
     run_dir: pathlib.Path,
@@ -574,6 +575,9 @@ def _step(world: Dist, trainer: Trainer, batches: Iterator[dict], position: Posi
         "data_wait_s": data_wait,
         "peak_memory_gb": peak_memory_gb(world.device),
         "tokens": sum(int(batch["token_pad_mask"].sum()) for batch in micro_batches),
+        # the atom axes as padded (--static-shapes: the buckets taken), beside the atoms they hold
+        "atoms": sum(int(batch["atom_pad_mask"].sum()) for batch in micro_batches),
+        "padded_atoms": sum(batch["atom_pad_mask"].numel() for batch in micro_batches),
         # per rank, that rank's samples in micro-step order
         "ids": all_ranks(world, [key for batch in micro_batches for key in batch["id"]]),
         "world_size": world.world_size,

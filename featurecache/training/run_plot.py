@@ -33,6 +33,8 @@ _NOT_LOSS_TERMS = {
     "data_wait_s",
     "peak_memory_gb",
     "tokens",
+    "atoms",
+    "padded_atoms",
     "world_size",
 }
 # What every training-step record has (featurecache.training.loop writes them all).
