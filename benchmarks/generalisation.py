@@ -32,7 +32,8 @@ Sub-commands:
   keys             the validation keys, comma-separated (for `featurecache train --validation-keys`)
   run OUT          `featurecache train` on the cache (--preset small, CUDA graphs on a GPU) with
                    --validate-every on the validation entries, until --minutes have passed (then it
-                   is stopped) or --steps are done; the run's settings and stamp to
+                   is stopped) or --steps are done (without a GPU: the tiny preset at crop 128 on
+                   the CPU, a proxy for the GPU figure); the run's settings and stamp to
                    OUT/generalisation.json, its log to OUT/run/log.jsonl. The first validation pass
                    is at step 0: the untrained model the curve must end clearly above.
                    --smoke: the same path on the CPU at the tiny preset, a few steps, the first 3
@@ -377,6 +378,22 @@ GPU_RUN = {
     "checkpoint_every": 500,
     "num_workers": 4,
 }
+# Without a GPU (a proxy, not issue 33's figure): the tiny preset at crop 128 on one CPU thread,
+# ~1 s a step on 2 cores, so a two-hour run takes some thousands of steps; one data worker (the
+# other core)
+CPU_RUN = {
+    "preset": "tiny",
+    "crop_size": 128,
+    "diffusion_batch": 8,
+    "lr": 1e-3,
+    "warmup": 100,
+    "ema_decay": 0.99,
+    "max_recycling_cycles": 1,
+    "validate_every": 500,
+    "validation_sampler_steps": 40,
+    "checkpoint_every": 1000,
+    "num_workers": 1,
+}
 SMOKE_RUN = {
     "preset": "tiny",
     "crop_size": 48,
@@ -398,10 +415,10 @@ def run(cache: pathlib.Path, out: pathlib.Path, entries: list[dict], minutes: fl
     import torch
     from harness import run_stamp
 
-    settings = dict(SMOKE_RUN if smoke else GPU_RUN)
+    cuda = torch.cuda.is_available() and not smoke
+    settings = dict(SMOKE_RUN if smoke else GPU_RUN if cuda else CPU_RUN)
     keys = validation_keys(entries)[:SMOKE_VALIDATION] if smoke else validation_keys(entries)
     steps = SMOKE_STEPS if smoke else steps
-    cuda = torch.cuda.is_available() and not smoke
     out.mkdir(parents=True, exist_ok=True)
     command = [
         *CLI,
