@@ -125,7 +125,13 @@ def test_predict_writes_one_mmcif_per_sample_with_the_targets_chains_residues_an
     )
     assert result.exit_code == 0, result.output
     written = [out / TARGET / f"seed-0_sample-{i}" / f"{TARGET}_seed-0_sample-{i}_model.cif" for i in (0, 1)]
-    assert result.output.split() == [str(path) for path in written]
+    # stdout lists the files; the progress lines (stderr, mixed in by older click) name the target's
+    # model time
+    progress = [line for line in result.output.splitlines() if line.startswith("featurecache predict:")]
+    assert [line for line in result.output.splitlines() if line not in progress] == [str(path) for path in written]
+    timing = next(line for line in progress if line.startswith(f"featurecache predict: {TARGET}:"))
+    assert "2 cycles, 2 samples x 4 steps, fp32" in timing and " model " in timing, progress
+    assert any("the whole command" in line for line in progress), progress
     _check_confidences(out / TARGET, written)
     truth = gemmi.read_structure(str(shared_data / "structures" / f"{TARGET}.cif"))
     truth.remove_hydrogens()
@@ -233,6 +239,8 @@ def test_bad_keys_and_checkpoints_are_one_line_with_exit_2(cache, checkpoint, tm
     torch.save(state, garbled)
     assert "does not load as AF3Model" in error_line([TARGET, "--checkpoint", garbled])
     assert "no such file" in error_line([TARGET, "--checkpoint", tmp_path / "missing.pt"])
+    line = error_line([TARGET, "--checkpoint", checkpoint, "--cuda-graphs", "--device", "cpu"])
+    assert "--cuda-graphs needs a CUDA device" in line
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 

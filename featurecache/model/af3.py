@@ -11,6 +11,8 @@ Inference:  outputs = model.sample(batch, num_cycles=4, num_samples=5, generator
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -23,6 +25,7 @@ from featurecache.model.network.checkpointing import maybe_checkpointed
 from featurecache.model.network.confidence import ConfidenceHead
 from featurecache.model.network.diffusion import DiffusionContext, DiffusionModule
 from featurecache.model.network.diffusion_sampler import (
+    Denoiser,
     centre_random_augmentation,
     sample_diffusion,
     sample_noise_levels,
@@ -246,12 +249,17 @@ class AF3Model(nn.Module):
         num_samples: int,
         num_steps: int | None,
         generator: torch.Generator | None,
+        wrap_denoiser: Callable[[Denoiser], Denoiser] | None = None,
     ) -> torch.Tensor:
         """Algorithm 18 with the diffusion module bound to `context`: [B, num_samples, A, 3]."""
         atom_mask = batch["atom_pad_mask"]
         shape = (atom_mask.shape[0], num_samples, atom_mask.shape[1], 3)
+
+        def denoise(noisy: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            return self.diffusion_module(noisy, sigma, context)
+
         return sample_diffusion(
-            lambda noisy, sigma: self.diffusion_module(noisy, sigma, context),
+            denoise if wrap_denoiser is None else wrap_denoiser(denoise),
             shape,
             atom_mask,
             self.config,
@@ -272,13 +280,16 @@ class AF3Model(nn.Module):
         num_samples: int = 5,
         num_steps: int | None = None,
         generator: torch.Generator | None = None,
+        wrap_denoiser: Callable[[Denoiser], Denoiser] | None = None,
     ) -> dict:
         """Inference: the trunk, then Algorithm 18 for num_samples structures ([B, S, A, 3] under
         `positions`; padding atoms are meaningless), and with the confidence head its logits for
-        each of them. num_steps defaults to config.sampler.sampler_steps."""
+        each of them. num_steps defaults to config.sampler.sampler_steps. `wrap_denoiser` takes
+        the diffusion module bound to this batch's trunk outputs, denoise(x_noisy, sigma), and
+        returns what the sampler calls in its place (prediction/sampler_graph.py: a CUDA graph)."""
         outputs = self.trunk(batch, num_cycles)
         context = self.diffusion_context(batch, outputs)
-        outputs["positions"] = self._sample_positions(batch, context, num_samples, num_steps, generator)
+        outputs["positions"] = self._sample_positions(batch, context, num_samples, num_steps, generator, wrap_denoiser)
         if self.confidence_head is not None:
             outputs.update(self._confidence(batch, outputs, outputs["positions"]))
         return outputs

@@ -75,9 +75,19 @@ POSITIVE = click.IntRange(min=1)
     show_default=True,
     help="auto (CUDA if there is one), cpu, cuda or cuda:N.",
 )
-def predict_command(cache, keys, checkpoint, out, samples, steps, cycles, max_tokens, seed, kernels, device) -> None:
+@click.option(
+    "--cuda-graphs",
+    is_flag=True,
+    help="Replay the sampler's diffusion module from a CUDA graph, captured once per target after "
+    "two eager steps: the host then launches each sampler step with one call. CUDA only.",
+)
+def predict_command(
+    cache, keys, checkpoint, out, samples, steps, cycles, max_tokens, seed, kernels, device, cuda_graphs
+) -> None:
     """Predict structures of cached targets KEY... with a trained checkpoint: one mmCIF and its
-    confidences per sample, ranked as AlphaFold 3 ranks them. Prints the mmCIFs written."""
+    confidences per sample, ranked as AlphaFold 3 ranks them. Prints the mmCIFs written (on a GPU
+    the model runs under bf16 autocast, as in training); the time of each target's model run and
+    of the whole command go to stderr."""
     refuse_output_in_cache("--out", out, cache)
     options = PredictOptions(
         cache=cache,
@@ -91,6 +101,7 @@ def predict_command(cache, keys, checkpoint, out, samples, steps, cycles, max_to
         max_tokens=max_tokens,
         device=device,
         kernels=kernels,
+        cuda_graphs=cuda_graphs,
     )
     try:
         written = predict(options)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pathlib
 import pickle
 import shutil
+import sys
+import time
 import zipfile
 from dataclasses import dataclass
 
@@ -20,12 +22,17 @@ from featurecache.model import AF3Model, ModelConfig
 from featurecache.model.config import RUNTIME_SETTINGS, saved_model_settings
 from featurecache.prediction.confidences import sample_confidence, structure_labels, write_json
 from featurecache.prediction.mmcif import asym_ids, atom_names, residue_instances, write_mmcif
+from featurecache.prediction.sampler_graph import GraphedDenoiser
 from featurecache.store.files import atomic_path, write_text_atomic
 from featurecache.training.config import TrainSetupError, resolve_kernels
 from featurecache.training.distributed import resolve_device
 
 # MSA rows a prediction reads (AF3 infers with up to 16,384; the cache stores fewer by default).
 PREDICT_MSA_ROWS = 16384
+
+
+# AF3Model.sample's outputs the mmCIFs and confidences are written from
+PREDICTION_OUTPUTS = ("positions", "distogram_logits", "plddt_logits", "pae_logits", "pde_logits", "resolved_logits")
 
 
 class PredictError(ValueError):
@@ -45,6 +52,7 @@ class PredictOptions:
     max_tokens: int | None = None  # crop larger targets to this many tokens (contiguous, seeded)
     device: str = "auto"
     kernels: str = "auto"
+    cuda_graphs: bool = False  # the sampler's denoiser replayed as a CUDA graph (sampler_graph.py)
 
 
 def load_model(checkpoint: pathlib.Path, device: torch.device, kernels: str) -> AF3Model:
@@ -125,13 +133,17 @@ def _dataset(options: PredictOptions) -> CacheDataset:
 
 def predict(options: PredictOptions) -> list[pathlib.Path]:
     """Predict every key; returns the per-sample mmCIFs written (see `_predict_target` for the layout)."""
+    started = time.perf_counter()
     try:
         device = resolve_device(options.device)
         kernels = resolve_kernels(options.kernels, device)
     except (TrainSetupError, ValueError, RuntimeError) as error:
         raise PredictError(str(error)) from None
+    if options.cuda_graphs and device.type != "cuda":
+        raise PredictError(f"--cuda-graphs needs a CUDA device, this prediction is on {device.type}")
     out = _check_output_folder(pathlib.Path(options.out))
     model = load_model(pathlib.Path(options.checkpoint), device, kernels)
+    _report(f"model loaded in {time.perf_counter() - started:.1f} s ({kernels} kernels on {device})")
     dataset = _dataset(options)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -141,7 +153,39 @@ def predict(options: PredictOptions) -> list[pathlib.Path]:
     written = []
     for key in options.keys:
         written += _predict_target(model, dataset, key, options, ccd, out / key, device)
+    _report(f"{len(options.keys)} target(s) in {time.perf_counter() - started:.1f} s, the whole command")
     return written
+
+
+def _report(message: str) -> None:
+    """A progress line on stderr (stdout lists the files written, one per line, for scripts)."""
+    print(f"featurecache predict: {message}", file=sys.stderr, flush=True)
+
+
+def _sample(model: AF3Model, batch: dict, options: PredictOptions, device: torch.device) -> tuple[dict, float]:
+    """AF3Model.sample as training runs the model (bf16 autocast on a GPU, fp32 on the CPU), with
+    --cuda-graphs the sampler's denoiser as a CUDA graph; and the seconds it took (the device's
+    work included)."""
+    generator = torch.Generator().manual_seed(options.seed)
+    cuda = device.type == "cuda"
+    # a captured graph must not use autocast's cache of cast weights (its tensors outlive the graph)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda, cache_enabled=not options.cuda_graphs)
+    wrap = GraphedDenoiser if options.cuda_graphs else None
+    if cuda:
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    with torch.no_grad(), autocast:
+        outputs = model.sample(
+            batch,
+            num_cycles=options.cycles,
+            num_samples=options.samples,
+            num_steps=options.steps,
+            generator=generator,
+            wrap_denoiser=wrap,
+        )
+    if cuda:
+        torch.cuda.synchronize(device)
+    return outputs, time.perf_counter() - started
 
 
 def _check_output_folder(out: pathlib.Path) -> pathlib.Path:
@@ -174,12 +218,10 @@ def _predict_target(
         name: value.to(device) if isinstance(value, torch.Tensor) else value
         for name, value in collate([sample]).items()
     }
-    generator = torch.Generator().manual_seed(options.seed)
-    with torch.no_grad():
-        outputs = model.sample(
-            batch, num_cycles=options.cycles, num_samples=options.samples, num_steps=options.steps, generator=generator
-        )
-    outputs = {name: value.cpu() for name, value in outputs.items()}
+    outputs, model_seconds = _sample(model, batch, options, device)
+    written_from = time.perf_counter()
+    # what the files are made of, in fp32 on the host (not the trunk's pair and single)
+    outputs = {name: outputs[name].float().cpu() for name in PREDICTION_OUTPUTS if name in outputs}
     arrays = {name: value.numpy() for name, value in sample.items() if isinstance(value, torch.Tensor)}
     instances = residue_instances(arrays, meta, ccd)
     labels = asym_ids(list(meta["chain_ids"]))[0]
@@ -203,6 +245,13 @@ def _predict_target(
         written.append(path)
     if scores:
         _write_ranking(folder, key, options.seed, written, scores)
+    steps = model.config.sampler.sampler_steps if options.steps is None else options.steps
+    _report(
+        f"{key}: {int(batch['token_pad_mask'].sum())} tokens, {int(batch['atom_pad_mask'].sum())} atoms; "
+        f"model {model_seconds:.2f} s ({options.cycles} cycles, {options.samples} samples x {steps} steps"
+        f"{', bf16' if device.type == 'cuda' else ', fp32'}{', CUDA graphs' if options.cuda_graphs else ''}), "
+        f"files written in {time.perf_counter() - written_from:.2f} s"
+    )
     return written
 
 

@@ -99,8 +99,12 @@ def centre_random_augmentation(
     return moved + translation.to(positions.dtype)
 
 
+# The diffusion module with its context bound: denoise(x_noisy [B, S, A, 3], sigma [B, S]) -> D(x; sigma).
+Denoiser = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 def sample_diffusion(
-    denoise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    denoise: Denoiser,
     shape: tuple,
     atom_mask: torch.Tensor,
     config: ModelConfig,
