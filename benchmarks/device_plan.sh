@@ -208,6 +208,18 @@ precision() {
     python3 benchmarks/diffusion_precision.py --record 2>&1 | tee "$OUTDIR/log.txt"
 }
 
+# Issue 34's inference against Protenix 2.0 (benchmarks/inference.py: af3 preset, 5 samples x 200
+# steps, 4 cycles, random weights; each variant in its own process with a budget), one call per
+# group of sizes, Protenix's wheels carried:
+#   ~25 + 560 s  run(command="bash benchmarks/device_plan.sh inference 384 768", carry=[".whl"], timeout_s=600)
+#   ~25 + 560 s  run(command="bash benchmarks/device_plan.sh inference 1024", carry=[".whl"], timeout_s=600)
+#   here:  cp FILES/RESULTS.md FILES/results.csv benchmarks/
+inference() {
+    device_setup
+    python3 benchmarks/inference.py --tokens ${*:-384 768 1024} --reps 1 --variant-budget-s 175 --record 2>&1 |
+        tee "$OUTDIR/log.txt"
+}
+
 # Issue 33's generalisation (benchmarks/generalisation.py): `featurecache train --preset small` on
 # 117 real PDB entries with --validate-every on 12 held out by 40 % sequence cluster
 # (benchmarks/generalisation/entries.csv), started under setsid in one call, collected in the next.
