@@ -71,6 +71,9 @@ HEADLINES = [
     # the tiny preset's CPU step against another checkout run beside it (tiny_step.py --variant)
     Headline("tiny_step", "step CPU s", ("torch",)),
     Headline("tiny_step", "peak RSS GB", ("torch",)),
+    # AF3Model.sample against Protenix 2.0's inference at the same sizes (inference.py)
+    Headline("inference", "model s", ("featurecache", "featurecache+graphs"), peers=("protenix",)),
+    Headline("inference", "peak GB", ("featurecache", "featurecache+graphs"), peers=("protenix",)),
 ]
 
 

@@ -39,3 +39,26 @@ def test_smoke_times_featurecache_and_protenix_side_by_side():
     assert rows["protenix"][2] == rows["featurecache"][2]
     if not torch.cuda.is_available():
         assert re.search("not run: CUDA graphs need a CUDA device", " ".join(rows["featurecache+graphs"]))
+
+
+def test_the_headline_sets_each_featurecache_figure_against_protenix_of_the_same_run():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import records
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    shape = "384 tokens, 5 samples x 200 steps, 4 cycles, 1024 MSA rows, 4 templates"
+    run = {"date": "2026-12-05 10:00 UTC", "device": "NVIDIA H200", "commit": "abc1234", "benchmark": "inference"}
+    rows = [
+        {**run, "variant": variant, "shape": shape, "metric": metric, "value": value}
+        for variant, seconds, peak in (
+            ("protenix", 30.0, 20.0),
+            ("featurecache", 10.0, 8.0),
+            ("featurecache+graphs", 7.5, 8.5),
+        )
+        for metric, value in (("model s", seconds), ("peak GB", peak))
+    ]
+    table = records.headline_table(rows)
+    assert f"| inference | {shape}, model s (featurecache) | 10 | 3.00x (protenix: 30) |" in table
+    assert f"| inference | {shape}, model s (featurecache+graphs) | 7.5 | 4.00x (protenix: 30) |" in table
+    assert f"| inference | {shape}, peak GB (featurecache+graphs) | 8.5 | 2.35x (protenix: 20) |" in table
