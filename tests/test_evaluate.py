@@ -100,3 +100,40 @@ def test_command_prints_a_table_and_refuses_a_missing_file_in_one_line(truth, tm
     result = runner.invoke(cli, ["evaluate", str(missing), "--truth", str(truth)])
     assert result.exit_code == 2 and str(missing) in result.output
     assert "Traceback" not in result.output
+
+
+def _renamed(structure: gemmi.Structure, names: dict[str, str]) -> None:
+    """Author chains renamed (label chains follow), as another tool or a prediction names them."""
+    for chain in structure[0]:
+        chain.name = names[chain.name]
+        for residue in chain:
+            residue.subchain = chain.name
+
+
+def test_chains_are_matched_by_sequence_whatever_their_names(shared_data, tmp_path):
+    """2q2k: author chains F (DNA), A and B (protein), label chains A, B, C. A prediction names
+    chains by the cache's label ids, so its A is the truth's F: matching by name would compare the
+    DNA with a protein. Under any renaming, even names swapped between different molecules, the
+    copy scores perfect and the map follows the sequences."""
+    truth = shared_data / "structures" / "2q2k.cif"
+    for names in ({"F": "A", "A": "B", "B": "C"}, {"F": "H", "A": "L", "B": "F"}):
+        structure = gemmi.read_structure(str(truth))
+        _renamed(structure, names)
+        _moved(structure)
+        scores = compare(_write(structure, tmp_path / "renamed.cif"), truth)
+        # the two protein chains share a sequence: either assignment of them fits only one way
+        assert scores.chain_map == names, names
+        assert scores.ca_atoms == compare(truth, truth).ca_atoms > 100
+        assert scores.ca_rmsd < 1e-6 and scores.lddt == pytest.approx(1.0)
+
+
+def test_a_chain_of_another_sequence_under_the_truths_name_is_not_compared(truth, tmp_path):
+    """721p's chain B replaced by a poly-alanine chain named B: nothing of it is matched (by name it
+    would be, wherever an alanine sits at the same number), and chain A still scores."""
+    structure = gemmi.read_structure(str(truth))
+    for residue in structure[0]["B"]:
+        residue.name = "ALA"
+    _moved(structure)
+    scores = compare(_write(structure, tmp_path / "other.cif"), truth)
+    assert scores.chain_map == {"A": "A"}
+    assert scores.ca_atoms == 166 and scores.ca_rmsd < 1e-6

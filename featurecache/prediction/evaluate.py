@@ -1,13 +1,16 @@
 """`featurecache evaluate`: how close a predicted structure is to the true one.
 
-Atoms are matched by author chain, residue number, residue name and atom name, over the heavy
-atoms the truth resolves. The number is a polymer residue's label_seq_id (its place in the
-sequence, which `featurecache predict` writes as the author number too) and a ligand's author
-number (with insertion code); chains are author chains, since label chain ids of ligands differ
-between files. Chains of the
-same sequence may be predicted in either order (a homodimer's A and B), so the chain assignment
-within each group of identical chains is the one that fits the polymer CA atoms best, as AF3's
-evaluation does with its chain permutation.
+Atoms are matched by chain, residue number, residue name and atom name, over the heavy atoms the
+truth resolves. The number is a polymer residue's label_seq_id (its place in the sequence, which
+`featurecache predict` writes as the author number too) and a ligand's author number (with
+insertion code). Chains are matched by their polymer sequence, not by name: files name chains
+differently (a PDB entry's author chains H and L are A and B in a prediction, which names chains
+by the cache's label ids; 2q2k's author chain A is its label chain B), and a ligand goes with
+the author chain it belongs to. A truth chain's candidates are the predicted chains whose
+residues agree with it wherever both have a residue (a crop, or unresolved residues, leave some
+out); chains of the same sequence may be predicted in either order (a homodimer's A and B), so of
+the assignments of candidates to chains the one that fits the polymer CA atoms best is taken, as
+AF3's evaluation does with its chain permutation.
 
 Scores:
 - CA-RMSD after the optimal superposition of the polymer CA (or C4' for nucleic acids) atoms, and
@@ -35,8 +38,14 @@ from featurecache.errors import BoundaryCommand, UserError
 from featurecache.kernels.smooth_lddt import INCLUSION_RADIUS, LDDT_THRESHOLDS
 
 BACKBONE_ATOMS = ("CA", "C4'")  # the representative atom of an amino acid / a nucleotide
-# Chain orders tried per group of identical chains: past this, the chains keep their own names.
+# Chain orders tried per group of identical chains: past this, each chain takes the candidate of
+# its own name if there is one, else the candidates in order.
 MAX_PERMUTATIONS = 720
+# A predicted chain is a candidate for a truth chain when they share at least this many polymer
+# residue numbers and their residue names differ at no more than this share of them (a modified
+# residue written under its parent's name, say); chains of different sequences differ at most.
+MIN_SHARED_RESIDUES = 3
+MAX_MISMATCHED_SHARE = 0.1
 
 
 class EvaluateError(ValueError):
@@ -45,7 +54,7 @@ class EvaluateError(ValueError):
 
 @dataclass(frozen=True)
 class Atom:
-    chain: str  # author chain (auth_asym_id): a ligand keeps its chain's
+    chain: str  # author chain (auth_asym_id): a ligand keeps its polymer chain's
     residue: str  # "seq N" (polymer: label_seq_id) or "auth N" (ligand: author number)
     residue_name: str
     name: str
@@ -108,17 +117,21 @@ def _is_polymer_residue(name: str) -> bool:
     return info is not None and (info.is_amino_acid() or info.is_nucleic_acid())
 
 
-def _chain_groups(atoms: dict[Atom, np.ndarray]) -> list[list[str]]:
-    """Chains with the same residue sequence (identical entities), each group sorted."""
-    sequences: dict[str, list] = {}
+def _polymer_residues(atoms: dict[Atom, np.ndarray]) -> dict[str, dict[str, str]]:
+    """chain -> {residue number: residue name} of its polymer residues (chains of ligands alone
+    are left out: they have no sequence to be matched by)."""
+    chains: dict[str, dict[str, str]] = {}
     for atom in atoms:
-        residues = sequences.setdefault(atom.chain, [])
-        if not residues or residues[-1] != (atom.residue, atom.residue_name):
-            residues.append((atom.residue, atom.residue_name))
-    groups: dict[tuple, list[str]] = {}
-    for chain, residues in sequences.items():
-        groups.setdefault(tuple(residues), []).append(chain)
-    return [sorted(group) for group in groups.values()]
+        if atom.polymer:
+            chains.setdefault(atom.chain, {})[atom.residue] = atom.residue_name
+    return chains
+
+
+def _agree(one: dict[str, str], other: dict[str, str]) -> bool:
+    """Two chains of the same sequence, as far as both have residues."""
+    shared = one.keys() & other.keys()
+    mismatched = sum(one[number] != other[number] for number in shared)
+    return len(shared) >= MIN_SHARED_RESIDUES and mismatched <= MAX_MISMATCHED_SHARE * len(shared)
 
 
 def superpose(moving: np.ndarray, fixed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -147,20 +160,42 @@ def lddt(predicted: np.ndarray, truth: np.ndarray, residue_ids: np.ndarray) -> f
     return float(np.mean([(error < threshold).mean() for threshold in LDDT_THRESHOLDS]))
 
 
-def _assignments(groups: list[list[str]]):
-    """Every truth -> prediction chain map that permutes chains within their identical group."""
-    choices = [
-        list(itertools.permutations(group)) if math.factorial(len(group)) <= MAX_PERMUTATIONS else [tuple(group)]
-        for group in groups
-    ]
+def _assignments(truth: dict[Atom, np.ndarray], predicted: dict[Atom, np.ndarray]):
+    """Every truth -> predicted chain map that gives each truth chain one of its candidates (a
+    predicted chain whose residues agree with it; None when it has none left), no predicted chain
+    twice. Truth chains that agree with each other form a group whose candidates are permuted."""
+    truth_chains, predicted_chains = _polymer_residues(truth), _polymer_residues(predicted)
+    groups: list[list[str]] = []
+    for chain in sorted(truth_chains):
+        group = next((g for g in groups if _agree(truth_chains[g[0]], truth_chains[chain])), None)
+        if group is None:
+            groups.append([chain])
+        else:
+            group.append(chain)
+    choices = []
+    for group in groups:
+        candidates = sorted(
+            name for name, residues in predicted_chains.items() if _agree(truth_chains[group[0]], residues)
+        )
+        slots = candidates + [None] * max(0, len(group) - len(candidates))
+        if math.perm(len(slots), len(group)) <= MAX_PERMUTATIONS:
+            choices.append(list(itertools.permutations(slots, len(group))))
+        else:  # each chain its own name where that is a candidate, the rest in order
+            own = [chain if chain in candidates else None for chain in group]
+            rest = iter([name for name in candidates if name not in own])
+            choices.append([tuple(name if name is not None else next(rest, None) for name in own)])
     for combination in itertools.product(*choices):
-        yield {chain: image for group, order in zip(groups, combination) for chain, image in zip(group, order)}
+        chain_map = {chain: image for group, order in zip(groups, combination) for chain, image in zip(group, order)}
+        images = [image for image in chain_map.values() if image is not None]
+        if len(images) == len(set(images)):
+            yield chain_map
 
 
-def _matched(predicted: dict[Atom, np.ndarray], truth: dict[Atom, np.ndarray], chain_map: dict[str, str]):
-    """The truth's atoms that the prediction has under the mapped chain names, with both positions."""
+def _matched(predicted: dict[Atom, np.ndarray], truth: dict[Atom, np.ndarray], chain_map: dict[str, str | None]):
+    """The truth's atoms that the prediction has under the mapped chain names, with both positions
+    (a chain of ligands alone, which has no sequence to map it by, keeps its name)."""
     pairs = [(key, replace(key, chain=chain_map.get(key.chain, key.chain))) for key in truth]
-    pairs = [(key, image) for key, image in pairs if image in predicted]
+    pairs = [(key, image) for key, image in pairs if image.chain is not None and image in predicted]
     keys = [key for key, _ in pairs]
     return keys, np.array([predicted[image] for _, image in pairs]), np.array([truth[key] for key in keys])
 
@@ -168,7 +203,7 @@ def _matched(predicted: dict[Atom, np.ndarray], truth: dict[Atom, np.ndarray], c
 def compare(predicted_path: Path, truth_path: Path) -> Scores:
     predicted, truth = read_atoms(Path(predicted_path)), read_atoms(Path(truth_path))
     best = None
-    for chain_map in _assignments(_chain_groups(truth)):
+    for chain_map in _assignments(truth, predicted):
         keys, x, y = _matched(predicted, truth, chain_map)
         ca = [i for i, key in enumerate(keys) if key.polymer and key.name in BACKBONE_ATOMS]
         if len(ca) < 3:
