@@ -137,3 +137,23 @@ def test_a_chain_of_another_sequence_under_the_truths_name_is_not_compared(truth
     scores = compare(_write(structure, tmp_path / "other.cif"), truth)
     assert scores.chain_map == {"A": "A"}
     assert scores.ca_atoms == 166 and scores.ca_rmsd < 1e-6
+
+
+def test_a_pdb_file_is_numbered_by_its_seqres_and_without_them_refused_in_one_line(shared_data, tmp_path):
+    """2q2k's author numbers start at 4 (protein) and 12 (DNA) where its sequence places start at
+    23 and 1: a PDB file is numbered in the sequence through its SEQRES records, as the mmCIF
+    file is, so the one scores perfect against the other; without SEQRES it is refused, naming
+    the file and the reason."""
+    truth = shared_data / "structures" / "2q2k.cif"
+    structure = gemmi.read_structure(str(truth))
+    structure.setup_entities()
+    pdb = tmp_path / "2q2k.pdb"
+    structure.write_pdb(str(pdb))
+    for predicted, reference in ((truth, pdb), (pdb, truth)):
+        scores = compare(predicted, reference)
+        assert scores.ca_atoms == compare(truth, truth).ca_atoms and scores.ca_rmsd < 1e-3
+    bare = tmp_path / "bare.pdb"
+    bare.write_text("".join(line for line in pdb.read_text().splitlines(True) if not line.startswith("SEQRES")))
+    result = CliRunner().invoke(cli, ["evaluate", str(truth), "--truth", str(bare)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"{bare}: its polymer residues have no place in a sequence" in result.output

@@ -84,6 +84,9 @@ def read_atoms(path: Path) -> dict[Atom, np.ndarray]:
     except (RuntimeError, ValueError, OSError) as error:
         raise EvaluateError(f"{path}: not a readable structure ({error})") from error
     structure.setup_entities()
+    # a PDB file's residues get their places in the sequence from its SEQRES records, as an
+    # mmCIF file's label_seq_id gives them (an mmCIF file's own numbering is kept)
+    structure.assign_label_seq_id(False)
     structure.remove_hydrogens()
     structure.remove_waters()
     if len(structure) == 0:
@@ -212,6 +215,12 @@ def compare(predicted_path: Path, truth_path: Path) -> Scores:
         if best is None or fit < best[0]:
             best = (fit, chain_map, keys, x, y, ca)
     if best is None:
+        for path, atoms in ((truth_path, truth), (predicted_path, predicted)):
+            if any(key.polymer and key.residue.startswith("auth ") for key in atoms):
+                raise EvaluateError(
+                    f"{path}: its polymer residues have no place in a sequence (a PDB file without SEQRES "
+                    "records?): give it as mmCIF, or with SEQRES"
+                )
         raise EvaluateError(f"{predicted_path}: fewer than 3 polymer CA / C4' atoms in common with {truth_path}")
     ca_rmsd, chain_map, keys, x, y, ca = best
     residue_index: dict[tuple, int] = {}
