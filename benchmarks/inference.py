@@ -37,6 +37,7 @@ import harness
 import torch
 from harness import Table, argument_parser
 from records import Row, record
+from step_timing import autocast, peak_gb, sync
 
 VARIANTS = ("protenix", "featurecache", "featurecache+graphs")
 # --smoke: every stack cut to one block (Protenix's SMALL_BLOCKS and its Pairformer depth 1)
@@ -50,29 +51,28 @@ SMOKE_SETTINGS = {
 }
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def peak_gb(device: torch.device) -> float:
-    return torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else float("nan")
-
-
-def autocast(device: torch.device, cache: bool = True):
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda", cache_enabled=cache)
-
-
 class FeaturecacheInference:
-    """AF3Model.sample as `featurecache predict` calls it (prediction/run.py's _sample)."""
+    """AF3Model.sample as `featurecache predict` calls it (prediction/run.py's sample_target)."""
 
     def __init__(self, device: torch.device, args, graphs: bool) -> None:
         from featurecache.model import AF3Model, preset
+        from featurecache.prediction.run import PredictOptions
 
         self.device, self.args, self.graphs = device, args, graphs
         kernels = "triton" if device.type == "cuda" else "torch"
         settings = SMOKE_SETTINGS if args.smoke else {}
         self.model = AF3Model(preset("af3", kernels=kernels, checkpoint_blocks=False, **settings)).to(device).eval()
+        # the sampling settings of `featurecache predict` (no cache or files: only the model runs)
+        self.options = PredictOptions(
+            cache="",
+            keys=(),
+            checkpoint="",
+            out="",
+            samples=args.samples,
+            steps=args.steps,
+            cycles=args.cycles,
+            cuda_graphs=graphs,
+        )
 
     def batch(self, length: int) -> dict:
         from featurecache.testing.synthetic import random_batch
@@ -87,18 +87,9 @@ class FeaturecacheInference:
         return int(batch["atom_pad_mask"].sum())
 
     def __call__(self, batch: dict) -> None:
-        from featurecache.prediction.sampler_graph import GraphedDenoiser
+        from featurecache.prediction.run import sample_target
 
-        generator = torch.Generator().manual_seed(0)
-        with torch.no_grad(), autocast(self.device, cache=not self.graphs):
-            self.model.sample(
-                batch,
-                num_cycles=self.args.cycles,
-                num_samples=self.args.samples,
-                num_steps=self.args.steps,
-                generator=generator,
-                wrap_denoiser=GraphedDenoiser if self.graphs else None,
-            )
+        sample_target(self.model, batch, self.options, self.device)
 
 
 class ProtenixInference:

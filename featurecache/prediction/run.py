@@ -162,7 +162,7 @@ def _report(message: str) -> None:
     print(f"featurecache predict: {message}", file=sys.stderr, flush=True)
 
 
-def _sample(model: AF3Model, batch: dict, options: PredictOptions, device: torch.device) -> tuple[dict, float]:
+def sample_target(model: AF3Model, batch: dict, options: PredictOptions, device: torch.device) -> tuple[dict, float]:
     """AF3Model.sample as training runs the model (bf16 autocast on a GPU, fp32 on the CPU), with
     --cuda-graphs the sampler's denoiser as a CUDA graph; and the seconds it took (the device's
     work included)."""
@@ -218,7 +218,7 @@ def _predict_target(
         name: value.to(device) if isinstance(value, torch.Tensor) else value
         for name, value in collate([sample]).items()
     }
-    outputs, model_seconds = _sample(model, batch, options, device)
+    outputs, model_seconds = sample_target(model, batch, options, device)
     written_from = time.perf_counter()
     # what the files are made of, in fp32 on the host (not the trunk's pair and single)
     outputs = {name: outputs[name].float().cpu() for name in PREDICTION_OUTPUTS if name in outputs}
