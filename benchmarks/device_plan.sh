@@ -230,7 +230,7 @@ inference() {
 #                wheels in WHEELS (default .whl-core); prints the carry's size against 64 MiB)
 #   check here:  bash benchmarks/device_plan.sh general_smoke   (the same steps at the tiny preset)
 #   1. ~40 + 560 s  run(command="bash benchmarks/device_plan.sh general_start 14", carry=[".devdata/general/cache", ".devdata/site-core.tar.xz"], timeout_s=600)
-#   2. ~40 + 300 s  run(command="bash benchmarks/device_plan.sh general_collect", carry=[".devdata/general/cache", ".devdata/site-core.tar.xz"], timeout_s=600)
+#   2. ~40 + 420 s  run(command="bash benchmarks/device_plan.sh general_collect", carry=[".devdata/general/cache", ".devdata/site-core.tar.xz"], timeout_s=600)
 #   here:  python3 benchmarks/generalisation.py record FILES/general   (RESULTS.md, results.csv, the figure)
 GENERAL_OUT=/root/general
 GENERAL_CARRY=".devdata/general/cache $SITE_ARCHIVE"
@@ -279,6 +279,18 @@ general_collect() {
     cp "$GENERAL_OUT"/generalisation.json "$GENERAL_OUT"/log.txt "$OUTDIR/general/" || true
     cp "$GENERAL_OUT"/run/log.jsonl "$OUTDIR/general/run/" || true
     grep -v '^step ' "$GENERAL_OUT/log.txt" | tail -16
+    # the held-out entries whole (uncropped) through `featurecache predict` with the run's last EMA
+    # weights; the top-ranked mmCIF of each comes back to be scored here by `featurecache evaluate`
+    local keys
+    keys=$(awk -F, '$2 == "validation" { print $1 }' benchmarks/generalisation/entries.csv)
+    [ -f "$GENERAL_OUT/run/weights.pt" ] || return 0
+    timeout "${1:-240}" python3 -m featurecache.cli predict $keys --cache .devdata/general/cache \
+        --checkpoint "$GENERAL_OUT/run/weights.pt" --out "$GENERAL_OUT/predictions" --samples 5 --steps 200 \
+        --cycles 1 --cuda-graphs > "$GENERAL_OUT/predict.txt" 2>&1 || echo "predict: exit $?"
+    tail -4 "$GENERAL_OUT/predict.txt"
+    mkdir -p "$OUTDIR/general/predictions"
+    cp "$GENERAL_OUT"/predict.txt "$OUTDIR/general/" || true
+    for key in $keys; do cp "$GENERAL_OUT/predictions/$key/${key}_model.cif" "$OUTDIR/general/predictions/" || true; done
 }
 
 general_smoke() {  # here: general_start's and record's code on the CPU, tiny preset, 4 steps, 3 validation entries
