@@ -231,6 +231,8 @@ inference() {
 #   check here:  bash benchmarks/device_plan.sh general_smoke   (the same steps at the tiny preset)
 #   1. ~40 + 560 s  run(command="bash benchmarks/device_plan.sh general_start 14", carry=[".devdata/general/cache", ".devdata/site-core.tar.xz"], timeout_s=600)
 #   2. ~40 + 420 s  run(command="bash benchmarks/device_plan.sh general_collect", carry=[".devdata/general/cache", ".devdata/site-core.tar.xz"], timeout_s=600)
+#   or both in one call, a shorter run:
+#      ~40 + 560 s  run(command="bash benchmarks/device_plan.sh general_once 7 480 90", carry=[...as above], timeout_s=600)
 #   here:  python3 benchmarks/generalisation.py record FILES/general   (RESULTS.md, results.csv, the figure)
 GENERAL_OUT=/root/general
 GENERAL_CARRY=".devdata/general/cache $SITE_ARCHIVE"
@@ -291,6 +293,11 @@ general_collect() {
     mkdir -p "$OUTDIR/general/predictions"
     cp "$GENERAL_OUT"/predict.txt "$OUTDIR/general/" || true
     for key in $keys; do cp "$GENERAL_OUT/predictions/$key/${key}_model.cif" "$OUTDIR/general/predictions/" || true; done
+}
+
+general_once() {  # start and collect in one call (a shorter run; nothing is lost if the machine is taken back between calls)
+    general_start "${1:-7}" "${2:-480}"
+    general_collect "${3:-90}"
 }
 
 general_smoke() {  # here: general_start's and record's code on the CPU, tiny preset, 4 steps, 3 validation entries
