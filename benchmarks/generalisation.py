@@ -507,7 +507,35 @@ def trend(curve: list[dict]) -> str:
     )
 
 
-def record(out: pathlib.Path, results: pathlib.Path | None = None) -> None:
+def whole_entries(out: pathlib.Path, inputs: pathlib.Path) -> tuple[list[dict], str]:
+    """`featurecache evaluate` of the top-ranked whole-entry predictions in OUT/predictions
+    (device_plan.sh general_collect) against the deposited structures in `inputs`: the scores and
+    a table with their medians ('' when the run brought no predictions back)."""
+    import statistics
+
+    folder = out / "predictions"
+    scores = []
+    for path in sorted(folder.glob("*_model.cif")) if folder.is_dir() else []:
+        key = path.name.removesuffix("_model.cif")
+        truth = inputs / f"{key}.cif"
+        evaluated = subprocess.run(
+            [*CLI, "evaluate", "--json", "--truth", str(truth), str(path)], capture_output=True, text=True
+        )
+        if evaluated.returncode != 0:
+            raise SystemExit(f"{path}: featurecache evaluate failed: {evaluated.stderr.strip()}")
+        scores.append({"key": key, **json.loads(evaluated.stdout.splitlines()[0])})
+    if not scores:
+        return [], ""
+    lines = ["| entry | CA atoms | CA-RMSD Å | all-atom lDDT | CA-lDDT |", "| --- | ---: | ---: | ---: | ---: |"]
+    lines += [
+        f"| {s['key']} | {s['ca_atoms']} | {s['ca_rmsd']:.1f} | {s['lddt']:.3f} | {s['ca_lddt']:.3f} |" for s in scores
+    ]
+    median = {name: statistics.median(s[name] for s in scores) for name in ("ca_rmsd", "lddt", "ca_lddt")}
+    lines.append(f"| median | | {median['ca_rmsd']:.1f} | {median['lddt']:.3f} | {median['ca_lddt']:.3f} |")
+    return scores, "\n".join(lines)
+
+
+def record(out: pathlib.Path, results: pathlib.Path | None = None, inputs: pathlib.Path = DEVDATA / "inputs") -> None:
     """The run in OUT into RESULTS.md and results.csv (benchmarks/, or the copies in `results`)."""
     import records
     from harness import RunStamp
@@ -555,6 +583,18 @@ def record(out: pathlib.Path, results: pathlib.Path | None = None) -> None:
             *([""] + [result["note"]] if result.get("note") else []),
         ]
     )
+    scores, table = whole_entries(out, inputs)
+    if scores:
+        section += (
+            "\n\nThe held-out entries whole (uncropped) through `featurecache predict --samples 5 --steps 200 "
+            "--cycles 1 --cuda-graphs` with the run's last EMA weights, the top-ranked sample scored by "
+            "`featurecache evaluate` against the deposited structure:\n\n" + table
+        )
+        rows += [
+            Row("generalisation", "featurecache", f"{shape}; whole entry {s['key']}", name, s[name])
+            for s in scores
+            for name in ("ca_rmsd", "lddt")
+        ]
     results_md, results_csv = (
         (results / "RESULTS.md", results / "results.csv")
         if results is not None
@@ -632,7 +672,7 @@ def main(argv=None) -> None:
         run(args.cache, args.out, read_entries(args.entries), args.minutes, args.steps, args.smoke)
         print(curve_table(validation_curve(args.out / "run" / "log.jsonl")))
     elif args.command == "record":
-        record(args.out, args.results)
+        record(args.out, args.results, args.inputs)
         print(plot(args.out))
     elif args.command == "plot":
         print(plot(args.out))
