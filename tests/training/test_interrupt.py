@@ -102,6 +102,61 @@ def test_loader_workers_ignore_the_stop_signals(handlers):
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("signal_in", "steps", "stops", "validated"),
+    [
+        ("step", 10, True, [0]),  # step 2's validation skipped: the run stops
+        ("validation", 10, True, [0, 2]),  # agreed on right after the validation
+        ("step", 2, False, [0, 2]),  # at the last step: the run has finished
+    ],
+)
+def test_a_stop_where_a_checkpoint_is_due_writes_it_once(
+    recipe_cache, tmp_path, monkeypatch, handlers, signal_in, steps, stops, validated
+):
+    """SIGINT in step 2 or in its validation, with a checkpoint and a validation due at step 2."""
+    from featurecache.training import loop
+
+    saves, validations = [], []
+    save, validate, step = loop._save, loop._validate, loop.Trainer.step
+
+    def counted_save(world, trainer, position, *rest):
+        saves.append(position.step)
+        return save(world, trainer, position, *rest)
+
+    def validate_with_signal(config, world, trainer, held_out, position, run_log):
+        validations.append(position.step)
+        validate(config, world, trainer, held_out, position, run_log)
+        if signal_in == "validation" and position.step == 2:
+            signal.raise_signal(signal.SIGINT)
+
+    def step_with_signal(trainer, batches, number):
+        if signal_in == "step" and number == 1:  # 0-based: the run's step 2
+            signal.raise_signal(signal.SIGINT)
+        return step(trainer, batches, number)
+
+    monkeypatch.setattr(loop, "_save", counted_save)
+    monkeypatch.setattr(loop, "_validate", validate_with_signal)
+    monkeypatch.setattr(loop.Trainer, "step", step_with_signal)
+    config = tiny_config(
+        recipe_cache,
+        tmp_path / "run",
+        steps=steps,
+        checkpoint_every=2,
+        validate_every=2,
+        validation_keys=("209d-assembly1",),
+        validation_sampler_steps=2,
+    )
+    if stops:
+        with pytest.raises(TrainingInterrupted) as stopped:
+            train(config)
+        assert stopped.value.step == 2 and [record["step"] for record in stopped.value.records] == [1, 2]
+    else:
+        assert [record["step"] for record in train(config)] == [1, 2]
+    assert saves == [2] and validations == validated
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # train() put it back
+
+
 def _from_a_terminal() -> None:
     """In the child before exec: SIGINT's default action, so Python installs KeyboardInterrupt's
     handler (a test runner started in the background may have SIGINT ignored, and children
@@ -241,7 +296,7 @@ def test_ranks_stop_at_the_same_step_when_one_rank_gets_the_signal(recipe_cache,
     on the step's all-reduce): a rank that stepped on alone would wait in a collective forever."""
     run_dir = tmp_path / "run"
     context = mp.spawn(_rank, args=(_free_port(), str(recipe_cache), str(run_dir), str(tmp_path)), nprocs=2, join=False)
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 120
     try:
         while not context.join(timeout=1):
             assert time.monotonic() < deadline, "the ranks did not stop together (deadlocked in a collective?)"
