@@ -2,7 +2,8 @@
 
 Exit codes and the error boundary (one line per failure, tracebacks behind --debug) are in
 featurecache/errors.py: 0 all done; 1 some inputs failed (the rest are cached); 2 usage or setup
-error reported before any work starts; 130 interrupted.
+error reported before any work starts; 130 interrupted (143: train stopped by SIGTERM; train
+stops on either after a checkpoint).
 """
 
 from __future__ import annotations

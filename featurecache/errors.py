@@ -6,6 +6,8 @@ Exit codes (the same for `featurecache ...` and `python -m featurecache.training
     2    usage or setup error: bad option value, unreadable file, foreign or unfinished cache,
          missing tool or database, Ray refusing to start — reported in one line naming the thing
     130  interrupted (Ctrl-C), as shells report SIGINT
+    143  `featurecache train` stopped by SIGTERM (a batch scheduler's stop), as shells report it;
+         train, on either signal, first finishes its step and writes a checkpoint there
 
 A Python traceback is shown only with `--debug` (anywhere on the command line) or
 FEATURECACHE_DEBUG=1; without it an unexpected exception is still one line, naming its type.

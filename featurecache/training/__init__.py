@@ -7,7 +7,8 @@ featurecache.sampler's order and the DataLoader of a run), `buckets` (the padded
 --static-shapes batches, the atom buckets), `checkpoint` (save, load, RNG
 states), `schedule` (AF3's warm-up and step decay, the CUDA-graph learning rate), `ema` (the weights' moving average),
 `validation` (lDDT on held-out targets), `determinism` (--deterministic), `cuda_graph`
-(CapturedStep), `loop` (train) and `command` (the click command).
+(CapturedStep), `interrupt` (Ctrl-C and SIGTERM: stop after a checkpoint), `loop` (train) and
+`command` (the click command).
 """
 
 __all__ = [

@@ -2,7 +2,9 @@
 
 Option values are checked by click's types and ranges before anything starts; a setting or
 input that cannot work (no CUDA for --device cuda, a folder that is not a cache, ...) is one
-line and exit 2, through featurecache.errors.
+line and exit 2, through featurecache.errors. Ctrl-C (SIGINT) or SIGTERM stops the run after the
+step in flight and a checkpoint there (training/interrupt.py): one line naming the checkpoint to
+--resume from, and exit 130 (SIGINT) or 143 (SIGTERM), as shells report those signals.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from featurecache.errors import SEED, BoundaryCommand, FiniteFloatRange, UserErr
 from featurecache.model.config import PRESETS
 from featurecache.store.layout import refuse_output_in_cache
 from featurecache.training.config import KERNEL_OPTIONS, TrainConfig, TrainSetupError
+from featurecache.training.interrupt import TrainingInterrupted
 from featurecache.training.loop import train
 
 POSITIVE = click.IntRange(min=1)
@@ -360,7 +363,10 @@ def train_command(
     validation_keys,
     **recipe,
 ) -> None:
-    """Train the AF3 structure model (trunk and diffusion module) from a feature cache."""
+    """Train the AF3 structure model (trunk and diffusion module) from a feature cache.
+
+    Ctrl-C or SIGTERM stops after the step in flight, with a checkpoint at that step to --resume
+    from (exit 130 for SIGINT, 143 for SIGTERM); a second one stops at once."""
     refuse_output_in_cache("--out", out, cache)
     rows = msa_rows_per_sample
     if old_msa_rows is not None:
@@ -420,3 +426,7 @@ def train_command(
         train(config)
     except TrainSetupError as error:
         raise UserError(str(error)) from error
+    except TrainingInterrupted as stopped:
+        if stopped.report:  # the main rank's line; every rank exits with the code
+            click.echo(f"featurecache train: {stopped}", err=True)
+        ctx.exit(stopped.exit_code)

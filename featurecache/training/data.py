@@ -11,6 +11,7 @@ import torch
 from featurecache.loader import CacheDataset, collate
 from featurecache.training.config import TrainConfig, TrainSetupError
 from featurecache.training.distributed import Dist
+from featurecache.training.interrupt import ignore_stop_signals
 from featurecache.sampler import EpochBatchSampler, WeightedSampler
 
 # The stream of the seeded draw of --validation-fraction's targets (apart from every other draw).
@@ -99,10 +100,12 @@ def make_loader(
     pad_to: list[dict[str, int]] | None = None,
 ) -> torch.utils.data.DataLoader:
     """A DataLoader over `batch_sampler`'s batches, each padded to the first of the `pad_to`
-    buckets that holds it (training/buckets.py's padding_buckets) if given."""
+    buckets that holds it (training/buckets.py's padding_buckets) if given. Its workers ignore
+    SIGINT and SIGTERM: the main process stops the run (training/interrupt.py)."""
     extra = {}
     if config.num_workers > 0:
         extra["prefetch_factor"] = config.prefetch_factor
+        extra["worker_init_fn"] = ignore_stop_signals
     collate_fn = collate if pad_to is None else functools.partial(collate, pad_to=pad_to)
     return torch.utils.data.DataLoader(
         dataset,

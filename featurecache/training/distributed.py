@@ -238,6 +238,13 @@ def mean_over_ranks(world: Dist, value: torch.Tensor) -> torch.Tensor:
     return value
 
 
+def max_over_shards(world: Dist, value: torch.Tensor) -> torch.Tensor:
+    """The max of a tensor over this replica's shard group, in place (as it is without shards)."""
+    if world.pair_shards > 1:
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=world.shard_group)
+    return value
+
+
 def barrier(world: Dist) -> None:
     if world.enabled or world.pair_shards > 1:
         dist.barrier()

@@ -18,6 +18,12 @@ on stdout; every
 `validate_every` steps a "kind": "validation" line (training/validation.py), and one at step 0
 before a fresh run's first step: the untrained weights, where the learning curve starts. Checkpoints
 (featurecache.training.checkpoint) continue a run exactly where it stopped.
+
+Ctrl-C (SIGINT) or SIGTERM stops a run gracefully (training/interrupt.py): the step in flight
+finishes, every rank stops after that same step (the request rides on the step's all-reduce of its
+loss terms; one that came during a validation is agreed on right after it), a checkpoint and the
+weights file are written there (once, if one was due anyway; a validation due at that step is
+skipped) and train() raises TrainingInterrupted. A second signal stops at once, as before.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ from featurecache.training.distributed import (
     all_ranks,
     barrier,
     broadcast_from_rank_0,
+    max_over_shards,
     mean_over_ranks,
     reduce_shard_gradients,
     setup_distributed,
@@ -69,6 +76,7 @@ from featurecache.training.distributed import (
     shutdown,
 )
 from featurecache.training.ema import WeightAverage
+from featurecache.training.interrupt import StopRequest, TrainingInterrupted
 from featurecache.training.progress import TrainProgress, first_step_work
 from featurecache.training.run_plot import LOG_FILE
 from featurecache.training.schedule import GraphLearningRate, lr_factor
@@ -426,7 +434,10 @@ class RunLog:
 
 def train(config: TrainConfig) -> list[dict]:
     """Run the loop; returns this rank's per-step log records. Anything wrong with what the run
-    was given is a TrainSetupError (a ValueError) raised before the run directory is made."""
+    was given is a TrainSetupError (a ValueError) raised before the run directory is made. A
+    SIGINT or SIGTERM while it steps stops it after a checkpoint: TrainingInterrupted (a
+    KeyboardInterrupt) names the step and the checkpoint; the signal handlers it set are then
+    the previous ones again."""
     with deterministic_mode(config.deterministic):
         world = setup_distributed(config.device, config.pair_shards)
         try:
@@ -450,7 +461,8 @@ def train(config: TrainConfig) -> list[dict]:
             progress.begin(position.step, first_step_work(config, kernels))
             run_log = RunLog(run_dir, world, progress)
             try:
-                return _run(config, world, trainer, (dataset, held_out), pad_to, position, run_log, run_dir)
+                with StopRequest() as stop:
+                    return _run(config, world, trainer, (dataset, held_out), pad_to, position, run_log, run_dir, stop)
             finally:
                 run_log.close()
         finally:
@@ -493,9 +505,12 @@ def _run(
     position: Position,
     run_log: RunLog,
     run_dir: pathlib.Path,
+    stop: StopRequest,
 ) -> list[dict]:
     """Step until `config.steps`, epoch after epoch, logging, validating and checkpointing as
-    configured. `datasets`: the training dataset and the held-out one (or None).
+    configured. `datasets`: the training dataset and the held-out one (or None). When any rank
+    has a `stop` request, every rank stops after the same step, with a checkpoint there
+    (TrainingInterrupted).
 
     One loader (and one set of workers) serves the whole run, unless the dataset must switch to
     a newly published generation at each epoch: then set_epoch runs here and the loader is
@@ -521,12 +536,20 @@ def _run(
             )
             batches = iter(make_loader(dataset, sampler, config, world.device, pad_to))
         while position.step < config.steps and _steps_left(trainer, dataset, position):
-            record = _step(world, trainer, batches, position)
+            record, stop_requested = _step(world, trainer, batches, position, stop)
             records.append(record)
             run_log.write(record)
-            if held_out is not None and config.validate_every and position.step % config.validate_every == 0:
-                _validate(config, world, trainer, held_out, position, run_log)
-            if position.step % config.checkpoint_every == 0 or position.step == config.steps:
+            last = position.step == config.steps
+            stopping = stop_requested and not last  # a run at its last step has finished
+            if not stopping and held_out is not None and config.validate_every:
+                if position.step % config.validate_every == 0:
+                    _validate(config, world, trainer, held_out, position, run_log)
+                    stopping = not last and _stop_agreed(world, stop)  # a request during the validation
+            if stopping:
+                checkpoint = _save(world, trainer, position, len(dataset), run_dir)
+                batches = None  # the loader's workers shut down now, not when the exception is dropped
+                raise TrainingInterrupted(stop.received, position.step, str(checkpoint), records, world.is_main)
+            if position.step % config.checkpoint_every == 0 or last:
                 _save(world, trainer, position, len(dataset), run_dir)
         if not _steps_left(trainer, dataset, position):
             position.epoch += 1
@@ -548,9 +571,12 @@ def _steps_left(trainer: Trainer, dataset, position: Position) -> bool:
     return trainer.layout.steps_per_epoch(len(dataset), position.sample_in_epoch) > 0
 
 
-def _step(world: Dist, trainer: Trainer, batches: Iterator[dict], position: Position) -> dict:
+def _step(
+    world: Dist, trainer: Trainer, batches: Iterator[dict], position: Position, stop: StopRequest
+) -> tuple[dict, bool]:
     """Fetch this rank's micro-batches, take one step, and return its log record (losses
-    averaged over ranks and micro-batches)."""
+    averaged over ranks and micro-batches) and whether any rank has a `stop` request: the
+    request is one more element of the losses' all-reduce, so every rank gets the same answer."""
     start = time.perf_counter()
     if world.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(world.device)
@@ -562,8 +588,10 @@ def _step(world: Dist, trainer: Trainer, batches: Iterator[dict], position: Posi
     position.step += 1
     position.sample_in_epoch += trainer.layout.global_batch
     terms = [name for name in result if name != "grad_norm"]  # loss, distogram, diffusion, mse, ...
-    means = mean_over_ranks(world, torch.stack([result[name].float() for name in terms])).tolist()
-    return {
+    values = torch.stack([result[name].float() for name in terms])
+    requested = max_over_shards(world, values.new_tensor([float(stop.requested)]))
+    *means, stopping = mean_over_ranks(world, torch.cat([values, requested])).tolist()
+    record = {
         "kind": "train",
         "step": position.step,
         "epoch": position.epoch,
@@ -582,15 +610,26 @@ def _step(world: Dist, trainer: Trainer, batches: Iterator[dict], position: Posi
         "ids": all_ranks(world, [key for batch in micro_batches for key in batch["id"]]),
         "world_size": world.world_size,
     }
+    return record, stopping > 0
 
 
-def _save(world: Dist, trainer: Trainer, position: Position, samples_per_epoch: int, run_dir: pathlib.Path) -> None:
+def _stop_agreed(world: Dist, stop: StopRequest) -> bool:
+    """Whether any rank has a `stop` request: one all-reduce (after a validation, not every step)."""
+    requested = max_over_shards(world, torch.tensor([float(stop.requested)], device=world.device))
+    return mean_over_ranks(world, requested).item() > 0
+
+
+def _save(
+    world: Dist, trainer: Trainer, position: Position, samples_per_epoch: int, run_dir: pathlib.Path
+) -> pathlib.Path:
     """A checkpoint at `position` and the run's weights file (its EMA weights, for predict); a
-    checkpoint that ends an epoch resumes at the next epoch's start."""
+    checkpoint that ends an epoch resumes at the next epoch's start. Returns the checkpoint's path."""
     end_of_epoch = trainer.layout.steps_per_epoch(samples_per_epoch, position.sample_in_epoch) == 0
     saved = Position(position.step, position.epoch + 1, 0) if end_of_epoch else position
     rng_states = all_ranks(world, rng_state())
+    path = checkpoint_path(run_dir, position.step)
     if world.is_main:
-        save_checkpoint(checkpoint_path(run_dir, position.step), trainer.checkpoint(saved, rng_states))
+        save_checkpoint(path, trainer.checkpoint(saved, rng_states))
         save_checkpoint(run_dir / WEIGHTS_FILE, trainer.inference_weights(position.step))
     barrier(world)
+    return path
