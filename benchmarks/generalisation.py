@@ -62,10 +62,8 @@ import math
 import os
 import pathlib
 import re
-import signal
 import subprocess
 import sys
-import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -411,9 +409,9 @@ SMOKE_STEPS, SMOKE_VALIDATION = 4, 3
 
 
 def run(cache: pathlib.Path, out: pathlib.Path, entries: list[dict], minutes: float, steps: int, smoke: bool) -> dict:
-    """`featurecache train` with validation; stopped (SIGINT, as a user's Ctrl-C) at the budget."""
+    """`featurecache train` with validation, for `minutes` (its --max-minutes) or `steps`."""
     import torch
-    from harness import run_stamp
+    from harness import run_budgeted_train, run_stamp
 
     cuda = torch.cuda.is_available() and not smoke
     settings = dict(SMOKE_RUN if smoke else GPU_RUN if cuda else CPU_RUN)
@@ -435,30 +433,16 @@ def run(cache: pathlib.Path, out: pathlib.Path, entries: list[dict], minutes: fl
         *(["--cuda-graphs"] if cuda else ["--device", "cpu"]),
     ]
     print("$", " ".join(command), flush=True)
-    start = time.monotonic()
     # on the CPU one thread: a tiny model's OpenMP threads only wait on each other (tests/conftest.py)
     environment = {**os.environ, "OMP_NUM_THREADS": "1"} if not cuda else None
-    process = subprocess.Popen(command, start_new_session=True, env=environment)
-    try:
-        process.wait(timeout=minutes * 60)
-        stopped = False
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        stopped = True
-    if not stopped and process.returncode != 0:
-        raise SystemExit(f"featurecache train failed with exit code {process.returncode}")
+    train_s, stopped = run_budgeted_train(command, minutes, environment)
     result = {
         "command": " ".join(command),
         "stamp": dataclasses.asdict(run_stamp()),
         "settings": settings,
         "steps": steps,
         "minutes": minutes,
-        "train_s": time.monotonic() - start,
+        "train_s": train_s,
         "stopped": stopped,
         "smoke": smoke,
         "validation_keys": keys,

@@ -83,6 +83,36 @@ def run_stamp() -> RunStamp:
 # --- the command line --------------------------------------------------------------------------
 
 
+# How long a budgeted `featurecache train` may run past its --max-minutes before it is signalled:
+# the step in flight, a validation due at it and the checkpoint (minutes at the af3 preset)
+TRAIN_BUDGET_GRACE_S = 600.0
+
+
+def run_budgeted_train(command: list[str], minutes: float, env: dict | None = None) -> tuple[float, bool]:
+    """`featurecache train` COMMAND with `--max-minutes minutes` (it stops itself after the step that
+    spends them, with a checkpoint there); SIGINT, then SIGKILL, only if it overruns by
+    TRAIN_BUDGET_GRACE_S. Returns the seconds it took and whether the budget (not --steps) ended it;
+    a failed run is a SystemExit."""
+    import signal
+
+    start = time.monotonic()
+    process = subprocess.Popen([*command, "--max-minutes", f"{minutes:g}"], start_new_session=True, env=env)
+    try:
+        process.wait(timeout=minutes * 60 + TRAIN_BUDGET_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        return time.monotonic() - start, True
+    seconds = time.monotonic() - start
+    if process.returncode != 0:
+        raise SystemExit(f"featurecache train failed with exit code {process.returncode}")
+    return seconds, seconds >= minutes * 60
+
+
 def argument_parser(doc: str) -> argparse.ArgumentParser:
     """A parser whose help is the script's docstring, with the --record option every script has."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -4,7 +4,7 @@
         --truth ../shared/data/structures/721p-assembly1.cif --preset small --minutes 12 --record
 
 1. `featurecache train` on the cache (which holds the target; every step trains on it), with a
-   checkpoint every --checkpoint-every steps, until --minutes have passed (then it is stopped)
+   checkpoint every --checkpoint-every steps, until --minutes have passed (train's --max-minutes)
    or --steps are done;
 2. `featurecache predict` (--samples structures, --sampler-steps steps) from every --eval-every-th
    checkpoint and the last one;
@@ -25,12 +25,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import pathlib
-import signal
 import subprocess
 import sys
-import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -111,22 +108,9 @@ def train(args, run_dir: pathlib.Path, cuda: bool) -> tuple[float, bool]:
     if cuda:
         command.append("--cuda-graphs")
     print("$", " ".join(command), flush=True)
-    start = time.monotonic()
-    process = subprocess.Popen(command, start_new_session=True)
-    try:
-        process.wait(timeout=args.minutes * 60)
-        stopped = False
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        stopped = True
-    if not stopped and process.returncode != 0:
-        raise SystemExit(f"featurecache train failed with exit code {process.returncode}")
-    return time.monotonic() - start, stopped
+    from harness import run_budgeted_train
+
+    return run_budgeted_train(command, args.minutes)
 
 
 def checkpoints_to_score(run_dir: pathlib.Path, eval_every: int) -> list[tuple[int, pathlib.Path]]:

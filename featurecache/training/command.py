@@ -273,6 +273,13 @@ def _preset_values(setting: str) -> str:
     help="DataLoader worker processes per rank.",
 )
 @click.option(
+    "--max-minutes",
+    type=FiniteFloatRange(0.0, min_open=True),
+    help="Time budget: stop after the step that spends this many minutes (counted from the training loop's "
+    "start: the first step's compilation and validation included), with a checkpoint there to --resume from; exit 0. For a batch job's "
+    "time slot, or a benchmark of what a run learns in a fixed time.",
+)
+@click.option(
     "--checkpoint-every",
     default=TrainConfig.checkpoint_every,
     show_default=True,

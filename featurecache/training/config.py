@@ -9,6 +9,8 @@ checkpoints, devices) is here.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +85,9 @@ class TrainConfig:
     num_workers: int = 2
     prefetch_factor: int = 2
     checkpoint_every: int = 1000
+    # A time budget in minutes (None: none): the run stops after the step that spends it, with a
+    # checkpoint there (training/interrupt.py), as a finished run does.
+    max_minutes: float | None = None
     resume: str | None = None
     # Start from a checkpoint's weights and model settings (a model converted from Protenix by
     # `featurecache convert`, or another run's) instead of --preset's fresh ones: fine-tuning.
@@ -142,6 +147,8 @@ class TrainConfig:
         for name in ("warmup", "num_workers", "weight_decay", "validate_every"):
             if getattr(self, name) < 0:
                 raise TrainSetupError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.max_minutes is not None and not 0.0 < self.max_minutes < math.inf:
+            raise TrainSetupError(f"--max-minutes must be a positive number of minutes, got {self.max_minutes}")
         if not self.lr > 0 or not self.grad_clip > 0:
             raise TrainSetupError(f"--lr and the gradient clip must be positive, got {self.lr} and {self.grad_clip}")
         for name in ("adam_beta1", "adam_beta2", "ema_decay"):

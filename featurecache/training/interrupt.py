@@ -5,7 +5,8 @@ While a `StopRequest` is entered, the first of these signals only sets `requeste
 rides on the step's all-reduce of its loss terms), writes a checkpoint and the weights file at
 that step and raises `TrainingInterrupted`. The first signal also puts the previous handlers back,
 so a second one acts as it did before: KeyboardInterrupt for SIGINT, termination for SIGTERM.
-Leaving the context restores them as well. A signal the process ignores (SIG_IGN: a job started
+Leaving the context restores them as well. A time budget (--max-minutes) stops a run the same way,
+but as a run that finished: no exception, exit 0. A signal the process ignores (SIG_IGN: a job started
 in the background by a shell without job control) stays ignored, and outside the main thread,
 where Python cannot set handlers, nothing is installed.
 
@@ -17,8 +18,10 @@ its workers end with it.
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
+from time import monotonic
 from types import FrameType
 from typing import Any
 
@@ -28,16 +31,25 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class StopRequest:
     """A context manager: handlers for `signals` that ask the run to stop (`requested`)."""
 
-    def __init__(self, signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> None:
+    def __init__(self, signals: tuple[signal.Signals, ...] = STOP_SIGNALS, max_minutes: float | None = None) -> None:
         self.signals = signals
         self.received: signal.Signals | None = None
         self._previous: dict[signal.Signals, Any] = {}
+        # --max-minutes: the run's time budget, counted from entering (the loop's start)
+        self.max_minutes = max_minutes
+        self._deadline = math.inf
 
     @property
     def requested(self) -> bool:
         return self.received is not None
 
+    @property
+    def out_of_time(self) -> bool:
+        return monotonic() >= self._deadline
+
     def __enter__(self) -> StopRequest:
+        if self.max_minutes is not None:
+            self._deadline = monotonic() + 60.0 * self.max_minutes
         if threading.current_thread() is not threading.main_thread():
             return self
         for signum in self.signals:

@@ -24,6 +24,8 @@ finishes, every rank stops after that same step (the request rides on the step's
 loss terms; one that came during a validation is agreed on right after it), a checkpoint and the
 weights file are written there (once, if one was due anyway; a validation due at that step is
 skipped) and train() raises TrainingInterrupted. A second signal stops at once, as before.
+--max-minutes stops the same way after the step that spends it (every rank agreeing), but returns
+as a finished run does.
 """
 
 from __future__ import annotations
@@ -461,7 +463,7 @@ def train(config: TrainConfig) -> list[dict]:
             progress.begin(position.step, first_step_work(config, kernels))
             run_log = RunLog(run_dir, world, progress)
             try:
-                with StopRequest() as stop:
+                with StopRequest(max_minutes=config.max_minutes) as stop:
                     return _run(config, world, trainer, (dataset, held_out), pad_to, position, run_log, run_dir, stop)
             finally:
                 run_log.close()
@@ -536,19 +538,26 @@ def _run(
             )
             batches = iter(make_loader(dataset, sampler, config, world.device, pad_to))
         while position.step < config.steps and _steps_left(trainer, dataset, position):
-            record, stop_requested = _step(world, trainer, batches, position, stop)
+            record, (signalled, out_of_time) = _step(world, trainer, batches, position, stop)
             records.append(record)
             run_log.write(record)
             last = position.step == config.steps
-            stopping = stop_requested and not last  # a run at its last step has finished
+            stopping = (signalled or out_of_time) and not last  # a run at its last step has finished
             if not stopping and held_out is not None and config.validate_every:
                 if position.step % config.validate_every == 0:
                     _validate(config, world, trainer, held_out, position, run_log)
-                    stopping = not last and _stop_agreed(world, stop)  # a request during the validation
+                    signalled, out_of_time = _stop_agreed(world, stop)  # a request during the validation
+                    stopping = (signalled or out_of_time) and not last
             if stopping:
                 checkpoint = _save(world, trainer, position, len(dataset), run_dir)
                 batches = None  # the loader's workers shut down now, not when the exception is dropped
-                raise TrainingInterrupted(stop.received, position.step, str(checkpoint), records, world.is_main)
+                if signalled:
+                    raise TrainingInterrupted(stop.received, position.step, str(checkpoint), records, world.is_main)
+                run_log.progress.note(
+                    f"--max-minutes {config.max_minutes:g} spent at step {position.step}; checkpoint written to "
+                    f"{checkpoint}; continue with --resume {checkpoint}"
+                )
+                return records
             if position.step % config.checkpoint_every == 0 or last:
                 _save(world, trainer, position, len(dataset), run_dir)
         if not _steps_left(trainer, dataset, position):
@@ -589,8 +598,8 @@ def _step(
     position.sample_in_epoch += trainer.layout.global_batch
     terms = [name for name in result if name != "grad_norm"]  # loss, distogram, diffusion, mse, ...
     values = torch.stack([result[name].float() for name in terms])
-    requested = max_over_shards(world, values.new_tensor([float(stop.requested)]))
-    *means, stopping = mean_over_ranks(world, torch.cat([values, requested])).tolist()
+    requested = max_over_shards(world, values.new_tensor([float(stop.requested), float(stop.out_of_time)]))
+    *means, signalled, out_of_time = mean_over_ranks(world, torch.cat([values, requested])).tolist()
     record = {
         "kind": "train",
         "step": position.step,
@@ -610,13 +619,15 @@ def _step(
         "ids": all_ranks(world, [key for batch in micro_batches for key in batch["id"]]),
         "world_size": world.world_size,
     }
-    return record, stopping > 0
+    return record, (signalled > 0, out_of_time > 0)
 
 
-def _stop_agreed(world: Dist, stop: StopRequest) -> bool:
-    """Whether any rank has a `stop` request: one all-reduce (after a validation, not every step)."""
-    requested = max_over_shards(world, torch.tensor([float(stop.requested)], device=world.device))
-    return mean_over_ranks(world, requested).item() > 0
+def _stop_agreed(world: Dist, stop: StopRequest) -> tuple[bool, bool]:
+    """Whether any rank has a `stop` request (a signal) and whether any has spent --max-minutes:
+    one all-reduce (after a validation, not every step)."""
+    requested = torch.tensor([float(stop.requested), float(stop.out_of_time)], device=world.device)
+    signalled, out_of_time = mean_over_ranks(world, max_over_shards(world, requested)).tolist()
+    return signalled > 0, out_of_time > 0
 
 
 def _save(

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from featurecache.training import train
+from featurecache.training import interrupt, train
 from featurecache.training.interrupt import StopRequest, TrainingInterrupted, ignore_stop_signals
 from tests.training.conftest import read_log, tiny_config
 
@@ -155,6 +155,65 @@ def test_a_stop_where_a_checkpoint_is_due_writes_it_once(
         assert [record["step"] for record in train(config)] == [1, 2]
     assert saves == [2] and validations == validated
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # train() put it back
+
+
+def test_a_time_budget_is_spent_only_once_its_minutes_have_passed(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(interrupt, "monotonic", lambda: clock[0])
+    with StopRequest(max_minutes=0.5) as budget, StopRequest() as unlimited:
+        clock[0] += 29.9
+        assert not budget.out_of_time and not budget.requested
+        clock[0] += 0.1
+        assert budget.out_of_time and not budget.requested  # a spent budget is not a signal
+        clock[0] += 1e9
+        assert not unlimited.out_of_time
+
+
+@pytest.mark.slow
+def test_max_minutes_stops_after_the_step_that_spends_them_as_a_finished_run(
+    recipe_cache, tmp_path, monkeypatch, capsys
+):
+    """--max-minutes 1 and a clock that passes a minute in step 3: the run returns after step 3,
+    with its checkpoint and weights (none was due) and no exception; a validation due there is skipped."""
+    from featurecache.training import loop
+
+    clock = [0.0]
+    monkeypatch.setattr(interrupt, "monotonic", lambda: clock[0])
+    step, validations = loop.Trainer.step, []
+    validate = loop._validate
+
+    def step_spending_time(trainer, batches, number):
+        if number == 2:  # 0-based: the run's step 3
+            clock[0] += 61.0
+        return step(trainer, batches, number)
+
+    def counted_validate(config, world, trainer, held_out, position, run_log):
+        validations.append(position.step)
+        validate(config, world, trainer, held_out, position, run_log)
+
+    monkeypatch.setattr(loop.Trainer, "step", step_spending_time)
+    monkeypatch.setattr(loop, "_validate", counted_validate)
+    run_dir = tmp_path / "run"
+    config = tiny_config(
+        recipe_cache,
+        run_dir,
+        steps=10,
+        checkpoint_every=100,
+        max_minutes=1.0,
+        validate_every=3,
+        validation_keys=("209d-assembly1",),
+        validation_sampler_steps=2,
+    )
+    assert [record["step"] for record in train(config)] == [1, 2, 3]
+    assert validations == [0]
+    assert sorted(path.name for path in run_dir.glob("*.pt")) == ["checkpoint-00000003.pt", "weights.pt"]
+    assert "--max-minutes 1 spent at step 3" in capsys.readouterr().out
+
+
+def test_max_minutes_must_be_a_positive_number(recipe_cache, tmp_path):
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="--max-minutes"):
+            tiny_config(recipe_cache, tmp_path / "run", max_minutes=bad)
 
 
 def _from_a_terminal() -> None:
