@@ -13,12 +13,14 @@ where Python cannot set handlers, nothing is installed.
 DataLoader workers ignore both signals (`ignore_stop_signals`, their worker_init_fn): a
 terminal's Ctrl-C or a scheduler's kill reaches the whole process group, and a worker that died of
 it would break the main process's next batch; the main process alone decides when to stop, and
-its workers end with it.
+its workers end with it (a SIGTERM from the main process itself, the DataLoader's terminate(),
+still ends a worker).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import signal
 import threading
 from time import monotonic
@@ -101,8 +103,19 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 
 def ignore_stop_signals(worker_id: int | None = None) -> None:
-    """A DataLoader worker_init_fn: the worker ignores SIGINT and SIGTERM (see the module's note).
-    It still ends when its main process does: the DataLoader shuts it down, and a worker whose
-    parent died stops by itself (PyTorch's watchdog)."""
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
+    """A DataLoader worker_init_fn: the worker ignores SIGINT, and SIGTERM from anyone but its
+    parent (see the module's note). A SIGTERM from the parent is the DataLoader's terminate() of a
+    worker that did not finish its shutdown in time: the worker exits then, as PyTorch's own
+    handler has it do (ignoring that one too would leave the parent's exit waiting on the worker
+    for ever). SIGTERM is blocked in the worker's threads and taken by a watcher thread, the one
+    place the sender's pid can be read."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started later inherit it
+    threading.Thread(target=_exit_on_terminate_from_parent, name="sigterm-watcher", daemon=True).start()
+
+
+def _exit_on_terminate_from_parent() -> None:
+    while True:
+        received = signal.sigwaitinfo({signal.SIGTERM})
+        if received.si_pid == os.getppid():
+            os._exit(0)

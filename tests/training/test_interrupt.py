@@ -96,10 +96,33 @@ def test_the_interruption_names_the_checkpoint_and_exits_as_shells_report_the_si
     assert TrainingInterrupted(None, 7, "c.pt", [], report=False).exit_code == 130
 
 
-def test_loader_workers_ignore_the_stop_signals(handlers):
+def _worker(ready, survived) -> None:
     ignore_stop_signals(0)
-    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    ready.set()
+    time.sleep(3.0)  # the signals from outside arrive here
+    survived.set()
+    time.sleep(60.0)  # until the parent's terminate()
+
+
+def test_loader_workers_ignore_stop_signals_from_others_but_end_on_their_parents_terminate():
+    """SIGINT and SIGTERM from another process (a terminal, a scheduler) leave a worker running;
+    a SIGTERM from its parent (the DataLoader's terminate()) ends it at once, with exit 0."""
+    context = mp.get_context("fork")
+    ready, survived = context.Event(), context.Event()
+    worker = context.Process(target=_worker, args=(ready, survived))
+    worker.start()
+    try:
+        assert ready.wait(30)
+        for signum in (signal.SIGINT, signal.SIGTERM):  # sent by a process other than the parent
+            subprocess.run(["kill", f"-{signum.name.removeprefix('SIG')}", str(worker.pid)], check=True)
+        assert survived.wait(30) and worker.is_alive()
+        started = time.monotonic()
+        worker.terminate()
+        worker.join(30)
+        assert worker.exitcode == 0 and time.monotonic() - started < 10
+    finally:
+        if worker.is_alive():
+            worker.kill()
 
 
 @pytest.mark.slow
