@@ -87,6 +87,8 @@ device_setup() {  # on the device: the carried wheels (or their packed install, 
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl
     fi
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    # the device's copy of the tree may carry an older .git (2026-12-05: it reported d4ef982 for 2c7e87d's
+    # tree): pass this side's HEAD in the command, FC_COMMIT=$(git rev-parse --short HEAD) written out
     export FC_COMMIT=${FC_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
     OUTDIR=${OUT:-bench-out}
     mkdir -p "$OUTDIR"

@@ -485,9 +485,10 @@ def trend(curve: list[dict]) -> str:
     lddt = np.array([point["lddt"] for point in curve], float)
     slope = float(np.polyfit(steps, lddt, 1)[0]) if len(curve) > 2 else float("nan")
     start = "untrained (step 0)" if curve[0]["step"] == 0 else f"step {curve[0]['step']}"
+    fit = f"; least-squares slope {slope * 1000:+.4f} per 1,000 steps" if math.isfinite(slope) else ""
     return (
         f"validation lDDT {lddt[0]:.3f} at {start}, {lddt[-1]:.3f} at step {int(steps[-1])} "
-        f"(best {lddt.max():.3f}); least-squares slope {slope * 1000:+.4f} per 1,000 steps"
+        f"(best {lddt.max():.3f}){fit}"
     )
 
 
