@@ -234,7 +234,10 @@ inference() {
 #   1. ~40 + 560 s  run(command="bash benchmarks/device_plan.sh general_start 14", carry=[".devdata/general/cache", ".devdata/site-core.tar.xz"], timeout_s=600)
 #   2. ~40 + 420 s  run(command="bash benchmarks/device_plan.sh general_collect", carry=[".devdata/general/cache", ".devdata/site-core.tar.xz"], timeout_s=600)
 #   or both in one call, a shorter run:
-#      ~40 + 560 s  run(command="bash benchmarks/device_plan.sh general_once 7 480 90", carry=[...as above], timeout_s=600)
+#      ~40 + 560 s  run(command="bash benchmarks/device_plan.sh general_once 7.5 480 60", carry=[...as above], timeout_s=600)
+#   (2026-12-05: a 12-minute run was lost when call 2 came > 30 s after call 1 and the machine had been
+#   taken back; at 0.33 s a step the small preset needs ~500+ steps to leave the untrained lDDT, so a
+#   single call of 7.5 minutes (~1,000 steps) is the safer figure; the pair of calls the larger one)
 #   here:  python3 benchmarks/generalisation.py record FILES/general   (RESULTS.md, results.csv, the figure)
 GENERAL_OUT=/root/general
 GENERAL_CARRY=".devdata/general/cache $SITE_ARCHIVE"
