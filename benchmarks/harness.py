@@ -80,9 +80,6 @@ def run_stamp() -> RunStamp:
     return RunStamp(now, device_name(), git_commit(), torch.__version__, triton.__version__)
 
 
-# --- the command line --------------------------------------------------------------------------
-
-
 # How long a budgeted `featurecache train` may run past its --max-minutes before it is signalled:
 # the step in flight, a validation due at it and the checkpoint (minutes at the af3 preset)
 TRAIN_BUDGET_GRACE_S = 600.0
@@ -111,6 +108,9 @@ def run_budgeted_train(command: list[str], minutes: float, env: dict | None = No
     if process.returncode != 0:
         raise SystemExit(f"featurecache train failed with exit code {process.returncode}")
     return seconds, seconds >= minutes * 60
+
+
+# --- the command line --------------------------------------------------------------------------
 
 
 def argument_parser(doc: str) -> argparse.ArgumentParser:
