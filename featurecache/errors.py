@@ -73,6 +73,30 @@ def _worker_error(error: BaseException) -> tuple[type, str] | None:
     return kind, " ".join(message.split()) or kind.__name__
 
 
+# How torch's DataLoader reports a worker process that died without an exception: a signal (a crash
+# in native code, the kernel's out-of-memory killer, shared memory running out) or a bare exit.
+_WORKER_DEATH = re.compile(
+    r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\) (?:is killed by signal: ([^.]+)|exited unexpectedly)"
+)
+_DEATH_HINTS = {
+    "Bus error": "its shared memory (/dev/shm) ran out: raise that limit (docker run --shm-size) or lower "
+    "--num-workers or --prefetch-factor",
+    "Killed": "most likely the system's out-of-memory killer: lower --num-workers or --prefetch-factor",
+}
+_DEATH_HINT = "--num-workers 0 loads in the main process, which shows whether loading alone fails"
+
+
+def worker_death(error: BaseException) -> str | None:
+    """The one line for a DataLoader worker that died of a signal or exited unexpectedly; None for
+    other errors. Its traceback is the main process's and says nothing of the cause."""
+    found = _WORKER_DEATH.search(str(error))
+    if found is None:
+        return None
+    pids, signal_name = found.group(1).strip(), found.group(2)
+    how = f"killed by signal: {signal_name}" if signal_name else "exited unexpectedly"
+    return f"a data-loading worker process (pid {pids}) died, {how}; {_DEATH_HINTS.get(signal_name, _DEATH_HINT)}"
+
+
 def _debug_requested(args: list[str]) -> bool:
     return DEBUG_FLAG in args or os.environ.get("FEATURECACHE_DEBUG", "").lower() in ("1", "true", "yes", "on")
 
@@ -106,8 +130,11 @@ class ErrorBoundary:
         except Exception as error:
             if debug:
                 raise
+            death = worker_death(error)
             kind, text = _worker_error(error) or (type(error), _one_line(error))
-            if issubclass(kind, USER_ERRORS):
+            if death is not None:
+                click.echo(f"Error: {death}", err=True)
+            elif issubclass(kind, USER_ERRORS):
                 click.echo(f"Error: {text}", err=True)
             else:  # a bug: still one line, the traceback behind --debug
                 click.echo(
