@@ -289,7 +289,7 @@ general_collect() {
     # the held-out entries whole (uncropped) through `featurecache predict` with the run's last EMA
     # weights; the top-ranked mmCIF of each comes back to be scored here by `featurecache evaluate`
     local keys
-    keys=$(awk -F, '$2 == "validation" { print $1 }' benchmarks/generalisation/entries.csv)
+    keys=$(python3 benchmarks/generalisation.py keys | tr , ' ')
     [ -f "$GENERAL_OUT/run/weights.pt" ] || return 0
     timeout "${1:-240}" python3 -m featurecache.cli predict $keys --cache .devdata/general/cache \
         --checkpoint "$GENERAL_OUT/run/weights.pt" --out "$GENERAL_OUT/predictions" --samples 5 --steps 200 \

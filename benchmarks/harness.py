@@ -20,6 +20,7 @@ import math
 import os
 import pathlib
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -90,8 +91,6 @@ def run_budgeted_train(command: list[str], minutes: float, env: dict | None = No
     spends them, with a checkpoint there); SIGINT, then SIGKILL, only if it overruns by
     TRAIN_BUDGET_GRACE_S. Returns the seconds it took and whether the budget (not --steps) ended it;
     a failed run is a SystemExit."""
-    import signal
-
     start = time.monotonic()
     process = subprocess.Popen([*command, "--max-minutes", f"{minutes:g}"], start_new_session=True, env=env)
     try:

@@ -83,7 +83,7 @@ _DEATH_HINTS = {
     "--num-workers or --prefetch-factor",
     "Killed": "most likely the system's out-of-memory killer: lower --num-workers or --prefetch-factor",
 }
-_DEATH_HINT = "--num-workers 0 loads in the main process, which shows whether loading alone fails"
+_OTHER_DEATH_HINT = "--num-workers 0 loads in the main process, which shows whether loading alone fails"
 
 
 def worker_death(error: BaseException) -> str | None:
@@ -94,7 +94,7 @@ def worker_death(error: BaseException) -> str | None:
         return None
     pids, signal_name = found.group(1).strip(), found.group(2)
     how = f"killed by signal: {signal_name}" if signal_name else "exited unexpectedly"
-    return f"a data-loading worker process (pid {pids}) died, {how}; {_DEATH_HINTS.get(signal_name, _DEATH_HINT)}"
+    return f"a data-loading worker process (pid {pids}) died, {how}; {_DEATH_HINTS.get(signal_name, _OTHER_DEATH_HINT)}"
 
 
 def _debug_requested(args: list[str]) -> bool:

@@ -49,6 +49,10 @@ class StopRequest:
     def out_of_time(self) -> bool:
         return monotonic() >= self._deadline
 
+    def flags(self) -> list[float]:
+        """[a signal came, the time budget is spent], as numbers the ranks reduce."""
+        return [float(self.requested), float(self.out_of_time)]
+
     def __enter__(self) -> StopRequest:
         if self.max_minutes is not None:
             self._deadline = monotonic() + 60.0 * self.max_minutes

@@ -598,7 +598,7 @@ def _step(
     position.sample_in_epoch += trainer.layout.global_batch
     terms = [name for name in result if name != "grad_norm"]  # loss, distogram, diffusion, mse, ...
     values = torch.stack([result[name].float() for name in terms])
-    requested = max_over_shards(world, values.new_tensor([float(stop.requested), float(stop.out_of_time)]))
+    requested = max_over_shards(world, values.new_tensor(stop.flags()))
     *means, signalled, out_of_time = mean_over_ranks(world, torch.cat([values, requested])).tolist()
     record = {
         "kind": "train",
@@ -625,8 +625,8 @@ def _step(
 def _stop_agreed(world: Dist, stop: StopRequest) -> tuple[bool, bool]:
     """Whether any rank has a `stop` request (a signal) and whether any has spent --max-minutes:
     one all-reduce (after a validation, not every step)."""
-    requested = torch.tensor([float(stop.requested), float(stop.out_of_time)], device=world.device)
-    signalled, out_of_time = mean_over_ranks(world, max_over_shards(world, requested)).tolist()
+    requested = max_over_shards(world, torch.tensor(stop.flags(), device=world.device))
+    signalled, out_of_time = mean_over_ranks(world, requested).tolist()
     return signalled > 0, out_of_time > 0
 
 
