@@ -245,15 +245,15 @@ def main() -> None:
             table.add(["all", variant, "–", f"not run: {run['error']}", "–", "–"])
             continue
         for size in run["sizes"]:
-            ratio = peer[size["tokens"]] / size["s"] if size["tokens"] in peer else float("nan")
+            ratio = peer[size["tokens"]] / size["s"] if size["tokens"] in peer else "–"  # no peer figure
             table.add([size["tokens"], variant, size["atoms"], size["s"], size["peak GB"], ratio])
-        if run["stopped"] and len(run["sizes"]) < len(args.tokens):  # (not when only its exit was cut)
-            table.add(["larger", variant, "–", "not run: stopped by --variant-budget-s", "–", "–"])
             shape = shape_name(args, size["tokens"])
             rows += [
                 Row("inference", variant, shape, "model s", size["s"]),
                 Row("inference", variant, shape, "peak GB", size["peak GB"]),
             ]
+        if run["stopped"] and len(run["sizes"]) < len(args.tokens):  # (not when only its exit was cut)
+            table.add(["larger", variant, "–", "not run: stopped by --variant-budget-s", "–", "–"])
     settings = "; ".join(f"{variant}: {run['settings']}" for variant, run in runs.items() if "settings" in run)
     print(f"\n{stamp.header()}\n\n{settings}\n\n{table.markdown()}")
     if args.record and not args.smoke:
