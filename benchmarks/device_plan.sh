@@ -288,6 +288,9 @@ general_collect() {
     grep -v '^step ' "$GENERAL_OUT/log.txt" | tail -16
     # the held-out entries whole (uncropped) through `featurecache predict` with the run's last EMA
     # weights; the top-ranked mmCIF of each comes back to be scored here by `featurecache evaluate`
+    # (2026-12-05: this needs biotite's CCD, components.bcif, 63 MB; $SITE_ARCHIVE's biotite wheel has
+    # none, so predict stopped with "Internal CCD not found": a CCD cut to the cache's components,
+    # carried and set with biotite's set_ccd_path, would fit beside the cache)
     local keys
     keys=$(python3 benchmarks/generalisation.py keys | tr , ' ')
     [ -f "$GENERAL_OUT/run/weights.pt" ] || return 0

@@ -97,6 +97,18 @@ def worker_death(error: BaseException) -> str | None:
     return f"a data-loading worker process (pid {pids}) died, {how}; {_DEATH_HINTS.get(signal_name, _OTHER_DEATH_HINT)}"
 
 
+def missing_ccd(error: BaseException) -> str | None:
+    """The one line for biotite installed without its Chemical Component Dictionary (a stripped or
+    repacked wheel: PyPI's ships biotite/structure/info/components.bcif); None for other errors.
+    Writing mmCIF files and building components need it."""
+    if "Internal CCD not found" not in str(error):
+        return None
+    return (
+        "biotite's Chemical Component Dictionary (biotite/structure/info/components.bcif) is not "
+        "installed: reinstall biotite from PyPI, whose wheel ships it, or run `python -m biotite.setup_ccd`"
+    )
+
+
 def _debug_requested(args: list[str]) -> bool:
     return DEBUG_FLAG in args or os.environ.get("FEATURECACHE_DEBUG", "").lower() in ("1", "true", "yes", "on")
 
@@ -130,10 +142,10 @@ class ErrorBoundary:
         except Exception as error:
             if debug:
                 raise
-            death = worker_death(error)
+            setup_problem = worker_death(error) or missing_ccd(error)
             kind, text = _worker_error(error) or (type(error), _one_line(error))
-            if death is not None:
-                click.echo(f"Error: {death}", err=True)
+            if setup_problem is not None:
+                click.echo(f"Error: {setup_problem}", err=True)
             elif issubclass(kind, USER_ERRORS):
                 click.echo(f"Error: {text}", err=True)
             else:  # a bug: still one line, the traceback behind --debug

@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 from torch.utils.data import DataLoader, Dataset
 
-from featurecache.errors import EXIT_SETUP, BoundaryCommand, worker_death
+from featurecache.errors import EXIT_SETUP, BoundaryCommand, missing_ccd, worker_death
 from featurecache.store.layout import ShardTruncatedError
 
 
@@ -132,3 +132,18 @@ def test_a_worker_killed_by_a_signal_is_one_line_with_what_to_do(signum):
 )
 def test_each_way_torch_reports_a_dead_worker_has_its_line(message, line):
     assert worker_death(RuntimeError(message)) == line
+
+
+def test_biotite_without_its_ccd_is_one_line_with_what_to_do():
+    # biotite's own message when components.bcif is absent (seen with a repacked wheel on a GPU machine)
+    error = RuntimeError("Internal CCD not found. Please run 'python -m biotite.setup_ccd'.")
+
+    @click.command(cls=BoundaryCommand)
+    def write():
+        raise error
+
+    result = CliRunner().invoke(write, [])
+    assert result.exit_code == EXIT_SETUP, result.output
+    assert result.output.strip() == f"Error: {missing_ccd(error)}"
+    assert "components.bcif" in result.output and "unexpected" not in result.output
+    assert missing_ccd(RuntimeError("CUDA out of memory")) is None
