@@ -41,6 +41,8 @@ LIMIT=$((64 * 1024 * 1024))
 # CORE_WHEELS installed (unzipped, as pip --target does) and packed with xz: the same files in
 # about two thirds of the wheels' bytes, which leaves room in a call's 64 MiB for a training cache
 SITE_ARCHIVE=.devdata/site-core.tar.xz
+# biotite's CCD (63 MB) cut to the components of the held-out entries (generalisation.py ccd)
+CCD_CUT=.devdata/general/components.bcif
 
 prepare() {
     local data=../shared/data
@@ -87,6 +89,10 @@ device_setup() {  # on the device: the carried wheels (or their packed install, 
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl
     fi
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    # a CCD cut to what the carried cache's entries use (general_prepare), where biotite looks for its own
+    if [ -f "$CCD_CUT" ] && [ ! -f /tmp/site/biotite/structure/info/components.bcif ]; then
+        cp "$CCD_CUT" /tmp/site/biotite/structure/info/components.bcif
+    fi
     # the device's copy of the tree may carry an older .git (2026-12-05: it reported d4ef982 for 2c7e87d's
     # tree): pass this side's HEAD in the command, FC_COMMIT=$(git rev-parse --short HEAD) written out
     export FC_COMMIT=${FC_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
@@ -231,8 +237,8 @@ inference() {
 #                (.devdata/general/cache with query-only MSAs, .devdata/site-core.tar.xz from the
 #                wheels in WHEELS (default .whl-core); prints the carry's size against 64 MiB)
 #   check here:  bash benchmarks/device_plan.sh general_smoke   (the same steps at the tiny preset)
-#   1. ~40 + 560 s  run(command="bash benchmarks/device_plan.sh general_start 14", carry=[".devdata/general/cache", ".devdata/site-core.tar.xz"], timeout_s=600)
-#   2. ~40 + 420 s  run(command="bash benchmarks/device_plan.sh general_collect", carry=[".devdata/general/cache", ".devdata/site-core.tar.xz"], timeout_s=600)
+#   1. ~40 + 560 s  run(command="bash benchmarks/device_plan.sh general_start 14", carry=[".devdata/general/cache", ".devdata/general/components.bcif", ".devdata/site-core.tar.xz"], timeout_s=600)
+#   2. ~40 + 420 s  run(command="bash benchmarks/device_plan.sh general_collect", carry=[".devdata/general/cache", ".devdata/general/components.bcif", ".devdata/site-core.tar.xz"], timeout_s=600)
 #   or both in one call, a shorter run:
 #      ~40 + 560 s  run(command="bash benchmarks/device_plan.sh general_once 7.5 480 60", carry=[...as above], timeout_s=600)
 #   (2026-12-05: a 12-minute run was lost when call 2 came > 30 s after call 1 and the machine had been
@@ -240,10 +246,11 @@ inference() {
 #   single call of 7.5 minutes (~1,000 steps) is the safer figure; the pair of calls the larger one)
 #   here:  python3 benchmarks/generalisation.py record FILES/general   (RESULTS.md, results.csv, the figure)
 GENERAL_OUT=/root/general
-GENERAL_CARRY=".devdata/general/cache $SITE_ARCHIVE"
+GENERAL_CARRY=".devdata/general/cache $CCD_CUT $SITE_ARCHIVE"
 
 general_prepare() {
     python3 benchmarks/generalisation.py prepare
+    python3 benchmarks/generalisation.py ccd "$CCD_CUT"
     pack_site "${1:-.whl-core}"
     carry_size $GENERAL_CARRY
 }
@@ -288,9 +295,8 @@ general_collect() {
     grep -v '^step ' "$GENERAL_OUT/log.txt" | tail -16
     # the held-out entries whole (uncropped) through `featurecache predict` with the run's last EMA
     # weights; the top-ranked mmCIF of each comes back to be scored here by `featurecache evaluate`
-    # (2026-12-05: this needs biotite's CCD, components.bcif, 63 MB; $SITE_ARCHIVE's biotite wheel has
-    # none, so predict stopped with "Internal CCD not found": a CCD cut to the cache's components,
-    # carried and set with biotite's set_ccd_path, would fit beside the cache)
+    # (predict reads biotite's CCD to name residues: $SITE_ARCHIVE's biotite has none, so the carried
+    # $CCD_CUT stands in; without it predict stopped with "Internal CCD not found" on 2026-12-05)
     local keys
     keys=$(python3 benchmarks/generalisation.py keys | tr , ' ')
     [ -f "$GENERAL_OUT/run/weights.pt" ] || return 0

@@ -30,6 +30,10 @@ Sub-commands:
                    polymer cluster with a training entry, >= 100 train and >= 10 validation
   prepare          gather + cache + check
   keys             the validation keys, comma-separated (for `featurecache train --validation-keys`)
+  ccd OUT          biotite's CCD cut to the components the validation entries in --inputs use (and
+                   the standard residues), as a components.bcif at OUT: the GPU's carry has no room
+                   for the whole 63 MB dictionary that `featurecache predict` reads when it writes
+                   the held-out entries' mmCIFs (device_plan.sh puts it in biotite's place there)
   run OUT          `featurecache train` on the cache (--preset small, CUDA graphs on a GPU) with
                    --validate-every on the validation entries, until --minutes have passed (then it
                    is stopped) or --steps are done (without a GPU: the tiny preset at crop 128 on
@@ -452,6 +456,47 @@ def run(cache: pathlib.Path, out: pathlib.Path, entries: list[dict], minutes: fl
     return result
 
 
+# --- the CCD for the device --------------------------------------------------------------------
+
+# a predicted polymer's residues are matched against these too (prediction/mmcif.py)
+STANDARD_RESIDUES = (
+    "ALA ARG ASN ASP CYS GLN GLU GLY HIS ILE LEU LYS MET PHE PRO SER THR TRP TYR VAL UNK "
+    "A C G U N DA DC DG DT DN HOH"
+).split()
+
+
+def ccd_subset(inputs: pathlib.Path, keys: list[str], out: pathlib.Path) -> int:
+    """Write biotite's CCD cut to the components of the entries `keys` (files in `inputs`); the count."""
+    import gemmi
+    import numpy as np
+    from biotite.structure.info import get_ccd
+    from biotite.structure.io.pdbx import BinaryCIFBlock, BinaryCIFCategory, BinaryCIFColumn, BinaryCIFData, BinaryCIFFile
+
+    codes = set(STANDARD_RESIDUES)
+    for key in keys:
+        path = inputs / f"{key.split('-')[0].split('_')[0]}.cif"
+        if not path.is_file():
+            raise SystemExit(f"ccd: {path} does not exist (run `prepare` first)")
+        for model in gemmi.read_structure(str(path)):
+            codes.update(residue.name for chain in model for residue in chain)
+            break
+    block = get_ccd()
+    kept = BinaryCIFBlock()
+    for name, id_column in (("chem_comp", "id"), ("chem_comp_atom", "comp_id"), ("chem_comp_bond", "comp_id")):
+        category = block[name]
+        rows = np.isin(category[id_column].as_array(str), sorted(codes))
+        columns = {}
+        for column_name, column in category.items():
+            mask = None if column.mask is None else BinaryCIFData(column.mask.array[rows])
+            columns[column_name] = BinaryCIFColumn(BinaryCIFData(column.data.array[rows]), mask)
+        kept[name] = BinaryCIFCategory(columns)
+    file = BinaryCIFFile()
+    file["components"] = kept
+    out.parent.mkdir(parents=True, exist_ok=True)
+    file.write(out)
+    return int(np.isin(block["chem_comp"]["id"].as_array(str), sorted(codes)).sum())
+
+
 # --- record ------------------------------------------------------------------------------------
 
 
@@ -625,7 +670,7 @@ def plot(out: pathlib.Path) -> pathlib.Path:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "command", choices=("survey", "gather", "cache", "split", "check", "prepare", "keys", "run", "record", "plot")
+        "command", choices=("survey", "gather", "cache", "split", "check", "prepare", "keys", "ccd", "run", "record", "plot")
     )
     parser.add_argument("out", nargs="?", type=pathlib.Path, help="run / record / plot: the run's OUT folder")
     parser.add_argument(
@@ -647,12 +692,15 @@ def main(argv=None) -> None:
         help="record: into DIR/RESULTS.md and DIR/results.csv instead of benchmarks/'s",
     )
     args = parser.parse_args(argv)
-    if args.command in ("run", "record", "plot") and args.out is None:
+    if args.command in ("ccd", "run", "record", "plot") and args.out is None:
         parser.error(f"{args.command} needs the run's OUT folder")
     if args.command == "survey":
         write_entries(survey(args.mirrors), None)
     elif args.command == "keys":
         print(",".join(validation_keys(read_entries(args.entries))))
+    elif args.command == "ccd":
+        count = ccd_subset(args.inputs, validation_keys(read_entries(args.entries)), args.out)
+        print(f"{args.out}: {count} components, {args.out.stat().st_size} bytes")
     elif args.command == "run":
         run(args.cache, args.out, read_entries(args.entries), args.minutes, args.steps, args.smoke)
         print(curve_table(validation_curve(args.out / "run" / "log.jsonl")))
