@@ -460,8 +460,7 @@ def run(cache: pathlib.Path, out: pathlib.Path, entries: list[dict], minutes: fl
 
 # a predicted polymer's residues are matched against these too (prediction/mmcif.py)
 STANDARD_RESIDUES = (
-    "ALA ARG ASN ASP CYS GLN GLU GLY HIS ILE LEU LYS MET PHE PRO SER THR TRP TYR VAL UNK "
-    "A C G U N DA DC DG DT DN HOH"
+    "ALA ARG ASN ASP CYS GLN GLU GLY HIS ILE LEU LYS MET PHE PRO SER THR TRP TYR VAL UNK A C G U N DA DC DG DT DN HOH"
 ).split()
 
 
@@ -470,7 +469,13 @@ def ccd_subset(inputs: pathlib.Path, keys: list[str], out: pathlib.Path) -> int:
     import gemmi
     import numpy as np
     from biotite.structure.info import get_ccd
-    from biotite.structure.io.pdbx import BinaryCIFBlock, BinaryCIFCategory, BinaryCIFColumn, BinaryCIFData, BinaryCIFFile
+    from biotite.structure.io.pdbx import (
+        BinaryCIFBlock,
+        BinaryCIFCategory,
+        BinaryCIFColumn,
+        BinaryCIFData,
+        BinaryCIFFile,
+    )
 
     codes = set(STANDARD_RESIDUES)
     for key in keys:
@@ -670,7 +675,8 @@ def plot(out: pathlib.Path) -> pathlib.Path:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "command", choices=("survey", "gather", "cache", "split", "check", "prepare", "keys", "ccd", "run", "record", "plot")
+        "command",
+        choices=("survey", "gather", "cache", "split", "check", "prepare", "keys", "ccd", "run", "record", "plot"),
     )
     parser.add_argument("out", nargs="?", type=pathlib.Path, help="run / record / plot: the run's OUT folder")
     parser.add_argument(
