@@ -244,7 +244,8 @@ inference() {
 #   (2026-12-05: a 12-minute run was lost when call 2 came > 30 s after call 1 and the machine had been
 #   taken back; at 0.33 s a step the small preset needs ~500+ steps to leave the untrained lDDT, so a
 #   single call of 7.5 minutes (~1,000 steps) is the safer figure; the pair of calls the larger one)
-#   here:  python3 benchmarks/generalisation.py record FILES/general   (RESULTS.md, results.csv, the figure)
+#   here:  mkdir -p .devout/general && tar -xzf FILES/general.tar.gz -C .devout/general &&
+#          python3 benchmarks/generalisation.py record .devout/general   (RESULTS.md, results.csv, the figure)
 GENERAL_OUT=/root/general
 GENERAL_CARRY=".devdata/general/cache $CCD_CUT $SITE_ARCHIVE"
 
@@ -276,37 +277,40 @@ carry_size() {  # the tree and the carried paths against a call's 64 MiB
 general_start() {
     device_setup
     rm -rf "$GENERAL_OUT" && mkdir -p "$GENERAL_OUT"
-    setsid nohup python3 benchmarks/generalisation.py run "$GENERAL_OUT" --minutes "${1:-14}" \
-        > "$GENERAL_OUT/log.txt" 2>&1 < /dev/null &
+    # the run reads its own copy: the next call's copy of the tree rewrites the carried cache in place,
+    # under the data workers' memory maps (2026-12-05 18:08: a worker's segfault ended a run there)
+    cp -r .devdata/general/cache "$GENERAL_OUT/cache"
+    setsid nohup python3 benchmarks/generalisation.py run "$GENERAL_OUT" --cache "$GENERAL_OUT/cache" \
+        --minutes "${1:-14}" > "$GENERAL_OUT/log.txt" 2>&1 < /dev/null &
     local waited=0
     while [ "$waited" -lt "${2:-550}" ] && pgrep -f benchmarks/generalisation.py > /dev/null; do
         sleep 5; waited=$((waited + 5))
     done
-    grep -v '^step ' "$GENERAL_OUT/log.txt" | tail -8
+    grep -av '^step ' "$GENERAL_OUT/log.txt" | tail -8
     tail -c 300 "$GENERAL_OUT/run/log.jsonl" 2>/dev/null || true
 }
 
 general_collect() {
     device_setup
     while [ ! -f "$GENERAL_OUT/generalisation.json" ] && pgrep -f benchmarks/generalisation.py > /dev/null; do sleep 5; done
-    mkdir -p "$OUTDIR/general/run"
-    cp "$GENERAL_OUT"/generalisation.json "$GENERAL_OUT"/log.txt "$OUTDIR/general/" || true
-    cp "$GENERAL_OUT"/run/log.jsonl "$OUTDIR/general/run/" || true
-    grep -v '^step ' "$GENERAL_OUT/log.txt" | tail -16
+    grep -av '^step ' "$GENERAL_OUT/log.txt" | tail -16
     # the held-out entries whole (uncropped) through `featurecache predict` with the run's last EMA
     # weights; the top-ranked mmCIF of each comes back to be scored here by `featurecache evaluate`
     # (predict reads biotite's CCD to name residues: $SITE_ARCHIVE's biotite has none, so the carried
     # $CCD_CUT stands in; without it predict stopped with "Internal CCD not found" on 2026-12-05)
     local keys
     keys=$(python3 benchmarks/generalisation.py keys | tr , ' ')
-    [ -f "$GENERAL_OUT/run/weights.pt" ] || return 0
-    timeout "${1:-240}" python3 -m featurecache.cli predict $keys --cache .devdata/general/cache \
-        --checkpoint "$GENERAL_OUT/run/weights.pt" --out "$GENERAL_OUT/predictions" --samples 5 --steps 200 \
-        --cycles 1 --cuda-graphs > "$GENERAL_OUT/predict.txt" 2>&1 || echo "predict: exit $?"
-    tail -4 "$GENERAL_OUT/predict.txt"
-    mkdir -p "$OUTDIR/general/predictions"
-    cp "$GENERAL_OUT"/predict.txt "$OUTDIR/general/" || true
-    for key in $keys; do cp "$GENERAL_OUT/predictions/$key/${key}_model.cif" "$OUTDIR/general/predictions/" || true; done
+    if [ -f "$GENERAL_OUT/run/weights.pt" ]; then
+        timeout "${1:-240}" python3 -m featurecache.cli predict $keys --cache "$GENERAL_OUT/cache" \
+            --checkpoint "$GENERAL_OUT/run/weights.pt" --out "$GENERAL_OUT/predictions" --samples 5 --steps 200 \
+            --cycles 1 --cuda-graphs > "$GENERAL_OUT/predict.txt" 2>&1 || echo "predict: exit $?"
+        tail -4 "$GENERAL_OUT/predict.txt"
+    fi
+    # one archive: at most 8 files come back from a call
+    local kept=(generalisation.json log.txt predict.txt run/log.jsonl)
+    for key in $keys; do kept+=("predictions/$key/${key}_model.cif"); done
+    (cd "$GENERAL_OUT" && tar -czf "$OUTDIR/general.tar.gz" --ignore-failed-read "${kept[@]}" 2>/dev/null) || true
+    ls -la "$OUTDIR/general.tar.gz"
 }
 
 general_once() {  # start and collect in one call (a shorter run; nothing is lost if the machine is taken back between calls)
