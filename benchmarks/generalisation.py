@@ -68,6 +68,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -439,7 +440,12 @@ def run(cache: pathlib.Path, out: pathlib.Path, entries: list[dict], minutes: fl
     print("$", " ".join(command), flush=True)
     # on the CPU one thread: a tiny model's OpenMP threads only wait on each other (tests/conftest.py)
     environment = {**os.environ, "OMP_NUM_THREADS": "1"} if not cuda else None
-    train_s, stopped = run_budgeted_train(command, minutes, environment)
+    start = time.monotonic()
+    failure = None
+    try:
+        train_s, stopped = run_budgeted_train(command, minutes, environment)
+    except SystemExit as error:  # the curve logged before a crash is still a figure, with the crash beside it
+        failure, train_s, stopped = str(error), time.monotonic() - start, False
     result = {
         "command": " ".join(command),
         "stamp": dataclasses.asdict(run_stamp()),
@@ -451,8 +457,11 @@ def run(cache: pathlib.Path, out: pathlib.Path, entries: list[dict], minutes: fl
         "smoke": smoke,
         "validation_keys": keys,
         "train_entries": sum(entry["split"] != "excluded" for entry in entries) - len(keys),
+        **({"note": failure} if failure else {}),
     }
     (out / "generalisation.json").write_text(json.dumps(result, indent=1))
+    if failure:
+        raise SystemExit(failure)
     return result
 
 
@@ -550,8 +559,11 @@ def whole_entries(out: pathlib.Path, inputs: pathlib.Path) -> tuple[list[dict], 
 
     folder = out / "predictions"
     scores = []
-    for path in sorted(folder.glob("*_model.cif")) if folder.is_dir() else []:
+    # predict's layout: the top-ranked sample of entry KEY at KEY/KEY_model.cif
+    for path in sorted(folder.glob("*/*_model.cif")) if folder.is_dir() else []:
         key = path.name.removesuffix("_model.cif")
+        if key != path.parent.name:
+            continue
         truth = inputs / f"{key}.cif"
         evaluated = subprocess.run(
             [*CLI, "evaluate", "--json", "--truth", str(truth), str(path)], capture_output=True, text=True
