@@ -81,6 +81,39 @@ def test_graphs_of_two_shapes_in_one_pool_replay_as_eager_steps():
 
 
 @cuda_only
+def test_a_released_step_frees_its_graph_and_captures_anew():
+    """release() (train's end) drops the graph and its buffers; the step then warms up and captures
+    again, and its replays still match the eager steps."""
+    generator = torch.Generator(device="cuda").manual_seed(11)
+    batches = [
+        {
+            "x": torch.randn(9, 24, device="cuda", generator=generator),
+            "y": torch.randn(9, 3, device="cuda", generator=generator),
+        }
+        for _ in range(6)
+    ]
+    eager_model, eager_step = _model_and_step(0)
+    graph_model, graph_step = _model_and_step(0)
+    captured = CapturedStep(graph_step, warmup_steps=1)
+    for index, batch in enumerate(batches):
+        if index == 3:
+            captured.release()
+            assert not captured.is_captured and not captured.static_inputs
+        expected = eager_step(batch)["loss"].item()
+        assert captured(batch)["loss"].item() == pytest.approx(expected, rel=1e-5, abs=1e-6), index
+    assert captured.is_captured
+    for mine, ref in zip(graph_model.parameters(), eager_model.parameters()):
+        torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_releasing_an_uncaptured_step_is_harmless():
+    captured = CapturedStep(lambda inputs: {"y": inputs["x"] * 2}, capture=False)
+    captured({"x": torch.ones(2)})
+    captured.release()
+    assert captured({"x": torch.ones(2)})["y"].tolist() == [2.0, 2.0]
+
+
+@cuda_only
 def test_a_replay_with_another_shape_names_the_input():
     _, step = _model_and_step(0)
     captured = CapturedStep(step, warmup_steps=1)

@@ -113,6 +113,14 @@ class CapturedStep:
         self.steps_run += 1
         return outputs
 
+    def release(self) -> None:
+        """Drop the graph and its buffers now (the step may be captured again afterwards)."""
+        if self.graph is not None:
+            torch.cuda.synchronize()  # no replay may still be running when its graph is destroyed
+        self.graph = None
+        self.static_inputs, self.static_outputs = {}, {}
+        self.steps_run = 0
+
     def _copy_inputs(self, inputs: Mapping[str, torch.Tensor]) -> None:
         missing = sorted(set(self.static_inputs) - set(inputs))
         if missing:
@@ -169,6 +177,14 @@ class GraphedUpdate:
             and all(step.is_captured for step in self.backward_steps.values())
             and self.apply.is_captured
         )
+
+    def release(self) -> None:
+        """Drop every graph and buffer now, while the CUDA context and Triton's modules are still
+        there: left to the garbage collector (the graphs' step functions refer back to the trainer,
+        a cycle), they were destroyed during interpreter shutdown."""
+        for step in [*self.backward_steps.values(), self.apply]:
+            step.release()
+        self.backward_steps = {}
 
     def backward_step(self, inputs: Mapping[str, torch.Tensor]) -> CapturedStep:
         """The backward CapturedStep of these inputs' shapes, made the first time they are seen."""

@@ -263,6 +263,12 @@ class Trainer:
             self.graph_lr.set(self.scheduler.get_last_lr()[0])
         return result, num_cycles
 
+    def close(self) -> None:
+        """Release the captured graphs at the end of the run, not at interpreter shutdown."""
+        if self.graphed is not None:
+            self.graphed.release()
+            self.graphed = None
+
     @property
     def takes_host_batches(self) -> bool:
         """Whether step() takes its batches on the host (a graph copies them to its buffers)."""
@@ -466,6 +472,7 @@ def train(config: TrainConfig) -> list[dict]:
                 with StopRequest(max_minutes=config.max_minutes) as stop:
                     return _run(config, world, trainer, (dataset, held_out), pad_to, position, run_log, run_dir, stop)
             finally:
+                trainer.close()
                 run_log.close()
         finally:
             shutdown(world)
