@@ -506,6 +506,32 @@ def test_fraction_disordered_of_a_folded_protein_and_of_it_blown_apart(shared_da
     )
 
 
+def test_accessible_area_in_blocks_equals_biotites_and_stays_bounded_for_strewn_atoms(shared_data, monkeypatch):
+    """A barely trained model's sample strews atoms over kilometres: biotite's cell list over that
+    box asked for 25 GB (MemoryError in predict). Measured block by block, the areas are biotite's
+    own, atom for atom, and a strewn structure takes bounded memory."""
+    import biotite.structure as struc
+
+    from featurecache.prediction import ranking
+
+    chain = _protein_chain(shared_data)
+    atoms = struc.AtomArray(len(chain["positions"]))
+    atoms.coord = chain["positions"].astype(np.float32)
+    atoms.element = np.array(chain["elements"])
+    radii = np.array([ranking.DSSP_RADII.get(name, ranking.DSSP_OTHER_RADIUS) for name in chain["atom_names"]])
+    whole = struc.sasa(atoms, probe_radius=ranking.DSSP_PROBE, vdw_radii=radii, ignore_ions=False)
+    monkeypatch.setattr(ranking, "SASA_MAX_CELLS", 0)
+    monkeypatch.setattr(ranking, "SASA_BLOCK", 9.0)  # many blocks, each cutting through the protein
+    np.testing.assert_array_equal(ranking.accessible_area(atoms, radii), whole)
+    monkeypatch.undo()
+
+    strewn = atoms.copy()  # every atom 1,000x farther from the others: a box of some 40,000 A a side
+    strewn.coord = atoms.coord * 1000.0
+    area = ranking.accessible_area(strewn, radii)
+    isolated = 4 * np.pi * (radii + ranking.DSSP_PROBE) ** 2  # no atom within reach of another
+    np.testing.assert_allclose(area, isolated, rtol=1e-5)
+
+
 def test_has_clash_and_ranking_score(shared_data):
     from featurecache.prediction.ranking import has_clash, ranking_score
 

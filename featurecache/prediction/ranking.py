@@ -55,6 +55,11 @@ MAX_ACCESSIBLE_AREA = {
 DSSP_RADII = {"N": 1.65, "CA": 1.87, "C": 1.76, "O": 1.4}  # every other atom: 1.8
 DSSP_OTHER_RADIUS = 1.8
 DSSP_PROBE = 1.4
+# biotite's Shrake-Rupley allocates a cell list over the atoms' bounding box (cells of twice the
+# largest radius plus probe): a sample from a barely trained model, atoms strewn over kilometres of
+# box, asked for tens of GB. Past this many cells the area is measured block by block instead.
+SASA_MAX_CELLS = 4_000_000
+SASA_BLOCK = 128.0  # Angstrom, the side of one block's cube
 
 
 def ranking_score(ptm: float, iptm: float, fraction_disordered: float, has_clash: bool) -> float:
@@ -90,7 +95,7 @@ def relative_accessibility(
     atoms.atom_name = np.array(atom_names)
     atoms.element = np.array(elements)
     radii = np.array([DSSP_RADII.get(name, DSSP_OTHER_RADIUS) for name in atom_names])
-    area = struc.sasa(atoms, probe_radius=DSSP_PROBE, vdw_radii=radii, ignore_ions=False)
+    area = accessible_area(atoms, radii)
     order, first = np.unique(residue, return_index=True)
     order = order[np.argsort(first)]
     rsa = []
@@ -101,6 +106,30 @@ def relative_accessibility(
             min(float(np.nansum(area[members])) / MAX_ACCESSIBLE_AREA.get(name, MAX_ACCESSIBLE_AREA["ALA"]), 1.0)
         )
     return np.array(rsa)
+
+
+def accessible_area(atoms: struc.AtomArray, radii: np.ndarray) -> np.ndarray:
+    """biotite's Shrake-Rupley area of each atom (DSSP's probe), in bounded memory whatever the
+    spread of the coordinates: past SASA_MAX_CELLS, each SASA_BLOCK cube's atoms are measured with
+    every atom within reach of the cube as occluders, which gives the same areas (atoms farther
+    apart than their radii plus two probes never occlude each other)."""
+    reach = 2.0 * (float(radii.max()) + DSSP_PROBE)  # also biotite's cell size
+    coords = atoms.coord.astype(np.float64)
+    cells = np.prod(np.ceil(np.ptp(coords, axis=0) / reach) + 1.0)
+    if cells <= SASA_MAX_CELLS:
+        return struc.sasa(atoms, probe_radius=DSSP_PROBE, vdw_radii=radii, ignore_ions=False)
+    blocks = np.floor((coords - coords.min(axis=0)) / SASA_BLOCK).astype(np.int64)
+    area = np.full(len(atoms), np.nan, dtype=np.float32)
+    _, block_of_atom = np.unique(blocks, axis=0, return_inverse=True)
+    for block in np.unique(block_of_atom):
+        core = block_of_atom.ravel() == block
+        low, high = coords[core].min(axis=0) - reach, coords[core].max(axis=0) + reach
+        near = np.all((coords >= low) & (coords <= high), axis=1)
+        measured = core[near]
+        area[core] = struc.sasa(
+            atoms[near], probe_radius=DSSP_PROBE, atom_filter=measured, vdw_radii=radii[near], ignore_ions=False
+        )[measured]
+    return area
 
 
 def windowed(values: np.ndarray, window: int = RSA_WINDOW) -> np.ndarray:
