@@ -67,6 +67,9 @@ def build(args, out: pathlib.Path) -> tuple[Trainer, object]:
     model_settings = {"max_recycling_cycles": args.cycles}
     if args.diffusion_batch is not None:  # otherwise the preset's
         model_settings["diffusion_batch"] = args.diffusion_batch
+    for setting in args.setting:
+        name, _, value = setting.partition("=")
+        model_settings[name] = json.loads(value)
     config = TrainConfig(
         cache=str(args.cache),
         out=str(out),
@@ -257,6 +260,13 @@ def main() -> None:
     parser.add_argument("--diffusion-batch", type=int, help="default: the preset's (tiny: 4)")
     parser.add_argument("--cycles", type=int, default=1, help="--max-recycling-cycles (N_cycle drawn from 1..this)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps after one untimed")
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="a model setting by name, e.g. checkpoint_blocks=false (repeatable)",
+    )
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's, one per core)")
     parser.add_argument(
         "--profile", type=int, default=0, metavar="TOP", help="profile one more step, print TOP operators"
