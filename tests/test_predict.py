@@ -239,6 +239,22 @@ def test_bad_keys_and_checkpoints_are_one_line_with_exit_2(cache, checkpoint, tm
     torch.save(state, garbled)
     assert "does not load as AF3Model" in error_line([TARGET, "--checkpoint", garbled])
     assert "no such file" in error_line([TARGET, "--checkpoint", tmp_path / "missing.pt"])
+    state = torch.load(checkpoint, weights_only=False)  # a diverged run's weights
+    name = next(iter(state["model"]))
+    for weights in (state["model"], state.get("ema", {})):
+        if name in weights:
+            weights[name] = torch.full_like(weights[name], float("nan"))
+    torch.save(state, garbled)
+    line = error_line([TARGET, "--checkpoint", garbled])
+    assert "NaN or infinity" in line and name in line and str(garbled) in line
+    state = torch.load(checkpoint, weights_only=False)  # finite weights whose positions overflow
+    name = "diffusion_module.atom_decoder.to_positions.linear.weight"
+    for weights in (state["model"], state.get("ema", {})):
+        if name in weights:
+            weights[name] = torch.full_like(weights[name], 3e38)
+    torch.save(state, garbled)
+    line = error_line([TARGET, "--checkpoint", garbled])
+    assert f"{TARGET}: sample(s) 0" in line and "NaN or infinite coordinates" in line
     line = error_line([TARGET, "--checkpoint", checkpoint, "--cuda-graphs", "--device", "cpu"])
     assert "--cuda-graphs needs a CUDA device" in line
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

@@ -72,13 +72,20 @@ def load_model(checkpoint: pathlib.Path, device: torch.device, kernels: str) -> 
         model = AF3Model(config)
         # the EMA of the weights where training kept one (AF3 predicts with it), else the weights;
         # a weights file holds the EMA as its "model"
-        model.load_state_dict({**state["model"], **state.get("ema", {})})
+        loaded = {**state["model"], **state.get("ema", {})}
+        model.load_state_dict(loaded)
     except (TypeError, ValueError, RuntimeError) as error:
         reason = " ".join(str(error).split())[:300]
         raise PredictError(
             f"--checkpoint {checkpoint}: its model does not load as AF3Model (a trunk-only "
             f"checkpoint from before the diffusion module?): {reason}"
         ) from None
+    broken = [name for name, value in loaded.items() if value.is_floating_point() and not value.isfinite().all()]
+    if broken:
+        raise PredictError(
+            f"--checkpoint {checkpoint}: {len(broken)} weight tensor(s) hold NaN or infinity ({broken[0]} first): "
+            "its training diverged; predict from an earlier checkpoint"
+        )
     return model.to(device).eval()
 
 
@@ -222,6 +229,13 @@ def _predict_target(
     written_from = time.perf_counter()
     # what the files are made of, in fp32 on the host (not the trunk's pair and single)
     outputs = {name: outputs[name].float().cpu() for name in PREDICTION_OUTPUTS if name in outputs}
+    finite = outputs["positions"][0].isfinite().flatten(1).all(dim=1)  # per sample
+    if not finite.all():
+        bad = ", ".join(str(number) for number in (~finite).nonzero().flatten().tolist())
+        raise PredictError(
+            f"{key}: sample(s) {bad} of {options.samples} came out with NaN or infinite coordinates "
+            f"(--checkpoint {options.checkpoint}); nothing was written for {key}"
+        )
     arrays = {name: value.numpy() for name, value in sample.items() if isinstance(value, torch.Tensor)}
     instances = residue_instances(arrays, meta, ccd)
     labels = asym_ids(list(meta["chain_ids"]))[0]
