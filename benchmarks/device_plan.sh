@@ -241,10 +241,13 @@ inference() {
 #   1. ~40 + 560 s  run(command="bash benchmarks/device_plan.sh general_start 14", carry=[".devdata/general/cache", ".devdata/general/components.bcif", ".devdata/site-core.tar.xz"], timeout_s=600)
 #   2. ~40 + 420 s  run(command="bash benchmarks/device_plan.sh general_collect", carry=[".devdata/general/cache", ".devdata/general/components.bcif", ".devdata/site-core.tar.xz"], timeout_s=600)
 #   or both in one call, a shorter run:
-#      ~40 + 560 s  run(command="bash benchmarks/device_plan.sh general_once 7.5 480 60", carry=[...as above], timeout_s=600)
-#   (2026-12-05: a 12-minute run was lost when call 2 came > 30 s after call 1 and the machine had been
-#   taken back; at 0.33 s a step the small preset needs ~500+ steps to leave the untrained lDDT, so a
-#   single call of 7.5 minutes (~1,000 steps) is the safer figure; the pair of calls the larger one)
+#      ~40 + 560 s  run(command="bash benchmarks/device_plan.sh general_once 7.3 460 110", carry=[...as above], timeout_s=600)
+#   (2026-12-05: two pairs of calls lost their runs. At 18:08 the cause was found: call 2's copy of the
+#   tree rewrote the carried LMDB in place under the data workers' maps, and a worker segfaulted;
+#   general_start now trains from a copy outside the tree. A 7.6-minute general_once on the H100
+#   reached step 501 (validation lDDT 0.084 -> 0.258): ~165 s of the budget go to the first step's
+#   compilation and the three validations, so the pair of calls (~1,700 steps) is the better figure;
+#   the run stopped cleanly but its process then segfaulted at exit, since fixed in train (unverified))
 #   here:  mkdir -p .devout/general && tar -xzf FILES/general.tar.gz -C .devout/general &&
 #          python3 benchmarks/generalisation.py record .devout/general   (RESULTS.md, results.csv, the figure)
 GENERAL_OUT=/root/general
@@ -315,8 +318,8 @@ general_collect() {
 }
 
 general_once() {  # start and collect in one call (a shorter run; nothing is lost if the machine is taken back between calls)
-    general_start "${1:-7}" "${2:-480}"
-    general_collect "${3:-90}"
+    general_start "${1:-7.3}" "${2:-460}"
+    general_collect "${3:-110}"
 }
 
 general_smoke() {  # here: general_start's and record's code on the CPU, tiny preset, 4 steps, 3 validation entries
