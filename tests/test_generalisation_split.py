@@ -99,3 +99,31 @@ def test_split_keeps_linked_entries_together_and_mixes_the_held_out_kinds(genera
     leaked = {**clusters, held_out[0]: clusters[held_out[0]] | {"protein:1"}}
     with pytest.raises(SystemExit, match=f"{held_out[0]}.*protein:1"):
         generalisation.check(entries, leaked)
+
+
+def test_the_ccd_cut_holds_the_entries_components_as_biotite_reads_them(generalisation, shared_data, tmp_path):
+    """`generalisation.py ccd`: the components an entry uses (ligands, ions, residues) and the
+    standard residues, in a file biotite takes as its CCD, each with the full dictionary's atoms."""
+    import shutil
+
+    import biotite.structure.info as info
+    import gemmi
+
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    shutil.copy(shared_data / "structures" / "721p-assembly1.cif", inputs / "721p.cif")
+    used = {residue.name for chain in gemmi.read_structure(str(inputs / "721p.cif"))[0] for residue in chain}
+    out = tmp_path / "components.bcif"
+    count = generalisation.ccd_subset(inputs, ["721p"], out)
+    full = info.get_ccd()
+    expected = {*used, *generalisation.STANDARD_RESIDUES} & set(full["chem_comp"]["id"].as_array(str).tolist())
+    assert count == len(expected) and {"GNP", "MG"} <= expected
+    atoms = {code: info.get_from_ccd("chem_comp_atom", code, "atom_id").as_array(str).tolist() for code in expected}
+    try:
+        info.set_ccd_path(out)
+        cut = info.get_ccd()
+        assert set(cut["chem_comp"]["id"].as_array(str).tolist()) == expected
+        for code in expected:
+            assert info.get_from_ccd("chem_comp_atom", code, "atom_id").as_array(str).tolist() == atoms[code], code
+    finally:
+        info.set_ccd_path(pathlib.Path(info.__file__).parent / "components.bcif")
