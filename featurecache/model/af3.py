@@ -281,16 +281,18 @@ class AF3Model(nn.Module):
         num_steps: int | None = None,
         generator: torch.Generator | None = None,
         wrap_denoiser: Callable[[Denoiser], Denoiser] | None = None,
+        confidences: bool = True,
     ) -> dict:
         """Inference: the trunk, then Algorithm 18 for num_samples structures ([B, S, A, 3] under
-        `positions`; padding atoms are meaningless), and with the confidence head its logits for
-        each of them. num_steps defaults to config.sampler.sampler_steps. `wrap_denoiser` takes
+        `positions`; padding atoms are meaningless), and with the confidence head (unless
+        `confidences` is False: validation scores the positions alone) its logits for each of
+        them. num_steps defaults to config.sampler.sampler_steps. `wrap_denoiser` takes
         the diffusion module bound to this batch's trunk outputs, denoise(x_noisy, sigma), and
         returns what the sampler calls in its place (prediction/sampler_graph.py: a CUDA graph)."""
         outputs = self.trunk(batch, num_cycles)
         context = self.diffusion_context(batch, outputs)
         outputs["positions"] = self._sample_positions(batch, context, num_samples, num_steps, generator, wrap_denoiser)
-        if self.confidence_head is not None:
+        if self.confidence_head is not None and confidences:
             outputs.update(self._confidence(batch, outputs, outputs["positions"]))
         return outputs
 

@@ -63,7 +63,12 @@ def validate_target(model: AF3Model, batch: dict, config: TrainConfig, seed: int
     _, metrics = model.loss(batch, outputs)
     with autocast:
         predicted = model.sample(
-            batch, num_cycles=cycles, num_samples=1, num_steps=config.validation_sampler_steps, generator=generator
+            batch,
+            num_cycles=cycles,
+            num_samples=1,
+            num_steps=config.validation_sampler_steps,
+            generator=generator,
+            confidences=False,  # only the positions are scored
         )["positions"]
     return {**{name: float(value) for name, value in metrics.items()}, **lddt_by_molecule_type(batch, predicted)}
 

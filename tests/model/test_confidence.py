@@ -293,6 +293,12 @@ def test_training_step_runs_the_mini_rollout_and_sampling_judges_every_sample():
     sampled = model.sample(batch, num_cycles=1, num_samples=2, num_steps=2, generator=torch.Generator().manual_seed(0))
     assert sampled["plddt_logits"].shape[:3] == (1, 2, batch["atom_pad_mask"].shape[1])
     assert sampled["pae_logits"].shape[:2] == (1, 2)
+    # validation's sampling: the same positions (the head draws no noise), no head run
+    bare = model.sample(
+        batch, num_cycles=1, num_samples=2, num_steps=2, generator=torch.Generator().manual_seed(0), confidences=False
+    )
+    torch.testing.assert_close(bare["positions"], sampled["positions"], rtol=0, atol=0)
+    assert not any(name.endswith("_logits") and name != "distogram_logits" for name in bare), sorted(bare)
 
 
 def test_pae_head_is_frozen_while_its_loss_weight_is_zero():
