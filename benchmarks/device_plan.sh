@@ -229,6 +229,20 @@ inference() {
         tee "$OUTDIR/log.txt"
 }
 
+# Issue 34's step through the CLI (benchmarks/cli_step.py: `featurecache train --cuda-graphs` on the
+# cache of 721p and 7a4d, with their 1,024-row MSAs, timed from the run's log): the af3 preset at
+# crop 384 (target <= 0.6 s; the headline shows its TFLOP/s) and the tiny preset (target <= 40 ms)
+#   here, once:  bash benchmarks/device_plan.sh prepare   (.devdata/cache384)
+#   ~40 + 540 s  run(command="bash benchmarks/device_plan.sh cli_steps", carry=[".devdata/cache384", ".devdata/site-core.tar.xz"], timeout_s=600)
+#   here:  cp FILES/RESULTS.md FILES/results.csv benchmarks/
+cli_steps() {
+    device_setup
+    python3 benchmarks/cli_step.py --cache .devdata/cache384 --preset tiny --crop 384 --steps 120 --minutes 2 \
+        --out /root/cli-tiny --record 2>&1 | grep -av '^step ' | tee "$OUTDIR/log.txt"
+    python3 benchmarks/cli_step.py --cache .devdata/cache384 --preset af3 --crop 384 --steps 60 --minutes "${1:-6}" \
+        --out /root/cli-af3 --record 2>&1 | grep -av '^step ' | tee -a "$OUTDIR/log.txt"
+}
+
 # Issue 33's generalisation (benchmarks/generalisation.py): `featurecache train --preset small` on
 # 117 real PDB entries with --validate-every on 12 held out by 40 % sequence cluster
 # (benchmarks/generalisation/entries.csv), started under setsid in one call, collected in the next.
@@ -348,4 +362,4 @@ smoke() {
         --crop-step 8 --crop-limit 32 --crop-budget-s 300 --out "$out/d"
 }
 
-"${1:?usage: device_plan.sh prepare|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|precision|pack_site|general_prepare|general_start|general_collect|general_smoke|smoke [OUT]}" "${@:2}"
+"${1:?usage: device_plan.sh prepare|cli_steps|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|precision|pack_site|general_prepare|general_start|general_collect|general_smoke|smoke [OUT]}" "${@:2}"

@@ -64,6 +64,8 @@ HEADLINES = [
     Headline("train_step", "iteration ms", ("triton", "triton+graphs")),
     Headline("train_step", "largest crop", ("triton",), lower_is_better=False),
     Headline("train_step", "data wait %", ("cache",), peers=()),
+    # the same step through `featurecache train` on a real cache (cli_step.py)
+    Headline("cli_step", "iteration ms", ("featurecache train",), peers=()),
     Headline("loader", "read ms", ("featurecache",), shapes=("all targets",)),
     Headline("precompute", "wall s", ("2 workers",)),
     Headline("precompute", "overhead % of tool time", ("1 worker",), peers=()),
