@@ -5,7 +5,7 @@ by side: seconds per step, atoms padded, peak memory.
     python3 benchmarks/atom_buckets.py --cache /tmp/fc-cache [--crop 384] [--steps 40] [--buckets 1 4] [--record]
     python3 benchmarks/atom_buckets.py --cache /tmp/fc-cache --smoke    # the CPU: tiny preset, --static-shapes
 
-Each setting is one run of the command (`python -m featurecache.training`, the user's path), read
+Each setting is one run of the command (`featurecache train` through harness.train_command), read
 back from its log.jsonl. "steady s/step" is the median over the steps that replayed a captured
 graph: a bucket's first four steps (three launched warm-ups and the capture) are left out, which
 a long run pays once per bucket ("all s/step" includes them). With --smoke the steps run launched
@@ -15,12 +15,10 @@ on the CPU (no graphs): only each bucket's first step is left out, and the times
 from __future__ import annotations
 
 import collections
-import json
 import os
 import pathlib
 import statistics
 import subprocess
-import sys
 import tempfile
 
 import harness
@@ -32,38 +30,20 @@ GRAPH_FIRST_STEPS = 4
 
 def run_training(args, buckets: int, out: pathlib.Path) -> list[dict]:
     """One `featurecache train` run with --atom-buckets `buckets`; its training-step records."""
-    command = [
-        sys.executable,
-        "-m",
-        "featurecache.training",
-        "--cache",
-        str(args.cache),
-        "--out",
-        str(out),
-        "--preset",
-        args.preset,
-        "--crop-size",
-        str(args.crop),
-        "--steps",
-        str(args.steps),
-        "--max-recycling-cycles",
-        "1",
-        "--checkpoint-every",
-        str(10**9),
-        "--num-workers",
-        str(args.num_workers),
+    command = harness.train_command(
+        args,
+        out,
         "--atom-buckets",
         str(buckets),
         *(["--static-shapes", "--device", "cpu"] if args.smoke else ["--cuda-graphs"]),
         *(["--diffusion-batch", str(args.diffusion_batch)] if args.diffusion_batch else []),
         *(["--pairformer-blocks", str(args.pairformer_blocks)] if args.pairformer_blocks else []),
-    ]
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(harness.REPO), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise SystemExit(f"atom_buckets: `{' '.join(command)}` failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
-    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    return [record for record in records if record["kind"] == "train"]
+    return harness.train_steps(out / "log.jsonl")
 
 
 def summary(records: list[dict], first_steps: int) -> dict:

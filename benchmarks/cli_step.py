@@ -29,11 +29,9 @@ what the cache's batches held.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import statistics
-import sys
 import tempfile
 
 import harness
@@ -42,42 +40,18 @@ from records import ITERATION_PREFIX, Row, record
 
 from featurecache.model import preset
 
-CLI = [sys.executable, "-m", "featurecache.cli"]
 BENCHMARK = "cli_step"
 VARIANT = "featurecache train"
 
 
 def train_command(args, out: pathlib.Path, cuda: bool) -> list[str]:
-    command = [
-        *CLI,
-        "train",
-        "--cache",
-        str(args.cache),
-        "--out",
-        str(out),
-        "--preset",
-        args.preset,
-        "--crop-size",
-        str(args.crop),
-        "--steps",
-        str(args.steps),
-        "--max-recycling-cycles",
-        "1",
-        "--num-workers",
-        str(args.num_workers),
-        "--checkpoint-every",
-        str(10**9),
+    return harness.train_command(
+        args,
+        out,
         *(["--diffusion-batch", str(args.diffusion_batch)] if args.diffusion_batch else []),
         *(["--cuda-graphs"] if cuda else ["--device", "cpu"]),
         *args.train_args,
-    ]
-    return command
-
-
-def step_lines(log: pathlib.Path) -> list[dict]:
-    """The run's training step lines, in step order."""
-    lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    return sorted((line for line in lines if line.get("kind") == "train"), key=lambda line: line["step"])
+    )
 
 
 def summarise(steps: list[dict], skip: int | None = None) -> dict:
@@ -135,7 +109,7 @@ def main(argv=None) -> None:
     # on the CPU one thread: a small model's OpenMP threads only wait on each other (tests/conftest.py)
     environment = None if cuda else {**os.environ, "OMP_NUM_THREADS": "1"}
     train_s, stopped = harness.run_budgeted_train(command, args.minutes, environment)
-    steps = step_lines(out / "log.jsonl")
+    steps = harness.train_steps(out / "log.jsonl")
     figures = summarise(steps, args.skip)
     stamp = harness.run_stamp()
     table = Table(["preset", "crop", "steps (timed)", *(name for name in figures if name != "timed steps")])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import os
 import pathlib
@@ -79,6 +80,40 @@ def device_name() -> str:
 def run_stamp() -> RunStamp:
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return RunStamp(now, device_name(), git_commit(), torch.__version__, triton.__version__)
+
+
+def train_command(args, out: pathlib.Path, *more: str) -> list[str]:
+    """`featurecache train` as the benchmarks run it, the user's path: args.cache, .preset, .crop,
+    .steps and .num_workers at N_cycle 1, a checkpoint only at the end, then `more` arguments."""
+    return [
+        sys.executable,
+        "-m",
+        "featurecache.cli",
+        "train",
+        "--cache",
+        str(args.cache),
+        "--out",
+        str(out),
+        "--preset",
+        args.preset,
+        "--crop-size",
+        str(args.crop),
+        "--steps",
+        str(args.steps),
+        "--max-recycling-cycles",
+        "1",
+        "--checkpoint-every",
+        str(10**9),
+        "--num-workers",
+        str(args.num_workers),
+        *more,
+    ]
+
+
+def train_steps(log: pathlib.Path) -> list[dict]:
+    """The training-step lines of a run's log.jsonl, in step order."""
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return sorted((line for line in lines if line.get("kind") == "train"), key=lambda line: line["step"])
 
 
 # How long a budgeted `featurecache train` may run past its --max-minutes before it is signalled:

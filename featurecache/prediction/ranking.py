@@ -120,9 +120,10 @@ def accessible_area(atoms: struc.AtomArray, radii: np.ndarray) -> np.ndarray:
         return struc.sasa(atoms, probe_radius=DSSP_PROBE, vdw_radii=radii, ignore_ions=False)
     blocks = np.floor((coords - coords.min(axis=0)) / SASA_BLOCK).astype(np.int64)
     area = np.full(len(atoms), np.nan, dtype=np.float32)
-    _, block_of_atom = np.unique(blocks, axis=0, return_inverse=True)
-    for block in np.unique(block_of_atom):
-        core = block_of_atom.ravel() == block
+    occupied, block_of_atom = np.unique(blocks, axis=0, return_inverse=True)
+    block_of_atom = block_of_atom.ravel()
+    for block in range(len(occupied)):
+        core = block_of_atom == block
         low, high = coords[core].min(axis=0) - reach, coords[core].max(axis=0) + reach
         near = np.all((coords >= low) & (coords <= high), axis=1)
         measured = core[near]
