@@ -5,6 +5,7 @@ Trainer and its step), timed on the host clock with the process's peak resident 
     python3 benchmarks/tiny_step.py --cache /tmp/fc-cache [--crop 384] [--steps 3] [--record]
     python3 benchmarks/tiny_step.py --cache /tmp/fc-cache --threads 1 --profile 25  # the 25 costliest operators
     python3 benchmarks/tiny_step.py --cache /tmp/fc-cache --memory 15     # the 15 largest tensors at the peak
+    python3 benchmarks/tiny_step.py --cache /tmp/fc-cache --threads 1 --modules 3  # CPU time by module, 3 names deep
     python3 benchmarks/tiny_step.py --cache /tmp/fc-cache --threads 1 --variant before=/work/main  # side by side
 
 Each step is timed on the host clock (its data wait apart) and in CPU seconds of the process
@@ -159,6 +160,82 @@ class LiveTensors(TorchDispatchMode):
         self.bytes -= size
 
 
+class ModuleTimes(TorchDispatchMode):
+    """CPU time of this thread per module, `depth` names deep ("trunk.pairformer"): forward
+    operators by the module running them (global forward hooks), backward operators by the module
+    whose forward made their autograd node (each node's sequence number, read after every call
+    above autograd), a custom Function's backward by its node's name. Recomputation under
+    checkpointing re-enters the modules' forward, so it counts as forward."""
+
+    def __init__(self, model: torch.nn.Module, depth: int) -> None:
+        super().__init__()
+        self.names = {id(module): name for name, module in model.named_modules()}
+        self.depth, self.stack, self.node_owner = depth, ["(outside modules)"], {}
+        self.seconds: dict[str, list[float]] = {}
+        outer = self
+
+        class Owners(torch.overrides.TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                output = func(*args, **(kwargs or {}))
+                for tensor in tree_leaves(output):
+                    node = getattr(tensor, "grad_fn", None) if isinstance(tensor, torch.Tensor) else None
+                    if node is not None:
+                        outer.node_owner.setdefault(node._sequence_nr(), outer.stack[-1])
+                return output
+
+        self.owners = Owners()
+
+    def _enter(self, module, _inputs) -> None:
+        name = self.names.get(id(module))
+        if name is not None:
+            self.stack.append(".".join(name.split(".")[: self.depth]) or "(model)")
+
+    def _leave(self, module, _inputs, _output) -> None:
+        if self.names.get(id(module)) is not None and len(self.stack) > 1:
+            self.stack.pop()
+
+    def __enter__(self):
+        self.hooks = [
+            torch.nn.modules.module.register_module_forward_pre_hook(self._enter),
+            torch.nn.modules.module.register_module_forward_hook(self._leave, always_call=True),
+        ]
+        self.owners.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        self.owners.__exit__(*exc)
+        for hook in self.hooks:
+            hook.remove()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        started = time.thread_time()
+        output = func(*args, **(kwargs or {}))
+        spent = time.thread_time() - started
+        node = torch._C._current_autograd_node()
+        if node is None:
+            key = "forward " + self.stack[-1]
+        else:
+            key = "backward " + self.node_owner.get(node._sequence_nr(), node.name())
+        entry = self.seconds.setdefault(key, [0.0, 0])
+        entry[0] += spent
+        entry[1] += 1
+        return output
+
+
+def module_step(trainer: Trainer, batch: dict, step: int, depth: int) -> None:
+    times = ModuleTimes(trainer.model, depth)
+    with times:
+        trainer.step([batch], step)
+    total = sum(seconds for seconds, _ in times.seconds.values())
+    print(f"\n{total:.1f} s of CPU in operators, by module ({depth} names deep):")
+    table = Table(["CPU s", "share", "calls", "where"])
+    for key, (seconds, count) in sorted(times.seconds.items(), key=lambda item: -item[1][0]):
+        if seconds >= 0.005 * total:
+            table.add([seconds, f"{100 * seconds / total:.1f} %", count, key])
+    print(table.markdown())
+
+
 def memory_step(trainer: Trainer, batch: dict, step: int, top: int) -> None:
     tracker = LiveTensors()
     with tracker:
@@ -199,13 +276,15 @@ def run_steps(args, label: str) -> dict:
             )
         if args.profile:
             profile_step(trainer, next(batches), args.steps + 1, args.profile)
+        if args.modules:
+            module_step(trainer, next(batches), args.steps + 3, args.modules)
         if args.memory:
             memory_step(trainer, next(batches), args.steps + 2, args.memory)
     return {
         "diffusion batch": trainer.model.config.diffusion.diffusion_batch,
         "threads": torch.get_num_threads(),
-        "step s": statistics.median(times[1:]),
-        "step CPU s": statistics.median(cpu_times[1:]),
+        "step s": statistics.median(times[1:] or times),
+        "step CPU s": statistics.median(cpu_times[1:] or cpu_times),
         "first step s": times[0],
         "peak RSS GB": max(peaks),
         "load average": os.getloadavg()[0],
@@ -239,8 +318,8 @@ def run_variant(name: str, checkout: pathlib.Path, argv: list[str]) -> dict:
 
 
 def child_argv(argv: list[str]) -> list[str]:
-    """The command line without --variant, --record, --profile and --memory (and their values)."""
-    drop, kept, skip = {"--variant", "--record", "--profile", "--memory"}, [], False
+    """The command line without --variant, --record, --profile, --modules and --memory (and their values)."""
+    drop, kept, skip = {"--variant", "--record", "--profile", "--modules", "--memory"}, [], False
     for word in argv:
         if skip:
             skip = False
@@ -270,6 +349,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's, one per core)")
     parser.add_argument(
         "--profile", type=int, default=0, metavar="TOP", help="profile one more step, print TOP operators"
+    )
+    parser.add_argument(
+        "--modules",
+        type=int,
+        default=0,
+        metavar="DEPTH",
+        help="profile one more step by module, names DEPTH deep (forward and backward apart)",
     )
     parser.add_argument(
         "--memory",

@@ -7,6 +7,9 @@ the model's lDDT share them.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import torch
 
 # lDDT's numbers, defined once for the kernels and the model (model/objectives/lddt.py imports them)
@@ -292,7 +295,62 @@ def evo_attention_rows(q, k, v, bias=None, mask=None, scale=None, block_elements
     batch, rows, length, heads, _ = q.shape
     if q.device.type != "cpu" or batch * rows * heads * length * length <= block_elements:
         return evo_attention_reference(q, k, v, bias, mask, scale)
-    return _RowBlockAttention.apply(q, k, v, bias, mask, float(scale), block_elements)
+    frames = _recompute_frames()
+    if not frames:
+        return _RowBlockAttention.apply(q, k, v, bias, mask, float(scale), block_elements, None)
+    frame = frames[-1]
+    if frame.replay:  # a checkpoint's recompute: the first forward's output, a backward node
+        return _RowBlockAttention.apply(q, k, v, bias, mask, float(scale), block_elements, frame.take())
+    if torch.is_grad_enabled():  # not a checkpoint's first forward (that runs without gradient)
+        return _RowBlockAttention.apply(q, k, v, bias, mask, float(scale), block_elements, None)
+    # a checkpoint's first forward: kept (taken from an enclosing recompute's, where checkpoints nest)
+    enclosing = next((outer for outer in reversed(frames[:-1]) if outer.replay), None)
+    out = enclosing.take() if enclosing is not None else _row_block_forward(q, k, v, bias, mask, scale, block_elements)
+    frame.results.append(out)
+    return out.to(q.dtype, memory_format=torch.contiguous_format)
+
+
+# --- Forward results kept for a checkpoint's recompute (the CPU path) ----------------------------
+# A checkpointed block runs its forward twice: without gradient, then again in backward to build
+# its graph. The row-block attention's forward (two products, the bias and the softmax over
+# H L^3 logits) is a fifth of the triangle attention's cost, its output only L^2 H D: under
+# `kept_for_recompute(results, replay=False)` (the first forward) evo_attention_rows appends its
+# outputs to `results`; under `replay=True` (the recompute) it takes them back in the same order
+# and only builds the backward node. model/network/checkpointing.py opens both frames. Nested
+# checkpoints (a group re-run with a checkpoint per block) hand the results down: an inner first
+# forward takes from the enclosing recompute's and keeps them for its own.
+_recompute = threading.local()
+
+
+class _RecomputeFrame:
+    def __init__(self, results: list, replay: bool) -> None:
+        self.results, self.replay, self.next = results, replay, 0
+
+    def take(self) -> torch.Tensor:
+        if self.next >= len(self.results):
+            raise RuntimeError("a checkpoint's recompute ran more attention calls than its first forward")
+        out = self.results[self.next]
+        self.results[self.next] = None  # each is taken once: free it with its node's saved tensors
+        self.next += 1
+        return out
+
+
+def _recompute_frames() -> list:
+    if not hasattr(_recompute, "frames"):
+        _recompute.frames = []
+    return _recompute.frames
+
+
+@contextlib.contextmanager
+def kept_for_recompute(results: list, replay: bool):
+    """Within it, evo_attention_rows keeps its outputs in `results` (replay=False: a checkpoint's
+    first forward) or takes them back in order (replay=True: the checkpoint's recompute)."""
+    frames = _recompute_frames()
+    frames.append(_RecomputeFrame(results, replay))
+    try:
+        yield
+    finally:
+        frames.pop()
 
 
 def gated_pair_attention_rows(packed, mask, heads, head_dim, transpose=False, scale=None):
@@ -355,16 +413,23 @@ def _weights(q_heads, k_t, bias, mask, rows: slice) -> torch.Tensor:
 # made once per call (not per block), and go back to [B, N, L, H, D] once at the end.
 
 
+def _row_block_forward(q, k, v, bias, mask, scale: float, block_elements: int) -> torch.Tensor:
+    """The attention's fp32 output [B, N, L, H, D] (a view of [B, N, H, D, L]), a block of rows at a time."""
+    q_heads, k_t = _logit_operands(q, k, mask, scale)
+    v_t = _heads_first(v, transposed=True)
+    out_t = torch.empty(v_t.shape, dtype=torch.float32, device=q.device)  # [B, N, H, D, L]
+    for rows in _row_blocks(q, block_elements):
+        weights = _weights(q_heads, k_t, bias, mask, rows)
+        out_t[:, rows] = torch.matmul(v_t[:, rows], weights.transpose(-1, -2))
+    return out_t.permute(0, 1, 4, 2, 3)
+
+
 class _RowBlockAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, bias, mask, scale, block_elements):
-        q_heads, k_t = _logit_operands(q, k, mask, scale)
-        v_t = _heads_first(v, transposed=True)
-        out_t = torch.empty(v_t.shape, dtype=torch.float32, device=q.device)  # [B, N, H, D, L]
-        for rows in _row_blocks(q, block_elements):
-            weights = _weights(q_heads, k_t, bias, mask, rows)
-            out_t[:, rows] = torch.matmul(v_t[:, rows], weights.transpose(-1, -2))
-        out = out_t.permute(0, 1, 4, 2, 3)  # [B, N, L, H, D]
+    def forward(ctx, q, k, v, bias, mask, scale, block_elements, known_out):
+        """known_out: this attention's fp32 output [B, N, L, H, D] from a checkpoint's first
+        forward (kept_for_recompute), or None to compute it."""
+        out = _row_block_forward(q, k, v, bias, mask, scale, block_elements) if known_out is None else known_out
         ctx.save_for_backward(q, k, v, bias, mask, out)
         ctx.scale, ctx.block_elements = scale, block_elements
         return out.to(q.dtype, memory_format=torch.contiguous_format)
@@ -409,4 +474,4 @@ class _RowBlockAttention(torch.autograd.Function):
             for grad_t, t in ((grad_q_t, q), (grad_k_t, k), (grad_v_t, v))
         ]
         cast.append(None if grad_bias is None else grad_bias.to(bias.dtype))
-        return (*cast, None, None, None)
+        return (*cast, None, None, None, None)

@@ -253,6 +253,7 @@ class AF3Model(nn.Module):
     ) -> torch.Tensor:
         """Algorithm 18 with the diffusion module bound to `context`: [B, num_samples, A, 3]."""
         atom_mask = batch["atom_pad_mask"]
+        context = self.diffusion_module.for_sampling(context)  # the steps share the attention biases
         shape = (atom_mask.shape[0], num_samples, atom_mask.shape[1], 3)
 
         def denoise(noisy: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:

@@ -285,3 +285,38 @@ def test_each_recycling_cycle_reads_its_own_msa_rows():
     assert all(
         torch.equal(out, expected[name]) for out, name in zip(outputs, ("msa", "deletion_matrix", "msa_row_mask"))
     )
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_a_samplers_shared_attention_biases_change_no_denoised_position(kernels):
+    """DiffusionModule.for_sampling computes every transformer block's attention bias once for a
+    sampler's steps: the denoiser gives what it gives computing them per call, on both kernel paths."""
+    model = AF3Model(preset("tiny", kernels=kernels)).eval()
+    generator = _generator()
+    batch = random_batch([7], [2], [1], generator, num_atoms_per_token=3)
+    with torch.no_grad():
+        # the trunk on the torch path whatever `kernels` (the interpreter is slow); same weights
+        trunk_model = AF3Model(preset("tiny", kernels="torch")).eval()
+        trunk_model.load_state_dict(model.state_dict())
+        trunk = trunk_model.trunk(batch, 1)
+        context = model.diffusion_context(batch, trunk)
+        shared = model.diffusion_module.for_sampling(context)
+        num_atoms = batch["atom_pad_mask"].shape[1]
+        noisy = 10 * torch.randn(1, 2, num_atoms, 3, generator=generator)
+        sigma = torch.rand(1, 2, generator=generator) * 50 + 0.1
+        expected = model.diffusion_module(noisy, sigma, context)
+        got = model.diffusion_module(noisy, sigma, shared)
+    assert len(shared.encoder_biases) == len(shared.decoder_biases) == model.config.atom_attention.atom_blocks
+    assert len(shared.transformer_biases) == model.config.diffusion.diffusion_blocks
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_shared_attention_biases_are_refused_where_blocks_take_gradients():
+    model = AF3Model(preset("tiny", kernels="torch")).train()
+    generator = _generator()
+    batch = random_batch([6], [2], [0], generator, num_atoms_per_token=2)
+    trunk = model.trunk(batch, 1)
+    shared = model.diffusion_module.for_sampling(model.diffusion_context(batch, trunk))
+    noisy = torch.randn(1, 2, batch["atom_pad_mask"].shape[1], 3, generator=generator)
+    with pytest.raises(ValueError, match="without gradient"):
+        model.diffusion_module(noisy, torch.ones(1, 2), shared)

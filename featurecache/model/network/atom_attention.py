@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from featurecache.kernels.layernorm_linear import LayerNormLinear
-from featurecache.kernels.reference import evo_attention_reference
+from featurecache.kernels.reference import window_attention_reference
 from featurecache.kernels.window_attention import window_attention
 from featurecache.model.config import ModelConfig
 from featurecache.model.network.atoms import gather_tokens, mean_over_token_atoms
@@ -65,10 +65,8 @@ class AtomWindows:
 
     Pair tensors live per window: [B, W, queries, keys, C]. kernels="triton" runs
     featurecache.kernels.window_attention on the windows as they are (queries x keys, the bias
-    read once for a group of diffusion samples). kernels="torch" runs evo_attention's reference,
-    which needs as many queries as keys: each window's queries are padded with zero rows to
-    `keys` and the windows go in the batch axis, the S diffusion samples in its rows, so one
-    [keys, keys] bias per window serves every sample.
+    read once for a group of diffusion samples); kernels="torch" its PyTorch reference on the
+    same layout.
     """
 
     def __init__(self, atom_pad_mask: torch.Tensor, queries: int = 32, keys: int = 128) -> None:
@@ -92,45 +90,21 @@ class AtomWindows:
         """[B, ..., A, C] -> [B, ..., W, keys, C]."""
         return atom_values[..., self.key_index.flatten(), :].unflatten(-2, (self.num_windows, self.keys))
 
-    def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pair_bias: torch.Tensor, kernels: str
-    ) -> torch.Tensor:
-        """Each window's queries over its keys: q, k, v [B, S, A, H, D], pair_bias
-        [B, W, queries, keys, H] -> [B, S, A, H, D]."""
-        if kernels == "torch":
-            q_rows, k_rows, v_rows, mask = self.pack(q, k, v)
-            return self.unpack(evo_attention_reference(q_rows, k_rows, v_rows, bias=self.bias(pair_bias), mask=mask))
+    def attention_bias(self, pair_bias: torch.Tensor, kernels: str) -> torch.Tensor:
+        """[B, W, queries, keys, H] -> the windowed attention's bias [B, W, H, queries, keys]
+        (contiguous keys: the kernels read [queries, keys] tiles in whole cache lines); the same
+        layout for both kernel paths."""
+        return pair_bias.permute(0, 1, 4, 2, 3).contiguous()
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, kernels: str) -> torch.Tensor:
+        """Each window's queries over its keys: q, k, v [B, S, A, H, D], bias from attention_bias
+        -> [B, S, A, H, D]."""
         heads = q.shape[-2:]
         q_windows = self.queries_of(q.flatten(-2)).unflatten(-1, heads)  # [B, S, W, queries, H, D]
         k_windows, v_windows = (self.keys_of(t.flatten(-2)).unflatten(-1, heads) for t in (k, v))
-        # Contiguous keys: the kernels read [queries, keys] bias tiles in whole cache lines.
-        bias = pair_bias.permute(0, 1, 4, 2, 3).contiguous()  # [B, W, H, queries, keys]
-        out = window_attention(q_windows, k_windows, v_windows, bias=bias, mask=self.key_mask)
+        attention = window_attention_reference if kernels == "torch" else window_attention
+        out = attention(q_windows, k_windows, v_windows, bias=bias, mask=self.key_mask)
         return out.flatten(2, 3)[:, :, : self.num_atoms]
-
-    def bias(self, pair_bias: torch.Tensor) -> torch.Tensor:
-        """[B, W, queries, keys, H] -> evo_attention's [B * W, 1, H, keys, keys]."""
-        bias = pair_bias.permute(0, 1, 4, 2, 3)
-        bias = F.pad(bias, (0, 0, 0, self.keys - self.queries))
-        return bias.flatten(0, 1).unsqueeze(1).contiguous()
-
-    def pack(self, q, k, v):
-        """q, k, v [B, S, A, H, D] -> [B * W, S, keys, H, D] each, and the key mask [B * W, S, keys]."""
-        samples = q.shape[1]
-
-        def rows(t):  # [B, S, W, keys, H, D] -> [B * W, S, keys, H, D]
-            return t.transpose(1, 2).flatten(0, 1)
-
-        q = self.queries_of(q.flatten(-2))
-        q = F.pad(q, (0, 0, 0, self.keys - self.queries)).unflatten(-1, k.shape[-2:])
-        k, v = (self.keys_of(t.flatten(-2)).unflatten(-1, t.shape[-2:]) for t in (k, v))
-        mask = self.key_mask.flatten(0, 1)[:, None, :].expand(-1, samples, -1).contiguous()
-        return rows(q), rows(k), rows(v), mask
-
-    def unpack(self, out: torch.Tensor) -> torch.Tensor:
-        """[B * W, S, keys, H, D] -> [B, S, A, H, D]: each window's query rows."""
-        out = out.unflatten(0, (-1, self.num_windows))[:, :, :, : self.queries]  # [B, W, S, queries, H, D]
-        return out.transpose(1, 2).flatten(2, 3)[:, :, : self.num_atoms]
 
 
 class AtomTransformer(nn.Module):
@@ -153,9 +127,14 @@ class AtomTransformer(nn.Module):
             key_adaln_nested=config.dialect.atom_key_adaln_nested,
         )
 
-    def forward(self, atom_single, atom_cond, atom_pair, windows: AtomWindows) -> torch.Tensor:
-        """atom_single [B, S, A, c_atom], atom_cond [B, 1, A, c_atom], atom_pair [B, W, Q, K, c_atompair]."""
-        return self.transformer(atom_single, atom_cond, atom_pair, windows)
+    def forward(self, atom_single, atom_cond, atom_pair, windows: AtomWindows, biases=None) -> torch.Tensor:
+        """atom_single [B, S, A, c_atom], atom_cond [B, 1, A, c_atom], atom_pair [B, W, Q, K, c_atompair];
+        biases: attention_biases(atom_pair, windows), if already computed."""
+        return self.transformer(atom_single, atom_cond, atom_pair, windows, biases)
+
+    def attention_biases(self, atom_pair: torch.Tensor, windows: AtomWindows) -> list[torch.Tensor]:
+        """Each block's attention bias, a function of the atom pair alone (shared by a sampler's steps)."""
+        return self.transformer.attention_biases(atom_pair, windows)
 
 
 class AtomAttentionEncoder(nn.Module):
@@ -245,8 +224,10 @@ class AtomAttentionEncoder(nn.Module):
         atom_cond: torch.Tensor,
         atom_pair: torch.Tensor,
         scaled_positions: torch.Tensor | None = None,
+        biases: list[torch.Tensor] | None = None,
     ):
-        """Algorithm 5 lines 7, 11, 14-17. scaled_positions [B, S, A, 3] (r_l) or None.
+        """Algorithm 5 lines 7, 11, 14-17. scaled_positions [B, S, A, 3] (r_l) or None; biases: the
+        atom transformer's attention_biases(atom_pair, windows), if already computed.
 
         Returns the token single a [B, S, N, c_token] and the skips q_l [B, S, A, c_atom], c_l, p_lm.
         With config.diffusion.diffusion_coordinates_fp32 r_l's projection runs in fp32 under autocast,
@@ -258,7 +239,7 @@ class AtomAttentionEncoder(nn.Module):
                 if self.coordinates_fp32:
                     scaled_positions = scaled_positions.float()
                 atom_single = atom_single + self.from_positions(scaled_positions)
-        atom_single = self.atom_transformer(atom_single, atom_cond, atom_pair, windows)
+        atom_single = self.atom_transformer(atom_single, atom_cond, atom_pair, windows, biases)
         num_tokens = batch["restype"].shape[1]
         token_single = mean_over_token_atoms(
             torch.relu(self.to_token(atom_single)), batch["atom_to_token"], batch["atom_pad_mask"], num_tokens
@@ -287,10 +268,12 @@ class AtomAttentionDecoder(nn.Module):
         atom_single: torch.Tensor,
         atom_cond: torch.Tensor,
         atom_pair: torch.Tensor,
+        biases: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """token_single [B, S, N, c_token] and the encoder's skips -> position update [B, S, A, 3]."""
+        """token_single [B, S, N, c_token] and the encoder's skips -> position update [B, S, A, 3].
+        biases: the atom transformer's attention_biases(atom_pair, windows), if already computed."""
         atom_single = gather_tokens(self.from_token(token_single), batch["atom_to_token"]) + atom_single
-        atom_single = self.atom_transformer(atom_single, atom_cond, atom_pair, windows)
+        atom_single = self.atom_transformer(atom_single, atom_cond, atom_pair, windows, biases)
         if not self.coordinates_fp32:
             return self.to_positions(atom_single)
         # fp32 update (its LayerNorm and [c_atom, 3] product): bf16 would round it to 8 bits

@@ -14,10 +14,21 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from featurecache.kernels.reference import kept_for_recompute
+
 
 def checkpointed(function, *args):
-    """function(*args), keeping only the tensor args for backward and re-running it there."""
-    return checkpoint(function, *args, use_reentrant=True, preserve_rng_state=False)
+    """function(*args), keeping only the tensor args for backward and re-running it there. The
+    CPU path's row-block attention keeps its outputs from the first run for the re-run
+    (kernels.reference.kept_for_recompute): a fifth of a triangle attention's cost, not re-run."""
+    kept: list = []
+
+    def run(*inputs):
+        # the first run is without gradient (checkpoint's forward), the re-run with it
+        with kept_for_recompute(kept, replay=torch.is_grad_enabled()):
+            return function(*inputs)
+
+    return checkpoint(run, *args, use_reentrant=True, preserve_rng_state=False)
 
 
 def maybe_checkpointed(enabled: bool, function, *args):

@@ -130,7 +130,8 @@ class ConfidenceHead(nn.Module):
         return self._logits(s_inputs, single, pair, positions, batch)
 
     def _logit_tuple(self, batch: dict, s_inputs, single, pair, positions, _anchor) -> tuple:
-        return tuple(self._logits(s_inputs, single, pair, positions, batch)[name] for name in OUTPUT_NAMES)
+        logits = self._logits(s_inputs, single, pair, positions, batch)  # once, then each output by name
+        return tuple(logits[name] for name in OUTPUT_NAMES)
 
     def _logits(
         self, s_inputs: torch.Tensor, single: torch.Tensor, pair: torch.Tensor, positions: torch.Tensor, batch: dict

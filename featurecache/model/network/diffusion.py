@@ -8,6 +8,7 @@ s_inputs / s_trunk / z_trunk (the trunk's outputs, shared by the S samples of a 
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -105,6 +106,12 @@ class DiffusionContext:
     pair: torch.Tensor  # conditioned pair [B, N, N, c_z]
     atom_cond: torch.Tensor  # c_l [B, 1, A, c_atom]
     atom_pair: torch.Tensor  # p_lm [B, W, Q, K, c_atompair]
+    # Each transformer block's attention bias, from the pair and atom pair alone: computed once
+    # for the calls of a sampler (DiffusionModule.for_sampling), None where each call computes its
+    # own (training's call, whose biases take gradients).
+    encoder_biases: list[torch.Tensor] | None = None
+    transformer_biases: list[torch.Tensor] | None = None
+    decoder_biases: list[torch.Tensor] | None = None
 
 
 class DiffusionModule(nn.Module):
@@ -150,6 +157,20 @@ class DiffusionModule(nn.Module):
         atom_cond, atom_pair = self.atom_encoder.condition(batch, windows, trunk_single, pair)
         return DiffusionContext(batch, windows, s_inputs, trunk_single, pair, atom_cond, atom_pair)
 
+    def for_sampling(self, context: DiffusionContext) -> DiffusionContext:
+        """The context with every transformer block's attention bias computed once, without
+        gradient, for the many calls of a sampler (the mini-rollout's 20, inference's 200): the
+        LayerNorm and projection of the pair and of the atom pair would otherwise run per call."""
+        with torch.no_grad():
+            return dataclasses.replace(
+                context,
+                encoder_biases=self.atom_encoder.atom_transformer.attention_biases(context.atom_pair, context.windows),
+                transformer_biases=self.transformer.attention_biases(
+                    context.pair, TokenLayout(context.batch["token_pad_mask"])
+                ),
+                decoder_biases=self.atom_decoder.atom_transformer.attention_biases(context.atom_pair, context.windows),
+            )
+
     def forward(self, noisy_positions: torch.Tensor, sigma: torch.Tensor, context: DiffusionContext) -> torch.Tensor:
         """noisy_positions [B, S, A, 3], sigma [B, S] -> denoised positions [B, S, A, 3].
 
@@ -164,11 +185,19 @@ class DiffusionModule(nn.Module):
         )
         single = self.conditioning.single(context.s_inputs, context.trunk_single, sigma)  # [B, S, N, c_s]
         token_single, atom_single, atom_cond, atom_pair = self.atom_encoder(
-            batch, context.windows, context.atom_cond, context.atom_pair, scaled_positions=noisy_positions * c_in
+            batch,
+            context.windows,
+            context.atom_cond,
+            context.atom_pair,
+            scaled_positions=noisy_positions * c_in,
+            biases=context.encoder_biases,
         )
         token_single = token_single + self.single_to_token(single)
-        token_single = self.transformer(token_single, single, context.pair, TokenLayout(batch["token_pad_mask"]))
+        layout = TokenLayout(batch["token_pad_mask"])
+        token_single = self.transformer(token_single, single, context.pair, layout, context.transformer_biases)
         token_single = self.token_norm(token_single)
-        update = self.atom_decoder(batch, context.windows, token_single, atom_single, atom_cond, atom_pair)
+        update = self.atom_decoder(
+            batch, context.windows, token_single, atom_single, atom_cond, atom_pair, context.decoder_biases
+        )
         with full_precision(self.config.diffusion.diffusion_coordinates_fp32, noisy_positions.device.type):
             return c_skip * noisy_positions + c_out * update.to(noisy_positions.dtype)

@@ -52,8 +52,8 @@ class TokenLayout:
         self.token_mask = token_mask  # [B, L] bool
         self.extra_bias = extra_bias  # [B, L, L] or None: beta of Algorithm 23
 
-    def bias(self, pair_bias: torch.Tensor) -> torch.Tensor:
-        """[B, L, L, H] -> [B, 1, H, L, L]"""
+    def attention_bias(self, pair_bias: torch.Tensor, kernels: str) -> torch.Tensor:
+        """[B, L, L, H] -> the attention's bias [B, 1, H, L, L] (either kernel path)."""
         bias = pair_bias.permute(0, 3, 1, 2)
         if self.extra_bias is not None:
             bias = bias + self.extra_bias.unsqueeze(1).to(bias.dtype)
@@ -67,12 +67,10 @@ class TokenLayout:
     def unpack(self, out: torch.Tensor) -> torch.Tensor:
         return out
 
-    def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pair_bias: torch.Tensor, kernels: str
-    ) -> torch.Tensor:
-        """q, k, v [B, S, L, H, D], pair_bias [B, L, L, H] -> [B, S, L, H, D]."""
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, kernels: str) -> torch.Tensor:
+        """q, k, v [B, S, L, H, D], bias from attention_bias -> [B, S, L, H, D]."""
         q_rows, k_rows, v_rows, mask = self.pack(q, k, v)
-        return self.unpack(attention_fn(kernels)(q_rows, k_rows, v_rows, bias=self.bias(pair_bias), mask=mask))
+        return self.unpack(attention_fn(kernels)(q_rows, k_rows, v_rows, bias=bias, mask=mask))
 
 
 class AdaptiveLayerNorm(nn.Module):
@@ -178,9 +176,18 @@ class ConditionedAttention(nn.Module):
         self.output_gate = _gate(c_s, c_a)
         self.kernels = check_kernels(kernels)
 
-    def forward(self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
+    def attention_bias(self, pair: torch.Tensor, layout) -> torch.Tensor:
+        """The per-head bias LinearNoBias(LayerNorm(pair)) laid out for the layout's attention: a
+        function of the pair alone, so a sampler's steps can share it (`biases` of
+        ConditionedTransformer.forward)."""
+        return layout.attention_bias(self.pair_bias(pair), self.kernels)
+
+    def forward(
+        self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """a: [B, S, L, c_a]; s: [B, S or 1, L, c_s]; pair: as the layout reads it (TokenLayout:
-        [B, L, L, c_pair]; AtomWindows: per window). Returns the update of a [B, S, L, c_a]."""
+        [B, L, L, c_pair]; AtomWindows: per window); bias: attention_bias(pair, layout) if already
+        computed. Returns the update of a [B, S, L, c_a]."""
         width = a.shape[-1]
         if self.key_adaln is None:
             q, k, v, gate = self.proj(self.adaln(a, s)).split(width, dim=-1)
@@ -192,7 +199,9 @@ class ConditionedAttention(nn.Module):
             k, v = F.linear(keys, torch.cat([w_k, w_v])).split(width, dim=-1)
         q = q + self.query_bias
         q, k, v, gate = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in (q, k, v, gate))
-        out = layout.attend(q, k, v, self.pair_bias(pair), self.kernels)  # [B, S, L, H, D]
+        if bias is None:
+            bias = self.attention_bias(pair, layout)
+        out = layout.attend(q, k, v, bias, self.kernels)  # [B, S, L, H, D]
         out = self.linear_out((torch.sigmoid(gate) * out.to(gate.dtype)).flatten(-2))
         return torch.sigmoid(self.output_gate(s)) * out
 
@@ -212,12 +221,15 @@ class ConditionedTransformerBlock(nn.Module):
         self.attention = ConditionedAttention(c_a, c_s, c_pair, num_heads, kernels, key_adaln, key_adaln_nested)
         self.transition = ConditionedTransition(c_a, c_s, kernels=kernels)
 
-    def forward(self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
+    def forward(
+        self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """a: [B, S, L, c_a]; s: [B, S or 1, L, c_s]; pair: as the layout reads it (TokenLayout:
-        [B, L, L, c_pair]; AtomWindows: per window). Returns the new a [B, S, L, c_a]."""
+        [B, L, L, c_pair]; AtomWindows: per window); bias: the attention's, if already computed.
+        Returns the new a [B, S, L, c_a]."""
         # Residual after each half, as Protenix and Boltz run Algorithm 23 (its line 3 as printed
         # would drop a's residual path).
-        a = a + self.attention(a, s, pair, layout)
+        a = a + self.attention(a, s, pair, layout, bias)
         return a + self.transition(a, s)
 
 
@@ -251,12 +263,25 @@ class ConditionedTransformer(nn.Module):
             for _ in range(num_blocks)
         )
 
-    def forward(self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
+    def attention_biases(self, pair: torch.Tensor, layout) -> list[torch.Tensor]:
+        """Each block's attention bias from the pair (ConditionedAttention.attention_bias)."""
+        return [block.attention.attention_bias(pair, layout) for block in self.blocks]
+
+    def forward(
+        self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout, biases: list[torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """a: [B, S, L, c_a] (S diffusion samples, L tokens or atoms); s: [B, S or 1, L, c_s];
         pair: as the layout reads it (TokenLayout: [B, L, L, c_pair]; AtomWindows: per window).
+        `biases`: attention_biases(pair, layout), computed once for many calls on one pair (a
+        sampler's steps; without gradient: a checkpointed block recomputes its bias from the pair).
         Returns the new a [B, S, L, c_a]."""
         blocks = list(self.blocks)
-        if not (self.checkpoint_blocks and self.training and torch.is_grad_enabled()):
+        checkpoint = self.checkpoint_blocks and self.training and torch.is_grad_enabled()
+        if biases is not None:
+            if checkpoint:
+                raise ValueError("ConditionedTransformer: precomputed biases are for calls without gradient")
+            return _run_plain(blocks, a, s, pair, layout, biases)
+        if not checkpoint:
             return _run_plain(blocks, a, s, pair, layout)
         group = self.checkpoint_group
         if group > 1 and len(blocks) > 1:
@@ -287,7 +312,9 @@ def _run_checkpointed(blocks: list, a: torch.Tensor, s: torch.Tensor, pair: torc
     return a
 
 
-def _run_plain(blocks: list, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
-    for block in blocks:
-        a = block(a, s, pair, layout)
+def _run_plain(
+    blocks: list, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout, biases: list | None = None
+) -> torch.Tensor:
+    for index, block in enumerate(blocks):
+        a = block(a, s, pair, layout, None if biases is None else biases[index])
     return a
