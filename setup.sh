@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-command setup on a fresh Debian machine with Python 3.11 (run as root, or with sudo rights).
-# Installs the search tools from Debian packages, the CPU build of PyTorch, then featurecache.
+# Installs the search tools from Debian packages (and TCMalloc, the allocator train and predict
+# preload: featurecache/training/allocator.py), the CPU build of PyTorch, then featurecache.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -8,7 +9,7 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 $SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
-    hmmer hmmer-examples hhsuite mmseqs2 mmseqs2-examples kalign >/dev/null
+    hmmer hmmer-examples hhsuite mmseqs2 mmseqs2-examples kalign libtcmalloc-minimal4 >/dev/null
 
 PYTHON="${PYTHON:-python3}"
 # The CPU build first: an unpinned torch would pull a multi-GB CUDA build.

@@ -52,10 +52,18 @@ from featurecache.training import TrainConfig
 from featurecache.training.buckets import padding_buckets
 from featurecache.training.data import build_datasets, make_batch_sampler, make_loader
 from featurecache.training.distributed import setup_distributed
+from featurecache.training.allocator import reexecute_with_tcmalloc
 from featurecache.training.loop import Trainer
 
 # the label of this checkout's rows (a --variant names the other checkout's)
 OURS = "torch"
+
+
+def allocator() -> str:
+    """The malloc this process runs on: what LD_PRELOAD names (tcmalloc where `featurecache
+    train` preloads it, training/allocator.py), else the system's."""
+    preloaded = os.environ.get("LD_PRELOAD", "").strip()
+    return pathlib.Path(preloaded.split(":")[0]).name.split(".so")[0] if preloaded else "system"
 
 
 def peak_rss_gb() -> float:
@@ -288,6 +296,7 @@ def run_steps(args, label: str) -> dict:
         "first step s": times[0],
         "peak RSS GB": max(peaks),
         "load average": os.getloadavg()[0],
+        "allocator": allocator(),
         "commit": commit,
         "package": str(pathlib.Path(featurecache.__file__).resolve().parent),
     }
@@ -372,6 +381,7 @@ def main() -> None:
     parser.add_argument("--label", default=OURS, help="this run's variant name in its output (set for a --variant run)")
     parser.add_argument("--result-json", type=pathlib.Path, help="write this run's figures here (for --variant)")
     args = parser.parse_args()
+    reexecute_with_tcmalloc()  # the allocator `featurecache train` runs on (FEATURECACHE_ALLOCATOR=system: glibc's)
     variant = None
     if args.variant:
         name, separator, checkout = args.variant.partition("=")
@@ -389,12 +399,12 @@ def main() -> None:
         args.result_json.write_text(json.dumps(runs[args.label]))
         return
     columns = ["variant", "commit", "preset", "crop", "diffusion batch", "threads", "step s (median of timed)"]
-    columns += ["step CPU s", "first step s", "peak RSS GB", "load average (1 min)"]
+    columns += ["step CPU s", "first step s", "peak RSS GB", "allocator", "load average (1 min)"]
     table = Table(columns)
     for label, run in runs.items():
         table.add(
             [label, run["commit"], args.preset, args.crop, run["diffusion batch"], run["threads"], run["step s"]]
-            + [run["step CPU s"], run["first step s"], run["peak RSS GB"], run["load average"]]
+            + [run["step CPU s"], run["first step s"], run["peak RSS GB"], run["allocator"], run["load average"]]
         )
     print(f"\n{stamp.header()}\n\n{table.markdown()}")
     if args.record:

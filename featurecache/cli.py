@@ -510,6 +510,10 @@ def gc(dest, keep):
 
 
 def main():
+    from featurecache.training.allocator import reexecute_with_tcmalloc, runs_the_model
+
+    if runs_the_model(sys.argv[1:]):
+        reexecute_with_tcmalloc()  # the model's commands on TCMalloc where installed (training/allocator.py)
     cli(prog_name="featurecache")
 
 

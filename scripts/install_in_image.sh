@@ -11,9 +11,10 @@
 #   FC_PIP_CERT     CA bundle pip trusts (a network behind a TLS-inspecting proxy); optional
 set -euo pipefail
 
-# The search tools, as setup.sh installs them. The -examples packages ship the UniProt sample and
-# the HMMER tutorial that featurecache.testing.testdb builds the small test databases from.
-SEARCH_PACKAGES=(hmmer hmmer-examples hhsuite mmseqs2 mmseqs2-examples kalign)
+# The search tools, as setup.sh installs them, and TCMalloc (train and predict preload it:
+# featurecache/training/allocator.py). The -examples packages ship the UniProt sample and the
+# HMMER tutorial that featurecache.testing.testdb builds the small test databases from.
+SEARCH_PACKAGES=(hmmer hmmer-examples hhsuite mmseqs2 mmseqs2-examples kalign libtcmalloc-minimal4)
 # A base without Python 3.11+ (a bare Debian) gets the distribution's.
 PYTHON_PACKAGES=(python3 python3-pip)
 # Every program featurecache runs (precompute/tools, setpriv for the parent-death signal), checked

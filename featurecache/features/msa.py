@@ -34,16 +34,19 @@ MSA is stored once instead of twice, and a sample of 1,024 rows reads ~1/4 of it
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from featurecache.config import FeatureConfig
 from featurecache import schema
-from featurecache.features.tokenize import Tokens
 from featurecache.io.alignments import map_query_to_chain
-from featurecache.io.mmcif import Structure
 from featurecache.io.msa import Msa
 from featurecache.io.species import SpeciesResolver, SpeciesTag
+
+if TYPE_CHECKING:  # annotations only: the loader imports this module, not the parsers' chemistry
+    from featurecache.features.tokenize import Tokens
+    from featurecache.io.mmcif import Structure
 
 _MAX_DELETIONS = np.iinfo(np.uint16).max  # working precision; the record stores uint8
 

@@ -31,16 +31,19 @@ import datetime
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from featurecache.config import FeatureConfig
 from featurecache import schema
-from featurecache.features.tokenize import Tokens, residue_class
 from featurecache.io.alignments import map_query_to_chain
 from featurecache.io.common import ParseError
 from featurecache.io.hits import TemplateHit
 from featurecache.io.mmcif import Chain, Structure, read_mmcif
+
+if TYPE_CHECKING:
+    from featurecache.features.tokenize import Tokens
 
 _BACKBONE = ("N", "CA", "C")
 
@@ -329,6 +332,9 @@ def sample_templates(
 
 def _template_residues(template: _Selected, chain_length: int):
     """Per target-residue template features of one template ([chain_length, ...] arrays)."""
+    # here, not at the top: the loader imports this module (sample_templates), not the chemistry
+    from featurecache.features.tokenize import residue_class
+
     classes = np.full(chain_length, schema.GAP, dtype=np.int8)
     backbone_pos = np.zeros((chain_length, 3, 3), dtype=np.float32)
     backbone_mask = np.zeros((chain_length, 3), dtype=bool)
