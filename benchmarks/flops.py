@@ -310,6 +310,12 @@ def main() -> None:
     parser.add_argument("--templates", type=int, default=4)
     parser.add_argument("--atoms-per-token", type=int, default=8)
     parser.add_argument("--cycles", type=int, default=1, help="N_cycle of the counted step")
+    parser.add_argument(
+        "--checkpoint-group",
+        type=int,
+        default=1,
+        help="ModelConfig.checkpoint_group (1: a checkpoint per block, the preset's; K > 1: groups of K re-run)",
+    )
     parser.add_argument("--check-only", action="store_true", help="only the tiny fake-vs-real check")
     args = parser.parse_args()
     stamp = harness.run_stamp()
@@ -317,7 +323,7 @@ def main() -> None:
     print(f"fake counting equals real counting on the tiny preset:\n\n{check.markdown()}\n", flush=True)
     if args.check_only:
         return
-    config = preset("af3", kernels="torch", pairformer_blocks=args.depth)
+    config = preset("af3", kernels="torch", pairformer_blocks=args.depth, checkpoint_group=args.checkpoint_group)
     shapes = [
         StepShape(crop, args.diffusion_batch, args.msa_rows, args.templates, args.atoms_per_token, args.cycles)
         for crop in args.crop
@@ -348,19 +354,28 @@ def main() -> None:
     what = (
         f"af3 preset, depth {args.depth}, diffusion batch {args.diffusion_batch}, {args.msa_rows} MSA rows, "
         f"{args.templates} templates, {args.atoms_per_token} atoms per polymer token, N_cycle {args.cycles}, "
-        "recomputation as the preset (a checkpoint per block)"
+        + (
+            "recomputation as the preset (a checkpoint per block)"
+            if args.checkpoint_group == 1
+            else f"grouped recomputation (checkpoint_group {args.checkpoint_group})"
+        )
     )
     print(f"\n{stamp.header()}\n{what}\n\n{table.markdown()}")
+
+    def label(shape: StepShape) -> str:
+        grouped = f", checkpoint group {args.checkpoint_group}" if args.checkpoint_group > 1 else ""
+        return shape.label(args.depth) + grouped
+
     if args.record:
         from records import Row, record
 
         rows = [
-            Row("flops", "reference path", shape.label(args.depth), f"TFLOP {part}", counts[shape][part] / 1e12)
+            Row("flops", "reference path", label(shape), f"TFLOP {part}", counts[shape][part] / 1e12)
             for shape in shapes
             for part in (*PARTS, "total")
         ]
         rows += [
-            Row("flops", "reference path", shape.label(args.depth), "TFLOP each further cycle", cycles[shape] / 1e12)
+            Row("flops", "reference path", label(shape), "TFLOP each further cycle", cycles[shape] / 1e12)
             for shape in shapes
         ]
         section = (

@@ -58,6 +58,9 @@ def test_a_re_executed_process_runs_on_tcmalloc_with_its_own_command_line():
     assert done.stdout.split() == ["True", "['a',", "'b']"]
     assert done.stderr == ""
     plain = subprocess.run(
-        [sys.executable, "-c", script], env={**environment, ALLOCATOR_VARIABLE: "system"}, capture_output=True, text=True
+        [sys.executable, "-c", script],
+        env={**environment, ALLOCATOR_VARIABLE: "system"},
+        capture_output=True,
+        text=True,
     )
     assert plain.stdout.split()[0] == "False"

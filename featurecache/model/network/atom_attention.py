@@ -96,7 +96,9 @@ class AtomWindows:
         layout for both kernel paths."""
         return pair_bias.permute(0, 1, 4, 2, 3).contiguous()
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, kernels: str) -> torch.Tensor:
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, kernels: str
+    ) -> torch.Tensor:
         """Each window's queries over its keys: q, k, v [B, S, A, H, D], bias from attention_bias
         -> [B, S, A, H, D]."""
         heads = q.shape[-2:]

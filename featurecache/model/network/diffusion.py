@@ -85,9 +85,20 @@ class DiffusionConditioning(nn.Module):
             z = z + transition(z)
         return z
 
-    def single(self, s_inputs: torch.Tensor, trunk_single: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-        """[B, N, ...] trunk features and sigma [B, S] -> [B, S, N, c_s]."""
-        s = self.single_in(torch.cat([trunk_single, s_inputs], dim=-1)).unsqueeze(1)  # [B, 1, N, c_s]
+    def single_of_trunk(self, s_inputs: torch.Tensor, trunk_single: torch.Tensor) -> torch.Tensor:
+        """Algorithm 21's single before the noise: [B, 1, N, c_s], once per trunk pass."""
+        return self.single_in(torch.cat([trunk_single, s_inputs], dim=-1)).unsqueeze(1)
+
+    def single(
+        self,
+        s_inputs: torch.Tensor,
+        trunk_single: torch.Tensor,
+        sigma: torch.Tensor,
+        of_trunk: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """[B, N, ...] trunk features and sigma [B, S] -> [B, S, N, c_s]; of_trunk:
+        single_of_trunk(s_inputs, trunk_single) if already computed."""
+        s = self.single_of_trunk(s_inputs, trunk_single) if of_trunk is None else of_trunk  # [B, 1, N, c_s]
         noise = self.fourier(torch.log(sigma / self.sigma_data) / 4.0)  # c_noise, [B, S, fourier]
         s = s + self.noise_in(noise.to(s.dtype)).unsqueeze(2)
         for transition in self.single_transitions:
@@ -106,9 +117,11 @@ class DiffusionContext:
     pair: torch.Tensor  # conditioned pair [B, N, N, c_z]
     atom_cond: torch.Tensor  # c_l [B, 1, A, c_atom]
     atom_pair: torch.Tensor  # p_lm [B, W, Q, K, c_atompair]
-    # Each transformer block's attention bias, from the pair and atom pair alone: computed once
-    # for the calls of a sampler (DiffusionModule.for_sampling), None where each call computes its
-    # own (training's call, whose biases take gradients).
+    # What the denoiser computes from the trunk alone, not the noise: the single conditioning's
+    # trunk part and each transformer block's attention bias, computed once for the calls of a
+    # sampler (DiffusionModule.for_sampling); None where each call computes its own (training's
+    # call, which takes their gradients).
+    single_of_trunk: torch.Tensor | None = None  # [B, 1, N, c_s]: Algorithm 21's single before the noise
     encoder_biases: list[torch.Tensor] | None = None
     transformer_biases: list[torch.Tensor] | None = None
     decoder_biases: list[torch.Tensor] | None = None
@@ -158,12 +171,15 @@ class DiffusionModule(nn.Module):
         return DiffusionContext(batch, windows, s_inputs, trunk_single, pair, atom_cond, atom_pair)
 
     def for_sampling(self, context: DiffusionContext) -> DiffusionContext:
-        """The context with every transformer block's attention bias computed once, without
-        gradient, for the many calls of a sampler (the mini-rollout's 20, inference's 200): the
-        LayerNorm and projection of the pair and of the atom pair would otherwise run per call."""
+        """The context with what every call computes from the trunk alone (the single
+        conditioning's trunk part, every transformer block's attention bias) computed once,
+        without gradient, for the many calls of a sampler (the mini-rollout's 20, inference's
+        200): the LayerNorms and projections of the pair, the atom pair and the trunk single
+        would otherwise run per call."""
         with torch.no_grad():
             return dataclasses.replace(
                 context,
+                single_of_trunk=self.conditioning.single_of_trunk(context.s_inputs, context.trunk_single),
                 encoder_biases=self.atom_encoder.atom_transformer.attention_biases(context.atom_pair, context.windows),
                 transformer_biases=self.transformer.attention_biases(
                     context.pair, TokenLayout(context.batch["token_pad_mask"])
@@ -183,7 +199,7 @@ class DiffusionModule(nn.Module):
         c_skip, c_out, c_in, _ = (
             c[..., None, None] for c in edm_preconditioning(sigma, self.config.diffusion.sigma_data)
         )
-        single = self.conditioning.single(context.s_inputs, context.trunk_single, sigma)  # [B, S, N, c_s]
+        single = self.conditioning.single(context.s_inputs, context.trunk_single, sigma, context.single_of_trunk)
         token_single, atom_single, atom_cond, atom_pair = self.atom_encoder(
             batch,
             context.windows,

@@ -67,7 +67,9 @@ class TokenLayout:
     def unpack(self, out: torch.Tensor) -> torch.Tensor:
         return out
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, kernels: str) -> torch.Tensor:
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, kernels: str
+    ) -> torch.Tensor:
         """q, k, v [B, S, L, H, D], bias from attention_bias -> [B, S, L, H, D]."""
         q_rows, k_rows, v_rows, mask = self.pack(q, k, v)
         return self.unpack(attention_fn(kernels)(q_rows, k_rows, v_rows, bias=bias, mask=mask))
