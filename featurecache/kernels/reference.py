@@ -295,7 +295,7 @@ def evo_attention_rows(q, k, v, bias=None, mask=None, scale=None, block_elements
     batch, rows, length, heads, _ = q.shape
     if q.device.type != "cpu" or batch * rows * heads * length * length <= block_elements:
         return evo_attention_reference(q, k, v, bias, mask, scale)
-    frames = _recompute_frames()
+    frames = [] if torch.compiler.is_compiling() else _recompute_frames()  # compiled code: no Python state
     if not frames:
         return _RowBlockAttention.apply(q, k, v, bias, mask, float(scale), block_elements, None)
     frame = frames[-1]
