@@ -52,8 +52,12 @@ from featurecache.training import TrainConfig
 from featurecache.training.buckets import padding_buckets
 from featurecache.training.data import build_datasets, make_batch_sampler, make_loader
 from featurecache.training.distributed import setup_distributed
-from featurecache.training.allocator import reexecute_with_tcmalloc
 from featurecache.training.loop import Trainer
+
+try:
+    from featurecache.training.allocator import reexecute_with_tcmalloc
+except ImportError:  # a --variant checkout older than the allocator switch: the allocator it inherits
+    reexecute_with_tcmalloc = None
 
 # the label of this checkout's rows (a --variant names the other checkout's)
 OURS = "torch"
@@ -381,7 +385,8 @@ def main() -> None:
     parser.add_argument("--label", default=OURS, help="this run's variant name in its output (set for a --variant run)")
     parser.add_argument("--result-json", type=pathlib.Path, help="write this run's figures here (for --variant)")
     args = parser.parse_args()
-    reexecute_with_tcmalloc()  # the allocator `featurecache train` runs on (FEATURECACHE_ALLOCATOR=system: glibc's)
+    if reexecute_with_tcmalloc is not None:  # the allocator `featurecache train` runs on
+        reexecute_with_tcmalloc()  # (FEATURECACHE_ALLOCATOR=system: the system's)
     variant = None
     if args.variant:
         name, separator, checkout = args.variant.partition("=")
