@@ -243,6 +243,19 @@ cli_steps() {
         --out /root/cli-af3 --record 2>&1 | grep -av '^step ' | tee -a "$OUTDIR/log.txt"
 }
 
+# The tiny preset's graphed step, kernel by kernel (tiny_step.py --kernel-profile): NOTES.md
+# section 7 predicts a step of mostly kernels under 5 us (launch-bound), the mini-rollout's share
+# near its share of operators; this counts the kernels a step and what they cost
+#   here, once:  bash benchmarks/device_plan.sh prepare   (.devdata/cache384)
+#   ~40 + 200 s  run(command="bash benchmarks/device_plan.sh tiny_profile", carry=[".devdata/cache384", ".devdata/site-core.tar.xz"], timeout_s=400)
+tiny_profile() {
+    device_setup
+    python3 benchmarks/tiny_step.py --cache .devdata/cache384 --device cuda --cuda-graphs --steps 30 \
+        --kernel-profile 5 --record 2>&1 | tee "$OUTDIR/log.txt"
+    python3 benchmarks/tiny_step.py --cache .devdata/cache384 --device cuda --cuda-graphs --steps 30 \
+        --kernel-profile 5 --setting confidence_rollout_steps=2 2>&1 | tail -40 | tee -a "$OUTDIR/log.txt"
+}
+
 # Issue 33's generalisation (benchmarks/generalisation.py): `featurecache train --preset small` on
 # 117 real PDB entries with --validate-every on 12 held out by 40 % sequence cluster
 # (benchmarks/generalisation/entries.csv), started under setsid in one call, collected in the next.

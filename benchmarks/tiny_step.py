@@ -7,13 +7,17 @@ Trainer and its step), timed on the host clock with the process's peak resident 
     python3 benchmarks/tiny_step.py --cache /tmp/fc-cache --memory 15     # the 15 largest tensors at the peak
     python3 benchmarks/tiny_step.py --cache /tmp/fc-cache --threads 1 --modules 3  # CPU time by module, 3 names deep
     python3 benchmarks/tiny_step.py --cache /tmp/fc-cache --threads 1 --variant before=/work/main  # side by side
+    python3 benchmarks/tiny_step.py --cache /tmp/fc-cache --device cuda --cuda-graphs --steps 20 --kernel-profile 5
 
 Each step is timed on the host clock (its data wait apart) and in CPU seconds of the process
 (user + system, all threads: on a machine shared with other work the CPU time is the steadier
 figure; an idle 2-core machine runs the step in between CPU/2 and CPU seconds of wall time); the
 peak RSS is the process's (ru_maxrss, what the loop logs as peak_memory_gb on the CPU), read
-after each step. The featurecache package measured is this checkout's (harness.py puts it first
-on sys.path).
+after each step. With --device cuda the step runs on the Triton kernels (with --cuda-graphs
+replayed as CUDA graphs, as `featurecache train --cuda-graphs`), is timed after a synchronize,
+and its peak is the GPU memory allocated; --kernel-profile STEPS then shows the kernels a step
+(how many, how many are launch-bound, which cost most). The featurecache package measured is
+this checkout's (harness.py puts it first on sys.path).
 
 With --variant NAME=CHECKOUT, the same steps run first on another checkout's featurecache package
 (a child process of this script with FC_PACKAGE_ROOT=CHECKOUT, on the same cache and settings;
@@ -70,6 +74,20 @@ def allocator() -> str:
     return pathlib.Path(preloaded.split(":")[0]).name.split(".so")[0] if preloaded else "system"
 
 
+def memory_metric(device: str) -> str:
+    return "peak GPU memory GB" if device == "cuda" else "peak RSS GB"
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def peak_memory_gb(device: str) -> float:
+    """The process's peak RSS on the CPU; on a GPU the peak of the tensors allocated there."""
+    return torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else peak_rss_gb()
+
+
 def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
 
@@ -87,14 +105,15 @@ def build(args, out: pathlib.Path) -> tuple[Trainer, object]:
         cache=str(args.cache),
         out=str(out),
         preset=args.preset,
-        kernels="torch",
-        steps=args.steps + 3,
+        kernels="torch" if args.device == "cpu" else "auto",
+        steps=args.steps + 3 + args.kernel_profile,
         num_workers=0,
-        device="cpu",
+        device=args.device,
+        cuda_graphs=args.cuda_graphs,
         sample=sample,
         model_settings=model_settings,
     )
-    world = setup_distributed("cpu")
+    world = setup_distributed(args.device)
     dataset, _ = build_datasets(config)
     loader = make_loader(
         dataset, make_batch_sampler(dataset, config, world), config, world.device, padding_buckets(config, dataset)
@@ -265,6 +284,48 @@ def memory_step(trainer: Trainer, batch: dict, step: int, top: int) -> None:
     print(table.markdown())
 
 
+# A kernel this short is launch-bound: its time is mostly the GPU's fixed cost per kernel.
+SHORT_KERNEL_US = 5.0
+
+
+def kernel_profile(trainer: Trainer, batches, first_step: int, steps: int, top: int = 25) -> None:
+    """`steps` more steps under torch.profiler with the GPU's activity: kernels a step, their
+    summed time against the wall time, how many are shorter than SHORT_KERNEL_US and what they
+    cost, and the kernels with the most time. Inside CUDA graphs each replayed kernel still shows."""
+    from torch.profiler import ProfilerActivity, profile
+
+    batch_list = [next(batches) for _ in range(steps)]
+    sync("cuda")
+    started = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        for index, batch in enumerate(batch_list):
+            trainer.step([batch], first_step + index)
+        sync("cuda")
+    wall_ms = (time.perf_counter() - started) * 1e3 / steps
+    kernels = [event for event in profiler.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    if not kernels:
+        print(f"\n{steps} steps on the GPU: {wall_ms:.1f} ms wall a step; the profiler saw no kernel (graph replays")
+        print("hidden from it on this driver?): run it again without --cuda-graphs for the kernels")
+        return
+    durations = [event.device_time for event in kernels]  # microseconds
+    short = [duration for duration in durations if duration < SHORT_KERNEL_US]
+    print(
+        f"\n{steps} steps on the GPU: {wall_ms:.1f} ms wall a step, {sum(durations) / 1e3 / steps:.1f} ms of "
+        f"kernels a step ({len(kernels) / steps:.0f} kernels a step; {len(short) / steps:.0f} of them under "
+        f"{SHORT_KERNEL_US:g} us, {sum(short) / 1e3 / steps:.1f} ms a step)"
+    )
+    by_name: dict[str, list[float]] = {}
+    for event in kernels:
+        entry = by_name.setdefault(event.name[:90], [0.0, 0])
+        entry[0] += event.device_time
+        entry[1] += 1
+    table = Table(["ms a step", "share", "calls a step", "mean us", "kernel"])
+    total = sum(durations) or 1.0
+    for name, (micro, count) in sorted(by_name.items(), key=lambda item: -item[1][0])[:top]:
+        table.add([micro / 1e3 / steps, f"{100 * micro / total:.1f} %", count / steps, micro / count, name])
+    print(table.markdown())
+
+
 def run_steps(args, label: str) -> dict:
     """One untimed step and args.steps timed ones (then the --profile and --memory steps): the
     figures of one table row."""
@@ -277,15 +338,19 @@ def run_steps(args, label: str) -> dict:
             batch = next(batches)
             wait = time.perf_counter() - started
             trainer.step([batch], step)
+            sync(args.device)
             times.append(time.perf_counter() - started)
             cpu_times.append(time.process_time() - cpu_started)
-            peaks.append(peak_rss_gb())
+            peaks.append(peak_memory_gb(args.device))
             print(
                 f"{label} step {step}: {times[-1]:.2f} s, CPU {cpu_times[-1]:.2f} s (data {wait:.2f} s), "
-                f"peak RSS {peaks[-1]:.2f} GB, {int(batch['token_pad_mask'].sum())} tokens, "
+                f"peak {'GPU memory' if args.device == 'cuda' else 'RSS'} {peaks[-1]:.2f} GB, "
+                f"{int(batch['token_pad_mask'].sum())} tokens, "
                 f"{batch['atom_pad_mask'].shape[1]} atoms ({batch['id']})",
                 flush=True,
             )
+        if args.kernel_profile:
+            kernel_profile(trainer, batches, args.steps + 1, args.kernel_profile)
         if args.profile:
             profile_step(trainer, next(batches), args.steps + 1, args.profile)
         if args.modules:
@@ -298,7 +363,7 @@ def run_steps(args, label: str) -> dict:
         "step s": statistics.median(times[1:] or times),
         "step CPU s": statistics.median(cpu_times[1:] or cpu_times),
         "first step s": times[0],
-        "peak RSS GB": max(peaks),
+        memory_metric(args.device): max(peaks),
         "load average": os.getloadavg()[0],
         "allocator": allocator(),
         "commit": commit,
@@ -361,6 +426,19 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's, one per core)")
     parser.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu", help="cuda: the Triton kernels (kernels auto)"
+    )
+    parser.add_argument(
+        "--cuda-graphs", action="store_true", help="replay each step as CUDA graphs (with --device cuda)"
+    )
+    parser.add_argument(
+        "--kernel-profile",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="with --device cuda: STEPS more steps under torch.profiler, kernels a step and the costliest",
+    )
+    parser.add_argument(
         "--profile", type=int, default=0, metavar="TOP", help="profile one more step, print TOP operators"
     )
     parser.add_argument(
@@ -385,6 +463,8 @@ def main() -> None:
     parser.add_argument("--label", default=OURS, help="this run's variant name in its output (set for a --variant run)")
     parser.add_argument("--result-json", type=pathlib.Path, help="write this run's figures here (for --variant)")
     args = parser.parse_args()
+    if args.device == "cpu" and (args.cuda_graphs or args.kernel_profile):
+        parser.error("--cuda-graphs and --kernel-profile need --device cuda")
     if reexecute_with_tcmalloc is not None:  # the allocator `featurecache train` runs on
         reexecute_with_tcmalloc()  # (FEATURECACHE_ALLOCATOR=system: the system's)
     variant = None
@@ -404,12 +484,13 @@ def main() -> None:
         args.result_json.write_text(json.dumps(runs[args.label]))
         return
     columns = ["variant", "commit", "preset", "crop", "diffusion batch", "threads", "step s (median of timed)"]
-    columns += ["step CPU s", "first step s", "peak RSS GB", "allocator", "load average (1 min)"]
+    memory = memory_metric(args.device)
+    columns += ["step CPU s", "first step s", memory, "allocator", "load average (1 min)"]
     table = Table(columns)
     for label, run in runs.items():
         table.add(
             [label, run["commit"], args.preset, args.crop, run["diffusion batch"], run["threads"], run["step s"]]
-            + [run["step CPU s"], run["first step s"], run["peak RSS GB"], run["allocator"], run["load average"]]
+            + [run["step CPU s"], run["first step s"], run[memory], run["allocator"], run["load average"]]
         )
     print(f"\n{stamp.header()}\n\n{table.markdown()}")
     if args.record:
@@ -418,13 +499,11 @@ def main() -> None:
         ours = runs[args.label]
         shape = (
             f"{args.preset}, crop {args.crop}, diffusion batch {ours['diffusion batch']}, "
-            f"N_cycle {args.cycles}, {ours['threads']} threads"
+            f"N_cycle {args.cycles}, "
+            + (f"{ours['threads']} threads" if args.device == "cpu" else "CUDA graphs" if args.cuda_graphs else "eager")
         )
         rows = {
-            label: [
-                Row("tiny_step", label, shape, metric, run[metric])
-                for metric in ("step s", "step CPU s", "peak RSS GB")
-            ]
+            label: [Row("tiny_step", label, shape, metric, run[metric]) for metric in ("step s", "step CPU s", memory)]
             for label, run in runs.items()
         }
         if variant is not None:  # its own commit, this run's date: the headline pairs rows of one date
