@@ -70,9 +70,12 @@ HEADLINES = [
     Headline("precompute", "wall s", ("2 workers",)),
     Headline("precompute", "overhead % of tool time", ("1 worker",), peers=()),
     Headline("flops", "TFLOP total", ("reference path",), peers=()),
-    # the tiny preset's CPU step against another checkout run beside it (tiny_step.py --variant)
+    # the tiny preset's step (tiny_step.py; the CPU target is wall time on 2 cores), against
+    # another checkout run beside it (--variant)
+    Headline("tiny_step", "step s", ("torch",)),
     Headline("tiny_step", "step CPU s", ("torch",)),
     Headline("tiny_step", "peak RSS GB", ("torch",)),
+    Headline("tiny_step", "peak GPU memory GB", ("torch",)),
     # AF3Model.sample against Protenix 2.0's inference at the same sizes (inference.py)
     Headline("inference", "model s", ("featurecache", "featurecache+graphs"), peers=("protenix",)),
     Headline("inference", "peak GB", ("featurecache", "featurecache+graphs"), peers=("protenix",)),
