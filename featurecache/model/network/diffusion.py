@@ -7,8 +7,8 @@ s_inputs / s_trunk / z_trunk (the trunk's outputs, shared by the S samples of a 
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
