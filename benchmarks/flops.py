@@ -77,6 +77,13 @@ ROLLOUT, LOSSES = "mini-rollout", "losses"
 PARTS = tuple(dict.fromkeys([part for _, part in PART_OF_MODULE if part != "other"] + [ROLLOUT, LOSSES, "other"]))
 
 
+def af3_part(name: str) -> str:
+    """The part of AF3Model's module `name` (PART_OF_MODULE: the first prefix that matches)."""
+    return next(
+        part for prefix, part in PART_OF_MODULE if name == prefix or name.startswith(prefix + ".") or prefix == ""
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class StepShape:
     """What one counted step processes (the train_step benchmark's --model af3 options)."""
@@ -103,8 +110,10 @@ class PartTracker:
     the node computes; a checkpoint's re-run forward runs through the module hooks again).
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, part_of=None) -> None:
+        """`part_of`: a module's qualified name -> its part (default: PART_OF_MODULE's parts)."""
         self.names = {module: name for name, module in model.named_modules()}
+        self.part_of = part_of or af3_part
         self.stack: list[str] = []  # qualified names of the modules being called
         self.in_rollout = 0
         self.in_backward = False
@@ -116,12 +125,7 @@ class PartTracker:
         if self.in_rollout:
             return ROLLOUT
         if self.stack:
-            name = self.stack[-1]
-            return next(
-                part
-                for prefix, part in PART_OF_MODULE
-                if name == prefix or name.startswith(prefix + ".") or prefix == ""
-            )
+            return self.part_of(self.stack[-1])
         return self.backward_part if self.in_backward else LOSSES
 
     def backward(self, loss: torch.Tensor) -> None:

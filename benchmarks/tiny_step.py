@@ -192,62 +192,25 @@ class LiveTensors(TorchDispatchMode):
 
 
 class ModuleTimes(TorchDispatchMode):
-    """CPU time of this thread per module, `depth` names deep ("trunk.pairformer"): forward
-    operators by the module running them (global forward hooks), backward operators by the module
-    whose forward made their autograd node (each node's sequence number, read after every call
-    above autograd), a custom Function's backward by its node's name. Recomputation under
-    checkpointing re-enters the modules' forward, so it counts as forward."""
+    """CPU time of this thread per module, `depth` names deep ("trunk.pairformer"), forward and
+    backward apart, attributed by flops.py's PartTracker: in forward the module running, in
+    backward the module whose forward made the autograd node running (a checkpoint's re-run in
+    backward counts as its module's backward); the mini-rollout as one part."""
 
-    def __init__(self, model: torch.nn.Module, depth: int) -> None:
+    def __init__(self, tracker) -> None:
         super().__init__()
-        self.names = {id(module): name for name, module in model.named_modules()}
-        self.depth, self.stack, self.node_owner = depth, ["(outside modules)"], {}
+        self.tracker = tracker
         self.seconds: dict[str, list[float]] = {}
-        outer = self
-
-        class Owners(torch.overrides.TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):
-                output = func(*args, **(kwargs or {}))
-                for tensor in tree_leaves(output):
-                    node = getattr(tensor, "grad_fn", None) if isinstance(tensor, torch.Tensor) else None
-                    if node is not None:
-                        outer.node_owner.setdefault(node._sequence_nr(), outer.stack[-1])
-                return output
-
-        self.owners = Owners()
-
-    def _enter(self, module, _inputs) -> None:
-        name = self.names.get(id(module))
-        if name is not None:
-            self.stack.append(".".join(name.split(".")[: self.depth]) or "(model)")
-
-    def _leave(self, module, _inputs, _output) -> None:
-        if self.names.get(id(module)) is not None and len(self.stack) > 1:
-            self.stack.pop()
-
-    def __enter__(self):
-        self.hooks = [
-            torch.nn.modules.module.register_module_forward_pre_hook(self._enter),
-            torch.nn.modules.module.register_module_forward_hook(self._leave, always_call=True),
-        ]
-        self.owners.__enter__()
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        super().__exit__(*exc)
-        self.owners.__exit__(*exc)
-        for hook in self.hooks:
-            hook.remove()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         started = time.thread_time()
         output = func(*args, **(kwargs or {}))
         spent = time.thread_time() - started
-        node = torch._C._current_autograd_node()
-        if node is None:
-            key = "forward " + self.stack[-1]
+        tracker = self.tracker
+        if torch._C._current_autograd_node() is None:
+            key = "forward " + tracker.part()
         else:
-            key = "backward " + self.node_owner.get(node._sequence_nr(), node.name())
+            key = "backward " + (tracker.part() if tracker.stack or tracker.in_rollout else tracker.backward_part)
         entry = self.seconds.setdefault(key, [0.0, 0])
         entry[0] += spent
         entry[1] += 1
@@ -255,8 +218,12 @@ class ModuleTimes(TorchDispatchMode):
 
 
 def module_step(trainer: Trainer, batch: dict, step: int, depth: int) -> None:
-    times = ModuleTimes(trainer.model, depth)
-    with times:
+    from flops import PartTracker
+
+    model = trainer.model
+    tracker = PartTracker(model, part_of=lambda name: ".".join(name.split(".")[:depth]) or "(model)")
+    times = ModuleTimes(tracker)
+    with tracker.active(model), times:
         trainer.step([batch], step)
     total = sum(seconds for seconds, _ in times.seconds.values())
     print(f"\n{total:.1f} s of CPU in operators, by module ({depth} names deep):")

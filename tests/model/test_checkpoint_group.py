@@ -16,33 +16,14 @@ from featurecache.testing.memory_report import (
 from featurecache.model.network.pairformer import Pairformer
 from featurecache.testing.compare import rel_error, summation_tolerance
 from featurecache.testing.synthetic import random_batch
-
-TOKENS, DIFFUSION_SAMPLES = [11, 8], 3
-# The longest sums behind a gradient: a pair channel's weight gradient adds up every pair entry,
-# at most batch x diffusion samples x N x N of them; the whole model's backward chains such sums
-# (worst_case below).
-LONGEST_SUM = len(TOKENS) * DIFFUSION_SAMPLES * max(TOKENS) ** 2
-
-
-def _loss_and_gradients(group: int, state: dict | None, blocks: int) -> tuple[torch.Tensor, dict, dict]:
-    torch.manual_seed(0)
-    model = AF3Model(preset("tiny", kernels="torch", pairformer_blocks=blocks, checkpoint_group=group))
-    if state is not None:
-        model.load_state_dict(state)
-    model.train()
-    batch = random_batch(TOKENS, [5, 3], [2, 1], torch.Generator().manual_seed(3), num_atoms_per_token=3)
-    outputs = model(batch, num_cycles=2, diffusion_batch=DIFFUSION_SAMPLES, generator=torch.Generator().manual_seed(4))
-    loss, _ = model.loss(batch, outputs)
-    loss.backward()
-    gradients = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    return loss.detach(), gradients, model.state_dict()
+from tests.model._training_step import LONGEST_SUM, loss_and_gradients
 
 
 @pytest.mark.parametrize("group", [2, 3])
 def test_grouped_checkpoints_give_the_same_loss_and_gradients(group):
     # 5 blocks: groups of 2 (2, 2, 1) and of 3 (3, 2), an uneven last group; dropout is on (tiny: 0.25)
-    loss, gradients, state = _loss_and_gradients(1, None, blocks=5)
-    grouped_loss, grouped_gradients, _ = _loss_and_gradients(group, state, blocks=5)
+    loss, gradients, state = loss_and_gradients(None, 2, pairformer_blocks=5, checkpoint_group=1)
+    grouped_loss, grouped_gradients, _ = loss_and_gradients(state, 2, pairformer_blocks=5, checkpoint_group=group)
     assert preset("tiny").trunk.pair_dropout > 0
     tolerance = summation_tolerance(torch.float32, LONGEST_SUM, worst_case=True)
     assert rel_error(grouped_loss, loss) <= tolerance

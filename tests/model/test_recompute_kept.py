@@ -11,9 +11,7 @@ from featurecache.model import preset
 from featurecache.model.af3 import AF3Model
 from featurecache.testing.compare import rel_error, summation_tolerance
 from featurecache.testing.synthetic import random_batch
-
-TOKENS, DIFFUSION_SAMPLES = [11, 8], 3
-LONGEST_SUM = len(TOKENS) * DIFFUSION_SAMPLES * max(TOKENS) ** 2  # as test_checkpoint_group.py
+from tests.model._training_step import LONGEST_SUM, loss_and_gradients
 
 
 def _step(monkeypatch, state: dict | None, **settings) -> tuple[torch.Tensor, dict, dict, int]:
@@ -28,17 +26,8 @@ def _step(monkeypatch, state: dict | None, **settings) -> tuple[torch.Tensor, di
         return forward(*args)
 
     monkeypatch.setattr(reference, "_row_block_forward", counted)
-    torch.manual_seed(0)
-    model = AF3Model(preset("tiny", kernels="torch", pairformer_blocks=3, **settings))
-    if state is not None:
-        model.load_state_dict(state)
-    model.train()
-    batch = random_batch(TOKENS, [5, 3], [2, 1], torch.Generator().manual_seed(3), num_atoms_per_token=3)
-    outputs = model(batch, num_cycles=1, diffusion_batch=DIFFUSION_SAMPLES, generator=torch.Generator().manual_seed(4))
-    loss, _ = model.loss(batch, outputs)
-    loss.backward()
-    gradients = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    return loss.detach(), gradients, model.state_dict(), len(computed)
+    loss, gradients, weights = loss_and_gradients(state, 1, pairformer_blocks=3, **settings)
+    return loss, gradients, weights, len(computed)
 
 
 @pytest.mark.parametrize("group", [1, 2])
