@@ -256,6 +256,17 @@ tiny_profile() {
         --kernel-profile 5 --setting confidence_rollout_steps=2 2>&1 | tail -40 | tee -a "$OUTDIR/log.txt"
 }
 
+# The same kernel profile for the af3 preset on the same real data (the Trainer `featurecache train`
+# builds, CUDA graphs, crop 384): the step the issue's <= 0.6 s target is about, kernel by kernel
+#   ~40 + 560 s  run(command="bash benchmarks/device_plan.sh step_profiles", carry=[".devdata/cache384", ".devdata/site-core.tar.xz"], timeout_s=600)
+step_profiles() {
+    device_setup
+    timeout 180 python3 benchmarks/tiny_step.py --cache .devdata/cache384 --device cuda --cuda-graphs --steps 20 \
+        --kernel-profile 5 --record 2>&1 | tee "$OUTDIR/log.txt" || true
+    timeout "${1:-360}" python3 benchmarks/tiny_step.py --cache .devdata/cache384 --preset af3 --device cuda \
+        --cuda-graphs --steps 6 --kernel-profile 2 --record 2>&1 | tee -a "$OUTDIR/log.txt"
+}
+
 # Issue 33's generalisation (benchmarks/generalisation.py): `featurecache train --preset small` on
 # 117 real PDB entries with --validate-every on 12 held out by 40 % sequence cluster
 # (benchmarks/generalisation/entries.csv), started under setsid in one call, collected in the next.
