@@ -9,6 +9,7 @@ import pytest
 from featurecache.training.allocator import (
     ALLOCATOR_VARIABLE,
     LARGE_ALLOC_REPORT_VARIABLE,
+    AllocatorChoiceError,
     preload_environment,
     runs_the_model,
     tcmalloc_library,
@@ -26,6 +27,31 @@ def test_the_preload_is_added_once_and_never_over_the_users():
     assert preload_environment({}, None) is None
     kept = preload_environment({LARGE_ALLOC_REPORT_VARIABLE: "1000"}, "libtcmalloc_minimal.so.4")
     assert kept[LARGE_ALLOC_REPORT_VARIABLE] == "1000"
+
+
+def test_the_switch_takes_tcmalloc_or_system_and_refuses_the_rest():
+    library = "libtcmalloc_minimal.so.4"
+    assert preload_environment({ALLOCATOR_VARIABLE: " TCMalloc "}, library)["LD_PRELOAD"] == library
+    assert preload_environment({ALLOCATOR_VARIABLE: ""}, library)["LD_PRELOAD"] == library
+    assert preload_environment({ALLOCATOR_VARIABLE: ""}, None) is None  # the default falls back quietly
+    for value in ("jemalloc", "glibc", "tc malloc", "1"):
+        with pytest.raises(AllocatorChoiceError, match=f"{ALLOCATOR_VARIABLE}='{value}': expected one of"):
+            preload_environment({ALLOCATOR_VARIABLE: value}, library)
+    with pytest.raises(AllocatorChoiceError, match="libtcmalloc_minimal is not installed"):
+        preload_environment({ALLOCATOR_VARIABLE: "tcmalloc"}, None)  # asked for, missing: said, not ignored
+
+
+def test_a_bad_switch_stops_the_command_with_one_line_before_it_runs(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "featurecache.cli", "train", "--cache", str(tmp_path / "none")],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path), ALLOCATOR_VARIABLE: "jemalloc"},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"Error: {ALLOCATOR_VARIABLE}='jemalloc': expected one of tcmalloc, system (or unset: TCMalloc where installed)"
+    ]
 
 
 @pytest.mark.parametrize(
