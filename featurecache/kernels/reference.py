@@ -8,6 +8,7 @@ the model's lDDT share them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 
 import torch
@@ -222,9 +223,77 @@ def conditioned_transition_reference(
     return (torch.sigmoid(_wide(gate)) * _wide(out)).to(a.dtype)
 
 
-def residual_add_reference(z: torch.Tensor, update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(z + update, the same in autocast's dtype): PyTorch ops. Without autocast, or for a
-    stream that is not fp32, both are the same tensor."""
+# --- Dropout masks from a seed (AF3 Algorithms 8 and 17: DropoutRowwise, DropoutColumnwise) ----
+# A mask is a pure function of a per-call seed tensor, the site it serves, and the indices it
+# covers: no generator state is read, so the recomputation of a checkpointed block draws the very
+# same mask, a CUDA graph replays it from the seed drawn on the device at each replay, and padding
+# tokens (which come after the real ones) leave the real tokens' masks unchanged. The residual
+# add's kernel (kernels/residual) computes the same hash per element, in 32-bit arithmetic.
+
+DROPOUT_HASH_MULTIPLIER = 0x45D9F3B  # below 2**27: the products of 32-bit values stay inside int64
+DROPOUT_SITE_MULTIPLIER = 0x9E3779B9
+UINT32 = 0xFFFFFFFF
+
+
+def hash32(value: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mix (two multiply-xorshift rounds) of int64 values in [0, 2**32)."""
+    value = ((value >> 16) ^ value) * DROPOUT_HASH_MULTIPLIER & UINT32
+    value = ((value >> 16) ^ value) * DROPOUT_HASH_MULTIPLIER & UINT32
+    return (value >> 16) ^ value
+
+
+def dropout_site_mix(site: int) -> int:
+    """What a site folds into the seed before the indices: seed ^ this, then hashed."""
+    return site * DROPOUT_SITE_MULTIPLIER & UINT32
+
+
+def dropout_threshold(rate: float) -> int:
+    """An element is kept where its 32-bit hash is at least this."""
+    return int(rate * 2**32)
+
+
+def dropout_scale(rate: float, dtype: torch.dtype) -> float:
+    """1 / (1 - rate) as the dropped tensor's dtype holds it (the multiplier of a kept value)."""
+    return torch.tensor(1.0 / (1.0 - rate), dtype=torch.float32).to(dtype).item()
+
+
+def shared_dropout_reference(
+    update: torch.Tensor, rate: float, seed: torch.Tensor | None, site: int, shared_dim: int
+) -> torch.Tensor:
+    """Dropout of `update` [B, X, Y, C] with one mask shared along `shared_dim` (1: AF3's
+    DropoutRowwise, the same mask for every row; 2: DropoutColumnwise), kept values scaled by
+    1 / (1 - rate). `seed` (0-d int64 in [0, 2**32)) None or rate 0: `update` unchanged."""
+    if seed is None or rate <= 0.0:
+        return update
+    shape = list(update.shape)
+    shape[shared_dim] = 1
+    mixed = hash32(seed ^ dropout_site_mix(site))
+    for dim, size in enumerate(shape):  # fold in each index along the mask's axes
+        if dim != shared_dim:
+            index = torch.arange(size, device=update.device).view([-1 if d == dim else 1 for d in range(len(shape))])
+            mixed = hash32(mixed ^ index)
+    keep = mixed >= dropout_threshold(rate)  # [B, 1, Y, C] or [B, X, 1, C]
+    return update * (keep.to(update.dtype) * (1.0 / (1.0 - rate)))
+
+
+@dataclasses.dataclass(frozen=True)
+class DropoutSite:
+    """A shared dropout applied to a residual update before it is added (shared_dropout_reference's
+    arguments): the residual add's kernel draws the mask in the same pass."""
+
+    rate: float
+    seed: torch.Tensor  # 0-d int64
+    site: int
+    shared_dim: int  # 1 (rowwise) or 2 (columnwise) of a [B, X, Y, C] update
+
+
+def residual_add_reference(
+    z: torch.Tensor, update: torch.Tensor, dropout: DropoutSite | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(z + update, the same in autocast's dtype): PyTorch ops, with `dropout` applied to update
+    first. Without autocast, or for a stream that is not fp32, both are the same tensor."""
+    if dropout is not None:
+        update = shared_dropout_reference(update, dropout.rate, dropout.seed, dropout.site, dropout.shared_dim)
     new = z + update
     if new.dtype == torch.float32 and torch.is_autocast_enabled(new.device.type):
         return new, new.to(torch.get_autocast_dtype(new.device.type))

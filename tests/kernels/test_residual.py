@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from featurecache.kernels.reference import DropoutSite
 from featurecache.kernels.residual import residual_add, residual_add_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -38,3 +39,42 @@ def test_without_autocast_both_results_are_the_sum():
     new, low = residual_add(z, update)
     assert new is low
     torch.testing.assert_close(new, z + update)
+
+
+@pytest.mark.parametrize("shared_dim", [1, 2])
+@pytest.mark.parametrize("shape", [(1, 5, 7, 24), (2, 9, 6, 40)])  # ragged last programs, B > 1
+def test_the_dropout_drawn_in_the_kernel_is_the_reference_mask_bit_for_bit(shared_dim, shape):
+    """The update's shared dropout folded into the residual add: the same kept elements, the same
+    scaled values and gradients as shared_dropout_reference followed by the plain add."""
+    generator = torch.Generator().manual_seed(sum(shape) + shared_dim)
+    z = torch.randn(shape, generator=generator).to(DEVICE)
+    update = torch.randn(shape, generator=generator).to(DEVICE, torch.bfloat16)
+    d_new = torch.randn(shape, generator=generator).to(DEVICE)
+    d_low = torch.randn(shape, generator=generator).to(DEVICE, torch.bfloat16)
+    # a seed at the top of the 32-bit range and a site whose mix needs 32 bits: the hash's
+    # arithmetic must wrap as the reference's masked int64 products do
+    seed = torch.tensor(0xFFFFFFF0, dtype=torch.int64, device=DEVICE)
+    dropout = DropoutSite(0.25, seed, 3, shared_dim)
+    results = []
+    for function in (residual_add, residual_add_reference):
+        z_leaf, update_leaf = z.clone().requires_grad_(True), update.clone().requires_grad_(True)
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            new, low = function(z_leaf, update_leaf, dropout)
+        ((new * d_new).sum() + (low.float() * d_low.float()).sum()).backward()
+        results.append((new.detach(), low.detach(), z_leaf.grad, update_leaf.grad))
+    for mine, ref in zip(*results):
+        assert mine.dtype == ref.dtype
+        torch.testing.assert_close(mine, ref, rtol=0, atol=0)
+    dropped = results[0][3] == 0  # where the mask dropped the update, its gradient is zero
+    assert 0.1 < dropped.float().mean().item() < 0.4  # about the rate
+    other = 2 if shared_dim == 1 else 1
+    assert torch.equal(dropped, dropped.select(shared_dim, 0).unsqueeze(shared_dim).expand_as(dropped))
+    assert not torch.equal(dropped, dropped.select(other, 0).unsqueeze(other).expand_as(dropped))
+
+
+def test_dropout_of_rate_zero_or_without_a_seed_leaves_the_update_alone():
+    z, update = torch.randn(1, 3, 3, 8, device=DEVICE), torch.randn(1, 3, 3, 8, device=DEVICE)
+    seed = torch.tensor(7, device=DEVICE)
+    for function in (residual_add, residual_add_reference):
+        new, _ = function(z, update, DropoutSite(0.0, seed, 0, 1))
+        torch.testing.assert_close(new, z + update, rtol=0, atol=0)

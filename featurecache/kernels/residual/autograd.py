@@ -5,27 +5,32 @@ from __future__ import annotations
 import torch
 
 from featurecache.kernels import runtime
-from featurecache.kernels.reference import residual_add_reference
+from featurecache.kernels.reference import DropoutSite, residual_add_reference
 from featurecache.kernels.residual.launch import residual_add_bwd, residual_add_fwd
 
 
 class _ResidualAdd(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, z, update, low_dtype):
-        ctx.update_dtype = update.dtype
-        return residual_add_fwd(z, update, low_dtype)
+    def forward(ctx, z, update, low_dtype, dropout):
+        ctx.update_dtype, ctx.dropout = update.dtype, dropout  # the mask is drawn again in backward
+        return residual_add_fwd(z, update, low_dtype, dropout)
 
     @staticmethod
     def backward(ctx, d_new, d_low):
         if d_new is None and d_low is None:
-            return None, None, None
-        return (*residual_add_bwd(d_new, d_low, ctx.update_dtype), None)
+            return None, None, None, None
+        return (*residual_add_bwd(d_new, d_low, ctx.update_dtype, ctx.dropout), None, None)
 
 
-def residual_add(z: torch.Tensor, update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """residual_add_reference in one Triton kernel each way, where it matters: an fp32 stream
-    under autocast, on CUDA (or the interpreter), outside torch.compile (which fuses the
-    composition itself)."""
+def residual_add(
+    z: torch.Tensor, update: torch.Tensor, dropout: DropoutSite | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """residual_add_reference (with `dropout` of the update, where given) in one Triton kernel
+    each way, where it matters: an fp32 stream under autocast, on CUDA (or the interpreter),
+    outside torch.compile (which fuses the composition itself). The dropout mask is drawn in
+    the kernel from the seed: no mask tensor, no pass of its own."""
+    if dropout is not None and dropout.rate <= 0.0:
+        dropout = None
     if (
         z.dtype != torch.float32
         or not torch.is_autocast_enabled(z.device.type)
@@ -34,6 +39,7 @@ def residual_add(z: torch.Tensor, update: torch.Tensor) -> tuple[torch.Tensor, t
         or not update.is_contiguous()
         or torch.compiler.is_compiling()
         or not runtime.runs_triton(z.device)
+        or (dropout is not None and update.dim() != 4)
     ):
-        return residual_add_reference(z, update)
-    return _ResidualAdd.apply(z, update, torch.get_autocast_dtype(z.device.type))
+        return residual_add_reference(z, update, dropout)
+    return _ResidualAdd.apply(z, update, torch.get_autocast_dtype(z.device.type), dropout)

@@ -1,4 +1,5 @@
-"""The residual add's launchers: allocate, launch one kernel over the flat tensors."""
+"""The residual add's launchers: allocate, launch one kernel over the flat tensors (with the
+update's dropout, where given)."""
 
 from __future__ import annotations
 
@@ -6,30 +7,69 @@ import torch
 import triton
 
 from featurecache.kernels import runtime
+from featurecache.kernels.reference import DropoutSite, dropout_scale, dropout_site_mix, dropout_threshold
 from featurecache.kernels.residual.kernels import _residual_bwd_kernel, _residual_fwd_kernel
 
 # One element per lane, 2048 a program: a memory-bound pass, the block only amortizes the launch.
 BLOCK = 2048
 
 
+def _dropout_arguments(dropout: DropoutSite | None, like: torch.Tensor, dtype: torch.dtype) -> dict:
+    """The kernels' dropout arguments: the seed (a pointer, read on the device: a CUDA graph
+    replays the seed drawn at each replay), the site's mix, the threshold, the scale in the
+    update's dtype and the sizes of the [B, X, Y, C] update; placeholders without dropout."""
+    if dropout is None:
+        return dict(
+            SEED=like, site_mix=0, threshold=0, scale=0.0, size_x=1, size_y=1, size_c=1, HAS_DROPOUT=False, SHARED_DIM=1
+        )
+    if like.dim() != 4 or dropout.shared_dim not in (1, 2):
+        raise ValueError(
+            f"residual_add: dropout takes a [B, X, Y, C] update shared along 1 or 2, got {tuple(like.shape)} "
+            f"shared along {dropout.shared_dim}"
+        )
+    _, size_x, size_y, size_c = like.shape
+    return dict(
+        SEED=dropout.seed,
+        site_mix=dropout_site_mix(dropout.site),
+        threshold=dropout_threshold(dropout.rate),
+        scale=dropout_scale(dropout.rate, dtype),
+        size_x=size_x,
+        size_y=size_y,
+        size_c=size_c,
+        HAS_DROPOUT=True,
+        SHARED_DIM=dropout.shared_dim,
+    )
+
+
 def residual_add_fwd(
-    z: torch.Tensor, update: torch.Tensor, low_dtype: torch.dtype
+    z: torch.Tensor, update: torch.Tensor, low_dtype: torch.dtype, dropout: DropoutSite | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """z (fp32) + update, both contiguous and of one shape -> (the sum in fp32, the same in low_dtype)."""
+    """z (fp32) + update (dropped out by `dropout` first, where given), both contiguous and of
+    one shape -> (the sum in fp32, the same in low_dtype)."""
     new = torch.empty_like(z)
     low = torch.empty_like(z, dtype=low_dtype)
     n = z.numel()
     _residual_fwd_kernel[(triton.cdiv(n, BLOCK),)](
-        z, update, new, low, n, PRECISION=runtime.dot_precision(low_dtype), BLOCK=BLOCK
+        z,
+        update,
+        new,
+        low,
+        n,
+        **_dropout_arguments(dropout, z, update.dtype),
+        PRECISION=runtime.dot_precision(low_dtype),
+        BLOCK=BLOCK,
     )
     return new, low
 
 
 def residual_add_bwd(
-    d_new: torch.Tensor | None, d_low: torch.Tensor | None, update_dtype: torch.dtype
+    d_new: torch.Tensor | None,
+    d_low: torch.Tensor | None,
+    update_dtype: torch.dtype,
+    dropout: DropoutSite | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gradients of the two sums (either may be None, not both) -> (d_z in fp32, d_update
-    in update_dtype): both are d_new + d_low."""
+    in update_dtype): both are d_new + d_low, d_update times the forward's dropout factor."""
     present = d_new if d_new is not None else d_low
     d_new = d_new.contiguous() if d_new is not None else None
     d_low = d_low.contiguous() if d_low is not None else None
@@ -42,6 +82,7 @@ def residual_add_bwd(
         d_z,
         d_update,
         n,
+        **_dropout_arguments(dropout, d_z, update_dtype),
         HAS_D_NEW=d_new is not None,
         HAS_D_LOW=d_low is not None,
         PRECISION=runtime.dot_precision(update_dtype),

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from featurecache.kernels.layernorm_linear import LayerNormLinear
+from featurecache.kernels.reference import hash32, shared_dropout_reference
 from featurecache.kernels.runtime import check_kernels
 
 
@@ -246,22 +247,12 @@ class OuterProductMean(nn.Module):
 
 
 # --- Dropout (AF3 Algorithms 8 and 17: DropoutRowwise, DropoutColumnwise) ----------------------
-# A mask is a pure function of a per-call seed tensor, the block and site it serves, and the
-# batch, token and channel indices it covers: no generator state is read inside a block. So the
-# recomputation of a checkpointed block draws the very same mask, a CUDA graph replays it from the
-# seed drawn on the device at each replay, and padding tokens (which come after the real ones)
-# leave the real tokens' masks unchanged.
+# Masks are pure functions of a per-call seed tensor (kernels/reference.py, shared_dropout_reference):
+# checkpointed blocks recompute the same masks and CUDA graphs replay them from a seed drawn on the
+# device. The Pairformer's pair updates draw theirs inside the residual add's kernel (DropoutSite).
 
-_HASH_MULTIPLIER = 0x45D9F3B  # below 2**27: the products of 32-bit values stay inside int64
-_UINT32 = 0xFFFFFFFF
 SITES_PER_BLOCK = 8  # dropout sites a block may hold (a PairStack uses 4, the MSA block one more)
-
-
-def _hash32(value: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer mix (two multiply-xorshift rounds) of int64 values in [0, 2**32)."""
-    value = ((value >> 16) ^ value) * _HASH_MULTIPLIER & _UINT32
-    value = ((value >> 16) ^ value) * _HASH_MULTIPLIER & _UINT32
-    return (value >> 16) ^ value
+shared_dropout = shared_dropout_reference
 
 
 def dropout_seed(generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
@@ -271,23 +262,4 @@ def dropout_seed(generator: torch.Generator | None, device: torch.device) -> tor
 
 def derived_seeds(seed: torch.Tensor, count: int) -> torch.Tensor:
     """[count] independent seeds from one (one per block, or per template)."""
-    return _hash32(_hash32(seed ^ 0x5BD1E995) + torch.arange(count, device=seed.device))
-
-
-def shared_dropout(
-    update: torch.Tensor, rate: float, seed: torch.Tensor | None, site: int, shared_dim: int
-) -> torch.Tensor:
-    """Dropout of `update` [B, X, Y, C] with one mask shared along `shared_dim` (1: AF3's
-    DropoutRowwise, the same mask for every row; 2: DropoutColumnwise), kept values scaled by
-    1 / (1 - rate). `seed` (0-d, from derived_seeds) None or rate 0: `update` unchanged."""
-    if seed is None or rate <= 0.0:
-        return update
-    shape = list(update.shape)
-    shape[shared_dim] = 1
-    mixed = _hash32(seed ^ (site * 0x9E3779B9 & _UINT32))
-    for dim, size in enumerate(shape):  # fold in each index along the mask's axes
-        if dim != shared_dim:
-            index = torch.arange(size, device=update.device).view([-1 if d == dim else 1 for d in range(len(shape))])
-            mixed = _hash32(mixed ^ index)
-    keep = mixed >= int(rate * 2**32)  # [B, 1, Y, C] or [B, X, 1, C]
-    return update * (keep.to(update.dtype) * (1.0 / (1.0 - rate)))
+    return hash32(hash32(seed ^ 0x5BD1E995) + torch.arange(count, device=seed.device))

@@ -3,7 +3,8 @@
 Dropout as AF3 places it: rowwise after the triangle multiplications and the starting-node
 attention, columnwise after the ending-node attention (`dropout`, 0.25 in AF3), only while
 training. Each stack draws one seed per call from the step's generator and every block derives
-its masks from it (layers.shared_dropout), so checkpointed blocks recompute the same masks.
+its masks from it (kernels/reference.py shared_dropout_reference; the residual add's kernel
+draws them in its own pass), so checkpointed blocks recompute the same masks.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import functools
 import torch
 from torch import nn
 
+from featurecache.kernels.reference import DropoutSite
 from featurecache.kernels.transition import Transition
 from featurecache.kernels.triangle_mult import TriangleMultiplication
 from featurecache.model.network import checkpointing
@@ -23,7 +25,6 @@ from featurecache.model.network.layers import (
     dropout_seed,
     kernel_module,
     residual_fn,
-    shared_dropout,
 )
 
 ROWWISE, COLUMNWISE = 1, 2  # the axis of z [B, i, j, C] along which one dropout mask is shared
@@ -76,15 +77,15 @@ class PairStack(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The updated z, and the same in autocast's dtype (z itself without autocast). `seed`:
         this block's dropout seed (None, or eval mode: no dropout)."""
-        rate = self.dropout if self.training else 0.0
-        z, z_low = self.residual(z, shared_dropout(self.tri_mul_out(z, pair_mask), rate, seed, 0, ROWWISE))
-        z, z_low = self.residual(z, shared_dropout(self.tri_mul_in(z_low, pair_mask), rate, seed, 1, ROWWISE))
-        z, z_low = self.residual(
-            z, shared_dropout(self._attention(self.tri_att_start, z_low, pair_mask), rate, seed, 2, ROWWISE)
-        )
-        z, z_low = self.residual(
-            z, shared_dropout(self._attention(self.tri_att_end, z_low, pair_mask), rate, seed, 3, COLUMNWISE)
-        )
+        rate = self.dropout if self.training and seed is not None else 0.0
+
+        def dropout(site: int, shared_dim: int) -> DropoutSite | None:  # drawn in the residual add
+            return DropoutSite(rate, seed, site, shared_dim) if rate > 0.0 else None
+
+        z, z_low = self.residual(z, self.tri_mul_out(z, pair_mask), dropout(0, ROWWISE))
+        z, z_low = self.residual(z, self.tri_mul_in(z_low, pair_mask), dropout(1, ROWWISE))
+        z, z_low = self.residual(z, self._attention(self.tri_att_start, z_low, pair_mask), dropout(2, ROWWISE))
+        z, z_low = self.residual(z, self._attention(self.tri_att_end, z_low, pair_mask), dropout(3, COLUMNWISE))
         return self.residual(z, self.transition(z_low))
 
     def _attention(self, attention: nn.Module, z_low: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
