@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 
 import torch
@@ -252,6 +253,7 @@ def dropout_threshold(rate: float) -> int:
     return int(rate * 2**32)
 
 
+@functools.cache  # per launch otherwise: a host tensor for two numbers
 def dropout_scale(rate: float, dtype: torch.dtype) -> float:
     """1 / (1 - rate) as the dropped tensor's dtype holds it (the multiplier of a kept value)."""
     return torch.tensor(1.0 / (1.0 - rate), dtype=torch.float32).to(dtype).item()
