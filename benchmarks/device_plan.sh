@@ -258,13 +258,26 @@ tiny_profile() {
 
 # The same kernel profile for the af3 preset on the same real data (the Trainer `featurecache train`
 # builds, CUDA graphs, crop 384): the step the issue's <= 0.6 s target is about, kernel by kernel
+#   here, optionally:  bash benchmarks/device_plan.sh base_export COMMIT   (.devdata/base: the tiny step
+#                      of that commit's package runs beside this one's first; add ".devdata/base" to carry)
 #   ~40 + 560 s  run(command="bash benchmarks/device_plan.sh step_profiles", carry=[".devdata/cache384", ".devdata/site-core.tar.xz"], timeout_s=600)
 step_profiles() {
     device_setup
-    timeout 180 python3 benchmarks/tiny_step.py --cache .devdata/cache384 --device cuda --cuda-graphs --steps 20 \
-        --kernel-profile 5 --record 2>&1 | tee "$OUTDIR/log.txt" || true
+    # with .devdata/base (here: base_export COMMIT), that commit's package side by side first
+    local beside=()
+    [ -f .devdata/base/featurecache/__init__.py ] && beside=(--variant "$(cat .devdata/base/COMMIT)=.devdata/base")
+    timeout 240 python3 benchmarks/tiny_step.py --cache .devdata/cache384 --device cuda --cuda-graphs --steps 20 \
+        "${beside[@]}" --record 2>&1 | tee "$OUTDIR/log.txt" || true
+    timeout 120 python3 benchmarks/tiny_step.py --cache .devdata/cache384 --device cuda --cuda-graphs --steps 5 \
+        --kernel-profile 5 2>&1 | tee -a "$OUTDIR/log.txt" || true
     timeout "${1:-360}" python3 benchmarks/tiny_step.py --cache .devdata/cache384 --preset af3 --device cuda \
         --cuda-graphs --steps 6 --kernel-profile 2 --record 2>&1 | tee -a "$OUTDIR/log.txt"
+}
+
+base_export() {  # here: COMMIT's featurecache package into .devdata/base (a --variant checkout for a device call)
+    rm -rf .devdata/base && mkdir -p .devdata/base
+    git archive "$1" featurecache | tar -x -C .devdata/base
+    git rev-parse --short "$1" > .devdata/base/COMMIT
 }
 
 # Issue 33's generalisation (benchmarks/generalisation.py): `featurecache train --preset small` on

@@ -344,13 +344,26 @@ def refuse(message: str) -> None:
     sys.exit(2)
 
 
+def checkout_commit(checkout: pathlib.Path) -> str:
+    """The commit of a checkout: its git HEAD where it is a repository's top level; for an
+    exported tree (`git archive COMMIT featurecache`, as carried to a device inside another
+    checkout) the commit named in its COMMIT file; else ''."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=checkout, capture_output=True, text=True, check=False).stdout.strip()
+
+    top = git("rev-parse", "--show-toplevel")
+    if top and pathlib.Path(top).resolve() == checkout:
+        return git("rev-parse", "--short", "HEAD")
+    named = checkout / "COMMIT"
+    return named.read_text().strip() if named.is_file() else ""
+
+
 def run_variant(name: str, checkout: pathlib.Path, argv: list[str]) -> dict:
     """This script's steps on the featurecache package of `checkout`, in a child process."""
     if not (checkout / "featurecache" / "__init__.py").is_file():
         refuse(f"--variant {name}={checkout}: no featurecache package there")
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True, text=True, check=False
-    ).stdout.strip()
+    commit = checkout_commit(checkout)
     env = dict(os.environ, FC_PACKAGE_ROOT=str(checkout), FC_COMMIT=commit or "unknown")
     with tempfile.NamedTemporaryFile(suffix=".json") as result:
         child = [sys.executable, __file__, *argv, "--label", name, "--result-json", result.name]
