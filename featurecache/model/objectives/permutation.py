@@ -171,7 +171,10 @@ def chain_permutation(batch: dict, predicted: torch.Tensor) -> torch.Tensor:
     pred_centre = pred_sum / pred_count.clamp(min=1)[..., None]  # [B, q, c, 3]
     moved_centre = torch.einsum("bpij,bcj->bpci", rotation, true_centre) + shift[:, :, None]  # [B, p, c, 3]
 
-    # greedy: chains of multi-copy entities, longest first, each take the nearest free chain
+    # greedy: chains of multi-copy entities, longest first, each take the nearest free chain. What
+    # does not depend on the chains taken so far is gathered for every step before the loop: on a
+    # GPU each step is then ~10 small kernels, not ~25 (the loop runs MAX_MATCHED_CHAINS times,
+    # for fixed shapes)
     assign = token.expand(batch_size, num_tokens, num_tokens).clone()  # [B, p, q] -> truth chain
     assign[rows[:, None], token[None, :], token[None, :]] = torch.where(candidate, anchor[:, None], token[None, :])
     used = torch.zeros(batch_size, num_tokens, num_tokens, dtype=torch.bool, device=device)  # [B, p, c]
@@ -179,17 +182,27 @@ def chain_permutation(batch: dict, predicted: torch.Tensor) -> torch.Tensor:
     ambiguous = is_chain & (copies > 1)
     order = torch.where(ambiguous, -layout["length"] * scale + token, scale * scale).argsort(dim=1)
     count = ambiguous.sum(dim=1)
-    for step in range(min(MAX_MATCHED_CHAINS, num_tokens)):
-        q = order[:, step]  # [B]
-        active = (step < count)[:, None] & (token[None, :] != q[:, None]) & candidate  # [B, p]
-        distance = (moved_centre - pred_centre[rows, q][:, None]).square().sum(-1)  # [B, p, c]
-        distance = distance + (resolved == 0)[:, None].float() * UNRESOLVED_DISTANCE  # resolved chains first
-        free = interchangeable[rows, q][:, None, :] & ~used
-        distance = distance.masked_fill(~free, float("inf"))
-        choice = distance.argmin(dim=-1)  # [B, p]
-        current = assign[rows, :, q]
-        assign[rows, :, q] = torch.where(active, choice, current)
-        used.scatter_(2, choice[..., None], used.gather(2, choice[..., None]) | active[..., None])
+    steps = min(MAX_MATCHED_CHAINS, num_tokens)
+    picked = order[:, :steps]  # [B, T]: the predicted chain q matched at each step (distinct)
+    step_index = torch.arange(steps, device=device)
+    active = (  # [B, T, p]: the candidates whose matching takes a truth chain for q at this step
+        (step_index[None, :] < count[:, None])[:, :, None]
+        & (token[None, None, :] != picked[:, :, None])
+        & candidate[:, None, :]
+    )
+    picked_centre = pred_centre[rows[:, None], picked]  # [B, T, c, 3]
+    not_allowed = ~interchangeable[rows[:, None], picked]  # [B, T, c]
+    unresolved = (resolved == 0)[:, None].float() * UNRESOLVED_DISTANCE  # [B, 1, c]: resolved chains first
+    choices = []
+    for step in range(steps):
+        distance = (moved_centre - picked_centre[:, step, None]).square().sum(-1) + unresolved  # [B, p, c]
+        choice = distance.masked_fill(used | not_allowed[:, step, None], float("inf")).argmin(dim=-1)  # [B, p]
+        used.scatter_(2, choice[..., None], used.gather(2, choice[..., None]) | active[:, step, :, None])
+        choices.append(choice)
+    # each step's choice into assign[:, p, q] (q distinct over the steps), where the step was active
+    columns = picked[:, None, :].expand(-1, num_tokens, -1)  # [B, p, T]
+    taken = torch.where(active.transpose(1, 2), torch.stack(choices, dim=2), assign.gather(2, columns))
+    assign.scatter_(2, columns, taken)
 
     # the candidate whose matching puts the truth's representative atoms closest
     source = torch.gather(
