@@ -3,7 +3,8 @@ fits built on it (rigid_fit, Algorithm 28's weighted_rigid_align)."""
 
 import torch
 
-from featurecache.model.objectives.rigid import kabsch_rotation, rigid_fit, weighted_rigid_align
+from featurecache.model.network.rotations import quaternion_to_rotation
+from featurecache.model.objectives.rigid import _horn_matrix, kabsch_rotation, rigid_fit, weighted_rigid_align
 
 
 def _svd_kabsch(covariance):
@@ -93,3 +94,37 @@ def test_rigid_fit_returns_the_rotation_and_translation():
     fitted_rotation, fitted_translation = rigid_fit(mobile, target, torch.ones(3, 9, dtype=torch.float64))
     torch.testing.assert_close(fitted_rotation, rotation, atol=1e-9, rtol=0)
     torch.testing.assert_close(fitted_translation, translation, atol=1e-8, rtol=0)
+
+
+def test_quaternion_rotation_is_the_written_out_matrix_for_any_length():
+    """quaternion_to_rotation's table against Shepperd's entries of a unit quaternion, for
+    quaternions of any length (it divides by |q|^2), and the quarter turn about z by hand."""
+    q = torch.randn(64, 4, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    w, x, y, z = (q / q.norm(dim=-1, keepdim=True)).unbind(-1)
+    expected = torch.stack(
+        [
+            torch.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)], -1),
+            torch.stack([2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)], -1),
+            torch.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1),
+        ],
+        -2,
+    )
+    torch.testing.assert_close(quaternion_to_rotation(3.0 * q), expected, rtol=0, atol=1e-14)
+    quarter = quaternion_to_rotation(torch.tensor([1.0, 0.0, 0.0, 1.0]))  # 90 degrees about z, unnormalised
+    torch.testing.assert_close(quarter, torch.tensor([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]))
+
+
+def test_horn_matrix_entries():
+    """N's entries as Horn's eq. 10 writes them, from a covariance with distinct entries."""
+    h = torch.arange(1.0, 10.0, dtype=torch.float64).view(3, 3) ** 2  # xx=1, xy=4, xz=9, yx=16, ...
+    (xx, xy, xz), (yx, yy, yz), (zx, zy, zz) = h.tolist()
+    expected = torch.tensor(
+        [
+            [xx + yy + zz, yz - zy, zx - xz, xy - yx],
+            [yz - zy, xx - yy - zz, xy + yx, zx + xz],
+            [zx - xz, xy + yx, -xx + yy - zz, yz + zy],
+            [xy - yx, zx + xz, yz + zy, -xx - yy + zz],
+        ],
+        dtype=torch.float64,
+    )
+    assert torch.equal(_horn_matrix(h), expected)

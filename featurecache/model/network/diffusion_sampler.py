@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from featurecache.model.config import ModelConfig
+from featurecache.model.network.rotations import quaternion_to_rotation
 
 
 def standard_normal(shape, generator: torch.Generator | None, device, dtype=torch.float32) -> torch.Tensor:
@@ -63,42 +64,9 @@ def noise_schedule(
 
 
 def random_rotations(count: int, generator: torch.Generator | None, device=None) -> torch.Tensor:
-    """[count, 3, 3] rotations uniform on SO(3): quaternions from 4-d normals (uniform in
-    direction), as R(q) / |q|^2 with R(q) quadratic in q: three kernels on a GPU, not ~40."""
-    quaternion = standard_normal((count, 4), generator, device)
-    outer = (quaternion[:, :, None] * quaternion[:, None, :]).view(count, 16)  # q_a q_b
-    rotation = outer @ _quaternion_products(quaternion.device, quaternion.dtype)  # [count, 9]
-    return (rotation / outer[:, ::5].sum(dim=-1, keepdim=True)).view(count, 3, 3)  # |q|^2: the diagonal
-
-
-# R(q)_ij = sum_ab C[ab, ij] q_a q_b for q = (w, x, y, z), the rotation of a unit quaternion times
-# |q|^2: e.g. R_00 = w^2 + x^2 - y^2 - z^2 (= 1 - 2 (y^2 + z^2) when |q| = 1), R_01 = 2 (x y - w z).
-_QUATERNION_PRODUCT_TERMS = {
-    (0, 0): {(0, 0): 1, (1, 1): 1, (2, 2): -1, (3, 3): -1},
-    (0, 1): {(1, 2): 2, (0, 3): -2},
-    (0, 2): {(1, 3): 2, (0, 2): 2},
-    (1, 0): {(1, 2): 2, (0, 3): 2},
-    (1, 1): {(0, 0): 1, (1, 1): -1, (2, 2): 1, (3, 3): -1},
-    (1, 2): {(2, 3): 2, (0, 1): -2},
-    (2, 0): {(1, 3): 2, (0, 2): -2},
-    (2, 1): {(2, 3): 2, (0, 1): 2},
-    (2, 2): {(0, 0): 1, (1, 1): -1, (2, 2): -1, (3, 3): 1},
-}
-_quaternion_product_cache: dict[tuple, torch.Tensor] = {}
-
-
-def _quaternion_products(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """C [16, 9] on `device`, made once per device and dtype: a copy to a GPU is not allowed
-    while a CUDA graph is captured, and every captured step is warmed up eagerly first."""
-    key = (device, dtype)
-    if key not in _quaternion_product_cache:
-        table = torch.zeros(4, 4, 3, 3, dtype=torch.float64)
-        for (i, j), terms in _QUATERNION_PRODUCT_TERMS.items():
-            for (a, b), coefficient in terms.items():  # split over q_a q_b and q_b q_a
-                table[a, b, i, j] += coefficient / 2
-                table[b, a, i, j] += coefficient / 2
-        _quaternion_product_cache[key] = table.view(16, 9).to(device=device, dtype=dtype)
-    return _quaternion_product_cache[key]
+    """[count, 3, 3] rotations uniform on SO(3): the rotations of quaternions drawn from 4-d
+    normals (uniform in direction)."""
+    return quaternion_to_rotation(standard_normal((count, 4), generator, device))
 
 
 def centre_random_augmentation(

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from featurecache.model.network.rotations import device_constant, quaternion_to_rotation
+
 _SQUARINGS = 32
 # Renormalised every 8 squarings, not each (on a GPU each is 3 small kernels): after a
 # normalisation the top eigenvalue is in [1/2, 1] (the shifted matrix's eigenvalues are in [0, 2],
@@ -75,28 +77,39 @@ def kabsch_rotation(covariance: torch.Tensor) -> torch.Tensor:
         column = power.norm(dim=-2).argmax(dim=-1)  # [...]
         q = torch.gather(power, -1, column[..., None, None].expand(*power.shape[:-1], 1)).squeeze(-1)
         q = q / q.norm(dim=-1, keepdim=True).clamp(min=1e-300)
-        return _quaternion_to_rotation(q).to(covariance.dtype)
+        return quaternion_to_rotation(q).to(covariance.dtype)
+
+
+# Horn (1987), eq. 10: the symmetric 4 x 4 matrix N whose top eigenvector is the quaternion, as
+# sums of the covariance's entries: N[r, c] = sum_ij T[ij, rc] H_ij (one matrix product, not ~30
+# small kernels on a GPU); row by row, with xy = H[0, 1] and so on:
+#   [xx + yy + zz, yz - zy,       zx - xz,        xy - yx      ]
+#   [yz - zy,      xx - yy - zz,  xy + yx,        zx + xz      ]
+#   [zx - xz,      xy + yx,       -xx + yy - zz,  yz + zy      ]
+#   [xy - yx,      zx + xz,       yz + zy,        -xx - yy + zz]
+_HORN_TERMS = {
+    (0, 0): {(0, 0): 1, (1, 1): 1, (2, 2): 1},
+    (0, 1): {(1, 2): 1, (2, 1): -1},
+    (0, 2): {(2, 0): 1, (0, 2): -1},
+    (0, 3): {(0, 1): 1, (1, 0): -1},
+    (1, 1): {(0, 0): 1, (1, 1): -1, (2, 2): -1},
+    (1, 2): {(0, 1): 1, (1, 0): 1},
+    (1, 3): {(2, 0): 1, (0, 2): 1},
+    (2, 2): {(0, 0): -1, (1, 1): 1, (2, 2): -1},
+    (2, 3): {(1, 2): 1, (2, 1): 1},
+    (3, 3): {(0, 0): -1, (1, 1): -1, (2, 2): 1},
+}
+
+
+def _horn_table() -> torch.Tensor:
+    """T [9, 16] (symmetric in its row and column of N)."""
+    table = torch.zeros(3, 3, 4, 4, dtype=torch.float64)
+    for (row, column), terms in _HORN_TERMS.items():
+        for (i, j), coefficient in terms.items():
+            table[i, j, row, column] = table[i, j, column, row] = coefficient
+    return table.view(9, 16)
 
 
 def _horn_matrix(h: torch.Tensor) -> torch.Tensor:
-    """Horn (1987), eq. 10: the symmetric 4 x 4 matrix whose top eigenvector is the quaternion."""
-    xx, xy, xz = h[..., 0, 0], h[..., 0, 1], h[..., 0, 2]
-    yx, yy, yz = h[..., 1, 0], h[..., 1, 1], h[..., 1, 2]
-    zx, zy, zz = h[..., 2, 0], h[..., 2, 1], h[..., 2, 2]
-    rows = [
-        [xx + yy + zz, yz - zy, zx - xz, xy - yx],
-        [yz - zy, xx - yy - zz, xy + yx, zx + xz],
-        [zx - xz, xy + yx, -xx + yy - zz, yz + zy],
-        [xy - yx, zx + xz, yz + zy, -xx - yy + zz],
-    ]
-    return torch.stack([torch.stack(row, dim=-1) for row in rows], dim=-2)
-
-
-def _quaternion_to_rotation(q: torch.Tensor) -> torch.Tensor:
-    w, x, y, z = q.unbind(-1)
-    rows = [
-        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-    ]
-    return torch.stack([torch.stack(row, dim=-1) for row in rows], dim=-2)
+    """H [..., 3, 3] -> N [..., 4, 4]."""
+    return (h.flatten(-2) @ device_constant("horn", _horn_table, h.device, h.dtype)).unflatten(-1, (4, 4))
