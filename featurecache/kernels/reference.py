@@ -14,6 +14,8 @@ import threading
 
 import torch
 
+from featurecache.kernels.weight_casts import cast_weight
+
 # lDDT's numbers, defined once for the kernels and the model (model/objectives/lddt.py imports them)
 LDDT_THRESHOLDS = (0.5, 1.0, 2.0, 4.0)  # Angstrom
 INCLUSION_RADIUS = 15.0  # Angstrom
@@ -116,7 +118,9 @@ def _layer_norm(x, weight, bias, eps):
 
 
 def _linear(x, weight, bias=None):
-    return torch.nn.functional.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+    return torch.nn.functional.linear(
+        x, cast_weight(weight, x.dtype), None if bias is None else cast_weight(bias, x.dtype)
+    )
 
 
 def layernorm_linear_reference(x, norm_weight, norm_bias, weight, bias=None, eps=1e-5):

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.runtime.errors
 
+from featurecache.kernels.weight_casts import cast_weight
+
 # The kernel switch, one name everywhere (modules, ModelConfig, the CLI's --kernels):
 # "triton" runs the kernels of this package, "torch" the pure-PyTorch references.
 KERNEL_CHOICES = ("triton", "torch")
@@ -230,8 +232,9 @@ def autocast_input(x: torch.Tensor) -> torch.Tensor:
 def weights_like(x: torch.Tensor, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The matmul operands in x's dtype, as autocast does for nn.Linear: fp32 master weights
     beside bf16 activations would double the weight tiles (430 KB of shared memory at dim 384).
-    Gradients still reach the parameters in their own dtype through the cast."""
-    return tuple(w.to(x.dtype) for w in weights)
+    Gradients still reach the parameters in their own dtype through the cast. Within
+    weight_casts.cached_weight_casts (a sampler's steps, no gradient) each is cast once."""
+    return tuple(cast_weight(w, x.dtype) for w in weights)
 
 
 def unaliased(tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:

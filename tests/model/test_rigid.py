@@ -110,6 +110,10 @@ def test_quaternion_rotation_is_the_written_out_matrix_for_any_length():
         -2,
     )
     torch.testing.assert_close(quaternion_to_rotation(3.0 * q), expected, rtol=0, atol=1e-14)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # as the sampler runs: still fp32 products
+        rotations = quaternion_to_rotation(q.float())
+    assert rotations.dtype == torch.float32
+    torch.testing.assert_close(rotations, expected.float(), rtol=0, atol=1e-6)
     quarter = quaternion_to_rotation(torch.tensor([1.0, 0.0, 0.0, 1.0]))  # 90 degrees about z, unnormalised
     torch.testing.assert_close(quarter, torch.tensor([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]))
 

@@ -10,6 +10,7 @@ import torch
 
 from featurecache.kernels import runtime
 from featurecache.kernels.conditioned_transition import config
+from featurecache.kernels.weight_casts import cast_weight
 from featurecache.kernels.conditioned_transition.launch import (
     adaln_bwd,
     adaln_fwd,
@@ -228,7 +229,7 @@ def conditioned_transition(
         )
     # the s side with PyTorch, once per s row; its products in a's dtype, as the kernel's
     scale, shift = adaln_conditioning(s, norm_s_weight, scale_weight, scale_bias, shift_weight, eps)
-    gate = torch.nn.functional.linear(s, gate_weight.to(s.dtype), gate_bias.to(s.dtype))
+    gate = torch.nn.functional.linear(s, cast_weight(gate_weight, s.dtype), cast_weight(gate_bias, s.dtype))
     weight_a, weight_b, weight_out = runtime.weights_like(a, weight_a, weight_b, weight_out)
     if a.shape[-1] > config.FUSED_MAX_CHANNELS:
         # rows too wide for registers: the one-pass AdaLN, then cuBLAS products (see the top)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from featurecache.kernels.weight_casts import cached_weight_casts
 from featurecache.model.config import ModelConfig
 from featurecache.model.network.rotations import quaternion_to_rotation
 
@@ -109,15 +110,18 @@ def sample_diffusion(
     )
     translation = config.diffusion.augmentation_translation
     positions = schedule[0] * standard_normal(shape, generator, device)
-    for previous, level in zip(schedule[:-1], schedule[1:]):
-        positions = centre_random_augmentation(positions, atom_mask, generator, translation)
-        gamma = sampler.sampler_gamma_0 if level > sampler.sampler_gamma_min else 0.0
-        t_hat = previous * (gamma + 1)
-        noise = (
-            sampler.sampler_noise_scale * (t_hat**2 - previous**2) ** 0.5 * standard_normal(shape, generator, device)
-        )
-        noisy = positions + noise
-        denoised = denoise(noisy, torch.full(shape[:2], t_hat, device=noisy.device))
-        direction = (noisy - denoised) / t_hat
-        positions = noisy + sampler.sampler_step_scale * (level - t_hat) * direction
+    with cached_weight_casts():  # without gradient, the steps share the bf16 copies of the weights
+        for previous, level in zip(schedule[:-1], schedule[1:]):
+            positions = centre_random_augmentation(positions, atom_mask, generator, translation)
+            gamma = sampler.sampler_gamma_0 if level > sampler.sampler_gamma_min else 0.0
+            t_hat = previous * (gamma + 1)
+            noise = (
+                sampler.sampler_noise_scale
+                * (t_hat**2 - previous**2) ** 0.5
+                * standard_normal(shape, generator, device)
+            )
+            noisy = positions + noise
+            denoised = denoise(noisy, torch.full(shape[:2], t_hat, device=noisy.device))
+            direction = (noisy - denoised) / t_hat
+            positions = noisy + sampler.sampler_step_scale * (level - t_hat) * direction
     return positions

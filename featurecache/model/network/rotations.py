@@ -52,6 +52,7 @@ def _rotation_table() -> torch.Tensor:
 
 def quaternion_to_rotation(q: torch.Tensor) -> torch.Tensor:
     """q [..., 4] (w, x, y, z; any non-zero length: the rotation of q / |q|) -> R [..., 3, 3]."""
-    outer = (q[..., :, None] * q[..., None, :]).flatten(-2)  # [..., 16]: q_a q_b
-    rotation = outer @ device_constant("quaternion_rotation", _rotation_table, q.device, q.dtype)
-    return (rotation / outer[..., ::5].sum(dim=-1, keepdim=True)).unflatten(-1, (3, 3))  # / |q|^2
+    with torch.autocast(q.device.type, enabled=False):  # a product in q's dtype, never bf16's
+        outer = (q[..., :, None] * q[..., None, :]).flatten(-2)  # [..., 16]: q_a q_b
+        rotation = outer @ device_constant("quaternion_rotation", _rotation_table, q.device, q.dtype)
+        return (rotation / outer[..., ::5].sum(dim=-1, keepdim=True)).unflatten(-1, (3, 3))  # / |q|^2

@@ -1,0 +1,57 @@
+"""Weights cast to the compute dtype once per sampler, not once per call.
+
+Under autocast the fused kernels (and their references) compute in bf16 and cast their fp32
+weights to it themselves (`runtime.weights_like`, `reference._linear`): one small copy kernel
+per weight and call. A sampler calls the same modules with the same weights many times (the
+mini-rollout 20 times per training step, inference 200 times per target): on a GPU the casts
+were ~40 % of the mini-rollout's kernels. Within `cached_weight_casts()` a weight is cast once
+and the copy reused.
+
+Only without gradient: a cached copy made without gradient would cut the weight off from a
+later differentiated use, and one made with gradient would tie later uses into the first use's
+graph. The copy is keyed by the weight's identity and version (an in-place update makes it
+stale), and dropped when the scope ends. Inside a CUDA graph capture the copies are the
+graph's own memory, made once by the capture; a graph captured inside the scope reads copies
+made before it, so it must not be replayed after the scope ends (a sampler's graph lives only
+within its sampler call).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import torch
+
+_scope = threading.local()
+
+
+@contextlib.contextmanager
+def cached_weight_casts() -> Iterator[None]:
+    """Within it, cast_weight casts each weight once per dtype while gradients are off.
+    Nested scopes share the outermost one's copies."""
+    if getattr(_scope, "copies", None) is not None:
+        yield
+        return
+    _scope.copies = {}
+    try:
+        yield
+    finally:
+        _scope.copies = None
+
+
+def cast_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """weight.to(dtype), the same copy each time within cached_weight_casts (gradients off)."""
+    if weight.dtype == dtype:
+        return weight
+    copies = getattr(_scope, "copies", None)
+    if copies is None or torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return weight.to(dtype)
+    key = (id(weight), dtype)
+    kept = copies.get(key)
+    if kept is not None and kept[0] is weight and kept[1] == weight._version:
+        return kept[2]
+    cast = weight.to(dtype)
+    copies[key] = (weight, weight._version, cast)
+    return cast

@@ -1,0 +1,92 @@
+"""cached_weight_casts: a sampler's steps share one bf16 copy of each weight, without gradient
+only, and a sampler under autocast draws the same structures with the copies as without."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from featurecache.kernels import weight_casts
+from featurecache.kernels.weight_casts import cached_weight_casts, cast_weight
+
+
+class _Copies(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.overloadpacket.__name__ == "_to_copy"
+        return func(*args, **(kwargs or {}))
+
+
+def _weight() -> torch.nn.Parameter:
+    return torch.nn.Parameter(torch.randn(8, 4, generator=torch.Generator().manual_seed(0)))
+
+
+def test_one_copy_per_weight_within_the_scope_without_gradient():
+    weight, copies = _weight(), _Copies()
+    with torch.no_grad(), cached_weight_casts(), copies:
+        first, second = cast_weight(weight, torch.bfloat16), cast_weight(weight, torch.bfloat16)
+        with cached_weight_casts():  # a nested scope shares the outer one's copies
+            third = cast_weight(weight, torch.bfloat16)
+    assert first is second is third and copies.count == 1
+    assert torch.equal(first, weight.detach().to(torch.bfloat16))
+    assert cast_weight(weight, torch.float32) is weight  # no cast needed: the weight itself
+
+
+def test_every_call_casts_outside_the_scope_or_with_gradient():
+    weight, copies = _weight(), _Copies()
+    with torch.no_grad(), copies:
+        cast_weight(weight, torch.bfloat16), cast_weight(weight, torch.bfloat16)
+    assert copies.count == 2
+    with cached_weight_casts():
+        first, second = cast_weight(weight, torch.bfloat16), cast_weight(weight, torch.bfloat16)
+        (first.float().sum() + 2 * second.float().sum()).backward()
+    assert first is not second  # each use its own differentiable cast
+    torch.testing.assert_close(weight.grad, torch.full_like(weight, 3.0))
+
+
+def test_an_updated_weight_is_cast_again_and_the_copies_go_with_the_scope():
+    weight = _weight()
+    with torch.no_grad(), cached_weight_casts():
+        before = cast_weight(weight, torch.bfloat16)
+        weight.add_(1.0)  # in place: a new version
+        after = cast_weight(weight, torch.bfloat16)
+        assert after is not before and torch.equal(after, weight.to(torch.bfloat16))
+    assert weight_casts._scope.copies is None
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_the_sampler_under_autocast_draws_the_same_structures_with_the_copies(kernels, monkeypatch):
+    """The tiny model's sampler (2 steps) under CPU autocast, the triton path interpreted: the
+    cached copies are the casts each call made before, so the structures are equal bit for bit."""
+    from featurecache.model import AF3Model, preset
+    from featurecache.model.network import diffusion_sampler
+    from featurecache.testing.synthetic import random_batch
+
+    torch.manual_seed(0)
+    model = AF3Model(preset("tiny", kernels=kernels)).eval()
+    batch = random_batch([9], [3], [1], torch.Generator().manual_seed(1), num_atoms_per_token=2)
+
+    def sample() -> tuple[torch.Tensor, int]:
+        copies = _Copies()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), copies:
+            outputs = model.sample(
+                batch, num_cycles=1, num_samples=2, num_steps=2, generator=torch.Generator().manual_seed(3)
+            )
+        return outputs["positions"], copies.count
+
+    cached, cached_copies = sample()
+    monkeypatch.setattr(diffusion_sampler, "cached_weight_casts", _no_cache)
+    uncached, uncached_copies = sample()
+    assert torch.equal(cached, uncached)
+    if kernels == "triton":  # the kernels cast their own weights (the torch path: autocast's cache)
+        assert cached_copies < uncached_copies
+
+
+class _no_cache:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
