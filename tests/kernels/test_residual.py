@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from featurecache.kernels.reference import DropoutSite
 from featurecache.kernels.residual import residual_add, residual_add_reference
@@ -78,3 +79,48 @@ def test_dropout_of_rate_zero_or_without_a_seed_leaves_the_update_alone():
     for function in (residual_add, residual_add_reference):
         new, _ = function(z, update, DropoutSite(0.0, seed, 0, 1))
         torch.testing.assert_close(new, z + update, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("stream", "autocast"),
+    [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, False)],
+    ids=["bf16 stream under autocast", "bf16 stream", "fp32 stream without autocast"],
+)
+def test_a_stream_in_the_updates_dtype_takes_the_dropout_in_one_kernel_bit_for_bit(stream, autocast):
+    """The trunk's pair is bf16 under autocast (its first value comes out of bf16 products): the
+    dropped update and the add in one kernel each way, equal to the reference composition (the
+    mask's multiply in the update's dtype, then one rounding of the sum) in values and both
+    gradients; one tensor returned for both results, as the reference does."""
+    shape = (2, 9, 6, 40)
+    generator = torch.Generator().manual_seed(11)
+    z = torch.randn(shape, generator=generator).to(DEVICE, stream)
+    update = torch.randn(shape, generator=generator).to(DEVICE, stream)
+    d_new = torch.randn(shape, generator=generator).to(DEVICE, stream)
+    dropout = DropoutSite(0.25, torch.tensor(0xFFFFFFF0, dtype=torch.int64, device=DEVICE), 5, 2)
+    results, launches = [], []
+    for function in (residual_add, residual_add_reference):
+        z_leaf, update_leaf = z.clone().requires_grad_(True), update.clone().requires_grad_(True)
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=autocast), _Ops() as ops:
+            new, low = function(z_leaf, update_leaf, dropout)
+        launches.append(ops.count)
+        assert new is low and new.dtype == stream
+        (new.float() * d_new.float()).sum().backward()
+        results.append((new.detach(), z_leaf.grad, update_leaf.grad))
+    for mine, ref in zip(*results):
+        assert mine.dtype == ref.dtype
+        torch.testing.assert_close(mine, ref, rtol=0, atol=0)
+    assert launches[0] == 0 < launches[1]  # the reference hashes the mask with PyTorch operators
+    dropped = results[0][2] == 0
+    assert 0.1 < dropped.float().mean().item() < 0.4
+
+
+class _Ops(TorchDispatchMode):
+    """The hash's operators a call dispatches (bitwise_xor: ~5 per dropout mask's hash round)."""
+
+    def __enter__(self):
+        self.count = 0
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.overloadpacket.__name__ == "bitwise_xor"
+        return func(*args, **(kwargs or {}))

@@ -22,19 +22,34 @@ class _ResidualAdd(torch.autograd.Function):
         return (*residual_add_bwd(d_new, d_low, ctx.update_dtype, ctx.dropout), None, None)
 
 
+class _DroppedResidualAdd(torch.autograd.Function):
+    """A stream in the update's dtype (the bf16 pair under autocast, or anything without it): the
+    sum once, the mask drawn in the kernel."""
+
+    @staticmethod
+    def forward(ctx, z, update, dropout):
+        ctx.dtypes, ctx.dropout = (update.dtype, z.dtype), dropout
+        return residual_add_fwd(z, update, None, dropout)[0]
+
+    @staticmethod
+    def backward(ctx, d_new):
+        update_dtype, stream_dtype = ctx.dtypes
+        return (*residual_add_bwd(d_new, None, update_dtype, ctx.dropout, stream_dtype), None)
+
+
 def residual_add(
     z: torch.Tensor, update: torch.Tensor, dropout: DropoutSite | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """residual_add_reference (with `dropout` of the update, where given) in one Triton kernel
-    each way, where it matters: an fp32 stream under autocast, on CUDA (or the interpreter),
-    outside torch.compile (which fuses the composition itself). The dropout mask is drawn in
-    the kernel from the seed: no mask tensor, no pass of its own."""
+    each way, where it matters, on CUDA (or the interpreter), outside torch.compile (which fuses
+    the composition itself): an fp32 stream under autocast (the sum in both dtypes), or a stream
+    of the update's dtype with dropout (the bf16 pair under autocast: the add is one kernel
+    anyway, the mask ~40 small ones). The mask is drawn in the kernel from the seed: no mask
+    tensor, no pass of its own."""
     if dropout is not None and dropout.rate <= 0.0:
         dropout = None
     if (
-        z.dtype != torch.float32
-        or not torch.is_autocast_enabled(z.device.type)
-        or z.shape != update.shape
+        z.shape != update.shape
         or not z.is_contiguous()
         or not update.is_contiguous()
         or torch.compiler.is_compiling()
@@ -42,4 +57,9 @@ def residual_add(
         or (dropout is not None and update.dim() != 4)
     ):
         return residual_add_reference(z, update, dropout)
-    return _ResidualAdd.apply(z, update, torch.get_autocast_dtype(z.device.type), dropout)
+    if z.dtype == torch.float32 and torch.is_autocast_enabled(z.device.type):
+        return _ResidualAdd.apply(z, update, torch.get_autocast_dtype(z.device.type), dropout)
+    if dropout is not None and z.dtype == update.dtype:
+        new = _DroppedResidualAdd.apply(z, update, dropout)
+        return new, new
+    return residual_add_reference(z, update, dropout)

@@ -1,5 +1,6 @@
-"""The residual add's Triton kernels: the sum in fp32 and in the low dtype, and its gradient, with
-the update's shared dropout (kernels/reference.py, shared_dropout_reference) drawn in the same pass."""
+"""The residual add's Triton kernels: the sum in the stream's dtype (and, for an fp32 stream, in
+the low dtype too), and its gradient, with the update's shared dropout (kernels/reference.py,
+shared_dropout_reference) drawn in the same pass."""
 
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ def _residual_fwd_kernel(
     size_c,
     HAS_DROPOUT: tl.constexpr,
     SHARED_DIM: tl.constexpr,
+    HAS_LOW: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -66,8 +68,10 @@ def _residual_fwd_kernel(
         factor = _dropout_multiplier(offsets, SEED, site_mix, threshold, scale, size_x, size_y, size_c, SHARED_DIM)
         update = cast(update * factor, U.dtype.element_ty, PRECISION).to(tl.float32)
     new = tl.load(Z + offsets, mask=m, other=0.0).to(tl.float32) + update
-    tl.store(NEW + offsets, new.to(NEW.dtype.element_ty), mask=m)
-    tl.store(LOW + offsets, cast(new, LOW.dtype.element_ty, PRECISION), mask=m)
+    # the sum rounded once to the stream's dtype (a bf16 stream: as PyTorch's bf16 add rounds it)
+    tl.store(NEW + offsets, cast(new, NEW.dtype.element_ty, PRECISION), mask=m)
+    if HAS_LOW:
+        tl.store(LOW + offsets, cast(new, LOW.dtype.element_ty, PRECISION), mask=m)
 
 
 @triton.jit

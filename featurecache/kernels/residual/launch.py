@@ -42,12 +42,12 @@ def _dropout_arguments(dropout: DropoutSite | None, like: torch.Tensor, dtype: t
 
 
 def residual_add_fwd(
-    z: torch.Tensor, update: torch.Tensor, low_dtype: torch.dtype, dropout: DropoutSite | None = None
+    z: torch.Tensor, update: torch.Tensor, low_dtype: torch.dtype | None, dropout: DropoutSite | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """z (fp32) + update (dropped out by `dropout` first, where given), both contiguous and of
-    one shape -> (the sum in fp32, the same in low_dtype)."""
+    """z + update (dropped out by `dropout` first, where given), both contiguous and of one shape
+    -> (the sum in z's dtype, the same in low_dtype); low_dtype None: the sum once, returned twice."""
     new = torch.empty_like(z)
-    low = torch.empty_like(z, dtype=low_dtype)
+    low = new if low_dtype is None else torch.empty_like(z, dtype=low_dtype)
     n = z.numel()
     _residual_fwd_kernel[(triton.cdiv(n, BLOCK),)](
         z,
@@ -56,7 +56,8 @@ def residual_add_fwd(
         low,
         n,
         **_dropout_arguments(dropout, z, update.dtype),
-        PRECISION=runtime.dot_precision(low_dtype),
+        HAS_LOW=low_dtype is not None,
+        PRECISION=runtime.dot_precision(low_dtype or z.dtype),
         BLOCK=BLOCK,
     )
     return new, low
@@ -67,13 +68,14 @@ def residual_add_bwd(
     d_low: torch.Tensor | None,
     update_dtype: torch.dtype,
     dropout: DropoutSite | None = None,
+    stream_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The gradients of the two sums (either may be None, not both) -> (d_z in fp32, d_update
-    in update_dtype): both are d_new + d_low, d_update times the forward's dropout factor."""
+    """The gradients of the two sums (either may be None, not both) -> (d_z in stream_dtype,
+    d_update in update_dtype): both are d_new + d_low, d_update times the forward's dropout factor."""
     present = d_new if d_new is not None else d_low
     d_new = d_new.contiguous() if d_new is not None else None
     d_low = d_low.contiguous() if d_low is not None else None
-    d_z = torch.empty(present.shape, device=present.device, dtype=torch.float32)
+    d_z = torch.empty(present.shape, device=present.device, dtype=stream_dtype)
     d_update = torch.empty(present.shape, device=present.device, dtype=update_dtype)
     n = d_z.numel()
     _residual_bwd_kernel[(triton.cdiv(n, BLOCK),)](

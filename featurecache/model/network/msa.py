@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from featurecache.kernels.transition import Transition
+from featurecache.kernels.reference import DropoutSite
 from featurecache.model.config import ModelConfig
 from featurecache.schema import NUM_RESTYPES
 from featurecache.model.network.layers import (
@@ -20,7 +21,7 @@ from featurecache.model.network.layers import (
     PairWeightedAveraging,
     dropout_seed,
     kernel_module,
-    shared_dropout,
+    residual_fn,
 )
 from featurecache.model.network.pairformer import ROWWISE, PairStack, run_blocks
 
@@ -94,6 +95,7 @@ class MSABlock(nn.Module):
             kernels=kernels,
             bias_divided=config.dialect.outer_product_bias_divided,
         )
+        self.residual = residual_fn(kernels)
         if not last:
             self.pair_weighted_averaging = PairWeightedAveraging(
                 msa.c_m, trunk.c_z, msa.msa_heads, msa.msa_head_dim, kernels=kernels
@@ -129,11 +131,11 @@ class MSABlock(nn.Module):
         """
         z = z + self.outer_product_mean(m, msa_mask)
         if not self.last:
-            rate = self.msa_dropout if self.training else 0.0
-            # the pair stack's sites are 0-3; the MSA's mask is [B, 1, L, C_m], shared by the rows
-            m = m + shared_dropout(
-                self.pair_weighted_averaging(m, z, token_mask), rate, seed, SITES_PER_BLOCK - 1, ROWWISE
-            )
+            rate = self.msa_dropout if self.training and seed is not None else 0.0
+            # the pair stack's sites are 0-3; the MSA's mask is [B, 1, L, C_m], shared by the rows,
+            # drawn in the residual add's kernel
+            dropout = DropoutSite(rate, seed, SITES_PER_BLOCK - 1, ROWWISE) if rate > 0.0 else None
+            m = self.residual(m, self.pair_weighted_averaging(m, z, token_mask), dropout)[0]
             m = m + self.msa_transition(m)
         z = self.pair(z, pair_mask, seed)
         return m, z
