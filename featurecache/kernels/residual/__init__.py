@@ -1,14 +1,15 @@
-"""Residual add of a low-precision update to an fp32 stream, returning the sum in both precisions.
+"""Residual add of an update to a stream, with the update's shared dropout drawn in the same pass.
 
-Under bf16 autocast the pair representation z stays fp32 between updates (as autocast leaves
-any residual stream), while every update reads it in bf16. Composed from PyTorch ops, each of
-the Pairformer's five pair updates then costs four memory-bound kernels around it: the add
-(fp32 + bf16), the next module's cast to bf16, and in the backward the cast of that module's
-bf16 input gradient back to fp32 and its add to the stream's gradient (plus a cast of the
-update's gradient to bf16), each a full pass over the largest tensor of the trunk (profiles:
-benchmarks/NOTES-train_step.md). Here each direction is one kernel:
-- forward: new = z + update in fp32, written once in fp32 and once in bf16;
-- backward: d_z = d_new + d_low (fp32) and d_update = d_z in the update's dtype.
+Two cases, one kernel each way:
+- an fp32 stream under bf16 autocast (a residual stream kept in fp32, every update reading it in
+  bf16): new = z + update in fp32, written once in fp32 and once in bf16; backward d_z = d_new +
+  d_low (fp32) and d_update = d_z in the update's dtype. Composed from PyTorch ops that is four
+  memory-bound passes around each update (benchmarks/NOTES-train_step.md);
+- a stream in the update's dtype with dropout: the model's own case, since the trunk's pair and
+  the MSA come out of bf16 products under autocast and stay bf16 (NOTES-activation_memory.md).
+  The add alone is one kernel anyway; the mask, hashed from the seed with PyTorch operators,
+  is ~40 small kernels and a multiply per site (four sites a pair stack, one an MSA block).
+The mask is hashed in the kernel from the seed on the device: no mask tensor, no pass of its own.
 Layout, in the order a call goes through it (as for every op of featurecache.kernels):
   kernels.py   the @triton.jit kernels (forward, backward)
   launch.py    the launchers (residual_add_fwd / _bwd), one launch each
