@@ -53,6 +53,7 @@ from torch.utils._pytree import tree_leaves
 import featurecache
 from featurecache.config import SampleConfig
 from featurecache.training import TrainConfig
+from featurecache.training.config import resolve_kernels
 from featurecache.training.buckets import padding_buckets
 from featurecache.training.data import build_datasets, make_batch_sampler, make_loader
 from featurecache.training.distributed import setup_distributed
@@ -118,7 +119,9 @@ def build(args, out: pathlib.Path) -> tuple[Trainer, object]:
     loader = make_loader(
         dataset, make_batch_sampler(dataset, config, world), config, world.device, padding_buckets(config, dataset)
     )
-    trainer = Trainer(config, "torch", world)
+    # the kernels `featurecache train` resolves for this device (Triton on CUDA): before 2026-12-06
+    # this passed "torch", so every --device cuda row measured the PyTorch path
+    trainer = Trainer(config, resolve_kernels(config.kernels, world.device), world)
     trainer.start()
     return trainer, iter(loader)
 
