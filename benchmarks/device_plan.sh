@@ -266,12 +266,13 @@ step_profiles() {
     # with .devdata/base (here: base_export COMMIT), that commit's package side by side first
     local beside=()
     [ -f .devdata/base/featurecache/__init__.py ] && beside=(--variant "$(cat .devdata/base/COMMIT)=.devdata/base")
-    timeout 200 python3 benchmarks/tiny_step.py --cache .devdata/cache384 --device cuda --cuda-graphs --steps 20 \
+    timeout 200 python3 benchmarks/tiny_step.py --cache .devdata/cache384 --device cuda --cuda-graphs --steps 30 \
         "${beside[@]}" --record 2>&1 | tee "$OUTDIR/log.txt" || true
     timeout 90 python3 benchmarks/tiny_step.py --cache .devdata/cache384 --device cuda --cuda-graphs --steps 5 \
         --kernel-profile 5 2>&1 | tee -a "$OUTDIR/log.txt" || true
+    # two atom buckets: ~8 warm-up and capture steps, so 16 steps give ~8 replays (the median's)
     timeout "${1:-360}" python3 benchmarks/tiny_step.py --cache .devdata/cache384 --preset af3 --device cuda \
-        --cuda-graphs --steps 6 --kernel-profile 2 --record 2>&1 | tee -a "$OUTDIR/log.txt"
+        --cuda-graphs --steps 16 --kernel-profile 2 --record 2>&1 | tee -a "$OUTDIR/log.txt"
 }
 
 base_export() {  # here: COMMIT's featurecache package into .devdata/base (a --variant checkout for a device call)
