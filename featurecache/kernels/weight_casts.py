@@ -4,7 +4,7 @@ Under autocast the fused kernels (and their references) compute in bf16 and cast
 weights to it themselves (`runtime.weights_like`, `reference._linear`): one small copy kernel
 per weight and call. A sampler calls the same modules with the same weights many times (the
 mini-rollout 20 times per training step, inference 200 times per target): on a GPU the casts
-were ~40 % of the mini-rollout's kernels. Within `cached_weight_casts()` a weight is cast once
+were ~40 % of the mini-rollout's kernels (counted on the CPU, benchmarks/NOTES.md section 10). Within `cached_weight_casts()` a weight is cast once
 and the copy reused.
 
 Only without gradient: a cached copy made without gradient would cut the weight off from a
@@ -45,8 +45,10 @@ def cast_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """weight.to(dtype), the same copy each time within cached_weight_casts (gradients off)."""
     if weight.dtype == dtype:
         return weight
+    if torch.compiler.is_compiling() or torch.is_grad_enabled():  # compiled code: no Python state
+        return weight.to(dtype)
     copies = getattr(_scope, "copies", None)
-    if copies is None or torch.is_grad_enabled() or torch.compiler.is_compiling():
+    if copies is None:
         return weight.to(dtype)
     key = (id(weight), dtype)
     kept = copies.get(key)
