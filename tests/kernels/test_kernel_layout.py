@@ -10,7 +10,7 @@ import pathlib
 import pytest
 
 KERNELS = pathlib.Path(__file__).resolve().parents[2] / "featurecache" / "kernels"
-SHARED = {"__init__.py", "runtime.py", "primitives.py", "reference.py"}
+SHARED = {"__init__.py", "runtime.py", "primitives.py", "reference.py", "weight_casts.py"}
 PARTS = {"__init__.py", "kernels.py", "config.py", "launch.py", "autograd.py", "module.py"}
 REQUIRED = {"__init__.py", "kernels.py", "launch.py", "autograd.py"}
 OPS = sorted(path for path in KERNELS.iterdir() if path.is_dir() and (path / "__init__.py").is_file())

@@ -15,13 +15,17 @@ import torch
 _tables: dict[tuple, torch.Tensor] = {}
 
 
-def device_constant(name: str, build: Callable[[], torch.Tensor], device: torch.device, dtype: torch.dtype):
-    """build() (a CPU tensor) on `device` in `dtype`, made once per (name, device, dtype). A copy to
-    a GPU is not allowed while a CUDA graph is captured: every captured step here is warmed up
-    eagerly first (training/cuda_graph.py), which makes the tables it needs."""
-    key = (name, torch.device(device), dtype)
+def device_constant(name: str, build: Callable[[], torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """build() (a CPU tensor) on like's device in like's dtype, made once per (name, device,
+    dtype). A copy to a GPU is not allowed while a CUDA graph is captured: every captured step
+    here is warmed up eagerly first (training/cuda_graph.py), which makes the tables it needs.
+    For a tensor that is not a plain one (a fake tensor of benchmarks/flops.py, a compiler's) the
+    table is built anew in its mode and not kept: a kept real tensor cannot meet a fake one."""
+    if type(like) is not torch.Tensor:
+        return build().to(device=like.device, dtype=like.dtype)
+    key = (name, like.device, like.dtype)
     if key not in _tables:
-        _tables[key] = build().to(device=device, dtype=dtype)
+        _tables[key] = build().to(device=like.device, dtype=like.dtype)
     return _tables[key]
 
 
@@ -54,5 +58,5 @@ def quaternion_to_rotation(q: torch.Tensor) -> torch.Tensor:
     """q [..., 4] (w, x, y, z; any non-zero length: the rotation of q / |q|) -> R [..., 3, 3]."""
     with torch.autocast(q.device.type, enabled=False):  # a product in q's dtype, never bf16's
         outer = (q[..., :, None] * q[..., None, :]).flatten(-2)  # [..., 16]: q_a q_b
-        rotation = outer @ device_constant("quaternion_rotation", _rotation_table, q.device, q.dtype)
+        rotation = outer @ device_constant("quaternion_rotation", _rotation_table, q)
         return (rotation / outer[..., ::5].sum(dim=-1, keepdim=True)).unflatten(-1, (3, 3))  # / |q|^2

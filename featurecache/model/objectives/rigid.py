@@ -112,4 +112,4 @@ def _horn_table() -> torch.Tensor:
 
 def _horn_matrix(h: torch.Tensor) -> torch.Tensor:
     """H [..., 3, 3] -> N [..., 4, 4]."""
-    return (h.flatten(-2) @ device_constant("horn", _horn_table, h.device, h.dtype)).unflatten(-1, (4, 4))
+    return (h.flatten(-2) @ device_constant("horn", _horn_table, h)).unflatten(-1, (4, 4))
