@@ -1,6 +1,8 @@
 """cached_weight_casts: a sampler's steps share one bf16 copy of each weight, without gradient
 only, and a sampler under autocast draws the same structures with the copies as without."""
 
+import contextlib
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -77,16 +79,8 @@ def test_the_sampler_under_autocast_draws_the_same_structures_with_the_copies(ke
         return outputs["positions"], copies.count
 
     cached, cached_copies = sample()
-    monkeypatch.setattr(diffusion_sampler, "cached_weight_casts", _no_cache)
+    monkeypatch.setattr(diffusion_sampler, "cached_weight_casts", contextlib.nullcontext)
     uncached, uncached_copies = sample()
     assert torch.equal(cached, uncached)
     if kernels == "triton":  # the kernels cast their own weights (the torch path: autocast's cache)
         assert cached_copies < uncached_copies
-
-
-class _no_cache:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

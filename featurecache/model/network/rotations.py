@@ -21,11 +21,12 @@ def device_constant(name: str, build: Callable[[], torch.Tensor], like: torch.Te
     here is warmed up eagerly first (training/cuda_graph.py), which makes the tables it needs.
     For a tensor that is not a plain one (a fake tensor of benchmarks/flops.py, a compiler's) the
     table is built anew in its mode and not kept: a kept real tensor cannot meet a fake one."""
-    if type(like) is not torch.Tensor:
-        return build().to(device=like.device, dtype=like.dtype)
-    key = (name, like.device, like.dtype)
-    if key not in _tables:
-        _tables[key] = build().to(device=like.device, dtype=like.dtype)
+    key, kept = (name, like.device, like.dtype), type(like) is torch.Tensor
+    if not kept or key not in _tables:
+        table = build().to(device=like.device, dtype=like.dtype)
+        if not kept:
+            return table
+        _tables[key] = table
     return _tables[key]
 
 
