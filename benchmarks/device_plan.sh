@@ -275,6 +275,16 @@ step_profiles() {
         --cuda-graphs --steps 16 --kernel-profile 2 --record 2>&1 | tee -a "$OUTDIR/log.txt"
 }
 
+# The af3 step of this tree beside .devdata/base's package (base_export COMMIT), in one call on one
+# machine: a change's effect on the graphed af3 step at crop 384, then both kernel profiles
+#   ~40 + 560 s  run(command="bash benchmarks/device_plan.sh af3_beside", carry=[".devdata/cache384", ".devdata/site-core.tar.xz", ".devdata/base"], timeout_s=600)
+af3_beside() {
+    device_setup
+    timeout "${1:-540}" python3 benchmarks/tiny_step.py --cache .devdata/cache384 --preset af3 --device cuda \
+        --cuda-graphs --steps "${2:-14}" --kernel-profile 2 --variant "$(cat .devdata/base/COMMIT)=.devdata/base" \
+        --record 2>&1 | tee "$OUTDIR/log.txt"
+}
+
 base_export() {  # here: COMMIT's featurecache package into .devdata/base (a --variant checkout for a device call)
     rm -rf .devdata/base && mkdir -p .devdata/base
     git archive "$1" featurecache | tar -x -C .devdata/base

@@ -12,7 +12,7 @@ import json
 import math
 import os
 import pathlib
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from typing import Any
 
 import torch
@@ -78,19 +78,53 @@ def read_config_file(name: str) -> dict[str, Any]:
         return json.load(handle)
 
 
+# A GPU without tuned entries of its own runs those measured on the GPU named here for its SM
+# architecture: the tiles depend on the SM (registers, shared memory, tensor cores), which the
+# H100, H200 and GH200 share. Before 2026-12-06 an H100 fell back to the untuned defaults, whose
+# Transition weight gradient ran ~8x under a GEMM's rate (benchmarks/NOTES.md section 11).
+TUNED_FOR_ARCHITECTURE = {"sm_90": "NVIDIA H200"}
+
+
 @functools.cache
 def _cuda_device_name(index: int) -> str:
     return torch.cuda.get_device_name(index)
 
 
-def gpu_name(device: torch.device | None = None) -> str | None:
-    """The name tuned configurations are keyed by; None under the interpreter or off CUDA.
+@functools.cache
+def _cuda_architecture(index: int) -> str:
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm_{major}{minor}"
 
-    device None means the current CUDA device."""
+
+def _cuda_index(device: torch.device | None) -> int | None:
+    """The CUDA device's index (None: the current one); None under the interpreter or off CUDA."""
     if interpreted() or (device is not None and device.type != "cuda"):
         return None
-    index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
-    return _cuda_device_name(index)
+    return device.index if device is not None and device.index is not None else torch.cuda.current_device()
+
+
+def gpu_name(device: torch.device | None = None) -> str | None:
+    """The GPU's name (torch.cuda.get_device_name); None under the interpreter or off CUDA.
+
+    device None means the current CUDA device."""
+    index = _cuda_index(device)
+    return None if index is None else _cuda_device_name(index)
+
+
+def gpu_architecture(device: torch.device | None = None) -> str | None:
+    """The GPU's SM architecture, e.g. "sm_90"; None under the interpreter or off CUDA."""
+    index = _cuda_index(device)
+    return None if index is None else _cuda_architecture(index)
+
+
+def tuned_gpu(tuned: Container[str], device: torch.device | None = None) -> str | None:
+    """The GPU name whose entry of a tuned-config table applies to this device: its own name when
+    `tuned` has it, else the GPU measured for its architecture (TUNED_FOR_ARCHITECTURE), else its
+    own name (no entry: the table's defaults); None under the interpreter or off CUDA."""
+    name = gpu_name(device)
+    if name is None or name in tuned:
+        return name
+    return TUNED_FOR_ARCHITECTURE.get(gpu_architecture(device), name)
 
 
 @functools.lru_cache(maxsize=1)
@@ -104,12 +138,12 @@ _overrides: dict[tuple[str, str], dict[str, Any]] = {}
 def kernel_config(op: str, kernel: str) -> dict[str, Any]:
     """Block sizes and launch options of one fused-op kernel, for the current GPU.
 
-    Looks up configs/fused_ops.json under the GPU name ("interpreter" under the interpreter),
-    then "default". Values are block sizes and launch options, and for some kernels a strategy
-    name (e.g. WEIGHT_GRADS).
+    Looks up configs/fused_ops.json under the GPU name (or the one tuned for its architecture:
+    tuned_gpu; "interpreter" under the interpreter), then "default". Values are block sizes and
+    launch options, and for some kernels a strategy name (e.g. WEIGHT_GRADS).
     """
     table = _fused_config_table()
-    entry = table.get(gpu_name() or "interpreter", table["default"])
+    entry = table.get(tuned_gpu(table) or "interpreter", table["default"])
     config = dict(table["default"][op][kernel])
     config.update(entry.get(op, {}).get(kernel, {}))
     config.update(_overrides.get((op, kernel), {}))

@@ -6,6 +6,7 @@ import triton.runtime.errors
 from triton import knobs
 
 from featurecache.kernels import runtime
+from featurecache.kernels.evo_attention import config as evo_config
 from featurecache.kernels.layernorm_linear import LayerNormLinear
 
 
@@ -80,3 +81,45 @@ def test_launch_fitting_gives_up_when_nothing_is_left_to_shrink():
     with pytest.raises(triton.runtime.errors.OutOfResources):
         runtime.launch_fitting(kernel, (1,), (), {"BLOCK_H": 64, "num_warps": 4, "num_stages": 2})
     assert kernel.launches == []
+
+
+def _pretend_gpu(monkeypatch, name: str, architecture: str) -> None:
+    """The config lookups see a CUDA device of this name and SM architecture."""
+    monkeypatch.setattr(runtime, "_cuda_index", lambda device=None: 0)
+    monkeypatch.setattr(runtime, "_cuda_device_name", lambda index: name)
+    monkeypatch.setattr(runtime, "_cuda_architecture", lambda index: architecture)
+
+
+def test_a_gpu_without_its_own_entry_runs_the_tiles_tuned_for_its_architecture(monkeypatch):
+    table = runtime._fused_config_table()
+    tuned = runtime.TUNED_FOR_ARCHITECTURE["sm_90"]
+    _pretend_gpu(monkeypatch, "NVIDIA H100 80GB HBM3", "sm_90")
+    assert runtime.tuned_gpu(table) == tuned
+    for op, kernels in table[tuned].items():
+        for kernel, entry in kernels.items():
+            assert runtime.kernel_config(op, kernel).items() >= entry.items(), (op, kernel)
+    assert runtime.kernel_config("transition", "bwd_dw")["WEIGHT_GRADS"] == "matmul"
+
+    evo_tuned = evo_config.load_tuned_configs()[tuned]
+    chosen = evo_config.select_config(32, 384, torch.device("cuda", 0))
+    assert chosen == next(config for dim, length, config in evo_tuned if dim >= 32 and length >= 384)
+
+
+def test_a_gpu_of_another_architecture_keeps_the_defaults(monkeypatch):
+    _pretend_gpu(monkeypatch, "NVIDIA A100-SXM4-80GB", "sm_80")
+    assert runtime.tuned_gpu(runtime._fused_config_table()) == "NVIDIA A100-SXM4-80GB"
+    assert (
+        runtime.kernel_config("transition", "bwd_dw")
+        == runtime._fused_config_table()["default"]["transition"]["bwd_dw"]
+    )
+    heuristic = evo_config.heuristic_config(32, 384, interpreted=False)
+    assert evo_config.select_config(32, 384, torch.device("cuda", 0)) == heuristic
+
+
+def test_a_gpu_with_its_own_entry_runs_it(monkeypatch):
+    tuned = runtime.TUNED_FOR_ARCHITECTURE["sm_90"]
+    _pretend_gpu(monkeypatch, tuned, "sm_90")
+    assert runtime.tuned_gpu(runtime._fused_config_table()) == tuned
+    # an entry of its own wins over the architecture's: a table holding this name returns it
+    _pretend_gpu(monkeypatch, "NVIDIA H100 80GB HBM3", "sm_90")
+    assert runtime.tuned_gpu({"NVIDIA H100 80GB HBM3", tuned}) == "NVIDIA H100 80GB HBM3"

@@ -157,8 +157,10 @@ def heuristic_config(padded_dim: int, seq_len: int, interpreted: bool) -> EvoAtt
 
 
 def select_config(head_dim: int, seq_len: int, device: torch.device) -> EvoAttentionConfig:
-    """Tuned block sizes for this GPU and shape class, else a heuristic."""
-    return select_config_cached(padded_head_dim(head_dim), seq_len, runtime.gpu_name(device))
+    """Tuned block sizes for this GPU (or the GPU tuned for its architecture) and shape class,
+    else a heuristic."""
+    gpu = runtime.tuned_gpu(load_tuned_configs(), device)
+    return select_config_cached(padded_head_dim(head_dim), seq_len, gpu)
 
 
 @functools.lru_cache(maxsize=1024)
