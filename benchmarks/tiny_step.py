@@ -64,8 +64,9 @@ try:
 except ImportError:  # a --variant checkout older than the allocator switch: the allocator it inherits
     reexecute_with_tcmalloc = None
 
-# the label of this checkout's rows (a --variant names the other checkout's)
-OURS = "torch"
+# the label of this checkout's rows, by the kernels its device runs (a --variant names the other
+# checkout's): the PyTorch path on the CPU, the Triton kernels on CUDA
+OURS = {"cpu": "torch", "cuda": "triton"}
 
 
 def allocator() -> str:
@@ -470,18 +471,21 @@ def main() -> None:
         metavar="NAME=CHECKOUT",
         help="first run the same steps on another checkout's featurecache (e.g. before=/work/main), side by side",
     )
-    parser.add_argument("--label", default=OURS, help="this run's variant name in its output (set for a --variant run)")
+    parser.add_argument(
+        "--label", help="this run's variant name in its output (default: torch on the CPU, triton on CUDA)"
+    )
     parser.add_argument("--result-json", type=pathlib.Path, help="write this run's figures here (for --variant)")
     args = parser.parse_args()
     if args.device == "cpu" and (args.cuda_graphs or args.kernel_profile):
         parser.error("--cuda-graphs and --kernel-profile need --device cuda")
+    args.label = args.label or OURS[args.device]
     if reexecute_with_tcmalloc is not None:  # the allocator `featurecache train` runs on
         reexecute_with_tcmalloc()  # (FEATURECACHE_ALLOCATOR=system: the system's)
     variant = None
     if args.variant:
         name, separator, checkout = args.variant.partition("=")
-        if not (name and separator and checkout) or name == OURS:
-            parser.error(f"--variant {args.variant!r}: expected NAME=CHECKOUT with a NAME other than {OURS!r}")
+        if not (name and separator and checkout) or name == args.label:
+            parser.error(f"--variant {args.variant!r}: expected NAME=CHECKOUT with a NAME other than {args.label!r}")
         variant = (name, pathlib.Path(checkout).resolve())
     if args.threads:
         torch.set_num_threads(args.threads)
