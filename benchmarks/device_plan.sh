@@ -88,6 +88,11 @@ device_setup() {  # on the device: the carried wheels (or their packed install, 
     else
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl
     fi
+    # Protenix and its own dependencies (peer_wheels), carried beside the packed core: .whl whole
+    # no longer fits a call's 64 MiB with the tree
+    if compgen -G ".whl-peer/*.whl" > /dev/null; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl-peer/*.whl
+    fi
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     # a CCD cut to what the carried cache's entries use (general_prepare), where biotite looks for its own
     if [ -f "$CCD_CUT" ] && [ ! -f /tmp/site/biotite/structure/info/components.bcif ]; then
@@ -218,10 +223,20 @@ precision() {
 
 # Issue 34's inference against Protenix 2.0 (benchmarks/inference.py: af3 preset, 5 samples x 200
 # steps, 4 cycles, random weights; each variant in its own process with a budget), one call per
-# group of sizes, Protenix's wheels carried:
-#   ~25 + 560 s  run(command="bash benchmarks/device_plan.sh inference 384 768", carry=[".whl"], timeout_s=600)
-#   ~25 + 560 s  run(command="bash benchmarks/device_plan.sh inference 1024", carry=[".whl"], timeout_s=600)
+# group of sizes, the packed core and Protenix's wheels carried:
+#   here, once:  bash benchmarks/device_plan.sh peer_wheels   (.whl-peer: Protenix and its dependencies)
+#   ~40 + 560 s  run(command="bash benchmarks/device_plan.sh inference 384 768", carry=[".devdata/site-core.tar.xz", ".whl-peer"], timeout_s=600)
+#   ~40 + 560 s  run(command="bash benchmarks/device_plan.sh inference 1024", carry=[".devdata/site-core.tar.xz", ".whl-peer"], timeout_s=600)
 #   here:  cp FILES/RESULTS.md FILES/results.csv benchmarks/
+PEER_WHEELS="protenix absl_py ml_collections optree pyyaml"
+
+peer_wheels() {  # here: Protenix's wheels and its dependencies' from .whl into .whl-peer
+    grep -qx '/.whl-peer/' .git/info/exclude || printf '/.whl-peer/\n' >> .git/info/exclude
+    rm -rf .whl-peer && mkdir -p .whl-peer
+    for name in $PEER_WHEELS; do ln -f .whl/"$name"-*.whl .whl-peer/; done
+    carry_size "$SITE_ARCHIVE" .whl-peer
+}
+
 inference() {
     device_setup
     # Protenix's first call builds its fast LayerNorm (nvcc): on 2026-12-05 that took more than 175 s
