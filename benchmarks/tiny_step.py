@@ -297,6 +297,33 @@ def kernel_profile(trainer: Trainer, batches, first_step: int, steps: int, top: 
     print(table.markdown())
 
 
+def gpu_operator_profile(trainer: Trainer, batch: dict, step: int, top: int) -> None:
+    """One more eager step under torch.profiler with the host's operators and their input shapes:
+    the operators whose kernels take the most GPU time, each with the shapes it was called on
+    (a graphed step's kernels have no operator to name: this is where they come from)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync("cuda")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as profiler:
+        trainer.step([batch], step)
+        sync("cuda")
+    averages = profiler.key_averages(group_by_input_shape=True)
+    total = sum(event.self_device_time_total for event in averages) or 1.0
+    table = Table(["GPU ms (self)", "share", "calls", "operator", "input shapes"])
+    for event in sorted(averages, key=lambda event: -event.self_device_time_total)[:top]:
+        table.add(
+            [
+                event.self_device_time_total / 1e3,
+                f"{100 * event.self_device_time_total / total:.1f} %",
+                event.count,
+                event.key,
+                str(event.input_shapes)[:110],
+            ]
+        )
+    print(f"\none eager step: {total / 1e3:.1f} ms of kernels, by operator and input shapes")
+    print(table.markdown())
+
+
 def graph_state(trainer: Trainer) -> tuple | None:
     """How many backward graphs the trainer holds, how many are captured, and whether its update
     is: a step that leaves this unchanged, all captured, only replayed graphs."""
@@ -346,6 +373,8 @@ def run_steps(args, label: str) -> dict:
             )
         if args.kernel_profile:
             kernel_profile(trainer, batches, args.steps + 1, args.kernel_profile)
+        if args.gpu_operators:
+            gpu_operator_profile(trainer, next(batches), args.steps + 1, args.gpu_operators)
         if args.profile:
             profile_step(trainer, next(batches), args.steps + 1, args.profile)
         if args.modules:
@@ -408,7 +437,7 @@ def run_variant(name: str, checkout: pathlib.Path, argv: list[str]) -> dict:
 
 def child_argv(argv: list[str]) -> list[str]:
     """The command line without --variant, --record, --profile, --modules and --memory (and their values)."""
-    drop, kept, skip = {"--variant", "--record", "--profile", "--modules", "--memory"}, [], False
+    drop, kept, skip = {"--variant", "--record", "--profile", "--modules", "--memory", "--gpu-operators"}, [], False
     for word in argv:
         if skip:
             skip = False
@@ -450,6 +479,14 @@ def main() -> None:
         help="with --device cuda: STEPS more steps under torch.profiler, kernels a step and the costliest",
     )
     parser.add_argument(
+        "--gpu-operators",
+        type=int,
+        default=0,
+        metavar="TOP",
+        help="with --device cuda, without --cuda-graphs: one more step under torch.profiler, the TOP "
+        "operators by their kernels' GPU time, with their input shapes",
+    )
+    parser.add_argument(
         "--profile", type=int, default=0, metavar="TOP", help="profile one more step, print TOP operators"
     )
     parser.add_argument(
@@ -478,6 +515,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.device == "cpu" and (args.cuda_graphs or args.kernel_profile):
         parser.error("--cuda-graphs and --kernel-profile need --device cuda")
+    if args.gpu_operators and (args.device != "cuda" or args.cuda_graphs):
+        parser.error("--gpu-operators needs --device cuda without --cuda-graphs (a replayed graph names no operator)")
     args.label = args.label or OURS[args.device]
     if reexecute_with_tcmalloc is not None:  # the allocator `featurecache train` runs on
         reexecute_with_tcmalloc()  # (FEATURECACHE_ALLOCATOR=system: the system's)

@@ -117,14 +117,21 @@ def gpu_architecture(device: torch.device | None = None) -> str | None:
     return None if index is None else _cuda_architecture(index)
 
 
-def tuned_gpu(tuned: Container[str], device: torch.device | None = None) -> str | None:
-    """The GPU name whose entry of a tuned-config table applies to this device: its own name when
-    `tuned` has it, else the GPU measured for its architecture (TUNED_FOR_ARCHITECTURE), else its
-    own name (no entry: the table's defaults); None under the interpreter or off CUDA."""
+def tuned_gpus(tuned: Container[str], device: torch.device | None = None) -> tuple[str, ...]:
+    """The GPU names whose entries of a tuned-config table apply to this device, most specific
+    first: its own, then the GPU measured for its architecture (TUNED_FOR_ARCHITECTURE), those
+    that `tuned` has; () under the interpreter, off CUDA, or with neither in the table."""
     name = gpu_name(device)
-    if name is None or name in tuned:
-        return name
-    return TUNED_FOR_ARCHITECTURE.get(gpu_architecture(device), name)
+    if name is None:
+        return ()
+    candidates = (name, TUNED_FOR_ARCHITECTURE.get(gpu_architecture(device)))
+    return tuple(dict.fromkeys(gpu for gpu in candidates if gpu is not None and gpu in tuned))
+
+
+def tuned_gpu(tuned: Container[str], device: torch.device | None = None) -> str | None:
+    """The most specific of tuned_gpus, else the GPU's own name (no entry: the table's defaults);
+    None under the interpreter or off CUDA."""
+    return next(iter(tuned_gpus(tuned, device)), gpu_name(device))
 
 
 @functools.lru_cache(maxsize=1)
@@ -138,14 +145,16 @@ _overrides: dict[tuple[str, str], dict[str, Any]] = {}
 def kernel_config(op: str, kernel: str) -> dict[str, Any]:
     """Block sizes and launch options of one fused-op kernel, for the current GPU.
 
-    Looks up configs/fused_ops.json under the GPU name (or the one tuned for its architecture:
-    tuned_gpu; "interpreter" under the interpreter), then "default". Values are block sizes and
-    launch options, and for some kernels a strategy name (e.g. WEIGHT_GRADS).
+    configs/fused_ops.json in layers, each filling what the next leaves out: "default", the GPU
+    measured for this one's architecture, this GPU's own entry (tuned_gpus; "interpreter" under
+    the interpreter), then override_config's values. Values are block sizes and launch options,
+    and for some kernels a strategy name (e.g. WEIGHT_GRADS).
     """
     table = _fused_config_table()
-    entry = table.get(tuned_gpu(table) or "interpreter", table["default"])
+    layers = tuned_gpus(table) if gpu_name() is not None else ("interpreter",)
     config = dict(table["default"][op][kernel])
-    config.update(entry.get(op, {}).get(kernel, {}))
+    for name in reversed(layers):
+        config.update(table[name].get(op, {}).get(kernel, {}))
     config.update(_overrides.get((op, kernel), {}))
     return config
 

@@ -126,6 +126,7 @@ def compile_only(gpu: str = H200, capability: int = 90) -> Iterator[list[Compile
 
     patches = [
         (runtime, "gpu_name", lambda device=None: gpu),
+        (runtime, "gpu_architecture", lambda device=None: f"sm_{capability}"),
         (runtime, "runs_triton", lambda device: True),
         (window_config, "_multiprocessors", lambda index: 132),
         (torch.cuda, "current_device", lambda: 0),

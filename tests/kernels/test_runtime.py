@@ -123,3 +123,22 @@ def test_a_gpu_with_its_own_entry_runs_it(monkeypatch):
     # an entry of its own wins over the architecture's: a table holding this name returns it
     _pretend_gpu(monkeypatch, "NVIDIA H100 80GB HBM3", "sm_90")
     assert runtime.tuned_gpu({"NVIDIA H100 80GB HBM3", tuned}) == "NVIDIA H100 80GB HBM3"
+
+
+def test_a_gpu_entry_of_its_own_fills_only_what_it_names(monkeypatch):
+    # layers: default < the architecture's GPU < this GPU's own entry < override_config
+    table = runtime._fused_config_table()
+    tuned = runtime.TUNED_FOR_ARCHITECTURE["sm_90"]
+    own = {"layernorm_linear": {"fwd": {"BLOCK_N": 32}}}
+    monkeypatch.setattr(runtime, "_fused_config_table", lambda: {**table, "NVIDIA H100 80GB HBM3": own})
+    _pretend_gpu(monkeypatch, "NVIDIA H100 80GB HBM3", "sm_90")
+    assert runtime.tuned_gpus(runtime._fused_config_table()) == ("NVIDIA H100 80GB HBM3", tuned)
+    fwd = runtime.kernel_config("layernorm_linear", "fwd")
+    assert fwd["BLOCK_N"] == 32 and fwd["BLOCK_M"] == table[tuned]["layernorm_linear"]["fwd"]["BLOCK_M"]
+    assert fwd["num_stages"] == table["default"]["layernorm_linear"]["fwd"]["num_stages"]
+    assert runtime.kernel_config("transition", "bwd_dw") == {
+        **table["default"]["transition"]["bwd_dw"],
+        **table[tuned]["transition"]["bwd_dw"],
+    }
+    with runtime.override_config("layernorm_linear", "fwd", BLOCK_N=16):
+        assert runtime.kernel_config("layernorm_linear", "fwd")["BLOCK_N"] == 16
