@@ -1,0 +1,135 @@
+"""The pair stack's fused forwards at the af3 preset's shapes, tile by tile, beside PyTorch's own.
+
+    python3 benchmarks/pair_forwards.py [--rows 147456]      # a GPU: every candidate, then the table
+    python3 benchmarks/pair_forwards.py --smoke              # the CPU (interpreter): tiny rows, checks only
+
+At crop 384 the pair has 147,456 rows of c_z = 128, and the af3 step's kernel profile (NOTES.md
+section 11) puts LayerNorm-linear's forward first (616 calls, 184 us on average) and the
+Transition's next. Each case times the forward alone (CUDA-event median, triton.testing.do_bench)
+for the configured tiles, a few candidates around them (runtime.override_config), and PyTorch
+eager (layer_norm and cuBLAS products in bf16), after checking every candidate's output against an
+fp32 reference with a tolerance from bf16's rounding of the output. What a candidate wins here
+must still be checked in the step (tiny_step.py --preset af3): the shapes are the model's, the
+neighbours in the cache are not.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if "--smoke" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+from harness import Table, argument_parser, run_stamp, time_ms  # noqa: E402
+
+from featurecache.kernels import runtime  # noqa: E402
+from featurecache.kernels.layernorm_linear.launch import layernorm_linear_fwd  # noqa: E402
+from featurecache.kernels.reference import layernorm_linear_reference, transition_reference  # noqa: E402
+from featurecache.kernels.transition.launch import transition_fwd  # noqa: E402
+
+LAYERNORM_LINEAR_CANDIDATES = [
+    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2, N_TILES=1),
+    dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, N_TILES=1),
+    dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2, N_TILES=1),
+    dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3, N_TILES=1),
+    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2, N_TILES=64),
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, N_TILES=1),
+]
+TRANSITION_CANDIDATES = [
+    dict(BLOCK_M=128, BLOCK_H=64, num_warps=8, num_stages=2),
+    dict(BLOCK_M=64, BLOCK_H=64, num_warps=4, num_stages=2),
+    dict(BLOCK_M=128, BLOCK_H=32, num_warps=8, num_stages=2),
+    dict(BLOCK_M=64, BLOCK_H=128, num_warps=8, num_stages=2),
+    dict(BLOCK_M=128, BLOCK_H=128, num_warps=8, num_stages=2),
+]
+
+
+def _layernorm(channels: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    return 1 + 0.1 * torch.randn(channels, device=device), 0.1 * torch.randn(channels, device=device)
+
+
+def _close(out: torch.Tensor, reference: torch.Tensor, sum_length: int) -> float:
+    """The largest error over the reference's scale, against bf16's rounding of a sum of this length."""
+    scale = reference.abs().max().item() or 1.0
+    error = (out.float() - reference).abs().max().item() / scale
+    allowed = 2**-8 * (4 + sum_length**0.5 / 4)
+    return error if error <= allowed else float("nan")
+
+
+def layernorm_linear_cases(rows: int, device) -> list[tuple[str, int, int, bool]]:
+    # (name, in features, out features, aligned rows): triangle attention's packed projection,
+    # a pair bias, the diffusion conditioning's pair input
+    return [
+        (f"LN-linear {rows} x 128 -> 516 (triangle attention)", 128, 516, True),
+        (f"LN-linear {rows} x 128 -> 16 (pair bias)", 128, 16, False),
+        (f"LN-linear {rows} x 256 -> 128 (diffusion pair input)", 256, 128, False),
+    ]
+
+
+def run_layernorm_linear(rows: int, device, table: Table) -> None:
+    for name, n_in, n_out, aligned in layernorm_linear_cases(rows, device):
+        x = torch.randn(rows, n_in, device=device, dtype=torch.bfloat16)
+        norm_w, norm_b = _layernorm(n_in, device)
+        weight = (torch.randn(n_out, n_in, device=device) / n_in**0.5).to(torch.bfloat16)
+        reference = layernorm_linear_reference(x.float(), norm_w, norm_b, weight.float())
+        eager = lambda: torch.nn.functional.linear(  # noqa: E731
+            torch.nn.functional.layer_norm(x, (n_in,), norm_w.to(x.dtype), norm_b.to(x.dtype)), weight
+        )
+        table.add([name, "PyTorch eager (layer_norm + cuBLAS)", _close(eager(), reference, n_in), time_ms(eager)])
+        for candidate in LAYERNORM_LINEAR_CANDIDATES:
+            with runtime.override_config("layernorm_linear", "fwd", **candidate):
+                call = lambda: layernorm_linear_fwd(x, norm_w, norm_b, weight, None, 1e-5, aligned)  # noqa: E731
+                try:
+                    error = _close(call()[0], reference, n_in)
+                    table.add([name, str(candidate), error, time_ms(call)])
+                except Exception as failure:  # a tile that does not fit: its row says so
+                    table.add([name, str(candidate), "–", f"failed: {type(failure).__name__}"])
+        table.add([name, "configured: " + str(runtime.kernel_config("layernorm_linear", "fwd")), "", ""])
+
+
+def run_transition(rows: int, device, table: Table) -> None:
+    name = f"Transition {rows} x 128, n = 4"
+    x = torch.randn(rows, 128, device=device, dtype=torch.bfloat16)
+    norm_w, norm_b = _layernorm(128, device)
+    weight_a, weight_b = ((torch.randn(512, 128, device=device) / 128**0.5).to(torch.bfloat16) for _ in range(2))
+    weight_out = (torch.randn(128, 512, device=device) / 512**0.5).to(torch.bfloat16)
+    weights = (weight_a, weight_b, weight_out)
+    reference = transition_reference(x.float(), norm_w, norm_b, *(w.float() for w in weights))
+
+    def eager():
+        xn = torch.nn.functional.layer_norm(x, (128,), norm_w.to(x.dtype), norm_b.to(x.dtype))
+        return torch.nn.functional.linear(
+            torch.nn.functional.silu(torch.nn.functional.linear(xn, weight_a))
+            * torch.nn.functional.linear(xn, weight_b),
+            weight_out,
+        )
+
+    table.add([name, "PyTorch eager (layer_norm + cuBLAS)", _close(eager(), reference, 512), time_ms(eager)])
+    for candidate in TRANSITION_CANDIDATES:
+        with runtime.override_config("transition", "fwd", **candidate):
+            call = lambda: transition_fwd(x, norm_w, norm_b, *weights, 1e-5)  # noqa: E731
+            try:
+                table.add([name, str(candidate), _close(call()[0], reference, 512), time_ms(call)])
+            except Exception as failure:
+                table.add([name, str(candidate), "–", f"failed: {type(failure).__name__}"])
+    table.add([name, "configured: " + str(runtime.kernel_config("transition", "fwd")), "", ""])
+
+
+def main() -> None:
+    parser = argument_parser(__doc__)
+    parser.add_argument("--rows", type=int, default=147_456, help="pair rows (crop 384: 147,456)")
+    parser.add_argument("--smoke", action="store_true", help="the CPU check: 96 rows under the interpreter")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    rows = 96 if args.smoke else args.rows
+    torch.manual_seed(0)
+    table = Table(["case", "provider or tiles", "max error / scale (nan: over tolerance)", "forward ms"])
+    run_layernorm_linear(rows, device, table)
+    run_transition(rows, device, table)
+    print(f"\n{run_stamp().header()}\n\n{table.markdown()}")
+
+
+if __name__ == "__main__":
+    main()
