@@ -311,6 +311,19 @@ explore() {
     timeout "${1:-200}" python3 benchmarks/evo768_sweep.py --budget-s "$(( ${1:-200} - 30 ))" 2>&1 | tee "$OUTDIR/evo768.txt"
 }
 
+# What recomputation costs the af3 step (checkpoint_blocks off: every block keeps its activations,
+# memory permitting), the operators behind an eager af3 step's kernels, and the tiny graphed step:
+#   ~40 + 360 s  run(command="bash benchmarks/device_plan.sh recompute_cost", carry=[".devdata/cache384", ".devdata/site-core.tar.xz"], timeout_s=480)
+recompute_cost() {
+    device_setup
+    timeout 150 python3 benchmarks/tiny_step.py --cache .devdata/cache384 --preset af3 --device cuda --steps 1 \
+        --gpu-operators 70 2>&1 | tee "$OUTDIR/log.txt" || true
+    timeout 150 python3 benchmarks/tiny_step.py --cache .devdata/cache384 --preset af3 --device cuda --cuda-graphs \
+        --steps 12 --setting checkpoint_blocks=false 2>&1 | tee -a "$OUTDIR/log.txt" || true
+    timeout 90 python3 benchmarks/tiny_step.py --cache .devdata/cache384 --device cuda --cuda-graphs --steps 30 \
+        --record 2>&1 | tee -a "$OUTDIR/log.txt" || true
+}
+
 base_export() {  # here: COMMIT's featurecache package into .devdata/base (a --variant checkout for a device call)
     rm -rf .devdata/base && mkdir -p .devdata/base
     git archive "$1" featurecache | tar -x -C .devdata/base

@@ -55,7 +55,7 @@ from featurecache.config import SampleConfig
 from featurecache.training import TrainConfig
 from featurecache.training.config import resolve_kernels
 from featurecache.training.buckets import padding_buckets
-from featurecache.training.data import build_datasets, make_batch_sampler, make_loader
+from featurecache.training.data import build_datasets, make_batch_sampler, make_loader, to_device
 from featurecache.training.distributed import setup_distributed
 from featurecache.training.loop import Trainer
 
@@ -124,7 +124,9 @@ def build(args, out: pathlib.Path) -> tuple[Trainer, object]:
     # this passed "torch", so every --device cuda row measured the PyTorch path
     trainer = Trainer(config, resolve_kernels(config.kernels, world.device), world)
     trainer.start()
-    return trainer, iter(loader)
+    # on the device as the training loop hands them to the step (without CUDA graphs the step reads
+    # them in place; before 2026-12-06 an eager --device cuda step failed on host tensors)
+    return trainer, (to_device(batch, world.device) for batch in loader)
 
 
 class OperatorTimes(TorchDispatchMode):
