@@ -324,6 +324,17 @@ recompute_cost() {
         --record 2>&1 | tee -a "$OUTDIR/log.txt" || true
 }
 
+# Issue 34's two unmeasured size targets, this tree alone: inference at 1,024 tokens with the
+# sampler's graph (target <= 20 s) and the graphed af3 training step at crop 768 (target <= 2.0 s)
+#   ~40 + 420 s  run(command="bash benchmarks/device_plan.sh large_targets", carry=[".devdata/cache384", ".devdata/site-core.tar.xz"], timeout_s=480)
+large_targets() {
+    device_setup
+    timeout 170 python3 benchmarks/inference.py --tokens 1024 --variants featurecache+graphs --reps 1 \
+        --variant-budget-s 160 --record 2>&1 | tee "$OUTDIR/log.txt" || true
+    timeout "${1:-260}" python3 benchmarks/tiny_step.py --cache .devdata/cache384 --preset af3 --crop 768 --device cuda \
+        --cuda-graphs --steps 11 --record 2>&1 | tee -a "$OUTDIR/log.txt" || true
+}
+
 base_export() {  # here: COMMIT's featurecache package into .devdata/base (a --variant checkout for a device call)
     rm -rf .devdata/base && mkdir -p .devdata/base
     git archive "$1" featurecache | tar -x -C .devdata/base
