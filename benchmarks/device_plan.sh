@@ -237,7 +237,7 @@ peer_wheels() {  # here: Protenix's wheels and its dependencies' from .whl into 
     carry_size "$SITE_ARCHIVE" .whl-peer
 }
 
-inference() {
+inference() {  # LAYERNORM_TYPE=torch in the command skips Protenix's ~150 s LayerNorm build (its own switch)
     device_setup
     # Protenix's first call builds its fast LayerNorm (nvcc): on 2026-12-05 that took more than 175 s
     python3 benchmarks/inference.py --tokens ${*:-384 768 1024} --reps 1 --variant-budget-s 120 --peer-budget-s 330 --record 2>&1 |
