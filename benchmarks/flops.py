@@ -2,6 +2,7 @@
 
     python3 benchmarks/flops.py [--crop 384 768] [--record]
     python3 benchmarks/flops.py --check-only          # the tiny check alone: fake counting == real counting
+    python3 benchmarks/flops.py --cache CACHE --crop 384 768 [--record]   # the af3 step on a cache's batches
 
 The step is benchmarks/train_step.py's `--model af3` iteration (FullModelRunner): AF3Model's
 forward at N_cycle = --cycles (1, as that benchmark and peers report a step), the diffusion batch
@@ -56,9 +57,6 @@ from featurecache.kernels import reference as row_blocks  # evo_attention_rows a
 from featurecache.model import AF3Model, preset
 from featurecache.model.objectives import losses
 from featurecache.testing.synthetic import random_batch
-
-# H200 dense bf16 tensor-core peak (no sparsity), TFLOP/s: the share in the headline table.
-H200_BF16_PEAK_TFLOPS = 790.0
 
 # (module-name prefix, part): the longest prefix of an operation's module name names its part.
 PART_OF_MODULE = (
@@ -251,7 +249,11 @@ def step_batch(shape: StepShape) -> dict:
 def count_step(config, shape: StepShape, fake: bool) -> dict[str, int]:
     """FLOPs of one training step per part (and "total": FlopCounterMode's own total), with fake
     tensors or real ones."""
-    batch = step_batch(shape)
+    return count_batch(config, step_batch(shape), shape.cycles, shape.diffusion_batch, fake)
+
+
+def count_batch(config, batch: dict, cycles: int, diffusion_batch: int, fake: bool) -> dict[str, int]:
+    """count_step's count for a given batch (a synthetic one, or one from a cache's loader)."""
     mode = torch._subclasses.fake_tensor.FakeTensorMode() if fake else contextlib.nullcontext()
     with mode, model_arithmetic():
         if fake:
@@ -264,7 +266,7 @@ def count_step(config, shape: StepShape, fake: bool) -> dict[str, int]:
         tracker = PartTracker(model)
         counter = PartFlopCounter(tracker)
         with tracker.active(model), counter:
-            outputs = model(batch, num_cycles=shape.cycles, diffusion_batch=shape.diffusion_batch)
+            outputs = model(batch, num_cycles=cycles, diffusion_batch=diffusion_batch)
             loss, _ = model.loss(batch, outputs)
             tracker.backward(loss)
     return {**counter.by_part, "total": counter.get_total_flops()}
@@ -291,6 +293,54 @@ def count_cycle(config, shape: StepShape) -> int:
     return trunk_flops(2) - trunk_flops(1)
 
 
+def real_data_label(preset_name: str, crop: int, diffusion_batch: int, cycles: int) -> str:
+    """The shape of benchmarks/tiny_step.py's rows of this preset and crop (less their ", CUDA
+    graphs" or ", eager"): records.py pairs the count with those step times."""
+    return f"{preset_name}, crop {crop}, diffusion batch {diffusion_batch}, N_cycle {cycles}"
+
+
+def count_cache_steps(
+    cache: str, crop: int, cycles: int, batches: int, preset_name: str = "af3"
+) -> tuple[dict[str, float], str]:
+    """FLOPs per part of a preset's step on a cache's batches, as `featurecache train --cuda-graphs`
+    pads them (tiny_step.py --preset af3 times that step): each padded shape among the loader's
+    first `batches` counted once on fake tensors, the parts averaged over the `batches` (a shape
+    weighing as often as it came). Returns the averages and a line naming the shapes."""
+    import tempfile
+
+    from featurecache.config import SampleConfig
+    from featurecache.training import TrainConfig
+    from featurecache.training.distributed import setup_distributed
+
+    with tempfile.TemporaryDirectory() as out:
+        train = TrainConfig(
+            cache=cache,
+            out=out,
+            preset=preset_name,
+            kernels="torch",
+            steps=batches,
+            num_workers=0,
+            device="cpu",
+            static_shapes=True,
+            sample=SampleConfig(crop_size=crop),
+            model_settings={"max_recycling_cycles": cycles},
+        )
+        loader = iter(harness.training_loader(train, setup_distributed("cpu")))
+        drawn = [next(loader) for _ in range(batches)]
+    config = train.model_config("torch")
+
+    def padded_shape(batch: dict) -> tuple:
+        return tuple((name, tuple(value.shape)) for name, value in batch.items() if isinstance(value, torch.Tensor))
+
+    counted: dict[tuple, dict[str, int]] = {}
+    for batch in drawn:
+        if padded_shape(batch) not in counted:
+            counted[padded_shape(batch)] = count_batch(config, batch, cycles, config.diffusion.diffusion_batch, True)
+    means = {part: sum(counted[padded_shape(b)][part] for b in drawn) / len(drawn) for part in (*PARTS, "total")}
+    atoms = sorted({batch["atom_pad_mask"].shape[1] for batch in drawn})
+    return means, f"{len(counted)} padded shapes ({', '.join(map(str, atoms))} atoms) in {len(drawn)} batches"
+
+
 def check_fake_counting() -> Table:
     """The tiny preset counted with real and with fake tensors: every part must agree exactly."""
     config = preset("tiny", kernels="torch", confidence_rollout_steps=2)
@@ -303,6 +353,47 @@ def check_fake_counting() -> Table:
         print(table.markdown())
         raise SystemExit("flops.py: fake-tensor counting differs from real counting on the tiny preset (table above)")
     return table
+
+
+def count_cache(args, stamp, check: Table) -> None:
+    """--cache: the real-data step per part at each crop; with --record, its rows (labelled as
+    tiny_step.py's af3 rows, so the headline shows their TFLOP/s) and a section."""
+    counts, shapes = {}, {}
+    for crop in args.crop:
+        counts[crop], shapes[crop] = count_cache_steps(args.cache, crop, args.cycles, args.batches)
+        print(f"crop {crop}: {counts[crop]['total'] / 1e12:.1f} TFLOP ({shapes[crop]})", flush=True)
+    table = Table(["part", *(f"crop {crop} (TFLOP)" for crop in args.crop)])
+    for part in (*PARTS, "total"):
+        table.add([part, *(counts[crop][part] / 1e12 for crop in args.crop)])
+    what = (
+        f"af3 preset on the batches of {args.cache} as `featurecache train --cuda-graphs` pads them, N_cycle "
+        f"{args.cycles}, recomputation as the preset; "
+        + "; ".join(f"crop {crop}: {shapes[crop]}" for crop in args.crop)
+    )
+    print(f"\n{stamp.header()}\n{what}\n\n{table.markdown()}")
+    if not args.record:
+        return
+    from records import Row, record
+
+    diffusion_batch = preset("af3").diffusion.diffusion_batch
+    rows = [
+        Row("flops", "reference path", real_data_label("af3", crop, diffusion_batch, args.cycles), "TFLOP total", value)
+        for crop in args.crop
+        for value in [counts[crop]["total"] / 1e12]
+    ]
+    section = (
+        f"### FLOPs of the af3 step on real data, {stamp.date}, commit {stamp.commit} (`benchmarks/flops.py "
+        f"--cache`)\n\n{what}; counted with FlopCounterMode on fake tensors (device: count, "
+        f"device-independent). Check first, the tiny preset counted with real and with fake tensors "
+        f"(MFLOP):\n\n{check.markdown()}\n\nThe step (TFLOP per training step):\n\n{table.markdown()}"
+    )
+    record(
+        dataclasses.replace(stamp, device="count, device-independent"),
+        rows,
+        "flops",
+        section,
+        title="FLOPs of a training step",
+    )
 
 
 def main() -> None:
@@ -321,11 +412,20 @@ def main() -> None:
         help="ModelConfig.checkpoint_group (1: a checkpoint per block, the preset's; K > 1: groups of K re-run)",
     )
     parser.add_argument("--check-only", action="store_true", help="only the tiny fake-vs-real check")
+    parser.add_argument(
+        "--cache",
+        help="count the af3 step on this cache's batches as `featurecache train --cuda-graphs` pads them "
+        "(the step tiny_step.py --preset af3 times), at each --crop, instead of the synthetic batch",
+    )
+    parser.add_argument("--batches", type=int, default=8, help="with --cache: loader batches averaged over")
     args = parser.parse_args()
     stamp = harness.run_stamp()
     check = check_fake_counting()
     print(f"fake counting equals real counting on the tiny preset:\n\n{check.markdown()}\n", flush=True)
     if args.check_only:
+        return
+    if args.cache:
+        count_cache(args, stamp, check)
         return
     config = preset("af3", kernels="torch", pairformer_blocks=args.depth, checkpoint_group=args.checkpoint_group)
     shapes = [

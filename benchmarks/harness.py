@@ -110,6 +110,18 @@ def train_command(args, out: pathlib.Path, *more: str) -> list[str]:
     ]
 
 
+def training_loader(config, world):
+    """The batches `featurecache train` feeds its step under this TrainConfig and world: the
+    training set of config.cache, its sampler and, with fixed shapes, its padding buckets (one
+    process, config.num_workers workers)."""
+    from featurecache.training.buckets import padding_buckets
+    from featurecache.training.data import build_datasets, make_batch_sampler, make_loader
+
+    dataset, _ = build_datasets(config)
+    sampler = make_batch_sampler(dataset, config, world)
+    return make_loader(dataset, sampler, config, world.device, padding_buckets(config, dataset))
+
+
 def train_steps(log: pathlib.Path) -> list[dict]:
     """The training-step lines of a run's log.jsonl, in step order."""
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]

@@ -70,22 +70,29 @@ HEADLINES = [
     Headline("precompute", "wall s", ("2 workers",)),
     Headline("precompute", "overhead % of tool time", ("1 worker",), peers=()),
     Headline("flops", "TFLOP total", ("reference path",), peers=()),
-    # the tiny preset's step (tiny_step.py; the CPU target is wall time on 2 cores), against
-    # another checkout run beside it (--variant)
-    Headline("tiny_step", "step s", ("torch",)),
-    Headline("tiny_step", "step CPU s", ("torch",)),
+    # a preset's step through train's objects (tiny_step.py; the CPU target is wall time on 2
+    # cores; "torch" the CPU's rows, "triton" the GPU's), against a checkout run beside it (--variant)
+    Headline("tiny_step", "step s", ("torch", "triton")),
+    Headline("tiny_step", "step CPU s", ("torch", "triton")),
     Headline("tiny_step", "peak RSS GB", ("torch",)),
-    Headline("tiny_step", "peak GPU memory GB", ("torch",)),
+    Headline("tiny_step", "peak GPU memory GB", ("triton",)),
     # AF3Model.sample against Protenix 2.0's inference at the same sizes (inference.py)
     Headline("inference", "model s", ("featurecache", "featurecache+graphs"), peers=("protenix",)),
     Headline("inference", "peak GB", ("featurecache", "featurecache+graphs"), peers=("protenix",)),
 ]
 
 
-# The H200's dense bf16 tensor-core peak (TFLOP/s, no sparsity): the share of it a step achieves.
-H200_BF16_PEAK_TFLOPS = 790.0
+# A Hopper GPU's dense bf16 matrix rate, TFLOP/s: what an 8192^3 product reached on random data on
+# this workplace's H200s (788) and H100s (769-798; /work/.library/device/KINDS.md) — the two share
+# the SM and its rates. The headline's share is of this ceiling, on those GPUs.
+HOPPER_BF16_PEAK_TFLOPS = 790.0
+HOPPER_GPUS = ("H100", "H200")
 # The train_step benchmark's shape of a whole iteration is flops.py's shape after this prefix.
 ITERATION_PREFIX = "training iteration, "
+# tiny_step.py's shapes are flops.py --cache's shape and one of these
+TINY_STEP_MODES = ("CUDA graphs", "eager")
+# the step-time metrics a counted step's TFLOP divides, in seconds per unit
+STEP_TIME_SECONDS = {"iteration ms": 1e-3, "step s": 1.0}
 
 
 def record(stamp, rows: Iterable[Row], benchmark: str, section: str, title: str | None = None) -> None:
@@ -152,7 +159,7 @@ def add_section(benchmark: str, section: str, title: str | None = None, path: pa
 def headline_table(rows: list[dict]) -> str:
     lines = [
         "| benchmark | what (variant) | value | ours vs the best peer of the same run (> 1: ours better) "
-        "| date | device | commit | TFLOP/s (share of 790, H200 bf16) |",
+        "| date | device | commit | TFLOP/s (share of 790, Hopper bf16) |",
         "| --- | --- | ---: | --- | --- | --- | --- | --- |",
     ]
     step_flops = counted_step_tflop(rows)
@@ -174,20 +181,28 @@ def headline_table(rows: list[dict]) -> str:
 
 
 def counted_step_tflop(rows: list[dict]) -> dict[str, float]:
-    """{train_step shape: TFLOP of that step} from the latest count of each shape (flops.py)."""
+    """{timed step's shape: TFLOP of that step} from the latest count of each shape (flops.py): a
+    synthetic count under train_step's iteration shape, a real-data count (flops.py --cache)
+    under tiny_step's af3 shapes, with and without CUDA graphs (the same arithmetic)."""
     counts = sorted(
         (r for r in rows if r["benchmark"] == "flops" and r["metric"] == "TFLOP total"), key=lambda r: r["date"]
     )
-    return {ITERATION_PREFIX + r["shape"]: r["value"] for r in counts}
+    step_flops = {}
+    for r in counts:
+        for timed in (ITERATION_PREFIX + r["shape"], *(f"{r['shape']}, {how}" for how in TINY_STEP_MODES)):
+            step_flops[timed] = r["value"]
+    return step_flops
 
 
 def achieved(shape: str, metric: str, value: float, device: str, step_flops: dict[str, float]) -> str:
-    """ "85.2 (10.8 %)": a counted step's TFLOP over its measured time, and the share of the
-    H200's peak (on an H200); "–" for any other figure."""
-    if metric != "iteration ms" or shape not in step_flops or not value > 0:
+    """ "85.2 (10.8 %)": a counted step's TFLOP over its measured time (train_step's iteration ms,
+    tiny_step's step s), and the share of a Hopper GPU's bf16 rate (on an H100 or H200); "–" for any
+    other figure."""
+    if metric not in STEP_TIME_SECONDS or shape not in step_flops or not value > 0:
         return "–"
-    tflops = step_flops[shape] / (value / 1e3)
-    share = f" ({100 * tflops / H200_BF16_PEAK_TFLOPS:.1f} %)" if "H200" in device else ""
+    tflops = step_flops[shape] / (value * STEP_TIME_SECONDS[metric])
+    hopper = any(name in device for name in HOPPER_GPUS)
+    share = f" ({100 * tflops / HOPPER_BF16_PEAK_TFLOPS:.1f} %)" if hopper else ""
     return f"{tflops:.1f}{share}"
 
 

@@ -54,8 +54,7 @@ import featurecache
 from featurecache.config import SampleConfig
 from featurecache.training import TrainConfig
 from featurecache.training.config import resolve_kernels
-from featurecache.training.buckets import padding_buckets
-from featurecache.training.data import build_datasets, make_batch_sampler, make_loader, to_device
+from featurecache.training.data import to_device
 from featurecache.training.distributed import setup_distributed
 from featurecache.training.loop import Trainer
 
@@ -116,10 +115,7 @@ def build(args, out: pathlib.Path) -> tuple[Trainer, object]:
         model_settings=model_settings,
     )
     world = setup_distributed(args.device)
-    dataset, _ = build_datasets(config)
-    loader = make_loader(
-        dataset, make_batch_sampler(dataset, config, world), config, world.device, padding_buckets(config, dataset)
-    )
+    loader = harness.training_loader(config, world)
     # the kernels `featurecache train` resolves for this device (Triton on CUDA): before 2026-12-06
     # this passed "torch", so every --device cuda row measured the PyTorch path
     trainer = Trainer(config, resolve_kernels(config.kernels, world.device), world)

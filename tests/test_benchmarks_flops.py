@@ -1,7 +1,7 @@
 """benchmarks/flops.py counts a training step's FLOPs per part on fake tensors: on the tiny
 preset that count equals the count on real tensors, part by part, and the parts add up to
 FlopCounterMode's total; benchmarks/records.py turns a count and a step time into the headline's
-TFLOP/s and share of the H200's peak."""
+TFLOP/s and share of a Hopper GPU's bf16 rate."""
 
 from __future__ import annotations
 
@@ -69,3 +69,25 @@ def test_the_headline_divides_the_counted_flops_by_the_step_time(benchmarks):
         records.achieved("training iteration, af3 depth 8, crop 384", "iteration ms", 300.0, "NVIDIA H200", counted)
         == "–"
     )
+
+
+def test_a_cache_step_is_counted_per_padded_shape_and_averaged(benchmarks, sample_cache):
+    flops, _ = benchmarks
+    counts, shapes = flops.count_cache_steps(str(sample_cache), crop=16, cycles=1, batches=3, preset_name="tiny")
+    assert counts["total"] > 0 and "in 3 batches" in shapes
+    assert abs(sum(counts[part] for part in flops.PARTS) - counts["total"]) <= 1e-6 * counts["total"]
+
+
+def test_the_headline_divides_a_real_data_count_by_tiny_steps_time(benchmarks):
+    flops, records = benchmarks
+    label = flops.real_data_label("af3", 384, 48, 1)
+    rows = [
+        {"benchmark": "flops", "metric": "TFLOP total", "date": "2026-12-06 00:00 UTC", "value": 100.0, "shape": label}
+    ]
+    counted = records.counted_step_tflop(rows)
+    # tiny_step's rows carry the same shape and how the step ran; its metric is in seconds
+    assert (
+        records.achieved(f"{label}, CUDA graphs", "step s", 1.25, "NVIDIA H100 80GB HBM3", counted) == "80.0 (10.1 %)"
+    )
+    assert records.achieved(f"{label}, eager", "step s", 0.5, "NVIDIA A100-SXM4-80GB", counted) == "200.0"
+    assert records.achieved(f"{label}, CUDA graphs", "step CPU s", 1.25, "NVIDIA H200", counted) == "–"
