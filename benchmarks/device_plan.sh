@@ -470,4 +470,4 @@ smoke() {
         --crop-step 8 --crop-limit 32 --crop-budget-s 300 --out "$out/d"
 }
 
-"${1:?usage: device_plan.sh prepare|cli_steps|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|precision|pack_site|general_prepare|general_start|general_collect|general_smoke|smoke [OUT]}" "${@:2}"
+"${1:?usage: device_plan.sh prepare|peer_wheels|base_export|cli_steps|step_profiles|af3_beside|explore|recompute_cost|gpu_operators|large_targets|inference|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|precision|pack_site|general_prepare|general_start|general_collect|general_smoke|smoke [OUT]}" "${@:2}"
