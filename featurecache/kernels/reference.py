@@ -102,7 +102,9 @@ def gated_pair_attention_reference(
     out = attention(q, k, v, bias=bias.unsqueeze(1).contiguous(), mask=mask, scale=scale)
     if transpose:
         out = out.transpose(1, 2)
-    return (torch.sigmoid(gate) * out).flatten(-2)
+    # the gate is a strided slice of the packed columns: on the CPU a sigmoid over it takes the
+    # scalar path, 4x slower than a copy and the vectorized one (20 -> 4.6 ms at L = 384, c = 16)
+    return (torch.sigmoid(gate.contiguous()) * out).flatten(-2)
 
 
 # Fused small ops (layernorm_linear, transition, triangle_mult). Convention shared with the Triton
