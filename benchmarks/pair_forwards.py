@@ -1,4 +1,5 @@
-"""The pair stack's fused forwards at the af3 preset's shapes, tile by tile, beside PyTorch's own.
+"""The pair stack's fused forwards (and the Transition's backward) at the af3 preset's shapes, tile
+by tile, beside PyTorch's own.
 
     python3 benchmarks/pair_forwards.py [--rows 147456]      # a GPU: every candidate, then the table
     python3 benchmarks/pair_forwards.py --smoke              # the CPU (interpreter): tiny rows, checks only
@@ -8,13 +9,16 @@ section 11) puts LayerNorm-linear's forward first (616 calls, 184 us on average)
 Transition's next. Each case times the forward alone (CUDA-event median, triton.testing.do_bench)
 for the configured tiles, a few candidates around them (runtime.override_config), and PyTorch
 eager (layer_norm and cuBLAS products in bf16), after checking every candidate's output against an
-fp32 reference with a tolerance from bf16's rounding of the output. What a candidate wins here
+fp32 reference with a tolerance from bf16's rounding of the output. The Transition's backward
+(its dx kernel spills at the tuned tiles: NOTES.md section 14) is timed the same way, dx kernel
+candidates against PyTorch eager's autograd, each checked on dx and the weight gradients. What a candidate wins here
 must still be checked in the step (tiny_step.py --preset af3): the shapes are the model's, the
 neighbours in the cache are not.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -27,7 +31,7 @@ from harness import Table, argument_parser, run_stamp, time_ms  # noqa: E402
 from featurecache.kernels import runtime  # noqa: E402
 from featurecache.kernels.layernorm_linear.launch import layernorm_linear_fwd  # noqa: E402
 from featurecache.kernels.reference import layernorm_linear_reference, transition_reference  # noqa: E402
-from featurecache.kernels.transition.launch import transition_fwd  # noqa: E402
+from featurecache.kernels.transition.launch import transition_bwd, transition_fwd  # noqa: E402
 
 LAYERNORM_LINEAR_CANDIDATES = [
     dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2, N_TILES=1),
@@ -36,6 +40,13 @@ LAYERNORM_LINEAR_CANDIDATES = [
     dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3, N_TILES=1),
     dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2, N_TILES=64),
     dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, N_TILES=1),
+]
+TRANSITION_DX_CANDIDATES = [
+    dict(BLOCK_M=128, BLOCK_H=64, num_warps=8, num_stages=2),
+    dict(BLOCK_M=64, BLOCK_H=64, num_warps=8, num_stages=2),
+    dict(BLOCK_M=64, BLOCK_H=64, num_warps=4, num_stages=2),
+    dict(BLOCK_M=64, BLOCK_H=32, num_warps=4, num_stages=2),
+    dict(BLOCK_M=32, BLOCK_H=64, num_warps=4, num_stages=2),
 ]
 TRANSITION_CANDIDATES = [
     dict(BLOCK_M=128, BLOCK_H=64, num_warps=8, num_stages=2),
@@ -51,10 +62,13 @@ def _layernorm(channels: int, device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _close(out: torch.Tensor, reference: torch.Tensor, sum_length: int) -> float:
-    """The largest error over the reference's scale, against bf16's rounding of a sum of this length."""
+    """The largest error over the reference's scale; nan past the tolerance: a few bf16 roundings
+    of the operands and the output (2^-8 each, relative to the scale: on random data their errors
+    grow with the sum no faster than the sum itself) plus fp32 accumulation's worst case over the
+    sum's length (its length x 2^-24)."""
     scale = reference.abs().max().item() or 1.0
     error = (out.float() - reference).abs().max().item() / scale
-    allowed = 2**-8 * (4 + sum_length**0.5 / 4)
+    allowed = 4 * 2**-8 + sum_length * 2**-24
     return error if error <= allowed else float("nan")
 
 
@@ -117,6 +131,45 @@ def run_transition(rows: int, device, table: Table) -> None:
     table.add([name, "configured: " + str(runtime.kernel_config("transition", "fwd")), "", ""])
 
 
+def run_transition_backward(rows: int, device, table: Table) -> None:
+    name = f"Transition backward {rows} x 128, n = 4"
+    x = torch.randn(rows, 128, device=device, dtype=torch.bfloat16)
+    norm_w, norm_b = _layernorm(128, device)
+    weights = [(torch.randn(512, 128, device=device) / 128**0.5).to(torch.bfloat16) for _ in range(2)]
+    weights.append((torch.randn(128, 512, device=device) / 512**0.5).to(torch.bfloat16))
+    dy = torch.randn(rows, 128, device=device, dtype=torch.bfloat16)
+    _, mean, rstd = transition_fwd(x, norm_w, norm_b, *weights, 1e-5)
+    # fp32 reference gradients: dx and the three weights' (the tolerance's sum length: the hidden
+    # width for dx, the rows for the weights)
+    leaves = [t.float().requires_grad_() for t in (x, *weights)]
+    out = transition_reference(leaves[0], norm_w, norm_b, *leaves[1:])
+    reference = torch.autograd.grad(out, leaves, dy.float())
+
+    def check(grads) -> float:
+        """The largest gradient error, nan if any is over its tolerance."""
+        errors = [_close(grad, ref, length) for grad, ref, length in zip(grads, reference, (512, rows, rows, rows))]
+        return float("nan") if any(math.isnan(error) for error in errors) else max(errors)
+
+    eager_leaves = [t.clone().requires_grad_() for t in (x, *weights)]
+
+    def eager():
+        xn = torch.nn.functional.layer_norm(eager_leaves[0], (128,), norm_w.to(x.dtype), norm_b.to(x.dtype))
+        a, b, w_out = eager_leaves[1:]
+        hidden = torch.nn.functional.silu(torch.nn.functional.linear(xn, a)) * torch.nn.functional.linear(xn, b)
+        return torch.autograd.grad(torch.nn.functional.linear(hidden, w_out), eager_leaves, dy)
+
+    table.add([name, "PyTorch eager (forward and autograd)", check(eager()), time_ms(eager)])
+    for candidate in TRANSITION_DX_CANDIDATES:
+        with runtime.override_config("transition", "bwd_dx", **candidate):
+            call = lambda: transition_bwd(dy, x, norm_w, norm_b, *weights, mean, rstd)  # noqa: E731
+            try:
+                grads = call()
+                table.add([name, str(candidate), check((grads[0], *grads[3:])), time_ms(call)])
+            except Exception as failure:
+                table.add([name, str(candidate), "–", f"failed: {type(failure).__name__}"])
+    table.add([name, "configured: " + str(runtime.kernel_config("transition", "bwd_dx")), "", ""])
+
+
 def main() -> None:
     parser = argument_parser(__doc__)
     parser.add_argument("--rows", type=int, default=147_456, help="pair rows (crop 384: 147,456)")
@@ -125,9 +178,10 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     rows = 97 if args.smoke else args.rows  # odd: the last row tile is ragged
     torch.manual_seed(0)
-    table = Table(["case", "provider or tiles", "max error / scale (nan: over tolerance)", "forward ms"])
+    table = Table(["case", "provider or tiles", "max error / scale (nan: over tolerance)", "ms"])
     run_layernorm_linear(rows, device, table)
     run_transition(rows, device, table)
+    run_transition_backward(rows, device, table)
     print(f"\n{run_stamp().header()}\n\n{table.markdown()}")
 
 

@@ -1,6 +1,7 @@
 """benchmarks/pair_forwards.py under the interpreter: every tile candidate of the LayerNorm-linear
-and Transition forwards it times gives the fp32 reference's output within bf16's tolerance, on a
-ragged row count (what its GPU table's error column would flag as nan)."""
+and Transition forwards and of the Transition's dx kernel it times gives the fp32 reference's
+output (and gradients) within bf16's tolerance, on a ragged row count (what its GPU table's error
+column would flag as nan)."""
 
 from __future__ import annotations
 
@@ -31,9 +32,14 @@ def test_every_candidate_matches_the_reference(pair_forwards, one_thread):
     table = Table(["case", "provider or tiles", "error", "ms"])
     pair_forwards.run_layernorm_linear(37, torch.device("cpu"), table)
     pair_forwards.run_transition(37, torch.device("cpu"), table)
+    pair_forwards.run_transition_backward(37, torch.device("cpu"), table)
     timed = [row for row in table.rows if not row[1].startswith("configured")]
-    candidates = len(pair_forwards.LAYERNORM_LINEAR_CANDIDATES) * 3 + len(pair_forwards.TRANSITION_CANDIDATES)
-    assert len(timed) == candidates + 4  # and PyTorch eager once per case
+    candidates = (
+        len(pair_forwards.LAYERNORM_LINEAR_CANDIDATES) * 3
+        + len(pair_forwards.TRANSITION_CANDIDATES)
+        + len(pair_forwards.TRANSITION_DX_CANDIDATES)
+    )
+    assert len(timed) == candidates + 5  # and PyTorch eager once per case
     for case, provider, error, _ in timed:
         assert error not in ("nan", "–"), f"{case}, {provider}: error {error} over bf16's tolerance or failed"
 
@@ -41,4 +47,5 @@ def test_every_candidate_matches_the_reference(pair_forwards, one_thread):
 def test_the_tolerance_flags_a_wrong_output(pair_forwards):
     reference = torch.randn(64, 16)
     assert pair_forwards._close(reference.bfloat16(), reference, 128) < 2**-7  # bf16 rounding passes
+    assert math.isnan(pair_forwards._close(reference.bfloat16() * 1.05, reference, 147_456))  # at any length
     assert math.isnan(pair_forwards._close(reference.bfloat16() * 1.05, reference, 128))  # 5 % off does not
