@@ -300,14 +300,13 @@ af3_beside() {
         --record 2>&1 | tee "$OUTDIR/log.txt"
 }
 
-# Where the af3 step's forward kernels stand against PyTorch's own at the model's shapes, the
-# operators behind an eager step's kernels, and EvoAttention at L = 768 (issue 34's two targets):
-#   ~40 + 420 s  run(command="bash benchmarks/device_plan.sh explore", carry=[".devdata/cache384", ".devdata/site-core.tar.xz"], timeout_s=600)
+# Where the af3 step's pair kernels stand against PyTorch's own at the model's shapes (the
+# forwards, and the Transition's backward with dx tile candidates), and EvoAttention at L = 768
+# (issue 34's two targets). Ran 2026-12-06 06:43 (NOTES.md section 13; the backward since added).
+#   ~40 + 360 s  run(command="bash benchmarks/device_plan.sh explore", carry=[".devdata/site-core.tar.xz"], timeout_s=480)
 explore() {
     device_setup
-    timeout 120 python3 benchmarks/pair_forwards.py 2>&1 | tee "$OUTDIR/log.txt" || true
-    timeout 150 python3 benchmarks/tiny_step.py --cache .devdata/cache384 --preset af3 --device cuda --steps 1 \
-        --gpu-operators 60 2>&1 | tee -a "$OUTDIR/log.txt" || true
+    timeout 150 python3 benchmarks/pair_forwards.py 2>&1 | tee "$OUTDIR/log.txt" || true
     timeout "${1:-200}" python3 benchmarks/evo768_sweep.py --budget-s "$(( ${1:-200} - 30 ))" 2>&1 | tee "$OUTDIR/evo768.txt"
 }
 
