@@ -373,7 +373,7 @@ def count_cache(args, stamp, check: Table) -> None:
     print(f"\n{stamp.header()}\n{what}\n\n{table.markdown()}")
     if not args.record:
         return
-    from records import Row, record
+    from records import Row
 
     diffusion_batch = preset("af3").diffusion.diffusion_batch
     rows = [
@@ -381,11 +381,18 @@ def count_cache(args, stamp, check: Table) -> None:
         for crop in args.crop
         for value in [counts[crop]["total"] / 1e12]
     ]
+    record_count(stamp, rows, "FLOPs of the af3 step on real data", "`benchmarks/flops.py --cache`", what, check, table)
+
+
+def record_count(stamp, rows, heading: str, script: str, what: str, check: Table, table: Table) -> None:
+    """Rows and a RESULTS.md section of a count: what was counted, the fake-tensor check, the parts."""
+    from records import record
+
     section = (
-        f"### FLOPs of the af3 step on real data, {stamp.date}, commit {stamp.commit} (`benchmarks/flops.py "
-        f"--cache`)\n\n{what}; counted with FlopCounterMode on fake tensors (device: count, "
-        f"device-independent). Check first, the tiny preset counted with real and with fake tensors "
-        f"(MFLOP):\n\n{check.markdown()}\n\nThe step (TFLOP per training step):\n\n{table.markdown()}"
+        f"### {heading}, {stamp.date}, commit {stamp.commit} ({script})\n\n{what}; counted with "
+        f"FlopCounterMode on fake tensors (device: count, device-independent). Check first, the tiny "
+        f"preset counted with real and with fake tensors (MFLOP):\n\n{check.markdown()}\n\nThe step "
+        f"(TFLOP per training step):\n\n{table.markdown()}"
     )
     record(
         dataclasses.replace(stamp, device="count, device-independent"),
@@ -471,7 +478,7 @@ def main() -> None:
         return shape.label(args.depth) + grouped
 
     if args.record:
-        from records import Row, record
+        from records import Row
 
         rows = [
             Row("flops", "reference path", label(shape), f"TFLOP {part}", counts[shape][part] / 1e12)
@@ -482,19 +489,7 @@ def main() -> None:
             Row("flops", "reference path", label(shape), "TFLOP each further cycle", cycles[shape] / 1e12)
             for shape in shapes
         ]
-        section = (
-            f"### FLOPs of a training step, {stamp.date}, commit {stamp.commit} (`benchmarks/flops.py`)\n\n"
-            f"{what}; counted with FlopCounterMode on fake tensors (device: count, device-independent). "
-            f"Check first, the tiny preset counted with real and with fake tensors (MFLOP):\n\n"
-            f"{check.markdown()}\n\nThe step (TFLOP per training step):\n\n{table.markdown()}"
-        )
-        record(
-            dataclasses.replace(stamp, device="count, device-independent"),
-            rows,
-            "flops",
-            section,
-            title="FLOPs of a training step",
-        )
+        record_count(stamp, rows, "FLOPs of a training step", "`benchmarks/flops.py`", what, check, table)
 
 
 if __name__ == "__main__":

@@ -72,6 +72,25 @@ def _close(out: torch.Tensor, reference: torch.Tensor, sum_length: int) -> float
     return error if error <= allowed else float("nan")
 
 
+def time_candidates(table: Table, name: str, op: str, kernel: str, candidates: list[dict], call, error_of) -> None:
+    """One row per candidate tile set of `op`'s `kernel`: error_of(call()) and call's time with
+    those tiles in force, or why the candidate failed (a tile that does not fit); then the
+    configured tiles."""
+    for candidate in candidates:
+        with runtime.override_config(op, kernel, **candidate):
+            try:
+                table.add([name, str(candidate), error_of(call()), time_ms(call)])
+            except Exception as failure:
+                table.add([name, str(candidate), "–", f"failed: {type(failure).__name__}"])
+    table.add([name, "configured: " + str(runtime.kernel_config(op, kernel)), "", ""])
+
+
+def _transition_weights(device) -> list[torch.Tensor]:
+    """weight_a, weight_b [512, 128] and weight_out [128, 512], bf16, unit-variance outputs."""
+    weights = [(torch.randn(512, 128, device=device) / 128**0.5).to(torch.bfloat16) for _ in range(2)]
+    return [*weights, (torch.randn(128, 512, device=device) / 512**0.5).to(torch.bfloat16)]
+
+
 def layernorm_linear_cases(rows: int, device) -> list[tuple[str, int, int, bool]]:
     # (name, in features, out features, aligned rows): triangle attention's packed projection,
     # a pair bias, the diffusion conditioning's pair input
@@ -92,24 +111,23 @@ def run_layernorm_linear(rows: int, device, table: Table) -> None:
             torch.nn.functional.layer_norm(x, (n_in,), norm_w.to(x.dtype), norm_b.to(x.dtype)), weight
         )
         table.add([name, "PyTorch eager (layer_norm + cuBLAS)", _close(eager(), reference, n_in), time_ms(eager)])
-        for candidate in LAYERNORM_LINEAR_CANDIDATES:
-            with runtime.override_config("layernorm_linear", "fwd", **candidate):
-                call = lambda: layernorm_linear_fwd(x, norm_w, norm_b, weight, None, 1e-5, aligned)  # noqa: E731
-                try:
-                    error = _close(call()[0], reference, n_in)
-                    table.add([name, str(candidate), error, time_ms(call)])
-                except Exception as failure:  # a tile that does not fit: its row says so
-                    table.add([name, str(candidate), "–", f"failed: {type(failure).__name__}"])
-        table.add([name, "configured: " + str(runtime.kernel_config("layernorm_linear", "fwd")), "", ""])
+        time_candidates(
+            table,
+            name,
+            "layernorm_linear",
+            "fwd",
+            LAYERNORM_LINEAR_CANDIDATES,
+            lambda: layernorm_linear_fwd(x, norm_w, norm_b, weight, None, 1e-5, aligned),
+            lambda outputs: _close(outputs[0], reference, n_in),
+        )
 
 
 def run_transition(rows: int, device, table: Table) -> None:
     name = f"Transition {rows} x 128, n = 4"
     x = torch.randn(rows, 128, device=device, dtype=torch.bfloat16)
     norm_w, norm_b = _layernorm(128, device)
-    weight_a, weight_b = ((torch.randn(512, 128, device=device) / 128**0.5).to(torch.bfloat16) for _ in range(2))
-    weight_out = (torch.randn(128, 512, device=device) / 512**0.5).to(torch.bfloat16)
-    weights = (weight_a, weight_b, weight_out)
+    weights = _transition_weights(device)
+    weight_a, weight_b, weight_out = weights
     reference = transition_reference(x.float(), norm_w, norm_b, *(w.float() for w in weights))
 
     def eager():
@@ -121,22 +139,22 @@ def run_transition(rows: int, device, table: Table) -> None:
         )
 
     table.add([name, "PyTorch eager (layer_norm + cuBLAS)", _close(eager(), reference, 512), time_ms(eager)])
-    for candidate in TRANSITION_CANDIDATES:
-        with runtime.override_config("transition", "fwd", **candidate):
-            call = lambda: transition_fwd(x, norm_w, norm_b, *weights, 1e-5)  # noqa: E731
-            try:
-                table.add([name, str(candidate), _close(call()[0], reference, 512), time_ms(call)])
-            except Exception as failure:
-                table.add([name, str(candidate), "–", f"failed: {type(failure).__name__}"])
-    table.add([name, "configured: " + str(runtime.kernel_config("transition", "fwd")), "", ""])
+    time_candidates(
+        table,
+        name,
+        "transition",
+        "fwd",
+        TRANSITION_CANDIDATES,
+        lambda: transition_fwd(x, norm_w, norm_b, *weights, 1e-5),
+        lambda outputs: _close(outputs[0], reference, 512),
+    )
 
 
 def run_transition_backward(rows: int, device, table: Table) -> None:
     name = f"Transition backward {rows} x 128, n = 4"
     x = torch.randn(rows, 128, device=device, dtype=torch.bfloat16)
     norm_w, norm_b = _layernorm(128, device)
-    weights = [(torch.randn(512, 128, device=device) / 128**0.5).to(torch.bfloat16) for _ in range(2)]
-    weights.append((torch.randn(128, 512, device=device) / 512**0.5).to(torch.bfloat16))
+    weights = _transition_weights(device)
     dy = torch.randn(rows, 128, device=device, dtype=torch.bfloat16)
     _, mean, rstd = transition_fwd(x, norm_w, norm_b, *weights, 1e-5)
     # fp32 reference gradients: dx and the three weights' (the tolerance's sum length: the hidden
@@ -159,15 +177,15 @@ def run_transition_backward(rows: int, device, table: Table) -> None:
         return torch.autograd.grad(torch.nn.functional.linear(hidden, w_out), eager_leaves, dy)
 
     table.add([name, "PyTorch eager (forward and autograd)", check(eager()), time_ms(eager)])
-    for candidate in TRANSITION_DX_CANDIDATES:
-        with runtime.override_config("transition", "bwd_dx", **candidate):
-            call = lambda: transition_bwd(dy, x, norm_w, norm_b, *weights, mean, rstd)  # noqa: E731
-            try:
-                grads = call()
-                table.add([name, str(candidate), check((grads[0], *grads[3:])), time_ms(call)])
-            except Exception as failure:
-                table.add([name, str(candidate), "–", f"failed: {type(failure).__name__}"])
-    table.add([name, "configured: " + str(runtime.kernel_config("transition", "bwd_dx")), "", ""])
+    time_candidates(
+        table,
+        name,
+        "transition",
+        "bwd_dx",
+        TRANSITION_DX_CANDIDATES,
+        lambda: transition_bwd(dy, x, norm_w, norm_b, *weights, mean, rstd),
+        lambda grads: check((grads[0], *grads[3:])),
+    )
 
 
 def main() -> None:
