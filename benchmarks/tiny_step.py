@@ -434,7 +434,7 @@ def run_variant(name: str, checkout: pathlib.Path, argv: list[str]) -> dict:
 
 
 def child_argv(argv: list[str]) -> list[str]:
-    """The command line without --variant, --record, --profile, --modules and --memory (and their values)."""
+    """The command line without --variant, --record and the extra profiles (and their values)."""
     drop, kept, skip = {"--variant", "--record", "--profile", "--modules", "--memory", "--gpu-operators"}, [], False
     for word in argv:
         if skip:
