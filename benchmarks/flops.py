@@ -329,14 +329,13 @@ def count_cache_steps(
         drawn = [next(loader) for _ in range(batches)]
     config = train.model_config("torch")
 
-    def padded_shape(batch: dict) -> tuple:
-        return tuple((name, tuple(value.shape)) for name, value in batch.items() if isinstance(value, torch.Tensor))
-
+    # a batch's padded shape: its tensors' names and shapes (fake-tensor counts depend on nothing else)
+    shapes = [tuple((k, tuple(v.shape)) for k, v in batch.items() if isinstance(v, torch.Tensor)) for batch in drawn]
     counted: dict[tuple, dict[str, int]] = {}
-    for batch in drawn:
-        if padded_shape(batch) not in counted:
-            counted[padded_shape(batch)] = count_batch(config, batch, cycles, config.diffusion.diffusion_batch, True)
-    means = {part: sum(counted[padded_shape(b)][part] for b in drawn) / len(drawn) for part in (*PARTS, "total")}
+    for shape, batch in zip(shapes, drawn):
+        if shape not in counted:
+            counted[shape] = count_batch(config, batch, cycles, config.diffusion.diffusion_batch, fake=True)
+    means = {part: sum(counted[shape][part] for shape in shapes) / len(drawn) for part in (*PARTS, "total")}
     atoms = sorted({batch["atom_pad_mask"].shape[1] for batch in drawn})
     return means, f"{len(counted)} padded shapes ({', '.join(map(str, atoms))} atoms) in {len(drawn)} batches"
 
@@ -377,9 +376,14 @@ def count_cache(args, stamp, check: Table) -> None:
 
     diffusion_batch = preset("af3").diffusion.diffusion_batch
     rows = [
-        Row("flops", "reference path", real_data_label("af3", crop, diffusion_batch, args.cycles), "TFLOP total", value)
+        Row(
+            "flops",
+            "reference path",
+            real_data_label("af3", crop, diffusion_batch, args.cycles),
+            "TFLOP total",
+            counts[crop]["total"] / 1e12,
+        )
         for crop in args.crop
-        for value in [counts[crop]["total"] / 1e12]
     ]
     record_count(stamp, rows, "FLOPs of the af3 step on real data", "`benchmarks/flops.py --cache`", what, check, table)
 

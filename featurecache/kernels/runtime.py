@@ -151,7 +151,9 @@ def kernel_config(op: str, kernel: str) -> dict[str, Any]:
     and for some kernels a strategy name (e.g. WEIGHT_GRADS).
     """
     table = _fused_config_table()
-    layers = tuned_gpus(table) if gpu_name() is not None else ("interpreter",)
+    layers = tuned_gpus(table)
+    if not layers and gpu_name() is None:  # the interpreter (only then is the name asked twice)
+        layers = ("interpreter",)
     config = dict(table["default"][op][kernel])
     for name in reversed(layers):
         config.update(table[name].get(op, {}).get(kernel, {}))

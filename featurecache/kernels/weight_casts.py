@@ -4,8 +4,8 @@ Under autocast the fused kernels (and their references) compute in bf16 and cast
 weights to it themselves (`runtime.weights_like`, `reference._linear`): one small copy kernel
 per weight and call. A sampler calls the same modules with the same weights many times (the
 mini-rollout 20 times per training step, inference 200 times per target): on a GPU the casts
-were ~40 % of the mini-rollout's kernels (counted on the CPU, benchmarks/NOTES.md section 10). Within `cached_weight_casts()` a weight is cast once
-and the copy reused.
+were ~40 % of the mini-rollout's kernels (counted on the CPU, benchmarks/NOTES.md section 10).
+Within `cached_weight_casts()` a weight is cast once and the copy reused.
 
 Only without gradient: a cached copy made without gradient would cut the weight off from a
 later differentiated use, and one made with gradient would tie later uses into the first use's
