@@ -310,6 +310,14 @@ explore() {
     timeout "${1:-200}" python3 benchmarks/evo768_sweep.py --budget-s "$(( ${1:-200} - 30 ))" 2>&1 | tee "$OUTDIR/evo768.txt"
 }
 
+# The pair kernels alone (pair_forwards.py: LayerNorm-linear forward tiles and persistent grids,
+# the Transition's forward and dx tiles): a kernel change's effect before the step's.
+#   ~40 + 160 s  run(command="FC_COMMIT=<HEAD> bash benchmarks/device_plan.sh pair_kernels", carry=[".devdata/site-core.tar.xz"], timeout_s=240)
+pair_kernels() {
+    device_setup
+    timeout "${1:-180}" python3 benchmarks/pair_forwards.py 2>&1 | tee "$OUTDIR/log.txt"
+}
+
 # What recomputation costs the af3 step (checkpoint_blocks off: every block keeps its activations,
 # memory permitting) and the tiny graphed step. Ran 2026-12-06 06:49 (NOTES.md section 13): without
 # checkpoints the af3 step needs 79-82 GB and its capture ran out of an H100's 80 GB.
@@ -469,4 +477,4 @@ smoke() {
         --crop-step 8 --crop-limit 32 --crop-budget-s 300 --out "$out/d"
 }
 
-"${1:?usage: device_plan.sh prepare|peer_wheels|base_export|cli_steps|step_profiles|af3_beside|explore|recompute_cost|gpu_operators|large_targets|inference|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|precision|pack_site|general_prepare|general_start|general_collect|general_smoke|smoke [OUT]}" "${@:2}"
+"${1:?usage: device_plan.sh prepare|peer_wheels|base_export|cli_steps|step_profiles|af3_beside|explore|pair_kernels|recompute_cost|gpu_operators|large_targets|inference|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|precision|pack_site|general_prepare|general_start|general_collect|general_smoke|smoke [OUT]}" "${@:2}"

@@ -250,6 +250,29 @@ def max_channels_check(op: str, name: str, value: int, limit: int = 1024) -> Non
         raise ValueError(f"{op}: {name}={value} exceeds {limit}, the widest row the kernels hold")
 
 
+def readable_row_width(rows: torch.Tensor) -> int:
+    """Columns a kernel may read in every row of a 2-D tensor with contiguous columns: its row
+    stride when the gap between rows lies inside its storage (a view of a wider, aligned buffer),
+    else its width. Kernels load up to it and zero the gap, so that their masks are multiples of
+    16 and their loads stay vectors."""
+    n_rows, width = rows.shape
+    stride = rows.stride(0)
+    if n_rows == 0 or stride <= width:
+        return width
+    end = (rows.storage_offset() + n_rows * stride) * rows.element_size()
+    return stride if end <= rows.untyped_storage().nbytes() else width
+
+
+def persistent_programs(n_tiles: int, programs_per_sm: int, device: torch.device) -> int:
+    """Programs of a persistent kernel that walks `n_tiles` tiles: programs_per_sm on every SM (no
+    more than there are tiles)."""
+    if device.type == "cuda":
+        target = programs_per_sm * torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        target = 3  # interpreter: a few programs, so each walks several tiles
+    return max(1, min(n_tiles, target))
+
+
 def row_splits(n_row_blocks: int, n_col_blocks: int, device: torch.device) -> int:
     """Programs along rows for a weight-gradient kernel: enough to fill the GPU about twice."""
     if device.type == "cuda":

@@ -3,7 +3,12 @@
 import pytest
 import torch
 
-from featurecache.kernels.layernorm_linear import LayerNormLinear, layernorm_linear
+from featurecache.kernels.layernorm_linear import (
+    LayerNormLinear,
+    layernorm_linear,
+    layernorm_linear_bwd,
+    layernorm_linear_fwd,
+)
 from featurecache.kernels.reference import layernorm_linear_reference
 from featurecache.kernels.runtime import override_config
 from featurecache.testing.compare import rel_error
@@ -73,6 +78,32 @@ def test_forward_programs_owning_several_output_tiles_match_reference(n_tiles):
     # 40 outputs in tiles of 16: 3 tiles, shared by programs n_tiles at a time
     with override_config("layernorm_linear", "fwd", N_TILES=n_tiles):
         _check((37, 24), 40, True, torch.bfloat16, seed=torch.seed() % 2**31)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_persistent_forward_matches_reference(dtype):
+    # 101 rows in tiles of 16: 7 row tiles walked by 3 programs (the interpreter's count), each
+    # multiplying its tiles by all 3 output tiles of 40 columns
+    with override_config("layernorm_linear", "fwd", PROGRAMS_PER_SM=2):
+        _check((101, 24), 40, True, dtype, seed=torch.seed() % 2**31)
+
+
+def test_gradient_in_a_wider_buffer_is_read_in_place_and_its_padding_ignored():
+    # the projection's gradient arrives as a view of an aligned buffer (gated_pair_attention): the
+    # kernels read each row up to the stride and must zero the padding, here NaN
+    generator = torch.Generator().manual_seed(5)
+    norm_w, norm_b, weight, _ = _random_params(16, 21, False, generator)
+    x = torch.randn(37, 16, generator=generator)
+    _, mean, rstd = layernorm_linear_fwd(x, norm_w, norm_b, weight, None, 1e-5)
+    padded = torch.full((37, 32), float("nan"))
+    padded[:, :21] = torch.randn(37, 21, generator=generator)
+    for weight_grads in ("recompute", "matmul"):
+        with override_config("layernorm_linear", "bwd_dw", WEIGHT_GRADS=weight_grads):
+            in_place = layernorm_linear_bwd(padded[:, :21], x, norm_w, norm_b, weight, mean, rstd, True)
+            compact = layernorm_linear_bwd(padded[:, :21].contiguous(), x, norm_w, norm_b, weight, mean, rstd, True)
+        for mine, ref in zip(in_place, compact):
+            assert torch.isfinite(mine).all()
+            torch.testing.assert_close(mine, ref, rtol=0, atol=0)
 
 
 def test_state_dict_moves_between_kernel_choices():

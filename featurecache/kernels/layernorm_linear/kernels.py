@@ -1,5 +1,5 @@
 """LayerNormLinear's Triton kernels: the forward (each row tile normalized in registers and fed
-to tl.dot), the dx kernel (with the LayerNorm parameter gradients) and the weight gradient's
+to tl.dot; a tile grid, or a persistent grid for wide outputs), the dx kernel (with the LayerNorm parameter gradients) and the weight gradient's
 recompute kernel."""
 
 from __future__ import annotations
@@ -68,14 +68,91 @@ def _layernorm_linear_fwd_kernel(
         acc = mma(xn, tl.trans(w), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), PRECISION)
         if HAS_BIAS:
             acc += tl.load(BIAS + cols_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(
-            Y + rows[:, None] * stride_y + cols_n[None, :],
-            cast(acc, Y.dtype.element_ty, PRECISION),
-            mask=row_mask[:, None] & n_mask[None, :],
-        )
+        _store_output_tile(Y, acc, rows, row_mask, cols_n, stride_y, PRECISION)
     if pid_n == 0:
         tl.store(MEAN + rows, mean, mask=row_mask)
         tl.store(RSTD + rows, rstd, mask=row_mask)
+
+
+@triton.jit
+def _layernorm_linear_fwd_persistent_kernel(
+    X,
+    NORM_W,
+    NORM_B,
+    W,
+    BIAS,
+    Y,
+    MEAN,
+    RSTD,
+    n_rows,
+    n_in,
+    n_out,
+    stride_y,
+    eps,
+    HAS_BIAS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    N_COL_TILES: tl.constexpr,
+):
+    """A fixed number of programs (a few per SM) walk the row tiles pid, pid + programs, ...;
+    each row tile is loaded and normalized once and multiplied by all N_COL_TILES output tiles
+    of W (read from L2; the column loop is pipelined, so the next W tile loads during a product). The tile grid's programs are each one short load ->
+    normalize -> product -> store chain (~10,000 of them at 147,456 rows), so their latency,
+    not memory or the tensor cores, set the wide projection's time."""
+    cols_k = tl.arange(0, BLOCK_K)
+    k_mask = cols_k < n_in
+    norm_w, norm_b = layernorm_params(NORM_W, NORM_B, cols_k, k_mask)
+    for row_tile in tl.range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
+        rows, row_mask = row_block(row_tile, BLOCK_M, n_rows)
+        # x [BLOCK_M, BLOCK_K]
+        x = tl.load(X + rows[:, None] * n_in + cols_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        xn, _, mean, rstd = layernorm_prologue(x, norm_w, norm_b, k_mask, n_in, eps, PRECISION)
+        for tile in range(N_COL_TILES):
+            cols_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+            n_mask = cols_n < n_out
+            # W [BLOCK_N, BLOCK_K]
+            w = cast(
+                tl.load(
+                    W + cols_n[:, None] * n_in + cols_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0
+                ),
+                x.dtype,
+                PRECISION,
+            )
+            acc = mma(xn, tl.trans(w), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), PRECISION)
+            if HAS_BIAS:
+                acc += tl.load(BIAS + cols_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            _store_output_tile(Y, acc, rows, row_mask, cols_n, stride_y, PRECISION)
+        tl.store(MEAN + rows, mean, mask=row_mask)
+        tl.store(RSTD + rows, rstd, mask=row_mask)
+
+
+@triton.jit
+def _store_output_tile(Y, acc, rows, row_mask, cols_n, stride_y, PRECISION: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] into y's rows; columns up to the row stride, not n_out: an aligned
+    y's padding columns (n_out <= col < stride_y) get acc's zeros (W's padded rows load as 0), so
+    the mask is constant over runs of 16 columns (stride_y is a multiple of 16) and the stores
+    stay 16-byte vectors; at n_out = 516 a mask by n_out splits them into 8-byte stores."""
+    tl.store(
+        Y + rows[:, None] * stride_y + cols_n[None, :],
+        cast(acc, Y.dtype.element_ty, PRECISION),
+        mask=row_mask[:, None] & (cols_n < stride_y)[None, :],
+    )
+
+
+@triton.jit
+def _load_output_gradient_tile(DY, rows, row_mask, cols_n, n_out, stride_dy, dy_columns):
+    """dy [BLOCK_M, BLOCK_N] at columns cols_n, zero from n_out on. Loaded up to dy_columns (the
+    row stride when the launcher found dy's row padding inside its storage, else n_out), then
+    the padding zeroed: a mask by a multiple of 16 keeps the loads 16-byte vectors, where a mask
+    by n_out = 516 splits every one into 2-byte loads."""
+    dy = tl.load(
+        DY + rows[:, None] * stride_dy + cols_n[None, :],
+        mask=row_mask[:, None] & (cols_n < dy_columns)[None, :],
+        other=0.0,
+    )
+    return tl.where((cols_n < n_out)[None, :], dy, 0.0)
 
 
 @triton.jit
@@ -95,6 +172,7 @@ def _layernorm_linear_bwd_dx_kernel(
     n_in,
     n_out,
     stride_dy,
+    dy_columns,
     STORE_XN: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -117,9 +195,7 @@ def _layernorm_linear_bwd_dx_kernel(
     for n_start in range(0, n_out, BLOCK_N):
         cols_n = n_start + tl.arange(0, BLOCK_N)
         n_mask = cols_n < n_out
-        dy = tl.load(
-            DY + rows[:, None] * stride_dy + cols_n[None, :], mask=row_mask[:, None] & n_mask[None, :], other=0.0
-        )
+        dy = _load_output_gradient_tile(DY, rows, row_mask, cols_n, n_out, stride_dy, dy_columns)
         w = cast(
             tl.load(W + cols_n[:, None] * n_in + cols_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0),
             dy.dtype,
@@ -151,6 +227,7 @@ def _layernorm_linear_bwd_dw_kernel(
     n_in,
     n_out,
     stride_dy,
+    dy_columns,
     n_splits,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -173,9 +250,7 @@ def _layernorm_linear_bwd_dw_kernel(
         x = tl.load(X + rows[:, None] * n_in + cols_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         xn, _, _ = layernorm_prologue_saved(x, MEAN, RSTD, rows, row_mask, norm_w, norm_b, k_mask, PRECISION)
         # padded rows give xn = norm_b but dy = 0 there, so they add nothing
-        dy = tl.load(
-            DY + rows[:, None] * stride_dy + cols_n[None, :], mask=row_mask[:, None] & n_mask[None, :], other=0.0
-        )
+        dy = _load_output_gradient_tile(DY, rows, row_mask, cols_n, n_out, stride_dy, dy_columns)
         dw = mma(tl.trans(dy), xn, dw, PRECISION)
         dbias += tl.sum(dy.to(tl.float32), axis=0)
     part = pid_s * n_out * n_in
