@@ -11,6 +11,7 @@ with the tiles the H200 would use. Outputs are meaningless (nothing is launched)
 compilation is checked.
 
     python3 -m featurecache.testing.gpu_compile            # prints one line per compiled kernel
+    python3 -m featurecache.testing.gpu_compile --registers --narrow-accesses   # and ptxas -v, scalar accesses
 
 Must run in a process without TRITON_INTERPRET (Triton reads it when a kernel is defined).
 """
@@ -214,6 +215,20 @@ def ptxas_usage(kernel_asm: dict, capability: int) -> str:
     return f"{registers.group(1) if registers else '?':>3s} registers, {spills.group(1) if spills else '?'} B spilled"
 
 
+def narrow_global_accesses(ptx: str) -> dict[str, int]:
+    """A kernel's global loads and stores of one 1- or 2-byte element (`ld.global.b16`,
+    `st.global.b8`, ...) by kind, counted in its PTX. Triton emits them where it cannot prove a run
+    of elements contiguous and equally masked (a mask or stride not a multiple of 16): bf16 data
+    moved that way takes 8 instructions per 16 bytes."""
+    import re
+
+    counts: dict[str, int] = {}
+    for access in re.finditer(r"\b(ld|st)\.global(?:\.[a-z_]+)*\.([bsu](?:8|16))\b", ptx):
+        kind = f"{access.group(1)}.{access.group(2)}"
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpu", default=H200, help="GPU name whose tuned configurations the kernels take")
@@ -221,6 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--diffusion-batch", type=int, default=2)
     parser.add_argument("--registers", action="store_true", help="also run ptxas -v: registers and spills per kernel")
+    parser.add_argument(
+        "--narrow-accesses",
+        action="store_true",
+        help="also count each kernel's 1- and 2-byte global loads and stores (unvectorized accesses)",
+    )
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     with compile_only(args.gpu, args.capability) as compiled:
@@ -231,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         distinct.setdefault((kernel.name, kernel.num_warps, kernel.num_stages, kernel.constants), kernel)
     for kernel in sorted(distinct.values(), key=lambda k: k.name):
         usage = f"  {ptxas_usage(kernel.asm, args.capability)}" if args.registers else ""
+        if args.narrow_accesses:
+            narrow = narrow_global_accesses(kernel.asm["ptx"])
+            usage += "  narrow " + (" ".join(f"{kind} x{n}" for kind, n in sorted(narrow.items())) or "none")
+            usage += f"  ({kernel.constants})"
         print(
             f"{kernel.name:36s} warps {kernel.num_warps} stages {kernel.num_stages} "
             f"shared {kernel.shared_bytes:6d} B{usage}"
