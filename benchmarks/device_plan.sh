@@ -310,7 +310,7 @@ explore() {
     timeout "${1:-200}" python3 benchmarks/evo768_sweep.py --budget-s "$(( ${1:-200} - 30 ))" 2>&1 | tee "$OUTDIR/evo768.txt"
 }
 
-# The pair kernels alone (pair_forwards.py: LayerNorm-linear forward tiles and persistent grids,
+# The pair kernels alone (pair_forwards.py: LayerNorm-linear forward tiles,
 # the Transition's forward and dx tiles): a kernel change's effect before the step's.
 #   ~40 + 160 s  run(command="FC_COMMIT=<HEAD> bash benchmarks/device_plan.sh pair_kernels", carry=[".devdata/site-core.tar.xz"], timeout_s=240)
 pair_kernels() {

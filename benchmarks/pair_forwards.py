@@ -40,10 +40,6 @@ LAYERNORM_LINEAR_CANDIDATES = [
     dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3, N_TILES=1),
     dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2, N_TILES=64),
     dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, N_TILES=1),
-    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2, PROGRAMS_PER_SM=1),
-    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2, PROGRAMS_PER_SM=2),
-    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, PROGRAMS_PER_SM=4),
-    dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, PROGRAMS_PER_SM=2),
 ]
 TRANSITION_DX_CANDIDATES = [
     dict(BLOCK_M=128, BLOCK_H=64, num_warps=8, num_stages=2),

@@ -263,16 +263,6 @@ def readable_row_width(rows: torch.Tensor) -> int:
     return stride if end <= rows.untyped_storage().nbytes() else width
 
 
-def persistent_programs(n_tiles: int, programs_per_sm: int, device: torch.device) -> int:
-    """Programs of a persistent kernel that walks `n_tiles` tiles: programs_per_sm on every SM (no
-    more than there are tiles)."""
-    if device.type == "cuda":
-        target = programs_per_sm * torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        target = 3  # interpreter: a few programs, so each walks several tiles
-    return max(1, min(n_tiles, target))
-
-
 def row_splits(n_row_blocks: int, n_col_blocks: int, device: torch.device) -> int:
     """Programs along rows for a weight-gradient kernel: enough to fill the GPU about twice."""
     if device.type == "cuda":

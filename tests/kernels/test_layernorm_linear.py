@@ -80,14 +80,6 @@ def test_forward_programs_owning_several_output_tiles_match_reference(n_tiles):
         _check((37, 24), 40, True, torch.bfloat16, seed=torch.seed() % 2**31)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_persistent_forward_matches_reference(dtype):
-    # 101 rows in tiles of 16: 7 row tiles walked by 3 programs (the interpreter's count), each
-    # multiplying its tiles by all 3 output tiles of 40 columns
-    with override_config("layernorm_linear", "fwd", PROGRAMS_PER_SM=2):
-        _check((101, 24), 40, True, dtype, seed=torch.seed() % 2**31)
-
-
 def test_gradient_in_a_wider_buffer_is_read_in_place_and_its_padding_ignored():
     # the projection's gradient arrives as a view of an aligned buffer (gated_pair_attention): the
     # kernels read each row up to the stride and must zero the padding, here NaN

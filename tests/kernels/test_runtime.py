@@ -151,13 +151,3 @@ def test_readable_row_width_reaches_the_stride_only_inside_the_storage():
     assert runtime.readable_row_width(wide[:, 11:]) == 21  # the last row's padding is past the storage
     assert runtime.readable_row_width(wide[:0, :21]) == 21
     assert runtime.readable_row_width(torch.zeros(4, 7)) == 7
-
-
-def test_persistent_programs_fill_the_gpu_but_never_outnumber_the_tiles(monkeypatch):
-    properties = type("Properties", (), {"multi_processor_count": 132})()
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: properties)
-    cuda = torch.device("cuda")
-    assert runtime.persistent_programs(10_000, 2, cuda) == 264
-    assert runtime.persistent_programs(100, 2, cuda) == 100
-    assert runtime.persistent_programs(0, 2, cuda) == 1
-    assert runtime.persistent_programs(10, 2, torch.device("cpu")) == 3

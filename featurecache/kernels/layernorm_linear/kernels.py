@@ -1,5 +1,5 @@
 """LayerNormLinear's Triton kernels: the forward (each row tile normalized in registers and fed
-to tl.dot; a tile grid, or a persistent grid for wide outputs), the dx kernel (with the LayerNorm parameter gradients) and the weight gradient's
+to tl.dot), the dx kernel (with the LayerNorm parameter gradients) and the weight gradient's
 recompute kernel."""
 
 from __future__ import annotations
@@ -70,60 +70,6 @@ def _layernorm_linear_fwd_kernel(
             acc += tl.load(BIAS + cols_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         _store_output_tile(Y, acc, rows, row_mask, cols_n, stride_y, PRECISION)
     if pid_n == 0:
-        tl.store(MEAN + rows, mean, mask=row_mask)
-        tl.store(RSTD + rows, rstd, mask=row_mask)
-
-
-@triton.jit
-def _layernorm_linear_fwd_persistent_kernel(
-    X,
-    NORM_W,
-    NORM_B,
-    W,
-    BIAS,
-    Y,
-    MEAN,
-    RSTD,
-    n_rows,
-    n_in,
-    n_out,
-    stride_y,
-    eps,
-    HAS_BIAS: tl.constexpr,
-    PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    N_COL_TILES: tl.constexpr,
-):
-    """A fixed number of programs (a few per SM) walk the row tiles pid, pid + programs, ...;
-    each row tile is loaded and normalized once and multiplied by all N_COL_TILES output tiles
-    of W (read from L2; the column loop is pipelined, so the next W tile loads during a product). The tile grid's programs are each one short load ->
-    normalize -> product -> store chain (~10,000 of them at 147,456 rows), so their latency,
-    not memory or the tensor cores, set the wide projection's time."""
-    cols_k = tl.arange(0, BLOCK_K)
-    k_mask = cols_k < n_in
-    norm_w, norm_b = layernorm_params(NORM_W, NORM_B, cols_k, k_mask)
-    for row_tile in tl.range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
-        rows, row_mask = row_block(row_tile, BLOCK_M, n_rows)
-        # x [BLOCK_M, BLOCK_K]
-        x = tl.load(X + rows[:, None] * n_in + cols_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        xn, _, mean, rstd = layernorm_prologue(x, norm_w, norm_b, k_mask, n_in, eps, PRECISION)
-        for tile in range(N_COL_TILES):
-            cols_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-            n_mask = cols_n < n_out
-            # W [BLOCK_N, BLOCK_K]
-            w = cast(
-                tl.load(
-                    W + cols_n[:, None] * n_in + cols_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0
-                ),
-                x.dtype,
-                PRECISION,
-            )
-            acc = mma(xn, tl.trans(w), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), PRECISION)
-            if HAS_BIAS:
-                acc += tl.load(BIAS + cols_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-            _store_output_tile(Y, acc, rows, row_mask, cols_n, stride_y, PRECISION)
         tl.store(MEAN + rows, mean, mask=row_mask)
         tl.store(RSTD + rows, rstd, mask=row_mask)
 

@@ -1,7 +1,5 @@
 """LayerNormLinear's launchers: each allocates the outputs, takes its tiles from the tuned
-configurations (runtime.tile_config) and launches; the forward's grid follows PROGRAMS_PER_SM
-(0: a program per row and column tile; n: n persistent programs an SM, each walking row tiles),
-the weight gradient follows WEIGHT_GRADS."""
+configurations (runtime.tile_config) and launches; the weight gradient follows WEIGHT_GRADS."""
 
 from __future__ import annotations
 
@@ -13,7 +11,6 @@ from featurecache.kernels.layernorm_linear.kernels import (
     _layernorm_linear_bwd_dw_kernel,
     _layernorm_linear_bwd_dx_kernel,
     _layernorm_linear_fwd_kernel,
-    _layernorm_linear_fwd_persistent_kernel,
 )
 
 OP = "layernorm_linear"
@@ -35,25 +32,30 @@ def layernorm_linear_fwd(x2d, norm_weight, norm_bias, weight, bias, eps, aligned
     block_k = runtime.block_for(n_in)
     config, block_m = runtime.tile_config(OP, "fwd", block_k)
     block_n = min(config["BLOCK_N"], runtime.block_for(n_out))
-    n_col_tiles = triton.cdiv(n_out, block_n)
-    arguments = (x2d, norm_weight, norm_bias, weight, bias if bias is not None else weight, y, mean, rstd)
-    sizes = (n_rows, n_in, n_out, stride_y, eps)
-    constants = dict(
+    n_tiles = min(config.get("N_TILES", 1), triton.cdiv(n_out, block_n))
+    grid = (triton.cdiv(n_rows, block_m), triton.cdiv(triton.cdiv(n_out, block_n), n_tiles))
+    _layernorm_linear_fwd_kernel[grid](
+        x2d,
+        norm_weight,
+        norm_bias,
+        weight,
+        bias if bias is not None else weight,
+        y,
+        mean,
+        rstd,
+        n_rows,
+        n_in,
+        n_out,
+        stride_y,
+        eps,
         HAS_BIAS=bias is not None,
         PRECISION=runtime.dot_precision(x2d.dtype),
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
+        N_TILES=n_tiles,
         **runtime.launch_options(config),
     )
-    programs_per_sm = config.get("PROGRAMS_PER_SM", 0)
-    if programs_per_sm:
-        n_programs = runtime.persistent_programs(triton.cdiv(n_rows, block_m), programs_per_sm, x2d.device)
-        _layernorm_linear_fwd_persistent_kernel[(n_programs,)](*arguments, *sizes, N_COL_TILES=n_col_tiles, **constants)
-    else:
-        n_tiles = min(config.get("N_TILES", 1), n_col_tiles)
-        grid = (triton.cdiv(n_rows, block_m), triton.cdiv(n_col_tiles, n_tiles))
-        _layernorm_linear_fwd_kernel[grid](*arguments, *sizes, N_TILES=n_tiles, **constants)
     return y, mean, rstd
 
 
