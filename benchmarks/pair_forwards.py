@@ -10,7 +10,8 @@ Transition's next. Each case times the forward alone (CUDA-event median, triton.
 for the configured tiles, a few candidates around them (runtime.override_config), and PyTorch
 eager (layer_norm and cuBLAS products in bf16), after checking every candidate's output against an
 fp32 reference with a tolerance from bf16's rounding of the output. The Transition's backward
-(its dx kernel spills at the tuned tiles: NOTES.md section 14) is timed the same way, dx kernel
+(its dx kernel spills at the tuned tiles: NOTES.md section 14) and the wide LayerNorm-linear's
+are timed the same way, dx kernel
 candidates against PyTorch eager's autograd, each checked on dx and the weight gradients. What a candidate wins here
 must still be checked in the step (tiny_step.py --preset af3): the shapes are the model's, the
 neighbours in the cache are not.
@@ -29,7 +30,7 @@ import torch  # noqa: E402
 from harness import Table, argument_parser, run_stamp, time_ms  # noqa: E402
 
 from featurecache.kernels import runtime  # noqa: E402
-from featurecache.kernels.layernorm_linear.launch import layernorm_linear_fwd  # noqa: E402
+from featurecache.kernels.layernorm_linear.launch import layernorm_linear_bwd, layernorm_linear_fwd  # noqa: E402
 from featurecache.kernels.reference import layernorm_linear_reference, transition_reference  # noqa: E402
 from featurecache.kernels.transition.launch import transition_bwd, transition_fwd  # noqa: E402
 
@@ -47,6 +48,14 @@ TRANSITION_DX_CANDIDATES = [
     dict(BLOCK_M=64, BLOCK_H=64, num_warps=4, num_stages=2),
     dict(BLOCK_M=64, BLOCK_H=32, num_warps=4, num_stages=2),
     dict(BLOCK_M=32, BLOCK_H=64, num_warps=4, num_stages=2),
+]
+LAYERNORM_LINEAR_DX_CANDIDATES = [
+    dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
+    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+    dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3),
+    dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
+    dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
 ]
 TRANSITION_CANDIDATES = [
     dict(BLOCK_M=128, BLOCK_H=64, num_warps=8, num_stages=2),
@@ -120,6 +129,42 @@ def run_layernorm_linear(rows: int, device, table: Table) -> None:
             lambda: layernorm_linear_fwd(x, norm_w, norm_b, weight, None, 1e-5, aligned),
             lambda outputs: _close(outputs[0], reference, n_in),
         )
+
+
+def run_layernorm_linear_backward(rows: int, device, table: Table) -> None:
+    """The wide projection's backward (dx kernel, LN(x) for cuBLAS, cuBLAS dW) with its gradient
+    read in place from aligned rows of 528, as gated_pair_attention hands it over."""
+    name = f"LN-linear backward {rows} x 128 -> 516 (triangle attention)"
+    n_in, n_out = 128, 516
+    x = torch.randn(rows, n_in, device=device, dtype=torch.bfloat16)
+    norm_w, norm_b = _layernorm(n_in, device)
+    weight = (torch.randn(n_out, n_in, device=device) / n_in**0.5).to(torch.bfloat16)
+    dy = torch.randn(rows, 528, device=device, dtype=torch.bfloat16)[:, :n_out]
+    _, mean, rstd = layernorm_linear_fwd(x, norm_w, norm_b, weight, None, 1e-5, True)
+    leaves = [t.float().requires_grad_() for t in (x, weight)]
+    out = layernorm_linear_reference(leaves[0], norm_w, norm_b, leaves[1])
+    reference = torch.autograd.grad(out, leaves, dy.float())
+
+    def check(grads) -> float:
+        errors = [_close(grad, ref, length) for grad, ref, length in zip(grads, reference, (n_out, rows))]
+        return float("nan") if any(math.isnan(error) for error in errors) else max(errors)
+
+    eager_leaves = [t.clone().requires_grad_() for t in (x, weight)]
+
+    def eager():
+        xn = torch.nn.functional.layer_norm(eager_leaves[0], (n_in,), norm_w.to(x.dtype), norm_b.to(x.dtype))
+        return torch.autograd.grad(torch.nn.functional.linear(xn, eager_leaves[1]), eager_leaves, dy)
+
+    table.add([name, "PyTorch eager (forward and autograd)", check(eager()), time_ms(eager)])
+    time_candidates(
+        table,
+        name,
+        "layernorm_linear",
+        "bwd_dx",
+        LAYERNORM_LINEAR_DX_CANDIDATES,
+        lambda: layernorm_linear_bwd(dy, x, norm_w, norm_b, weight, mean, rstd, False),
+        lambda grads: check((grads[0], grads[3])),
+    )
 
 
 def run_transition(rows: int, device, table: Table) -> None:
@@ -198,6 +243,7 @@ def main() -> None:
     torch.manual_seed(0)
     table = Table(["case", "provider or tiles", "max error / scale (nan: over tolerance)", "ms"])
     run_layernorm_linear(rows, device, table)
+    run_layernorm_linear_backward(rows, device, table)
     run_transition(rows, device, table)
     run_transition_backward(rows, device, table)
     print(f"\n{run_stamp().header()}\n\n{table.markdown()}")

@@ -1,5 +1,5 @@
 """benchmarks/pair_forwards.py under the interpreter: every tile candidate of the LayerNorm-linear
-and Transition forwards and of the Transition's dx kernel it times gives the fp32 reference's
+and Transition forwards and of their dx kernels it times gives the fp32 reference's
 output (and gradients) within bf16's tolerance, on a ragged row count (what its GPU table's error
 column would flag as nan)."""
 
@@ -31,15 +31,17 @@ def test_every_candidate_matches_the_reference(pair_forwards, one_thread):
     torch.manual_seed(0)
     table = Table(["case", "provider or tiles", "error", "ms"])
     pair_forwards.run_layernorm_linear(37, torch.device("cpu"), table)
+    pair_forwards.run_layernorm_linear_backward(37, torch.device("cpu"), table)
     pair_forwards.run_transition(37, torch.device("cpu"), table)
     pair_forwards.run_transition_backward(37, torch.device("cpu"), table)
     timed = [row for row in table.rows if not row[1].startswith("configured")]
     candidates = (
         len(pair_forwards.LAYERNORM_LINEAR_CANDIDATES) * 3
+        + len(pair_forwards.LAYERNORM_LINEAR_DX_CANDIDATES)
         + len(pair_forwards.TRANSITION_CANDIDATES)
         + len(pair_forwards.TRANSITION_DX_CANDIDATES)
     )
-    assert len(timed) == candidates + 5  # and PyTorch eager once per case
+    assert len(timed) == candidates + 6  # and PyTorch eager once per case
     for case, provider, error, _ in timed:
         assert error not in ("nan", "–"), f"{case}, {provider}: error {error} over bf16's tolerance or failed"
 
