@@ -30,15 +30,29 @@ _scope = threading.local()
 @contextlib.contextmanager
 def cached_weight_casts() -> Iterator[None]:
     """Within it, cast_weight casts each weight once per dtype while gradients are off.
-    Nested scopes share the outermost one's copies."""
+    Nested scopes share the outermost one's copies.
+
+    Entered without gradient, it also turns on autocast's own cache of cast weights, for the
+    modules autocast casts (nn.Linear): a CUDA-graph training step runs with that cache off
+    (training/loop.py), and the mini-rollout's linears cast ~6,300 weights a step at the af3
+    preset, 44 % of the step's fp32 -> bf16 copies (counted on the CPU, benchmarks/NOTES.md
+    section 17). The cache is cleared when the scope ends, so that no copy made without
+    gradient is reused by a later differentiated call."""
     if getattr(_scope, "copies", None) is not None:
         yield
         return
     _scope.copies = {}
+    autocast_cache = torch.is_autocast_cache_enabled()
+    cache_linears = not torch.is_grad_enabled()
+    if cache_linears:
+        torch.set_autocast_cache_enabled(True)
     try:
         yield
     finally:
         _scope.copies = None
+        if cache_linears:
+            torch.set_autocast_cache_enabled(autocast_cache)
+            torch.clear_autocast_cache()
 
 
 def cast_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

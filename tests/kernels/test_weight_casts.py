@@ -84,3 +84,51 @@ def test_the_sampler_under_autocast_draws_the_same_structures_with_the_copies(ke
     assert torch.equal(cached, uncached)
     if kernels == "triton":  # the kernels cast their own weights (the torch path: autocast's cache)
         assert cached_copies < uncached_copies
+
+
+class _WeightCasts(TorchDispatchMode):
+    """Counts the casts of one weight (by shape) to bf16."""
+
+    def __init__(self, shape) -> None:
+        super().__init__()
+        self.shape, self.count = tuple(shape), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.count += (
+            func.overloadpacket.__name__ == "_to_copy"
+            and tuple(args[0].shape) == self.shape
+            and kwargs.get("dtype") == torch.bfloat16
+        )
+        return func(*args, **kwargs)
+
+
+def test_linears_cast_their_weight_once_within_the_scope_when_the_graphed_step_turned_the_cache_off():
+    # a CUDA-graph training step runs autocast with its cache off; the sampler's scope turns it on
+    linear, x = torch.nn.Linear(4, 8), torch.randn(3, 4)
+    results = {}
+    for scoped in (False, True):
+        casts = _WeightCasts(linear.weight.shape)
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False), torch.no_grad(), casts:
+            with cached_weight_casts() if scoped else contextlib.nullcontext():
+                results[scoped] = (linear(x), linear(x))
+            assert not torch.is_autocast_cache_enabled()  # the step's setting, restored
+        assert casts.count == (1 if scoped else 2)
+    assert all(torch.equal(a, b) for a, b in zip(results[False], results[True]))
+
+
+def test_no_weight_cast_without_gradient_outlives_the_scope():
+    linear, x = torch.nn.Linear(4, 8), torch.randn(3, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        with torch.no_grad(), cached_weight_casts():
+            linear(x)
+        casts = _WeightCasts(linear.weight.shape)
+        with casts:
+            linear(x).float().sum().backward()
+    assert casts.count == 1  # cast again, with gradient
+    assert linear.weight.grad is not None and linear.weight.grad.abs().sum() > 0
+
+
+def test_with_gradient_the_scope_leaves_autocast_cache_alone():
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False), cached_weight_casts():
+        assert not torch.is_autocast_cache_enabled()
