@@ -73,6 +73,27 @@ def test_the_dropout_drawn_in_the_kernel_is_the_reference_mask_bit_for_bit(share
     assert not torch.equal(dropped, dropped.select(other, 0).unsqueeze(other).expand_as(dropped))
 
 
+@pytest.mark.parametrize("wide", [False, True], ids=["32-bit indices", "64-bit indices"])
+@pytest.mark.parametrize("shared_dim", [1, 2])
+def test_tiles_split_over_rows_and_channels_draw_the_same_mask(monkeypatch, shared_dim, wide):
+    # 2 rows of 16 channels a program: 40 channels take 3 column tiles (the last ragged), the
+    # rows 54 programs; the mask's per-row hash and the channel's must still meet per element
+    from featurecache.kernels.residual import launch
+
+    monkeypatch.setattr(launch, "BLOCK", 32)
+    monkeypatch.setattr(launch, "MAX_BLOCK_COLS", 16)
+    if wide:
+        monkeypatch.setattr(launch, "INT32_ELEMENTS", 0)
+    test_the_dropout_drawn_in_the_kernel_is_the_reference_mask_bit_for_bit(shared_dim, (2, 9, 6, 40))
+
+
+def test_empty_tensors_add_without_a_launch():
+    z, update = torch.randn(1, 0, 3, 8, device=DEVICE), torch.randn(1, 0, 3, 8, device=DEVICE, dtype=torch.bfloat16)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        new, low = residual_add(z, update)
+    assert new.shape == low.shape == z.shape
+
+
 def test_dropout_of_rate_zero_or_without_a_seed_leaves_the_update_alone():
     z, update = torch.randn(1, 3, 3, 8, device=DEVICE), torch.randn(1, 3, 3, 8, device=DEVICE)
     seed = torch.tensor(7, device=DEVICE)
