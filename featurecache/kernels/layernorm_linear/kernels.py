@@ -79,7 +79,8 @@ def _store_output_tile(Y, acc, rows, row_mask, cols_n, stride_y, PRECISION: tl.c
     """acc [BLOCK_M, BLOCK_N] into y's rows; columns up to the row stride, not n_out: an aligned
     y's padding columns (n_out <= col < stride_y) get acc's zeros (W's padded rows load as 0), so
     the mask is constant over runs of 16 columns (stride_y is a multiple of 16) and the stores
-    stay 16-byte vectors; at n_out = 516 a mask by n_out splits them into 8-byte stores."""
+    stay 16-byte vectors; a mask by n_out = 516 (not a multiple of 16) split every store into
+    2-byte ones (tests/kernels/test_gpu_compile.py holds this)."""
     tl.store(
         Y + rows[:, None] * stride_y + cols_n[None, :],
         cast(acc, Y.dtype.element_ty, PRECISION),
