@@ -9,12 +9,13 @@ section 11) puts LayerNorm-linear's forward first (616 calls, 184 us on average)
 Transition's next. Each case times the forward alone (CUDA-event median, triton.testing.do_bench)
 for the configured tiles, a few candidates around them (runtime.override_config), and PyTorch
 eager (layer_norm and cuBLAS products in bf16), after checking every candidate's output against an
-fp32 reference with a tolerance from bf16's rounding of the output. The Transition's backward
-(its dx kernel spills at the tuned tiles: NOTES.md section 14) and the wide LayerNorm-linear's
-are timed the same way, dx kernel
-candidates against PyTorch eager's autograd, each checked on dx and the weight gradients. What a candidate wins here
-must still be checked in the step (tiny_step.py --preset af3): the shapes are the model's, the
-neighbours in the cache are not.
+fp32 reference with a tolerance from bf16's rounding of the output. The Transition runs at the
+pair's, the single's and the MSA module's shapes (one tile entry serves all three). The
+backwards of the Transition (its dx kernel spills at the tuned tiles: NOTES.md section 14) and of
+the wide LayerNorm-linear are timed the same way, dx kernel candidates against PyTorch eager's
+autograd, each checked on dx and the weight gradients. What a candidate wins here must still be
+checked in the step (tiny_step.py --preset af3): the shapes are the model's, the neighbours in
+the cache are not.
 """
 
 from __future__ import annotations
@@ -94,10 +95,22 @@ def time_candidates(table: Table, name: str, op: str, kernel: str, candidates: l
     table.add([name, "configured: " + str(runtime.kernel_config(op, kernel)), "", ""])
 
 
-def _transition_weights(device) -> list[torch.Tensor]:
-    """weight_a, weight_b [512, 128] and weight_out [128, 512], bf16, unit-variance outputs."""
-    weights = [(torch.randn(512, 128, device=device) / 128**0.5).to(torch.bfloat16) for _ in range(2)]
-    return [*weights, (torch.randn(128, 512, device=device) / 512**0.5).to(torch.bfloat16)]
+def _transition_weights(device, channels: int = 128) -> list[torch.Tensor]:
+    """weight_a, weight_b [4c, c] and weight_out [c, 4c], bf16, unit-variance outputs."""
+    hidden = 4 * channels
+    weights = [(torch.randn(hidden, channels, device=device) / channels**0.5).to(torch.bfloat16) for _ in range(2)]
+    return [*weights, (torch.randn(channels, hidden, device=device) / hidden**0.5).to(torch.bfloat16)]
+
+
+def transition_cases(rows: int, msa_depth: int) -> list[tuple[str, int, int]]:
+    # (name, rows, channels): the pair's transition at `rows` pair rows, the single's at the crop's
+    # tokens, the MSA module's at msa_depth rows of them (the tiles are one entry for all three)
+    tokens = max(1, math.isqrt(rows))
+    return [
+        (f"Transition {rows} x 128, n = 4 (pair)", rows, 128),
+        (f"Transition {tokens} x 384, n = 4 (single)", tokens, 384),
+        (f"Transition {msa_depth * tokens} x 64, n = 4 (MSA)", msa_depth * tokens, 64),
+    ]
 
 
 def layernorm_linear_cases(rows: int, device) -> list[tuple[str, int, int, bool]]:
@@ -167,32 +180,35 @@ def run_layernorm_linear_backward(rows: int, device, table: Table) -> None:
     )
 
 
-def run_transition(rows: int, device, table: Table) -> None:
-    name = f"Transition {rows} x 128, n = 4"
-    x = torch.randn(rows, 128, device=device, dtype=torch.bfloat16)
-    norm_w, norm_b = _layernorm(128, device)
-    weights = _transition_weights(device)
-    weight_a, weight_b, weight_out = weights
-    reference = transition_reference(x.float(), norm_w, norm_b, *(w.float() for w in weights))
+def run_transition(rows: int, device, table: Table, msa_depth: int = 1024) -> None:
+    for name, case_rows, channels in transition_cases(rows, msa_depth):
+        x = torch.randn(case_rows, channels, device=device, dtype=torch.bfloat16)
+        norm_w, norm_b = _layernorm(channels, device)
+        weights = _transition_weights(device, channels)
+        reference = transition_reference(x.float(), norm_w, norm_b, *(w.float() for w in weights))
 
-    def eager():
-        xn = torch.nn.functional.layer_norm(x, (128,), norm_w.to(x.dtype), norm_b.to(x.dtype))
-        return torch.nn.functional.linear(
-            torch.nn.functional.silu(torch.nn.functional.linear(xn, weight_a))
-            * torch.nn.functional.linear(xn, weight_b),
-            weight_out,
+        def eager(x=x, norm_w=norm_w, norm_b=norm_b, weights=weights):
+            weight_a, weight_b, weight_out = weights
+            xn = torch.nn.functional.layer_norm(x, (x.shape[-1],), norm_w.to(x.dtype), norm_b.to(x.dtype))
+            return torch.nn.functional.linear(
+                torch.nn.functional.silu(torch.nn.functional.linear(xn, weight_a))
+                * torch.nn.functional.linear(xn, weight_b),
+                weight_out,
+            )
+
+        hidden = 4 * channels
+        table.add([name, "PyTorch eager (layer_norm + cuBLAS)", _close(eager(), reference, hidden), time_ms(eager)])
+        time_candidates(
+            table,
+            name,
+            "transition",
+            "fwd",
+            TRANSITION_CANDIDATES,
+            lambda x=x, norm_w=norm_w, norm_b=norm_b, weights=weights: transition_fwd(
+                x, norm_w, norm_b, *weights, 1e-5
+            ),
+            lambda outputs, reference=reference, hidden=hidden: _close(outputs[0], reference, hidden),
         )
-
-    table.add([name, "PyTorch eager (layer_norm + cuBLAS)", _close(eager(), reference, 512), time_ms(eager)])
-    time_candidates(
-        table,
-        name,
-        "transition",
-        "fwd",
-        TRANSITION_CANDIDATES,
-        lambda: transition_fwd(x, norm_w, norm_b, *weights, 1e-5),
-        lambda outputs: _close(outputs[0], reference, 512),
-    )
 
 
 def run_transition_backward(rows: int, device, table: Table) -> None:
@@ -244,7 +260,7 @@ def main() -> None:
     table = Table(["case", "provider or tiles", "max error / scale (nan: over tolerance)", "ms"])
     run_layernorm_linear(rows, device, table)
     run_layernorm_linear_backward(rows, device, table)
-    run_transition(rows, device, table)
+    run_transition(rows, device, table, msa_depth=2 if args.smoke else 1024)
     run_transition_backward(rows, device, table)
     print(f"\n{run_stamp().header()}\n\n{table.markdown()}")
 

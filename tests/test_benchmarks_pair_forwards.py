@@ -32,16 +32,16 @@ def test_every_candidate_matches_the_reference(pair_forwards, one_thread):
     table = Table(["case", "provider or tiles", "error", "ms"])
     pair_forwards.run_layernorm_linear(37, torch.device("cpu"), table)
     pair_forwards.run_layernorm_linear_backward(37, torch.device("cpu"), table)
-    pair_forwards.run_transition(37, torch.device("cpu"), table)
+    pair_forwards.run_transition(37, torch.device("cpu"), table, msa_depth=2)
     pair_forwards.run_transition_backward(37, torch.device("cpu"), table)
     timed = [row for row in table.rows if not row[1].startswith("configured")]
     candidates = (
         len(pair_forwards.LAYERNORM_LINEAR_CANDIDATES) * 3
         + len(pair_forwards.LAYERNORM_LINEAR_DX_CANDIDATES)
-        + len(pair_forwards.TRANSITION_CANDIDATES)
+        + len(pair_forwards.TRANSITION_CANDIDATES) * 3
         + len(pair_forwards.TRANSITION_DX_CANDIDATES)
     )
-    assert len(timed) == candidates + 6  # and PyTorch eager once per case
+    assert len(timed) == candidates + 8  # and PyTorch eager once per case
     for case, provider, error, _ in timed:
         assert error not in ("nan", "–"), f"{case}, {provider}: error {error} over bf16's tolerance or failed"
 
