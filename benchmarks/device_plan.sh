@@ -312,10 +312,11 @@ explore() {
 
 # The pair kernels alone (pair_forwards.py: LayerNorm-linear forward tiles,
 # the Transition's forward and dx tiles): a kernel change's effect before the step's.
-#   ~40 + 160 s  run(command="FC_COMMIT=<HEAD> bash benchmarks/device_plan.sh pair_kernels", carry=[".devdata/site-core.tar.xz"], timeout_s=240)
+#   ~40 + 200 s  run(command="FC_COMMIT=<HEAD> bash benchmarks/device_plan.sh pair_kernels", carry=[".devdata/site-core.tar.xz"], timeout_s=280)
+#   (FC_COMMIT written out: the device copy's .git can be stale; 2026-12-06 it named a0ebbe0 for 80fca03)
 pair_kernels() {
     device_setup
-    timeout "${1:-180}" python3 benchmarks/pair_forwards.py 2>&1 | tee "$OUTDIR/log.txt"
+    timeout "${1:-230}" python3 benchmarks/pair_forwards.py 2>&1 | tee "$OUTDIR/log.txt"
 }
 
 # What recomputation costs the af3 step (checkpoint_blocks off: every block keeps its activations,
