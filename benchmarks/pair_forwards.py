@@ -82,6 +82,12 @@ def _close(out: torch.Tensor, reference: torch.Tensor, sum_length: int) -> float
     return error if error <= allowed else float("nan")
 
 
+def _gradient_error(grads, reference, sum_lengths) -> float:
+    """The largest of _close over several gradients, nan if any is over its tolerance."""
+    errors = [_close(grad, ref, length) for grad, ref, length in zip(grads, reference, sum_lengths)]
+    return float("nan") if any(math.isnan(error) for error in errors) else max(errors)
+
+
 def time_candidates(table: Table, name: str, op: str, kernel: str, candidates: list[dict], call, error_of) -> None:
     """One row per candidate tile set of `op`'s `kernel`: error_of(call()) and call's time with
     those tiles in force, or why the candidate failed (a tile that does not fit); then the
@@ -102,6 +108,15 @@ def _transition_weights(device, channels: int = 128) -> list[torch.Tensor]:
     return [*weights, (torch.randn(channels, hidden, device=device) / hidden**0.5).to(torch.bfloat16)]
 
 
+def _eager_transition(x, norm_w, norm_b, weight_a, weight_b, weight_out) -> torch.Tensor:
+    """PyTorch's own transition: layer_norm, then cuBLAS products and SwiGLU in x's dtype."""
+    xn = torch.nn.functional.layer_norm(x, (x.shape[-1],), norm_w.to(x.dtype), norm_b.to(x.dtype))
+    hidden = torch.nn.functional.silu(torch.nn.functional.linear(xn, weight_a)) * torch.nn.functional.linear(
+        xn, weight_b
+    )
+    return torch.nn.functional.linear(hidden, weight_out)
+
+
 def transition_cases(rows: int, msa_depth: int) -> list[tuple[str, int, int]]:
     # (name, rows, channels): the pair's transition at `rows` pair rows, the single's at the crop's
     # tokens, the MSA module's at msa_depth rows of them (the tiles are one entry for all three)
@@ -113,7 +128,7 @@ def transition_cases(rows: int, msa_depth: int) -> list[tuple[str, int, int]]:
     ]
 
 
-def layernorm_linear_cases(rows: int, device) -> list[tuple[str, int, int, bool]]:
+def layernorm_linear_cases(rows: int) -> list[tuple[str, int, int, bool]]:
     # (name, in features, out features, aligned rows): triangle attention's packed projection,
     # a pair bias, the diffusion conditioning's pair input
     return [
@@ -124,7 +139,7 @@ def layernorm_linear_cases(rows: int, device) -> list[tuple[str, int, int, bool]
 
 
 def run_layernorm_linear(rows: int, device, table: Table) -> None:
-    for name, n_in, n_out, aligned in layernorm_linear_cases(rows, device):
+    for name, n_in, n_out, aligned in layernorm_linear_cases(rows):
         x = torch.randn(rows, n_in, device=device, dtype=torch.bfloat16)
         norm_w, norm_b = _layernorm(n_in, device)
         weight = (torch.randn(n_out, n_in, device=device) / n_in**0.5).to(torch.bfloat16)
@@ -159,8 +174,7 @@ def run_layernorm_linear_backward(rows: int, device, table: Table) -> None:
     reference = torch.autograd.grad(out, leaves, dy.float())
 
     def check(grads) -> float:
-        errors = [_close(grad, ref, length) for grad, ref, length in zip(grads, reference, (n_out, rows))]
-        return float("nan") if any(math.isnan(error) for error in errors) else max(errors)
+        return _gradient_error(grads, reference, (n_out, rows))
 
     eager_leaves = [t.clone().requires_grad_() for t in (x, weight)]
 
@@ -186,17 +200,8 @@ def run_transition(rows: int, device, table: Table, msa_depth: int = 1024) -> No
         norm_w, norm_b = _layernorm(channels, device)
         weights = _transition_weights(device, channels)
         reference = transition_reference(x.float(), norm_w, norm_b, *(w.float() for w in weights))
-
-        def eager(x=x, norm_w=norm_w, norm_b=norm_b, weights=weights):
-            weight_a, weight_b, weight_out = weights
-            xn = torch.nn.functional.layer_norm(x, (x.shape[-1],), norm_w.to(x.dtype), norm_b.to(x.dtype))
-            return torch.nn.functional.linear(
-                torch.nn.functional.silu(torch.nn.functional.linear(xn, weight_a))
-                * torch.nn.functional.linear(xn, weight_b),
-                weight_out,
-            )
-
         hidden = 4 * channels
+        eager = lambda: _eager_transition(x, norm_w, norm_b, *weights)  # noqa: E731
         table.add([name, "PyTorch eager (layer_norm + cuBLAS)", _close(eager(), reference, hidden), time_ms(eager)])
         time_candidates(
             table,
@@ -204,10 +209,8 @@ def run_transition(rows: int, device, table: Table, msa_depth: int = 1024) -> No
             "transition",
             "fwd",
             TRANSITION_CANDIDATES,
-            lambda x=x, norm_w=norm_w, norm_b=norm_b, weights=weights: transition_fwd(
-                x, norm_w, norm_b, *weights, 1e-5
-            ),
-            lambda outputs, reference=reference, hidden=hidden: _close(outputs[0], reference, hidden),
+            lambda: transition_fwd(x, norm_w, norm_b, *weights, 1e-5),
+            lambda outputs: _close(outputs[0], reference, hidden),
         )
 
 
@@ -225,17 +228,14 @@ def run_transition_backward(rows: int, device, table: Table) -> None:
     reference = torch.autograd.grad(out, leaves, dy.float())
 
     def check(grads) -> float:
-        """The largest gradient error, nan if any is over its tolerance."""
-        errors = [_close(grad, ref, length) for grad, ref, length in zip(grads, reference, (512, rows, rows, rows))]
-        return float("nan") if any(math.isnan(error) for error in errors) else max(errors)
+        return _gradient_error(grads, reference, (512, rows, rows, rows))
 
     eager_leaves = [t.clone().requires_grad_() for t in (x, *weights)]
 
     def eager():
-        xn = torch.nn.functional.layer_norm(eager_leaves[0], (128,), norm_w.to(x.dtype), norm_b.to(x.dtype))
-        a, b, w_out = eager_leaves[1:]
-        hidden = torch.nn.functional.silu(torch.nn.functional.linear(xn, a)) * torch.nn.functional.linear(xn, b)
-        return torch.autograd.grad(torch.nn.functional.linear(hidden, w_out), eager_leaves, dy)
+        return torch.autograd.grad(
+            _eager_transition(eager_leaves[0], norm_w, norm_b, *eager_leaves[1:]), eager_leaves, dy
+        )
 
     table.add([name, "PyTorch eager (forward and autograd)", check(eager()), time_ms(eager)])
     time_candidates(
