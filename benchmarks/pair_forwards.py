@@ -13,7 +13,10 @@ fp32 reference with a tolerance from bf16's rounding of the output. The Transiti
 pair's, the single's and the MSA module's shapes (one tile entry serves all three). The
 backwards of the Transition (its dx kernel spills at the tuned tiles: NOTES.md section 14) and of
 the wide LayerNorm-linear are timed the same way, dx kernel candidates against PyTorch eager's
-autograd, each checked on dx and the weight gradients. What a candidate wins here must still be
+autograd, each checked on dx and the weight gradients. Last, a Linear's bias gradient, the column
+sums of its output gradient (345 reductions of a graphed af3 step at 60 us each, NOTES.md section
+18), by PyTorch's reduction and by a cuBLAS product with a ones row, at the pair's and the
+diffusion transformer's shapes. What a candidate wins here must still be
 checked in the step (tiny_step.py --preset af3): the shapes are the model's, the neighbours in
 the cache are not.
 """
@@ -249,6 +252,35 @@ def run_transition_backward(rows: int, device, table: Table) -> None:
     )
 
 
+def column_sum_cases(rows: int) -> list[tuple[str, int, int]]:
+    # (name, rows, channels): a pair Linear's output gradient (triangle attention's linear_out),
+    # and the diffusion transformer's AdaLN scale and gate at 48 samples of the crop's tokens
+    tokens = max(1, math.isqrt(rows))
+    return [
+        (f"bias gradient {rows} x 128 (pair linear_out)", rows, 128),
+        (f"bias gradient {48 * tokens} x 768 (diffusion transformer)", 48 * tokens, 768),
+    ]
+
+
+def run_column_sums(rows: int, device, table: Table) -> None:
+    for name, case_rows, channels in column_sum_cases(rows):
+        grad = torch.randn(case_rows, channels, device=device, dtype=torch.bfloat16)
+        reference = grad.double().sum(0)
+        ones = torch.ones(1, case_rows, device=device, dtype=grad.dtype)
+        variants = {
+            "PyTorch sum(0) (autograd's)": lambda: grad.sum(0),
+            "cuBLAS: ones row @ grad": lambda: (ones @ grad).squeeze(0),
+            "two stages: [64, rows/64] sums in fp32, then 64": lambda: grad.view(64, -1, channels)
+            .sum(1, dtype=torch.float32)
+            .sum(0)
+            .to(grad.dtype)
+            if case_rows % 64 == 0
+            else grad.sum(0),
+        }
+        for label, call in variants.items():
+            table.add([name, label, _close(call(), reference, case_rows), time_ms(call)])
+
+
 def main() -> None:
     parser = argument_parser(__doc__)
     parser.add_argument("--rows", type=int, default=147_456, help="pair rows (crop 384: 147,456)")
@@ -262,6 +294,7 @@ def main() -> None:
     run_layernorm_linear_backward(rows, device, table)
     run_transition(rows, device, table, msa_depth=2 if args.smoke else 1024)
     run_transition_backward(rows, device, table)
+    run_column_sums(rows, device, table)
     print(f"\n{run_stamp().header()}\n\n{table.markdown()}")
 
 
