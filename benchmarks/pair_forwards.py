@@ -270,12 +270,11 @@ def run_column_sums(rows: int, device, table: Table) -> None:
         variants = {
             "PyTorch sum(0) (autograd's)": lambda: grad.sum(0),
             "cuBLAS: ones row @ grad": lambda: (ones @ grad).squeeze(0),
-            "two stages: [64, rows/64] sums in fp32, then 64": lambda: grad.view(64, -1, channels)
-            .sum(1, dtype=torch.float32)
-            .sum(0)
-            .to(grad.dtype)
-            if case_rows % 64 == 0
-            else grad.sum(0),
+            "two stages: [64, rows/64] sums in fp32, then 64": lambda: (
+                grad.view(64, -1, channels).sum(1, dtype=torch.float32).sum(0).to(grad.dtype)
+                if case_rows % 64 == 0
+                else grad.sum(0)
+            ),
         }
         for label, call in variants.items():
             table.add([name, label, _close(call(), reference, case_rows), time_ms(call)])

@@ -289,9 +289,10 @@ def test_each_recycling_cycle_reads_its_own_msa_rows():
 
 @pytest.mark.parametrize("kernels", ["torch", "triton"])
 def test_a_samplers_shared_attention_biases_change_no_denoised_position(kernels):
-    """DiffusionModule.for_sampling computes the single conditioning's trunk part and every
-    transformer block's attention bias once for a sampler's steps: the denoiser gives what it
-    gives computing them per call, on both kernel paths."""
+    """DiffusionModule.for_sampling computes the single conditioning's trunk part, every
+    transformer block's attention bias and the atom transformers' s side once for a sampler's
+    steps, and the token transformer takes every block's s side from batched products: the
+    denoiser gives what it gives computing them per call and per block, on both kernel paths."""
     model = AF3Model(preset("tiny", kernels=kernels)).eval()
     generator = _generator()
     batch = random_batch([7], [2], [1], generator, num_atoms_per_token=3)
@@ -309,6 +310,7 @@ def test_a_samplers_shared_attention_biases_change_no_denoised_position(kernels)
         got = model.diffusion_module(noisy, sigma, shared)
     assert len(shared.encoder_biases) == len(shared.decoder_biases) == model.config.atom_attention.atom_blocks
     assert len(shared.transformer_biases) == model.config.diffusion.diffusion_blocks
+    assert len(shared.encoder_conditioning) == len(shared.decoder_conditioning) == len(shared.encoder_biases)
     assert shared.single_of_trunk.shape == (1, 1, 7, model.config.trunk.c_s)
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
 

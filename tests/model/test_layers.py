@@ -7,9 +7,11 @@ import torch
 
 from featurecache.model.network.layers import (
     AttentionPairBias,
+    Linear,
     OuterProductMean,
     PairWeightedAveraging,
     TriangleAttention,
+    column_sums,
 )
 from featurecache.testing.compare import summation_tolerance
 
@@ -177,3 +179,63 @@ def test_kernel_inputs_take_the_autocast_dtype():
     assert seen["dtype"] == torch.bfloat16
     layer(x)
     assert seen["dtype"] == torch.float32
+
+
+@pytest.mark.parametrize("leading", [(), (3,), (2, 7, 5)])
+def test_linear_matches_nn_linear_and_its_gradients(leading):
+    """The bias-gradient Linear against nn.Linear on the same parameters: outputs and all three
+    gradients, fp32 (the bias gradient sums over every leading position)."""
+    _seed()
+    reference = torch.nn.Linear(16, 9)
+    layer = Linear(16, 9)
+    layer.load_state_dict(reference.state_dict())
+    x = torch.randn(*leading, 16, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    grad_out = torch.randn(*leading, 9)
+    out, out_ref = layer(x), reference(x_ref)
+    torch.testing.assert_close(out, out_ref, atol=ROUNDING, rtol=ROUNDING)
+    out.backward(grad_out)
+    out_ref.backward(grad_out)
+    rows = max(1, math.prod(leading))
+    tolerance = summation_tolerance(torch.float32, rows)
+    torch.testing.assert_close(x.grad, x_ref.grad, atol=ROUNDING, rtol=ROUNDING)
+    torch.testing.assert_close(layer.weight.grad, reference.weight.grad, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(layer.bias.grad, reference.bias.grad, atol=tolerance, rtol=tolerance)
+
+
+def test_linear_under_autocast_computes_as_nn_linear_does():
+    """bf16 autocast: the output in bf16, the parameters' gradients in fp32, and the values
+    those of nn.Linear under the same autocast (the same casts, the same bf16 products)."""
+    _seed()
+    reference = torch.nn.Linear(32, 12)
+    layer = Linear(32, 12)
+    layer.load_state_dict(reference.state_dict())
+    x = torch.randn(4, 6, 32)
+    grad_out = torch.randn(4, 6, 12)
+    results = []
+    for module in (layer, reference):
+        leaf = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = module(leaf)
+        out.backward(grad_out.to(out.dtype))
+        results.append((out, leaf.grad, module.weight.grad, module.bias.grad))
+    (out, grad_x, grad_w, grad_b), (out_ref, grad_x_ref, grad_w_ref, grad_b_ref) = results
+    assert out.dtype == out_ref.dtype == torch.bfloat16
+    assert grad_x.dtype == torch.float32 and grad_w.dtype == grad_b.dtype == torch.float32
+    # bf16 outputs of fp32 sums in possibly different orders: one bf16 rounding apart
+    bf16 = 2**-7
+    for value, expected in ((out, out_ref), (grad_x, grad_x_ref), (grad_w, grad_w_ref), (grad_b, grad_b_ref)):
+        torch.testing.assert_close(value.float(), expected.float(), atol=bf16 * expected.abs().max().item(), rtol=bf16)
+
+
+def test_linear_without_gradient_is_nn_linear():
+    _seed()
+    layer = Linear(8, 5)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+
+
+def test_column_sums_on_a_hand_checked_case():
+    rows = torch.tensor([[1.0, -2.0, 0.5], [3.0, 4.0, 0.25]])
+    assert torch.equal(column_sums(rows), torch.tensor([4.0, 2.0, 0.75]))

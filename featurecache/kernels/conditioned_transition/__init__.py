@@ -33,7 +33,12 @@ Layout, in the order a call goes through it (as for every op of featurecache.ker
 The nn.Module is the model's (featurecache.model.network.transformer.ConditionedTransition).
 """
 
-from featurecache.kernels.conditioned_transition.autograd import adaptive_layernorm, conditioned_transition
+from featurecache.kernels.conditioned_transition.autograd import (
+    adaptive_layernorm,
+    adaptive_layernorm_modulated,
+    conditioned_transition,
+    conditioned_transition_modulated,
+)
 from featurecache.kernels.conditioned_transition.config import FUSED_MAX_CHANNELS
 from featurecache.kernels.conditioned_transition.launch import (
     adaln_bwd,
@@ -47,7 +52,9 @@ __all__ = [
     "adaln_bwd",
     "adaln_fwd",
     "adaptive_layernorm",
+    "adaptive_layernorm_modulated",
     "conditioned_transition",
+    "conditioned_transition_modulated",
     "conditioned_transition_bwd",
     "conditioned_transition_fwd",
 ]

@@ -173,6 +173,14 @@ def adaptive_layernorm(a, s, norm_s_weight, scale_weight, scale_bias, shift_weig
     conditioned_transition's; returns [..., C_a] in a's dtype."""
     a, s = _prepared(a, s, None, None)
     scale, shift = adaln_conditioning(s, norm_s_weight, scale_weight, scale_bias, shift_weight, eps)
+    return adaptive_layernorm_modulated(a, scale, shift, eps)
+
+
+def adaptive_layernorm_modulated(a, scale, shift, eps=1e-5):
+    """adaptive_layernorm with its s side given: scale logits and shift [..., C_a], s's leading
+    shape (adaln_conditioning's outputs), e.g. computed once for a sampler's steps."""
+    a = runtime.autocast_input(a)
+    scale, shift = scale.to(a.dtype), shift.to(a.dtype)
     if a.numel() == 0:
         return adaln_modulate(a, scale, shift, eps)
     return _adaln_modulate(a, scale, shift, eps)
@@ -230,10 +238,19 @@ def conditioned_transition(
     # the s side with PyTorch, once per s row; its products in a's dtype, as the kernel's
     scale, shift = adaln_conditioning(s, norm_s_weight, scale_weight, scale_bias, shift_weight, eps)
     gate = torch.nn.functional.linear(s, cast_weight(gate_weight, s.dtype), cast_weight(gate_bias, s.dtype))
+    return conditioned_transition_modulated(a, scale, shift, gate, weight_a, weight_b, weight_out, eps)
+
+
+def conditioned_transition_modulated(a, scale, shift, gate, weight_a, weight_b, weight_out, eps=1e-5):
+    """conditioned_transition with its s side given: the AdaLN's scale logits and shift and the
+    gate's logits [..., C_a], s's leading shape (e.g. computed once for a sampler's steps)."""
+    a = runtime.autocast_input(a)
+    scale, shift, gate = (t.to(a.dtype) for t in (scale, shift, gate))
     weight_a, weight_b, weight_out = runtime.weights_like(a, weight_a, weight_b, weight_out)
-    if a.shape[-1] > config.FUSED_MAX_CHANNELS:
+    if a.numel() == 0 or a.shape[-1] > config.FUSED_MAX_CHANNELS:
+        # no rows (nothing to launch; the result stays connected to the graph for autograd), or
         # rows too wide for registers: the one-pass AdaLN, then cuBLAS products (see the top)
-        x = _adaln_modulate(a, scale, shift, eps)
+        x = adaln_modulate(a, scale, shift, eps) if a.numel() == 0 else _adaln_modulate(a, scale, shift, eps)
         hidden = torch.nn.functional.silu(x @ weight_a.t()) * (x @ weight_b.t())
         return (torch.sigmoid(gate.float()) * (hidden @ weight_out.t()).float()).to(a.dtype)
     if torch.compiler.is_compiling():

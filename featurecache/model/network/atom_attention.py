@@ -136,10 +136,17 @@ class AtomTransformer(nn.Module):
             key_adaln_nested=config.dialect.atom_key_adaln_nested,
         )
 
-    def forward(self, atom_single, atom_cond, atom_pair, windows: AtomWindows, biases=None) -> torch.Tensor:
+    def forward(
+        self, atom_single, atom_cond, atom_pair, windows: AtomWindows, biases=None, conditioning=None
+    ) -> torch.Tensor:
         """atom_single [B, S, A, c_atom], atom_cond [B, 1, A, c_atom], atom_pair [B, W, Q, K, c_atompair];
-        biases: attention_biases(atom_pair, windows), if already computed."""
-        return self.transformer(atom_single, atom_cond, atom_pair, windows, biases)
+        biases: attention_biases(atom_pair, windows), and conditioning: conditioning(atom_cond), if
+        already computed."""
+        return self.transformer(atom_single, atom_cond, atom_pair, windows, biases, conditioning)
+
+    def conditioning(self, atom_cond: torch.Tensor) -> list:
+        """Each block's s side from the atom conditioning c_l alone (shared by a sampler's steps)."""
+        return self.transformer.conditioning(atom_cond)
 
     def attention_biases(self, atom_pair: torch.Tensor, windows: AtomWindows) -> list[torch.Tensor]:
         """Each block's attention bias, a function of the atom pair alone (shared by a sampler's steps)."""
@@ -234,9 +241,11 @@ class AtomAttentionEncoder(nn.Module):
         atom_pair: torch.Tensor,
         scaled_positions: torch.Tensor | None = None,
         biases: list[torch.Tensor] | None = None,
+        conditioning: list | None = None,
     ):
         """Algorithm 5 lines 7, 11, 14-17. scaled_positions [B, S, A, 3] (r_l) or None; biases: the
-        atom transformer's attention_biases(atom_pair, windows), if already computed.
+        atom transformer's attention_biases(atom_pair, windows), and conditioning: its
+        conditioning(atom_cond), if already computed.
 
         Returns the token single a [B, S, N, c_token] and the skips q_l [B, S, A, c_atom], c_l, p_lm.
         With config.diffusion.diffusion_coordinates_fp32 r_l's projection runs in fp32 under autocast,
@@ -248,7 +257,7 @@ class AtomAttentionEncoder(nn.Module):
                 if self.coordinates_fp32:
                     scaled_positions = scaled_positions.float()
                 atom_single = atom_single + self.from_positions(scaled_positions)
-        atom_single = self.atom_transformer(atom_single, atom_cond, atom_pair, windows, biases)
+        atom_single = self.atom_transformer(atom_single, atom_cond, atom_pair, windows, biases, conditioning)
         num_tokens = batch["restype"].shape[1]
         token_single = mean_over_token_atoms(
             torch.relu(self.to_token(atom_single)), batch["atom_to_token"], batch["atom_pad_mask"], num_tokens
@@ -278,11 +287,13 @@ class AtomAttentionDecoder(nn.Module):
         atom_cond: torch.Tensor,
         atom_pair: torch.Tensor,
         biases: list[torch.Tensor] | None = None,
+        conditioning: list | None = None,
     ) -> torch.Tensor:
         """token_single [B, S, N, c_token] and the encoder's skips -> position update [B, S, A, 3].
-        biases: the atom transformer's attention_biases(atom_pair, windows), if already computed."""
+        biases: the atom transformer's attention_biases(atom_pair, windows), and conditioning: its
+        conditioning(atom_cond), if already computed."""
         atom_single = gather_tokens(self.from_token(token_single), batch["atom_to_token"]) + atom_single
-        atom_single = self.atom_transformer(atom_single, atom_cond, atom_pair, windows, biases)
+        atom_single = self.atom_transformer(atom_single, atom_cond, atom_pair, windows, biases, conditioning)
         if not self.coordinates_fp32:
             return self.to_positions(atom_single)
         # fp32 update (its LayerNorm and [c_atom, 3] product): bf16 would round it to 8 bits

@@ -21,7 +21,7 @@ from featurecache.model.network.atom_attention import AtomAttentionDecoder, Atom
 from featurecache.model.network.checkpointing import maybe_checkpointed
 from featurecache.model.network.embedders import RelativePositionEncoding
 from featurecache.model.network.layers import full_precision, kernel_module
-from featurecache.model.network.transformer import ConditionedTransformer, TokenLayout
+from featurecache.model.network.transformer import BlockConditioning, ConditionedTransformer, TokenLayout
 
 
 def edm_preconditioning(sigma: torch.Tensor, sigma_data: float):
@@ -118,13 +118,15 @@ class DiffusionContext:
     atom_cond: torch.Tensor  # c_l [B, 1, A, c_atom]
     atom_pair: torch.Tensor  # p_lm [B, W, Q, K, c_atompair]
     # What the denoiser computes from the trunk alone, not the noise: the single conditioning's
-    # trunk part and each transformer block's attention bias, computed once for the calls of a
-    # sampler (DiffusionModule.for_sampling); None where each call computes its own (training's
-    # call, which takes their gradients).
+    # trunk part, each transformer block's attention bias and each atom transformer block's s
+    # side (from c_l), computed once for the calls of a sampler (DiffusionModule.for_sampling);
+    # None where each call computes its own (training's call, which takes their gradients).
     single_of_trunk: torch.Tensor | None = None  # [B, 1, N, c_s]: Algorithm 21's single before the noise
     encoder_biases: list[torch.Tensor] | None = None
     transformer_biases: list[torch.Tensor] | None = None
     decoder_biases: list[torch.Tensor] | None = None
+    encoder_conditioning: list[BlockConditioning] | None = None
+    decoder_conditioning: list[BlockConditioning] | None = None
 
 
 class DiffusionModule(nn.Module):
@@ -172,19 +174,22 @@ class DiffusionModule(nn.Module):
 
     def for_sampling(self, context: DiffusionContext) -> DiffusionContext:
         """The context with what every call computes from the trunk alone (the single
-        conditioning's trunk part, every transformer block's attention bias) computed once,
-        without gradient, for the many calls of a sampler (the mini-rollout's 20, inference's
-        200): the LayerNorms and projections of the pair, the atom pair and the trunk single
-        would otherwise run per call."""
+        conditioning's trunk part, every transformer block's attention bias, the atom
+        transformers' s side) computed once, without gradient, for the many calls of a sampler
+        (the mini-rollout's 20, inference's 200): the LayerNorms and projections of the pair, the
+        atom pair, the trunk single and c_l would otherwise run per call."""
+        encoder, decoder = self.atom_encoder.atom_transformer, self.atom_decoder.atom_transformer
         with torch.no_grad():
             return dataclasses.replace(
                 context,
                 single_of_trunk=self.conditioning.single_of_trunk(context.s_inputs, context.trunk_single),
-                encoder_biases=self.atom_encoder.atom_transformer.attention_biases(context.atom_pair, context.windows),
+                encoder_biases=encoder.attention_biases(context.atom_pair, context.windows),
                 transformer_biases=self.transformer.attention_biases(
                     context.pair, TokenLayout(context.batch["token_pad_mask"])
                 ),
-                decoder_biases=self.atom_decoder.atom_transformer.attention_biases(context.atom_pair, context.windows),
+                decoder_biases=decoder.attention_biases(context.atom_pair, context.windows),
+                encoder_conditioning=encoder.conditioning(context.atom_cond),
+                decoder_conditioning=decoder.conditioning(context.atom_cond),
             )
 
     def forward(self, noisy_positions: torch.Tensor, sigma: torch.Tensor, context: DiffusionContext) -> torch.Tensor:
@@ -207,13 +212,21 @@ class DiffusionModule(nn.Module):
             context.atom_pair,
             scaled_positions=noisy_positions * c_in,
             biases=context.encoder_biases,
+            conditioning=context.encoder_conditioning,
         )
         token_single = token_single + self.single_to_token(single)
         layout = TokenLayout(batch["token_pad_mask"])
         token_single = self.transformer(token_single, single, context.pair, layout, context.transformer_biases)
         token_single = self.token_norm(token_single)
         update = self.atom_decoder(
-            batch, context.windows, token_single, atom_single, atom_cond, atom_pair, context.decoder_biases
+            batch,
+            context.windows,
+            token_single,
+            atom_single,
+            atom_cond,
+            atom_pair,
+            context.decoder_biases,
+            context.decoder_conditioning,
         )
         with full_precision(self.config.diffusion.diffusion_coordinates_fp32, noisy_positions.device.type):
             return c_skip * noisy_positions + c_out * update.to(noisy_positions.dtype)

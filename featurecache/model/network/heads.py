@@ -8,11 +8,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from featurecache.model.network.layers import Linear
+
 
 class DistogramHead(nn.Module):
     def __init__(self, c_z: int, num_bins: int = 64) -> None:
         super().__init__()
-        self.linear = nn.Linear(c_z, num_bins)
+        self.linear = Linear(c_z, num_bins)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         """z [B, N, N, c_z] -> symmetric logits [B, N, N, num_bins]."""

@@ -51,6 +51,56 @@ def full_precision(enabled: bool, device_type: str):
     return torch.autocast(device_type, enabled=False) if enabled else contextlib.nullcontext()
 
 
+def column_sums(rows: torch.Tensor) -> torch.Tensor:
+    """[N, C] -> [C], the sum over rows in rows' dtype (fp32 accumulation either way). On a GPU
+    a cuBLAS product with a ones row: PyTorch's column reduction of a Linear's output gradient
+    ran at ~0.3 TB/s at the pair's [147456, 128] (132 us a call on an H100, NOTES.md section 19)."""
+    if rows.device.type != "cuda":
+        return rows.sum(0)
+    return (rows.new_ones(1, rows.shape[0]) @ rows).squeeze(0)
+
+
+class _LinearFunction(torch.autograd.Function):
+    """F.linear with its backward written out: the same products as autograd's, the bias
+    gradient by column_sums. Inputs already in the dtype the products run in."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        return torch.nn.functional.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad_rows = grad.reshape(-1, grad.shape[-1])  # [N, C_out]
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad @ weight
+        if ctx.needs_input_grad[1]:
+            grad_weight = grad_rows.t() @ x.reshape(-1, x.shape[-1])
+        if ctx.needs_input_grad[2]:
+            grad_bias = column_sums(grad_rows)
+        return grad_x, grad_weight, grad_bias
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters, initialisation and state_dict) whose bias gradient is a cuBLAS
+    product (column_sums) when the output is differentiated. For the Linears with a bias whose
+    outputs span the pair or the diffusion batch; without gradient it is nn.Linear's forward."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bias is None or not torch.is_grad_enabled():
+            return super().forward(x)
+        device_type = x.device.type
+        weight, bias = self.weight, self.bias
+        if torch.is_autocast_enabled(device_type):
+            # autocast's casts made here (differentiable), as it would make them for F.linear
+            dtype = torch.get_autocast_dtype(device_type)
+            x, weight, bias = (t.to(dtype) if t.dtype != torch.float64 else t for t in (x, weight, bias))
+        with torch.autocast(device_type, enabled=False):
+            return _LinearFunction.apply(x, weight, bias)
+
+
 def kernel_module(module_class: type[nn.Module], *args, kernels: str, **kwargs) -> nn.Module:
     """One of featurecache.kernels' fused-op modules (LayerNormLinear, Transition,
     TriangleMultiplication), built for `kernels`, its inputs cast to autocast's dtype."""
@@ -137,7 +187,7 @@ class TriangleAttention(nn.Module):
         self.proj = kernel_module(
             LayerNormLinear, c_z, 4 * inner + num_heads, bias=False, eps=eps, kernels=kernels, aligned_rows=True
         )
-        self.linear_out = nn.Linear(inner, c_z)
+        self.linear_out = Linear(inner, c_z)
         self.gated_attention = gated_pair_attention_fn(kernels)
 
     def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
@@ -230,7 +280,7 @@ class OuterProductMean(nn.Module):
         self.hidden_dim = hidden_dim
         self.bias_divided = bias_divided
         self.proj = kernel_module(LayerNormLinear, c_m, 2 * hidden_dim, bias=True, eps=eps, kernels=kernels)
-        self.linear_out = nn.Linear(hidden_dim * hidden_dim, c_z)
+        self.linear_out = Linear(hidden_dim * hidden_dim, c_z)
 
     def forward(self, m: torch.Tensor, msa_mask: torch.Tensor) -> torch.Tensor:
         """m [B, S, L, C_m], msa_mask [B, S, L] bool -> update [B, L, L, C_z]."""

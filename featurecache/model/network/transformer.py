@@ -16,6 +16,7 @@ path ("torch") with the same parameters.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -24,24 +25,72 @@ from torch import nn
 from featurecache.kernels.conditioned_transition import (
     FUSED_MAX_CHANNELS,
     adaptive_layernorm,
+    adaptive_layernorm_modulated,
     conditioned_transition,
+    conditioned_transition_modulated,
 )
 from featurecache.kernels.layernorm_linear import LayerNormLinear
-from featurecache.kernels.runtime import check_kernels
+from featurecache.kernels.runtime import autocast_input, check_kernels
 from featurecache.model.network.checkpointing import checkpointed
-from featurecache.model.network.layers import attention_fn, freeze_norm_bias, kernel_module
+from featurecache.model.network.layers import Linear, attention_fn, freeze_norm_bias, kernel_module
 
 # AF3 initialises every output gate sigmoid(Linear(s)) with bias -2 (Algorithms 24, 25).
 GATE_BIAS_INIT = -2.0
 
 
-def _gate(c_s: int, c_a: int) -> nn.Linear:
+def _gate(c_s: int, c_a: int) -> Linear:
     """sigmoid(linear(s)) gate: zero weights and bias -2, so it starts at sigmoid(-2) = 0.12
     everywhere and learns from there (adaLN-Zero, with AF3's bias)."""
-    linear = nn.Linear(c_s, c_a)
+    linear = Linear(c_s, c_a)
     nn.init.zeros_(linear.weight)
     nn.init.constant_(linear.bias, GATE_BIAS_INIT)
     return linear
+
+
+@dataclass
+class BlockConditioning:
+    """What one ConditionedTransformerBlock computes from s alone: its AdaLNs' scale logits and
+    shifts and its output gates' logits, each [*s.shape[:-1], c_a]. ConditionedTransformer.
+    conditioning computes them for every block at once (a sampler's calls, without gradient)."""
+
+    attention: tuple[torch.Tensor, torch.Tensor]  # the attention AdaLN's (scale logits, shift)
+    key: tuple[torch.Tensor, torch.Tensor] | None  # the keys' AdaLN's, where the block has one
+    attention_gate: torch.Tensor
+    transition: tuple[torch.Tensor, torch.Tensor]
+    transition_gate: torch.Tensor
+
+
+def _stacked_adaln_conditioning(adalns: list, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every AdaLN's s side (Linear(LN(s)), LinearNoBias(LN(s))) as two batched products:
+    [K, *s.shape[:-1], c_a] each, K = len(adalns). LN(s) is normalised once and scaled by each
+    AdaLN's weight (its LayerNorm has no bias), as the LayerNorm with that weight computes it."""
+    eps = adalns[0].norm_s.eps
+    lead, width = s.shape[:-1], s.shape[-1]
+    normalised = F.layer_norm(s.reshape(-1, width).float(), (width,), eps=eps)  # [R, c_s]
+    norm_weights = torch.stack([adaln.norm_s.weight for adaln in adalns]).float()  # [K, c_s]
+    inputs = (normalised * norm_weights[:, None, :]).to(s.dtype)  # [K, R, c_s]
+    scale_weights = torch.stack([adaln.scale.weight for adaln in adalns]).transpose(1, 2)  # [K, c_s, c_a]
+    scale_biases = torch.stack([adaln.scale.bias for adaln in adalns]).unsqueeze(1)  # [K, 1, c_a]
+    shift_weights = torch.stack([adaln.shift.weight for adaln in adalns]).transpose(1, 2)
+    scales = torch.baddbmm(scale_biases.to(inputs.dtype), inputs, scale_weights.to(inputs.dtype))
+    shifts = torch.bmm(inputs, shift_weights.to(inputs.dtype))
+    return scales.unflatten(1, lead), shifts.unflatten(1, lead)
+
+
+def _stacked_gate_logits(gates: list, s: torch.Tensor) -> torch.Tensor:
+    """Every gate's Linear(s), [K, *s.shape[:-1], c_a], as one batched product."""
+    lead, width = s.shape[:-1], s.shape[-1]
+    rows = s.reshape(1, -1, width).expand(len(gates), -1, -1)  # [K, R, c_s], the same s for each
+    weights = torch.stack([gate.weight for gate in gates]).transpose(1, 2)  # [K, c_s, c_a]
+    biases = torch.stack([gate.bias for gate in gates]).unsqueeze(1)
+    return torch.baddbmm(biases.to(s.dtype), rows, weights.to(s.dtype)).unflatten(1, lead)
+
+
+def _modulate(a: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, eps: float, kernels: str) -> torch.Tensor:
+    """AdaLN with its s side given: sigmoid(scale) * LayerNorm(a) + shift (Algorithm 26)."""
+    if kernels == "triton":
+        return adaptive_layernorm_modulated(a, scale, shift, eps)
+    return torch.sigmoid(scale) * F.layer_norm(a, a.shape[-1:], eps=eps) + shift
 
 
 class TokenLayout:
@@ -85,7 +134,7 @@ class AdaptiveLayerNorm(nn.Module):
         self.kernels = check_kernels(kernels)
         self.norm_a = nn.LayerNorm(c_a, elementwise_affine=False)
         self.norm_s = nn.LayerNorm(c_s, bias=False)
-        self.scale = nn.Linear(c_s, c_a)
+        self.scale = Linear(c_s, c_a)
         self.shift = nn.Linear(c_s, c_a, bias=False)
 
     def forward(self, a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -113,9 +162,11 @@ class ConditionedTransition(nn.Module):
         self.linear_out = nn.Linear(expansion * c_a, c_a, bias=False)
         self.output_gate = _gate(c_s, c_a)
 
-    def forward(self, a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    def forward(self, a: torch.Tensor, s: torch.Tensor, conditioning: BlockConditioning | None = None) -> torch.Tensor:
         """a: [..., S, L, c_a]; s: [..., S or 1, L, c_s] (1: shared by the S samples). Returns the
-        update [..., S, L, c_a]."""
+        update [..., S, L, c_a]. `conditioning`: the block's s side, if already computed."""
+        if conditioning is not None:
+            return self._conditioned(a, *conditioning.transition, conditioning.transition_gate)
         # Past FUSED_MAX_CHANNELS (the token width, 768) the kernel module's AdaLN + cuBLAS split
         # measured slower than these modules, launched and replayed (H200, 2026-12-04 03:21 UTC,
         # benchmarks/RESULTS.md): the fused op is used only where it fuses the whole block.
@@ -138,6 +189,17 @@ class ConditionedTransition(nn.Module):
         x = self.adaln(a, s)
         hidden = F.silu(self.linear_a(x)) * self.linear_b(x)
         return torch.sigmoid(self.output_gate(s)) * self.linear_out(hidden)
+
+    def _conditioned(self, a: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, gate: torch.Tensor):
+        """The block on its s side given (scale and gate logits, shift): the fused op where it
+        fuses the whole block, else the one-pass AdaLN (Triton) and the modules' products."""
+        eps = self.adaln.norm_s.eps
+        if self.kernels == "triton" and a.shape[-1] <= FUSED_MAX_CHANNELS:
+            weights = (self.linear_a.weight, self.linear_b.weight, self.linear_out.weight)
+            return conditioned_transition_modulated(a, scale, shift, gate, *weights, eps)
+        x = _modulate(a, scale, shift, eps, self.kernels)
+        hidden = F.silu(self.linear_a(x)) * self.linear_b(x)
+        return torch.sigmoid(gate) * self.linear_out(hidden)
 
 
 class ConditionedAttention(nn.Module):
@@ -185,19 +247,27 @@ class ConditionedAttention(nn.Module):
         return layout.attention_bias(self.pair_bias(pair), self.kernels)
 
     def forward(
-        self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout, bias: torch.Tensor | None = None
+        self,
+        a: torch.Tensor,
+        s: torch.Tensor,
+        pair: torch.Tensor,
+        layout,
+        bias: torch.Tensor | None = None,
+        conditioning: BlockConditioning | None = None,
     ) -> torch.Tensor:
         """a: [B, S, L, c_a]; s: [B, S or 1, L, c_s]; pair: as the layout reads it (TokenLayout:
         [B, L, L, c_pair]; AtomWindows: per window); bias: attention_bias(pair, layout) if already
-        computed. Returns the update of a [B, S, L, c_a]."""
+        computed; conditioning: the block's s side, if already computed. Returns the update of a
+        [B, S, L, c_a]."""
         width = a.shape[-1]
+        queries = self._adaln(self.adaln, a, s, None if conditioning is None else conditioning.attention)
         if self.key_adaln is None:
-            q, k, v, gate = self.proj(self.adaln(a, s)).split(width, dim=-1)
+            q, k, v, gate = self.proj(queries).split(width, dim=-1)
         else:  # the same weights, q and gate from one normalisation, k and v from the other
             w_q, w_k, w_v, w_gate = self.proj.weight.split(width, dim=0)
-            queries = self.adaln(a, s)
             q, gate = F.linear(queries, torch.cat([w_q, w_gate])).split(width, dim=-1)
-            keys = self.key_adaln(queries if self.key_adaln_nested else a, s)
+            key_input = queries if self.key_adaln_nested else a
+            keys = self._adaln(self.key_adaln, key_input, s, None if conditioning is None else conditioning.key)
             k, v = F.linear(keys, torch.cat([w_k, w_v])).split(width, dim=-1)
         q = q + self.query_bias
         q, k, v, gate = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in (q, k, v, gate))
@@ -205,7 +275,14 @@ class ConditionedAttention(nn.Module):
             bias = self.attention_bias(pair, layout)
         out = layout.attend(q, k, v, bias, self.kernels)  # [B, S, L, H, D]
         out = self.linear_out((torch.sigmoid(gate) * out.to(gate.dtype)).flatten(-2))
-        return torch.sigmoid(self.output_gate(s)) * out
+        gate_logits = self.output_gate(s) if conditioning is None else conditioning.attention_gate
+        return torch.sigmoid(gate_logits) * out
+
+    def _adaln(self, adaln: AdaptiveLayerNorm, a: torch.Tensor, s: torch.Tensor, given) -> torch.Tensor:
+        """adaln(a, s), or on its s side `given` (scale logits, shift) when not None."""
+        if given is None:
+            return adaln(a, s)
+        return _modulate(a, *given, adaln.norm_s.eps, self.kernels)
 
 
 class ConditionedTransformerBlock(nn.Module):
@@ -224,15 +301,21 @@ class ConditionedTransformerBlock(nn.Module):
         self.transition = ConditionedTransition(c_a, c_s, kernels=kernels)
 
     def forward(
-        self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout, bias: torch.Tensor | None = None
+        self,
+        a: torch.Tensor,
+        s: torch.Tensor,
+        pair: torch.Tensor,
+        layout,
+        bias: torch.Tensor | None = None,
+        conditioning: BlockConditioning | None = None,
     ) -> torch.Tensor:
         """a: [B, S, L, c_a]; s: [B, S or 1, L, c_s]; pair: as the layout reads it (TokenLayout:
-        [B, L, L, c_pair]; AtomWindows: per window); bias: the attention's, if already computed.
-        Returns the new a [B, S, L, c_a]."""
+        [B, L, L, c_pair]; AtomWindows: per window); bias: the attention's, and conditioning: the
+        block's s side, if already computed. Returns the new a [B, S, L, c_a]."""
         # Residual after each half, as Protenix and Boltz run Algorithm 23 (its line 3 as printed
         # would drop a's residual path).
-        a = a + self.attention(a, s, pair, layout, bias)
-        return a + self.transition(a, s)
+        a = a + self.attention(a, s, pair, layout, bias, conditioning)
+        return a + self.transition(a, s, conditioning)
 
 
 class ConditionedTransformer(nn.Module):
@@ -269,20 +352,56 @@ class ConditionedTransformer(nn.Module):
         """Each block's attention bias from the pair (ConditionedAttention.attention_bias)."""
         return [block.attention.attention_bias(pair, layout) for block in self.blocks]
 
+    def conditioning(self, s: torch.Tensor) -> list[BlockConditioning]:
+        """Every block's s side (its AdaLNs' and gates' products) from a few batched products,
+        for calls without gradient. A sampler's call at one sample is launch-bound (the
+        mini-rollout: 24 token blocks x 20 steps): per block the s side is ~16 small products
+        and pointwise ops, here ~10 for all blocks. s: [B, S or 1, L, c_s]."""
+        blocks = list(self.blocks)
+        if blocks[0].attention.kernels == "triton":
+            s = autocast_input(s)  # the kernels' s side computes from s in autocast's dtype
+        count = len(blocks)
+        adalns = [block.attention.adaln for block in blocks] + [block.transition.adaln for block in blocks]
+        keyed = blocks[0].attention.key_adaln is not None
+        if keyed:
+            adalns += [block.attention.key_adaln for block in blocks]
+        scales, shifts = _stacked_adaln_conditioning(adalns, s)
+        gates = [block.attention.output_gate for block in blocks] + [block.transition.output_gate for block in blocks]
+        gate_logits = _stacked_gate_logits(gates, s)
+        return [
+            BlockConditioning(
+                attention=(scales[index], shifts[index]),
+                key=(scales[2 * count + index], shifts[2 * count + index]) if keyed else None,
+                attention_gate=gate_logits[index],
+                transition=(scales[count + index], shifts[count + index]),
+                transition_gate=gate_logits[count + index],
+            )
+            for index in range(count)
+        ]
+
     def forward(
-        self, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout, biases: list[torch.Tensor] | None = None
+        self,
+        a: torch.Tensor,
+        s: torch.Tensor,
+        pair: torch.Tensor,
+        layout,
+        biases: list[torch.Tensor] | None = None,
+        conditioning: list[BlockConditioning] | None = None,
     ) -> torch.Tensor:
         """a: [B, S, L, c_a] (S diffusion samples, L tokens or atoms); s: [B, S or 1, L, c_s];
         pair: as the layout reads it (TokenLayout: [B, L, L, c_pair]; AtomWindows: per window).
         `biases`: attention_biases(pair, layout), computed once for many calls on one pair (a
         sampler's steps; without gradient: a checkpointed block recomputes its bias from the pair).
+        With them the blocks' s side comes from `conditioning` (conditioning(s), computed once
+        where s is the same for many calls) or is computed here for all blocks at once.
         Returns the new a [B, S, L, c_a]."""
         blocks = list(self.blocks)
         checkpoint = self.checkpoint_blocks and self.training and torch.is_grad_enabled()
         if biases is not None:
             if checkpoint:
                 raise ValueError("ConditionedTransformer: precomputed biases are for calls without gradient")
-            return _run_plain(blocks, a, s, pair, layout, biases)
+            conditioning = self.conditioning(s) if conditioning is None else conditioning
+            return _run_plain(blocks, a, s, pair, layout, biases, conditioning)
         if not checkpoint:
             return _run_plain(blocks, a, s, pair, layout)
         group = self.checkpoint_group
@@ -315,8 +434,15 @@ def _run_checkpointed(blocks: list, a: torch.Tensor, s: torch.Tensor, pair: torc
 
 
 def _run_plain(
-    blocks: list, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout, biases: list | None = None
+    blocks: list,
+    a: torch.Tensor,
+    s: torch.Tensor,
+    pair: torch.Tensor,
+    layout,
+    biases: list | None = None,
+    conditioning: list | None = None,
 ) -> torch.Tensor:
     for index, block in enumerate(blocks):
-        a = block(a, s, pair, layout, None if biases is None else biases[index])
+        bias = None if biases is None else biases[index]
+        a = block(a, s, pair, layout, bias, None if conditioning is None else conditioning[index])
     return a
