@@ -42,10 +42,13 @@ def test_blocks_on_a_given_s_side_match_the_blocks_computing_it(kernels, keys, s
         conditioning = model.conditioning(s)
         computed_here = model(a, s, pair, layout, biases)
         given = model(a, s, pair, layout, biases, conditioning)
+        weights = model.conditioning_weights(torch.bfloat16 if autocast else torch.float32)
+        from_stacked_weights = model(a, s, pair, layout, biases, weights)
     assert len(conditioning) == BLOCKS
     assert (conditioning[0].key is None) == (keys == "one AdaLN")
     assert conditioning[0].attention[0].shape == (*s.shape[:-1], C_A)
     torch.testing.assert_close(given, computed_here, rtol=0, atol=0)
+    torch.testing.assert_close(from_stacked_weights, computed_here, rtol=0, atol=0)
     # fp32: the same products summed in possibly other orders; bf16: a few roundings of the
     # block outputs (2^-8 each) on the residual stream's scale
     scale = expected.abs().max().item()

@@ -21,7 +21,12 @@ from featurecache.model.network.atom_attention import AtomAttentionDecoder, Atom
 from featurecache.model.network.checkpointing import maybe_checkpointed
 from featurecache.model.network.embedders import RelativePositionEncoding
 from featurecache.model.network.layers import full_precision, kernel_module
-from featurecache.model.network.transformer import BlockConditioning, ConditionedTransformer, TokenLayout
+from featurecache.model.network.transformer import (
+    BlockConditioning,
+    ConditionedTransformer,
+    StackedConditioningWeights,
+    TokenLayout,
+)
 
 
 def edm_preconditioning(sigma: torch.Tensor, sigma_data: float):
@@ -127,6 +132,7 @@ class DiffusionContext:
     decoder_biases: list[torch.Tensor] | None = None
     encoder_conditioning: list[BlockConditioning] | None = None
     decoder_conditioning: list[BlockConditioning] | None = None
+    transformer_weights: StackedConditioningWeights | None = None  # s changes per call: its weights only
 
 
 class DiffusionModule(nn.Module):
@@ -190,7 +196,16 @@ class DiffusionModule(nn.Module):
                 decoder_biases=decoder.attention_biases(context.atom_pair, context.windows),
                 encoder_conditioning=encoder.conditioning(context.atom_cond),
                 decoder_conditioning=decoder.conditioning(context.atom_cond),
+                transformer_weights=self.transformer.conditioning_weights(self._product_dtype(context.pair)),
             )
+
+    @staticmethod
+    def _product_dtype(reference: torch.Tensor) -> torch.dtype:
+        """The dtype matrix products run in here: autocast's where it is on, else the tensor's."""
+        device_type = reference.device.type
+        if torch.is_autocast_enabled(device_type):
+            return torch.get_autocast_dtype(device_type)
+        return reference.dtype
 
     def forward(self, noisy_positions: torch.Tensor, sigma: torch.Tensor, context: DiffusionContext) -> torch.Tensor:
         """noisy_positions [B, S, A, 3], sigma [B, S] -> denoised positions [B, S, A, 3].
@@ -216,7 +231,9 @@ class DiffusionModule(nn.Module):
         )
         token_single = token_single + self.single_to_token(single)
         layout = TokenLayout(batch["token_pad_mask"])
-        token_single = self.transformer(token_single, single, context.pair, layout, context.transformer_biases)
+        token_single = self.transformer(
+            token_single, single, context.pair, layout, context.transformer_biases, context.transformer_weights
+        )
         token_single = self.token_norm(token_single)
         update = self.atom_decoder(
             batch,

@@ -60,30 +60,39 @@ class BlockConditioning:
     transition_gate: torch.Tensor
 
 
-def _stacked_adaln_conditioning(adalns: list, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every AdaLN's s side (Linear(LN(s)), LinearNoBias(LN(s))) as two batched products:
-    [K, *s.shape[:-1], c_a] each, K = len(adalns). LN(s) is normalised once and scaled by each
-    AdaLN's weight (its LayerNorm has no bias), as the LayerNorm with that weight computes it."""
-    eps = adalns[0].norm_s.eps
-    lead, width = s.shape[:-1], s.shape[-1]
-    normalised = F.layer_norm(s.reshape(-1, width).float(), (width,), eps=eps)  # [R, c_s]
-    norm_weights = torch.stack([adaln.norm_s.weight for adaln in adalns]).float()  # [K, c_s]
-    inputs = (normalised * norm_weights[:, None, :]).to(s.dtype)  # [K, R, c_s]
-    scale_weights = torch.stack([adaln.scale.weight for adaln in adalns]).transpose(1, 2)  # [K, c_s, c_a]
-    scale_biases = torch.stack([adaln.scale.bias for adaln in adalns]).unsqueeze(1)  # [K, 1, c_a]
-    shift_weights = torch.stack([adaln.shift.weight for adaln in adalns]).transpose(1, 2)
-    scales = torch.baddbmm(scale_biases.to(inputs.dtype), inputs, scale_weights.to(inputs.dtype))
-    shifts = torch.bmm(inputs, shift_weights.to(inputs.dtype))
-    return scales.unflatten(1, lead), shifts.unflatten(1, lead)
+@dataclass
+class StackedConditioningWeights:
+    """Every block's AdaLN and output-gate weights stacked for ConditionedTransformer.conditioning's
+    batched products (K AdaLNs: the attentions', the transitions', the keys' if any; G = 2 gates
+    a block), in the dtype the products run in. Stacking copies them, so a sampler stacks them
+    once for all its steps (DiffusionModule.for_sampling)."""
+
+    norm: torch.Tensor  # [K, c_s] fp32: the AdaLNs' LayerNorm weights
+    scale: torch.Tensor  # [K, c_s, c_a]
+    scale_bias: torch.Tensor  # [K, 1, c_a]
+    shift: torch.Tensor  # [K, c_s, c_a]
+    gate: torch.Tensor  # [G, c_s, c_a]
+    gate_bias: torch.Tensor  # [G, 1, c_a]
+    eps: float
 
 
-def _stacked_gate_logits(gates: list, s: torch.Tensor) -> torch.Tensor:
-    """Every gate's Linear(s), [K, *s.shape[:-1], c_a], as one batched product."""
+def _stacked(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    return torch.stack([tensor.detach() for tensor in tensors]).to(dtype)
+
+
+def _stacked_conditioning(s: torch.Tensor, weights: StackedConditioningWeights):
+    """The batched products: (scale logits, shifts) [K, *s.shape[:-1], c_a] of every AdaLN and
+    gate logits [G, *s.shape[:-1], c_a]. LN(s) is normalised once and scaled by each AdaLN's
+    weight (its LayerNorm has no bias), as the LayerNorm with that weight computes it."""
     lead, width = s.shape[:-1], s.shape[-1]
-    rows = s.reshape(1, -1, width).expand(len(gates), -1, -1)  # [K, R, c_s], the same s for each
-    weights = torch.stack([gate.weight for gate in gates]).transpose(1, 2)  # [K, c_s, c_a]
-    biases = torch.stack([gate.bias for gate in gates]).unsqueeze(1)
-    return torch.baddbmm(biases.to(s.dtype), rows, weights.to(s.dtype)).unflatten(1, lead)
+    dtype = weights.scale.dtype
+    normalised = F.layer_norm(s.reshape(-1, width).float(), (width,), eps=weights.eps)  # [R, c_s]
+    inputs = (normalised * weights.norm[:, None, :]).to(dtype)  # [K, R, c_s]
+    scales = torch.baddbmm(weights.scale_bias, inputs, weights.scale)
+    shifts = torch.bmm(inputs, weights.shift)
+    rows = s.reshape(1, -1, width).to(dtype).expand(weights.gate.shape[0], -1, -1)  # [G, R, c_s]: one s for all
+    gates = torch.baddbmm(weights.gate_bias, rows, weights.gate)
+    return scales.unflatten(1, lead), shifts.unflatten(1, lead), gates.unflatten(1, lead)
 
 
 def _modulate(a: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, eps: float, kernels: str) -> torch.Tensor:
@@ -352,22 +361,41 @@ class ConditionedTransformer(nn.Module):
         """Each block's attention bias from the pair (ConditionedAttention.attention_bias)."""
         return [block.attention.attention_bias(pair, layout) for block in self.blocks]
 
-    def conditioning(self, s: torch.Tensor) -> list[BlockConditioning]:
-        """Every block's s side (its AdaLNs' and gates' products) from a few batched products,
+    def conditioning_weights(self, dtype: torch.dtype) -> StackedConditioningWeights:
+        """The blocks' AdaLN and gate weights stacked for conditioning(), in `dtype` (the products')."""
+        blocks = list(self.blocks)
+        adalns = [block.attention.adaln for block in blocks] + [block.transition.adaln for block in blocks]
+        if blocks[0].attention.key_adaln is not None:
+            adalns += [block.attention.key_adaln for block in blocks]
+        gates = [block.attention.output_gate for block in blocks] + [block.transition.output_gate for block in blocks]
+        return StackedConditioningWeights(
+            norm=_stacked([adaln.norm_s.weight for adaln in adalns], torch.float32),
+            scale=_stacked([adaln.scale.weight for adaln in adalns], dtype).transpose(1, 2),
+            scale_bias=_stacked([adaln.scale.bias for adaln in adalns], dtype).unsqueeze(1),
+            shift=_stacked([adaln.shift.weight for adaln in adalns], dtype).transpose(1, 2),
+            gate=_stacked([gate.weight for gate in gates], dtype).transpose(1, 2),
+            gate_bias=_stacked([gate.bias for gate in gates], dtype).unsqueeze(1),
+            eps=adalns[0].norm_s.eps,
+        )
+
+    def conditioning(
+        self, s: torch.Tensor, weights: StackedConditioningWeights | None = None
+    ) -> list[BlockConditioning]:
+        """Every block's s side (its AdaLNs' and gates' products) from three batched products,
         for calls without gradient. A sampler's call at one sample is launch-bound (the
-        mini-rollout: 24 token blocks x 20 steps): per block the s side is ~16 small products
-        and pointwise ops, here ~10 for all blocks. s: [B, S or 1, L, c_s]."""
+        mini-rollout: 24 token blocks x 20 steps), and per block the s side is ~16 small
+        products and pointwise ops. s: [B, S or 1, L, c_s]; weights: conditioning_weights(the
+        products' dtype), if already stacked."""
         blocks = list(self.blocks)
         if blocks[0].attention.kernels == "triton":
             s = autocast_input(s)  # the kernels' s side computes from s in autocast's dtype
+        if weights is None:
+            device_type = s.device.type
+            autocast = torch.is_autocast_enabled(device_type)
+            weights = self.conditioning_weights(torch.get_autocast_dtype(device_type) if autocast else s.dtype)
+        scales, shifts, gate_logits = _stacked_conditioning(s, weights)
         count = len(blocks)
-        adalns = [block.attention.adaln for block in blocks] + [block.transition.adaln for block in blocks]
-        keyed = blocks[0].attention.key_adaln is not None
-        if keyed:
-            adalns += [block.attention.key_adaln for block in blocks]
-        scales, shifts = _stacked_adaln_conditioning(adalns, s)
-        gates = [block.attention.output_gate for block in blocks] + [block.transition.output_gate for block in blocks]
-        gate_logits = _stacked_gate_logits(gates, s)
+        keyed = scales.shape[0] > 2 * count
         return [
             BlockConditioning(
                 attention=(scales[index], shifts[index]),
@@ -386,21 +414,22 @@ class ConditionedTransformer(nn.Module):
         pair: torch.Tensor,
         layout,
         biases: list[torch.Tensor] | None = None,
-        conditioning: list[BlockConditioning] | None = None,
+        conditioning: list[BlockConditioning] | StackedConditioningWeights | None = None,
     ) -> torch.Tensor:
         """a: [B, S, L, c_a] (S diffusion samples, L tokens or atoms); s: [B, S or 1, L, c_s];
         pair: as the layout reads it (TokenLayout: [B, L, L, c_pair]; AtomWindows: per window).
         `biases`: attention_biases(pair, layout), computed once for many calls on one pair (a
         sampler's steps; without gradient: a checkpointed block recomputes its bias from the pair).
-        With them the blocks' s side comes from `conditioning` (conditioning(s), computed once
-        where s is the same for many calls) or is computed here for all blocks at once.
-        Returns the new a [B, S, L, c_a]."""
+        With them the blocks' s side is `conditioning` where given as conditioning(s) (s the same
+        for many calls), else computed here for all blocks at once (from `conditioning`'s stacked
+        weights where given). Returns the new a [B, S, L, c_a]."""
         blocks = list(self.blocks)
         checkpoint = self.checkpoint_blocks and self.training and torch.is_grad_enabled()
         if biases is not None:
             if checkpoint:
                 raise ValueError("ConditionedTransformer: precomputed biases are for calls without gradient")
-            conditioning = self.conditioning(s) if conditioning is None else conditioning
+            if not isinstance(conditioning, list):
+                conditioning = self.conditioning(s, conditioning)
             return _run_plain(blocks, a, s, pair, layout, biases, conditioning)
         if not checkpoint:
             return _run_plain(blocks, a, s, pair, layout)
