@@ -16,7 +16,8 @@ the wide LayerNorm-linear are timed the same way, dx kernel candidates against P
 autograd, each checked on dx and the weight gradients. Last, a Linear's bias gradient, the column
 sums of its output gradient (345 reductions of a graphed af3 step at 60 us each, NOTES.md section
 18), by PyTorch's reduction and by a cuBLAS product with a ones row, at the pair's and the
-diffusion transformer's shapes. What a candidate wins here must still be
+diffusion transformer's shapes. And the triangle multiplication's backward, candidates for each
+of its kernels (the configured tiles spill), checked against the configured tiles' gradients. What a candidate wins here must still be
 checked in the step (tiny_step.py --preset af3): the shapes are the model's, the neighbours in
 the cache are not.
 """
@@ -37,6 +38,7 @@ from featurecache.kernels import runtime  # noqa: E402
 from featurecache.kernels.layernorm_linear.launch import layernorm_linear_bwd, layernorm_linear_fwd  # noqa: E402
 from featurecache.kernels.reference import layernorm_linear_reference, transition_reference  # noqa: E402
 from featurecache.kernels.transition.launch import transition_bwd, transition_fwd  # noqa: E402
+from featurecache.kernels.triangle_mult.launch import triangle_mult_bwd, triangle_mult_fwd  # noqa: E402
 
 LAYERNORM_LINEAR_CANDIDATES = [
     dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2, N_TILES=1),
@@ -61,6 +63,22 @@ LAYERNORM_LINEAR_DX_CANDIDATES = [
     dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
     dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
 ]
+# The triangle multiplication's backward kernels spill at the H200's tiles on sm_90 (ptxas -v,
+# gpu_compile: bwd_proj 128 x 32 / 8 warps 628 B a thread, bwd_dw_proj 128 x 64 / 8 warps 932 B);
+# these candidates spill 144 B. Each is timed as the whole backward with that one kernel's tiles.
+TRIANGLE_BACKWARD_CANDIDATES = {
+    "bwd_proj": [
+        dict(BLOCK_M=64, BLOCK_H=32, num_warps=8, num_stages=2),
+        dict(BLOCK_M=32, BLOCK_H=32, num_warps=4, num_stages=2),
+        dict(BLOCK_M=64, BLOCK_H=64, num_warps=8, num_stages=2),
+    ],
+    "bwd_dw_proj": [
+        dict(BLOCK_M=128, BLOCK_H=32, num_warps=8, num_stages=2),
+        dict(BLOCK_M=64, BLOCK_H=32, num_warps=4, num_stages=2),
+    ],
+    "bwd_dw_out": [dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)],
+    "bwd_out": [dict(BLOCK_M=32, num_warps=4, num_stages=2), dict(BLOCK_M=64, num_warps=8, num_stages=2)],
+}
 TRANSITION_CANDIDATES = [
     dict(BLOCK_M=128, BLOCK_H=64, num_warps=8, num_stages=2),
     dict(BLOCK_M=64, BLOCK_H=64, num_warps=4, num_stages=2),
@@ -252,6 +270,32 @@ def run_transition_backward(rows: int, device, table: Table) -> None:
     )
 
 
+def run_triangle_backward(rows: int, device, table: Table) -> None:
+    """The outgoing triangle multiplication's backward at the pair's shape (10 % of rows and
+    columns masked), every candidate checked on dz and the projection weights' gradients."""
+    length, channels = max(2, math.isqrt(rows)), 128
+    name = f"Triangle mult backward L={length} x {channels}"
+    z = torch.randn(1, length, length, channels, device=device, dtype=torch.bfloat16)
+    mask = torch.ones(1, length, length, device=device, dtype=torch.bool)
+    mask[:, -length // 10 :, :] = False
+    mask[:, :, -length // 10 :] = False
+    norms = [tensor for _ in range(2) for tensor in _layernorm(channels, device)]
+    weights = [(torch.randn(channels, channels, device=device) / channels**0.5).to(torch.bfloat16) for _ in range(6)]
+    params = (*norms[:2], *weights[:5], *norms[2:], weights[5])
+    dout = torch.randn_like(z)
+    _, saved = triangle_mult_fwd(z, mask, params, "outgoing", 1e-5)
+    reference = triangle_mult_bwd(dout, *saved, params, "outgoing", 1e-5)
+
+    def check(grads) -> float:
+        dz, dparams = grads
+        return _gradient_error((dz, dparams[2]), (reference[0].float(), reference[1][2].float()), (channels, rows))
+
+    call = lambda: triangle_mult_bwd(dout, *saved, params, "outgoing", 1e-5)  # noqa: E731
+    table.add([name, "configured tiles", check(call()), time_ms(call)])
+    for kernel, candidates in TRIANGLE_BACKWARD_CANDIDATES.items():
+        time_candidates(table, f"{name}, {kernel}", "triangle_mult", kernel, candidates, call, check)
+
+
 def column_sum_cases(rows: int) -> list[tuple[str, int, int]]:
     # (name, rows, channels): a pair Linear's output gradient (triangle attention's linear_out),
     # and the diffusion transformer's AdaLN scale and gate at 48 samples of the crop's tokens
@@ -294,6 +338,7 @@ def main() -> None:
     run_transition(rows, device, table, msa_depth=2 if args.smoke else 1024)
     run_transition_backward(rows, device, table)
     run_column_sums(rows, device, table)
+    run_triangle_backward(rows, device, table)
     print(f"\n{run_stamp().header()}\n\n{table.markdown()}")
 
 

@@ -34,6 +34,7 @@ def test_every_candidate_matches_the_reference(pair_forwards, one_thread):
     pair_forwards.run_layernorm_linear_backward(37, torch.device("cpu"), table)
     pair_forwards.run_transition(37, torch.device("cpu"), table, msa_depth=2)
     pair_forwards.run_transition_backward(37, torch.device("cpu"), table)
+    pair_forwards.run_column_sums(37, torch.device("cpu"), table)
     timed = [row for row in table.rows if not row[1].startswith("configured")]
     candidates = (
         len(pair_forwards.LAYERNORM_LINEAR_CANDIDATES) * 3
@@ -41,7 +42,8 @@ def test_every_candidate_matches_the_reference(pair_forwards, one_thread):
         + len(pair_forwards.TRANSITION_CANDIDATES) * 3
         + len(pair_forwards.TRANSITION_DX_CANDIDATES)
     )
-    assert len(timed) == candidates + 8  # and PyTorch eager once per case
+    column_sum_variants = 3 * len(pair_forwards.column_sum_cases(37))
+    assert len(timed) == candidates + 8 + column_sum_variants  # and PyTorch eager once per case
     for case, provider, error, _ in timed:
         assert error not in ("nan", "–"), f"{case}, {provider}: error {error} over bf16's tolerance or failed"
 
