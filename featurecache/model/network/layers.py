@@ -89,6 +89,7 @@ class Linear(nn.Linear):
     outputs span the pair or the diffusion batch; without gradient it is nn.Linear's forward."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in_features] -> [..., out_features]."""
         if self.bias is None or not torch.is_grad_enabled():
             return super().forward(x)
         device_type = x.device.type
