@@ -195,9 +195,7 @@ class ConditionedTransition(nn.Module):
                 self.output_gate.bias,
                 adaln.norm_s.eps,
             )
-        x = self.adaln(a, s)
-        hidden = F.silu(self.linear_a(x)) * self.linear_b(x)
-        return torch.sigmoid(self.output_gate(s)) * self.linear_out(hidden)
+        return self._gated_swiglu(self.adaln(a, s), self.output_gate(s))
 
     def _conditioned(self, a: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, gate: torch.Tensor):
         """The block on its s side given (scale and gate logits, shift): the fused op where it
@@ -206,9 +204,12 @@ class ConditionedTransition(nn.Module):
         if self.kernels == "triton" and a.shape[-1] <= FUSED_MAX_CHANNELS:
             weights = (self.linear_a.weight, self.linear_b.weight, self.linear_out.weight)
             return conditioned_transition_modulated(a, scale, shift, gate, *weights, eps)
-        x = _modulate(a, scale, shift, eps, self.kernels)
+        return self._gated_swiglu(_modulate(a, scale, shift, eps, self.kernels), gate)
+
+    def _gated_swiglu(self, x: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
+        """sigmoid(gate) * LinearNoBias(swish(LinearNoBias(x)) * LinearNoBias(x)) on AdaLN's x."""
         hidden = F.silu(self.linear_a(x)) * self.linear_b(x)
-        return torch.sigmoid(gate) * self.linear_out(hidden)
+        return torch.sigmoid(gate_logits) * self.linear_out(hidden)
 
 
 class ConditionedAttention(nn.Module):
