@@ -7,7 +7,9 @@ import torch
 
 from featurecache.kernels.conditioned_transition import (
     adaptive_layernorm,
+    adaptive_layernorm_modulated,
     conditioned_transition,
+    conditioned_transition_modulated,
 )
 from featurecache.kernels.conditioned_transition import config as fused_config
 from featurecache.kernels.reference import (
@@ -153,6 +155,27 @@ def test_module_paths_agree_and_share_parameters():
     for index, (got, want) in enumerate(zip(*results, strict=True)):
         error = (got - want).abs().max().item()
         assert error <= 1e-5 * (1 + want.abs().max().item()), f"result {index}: differs by {error:.2e}"
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["fused", "AdaLN kernel + products"])
+@pytest.mark.parametrize("rows", [7, 0])
+def test_ops_on_a_given_s_side_give_the_ops_on_s(wide, rows, monkeypatch):
+    """conditioned_transition_modulated and adaptive_layernorm_modulated on the s side computed
+    beforehand (a sampler computes it once for many calls) give what the ops give on s."""
+    if wide:
+        monkeypatch.setattr(fused_config, "FUSED_MAX_CHANNELS", 16)
+    generator = torch.Generator().manual_seed(torch.seed() % 2**31)
+    a, s, params = _inputs((1, 3, rows, 24), (1, 1, rows, 40), 2, generator)
+    norm_w, scale_w, scale_b, shift_w, weight_a, weight_b, weight_out, gate_w, gate_b = params
+    scale, shift = adaln_conditioning(s, norm_w, scale_w, scale_b, shift_w)
+    gate = torch.nn.functional.linear(s, gate_w, gate_b)
+    with torch.no_grad():
+        got = conditioned_transition_modulated(a, scale, shift, gate, weight_a, weight_b, weight_out)
+        expected = conditioned_transition(a, s, *params)
+        assert torch.equal(got, expected)
+        got = adaptive_layernorm_modulated(a, scale, shift)
+        assert torch.equal(got, adaptive_layernorm(a, s, norm_w, scale_w, scale_b, shift_w))
+    assert got.shape == a.shape
 
 
 def test_gate_starts_at_sigmoid_minus_two():
