@@ -196,16 +196,8 @@ class DiffusionModule(nn.Module):
                 decoder_biases=decoder.attention_biases(context.atom_pair, context.windows),
                 encoder_conditioning=encoder.conditioning(context.atom_cond),
                 decoder_conditioning=decoder.conditioning(context.atom_cond),
-                transformer_weights=self.transformer.conditioning_weights(self._product_dtype(context.pair)),
+                transformer_weights=self.transformer.conditioning_weights(),
             )
-
-    @staticmethod
-    def _product_dtype(reference: torch.Tensor) -> torch.dtype:
-        """The dtype matrix products run in here: autocast's where it is on, else the tensor's."""
-        device_type = reference.device.type
-        if torch.is_autocast_enabled(device_type):
-            return torch.get_autocast_dtype(device_type)
-        return reference.dtype
 
     def forward(self, noisy_positions: torch.Tensor, sigma: torch.Tensor, context: DiffusionContext) -> torch.Tensor:
         """noisy_positions [B, S, A, 3], sigma [B, S] -> denoised positions [B, S, A, 3].

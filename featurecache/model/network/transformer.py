@@ -15,6 +15,7 @@ path ("torch") with the same parameters.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -60,39 +61,59 @@ class BlockConditioning:
     transition_gate: torch.Tensor
 
 
+# The batched s side of one group of blocks stays under this many bytes (its scale logits,
+# shifts and gate logits live through the group's blocks): the mini-rollout's 24 token blocks are
+# one group (~70 MB at one sample of 384 tokens), inference at 1,024 tokens x 5 samples takes six
+# blocks a group (39 MB a block).
+CONDITIONING_GROUP_BYTES = 256 * 2**20
+
+
 @dataclass
 class StackedConditioningWeights:
-    """Every block's AdaLN and output-gate weights stacked for ConditionedTransformer.conditioning's
-    batched products (K AdaLNs: the attentions', the transitions', the keys' if any; G = 2 gates
-    a block), in the dtype the products run in. Stacking copies them, so a sampler stacks them
-    once for all its steps (DiffusionModule.for_sampling)."""
+    """Every block's AdaLN and output-gate weights stacked block by block for
+    ConditionedTransformer.conditioning's batched products (A AdaLNs a block: the attention's,
+    the transition's, the keys' if any; 2 gates a block), in the dtype the products run in. A
+    slice of blocks is a view; stacking copies, so a sampler stacks once for all its steps
+    (DiffusionModule.for_sampling)."""
 
-    norm: torch.Tensor  # [K, c_s] fp32: the AdaLNs' LayerNorm weights
-    scale: torch.Tensor  # [K, c_s, c_a]
-    scale_bias: torch.Tensor  # [K, 1, c_a]
-    shift: torch.Tensor  # [K, c_s, c_a]
-    gate: torch.Tensor  # [G, c_s, c_a]
-    gate_bias: torch.Tensor  # [G, 1, c_a]
+    norm: torch.Tensor  # [N, A, c_s] fp32: the AdaLNs' LayerNorm weights
+    scale: torch.Tensor  # [N, A, c_s, c_a]
+    scale_bias: torch.Tensor  # [N, A, 1, c_a]
+    shift: torch.Tensor  # [N, A, c_s, c_a]
+    gate: torch.Tensor  # [N, 2, c_s, c_a]
+    gate_bias: torch.Tensor  # [N, 2, 1, c_a]
     eps: float
 
+    def blocks(self, start: int, stop: int) -> StackedConditioningWeights:
+        """The weights of blocks start..stop-1 (views)."""
+        parts = ("norm", "scale", "scale_bias", "shift", "gate", "gate_bias")
+        return dataclasses.replace(self, **{name: getattr(self, name)[start:stop] for name in parts})
 
-def _stacked(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    return torch.stack([tensor.detach() for tensor in tensors]).to(dtype)
+
+def _stacked(tensors: list[list[torch.Tensor]], dtype: torch.dtype) -> torch.Tensor:
+    """[N][k] tensors -> [N, k, ...] in `dtype`, without gradient."""
+    return torch.stack([torch.stack([tensor.detach() for tensor in row]) for row in tensors]).to(dtype)
 
 
 def _stacked_conditioning(s: torch.Tensor, weights: StackedConditioningWeights):
-    """The batched products: (scale logits, shifts) [K, *s.shape[:-1], c_a] of every AdaLN and
-    gate logits [G, *s.shape[:-1], c_a]. LN(s) is normalised once and scaled by each AdaLN's
-    weight (its LayerNorm has no bias), as the LayerNorm with that weight computes it."""
+    """The batched products: (scale logits, shifts) [N, A, *s.shape[:-1], c_a] of every AdaLN
+    and gate logits [N, 2, *s.shape[:-1], c_a]. LN(s) is normalised once and scaled by each
+    AdaLN's weight (its LayerNorm has no bias), as the LayerNorm with that weight computes it."""
     lead, width = s.shape[:-1], s.shape[-1]
     dtype = weights.scale.dtype
+    blocks, adalns, _, channels = weights.scale.shape
     normalised = F.layer_norm(s.reshape(-1, width).float(), (width,), eps=weights.eps)  # [R, c_s]
-    inputs = (normalised * weights.norm[:, None, :]).to(dtype)  # [K, R, c_s]
-    scales = torch.baddbmm(weights.scale_bias, inputs, weights.scale)
-    shifts = torch.bmm(inputs, weights.shift)
-    rows = s.reshape(1, -1, width).to(dtype).expand(weights.gate.shape[0], -1, -1)  # [G, R, c_s]: one s for all
-    gates = torch.baddbmm(weights.gate_bias, rows, weights.gate)
-    return scales.unflatten(1, lead), shifts.unflatten(1, lead), gates.unflatten(1, lead)
+    inputs = (normalised * weights.norm.flatten(0, 1)[:, None, :]).to(dtype)  # [N * A, R, c_s]
+    scales = torch.baddbmm(weights.scale_bias.flatten(0, 1), inputs, weights.scale.flatten(0, 1))
+    shifts = torch.bmm(inputs, weights.shift.flatten(0, 1))
+    gates = weights.gate.flatten(0, 1)
+    rows = s.reshape(1, -1, width).to(dtype).expand(gates.shape[0], -1, -1)  # [N * 2, R, c_s]: one s for all
+    gate_logits = torch.baddbmm(weights.gate_bias.flatten(0, 1), rows, gates)
+    return (
+        scales.view(blocks, adalns, *lead, channels),
+        shifts.view(blocks, adalns, *lead, channels),
+        gate_logits.view(blocks, 2, *lead, channels),
+    )
 
 
 def _modulate(a: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, eps: float, kernels: str) -> torch.Tensor:
@@ -362,51 +383,68 @@ class ConditionedTransformer(nn.Module):
         """Each block's attention bias from the pair (ConditionedAttention.attention_bias)."""
         return [block.attention.attention_bias(pair, layout) for block in self.blocks]
 
-    def conditioning_weights(self, dtype: torch.dtype) -> StackedConditioningWeights:
-        """The blocks' AdaLN and gate weights stacked for conditioning(), in `dtype` (the products')."""
-        blocks = list(self.blocks)
-        adalns = [block.attention.adaln for block in blocks] + [block.transition.adaln for block in blocks]
-        if blocks[0].attention.key_adaln is not None:
-            adalns += [block.attention.key_adaln for block in blocks]
-        gates = [block.attention.output_gate for block in blocks] + [block.transition.output_gate for block in blocks]
+    def conditioning_weights(self, dtype: torch.dtype | None = None) -> StackedConditioningWeights:
+        """The blocks' AdaLN and gate weights stacked for conditioning(), in `dtype` (the
+        products'; default: autocast's where it is on for the weights' device, else theirs)."""
+        if dtype is None:
+            dtype = _product_dtype(self.blocks[0].transition.output_gate.weight)
+        adalns = [
+            [block.attention.adaln, block.transition.adaln]
+            + ([block.attention.key_adaln] if block.attention.key_adaln is not None else [])
+            for block in self.blocks
+        ]
+        gates = [[block.attention.output_gate, block.transition.output_gate] for block in self.blocks]
         return StackedConditioningWeights(
-            norm=_stacked([adaln.norm_s.weight for adaln in adalns], torch.float32),
-            scale=_stacked([adaln.scale.weight for adaln in adalns], dtype).transpose(1, 2),
-            scale_bias=_stacked([adaln.scale.bias for adaln in adalns], dtype).unsqueeze(1),
-            shift=_stacked([adaln.shift.weight for adaln in adalns], dtype).transpose(1, 2),
-            gate=_stacked([gate.weight for gate in gates], dtype).transpose(1, 2),
-            gate_bias=_stacked([gate.bias for gate in gates], dtype).unsqueeze(1),
-            eps=adalns[0].norm_s.eps,
+            norm=_stacked([[adaln.norm_s.weight for adaln in row] for row in adalns], torch.float32),
+            scale=_stacked([[adaln.scale.weight for adaln in row] for row in adalns], dtype).transpose(2, 3),
+            scale_bias=_stacked([[adaln.scale.bias for adaln in row] for row in adalns], dtype).unsqueeze(2),
+            shift=_stacked([[adaln.shift.weight for adaln in row] for row in adalns], dtype).transpose(2, 3),
+            gate=_stacked([[gate.weight for gate in row] for row in gates], dtype).transpose(2, 3),
+            gate_bias=_stacked([[gate.bias for gate in row] for row in gates], dtype).unsqueeze(2),
+            eps=adalns[0][0].norm_s.eps,
         )
 
     def conditioning(
         self, s: torch.Tensor, weights: StackedConditioningWeights | None = None
     ) -> list[BlockConditioning]:
-        """Every block's s side (its AdaLNs' and gates' products) from three batched products,
-        for calls without gradient. A sampler's call at one sample is launch-bound (the
-        mini-rollout: 24 token blocks x 20 steps), and per block the s side is ~16 small
-        products and pointwise ops. s: [B, S or 1, L, c_s]; weights: conditioning_weights(the
-        products' dtype), if already stacked."""
-        blocks = list(self.blocks)
-        if blocks[0].attention.kernels == "triton":
-            s = autocast_input(s)  # the kernels' s side computes from s in autocast's dtype
-        if weights is None:
-            device_type = s.device.type
-            autocast = torch.is_autocast_enabled(device_type)
-            weights = self.conditioning_weights(torch.get_autocast_dtype(device_type) if autocast else s.dtype)
+        """The s side of every block `weights` holds (its AdaLNs' and gates' products) from
+        three batched products, for calls without gradient. A sampler's call at one sample is
+        launch-bound (the mini-rollout: 24 token blocks x 20 steps), and per block the s side is
+        ~16 small products and pointwise ops. s: [B, S or 1, L, c_s]; weights:
+        conditioning_weights(the products' dtype) or some of its blocks, if already stacked
+        (default: all blocks')."""
+        s = self._conditioning_input(s)
+        weights = self.conditioning_weights(_product_dtype(s)) if weights is None else weights
         scales, shifts, gate_logits = _stacked_conditioning(s, weights)
-        count = len(blocks)
-        keyed = scales.shape[0] > 2 * count
+        keyed = scales.shape[1] == 3
         return [
             BlockConditioning(
-                attention=(scales[index], shifts[index]),
-                key=(scales[2 * count + index], shifts[2 * count + index]) if keyed else None,
-                attention_gate=gate_logits[index],
-                transition=(scales[count + index], shifts[count + index]),
-                transition_gate=gate_logits[count + index],
+                attention=(scales[index, 0], shifts[index, 0]),
+                key=(scales[index, 2], shifts[index, 2]) if keyed else None,
+                attention_gate=gate_logits[index, 0],
+                transition=(scales[index, 1], shifts[index, 1]),
+                transition_gate=gate_logits[index, 1],
             )
-            for index in range(count)
+            for index in range(scales.shape[0])
         ]
+
+    def _conditioning_input(self, s: torch.Tensor) -> torch.Tensor:
+        """s as the blocks' s side reads it: the kernels compute it from s in autocast's dtype."""
+        return autocast_input(s) if self.blocks[0].attention.kernels == "triton" else s
+
+    def _run_conditioned_groups(self, a, s, pair, layout, biases, weights: StackedConditioningWeights | None):
+        """A sampler's call: the blocks in groups whose batched s side fits CONDITIONING_GROUP_BYTES."""
+        blocks = list(self.blocks)
+        weights = self.conditioning_weights(_product_dtype(s)) if weights is None else weights
+        per_block = (
+            7 * s[..., :1].numel() * a.shape[-1] * weights.scale.element_size()
+        )  # up to 3 AdaLNs x 2 + 2 gates, rounded
+        group = max(1, CONDITIONING_GROUP_BYTES // max(1, per_block))
+        for start in range(0, len(blocks), group):
+            stop = min(start + group, len(blocks))
+            conditioning = self.conditioning(s, weights.blocks(start, stop))
+            a = _run_plain(blocks[start:stop], a, s, pair, layout, biases[start:stop], conditioning)
+        return a
 
     def forward(
         self,
@@ -429,9 +467,9 @@ class ConditionedTransformer(nn.Module):
         if biases is not None:
             if checkpoint:
                 raise ValueError("ConditionedTransformer: precomputed biases are for calls without gradient")
-            if not isinstance(conditioning, list):
-                conditioning = self.conditioning(s, conditioning)
-            return _run_plain(blocks, a, s, pair, layout, biases, conditioning)
+            if isinstance(conditioning, list):
+                return _run_plain(blocks, a, s, pair, layout, biases, conditioning)
+            return self._run_conditioned_groups(a, s, pair, layout, biases, conditioning)
         if not checkpoint:
             return _run_plain(blocks, a, s, pair, layout)
         group = self.checkpoint_group
@@ -447,6 +485,12 @@ class ConditionedTransformer(nn.Module):
                 )
             return a
         return _run_checkpointed(blocks, a, s, pair, layout)
+
+
+def _product_dtype(s: torch.Tensor) -> torch.dtype:
+    """The dtype matrix products on s run in: autocast's where it is on, else s's."""
+    device_type = s.device.type
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else s.dtype
 
 
 def _run_group(blocks: list, layout, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
