@@ -436,9 +436,8 @@ class ConditionedTransformer(nn.Module):
         """A sampler's call: the blocks in groups whose batched s side fits CONDITIONING_GROUP_BYTES."""
         blocks = list(self.blocks)
         weights = self.conditioning_weights(_product_dtype(s)) if weights is None else weights
-        per_block = (
-            7 * s[..., :1].numel() * a.shape[-1] * weights.scale.element_size()
-        )  # up to 3 AdaLNs x 2 + 2 gates, rounded
+        tensors_per_block = 2 * weights.scale.shape[1] + 2  # each AdaLN's scale and shift, two gates
+        per_block = tensors_per_block * s[..., :1].numel() * a.shape[-1] * weights.scale.element_size()
         group = max(1, CONDITIONING_GROUP_BYTES // max(1, per_block))
         for start in range(0, len(blocks), group):
             stop = min(start + group, len(blocks))
