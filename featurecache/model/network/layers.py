@@ -54,7 +54,8 @@ def full_precision(enabled: bool, device_type: str):
 def column_sums(rows: torch.Tensor) -> torch.Tensor:
     """[N, C] -> [C], the sum over rows in rows' dtype (fp32 accumulation either way). On a GPU
     a cuBLAS product with a ones row: PyTorch's column reduction of a Linear's output gradient
-    ran at ~0.3 TB/s at the pair's [147456, 128] (132 us a call on an H100, NOTES.md section 19)."""
+    ran at ~0.3 TB/s at the pair's [147456, 128] (132 us a call on an H100, NOTES.md section 19;
+    benchmarks/pair_forwards.py times the product beside it, not yet run on a GPU)."""
     if rows.device.type != "cuda":
         return rows.sum(0)
     return (rows.new_ones(1, rows.shape[0]) @ rows).squeeze(0)
