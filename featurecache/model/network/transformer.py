@@ -32,6 +32,7 @@ from featurecache.kernels.conditioned_transition import (
 )
 from featurecache.kernels.layernorm_linear import LayerNormLinear
 from featurecache.kernels.runtime import autocast_input, check_kernels
+from featurecache.kernels.weight_casts import cast_weight
 from featurecache.model.network.checkpointing import checkpointed
 from featurecache.model.network.layers import Linear, attention_fn, freeze_norm_bias, kernel_module
 
@@ -300,7 +301,9 @@ class ConditionedAttention(nn.Module):
             key_input = queries if self.key_adaln_nested else a
             keys = self._adaln(self.key_adaln, key_input, s, None if conditioning is None else conditioning.key)
             k, v = F.linear(keys, torch.cat([w_k, w_v])).split(width, dim=-1)
-        q = q + self.query_bias
+        # the bias in q's dtype (cast once per sampler): an fp32 bias would promote q to fp32 and
+        # add a copy back to bf16 per block and call
+        q = q + cast_weight(self.query_bias, q.dtype)
         q, k, v, gate = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in (q, k, v, gate))
         if bias is None:
             bias = self.attention_bias(pair, layout)
