@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from featurecache.model.network.atoms import pairwise_distances
 from featurecache.model.objectives.lddt import lddt, pair_scores, smooth_pair_scores
 
 
@@ -35,3 +36,22 @@ def test_pair_scores_hard_and_smooth():
     assert torch.all(smooth[1:] < smooth[:-1])  # falls as the error grows
     expected = sum(1 / (1 + math.exp(1.5 - c)) for c in (0.5, 1.0, 2.0, 4.0)) / 4  # sigmoid(c - 1.5)
     assert smooth[2].item() == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["without gradient", "with gradient"])
+def test_pairwise_distances_match_float64_and_keep_coincident_gradients_finite(grad):
+    generator = torch.Generator().manual_seed(3)
+    # coordinates of ~100 A, a sample axis broadcast against the truth, odd sizes
+    first = 100 * torch.randn(2, 3, 7, 3, generator=generator)
+    second = 100 * torch.randn(2, 1, 5, 3, generator=generator)
+    second[:, :, 0] = first[:, 0, 0, None]  # one coincident pair per batch
+    expected = (first.double()[..., :, None, :] - second.double()[..., None, :, :]).norm(dim=-1)
+    first.requires_grad_(grad)
+    distance = pairwise_distances(first, second)
+    assert distance.shape == (2, 3, 7, 5) and distance.dtype == torch.float32
+    # each distance from its 3 differences: fp32 rounding of a few operations at ~300 A
+    torch.testing.assert_close(distance.double(), expected, rtol=4 * 2**-24, atol=1e-4)
+    assert torch.all(distance[:, 0, 0, 0] == 0)
+    if grad:
+        distance.sum().backward()
+        assert torch.isfinite(first.grad).all()

@@ -31,6 +31,24 @@ def gather_atoms(positions: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return torch.gather(positions, -2, index.unsqueeze(-1).expand(*index.shape, 3))
 
 
+def pairwise_distances(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """[..., I, 3] x [..., J, 3] -> [..., I, J] Euclidean distances, each from its own coordinate
+    differences (the matrix-product form loses ~1e-3 A at coordinates of 100 A in fp32).
+
+    Where autograd records it is torch.cdist's direct mode, whose gradient is 0 for coincident
+    points (sqrt's is not finite there). Without gradient (the confidence head's input and its
+    targets) the differences are accumulated a coordinate at a time in one [..., I, J] buffer: a
+    few elementwise passes, where cdist's direct mode reduces each distance's 3 terms with a block
+    of threads (0.74 ms a call at 3,328 atoms on an H100, benchmarks/NOTES.md section 10)."""
+    if torch.is_grad_enabled() and (first.requires_grad or second.requires_grad):
+        return torch.cdist(first, second, compute_mode="donot_use_mm_for_euclid_dist")
+    squared = None
+    for axis in range(first.shape[-1]):
+        difference = first[..., :, None, axis] - second[..., None, :, axis]
+        squared = difference.square_() if squared is None else squared.addcmul_(difference, difference)
+    return squared.sqrt_()
+
+
 def distogram_atoms(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Each token's distogram atom (CB, CA of glycine, C4 / C2 of nucleotides) in the ground
     truth: positions [B, N, 3] (fp32) and resolved [B, N] (a real, resolved atom of a real token)."""

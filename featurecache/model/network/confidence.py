@@ -21,7 +21,12 @@ import torch
 from torch import nn
 
 from featurecache.model.config import ModelConfig
-from featurecache.model.network.atoms import gather_atoms, representative_atom_index, token_first_atom
+from featurecache.model.network.atoms import (
+    gather_atoms,
+    pairwise_distances,
+    representative_atom_index,
+    token_first_atom,
+)
 from featurecache.model.network.checkpointing import checkpointed
 from featurecache.model.network.pairformer import Pairformer
 
@@ -76,14 +81,10 @@ class ConfidenceHead(nn.Module):
         self.distance = nn.Linear(DISTANCE_BINS, c_z, bias=False)
         self.single_norm = nn.LayerNorm(c_s) if config.dialect.confidence_single_norm else None
         self.raw_distance = nn.Linear(1, c_z, bias=False) if config.dialect.confidence_raw_distance else None
-        # The distances computed directly (AF3's head), or as Protenix's head computes them (torch's
-        # default: a matrix product past 25 tokens), since its raw-distance embedding passes their
-        # rounding (~1e-6 relative at 50 A) straight into the pair: the same bins and values as it.
-        self.distance_mode = (
-            "use_mm_for_euclid_dist_if_necessary"
-            if config.dialect.confidence_raw_distance
-            else "donot_use_mm_for_euclid_dist"
-        )
+        # The distances computed directly (AF3's head; None), or as Protenix's head computes them
+        # (torch's default: a matrix product past 25 tokens), since its raw-distance embedding passes
+        # their rounding (~1e-6 relative at 50 A) straight into the pair: the same bins and values.
+        self.distance_mode = "use_mm_for_euclid_dist_if_necessary" if config.dialect.confidence_raw_distance else None
         self.pde_symmetrised_input = config.dialect.pde_symmetrised_input
         self.pairformer = Pairformer(
             config.confidence.confidence_blocks,
@@ -145,7 +146,11 @@ class ConfidenceHead(nn.Module):
             single = self.single_norm(single.clamp(-self.SINGLE_CLAMP, self.SINGLE_CLAMP))
         z = pair + self.left_inputs(s_inputs)[:, :, None] + self.right_inputs(s_inputs)[:, None, :]
         represented = gather_atoms(positions.detach().float(), representative_atom_index(batch))  # [B, S, N, 3]
-        distance = torch.cdist(represented, represented, compute_mode=self.distance_mode)
+        distance = (
+            pairwise_distances(represented, represented)
+            if self.distance_mode is None
+            else torch.cdist(represented, represented, compute_mode=self.distance_mode)
+        )
         features = distance_features(distance) * pair_mask[:, None, :, :, None]
         z = z[:, None] + self.distance(features)  # [B, S, N, N, c_z]
         if self.raw_distance is not None:

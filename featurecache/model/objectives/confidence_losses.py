@@ -25,9 +25,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from featurecache.model.network.atoms import centre_atom_index, gather_atoms, representative_atom_index
+from featurecache.model.network.atoms import (
+    centre_atom_index,
+    gather_atoms,
+    pairwise_distances,
+    representative_atom_index,
+)
 from featurecache.model.network.checkpointing import maybe_checkpointed
-from featurecache.model.objectives.lddt import distances, inclusion_radius, pair_scores
+from featurecache.model.objectives.lddt import inclusion_radius, pair_scores
 
 ERROR_BIN_WIDTH = 0.5  # Angstrom: PAE and PDE bins [0, 0.5), [0.5, 1), ..., [31.5, inf)
 FRAME_EPS = 1e-8  # Algorithm 29-30's epsilon in norms and in the error's square root
@@ -103,8 +108,8 @@ def plddt_scores(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """plddt_target's parts: each atom's summed pair scores [B, S, A] and its pair count [B, A]."""
     true = true.float()
-    true_distance = distances(true, gather_atoms(true, centre))  # [B, A, N]
-    predicted_distance = distances(predicted.float(), gather_atoms(predicted.float(), centre))  # [B, S, A, N]
+    true_distance = pairwise_distances(true, gather_atoms(true, centre))  # [B, A, N]
+    predicted_distance = pairwise_distances(predicted.float(), gather_atoms(predicted.float(), centre))  # [B, S, A, N]
     radius = inclusion_radius(centre_is_nucleotide)[:, None, :]
     atom_index = torch.arange(true.shape[1], device=true.device)[None, :, None]
     included = (
@@ -213,7 +218,7 @@ def confidence_losses(
         predicted_atoms = gather_atoms(positions.float(), pde_atoms)
         true_atoms = gather_atoms(true, pde_atoms)
         distance_error = (
-            distances(predicted_atoms, predicted_atoms) - distances(true_atoms, true_atoms)[:, None]
+            pairwise_distances(predicted_atoms, predicted_atoms) - pairwise_distances(true_atoms, true_atoms)[:, None]
         ).abs()
     pde_logits = outputs["pde_logits"]
     pde = masked_cross_entropy(

@@ -17,12 +17,7 @@ import math
 import torch
 
 from featurecache.kernels.smooth_lddt import INCLUSION_RADIUS, LDDT_THRESHOLDS, NUCLEOTIDE_INCLUSION_RADIUS
-
-
-def distances(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
-    """[..., I, 3] x [..., J, 3] -> [..., I, J], computed directly: the matrix-product form loses
-    ~1e-3 A at coordinates of 100 A in fp32."""
-    return torch.cdist(first, second, compute_mode="donot_use_mm_for_euclid_dist")
+from featurecache.model.network.atoms import pairwise_distances
 
 
 def inclusion_radius(is_nucleotide: torch.Tensor) -> torch.Tensor:
@@ -51,7 +46,7 @@ def lddt(
     predicted [S, A, 3], true [A, 3]; resolved, is_nucleotide and scored (the atoms l whose
     pairs count; default all) [A] -> [S]. NaN where no pair is within the inclusion radius."""
     true = true.float()
-    true_distance = distances(true, true)
+    true_distance = pairwise_distances(true, true)
     radius = inclusion_radius(is_nucleotide)[:, None]
     scored = resolved if scored is None else scored & resolved
     eye = torch.eye(true.shape[0], dtype=torch.bool, device=true.device)
@@ -61,6 +56,6 @@ def lddt(
         return torch.full(predicted.shape[:1], math.nan, device=predicted.device)
     scores = []
     for structure in predicted.float():  # one [A, A] distance matrix at a time
-        error = (distances(structure, structure) - true_distance).abs()[pairs]
+        error = (pairwise_distances(structure, structure) - true_distance).abs()[pairs]
         scores.append(pair_scores(error).sum() / count)
     return torch.stack(scores)

@@ -12,7 +12,8 @@ from torch.utils.checkpoint import checkpoint
 
 from featurecache.kernels import smooth_lddt
 from featurecache.kernels.runtime import runs_triton
-from featurecache.model.objectives.lddt import distances, inclusion_radius, smooth_pair_scores
+from featurecache.model.network.atoms import pairwise_distances
+from featurecache.model.objectives.lddt import inclusion_radius, smooth_pair_scores
 from featurecache.model.objectives.rigid import weighted_rigid_align
 
 # Devices on which the PyTorch path's smooth LDDT lists the included pairs (data-dependent shapes:
@@ -81,7 +82,7 @@ def smooth_lddt_loss(
             predicted.float(), true, smooth_lddt.inclusion_radius(is_nucleotide, resolved)
         )
         return 1.0 - scores / count.clamp(min=1.0)[:, None]
-    true_distance = distances(true, true)  # [B, A, A]
+    true_distance = pairwise_distances(true, true)  # [B, A, A]
     radius = inclusion_radius(is_nucleotide).unsqueeze(-1)  # [B, A, 1]
     eye = torch.eye(true.shape[1], dtype=torch.bool, device=true.device)
     included = (true_distance < radius) & resolved[:, :, None] & resolved[:, None, :] & ~eye
@@ -103,7 +104,7 @@ def smooth_lddt_loss(
 
 def _smooth_lddt_score(predicted: torch.Tensor, true_distance: torch.Tensor, included: torch.Tensor) -> torch.Tensor:
     """Sum of the smooth LDDT pair scores over included pairs: predicted [B, A, 3] -> [B]."""
-    error = (distances(predicted, predicted) - true_distance).abs()
+    error = (pairwise_distances(predicted, predicted) - true_distance).abs()
     score = smooth_pair_scores(error)
     return (score * included).sum(dim=(-1, -2))
 
