@@ -93,7 +93,7 @@ def _pretend_gpu(monkeypatch, name: str, architecture: str) -> None:
 def test_a_gpu_without_its_own_entry_runs_the_tiles_tuned_for_its_architecture(monkeypatch):
     table = runtime._fused_config_table()
     tuned = runtime.TUNED_FOR_ARCHITECTURE["sm_90"]
-    _pretend_gpu(monkeypatch, "NVIDIA H100 80GB HBM3", "sm_90")
+    _pretend_gpu(monkeypatch, "NVIDIA GH200 480GB", "sm_90")
     assert runtime.tuned_gpu(table) == tuned
     for op, kernels in table[tuned].items():
         for kernel, entry in kernels.items():

@@ -132,3 +132,44 @@ def test_window_kernels_match_the_torch_path_with_the_same_parameters(num_atoms,
     for index, (want, got) in enumerate(zip(*results)):
         error = (got - want).abs().max().item()
         assert error <= 2e-5 * (1 + want.abs().max().item()), f"result {index}: max error {error:.2e}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_token_pairs_of_windows_gather_each_atom_pairs_tokens(dtype):
+    """The products' path (16-bit, with gradient) and the gather (fp32) against indices read one
+    by one: the same values bit for bit, and each token pair's gradient the sum over its atom
+    pairs. The products round twice: each query atom's sum over a key token's atoms in its
+    window, then the total over query atoms (accumulated in fp32 both times), so the bound is eps x
+    (the |partial sums| + |total|); the fp32 gather rounds each addition: fp32's summation
+    tolerance."""
+    generator = torch.Generator().manual_seed(5)
+    batch, tokens, channels, atoms, queries, keys = 2, 23, 5, 101, 8, 32
+    pad = torch.ones(batch, atoms, dtype=torch.bool)
+    pad[1, 90:] = False
+    atom_to_token = torch.sort(torch.randint(0, tokens, (batch, atoms), generator=generator), dim=1).values
+    atom_to_token[1, 90:] = 0  # padding atoms point to token 0
+    windows = AtomWindows(pad, queries=queries, keys=keys)
+    token_pair = torch.randn(batch, tokens, tokens, channels, generator=generator).to(dtype).requires_grad_()
+    pairs = windows.token_pairs_of(token_pair, atom_to_token)
+    assert pairs.shape == (batch, windows.num_windows, queries, keys, channels)
+    grad = torch.randn(pairs.shape, generator=generator).to(dtype)
+    pairs.backward(grad)
+    # per query atom (window w, position q) and token pair, the sum over its key atoms, in fp64
+    partial = torch.zeros(batch, windows.num_windows, queries, tokens, tokens, channels, dtype=torch.float64)
+    for b in range(batch):
+        for w in range(windows.num_windows):
+            for q in range(queries):
+                query_atom = w * queries + q
+                query_token = atom_to_token[b, query_atom] if query_atom < atoms else 0
+                for k in range(keys):
+                    key_atom = w * queries - (keys - queries) // 2 + k
+                    key_token = atom_to_token[b, key_atom] if 0 <= key_atom < atoms else 0
+                    assert torch.equal(pairs[b, w, q, k], token_pair[b, query_token, key_token])
+                    partial[b, w, q, query_token, key_token] += grad[b, w, q, k].double()
+    expected = partial.sum((1, 2))
+    error = (token_pair.grad.double() - expected).abs()
+    if dtype == torch.float32:
+        bound = summation_tolerance(dtype, queries * keys) * partial.abs().sum((1, 2)).clamp(min=1.0)
+    else:
+        bound = torch.finfo(dtype).eps * (partial.abs().sum((1, 2)) + expected.abs())
+    assert torch.all(error <= bound), (error - bound).max()

@@ -9,6 +9,13 @@ from featurecache.kernels.reference import transition_reference
 from featurecache.kernels.transition.config import OP
 from featurecache.kernels.transition.launch import transition_bwd, transition_fwd
 
+# Below this many rows (on a GPU) the fused kernel cannot fill the device: its grid is a program
+# per row tile of 32-128 rows, each looping over the whole hidden width. At the single
+# representation's 384 rows it took 0.164 ms against LayerNorm + cuBLAS's 0.0325 ms; at the
+# pair's 147,456 rows it is 3x faster than they are (H100, 2026-12-06, benchmarks/NOTES.md
+# section 20). Interpreted runs (tests, on the CPU) always take the kernel.
+FUSED_MIN_ROWS = 16384
+
 
 class _TransitionFunction(torch.autograd.Function):
     @staticmethod
@@ -105,8 +112,9 @@ def transition(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps=1e
             f"{OP}: x has {x.shape[-1]} channels but weight_a is {tuple(weight_a.shape)} and "
             f"weight_out is {tuple(weight_out.shape)}"
         )
-    if x.numel() == 0:
-        # no rows: nothing to launch; the result stays connected to the graph for autograd
+    if x.numel() == 0 or (x.is_cuda and x.numel() // x.shape[-1] < FUSED_MIN_ROWS):
+        # no rows (nothing to launch; the result stays connected to the graph for autograd), or
+        # too few to fill the GPU
         return transition_reference(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps)
     weight_a, weight_b, weight_out = runtime.weights_like(x, weight_a, weight_b, weight_out)
     if torch.compiler.is_compiling():

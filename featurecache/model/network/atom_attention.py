@@ -97,6 +97,35 @@ class AtomWindows:
         padded = F.pad(atom_values, (0, 0, before, max(after, 0)))
         return padded.unfold(-2, self.keys, self.queries).transpose(-1, -2)
 
+    def token_pairs_of(self, token_pair: torch.Tensor, atom_to_token: torch.Tensor) -> torch.Tensor:
+        """[B, N, N, C] -> [B, W, queries, keys, C]: each (query atom, key atom)'s token pair (token 0
+        for the keys outside the atoms).
+
+        Where autograd records a 16-bit token_pair, as two products with one-hot selections:
+        each output sums one term in fp32, so the values are the gather's exactly, and the
+        gradient sums each token pair's atom pairs by matrix products in a fixed order. An
+        advanced-indexing gather's backward sorts its ~400k indices (W x queries x keys) to sum
+        duplicates: one kernel of 6.3 ms a step on an H100 at 3,328 atoms, 15 % of the tiny
+        step's kernel time (benchmarks/NOTES.md section 20); the products are ~60 GFLOP a step there
+        (forward and backward), ~0.1 ms."""
+        token = atom_to_token.unsqueeze(-1).float()
+        query_token = self.queries_of(token).squeeze(-1).long()  # [B, W, Q]
+        key_token = self.keys_of(token).squeeze(-1).long()  # [B, W, K]
+        if not (torch.is_grad_enabled() and token_pair.requires_grad and token_pair.element_size() == 2):
+            rows = torch.arange(token_pair.shape[0], device=token_pair.device)[:, None, None, None]
+            return token_pair[rows, query_token[..., :, None], key_token[..., None, :]]
+        batch, num_tokens, _, channels = token_pair.shape
+        windows, queries, keys = self.num_windows, self.queries, self.keys
+        with torch.autocast(token_pair.device.type, enabled=False):  # the products in token_pair's dtype
+            tokens = torch.arange(num_tokens, device=token_pair.device)
+            pick_rows = (query_token.flatten(1, 2)[..., None] == tokens).to(token_pair.dtype)  # [B, W * Q, N]
+            pick_keys = (key_token[..., None] == tokens).to(token_pair.dtype)  # [B, W, K, N]
+            # each query atom's token row [B, W * Q, N * C], then per window the keys' columns
+            rows = torch.bmm(pick_rows, token_pair.reshape(batch, num_tokens, num_tokens * channels))
+            rows = rows.view(batch, windows, queries, num_tokens, channels).transpose(2, 3)
+            pairs = torch.matmul(pick_keys, rows.reshape(batch, windows, num_tokens, queries * channels))
+        return pairs.view(batch, windows, keys, queries, channels).transpose(2, 3)  # [B, W, Q, K, C]
+
     def attention_bias(self, pair_bias: torch.Tensor, kernels: str) -> torch.Tensor:
         """[B, W, queries, keys, H] -> the windowed attention's bias [B, W, H, queries, keys]
         (contiguous keys: the kernels read [queries, keys] tiles in whole cache lines); the same
@@ -219,11 +248,7 @@ class AtomAttentionEncoder(nn.Module):
             atom_to_token = batch["atom_to_token"]
             atom_cond = atom_cond + gather_tokens(self.from_trunk_single(trunk_single), atom_to_token)
             token_pair = self.from_trunk_pair(trunk_pair)  # [B, N, N, c_atompair]: project, then gather
-            token = atom_to_token.unsqueeze(-1).float()
-            query_token = windows.queries_of(token).squeeze(-1).long()  # [B, W, Q]
-            key_token = windows.keys_of(token).squeeze(-1).long()  # [B, W, K]
-            rows = torch.arange(token_pair.shape[0], device=token_pair.device)[:, None, None, None]
-            atom_pair = atom_pair + token_pair[rows, query_token[..., :, None], key_token[..., None, :]]
+            atom_pair = atom_pair + windows.token_pairs_of(token_pair, atom_to_token)
         relu_cond = torch.relu(atom_cond)
         atom_pair = (
             atom_pair
