@@ -106,8 +106,8 @@ class AtomWindows:
         gradient sums each token pair's atom pairs by matrix products in a fixed order. An
         advanced-indexing gather's backward sorts its ~400k indices (W x queries x keys) to sum
         duplicates: one kernel of 6.3 ms a step on an H100 at 3,328 atoms, 15 % of the tiny
-        step's kernel time; with the products (~60 GFLOP forward and backward) the tiny step's
-        kernels took 34.6 ms instead of 40.5 (benchmarks/NOTES.md section 20)."""
+        step's kernel time, gone from its profile with the products (~60 GFLOP forward and
+        backward; benchmarks/NOTES.md section 20)."""
         token = atom_to_token.unsqueeze(-1).float()
         query_token = self.queries_of(token).squeeze(-1).long()  # [B, W, Q]
         key_token = self.keys_of(token).squeeze(-1).long()  # [B, W, K]
