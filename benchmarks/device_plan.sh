@@ -353,6 +353,18 @@ large_targets() {
         --cuda-graphs --steps 11 --record 2>&1 | tee -a "$OUTDIR/log.txt" || true
 }
 
+# Issue 34's two training-step targets on one machine, this tree alone: the graphed af3 step at
+# crop 384 (with its kernel profile) and at crop 768. A fresh machine compiles the Triton kernels
+# in the first step (~95 s); 768 reuses most of them.
+#   ~40 + 540 s  run(command="FC_COMMIT=<HEAD> bash benchmarks/device_plan.sh step_targets", carry=[".devdata/cache384", ".devdata/site-core.tar.xz"], timeout_s=600)
+step_targets() {
+    device_setup
+    timeout "${1:-280}" python3 benchmarks/tiny_step.py --cache .devdata/cache384 --preset af3 --device cuda \
+        --cuda-graphs --steps 14 --kernel-profile 2 --record 2>&1 | tee "$OUTDIR/log.txt" || true
+    timeout "${2:-250}" python3 benchmarks/tiny_step.py --cache .devdata/cache384 --preset af3 --crop 768 --device cuda \
+        --cuda-graphs --steps 9 --record 2>&1 | tee -a "$OUTDIR/log.txt" || true
+}
+
 base_export() {  # here: COMMIT's featurecache package into .devdata/base (a --variant checkout for a device call)
     rm -rf .devdata/base && mkdir -p .devdata/base
     git archive "$1" featurecache | tar -x -C .devdata/base
@@ -478,4 +490,4 @@ smoke() {
         --crop-step 8 --crop-limit 32 --crop-budget-s 300 --out "$out/d"
 }
 
-"${1:?usage: device_plan.sh prepare|peer_wheels|base_export|cli_steps|step_profiles|af3_beside|explore|pair_kernels|recompute_cost|gpu_operators|large_targets|inference|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|precision|pack_site|general_prepare|general_start|general_collect|general_smoke|smoke [OUT]}" "${@:2}"
+"${1:?usage: device_plan.sh prepare|peer_wheels|base_export|cli_steps|step_profiles|af3_beside|explore|pair_kernels|recompute_cost|gpu_operators|large_targets|step_targets|inference|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|precision|pack_site|general_prepare|general_start|general_collect|general_smoke|smoke [OUT]}" "${@:2}"
