@@ -59,3 +59,56 @@ def test_blocks_on_a_given_s_side_match_the_blocks_computing_it(kernels, keys, s
     scale = expected.abs().max().item()
     tolerance = 8 * 2**-8 * scale if autocast else summation_tolerance(torch.float32, C_A * BLOCKS) * scale
     torch.testing.assert_close(given.float(), expected.float(), rtol=0, atol=tolerance)
+
+
+@pytest.mark.parametrize("gate_samples", [1, SAMPLES], ids=["gate shared", "gate per sample"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_gated_residual_is_the_sum_of_the_gated_update(gate_samples, dtype):
+    """gated_residual(a, g, u) = a + g * u, with the gradients of the product and the sum (a
+    shared gate's summed over the samples); in one addcmul the product is not rounded on its
+    own, so at 16 bits the values may differ from the two-step reference by its rounding."""
+    generator = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+    a, update = (torch.randn(BATCH, SAMPLES, LENGTH, C_A, generator=generator, dtype=dtype) for _ in range(2))
+    gate = torch.rand(BATCH, gate_samples, LENGTH, C_A, generator=generator, dtype=dtype)
+    grad = torch.randn(BATCH, SAMPLES, LENGTH, C_A, generator=generator, dtype=dtype)
+    leaves = [t.clone().requires_grad_() for t in (a, gate, update)]
+    reference = [t.double().requires_grad_() for t in (a, gate, update)]
+    out = transformer.gated_residual(*leaves)
+    expected = reference[0] + reference[1] * reference[2]
+    out.backward(grad)
+    expected.backward(grad.double())
+    assert out.dtype == dtype and out.shape == expected.shape
+    eps = torch.finfo(dtype).eps
+    # |a| + |g u| bounds each rounding of the sum; the product's own rounding is eps |g u|
+    bound = 2 * eps * (a.double().abs() + (gate.double() * update.double()).abs())
+    assert ((out.double() - expected.detach()).abs() <= bound).all()
+    assert torch.equal(leaves[0].grad, grad)
+    # d update = grad * g: one rounding; d gate = the sum over the samples of grad * u: each
+    # product rounded, then up to SAMPLES - 1 additions (worst case: (n + 1) eps of the terms)
+    grad64, terms = grad.double(), (grad.double() * update.double()).abs()
+    assert ((leaves[2].grad.double() - reference[2].grad).abs() <= eps * (grad64 * gate.double()).abs()).all()
+    summed = SAMPLES // gate_samples
+    gate_bound = (summed + 1) * eps * terms.sum_to_size(gate.shape)
+    assert leaves[1].grad.shape == gate.shape
+    assert ((leaves[1].grad.double() - reference[1].grad).abs() <= gate_bound).all()
+
+
+def test_gated_residual_with_mixed_dtypes_keeps_the_promoted_sum():
+    """fp32 a with a bf16 gate and update (the atom transformer under autocast): a + g * u as
+    PyTorch promotes it, the product rounded in bf16 first."""
+    a = torch.randn(BATCH, SAMPLES, LENGTH, C_A)
+    gate, update = (torch.randn(BATCH, SAMPLES, LENGTH, C_A, dtype=torch.bfloat16) for _ in range(2))
+    out = transformer.gated_residual(a, gate, update)
+    assert out.dtype == torch.float32
+    assert torch.equal(out, a + gate * update)
+
+
+def test_token_layout_makes_each_sample_counts_mask_once():
+    token_mask = torch.tensor([[True, True, False]])
+    layout = TokenLayout(token_mask)
+    q = torch.zeros(1, 2, 3, 1, 4)
+    first, second = layout.pack(q, q, q)[3], layout.pack(q, q, q)[3]
+    assert first is second and first.is_contiguous()
+    assert torch.equal(first, token_mask[:, None, :].expand(1, 2, 3))
+    other = layout.pack(torch.zeros(1, 5, 3, 1, 4), q, q)[3]
+    assert other.shape == (1, 5, 3) and torch.equal(other, token_mask[:, None, :].expand(1, 5, 3))

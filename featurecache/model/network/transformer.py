@@ -52,14 +52,15 @@ def _gate(c_s: int, c_a: int) -> Linear:
 @dataclass
 class BlockConditioning:
     """What one ConditionedTransformerBlock computes from s alone: its AdaLNs' scale logits and
-    shifts and its output gates' logits, each [*s.shape[:-1], c_a]. ConditionedTransformer.
-    conditioning computes them for every block at once (a sampler's calls, without gradient)."""
+    shifts, the attention's output gate and the transition's gate logits, each [*s.shape[:-1],
+    c_a]. ConditionedTransformer.conditioning computes them for every block at once (a sampler's
+    calls, without gradient)."""
 
     attention: tuple[torch.Tensor, torch.Tensor]  # the attention AdaLN's (scale logits, shift)
     key: tuple[torch.Tensor, torch.Tensor] | None  # the keys' AdaLN's, where the block has one
-    attention_gate: torch.Tensor
+    attention_gate: torch.Tensor  # sigmoid(gate logits): the attention applies no kernel of its own to it
     transition: tuple[torch.Tensor, torch.Tensor]
-    transition_gate: torch.Tensor
+    transition_gate_logits: torch.Tensor  # logits: the fused transition takes its sigmoid itself
 
 
 # The batched s side of one group of blocks stays under this many bytes (its scale logits,
@@ -117,6 +118,36 @@ def _stacked_conditioning(s: torch.Tensor, weights: StackedConditioningWeights):
     )
 
 
+def gated_residual(a: torch.Tensor, gate: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+    """a + gate * update: one kernel (addcmul) where the three share a dtype. With mixed dtypes
+    (fp32 atom activations, a bf16 update under autocast) the product and the sum stay two
+    operations, as autocast would cast each operand of addcmul to the widest dtype first."""
+    if a.dtype == gate.dtype == update.dtype:
+        return _GatedResidual.apply(a, gate, update)
+    return a + gate * update
+
+
+class _GatedResidual(torch.autograd.Function):
+    """addcmul(a, gate, update) with mul's backward: autograd's own addcmul backward scales each
+    factor by `value` (1 here) first, two more passes over [B, S, L, c_a] per call."""
+
+    @staticmethod
+    def forward(ctx, a, gate, update):
+        ctx.save_for_backward(gate, update)
+        ctx.a_shape = a.shape
+        return torch.addcmul(a, gate, update)
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, update = ctx.saved_tensors
+        need_a, need_gate, need_update = ctx.needs_input_grad
+        return (
+            grad.sum_to_size(ctx.a_shape) if need_a else None,
+            (grad * update).sum_to_size(gate.shape) if need_gate else None,
+            (grad * gate).sum_to_size(update.shape) if need_update else None,
+        )
+
+
 def _modulate(a: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, eps: float, kernels: str) -> torch.Tensor:
     """AdaLN with its s side given: sigmoid(scale) * LayerNorm(a) + shift (Algorithm 26)."""
     if kernels == "triton":
@@ -131,6 +162,7 @@ class TokenLayout:
     def __init__(self, token_mask: torch.Tensor, extra_bias: torch.Tensor | None = None) -> None:
         self.token_mask = token_mask  # [B, L] bool
         self.extra_bias = extra_bias  # [B, L, L] or None: beta of Algorithm 23
+        self._row_masks: dict[int, torch.Tensor] = {}  # S -> [B, S, L]: one copy for every block
 
     def attention_bias(self, pair_bias: torch.Tensor, kernels: str) -> torch.Tensor:
         """[B, L, L, H] -> the attention's bias [B, 1, H, L, L] (either kernel path)."""
@@ -140,9 +172,12 @@ class TokenLayout:
         return bias.unsqueeze(1).contiguous()
 
     def pack(self, q, k, v):
-        """q, k, v [B, S, L, H, D] as they are, and the key mask [B, S, L]."""
-        mask = self.token_mask[:, None, :].expand(-1, q.shape[1], -1).contiguous()
-        return q, k, v, mask
+        """q, k, v [B, S, L, H, D] as they are, and the key mask [B, S, L] (made once per S: a
+        sampler's call runs 24 blocks on one layout)."""
+        samples = q.shape[1]
+        if samples not in self._row_masks:
+            self._row_masks[samples] = self.token_mask[:, None, :].expand(-1, samples, -1).contiguous()
+        return q, k, v, self._row_masks[samples]
 
     def unpack(self, out: torch.Tensor) -> torch.Tensor:
         return out
@@ -196,14 +231,25 @@ class ConditionedTransition(nn.Module):
     def forward(self, a: torch.Tensor, s: torch.Tensor, conditioning: BlockConditioning | None = None) -> torch.Tensor:
         """a: [..., S, L, c_a]; s: [..., S or 1, L, c_s] (1: shared by the S samples). Returns the
         update [..., S, L, c_a]. `conditioning`: the block's s side, if already computed."""
+        gate, update = self.gate_and_update(a, s, conditioning)
+        return update if gate is None else gate * update
+
+    def residual(self, a: torch.Tensor, s: torch.Tensor, conditioning: BlockConditioning | None = None) -> torch.Tensor:
+        """a + forward(a, s, conditioning), the gate's product and the sum in one kernel where
+        the update is not already gated (gated_residual)."""
+        gate, update = self.gate_and_update(a, s, conditioning)
+        return a + update if gate is None else gated_residual(a, gate, update)
+
+    def gate_and_update(self, a: torch.Tensor, s: torch.Tensor, conditioning: BlockConditioning | None = None):
+        """(gate, ungated update), or (None, the gated update) where one fused op computes both."""
         if conditioning is not None:
-            return self._conditioned(a, *conditioning.transition, conditioning.transition_gate)
+            return self._conditioned(a, *conditioning.transition, conditioning.transition_gate_logits)
         # Past FUSED_MAX_CHANNELS (the token width, 768) the kernel module's AdaLN + cuBLAS split
         # measured slower than these modules, launched and replayed (H200, 2026-12-04 03:21 UTC,
         # benchmarks/RESULTS.md): the fused op is used only where it fuses the whole block.
         if self.kernels == "triton" and a.shape[-1] <= FUSED_MAX_CHANNELS:
             adaln = self.adaln
-            return conditioned_transition(
+            return None, conditioned_transition(
                 a,
                 s,
                 adaln.norm_s.weight,
@@ -217,21 +263,20 @@ class ConditionedTransition(nn.Module):
                 self.output_gate.bias,
                 adaln.norm_s.eps,
             )
-        return self._gated_swiglu(self.adaln(a, s), self.output_gate(s))
+        return torch.sigmoid(self.output_gate(s)), self._swiglu(self.adaln(a, s))
 
-    def _conditioned(self, a: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, gate: torch.Tensor):
-        """The block on its s side given (scale and gate logits, shift): the fused op where it
-        fuses the whole block, else the one-pass AdaLN (Triton) and the modules' products."""
+    def _conditioned(self, a: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, gate_logits: torch.Tensor):
+        """gate_and_update on the s side given (scale and gate logits, shift): the fused op where
+        it fuses the whole block, else the one-pass AdaLN (Triton) and the modules' products."""
         eps = self.adaln.norm_s.eps
         if self.kernels == "triton" and a.shape[-1] <= FUSED_MAX_CHANNELS:
             weights = (self.linear_a.weight, self.linear_b.weight, self.linear_out.weight)
-            return conditioned_transition_modulated(a, scale, shift, gate, *weights, eps)
-        return self._gated_swiglu(_modulate(a, scale, shift, eps, self.kernels), gate)
+            return None, conditioned_transition_modulated(a, scale, shift, gate_logits, *weights, eps)
+        return torch.sigmoid(gate_logits), self._swiglu(_modulate(a, scale, shift, eps, self.kernels))
 
-    def _gated_swiglu(self, x: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
-        """sigmoid(gate) * LinearNoBias(swish(LinearNoBias(x)) * LinearNoBias(x)) on AdaLN's x."""
-        hidden = F.silu(self.linear_a(x)) * self.linear_b(x)
-        return torch.sigmoid(gate_logits) * self.linear_out(hidden)
+    def _swiglu(self, x: torch.Tensor) -> torch.Tensor:
+        """LinearNoBias(swish(LinearNoBias(x)) * LinearNoBias(x)) on AdaLN's x, before the gate."""
+        return self.linear_out(F.silu(self.linear_a(x)) * self.linear_b(x))
 
 
 class ConditionedAttention(nn.Module):
@@ -291,6 +336,15 @@ class ConditionedAttention(nn.Module):
         [B, L, L, c_pair]; AtomWindows: per window); bias: attention_bias(pair, layout) if already
         computed; conditioning: the block's s side, if already computed. Returns the update of a
         [B, S, L, c_a]."""
+        gate, update = self.gate_and_update(a, s, pair, layout, bias, conditioning)
+        return gate * update
+
+    def residual(self, a, s, pair, layout, bias=None, conditioning: BlockConditioning | None = None) -> torch.Tensor:
+        """a + forward(...), the output gate's product and the sum in one kernel (gated_residual)."""
+        return gated_residual(a, *self.gate_and_update(a, s, pair, layout, bias, conditioning))
+
+    def gate_and_update(self, a, s, pair, layout, bias=None, conditioning: BlockConditioning | None = None):
+        """forward's output gate sigmoid(Linear(s)) [B, S or 1, L, c_a] and the ungated update."""
         width = a.shape[-1]
         queries = self._adaln(self.adaln, a, s, None if conditioning is None else conditioning.attention)
         if self.key_adaln is None:
@@ -309,8 +363,8 @@ class ConditionedAttention(nn.Module):
             bias = self.attention_bias(pair, layout)
         out = layout.attend(q, k, v, bias, self.kernels)  # [B, S, L, H, D]
         out = self.linear_out((torch.sigmoid(gate) * out.to(gate.dtype)).flatten(-2))
-        gate_logits = self.output_gate(s) if conditioning is None else conditioning.attention_gate
-        return torch.sigmoid(gate_logits) * out
+        output_gate = torch.sigmoid(self.output_gate(s)) if conditioning is None else conditioning.attention_gate
+        return output_gate, out
 
     def _adaln(self, adaln: AdaptiveLayerNorm, a: torch.Tensor, s: torch.Tensor, given) -> torch.Tensor:
         """adaln(a, s), or on its s side `given` (scale logits, shift) when not None."""
@@ -348,8 +402,8 @@ class ConditionedTransformerBlock(nn.Module):
         block's s side, if already computed. Returns the new a [B, S, L, c_a]."""
         # Residual after each half, as Protenix and Boltz run Algorithm 23 (its line 3 as printed
         # would drop a's residual path).
-        a = a + self.attention(a, s, pair, layout, bias, conditioning)
-        return a + self.transition(a, s, conditioning)
+        a = self.attention.residual(a, s, pair, layout, bias, conditioning)
+        return self.transition.residual(a, s, conditioning)
 
 
 class ConditionedTransformer(nn.Module):
@@ -419,14 +473,15 @@ class ConditionedTransformer(nn.Module):
         s = self._conditioning_input(s)
         weights = self.conditioning_weights(_product_dtype(s)) if weights is None else weights
         scales, shifts, gate_logits = _stacked_conditioning(s, weights)
+        attention_gates = torch.sigmoid(gate_logits[:, 0])  # every block's in one kernel
         keyed = scales.shape[1] == 3
         return [
             BlockConditioning(
                 attention=(scales[index, 0], shifts[index, 0]),
                 key=(scales[index, 2], shifts[index, 2]) if keyed else None,
-                attention_gate=gate_logits[index, 0],
+                attention_gate=attention_gates[index],
                 transition=(scales[index, 1], shifts[index, 1]),
-                transition_gate=gate_logits[index, 1],
+                transition_gate_logits=gate_logits[index, 1],
             )
             for index in range(scales.shape[0])
         ]
