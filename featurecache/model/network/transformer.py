@@ -60,7 +60,8 @@ class BlockConditioning:
     key: tuple[torch.Tensor, torch.Tensor] | None  # the keys' AdaLN's, where the block has one
     attention_gate: torch.Tensor  # sigmoid(gate logits): the attention applies no kernel of its own to it
     transition: tuple[torch.Tensor, torch.Tensor]
-    transition_gate_logits: torch.Tensor  # logits: the fused transition takes its sigmoid itself
+    transition_gate_logits: torch.Tensor  # the fused transition takes their sigmoid itself
+    transition_gate: torch.Tensor | None = None  # their sigmoid, for a transition that is not fused
 
 
 # The batched s side of one group of blocks stays under this many bytes (its scale logits,
@@ -243,11 +244,13 @@ class ConditionedTransition(nn.Module):
     def gate_and_update(self, a: torch.Tensor, s: torch.Tensor, conditioning: BlockConditioning | None = None):
         """(gate, ungated update), or (None, the gated update) where one fused op computes both."""
         if conditioning is not None:
-            return self._conditioned(a, *conditioning.transition, conditioning.transition_gate_logits)
+            return self._conditioned(
+                a, *conditioning.transition, conditioning.transition_gate_logits, conditioning.transition_gate
+            )
         # Past FUSED_MAX_CHANNELS (the token width, 768) the kernel module's AdaLN + cuBLAS split
         # measured slower than these modules, launched and replayed (H200, 2026-12-04 03:21 UTC,
         # benchmarks/RESULTS.md): the fused op is used only where it fuses the whole block.
-        if self.kernels == "triton" and a.shape[-1] <= FUSED_MAX_CHANNELS:
+        if self.fused:
             adaln = self.adaln
             return None, conditioned_transition(
                 a,
@@ -265,14 +268,21 @@ class ConditionedTransition(nn.Module):
             )
         return torch.sigmoid(self.output_gate(s)), self._swiglu(self.adaln(a, s))
 
-    def _conditioned(self, a: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, gate_logits: torch.Tensor):
-        """gate_and_update on the s side given (scale and gate logits, shift): the fused op where
-        it fuses the whole block, else the one-pass AdaLN (Triton) and the modules' products."""
+    @property
+    def fused(self) -> bool:
+        """Whether the block runs as one fused op (which takes the gate's logits)."""
+        return self.kernels == "triton" and self.linear_a.in_features <= FUSED_MAX_CHANNELS
+
+    def _conditioned(self, a, scale, shift, gate_logits: torch.Tensor, gate: torch.Tensor | None = None):
+        """gate_and_update on the s side given (scale and gate logits, shift; the gate itself
+        where already computed): the fused op where it fuses the whole block, else the one-pass
+        AdaLN (Triton) and the modules' products."""
         eps = self.adaln.norm_s.eps
-        if self.kernels == "triton" and a.shape[-1] <= FUSED_MAX_CHANNELS:
+        if self.fused:
             weights = (self.linear_a.weight, self.linear_b.weight, self.linear_out.weight)
             return None, conditioned_transition_modulated(a, scale, shift, gate_logits, *weights, eps)
-        return torch.sigmoid(gate_logits), self._swiglu(_modulate(a, scale, shift, eps, self.kernels))
+        gate = torch.sigmoid(gate_logits) if gate is None else gate
+        return gate, self._swiglu(_modulate(a, scale, shift, eps, self.kernels))
 
     def _swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """LinearNoBias(swish(LinearNoBias(x)) * LinearNoBias(x)) on AdaLN's x, before the gate."""
@@ -473,15 +483,18 @@ class ConditionedTransformer(nn.Module):
         s = self._conditioning_input(s)
         weights = self.conditioning_weights(_product_dtype(s)) if weights is None else weights
         scales, shifts, gate_logits = _stacked_conditioning(s, weights)
-        attention_gates = torch.sigmoid(gate_logits[:, 0])  # every block's in one kernel
+        # every block's gates through their sigmoid in one kernel; a fused transition takes logits
+        fused_transition = self.blocks[0].transition.fused
+        gates = torch.sigmoid(gate_logits[:, :1] if fused_transition else gate_logits)
         keyed = scales.shape[1] == 3
         return [
             BlockConditioning(
                 attention=(scales[index, 0], shifts[index, 0]),
                 key=(scales[index, 2], shifts[index, 2]) if keyed else None,
-                attention_gate=attention_gates[index],
+                attention_gate=gates[index, 0],
                 transition=(scales[index, 1], shifts[index, 1]),
                 transition_gate_logits=gate_logits[index, 1],
+                transition_gate=None if fused_transition else gates[index, 1],
             )
             for index in range(scales.shape[0])
         ]
