@@ -14,6 +14,14 @@ stale), and dropped when the scope ends. Inside a CUDA graph capture the copies 
 graph's own memory, made once by the capture; a graph captured inside the scope reads copies
 made before it, so it must not be replayed after the scope ends (a sampler's graph lives only
 within its sampler call).
+
+A training micro-batch is the other case (`step_weight_casts()`, around its forward and
+backward): there each weight is cast once, with gradient, and every use shares the copy: the
+checkpointed blocks' first forward (without gradient), their recomputation in backward and the
+mini-rollout between them. Every differentiated use's gradient reaches the weight through the
+one cast (its backward keeps no tensors, so each recomputation's backward may pass through it).
+The trunk's blocks otherwise cast their weights twice a step (forward and recomputation): 1,296
+copies of the af3 step's ~50,000 kernels (counted on the CPU, benchmarks/NOTES.md section 21).
 """
 
 from __future__ import annotations
@@ -55,15 +63,40 @@ def cached_weight_casts() -> Iterator[None]:
             torch.clear_autocast_cache()
 
 
+@contextlib.contextmanager
+def step_weight_casts() -> Iterator[None]:
+    """Within it, cast_weight casts each weight once per dtype, with gradient, for every use in
+    or out of gradient mode (one training micro-batch's forward and backward); a sampler's
+    cached_weight_casts inside it (the mini-rollout) reads the same copies."""
+    if getattr(_scope, "step_copies", None) is not None:
+        yield
+        return
+    _scope.step_copies = {}
+    try:
+        yield
+    finally:
+        _scope.step_copies = None
+
+
 def cast_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """weight.to(dtype), the same copy each time within cached_weight_casts (gradients off)."""
+    """weight.to(dtype), the same copy each time within cached_weight_casts (gradients off) or
+    step_weight_casts (a differentiable copy)."""
     if weight.dtype == dtype:
         return weight
-    if torch.compiler.is_compiling() or torch.is_grad_enabled():  # compiled code: no Python state
+    if torch.compiler.is_compiling():  # compiled code: no Python state
         return weight.to(dtype)
+    step_copies = getattr(_scope, "step_copies", None)
+    if step_copies is not None:
+        with torch.enable_grad():  # differentiable even when made in a checkpoint's first forward
+            return _kept(step_copies, weight, dtype)
     copies = getattr(_scope, "copies", None)
-    if copies is None:
+    if copies is None or torch.is_grad_enabled():
         return weight.to(dtype)
+    return _kept(copies, weight, dtype)
+
+
+def _kept(copies: dict, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """copies' cast of weight to dtype, made now if missing or stale (the weight changed in place)."""
     key = (id(weight), dtype)
     kept = copies.get(key)
     if kept is not None and kept[0] is weight and kept[1] == weight._version:

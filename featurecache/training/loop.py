@@ -43,6 +43,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from featurecache.kernels.weight_casts import step_weight_casts
 from featurecache.model import AF3Model, ModelConfig, sample_num_cycles
 from featurecache.model.af3 import LOSS_INPUTS, OPTIONAL_LOSS_INPUTS, REQUIRED_INPUTS
 from featurecache.model.config import RUNTIME_SETTINGS, WEIGHT_MEANING_SETTINGS, saved_model_settings
@@ -233,10 +234,13 @@ class Trainer:
         """Forward (N_cycle trunk cycles, the diffusion batch), loss and backward of one
         micro-batch, its gradient scaled by 1 / accumulate (summed over the step's micro-batches,
         a mean); returns the loss terms (AF3Model.loss's metrics)."""
-        with self.autocast:
-            outputs = self.trained(batch, num_cycles=num_cycles, generator=generator)  # the model's diffusion batch
-        loss, metrics = self.model.loss(batch, outputs)
-        (loss / self.config.accumulate if self.config.accumulate > 1 else loss).backward()
+        # each weight cast to the compute dtype once for the forward, the checkpoints'
+        # recomputation and the mini-rollout (kernels/weight_casts.py)
+        with step_weight_casts():
+            with self.autocast:
+                outputs = self.trained(batch, num_cycles=num_cycles, generator=generator)  # the model's diffusion batch
+            loss, metrics = self.model.loss(batch, outputs)
+            (loss / self.config.accumulate if self.config.accumulate > 1 else loss).backward()
         return metrics
 
     def apply(self) -> torch.Tensor:

@@ -132,3 +132,63 @@ def test_no_weight_cast_without_gradient_outlives_the_scope():
 def test_with_gradient_the_scope_leaves_autocast_cache_alone():
     with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False), cached_weight_casts():
         assert not torch.is_autocast_cache_enabled()
+
+
+def test_the_step_scope_casts_once_for_a_checkpoints_forward_and_recomputation():
+    """A weight used in a checkpointed block (first forward without gradient, recomputation in
+    backward), outside it, and in a no-gradient sampler scope between: one cast, and every
+    differentiated use's gradient reaches the weight (fp32 weights: the gradient is exact)."""
+    from featurecache.model.network.checkpointing import checkpointed
+
+    weight, x = _weight(), torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+
+    def block(inputs):
+        return inputs @ cast_weight(weight, torch.float64)
+
+    def loss_of():
+        inside = checkpointed(block, x)
+        with torch.no_grad(), cached_weight_casts():
+            rollout = cast_weight(weight, torch.float64)
+        outside = x @ cast_weight(weight, torch.float64)
+        return (inside.sum() + 2 * outside.sum()) * rollout.sum().detach()
+
+    loss_of().backward()
+    expected = weight.grad.clone()
+    weight.grad, x.grad = None, None
+    casts = _Copies()
+    with casts, weight_casts.step_weight_casts():
+        loss = loss_of()
+        loss.backward()
+    assert casts.count == 1 + 2  # the one cast; its gradient cast back in each backward pass through it (2)
+    torch.testing.assert_close(weight.grad, expected, rtol=0, atol=0)
+    assert weight_casts._scope.step_copies is None
+
+
+def test_the_step_scope_gives_the_training_steps_gradients(monkeypatch):
+    """The tiny model's training step (Pairformer blocks checkpointed, the mini-rollout) under
+    CPU autocast with the step's casts shared and without: the same loss, and the same
+    gradients up to the bf16 sums of a weight's uses within one backward pass (autocast's own
+    cache sums them so too)."""
+    from featurecache.model import AF3Model, preset
+    from featurecache.testing.synthetic import random_batch
+
+    torch.manual_seed(0)
+    model = AF3Model(preset("tiny", kernels="torch")).train()
+    batch = random_batch([9], [3], [1], torch.Generator().manual_seed(1), num_atoms_per_token=2)
+
+    def step(scope) -> tuple[torch.Tensor, dict]:
+        model.zero_grad(set_to_none=True)
+        with scope:
+            with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+                outputs = model(batch, num_cycles=1, diffusion_batch=2, generator=torch.Generator().manual_seed(2))
+                loss = model.loss(batch, outputs)[0]
+            loss.backward()
+        return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    plain_loss, plain = step(contextlib.nullcontext())
+    shared_loss, shared = step(weight_casts.step_weight_casts())
+    assert torch.equal(plain_loss, shared_loss)
+    assert plain.keys() == shared.keys()
+    for name, grad in plain.items():
+        scale = grad.abs().max().item() + shared[name].abs().max().item()
+        torch.testing.assert_close(shared[name], grad, rtol=0, atol=4 * torch.finfo(torch.bfloat16).eps * scale, msg=name)
