@@ -22,6 +22,7 @@ from torch import nn
 from featurecache.kernels.layernorm_linear import LayerNormLinear
 from featurecache.kernels.reference import hash32, shared_dropout_reference
 from featurecache.kernels.runtime import check_kernels
+from featurecache.kernels.weight_casts import cast_weight
 
 
 def _cast_to_autocast_dtype(module: nn.Module, args: tuple) -> tuple:
@@ -87,20 +88,31 @@ class _LinearFunction(torch.autograd.Function):
 class Linear(nn.Linear):
     """nn.Linear (same parameters, initialisation and state_dict) whose bias gradient is a cuBLAS
     product (column_sums) when the output is differentiated. For the Linears with a bias whose
-    outputs span the pair or the diffusion batch; without gradient it is nn.Linear's forward."""
+    outputs span the pair or the diffusion batch. Under autocast its parameters are cast by
+    cast_weight: once a training step inside step_weight_casts (kernels/weight_casts.py), so a
+    checkpointed block's first forward and its recomputation share the copies."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in_features] -> [..., out_features]."""
-        if self.bias is None or not torch.is_grad_enabled():
-            return super().forward(x)
         device_type = x.device.type
         weight, bias = self.weight, self.bias
         if torch.is_autocast_enabled(device_type):
             # autocast's casts made here (differentiable), as it would make them for F.linear
             dtype = torch.get_autocast_dtype(device_type)
-            x, weight, bias = (t.to(dtype) if t.dtype != torch.float64 else t for t in (x, weight, bias))
-        with torch.autocast(device_type, enabled=False):
-            return _LinearFunction.apply(x, weight, bias)
+            if x.dtype != torch.float64:
+                x = x.to(dtype)
+            weight, bias = (
+                cast_weight(t, dtype) if t is not None and t.dtype != torch.float64 else t for t in (weight, bias)
+            )
+            with torch.autocast(device_type, enabled=False):
+                return self._linear(x, weight, bias)
+        return self._linear(x, weight, bias)
+
+    @staticmethod
+    def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if bias is None or not torch.is_grad_enabled():
+            return torch.nn.functional.linear(x, weight, bias)
+        return _LinearFunction.apply(x, weight, bias)
 
 
 def kernel_module(module_class: type[nn.Module], *args, kernels: str, **kwargs) -> nn.Module:
