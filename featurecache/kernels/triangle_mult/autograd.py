@@ -146,10 +146,8 @@ def triangle_mult(
         raise ValueError(f"{OP}: mask must be bool {tuple(z.shape[:3])}, got {mask.dtype} {tuple(mask.shape)}")
     runtime.max_channels_check(OP, "dim", z.shape[-1], limit=256)
     runtime.max_channels_check(OP, "hidden_dim", weight_a_p.shape[0], limit=256)
-    if z.numel() > 0:
-        weight_a_p, weight_a_g, weight_b_p, weight_b_g, weight_g, weight_z = runtime.weights_like(
-            z, weight_a_p, weight_a_g, weight_b_p, weight_b_g, weight_g, weight_z
-        )
+    # the weights as given (fp32 under autocast): the launchers cast them to z's dtype and return
+    # their gradients in their own dtype
     params = (
         norm_in_weight,
         norm_in_bias,

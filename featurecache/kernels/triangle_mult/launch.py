@@ -67,9 +67,21 @@ def _triangular_product(a, b, direction):
     return torch.matmul(a.transpose(-1, -2), b)
 
 
+def _in_compute_dtype(z, params):
+    """params with the six matrix weights in z's dtype (cast_weight: once a training step or a
+    sampler where a weight_casts scope is open), the LayerNorms' as given. The op takes the
+    weights as the model holds them (fp32 under autocast) and returns their gradients so: the
+    fp32 sums of the weight gradients are not rounded to bf16 and cast back (two copies of each
+    of six weights a call, and a bf16 rounding of the gradient)."""
+    norm_in_w, norm_in_b, w_ap, w_ag, w_bp, w_bg, w_g, norm_out_w, norm_out_b, w_z = params
+    w_ap, w_ag, w_bp, w_bg, w_g, w_z = runtime.weights_like(z, w_ap, w_ag, w_bp, w_bg, w_g, w_z)
+    return (norm_in_w, norm_in_b, w_ap, w_ag, w_bp, w_bg, w_g, norm_out_w, norm_out_b, w_z)
+
+
 def triangle_mult_fwd(z, mask, params, direction, eps):
-    """z [B, L, L, C] -> (out, saved tensors for triangle_mult_bwd)."""
-    (norm_in_w, norm_in_b, w_ap, w_ag, w_bp, w_bg, w_g, norm_out_w, norm_out_b, w_z) = params
+    """z [B, L, L, C] -> (out, saved tensors for triangle_mult_bwd); the matrix weights in any
+    float dtype (cast to z's here)."""
+    (norm_in_w, norm_in_b, w_ap, w_ag, w_bp, w_bg, w_g, norm_out_w, norm_out_b, w_z) = _in_compute_dtype(z, params)
     batch, length, _, n_ch = z.shape
     n_hidden = w_ap.shape[0]
     z2d = z.reshape(-1, n_ch)
@@ -114,8 +126,8 @@ def triangle_mult_fwd(z, mask, params, direction, eps):
 
 
 def triangle_mult_bwd(dout, z2d, mask_rows, x, stats, params, direction, eps):
-    """Gradients (dz [M, C], d_params in the order of params)."""
-    (norm_in_w, norm_in_b, w_ap, w_ag, w_bp, w_bg, w_g, norm_out_w, norm_out_b, w_z) = params
+    """Gradients (dz [M, C], d_params in the order and dtypes of params)."""
+    (norm_in_w, norm_in_b, w_ap, w_ag, w_bp, w_bg, w_g, norm_out_w, norm_out_b, w_z) = _in_compute_dtype(z2d, params)
     batch, n_hidden, length, _ = x.shape
     n_rows, n_ch = z2d.shape
     pair_rows = length * length
