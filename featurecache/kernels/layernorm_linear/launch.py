@@ -76,8 +76,9 @@ def layernorm_linear_bwd(dy, x2d, norm_weight, norm_bias, weight, mean, rstd, ha
     config, block_m = runtime.tile_config(OP, "bwd_dx", block_k)
     n_tiles = triton.cdiv(n_rows, block_m)
     dx = torch.empty_like(x2d)
-    dnorm_w_part = torch.empty((n_tiles, n_in), device=x2d.device, dtype=torch.float32)
-    dnorm_b_part = torch.empty_like(dnorm_w_part)
+    # the LayerNorm's weight and bias partial sums, halves of one buffer: one reduction for both
+    dnorm_parts = torch.empty((2, n_tiles, n_in), device=x2d.device, dtype=torch.float32)
+    dnorm_w_part, dnorm_b_part = dnorm_parts
     _layernorm_linear_bwd_dx_kernel[(n_tiles,)](
         x2d,
         dy,
@@ -102,8 +103,8 @@ def layernorm_linear_bwd(dy, x2d, norm_weight, norm_bias, weight, mean, rstd, ha
         BLOCK_K=block_k,
         **runtime.launch_options(config),
     )
-    d_norm_w = dnorm_w_part.sum(0).to(norm_weight.dtype)
-    d_norm_b = dnorm_b_part.sum(0).to(norm_bias.dtype)
+    d_norm_w, d_norm_b = dnorm_parts.sum(1)
+    d_norm_w, d_norm_b = d_norm_w.to(norm_weight.dtype), d_norm_b.to(norm_bias.dtype)
     if matmul_weights:
         # bf16 operands, fp32 accumulation inside cuBLAS: nn.Linear's weight gradient under autocast
         d_weight = (dy.t() @ xn).to(weight.dtype)

@@ -60,8 +60,9 @@ def transition_bwd(dy, x2d, norm_weight, norm_bias, weight_a, weight_b, weight_o
     config, block_m, block_h, block_c = tiles("bwd_dx", n_ch, n_hidden, x2d.element_size())
     n_tiles = triton.cdiv(n_rows, block_m)
     dx = torch.empty_like(x2d)
-    dnorm_w_part = torch.empty((n_tiles, n_ch), device=device, dtype=torch.float32)
-    dnorm_b_part = torch.empty_like(dnorm_w_part)
+    # the LayerNorm's weight and bias partial sums, halves of one buffer: one reduction for both
+    dnorm_parts = torch.empty((2, n_tiles, n_ch), device=device, dtype=torch.float32)
+    dnorm_w_part, dnorm_b_part = dnorm_parts
     runtime.launch_fitting(
         _transition_bwd_dx_kernel,
         (n_tiles,),
@@ -96,8 +97,8 @@ def transition_bwd(dy, x2d, norm_weight, norm_bias, weight_a, weight_b, weight_o
         shrinkable=("BLOCK_H",),
     )
 
-    d_norm_w = dnorm_w_part.sum(0).to(norm_weight.dtype)
-    d_norm_b = dnorm_b_part.sum(0).to(norm_bias.dtype)
+    d_norm_w, d_norm_b = dnorm_parts.sum(1)
+    d_norm_w, d_norm_b = d_norm_w.to(norm_weight.dtype), d_norm_b.to(norm_bias.dtype)
     if matmul_weights:
         d_wab = d_ab.t() @ xn  # [2 * n_hidden, C]
         d_wo = dy.t() @ hidden  # [C, n_hidden]

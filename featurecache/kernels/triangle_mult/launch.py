@@ -295,16 +295,17 @@ def triangle_mult_bwd(dout, z2d, mask_rows, x, stats, params, direction, eps):
         **runtime.launch_options(config),
     )
     dwproj = dwproj_part.sum(1)
+    dnorm_in, dnorm_out = dnorm_in_part.sum(1), dnorm_out_part.sum(1)  # weight and bias: one reduction each
     grads = (
-        dnorm_in_part[0].sum(0),
-        dnorm_in_part[1].sum(0),
+        dnorm_in[0],
+        dnorm_in[1],
         dwproj[0],
         dwproj[1],
         dwproj[2],
         dwproj[3],
         dwg_part.sum(0),
-        dnorm_out_part[0].sum(0),
-        dnorm_out_part[1].sum(0),
+        dnorm_out[0],
+        dnorm_out[1],
         dwz_part.sum(0),
     )
     return dz, tuple(g.to(p.dtype) for g, p in zip(grads, params))
