@@ -78,6 +78,11 @@ def step_weight_casts() -> Iterator[None]:
         _scope.step_copies = None
 
 
+def step_casts_open() -> bool:
+    """Whether a step_weight_casts scope is open (cast_weight then shares one copy a step)."""
+    return getattr(_scope, "step_copies", None) is not None
+
+
 def cast_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """weight.to(dtype), the same copy each time within cached_weight_casts (gradients off) or
     step_weight_casts (a differentiable copy)."""

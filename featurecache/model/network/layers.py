@@ -22,7 +22,7 @@ from torch import nn
 from featurecache.kernels.layernorm_linear import LayerNormLinear
 from featurecache.kernels.reference import hash32, shared_dropout_reference
 from featurecache.kernels.runtime import check_kernels
-from featurecache.kernels.weight_casts import cast_weight
+from featurecache.kernels.weight_casts import cast_weight, step_casts_open
 
 
 def _cast_to_autocast_dtype(module: nn.Module, args: tuple) -> tuple:
@@ -94,6 +94,9 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in_features] -> [..., out_features]."""
+        differentiated = self.bias is not None and torch.is_grad_enabled()
+        if not differentiated and not step_casts_open():
+            return super().forward(x)  # autocast casts, with its own cache where that is on
         device_type = x.device.type
         weight, bias = self.weight, self.bias
         if torch.is_autocast_enabled(device_type):
