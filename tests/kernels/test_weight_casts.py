@@ -191,4 +191,6 @@ def test_the_step_scope_gives_the_training_steps_gradients(monkeypatch):
     assert plain.keys() == shared.keys()
     for name, grad in plain.items():
         scale = grad.abs().max().item() + shared[name].abs().max().item()
-        torch.testing.assert_close(shared[name], grad, rtol=0, atol=4 * torch.finfo(torch.bfloat16).eps * scale, msg=name)
+        torch.testing.assert_close(
+            shared[name], grad, rtol=0, atol=4 * torch.finfo(torch.bfloat16).eps * scale, msg=name
+        )
