@@ -365,6 +365,26 @@ step_targets() {
         --cuda-graphs --steps 16 --record 2>&1 | tee -a "$OUTDIR/log.txt" || true
 }
 
+# The H100's own block sizes for the Transition and the triangle multiplication (their kernels:
+# ~160 ms of the af3 step's 908 on the H100, which runs the H200's table), then their effect on the
+# graphed af3 step: this tree's package as it came (the base) beside the tree with the winners.
+#   ~40 + 560 s  run(command="FC_COMMIT=<HEAD> bash benchmarks/device_plan.sh h100_tables", carry=[".devdata/cache384", ".devdata/site-core.tar.xz"], timeout_s=600)
+#   here:  python3 benchmarks/apply_sweep.py FILES/*_sweep.json --device "NVIDIA H100 80GB HBM3"
+h100_tables() {
+    device_setup
+    mkdir -p /tmp/base && cp -r featurecache /tmp/base/ && echo "$FC_COMMIT" > /tmp/base/COMMIT
+    timeout "${1:-130}" python3 benchmarks/transition.py --sweep --variants 5 --no-peers --out "$OUTDIR" \
+        2>&1 | tee "$OUTDIR/log.txt" || true
+    timeout "${2:-200}" python3 benchmarks/triangle_mult.py --sweep --variants 5 --no-peers --out "$OUTDIR" \
+        2>&1 | tee -a "$OUTDIR/log.txt" || true
+    compgen -G "$OUTDIR/*_sweep.json" > /dev/null || return 0
+    python3 benchmarks/apply_sweep.py "$OUTDIR"/*_sweep.json 2>&1 | tee -a "$OUTDIR/log.txt"
+    cp featurecache/kernels/configs/fused_ops.json "$OUTDIR"/
+    timeout "${3:-230}" python3 benchmarks/tiny_step.py --cache .devdata/cache384 --preset af3 --device cuda \
+        --cuda-graphs --steps 14 --kernel-profile 2 --variant "$FC_COMMIT=/tmp/base" \
+        2>&1 | tee -a "$OUTDIR/log.txt" || true
+}
+
 base_export() {  # here: COMMIT's featurecache package into .devdata/base (a --variant checkout for a device call)
     rm -rf .devdata/base && mkdir -p .devdata/base
     git archive "$1" featurecache | tar -x -C .devdata/base
@@ -490,4 +510,4 @@ smoke() {
         --crop-step 8 --crop-limit 32 --crop-budget-s 300 --out "$out/d"
 }
 
-"${1:?usage: device_plan.sh prepare|peer_wheels|base_export|cli_steps|step_profiles|af3_beside|explore|pair_kernels|recompute_cost|gpu_operators|large_targets|step_targets|inference|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|precision|pack_site|general_prepare|general_start|general_collect|general_smoke|smoke [OUT]}" "${@:2}"
+"${1:?usage: device_plan.sh prepare|peer_wheels|base_export|cli_steps|step_profiles|af3_beside|explore|pair_kernels|recompute_cost|gpu_operators|large_targets|step_targets|inference|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|precision|pack_site|general_prepare|general_start|general_collect|general_smoke|h100_tables|smoke [OUT]}" "${@:2}"

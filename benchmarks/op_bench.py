@@ -184,6 +184,7 @@ def run_case(
     smoke: bool,
     sweep_variants: int | None,
     winners: contextlib.ExitStack,
+    peers: bool = True,
 ) -> tuple[list[Row], dict | None, bool]:
     """Check, optionally sweep, then time one case: its rows for results.csv, its sweep winners,
     and whether the Triton op's errors were within bounds."""
@@ -200,8 +201,10 @@ def run_case(
     if sweep_variants is not None and case.sweep and bench.sweeps:
         winners_found = sweep(bench, modules["triton"], inputs, others, grad_outs, winners, sweep_variants)
     # ours first: a failed graph capture of a peer cannot spoil its numbers
-    providers = {"triton": modules["triton"], "eager": modules["eager"]}
-    if case.compile_peer and not smoke:
+    providers = {"triton": modules["triton"]}
+    if peers:
+        providers["eager"] = modules["eager"]
+    if peers and case.compile_peer and not smoke:
         providers["compile"] = torch.compile(copy.deepcopy(modules["eager"]), dynamic=False)
     rows = []
     for name, module in providers.items():
@@ -278,6 +281,11 @@ def main(bench: OpBenchmark, doc: str) -> None:
     parser.add_argument(
         "--smoke", action="store_true", help="tiny sizes on the CPU under the Triton interpreter, no torch.compile"
     )
+    parser.add_argument(
+        "--no-peers",
+        action="store_true",
+        help="time the Triton op alone (no eager or torch.compile rows): a sweep's call without the peers' compile time",
+    )
     args = parser.parse_args()
     if args.smoke and args.record:
         parser.error("--record with --smoke: a smoke run's numbers are not measurements")
@@ -297,7 +305,7 @@ def main(bench: OpBenchmark, doc: str) -> None:
         print(f"== {case.name}")
         try:
             case_rows, found, ok = run_case(
-                bench, case, device, args.smoke, args.variants if args.sweep else None, winners
+                bench, case, device, args.smoke, args.variants if args.sweep else None, winners, not args.no_peers
             )
             rows += case_rows
             if not ok:

@@ -34,10 +34,21 @@ def cases(smoke: bool) -> list[Case]:
     ]
 
 
-# Candidates besides the configured one: neighbours of the configs/fused_ops.json entry.
+# Candidates besides the configured one: neighbours of the configs/fused_ops.json entry, then
+# the smaller tiles an H100 may prefer (its forward did: NOTES.md section 20).
 SWEEPS = {
-    "fwd": [dict(BLOCK_M=128, BLOCK_H=64, num_warps=8), dict(BLOCK_M=128, BLOCK_H=16, num_warps=8)],
-    "bwd_dx": [dict(BLOCK_M=128, BLOCK_H=64, num_warps=8), dict(BLOCK_M=128, BLOCK_H=16, num_warps=8)],
+    "fwd": [
+        dict(BLOCK_M=128, BLOCK_H=64, num_warps=8),
+        dict(BLOCK_M=128, BLOCK_H=16, num_warps=8),
+        dict(BLOCK_M=64, BLOCK_H=64, num_warps=4),
+    ],
+    "bwd_dx": [
+        dict(BLOCK_M=128, BLOCK_H=64, num_warps=8),
+        dict(BLOCK_M=128, BLOCK_H=16, num_warps=8),
+        dict(BLOCK_M=64, BLOCK_H=64, num_warps=4),
+        dict(BLOCK_M=64, BLOCK_H=32, num_warps=4),
+        dict(BLOCK_M=128, BLOCK_H=32, num_warps=8),
+    ],
     "bwd_dw": [dict(WEIGHT_GRADS="matmul"), dict(BLOCK_M=128, BLOCK_H=32, num_warps=8)],
 }
 
