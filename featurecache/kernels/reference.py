@@ -170,12 +170,19 @@ def triangle_mult_reference(
         keep = mask.unsqueeze(-1).to(a.dtype)
         a = a * keep
         b = b * keep
-    if direction == "outgoing":
-        x = torch.einsum("bikc,bjkc->bijc", a, b)
-    else:
-        x = torch.einsum("bkic,bkjc->bijc", a, b)
+    x = _triangle_product(a, b, direction == "outgoing")
     gate = torch.sigmoid(_linear(zn, weight_g))
     return gate * _linear(_layer_norm(x, norm_out_weight, norm_out_bias, eps), weight_z)
+
+
+def _triangle_product(a: torch.Tensor, b: torch.Tensor, outgoing: bool) -> torch.Tensor:
+    """x[b, i, j, c] = sum_k a[b, i, k, c] b[b, j, k, c] (outgoing) or a[b, k, i, c] b[b, k, j, c]
+    (incoming), as one batched product over channel-first copies of a and b, returned as a
+    channel-last view. The same sums as torch.einsum, whose own layout for these runs the CPU's
+    products ~1.4x slower (fwd + bwd at L = 384, C = 16: 134 -> 95 ms, 1 thread)."""
+    a_cf, b_cf = (t.permute(0, 3, 1, 2).contiguous() for t in (a, b))
+    x = torch.matmul(a_cf, b_cf.transpose(-1, -2)) if outgoing else torch.matmul(a_cf.transpose(-1, -2), b_cf)
+    return x.permute(0, 2, 3, 1)
 
 
 # AF3's conditioned transition (Algorithms 25, 26). Same convention as above, except that the
