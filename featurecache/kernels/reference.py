@@ -125,9 +125,42 @@ def _linear(x, weight, bias=None):
     )
 
 
-def layernorm_linear_reference(x, norm_weight, norm_bias, weight, bias=None, eps=1e-5):
-    """linear(layer_norm(x)): x [..., K], weight [N, K], bias [N] or None -> [..., N]."""
-    return _linear(_layer_norm(x, norm_weight, norm_bias, eps), weight, bias)
+def layernorm_linear_reference(x, norm_weight, norm_bias, weight, bias=None, eps=1e-5, any_layout=False):
+    """linear(layer_norm(x)): x [..., K], weight [N, K], bias [N] or None -> [..., N].
+
+    any_layout: the caller reads the result through its strides, so on the CPU it may come back
+    channel-first (a transposed view) where that product is the faster one (_channel_first_faster)."""
+    xn = _layer_norm(x, norm_weight, norm_bias, eps)
+    if any_layout and _channel_first_faster(xn, weight):
+        return _linear_channel_first(xn, weight, bias)
+    return _linear(xn, weight, bias)
+
+
+# MKL's x @ W^T on this repository's CPUs (AMD EPYC, 1-2 threads) is 2-3x slower where W has a number
+# of rows that is not a multiple of 16 than the same sums as W @ x^T: at 147,456 rows, K = 16 -> N =
+# 66 (the tiny preset's packed triangle-attention projection) 23 ms against 8.4, K = 128 -> 516 332
+# against 286 (benchmarks/NOTES.md section 22). Below a few thousand rows the difference is noise.
+CHANNEL_FIRST_MIN_ROWS = 4096
+
+
+def _channel_first_faster(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (
+        x.device.type == "cpu"
+        and weight.shape[0] % 16 != 0
+        and x.numel() >= CHANNEL_FIRST_MIN_ROWS * x.shape[-1]
+        and not torch.compiler.is_compiling()
+    )
+
+
+def _linear_channel_first(x, weight, bias=None):
+    """_linear's values as the transposed view of W @ x^T: [..., N] with the channels strided."""
+    rows = x.reshape(-1, x.shape[-1])
+    weight = cast_weight(weight, x.dtype)
+    if bias is None:
+        out = torch.mm(weight, rows.t())
+    else:
+        out = torch.addmm(cast_weight(bias, x.dtype)[:, None], weight, rows.t())
+    return out.t().unflatten(0, x.shape[:-1])
 
 
 def transition_reference(x, norm_weight, norm_bias, weight_a, weight_b, weight_out, eps=1e-5):

@@ -38,4 +38,5 @@ class LayerNormLinear(nn.Module):
         args = (x, self.norm.weight, self.norm.bias, self.linear.weight, self.linear.bias, self.norm.eps)
         if self.kernels == "triton":
             return layernorm_linear(*args, aligned_rows=self.aligned_rows)
-        return layernorm_linear_reference(*args)
+        # aligned_rows: the caller reads the result through its strides, whatever its layout
+        return layernorm_linear_reference(*args, any_layout=self.aligned_rows)
