@@ -88,8 +88,12 @@ def smooth_lddt_loss(
     included = (true_distance < radius) & resolved[:, :, None] & resolved[:, None, :] & ~eye
     count = included.sum(dim=(-1, -2)).float().clamp(min=1.0)  # [B]
     if predicted.device.type in LISTED_PAIR_DEVICES:
-        pairs = included.nonzero(as_tuple=True)  # (batch, l, m) of each included pair
-        score_fn, inputs = _smooth_lddt_pair_score, (*pairs, true_distance[pairs])
+        batch, first, second = pairs = included.nonzero(as_tuple=True)  # (batch, l, m) of each included pair
+        atoms = true.shape[1]
+        score_fn, inputs = (
+            _smooth_lddt_pair_score,
+            (batch, batch * atoms + first, batch * atoms + second, true_distance[pairs]),
+        )
     else:
         score_fn, inputs = _smooth_lddt_score, (true_distance, included.float())
     scores = []
@@ -112,9 +116,12 @@ def _smooth_lddt_score(predicted: torch.Tensor, true_distance: torch.Tensor, inc
 def _smooth_lddt_pair_score(
     predicted: torch.Tensor, batch: torch.Tensor, first: torch.Tensor, second: torch.Tensor, true_distance: torch.Tensor
 ) -> torch.Tensor:
-    """_smooth_lddt_score over the listed pairs (batch, first, second indices [P], their true
-    distances [P]): predicted [B, A, 3] -> [B]."""
-    predicted_distance = (predicted[batch, first] - predicted[batch, second]).norm(dim=-1)
+    """_smooth_lddt_score over the listed pairs (batch index, first and second atoms as rows of
+    predicted's [B * A, 3] rows, [P] each; their true distances [P]): predicted [B, A, 3] -> [B].
+    index_select of flat rows: its backward is one index_add_, which the CPU runs ~1.7x faster
+    than advanced indexing's accumulating index_put_ (1.2 M pairs: 70 -> 42 ms fwd + bwd)."""
+    rows = predicted.reshape(-1, 3)
+    predicted_distance = (rows.index_select(0, first) - rows.index_select(0, second)).norm(dim=-1)
     score = smooth_pair_scores((predicted_distance - true_distance).abs())
     # index_add_ adds one pair after another: in float64, so the millions of terms keep fp32's precision
     sums = torch.zeros(predicted.shape[0], dtype=torch.float64, device=score.device)
