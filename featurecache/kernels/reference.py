@@ -199,13 +199,20 @@ def triangle_mult_reference(
     zn = _layer_norm(z, norm_in_weight, norm_in_bias, eps)
     a = torch.sigmoid(_linear(zn, weight_a_g)) * _linear(zn, weight_a_p)
     b = torch.sigmoid(_linear(zn, weight_b_g)) * _linear(zn, weight_b_p)
-    if mask is not None:
+    if mask is not None and not _keeps_every_pair(mask):
         keep = mask.unsqueeze(-1).to(a.dtype)
         a = a * keep
         b = b * keep
     x = _triangle_product(a, b, direction == "outgoing")
     gate = torch.sigmoid(_linear(zn, weight_g))
     return gate * _linear(_layer_norm(x, norm_out_weight, norm_out_bias, eps), weight_z)
+
+
+def _keeps_every_pair(mask: torch.Tensor) -> bool:
+    """A CPU mask with no pair masked (a crop without padding): multiplying by it is the identity,
+    four passes over [B, L, L, H] a call forward and backward. Elsewhere the question would cost a
+    device sync (and break CUDA graphs and compiled graphs), so the product stays."""
+    return mask.device.type == "cpu" and not torch.compiler.is_compiling() and bool(mask.all())
 
 
 def _triangle_product(a: torch.Tensor, b: torch.Tensor, outgoing: bool) -> torch.Tensor:
