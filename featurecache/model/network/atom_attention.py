@@ -18,7 +18,7 @@ from featurecache.kernels.reference import window_attention_reference
 from featurecache.kernels.window_attention import window_attention
 from featurecache.model.config import ModelConfig
 from featurecache.model.network.atoms import gather_tokens, mean_over_token_atoms
-from featurecache.model.network.layers import freeze_norm_bias, full_precision, kernel_module
+from featurecache.model.network.layers import Linear, freeze_norm_bias, full_precision, kernel_module
 from featurecache.model.network.transformer import ConditionedTransformer
 
 NUM_ELEMENTS = 128  # one-hot of the atomic number (ref_element)
@@ -194,10 +194,10 @@ class AtomAttentionEncoder(nn.Module):
         self.coordinates_fp32 = config.diffusion.diffusion_coordinates_fp32
         self.charge_arcsinh = config.atom_attention.ref_charge_arcsinh
         self.cond_ref_mask = config.atom_attention.atom_cond_ref_mask
-        self.from_reference = nn.Linear(REFERENCE_FEATURE_DIM, c_atom, bias=False)
-        self.pair_from_offset = nn.Linear(3, c_pair, bias=False)
-        self.pair_from_distance = nn.Linear(1, c_pair, bias=False)
-        self.pair_from_same_space = nn.Linear(1, c_pair, bias=False)
+        self.from_reference = Linear(REFERENCE_FEATURE_DIM, c_atom, bias=False)
+        self.pair_from_offset = Linear(3, c_pair, bias=False)
+        self.pair_from_distance = Linear(1, c_pair, bias=False)
+        self.pair_from_same_space = Linear(1, c_pair, bias=False)
         if with_trunk:
             self.from_trunk_single = kernel_module(
                 LayerNormLinear, config.trunk.c_s, c_atom, bias=False, kernels=config.runtime.kernels
@@ -205,19 +205,19 @@ class AtomAttentionEncoder(nn.Module):
             self.from_trunk_pair = kernel_module(
                 LayerNormLinear, config.trunk.c_z, c_pair, bias=False, kernels=config.runtime.kernels
             )
-            self.from_positions = nn.Linear(3, c_atom, bias=False)
-        self.pair_from_query = nn.Linear(c_atom, c_pair, bias=False)
-        self.pair_from_key = nn.Linear(c_atom, c_pair, bias=False)
+            self.from_positions = Linear(3, c_atom, bias=False)
+        self.pair_from_query = Linear(c_atom, c_pair, bias=False)
+        self.pair_from_key = Linear(c_atom, c_pair, bias=False)
         self.pair_mlp = nn.Sequential(
             nn.ReLU(),
-            nn.Linear(c_pair, c_pair, bias=False),
+            Linear(c_pair, c_pair, bias=False),
             nn.ReLU(),
-            nn.Linear(c_pair, c_pair, bias=False),
+            Linear(c_pair, c_pair, bias=False),
             nn.ReLU(),
-            nn.Linear(c_pair, c_pair, bias=False),
+            Linear(c_pair, c_pair, bias=False),
         )
         self.atom_transformer = AtomTransformer(config, num_blocks)
-        self.to_token = nn.Linear(c_atom, c_token, bias=False)
+        self.to_token = Linear(c_atom, c_token, bias=False)
 
     def condition(
         self,
@@ -295,7 +295,7 @@ class AtomAttentionDecoder(nn.Module):
 
     def __init__(self, config: ModelConfig, c_token: int) -> None:
         super().__init__()
-        self.from_token = nn.Linear(c_token, config.atom_attention.c_atom, bias=False)
+        self.from_token = Linear(c_token, config.atom_attention.c_atom, bias=False)
         self.atom_transformer = AtomTransformer(config)
         self.to_positions = kernel_module(
             LayerNormLinear, config.atom_attention.c_atom, 3, bias=False, kernels=config.runtime.kernels

@@ -28,6 +28,7 @@ from featurecache.model.network.atoms import (
     token_first_atom,
 )
 from featurecache.model.network.checkpointing import checkpointed
+from featurecache.model.network.layers import Linear
 from featurecache.model.network.pairformer import Pairformer
 
 DISTANCE_BIN_MIN, DISTANCE_BIN_MAX, DISTANCE_BINS = 3.25, 50.75, 39
@@ -76,11 +77,11 @@ class ConfidenceHead(nn.Module):
         super().__init__()
         trunk, runtime = config.trunk, config.runtime
         c_s, c_z = trunk.c_s, trunk.c_z
-        self.left_inputs = nn.Linear(single_input_dim, c_z, bias=False)
-        self.right_inputs = nn.Linear(single_input_dim, c_z, bias=False)
-        self.distance = nn.Linear(DISTANCE_BINS, c_z, bias=False)
+        self.left_inputs = Linear(single_input_dim, c_z, bias=False)
+        self.right_inputs = Linear(single_input_dim, c_z, bias=False)
+        self.distance = Linear(DISTANCE_BINS, c_z, bias=False)
         self.single_norm = nn.LayerNorm(c_s) if config.dialect.confidence_single_norm else None
-        self.raw_distance = nn.Linear(1, c_z, bias=False) if config.dialect.confidence_raw_distance else None
+        self.raw_distance = Linear(1, c_z, bias=False) if config.dialect.confidence_raw_distance else None
         # The distances computed directly (AF3's head; None), or as Protenix's head computes them
         # (torch's default: a matrix product past 25 tokens), since its raw-distance embedding passes
         # their rounding (~1e-6 relative at 50 A) straight into the pair: the same bins and values.
@@ -103,13 +104,13 @@ class ConfidenceHead(nn.Module):
         # with grouped checkpoints (a long crop) the whole head is re-run in backward: its z, the
         # distance features, norms and logits would keep ~6 pair-sized tensors
         self.recompute = runtime.checkpoint_blocks and runtime.checkpoint_group > 1
-        self.pae_norm, self.pae = nn.LayerNorm(c_z), nn.Linear(c_z, PAE_BINS, bias=False)
+        self.pae_norm, self.pae = nn.LayerNorm(c_z), Linear(c_z, PAE_BINS, bias=False)
         if config.loss.pae_loss_weight == 0:
             # AF3 trains PAE only in its fine-tuning stages: with no loss the head would be a
             # trainable weight that never gets a gradient, so it stays frozen until the weight is set
             for parameter in (*self.pae_norm.parameters(), *self.pae.parameters()):
                 parameter.requires_grad_(False)
-        self.pde_norm, self.pde = nn.LayerNorm(c_z), nn.Linear(c_z, PDE_BINS, bias=False)
+        self.pde_norm, self.pde = nn.LayerNorm(c_z), Linear(c_z, PDE_BINS, bias=False)
         self.plddt_norm, self.resolved_norm = nn.LayerNorm(c_s), nn.LayerNorm(c_s)
         bound = 1.0 / math.sqrt(c_s)  # nn.Linear's initialisation, per atom slot
         self.plddt = nn.Parameter(torch.empty(MAX_ATOMS_PER_TOKEN, c_s, PLDDT_BINS).uniform_(-bound, bound))

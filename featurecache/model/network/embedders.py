@@ -16,7 +16,7 @@ from featurecache.model.config import ModelConfig
 from featurecache.model.network.atom_attention import AtomAttentionEncoder, AtomWindows
 from featurecache.model.network.atoms import dense_token_bonds
 from featurecache.model.network.checkpointing import maybe_checkpointed
-from featurecache.model.network.layers import derived_seeds, dropout_seed
+from featurecache.model.network.layers import Linear, derived_seeds, dropout_seed
 from featurecache.model.network.pairformer import PairStack, run_blocks
 from featurecache.schema import NUM_RESTYPES
 
@@ -39,7 +39,7 @@ class RelativePositionEncoding(nn.Module):
         self.max_chain = max_chain
         self.chain_gate = chain_gate
         in_dim = 2 * (2 * max_residue + 2) + 1 + (2 * max_chain + 2)
-        self.linear = nn.Linear(in_dim, c_z, bias=False)
+        self.linear = Linear(in_dim, c_z, bias=False)
 
     def forward(self, batch: dict) -> torch.Tensor:
         """[B, N, N, c_z]: `linear` of the one-hot features, as the sum of the weight columns they
@@ -117,13 +117,13 @@ class AtomInputEmbedder(nn.Module):
         self.atom_encoder = AtomAttentionEncoder(
             config, c_token=trunk.c_s, with_trunk=False, num_blocks=dialect.input_atom_blocks
         )
-        self.to_single = nn.Linear(inputs, trunk.c_s, bias=False)
-        self.to_pair_i = nn.Linear(pair_source, trunk.c_z, bias=False)
-        self.to_pair_j = nn.Linear(pair_source, trunk.c_z, bias=False)
+        self.to_single = Linear(inputs, trunk.c_s, bias=False)
+        self.to_pair_i = Linear(pair_source, trunk.c_z, bias=False)
+        self.to_pair_j = Linear(pair_source, trunk.c_z, bias=False)
         self.relpos = RelativePositionEncoding(
             trunk.c_z, trunk.relpos_max_residue, trunk.relpos_max_chain, trunk.relpos_chain_gate
         )
-        self.from_token_bonds = nn.Linear(1, trunk.c_z, bias=False)
+        self.from_token_bonds = Linear(1, trunk.c_z, bias=False)
         # with grouped checkpoints (a long crop) z_init is re-run in backward: its relative-position
         # one-hot [B, N, N, 139] (1.8 GB at crop 2,560) would otherwise live through the whole step
         self.recompute_pair = config.runtime.checkpoint_blocks and config.runtime.checkpoint_group > 1
@@ -220,8 +220,8 @@ class TemplateEmbedder(nn.Module):
         # it would otherwise keep ~3 pair-sized tensors per template (20 GB at crop 2,560)
         self.recompute_templates = config.runtime.checkpoint_blocks and config.runtime.checkpoint_group > 1
         self.pair_norm = nn.LayerNorm(config.trunk.c_z)
-        self.from_pair = nn.Linear(config.trunk.c_z, c_t, bias=False)
-        self.from_features = nn.Linear(TEMPLATE_FEATURE_DIM, c_t, bias=False)
+        self.from_pair = Linear(config.trunk.c_z, c_t, bias=False)
+        self.from_features = Linear(TEMPLATE_FEATURE_DIM, c_t, bias=False)
         self.blocks = nn.ModuleList(
             PairStack(
                 c_t,
@@ -236,7 +236,7 @@ class TemplateEmbedder(nn.Module):
             for _ in range(templates.template_blocks)
         )
         self.out_norm = nn.LayerNorm(c_t)
-        self.linear_out = nn.Linear(c_t, config.trunk.c_z, bias=False)
+        self.linear_out = Linear(c_t, config.trunk.c_z, bias=False)
 
     def forward(
         self, batch: dict, z: torch.Tensor, pair_mask: torch.Tensor, generator: torch.Generator | None = None

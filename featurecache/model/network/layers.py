@@ -87,10 +87,11 @@ class _LinearFunction(torch.autograd.Function):
 
 class Linear(nn.Linear):
     """nn.Linear (same parameters, initialisation and state_dict) whose bias gradient is a cuBLAS
-    product (column_sums) when the output is differentiated. For the Linears with a bias whose
-    outputs span the pair or the diffusion batch. Under autocast its parameters are cast by
-    cast_weight: once a training step inside step_weight_casts (kernels/weight_casts.py), so a
-    checkpointed block's first forward and its recomputation share the copies."""
+    product (column_sums) when the output is differentiated. Every Linear of the model is one.
+    Under autocast its parameters are cast by cast_weight: once a training step inside
+    step_weight_casts (kernels/weight_casts.py), so a checkpointed block's first forward, its
+    recomputation and the mini-rollout share the copies (autocast's own cache is off in a
+    CUDA-graph step: nn.Linear would cast its weight at every call)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in_features] -> [..., out_features]."""
@@ -230,7 +231,7 @@ class AttentionPairBias(nn.Module):
         self.proj = kernel_module(LayerNormLinear, c_s, 4 * inner, bias=True, eps=eps, kernels=kernels)
         self.pair_bias = kernel_module(LayerNormLinear, c_z, num_heads, bias=False, eps=eps, kernels=kernels)
         freeze_norm_bias(self.pair_bias)
-        self.linear_out = nn.Linear(inner, c_s, bias=False)
+        self.linear_out = Linear(inner, c_s, bias=False)
         self.attention = attention_fn(kernels)
 
     def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
@@ -262,7 +263,7 @@ class PairWeightedAveraging(nn.Module):
         self.proj = kernel_module(LayerNormLinear, c_m, 2 * inner, bias=False, eps=eps, kernels=kernels)
         self.pair_bias = kernel_module(LayerNormLinear, c_z, num_heads, bias=False, eps=eps, kernels=kernels)
         freeze_norm_bias(self.pair_bias)
-        self.linear_out = nn.Linear(inner, c_m, bias=False)
+        self.linear_out = Linear(inner, c_m, bias=False)
 
     def forward(self, m: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
         """m [B, S, L, C_m], z [B, L, L, C_z], token_mask [B, L] -> update [B, S, L, C_m]."""

@@ -17,6 +17,7 @@ from featurecache.model.config import ModelConfig
 from featurecache.schema import NUM_RESTYPES
 from featurecache.model.network.layers import (
     SITES_PER_BLOCK,
+    Linear,
     OuterProductMean,
     PairWeightedAveraging,
     dropout_seed,
@@ -148,8 +149,8 @@ class MSAModule(nn.Module):
         self.checkpoint_blocks = config.runtime.checkpoint_blocks
         self.checkpoint_group = config.runtime.checkpoint_group  # as the Pairformer's: 4 blocks, one group
         self.dropout = max(config.msa.msa_dropout, config.trunk.pair_dropout)
-        self.from_msa = nn.Linear(MSA_FEATURE_DIM, config.msa.c_m, bias=False)
-        self.from_single = nn.Linear(single_input_dim, config.msa.c_m, bias=False)
+        self.from_msa = Linear(MSA_FEATURE_DIM, config.msa.c_m, bias=False)
+        self.from_single = Linear(single_input_dim, config.msa.c_m, bias=False)
         num_blocks = config.msa.msa_blocks
         self.blocks = nn.ModuleList(MSABlock(config, last=i == num_blocks - 1) for i in range(num_blocks))
 

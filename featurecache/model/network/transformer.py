@@ -202,7 +202,7 @@ class AdaptiveLayerNorm(nn.Module):
         self.norm_a = nn.LayerNorm(c_a, elementwise_affine=False)
         self.norm_s = nn.LayerNorm(c_s, bias=False)
         self.scale = Linear(c_s, c_a)
-        self.shift = nn.Linear(c_s, c_a, bias=False)
+        self.shift = Linear(c_s, c_a, bias=False)
 
     def forward(self, a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         """a: [..., S, L, c_a]; s: [..., S or 1, L, c_s] (1: shared by the S samples). Returns
@@ -224,9 +224,9 @@ class ConditionedTransition(nn.Module):
         super().__init__()
         self.kernels = check_kernels(kernels)
         self.adaln = AdaptiveLayerNorm(c_a, c_s)
-        self.linear_a = nn.Linear(c_a, expansion * c_a, bias=False)
-        self.linear_b = nn.Linear(c_a, expansion * c_a, bias=False)
-        self.linear_out = nn.Linear(expansion * c_a, c_a, bias=False)
+        self.linear_a = Linear(c_a, expansion * c_a, bias=False)
+        self.linear_b = Linear(c_a, expansion * c_a, bias=False)
+        self.linear_out = Linear(expansion * c_a, c_a, bias=False)
         self.output_gate = _gate(c_s, c_a)
 
     def forward(self, a: torch.Tensor, s: torch.Tensor, conditioning: BlockConditioning | None = None) -> torch.Tensor:
@@ -319,11 +319,11 @@ class ConditionedAttention(nn.Module):
         self.adaln = AdaptiveLayerNorm(c_a, c_s, kernels=kernels)
         self.key_adaln = AdaptiveLayerNorm(c_a, c_s, kernels=kernels) if key_adaln else None
         # q, k, v and the gate from one matrix product; only q has a bias (Algorithm 24)
-        self.proj = nn.Linear(c_a, 4 * c_a, bias=False)
+        self.proj = Linear(c_a, 4 * c_a, bias=False)
         self.query_bias = nn.Parameter(torch.zeros(c_a))
         self.pair_bias = kernel_module(LayerNormLinear, c_pair, num_heads, bias=False, kernels=kernels)
         freeze_norm_bias(self.pair_bias)
-        self.linear_out = nn.Linear(c_a, c_a, bias=False)
+        self.linear_out = Linear(c_a, c_a, bias=False)
         self.output_gate = _gate(c_s, c_a)
         self.kernels = check_kernels(kernels)
 
@@ -360,7 +360,9 @@ class ConditionedAttention(nn.Module):
         if self.key_adaln is None:
             q, k, v, gate = self.proj(queries).split(width, dim=-1)
         else:  # the same weights, q and gate from one normalisation, k and v from the other
-            w_q, w_k, w_v, w_gate = self.proj.weight.split(width, dim=0)
+            # split from the weight's cast (one a step or sampler, weight_casts), not cast per call
+            weight = cast_weight(self.proj.weight, _product_dtype(queries))
+            w_q, w_k, w_v, w_gate = weight.split(width, dim=0)
             q, gate = F.linear(queries, torch.cat([w_q, w_gate])).split(width, dim=-1)
             key_input = queries if self.key_adaln_nested else a
             keys = self._adaln(self.key_adaln, key_input, s, None if conditioning is None else conditioning.key)
