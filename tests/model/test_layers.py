@@ -1,5 +1,6 @@
 """Layers on top of the kernels: attention orientation, masking, and triton/torch agreement."""
 
+import contextlib
 import math
 
 import pytest
@@ -239,3 +240,59 @@ def test_linear_without_gradient_is_nn_linear():
 def test_column_sums_on_a_hand_checked_case():
     rows = torch.tensor([[1.0, -2.0, 0.5], [3.0, 4.0, 0.25]])
     assert torch.equal(column_sums(rows), torch.tensor([4.0, 2.0, 0.75]))
+
+
+def test_every_linear_the_model_calls_casts_through_the_step_scope():
+    """A CUDA-graph step runs autocast without its cache, so an nn.Linear would cast its weight at
+    every call (the diffusion transformer's forward, its recomputation, the mini-rollout); the
+    Linears the model calls are layers.Linear, which cast once a step (weight_casts.step_weight_casts).
+    (The fused ops' nn.Linear children only hold parameters: the kernels read them.)"""
+    from featurecache.model import AF3Model, preset
+    from featurecache.testing.synthetic import random_batch
+
+    model = AF3Model(preset("tiny", kernels="torch")).train()
+    called = []
+    for name, module in model.named_modules():
+        if type(module) is torch.nn.Linear:
+            module.register_forward_pre_hook(lambda module, args, name=name: called.append(name))
+    batch = random_batch([6], [3], [1], torch.Generator().manual_seed(0))
+    outputs = model(batch, num_cycles=1, diffusion_batch=2)
+    model.loss(batch, outputs)[0].backward()
+    assert not called, f"nn.Linear called where layers.Linear belongs: {sorted(set(called))}"
+
+
+def test_a_bias_free_linear_casts_once_a_step_and_matches_nn_linear():
+    """Two differentiated calls inside step_weight_casts, autocast's cache off: one bf16 copy of
+    the weight, and the values and gradients of nn.Linear under the same autocast (bf16 products
+    of fp32 sums: one bf16 rounding apart; the weight gradient sums two calls' products)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from featurecache.kernels.weight_casts import step_weight_casts
+
+    class Casts(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.ops.aten._to_copy.default and args[0].shape == (12, 32):
+                Casts.count += 1
+            return func(*args, **kwargs)
+
+    _seed()
+    reference, layer = torch.nn.Linear(32, 12, bias=False), Linear(32, 12, bias=False)
+    layer.load_state_dict(reference.state_dict())
+    x = torch.randn(5, 32)
+    results = []
+    for module, scope in ((layer, step_weight_casts), (reference, contextlib.nullcontext)):
+        leaf = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False), scope(), Casts():
+            Casts.count = 0
+            out = module(leaf) + module(leaf * 2)
+            casts = Casts.count
+            out.float().square().sum().backward()
+        results.append((casts, out, leaf.grad, module.weight.grad))
+    (casts, out, grad_x, grad_w), (casts_ref, out_ref, grad_x_ref, grad_w_ref) = results
+    assert casts == 1 and casts_ref == 2
+    bf16 = 2**-7
+    for value, expected in ((out, out_ref), (grad_x, grad_x_ref), (grad_w, grad_w_ref)):
+        torch.testing.assert_close(value.float(), expected.float(), atol=bf16 * expected.abs().max().item(), rtol=bf16)
