@@ -22,6 +22,9 @@ mini-rollout between them. Every differentiated use's gradient reaches the weigh
 one cast (its backward keeps no tensors, so each recomputation's backward may pass through it).
 The trunk's blocks otherwise cast their weights twice a step (forward and recomputation): 1,296
 copies of the af3 step's ~50,000 kernels (counted on the CPU, benchmarks/NOTES.md section 21).
+Cast one by one, the ~2,000 weights of the af3 preset still cost a kernel each and their
+gradients another: with a StepCastPlan (the Trainer's) the scope casts the weights the last
+micro-batch cast all at once on entry, and their gradients back the same way (_BulkCast).
 """
 
 from __future__ import annotations
@@ -63,19 +66,68 @@ def cached_weight_casts() -> Iterator[None]:
             torch.clear_autocast_cache()
 
 
+class StepCastPlan:
+    """The weights a training step cast, by dtype, kept from one step to the next (a Trainer holds
+    one): the next step's scope casts them all at its start with a few multi-tensor kernels
+    (_BulkCast), where casting each at its first use launches one kernel per weight (~2,000 at
+    the af3 preset) and as many again for the gradients cast back."""
+
+    def __init__(self) -> None:
+        self.weights: dict[torch.dtype, list[torch.Tensor]] = {}
+        self._known: set[tuple[int, torch.dtype]] = set()
+
+    def add(self, weight: torch.Tensor, dtype: torch.dtype) -> None:
+        if (id(weight), dtype) not in self._known:
+            self._known.add((id(weight), dtype))
+            self.weights.setdefault(dtype, []).append(weight)
+
+
+class _BulkCast(torch.autograd.Function):
+    """Many weights cast to one dtype by torch._foreach_copy_ (multi-tensor kernels on a GPU);
+    the gradients that reach the copies are cast back to each weight's dtype the same way. Its
+    backward keeps no tensors: each checkpoint's recomputation may pass its gradients through
+    it, as through one weight's cast."""
+
+    @staticmethod
+    def forward(ctx, dtype: torch.dtype, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.set_materialize_grads(False)  # the copies a backward pass did not use get None
+        ctx.dtypes = [weight.dtype for weight in weights]
+        copies = [torch.empty_like(weight, dtype=dtype) for weight in weights]
+        torch._foreach_copy_(copies, list(weights))
+        return tuple(copies)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor | None):
+        present = [i for i, grad in enumerate(grads) if grad is not None and ctx.needs_input_grad[i + 1]]
+        result: list[torch.Tensor | None] = [None] * len(grads)
+        if present:
+            widened = [torch.empty_like(grads[i], dtype=ctx.dtypes[i]) for i in present]
+            torch._foreach_copy_(widened, [grads[i] for i in present])
+            for i, grad in zip(present, widened):
+                result[i] = grad
+        return (None, *result)
+
+
 @contextlib.contextmanager
-def step_weight_casts() -> Iterator[None]:
+def step_weight_casts(plan: StepCastPlan | None = None) -> Iterator[None]:
     """Within it, cast_weight casts each weight once per dtype, with gradient, for every use in
     or out of gradient mode (one training micro-batch's forward and backward); a sampler's
-    cached_weight_casts inside it (the mini-rollout) reads the same copies."""
+    cached_weight_casts inside it (the mini-rollout) reads the same copies. With a `plan`, the
+    weights an earlier step cast are cast at once on entry, and the weights cast one by one
+    are added to it for the next step."""
     if getattr(_scope, "step_copies", None) is not None:
         yield
         return
-    _scope.step_copies = {}
+    _scope.step_copies, _scope.step_plan = {}, plan
     try:
+        if plan is not None and not torch.compiler.is_compiling():
+            with torch.enable_grad():
+                for dtype, weights in plan.weights.items():
+                    for weight, copy in zip(weights, _BulkCast.apply(dtype, *weights)):
+                        _scope.step_copies[(id(weight), dtype)] = (weight, weight._version, copy)
         yield
     finally:
-        _scope.step_copies = None
+        _scope.step_copies, _scope.step_plan = None, None
 
 
 def step_casts_open() -> bool:
@@ -92,6 +144,9 @@ def cast_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return weight.to(dtype)
     step_copies = getattr(_scope, "step_copies", None)
     if step_copies is not None:
+        plan = getattr(_scope, "step_plan", None)
+        if plan is not None:
+            plan.add(weight, dtype)
         with torch.enable_grad():  # differentiable even when made in a checkpoint's first forward
             return _kept(step_copies, weight, dtype)
     copies = getattr(_scope, "copies", None)

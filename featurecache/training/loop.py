@@ -43,7 +43,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from featurecache.kernels.weight_casts import step_weight_casts
+from featurecache.kernels.weight_casts import StepCastPlan, step_weight_casts
 from featurecache.model import AF3Model, ModelConfig, sample_num_cycles
 from featurecache.model.af3 import LOSS_INPUTS, OPTIONAL_LOSS_INPUTS, REQUIRED_INPUTS
 from featurecache.model.config import RUNTIME_SETTINGS, WEIGHT_MEANING_SETTINGS, saved_model_settings
@@ -158,6 +158,8 @@ class Trainer:
         self.graph_lr: GraphLearningRate | None = None
         self.graphed: GraphedUpdate | None = None
         self.noise: torch.Generator | None = None  # the generator of the graphed update's micro-batch
+        # the weights a micro-batch cast to bf16, cast together at the next one's start (weight_casts)
+        self.step_casts = StepCastPlan()
         # A captured step must not use autocast's cache of cast weights (its tensors outlive the graph).
         self.autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not config.cuda_graphs)
@@ -236,7 +238,7 @@ class Trainer:
         a mean); returns the loss terms (AF3Model.loss's metrics)."""
         # each weight cast to the compute dtype once for the forward, the checkpoints'
         # recomputation and the mini-rollout (kernels/weight_casts.py)
-        with step_weight_casts():
+        with step_weight_casts(self.step_casts):
             with self.autocast:
                 outputs = self.trained(batch, num_cycles=num_cycles, generator=generator)  # the model's diffusion batch
             loss, metrics = self.model.loss(batch, outputs)

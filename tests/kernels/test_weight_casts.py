@@ -194,3 +194,83 @@ def test_the_step_scope_gives_the_training_steps_gradients(monkeypatch):
         torch.testing.assert_close(
             shared[name], grad, rtol=0, atol=4 * torch.finfo(torch.bfloat16).eps * scale, msg=name
         )
+
+
+class _Casts(TorchDispatchMode):
+    """Counts single casts of tensors shaped as `shape` (weights, their gradients) and
+    multi-tensor copies."""
+
+    def __init__(self, shape) -> None:
+        super().__init__()
+        self.shape, self.single, self.bulk = shape, 0, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        self.single += name == "_to_copy" and tuple(args[0].shape) == self.shape
+        self.bulk += name.startswith("_foreach_copy")
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_plan_casts_the_last_steps_weights_at_once_with_the_same_gradients():
+    """A step records the weights it cast; the next step with the plan casts them all in one
+    multi-tensor copy on entry (none one by one) and gets the same loss and the same gradients,
+    bit for bit: each weight's gradients through a checkpoint's recomputation and outside it
+    are summed in bf16 and cast back, as through its own cast."""
+    from featurecache.model.network.checkpointing import checkpointed
+
+    generator = torch.Generator().manual_seed(3)
+    weights = [torch.nn.Parameter(torch.randn(8, 8, generator=generator)) for _ in range(3)]
+    x = torch.randn(5, 8, generator=generator)
+    plan = weight_casts.StepCastPlan()
+
+    def step():
+        for weight in weights:
+            weight.grad = None
+        casts = _Casts((8, 8))
+        with casts, weight_casts.step_weight_casts(plan):
+            inside = checkpointed(lambda t: t @ cast_weight(weights[0], torch.bfloat16), x.bfloat16())
+            outside = (inside @ cast_weight(weights[1], torch.bfloat16)) @ cast_weight(weights[0], torch.bfloat16)
+            loss = outside.float().square().sum()
+            loss.backward()
+        return loss.detach(), [weight.grad for weight in weights], casts
+
+    first_loss, first_grads, first = step()
+    assert first.single >= 4 and first.bulk == 0  # two weights cast, their gradients cast back
+    assert [w is v for w, v in zip(plan.weights[torch.bfloat16], weights[:2])] == [True, True]
+    second_loss, second_grads, second = step()
+    assert second.single == 0 and second.bulk >= 2  # the casts, then the gradients cast back
+    assert torch.equal(first_loss, second_loss)
+    assert second_grads[2] is None
+    for a, b in zip(first_grads[:2], second_grads[:2]):
+        assert a.dtype == b.dtype == torch.float32 and torch.equal(a, b)
+
+
+def test_the_tiny_training_step_with_a_plan_is_the_step_without():
+    """The tiny model's training step under CPU autocast: its second step with the first step's
+    plan (every weight cast at once) gives the loss and gradients of the step scope without a
+    plan, bit for bit."""
+    from featurecache.model import AF3Model, preset
+    from featurecache.testing.synthetic import random_batch
+
+    torch.manual_seed(0)
+    model = AF3Model(preset("tiny", kernels="torch")).train()
+    batch = random_batch([9], [3], [1], torch.Generator().manual_seed(1), num_atoms_per_token=2)
+    plan = weight_casts.StepCastPlan()
+
+    def step(plan) -> tuple[torch.Tensor, dict]:
+        model.zero_grad(set_to_none=True)
+        with weight_casts.step_weight_casts(plan):
+            with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+                outputs = model(batch, num_cycles=1, diffusion_batch=2, generator=torch.Generator().manual_seed(2))
+                loss = model.loss(batch, outputs)[0]
+            loss.backward()
+        return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    plain_loss, plain = step(None)
+    step(plan)  # records the plan
+    assert len(plan.weights[torch.bfloat16]) > 50
+    planned_loss, planned = step(plan)
+    assert torch.equal(plain_loss, planned_loss)
+    assert plain.keys() == planned.keys()
+    for name, grad in plain.items():
+        assert torch.equal(planned[name], grad), name
