@@ -1,12 +1,13 @@
 """What one af3 training step launches, counted on the CPU: every operator that is not a view, with
 the source line that made it, grouped into the classes a GPU profile shows as small kernels.
 
-    env -u TRITON_INTERPRET python3 benchmarks/step_operators.py [--tokens 32] [--top 30]
+    env -u TRITON_INTERPRET python3 benchmarks/step_operators.py [--tokens 32] [--top 30] [--no-plan]
 
 The step runs as the graphed Trainer runs it (the af3 preset at full depth, bf16 autocast without
-its cache, the diffusion batch of 48, inside step_weight_casts) under featurecache.testing.gpu_compile.compile_only: the
-Triton kernels compile for sm_90 and are not launched, so every other operator runs on CPU tensors
-with the shapes of `--tokens` tokens. Counts barely depend on the size; which operators would be
+its cache, the diffusion batch of 48, inside step_weight_casts with the StepCastPlan of a first
+step) under featurecache.testing.gpu_compile.compile_only: the Triton kernels compile for sm_90
+and are not launched, so every other operator runs on CPU tensors with the shapes of `--tokens`
+tokens. Counts barely depend on the size; which operators would be
 large at crop 384 shows in their element count. Classes:
   strided     a pointwise operator whose operands are not all contiguous with the output's shape
               (a GPU runs these as the non-vectorized elementwise_kernel<128, 4>)
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import traceback
 
@@ -94,29 +96,49 @@ class OperatorCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
-        if func.is_view or any(tag in func.tags for tag in VIEW_TAGS) or func.__name__.startswith(("empty", "new_empty")):
+        if (
+            func.is_view
+            or any(tag in func.tags for tag in VIEW_TAGS)
+            or func.__name__.startswith(("empty", "new_empty"))
+        ):
             return result
-        outputs = [r for r in (result if isinstance(result, (list, tuple)) else [result]) if isinstance(r, torch.Tensor)]
+        outputs = [
+            r for r in (result if isinstance(result, (list, tuple)) else [result]) if isinstance(r, torch.Tensor)
+        ]
         kind = _class(func, _tensors(args, kwargs), outputs)
         where = _backward_source() if self.backward else _source(traceback.extract_stack())
-        key = (kind, "bwd" if self.backward else "fwd", func.__name__, str(outputs[0].dtype)[6:] if outputs else "", where)
+        key = (
+            kind,
+            "bwd" if self.backward else "fwd",
+            func.__name__,
+            str(outputs[0].dtype)[6:] if outputs else "",
+            where,
+        )
         self.counts[key] += 1
         self.elements[key] += outputs[0].numel() if outputs else 0
         return result
 
 
-def count_step(tokens: int) -> OperatorCounter:
-    from featurecache.kernels.weight_casts import step_weight_casts
+def count_step(tokens: int, plan: bool = True) -> OperatorCounter:
+    """The operators of one step; with `plan`, the second of two steps sharing a StepCastPlan
+    (as the Trainer's steps after the first do)."""
+    from featurecache.kernels.weight_casts import StepCastPlan, step_weight_casts
     from featurecache.model import AF3Model, preset
     from featurecache.testing.gpu_compile import compile_only
     from featurecache.testing.synthetic import random_batch
 
     counter = OperatorCounter()
+    casts = StepCastPlan() if plan else None
     with compile_only():
         model = AF3Model(preset("af3", kernels="triton")).train()
         batch = random_batch([tokens], [16], [1], torch.Generator().manual_seed(0), num_atoms_per_token=8)
-        with step_weight_casts():
-            with torch.autograd.set_detect_anomaly(True, check_nan=False), counter:
+        for counted in [False, True] if plan else [True]:
+            model.zero_grad(set_to_none=True)
+            counter.backward = False
+            mode = contextlib.ExitStack()
+            if counted:  # the counter around the scope: a plan's casts are made on entering it
+                mode.enter_context(counter)
+            with mode, step_weight_casts(casts), torch.autograd.set_detect_anomaly(True, check_nan=False):
                 # autocast's own cache off, as the CUDA-graph Trainer runs it (training/loop.py)
                 with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
                     outputs = model(batch, num_cycles=1, diffusion_batch=48)
@@ -130,11 +152,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--top", type=int, default=30, help="rows of each class's table")
+    parser.add_argument(
+        "--no-plan", action="store_true", help="one step without a StepCastPlan (each weight cast at its first use)"
+    )
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET"):
         parser.error("unset TRITON_INTERPRET: the kernels must compile, not be interpreted")
     torch.manual_seed(0)
-    counter = count_step(args.tokens)
+    counter = count_step(args.tokens, plan=not args.no_plan)
     by_class = collections.Counter()
     for key, count in counter.counts.items():
         by_class[key[0]] += count

@@ -13,6 +13,7 @@ import functools
 import threading
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from featurecache.kernels.weight_casts import cast_weight
 
@@ -211,8 +212,9 @@ def triangle_mult_reference(
 def _keeps_every_pair(mask: torch.Tensor) -> bool:
     """A CPU mask with no pair masked (a crop without padding): multiplying by it is the identity,
     four passes over [B, L, L, H] a call forward and backward. Elsewhere the question would cost a
-    device sync (and break CUDA graphs and compiled graphs), so the product stays."""
-    return mask.device.type == "cpu" and not torch.compiler.is_compiling() and bool(mask.all())
+    device sync (and break CUDA graphs and compiled graphs), and a fake tensor (FLOP counting,
+    tracing) has no values to ask: the product stays."""
+    return mask.device.type == "cpu" and not torch.compiler.is_compiling() and not is_fake(mask) and bool(mask.all())
 
 
 def _triangle_product(a: torch.Tensor, b: torch.Tensor, outgoing: bool) -> torch.Tensor:
