@@ -145,7 +145,7 @@ def cast_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     step_copies = getattr(_scope, "step_copies", None)
     if step_copies is not None:
         plan = getattr(_scope, "step_plan", None)
-        if plan is not None:
+        if plan is not None and weight.requires_grad:  # a frozen weight's copy must not track gradients
             plan.add(weight, dtype)
         with torch.enable_grad():  # differentiable even when made in a checkpoint's first forward
             return _kept(step_copies, weight, dtype)
