@@ -74,12 +74,14 @@ class StepCastPlan:
 
     def __init__(self) -> None:
         self.weights: dict[torch.dtype, list[torch.Tensor]] = {}
-        self._known: set[tuple[int, torch.dtype]] = set()
 
-    def add(self, weight: torch.Tensor, dtype: torch.dtype) -> None:
-        if (id(weight), dtype) not in self._known:
-            self._known.add((id(weight), dtype))
-            self.weights.setdefault(dtype, []).append(weight)
+    def remember(self, step_copies: dict) -> None:
+        """The weights of a finished step's copies (_kept's entries); frozen ones stay out (their
+        bulk copies would track gradients)."""
+        self.weights = {}
+        for (_, dtype), (weight, _, _) in step_copies.items():
+            if weight.requires_grad:
+                self.weights.setdefault(dtype, []).append(weight)
 
 
 class _BulkCast(torch.autograd.Function):
@@ -113,12 +115,12 @@ def step_weight_casts(plan: StepCastPlan | None = None) -> Iterator[None]:
     """Within it, cast_weight casts each weight once per dtype, with gradient, for every use in
     or out of gradient mode (one training micro-batch's forward and backward); a sampler's
     cached_weight_casts inside it (the mini-rollout) reads the same copies. With a `plan`, the
-    weights an earlier step cast are cast at once on entry, and the weights cast one by one
-    are added to it for the next step."""
+    weights an earlier step cast are cast at once on entry, and the plan then holds the weights
+    this step cast, for the next one."""
     if getattr(_scope, "step_copies", None) is not None:
         yield
         return
-    _scope.step_copies, _scope.step_plan = {}, plan
+    _scope.step_copies = {}
     try:
         if plan is not None and not torch.compiler.is_compiling():
             with torch.enable_grad():
@@ -126,8 +128,10 @@ def step_weight_casts(plan: StepCastPlan | None = None) -> Iterator[None]:
                     for weight, copy in zip(weights, _BulkCast.apply(dtype, *weights)):
                         _scope.step_copies[(id(weight), dtype)] = (weight, weight._version, copy)
         yield
+        if plan is not None:
+            plan.remember(_scope.step_copies)
     finally:
-        _scope.step_copies, _scope.step_plan = None, None
+        _scope.step_copies = None
 
 
 def step_casts_open() -> bool:
@@ -144,9 +148,6 @@ def cast_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return weight.to(dtype)
     step_copies = getattr(_scope, "step_copies", None)
     if step_copies is not None:
-        plan = getattr(_scope, "step_plan", None)
-        if plan is not None and weight.requires_grad:  # a frozen weight's copy must not track gradients
-            plan.add(weight, dtype)
         with torch.enable_grad():  # differentiable even when made in a checkpoint's first forward
             return _kept(step_copies, weight, dtype)
     copies = getattr(_scope, "copies", None)
