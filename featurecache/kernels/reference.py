@@ -77,6 +77,11 @@ def window_attention_reference(q, k, v, bias=None, mask=None, scale=None):
     return out.unflatten(0, (batch, windows)).transpose(1, 2).to(q.dtype)
 
 
+def sigmoid_gate_reference(gate: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """sigmoid(gate) * out in gate's dtype (the attention modules' output gate)."""
+    return torch.sigmoid(gate) * out.to(gate.dtype)
+
+
 def gated_pair_attention_reference(
     packed, mask, heads, head_dim, transpose=False, scale=None, attention=evo_attention_reference
 ):

@@ -1,4 +1,5 @@
-"""gated_pair_attention (triangle attention's packed core) against a float64 reference.
+"""gated_pair_attention (triangle attention's packed core) and sigmoid_gate (the other attention
+modules' output gate) against a float64 reference.
 
 Under TRITON_INTERPRET=1 on the CPU: small odd lengths, two heads. The packed input is read as
 the projection writes it (rows padded to 16 elements) and as a plain contiguous tensor; the
@@ -10,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from featurecache.kernels.gated_attention import gated_pair_attention
-from featurecache.kernels.reference import gated_pair_attention_reference
+from featurecache.kernels.gated_attention import gated_pair_attention, sigmoid_gate
+from featurecache.kernels.reference import gated_pair_attention_reference, sigmoid_gate_reference
 from featurecache.testing.compare import rel_error
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -61,3 +62,39 @@ def test_bad_shapes_are_named():
         gated_pair_attention(packed, None, 2, 8)  # needs 4 * 16 + 2 = 66 columns
     with pytest.raises(ValueError, match="mask is"):
         gated_pair_attention(torch.zeros(1, 5, 5, 66), torch.ones(1, 5, 4, dtype=torch.bool), 2, 8)
+
+
+@pytest.mark.parametrize(
+    "gate_dtype, out_dtype",
+    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)],
+)
+@pytest.mark.parametrize("batch, rows, length, channels", [(2, 3, 7, 24), (1, 1, 13, 40)])
+def test_sigmoid_gate_matches_float64_reference(gate_dtype, out_dtype, batch, rows, length, channels):
+    """The gate as the conditioned attention reads it: a strided slice of a packed projection
+    [.., 4C], the attention output contiguous, possibly wider (fp32 atom activations)."""
+    generator = torch.Generator().manual_seed(torch.seed() % 2**31)
+    packed = torch.randn(batch, rows, length, 4 * channels, generator=generator).to(DEVICE, gate_dtype)
+    out = torch.randn(batch, rows, length, channels, generator=generator).to(DEVICE, out_dtype)
+    upstream = torch.randn(batch, rows, length, channels, generator=generator).to(DEVICE, gate_dtype)
+
+    def run(function, packed, out):
+        packed, out = packed.detach().requires_grad_(True), out.detach().requires_grad_(True)
+        gated = function(packed[..., 3 * channels :], out)
+        (gated * upstream.to(gated.dtype)).sum().backward()
+        return gated.detach(), packed.grad, out.grad
+
+    truth = run(sigmoid_gate_reference, packed.double(), out.double())
+    mine = run(sigmoid_gate, packed, out)
+    eager = run(sigmoid_gate_reference, packed, out)  # PyTorch in the same dtypes
+    assert mine[0].dtype == gate_dtype and mine[2].dtype == out_dtype
+    assert mine[1][..., : 3 * channels].abs().max() == 0  # the slice's gradient lands in the slice only
+    for name, value, eager_value, true_value in zip(("gated", "d_packed", "d_out"), mine, eager, truth):
+        assert torch.isfinite(value).all(), f"{name}: non-finite value"
+        floor = ERROR_FLOOR[torch.bfloat16 if torch.bfloat16 in (gate_dtype, value.dtype) else torch.float32]
+        allowed = ERROR_FACTOR * rel_error(eager_value, true_value) + floor
+        assert rel_error(value, true_value) <= allowed, (name, rel_error(value, true_value), allowed)
+
+
+def test_sigmoid_gate_names_mismatched_shapes():
+    with pytest.raises(ValueError, match="sigmoid_gate: gate"):
+        sigmoid_gate(torch.zeros(1, 2, 3, 8, device=DEVICE), torch.zeros(1, 2, 3, 4, device=DEVICE))

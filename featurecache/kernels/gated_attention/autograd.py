@@ -14,7 +14,7 @@ from featurecache.kernels.evo_attention import (
     evo_attention_forward,
 )
 from featurecache.kernels.gated_attention.launch import gate_backward, gate_forward, packed_views
-from featurecache.kernels.reference import gated_pair_attention_reference
+from featurecache.kernels.reference import gated_pair_attention_reference, sigmoid_gate_reference
 
 
 class _GatedPairAttention(torch.autograd.Function):
@@ -91,3 +91,35 @@ def gated_pair_attention(
         return gated_pair_attention_reference(packed, mask, heads, head_dim, transpose, scale, attention=evo_attention)
     packed = runtime.autocast_input(packed)
     return _GatedPairAttention.apply(packed, mask, heads, head_dim, transpose, float(scale))
+
+
+class _SigmoidGate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, out):
+        ctx.save_for_backward(gate, out)
+        return gate_forward(gate, out)
+
+    @staticmethod
+    def backward(ctx, d_gated):
+        gate, out = ctx.saved_tensors
+        # the kernel writes d_out with out's strides (contiguous here) and d_gate with its own
+        d_out, d_gate = torch.empty_like(out), torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+        gate_backward(d_gated.contiguous(), gate, out, d_out, d_gate)
+        return d_gate, d_out
+
+
+def sigmoid_gate(gate: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """sigmoid(gate) * out in gate's dtype, both [B, R, L, C] (gate may be a strided slice, as the
+    conditioned attention's packed projection gives it): one kernel each way where the Triton
+    kernels run, instead of a sigmoid and a product forward (strided, so not vectorized) and
+    three kernels backward. The sigmoid is not rounded on its own before the product (one
+    rounding; the composition rounds twice). Elsewhere, and under torch.compile (which fuses the
+    composition itself), the composition."""
+    if torch.compiler.is_compiling() or not runtime.runs_triton(gate.device) or gate.dim() != 4:
+        return sigmoid_gate_reference(gate, out)
+    if gate.shape != out.shape:
+        raise ValueError(f"sigmoid_gate: gate {tuple(gate.shape)} and out {tuple(out.shape)} differ")
+    out = out.contiguous()
+    if gate.stride(-1) != 1:
+        gate = gate.contiguous()
+    return _SigmoidGate.apply(gate, out)

@@ -1,5 +1,6 @@
 """The gated pair attention's Triton kernels: the gate sigmoid(g) * o and its gradients, over
-[B, L, L, H*D] pair tiles read through any (batch, i, j) strides."""
+[B, R, L, C] tiles (the pair's [B, L, L, H*D], or the conditioned attention's [B, S, L, c_a]) read
+through any (batch, row, column) strides."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from featurecache.kernels.primitives import cast
 
 
 @triton.jit
-def _pair_tile(length, inner, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr):
-    """This program's tile, pairs (b, i, j..j + BLOCK_J) x channels: their indices, their
-    offsets in a contiguous [B, L, L, inner] tensor, and the mask."""
+def _pair_tile(rows, length, inner, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's tile, positions (b, i, j..j + BLOCK_J) x channels: their indices, their
+    offsets in a contiguous [B, rows, length, inner] tensor, and the mask."""
     pid_bi = tl.program_id(0).to(tl.int64)
-    b = pid_bi // length
-    i = pid_bi % length
+    b = pid_bi // rows
+    i = pid_bi % rows
     j = (tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)).to(tl.int64)
     c = tl.arange(0, BLOCK_C)
     m = (j < length)[:, None] & (c < inner)[None, :]
@@ -24,7 +25,7 @@ def _pair_tile(length, inner, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr):
 
 @triton.jit
 def _strided(b, i, j, c, stride_b, stride_i, stride_j):
-    """Offsets of the tile in a [B, L, L, C] view with these strides and contiguous channels."""
+    """Offsets of the tile in a [B, R, L, C] view with these strides and contiguous channels."""
     return b * stride_b + i * stride_i + j[:, None] * stride_j + c[None, :]
 
 
@@ -33,6 +34,7 @@ def _gate_fwd_kernel(
     G,
     O,
     Y,
+    rows,
     length,
     inner,
     stride_gb,
@@ -46,7 +48,7 @@ def _gate_fwd_kernel(
     BLOCK_C: tl.constexpr,
 ):
     """y[b, i, j] = sigmoid(g[b, i, j]) * o[b, i, j] over the channels; y contiguous."""
-    b, i, j, c, dense, m = _pair_tile(length, inner, BLOCK_J, BLOCK_C)
+    b, i, j, c, dense, m = _pair_tile(rows, length, inner, BLOCK_J, BLOCK_C)
     g = tl.load(G + _strided(b, i, j, c, stride_gb, stride_gi, stride_gj), mask=m, other=0.0)
     o = tl.load(O + _strided(b, i, j, c, stride_ob, stride_oi, stride_oj), mask=m, other=0.0)
     y = tl.sigmoid(g.to(tl.float32)) * o.to(tl.float32)
@@ -60,6 +62,7 @@ def _gate_bwd_kernel(
     O,
     DO,
     DG,
+    rows,
     length,
     inner,
     stride_gb,
@@ -76,7 +79,7 @@ def _gate_bwd_kernel(
     BLOCK_C: tl.constexpr,
 ):
     """do = dy * sigmoid(g) (written with o's strides), dg = dy * o * sigmoid'(g)."""
-    b, i, j, c, dense, m = _pair_tile(length, inner, BLOCK_J, BLOCK_C)
+    b, i, j, c, dense, m = _pair_tile(rows, length, inner, BLOCK_J, BLOCK_C)
     dy = tl.load(DY + dense, mask=m, other=0.0).to(tl.float32)
     g = tl.load(G + _strided(b, i, j, c, stride_gb, stride_gi, stride_gj), mask=m, other=0.0)
     o_offsets = _strided(b, i, j, c, stride_ob, stride_oi, stride_oj)

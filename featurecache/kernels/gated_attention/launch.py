@@ -10,16 +10,16 @@ from featurecache.kernels import runtime
 from featurecache.kernels.gated_attention.kernels import _gate_bwd_kernel, _gate_fwd_kernel
 
 
-def _gate_grid(batch: int, length: int, inner: int) -> tuple[tuple[int, int], int, int]:
+def _gate_grid(batch: int, rows: int, length: int, inner: int) -> tuple[tuple[int, int], int, int]:
     block_c = triton.next_power_of_2(inner)
     block_j = max(1, min(triton.next_power_of_2(length), 4096 // block_c))
-    return (batch * length, triton.cdiv(length, block_j)), block_j, block_c
+    return (batch * rows, triton.cdiv(length, block_j)), block_j, block_c
 
 
 def _pair_strides(t: torch.Tensor) -> tuple[int, int, int]:
-    """(batch, i, j) strides of a [B, L, L, C] tensor whose channels are contiguous."""
+    """(batch, row, column) strides of a [B, R, L, C] tensor whose channels are contiguous."""
     if t.stride(-1) != 1:
-        raise ValueError(f"gated_pair_attention: channels must be contiguous, got strides {t.stride()}")
+        raise ValueError(f"sigmoid gate: channels must be contiguous, got strides {t.stride()}")
     return t.stride(0), t.stride(1), t.stride(2)
 
 
@@ -39,15 +39,17 @@ def packed_views(packed: torch.Tensor, heads: int, head_dim: int, transpose: boo
 
 
 def gate_forward(gate: torch.Tensor, out_pair: torch.Tensor) -> torch.Tensor:
-    """sigmoid(gate) * out_pair, both [B, L, L, H*D] with contiguous channels (out_pair may be a
-    transposed view): one kernel, a new [B, L, L, H*D] tensor in gate's dtype."""
-    batch, length, _, inner = gate.shape
-    gated = gate.new_empty((batch, length, length, inner))
-    grid, block_j, block_c = _gate_grid(batch, length, inner)
+    """sigmoid(gate) * out_pair, both [B, R, L, C] with contiguous channels (either may be a
+    strided view: the packed projection's slice, the ending node's transpose): one kernel, a new
+    contiguous [B, R, L, C] tensor in gate's dtype."""
+    batch, rows, length, inner = gate.shape
+    gated = gate.new_empty((batch, rows, length, inner))
+    grid, block_j, block_c = _gate_grid(batch, rows, length, inner)
     _gate_fwd_kernel[grid](
         gate,
         out_pair,
         gated,
+        rows,
         length,
         inner,
         *_pair_strides(gate),
@@ -62,16 +64,18 @@ def gate_forward(gate: torch.Tensor, out_pair: torch.Tensor) -> torch.Tensor:
 def gate_backward(
     d_gated: torch.Tensor, gate: torch.Tensor, out_pair: torch.Tensor, d_out_pair: torch.Tensor, d_gate: torch.Tensor
 ) -> None:
-    """The gate's backward in one kernel: writes d_out_pair (the attention output's gradient)
-    and d_gate (a view into the packed gradient), all [B, L, L, H*D]."""
-    batch, length, _, inner = gate.shape
-    grid, block_j, block_c = _gate_grid(batch, length, inner)
+    """The gate's backward in one kernel: writes d_out_pair (the attention output's gradient,
+    with out_pair's strides) and d_gate (any strides: a view into the packed gradient), all
+    [B, R, L, C]; d_gated is contiguous."""
+    batch, rows, length, inner = gate.shape
+    grid, block_j, block_c = _gate_grid(batch, rows, length, inner)
     _gate_bwd_kernel[grid](
         d_gated,
         gate,
         out_pair,
         d_out_pair,
         d_gate,
+        rows,
         length,
         inner,
         *_pair_strides(gate),

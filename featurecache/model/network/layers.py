@@ -174,6 +174,18 @@ def gated_pair_attention_fn(kernels: str):
     return gated_pair_attention
 
 
+def sigmoid_gate_fn(kernels: str):
+    """The attention modules' output gate sigmoid(gate) * out: one kernel each way
+    (featurecache.kernels.gated_attention.sigmoid_gate), or for "torch" the composition."""
+    if check_kernels(kernels) == "torch":
+        from featurecache.kernels.reference import sigmoid_gate_reference
+
+        return sigmoid_gate_reference
+    from featurecache.kernels.gated_attention import sigmoid_gate
+
+    return sigmoid_gate
+
+
 class TriangleAttention(nn.Module):
     """Triangle self-attention around the starting or the ending node (AF3 Algorithms 14, 15).
 
@@ -233,17 +245,18 @@ class AttentionPairBias(nn.Module):
         freeze_norm_bias(self.pair_bias)
         self.linear_out = Linear(inner, c_s, bias=False)
         self.attention = attention_fn(kernels)
+        self.gate = sigmoid_gate_fn(kernels)
 
     def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
         """s [B, L, C_s], z [B, L, L, C_z], token_mask [B, L] bool -> update [B, L, C_s]."""
         heads, dim = self.num_heads, self.head_dim
         inner = heads * dim
         proj = self.proj(s).unsqueeze(1)  # [B, 1, L, 4 * H * D]: one "row" for evo_attention
-        q, k, v, gate = (t.unflatten(-1, (heads, dim)) for t in proj.split(inner, dim=-1))
+        q, k, v, gate = proj.split(inner, dim=-1)
+        q, k, v = (t.unflatten(-1, (heads, dim)) for t in (q, k, v))
         bias = self.pair_bias(z).permute(0, 3, 1, 2).unsqueeze(1).contiguous()  # [B, 1, H, L, L]
         out = self.attention(q, k, v, bias=bias, mask=token_mask.unsqueeze(1))
-        out = (torch.sigmoid(gate) * out).squeeze(1)
-        return self.linear_out(out.flatten(-2))
+        return self.linear_out(self.gate(gate, out.flatten(-2)).squeeze(1))
 
 
 class PairWeightedAveraging(nn.Module):
@@ -264,6 +277,7 @@ class PairWeightedAveraging(nn.Module):
         self.pair_bias = kernel_module(LayerNormLinear, c_z, num_heads, bias=False, eps=eps, kernels=kernels)
         freeze_norm_bias(self.pair_bias)
         self.linear_out = Linear(inner, c_m, bias=False)
+        self.gate = sigmoid_gate_fn(kernels)
 
     def forward(self, m: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
         """m [B, S, L, C_m], z [B, L, L, C_z], token_mask [B, L] -> update [B, S, L, C_m]."""
@@ -277,7 +291,7 @@ class PairWeightedAveraging(nn.Module):
         logits = logits.masked_fill(~token_mask[:, None, :, None], 0.0)
         weights = torch.softmax(logits, dim=-1).to(value.dtype)
         out = torch.einsum("bhij,bsjhd->bsihd", weights, value).flatten(-2)
-        return self.linear_out(torch.sigmoid(gate) * out)
+        return self.linear_out(self.gate(gate, out))
 
 
 class OuterProductMean(nn.Module):

@@ -34,7 +34,7 @@ from featurecache.kernels.layernorm_linear import LayerNormLinear
 from featurecache.kernels.runtime import autocast_input, check_kernels
 from featurecache.kernels.weight_casts import cast_weight
 from featurecache.model.network.checkpointing import checkpointed
-from featurecache.model.network.layers import Linear, attention_fn, freeze_norm_bias, kernel_module
+from featurecache.model.network.layers import Linear, attention_fn, freeze_norm_bias, kernel_module, sigmoid_gate_fn
 
 # AF3 initialises every output gate sigmoid(Linear(s)) with bias -2 (Algorithms 24, 25).
 GATE_BIAS_INIT = -2.0
@@ -326,6 +326,7 @@ class ConditionedAttention(nn.Module):
         self.linear_out = Linear(c_a, c_a, bias=False)
         self.output_gate = _gate(c_s, c_a)
         self.kernels = check_kernels(kernels)
+        self.gate = sigmoid_gate_fn(kernels)
 
     def attention_bias(self, pair: torch.Tensor, layout) -> torch.Tensor:
         """The per-head bias LinearNoBias(LayerNorm(pair)) laid out for the layout's attention: a
@@ -370,11 +371,11 @@ class ConditionedAttention(nn.Module):
         # the bias in q's dtype (cast once per sampler): an fp32 bias would promote q to fp32 and
         # add a copy back to bf16 per block and call
         q = q + cast_weight(self.query_bias, q.dtype)
-        q, k, v, gate = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in (q, k, v, gate))
+        q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in (q, k, v))
         if bias is None:
             bias = self.attention_bias(pair, layout)
-        out = layout.attend(q, k, v, bias, self.kernels)  # [B, S, L, H, D]
-        out = self.linear_out((torch.sigmoid(gate) * out.to(gate.dtype)).flatten(-2))
+        out = layout.attend(q, k, v, bias, self.kernels).flatten(-2)  # [B, S, L, c_a]
+        out = self.linear_out(self.gate(gate, out))
         output_gate = torch.sigmoid(self.output_gate(s)) if conditioning is None else conditioning.attention_gate
         return output_gate, out
 

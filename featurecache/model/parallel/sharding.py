@@ -37,7 +37,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from featurecache.kernels.reference import evo_attention_reference, layernorm_linear_reference
-from featurecache.model.network.layers import SITES_PER_BLOCK, attention_fn, dropout_seed, shared_dropout
+from featurecache.model.network.layers import (
+    SITES_PER_BLOCK,
+    attention_fn,
+    dropout_seed,
+    shared_dropout,
+    sigmoid_gate_fn,
+)
 from featurecache.model.network.msa import MSAModule, embed_msa
 from featurecache.model.network.pairformer import ROWWISE, Pairformer, PairformerBlock, run_blocks
 from featurecache.model.parallel.collectives import (
@@ -106,11 +112,12 @@ def triangle_attention(module: nn.Module, z: torch.Tensor, mask: torch.Tensor, k
     inner = heads * dim
     packed = module.proj(z)  # [B, n, L, >= 4 * inner + heads], one split as in the unsharded op
     *qkvg, bias, _ = packed.split([inner] * 4 + [heads, packed.shape[-1] - 4 * inner - heads], dim=-1)
-    q, k, v, gate = (t.unflatten(-1, (heads, dim)) for t in qkvg)
+    *qkv, gate = qkvg
+    q, k, v = (t.unflatten(-1, (heads, dim)) for t in qkv)
     bias = gather_partial(bias.contiguous(), 1, group)  # [B, L, L, H]
     bias = bias.permute(0, 3, 1, 2).unsqueeze(1).contiguous()
     out = attention_fn(kernels)(q, k, v, bias=bias, mask=mask.contiguous())
-    return module.linear_out((torch.sigmoid(gate) * out).flatten(-2))
+    return module.linear_out(sigmoid_gate_fn(kernels)(gate, out.flatten(-2)))
 
 
 def single_attention(
@@ -123,12 +130,12 @@ def single_attention(
     O(L^2) against the triangle ops' O(L^3), so it runs the PyTorch reference on both paths."""
     heads, dim = module.num_heads, module.head_dim
     inner = heads * dim
-    q, k, v, gate = (t.unflatten(-1, (heads, dim)).unsqueeze(1) for t in module.proj(s).split(inner, dim=-1))
+    *qkv, gate = (t.unsqueeze(1) for t in module.proj(s).split(inner, dim=-1))
+    q, k, v = (t.unflatten(-1, (heads, dim)) for t in qkv)
     k, v = gather_partial(torch.cat([k, v], dim=-1), 2, group).split(dim, dim=-1)
     bias = module.pair_bias(z).permute(0, 3, 1, 2).unsqueeze(1)  # [B, 1, H, n, L]
     out = evo_attention_reference(q, k, v, bias=bias, mask=token_mask.unsqueeze(1))
-    out = (torch.sigmoid(gate) * out).squeeze(1)
-    return module.linear_out(out.flatten(-2))
+    return module.linear_out(module.gate(gate, out.flatten(-2)).squeeze(1))
 
 
 def pair_updates(
@@ -283,7 +290,7 @@ def pair_weighted_averaging(
     logits = logits.masked_fill(~own_block(token_mask, 1, group)[:, None, :, None], 0.0)
     weights = torch.softmax(logits, dim=-1).to(value.dtype)
     out = torch.einsum("bhij,bsjhd->bsihd", weights, value).flatten(-2)
-    return module.linear_out(torch.sigmoid(gate) * out)
+    return module.linear_out(module.gate(gate, out))
 
 
 def msa_block(
