@@ -14,7 +14,7 @@ large at crop 384 shows in their element count. Classes:
   bf16 copy   an fp32 -> bf16 conversion (bfloat16_copy_kernel)
   fp32 small  a pointwise operator on fp32 tensors of fewer than 65,536 elements (launch-bound)
   other       the rest
-Backward operators are attributed to the forward line that made their autograd node (anomaly
+and the step's Triton launches by kernel. Backward operators are attributed to the forward line that made their autograd node (anomaly
 mode keeps that trace). Method and counts: benchmarks/NOTES.md sections 21 and 22.
 """
 
@@ -92,6 +92,7 @@ class OperatorCounter(TorchDispatchMode):
         self.counts: collections.Counter = collections.Counter()
         self.elements: collections.Counter = collections.Counter()
         self.backward = False
+        self.triton: collections.Counter = collections.Counter()  # Triton launches by kernel name
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -129,7 +130,7 @@ def count_step(tokens: int, plan: bool = True) -> OperatorCounter:
 
     counter = OperatorCounter()
     casts = StepCastPlan() if plan else None
-    with compile_only():
+    with compile_only() as launched:
         model = AF3Model(preset("af3", kernels="triton")).train()
         batch = random_batch([tokens], [16], [1], torch.Generator().manual_seed(0), num_atoms_per_token=8)
         for counted in [False, True] if plan else [True]:
@@ -138,6 +139,7 @@ def count_step(tokens: int, plan: bool = True) -> OperatorCounter:
             mode = contextlib.ExitStack()
             if counted:  # the counter around the scope: a plan's casts are made on entering it
                 mode.enter_context(counter)
+                launches_before = len(launched)
             with mode, step_weight_casts(casts), torch.autograd.set_detect_anomaly(True, check_nan=False):
                 # autocast's own cache off, as the CUDA-graph Trainer runs it (training/loop.py)
                 with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
@@ -145,6 +147,7 @@ def count_step(tokens: int, plan: bool = True) -> OperatorCounter:
                 loss = model.loss(batch, outputs)[0]
                 counter.backward = True
                 loss.backward()
+        counter.triton = collections.Counter(kernel.name for kernel in launched[launches_before:])
     return counter
 
 
@@ -164,6 +167,7 @@ def main() -> None:
     for key, count in counter.counts.items():
         by_class[key[0]] += count
     print(f"{sum(counter.counts.values())} operators a step at {args.tokens} tokens: {dict(by_class)}")
+    print(f"{sum(counter.triton.values())} Triton launches: {dict(counter.triton.most_common(args.top))}")
     for kind in ("strided", "bf16 copy", "fp32 small"):
         print(f"\n{kind}: {by_class[kind]}")
         print("| calls | elements a call | pass | operator | dtype | made at |\n|---|---|---|---|---|---|")
