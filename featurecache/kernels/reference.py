@@ -82,6 +82,11 @@ def sigmoid_gate_reference(gate: torch.Tensor, out: torch.Tensor) -> torch.Tenso
     return torch.sigmoid(gate) * out.to(gate.dtype)
 
 
+def swiglu_reference(gate: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * out in gate's dtype (the SwiGLU's product, Algorithm 11)."""
+    return torch.nn.functional.silu(gate) * out.to(gate.dtype)
+
+
 def gated_pair_attention_reference(
     packed, mask, heads, head_dim, transpose=False, scale=None, attention=evo_attention_reference
 ):

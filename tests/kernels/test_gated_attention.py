@@ -1,5 +1,5 @@
-"""gated_pair_attention (triangle attention's packed core) and sigmoid_gate (the other attention
-modules' output gate) against a float64 reference.
+"""gated_pair_attention (triangle attention's packed core), sigmoid_gate (the other attention
+modules' output gate) and swiglu against a float64 reference.
 
 Under TRITON_INTERPRET=1 on the CPU: small odd lengths, two heads. The packed input is read as
 the projection writes it (rows padded to 16 elements) and as a plain contiguous tensor; the
@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from featurecache.kernels.gated_attention import gated_pair_attention, sigmoid_gate
-from featurecache.kernels.reference import gated_pair_attention_reference, sigmoid_gate_reference
+from featurecache.kernels.gated_attention import gated_pair_attention, sigmoid_gate, swiglu
+from featurecache.kernels.reference import gated_pair_attention_reference, sigmoid_gate_reference, swiglu_reference
 from featurecache.testing.compare import rel_error
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -69,7 +69,12 @@ def test_bad_shapes_are_named():
     [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)],
 )
 @pytest.mark.parametrize("batch, rows, length, channels", [(2, 3, 7, 24), (1, 1, 13, 40)])
-def test_sigmoid_gate_matches_float64_reference(gate_dtype, out_dtype, batch, rows, length, channels):
+@pytest.mark.parametrize(
+    "function, reference",
+    [(sigmoid_gate, sigmoid_gate_reference), (swiglu, swiglu_reference)],
+    ids=["sigmoid", "swish"],
+)
+def test_gate_matches_float64_reference(function, reference, gate_dtype, out_dtype, batch, rows, length, channels):
     """The gate as the conditioned attention reads it: a strided slice of a packed projection
     [.., 4C], the attention output contiguous, possibly wider (fp32 atom activations)."""
     generator = torch.Generator().manual_seed(torch.seed() % 2**31)
@@ -83,9 +88,9 @@ def test_sigmoid_gate_matches_float64_reference(gate_dtype, out_dtype, batch, ro
         (gated * upstream.to(gated.dtype)).sum().backward()
         return gated.detach(), packed.grad, out.grad
 
-    truth = run(sigmoid_gate_reference, packed.double(), out.double())
-    mine = run(sigmoid_gate, packed, out)
-    eager = run(sigmoid_gate_reference, packed, out)  # PyTorch in the same dtypes
+    truth = run(reference, packed.double(), out.double())
+    mine = run(function, packed, out)
+    eager = run(reference, packed, out)  # PyTorch in the same dtypes
     assert mine[0].dtype == gate_dtype and mine[2].dtype == out_dtype
     assert mine[1][..., : 3 * channels].abs().max() == 0  # the slice's gradient lands in the slice only
     for name, value, eager_value, true_value in zip(("gated", "d_packed", "d_out"), mine, eager, truth):
@@ -95,6 +100,7 @@ def test_sigmoid_gate_matches_float64_reference(gate_dtype, out_dtype, batch, ro
         assert rel_error(value, true_value) <= allowed, (name, rel_error(value, true_value), allowed)
 
 
-def test_sigmoid_gate_names_mismatched_shapes():
-    with pytest.raises(ValueError, match="sigmoid_gate: gate"):
-        sigmoid_gate(torch.zeros(1, 2, 3, 8, device=DEVICE), torch.zeros(1, 2, 3, 4, device=DEVICE))
+def test_gates_name_mismatched_shapes():
+    for function, name in ((sigmoid_gate, "sigmoid_gate"), (swiglu, "swiglu")):
+        with pytest.raises(ValueError, match=f"{name}: gate"):
+            function(torch.zeros(1, 2, 3, 8, device=DEVICE), torch.zeros(1, 2, 3, 4, device=DEVICE))

@@ -16,10 +16,11 @@ Layout, in the order a call goes through it (as for every op of featurecache.ker
   launch.py    the packed tensor's views and the gate's launchers (the attention itself is
                evo_attention's)
   autograd.py  the autograd Function and `gated_pair_attention`, the entry point; `sigmoid_gate`,
-               the gate alone (the conditioned attention's, over [B, S, L, c_a])
+               the gate alone (the conditioned attention's, over [B, S, L, c_a]), and `swiglu`,
+               the same kernels with silu for sigmoid
 """
 
-from featurecache.kernels.gated_attention.autograd import gated_pair_attention, sigmoid_gate
+from featurecache.kernels.gated_attention.autograd import gated_pair_attention, sigmoid_gate, swiglu
 from featurecache.kernels.gated_attention.launch import gate_backward, gate_forward, packed_views
 
-__all__ = ["gate_backward", "gate_forward", "gated_pair_attention", "packed_views", "sigmoid_gate"]
+__all__ = ["gate_backward", "gate_forward", "gated_pair_attention", "packed_views", "sigmoid_gate", "swiglu"]

@@ -14,7 +14,7 @@ from featurecache.kernels.evo_attention import (
     evo_attention_forward,
 )
 from featurecache.kernels.gated_attention.launch import gate_backward, gate_forward, packed_views
-from featurecache.kernels.reference import gated_pair_attention_reference, sigmoid_gate_reference
+from featurecache.kernels.reference import gated_pair_attention_reference, sigmoid_gate_reference, swiglu_reference
 
 
 class _GatedPairAttention(torch.autograd.Function):
@@ -93,19 +93,32 @@ def gated_pair_attention(
     return _GatedPairAttention.apply(packed, mask, heads, head_dim, transpose, float(scale))
 
 
-class _SigmoidGate(torch.autograd.Function):
+class _Gate(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, gate, out):
+    def forward(ctx, gate, out, swish):
         ctx.save_for_backward(gate, out)
-        return gate_forward(gate, out)
+        ctx.swish = swish
+        return gate_forward(gate, out, swish)
 
     @staticmethod
     def backward(ctx, d_gated):
         gate, out = ctx.saved_tensors
         # the kernel writes d_out with out's strides (contiguous here) and d_gate with its own
         d_out, d_gate = torch.empty_like(out), torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-        gate_backward(d_gated.contiguous(), gate, out, d_out, d_gate)
-        return d_gate, d_out
+        gate_backward(d_gated.contiguous(), gate, out, d_out, d_gate, ctx.swish)
+        return d_gate, d_out, None
+
+
+def _gate(gate: torch.Tensor, out: torch.Tensor, swish: bool, reference) -> torch.Tensor:
+    if torch.compiler.is_compiling() or not runtime.runs_triton(gate.device) or gate.dim() != 4:
+        return reference(gate, out)
+    if gate.shape != out.shape:
+        name = "swiglu" if swish else "sigmoid_gate"
+        raise ValueError(f"{name}: gate {tuple(gate.shape)} and out {tuple(out.shape)} differ")
+    out = out.contiguous()
+    if gate.stride(-1) != 1:
+        gate = gate.contiguous()
+    return _Gate.apply(gate, out, swish)
 
 
 def sigmoid_gate(gate: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -115,11 +128,11 @@ def sigmoid_gate(gate: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     three kernels backward. The sigmoid is not rounded on its own before the product (one
     rounding; the composition rounds twice). Elsewhere, and under torch.compile (which fuses the
     composition itself), the composition."""
-    if torch.compiler.is_compiling() or not runtime.runs_triton(gate.device) or gate.dim() != 4:
-        return sigmoid_gate_reference(gate, out)
-    if gate.shape != out.shape:
-        raise ValueError(f"sigmoid_gate: gate {tuple(gate.shape)} and out {tuple(out.shape)} differ")
-    out = out.contiguous()
-    if gate.stride(-1) != 1:
-        gate = gate.contiguous()
-    return _SigmoidGate.apply(gate, out)
+    return _gate(gate, out, False, sigmoid_gate_reference)
+
+
+def swiglu(gate: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * out in gate's dtype, both [B, R, L, C] (the SwiGLU of the conditioned
+    transition where it is not one fused op): one kernel each way instead of silu and a product
+    forward and three kernels backward; sigmoid_gate's conditions otherwise."""
+    return _gate(gate, out, True, swiglu_reference)

@@ -1,4 +1,5 @@
-"""The gated pair attention's Triton kernels: the gate sigmoid(g) * o and its gradients, over
+"""The gated pair attention's Triton kernels: the gate sigmoid(g) * o (or with SWISH, the
+SwiGLU product silu(g) * o) and its gradients, over
 [B, R, L, C] tiles (the pair's [B, L, L, H*D], or the conditioned attention's [B, S, L, c_a]) read
 through any (batch, row, column) strides."""
 
@@ -43,15 +44,20 @@ def _gate_fwd_kernel(
     stride_ob,
     stride_oi,
     stride_oj,
+    SWISH: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_J: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
-    """y[b, i, j] = sigmoid(g[b, i, j]) * o[b, i, j] over the channels; y contiguous."""
+    """y[b, i, j] = sigmoid(g[b, i, j]) * o[b, i, j] over the channels (SWISH: g sigmoid(g) o);
+    y contiguous."""
     b, i, j, c, dense, m = _pair_tile(rows, length, inner, BLOCK_J, BLOCK_C)
-    g = tl.load(G + _strided(b, i, j, c, stride_gb, stride_gi, stride_gj), mask=m, other=0.0)
+    g = tl.load(G + _strided(b, i, j, c, stride_gb, stride_gi, stride_gj), mask=m, other=0.0).to(tl.float32)
     o = tl.load(O + _strided(b, i, j, c, stride_ob, stride_oi, stride_oj), mask=m, other=0.0)
-    y = tl.sigmoid(g.to(tl.float32)) * o.to(tl.float32)
+    act = tl.sigmoid(g)
+    if SWISH:
+        act = g * act
+    y = act * o.to(tl.float32)
     tl.store(Y + dense, cast(y, Y.dtype.element_ty, PRECISION), mask=m)
 
 
@@ -74,20 +80,27 @@ def _gate_bwd_kernel(
     stride_dgb,
     stride_dgi,
     stride_dgj,
+    SWISH: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_J: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
-    """do = dy * sigmoid(g) (written with o's strides), dg = dy * o * sigmoid'(g)."""
+    """do = dy * act(g) (written with o's strides), dg = dy * o * act'(g); act is sigmoid, or
+    with SWISH silu (silu' = s + g s (1 - s), s = sigmoid(g))."""
     b, i, j, c, dense, m = _pair_tile(rows, length, inner, BLOCK_J, BLOCK_C)
     dy = tl.load(DY + dense, mask=m, other=0.0).to(tl.float32)
-    g = tl.load(G + _strided(b, i, j, c, stride_gb, stride_gi, stride_gj), mask=m, other=0.0)
+    g = tl.load(G + _strided(b, i, j, c, stride_gb, stride_gi, stride_gj), mask=m, other=0.0).to(tl.float32)
     o_offsets = _strided(b, i, j, c, stride_ob, stride_oi, stride_oj)
     o = tl.load(O + o_offsets, mask=m, other=0.0).to(tl.float32)
-    s = tl.sigmoid(g.to(tl.float32))
-    tl.store(DO + o_offsets, cast(dy * s, DO.dtype.element_ty, PRECISION), mask=m)
+    s = tl.sigmoid(g)
+    d_act = s * (1.0 - s)
+    act = s
+    if SWISH:
+        act = g * s
+        d_act = s + g * d_act
+    tl.store(DO + o_offsets, cast(dy * act, DO.dtype.element_ty, PRECISION), mask=m)
     tl.store(
         DG + _strided(b, i, j, c, stride_dgb, stride_dgi, stride_dgj),
-        cast(dy * o * s * (1.0 - s), DG.dtype.element_ty, PRECISION),
+        cast(dy * o * d_act, DG.dtype.element_ty, PRECISION),
         mask=m,
     )

@@ -38,10 +38,10 @@ def packed_views(packed: torch.Tensor, heads: int, head_dim: int, transpose: boo
     return q, k, v, gate, bias
 
 
-def gate_forward(gate: torch.Tensor, out_pair: torch.Tensor) -> torch.Tensor:
-    """sigmoid(gate) * out_pair, both [B, R, L, C] with contiguous channels (either may be a
-    strided view: the packed projection's slice, the ending node's transpose): one kernel, a new
-    contiguous [B, R, L, C] tensor in gate's dtype."""
+def gate_forward(gate: torch.Tensor, out_pair: torch.Tensor, swish: bool = False) -> torch.Tensor:
+    """sigmoid(gate) * out_pair (swish: silu(gate) * out_pair), both [B, R, L, C] with contiguous
+    channels (either may be a strided view: the packed projection's slice, the ending node's
+    transpose): one kernel, a new contiguous [B, R, L, C] tensor in gate's dtype."""
     batch, rows, length, inner = gate.shape
     gated = gate.new_empty((batch, rows, length, inner))
     grid, block_j, block_c = _gate_grid(batch, rows, length, inner)
@@ -54,6 +54,7 @@ def gate_forward(gate: torch.Tensor, out_pair: torch.Tensor) -> torch.Tensor:
         inner,
         *_pair_strides(gate),
         *_pair_strides(out_pair),
+        SWISH=swish,
         PRECISION=runtime.dot_precision(gate.dtype),
         BLOCK_J=block_j,
         BLOCK_C=block_c,
@@ -62,7 +63,12 @@ def gate_forward(gate: torch.Tensor, out_pair: torch.Tensor) -> torch.Tensor:
 
 
 def gate_backward(
-    d_gated: torch.Tensor, gate: torch.Tensor, out_pair: torch.Tensor, d_out_pair: torch.Tensor, d_gate: torch.Tensor
+    d_gated: torch.Tensor,
+    gate: torch.Tensor,
+    out_pair: torch.Tensor,
+    d_out_pair: torch.Tensor,
+    d_gate: torch.Tensor,
+    swish: bool = False,
 ) -> None:
     """The gate's backward in one kernel: writes d_out_pair (the attention output's gradient,
     with out_pair's strides) and d_gate (any strides: a view into the packed gradient), all
@@ -81,6 +87,7 @@ def gate_backward(
         *_pair_strides(gate),
         *_pair_strides(out_pair),
         *_pair_strides(d_gate),
+        SWISH=swish,
         PRECISION=runtime.dot_precision(gate.dtype),
         BLOCK_J=block_j,
         BLOCK_C=block_c,

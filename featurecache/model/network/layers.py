@@ -186,6 +186,18 @@ def sigmoid_gate_fn(kernels: str):
     return sigmoid_gate
 
 
+def swiglu_fn(kernels: str):
+    """The SwiGLU's product silu(a) * b: one kernel each way
+    (featurecache.kernels.gated_attention.swiglu), or for "torch" the composition."""
+    if check_kernels(kernels) == "torch":
+        from featurecache.kernels.reference import swiglu_reference
+
+        return swiglu_reference
+    from featurecache.kernels.gated_attention import swiglu
+
+    return swiglu
+
+
 class TriangleAttention(nn.Module):
     """Triangle self-attention around the starting or the ending node (AF3 Algorithms 14, 15).
 

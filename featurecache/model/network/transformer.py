@@ -34,7 +34,14 @@ from featurecache.kernels.layernorm_linear import LayerNormLinear
 from featurecache.kernels.runtime import autocast_input, check_kernels
 from featurecache.kernels.weight_casts import cast_weight
 from featurecache.model.network.checkpointing import checkpointed
-from featurecache.model.network.layers import Linear, attention_fn, freeze_norm_bias, kernel_module, sigmoid_gate_fn
+from featurecache.model.network.layers import (
+    Linear,
+    attention_fn,
+    freeze_norm_bias,
+    kernel_module,
+    sigmoid_gate_fn,
+    swiglu_fn,
+)
 
 # AF3 initialises every output gate sigmoid(Linear(s)) with bias -2 (Algorithms 24, 25).
 GATE_BIAS_INIT = -2.0
@@ -227,6 +234,7 @@ class ConditionedTransition(nn.Module):
         self.linear_a = Linear(c_a, expansion * c_a, bias=False)
         self.linear_b = Linear(c_a, expansion * c_a, bias=False)
         self.linear_out = Linear(expansion * c_a, c_a, bias=False)
+        self.swiglu = swiglu_fn(kernels)
         self.output_gate = _gate(c_s, c_a)
 
     def forward(self, a: torch.Tensor, s: torch.Tensor, conditioning: BlockConditioning | None = None) -> torch.Tensor:
@@ -286,7 +294,7 @@ class ConditionedTransition(nn.Module):
 
     def _swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """LinearNoBias(swish(LinearNoBias(x)) * LinearNoBias(x)) on AdaLN's x, before the gate."""
-        return self.linear_out(F.silu(self.linear_a(x)) * self.linear_b(x))
+        return self.linear_out(self.swiglu(self.linear_a(x), self.linear_b(x)))
 
 
 class ConditionedAttention(nn.Module):
