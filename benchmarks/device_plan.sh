@@ -365,6 +365,14 @@ step_targets() {
         --cuda-graphs --steps 16 --record 2>&1 | tee -a "$OUTDIR/log.txt" || true
 }
 
+# The output gates' kernels (sigmoid_gate, swiglu) beside the PyTorch composition and
+# torch.compile of it, at the af3 step's shapes (each checked against float64 first, op_bench.py).
+#   ~40 + 120 s  run(command="FC_COMMIT=<HEAD> bash benchmarks/device_plan.sh output_gates", carry=[".devdata/site-core.tar.xz"], timeout_s=180)
+output_gates() {
+    device_setup
+    timeout "${1:-120}" python3 benchmarks/output_gates.py --out "$OUTDIR" --record 2>&1 | tee "$OUTDIR/log.txt"
+}
+
 # The H100's own block sizes for the Transition and the triangle multiplication (their kernels:
 # ~160 ms of the af3 step's 908 on the H100, which runs the H200's table), then their effect on the
 # graphed af3 step: this tree's package as it came (the base) beside the tree with the winners.
@@ -510,4 +518,4 @@ smoke() {
         --crop-step 8 --crop-limit 32 --crop-budget-s 300 --out "$out/d"
 }
 
-"${1:?usage: device_plan.sh prepare|peer_wheels|base_export|cli_steps|step_profiles|af3_beside|explore|pair_kernels|recompute_cost|gpu_operators|large_targets|step_targets|inference|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|precision|pack_site|general_prepare|general_start|general_collect|general_smoke|h100_tables|smoke [OUT]}" "${@:2}"
+"${1:?usage: device_plan.sh prepare|peer_wheels|base_export|cli_steps|step_profiles|af3_beside|explore|pair_kernels|recompute_cost|gpu_operators|large_targets|step_targets|inference|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|precision|pack_site|general_prepare|general_start|general_collect|general_smoke|h100_tables|output_gates|smoke [OUT]}" "${@:2}"
