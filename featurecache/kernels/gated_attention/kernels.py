@@ -1,7 +1,6 @@
-"""The gated pair attention's Triton kernels: the gate sigmoid(g) * o (or with SWISH, the
-SwiGLU product silu(g) * o) and its gradients, over
-[B, R, L, C] tiles (the pair's [B, L, L, H*D], or the conditioned attention's [B, S, L, c_a]) read
-through any (batch, row, column) strides."""
+"""The gated pair attention's Triton kernels: the gate sigmoid(g) * o (with SWISH, the SwiGLU
+product silu(g) * o) and its gradients, over [B, R, L, C] tiles (the pair's [B, L, L, H*D], or
+the conditioned attention's [B, S, L, c_a]) read through any (batch, row, column) strides."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ def _gate_grid(batch: int, rows: int, length: int, inner: int) -> tuple[tuple[in
 def _pair_strides(t: torch.Tensor) -> tuple[int, int, int]:
     """(batch, row, column) strides of a [B, R, L, C] tensor whose channels are contiguous."""
     if t.stride(-1) != 1:
-        raise ValueError(f"sigmoid gate: channels must be contiguous, got strides {t.stride()}")
+        raise ValueError(f"gate kernels: channels must be contiguous, got strides {t.stride()}")
     return t.stride(0), t.stride(1), t.stride(2)
 
 
