@@ -14,8 +14,9 @@ large at crop 384 shows in their element count. Classes:
   bf16 copy   an fp32 -> bf16 conversion (bfloat16_copy_kernel)
   fp32 small  a pointwise operator on fp32 tensors of fewer than 65,536 elements (launch-bound)
   other       the rest
-and the step's Triton launches by kernel. Backward operators are attributed to the forward line that made their autograd node (anomaly
-mode keeps that trace). Method and counts: benchmarks/NOTES.md sections 21 and 22.
+and the step's Triton launches by kernel. Backward operators are attributed to the forward line
+that made their autograd node (anomaly mode keeps that trace). Method and counts:
+benchmarks/NOTES.md sections 21 to 23.
 """
 
 from __future__ import annotations

@@ -109,9 +109,9 @@ class _Gate(torch.autograd.Function):
         return d_gate, d_out, None
 
 
-def _gate(gate: torch.Tensor, out: torch.Tensor, swish: bool, reference) -> torch.Tensor:
+def _gate(gate: torch.Tensor, out: torch.Tensor, swish: bool) -> torch.Tensor:
     if torch.compiler.is_compiling() or not runtime.runs_triton(gate.device) or gate.dim() != 4:
-        return reference(gate, out)
+        return (swiglu_reference if swish else sigmoid_gate_reference)(gate, out)
     if gate.shape != out.shape:
         name = "swiglu" if swish else "sigmoid_gate"
         raise ValueError(f"{name}: gate {tuple(gate.shape)} and out {tuple(out.shape)} differ")
@@ -128,11 +128,11 @@ def sigmoid_gate(gate: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     three kernels backward. The sigmoid is not rounded on its own before the product (one
     rounding; the composition rounds twice). Elsewhere, and under torch.compile (which fuses the
     composition itself), the composition."""
-    return _gate(gate, out, False, sigmoid_gate_reference)
+    return _gate(gate, out, swish=False)
 
 
 def swiglu(gate: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """silu(gate) * out in gate's dtype, both [B, R, L, C] (the SwiGLU of the conditioned
     transition where it is not one fused op): one kernel each way instead of silu and a product
     forward and three kernels backward; sigmoid_gate's conditions otherwise."""
-    return _gate(gate, out, True, swiglu_reference)
+    return _gate(gate, out, swish=True)

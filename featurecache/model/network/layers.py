@@ -174,28 +174,17 @@ def gated_pair_attention_fn(kernels: str):
     return gated_pair_attention
 
 
-def sigmoid_gate_fn(kernels: str):
-    """The attention modules' output gate sigmoid(gate) * out: one kernel each way
-    (featurecache.kernels.gated_attention.sigmoid_gate), or for "torch" the composition."""
+def gate_fn(kernels: str, swish: bool = False):
+    """The attention modules' output gate sigmoid(gate) * out (swish: the SwiGLU's product
+    silu(gate) * out): one kernel each way (featurecache.kernels.gated_attention.sigmoid_gate,
+    swiglu), or for "torch" the composition."""
     if check_kernels(kernels) == "torch":
-        from featurecache.kernels.reference import sigmoid_gate_reference
+        from featurecache.kernels.reference import sigmoid_gate_reference, swiglu_reference
 
-        return sigmoid_gate_reference
-    from featurecache.kernels.gated_attention import sigmoid_gate
+        return swiglu_reference if swish else sigmoid_gate_reference
+    from featurecache.kernels.gated_attention import sigmoid_gate, swiglu
 
-    return sigmoid_gate
-
-
-def swiglu_fn(kernels: str):
-    """The SwiGLU's product silu(a) * b: one kernel each way
-    (featurecache.kernels.gated_attention.swiglu), or for "torch" the composition."""
-    if check_kernels(kernels) == "torch":
-        from featurecache.kernels.reference import swiglu_reference
-
-        return swiglu_reference
-    from featurecache.kernels.gated_attention import swiglu
-
-    return swiglu
+    return swiglu if swish else sigmoid_gate
 
 
 class TriangleAttention(nn.Module):
@@ -257,7 +246,7 @@ class AttentionPairBias(nn.Module):
         freeze_norm_bias(self.pair_bias)
         self.linear_out = Linear(inner, c_s, bias=False)
         self.attention = attention_fn(kernels)
-        self.gate = sigmoid_gate_fn(kernels)
+        self.gate = gate_fn(kernels)
 
     def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
         """s [B, L, C_s], z [B, L, L, C_z], token_mask [B, L] bool -> update [B, L, C_s]."""
@@ -289,7 +278,7 @@ class PairWeightedAveraging(nn.Module):
         self.pair_bias = kernel_module(LayerNormLinear, c_z, num_heads, bias=False, eps=eps, kernels=kernels)
         freeze_norm_bias(self.pair_bias)
         self.linear_out = Linear(inner, c_m, bias=False)
-        self.gate = sigmoid_gate_fn(kernels)
+        self.gate = gate_fn(kernels)
 
     def forward(self, m: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
         """m [B, S, L, C_m], z [B, L, L, C_z], token_mask [B, L] -> update [B, S, L, C_m]."""

@@ -39,8 +39,7 @@ from featurecache.model.network.layers import (
     attention_fn,
     freeze_norm_bias,
     kernel_module,
-    sigmoid_gate_fn,
-    swiglu_fn,
+    gate_fn,
 )
 
 # AF3 initialises every output gate sigmoid(Linear(s)) with bias -2 (Algorithms 24, 25).
@@ -234,7 +233,7 @@ class ConditionedTransition(nn.Module):
         self.linear_a = Linear(c_a, expansion * c_a, bias=False)
         self.linear_b = Linear(c_a, expansion * c_a, bias=False)
         self.linear_out = Linear(expansion * c_a, c_a, bias=False)
-        self.swiglu = swiglu_fn(kernels)
+        self.swiglu = gate_fn(kernels, swish=True)
         self.output_gate = _gate(c_s, c_a)
 
     def forward(self, a: torch.Tensor, s: torch.Tensor, conditioning: BlockConditioning | None = None) -> torch.Tensor:
@@ -334,7 +333,7 @@ class ConditionedAttention(nn.Module):
         self.linear_out = Linear(c_a, c_a, bias=False)
         self.output_gate = _gate(c_s, c_a)
         self.kernels = check_kernels(kernels)
-        self.gate = sigmoid_gate_fn(kernels)
+        self.gate = gate_fn(kernels)
 
     def attention_bias(self, pair: torch.Tensor, layout) -> torch.Tensor:
         """The per-head bias LinearNoBias(LayerNorm(pair)) laid out for the layout's attention: a

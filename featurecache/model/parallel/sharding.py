@@ -42,7 +42,7 @@ from featurecache.model.network.layers import (
     attention_fn,
     dropout_seed,
     shared_dropout,
-    sigmoid_gate_fn,
+    gate_fn,
 )
 from featurecache.model.network.msa import MSAModule, embed_msa
 from featurecache.model.network.pairformer import ROWWISE, Pairformer, PairformerBlock, run_blocks
@@ -117,7 +117,7 @@ def triangle_attention(module: nn.Module, z: torch.Tensor, mask: torch.Tensor, k
     bias = gather_partial(bias.contiguous(), 1, group)  # [B, L, L, H]
     bias = bias.permute(0, 3, 1, 2).unsqueeze(1).contiguous()
     out = attention_fn(kernels)(q, k, v, bias=bias, mask=mask.contiguous())
-    return module.linear_out(sigmoid_gate_fn(kernels)(gate, out.flatten(-2)))
+    return module.linear_out(gate_fn(kernels)(gate, out.flatten(-2)))
 
 
 def single_attention(
