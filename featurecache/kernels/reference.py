@@ -410,10 +410,12 @@ def smooth_lddt_sums_reference(
 # is written out as flash attention's, w * (dw - dout . out), equal to autograd's to fp32 rounding.
 # Off the CPU (the `torch` kernels on a GPU, a benchmark peer) evo_attention_rows is the reference itself.
 
-# Logits per row block (B x rows x H x L x L fp32: 8 MiB; a block holds a few tensors this size).
-# Forward + backward of one triangle attention at L = 384, 2 heads, 1 thread: 0.74-0.87 s CPU at
-# 1 to 8 MiB, 1.1 s at 32 MiB (out of cache).
-ROW_BLOCK_ELEMENTS = 1 << 21
+# Logits per row block (B x rows x H x L x L fp32: 4 MiB; a block holds a few tensors this size,
+# so they stay in a 32 MiB L3 beside the operands). Forward + backward of one triangle attention at
+# L = 384, 2 heads, 4 rows masked (benchmarks/NOTES.md section 24), medians of 6:
+#   2 threads: 0.35 s at 1 and 2 MiB, 0.34 s at 4 MiB, 0.42 s at 8 MiB
+#   1 thread:  0.65-0.70 s at 1 to 4 MiB, 0.78 s at 8 MiB; 1.1 s at 32 MiB (out of cache)
+ROW_BLOCK_ELEMENTS = 1 << 20
 # A masked key's logit: far below any real one (so its weight is exactly 0), far above fp32's
 # lowest value (so adding the bias cannot overflow to -inf).
 MASKED_LOGIT = -1e30
