@@ -60,7 +60,7 @@ class Case:
 @dataclass
 class OpBenchmark:
     op: str  # the script's stem, and the op's key in configs/fused_ops.json
-    title: str  # "Transition (`benchmarks/transition.py`)"
+    title: str  # "Transition": RESULTS.md's section is headed "Transition (`benchmarks/transition.py`)"
     cases: Callable[[bool], list[Case]]  # smoke -> cases; the swept case first
     sweeps: dict[str, list[dict]] = field(default_factory=dict)  # kernel -> candidate configs
 

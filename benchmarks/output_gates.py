@@ -66,4 +66,4 @@ def cases(smoke: bool) -> list[Case]:
 
 
 if __name__ == "__main__":
-    main(OpBenchmark("output_gates", "Output gates (`benchmarks/output_gates.py`)", cases), __doc__)
+    main(OpBenchmark("output_gates", "Output gates", cases), __doc__)

@@ -96,4 +96,4 @@ def cases(smoke: bool) -> list[Case]:
 
 
 if __name__ == "__main__":
-    main(OpBenchmark("window_attention", "Windowed atom attention (`benchmarks/window_attention.py`)", cases), __doc__)
+    main(OpBenchmark("window_attention", "Windowed atom attention", cases), __doc__)
