@@ -17,6 +17,7 @@ from featurecache.kernels.reference import (
     adaln_modulate,
     conditioned_transition_reference,
 )
+from featurecache.model.network import transformer
 from featurecache.model.network.transformer import ConditionedTransition
 from featurecache.testing.compare import rel_error
 
@@ -133,9 +134,14 @@ def test_adaptive_layernorm_matches_reference(a_shape, s_shape, dtype):
     )
 
 
-def test_module_paths_agree_and_share_parameters():
+@pytest.mark.parametrize("wide", [False, True], ids=["fused", "AdaLN kernel + products"])
+def test_module_paths_agree_and_share_parameters(wide, monkeypatch):
     """ConditionedTransition: kernels="triton" on the torch path's parameters (state_dict keys
-    unchanged) gives its output and every gradient."""
+    unchanged) gives its output and every gradient; `wide`: past FUSED_MAX_CHANNELS (the token
+    transformer's 768), the module's own path (its AdaLN module, the SwiGLU's products)."""
+    if wide:
+        monkeypatch.setattr(transformer, "FUSED_MAX_CHANNELS", 16)
+        monkeypatch.setattr(fused_config, "FUSED_MAX_CHANNELS", 16)
     torch.manual_seed(3)
     fused = ConditionedTransition(24, 40, kernels="triton").to(DEVICE)
     with torch.no_grad():
@@ -144,6 +150,7 @@ def test_module_paths_agree_and_share_parameters():
     plain = ConditionedTransition(24, 40, kernels="torch").to(DEVICE)
     assert sorted(plain.state_dict()) == sorted(fused.state_dict())
     plain.load_state_dict(fused.state_dict())
+    assert fused.fused is not wide
     a = torch.randn(2, 3, 13, 24, device=DEVICE)
     s = torch.randn(2, 1, 13, 40, device=DEVICE)
     results = []

@@ -261,6 +261,23 @@ def test_every_linear_the_model_calls_casts_through_the_step_scope():
     assert not called, f"nn.Linear called where layers.Linear belongs: {sorted(set(called))}"
 
 
+def test_every_module_of_a_triton_model_runs_its_kernels():
+    """A module built without passing `kernels` on falls back to the PyTorch path silently (the
+    token transformer's transition AdaLN did, 4 passes over [B, 48, L, 768] instead of one). Every
+    module of a kernels="triton" model that holds the setting holds "triton", but the one left on
+    PyTorch by design (the diffusion conditioning's single_in: 833 columns overflow the kernel's
+    shared memory, diffusion.py)."""
+    from featurecache.model import AF3Model, preset
+
+    model = AF3Model(preset("tiny", kernels="triton"))
+    by_design = {"diffusion_module.conditioning.single_in"}
+    holding = {name: module.kernels for name, module in model.named_modules() if hasattr(module, "kernels")}
+    assert len(holding) > 50  # the walk found the modules
+    elsewhere = {name: kernels for name, kernels in holding.items() if kernels != "triton" and name not in by_design}
+    assert not elsewhere, f"modules on another path than the model's kernels: {elsewhere}"
+    assert all(holding[name] == "torch" for name in by_design)
+
+
 def test_a_bias_free_linear_casts_once_a_step_and_matches_nn_linear():
     """Two differentiated calls inside step_weight_casts, autocast's cache off: one bf16 copy of
     the weight, and the values and gradients of nn.Linear under the same autocast (bf16 products

@@ -229,7 +229,7 @@ class ConditionedTransition(nn.Module):
     def __init__(self, c_a: int, c_s: int, expansion: int = 2, kernels: str = "torch") -> None:
         super().__init__()
         self.kernels = check_kernels(kernels)
-        self.adaln = AdaptiveLayerNorm(c_a, c_s)
+        self.adaln = AdaptiveLayerNorm(c_a, c_s, kernels=kernels)
         self.linear_a = Linear(c_a, expansion * c_a, bias=False)
         self.linear_b = Linear(c_a, expansion * c_a, bias=False)
         self.linear_out = Linear(expansion * c_a, c_a, bias=False)
