@@ -14,7 +14,9 @@ large at crop 384 shows in their element count. Classes:
   bf16 copy   an fp32 -> bf16 conversion (bfloat16_copy_kernel)
   fp32 small  a pointwise operator on fp32 tensors of fewer than 65,536 elements (launch-bound)
   other       the rest
-and the step's Triton launches by kernel. Backward operators are attributed to the forward line
+and the step's Triton launches by kernel. Last, the non-GEMM operators that make the most output
+elements a step, whatever their class: the memory traffic a GPU spends on them (the table that
+showed the token transformer's AdaLN running as PyTorch ops, NOTES.md section 24). Backward operators are attributed to the forward line
 that made their autograd node (anomaly mode keeps that trace). Method and counts:
 benchmarks/NOTES.md sections 21 to 23.
 """
@@ -31,6 +33,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 SMALL = 1 << 16
+# matrix products and the views of their results: their outputs are not passes over memory
+PRODUCTS = ("mm", "addmm", "bmm", "baddbmm", "_unsafe_view")
 VIEW_TAGS = (torch.Tag.view_copy,)
 
 
@@ -176,6 +180,13 @@ def main() -> None:
         for count, key in rows:
             _, phase, name, dtype, where = key
             print(f"| {count} | {counter.elements[key] // count:,} | {phase} | {name} | {dtype} | {where} |")
+    pointwise = {key: made for key, made in counter.elements.items() if not key[2].startswith(PRODUCTS)}
+    print(f"\nmost output elements (non-GEMM operators, {sum(pointwise.values()) / 1e6:,.0f} M a step):")
+    print("| M elements | calls | elements a call | pass | operator | dtype | made at |\n|---|---|---|---|---|---|---|")
+    for key, made in sorted(pointwise.items(), key=lambda item: -item[1])[: args.top]:
+        _, phase, name, dtype, where = key
+        count = counter.counts[key]
+        print(f"| {made / 1e6:,.1f} | {count} | {made // count:,} | {phase} | {name} | {dtype} | {where} |")
 
 
 if __name__ == "__main__":
