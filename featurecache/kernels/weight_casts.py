@@ -134,6 +134,21 @@ def step_weight_casts(plan: StepCastPlan | None = None) -> Iterator[None]:
         _scope.step_copies = None
 
 
+@contextlib.contextmanager
+def step_casts_paused() -> Iterator[None]:
+    """Within it, cast_weight keeps no step-long copy: a weight is cast at each differentiated
+    use (the copy lives as long as the graph that saved it) or once per sampler
+    (cached_weight_casts), and the step's plan leaves it out. For large weights whose uses are
+    one module's: their copies would otherwise be alive at the step's peak (the token
+    transformer's 180 M weights, 0.34 GB in bf16: benchmarks/NOTES.md section 24)."""
+    step_copies = getattr(_scope, "step_copies", None)
+    _scope.step_copies = None
+    try:
+        yield
+    finally:
+        _scope.step_copies = step_copies
+
+
 def step_casts_open() -> bool:
     """Whether a step_weight_casts scope is open (cast_weight then shares one copy a step)."""
     return getattr(_scope, "step_copies", None) is not None

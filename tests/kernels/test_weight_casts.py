@@ -274,3 +274,60 @@ def test_the_tiny_training_step_with_a_plan_is_the_step_without():
     assert plain.keys() == planned.keys()
     for name, grad in plain.items():
         assert torch.equal(planned[name], grad), name
+
+
+def test_a_paused_step_scope_casts_at_each_use_and_keeps_nothing():
+    """Within step_casts_paused a weight is cast at each differentiated use, as without the step
+    scope, and is neither kept for the step nor recorded in its plan; the weights used outside
+    the pause keep their one copy. Gradients are the same (fp64 weights and inputs: exact)."""
+    from featurecache.model.network.checkpointing import checkpointed
+
+    generator = torch.Generator().manual_seed(4)
+    paused, kept = (torch.nn.Parameter(torch.randn(8, 8, generator=generator)) for _ in range(2))
+    x = torch.randn(5, 8, dtype=torch.float64, generator=generator, requires_grad=True)
+
+    def block(t):  # as ConditionedTransformerBlock pauses: inside the checkpointed function
+        with weight_casts.step_casts_paused():
+            return t @ cast_weight(paused, torch.float64)
+
+    def loss_of():
+        inside = checkpointed(block, x)
+        return (inside @ cast_weight(kept, torch.float64)).square().sum()
+
+    loss_of().backward()
+    expected = [paused.grad.clone(), kept.grad.clone()]
+    paused.grad = kept.grad = None
+    plan = weight_casts.StepCastPlan()
+    casts = _Casts((8, 8))
+    with casts, weight_casts.step_weight_casts(plan):
+        loss_of().backward()
+        assert [entry[0] for entry in weight_casts._scope.step_copies.values()] == [kept]
+    # paused: the first forward and the recomputation (2) and its gradient back; kept: once, and back
+    assert casts.single == 3 + 2
+    assert plan.weights[torch.float64] == [kept]
+    for got, want in zip([paused.grad, kept.grad], expected):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_the_token_transformers_weights_stay_out_of_the_step_plan():
+    """The diffusion module's token transformer pauses the step casts (its weights' copies would
+    be held through the step's peak): after a tiny training step the plan holds none of its
+    weights and the rest of the model's."""
+    from featurecache.model import AF3Model, preset
+    from featurecache.testing.synthetic import random_batch
+
+    torch.manual_seed(0)
+    model = AF3Model(preset("tiny", kernels="torch")).train()
+    batch = random_batch([9], [3], [1], torch.Generator().manual_seed(1), num_atoms_per_token=2)
+    plan = weight_casts.StepCastPlan()
+    with weight_casts.step_weight_casts(plan):
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            outputs = model(batch, num_cycles=1, diffusion_batch=2, generator=torch.Generator().manual_seed(2))
+            loss = model.loss(batch, outputs)[0]
+        loss.backward()
+    planned = {id(weight) for weight in plan.weights[torch.bfloat16]}
+    names = {id(p): name for name, p in model.named_parameters()}
+    in_plan = {names[i] for i in planned}
+    token = {name for name in names.values() if name.startswith("diffusion_module.transformer.")}
+    assert token and not token & in_plan
+    assert any(name.startswith("pairformer.") for name in in_plan)

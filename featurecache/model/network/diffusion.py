@@ -157,6 +157,9 @@ class DiffusionModule(nn.Module):
             config.runtime.kernels,
             checkpoint_blocks=config.runtime.checkpoint_blocks,
             checkpoint_group=config.runtime.checkpoint_group,
+            # 7.5 M weights a block at c_token 768: held as bf16 copies through the step they
+            # would raise its peak by 0.34 GB (benchmarks/NOTES.md section 24)
+            transient_weight_casts=True,
         )
         self.token_norm = nn.LayerNorm(c_token)
         self.atom_decoder = AtomAttentionDecoder(config, c_token)

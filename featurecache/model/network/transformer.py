@@ -15,6 +15,7 @@ path ("torch") with the same parameters.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from featurecache.kernels.conditioned_transition import (
 )
 from featurecache.kernels.layernorm_linear import LayerNormLinear
 from featurecache.kernels.runtime import autocast_input, check_kernels
-from featurecache.kernels.weight_casts import cast_weight
+from featurecache.kernels.weight_casts import cast_weight, step_casts_paused
 from featurecache.model.network.checkpointing import checkpointed
 from featurecache.model.network.layers import (
     Linear,
@@ -403,10 +404,12 @@ class ConditionedTransformerBlock(nn.Module):
         kernels: str,
         key_adaln: bool = False,
         key_adaln_nested: bool = False,
+        transient_weight_casts: bool = False,
     ) -> None:
         super().__init__()
         self.attention = ConditionedAttention(c_a, c_s, c_pair, num_heads, kernels, key_adaln, key_adaln_nested)
         self.transition = ConditionedTransition(c_a, c_s, kernels=kernels)
+        self.transient_weight_casts = transient_weight_casts
 
     def forward(
         self,
@@ -420,10 +423,12 @@ class ConditionedTransformerBlock(nn.Module):
         """a: [B, S, L, c_a]; s: [B, S or 1, L, c_s]; pair: as the layout reads it (TokenLayout:
         [B, L, L, c_pair]; AtomWindows: per window); bias: the attention's, and conditioning: the
         block's s side, if already computed. Returns the new a [B, S, L, c_a]."""
-        # Residual after each half, as Protenix and Boltz run Algorithm 23 (its line 3 as printed
-        # would drop a's residual path).
-        a = self.attention.residual(a, s, pair, layout, bias, conditioning)
-        return self.transition.residual(a, s, conditioning)
+        # Here, not around the transformer: a checkpoint's recomputation calls the block itself.
+        with step_casts_paused() if self.transient_weight_casts else contextlib.nullcontext():
+            # Residual after each half, as Protenix and Boltz run Algorithm 23 (its line 3 as
+            # printed would drop a's residual path).
+            a = self.attention.residual(a, s, pair, layout, bias, conditioning)
+            return self.transition.residual(a, s, conditioning)
 
 
 class ConditionedTransformer(nn.Module):
@@ -433,7 +438,9 @@ class ConditionedTransformer(nn.Module):
     the pair are shared by every block); `checkpoint_group` K > 1 keeps one a per K blocks and
     backward re-runs each group, a checkpoint per block inside, as the Pairformer's
     (featurecache.model.network.pairformer.run_blocks): N / K + K inputs held instead of N. `key_adaln`,
-    `key_adaln_nested`: ConditionedAttention's."""
+    `key_adaln_nested`: ConditionedAttention's. `transient_weight_casts`: the blocks' weights are
+    cast per use, not once a training step (weight_casts.step_casts_paused), for a transformer
+    whose weights are too large to hold as copies through the step (the token transformer's)."""
 
     def __init__(
         self,
@@ -447,18 +454,22 @@ class ConditionedTransformer(nn.Module):
         checkpoint_group: int = 1,
         key_adaln: bool = False,
         key_adaln_nested: bool = False,
+        transient_weight_casts: bool = False,
     ) -> None:
         super().__init__()
         self.checkpoint_blocks = checkpoint_blocks
         self.checkpoint_group = checkpoint_group
         self.blocks = nn.ModuleList(
-            ConditionedTransformerBlock(c_a, c_s, c_pair, num_heads, kernels, key_adaln, key_adaln_nested)
+            ConditionedTransformerBlock(
+                c_a, c_s, c_pair, num_heads, kernels, key_adaln, key_adaln_nested, transient_weight_casts
+            )
             for _ in range(num_blocks)
         )
 
     def attention_biases(self, pair: torch.Tensor, layout) -> list[torch.Tensor]:
         """Each block's attention bias from the pair (ConditionedAttention.attention_bias)."""
-        return [block.attention.attention_bias(pair, layout) for block in self.blocks]
+        with step_casts_paused() if self.blocks[0].transient_weight_casts else contextlib.nullcontext():
+            return [block.attention.attention_bias(pair, layout) for block in self.blocks]
 
     def conditioning_weights(self, dtype: torch.dtype | None = None) -> StackedConditioningWeights:
         """The blocks' AdaLN and gate weights stacked for conditioning(), in `dtype` (the
