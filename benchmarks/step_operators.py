@@ -16,9 +16,9 @@ large at crop 384 shows in their element count. Classes:
   other       the rest
 and the step's Triton launches by kernel. Last, the non-GEMM operators that make the most output
 elements a step, whatever their class: the memory traffic a GPU spends on them (the table that
-showed the token transformer's AdaLN running as PyTorch ops, NOTES.md section 24). Backward operators are attributed to the forward line
-that made their autograd node (anomaly mode keeps that trace). Method and counts:
-benchmarks/NOTES.md sections 21 to 23.
+showed the token transformer's AdaLN running as PyTorch ops). Backward operators are attributed
+to the forward line that made their autograd node (anomaly mode keeps that trace). Method and
+counts: benchmarks/NOTES.md sections 21 to 24.
 """
 
 from __future__ import annotations

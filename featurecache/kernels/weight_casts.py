@@ -135,12 +135,15 @@ def step_weight_casts(plan: StepCastPlan | None = None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def step_casts_paused() -> Iterator[None]:
-    """Within it, cast_weight keeps no step-long copy: a weight is cast at each differentiated
-    use (the copy lives as long as the graph that saved it) or once per sampler
+def step_casts_paused(paused: bool = True) -> Iterator[None]:
+    """Within it (where `paused`), cast_weight keeps no step-long copy: a weight is cast at each
+    differentiated use (the copy lives as long as the graph that saved it) or once per sampler
     (cached_weight_casts), and the step's plan leaves it out. For large weights whose uses are
     one module's: their copies would otherwise be alive at the step's peak (the token
     transformer's 180 M weights, 0.34 GB in bf16: benchmarks/NOTES.md section 24)."""
+    if not paused:
+        yield
+        return
     step_copies = getattr(_scope, "step_copies", None)
     _scope.step_copies = None
     try:

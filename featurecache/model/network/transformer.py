@@ -15,7 +15,6 @@ path ("torch") with the same parameters.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 from dataclasses import dataclass
@@ -424,7 +423,7 @@ class ConditionedTransformerBlock(nn.Module):
         [B, L, L, c_pair]; AtomWindows: per window); bias: the attention's, and conditioning: the
         block's s side, if already computed. Returns the new a [B, S, L, c_a]."""
         # Here, not around the transformer: a checkpoint's recomputation calls the block itself.
-        with step_casts_paused() if self.transient_weight_casts else contextlib.nullcontext():
+        with step_casts_paused(self.transient_weight_casts):
             # Residual after each half, as Protenix and Boltz run Algorithm 23 (its line 3 as
             # printed would drop a's residual path).
             a = self.attention.residual(a, s, pair, layout, bias, conditioning)
@@ -468,7 +467,7 @@ class ConditionedTransformer(nn.Module):
 
     def attention_biases(self, pair: torch.Tensor, layout) -> list[torch.Tensor]:
         """Each block's attention bias from the pair (ConditionedAttention.attention_bias)."""
-        with step_casts_paused() if self.blocks[0].transient_weight_casts else contextlib.nullcontext():
+        with step_casts_paused(self.blocks[0].transient_weight_casts):
             return [block.attention.attention_bias(pair, layout) for block in self.blocks]
 
     def conditioning_weights(self, dtype: torch.dtype | None = None) -> StackedConditioningWeights:
