@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import threading
 
 import torch
@@ -404,10 +405,16 @@ def smooth_lddt_sums_reference(
 # attention backward does. Memory then follows the inputs (L^2 per row block), not L^3. An
 # attention whose logits fit one block (single attention at small sizes) runs the reference.
 #
-# The arithmetic per row is the reference's: fp32 logits q k^T * scale + bias, the masked softmax
-# (as masked_softmax, the key mask riding in the product as one more term: _weights), weights
-# times v (computed transposed, the thin operand on the left: _weights_times); the softmax gradient
-# is written out as flash attention's, w * (dw - dout . out), equal to autograd's to fp32 rounding.
+# The arithmetic per row is the reference's masked softmax, in base 2: the logits are formed times
+# log2(e) (q scaled by scale * log2(e), the bias added times log2(e)) and exponentiated with exp2,
+# which this CPU's torch runs 2.6x faster than exp and faster than softmax's own (benchmarks/
+# NOTES.md section 25); the weights are the reference's to fp32 rounding. The key mask rides in
+# the product as one more term (_logit_operands). Forward keeps two numbers per row beside its
+# output, the peak logit and the inverse sum of exponentials, so that backward forms a block's
+# weights as forward did (product, bias, minus the peak, exp2: no softmax) and folds the inverse
+# sums into its thin operands. Weights times v are computed transposed, the thin operand on the
+# left; the softmax gradient is flash attention's, w * (dw - dout . out), equal to autograd's to
+# fp32 rounding.
 # Off the CPU (the `torch` kernels on a GPU, a benchmark peer) evo_attention_rows is the reference itself.
 
 # Logits per row block (B x rows x H x L x L fp32: 4 MiB; a block holds a few tensors this size,
@@ -419,6 +426,8 @@ ROW_BLOCK_ELEMENTS = 1 << 20
 # A masked key's logit: far below any real one (so its weight is exactly 0), far above fp32's
 # lowest value (so adding the bias cannot overflow to -inf).
 MASKED_LOGIT = -1e30
+# The logits of the row blocks are natural logits times log2(e), exponentiated by exp2.
+LOG2_E = 1.0 / math.log(2.0)
 
 
 def evo_attention_rows(q, k, v, bias=None, mask=None, scale=None, block_elements: int | None = None):
@@ -443,9 +452,9 @@ def evo_attention_rows(q, k, v, bias=None, mask=None, scale=None, block_elements
         return _RowBlockAttention.apply(q, k, v, bias, mask, float(scale), block_elements, None)
     # a checkpoint's first forward: kept (taken from an enclosing recompute's, where checkpoints nest)
     enclosing = next((outer for outer in reversed(frames[:-1]) if outer.replay), None)
-    out = enclosing.take() if enclosing is not None else _row_block_forward(q, k, v, bias, mask, scale, block_elements)
-    frame.results.append(out)
-    return out.to(q.dtype, memory_format=torch.contiguous_format)
+    kept = enclosing.take() if enclosing is not None else _row_block_forward(q, k, v, bias, mask, scale, block_elements)
+    frame.results.append(kept)
+    return kept[0].to(q.dtype, memory_format=torch.contiguous_format)
 
 
 # --- Forward results kept for a checkpoint's recompute (the CPU path) ----------------------------
@@ -453,10 +462,11 @@ def evo_attention_rows(q, k, v, bias=None, mask=None, scale=None, block_elements
 # its graph. The row-block attention's forward (two products, the bias and the softmax over
 # H L^3 logits) is a fifth of the triangle attention's cost, its output only L^2 H D: under
 # `kept_for_recompute(results, replay=False)` (the first forward) evo_attention_rows appends its
-# outputs to `results`; under `replay=True` (the recompute) it takes them back in the same order
-# and only builds the backward node. model/network/checkpointing.py opens both frames. Nested
-# checkpoints (a group re-run with a checkpoint per block) hand the results down: an inner first
-# forward takes from the enclosing recompute's and keeps them for its own.
+# outputs (with their rows' softmax statistics) to `results`; under `replay=True` (the recompute)
+# it takes them back in the same order and only builds the backward node.
+# model/network/checkpointing.py opens both frames. Nested checkpoints (a group re-run with a
+# checkpoint per block) hand the results down: an inner first forward takes from the enclosing
+# recompute's and keeps them for its own.
 _recompute = threading.local()
 
 
@@ -464,7 +474,7 @@ class _RecomputeFrame:
     def __init__(self, results: list, replay: bool) -> None:
         self.results, self.replay, self.next = results, replay, 0
 
-    def take(self) -> torch.Tensor:
+    def take(self) -> tuple:
         if self.next >= len(self.results):
             raise RuntimeError("a checkpoint's recompute ran more attention calls than its first forward")
         out = self.results[self.next]
@@ -511,18 +521,18 @@ def _heads_first(t: torch.Tensor, transposed: bool = False) -> torch.Tensor:
 
 
 def _logit_operands(q, k, mask, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """q' [B, N, H, L, D'] and k'^T [B, N, H, D', L] whose product is the logits q k^T * scale
-    with the key mask in them: with a mask, D' = D + 1, q' = [q * scale, 1] and k' = [k, 0 or
-    MASKED_LOGIT], so a masked key's logit is MASKED_LOGIT (its weight exactly 0) without a
-    masked_fill over the logits (a pass as costly as the product itself); a kept key's extra term
-    is an exact 0, its logit the reference's. Each written once into its layout (q and k are
-    strided views of a packed projection: a concatenation, then a copy to the layout, cost 2.5x)."""
+    """q' [B, N, H, L, D'] and k'^T [B, N, H, D', L] whose product is the base-2 logits
+    q k^T * scale * log2(e) with the key mask in them: with a mask, D' = D + 1, q' = [q * s, 1]
+    and k' = [k, 0 or MASKED_LOGIT], so a masked key's logit is MASKED_LOGIT (its weight exactly
+    0) without a masked_fill over the logits (a pass as costly as the product itself); a kept
+    key's extra term is an exact 0. Each written once into its layout (q and k are strided views
+    of a packed projection: a concatenation, then a copy to the layout, cost 2.5x)."""
     batch, rows, length, heads, head_dim = q.shape
     extended = head_dim + (mask is not None)
     q_heads = torch.empty(batch, rows, heads, length, extended, dtype=torch.float32, device=q.device)
     k_t = torch.empty(batch, rows, heads, extended, length, dtype=torch.float32, device=k.device)
     q_heads[..., :head_dim] = q.permute(0, 1, 3, 2, 4)
-    q_heads.mul_(scale)  # in fp32, as the reference scales q.float()
+    q_heads.mul_(scale * LOG2_E)  # in fp32, as the reference scales q.float()
     k_t[..., :head_dim, :] = k.permute(0, 1, 3, 4, 2)
     if mask is not None:
         q_heads[..., head_dim] = 1.0
@@ -530,19 +540,29 @@ def _logit_operands(q, k, mask, scale: float) -> tuple[torch.Tensor, torch.Tenso
     return q_heads, k_t
 
 
-def _weights(q_heads, k_t, bias, mask, rows: slice) -> torch.Tensor:
-    """The softmax weights [B, rows, H, Lq, Lk] of one block of rows from _logit_operands, as the
-    reference forms them (masked_softmax, the mask in the product), in place where the reference
-    makes a new tensor (nothing here is recorded by autograd); rows with no key kept are zeroed,
-    only where there are such rows."""
+def _exponentials(
+    q_heads, k_t, bias, rows: slice, peak: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block of rows' exp2(logits - peak) [B, rows, H, Lq, Lk] from _logit_operands, and the
+    peak [B, rows, H, Lq, 1], each row's largest logit (given: backward's, the forward's own,
+    so that both form the same numbers). In place (nothing here is recorded by autograd)."""
     logits = torch.matmul(q_heads[:, rows], k_t[:, rows])
     if bias is not None:
-        logits = logits.add_(bias[:, rows if bias.shape[1] > 1 else slice(None)].float())
-    weights = torch.softmax(logits, dim=-1)
-    if mask is None:
-        return weights
-    empty = ~mask[:, rows].any(dim=-1)[:, :, None, None, None]  # [B, rows, 1, 1, 1]: a row with no key kept
-    return weights.masked_fill_(empty, 0.0) if empty.any() else weights
+        logits = logits.add_(bias[:, rows if bias.shape[1] > 1 else slice(None)].float(), alpha=LOG2_E)
+    if peak is None:
+        peak = logits.amax(dim=-1, keepdim=True)
+    return logits.sub_(peak).exp2_(), peak
+
+
+def _inverse_totals(exponentials: torch.Tensor, mask, rows: slice) -> torch.Tensor:
+    """1 / each row's sum of exponentials [B, rows, H, Lq, 1]: the softmax weights are
+    exponentials times it. 0 for a row with no key kept, whose weights the reference zeroes."""
+    inverse = exponentials.sum(dim=-1, keepdim=True).reciprocal_()
+    if mask is not None:
+        empty = ~mask[:, rows].any(dim=-1)[:, :, None, None, None]  # [B, rows, 1, 1, 1]: a row with no key kept
+        if empty.any():
+            inverse.masked_fill_(empty, 0.0)
+    return inverse
 
 
 # The [L, L] x [L, D] products below are computed transposed, [D, L] x [L, L] (values^T weights^T
@@ -551,51 +571,74 @@ def _weights(q_heads, k_t, bias, mask, rows: slice) -> torch.Tensor:
 # made once per call (not per block), and go back to [B, N, L, H, D] once at the end.
 
 
-def _row_block_forward(q, k, v, bias, mask, scale: float, block_elements: int) -> torch.Tensor:
-    """The attention's fp32 output [B, N, L, H, D] (a view of [B, N, H, D, L]), a block of rows at a time."""
+def _row_block_forward(q, k, v, bias, mask, scale: float, block_elements: int):
+    """The attention's fp32 output [B, N, L, H, D] (a view of [B, N, H, D, L]), a block of rows at
+    a time, with its rows' softmax statistics for backward: the peak logits and the inverse
+    sums of exponentials (_exponentials, _inverse_totals), each [B, N, H, L, 1]."""
     q_heads, k_t = _logit_operands(q, k, mask, scale)
     v_t = _heads_first(v, transposed=True)
+    batch, rows_in_all, length, heads, _ = q.shape
     out_t = torch.empty(v_t.shape, dtype=torch.float32, device=q.device)  # [B, N, H, D, L]
+    peaks, inverse_totals = (
+        torch.empty(batch, rows_in_all, heads, length, 1, dtype=torch.float32, device=q.device) for _ in range(2)
+    )
     for rows in _row_blocks(q, block_elements):
-        weights = _weights(q_heads, k_t, bias, mask, rows)
+        exponentials, peaks[:, rows] = _exponentials(q_heads, k_t, bias, rows)
+        inverse_totals[:, rows] = _inverse_totals(exponentials, mask, rows)
+        weights = exponentials.mul_(inverse_totals[:, rows])
         out_t[:, rows] = torch.matmul(v_t[:, rows], weights.transpose(-1, -2))
-    return out_t.permute(0, 1, 4, 2, 3)
+    return out_t.permute(0, 1, 4, 2, 3), (peaks, inverse_totals)
+
+
+def _with_row(t_transposed: torch.Tensor, row: torch.Tensor | float) -> torch.Tensor:
+    """[B, N, H, D, L] -> [B, N, H, D + 1, L] with `row` ([B, N, H, L] or a number) as the last."""
+    batch, rows, heads, depth, length = t_transposed.shape
+    extended = torch.empty(batch, rows, heads, depth + 1, length, dtype=t_transposed.dtype, device=t_transposed.device)
+    extended[..., :depth, :] = t_transposed
+    extended[..., depth, :] = row
+    return extended
 
 
 class _RowBlockAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, bias, mask, scale, block_elements, known_out):
-        """known_out: this attention's fp32 output [B, N, L, H, D] from a checkpoint's first
-        forward (kept_for_recompute), or None to compute it."""
-        out = _row_block_forward(q, k, v, bias, mask, scale, block_elements) if known_out is None else known_out
-        ctx.save_for_backward(q, k, v, bias, mask, out)
+    def forward(ctx, q, k, v, bias, mask, scale, block_elements, known):
+        """known: _row_block_forward's result from a checkpoint's first forward
+        (kept_for_recompute), or None to compute it."""
+        out, (peaks, inverse_totals) = (
+            _row_block_forward(q, k, v, bias, mask, scale, block_elements) if known is None else known
+        )
+        ctx.save_for_backward(q, k, v, bias, mask, out, peaks, inverse_totals)
         ctx.scale, ctx.block_elements = scale, block_elements
         return out.to(q.dtype, memory_format=torch.contiguous_format)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, bias, mask, out = ctx.saved_tensors
+        q, k, v, bias, mask, out, peaks, inverse_totals = ctx.saved_tensors
         scale = ctx.scale
         need_q, need_k, need_v, need_bias = ctx.needs_input_grad[:4]
         q_heads, k_t = _logit_operands(q, k, mask, scale)
-        v_t, grad_out_t = _heads_first(v, transposed=True), _heads_first(grad_out, transposed=True)
+        # A block's weights are its exponentials (formed as the forward formed them, from its
+        # peaks) times each row's inverse total. The inverse totals go into dout^T instead, a
+        # thin [D, L] operand: dv = (dout / total)^T e and, with the softmax's row sums dout . out
+        # as one more row of dout^T (and a row of ones of v^T), dlogits = w * (dw - dout . out)
+        # = e * ((dout / total) v^T - (dout . out) / total): no pass over the logits for either.
+        row_sums = (grad_out.float() * out).sum(-1).permute(0, 1, 3, 2)  # [B, N, H, L]
+        grad_out_rows = _with_row(_heads_first(grad_out, transposed=True), -row_sums)
+        grad_out_rows.mul_(inverse_totals.transpose(-1, -2))  # [B, N, H, D + 1, L] times [B, N, H, 1, L]
+        v_rows = _with_row(_heads_first(v, transposed=True), 1.0)
+        head_dim = q.shape[-1]
         # gradients of q, k, v transposed, [B, N, H, D, L]
         grad_q_t, grad_k_t, grad_v_t = (
-            torch.empty(grad_out_t.shape, dtype=torch.float32, device=q.device) if need else None
-            for need in (need_q, need_k, need_v)
+            torch.empty_like(v_rows[..., :head_dim, :]) if need else None for need in (need_q, need_k, need_v)
         )
         grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_bias else None
-        # the softmax backward's sum_k w_k dw_k is sum_k w_k (dout . v_k) = dout . out: [B, N, H, L, 1]
-        row_sums = (grad_out.float() * out).sum(-1).permute(0, 1, 3, 2).unsqueeze(-1)
-        head_dim = q.shape[-1]
         for rows in _row_blocks(q, ctx.block_elements):
-            weights = _weights(q_heads, k_t, bias, mask, rows)
+            exponentials, _ = _exponentials(q_heads, k_t, bias, rows, peaks[:, rows])
             if need_v:
-                grad_v_t[:, rows] = torch.matmul(grad_out_t[:, rows], weights)
-            grad_weights = torch.matmul(grad_out_t[:, rows].transpose(-1, -2), v_t[:, rows])
-            # softmax backward; masked keys and rows with no key have weight 0, so no gradient
-            grad_logits = grad_weights.sub_(row_sums[:, rows]).mul_(weights)
+                grad_v_t[:, rows] = torch.matmul(grad_out_rows[:, rows, :, :head_dim], exponentials)
+            # masked keys and rows with no key kept have weight 0, so no gradient
+            grad_logits = torch.matmul(grad_out_rows[:, rows].transpose(-1, -2), v_rows[:, rows]).mul_(exponentials)
             if need_bias:
                 if bias.shape[1] > 1:
                     grad_bias[:, rows] = grad_logits
@@ -603,10 +646,12 @@ class _RowBlockAttention(torch.autograd.Function):
                     grad_bias += grad_logits.sum(1, keepdim=True)
             if need_q:  # dq^T = k^T dlogits^T * scale
                 grad_q_t[:, rows] = torch.matmul(k_t[:, rows, :, :head_dim], grad_logits.transpose(-1, -2))
-            if need_k:  # dk^T = (q * scale)^T dlogits
+            if need_k:  # dk^T = (q * scale)^T dlogits: q_heads holds q * scale * log2(e)
                 grad_k_t[:, rows] = torch.matmul(q_heads[:, rows, :, :, :head_dim].transpose(-1, -2), grad_logits)
         if need_q:
             grad_q_t.mul_(scale)
+        if need_k:
+            grad_k_t.mul_(1.0 / LOG2_E)
         cast = [
             None if grad_t is None else grad_t.permute(0, 1, 4, 2, 3).to(t.dtype, memory_format=torch.contiguous_format)
             for grad_t, t in ((grad_q_t, q), (grad_k_t, k), (grad_v_t, v))
