@@ -585,8 +585,10 @@ def _row_block_forward(q, k, v, bias, mask, scale: float, block_elements: int):
     for rows in _row_blocks(q, block_elements):
         exponentials, peaks[:, rows] = _exponentials(q_heads, k_t, bias, rows)
         inverse_totals[:, rows] = _inverse_totals(exponentials, mask, rows)
-        weights = exponentials.mul_(inverse_totals[:, rows])
-        out_t[:, rows] = torch.matmul(v_t[:, rows], weights.transpose(-1, -2))
+        # v^T w^T = (v^T e^T) scaled per query: the inverse sums on the thin result, not the weights
+        out_t[:, rows] = torch.matmul(v_t[:, rows], exponentials.transpose(-1, -2)).mul_(
+            inverse_totals[:, rows].transpose(-1, -2)
+        )
     return out_t.permute(0, 1, 4, 2, 3), (peaks, inverse_totals)
 
 
