@@ -546,9 +546,17 @@ def _exponentials(
     """One block of rows' exp2(logits - peak) [B, rows, H, Lq, Lk] from _logit_operands, and the
     peak [B, rows, H, Lq, 1], each row's largest logit (given: backward's, the forward's own,
     so that both form the same numbers). In place (nothing here is recorded by autograd)."""
-    logits = torch.matmul(q_heads[:, rows], k_t[:, rows])
-    if bias is not None:
-        logits = logits.add_(bias[:, rows if bias.shape[1] > 1 else slice(None)].float(), alpha=LOG2_E)
+    q_block, k_block = q_heads[:, rows], k_t[:, rows]
+    if bias is None:
+        logits = torch.matmul(q_block, k_block)
+    else:  # bias * log2(e) + q k^T as one product accumulating onto a copy of the bias: one pass fewer
+        bias_rows = bias[:, rows if bias.shape[1] > 1 else slice(None)]
+        logits = torch.empty(q_block.shape[:-1] + k_block.shape[-1:], dtype=torch.float32, device=q_block.device)
+        logits.copy_(bias_rows.expand(logits.shape))
+        length_q, length_k, depth = q_block.shape[-2], k_block.shape[-1], q_block.shape[-1]
+        logits.view(-1, length_q, length_k).baddbmm_(
+            q_block.reshape(-1, length_q, depth), k_block.reshape(-1, depth, length_k), beta=LOG2_E
+        )
     if peak is None:
         peak = logits.amax(dim=-1, keepdim=True)
     return logits.sub_(peak).exp2_(), peak
