@@ -1,14 +1,18 @@
 """The conditioned transformer's s side given (ConditionedTransformer.conditioning, a sampler's
-calls): every block gives what it gives computing its AdaLNs and gates itself."""
+calls): every block gives what it gives computing its AdaLNs and gates itself. The Triton path's
+training step (each AdaLN's s side from one normalisation of s shared by every block) against
+the PyTorch modules, values and every gradient."""
 
 import contextlib
 
 import pytest
 import torch
 
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from featurecache.model.network import transformer
 from featurecache.model.network.transformer import ConditionedTransformer, TokenLayout
-from featurecache.testing.compare import summation_tolerance
+from featurecache.testing.compare import rel_error, summation_tolerance
 
 BATCH, SAMPLES, LENGTH, C_A, C_S, C_Z, BLOCKS = 1, 3, 7, 16, 8, 4, 3
 
@@ -112,3 +116,74 @@ def test_token_layout_makes_each_sample_counts_mask_once():
     assert torch.equal(first, token_mask[:, None, :].expand(1, 2, 3))
     other = layout.pack(torch.zeros(1, 5, 3, 1, 4), q, q)[3]
     assert other.shape == (1, 5, 3) and torch.equal(other, token_mask[:, None, :].expand(1, 5, 3))
+
+
+class _NormalisationsOf(TorchDispatchMode):
+    """Counts the LayerNorms (forward and backward) run over tensors of one shape."""
+
+    def __init__(self, shape: tuple) -> None:
+        super().__init__()
+        self.shape, self.count = shape, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in ("native_layer_norm", "native_layer_norm_backward") and tuple(args[0].shape) == self.shape:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("keys", ["one AdaLN", "nested key AdaLN"])
+@pytest.mark.parametrize("group", [1, 2], ids=["a checkpoint a block", "groups of 2"])
+def test_triton_training_step_matches_the_modules_with_s_normalised_once(keys, group):
+    """A training forward and backward (checkpointed blocks) of the Triton path against the same
+    weights run as the PyTorch modules (fp32, interpreter): the output and the gradients of a, s,
+    the pair and every parameter, the AdaLNs' LayerNorm weights included (folded into their
+    products' weights on the Triton path). And s is normalised once for all AdaLNs, forward and
+    backward (two LayerNorm calls over s's shape), not once per AdaLN in each block's forward,
+    recomputation and backward."""
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+    models = {}
+    for kernels in ("torch", "triton"):
+        models[kernels] = ConditionedTransformer(
+            C_A,
+            C_S,
+            C_Z,
+            BLOCKS,
+            2,
+            kernels,
+            checkpoint_group=group,
+            key_adaln=keys != "one AdaLN",
+            key_adaln_nested=keys != "one AdaLN",
+        ).train()
+    with torch.no_grad():
+        for parameter in models["torch"].parameters():
+            parameter.normal_(0, 0.3)
+    models["triton"].load_state_dict(models["torch"].state_dict())
+    a = torch.randn(BATCH, SAMPLES, LENGTH, C_A)
+    s = torch.randn(BATCH, SAMPLES, LENGTH, C_S)
+    pair = torch.randn(BATCH, LENGTH, LENGTH, C_Z)
+    grad = torch.randn(BATCH, SAMPLES, LENGTH, C_A)
+    token_mask = torch.ones(BATCH, LENGTH, dtype=torch.bool)
+    token_mask[:, -2:] = False
+    results = {}
+    for kernels, model in models.items():
+        leaves = [t.clone().requires_grad_() for t in (a, s, pair)]
+        counter = _NormalisationsOf(tuple(s.shape))
+        with counter:
+            out = model(*leaves, TokenLayout(token_mask))
+            out.backward(grad)
+        results[kernels] = (out.detach(), [leaf.grad for leaf in leaves], dict(model.named_parameters()), counter.count)
+    expected, expected_inputs, expected_parameters, modules_count = results["torch"]
+    actual, actual_inputs, actual_parameters, triton_count = results["triton"]
+    assert modules_count >= 2 * BLOCKS * 2  # the modules: one per AdaLN, forward and backward at least
+    assert triton_count == 2
+    # sums over the channels of each product and block, and for the weights over the rows
+    tolerance = summation_tolerance(torch.float32, C_A * BLOCKS * SAMPLES * LENGTH)
+    assert rel_error(actual, expected) <= tolerance
+    for name, actual_grad, expected_grad in zip(("a", "s", "pair"), actual_inputs, expected_inputs):
+        assert rel_error(actual_grad, expected_grad) <= tolerance, name
+    for name, parameter in expected_parameters.items():
+        if parameter.grad is None:
+            assert actual_parameters[name].grad is None, name
+            continue
+        assert rel_error(actual_parameters[name].grad, parameter.grad) <= tolerance, name

@@ -125,6 +125,24 @@ def _stacked_conditioning(s: torch.Tensor, weights: StackedConditioningWeights):
     )
 
 
+def _normalised(s: torch.Tensor, eps: float) -> torch.Tensor:
+    """LayerNorm(s) without affine, fp32 statistics, in s's dtype: what every AdaLN of a
+    transformer normalises (each then scales by its own LayerNorm weight; none has a bias)."""
+    return F.layer_norm(s.float(), s.shape[-1:], eps=eps).to(s.dtype)
+
+
+def _folded_adaln_side(adaln: AdaptiveLayerNorm, normalised_s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One AdaLN's s side (scale logits, shift) from the transformer's shared normalised s:
+    LN(s) = normalised_s * w, so Linear(LN(s)) = normalised_s @ (W * w)^T + b. The LayerNorm's
+    weight goes into the products' weights ([c_a, c_s], cast per use: they are new tensors each
+    call, not parameters) instead of a pass over s per AdaLN."""
+    weight = adaln.norm_s.weight
+    dtype = normalised_s.dtype
+    scale = F.linear(normalised_s, (adaln.scale.weight * weight).to(dtype), adaln.scale.bias.to(dtype))
+    shift = F.linear(normalised_s, (adaln.shift.weight * weight).to(dtype))
+    return scale, shift
+
+
 def gated_residual(a: torch.Tensor, gate: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
     """a + gate * update: one kernel (addcmul) where the three share a dtype. With mixed dtypes
     (fp32 atom activations, a bf16 update under autocast) the product and the sum stay two
@@ -418,16 +436,35 @@ class ConditionedTransformerBlock(nn.Module):
         layout,
         bias: torch.Tensor | None = None,
         conditioning: BlockConditioning | None = None,
+        normalised_s: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """a: [B, S, L, c_a]; s: [B, S or 1, L, c_s]; pair: as the layout reads it (TokenLayout:
         [B, L, L, c_pair]; AtomWindows: per window); bias: the attention's, and conditioning: the
-        block's s side, if already computed. Returns the new a [B, S, L, c_a]."""
+        block's s side, if already computed; else normalised_s, LayerNorm(s) without affine
+        shared by the transformer's blocks (kernels "triton"), from which the block forms it.
+        Returns the new a [B, S, L, c_a]."""
         # Here, not around the transformer: a checkpoint's recomputation calls the block itself.
         with step_casts_paused(self.transient_weight_casts):
+            if conditioning is None and normalised_s is not None:
+                conditioning = self.conditioning(s, normalised_s)
             # Residual after each half, as Protenix and Boltz run Algorithm 23 (its line 3 as
             # printed would drop a's residual path).
             a = self.attention.residual(a, s, pair, layout, bias, conditioning)
             return self.transition.residual(a, s, conditioning)
+
+    def conditioning(self, s: torch.Tensor, normalised_s: torch.Tensor) -> BlockConditioning:
+        """The block's s side with gradient: its AdaLNs' from the shared normalised s
+        (_folded_adaln_side), its gates' from s itself (Algorithm 24's and 25's Linear(s))."""
+        attention, transition = self.attention, self.transition
+        gate_logits = transition.output_gate(s)
+        return BlockConditioning(
+            attention=_folded_adaln_side(attention.adaln, normalised_s),
+            key=None if attention.key_adaln is None else _folded_adaln_side(attention.key_adaln, normalised_s),
+            attention_gate=torch.sigmoid(attention.output_gate(s)),
+            transition=_folded_adaln_side(transition.adaln, normalised_s),
+            transition_gate_logits=gate_logits,
+            transition_gate=None if transition.fused else torch.sigmoid(gate_logits),
+        )
 
 
 class ConditionedTransformer(nn.Module):
@@ -560,8 +597,11 @@ class ConditionedTransformer(nn.Module):
             if isinstance(conditioning, list):
                 return _run_plain(blocks, a, s, pair, layout, biases, conditioning)
             return self._run_conditioned_groups(a, s, pair, layout, biases, conditioning)
+        # The Triton path normalises s once for every AdaLN of every block (and backward runs one
+        # LayerNorm backward), not once per AdaLN in each forward, recomputation and backward.
+        normalised_s = self._shared_normalised_s(s)
         if not checkpoint:
-            return _run_plain(blocks, a, s, pair, layout)
+            return _run_plain(blocks, a, s, pair, layout, normalised_s=normalised_s)
         group = self.checkpoint_group
         if group > 1 and len(blocks) > 1:
             for start in range(0, len(blocks), group):
@@ -569,12 +609,19 @@ class ConditionedTransformer(nn.Module):
                 # s and the pair are the group's inputs, not captured: backward must return their
                 # gradients through the checkpoint (captured tensors would be differentiated twice)
                 a = (
-                    _run_checkpointed(chunk, a, s, pair, layout)
+                    _run_checkpointed(chunk, a, s, pair, layout, normalised_s)
                     if len(chunk) == 1
-                    else checkpointed(functools.partial(_run_group, chunk, layout), a, s, pair)
+                    else checkpointed(functools.partial(_run_group, chunk, layout), a, s, pair, normalised_s)
                 )
             return a
-        return _run_checkpointed(blocks, a, s, pair, layout)
+        return _run_checkpointed(blocks, a, s, pair, layout, normalised_s)
+
+    def _shared_normalised_s(self, s: torch.Tensor) -> torch.Tensor | None:
+        """LayerNorm(s) without affine for the blocks' AdaLNs (kernels "triton"; as the AdaLN
+        kernels read it: s in autocast's dtype), or None for the PyTorch modules (the reference)."""
+        if self.blocks[0].attention.kernels != "triton":
+            return None
+        return _normalised(self._conditioning_input(s), self.blocks[0].attention.adaln.norm_s.eps)
 
 
 def _product_dtype(s: torch.Tensor) -> torch.dtype:
@@ -583,17 +630,18 @@ def _product_dtype(s: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else s.dtype
 
 
-def _run_group(blocks: list, layout, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
+def _run_group(blocks: list, layout, a, s, pair, normalised_s: torch.Tensor | None) -> torch.Tensor:
     """One group: plain in the first forward (no grad), a checkpoint per block when backward
     re-runs it."""
     if torch.is_grad_enabled():
-        return _run_checkpointed(blocks, a, s, pair, layout)
-    return _run_plain(blocks, a, s, pair, layout)
+        return _run_checkpointed(blocks, a, s, pair, layout, normalised_s)
+    return _run_plain(blocks, a, s, pair, layout, normalised_s=normalised_s)
 
 
-def _run_checkpointed(blocks: list, a: torch.Tensor, s: torch.Tensor, pair: torch.Tensor, layout) -> torch.Tensor:
+def _run_checkpointed(blocks: list, a, s, pair, layout, normalised_s: torch.Tensor | None) -> torch.Tensor:
     for block in blocks:
-        a = checkpointed(block, a, s, pair, layout)  # reentrant, no RNG state (model.network.checkpointing)
+        # reentrant, no RNG state (model.network.checkpointing); normalised_s an input like s
+        a = checkpointed(block, a, s, pair, layout, None, None, normalised_s)
     return a
 
 
@@ -605,8 +653,9 @@ def _run_plain(
     layout,
     biases: list | None = None,
     conditioning: list | None = None,
+    normalised_s: torch.Tensor | None = None,
 ) -> torch.Tensor:
     for index, block in enumerate(blocks):
         bias = None if biases is None else biases[index]
-        a = block(a, s, pair, layout, bias, None if conditioning is None else conditioning[index])
+        a = block(a, s, pair, layout, bias, None if conditioning is None else conditioning[index], normalised_s)
     return a
