@@ -126,9 +126,11 @@ def _stacked_conditioning(s: torch.Tensor, weights: StackedConditioningWeights):
 
 
 def _normalised(s: torch.Tensor, eps: float) -> torch.Tensor:
-    """LayerNorm(s) without affine, fp32 statistics, in s's dtype: what every AdaLN of a
-    transformer normalises (each then scales by its own LayerNorm weight; none has a bias)."""
-    return F.layer_norm(s.float(), s.shape[-1:], eps=eps).to(s.dtype)
+    """LayerNorm(s) without affine, in s's dtype (statistics in fp32, or fp64 for fp64 s, as the
+    AdaLN kernels' reference): what every AdaLN of a transformer normalises (each then scales by
+    its own LayerNorm weight; none has a bias)."""
+    wide = s.double() if s.dtype == torch.float64 else s.float()
+    return F.layer_norm(wide, s.shape[-1:], eps=eps).to(s.dtype)
 
 
 def _folded_adaln_side(adaln: AdaptiveLayerNorm, normalised_s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
