@@ -600,11 +600,12 @@ def _row_block_forward(q, k, v, bias, mask, scale: float, block_elements: int):
     return out_t.permute(0, 1, 4, 2, 3), (peaks, inverse_totals)
 
 
-def _with_row(t_transposed: torch.Tensor, row: torch.Tensor | float) -> torch.Tensor:
-    """[B, N, H, D, L] -> [B, N, H, D + 1, L] with `row` ([B, N, H, L] or a number) as the last."""
-    batch, rows, heads, depth, length = t_transposed.shape
-    extended = torch.empty(batch, rows, heads, depth + 1, length, dtype=t_transposed.dtype, device=t_transposed.device)
-    extended[..., :depth, :] = t_transposed
+def _heads_first_with_row(t: torch.Tensor, row: torch.Tensor | float) -> torch.Tensor:
+    """[B, N, L, H, D] -> fp32 [B, N, H, D + 1, L] (_heads_first's transposed layout, one copy)
+    with `row` ([B, N, H, L] or a number) as the last of the D + 1."""
+    batch, rows, length, heads, depth = t.shape
+    extended = torch.empty(batch, rows, heads, depth + 1, length, dtype=torch.float32, device=t.device)
+    extended[..., :depth, :] = t.permute(0, 1, 3, 4, 2)
     extended[..., depth, :] = row
     return extended
 
@@ -634,13 +635,15 @@ class _RowBlockAttention(torch.autograd.Function):
         # as one more row of dout^T (and a row of ones of v^T), dlogits = w * (dw - dout . out)
         # = e * ((dout / total) v^T - (dout . out) / total): no pass over the logits for either.
         row_sums = (grad_out.float() * out).sum(-1).permute(0, 1, 3, 2)  # [B, N, H, L]
-        grad_out_rows = _with_row(_heads_first(grad_out, transposed=True), -row_sums)
+        grad_out_rows = _heads_first_with_row(grad_out, -row_sums)
         grad_out_rows.mul_(inverse_totals.transpose(-1, -2))  # [B, N, H, D + 1, L] times [B, N, H, 1, L]
-        v_rows = _with_row(_heads_first(v, transposed=True), 1.0)
+        v_rows = _heads_first_with_row(v, 1.0)
         head_dim = q.shape[-1]
         # gradients of q, k, v transposed, [B, N, H, D, L]
+        transposed_shape = (*v_rows.shape[:-2], head_dim, v_rows.shape[-1])
         grad_q_t, grad_k_t, grad_v_t = (
-            torch.empty_like(v_rows[..., :head_dim, :]) if need else None for need in (need_q, need_k, need_v)
+            torch.empty(transposed_shape, dtype=torch.float32, device=q.device) if need else None
+            for need in (need_q, need_k, need_v)
         )
         grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_bias else None
         for rows in _row_blocks(q, ctx.block_elements):

@@ -137,10 +137,10 @@ def _folded_adaln_side(adaln: AdaptiveLayerNorm, normalised_s: torch.Tensor) -> 
     """One AdaLN's s side (scale logits, shift) from the transformer's shared normalised s:
     LN(s) = normalised_s * w, so Linear(LN(s)) = normalised_s @ (W * w)^T + b. The LayerNorm's
     weight goes into the products' weights ([c_a, c_s], cast per use: they are new tensors each
-    call, not parameters) instead of a pass over s per AdaLN."""
+    call, not parameters; the bias is one, cast by cast_weight) instead of a pass over s per AdaLN."""
     weight = adaln.norm_s.weight
     dtype = normalised_s.dtype
-    scale = F.linear(normalised_s, (adaln.scale.weight * weight).to(dtype), adaln.scale.bias.to(dtype))
+    scale = F.linear(normalised_s, (adaln.scale.weight * weight).to(dtype), cast_weight(adaln.scale.bias, dtype))
     shift = F.linear(normalised_s, (adaln.shift.weight * weight).to(dtype))
     return scale, shift
 
