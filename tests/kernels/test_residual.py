@@ -38,8 +38,8 @@ def test_matches_the_composition_in_value_and_gradient(use):
 def test_without_autocast_both_results_are_the_sum():
     z, update = torch.randn(3, 5, device=DEVICE), torch.randn(3, 5, device=DEVICE)
     new, low = residual_add(z, update)
-    assert new is low
-    torch.testing.assert_close(new, z + update)
+    assert low.data_ptr() == new.data_ptr() and low.shape == new.shape  # one sum, seen twice
+    torch.testing.assert_close(new, z + update, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("shared_dim", [1, 2])
@@ -102,46 +102,58 @@ def test_dropout_of_rate_zero_or_without_a_seed_leaves_the_update_alone():
         torch.testing.assert_close(new, z + update, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("use", ["both", "sum only", "view only"])
 @pytest.mark.parametrize(
     ("stream", "autocast"),
     [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, False)],
     ids=["bf16 stream under autocast", "bf16 stream", "fp32 stream without autocast"],
 )
-def test_a_stream_in_the_updates_dtype_takes_the_dropout_in_one_kernel_bit_for_bit(stream, autocast):
+def test_a_stream_in_the_updates_dtype_takes_the_dropout_in_one_kernel_bit_for_bit(stream, autocast, use):
     """The trunk's pair is bf16 under autocast (its first value comes out of bf16 products): the
     dropped update and the add in one kernel each way, equal to the reference composition (the
     mask's multiply in the update's dtype, then one rounding of the sum) in values and both
-    gradients; one tensor returned for both results, as the reference does."""
+    gradients. The sum comes back twice, as the reference's one tensor does, but as two outputs
+    (the sum and a view of it) whose gradients backward adds in its kernel: no add of autograd's."""
     shape = (2, 9, 6, 40)
     generator = torch.Generator().manual_seed(11)
     z = torch.randn(shape, generator=generator).to(DEVICE, stream)
     update = torch.randn(shape, generator=generator).to(DEVICE, stream)
     d_new = torch.randn(shape, generator=generator).to(DEVICE, stream)
+    d_low = torch.randn(shape, generator=generator).to(DEVICE, stream)
     dropout = DropoutSite(0.25, torch.tensor(0xFFFFFFF0, dtype=torch.int64, device=DEVICE), 5, 2)
-    results, launches = [], []
+    results, launches, adds = [], [], []
     for function in (residual_add, residual_add_reference):
         z_leaf, update_leaf = z.clone().requires_grad_(True), update.clone().requires_grad_(True)
         with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=autocast), _Ops() as ops:
             new, low = function(z_leaf, update_leaf, dropout)
         launches.append(ops.count)
-        assert new is low and new.dtype == stream
-        (new.float() * d_new.float()).sum().backward()
+        assert low.data_ptr() == new.data_ptr() and new.dtype == low.dtype == stream
+        terms = {"sum only": [(new, d_new)], "view only": [(low, d_low)]}.get(use, [(new, d_new), (low, d_low)])
+        loss = sum((result.float() * gradient.float()).sum() for result, gradient in terms)
+        with _Ops() as ops:
+            loss.backward()
+        adds.append(ops.adds)
         results.append((new.detach(), z_leaf.grad, update_leaf.grad))
     for mine, ref in zip(*results):
         assert mine.dtype == ref.dtype
         torch.testing.assert_close(mine, ref, rtol=0, atol=0)
     assert launches[0] == 0 < launches[1]  # the reference hashes the mask with PyTorch operators
+    assert adds[0] == 0  # both gradients summed in the residual's backward kernel
+    if use == "both":
+        assert adds[1] > 0  # the reference's one tensor: autograd adds its two gradients
     dropped = results[0][2] == 0
     assert 0.1 < dropped.float().mean().item() < 0.4
 
 
 class _Ops(TorchDispatchMode):
-    """The hash's operators a call dispatches (bitwise_xor: ~5 per dropout mask's hash round)."""
+    """The hash's operators a call dispatches (bitwise_xor: ~5 per dropout mask's hash round), and
+    its adds of stream-shaped tensors (autograd summing two gradients of one tensor)."""
 
     def __enter__(self):
-        self.count = 0
+        self.count = self.adds = 0
         return super().__enter__()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += func.overloadpacket.__name__ == "bitwise_xor"
+        self.adds += func.overloadpacket.__name__ == "add" and args[0].dim() == 4
         return func(*args, **(kwargs or {}))

@@ -22,19 +22,25 @@ class _ResidualAdd(torch.autograd.Function):
         return (*residual_add_bwd(d_new, d_low, ctx.update_dtype, ctx.dropout), None, None)
 
 
-class _DroppedResidualAdd(torch.autograd.Function):
+class _StreamResidualAdd(torch.autograd.Function):
     """A stream in the update's dtype (the bf16 pair under autocast, or anything without it): the
-    sum once, the mask drawn in the kernel."""
+    sum once (the mask, where given, drawn in the kernel), returned as two outputs, the sum and a
+    view of it, as the fp32 stream's add returns the sum in two dtypes. The next update reads one
+    and the next residual add the other, so their gradients reach backward separately and one
+    kernel adds them: autograd would otherwise add them in a pass of its own over the stream."""
 
     @staticmethod
     def forward(ctx, z, update, dropout):
         ctx.dtypes, ctx.dropout = (update.dtype, z.dtype), dropout
-        return residual_add_fwd(z, update, None, dropout)[0]
+        new = residual_add_fwd(z, update, None, dropout)[0]
+        return new, new.view(new.shape)
 
     @staticmethod
-    def backward(ctx, d_new):
+    def backward(ctx, d_new, d_low):
+        if d_new is None and d_low is None:
+            return None, None, None
         update_dtype, stream_dtype = ctx.dtypes
-        return (*residual_add_bwd(d_new, None, update_dtype, ctx.dropout, stream_dtype), None)
+        return (*residual_add_bwd(d_new, d_low, update_dtype, ctx.dropout, stream_dtype), None)
 
 
 def residual_add(
@@ -43,9 +49,9 @@ def residual_add(
     """residual_add_reference (with `dropout` of the update, where given) in one Triton kernel
     each way, where it matters, on CUDA (or the interpreter), outside torch.compile (which fuses
     the composition itself): an fp32 stream under autocast (the sum in both dtypes), or a stream
-    of the update's dtype with dropout (the bf16 pair under autocast: the add is one kernel
-    anyway, the mask ~40 small ones). The mask is drawn in the kernel from the seed: no mask
-    tensor, no pass of its own."""
+    of the update's dtype (the bf16 pair under autocast: the sum and a view of it, whose two
+    gradients backward adds in its one kernel). The mask is drawn in the kernel from the seed:
+    no mask tensor, no pass of its own."""
     if dropout is not None and dropout.rate <= 0.0:
         dropout = None
     if (
@@ -59,7 +65,6 @@ def residual_add(
         return residual_add_reference(z, update, dropout)
     if z.dtype == torch.float32 and torch.is_autocast_enabled(z.device.type):
         return _ResidualAdd.apply(z, update, torch.get_autocast_dtype(z.device.type), dropout)
-    if dropout is not None and z.dtype == update.dtype:
-        new = _DroppedResidualAdd.apply(z, update, dropout)
-        return new, new
+    if z.dtype == update.dtype:
+        return _StreamResidualAdd.apply(z, update, dropout)
     return residual_add_reference(z, update, dropout)

@@ -114,7 +114,8 @@ def _residual_bwd_kernel(
         grad += tl.load(D_NEW + offsets, mask=m, other=0.0).to(tl.float32)
     if HAS_D_LOW:
         grad += tl.load(D_LOW + offsets, mask=m, other=0.0).to(tl.float32)
-    tl.store(D_Z + offsets, grad.to(D_Z.dtype.element_ty), mask=m)
+    # the two gradients' sum rounded once to the stream's dtype, as autograd's add of them would
+    tl.store(D_Z + offsets, cast(grad, D_Z.dtype.element_ty, PRECISION), mask=m)
     grad_update = cast(grad, D_U.dtype.element_ty, PRECISION)
     if HAS_DROPOUT:  # the dropped update's gradient (in the update's dtype) times the same factor
         factor = _dropout_multiplier(rows, cols, SEED, site_mix, threshold, scale, size_x, size_y, SHARED_DIM)
