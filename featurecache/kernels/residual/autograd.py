@@ -23,8 +23,8 @@ class _ResidualAdd(torch.autograd.Function):
 
 
 class _StreamResidualAdd(torch.autograd.Function):
-    """A stream in the update's dtype (the bf16 pair under autocast, or anything without it): the
-    sum once (the mask, where given, drawn in the kernel), returned as two outputs, the sum and a
+    """A stream in the update's dtype (the bf16 pair under autocast, or anything without it) with
+    dropout: the sum once (the mask drawn in the kernel), returned as two outputs, the sum and a
     view of it, as the fp32 stream's add returns the sum in two dtypes. The next update reads one
     and the next residual add the other, so their gradients reach backward separately and one
     kernel adds them: autograd would otherwise add them in a pass of its own over the stream."""
@@ -49,9 +49,9 @@ def residual_add(
     """residual_add_reference (with `dropout` of the update, where given) in one Triton kernel
     each way, where it matters, on CUDA (or the interpreter), outside torch.compile (which fuses
     the composition itself): an fp32 stream under autocast (the sum in both dtypes), or a stream
-    of the update's dtype (the bf16 pair under autocast: the sum and a view of it, whose two
-    gradients backward adds in its one kernel). The mask is drawn in the kernel from the seed:
-    no mask tensor, no pass of its own."""
+    of the update's dtype with dropout (the bf16 pair under autocast: the sum and a view of it,
+    whose two gradients backward adds in its one kernel). The mask is drawn in the kernel from
+    the seed: no mask tensor, no pass of its own."""
     if dropout is not None and dropout.rate <= 0.0:
         dropout = None
     if (
@@ -65,6 +65,9 @@ def residual_add(
         return residual_add_reference(z, update, dropout)
     if z.dtype == torch.float32 and torch.is_autocast_enabled(z.device.type):
         return _ResidualAdd.apply(z, update, torch.get_autocast_dtype(z.device.type), dropout)
-    if z.dtype == update.dtype:
+    if dropout is not None and z.dtype == update.dtype:
         return _StreamResidualAdd.apply(z, update, dropout)
+    # Without dropout, a stream of the update's dtype is the reference's one add: its backward is
+    # autograd's one add of the two gradients, which are then z's and the update's alike (a
+    # kernel would write that sum twice; measured, H100 2026-12-07, NOTES.md section 26).
     return residual_add_reference(z, update, dropout)

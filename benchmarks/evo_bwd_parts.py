@@ -1,0 +1,60 @@
+"""Where EvoAttention's fused backward spends its time, at the triangle attention's shapes.
+
+    PYTHONUNBUFFERED=1 python3 benchmarks/evo_bwd_parts.py [--lengths 384,768]
+
+B = 1, N = L rows, H = 4, D = 32, bf16 q/k/v, a bf16 bias [1, 1, H, L, L] shared by all rows, the
+last tenth of the keys masked (as evo768_sweep.py). The backward is timed through its launcher
+(evo_attention_backward, the configured fused mode) with the bias's gradient, whose tiles the
+fused kernel adds by fp32 atomics from every row, and without it: the difference is what the
+shared bias's gradient costs there. The forward beside them. CUDA-event medians; prints a table.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness import Table, argument_parser, run_stamp, time_ms
+from featurecache.kernels.evo_attention import evo_attention_backward, evo_attention_forward
+
+HEADS, HEAD_DIM = 4, 32
+
+
+def inputs(length: int, device: str, generator: torch.Generator):
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator, device=device).to(torch.bfloat16)
+
+    q, k, v = (randn(1, length, length, HEADS, HEAD_DIM) for _ in range(3))
+    bias = randn(1, 1, HEADS, length, length)
+    mask = torch.ones(1, length, length, dtype=torch.bool, device=device)
+    mask[..., length - length // 10 :] = False
+    return q, k, v, bias, mask
+
+
+def main() -> None:
+    parser = argument_parser(__doc__)
+    parser.add_argument("--lengths", default="384,768")
+    args = parser.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    generator = torch.Generator(device=device).manual_seed(0)
+    table = Table(["L", "forward ms", "backward ms (with dbias)", "backward ms (no dbias)", "dbias share"])
+    for length in (int(value) for value in args.lengths.split(",")):
+        q, k, v, bias, mask = inputs(length, device, generator)
+        scale = HEAD_DIM**-0.5
+        out, lse, key_end = evo_attention_forward(q, k, v, bias, mask, scale)
+        grad_out = torch.randn(out.shape, generator=generator, device=device).to(out.dtype)
+
+        def backward(bias_grad: bool):
+            return lambda: evo_attention_backward(grad_out, q, k, v, bias, mask, out, lse, key_end, scale, bias_grad)
+
+        forward_ms = time_ms(lambda: evo_attention_forward(q, k, v, bias, mask, scale))
+        with_dbias, without = time_ms(backward(True)), time_ms(backward(False))
+        table.add(
+            [length, f"{forward_ms:.3f}", f"{with_dbias:.3f}", f"{without:.3f}", f"{1 - without / with_dbias:.0%}"]
+        )
+        del q, k, v, bias, mask, out, lse, grad_out
+    print(run_stamp())
+    print(table.markdown())
+
+
+if __name__ == "__main__":
+    main()
