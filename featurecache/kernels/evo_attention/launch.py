@@ -301,9 +301,9 @@ def evo_attention_backward(
     # per-row bias gradient (each row's dBias tile is owned by one dQ program there).
     deterministic = torch.are_deterministic_algorithms_enabled()
     mode = "split" if per_row_dbias or deterministic else config.backward_mode(None if bias is None else bias.dtype)
-    if mode == "fused":
-        _launch_fused_backward(inputs, dq, dk, dv, dbias, config.bwd_kv)
-    else:
+    if mode == "fused" or (mode == "dq_split" and dbias is not None):
+        _launch_fused_backward(inputs, dq, dk, dv, dbias, config, dq_kernel=mode == "dq_split")
+    else:  # "dq_split" without a bias gradient is "split"
         _launch_split_backward(inputs, dq, dk, dv, dbias, config)
     return dq, dk, dv, dbias
 
@@ -311,16 +311,26 @@ def evo_attention_backward(
 def _launch_split_backward(x: _BackwardInputs, dq, dk, dv, dbias, config: EvoAttentionConfig) -> None:
     """dQ (which writes delta, and dBias of a per-row bias), dK/dV, then dBias of a shared bias.
     Order matters: the dK/dV and dBias kernels read the dQ kernel's delta."""
+    per_row_dbias = dbias is not None and x.bias.shape[1] == x.q.shape[1]
+    _launch_dq(x, dq, dbias if per_row_dbias else None, config.bwd_q)
+    _launch_dkdv(x, dk, dv, config.bwd_kv)
+    if dbias is not None and not per_row_dbias:
+        _launch_shared_dbias(x, dbias, config.bwd_bias)
+
+
+def _shares_bias(x: _BackwardInputs) -> bool:
+    """Whether one bias serves every row (the row-group kernels' case)."""
+    return x.bias is not None and x.bias.shape[1] == 1 and x.q.shape[1] > 1
+
+
+def _launch_dq(x: _BackwardInputs, dq, per_row_dbias, qc: BlockConfig) -> None:
+    """The dQ kernel: dq, delta, and the gradient of a per-row bias where given."""
     batch, rows, seq_len, heads, head_dim = x.q.shape
     bias = x.bias
-    shared_bias = bias is not None and bias.shape[1] == 1 and rows > 1
-    per_row_dbias = dbias is not None and bias.shape[1] == rows
     scales = (x.scale, x.scale * LOG2E.value)
     qkv_strides = (*x.q.stride(), *x.k.stride(), *x.v.stride())
-    qc, kv = config.bwd_q, config.bwd_kv
     q_grid = (triton.cdiv(seq_len, qc.block_m), rows, batch * heads)
-    kv_grid = (triton.cdiv(seq_len, kv.block_n), rows, batch * heads)
-    if shared_bias and qc.rows > 1:
+    if _shares_bias(x) and qc.rows > 1:
         _evo_attention_bwd_q_rows_kernel[(q_grid[0], triton.cdiv(rows, qc.rows), q_grid[2])](
             x.q,
             x.k,
@@ -360,24 +370,32 @@ def _launch_split_backward(x: _BackwardInputs, dq, dk, dv, dbias, config: EvoAtt
             x.lse,
             x.delta,
             dq,
-            dbias if per_row_dbias else x.q,
+            per_row_dbias if per_row_dbias is not None else x.q,
             *qkv_strides,
             *_bias_strides(bias),
             *x.mask_strides,
             *x.out.stride(),
             *x.grad_out.stride(),
-            *(dbias.stride() if per_row_dbias else (0, 0, 0, 0, 0)),
+            *(per_row_dbias.stride() if per_row_dbias is not None else (0, 0, 0, 0, 0)),
             *dq.stride(),
             heads,
             seq_len,
             head_dim,
             *scales,
             HAS_BIAS=bias is not None,
-            STORE_DBIAS=per_row_dbias,
+            STORE_DBIAS=per_row_dbias is not None,
             **x.tiles(qc),
         )
 
-    if shared_bias and kv.rows > 1:
+
+def _launch_dkdv(x: _BackwardInputs, dk, dv, kv: BlockConfig) -> None:
+    """The dK/dV kernel (reads the dQ kernel's delta)."""
+    batch, rows, seq_len, heads, head_dim = x.q.shape
+    bias = x.bias
+    scales = (x.scale, x.scale * LOG2E.value)
+    qkv_strides = (*x.q.stride(), *x.k.stride(), *x.v.stride())
+    kv_grid = (triton.cdiv(seq_len, kv.block_n), rows, batch * heads)
+    if _shares_bias(x) and kv.rows > 1:
         _evo_attention_bwd_kv_rows_kernel[(kv_grid[0], triton.cdiv(rows, kv.rows), kv_grid[2])](
             x.q,
             x.k,
@@ -429,44 +447,53 @@ def _launch_split_backward(x: _BackwardInputs, dq, dk, dv, dbias, config: EvoAtt
             **x.tiles(kv),
         )
 
-    if dbias is not None and not per_row_dbias:
-        bc = config.bwd_bias
-        _evo_attention_bwd_bias_kernel[
-            (triton.cdiv(seq_len, bc.block_n), triton.cdiv(seq_len, bc.block_m), batch * heads)
-        ](
-            x.q,
-            x.k,
-            x.v,
-            bias,
-            x.mask,
-            x.key_end,
-            x.grad_out,
-            x.lse,
-            x.delta,
-            dbias,
-            *qkv_strides,
-            *_shared_bias_strides(bias),
-            *x.mask_strides,
-            *x.grad_out.stride(),
-            *_shared_bias_strides(dbias),
-            heads,
-            rows,
-            seq_len,
-            head_dim,
-            x.scale * LOG2E.value,
-            SCAN_MASK=_SCAN_MASK,
-            **x.tiles(bc),
-        )
 
-
-def _launch_fused_backward(x: _BackwardInputs, dq, dk, dv, dbias, block: BlockConfig) -> None:
-    """delta, then the dK/dV kernel that adds dQ and (when dbias is given: a shared bias's
-    gradient) by fp32 atomics; dq and dbias are written in place from their fp32 sums."""
+def _launch_shared_dbias(x: _BackwardInputs, dbias, bc: BlockConfig) -> None:
+    """The dBias kernel of a bias shared by every row: a program per bias tile walks the rows."""
     batch, rows, seq_len, heads, head_dim = x.q.shape
     bias = x.bias
-    _launch_delta(x.out, x.grad_out, x.delta, x.common)
-    # Contiguous fp32 sums: one layout whatever dq's, and 64-bit tile offsets only if q needed them.
-    dq_acc = torch.zeros(x.q.shape, device=x.q.device, dtype=torch.float32)
+    qkv_strides = (*x.q.stride(), *x.k.stride(), *x.v.stride())
+    _evo_attention_bwd_bias_kernel[(triton.cdiv(seq_len, bc.block_n), triton.cdiv(seq_len, bc.block_m), batch * heads)](
+        x.q,
+        x.k,
+        x.v,
+        bias,
+        x.mask,
+        x.key_end,
+        x.grad_out,
+        x.lse,
+        x.delta,
+        dbias,
+        *qkv_strides,
+        *_shared_bias_strides(bias),
+        *x.mask_strides,
+        *x.grad_out.stride(),
+        *_shared_bias_strides(dbias),
+        heads,
+        rows,
+        seq_len,
+        head_dim,
+        x.scale * LOG2E.value,
+        SCAN_MASK=_SCAN_MASK,
+        **x.tiles(bc),
+    )
+
+
+def _launch_fused_backward(x: _BackwardInputs, dq, dk, dv, dbias, config: EvoAttentionConfig, dq_kernel: bool) -> None:
+    """The dK/dV kernel that adds the gradient of a shared bias (where dbias is given) by fp32
+    atomics, and dQ too unless `dq_kernel` ("dq_split": the dQ kernel runs first, writing dq and
+    delta); otherwise delta first. dq and dbias are written in place from their fp32 sums."""
+    batch, rows, seq_len, heads, head_dim = x.q.shape
+    bias = x.bias
+    block = config.bwd_kv
+    if dq_kernel:
+        _launch_dq(x, dq, None, config.bwd_q)
+        dq_acc, dq_acc_strides = x.lse, (0, 0, 0, 0, 0)  # unused: ATOMIC_DQ is off
+    else:
+        _launch_delta(x.out, x.grad_out, x.delta, x.common)
+        # Contiguous fp32 sums: one layout whatever dq's, and 64-bit tile offsets only if q needed them.
+        dq_acc = torch.zeros(x.q.shape, device=x.q.device, dtype=torch.float32)
+        dq_acc_strides = dq_acc.stride()
     if dbias is not None:
         # An fp32 bias gradient is its own accumulator; a bf16 / fp16 one is rounded from an fp32 sum.
         dbias_acc = (
@@ -497,7 +524,7 @@ def _launch_fused_backward(x: _BackwardInputs, dq, dk, dv, dbias, block: BlockCo
         *x.mask_strides,
         *x.grad_out.stride(),
         *dk.stride(),
-        *dq_acc.stride(),
+        *dq_acc_strides,
         *dbias_strides,
         heads,
         seq_len,
@@ -505,10 +532,12 @@ def _launch_fused_backward(x: _BackwardInputs, dq, dk, dv, dbias, block: BlockCo
         x.scale,
         x.scale * LOG2E.value,
         HAS_BIAS=bias is not None,
+        ATOMIC_DQ=not dq_kernel,
         ATOMIC_DBIAS=dbias is not None,
         **x.tiles(block),
     )
-    dq.copy_(dq_acc)
+    if not dq_kernel:
+        dq.copy_(dq_acc)
     if dbias is not None and dbias_acc is not dbias:
         dbias.copy_(dbias_acc)
 
