@@ -7,7 +7,8 @@ B = 1, N = L rows, H = 4, D = 32, bf16 q/k/v, a bf16 bias [1, 1, H, L, L] shared
 last tenth of the keys masked (as evo768_sweep.py). Each backward mode of config.BWD_MODES (the
 configured tiles, the mode patched in) is checked against the split mode's gradients and timed
 through its launcher (evo_attention_backward) with the bias's gradient and without it: the
-difference is what the shared bias's gradient costs that mode. The forward beside them.
+difference is what the shared bias's gradient costs that mode (without it, every mode runs the
+split kernels since 2026-12-07: measured faster there). The forward beside them.
 CUDA-event medians; prints a table.
 """
 

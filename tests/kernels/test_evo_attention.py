@@ -316,11 +316,11 @@ def test_row_group_kernels_match_plain_kernels():
         (None, None, False),
     ],
 )
-def test_atomic_backwards_match_split_backward(bias_rows, bias_dtype, strided):
-    # The fused backward sums dQ and dBias by atomics in another order than the split kernels,
-    # dq_split dBias alone: same values up to rounding, against float64 truth as tightly as the
-    # split path. Odd sizes, ragged blocks, one fully masked row; a per-row bias gradient falls
-    # back to the split kernels.
+def test_fused_backward_matches_split_backward(bias_rows, bias_dtype, strided):
+    # The fused backward sums dQ and dBias by atomics in another order than the split kernels:
+    # same values up to rounding, against float64 truth as tightly as the split path. Odd sizes,
+    # ragged blocks, one fully masked row; a per-row bias gradient, or none, takes the split
+    # kernels.
     q, k, v, bias, mask = _make_inputs(1, 3, 21, 2, 24, bias_rows, True, strided=strided, dtype=torch.bfloat16)
     if bias is not None:
         bias = bias.to(bias_dtype)
@@ -328,7 +328,7 @@ def test_atomic_backwards_match_split_backward(bias_rows, bias_dtype, strided):
     scale = 24**-0.5
     base = select_config(24, 21, q.device)
     results = {}
-    for mode in ("split", "fused", "dq_split"):
+    for mode in ("split", "fused"):
         config = dataclasses.replace(base, bwd_mode=mode, fp32_bias_bwd_mode=mode)
         out, lse, key_end = evo_attention_forward(q, k, v, bias, mask, scale, config)
         grads = evo_attention_backward(
@@ -338,17 +338,17 @@ def test_atomic_backwards_match_split_backward(bias_rows, bias_dtype, strided):
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v) + ((bias,) if bias is not None else ())]
     truth_out = _eager_attention(*leaves[:3], leaves[3] if bias is not None else None, mask, scale)
     truth_out.backward(grad_out.double())
-    for mode in ("fused", "dq_split"):
-        for name, split, atomic, leaf in zip(["dq", "dk", "dv", "dbias"], results["split"], results[mode], leaves):
-            assert atomic.dtype == split.dtype and atomic.shape == split.shape, (mode, name)
-            assert rel_error(atomic, leaf.grad) <= 1.5 * rel_error(split, leaf.grad) + 1e-3, (mode, name)
-        empty = ~mask.any(dim=-1)  # [B, N]
-        assert torch.all(results[mode][0][empty] == 0), f"{mode}: fully masked rows must give zero dq"
+    for name, split, fused, leaf in zip(["dq", "dk", "dv", "dbias"], results["split"], results["fused"], leaves):
+        assert fused.dtype == split.dtype and fused.shape == split.shape, name
+        assert rel_error(fused, leaf.grad) <= 1.5 * rel_error(split, leaf.grad) + 1e-3, name
+    empty = ~mask.any(dim=-1)  # [B, N]
+    assert torch.all(results["fused"][0][empty] == 0), "fully masked rows must give zero dq"
 
 
 def test_fp32_bias_mode_and_deterministic_runs_take_the_split_backward(monkeypatch):
-    # An fp32 bias uses fp32_bias_bwd_mode; under torch.use_deterministic_algorithms every
-    # atomic mode falls back to the split kernels, whose results are bitwise reproducible.
+    # An fp32 bias uses fp32_bias_bwd_mode; without a shared bias's gradient to sum, and under
+    # torch.use_deterministic_algorithms, the fused mode takes the split kernels (whose results
+    # are bitwise reproducible).
     q, k, v, bias, mask = _make_inputs(1, 3, 21, 2, 24, "shared", True, strided=False, dtype=torch.bfloat16)
     grad_out = torch.randn(q.shape, device=DEVICE, dtype=q.dtype)
     scale = 24**-0.5
@@ -359,11 +359,13 @@ def test_fp32_bias_mode_and_deterministic_runs_take_the_split_backward(monkeypat
     original = evo_launch._launch_fused_backward
     monkeypatch.setattr(evo_launch, "_launch_fused_backward", lambda *a, **kw: (launched.append(1), original(*a, **kw)))
 
-    def backward(config, bias_):
+    def backward(config, bias_, bias_grad=True):
         out, lse, key_end = evo_attention_forward(q, k, v, bias_, mask, scale, config)
-        return evo_attention_backward(grad_out, q, k, v, bias_, mask, out, lse, key_end, scale, True, config)
+        return evo_attention_backward(grad_out, q, k, v, bias_, mask, out, lse, key_end, scale, bias_grad, config)
 
     backward(fused, bias)  # fp32 bias: split
+    backward(fused, bias.to(torch.bfloat16), bias_grad=False)  # no bias gradient: split, measured faster
+    backward(fused, None, bias_grad=False)
     assert not launched
     backward(fused, bias.to(torch.bfloat16))
     assert launched == [1]
@@ -417,7 +419,7 @@ def test_config_file_with_removed_backward_modes_still_loads(config_file):
     [
         (
             _config_entry(bwd_mode="sideways"),
-            r"\[0\]\.bwd_mode is 'sideways'; expected one of \('split', 'fused', 'dq_split'\)",
+            r"\[0\]\.bwd_mode is 'sideways'; expected one of \('split', 'fused'\)",
         ),
         (_config_entry(fp32_bias_bwd_mode=3), r"\[0\]\.fp32_bias_bwd_mode is 3; expected one of"),
         ({**_config_entry(), "fwd": {"block_m": 64}}, r"bad block config at gpus\['Test GPU'\]\[0\]\.fwd"),

@@ -17,12 +17,10 @@ CONFIG_FILE = runtime.CONFIG_DIR / "evo_attention.json"
 KERNEL_NAMES = ("fwd", "bwd_kv", "bwd_q", "bwd_bias")
 # How the backward gets dQ and the gradient of a bias shared by all rows:
 #   "split"  dQ kernel, dK/dV kernel, then a dBias kernel that walks the rows (deterministic);
-#   "fused"  one kernel: dK/dV, adding dQ and dBias with fp32 atomics (no dQ or dBias pass);
-#   "dq_split"  split's dQ kernel, then the dK/dV kernel adding dBias with fp32 atomics (no dBias
-#            pass, and no dQ atomics: each dQ tile is written once, by one program).
+#   "fused"  one kernel: dK/dV, adding dQ and dBias with fp32 atomics (no dQ or dBias pass).
 # The atomic sums are not bitwise reproducible, so under torch.use_deterministic_algorithms
-# (training's --deterministic) both take "split", and so does a per-row bias gradient.
-BWD_MODES = ("split", "fused", "dq_split")
+# (training's --deterministic) "fused" takes "split", and so does a per-row bias gradient.
+BWD_MODES = ("split", "fused")
 # Modes removed after the H200 run of 2026-12-04 (benchmarks/NOTES-evo_attention.md, attempt 8)
 # that older config files may still name, and the kept mode that uses the same tiles.
 REMOVED_BWD_MODES = {"atomic_dbias": "fused", "walk": "split"}

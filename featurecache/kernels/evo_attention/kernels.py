@@ -10,8 +10,6 @@ backward  two modes (config.BWD_MODES):
                    order, so the sum over N is bitwise reproducible (no atomics).
           "fused"  delta first (`_delta`), then one dK/dV pass (`_bwd_fused`) that adds dQ and
                    the shared bias's gradient to fp32 sums with atomics (not reproducible).
-          "dq_split"  split's dQ kernel (with delta), then `_bwd_fused` adding only the shared
-                   bias's gradient by atomics: no dBias pass, no dQ atomics (not reproducible).
 Key loops stop at each row's last attended key, found once by the forward kernel.
 
 The `_rows` variants handle ROWS rows of N per program when the bias is shared by all rows
@@ -1270,19 +1268,16 @@ def _evo_attention_bwd_fused_kernel(
     head_dim,
     scale,
     scale_log2,
-    HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr,
-    ATOMIC_DBIAS: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     WIDE_INDEX: tl.constexpr,
 ):
-    # The dK/dV kernel that also adds its share of dQ (ATOMIC_DQ) and of the shared bias's
-    # gradient (ATOMIC_DBIAS) with fp32 atomics, so the backward needs no second pass over the
-    # scores for them. Sums by atomics are not bitwise reproducible run to run.
+    # The dK/dV kernel that also adds its share of dQ and of the shared bias's gradient with fp32
+    # atomics, so the backward needs no second pass over the scores for dQ or
+    # dBias. Sums by atomics are not bitwise reproducible run to run.
     # The query loop of each program starts at a different block ((row + key block) mod count),
     # so programs running at the same time add into different addresses.
     pid_n = tl.program_id(0)
@@ -1329,24 +1324,21 @@ def _evo_attention_bwd_fused_kernel(
         delta = tl.load(Delta + stat_base + rows_m, mask=valid_m, other=0.0)
 
         s_t = mma(k, tl.trans(q), None, PRECISION) * scale_log2  # [BLOCK_N, BLOCK_M]
-        if HAS_BIAS:
-            s_t += _load_bias_log2(bias_base, cols, rows_m, stride_bk, stride_bq, valid_n, valid_m)
+        s_t += _load_bias_log2(bias_base, cols, rows_m, stride_bk, stride_bq, valid_n, valid_m)
         dk, dv, ds_t = _kv_block_grads(k, v, q, do, tl.trans(do), s_t, attend, lse, delta, dk, dv, PRECISION)
-        if ATOMIC_DQ:
-            dq_part = mma(tl.trans(ds_t.to(q.dtype)), k, None, PRECISION) * scale  # [BLOCK_M, BLOCK_D]
-            tl.atomic_add(
-                _tile_ptrs(dq_base, rows_m, offs_d, stride_al, stride_ad),
-                dq_part,
-                mask=valid_m[:, None] & valid_d[None, :],
-                sem="relaxed",
-            )
-        if ATOMIC_DBIAS:
-            tl.atomic_add(
-                _tile_ptrs(db_base, cols, rows_m, stride_ck, stride_cq),
-                ds_t,
-                mask=valid_n[:, None] & valid_m[None, :],
-                sem="relaxed",
-            )
+        dq_part = mma(tl.trans(ds_t.to(q.dtype)), k, None, PRECISION) * scale  # [BLOCK_M, BLOCK_D]
+        tl.atomic_add(
+            _tile_ptrs(dq_base, rows_m, offs_d, stride_al, stride_ad),
+            dq_part,
+            mask=valid_m[:, None] & valid_d[None, :],
+            sem="relaxed",
+        )
+        tl.atomic_add(
+            _tile_ptrs(db_base, cols, rows_m, stride_ck, stride_cq),
+            ds_t,
+            mask=valid_n[:, None] & valid_m[None, :],
+            sem="relaxed",
+        )
 
     dk *= scale
     out_base = batch * stride_xb + row * stride_xn + head * stride_xh

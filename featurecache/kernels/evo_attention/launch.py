@@ -296,14 +296,17 @@ def evo_attention_backward(
     inputs = _BackwardInputs(
         grad_out, q, k, v, bias, mask_tensor, mask_strides, out, lse, key_end, torch.empty_like(lse), scale, common
     )
-    per_row_dbias = bias_grad and bias.shape[1] == rows
-    # The fused mode sums in no fixed order: deterministic runs keep the split kernels, as does a
-    # per-row bias gradient (each row's dBias tile is owned by one dQ program there).
+    shared_dbias = bias_grad and bias.shape[1] != rows
+    # The fused mode sums in no fixed order: deterministic runs keep the split kernels. It is
+    # there for a shared bias's gradient (its dBias pass walks every row): without one, split's
+    # dQ and dK/dV kernels were faster than the fused kernel (H100, 2026-12-07: 0.58 against
+    # 0.68 ms at L = 384, 3.76 against 4.11 at 768; NOTES-evo_attention.md attempt 11), and a
+    # per-row bias gradient is written by the dQ kernel, each tile by one program.
     deterministic = torch.are_deterministic_algorithms_enabled()
-    mode = "split" if per_row_dbias or deterministic else config.backward_mode(None if bias is None else bias.dtype)
-    if mode == "fused" or (mode == "dq_split" and dbias is not None):
-        _launch_fused_backward(inputs, dq, dk, dv, dbias, config, dq_kernel=mode == "dq_split")
-    else:  # "dq_split" without a bias gradient is "split"
+    mode = "split" if not shared_dbias or deterministic else config.backward_mode(bias.dtype)
+    if mode == "fused":
+        _launch_fused_backward(inputs, dq, dk, dv, dbias, config.bwd_kv)
+    else:
         _launch_split_backward(inputs, dq, dk, dv, dbias, config)
     return dq, dk, dv, dbias
 
@@ -479,35 +482,24 @@ def _launch_shared_dbias(x: _BackwardInputs, dbias, bc: BlockConfig) -> None:
     )
 
 
-def _launch_fused_backward(x: _BackwardInputs, dq, dk, dv, dbias, config: EvoAttentionConfig, dq_kernel: bool) -> None:
-    """The dK/dV kernel that adds the gradient of a shared bias (where dbias is given) by fp32
-    atomics, and dQ too unless `dq_kernel` ("dq_split": the dQ kernel runs first, writing dq and
-    delta); otherwise delta first. dq and dbias are written in place from their fp32 sums."""
+def _launch_fused_backward(x: _BackwardInputs, dq, dk, dv, dbias, block: BlockConfig) -> None:
+    """delta, then the dK/dV kernel that adds dQ and a shared bias's gradient by fp32 atomics;
+    dq and dbias are written in place from their fp32 sums."""
     batch, rows, seq_len, heads, head_dim = x.q.shape
     bias = x.bias
-    block = config.bwd_kv
-    if dq_kernel:
-        _launch_dq(x, dq, None, config.bwd_q)
-        dq_acc, dq_acc_strides = x.lse, (0, 0, 0, 0, 0)  # unused: ATOMIC_DQ is off
-    else:
-        _launch_delta(x.out, x.grad_out, x.delta, x.common)
-        # Contiguous fp32 sums: one layout whatever dq's, and 64-bit tile offsets only if q needed them.
-        dq_acc = torch.zeros(x.q.shape, device=x.q.device, dtype=torch.float32)
-        dq_acc_strides = dq_acc.stride()
-    if dbias is not None:
-        # An fp32 bias gradient is its own accumulator; a bf16 / fp16 one is rounded from an fp32 sum.
-        dbias_acc = (
-            dbias if dbias.dtype == torch.float32 else torch.empty(dbias.shape, device=x.q.device, dtype=torch.float32)
-        )
-        dbias_acc.zero_()
-        dbias_strides = _shared_bias_strides(dbias_acc)
-    else:
-        dbias_acc, dbias_strides = x.lse, (0, 0, 0, 0)  # unused: ATOMIC_DBIAS is off
+    _launch_delta(x.out, x.grad_out, x.delta, x.common)
+    # Contiguous fp32 sums: one layout whatever dq's, and 64-bit tile offsets only if q needed them.
+    dq_acc = torch.zeros(x.q.shape, device=x.q.device, dtype=torch.float32)
+    # An fp32 bias gradient is its own accumulator; a bf16 / fp16 one is rounded from an fp32 sum.
+    dbias_acc = (
+        dbias if dbias.dtype == torch.float32 else torch.empty(dbias.shape, device=x.q.device, dtype=torch.float32)
+    )
+    dbias_acc.zero_()
     _evo_attention_bwd_fused_kernel[(triton.cdiv(seq_len, block.block_n), rows, batch * heads)](
         x.q,
         x.k,
         x.v,
-        bias if bias is not None else x.q,
+        bias,
         x.mask,
         x.key_end,
         x.grad_out,
@@ -524,21 +516,17 @@ def _launch_fused_backward(x: _BackwardInputs, dq, dk, dv, dbias, config: EvoAtt
         *x.mask_strides,
         *x.grad_out.stride(),
         *dk.stride(),
-        *dq_acc_strides,
-        *dbias_strides,
+        *dq_acc.stride(),
+        *_shared_bias_strides(dbias_acc),
         heads,
         seq_len,
         head_dim,
         x.scale,
         x.scale * LOG2E.value,
-        HAS_BIAS=bias is not None,
-        ATOMIC_DQ=not dq_kernel,
-        ATOMIC_DBIAS=dbias is not None,
         **x.tiles(block),
     )
-    if not dq_kernel:
-        dq.copy_(dq_acc)
-    if dbias is not None and dbias_acc is not dbias:
+    dq.copy_(dq_acc)
+    if dbias_acc is not dbias:
         dbias.copy_(dbias_acc)
 
 
