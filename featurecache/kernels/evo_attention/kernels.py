@@ -1276,8 +1276,8 @@ def _evo_attention_bwd_fused_kernel(
     WIDE_INDEX: tl.constexpr,
 ):
     # The dK/dV kernel that also adds its share of dQ and of the shared bias's gradient with fp32
-    # atomics, so the backward needs no second pass over the scores for dQ or
-    # dBias. Sums by atomics are not bitwise reproducible run to run.
+    # atomics, so the backward needs no second pass over the scores for dQ or dBias. Sums by
+    # atomics are not bitwise reproducible run to run.
     # The query loop of each program starts at a different block ((row + key block) mod count),
     # so programs running at the same time add into different addresses.
     pid_n = tl.program_id(0)
