@@ -310,6 +310,14 @@ explore() {
     timeout "${1:-200}" python3 benchmarks/evo768_sweep.py --budget-s "$(( ${1:-200} - 30 ))" 2>&1 | tee "$OUTDIR/evo768.txt"
 }
 
+# EvoAttention's backward modes at the triangle shapes (L = 384 and 768), with and without the
+# shared bias's gradient (evo_bwd_parts.py). Ran 2026-12-07 10:17 (NOTES-evo_attention.md attempt 11).
+#   ~40 + 90 s  run(command="FC_COMMIT=<HEAD> bash benchmarks/device_plan.sh evo_modes", carry=[".devdata/site-core.tar.xz"], timeout_s=240)
+evo_modes() {
+    device_setup
+    timeout "${1:-200}" python3 benchmarks/evo_bwd_parts.py 2>&1 | tee "$OUTDIR/log.txt"
+}
+
 # The pair kernels alone (pair_forwards.py: LayerNorm-linear forward tiles,
 # the Transition's forward and dx tiles): a kernel change's effect before the step's.
 #   ~40 + 200 s  run(command="FC_COMMIT=<HEAD> bash benchmarks/device_plan.sh pair_kernels", carry=[".devdata/site-core.tar.xz"], timeout_s=280)
@@ -518,4 +526,4 @@ smoke() {
         --crop-step 8 --crop-limit 32 --crop-budget-s 300 --out "$out/d"
 }
 
-"${1:?usage: device_plan.sh prepare|peer_wheels|base_export|cli_steps|step_profiles|af3_beside|explore|pair_kernels|recompute_cost|gpu_operators|large_targets|step_targets|inference|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|precision|pack_site|general_prepare|general_start|general_collect|general_smoke|h100_tables|output_gates|smoke [OUT]}" "${@:2}"
+"${1:?usage: device_plan.sh prepare|peer_wheels|base_export|cli_steps|step_profiles|af3_beside|explore|evo_modes|pair_kernels|recompute_cost|gpu_operators|large_targets|step_targets|inference|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|precision|pack_site|general_prepare|general_start|general_collect|general_smoke|h100_tables|output_gates|smoke [OUT]}" "${@:2}"
