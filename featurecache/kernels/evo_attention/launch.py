@@ -314,26 +314,16 @@ def evo_attention_backward(
 def _launch_split_backward(x: _BackwardInputs, dq, dk, dv, dbias, config: EvoAttentionConfig) -> None:
     """dQ (which writes delta, and dBias of a per-row bias), dK/dV, then dBias of a shared bias.
     Order matters: the dK/dV and dBias kernels read the dQ kernel's delta."""
-    per_row_dbias = dbias is not None and x.bias.shape[1] == x.q.shape[1]
-    _launch_dq(x, dq, dbias if per_row_dbias else None, config.bwd_q)
-    _launch_dkdv(x, dk, dv, config.bwd_kv)
-    if dbias is not None and not per_row_dbias:
-        _launch_shared_dbias(x, dbias, config.bwd_bias)
-
-
-def _shares_bias(x: _BackwardInputs) -> bool:
-    """Whether one bias serves every row (the row-group kernels' case)."""
-    return x.bias is not None and x.bias.shape[1] == 1 and x.q.shape[1] > 1
-
-
-def _launch_dq(x: _BackwardInputs, dq, per_row_dbias, qc: BlockConfig) -> None:
-    """The dQ kernel: dq, delta, and the gradient of a per-row bias where given."""
     batch, rows, seq_len, heads, head_dim = x.q.shape
     bias = x.bias
+    shared_bias = bias is not None and bias.shape[1] == 1 and rows > 1
+    per_row_dbias = dbias is not None and bias.shape[1] == rows
     scales = (x.scale, x.scale * LOG2E.value)
     qkv_strides = (*x.q.stride(), *x.k.stride(), *x.v.stride())
+    qc, kv = config.bwd_q, config.bwd_kv
     q_grid = (triton.cdiv(seq_len, qc.block_m), rows, batch * heads)
-    if _shares_bias(x) and qc.rows > 1:
+    kv_grid = (triton.cdiv(seq_len, kv.block_n), rows, batch * heads)
+    if shared_bias and qc.rows > 1:
         _evo_attention_bwd_q_rows_kernel[(q_grid[0], triton.cdiv(rows, qc.rows), q_grid[2])](
             x.q,
             x.k,
@@ -373,32 +363,24 @@ def _launch_dq(x: _BackwardInputs, dq, per_row_dbias, qc: BlockConfig) -> None:
             x.lse,
             x.delta,
             dq,
-            per_row_dbias if per_row_dbias is not None else x.q,
+            dbias if per_row_dbias else x.q,
             *qkv_strides,
             *_bias_strides(bias),
             *x.mask_strides,
             *x.out.stride(),
             *x.grad_out.stride(),
-            *(per_row_dbias.stride() if per_row_dbias is not None else (0, 0, 0, 0, 0)),
+            *(dbias.stride() if per_row_dbias else (0, 0, 0, 0, 0)),
             *dq.stride(),
             heads,
             seq_len,
             head_dim,
             *scales,
             HAS_BIAS=bias is not None,
-            STORE_DBIAS=per_row_dbias is not None,
+            STORE_DBIAS=per_row_dbias,
             **x.tiles(qc),
         )
 
-
-def _launch_dkdv(x: _BackwardInputs, dk, dv, kv: BlockConfig) -> None:
-    """The dK/dV kernel (reads the dQ kernel's delta)."""
-    batch, rows, seq_len, heads, head_dim = x.q.shape
-    bias = x.bias
-    scales = (x.scale, x.scale * LOG2E.value)
-    qkv_strides = (*x.q.stride(), *x.k.stride(), *x.v.stride())
-    kv_grid = (triton.cdiv(seq_len, kv.block_n), rows, batch * heads)
-    if _shares_bias(x) and kv.rows > 1:
+    if shared_bias and kv.rows > 1:
         _evo_attention_bwd_kv_rows_kernel[(kv_grid[0], triton.cdiv(rows, kv.rows), kv_grid[2])](
             x.q,
             x.k,
@@ -450,36 +432,34 @@ def _launch_dkdv(x: _BackwardInputs, dk, dv, kv: BlockConfig) -> None:
             **x.tiles(kv),
         )
 
-
-def _launch_shared_dbias(x: _BackwardInputs, dbias, bc: BlockConfig) -> None:
-    """The dBias kernel of a bias shared by every row: a program per bias tile walks the rows."""
-    batch, rows, seq_len, heads, head_dim = x.q.shape
-    bias = x.bias
-    qkv_strides = (*x.q.stride(), *x.k.stride(), *x.v.stride())
-    _evo_attention_bwd_bias_kernel[(triton.cdiv(seq_len, bc.block_n), triton.cdiv(seq_len, bc.block_m), batch * heads)](
-        x.q,
-        x.k,
-        x.v,
-        bias,
-        x.mask,
-        x.key_end,
-        x.grad_out,
-        x.lse,
-        x.delta,
-        dbias,
-        *qkv_strides,
-        *_shared_bias_strides(bias),
-        *x.mask_strides,
-        *x.grad_out.stride(),
-        *_shared_bias_strides(dbias),
-        heads,
-        rows,
-        seq_len,
-        head_dim,
-        x.scale * LOG2E.value,
-        SCAN_MASK=_SCAN_MASK,
-        **x.tiles(bc),
-    )
+    if dbias is not None and not per_row_dbias:
+        bc = config.bwd_bias
+        _evo_attention_bwd_bias_kernel[
+            (triton.cdiv(seq_len, bc.block_n), triton.cdiv(seq_len, bc.block_m), batch * heads)
+        ](
+            x.q,
+            x.k,
+            x.v,
+            bias,
+            x.mask,
+            x.key_end,
+            x.grad_out,
+            x.lse,
+            x.delta,
+            dbias,
+            *qkv_strides,
+            *_shared_bias_strides(bias),
+            *x.mask_strides,
+            *x.grad_out.stride(),
+            *_shared_bias_strides(dbias),
+            heads,
+            rows,
+            seq_len,
+            head_dim,
+            x.scale * LOG2E.value,
+            SCAN_MASK=_SCAN_MASK,
+            **x.tiles(bc),
+        )
 
 
 def _launch_fused_backward(x: _BackwardInputs, dq, dk, dv, dbias, block: BlockConfig) -> None:

@@ -13,6 +13,7 @@ class _ResidualAdd(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z, update, low_dtype, dropout):
         ctx.update_dtype, ctx.dropout = update.dtype, dropout  # the mask is drawn again in backward
+        ctx.set_materialize_grads(False)  # an unused result's gradient is None: no zeros to read
         return residual_add_fwd(z, update, low_dtype, dropout)
 
     @staticmethod
@@ -32,6 +33,7 @@ class _StreamResidualAdd(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z, update, dropout):
         ctx.dtypes, ctx.dropout = (update.dtype, z.dtype), dropout
+        ctx.set_materialize_grads(False)  # an unused result's gradient is None: no zeros to read
         new = residual_add_fwd(z, update, None, dropout)[0]
         return new, new.view(new.shape)
 
