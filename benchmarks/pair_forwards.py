@@ -3,6 +3,7 @@ by tile, beside PyTorch's own.
 
     python3 benchmarks/pair_forwards.py [--rows 147456]      # a GPU: every candidate, then the table
     python3 benchmarks/pair_forwards.py --smoke              # the CPU (interpreter): tiny rows, checks only
+    python3 benchmarks/pair_forwards.py --only transition_backward   # one part
 
 At crop 384 the pair has 147,456 rows of c_z = 128, and the af3 step's kernel profile (NOTES.md
 section 11) puts LayerNorm-linear's forward first (616 calls, 184 us on average) and the
@@ -54,6 +55,7 @@ TRANSITION_DX_CANDIDATES = [
     dict(BLOCK_M=64, BLOCK_H=64, num_warps=4, num_stages=2),
     dict(BLOCK_M=64, BLOCK_H=32, num_warps=4, num_stages=2),
     dict(BLOCK_M=32, BLOCK_H=64, num_warps=4, num_stages=2),
+    dict(BLOCK_M=128, BLOCK_H=32, num_warps=8, num_stages=2),
 ]
 LAYERNORM_LINEAR_DX_CANDIDATES = [
     dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
@@ -324,21 +326,36 @@ def run_column_sums(rows: int, device, table: Table) -> None:
             table.add([name, label, _close(call(), reference, case_rows), time_ms(call)])
 
 
+PARTS = {
+    "layernorm_linear": run_layernorm_linear,
+    "layernorm_linear_backward": run_layernorm_linear_backward,
+    "transition": run_transition,
+    "transition_backward": run_transition_backward,
+    "column_sums": run_column_sums,
+    "triangle_backward": run_triangle_backward,
+}
+
+
 def main() -> None:
     parser = argument_parser(__doc__)
     parser.add_argument("--rows", type=int, default=147_456, help="pair rows (crop 384: 147,456)")
     parser.add_argument("--smoke", action="store_true", help="the CPU check: 97 rows under the interpreter")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=sorted(PARTS),
+        help="time these parts only (default: all), e.g. one kernel's change beside its parent's package",
+    )
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     rows = 97 if args.smoke else args.rows  # odd: the last row tile is ragged
     torch.manual_seed(0)
     table = Table(["case", "provider or tiles", "max error / scale (nan: over tolerance)", "ms"])
-    run_layernorm_linear(rows, device, table)
-    run_layernorm_linear_backward(rows, device, table)
-    run_transition(rows, device, table, msa_depth=2 if args.smoke else 1024)
-    run_transition_backward(rows, device, table)
-    run_column_sums(rows, device, table)
-    run_triangle_backward(rows, device, table)
+    for part in args.only or PARTS:
+        if part == "transition":
+            run_transition(rows, device, table, msa_depth=2 if args.smoke else 1024)
+        else:
+            PARTS[part](rows, device, table)
     print(f"\n{run_stamp().header()}\n\n{table.markdown()}")
 
 
