@@ -320,7 +320,8 @@ def test_fused_backward_matches_split_backward(bias_rows, bias_dtype, strided):
     # The fused backward sums dQ and dBias by atomics in another order than the split kernels:
     # same values up to rounding, against float64 truth as tightly as the split path. Odd sizes,
     # ragged blocks, one fully masked row; a per-row bias gradient, or none, takes the split
-    # kernels.
+    # kernels. Strided: the gradients are written into views of one packed tensor, as gated
+    # attention passes them (the fused kernel writes dq from its fp32 sums in dq's own layout).
     q, k, v, bias, mask = _make_inputs(1, 3, 21, 2, 24, bias_rows, True, strided=strided, dtype=torch.bfloat16)
     if bias is not None:
         bias = bias.to(bias_dtype)
@@ -331,9 +332,14 @@ def test_fused_backward_matches_split_backward(bias_rows, bias_dtype, strided):
     for mode in ("split", "fused"):
         config = dataclasses.replace(base, bwd_mode=mode, fp32_bias_bwd_mode=mode)
         out, lse, key_end = evo_attention_forward(q, k, v, bias, mask, scale, config)
+        packed = torch.full((1, 21, 3, 2, 3 * 24), float("nan"), device=DEVICE, dtype=q.dtype).transpose(1, 2)
         grads = evo_attention_backward(
-            grad_out, q, k, v, bias, mask, out, lse, key_end, scale, bias is not None, config
+            grad_out,
+            *(q, k, v, bias, mask, out, lse, key_end, scale, bias is not None, config),
+            grads=tuple(packed.split(24, dim=-1)) if strided else None,
         )
+        if strided:
+            assert grads[0].data_ptr() == packed.data_ptr(), "dq must be written into the view it was given"
         results[mode] = [g for g in grads if g is not None]
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v) + ((bias,) if bias is not None else ())]
     truth_out = _eager_attention(*leaves[:3], leaves[3] if bias is not None else None, mask, scale)
