@@ -1220,8 +1220,6 @@ def _evo_attention_bwd_fused_kernel(
     DK,
     DV,
     DQAcc,
-    DQ,
-    DQArrivals,
     DBiasAcc,
     stride_qb,
     stride_qn,
@@ -1261,11 +1259,6 @@ def _evo_attention_bwd_fused_kernel(
     stride_al,
     stride_ah,
     stride_ad,
-    stride_qgb,
-    stride_qgn,
-    stride_qgl,
-    stride_qgh,
-    stride_qgd,
     stride_cb,
     stride_ch,
     stride_cq,
@@ -1351,24 +1344,3 @@ def _evo_attention_bwd_fused_kernel(
     out_base = batch * stride_xb + row * stride_xn + head * stride_xh
     _store_tile(DK + out_base, dk.to(DK.dtype.element_ty), cols, offs_d, stride_xl, stride_xd, valid_n, valid_d)
     _store_tile(DV + out_base, dv.to(DV.dtype.element_ty), cols, offs_d, stride_xl, stride_xd, valid_n, valid_d)
-
-    # The last of the key-block programs of this (batch, row, head) to finish writes dQ from the
-    # finished fp32 sums, in dQ's dtype and layout: no pass of its own over dQ after the kernel.
-    # The barrier orders every thread's dQ atomics before the count's release; the count's
-    # acquire orders the last program's reads after all of them (reads from L2: .cg).
-    tl.debug_barrier()
-    arrivals = DQArrivals + (batch * tl.num_programs(1) + row) * num_heads + head
-    if tl.atomic_add(arrivals, 1, sem="acq_rel") == tl.num_programs(0) - 1:
-        tl.debug_barrier()
-        dq_out = DQ + batch * stride_qgb + row * stride_qgn + head * stride_qgh
-        for block in range(0, q_blocks):
-            rows_m = block * BLOCK_M + offs_m
-            valid_m = rows_m < seq_len
-            tile_mask = valid_m[:, None] & valid_d[None, :]
-            dq = tl.load(
-                _tile_ptrs(dq_base, rows_m, offs_d, stride_al, stride_ad),
-                mask=tile_mask,
-                other=0.0,
-                cache_modifier=".cg",
-            )
-            _store_tile(dq_out, dq.to(DQ.dtype.element_ty), rows_m, offs_d, stride_qgl, stride_qgd, valid_m, valid_d)

@@ -469,12 +469,7 @@ def _launch_fused_backward(x: _BackwardInputs, dq, dk, dv, dbias, block: BlockCo
     bias = x.bias
     _launch_delta(x.out, x.grad_out, x.delta, x.common)
     # Contiguous fp32 sums: one layout whatever dq's, and 64-bit tile offsets only if q needed them.
-    # After them, one int32 count per (batch, row, head) of the key-block programs done (the last
-    # writes dq): zeroed with the sums, by one fill (fp32 0.0 is int32 0).
-    dq_numel, arrivals_numel = x.q.numel(), batch * rows * heads
-    dq_fill = torch.zeros(dq_numel + arrivals_numel, device=x.q.device, dtype=torch.float32)
-    dq_acc = dq_fill[:dq_numel].view(x.q.shape)
-    dq_arrivals = dq_fill[dq_numel:].view(torch.int32)
+    dq_acc = torch.zeros(x.q.shape, device=x.q.device, dtype=torch.float32)
     # An fp32 bias gradient is its own accumulator; a bf16 / fp16 one is rounded from an fp32 sum.
     dbias_acc = (
         dbias if dbias.dtype == torch.float32 else torch.empty(dbias.shape, device=x.q.device, dtype=torch.float32)
@@ -493,8 +488,6 @@ def _launch_fused_backward(x: _BackwardInputs, dq, dk, dv, dbias, block: BlockCo
         dk,
         dv,
         dq_acc,
-        dq,
-        dq_arrivals,
         dbias_acc,
         *x.q.stride(),
         *x.k.stride(),
@@ -504,7 +497,6 @@ def _launch_fused_backward(x: _BackwardInputs, dq, dk, dv, dbias, block: BlockCo
         *x.grad_out.stride(),
         *dk.stride(),
         *dq_acc.stride(),
-        *dq.stride(),
         *_shared_bias_strides(dbias_acc),
         heads,
         seq_len,
@@ -513,6 +505,7 @@ def _launch_fused_backward(x: _BackwardInputs, dq, dk, dv, dbias, block: BlockCo
         x.scale * LOG2E.value,
         **x.tiles(block),
     )
+    dq.copy_(dq_acc)
     if dbias_acc is not dbias:
         dbias.copy_(dbias_acc)
 

@@ -99,7 +99,7 @@ def _transition_bwd_dx_kernel(
 
     x = tl.load(X + rows[:, None] * n_ch + cols[None, :], mask=tile_mask, other=0.0)
     norm_w, norm_b = layernorm_params(NORM_W, NORM_B, cols, col_mask)
-    xn, _, _ = layernorm_prologue_saved(x, MEAN, RSTD, rows, row_mask, norm_w, norm_b, col_mask, PRECISION)
+    xn, xhat, rstd = layernorm_prologue_saved(x, MEAN, RSTD, rows, row_mask, norm_w, norm_b, col_mask, PRECISION)
     dy = tl.load(DY + rows[:, None] * n_ch + cols[None, :], mask=tile_mask, other=0.0)
     if STORE_FOR_WEIGHTS:
         tl.store(XN + rows[:, None] * n_ch + cols[None, :], xn, mask=tile_mask)
@@ -114,10 +114,6 @@ def _transition_bwd_dx_kernel(
         if STORE_FOR_WEIGHTS:
             store_swiglu_grads(D_AB, HIDDEN, d_a, d_b, hidden, rows, row_mask, hids, n_hidden, PRECISION)
 
-    # xhat is formed again from x (one more read of the tile, from L2) rather than held across
-    # the loop: kept, its fp32 tile pushed the kernel past 255 registers into spills
-    x = tl.load(X + rows[:, None] * n_ch + cols[None, :], mask=tile_mask, other=0.0)
-    _, xhat, rstd = layernorm_prologue_saved(x, MEAN, RSTD, rows, row_mask, norm_w, norm_b, col_mask, PRECISION)
     dx = layernorm_backward(d_xn, xhat, rstd, norm_w, cols, col_mask, n_ch, DNORM_W_PART, DNORM_B_PART, pid)
     tl.store(DX + rows[:, None] * n_ch + cols[None, :], cast(dx, DX.dtype.element_ty, PRECISION), mask=tile_mask)
 
