@@ -16,6 +16,7 @@ buffers that are all-reduced between a step's backward and its update, outside a
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -251,5 +252,8 @@ def barrier(world: Dist) -> None:
 
 
 def shutdown(world: Dist) -> None:
+    """Leave the process groups; first free what still holds them or their work (Trainer.close
+    dropped DDP; a reference cycle would otherwise keep it until the interpreter's exit)."""
     if (world.enabled or world.pair_shards > 1) and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()

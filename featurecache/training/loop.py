@@ -273,10 +273,14 @@ class Trainer:
         return result, num_cycles
 
     def close(self) -> None:
-        """Release the captured graphs at the end of the run, not at interpreter shutdown."""
+        """Release the captured graphs and the DDP wrapper at the end of the run, not at
+        interpreter shutdown: DDP holds the process groups and gloo's finished work (with its
+        tensors), and freed by the interpreter's last collection, after destroy_process_group,
+        a gloo rank can abort at exit (seen once in CI: SIGABRT after the run's last step)."""
         if self.graphed is not None:
             self.graphed.release()
             self.graphed = None
+        self.trained = self.model
 
     @property
     def takes_host_batches(self) -> bool:

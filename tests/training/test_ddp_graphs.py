@@ -10,6 +10,7 @@ noise seed, so all three train on the same samples with the same draws.
 """
 
 import copy
+import gc
 import os
 import socket
 import subprocess
@@ -70,11 +71,19 @@ def _train(world: Dist, accumulate: int, manual_sync: bool, slots_per_rank: int 
         batches = [_batch(step, trainer.layout.slot(world.rank, micro)) for micro in range(accumulate)]
         result, _ = trainer.step(batches, step)
         losses.append(result["loss"].item())
-    return {
+    results = {
         "params": {name: p.detach().clone() for name, p in trainer.model.named_parameters()},
         "ema": trainer.average.state_dict(),
         "losses": losses,
     }
+    # what the run's end leaves holding the process groups while the trainer is still referenced
+    # (train() destroys them in that state): no DDP wrapper, cycle or not
+    trainer.close()
+    gc.collect()
+    results["ddp_alive_after_close"] = sum(
+        isinstance(obj, torch.nn.parallel.DistributedDataParallel) for obj in gc.get_objects()
+    )
+    return results
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
@@ -123,6 +132,14 @@ def test_manual_sync_trains_as_ddp_and_as_one_process(ranks, accumulate):
     torch.set_num_threads(1)
     alone = _train(Dist(rank=0, world_size=1, device=torch.device("cpu")), WORLD * accumulate, manual_sync=False)
     _assert_close(manual["params"], alone["params"], f"accumulate {accumulate}, manual sync vs one process:")
+
+
+def test_closing_the_trainer_frees_its_ddp_wrapper(ranks):
+    # Trainer.close drops DDP (which holds the process groups and gloo's finished work) before
+    # train() destroys the groups: freed at the interpreter's exit instead, a rank aborted once
+    for rank in ranks:
+        for (way, accumulate), result in rank.items():
+            assert result["ddp_alive_after_close"] == 0, f"{way}, accumulate {accumulate}"
 
 
 def test_ranks_stay_bitwise_identical_from_rank_0s_weights(ranks):
