@@ -321,7 +321,8 @@ def test_fused_backward_matches_split_backward(bias_rows, bias_dtype, strided):
     # same values up to rounding, against float64 truth as tightly as the split path. Odd sizes,
     # ragged blocks, one fully masked row; a per-row bias gradient, or none, takes the split
     # kernels. Strided: the gradients are written into views of one packed tensor, as gated
-    # attention passes them (the fused kernel writes dq from its fp32 sums in dq's own layout).
+    # attention passes them (the fused path sums dq in a contiguous fp32 buffer, then copies it
+    # into dq's own layout).
     q, k, v, bias, mask = _make_inputs(1, 3, 21, 2, 24, bias_rows, True, strided=strided, dtype=torch.bfloat16)
     if bias is not None:
         bias = bias.to(bias_dtype)
@@ -335,7 +336,17 @@ def test_fused_backward_matches_split_backward(bias_rows, bias_dtype, strided):
         packed = torch.full((1, 21, 3, 2, 3 * 24), float("nan"), device=DEVICE, dtype=q.dtype).transpose(1, 2)
         grads = evo_attention_backward(
             grad_out,
-            *(q, k, v, bias, mask, out, lse, key_end, scale, bias is not None, config),
+            q,
+            k,
+            v,
+            bias,
+            mask,
+            out,
+            lse,
+            key_end,
+            scale,
+            bias is not None,
+            config,
             grads=tuple(packed.split(24, dim=-1)) if strided else None,
         )
         if strided:
