@@ -318,6 +318,25 @@ evo_modes() {
     timeout "${1:-200}" python3 benchmarks/evo_bwd_parts.py 2>&1 | tee "$OUTDIR/log.txt"
 }
 
+# A kernel change timed alone beside its parent before the step: .devdata/base's package (base_export,
+# as af3_beside's) and this tree's, each in its own process, through pair_forwards.py --only PARTS
+# ("evo" for evo_bwd_parts.py, EvoAttention's backward modes). Each part ~40-70 s a package.
+#   ~40 + 160 s  run(command="FC_COMMIT=<HEAD> bash benchmarks/device_plan.sh kernels_beside transition_backward evo", carry=[".devdata/site-core.tar.xz", ".devdata/base"], timeout_s=300)
+kernels_beside() {
+    device_setup
+    local pair=() root part
+    for part in "$@"; do [ "$part" = evo ] || pair+=("$part"); done
+    for root in .devdata/base "$PWD"; do
+        echo "=== package of $([ "$root" = .devdata/base ] && cat .devdata/base/COMMIT || echo "$FC_COMMIT") ($root)"
+        if [ ${#pair[@]} -gt 0 ]; then
+            FC_PACKAGE_ROOT=$root timeout 150 python3 benchmarks/pair_forwards.py --only "${pair[@]}" 2>&1 | tail -14 || true
+        fi
+        if [[ " $* " == *" evo "* ]]; then
+            FC_PACKAGE_ROOT=$root timeout 90 python3 benchmarks/evo_bwd_parts.py 2>&1 | tail -8 || true
+        fi
+    done | tee "$OUTDIR/log.txt"
+}
+
 # The pair kernels alone (pair_forwards.py: LayerNorm-linear forward tiles,
 # the Transition's forward and dx tiles): a kernel change's effect before the step's.
 #   ~40 + 200 s  run(command="FC_COMMIT=<HEAD> bash benchmarks/device_plan.sh pair_kernels", carry=[".devdata/site-core.tar.xz"], timeout_s=280)
@@ -526,4 +545,4 @@ smoke() {
         --crop-step 8 --crop-limit 32 --crop-budget-s 300 --out "$out/d"
 }
 
-"${1:?usage: device_plan.sh prepare|peer_wheels|base_export|cli_steps|step_profiles|af3_beside|explore|evo_modes|pair_kernels|recompute_cost|gpu_operators|large_targets|step_targets|inference|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|precision|pack_site|general_prepare|general_start|general_collect|general_smoke|h100_tables|output_gates|smoke [OUT]}" "${@:2}"
+"${1:?usage: device_plan.sh prepare|peer_wheels|base_export|cli_steps|step_profiles|af3_beside|kernels_beside|explore|evo_modes|pair_kernels|recompute_cost|gpu_operators|large_targets|step_targets|inference|call1|call2|call3|peer|compile|kernels|learn_prepare|learn_start|learn_collect|precision|pack_site|general_prepare|general_start|general_collect|general_smoke|h100_tables|output_gates|smoke [OUT]}" "${@:2}"
