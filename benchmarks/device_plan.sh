@@ -324,14 +324,16 @@ evo_modes() {
 #   ~40 + 160 s  run(command="FC_COMMIT=<HEAD> bash benchmarks/device_plan.sh kernels_beside transition_backward evo", carry=[".devdata/site-core.tar.xz", ".devdata/base"], timeout_s=300)
 kernels_beside() {
     device_setup
-    local pair=() root part
-    for part in "$@"; do [ "$part" = evo ] || pair+=("$part"); done
+    local pair=() evo=false root part
+    for part in "$@"; do
+        if [ "$part" = evo ]; then evo=true; else pair+=("$part"); fi
+    done
     for root in .devdata/base "$PWD"; do
         echo "=== package of $([ "$root" = .devdata/base ] && cat .devdata/base/COMMIT || echo "$FC_COMMIT") ($root)"
         if [ ${#pair[@]} -gt 0 ]; then
             FC_PACKAGE_ROOT=$root timeout 150 python3 benchmarks/pair_forwards.py --only "${pair[@]}" 2>&1 | tail -14 || true
         fi
-        if [[ " $* " == *" evo "* ]]; then
+        if $evo; then
             FC_PACKAGE_ROOT=$root timeout 90 python3 benchmarks/evo_bwd_parts.py 2>&1 | tail -8 || true
         fi
     done | tee "$OUTDIR/log.txt"

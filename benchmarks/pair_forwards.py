@@ -25,6 +25,7 @@ the cache are not.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -351,11 +352,9 @@ def main() -> None:
     rows = 97 if args.smoke else args.rows  # odd: the last row tile is ragged
     torch.manual_seed(0)
     table = Table(["case", "provider or tiles", "max error / scale (nan: over tolerance)", "ms"])
-    for part in args.only or PARTS:
-        if part == "transition":
-            run_transition(rows, device, table, msa_depth=2 if args.smoke else 1024)
-        else:
-            PARTS[part](rows, device, table)
+    parts = {**PARTS, "transition": functools.partial(run_transition, msa_depth=2 if args.smoke else 1024)}
+    for part in args.only or parts:
+        parts[part](rows, device, table)
     print(f"\n{run_stamp().header()}\n\n{table.markdown()}")
 
 
