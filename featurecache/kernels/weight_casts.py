@@ -174,6 +174,47 @@ def cast_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return _kept(copies, weight, dtype)
 
 
+class _PackedCast(torch.autograd.Function):
+    """Weights cast to one dtype into the rows of one tensor, side by side along the first axis
+    (torch._foreach_copy_ into its slices: no concatenation of the fp32 weights first); backward
+    casts each weight's rows of the gradient back to its dtype the same way."""
+
+    @staticmethod
+    def forward(ctx, dtype: torch.dtype, *weights: torch.Tensor) -> torch.Tensor:
+        ctx.dtypes, ctx.rows = [weight.dtype for weight in weights], [weight.shape[0] for weight in weights]
+        packed = weights[0].new_empty((sum(ctx.rows), *weights[0].shape[1:]), dtype=dtype)
+        torch._foreach_copy_(list(packed.split(ctx.rows)), list(weights))
+        return packed
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        parts = grad.split(ctx.rows)
+        widened = [torch.empty_like(part, dtype=dtype) for part, dtype in zip(parts, ctx.dtypes)]
+        torch._foreach_copy_(widened, list(parts))
+        return (None, *widened)
+
+
+def cast_packed(weights: tuple[torch.Tensor, ...], dtype: torch.dtype) -> torch.Tensor:
+    """torch.cat(weights) in dtype: several products' weights as one (their outputs side by
+    side), made once within cached_weight_casts (gradients off), from cast_weight's shared
+    copies within step_weight_casts, else cast into one tensor at each use (_PackedCast)."""
+    if torch.compiler.is_compiling():  # compiled code: no Python state
+        return torch.cat(weights).to(dtype)
+    copies = getattr(_scope, "copies", None)
+    if copies is not None and not torch.is_grad_enabled():
+        key = (tuple(id(weight) for weight in weights), dtype)
+        versions = tuple(weight._version for weight in weights)
+        kept = copies.get(key)
+        if kept is not None and all(a is b for a, b in zip(kept[0], weights)) and kept[1] == versions:
+            return kept[2]
+        packed = _PackedCast.apply(dtype, *weights)
+        copies[key] = (weights, versions, packed)
+        return packed
+    if step_casts_open():
+        return torch.cat([cast_weight(weight, dtype) for weight in weights])
+    return _PackedCast.apply(dtype, *weights)
+
+
 def _kept(copies: dict, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """copies' cast of weight to dtype, made now if missing or stale (the weight changed in place)."""
     key = (id(weight), dtype)

@@ -1,5 +1,6 @@
-"""gated_pair_attention (triangle attention's packed core), sigmoid_gate (the other attention
-modules' output gate) and swiglu against a float64 reference.
+"""gated_pair_attention (triangle attention's packed core), gated_attention (the conditioned
+attention's), sigmoid_gate (the other attention modules' output gate), swiglu and swiglu_packed
+against a float64 reference.
 
 Under TRITON_INTERPRET=1 on the CPU: small odd lengths, two heads. The packed input is read as
 the projection writes it (rows padded to 16 elements) and as a plain contiguous tensor; the
@@ -11,8 +12,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from featurecache.kernels.gated_attention import gated_pair_attention, sigmoid_gate, swiglu
-from featurecache.kernels.reference import gated_pair_attention_reference, sigmoid_gate_reference, swiglu_reference
+from featurecache.kernels.gated_attention import (
+    gated_attention,
+    gated_pair_attention,
+    sigmoid_gate,
+    swiglu,
+    swiglu_packed,
+)
+from featurecache.kernels.reference import (
+    evo_attention_reference,
+    gated_pair_attention_reference,
+    sigmoid_gate_reference,
+    swiglu_reference,
+)
 from featurecache.testing.compare import rel_error
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -104,3 +116,90 @@ def test_gates_name_mismatched_shapes():
     for function, name in ((sigmoid_gate, "sigmoid_gate"), (swiglu, "swiglu")):
         with pytest.raises(ValueError, match=f"{name}: gate"):
             function(torch.zeros(1, 2, 3, 8, device=DEVICE), torch.zeros(1, 2, 3, 4, device=DEVICE))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch, rows, length, channels, sliced", [(2, 3, 7, 24, False), (1, 1, 13, 20, True)])
+def test_packed_swiglu_matches_float64_reference(dtype, batch, rows, length, channels, sliced):
+    """silu(first half) * second half of one product's output, and the packed gradient its
+    backward writes (both halves in one tensor), against autograd through the composition; the
+    input a plain contiguous tensor or a slice of a wider one (copied to contiguous first)."""
+    generator = torch.Generator().manual_seed(torch.seed() % 2**31)
+    wide = 2 * channels + (6 if sliced else 0)
+    base = torch.randn(batch, rows, length, wide, generator=generator).to(DEVICE, dtype)
+    upstream = torch.randn(batch, rows, length, channels, generator=generator).to(DEVICE, dtype)
+
+    def run(function, base):
+        base = base.detach().requires_grad_(True)
+        packed = base[..., : 2 * channels]
+        gated = function(packed)
+        (gated * upstream.to(gated.dtype)).sum().backward()
+        return gated.detach(), base.grad
+
+    def composition(packed):
+        return swiglu_reference(packed[..., :channels], packed[..., channels:])
+
+    truth = run(composition, base.double())
+    mine = run(swiglu_packed, base)
+    eager = run(composition, base)
+    assert mine[0].dtype == dtype and mine[0].shape == (batch, rows, length, channels)
+    assert not mine[1][..., 2 * channels :].any()  # nothing lands past the packed halves
+    for name, value, eager_value, true_value in zip(("gated", "d_packed"), mine, eager, truth):
+        assert torch.isfinite(value).all(), f"{name}: non-finite value"
+        allowed = ERROR_FACTOR * rel_error(eager_value, true_value) + ERROR_FLOOR[dtype]
+        assert rel_error(value, true_value) <= allowed, (name, rel_error(value, true_value), allowed)
+
+
+def test_packed_swiglu_names_an_odd_width():
+    with pytest.raises(ValueError, match="swiglu_packed: the last axis"):
+        swiglu_packed(torch.zeros(1, 2, 3, 9, device=DEVICE))
+
+
+def _gated_attention_composed(packed, query_bias, bias, mask, heads):
+    """What the conditioned attention composed before gated_attention: split, bias, attend, gate."""
+    q, k, v, gate = packed.chunk(4, dim=-1)
+    q, k, v = (t.unflatten(-1, (heads, -1)) for t in (q + query_bias, k, v))
+    return sigmoid_gate_reference(gate, evo_attention_reference(q, k, v, bias, mask).flatten(-2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("samples, length, shared_bias", [(3, 11, True), (2, 16, False), (1, 9, True)])
+def test_gated_attention_matches_float64_reference_with_every_gradient(dtype, samples, length, shared_bias):
+    """The diffusion transformer's attention from its packed projection (odd lengths, a key
+    mask with a fully masked row, the pair bias shared by the samples or one per sample): the
+    output and the gradients of the packed projection (written by the op as one tensor), the
+    query bias and the pair bias against autograd through the float64 composition."""
+    generator = torch.Generator().manual_seed(torch.seed() % 2**31)
+    batch, heads, head_dim = 2, 2, 16
+    width = heads * head_dim
+    packed = torch.randn(batch, samples, length, 4 * width, generator=generator).to(DEVICE, dtype)
+    query_bias = torch.randn(width, generator=generator).to(DEVICE, dtype)
+    bias = torch.randn(batch, 1 if shared_bias else samples, heads, length, length, generator=generator)
+    bias = bias.to(DEVICE, dtype)
+    token = torch.arange(length)[None, :] < torch.tensor([[length], [length - 3]])
+    mask = token[:, None, :].expand(batch, samples, length).clone().to(DEVICE)
+    mask[1, 0, :] = False  # a row with every key masked: zeros out, no gradient
+    upstream = torch.randn(batch, samples, length, width, generator=generator).to(DEVICE, dtype)
+
+    def run(function, *tensors):
+        leaves = [t.detach().requires_grad_(True) for t in tensors]
+        out = function(*leaves, mask, heads)
+        (out * upstream.to(out.dtype)).sum().backward()
+        return (out.detach(), *(leaf.grad for leaf in leaves))
+
+    inputs = (packed, query_bias, bias)
+    truth = run(_gated_attention_composed, *(t.double() for t in inputs))
+    mine = run(gated_attention, *inputs)
+    eager = run(_gated_attention_composed, *inputs)  # PyTorch in the same dtype
+    assert mine[0].shape == (batch, samples, length, width) and mine[0].dtype == dtype
+    for name, value, eager_value, true_value in zip(("out", "d_packed", "d_query_bias", "d_bias"), mine, eager, truth):
+        assert torch.isfinite(value).all(), f"{name}: non-finite value"
+        allowed = ERROR_FACTOR * rel_error(eager_value, true_value) + ERROR_FLOOR[dtype]
+        assert rel_error(value, true_value) <= allowed, (name, rel_error(value, true_value), allowed)
+
+
+def test_gated_attention_names_bad_shapes():
+    with pytest.raises(ValueError, match="gated_attention: packed has shape"):
+        gated_attention(torch.zeros(1, 2, 5, 30, device=DEVICE), torch.zeros(8, device=DEVICE), None, None, 2)
+    with pytest.raises(ValueError, match="gated_attention: query_bias has shape"):
+        gated_attention(torch.zeros(1, 2, 5, 64, device=DEVICE), torch.zeros(8, device=DEVICE), None, None, 2)

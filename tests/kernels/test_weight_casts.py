@@ -8,7 +8,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from featurecache.kernels import weight_casts
-from featurecache.kernels.weight_casts import cached_weight_casts, cast_weight
+from featurecache.kernels.weight_casts import cached_weight_casts, cast_packed, cast_weight
 
 
 class _Copies(TorchDispatchMode):
@@ -56,6 +56,37 @@ def test_an_updated_weight_is_cast_again_and_the_copies_go_with_the_scope():
         after = cast_weight(weight, torch.bfloat16)
         assert after is not before and torch.equal(after, weight.to(torch.bfloat16))
     assert weight_casts._scope.copies is None
+
+
+def test_packed_weights_are_made_once_within_the_scope_and_again_when_one_changes():
+    """cast_packed: two weights side by side in bf16, one copy for every call of a sampler's
+    scope (until either weight changes in place), a new one per call elsewhere."""
+    first, second = _weight(), torch.nn.Parameter(torch.randn(3, 4, generator=torch.Generator().manual_seed(1)))
+    expected = torch.cat([first.detach(), second.detach()]).to(torch.bfloat16)
+    with torch.no_grad(), cached_weight_casts():
+        one, two = cast_packed((first, second), torch.bfloat16), cast_packed((first, second), torch.bfloat16)
+        assert one is two and torch.equal(one, expected)
+        assert cast_packed((second, first), torch.bfloat16) is not one  # another order, another packing
+        second.add_(1.0)
+        three = cast_packed((first, second), torch.bfloat16)
+        assert three is not one and torch.equal(three[8:], second.to(torch.bfloat16))
+    with torch.no_grad():
+        assert cast_packed((first, second), torch.bfloat16) is not cast_packed((first, second), torch.bfloat16)
+
+
+@pytest.mark.parametrize("step_scope", [False, True])
+def test_packed_weights_pass_each_weight_its_gradient(step_scope):
+    """With gradient (alone, or from the step scope's shared copies) each weight gets the
+    gradient of its own rows of the packing (fp64: exact)."""
+    generator = torch.Generator().manual_seed(2)
+    first, second = (torch.nn.Parameter(torch.randn(rows, 4, generator=generator)) for rows in (8, 3))
+    x = torch.randn(5, 4, dtype=torch.float64, generator=generator)
+    scope = weight_casts.step_weight_casts() if step_scope else contextlib.nullcontext()
+    with scope:
+        (x @ cast_packed((first, second), torch.float64).t()).pow(2).sum().backward()
+    product = x @ torch.cat([first, second]).double().t()
+    torch.testing.assert_close(first.grad, (2 * product[:, :8].t() @ x).float(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(second.grad, (2 * product[:, 8:].t() @ x).float(), rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("kernels", ["torch", "triton"])

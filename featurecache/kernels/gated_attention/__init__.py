@@ -17,10 +17,28 @@ Layout, in the order a call goes through it (as for every op of featurecache.ker
                evo_attention's)
   autograd.py  the autograd Function and `gated_pair_attention`, the entry point; `sigmoid_gate`,
                the gate alone (the conditioned attention's, over [B, S, L, c_a]), and `swiglu`,
-               the same kernels with silu for sigmoid
+               the same kernels with silu for sigmoid; `swiglu_packed`, swiglu on the two halves
+               of one product's output (the conditioned transition's), one packed gradient back;
+               `gated_attention`, the conditioned attention's core on its packed [q | k | v | gate]
+               projection, its gradient written back packed as gated_pair_attention's
 """
 
-from featurecache.kernels.gated_attention.autograd import gated_pair_attention, sigmoid_gate, swiglu
+from featurecache.kernels.gated_attention.autograd import (
+    gated_attention,
+    gated_pair_attention,
+    sigmoid_gate,
+    swiglu,
+    swiglu_packed,
+)
 from featurecache.kernels.gated_attention.launch import gate_backward, gate_forward, packed_views
 
-__all__ = ["gate_backward", "gate_forward", "gated_pair_attention", "packed_views", "sigmoid_gate", "swiglu"]
+__all__ = [
+    "gate_backward",
+    "gate_forward",
+    "gated_attention",
+    "gated_pair_attention",
+    "packed_views",
+    "sigmoid_gate",
+    "swiglu",
+    "swiglu_packed",
+]

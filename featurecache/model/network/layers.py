@@ -22,7 +22,7 @@ from torch import nn
 from featurecache.kernels.layernorm_linear import LayerNormLinear
 from featurecache.kernels.reference import hash32, shared_dropout_reference
 from featurecache.kernels.runtime import check_kernels
-from featurecache.kernels.weight_casts import cast_weight, step_casts_open
+from featurecache.kernels.weight_casts import cast_packed, cast_weight, step_casts_open
 
 
 def _cast_to_autocast_dtype(module: nn.Module, args: tuple) -> tuple:
@@ -117,6 +117,21 @@ class Linear(nn.Linear):
         if bias is None or not torch.is_grad_enabled():
             return torch.nn.functional.linear(x, weight, bias)
         return _LinearFunction.apply(x, weight, bias)
+
+
+def packed_product(x: torch.Tensor, linears: tuple[Linear, ...]) -> torch.Tensor:
+    """torch.cat([linear(x) for linear in linears], -1) for bias-free Linears of one input, as one
+    matrix product of their weights side by side (weight_casts.cast_packed: cast and packed once
+    per sampler call). Under autocast in its dtype, as each Linear would run."""
+    if any(linear.bias is not None for linear in linears):
+        raise ValueError("packed_product: the linears must be bias-free")
+    weights = tuple(linear.weight for linear in linears)
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type) and x.dtype != torch.float64:
+        dtype = torch.get_autocast_dtype(device_type)
+        with torch.autocast(device_type, enabled=False):
+            return torch.nn.functional.linear(x.to(dtype), cast_packed(weights, dtype))
+    return torch.nn.functional.linear(x, torch.cat(weights))
 
 
 def kernel_module(module_class: type[nn.Module], *args, kernels: str, **kwargs) -> nn.Module:

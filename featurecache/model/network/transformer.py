@@ -30,6 +30,7 @@ from featurecache.kernels.conditioned_transition import (
     conditioned_transition,
     conditioned_transition_modulated,
 )
+from featurecache.kernels.gated_attention import gated_attention, swiglu_packed
 from featurecache.kernels.layernorm_linear import LayerNormLinear
 from featurecache.kernels.runtime import autocast_input, check_kernels
 from featurecache.kernels.weight_casts import cast_weight, step_casts_paused
@@ -40,6 +41,7 @@ from featurecache.model.network.layers import (
     freeze_norm_bias,
     kernel_module,
     gate_fn,
+    packed_product,
 )
 
 # AF3 initialises every output gate sigmoid(Linear(s)) with bias -2 (Algorithms 24, 25).
@@ -199,12 +201,14 @@ class TokenLayout:
         return bias.unsqueeze(1).contiguous()
 
     def pack(self, q, k, v):
-        """q, k, v [B, S, L, H, D] as they are, and the key mask [B, S, L] (made once per S: a
-        sampler's call runs 24 blocks on one layout)."""
-        samples = q.shape[1]
+        """q, k, v [B, S, L, H, D] as they are, and the key mask [B, S, L]."""
+        return q, k, v, self._row_mask(q.shape[1])
+
+    def _row_mask(self, samples: int) -> torch.Tensor:
+        """The key mask [B, S, L], made once per S (a sampler's call runs 24 blocks on one layout)."""
         if samples not in self._row_masks:
             self._row_masks[samples] = self.token_mask[:, None, :].expand(-1, samples, -1).contiguous()
-        return q, k, v, self._row_masks[samples]
+        return self._row_masks[samples]
 
     def unpack(self, out: torch.Tensor) -> torch.Tensor:
         return out
@@ -215,6 +219,12 @@ class TokenLayout:
         """q, k, v [B, S, L, H, D], bias from attention_bias -> [B, S, L, H, D]."""
         q_rows, k_rows, v_rows, mask = self.pack(q, k, v)
         return self.unpack(attention_fn(kernels)(q_rows, k_rows, v_rows, bias=bias, mask=mask))
+
+    def gated_attend(self, packed: torch.Tensor, query_bias: torch.Tensor, bias: torch.Tensor, heads: int):
+        """The Triton path's attention and output gate as one op on the packed projection
+        [B, S, L, 4C] = [q | k | v | gate]: sigmoid(gate) * attend(q + query_bias, k, v, bias),
+        [B, S, L, C], its gradient written back packed (kernels.gated_attention.gated_attention)."""
+        return gated_attention(packed, query_bias, bias, self._row_mask(packed.shape[1]), heads)
 
 
 class AdaptiveLayerNorm(nn.Module):
@@ -312,7 +322,12 @@ class ConditionedTransition(nn.Module):
         return gate, self._swiglu(_modulate(a, scale, shift, eps, self.kernels))
 
     def _swiglu(self, x: torch.Tensor) -> torch.Tensor:
-        """LinearNoBias(swish(LinearNoBias(x)) * LinearNoBias(x)) on AdaLN's x, before the gate."""
+        """LinearNoBias(swish(LinearNoBias(x)) * LinearNoBias(x)) on AdaLN's x, before the gate.
+        On the Triton path linear_a and linear_b are one product whose two halves the SwiGLU
+        kernel reads in place (one launch fewer a call, and backward one product for x's
+        gradient instead of two and their sum)."""
+        if self.kernels == "triton":
+            return self.linear_out(swiglu_packed(packed_product(x, (self.linear_a, self.linear_b))))
         return self.linear_out(self.swiglu(self.linear_a(x), self.linear_b(x)))
 
 
@@ -385,6 +400,12 @@ class ConditionedAttention(nn.Module):
         """forward's output gate sigmoid(Linear(s)) [B, S or 1, L, c_a] and the ungated update."""
         width = a.shape[-1]
         queries = self._adaln(self.adaln, a, s, None if conditioning is None else conditioning.attention)
+        if bias is None:
+            bias = self.attention_bias(pair, layout)
+        if self.key_adaln is None and self.kernels == "triton" and isinstance(layout, TokenLayout):
+            packed = self.proj(queries)  # [q | k | v | gate]
+            gated = layout.gated_attend(packed, cast_weight(self.query_bias, packed.dtype), bias, self.num_heads)
+            return self._output_gate(s, conditioning), self.linear_out(gated)
         if self.key_adaln is None:
             q, k, v, gate = self.proj(queries).split(width, dim=-1)
         else:  # the same weights, q and gate from one normalisation, k and v from the other
@@ -399,12 +420,12 @@ class ConditionedAttention(nn.Module):
         # add a copy back to bf16 per block and call
         q = q + cast_weight(self.query_bias, q.dtype)
         q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in (q, k, v))
-        if bias is None:
-            bias = self.attention_bias(pair, layout)
         out = layout.attend(q, k, v, bias, self.kernels).flatten(-2)  # [B, S, L, c_a]
-        out = self.linear_out(self.gate(gate, out))
-        output_gate = torch.sigmoid(self.output_gate(s)) if conditioning is None else conditioning.attention_gate
-        return output_gate, out
+        return self._output_gate(s, conditioning), self.linear_out(self.gate(gate, out))
+
+    def _output_gate(self, s: torch.Tensor, conditioning: BlockConditioning | None) -> torch.Tensor:
+        """sigmoid(Linear(s)), or the conditioning's where it is given."""
+        return torch.sigmoid(self.output_gate(s)) if conditioning is None else conditioning.attention_gate
 
     def _adaln(self, adaln: AdaptiveLayerNorm, a: torch.Tensor, s: torch.Tensor, given) -> torch.Tensor:
         """adaln(a, s), or on its s side `given` (scale logits, shift) when not None."""
