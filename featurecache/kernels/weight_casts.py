@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -196,23 +196,31 @@ class _PackedCast(torch.autograd.Function):
 
 def cast_packed(weights: tuple[torch.Tensor, ...], dtype: torch.dtype) -> torch.Tensor:
     """torch.cat(weights) in dtype: several products' weights as one (their outputs side by
-    side), made once within cached_weight_casts (gradients off), from cast_weight's shared
-    copies within step_weight_casts, else cast into one tensor at each use (_PackedCast)."""
+    side), from cast_weight's shared copies within step_weight_casts, else cast into one tensor
+    (_PackedCast), once per sampler call (kept_per_sampler)."""
     if torch.compiler.is_compiling():  # compiled code: no Python state
         return torch.cat(weights).to(dtype)
-    copies = getattr(_scope, "copies", None)
-    if copies is not None and not torch.is_grad_enabled():
-        key = (tuple(id(weight) for weight in weights), dtype)
-        versions = tuple(weight._version for weight in weights)
-        kept = copies.get(key)
-        if kept is not None and all(a is b for a, b in zip(kept[0], weights)) and kept[1] == versions:
-            return kept[2]
-        packed = _PackedCast.apply(dtype, *weights)
-        copies[key] = (weights, versions, packed)
-        return packed
     if step_casts_open():
         return torch.cat([cast_weight(weight, dtype) for weight in weights])
-    return _PackedCast.apply(dtype, *weights)
+    return kept_per_sampler(weights, ("packed", dtype), lambda: _PackedCast.apply(dtype, *weights))
+
+
+def kept_per_sampler(weights: tuple[torch.Tensor, ...], key, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """make(): a tensor made from `weights` alone (cast, packed side by side, padded, sliced),
+    named by `key` among the tensors made from the same weights. Within cached_weight_casts
+    while gradients are off it is made once and kept for the scope (made again when a weight
+    changes in place), as cast_weight keeps a cast; otherwise made at each call."""
+    copies = getattr(_scope, "copies", None)
+    if copies is None or torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return make()
+    entry = (tuple(id(weight) for weight in weights), key)
+    versions = tuple(weight._version for weight in weights)
+    kept = copies.get(entry)
+    if kept is not None and all(a is b for a, b in zip(kept[0], weights)) and kept[1] == versions:
+        return kept[2]
+    made = make()
+    copies[entry] = (weights, versions, made)
+    return made
 
 
 def _kept(copies: dict, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

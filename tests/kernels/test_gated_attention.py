@@ -155,10 +155,10 @@ def test_packed_swiglu_names_an_odd_width():
         swiglu_packed(torch.zeros(1, 2, 3, 9, device=DEVICE))
 
 
-def _gated_attention_composed(packed, query_bias, bias, mask, heads):
-    """What the conditioned attention composed before gated_attention: split, bias, attend, gate."""
+def _gated_attention_composed(packed, bias, mask, heads):
+    """What the conditioned attention composed before gated_attention: split, attend, gate."""
     q, k, v, gate = packed.chunk(4, dim=-1)
-    q, k, v = (t.unflatten(-1, (heads, -1)) for t in (q + query_bias, k, v))
+    q, k, v = (t.unflatten(-1, (heads, -1)) for t in (q, k, v))
     return sigmoid_gate_reference(gate, evo_attention_reference(q, k, v, bias, mask).flatten(-2))
 
 
@@ -167,13 +167,12 @@ def _gated_attention_composed(packed, query_bias, bias, mask, heads):
 def test_gated_attention_matches_float64_reference_with_every_gradient(dtype, samples, length, shared_bias):
     """The diffusion transformer's attention from its packed projection (odd lengths, a key
     mask with a fully masked row, the pair bias shared by the samples or one per sample): the
-    output and the gradients of the packed projection (written by the op as one tensor), the
-    query bias and the pair bias against autograd through the float64 composition."""
+    output and the gradients of the packed projection (written by the op as one tensor) and the
+    pair bias against autograd through the float64 composition."""
     generator = torch.Generator().manual_seed(torch.seed() % 2**31)
     batch, heads, head_dim = 2, 2, 16
     width = heads * head_dim
     packed = torch.randn(batch, samples, length, 4 * width, generator=generator).to(DEVICE, dtype)
-    query_bias = torch.randn(width, generator=generator).to(DEVICE, dtype)
     bias = torch.randn(batch, 1 if shared_bias else samples, heads, length, length, generator=generator)
     bias = bias.to(DEVICE, dtype)
     token = torch.arange(length)[None, :] < torch.tensor([[length], [length - 3]])
@@ -187,19 +186,16 @@ def test_gated_attention_matches_float64_reference_with_every_gradient(dtype, sa
         (out * upstream.to(out.dtype)).sum().backward()
         return (out.detach(), *(leaf.grad for leaf in leaves))
 
-    inputs = (packed, query_bias, bias)
-    truth = run(_gated_attention_composed, *(t.double() for t in inputs))
-    mine = run(gated_attention, *inputs)
-    eager = run(_gated_attention_composed, *inputs)  # PyTorch in the same dtype
+    truth = run(_gated_attention_composed, packed.double(), bias.double())
+    mine = run(gated_attention, packed, bias)
+    eager = run(_gated_attention_composed, packed, bias)  # PyTorch in the same dtype
     assert mine[0].shape == (batch, samples, length, width) and mine[0].dtype == dtype
-    for name, value, eager_value, true_value in zip(("out", "d_packed", "d_query_bias", "d_bias"), mine, eager, truth):
+    for name, value, eager_value, true_value in zip(("out", "d_packed", "d_bias"), mine, eager, truth):
         assert torch.isfinite(value).all(), f"{name}: non-finite value"
         allowed = ERROR_FACTOR * rel_error(eager_value, true_value) + ERROR_FLOOR[dtype]
         assert rel_error(value, true_value) <= allowed, (name, rel_error(value, true_value), allowed)
 
 
-def test_gated_attention_names_bad_shapes():
+def test_gated_attention_names_a_bad_shape():
     with pytest.raises(ValueError, match="gated_attention: packed has shape"):
-        gated_attention(torch.zeros(1, 2, 5, 30, device=DEVICE), torch.zeros(8, device=DEVICE), None, None, 2)
-    with pytest.raises(ValueError, match="gated_attention: query_bias has shape"):
-        gated_attention(torch.zeros(1, 2, 5, 64, device=DEVICE), torch.zeros(8, device=DEVICE), None, None, 2)
+        gated_attention(torch.zeros(1, 2, 5, 30, device=DEVICE), None, None, 2)

@@ -13,6 +13,7 @@ from featurecache.model.network.layers import (
     PairWeightedAveraging,
     TriangleAttention,
     column_sums,
+    leading_bias_linear,
 )
 from featurecache.testing.compare import summation_tolerance
 
@@ -235,6 +236,38 @@ def test_linear_without_gradient_is_nn_linear():
     x = torch.randn(3, 8)
     with torch.no_grad():
         assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+
+
+@pytest.mark.parametrize("bias_width", [3, 9])
+def test_a_leading_bias_is_the_product_plus_the_bias_on_its_first_columns(bias_width):
+    """leading_bias_linear(x, w, b) = x w^T with b added to the first len(b) outputs: values and
+    the three gradients against that composition (fp32; the bias's gradient only from its own
+    columns), and without gradient the padded bias kept once per sampler scope."""
+    from featurecache.kernels.weight_casts import cached_weight_casts
+
+    _seed()
+    x, weight, bias = torch.randn(2, 5, 16), torch.randn(9, 16), torch.randn(bias_width)
+    grad_out = torch.randn(2, 5, 9)
+    results = []
+    for function in (leading_bias_linear, _leading_bias_composed):
+        leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
+        out = function(*leaves)
+        out.backward(grad_out)
+        results.append((out, *(leaf.grad for leaf in leaves)))
+    tolerance = summation_tolerance(torch.float32, 16)
+    for value, expected in zip(*results):
+        torch.testing.assert_close(value, expected, atol=tolerance, rtol=tolerance)
+    with torch.no_grad(), cached_weight_casts():
+        first, second = leading_bias_linear(x, weight, bias), leading_bias_linear(x, weight, bias)
+        assert torch.equal(first, second)
+        torch.testing.assert_close(first, results[1][0], atol=tolerance, rtol=tolerance)
+    with pytest.raises(ValueError, match="a bias of 10 for 9 outputs"):
+        leading_bias_linear(x, weight, torch.zeros(10))
+
+
+def _leading_bias_composed(x, weight, bias):
+    out = x @ weight.t()
+    return torch.cat([out[..., : bias.shape[0]] + bias, out[..., bias.shape[0] :]], dim=-1)
 
 
 def test_column_sums_on_a_hand_checked_case():

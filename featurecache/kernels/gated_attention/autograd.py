@@ -95,29 +95,27 @@ def gated_pair_attention(
 
 class _GatedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, packed, query_bias, bias, mask, heads, scale):
+    def forward(ctx, packed, bias, mask, heads, scale):
         q, k, v, gate = _attention_views(packed, heads)
-        q = q + query_bias.view(heads, -1)  # [B, N, L, H, D], contiguous: the kernels read it twice
         out, lse, key_end = evo_attention_forward(q, k, v, bias, mask, scale)
         gated = gate_forward(gate, out.flatten(-2))
-        ctx.save_for_backward(packed, q, bias, mask, out, lse, key_end)
+        ctx.save_for_backward(packed, bias, mask, out, lse, key_end)
         ctx.heads, ctx.scale = heads, scale
         return gated
 
     @staticmethod
     def backward(ctx, d_gated):
-        packed, q, bias, mask, out, lse, key_end = ctx.saved_tensors
-        _, k, v, gate = _attention_views(packed, ctx.heads)
+        packed, bias, mask, out, lse, key_end = ctx.saved_tensors
+        q, k, v, gate = _attention_views(packed, ctx.heads)
         d_packed = torch.empty_like(packed, memory_format=torch.contiguous_format)  # packed is contiguous
         dq, dk, dv, d_gate = _attention_views(d_packed, ctx.heads)
         d_out = torch.empty_like(out)
         gate_backward(d_gated.contiguous(), gate, out.flatten(-2), d_out.flatten(-2), d_gate)
-        bias_grad = bias is not None and ctx.needs_input_grad[2]
+        bias_grad = bias is not None and ctx.needs_input_grad[1]
         _, _, _, d_bias = evo_attention_backward(
             d_out, q, k, v, bias, mask, out, lse, key_end, ctx.scale, bias_grad, grads=(dq, dk, dv)
         )
-        d_query_bias = dq.flatten(-2).sum((0, 1, 2)) if ctx.needs_input_grad[1] else None
-        return d_packed, d_query_bias, d_bias, None, None, None
+        return d_packed, d_bias, None, None, None
 
 
 def _attention_views(packed: torch.Tensor, heads: int) -> tuple[torch.Tensor, ...]:
@@ -128,40 +126,33 @@ def _attention_views(packed: torch.Tensor, heads: int) -> tuple[torch.Tensor, ..
 
 def gated_attention(
     packed: torch.Tensor,
-    query_bias: torch.Tensor,
     bias: torch.Tensor | None,
     mask: torch.Tensor | None,
     heads: int,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """sigmoid(gate) * evo_attention(q + query_bias, k, v, bias, mask), flattened over the heads,
-    from one packed projection [B, N, L, 4C] = [q | k | v | gate] (C = heads x D): attention with
-    pair bias and its output gate, the core of AF3's Algorithm 24 (the diffusion transformer's).
-    query_bias [C]; bias [B, 1 or N, H, L, L]; mask [B, N, L] bool. Returns [B, N, L, C] in
-    packed's dtype.
+    """sigmoid(gate) * evo_attention(q, k, v, bias, mask), flattened over the heads, from one
+    packed projection [B, N, L, 4C] = [q | k | v | gate] (C = heads x D; q with its bias, which
+    the projection adds): attention with pair bias and its output gate, the core of AF3's
+    Algorithm 24 (the diffusion transformer's). bias [B, 1 or N, H, L, L]; mask [B, N, L] bool.
+    Returns [B, N, L, C] in packed's dtype.
 
-    The same kernels as composing a split, the bias add, evo_attention and sigmoid_gate, but the
-    backward writes dq, dk, dv and d_gate into one packed gradient, the projection's gradient as
-    it is: autograd would concatenate the four into a new buffer, one more pass over the
-    largest tensor of the diffusion transformer's attention. Under torch.compile, and on a CPU
-    without the interpreter, the composition."""
+    The same kernels as composing a split, evo_attention and sigmoid_gate on the packed views,
+    but the backward writes dq, dk, dv and d_gate into one packed gradient, the projection's
+    gradient as it is: autograd would concatenate the four into a new buffer, one more pass over
+    the largest tensor of the diffusion transformer's attention. Under torch.compile, and on a
+    CPU without the interpreter, the composition."""
     if packed.dim() != 4 or packed.shape[-1] % (4 * heads):
         raise ValueError(
             f"gated_attention: packed has shape {tuple(packed.shape)}, expected [B, N, L, 4 x {heads} heads x D]"
         )
-    if query_bias.shape != (packed.shape[-1] // 4,):
-        raise ValueError(
-            f"gated_attention: query_bias has shape {tuple(query_bias.shape)}, expected ({packed.shape[-1] // 4},)"
-        )
     scale = (packed.shape[-1] // (4 * heads)) ** -0.5 if scale is None else scale
     if torch.compiler.is_compiling() or not runtime.runs_triton(packed.device):
         q, k, v, gate = _attention_views(packed, heads)
-        out = evo_attention(q + query_bias.to(q.dtype).view(heads, -1), k, v, bias, mask, scale)
-        return sigmoid_gate_reference(gate, out.flatten(-2))
+        return sigmoid_gate_reference(gate, evo_attention(q, k, v, bias, mask, scale).flatten(-2))
     packed = runtime.autocast_input(packed).contiguous()
-    q, k, v, _ = _attention_views(packed, heads)
-    check_inputs(q, k, v, bias, mask)
-    return _GatedAttention.apply(packed, query_bias.to(packed.dtype), bias, mask, heads, float(scale))
+    check_inputs(*_attention_views(packed, heads)[:3], bias, mask)
+    return _GatedAttention.apply(packed, bias, mask, heads, float(scale))
 
 
 class _Gate(torch.autograd.Function):

@@ -22,7 +22,7 @@ from torch import nn
 from featurecache.kernels.layernorm_linear import LayerNormLinear
 from featurecache.kernels.reference import hash32, shared_dropout_reference
 from featurecache.kernels.runtime import check_kernels
-from featurecache.kernels.weight_casts import cast_packed, cast_weight, step_casts_open
+from featurecache.kernels.weight_casts import cast_packed, cast_weight, kept_per_sampler, step_casts_open
 
 
 def _cast_to_autocast_dtype(module: nn.Module, args: tuple) -> tuple:
@@ -64,12 +64,14 @@ def column_sums(rows: torch.Tensor) -> torch.Tensor:
 
 class _LinearFunction(torch.autograd.Function):
     """F.linear with its backward written out: the same products as autograd's, the bias
-    gradient by column_sums. Inputs already in the dtype the products run in."""
+    gradient by column_sums. Inputs already in the dtype the products run in. The bias may
+    cover only the first k of the outputs (leading_bias_linear)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
-        return torch.nn.functional.linear(x, weight, bias)
+        ctx.bias_width = bias.shape[0]
+        return torch.nn.functional.linear(x, weight, _padded_bias(bias, weight.shape[0]))
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -81,8 +83,28 @@ class _LinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_weight = grad_rows.t() @ x.reshape(-1, x.shape[-1])
         if ctx.needs_input_grad[2]:
-            grad_bias = column_sums(grad_rows)
+            grad_bias = column_sums(grad_rows[:, : ctx.bias_width])
         return grad_x, grad_weight, grad_bias
+
+
+def _padded_bias(bias: torch.Tensor, width: int) -> torch.Tensor:
+    """bias [k] as a bias of `width` outputs: zeros past its k."""
+    return bias if bias.shape[0] == width else torch.nn.functional.pad(bias, (0, width - bias.shape[0]))
+
+
+def leading_bias_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, weight) with bias [k] added to its first k outputs by the product itself (on a
+    GPU cuBLAS's epilogue), not by a pass over their strided columns afterwards: the conditioned
+    attention's packed projection, where only q has a bias (Algorithm 24). x, weight and bias
+    in the dtype the product runs in. Without gradient the padded bias is made once per sampler
+    call (weight_casts.kept_per_sampler); with it, the bias's gradient sums only its k columns."""
+    if bias.shape[0] > weight.shape[0]:
+        raise ValueError(f"leading_bias_linear: a bias of {bias.shape[0]} for {weight.shape[0]} outputs")
+    if torch.is_grad_enabled():
+        return _LinearFunction.apply(x, weight, bias)
+    width = weight.shape[0]
+    padded = kept_per_sampler((bias,), ("padded", width), lambda: _padded_bias(bias, width))
+    return torch.nn.functional.linear(x, weight, padded)
 
 
 class Linear(nn.Linear):

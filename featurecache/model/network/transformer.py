@@ -33,7 +33,7 @@ from featurecache.kernels.conditioned_transition import (
 from featurecache.kernels.gated_attention import gated_attention, swiglu_packed
 from featurecache.kernels.layernorm_linear import LayerNormLinear
 from featurecache.kernels.runtime import autocast_input, check_kernels
-from featurecache.kernels.weight_casts import cast_weight, step_casts_paused
+from featurecache.kernels.weight_casts import cast_weight, kept_per_sampler, step_casts_paused
 from featurecache.model.network.checkpointing import checkpointed
 from featurecache.model.network.layers import (
     Linear,
@@ -41,6 +41,7 @@ from featurecache.model.network.layers import (
     freeze_norm_bias,
     kernel_module,
     gate_fn,
+    leading_bias_linear,
     packed_product,
 )
 
@@ -220,11 +221,11 @@ class TokenLayout:
         q_rows, k_rows, v_rows, mask = self.pack(q, k, v)
         return self.unpack(attention_fn(kernels)(q_rows, k_rows, v_rows, bias=bias, mask=mask))
 
-    def gated_attend(self, packed: torch.Tensor, query_bias: torch.Tensor, bias: torch.Tensor, heads: int):
+    def gated_attend(self, packed: torch.Tensor, bias: torch.Tensor, heads: int) -> torch.Tensor:
         """The Triton path's attention and output gate as one op on the packed projection
-        [B, S, L, 4C] = [q | k | v | gate]: sigmoid(gate) * attend(q + query_bias, k, v, bias),
-        [B, S, L, C], its gradient written back packed (kernels.gated_attention.gated_attention)."""
-        return gated_attention(packed, query_bias, bias, self._row_mask(packed.shape[1]), heads)
+        [B, S, L, 4C] = [q | k | v | gate]: sigmoid(gate) * attend(q, k, v, bias), [B, S, L, C],
+        its gradient written back packed (kernels.gated_attention.gated_attention)."""
+        return gated_attention(packed, bias, self._row_mask(packed.shape[1]), heads)
 
 
 class AdaptiveLayerNorm(nn.Module):
@@ -402,23 +403,27 @@ class ConditionedAttention(nn.Module):
         queries = self._adaln(self.adaln, a, s, None if conditioning is None else conditioning.attention)
         if bias is None:
             bias = self.attention_bias(pair, layout)
-        if self.key_adaln is None and self.kernels == "triton" and isinstance(layout, TokenLayout):
-            packed = self.proj(queries)  # [q | k | v | gate]
-            gated = layout.gated_attend(packed, cast_weight(self.query_bias, packed.dtype), bias, self.num_heads)
-            return self._output_gate(s, conditioning), self.linear_out(gated)
+        # the weights' casts are shared a step or a sampler call (weight_casts); the query bias in
+        # the product's dtype, added by the product itself to q's columns (leading_bias_linear)
+        dtype = _product_dtype(queries)
+        weight, query_bias = (cast_weight(t, dtype) for t in (self.proj.weight, self.query_bias))
+        queries = queries.to(dtype)
         if self.key_adaln is None:
-            q, k, v, gate = self.proj(queries).split(width, dim=-1)
+            packed = leading_bias_linear(queries, weight, query_bias)  # [q | k | v | gate]
+            if self.kernels == "triton" and isinstance(layout, TokenLayout):
+                gated = layout.gated_attend(packed, bias, self.num_heads)
+                return self._output_gate(s, conditioning), self.linear_out(gated)
+            q, k, v, gate = packed.split(width, dim=-1)
         else:  # the same weights, q and gate from one normalisation, k and v from the other
-            # split from the weight's cast (one a step or sampler, weight_casts), not cast per call
-            weight = cast_weight(self.proj.weight, _product_dtype(queries))
-            w_q, w_k, w_v, w_gate = weight.split(width, dim=0)
-            q, gate = F.linear(queries, torch.cat([w_q, w_gate])).split(width, dim=-1)
+            blocks = weight.unflatten(0, (4, width))  # q, k, v, gate
+            w_qg, w_kv = (
+                kept_per_sampler((weight,), ("blocks", pair), lambda pair=pair: blocks[list(pair)].flatten(0, 1))
+                for pair in ((0, 3), (1, 2))
+            )
+            q, gate = leading_bias_linear(queries, w_qg, query_bias).split(width, dim=-1)
             key_input = queries if self.key_adaln_nested else a
             keys = self._adaln(self.key_adaln, key_input, s, None if conditioning is None else conditioning.key)
-            k, v = F.linear(keys, torch.cat([w_k, w_v])).split(width, dim=-1)
-        # the bias in q's dtype (cast once per sampler): an fp32 bias would promote q to fp32 and
-        # add a copy back to bf16 per block and call
-        q = q + cast_weight(self.query_bias, q.dtype)
+            k, v = F.linear(keys.to(dtype), w_kv).split(width, dim=-1)
         q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in (q, k, v))
         out = layout.attend(q, k, v, bias, self.kernels).flatten(-2)  # [B, S, L, c_a]
         return self._output_gate(s, conditioning), self.linear_out(self.gate(gate, out))
