@@ -1,4 +1,6 @@
-"""Gated attention over the pair, read from one packed projection: triangle attention's core.
+"""Gated attention read from one packed projection: triangle attention's core over the pair
+(`gated_pair_attention`) and the diffusion transformer's over its tokens (`gated_attention`,
+the same saving below for [q | k | v | gate] with the pair bias passed apart).
 
 TriangleAttention projects z once into [q | k | v | gate | bias] (one LayerNorm+Linear). This op
 takes that packed tensor and returns sigmoid(gate) * attention(q, k, v, bias, mask), laid out
