@@ -417,7 +417,7 @@ class ConditionedAttention(nn.Module):
         else:  # the same weights, q and gate from one normalisation, k and v from the other
             blocks = weight.unflatten(0, (4, width))  # q, k, v, gate
             w_qg, w_kv = (
-                kept_per_sampler((weight,), ("blocks", pair), lambda pair=pair: blocks[list(pair)].flatten(0, 1))
+                kept_per_sampler((weight,), ("blocks", pair), lambda pair=pair: torch.cat([blocks[i] for i in pair]))
                 for pair in ((0, 3), (1, 2))
             )
             q, gate = leading_bias_linear(queries, w_qg, query_bias).split(width, dim=-1)
