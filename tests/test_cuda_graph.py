@@ -1,7 +1,11 @@
-"""CapturedStep: a training step replayed as a CUDA graph gives the eager step's results."""
+"""CapturedStep: a training step replayed as a CUDA graph gives the eager step's results; the code
+it captures builds no tensor from Python data."""
+
+import traceback
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from featurecache.training.cuda_graph import CapturedStep
 
@@ -135,3 +139,45 @@ def test_a_captured_step_copies_the_per_cycle_msa_rows_in():
     assert set(graph_inputs(batch)) == set(REQUIRED_INPUTS + LOSS_INPUTS)
     batch["msa_cycle_rows"] = torch.zeros(1, 4, 8, dtype=torch.int32)
     assert graph_inputs(batch)["msa_cycle_rows"] is batch["msa_cycle_rows"]
+
+
+class _PythonData(TorchDispatchMode):
+    """Counts tensors built from Python data (aten.lift_fresh: torch.tensor(...), indexing with a
+    list), with the line of featurecache that built them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made_at: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.lift_fresh.default:
+            frames = [f for f in traceback.extract_stack() if "featurecache/" in f.filename]
+            self.made_at.append(f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?")
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_captured_code_builds_no_tensor_from_python_data():
+    """What a CUDA graph captures (a training step with its mini-rollout, a sampler call) builds
+    no tensor from Python data: on a GPU such a tensor is a copy from host memory, which a capture
+    refuses ("Cannot copy between CPU and CUDA tensors during CUDA graph capture"). Checked on the
+    CPU by the operator every such tensor passes through, on the model code both kernel paths
+    share (the PyTorch path: the Triton path under the interpreter takes minutes here); indexing
+    the atom attention's weight blocks with a list did it (found on the H100, 2026-12-07)."""
+    from featurecache.model import AF3Model, preset
+    from featurecache.testing.synthetic import random_batch
+
+    torch.manual_seed(0)
+    model = AF3Model(preset("tiny", kernels="torch", confidence_rollout_steps=2)).train()
+    batch = random_batch([7], [3], [1], torch.Generator().manual_seed(1), num_atoms_per_token=2)
+
+    def captured_code():
+        outputs = model(batch, num_cycles=1, diffusion_batch=2, generator=torch.Generator().manual_seed(2))
+        model.loss(batch, outputs)[0].backward()
+        with torch.no_grad():
+            model.sample(batch, num_cycles=1, num_samples=1, num_steps=2, generator=torch.Generator().manual_seed(3))
+
+    captured_code()  # the warm-up a capture follows (the process's caches filled, as CapturedStep's)
+    mode = _PythonData()
+    with mode:
+        captured_code()
+    assert sorted(set(mode.made_at)) == []
