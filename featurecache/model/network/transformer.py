@@ -407,9 +407,8 @@ class ConditionedAttention(nn.Module):
         # the product's dtype, added by the product itself to q's columns (leading_bias_linear)
         dtype = _product_dtype(queries)
         weight, query_bias = (cast_weight(t, dtype) for t in (self.proj.weight, self.query_bias))
-        queries = queries.to(dtype)
         if self.key_adaln is None:
-            packed = leading_bias_linear(queries, weight, query_bias)  # [q | k | v | gate]
+            packed = leading_bias_linear(queries.to(dtype), weight, query_bias)  # [q | k | v | gate]
             if self.kernels == "triton" and isinstance(layout, TokenLayout):
                 gated = layout.gated_attend(packed, bias, self.num_heads)
                 return self._output_gate(s, conditioning), self.linear_out(gated)
@@ -420,7 +419,7 @@ class ConditionedAttention(nn.Module):
                 kept_per_sampler((weight,), ("blocks", pair), lambda pair=pair: torch.cat([blocks[i] for i in pair]))
                 for pair in ((0, 3), (1, 2))
             )
-            q, gate = leading_bias_linear(queries, w_qg, query_bias).split(width, dim=-1)
+            q, gate = leading_bias_linear(queries.to(dtype), w_qg, query_bias).split(width, dim=-1)
             key_input = queries if self.key_adaln_nested else a
             keys = self._adaln(self.key_adaln, key_input, s, None if conditioning is None else conditioning.key)
             k, v = F.linear(keys.to(dtype), w_kv).split(width, dim=-1)
